@@ -1,0 +1,20 @@
+/*
+ * ddp/ddp.h — the whole public API of libddp. Include this one header.
+ *
+ * Conventions (see docs/api.md): calls return ddp_status (DDP_OK = 0, errors negative); output
+ * arguments come last and are written only on success; handles are opaque and their destroy/close
+ * accepts NULL; a handle is used from one thread at a time unless its header says otherwise.
+ */
+#ifndef DDP_DDP_H
+#define DDP_DDP_H
+
+#include "ddp/status.h"
+#include "ddp/store.h"
+#include "ddp/world.h"
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+#define DDP_VERSION_PATCH 0
+#define DDP_VERSION_STRING "0.1.0"
+
+#endif /* DDP_DDP_H */

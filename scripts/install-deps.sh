@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs every Debian package ddpc uses: build tools, libraries, test tools, the Fashion-MNIST data
+# and the peers our benchmarks compare against (Open MPI, PyTorch). Idempotent: packages already
+# present are skipped, so a second run makes no network calls. Works as root or through sudo.
+set -euo pipefail
+
+packages=(
+    build-essential cmake pkg-config clang-format
+    libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev
+    libcmocka-dev
+    dataset-fashion-mnist
+    openmpi-bin libopenmpi-dev
+    python3 python3-torch
+    procps iproute2 util-linux
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} packages already installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+else
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null

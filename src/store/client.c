@@ -1,0 +1,640 @@
+/*
+ * client.c — the store client: one blocking TCP connection, one request at a time, a deadline
+ * on every call.
+ *
+ * A call that times out closes its connection, because the server may still answer it later
+ * and the answer would be taken for the next call's; the next call reconnects. Nothing is
+ * retried behind the caller's back (an add must not happen twice).
+ * Also here: ddp_store_open_world(), which decides who hosts the store, and the store barrier.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ddp/store.h"
+#include "store/store_int.h"
+#include "util/net.h"
+#include "util/util.h"
+
+#define REPLY_HARD_MAX ((size_t)1 << 31) /* a reply longer than this is garbage */
+
+struct ddp_store {
+    int fd; /* -1 when disconnected */
+    char host[256];
+    int port;
+    char *token;
+    int timeout_ms;
+    int connect_timeout_ms;
+    size_t max_value; /* the server's limit, learnt at HELLO */
+    ddp_store_server *server; /* owned when this handle hosts the store */
+    ddp__buf req;
+    char *reply; /* the last reply frame's body */
+    size_t reply_len, reply_cap;
+    char err[DDP_ERRMSG_MAX];
+};
+
+static ddp_status fail(ddp_store *s, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+static ddp_status fail(ddp_store *s, ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(s->err, sizeof s->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* A key as it appears in messages: quoted, cut to keep the message one readable line. */
+static void show_key(char *buf, size_t cap, const char *key)
+{
+    if (strlen(key) > 80)
+        ddp__fmt(buf, cap, "'%.80s…'", key);
+    else
+        ddp__fmt(buf, cap, "'%s'", key);
+}
+
+static void disconnect(ddp_store *s)
+{
+    if (s->fd >= 0) {
+        close(s->fd);
+        s->fd = -1;
+    }
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Receives one reply frame into s->reply. */
+static ddp_status recv_reply(ddp_store *s, int64_t deadline, ddp_error *e)
+{
+    unsigned char hdr[4];
+    ddp_status st = ddp__recv_all(s->fd, hdr, 4, deadline, e);
+    if (st != DDP_OK)
+        return st;
+    size_t n = ddp__le32(hdr);
+    if (n == 0 || n > REPLY_HARD_MAX)
+        return ddp__err(e, DDP_ERR_PROTOCOL, "the store sent a reply of %zu bytes", n);
+    if (n > s->reply_cap) {
+        char *p = realloc(s->reply, n + 1);
+        if (!p)
+            return ddp__err(e, DDP_ERR_NOMEM, "no memory for a store reply of %zu bytes", n);
+        s->reply = p;
+        s->reply_cap = n;
+    }
+    s->reply_len = n;
+    return ddp__recv_all(s->fd, s->reply, n, deadline, e);
+}
+
+/* Sends s->req and receives the reply; on DDP_OK, *r is positioned after the reply code.
+ * Error replies become statuses with the server's message. Any failure but an error reply
+ * closes the connection. */
+static ddp_status roundtrip(ddp_store *s, int64_t deadline, ddp__rd *r, ddp_error *e)
+{
+    if (s->req.failed)
+        return ddp__err(e, DDP_ERR_NOMEM, "out of memory building a store request");
+    ddp_status st = ddp__send_all(s->fd, s->req.p, s->req.len, deadline, e);
+    if (st == DDP_OK)
+        st = recv_reply(s, deadline, e);
+    if (st != DDP_OK) {
+        disconnect(s);
+        return st;
+    }
+    *r = (ddp__rd){s->reply, s->reply_len};
+    uint8_t code;
+    if (!ddp__rd_u8(r, &code)) {
+        disconnect(s);
+        return ddp__err(e, DDP_ERR_PROTOCOL, "the store sent an empty reply");
+    }
+    if (code == DDP__R_OK)
+        return DDP_OK;
+    const char *msg = "";
+    size_t mn = 0;
+    (void)ddp__rd_blob(r, &msg, &mn);
+    switch (code) {
+    case DDP__R_AUTH: st = DDP_ERR_AUTH; break;
+    case DDP__R_INVALID: st = DDP_ERR_INVALID; break;
+    case DDP__R_TOO_LARGE: st = DDP_ERR_TOO_LARGE; break;
+    default: st = DDP_ERR_PROTOCOL; break;
+    }
+    if (code == DDP__R_AUTH || code == DDP__R_PROTOCOL)
+        disconnect(s); /* the server closes these */
+    return ddp__err(e, st, "%.*s", (int)(mn > 300 ? 300 : mn), msg);
+}
+
+/* One connection attempt with handshake. */
+static ddp_status connect_once(ddp_store *s, int64_t deadline, ddp_error *e)
+{
+    ddp_status st = ddp__tcp_connect(s->host, s->port, deadline, &s->fd, e);
+    if (st != DDP_OK)
+        return st;
+    ddp__buf_frame_begin(&s->req);
+    ddp__buf_u8(&s->req, DDP__OP_HELLO);
+    ddp__buf_u32(&s->req, DDP__STORE_MAGIC);
+    ddp__buf_u32(&s->req, DDP__STORE_VERSION);
+    ddp__buf_blob(&s->req, s->token, strlen(s->token));
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    st = roundtrip(s, deadline, &r, e);
+    if (st != DDP_OK)
+        return st;
+    int64_t maxv;
+    if (!ddp__rd_i64(&r, &maxv) || maxv <= 0) {
+        disconnect(s);
+        return ddp__err(e, DDP_ERR_PROTOCOL, "the store's handshake reply is malformed");
+    }
+    s->max_value = (size_t)maxv;
+    return DDP_OK;
+}
+
+/* Connects, retrying refused connections until deadline (the server may not be up yet). */
+static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
+{
+    if (s->fd >= 0)
+        return DDP_OK;
+    int64_t start = ddp__now_ms();
+    int backoff = 10;
+    for (;;) {
+        ddp_error e = {0};
+        ddp_status st = connect_once(s, deadline, &e);
+        if (st == DDP_OK)
+            return DDP_OK;
+        bool retry = st == DDP_ERR_NETWORK && ddp__now_ms() + backoff < deadline;
+        if (!retry) {
+            char waited[32];
+            ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
+            if (st == DDP_ERR_AUTH)
+                return fail(s, st, "the store at '%s:%d' refused our token: %s", s->host,
+                            s->port, e.msg);
+            if (st == DDP_ERR_NETWORK || st == DDP_ERR_TIMEOUT)
+                return fail(s, DDP_ERR_TIMEOUT,
+                            "cannot reach the store at '%s:%d' after %s (%s); check that its host "
+                            "(ddprun on node 0, or rank 0) is running and that MASTER_ADDR and "
+                            "MASTER_PORT point at it",
+                            s->host, s->port, waited, e.msg);
+            return fail(s, st, "connecting to the store at '%s:%d' failed: %s", s->host, s->port,
+                        e.msg);
+        }
+        sleep_ms(backoff);
+        if (backoff < 200)
+            backoff *= 2;
+    }
+}
+
+/* Runs the request in s->req for operation `op` on `key` (for messages) with the call timeout. */
+static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r)
+{
+    int64_t start = ddp__now_ms();
+    int64_t deadline = start + s->timeout_ms;
+    /* ensure_connected() may have to rebuild s->req for the handshake: keep the request aside. */
+    ddp__buf saved = s->req;
+    s->req = (ddp__buf){0};
+    ddp_status st = ensure_connected(s, deadline);
+    ddp__buf_free(&s->req);
+    s->req = saved;
+    if (st != DDP_OK)
+        return st;
+    ddp_error e = {0};
+    st = roundtrip(s, deadline, r, &e);
+    if (st == DDP_OK)
+        return DDP_OK;
+    char k[100] = "";
+    if (key)
+        show_key(k, sizeof k, key);
+    char waited[32];
+    ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
+    if (st == DDP_ERR_TIMEOUT)
+        return fail(s, st, "store %s(%s) timed out after %s at '%s:%d'", op, k, waited, s->host,
+                    s->port);
+    if (st == DDP_ERR_NETWORK)
+        return fail(s, st,
+                    "store %s(%s) failed: lost the connection to the store at '%s:%d' (%s); its "
+                    "host (ddprun on node 0, or rank 0) has probably exited",
+                    op, k, s->host, s->port, e.msg);
+    return fail(s, st, "store %s(%s) failed: %s", op, k, e.msg);
+}
+
+static ddp_status check_key(ddp_store *s, const char *op, const char *key)
+{
+    if (!key)
+        return fail(s, DDP_ERR_INVALID, "store %s: key is NULL", op);
+    size_t n = strlen(key);
+    if (n == 0 || n > DDP_STORE_MAX_KEY)
+        return fail(s, DDP_ERR_INVALID, "store %s: a key must have 1 to %d bytes, not %zu", op,
+                    DDP_STORE_MAX_KEY, n);
+    return DDP_OK;
+}
+
+static ddp_status check_value(ddp_store *s, const char *op, const char *key, size_t len)
+{
+    size_t limit = s->max_value ? s->max_value : DDP_STORE_DEFAULT_MAX_VALUE;
+    if (len > limit) {
+        char k[100];
+        show_key(k, sizeof k, key);
+        return fail(s, DDP_ERR_TOO_LARGE,
+                    "store %s(%s): a value of %zu bytes is over the store's limit of %zu; keep "
+                    "large data out of the store (it is for rendezvous, not for tensors)",
+                    op, k, len, limit);
+    }
+    return DDP_OK;
+}
+
+static void begin(ddp_store *s, uint8_t op)
+{
+    ddp__buf_frame_begin(&s->req);
+    ddp__buf_u8(&s->req, op);
+}
+
+static ddp_status malformed(ddp_store *s, const char *op)
+{
+    disconnect(s);
+    return fail(s, DDP_ERR_PROTOCOL, "store %s: the server's reply is malformed", op);
+}
+
+/* Copies a blob into a new NUL-terminated buffer. */
+static ddp_status copy_out(ddp_store *s, const char *data, size_t n, void **out, size_t *len)
+{
+    char *p = malloc(n + 1);
+    if (!p)
+        return fail(s, DDP_ERR_NOMEM, "out of memory copying a store value of %zu bytes", n);
+    memcpy(p, data, n);
+    p[n] = '\0';
+    *out = p;
+    if (len)
+        *len = n;
+    return DDP_OK;
+}
+
+/* ---- public API ----------------------------------------------------------------------------- */
+
+ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_error *err)
+{
+    if (!opts || !out || !opts->host)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_connect: opts, opts->host and out are "
+                                              "required");
+    if (strlen(opts->host) >= 256 || opts->port < 1 || opts->port > 65535)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_connect: bad address '%s:%d'",
+                        opts->host, opts->port);
+    ddp_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a store client");
+    s->fd = -1;
+    memcpy(s->host, opts->host, strlen(opts->host) + 1);
+    s->port = opts->port;
+    s->token = strdup(opts->token ? opts->token : "");
+    s->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
+    s->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms
+                                                         : s->timeout_ms;
+    if (!s->token) {
+        free(s);
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a store client");
+    }
+    ddp_status st = ensure_connected(s, ddp__now_ms() + s->connect_timeout_ms);
+    if (st != DDP_OK) {
+        ddp__err(err, st, "%s", s->err);
+        ddp_store_close(s);
+        return st;
+    }
+    *out = s;
+    return DDP_OK;
+}
+
+void ddp_store_close(ddp_store *s)
+{
+    if (!s)
+        return;
+    disconnect(s);
+    ddp_store_server_stop(s->server);
+    ddp__buf_free(&s->req);
+    free(s->reply);
+    free(s->token);
+    free(s);
+}
+
+void ddp_store_set_timeout(ddp_store *s, int timeout_ms)
+{
+    if (s)
+        s->timeout_ms = timeout_ms > 0 ? timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
+}
+
+const char *ddp_store_last_error(const ddp_store *s)
+{
+    return s ? s->err : "no store handle";
+}
+
+ddp_status ddp_store_set(ddp_store *s, const char *key, const void *value, size_t len)
+{
+    ddp_status st;
+    if ((st = check_key(s, "set", key)) || (st = check_value(s, "set", key, len)))
+        return st;
+    if (!value && len)
+        return fail(s, DDP_ERR_INVALID, "store set: value is NULL");
+    begin(s, DDP__OP_SET);
+    ddp__buf_blob(&s->req, key, strlen(key));
+    ddp__buf_blob(&s->req, value, len);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    return call(s, "set", key, &r);
+}
+
+ddp_status ddp_store_get(ddp_store *s, const char *key, void **value, size_t *len)
+{
+    ddp_status st = check_key(s, "get", key);
+    if (st)
+        return st;
+    if (!value)
+        return fail(s, DDP_ERR_INVALID, "store get: value is NULL");
+    begin(s, DDP__OP_GET);
+    ddp__buf_blob(&s->req, key, strlen(key));
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    st = call(s, "get", key, &r);
+    if (st == DDP_ERR_TIMEOUT) {
+        size_t l = strlen(s->err);
+        ddp__fmt(s->err + l, sizeof s->err - l,
+                 ": no one set the key; the rank that should have may have failed or not started");
+    }
+    if (st)
+        return st;
+    const char *v;
+    size_t vn;
+    if (!ddp__rd_blob(&r, &v, &vn) || r.left)
+        return malformed(s, "get");
+    return copy_out(s, v, vn, value, len);
+}
+
+ddp_status ddp_store_add(ddp_store *s, const char *key, int64_t delta, int64_t *out)
+{
+    ddp_status st = check_key(s, "add", key);
+    if (st)
+        return st;
+    begin(s, DDP__OP_ADD);
+    ddp__buf_blob(&s->req, key, strlen(key));
+    ddp__buf_i64(&s->req, delta);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    if ((st = call(s, "add", key, &r)))
+        return st;
+    int64_t v;
+    if (!ddp__rd_i64(&r, &v) || r.left)
+        return malformed(s, "add");
+    if (out)
+        *out = v;
+    return DDP_OK;
+}
+
+ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expected,
+                                 size_t expected_len, const void *desired, size_t desired_len,
+                                 void **current, size_t *current_len)
+{
+    ddp_status st;
+    if ((st = check_key(s, "compare_set", key)) ||
+        (st = check_value(s, "compare_set", key, desired_len)))
+        return st;
+    if ((!expected && expected_len) || (!desired && desired_len))
+        return fail(s, DDP_ERR_INVALID, "store compare_set: expected or desired is NULL");
+    begin(s, DDP__OP_CAS);
+    ddp__buf_blob(&s->req, key, strlen(key));
+    ddp__buf_blob(&s->req, expected, expected_len);
+    ddp__buf_blob(&s->req, desired, desired_len);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    if ((st = call(s, "compare_set", key, &r)))
+        return st;
+    const char *v;
+    size_t vn;
+    uint8_t exists;
+    if (!ddp__rd_blob(&r, &v, &vn) || !ddp__rd_u8(&r, &exists) || r.left)
+        return malformed(s, "compare_set");
+    if (!current) {
+        if (current_len)
+            *current_len = vn;
+        return DDP_OK;
+    }
+    return copy_out(s, v, vn, current, current_len);
+}
+
+static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code,
+                               const char *const *keys, size_t n)
+{
+    if (n > DDP__STORE_MAX_KEYS || (n && !keys))
+        return fail(s, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
+                    DDP__STORE_MAX_KEYS, n);
+    for (size_t i = 0; i < n; i++) {
+        ddp_status st = check_key(s, op, keys[i]);
+        if (st)
+            return st;
+    }
+    begin(s, code);
+    ddp__buf_u32(&s->req, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        ddp__buf_blob(&s->req, keys[i], strlen(keys[i]));
+    ddp__buf_frame_end(&s->req);
+    return DDP_OK;
+}
+
+ddp_status ddp_store_check(ddp_store *s, const char *const *keys, size_t n, bool *out)
+{
+    ddp_status st = keys_request(s, "check", DDP__OP_CHECK, keys, n);
+    if (st)
+        return st;
+    ddp__rd r;
+    if ((st = call(s, "check", n ? keys[0] : NULL, &r)))
+        return st;
+    uint8_t all;
+    if (!ddp__rd_u8(&r, &all) || r.left)
+        return malformed(s, "check");
+    if (out)
+        *out = all != 0;
+    return DDP_OK;
+}
+
+ddp_status ddp_store_wait(ddp_store *s, const char *const *keys, size_t n)
+{
+    ddp_status st = keys_request(s, "wait", DDP__OP_WAIT, keys, n);
+    if (st)
+        return st;
+    ddp__rd r;
+    st = call(s, "wait", n ? keys[0] : NULL, &r);
+    if (st != DDP_ERR_TIMEOUT)
+        return st;
+    /* Say which keys are missing: ask again on a fresh connection, each key alone, briefly. */
+    char msg[DDP_ERRMSG_MAX];
+    memcpy(msg, s->err, sizeof msg);
+    int saved = s->timeout_ms;
+    s->timeout_ms = 2000;
+    size_t missing = 0;
+    char list[200] = "";
+    for (size_t i = 0; i < n; i++) {
+        bool have = true;
+        if (ddp_store_check(s, &keys[i], 1, &have) != DDP_OK)
+            break;
+        if (!have && missing++ < 3) {
+            size_t l = strlen(list);
+            char k[100];
+            show_key(k, sizeof k, keys[i]);
+            ddp__fmt(list + l, sizeof list - l, "%s%s", l ? ", " : "", k);
+        }
+    }
+    s->timeout_ms = saved;
+    if (missing)
+        return fail(s, DDP_ERR_TIMEOUT, "%s; %zu of %zu keys still missing: %s%s", msg, missing,
+                    n, list, missing > 3 ? ", …" : "");
+    return fail(s, DDP_ERR_TIMEOUT, "%s", msg);
+}
+
+ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)
+{
+    ddp_status st = check_key(s, "delete", key);
+    if (st)
+        return st;
+    begin(s, DDP__OP_DELETE);
+    ddp__buf_blob(&s->req, key, strlen(key));
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    if ((st = call(s, "delete", key, &r)))
+        return st;
+    uint8_t existed;
+    if (!ddp__rd_u8(&r, &existed) || r.left)
+        return malformed(s, "delete");
+    if (deleted)
+        *deleted = existed != 0;
+    return DDP_OK;
+}
+
+ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)
+{
+    begin(s, DDP__OP_NUM_KEYS);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    ddp_status st = call(s, "num_keys", NULL, &r);
+    if (st)
+        return st;
+    int64_t v;
+    if (!ddp__rd_i64(&r, &v) || r.left)
+        return malformed(s, "num_keys");
+    if (out)
+        *out = v;
+    return DDP_OK;
+}
+
+ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
+{
+    if (!name || nranks < 1 || strlen(name) > DDP_STORE_MAX_KEY - 32)
+        return fail(s, DDP_ERR_INVALID, "store barrier: needs a name and nranks ≥ 1");
+    char count_key[DDP_STORE_MAX_KEY + 1], done_key[DDP_STORE_MAX_KEY + 1];
+    ddp__fmt(count_key, sizeof count_key, "barrier/%s/count", name);
+    ddp__fmt(done_key, sizeof done_key, "barrier/%s/done", name);
+    int64_t start = ddp__now_ms();
+    int64_t n;
+    ddp_status st = ddp_store_add(s, count_key, 1, &n);
+    if (st)
+        return st;
+    if (n > nranks)
+        return fail(s, DDP_ERR_INVALID,
+                    "barrier '%s' was entered by more than %d ranks: use a new name for each "
+                    "barrier (add a counter)",
+                    name, nranks);
+    if (n == nranks && (st = ddp_store_set(s, done_key, "1", 1)))
+        return st;
+    const char *keys[1] = {done_key};
+    st = ddp_store_wait(s, keys, 1);
+    if (st != DDP_ERR_TIMEOUT)
+        return st;
+    char msg[DDP_ERRMSG_MAX];
+    memcpy(msg, s->err, sizeof msg);
+    int saved = s->timeout_ms;
+    s->timeout_ms = 2000;
+    int64_t arrived = -1;
+    (void)ddp_store_add(s, count_key, 0, &arrived);
+    s->timeout_ms = saved;
+    char waited[32];
+    ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
+    if (arrived >= 0)
+        return fail(s, DDP_ERR_TIMEOUT,
+                    "barrier '%s' timed out after %s (%lld of %d ranks arrived); the missing "
+                    "ranks may have failed, hung, or not been started",
+                    name, waited, (long long)arrived, nranks);
+    return fail(s, DDP_ERR_TIMEOUT, "barrier '%s' timed out after %s (%s)", name, waited, msg);
+}
+
+ddp_status ddp_random_token(char *out, size_t len, ddp_error *err)
+{
+    if (!out || len > 128)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_random_token: out is NULL or len > 128");
+    char hex[129];
+    ddp_status st = ddp__random_hex(hex, (len + 1) / 2, err);
+    if (st)
+        return st;
+    memcpy(out, hex, len);
+    out[len] = '\0';
+    return DDP_OK;
+}
+
+/* ---- who hosts the store -------------------------------------------------------------------- */
+
+ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out,
+                                ddp_error *err)
+{
+    if (!w || !out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_open_world: w and out are required");
+    ddp_store_opts o = DDP_STORE_OPTS_INIT;
+    o.host = w->master_addr;
+    o.port = w->master_port;
+    o.token = w->store_token;
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = timeout_ms;
+    ddp_store_server *srv = NULL;
+    char token[65];
+    ddp_status st;
+
+    if (!w->launched) {
+        /* A world of one: a private server on a free loopback port with a fresh token. */
+        if ((st = ddp_random_token(token, 32, err)))
+            return st;
+        ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+        so.host = "127.0.0.1";
+        so.token = token;
+        if ((st = ddp_store_server_start(&so, &srv, err)))
+            return st;
+        o.host = "127.0.0.1";
+        o.port = ddp_store_server_port(srv);
+        o.token = token;
+    } else if (!w->agent_store && w->rank == 0) {
+        /* Started by hand or by another launcher: rank 0 hosts, like torch's env:// init. */
+        ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+        so.host = w->master_addr;
+        so.port = w->master_port;
+        so.token = w->store_token;
+        st = ddp_store_server_start(&so, &srv, err);
+        if (st == DDP_ERR_SYSTEM) {
+            /* MASTER_ADDR may name this host by an address we cannot bind (NAT, an alias):
+             * listen on every interface instead. */
+            so.host = NULL;
+            st = ddp_store_server_start(&so, &srv, err);
+        }
+        if (st)
+            return st;
+        if (!w->store_token[0] && w->world_size > 1)
+            fprintf(stderr, "ddp: the store on '%s:%d' accepts any connection because "
+                            "DDP_STORE_TOKEN is not set; set it to the same secret on every rank "
+                            "(ddprun does this for you)\n",
+                    w->master_addr, w->master_port);
+    }
+    ddp_store *s = NULL;
+    st = ddp_store_connect(&o, &s, err);
+    if (st) {
+        ddp_store_server_stop(srv);
+        return st;
+    }
+    s->server = srv;
+    *out = s;
+    return DDP_OK;
+}

@@ -1,0 +1,35 @@
+/*
+ * net.h — TCP sockets with deadlines. Every socket these return is non-blocking and close-on-exec;
+ * reads and writes loop over short transfers and EINTR, and wait with poll() until a deadline
+ * (absolute, in ddp__now_ms() milliseconds), so no caller can block forever.
+ */
+#ifndef DDP_NET_H
+#define DDP_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/status.h"
+
+/* Listens on host:port (host NULL or "" = all interfaces; port 0 = a free one). Writes the socket
+ * to *fd and the bound port to *bound_port. A taken port is DDP_ERR_ADDR_IN_USE. */
+ddp_status ddp__tcp_listen(const char *host, int port, int backlog, int *fd, int *bound_port,
+                           ddp_error *err);
+
+/* One connection attempt to host:port, waiting until deadline_ms. DDP_ERR_NETWORK when refused
+ * or unreachable (the caller may retry), DDP_ERR_TIMEOUT when the deadline passes. */
+ddp_status ddp__tcp_connect(const char *host, int port, int64_t deadline_ms, int *fd,
+                            ddp_error *err);
+
+/* Sends / receives exactly n bytes before deadline_ms. A closed peer is DDP_ERR_NETWORK. */
+ddp_status ddp__send_all(int fd, const void *buf, size_t n, int64_t deadline_ms, ddp_error *err);
+ddp_status ddp__recv_all(int fd, void *buf, size_t n, int64_t deadline_ms, ddp_error *err);
+
+/* Makes fd non-blocking and close-on-exec; false on failure (errno set). */
+int ddp__set_nonblock_cloexec(int fd);
+
+/* "addr:port" of the socket's peer, or "?" */
+void ddp__peer_name(int fd, char *buf, size_t cap);
+
+#endif /* DDP_NET_H */

@@ -1,0 +1,140 @@
+/*
+ * util.c — status names, message formatting, time, integer parsing and random tokens.
+ * Nothing here keeps state between calls.
+ */
+#define _GNU_SOURCE
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+const char *ddp_status_str(ddp_status s)
+{
+    switch (s) {
+    case DDP_OK: return "ok";
+    case DDP_ERR_INVALID: return "invalid argument";
+    case DDP_ERR_NOMEM: return "out of memory";
+    case DDP_ERR_SYSTEM: return "system call failed";
+    case DDP_ERR_TIMEOUT: return "timeout";
+    case DDP_ERR_NETWORK: return "network error";
+    case DDP_ERR_AUTH: return "authentication refused";
+    case DDP_ERR_PROTOCOL: return "protocol error";
+    case DDP_ERR_ADDR_IN_USE: return "address in use";
+    case DDP_ERR_NOT_FOUND: return "not found";
+    case DDP_ERR_TOO_LARGE: return "too large";
+    case DDP_ERR_CLOSED: return "closed";
+    }
+    return "unknown status";
+}
+
+void ddp__vfmt(char *buf, size_t cap, const char *fmt, va_list ap)
+{
+    if (cap == 0)
+        return;
+    int n = vsnprintf(buf, cap, fmt, ap);
+    if (n < 0)
+        buf[0] = '\0';
+}
+
+void ddp__fmt(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->status = st;
+        ddp__vfmt(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+int64_t ddp__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t ddp__now_ms(void)
+{
+    return ddp__now_ns() / 1000000;
+}
+
+int ddp__ms_left(int64_t deadline_ms)
+{
+    int64_t left = deadline_ms - ddp__now_ms();
+    if (left < 0)
+        return 0;
+    if (left > INT32_MAX)
+        return INT32_MAX;
+    return (int)left;
+}
+
+bool ddp__parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return ddp__err(err, DDP_ERR_SYSTEM, "getrandom failed: %s", strerror(errno));
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp__random_hex(char *out, size_t n, ddp_error *err)
+{
+    unsigned char raw[64];
+    if (n > sizeof raw)
+        return ddp__err(err, DDP_ERR_INVALID, "random token of %zu bytes is too long", n);
+    ddp_status st = ddp__random_bytes(raw, n, err);
+    if (st != DDP_OK)
+        return st;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[2 * n] = '\0';
+    return DDP_OK;
+}
+
+void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
+{
+    if (ms < 1000)
+        ddp__fmt(buf, cap, "%lld ms", (long long)ms);
+    else if (ms < 120000 || ms % 60000 != 0)
+        ddp__fmt(buf, cap, "%.3g s", (double)ms / 1000.0);
+    else
+        ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
+}

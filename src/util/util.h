@@ -1,0 +1,47 @@
+/*
+ * util.h — helpers every module may use: error formatting, monotonic time, environment parsing,
+ * random tokens. Names are ddp__ (internal, not part of the public API).
+ */
+#ifndef DDP_UTIL_H
+#define DDP_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "ddp/status.h"
+
+#if defined(__GNUC__)
+#define DDP_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DDP_PRINTF(a, b)
+#endif
+
+/* Formats a message into buf (cap bytes, always NUL-terminated, truncated if needed). */
+void ddp__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
+void ddp__fmt(char *buf, size_t cap, const char *fmt, ...) DDP_PRINTF(3, 4);
+
+/* Records st and a formatted message in err (NULL is allowed) and returns st. */
+ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+
+/* Milliseconds / nanoseconds on CLOCK_MONOTONIC. */
+int64_t ddp__now_ms(void);
+int64_t ddp__now_ns(void);
+
+/* Milliseconds left until deadline_ms (≥ 0; INT32_MAX-capped), for poll(). */
+int ddp__ms_left(int64_t deadline_ms);
+
+/* Parses a whole decimal integer in [lo, hi]; false on any junk, overflow or range error. */
+bool ddp__parse_int(const char *s, long long lo, long long hi, long long *out);
+
+/* Fills buf with n random bytes from the kernel (getrandom). */
+ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err);
+
+/* Writes 2*n lowercase hex digits of n random bytes and a NUL into out (2*n+1 bytes). */
+ddp_status ddp__random_hex(char *out, size_t n, ddp_error *err);
+
+/* Human-readable duration: "250 ms", "30 s", "5 min". */
+void ddp__fmt_duration(char *buf, size_t cap, int64_t ms);
+
+#endif /* DDP_UTIL_H */

@@ -1,0 +1,104 @@
+/*
+ * world.c — reads the launcher's environment contract (include/ddp/world.h). Accepts ddprun's
+ * names and torchrun's, so a program runs unchanged under either; MPI and Slurm variables come
+ * with the MPI backend (DESIGN.md roadmap), not here.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/world.h"
+#include "util/util.h"
+
+/* Reads an integer variable; absent leaves *out unchanged and returns DDP_OK. */
+static ddp_status env_int(const char *name, long long lo, long long hi, int *out, ddp_error *err)
+{
+    const char *v = getenv(name);
+    if (!v)
+        return DDP_OK;
+    long long x;
+    if (!ddp__parse_int(v, lo, hi, &x))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "environment variable %s='%s' is not an integer in %lld..%lld; unset it or "
+                        "start the program through ddprun",
+                        name, v, lo, hi);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* Reads the first of two variable names that is set. */
+static const char *env_either(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    return v ? v : getenv(b);
+}
+
+static ddp_status env_str(const char *name, const char *value, char *dst, size_t cap,
+                          ddp_error *err)
+{
+    if (strlen(value) >= cap)
+        return ddp__err(err, DDP_ERR_INVALID, "environment variable %s is longer than %zu bytes",
+                        name, cap - 1);
+    memcpy(dst, value, strlen(value) + 1);
+    return DDP_OK;
+}
+
+ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
+{
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    w.master_port = DDP_DEFAULT_MASTER_PORT;
+    strcpy(w.master_addr, DDP_DEFAULT_MASTER_ADDR);
+    strcpy(w.run_id, "none");
+    ddp_status st;
+
+    const char *rank = getenv("RANK");
+    w.launched = rank != NULL;
+    if (w.launched) {
+        if (!getenv("WORLD_SIZE"))
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "RANK is set but WORLD_SIZE is not; set both (or start the program "
+                            "through ddprun)");
+        if ((st = env_int("WORLD_SIZE", 1, INT_MAX, &w.world_size, err)) ||
+            (st = env_int("RANK", 0, INT_MAX, &w.rank, err)))
+            return st;
+        if (w.rank >= w.world_size)
+            return ddp__err(err, DDP_ERR_INVALID, "RANK=%d is not below WORLD_SIZE=%d", w.rank,
+                            w.world_size);
+        /* Without LOCAL_* a by-hand start is taken as one node holding every rank. */
+        w.local_rank = w.rank;
+        w.local_world_size = w.world_size;
+        if ((st = env_int("LOCAL_RANK", 0, INT_MAX, &w.local_rank, err)) ||
+            (st = env_int("LOCAL_WORLD_SIZE", 1, INT_MAX, &w.local_world_size, err)) ||
+            (st = env_int("GROUP_RANK", 0, INT_MAX, &w.node_rank, err)) ||
+            (st = env_int("MASTER_PORT", 1, 65535, &w.master_port, err)))
+            return st;
+        if (w.local_rank >= w.local_world_size)
+            return ddp__err(err, DDP_ERR_INVALID, "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
+                            w.local_rank, w.local_world_size);
+        if (w.local_world_size > w.world_size)
+            return ddp__err(err, DDP_ERR_INVALID, "LOCAL_WORLD_SIZE=%d exceeds WORLD_SIZE=%d",
+                            w.local_world_size, w.world_size);
+    }
+    const char *v;
+    if ((v = getenv("MASTER_ADDR")) && *v &&
+        (st = env_str("MASTER_ADDR", v, w.master_addr, sizeof w.master_addr, err)))
+        return st;
+    if ((v = env_either("DDP_RUN_ID", "TORCHELASTIC_RUN_ID")) && *v &&
+        (st = env_str("DDP_RUN_ID", v, w.run_id, sizeof w.run_id, err)))
+        return st;
+    if ((v = getenv("DDP_STORE_TOKEN")) &&
+        (st = env_str("DDP_STORE_TOKEN", v, w.store_token, sizeof w.store_token, err)))
+        return st;
+    const char *rc = getenv("DDP_RESTART_COUNT") ? "DDP_RESTART_COUNT"
+                                                  : "TORCHELASTIC_RESTART_COUNT";
+    const char *mr = getenv("DDP_MAX_RESTARTS") ? "DDP_MAX_RESTARTS" : "TORCHELASTIC_MAX_RESTARTS";
+    if ((st = env_int(rc, 0, INT_MAX, &w.restart_count, err)) ||
+        (st = env_int(mr, 0, INT_MAX, &w.max_restarts, err)))
+        return st;
+    w.agent_store = w.launched && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
+    *out = w;
+    return DDP_OK;
+}

@@ -1,0 +1,735 @@
+/*
+ * agent.c — one node's ddprun: the job's lifecycle.
+ *
+ *   node 0 hosts the store  →  attempt k: nodes meet (ranks contiguous per node, in node order)
+ *   → spawn local workers  →  monitor: output, exits, signals, other nodes  →  success, or stop
+ *   everyone and restart (k+1) while --max_restarts allows, else print the summary and exit 1.
+ *
+ * Nodes coordinate only through the store, under "ddprun/…" keys:
+ *   a<k>/claim/<node>, a<k>/node/<node>  the rendezvous of attempt k ("nproc max_restarts")
+ *   a<k>/failed                          first failure of attempt k, one line (compare_set)
+ *   a<k>/done/<node>                     that node's workers all exited 0
+ *   hb/<node>                            heartbeat counters; node 0 watches them
+ *   final_acks                           nodes that finished; node 0 waits for them before the
+ *                                        store goes away
+ * A single-node job uses the same code with no store traffic while it runs.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ddp/ddp.h"
+#include "ddprun.h"
+
+typedef enum outcome { OK_ALL, FAILED, SIGNALED, AGENT_ERROR } outcome;
+
+typedef struct failure {
+    bool set;
+    bool local; /* a worker of this node, with the details below */
+    int rank, local_rank;
+    pid_t pid;
+    int status;
+    char when[64];
+    char log[1500];
+    char tail[5][200];
+    int tail_n;
+    char line[700]; /* one-line description, shared with other nodes */
+} failure;
+
+typedef struct agent {
+    ddprun_opts *o;
+    int sigfd, reaper_fd;
+    char host[256];
+    ddp_store_server *server;
+    ddp_store *store;
+    ddprun_world wd;
+    ddprun_worker *w;
+    bool pipe_out;
+    int stop_signal; /* the signal that asked us to stop, or 0 */
+    failure fail;
+    /* heartbeats of other nodes, watched by node 0 */
+    int64_t *hb_value;
+    int64_t *hb_changed_ms;
+} agent;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wall_time(char *buf, size_t cap)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, cap, "%Y-%m-%d %H:%M:%S %Z", &tm);
+}
+
+static void key(char *buf, size_t cap, const agent *a, const char *what)
+{
+    snprintf(buf, cap, "ddprun/a%d/%s", a->wd.attempt, what);
+}
+
+/* ---- store set-up ------------------------------------------------------------------------------ */
+
+static int setup_store(agent *a)
+{
+    ddprun_opts *o = a->o;
+    ddp_error err = {0};
+    const char *env_token = getenv("DDP_STORE_TOKEN");
+    if (env_token && *env_token) {
+        if (strlen(env_token) >= sizeof a->wd.token) {
+            ddprun_say("DDP_STORE_TOKEN is longer than %zu characters", sizeof a->wd.token - 1);
+            return -1;
+        }
+        snprintf(a->wd.token, sizeof a->wd.token, "%s", env_token);
+    } else if (o->nnodes == 1) {
+        if (ddp_random_token(a->wd.token, 32, &err) != DDP_OK) {
+            ddprun_say("%s", err.msg);
+            return -1;
+        }
+    } else if (o->node_rank == 0) {
+        ddprun_say("warning: DDP_STORE_TOKEN is not set, so the store on '%s:%d' accepts any "
+                   "connection (as torchrun's does); export the same secret DDP_STORE_TOKEN on "
+                   "every node to refuse strangers",
+                   o->master_addr, o->master_port);
+    }
+
+    a->wd.master_port = o->master_port;
+    if (o->node_rank == 0) {
+        ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+        so.host = o->master_addr;
+        so.port = o->master_port;
+        so.token = a->wd.token;
+        ddp_status st = ddp_store_server_start(&so, &a->server, &err);
+        if (st == DDP_ERR_SYSTEM && o->nnodes > 1) {
+            /* master_addr may be a name other nodes resolve differently (NAT, /etc/hosts):
+             * listen on every interface. */
+            so.host = NULL;
+            st = ddp_store_server_start(&so, &a->server, &err);
+        }
+        if (st != DDP_OK) {
+            ddprun_say("%s", err.msg);
+            return -1;
+        }
+        a->wd.master_port = ddp_store_server_port(a->server);
+    }
+    ddp_store_opts co = DDP_STORE_OPTS_INIT;
+    co.host = o->master_addr;
+    co.port = a->wd.master_port;
+    co.token = a->wd.token;
+    co.timeout_ms = (int)(o->rdzv_timeout * 1000);
+    co.connect_timeout_ms = co.timeout_ms;
+    if (ddp_store_connect(&co, &a->store, &err) != DDP_OK) {
+        ddprun_say("%s", err.msg);
+        return -1;
+    }
+    if (o->run_id_set)
+        return 0;
+    if (o->nnodes == 1) {
+        char id[13];
+        if (ddp_random_token(id, 12, &err) != DDP_OK) {
+            ddprun_say("%s", err.msg);
+            return -1;
+        }
+        snprintf(o->run_id, sizeof o->run_id, "%s", id);
+        return 0;
+    }
+    /* Several nodes and no --run_id: node 0 makes one up and the others read it. */
+    void *v = NULL;
+    size_t n = 0;
+    if (o->node_rank == 0) {
+        char id[13];
+        if (ddp_random_token(id, 12, &err) != DDP_OK ||
+            ddp_store_set(a->store, "ddprun/run_id", id, strlen(id)) != DDP_OK) {
+            ddprun_say("%s", err.msg[0] ? err.msg : ddp_store_last_error(a->store));
+            return -1;
+        }
+        snprintf(o->run_id, sizeof o->run_id, "%s", id);
+        return 0;
+    }
+    if (ddp_store_get(a->store, "ddprun/run_id", &v, &n) != DDP_OK) {
+        ddprun_say("%s", ddp_store_last_error(a->store));
+        return -1;
+    }
+    snprintf(o->run_id, sizeof o->run_id, "%s", (char *)v);
+    free(v);
+    return 0;
+}
+
+/* ---- node rendezvous ----------------------------------------------------------------------- */
+
+static int rendezvous(agent *a)
+{
+    ddprun_opts *o = a->o;
+    if (o->nnodes == 1) {
+        a->wd.world_size = o->nproc;
+        a->wd.rank_offset = 0;
+        return 0;
+    }
+    ddp_store *s = a->store;
+    ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
+    char k[128], val[64];
+    snprintf(k, sizeof k, "ddprun/a%d/claim/%d", a->wd.attempt, o->node_rank);
+    int64_t claims;
+    if (ddp_store_add(s, k, 1, &claims) != DDP_OK)
+        goto out_store;
+    if (claims > 1) {
+        ddprun_say("two nodes claim --node_rank %d; give each node its own --node_rank from 0 "
+                   "to %d",
+                   o->node_rank, o->nnodes - 1);
+        return -1;
+    }
+    snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
+    snprintf(val, sizeof val, "%d %d %d", o->nproc, o->max_restarts, o->nnodes);
+    if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK)
+        goto out_store;
+
+    char **keys = calloc((size_t)o->nnodes, sizeof *keys);
+    if (!keys) {
+        ddprun_say("out of memory in the rendezvous");
+        return -1;
+    }
+    for (int i = 0; i < o->nnodes; i++) {
+        keys[i] = malloc(64);
+        if (keys[i])
+            snprintf(keys[i], 64, "ddprun/a%d/node/%d", a->wd.attempt, i);
+    }
+    int rc = -1;
+    int64_t start = now_ms();
+    ddp_status st = ddp_store_wait(s, (const char *const *)keys, (size_t)o->nnodes);
+    if (st == DDP_ERR_TIMEOUT) {
+        int joined = 0;
+        char missing[200] = "";
+        ddp_store_set_timeout(s, 2000);
+        for (int i = 0; i < o->nnodes; i++) {
+            bool have = false;
+            (void)ddp_store_check(s, (const char *const *)&keys[i], 1, &have);
+            if (have) {
+                joined++;
+            } else {
+                size_t l = strlen(missing);
+                if (l < sizeof missing - 16)
+                    snprintf(missing + l, sizeof missing - l, "%s%d", l ? ", " : "", i);
+            }
+        }
+        ddprun_say("rendezvous at '%s:%d' timed out after %.0f s (%d of %d nodes joined; missing "
+                   "node_rank %s); start ddprun on every node with the same --nnodes, "
+                   "--master_addr and --master_port, or raise --rdzv_timeout",
+                   o->master_addr, a->wd.master_port, (double)(now_ms() - start) / 1000.0, joined,
+                   o->nnodes, missing);
+        goto out_free;
+    }
+    if (st != DDP_OK) {
+        ddprun_say("%s", ddp_store_last_error(s));
+        goto out_free;
+    }
+    a->wd.world_size = 0;
+    for (int i = 0; i < o->nnodes; i++) {
+        void *v;
+        size_t n;
+        if (ddp_store_get(s, keys[i], &v, &n) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(s));
+            goto out_free;
+        }
+        int np = 0, mr = 0, nn = 0;
+        int got = sscanf(v, "%d %d %d", &np, &mr, &nn);
+        free(v);
+        if (got != 3 || np < 1) {
+            ddprun_say("node %d sent a malformed rendezvous record", i);
+            goto out_free;
+        }
+        if (mr != o->max_restarts || nn != o->nnodes) {
+            ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
+                       "and %d; give every node the same flags",
+                       i, mr, nn, o->max_restarts, o->nnodes);
+            goto out_free;
+        }
+        if (i == o->node_rank)
+            a->wd.rank_offset = a->wd.world_size;
+        a->wd.world_size += np;
+    }
+    rc = 0;
+out_free:
+    for (int i = 0; i < o->nnodes; i++)
+        free(keys[i]);
+    free(keys);
+    return rc;
+out_store:
+    ddprun_say("%s", ddp_store_last_error(s));
+    return -1;
+}
+
+/* ---- failures and stopping ------------------------------------------------------------------ */
+
+static void record_local_failure(agent *a, ddprun_worker *w)
+{
+    failure *f = &a->fail;
+    if (f->set)
+        return;
+    f->set = true;
+    f->local = true;
+    f->rank = w->rank;
+    f->local_rank = w->local_rank;
+    f->pid = w->pid;
+    f->status = w->status;
+    wall_time(f->when, sizeof f->when);
+    snprintf(f->log, sizeof f->log, "%s", w->log_path);
+    char how[64];
+    ddprun_describe_status(w->status, how, sizeof how);
+    snprintf(f->line, sizeof f->line, "rank %d (local rank %d) on node %d ('%s') failed with %s",
+             w->rank, w->local_rank, a->o->node_rank, a->host, how);
+    if (a->o->nnodes > 1) {
+        char k[128];
+        key(k, sizeof k, a, "failed");
+        ddp_store_set_timeout(a->store, 5000);
+        (void)ddp_store_compare_set(a->store, k, "", 0, f->line, strlen(f->line), NULL, NULL);
+    }
+}
+
+static void record_remote_failure(agent *a, const char *line)
+{
+    if (a->fail.set)
+        return;
+    a->fail.set = true;
+    a->fail.local = false;
+    wall_time(a->fail.when, sizeof a->fail.when);
+    snprintf(a->fail.line, sizeof a->fail.line, "%s", line);
+    ddprun_say("stopping: %s", line);
+}
+
+/* Starts stopping every worker: sig to each process group; SIGKILL comes after the grace. */
+static void stop_workers(agent *a, int sig, int64_t *kill_at)
+{
+    for (int i = 0; i < a->o->nproc; i++)
+        if (a->w[i].running)
+            ddprun_signal_worker(&a->w[i], sig);
+    if (*kill_at == 0)
+        *kill_at = now_ms() + (int64_t)(a->o->grace_period * 1000);
+}
+
+static void print_summary(agent *a, bool restarting)
+{
+    failure *f = &a->fail;
+    const char *bar = "======================================================================";
+    ddprun_say("%s", bar);
+    if (!f->local) {
+        ddprun_say("job failed on another node: %s", f->line);
+        ddprun_say("  see the summary printed by that node's ddprun");
+    } else {
+        char how[64];
+        ddprun_describe_status(f->status, how, sizeof how);
+        ddprun_say("worker failed: rank %d (local rank %d, role '%s') ended with %s", f->rank,
+                   f->local_rank, a->o->role, how);
+        ddprun_say("  time    : %s", f->when);
+        ddprun_say("  node    : %d (host '%s')", a->o->node_rank, a->host);
+        ddprun_say("  pid     : %d", (int)f->pid);
+        if (f->log[0])
+            ddprun_say("  log     : %s", f->log);
+        else
+            ddprun_say("  log     : console only (--log_dir DIR keeps a log per rank)");
+        if (f->tail_n) {
+            ddprun_say("  its last lines on stderr:");
+            for (int i = 0; i < f->tail_n; i++)
+                ddprun_say("    | %s", f->tail[i]);
+        }
+    }
+    ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
+               a->o->max_restarts + 1, a->o->max_restarts);
+    ddprun_say("  %s", restarting ? "restarting the whole group" : "every other worker was stopped");
+    ddprun_say("%s", bar);
+}
+
+/* Copies the failed worker's last stderr lines, oldest first, into the failure record. */
+static void keep_tail(agent *a, const ddprun_worker *w)
+{
+    failure *f = &a->fail;
+    if (!f->local || f->rank != w->rank)
+        return;
+    const ddprun_stream *s = &w->err;
+    f->tail_n = s->tail_n;
+    for (int i = 0; i < s->tail_n; i++)
+        snprintf(f->tail[i], sizeof f->tail[i], "%s",
+                 s->tail[(s->tail_next - s->tail_n + i + 5) % 5]);
+}
+
+/* ---- the monitor loop ---------------------------------------------------------------------- */
+
+static ddprun_worker *find_worker(agent *a, pid_t pid)
+{
+    for (int i = 0; i < a->o->nproc; i++)
+        if (a->w[i].pid == pid)
+            return &a->w[i];
+    return NULL;
+}
+
+/* Multi-node health: another node's failure, our own heartbeat, node 0 watching the others.
+ * Returns false when the store itself is lost. */
+static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
+{
+    ddprun_opts *o = a->o;
+    ddp_store *s = a->store;
+    char k[128];
+    int timeout = (int)(o->agent_timeout * 1000);
+    ddp_store_set_timeout(s, timeout < 1000 ? 1000 : timeout);
+    key(k, sizeof k, a, "failed");
+    const char *keys[1] = {k};
+    bool failed = false;
+    if (ddp_store_check(s, keys, 1, &failed) != DDP_OK)
+        return false;
+    if (failed) {
+        void *v = NULL;
+        size_t n = 0;
+        if (ddp_store_get(s, k, &v, &n) != DDP_OK)
+            return false;
+        snprintf(line, cap, "%s", (char *)v);
+        free(v);
+        *remote_failed = true;
+        return true;
+    }
+    snprintf(k, sizeof k, "ddprun/hb/%d", o->node_rank);
+    if (ddp_store_add(s, k, 1, NULL) != DDP_OK)
+        return false;
+    if (o->node_rank != 0)
+        return true;
+    int64_t now = now_ms();
+    for (int i = 1; i < o->nnodes; i++) {
+        int64_t v;
+        snprintf(k, sizeof k, "ddprun/hb/%d", i);
+        if (ddp_store_add(s, k, 0, &v) != DDP_OK)
+            return false;
+        if (v != a->hb_value[i]) {
+            a->hb_value[i] = v;
+            a->hb_changed_ms[i] = now;
+        } else if (now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
+            snprintf(line, cap, "the ddprun of node %d stopped responding (no heartbeat for %.0f "
+                                "s); its machine or launcher died",
+                     i, o->agent_timeout);
+            key(k, sizeof k, a, "failed");
+            (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
+            *remote_failed = true;
+            return true;
+        }
+    }
+    return true;
+}
+
+/* Whether every node has reported done for this attempt. */
+static bool all_done(agent *a, bool *ok)
+{
+    char k[128];
+    *ok = true;
+    for (int i = 0; i < a->o->nnodes; i++) {
+        bool have;
+        snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, i);
+        const char *keys[1] = {k};
+        if (ddp_store_check(a->store, keys, 1, &have) != DDP_OK) {
+            *ok = false;
+            return false;
+        }
+        if (!have)
+            return false;
+    }
+    return true;
+}
+
+static outcome run_attempt(agent *a)
+{
+    ddprun_opts *o = a->o;
+    int n = o->nproc;
+    memset(a->w, 0, sizeof *a->w * (size_t)n);
+    memset(&a->fail, 0, sizeof a->fail);
+    int64_t kill_at = 0, drain_until = 0;
+    int running = 0;
+    bool spawn_failed = false;
+    for (int i = 0; i < n; i++) {
+        ddprun_worker *w = &a->w[i];
+        w->local_rank = i;
+        w->rank = a->wd.rank_offset + i;
+        w->out.fd = w->err.fd = -1;
+        w->out.file_fd = w->err.file_fd = -1;
+        if (ddprun_output_open(o, a->wd.attempt, w) != 0)
+            return AGENT_ERROR;
+    }
+    for (int i = 0; i < n && !spawn_failed; i++) {
+        ddprun_worker *w = &a->w[i];
+        if (ddprun_spawn(o, &a->wd, w, a->pipe_out, a->reaper_fd) != 0)
+            spawn_failed = true;
+        if (w->running)
+            running++;
+    }
+    if (spawn_failed) /* fork or pipe failure, already printed: the machine is in trouble */
+        stop_workers(a, SIGTERM, &kill_at);
+
+    bool done_reported = false;
+    int64_t next_check = now_ms();
+    int64_t tick = (int64_t)(o->monitor_interval * 1000);
+    if (tick < 1)
+        tick = 1;
+    for (int i = 1; i < o->nnodes; i++)
+        a->hb_changed_ms[i] = now_ms();
+
+    struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
+    ddprun_stream **streams = calloc((size_t)(2 * n), sizeof *streams);
+    ddprun_worker **owners = calloc((size_t)(2 * n), sizeof *owners);
+    if (!pfd || !streams || !owners) {
+        free(pfd);
+        free(streams);
+        free(owners);
+        ddprun_say("out of memory monitoring workers");
+        stop_workers(a, SIGKILL, &kill_at);
+        return AGENT_ERROR;
+    }
+    outcome result = OK_ALL;
+    bool store_lost = false;
+    for (;;) {
+        int open_streams = 0;
+        int np = 0;
+        pfd[np++] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
+        for (int i = 0; i < n; i++) {
+            ddprun_stream *ss[2] = {&a->w[i].out, &a->w[i].err};
+            for (int j = 0; j < 2; j++) {
+                if (ss[j]->fd < 0)
+                    continue;
+                streams[open_streams] = ss[j];
+                owners[open_streams] = &a->w[i];
+                pfd[np++] = (struct pollfd){.fd = ss[j]->fd, .events = POLLIN};
+                open_streams++;
+            }
+        }
+        bool multi_waiting = o->nnodes > 1 && !store_lost;
+        bool wait_nodes = multi_waiting && done_reported && !a->fail.set && !a->stop_signal;
+        if (running == 0 && open_streams == 0 && !wait_nodes)
+            break;
+
+        int64_t now = now_ms();
+        int64_t wake = INT64_MAX;
+        if (kill_at && running)
+            wake = kill_at;
+        if (drain_until && open_streams && drain_until < wake)
+            wake = drain_until;
+        if (multi_waiting && next_check < wake)
+            wake = next_check;
+        int timeout = wake == INT64_MAX ? -1 : (int)(wake > now ? wake - now : 0);
+        int rc = poll(pfd, (nfds_t)np, timeout);
+        if (rc < 0 && errno != EINTR) {
+            ddprun_say("poll failed: %s", strerror(errno));
+            stop_workers(a, SIGKILL, &kill_at);
+            result = AGENT_ERROR;
+        }
+        if (rc > 0 && (pfd[0].revents & POLLIN)) {
+            struct signalfd_siginfo si;
+            while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                int sig = (int)si.ssi_signo;
+                if (sig == SIGCHLD)
+                    continue; /* reaped below */
+                if (a->stop_signal) {
+                    ddprun_say("second %s: killing every worker now", sigabbrev_np(sig));
+                    stop_workers(a, SIGKILL, &kill_at);
+                    continue;
+                }
+                a->stop_signal = sig;
+                ddprun_say("received SIG%s: stopping every worker (SIGKILL after %.0f s; send it "
+                           "again to kill now)",
+                           sigabbrev_np(sig), o->grace_period);
+                stop_workers(a, sig, &kill_at);
+                if (o->nnodes > 1 && !store_lost) {
+                    char k[128], line[300];
+                    key(k, sizeof k, a, "failed");
+                    snprintf(line, sizeof line, "ddprun on node %d ('%s') received SIG%s",
+                             o->node_rank, a->host, sigabbrev_np(sig));
+                    ddp_store_set_timeout(a->store, 2000);
+                    (void)ddp_store_compare_set(a->store, k, "", 0, line, strlen(line), NULL,
+                                                NULL);
+                }
+            }
+        }
+        for (int i = 0; rc > 0 && i < open_streams; i++) {
+            if (!pfd[i + 1].revents)
+                continue;
+            if (!ddprun_output_pump(o, owners[i], streams[i]))
+                ddprun_output_close(o, owners[i], streams[i]);
+        }
+        /* Reap whatever exited (the signalfd only says that something did). */
+        int status;
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            ddprun_worker *w = find_worker(a, pid);
+            if (!w || !w->running)
+                continue; /* the reaper, or a stranger */
+            w->running = false;
+            w->status = status;
+            w->exited_ms = now_ms();
+            running--;
+            bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (!ok && !a->stop_signal && !a->fail.set) {
+                record_local_failure(a, w);
+                stop_workers(a, SIGTERM, &kill_at);
+            }
+            if (running == 0 && !drain_until)
+                drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
+        }
+        now = now_ms();
+        if (kill_at && running && now >= kill_at) {
+            ddprun_say("workers still running %.0f s after SIGTERM: sending SIGKILL",
+                       o->grace_period);
+            stop_workers(a, SIGKILL, &kill_at);
+            kill_at = now + 1000000000;
+        }
+        if (running == 0 && drain_until && now >= drain_until) {
+            for (int i = 0; i < open_streams; i++)
+                ddprun_output_close(o, owners[i], streams[i]);
+        }
+        if (running == 0 && !a->fail.set && !a->stop_signal && o->nnodes > 1 && !done_reported &&
+            !store_lost) {
+            char k[128];
+            snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, o->node_rank);
+            ddp_store_set_timeout(a->store, 5000);
+            if (ddp_store_set(a->store, k, "1", 1) != DDP_OK)
+                store_lost = true;
+            done_reported = true;
+        }
+        if (multi_waiting && now >= next_check && !store_lost) {
+            next_check = now + tick;
+            bool remote = false;
+            char line[700];
+            if (!check_nodes(a, &remote, line, sizeof line)) {
+                store_lost = true;
+                if (!a->fail.set && !a->stop_signal) {
+                    char msg[700];
+                    snprintf(msg, sizeof msg, "lost contact with the store on node 0 ('%s:%d'): %s",
+                             o->master_addr, a->wd.master_port, ddp_store_last_error(a->store));
+                    record_remote_failure(a, msg);
+                    stop_workers(a, SIGTERM, &kill_at);
+                }
+            } else if (remote && !a->fail.set && !a->stop_signal) {
+                record_remote_failure(a, line);
+                stop_workers(a, SIGTERM, &kill_at);
+            } else if (done_reported && !a->fail.set) {
+                bool ok;
+                if (all_done(a, &ok))
+                    break;
+                if (!ok)
+                    store_lost = true;
+            }
+        }
+    }
+    free(pfd);
+    free(streams);
+    free(owners);
+    for (int i = 0; i < n; i++) {
+        ddprun_worker *w = &a->w[i];
+        if (w->pid > 0) {
+            /* Whatever the worker left in its process group goes with it. */
+            kill(-w->pid, SIGKILL);
+            ddprun_reaper_untrack(a->reaper_fd, w->pid);
+        }
+        keep_tail(a, w);
+        ddprun_output_close(o, w, &w->out);
+        ddprun_output_close(o, w, &w->err);
+    }
+    if (result == AGENT_ERROR || spawn_failed)
+        return AGENT_ERROR;
+    if (a->stop_signal)
+        return SIGNALED;
+    if (a->fail.set)
+        return FAILED;
+    if (store_lost) {
+        if (!a->fail.set)
+            record_remote_failure(a, "lost contact with the store on node 0 before every node "
+                                     "finished");
+        return FAILED;
+    }
+    return OK_ALL;
+}
+
+/* Node 0 keeps the store up until every other node has finished with it. */
+static void final_handshake(agent *a)
+{
+    ddprun_opts *o = a->o;
+    if (o->nnodes == 1)
+        return;
+    ddp_store_set_timeout(a->store, 2000);
+    if (o->node_rank != 0) {
+        (void)ddp_store_add(a->store, "ddprun/final_acks", 1, NULL);
+        return;
+    }
+    int64_t deadline = now_ms() + (int64_t)(o->grace_period * 1000) + 5000;
+    while (now_ms() < deadline) {
+        int64_t acks = 0;
+        if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK ||
+            acks >= o->nnodes - 1)
+            return;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
+{
+    agent a;
+    memset(&a, 0, sizeof a);
+    a.o = o;
+    a.sigfd = sigfd;
+    a.reaper_fd = reaper_fd;
+    if (gethostname(a.host, sizeof a.host) != 0)
+        snprintf(a.host, sizeof a.host, "?");
+    a.host[sizeof a.host - 1] = '\0';
+    a.w = calloc((size_t)o->nproc, sizeof *a.w);
+    a.hb_value = calloc((size_t)o->nnodes, sizeof *a.hb_value);
+    a.hb_changed_ms = calloc((size_t)o->nnodes, sizeof *a.hb_changed_ms);
+    int code = 1;
+    if (!a.w || !a.hb_value || !a.hb_changed_ms) {
+        ddprun_say("out of memory");
+        goto out;
+    }
+    if (setup_store(&a) != 0)
+        goto out;
+
+    for (a.wd.attempt = 0;; a.wd.attempt++) {
+        if (rendezvous(&a) != 0)
+            goto out;
+        o->prefix = !o->no_prefix && a.wd.world_size > 1;
+        a.pipe_out = o->prefix || o->want_files || o->nproc > 1;
+        if (a.wd.attempt == 0 && o->node_rank == 0)
+            ddprun_say("%d worker%s on %d node%s, store at %s:%d, run id %s%s%s",
+                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
+                       o->nnodes == 1 ? "" : "s", o->master_addr, a.wd.master_port, o->run_id,
+                       o->want_files ? ", logs in " : "", o->want_files ? o->log_dir : "");
+        outcome r = run_attempt(&a);
+        if (r == OK_ALL) {
+            code = 0;
+            final_handshake(&a);
+            goto out;
+        }
+        if (r == SIGNALED) {
+            code = 128 + a.stop_signal;
+            goto out;
+        }
+        if (r == AGENT_ERROR)
+            goto out;
+        bool restart = a.wd.attempt < o->max_restarts;
+        print_summary(&a, restart);
+        if (!restart) {
+            final_handshake(&a);
+            goto out;
+        }
+    }
+out:
+    ddp_store_close(a.store);
+    ddp_store_server_stop(a.server);
+    free(a.w);
+    free(a.hb_value);
+    free(a.hb_changed_ms);
+    return code;
+}

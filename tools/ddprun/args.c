@@ -1,0 +1,398 @@
+/*
+ * args.c — ddprun's command line: torchrun's flags (FACTS.md), so scripts and habits carry over.
+ * `--name=value` and `--name value`, dashes or underscores in names (`--nproc-per-node`). The
+ * first argument that is not a flag is the program; it and everything after it pass untouched.
+ * Flags torchrun has that make no sense without Python (--no_python, --module) are refused with
+ * a message rather than silently ignored.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ddp/ddp.h"
+#include "ddprun.h"
+
+static const char usage[] =
+    "usage: ddprun [flags] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts PROGRAM once per worker with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+    "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) plus DDP_RUN_ID, DDP_STORE_TOKEN,\n"
+    "DDP_RESTART_COUNT and DDP_MAX_RESTARTS, hosts the rendezvous store on node 0, and stops every\n"
+    "worker as soon as one fails. ARGS are passed to PROGRAM untouched. Flags accept --a_b and\n"
+    "--a-b, and '--flag value' or '--flag=value'.\n"
+    "\n"
+    "Workers\n"
+    "  --nproc_per_node N|auto|cpu|gpu  workers on this node (default 1); cpu = cores available,\n"
+    "                           gpu = GPUs visible, auto = gpu if any, else cpu\n"
+    "  --role NAME              role name shown in summaries (default 'default')\n"
+    "\n"
+    "Nodes and rendezvous\n"
+    "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are not)\n"
+    "  --node_rank K            this node's index, 0..nnodes-1 (default 0); ranks are contiguous\n"
+    "                           per node, nodes in node_rank order\n"
+    "  --master_addr HOST       address of node 0, where the store runs (default 127.0.0.1)\n"
+    "  --master_port PORT       port of the store (default 29500)\n"
+    "  --rdzv_endpoint HOST:PORT  the same two in one flag\n"
+    "  --standalone             one node, store on a free loopback port: no port conflicts\n"
+    "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
+    "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
+    "\n"
+    "Failures\n"
+    "  --max_restarts N         restart the whole group up to N times after a failure (default 0)\n"
+    "  --monitor_interval S     seconds between health checks across nodes (default 0.1)\n"
+    "  --grace_period S         seconds between SIGTERM and SIGKILL when stopping workers\n"
+    "                           (default 10)\n"
+    "  --agent_timeout S        seconds without a heartbeat before another node's ddprun counts\n"
+    "                           as dead (default 30)\n"
+    "\n"
+    "Output\n"
+    "  --log_dir DIR            also write each worker's output to\n"
+    "                           DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log\n"
+    "  --redirects V            send streams to the log files only: 0 none, 1 stdout, 2 stderr,\n"
+    "                           3 both; or per local rank, '0:1,1:2'\n"
+    "  --tee V                  send streams to the log files and the console (same values)\n"
+    "  --no_prefix              do not prefix console lines with '[rankN]: '\n"
+    "\n"
+    "  -h, --help               this help;  --version  ddpc's version\n"
+    "\n"
+    "Environment: when OMP_NUM_THREADS / OPENBLAS_NUM_THREADS are unset, each worker gets the cores\n"
+    "available divided by the workers on this node. Across nodes, set DDP_STORE_TOKEN to the same\n"
+    "secret on every node so that the store refuses strangers (one node makes its own).\n"
+    "Exit status: 0 when every worker exits 0; 1 when a worker failed; 128+N after signal N; 2 for\n"
+    "a usage error.\n";
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ddprun: %s\nddprun: see 'ddprun --help'\n", msg);
+    return -1;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || errno || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_seconds(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || errno || *end || !(v >= 0) || v > 1e7)
+        return false;
+    *out = v;
+    return true;
+}
+
+static int cores_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else /dev/nvidiaN devices. */
+static int gpus_visible(void)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v) {
+        int n = 0;
+        for (const char *p = v; *p;) {
+            while (*p == ',' || *p == ' ')
+                p++;
+            if (!*p || *p == '-') /* "-1" hides all devices */
+                break;
+            n++;
+            while (*p && *p != ',')
+                p++;
+        }
+        return n;
+    }
+    DIR *d = opendir("/dev");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *s = e->d_name;
+        if (strncmp(s, "nvidia", 6) == 0 && s[6] >= '0' && s[6] <= '9' &&
+            strspn(s + 6, "0123456789") == strlen(s + 6))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int parse_nproc(const char *v, int *out)
+{
+    long n;
+    if (strcmp(v, "cpu") == 0) {
+        *out = cores_available();
+    } else if (strcmp(v, "gpu") == 0) {
+        *out = gpus_visible();
+        if (*out == 0)
+            return bad("--nproc_per_node=gpu: no GPU is visible (no /dev/nvidiaN, or "
+                       "CUDA_VISIBLE_DEVICES hides them); use a number or 'cpu'");
+    } else if (strcmp(v, "auto") == 0) {
+        int g = gpus_visible();
+        *out = g > 0 ? g : cores_available();
+    } else if (parse_long(v, 1, DDPRUN_MAX_NPROC, &n)) {
+        *out = (int)n;
+    } else {
+        return bad("--nproc_per_node '%s' is not a number from 1 to %d, auto, cpu or gpu", v,
+                   DDPRUN_MAX_NPROC);
+    }
+    if (*out > DDPRUN_MAX_NPROC)
+        *out = DDPRUN_MAX_NPROC;
+    return 0;
+}
+
+/* torchrun's --redirects/--tee: "3" for every local rank, or "0:1,1:2" per local rank. */
+static int parse_std(const char *flag, const char *v, int *per_rank)
+{
+    long x;
+    if (parse_long(v, 0, 3, &x)) {
+        for (int i = 0; i < DDPRUN_MAX_NPROC; i++)
+            per_rank[i] = (int)x;
+        return 0;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        long r;
+        if (!colon)
+            return bad("--%s '%s': expected 0-3, or LOCAL_RANK:VALUE pairs like '0:1,1:2'", flag,
+                       v);
+        *colon = '\0';
+        if (!parse_long(item, 0, DDPRUN_MAX_NPROC - 1, &r) || !parse_long(colon + 1, 0, 3, &x))
+            return bad("--%s '%s': expected 0-3, or LOCAL_RANK:VALUE pairs like '0:1,1:2'", flag,
+                       v);
+        per_rank[r] = (int)x;
+    }
+    return 0;
+}
+
+static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
+{
+    if (strlen(v) >= cap)
+        return bad("--%s: value longer than %zu characters", flag, cap - 1);
+    memcpy(dst, v, strlen(v) + 1);
+    return 0;
+}
+
+/* Flags that take a value; index into the switch below. */
+static const char *const valued[] = {
+    "nproc_per_node", "nnodes",         "node_rank",        "master_addr", "master_port",
+    "max_restarts",   "monitor_interval", "redirects",      "tee",         "log_dir",
+    "run_id",         "rdzv_id",        "role",             "rdzv_endpoint", "rdzv_timeout",
+    "grace_period",   "agent_timeout",  "rdzv_backend",     "start_method", NULL,
+};
+static const char *const switches[] = {"standalone", "no_prefix", "help", "version",
+                                       "no_python",  "module",    NULL};
+
+static int lookup(const char *const *table, const char *name)
+{
+    for (int i = 0; table[i]; i++)
+        if (strcmp(table[i], name) == 0)
+            return i;
+    return -1;
+}
+
+static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *port_set)
+{
+    long x;
+    double d;
+    if (strcmp(name, "nproc_per_node") == 0)
+        return parse_nproc(v, &o->nproc);
+    if (strcmp(name, "nnodes") == 0) {
+        const char *colon = strchr(v, ':');
+        if (colon) {
+            char lo[32];
+            snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
+            if (strcmp(lo, colon + 1) != 0)
+                return bad("--nnodes '%s': elastic node ranges are not supported; give one number",
+                           v);
+            v = colon + 1;
+        }
+        if (!parse_long(v, 1, 65536, &x))
+            return bad("--nnodes '%s' is not a number from 1 to 65536", v);
+        o->nnodes = (int)x;
+        return 0;
+    }
+    if (strcmp(name, "node_rank") == 0) {
+        if (!parse_long(v, 0, 65535, &x))
+            return bad("--node_rank '%s' is not a number from 0 to 65535", v);
+        o->node_rank = (int)x;
+        return 0;
+    }
+    if (strcmp(name, "master_addr") == 0)
+        return copy_str(name, v, o->master_addr, sizeof o->master_addr);
+    if (strcmp(name, "master_port") == 0) {
+        if (!parse_long(v, 1, 65535, &x))
+            return bad("--master_port '%s' is not a port number (1-65535)", v);
+        o->master_port = (int)x;
+        *port_set = true;
+        return 0;
+    }
+    if (strcmp(name, "rdzv_endpoint") == 0) {
+        const char *colon = strrchr(v, ':');
+        if (!colon)
+            return copy_str(name, v, o->master_addr, sizeof o->master_addr);
+        char host[256];
+        snprintf(host, sizeof host, "%.*s", (int)(colon - v), v);
+        if (copy_str(name, host, o->master_addr, sizeof o->master_addr) != 0)
+            return -1;
+        return apply_value(o, "master_port", colon + 1, port_set);
+    }
+    if (strcmp(name, "max_restarts") == 0) {
+        if (!parse_long(v, 0, 1000000, &x))
+            return bad("--max_restarts '%s' is not a number ≥ 0", v);
+        o->max_restarts = (int)x;
+        return 0;
+    }
+    if (strcmp(name, "redirects") == 0 || strcmp(name, "tee") == 0) {
+        o->want_files = true;
+        return parse_std(name, v, name[0] == 'r' ? o->redirects : o->tee);
+    }
+    if (strcmp(name, "log_dir") == 0) {
+        if (!*v)
+            return bad("--log_dir is empty");
+        o->want_files = true;
+        return copy_str(name, v, o->log_dir, sizeof o->log_dir - 200);
+    }
+    if (strcmp(name, "run_id") == 0 || strcmp(name, "rdzv_id") == 0) {
+        if (!*v || strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                       strlen(v))
+            return bad("--run_id '%s': use letters, digits, '_', '.' and '-' (it names files)", v);
+        o->run_id_set = true;
+        return copy_str(name, v, o->run_id, sizeof o->run_id);
+    }
+    if (strcmp(name, "role") == 0)
+        return copy_str(name, v, o->role, sizeof o->role);
+    if (strcmp(name, "rdzv_backend") == 0) {
+        if (strcmp(v, "static") && strcmp(v, "c10d") && strcmp(v, "ddp"))
+            return bad("--rdzv_backend '%s': ddprun has one rendezvous (its own store); "
+                       "'static' and 'c10d' are accepted and mean the same",
+                       v);
+        return 0;
+    }
+    if (strcmp(name, "start_method") == 0)
+        return 0; /* workers are always fork+exec: there is no interpreter to spawn */
+    double *dst = strcmp(name, "monitor_interval") == 0 ? &o->monitor_interval
+                  : strcmp(name, "rdzv_timeout") == 0   ? &o->rdzv_timeout
+                  : strcmp(name, "grace_period") == 0   ? &o->grace_period
+                                                        : &o->agent_timeout;
+    if (!parse_seconds(v, &d))
+        return bad("--%s '%s' is not a number of seconds", name, v);
+    *dst = d;
+    return 0;
+}
+
+int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->nproc = 1;
+    o->nnodes = 1;
+    snprintf(o->master_addr, sizeof o->master_addr, "%s", DDP_DEFAULT_MASTER_ADDR);
+    o->master_port = DDP_DEFAULT_MASTER_PORT;
+    o->monitor_interval = 0.1;
+    o->grace_period = 10;
+    o->rdzv_timeout = 300;
+    o->agent_timeout = 30;
+    snprintf(o->role, sizeof o->role, "default");
+    bool port_set = false;
+
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 1;
+        }
+        if (a[0] != '-' || a[1] != '-')
+            break; /* the program */
+        char name[64];
+        const char *eq = strchr(a, '=');
+        size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (n == 0 || n >= sizeof name)
+            return bad("unknown flag '%s'", a);
+        memcpy(name, a + 2, n);
+        name[n] = '\0';
+        for (char *p = name; *p; p++)
+            if (*p == '-')
+                *p = '_';
+        if (lookup(switches, name) >= 0) {
+            if (eq)
+                return bad("flag '--%s' takes no value", name);
+            if (strcmp(name, "help") == 0) {
+                fputs(usage, stdout);
+                return 1;
+            }
+            if (strcmp(name, "version") == 0) {
+                printf("ddprun (ddpc) %s\n", DDP_VERSION_STRING);
+                return 1;
+            }
+            if (strcmp(name, "no_python") == 0 || strcmp(name, "module") == 0)
+                return bad("--%s is a torchrun flag for Python scripts; ddprun always runs "
+                           "PROGRAM directly: drop the flag",
+                           name);
+            if (strcmp(name, "standalone") == 0)
+                o->standalone = true;
+            else
+                o->no_prefix = true;
+            continue;
+        }
+        if (lookup(valued, name) < 0)
+            return bad("unknown flag '%s'", a);
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v)
+            return bad("flag '--%s' needs a value", name);
+        if (apply_value(o, name, v, &port_set) != 0)
+            return -1;
+    }
+    if (i >= argc)
+        return bad("no program to run: 'ddprun [flags] PROGRAM [ARGS...]'");
+    o->argv = argv + i;
+
+    if (o->standalone) {
+        if (o->nnodes != 1)
+            return bad("--standalone runs one node; it cannot be combined with --nnodes %d",
+                       o->nnodes);
+        if (port_set)
+            return bad("--standalone picks a free port itself; drop --master_port");
+        snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
+        o->master_port = 0;
+    }
+    if (o->node_rank >= o->nnodes)
+        return bad("--node_rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
+    if (o->monitor_interval < 0.001)
+        o->monitor_interval = 0.001;
+    if (o->rdzv_timeout < 0.1)
+        return bad("--rdzv_timeout must be at least 0.1 s");
+    return 0;
+}

@@ -1,0 +1,126 @@
+/*
+ * ddprun.h — the launcher's pieces, private to tools/ddprun. Like every tool it uses only
+ * libddp's public API (include/ddp/).
+ *
+ *   args.c    command line → ddprun_opts (torchrun's flags, both spellings)
+ *   agent.c   one node's agent: hosts the store on node 0, node rendezvous, attempts and
+ *             restarts, monitoring, the failure summary
+ *   workers.c fork/exec of workers with the environment contract, signals, reaping
+ *   output.c  rank-prefixed console lines and per-rank log files
+ *   reaper.c  a watchdog process that kills the workers' process groups if ddprun dies
+ */
+#ifndef DDPRUN_H
+#define DDPRUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define DDPRUN_MAX_NPROC 1024
+
+/* Stream bits, as torchrun's --redirects / --tee values: 1 stdout, 2 stderr, 3 both. */
+enum { STD_OUT = 1, STD_ERR = 2 };
+
+typedef struct ddprun_opts {
+    int nproc;             /* workers on this node */
+    int nnodes;
+    int node_rank;
+    char master_addr[256];
+    int master_port;
+    bool standalone;
+    int max_restarts;
+    double monitor_interval; /* s between multi-node health checks */
+    double grace_period;     /* s from SIGTERM to SIGKILL when stopping workers */
+    double rdzv_timeout;     /* s for nodes to meet, and for the store's calls */
+    double agent_timeout;    /* s without a heartbeat before a node's agent counts as dead */
+    int redirects[DDPRUN_MAX_NPROC]; /* per local rank: streams sent to files only */
+    int tee[DDPRUN_MAX_NPROC];       /* per local rank: streams sent to files and console */
+    bool want_files;                 /* --log_dir, --redirects or --tee given */
+    char log_dir[1024];              /* "" until known */
+    char run_id[128];
+    bool run_id_set;
+    char role[64];
+    bool prefix;    /* prefix console lines with the rank (default when world > 1) */
+    bool no_prefix; /* --no_prefix */
+    char **argv;    /* the program and its arguments, untouched */
+} ddprun_opts;
+
+/* Parses argv. Returns 0 to run, 1 when --help/--version was printed (exit 0), -1 after printing
+ * a usage error to stderr (exit 2). */
+int ddprun_parse_args(int argc, char **argv, ddprun_opts *o);
+
+/* ---- workers ------------------------------------------------------------------------------- */
+
+/* Output capture of one stream of one worker. */
+typedef struct ddprun_stream {
+    int fd;        /* read end of the worker's pipe; -1 when closed or not piped */
+    int which;     /* STD_OUT or STD_ERR */
+    bool console;  /* forward to our own stdout/stderr */
+    int file_fd;   /* the rank's log file, or -1 */
+    char *line;    /* the partial line not yet forwarded */
+    size_t line_len, line_cap;
+    char tail[5][200]; /* the last lines seen (stderr), for the failure summary */
+    int tail_n, tail_next;
+} ddprun_stream;
+
+typedef struct ddprun_worker {
+    int rank, local_rank;
+    pid_t pid;    /* also its process group id; 0 before spawn */
+    bool running; /* spawned and not yet reaped */
+    int status;   /* waitpid() status once reaped */
+    int64_t exited_ms;
+    ddprun_stream out, err;
+    char log_path[1500]; /* its stderr.log, or "" */
+} ddprun_worker;
+
+/* What one attempt knows about the world. */
+typedef struct ddprun_world {
+    int world_size;
+    int rank_offset; /* global rank of local rank 0 */
+    int attempt;
+    char token[128];
+    int master_port; /* the port actually used (--standalone picks one) */
+} ddprun_world;
+
+/* Resolves prog as execvp would (PATH unless it has a '/'); writes the path into buf. On failure
+ * returns false with the errno in *why. */
+bool ddprun_find_program(const char *prog, char *buf, size_t cap, int *why);
+
+/* Spawns worker w with the environment contract. Returns 0, or -1 after printing why. */
+int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w, bool pipe_out,
+                 int reaper_fd);
+
+/* Sends sig to the worker's whole process group (no-op if never spawned). */
+void ddprun_signal_worker(const ddprun_worker *w, int sig);
+
+/* "exit code 3", "signal 9 (SIGKILL)". */
+void ddprun_describe_status(int status, char *buf, size_t cap);
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+/* Opens per-rank log files for the attempt when files are wanted. Returns 0 or -1 (printed). */
+int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w);
+/* Reads what is available from s and forwards complete lines; returns false at EOF. */
+bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s);
+/* Flushes a partial line and closes the stream and its file. */
+void ddprun_output_close(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s);
+/* Prints a launcher message ("ddprun: …") to stderr as one write. */
+void ddprun_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- reaper -------------------------------------------------------------------------------- */
+
+/* Forks the watchdog; returns the fd to report process groups to, or -1 (printed). */
+int ddprun_reaper_start(void);
+void ddprun_reaper_track(int fd, pid_t pgid);
+void ddprun_reaper_untrack(int fd, pid_t pgid);
+/* Tells the watchdog that ddprun ends normally, then closes fd. */
+void ddprun_reaper_finish(int fd);
+
+/* ---- agent --------------------------------------------------------------------------------- */
+
+/* Runs the job on this node. Returns ddprun's exit code. sigfd delivers SIGCHLD, SIGINT, SIGTERM
+ * and SIGHUP (all blocked in every thread). */
+int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd);
+
+#endif /* DDPRUN_H */

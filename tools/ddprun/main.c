@@ -1,0 +1,101 @@
+/*
+ * ddprun — the launcher: torchrun's interface, for any program. See `ddprun --help` and
+ * docs/ddprun.md. This file wires the pieces: arguments, thread defaults, the reaper, the
+ * signal descriptor, and the agent that runs the job.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "ddprun.h"
+
+static int cores_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* torchrun sets OMP_NUM_THREADS=1 whenever nproc > 1, a known cause of slow CPU training. We
+ * give each worker its share of the cores instead, so ranks × threads = cores. */
+static void default_threads(int nproc)
+{
+    int cores = cores_available();
+    int per = cores / nproc > 0 ? cores / nproc : 1;
+    char v[16];
+    snprintf(v, sizeof v, "%d", per);
+    bool said = false;
+    const char *names[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+    for (int i = 0; i < 2; i++) {
+        if (getenv(names[i]))
+            continue;
+        setenv(names[i], v, 1);
+        if (!said && nproc > 1)
+            ddprun_say("%s unset: %d thread%s per worker (%d cores / %d workers)", names[i], per,
+                       per == 1 ? "" : "s", cores, nproc);
+        said = true;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    ddprun_opts *o = calloc(1, sizeof *o);
+    if (!o) {
+        fputs("ddprun: out of memory\n", stderr);
+        return 1;
+    }
+    int rc = ddprun_parse_args(argc, argv, o);
+    if (rc != 0) {
+        free(o);
+        return rc > 0 ? 0 : 2;
+    }
+    char path[4096];
+    int why = 0;
+    if (!ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
+        ddprun_say("cannot run '%s': %s%s", o->argv[0], strerror(why),
+                   strchr(o->argv[0], '/') ? "" : " (searched PATH; give a path like ./prog)");
+        free(o);
+        return 1;
+    }
+    default_threads(o->nproc);
+    signal(SIGPIPE, SIG_IGN); /* a closed console or reaper must not kill the launcher */
+
+    /* The reaper first: before any thread, socket or worker exists. */
+    int reaper_fd = ddprun_reaper_start();
+    if (reaper_fd < 0) {
+        free(o);
+        return 1;
+    }
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
+        ddprun_say("sigprocmask failed: %s", strerror(errno));
+        ddprun_reaper_finish(reaper_fd);
+        free(o);
+        return 1;
+    }
+    int sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) {
+        ddprun_say("signalfd failed: %s", strerror(errno));
+        ddprun_reaper_finish(reaper_fd);
+        free(o);
+        return 1;
+    }
+    int code = ddprun_agent_run(o, sigfd, reaper_fd);
+    ddprun_reaper_finish(reaper_fd);
+    close(sigfd);
+    free(o);
+    return code;
+}

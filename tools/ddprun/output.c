@@ -1,0 +1,203 @@
+/*
+ * output.c — where workers' output goes.
+ *
+ * With several workers on one console every line gets its rank ("[rank3]: …") and is written
+ * with one write(), so lines from different ranks never mix mid-line. With --log_dir (or
+ * --redirects/--tee) each worker also gets DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log,
+ * torchrun's layout, holding its raw output. The last few stderr lines of each worker are kept
+ * for the failure summary. A line longer than 64 KiB is forwarded in pieces.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ddprun.h"
+
+#define LINE_MAX_BYTES 65536
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return; /* a closed console must not stop the job */
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+void ddprun_say(const char *fmt, ...)
+{
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "ddprun: ");
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof buf - 2)
+        len = sizeof buf - 2;
+    buf[len++] = '\n';
+    write_all(STDERR_FILENO, buf, len);
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char buf[1400];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
+{
+    int lr = w->local_rank;
+    w->out.which = STD_OUT;
+    w->err.which = STD_ERR;
+    w->out.file_fd = w->err.file_fd = -1;
+    w->out.console = !(o->redirects[lr] & STD_OUT) || (o->tee[lr] & STD_OUT);
+    w->err.console = !(o->redirects[lr] & STD_ERR) || (o->tee[lr] & STD_ERR);
+    w->log_path[0] = '\0';
+    if (!o->want_files)
+        return 0;
+    char dir[1400];
+    if (snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", o->log_dir, o->run_id, attempt, lr) >=
+        (int)sizeof dir - 16) {
+        ddprun_say("--log_dir '%s' is too long", o->log_dir);
+        return -1;
+    }
+    if (make_dirs(dir) != 0) {
+        ddprun_say("cannot create log directory '%s': %s; check --log_dir", dir, strerror(errno));
+        return -1;
+    }
+    char path[1500];
+    ddprun_stream *s[2] = {&w->out, &w->err};
+    const char *names[2] = {"stdout.log", "stderr.log"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        s[i]->file_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+        if (s[i]->file_fd < 0) {
+            ddprun_say("cannot create log file '%s': %s", path, strerror(errno));
+            return -1;
+        }
+    }
+    if (snprintf(w->log_path, sizeof w->log_path, "%s/stderr.log", dir) >= (int)sizeof w->log_path)
+        w->log_path[0] = '\0';
+    return 0;
+}
+
+static void remember_line(ddprun_stream *s, const char *p, size_t n)
+{
+    if (s->which != STD_ERR)
+        return;
+    size_t m = n < sizeof s->tail[0] - 1 ? n : sizeof s->tail[0] - 1;
+    memcpy(s->tail[s->tail_next], p, m);
+    s->tail[s->tail_next][m] = '\0';
+    s->tail_next = (s->tail_next + 1) % 5;
+    if (s->tail_n < 5)
+        s->tail_n++;
+}
+
+/* Forwards one line (without its newline) to the console, with the rank prefix. */
+static void emit_line(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s,
+                      const char *p, size_t n)
+{
+    remember_line(s, p, n);
+    if (!s->console)
+        return;
+    int fd = s->which == STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
+    if (!o->prefix) {
+        char *buf = malloc(n + 1);
+        if (!buf)
+            return;
+        memcpy(buf, p, n);
+        buf[n] = '\n';
+        write_all(fd, buf, n + 1);
+        free(buf);
+        return;
+    }
+    char pre[32];
+    int pn = snprintf(pre, sizeof pre, "[rank%d]: ", w->rank);
+    char *buf = malloc((size_t)pn + n + 1);
+    if (!buf)
+        return;
+    memcpy(buf, pre, (size_t)pn);
+    memcpy(buf + pn, p, n);
+    buf[(size_t)pn + n] = '\n';
+    write_all(fd, buf, (size_t)pn + n + 1);
+    free(buf);
+}
+
+bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s)
+{
+    char chunk[16384];
+    ssize_t k;
+    do
+        k = read(s->fd, chunk, sizeof chunk);
+    while (k < 0 && errno == EINTR);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return true;
+    if (k <= 0)
+        return false;
+    if (s->file_fd >= 0)
+        write_all(s->file_fd, chunk, (size_t)k);
+    const char *p = chunk;
+    size_t left = (size_t)k;
+    while (left > 0) {
+        const char *nl = memchr(p, '\n', left);
+        size_t take = nl ? (size_t)(nl - p) : left;
+        if (s->line_len + take > s->line_cap) {
+            size_t cap = s->line_cap ? s->line_cap : 256;
+            while (cap < s->line_len + take)
+                cap *= 2;
+            char *q = realloc(s->line, cap);
+            if (!q)
+                return true; /* drop this piece of console output, keep the job */
+            s->line = q;
+            s->line_cap = cap;
+        }
+        memcpy(s->line + s->line_len, p, take);
+        s->line_len += take;
+        if (nl || s->line_len >= LINE_MAX_BYTES) {
+            emit_line(o, w, s, s->line, s->line_len);
+            s->line_len = 0;
+        }
+        p += take + (nl ? 1 : 0);
+        left -= take + (nl ? 1 : 0);
+    }
+    return true;
+}
+
+void ddprun_output_close(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s)
+{
+    if (s->line_len) {
+        emit_line(o, w, s, s->line, s->line_len);
+        s->line_len = 0;
+    }
+    if (s->fd >= 0)
+        close(s->fd);
+    if (s->file_fd >= 0)
+        close(s->file_fd);
+    s->fd = s->file_fd = -1;
+    free(s->line);
+    s->line = NULL;
+    s->line_cap = 0;
+}

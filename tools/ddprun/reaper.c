@@ -1,0 +1,128 @@
+/*
+ * reaper.c — the watchdog that makes "no orphans, ever" hold when ddprun itself is SIGKILLed.
+ *
+ * PR_SET_PDEATHSIG kills each worker when ddprun dies, but not what the worker started. So at
+ * start ddprun forks this small process, which ignores the terminal's signals and holds the read
+ * end of a pipe. ddprun reports each worker's process group ("+pgid") and its end ("-pgid"). If
+ * the pipe closes without the final "x" (ddprun died), the watchdog SIGKILLs every group still
+ * listed, then exits. It is forked before any thread or socket exists, so it holds nothing else.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "ddprun.h"
+
+#define MAX_GROUPS 4096
+
+static void watch(int fd)
+{
+    pid_t groups[MAX_GROUPS];
+    int n = 0;
+    char buf[4096], line[32];
+    size_t ll = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break; /* ddprun is gone */
+        for (ssize_t i = 0; i < k; i++) {
+            if (buf[i] != '\n') {
+                if (ll < sizeof line - 1)
+                    line[ll++] = buf[i];
+                continue;
+            }
+            line[ll] = '\0';
+            ll = 0;
+            if (line[0] == 'x')
+                _exit(0); /* normal end: ddprun has stopped its workers itself */
+            pid_t pg = (pid_t)atol(line + 1);
+            if (pg <= 0)
+                continue;
+            if (line[0] == '+' && n < MAX_GROUPS) {
+                groups[n++] = pg;
+            } else if (line[0] == '-') {
+                for (int j = 0; j < n; j++)
+                    if (groups[j] == pg) {
+                        groups[j] = groups[--n];
+                        break;
+                    }
+            }
+        }
+    }
+    for (int j = 0; j < n; j++)
+        kill(-groups[j], SIGKILL);
+    _exit(0);
+}
+
+int ddprun_reaper_start(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        ddprun_say("cannot create the reaper pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        ddprun_say("cannot fork the reaper: %s", strerror(errno));
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(p[1]);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        signal(SIGQUIT, SIG_IGN);
+        prctl(PR_SET_NAME, "ddprun-reaper");
+        /* Keep no terminal streams: a reaper holding the console pipe would keep a test's or a
+         * user's `ddprun … | tee` waiting for EOF. */
+        int devnull = open("/dev/null", O_RDWR);
+        if (devnull >= 0) {
+            dup2(devnull, STDIN_FILENO);
+            dup2(devnull, STDOUT_FILENO);
+            dup2(devnull, STDERR_FILENO);
+            if (devnull > 2)
+                close(devnull);
+        }
+        watch(p[0]);
+    }
+    close(p[0]);
+    return p[1];
+}
+
+static void send_line(int fd, char c, pid_t pg)
+{
+    char line[32];
+    int n = snprintf(line, sizeof line, "%c%ld\n", c, (long)pg);
+    ssize_t k;
+    do
+        k = write(fd, line, (size_t)n);
+    while (k < 0 && errno == EINTR);
+}
+
+void ddprun_reaper_track(int fd, pid_t pgid)
+{
+    send_line(fd, '+', pgid);
+}
+
+void ddprun_reaper_untrack(int fd, pid_t pgid)
+{
+    send_line(fd, '-', pgid);
+}
+
+void ddprun_reaper_finish(int fd)
+{
+    if (fd < 0)
+        return;
+    send_line(fd, 'x', 0);
+    close(fd);
+}

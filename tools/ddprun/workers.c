@@ -1,0 +1,260 @@
+/*
+ * workers.c — starting and signalling workers.
+ *
+ * Each worker is fork+exec'd into its own process group (so a stop reaches whatever it started)
+ * with PR_SET_PDEATHSIG = SIGKILL (so it dies with ddprun even when ddprun is SIGKILLed; the
+ * reaper process covers the rest of its group). ddprun has a store thread, so between fork and
+ * exec the child only makes async-signal-safe calls: the environment and the program's path are
+ * prepared before fork. An exec failure is reported back through a close-on-exec pipe, so
+ * "no such program" is a clear message rather than a mysterious exit code 127.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ddprun.h"
+
+extern char **environ;
+
+/* Variables ddprun sets for every worker; inherited copies are dropped. */
+static const char *const contract[] = {
+    "RANK",          "LOCAL_RANK",        "WORLD_SIZE",       "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",    "GROUP_WORLD_SIZE",  "ROLE_RANK",        "ROLE_WORLD_SIZE",
+    "ROLE_NAME",     "MASTER_ADDR",       "MASTER_PORT",      "DDP_RUN_ID",
+    "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", NULL,
+};
+
+static bool in_contract(const char *kv)
+{
+    for (int i = 0; contract[i]; i++) {
+        size_t n = strlen(contract[i]);
+        if (strncmp(kv, contract[i], n) == 0 && kv[n] == '=')
+            return true;
+    }
+    return false;
+}
+
+/* Builds the worker's environment: ours plus everything inherited that we do not set.
+ * Returns a NULL-terminated array (caller frees with free_env) or NULL on no memory. */
+static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddprun_worker *w)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 32, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!in_contract(environ[i]))
+            env[k++] = strdup(environ[i]);
+    struct {
+        const char *name;
+        char value[300];
+    } add[32];
+    int na = 0;
+#define ADD(NAME, ...)                                                                            \
+    do {                                                                                          \
+        add[na].name = NAME;                                                                      \
+        snprintf(add[na].value, sizeof add[na].value, __VA_ARGS__);                               \
+        na++;                                                                                     \
+    } while (0)
+    ADD("RANK", "%d", w->rank);
+    ADD("LOCAL_RANK", "%d", w->local_rank);
+    ADD("WORLD_SIZE", "%d", wd->world_size);
+    ADD("LOCAL_WORLD_SIZE", "%d", o->nproc);
+    ADD("GROUP_RANK", "%d", o->node_rank);
+    ADD("GROUP_WORLD_SIZE", "%d", o->nnodes);
+    ADD("ROLE_RANK", "%d", w->rank);
+    ADD("ROLE_WORLD_SIZE", "%d", wd->world_size);
+    ADD("ROLE_NAME", "%s", o->role);
+    ADD("MASTER_ADDR", "%s", o->master_addr);
+    ADD("MASTER_PORT", "%d", wd->master_port);
+    ADD("DDP_RUN_ID", "%s", o->run_id);
+    ADD("DDP_STORE_TOKEN", "%s", wd->token);
+    ADD("DDP_RESTART_COUNT", "%d", wd->attempt);
+    ADD("DDP_MAX_RESTARTS", "%d", o->max_restarts);
+    ADD("DDP_AGENT_STORE", "1");
+    ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
+    ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
+    ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
+#undef ADD
+    for (int i = 0; i < na; i++) {
+        size_t len = strlen(add[i].name) + strlen(add[i].value) + 2;
+        char *kv = malloc(len);
+        if (kv)
+            snprintf(kv, len, "%s=%s", add[i].name, add[i].value);
+        env[k++] = kv;
+    }
+    env[k] = NULL;
+    for (size_t i = 0; i < k; i++) {
+        if (!env[i]) { /* an allocation failed */
+            for (size_t j = 0; j < k; j++)
+                free(env[j]);
+            free(env);
+            return NULL;
+        }
+    }
+    return env;
+}
+
+static void free_env(char **env)
+{
+    if (!env)
+        return;
+    for (size_t i = 0; env[i]; i++)
+        free(env[i]);
+    free(env);
+}
+
+bool ddprun_find_program(const char *prog, char *buf, size_t cap, int *why)
+{
+    if (strchr(prog, '/')) {
+        snprintf(buf, cap, "%s", prog);
+        if (access(buf, X_OK) == 0)
+            return true;
+        *why = errno;
+        return false;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    *why = ENOENT;
+    for (const char *p = path; *p;) {
+        const char *end = strchr(p, ':');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        snprintf(buf, cap, "%.*s%s%s", (int)n, p, n ? "/" : "./", prog);
+        struct stat st;
+        if (stat(buf, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (access(buf, X_OK) == 0)
+                return true;
+            *why = EACCES;
+        }
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return false;
+}
+
+int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w, bool pipe_out,
+                 int reaper_fd)
+{
+    char path[4096];
+    int why = 0;
+    if (!ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
+        ddprun_say("cannot run '%s': %s%s", o->argv[0], strerror(why),
+                   strchr(o->argv[0], '/') ? "" : " (searched PATH; give a path like ./prog)");
+        return -1;
+    }
+    char **env = build_env(o, wd, w);
+    if (!env) {
+        ddprun_say("out of memory preparing the environment of rank %d", w->rank);
+        return -1;
+    }
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, execp[2] = {-1, -1};
+    int rc = -1;
+    if (pipe2(execp, O_CLOEXEC) != 0 ||
+        (pipe_out && (pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0))) {
+        ddprun_say("cannot create pipes for rank %d: %s", w->rank, strerror(errno));
+        goto out_close;
+    }
+    int devnull = -1;
+    if (pipe_out) /* several workers: none of them owns the terminal's input */
+        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        ddprun_say("cannot fork rank %d: %s", w->rank, strerror(errno));
+        if (devnull >= 0)
+            close(devnull);
+        goto out_close;
+    }
+    if (pid == 0) {
+        /* Child: async-signal-safe calls only. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127); /* ddprun died before we got here */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        if (pipe_out) {
+            if (devnull >= 0)
+                dup2(devnull, STDIN_FILENO);
+            dup2(outp[1], STDOUT_FILENO);
+            dup2(errp[1], STDERR_FILENO);
+        }
+        execve(path, o->argv, env);
+        int e = errno;
+        ssize_t k = write(execp[1], &e, sizeof e);
+        (void)k;
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also here, so the group exists before we might signal it */
+    if (reaper_fd >= 0)
+        ddprun_reaper_track(reaper_fd, pid);
+    if (devnull >= 0)
+        close(devnull);
+    close(execp[1]);
+    execp[1] = -1;
+    int child_errno = 0;
+    ssize_t k;
+    do
+        k = read(execp[0], &child_errno, sizeof child_errno);
+    while (k < 0 && errno == EINTR);
+    w->pid = pid;
+    w->running = true;
+    if (k == (ssize_t)sizeof child_errno) {
+        ddprun_say("cannot run '%s' (rank %d): %s", path, w->rank, strerror(child_errno));
+        goto out_close; /* the caller reaps it like any failed worker */
+    }
+    if (pipe_out) {
+        w->out.fd = outp[0];
+        w->err.fd = errp[0];
+        outp[0] = errp[0] = -1;
+    }
+    rc = 0;
+
+out_close:
+    for (int i = 0; i < 2; i++) {
+        if (outp[i] >= 0)
+            close(outp[i]);
+        if (errp[i] >= 0)
+            close(errp[i]);
+        if (execp[i] >= 0)
+            close(execp[i]);
+    }
+    free_env(env);
+    return rc;
+}
+
+void ddprun_signal_worker(const ddprun_worker *w, int sig)
+{
+    if (w->pid > 0)
+        kill(-w->pid, sig);
+}
+
+void ddprun_describe_status(int status, char *buf, size_t cap)
+{
+    if (WIFEXITED(status)) {
+        snprintf(buf, cap, "exit code %d", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char *abbrev = sigabbrev_np(sig);
+        snprintf(buf, cap, "signal %d (SIG%s)%s", sig, abbrev ? abbrev : "?",
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    } else {
+        snprintf(buf, cap, "status 0x%x", status);
+    }
+}
