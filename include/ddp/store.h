@@ -94,13 +94,16 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
  * store (ddprun), this connects to it. When the program was started by hand or by another
  * launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, no agent store), rank 0 starts a server
  * on MASTER_ADDR:MASTER_PORT inside this handle and the other ranks connect to it; such a server
- * stops when rank 0 closes its handle, so rank 0 should close last (after a barrier). A world of
+ * stops when rank 0 closes its handle. A world of
  * one gets a private server on a free loopback port. timeout_ms bounds the connection and
- * becomes the handle's call timeout (≤ 0: the default). *out written only on DDP_OK. */
+ * becomes the handle's call timeout (≤ 0: the default). *out written only on DDP_OK.
+ * The hosting rank's ddp_store_close() waits for the other ranks to disconnect (see below). */
 ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out,
                                 ddp_error *err);
 
-/* Closes the connection (and stops a server the handle hosts). NULL is a no-op. */
+/* Closes the connection. A handle that hosts the store (rank 0 started by hand) first waits,
+ * for at most its timeout or 30 s, until every other client has disconnected, then stops the
+ * server: so rank 0 finishing first does not cut the others off mid-call. NULL is a no-op. */
 void ddp_store_close(ddp_store *s);
 
 /* Sets the deadline used by every later call on s; ≤ 0 restores the default. */

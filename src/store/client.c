@@ -311,6 +311,15 @@ void ddp_store_close(ddp_store *s)
     if (!s)
         return;
     disconnect(s);
+    if (s->server) {
+        /* Other ranks may still be between their last calls (the reply to a final barrier
+         * reaches them before they hang up): let them leave first, for a bounded time. */
+        int64_t linger = s->timeout_ms < DDP__STORE_CLOSE_LINGER_MS ? s->timeout_ms
+                                                                     : DDP__STORE_CLOSE_LINGER_MS;
+        int64_t until = ddp__now_ms() + linger;
+        while (ddp__store_server_clients(s->server) > 0 && ddp__now_ms() < until)
+            sleep_ms(5);
+    }
     ddp_store_server_stop(s->server);
     ddp__buf_free(&s->req);
     free(s->reply);

@@ -200,6 +200,7 @@ struct ddp_store_server {
     void *log_ctx;
     atomic_bool stop;
     atomic_uint_fast64_t refused;
+    atomic_int clients; /* authenticated connections open now */
     uint64_t logged;
     pthread_t thread;
     table tab;
@@ -233,10 +234,12 @@ static void refuse_log(ddp_store_server *s, const char *fmt, ...)
     s->log(s->log_ctx, line);
 }
 
-static void conn_free(conn *c)
+static void conn_free(ddp_store_server *s, conn *c)
 {
     if (!c)
         return;
+    if (c->authed)
+        atomic_fetch_sub(&s->clients, 1);
     if (c->fd >= 0)
         close(c->fd);
     free(c->in);
@@ -343,6 +346,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
             return SERVED;
         }
         c->authed = true;
+        atomic_fetch_add(&s->clients, 1);
         reply_begin(c, DDP__R_OK);
         ddp__buf_i64(&c->out, (int64_t)s->max_value); /* so clients refuse big values locally */
         ddp__buf_frame_end(&c->out);
@@ -689,7 +693,7 @@ static void *server_main(void *arg)
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
             if (c->closing && c->out_off >= c->out.len)
-                conn_free(c);
+                conn_free(s, c);
             else
                 s->conns[w++] = c;
         }
@@ -768,6 +772,11 @@ int ddp_store_server_port(const ddp_store_server *srv)
     return srv ? srv->port : 0;
 }
 
+int ddp__store_server_clients(const ddp_store_server *srv)
+{
+    return srv ? atomic_load(&((ddp_store_server *)srv)->clients) : 0;
+}
+
 uint64_t ddp_store_server_refused(const ddp_store_server *srv)
 {
     return srv ? atomic_load(&srv->refused) : 0;
@@ -783,7 +792,7 @@ void ddp_store_server_stop(ddp_store_server *s)
     (void)k; /* an eventfd write only fails on overflow, which also wakes the loop */
     pthread_join(s->thread, NULL);
     for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s->conns[i]);
+        conn_free(s, s->conns[i]);
     free(s->conns);
     table_free(&s->tab);
     close(s->lfd);

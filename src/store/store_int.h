@@ -84,4 +84,11 @@ bool ddp__rd_blob(ddp__rd *r, const char **data, size_t *n);
 
 uint32_t ddp__le32(const void *p);
 
+/* Authenticated client connections the server has open now (any thread may ask). */
+struct ddp_store_server;
+int ddp__store_server_clients(const struct ddp_store_server *srv);
+
+/* How long a hosting handle's close waits for the other clients to leave. */
+#define DDP__STORE_CLOSE_LINGER_MS 30000
+
 #endif /* DDP_STORE_INT_H */

@@ -80,6 +80,27 @@ static void key(char *buf, size_t cap, const agent *a, const char *what)
     snprintf(buf, cap, "ddprun/a%d/%s", a->wd.attempt, what);
 }
 
+/* Whether SIGINT/SIGTERM/SIGHUP arrived while no worker runs (connecting, rendezvous). Records
+ * the signal; SIGCHLD is left for the monitor loop, which reaps with waitpid() anyway. */
+static bool interrupted(agent *a)
+{
+    struct signalfd_siginfo si;
+    while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo != SIGCHLD && !a->stop_signal) {
+            a->stop_signal = (int)si.ssi_signo;
+            ddprun_say("received SIG%s before the workers started: stopping",
+                       sigabbrev_np(a->stop_signal));
+        }
+    }
+    return a->stop_signal != 0;
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* ---- store set-up ------------------------------------------------------------------------------ */
 
 static int setup_store(agent *a)
@@ -129,10 +150,25 @@ static int setup_store(agent *a)
     co.port = a->wd.master_port;
     co.token = a->wd.token;
     co.timeout_ms = (int)(o->rdzv_timeout * 1000);
-    co.connect_timeout_ms = co.timeout_ms;
-    if (ddp_store_connect(&co, &a->store, &err) != DDP_OK) {
-        ddprun_say("%s", err.msg);
-        return -1;
+    /* Node 0 may not be up yet: retry in short steps, so that Ctrl-C is heard meanwhile. */
+    co.connect_timeout_ms = 250;
+    int64_t give_up = now_ms() + (int64_t)(o->rdzv_timeout * 1000);
+    for (;;) {
+        ddp_status st = ddp_store_connect(&co, &a->store, &err);
+        if (st == DDP_OK)
+            break;
+        if (interrupted(a))
+            return -1;
+        if (st != DDP_ERR_TIMEOUT || now_ms() >= give_up) {
+            if (st == DDP_ERR_TIMEOUT)
+                ddprun_say("cannot reach the store of node 0 at '%s:%d' after %.0f s; start "
+                           "ddprun on node 0, and check --master_addr and --master_port (or "
+                           "raise --rdzv_timeout)",
+                           o->master_addr, a->wd.master_port, o->rdzv_timeout);
+            else
+                ddprun_say("%s", err.msg);
+            return -1;
+        }
     }
     if (o->run_id_set)
         return 0;
@@ -207,11 +243,25 @@ static int rendezvous(agent *a)
     }
     int rc = -1;
     int64_t start = now_ms();
-    ddp_status st = ddp_store_wait(s, (const char *const *)keys, (size_t)o->nnodes);
-    if (st == DDP_ERR_TIMEOUT) {
+    int64_t give_up = start + (int64_t)(o->rdzv_timeout * 1000);
+    /* Poll rather than block in a store wait, so that Ctrl-C is heard while nodes gather. */
+    for (;;) {
+        bool all = false;
+        if (ddp_store_check(s, (const char *const *)keys, (size_t)o->nnodes, &all) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(s));
+            goto out_free;
+        }
+        if (all)
+            break;
+        if (interrupted(a))
+            goto out_free;
+        if (now_ms() >= give_up)
+            break;
+        nap_ms(20);
+    }
+    if (now_ms() >= give_up) {
         int joined = 0;
         char missing[200] = "";
-        ddp_store_set_timeout(s, 2000);
         for (int i = 0; i < o->nnodes; i++) {
             bool have = false;
             (void)ddp_store_check(s, (const char *const *)&keys[i], 1, &have);
@@ -223,16 +273,14 @@ static int rendezvous(agent *a)
                     snprintf(missing + l, sizeof missing - l, "%s%d", l ? ", " : "", i);
             }
         }
-        ddprun_say("rendezvous at '%s:%d' timed out after %.0f s (%d of %d nodes joined; missing "
-                   "node_rank %s); start ddprun on every node with the same --nnodes, "
-                   "--master_addr and --master_port, or raise --rdzv_timeout",
-                   o->master_addr, a->wd.master_port, (double)(now_ms() - start) / 1000.0, joined,
-                   o->nnodes, missing);
-        goto out_free;
-    }
-    if (st != DDP_OK) {
-        ddprun_say("%s", ddp_store_last_error(s));
-        goto out_free;
+        if (joined < o->nnodes) {
+            ddprun_say("rendezvous at '%s:%d' timed out after %.0f s (%d of %d nodes joined; "
+                       "missing node_rank %s); start ddprun on every node with the same --nnodes, "
+                       "--master_addr and --master_port, or raise --rdzv_timeout",
+                       o->master_addr, a->wd.master_port, (double)(now_ms() - start) / 1000.0,
+                       joined, o->nnodes, missing);
+            goto out_free;
+        }
     }
     a->wd.world_size = 0;
     for (int i = 0; i < o->nnodes; i++) {
@@ -670,8 +718,7 @@ static void final_handshake(agent *a)
         if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK ||
             acks >= o->nnodes - 1)
             return;
-        struct timespec ts = {0, 20 * 1000000L};
-        nanosleep(&ts, NULL);
+        nap_ms(20);
     }
 }
 
@@ -693,12 +740,18 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         ddprun_say("out of memory");
         goto out;
     }
-    if (setup_store(&a) != 0)
+    if (setup_store(&a) != 0) {
+        if (a.stop_signal)
+            code = 128 + a.stop_signal;
         goto out;
+    }
 
     for (a.wd.attempt = 0;; a.wd.attempt++) {
-        if (rendezvous(&a) != 0)
+        if (rendezvous(&a) != 0) {
+            if (a.stop_signal)
+                code = 128 + a.stop_signal;
             goto out;
+        }
         o->prefix = !o->no_prefix && a.wd.world_size > 1;
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1;
         if (a.wd.attempt == 0 && o->node_rank == 0)

@@ -79,7 +79,10 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGCHLD);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
+    /* Under nohup SIGHUP is ignored on purpose: then it stays ignored, for workers too. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) != 0 || hup.sa_handler != SIG_IGN)
+        sigaddset(&mask, SIGHUP);
     if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
         ddprun_say("sigprocmask failed: %s", strerror(errno));
         ddprun_reaper_finish(reaper_fd);

@@ -188,7 +188,12 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        /* ddprun forwards SIGINT and SIGTERM, so workers must act on them even when ddprun was
+         * started with them ignored (a background job of a script inherits SIGINT ignored).
+         * SIGHUP keeps its inherited disposition: under nohup it stays ignored. */
         signal(SIGPIPE, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
         if (pipe_out) {
             if (devnull >= 0)
                 dup2(devnull, STDIN_FILENO);

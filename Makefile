@@ -1,0 +1,52 @@
+# The two commands of the README, and the sanitizer pass CI adds:
+#   make demo      install dependencies, build, run the main job (2 workers under ddprun)
+#   make test      install dependencies, build, run every test under CTest
+#   make sanitize  the test suite again under ASan+UBSan and under TSan
+# Everything else is CMake: `cmake -S . -B build && cmake --build build`.
+
+BUILD    ?= build
+JOBS     ?= $(shell nproc)
+WERROR   ?= ON
+CTEST    := ctest --output-on-failure --no-tests=error
+
+.PHONY: all deps build demo test sanitize asan tsan bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+# Configure once; later runs only rebuild what changed.
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DDDP_WERROR=$(WERROR)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/hello_world
+
+test: build
+	cd $(BUILD) && $(CTEST) -j 2
+
+build-asan/CMakeCache.txt:
+	cmake -S . -B build-asan -DDDP_SANITIZE=address -DDDP_WERROR=$(WERROR)
+build-tsan/CMakeCache.txt:
+	cmake -S . -B build-tsan -DDDP_SANITIZE=thread -DDDP_WERROR=$(WERROR)
+
+asan: deps build-asan/CMakeCache.txt
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(CTEST) -j 2
+
+tsan: deps build-tsan/CMakeCache.txt
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST) -j 2
+
+sanitize: asan tsan
+
+bench: build
+	bench/launch.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

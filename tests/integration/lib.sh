@@ -1,0 +1,103 @@
+# lib.sh — shared helpers for the integration tests; sourced by each tests/integration/*.sh.
+# Usage from CTest: test_x.sh BINDIR. Each test works in its own temporary directory, and on
+# exit kills (by recorded pid only) anything it started that is still alive, then fails if it
+# found such a survivor: a leftover is a bug, not something to tidy silently.
+set -euo pipefail
+
+BIN=${1:?usage: $0 BINDIR}
+BIN=$(cd "$BIN" && pwd)
+DDPRUN=$BIN/ddprun
+WORKER=$BIN/testworker
+HELLO=$BIN/hello_world
+T=$(mktemp -d "${TMPDIR:-/tmp}/ddptest.XXXXXX")
+BG_PIDS=()
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS DDP_STORE_TOKEN RANK WORLD_SIZE LOCAL_RANK \
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE
+
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+ok() {
+    echo "ok: $*"
+}
+
+# alive PID: true if PID exists and is not a zombie
+alive() {
+    local st
+    st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ "$st" != "Z" ]
+}
+
+# recorded_pids DIR: every pid the test workers wrote into DIR
+recorded_pids() {
+    cat "$1"/pid.* "$1"/child.* 2>/dev/null || true
+}
+
+# wait_gone DIR SECONDS: every recorded pid is gone within SECONDS, else fail naming survivors
+wait_gone() {
+    local dir=$1 limit=$2 end survivors
+    end=$(($(date +%s%N) + ${limit%.*} * 1000000000))
+    while :; do
+        survivors=""
+        for p in $(recorded_pids "$dir"); do
+            alive "$p" && survivors="$survivors $p"
+        done
+        [ -z "$survivors" ] && return 0
+        [ "$(date +%s%N)" -gt "$end" ] && fail "processes still alive after ${limit}s:$survivors"
+        sleep 0.05
+    done
+}
+
+# wait_files DIR GLOB COUNT SECONDS: wait until COUNT files match
+wait_files() {
+    local dir=$1 glob=$2 count=$3 limit=$4 i
+    for ((i = 0; i < limit * 20; i++)); do
+        # shellcheck disable=SC2086
+        [ "$(ls $dir/$glob 2>/dev/null | wc -l)" -ge "$count" ] && return 0
+        sleep 0.05
+    done
+    fail "expected $count files $glob in $dir within ${limit}s"
+}
+
+assert_contains() {
+    grep -qF -- "$2" "$1" || { echo "---- $1 ----" >&2; cat "$1" >&2; fail "'$1' lacks '$2'"; }
+}
+
+assert_not_contains() {
+    if grep -qF -- "$2" "$1"; then
+        echo "---- $1 ----" >&2
+        cat "$1" >&2
+        fail "'$1' contains '$2'"
+    fi
+}
+
+# free_port: a loopback port that was free a moment ago
+free_port() {
+    "$WORKER" free-port
+}
+
+now_ms() {
+    echo $(($(date +%s%N) / 1000000))
+}
+
+cleanup() {
+    local rc=$? leftovers=""
+    for p in "${BG_PIDS[@]}"; do
+        alive "$p" && { leftovers="$leftovers $p"; kill -9 "$p" 2>/dev/null || true; }
+    done
+    for d in "$T"/*/; do
+        [ -d "$d" ] || continue
+        for p in $(recorded_pids "$d"); do
+            alive "$p" && { leftovers="$leftovers $p"; kill -9 "$p" 2>/dev/null || true; }
+        done
+    done
+    rm -rf "$T"
+    if [ -n "$leftovers" ]; then
+        echo "FAIL: processes left behind:$leftovers" >&2
+        exit 1
+    fi
+    exit $rc
+}
+trap cleanup EXIT

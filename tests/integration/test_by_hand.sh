@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Without ddprun: ranks started by hand (or by another launcher) with RANK/WORLD_SIZE/
+# MASTER_ADDR/MASTER_PORT meet in a store hosted by rank 0; with DDP_STORE_TOKEN a stranger is
+# refused.
+. "$(dirname "$0")/lib.sh"
+
+port=$(free_port)
+for r in 1 2; do
+    RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WORKER" rendezvous \
+        >"$T/out$r" 2>&1 & BG_PIDS+=($!)
+done
+sleep 0.2 # the others start first and must wait for rank 0's store
+RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WORKER" rendezvous >"$T/out0" 2>&1 ||
+    { cat "$T/out0"; fail "rank 0 failed"; }
+for pid in "${BG_PIDS[@]}"; do wait "$pid" || fail "a by-hand rank failed"; done
+BG_PIDS=()
+for r in 0 1 2; do assert_contains "$T/out$r" "rendezvous ok: rank $r of 3"; done
+assert_contains "$T/out0" "accepts any connection because DDP_STORE_TOKEN is not set"
+ok "three ranks by hand meet in rank 0's store (with a warning about the open store)"
+
+port=$(free_port)
+DDP_STORE_TOKEN=s3cret RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$WORKER" rendezvous >"$T/t0" 2>&1 & BG_PIDS+=($!); r0=$!
+rc=0
+DDP_STORE_TOKEN=wrong RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$WORKER" rendezvous >"$T/t1" 2>&1 || rc=$?
+[ $rc -ne 0 ] || fail "a rank with the wrong token joined"
+assert_contains "$T/t1" "refused our token"
+DDP_STORE_TOKEN=s3cret RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$WORKER" rendezvous >"$T/t1" 2>&1 || { cat "$T/t1"; fail "rank 1 with the token failed"; }
+wait $r0 || { cat "$T/t0"; fail "rank 0 failed"; }
+BG_PIDS=()
+assert_contains "$T/t0" "wrong store token"
+ok "DDP_STORE_TOKEN by hand: the wrong token is refused and logged, the right one joins"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# All-or-nothing: a worker that exits 3, and one killed by SIGKILL mid-run. Every other worker
+# (and what it started) is gone within 5 s, the summary names the first failure, ddprun exits 1.
+. "$(dirname "$0")/lib.sh"
+
+# check_failure NAME EXPECT... : runs ddprun on a failing job and checks the aftermath.
+run_failing() {
+    local d=$1; shift
+    mkdir -p "$d"
+    local t0 t1 rc=0
+    t0=$(now_ms)
+    "$DDPRUN" --standalone --nproc_per_node=4 "$@" >"$d/out" 2>"$d/err" || rc=$?
+    t1=$(now_ms)
+    [ $rc -eq 1 ] || { cat "$d/err"; fail "ddprun exited $rc, want 1"; }
+    # The failing rank fails 0.5 s after start; the others must be gone well within 5 s of it.
+    [ $((t1 - t0)) -lt 5500 ] || fail "ddprun took $((t1 - t0)) ms to stop the job"
+    wait_gone "$d" 1
+    [ "$(recorded_pids "$d" | wc -l)" -eq 8 ] || fail "expected 4 workers + 4 grandchildren"
+}
+
+d=$T/exit3
+run_failing "$d" --log_dir "$d/logs" --run_id exit3job "$WORKER" fail 2 3 "$d"
+assert_contains "$d/err" "worker failed: rank 2 (local rank 2, role 'default') ended with exit code 3"
+assert_contains "$d/err" "node    : 0 (host '$(hostname)')"
+assert_contains "$d/err" "pid     : $(cat "$d/pid.2")"
+assert_contains "$d/err" "log     : $d/logs/exit3job/attempt_0/2/stderr.log"
+assert_contains "$d/err" "| testworker rank 2: failing on purpose"
+assert_contains "$d/err" "attempt : 1 of 1 (--max_restarts 0)"
+assert_contains "$d/logs/exit3job/attempt_0/2/stderr.log" "failing on purpose"
+# Only one failure is reported: the others were stopped, not failed.
+[ "$(grep -c "worker failed" "$d/err")" -eq 1 ] || fail "more than one failure reported"
+ok "exit 3: stopped all, summary names rank 2, exit code, node, pid, log and last lines"
+
+d=$T/sigkill
+run_failing "$d" "$WORKER" selfkill 1 "$d"
+assert_contains "$d/err" "rank 1 (local rank 1, role 'default') ended with signal 9 (SIGKILL)"
+assert_contains "$d/err" "console only"
+ok "SIGKILL mid-run: stopped all, summary names the signal"
+
+# A worker that ignores SIGTERM gets SIGKILL after the grace period.
+d=$T/stubborn; mkdir -p "$d"
+rc=0
+"$DDPRUN" --standalone --nproc_per_node=2 --grace_period 1 "$WORKER" stubborn "$d" \
+    >"$d/out" 2>"$d/err" & BG_PIDS+=($!); pid=$!
+wait_files "$d" "pid.*" 2 10
+kill -TERM $pid
+t0=$(now_ms)
+wait $pid || rc=$?
+t1=$(now_ms)
+[ $rc -eq 143 ] || fail "ddprun exited $rc after SIGTERM, want 143"
+[ $((t1 - t0)) -lt 4000 ] || fail "stubborn workers took $((t1 - t0)) ms to die"
+assert_contains "$d/err" "sending SIGKILL"
+wait_gone "$d" 1
+ok "workers ignoring SIGTERM are killed after --grace_period"
+
+# A program that does not exist is a clear error, not a mystery.
+rc=0
+"$DDPRUN" --standalone ./no/such/program >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "missing program: exit $rc"
+assert_contains "$T/err" "cannot run './no/such/program': No such file or directory"
+ok "missing program reported"

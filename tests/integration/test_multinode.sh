@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Two nodes on one machine: two ddprun instances over loopback. Ranks are contiguous per node,
+# the store lives on node 0, a failure on one node stops both, a missing node times out clearly.
+. "$(dirname "$0")/lib.sh"
+export DDP_STORE_TOKEN=test-secret-$$
+get() { sed -n "s/^$2=//p" "$1"; }
+
+node() { # node RANK PORT NPROC DIR ARGS...
+    local r=$1 port=$2 np=$3 d=$4; shift 4
+    "$DDPRUN" --nnodes 2 --node_rank $r --master_addr 127.0.0.1 --master_port $port \
+        --nproc_per_node $np --rdzv_timeout 20 --agent_timeout 5 "$@"
+}
+
+d=$T/env; mkdir -p "$d"
+port=$(free_port)
+node 1 $port 3 "$d" "$WORKER" env "$d" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+node 0 $port 2 "$d" "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" || fail "node 0 exited $?"
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for r in 0 1 2 3 4; do
+    f=$d/env.$r
+    [ -f "$f" ] || fail "no env file for rank $r"
+    node=$([ $r -lt 2 ] && echo 0 || echo 1)
+    lr=$([ $r -lt 2 ] && echo $r || echo $((r - 2)))
+    lws=$([ $r -lt 2 ] && echo 2 || echo 3)
+    [ "$(get "$f" WORLD_SIZE)" = 5 ] || fail "WORLD_SIZE in $f"
+    [ "$(get "$f" GROUP_RANK)" = $node ] || fail "GROUP_RANK in $f"
+    [ "$(get "$f" LOCAL_RANK)" = $lr ] || fail "LOCAL_RANK in $f"
+    [ "$(get "$f" LOCAL_WORLD_SIZE)" = $lws ] || fail "LOCAL_WORLD_SIZE in $f"
+    [ "$(get "$f" MASTER_PORT)" = $port ] || fail "MASTER_PORT in $f"
+    [ "$(get "$f" DDP_STORE_TOKEN)" = "$DDP_STORE_TOKEN" ] || fail "token in $f"
+    [ "$(get "$f" DDP_RUN_ID)" = "$(get "$d/env.0" DDP_RUN_ID)" ] || fail "run id differs in $f"
+done
+ok "two nodes (2 + 3 workers): contiguous ranks, one run id, one token"
+
+d=$T/rdzv; mkdir -p "$d"
+port=$(free_port)
+node 1 $port 2 "$d" "$WORKER" rendezvous >"$d/out1" 2>&1 & BG_PIDS+=($!); n1=$!
+node 0 $port 2 "$d" "$WORKER" rendezvous >"$d/out0" 2>&1 || { cat "$d/out0"; fail "node 0"; }
+wait $n1 || { cat "$d/out1"; fail "node 1 exited non-zero"; }
+[ "$(cat "$d/out0" "$d/out1" | grep -c "rendezvous ok")" -eq 4 ] || fail "not all 4 ranks met"
+ok "4 ranks on two nodes meet through node 0's store"
+
+d=$T/fail; mkdir -p "$d"
+port=$(free_port)
+node 1 $port 2 "$d" "$WORKER" fail 3 3 "$d" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+rc0=0; node 0 $port 2 "$d" "$WORKER" fail 3 3 "$d" >"$d/out0" 2>"$d/err0" || rc0=$?
+rc1=0; wait $n1 || rc1=$?
+[ $rc0 -eq 1 ] && [ $rc1 -eq 1 ] || fail "exit codes $rc0 / $rc1, want 1 / 1"
+assert_contains "$d/err1" "worker failed: rank 3 (local rank 1, role 'default') ended with exit code 3"
+assert_contains "$d/err0" "stopping: rank 3 (local rank 1) on node 1"
+assert_contains "$d/err0" "job failed on another node"
+wait_gone "$d" 2
+ok "a failure on node 1 stops node 0's workers too; both exit 1"
+
+d=$T/alone; mkdir -p "$d"
+port=$(free_port)
+rc=0
+"$DDPRUN" --nnodes 2 --node_rank 0 --master_port $port --rdzv_timeout 1 "$WORKER" env "$d" \
+    >"$d/out" 2>"$d/err" || rc=$?
+[ $rc -eq 1 ] || fail "lonely node 0 exited $rc"
+assert_contains "$d/err" "timed out after"
+assert_contains "$d/err" "(1 of 2 nodes joined; missing node_rank 1)"
+ok "a missing node: rendezvous times out naming it"
+
+d=$T/wrongtoken; mkdir -p "$d"
+port=$(free_port)
+node 0 $port 1 "$d" "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+rc=0
+DDP_STORE_TOKEN=not-the-secret node 1 $port 1 "$d" "$WORKER" env "$d" >"$d/out1" 2>"$d/err1" ||
+    rc=$?
+[ $rc -eq 1 ] || fail "node 1 with a wrong token exited $rc"
+assert_contains "$d/err1" "refused our token"
+assert_contains "$d/err0" "wrong store token"
+kill -TERM $n0; wait $n0 || true
+ok "a node with the wrong token is refused, and node 0 logs it"

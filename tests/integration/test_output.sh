@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Output: rank prefixes on a shared console, per-rank log files (torchrun's layout), --redirects,
+# --tee, --no_prefix, and the command line itself (help, spellings, errors).
+. "$(dirname "$0")/lib.sh"
+
+"$DDPRUN" --standalone --nproc_per_node 3 "$WORKER" env "$T/x" >"$T/out" 2>"$T/err" || true
+mkdir -p "$T/x"
+"$DDPRUN" --standalone --nproc_per_node 3 "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
+for r in 0 1 2; do assert_contains "$T/out" "[rank$r]: env written by rank $r"; done
+ok "console lines carry their rank"
+
+"$DDPRUN" --standalone --nproc_per_node 2 --no_prefix "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
+assert_contains "$T/out" "env written by rank 1"
+assert_not_contains "$T/out" "[rank"
+ok "--no_prefix"
+
+d=$T/logs
+"$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d" --run_id myjob "$WORKER" env "$T/x" \
+    >"$T/out" 2>"$T/err"
+for r in 0 1; do
+    assert_contains "$d/myjob/attempt_0/$r/stdout.log" "env written by rank $r"
+    [ -f "$d/myjob/attempt_0/$r/stderr.log" ] || fail "no stderr.log for rank $r"
+done
+assert_contains "$T/out" "[rank1]: env written by rank 1"
+ok "--log_dir: DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log, and the console too"
+
+"$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d" --run_id r2 --redirects 1 \
+    "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
+assert_not_contains "$T/out" "env written"
+assert_contains "$d/r2/attempt_0/1/stdout.log" "env written by rank 1"
+"$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d" --run_id r3 --redirects 0:1,1:0 \
+    "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
+assert_not_contains "$T/out" "env written by rank 0"
+assert_contains "$T/out" "[rank1]: env written by rank 1"
+"$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d" --run_id r4 --redirects 3 --tee 1 \
+    "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
+assert_contains "$T/out" "[rank0]: env written by rank 0"
+assert_contains "$d/r4/attempt_0/0/stdout.log" "env written by rank 0"
+ok "--redirects (all and per rank) and --tee"
+
+# The command line.
+"$DDPRUN" --help >"$T/help"
+for flag in --nproc_per_node --nnodes --node_rank --master_addr --master_port --standalone \
+    --max_restarts --redirects --tee --log_dir --run_id; do
+    assert_contains "$T/help" "$flag"
+done
+rc=0; "$DDPRUN" --bogus x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "unknown flag: exit $rc, want 2"
+assert_contains "$T/err" "unknown flag '--bogus'"
+rc=0; "$DDPRUN" --nproc_per_node=zero x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && assert_contains "$T/err" "--nproc_per_node 'zero'"
+rc=0; "$DDPRUN" --nnodes 2 --node_rank 2 x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && assert_contains "$T/err" "--node_rank 2 is not below --nnodes 2"
+rc=0; "$DDPRUN" --nnodes 1:4 x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && assert_contains "$T/err" "elastic node ranges are not supported"
+rc=0; "$DDPRUN" --standalone >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && assert_contains "$T/err" "no program to run"
+# Flags after the program belong to the program.
+"$DDPRUN" --standalone --nproc-per-node=2 "$WORKER" env "$T/x" --nproc_per_node 5 >/dev/null 2>&1
+[ "$(sed -n 's/^ARG0=//p' "$T/x/env.0")" = --nproc_per_node ] || fail "program flags were eaten"
+[ "$(sed -n 's/^WORLD_SIZE=//p' "$T/x/env.0")" = 2 ] || fail "wrong world size"
+"$DDPRUN" --nproc_per_node cpu --standalone "$WORKER" env "$T/x" >/dev/null 2>&1
+[ "$(sed -n 's/^WORLD_SIZE=//p' "$T/x/env.0")" = "$(nproc)" ] || fail "--nproc_per_node cpu"
+ok "help, both spellings, cpu, usage errors exit 2, program flags untouched"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Ctrl-C and SIGTERM to ddprun stop every worker; SIGKILL to ddprun leaves no worker (nor
+# anything a worker started) alive.
+. "$(dirname "$0")/lib.sh"
+
+start_sleepers() {
+    local d=$1
+    mkdir -p "$d"
+    "$DDPRUN" --standalone --nproc_per_node=3 "$WORKER" sleep "$d" >"$d/out" 2>"$d/err" &
+    BG_PIDS+=($!)
+    LAST=$!
+    wait_files "$d" "pid.*" 3 10
+    wait_files "$d" "child.*" 3 10
+}
+
+# ddprun runs here as a background job of a script, so it inherits SIGINT *ignored*: the INT
+# case also checks that workers still act on the forwarded signal.
+for sig in INT TERM HUP; do
+    d=$T/$sig
+    start_sleepers "$d"
+    kill -$sig $LAST
+    rc=0
+    wait $LAST || rc=$?
+    want=$((128 + $(kill -l $sig)))
+    [ $rc -eq $want ] || fail "ddprun exited $rc after SIG$sig, want $want"
+    assert_contains "$d/err" "received SIG$sig: stopping every worker"
+    wait_gone "$d" 5
+    ok "SIG$sig to ddprun: every worker and grandchild stopped, exit $rc"
+done
+
+d=$T/KILL
+start_sleepers "$d"
+kill -KILL $LAST
+wait $LAST 2>/dev/null || true
+wait_gone "$d" 5
+ok "SIGKILL to ddprun: no worker or grandchild survives"
+
+# Ctrl-C at a terminal reaches the whole foreground process group: ddprun, its reaper and (not)
+# the workers, which live in their own groups. Simulate with a new group led by ddprun.
+d=$T/ctrlc; mkdir -p "$d"
+setsid "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" sleep "$d" >"$d/out" 2>"$d/err" &
+BG_PIDS+=($!); LAST=$!
+wait_files "$d" "pid.*" 2 10
+wait_files "$d" "child.*" 2 10
+sleep 0.2
+kill -INT -- -$LAST
+rc=0; wait $LAST || rc=$?
+[ $rc -eq 130 ] || fail "Ctrl-C: ddprun exited $rc, want 130"
+wait_gone "$d" 5
+ok "Ctrl-C to the foreground group: exit 130, nothing left"
+
+# Under nohup (SIGHUP ignored) a hang-up leaves the job running; SIGTERM still stops it.
+d=$T/nohup; mkdir -p "$d"
+(trap '' HUP; exec "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" sleep "$d") \
+    >"$d/out" 2>"$d/err" & BG_PIDS+=($!); LAST=$!
+wait_files "$d" "pid.*" 2 10
+kill -HUP $LAST
+sleep 0.5
+alive $LAST || fail "ddprun under nohup died of SIGHUP"
+for p in $(cat "$d"/pid.*); do alive "$p" || fail "a worker under nohup died of SIGHUP"; done
+kill -TERM $LAST
+rc=0; wait $LAST || rc=$?
+[ $rc -eq 143 ] || fail "nohup: exit $rc after SIGTERM, want 143"
+wait_gone "$d" 5
+ok "nohup: SIGHUP ignored by ddprun and workers; SIGTERM still stops everything"

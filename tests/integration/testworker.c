@@ -1,0 +1,250 @@
+/*
+ * testworker — the program the integration tests launch under ddprun. One mode per behaviour:
+ *
+ *   env DIR [ARGS...]      write DIR/env.RANK: the contract variables, one per line, and argv
+ *   fail RANK CODE [DIR]   rank RANK exits CODE after 0.5 s (writes to stderr first); the rest
+ *                          sleep; everyone records pids (its own and a grandchild's) in DIR
+ *   selfkill RANK [DIR]    rank RANK sends itself SIGKILL after 0.5 s; the rest sleep
+ *   sleep DIR              record pids, start a grandchild, sleep 60 s
+ *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
+ *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
+ *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
+ *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
+ *   free-port              print a port that was free a moment ago
+ *
+ * Pid files: DIR/pid.RANK (the worker) and DIR/child.RANK (a grandchild in its process group),
+ * so a test can check that nothing survives.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ddp/ddp.h"
+
+static int rank(void)
+{
+    const char *r = getenv("RANK");
+    return r ? atoi(r) : 0;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void write_file(const char *dir, const char *name, long value)
+{
+    if (!dir)
+        return;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s.%d", dir, name, rank());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fprintf(f, "%ld\n", value);
+    fclose(f);
+    rename(tmp, path); /* the test sees the whole file or none */
+}
+
+/* Records our pid and a grandchild's (which sleeps in our process group). */
+static void record_pids(const char *dir)
+{
+    pid_t c = fork();
+    if (c == 0) {
+        sleep_s(60);
+        _exit(0);
+    }
+    write_file(dir, "child", (long)c);
+    write_file(dir, "pid", (long)getpid());
+}
+
+static int mode_env(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    static const char *const names[] = {
+        "RANK",          "LOCAL_RANK",        "WORLD_SIZE",       "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",    "MASTER_ADDR",       "MASTER_PORT",      "DDP_RUN_ID",
+        "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHELASTIC_RUN_ID", "ROLE_RANK", NULL,
+    };
+    char path[4096];
+    snprintf(path, sizeof path, "%s/env.%d", argv[2], rank());
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return 3;
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        fprintf(f, "%s=%s\n", names[i], v ? v : "<unset>");
+    }
+    for (int i = 3; i < argc; i++)
+        fprintf(f, "ARG%d=%s\n", i - 3, argv[i]);
+    fclose(f);
+    printf("env written by rank %d\n", rank());
+    return 0;
+}
+
+static int mode_fail(int argc, char **argv, bool selfkill)
+{
+    int target = argc > 2 ? atoi(argv[2]) : 0;
+    int code = !selfkill && argc > 3 ? atoi(argv[3]) : 1;
+    const char *dir = selfkill ? (argc > 3 ? argv[3] : NULL) : (argc > 4 ? argv[4] : NULL);
+    record_pids(dir);
+    if (rank() == target) {
+        sleep_s(0.5);
+        fprintf(stderr, "testworker rank %d: failing on purpose\n", rank());
+        if (selfkill)
+            raise(SIGKILL);
+        return code;
+    }
+    sleep_s(60);
+    return 0;
+}
+
+static int mode_sleep(const char *dir, bool stubborn)
+{
+    if (stubborn)
+        signal(SIGTERM, SIG_IGN);
+    record_pids(dir);
+    printf("rank %d sleeping\n", rank());
+    fflush(stdout);
+    sleep_s(60);
+    return 0;
+}
+
+static int mode_restart(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    int n = atoi(argv[2]);
+    const char *rc = getenv("DDP_RESTART_COUNT");
+    int attempt = rc ? atoi(rc) : -1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/attempts", argv[3]);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "attempt=%d rank=%d world=%s\n", attempt, rank(), getenv("WORLD_SIZE"));
+        fclose(f);
+    }
+    if (rank() == 0 && attempt < n) {
+        sleep_s(0.3); /* let every rank record its attempt before the group is stopped */
+        fprintf(stderr, "testworker: failing attempt %d\n", attempt);
+        return 1;
+    }
+    if (rank() != 0)
+        sleep_s(attempt < n ? 30 : 0.2); /* others get stopped when rank 0 fails */
+    return 0;
+}
+
+static int mode_rendezvous(void)
+{
+    ddp_error err = {0};
+    ddp_world w;
+    if (ddp_world_from_env(&w, &err) != DDP_OK) {
+        fprintf(stderr, "rendezvous: %s\n", err.msg);
+        return 1;
+    }
+    ddp_store *s;
+    if (ddp_store_open_world(&w, 30000, &s, &err) != DDP_OK) {
+        fprintf(stderr, "rendezvous: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 1;
+    char key[64], val[64];
+    snprintf(key, sizeof key, "rdzv/%d", w.rank);
+    snprintf(val, sizeof val, "%d", w.rank * 7);
+    if (ddp_store_set(s, key, val, strlen(val)) || ddp_store_barrier(s, "all", w.world_size))
+        goto out;
+    for (int r = 0; r < w.world_size; r++) {
+        void *v;
+        snprintf(key, sizeof key, "rdzv/%d", r);
+        if (ddp_store_get(s, key, &v, NULL))
+            goto out;
+        int got = atoi(v);
+        free(v);
+        if (got != r * 7) {
+            fprintf(stderr, "rendezvous: rank %d read %d for rank %d\n", w.rank, got, r);
+            goto out;
+        }
+    }
+    if (ddp_store_barrier(s, "end", w.world_size))
+        goto out;
+    printf("rendezvous ok: rank %d of %d\n", w.rank, w.world_size);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "rendezvous: rank %d: %s\n", w.rank, ddp_store_last_error(s));
+    ddp_store_close(s);
+    return rc;
+}
+
+static int listen_on(int port, int *bound)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4) != 0)
+        return -1;
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    *bound = ntohs(a.sin_port);
+    return fd;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: testworker MODE ...\n");
+        return 2;
+    }
+    const char *m = argv[1];
+    if (!strcmp(m, "env"))
+        return mode_env(argc, argv);
+    if (!strcmp(m, "fail"))
+        return mode_fail(argc, argv, false);
+    if (!strcmp(m, "selfkill"))
+        return mode_fail(argc, argv, true);
+    if (!strcmp(m, "sleep") && argc > 2)
+        return mode_sleep(argv[2], false);
+    if (!strcmp(m, "stubborn") && argc > 2)
+        return mode_sleep(argv[2], true);
+    if (!strcmp(m, "restart"))
+        return mode_restart(argc, argv);
+    if (!strcmp(m, "rendezvous"))
+        return mode_rendezvous();
+    if (!strcmp(m, "hold-port") && argc > 3) {
+        int bound;
+        int fd = listen_on(atoi(argv[2]), &bound);
+        if (fd < 0) {
+            perror("hold-port");
+            return 1;
+        }
+        printf("holding %d\n", bound);
+        fflush(stdout);
+        sleep_s(atof(argv[3]));
+        close(fd);
+        return 0;
+    }
+    if (!strcmp(m, "free-port")) {
+        int bound;
+        int fd = listen_on(0, &bound);
+        if (fd < 0)
+            return 1;
+        close(fd);
+        printf("%d\n", bound);
+        return 0;
+    }
+    fprintf(stderr, "testworker: unknown mode '%s'\n", m);
+    return 2;
+}

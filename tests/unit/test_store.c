@@ -1,0 +1,1640 @@
+/*
+ * test_store.c — the rendezvous store against its contract (include/ddp/store.h): every
+ * operation with real values, deadlines and their messages, many clients at once, strangers
+ * with the wrong token, garbage and oversized frames on raw sockets, size limits, a taken
+ * port, a server that stops under a blocked client, and the world-of-one store.
+ *
+ * Every test starts its own server on 127.0.0.1 port 0 and stops it in its teardown; call
+ * timeouts are a few hundred ms, so the whole file runs in a few seconds. Threads never call
+ * cmocka's asserts: they record what they saw and the main thread checks it after the join.
+ * Raw-socket tests build frames by hand from the wire format in store_int.h (not with the
+ * library's encoder), so an encoder bug cannot hide a decoder bug.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+#include "store/store_int.h"
+
+/* Slack on top of a deadline before a test calls it late: sanitizer builds are slow. */
+#define SLACK_MS 800
+
+#define assert_has(msg, needle)                                                                   \
+    do {                                                                                          \
+        const char *m_ = (msg);                                                                   \
+        if (!m_ || !strstr(m_, (needle)))                                                         \
+            fail_msg("message \"%s\" does not contain \"%s\"", m_ ? m_ : "(null)", (needle));    \
+    } while (0)
+
+#define assert_lacks(msg, needle)                                                                 \
+    do {                                                                                          \
+        const char *m_ = (msg);                                                                   \
+        if (strstr(m_, (needle)))                                                                 \
+            fail_msg("message \"%s\" should not contain \"%s\"", m_, (needle));                  \
+    } while (0)
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* The number of milliseconds a message reports after "timed out after ", or -1. */
+static long reported_ms(const char *msg)
+{
+    const char *p = strstr(msg, "timed out after ");
+    if (!p)
+        return -1;
+    char *end;
+    long v = strtol(p + strlen("timed out after "), &end, 10);
+    return strncmp(end, " ms", 3) == 0 ? v : -1;
+}
+
+/* ---- a server per test, with its log captured ----------------------------------------------- */
+
+typedef struct logcap {
+    pthread_mutex_t mu;
+    char text[32768]; /* lines joined by '\n'; later lines are dropped when full */
+    size_t len;
+    int lines;
+} logcap;
+
+static void capture_log(void *ctx, const char *line)
+{
+    logcap *lc = ctx;
+    pthread_mutex_lock(&lc->mu);
+    size_t n = strlen(line);
+    if (lc->len + n + 2 <= sizeof lc->text) {
+        memcpy(lc->text + lc->len, line, n);
+        lc->text[lc->len + n] = '\n';
+        lc->len += n + 1;
+        lc->text[lc->len] = '\0';
+    }
+    lc->lines++;
+    pthread_mutex_unlock(&lc->mu);
+}
+
+static bool log_has(logcap *lc, const char *needle)
+{
+    pthread_mutex_lock(&lc->mu);
+    bool found = strstr(lc->text, needle) != NULL;
+    pthread_mutex_unlock(&lc->mu);
+    return found;
+}
+
+static int log_lines(logcap *lc)
+{
+    pthread_mutex_lock(&lc->mu);
+    int n = lc->lines;
+    pthread_mutex_unlock(&lc->mu);
+    return n;
+}
+
+#define MAX_CLIENTS 16
+
+typedef struct fx {
+    ddp_store_server *srv;
+    int port;
+    size_t max_value;
+    logcap log;
+    ddp_store *clients[MAX_CLIENTS]; /* closed by the teardown, also when a test fails */
+    int nclients;
+} fx;
+
+static int fx_setup(void **state, ddp_store_server_opts o)
+{
+    fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    pthread_mutex_init(&f->log.mu, NULL);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.log = capture_log;
+    o.log_ctx = &f->log;
+    ddp_error err = {0};
+    if (ddp_store_server_start(&o, &f->srv, &err) != DDP_OK) {
+        print_error("cannot start the store server: %s\n", err.msg);
+        free(f);
+        return -1;
+    }
+    f->port = ddp_store_server_port(f->srv);
+    f->max_value = o.max_value;
+    *state = f;
+    return 0;
+}
+
+static int setup_plain(void **state)
+{
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    return fx_setup(state, o);
+}
+
+static int setup_token(void **state)
+{
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    o.token = "right-token";
+    return fx_setup(state, o);
+}
+
+static int setup_limits(void **state)
+{
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    o.max_value = 1024;
+    o.max_total = 4096;
+    return fx_setup(state, o);
+}
+
+static int setup_handshake(void **state)
+{
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    o.handshake_ms = 200;
+    return fx_setup(state, o);
+}
+
+static int setup_maxconn(void **state)
+{
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    o.max_connections = 2;
+    return fx_setup(state, o);
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    for (int i = 0; i < f->nclients; i++)
+        ddp_store_close(f->clients[i]);
+    ddp_store_server_stop(f->srv);
+    pthread_mutex_destroy(&f->log.mu);
+    free(f);
+    return 0;
+}
+
+static ddp_store_opts client_opts(int port, const char *token, int timeout_ms)
+{
+    ddp_store_opts o = DDP_STORE_OPTS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.token = token;
+    o.timeout_ms = timeout_ms;
+    o.connect_timeout_ms = timeout_ms;
+    return o;
+}
+
+static ddp_store *fx_client(fx *f, const char *token, int timeout_ms)
+{
+    ddp_store_opts o = client_opts(f->port, token, timeout_ms);
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    ddp_status st = ddp_store_connect(&o, &s, &err);
+    if (st != DDP_OK)
+        fail_msg("connecting to the test store failed (%d): %s", st, err.msg);
+    assert_int_equal(err.status, DDP_OK); /* untouched on success */
+    assert_string_equal(ddp_store_last_error(s), "");
+    assert_true(f->nclients < MAX_CLIENTS);
+    f->clients[f->nclients++] = s;
+    return s;
+}
+
+static void wait_refused(fx *f, uint64_t want)
+{
+    int64_t deadline = now_ms() + 2000;
+    while (ddp_store_server_refused(f->srv) < want && now_ms() < deadline)
+        sleep_ms(5);
+    assert_int_equal(ddp_store_server_refused(f->srv), want);
+}
+
+/* Gets key and checks it holds exactly want (want_len bytes). */
+static void expect_stored(ddp_store *s, const char *key, const void *want, size_t want_len)
+{
+    void *v = NULL;
+    size_t n = 12345;
+    ddp_status st = ddp_store_get(s, key, &v, &n);
+    if (st != DDP_OK)
+        fail_msg("get('%s') failed: %s", key, ddp_store_last_error(s));
+    assert_non_null(v);
+    assert_int_equal(n, want_len);
+    if (want_len)
+        assert_memory_equal(v, want, want_len);
+    assert_int_equal(((char *)v)[n], '\0'); /* NUL-terminated for convenience */
+    free(v);
+}
+
+static int64_t num_keys(ddp_store *s)
+{
+    int64_t n = -1;
+    assert_int_equal(ddp_store_num_keys(s, &n), DDP_OK);
+    return n;
+}
+
+static bool exists(ddp_store *s, const char *key)
+{
+    bool have = false;
+    const char *keys[1] = {key};
+    assert_int_equal(ddp_store_check(s, keys, 1, &have), DDP_OK);
+    return have;
+}
+
+/* ---- 1. every operation ---------------------------------------------------------------------- */
+
+static void set_get_binary_empty_overwrite(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+
+    static const char bin[] = {'a', '\0', 'b', '\0', '\xff', '\0'};
+    assert_int_equal(ddp_store_set(s, "bin", bin, sizeof bin), DDP_OK);
+    expect_stored(s, "bin", bin, sizeof bin);
+
+    assert_int_equal(ddp_store_set(s, "empty", "", 0), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "empty-null", NULL, 0), DDP_OK);
+    expect_stored(s, "empty", "", 0);
+    expect_stored(s, "empty-null", "", 0);
+    assert_true(exists(s, "empty")); /* an empty value is a value */
+
+    assert_int_equal(ddp_store_set(s, "over", "one", 3), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "over", "two!", 4), DDP_OK);
+    expect_stored(s, "over", "two!", 4);
+    assert_int_equal(ddp_store_set(s, "over", "x", 1), DDP_OK); /* shrink */
+    expect_stored(s, "over", "x", 1);
+    assert_int_equal(num_keys(s), 4);
+
+    /* A value of 1 MiB crosses many partial sends and receives; byte i holds i*31+7. */
+    size_t big_n = (size_t)1 << 20;
+    unsigned char *big = malloc(big_n);
+    assert_non_null(big);
+    for (size_t i = 0; i < big_n; i++)
+        big[i] = (unsigned char)(i * 31 + 7);
+    assert_int_equal(ddp_store_set(s, "big", big, big_n), DDP_OK);
+    expect_stored(s, "big", big, big_n);
+    free(big);
+
+    /* Another client sees the same data. */
+    ddp_store *t = fx_client(f, "", 5000);
+    expect_stored(t, "bin", bin, sizeof bin);
+    assert_int_equal(num_keys(t), 5);
+}
+
+static void add_counters(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    int64_t v = 0;
+
+    assert_int_equal(ddp_store_add(s, "c", 5, &v), DDP_OK); /* created at 0 */
+    assert_int_equal(v, 5);
+    assert_int_equal(ddp_store_add(s, "c", -7, &v), DDP_OK);
+    assert_int_equal(v, -2);
+    expect_stored(s, "c", "-2", 2); /* decimal text */
+    assert_int_equal(ddp_store_add(s, "c", 0, &v), DDP_OK);
+    assert_int_equal(v, -2);
+    assert_int_equal(ddp_store_add(s, "c", 1002, NULL), DDP_OK); /* out may be NULL */
+    expect_stored(s, "c", "1000", 4);
+
+    /* A counter may start from a value someone set as text. */
+    assert_int_equal(ddp_store_set(s, "t", "40", 2), DDP_OK);
+    assert_int_equal(ddp_store_add(s, "t", 2, &v), DDP_OK);
+    assert_int_equal(v, 42);
+
+    assert_int_equal(ddp_store_set(s, "word", "abc", 3), DDP_OK);
+    v = 77;
+    assert_int_equal(ddp_store_add(s, "word", 1, &v), DDP_ERR_INVALID);
+    assert_int_equal(v, 77); /* untouched on failure */
+    assert_has(ddp_store_last_error(s), "add('word')");
+    assert_has(ddp_store_last_error(s), "not an integer");
+    expect_stored(s, "word", "abc", 3); /* left as it was */
+
+    assert_int_equal(ddp_store_set(s, "blank", "", 0), DDP_OK);
+    assert_int_equal(ddp_store_add(s, "blank", 1, &v), DDP_ERR_INVALID);
+
+    assert_int_equal(ddp_store_set(s, "max", "9223372036854775807", 19), DDP_OK);
+    assert_int_equal(ddp_store_add(s, "max", 1, &v), DDP_ERR_INVALID);
+    assert_has(ddp_store_last_error(s), "overflow");
+    assert_int_equal(ddp_store_add(s, "max", -1, &v), DDP_OK);
+    assert_int_equal(v, INT64_MAX - 1);
+    assert_int_equal(ddp_store_add(s, "min", INT64_MIN, &v), DDP_OK);
+    assert_int_equal(v, INT64_MIN);
+    expect_stored(s, "min", "-9223372036854775808", 20);
+
+    /* An error reply does not cost the connection. */
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+    assert_int_equal(num_keys(s), 6);
+}
+
+static void compare_set_semantics(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    void *cur = NULL;
+    size_t n = 0;
+
+    /* Absent key, empty expected: set. */
+    assert_int_equal(ddp_store_compare_set(s, "k", "", 0, "v1", 2, &cur, &n), DDP_OK);
+    assert_int_equal(n, 2);
+    assert_memory_equal(cur, "v1", 2);
+    free(cur);
+    expect_stored(s, "k", "v1", 2);
+
+    /* Matching expected: swap. */
+    assert_int_equal(ddp_store_compare_set(s, "k", "v1", 2, "v2\0x", 4, &cur, &n), DDP_OK);
+    assert_int_equal(n, 4);
+    assert_memory_equal(cur, "v2\0x", 4);
+    free(cur);
+
+    /* Mismatching expected (a prefix, then the empty string): left alone, current returned. */
+    assert_int_equal(ddp_store_compare_set(s, "k", "v2", 2, "v3", 2, &cur, &n), DDP_OK);
+    assert_int_equal(n, 4);
+    assert_memory_equal(cur, "v2\0x", 4);
+    free(cur);
+    assert_int_equal(ddp_store_compare_set(s, "k", "", 0, "v3", 2, &cur, &n), DDP_OK);
+    assert_int_equal(n, 4);
+    free(cur);
+    expect_stored(s, "k", "v2\0x", 4);
+
+    /* Absent key, non-empty expected: stays absent, an empty buffer comes back. */
+    cur = NULL;
+    n = 99;
+    assert_int_equal(ddp_store_compare_set(s, "nokey", "a", 1, "b", 1, &cur, &n), DDP_OK);
+    assert_non_null(cur);
+    assert_int_equal(n, 0);
+    assert_int_equal(((char *)cur)[0], '\0');
+    free(cur);
+    assert_false(exists(s, "nokey"));
+
+    /* Out arguments may be NULL; current NULL with a length still reports the length. */
+    assert_int_equal(ddp_store_compare_set(s, "k", "v2\0x", 4, "v3", 2, NULL, NULL), DDP_OK);
+    n = 0;
+    assert_int_equal(ddp_store_compare_set(s, "k", "zz", 2, "v4", 2, NULL, &n), DDP_OK);
+    assert_int_equal(n, 2);
+    expect_stored(s, "k", "v3", 2);
+
+    /* A two-client race on one key has exactly one winner. */
+    ddp_store *t = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_compare_set(s, "lock", "", 0, "s", 1, NULL, NULL), DDP_OK);
+    assert_int_equal(ddp_store_compare_set(t, "lock", "", 0, "t", 1, &cur, &n), DDP_OK);
+    assert_int_equal(n, 1);
+    assert_memory_equal(cur, "s", 1);
+    free(cur);
+}
+
+static void check_delete_num_keys(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(num_keys(s), 0);
+
+    assert_int_equal(ddp_store_set(s, "a", "1", 1), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "b", "2", 1), DDP_OK);
+    assert_int_equal(num_keys(s), 2);
+
+    bool all = false;
+    const char *ab[] = {"a", "b"};
+    const char *ax[] = {"a", "x"};
+    assert_int_equal(ddp_store_check(s, ab, 2, &all), DDP_OK);
+    assert_true(all);
+    assert_int_equal(ddp_store_check(s, ax, 2, &all), DDP_OK);
+    assert_false(all);
+    assert_int_equal(ddp_store_check(s, NULL, 0, &all), DDP_OK); /* no keys: all exist */
+    assert_true(all);
+
+    bool deleted = false;
+    assert_int_equal(ddp_store_delete(s, "a", &deleted), DDP_OK);
+    assert_true(deleted);
+    assert_int_equal(ddp_store_delete(s, "a", &deleted), DDP_OK);
+    assert_false(deleted);
+    assert_int_equal(ddp_store_delete(s, "never", NULL), DDP_OK);
+    assert_false(exists(s, "a"));
+    assert_true(exists(s, "b"));
+    assert_int_equal(num_keys(s), 1);
+
+    /* A deleted key can be set again, and a deleted counter restarts at 0. */
+    int64_t v;
+    assert_int_equal(ddp_store_add(s, "n", 10, &v), DDP_OK);
+    assert_int_equal(ddp_store_delete(s, "n", &deleted), DDP_OK);
+    assert_true(deleted);
+    assert_int_equal(ddp_store_add(s, "n", 1, &v), DDP_OK);
+    assert_int_equal(v, 1);
+
+    /* Many keys: the table grows past its first size and keeps every value. */
+    char key[32], val[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(key, sizeof key, "many/%d", i);
+        int vn = snprintf(val, sizeof val, "value %d", i);
+        assert_int_equal(ddp_store_set(s, key, val, (size_t)vn), DDP_OK);
+    }
+    assert_int_equal(num_keys(s), 302);
+    for (int i = 0; i < 300; i += 37) {
+        snprintf(key, sizeof key, "many/%d", i);
+        int vn = snprintf(val, sizeof val, "value %d", i);
+        expect_stored(s, key, val, (size_t)vn);
+    }
+}
+
+/* A second client that sets keys after delays, from its own thread. */
+typedef struct setter {
+    int port;
+    const char *keys[3];
+    int delays_ms[3];
+    ddp_status st;
+    char msg[DDP_ERRMSG_MAX];
+} setter;
+
+static void *setter_main(void *arg)
+{
+    setter *w = arg;
+    ddp_store_opts o = client_opts(w->port, "", 5000);
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    w->st = ddp_store_connect(&o, &s, &err);
+    if (w->st != DDP_OK) {
+        memcpy(w->msg, err.msg, sizeof w->msg);
+        return NULL;
+    }
+    for (int i = 0; i < 3 && w->keys[i]; i++) {
+        sleep_ms(w->delays_ms[i]);
+        w->st = ddp_store_set(s, w->keys[i], w->keys[i], strlen(w->keys[i]));
+        if (w->st != DDP_OK) {
+            snprintf(w->msg, sizeof w->msg, "%s", ddp_store_last_error(s));
+            break;
+        }
+    }
+    ddp_store_close(s);
+    return NULL;
+}
+
+static void wait_and_get_block_until_set(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+
+    setter w = {.port = f->port, .keys = {"w1", "w2"}, .delays_ms = {100, 200}};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, setter_main, &w), 0);
+    const char *keys[] = {"w1", "w2"};
+    int64_t t0 = now_ms();
+    ddp_status st = ddp_store_wait(s, keys, 2);
+    int64_t waited = now_ms() - t0;
+    pthread_join(th, NULL);
+    if (st != DDP_OK)
+        fail_msg("wait failed: %s", ddp_store_last_error(s));
+    if (w.st != DDP_OK)
+        fail_msg("setter failed: %s", w.msg);
+    if (waited < 250) /* both keys: 100 + 200 ms of sleeps, less a little clock rounding */
+        fail_msg("wait returned after %lld ms, before the second key was set", (long long)waited);
+    assert_true(exists(s, "w1"));
+    assert_true(exists(s, "w2"));
+
+    setter g = {.port = f->port, .keys = {"late"}, .delays_ms = {100}};
+    assert_int_equal(pthread_create(&th, NULL, setter_main, &g), 0);
+    t0 = now_ms();
+    void *v = NULL;
+    size_t n = 0;
+    st = ddp_store_get(s, "late", &v, &n);
+    waited = now_ms() - t0;
+    pthread_join(th, NULL);
+    if (st != DDP_OK)
+        fail_msg("get failed: %s", ddp_store_last_error(s));
+    assert_int_equal(g.st, DDP_OK);
+    assert_int_equal(n, 4);
+    assert_memory_equal(v, "late", 4);
+    free(v);
+    assert_true(waited >= 80);
+
+    /* Waiting on keys that exist returns at once. */
+    t0 = now_ms();
+    assert_int_equal(ddp_store_wait(s, keys, 2), DDP_OK);
+    assert_true(now_ms() - t0 < 200);
+}
+
+/* ---- 2. deadlines ------------------------------------------------------------------------------ */
+
+static void get_timeout_names_key_and_time(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(s, "there", "1", 1), DDP_OK);
+
+    ddp_store_set_timeout(s, 200);
+    void *v = (void *)0x1;
+    size_t n = 77;
+    int64_t t0 = now_ms();
+    assert_int_equal(ddp_store_get(s, "missing/key", &v, &n), DDP_ERR_TIMEOUT);
+    int64_t waited = now_ms() - t0;
+    assert_ptr_equal(v, (void *)0x1); /* outputs untouched */
+    assert_int_equal(n, 77);
+    if (waited < 190 || waited > 200 + SLACK_MS)
+        fail_msg("get with a 200 ms timeout returned after %lld ms", (long long)waited);
+
+    const char *msg = ddp_store_last_error(s);
+    assert_has(msg, "get('missing/key')");
+    long said = reported_ms(msg);
+    if (said < 190 || said > 200 + SLACK_MS)
+        fail_msg("message \"%s\" does not report the ~200 ms waited", msg);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", f->port);
+    assert_has(msg, addr);
+
+    /* The same handle works again: it reconnects. */
+    ddp_store_set_timeout(s, 5000);
+    expect_stored(s, "there", "1", 1);
+    assert_int_equal(ddp_store_set(s, "missing/key", "now", 3), DDP_OK);
+    expect_stored(s, "missing/key", "now", 3);
+
+    /* A timed-out get left no stale reply behind: the next call gets its own answer. */
+    ddp_store_set_timeout(s, 200);
+    assert_int_equal(ddp_store_get(s, "gone", &v, &n), DDP_ERR_TIMEOUT);
+    ddp_store *t = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(t, "gone", "late", 4), DDP_OK);
+    ddp_store_set_timeout(s, 5000);
+    int64_t k = 0;
+    assert_int_equal(ddp_store_add(s, "ctr", 3, &k), DDP_OK);
+    assert_int_equal(k, 3);
+    expect_stored(s, "gone", "late", 4);
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+}
+
+static void wait_timeout_names_missing_keys(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(s, "w/a", "1", 1), DDP_OK);
+    ddp_store_set_timeout(s, 200);
+
+    const char *keys[] = {"w/a", "w/b", "w/c"};
+    int64_t t0 = now_ms();
+    assert_int_equal(ddp_store_wait(s, keys, 3), DDP_ERR_TIMEOUT);
+    int64_t waited = now_ms() - t0;
+    assert_true(waited >= 190 && waited <= 200 + SLACK_MS);
+    const char *msg = ddp_store_last_error(s);
+    assert_has(msg, "2 of 3 keys still missing");
+    const char *list = strstr(msg, "missing: ");
+    assert_non_null(list);
+    assert_has(list, "'w/b'");
+    assert_has(list, "'w/c'");
+    assert_lacks(list, "'w/a'");
+    long said = reported_ms(msg);
+    assert_true(said >= 190 && said <= 200 + SLACK_MS);
+
+    /* More than three missing: the list is cut and says so. */
+    const char *five[] = {"m/1", "m/2", "m/3", "m/4", "m/5"};
+    assert_int_equal(ddp_store_wait(s, five, 5), DDP_ERR_TIMEOUT);
+    msg = ddp_store_last_error(s);
+    assert_has(msg, "5 of 5 keys still missing");
+    assert_has(msg, "'m/1', 'm/2', 'm/3', …");
+    assert_lacks(msg, "'m/4'");
+
+    /* And the handle is fine afterwards. */
+    ddp_store_set_timeout(s, 5000);
+    assert_int_equal(num_keys(s), 1);
+}
+
+static void barrier_timeout_counts_arrivals(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+
+    assert_int_equal(ddp_store_barrier(s, "alone", 1), DDP_OK); /* one rank: passes at once */
+    assert_int_equal(ddp_store_barrier(s, "alone", 1), DDP_ERR_INVALID); /* names are single-use */
+    assert_has(ddp_store_last_error(s), "barrier 'alone'");
+    assert_has(ddp_store_last_error(s), "new name");
+    assert_int_equal(ddp_store_barrier(s, "x", 0), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_barrier(s, NULL, 2), DDP_ERR_INVALID);
+
+    ddp_store_set_timeout(s, 200);
+    int64_t t0 = now_ms();
+    assert_int_equal(ddp_store_barrier(s, "pair", 2), DDP_ERR_TIMEOUT);
+    int64_t waited = now_ms() - t0;
+    assert_true(waited >= 190 && waited <= 200 + SLACK_MS);
+    const char *msg = ddp_store_last_error(s);
+    assert_has(msg, "barrier 'pair' timed out after");
+    assert_has(msg, "1 of 2 ranks arrived");
+
+    /* After the timeout the handle works again; a late second rank completes the barrier. */
+    ddp_store_set_timeout(s, 5000);
+    ddp_store *t = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_barrier(t, "pair", 2), DDP_OK);
+    expect_stored(s, "barrier/pair/count", "2", 1);
+}
+
+static void connect_to_nobody_times_out(void **state)
+{
+    (void)state;
+    /* A port that was free a moment ago: start a server, note its port, stop it. */
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = "127.0.0.1";
+    ddp_store_server *srv = NULL;
+    assert_int_equal(ddp_store_server_start(&so, &srv, NULL), DDP_OK);
+    int port = ddp_store_server_port(srv);
+    ddp_store_server_stop(srv);
+
+    ddp_store_opts o = client_opts(port, "", 200);
+    ddp_store *s = (ddp_store *)0x1;
+    ddp_error err = {0};
+    int64_t t0 = now_ms();
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_TIMEOUT);
+    int64_t waited = now_ms() - t0;
+    assert_ptr_equal(s, (ddp_store *)0x1);
+    assert_true(waited >= 150 && waited <= 200 + SLACK_MS);
+    assert_int_equal(err.status, DDP_ERR_TIMEOUT);
+    char addr[64];
+    snprintf(addr, sizeof addr, "'127.0.0.1:%d'", port);
+    assert_has(err.msg, addr);
+    assert_has(err.msg, "cannot reach the store");
+    assert_has(err.msg, "MASTER_PORT");
+
+    /* Bad arguments are refused before any connection. */
+    o.port = 0;
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_connect(NULL, &s, &err), DDP_ERR_INVALID);
+    o.port = port;
+    assert_int_equal(ddp_store_connect(&o, NULL, &err), DDP_ERR_INVALID);
+    assert_ptr_equal(s, (ddp_store *)0x1);
+}
+
+/* ---- 3. many clients at once ------------------------------------------------------------------- */
+
+#define NTHREADS 8
+#define NADDS 1000
+
+typedef struct worker {
+    int port;
+    int id;
+    int64_t *seen; /* (NADDS,) the values this thread's adds returned */
+    ddp_status st;
+    char msg[DDP_ERRMSG_MAX];
+} worker;
+
+static void *adder_main(void *arg)
+{
+    worker *w = arg;
+    ddp_store_opts o = client_opts(w->port, "", 10000);
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    if ((w->st = ddp_store_connect(&o, &s, &err)) != DDP_OK) {
+        memcpy(w->msg, err.msg, sizeof w->msg);
+        return NULL;
+    }
+    for (int i = 0; i < NADDS; i++) {
+        if ((w->st = ddp_store_add(s, "counter", 1, &w->seen[i])) != DDP_OK) {
+            snprintf(w->msg, sizeof w->msg, "%s", ddp_store_last_error(s));
+            break;
+        }
+    }
+    ddp_store_close(s);
+    return NULL;
+}
+
+static void eight_clients_add(void **state)
+{
+    fx *f = *state;
+    pthread_t th[NTHREADS];
+    worker w[NTHREADS];
+    int64_t *seen = calloc(NTHREADS * NADDS, sizeof *seen);
+    assert_non_null(seen);
+    for (int i = 0; i < NTHREADS; i++) {
+        w[i] = (worker){.port = f->port, .id = i, .seen = seen + i * NADDS};
+        assert_int_equal(pthread_create(&th[i], NULL, adder_main, &w[i]), 0);
+    }
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < NTHREADS; i++)
+        if (w[i].st != DDP_OK)
+            fail_msg("thread %d: %s", i, w[i].msg);
+
+    ddp_store *s = fx_client(f, "", 5000);
+    expect_stored(s, "counter", "8000", 4);
+
+    /* Atomic adds: the returned values are exactly 1..8000, each once, rising per thread. */
+    char *hit = calloc(NTHREADS * NADDS + 1, 1);
+    assert_non_null(hit);
+    for (int i = 0; i < NTHREADS; i++) {
+        for (int j = 0; j < NADDS; j++) {
+            int64_t v = seen[i * NADDS + j];
+            if (v < 1 || v > NTHREADS * NADDS || hit[v])
+                fail_msg("thread %d add %d returned %lld (out of range or twice)", i, j,
+                         (long long)v);
+            hit[v] = 1;
+            if (j > 0 && v <= seen[i * NADDS + j - 1])
+                fail_msg("thread %d: add returned %lld after %lld", i, (long long)v,
+                         (long long)seen[i * NADDS + j - 1]);
+        }
+    }
+    free(hit);
+    free(seen);
+}
+
+#define NROUNDS 3
+
+static void *barrier_main(void *arg)
+{
+    worker *w = arg;
+    ddp_store_opts o = client_opts(w->port, "", 10000);
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    if ((w->st = ddp_store_connect(&o, &s, &err)) != DDP_OK) {
+        memcpy(w->msg, err.msg, sizeof w->msg);
+        return NULL;
+    }
+    char arrived[32], name[32];
+    for (int r = 0; r < NROUNDS; r++) {
+        snprintf(arrived, sizeof arrived, "arrived/%d", r);
+        snprintf(name, sizeof name, "round/%d", r);
+        int64_t n = 0;
+        if ((w->st = ddp_store_add(s, arrived, 1, NULL)) != DDP_OK ||
+            (w->st = ddp_store_barrier(s, name, NTHREADS)) != DDP_OK ||
+            (w->st = ddp_store_add(s, arrived, 0, &n)) != DDP_OK) {
+            snprintf(w->msg, sizeof w->msg, "round %d: %s", r, ddp_store_last_error(s));
+            break;
+        }
+        if (n != NTHREADS) { /* someone left the barrier before everyone arrived */
+            w->st = DDP_ERR_INVALID;
+            snprintf(w->msg, sizeof w->msg, "round %d: left the barrier with %lld arrived", r,
+                     (long long)n);
+            break;
+        }
+        if (w->id == r) /* one rank per round is slow */
+            sleep_ms(50);
+    }
+    ddp_store_close(s);
+    return NULL;
+}
+
+static void eight_clients_barrier(void **state)
+{
+    fx *f = *state;
+    pthread_t th[NTHREADS];
+    worker w[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        w[i] = (worker){.port = f->port, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, barrier_main, &w[i]), 0);
+    }
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < NTHREADS; i++)
+        if (w[i].st != DDP_OK)
+            fail_msg("thread %d: %s", i, w[i].msg);
+    ddp_store *s = fx_client(f, "", 5000);
+    expect_stored(s, "barrier/round/2/count", "8", 1);
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+}
+
+/* ---- 4. the token ------------------------------------------------------------------------------ */
+
+static void wrong_token_refused_fast(void **state)
+{
+    fx *f = *state;
+    ddp_store *good = fx_client(f, "right-token", 5000);
+    assert_int_equal(ddp_store_set(good, "k", "v", 1), DDP_OK);
+
+    ddp_store_opts o = client_opts(f->port, "wrong-token", 5000);
+    ddp_store *s = (ddp_store *)0x1;
+    ddp_error err = {0};
+    int64_t t0 = now_ms();
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_AUTH);
+    int64_t took = now_ms() - t0;
+    if (took > 1000) /* refused at once, not retried until connect_timeout_ms */
+        fail_msg("a wrong token took %lld ms to be refused", (long long)took);
+    assert_ptr_equal(s, (ddp_store *)0x1);
+    assert_int_equal(err.status, DDP_ERR_AUTH);
+    assert_has(err.msg, "token");
+    char addr[64];
+    snprintf(addr, sizeof addr, "'127.0.0.1:%d'", f->port);
+    assert_has(err.msg, addr);
+    wait_refused(f, 1);
+    assert_true(log_has(&f->log, "wrong store token"));
+    assert_true(log_has(&f->log, "127.0.0.1:")); /* the stranger's address */
+
+    /* No token at all is also wrong; a token that is a prefix of the right one too. */
+    o.token = "";
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_AUTH);
+    o.token = NULL;
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_AUTH);
+    o.token = "right-toke";
+    assert_int_equal(ddp_store_connect(&o, &s, &err), DDP_ERR_AUTH);
+    assert_ptr_equal(s, (ddp_store *)0x1);
+    wait_refused(f, 4);
+    assert_int_equal(log_lines(&f->log), 4);
+
+    /* The right client is unaffected. */
+    expect_stored(good, "k", "v", 1);
+    assert_int_equal(num_keys(good), 1);
+}
+
+static void empty_server_token_accepts_anyone(void **state)
+{
+    fx *f = *state; /* a server whose token is "" */
+    ddp_store *a = fx_client(f, "", 5000);
+    ddp_store *b = fx_client(f, NULL, 5000);
+    /* The header: '"" accepts anyone (as TCPStore does)' — also a client that carries a token. */
+    ddp_store *c = fx_client(f, "some-token", 5000);
+    assert_int_equal(ddp_store_set(a, "k", "v", 1), DDP_OK);
+    expect_stored(b, "k", "v", 1);
+    expect_stored(c, "k", "v", 1);
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+}
+
+/* ---- 5. raw sockets: malformed, oversized, silent ------------------------------------------------ */
+
+typedef struct frame {
+    unsigned char b[4096];
+    size_t len;
+} frame;
+
+static void put(frame *w, const void *p, size_t n)
+{
+    assert_true(w->len + n <= sizeof w->b);
+    memcpy(w->b + w->len, p, n);
+    w->len += n;
+}
+
+static void put_u32(frame *w, uint32_t v)
+{
+    unsigned char x[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                          (unsigned char)(v >> 24)};
+    put(w, x, 4);
+}
+
+static void put_u8(frame *w, uint8_t v)
+{
+    put(w, &v, 1);
+}
+
+static void put_blob(frame *w, const void *p, size_t n)
+{
+    put_u32(w, (uint32_t)n);
+    put(w, p, n);
+}
+
+/* Starts a frame: a length to fill in by frame_end(), then the op. */
+static void frame_begin(frame *w, uint8_t op)
+{
+    w->len = 0;
+    put_u32(w, 0);
+    put_u8(w, op);
+}
+
+static void frame_end(frame *w)
+{
+    uint32_t n = (uint32_t)(w->len - 4);
+    unsigned char x[4] = {(unsigned char)n, (unsigned char)(n >> 8), (unsigned char)(n >> 16),
+                          (unsigned char)(n >> 24)};
+    memcpy(w->b, x, 4);
+}
+
+static void hello_frame(frame *w, uint32_t magic, uint32_t version, const char *token)
+{
+    frame_begin(w, DDP__OP_HELLO);
+    put_u32(w, magic);
+    put_u32(w, version);
+    put_blob(w, token, strlen(token));
+    frame_end(w);
+}
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int rc;
+    do
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    while (rc < 0 && errno == EINTR);
+    if (rc != 0)
+        fail_msg("connect to 127.0.0.1:%d: %s", port, strerror(errno));
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            fail_msg("send on a raw socket: %s", strerror(errno));
+        c += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Receives exactly n bytes within ms; false on close, error or timeout. */
+static bool raw_recv(int fd, void *p, size_t n, int ms)
+{
+    char *c = p;
+    int64_t deadline = now_ms() + ms;
+    while (n > 0) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return false;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int rc = poll(&pf, 1, (int)left);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0)
+            return false;
+        ssize_t k = recv(fd, c, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        c += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* Receives one reply frame; returns its code and puts the body after the code in body. */
+static int raw_reply(int fd, unsigned char *body, size_t cap, size_t *n)
+{
+    unsigned char hdr[4];
+    if (!raw_recv(fd, hdr, 4, 2000))
+        fail_msg("no reply from the store on a raw socket");
+    uint32_t len = ddp__le32(hdr);
+    if (len < 1 || len - 1 > cap)
+        fail_msg("a reply of %u bytes", (unsigned)len);
+    unsigned char code;
+    if (!raw_recv(fd, &code, 1, 2000) || !raw_recv(fd, body, len - 1, 2000))
+        fail_msg("a truncated reply on a raw socket");
+    *n = len - 1;
+    return code;
+}
+
+/* Authenticates a raw connection (token "") and checks the HELLO reply: ok + i64 max value. */
+static void raw_hello(fx *f, int fd)
+{
+    frame w;
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
+    raw_send(fd, w.b, w.len);
+    unsigned char body[64];
+    size_t n;
+    assert_int_equal(raw_reply(fd, body, sizeof body, &n), DDP__R_OK);
+    assert_int_equal(n, 8);
+    uint64_t maxv = 0;
+    for (int i = 0; i < 8; i++)
+        maxv |= (uint64_t)body[i] << (8 * i);
+    assert_int_equal(maxv, f->max_value);
+}
+
+/* Drains fd until the server closes it, within ms. *code: the first reply's code, or -1. */
+static bool wait_closed(int fd, int ms, int *code)
+{
+    unsigned char buf[4096];
+    size_t got = 0;
+    *code = -1;
+    int64_t deadline = now_ms() + ms;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return false;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int rc = poll(&pf, 1, (int)left);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0)
+            return false;
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k == 0 || k < 0) /* closed, or reset because our bytes were left unread */
+            return true;
+        if (got < 5 && got + (size_t)k >= 5)
+            *code = buf[4 - got];
+        got += (size_t)k;
+    }
+}
+
+/* Sends bytes on a fresh raw connection (authenticated first if asked), then checks that the
+ * server closes it within 2 s, counts one refusal, logs why, and still serves a client connected
+ * before and one connected after, with the table unchanged. shut: half-close after sending. */
+static void expect_dropped(fx *f, const char *what, bool authenticate, const void *bytes,
+                           size_t n, bool shut, int want_code, const char *want_log)
+{
+    ddp_store *before = f->clients[0];
+    uint64_t refused = ddp_store_server_refused(f->srv);
+    int64_t keys = num_keys(before);
+
+    int fd = raw_connect(f->port);
+    if (authenticate)
+        raw_hello(f, fd);
+    raw_send(fd, bytes, n);
+    if (shut)
+        shutdown(fd, SHUT_WR);
+    int code;
+    int64_t t0 = now_ms();
+    bool closed = wait_closed(fd, 2000, &code);
+    close(fd);
+    if (!closed)
+        fail_msg("%s: the server kept the connection open for 2 s", what);
+    if (now_ms() - t0 > 1000)
+        fail_msg("%s: the server took %lld ms to close", what, (long long)(now_ms() - t0));
+    if (want_code >= 0 && code != want_code)
+        fail_msg("%s: reply code %d before the close, expected %d", what, code, want_code);
+    int64_t deadline = now_ms() + 2000;
+    while (ddp_store_server_refused(f->srv) < refused + 1 && now_ms() < deadline)
+        sleep_ms(5);
+    if (ddp_store_server_refused(f->srv) != refused + 1)
+        fail_msg("%s: refused went from %llu to %llu, expected one more", what,
+                 (unsigned long long)refused,
+                 (unsigned long long)ddp_store_server_refused(f->srv));
+    if (want_log && !log_has(&f->log, want_log))
+        fail_msg("%s: no log line mentions \"%s\"; log:\n%s", what, want_log, f->log.text);
+
+    expect_stored(before, "pre", "kept", 4);
+    assert_int_equal(num_keys(before), keys);
+    ddp_store *after = fx_client(f, "", 5000);
+    expect_stored(after, "pre", "kept", 4);
+    assert_int_equal(num_keys(after), keys);
+    ddp_store_close(after);
+    f->nclients--;
+}
+
+static ddp_store *connect_before(fx *f)
+{
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(s, "pre", "kept", 4), DDP_OK);
+    return s;
+}
+
+static void garbage_bytes(void **state)
+{
+    fx *f = *state;
+    connect_before(f);
+    static const char http[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    expect_dropped(f, "an HTTP request", false, http, sizeof http - 1, false, -1,
+                   "over the limit");
+
+    /* A small, well-framed body that is not a HELLO. */
+    static const unsigned char small[] = {5, 0, 0, 0, 'h', 'e', 'l', 'l', 'o'};
+    expect_dropped(f, "a framed non-HELLO", false, small, sizeof small, false, DDP__R_PROTOCOL,
+                   "did not open with a ddp store handshake");
+
+    /* A request op before HELLO, well formed otherwise. */
+    frame w;
+    frame_begin(&w, DDP__OP_NUM_KEYS);
+    frame_end(&w);
+    expect_dropped(f, "NUM_KEYS before HELLO", false, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+
+    static const unsigned char zero[] = {0, 0, 0, 0};
+    expect_dropped(f, "an empty frame", false, zero, sizeof zero, false, DDP__R_PROTOCOL,
+                   "a message of 0 bytes");
+}
+
+static void bad_hello(void **state)
+{
+    fx *f = *state;
+    connect_before(f);
+    frame w;
+    hello_frame(&w, 0x12345678u, DDP__STORE_VERSION, "");
+    expect_dropped(f, "a HELLO with a bad magic", false, w.b, w.len, false, DDP__R_PROTOCOL,
+                   "did not open with a ddp store handshake");
+
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION + 1, "");
+    expect_dropped(f, "a HELLO of another version", false, w.b, w.len, false, DDP__R_PROTOCOL,
+                   "protocol version");
+
+    /* A token blob that claims more bytes than the frame holds. */
+    frame_begin(&w, DDP__OP_HELLO);
+    put_u32(&w, DDP__STORE_MAGIC);
+    put_u32(&w, DDP__STORE_VERSION);
+    put_u32(&w, 1000);
+    put(&w, "abc", 3);
+    frame_end(&w);
+    expect_dropped(f, "a HELLO with a short token", false, w.b, w.len, false, DDP__R_PROTOCOL,
+                   NULL);
+
+    /* A HELLO with trailing bytes. */
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
+    put_u8(&w, 0);
+    frame_end(&w);
+    expect_dropped(f, "a HELLO with trailing bytes", false, w.b, w.len, false, DDP__R_PROTOCOL,
+                   NULL);
+}
+
+static void oversized_frames(void **state)
+{
+    fx *f = *state;
+    connect_before(f);
+    static const unsigned char huge[] = {0xf0, 0xff, 0xff, 0xff}; /* 0xFFFFFFF0 */
+    expect_dropped(f, "an oversized frame before HELLO", false, huge, sizeof huge, false,
+                   DDP__R_PROTOCOL, "a message of 4294967280 bytes");
+    expect_dropped(f, "an oversized frame after HELLO", true, huge, sizeof huge, false,
+                   DDP__R_PROTOCOL, NULL);
+
+    /* Within max_frame but far too big for a handshake: refused before its body is read. */
+    static const unsigned char big_hello[] = {0x00, 0x00, 0x10, 0x00}; /* 1 MiB */
+    expect_dropped(f, "a 1 MiB handshake", false, big_hello, sizeof big_hello, false,
+                   DDP__R_PROTOCOL, "an oversized handshake");
+}
+
+static void malformed_after_hello(void **state)
+{
+    fx *f = *state;
+    connect_before(f);
+    frame w;
+    frame_begin(&w, 0x7f);
+    frame_end(&w);
+    expect_dropped(f, "an unknown op", true, w.b, w.len, false, DDP__R_PROTOCOL,
+                   "malformed request");
+
+    frame_begin(&w, 0);
+    frame_end(&w);
+    expect_dropped(f, "op 0", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
+    expect_dropped(f, "a second HELLO", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+
+    /* A SET whose value blob runs past the frame. */
+    frame_begin(&w, DDP__OP_SET);
+    put_blob(&w, "x", 1);
+    put_u32(&w, 500);
+    put(&w, "short", 5);
+    frame_end(&w);
+    expect_dropped(f, "a SET with a short value", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+
+    /* A key with a NUL inside, an empty key, and a CHECK claiming a million keys. */
+    frame_begin(&w, DDP__OP_SET);
+    put_blob(&w, "a\0b", 3);
+    put_blob(&w, "v", 1);
+    frame_end(&w);
+    expect_dropped(f, "a key with a NUL", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+    frame_begin(&w, DDP__OP_GET);
+    put_blob(&w, "", 0);
+    frame_end(&w);
+    expect_dropped(f, "an empty key", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+    frame_begin(&w, DDP__OP_CHECK);
+    put_u32(&w, 1000000);
+    put_blob(&w, "pre", 3);
+    frame_end(&w);
+    expect_dropped(f, "a CHECK of a million keys", true, w.b, w.len, false, DDP__R_PROTOCOL,
+                   NULL);
+    frame_begin(&w, DDP__OP_ADD);
+    put_blob(&w, "pre", 3);
+    put_u32(&w, 1); /* half an i64 */
+    frame_end(&w);
+    expect_dropped(f, "an ADD with half a delta", true, w.b, w.len, false, DDP__R_PROTOCOL, NULL);
+
+    /* None of it reached the table. */
+    assert_int_equal(num_keys(f->clients[0]), 1);
+}
+
+static void truncated_frames(void **state)
+{
+    fx *f = *state;
+    connect_before(f);
+    /* The header promises 100 bytes; 10 come, then the sender closes its side. */
+    unsigned char part[14] = {100, 0, 0, 0, DDP__OP_HELLO};
+    memset(part + 5, 'z', sizeof part - 5);
+    expect_dropped(f, "a truncated HELLO, then close", false, part, sizeof part, true, -1, NULL);
+    part[4] = DDP__OP_SET;
+    expect_dropped(f, "a truncated SET, then close", true, part, sizeof part, true, -1, NULL);
+    /* Only the header's first two bytes. */
+    expect_dropped(f, "half a length, then close", true, part, 2, true, -1, NULL);
+}
+
+static void silent_client_closed_after_handshake_ms(void **state)
+{
+    fx *f = *state; /* handshake_ms = 200 */
+    ddp_store *before = connect_before(f);
+
+    int fd = raw_connect(f->port);
+    int code;
+    int64_t t0 = now_ms();
+    bool closed = wait_closed(fd, 3000, &code);
+    int64_t took = now_ms() - t0;
+    close(fd);
+    assert_true(closed);
+    if (took < 150 || took > 200 + SLACK_MS)
+        fail_msg("a silent connection was closed after %lld ms, handshake_ms is 200",
+                 (long long)took);
+    wait_refused(f, 1);
+    assert_true(log_has(&f->log, "no handshake within 200 ms"));
+
+    /* Half a HELLO is not a handshake either. */
+    frame w;
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
+    fd = raw_connect(f->port);
+    raw_send(fd, w.b, 6);
+    closed = wait_closed(fd, 3000, &code);
+    close(fd);
+    assert_true(closed);
+    wait_refused(f, 2);
+
+    /* An authenticated client may stay idle far longer than handshake_ms. */
+    sleep_ms(400);
+    expect_stored(before, "pre", "kept", 4);
+    ddp_store *after = fx_client(f, "", 5000);
+    assert_int_equal(num_keys(after), 1);
+    assert_int_equal(ddp_store_server_refused(f->srv), 2);
+}
+
+static void connections_over_the_limit(void **state)
+{
+    fx *f = *state; /* max_connections = 2 */
+    ddp_store *a = fx_client(f, "", 5000);
+    ddp_store *b = fx_client(f, "", 5000);
+    int fd = raw_connect(f->port);
+    int code;
+    assert_true(wait_closed(fd, 2000, &code));
+    close(fd);
+    wait_refused(f, 1);
+    assert_true(log_has(&f->log, "2 connections already open"));
+    assert_int_equal(ddp_store_set(a, "k", "v", 1), DDP_OK);
+    expect_stored(b, "k", "v", 1);
+    /* A slot frees when a client leaves. */
+    ddp_store_close(b);
+    f->clients[--f->nclients] = NULL;
+    int64_t deadline = now_ms() + 2000;
+    ddp_store *c = NULL;
+    ddp_store_opts o = client_opts(f->port, "", 300);
+    while (now_ms() < deadline && ddp_store_connect(&o, &c, NULL) != DDP_OK)
+        sleep_ms(20);
+    assert_non_null(c);
+    f->clients[f->nclients++] = c;
+    expect_stored(c, "k", "v", 1);
+}
+
+/* ---- 6. limits ------------------------------------------------------------------------------- */
+
+static void value_over_max_value(void **state)
+{
+    fx *f = *state; /* max_value 1024, max_total 4096 */
+    ddp_store *s = fx_client(f, "", 5000);
+    char buf[1100];
+    memset(buf, 'v', sizeof buf);
+
+    assert_int_equal(ddp_store_set(s, "big", buf, 1025), DDP_ERR_TOO_LARGE);
+    const char *msg = ddp_store_last_error(s);
+    assert_has(msg, "1025 bytes");
+    assert_has(msg, "limit of 1024");
+    assert_has(msg, "set('big')");
+    assert_int_equal(ddp_store_compare_set(s, "big", "", 0, buf, 1025, NULL, NULL),
+                     DDP_ERR_TOO_LARGE);
+    assert_has(ddp_store_last_error(s), "limit of 1024");
+    assert_int_equal(ddp_store_set(s, "big", buf, 1024), DDP_OK); /* exactly the limit */
+    expect_stored(s, "big", buf, 1024);
+    /* Refused locally: the server saw nothing wrong. */
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+    assert_int_equal(num_keys(s), 1);
+}
+
+static void server_enforces_max_value(void **state)
+{
+    fx *f = *state; /* max_value 1024 */
+    ddp_store *s = connect_before(f);
+    int64_t keys = num_keys(s);
+
+    /* A raw client skips the local check: the server must not store a value over max_value,
+     * neither by SET nor by CAS. It may answer "too large" or close the connection. */
+    static const uint8_t ops[] = {DDP__OP_SET, DDP__OP_CAS};
+    for (int i = 0; i < 2; i++) {
+        char val[1100];
+        memset(val, 'q', sizeof val);
+        frame w;
+        frame_begin(&w, ops[i]);
+        put_blob(&w, "rawbig", 6);
+        if (ops[i] == DDP__OP_CAS)
+            put_blob(&w, "", 0);
+        put_blob(&w, val, 1025);
+        frame_end(&w);
+        int fd = raw_connect(f->port);
+        raw_hello(f, fd);
+        raw_send(fd, w.b, w.len);
+        int code;
+        bool closed = wait_closed(fd, 500, &code);
+        close(fd);
+        if (code == DDP__R_OK)
+            fail_msg("op %d: the server accepted a value of 1025 bytes over max_value 1024",
+                     ops[i]);
+        (void)closed;
+        assert_false(exists(s, "rawbig"));
+        assert_int_equal(num_keys(s), keys);
+    }
+}
+
+static void max_total_keeps_earlier_keys(void **state)
+{
+    fx *f = *state; /* max_total 4096 bytes of keys + values */
+    ddp_store *s = fx_client(f, "", 5000);
+    char val[1022], key[8];
+    for (int i = 0; i < 4; i++) { /* 4 × (2 + 1022) = 4096 bytes: exactly full */
+        memset(val, 'a' + i, sizeof val);
+        snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(ddp_store_set(s, key, val, sizeof val), DDP_OK);
+    }
+    memset(val, 'z', sizeof val);
+    assert_int_equal(ddp_store_set(s, "k4", val, 10), DDP_ERR_TOO_LARGE);
+    const char *msg = ddp_store_last_error(s);
+    assert_has(msg, "set('k4')");
+    assert_has(msg, "max_total");
+    assert_int_equal(ddp_store_set(s, "k4", "", 0), DDP_ERR_TOO_LARGE); /* its key alone */
+    assert_int_equal(ddp_store_add(s, "k4", 1, NULL), DDP_ERR_TOO_LARGE);
+    assert_has(ddp_store_last_error(s), "add('k4')");
+    assert_int_equal(ddp_store_compare_set(s, "k4", "", 0, val, 1, NULL, NULL),
+                     DDP_ERR_TOO_LARGE);
+    assert_has(ddp_store_last_error(s), "compare_set('k4')");
+
+    /* The earlier keys remain, whole; the connection stays usable. */
+    assert_int_equal(num_keys(s), 4);
+    assert_false(exists(s, "k4"));
+    for (int i = 0; i < 4; i++) {
+        memset(val, 'a' + i, sizeof val);
+        snprintf(key, sizeof key, "k%d", i);
+        expect_stored(s, key, val, sizeof val);
+    }
+    /* Replacing a value counts the old one out: the same size fits, one byte more does not. */
+    char more[1023];
+    memset(more, 'B', sizeof more);
+    assert_int_equal(ddp_store_set(s, "k0", more, sizeof val), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "k0", more, sizeof more), DDP_ERR_TOO_LARGE);
+    expect_stored(s, "k0", more, sizeof val);
+    /* A shrinking replacement frees room: k0 at 1012 bytes leaves 10 for "k4" + 8 bytes. */
+    assert_int_equal(ddp_store_set(s, "k0", more, sizeof val - 10), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "k4", "12345678", 8), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "k5", "", 0), DDP_ERR_TOO_LARGE);
+    /* Deleting frees room too. */
+    assert_int_equal(ddp_store_delete(s, "k1", NULL), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "k5", more, 1000), DDP_OK);
+    assert_int_equal(num_keys(s), 5);
+    memset(val, 'c', sizeof val);
+    expect_stored(s, "k2", val, sizeof val);
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+}
+
+static void bad_keys(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    char *longkey = malloc(DDP_STORE_MAX_KEY + 2);
+    assert_non_null(longkey);
+    memset(longkey, 'k', DDP_STORE_MAX_KEY + 1);
+    longkey[DDP_STORE_MAX_KEY + 1] = '\0';
+
+    void *v = NULL;
+    size_t n;
+    bool b;
+    assert_int_equal(ddp_store_set(s, longkey, "v", 1), DDP_ERR_INVALID);
+    assert_has(ddp_store_last_error(s), "1 to 4096 bytes, not 4097");
+    assert_int_equal(ddp_store_set(s, "", "v", 1), DDP_ERR_INVALID);
+    assert_has(ddp_store_last_error(s), "not 0");
+    assert_int_equal(ddp_store_set(s, NULL, "v", 1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_get(s, "", &v, &n), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_get(s, longkey, &v, &n), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_add(s, "", 1, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_compare_set(s, "", "", 0, "x", 1, NULL, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_delete(s, longkey, &b), DDP_ERR_INVALID);
+    const char *keys[] = {"ok", ""};
+    assert_int_equal(ddp_store_check(s, keys, 2, &b), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_wait(s, keys, 2), DDP_ERR_INVALID);
+    assert_null(v);
+
+    /* Exactly DDP_STORE_MAX_KEY bytes is fine. */
+    longkey[DDP_STORE_MAX_KEY] = '\0';
+    assert_int_equal(ddp_store_set(s, longkey, "v", 1), DDP_OK);
+    expect_stored(s, longkey, "v", 1);
+    free(longkey);
+    assert_int_equal(num_keys(s), 1);
+    assert_int_equal(ddp_store_server_refused(f->srv), 0);
+}
+
+/* ---- 7. a taken port ----------------------------------------------------------------------------- */
+
+static void port_in_use(void **state)
+{
+    fx *f = *state;
+    ddp_store_server_opts o = DDP_STORE_SERVER_OPTS_INIT;
+    o.host = "127.0.0.1";
+    o.port = f->port;
+    o.log = capture_log;
+    o.log_ctx = &f->log;
+    ddp_store_server *second = (ddp_store_server *)0x1;
+    ddp_error err = {0};
+    assert_int_equal(ddp_store_server_start(&o, &second, &err), DDP_ERR_ADDR_IN_USE);
+    assert_ptr_equal(second, (ddp_store_server *)0x1);
+    assert_int_equal(err.status, DDP_ERR_ADDR_IN_USE);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", f->port);
+    assert_has(err.msg, addr);
+    assert_has(err.msg, "--master_port");
+    assert_has(err.msg, "--standalone");
+
+    /* The first server is unharmed. */
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_OK);
+
+    /* Out-of-range options are refused with a message too. */
+    o.port = 0;
+    o.max_value = 0;
+    assert_int_equal(ddp_store_server_start(&o, &second, &err), DDP_ERR_INVALID);
+    assert_has(err.msg, "max_value");
+    o.max_value = DDP_STORE_DEFAULT_MAX_VALUE;
+    o.port = 70000;
+    assert_int_equal(ddp_store_server_start(&o, &second, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_server_start(&o, NULL, &err), DDP_ERR_INVALID);
+    assert_ptr_equal(second, (ddp_store_server *)0x1);
+}
+
+/* ---- 8. the server stops under a blocked client --------------------------------------------------- */
+
+typedef struct blocked {
+    ddp_store *s;
+    ddp_status st;
+    int64_t took_ms;
+    char msg[DDP_ERRMSG_MAX];
+} blocked;
+
+static void *blocked_get_main(void *arg)
+{
+    blocked *b = arg;
+    void *v = NULL;
+    size_t n;
+    int64_t t0 = now_ms();
+    b->st = ddp_store_get(b->s, "never", &v, &n);
+    b->took_ms = now_ms() - t0;
+    snprintf(b->msg, sizeof b->msg, "%s", ddp_store_last_error(b->s));
+    free(v);
+    return NULL;
+}
+
+static void server_stop_wakes_blocked_get(void **state)
+{
+    fx *f = *state;
+    blocked b = {.s = fx_client(f, "", 10000)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, blocked_get_main, &b), 0);
+    sleep_ms(200); /* let the get park on the server */
+    int64_t t0 = now_ms();
+    ddp_store_server_stop(f->srv);
+    f->srv = NULL;
+    pthread_join(th, NULL);
+    int64_t after_stop = now_ms() - t0;
+
+    assert_int_equal(b.st, DDP_ERR_NETWORK);
+    if (b.took_ms > 200 + SLACK_MS * 2 || after_stop > SLACK_MS)
+        fail_msg("the blocked get returned %lld ms after the stop (timeout 10 s)",
+                 (long long)after_stop);
+    char addr[64];
+    snprintf(addr, sizeof addr, "'127.0.0.1:%d'", f->port);
+    assert_has(b.msg, addr);
+    assert_has(b.msg, "get('never')");
+    assert_has(b.msg, "lost the connection");
+
+    /* The handle now reports an unreachable store, within its (short) deadline. */
+    ddp_store_set_timeout(b.s, 200);
+    assert_int_equal(ddp_store_set(b.s, "k", "v", 1), DDP_ERR_TIMEOUT);
+    assert_has(ddp_store_last_error(b.s), "cannot reach the store");
+    assert_has(ddp_store_last_error(b.s), addr);
+}
+
+/* ---- 9. the world-of-one store, no-ops, tokens ---------------------------------------------------- */
+
+static void world_of_one_private_store(void **state)
+{
+    (void)state;
+    static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                       "DDP_STORE_TOKEN", "DDP_AGENT_STORE", NULL};
+    for (int i = 0; vars[i]; i++)
+        unsetenv(vars[i]);
+    ddp_world w;
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_false(w.launched);
+
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    if (ddp_store_open_world(&w, 5000, &s, &err) != DDP_OK)
+        fail_msg("open_world: %s", err.msg);
+    assert_int_equal(ddp_store_set(s, "hello", "world", 5), DDP_OK);
+    expect_stored(s, "hello", "world", 5);
+    int64_t v;
+    assert_int_equal(ddp_store_add(s, "n", 2, &v), DDP_OK);
+    assert_int_equal(v, 2);
+    assert_int_equal(ddp_store_barrier(s, "solo", 1), DDP_OK);
+    assert_int_equal(num_keys(s), 4); /* hello, n, and the barrier's count and done keys */
+
+    /* Two worlds of one are two private stores. */
+    ddp_store *t = NULL;
+    assert_int_equal(ddp_store_open_world(&w, 5000, &t, &err), DDP_OK);
+    assert_int_equal(num_keys(t), 0);
+    ddp_store_close(t);
+    ddp_store_close(s); /* also stops its server */
+
+    assert_int_equal(ddp_store_open_world(NULL, 5000, &s, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_open_world(&w, 5000, NULL, &err), DDP_ERR_INVALID);
+}
+
+static void null_handles_are_no_ops(void **state)
+{
+    (void)state;
+    ddp_store_close(NULL);
+    ddp_store_server_stop(NULL);
+    ddp_store_set_timeout(NULL, 5);
+    assert_int_equal(ddp_store_server_port(NULL), 0);
+    assert_int_equal(ddp_store_server_refused(NULL), 0);
+    assert_non_null(ddp_store_last_error(NULL));
+}
+
+static bool all_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static void random_tokens(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {0, 1, 7, 32, 64, 127, 128};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        char a[140], b[140];
+        memset(a, 'X', sizeof a);
+        memset(b, 'X', sizeof b);
+        size_t n = lens[i];
+        assert_int_equal(ddp_random_token(a, n, NULL), DDP_OK);
+        assert_int_equal(ddp_random_token(b, n, NULL), DDP_OK);
+        assert_int_equal(strlen(a), n);
+        assert_true(all_hex(a, n));
+        assert_true(all_hex(b, n));
+        assert_int_equal(a[n + 1], 'X'); /* len + 1 bytes written, no more */
+        if (n >= 16 && strcmp(a, b) == 0)
+            fail_msg("two random tokens of %zu characters are both \"%s\"", n, a);
+    }
+    /* Over many draws every hex digit shows up. */
+    char seen[16] = {0};
+    for (int r = 0; r < 20; r++) {
+        char t[129];
+        assert_int_equal(ddp_random_token(t, 128, NULL), DDP_OK);
+        for (int i = 0; i < 128; i++)
+            seen[t[i] <= '9' ? t[i] - '0' : t[i] - 'a' + 10] = 1;
+    }
+    for (int d = 0; d < 16; d++)
+        assert_true(seen[d]);
+
+    char big[200];
+    ddp_error err = {0};
+    assert_int_equal(ddp_random_token(big, 129, &err), DDP_ERR_INVALID);
+    assert_has(err.msg, "128");
+    assert_int_equal(ddp_random_token(NULL, 4, NULL), DDP_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(set_get_binary_empty_overwrite, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(add_counters, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(compare_set_semantics, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(check_delete_num_keys, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(wait_and_get_block_until_set, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(get_timeout_names_key_and_time, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(wait_timeout_names_missing_keys, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(barrier_timeout_counts_arrivals, setup_plain, teardown),
+        cmocka_unit_test(connect_to_nobody_times_out),
+        cmocka_unit_test_setup_teardown(eight_clients_add, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(wrong_token_refused_fast, setup_token, teardown),
+        cmocka_unit_test_setup_teardown(empty_server_token_accepts_anyone, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(garbage_bytes, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(bad_hello, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(oversized_frames, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(malformed_after_hello, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(truncated_frames, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(silent_client_closed_after_handshake_ms, setup_handshake,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(connections_over_the_limit, setup_maxconn, teardown),
+        cmocka_unit_test_setup_teardown(value_over_max_value, setup_limits, teardown),
+        cmocka_unit_test_setup_teardown(server_enforces_max_value, setup_limits, teardown),
+        cmocka_unit_test_setup_teardown(max_total_keeps_earlier_keys, setup_limits, teardown),
+        cmocka_unit_test_setup_teardown(bad_keys, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(port_in_use, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(server_stop_wakes_blocked_get, setup_plain, teardown),
+        cmocka_unit_test(world_of_one_private_store),
+        cmocka_unit_test(null_handles_are_no_ops),
+        cmocka_unit_test(random_tokens),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
