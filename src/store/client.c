@@ -405,6 +405,7 @@ ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expe
 {
     ddp_status st;
     if ((st = check_key(s, "compare_set", key)) ||
+        (st = check_value(s, "compare_set", key, expected_len)) ||
         (st = check_value(s, "compare_set", key, desired_len)))
         return st;
     if ((!expected && expected_len) || (!desired && desired_len))
@@ -470,21 +471,25 @@ ddp_status ddp_store_wait(ddp_store *s, const char *const *keys, size_t n)
     ddp_status st = keys_request(s, "wait", DDP__OP_WAIT, keys, n);
     if (st)
         return st;
+    int64_t start = ddp__now_ms();
     ddp__rd r;
-    st = call(s, "wait", n ? keys[0] : NULL, &r);
-    if (st != DDP_ERR_TIMEOUT)
+    st = call(s, "wait", n == 1 ? keys[0] : NULL, &r);
+    if (st != DDP_ERR_TIMEOUT || n < 2)
         return st;
     /* Say which keys are missing: ask again on a fresh connection, each key alone, briefly. */
-    char msg[DDP_ERRMSG_MAX];
-    memcpy(msg, s->err, sizeof msg);
+    char waited[32];
+    ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
     int saved = s->timeout_ms;
     s->timeout_ms = 2000;
     size_t missing = 0;
+    bool known = true;
     char list[200] = "";
     for (size_t i = 0; i < n; i++) {
         bool have = true;
-        if (ddp_store_check(s, &keys[i], 1, &have) != DDP_OK)
+        if (ddp_store_check(s, &keys[i], 1, &have) != DDP_OK) {
+            known = false;
             break;
+        }
         if (!have && missing++ < 3) {
             size_t l = strlen(list);
             char k[100];
@@ -493,10 +498,13 @@ ddp_status ddp_store_wait(ddp_store *s, const char *const *keys, size_t n)
         }
     }
     s->timeout_ms = saved;
-    if (missing)
-        return fail(s, DDP_ERR_TIMEOUT, "%s; %zu of %zu keys still missing: %s%s", msg, missing,
-                    n, list, missing > 3 ? ", …" : "");
-    return fail(s, DDP_ERR_TIMEOUT, "%s", msg);
+    if (!known || !missing)
+        return fail(s, DDP_ERR_TIMEOUT, "store wait for %zu keys timed out after %s at '%s:%d'",
+                    n, waited, s->host, s->port);
+    return fail(s, DDP_ERR_TIMEOUT,
+                "store wait for %zu keys timed out after %s at '%s:%d'; %zu of %zu keys still "
+                "missing: %s%s",
+                n, waited, s->host, s->port, missing, n, list, missing > 3 ? ", …" : "");
 }
 
 ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)

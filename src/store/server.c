@@ -201,7 +201,6 @@ struct ddp_store_server {
     atomic_bool stop;
     atomic_uint_fast64_t refused;
     atomic_int clients; /* authenticated connections open now */
-    uint64_t logged;
     pthread_t thread;
     table tab;
     conn **conns;
@@ -277,6 +276,19 @@ static bool key_ok(const char *k, size_t n)
     return n > 0 && n <= DDP_STORE_MAX_KEY && memchr(k, '\0', n) == NULL;
 }
 
+/* A frame may exceed max_value by DDP__STORE_FRAME_SLACK (room for the key), so the value
+ * itself is checked too: a bigger one closes the connection, as store.h promises. Only a client
+ * that skipped the limit it learnt at HELLO sends one. */
+static bool value_too_large(ddp_store_server *s, conn *c, size_t vn)
+{
+    if (vn <= s->max_value)
+        return false;
+    char why[160];
+    ddp__fmt(why, sizeof why, "a value of %zu bytes, over max_value %zu", vn, s->max_value);
+    protocol_violation(s, c, why);
+    return true;
+}
+
 /* The result of serving one frame. */
 enum serve { SERVED, PARKED, BAD };
 
@@ -338,7 +350,8 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
             c->closing = true;
             return SERVED;
         }
-        if (!tokens_equal(tok, tn, s->token, s->token_len)) {
+        /* An empty server token accepts anyone, also a client that shows a token (store.h). */
+        if (s->token_len > 0 && !tokens_equal(tok, tn, s->token, s->token_len)) {
             refuse_log(s, "refused connection from %s: wrong store token", c->peer);
             reply_error(c, DDP__R_AUTH, "wrong store token: every worker must carry this job's "
                                         "DDP_STORE_TOKEN");
@@ -360,6 +373,8 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         if (!ddp__rd_blob(&r, &k, &kn) || !key_ok(k, kn) || !ddp__rd_blob(&r, &v, &vn) ||
             r.left != 0)
             return BAD;
+        if (value_too_large(s, c, vn))
+            return SERVED;
         ddp_status st = table_set(&s->tab, s->max_total, k, kn, v, vn);
         if (st == DDP_ERR_TOO_LARGE) {
             reply_error(c, DDP__R_TOO_LARGE, "the store is full (max_total reached)");
@@ -415,6 +430,8 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         if (!ddp__rd_blob(&r, &k, &kn) || !key_ok(k, kn) || !ddp__rd_blob(&r, &e, &en) ||
             !ddp__rd_blob(&r, &v, &vn) || r.left != 0)
             return BAD;
+        if (value_too_large(s, c, vn))
+            return SERVED;
         kv *ent = table_get(&s->tab, k, kn);
         bool match = ent ? (ent->vlen == en && memcmp(ent->val, e, en) == 0) : en == 0;
         if (match) {
@@ -557,7 +574,13 @@ static bool read_conn(ddp_store_server *s, conn *c, bool *changed)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return true;
-        return false; /* closed by the peer, or an error */
+        /* Closed by the peer, or an error. Between frames that is a normal goodbye; in the
+         * middle of one it is a truncated message, counted and logged like a malformed one. */
+        if (c->in_len > 0)
+            refuse_log(s, "closed connection from %s: it ended in the middle of a message "
+                          "(%zu bytes received)",
+                       c->peer, c->in_len);
+        return false;
     }
 }
 
