@@ -15,12 +15,12 @@ extern "C" {
 
 typedef enum ddp_status {
     DDP_OK = 0,
-    DDP_ERR_INVALID = -1,     /* a bad argument, option or environment value */
-    DDP_ERR_NOMEM = -2,       /* an allocation failed */
-    DDP_ERR_SYSTEM = -3,      /* an operating-system call failed; the message names it and errno */
-    DDP_ERR_TIMEOUT = -4,     /* a deadline passed; the message says what was waited for and how long */
-    DDP_ERR_NETWORK = -5,     /* a peer could not be reached or the connection was lost */
-    DDP_ERR_AUTH = -6,        /* the peer refused our token, or we refused theirs */
+    DDP_ERR_INVALID = -1, /* a bad argument, option or environment value */
+    DDP_ERR_NOMEM = -2,   /* an allocation failed */
+    DDP_ERR_SYSTEM = -3,  /* an operating-system call failed; the message names it and errno */
+    DDP_ERR_TIMEOUT = -4, /* a deadline passed; the message says what was waited for and how long */
+    DDP_ERR_NETWORK = -5, /* a peer could not be reached or the connection was lost */
+    DDP_ERR_AUTH = -6,    /* the peer refused our token, or we refused theirs */
     DDP_ERR_PROTOCOL = -7,    /* a malformed, oversized or unexpected message */
     DDP_ERR_ADDR_IN_USE = -8, /* the address and port to listen on are taken */
     DDP_ERR_NOT_FOUND = -9,   /* a key, file or resource does not exist */
@@ -28,13 +28,15 @@ typedef enum ddp_status {
     DDP_ERR_CLOSED = -11,     /* the handle was stopped or aborted */
 } ddp_status;
 
-/* A static English name for s ("timeout", "invalid argument", …); never NULL, also for unknown codes. */
+/* A static English name for s ("timeout", "invalid argument", …); never NULL, also for unknown
+ * codes. */
 const char *ddp_status_str(ddp_status s);
 
 #define DDP_ERRMSG_MAX 512
 
-/* Where a constructor reports why it failed. Plain data, owned by the caller (usually on the stack).
- * On success it is left untouched; on failure status is set and msg holds one line, NUL-terminated. */
+/* Where a constructor reports why it failed. Plain data, owned by the caller (usually on the
+ * stack). On success it is left untouched; on failure status is set and msg holds one line,
+ * NUL-terminated. */
 typedef struct ddp_error {
     ddp_status status;
     char msg[DDP_ERRMSG_MAX];

@@ -28,8 +28,8 @@
 extern "C" {
 #endif
 
-#define DDP_STORE_MAX_KEY 4096                 /* bytes in one key, without the NUL */
-#define DDP_STORE_DEFAULT_TIMEOUT_MS 300000    /* 5 min, torch's TCPStore default */
+#define DDP_STORE_MAX_KEY 4096                  /* bytes in one key, without the NUL */
+#define DDP_STORE_DEFAULT_TIMEOUT_MS 300000     /* 5 min, torch's TCPStore default */
 #define DDP_STORE_DEFAULT_MAX_VALUE (64u << 20) /* bytes in one value */
 
 /* ---------------------------------------------------------------------------------------- */
@@ -53,8 +53,10 @@ typedef struct ddp_store_server_opts {
     void *log_ctx;
 } ddp_store_server_opts;
 
-#define DDP_STORE_SERVER_OPTS_INIT                                                                \
-    { NULL, 0, "", DDP_STORE_DEFAULT_MAX_VALUE, (size_t)1 << 30, 4096, 10000, NULL, NULL }
+#define DDP_STORE_SERVER_OPTS_INIT                                                                 \
+    {                                                                                              \
+        NULL, 0, "", DDP_STORE_DEFAULT_MAX_VALUE, (size_t)1 << 30, 4096, 10000, NULL, NULL         \
+    }
 
 /* Binds, listens and starts the server thread. A taken port fails with DDP_ERR_ADDR_IN_USE and a
  * message naming address and port. *out written only on DDP_OK; err may be NULL. */
@@ -77,14 +79,17 @@ void ddp_store_server_stop(ddp_store_server *srv);
 typedef struct ddp_store ddp_store;
 
 typedef struct ddp_store_opts {
-    const char *host;       /* store address (name or IP) */
+    const char *host; /* store address (name or IP) */
     int port;
     const char *token;      /* the job's token; NULL or "" for a server without one */
     int timeout_ms;         /* deadline of each call; ≤ 0 means DDP_STORE_DEFAULT_TIMEOUT_MS */
     int connect_timeout_ms; /* how long to keep retrying a refused connection; ≤ 0: timeout_ms */
 } ddp_store_opts;
 
-#define DDP_STORE_OPTS_INIT { "127.0.0.1", DDP_DEFAULT_MASTER_PORT, "", 0, 0 }
+#define DDP_STORE_OPTS_INIT                                                                        \
+    {                                                                                              \
+        "127.0.0.1", DDP_DEFAULT_MASTER_PORT, "", 0, 0                                             \
+    }
 
 /* Connects and shows the token, retrying a refused connection until connect_timeout_ms (the
  * server may not be up yet). A wrong token fails with DDP_ERR_AUTH. *out written only on DDP_OK. */
@@ -124,7 +129,8 @@ ddp_status ddp_store_add(ddp_store *s, const char *key, int64_t delta, int64_t *
 
 /* Atomically: if key is absent and expected_len is 0, or key holds exactly `expected`, sets it to
  * `desired`. Either way returns what key holds afterwards in a new buffer (*current, *current_len;
- * caller frees with free(); an absent key gives an empty buffer). Both out arguments may be NULL. */
+ * caller frees with free(); an absent key gives an empty buffer). Both out arguments may be NULL.
+ */
 ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expected,
                                  size_t expected_len, const void *desired, size_t desired_len,
                                  void **current, size_t *current_len);

@@ -28,8 +28,9 @@ typedef struct ddp_world {
     int local_rank;       /* LOCAL_RANK: index among the ranks on this node */
     int local_world_size; /* LOCAL_WORLD_SIZE */
     int node_rank;        /* GROUP_RANK: index of this node */
-    int restart_count;    /* DDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT), 0 on the first attempt */
-    int max_restarts;     /* DDP_MAX_RESTARTS (or TORCHELASTIC_MAX_RESTARTS) */
+    int restart_count; /* DDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT), 0 on the first attempt
+                        */
+    int max_restarts;  /* DDP_MAX_RESTARTS (or TORCHELASTIC_MAX_RESTARTS) */
     char master_addr[256]; /* MASTER_ADDR: host of the rendezvous store */
     int master_port;       /* MASTER_PORT */
     char run_id[128];      /* DDP_RUN_ID (or TORCHELASTIC_RUN_ID); "none" when unset */

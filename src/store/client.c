@@ -30,7 +30,7 @@ struct ddp_store {
     char *token;
     int timeout_ms;
     int connect_timeout_ms;
-    size_t max_value; /* the server's limit, learnt at HELLO */
+    size_t max_value;         /* the server's limit, learnt at HELLO */
     ddp_store_server *server; /* owned when this handle hosts the store */
     ddp__buf req;
     char *reply; /* the last reply frame's body */
@@ -171,8 +171,8 @@ static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
             char waited[32];
             ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
             if (st == DDP_ERR_AUTH)
-                return fail(s, st, "the store at '%s:%d' refused our token: %s", s->host,
-                            s->port, e.msg);
+                return fail(s, st, "the store at '%s:%d' refused our token: %s", s->host, s->port,
+                            e.msg);
             if (st == DDP_ERR_NETWORK || st == DDP_ERR_TIMEOUT)
                 return fail(s, DDP_ERR_TIMEOUT,
                             "cannot reach the store at '%s:%d' after %s (%s); check that its host "
@@ -277,11 +277,12 @@ static ddp_status copy_out(ddp_store *s, const char *data, size_t n, void **out,
 ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_error *err)
 {
     if (!opts || !out || !opts->host)
-        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_connect: opts, opts->host and out are "
-                                              "required");
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_store_connect: opts, opts->host and out are "
+                        "required");
     if (strlen(opts->host) >= 256 || opts->port < 1 || opts->port > 65535)
-        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_connect: bad address '%s:%d'",
-                        opts->host, opts->port);
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_connect: bad address '%s:%d'", opts->host,
+                        opts->port);
     ddp_store *s = calloc(1, sizeof *s);
     if (!s)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a store client");
@@ -290,8 +291,7 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
     s->port = opts->port;
     s->token = strdup(opts->token ? opts->token : "");
     s->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
-    s->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms
-                                                         : s->timeout_ms;
+    s->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : s->timeout_ms;
     if (!s->token) {
         free(s);
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a store client");
@@ -314,8 +314,8 @@ void ddp_store_close(ddp_store *s)
     if (s->server) {
         /* Other ranks may still be between their last calls (the reply to a final barrier
          * reaches them before they hang up): let them leave first, for a bounded time. */
-        int64_t linger = s->timeout_ms < DDP__STORE_CLOSE_LINGER_MS ? s->timeout_ms
-                                                                     : DDP__STORE_CLOSE_LINGER_MS;
+        int64_t linger =
+            s->timeout_ms < DDP__STORE_CLOSE_LINGER_MS ? s->timeout_ms : DDP__STORE_CLOSE_LINGER_MS;
         int64_t until = ddp__now_ms() + linger;
         while (ddp__store_server_clients(s->server) > 0 && ddp__now_ms() < until)
             sleep_ms(5);
@@ -431,8 +431,8 @@ ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expe
     return copy_out(s, v, vn, current, current_len);
 }
 
-static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code,
-                               const char *const *keys, size_t n)
+static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code, const char *const *keys,
+                               size_t n)
 {
     if (n > DDP__STORE_MAX_KEYS || (n && !keys))
         return fail(s, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
@@ -499,8 +499,8 @@ ddp_status ddp_store_wait(ddp_store *s, const char *const *keys, size_t n)
     }
     s->timeout_ms = saved;
     if (!known || !missing)
-        return fail(s, DDP_ERR_TIMEOUT, "store wait for %zu keys timed out after %s at '%s:%d'",
-                    n, waited, s->host, s->port);
+        return fail(s, DDP_ERR_TIMEOUT, "store wait for %zu keys timed out after %s at '%s:%d'", n,
+                    waited, s->host, s->port);
     return fail(s, DDP_ERR_TIMEOUT,
                 "store wait for %zu keys timed out after %s at '%s:%d'; %zu of %zu keys still "
                 "missing: %s%s",
@@ -597,8 +597,7 @@ ddp_status ddp_random_token(char *out, size_t len, ddp_error *err)
 
 /* ---- who hosts the store -------------------------------------------------------------------- */
 
-ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out,
-                                ddp_error *err)
+ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out, ddp_error *err)
 {
     if (!w || !out)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_store_open_world: w and out are required");
@@ -640,9 +639,10 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
         if (st)
             return st;
         if (!w->store_token[0] && w->world_size > 1)
-            fprintf(stderr, "ddp: the store on '%s:%d' accepts any connection because "
-                            "DDP_STORE_TOKEN is not set; set it to the same secret on every rank "
-                            "(ddprun does this for you)\n",
+            fprintf(stderr,
+                    "ddp: the store on '%s:%d' accepts any connection because "
+                    "DDP_STORE_TOKEN is not set; set it to the same secret on every rank "
+                    "(ddprun does this for you)\n",
                     w->master_addr, w->master_port);
     }
     ddp_store *s = NULL;

@@ -335,8 +335,9 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         size_t tn;
         if (op != DDP__OP_HELLO || !ddp__rd_u32(&r, &magic) || magic != DDP__STORE_MAGIC ||
             !ddp__rd_u32(&r, &version) || !ddp__rd_blob(&r, &tok, &tn) || r.left != 0) {
-            refuse_log(s, "refused connection from %s: it did not open with a ddp store "
-                          "handshake (not a ddp client?)",
+            refuse_log(s,
+                       "refused connection from %s: it did not open with a ddp store "
+                       "handshake (not a ddp client?)",
                        c->peer);
             reply_error(c, DDP__R_PROTOCOL, "not a ddp store handshake");
             c->closing = true;
@@ -345,16 +346,18 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         if (version != DDP__STORE_VERSION) {
             refuse_log(s, "refused connection from %s: protocol version %u, server speaks %u",
                        c->peer, version, DDP__STORE_VERSION);
-            reply_error(c, DDP__R_PROTOCOL, "store protocol version mismatch: use the same ddpc "
-                                            "build on every node");
+            reply_error(c, DDP__R_PROTOCOL,
+                        "store protocol version mismatch: use the same ddpc "
+                        "build on every node");
             c->closing = true;
             return SERVED;
         }
         /* An empty server token accepts anyone, also a client that shows a token (store.h). */
         if (s->token_len > 0 && !tokens_equal(tok, tn, s->token, s->token_len)) {
             refuse_log(s, "refused connection from %s: wrong store token", c->peer);
-            reply_error(c, DDP__R_AUTH, "wrong store token: every worker must carry this job's "
-                                        "DDP_STORE_TOKEN");
+            reply_error(c, DDP__R_AUTH,
+                        "wrong store token: every worker must carry this job's "
+                        "DDP_STORE_TOKEN");
             c->closing = true;
             return SERVED;
         }
@@ -400,8 +403,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
     }
     case DDP__OP_ADD: {
         int64_t delta;
-        if (!ddp__rd_blob(&r, &k, &kn) || !key_ok(k, kn) || !ddp__rd_i64(&r, &delta) ||
-            r.left != 0)
+        if (!ddp__rd_blob(&r, &k, &kn) || !key_ok(k, kn) || !ddp__rd_i64(&r, &delta) || r.left != 0)
             return BAD;
         kv *ent = table_get(&s->tab, k, kn);
         long long cur = 0;
@@ -473,8 +475,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         reply_begin(c, DDP__R_OK);
         ddp__buf_i64(&c->out, (int64_t)s->tab.count);
         break;
-    default:
-        return BAD;
+    default: return BAD;
     }
     ddp__buf_frame_end(&c->out);
     return SERVED;
@@ -577,8 +578,9 @@ static bool read_conn(ddp_store_server *s, conn *c, bool *changed)
         /* Closed by the peer, or an error. Between frames that is a normal goodbye; in the
          * middle of one it is a truncated message, counted and logged like a malformed one. */
         if (c->in_len > 0)
-            refuse_log(s, "closed connection from %s: it ended in the middle of a message "
-                          "(%zu bytes received)",
+            refuse_log(s,
+                       "closed connection from %s: it ended in the middle of a message "
+                       "(%zu bytes received)",
                        c->peer, c->in_len);
         return false;
     }

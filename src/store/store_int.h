@@ -46,10 +46,10 @@ enum ddp__store_op {
 
 enum ddp__store_code {
     DDP__R_OK = 0,
-    DDP__R_AUTH = 1,     /* wrong token: the server closes the connection */
-    DDP__R_INVALID = 2,  /* a bad key or a non-integer counter */
-    DDP__R_TOO_LARGE = 3,/* over a size limit */
-    DDP__R_PROTOCOL = 4, /* malformed: the server closes the connection */
+    DDP__R_AUTH = 1,      /* wrong token: the server closes the connection */
+    DDP__R_INVALID = 2,   /* a bad key or a non-integer counter */
+    DDP__R_TOO_LARGE = 3, /* over a size limit */
+    DDP__R_PROTOCOL = 4,  /* malformed: the server closes the connection */
 };
 
 /* A growable byte buffer for building frames. */

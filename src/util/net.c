@@ -87,8 +87,8 @@ ddp_status ddp__tcp_listen(const char *host, int port, int backlog, int *fd_out,
                             "job or program holds this port: choose another port (ddprun "
                             "--master_port N), or use ddprun --standalone to take a free one",
                             shown, port, saved);
-        return ddp__err(err, DDP_ERR_SYSTEM, "cannot listen on '%s:%d': %s (errno %d)", shown,
-                        port, strerror(saved), saved);
+        return ddp__err(err, DDP_ERR_SYSTEM, "cannot listen on '%s:%d': %s (errno %d)", shown, port,
+                        strerror(saved), saved);
     }
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -196,8 +196,7 @@ ddp_status ddp__send_all(int fd, const void *buf, size_t n, int64_t deadline_ms,
                 return ddp__err(err, DDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
             continue;
         }
-        return ddp__err(err, DDP_ERR_NETWORK, "connection lost while sending: %s",
-                        strerror(errno));
+        return ddp__err(err, DDP_ERR_NETWORK, "connection lost while sending: %s", strerror(errno));
     }
     return DDP_OK;
 }

@@ -92,8 +92,8 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     if ((v = getenv("DDP_STORE_TOKEN")) &&
         (st = env_str("DDP_STORE_TOKEN", v, w.store_token, sizeof w.store_token, err)))
         return st;
-    const char *rc = getenv("DDP_RESTART_COUNT") ? "DDP_RESTART_COUNT"
-                                                  : "TORCHELASTIC_RESTART_COUNT";
+    const char *rc =
+        getenv("DDP_RESTART_COUNT") ? "DDP_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT";
     const char *mr = getenv("DDP_MAX_RESTARTS") ? "DDP_MAX_RESTARTS" : "TORCHELASTIC_MAX_RESTARTS";
     if ((st = env_int(rc, 0, INT_MAX, &w.restart_count, err)) ||
         (st = env_int(mr, 0, INT_MAX, &w.max_restarts, err)))

@@ -74,10 +74,23 @@ static int mode_env(int argc, char **argv)
     if (argc < 3)
         return 2;
     static const char *const names[] = {
-        "RANK",          "LOCAL_RANK",        "WORLD_SIZE",       "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",    "MASTER_ADDR",       "MASTER_PORT",      "DDP_RUN_ID",
-        "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",
-        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHELASTIC_RUN_ID", "ROLE_RANK", NULL,
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "DDP_RUN_ID",
+        "DDP_STORE_TOKEN",
+        "DDP_RESTART_COUNT",
+        "DDP_MAX_RESTARTS",
+        "DDP_AGENT_STORE",
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TORCHELASTIC_RUN_ID",
+        "ROLE_RANK",
+        NULL,
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/env.%d", argv[2], rank());

@@ -101,7 +101,8 @@ static void nap_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* ---- store set-up ------------------------------------------------------------------------------ */
+/* ---- store set-up ------------------------------------------------------------------------------
+ */
 
 static int setup_store(agent *a)
 {
@@ -394,7 +395,8 @@ static void print_summary(agent *a, bool restarting)
     }
     ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
                a->o->max_restarts + 1, a->o->max_restarts);
-    ddprun_say("  %s", restarting ? "restarting the whole group" : "every other worker was stopped");
+    ddprun_say("  %s",
+               restarting ? "restarting the whole group" : "every other worker was stopped");
     ddprun_say("%s", bar);
 }
 
@@ -460,8 +462,9 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
             a->hb_value[i] = v;
             a->hb_changed_ms[i] = now;
         } else if (now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
-            snprintf(line, cap, "the ddprun of node %d stopped responding (no heartbeat for %.0f "
-                                "s); its machine or launcher died",
+            snprintf(line, cap,
+                     "the ddprun of node %d stopped responding (no heartbeat for %.0f "
+                     "s); its machine or launcher died",
                      i, o->agent_timeout);
             key(k, sizeof k, a, "failed");
             (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
@@ -597,8 +600,7 @@ static outcome run_attempt(agent *a)
                     snprintf(line, sizeof line, "ddprun on node %d ('%s') received SIG%s",
                              o->node_rank, a->host, sigabbrev_np(sig));
                     ddp_store_set_timeout(a->store, 2000);
-                    (void)ddp_store_compare_set(a->store, k, "", 0, line, strlen(line), NULL,
-                                                NULL);
+                    (void)ddp_store_compare_set(a->store, k, "", 0, line, strlen(line), NULL, NULL);
                 }
             }
         }
@@ -755,9 +757,9 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         o->prefix = !o->no_prefix && a.wd.world_size > 1;
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1;
         if (a.wd.attempt == 0 && o->node_rank == 0)
-            ddprun_say("%d worker%s on %d node%s, store at %s:%d, run id %s%s%s",
-                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
-                       o->nnodes == 1 ? "" : "s", o->master_addr, a.wd.master_port, o->run_id,
+            ddprun_say("%d worker%s on %d node%s, store at %s:%d, run id %s%s%s", a.wd.world_size,
+                       a.wd.world_size == 1 ? "" : "s", o->nnodes, o->nnodes == 1 ? "" : "s",
+                       o->master_addr, a.wd.master_port, o->run_id,
                        o->want_files ? ", logs in " : "", o->want_files ? o->log_dir : "");
         outcome r = run_attempt(&a);
         if (r == OK_ALL) {

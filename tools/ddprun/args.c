@@ -23,7 +23,8 @@ static const char usage[] =
     "\n"
     "Starts PROGRAM once per worker with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) plus DDP_RUN_ID, DDP_STORE_TOKEN,\n"
-    "DDP_RESTART_COUNT and DDP_MAX_RESTARTS, hosts the rendezvous store on node 0, and stops every\n"
+    "DDP_RESTART_COUNT and DDP_MAX_RESTARTS, hosts the rendezvous store on node 0, and stops "
+    "every\n"
     "worker as soon as one fails. ARGS are passed to PROGRAM untouched. Flags accept --a_b and\n"
     "--a-b, and '--flag value' or '--flag=value'.\n"
     "\n"
@@ -33,7 +34,8 @@ static const char usage[] =
     "  --role NAME              role name shown in summaries (default 'default')\n"
     "\n"
     "Nodes and rendezvous\n"
-    "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are not)\n"
+    "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are "
+    "not)\n"
     "  --node_rank K            this node's index, 0..nnodes-1 (default 0); ranks are contiguous\n"
     "                           per node, nodes in node_rank order\n"
     "  --master_addr HOST       address of node 0, where the store runs (default 127.0.0.1)\n"
@@ -61,10 +63,12 @@ static const char usage[] =
     "\n"
     "  -h, --help               this help;  --version  ddpc's version\n"
     "\n"
-    "Environment: when OMP_NUM_THREADS / OPENBLAS_NUM_THREADS are unset, each worker gets the cores\n"
+    "Environment: when OMP_NUM_THREADS / OPENBLAS_NUM_THREADS are unset, each worker gets the "
+    "cores\n"
     "available divided by the workers on this node. Across nodes, set DDP_STORE_TOKEN to the same\n"
     "secret on every node so that the store refuses strangers (one node makes its own).\n"
-    "Exit status: 0 when every worker exits 0; 1 when a worker failed; 128+N after signal N; 2 for\n"
+    "Exit status: 0 when every worker exits 0; 1 when a worker failed; 128+N after signal N; 2 "
+    "for\n"
     "a usage error.\n";
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -203,10 +207,10 @@ static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
 
 /* Flags that take a value; index into the switch below. */
 static const char *const valued[] = {
-    "nproc_per_node", "nnodes",         "node_rank",        "master_addr", "master_port",
-    "max_restarts",   "monitor_interval", "redirects",      "tee",         "log_dir",
-    "run_id",         "rdzv_id",        "role",             "rdzv_endpoint", "rdzv_timeout",
-    "grace_period",   "agent_timeout",  "rdzv_backend",     "start_method", NULL,
+    "nproc_per_node", "nnodes",           "node_rank",    "master_addr",   "master_port",
+    "max_restarts",   "monitor_interval", "redirects",    "tee",           "log_dir",
+    "run_id",         "rdzv_id",          "role",         "rdzv_endpoint", "rdzv_timeout",
+    "grace_period",   "agent_timeout",    "rdzv_backend", "start_method",  NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help", "version",
                                        "no_python",  "module",    NULL};

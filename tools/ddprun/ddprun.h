@@ -23,7 +23,7 @@
 enum { STD_OUT = 1, STD_ERR = 2 };
 
 typedef struct ddprun_opts {
-    int nproc;             /* workers on this node */
+    int nproc; /* workers on this node */
     int nnodes;
     int node_rank;
     char master_addr[256];
@@ -54,11 +54,11 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o);
 
 /* Output capture of one stream of one worker. */
 typedef struct ddprun_stream {
-    int fd;        /* read end of the worker's pipe; -1 when closed or not piped */
-    int which;     /* STD_OUT or STD_ERR */
-    bool console;  /* forward to our own stdout/stderr */
-    int file_fd;   /* the rank's log file, or -1 */
-    char *line;    /* the partial line not yet forwarded */
+    int fd;       /* read end of the worker's pipe; -1 when closed or not piped */
+    int which;    /* STD_OUT or STD_ERR */
+    bool console; /* forward to our own stdout/stderr */
+    int file_fd;  /* the rank's log file, or -1 */
+    char *line;   /* the partial line not yet forwarded */
     size_t line_len, line_cap;
     char tail[5][200]; /* the last lines seen (stderr), for the failure summary */
     int tail_n, tail_next;

@@ -117,8 +117,8 @@ static void remember_line(ddprun_stream *s, const char *p, size_t n)
 }
 
 /* Forwards one line (without its newline) to the console, with the rank prefix. */
-static void emit_line(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s,
-                      const char *p, size_t n)
+static void emit_line(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s, const char *p,
+                      size_t n)
 {
     remember_line(s, p, n);
     if (!s->console)

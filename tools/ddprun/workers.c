@@ -26,11 +26,26 @@ extern char **environ;
 
 /* Variables ddprun sets for every worker; inherited copies are dropped. */
 static const char *const contract[] = {
-    "RANK",          "LOCAL_RANK",        "WORLD_SIZE",       "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",    "GROUP_WORLD_SIZE",  "ROLE_RANK",        "ROLE_WORLD_SIZE",
-    "ROLE_NAME",     "MASTER_ADDR",       "MASTER_PORT",      "DDP_RUN_ID",
-    "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", NULL,
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "DDP_RUN_ID",
+    "DDP_STORE_TOKEN",
+    "DDP_RESTART_COUNT",
+    "DDP_MAX_RESTARTS",
+    "DDP_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    NULL,
 };
 
 static bool in_contract(const char *kv)
@@ -62,11 +77,11 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
         char value[300];
     } add[32];
     int na = 0;
-#define ADD(NAME, ...)                                                                            \
-    do {                                                                                          \
-        add[na].name = NAME;                                                                      \
-        snprintf(add[na].value, sizeof add[na].value, __VA_ARGS__);                               \
-        na++;                                                                                     \
+#define ADD(NAME, ...)                                                                             \
+    do {                                                                                           \
+        add[na].name = NAME;                                                                       \
+        snprintf(add[na].value, sizeof add[na].value, __VA_ARGS__);                                \
+        na++;                                                                                      \
     } while (0)
     ADD("RANK", "%d", w->rank);
     ADD("LOCAL_RANK", "%d", w->local_rank);
