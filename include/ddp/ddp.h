@@ -8,6 +8,7 @@
 #ifndef DDP_DDP_H
 #define DDP_DDP_H
 
+#include "ddp/group.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
 #include "ddp/world.h"

@@ -248,3 +248,99 @@ void ddp__peer_name(int fd, char *buf, size_t cap)
     }
     ddp__fmt(buf, cap, "%s:%d", host, port);
 }
+
+ddp_status ddp__tcp_accept(int lfd, int64_t deadline_ms, int *fd_out, ddp_error *err)
+{
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            int one = 1;
+            (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            *fd_out = fd;
+            return DDP_OK;
+        }
+        /* A connection that was reset before we took it is not an error of the listener. */
+        if (errno == EINTR || errno == ECONNABORTED)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return ddp__err(err, DDP_ERR_SYSTEM, "accept failed: %s (errno %d)", strerror(errno),
+                            errno);
+        int w = wait_fd(lfd, POLLIN, deadline_ms);
+        if (w == 0)
+            return ddp__err(err, DDP_ERR_TIMEOUT, "no connection arrived before the deadline");
+        if (w < 0)
+            return ddp__err(err, DDP_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+    }
+}
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+        if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr))
+            return true;
+        /* ::ffff:127.x.y.z */
+        return IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127;
+    }
+    return false;
+}
+
+ddp_status ddp__local_addr_toward(const char *host, char *buf, size_t cap, ddp_error *err)
+{
+    if (!host || !*host) {
+        ddp__fmt(buf, cap, "127.0.0.1");
+        return DDP_OK;
+    }
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    struct addrinfo *res;
+    /* Port 9 (discard) only gives connect() a destination; nothing is ever sent. */
+    int rc = getaddrinfo(host, "9", &hints, &res);
+    if (rc != 0)
+        return ddp__err(err, DDP_ERR_NETWORK,
+                        "cannot resolve '%s' to pick the local interface toward it: %s; check "
+                        "MASTER_ADDR",
+                        host, gai_strerror(rc));
+    int saved = 0;
+    ddp_status st = DDP_ERR_NETWORK;
+    for (struct addrinfo *ai = res; ai && st != DDP_OK; ai = ai->ai_next) {
+        if (is_loopback(ai->ai_addr)) {
+            ddp__fmt(buf, cap, "127.0.0.1");
+            st = DDP_OK;
+            break;
+        }
+        int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+            const void *a = ss.ss_family == AF_INET6
+                                ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+            if (inet_ntop(ss.ss_family, a, buf, (socklen_t)cap))
+                st = DDP_OK;
+            else
+                saved = errno;
+        } else {
+            saved = errno;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (st != DDP_OK)
+        return ddp__err(err, DDP_ERR_NETWORK,
+                        "no local interface routes toward '%s': %s; check MASTER_ADDR and this "
+                        "host's network configuration",
+                        host, strerror(saved));
+    return DDP_OK;
+}

@@ -26,6 +26,15 @@ ddp_status ddp__tcp_connect(const char *host, int port, int64_t deadline_ms, int
 ddp_status ddp__send_all(int fd, const void *buf, size_t n, int64_t deadline_ms, ddp_error *err);
 ddp_status ddp__recv_all(int fd, void *buf, size_t n, int64_t deadline_ms, ddp_error *err);
 
+/* Waits until deadline_ms for a connection on the listening socket lfd and accepts it: *fd is
+ * non-blocking, close-on-exec, with TCP_NODELAY. DDP_ERR_TIMEOUT when the deadline passes. */
+ddp_status ddp__tcp_accept(int lfd, int64_t deadline_ms, int *fd, ddp_error *err);
+
+/* Writes to buf (cap bytes; INET6_ADDRSTRLEN is enough) the numeric address of this host's
+ * interface that routes toward host, found with a UDP socket connect()ed to it (no packet is
+ * sent). A loopback host (127.0.0.0/8, ::1, "localhost") gives "127.0.0.1". */
+ddp_status ddp__local_addr_toward(const char *host, char *buf, size_t cap, ddp_error *err);
+
 /* Makes fd non-blocking and close-on-exec; false on failure (errno set). */
 int ddp__set_nonblock_cloexec(int fd);
 

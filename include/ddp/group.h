@@ -1,0 +1,149 @@
+/*
+ * ddp/group.h — the process group: collectives across the ranks of a job.
+ *
+ * A group is created once per process from the launcher's environment (or explicit options); it
+ * meets the other ranks through the rendezvous store, then moves data only through its backend:
+ *   shm  ranks on one host, through a POSIX shared-memory segment;
+ *   tcp  ranks on different hosts, persistent connections set up through the store;
+ *   auto shm inside each host and tcp between hosts (hierarchical), shm alone on one host.
+ *
+ * Every collective has a deadline (default 30 min, like gloo; DDP_TIMEOUT in seconds, or per
+ * group). When it passes, or a peer dies, the call fails with a message naming the operation,
+ * its sequence number and the ranks that did not arrive — never a hang. After an error the
+ * group is poisoned: every later call returns the first error; destroy it (or abort it first).
+ *
+ * Collectives are called by every rank in the same order with the same count, dtype and root.
+ * With DDP_DEBUG=1 (or opts.debug) the group checks that before each one and reports a mismatch
+ * instead of hanging or returning garbage.
+ *
+ * Buffers: any memory works. Memory from ddp_group_alloc() lives inside the shared segment, so
+ * the shm backend reduces it in place with no copy in or out.
+ *
+ * Threads: a group is used from one thread at a time, except ddp_group_abort(), which any thread
+ * may call. Asynchronous operations run on the group's progress thread, in the order issued.
+ */
+#ifndef DDP_GROUP_H
+#define DDP_GROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/status.h"
+#include "ddp/store.h"
+#include "ddp/world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ddp_dtype {
+    DDP_FLOAT32,
+    DDP_FLOAT64,
+    DDP_BFLOAT16, /* reduced in float32, rounded to nearest even */
+    DDP_FLOAT16,  /* reduced in float32, rounded to nearest even */
+    DDP_INT32,
+    DDP_INT64,
+    DDP_UINT8,
+    DDP_DTYPE_COUNT
+} ddp_dtype;
+
+typedef enum ddp_op {
+    DDP_SUM,
+    DDP_AVG, /* sum / world size; integers divide with truncation toward zero */
+    DDP_MIN,
+    DDP_MAX,
+    DDP_PROD,
+    DDP_OP_COUNT
+} ddp_op;
+
+/* Bytes per element (0 for an invalid dtype); static names ("float32", "sum"), never NULL. */
+size_t ddp_dtype_size(ddp_dtype t);
+const char *ddp_dtype_name(ddp_dtype t);
+const char *ddp_op_name(ddp_op op);
+
+typedef struct ddp_group ddp_group;
+typedef struct ddp_work ddp_work;
+
+typedef struct ddp_group_opts {
+    const char *backend;     /* "auto", "shm" or "tcp"; NULL: $DDP_BACKEND, else "auto" */
+    int timeout_ms;          /* per collective; ≤ 0: $DDP_TIMEOUT (seconds), else 30 min */
+    int debug;               /* 1 check that collectives match across ranks, 0 not, -1 $DDP_DEBUG */
+    const ddp_world *world;  /* NULL: read from the environment; borrowed for the call */
+    ddp_store *store;        /* NULL: open the job's store; else borrowed for the group's life */
+    size_t arena_bytes;      /* per rank, for ddp_group_alloc() in shared memory; 0: 64 MiB */
+    const char *host_id;     /* which ranks share a host; NULL: $DDP_HOST_ID, else the hostname */
+} ddp_group_opts;
+
+#define DDP_GROUP_OPTS_INIT { NULL, 0, -1, NULL, NULL, 0, NULL }
+
+/* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */
+ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err);
+
+/* Leaves the group and frees it: waits for queued asynchronous work, stops the progress thread,
+ * unmaps and removes shared memory. NULL is a no-op. */
+void ddp_group_destroy(ddp_group *g);
+
+/* Makes every pending and future call on g fail with DDP_ERR_CLOSED, here and (through the
+ * shared state) on the other ranks, which report "aborted by rank R". Thread-safe; returns at
+ * once. Use it from a watchdog, a signal-driven shutdown, or after an error before destroy. */
+void ddp_group_abort(ddp_group *g);
+
+int ddp_group_rank(const ddp_group *g);
+int ddp_group_size(const ddp_group *g);
+/* "shm", "tcp" or "shm+tcp". */
+const char *ddp_group_backend(const ddp_group *g);
+/* Sets the deadline of later collectives (≤ 0: the default). */
+void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
+
+/* The first error that poisoned g (DDP_OK while healthy), and its message ("" while healthy);
+ * the message is owned by g, valid until the next call on g. */
+ddp_status ddp_group_error(const ddp_group *g);
+const char *ddp_group_last_error(const ddp_group *g);
+
+/* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
+ * the arena is full: ordinary memory works too, with one copy in and out. */
+void *ddp_group_alloc(ddp_group *g, size_t bytes);
+void ddp_group_free(ddp_group *g, void *p);
+
+/* ---- collectives ---------------------------------------------------------------------------- */
+/* send == recv means in place. Counts are elements. All ranks pass the same count, dtype, op and
+ * root. The buffers are borrowed until the call (or, for _async, the work) completes. */
+
+/* recv[i] = op over ranks of send[i], i < count. */
+ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
+                         ddp_op op);
+/* buf on every rank = buf on root. */
+ddp_status ddp_broadcast(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root);
+/* recv (world × count) = the concatenation of every rank's send (count), in rank order. In place
+ * when send == recv + rank × count. */
+ddp_status ddp_allgather(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t);
+/* recv (count) = op over ranks of send[rank × count …] (send holds world × count). In place when
+ * recv == send + rank × count. */
+ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count,
+                              ddp_dtype t, ddp_op op);
+ddp_status ddp_barrier(ddp_group *g);
+
+/* Asynchronous forms: start the operation and return a work handle at once (*work written only
+ * on DDP_OK). Operations complete in the order issued. */
+ddp_status ddp_allreduce_async(ddp_group *g, const void *send, void *recv, size_t count,
+                               ddp_dtype t, ddp_op op, ddp_work **work);
+ddp_status ddp_broadcast_async(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root,
+                               ddp_work **work);
+ddp_status ddp_allgather_async(ddp_group *g, const void *send, void *recv, size_t count,
+                               ddp_dtype t, ddp_work **work);
+ddp_status ddp_reduce_scatter_async(ddp_group *g, const void *send, void *recv, size_t count,
+                                    ddp_dtype t, ddp_op op, ddp_work **work);
+ddp_status ddp_barrier_async(ddp_group *g, ddp_work **work);
+
+/* Waits for the work (bounded by the group's deadline) and returns its status. */
+ddp_status ddp_work_wait(ddp_work *w);
+/* Whether the work has finished; if so *status (may be NULL) is its result. Never blocks. */
+bool ddp_work_test(ddp_work *w, ddp_status *status);
+/* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. */
+void ddp_work_free(ddp_work *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_GROUP_H */

@@ -1,0 +1,615 @@
+/*
+ * group.c — the process group's core: set-up, ordering, deadlines, poisoning, the debug check,
+ * AVG, and the progress thread for asynchronous work. Bytes move only in the backends (shm.c,
+ * tcp.c, hier.c) behind the table in group_int.h.
+ *
+ * Ordering: every collective gets the next sequence number. Blocking calls run on the caller's
+ * thread when nothing is queued (no hand-off, so small collectives stay fast) and otherwise
+ * queue behind the asynchronous work, so operations complete in the order issued.
+ * Poisoning: the first failure is kept; every later call returns it. The backend is left
+ * failed too, so the peers of a failed rank fail fast rather than wait out their deadline.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "group/group_int.h"
+#include "util/util.h"
+
+#define DEFAULT_TIMEOUT_MS (30 * 60 * 1000) /* gloo's 30 minutes */
+#define DEFAULT_ARENA ((size_t)64 << 20)
+
+struct ddp_work {
+    ddp_group *g;
+    ddp__coll c;
+    ddp_op user_op; /* AVG is run as SUM, then scaled */
+    bool done;
+    ddp_status status;
+    ddp_work *next;
+};
+
+struct ddp_group {
+    ddp_world world;
+    ddp_store *store;
+    bool own_store;
+    void *be;
+    const ddp__backend_ops *ops;
+    char backend[16];
+    char prefix[64];
+    int *ranks;
+    int timeout_ms;
+    bool debug;
+    uint64_t seq;
+    /* poison */
+    atomic_int error; /* ddp_status */
+    char errmsg[DDP_ERRMSG_MAX];
+    char callmsg[DDP_ERRMSG_MAX]; /* for argument errors, which do not poison */
+    /* progress thread */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    ddp_work *head, *tail;
+    int queued; /* queued or running */
+    bool stop;
+    bool thread_started;
+    pthread_t thread;
+};
+
+const char *ddp__kind_name(ddp__kind k)
+{
+    static const char *const names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                        "barrier"};
+    return (unsigned)k < DDP__KIND_COUNT ? names[k] : "collective";
+}
+
+size_t ddp_dtype_size(ddp_dtype t)
+{
+    static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
+    return (unsigned)t < DDP_DTYPE_COUNT ? sizes[t] : 0;
+}
+
+const char *ddp_dtype_name(ddp_dtype t)
+{
+    static const char *const names[] = {"float32", "float64", "bfloat16", "float16",
+                                        "int32",   "int64",   "uint8"};
+    return (unsigned)t < DDP_DTYPE_COUNT ? names[t] : "invalid dtype";
+}
+
+const char *ddp_op_name(ddp_op op)
+{
+    static const char *const names[] = {"sum", "avg", "min", "max", "prod"};
+    return (unsigned)op < DDP_OP_COUNT ? names[op] : "invalid op";
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+static void poison(ddp_group *g, ddp_status st, const char *msg)
+{
+    pthread_mutex_lock(&g->mu);
+    if (atomic_load(&g->error) == DDP_OK) {
+        ddp__fmt(g->errmsg, sizeof g->errmsg, "%s", msg);
+        atomic_store(&g->error, st);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+ddp_status ddp_group_error(const ddp_group *g)
+{
+    return g ? (ddp_status)atomic_load(&((ddp_group *)g)->error) : DDP_ERR_INVALID;
+}
+
+const char *ddp_group_last_error(const ddp_group *g)
+{
+    if (!g)
+        return "no group";
+    if (atomic_load(&((ddp_group *)g)->error) != DDP_OK)
+        return g->errmsg;
+    return g->callmsg;
+}
+
+/* ---- running one collective ----------------------------------------------------------------- */
+
+/* With DDP_DEBUG: every rank shares what it is about to call; any difference fails everywhere
+ * with the list, instead of a hang or garbage. Costs one small allgather per collective. */
+static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
+{
+    int W = g->world.world_size;
+    int64_t mine[5] = {c->kind, (int64_t)c->count, c->dtype, c->op, c->root};
+    int64_t *all = calloc((size_t)W * 5, sizeof *all);
+    if (!all)
+        return DDP_ERR_NOMEM;
+    ddp__coll d = {.kind = DDP__ALLGATHER, .send = mine, .recv = all, .count = 5,
+                   .dtype = DDP_INT64, .seq = c->seq, .deadline_ms = c->deadline_ms};
+    ddp__fail f = {0};
+    ddp_status st = g->ops->run(g->be, &d, &f);
+    if (st != DDP_OK) {
+        poison(g, st, f.msg);
+        free(all);
+        return st;
+    }
+    int bad = -1;
+    for (int r = 0; r < W && bad < 0; r++)
+        if (memcmp(all + 5 * r, all, sizeof mine) != 0)
+            bad = r;
+    if (bad >= 0) {
+        char list[DDP_ERRMSG_MAX] = "";
+        for (int r = 0, shown = 0; r < W && shown < 4; r++) {
+            const int64_t *x = all + 5 * r;
+            if (r > 0 && r != bad && memcmp(x, all, sizeof mine) == 0)
+                continue;
+            size_t l = strlen(list);
+            const char *kind = ddp__kind_name((ddp__kind)x[0]);
+            if (x[0] == DDP__BROADCAST)
+                ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld root %lld",
+                         l ? "; " : "", r, kind, ddp_dtype_name((ddp_dtype)x[2]),
+                         (long long)x[1], (long long)x[4]);
+            else if (x[0] == DDP__BARRIER)
+                ddp__fmt(list + l, sizeof list - l, "%srank %d: barrier", l ? "; " : "", r);
+            else
+                ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld %s", l ? "; " : "",
+                         r, kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1],
+                         ddp_op_name((ddp_op)x[3]));
+            shown++;
+        }
+        char msg[DDP_ERRMSG_MAX];
+        ddp__fmt(msg, sizeof msg, "collective #%llu does not match across ranks (%s); every "
+                                  "rank must call the same collectives in the same order",
+                 (unsigned long long)c->seq, list);
+        poison(g, DDP_ERR_INVALID, msg);
+        free(all);
+        return DDP_ERR_INVALID;
+    }
+    free(all);
+    return DDP_OK;
+}
+
+static ddp_status execute(ddp_group *g, ddp_work *w)
+{
+    ddp_status st = (ddp_status)atomic_load(&g->error);
+    if (st != DDP_OK)
+        return st;
+    w->c.deadline_ms = ddp__now_ms() + g->timeout_ms;
+    if (g->debug && (st = debug_check(g, &w->c)) != DDP_OK)
+        return st;
+    ddp__fail f = {0};
+    st = g->ops->run(g->be, &w->c, &f);
+    if (st != DDP_OK) {
+        poison(g, st, f.msg[0] ? f.msg : ddp_status_str(st));
+        return st;
+    }
+    if (w->user_op == DDP_AVG) {
+        size_t n = w->c.kind == DDP__REDUCE_SCATTER || w->c.kind == DDP__ALLREDUCE ? w->c.count
+                                                                                    : 0;
+        ddp__scale_avg(w->c.recv, n, w->c.dtype, g->world.world_size);
+    }
+    return DDP_OK;
+}
+
+static void *progress_main(void *arg)
+{
+    ddp_group *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->head && !g->stop)
+            pthread_cond_wait(&g->cv_work, &g->mu);
+        if (!g->head && g->stop)
+            break;
+        ddp_work *w = g->head;
+        pthread_mutex_unlock(&g->mu);
+        ddp_status st = execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->head = w->next;
+        if (!g->head)
+            g->tail = NULL;
+        w->status = st;
+        w->done = true;
+        g->queued--;
+        pthread_cond_broadcast(&g->cv_done);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+static ddp_status call_fail(ddp_group *g, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+static ddp_status call_fail(ddp_group *g, ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(g->callmsg, sizeof g->callmsg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* Validates, numbers and either runs (blocking, nothing queued) or queues the collective. */
+static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async,
+                         ddp_work **out)
+{
+    if (!g)
+        return DDP_ERR_INVALID;
+    ddp_status st = (ddp_status)atomic_load(&g->error);
+    if (st != DDP_OK)
+        return st;
+    const char *what = ddp__kind_name(c.kind);
+    if (c.kind != DDP__BARRIER) {
+        if ((unsigned)c.dtype >= DDP_DTYPE_COUNT)
+            return call_fail(g, DDP_ERR_INVALID, "%s: invalid dtype %d", what, (int)c.dtype);
+        if (c.count && (!c.recv || (c.kind != DDP__BROADCAST && !c.send)))
+            return call_fail(g, DDP_ERR_INVALID, "%s: a buffer is NULL", what);
+        if (c.count > ((size_t)1 << 40))
+            return call_fail(g, DDP_ERR_INVALID, "%s: count %zu is too large", what, c.count);
+    }
+    if ((c.kind == DDP__ALLREDUCE || c.kind == DDP__REDUCE_SCATTER) &&
+        (unsigned)user_op >= DDP_OP_COUNT)
+        return call_fail(g, DDP_ERR_INVALID, "%s: invalid op %d", what, (int)user_op);
+    if (c.kind == DDP__BROADCAST && (c.root < 0 || c.root >= g->world.world_size))
+        return call_fail(g, DDP_ERR_INVALID, "broadcast: root %d is not a rank (0..%d)", c.root,
+                         g->world.world_size - 1);
+    if (async && !out)
+        return call_fail(g, DDP_ERR_INVALID, "%s_async: work is NULL", what);
+    c.op = user_op == DDP_AVG ? DDP_SUM : user_op;
+    c.seq = ++g->seq;
+
+    ddp_work *w = calloc(1, sizeof *w);
+    if (!w)
+        return call_fail(g, DDP_ERR_NOMEM, "%s: out of memory", what);
+    w->g = g;
+    w->c = c;
+    w->user_op = user_op;
+
+    pthread_mutex_lock(&g->mu);
+    bool inline_run = !async && g->queued == 0;
+    if (!inline_run) {
+        if (!g->thread_started) {
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_BLOCK, &all, &old);
+            int rc = pthread_create(&g->thread, NULL, progress_main, g);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            if (rc != 0) {
+                pthread_mutex_unlock(&g->mu);
+                free(w);
+                return call_fail(g, DDP_ERR_SYSTEM, "cannot start the progress thread: %s",
+                                 strerror(rc));
+            }
+            g->thread_started = true;
+        }
+        if (g->tail)
+            g->tail->next = w;
+        else
+            g->head = w;
+        g->tail = w;
+        g->queued++;
+        pthread_cond_signal(&g->cv_work);
+    }
+    pthread_mutex_unlock(&g->mu);
+
+    if (inline_run) {
+        st = execute(g, w);
+        free(w);
+        return st;
+    }
+    if (async) {
+        *out = w;
+        return DDP_OK;
+    }
+    st = ddp_work_wait(w);
+    ddp_work_free(w);
+    return st;
+}
+
+ddp_status ddp_work_wait(ddp_work *w)
+{
+    if (!w)
+        return DDP_ERR_INVALID;
+    ddp_group *g = w->g;
+    /* The deadline is enforced by the backend while the work runs; waiting here is bounded by
+     * the work ahead of it, each with its own deadline. */
+    pthread_mutex_lock(&g->mu);
+    while (!w->done)
+        pthread_cond_wait(&g->cv_done, &g->mu);
+    ddp_status st = w->status;
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+bool ddp_work_test(ddp_work *w, ddp_status *status)
+{
+    if (!w)
+        return false;
+    pthread_mutex_lock(&w->g->mu);
+    bool done = w->done;
+    if (done && status)
+        *status = w->status;
+    pthread_mutex_unlock(&w->g->mu);
+    return done;
+}
+
+void ddp_work_free(ddp_work *w)
+{
+    if (!w)
+        return;
+    (void)ddp_work_wait(w);
+    free(w);
+}
+
+/* ---- the public collectives ----------------------------------------------------------------- */
+
+#define COLL(K, S, R, N, T, OP, ROOT)                                                             \
+    (ddp__coll)                                                                                   \
+    {                                                                                             \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .op = (OP),            \
+        .root = (ROOT)                                                                            \
+    }
+
+ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
+                         ddp_op op)
+{
+    return submit(g, COLL(DDP__ALLREDUCE, send, recv, count, t, op, 0), op, false, NULL);
+}
+
+ddp_status ddp_broadcast(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root)
+{
+    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, false,
+                  NULL);
+}
+
+ddp_status ddp_allgather(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t)
+{
+    return submit(g, COLL(DDP__ALLGATHER, send, recv, count, t, DDP_SUM, 0), DDP_SUM, false, NULL);
+}
+
+ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count,
+                              ddp_dtype t, ddp_op op)
+{
+    return submit(g, COLL(DDP__REDUCE_SCATTER, send, recv, count, t, op, 0), op, false, NULL);
+}
+
+ddp_status ddp_barrier(ddp_group *g)
+{
+    return submit(g, COLL(DDP__BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_SUM, 0), DDP_SUM, false,
+                  NULL);
+}
+
+ddp_status ddp_allreduce_async(ddp_group *g, const void *send, void *recv, size_t count,
+                               ddp_dtype t, ddp_op op, ddp_work **work)
+{
+    return submit(g, COLL(DDP__ALLREDUCE, send, recv, count, t, op, 0), op, true, work);
+}
+
+ddp_status ddp_broadcast_async(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root,
+                               ddp_work **work)
+{
+    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, true,
+                  work);
+}
+
+ddp_status ddp_allgather_async(ddp_group *g, const void *send, void *recv, size_t count,
+                               ddp_dtype t, ddp_work **work)
+{
+    return submit(g, COLL(DDP__ALLGATHER, send, recv, count, t, DDP_SUM, 0), DDP_SUM, true, work);
+}
+
+ddp_status ddp_reduce_scatter_async(ddp_group *g, const void *send, void *recv, size_t count,
+                                    ddp_dtype t, ddp_op op, ddp_work **work)
+{
+    return submit(g, COLL(DDP__REDUCE_SCATTER, send, recv, count, t, op, 0), op, true, work);
+}
+
+ddp_status ddp_barrier_async(ddp_group *g, ddp_work **work)
+{
+    return submit(g, COLL(DDP__BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_SUM, 0), DDP_SUM, true,
+                  work);
+}
+
+/* ---- set-up -------------------------------------------------------------------------------- */
+
+int ddp_group_rank(const ddp_group *g)
+{
+    return g ? g->world.rank : -1;
+}
+
+int ddp_group_size(const ddp_group *g)
+{
+    return g ? g->world.world_size : 0;
+}
+
+const char *ddp_group_backend(const ddp_group *g)
+{
+    return g ? g->backend : "";
+}
+
+void ddp_group_set_timeout(ddp_group *g, int timeout_ms)
+{
+    if (g)
+        g->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+}
+
+void *ddp_group_alloc(ddp_group *g, size_t bytes)
+{
+    if (!g || !g->ops->alloc)
+        return NULL;
+    return g->ops->alloc(g->be, bytes);
+}
+
+void ddp_group_free(ddp_group *g, void *p)
+{
+    if (g && p && g->ops->free)
+        g->ops->free(g->be, p);
+}
+
+void ddp_group_abort(ddp_group *g)
+{
+    if (!g)
+        return;
+    poison(g, DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)");
+    if (g->ops && g->ops->abort)
+        g->ops->abort(g->be);
+}
+
+void ddp_group_destroy(ddp_group *g)
+{
+    if (!g)
+        return;
+    if (g->thread_started) {
+        pthread_mutex_lock(&g->mu);
+        g->stop = true;
+        pthread_cond_signal(&g->cv_work);
+        pthread_mutex_unlock(&g->mu);
+        pthread_join(g->thread, NULL);
+    }
+    if (g->ops)
+        g->ops->destroy(g->be);
+    if (g->own_store)
+        ddp_store_close(g->store);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv_work);
+    pthread_cond_destroy(&g->cv_done);
+    free(g->ranks);
+    free(g);
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    long long x;
+    return v && ddp__parse_int(v, 0, INT32_MAX, &x) ? (int)x : dflt;
+}
+
+ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err)
+{
+    ddp_group_opts def = DDP_GROUP_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    if (!out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_group_init: out is NULL");
+    ddp_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv_work, NULL);
+    pthread_cond_init(&g->cv_done, NULL);
+    ddp_status st;
+    char **hosts = NULL;
+    int W = 0;
+
+    if (opts->world)
+        g->world = *opts->world;
+    else if ((st = ddp_world_from_env(&g->world, err)))
+        goto out_fail;
+    W = g->world.world_size;
+    g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms
+                                          : env_int("DDP_TIMEOUT", DEFAULT_TIMEOUT_MS / 1000) * 1000;
+    if (g->timeout_ms <= 0)
+        g->timeout_ms = DEFAULT_TIMEOUT_MS;
+    g->debug = opts->debug >= 0 ? opts->debug != 0 : env_int("DDP_DEBUG", 0) != 0;
+    const char *want = opts->backend ? opts->backend : getenv("DDP_BACKEND");
+    if (!want || !*want)
+        want = "auto";
+    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "tcp")) {
+        st = ddp__err(err, DDP_ERR_INVALID, "unknown backend '%s': use auto, shm or tcp", want);
+        goto out_fail;
+    }
+    size_t arena = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA;
+
+    /* The store: borrowed, or the job's. Set-up waits are bounded by the group's timeout but
+     * at most 5 minutes (a missing rank at start-up should not take 30 minutes to report). */
+    int setup_ms = g->timeout_ms < 300000 ? g->timeout_ms : 300000;
+    if (opts->store) {
+        g->store = opts->store;
+    } else {
+        if ((st = ddp_store_open_world(&g->world, setup_ms, &g->store, err)))
+            goto out_fail;
+        g->own_store = true;
+    }
+    ddp_store_set_timeout(g->store, setup_ms);
+
+    /* A fresh key prefix per group: the k-th group made by each rank is the same group. */
+    char key[128];
+    ddp__fmt(key, sizeof key, "ddp/groups/%d", g->world.rank);
+    int64_t k;
+    if (ddp_store_add(g->store, key, 1, &k) != DDP_OK) {
+        st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
+        goto out_fail;
+    }
+    ddp__fmt(g->prefix, sizeof g->prefix, "ddp/g%lld", (long long)k);
+
+    /* Who shares a host: publish our host id, read everyone's. */
+    char host[256];
+    const char *hid = opts->host_id ? opts->host_id : getenv("DDP_HOST_ID");
+    if (hid && *hid) {
+        ddp__fmt(host, sizeof host, "%s", hid);
+    } else if (gethostname(host, sizeof host) != 0) {
+        ddp__fmt(host, sizeof host, "localhost");
+    }
+    host[sizeof host - 1] = '\0';
+    ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, g->world.rank);
+    if (ddp_store_set(g->store, key, host, strlen(host)) != DDP_OK) {
+        st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
+        goto out_fail;
+    }
+    hosts = calloc((size_t)W, sizeof *hosts);
+    g->ranks = malloc(sizeof(int) * (size_t)W);
+    if (!hosts || !g->ranks) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
+        goto out_fail;
+    }
+    bool one_host = true;
+    for (int r = 0; r < W; r++) {
+        g->ranks[r] = r;
+        ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
+        void *v;
+        if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK) {
+            st = ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
+                          ddp_store_last_error(g->store));
+            goto out_fail;
+        }
+        hosts[r] = v;
+        if (strcmp(hosts[r], hosts[0]) != 0)
+            one_host = false;
+    }
+    if (!strcmp(want, "shm") && !one_host) {
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "backend 'shm' needs every rank on one host, but ranks run on '%s' and "
+                      "others; use backend 'auto' or 'tcp'",
+                      hosts[0]);
+        goto out_fail;
+    }
+    ddp__members m = {.me = g->world.rank,
+                      .n = W,
+                      .ranks = g->ranks,
+                      .prefix = g->prefix,
+                      .run_id = g->world.run_id,
+                      .token = g->world.store_token,
+                      .master_addr = g->world.master_addr};
+    if (!strcmp(want, "tcp")) {
+        ddp__fmt(g->backend, sizeof g->backend, "tcp");
+        st = ddp__tcp_create(&m, g->store, setup_ms, &g->be, &g->ops, err);
+    } else if (one_host) {
+        ddp__fmt(g->backend, sizeof g->backend, "shm");
+        st = ddp__shm_create(&m, g->store, arena, setup_ms, &g->be, &g->ops, err);
+    } else {
+        st = ddp__hier_create(&m, (const char *const *)hosts, g->store, arena, setup_ms, &g->be,
+                              &g->ops, g->backend, sizeof g->backend, err);
+    }
+    if (st)
+        goto out_fail;
+    for (int r = 0; r < W; r++)
+        free(hosts[r]);
+    free(hosts);
+    *out = g;
+    return DDP_OK;
+
+out_fail:
+    if (hosts)
+        for (int r = 0; r < W; r++)
+            free(hosts[r]);
+    free(hosts);
+    g->ops = NULL;
+    ddp_group_destroy(g);
+    return st;
+}

@@ -1,0 +1,234 @@
+/*
+ * hier.c — the hierarchical backend: shm among the ranks of each host, tcp among one leader per
+ * host (its local rank 0). Used by "auto" when the job spans hosts.
+ *
+ *   allreduce       shm allreduce → leaders' tcp allreduce → shm broadcast from the leader
+ *   broadcast       shm broadcast on the root's host → leaders' tcp broadcast → shm broadcast
+ *   allgather       shm allgather into the host's block → leaders' tcp allgather of blocks →
+ *                   shm broadcast of the whole result
+ *   reduce_scatter  allreduce of the whole input into scratch, then each keeps its part
+ *   barrier         shm, leaders' tcp, shm
+ * Network traffic is one host's worth per host, not one rank's worth per rank. It needs ranks
+ * contiguous per host and the same number on every host (what ddprun gives); otherwise it falls
+ * back to tcp among all ranks. Deliberately simple: a leader-only network phase leaves the other
+ * ranks idle; splitting the vector across all local ranks' connections is the next step.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "group/group_int.h"
+#include "util/util.h"
+
+typedef struct hier_be {
+    void *shm, *tcp;
+    const ddp__backend_ops *shm_ops, *tcp_ops;
+    int L, node, nnodes, lr;
+    int *local_ranks, *leader_ranks;
+    char local_prefix[96], cross_prefix[96];
+    void *scratch;
+    size_t scratch_bytes;
+} hier_be;
+
+static ddp_status sub(void *be, const ddp__backend_ops *ops, ddp__coll c, ddp__fail *f)
+{
+    return ops->run(be, &c, f);
+}
+
+static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
+{
+    hier_be *b = bep;
+    bool leader = b->lr == 0;
+    size_t esz = ddp_dtype_size(c->dtype);
+    ddp__coll x = *c;
+    ddp_status st = DDP_OK;
+    switch (c->kind) {
+    case DDP__ALLREDUCE:
+        if ((st = sub(b->shm, b->shm_ops, x, f)))
+            return st;
+        x.send = x.recv;
+        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+            return st;
+        x.kind = DDP__BROADCAST;
+        x.root = 0;
+        return sub(b->shm, b->shm_ops, x, f);
+    case DDP__BROADCAST: {
+        int rnode = c->root / b->L, rl = c->root % b->L;
+        if (b->node == rnode) {
+            x.root = rl;
+            if ((st = sub(b->shm, b->shm_ops, x, f)))
+                return st;
+        }
+        x.root = rnode;
+        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+            return st;
+        if (b->node != rnode) {
+            x.root = 0;
+            st = sub(b->shm, b->shm_ops, x, f);
+        }
+        return st;
+    }
+    case DDP__ALLGATHER: {
+        char *block = (char *)c->recv + (size_t)b->node * (size_t)b->L * c->count * esz;
+        x.recv = block;
+        if ((st = sub(b->shm, b->shm_ops, x, f)))
+            return st;
+        x.send = block;
+        x.recv = c->recv;
+        x.count = c->count * (size_t)b->L;
+        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+            return st;
+        x.kind = DDP__BROADCAST;
+        x.root = 0;
+        x.send = x.recv = c->recv;
+        x.count = c->count * (size_t)b->L * (size_t)b->nnodes;
+        return sub(b->shm, b->shm_ops, x, f);
+    }
+    case DDP__REDUCE_SCATTER: {
+        size_t W = (size_t)b->L * (size_t)b->nnodes;
+        size_t bytes = W * c->count * esz;
+        if (bytes > b->scratch_bytes) {
+            void *p = realloc(b->scratch, bytes);
+            if (!p) {
+                f->status = DDP_ERR_NOMEM;
+                ddp__fmt(f->msg, sizeof f->msg, "reduce_scatter #%llu: no memory for %zu bytes",
+                         (unsigned long long)c->seq, bytes);
+                return DDP_ERR_NOMEM;
+            }
+            b->scratch = p;
+            b->scratch_bytes = bytes;
+        }
+        x.kind = DDP__ALLREDUCE;
+        x.recv = b->scratch;
+        x.count = W * c->count;
+        if ((st = hier_run(b, &x, f)))
+            return st;
+        int me = b->node * b->L + b->lr;
+        memmove(c->recv, (char *)b->scratch + (size_t)me * c->count * esz, c->count * esz);
+        return DDP_OK;
+    }
+    case DDP__BARRIER:
+        if ((st = sub(b->shm, b->shm_ops, x, f)))
+            return st;
+        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+            return st;
+        return sub(b->shm, b->shm_ops, x, f);
+    default:
+        f->status = DDP_ERR_INVALID;
+        ddp__fmt(f->msg, sizeof f->msg, "unknown collective");
+        return DDP_ERR_INVALID;
+    }
+}
+
+static void *hier_alloc(void *be, size_t bytes)
+{
+    hier_be *b = be;
+    return b->shm_ops->alloc ? b->shm_ops->alloc(b->shm, bytes) : NULL;
+}
+
+static void hier_free(void *be, void *p)
+{
+    hier_be *b = be;
+    if (b->shm_ops->free)
+        b->shm_ops->free(b->shm, p);
+}
+
+static void hier_abort(void *be)
+{
+    hier_be *b = be;
+    b->shm_ops->abort(b->shm);
+    if (b->tcp)
+        b->tcp_ops->abort(b->tcp);
+}
+
+static void hier_destroy(void *be)
+{
+    hier_be *b = be;
+    if (!b)
+        return;
+    if (b->tcp)
+        b->tcp_ops->destroy(b->tcp);
+    if (b->shm)
+        b->shm_ops->destroy(b->shm);
+    free(b->local_ranks);
+    free(b->leader_ranks);
+    free(b->scratch);
+    free(b);
+}
+
+static const ddp__backend_ops hier_ops = {
+    .name = "shm+tcp",
+    .run = hier_run,
+    .alloc = hier_alloc,
+    .free = hier_free,
+    .abort = hier_abort,
+    .destroy = hier_destroy,
+};
+
+ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp_store *store,
+                            size_t arena, int timeout_ms, void **out,
+                            const ddp__backend_ops **ops, char *name, size_t namecap,
+                            ddp_error *err)
+{
+    int W = m->n;
+    int L = 1;
+    while (L < W && strcmp(hosts[L], hosts[0]) == 0)
+        L++;
+    bool regular = W % L == 0;
+    for (int r = 0; regular && r < W; r++)
+        if (strcmp(hosts[r], hosts[(r / L) * L]) != 0 ||
+            (r % L == 0 && r > 0 && strcmp(hosts[r], hosts[r - 1]) == 0))
+            regular = false;
+    for (int a = 0; regular && a < W; a += L)
+        for (int c = a + L; regular && c < W; c += L)
+            if (strcmp(hosts[a], hosts[c]) == 0)
+                regular = false; /* one host appears in two blocks */
+    if (!regular) {
+        /* Uneven hosts or interleaved ranks: plain tcp among all ranks is still correct. */
+        ddp__fmt(name, namecap, "tcp");
+        return ddp__tcp_create(m, store, timeout_ms, out, ops, err);
+    }
+    hier_be *b = calloc(1, sizeof *b);
+    if (!b)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the hierarchical backend");
+    b->L = L;
+    b->nnodes = W / L;
+    b->node = m->me / L;
+    b->lr = m->me % L;
+    b->local_ranks = malloc(sizeof(int) * (size_t)L);
+    b->leader_ranks = malloc(sizeof(int) * (size_t)b->nnodes);
+    ddp_status st = DDP_ERR_NOMEM;
+    if (!b->local_ranks || !b->leader_ranks) {
+        ddp__err(err, st, "out of memory creating the hierarchical backend");
+        goto out_fail;
+    }
+    for (int i = 0; i < L; i++)
+        b->local_ranks[i] = m->ranks[b->node * L + i];
+    for (int i = 0; i < b->nnodes; i++)
+        b->leader_ranks[i] = m->ranks[i * L];
+    ddp__fmt(b->local_prefix, sizeof b->local_prefix, "%s/host%d", m->prefix, b->node);
+    ddp__fmt(b->cross_prefix, sizeof b->cross_prefix, "%s/leaders", m->prefix);
+    ddp__members lm = *m;
+    lm.me = b->lr;
+    lm.n = L;
+    lm.ranks = b->local_ranks;
+    lm.prefix = b->local_prefix;
+    if ((st = ddp__shm_create(&lm, store, arena, timeout_ms, &b->shm, &b->shm_ops, err)))
+        goto out_fail;
+    if (b->lr == 0) {
+        ddp__members xm = *m;
+        xm.me = b->node;
+        xm.n = b->nnodes;
+        xm.ranks = b->leader_ranks;
+        xm.prefix = b->cross_prefix;
+        if ((st = ddp__tcp_create(&xm, store, timeout_ms, &b->tcp, &b->tcp_ops, err)))
+            goto out_fail;
+    }
+    ddp__fmt(name, namecap, "shm+tcp");
+    *out = b;
+    *ops = &hier_ops;
+    return DDP_OK;
+out_fail:
+    hier_destroy(b);
+    return st;
+}

@@ -1,0 +1,700 @@
+/*
+ * shm.c — the shared-memory backend: collectives among ranks on one host.
+ *
+ * One POSIX shared-memory segment per group, mapped by every member:
+ *   header   magic, member count, pids, the abort flag
+ *   slots    per member: its barrier counter and sleeper count, each on its own cache line, and
+ *            the buffer descriptor it posts for the current step (on another line)
+ *   staging  per member, two halves of CHUNK bytes: where ordinary (private) buffers are copied
+ *   arena    per member, arena_bytes: ddp_group_alloc() memory, reduced in place (zero copy)
+ * Local member 0 creates it; once every member has mapped it, member 0 unlinks the name, so a
+ * crash at any later point cannot leave it in /dev/shm (the kernel frees it with the last map).
+ *
+ * Algorithms (per chunk of at most CHUNK bytes; S = chunk size, W = members):
+ *   small allreduce (S ≤ SMALL): stage, one barrier, every member reduces all W inputs itself;
+ *   large allreduce: stage, barrier, member r reduces slice r of all inputs once (one pass,
+ *     ddp__reduce_many), barrier, every member copies the other slices from their owners —
+ *     reduce-scatter + allgather through memory, about 3·W·S bytes moved against the 2·W·S that
+ *     any allreduce must move;
+ *   broadcast / allgather / reduce_scatter: stage, barrier, copy or reduce what is needed.
+ * Staging alternates halves from chunk to chunk (a counter that runs across operations). A
+ * member reaches the barrier of chunk k+1 only after it has finished reading chunk k, so writing
+ * a half two chunks later is safe without a closing barrier. Buffers in the arena are read in
+ * place by the peers; then a closing barrier keeps the caller from reusing them too early.
+ *
+ * Waiting: spin briefly, then sleep on a futex (shared, so it works across processes) in slices
+ * of at most 50 ms, checking the deadline, the abort flag and whether a peer died (pidfd). With
+ * more ranks than cores, spinning only steals the peer's core, so the spin is short then.
+ * Not here: ordering, poisoning, AVG and async (the core, group.c).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "group/group_int.h"
+#include "util/util.h"
+
+#define SHM_MAGIC 0x4d485344u /* "DSHM" */
+#define CACHELINE 64
+#define CHUNK ((size_t)1 << 20)   /* bytes per staging half */
+#define SMALL ((size_t)32 << 10)  /* at most this many bytes: single-pass allreduce */
+#define MAX_MEMBERS 1024
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+typedef struct shm_header {
+    uint32_t magic;
+    uint32_t n;
+    uint64_t staging_off, arena_off, arena_bytes, total;
+    atomic_int abort_by; /* 0, or 1 + the member that aborted */
+    int32_t pids[MAX_MEMBERS];
+} shm_header;
+
+/* One member's control slot: three cache lines. */
+typedef struct shm_slot {
+    _Alignas(CACHELINE) atomic_uint arrive; /* barrier epoch this member has reached */
+    _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
+    _Alignas(CACHELINE) uint64_t src_off; /* posted: where my input for this step is */
+    uint64_t dst_off;                     /* posted: where my result will be (or UINT64_MAX) */
+    uint32_t zero_copy;                   /* my buffers are arena memory that peers read */
+} shm_slot;
+
+typedef struct shm_be {
+    int me, n;
+    int ncores;
+    const int *ranks_view; /* copy below */
+    int *ranks;
+    char name[128];
+    char *base; /* the mapping */
+    size_t size;
+    int fd; /* kept to reserve arena pages with fallocate */
+    shm_header *hdr;
+    shm_slot *slots;
+    int *pidfds;
+    uint32_t epoch;   /* barriers passed, the same count on every member */
+    uint64_t chunks;  /* staging chunks used so far, for alternating halves */
+    int spin;         /* spin iterations before sleeping */
+    bool failed;
+    ddp__fail fail;
+    /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
+     * reducer's few big buffers; we keep it to first-fit over a small block table. */
+    struct blk {
+        size_t off, len;
+        bool used;
+    } *blks;
+    size_t nblks, cap_blks;
+} shm_be;
+
+/* ---- futex and waiting ------------------------------------------------------------------- */
+
+static long futex(atomic_uint *addr, int op, unsigned val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (unsigned *)addr, op, val, ts, NULL, 0);
+}
+
+static bool reached(unsigned have, unsigned want)
+{
+    return (int)(have - want) >= 0; /* wraps after 2^31 barriers */
+}
+
+static char *slot_base(shm_be *b)
+{
+    return b->base + ALIGN_UP(sizeof(shm_header), 4096);
+}
+
+static bool peer_dead(shm_be *b, int j)
+{
+    if (b->pidfds[j] < 0)
+        return kill(b->hdr->pids[j], 0) != 0 && errno == ESRCH;
+    struct pollfd p = {.fd = b->pidfds[j], .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
+}
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Fills b->fail for a failed wait of collective c at barrier epoch e. */
+static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_status st,
+                              const char *why)
+{
+    char list[200] = "";
+    int missing = 0;
+    for (int j = 0; j < b->n; j++) {
+        if (j == b->me || reached(atomic_load(&b->slots[j].arrive), e))
+            continue;
+        size_t l = strlen(list);
+        if (missing++ < 8)
+            ddp__fmt(list + l, sizeof list - l, "%s%d", l ? ", " : "", b->ranks[j]);
+    }
+    char what[160];
+    ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
+             (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    b->failed = true;
+    b->fail.status = st;
+    if (st == DDP_ERR_TIMEOUT)
+        ddp__fmt(b->fail.msg, sizeof b->fail.msg,
+                 "%s timed out in shm: rank%s %s%s did not arrive%s; a rank may be hung or "
+                 "stopped, or ranks called different collectives (set DDP_DEBUG=1 to check)",
+                 what, missing == 1 ? "" : "s", list, missing > 8 ? ", …" : "", why);
+    else
+        ddp__fmt(b->fail.msg, sizeof b->fail.msg, "%s failed in shm: %s", what, why);
+    return st;
+}
+
+/* Waits until every member has reached barrier epoch e. */
+static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
+{
+    for (int j = 0; j < b->n; j++) {
+        if (j == b->me)
+            continue;
+        atomic_uint *a = &b->slots[j].arrive;
+        if (reached(atomic_load_explicit(a, memory_order_acquire), e))
+            continue;
+        for (int i = 0; i < b->spin; i++) {
+            cpu_relax();
+            if (reached(atomic_load_explicit(a, memory_order_acquire), e))
+                goto next;
+        }
+        int64_t next_check = 0;
+        for (;;) {
+            unsigned v = atomic_load(a);
+            if (reached(v, e))
+                break;
+            int64_t now = ddp__now_ms();
+            if (now >= next_check) {
+                int ab = atomic_load(&b->hdr->abort_by);
+                if (ab) {
+                    char why[96];
+                    ddp__fmt(why, sizeof why, "the group was aborted by rank %d",
+                             b->ranks[ab - 1]);
+                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
+                }
+                if (peer_dead(b, j)) {
+                    char why[128];
+                    ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
+                             (int)b->hdr->pids[j]);
+                    return wait_failed(b, c, e, DDP_ERR_NETWORK, why);
+                }
+                if (now >= c->deadline_ms)
+                    return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "");
+                next_check = now + 20;
+            }
+            atomic_fetch_add(&b->slots[j].sleepers, 1);
+            v = atomic_load(a);
+            if (!reached(v, e)) {
+                struct timespec ts = {0, 20 * 1000000L};
+                futex(a, FUTEX_WAIT, v, &ts);
+            }
+            atomic_fetch_sub(&b->slots[j].sleepers, 1);
+        }
+    next:;
+    }
+    return DDP_OK;
+}
+
+/* A barrier among all members. Stores before it are visible to every member after it. */
+static ddp_status barrier(shm_be *b, const ddp__coll *c)
+{
+    unsigned e = ++b->epoch;
+    atomic_uint *mine = &b->slots[b->me].arrive;
+    atomic_store(mine, e); /* seq_cst: pairs with the sleepers' increment-then-check */
+    if (atomic_load(&b->slots[b->me].sleepers))
+        futex(mine, FUTEX_WAKE, INT_MAX, NULL);
+    return wait_all(b, c, e);
+}
+
+/* ---- buffers ------------------------------------------------------------------------------ */
+
+static bool in_segment(const shm_be *b, const void *p, size_t bytes)
+{
+    const char *q = p;
+    return q >= b->base && q + bytes <= b->base + b->size && bytes > 0;
+}
+
+static char *staging(shm_be *b, int member, uint64_t chunk)
+{
+    return b->base + b->hdr->staging_off + (size_t)member * 2 * CHUNK + (chunk & 1) * CHUNK;
+}
+
+static char *at(shm_be *b, uint64_t off)
+{
+    return b->base + off;
+}
+
+/* Elements of a chunk that member r owns: [lo, hi). Slices are whole cache lines when large. */
+static void slice(size_t n, int W, int r, size_t esz, size_t *lo, size_t *hi)
+{
+    size_t per = (n + (size_t)W - 1) / (size_t)W;
+    size_t line = CACHELINE / esz;
+    if (line > 0 && per > line)
+        per = ALIGN_UP(per, line);
+    *lo = per * (size_t)r < n ? per * (size_t)r : n;
+    *hi = per * (size_t)(r + 1) < n ? per * (size_t)(r + 1) : n;
+}
+
+/* ---- collectives -------------------------------------------------------------------------- */
+
+static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    size_t total = c->count * esz;
+    int W = b->n;
+    const void *srcs[MAX_MEMBERS];
+    /* Zero copy when both buffers are in the arena: peers read them in place. */
+    bool zc = in_segment(b, c->send, total) && in_segment(b, c->recv, total);
+    if (zc) {
+        shm_slot *s = &b->slots[b->me];
+        s->src_off = (uint64_t)((const char *)c->send - b->base);
+        s->dst_off = (uint64_t)((char *)c->recv - b->base);
+        ddp_status st = barrier(b, c);
+        if (st)
+            return st;
+        size_t lo, hi;
+        slice(c->count, W, b->me, esz, &lo, &hi);
+        for (int j = 0; j < W; j++)
+            srcs[j] = at(b, b->slots[j].src_off) + lo * esz;
+        if (hi > lo) {
+            /* My slice's result goes into my recv; my own input is srcs[me]. */
+            ddp__reduce_many((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op);
+        }
+        if ((st = barrier(b, c)))
+            return st;
+        for (int j = 0; j < W; j++) {
+            if (j == b->me)
+                continue;
+            slice(c->count, W, j, esz, &lo, &hi);
+            if (hi > lo)
+                memcpy((char *)c->recv + lo * esz, at(b, b->slots[j].dst_off) + lo * esz,
+                       (hi - lo) * esz);
+        }
+        return barrier(b, c); /* peers read my recv in place: keep it until they are done */
+    }
+
+    size_t per_chunk = CHUNK / esz;
+    for (size_t done = 0; done < c->count || (c->count == 0 && done == 0);) {
+        size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
+        uint64_t k = b->chunks++;
+        const char *in = (const char *)c->send + done * esz;
+        char *out = (char *)c->recv + done * esz;
+        char *mine = staging(b, b->me, k);
+        if (n * esz <= SMALL) {
+            memcpy(mine, in, n * esz);
+            ddp_status st = barrier(b, c);
+            if (st)
+                return st;
+            /* Start from my own input (unchanged in staging) so in-place works. */
+            srcs[0] = mine;
+            for (int j = 0, i = 1; j < W; j++)
+                if (j != b->me)
+                    srcs[i++] = staging(b, j, k);
+            ddp__reduce_many(out, srcs, W, n, c->dtype, c->op);
+        } else {
+            memcpy(mine, in, n * esz);
+            ddp_status st = barrier(b, c);
+            if (st)
+                return st;
+            size_t lo, hi;
+            slice(n, W, b->me, esz, &lo, &hi);
+            for (int j = 0; j < W; j++)
+                srcs[j] = staging(b, j, k) + lo * esz;
+            if (hi > lo) {
+                /* Result into my staging slice (peers copy it from there) and into my output. */
+                ddp__reduce_many(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op);
+                memcpy(out + lo * esz, mine + lo * esz, (hi - lo) * esz);
+            }
+            if ((st = barrier(b, c)))
+                return st;
+            for (int j = 0; j < W; j++) {
+                if (j == b->me)
+                    continue;
+                slice(n, W, j, esz, &lo, &hi);
+                if (hi > lo)
+                    memcpy(out + lo * esz, staging(b, j, k) + lo * esz, (hi - lo) * esz);
+            }
+        }
+        done += n;
+        if (c->count == 0)
+            break;
+    }
+    return DDP_OK;
+}
+
+static ddp_status run_broadcast(shm_be *b, const ddp__coll *c)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    size_t per_chunk = CHUNK / esz;
+    bool root = b->me == c->root;
+    for (size_t done = 0; done < c->count;) {
+        size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
+        uint64_t k = b->chunks++;
+        char *buf = (char *)c->recv + done * esz;
+        if (root)
+            memcpy(staging(b, b->me, k), buf, n * esz);
+        ddp_status st = barrier(b, c);
+        if (st)
+            return st;
+        if (!root)
+            memcpy(buf, staging(b, c->root, k), n * esz);
+        done += n;
+    }
+    return c->count == 0 ? barrier(b, c) : DDP_OK;
+}
+
+static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    size_t per_chunk = CHUNK / esz;
+    int W = b->n;
+    for (size_t done = 0; done < c->count;) {
+        size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
+        uint64_t k = b->chunks++;
+        memcpy(staging(b, b->me, k), (const char *)c->send + done * esz, n * esz);
+        ddp_status st = barrier(b, c);
+        if (st)
+            return st;
+        for (int j = 0; j < W; j++) {
+            char *dst = (char *)c->recv + ((size_t)j * c->count + done) * esz;
+            const char *src = staging(b, j, k);
+            if (dst != src)
+                memmove(dst, src, n * esz);
+        }
+        done += n;
+    }
+    return c->count == 0 ? barrier(b, c) : DDP_OK;
+}
+
+static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    int W = b->n;
+    /* Stage every rank's whole input in chunks of my part: each chunk holds, for every
+     * destination member j, the same element range of j's block, so member j reduces its
+     * range from all stagings at once. */
+    size_t per_chunk = CHUNK / esz / (size_t)W;
+    if (per_chunk == 0)
+        per_chunk = 1;
+    const void *srcs[MAX_MEMBERS];
+    for (size_t done = 0; done < c->count;) {
+        size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
+        uint64_t k = b->chunks++;
+        char *mine = staging(b, b->me, k);
+        for (int j = 0; j < W; j++)
+            memcpy(mine + (size_t)j * n * esz,
+                   (const char *)c->send + ((size_t)j * c->count + done) * esz, n * esz);
+        ddp_status st = barrier(b, c);
+        if (st)
+            return st;
+        for (int j = 0; j < W; j++)
+            srcs[j] = staging(b, j, k) + (size_t)b->me * n * esz;
+        ddp__reduce_many((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op);
+        done += n;
+    }
+    return c->count == 0 ? barrier(b, c) : DDP_OK;
+}
+
+static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)
+{
+    shm_be *b = be;
+    if (b->failed) {
+        *f = b->fail;
+        return f->status;
+    }
+    ddp_status st = DDP_OK;
+    if (b->n == 1) {
+        size_t esz = ddp_dtype_size(c->dtype);
+        if (c->kind != DDP__BARRIER && c->kind != DDP__BROADCAST && c->send != c->recv &&
+            c->count)
+            memmove(c->recv, c->send, c->count * esz);
+        return DDP_OK;
+    }
+    switch (c->kind) {
+    case DDP__ALLREDUCE: st = run_allreduce(b, c); break;
+    case DDP__BROADCAST: st = run_broadcast(b, c); break;
+    case DDP__ALLGATHER: st = run_allgather(b, c); break;
+    case DDP__REDUCE_SCATTER: st = run_reduce_scatter(b, c); break;
+    case DDP__BARRIER: st = barrier(b, c); break;
+    default: st = DDP_ERR_INVALID; break;
+    }
+    if (st != DDP_OK) {
+        if (!b->failed) {
+            b->failed = true;
+            b->fail.status = st;
+            ddp__fmt(b->fail.msg, sizeof b->fail.msg, "shm: unknown collective");
+        }
+        *f = b->fail;
+    }
+    return st;
+}
+
+/* ---- the arena ---------------------------------------------------------------------------- */
+
+static void *shm_alloc(void *be, size_t bytes)
+{
+    shm_be *b = be;
+    size_t want = ALIGN_UP(bytes ? bytes : 1, CACHELINE);
+    for (size_t i = 0; i < b->nblks; i++) {
+        struct blk *k = &b->blks[i];
+        if (k->used || k->len < want)
+            continue;
+        size_t arena_start = b->hdr->arena_off + (size_t)b->me * b->hdr->arena_bytes;
+        /* Reserve the pages now, so a full /dev/shm is a NULL here rather than a SIGBUS later. */
+        if (posix_fallocate(b->fd, (off_t)(arena_start + k->off), (off_t)want) != 0)
+            return NULL;
+        if (k->len > want) {
+            if (b->nblks == b->cap_blks) {
+                size_t cap = b->cap_blks * 2;
+                struct blk *p = realloc(b->blks, cap * sizeof *p);
+                if (!p)
+                    return NULL;
+                b->blks = p;
+                b->cap_blks = cap;
+                k = &b->blks[i];
+            }
+            memmove(&b->blks[i + 2], &b->blks[i + 1], (b->nblks - i - 1) * sizeof *b->blks);
+            b->blks[i + 1] = (struct blk){k->off + want, k->len - want, false};
+            b->nblks++;
+            k->len = want;
+        }
+        k->used = true;
+        return b->base + arena_start + k->off;
+    }
+    return NULL;
+}
+
+static void shm_free(void *be, void *p)
+{
+    shm_be *b = be;
+    size_t arena_start = b->hdr->arena_off + (size_t)b->me * b->hdr->arena_bytes;
+    size_t off = (size_t)((char *)p - b->base) - arena_start;
+    for (size_t i = 0; i < b->nblks; i++) {
+        if (b->blks[i].off != off || !b->blks[i].used)
+            continue;
+        b->blks[i].used = false;
+        /* Merge with free neighbours. */
+        if (i + 1 < b->nblks && !b->blks[i + 1].used) {
+            b->blks[i].len += b->blks[i + 1].len;
+            memmove(&b->blks[i + 1], &b->blks[i + 2], (b->nblks - i - 2) * sizeof *b->blks);
+            b->nblks--;
+        }
+        if (i > 0 && !b->blks[i - 1].used) {
+            b->blks[i - 1].len += b->blks[i].len;
+            memmove(&b->blks[i], &b->blks[i + 1], (b->nblks - i - 1) * sizeof *b->blks);
+            b->nblks--;
+        }
+        return;
+    }
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+static void shm_abort(void *be)
+{
+    shm_be *b = be;
+    int expected = 0;
+    atomic_compare_exchange_strong(&b->hdr->abort_by, &expected, b->me + 1);
+    for (int j = 0; j < b->n; j++)
+        futex(&b->slots[j].arrive, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static void shm_destroy(void *be)
+{
+    shm_be *b = be;
+    if (!b)
+        return;
+    if (b->pidfds)
+        for (int j = 0; j < b->n; j++)
+            if (b->pidfds[j] >= 0)
+                close(b->pidfds[j]);
+    if (b->base)
+        munmap(b->base, b->size);
+    if (b->fd >= 0)
+        close(b->fd);
+    free(b->pidfds);
+    free(b->ranks);
+    free(b->blks);
+    free(b);
+}
+
+static const ddp__backend_ops shm_ops = {
+    .name = "shm",
+    .run = shm_run,
+    .alloc = shm_alloc,
+    .free = shm_free,
+    .abort = shm_abort,
+    .destroy = shm_destroy,
+};
+
+static int cores_available(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
+                           int timeout_ms, void **out, const ddp__backend_ops **ops,
+                           ddp_error *err)
+{
+    if (m->n < 1 || m->n > MAX_MEMBERS)
+        return ddp__err(err, DDP_ERR_INVALID, "shm backend: %d ranks on one host; at most %d",
+                        m->n, MAX_MEMBERS);
+    shm_be *b = calloc(1, sizeof *b);
+    if (!b)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the shm backend");
+    b->fd = -1;
+    b->me = m->me;
+    b->n = m->n;
+    b->ncores = cores_available();
+    b->spin = b->n <= b->ncores ? 20000 : 64;
+    b->ranks = malloc(sizeof(int) * (size_t)m->n);
+    b->pidfds = malloc(sizeof(int) * (size_t)m->n);
+    b->cap_blks = 16;
+    b->blks = calloc(b->cap_blks, sizeof *b->blks);
+    ddp_status st = DDP_ERR_NOMEM;
+    if (!b->ranks || !b->pidfds || !b->blks) {
+        ddp__err(err, st, "out of memory creating the shm backend");
+        goto out_free;
+    }
+    memcpy(b->ranks, m->ranks, sizeof(int) * (size_t)m->n);
+    for (int j = 0; j < b->n; j++)
+        b->pidfds[j] = -1;
+    arena_bytes = ALIGN_UP(arena_bytes, 4096);
+    size_t hdr = ALIGN_UP(sizeof(shm_header), 4096);
+    size_t slots = ALIGN_UP(sizeof(shm_slot) * (size_t)m->n, 4096);
+    size_t stage = 2 * CHUNK * (size_t)m->n;
+    b->size = hdr + slots + stage + arena_bytes * (size_t)m->n;
+    b->blks[0] = (struct blk){0, arena_bytes, false};
+    b->nblks = arena_bytes ? 1 : 0;
+
+    char key[256];
+    ddp__fmt(key, sizeof key, "%s/shm_name", m->prefix);
+    if (b->me == 0) {
+        char tag[9];
+        if ((st = ddp__random_hex(tag, 4, err)))
+            goto out_free;
+        ddp__fmt(b->name, sizeof b->name, "/ddp-%.40s-%d-%s", m->run_id, (int)getpid(), tag);
+        b->fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        if (b->fd < 0) {
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot create shared memory '%s': %s", b->name,
+                          strerror(errno));
+            goto out_free;
+        }
+        if (ftruncate(b->fd, (off_t)b->size) != 0) {
+            st = ddp__err(err, DDP_ERR_SYSTEM,
+                          "cannot size shared memory '%s' to %zu MiB: %s; /dev/shm may be too "
+                          "small: lower arena_bytes or grow /dev/shm",
+                          b->name, b->size >> 20, strerror(errno));
+            goto out_unlink;
+        }
+        /* Control and staging pages now, so running out of /dev/shm is an error, not SIGBUS. */
+        int rc = posix_fallocate(b->fd, 0, (off_t)(hdr + slots + stage));
+        if (rc != 0) {
+            st = ddp__err(err, DDP_ERR_SYSTEM,
+                          "cannot reserve %zu MiB of shared memory: %s; /dev/shm is too small",
+                          (hdr + slots + stage) >> 20, strerror(rc));
+            goto out_unlink;
+        }
+    }
+    if (b->me == 0) {
+        b->base = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+        if (b->base == MAP_FAILED) {
+            b->base = NULL;
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot map shared memory: %s", strerror(errno));
+            goto out_unlink;
+        }
+        b->hdr = (shm_header *)b->base;
+        b->hdr->magic = SHM_MAGIC;
+        b->hdr->n = (uint32_t)b->n;
+        b->hdr->staging_off = hdr + slots;
+        b->hdr->arena_off = hdr + slots + stage;
+        b->hdr->arena_bytes = arena_bytes;
+        b->hdr->total = b->size;
+        if (ddp_store_set(store, key, b->name, strlen(b->name)) != DDP_OK) {
+            st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(store));
+            goto out_unlink;
+        }
+    } else {
+        void *v = NULL;
+        if (ddp_store_get(store, key, &v, NULL) != DDP_OK) {
+            st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(store));
+            goto out_free;
+        }
+        ddp__fmt(b->name, sizeof b->name, "%s", (char *)v);
+        free(v);
+        b->fd = shm_open(b->name, O_RDWR | O_CLOEXEC, 0600);
+        if (b->fd < 0) {
+            st = ddp__err(err, DDP_ERR_SYSTEM,
+                          "cannot open shared memory '%s' made by rank %d: %s; are all ranks of "
+                          "this host in the same container / IPC namespace?",
+                          b->name, m->ranks[0], strerror(errno));
+            goto out_free;
+        }
+        struct stat sb;
+        if (fstat(b->fd, &sb) != 0 || (size_t)sb.st_size != b->size) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "shared memory '%s' has %lld bytes, expected %zu: ranks disagree on "
+                          "arena_bytes or the world",
+                          b->name, (long long)sb.st_size, b->size);
+            goto out_free;
+        }
+        b->base = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+        if (b->base == MAP_FAILED) {
+            b->base = NULL;
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot map shared memory: %s", strerror(errno));
+            goto out_free;
+        }
+        b->hdr = (shm_header *)b->base;
+        if (b->hdr->magic != SHM_MAGIC || b->hdr->n != (uint32_t)b->n) {
+            st = ddp__err(err, DDP_ERR_INVALID, "shared memory '%s' is not this group's",
+                          b->name);
+            goto out_free;
+        }
+    }
+    b->slots = (shm_slot *)slot_base(b);
+    b->hdr->pids[b->me] = (int32_t)getpid();
+
+    /* Everyone has mapped it (and written its pid) once this barrier passes. */
+    char bname[256];
+    ddp__fmt(bname, sizeof bname, "%s/shm_attached", m->prefix);
+    ddp_store_set_timeout(store, timeout_ms);
+    if (ddp_store_barrier(store, bname, b->n) != DDP_OK) {
+        st = ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(store));
+        goto out_unlink;
+    }
+    if (b->me == 0)
+        shm_unlink(b->name); /* from now on a crash leaves nothing in /dev/shm */
+    for (int j = 0; j < b->n; j++)
+        if (j != b->me)
+            b->pidfds[j] = (int)syscall(SYS_pidfd_open, b->hdr->pids[j], 0);
+    *out = b;
+    *ops = &shm_ops;
+    return DDP_OK;
+
+out_unlink:
+    if (b->me == 0 && b->name[0])
+        shm_unlink(b->name);
+out_free:
+    shm_destroy(b);
+    return st;
+}
