@@ -85,8 +85,9 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
 void ddp_group_destroy(ddp_group *g);
 
 /* Makes every pending and future call on g fail with DDP_ERR_CLOSED, here and (through the
- * shared state) on the other ranks, which report "aborted by rank R". Thread-safe; returns at
- * once. Use it from a watchdog, a signal-driven shutdown, or after an error before destroy. */
+ * shared state) on the other ranks, which report "rank R aborted the group: <its first error>".
+ * Thread-safe; returns at once. Use it from a watchdog, a signal-driven shutdown, or after an
+ * error before destroy, so that peers fail at once instead of at their deadline. */
 void ddp_group_abort(ddp_group *g);
 
 int ddp_group_rank(const ddp_group *g);

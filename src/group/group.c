@@ -447,8 +447,10 @@ void ddp_group_abort(ddp_group *g)
     if (!g)
         return;
     poison(g, DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)");
+    /* Peers learn why: the first error if there was one, else that the program aborted. The
+     * message was fixed by poison() above and is not written again. */
     if (g->ops && g->ops->abort)
-        g->ops->abort(g->be);
+        g->ops->abort(g->be, g->errmsg);
 }
 
 void ddp_group_destroy(ddp_group *g)

@@ -66,8 +66,9 @@ typedef struct ddp__backend_ops {
     /* Memory the backend handles without copies; NULL when it has none (may be NULL). */
     void *(*alloc)(void *be, size_t bytes);
     void (*free)(void *be, void *p);
-    /* Thread-safe: make current and later run() calls fail fast here and on the peers. */
-    void (*abort)(void *be);
+    /* Thread-safe: make current and later run() calls fail fast here and on the peers; why
+     * (one line, e.g. the error that made this rank give up) is shown to the peers. */
+    void (*abort)(void *be, const char *why);
     void (*destroy)(void *be);
 } ddp__backend_ops;
 

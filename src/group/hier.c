@@ -133,12 +133,12 @@ static void hier_free(void *be, void *p)
         b->shm_ops->free(b->shm, p);
 }
 
-static void hier_abort(void *be)
+static void hier_abort(void *be, const char *why)
 {
     hier_be *b = be;
-    b->shm_ops->abort(b->shm);
+    b->shm_ops->abort(b->shm, why);
     if (b->tcp)
-        b->tcp_ops->abort(b->tcp);
+        b->tcp_ops->abort(b->tcp, why);
 }
 
 static void hier_destroy(void *be)

@@ -59,7 +59,9 @@ typedef struct shm_header {
     uint32_t magic;
     uint32_t n;
     uint64_t staging_off, arena_off, arena_bytes, total;
-    atomic_int abort_by; /* 0, or 1 + the member that aborted */
+    atomic_int abort_claim; /* the first aborting member wins the right to write abort_msg */
+    atomic_int abort_by;    /* 0, or 1 + the member that aborted (set after abort_msg) */
+    char abort_msg[320];
     int32_t pids[MAX_MEMBERS];
 } shm_header;
 
@@ -183,9 +185,9 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
             if (now >= next_check) {
                 int ab = atomic_load(&b->hdr->abort_by);
                 if (ab) {
-                    char why[96];
-                    ddp__fmt(why, sizeof why, "the group was aborted by rank %d",
-                             b->ranks[ab - 1]);
+                    char why[400];
+                    ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
+                             b->hdr->abort_msg);
                     return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
                 }
                 if (peer_dead(b, j)) {
@@ -506,11 +508,14 @@ static void shm_free(void *be, void *p)
 
 /* ---- life cycle ----------------------------------------------------------------------------- */
 
-static void shm_abort(void *be)
+static void shm_abort(void *be, const char *why)
 {
     shm_be *b = be;
     int expected = 0;
-    atomic_compare_exchange_strong(&b->hdr->abort_by, &expected, b->me + 1);
+    if (atomic_compare_exchange_strong(&b->hdr->abort_claim, &expected, 1)) {
+        ddp__fmt(b->hdr->abort_msg, sizeof b->hdr->abort_msg, "%s", why ? why : "");
+        atomic_store(&b->hdr->abort_by, b->me + 1);
+    }
     for (int j = 0; j < b->n; j++)
         futex(&b->slots[j].arrive, FUTEX_WAKE, INT_MAX, NULL);
 }

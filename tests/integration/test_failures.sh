@@ -59,3 +59,24 @@ rc=0
 [ $rc -eq 1 ] || fail "missing program: exit $rc"
 assert_contains "$T/err" "cannot run './no/such/program': No such file or directory"
 ok "missing program reported"
+
+# A crashed run's shared memory is removed by ddprun (the library unlinks its segments itself
+# once set up; a worker that dies during set-up could leave one).
+d=$T/shm; mkdir -p "$d"
+cat >"$d/leak.sh" <<'EOS'
+#!/usr/bin/env bash
+touch "/dev/shm/ddp-$DDP_RUN_ID-$$-leak"
+touch "/dev/shm/ddp-$DDP_RUN_ID-x-$$-other"
+sleep 0.3 # both ranks get here before either fails
+exit 1
+EOS
+chmod +x "$d/leak.sh"
+rc=0
+"$DDPRUN" --standalone --nproc_per_node=2 --run_id shmleak$$ "$d/leak.sh" >"$d/out" 2>"$d/err" || rc=$?
+[ $rc -eq 1 ] || fail "leak.sh run exited $rc"
+ls /dev/shm | grep -v -- "-other$" | grep -q "ddp-shmleak$$-" && fail "ddprun left /dev/shm/ddp-shmleak$$-*"
+assert_contains "$d/err" "removed shared memory '/dev/shm/ddp-shmleak$$-"
+# A name that only starts like ours (another run 'shmleak$$-x') is not touched.
+[ "$(ls /dev/shm | grep -c -- "ddp-shmleak$$-x-.*-other$")" -eq 2 ] || fail "another run's segments were removed"
+rm -f /dev/shm/ddp-shmleak$$-x-*-other
+ok "ddprun removes a crashed run's /dev/shm segments"

@@ -64,7 +64,8 @@ ok "a missing node: rendezvous times out naming it"
 
 d=$T/wrongtoken; mkdir -p "$d"
 port=$(free_port)
-node 0 $port 1 "$d" "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+"$DDPRUN" --nnodes 2 --node_rank 0 --master_port $port --rdzv_timeout 20 "$WORKER" env "$d" \
+    >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$! # not via node(): $n0 must be ddprun itself
 sleep 0.3
 rc=0
 DDP_STORE_TOKEN=not-the-secret node 1 $port 1 "$d" "$WORKER" env "$d" >"$d/out1" 2>"$d/err1" ||
@@ -72,5 +73,31 @@ DDP_STORE_TOKEN=not-the-secret node 1 $port 1 "$d" "$WORKER" env "$d" >"$d/out1"
 [ $rc -eq 1 ] || fail "node 1 with a wrong token exited $rc"
 assert_contains "$d/err1" "refused our token"
 assert_contains "$d/err0" "wrong store token"
-kill -TERM $n0; wait $n0 || true
+kill -TERM $n0
+rc=0; wait $n0 || rc=$?
+[ $rc -eq 143 ] || fail "node 0 waiting in the rendezvous exited $rc after SIGTERM, want 143"
 ok "a node with the wrong token is refused, and node 0 logs it"
+
+# SIGTERM to node 0 stops both nodes for good, even with restarts left: a user's stop is not a
+# failure to recover from.
+d=$T/stop; mkdir -p "$d"
+port=$(free_port)
+# Not through node(): a backgrounded function's $! is a subshell, and the signal must reach ddprun.
+flags=(--nnodes 2 --master_port $port --nproc_per_node 2 --max_restarts 2 --agent_timeout 5)
+"$DDPRUN" "${flags[@]}" --node_rank 1 "$WORKER" sleep "$d" >"$d/out1" 2>"$d/err1" &
+BG_PIDS+=($!); n1=$!
+"$DDPRUN" "${flags[@]}" --node_rank 0 "$WORKER" sleep "$d" >"$d/out0" 2>"$d/err0" &
+BG_PIDS+=($!); n0=$!
+wait_files "$d" "pid.*" 4 20
+kill -TERM $n0
+t0=$(now_ms)
+rc0=0; wait $n0 || rc0=$?
+rc1=0; wait $n1 || rc1=$?
+[ $rc0 -eq 143 ] || fail "node 0 exited $rc0 after SIGTERM, want 143"
+[ $rc1 -eq 1 ] || fail "node 1 exited $rc1, want 1"
+[ $(($(now_ms) - t0)) -lt 8000 ] || fail "stopping both nodes took $(($(now_ms) - t0)) ms"
+assert_contains "$d/err1" "ddprun on node 0"
+assert_contains "$d/err1" "received SIGTERM"
+assert_not_contains "$d/err1" "restarting"
+wait_gone "$d" 2
+ok "SIGTERM to node 0 stops both nodes without restarting"

@@ -62,3 +62,17 @@ rc=0; "$DDPRUN" --standalone >"$T/out" 2>"$T/err" || rc=$?
 "$DDPRUN" --nproc_per_node cpu --standalone "$WORKER" env "$T/x" >/dev/null 2>&1
 [ "$(sed -n 's/^WORLD_SIZE=//p' "$T/x/env.0")" = "$(nproc)" ] || fail "--nproc_per_node cpu"
 ok "help, both spellings, cpu, usage errors exit 2, program flags untouched"
+
+# --redirects / --tee without --log_dir: a fresh directory under $TMPDIR, named at start.
+rc=0
+TMPDIR=$T "$DDPRUN" --standalone --nproc_per_node 2 --redirects 3 "$WORKER" env "$T/x" \
+    >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 0 ] || fail "--redirects without --log_dir exited $rc"
+logdir=$(sed -n 's/.*logs in \([^ ,]*\).*/\1/p' "$T/err")
+case "$logdir" in "$T"/ddprun_*) ;; *) cat "$T/err"; fail "no temporary log dir announced" ;; esac
+assert_contains "$(ls -d "$logdir"/*/attempt_0/1)/stdout.log" "env written by rank 1"
+ok "--redirects without --log_dir writes to a fresh temporary directory"
+
+rc=0; "$DDPRUN" --nnodes 2 --monitor_interval 2 --agent_timeout 2 x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && assert_contains "$T/err" "--agent_timeout 2 s must be at least 3 × --monitor_interval"
+ok "--agent_timeout below 3 × --monitor_interval is refused"

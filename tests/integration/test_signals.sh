@@ -63,3 +63,20 @@ rc=0; wait $LAST || rc=$?
 [ $rc -eq 143 ] || fail "nohup: exit $rc after SIGTERM, want 143"
 wait_gone "$d" 5
 ok "nohup: SIGHUP ignored by ddprun and workers; SIGTERM still stops everything"
+
+# A parent that ignores SIGCHLD (some wrappers do) must not make ddprun wait forever.
+d=$T/sigchld; mkdir -p "$d"
+timeout 20 perl -e '$SIG{CHLD} = "IGNORE"; exec @ARGV' \
+    "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" env "$d" >"$d/out" 2>&1 ||
+    fail "ddprun under a SIGCHLD-ignoring parent exited $? (124 = hung)"
+[ -f "$d/env.1" ] || fail "workers did not run"
+ok "SIGCHLD ignored by the parent: ddprun still sees its workers end"
+
+# One worker on a real terminal: it must not be stopped by SIGTTIN when it reads stdin.
+if command -v script >/dev/null; then
+    d=$T/tty; mkdir -p "$d"
+    timeout 20 script -qec "$DDPRUN --standalone sh -c 'read x; echo got-eof'" /dev/null \
+        >"$d/out" 2>&1 </dev/null || fail "a worker reading the terminal hung ddprun ($?)"
+    assert_contains "$d/out" "got-eof"
+    ok "a single worker reading a terminal gets /dev/null, not SIGTTIN"
+fi

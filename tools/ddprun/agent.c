@@ -15,6 +15,7 @@
  * A single-node job uses the same code with no store traffic while it runs.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,7 +30,8 @@
 #include "ddp/ddp.h"
 #include "ddprun.h"
 
-typedef enum outcome { OK_ALL, FAILED, SIGNALED, AGENT_ERROR } outcome;
+/* FAILED may restart; the others end the job. */
+typedef enum outcome { OK_ALL, FAILED, SIGNALED, REMOTE_STOP, STORE_LOST, AGENT_ERROR } outcome;
 
 typedef struct failure {
     bool set;
@@ -54,6 +56,7 @@ typedef struct agent {
     ddprun_worker *w;
     bool pipe_out;
     int stop_signal; /* the signal that asked us to stop, or 0 */
+    bool remote_stop; /* another node's ddprun was stopped by a signal: no restart */
     failure fail;
     /* heartbeats of other nodes, watched by node 0 */
     int64_t *hb_value;
@@ -88,7 +91,7 @@ static bool interrupted(agent *a)
     while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (si.ssi_signo != SIGCHLD && !a->stop_signal) {
             a->stop_signal = (int)si.ssi_signo;
-            ddprun_say("received SIG%s before the workers started: stopping",
+            ddprun_say("received SIG%s while no worker runs: stopping",
                        sigabbrev_np(a->stop_signal));
         }
     }
@@ -162,10 +165,10 @@ static int setup_store(agent *a)
             return -1;
         if (st != DDP_ERR_TIMEOUT || now_ms() >= give_up) {
             if (st == DDP_ERR_TIMEOUT)
-                ddprun_say("cannot reach the store of node 0 at '%s:%d' after %.0f s; start "
-                           "ddprun on node 0, and check --master_addr and --master_port (or "
-                           "raise --rdzv_timeout)",
-                           o->master_addr, a->wd.master_port, o->rdzv_timeout);
+                ddprun_say("cannot reach the store of node 0 at '%s:%d' after %.0f s (last "
+                           "error: %s); start ddprun on node 0, and check --master_addr and "
+                           "--master_port (or raise --rdzv_timeout)",
+                           o->master_addr, a->wd.master_port, o->rdzv_timeout, err.msg);
             else
                 ddprun_say("%s", err.msg);
             return -1;
@@ -245,7 +248,9 @@ static int rendezvous(agent *a)
     int rc = -1;
     int64_t start = now_ms();
     int64_t give_up = start + (int64_t)(o->rdzv_timeout * 1000);
-    /* Poll rather than block in a store wait, so that Ctrl-C is heard while nodes gather. */
+    /* Poll rather than block in a store wait, so that Ctrl-C is heard while nodes gather; each
+     * check is short, for the same reason. */
+    ddp_store_set_timeout(s, 2000);
     for (;;) {
         bool all = false;
         if (ddp_store_check(s, (const char *const *)keys, (size_t)o->nnodes, &all) != DDP_OK) {
@@ -346,10 +351,16 @@ static void record_local_failure(agent *a, ddprun_worker *w)
     }
 }
 
+#define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
+
 static void record_remote_failure(agent *a, const char *line)
 {
     if (a->fail.set)
         return;
+    if (strncmp(line, STOP_MARK, strlen(STOP_MARK)) == 0) {
+        a->remote_stop = true;
+        line += strlen(STOP_MARK);
+    }
     a->fail.set = true;
     a->fail.local = false;
     wall_time(a->fail.when, sizeof a->fail.when);
@@ -413,6 +424,33 @@ static void keep_tail(agent *a, const ddprun_worker *w)
                  s->tail[(s->tail_next - s->tail_n + i + 5) % 5]);
 }
 
+/* Removes shared-memory segments of this run left by workers that crashed while setting up a
+ * group (after set-up the library unlinks them itself). Names: /dev/shm/ddp-<run_id>-…. */
+static void remove_leftover_segments(const agent *a)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        /* Only names our own workers made (ddp-<run_id, cut to 40>-<pid>-…), so another run
+         * whose id starts with ours is left alone. */
+        bool ours = false;
+        for (int i = 0; i < a->o->nproc && !ours; i++) {
+            char prefix[160];
+            snprintf(prefix, sizeof prefix, "ddp-%.40s-%d-", a->o->run_id, (int)a->w[i].pid);
+            ours = a->w[i].pid > 0 && strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+        }
+        if (!ours)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (unlink(path) == 0)
+            ddprun_say("removed shared memory '%s' left by a crashed worker", path);
+    }
+    closedir(d);
+}
+
 /* ---- the monitor loop ---------------------------------------------------------------------- */
 
 static ddprun_worker *find_worker(agent *a, pid_t pid)
@@ -430,8 +468,9 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
     ddprun_opts *o = a->o;
     ddp_store *s = a->store;
     char k[128];
-    int timeout = (int)(o->agent_timeout * 1000);
-    ddp_store_set_timeout(s, timeout < 1000 ? 1000 : timeout);
+    /* Short calls: while one blocks, output, exits and signals wait. The caller tolerates
+     * failures for up to --agent_timeout before it calls the store lost. */
+    ddp_store_set_timeout(s, 2000);
     key(k, sizeof k, a, "failed");
     const char *keys[1] = {k};
     bool failed = false;
@@ -543,6 +582,7 @@ static outcome run_attempt(agent *a)
     }
     outcome result = OK_ALL;
     bool store_lost = false;
+    int64_t unreachable_since = 0;
     for (;;) {
         int open_streams = 0;
         int np = 0;
@@ -597,7 +637,7 @@ static outcome run_attempt(agent *a)
                 if (o->nnodes > 1 && !store_lost) {
                     char k[128], line[300];
                     key(k, sizeof k, a, "failed");
-                    snprintf(line, sizeof line, "ddprun on node %d ('%s') received SIG%s",
+                    snprintf(line, sizeof line, STOP_MARK "ddprun on node %d ('%s') received SIG%s",
                              o->node_rank, a->host, sigabbrev_np(sig));
                     ddp_store_set_timeout(a->store, 2000);
                     (void)ddp_store_compare_set(a->store, k, "", 0, line, strlen(line), NULL, NULL);
@@ -613,10 +653,16 @@ static outcome run_attempt(agent *a)
         /* Reap whatever exited (the signalfd only says that something did). */
         int status;
         pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
             ddprun_worker *w = find_worker(a, pid);
             if (!w || !w->running)
                 continue; /* the reaper, or a stranger */
+            if (WIFSTOPPED(status)) {
+                ddprun_say("rank %d (pid %d) was stopped by SIG%s; it will not progress until "
+                           "it gets SIGCONT",
+                           w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)));
+                continue;
+            }
             w->running = false;
             w->status = status;
             w->exited_ms = now_ms();
@@ -628,6 +674,18 @@ static outcome run_attempt(agent *a)
             }
             if (running == 0 && !drain_until)
                 drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
+        }
+        if (pid < 0 && errno == ECHILD && running > 0) {
+            /* Someone reaped our children (SIGCHLD ignored by a wrapper despite main()'s reset):
+             * we can no longer tell how they ended. */
+            ddprun_say("lost track of %d worker%s (already reaped by someone else); stopping", running,
+                       running == 1 ? "" : "s");
+            for (int i = 0; i < n; i++)
+                a->w[i].running = false;
+            running = 0;
+            result = AGENT_ERROR;
+            if (!drain_until)
+                drain_until = now_ms() + 2000;
         }
         now = now_ms();
         if (kill_at && running && now >= kill_at) {
@@ -653,7 +711,12 @@ static outcome run_attempt(agent *a)
             next_check = now + tick;
             bool remote = false;
             char line[700];
-            if (!check_nodes(a, &remote, line, sizeof line)) {
+            bool reachable = check_nodes(a, &remote, line, sizeof line);
+            if (reachable)
+                unreachable_since = 0;
+            else if (!unreachable_since)
+                unreachable_since = now;
+            if (!reachable && now_ms() - unreachable_since > (int64_t)(o->agent_timeout * 1000)) {
                 store_lost = true;
                 if (!a->fail.set && !a->stop_signal) {
                     char msg[700];
@@ -662,6 +725,8 @@ static outcome run_attempt(agent *a)
                     record_remote_failure(a, msg);
                     stop_workers(a, SIGTERM, &kill_at);
                 }
+            } else if (!reachable) {
+                /* not yet lost: try again next tick */
             } else if (remote && !a->fail.set && !a->stop_signal) {
                 record_remote_failure(a, line);
                 stop_workers(a, SIGTERM, &kill_at);
@@ -688,18 +753,22 @@ static outcome run_attempt(agent *a)
         ddprun_output_close(o, w, &w->out);
         ddprun_output_close(o, w, &w->err);
     }
+    remove_leftover_segments(a);
     if (result == AGENT_ERROR || spawn_failed)
         return AGENT_ERROR;
     if (a->stop_signal)
         return SIGNALED;
-    if (a->fail.set)
-        return FAILED;
     if (store_lost) {
+        /* Node 0 is gone with the store: there is nothing to restart against. */
         if (!a->fail.set)
             record_remote_failure(a, "lost contact with the store on node 0 before every node "
                                      "finished");
-        return FAILED;
+        return STORE_LOST;
     }
+    if (a->remote_stop)
+        return REMOTE_STOP;
+    if (a->fail.set)
+        return FAILED;
     return OK_ALL;
 }
 
@@ -769,10 +838,19 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         }
         if (r == SIGNALED) {
             code = 128 + a.stop_signal;
+            final_handshake(&a);
             goto out;
         }
-        if (r == AGENT_ERROR)
+        if (r == AGENT_ERROR) {
+            final_handshake(&a);
             goto out;
+        }
+        if (r == REMOTE_STOP || r == STORE_LOST) {
+            print_summary(&a, false);
+            if (r == REMOTE_STOP)
+                final_handshake(&a);
+            goto out;
+        }
         bool restart = a.wd.attempt < o->max_restarts;
         print_summary(&a, restart);
         if (!restart) {

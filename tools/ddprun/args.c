@@ -99,7 +99,7 @@ static bool parse_seconds(const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (!*s || errno || *end || !(v >= 0) || v > 1e7)
+    if (!*s || errno || *end || !(v >= 0) || v > 2e6)
         return false;
     *out = v;
     return true;
@@ -179,7 +179,9 @@ static int parse_std(const char *flag, const char *v, int *per_rank)
             per_rank[i] = (int)x;
         return 0;
     }
-    char buf[512];
+    char buf[8192];
+    if (strlen(v) >= sizeof buf)
+        return bad("--%s: the per-rank list is longer than %zu characters", flag, sizeof buf - 1);
     snprintf(buf, sizeof buf, "%s", v);
     char *save = NULL;
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -388,7 +390,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
             return bad("--standalone runs one node; it cannot be combined with --nnodes %d",
                        o->nnodes);
         if (port_set)
-            return bad("--standalone picks a free port itself; drop --master_port");
+            return bad("--standalone picks a free port itself; drop --master_port / "
+                       "--rdzv_endpoint");
         snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
         o->master_port = 0;
     }
@@ -398,5 +401,9 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
         o->monitor_interval = 0.001;
     if (o->rdzv_timeout < 0.1)
         return bad("--rdzv_timeout must be at least 0.1 s");
+    if (o->nnodes > 1 && o->agent_timeout < 3 * o->monitor_interval)
+        return bad("--agent_timeout %.3g s must be at least 3 × --monitor_interval (%.3g s): "
+                   "heartbeats advance once per interval",
+                   o->agent_timeout, o->monitor_interval);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -32,17 +33,18 @@ static void default_threads(int nproc)
     int per = cores / nproc > 0 ? cores / nproc : 1;
     char v[16];
     snprintf(v, sizeof v, "%d", per);
-    bool said = false;
     const char *names[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+    char set[64] = "";
     for (int i = 0; i < 2; i++) {
         if (getenv(names[i]))
             continue;
         setenv(names[i], v, 1);
-        if (!said && nproc > 1)
-            ddprun_say("%s unset: %d thread%s per worker (%d cores / %d workers)", names[i], per,
-                       per == 1 ? "" : "s", cores, nproc);
-        said = true;
+        size_t l = strlen(set);
+        snprintf(set + l, sizeof set - l, "%s%s", l ? " and " : "", names[i]);
     }
+    if (set[0] && nproc > 1)
+        ddprun_say("%s unset: %d thread%s per worker (%d cores / %d workers)", set, per,
+                   per == 1 ? "" : "s", cores, nproc);
 }
 
 int main(int argc, char **argv)
@@ -67,6 +69,29 @@ int main(int argc, char **argv)
     }
     default_threads(o->nproc);
     signal(SIGPIPE, SIG_IGN); /* a closed console or reaper must not kill the launcher */
+    /* A parent may have left SIGCHLD ignored: then the kernel would reap our workers itself and
+     * we would wait for them forever. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &dfl, NULL);
+    /* Two pipes (and two log files) per worker: take the whole fd allowance we are given. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (o->want_files && !o->log_dir[0]) {
+        /* --redirects/--tee without --log_dir: a fresh directory, as torchrun does. */
+        const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(o->log_dir, sizeof o->log_dir, "%s/ddprun_XXXXXX", tmp);
+        if (!mkdtemp(o->log_dir)) {
+            ddprun_say("cannot create a log directory in '%s': %s; give --log_dir", tmp,
+                       strerror(errno));
+            free(o);
+            return 1;
+        }
+    }
 
     /* The reaper first: before any thread, socket or worker exists. */
     int reaper_fd = ddprun_reaper_start();

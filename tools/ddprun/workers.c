@@ -183,8 +183,11 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         ddprun_say("cannot create pipes for rank %d: %s", w->rank, strerror(errno));
         goto out_close;
     }
+    /* Several workers: none of them owns our input. One worker keeps a file or pipe on stdin,
+     * but not a terminal: it runs in its own process group, which is not the terminal's
+     * foreground group, so reading the terminal would stop it (SIGTTIN) for good. */
     int devnull = -1;
-    if (pipe_out) /* several workers: none of them owns the terminal's input */
+    if (pipe_out || isatty(STDIN_FILENO))
         devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -209,9 +212,9 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         signal(SIGPIPE, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        if (devnull >= 0)
+            dup2(devnull, STDIN_FILENO);
         if (pipe_out) {
-            if (devnull >= 0)
-                dup2(devnull, STDIN_FILENO);
             dup2(outp[1], STDOUT_FILENO);
             dup2(errp[1], STDERR_FILENO);
         }

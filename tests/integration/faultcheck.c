@@ -1,0 +1,85 @@
+/*
+ * faultcheck — how the process group fails, started by tests/integration/test_faults.sh with
+ * ranks launched by hand (no ddprun, whose all-or-nothing stop would hide the library's own
+ * behaviour):
+ *
+ *   faultcheck loop      allreduce 4 MB in a loop, writing progress to $FAULT_DIR/progress.RANK;
+ *                        the test kills or stops a rank from outside
+ *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
+ *                        makes the group report it)
+ *
+ * On failure each surviving rank prints, on one line each: the error, the milliseconds between
+ * the failing call's start and its return, and what a later call returns (the group is
+ * poisoned). Exit 3 when a collective failed as expected, 0 if the loop ran out, 1 on set-up.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddp/ddp.h"
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void progress(int rank, int i)
+{
+    const char *dir = getenv("FAULT_DIR");
+    if (!dir)
+        return;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/progress.%d", dir, rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "%d\n", i);
+        fclose(f);
+        rename(tmp, path);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "loop";
+    ddp_error err = {0};
+    ddp_group *g;
+    if (ddp_group_init(NULL, &g, &err) != DDP_OK) {
+        fprintf(stderr, "faultcheck: %s\n", err.msg);
+        return 1;
+    }
+    int R = ddp_group_rank(g);
+    size_t n = (size_t)1 << 20;
+    float *buf = calloc(n, sizeof *buf);
+    float x[1000] = {0};
+    ddp_status st = DDP_OK;
+    long long t0 = now_ms();
+    if (!strcmp(mode, "mismatch")) {
+        st = R == 0 ? ddp_allreduce(g, x, x, 1000, DDP_FLOAT32, DDP_SUM)
+                    : ddp_broadcast(g, x, 1000, DDP_FLOAT32, 0);
+    } else {
+        for (int i = 0; i < 100000 && st == DDP_OK; i++) {
+            progress(R, i);
+            t0 = now_ms();
+            st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+        }
+    }
+    int code = 0;
+    if (st != DDP_OK) {
+        long long took = now_ms() - t0;
+        printf("rank %d error: %s\n", R, ddp_group_last_error(g));
+        printf("rank %d failed after %lld ms with status %s\n", R, took, ddp_status_str(st));
+        ddp_status again = ddp_barrier(g);
+        printf("rank %d later call: %s: %s\n", R, ddp_status_str(again), ddp_group_last_error(g));
+        fflush(stdout);
+        code = 3;
+    }
+    free(buf);
+    ddp_group_abort(g);
+    ddp_group_destroy(g);
+    return code;
+}

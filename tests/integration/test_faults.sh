@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The process group under faults, ranks started by hand (rank 0 hosts the store): a rank killed
+# mid-collective, a rank stopped with SIGSTOP, and mismatched collectives under DDP_DEBUG=1.
+# Every surviving rank must return an error naming the operation, its sequence number and the
+# missing rank within the timeout plus 5 s; later calls report the same (poisoned) error.
+# Usage: test_faults.sh BINDIR [BACKEND]
+. "$(dirname "$0")/lib.sh"
+FAULT=$BIN/faultcheck
+export DDP_BACKEND=${2:-shm} DDP_TIMEOUT=3
+export FAULT_DIR=$T
+
+start_ranks() { # start_ranks MODE: 3 ranks in the background, pids in RANK_PIDS
+    local port
+    port=$(free_port)
+    RANK_PIDS=()
+    for r in 0 1 2; do
+        RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$FAULT" "$1" \
+            >"$T/out.$r" 2>&1 &
+        RANK_PIDS+=($!)
+        BG_PIDS+=($!)
+    done
+}
+
+wait_progress() { # all ranks past iteration 3
+    for _ in $(seq 400); do
+        local ok=1
+        for r in 0 1 2; do
+            [ "$(cat "$T/progress.$r" 2>/dev/null || echo 0)" -ge 3 ] || ok=0
+        done
+        [ $ok = 1 ] && return 0
+        sleep 0.05
+    done
+    fail "ranks made no progress"
+}
+
+check_survivor() { # check_survivor RANK LIMIT_MS TEXT...
+    local r=$1 limit=$2 rc=0
+    shift 2
+    wait "${RANK_PIDS[$r]}" || rc=$?
+    [ $rc -eq 3 ] || { cat "$T/out.$r"; fail "rank $r exited $rc, want 3 (a reported error)"; }
+    for text in "$@"; do assert_contains "$T/out.$r" "$text"; done
+    local ms
+    ms=$(sed -n "s/^rank $r failed after \([0-9]*\) ms.*/\1/p" "$T/out.$r")
+    [ "$ms" -le "$limit" ] || fail "rank $r took $ms ms to report, limit $limit"
+    assert_contains "$T/out.$r" "rank $r later call:"
+    # Poisoned: the later call reports the first error again.
+    first=$(sed -n "s/^rank $r error: //p" "$T/out.$r")
+    assert_contains "$T/out.$r" "$first"
+}
+
+# 1. A rank killed mid-collective: the others see it die (pidfd / lost connection), fast.
+start_ranks loop
+wait_progress
+kill -KILL "${RANK_PIDS[1]}"
+for r in 0 2; do check_survivor $r 8000 "allreduce #" "rank 1"; done
+ok "$DDP_BACKEND: a rank killed mid-collective: the others report it (rank 1) quickly"
+
+# 2. A stopped rank (SIGSTOP): the others time out after DDP_TIMEOUT=3 s, naming it.
+rm -f "$T"/progress.*
+start_ranks loop
+wait_progress
+kill -STOP "${RANK_PIDS[1]}"
+for r in 0 2; do check_survivor $r 8000 "timed out" "allreduce #" "rank 1"; done
+kill -KILL "${RANK_PIDS[1]}"
+ok "$DDP_BACKEND: a stopped rank: the others time out within 3 s + 5 s, naming rank 1"
+
+# 3. Mismatched collectives with DDP_DEBUG=1: an error listing the difference, not a hang.
+DDP_DEBUG=1 start_ranks mismatch
+for r in 0 1 2; do
+    check_survivor $r 8000 "does not match across ranks" "rank 0: allreduce float32 × 1000 sum" \
+        "rank 1: broadcast float32 × 1000 root 0"
+done
+ok "$DDP_BACKEND: DDP_DEBUG=1 reports mismatched collectives on every rank"

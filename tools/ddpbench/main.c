@@ -1,0 +1,306 @@
+/*
+ * ddpbench — collectives benchmark, in the manner of nccl-tests, run under ddprun:
+ *
+ *   ddprun --nproc_per_node=2 ddpbench [--op allreduce|broadcast|allgather|reduce_scatter|all]
+ *          [--min 4] [--max 256M] [--sizes 4K,1M,16M] [--dtype float32] [--backend auto|shm|tcp]
+ *          [--buffers arena|private] [--iters N] [--csv]
+ *
+ * For each size (bytes per rank) it prints the median time per call, the algorithm bandwidth
+ * (size / time), the bus bandwidth (nccl-tests' correction for how much data each rank moves),
+ * the number of wrong elements found by checking the result, and the memory-bandwidth limit:
+ * the least time any implementation needs to move the bytes this collective must read and
+ * write on one host (2·W·S for allreduce), at the copy bandwidth measured by all local ranks at
+ * once in this same run. Uses only the public API.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddp/ddp.h"
+
+typedef enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_COUNT } kind;
+static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static size_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+    }
+    return (size_t)v;
+}
+
+static void die(ddp_group *g, const char *what)
+{
+    fprintf(stderr, "ddpbench: %s: %s\n", what, g ? ddp_group_last_error(g) : "");
+    exit(1);
+}
+
+/* Copy bandwidth with every local rank copying at once: bytes read + written per second, summed
+ * over the ranks (the machine's figure, not one core's). */
+static double measure_copy_bw(ddp_group *g)
+{
+    size_t bytes = (size_t)64 << 20;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b)
+        die(NULL, "out of memory");
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        if (ddp_barrier(g))
+            die(g, "barrier");
+        double t0 = now_s();
+        memcpy(b, a, bytes);
+        double t = now_s() - t0;
+        double tmax;
+        if (ddp_allreduce(g, &t, &tmax, 1, DDP_FLOAT64, DDP_MAX))
+            die(g, "allreduce");
+        if (tmax < best)
+            best = tmax;
+    }
+    free(a);
+    free(b);
+    return 2.0 * (double)bytes * ddp_group_size(g) / best;
+}
+
+static ddp_status run_op(ddp_group *g, kind k, void *send, void *recv, size_t count)
+{
+    switch (k) {
+    case K_ALLREDUCE: return ddp_allreduce(g, send, send, count, DDP_FLOAT32, DDP_SUM);
+    case K_BROADCAST: return ddp_broadcast(g, send, count, DDP_FLOAT32, 0);
+    case K_ALLGATHER: return ddp_allgather(g, send, recv, count, DDP_FLOAT32);
+    default: return ddp_reduce_scatter(g, send, recv, count, DDP_FLOAT32, DDP_SUM);
+    }
+}
+
+/* Fills inputs, runs once, counts wrong elements (exact: small integers). */
+static long check(ddp_group *g, kind k, float *send, float *recv, size_t count)
+{
+    int W = ddp_group_size(g), R = ddp_group_rank(g);
+    size_t in_n = k == K_REDUCE_SCATTER ? count * (size_t)W : count;
+    for (size_t i = 0; i < in_n; i++)
+        send[i] = (float)((R + i) % 13);
+    if (run_op(g, k, send, recv, count))
+        die(g, kind_names[k]);
+    long wrong = 0;
+    float wsum = (float)W * (float)(W - 1) / 2.0f;
+    for (size_t i = 0; i < count; i++) {
+        float want;
+        switch (k) {
+        case K_ALLREDUCE: {
+            want = 0;
+            for (int r = 0; r < W; r++)
+                want += (float)((r + i) % 13);
+            wrong += send[i] != want;
+            break;
+        }
+        case K_BROADCAST: wrong += send[i] != (float)(i % 13); break;
+        case K_ALLGATHER:
+            for (int r = 0; r < W; r++)
+                wrong += recv[(size_t)r * count + i] != (float)((r + i) % 13);
+            break;
+        default: {
+            want = 0;
+            size_t idx = (size_t)R * count + i;
+            for (int r = 0; r < W; r++)
+                want += (float)((r + idx) % 13);
+            wrong += recv[i] != want;
+            break;
+        }
+        }
+    }
+    (void)wsum;
+    long total;
+    int64_t w64 = wrong, t64;
+    if (ddp_allreduce(g, &w64, &t64, 1, DDP_INT64, DDP_SUM))
+        die(g, "allreduce");
+    total = (long)t64;
+    return total;
+}
+
+int main(int argc, char **argv)
+{
+    size_t min = 4, max = (size_t)256 << 20;
+    const char *sizes = NULL, *op = "allreduce", *backend = NULL, *buffers = "arena";
+    int iters_opt = 0;
+    bool csv = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--csv")) {
+            csv = true;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: ddprun [--nproc_per_node N] ddpbench [--op allreduce|broadcast|"
+                   "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "
+                   "4K,1M,...] [--backend auto|shm|tcp] [--buffers arena|private]\n       "
+                   "[--iters N] [--csv]\nSizes are bytes of float32 per rank (K, M, G "
+                   "suffixes).\n");
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "ddpbench: '%s' needs a value (see --help)\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--min"))
+            min = parse_size(v);
+        else if (!strcmp(a, "--max"))
+            max = parse_size(v);
+        else if (!strcmp(a, "--sizes"))
+            sizes = v;
+        else if (!strcmp(a, "--op"))
+            op = v;
+        else if (!strcmp(a, "--backend"))
+            backend = v;
+        else if (!strcmp(a, "--buffers"))
+            buffers = v;
+        else if (!strcmp(a, "--iters"))
+            iters_opt = atoi(v);
+        else {
+            fprintf(stderr, "ddpbench: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    size_t list[64];
+    int nsizes = 0;
+    if (sizes) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", sizes);
+        for (char *s = strtok(buf, ","); s && nsizes < 64; s = strtok(NULL, ","))
+            list[nsizes++] = parse_size(s);
+    } else {
+        for (size_t s = min; s <= max && nsizes < 64; s *= 4)
+            list[nsizes++] = s;
+    }
+    bool arena = !strcmp(buffers, "arena");
+    size_t maxbytes = 0;
+    for (int i = 0; i < nsizes; i++)
+        if (list[i] > maxbytes)
+            maxbytes = list[i];
+
+    ddp_error err = {0};
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.backend = backend;
+    o.timeout_ms = 600000;
+    int W0 = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
+    o.arena_bytes = arena ? 2 * maxbytes * (size_t)(W0 > 0 ? W0 : 1) + ((size_t)4 << 20) : 0;
+    ddp_group *g;
+    if (ddp_group_init(&o, &g, &err) != DDP_OK) {
+        fprintf(stderr, "ddpbench: %s\n", err.msg);
+        return 1;
+    }
+    int W = ddp_group_size(g), R = ddp_group_rank(g);
+    size_t big = maxbytes * (size_t)W + 64;
+    float *send = arena ? ddp_group_alloc(g, big) : NULL;
+    float *recv = arena ? ddp_group_alloc(g, big) : NULL;
+    if (arena && (!send || !recv)) {
+        fprintf(stderr, "ddpbench: the arena could not hold %zu bytes; using private buffers\n",
+                big);
+        arena = false;
+    }
+    if (!arena) {
+        send = aligned_alloc(64, (big + 63) / 64 * 64);
+        recv = aligned_alloc(64, (big + 63) / 64 * 64);
+        if (!send || !recv)
+            die(NULL, "out of memory");
+    }
+    memset(send, 0, big);
+    memset(recv, 0, big);
+    double copy_bw = measure_copy_bw(g);
+    if (R == 0) {
+        printf("# ddpbench: %d ranks, backend %s, %s buffers, float32, in place; copy bandwidth "
+               "%.2f GB/s (all %d ranks copying at once)\n",
+               W, ddp_group_backend(g), arena ? "arena (zero-copy)" : "private", copy_bw / 1e9,
+               W);
+        if (csv)
+            printf("op,bytes,count,time_us,algbw_GBps,busbw_GBps,wrong,limit_us\n");
+        else
+            printf("%-15s %12s %12s %12s %10s %10s %7s %12s %9s\n", "op", "bytes", "count",
+                   "time(us)", "algbw", "busbw", "#wrong", "mem-limit", "x-limit");
+    }
+    for (int k = 0; k < K_COUNT; k++) {
+        if (strcmp(op, "all") && strcmp(op, kind_names[k]))
+            continue;
+        for (int si = 0; si < nsizes; si++) {
+            size_t bytes = list[si];
+            size_t count = bytes / 4;
+            if (k == K_ALLGATHER || k == K_REDUCE_SCATTER)
+                count = count / (size_t)W; /* bytes = total buffer, as nccl-tests reports */
+            long wrong = check(g, (kind)k, send, recv, count);
+            int iters = iters_opt > 0 ? iters_opt : (int)((size_t)(512 << 20) / (bytes + 4096));
+            if (iters < 5)
+                iters = 5;
+            if (iters > 2000)
+                iters = 2000;
+            for (int w = 0; w < 3; w++)
+                if (run_op(g, (kind)k, send, recv, count))
+                    die(g, kind_names[k]);
+            double *t = malloc(sizeof(double) * (size_t)iters);
+            if (!t)
+                die(NULL, "out of memory");
+            for (int it = 0; it < iters; it++) {
+                double t0 = now_s();
+                if (run_op(g, (kind)k, send, recv, count))
+                    die(g, kind_names[k]);
+                t[it] = now_s() - t0;
+            }
+            qsort(t, (size_t)iters, sizeof *t, cmp_double);
+            double med = t[iters / 2], worst;
+            free(t);
+            if (ddp_allreduce(g, &med, &worst, 1, DDP_FLOAT64, DDP_MAX))
+                die(g, "allreduce");
+            /* Bytes that must cross memory, and the bus-bandwidth factor, per collective. */
+            double S = (double)bytes, traffic, factor;
+            switch (k) {
+            case K_ALLREDUCE: traffic = 2.0 * W * S; factor = 2.0 * (W - 1) / W; break;
+            case K_BROADCAST: traffic = S * W; factor = 1; break;
+            default: traffic = S * (W + 1); factor = (double)(W - 1) / W; break;
+            }
+            double limit = traffic / copy_bw;
+            double algbw = S / worst / 1e9;
+            if (R == 0) {
+                if (csv)
+                    printf("%s,%zu,%zu,%.2f,%.3f,%.3f,%ld,%.2f\n", kind_names[k], bytes, count,
+                           worst * 1e6, algbw, algbw * factor, wrong, limit * 1e6);
+                else
+                    printf("%-15s %12zu %12zu %12.2f %10.3f %10.3f %7ld %12.2f %8.2fx\n",
+                           kind_names[k], bytes, count, worst * 1e6, algbw, algbw * factor, wrong,
+                           limit * 1e6, worst / limit);
+                fflush(stdout);
+            }
+            if (wrong)
+                die(g, "wrong results");
+        }
+    }
+    if (arena) {
+        ddp_group_free(g, send);
+        ddp_group_free(g, recv);
+    } else {
+        free(send);
+        free(recv);
+    }
+    ddp_group_destroy(g);
+    return 0;
+}
