@@ -85,6 +85,10 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
         return sub(b->shm, b->shm_ops, x, f);
     }
     case DDP__REDUCE_SCATTER: {
+        if (c->count == 0) { /* nothing to move, but keep every member's steps in step */
+            x.kind = DDP__BARRIER;
+            return hier_run(b, &x, f);
+        }
         size_t W = (size_t)b->L * (size_t)b->nnodes;
         size_t bytes = W * c->count * esz;
         if (bytes > b->scratch_bytes) {
