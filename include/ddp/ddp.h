@@ -9,6 +9,7 @@
 #define DDP_DDP_H
 
 #include "ddp/group.h"
+#include "ddp/reducer.h"
 #include "ddp/sampler.h"
 #include "ddp/status.h"
 #include "ddp/store.h"

@@ -141,6 +141,12 @@ ddp_status ddp_barrier_async(ddp_group *g, ddp_work **work);
 ddp_status ddp_work_wait(ddp_work *w);
 /* Whether the work has finished; if so *status (may be NULL) is its result. Never blocks. */
 bool ddp_work_test(ddp_work *w, ddp_status *status);
+/* When the work ran, on the ddp__now clock in seconds (CLOCK_MONOTONIC): *start when the
+ * backend began it, *end when it finished; both 0 while it has not. Either may be NULL. */
+void ddp_work_timing(const ddp_work *w, double *start, double *end);
+/* Seconds on the same clock, for comparing with ddp_work_timing(). */
+double ddp_now_seconds(void);
+
 /* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. */
 void ddp_work_free(ddp_work *w);
 

@@ -31,6 +31,7 @@ struct ddp_work {
     ddp_op user_op; /* AVG is run as SUM, then scaled */
     bool done;
     ddp_status status;
+    double t_start, t_end; /* seconds, CLOCK_MONOTONIC */
     ddp_work *next;
 };
 
@@ -201,8 +202,12 @@ static void *progress_main(void *arg)
             break;
         ddp_work *w = g->head;
         pthread_mutex_unlock(&g->mu);
+        double t0 = ddp_now_seconds();
         ddp_status st = execute(g, w);
+        double t1 = ddp_now_seconds();
         pthread_mutex_lock(&g->mu);
+        w->t_start = t0;
+        w->t_end = t1;
         g->head = w->next;
         if (!g->head)
             g->tail = NULL;
@@ -327,6 +332,26 @@ bool ddp_work_test(ddp_work *w, ddp_status *status)
         *status = w->status;
     pthread_mutex_unlock(&w->g->mu);
     return done;
+}
+
+double ddp_now_seconds(void)
+{
+    return (double)ddp__now_ns() * 1e-9;
+}
+
+void ddp_work_timing(const ddp_work *w, double *start, double *end)
+{
+    double s0 = 0, s1 = 0;
+    if (w) {
+        pthread_mutex_lock(&w->g->mu);
+        s0 = w->t_start;
+        s1 = w->t_end;
+        pthread_mutex_unlock(&w->g->mu);
+    }
+    if (start)
+        *start = s0;
+    if (end)
+        *end = s1;
 }
 
 void ddp_work_free(ddp_work *w)

@@ -78,6 +78,7 @@
 #define MAX_TOKEN 1024
 #define HELLO_MS 2000       /* how long an accepted connection may take to show its hello */
 #define NOTICE_GRACE_MS 500 /* how long a member that saw EOF waits for the notice saying why */
+#define TIMEOUT_GRACE_MS 500 /* how long a timed-out member waits for its predecessor's notice */
 #define SEND_IOV 8
 
 enum { CH_DATA, CH_CTL };
@@ -270,9 +271,9 @@ static void send_notice(int fd, const unsigned char *buf, size_t len)
     while (k < 0 && errno == EINTR);
 }
 
-/* Sends this member's one notice to both neighbours and shuts every connection, so the peers see
- * EOF at once. Any thread; only the first call sends. */
-static void tell_peers(tcp_be *be, ddp_status st, const char *text)
+/* Sends this member's one notice to both neighbours, keeping the connections open. Any thread;
+ * only the first call sends. */
+static void send_own_notice(tcp_be *be, ddp_status st, const char *text)
 {
     if (be->n > 1 && !atomic_exchange(&be->told, true)) {
         unsigned char buf[NOTICE_FIXED + NOTICE_MAX];
@@ -286,6 +287,12 @@ static void tell_peers(tcp_be *be, ddp_status st, const char *text)
         send_notice(be->in_fd, buf, NOTICE_FIXED + len);
         send_notice(be->ctl_out_fd, buf, NOTICE_FIXED + len);
     }
+}
+
+/* Sends the notice (if not yet sent) and shuts every connection, so the peers see EOF at once. */
+static void tell_peers(tcp_be *be, ddp_status st, const char *text)
+{
+    send_own_notice(be, st, text);
     int fds[4] = {be->out_fd, be->in_fd, be->ctl_out_fd, be->ctl_in_fd};
     for (int i = 0; i < 4; i++)
         if (fds[i] >= 0)
@@ -381,10 +388,12 @@ static ddp_status fail_notice(tcp_be *be, const inbox *b, ddp__fail *f)
 /* prev's data stopped: if a failure made it stop, the notice is on its way (from prev on the
  * control connection, or round the ring from next), so wait a moment for it; a notice says what
  * happened, where EOF alone can only guess. Returns the inbox that has one, or NULL. */
-static inbox *await_notice(tcp_be *be)
+static inbox *await_notice_for(tcp_be *be, int grace_ms, bool prev_only)
 {
-    int64_t until = ddp__now_ms() + NOTICE_GRACE_MS;
+    int64_t until = ddp__now_ms() + grace_ms;
     bool open[2] = {!be->box[0].closed, !be->box[1].closed};
+    if (prev_only)
+        open[BOX_NEXT] = false;
     for (;;) {
         struct pollfd p[3];
         int np = 0;
@@ -415,8 +424,11 @@ static ddp_status fail_conn(xfer *x, ddp__fail *f, int peer, int e)
     tcp_be *be = x->be;
     if (atomic_load(&be->aborted))
         return fail_aborted(be, x->c, f);
-    if (be->fail_st == DDP_OK && peer == prev_of(be)) {
-        inbox *b = await_notice(be);
+    if (be->fail_st == DDP_OK) {
+        /* Whichever neighbour's connection broke, a failure elsewhere may be the cause, and its
+         * notice is on the way (a neighbour that failed first sends its notice before it shuts
+         * its sockets, so it usually waits in our buffer already). */
+        inbox *b = await_notice_for(be, NOTICE_GRACE_MS, false);
         if (b)
             return fail_notice(be, b, f);
     }
@@ -717,7 +729,20 @@ static ddp_status fail_timeout(xfer *x, ddp__fail *f)
         waited = (waited + 50) / 100 * 100;
     ddp__fmt_duration(dur, sizeof dur, waited > 0 ? waited : 0);
     describe_wait(x, why, sizeof why);
-    return fail(x->be, f, DDP_ERR_TIMEOUT, "%s timed out after %s over tcp: %s", what, dur, why);
+    tcp_be *be = x->be;
+    if (be->fail_st == DDP_OK && !atomic_load(&be->aborted)) {
+        /* In a ring everyone behind a stuck rank times out at about the same moment, and only
+         * the stuck rank's successor can name it. So each sends its own diagnosis at once, and
+         * takes its predecessor's instead if one arrives: upstream is better informed. */
+        char text[DDP_ERRMSG_MAX + 32];
+        ddp__fmt(text, sizeof text, "%s timed out after %s over tcp: %s (reported by rank %d)",
+                 what, dur, why, be->ranks[be->me]);
+        send_own_notice(be, DDP_ERR_TIMEOUT, text);
+        inbox *b = await_notice_for(be, TIMEOUT_GRACE_MS, true);
+        if (b)
+            return fail_notice(be, b, f);
+    }
+    return fail(be, f, DDP_ERR_TIMEOUT, "%s timed out after %s over tcp: %s", what, dur, why);
 }
 
 /* Runs the schedule in be->sends/recvs to completion, failure or the deadline. */

@@ -1,0 +1,107 @@
+/*
+ * ddp/reducer.h — the DDP engine: gradients averaged over ranks, overlapped with backward.
+ *
+ * The C counterpart of wrapping a model in DistributedDataParallel:
+ *
+ *   ddp_param params[] = {{"fc1.weight", n1, DDP_FLOAT32, w1}, …};   // registration order
+ *   ddp_reducer_create(group, params, np, NULL, 0, NULL, &red, &err); // checks + broadcast
+ *   float *g1 = ddp_reducer_grad(red, 0);            // gradient of params[0]: write here
+ *   for each step:
+ *       ddp_reducer_zero_grad(red);
+ *       forward …; backward from the last layer down, and as a layer's gradients are done:
+ *           ddp_reducer_mark_ready(red, i);          // may start that bucket's allreduce
+ *       ddp_reducer_finish(red);                     // gradients are now the mean over ranks
+ *       optimizer step (identical everywhere)
+ *
+ * Buckets: gradients are laid out in reverse registration order (the last layer's are ready
+ * first) in buckets of at most bucket_cap bytes (the first one first_bucket bytes), in memory the
+ * group reduces in place (the shared segment for shm): gradients are views into the buckets, so
+ * DDP costs no extra copy and no extra gradient-sized memory. A bucket's allreduce starts, on the
+ * group's progress thread, once all its gradients are marked ready and every earlier bucket has
+ * started — so buckets are reduced in the same order on every rank — while backward continues.
+ * Parameters of different dtypes go to different buckets.
+ *
+ * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
+ * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
+ * communicate; the next synced step reduces the accumulated sum.
+ *
+ * Threads: one thread at a time, like its group.
+ */
+#ifndef DDP_REDUCER_H
+#define DDP_REDUCER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ddp/group.h"
+#include "ddp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A parameter or buffer: plain data, borrowed by the reducer for its whole life. */
+typedef struct ddp_param {
+    const char *name; /* unique; checked against every rank's */
+    size_t count;     /* elements */
+    ddp_dtype dtype;  /* float32, float64, bfloat16 or float16 */
+    void *data;       /* values, (count,): broadcast from rank 0 at creation */
+} ddp_param;
+
+typedef struct ddp_reducer_opts {
+    size_t bucket_cap;    /* bytes, default 25 MiB */
+    size_t first_bucket;  /* bytes of the first bucket, default 1 MiB */
+    bool compress_bf16;   /* send float32 gradients as bfloat16 (reduced in float32) */
+    bool broadcast_params; /* broadcast values from rank 0 at creation (default true) */
+} ddp_reducer_opts;
+
+#define DDP_REDUCER_OPTS_INIT { (size_t)25 << 20, (size_t)1 << 20, false, true }
+
+typedef struct ddp_reducer ddp_reducer;
+
+/* Per-step statistics, for the step that the last finish() completed. */
+typedef struct ddp_reducer_stats {
+    int buckets;          /* allreduces issued */
+    double comm_seconds;  /* time the allreduces ran, summed */
+    double wait_seconds;  /* time finish() waited: communication not hidden behind backward */
+    double hidden_fraction; /* 1 − wait / comm, clamped to [0, 1]; 1 = fully overlapped */
+    double first_launch;  /* when the first bucket started, seconds after the step's zero_grad */
+} ddp_reducer_stats;
+
+/* Creates the reducer over params (and buffers, e.g. normalization statistics, which are only
+ * broadcast). Checks that every rank registered the same names, counts and dtypes in the same
+ * order and fails naming the first difference; then broadcasts values from rank 0. Gradients
+ * start at zero. *out written only on DDP_OK. Every rank must call it. */
+ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
+                              const ddp_param *buffers, size_t nbuffers,
+                              const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err);
+void ddp_reducer_destroy(ddp_reducer *r); /* waits for unfinished buckets; NULL is a no-op */
+
+/* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r. */
+void *ddp_reducer_grad(ddp_reducer *r, size_t i);
+
+/* Zeroes every gradient and starts a new step's statistics. */
+void ddp_reducer_zero_grad(ddp_reducer *r);
+
+/* Communicate on this step (true, the default) or accumulate locally (false: no_sync). */
+void ddp_reducer_set_sync(ddp_reducer *r, bool sync);
+
+/* Parameter i's gradient is complete for this step. Marking one twice in a step is an error. */
+ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i);
+
+/* Launches whatever was not marked ready, waits for every bucket, and leaves the mean over ranks
+ * in every gradient. Errors (a dead rank, a timeout) come from the group, with its message. */
+ddp_status ddp_reducer_finish(ddp_reducer *r);
+
+/* Broadcasts the registered buffers from rank 0 again (e.g. before evaluation). */
+ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);
+
+void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out);
+/* Buckets and their parameters, for logs: "bucket 0: 1048576 B, 3 params (fc3.bias …)". */
+size_t ddp_reducer_num_buckets(const ddp_reducer *r);
+const char *ddp_reducer_last_error(const ddp_reducer *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_REDUCER_H */

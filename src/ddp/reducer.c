@@ -1,0 +1,420 @@
+/*
+ * reducer.c — gradient buckets reduced while backward runs (include/ddp/reducer.h).
+ *
+ * Layout: parameters are taken in reverse registration order and packed into buckets (a new
+ * bucket when the cap is reached or the dtype changes). Each bucket is one allocation from the
+ * group's arena (shared memory under shm, so the allreduce reads and writes it in place), or
+ * ordinary memory when the arena is full. A parameter's gradient is a view at its offset.
+ * Launch order: bucket k starts only after buckets 0..k−1 have started, whatever order the
+ * model marks gradients in, so every rank issues the same sequence of collectives.
+ * Compression: a float32 bucket can travel as bfloat16 (one rounding, sums in float32 inside
+ * the backend); the conversion is done on the caller's thread at launch and after the wait.
+ * Not here: what the gradients are (the model) and the optimizer.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/reducer.h"
+#include "group/group_int.h" /* bf16 conversions */
+#include "util/util.h"
+
+typedef struct bucket {
+    ddp_dtype dtype;
+    size_t count; /* elements */
+    void *mem;    /* (count,) gradients */
+    bool arena;   /* mem came from ddp_group_alloc */
+    uint16_t *wire; /* (count,) bf16 copy when compressing, else NULL */
+    bool wire_arena;
+    size_t first, last; /* params covered, as indices into order[] */
+    int pending;  /* params not yet marked ready this step */
+    bool launched;
+    ddp_work *work;
+} bucket;
+
+struct ddp_reducer {
+    ddp_group *g;
+    const ddp_param *params;
+    size_t nparams;
+    const ddp_param *buffers;
+    size_t nbuffers;
+    ddp_reducer_opts o;
+    size_t *order;   /* params in bucket order (reverse registration) */
+    size_t *bucket_of; /* param i → bucket */
+    void **grad;     /* param i → its gradient view */
+    bool *ready;     /* param i marked this step */
+    bucket *b;
+    size_t nb;
+    size_t next_launch; /* first bucket not launched */
+    bool step_open;     /* some gradient was marked ready since the last finish */
+    bool sync;
+    double step_start;
+    ddp_reducer_stats stats;
+    char err[DDP_ERRMSG_MAX];
+};
+
+static ddp_status fail(ddp_reducer *r, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+static ddp_status fail(ddp_reducer *r, ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static bool float_dtype(ddp_dtype t)
+{
+    return t == DDP_FLOAT32 || t == DDP_FLOAT64 || t == DDP_BFLOAT16 || t == DDP_FLOAT16;
+}
+
+/* FNV-1a over a parameter's name, count and dtype: what ranks must agree on. */
+static uint64_t param_hash(const ddp_param *p)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = p->name; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ p->count) * 1099511628211ull;
+    return (h ^ (uint64_t)p->dtype) * 1099511628211ull;
+}
+
+/* Checks that all ranks registered the same list; names the first difference. */
+static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, const char *what,
+                             ddp_error *err)
+{
+    int W = ddp_group_size(r->g);
+    /* Per entry: its hash; plus the count of entries up front. */
+    size_t m = n + 1;
+    uint64_t *mine = malloc(sizeof(uint64_t) * m);
+    uint64_t *all = malloc(sizeof(uint64_t) * m * (size_t)W);
+    uint64_t cnt[1] = {n}, *cnts = malloc(sizeof(uint64_t) * (size_t)W);
+    ddp_status st = DDP_ERR_NOMEM;
+    if (!mine || !all || !cnts) {
+        ddp__err(err, st, "out of memory checking %s", what);
+        goto out;
+    }
+    if ((st = ddp_allgather(r->g, cnt, cnts, 1, DDP_INT64))) {
+        ddp__err(err, st, "checking %s across ranks: %s", what, ddp_group_last_error(r->g));
+        goto out;
+    }
+    for (int k = 0; k < W; k++) {
+        if (cnts[k] != n) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "rank %d registered %llu %s but rank %d registered %zu: every rank must "
+                          "build the same model",
+                          k, (unsigned long long)cnts[k], what, ddp_group_rank(r->g), n);
+            goto out;
+        }
+    }
+    mine[0] = n;
+    for (size_t i = 0; i < n; i++)
+        mine[i + 1] = param_hash(&ps[i]);
+    if ((st = ddp_allgather(r->g, mine, all, m, DDP_INT64))) {
+        ddp__err(err, st, "checking %s across ranks: %s", what, ddp_group_last_error(r->g));
+        goto out;
+    }
+    for (int k = 0; k < W; k++) {
+        for (size_t i = 0; i < n; i++) {
+            if (all[(size_t)k * m + i + 1] != mine[i + 1]) {
+                st = ddp__err(err, DDP_ERR_INVALID,
+                              "%.*s %zu ('%s', %s × %zu on rank %d) differs on rank %d (another "
+                              "name, size or dtype): every rank must register the same %s in "
+                              "the same order",
+                              (int)strlen(what) - 1, what, i, ps[i].name, ddp_dtype_name(ps[i].dtype), ps[i].count,
+                              ddp_group_rank(r->g), k, what);
+                goto out;
+            }
+        }
+    }
+    st = DDP_OK;
+out:
+    free(mine);
+    free(all);
+    free(cnts);
+    return st;
+}
+
+static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ddp_status st = ddp_broadcast(r->g, ps[i].data, ps[i].count, ps[i].dtype, 0);
+        if (st)
+            return fail(r, st, "broadcasting '%s' from rank 0: %s", ps[i].name,
+                        ddp_group_last_error(r->g));
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
+                              const ddp_param *buffers, size_t nbuffers,
+                              const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err)
+{
+    ddp_reducer_opts def = DDP_REDUCER_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    if (!g || !out || (nparams && !params) || (nbuffers && !buffers))
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_reducer_create: g, out and the lists are "
+                                              "required");
+    for (size_t i = 0; i < nparams; i++)
+        if (!params[i].name || !params[i].data || !float_dtype(params[i].dtype))
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "parameter %zu: needs a name, data, and a floating-point dtype", i);
+    for (size_t i = 0; i < nbuffers; i++)
+        if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
+            return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+    ddp_reducer *r = calloc(1, sizeof *r);
+    if (!r)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
+    r->g = g;
+    r->params = params;
+    r->nparams = nparams;
+    r->buffers = buffers;
+    r->nbuffers = nbuffers;
+    r->o = *opts;
+    if (r->o.bucket_cap == 0)
+        r->o.bucket_cap = (size_t)25 << 20;
+    if (r->o.first_bucket == 0)
+        r->o.first_bucket = r->o.bucket_cap;
+    r->sync = true;
+    ddp_status st = DDP_ERR_NOMEM;
+    size_t n1 = nparams ? nparams : 1;
+    r->order = malloc(sizeof(size_t) * n1);
+    r->bucket_of = malloc(sizeof(size_t) * n1);
+    r->grad = calloc(n1, sizeof(void *));
+    r->ready = calloc(n1, sizeof(bool));
+    r->b = calloc(n1, sizeof(bucket));
+    if (!r->order || !r->bucket_of || !r->grad || !r->ready || !r->b) {
+        ddp__err(err, st, "out of memory creating the reducer");
+        goto out_fail;
+    }
+    if ((st = check_same(r, params, nparams, "parameters", err)) ||
+        (st = check_same(r, buffers, nbuffers, "buffers", err)))
+        goto out_fail;
+
+    /* Buckets in reverse registration order. */
+    for (size_t k = 0; k < nparams; k++)
+        r->order[k] = nparams - 1 - k;
+    size_t cap = r->o.first_bucket;
+    for (size_t k = 0; k < nparams;) {
+        bucket *b = &r->b[r->nb];
+        b->dtype = params[r->order[k]].dtype;
+        b->first = k;
+        size_t esz = ddp_dtype_size(b->dtype), bytes = 0;
+        while (k < nparams && params[r->order[k]].dtype == b->dtype &&
+               (bytes == 0 || bytes + params[r->order[k]].count * esz <= cap)) {
+            bytes += params[r->order[k]].count * esz;
+            r->bucket_of[r->order[k]] = r->nb;
+            k++;
+        }
+        b->last = k;
+        b->count = bytes / esz;
+        r->nb++;
+        cap = r->o.bucket_cap;
+    }
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        size_t bytes = b->count * ddp_dtype_size(b->dtype);
+        b->mem = ddp_group_alloc(g, bytes);
+        b->arena = b->mem != NULL;
+        if (!b->mem)
+            b->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (r->o.compress_bf16 && b->dtype == DDP_FLOAT32) {
+            b->wire = ddp_group_alloc(g, b->count * 2);
+            b->wire_arena = b->wire != NULL;
+            if (!b->wire)
+                b->wire = malloc(b->count * 2 + 2);
+        }
+        if (!b->mem || (r->o.compress_bf16 && b->dtype == DDP_FLOAT32 && !b->wire)) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory for a gradient bucket of %zu bytes",
+                          bytes);
+            goto out_fail;
+        }
+        size_t off = 0, esz = ddp_dtype_size(b->dtype);
+        for (size_t k = b->first; k < b->last; k++) {
+            size_t p = r->order[k];
+            r->grad[p] = (char *)b->mem + off * esz;
+            off += params[p].count;
+        }
+    }
+    if (r->o.broadcast_params &&
+        ((st = broadcast_list(r, params, nparams)) || (st = broadcast_list(r, buffers, nbuffers)))) {
+        ddp__err(err, st, "%s", r->err);
+        goto out_fail;
+    }
+    ddp_reducer_zero_grad(r);
+    *out = r;
+    return DDP_OK;
+
+out_fail:
+    ddp_reducer_destroy(r);
+    return st;
+}
+
+void ddp_reducer_destroy(ddp_reducer *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        ddp_work_free(b->work);
+        if (b->arena)
+            ddp_group_free(r->g, b->mem);
+        else
+            free(b->mem);
+        if (b->wire_arena)
+            ddp_group_free(r->g, b->wire);
+        else
+            free(b->wire);
+    }
+    free(r->order);
+    free(r->bucket_of);
+    free(r->grad);
+    free(r->ready);
+    free(r->b);
+    free(r);
+}
+
+void *ddp_reducer_grad(ddp_reducer *r, size_t i)
+{
+    return r && i < r->nparams ? r->grad[i] : NULL;
+}
+
+void ddp_reducer_zero_grad(ddp_reducer *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->nb; i++)
+        memset(r->b[i].mem, 0, r->b[i].count * ddp_dtype_size(r->b[i].dtype));
+    r->step_start = ddp_now_seconds();
+    memset(&r->stats, 0, sizeof r->stats);
+    r->stats.first_launch = -1;
+}
+
+void ddp_reducer_set_sync(ddp_reducer *r, bool sync)
+{
+    if (r)
+        r->sync = sync;
+}
+
+static void reset_step(ddp_reducer *r)
+{
+    for (size_t i = 0; i < r->nb; i++) {
+        r->b[i].pending = (int)(r->b[i].last - r->b[i].first);
+        r->b[i].launched = false;
+    }
+    memset(r->ready, 0, sizeof(bool) * r->nparams);
+    r->next_launch = 0;
+}
+
+static ddp_status launch(ddp_reducer *r, bucket *b)
+{
+    ddp_status st;
+    if (b->wire) {
+        const float *src = b->mem;
+        for (size_t i = 0; i < b->count; i++)
+            b->wire[i] = ddp__f32_to_bf16(src[i]);
+        st = ddp_allreduce_async(r->g, b->wire, b->wire, b->count, DDP_BFLOAT16, DDP_AVG,
+                                 &b->work);
+    } else {
+        st = ddp_allreduce_async(r->g, b->mem, b->mem, b->count, b->dtype, DDP_AVG, &b->work);
+    }
+    if (st)
+        return fail(r, st, "bucket %zu: %s", (size_t)(b - r->b), ddp_group_last_error(r->g));
+    b->launched = true;
+    r->stats.buckets++;
+    if (r->stats.first_launch < 0)
+        r->stats.first_launch = ddp_now_seconds() - r->step_start;
+    return DDP_OK;
+}
+
+/* Launches every bucket that is complete and whose predecessors have started. */
+static ddp_status launch_ready(ddp_reducer *r, bool force)
+{
+    while (r->next_launch < r->nb && (force || r->b[r->next_launch].pending == 0)) {
+        ddp_status st = launch(r, &r->b[r->next_launch]);
+        if (st)
+            return st;
+        r->next_launch++;
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
+{
+    if (!r || i >= r->nparams)
+        return r ? fail(r, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i) : DDP_ERR_INVALID;
+    if (!r->sync)
+        return DDP_OK;
+    if (!r->step_open) {
+        reset_step(r);
+        r->step_open = true;
+    }
+    if (r->ready[i])
+        return fail(r, DDP_ERR_INVALID,
+                    "mark_ready: '%s' was already marked this step (call finish between steps)",
+                    r->params[i].name);
+    r->ready[i] = true;
+    r->b[r->bucket_of[i]].pending--;
+    return launch_ready(r, false);
+}
+
+ddp_status ddp_reducer_finish(ddp_reducer *r)
+{
+    if (!r)
+        return DDP_ERR_INVALID;
+    if (!r->sync)
+        return DDP_OK;
+    if (!r->step_open)
+        reset_step(r); /* nothing was marked: reduce everything now */
+    r->step_open = false;
+    ddp_status st = launch_ready(r, true);
+    double t0 = ddp_now_seconds();
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        if (!b->work)
+            continue;
+        ddp_status s2 = ddp_work_wait(b->work);
+        double s, e;
+        ddp_work_timing(b->work, &s, &e);
+        r->stats.comm_seconds += e - s;
+        ddp_work_free(b->work);
+        b->work = NULL;
+        if (s2 && !st)
+            st = fail(r, s2, "%s", ddp_group_last_error(r->g));
+        if (!s2 && b->wire) {
+            float *dst = b->mem;
+            for (size_t k = 0; k < b->count; k++)
+                dst[k] = ddp__bf16_to_f32(b->wire[k]);
+        }
+    }
+    r->stats.wait_seconds = ddp_now_seconds() - t0;
+    double c = r->stats.comm_seconds;
+    r->stats.hidden_fraction = c > 0 ? 1.0 - r->stats.wait_seconds / c : 1.0;
+    if (r->stats.hidden_fraction < 0)
+        r->stats.hidden_fraction = 0;
+    if (r->stats.hidden_fraction > 1)
+        r->stats.hidden_fraction = 1;
+    return st;
+}
+
+ddp_status ddp_reducer_sync_buffers(ddp_reducer *r)
+{
+    return r ? broadcast_list(r, r->buffers, r->nbuffers) : DDP_ERR_INVALID;
+}
+
+void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out)
+{
+    if (r && out)
+        *out = r->stats;
+}
+
+size_t ddp_reducer_num_buckets(const ddp_reducer *r)
+{
+    return r ? r->nb : 0;
+}
+
+const char *ddp_reducer_last_error(const ddp_reducer *r)
+{
+    return r ? r->err : "no reducer";
+}
