@@ -31,3 +31,4 @@ RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$HELLO" >"$T/out" 2
 assert_contains "$T/err" "address already in use"
 ok "by-hand rank 0 on a taken port: clear error"
 kill $holder
+wait $holder 2>/dev/null || true # gone before the leftover check

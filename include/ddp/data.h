@@ -1,0 +1,102 @@
+/*
+ * ddp/data.h — datasets and the prefetching loader.
+ *
+ * Datasets are memory-mapped files with random access by sample index:
+ *   IDX  MNIST / Fashion-MNIST images + labels (gzip or plain). A gzip file is decompressed
+ *        once per host into a cache directory: the first process takes a lock and writes it
+ *        (temporary file, then rename), the others wait for it — "prepare data on the main
+ *        process only", without the caller having to arrange it.
+ *   tokens  nanoGPT's headerless uint16 train.bin / val.bin, or llm.c's shards (256 × int32
+ *        header: magic 20240520, version 1, token count; then uint16 tokens). Sample i is the
+ *        window tokens[i·T … i·T+T] → x = first T, y = the T after (shifted by one).
+ * A malformed, truncated or mismatched file is a clear error naming the file and the problem.
+ *
+ * The loader turns a rank's sampler indices into batches with background worker threads and a
+ * ring of prefetched batches; a batch's contents depend only on its indices, so they are the
+ * same whatever the thread count. Its position (epoch, batch) can be saved and restored.
+ */
+#ifndef DDP_DATA_H
+#define DDP_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/sampler.h"
+#include "ddp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_dataset ddp_dataset;
+
+/* Opens an IDX image file (idx3, uint8) and its label file (idx1, uint8), gzip or plain.
+ * cache_dir holds decompressed copies (NULL: $DDP_DATA_CACHE, else /tmp/ddp-data-cache).
+ * Samples: x = pixels / 255 as float32 (rows × cols), y = the label. */
+ddp_status ddp_dataset_open_idx(const char *images, const char *labels, const char *cache_dir,
+                                ddp_dataset **out, ddp_error *err);
+
+/* Opens a token file; seq_len T ≥ 1. Samples: x = T tokens, y = the next T (int32 each). */
+ddp_status ddp_dataset_open_tokens(const char *path, size_t seq_len, ddp_dataset **out,
+                                   ddp_error *err);
+
+void ddp_dataset_close(ddp_dataset *ds); /* NULL is a no-op */
+
+size_t ddp_dataset_len(const ddp_dataset *ds);
+/* Elements per sample: of x (float32 for IDX, int32 for tokens) and of y (int32). */
+size_t ddp_dataset_x_elems(const ddp_dataset *ds);
+size_t ddp_dataset_y_elems(const ddp_dataset *ds);
+bool ddp_dataset_x_is_float(const ddp_dataset *ds);
+/* Number of classes for IDX (max label + 1), vocabulary bound for tokens (max token + 1). */
+int ddp_dataset_classes(const ddp_dataset *ds);
+
+/* Writes sample i into x (x_elems) and y (y_elems). Thread-safe (read-only). */
+ddp_status ddp_dataset_get(const ddp_dataset *ds, size_t i, void *x, int32_t *y);
+
+/* ---- the loader ----------------------------------------------------------------------------- */
+
+typedef struct ddp_loader ddp_loader;
+
+typedef struct ddp_loader_opts {
+    size_t batch_size;  /* per rank */
+    int threads;        /* worker threads, ≥ 1 (0: 1) */
+    int depth;          /* batches prefetched ahead, ≥ 2 (0: 2: double buffering) */
+    bool drop_last;     /* drop a last partial batch of an epoch */
+} ddp_loader_opts;
+
+#define DDP_LOADER_OPTS_INIT { 32, 1, 2, true }
+
+/* One batch: (n, x_elems) x and (n, y_elems) y, owned by the loader, valid until the next call
+ * to ddp_loader_next (or set_epoch, restore, destroy). */
+typedef struct ddp_batch {
+    size_t n;      /* samples in this batch; 0 at the end of the epoch */
+    void *x;       /* float32 or int32, see ddp_dataset_x_is_float */
+    int32_t *y;
+    uint64_t epoch, index; /* which batch of which epoch this is */
+} ddp_batch;
+
+/* Borrows ds and sampler for the loader's life. Starts at epoch 0 (calls set_epoch). */
+ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
+                             ddp_loader **out, ddp_error *err);
+void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */
+
+/* Starts epoch e from its first batch (sets the sampler's epoch). */
+ddp_status ddp_loader_set_epoch(ddp_loader *l, uint64_t epoch);
+/* The next batch of the epoch (n == 0 once the epoch is over). Waits for the workers. */
+ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out);
+size_t ddp_loader_batches_per_epoch(const ddp_loader *l);
+
+/* Position: the epoch, and the index of the next batch next() will return. */
+typedef struct ddp_loader_state {
+    uint64_t epoch;
+    uint64_t next_batch;
+} ddp_loader_state;
+void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out);
+ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st);
+const char *ddp_loader_last_error(const ddp_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_DATA_H */

@@ -1,0 +1,269 @@
+/*
+ * loader.c — batches from a dataset in a sampler's order, prefetched by worker threads.
+ *
+ * A ring of `depth` slots; batch b lives in slot b % depth. Workers take the next batch number
+ * whose slot is free (the consumer has moved past the batch that used it), fill it from the
+ * sampler's indices, and mark it ready; next() hands out batches strictly in order. A batch's
+ * contents depend only on its indices, so the stream is the same for any number of threads.
+ * Changing epoch or position first waits for batches being filled (they read the sampler's
+ * index array, which set_epoch rewrites), then restarts the ring.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/data.h"
+#include "util/util.h"
+
+enum { EMPTY, FILLING, READY };
+
+typedef struct slot {
+    void *x;
+    int32_t *y;
+    size_t n;
+    uint64_t batch;
+    int state;
+} slot;
+
+struct ddp_loader {
+    ddp_dataset *ds;
+    ddp_sampler *sampler;
+    ddp_loader_opts o;
+    size_t x_bytes, y_elems; /* per sample */
+    size_t per_epoch;        /* batches */
+    slot *slots;
+    pthread_t *threads;
+    int nthreads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_ready;
+    uint64_t epoch;
+    uint64_t next_consume; /* the batch next() returns next */
+    uint64_t released;     /* batches whose slots may be reused */
+    uint64_t next_produce; /* the batch a worker takes next */
+    int filling;
+    bool stop;
+    ddp_status error;
+    char err[DDP_ERRMSG_MAX];
+};
+
+static size_t batches_per_epoch(const ddp_loader *l)
+{
+    size_t n = ddp_sampler_len(l->sampler), B = l->o.batch_size;
+    return l->o.drop_last ? n / B : (n + B - 1) / B;
+}
+
+static void *worker_main(void *arg)
+{
+    ddp_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && !(l->next_produce < l->per_epoch &&
+                             l->next_produce < l->released + (uint64_t)l->o.depth))
+            pthread_cond_wait(&l->cv_work, &l->mu);
+        if (l->stop)
+            break;
+        uint64_t b = l->next_produce++;
+        slot *s = &l->slots[b % (uint64_t)l->o.depth];
+        s->state = FILLING;
+        l->filling++;
+        const uint64_t *idx = ddp_sampler_indices(l->sampler);
+        size_t len = ddp_sampler_len(l->sampler);
+        pthread_mutex_unlock(&l->mu);
+
+        size_t first = (size_t)b * l->o.batch_size;
+        size_t n = len - first < l->o.batch_size ? len - first : l->o.batch_size;
+        ddp_status st = DDP_OK;
+        for (size_t k = 0; k < n && st == DDP_OK; k++)
+            st = ddp_dataset_get(l->ds, (size_t)idx[first + k], (char *)s->x + k * l->x_bytes,
+                                 s->y + k * l->y_elems);
+
+        pthread_mutex_lock(&l->mu);
+        s->n = n;
+        s->batch = b;
+        s->state = READY;
+        l->filling--;
+        if (st != DDP_OK && l->error == DDP_OK) {
+            l->error = st;
+            ddp__fmt(l->err, sizeof l->err, "loading batch %llu: sample index %llu is outside "
+                                            "the dataset (%zu samples)",
+                     (unsigned long long)b, (unsigned long long)idx[first], ddp_dataset_len(l->ds));
+        }
+        pthread_cond_broadcast(&l->cv_ready);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Waits for in-flight fills, then restarts the ring at (epoch, batch). Called with mu held. */
+static void restart_locked(ddp_loader *l, uint64_t epoch, uint64_t batch)
+{
+    uint64_t saved = l->per_epoch;
+    l->per_epoch = 0; /* workers take nothing new */
+    while (l->filling > 0)
+        pthread_cond_wait(&l->cv_ready, &l->mu);
+    (void)saved;
+    ddp_sampler_set_epoch(l->sampler, epoch); /* recompute: the sampler may have moved */
+    l->per_epoch = batches_per_epoch(l);
+    l->epoch = epoch;
+    for (int i = 0; i < l->o.depth; i++)
+        l->slots[i].state = EMPTY;
+    l->next_consume = l->released = l->next_produce = batch;
+    pthread_cond_broadcast(&l->cv_work);
+}
+
+ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
+                             ddp_loader **out, ddp_error *err)
+{
+    ddp_loader_opts def = DDP_LOADER_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    if (!ds || !sampler || !out || opts->batch_size == 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_loader_create: a dataset, a sampler, out and batch_size ≥ 1 are "
+                        "required");
+    ddp_loader *l = calloc(1, sizeof *l);
+    if (!l)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a loader");
+    l->ds = ds;
+    l->sampler = sampler;
+    l->o = *opts;
+    if (l->o.threads < 1)
+        l->o.threads = 1;
+    if (l->o.depth < 2)
+        l->o.depth = 2;
+    l->x_bytes = ddp_dataset_x_elems(ds) * 4; /* float32 or int32 */
+    l->y_elems = ddp_dataset_y_elems(ds);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv_work, NULL);
+    pthread_cond_init(&l->cv_ready, NULL);
+    l->slots = calloc((size_t)l->o.depth, sizeof *l->slots);
+    l->threads = calloc((size_t)l->o.threads, sizeof *l->threads);
+    ddp_status st = DDP_ERR_NOMEM;
+    if (!l->slots || !l->threads)
+        goto out_fail;
+    for (int i = 0; i < l->o.depth; i++) {
+        l->slots[i].x = malloc(l->x_bytes * l->o.batch_size);
+        l->slots[i].y = malloc(sizeof(int32_t) * l->y_elems * l->o.batch_size);
+        if (!l->slots[i].x || !l->slots[i].y)
+            goto out_fail;
+    }
+    ddp_sampler_set_epoch(sampler, 0);
+    l->per_epoch = batches_per_epoch(l);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    for (int i = 0; i < l->o.threads; i++) {
+        if (pthread_create(&l->threads[i], NULL, worker_main, l) != 0) {
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            st = DDP_ERR_SYSTEM;
+            l->nthreads = i;
+            goto out_fail;
+        }
+        l->nthreads = i + 1;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    *out = l;
+    return DDP_OK;
+out_fail:
+    ddp_loader_destroy(l);
+    return ddp__err(err, st, st == DDP_ERR_NOMEM ? "out of memory for the loader's batches"
+                                                 : "cannot start the loader's threads");
+}
+
+void ddp_loader_destroy(ddp_loader *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
+    for (int i = 0; l->slots && i < l->o.depth; i++) {
+        free(l->slots[i].x);
+        free(l->slots[i].y);
+    }
+    free(l->slots);
+    free(l->threads);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv_work);
+    pthread_cond_destroy(&l->cv_ready);
+    free(l);
+}
+
+ddp_status ddp_loader_set_epoch(ddp_loader *l, uint64_t epoch)
+{
+    if (!l)
+        return DDP_ERR_INVALID;
+    pthread_mutex_lock(&l->mu);
+    restart_locked(l, epoch, 0);
+    pthread_mutex_unlock(&l->mu);
+    return DDP_OK;
+}
+
+ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
+{
+    if (!l || !out)
+        return DDP_ERR_INVALID;
+    pthread_mutex_lock(&l->mu);
+    l->released = l->next_consume; /* the batch handed out last time is no longer in use */
+    pthread_cond_broadcast(&l->cv_work);
+    ddp_status st = DDP_OK;
+    if (l->next_consume >= l->per_epoch) {
+        *out = (ddp_batch){.n = 0, .epoch = l->epoch, .index = l->next_consume};
+    } else {
+        slot *s = &l->slots[l->next_consume % (uint64_t)l->o.depth];
+        while (!(s->state == READY && s->batch == l->next_consume) && l->error == DDP_OK)
+            pthread_cond_wait(&l->cv_ready, &l->mu);
+        if (l->error != DDP_OK) {
+            st = l->error;
+        } else {
+            *out = (ddp_batch){.n = s->n, .x = s->x, .y = s->y, .epoch = l->epoch,
+                               .index = l->next_consume};
+            l->next_consume++;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+size_t ddp_loader_batches_per_epoch(const ddp_loader *l)
+{
+    return l ? batches_per_epoch(l) : 0;
+}
+
+void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out)
+{
+    if (!l || !out)
+        return;
+    pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+    out->epoch = l->epoch;
+    out->next_batch = l->next_consume;
+    pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
+}
+
+ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st)
+{
+    if (!l || !st)
+        return DDP_ERR_INVALID;
+    pthread_mutex_lock(&l->mu);
+    restart_locked(l, st->epoch, 0);
+    if (st->next_batch > l->per_epoch) {
+        pthread_mutex_unlock(&l->mu);
+        ddp__fmt(l->err, sizeof l->err, "restore: batch %llu is past the epoch's %zu batches",
+                 (unsigned long long)st->next_batch, l->per_epoch);
+        return DDP_ERR_INVALID;
+    }
+    l->next_consume = l->released = l->next_produce = st->next_batch;
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+    return DDP_OK;
+}
+
+const char *ddp_loader_last_error(const ddp_loader *l)
+{
+    return l ? l->err : "no loader";
+}

@@ -1,0 +1,355 @@
+/*
+ * test_data.c — datasets and the loader: IDX (plain and gzip, with a concurrent one-time
+ * decompression), token files in both layouts, every malformed-file error, loader batches equal
+ * to the sampler's samples, the same for 1 and 4 threads, and save/restore mid-epoch.
+ * Synthetic data encode their origin: pixel k of image i is (i + k) % 251, label i % 10, token
+ * j is j % 50000 — so a wrong index shows as a wrong value.
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+
+static char dir[256];
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+/* Writes an IDX pair of n images rows × cols; gz: gzip-compressed. Returns paths in a, b. */
+static void write_idx(const char *name, size_t n, int rows, int cols, bool gz, char *a, char *b)
+{
+    sprintf(a, "%s/%s-images%s", dir, name, gz ? ".gz" : "");
+    sprintf(b, "%s/%s-labels%s", dir, name, gz ? ".gz" : "");
+    size_t isz = 16 + n * (size_t)rows * (size_t)cols, lsz = 8 + n;
+    unsigned char *img = malloc(isz), *lab = malloc(lsz);
+    put_be32(img, 0x803), put_be32(img + 4, (uint32_t)n), put_be32(img + 8, (uint32_t)rows);
+    put_be32(img + 12, (uint32_t)cols);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < (size_t)rows * cols; k++)
+            img[16 + i * rows * cols + k] = (unsigned char)((i + k) % 251);
+    put_be32(lab, 0x801), put_be32(lab + 4, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        lab[8 + i] = (unsigned char)(i % 10);
+    if (gz) {
+        gzFile f = gzopen(a, "wb");
+        gzwrite(f, img, (unsigned)isz);
+        gzclose(f);
+        f = gzopen(b, "wb");
+        gzwrite(f, lab, (unsigned)lsz);
+        gzclose(f);
+    } else {
+        FILE *f = fopen(a, "wb");
+        fwrite(img, 1, isz, f);
+        fclose(f);
+        f = fopen(b, "wb");
+        fwrite(lab, 1, lsz, f);
+        fclose(f);
+    }
+    free(img);
+    free(lab);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static void check_idx(ddp_dataset *ds, size_t n, size_t pix)
+{
+    assert_int_equal(ddp_dataset_len(ds), n);
+    assert_int_equal(ddp_dataset_x_elems(ds), pix);
+    assert_int_equal(ddp_dataset_y_elems(ds), 1);
+    assert_true(ddp_dataset_x_is_float(ds));
+    assert_int_equal(ddp_dataset_classes(ds), n >= 10 ? 10 : (int)n);
+    float *x = malloc(sizeof(float) * pix);
+    int32_t y;
+    for (size_t i = 0; i < n; i += 7) {
+        assert_int_equal(ddp_dataset_get(ds, i, x, &y), DDP_OK);
+        assert_int_equal(y, (int)(i % 10));
+        for (size_t k = 0; k < pix; k++)
+            assert_true(x[k] == (float)((i + k) % 251) * (1.0f / 255.0f));
+    }
+    assert_int_equal(ddp_dataset_get(ds, n, x, &y), DDP_ERR_INVALID);
+    free(x);
+}
+
+static void idx_plain_and_gzip(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    ddp_dataset *ds;
+    ddp_error err = {0};
+    write_idx("plain", 100, 5, 3, false, a, b);
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, &err), DDP_OK);
+    check_idx(ds, 100, 15);
+    ddp_dataset_close(ds);
+
+    write_idx("zipped", 300, 4, 4, true, a, b);
+    char cache[300];
+    sprintf(cache, "%s/cache", dir);
+    /* Four processes open it at once: one decompresses, the others wait and reuse it. */
+    pid_t kids[4];
+    for (int k = 0; k < 4; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            ddp_dataset *d;
+            ddp_error e = {0};
+            if (ddp_dataset_open_idx(a, b, cache, &d, &e) != DDP_OK || ddp_dataset_len(d) != 300)
+                _exit(1);
+            ddp_dataset_close(d);
+            _exit(0);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        int st;
+        waitpid(kids[k], &st, 0);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    assert_int_equal(ddp_dataset_open_idx(a, b, cache, &ds, &err), DDP_OK);
+    check_idx(ds, 300, 16);
+    ddp_dataset_close(ds);
+}
+
+static void expect_error(ddp_status st, const ddp_error *err, ddp_status want, const char *a,
+                         const char *b)
+{
+    assert_int_equal(st, want);
+    if (!strstr(err->msg, a) || (b && !strstr(err->msg, b)))
+        fail_msg("message '%s' lacks '%s' / '%s'", err->msg, a, b ? b : "");
+}
+
+static void idx_malformed(void **state)
+{
+    (void)state;
+    char a[512], b[512], c[512], d2[512];
+    ddp_dataset *ds = (ddp_dataset *)0x1;
+    ddp_error err = {0};
+    write_idx("good", 20, 2, 2, false, a, b);
+    write_idx("other", 21, 2, 2, false, c, d2);
+    expect_error(ddp_dataset_open_idx(a, d2, NULL, &ds, &err), &err, DDP_ERR_INVALID,
+                 "has 20 images", "has 21 labels");
+    assert_ptr_equal(ds, (ddp_dataset *)0x1); /* *out untouched on failure */
+    expect_error(ddp_dataset_open_idx(b, b, NULL, &ds, &err), &err, DDP_ERR_INVALID,
+                 "is not an IDX image file", b);
+    /* truncated images */
+    char t[512];
+    sprintf(t, "%s/trunc-images", dir);
+    FILE *f = fopen(a, "rb");
+    unsigned char buf[200];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    write_bytes(t, buf, n - 5);
+    expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_INVALID,
+                 "is truncated", t);
+    sprintf(t, "%s/missing-images", dir);
+    expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_NOT_FOUND,
+                 "cannot open data file", t);
+    /* a corrupt gzip */
+    sprintf(t, "%s/corrupt-images.gz", dir);
+    write_bytes(t, "\x1f\x8b\x08\x00garbage-garbage-garbage", 28);
+    expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_INVALID,
+                 "corrupt-images.gz", NULL);
+}
+
+static void tokens_both_layouts(void **state)
+{
+    (void)state;
+    size_t nt = 10001;
+    uint16_t *tok = malloc(2 * nt);
+    for (size_t j = 0; j < nt; j++)
+        tok[j] = (uint16_t)(j % 50000);
+    char raw[512], llmc[512];
+    sprintf(raw, "%s/train.bin", dir);
+    write_bytes(raw, tok, 2 * nt);
+    sprintf(llmc, "%s/shard.bin", dir);
+    unsigned char *sh = calloc(1, 1024 + 2 * nt);
+    int32_t hdr[3] = {20240520, 1, (int32_t)nt};
+    memcpy(sh, hdr, sizeof hdr);
+    memcpy(sh + 1024, tok, 2 * nt);
+    write_bytes(llmc, sh, 1024 + 2 * nt);
+    const char *paths[2] = {raw, llmc};
+    for (int p = 0; p < 2; p++) {
+        ddp_dataset *ds;
+        ddp_error err = {0};
+        assert_int_equal(ddp_dataset_open_tokens(paths[p], 64, &ds, &err), DDP_OK);
+        assert_int_equal(ddp_dataset_len(ds), (nt - 1) / 64);
+        assert_false(ddp_dataset_x_is_float(ds));
+        int32_t x[64], y[64];
+        assert_int_equal(ddp_dataset_get(ds, 5, x, y), DDP_OK);
+        for (int k = 0; k < 64; k++) {
+            assert_int_equal(x[k], 5 * 64 + k);
+            assert_int_equal(y[k], 5 * 64 + k + 1);
+        }
+        ddp_dataset_close(ds);
+    }
+    /* malformed: odd size, a header that lies, a wrong version, too short */
+    ddp_dataset *ds;
+    ddp_error err = {0};
+    char bad[512];
+    sprintf(bad, "%s/odd.bin", dir);
+    write_bytes(bad, tok, 2 * nt - 1);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "odd number of bytes", bad);
+    hdr[2] = (int32_t)nt + 5;
+    memcpy(sh, hdr, sizeof hdr);
+    sprintf(bad, "%s/lies.bin", dir);
+    write_bytes(bad, sh, 1024 + 2 * nt);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "header says 10006 tokens", bad);
+    hdr[1] = 7;
+    hdr[2] = (int32_t)nt;
+    memcpy(sh, hdr, sizeof hdr);
+    write_bytes(bad, sh, 1024 + 2 * nt);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "version 7", bad);
+    sprintf(bad, "%s/short.bin", dir);
+    write_bytes(bad, tok, 20);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "fewer than one sequence", bad);
+    free(tok);
+    free(sh);
+}
+
+/* Reads a whole epoch into flat arrays of labels and first pixels. */
+static size_t read_epoch(ddp_loader *l, int32_t *labels, float *first)
+{
+    ddp_batch bt;
+    size_t got = 0;
+    while (ddp_loader_next(l, &bt) == DDP_OK && bt.n > 0) {
+        for (size_t k = 0; k < bt.n; k++) {
+            labels[got] = bt.y[k];
+            first[got] = ((float *)bt.x)[k * 9];
+            got++;
+        }
+    }
+    return got;
+}
+
+static void loader_matches_sampler_any_threads(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("loader", 1000, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    int32_t lab[2][1000];
+    float px[2][1000];
+    size_t got[2];
+    int threads[2] = {1, 4};
+    for (int t = 0; t < 2; t++) {
+        ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+        so.dataset_size = 1000, so.num_replicas = 3, so.rank = 1, so.seed = 9;
+        ddp_sampler *s;
+        assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = 16, lo.threads = threads[t], lo.depth = 3, lo.drop_last = false;
+        ddp_loader *l;
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+        assert_int_equal(ddp_loader_set_epoch(l, 2), DDP_OK);
+        got[t] = read_epoch(l, lab[t], px[t]);
+        assert_int_equal(got[t], ddp_sampler_len(s)); /* 334: the last batch is partial */
+        const uint64_t *idx = ddp_sampler_indices(s);
+        for (size_t i = 0; i < got[t]; i++) {
+            assert_int_equal(lab[t][i], (int)(idx[i] % 10));
+            assert_true(px[t][i] == (float)(idx[i] % 251) * (1.0f / 255.0f));
+        }
+        ddp_loader_destroy(l);
+        ddp_sampler_destroy(s);
+    }
+    assert_int_equal(got[0], got[1]);
+    assert_memory_equal(lab[0], lab[1], sizeof(int32_t) * got[0]);
+    assert_memory_equal(px[0], px[1], sizeof(float) * got[0]);
+    ddp_dataset_close(ds);
+}
+
+static void loader_save_restore(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("resume", 500, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 500, so.num_replicas = 2, so.seed = 4;
+    ddp_sampler *s;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    lo.batch_size = 10, lo.threads = 2;
+    ddp_loader *l;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+    assert_int_equal(ddp_loader_batches_per_epoch(l), 25);
+    ddp_loader_set_epoch(l, 3);
+    int32_t full[250], rest[250];
+    float fp[250], rp[250];
+    assert_int_equal(read_epoch(l, full, fp), 250);
+    /* Stop after 7 batches, save, go elsewhere, restore: the rest is the same. */
+    ddp_loader_set_epoch(l, 3);
+    ddp_batch bt;
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+    ddp_loader_state st;
+    ddp_loader_save(l, &st);
+    assert_int_equal(st.epoch, 3);
+    assert_int_equal(st.next_batch, 7);
+    ddp_loader_set_epoch(l, 5);
+    assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+    assert_int_equal(ddp_loader_restore(l, &st), DDP_OK);
+    assert_int_equal(read_epoch(l, rest, rp), 180);
+    assert_memory_equal(rest, full + 70, sizeof(int32_t) * 180);
+    assert_memory_equal(rp, fp + 70, sizeof(float) * 180);
+    /* A new loader restored from the state gives the same too (a resumed run). */
+    ddp_loader *l2;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l2, NULL), DDP_OK);
+    assert_int_equal(ddp_loader_restore(l2, &st), DDP_OK);
+    assert_int_equal(read_epoch(l2, rest, rp), 180);
+    assert_memory_equal(rest, full + 70, sizeof(int32_t) * 180);
+    st.next_batch = 99;
+    assert_int_equal(ddp_loader_restore(l2, &st), DDP_ERR_INVALID);
+    ddp_loader_destroy(l2);
+    ddp_loader_destroy(l);
+    ddp_sampler_destroy(s);
+    ddp_dataset_close(ds);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ddp-test-data-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(idx_plain_and_gzip),
+        cmocka_unit_test(idx_malformed),
+        cmocka_unit_test(tokens_both_layouts),
+        cmocka_unit_test(loader_matches_sampler_any_threads),
+        cmocka_unit_test(loader_save_restore),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
