@@ -10,10 +10,12 @@
  *
  * Options: --steps N --batch B (per rank) --accum A (micro-steps per step, no_sync between)
  *          --hidden H --lr X --seed S --bucket_kb K --bf16 (compress gradients on the wire)
+ *          --data DIR (train on DIR/train-{images-idx3,labels-idx1}-ubyte[.gz], e.g.
+ *          /usr/share/datasets/fashion-mnist, through the prefetching loader)
  *          --dump FILE (final parameters, rank 0) --quiet
  *
- * The synthetic data encode where they came from: sample i is generated from i alone, so every
- * rank can make any sample, and a sharding bug changes the result.
+ * Without --data the data are synthetic and encode where they came from: sample i is generated
+ * from i alone, so every rank can make any sample, and a sharding bug changes the result.
  */
 #define _GNU_SOURCE
 #include <cblas.h>
@@ -22,10 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ddp/ddp.h"
 
-enum { D_IN = 64, N_CLASSES = 10, N_SAMPLES = 16384 };
+enum { N_CLASSES = 10, N_SAMPLES = 16384 };
+static int D_IN = 64; /* 784 with --data */
 
 typedef struct model {
     int H;
@@ -85,7 +89,7 @@ int main(int argc, char **argv)
     float lr = 0.05f;
     uint64_t seed = 1;
     bool bf16 = false, quiet = false;
-    const char *dump = NULL;
+    const char *dump = NULL, *data = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--bf16")) { bf16 = true; continue; }
@@ -98,6 +102,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--bucket_kb")) bucket_kb = atoi(v);
         else if (!strcmp(a, "--dump")) dump = v;
+        else if (!strcmp(a, "--data")) data = v;
         else { fprintf(stderr, "ddp_mlp: unknown option '%s'\n", a); return 2; }
         i++;
     }
@@ -115,6 +120,23 @@ int main(int argc, char **argv)
     }
     int W = ddp_group_size(g), R = ddp_group_rank(g);
 
+    /* Real data: a memory-mapped IDX dataset (decompressed once per host if gzipped). */
+    ddp_dataset *ds = NULL;
+    if (data) {
+        char im[4096], lb[4096];
+        snprintf(im, sizeof im, "%s/train-images-idx3-ubyte.gz", data);
+        snprintf(lb, sizeof lb, "%s/train-labels-idx1-ubyte.gz", data);
+        if (access(im, R_OK) != 0) { /* plain files */
+            snprintf(im, sizeof im, "%s/train-images-idx3-ubyte", data);
+            snprintf(lb, sizeof lb, "%s/train-labels-idx1-ubyte", data);
+        }
+        if (ddp_dataset_open_idx(im, lb, NULL, &ds, &err) != DDP_OK) {
+            fprintf(stderr, "ddp_mlp: %s\n", err.msg);
+            ddp_group_destroy(g);
+            return 1;
+        }
+        D_IN = (int)ddp_dataset_x_elems(ds);
+    }
     model m;
     init(&m, H, seed);
     /* DDP: register the parameters; gradients become views into the reducer's buckets. */
@@ -141,7 +163,7 @@ int main(int argc, char **argv)
 
     /* DDP: each rank reads its own shard, in torch's DistributedSampler order. */
     ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
-    so.dataset_size = N_SAMPLES;
+    so.dataset_size = ds ? ddp_dataset_len(ds) : N_SAMPLES;
     so.num_replicas = W;
     so.rank = R;
     so.seed = seed;
@@ -152,6 +174,16 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t per_epoch = ddp_sampler_len(sampler) / (size_t)(A * B);
+    /* Real data come through the loader: background threads prefetch the next batches. */
+    ddp_loader *loader = NULL;
+    if (ds) {
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = (size_t)B;
+        if (ddp_loader_create(ds, sampler, &lo, &loader, &err) != DDP_OK) {
+            fprintf(stderr, "ddp_mlp: %s\n", err.msg);
+            return 1;
+        }
+    }
 
     float *x = malloc(sizeof(float) * (size_t)B * D_IN);
     int *y = malloc(sizeof(int) * (size_t)B);
@@ -164,15 +196,30 @@ int main(int argc, char **argv)
         if (step == 1)
             t_start = ddp_now_seconds(); /* steady state: after the first step */
         size_t epoch = (size_t)step / per_epoch, in_epoch = (size_t)step % per_epoch;
-        if (in_epoch == 0)
-            ddp_sampler_set_epoch(sampler, epoch);
+        if (in_epoch == 0) {
+            if (loader)
+                ddp_loader_set_epoch(loader, epoch); /* also sets the sampler's epoch */
+            else
+                ddp_sampler_set_epoch(sampler, epoch);
+        }
         const uint64_t *idx = ddp_sampler_indices(sampler) + in_epoch * (size_t)(A * B);
         ddp_reducer_zero_grad(red);
         double loss = 0;
         for (int micro = 0; micro < A; micro++) {
             ddp_reducer_set_sync(red, micro == A - 1); /* DDP: no_sync on all but the last */
-            for (int b = 0; b < B; b++)
-                y[b] = make_sample(idx[micro * B + b], x + (size_t)b * D_IN);
+            if (loader) {
+                ddp_batch bt;
+                if (ddp_loader_next(loader, &bt) != DDP_OK || bt.n != (size_t)B) {
+                    fprintf(stderr, "ddp_mlp: the loader ran dry\n");
+                    rc = 1;
+                    break;
+                }
+                memcpy(x, bt.x, sizeof(float) * (size_t)B * D_IN);
+                memcpy(y, bt.y, sizeof(int) * (size_t)B);
+            } else {
+                for (int b = 0; b < B; b++)
+                    y[b] = make_sample(idx[micro * B + b], x + (size_t)b * D_IN);
+            }
             /* forward */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H, D_IN, 1, x, D_IN, m.w1,
                         D_IN, 0, h1, H);
@@ -267,6 +314,8 @@ int main(int argc, char **argv)
         }
     }
     free(x), free(y), free(h1), free(h2), free(lg), free(d1), free(d2);
+    ddp_loader_destroy(loader);
+    ddp_dataset_close(ds);
     ddp_sampler_destroy(sampler);
     ddp_reducer_destroy(red);
     ddp_group_destroy(g);

@@ -293,6 +293,7 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async,
     }
     pthread_mutex_unlock(&g->mu);
 
+    w->c.background = !inline_run;
     if (inline_run) {
         st = execute(g, w);
         free(w);

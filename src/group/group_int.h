@@ -38,6 +38,8 @@ typedef struct ddp__coll {
     ddp_op op;
     int root; /* member index, broadcast only */
     uint64_t seq;        /* 1, 2, … per group, the same on every member */
+    bool background;     /* run by the progress thread: nobody waits on it right now, so a
+                            backend should not spin (it would steal the caller's core) */
     int64_t deadline_ms; /* absolute, ddp__now_ms() clock */
 } ddp__coll;
 

@@ -171,7 +171,8 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
         atomic_uint *a = &b->slots[j].arrive;
         if (reached(atomic_load_explicit(a, memory_order_acquire), e))
             continue;
-        for (int i = 0; i < b->spin; i++) {
+        int spin = c->background ? 64 : b->spin;
+        for (int i = 0; i < spin; i++) {
             cpu_relax();
             if (reached(atomic_load_explicit(a, memory_order_acquire), e))
                 goto next;

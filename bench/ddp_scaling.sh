@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# DDP scaling: examples/ddp_mlp's steps per second with 2 ranks against 1 rank, the same
+# per-rank batch and one thread per rank, and the share of communication hidden behind
+# backward; default buckets (25 MiB, first 1 MiB) and 256 KiB buckets. The contenders take
+# turns REPS times; medians. Usage: bench/ddp_scaling.sh [BUILD_DIR] [REPS] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+REPS=${2:-5}
+STEPS=${3:-300}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+DATA=/usr/share/datasets/fashion-mnist
+ARGS=(--data "$DATA" --batch 64 --hidden 512 --steps "$STEPS" --quiet)
+MLP=$BUILD/bin/ddp_mlp
+line() { grep "steps/s" | sed -n 's/.*: \([0-9.]*\) steps\/s, communication \([0-9.]*\) ms\/step, \([0-9]*\)% hidden.*/\1 \2 \3/p'; }
+declare -A R
+for ((i = 0; i < REPS; i++)); do
+    R[one]+=" $("$MLP" "${ARGS[@]}" | line | cut -d' ' -f1)"
+    R[two]+=" $("$BUILD/bin/ddprun" --standalone --nproc_per_node 2 --no_prefix "$MLP" "${ARGS[@]}" 2>/dev/null | line | tr ' ' ':')"
+    R[two256]+=" $("$BUILD/bin/ddprun" --standalone --nproc_per_node 2 --no_prefix "$MLP" "${ARGS[@]}" --bucket_kb 256 2>/dev/null | line | tr ' ' ':')"
+done
+med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+one=$(med <<<"${R[one]}")
+echo "ddp_mlp (Fashion-MNIST, MLP 784-512-512-10, batch 64 per rank, 1 thread per rank, $STEPS steps); medians of $REPS runs"
+echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
+printf '%-34s %10s %12s %14s %10s\n' "run" "steps/s" "efficiency" "comm ms/step" "hidden"
+printf '%-34s %10.1f %12s %14s %10s\n' "1 rank" "$one" "-" "-" "-"
+for k in two two256; do
+    s=$(tr ' ' '\n' <<<"${R[$k]}" | cut -d: -f1 | tr '\n' ' ' | med)
+    c=$(tr ' ' '\n' <<<"${R[$k]}" | grep . | cut -d: -f2 | tr '\n' ' ' | med)
+    h=$(tr ' ' '\n' <<<"${R[$k]}" | grep . | cut -d: -f3 | tr '\n' ' ' | med)
+    name=$([ $k = two ] && echo "2 ranks, default buckets" || echo "2 ranks, 256 KiB buckets")
+    awk -v n="$name" -v s="$s" -v o="$one" -v c="$c" -v h="$h" \
+        'BEGIN {printf "%-34s %10.1f %12.2f %14.2f %9.0f%%\n", n, s, s / o, c, h}'
+done
+echo "(runs: 1 rank:${R[one]} | 2 ranks steps:ms:%:${R[two]} | 256 KiB:${R[two256]})"
