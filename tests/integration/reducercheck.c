@@ -1,0 +1,119 @@
+/*
+ * reducercheck — the reducer's contract beyond training, under ddprun at any world size:
+ * parameters and buffers that start different on each rank equal rank 0's after creation;
+ * ranks that mark gradients ready in different orders still get correct means (buckets start
+ * in bucket order everywhere); no_sync steps accumulate and the next synced step reduces the
+ * sum; marking a gradient twice is an error; every bucket size from one parameter per bucket
+ * to one bucket for all.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/ddp.h"
+
+#define NP 7
+
+static int fails;
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "reducercheck rank %d: ", R);                                         \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            fails++;                                                                              \
+        }                                                                                         \
+    } while (0)
+
+int main(void)
+{
+    ddp_error err = {0};
+    ddp_group *g;
+    if (ddp_group_init(NULL, &g, &err) != DDP_OK) {
+        fprintf(stderr, "reducercheck: %s\n", err.msg);
+        return 1;
+    }
+    int W = ddp_group_size(g), R = ddp_group_rank(g);
+    size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
+    size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
+    for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+        float *vals[NP];
+        ddp_param ps[NP];
+        char names[NP][16];
+        for (int i = 0; i < NP; i++) {
+            vals[i] = malloc(sizeof(float) * counts[i]);
+            for (size_t k = 0; k < counts[i]; k++)
+                vals[i][k] = (float)(R * 1000 + i); /* differs per rank */
+            snprintf(names[i], sizeof names[i], "p%d", i);
+            ps[i] = (ddp_param){names[i], counts[i], DDP_FLOAT32, vals[i]};
+        }
+        double stats[4] = {R + 0.5, R + 1.5, R, R}; /* a buffer, e.g. running mean/var */
+        ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, stats}};
+        ddp_reducer_opts o = DDP_REDUCER_OPTS_INIT;
+        o.bucket_cap = o.first_bucket = caps[ci];
+        ddp_reducer *red;
+        if (ddp_reducer_create(g, ps, NP, bufs, 1, &o, &red, &err) != DDP_OK) {
+            fprintf(stderr, "reducercheck: %s\n", err.msg);
+            return 1;
+        }
+        for (int i = 0; i < NP; i++)
+            CHECK(vals[i][0] == (float)i && vals[i][counts[i] - 1] == (float)i,
+                  "param %d not broadcast from rank 0 (%g)", i, vals[i][0]);
+        CHECK(stats[0] == 0.5 && stats[1] == 1.5, "buffer not broadcast from rank 0");
+
+        /* Step 1: rank-specific mark order (rank 0 forward, others reversed or rotated). */
+        for (int step = 0; step < 3; step++) {
+            ddp_reducer_zero_grad(red);
+            int accum = step == 2 ? 3 : 1; /* step 2: three micro-steps, two without sync */
+            for (int micro = 0; micro < accum; micro++) {
+                ddp_reducer_set_sync(red, micro == accum - 1);
+                for (int i = 0; i < NP; i++) {
+                    float *gr = ddp_reducer_grad(red, (size_t)i);
+                    for (size_t k = 0; k < counts[i]; k++)
+                        gr[k] += (float)(R + 1) * (float)(i + 1) + (float)(k % 3);
+                }
+                for (int j = 0; j < NP; j++) {
+                    int i = (j * (R + 1) + step) % NP; /* a different order on every rank */
+                    if (R % 2 == 1)
+                        i = NP - 1 - i;
+                    if (ddp_reducer_mark_ready(red, (size_t)i) != DDP_OK)
+                        CHECK(0, "mark_ready(%d): %s", i, ddp_reducer_last_error(red));
+                }
+            }
+            if (ddp_reducer_finish(red) != DDP_OK) {
+                fprintf(stderr, "reducercheck: %s\n", ddp_reducer_last_error(red));
+                return 1;
+            }
+            /* mean over ranks of accum × ((r+1)(i+1) + k%3) */
+            for (int i = 0; i < NP; i++) {
+                const float *gr = ddp_reducer_grad(red, (size_t)i);
+                for (size_t k = 0; k < counts[i]; k += 1 + counts[i] / 50) {
+                    double want = 0;
+                    for (int r = 0; r < W; r++)
+                        want += (double)accum * ((r + 1) * (i + 1) + (double)(k % 3));
+                    want /= W;
+                    CHECK(gr[k] == (float)want, "cap %zu step %d: grad %d[%zu] = %g, want %g",
+                          caps[ci], step, i, k, gr[k], want);
+                }
+            }
+        }
+        /* Marking a gradient twice in one step is an error, not silent garbage. */
+        ddp_reducer_zero_grad(red);
+        ddp_status st1 = ddp_reducer_mark_ready(red, 0);
+        ddp_status st2 = ddp_reducer_mark_ready(red, 0);
+        CHECK(st1 == DDP_OK && st2 == DDP_ERR_INVALID &&
+                  strstr(ddp_reducer_last_error(red), "already marked"),
+              "double mark not refused: %s", ddp_reducer_last_error(red));
+        ddp_reducer_finish(red);
+        if (R == 0 && ci == 0)
+            printf("reducercheck: %zu buckets at %zu B\n", ddp_reducer_num_buckets(red), caps[ci]);
+        ddp_reducer_destroy(red);
+        for (int i = 0; i < NP; i++)
+            free(vals[i]);
+    }
+    if (R == 0 && !fails)
+        printf("reducercheck: all checks passed on %d ranks\n", W);
+    ddp_group_destroy(g);
+    return fails ? 1 : 0;
+}
