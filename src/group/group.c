@@ -268,6 +268,7 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async,
 
     pthread_mutex_lock(&g->mu);
     bool inline_run = !async && g->queued == 0;
+    w->c.background = !inline_run; /* before the progress thread can see w */
     if (!inline_run) {
         if (!g->thread_started) {
             sigset_t all, old;
@@ -293,7 +294,6 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async,
     }
     pthread_mutex_unlock(&g->mu);
 
-    w->c.background = !inline_run;
     if (inline_run) {
         st = execute(g, w);
         free(w);
