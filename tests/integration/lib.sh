@@ -11,6 +11,7 @@ WORKER=$BIN/testworker
 HELLO=$BIN/hello_world
 T=$(mktemp -d "${TMPDIR:-/tmp}/ddptest.XXXXXX")
 BG_PIDS=()
+CLEANUP_GLOBS=() # files outside $T a test creates (e.g. in /dev/shm), removed on any exit
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS DDP_STORE_TOKEN RANK WORLD_SIZE LOCAL_RANK \
     LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE
 
@@ -94,6 +95,10 @@ cleanup() {
         done
     done
     rm -rf "$T"
+    for g in "${CLEANUP_GLOBS[@]}"; do
+        # shellcheck disable=SC2086
+        rm -f $g
+    done
     if [ -n "$leftovers" ]; then
         echo "FAIL: processes left behind:$leftovers" >&2
         exit 1

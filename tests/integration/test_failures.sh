@@ -63,6 +63,7 @@ ok "missing program reported"
 # A crashed run's shared memory is removed by ddprun (the library unlinks its segments itself
 # once set up; a worker that dies during set-up could leave one).
 d=$T/shm; mkdir -p "$d"
+CLEANUP_GLOBS+=("/dev/shm/ddp-shmleak$$-*")
 cat >"$d/leak.sh" <<'EOS'
 #!/usr/bin/env bash
 touch "/dev/shm/ddp-$DDP_RUN_ID-$$-leak"
