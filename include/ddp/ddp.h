@@ -8,6 +8,7 @@
 #ifndef DDP_DDP_H
 #define DDP_DDP_H
 
+#include "ddp/config.h"
 #include "ddp/data.h"
 #include "ddp/group.h"
 #include "ddp/reducer.h"

@@ -1,0 +1,454 @@
+/*
+ * config.c — schema-checked configuration: defaults, then a YAML file (libyaml's document API),
+ * then command-line overrides. Values are kept as text with their origin and parsed by type on
+ * every layer, so a bad value is caught where it came from. Not here: what the keys mean.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "ddp/config.h"
+#include "util/util.h"
+
+typedef struct value {
+    char *text;
+    char origin[300];
+    /* parsed */
+    int64_t i;
+    double f;
+    bool b;
+    int64_t *list;
+    size_t nlist;
+} value;
+
+struct ddp_config {
+    const ddp_cfg_key *schema;
+    size_t n;
+    value *v;
+};
+
+static long find_key(const ddp_cfg_key *s, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s[i].name, name) == 0)
+            return (long)i;
+    return -1;
+}
+
+/* Levenshtein distance, for "did you mean". */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return 99;
+    size_t d[65][65];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+static ddp_status unknown_key(const ddp_cfg_key *s, size_t n, const char *name, const char *where,
+                              ddp_error *err)
+{
+    size_t best = 99;
+    const char *sugg = NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(name, s[i].name);
+        const char *dot = strrchr(s[i].name, '.');
+        if (dot && strcmp(dot + 1, name) == 0)
+            d = 1; /* "hidden" for "model.hidden" */
+        if (d < best) {
+            best = d;
+            sugg = s[i].name;
+        }
+    }
+    if (sugg && best <= 3)
+        return ddp__err(err, DDP_ERR_INVALID, "unknown key '%s' (%s); did you mean '%s'? (--help "
+                                              "lists every key)",
+                        name, where, sugg);
+    return ddp__err(err, DDP_ERR_INVALID, "unknown key '%s' (%s); --help lists every key", name,
+                    where);
+}
+
+static bool parse_bool(const char *t, bool *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(t, yes[i])) {
+            *out = true;
+            return true;
+        }
+        if (!strcasecmp(t, no[i])) {
+            *out = false;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Parses text for key k into v (replacing what was there). */
+static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, const char *origin,
+                            ddp_error *err)
+{
+    value nv = {0};
+    char *end;
+    switch (k->type) {
+    case DDP_CFG_INT: {
+        errno = 0;
+        long long x = strtoll(text, &end, 10);
+        if (!*text || *end || errno)
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not an integer (%s)",
+                            k->name, text, origin);
+        nv.i = x;
+        break;
+    }
+    case DDP_CFG_FLOAT: {
+        errno = 0;
+        double x = strtod(text, &end);
+        if (!*text || *end || errno || !isfinite(x))
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not a number (%s)", k->name,
+                            text, origin);
+        nv.f = x;
+        break;
+    }
+    case DDP_CFG_BOOL:
+        if (!parse_bool(text, &nv.b))
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not true or false (%s)",
+                            k->name, text, origin);
+        break;
+    case DDP_CFG_CHOICE: {
+        bool ok = false;
+        const char *c = k->choices ? k->choices : "";
+        size_t tl = strlen(text);
+        for (const char *p = c; *p && !ok;) {
+            const char *bar = strchr(p, '|');
+            size_t l = bar ? (size_t)(bar - p) : strlen(p);
+            ok = l == tl && strncmp(p, text, l) == 0;
+            p = bar ? bar + 1 : p + l;
+        }
+        if (!ok)
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not one of %s (%s)",
+                            k->name, text, c, origin);
+        break;
+    }
+    case DDP_CFG_INT_LIST: {
+        size_t cap = 8;
+        nv.list = malloc(sizeof(int64_t) * cap);
+        if (!nv.list)
+            return ddp__err(err, DDP_ERR_NOMEM, "out of memory reading key '%s'", k->name);
+        const char *p = text;
+        while (*p == '[' || *p == ' ')
+            p++;
+        while (*p && *p != ']') {
+            errno = 0;
+            long long x = strtoll(p, &end, 10);
+            if (end == p || errno) {
+                free(nv.list);
+                return ddp__err(err, DDP_ERR_INVALID,
+                                "key '%s': '%s' is not a list of integers like 256,128 (%s)",
+                                k->name, text, origin);
+            }
+            if (nv.nlist == cap) {
+                int64_t *q = realloc(nv.list, sizeof(int64_t) * (cap *= 2));
+                if (!q) {
+                    free(nv.list);
+                    return ddp__err(err, DDP_ERR_NOMEM, "out of memory reading '%s'", k->name);
+                }
+                nv.list = q;
+            }
+            nv.list[nv.nlist++] = x;
+            p = end;
+            while (*p == ',' || *p == ' ')
+                p++;
+        }
+        break;
+    }
+    case DDP_CFG_STRING: break;
+    }
+    nv.text = strdup(text);
+    if (!nv.text) {
+        free(nv.list);
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory reading key '%s'", k->name);
+    }
+    ddp__fmt(nv.origin, sizeof nv.origin, "%s", origin);
+    free(v->text);
+    free(v->list);
+    *v = nv;
+    return DDP_OK;
+}
+
+/* Walks a YAML mapping, flattening keys with '.'. */
+static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, const char *prefix,
+                       const char *path, ddp_error *err)
+{
+    if (node->type != YAML_MAPPING_NODE)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "'%s' line %zu: expected 'key: value' pairs%s%s", path,
+                        node->start_mark.line + 1, *prefix ? " under " : "", prefix);
+    for (yaml_node_pair_t *pr = node->data.mapping.pairs.start;
+         pr < node->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(doc, pr->key);
+        yaml_node_t *v = yaml_document_get_node(doc, pr->value);
+        if (!k || !v || k->type != YAML_SCALAR_NODE)
+            return ddp__err(err, DDP_ERR_INVALID, "'%s': a key is not a plain name", path);
+        char name[256];
+        ddp__fmt(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "",
+                 (const char *)k->data.scalar.value);
+        char origin[300];
+        ddp__fmt(origin, sizeof origin, "%s line %zu", path, k->start_mark.line + 1);
+        long idx = find_key(c->schema, c->n, name);
+        if (v->type == YAML_MAPPING_NODE && idx < 0) {
+            ddp_status st = walk(c, doc, v, name, path, err);
+            if (st)
+                return st;
+            continue;
+        }
+        if (idx < 0)
+            return unknown_key(c->schema, c->n, name, origin, err);
+        char text[4096] = "";
+        if (v->type == YAML_SCALAR_NODE) {
+            ddp__fmt(text, sizeof text, "%s", (const char *)v->data.scalar.value);
+        } else if (v->type == YAML_SEQUENCE_NODE && c->schema[idx].type == DDP_CFG_INT_LIST) {
+            for (yaml_node_item_t *it = v->data.sequence.items.start;
+                 it < v->data.sequence.items.top; it++) {
+                yaml_node_t *e = yaml_document_get_node(doc, *it);
+                if (!e || e->type != YAML_SCALAR_NODE)
+                    return ddp__err(err, DDP_ERR_INVALID, "key '%s': a list of plain values is "
+                                                          "expected (%s)",
+                                    name, origin);
+                size_t l = strlen(text);
+                ddp__fmt(text + l, sizeof text - l, "%s%s", l ? "," : "",
+                         (const char *)e->data.scalar.value);
+            }
+        } else {
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': expected a single value (%s)", name,
+                            origin);
+        }
+        ddp_status st = set_value(&c->schema[idx], &c->v[idx], text, origin, err);
+        if (st)
+            return st;
+    }
+    return DDP_OK;
+}
+
+static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
+                        "cannot open config file '%s': %s", path, strerror(errno));
+    yaml_parser_t p;
+    yaml_document_t doc;
+    ddp_status st = DDP_OK;
+    if (!yaml_parser_initialize(&p)) {
+        fclose(f);
+        return ddp__err(err, DDP_ERR_NOMEM, "cannot start the YAML parser");
+    }
+    yaml_parser_set_input_file(&p, f);
+    if (!yaml_parser_load(&p, &doc)) {
+        st = ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu column %zu: %s%s%s; fix the YAML",
+                      path, p.problem_mark.line + 1, p.problem_mark.column + 1,
+                      p.problem ? p.problem : "syntax error", p.context ? " " : "",
+                      p.context ? p.context : "");
+        yaml_parser_delete(&p);
+        fclose(f);
+        return st;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
+        st = walk(c, &doc, root, "", path, err);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&p);
+    fclose(f);
+    return st;
+}
+
+ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *yaml_path,
+                           int argc, char **argv, ddp_config **out, ddp_error *err)
+{
+    if (!schema || !out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_config_load: schema and out are required");
+    ddp_config *c = calloc(1, sizeof *c);
+    if (!c)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory reading the configuration");
+    c->schema = schema;
+    c->n = nkeys;
+    c->v = calloc(nkeys ? nkeys : 1, sizeof *c->v);
+    ddp_status st = DDP_OK;
+    if (!c->v) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory reading the configuration");
+        goto out_fail;
+    }
+    for (size_t i = 0; i < nkeys && !st; i++)
+        st = set_value(&schema[i], &c->v[i], schema[i].def ? schema[i].def : "", "default", err);
+    if (st)
+        goto out_fail;
+    if (yaml_path && (st = load_yaml(c, yaml_path, err)))
+        goto out_fail;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            st = ddp__err(err, DDP_ERR_INVALID, "unexpected argument '%s'; options look like "
+                                                "--key value",
+                          a);
+            goto out_fail;
+        }
+        char name[256];
+        const char *eq = strchr(a, '=');
+        size_t l = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        ddp__fmt(name, sizeof name, "%.*s", (int)l, a + 2);
+        for (char *p = name; *p; p++)
+            if (*p == '-')
+                *p = '_';
+        long idx = find_key(schema, nkeys, name);
+        if (idx < 0) {
+            st = unknown_key(schema, nkeys, name, "on the command line", err);
+            goto out_fail;
+        }
+        const char *val;
+        if (eq)
+            val = eq + 1;
+        else if (schema[idx].type == DDP_CFG_BOOL &&
+                 (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0))
+            val = "true"; /* a bare --flag */
+        else if (i + 1 < argc)
+            val = argv[++i];
+        else {
+            st = ddp__err(err, DDP_ERR_INVALID, "option '--%s' needs a value", name);
+            goto out_fail;
+        }
+        if ((st = set_value(&schema[idx], &c->v[idx], val, "the command line", err)))
+            goto out_fail;
+    }
+    *out = c;
+    return DDP_OK;
+out_fail:
+    ddp_config_free(c);
+    return st;
+}
+
+void ddp_config_free(ddp_config *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; c->v && i < c->n; i++) {
+        free(c->v[i].text);
+        free(c->v[i].list);
+    }
+    free(c->v);
+    free(c);
+}
+
+static const value *get(const ddp_config *c, const char *key)
+{
+    if (!c || !key)
+        return NULL;
+    long i = find_key(c->schema, c->n, key);
+    return i < 0 ? NULL : &c->v[i];
+}
+
+int64_t ddp_config_int(const ddp_config *c, const char *key)
+{
+    const value *v = get(c, key);
+    return v ? v->i : 0;
+}
+
+double ddp_config_float(const ddp_config *c, const char *key)
+{
+    const value *v = get(c, key);
+    return v ? v->f : 0.0;
+}
+
+bool ddp_config_bool(const ddp_config *c, const char *key)
+{
+    const value *v = get(c, key);
+    return v ? v->b : false;
+}
+
+const char *ddp_config_str(const ddp_config *c, const char *key)
+{
+    const value *v = get(c, key);
+    return v && v->text ? v->text : "";
+}
+
+const int64_t *ddp_config_ints(const ddp_config *c, const char *key, size_t *n)
+{
+    const value *v = get(c, key);
+    if (n)
+        *n = v ? v->nlist : 0;
+    return v ? v->list : NULL;
+}
+
+const char *ddp_config_origin(const ddp_config *c, const char *key)
+{
+    const value *v = get(c, key);
+    return v ? v->origin : "";
+}
+
+char *ddp_config_to_yaml(const ddp_config *c)
+{
+    if (!c)
+        return NULL;
+    size_t cap = 256, len = 0;
+    char *s = malloc(cap);
+    if (!s)
+        return NULL;
+    s[0] = '\0';
+    for (size_t i = 0; i < c->n; i++) {
+        const ddp_cfg_key *k = &c->schema[i];
+        const char *t = c->v[i].text ? c->v[i].text : "";
+        bool quote = k->type == DDP_CFG_STRING || k->type == DDP_CFG_CHOICE;
+        size_t need = strlen(k->name) + strlen(t) + 16;
+        if (len + need >= cap) {
+            while (len + need >= cap)
+                cap *= 2;
+            char *q = realloc(s, cap);
+            if (!q) {
+                free(s);
+                return NULL;
+            }
+            s = q;
+        }
+        len += (size_t)snprintf(s + len, cap - len,
+                                k->type == DDP_CFG_INT_LIST ? "%s: [%s]\n"
+                                : quote                     ? "%s: \"%s\"\n"
+                                                            : "%s: %s\n",
+                                k->name, t);
+    }
+    return s;
+}
+
+void ddp_config_print_help(const ddp_cfg_key *schema, size_t n, FILE *out)
+{
+    static const char *const tn[] = {"int", "float", "bool", "string", "choice", "int list"};
+    const char *group = NULL;
+    size_t glen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *dot = strchr(schema[i].name, '.');
+        size_t l = dot ? (size_t)(dot - schema[i].name) : 0;
+        if (l != glen || (l && strncmp(group, schema[i].name, l) != 0)) {
+            fprintf(out, "\n%.*s\n", (int)(l ? l : 7), l ? schema[i].name : "general");
+            group = schema[i].name;
+            glen = l;
+        } else if (i == 0) {
+            fprintf(out, "\ngeneral\n");
+        }
+        const char *type = schema[i].type == DDP_CFG_CHOICE ? schema[i].choices
+                                                             : tn[schema[i].type];
+        fprintf(out, "  --%-28s %s (default: %s)\n      %s\n", schema[i].name, type,
+                schema[i].def && *schema[i].def ? schema[i].def : "\"\"", schema[i].help);
+    }
+}
