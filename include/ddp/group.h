@@ -92,6 +92,8 @@ void ddp_group_abort(ddp_group *g);
 
 int ddp_group_rank(const ddp_group *g);
 int ddp_group_size(const ddp_group *g);
+/* Ranks of this group on this host (from LOCAL_WORLD_SIZE; 1 for a world of one). */
+int ddp_group_local_size(const ddp_group *g);
 /* "shm", "tcp" or "shm+tcp". */
 const char *ddp_group_backend(const ddp_group *g);
 /* Sets the deadline of later collectives (≤ 0: the default). */

@@ -19,7 +19,9 @@
  * DDP costs no extra copy and no extra gradient-sized memory. A bucket's allreduce starts, on the
  * group's progress thread, once all its gradients are marked ready and every earlier bucket has
  * started — so buckets are reduced in the same order on every rank — while backward continues.
- * Parameters of different dtypes go to different buckets.
+ * Parameters of different dtypes go to different buckets. When the host has no core to spare
+ * (ranks ≥ cores) buckets are instead reduced on the caller's thread as they complete
+ * (opts.overlap), which measured faster there.
  *
  * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
@@ -48,14 +50,23 @@ typedef struct ddp_param {
     void *data;       /* values, (count,): broadcast from rank 0 at creation */
 } ddp_param;
 
+/* How a complete bucket is reduced. */
+typedef enum ddp_reducer_overlap {
+    DDP_OVERLAP_AUTO,   /* ASYNC when this host has a core to spare per rank, else INLINE */
+    DDP_OVERLAP_ASYNC,  /* on the group's progress thread, while backward goes on */
+    DDP_OVERLAP_INLINE, /* on the caller's thread at mark_ready: with no idle core a progress
+                           thread only competes with backward (measured: bench/RESULTS.md) */
+} ddp_reducer_overlap;
+
 typedef struct ddp_reducer_opts {
     size_t bucket_cap;    /* bytes, default 25 MiB */
     size_t first_bucket;  /* bytes of the first bucket, default 1 MiB */
     bool compress_bf16;   /* send float32 gradients as bfloat16 (reduced in float32) */
     bool broadcast_params; /* broadcast values from rank 0 at creation (default true) */
+    ddp_reducer_overlap overlap; /* default AUTO; $DDP_OVERLAP=async|inline overrides AUTO */
 } ddp_reducer_opts;
 
-#define DDP_REDUCER_OPTS_INIT { (size_t)25 << 20, (size_t)1 << 20, false, true }
+#define DDP_REDUCER_OPTS_INIT { (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO }
 
 typedef struct ddp_reducer ddp_reducer;
 

@@ -12,9 +12,11 @@
  * Not here: what the gradients are (the model) and the optimizer.
  */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddp/reducer.h"
 #include "group/group_int.h" /* bf16 conversions */
@@ -30,6 +32,7 @@ typedef struct bucket {
     size_t first, last; /* params covered, as indices into order[] */
     int pending;  /* params not yet marked ready this step */
     bool launched;
+    bool inline_done; /* reduced on the caller's thread this step */
     ddp_work *work;
 } bucket;
 
@@ -47,6 +50,7 @@ struct ddp_reducer {
     bucket *b;
     size_t nb;
     size_t next_launch; /* first bucket not launched */
+    bool async;         /* buckets go to the progress thread (else inline, blocking) */
     bool step_open;     /* some gradient was marked ready since the last finish */
     bool sync;
     double step_start;
@@ -177,6 +181,23 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     if (r->o.first_bucket == 0)
         r->o.first_bucket = r->o.bucket_cap;
     r->sync = true;
+    ddp_reducer_overlap ov = r->o.overlap;
+    const char *env = getenv("DDP_OVERLAP");
+    if (ov == DDP_OVERLAP_AUTO && env && !strcmp(env, "async"))
+        ov = DDP_OVERLAP_ASYNC;
+    else if (ov == DDP_OVERLAP_AUTO && env && !strcmp(env, "inline"))
+        ov = DDP_OVERLAP_INLINE;
+    if (ov == DDP_OVERLAP_AUTO) {
+        cpu_set_t set;
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        /* This process may already be limited to its share of the cores (ddprun's thread
+         * defaults do not pin), so compare the host's ranks with the host's cores. */
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        if (online > cores)
+            cores = (int)online;
+        ov = ddp_group_local_size(g) < cores ? DDP_OVERLAP_ASYNC : DDP_OVERLAP_INLINE;
+    }
+    r->async = ov == DDP_OVERLAP_ASYNC;
     ddp_status st = DDP_ERR_NOMEM;
     size_t n1 = nparams ? nparams : 1;
     r->order = malloc(sizeof(size_t) * n1);
@@ -310,14 +331,22 @@ static void reset_step(ddp_reducer *r)
 static ddp_status launch(ddp_reducer *r, bucket *b)
 {
     ddp_status st;
+    void *buf = b->mem;
+    ddp_dtype t = b->dtype;
     if (b->wire) {
         const float *src = b->mem;
         for (size_t i = 0; i < b->count; i++)
             b->wire[i] = ddp__f32_to_bf16(src[i]);
-        st = ddp_allreduce_async(r->g, b->wire, b->wire, b->count, DDP_BFLOAT16, DDP_AVG,
-                                 &b->work);
+        buf = b->wire;
+        t = DDP_BFLOAT16;
+    }
+    if (r->async) {
+        st = ddp_allreduce_async(r->g, buf, buf, b->count, t, DDP_AVG, &b->work);
     } else {
-        st = ddp_allreduce_async(r->g, b->mem, b->mem, b->count, b->dtype, DDP_AVG, &b->work);
+        double t0 = ddp_now_seconds();
+        st = ddp_allreduce(r->g, buf, buf, b->count, t, DDP_AVG);
+        r->stats.comm_seconds += ddp_now_seconds() - t0;
+        b->inline_done = st == DDP_OK;
     }
     if (st)
         return fail(r, st, "bucket %zu: %s", (size_t)(b - r->b), ddp_group_last_error(r->g));
@@ -372,6 +401,12 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
+        if (b->inline_done && b->wire) {
+            float *dst = b->mem;
+            for (size_t k = 0; k < b->count; k++)
+                dst[k] = ddp__bf16_to_f32(b->wire[k]);
+        }
+        b->inline_done = false;
         if (!b->work)
             continue;
         ddp_status s2 = ddp_work_wait(b->work);
@@ -389,6 +424,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         }
     }
     r->stats.wait_seconds = ddp_now_seconds() - t0;
+    if (!r->async) /* inline: every moment of communication was spent by the caller */
+        r->stats.wait_seconds += r->stats.comm_seconds;
     double c = r->stats.comm_seconds;
     r->stats.hidden_fraction = c > 0 ? 1.0 - r->stats.wait_seconds / c : 1.0;
     if (r->stats.hidden_fraction < 0)

@@ -444,6 +444,11 @@ int ddp_group_size(const ddp_group *g)
     return g ? g->world.world_size : 0;
 }
 
+int ddp_group_local_size(const ddp_group *g)
+{
+    return g ? g->world.local_world_size : 0;
+}
+
 const char *ddp_group_backend(const ddp_group *g)
 {
     return g ? g->backend : "";
