@@ -8,9 +8,11 @@
 #ifndef DDP_DDP_H
 #define DDP_DDP_H
 
+#include "ddp/ckpt.h"
 #include "ddp/config.h"
 #include "ddp/data.h"
 #include "ddp/group.h"
+#include "ddp/nn.h"
 #include "ddp/reducer.h"
 #include "ddp/sampler.h"
 #include "ddp/status.h"

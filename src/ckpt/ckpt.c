@@ -1,0 +1,171 @@
+/*
+ * ckpt.c — checkpoint directories: find the newest "<prefix><step>.safetensors" and prune old
+ * ones. The step is read from the file name only (no file is opened), so these are cheap enough
+ * to call every save. Temporary files of an interrupted save ("….tmp.<pid>") never match the
+ * name pattern; they are left for the operator, since on a shared filesystem another host may
+ * still be writing one.
+ */
+#define _GNU_SOURCE
+#include "ddp/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/util.h"
+
+#define SUFFIX ".safetensors"
+
+/* The step of "<prefix><digits>.safetensors"; false for any other name. */
+static bool match_name(const char *name, const char *prefix, uint64_t *step)
+{
+    size_t plen = strlen(prefix);
+    if (strncmp(name, prefix, plen) != 0)
+        return false;
+    const char *p = name + plen;
+    uint64_t v = 0;
+    size_t nd = 0;
+    for (; *p >= '0' && *p <= '9'; p++, nd++) {
+        if (nd == 18) /* more digits than any real step: not ours */
+            return false;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (nd == 0 || strcmp(p, SUFFIX) != 0)
+        return false;
+    *step = v;
+    return true;
+}
+
+typedef struct {
+    uint64_t step;
+    char *name;
+} entry;
+
+/* Newest first; equal steps ("ckpt_7", "ckpt_07") ordered by name so the choice is stable. */
+static int cmp_entry(const void *a, const void *b)
+{
+    const entry *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step > y->step ? -1 : 1;
+    return strcmp(y->name, x->name);
+}
+
+static void free_entries(entry *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(e[i].name);
+    free(e);
+}
+
+/* Lists the matching files of dir, newest first. */
+static ddp_status list(const char *dir, const char *prefix, entry **out, size_t *nout,
+                       ddp_error *err)
+{
+    if (!dir || !prefix || strchr(prefix, '/'))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "checkpoint directory and prefix are required, and the prefix must not "
+                        "contain '/'");
+    DIR *d = opendir(dir);
+    if (!d)
+        return ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
+                        "cannot open checkpoint directory '%s': %s", dir, strerror(errno));
+    ddp_status st = DDP_OK;
+    entry *e = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno != 0)
+                st = ddp__err(err, DDP_ERR_SYSTEM, "cannot read checkpoint directory '%s': %s", dir,
+                              strerror(errno));
+            break;
+        }
+        uint64_t step;
+        if (!match_name(de->d_name, prefix, &step))
+            continue;
+        if (n == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            entry *ne = realloc(e, ncap * sizeof *ne);
+            if (!ne) {
+                st = ddp__err(err, DDP_ERR_NOMEM, "out of memory listing '%s'", dir);
+                break;
+            }
+            e = ne, cap = ncap;
+        }
+        if (!(e[n].name = strdup(de->d_name))) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory listing '%s'", dir);
+            break;
+        }
+        e[n++].step = step;
+    }
+    closedir(d);
+    if (st != DDP_OK) {
+        free_entries(e, n);
+        return st;
+    }
+    if (n > 1)
+        qsort(e, n, sizeof *e, cmp_entry);
+    *out = e;
+    *nout = n;
+    return DDP_OK;
+}
+
+ddp_status ddp_ckpt_latest(const char *dir, const char *prefix, char *out, size_t cap,
+                           ddp_error *err)
+{
+    if (!out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_latest: out is required");
+    entry *e;
+    size_t n;
+    ddp_status st = list(dir, prefix, &e, &n, err);
+    if (st != DDP_OK)
+        return st;
+    if (n == 0) {
+        st = ddp__err(err, DDP_ERR_NOT_FOUND, "no checkpoint named '%s<step>" SUFFIX "' in '%s'",
+                      prefix, dir);
+        goto out_free;
+    }
+    size_t need = strlen(dir) + 1 + strlen(e[0].name) + 1;
+    if (need > cap) {
+        st = ddp__err(err, DDP_ERR_TOO_LARGE,
+                      "the path of checkpoint '%s' in '%s' needs %zu bytes, the buffer has %zu",
+                      e[0].name, dir, need, cap);
+        goto out_free;
+    }
+    ddp__fmt(out, cap, "%s/%s", dir, e[0].name);
+out_free:
+    free_entries(e, n);
+    return st;
+}
+
+ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_k, ddp_error *err)
+{
+    if (keep_last_k == 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_ckpt_prune: keep_last_k must be at least 1 (it would delete every "
+                        "checkpoint)");
+    entry *e;
+    size_t n;
+    ddp_status st = list(dir, prefix, &e, &n, err);
+    if (st != DDP_OK)
+        return st;
+    for (size_t i = keep_last_k; i < n && st == DDP_OK; i++) {
+        size_t len = strlen(dir) + strlen(e[i].name) + 2;
+        char *p = malloc(len);
+        if (!p) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory pruning '%s'", dir);
+            break;
+        }
+        ddp__fmt(p, len, "%s/%s", dir, e[i].name);
+        if (unlink(p) != 0 && errno != ENOENT)
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot delete old checkpoint '%s': %s", p,
+                          strerror(errno));
+        free(p);
+    }
+    free_entries(e, n);
+    return st;
+}

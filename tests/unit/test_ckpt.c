@@ -1,0 +1,634 @@
+/*
+ * test_ckpt.c — checkpoints: round trip of every dtype (with a scalar and an empty tensor) and of
+ * metadata, natural alignment of the data; every malformed-file error, from files written by
+ * hand; the atomic guarantee when a write fails (a child with a small RLIMIT_FSIZE) and when the
+ * rename fails; latest/prune over a directory; and 2000 random mutations of a valid file, which
+ * must all be either opened or refused with a message, never crash.
+ * Synthetic data encode their origin: element k of tensor i is a function of (i, k).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+
+static char dir[256];
+
+static void path_of(char *out, const char *name)
+{
+    snprintf(out, 512, "%s/%s", dir, name);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Reads a whole file; *n its size. Caller frees. */
+static unsigned char *read_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long sz = ftell(f);
+    assert_true(sz >= 0);
+    rewind(f);
+    unsigned char *p = malloc((size_t)sz + 1);
+    assert_non_null(p);
+    assert_int_equal(fread(p, 1, (size_t)sz, f), (size_t)sz);
+    fclose(f);
+    *n = (size_t)sz;
+    return p;
+}
+
+/* Number of entries in dir whose name contains s. */
+static int count_named(const char *s)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += strstr(de->d_name, s) != NULL;
+    closedir(d);
+    return n;
+}
+
+static size_t nbytes(const ddp_ckpt_tensor *t)
+{
+    size_t b = ddp_ckpt_dtype_size(t->dtype);
+    for (int k = 0; k < t->ndim; k++)
+        b *= (size_t)t->shape[k];
+    return b;
+}
+
+/* ---- round trip ------------------------------------------------------------------------------ */
+
+typedef struct {
+    float f32[12];
+    double f64;
+    uint16_t bf16[5];
+    uint16_t f16[6];
+    int32_t i32[7];
+    int64_t i64[4];
+    uint8_t u8[3];
+} sample_data;
+
+static void fill(sample_data *d)
+{
+    for (int k = 0; k < 12; k++)
+        d->f32[k] = (float)k * 0.5f - 3.0f;
+    d->f64 = 3.25;
+    for (int k = 0; k < 5; k++)
+        d->bf16[k] = (uint16_t)(0x3f80 + k); /* 1.0, then the next bf16 values */
+    for (int k = 0; k < 6; k++)
+        d->f16[k] = (uint16_t)(0x3c00 + 0x100 * k);
+    for (int k = 0; k < 7; k++)
+        d->i32[k] = -1000 * k;
+    for (int k = 0; k < 4; k++)
+        d->i64[k] = ((int64_t)1 << 40) + k;
+    for (int k = 0; k < 3; k++)
+        d->u8[k] = (uint8_t)(200 + k);
+}
+
+/* The sample tensors, deliberately with a 1-byte tensor of odd size first in header order so the
+ * writer has to reorder them to keep the others aligned. */
+static size_t sample_tensors(const sample_data *d, ddp_ckpt_tensor *t)
+{
+    size_t n = 0;
+    t[n++] = (ddp_ckpt_tensor){"mask", DDP_CKPT_U8, 1, {3}, d->u8};
+    t[n++] = (ddp_ckpt_tensor){"fc.weight", DDP_CKPT_F32, 2, {3, 4}, d->f32};
+    t[n++] = (ddp_ckpt_tensor){"lr", DDP_CKPT_F64, 0, {0}, &d->f64};
+    t[n++] = (ddp_ckpt_tensor){"emb.bf16", DDP_CKPT_BF16, 1, {5}, d->bf16};
+    t[n++] = (ddp_ckpt_tensor){"half", DDP_CKPT_F16, 3, {1, 2, 3}, d->f16};
+    t[n++] = (ddp_ckpt_tensor){"counts", DDP_CKPT_I32, 1, {7}, d->i32};
+    t[n++] = (ddp_ckpt_tensor){"rng", DDP_CKPT_I64, 2, {2, 2}, d->i64};
+    t[n++] = (ddp_ckpt_tensor){"empty", DDP_CKPT_F32, 2, {0, 5}, NULL};
+    return n;
+}
+
+static const char *mkeys[] = {"step", "config", "unicode"};
+static const char *mvals[] = {"42", "{\"lr\": 0.1,\n \"name\": \"a \\\"quoted\\\" run\"}",
+                              "Grüße, 東京"};
+
+static void save_sample(const char *path)
+{
+    sample_data d;
+    fill(&d);
+    ddp_ckpt_tensor t[8];
+    size_t n = sample_tensors(&d, t);
+    ddp_error err = {0};
+    ddp_status st = ddp_ckpt_save(path, t, n, mkeys, mvals, 3, &err);
+    if (st != DDP_OK)
+        fail_msg("save: %s", err.msg);
+}
+
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "rt.safetensors");
+    save_sample(path);
+    assert_int_equal(count_named(".tmp."), 0);
+
+    sample_data d;
+    fill(&d);
+    ddp_ckpt_tensor want[8];
+    size_t n = sample_tensors(&d, want);
+
+    ddp_ckpt *c;
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_open(path, &c, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_count(c), n);
+    for (size_t i = 0; i < n; i++) {
+        const ddp_ckpt_tensor *g = ddp_ckpt_find(c, want[i].name);
+        assert_non_null(g);
+        assert_string_equal(g->name, want[i].name);
+        assert_int_equal(g->dtype, want[i].dtype);
+        assert_int_equal(g->ndim, want[i].ndim);
+        for (int k = 0; k < g->ndim; k++)
+            assert_int_equal(g->shape[k], want[i].shape[k]);
+        /* natural alignment in the mapping */
+        assert_int_equal((uintptr_t)g->data % ddp_ckpt_dtype_size(g->dtype), 0);
+        if (nbytes(g))
+            assert_memory_equal(g->data, want[i].data, nbytes(g));
+    }
+    assert_non_null(ddp_ckpt_tensor_at(c, n - 1));
+    assert_null(ddp_ckpt_tensor_at(c, n));
+    assert_null(ddp_ckpt_find(c, "nope"));
+
+    assert_int_equal(ddp_ckpt_meta_count(c), 3);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(ddp_ckpt_meta(c, mkeys[i]), mvals[i]);
+    assert_null(ddp_ckpt_meta(c, "missing"));
+    const char *k, *v;
+    assert_true(ddp_ckpt_meta_at(c, 0, &k, &v));
+    assert_false(ddp_ckpt_meta_at(c, 3, &k, &v));
+    ddp_ckpt_close(c);
+    ddp_ckpt_close(NULL);
+
+    /* The raw layout: the data starts 8-aligned, the header is JSON padded with spaces. */
+    size_t sz;
+    unsigned char *raw = read_bytes(path, &sz);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)raw[i] << (8 * i);
+    assert_int_equal((8 + hlen) % 8, 0);
+    assert_int_equal(raw[8], '{');
+    size_t data = 0;
+    for (size_t i = 0; i < n; i++)
+        data += nbytes(&want[i]);
+    assert_int_equal(sz, 8 + hlen + data);
+    free(raw);
+}
+
+static void test_empty_file(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "none.safetensors");
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save(path, NULL, 0, NULL, NULL, 0, &err), DDP_OK);
+    ddp_ckpt *c;
+    assert_int_equal(ddp_ckpt_open(path, &c, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_count(c), 0);
+    assert_int_equal(ddp_ckpt_meta_count(c), 0);
+    ddp_ckpt_close(c);
+}
+
+static void expect_save_invalid(const ddp_ckpt_tensor *t, size_t n, const char *const *mk,
+                                const char *const *mv, size_t nm, const char *needle)
+{
+    char path[512];
+    path_of(path, "invalid.safetensors");
+    ddp_error err = {0};
+    ddp_status st = ddp_ckpt_save(path, t, n, mk, mv, nm, &err);
+    if (st != DDP_ERR_INVALID || !strstr(err.msg, needle))
+        fail_msg("expected invalid argument with '%s', got %s: %s", needle, ddp_status_str(st),
+                 err.msg);
+    assert_int_equal(count_named("invalid"), 0);
+}
+
+static void test_save_invalid(void **state)
+{
+    (void)state;
+    float x[4] = {0};
+    ddp_ckpt_tensor t[2] = {{"a", DDP_CKPT_F32, 1, {4}, x}, {"a", DDP_CKPT_F32, 1, {4}, x}};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "'a' is used twice");
+    t[1].name = "__metadata__";
+    expect_save_invalid(t, 2, NULL, NULL, 0, "reserved name");
+    t[1].name = "";
+    expect_save_invalid(t, 2, NULL, NULL, 0, "has no name");
+    t[1] = (ddp_ckpt_tensor){"b", (ddp_ckpt_dtype)99, 1, {4}, x};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "unknown dtype 99");
+    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 9, {4}, x};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
+    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 1, {-4}, x};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
+    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 2, {INT64_MAX, 4}, x};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
+    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 1, {4}, NULL};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "has no data");
+    t[1] = (ddp_ckpt_tensor){"b\xff", DDP_CKPT_F32, 1, {4}, x};
+    expect_save_invalid(t, 2, NULL, NULL, 0, "not valid UTF-8");
+    const char *k2[] = {"s", "s"}, *v2[] = {"1", "2"};
+    expect_save_invalid(t, 1, k2, v2, 2, "'s' is given twice");
+    const char *k3[] = {"s"}, *v3[] = {"bad \xc3"};
+    expect_save_invalid(t, 1, k3, v3, 1, "not valid UTF-8");
+    const char *v4[] = {NULL};
+    expect_save_invalid(t, 1, k3, v4, 1, "NULL key or value");
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save(NULL, t, 1, NULL, NULL, 0, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_save("x", NULL, 1, NULL, NULL, 0, &err), DDP_ERR_INVALID);
+}
+
+/* ---- malformed files ---------------------------------------------------------------------------
+ */
+
+/* Writes bytes as a file and expects open to fail with st, needle and the path in the message. */
+static void expect_bad_file(const void *bytes, size_t n, ddp_status st, const char *needle)
+{
+    char path[512];
+    path_of(path, "bad.safetensors");
+    write_bytes(path, bytes, n);
+    ddp_ckpt *c = (ddp_ckpt *)1;
+    ddp_error err = {0};
+    ddp_status got = ddp_ckpt_open(path, &c, &err);
+    if (got != st || !strstr(err.msg, needle) || !strstr(err.msg, path))
+        fail_msg("expected %s with '%s' naming the file, got %s: %s", ddp_status_str(st), needle,
+                 ddp_status_str(got), err.msg);
+    assert_ptr_equal(c, (ddp_ckpt *)1); /* out untouched on failure */
+}
+
+/* The same for a file of header hdr (its length as the length field) and data_len zero bytes. */
+static void expect_bad(const char *hdr, size_t data_len, const char *needle)
+{
+    size_t hl = strlen(hdr), n = 8 + hl + data_len;
+    unsigned char *b = calloc(1, n);
+    assert_non_null(b);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, hdr, hl);
+    expect_bad_file(b, n, DDP_ERR_INVALID, needle);
+    free(b);
+}
+
+static void test_malformed(void **state)
+{
+    (void)state;
+    expect_bad_file("", 0, DDP_ERR_INVALID, "too short");
+    expect_bad_file("\x05\0\0\0\0", 5, DDP_ERR_INVALID, "too short");
+    expect_bad_file("\0\0\0\0\0\x01\0\0{}", 10, DDP_ERR_INVALID, "absurd");
+    expect_bad_file("\x00\x04\0\0\0\0\0\0{}      ", 16, DDP_ERR_INVALID, "truncated");
+    expect_bad("{\"a\": ", 0, "invalid JSON header at line 1 column");
+    expect_bad("[1, 2]", 0, "not an object");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}, "
+               "\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+               8, "duplicate");
+    expect_bad("{\"a\xff\": {}}", 0, "invalid JSON");
+    expect_bad("{\"a\": 3}", 0, "not a JSON object");
+    expect_bad("{\"a\": {\"dtype\": \"F8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1,
+               "unsupported dtype 'F8'");
+    expect_bad("{\"a\": {\"dtype\": 1, \"shape\": [1], \"data_offsets\": [0, 1]}}", 1,
+               "dtype of tensor 'a' is not a string");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", 0, "lacks one of");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"x\": 1}}",
+               4, "unknown field 'x'");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4,
+               "dimension 0 of tensor 'a'");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4,
+               "dimension 0 of tensor 'a'");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], "
+               "\"data_offsets\": [0, 4]}}",
+               4, "at most 8 dimensions");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 0]}}", 4,
+               "0 ≤ begin ≤ end");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4,
+               "data_offsets of tensor 'a'");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 4], "
+               "\"data_offsets\": [0, 4]}}",
+               4, "too large");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4,
+               "spanning 4 bytes");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4,
+               "truncated");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
+               "\"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+               12, "overlaps");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}, "
+               "\"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+               12, "gap");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}", 8, "gap");
+    expect_bad("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 8,
+               "4 bytes of trailing garbage");
+    expect_bad("{\"__metadata__\": {\"k\": 1}}", 0, "metadata 'k' is not a string");
+    expect_bad("{\"__metadata__\": [\"k\"]}", 0, "'__metadata__' is not a JSON object");
+
+    /* A real file cut short by one byte. */
+    char path[512], cut[512];
+    path_of(path, "whole.safetensors");
+    path_of(cut, "bad.safetensors");
+    save_sample(path);
+    size_t sz;
+    unsigned char *raw = read_bytes(path, &sz);
+    expect_bad_file(raw, sz - 1, DDP_ERR_INVALID, "truncated");
+    free(raw);
+
+    ddp_ckpt *c;
+    ddp_error err = {0};
+    path_of(path, "does-not-exist.safetensors");
+    assert_int_equal(ddp_ckpt_open(path, &c, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, path));
+    assert_int_equal(ddp_ckpt_open(dir, &c, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "not a regular file"));
+    assert_int_equal(ddp_ckpt_open(NULL, &c, &err), DDP_ERR_INVALID);
+}
+
+/* ---- the atomic guarantee -------------------------------------------------------------------- */
+
+static void test_atomic_write_failure(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "atomic.safetensors");
+    save_sample(path);
+    size_t n0;
+    unsigned char *before = read_bytes(path, &n0);
+
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* no cmocka in the child: report through the exit code and the pipe */
+        close(pfd[0]);
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {4096, 4096};
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(3);
+        static float big[1 << 16];
+        ddp_ckpt_tensor t = {"big", DDP_CKPT_F32, 1, {1 << 16}, big};
+        ddp_error err = {0};
+        ddp_status st = ddp_ckpt_save(path, &t, 1, NULL, NULL, 0, &err);
+        ssize_t w = write(pfd[1], err.msg, strlen(err.msg) + 1);
+        (void)w;
+        _exit(st == DDP_ERR_SYSTEM ? 0 : 1);
+    }
+    close(pfd[1]);
+    char msg[DDP_ERRMSG_MAX] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof msg - 1 && (r = read(pfd[0], msg + got, sizeof msg - 1 - got)) > 0)
+        got += (size_t)r;
+    close(pfd[0]);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) != 0)
+        fail_msg("child: exit %d, message: %s", WEXITSTATUS(ws), msg);
+    if (!strstr(msg, strerror(EFBIG)) || !strstr(msg, "unchanged"))
+        fail_msg("unclear message: %s", msg);
+    print_message("    save under RLIMIT_FSIZE: %s\n", msg);
+
+    size_t n1;
+    unsigned char *after = read_bytes(path, &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    assert_int_equal(count_named(".tmp."), 0);
+    free(before);
+    free(after);
+}
+
+static void test_atomic_rename_failure(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "is-a-dir.safetensors");
+    assert_int_equal(mkdir(path, 0755), 0);
+    float x[2] = {1, 2};
+    ddp_ckpt_tensor t = {"x", DDP_CKPT_F32, 1, {2}, x};
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save(path, &t, 1, NULL, NULL, 0, &err), DDP_ERR_SYSTEM);
+    assert_non_null(strstr(err.msg, "cannot rename"));
+    assert_int_equal(count_named(".tmp."), 0);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_equal(rmdir(path), 0);
+
+    path_of(path, "no-such-dir/x.safetensors");
+    assert_int_equal(ddp_ckpt_save(path, &t, 1, NULL, NULL, 0, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "directory exists"));
+}
+
+/* ---- checkpoint directories ---------------------------------------------------------------- */
+
+static void touch(const char *sub, const char *name)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/%s", dir, sub, name);
+    write_bytes(p, "x", 1);
+}
+
+static bool exists(const char *sub, const char *name)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/%s", dir, sub, name);
+    return access(p, F_OK) == 0;
+}
+
+static void test_latest_prune(void **state)
+{
+    (void)state;
+    char d[512], out[600], want[600];
+    path_of(d, "runs");
+    assert_int_equal(mkdir(d, 0755), 0);
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "ckpt_<step>.safetensors"));
+
+    const char *names[] = {"ckpt_5.safetensors",
+                           "ckpt_40.safetensors",
+                           "ckpt_100.safetensors",
+                           "ckpt_200.safetensors.tmp.123",
+                           "other_999.safetensors",
+                           "ckpt_abc.safetensors",
+                           "ckpt_.safetensors",
+                           "ckpt_300.safetensorsx",
+                           "ckpt_12345678901234567890.safetensors"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        touch("runs", names[i]);
+    assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_OK);
+    snprintf(want, sizeof want, "%s/ckpt_100.safetensors", d);
+    assert_string_equal(out, want);
+    char tiny[8] = "keep";
+    assert_int_equal(ddp_ckpt_latest(d, "ckpt_", tiny, sizeof tiny, &err), DDP_ERR_TOO_LARGE);
+    assert_string_equal(tiny, "keep");
+
+    assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 0, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 2, &err), DDP_OK);
+    assert_false(exists("runs", "ckpt_5.safetensors"));
+    assert_true(exists("runs", "ckpt_40.safetensors"));
+    assert_true(exists("runs", "ckpt_100.safetensors"));
+    for (size_t i = 3; i < sizeof names / sizeof names[0]; i++)
+        assert_true(exists("runs", names[i]));
+    assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 1, &err), DDP_OK);
+    assert_false(exists("runs", "ckpt_40.safetensors"));
+    assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_OK);
+    assert_string_equal(out, want);
+
+    path_of(d, "no-such-runs");
+    assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_ERR_NOT_FOUND);
+    assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 3, &err), DDP_ERR_NOT_FOUND);
+    assert_int_equal(ddp_ckpt_latest(d, "a/b", out, sizeof out, &err), DDP_ERR_INVALID);
+}
+
+/* ---- fuzz
+ * ---------------------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void test_fuzz(void **state)
+{
+    (void)state;
+    char path[512], mpath[512];
+    path_of(path, "fuzz-src.safetensors");
+    path_of(mpath, "fuzz.safetensors");
+    save_sample(path);
+    size_t n;
+    unsigned char *orig = read_bytes(path, &n);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)orig[i] << (8 * i);
+    unsigned char *buf = malloc(n + 64);
+    assert_non_null(buf);
+    int opened = 0;
+    for (int it = 0; it < 2000; it++) {
+        memcpy(buf, orig, n);
+        size_t len = n;
+        switch (rnd() % 5) {
+        case 0: /* flip bits anywhere */
+        case 1: /* … or in the header, where they matter most */
+            for (int k = (int)(rnd() % 4); k >= 0; k--) {
+                size_t at = (rnd() % 2) ? 8 + rnd() % hlen : rnd() % n;
+                buf[at] ^= (unsigned char)(1u << (rnd() % 8));
+            }
+            break;
+        case 2: /* replace a header byte with a JSON-significant one */
+            buf[8 + rnd() % hlen] = (unsigned char)"{}[]\",:0123456789-e. \\"[rnd() % 22];
+            break;
+        case 3: /* truncate */ len = rnd() % n; break;
+        case 4: /* a random length field, or extra bytes at the end */
+            if (rnd() % 2)
+                buf[rnd() % 8] = (unsigned char)rnd();
+            else
+                for (size_t k = 0, m = 1 + rnd() % 64; k < m; k++)
+                    buf[len++] = (unsigned char)rnd();
+            break;
+        }
+        write_bytes(mpath, buf, len);
+        ddp_ckpt *c;
+        ddp_error err = {0};
+        ddp_status st = ddp_ckpt_open(mpath, &c, &err);
+        if (st != DDP_OK) {
+            assert_int_equal(st, err.status);
+            assert_true(strlen(err.msg) > 0);
+            continue;
+        }
+        opened++;
+        /* Every byte of every tensor must be readable (ASan and the mapping bounds check it). */
+        unsigned sum = 0;
+        for (size_t i = 0; i < ddp_ckpt_count(c); i++) {
+            const ddp_ckpt_tensor *t = ddp_ckpt_tensor_at(c, i);
+            size_t b = nbytes(t);
+            for (size_t k = 0; k < b; k++)
+                sum += ((const unsigned char *)t->data)[k];
+        }
+        for (size_t i = 0; i < ddp_ckpt_meta_count(c); i++) {
+            const char *k, *v;
+            assert_true(ddp_ckpt_meta_at(c, i, &k, &v));
+            sum += (unsigned)strlen(k) + (unsigned)strlen(v);
+        }
+        (void)sum;
+        ddp_ckpt_close(c);
+    }
+    print_message("    fuzz: %d of 2000 mutated files still valid, the rest refused cleanly\n",
+                  opened);
+    free(buf);
+    free(orig);
+}
+
+/* ---- setup -------------------------------------------------------------------------------------
+ */
+
+static void rm_tree(const char *p)
+{
+    DIR *d = opendir(p);
+    if (!d) {
+        unlink(p);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/%s", p, de->d_name);
+        rm_tree(sub);
+    }
+    closedir(d);
+    rmdir(p);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ddp-test-ckpt-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_tree(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_empty_file),
+        cmocka_unit_test(test_save_invalid),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_atomic_write_failure),
+        cmocka_unit_test(test_atomic_rename_failure),
+        cmocka_unit_test(test_latest_prune),
+        cmocka_unit_test(test_fuzz),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
