@@ -1,5 +1,5 @@
 # The two commands of the README, and the sanitizer pass CI adds:
-#   make demo      install dependencies, build, run the main job (2 workers under ddprun)
+#   make demo      install dependencies, build, run the main job (ddptrain, 2 processes)
 #   make test      install dependencies, build, run every test under CTest
 #   make sanitize  the test suite again under ASan+UBSan and under TSan
 # Everything else is CMake: `cmake -S . -B build && cmake --build build`.
@@ -23,8 +23,9 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job: the default model on Fashion-MNIST with 2 processes; ends with the test accuracy.
 demo: build
-	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/hello_world
+	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain
 
 test: build
 	cd $(BUILD) && $(CTEST) -j 2

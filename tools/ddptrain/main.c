@@ -408,7 +408,9 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
     double clip = ddp_config_float(c, "grad_clip");
     float *dl = malloc(sizeof(float) * (size_t)B * (size_t)t->m.classes);
-    double t0 = ddp_now_seconds(), last_t = t0, loss_avg = 0;
+    double t0 = ddp_now_seconds(), last_t = t0, win_sum = 0;
+    int win_n = 0; /* the progress line shows the mean loss since the last one: a resumed run
+                      prints what an uninterrupted one does */
     uint64_t first_step = t->step, last_step = t->step;
     int rc = 0;
     while (t->step < total && !rc) {
@@ -470,7 +472,8 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         epoch_end = t->pos.next_batch + (uint64_t)A > ddp_loader_batches_per_epoch(l);
         double mean;
         ddp_allreduce(t->g, &loss, &mean, 1, DDP_FLOAT64, DDP_AVG); /* the logged loss */
-        loss_avg = loss_avg == 0 ? mean : 0.9 * loss_avg + 0.1 * mean;
+        win_sum += mean;
+        win_n++;
         if (t->R == 0 && t->jsonl)
             fprintf(t->jsonl, "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": %.6g}\n",
                     (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr);
@@ -481,9 +484,11 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f samples/s | "
                    "ETA %.1fs",
                 (unsigned long long)t->step, (unsigned long long)total,
-                (unsigned long long)t->epoch, loss_avg, lr, sps, eta);
+                (unsigned long long)t->epoch, win_sum / win_n, lr, sps, eta);
             last_t = now;
             last_step = t->step;
+            win_sum = 0;
+            win_n = 0;
         }
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if (do_eval || t->step == total) {

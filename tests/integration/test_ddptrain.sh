@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# ddptrain end to end on Fashion-MNIST (Debian's dataset-fashion-mnist): configuration errors
+# before any work; train → test → predict; a run killed by SIGKILL after a checkpoint and
+# resumed ends with the same weights, bit for bit, as one that never stopped; a checkpoint saved
+# by 4 ranks resumes with 1 and 2; a corrupt checkpoint is a clear error.
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+DUMP=$BIN/ckpt_tool
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cd "$T"
+
+# Configuration errors: exit 2 and a message, before anything runs.
+rc=0; "$TRAIN" --epoch 3 >out 2>err || rc=$?
+[ $rc -eq 2 ] && assert_contains err "unknown key 'epoch'" && assert_contains err "did you mean 'epochs'?"
+rc=0; "$TRAIN" --lr fast >out 2>err || rc=$?
+[ $rc -eq 2 ] && assert_contains err "key 'lr': 'fast' is not a number"
+printf 'model:\n  type: transformer\n' >bad.yaml
+rc=0; "$TRAIN" --config bad.yaml >out 2>err || rc=$?
+[ $rc -eq 2 ] && assert_contains err "'transformer' is not one of mlp|cnn" && assert_contains err "bad.yaml line 2"
+rc=0; "$TRAIN" --data.dir /no/such/dir >out 2>err || rc=$?
+[ $rc -eq 2 ] && assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte'"
+"$TRAIN" --help >help
+for k in model.type model.hidden batch_size grad_accum lr_scaling warmup_steps checkpoint.every \
+    resume_from predict_out; do assert_contains help "$k"; done
+ok "configuration errors are caught before any work, --help lists every key"
+
+# Train with 2 ranks, then test and predict from the checkpoint.
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \
+    --out_dir run2 >out 2>err || { cat err; fail "training failed"; }
+assert_contains out "DDP: 2 processes (shm), device cpu, per-rank batch 64, grad accumulation 1, effective batch 128"
+acc=$(sed -n 's/^\[rank0\]: test accuracy \([0-9.]*\)$/\1/p' out)
+[ -n "$acc" ] || fail "no final test accuracy"
+[ -f run2/checkpoints/step60.safetensors ] || fail "no checkpoint at the end"
+grep -q '"test_accuracy"' run2/metrics.jsonl || fail "metrics.jsonl lacks evaluations"
+assert_contains run2/train.log "test accuracy $acc"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --task test --out_dir run2 >tout 2>&1 ||
+    fail "test task failed"
+assert_contains tout "test accuracy $acc (10000 images)"
+"$TRAIN" --task test --out_dir run2 >tout1 2>&1 || fail "test task with 1 rank failed"
+assert_contains tout1 "test accuracy $acc (10000 images)"
+"$TRAIN" --task predict --out_dir run2 --predict_out pred.csv >pout 2>&1 || fail "predict failed"
+[ "$(wc -l <pred.csv)" -eq 10001 ] || fail "predictions: want a header and 10000 rows"
+right=$(awk -F, 'NR > 1 && $2 == $3' pred.csv | wc -l)
+[ "$right" -eq "$(awk -v a="$acc" 'BEGIN {printf "%d", a * 10000 + 0.5}')" ] ||
+    fail "predictions give $right right, evaluation said $acc"
+ok "train (2 ranks) → test (2 ranks and 1: same exact accuracy $acc) → predict (CSV agrees)"
+
+# Killed after a checkpoint and resumed = never stopped (bit for bit). A small CNN is slow
+# enough here for the kill to land between the checkpoint at step 10 and the end at step 20.
+args=(--model.type cnn --model.channels 8 --model.hidden 32 --total_steps 20 --checkpoint.every 10
+      --checkpoint.keep 5 --model.dropout 0.1 --log_every 5)
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
+    fail "uninterrupted run failed"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut >cut.out 2>&1 &
+BG_PIDS+=($!); victim=$!
+for _ in $(seq 600); do [ -f cut/checkpoints/step10.safetensors ] && break; sleep 0.01; done
+kill -KILL $victim
+wait $victim 2>/dev/null || true
+[ -f cut/checkpoints/step10.safetensors ] || fail "no checkpoint at step 10"
+[ ! -f cut/checkpoints/step20.safetensors ] || fail "the run finished before it could be killed"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut --resume_from latest \
+    >resume.out 2>&1 || { cat resume.out; fail "resume failed"; }
+assert_contains resume.out "resumed from cut/checkpoints/step10.safetensors at step 10"
+"$DUMP" dump whole/checkpoints/step20.safetensors | grep -v '^M ' >a.txt
+"$DUMP" dump cut/checkpoints/step20.safetensors | grep -v '^M ' >b.txt
+[ -s a.txt ] && cmp -s a.txt b.txt || fail "resumed weights differ from the uninterrupted run's"
+losses() { sed -n 's/.*\(step 1[5-9]\/20\|step 20\/20\) | epoch [0-9]* | \(loss [0-9.]*\).*/\1 \2/p' "$1"; }
+[ -n "$(losses resume.out)" ] && [ "$(losses resume.out)" = "$(losses whole.out)" ] ||
+    fail "resumed losses differ: $(losses resume.out) vs $(losses whole.out)"
+ok "killed after a checkpoint and resumed: the same losses and the same weights, bit for bit"
+
+# A checkpoint saved by 4 ranks resumes with 2 and with 1, from its step.
+"$DDPRUN" --standalone --nproc_per_node=4 "$TRAIN" --total_steps 20 --checkpoint.every 20 \
+    --optimizer adamw --lr 0.001 --out_dir four >/dev/null 2>&1 || fail "4 ranks failed"
+for w in 2 1; do
+    cp -r four four$w
+    "$DDPRUN" --standalone --nproc_per_node=$w "$TRAIN" --total_steps 30 --optimizer adamw \
+        --lr 0.001 --out_dir four$w --resume_from latest >r$w.out 2>&1 || { cat r$w.out; fail "resume with $w"; }
+    assert_contains r$w.out "resumed from four$w/checkpoints/step20.safetensors at step 20 (saved by 4 ranks)"
+    assert_contains r$w.out "step 30/30"
+    [ -f four$w/checkpoints/step30.safetensors ] || fail "no step 30 after resuming with $w"
+done
+ok "a checkpoint saved by 4 ranks resumes with 2 and with 1 and continues from step 20"
+
+# A corrupt or mismatched checkpoint is a clear error; the saved one is untouched.
+cp four/checkpoints/step20.safetensors good.bin
+head -c 5000 good.bin >four/checkpoints/step20.safetensors
+rc=0; "$TRAIN" --total_steps 30 --optimizer adamw --out_dir four --resume_from latest >out 2>err || rc=$?
+[ $rc -ne 0 ] && assert_contains err "step20.safetensors"
+rc=0; "$TRAIN" --total_steps 30 --model.hidden 64 --out_dir run2 --resume_from latest >out 2>err || rc=$?
+[ $rc -ne 0 ] && assert_contains err "saved with another model"
+ok "a truncated or mismatched checkpoint is refused with a message naming it"
