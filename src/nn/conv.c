@@ -163,6 +163,30 @@ void ddp_nn_maxpool2d_forward(const ddp_nn_pool2d *p, const float *x, int B, flo
 {
     size_t planes = (size_t)(B > 0 ? B : 0) * (size_t)p->ch;
     size_t in_plane = (size_t)p->h * p->w, out_plane = (size_t)p->out_h * p->out_w;
+    if (p->kernel == 2 && p->stride == 2) {
+        /* The common case, without the general loop's bookkeeping; the same rule (the first
+         * maximum in row-major window order wins; a NaN takes over). */
+        for (size_t pl = 0; pl < planes; pl++) {
+            const float *xp = x + pl * in_plane;
+            float *yp = y + pl * out_plane;
+            int32_t *ap = argmax + pl * out_plane;
+            for (int oh = 0; oh < p->out_h; oh++) {
+                const float *r0 = xp + (size_t)(2 * oh) * p->w, *r1 = r0 + p->w;
+                int base = 2 * oh * p->w;
+                for (int ow = 0; ow < p->out_w; ow++) {
+                    float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+                    int off[4] = {0, 1, p->w, p->w + 1};
+                    int b = 0;
+                    for (int k = 1; k < 4; k++)
+                        if (v[k] > v[b] || (isnan(v[k]) && !isnan(v[b])))
+                            b = k;
+                    yp[oh * p->out_w + ow] = v[b];
+                    ap[oh * p->out_w + ow] = base + 2 * ow + off[b];
+                }
+            }
+        }
+        return;
+    }
     for (size_t pl = 0; pl < planes; pl++) {
         const float *xp = x + pl * in_plane;
         for (int oh = 0; oh < p->out_h; oh++)

@@ -470,21 +470,28 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         t->epoch = t->pos.epoch;
         /* The epoch ends when the next step would need a batch it does not have. */
         epoch_end = t->pos.next_batch + (uint64_t)A > ddp_loader_batches_per_epoch(l);
-        double mean;
-        ddp_allreduce(t->g, &loss, &mean, 1, DDP_FLOAT64, DDP_AVG); /* the logged loss */
-        win_sum += mean;
+        /* The logged loss is all-reduced once per log window, not every step: a collective per
+         * step would be one more point where every rank waits for the slowest. */
+        win_sum += loss;
         win_n++;
-        if (t->R == 0 && t->jsonl)
-            fprintf(t->jsonl, "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": %.6g}\n",
-                    (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr);
-        if (log_every > 0 && (t->step % (uint64_t)log_every == 0 || t->step == total)) {
+        bool log_now = (log_every > 0 && (t->step % (uint64_t)log_every == 0)) || t->step == total;
+        double mean = loss;
+        if (log_now) {
+            double local[2] = {win_sum, (double)win_n}, all[2];
+            if (ddp_allreduce(t->g, local, all, 2, DDP_FLOAT64, DDP_SUM) != DDP_OK)
+                return die(t, "allreduce", ddp_group_last_error(t->g));
+            mean = all[0] / all[1];
             double now = ddp_now_seconds();
             double sps = (double)(t->step - last_step) * B * A * t->W / (now - last_t);
             double eta = (double)(total - t->step) * (now - t0) / (double)(t->step - first_step);
+            if (t->R == 0 && t->jsonl)
+                fprintf(t->jsonl, "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": "
+                                  "%.6g, \"samples_per_s\": %.1f}\n",
+                        (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr, sps);
             say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f samples/s | "
                    "ETA %.1fs",
                 (unsigned long long)t->step, (unsigned long long)total,
-                (unsigned long long)t->epoch, win_sum / win_n, lr, sps, eta);
+                (unsigned long long)t->epoch, mean, lr, sps, eta);
             last_t = now;
             last_step = t->step;
             win_sum = 0;

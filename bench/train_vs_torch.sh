@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Training throughput, side by side in one run: ddptrain against PyTorch DDP (gloo, CPU, Debian's
+# python3-torch) on the same MLP and CNN, Fashion-MNIST, per-rank batch 64, one thread per rank,
+# 2 ranks each; and ddptrain's scaling efficiency (2 ranks × 1 thread against 2 × one rank with
+# 1 thread). Medians of the 50-step windows after the first, median over REPS runs.
+# Usage: bench/train_vs_torch.sh [BUILD_DIR] [REPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+REPS=${2:-3}
+PY=/usr/bin/python3
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+steps_for() { [ "$1" = mlp ] && echo 600 || echo 250; }
+cfg_for() { [ "$1" = mlp ] && echo configs/fashion-mlp.yaml || echo configs/fashion-cnn.yaml; }
+
+ddptrain_rate() { # ddptrain_rate MODEL NPROC
+    local s
+    s=$(steps_for "$1")
+    "$BUILD/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$BUILD/bin/ddptrain" \
+        --config "$(cfg_for "$1")" --total_steps "$s" --log_every 50 --eval_every 100000 \
+        --checkpoint.every 0 --out_dir "$OUT/run" 2>/dev/null |
+        sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
+        awk -v last="$s" '$1 > 50 && $1 < last {print $2}' | tr '\n' ' ' | med
+}
+torch_rate() { # torch_rate MODEL
+    local port pids=()
+    port=$(free_port)
+    for r in 0 1; do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 \
+            "$PY" bench/torch_ddp_train.py "$1" "$(steps_for "$1")" 64 >"$OUT/t.$r" 2>"$OUT/te.$r" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    sed -n 's/samples_per_s //p' "$OUT/t.0"
+}
+declare -A R
+for ((i = 0; i < REPS; i++)); do
+    for m in mlp cnn; do
+        R[d2$m]+=" $(ddptrain_rate $m 2)"
+        R[d1$m]+=" $(ddptrain_rate $m 1)"
+        R[t2$m]+=" $(torch_rate $m)"
+    done
+done
+echo "training samples/s, Fashion-MNIST, batch 64 per rank, 1 thread per rank; medians of $REPS runs"
+echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
+printf '%-6s %16s %16s %10s %16s %12s\n' model "ddptrain 2 ranks" "PyTorch DDP 2" "ddp/torch" "ddptrain 1 rank" "efficiency"
+for m in mlp cnn; do
+    d2=$(med <<<"${R[d2$m]}"); d1=$(med <<<"${R[d1$m]}"); t2=$(med <<<"${R[t2$m]}")
+    awk -v m=$m -v d2="$d2" -v d1="$d1" -v t2="$t2" \
+        'BEGIN {printf "%-6s %16.0f %16.0f %9.2fx %16.0f %12.2f\n", m, d2, t2, d2 / t2, d1, d2 / (2 * d1)}'
+done
+echo "(runs: $(for k in "${!R[@]}"; do printf '%s:%s ' "$k" "${R[$k]}"; done))"
