@@ -11,14 +11,20 @@ cd "$T"
 
 # Configuration errors: exit 2 and a message, before anything runs.
 rc=0; "$TRAIN" --epoch 3 >out 2>err || rc=$?
-[ $rc -eq 2 ] && assert_contains err "unknown key 'epoch'" && assert_contains err "did you mean 'epochs'?"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains err "unknown key 'epoch'"
+assert_contains err "did you mean 'epochs'?"
 rc=0; "$TRAIN" --lr fast >out 2>err || rc=$?
-[ $rc -eq 2 ] && assert_contains err "key 'lr': 'fast' is not a number"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains err "key 'lr': 'fast' is not a number"
 printf 'model:\n  type: transformer\n' >bad.yaml
 rc=0; "$TRAIN" --config bad.yaml >out 2>err || rc=$?
-[ $rc -eq 2 ] && assert_contains err "'transformer' is not one of mlp|cnn" && assert_contains err "bad.yaml line 2"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains err "'transformer' is not one of mlp|cnn"
+assert_contains err "bad.yaml line 2"
 rc=0; "$TRAIN" --data.dir /no/such/dir >out 2>err || rc=$?
-[ $rc -eq 2 ] && assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte'"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte'"
 "$TRAIN" --help >help
 for k in model.type model.hidden batch_size grad_accum lr_scaling warmup_steps checkpoint.every \
     resume_from predict_out; do assert_contains help "$k"; done
@@ -86,7 +92,9 @@ ok "a checkpoint saved by 4 ranks resumes with 2 and with 1 and continues from s
 cp four/checkpoints/step20.safetensors good.bin
 head -c 5000 good.bin >four/checkpoints/step20.safetensors
 rc=0; "$TRAIN" --total_steps 30 --optimizer adamw --out_dir four --resume_from latest >out 2>err || rc=$?
-[ $rc -ne 0 ] && assert_contains err "step20.safetensors"
+[ $rc -ne 0 ] || fail "exit code $rc, expected: $rc -ne 0"
+assert_contains err "step20.safetensors"
 rc=0; "$TRAIN" --total_steps 30 --model.hidden 64 --out_dir run2 --resume_from latest >out 2>err || rc=$?
-[ $rc -ne 0 ] && assert_contains err "saved with another model"
+[ $rc -ne 0 ] || fail "exit code $rc, expected: $rc -ne 0"
+assert_contains err "saved with another model"
 ok "a truncated or mismatched checkpoint is refused with a message naming it"

@@ -48,13 +48,17 @@ rc=0; "$DDPRUN" --bogus x >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "unknown flag: exit $rc, want 2"
 assert_contains "$T/err" "unknown flag '--bogus'"
 rc=0; "$DDPRUN" --nproc_per_node=zero x >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && assert_contains "$T/err" "--nproc_per_node 'zero'"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains "$T/err" "--nproc_per_node 'zero'"
 rc=0; "$DDPRUN" --nnodes 2 --node_rank 2 x >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && assert_contains "$T/err" "--node_rank 2 is not below --nnodes 2"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains "$T/err" "--node_rank 2 is not below --nnodes 2"
 rc=0; "$DDPRUN" --nnodes 1:4 x >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && assert_contains "$T/err" "elastic node ranges are not supported"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains "$T/err" "elastic node ranges are not supported"
 rc=0; "$DDPRUN" --standalone >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && assert_contains "$T/err" "no program to run"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains "$T/err" "no program to run"
 # Flags after the program belong to the program.
 "$DDPRUN" --standalone --nproc-per-node=2 "$WORKER" env "$T/x" --nproc_per_node 5 >/dev/null 2>&1
 [ "$(sed -n 's/^ARG0=//p' "$T/x/env.0")" = --nproc_per_node ] || fail "program flags were eaten"
@@ -74,5 +78,6 @@ assert_contains "$(ls -d "$logdir"/*/attempt_0/1)/stdout.log" "env written by ra
 ok "--redirects without --log_dir writes to a fresh temporary directory"
 
 rc=0; "$DDPRUN" --nnodes 2 --monitor_interval 2 --agent_timeout 2 x >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && assert_contains "$T/err" "--agent_timeout 2 s must be at least 3 × --monitor_interval"
+[ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
+assert_contains "$T/err" "--agent_timeout 2 s must be at least 3 × --monitor_interval"
 ok "--agent_timeout below 3 × --monitor_interval is refused"

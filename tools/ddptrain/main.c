@@ -70,7 +70,7 @@ typedef struct trainer {
     float **opt_a, **opt_b; /* per parameter: sgd momentum / adamw m, v */
     uint64_t step;          /* optimizer steps done */
     uint64_t epoch;
-    ddp_loader_state pos;   /* where the training data resume */
+    ddp_loader_state pos; /* where the training data resume */
     FILE *log, *jsonl;
     char dir[1024];
 } trainer;
@@ -189,7 +189,7 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
         model *m = &t->m;
         int n = m->nparams * 3 + m->nbuffers;
         ddp_ckpt_tensor *ts = calloc((size_t)n, sizeof *ts);
-        char (*names)[96] = calloc((size_t)n, sizeof *names);
+        char(*names)[96] = calloc((size_t)n, sizeof *names);
         if (!ts || !names) {
             free(ts);
             free(names);
@@ -197,23 +197,27 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
         }
         int k = 0;
         for (int i = 0; i < m->nparams; i++) {
-            ts[k] = (ddp_ckpt_tensor){.name = m->params[i].name, .dtype = DDP_CKPT_F32,
-                                      .data = m->params[i].data};
+            ts[k] = (ddp_ckpt_tensor){
+                .name = m->params[i].name, .dtype = DDP_CKPT_F32, .data = m->params[i].data};
             ts[k].ndim = param_shape(m, i, ts[k].shape);
             k++;
             int nstate = adamw(t) ? 2 : 1;
             for (int s = 0; s < nstate; s++) {
                 snprintf(names[k], sizeof names[k], "optim.%s.%s", m->params[i].name,
                          adamw(t) ? (s ? "exp_avg_sq" : "exp_avg") : "momentum_buffer");
-                ts[k] = (ddp_ckpt_tensor){.name = names[k], .dtype = DDP_CKPT_F32, .ndim = 1,
+                ts[k] = (ddp_ckpt_tensor){.name = names[k],
+                                          .dtype = DDP_CKPT_F32,
+                                          .ndim = 1,
                                           .data = s ? t->opt_b[i] : t->opt_a[i]};
                 ts[k].shape[0] = (int64_t)m->params[i].count;
                 k++;
             }
         }
         for (int i = 0; i < m->nbuffers; i++) {
-            ts[k] = (ddp_ckpt_tensor){.name = m->buffers[i].name, .dtype = DDP_CKPT_F32,
-                                      .ndim = 1, .data = m->buffers[i].data};
+            ts[k] = (ddp_ckpt_tensor){.name = m->buffers[i].name,
+                                      .dtype = DDP_CKPT_F32,
+                                      .ndim = 1,
+                                      .data = m->buffers[i].data};
             ts[k].shape[0] = (int64_t)m->buffers[i].count;
             k++;
         }
@@ -224,8 +228,8 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
         snprintf(ws, sizeof ws, "%d", t->W);
         snprintf(ls, sizeof ls, "%.9g", loss);
         char *yaml = ddp_config_to_yaml(t->cfg);
-        const char *keys[] = {"format", "step", "epoch", "next_batch", "world_size", "loss",
-                              "config"};
+        const char *keys[] = {"format",     "step", "epoch", "next_batch",
+                              "world_size", "loss", "config"};
         const char *vals[] = {"ddptrain-1", step, epoch, nb, ws, ls, yaml ? yaml : ""};
         char dir[1100], path[1300];
         snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
@@ -282,9 +286,9 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
             cnt *= (size_t)x->shape[d];
         if (!x || x->dtype != DDP_CKPT_F32 || cnt != p->count) {
             st = seterr(err, DDP_ERR_INVALID,
-                              "checkpoint '%s' has no float32 '%s' of %zu values: it was saved "
-                              "with another model; check model.* against its config",
-                              path, p->name, p->count);
+                        "checkpoint '%s' has no float32 '%s' of %zu values: it was saved "
+                        "with another model; check model.* against its config",
+                        path, p->name, p->count);
             break;
         }
         memcpy(p->data, x->data, p->count * sizeof(float));
@@ -297,9 +301,9 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
                      adamw(t) ? (s ? "exp_avg_sq" : "exp_avg") : "momentum_buffer");
             const ddp_ckpt_tensor *o = ddp_ckpt_find(c, name);
             if (!o || o->ndim != 1 || (size_t)o->shape[0] != p->count) {
-                st = seterr(err, DDP_ERR_INVALID,
-                                  "checkpoint '%s' lacks '%s': saved with another optimizer?",
-                                  path, name);
+                st =
+                    seterr(err, DDP_ERR_INVALID,
+                           "checkpoint '%s' lacks '%s': saved with another optimizer?", path, name);
                 break;
             }
             memcpy(s ? t->opt_b[i] : t->opt_a[i], o->data, p->count * sizeof(float));
@@ -311,9 +315,10 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
         char *end;
         meta[k] = v ? strtoull(v, &end, 10) : 0;
         if (!v || *end)
-            st = seterr(err, DDP_ERR_INVALID, "checkpoint '%s': metadata '%s' is "
-                                                    "missing or not a number",
-                              path, keys[k]);
+            st = seterr(err, DDP_ERR_INVALID,
+                        "checkpoint '%s': metadata '%s' is "
+                        "missing or not a number",
+                        path, keys[k]);
     }
     ddp_ckpt_close(c);
     return st;
@@ -355,8 +360,7 @@ static ddp_status evaluate(trainer *t, ddp_dataset *ds, double *loss, double *ac
             st = err->status;
             break;
         }
-        st = ddp_nn_softmax_xent(logits, b.y, (int)b.n, t->m.classes, 1.0f, &bl, dl, &correct,
-                                 err);
+        st = ddp_nn_softmax_xent(logits, b.y, (int)b.n, t->m.classes, 1.0f, &bl, dl, &correct, err);
         sums[0] += bl * (double)b.n;
         sums[1] += correct;
         sums[2] += (double)b.n;
@@ -374,7 +378,8 @@ static ddp_status evaluate(trainer *t, ddp_dataset *ds, double *loss, double *ac
     return DDP_OK;
 }
 
-/* ---- training --------------------------------------------------------------------------------- */
+/* ---- training ---------------------------------------------------------------------------------
+ */
 
 static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
 {
@@ -392,14 +397,22 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
     lo.batch_size = (size_t)B;
     lo.threads = (int)ddp_config_int(c, "data.threads");
-    if (ddp_sampler_create(&so, &s, &err) || ddp_loader_create(tr, s, &lo, &l, &err))
+    if (ddp_sampler_create(&so, &s, &err) != DDP_OK)
         return die(t, "data", err.msg);
+    if (ddp_loader_create(tr, s, &lo, &l, &err) != DDP_OK) {
+        ddp_sampler_destroy(s);
+        return die(t, "data", err.msg);
+    }
     uint64_t per_epoch = ddp_loader_batches_per_epoch(l) / (uint64_t)A;
     uint64_t total = (uint64_t)ddp_config_int(c, "total_steps");
     if (total == 0)
         total = per_epoch * (uint64_t)ddp_config_int(c, "epochs");
-    if (ddp_loader_restore(l, &t->pos) != DDP_OK)
-        return die(t, "resume", ddp_loader_last_error(l));
+    float *dl = NULL;
+    int rc = 0;
+    if (ddp_loader_restore(l, &t->pos) != DDP_OK) {
+        rc = die(t, "resume", ddp_loader_last_error(l));
+        goto out;
+    }
     t->epoch = t->pos.epoch;
     float b1 = 0.9f, b2 = 0.999f;
     sscanf(ddp_config_str(c, "betas"), "%f,%f", &b1, &b2);
@@ -407,42 +420,52 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     int64_t log_every = ddp_config_int(c, "log_every");
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
     double clip = ddp_config_float(c, "grad_clip");
-    float *dl = malloc(sizeof(float) * (size_t)B * (size_t)t->m.classes);
+    dl = malloc(sizeof(float) * (size_t)B * (size_t)t->m.classes);
     double t0 = ddp_now_seconds(), last_t = t0, win_sum = 0;
     int win_n = 0; /* the progress line shows the mean loss since the last one: a resumed run
                       prints what an uninterrupted one does */
     uint64_t first_step = t->step, last_step = t->step;
-    int rc = 0;
     while (t->step < total && !rc) {
         ddp_reducer_zero_grad(t->red);
         double loss = 0;
         bool epoch_end = false;
         for (int micro = 0; micro < A && !rc; micro++) {
             ddp_batch b;
-            if (ddp_loader_next(l, &b) != DDP_OK)
-                return die(t, "data", ddp_loader_last_error(l));
+            if (ddp_loader_next(l, &b) != DDP_OK) {
+                rc = die(t, "data", ddp_loader_last_error(l));
+                goto out;
+            }
             if (b.n == 0) { /* next epoch */
                 t->epoch++;
                 ddp_loader_set_epoch(l, t->epoch);
-                if (ddp_loader_next(l, &b) != DDP_OK || b.n == 0)
-                    return die(t, "data", "an epoch has no batch: batch_size too large?");
+                if (ddp_loader_next(l, &b) != DDP_OK || b.n == 0) {
+                    rc = die(t, "data", "an epoch has no batch: batch_size too large?");
+                    goto out;
+                }
             }
             ddp_reducer_set_sync(t->red, micro == A - 1);
-            uint64_t offset = ((t->step * (uint64_t)A + (uint64_t)micro) * (uint64_t)t->W +
-                               (uint64_t)t->R) * (uint64_t)B;
-            const float *logits = model_forward(&t->m, b.x, (int)b.n, true, seed, t->step,
-                                                offset, &err);
+            uint64_t offset =
+                ((t->step * (uint64_t)A + (uint64_t)micro) * (uint64_t)t->W + (uint64_t)t->R) *
+                (uint64_t)B;
+            const float *logits =
+                model_forward(&t->m, b.x, (int)b.n, true, seed, t->step, offset, &err);
             double bl;
             int correct;
-            if (!logits || ddp_nn_softmax_xent(logits, b.y, (int)b.n, t->m.classes,
-                                               1.0f / (float)A, &bl, dl, &correct, &err))
-                return die(t, "forward", err.msg);
+            if (!logits || ddp_nn_softmax_xent(logits, b.y, (int)b.n, t->m.classes, 1.0f / (float)A,
+                                               &bl, dl, &correct, &err)) {
+                rc = die(t, "forward", err.msg);
+                goto out;
+            }
             loss += bl / A;
-            if (model_backward(&t->m, b.x, dl, (int)b.n, true, t->red) != DDP_OK)
-                return die(t, "backward", ddp_reducer_last_error(t->red));
+            if (model_backward(&t->m, b.x, dl, (int)b.n, true, t->red) != DDP_OK) {
+                rc = die(t, "backward", ddp_reducer_last_error(t->red));
+                goto out;
+            }
         }
-        if (ddp_reducer_finish(t->red) != DDP_OK)
-            return die(t, "gradient allreduce", ddp_reducer_last_error(t->red));
+        if (ddp_reducer_finish(t->red) != DDP_OK) {
+            rc = die(t, "gradient allreduce", ddp_reducer_last_error(t->red));
+            goto out;
+        }
         model *m = &t->m;
         if (clip > 0) {
             float *gs[64];
@@ -457,8 +480,8 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         for (int i = 0; i < m->nparams; i++) {
             float *p = m->params[i].data, *g = ddp_reducer_grad(t->red, (size_t)i);
             if (adamw(t))
-                ddp_nn_adamw_step(p, g, t->opt_a[i], t->opt_b[i], m->params[i].count, (float)lr,
-                                  b1, b2, 1e-8f, (float)ddp_config_float(c, "weight_decay"),
+                ddp_nn_adamw_step(p, g, t->opt_a[i], t->opt_b[i], m->params[i].count, (float)lr, b1,
+                                  b2, 1e-8f, (float)ddp_config_float(c, "weight_decay"),
                                   t->step + 1);
             else
                 ddp_nn_sgd_step(p, g, t->opt_a[i], m->params[i].count, (float)lr,
@@ -478,18 +501,22 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         double mean = loss;
         if (log_now) {
             double local[2] = {win_sum, (double)win_n}, all[2];
-            if (ddp_allreduce(t->g, local, all, 2, DDP_FLOAT64, DDP_SUM) != DDP_OK)
-                return die(t, "allreduce", ddp_group_last_error(t->g));
+            if (ddp_allreduce(t->g, local, all, 2, DDP_FLOAT64, DDP_SUM) != DDP_OK) {
+                rc = die(t, "allreduce", ddp_group_last_error(t->g));
+                goto out;
+            }
             mean = all[0] / all[1];
             double now = ddp_now_seconds();
             double sps = (double)(t->step - last_step) * B * A * t->W / (now - last_t);
             double eta = (double)(total - t->step) * (now - t0) / (double)(t->step - first_step);
             if (t->R == 0 && t->jsonl)
-                fprintf(t->jsonl, "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": "
-                                  "%.6g, \"samples_per_s\": %.1f}\n",
+                fprintf(t->jsonl,
+                        "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": "
+                        "%.6g, \"samples_per_s\": %.1f}\n",
                         (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr, sps);
-            say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f samples/s | "
-                   "ETA %.1fs",
+            say(t,
+                "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f samples/s | "
+                "ETA %.1fs",
                 (unsigned long long)t->step, (unsigned long long)total,
                 (unsigned long long)t->epoch, mean, lr, sps, eta);
             last_t = now;
@@ -500,26 +527,32 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if (do_eval || t->step == total) {
             double el, ea;
-            if (evaluate(t, te, &el, &ea, &err) != DDP_OK)
-                return die(t, "evaluation", err.msg);
+            if (evaluate(t, te, &el, &ea, &err) != DDP_OK) {
+                rc = die(t, "evaluation", err.msg);
+                goto out;
+            }
             say(t, "eval at step %llu: test loss %.4f, test accuracy %.4f (%zu images)",
                 (unsigned long long)t->step, el, ea, ddp_dataset_len(te));
             if (t->R == 0 && t->jsonl)
-                fprintf(t->jsonl, "{\"step\": %llu, \"test_loss\": %.6f, \"test_accuracy\": "
-                                  "%.6f}\n",
+                fprintf(t->jsonl,
+                        "{\"step\": %llu, \"test_loss\": %.6f, \"test_accuracy\": "
+                        "%.6f}\n",
                         (unsigned long long)t->step, el, ea);
             if (t->step == total)
                 say(t, "test accuracy %.4f", ea);
         }
         if ((ck_every > 0 && t->step % (uint64_t)ck_every == 0) || t->step == total) {
-            if (save_checkpoint(t, mean, &err) != DDP_OK)
-                return die(t, "checkpoint", err.msg);
+            if (save_checkpoint(t, mean, &err) != DDP_OK) {
+                rc = die(t, "checkpoint", err.msg);
+                goto out;
+            }
         }
         if (t->R == 0 && t->jsonl)
             fflush(t->jsonl);
     }
     say(t, "trained %llu steps in %.1f s", (unsigned long long)(t->step - first_step),
         ddp_now_seconds() - t0);
+out:
     free(dl);
     ddp_loader_destroy(l);
     ddp_sampler_destroy(s);
@@ -543,8 +576,12 @@ static int predict(trainer *t, ddp_dataset *te)
             for (int k = 0; k < nb; k++)
                 ddp_dataset_get(te, i0 + (size_t)k, x + (size_t)k * t->m.in_n, y + k);
             const float *lg = model_forward(&t->m, x, nb, false, 0, 0, 0, &err);
-            if (!lg)
+            if (!lg) {
+                free(x);
+                free(y);
+                fclose(f);
                 return die(t, "predict", err.msg);
+            }
             for (int k = 0; k < nb; k++) {
                 int best = 0;
                 for (int j = 1; j < t->m.classes; j++)
@@ -575,6 +612,7 @@ int main(int argc, char **argv)
                    "Every key below can be set in the YAML file (nested maps for dotted keys)\n"
                    "and overridden on the command line.\n");
             ddp_config_print_help(schema, NKEYS, stdout);
+            free(rest);
             return 0;
         }
         if (!strcmp(argv[i], "--config") && i + 1 < argc)
@@ -585,10 +623,12 @@ int main(int argc, char **argv)
             rest[nrest++] = argv[i];
     }
     ddp_error err = {0};
+    int rc = 2;
+    ddp_dataset *tr = NULL, *te = NULL;
     /* Everything about the configuration is checked before any work starts. */
     if (ddp_config_load(schema, NKEYS, cfg_path, nrest, rest, &t.cfg, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 2;
+        goto out;
     }
     ddp_config *c = t.cfg;
     int B = (int)ddp_config_int(c, "batch_size");
@@ -596,19 +636,19 @@ int main(int argc, char **argv)
         ddp_config_int(c, "epochs") < 0 || ddp_config_int(c, "data.threads") < 1) {
         fprintf(stderr, "ddptrain: batch_size, grad_accum and data.threads must be ≥ 1, lr > 0, "
                         "epochs ≥ 0\n");
-        return 2;
+        goto out;
     }
-    ddp_dataset *tr = NULL, *te = NULL;
     const char *task = ddp_config_str(c, "task");
     if ((!strcmp(task, "train") && open_split(ddp_config_str(c, "data.dir"), "train", &tr, &err)) ||
         open_split(ddp_config_str(c, "data.dir"), "t10k", &te, &err)) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 2;
+        goto out;
     }
+    rc = 1;
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
     if (ddp_group_init(&go, &t.g, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 1;
+        goto out;
     }
     t.W = ddp_group_size(t.g);
     t.R = ddp_group_rank(t.g);
@@ -637,8 +677,10 @@ int main(int argc, char **argv)
     int classes = ddp_dataset_classes(te) > 0 ? ddp_dataset_classes(te) : 10;
     if (model_build(&t.m, ddp_config_str(c, "model.type"), hidden, nh, chans, nc,
                     (float)ddp_config_float(c, "model.dropout"), 1, side, side, classes, B,
-                    (uint64_t)ddp_config_int(c, "seed"), &err) != DDP_OK)
-        return die(&t, "model", err.msg);
+                    (uint64_t)ddp_config_int(c, "seed"), &err) != DDP_OK) {
+        rc = die(&t, "model", err.msg);
+        goto out;
+    }
     t.opt_a = calloc((size_t)t.m.nparams, sizeof *t.opt_a);
     t.opt_b = calloc((size_t)t.m.nparams, sizeof *t.opt_b);
     for (int i = 0; i < t.m.nparams; i++) {
@@ -646,8 +688,8 @@ int main(int argc, char **argv)
         t.opt_b[i] = calloc(t.m.params[i].count, sizeof(float));
     }
     /* Resume (train) or load (test, predict): rank 0 reads, everyone gets it by broadcast. */
-    const char *spec = !strcmp(task, "train") ? ddp_config_str(c, "resume_from")
-                                               : ddp_config_str(c, "checkpoint");
+    const char *spec =
+        !strcmp(task, "train") ? ddp_config_str(c, "resume_from") : ddp_config_str(c, "checkpoint");
     uint64_t meta[4] = {0, 0, 0, (uint64_t)t.W}; /* step, epoch, next_batch, world_size */
     int64_t loaded = 0;
     if (*spec && t.R == 0) {
@@ -662,49 +704,54 @@ int main(int argc, char **argv)
                 (unsigned long long)meta[0], (unsigned long long)meta[3]);
         }
     }
-    if (ddp_broadcast(t.g, &loaded, 1, DDP_INT64, 0) != DDP_OK || loaded < 0) {
-        ddp_group_destroy(t.g);
-        return 1;
-    }
+    if (ddp_broadcast(t.g, &loaded, 1, DDP_INT64, 0) != DDP_OK || loaded < 0)
+        goto out;
     ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
     const char *ov = ddp_config_str(c, "overlap");
-    ro.overlap = !strcmp(ov, "async") ? DDP_OVERLAP_ASYNC
-                 : !strcmp(ov, "inline") ? DDP_OVERLAP_INLINE : DDP_OVERLAP_AUTO;
+    ro.overlap = !strcmp(ov, "async")    ? DDP_OVERLAP_ASYNC
+                 : !strcmp(ov, "inline") ? DDP_OVERLAP_INLINE
+                                         : DDP_OVERLAP_AUTO;
     ro.compress_bf16 = ddp_config_bool(c, "compress_bf16");
     if (ddp_config_int(c, "bucket_kb") > 0)
         ro.bucket_cap = ro.first_bucket = (size_t)ddp_config_int(c, "bucket_kb") << 10;
-    if (ddp_reducer_create(t.g, t.m.params, (size_t)t.m.nparams, t.m.buffers,
-                           (size_t)t.m.nbuffers, &ro, &t.red, &err) != DDP_OK)
-        return die(&t, "reducer", err.msg);
+    if (ddp_reducer_create(t.g, t.m.params, (size_t)t.m.nparams, t.m.buffers, (size_t)t.m.nbuffers,
+                           &ro, &t.red, &err) != DDP_OK) {
+        rc = die(&t, "reducer", err.msg);
+        goto out;
+    }
     if (loaded) { /* optimizer state and position, from rank 0 */
         for (int i = 0; i < t.m.nparams; i++)
             if (ddp_broadcast(t.g, t.opt_a[i], t.m.params[i].count, DDP_FLOAT32, 0) ||
-                ddp_broadcast(t.g, t.opt_b[i], t.m.params[i].count, DDP_FLOAT32, 0))
-                return die(&t, "resume", ddp_group_last_error(t.g));
-        if (ddp_broadcast(t.g, meta, 4, DDP_INT64, 0))
-            return die(&t, "resume", ddp_group_last_error(t.g));
+                ddp_broadcast(t.g, t.opt_b[i], t.m.params[i].count, DDP_FLOAT32, 0)) {
+                rc = die(&t, "resume", ddp_group_last_error(t.g));
+                goto out;
+            }
+        if (ddp_broadcast(t.g, meta, 4, DDP_INT64, 0)) {
+            rc = die(&t, "resume", ddp_group_last_error(t.g));
+            goto out;
+        }
         t.step = meta[0];
         t.pos.epoch = meta[1];
         /* Another world size: continue after the same number of samples in the epoch. */
         t.pos.next_batch = meta[2] * meta[3] / (uint64_t)t.W;
     }
     int A = (int)ddp_config_int(c, "grad_accum");
-    say(&t, "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation %d, "
-            "effective batch %d",
+    say(&t,
+        "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation %d, "
+        "effective batch %d",
         t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), B, A, B * t.W * A);
-    int rc;
     if (!strcmp(task, "train")) {
         rc = train(&t, tr, te);
     } else if (!strcmp(task, "test")) {
         double el, ea;
         rc = evaluate(&t, te, &el, &ea, &err) != DDP_OK ? die(&t, "test", err.msg) : 0;
         if (!rc)
-            say(&t, "test loss %.4f, test accuracy %.4f (%zu images)", el, ea,
-                ddp_dataset_len(te));
+            say(&t, "test loss %.4f, test accuracy %.4f (%zu images)", el, ea, ddp_dataset_len(te));
     } else {
         rc = predict(&t, te);
     }
-    for (int i = 0; i < t.m.nparams; i++) {
+out:
+    for (int i = 0; t.opt_a && i < t.m.nparams; i++) {
         free(t.opt_a[i]);
         free(t.opt_b[i]);
     }
@@ -715,7 +762,7 @@ int main(int argc, char **argv)
     ddp_group_destroy(t.g);
     ddp_dataset_close(tr);
     ddp_dataset_close(te);
-    ddp_config_free(c);
+    ddp_config_free(t.cfg);
     free(rest);
     if (t.log)
         fclose(t.log);
