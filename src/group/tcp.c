@@ -101,6 +101,7 @@ typedef struct seg {
 typedef struct inbox {
     int fd;
     bool closed; /* EOF or an error seen; err is its errno (0 for EOF) */
+    bool held;   /* a downstream timeout notice, set aside (see check_notices) */
     int err;
     size_t fill;
     unsigned char buf[NOTICE_FIXED + NOTICE_MAX];
@@ -401,7 +402,7 @@ static inbox *await_notice_for(tcp_be *be, int grace_ms, bool prev_only)
             if (!open[i])
                 continue;
             int e = 0;
-            int r = read_notice(&be->box[i], &e);
+            int r = be->box[i].held ? NOTICE_GOT : read_notice(&be->box[i], &e);
             if (r == NOTICE_GOT)
                 return &be->box[i];
             if (r != NOTICE_NONE)
@@ -451,11 +452,20 @@ static ddp_status check_notices(xfer *x, ddp__fail *f, bool sending)
     tcp_be *be = x->be;
     for (int i = 0; i < 2; i++) {
         int e = 0, peer = i == BOX_NEXT ? next_of(be) : prev_of(be);
+        if (be->box[i].held)
+            continue;
         switch (read_notice(&be->box[i], &e)) {
         case NOTICE_GOT:
             /* our own abort's notice, passed back by a neighbour, must not hide the abort */
             if (atomic_load(&be->aborted))
                 return fail_aborted(be, x->c, f);
+            /* A timeout reported by our successor only says that it waited on us, while we
+             * wait on our predecessor: our own deadline will name the rank that is stuck, so
+             * set it aside and keep waiting (fail_conn and our own timeout still see it). */
+            if (i == BOX_NEXT && status_from_wire(get32(be->box[i].buf + 4)) == DDP_ERR_TIMEOUT) {
+                be->box[i].held = true;
+                break;
+            }
             return fail_notice(be, &be->box[i], f);
         case NOTICE_EOF:
             if (i == BOX_NEXT && sending)
@@ -772,8 +782,9 @@ static ddp_status xfer_run(xfer *x, ddp__fail *f)
          * must not wake us in a loop. */
         struct pollfd p[4] = {
             {.fd = x->ri < x->nr ? be->in_fd : -1, .events = POLLIN},
-            {.fd = be->box[BOX_NEXT].closed && !want_out ? -1 : be->out_fd,
-             .events = (short)(POLLIN | (want_out ? POLLOUT : 0))},
+            {.fd = (be->box[BOX_NEXT].closed || be->box[BOX_NEXT].held) && !want_out ? -1
+                                                                                    : be->out_fd,
+             .events = (short)((be->box[BOX_NEXT].held ? 0 : POLLIN) | (want_out ? POLLOUT : 0))},
             {.fd = be->box[BOX_PREV].closed ? -1 : be->ctl_in_fd, .events = POLLIN},
             {.fd = be->wake_fd, .events = POLLIN},
         };
