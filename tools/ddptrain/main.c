@@ -77,20 +77,6 @@ typedef struct trainer {
 
 /* ---- messages ------------------------------------------------------------------------------ */
 
-static ddp_status seterr(ddp_error *err, ddp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static ddp_status seterr(ddp_error *err, ddp_status st, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = st;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 static void say(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(trainer *t, const char *fmt, ...)
 {
@@ -193,7 +179,7 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
         if (!ts || !names) {
             free(ts);
             free(names);
-            return seterr(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
+            return train_err(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
         }
         int k = 0;
         for (int i = 0; i < m->nparams; i++) {
@@ -247,9 +233,9 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
     /* The others wait for rank 0 (and learn whether the save worked). */
     int64_t ok = st == DDP_OK;
     if (ddp_broadcast(t->g, &ok, 1, DDP_INT64, 0) != DDP_OK)
-        return seterr(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
+        return train_err(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
     if (!ok && t->R != 0)
-        return seterr(err, DDP_ERR_SYSTEM, "rank 0 could not save the checkpoint");
+        return train_err(err, DDP_ERR_SYSTEM, "rank 0 could not save the checkpoint");
     return st;
 }
 
@@ -276,7 +262,7 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
     const char *fmt = ddp_ckpt_meta(c, "format");
     if (!fmt || strcmp(fmt, "ddptrain-1") != 0) {
         ddp_ckpt_close(c);
-        return seterr(err, DDP_ERR_INVALID, "'%s' is not a ddptrain checkpoint", path);
+        return train_err(err, DDP_ERR_INVALID, "'%s' is not a ddptrain checkpoint", path);
     }
     for (int i = 0; i < m->nparams + m->nbuffers && !st; i++) {
         const ddp_param *p = i < m->nparams ? &m->params[i] : &m->buffers[i - m->nparams];
@@ -285,10 +271,10 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
         for (int d = 0; x && d < x->ndim; d++)
             cnt *= (size_t)x->shape[d];
         if (!x || x->dtype != DDP_CKPT_F32 || cnt != p->count) {
-            st = seterr(err, DDP_ERR_INVALID,
-                        "checkpoint '%s' has no float32 '%s' of %zu values: it was saved "
-                        "with another model; check model.* against its config",
-                        path, p->name, p->count);
+            st = train_err(err, DDP_ERR_INVALID,
+                           "checkpoint '%s' has no float32 '%s' of %zu values: it was saved "
+                           "with another model; check model.* against its config",
+                           path, p->name, p->count);
             break;
         }
         memcpy(p->data, x->data, p->count * sizeof(float));
@@ -301,9 +287,9 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
                      adamw(t) ? (s ? "exp_avg_sq" : "exp_avg") : "momentum_buffer");
             const ddp_ckpt_tensor *o = ddp_ckpt_find(c, name);
             if (!o || o->ndim != 1 || (size_t)o->shape[0] != p->count) {
-                st =
-                    seterr(err, DDP_ERR_INVALID,
-                           "checkpoint '%s' lacks '%s': saved with another optimizer?", path, name);
+                st = train_err(err, DDP_ERR_INVALID,
+                               "checkpoint '%s' lacks '%s': saved with another optimizer?", path,
+                               name);
                 break;
             }
             memcpy(s ? t->opt_b[i] : t->opt_a[i], o->data, p->count * sizeof(float));
@@ -315,10 +301,10 @@ static ddp_status load_checkpoint(trainer *t, const char *path, uint64_t *meta, 
         char *end;
         meta[k] = v ? strtoull(v, &end, 10) : 0;
         if (!v || *end)
-            st = seterr(err, DDP_ERR_INVALID,
-                        "checkpoint '%s': metadata '%s' is "
-                        "missing or not a number",
-                        path, keys[k]);
+            st = train_err(err, DDP_ERR_INVALID,
+                           "checkpoint '%s': metadata '%s' is "
+                           "missing or not a number",
+                           path, keys[k]);
     }
     ddp_ckpt_close(c);
     return st;
@@ -331,7 +317,7 @@ static ddp_status evaluate(trainer *t, ddp_dataset *ds, double *loss, double *ac
 {
     ddp_status st;
     if ((st = ddp_reducer_sync_buffers(t->red)))
-        return seterr(err, st, "%s", ddp_reducer_last_error(t->red));
+        return train_err(err, st, "%s", ddp_reducer_last_error(t->red));
     ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
     so.dataset_size = ddp_dataset_len(ds);
     so.num_replicas = t->W;
@@ -372,7 +358,7 @@ static ddp_status evaluate(trainer *t, ddp_dataset *ds, double *loss, double *ac
         return st;
     double all[3];
     if ((st = ddp_allreduce(t->g, sums, all, 3, DDP_FLOAT64, DDP_SUM)))
-        return seterr(err, st, "%s", ddp_group_last_error(t->g));
+        return train_err(err, st, "%s", ddp_group_last_error(t->g));
     *loss = all[0] / all[2];
     *acc = all[1] / all[2];
     return DDP_OK;

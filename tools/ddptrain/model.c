@@ -11,9 +11,7 @@
 
 #include "model.h"
 
-static ddp_status fail(ddp_error *err, ddp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static ddp_status fail(ddp_error *err, ddp_status st, const char *fmt, ...)
+ddp_status train_err(ddp_error *err, ddp_status st, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
@@ -39,7 +37,7 @@ static layer *add(model *m, lkind k, size_t in_n, size_t out_n)
 static ddp_status add_param(model *m, layer *l, const char *name, size_t count, ddp_error *err)
 {
     if (m->nparams >= 64)
-        return fail(err, DDP_ERR_INVALID, "the model has more than 64 parameter tensors");
+        return train_err(err, DDP_ERR_INVALID, "the model has more than 64 parameter tensors");
     int i = m->nparams;
     if (l->p0 < 0)
         l->p0 = i;
@@ -47,22 +45,21 @@ static ddp_status add_param(model *m, layer *l, const char *name, size_t count, 
     snprintf(m->names[i], sizeof m->names[0], "%s", name);
     float *data = calloc(count ? count : 1, sizeof(float));
     if (!data)
-        return fail(err, DDP_ERR_NOMEM, "out of memory for parameter '%s'", name);
+        return train_err(err, DDP_ERR_NOMEM, "out of memory for parameter '%s'", name);
     m->params[i] = (ddp_param){m->names[i], count, DDP_FLOAT32, data};
     m->nparams = i + 1;
     return DDP_OK;
 }
 
-static ddp_status add_buffer(model *m, const char *name, size_t count, float fill,
-                             ddp_error *err)
+static ddp_status add_buffer(model *m, const char *name, size_t count, float fill, ddp_error *err)
 {
     int i = m->nbuffers;
     if (i >= 32)
-        return fail(err, DDP_ERR_INVALID, "the model has more than 32 buffers");
+        return train_err(err, DDP_ERR_INVALID, "the model has more than 32 buffers");
     snprintf(m->bnames[i], sizeof m->bnames[0], "%s", name);
     float *data = malloc(sizeof(float) * count);
     if (!data)
-        return fail(err, DDP_ERR_NOMEM, "out of memory for buffer '%s'", name);
+        return train_err(err, DDP_ERR_NOMEM, "out of memory for buffer '%s'", name);
     for (size_t k = 0; k < count; k++)
         data[k] = fill;
     m->buffers[i] = (ddp_param){m->bnames[i], count, DDP_FLOAT32, data};
@@ -98,7 +95,7 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
     m->params = calloc(64, sizeof *m->params);
     m->buffers = calloc(32, sizeof *m->buffers);
     if (!m->L || !m->params || !m->buffers)
-        return fail(err, DDP_ERR_NOMEM, "out of memory building the model");
+        return train_err(err, DDP_ERR_NOMEM, "out of memory building the model");
     m->B = B;
     m->in_n = (size_t)ch * h * w;
     m->classes = classes;
@@ -108,13 +105,19 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
     if (!strcmp(type, "cnn")) {
         for (size_t s = 0; s < nc; s++) {
             if (channels[s] < 1 || h < 2 || w < 2)
-                return fail(err, DDP_ERR_INVALID,
-                            "model.channels: stage %zu cannot shrink a %d × %d image further "
-                            "(or has no channels); use fewer stages",
-                            s + 1, h, w);
+                return train_err(err, DDP_ERR_INVALID,
+                                 "model.channels: stage %zu cannot shrink a %d × %d image further "
+                                 "(or has no channels); use fewer stages",
+                                 s + 1, h, w);
             layer *c = add(m, L_CONV, n, 0);
-            c->conv = (ddp_nn_conv2d){.in_ch = ch, .h = h, .w = w, .out_ch = (int)channels[s],
-                                      .kh = 3, .kw = 3, .stride = 1, .pad = 1};
+            c->conv = (ddp_nn_conv2d){.in_ch = ch,
+                                      .h = h,
+                                      .w = w,
+                                      .out_ch = (int)channels[s],
+                                      .kh = 3,
+                                      .kw = 3,
+                                      .stride = 1,
+                                      .pad = 1};
             if ((st = ddp_nn_conv2d_setup(&c->conv, err)))
                 return st;
             c->out_n = (size_t)c->conv.out_ch * c->conv.out_h * c->conv.out_w;
@@ -160,11 +163,11 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
             n = p->out_n = (size_t)ch * h * w;
         }
     } else if (strcmp(type, "mlp") != 0) {
-        return fail(err, DDP_ERR_INVALID, "model.type '%s': use mlp or cnn", type);
+        return train_err(err, DDP_ERR_INVALID, "model.type '%s': use mlp or cnn", type);
     }
     for (size_t k = 0; k < nh; k++) {
         if (hidden[k] < 1)
-            return fail(err, DDP_ERR_INVALID, "model.hidden: sizes must be ≥ 1");
+            return train_err(err, DDP_ERR_INVALID, "model.hidden: sizes must be ≥ 1");
         if ((st = add_linear(m, n, (size_t)hidden[k], fc++, seed, err)))
             return st;
         n = (size_t)hidden[k];
@@ -184,19 +187,19 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
             widest = l->out_n;
         l->y = malloc(sizeof(float) * (size_t)B * l->out_n);
         if (!l->y)
-            return fail(err, DDP_ERR_NOMEM, "out of memory for activations");
+            return train_err(err, DDP_ERR_NOMEM, "out of memory for activations");
         if (l->kind == L_POOL && !(l->argmax = malloc(sizeof(int32_t) * (size_t)B * l->out_n)))
-            return fail(err, DDP_ERR_NOMEM, "out of memory for activations");
+            return train_err(err, DDP_ERR_NOMEM, "out of memory for activations");
         if (l->kind == L_DROPOUT && !(l->mask = malloc((size_t)B * l->out_n)))
-            return fail(err, DDP_ERR_NOMEM, "out of memory for activations");
+            return train_err(err, DDP_ERR_NOMEM, "out of memory for activations");
         if (l->kind == L_BN && !(l->aux = malloc(sizeof(float) * 2 * (size_t)l->C)))
-            return fail(err, DDP_ERR_NOMEM, "out of memory for activations");
+            return train_err(err, DDP_ERR_NOMEM, "out of memory for activations");
     }
     m->g0 = malloc(sizeof(float) * (size_t)B * widest);
     m->g1 = malloc(sizeof(float) * (size_t)B * widest);
     m->scratch = scratch ? malloc(sizeof(float) * scratch) : NULL;
     if (!m->g0 || !m->g1 || (scratch && !m->scratch))
-        return fail(err, DDP_ERR_NOMEM, "out of memory for gradients");
+        return train_err(err, DDP_ERR_NOMEM, "out of memory for gradients");
     return DDP_OK;
 }
 
@@ -250,8 +253,8 @@ const float *model_forward(model *m, const float *x, int n, bool train, uint64_t
         case L_BN: {
             int b = bn_index(m, l);
             if (ddp_nn_batchnorm_forward(a, n, l->C, l->hw, P0, P1, 0.1f, 1e-5f, train,
-                                         m->buffers[b].data, m->buffers[b + 1].data, l->y,
-                                         l->aux, l->aux + l->C, err) != DDP_OK)
+                                         m->buffers[b].data, m->buffers[b + 1].data, l->y, l->aux,
+                                         l->aux + l->C, err) != DDP_OK)
                 return NULL;
             break;
         }
@@ -275,9 +278,7 @@ ddp_status model_backward(model *m, const float *x, const float *dlogits, int n,
         float *G1 = l->p0 >= 0 ? ddp_reducer_grad(red, (size_t)l->p0 + 1) : NULL;
         size_t cnt = (size_t)n * l->out_n;
         switch (l->kind) {
-        case L_LINEAR:
-            ddp_nn_linear_backward(dy, in, P0, n, l->fan_in, l->out, dx, G0, G1);
-            break;
+        case L_LINEAR: ddp_nn_linear_backward(dy, in, P0, n, l->fan_in, l->out, dx, G0, G1); break;
         case L_RELU:
             if (dx)
                 ddp_nn_relu_backward(dy, in, cnt, dx);
@@ -290,12 +291,10 @@ ddp_status model_backward(model *m, const float *x, const float *dlogits, int n,
             if (dx)
                 ddp_nn_dropout_backward(dy, l->mask, cnt, l->p, train, dx);
             break;
-        case L_CONV:
-            ddp_nn_conv2d_backward(&l->conv, dy, in, P0, n, m->scratch, dx, G0, G1);
-            break;
+        case L_CONV: ddp_nn_conv2d_backward(&l->conv, dy, in, P0, n, m->scratch, dx, G0, G1); break;
         case L_BN:
-            ddp_nn_batchnorm_backward(dy, in, n, l->C, l->hw, P0, l->aux, l->aux + l->C, train,
-                                      dx, G0, G1);
+            ddp_nn_batchnorm_backward(dy, in, n, l->C, l->hw, P0, l->aux, l->aux + l->C, train, dx,
+                                      G0, G1);
             break;
         case L_POOL:
             if (dx)

@@ -17,29 +17,33 @@ typedef struct layer {
     int fan_in, out;    /* linear: in, out */
     ddp_nn_conv2d conv;
     ddp_nn_pool2d pool;
-    int C, hw;          /* batchnorm: channels and pixels per channel */
-    float p;            /* dropout */
-    float *y;           /* (B, out_n) output */
-    float *aux;         /* batchnorm: save_mean (C), save_invstd (C) */
-    int32_t *argmax;    /* maxpool (B, out_n) */
-    uint8_t *mask;      /* dropout (B, out_n) */
+    int C, hw;       /* batchnorm: channels and pixels per channel */
+    float p;         /* dropout */
+    float *y;        /* (B, out_n) output */
+    float *aux;      /* batchnorm: save_mean (C), save_invstd (C) */
+    int32_t *argmax; /* maxpool (B, out_n) */
+    uint8_t *mask;   /* dropout (B, out_n) */
 } layer;
 
 typedef struct model {
     layer *L;
     int nl;
-    int B;          /* largest batch the buffers hold */
-    size_t in_n;    /* floats per input sample */
+    int B;       /* largest batch the buffers hold */
+    size_t in_n; /* floats per input sample */
     int classes;
     ddp_param *params; /* registration order: each layer's weight then bias, forward order */
     int nparams;
     ddp_param *buffers; /* batchnorm running statistics */
     int nbuffers;
-    float *scratch;     /* conv im2col */
-    float *g0, *g1;     /* (B, widest) gradient ping-pong */
+    float *scratch; /* conv im2col */
+    float *g0, *g1; /* (B, widest) gradient ping-pong */
     char names[64][48];
     char bnames[32][48];
 } model;
+
+/* Records st and a formatted one-line message in err (NULL allowed); returns st. */
+ddp_status train_err(ddp_error *err, ddp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Builds the model for inputs of (ch, h, w) and `classes` outputs. type "mlp": hidden sizes
  * from hidden[]; "cnn": conv channels[] (3×3, pad 1, batchnorm, relu, maxpool 2) then hidden[].
