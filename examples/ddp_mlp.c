@@ -92,18 +92,36 @@ int main(int argc, char **argv)
     const char *dump = NULL, *data = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(a, "--bf16")) { bf16 = true; continue; }
-        if (!strcmp(a, "--quiet")) { quiet = true; continue; }
-        if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--batch")) B = atoi(v);
-        else if (!strcmp(a, "--accum")) A = atoi(v);
-        else if (!strcmp(a, "--hidden")) H = atoi(v);
-        else if (!strcmp(a, "--lr")) lr = strtof(v, NULL);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--bucket_kb")) bucket_kb = atoi(v);
-        else if (!strcmp(a, "--dump")) dump = v;
-        else if (!strcmp(a, "--data")) data = v;
-        else { fprintf(stderr, "ddp_mlp: unknown option '%s'\n", a); return 2; }
+        if (!strcmp(a, "--bf16")) {
+            bf16 = true;
+            continue;
+        }
+        if (!strcmp(a, "--quiet")) {
+            quiet = true;
+            continue;
+        }
+        if (!strcmp(a, "--steps"))
+            steps = atoi(v);
+        else if (!strcmp(a, "--batch"))
+            B = atoi(v);
+        else if (!strcmp(a, "--accum"))
+            A = atoi(v);
+        else if (!strcmp(a, "--hidden"))
+            H = atoi(v);
+        else if (!strcmp(a, "--lr"))
+            lr = strtof(v, NULL);
+        else if (!strcmp(a, "--seed"))
+            seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--bucket_kb"))
+            bucket_kb = atoi(v);
+        else if (!strcmp(a, "--dump"))
+            dump = v;
+        else if (!strcmp(a, "--data"))
+            data = v;
+        else {
+            fprintf(stderr, "ddp_mlp: unknown option '%s'\n", a);
+            return 2;
+        }
         i++;
     }
     if (steps < 1 || B < 1 || A < 1 || H < 1) {
@@ -141,8 +159,10 @@ int main(int argc, char **argv)
     init(&m, H, seed);
     /* DDP: register the parameters; gradients become views into the reducer's buckets. */
     ddp_param params[] = {
-        {"fc1.weight", (size_t)H * D_IN, DDP_FLOAT32, m.w1}, {"fc1.bias", (size_t)H, DDP_FLOAT32, m.b1},
-        {"fc2.weight", (size_t)H * H, DDP_FLOAT32, m.w2},    {"fc2.bias", (size_t)H, DDP_FLOAT32, m.b2},
+        {"fc1.weight", (size_t)H * D_IN, DDP_FLOAT32, m.w1},
+        {"fc1.bias", (size_t)H, DDP_FLOAT32, m.b1},
+        {"fc2.weight", (size_t)H * H, DDP_FLOAT32, m.w2},
+        {"fc2.bias", (size_t)H, DDP_FLOAT32, m.b2},
         {"fc3.weight", (size_t)N_CLASSES * H, DDP_FLOAT32, m.w3},
         {"fc3.bias", N_CLASSES, DDP_FLOAT32, m.b3},
     };
@@ -221,18 +241,18 @@ int main(int argc, char **argv)
                     y[b] = make_sample(idx[micro * B + b], x + (size_t)b * D_IN);
             }
             /* forward */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H, D_IN, 1, x, D_IN, m.w1,
-                        D_IN, 0, h1, H);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H, D_IN, 1, x, D_IN, m.w1, D_IN,
+                        0, h1, H);
             for (int b = 0; b < B; b++)
                 for (int j = 0; j < H; j++)
                     h1[b * H + j] = fmaxf(h1[b * H + j] + m.b1[j], 0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H, H, 1, h1, H, m.w2, H, 0,
-                        h2, H);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, H, H, 1, h1, H, m.w2, H, 0, h2,
+                        H);
             for (int b = 0; b < B; b++)
                 for (int j = 0; j < H; j++)
                     h2[b * H + j] = fmaxf(h2[b * H + j] + m.b2[j], 0);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, N_CLASSES, H, 1, h2, H, m.w3,
-                        H, 0, lg, N_CLASSES);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, N_CLASSES, H, 1, h2, H, m.w3, H,
+                        0, lg, N_CLASSES);
             /* softmax cross-entropy; dlogits = (p − onehot) / (B·A): the mean over the step */
             for (int b = 0; b < B; b++) {
                 float *l = lg + b * N_CLASSES, mx = -1e30f, s = 0;
@@ -245,8 +265,8 @@ int main(int argc, char **argv)
                     l[c] = (l[c] / s - (c == y[b])) / (float)(B * A);
             }
             /* backward, top layer first; gradients accumulate (+=) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N_CLASSES, H, B, 1, lg,
-                        N_CLASSES, h2, H, 1, gw3, H);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N_CLASSES, H, B, 1, lg, N_CLASSES,
+                        h2, H, 1, gw3, H);
             for (int b = 0; b < B; b++)
                 for (int c = 0; c < N_CLASSES; c++)
                     gb3[c] += lg[b * N_CLASSES + c];

@@ -26,7 +26,7 @@ extern "C" {
 typedef enum ddp_cfg_type {
     DDP_CFG_INT,
     DDP_CFG_FLOAT,
-    DDP_CFG_BOOL,     /* true/false, yes/no, on/off, 1/0 */
+    DDP_CFG_BOOL, /* true/false, yes/no, on/off, 1/0 */
     DDP_CFG_STRING,
     DDP_CFG_CHOICE,   /* one of `choices` ("none|linear|sqrt") */
     DDP_CFG_INT_LIST, /* YAML sequence [256, 128] or "256,128" on the command line */
@@ -34,7 +34,7 @@ typedef enum ddp_cfg_type {
 
 /* One key of the schema: plain data, usually a static table. */
 typedef struct ddp_cfg_key {
-    const char *name;    /* "lr", "model.hidden" */
+    const char *name; /* "lr", "model.hidden" */
     ddp_cfg_type type;
     const char *def;     /* default, as text ("" for an empty string or list) */
     const char *choices; /* for DDP_CFG_CHOICE: "a|b|c"; else NULL */
@@ -47,8 +47,8 @@ typedef struct ddp_config ddp_config;
  * holds only options (argv[0] is an option too, not a program name); the caller removes the
  * ones it handles itself (--config, --task, --help). *out written only on DDP_OK; err may be
  * NULL. The schema is borrowed for the config's life. */
-ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *yaml_path,
-                           int argc, char **argv, ddp_config **out, ddp_error *err);
+ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *yaml_path, int argc,
+                           char **argv, ddp_config **out, ddp_error *err);
 void ddp_config_free(ddp_config *c); /* NULL is a no-op */
 
 /* Typed getters; the key must be in the schema with that type (else 0 / false / ""). */

@@ -59,19 +59,22 @@ ddp_status ddp_dataset_get(const ddp_dataset *ds, size_t i, void *x, int32_t *y)
 typedef struct ddp_loader ddp_loader;
 
 typedef struct ddp_loader_opts {
-    size_t batch_size;  /* per rank */
-    int threads;        /* worker threads, ≥ 1 (0: 1) */
-    int depth;          /* batches prefetched ahead, ≥ 2 (0: 2: double buffering) */
-    bool drop_last;     /* drop a last partial batch of an epoch */
+    size_t batch_size; /* per rank */
+    int threads;       /* worker threads, ≥ 1 (0: 1) */
+    int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering) */
+    bool drop_last;    /* drop a last partial batch of an epoch */
 } ddp_loader_opts;
 
-#define DDP_LOADER_OPTS_INIT { 32, 1, 2, true }
+#define DDP_LOADER_OPTS_INIT                                                                       \
+    {                                                                                              \
+        32, 1, 2, true                                                                             \
+    }
 
 /* One batch: (n, x_elems) x and (n, y_elems) y, owned by the loader, valid until the next call
  * to ddp_loader_next (or set_epoch, restore, destroy). */
 typedef struct ddp_batch {
-    size_t n;      /* samples in this batch; 0 at the end of the epoch */
-    void *x;       /* float32 or int32, see ddp_dataset_x_is_float */
+    size_t n; /* samples in this batch; 0 at the end of the epoch */
+    void *x;  /* float32 or int32, see ddp_dataset_x_is_float */
     int32_t *y;
     uint64_t epoch, index; /* which batch of which epoch this is */
 } ddp_batch;

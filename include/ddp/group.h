@@ -66,16 +66,19 @@ typedef struct ddp_group ddp_group;
 typedef struct ddp_work ddp_work;
 
 typedef struct ddp_group_opts {
-    const char *backend;     /* "auto", "shm" or "tcp"; NULL: $DDP_BACKEND, else "auto" */
-    int timeout_ms;          /* per collective; ≤ 0: $DDP_TIMEOUT (seconds), else 30 min */
-    int debug;               /* 1 check that collectives match across ranks, 0 not, -1 $DDP_DEBUG */
-    const ddp_world *world;  /* NULL: read from the environment; borrowed for the call */
-    ddp_store *store;        /* NULL: open the job's store; else borrowed for the group's life */
-    size_t arena_bytes;      /* per rank, for ddp_group_alloc() in shared memory; 0: 64 MiB */
-    const char *host_id;     /* which ranks share a host; NULL: $DDP_HOST_ID, else the hostname */
+    const char *backend;    /* "auto", "shm" or "tcp"; NULL: $DDP_BACKEND, else "auto" */
+    int timeout_ms;         /* per collective; ≤ 0: $DDP_TIMEOUT (seconds), else 30 min */
+    int debug;              /* 1 check that collectives match across ranks, 0 not, -1 $DDP_DEBUG */
+    const ddp_world *world; /* NULL: read from the environment; borrowed for the call */
+    ddp_store *store;       /* NULL: open the job's store; else borrowed for the group's life */
+    size_t arena_bytes;     /* per rank, for ddp_group_alloc() in shared memory; 0: 64 MiB */
+    const char *host_id;    /* which ranks share a host; NULL: $DDP_HOST_ID, else the hostname */
 } ddp_group_opts;
 
-#define DDP_GROUP_OPTS_INIT { NULL, 0, -1, NULL, NULL, 0, NULL }
+#define DDP_GROUP_OPTS_INIT                                                                        \
+    {                                                                                              \
+        NULL, 0, -1, NULL, NULL, 0, NULL                                                           \
+    }
 
 /* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err);
@@ -123,8 +126,8 @@ ddp_status ddp_broadcast(ddp_group *g, void *buf, size_t count, ddp_dtype t, int
 ddp_status ddp_allgather(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t);
 /* recv (count) = op over ranks of send[rank × count …] (send holds world × count). In place when
  * recv == send + rank × count. */
-ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count,
-                              ddp_dtype t, ddp_op op);
+ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
+                              ddp_op op);
 ddp_status ddp_barrier(ddp_group *g);
 
 /* Asynchronous forms: start the operation and return a work handle at once (*work written only

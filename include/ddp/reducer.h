@@ -59,24 +59,27 @@ typedef enum ddp_reducer_overlap {
 } ddp_reducer_overlap;
 
 typedef struct ddp_reducer_opts {
-    size_t bucket_cap;    /* bytes, default 25 MiB */
-    size_t first_bucket;  /* bytes of the first bucket, default 1 MiB */
-    bool compress_bf16;   /* send float32 gradients as bfloat16 (reduced in float32) */
-    bool broadcast_params; /* broadcast values from rank 0 at creation (default true) */
+    size_t bucket_cap;           /* bytes, default 25 MiB */
+    size_t first_bucket;         /* bytes of the first bucket, default 1 MiB */
+    bool compress_bf16;          /* send float32 gradients as bfloat16 (reduced in float32) */
+    bool broadcast_params;       /* broadcast values from rank 0 at creation (default true) */
     ddp_reducer_overlap overlap; /* default AUTO; $DDP_OVERLAP=async|inline overrides AUTO */
 } ddp_reducer_opts;
 
-#define DDP_REDUCER_OPTS_INIT { (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO }
+#define DDP_REDUCER_OPTS_INIT                                                                      \
+    {                                                                                              \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO                           \
+    }
 
 typedef struct ddp_reducer ddp_reducer;
 
 /* Per-step statistics, for the step that the last finish() completed. */
 typedef struct ddp_reducer_stats {
-    int buckets;          /* allreduces issued */
-    double comm_seconds;  /* time the allreduces ran, summed */
-    double wait_seconds;  /* time finish() waited: communication not hidden behind backward */
+    int buckets;            /* allreduces issued */
+    double comm_seconds;    /* time the allreduces ran, summed */
+    double wait_seconds;    /* time finish() waited: communication not hidden behind backward */
     double hidden_fraction; /* 1 − wait / comm, clamped to [0, 1]; 1 = fully overlapped */
-    double first_launch;  /* when the first bucket started, seconds after the step's zero_grad */
+    double first_launch;    /* when the first bucket started, seconds after the step's zero_grad */
 } ddp_reducer_stats;
 
 /* Creates the reducer over params (and buffers, e.g. normalization statistics, which are only

@@ -37,7 +37,10 @@ typedef struct ddp_sampler_opts {
     ddp_sampler_mode mode;
 } ddp_sampler_opts;
 
-#define DDP_SAMPLER_OPTS_INIT { 0, 1, 0, true, 0, false, DDP_SAMPLER_PAD }
+#define DDP_SAMPLER_OPTS_INIT                                                                      \
+    {                                                                                              \
+        0, 1, 0, true, 0, false, DDP_SAMPLER_PAD                                                   \
+    }
 
 typedef struct ddp_sampler ddp_sampler;
 

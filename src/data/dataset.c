@@ -35,8 +35,8 @@ typedef struct mapped {
 
 struct ddp_dataset {
     ds_kind kind;
-    mapped a, b;  /* IDX: images, labels; tokens: the file */
-    size_t n;     /* samples */
+    mapped a, b; /* IDX: images, labels; tokens: the file */
+    size_t n;    /* samples */
     size_t x_elems;
     const unsigned char *pixels; /* IDX: (n, x_elems) */
     const unsigned char *labels; /* IDX: (n,) */
@@ -231,8 +231,8 @@ ddp_status ddp_dataset_open_idx(const char *images, const char *labels, const ch
     size_t n = be32(d->a.p + 4), rows = be32(d->a.p + 8), cols = be32(d->a.p + 12);
     size_t nl = be32(d->b.p + 4);
     if (rows == 0 || cols == 0 || rows > 65536 || cols > 65536) {
-        st = ddp__err(err, DDP_ERR_INVALID, "'%s': implausible image size %zu × %zu", images,
-                      rows, cols);
+        st = ddp__err(err, DDP_ERR_INVALID, "'%s': implausible image size %zu × %zu", images, rows,
+                      cols);
         goto out_fail;
     }
     if (d->a.len != 16 + n * rows * cols) {
@@ -250,8 +250,9 @@ ddp_status ddp_dataset_open_idx(const char *images, const char *labels, const ch
         goto out_fail;
     }
     if (nl != n) {
-        st = ddp__err(err, DDP_ERR_INVALID, "'%s' has %zu images but '%s' has %zu labels: "
-                                            "mismatched files",
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "'%s' has %zu images but '%s' has %zu labels: "
+                      "mismatched files",
                       images, n, labels, nl);
         goto out_fail;
     }
@@ -273,8 +274,9 @@ ddp_status ddp_dataset_open_tokens(const char *path, size_t seq_len, ddp_dataset
                                    ddp_error *err)
 {
     if (!path || !out || seq_len == 0)
-        return ddp__err(err, DDP_ERR_INVALID, "ddp_dataset_open_tokens: path, out and a "
-                                              "sequence length ≥ 1 are required");
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_dataset_open_tokens: path, out and a "
+                        "sequence length ≥ 1 are required");
     ddp_dataset *d = new_ds(DS_TOKENS);
     if (!d)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory opening a dataset");

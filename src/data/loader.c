@@ -86,8 +86,9 @@ static void *worker_main(void *arg)
         l->filling--;
         if (st != DDP_OK && l->error == DDP_OK) {
             l->error = st;
-            ddp__fmt(l->err, sizeof l->err, "loading batch %llu: sample index %llu is outside "
-                                            "the dataset (%zu samples)",
+            ddp__fmt(l->err, sizeof l->err,
+                     "loading batch %llu: sample index %llu is outside "
+                     "the dataset (%zu samples)",
                      (unsigned long long)b, (unsigned long long)idx[first], ddp_dataset_len(l->ds));
         }
         pthread_cond_broadcast(&l->cv_ready);
@@ -168,8 +169,9 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     return DDP_OK;
 out_fail:
     ddp_loader_destroy(l);
-    return ddp__err(err, st, st == DDP_ERR_NOMEM ? "out of memory for the loader's batches"
-                                                 : "cannot start the loader's threads");
+    return ddp__err(err, st,
+                    st == DDP_ERR_NOMEM ? "out of memory for the loader's batches"
+                                        : "cannot start the loader's threads");
 }
 
 void ddp_loader_destroy(ddp_loader *l)
@@ -221,8 +223,8 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
         if (l->error != DDP_OK) {
             st = l->error;
         } else {
-            *out = (ddp_batch){.n = s->n, .x = s->x, .y = s->y, .epoch = l->epoch,
-                               .index = l->next_consume};
+            *out = (ddp_batch){
+                .n = s->n, .x = s->x, .y = s->y, .epoch = l->epoch, .index = l->next_consume};
             l->next_consume++;
         }
     }

@@ -24,13 +24,13 @@
 
 typedef struct bucket {
     ddp_dtype dtype;
-    size_t count; /* elements */
-    void *mem;    /* (count,) gradients */
-    bool arena;   /* mem came from ddp_group_alloc */
+    size_t count;   /* elements */
+    void *mem;      /* (count,) gradients */
+    bool arena;     /* mem came from ddp_group_alloc */
     uint16_t *wire; /* (count,) bf16 copy when compressing, else NULL */
     bool wire_arena;
     size_t first, last; /* params covered, as indices into order[] */
-    int pending;  /* params not yet marked ready this step */
+    int pending;        /* params not yet marked ready this step */
     bool launched;
     bool inline_done; /* reduced on the caller's thread this step */
     ddp_work *work;
@@ -43,10 +43,10 @@ struct ddp_reducer {
     const ddp_param *buffers;
     size_t nbuffers;
     ddp_reducer_opts o;
-    size_t *order;   /* params in bucket order (reverse registration) */
+    size_t *order;     /* params in bucket order (reverse registration) */
     size_t *bucket_of; /* param i → bucket */
-    void **grad;     /* param i → its gradient view */
-    bool *ready;     /* param i marked this step */
+    void **grad;       /* param i → its gradient view */
+    bool *ready;       /* param i marked this step */
     bucket *b;
     size_t nb;
     size_t next_launch; /* first bucket not launched */
@@ -125,8 +125,9 @@ static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, cons
                               "%.*s %zu ('%s', %s × %zu on rank %d) differs on rank %d (another "
                               "name, size or dtype): every rank must register the same %s in "
                               "the same order",
-                              (int)strlen(what) - 1, what, i, ps[i].name, ddp_dtype_name(ps[i].dtype), ps[i].count,
-                              ddp_group_rank(r->g), k, what);
+                              (int)strlen(what) - 1, what, i, ps[i].name,
+                              ddp_dtype_name(ps[i].dtype), ps[i].count, ddp_group_rank(r->g), k,
+                              what);
                 goto out;
             }
         }
@@ -158,8 +159,9 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     if (!opts)
         opts = &def;
     if (!g || !out || (nparams && !params) || (nbuffers && !buffers))
-        return ddp__err(err, DDP_ERR_INVALID, "ddp_reducer_create: g, out and the lists are "
-                                              "required");
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_reducer_create: g, out and the lists are "
+                        "required");
     for (size_t i = 0; i < nparams; i++)
         if (!params[i].name || !params[i].data || !float_dtype(params[i].dtype))
             return ddp__err(err, DDP_ERR_INVALID,
@@ -258,8 +260,8 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
             off += params[p].count;
         }
     }
-    if (r->o.broadcast_params &&
-        ((st = broadcast_list(r, params, nparams)) || (st = broadcast_list(r, buffers, nbuffers)))) {
+    if (r->o.broadcast_params && ((st = broadcast_list(r, params, nparams)) ||
+                                  (st = broadcast_list(r, buffers, nbuffers)))) {
         ddp__err(err, st, "%s", r->err);
         goto out_fail;
     }

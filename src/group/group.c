@@ -124,8 +124,13 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
     int64_t *all = calloc((size_t)W * 5, sizeof *all);
     if (!all)
         return DDP_ERR_NOMEM;
-    ddp__coll d = {.kind = DDP__ALLGATHER, .send = mine, .recv = all, .count = 5,
-                   .dtype = DDP_INT64, .seq = c->seq, .deadline_ms = c->deadline_ms};
+    ddp__coll d = {.kind = DDP__ALLGATHER,
+                   .send = mine,
+                   .recv = all,
+                   .count = 5,
+                   .dtype = DDP_INT64,
+                   .seq = c->seq,
+                   .deadline_ms = c->deadline_ms};
     ddp__fail f = {0};
     ddp_status st = g->ops->run(g->be, &d, &f);
     if (st != DDP_OK) {
@@ -147,19 +152,20 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
             const char *kind = ddp__kind_name((ddp__kind)x[0]);
             if (x[0] == DDP__BROADCAST)
                 ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld root %lld",
-                         l ? "; " : "", r, kind, ddp_dtype_name((ddp_dtype)x[2]),
-                         (long long)x[1], (long long)x[4]);
+                         l ? "; " : "", r, kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1],
+                         (long long)x[4]);
             else if (x[0] == DDP__BARRIER)
                 ddp__fmt(list + l, sizeof list - l, "%srank %d: barrier", l ? "; " : "", r);
             else
-                ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld %s", l ? "; " : "",
-                         r, kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1],
+                ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld %s", l ? "; " : "", r,
+                         kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1],
                          ddp_op_name((ddp_op)x[3]));
             shown++;
         }
         char msg[DDP_ERRMSG_MAX];
-        ddp__fmt(msg, sizeof msg, "collective #%llu does not match across ranks (%s); every "
-                                  "rank must call the same collectives in the same order",
+        ddp__fmt(msg, sizeof msg,
+                 "collective #%llu does not match across ranks (%s); every "
+                 "rank must call the same collectives in the same order",
                  (unsigned long long)c->seq, list);
         poison(g, DDP_ERR_INVALID, msg);
         free(all);
@@ -184,8 +190,7 @@ static ddp_status execute(ddp_group *g, ddp_work *w)
         return st;
     }
     if (w->user_op == DDP_AVG) {
-        size_t n = w->c.kind == DDP__REDUCE_SCATTER || w->c.kind == DDP__ALLREDUCE ? w->c.count
-                                                                                    : 0;
+        size_t n = w->c.kind == DDP__REDUCE_SCATTER || w->c.kind == DDP__ALLREDUCE ? w->c.count : 0;
         ddp__scale_avg(w->c.recv, n, w->c.dtype, g->world.world_size);
     }
     return DDP_OK;
@@ -231,8 +236,7 @@ static ddp_status call_fail(ddp_group *g, ddp_status st, const char *fmt, ...)
 }
 
 /* Validates, numbers and either runs (blocking, nothing queued) or queues the collective. */
-static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async,
-                         ddp_work **out)
+static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, ddp_work **out)
 {
     if (!g)
         return DDP_ERR_INVALID;
@@ -365,11 +369,11 @@ void ddp_work_free(ddp_work *w)
 
 /* ---- the public collectives ----------------------------------------------------------------- */
 
-#define COLL(K, S, R, N, T, OP, ROOT)                                                             \
-    (ddp__coll)                                                                                   \
-    {                                                                                             \
-        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .op = (OP),            \
-        .root = (ROOT)                                                                            \
+#define COLL(K, S, R, N, T, OP, ROOT)                                                              \
+    (ddp__coll)                                                                                    \
+    {                                                                                              \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .op = (OP),             \
+        .root = (ROOT)                                                                             \
     }
 
 ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
@@ -380,8 +384,7 @@ ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t coun
 
 ddp_status ddp_broadcast(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root)
 {
-    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, false,
-                  NULL);
+    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, false, NULL);
 }
 
 ddp_status ddp_allgather(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t)
@@ -389,8 +392,8 @@ ddp_status ddp_allgather(ddp_group *g, const void *send, void *recv, size_t coun
     return submit(g, COLL(DDP__ALLGATHER, send, recv, count, t, DDP_SUM, 0), DDP_SUM, false, NULL);
 }
 
-ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count,
-                              ddp_dtype t, ddp_op op)
+ddp_status ddp_reduce_scatter(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
+                              ddp_op op)
 {
     return submit(g, COLL(DDP__REDUCE_SCATTER, send, recv, count, t, op, 0), op, false, NULL);
 }
@@ -410,8 +413,7 @@ ddp_status ddp_allreduce_async(ddp_group *g, const void *send, void *recv, size_
 ddp_status ddp_broadcast_async(ddp_group *g, void *buf, size_t count, ddp_dtype t, int root,
                                ddp_work **work)
 {
-    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, true,
-                  work);
+    return submit(g, COLL(DDP__BROADCAST, buf, buf, count, t, DDP_SUM, root), DDP_SUM, true, work);
 }
 
 ddp_status ddp_allgather_async(ddp_group *g, const void *send, void *recv, size_t count,
@@ -428,8 +430,7 @@ ddp_status ddp_reduce_scatter_async(ddp_group *g, const void *send, void *recv, 
 
 ddp_status ddp_barrier_async(ddp_group *g, ddp_work **work)
 {
-    return submit(g, COLL(DDP__BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_SUM, 0), DDP_SUM, true,
-                  work);
+    return submit(g, COLL(DDP__BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_SUM, 0), DDP_SUM, true, work);
 }
 
 /* ---- set-up -------------------------------------------------------------------------------- */
@@ -536,7 +537,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         goto out_fail;
     W = g->world.world_size;
     g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms
-                                          : env_int("DDP_TIMEOUT", DEFAULT_TIMEOUT_MS / 1000) * 1000;
+                                         : env_int("DDP_TIMEOUT", DEFAULT_TIMEOUT_MS / 1000) * 1000;
     if (g->timeout_ms <= 0)
         g->timeout_ms = DEFAULT_TIMEOUT_MS;
     g->debug = opts->debug >= 0 ? opts->debug != 0 : env_int("DDP_DEBUG", 0) != 0;
@@ -597,8 +598,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
         void *v;
         if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK) {
-            st = ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
-                          ddp_store_last_error(g->store));
+            st = ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s", ddp_store_last_error(g->store));
             goto out_fail;
         }
         hosts[r] = v;

@@ -36,7 +36,7 @@ typedef struct ddp__coll {
     size_t count; /* elements: per rank for allgather/reduce_scatter, total otherwise */
     ddp_dtype dtype;
     ddp_op op;
-    int root; /* member index, broadcast only */
+    int root;            /* member index, broadcast only */
     uint64_t seq;        /* 1, 2, … per group, the same on every member */
     bool background;     /* run by the progress thread: nobody waits on it right now, so a
                             backend should not spin (it would steal the caller's core) */
@@ -45,12 +45,12 @@ typedef struct ddp__coll {
 
 /* What a backend needs to know about its members. */
 typedef struct ddp__members {
-    int me;          /* my index in ranks[] */
-    int n;           /* number of members */
-    const int *ranks; /* global ranks, by member index */
-    const char *prefix; /* unique store-key prefix for this backend instance */
-    const char *run_id; /* the job's id, for naming shared memory */
-    const char *token;  /* the job's store token: data connections must show it too */
+    int me;                  /* my index in ranks[] */
+    int n;                   /* number of members */
+    const int *ranks;        /* global ranks, by member index */
+    const char *prefix;      /* unique store-key prefix for this backend instance */
+    const char *run_id;      /* the job's id, for naming shared memory */
+    const char *token;       /* the job's store token: data connections must show it too */
     const char *master_addr; /* the store's host: tcp picks the local interface toward it */
 } ddp__members;
 
@@ -76,8 +76,7 @@ typedef struct ddp__backend_ops {
 
 /* Backend constructors. store is borrowed for the call (set-up only). timeout_ms bounds set-up. */
 ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
-                           int timeout_ms, void **be, const ddp__backend_ops **ops,
-                           ddp_error *err);
+                           int timeout_ms, void **be, const ddp__backend_ops **ops, ddp_error *err);
 ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_ms, void **be,
                            const ddp__backend_ops **ops, ddp_error *err);
 /* shm within hosts, tcp among hosts; hosts[r] is rank r's host id. Falls back to tcp for all
@@ -93,8 +92,7 @@ void ddp__reduce_into(void *dst, const void *src, size_t n, ddp_dtype t, ddp_op 
 /* dst[i] = a[i] op b[i]. */
 void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op);
 /* dst[i] = op over k inputs srcs[j][i] (k ≥ 1); dst may alias srcs[0]. One pass over memory. */
-void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
-                      ddp_op op);
+void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op);
 /* For DDP_AVG: buf[i] /= divisor (after a SUM). */
 void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
 

@@ -170,9 +170,8 @@ static const ddp__backend_ops hier_ops = {
 };
 
 ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp_store *store,
-                            size_t arena, int timeout_ms, void **out,
-                            const ddp__backend_ops **ops, char *name, size_t namecap,
-                            ddp_error *err)
+                            size_t arena, int timeout_ms, void **out, const ddp__backend_ops **ops,
+                            char *name, size_t namecap, ddp_error *err)
 {
     int W = m->n;
     int L = 1;

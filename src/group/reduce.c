@@ -98,59 +98,59 @@ uint16_t ddp__f32_to_f16(float f)
 #define OP_PROD(a, b) ((a) * (b))
 
 /* For T stored as S (storage) and reduced as W (working): load, op, store. */
-#define DEFINE_KERNELS(NAME, S, W, LOAD, STORE)                                                   \
-    static void NAME##_many(S *restrict dst, const void *const *srcs, int k, size_t n, ddp_op op) \
-    {                                                                                             \
-        const S *s0 = srcs[0];                                                                    \
-        switch (op) {                                                                             \
-        case DDP_SUM:                                                                             \
-        case DDP_AVG: NAME##_LOOP(OP_SUM); break;                                                 \
-        case DDP_MIN: NAME##_LOOP(OP_MIN); break;                                                 \
-        case DDP_MAX: NAME##_LOOP(OP_MAX); break;                                                 \
-        case DDP_PROD: NAME##_LOOP(OP_PROD); break;                                               \
-        default: break;                                                                           \
-        }                                                                                         \
-        (void)s0;                                                                                 \
+#define DEFINE_KERNELS(NAME, S, W, LOAD, STORE)                                                    \
+    static void NAME##_many(S *restrict dst, const void *const *srcs, int k, size_t n, ddp_op op)  \
+    {                                                                                              \
+        const S *s0 = srcs[0];                                                                     \
+        switch (op) {                                                                              \
+        case DDP_SUM:                                                                              \
+        case DDP_AVG: NAME##_LOOP(OP_SUM); break;                                                  \
+        case DDP_MIN: NAME##_LOOP(OP_MIN); break;                                                  \
+        case DDP_MAX: NAME##_LOOP(OP_MAX); break;                                                  \
+        case DDP_PROD: NAME##_LOOP(OP_PROD); break;                                                \
+        default: break;                                                                            \
+        }                                                                                          \
+        (void)s0;                                                                                  \
     }
 
 /* The loop body: k = 2 gets its own vectorisable loop (the common two-rank case); otherwise
  * blocks of 1024 elements are reduced input by input, which keeps the partial result in cache
  * and reads each input once. */
-#define MANY_LOOP(S, W, LOAD, STORE, OPF)                                                         \
-    do {                                                                                          \
-        if (k == 1) {                                                                             \
-            if ((const void *)dst != (const void *)s0)                                            \
-                memmove(dst, s0, n * sizeof(S));                                                  \
-            break;                                                                                \
-        }                                                                                         \
-        if (k == 2) {                                                                             \
-            /* Every op is commutative: put an input dst aliases first. */                        \
-            bool swap = (const void *)dst == srcs[1];                                             \
-            const S *restrict a = swap ? (const S *)srcs[1] : s0;                                 \
-            const S *restrict b = swap ? (const S *)s0 : (const S *)srcs[1];                      \
-            if ((const void *)dst == (const void *)a) {                                           \
-                for (size_t i = 0; i < n; i++)                                                    \
-                    dst[i] = STORE(OPF(LOAD(dst[i]), LOAD(b[i])));                                \
-            } else {                                                                              \
-                for (size_t i = 0; i < n; i++)                                                    \
-                    dst[i] = STORE(OPF(LOAD(a[i]), LOAD(b[i])));                                  \
-            }                                                                                     \
-            break;                                                                                \
-        }                                                                                         \
-        W acc[1024];                                                                              \
-        for (size_t base = 0; base < n; base += 1024) {                                           \
-            size_t m = n - base < 1024 ? n - base : 1024;                                         \
-            const S *p0 = (const S *)s0 + base;                                                   \
-            for (size_t i = 0; i < m; i++)                                                        \
-                acc[i] = LOAD(p0[i]);                                                             \
-            for (int j = 1; j < k; j++) {                                                         \
-                const S *restrict pj = (const S *)srcs[j] + base;                                 \
-                for (size_t i = 0; i < m; i++)                                                    \
-                    acc[i] = OPF(acc[i], LOAD(pj[i]));                                            \
-            }                                                                                     \
-            for (size_t i = 0; i < m; i++)                                                        \
-                dst[base + i] = STORE(acc[i]);                                                    \
-        }                                                                                         \
+#define MANY_LOOP(S, W, LOAD, STORE, OPF)                                                          \
+    do {                                                                                           \
+        if (k == 1) {                                                                              \
+            if ((const void *)dst != (const void *)s0)                                             \
+                memmove(dst, s0, n * sizeof(S));                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+        if (k == 2) {                                                                              \
+            /* Every op is commutative: put an input dst aliases first. */                         \
+            bool swap = (const void *)dst == srcs[1];                                              \
+            const S *restrict a = swap ? (const S *)srcs[1] : s0;                                  \
+            const S *restrict b = swap ? (const S *)s0 : (const S *)srcs[1];                       \
+            if ((const void *)dst == (const void *)a) {                                            \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    dst[i] = STORE(OPF(LOAD(dst[i]), LOAD(b[i])));                                 \
+            } else {                                                                               \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    dst[i] = STORE(OPF(LOAD(a[i]), LOAD(b[i])));                                   \
+            }                                                                                      \
+            break;                                                                                 \
+        }                                                                                          \
+        W acc[1024];                                                                               \
+        for (size_t base = 0; base < n; base += 1024) {                                            \
+            size_t m = n - base < 1024 ? n - base : 1024;                                          \
+            const S *p0 = (const S *)s0 + base;                                                    \
+            for (size_t i = 0; i < m; i++)                                                         \
+                acc[i] = LOAD(p0[i]);                                                              \
+            for (int j = 1; j < k; j++) {                                                          \
+                const S *restrict pj = (const S *)srcs[j] + base;                                  \
+                for (size_t i = 0; i < m; i++)                                                     \
+                    acc[i] = OPF(acc[i], LOAD(pj[i]));                                             \
+            }                                                                                      \
+            for (size_t i = 0; i < m; i++)                                                         \
+                dst[base + i] = STORE(acc[i]);                                                     \
+        }                                                                                          \
     } while (0)
 
 #define ID(x) (x)
@@ -208,8 +208,7 @@ static void i64_many(int64_t *restrict dst, const void *const *srcs, int k, size
     }
 }
 
-void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
-                      ddp_op op)
+void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op)
 {
     if (n == 0 || k < 1)
         return;

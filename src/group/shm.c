@@ -50,10 +50,10 @@
 
 #define SHM_MAGIC 0x4d485344u /* "DSHM" */
 #define CACHELINE 64
-#define CHUNK ((size_t)1 << 20)   /* bytes per staging half */
-#define SMALL ((size_t)32 << 10)  /* at most this many bytes: single-pass allreduce */
+#define CHUNK ((size_t)1 << 20)  /* bytes per staging half */
+#define SMALL ((size_t)32 << 10) /* at most this many bytes: single-pass allreduce */
 #define MAX_MEMBERS 1024
-#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
 
 typedef struct shm_header {
     uint32_t magic;
@@ -67,11 +67,11 @@ typedef struct shm_header {
 
 /* One member's control slot: three cache lines. */
 typedef struct shm_slot {
-    _Alignas(CACHELINE) atomic_uint arrive; /* barrier epoch this member has reached */
+    _Alignas(CACHELINE) atomic_uint arrive;   /* barrier epoch this member has reached */
     _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
-    _Alignas(CACHELINE) uint64_t src_off; /* posted: where my input for this step is */
-    uint64_t dst_off;                     /* posted: where my result will be (or UINT64_MAX) */
-    uint32_t zero_copy;                   /* my buffers are arena memory that peers read */
+    _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
+    uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
+    uint32_t zero_copy;                       /* my buffers are arena memory that peers read */
 } shm_slot;
 
 typedef struct shm_be {
@@ -86,9 +86,9 @@ typedef struct shm_be {
     shm_header *hdr;
     shm_slot *slots;
     int *pidfds;
-    uint32_t epoch;   /* barriers passed, the same count on every member */
-    uint64_t chunks;  /* staging chunks used so far, for alternating halves */
-    int spin;         /* spin iterations before sleeping */
+    uint32_t epoch;  /* barriers passed, the same count on every member */
+    uint64_t chunks; /* staging chunks used so far, for alternating halves */
+    int spin;        /* spin iterations before sleeping */
     bool failed;
     ddp__fail fail;
     /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
@@ -96,7 +96,7 @@ typedef struct shm_be {
     struct blk {
         size_t off, len;
         bool used;
-    } *blks;
+    } * blks;
     size_t nblks, cap_blks;
 } shm_be;
 
@@ -424,8 +424,7 @@ static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)
     ddp_status st = DDP_OK;
     if (b->n == 1) {
         size_t esz = ddp_dtype_size(c->dtype);
-        if (c->kind != DDP__BARRIER && c->kind != DDP__BROADCAST && c->send != c->recv &&
-            c->count)
+        if (c->kind != DDP__BARRIER && c->kind != DDP__BROADCAST && c->send != c->recv && c->count)
             memmove(c->recv, c->send, c->count * esz);
         return DDP_OK;
     }
@@ -559,12 +558,11 @@ static int cores_available(void)
 }
 
 ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
-                           int timeout_ms, void **out, const ddp__backend_ops **ops,
-                           ddp_error *err)
+                           int timeout_ms, void **out, const ddp__backend_ops **ops, ddp_error *err)
 {
     if (m->n < 1 || m->n > MAX_MEMBERS)
-        return ddp__err(err, DDP_ERR_INVALID, "shm backend: %d ranks on one host; at most %d",
-                        m->n, MAX_MEMBERS);
+        return ddp__err(err, DDP_ERR_INVALID, "shm backend: %d ranks on one host; at most %d", m->n,
+                        MAX_MEMBERS);
     shm_be *b = calloc(1, sizeof *b);
     if (!b)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the shm backend");
@@ -672,8 +670,7 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
         }
         b->hdr = (shm_header *)b->base;
         if (b->hdr->magic != SHM_MAGIC || b->hdr->n != (uint32_t)b->n) {
-            st = ddp__err(err, DDP_ERR_INVALID, "shared memory '%s' is not this group's",
-                          b->name);
+            st = ddp__err(err, DDP_ERR_INVALID, "shared memory '%s' is not this group's", b->name);
             goto out_free;
         }
     }

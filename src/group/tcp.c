@@ -76,8 +76,8 @@
 #define NOTICE_FIXED 12
 #define NOTICE_MAX 480
 #define MAX_TOKEN 1024
-#define HELLO_MS 2000       /* how long an accepted connection may take to show its hello */
-#define NOTICE_GRACE_MS 500 /* how long a member that saw EOF waits for the notice saying why */
+#define HELLO_MS 2000        /* how long an accepted connection may take to show its hello */
+#define NOTICE_GRACE_MS 500  /* how long a member that saw EOF waits for the notice saying why */
 #define TIMEOUT_GRACE_MS 500 /* how long a timed-out member waits for its predecessor's notice */
 #define SEND_IOV 8
 
@@ -783,7 +783,7 @@ static ddp_status xfer_run(xfer *x, ddp__fail *f)
         struct pollfd p[4] = {
             {.fd = x->ri < x->nr ? be->in_fd : -1, .events = POLLIN},
             {.fd = (be->box[BOX_NEXT].closed || be->box[BOX_NEXT].held) && !want_out ? -1
-                                                                                    : be->out_fd,
+                                                                                     : be->out_fd,
              .events = (short)((be->box[BOX_NEXT].held ? 0 : POLLIN) | (want_out ? POLLOUT : 0))},
             {.fd = be->box[BOX_PREV].closed ? -1 : be->ctl_in_fd, .events = POLLIN},
             {.fd = be->wake_fd, .events = POLLIN},

@@ -75,8 +75,9 @@ static ddp_status unknown_key(const ddp_cfg_key *s, size_t n, const char *name, 
         }
     }
     if (sugg && best <= 3)
-        return ddp__err(err, DDP_ERR_INVALID, "unknown key '%s' (%s); did you mean '%s'? (--help "
-                                              "lists every key)",
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "unknown key '%s' (%s); did you mean '%s'? (--help "
+                        "lists every key)",
                         name, where, sugg);
     return ddp__err(err, DDP_ERR_INVALID, "unknown key '%s' (%s); --help lists every key", name,
                     where);
@@ -110,8 +111,8 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
         errno = 0;
         long long x = strtoll(text, &end, 10);
         if (!*text || *end || errno)
-            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not an integer (%s)",
-                            k->name, text, origin);
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not an integer (%s)", k->name,
+                            text, origin);
         nv.i = x;
         break;
     }
@@ -140,8 +141,8 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
             p = bar ? bar + 1 : p + l;
         }
         if (!ok)
-            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not one of %s (%s)",
-                            k->name, text, c, origin);
+            return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not one of %s (%s)", k->name,
+                            text, c, origin);
         break;
     }
     case DDP_CFG_INT_LIST: {
@@ -195,11 +196,10 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
                        const char *path, ddp_error *err)
 {
     if (node->type != YAML_MAPPING_NODE)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "'%s' line %zu: expected 'key: value' pairs%s%s", path,
-                        node->start_mark.line + 1, *prefix ? " under " : "", prefix);
-    for (yaml_node_pair_t *pr = node->data.mapping.pairs.start;
-         pr < node->data.mapping.pairs.top; pr++) {
+        return ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu: expected 'key: value' pairs%s%s",
+                        path, node->start_mark.line + 1, *prefix ? " under " : "", prefix);
+    for (yaml_node_pair_t *pr = node->data.mapping.pairs.start; pr < node->data.mapping.pairs.top;
+         pr++) {
         yaml_node_t *k = yaml_document_get_node(doc, pr->key);
         yaml_node_t *v = yaml_document_get_node(doc, pr->value);
         if (!k || !v || k->type != YAML_SCALAR_NODE)
@@ -226,8 +226,9 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
                  it < v->data.sequence.items.top; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
                 if (!e || e->type != YAML_SCALAR_NODE)
-                    return ddp__err(err, DDP_ERR_INVALID, "key '%s': a list of plain values is "
-                                                          "expected (%s)",
+                    return ddp__err(err, DDP_ERR_INVALID,
+                                    "key '%s': a list of plain values is "
+                                    "expected (%s)",
                                     name, origin);
                 size_t l = strlen(text);
                 ddp__fmt(text + l, sizeof text - l, "%s%s", l ? "," : "",
@@ -259,8 +260,8 @@ static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
     }
     yaml_parser_set_input_file(&p, f);
     if (!yaml_parser_load(&p, &doc)) {
-        st = ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu column %zu: %s%s%s; fix the YAML",
-                      path, p.problem_mark.line + 1, p.problem_mark.column + 1,
+        st = ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu column %zu: %s%s%s; fix the YAML", path,
+                      p.problem_mark.line + 1, p.problem_mark.column + 1,
                       p.problem ? p.problem : "syntax error", p.context ? " " : "",
                       p.context ? p.context : "");
         yaml_parser_delete(&p);
@@ -276,8 +277,8 @@ static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
     return st;
 }
 
-ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *yaml_path,
-                           int argc, char **argv, ddp_config **out, ddp_error *err)
+ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *yaml_path, int argc,
+                           char **argv, ddp_config **out, ddp_error *err)
 {
     if (!schema || !out)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_config_load: schema and out are required");
@@ -301,8 +302,9 @@ ddp_status ddp_config_load(const ddp_cfg_key *schema, size_t nkeys, const char *
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || !a[2]) {
-            st = ddp__err(err, DDP_ERR_INVALID, "unexpected argument '%s'; options look like "
-                                                "--key value",
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "unexpected argument '%s'; options look like "
+                          "--key value",
                           a);
             goto out_fail;
         }
@@ -446,8 +448,8 @@ void ddp_config_print_help(const ddp_cfg_key *schema, size_t n, FILE *out)
         } else if (i == 0) {
             fprintf(out, "\ngeneral\n");
         }
-        const char *type = schema[i].type == DDP_CFG_CHOICE ? schema[i].choices
-                                                             : tn[schema[i].type];
+        const char *type =
+            schema[i].type == DDP_CFG_CHOICE ? schema[i].choices : tn[schema[i].type];
         fprintf(out, "  --%-28s %s (default: %s)\n      %s\n", schema[i].name, type,
                 schema[i].def && *schema[i].def ? schema[i].def : "\"\"", schema[i].help);
     }

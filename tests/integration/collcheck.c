@@ -241,8 +241,8 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
     }
     ddp_status st = run(g, m, k, send, recv, n, t, op, root);
     if (st != DDP_OK) {
-        fprintf(stderr, "collcheck rank %d: %s %s × %zu (%s) failed: %s\n", R,
-                ddp__kind_name(k), ddp_dtype_name(t), n, mode, ddp_group_last_error(g));
+        fprintf(stderr, "collcheck rank %d: %s %s × %zu (%s) failed: %s\n", R, ddp__kind_name(k),
+                ddp_dtype_name(t), n, mode, ddp_group_last_error(g));
         rc = 1;
     } else if (k != DDP__BARRIER) {
         char what[64];
@@ -307,8 +307,7 @@ int main(int argc, char **argv)
             if (!rc)
                 rc |= check_one(g, DDP__ALLGATHER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
             if (!rc)
-                rc |= check_one(g, DDP__REDUCE_SCATTER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m,
-                                0);
+                rc |= check_one(g, DDP__REDUCE_SCATTER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
         }
     }
     if (!rc && R == 0)

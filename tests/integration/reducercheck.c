@@ -16,14 +16,14 @@
 #define NP 7
 
 static int fails;
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "reducercheck rank %d: ", R);                                         \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            fails++;                                                                              \
-        }                                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "reducercheck rank %d: ", R);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            fails++;                                                                               \
+        }                                                                                          \
     } while (0)
 
 int main(void)

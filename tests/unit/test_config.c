@@ -57,8 +57,8 @@ static void defaults_yaml_cli(void **state)
                "lr_scaling: linear\namp: yes\n");
     char *argv[] = {"--epochs", "9", "--model.dropout=0.5", "--run-name", "x", "--amp=off"};
     assert_int_equal(ddp_config_load(schema, N, path, 6, argv, &c, &err), DDP_OK);
-    assert_true(ddp_config_float(c, "lr") == 0.05);         /* from YAML */
-    assert_int_equal(ddp_config_int(c, "epochs"), 9);         /* CLI wins */
+    assert_true(ddp_config_float(c, "lr") == 0.05);   /* from YAML */
+    assert_int_equal(ddp_config_int(c, "epochs"), 9); /* CLI wins */
     assert_true(ddp_config_float(c, "model.dropout") == 0.5);
     assert_string_equal(ddp_config_str(c, "run_name"), "x");
     assert_string_equal(ddp_config_str(c, "lr_scaling"), "linear");

@@ -155,8 +155,8 @@ static void idx_malformed(void **state)
     size_t n = fread(buf, 1, sizeof buf, f);
     fclose(f);
     write_bytes(t, buf, n - 5);
-    expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_INVALID,
-                 "is truncated", t);
+    expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_INVALID, "is truncated",
+                 t);
     sprintf(t, "%s/missing-images", dir);
     expect_error(ddp_dataset_open_idx(t, b, NULL, &ds, &err), &err, DDP_ERR_NOT_FOUND,
                  "cannot open data file", t);
@@ -216,8 +216,8 @@ static void tokens_both_layouts(void **state)
     hdr[2] = (int32_t)nt;
     memcpy(sh, hdr, sizeof hdr);
     write_bytes(bad, sh, 1024 + 2 * nt);
-    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
-                 "version 7", bad);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID, "version 7",
+                 bad);
     sprintf(bad, "%s/short.bin", dir);
     write_bytes(bad, tok, 20);
     expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
@@ -345,10 +345,8 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(idx_plain_and_gzip),
-        cmocka_unit_test(idx_malformed),
-        cmocka_unit_test(tokens_both_layouts),
-        cmocka_unit_test(loader_matches_sampler_any_threads),
+        cmocka_unit_test(idx_plain_and_gzip),  cmocka_unit_test(idx_malformed),
+        cmocka_unit_test(tokens_both_layouts), cmocka_unit_test(loader_matches_sampler_any_threads),
         cmocka_unit_test(loader_save_restore),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -41,9 +41,12 @@ static size_t parse_size(const char *s)
     char *end;
     double v = strtod(s, &end);
     switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    case 'K':
+    case 'k': v *= 1024; break;
+    case 'M':
+    case 'm': v *= 1024 * 1024; break;
+    case 'G':
+    case 'g': v *= 1024.0 * 1024 * 1024; break;
     default: break;
     }
     return (size_t)v;
@@ -232,8 +235,7 @@ int main(int argc, char **argv)
     if (R == 0) {
         printf("# ddpbench: %d ranks, backend %s, %s buffers, float32, in place; copy bandwidth "
                "%.2f GB/s (all %d ranks copying at once)\n",
-               W, ddp_group_backend(g), arena ? "arena (zero-copy)" : "private", copy_bw / 1e9,
-               W);
+               W, ddp_group_backend(g), arena ? "arena (zero-copy)" : "private", copy_bw / 1e9, W);
         if (csv)
             printf("op,bytes,count,time_us,algbw_GBps,busbw_GBps,wrong,limit_us\n");
         else
@@ -274,9 +276,18 @@ int main(int argc, char **argv)
             /* Bytes that must cross memory, and the bus-bandwidth factor, per collective. */
             double S = (double)bytes, traffic, factor;
             switch (k) {
-            case K_ALLREDUCE: traffic = 2.0 * W * S; factor = 2.0 * (W - 1) / W; break;
-            case K_BROADCAST: traffic = S * W; factor = 1; break;
-            default: traffic = S * (W + 1); factor = (double)(W - 1) / W; break;
+            case K_ALLREDUCE:
+                traffic = 2.0 * W * S;
+                factor = 2.0 * (W - 1) / W;
+                break;
+            case K_BROADCAST:
+                traffic = S * W;
+                factor = 1;
+                break;
+            default:
+                traffic = S * (W + 1);
+                factor = (double)(W - 1) / W;
+                break;
             }
             double limit = traffic / copy_bw;
             double algbw = S / worst / 1e9;

@@ -55,7 +55,7 @@ typedef struct agent {
     ddprun_world wd;
     ddprun_worker *w;
     bool pipe_out;
-    int stop_signal; /* the signal that asked us to stop, or 0 */
+    int stop_signal;  /* the signal that asked us to stop, or 0 */
     bool remote_stop; /* another node's ddprun was stopped by a signal: no restart */
     failure fail;
     /* heartbeats of other nodes, watched by node 0 */
@@ -678,8 +678,8 @@ static outcome run_attempt(agent *a)
         if (pid < 0 && errno == ECHILD && running > 0) {
             /* Someone reaped our children (SIGCHLD ignored by a wrapper despite main()'s reset):
              * we can no longer tell how they ended. */
-            ddprun_say("lost track of %d worker%s (already reaped by someone else); stopping", running,
-                       running == 1 ? "" : "s");
+            ddprun_say("lost track of %d worker%s (already reaped by someone else); stopping",
+                       running, running == 1 ? "" : "s");
             for (int i = 0; i < n; i++)
                 a->w[i].running = false;
             running = 0;
