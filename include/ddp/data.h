@@ -12,7 +12,7 @@
  * A malformed, truncated or mismatched file is a clear error naming the file and the problem.
  *
  * The loader turns a rank's sampler indices into batches with background worker threads and a
- * ring of prefetched batches; a batch's contents depend only on its indices, so they are the
+ * ring of prefetched batches (or, with no workers, on the caller's thread); a batch's contents depend only on its indices, so they are the
  * same whatever the thread count. Its position (epoch, batch) can be saved and restored.
  */
 #ifndef DDP_DATA_H
@@ -53,6 +53,10 @@ int ddp_dataset_classes(const ddp_dataset *ds);
 
 /* Writes sample i into x (x_elems) and y (y_elems). Thread-safe (read-only). */
 ddp_status ddp_dataset_get(const ddp_dataset *ds, size_t i, void *x, int32_t *y);
+/* Samples idx[0..n) into consecutive rows of x and y, reading ahead of the random accesses.
+ * An index outside the dataset is DDP_ERR_INVALID, with its position in *bad (may be NULL). */
+ddp_status ddp_dataset_get_many(const ddp_dataset *ds, const uint64_t *idx, size_t n, void *x,
+                                int32_t *y, size_t *bad);
 
 /* ---- the loader ----------------------------------------------------------------------------- */
 
@@ -60,7 +64,8 @@ typedef struct ddp_loader ddp_loader;
 
 typedef struct ddp_loader_opts {
     size_t batch_size; /* per rank */
-    int threads;       /* worker threads, ≥ 1 (0: 1) */
+    int threads;       /* worker threads; 0: batches are filled inside next(), on the caller's
+                        * thread (PyTorch's num_workers=0), best when no core is spare */
     int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering) */
     bool drop_last;    /* drop a last partial batch of an epoch */
 } ddp_loader_opts;

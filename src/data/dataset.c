@@ -376,8 +376,10 @@ ddp_status ddp_dataset_get(const ddp_dataset *d, size_t i, void *x, int32_t *y)
     if (!d || i >= d->n)
         return DDP_ERR_INVALID;
     if (d->kind == DS_IDX) {
-        const unsigned char *px = d->pixels + i * d->x_elems;
-        float *xf = x;
+        /* restrict: a byte pointer may alias anything, and without it the conversion stays
+         * scalar (about 1 µs per 28×28 image instead of 0.1) */
+        const unsigned char *restrict px = d->pixels + i * d->x_elems;
+        float *restrict xf = x;
         for (size_t k = 0; k < d->x_elems; k++)
             xf[k] = (float)px[k] * (1.0f / 255.0f);
         y[0] = d->labels[i];
@@ -388,6 +390,30 @@ ddp_status ddp_dataset_get(const ddp_dataset *d, size_t i, void *x, int32_t *y)
     for (size_t k = 0; k < d->T; k++) {
         xi[k] = t[k];
         y[k] = t[k + 1];
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp_dataset_get_many(const ddp_dataset *d, const uint64_t *idx, size_t n, void *x,
+                                int32_t *y, size_t *bad)
+{
+    if (!d || (n && (!idx || !x || !y)))
+        return DDP_ERR_INVALID;
+    size_t xb = d->x_elems * 4, ye = ddp_dataset_y_elems(d);
+    const size_t AHEAD = 4; /* samples: enough to cover a miss, few enough to stay in L1 */
+    for (size_t k = 0; k < n; k++) {
+        size_t j = k + AHEAD;
+        if (d->kind == DS_IDX && j < n && idx[j] < d->n) { /* random samples miss every cache */
+            const char *p = (const char *)d->pixels + idx[j] * d->x_elems;
+            for (size_t o = 0; o < d->x_elems; o += 64)
+                __builtin_prefetch(p + o);
+        }
+        if (idx[k] >= d->n) {
+            if (bad)
+                *bad = k;
+            return DDP_ERR_INVALID;
+        }
+        ddp_dataset_get(d, (size_t)idx[k], (char *)x + k * xb, y + k * ye);
     }
     return DDP_OK;
 }

@@ -6,7 +6,8 @@
  * sampler's indices, and mark it ready; next() hands out batches strictly in order. A batch's
  * contents depend only on its indices, so the stream is the same for any number of threads.
  * Changing epoch or position first waits for batches being filled (they read the sampler's
- * index array, which set_epoch rewrites), then restarts the ring.
+ * index array, which set_epoch rewrites), then restarts the ring. With no workers (threads = 0)
+ * next() fills the slot itself: no hand-off between threads, for hosts with no core to spare.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -25,6 +26,7 @@ typedef struct slot {
     size_t n;
     uint64_t batch;
     int state;
+    char err[DDP_ERRMSG_MAX]; /* why filling it failed */
 } slot;
 
 struct ddp_loader {
@@ -54,6 +56,33 @@ static size_t batches_per_epoch(const ddp_loader *l)
     return l->o.drop_last ? n / B : (n + B - 1) / B;
 }
 
+/* Fills slot s with batch b from the sampler's indices (idx, len: read under mu) and marks it
+ * ready; records the first error. Called without mu by workers, with it in synchronous mode. */
+static ddp_status fill(ddp_loader *l, slot *s, uint64_t b, const uint64_t *idx, size_t len)
+{
+    size_t first = (size_t)b * l->o.batch_size;
+    size_t n = len - first < l->o.batch_size ? len - first : l->o.batch_size;
+    size_t bad = 0;
+    ddp_status st = ddp_dataset_get_many(l->ds, idx + first, n, s->x, s->y, &bad);
+    s->n = n;
+    if (st != DDP_OK)
+        ddp__fmt(s->err, sizeof s->err,
+                 "loading batch %llu: sample index %llu is outside the dataset (%zu samples)",
+                 (unsigned long long)b, (unsigned long long)idx[first + bad], ddp_dataset_len(l->ds));
+    return st;
+}
+
+/* Publishes a filled slot. Called with mu held. */
+static void publish_locked(ddp_loader *l, slot *s, uint64_t b, ddp_status st)
+{
+    s->batch = b;
+    s->state = READY;
+    if (st != DDP_OK && l->error == DDP_OK) {
+        l->error = st;
+        memcpy(l->err, s->err, sizeof l->err);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     ddp_loader *l = arg;
@@ -71,26 +100,10 @@ static void *worker_main(void *arg)
         const uint64_t *idx = ddp_sampler_indices(l->sampler);
         size_t len = ddp_sampler_len(l->sampler);
         pthread_mutex_unlock(&l->mu);
-
-        size_t first = (size_t)b * l->o.batch_size;
-        size_t n = len - first < l->o.batch_size ? len - first : l->o.batch_size;
-        ddp_status st = DDP_OK;
-        for (size_t k = 0; k < n && st == DDP_OK; k++)
-            st = ddp_dataset_get(l->ds, (size_t)idx[first + k], (char *)s->x + k * l->x_bytes,
-                                 s->y + k * l->y_elems);
-
+        ddp_status st = fill(l, s, b, idx, len);
         pthread_mutex_lock(&l->mu);
-        s->n = n;
-        s->batch = b;
-        s->state = READY;
+        publish_locked(l, s, b, st);
         l->filling--;
-        if (st != DDP_OK && l->error == DDP_OK) {
-            l->error = st;
-            ddp__fmt(l->err, sizeof l->err,
-                     "loading batch %llu: sample index %llu is outside "
-                     "the dataset (%zu samples)",
-                     (unsigned long long)b, (unsigned long long)idx[first], ddp_dataset_len(l->ds));
-        }
         pthread_cond_broadcast(&l->cv_ready);
     }
     pthread_mutex_unlock(&l->mu);
@@ -130,8 +143,8 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     l->ds = ds;
     l->sampler = sampler;
     l->o = *opts;
-    if (l->o.threads < 1)
-        l->o.threads = 1;
+    if (l->o.threads < 0)
+        l->o.threads = 0;
     if (l->o.depth < 2)
         l->o.depth = 2;
     l->x_bytes = ddp_dataset_x_elems(ds) * 4; /* float32 or int32 */
@@ -140,7 +153,7 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
     l->slots = calloc((size_t)l->o.depth, sizeof *l->slots);
-    l->threads = calloc((size_t)l->o.threads, sizeof *l->threads);
+    l->threads = calloc((size_t)l->o.threads + 1, sizeof *l->threads);
     ddp_status st = DDP_ERR_NOMEM;
     if (!l->slots || !l->threads)
         goto out_fail;
@@ -218,6 +231,10 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
         *out = (ddp_batch){.n = 0, .epoch = l->epoch, .index = l->next_consume};
     } else {
         slot *s = &l->slots[l->next_consume % (uint64_t)l->o.depth];
+        if (l->nthreads == 0) /* synchronous: fill it here */
+            publish_locked(l, s, l->next_consume,
+                           fill(l, s, l->next_consume, ddp_sampler_indices(l->sampler),
+                                ddp_sampler_len(l->sampler)));
         while (!(s->state == READY && s->batch == l->next_consume) && l->error == DDP_OK)
             pthread_cond_wait(&l->cv_ready, &l->mu);
         if (l->error != DDP_OK) {

@@ -184,12 +184,14 @@ static ddp_status execute(ddp_group *g, ddp_work *w)
     if (g->debug && (st = debug_check(g, &w->c)) != DDP_OK)
         return st;
     ddp__fail f = {0};
+    bool fused = w->user_op == DDP_AVG && g->ops->fuses_avg;
+    w->c.avg_div = fused ? g->world.world_size : 0;
     st = g->ops->run(g->be, &w->c, &f);
     if (st != DDP_OK) {
         poison(g, st, f.msg[0] ? f.msg : ddp_status_str(st));
         return st;
     }
-    if (w->user_op == DDP_AVG) {
+    if (w->user_op == DDP_AVG && !fused) {
         size_t n = w->c.kind == DDP__REDUCE_SCATTER || w->c.kind == DDP__ALLREDUCE ? w->c.count : 0;
         ddp__scale_avg(w->c.recv, n, w->c.dtype, g->world.world_size);
     }

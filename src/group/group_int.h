@@ -41,6 +41,8 @@ typedef struct ddp__coll {
     bool background;     /* run by the progress thread: nobody waits on it right now, so a
                             backend should not spin (it would steal the caller's core) */
     int64_t deadline_ms; /* absolute, ddp__now_ms() clock */
+    int avg_div;         /* > 1: divide results by this while reducing (AVG, fused); set by the
+                            core only for backends whose fuses_avg is true */
 } ddp__coll;
 
 /* What a backend needs to know about its members. */
@@ -72,6 +74,7 @@ typedef struct ddp__backend_ops {
      * (one line, e.g. the error that made this rank give up) is shown to the peers. */
     void (*abort)(void *be, const char *why);
     void (*destroy)(void *be);
+    bool fuses_avg; /* run() honours c->avg_div: no second pass over the result for AVG */
 } ddp__backend_ops;
 
 /* Backend constructors. store is borrowed for the call (set-up only). timeout_ms bounds set-up. */
@@ -89,6 +92,10 @@ ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp
 
 /* dst[i] = dst[i] op src[i] for i < n, in the dtype's arithmetic (bf16/fp16 through float32). */
 void ddp__reduce_into(void *dst, const void *src, size_t n, ddp_dtype t, ddp_op op);
+/* ddp__reduce_many, then each result divided by divisor when divisor > 1 (AVG, run as SUM): in
+ * the same pass for two float32/float64 inputs, with the same roundings as the two passes. */
+void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
+                          ddp_op op, int divisor);
 /* dst[i] = a[i] op b[i]. */
 void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op);
 /* dst[i] = op over k inputs srcs[j][i] (k ≥ 1); dst may alias srcs[0]. One pass over memory. */

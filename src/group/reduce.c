@@ -224,6 +224,35 @@ void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_d
     }
 }
 
+/* (a + b) / divisor, element by element, in one pass. dst may be a or b: GCC checks for the
+ * overlap at run time and still vectorises. */
+static void f32_avg2(float *dst, const float *a, const float *b, size_t n, int divisor)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (a[i] + b[i]) / (float)divisor;
+}
+
+static void f64_avg2(double *dst, const double *a, const double *b, size_t n, int divisor)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (a[i] + b[i]) / divisor;
+}
+
+void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
+                          ddp_op op, int divisor)
+{
+    if (divisor > 1 && op == DDP_SUM && k == 2 && t == DDP_FLOAT32) {
+        f32_avg2(dst, srcs[0], srcs[1], n, divisor);
+        return;
+    }
+    if (divisor > 1 && op == DDP_SUM && k == 2 && t == DDP_FLOAT64) {
+        f64_avg2(dst, srcs[0], srcs[1], n, divisor);
+        return;
+    }
+    ddp__reduce_many(dst, srcs, k, n, t, op);
+    ddp__scale_avg(dst, n, t, divisor); /* a no-op for divisor ≤ 1 */
+}
+
 void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op)
 {
     const void *srcs[2] = {a, b};

@@ -25,7 +25,8 @@
  * Waiting: spin briefly, then sleep on a futex (shared, so it works across processes) in slices
  * of at most 50 ms, checking the deadline, the abort flag and whether a peer died (pidfd). With
  * more ranks than cores, spinning only steals the peer's core, so the spin is short then.
- * Not here: ordering, poisoning, AVG and async (the core, group.c).
+ * AVG's division is done in the reducing pass (fuses_avg), on each member's slice.
+ * Not here: ordering, poisoning and async (the core, group.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -277,7 +278,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             srcs[j] = at(b, b->slots[j].src_off) + lo * esz;
         if (hi > lo) {
             /* My slice's result goes into my recv; my own input is srcs[me]. */
-            ddp__reduce_many((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op);
+            ddp__reduce_many_avg((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
+                                 c->avg_div);
         }
         if ((st = barrier(b, c)))
             return st;
@@ -309,7 +311,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             for (int j = 0, i = 1; j < W; j++)
                 if (j != b->me)
                     srcs[i++] = staging(b, j, k);
-            ddp__reduce_many(out, srcs, W, n, c->dtype, c->op);
+            ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
         } else {
             memcpy(mine, in, n * esz);
             ddp_status st = barrier(b, c);
@@ -321,7 +323,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 srcs[j] = staging(b, j, k) + lo * esz;
             if (hi > lo) {
                 /* Result into my staging slice (peers copy it from there) and into my output. */
-                ddp__reduce_many(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op);
+                ddp__reduce_many_avg(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
+                                     c->avg_div);
                 memcpy(out + lo * esz, mine + lo * esz, (hi - lo) * esz);
             }
             if ((st = barrier(b, c)))
@@ -408,7 +411,8 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
             return st;
         for (int j = 0; j < W; j++)
             srcs[j] = staging(b, j, k) + (size_t)b->me * n * esz;
-        ddp__reduce_many((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op);
+        ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op,
+                             c->avg_div);
         done += n;
     }
     return c->count == 0 ? barrier(b, c) : DDP_OK;
@@ -546,6 +550,7 @@ static const ddp__backend_ops shm_ops = {
     .free = shm_free,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    .fuses_avg = true,
 };
 
 static int cores_available(void)

@@ -50,6 +50,40 @@ for n in 1 2 4 8; do
     ok "$n workers met in the store"
 done
 
+# Pinning (--bind_to): with no more workers than cores, each worker gets its own block of the
+# cores ddprun may use, in order; with more, or with --bind_to none, every worker gets them all.
+mine=$(sed -n 's/^Cpus_allowed_list:\s*//p' /proc/self/status)
+all=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+IFS=, read -ra list <<<"$all"
+for n in 1 2 4 8; do
+    for bind in auto none; do
+        d=$T/bind$n$bind; mkdir -p "$d"
+        "$DDPRUN" --standalone --nproc_per_node=$n --bind_to $bind "$WORKER" env "$d" \
+            >/dev/null 2>"$d/err" || fail "--bind_to $bind, $n workers: exit $?"
+        per=$((${#list[@]} / n))
+        for ((r = 0; r < n; r++)); do
+            want=$all
+            if [ $bind = auto ] && [ $per -ge 1 ]; then
+                want=$(IFS=,; echo "${list[*]:r*per:per}")
+            fi
+            got=$(get "$d/env.$r" CPUS)
+            [ "$got" = "$want" ] || fail "--bind_to $bind, $n workers: rank $r on '$got', want '$want' (cpus $mine)"
+        done
+    done
+    ok "$n workers: pinned to their own cores when they fit, else free; --bind_to none leaves them free"
+done
+grep -q "pinned, $((${#list[@]} / 2)) core" "$T/bind2auto/err" || fail "the start line does not say the workers are pinned"
+if "$DDPRUN" --standalone --nproc_per_node=$((${#list[@]} + 1)) --bind_to core "$WORKER" env "$T" \
+    >/dev/null 2>"$T/bindcore"; then fail "--bind_to core with more workers than cores ran"; fi
+assert_contains "$T/bindcore" "--bind_to core: $((${#list[@]} + 1)) workers but ${#list[@]} cores available"
+if command -v taskset >/dev/null; then # the cores ddprun was given are the ones shared out
+    d=$T/bindset; mkdir -p "$d"
+    taskset -c "${list[-1]}" "$DDPRUN" --standalone --nproc_per_node=1 "$WORKER" env "$d" >/dev/null 2>&1 ||
+        fail "ddprun under taskset failed"
+    [ "$(get "$d/env.0" CPUS)" = "${list[-1]}" ] || fail "a worker left the cores ddprun was given"
+fi
+ok "--bind_to core refuses more workers than cores; workers stay within ddprun's own cores"
+
 # A user's own thread settings win.
 d=$T/threads; mkdir -p "$d"
 OMP_NUM_THREADS=7 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env "$d" >/dev/null 2>&1

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,13 @@ static int mode_env(int argc, char **argv)
     }
     for (int i = 3; i < argc; i++)
         fprintf(f, "ARG%d=%s\n", i - 3, argv[i]);
+    cpu_set_t set; /* the cores this worker may run on, "0,1" */
+    fprintf(f, "CPUS=");
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0, k = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set))
+                fprintf(f, "%s%d", k++ ? "," : "", c);
+    fprintf(f, "\n");
     fclose(f);
     printf("env written by rank %d\n", rank());
     return 0;

@@ -1,7 +1,8 @@
 /*
  * test_data.c — datasets and the loader: IDX (plain and gzip, with a concurrent one-time
  * decompression), token files in both layouts, every malformed-file error, loader batches equal
- * to the sampler's samples, the same for 1 and 4 threads, and save/restore mid-epoch.
+ * to the sampler's samples, the same for 0 (on the caller's thread), 1 and 4 threads, a bad
+ * index reported in either mode, get_many against get, and save/restore mid-epoch.
  * Synthetic data encode their origin: pixel k of image i is (i + k) % 251, label i % 10, token
  * j is j % 50000 — so a wrong index shows as a wrong value.
  */
@@ -248,11 +249,11 @@ static void loader_matches_sampler_any_threads(void **state)
     write_idx("loader", 1000, 3, 3, false, a, b);
     ddp_dataset *ds;
     assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
-    int32_t lab[2][1000];
-    float px[2][1000];
-    size_t got[2];
-    int threads[2] = {1, 4};
-    for (int t = 0; t < 2; t++) {
+    int32_t lab[3][1000];
+    float px[3][1000];
+    size_t got[3];
+    int threads[3] = {0, 1, 4}; /* 0: filled on the caller's thread */
+    for (int t = 0; t < 3; t++) {
         ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
         so.dataset_size = 1000, so.num_replicas = 3, so.rank = 1, so.seed = 9;
         ddp_sampler *s;
@@ -272,15 +273,73 @@ static void loader_matches_sampler_any_threads(void **state)
         ddp_loader_destroy(l);
         ddp_sampler_destroy(s);
     }
-    assert_int_equal(got[0], got[1]);
-    assert_memory_equal(lab[0], lab[1], sizeof(int32_t) * got[0]);
-    assert_memory_equal(px[0], px[1], sizeof(float) * got[0]);
+    for (int t = 1; t < 3; t++) {
+        assert_int_equal(got[0], got[t]);
+        assert_memory_equal(lab[0], lab[t], sizeof(int32_t) * got[0]);
+        assert_memory_equal(px[0], px[t], sizeof(float) * got[0]);
+    }
     ddp_dataset_close(ds);
 }
 
-static void loader_save_restore(void **state)
+/* get_many gives what get gives sample by sample, and names the position of a bad index. */
+static void dataset_get_many(void **state)
 {
     (void)state;
+    char a[512], b[512];
+    write_idx("many", 300, 5, 7, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    uint64_t idx[40];
+    for (int i = 0; i < 40; i++)
+        idx[i] = (uint64_t)(i * 37 + 11) % 300;
+    float x[40 * 35], one[35];
+    int32_t y[40], y1;
+    assert_int_equal(ddp_dataset_get_many(ds, idx, 40, x, y, NULL), DDP_OK);
+    for (int i = 0; i < 40; i++) {
+        assert_int_equal(ddp_dataset_get(ds, (size_t)idx[i], one, &y1), DDP_OK);
+        assert_memory_equal(x + i * 35, one, sizeof one);
+        assert_int_equal(y[i], y1);
+    }
+    idx[17] = 300;
+    size_t bad = 0;
+    assert_int_equal(ddp_dataset_get_many(ds, idx, 40, x, y, &bad), DDP_ERR_INVALID);
+    assert_int_equal(bad, 17);
+    assert_int_equal(ddp_dataset_get_many(ds, idx, 0, NULL, NULL, NULL), DDP_OK);
+    ddp_dataset_close(ds);
+}
+
+/* A sampler over more samples than the dataset has: a clear error from next(), whether the
+ * batch is filled by a worker or on the caller's thread. */
+static void loader_reports_bad_index(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("badidx", 50, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    for (int threads = 0; threads < 2; threads++) {
+        ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+        so.dataset_size = 80, so.shuffle = false;
+        ddp_sampler *s;
+        assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = 20, lo.threads = threads;
+        ddp_loader *l;
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+        ddp_batch bt;
+        ddp_status st = DDP_OK;
+        for (int i = 0; i < 4 && st == DDP_OK; i++)
+            st = ddp_loader_next(l, &bt);
+        assert_int_equal(st, DDP_ERR_INVALID);
+        assert_non_null(strstr(ddp_loader_last_error(l), "sample index 50 is outside the dataset"));
+        ddp_loader_destroy(l);
+        ddp_sampler_destroy(s);
+    }
+    ddp_dataset_close(ds);
+}
+
+static void save_restore(int threads)
+{
     char a[512], b[512];
     write_idx("resume", 500, 3, 3, false, a, b);
     ddp_dataset *ds;
@@ -290,7 +349,7 @@ static void loader_save_restore(void **state)
     ddp_sampler *s;
     assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
     ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
-    lo.batch_size = 10, lo.threads = 2;
+    lo.batch_size = 10, lo.threads = threads;
     ddp_loader *l;
     assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
     assert_int_equal(ddp_loader_batches_per_epoch(l), 25);
@@ -327,6 +386,13 @@ static void loader_save_restore(void **state)
     ddp_dataset_close(ds);
 }
 
+static void loader_save_restore(void **state)
+{
+    (void)state;
+    save_restore(2);
+    save_restore(0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -347,7 +413,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(idx_plain_and_gzip),  cmocka_unit_test(idx_malformed),
         cmocka_unit_test(tokens_both_layouts), cmocka_unit_test(loader_matches_sampler_any_threads),
-        cmocka_unit_test(loader_save_restore),
+        cmocka_unit_test(loader_save_restore), cmocka_unit_test(dataset_get_many),
+        cmocka_unit_test(loader_reports_bad_index),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

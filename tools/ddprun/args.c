@@ -32,6 +32,9 @@ static const char usage[] =
     "  --nproc_per_node N|auto|cpu|gpu  workers on this node (default 1); cpu = cores available,\n"
     "                           gpu = GPUs visible, auto = gpu if any, else cpu\n"
     "  --role NAME              role name shown in summaries (default 'default')\n"
+    "  --bind_to auto|core|none pin each worker to its own block of cores (the cores available\n"
+    "                           divided by the workers), as mpirun does; auto (default) pins\n"
+    "                           when there are at least as many cores as workers\n"
     "\n"
     "Nodes and rendezvous\n"
     "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are "
@@ -212,7 +215,8 @@ static const char *const valued[] = {
     "nproc_per_node", "nnodes",           "node_rank",    "master_addr",   "master_port",
     "max_restarts",   "monitor_interval", "redirects",    "tee",           "log_dir",
     "run_id",         "rdzv_id",          "role",         "rdzv_endpoint", "rdzv_timeout",
-    "grace_period",   "agent_timeout",    "rdzv_backend", "start_method",  NULL,
+    "grace_period",   "agent_timeout",    "rdzv_backend", "start_method",  "bind_to",
+    NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help", "version",
                                        "no_python",  "module",    NULL};
@@ -301,6 +305,17 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
             return bad("--rdzv_backend '%s': ddprun has one rendezvous (its own store); "
                        "'static' and 'c10d' are accepted and mean the same",
                        v);
+        return 0;
+    }
+    if (strcmp(name, "bind_to") == 0) {
+        if (!strcmp(v, "auto"))
+            o->bind = BIND_AUTO;
+        else if (!strcmp(v, "core"))
+            o->bind = BIND_CORE;
+        else if (!strcmp(v, "none"))
+            o->bind = BIND_NONE;
+        else
+            return bad("--bind_to '%s': use auto, core or none", v);
         return 0;
     }
     if (strcmp(name, "start_method") == 0)

@@ -12,12 +12,16 @@
 #ifndef DDPRUN_H
 #define DDPRUN_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #define DDPRUN_MAX_NPROC 1024
+
+/* --bind_to */
+enum { BIND_AUTO, BIND_CORE, BIND_NONE };
 
 /* Stream bits, as torchrun's --redirects / --tee values: 1 stdout, 2 stderr, 3 both. */
 enum { STD_OUT = 1, STD_ERR = 2 };
@@ -43,6 +47,7 @@ typedef struct ddprun_opts {
     char role[64];
     bool prefix;    /* prefix console lines with the rank (default when world > 1) */
     bool no_prefix; /* --no_prefix */
+    int bind;       /* BIND_*: pin workers to cores */
     char **argv;    /* the program and its arguments, untouched */
 } ddprun_opts;
 
@@ -86,6 +91,10 @@ typedef struct ddprun_world {
 /* Resolves prog as execvp would (PATH unless it has a '/'); writes the path into buf. On failure
  * returns false with the errno in *why. */
 bool ddprun_find_program(const char *prog, char *buf, size_t cap, int *why);
+
+/* The cores worker local_rank of nproc is pinned to under o->bind, taken in order from the cores
+ * ddprun itself may use. Returns false when it is not pinned. */
+bool ddprun_worker_cpus(const ddprun_opts *o, int local_rank, cpu_set_t *out);
 
 /* Spawns worker w with the environment contract. Returns 0, or -1 after printing why. */
 int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w, bool pipe_out,

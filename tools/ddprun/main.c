@@ -67,6 +67,12 @@ int main(int argc, char **argv)
         free(o);
         return 1;
     }
+    if (o->bind == BIND_CORE && o->nproc > cores_available()) {
+        ddprun_say("--bind_to core: %d workers but %d cores available; use --bind_to auto or none",
+                   o->nproc, cores_available());
+        free(o);
+        return 2;
+    }
     default_threads(o->nproc);
     signal(SIGPIPE, SIG_IGN); /* a closed console or reaper must not kill the launcher */
     /* A parent may have left SIGCHLD ignored: then the kernel would reap our workers itself and

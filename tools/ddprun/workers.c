@@ -7,9 +7,13 @@
  * exec the child only makes async-signal-safe calls: the environment and the program's path are
  * prepared before fork. An exec failure is reported back through a close-on-exec pipe, so
  * "no such program" is a clear message rather than a mysterious exit code 127.
+ * Pinning (--bind_to): with no more workers than cores, each worker gets its own block of cores.
+ * Unpinned, two ranks that hand data back and forth through shared memory are often woken onto
+ * the same core by the scheduler, and a 1 MB allreduce then takes 4-5 times as long.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -161,6 +165,26 @@ bool ddprun_find_program(const char *prog, char *buf, size_t cap, int *why)
     return false;
 }
 
+bool ddprun_worker_cpus(const ddprun_opts *o, int local_rank, cpu_set_t *out)
+{
+    cpu_set_t mine;
+    if (o->bind == BIND_NONE || sched_getaffinity(0, sizeof mine, &mine) != 0)
+        return false;
+    int n = CPU_COUNT(&mine);
+    if (o->nproc > n) /* BIND_CORE with too many workers is refused in main */
+        return false;
+    int per = n / o->nproc, first = local_rank * per, k = 0;
+    CPU_ZERO(out);
+    for (int c = 0; c < CPU_SETSIZE && k < first + per; c++) {
+        if (!CPU_ISSET(c, &mine))
+            continue;
+        if (k >= first)
+            CPU_SET(c, out);
+        k++;
+    }
+    return true;
+}
+
 int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w, bool pipe_out,
                  int reaper_fd)
 {
@@ -189,6 +213,8 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
     int devnull = -1;
     if (pipe_out || isatty(STDIN_FILENO))
         devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    cpu_set_t cpus;
+    bool pin = ddprun_worker_cpus(o, w->local_rank, &cpus);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -212,6 +238,8 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         signal(SIGPIPE, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        if (pin)
+            sched_setaffinity(0, sizeof cpus, &cpus);
         if (devnull >= 0)
             dup2(devnull, STDIN_FILENO);
         if (pipe_out) {

@@ -30,7 +30,9 @@ static const ddp_cfg_key schema[] = {
     {"out_dir", DDP_CFG_STRING, "runs/default", NULL, "train.log, metrics.jsonl, checkpoints/"},
     {"data.dir", DDP_CFG_STRING, "/usr/share/datasets/fashion-mnist", NULL,
      "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"},
-    {"data.threads", DDP_CFG_INT, "1", NULL, "loader worker threads per rank"},
+    {"data.threads", DDP_CFG_INT, "-1", NULL,
+     "loader threads per rank; 0: load on the training thread; -1: 1 if the host has a core to "
+     "spare for each rank, else 0"},
     {"model.type", DDP_CFG_CHOICE, "mlp", "mlp|cnn", "the model"},
     {"model.hidden", DDP_CFG_INT_LIST, "256,128", NULL, "fully connected hidden sizes"},
     {"model.channels", DDP_CFG_INT_LIST, "32,64", NULL, "cnn: conv stage channels"},
@@ -383,6 +385,10 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
     lo.batch_size = (size_t)B;
     lo.threads = (int)ddp_config_int(c, "data.threads");
+    if (lo.threads < 0) { /* a prefetch thread only pays when it has a core of its own */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        lo.threads = ddp_group_local_size(t->g) < cores ? 1 : 0;
+    }
     if (ddp_sampler_create(&so, &s, &err) != DDP_OK)
         return die(t, "data", err.msg);
     if (ddp_loader_create(tr, s, &lo, &l, &err) != DDP_OK) {
@@ -619,9 +625,9 @@ int main(int argc, char **argv)
     ddp_config *c = t.cfg;
     int B = (int)ddp_config_int(c, "batch_size");
     if (B < 1 || ddp_config_int(c, "grad_accum") < 1 || ddp_config_float(c, "lr") <= 0 ||
-        ddp_config_int(c, "epochs") < 0 || ddp_config_int(c, "data.threads") < 1) {
-        fprintf(stderr, "ddptrain: batch_size, grad_accum and data.threads must be ≥ 1, lr > 0, "
-                        "epochs ≥ 0\n");
+        ddp_config_int(c, "epochs") < 0 || ddp_config_int(c, "data.threads") < -1) {
+        fprintf(stderr, "ddptrain: batch_size and grad_accum must be ≥ 1, lr > 0, epochs ≥ 0, "
+                        "data.threads ≥ -1\n");
         goto out;
     }
     const char *task = ddp_config_str(c, "task");
