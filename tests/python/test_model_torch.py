@@ -1,4 +1,4 @@
-"""Model-level parity with PyTorch, through ddptrain's own checkpoints: for the MLP and the CNN,
+"""Model-level parity with PyTorch, through ddptrain's own checkpoints: for the MLP and the CNN, with ReLU and with GELU,
 (1) the checkpoint's weights, loaded by name into the equivalent torch model, give the same test
 loss and accuracy as `ddptrain --task test`; (2) one more training step of ddptrain (same batch,
 SGD with momentum, constant lr) gives the weights torch computes from the same checkpoint and
@@ -56,9 +56,10 @@ def idx(split):
 class Net(nn.Module):
     """The torch twin of ddptrain's models, with the same parameter names."""
 
-    def __init__(self, kind, hidden, channels):
+    def __init__(self, kind, hidden, channels, act):
         super().__init__()
         self.kind, self.stages, self.nfc = kind, len(channels), len(hidden) + 1
+        self.act = torch.relu if act == "relu" else nn.functional.gelu
         c, side = 1, 28
         if kind == "cnn":
             for s, oc in enumerate(channels, 1):
@@ -74,12 +75,12 @@ class Net(nn.Module):
         if self.kind == "cnn":
             for s in range(1, self.stages + 1):
                 x = nn.functional.max_pool2d(
-                    torch.relu(getattr(self, f"bn{s}")(getattr(self, f"conv{s}")(x))), 2)
+                    self.act(getattr(self, f"bn{s}")(getattr(self, f"conv{s}")(x))), 2)
         x = x.flatten(1)
         for k in range(1, self.nfc + 1):
             x = getattr(self, f"fc{k}")(x)
             if k < self.nfc:
-                x = torch.relu(x)
+                x = self.act(x)
         return x
 
 
@@ -93,16 +94,20 @@ def run(args, out):
 
 xt, yt = idx("t10k")
 xtr, ytr = idx("train")
-for kind, hidden, channels in [("mlp", [64, 32], []), ("cnn", [32], [8, 16])]:
+for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32], [8, 16], "relu"),
+                                    ("mlp", [48], [], "gelu"), ("cnn", [16], [4, 8], "gelu")]:
     out = tempfile.mkdtemp(prefix=f"ddp-parity-{kind}-")
-    common = ["--model.type", kind, "--model.hidden", ",".join(map(str, hidden)),
+    kind_ = kind
+    kind = f"{kind_} ({act})"
+    common = ["--model.type", kind_, "--model.activation", act,
+              "--model.hidden", ",".join(map(str, hidden)),
               "--schedule", "constant", "--lr", "0.05", "--momentum", "0.9", "--log_every", "0",
               "--eval_every", "100000", "--checkpoint.keep", "10"]
     if channels:
         common += ["--model.channels", ",".join(map(str, channels))]
     assert run(common + ["--total_steps", "25"], out).returncode == 0
     ck, meta = load_st(f"{out}/checkpoints/step25.safetensors")
-    net = Net(kind, hidden, channels)
+    net = Net(kind_, hidden, channels, act)
     sd = {k: v for k, v in ck.items() if not k.startswith("optim.")}
     missing = net.load_state_dict(sd, strict=False)
     check(not missing.missing_keys or all("num_batches" in k for k in missing.missing_keys),

@@ -37,6 +37,8 @@ static const ddp_cfg_key schema[] = {
     {"model.hidden", DDP_CFG_INT_LIST, "256,128", NULL, "fully connected hidden sizes"},
     {"model.channels", DDP_CFG_INT_LIST, "32,64", NULL, "cnn: conv stage channels"},
     {"model.dropout", DDP_CFG_FLOAT, "0", NULL, "dropout after each hidden layer"},
+    {"model.activation", DDP_CFG_CHOICE, "relu", "relu|gelu",
+     "after each hidden layer (gelu: exact, as torch.nn.GELU())"},
     {"batch_size", DDP_CFG_INT, "64", NULL, "samples per rank per micro-step"},
     {"grad_accum", DDP_CFG_INT, "1", NULL, "micro-steps per optimizer step (no_sync between)"},
     {"epochs", DDP_CFG_INT, "10", NULL, "epochs to train (unless total_steps > 0)"},
@@ -667,9 +669,15 @@ int main(int argc, char **argv)
     const int64_t *hidden = ddp_config_ints(c, "model.hidden", &nh);
     const int64_t *chans = ddp_config_ints(c, "model.channels", &nc);
     int classes = ddp_dataset_classes(te) > 0 ? ddp_dataset_classes(te) : 10;
-    if (model_build(&t.m, ddp_config_str(c, "model.type"), hidden, nh, chans, nc,
-                    (float)ddp_config_float(c, "model.dropout"), 1, side, side, classes, B,
-                    (uint64_t)ddp_config_int(c, "seed"), &err) != DDP_OK) {
+    model_spec ms = {.type = ddp_config_str(c, "model.type"),
+                     .hidden = hidden,
+                     .nh = nh,
+                     .channels = chans,
+                     .nc = nc,
+                     .dropout = (float)ddp_config_float(c, "model.dropout"),
+                     .activation = ddp_config_str(c, "model.activation")};
+    if (model_build(&t.m, &ms, 1, side, side, classes, B, (uint64_t)ddp_config_int(c, "seed"),
+                    &err) != DDP_OK) {
         rc = die(&t, "model", err.msg);
         goto out;
     }

@@ -86,10 +86,19 @@ static ddp_status add_linear(model *m, size_t in, size_t out, int idx, uint64_t 
     return DDP_OK;
 }
 
-ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t nh,
-                       const int64_t *channels, size_t nc, float dropout, int ch, int h, int w,
-                       int classes, int B, uint64_t seed, ddp_error *err)
+ddp_status model_build(model *m, const model_spec *spec, int ch, int h, int w, int classes, int B,
+                       uint64_t seed, ddp_error *err)
 {
+    const char *type = spec->type;
+    const int64_t *hidden = spec->hidden, *channels = spec->channels;
+    size_t nh = spec->nh, nc = spec->nc;
+    float dropout = spec->dropout;
+    lkind act = L_RELU;
+    if (spec->activation && !strcmp(spec->activation, "gelu"))
+        act = L_GELU;
+    else if (spec->activation && strcmp(spec->activation, "relu") != 0)
+        return train_err(err, DDP_ERR_INVALID, "model.activation '%s': use relu or gelu",
+                         spec->activation);
     memset(m, 0, sizeof *m);
     m->L = calloc(128, sizeof *m->L);
     m->params = calloc(64, sizeof *m->params);
@@ -153,7 +162,7 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
             snprintf(name, sizeof name, "bn%zu.running_var", s + 1);
             if ((st = add_buffer(m, name, (size_t)ch, 1.0f, err)))
                 return st;
-            add(m, L_RELU, n, n);
+            add(m, act, n, n);
             layer *p = add(m, L_POOL, n, 0);
             p->pool = (ddp_nn_pool2d){.ch = ch, .h = h, .w = w, .kernel = 2, .stride = 2};
             if ((st = ddp_nn_maxpool2d_setup(&p->pool, err)))
@@ -171,7 +180,7 @@ ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t
         if ((st = add_linear(m, n, (size_t)hidden[k], fc++, seed, err)))
             return st;
         n = (size_t)hidden[k];
-        add(m, L_RELU, n, n);
+        add(m, act, n, n);
         if (dropout > 0) {
             layer *d = add(m, L_DROPOUT, n, n);
             d->p = dropout;

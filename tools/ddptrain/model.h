@@ -45,12 +45,23 @@ typedef struct model {
 ddp_status train_err(ddp_error *err, ddp_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Builds the model for inputs of (ch, h, w) and `classes` outputs. type "mlp": hidden sizes
- * from hidden[]; "cnn": conv channels[] (3×3, pad 1, batchnorm, relu, maxpool 2) then hidden[].
- * Weights are initialised from seed, identical on every rank. */
-ddp_status model_build(model *m, const char *type, const int64_t *hidden, size_t nh,
-                       const int64_t *channels, size_t nc, float dropout, int ch, int h, int w,
-                       int classes, int B, uint64_t seed, ddp_error *err);
+/* What the config describes. type "mlp": hidden sizes from hidden[]; "cnn": conv stages of
+ * channels[] (3×3, pad 1, batchnorm, activation, maxpool 2), then hidden[]. activation: "relu"
+ * or "gelu" (exact, with erf: torch.nn.GELU()), after every hidden layer. */
+typedef struct model_spec {
+    const char *type;
+    const int64_t *hidden;
+    size_t nh;
+    const int64_t *channels;
+    size_t nc;
+    float dropout;
+    const char *activation;
+} model_spec;
+
+/* Builds the model for inputs of (ch, h, w) and `classes` outputs. Weights are initialised from
+ * seed, identical on every rank. */
+ddp_status model_build(model *m, const model_spec *spec, int ch, int h, int w, int classes, int B,
+                       uint64_t seed, ddp_error *err);
 void model_free(model *m);
 
 /* Forward of a batch of n ≤ B samples; returns the logits (n, classes), owned by m. step and
