@@ -104,6 +104,24 @@ void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out);
 ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st);
 const char *ddp_loader_last_error(const ddp_loader *l);
 
+/* ---- augmentation --------------------------------------------------------------------------- */
+
+/* Random image augmentation for training: a horizontal flip with probability 1/2, and a shift
+ * by up to `shift` pixels in each direction with zeros filling in (torchvision's
+ * RandomHorizontalFlip and RandomCrop(size, padding=shift)). */
+typedef struct ddp_augment {
+    bool hflip;
+    int shift; /* 0 ≤ shift < image side */
+    uint64_t seed;
+} ddp_augment;
+
+/* Augments n images (ch, h, w) of float32 in place. Sample k's draw depends only on (seed,
+ * epoch, keys[k]) — pass its dataset index — so every rank draws differently for its own
+ * samples, and the same sample gets the same augmentation whatever the world size, the rank,
+ * or whether the run was resumed: no generator state to save. */
+ddp_status ddp_augment_images(const ddp_augment *a, float *x, size_t n, int ch, int h, int w,
+                              const uint64_t *keys, uint64_t epoch, ddp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,8 @@
 # ddptrain end to end on Fashion-MNIST (Debian's dataset-fashion-mnist): configuration errors
 # before any work; train → test → predict; a run killed by SIGKILL after a checkpoint and
 # resumed ends with the same weights, bit for bit, as one that never stopped; a checkpoint saved
-# by 4 ranks resumes with 1 and 2; a corrupt checkpoint is a clear error.
+# by 4 ranks resumes with 1 and 2; a corrupt checkpoint is a clear error. The resumed run uses
+# dropout and augmentation, whose draws must survive the restart.
 . "$(dirname "$0")/lib.sh"
 TRAIN=$BIN/ddptrain
 DUMP=$BIN/ckpt_tool
@@ -25,8 +26,12 @@ assert_contains err "bad.yaml line 2"
 rc=0; "$TRAIN" --data.dir /no/such/dir >out 2>err || rc=$?
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
 assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte'"
+rc=0; "$TRAIN" --augment.shift 28 >out 2>err || rc=$?
+[ $rc -ne 0 ] || fail "augment.shift 28 on 28 × 28 images was accepted"
+assert_contains err "augment.shift 28 must be from 0 to 27"
+[ ! -d runs ] || fail "a bad augment.shift started work"
 "$TRAIN" --help >help
-for k in model.type model.hidden batch_size grad_accum lr_scaling warmup_steps checkpoint.every \
+for k in model.type model.hidden model.activation augment.hflip augment.shift batch_size grad_accum lr_scaling warmup_steps checkpoint.every \
     resume_from predict_out; do assert_contains help "$k"; done
 ok "configuration errors are caught before any work, --help lists every key"
 
@@ -51,10 +56,11 @@ right=$(awk -F, 'NR > 1 && $2 == $3' pred.csv | wc -l)
     fail "predictions give $right right, evaluation said $acc"
 ok "train (2 ranks) → test (2 ranks and 1: same exact accuracy $acc) → predict (CSV agrees)"
 
-# Killed after a checkpoint and resumed = never stopped (bit for bit). A small CNN is slow
-# enough here for the kill to land between the checkpoint at step 10 and the end at step 20.
+# Killed after a checkpoint and resumed = never stopped (bit for bit), with dropout and
+# augmentation on. A small CNN is slow enough here for the kill to land between the checkpoint at
+# step 10 and the end at step 20.
 args=(--model.type cnn --model.channels 8 --model.hidden 32 --total_steps 20 --checkpoint.every 10
-      --checkpoint.keep 5 --model.dropout 0.1 --log_every 5)
+      --checkpoint.keep 5 --model.dropout 0.1 --augment.hflip true --augment.shift 2 --log_every 5)
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
     fail "uninterrupted run failed"
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut >cut.out 2>&1 &

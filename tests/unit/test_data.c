@@ -2,7 +2,9 @@
  * test_data.c — datasets and the loader: IDX (plain and gzip, with a concurrent one-time
  * decompression), token files in both layouts, every malformed-file error, loader batches equal
  * to the sampler's samples, the same for 0 (on the caller's thread), 1 and 4 threads, a bad
- * index reported in either mode, get_many against get, and save/restore mid-epoch.
+ * index reported in either mode, get_many against get, save/restore mid-epoch, and augmentation
+ * (each image its original flipped or shifted within the limits, the draw a function of
+ * (seed, epoch, key)).
  * Synthetic data encode their origin: pixel k of image i is (i + k) % 251, label i % 10, token
  * j is j % 50000 — so a wrong index shows as a wrong value.
  */
@@ -393,6 +395,91 @@ static void loader_save_restore(void **state)
     save_restore(0);
 }
 
+/* Which (flip, dy, dx) turns img into out, by trying every candidate; -1 if none does. */
+static int find_transform(const float *img, const float *out, int h, int w, int shift, int *fl,
+                          int *dy, int *dx)
+{
+    int found = 0;
+    for (int f = 0; f < 2; f++)
+        for (int y0 = -shift; y0 <= shift; y0++)
+            for (int x0 = -shift; x0 <= shift; x0++) {
+                bool same = true;
+                for (int y = 0; y < h && same; y++)
+                    for (int x = 0; x < w && same; x++) {
+                        int sy = y + y0, sx = (f ? w - 1 - x : x) + x0;
+                        float want = sy >= 0 && sy < h && sx >= 0 && sx < w ? img[sy * w + sx] : 0;
+                        same = out[y * w + x] == want;
+                    }
+                if (same) {
+                    *fl = f, *dy = y0, *dx = x0;
+                    found++;
+                }
+            }
+    return found == 1 ? 0 : -1;
+}
+
+/* Every augmented image is its original flipped and/or shifted (zeros filling in) within the
+ * limits; flips come half the time and every shift appears; the draw depends on (seed, epoch,
+ * key) only; bad options are errors. */
+static void augment_images(void **state)
+{
+    (void)state;
+    enum { N = 600, H = 6, W = 5, C = 2 };
+    static float orig[N * C * H * W], x[N * C * H * W], again[N * C * H * W];
+    uint64_t keys[N];
+    for (int i = 0; i < N * C * H * W; i++)
+        orig[i] = 1.0f + (float)(i % 997); /* distinct within an image, never 0 */
+    for (int k = 0; k < N; k++)
+        keys[k] = (uint64_t)k * 7919u;
+    ddp_augment a = {.hflip = true, .shift = 2, .seed = 5};
+    memcpy(x, orig, sizeof x);
+    assert_int_equal(ddp_augment_images(&a, x, N, C, H, W, keys, 3, NULL), DDP_OK);
+    int flips = 0, seen[5][5] = {{0}};
+    for (int k = 0; k < N; k++) {
+        int f, dy, dx;
+        const float *o = orig + (size_t)k * C * H * W, *g = x + (size_t)k * C * H * W;
+        assert_int_equal(find_transform(o, g, H, W, 2, &f, &dy, &dx), 0);
+        int f2, dy2, dx2; /* the second channel moved the same way */
+        assert_int_equal(find_transform(o + H * W, g + H * W, H, W, 2, &f2, &dy2, &dx2), 0);
+        assert_true(f == f2 && dy == dy2 && dx == dx2);
+        flips += f;
+        seen[dy + 2][dx + 2]++;
+    }
+    assert_in_range(flips, N / 2 - 75, N / 2 + 75);
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++)
+            assert_true(seen[i][j] > 0);
+    /* The same (seed, epoch, key) gives the same image, in any batch order; another epoch does
+     * not. */
+    memcpy(again, orig, sizeof again);
+    for (int k = N - 1; k >= 0; k--)
+        assert_int_equal(ddp_augment_images(&a, again + (size_t)k * C * H * W, 1, C, H, W,
+                                            &keys[k], 3, NULL),
+                         DDP_OK);
+    assert_memory_equal(x, again, sizeof x);
+    memcpy(again, orig, sizeof again);
+    assert_int_equal(ddp_augment_images(&a, again, N, C, H, W, keys, 4, NULL), DDP_OK);
+    assert_memory_not_equal(x, again, sizeof x);
+    /* Off: untouched. Flip only: no shift. */
+    ddp_augment off = {.seed = 5};
+    memcpy(x, orig, sizeof x);
+    assert_int_equal(ddp_augment_images(&off, x, N, C, H, W, keys, 3, NULL), DDP_OK);
+    assert_memory_equal(x, orig, sizeof x);
+    ddp_augment fl = {.hflip = true, .seed = 5};
+    assert_int_equal(ddp_augment_images(&fl, x, N, C, H, W, keys, 3, NULL), DDP_OK);
+    for (int k = 0; k < N; k++) {
+        int f, dy, dx;
+        assert_int_equal(find_transform(orig + (size_t)k * C * H * W, x + (size_t)k * C * H * W,
+                                        H, W, 0, &f, &dy, &dx),
+                         0);
+    }
+    ddp_error err;
+    ddp_augment bad = {.shift = 5};
+    assert_int_equal(ddp_augment_images(&bad, x, N, C, H, W, keys, 0, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "shift 5 must be from 0 to 4"));
+    assert_int_equal(ddp_augment_images(&a, NULL, 1, C, H, W, keys, 0, &err), DDP_ERR_INVALID);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -414,7 +501,7 @@ int main(void)
         cmocka_unit_test(idx_plain_and_gzip),  cmocka_unit_test(idx_malformed),
         cmocka_unit_test(tokens_both_layouts), cmocka_unit_test(loader_matches_sampler_any_threads),
         cmocka_unit_test(loader_save_restore), cmocka_unit_test(dataset_get_many),
-        cmocka_unit_test(loader_reports_bad_index),
+        cmocka_unit_test(loader_reports_bad_index), cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -39,6 +39,9 @@ static const ddp_cfg_key schema[] = {
     {"model.dropout", DDP_CFG_FLOAT, "0", NULL, "dropout after each hidden layer"},
     {"model.activation", DDP_CFG_CHOICE, "relu", "relu|gelu",
      "after each hidden layer (gelu: exact, as torch.nn.GELU())"},
+    {"augment.hflip", DDP_CFG_BOOL, "false", NULL, "train: flip images left-right, p = 1/2"},
+    {"augment.shift", DDP_CFG_INT, "0", NULL,
+     "train: shift images by up to N pixels, zero fill (RandomCrop padding=N)"},
     {"batch_size", DDP_CFG_INT, "64", NULL, "samples per rank per micro-step"},
     {"grad_accum", DDP_CFG_INT, "1", NULL, "micro-steps per optimizer step (no_sync between)"},
     {"epochs", DDP_CFG_INT, "10", NULL, "epochs to train (unless total_steps > 0)"},
@@ -408,6 +411,13 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         goto out;
     }
     t->epoch = t->pos.epoch;
+    /* Augmentation draws are keyed by each sample's dataset index, not by seed + rank: every
+     * rank still draws differently (its samples differ), and the draws do not depend on the
+     * world size or on a resume. */
+    ddp_augment aug = {.hflip = ddp_config_bool(c, "augment.hflip"),
+                       .shift = (int)ddp_config_int(c, "augment.shift"),
+                       .seed = seed ^ 0x61756731u};
+    int side = (int)lround(sqrt((double)t->m.in_n));
     float b1 = 0.9f, b2 = 0.999f;
     sscanf(ddp_config_str(c, "betas"), "%f,%f", &b1, &b2);
     int64_t eval_every = ddp_config_int(c, "eval_every");
@@ -436,6 +446,13 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
                     rc = die(t, "data", "an epoch has no batch: batch_size too large?");
                     goto out;
                 }
+            }
+            if ((aug.hflip || aug.shift) &&
+                ddp_augment_images(&aug, b.x, b.n, 1, side, side,
+                                   ddp_sampler_indices(s) + b.index * (uint64_t)B, b.epoch,
+                                   &err) != DDP_OK) {
+                rc = die(t, "augment", err.msg);
+                goto out;
             }
             ddp_reducer_set_sync(t->red, micro == A - 1);
             uint64_t offset =
@@ -638,6 +655,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         goto out;
     }
+    size_t pix = ddp_dataset_x_elems(te);
+    int side = (int)lround(sqrt((double)pix));
+    if (ddp_config_int(c, "augment.shift") < 0 || ddp_config_int(c, "augment.shift") >= side) {
+        fprintf(stderr, "ddptrain: augment.shift %lld must be from 0 to %d (the images are %d × %d)\n",
+                (long long)ddp_config_int(c, "augment.shift"), side - 1, side, side);
+        goto out; /* exit 2: a configuration error */
+    }
     rc = 1;
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
     if (ddp_group_init(&go, &t.g, &err) != DDP_OK) {
@@ -663,8 +687,6 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%s/metrics.jsonl", t.dir);
         t.jsonl = fopen(path, "a");
     }
-    size_t pix = ddp_dataset_x_elems(te);
-    int side = (int)lround(sqrt((double)pix));
     size_t nh, nc;
     const int64_t *hidden = ddp_config_ints(c, "model.hidden", &nh);
     const int64_t *chans = ddp_config_ints(c, "model.channels", &nc);
