@@ -50,8 +50,9 @@ for n in 1 2 4 8; do
     ok "$n workers met in the store"
 done
 
-# Pinning (--bind_to): with no more workers than cores, each worker gets its own block of the
-# cores ddprun may use, in order; with more, or with --bind_to none, every worker gets them all.
+# Pinning (--bind_to auto): with no more workers than cores, each worker gets its own block of the
+# cores ddprun may use, in order; with more, or with --bind_to none (the default), every worker
+# gets them all.
 mine=$(sed -n 's/^Cpus_allowed_list:\s*//p' /proc/self/status)
 all=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
 IFS=, read -ra list <<<"$all"
@@ -73,6 +74,7 @@ for n in 1 2 4 8; do
     ok "$n workers: pinned to their own cores when they fit, else free; --bind_to none leaves them free"
 done
 grep -q "pinned, $((${#list[@]} / 2)) core" "$T/bind2auto/err" || fail "the start line does not say the workers are pinned"
+[ "$(get "$T/env2/env.1" CPUS)" = "$all" ] || fail "workers are pinned without --bind_to (torchrun does not pin)"
 if "$DDPRUN" --standalone --nproc_per_node=$((${#list[@]} + 1)) --bind_to core "$WORKER" env "$T" \
     >/dev/null 2>"$T/bindcore"; then fail "--bind_to core with more workers than cores ran"; fi
 assert_contains "$T/bindcore" "--bind_to core: $((${#list[@]} + 1)) workers but ${#list[@]} cores available"

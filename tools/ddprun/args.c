@@ -32,9 +32,10 @@ static const char usage[] =
     "  --nproc_per_node N|auto|cpu|gpu  workers on this node (default 1); cpu = cores available,\n"
     "                           gpu = GPUs visible, auto = gpu if any, else cpu\n"
     "  --role NAME              role name shown in summaries (default 'default')\n"
-    "  --bind_to auto|core|none pin each worker to its own block of cores (the cores available\n"
-    "                           divided by the workers), as mpirun does; auto (default) pins\n"
-    "                           when there are at least as many cores as workers\n"
+    "  --bind_to none|auto|core pin each worker to its own block of cores (the cores available\n"
+    "                           divided by the workers), as mpirun does: auto pins when there\n"
+    "                           are at least as many cores as workers, core insists (default\n"
+    "                           none, as torchrun)\n"
     "\n"
     "Nodes and rendezvous\n"
     "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are "
@@ -341,6 +342,7 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     o->grace_period = 10;
     o->rdzv_timeout = 300;
     o->agent_timeout = 30;
+    o->bind = BIND_NONE;
     snprintf(o->role, sizeof o->role, "default");
     bool port_set = false;
 

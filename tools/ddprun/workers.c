@@ -7,9 +7,9 @@
  * exec the child only makes async-signal-safe calls: the environment and the program's path are
  * prepared before fork. An exec failure is reported back through a close-on-exec pipe, so
  * "no such program" is a clear message rather than a mysterious exit code 127.
- * Pinning (--bind_to): with no more workers than cores, each worker gets its own block of cores.
- * Unpinned, two ranks that hand data back and forth through shared memory are often woken onto
- * the same core by the scheduler, and a 1 MB allreduce then takes 4-5 times as long.
+ * Pinning (--bind_to auto|core): with no more workers than cores, each worker gets its own block
+ * of the cores ddprun may use. Off by default: on our 2-vCPU test machine it did not help (see
+ * docs/ddprun.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
