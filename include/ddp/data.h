@@ -12,8 +12,9 @@
  * A malformed, truncated or mismatched file is a clear error naming the file and the problem.
  *
  * The loader turns a rank's sampler indices into batches with background worker threads and a
- * ring of prefetched batches (or, with no workers, on the caller's thread); a batch's contents depend only on its indices, so they are the
- * same whatever the thread count. Its position (epoch, batch) can be saved and restored.
+ * ring of prefetched batches (or, with no workers, on the caller's thread); a batch's contents
+ * depend only on its indices, so they are the same whatever the thread count. Its position (epoch,
+ * batch) can be saved and restored.
  */
 #ifndef DDP_DATA_H
 #define DDP_DATA_H

@@ -68,7 +68,8 @@ static ddp_status fill(ddp_loader *l, slot *s, uint64_t b, const uint64_t *idx, 
     if (st != DDP_OK)
         ddp__fmt(s->err, sizeof s->err,
                  "loading batch %llu: sample index %llu is outside the dataset (%zu samples)",
-                 (unsigned long long)b, (unsigned long long)idx[first + bad], ddp_dataset_len(l->ds));
+                 (unsigned long long)b, (unsigned long long)idx[first + bad],
+                 ddp_dataset_len(l->ds));
     return st;
 }
 

@@ -411,8 +411,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
             return st;
         for (int j = 0; j < W; j++)
             srcs[j] = staging(b, j, k) + (size_t)b->me * n * esz;
-        ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op,
-                             c->avg_div);
+        ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op, c->avg_div);
         done += n;
     }
     return c->count == 0 ? barrier(b, c) : DDP_OK;

@@ -453,9 +453,9 @@ static void augment_images(void **state)
      * not. */
     memcpy(again, orig, sizeof again);
     for (int k = N - 1; k >= 0; k--)
-        assert_int_equal(ddp_augment_images(&a, again + (size_t)k * C * H * W, 1, C, H, W,
-                                            &keys[k], 3, NULL),
-                         DDP_OK);
+        assert_int_equal(
+            ddp_augment_images(&a, again + (size_t)k * C * H * W, 1, C, H, W, &keys[k], 3, NULL),
+            DDP_OK);
     assert_memory_equal(x, again, sizeof x);
     memcpy(again, orig, sizeof again);
     assert_int_equal(ddp_augment_images(&a, again, N, C, H, W, keys, 4, NULL), DDP_OK);
@@ -469,8 +469,8 @@ static void augment_images(void **state)
     assert_int_equal(ddp_augment_images(&fl, x, N, C, H, W, keys, 3, NULL), DDP_OK);
     for (int k = 0; k < N; k++) {
         int f, dy, dx;
-        assert_int_equal(find_transform(orig + (size_t)k * C * H * W, x + (size_t)k * C * H * W,
-                                        H, W, 0, &f, &dy, &dx),
+        assert_int_equal(find_transform(orig + (size_t)k * C * H * W, x + (size_t)k * C * H * W, H,
+                                        W, 0, &f, &dy, &dx),
                          0);
     }
     ddp_error err;
@@ -498,10 +498,14 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(idx_plain_and_gzip),  cmocka_unit_test(idx_malformed),
-        cmocka_unit_test(tokens_both_layouts), cmocka_unit_test(loader_matches_sampler_any_threads),
-        cmocka_unit_test(loader_save_restore), cmocka_unit_test(dataset_get_many),
-        cmocka_unit_test(loader_reports_bad_index), cmocka_unit_test(augment_images),
+        cmocka_unit_test(idx_plain_and_gzip),
+        cmocka_unit_test(idx_malformed),
+        cmocka_unit_test(tokens_both_layouts),
+        cmocka_unit_test(loader_matches_sampler_any_threads),
+        cmocka_unit_test(loader_save_restore),
+        cmocka_unit_test(dataset_get_many),
+        cmocka_unit_test(loader_reports_bad_index),
+        cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -416,6 +416,44 @@ static void maxpool2d(void **state)
     assert_non_null(strstr(err.msg, "kernel"));
 }
 
+/* The 2×2 / stride-2 path (vectorised four outputs at a time, then a scalar tail) against the
+ * rule written out: the first maximum in row-major window order wins, a NaN wins over numbers,
+ * the first NaN over later ones. Small integers make ties common; NaNs and infinities appear. */
+static void maxpool2d_fast_path(void **state)
+{
+    (void)state;
+    enum { PB = 2, PC = 3, PH = 6, PW = 22 };
+    ddp_nn_pool2d g = {PC, PH, PW, 2, 2, 0, 0};
+    assert_int_equal(ddp_nn_maxpool2d_setup(&g, NULL), DDP_OK);
+    assert_int_equal(g.out_w, 11); /* two blocks of four and a tail of three */
+    size_t nx = (size_t)PB * PC * PH * PW, ny = (size_t)PB * PC * g.out_h * g.out_w;
+    float *x = falloc(nx), *y = falloc(ny);
+    int32_t *arg = calloc(ny, sizeof(int32_t));
+    uint64_t r = 12345;
+    for (size_t i = 0; i < nx; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned k = (unsigned)(r >> 33) % 16;
+        x[i] = k == 0 ? NAN : k == 1 ? -INFINITY : k == 2 ? INFINITY : (float)(k % 4) - 1.5f;
+    }
+    ddp_nn_maxpool2d_forward(&g, x, PB, y, arg);
+    for (size_t pl = 0; pl < (size_t)PB * PC; pl++)
+        for (int i = 0; i < g.out_h; i++)
+            for (int j = 0; j < g.out_w; j++) {
+                const float *xp = x + pl * PH * PW;
+                int best = 2 * i * PW + 2 * j;
+                int cand[4] = {best, best + 1, best + PW, best + PW + 1};
+                for (int k = 1; k < 4; k++) {
+                    float v = xp[cand[k]], m = xp[best];
+                    if (v > m || (isnan(v) && !isnan(m)))
+                        best = cand[k];
+                }
+                size_t o = (pl * g.out_h + i) * g.out_w + j;
+                assert_int_equal(arg[o], best);
+                assert_memory_equal(&y[o], &xp[best], sizeof(float));
+            }
+    free(x), free(y), free(arg);
+}
+
 /* ---- batchnorm ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -733,6 +771,7 @@ int main(void)
         cmocka_unit_test(conv2d),
         cmocka_unit_test(conv2d_bad_geometry),
         cmocka_unit_test(maxpool2d),
+        cmocka_unit_test(maxpool2d_fast_path),
         cmocka_unit_test(batchnorm),
         cmocka_unit_test(softmax_xent),
         cmocka_unit_test(sgd),

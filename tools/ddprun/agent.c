@@ -831,10 +831,10 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             if (o->nproc > 1 && ddprun_worker_cpus(o, 0, &c))
                 snprintf(pin, sizeof pin, " (pinned, %d core%s each)", CPU_COUNT(&c),
                          CPU_COUNT(&c) == 1 ? "" : "s");
-            ddprun_say("%d worker%s on %d node%s%s, store at %s:%d, run id %s%s%s",
-                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
-                       o->nnodes == 1 ? "" : "s", pin, o->master_addr, a.wd.master_port,
-                       o->run_id, o->want_files ? ", logs in " : "", o->want_files ? o->log_dir : "");
+            ddprun_say("%d worker%s on %d node%s%s, store at %s:%d, run id %s%s%s", a.wd.world_size,
+                       a.wd.world_size == 1 ? "" : "s", o->nnodes, o->nnodes == 1 ? "" : "s", pin,
+                       o->master_addr, a.wd.master_port, o->run_id,
+                       o->want_files ? ", logs in " : "", o->want_files ? o->log_dir : "");
         }
         outcome r = run_attempt(&a);
         if (r == OK_ALL) {

@@ -658,7 +658,8 @@ int main(int argc, char **argv)
     size_t pix = ddp_dataset_x_elems(te);
     int side = (int)lround(sqrt((double)pix));
     if (ddp_config_int(c, "augment.shift") < 0 || ddp_config_int(c, "augment.shift") >= side) {
-        fprintf(stderr, "ddptrain: augment.shift %lld must be from 0 to %d (the images are %d × %d)\n",
+        fprintf(stderr,
+                "ddptrain: augment.shift %lld must be from 0 to %d (the images are %d × %d)\n",
                 (long long)ddp_config_int(c, "augment.shift"), side - 1, side, side);
         goto out; /* exit 2: a configuration error */
     }
