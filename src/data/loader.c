@@ -154,7 +154,7 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     pthread_cond_init(&l->cv_work, NULL);
     pthread_cond_init(&l->cv_ready, NULL);
     l->slots = calloc((size_t)l->o.depth, sizeof *l->slots);
-    l->threads = calloc((size_t)l->o.threads + 1, sizeof *l->threads);
+    l->threads = calloc((size_t)l->o.threads + 1, sizeof *l->threads); /* + 1: never calloc(0) */
     ddp_status st = DDP_ERR_NOMEM;
     if (!l->slots || !l->threads)
         goto out_fail;

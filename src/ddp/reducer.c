@@ -197,11 +197,11 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         if (online > cores)
             cores = (int)online;
-        ov = ddp_group_local_size(g) < cores ? DDP_OVERLAP_ASYNC : DDP_OVERLAP_INLINE;
-        /* One rank: the "allreduce" is a no-op, and handing it to the progress thread (another
-         * core, which then pulls the gradients into its cache) cost about 80 µs per MB-step. */
-        if (ddp_group_size(g) == 1)
-            ov = DDP_OVERLAP_INLINE;
+        /* One rank has nothing to overlap: handing its no-op allreduce to the progress thread
+         * (another core, which then pulls the gradients into its cache) cost about 80 µs per
+         * MB-step. */
+        ov = ddp_group_size(g) > 1 && ddp_group_local_size(g) < cores ? DDP_OVERLAP_ASYNC
+                                                                      : DDP_OVERLAP_INLINE;
     }
     r->async = ov == DDP_OVERLAP_ASYNC;
     ddp_status st = DDP_ERR_NOMEM;
