@@ -205,6 +205,10 @@ void ddp_nn_adamw_step(float *p, const float *g, float *m, float *v, size_t n, f
  * does; check the result with isfinite() to skip such a step). */
 double ddp_nn_clip_grad_norm(float *const *grads, const size_t *counts, int n_arrays,
                              double max_norm);
+/* The factor clip_grad_norm_ multiplies the gradients by, given their norm: max_norm / (norm +
+ * 1e-6) when that is below 1 or NaN, else exactly 1 (no pass needed). For gradients held in
+ * pieces, e.g. sharded (ddp_reducer_grad_norm gives the norm). */
+float ddp_nn_clip_coef(double norm, double max_norm);
 
 /* ---- initialisation -------------------------------------------------------------------------- */
 

@@ -23,6 +23,25 @@
  * (ranks ≥ cores) buckets are instead reduced on the caller's thread as they complete
  * (opts.overlap), which measured faster there.
  *
+ * Sharded optimizer step (ZeRO stage 1; torch's ZeroRedundancyOptimizer, fused with DDP):
+ * with opts.shard_optimizer each bucket is reduce-scattered instead of all-reduced, so after
+ * finish() a rank holds the mean gradient only for its shard, 1/world of every bucket;
+ * ddp_reducer_shard() says which elements of each parameter that is. The rank steps those
+ * elements alone, and ddp_reducer_gather_params() copies every rank's updated shard to every
+ * rank. The parameters then live in the reducer (shared memory under shm, laid out like the
+ * buckets, so the gather moves each value once): from creation on, read and update parameter i
+ * at ddp_reducer_param(r, i), not at params[i].data. Each rank does 1/world of the optimizer's work
+ * and keeps 1/world of its state up to date; ddp_reducer_gather_state() completes state arrays
+ * (e.g. before saving a checkpoint). The results are bit for bit those of the unsharded step. One
+ * loop serves both modes:
+ *
+ *   ddp_reducer_finish(red);
+ *   for each parameter i: ddp_reducer_shard(red, i, &lo, &hi); step elements [lo, hi)
+ *   ddp_reducer_gather_params(red);                  // a no-op when not sharded
+ *
+ * A gather overwrites the gradient buckets: call ddp_reducer_zero_grad() before the next
+ * backward (mark_ready and finish fail otherwise, as they do when a sharded step is not gathered).
+ *
  * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
  * communicate; the next synced step reduces the accumulated sum.
@@ -64,11 +83,12 @@ typedef struct ddp_reducer_opts {
     bool compress_bf16;          /* send float32 gradients as bfloat16 (reduced in float32) */
     bool broadcast_params;       /* broadcast values from rank 0 at creation (default true) */
     ddp_reducer_overlap overlap; /* default AUTO; $DDP_OVERLAP=async|inline overrides AUTO */
+    bool shard_optimizer;        /* ZeRO-1: reduce-scatter, step your shard, gather (above) */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \
     {                                                                                              \
-        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO                           \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false                    \
     }
 
 typedef struct ddp_reducer ddp_reducer;
@@ -94,6 +114,10 @@ void ddp_reducer_destroy(ddp_reducer *r); /* waits for unfinished buckets; NULL 
 /* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r. */
 void *ddp_reducer_grad(ddp_reducer *r, size_t i);
 
+/* Where parameter i's values live: params[i].data, or with shard_optimizer (and more than one
+ * rank) the reducer's copy, which the caller must use from creation on; owned by r. */
+void *ddp_reducer_param(ddp_reducer *r, size_t i);
+
 /* Zeroes every gradient and starts a new step's statistics. */
 void ddp_reducer_zero_grad(ddp_reducer *r);
 
@@ -106,6 +130,21 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i);
 /* Launches whatever was not marked ready, waits for every bucket, and leaves the mean over ranks
  * in every gradient. Errors (a dead rank, a timeout) come from the group, with its message. */
 ddp_status ddp_reducer_finish(ddp_reducer *r);
+
+/* The elements [*lo, *hi) of parameter i whose mean gradient this rank holds after finish(),
+ * and which it steps: all of them ([0, count)) unless sharded; possibly none (lo == hi). */
+void ddp_reducer_shard(const ddp_reducer *r, size_t i, size_t *lo, size_t *hi);
+/* Whether finish() reduce-scatters (shard_optimizer with more than one rank). */
+bool ddp_reducer_sharded(const ddp_reducer *r);
+/* Sharded: every rank's shard of the parameters to every rank (call after the optimizer step;
+ * every rank must call it). Not sharded: returns DDP_OK at once. */
+ddp_status ddp_reducer_gather_params(ddp_reducer *r);
+/* The same for arrays shaped like the parameters (arrays[i]: params[i].count elements of its
+ * dtype), e.g. optimizer state before a checkpoint. Spends the gradients, like gather_params. */
+ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays);
+/* The L2 norm of the whole mean gradient, after finish() (sharded: over every rank's shard, one
+ * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. */
+ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm);
 
 /* Broadcasts the registered buffers from rank 0 again (e.g. before evaluation). */
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);

@@ -9,9 +9,16 @@
  * model marks gradients in, so every rank issues the same sequence of collectives.
  * Compression: a float32 bucket can travel as bfloat16 (one rounding, sums in float32 inside
  * the backend); the conversion is done on the caller's thread at launch and after the wait.
+ * Sharding (ZeRO-1): a bucket is padded to W equal blocks of whole cache lines and reduced with
+ * an in-place reduce_scatter, so rank r receives the mean of block r only. The parameters then
+ * live in a twin of the bucket (same layout, also in the arena), so that after the optimizer has
+ * stepped block r, one in-place allgather completes them with no copy in or out. Optimizer state
+ * stays in the caller's arrays: gather_state copies block r of them into the gradient bucket,
+ * allgathers it and copies the rest out, which spends the gradients until zero_grad.
  * Not here: what the gradients are (the model) and the optimizer.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +31,14 @@
 
 typedef struct bucket {
     ddp_dtype dtype;
-    size_t count;   /* elements */
-    void *mem;      /* (count,) gradients */
-    bool arena;     /* mem came from ddp_group_alloc */
-    uint16_t *wire; /* (count,) bf16 copy when compressing, else NULL */
+    size_t count;  /* elements */
+    size_t padded; /* elements allocated: count, or W blocks of `block` when sharding */
+    size_t block;  /* sharding: elements per rank */
+    void *mem;     /* (padded,) gradients */
+    bool arena;    /* mem came from ddp_group_alloc */
+    void *pmem;    /* sharding: (padded,) the parameters' values, else NULL */
+    bool pmem_arena;
+    uint16_t *wire; /* (padded,) bf16 copy when compressing, else NULL */
     bool wire_arena;
     size_t first, last; /* params covered, as indices into order[] */
     int pending;        /* params not yet marked ready this step */
@@ -45,7 +56,9 @@ struct ddp_reducer {
     ddp_reducer_opts o;
     size_t *order;     /* params in bucket order (reverse registration) */
     size_t *bucket_of; /* param i → bucket */
+    size_t *off;       /* param i → its first element in its bucket */
     void **grad;       /* param i → its gradient view */
+    void **pdata;      /* param i → its values */
     bool *ready;       /* param i marked this step */
     bucket *b;
     size_t nb;
@@ -53,6 +66,10 @@ struct ddp_reducer {
     bool async;         /* buckets go to the progress thread (else inline, blocking) */
     bool step_open;     /* some gradient was marked ready since the last finish */
     bool sync;
+    bool shard;    /* sharded optimizer step, and more than one rank */
+    bool consumed; /* a gather overwrote the gradients: zero_grad before the next backward */
+    bool awaiting; /* sharded: finish() reduced, gather_params() has not run yet */
+    int W, me;
     double step_start;
     ddp_reducer_stats stats;
     char err[DDP_ERRMSG_MAX];
@@ -204,14 +221,19 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
                                                                       : DDP_OVERLAP_INLINE;
     }
     r->async = ov == DDP_OVERLAP_ASYNC;
+    r->W = ddp_group_size(g);
+    r->me = ddp_group_rank(g);
+    r->shard = r->o.shard_optimizer && r->W > 1;
     ddp_status st = DDP_ERR_NOMEM;
     size_t n1 = nparams ? nparams : 1;
     r->order = malloc(sizeof(size_t) * n1);
     r->bucket_of = malloc(sizeof(size_t) * n1);
+    r->off = malloc(sizeof(size_t) * n1);
     r->grad = calloc(n1, sizeof(void *));
+    r->pdata = calloc(n1, sizeof(void *));
     r->ready = calloc(n1, sizeof(bool));
     r->b = calloc(n1, sizeof(bucket));
-    if (!r->order || !r->bucket_of || !r->grad || !r->ready || !r->b) {
+    if (!r->order || !r->bucket_of || !r->off || !r->grad || !r->pdata || !r->ready || !r->b) {
         ddp__err(err, st, "out of memory creating the reducer");
         goto out_fail;
     }
@@ -219,6 +241,8 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         (st = check_same(r, buffers, nbuffers, "buffers", err)))
         goto out_fail;
 
+    for (size_t i = 0; i < nparams; i++)
+        r->pdata[i] = params[i].data;
     /* Buckets in reverse registration order. */
     for (size_t k = 0; k < nparams; k++)
         r->order[k] = nparams - 1 - k;
@@ -236,21 +260,27 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         }
         b->last = k;
         b->count = bytes / esz;
+        b->padded = b->count;
+        if (r->shard) { /* W blocks of whole cache lines */
+            size_t line = 64 / esz, per = (b->count + (size_t)r->W - 1) / (size_t)r->W;
+            b->block = (per + line - 1) / line * line;
+            b->padded = b->block * (size_t)r->W;
+        }
         r->nb++;
         cap = r->o.bucket_cap;
     }
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
-        size_t bytes = b->count * ddp_dtype_size(b->dtype);
+        size_t bytes = b->padded * ddp_dtype_size(b->dtype);
         b->mem = ddp_group_alloc(g, bytes);
         b->arena = b->mem != NULL;
         if (!b->mem)
             b->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (r->o.compress_bf16 && b->dtype == DDP_FLOAT32) {
-            b->wire = ddp_group_alloc(g, b->count * 2);
+            b->wire = ddp_group_alloc(g, b->padded * 2);
             b->wire_arena = b->wire != NULL;
             if (!b->wire)
-                b->wire = malloc(b->count * 2 + 2);
+                b->wire = malloc(b->padded * 2 + 2);
         }
         if (!b->mem || (r->o.compress_bf16 && b->dtype == DDP_FLOAT32 && !b->wire)) {
             st = ddp__err(err, DDP_ERR_NOMEM, "out of memory for a gradient bucket of %zu bytes",
@@ -261,6 +291,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         for (size_t k = b->first; k < b->last; k++) {
             size_t p = r->order[k];
             r->grad[p] = (char *)b->mem + off * esz;
+            r->off[p] = off;
             off += params[p].count;
         }
     }
@@ -268,6 +299,22 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
                                   (st = broadcast_list(r, buffers, nbuffers)))) {
         ddp__err(err, st, "%s", r->err);
         goto out_fail;
+    }
+    for (size_t i = 0; r->shard && i < r->nb; i++) { /* the parameters move into the arena */
+        bucket *b = &r->b[i];
+        size_t esz = ddp_dtype_size(b->dtype), bytes = b->padded * esz;
+        b->pmem = ddp_group_alloc(g, bytes);
+        b->pmem_arena = b->pmem != NULL;
+        if (!b->pmem && !(b->pmem = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory for %zu bytes of parameters", bytes);
+            goto out_fail;
+        }
+        memset(b->pmem, 0, bytes);
+        for (size_t k = b->first; k < b->last; k++) {
+            size_t p = r->order[k];
+            r->pdata[p] = (char *)b->pmem + r->off[p] * esz;
+            memcpy(r->pdata[p], params[p].data, params[p].count * esz);
+        }
     }
     ddp_reducer_zero_grad(r);
     *out = r;
@@ -293,10 +340,16 @@ void ddp_reducer_destroy(ddp_reducer *r)
             ddp_group_free(r->g, b->wire);
         else
             free(b->wire);
+        if (b->pmem_arena)
+            ddp_group_free(r->g, b->pmem);
+        else
+            free(b->pmem);
     }
     free(r->order);
     free(r->bucket_of);
+    free(r->off);
     free(r->grad);
+    free(r->pdata);
     free(r->ready);
     free(r->b);
     free(r);
@@ -307,12 +360,18 @@ void *ddp_reducer_grad(ddp_reducer *r, size_t i)
     return r && i < r->nparams ? r->grad[i] : NULL;
 }
 
+void *ddp_reducer_param(ddp_reducer *r, size_t i)
+{
+    return r && i < r->nparams ? r->pdata[i] : NULL;
+}
+
 void ddp_reducer_zero_grad(ddp_reducer *r)
 {
     if (!r)
         return;
     for (size_t i = 0; i < r->nb; i++)
-        memset(r->b[i].mem, 0, r->b[i].count * ddp_dtype_size(r->b[i].dtype));
+        memset(r->b[i].mem, 0, r->b[i].padded * ddp_dtype_size(r->b[i].dtype));
+    r->consumed = false;
     r->step_start = ddp_now_seconds();
     memset(&r->stats, 0, sizeof r->stats);
     r->stats.first_launch = -1;
@@ -341,16 +400,21 @@ static ddp_status launch(ddp_reducer *r, bucket *b)
     ddp_dtype t = b->dtype;
     if (b->wire) {
         const float *src = b->mem;
-        for (size_t i = 0; i < b->count; i++)
+        for (size_t i = 0; i < b->padded; i++)
             b->wire[i] = ddp__f32_to_bf16(src[i]);
         buf = b->wire;
         t = DDP_BFLOAT16;
     }
-    if (r->async) {
+    /* Sharding: block me of the bucket receives the mean of everyone's block me. */
+    void *mine = (char *)buf + b->block * (size_t)r->me * ddp_dtype_size(t);
+    if (r->async && r->shard) {
+        st = ddp_reduce_scatter_async(r->g, buf, mine, b->block, t, DDP_AVG, &b->work);
+    } else if (r->async) {
         st = ddp_allreduce_async(r->g, buf, buf, b->count, t, DDP_AVG, &b->work);
     } else {
         double t0 = ddp_now_seconds();
-        st = ddp_allreduce(r->g, buf, buf, b->count, t, DDP_AVG);
+        st = r->shard ? ddp_reduce_scatter(r->g, buf, mine, b->block, t, DDP_AVG)
+                      : ddp_allreduce(r->g, buf, buf, b->count, t, DDP_AVG);
         r->stats.comm_seconds += ddp_now_seconds() - t0;
         b->inline_done = st == DDP_OK;
     }
@@ -379,6 +443,14 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
 {
     if (!r || i >= r->nparams)
         return r ? fail(r, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i) : DDP_ERR_INVALID;
+    if (r->awaiting)
+        return fail(r, DDP_ERR_INVALID,
+                    "mark_ready: the last sharded step was not gathered; call "
+                    "ddp_reducer_gather_params after the optimizer step");
+    if (r->consumed)
+        return fail(r, DDP_ERR_INVALID,
+                    "mark_ready: the gradients were spent by the last gather; call "
+                    "ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open) {
@@ -394,10 +466,27 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     return launch_ready(r, false);
 }
 
+/* The reduced bfloat16 gradients back into the float32 bucket: all, or my block (sharded). */
+static void unwire(ddp_reducer *r, bucket *b)
+{
+    float *dst = b->mem;
+    size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = r->shard ? lo + b->block : b->count;
+    for (size_t k = lo; k < hi; k++)
+        dst[k] = ddp__bf16_to_f32(b->wire[k]);
+}
+
 ddp_status ddp_reducer_finish(ddp_reducer *r)
 {
     if (!r)
         return DDP_ERR_INVALID;
+    if (r->awaiting)
+        return fail(r, DDP_ERR_INVALID,
+                    "finish: the last sharded step was not gathered; call "
+                    "ddp_reducer_gather_params after the optimizer step");
+    if (r->consumed)
+        return fail(r, DDP_ERR_INVALID,
+                    "finish: the gradients were spent by the last gather; call "
+                    "ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open)
@@ -407,11 +496,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
-        if (b->inline_done && b->wire) {
-            float *dst = b->mem;
-            for (size_t k = 0; k < b->count; k++)
-                dst[k] = ddp__bf16_to_f32(b->wire[k]);
-        }
+        if (b->inline_done && b->wire)
+            unwire(r, b);
         b->inline_done = false;
         if (!b->work)
             continue;
@@ -423,13 +509,11 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         b->work = NULL;
         if (s2 && !st)
             st = fail(r, s2, "%s", ddp_group_last_error(r->g));
-        if (!s2 && b->wire) {
-            float *dst = b->mem;
-            for (size_t k = 0; k < b->count; k++)
-                dst[k] = ddp__bf16_to_f32(b->wire[k]);
-        }
+        if (!s2 && b->wire)
+            unwire(r, b);
     }
     r->stats.wait_seconds = ddp_now_seconds() - t0;
+    r->awaiting = r->shard && st == DDP_OK;
     if (!r->async) /* inline: every moment of communication was spent by the caller */
         r->stats.wait_seconds += r->stats.comm_seconds;
     double c = r->stats.comm_seconds;
@@ -439,6 +523,125 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     if (r->stats.hidden_fraction > 1)
         r->stats.hidden_fraction = 1;
     return st;
+}
+
+void ddp_reducer_shard(const ddp_reducer *r, size_t i, size_t *lo, size_t *hi)
+{
+    size_t n = r && i < r->nparams ? r->params[i].count : 0, a = 0, z = n;
+    if (n && r->shard) {
+        const bucket *b = &r->b[r->bucket_of[i]];
+        size_t s = b->block * (size_t)r->me, e = s + b->block, p = r->off[i];
+        a = s > p ? s - p : 0;
+        z = e < p ? 0 : e - p < n ? e - p : n;
+        if (z < a)
+            a = z = 0;
+    }
+    if (lo)
+        *lo = a;
+    if (hi)
+        *hi = z;
+}
+
+bool ddp_reducer_sharded(const ddp_reducer *r)
+{
+    return r && r->shard;
+}
+
+/* Every rank's shard of arrays (shaped like the parameters) to every rank, through the buckets. */
+static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
+{
+    if (!r || !arrays)
+        return r ? fail(r, DDP_ERR_INVALID, "%s: no arrays", what) : DDP_ERR_INVALID;
+    if (!r->shard)
+        return DDP_OK;
+    for (size_t k = 0; k < r->nb; k++) {
+        bucket *b = &r->b[k];
+        size_t esz = ddp_dtype_size(b->dtype);
+        char *mem = b->mem;
+        for (size_t q = b->first; q < b->last; q++) {
+            size_t p = r->order[q], lo, hi;
+            ddp_reducer_shard(r, p, &lo, &hi);
+            if (hi > lo)
+                memcpy(mem + (r->off[p] + lo) * esz, (const char *)arrays[p] + lo * esz,
+                       (hi - lo) * esz);
+        }
+        r->consumed = true;
+        ddp_status st =
+            ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block, b->dtype);
+        if (st)
+            return fail(r, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
+        for (size_t q = b->first; q < b->last; q++) {
+            size_t p = r->order[q], lo, hi, n = r->params[p].count;
+            ddp_reducer_shard(r, p, &lo, &hi);
+            char *dst = arrays[p];
+            const char *src = mem + r->off[p] * esz;
+            if (lo > 0)
+                memcpy(dst, src, lo * esz);
+            if (hi < n)
+                memcpy(dst + hi * esz, src + hi * esz, (n - hi) * esz);
+        }
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp_reducer_gather_params(ddp_reducer *r)
+{
+    if (!r || !r->shard)
+        return r ? DDP_OK : DDP_ERR_INVALID;
+    for (size_t k = 0; k < r->nb; k++) { /* in place: block me is already where it belongs */
+        bucket *b = &r->b[k];
+        char *mem = b->pmem;
+        ddp_status st =
+            ddp_allgather(r->g, mem + b->block * (size_t)r->me * ddp_dtype_size(b->dtype), mem,
+                          b->block, b->dtype);
+        if (st)
+            return fail(r, st, "gathering the parameters, bucket %zu: %s", k,
+                        ddp_group_last_error(r->g));
+    }
+    r->awaiting = false;
+    return DDP_OK;
+}
+
+ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays)
+{
+    return gather(r, arrays, "gathering optimizer state");
+}
+
+static double sum_squares(const void *v, size_t n, ddp_dtype t)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x;
+        switch (t) {
+        case DDP_FLOAT32: x = ((const float *)v)[i]; break;
+        case DDP_FLOAT64: x = ((const double *)v)[i]; break;
+        case DDP_BFLOAT16: x = ddp__bf16_to_f32(((const uint16_t *)v)[i]); break;
+        default: x = ddp__f16_to_f32(((const uint16_t *)v)[i]); break;
+        }
+        ss += x * x;
+    }
+    return ss;
+}
+
+ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
+{
+    if (!r || !norm)
+        return r ? fail(r, DDP_ERR_INVALID, "grad_norm: norm is required") : DDP_ERR_INVALID;
+    double ss = 0.0;
+    for (size_t i = 0; i < r->nparams; i++) {
+        size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
+        ddp_reducer_shard(r, i, &lo, &hi);
+        ss += sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
+    }
+    if (r->shard) {
+        double all;
+        ddp_status st = ddp_allreduce(r->g, &ss, &all, 1, DDP_FLOAT64, DDP_SUM);
+        if (st)
+            return fail(r, st, "grad_norm: %s", ddp_group_last_error(r->g));
+        ss = all;
+    }
+    *norm = sqrt(ss);
+    return DDP_OK;
 }
 
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r)

@@ -16,7 +16,10 @@
  *     ddp__reduce_many), barrier, every member copies the other slices from their owners —
  *     reduce-scatter + allgather through memory, about 3·W·S bytes moved against the 2·W·S that
  *     any allreduce must move;
- *   broadcast / allgather / reduce_scatter: stage, barrier, copy or reduce what is needed.
+ *   broadcast / allgather / reduce_scatter: stage, barrier, copy or reduce what is needed;
+ *     allgather and reduce_scatter on arena buffers read the peers' send in place instead.
+ * Every member posts whether its buffers are in the arena before the first barrier, and all
+ * check after it that they agree (the two protocols differ).
  * Staging alternates halves from chunk to chunk (a counter that runs across operations). A
  * member reaches the barrier of chunk k+1 only after it has finished reading chunk k, so writing
  * a half two chunks later is safe without a closing barrier. Buffers in the arena are read in
@@ -72,7 +75,7 @@ typedef struct shm_slot {
     _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
     _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
     uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
-    uint32_t zero_copy;                       /* my buffers are arena memory that peers read */
+    _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
 } shm_slot;
 
 typedef struct shm_be {
@@ -257,6 +260,41 @@ static void slice(size_t n, int W, int r, size_t esz, size_t *lo, size_t *hi)
 
 /* ---- collectives -------------------------------------------------------------------------- */
 
+/* Posts where my buffers are (zero copy) or that I use staging, passes the opening barrier, and
+ * checks that every member chose the same way: a member whose buffers are in the arena and one
+ * whose are not would run different protocols, so both fail here instead of hanging. */
+static ddp_status open_coll(shm_be *b, const ddp__coll *c, bool zc)
+{
+    shm_slot *s = &b->slots[b->me];
+    unsigned e = b->epoch + 1; /* the barrier below */
+    atomic_store_explicit(&s->posted, (uint64_t)e << 1 | zc, memory_order_relaxed);
+    if (zc) {
+        s->src_off = (uint64_t)((const char *)c->send - b->base);
+        s->dst_off = (uint64_t)((char *)c->recv - b->base);
+    }
+    ddp_status st = barrier(b, c);
+    if (st)
+        return st;
+    for (int j = 0; j < b->n; j++) {
+        /* A peer that has already posted for a later collective agreed with me (it moves on
+         * only after this check), so only a post from this barrier can disagree. */
+        uint64_t v = atomic_load_explicit(&b->slots[j].posted, memory_order_relaxed);
+        if (j != b->me && (unsigned)(v >> 1) == e && (bool)(v & 1) != zc) {
+            char why[200];
+            ddp__fmt(why, sizeof why,
+                     "rank %d passed ddp_group_alloc() memory and rank %d did not: pass such "
+                     "buffers on every rank or on none",
+                     b->ranks[zc ? b->me : j], b->ranks[zc ? j : b->me]);
+            b->failed = true;
+            b->fail.status = DDP_ERR_INVALID;
+            ddp__fmt(b->fail.msg, sizeof b->fail.msg, "%s #%llu failed in shm: %s",
+                     ddp__kind_name(c->kind), (unsigned long long)c->seq, why);
+            return DDP_ERR_INVALID;
+        }
+    }
+    return DDP_OK;
+}
+
 static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
 {
     size_t esz = ddp_dtype_size(c->dtype);
@@ -266,10 +304,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
     /* Zero copy when both buffers are in the arena: peers read them in place. */
     bool zc = in_segment(b, c->send, total) && in_segment(b, c->recv, total);
     if (zc) {
-        shm_slot *s = &b->slots[b->me];
-        s->src_off = (uint64_t)((const char *)c->send - b->base);
-        s->dst_off = (uint64_t)((char *)c->recv - b->base);
-        ddp_status st = barrier(b, c);
+        ddp_status st = open_coll(b, c, true);
         if (st)
             return st;
         size_t lo, hi;
@@ -303,7 +338,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
         char *mine = staging(b, b->me, k);
         if (n * esz <= SMALL) {
             memcpy(mine, in, n * esz);
-            ddp_status st = barrier(b, c);
+            ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
             if (st)
                 return st;
             /* Start from my own input (unchanged in staging) so in-place works. */
@@ -314,7 +349,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
         } else {
             memcpy(mine, in, n * esz);
-            ddp_status st = barrier(b, c);
+            ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
             if (st)
                 return st;
             size_t lo, hi;
@@ -362,7 +397,7 @@ static ddp_status run_broadcast(shm_be *b, const ddp__coll *c)
             memcpy(buf, staging(b, c->root, k), n * esz);
         done += n;
     }
-    return c->count == 0 ? barrier(b, c) : DDP_OK;
+    return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
 }
 
 static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
@@ -370,11 +405,25 @@ static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
     size_t esz = ddp_dtype_size(c->dtype);
     size_t per_chunk = CHUNK / esz;
     int W = b->n;
+    size_t bytes = c->count * esz;
+    if (in_segment(b, c->send, bytes) && in_segment(b, c->recv, bytes * (size_t)W)) {
+        /* Zero copy: every member copies the others' blocks straight from their send. */
+        ddp_status st = open_coll(b, c, true);
+        if (st)
+            return st;
+        for (int j = 0; j < W; j++) {
+            char *dst = (char *)c->recv + (size_t)j * bytes;
+            const char *src = j == b->me ? c->send : at(b, b->slots[j].src_off);
+            if (dst != src)
+                memmove(dst, src, bytes);
+        }
+        return barrier(b, c); /* peers read my send in place */
+    }
     for (size_t done = 0; done < c->count;) {
         size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
         uint64_t k = b->chunks++;
         memcpy(staging(b, b->me, k), (const char *)c->send + done * esz, n * esz);
-        ddp_status st = barrier(b, c);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
         if (st)
             return st;
         for (int j = 0; j < W; j++) {
@@ -385,7 +434,7 @@ static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
         }
         done += n;
     }
-    return c->count == 0 ? barrier(b, c) : DDP_OK;
+    return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
 }
 
 static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
@@ -399,6 +448,18 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
     if (per_chunk == 0)
         per_chunk = 1;
     const void *srcs[MAX_MEMBERS];
+    size_t bytes = c->count * esz;
+    if (in_segment(b, c->send, bytes * (size_t)W) && in_segment(b, c->recv, bytes)) {
+        /* Zero copy: member r reduces block r of every member's send in place, into its recv
+         * (which may be that block of its own send: in place). */
+        ddp_status st = open_coll(b, c, true);
+        if (st)
+            return st;
+        for (int j = 0; j < W; j++)
+            srcs[j] = at(b, b->slots[j].src_off) + (size_t)b->me * bytes;
+        ddp__reduce_many_avg(c->recv, srcs, W, c->count, c->dtype, c->op, c->avg_div);
+        return barrier(b, c); /* peers read my send in place */
+    }
     for (size_t done = 0; done < c->count;) {
         size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
         uint64_t k = b->chunks++;
@@ -406,7 +467,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             memcpy(mine + (size_t)j * n * esz,
                    (const char *)c->send + ((size_t)j * c->count + done) * esz, n * esz);
-        ddp_status st = barrier(b, c);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
         if (st)
             return st;
         for (int j = 0; j < W; j++)
@@ -414,7 +475,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op, c->avg_div);
         done += n;
     }
-    return c->count == 0 ? barrier(b, c) : DDP_OK;
+    return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
 }
 
 static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)

@@ -42,6 +42,14 @@ void ddp_nn_adamw_step(float *p, const float *g, float *m, float *v, size_t n, f
     }
 }
 
+float ddp_nn_clip_coef(double norm, double max_norm)
+{
+    double coef = max_norm / (norm + 1e-6);
+    /* torch multiplies by min(coef, 1); a factor of 1 changes nothing, so the caller skips the
+     * pass. A NaN norm gives a NaN coef, which torch applies too ("coef < 1" is false for NaN). */
+    return coef < 1.0 || isnan(coef) ? (float)coef : 1.0f;
+}
+
 double ddp_nn_clip_grad_norm(float *const *grads, const size_t *counts, int n_arrays,
                              double max_norm)
 {
@@ -50,11 +58,8 @@ double ddp_nn_clip_grad_norm(float *const *grads, const size_t *counts, int n_ar
         for (size_t i = 0; i < counts[a]; i++)
             ss += (double)grads[a][i] * grads[a][i];
     double norm = sqrt(ss);
-    double coef = max_norm / (norm + 1e-6);
-    /* torch multiplies by min(coef, 1); a factor of 1 changes nothing, so skip the pass. A NaN
-     * norm gives a NaN coef, which torch applies too ("coef < 1" is false for NaN). */
-    if (coef < 1.0 || isnan(coef)) {
-        float f = (float)coef;
+    float f = ddp_nn_clip_coef(norm, max_norm);
+    if (f != 1.0f) {
         for (int a = 0; a < n_arrays; a++)
             for (size_t i = 0; i < counts[a]; i++)
                 grads[a][i] *= f;

@@ -104,8 +104,9 @@ static int compare(const char *what, ddp_dtype t, size_t count, const char *mode
     return 0;
 }
 
-enum mode { IN_PLACE, OUT_OF_PLACE, ASYNC, ARENA, MODE_COUNT };
-static const char *const mode_names[] = {"in place", "out of place", "async", "arena"};
+enum mode { IN_PLACE, OUT_OF_PLACE, ASYNC, ARENA, ARENA_IN_PLACE, MODE_COUNT };
+static const char *const mode_names[] = {"in place", "out of place", "async", "arena",
+                                         "arena in place"};
 
 typedef struct bufs {
     char *a, *b, *ref; /* a: send (or in/out), b: recv; from the arena in ARENA mode */
@@ -115,7 +116,7 @@ typedef struct bufs {
 static int get_bufs(ddp_group *g, enum mode m, size_t bytes, bufs *x)
 {
     x->arena = false;
-    if (m == ARENA) {
+    if (m == ARENA || m == ARENA_IN_PLACE) {
         x->a = ddp_group_alloc(g, bytes);
         x->b = ddp_group_alloc(g, bytes);
         if (x->a && x->b) {
@@ -200,7 +201,8 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
     const char *mode = mode_names[m];
     int rc = 0;
     const void *send = x.a;
-    void *recv = m == IN_PLACE ? x.a : x.b;
+    bool in_place = m == IN_PLACE || m == ARENA_IN_PLACE;
+    void *recv = in_place ? x.a : x.b;
     size_t outn = n;
     switch (k) {
     case DDP__ALLREDUCE:
@@ -218,7 +220,7 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
         break;
     case DDP__ALLGATHER:
         outn = big;
-        if (m == IN_PLACE) {
+        if (in_place) {
             recv = x.a;
             send = x.a + (size_t)R * n * esz;
             memset(x.a, 0, big * esz);
@@ -232,7 +234,7 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
     case DDP__REDUCE_SCATTER:
         for (size_t i = 0; i < big; i++)
             store_val(x.a, i, t, input(R, i, op));
-        if (m == IN_PLACE)
+        if (in_place)
             recv = x.a + (size_t)R * n * esz;
         for (size_t i = 0; i < n; i++)
             expect_reduce(x.ref, i, (size_t)R * n + i, t, op);
@@ -309,6 +311,24 @@ int main(int argc, char **argv)
             if (!rc)
                 rc |= check_one(g, DDP__REDUCE_SCATTER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
         }
+    }
+    if (!rc && W > 1 && !strcmp(ddp_group_backend(g), "shm")) {
+        /* Rank 0 passes arena memory, the others do not: a clear error everywhere, no hang.
+         * Last, because it poisons the group. */
+        size_t n = 300007, bytes = n * sizeof(float);
+        float *buf = R == 0 ? ddp_group_alloc(g, bytes) : malloc(bytes);
+        ddp_status st = buf ? ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM) : DDP_ERR_NOMEM;
+        const char *msg = ddp_group_last_error(g);
+        if (st != DDP_ERR_INVALID || !strstr(msg, "ddp_group_alloc() memory")) {
+            fprintf(stderr, "collcheck rank %d: mixed arena/private buffers gave %s: %s\n", R,
+                    ddp_status_str(st), msg);
+            rc = 1;
+        }
+        if (R == 0)
+            ddp_group_free(g, buf);
+        else
+            free(buf);
+        checks++;
     }
     if (!rc && R == 0)
         printf("collcheck: %ld checks passed on %d ranks (backend %s)\n", checks, W,

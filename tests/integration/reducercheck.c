@@ -4,9 +4,14 @@
  * ranks that mark gradients ready in different orders still get correct means (buckets start
  * in bucket order everywhere); no_sync steps accumulate and the next synced step reduces the
  * sum; marking a gradient twice is an error; every bucket size from one parameter per bucket
- * to one bucket for all.
+ * to one bucket for all. All of it three times: plain, with the sharded optimizer step (ZeRO-1:
+ * the shards partition every parameter, each holds the exact mean, a step there and
+ * gather_params give every rank the whole update, gather_state completes state arrays,
+ * grad_norm is the whole norm, and a spent or ungathered step is refused), and sharded with
+ * bfloat16 gradients.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +42,11 @@ int main(void)
     int W = ddp_group_size(g), R = ddp_group_rank(g);
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
-    for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+    int ncaps = (int)(sizeof caps / sizeof caps[0]);
+    for (int run = 0; run < 3 * ncaps; run++) {
+        size_t ci = (size_t)(run % ncaps);
+        bool shard = run >= ncaps, bf16 = run >= 2 * ncaps;
+        const char *mode = bf16 ? "sharded bf16" : shard ? "sharded" : "plain";
         float *vals[NP];
         ddp_param ps[NP];
         char names[NP][16];
@@ -52,14 +61,20 @@ int main(void)
         ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, stats}};
         ddp_reducer_opts o = DDP_REDUCER_OPTS_INIT;
         o.bucket_cap = o.first_bucket = caps[ci];
+        o.shard_optimizer = shard;
+        o.compress_bf16 = bf16;
         ddp_reducer *red;
         if (ddp_reducer_create(g, ps, NP, bufs, 1, &o, &red, &err) != DDP_OK) {
             fprintf(stderr, "reducercheck: %s\n", err.msg);
             return 1;
         }
-        for (int i = 0; i < NP; i++)
-            CHECK(vals[i][0] == (float)i && vals[i][counts[i] - 1] == (float)i,
-                  "param %d not broadcast from rank 0 (%g)", i, vals[i][0]);
+        CHECK(ddp_reducer_sharded(red) == (shard && W > 1), "%s: sharded() wrong", mode);
+        float *pv[NP]; /* where the parameters live now */
+        for (int i = 0; i < NP; i++) {
+            pv[i] = ddp_reducer_param(red, (size_t)i);
+            CHECK(pv[i][0] == (float)i && pv[i][counts[i] - 1] == (float)i,
+                  "param %d not broadcast from rank 0 (%g)", i, pv[i][0]);
+        }
         CHECK(stats[0] == 0.5 && stats[1] == 1.5, "buffer not broadcast from rank 0");
 
         /* Step 1: rank-specific mark order (rank 0 forward, others reversed or rotated). */
@@ -85,18 +100,72 @@ int main(void)
                 fprintf(stderr, "reducercheck: %s\n", ddp_reducer_last_error(red));
                 return 1;
             }
-            /* mean over ranks of accum × ((r+1)(i+1) + k%3) */
+            /* mean over ranks of accum × ((r+1)(i+1) + k%3), on this rank's shard */
+            double ss = 0;
             for (int i = 0; i < NP; i++) {
                 const float *gr = ddp_reducer_grad(red, (size_t)i);
-                for (size_t k = 0; k < counts[i]; k += 1 + counts[i] / 50) {
+                size_t lo, hi;
+                ddp_reducer_shard(red, (size_t)i, &lo, &hi);
+                for (size_t k = 0; k < counts[i]; k++) {
                     double want = 0;
                     for (int r = 0; r < W; r++)
                         want += (double)accum * ((r + 1) * (i + 1) + (double)(k % 3));
                     want /= W;
-                    CHECK(gr[k] == (float)want, "cap %zu step %d: grad %d[%zu] = %g, want %g",
-                          caps[ci], step, i, k, gr[k], want);
+                    ss += (double)(float)want * (float)want;
+                    if (k < lo || k >= hi || (k % (1 + counts[i] / 50) && k != lo && k != hi - 1))
+                        continue;
+                    double tol = bf16 ? fabs(want) / 256 : 0;
+                    CHECK(fabs(gr[k] - (float)want) <= tol,
+                          "%s cap %zu step %d: grad %d[%zu] = %g, want %g", mode, caps[ci], step, i,
+                          k, gr[k], want);
                 }
             }
+            double norm;
+            CHECK(ddp_reducer_grad_norm(red, &norm) == DDP_OK &&
+                      fabs(norm - sqrt(ss)) <= sqrt(ss) * (bf16 ? 1e-2 : 1e-12),
+                  "%s: grad_norm %g, want %g", mode, norm, sqrt(ss));
+            /* A step on the shard (p -= 1 + grad), then every rank has every update. */
+            float *state[NP];
+            for (int i = 0; i < NP; i++) {
+                size_t lo, hi;
+                ddp_reducer_shard(red, (size_t)i, &lo, &hi);
+                state[i] = malloc(sizeof(float) * counts[i]);
+                for (size_t k = 0; k < counts[i]; k++)
+                    state[i][k] = k >= lo && k < hi ? (float)(k % 1000) + 0.25f * (float)i : -1;
+                for (size_t k = lo; k < hi; k++)
+                    pv[i][k] -= 1.0f;
+            }
+            CHECK(ddp_reducer_gather_params(red) == DDP_OK, "%s: gather_params: %s", mode,
+                  ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_gather_state(red, (void *const *)state) == DDP_OK,
+                  "%s: gather_state: %s", mode, ddp_reducer_last_error(red));
+            for (int i = 0; i < NP; i++) {
+                for (size_t k = 0; k < counts[i]; k++) {
+                    float wp = (float)i - (float)(step + 1);
+                    float ws = (float)(k % 1000) + 0.25f * (float)i;
+                    if (pv[i][k] != wp || state[i][k] != ws) {
+                        CHECK(0,
+                              "%s cap %zu step %d: after the gathers %d[%zu] = %g / %g, want "
+                              "%g / %g",
+                              mode, caps[ci], step, i, k, pv[i][k], state[i][k], wp, ws);
+                        break;
+                    }
+                }
+                free(state[i]);
+            }
+        }
+        if (shard && W > 1) { /* spent gradients, an ungathered step: errors, not garbage */
+            ddp_status s1 = ddp_reducer_mark_ready(red, 0);
+            CHECK(s1 == DDP_ERR_INVALID && strstr(ddp_reducer_last_error(red), "zero_grad"),
+                  "%s: marking spent gradients not refused: %s", mode, ddp_reducer_last_error(red));
+            ddp_reducer_zero_grad(red);
+            CHECK(ddp_reducer_finish(red) == DDP_OK, "%s: finish", mode);
+            ddp_reducer_zero_grad(red);
+            s1 = ddp_reducer_mark_ready(red, 0);
+            CHECK(s1 == DDP_ERR_INVALID && strstr(ddp_reducer_last_error(red), "gather_params"),
+                  "%s: a step without gather_params not refused: %s", mode,
+                  ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_gather_params(red) == DDP_OK, "%s: gather_params", mode);
         }
         /* Marking a gradient twice in one step is an error, not silent garbage. */
         ddp_reducer_zero_grad(red);
@@ -106,6 +175,7 @@ int main(void)
                   strstr(ddp_reducer_last_error(red), "already marked"),
               "double mark not refused: %s", ddp_reducer_last_error(red));
         ddp_reducer_finish(red);
+        ddp_reducer_gather_params(red);
         if (R == 0 && ci == 0)
             printf("reducercheck: %zu buckets at %zu B\n", ddp_reducer_num_buckets(red), caps[ci]);
         ddp_reducer_destroy(red);

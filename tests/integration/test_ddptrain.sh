@@ -2,7 +2,8 @@
 # ddptrain end to end on Fashion-MNIST (Debian's dataset-fashion-mnist): configuration errors
 # before any work; train → test → predict; a run killed by SIGKILL after a checkpoint and
 # resumed ends with the same weights, bit for bit, as one that never stopped; a checkpoint saved
-# by 4 ranks resumes with 1 and 2; a corrupt checkpoint is a clear error. The resumed run uses
+# by 4 ranks resumes with 1 and 2; the sharded optimizer step equals the unsharded one bit for
+# bit; a corrupt checkpoint is a clear error. The resumed run uses
 # dropout and augmentation, whose draws must survive the restart.
 . "$(dirname "$0")/lib.sh"
 TRAIN=$BIN/ddptrain
@@ -93,6 +94,19 @@ for w in 2 1; do
     [ -f four$w/checkpoints/step30.safetensors ] || fail "no step 30 after resuming with $w"
 done
 ok "a checkpoint saved by 4 ranks resumes with 2 and with 1 and continues from step 20"
+
+# The sharded optimizer step (ZeRO-1, the default) changes no bit: 3 ranks (shards of unequal
+# parameter pieces), AdamW with clipping, weights and optimizer state against the unsharded run.
+args=(--total_steps 12 --checkpoint.every 12 --optimizer adamw --lr 0.001 --grad_clip 0.5
+      --model.hidden 48,24)
+for sh in true false; do
+    "$DDPRUN" --standalone --nproc_per_node=3 "$TRAIN" "${args[@]}" --shard_optimizer $sh \
+        --out_dir shard_$sh >shard_$sh.out 2>&1 || { cat shard_$sh.out; fail "shard_optimizer $sh"; }
+    "$DUMP" dump shard_$sh/checkpoints/step12.safetensors | grep -v '^M ' >shard_$sh.txt
+done
+[ "$(grep -c '^T ' shard_true.txt)" -eq 18 ] || fail "want 6 weights and 12 AdamW state tensors"
+cmp -s shard_true.txt shard_false.txt || fail "sharded and unsharded steps give different weights or state"
+ok "sharded optimizer step = unsharded, bit for bit (weights and AdamW state, 3 ranks, clipping)"
 
 # A corrupt or mismatched checkpoint is a clear error; the saved one is untouched.
 cp four/checkpoints/step20.safetensors good.bin

@@ -65,6 +65,8 @@ static const ddp_cfg_key schema[] = {
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
+    {"shard_optimizer", DDP_CFG_BOOL, "true", NULL,
+     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered"},
 };
 #define NKEYS (sizeof schema / sizeof schema[0])
 
@@ -178,6 +180,10 @@ static bool adamw(const trainer *t)
 static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
 {
     ddp_status st = DDP_OK;
+    /* Sharded, each rank's optimizer state is current only in its shard: complete it first. */
+    if ((ddp_reducer_gather_state(t->red, (void *const *)t->opt_a) != DDP_OK) ||
+        (adamw(t) && ddp_reducer_gather_state(t->red, (void *const *)t->opt_b) != DDP_OK))
+        return train_err(err, DDP_ERR_NETWORK, "%s", ddp_reducer_last_error(t->red));
     if (t->R == 0) {
         model *m = &t->m;
         int n = m->nparams * 3 + m->nbuffers;
@@ -425,6 +431,8 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     int64_t log_every = ddp_config_int(c, "log_every");
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
     double clip = ddp_config_float(c, "grad_clip");
+    float momentum = (float)ddp_config_float(c, "momentum");
+    float wd = (float)ddp_config_float(c, "weight_decay");
     dl = malloc(sizeof(float) * (size_t)B * (size_t)t->m.classes);
     double t0 = ddp_now_seconds(), last_t = t0, win_sum = 0;
     int win_n = 0; /* the progress line shows the mean loss since the last one: a resumed run
@@ -478,27 +486,37 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             rc = die(t, "gradient allreduce", ddp_reducer_last_error(t->red));
             goto out;
         }
+        /* The optimizer steps the elements whose mean gradient this rank holds: all of them, or
+         * with shard_optimizer its 1/world shard, which gather_params then shares. */
         model *m = &t->m;
+        float coef = 1.0f;
         if (clip > 0) {
-            float *gs[64];
-            size_t cnt[64];
-            for (int i = 0; i < m->nparams; i++) {
-                gs[i] = ddp_reducer_grad(t->red, (size_t)i);
-                cnt[i] = m->params[i].count;
+            double norm;
+            if (ddp_reducer_grad_norm(t->red, &norm) != DDP_OK) {
+                rc = die(t, "gradient norm", ddp_reducer_last_error(t->red));
+                goto out;
             }
-            ddp_nn_clip_grad_norm(gs, cnt, m->nparams, clip);
+            coef = ddp_nn_clip_coef(norm, clip);
         }
         double lr = lr_at(t, t->step, total);
         for (int i = 0; i < m->nparams; i++) {
-            float *p = m->params[i].data, *g = ddp_reducer_grad(t->red, (size_t)i);
+            size_t from, to;
+            ddp_reducer_shard(t->red, (size_t)i, &from, &to);
+            float *p = (float *)m->params[i].data + from;
+            float *g = (float *)ddp_reducer_grad(t->red, (size_t)i) + from;
+            if (coef != 1.0f)
+                for (size_t k = 0; k < to - from; k++)
+                    g[k] *= coef;
             if (adamw(t))
-                ddp_nn_adamw_step(p, g, t->opt_a[i], t->opt_b[i], m->params[i].count, (float)lr, b1,
-                                  b2, 1e-8f, (float)ddp_config_float(c, "weight_decay"),
-                                  t->step + 1);
+                ddp_nn_adamw_step(p, g, t->opt_a[i] + from, t->opt_b[i] + from, to - from,
+                                  (float)lr, b1, b2, 1e-8f, wd, t->step + 1);
             else
-                ddp_nn_sgd_step(p, g, t->opt_a[i], m->params[i].count, (float)lr,
-                                (float)ddp_config_float(c, "momentum"),
-                                (float)ddp_config_float(c, "weight_decay"), t->step + 1);
+                ddp_nn_sgd_step(p, g, t->opt_a[i] + from, to - from, (float)lr, momentum, wd,
+                                t->step + 1);
+        }
+        if (ddp_reducer_gather_params(t->red) != DDP_OK) {
+            rc = die(t, "gathering parameters", ddp_reducer_last_error(t->red));
+            goto out;
         }
         t->step++;
         ddp_loader_save(l, &t->pos);
@@ -736,6 +754,7 @@ int main(int argc, char **argv)
                  : !strcmp(ov, "inline") ? DDP_OVERLAP_INLINE
                                          : DDP_OVERLAP_AUTO;
     ro.compress_bf16 = ddp_config_bool(c, "compress_bf16");
+    ro.shard_optimizer = ddp_config_bool(c, "shard_optimizer");
     if (ddp_config_int(c, "bucket_kb") > 0)
         ro.bucket_cap = ro.first_bucket = (size_t)ddp_config_int(c, "bucket_kb") << 10;
     if (ddp_reducer_create(t.g, t.m.params, (size_t)t.m.nparams, t.m.buffers, (size_t)t.m.nbuffers,
@@ -743,6 +762,8 @@ int main(int argc, char **argv)
         rc = die(&t, "reducer", err.msg);
         goto out;
     }
+    for (int i = 0; i < t.m.nparams; i++) /* sharded, the parameters live in the reducer */
+        t.m.params[i].data = ddp_reducer_param(t.red, (size_t)i);
     if (loaded) { /* optimizer state and position, from rank 0 */
         for (int i = 0; i < t.m.nparams; i++)
             if (ddp_broadcast(t.g, t.opt_a[i], t.m.params[i].count, DDP_FLOAT32, 0) ||

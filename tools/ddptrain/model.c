@@ -47,6 +47,7 @@ static ddp_status add_param(model *m, layer *l, const char *name, size_t count, 
     if (!data)
         return train_err(err, DDP_ERR_NOMEM, "out of memory for parameter '%s'", name);
     m->params[i] = (ddp_param){m->names[i], count, DDP_FLOAT32, data};
+    m->own[i] = data;
     m->nparams = i + 1;
     return DDP_OK;
 }
@@ -221,7 +222,7 @@ void model_free(model *m)
         free(m->L[i].mask);
     }
     for (int i = 0; m->params && i < m->nparams; i++)
-        free(m->params[i].data);
+        free(m->own[i]);
     for (int i = 0; m->buffers && i < m->nbuffers; i++)
         free(m->buffers[i].data);
     free(m->L);

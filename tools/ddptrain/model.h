@@ -31,7 +31,9 @@ typedef struct model {
     int B;       /* largest batch the buffers hold */
     size_t in_n; /* floats per input sample */
     int classes;
-    ddp_param *params; /* registration order: each layer's weight then bias, forward order */
+    ddp_param *params; /* registration order: each layer's weight then bias, forward order; data
+                          may move to the reducer (ddp_reducer_param) */
+    float *own[64];    /* the parameters' own allocations */
     int nparams;
     ddp_param *buffers; /* batchnorm running statistics */
     int nbuffers;
