@@ -97,6 +97,12 @@ int ddp_group_rank(const ddp_group *g);
 int ddp_group_size(const ddp_group *g);
 /* Ranks of this group on this host (from LOCAL_WORLD_SIZE; 1 for a world of one). */
 int ddp_group_local_size(const ddp_group *g);
+/* The cores this host's ranks share (the online CPUs, or this process's affinity mask if wider). */
+int ddp_group_host_cores(const ddp_group *g);
+/* Whether this host has a core beyond one per local rank: the one rule for helper threads (the
+ * reducer's overlap auto mode, ddptrain's data loader prefetch). Without one, a helper thread
+ * only competes with the ranks' own work; both measured slower that way (bench/RESULTS.md). */
+bool ddp_group_core_to_spare(const ddp_group *g);
 /* "shm", "tcp" or "shm+tcp". */
 const char *ddp_group_backend(const ddp_group *g);
 /* Sets the deadline of later collectives (≤ 0: the default). */

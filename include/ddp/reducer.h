@@ -71,7 +71,7 @@ typedef struct ddp_param {
 
 /* How a complete bucket is reduced. */
 typedef enum ddp_reducer_overlap {
-    DDP_OVERLAP_AUTO,   /* ASYNC when this host has a core to spare per rank, else INLINE */
+    DDP_OVERLAP_AUTO,   /* ASYNC when ddp_group_core_to_spare(), else INLINE */
     DDP_OVERLAP_ASYNC,  /* on the group's progress thread, while backward goes on */
     DDP_OVERLAP_INLINE, /* on the caller's thread at mark_ready: with no idle core a progress
                            thread only competes with backward (measured: bench/RESULTS.md) */

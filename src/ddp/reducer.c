@@ -19,11 +19,9 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ddp/reducer.h"
 #include "group/group_int.h" /* bf16 conversions */
@@ -207,18 +205,11 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     else if (ov == DDP_OVERLAP_AUTO && env && !strcmp(env, "inline"))
         ov = DDP_OVERLAP_INLINE;
     if (ov == DDP_OVERLAP_AUTO) {
-        cpu_set_t set;
-        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-        /* This process may already be limited to its share of the cores (ddprun's thread
-         * defaults do not pin), so compare the host's ranks with the host's cores. */
-        long online = sysconf(_SC_NPROCESSORS_ONLN);
-        if (online > cores)
-            cores = (int)online;
         /* One rank has nothing to overlap: handing its no-op allreduce to the progress thread
          * (another core, which then pulls the gradients into its cache) cost about 80 µs per
          * MB-step. */
-        ov = ddp_group_size(g) > 1 && ddp_group_local_size(g) < cores ? DDP_OVERLAP_ASYNC
-                                                                      : DDP_OVERLAP_INLINE;
+        ov = ddp_group_size(g) > 1 && ddp_group_core_to_spare(g) ? DDP_OVERLAP_ASYNC
+                                                                 : DDP_OVERLAP_INLINE;
     }
     r->async = ov == DDP_OVERLAP_ASYNC;
     r->W = ddp_group_size(g);

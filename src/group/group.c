@@ -452,6 +452,17 @@ int ddp_group_local_size(const ddp_group *g)
     return g ? g->world.local_world_size : 0;
 }
 
+int ddp_group_host_cores(const ddp_group *g)
+{
+    (void)g;
+    return ddp__host_cores();
+}
+
+bool ddp_group_core_to_spare(const ddp_group *g)
+{
+    return g && ddp_group_local_size(g) < ddp__host_cores();
+}
+
 const char *ddp_group_backend(const ddp_group *g)
 {
     return g ? g->backend : "";

@@ -613,15 +613,6 @@ static const ddp__backend_ops shm_ops = {
     .fuses_avg = true,
 };
 
-static int cores_available(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
                            int timeout_ms, void **out, const ddp__backend_ops **ops, ddp_error *err)
 {
@@ -634,7 +625,7 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     b->fd = -1;
     b->me = m->me;
     b->n = m->n;
-    b->ncores = cores_available();
+    b->ncores = ddp__host_cores();
     b->spin = b->n <= b->ncores ? 20000 : 64;
     b->ranks = malloc(sizeof(int) * (size_t)m->n);
     b->pidfds = malloc(sizeof(int) * (size_t)m->n);

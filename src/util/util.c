@@ -6,12 +6,14 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *ddp_status_str(ddp_status s)
 {
@@ -137,4 +139,12 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
         ddp__fmt(buf, cap, "%.3g s", (double)ms / 1000.0);
     else
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
+}
+
+int ddp__host_cores(void)
+{
+    cpu_set_t set;
+    int mask = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > mask ? (int)online : mask;
 }

@@ -35,6 +35,11 @@ int ddp__ms_left(int64_t deadline_ms);
 /* Parses a whole decimal integer in [lo, hi]; false on any junk, overflow or range error. */
 bool ddp__parse_int(const char *s, long long lo, long long hi, long long *out);
 
+/* The cores this host's ranks share: the online CPUs, or this process's affinity mask when it
+ * is wider. Not the mask alone: a rank pinned to its own core (ddprun --bind_to) still shares
+ * the host with the others. */
+int ddp__host_cores(void);
+
 /* Fills buf with n random bytes from the kernel (getrandom). */
 ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err);
 

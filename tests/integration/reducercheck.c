@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddp/ddp.h"
 
@@ -40,6 +41,13 @@ int main(void)
         return 1;
     }
     int W = ddp_group_size(g), R = ddp_group_rank(g);
+    /* The one "core to spare" rule: the host's cores against its ranks (not this rank's mask). */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    CHECK(ddp_group_host_cores(g) >= online, "host_cores %d < %ld online", ddp_group_host_cores(g),
+          online);
+    CHECK(ddp_group_core_to_spare(g) == (ddp_group_local_size(g) < ddp_group_host_cores(g)),
+          "core_to_spare disagrees with %d local ranks on %d cores", ddp_group_local_size(g),
+          ddp_group_host_cores(g));
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
     int ncaps = (int)(sizeof caps / sizeof caps[0]);

@@ -396,11 +396,8 @@ static int train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
     lo.batch_size = (size_t)B;
     lo.threads = (int)ddp_config_int(c, "data.threads");
-    if (lo.threads < 0) { /* a prefetch thread only pays when it has a core of its own: the
-                             reducer's overlap auto mode uses the same rule */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        lo.threads = ddp_group_local_size(t->g) < cores ? 1 : 0;
-    }
+    if (lo.threads < 0) /* a prefetch thread only pays when it has a core of its own */
+        lo.threads = ddp_group_core_to_spare(t->g) ? 1 : 0;
     if (ddp_sampler_create(&so, &s, &err) != DDP_OK)
         return die(t, "data", err.msg);
     if (ddp_loader_create(tr, s, &lo, &l, &err) != DDP_OK) {
