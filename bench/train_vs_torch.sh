@@ -59,7 +59,7 @@ done
 echo "training samples/s, Fashion-MNIST, batch 64 per rank, 1 thread per rank; medians of $REPS runs"
 echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
 echo "ratios: median over repetitions of the ratio within each (ratio of the medians in brackets)"
-printf '%-6s %16s %14s %16s %16s %18s %13s\n' model "ddptrain 2 ranks" "PyTorch DDP 2" \
+printf '%-6s %16s %14s %16s %16s %15s %18s %12s\n' model "ddptrain 2 ranks" "PyTorch DDP 2" \
     "ddp/torch" "ddptrain 1 rank" efficiency "1 rank + loader" "eff. vs it"
 for m in mlp cnn; do
     d2=$(med <<<"${R[d2$m]}"); d1=$(med <<<"${R[d1$m]}"); t2=$(med <<<"${R[t2$m]}")

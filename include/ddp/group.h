@@ -17,7 +17,8 @@
  * instead of hanging or returning garbage.
  *
  * Buffers: any memory works. Memory from ddp_group_alloc() lives inside the shared segment, so
- * the shm backend reduces it in place with no copy in or out.
+ * the shm backend reduces it in place with no copy in or out; for one collective, pass such
+ * memory on every rank of a host or on none (shm fails the call on all of them otherwise).
  *
  * Threads: a group is used from one thread at a time, except ddp_group_abort(), which any thread
  * may call. Asynchronous operations run on the group's progress thread, in the order issued.
@@ -97,10 +98,13 @@ int ddp_group_rank(const ddp_group *g);
 int ddp_group_size(const ddp_group *g);
 /* Ranks of this group on this host (from LOCAL_WORLD_SIZE; 1 for a world of one). */
 int ddp_group_local_size(const ddp_group *g);
-/* The cores this host's ranks share (the online CPUs, or this process's affinity mask if wider). */
+/* The cores this host's ranks share: $DDP_HOST_CORES, which ddprun sets from its own CPU
+ * affinity (a container's or scheduler's CPU set) before pinning any worker; else this
+ * process's affinity mask. */
 int ddp_group_host_cores(const ddp_group *g);
-/* Whether this host has a core beyond one per local rank: the one rule for helper threads (the
- * reducer's overlap auto mode, ddptrain's data loader prefetch). Without one, a helper thread
+/* Whether this host has a core beyond one per local rank, and this rank may run on more than
+ * one: the one rule for helper threads (the reducer's overlap auto mode, ddptrain's data loader
+ * prefetch). Without one, a helper thread
  * only competes with the ranks' own work; both measured slower that way (bench/RESULTS.md). */
 bool ddp_group_core_to_spare(const ddp_group *g);
 /* "shm", "tcp" or "shm+tcp". */
@@ -114,7 +118,8 @@ ddp_status ddp_group_error(const ddp_group *g);
 const char *ddp_group_last_error(const ddp_group *g);
 
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
- * the arena is full: ordinary memory works too, with one copy in and out. */
+ * the arena is full: ordinary memory works too, with one copy in and out, as long as the other
+ * ranks of the host pass ordinary memory to that collective too. */
 void *ddp_group_alloc(ddp_group *g, size_t bytes);
 void ddp_group_free(ddp_group *g, void *p);
 

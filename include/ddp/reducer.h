@@ -32,15 +32,17 @@
  * buckets, so the gather moves each value once): from creation on, read and update parameter i
  * at ddp_reducer_param(r, i), not at params[i].data. Each rank does 1/world of the optimizer's work
  * and keeps 1/world of its state up to date; ddp_reducer_gather_state() completes state arrays
- * (e.g. before saving a checkpoint). The results are bit for bit those of the unsharded step. One
- * loop serves both modes:
+ * (e.g. before saving a checkpoint). On shm the results are bit for bit those of the unsharded
+ * step (the same sums in the same order); over tcp with 3 or more ranks the ring groups the sums
+ * differently, so the last bits may differ. One loop serves both modes:
  *
  *   ddp_reducer_finish(red);
  *   for each parameter i: ddp_reducer_shard(red, i, &lo, &hi); step elements [lo, hi)
  *   ddp_reducer_gather_params(red);                  // a no-op when not sharded
  *
- * A gather overwrites the gradient buckets: call ddp_reducer_zero_grad() before the next
- * backward (mark_ready and finish fail otherwise, as they do when a sharded step is not gathered).
+ * After a sharded finish() the buckets hold the mean only in this rank's shard (the rest is this
+ * rank's own gradient): call ddp_reducer_zero_grad() before the next backward. mark_ready and
+ * finish refuse otherwise, as they do when a sharded step was not gathered.
  *
  * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
@@ -71,7 +73,8 @@ typedef struct ddp_param {
 
 /* How a complete bucket is reduced. */
 typedef enum ddp_reducer_overlap {
-    DDP_OVERLAP_AUTO,   /* ASYNC when ddp_group_core_to_spare(), else INLINE */
+    DDP_OVERLAP_AUTO,   /* ASYNC with more than one rank and ddp_group_core_to_spare(), else
+                           INLINE */
     DDP_OVERLAP_ASYNC,  /* on the group's progress thread, while backward goes on */
     DDP_OVERLAP_INLINE, /* on the caller's thread at mark_ready: with no idle core a progress
                            thread only competes with backward (measured: bench/RESULTS.md) */
@@ -140,7 +143,8 @@ bool ddp_reducer_sharded(const ddp_reducer *r);
  * every rank must call it). Not sharded: returns DDP_OK at once. */
 ddp_status ddp_reducer_gather_params(ddp_reducer *r);
 /* The same for arrays shaped like the parameters (arrays[i]: params[i].count elements of its
- * dtype), e.g. optimizer state before a checkpoint. Spends the gradients, like gather_params. */
+ * dtype), e.g. optimizer state before a checkpoint; through a scratch buffer, so the gradients
+ * are untouched. Not during a step (between the first mark_ready and finish). */
 ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays);
 /* The L2 norm of the whole mean gradient, after finish() (sharded: over every rank's shard, one
  * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. */

@@ -65,7 +65,8 @@ struct ddp_reducer {
     bool step_open;     /* some gradient was marked ready since the last finish */
     bool sync;
     bool shard;    /* sharded optimizer step, and more than one rank */
-    bool consumed; /* a gather overwrote the gradients: zero_grad before the next backward */
+    bool consumed; /* sharded: finish() left the mean in my shard only; zero_grad before the
+                      next backward */
     bool awaiting; /* sharded: finish() reduced, gather_params() has not run yet */
     int W, me;
     double step_start;
@@ -166,6 +167,94 @@ static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
     return DDP_OK;
 }
 
+/* One buffer of a bucket: from the arena when every rank got arena memory for it, else from
+ * malloc on every rank (shm runs a different protocol for each, so the ranks must agree). */
+static void *buffer(ddp_reducer *r, size_t bytes, bool *arena)
+{
+    void *p = ddp_group_alloc(r->g, bytes);
+    *arena = p != NULL;
+    return p;
+}
+
+static void *private_buffer(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
+/* Allocates every bucket's gradients (and bf16 wire copy, and sharded parameter copy), then
+ * agrees with the other ranks: a buffer stays in the arena only where it is on every rank, and
+ * creation fails on every rank if it failed on one. */
+static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
+{
+    size_t nflags = 3 * r->nb + 1;
+    int32_t *flags = malloc(sizeof(int32_t) * nflags);
+    if (!flags)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        size_t bytes = b->padded * ddp_dtype_size(b->dtype);
+        b->mem = buffer(r, bytes, &b->arena);
+        if (r->o.compress_bf16 && b->dtype == DDP_FLOAT32)
+            b->wire = buffer(r, b->padded * 2, &b->wire_arena);
+        if (r->shard)
+            b->pmem = buffer(r, bytes, &b->pmem_arena);
+        flags[3 * i] = b->arena;
+        flags[3 * i + 1] = b->wire_arena;
+        flags[3 * i + 2] = b->pmem_arena;
+    }
+    flags[3 * r->nb] = 1;
+    ddp_status st = ddp_allreduce(r->g, flags, flags, nflags - 1, DDP_INT32, DDP_MIN);
+    if (st) {
+        free(flags);
+        return ddp__err(err, st, "allocating gradient buckets: %s", ddp_group_last_error(r->g));
+    }
+    bool ok = true;
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        size_t bytes = b->padded * ddp_dtype_size(b->dtype);
+        struct {
+            void **p;
+            bool *arena;
+            size_t bytes;
+            bool want;
+        } bufs[3] = {{&b->mem, &b->arena, bytes, true},
+                     {(void **)&b->wire, &b->wire_arena, b->padded * 2,
+                      r->o.compress_bf16 && b->dtype == DDP_FLOAT32},
+                     {&b->pmem, &b->pmem_arena, bytes, r->shard}};
+        for (int k = 0; k < 3; k++) {
+            if (!bufs[k].want)
+                continue;
+            if (*bufs[k].arena && !flags[3 * i + k]) { /* a peer has none: nobody uses it */
+                ddp_group_free(r->g, *bufs[k].p);
+                *bufs[k].p = NULL;
+                *bufs[k].arena = false;
+            }
+            if (!*bufs[k].p)
+                *bufs[k].p = private_buffer(bufs[k].bytes);
+            ok = ok && *bufs[k].p;
+        }
+        if (b->arena)
+            memset(b->mem, 0, bytes);
+        if (b->pmem_arena)
+            memset(b->pmem, 0, bytes);
+    }
+    /* Creation succeeds on every rank or on none. */
+    int32_t mine = ok, all = 0;
+    st = ddp_allreduce(r->g, &mine, &all, 1, DDP_INT32, DDP_MIN);
+    free(flags);
+    if (st)
+        return ddp__err(err, st, "allocating gradient buckets: %s", ddp_group_last_error(r->g));
+    if (!ok)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory for the gradient buckets");
+    if (!all)
+        return ddp__err(err, DDP_ERR_NOMEM,
+                        "another rank ran out of memory for its gradient buckets");
+    return DDP_OK;
+}
+
 ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
                               const ddp_param *buffers, size_t nbuffers,
                               const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err)
@@ -260,29 +349,17 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         r->nb++;
         cap = r->o.bucket_cap;
     }
+    if ((st = alloc_buckets(r, err)))
+        goto out_fail;
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
-        size_t bytes = b->padded * ddp_dtype_size(b->dtype);
-        b->mem = ddp_group_alloc(g, bytes);
-        b->arena = b->mem != NULL;
-        if (!b->mem)
-            b->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (r->o.compress_bf16 && b->dtype == DDP_FLOAT32) {
-            b->wire = ddp_group_alloc(g, b->padded * 2);
-            b->wire_arena = b->wire != NULL;
-            if (!b->wire)
-                b->wire = malloc(b->padded * 2 + 2);
-        }
-        if (!b->mem || (r->o.compress_bf16 && b->dtype == DDP_FLOAT32 && !b->wire)) {
-            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory for a gradient bucket of %zu bytes",
-                          bytes);
-            goto out_fail;
-        }
         size_t off = 0, esz = ddp_dtype_size(b->dtype);
         for (size_t k = b->first; k < b->last; k++) {
             size_t p = r->order[k];
             r->grad[p] = (char *)b->mem + off * esz;
             r->off[p] = off;
+            if (b->pmem) /* sharded: the parameters live in the reducer, laid out like this */
+                r->pdata[p] = (char *)b->pmem + off * esz;
             off += params[p].count;
         }
     }
@@ -291,22 +368,9 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         ddp__err(err, st, "%s", r->err);
         goto out_fail;
     }
-    for (size_t i = 0; r->shard && i < r->nb; i++) { /* the parameters move into the arena */
-        bucket *b = &r->b[i];
-        size_t esz = ddp_dtype_size(b->dtype), bytes = b->padded * esz;
-        b->pmem = ddp_group_alloc(g, bytes);
-        b->pmem_arena = b->pmem != NULL;
-        if (!b->pmem && !(b->pmem = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
-            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory for %zu bytes of parameters", bytes);
-            goto out_fail;
-        }
-        memset(b->pmem, 0, bytes);
-        for (size_t k = b->first; k < b->last; k++) {
-            size_t p = r->order[k];
-            r->pdata[p] = (char *)b->pmem + r->off[p] * esz;
-            memcpy(r->pdata[p], params[p].data, params[p].count * esz);
-        }
-    }
+    for (size_t i = 0; i < nparams; i++)
+        if (r->pdata[i] != params[i].data)
+            memcpy(r->pdata[i], params[i].data, params[i].count * ddp_dtype_size(params[i].dtype));
     ddp_reducer_zero_grad(r);
     *out = r;
     return DDP_OK;
@@ -440,8 +504,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
                     "ddp_reducer_gather_params after the optimizer step");
     if (r->consumed)
         return fail(r, DDP_ERR_INVALID,
-                    "mark_ready: the gradients were spent by the last gather; call "
-                    "ddp_reducer_zero_grad before the next backward");
+                    "mark_ready: after a sharded step the gradients hold the mean only in this "
+                    "rank's shard; call ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open) {
@@ -476,8 +540,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
                     "ddp_reducer_gather_params after the optimizer step");
     if (r->consumed)
         return fail(r, DDP_ERR_INVALID,
-                    "finish: the gradients were spent by the last gather; call "
-                    "ddp_reducer_zero_grad before the next backward");
+                    "finish: after a sharded step the gradients hold the mean only in this "
+                    "rank's shard; call ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open)
@@ -504,7 +568,7 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
             unwire(r, b);
     }
     r->stats.wait_seconds = ddp_now_seconds() - t0;
-    r->awaiting = r->shard && st == DDP_OK;
+    r->awaiting = r->consumed = r->shard && st == DDP_OK;
     if (!r->async) /* inline: every moment of communication was spent by the caller */
         r->stats.wait_seconds += r->stats.comm_seconds;
     double c = r->stats.comm_seconds;
@@ -538,17 +602,33 @@ bool ddp_reducer_sharded(const ddp_reducer *r)
     return r && r->shard;
 }
 
-/* Every rank's shard of arrays (shaped like the parameters) to every rank, through the buckets. */
+/* Every rank's shard of arrays (shaped like the parameters) to every rank, through a private
+ * scratch copy of each bucket in turn (malloc on every rank: rare, e.g. for a checkpoint; the
+ * gradients are left alone). */
 static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
 {
     if (!r || !arrays)
         return r ? fail(r, DDP_ERR_INVALID, "%s: no arrays", what) : DDP_ERR_INVALID;
+    if (r->step_open)
+        return fail(r, DDP_ERR_INVALID, "%s: a step is under way; call finish first", what);
     if (!r->shard)
         return DDP_OK;
-    for (size_t k = 0; k < r->nb; k++) {
+    size_t most = 0;
+    for (size_t k = 0; k < r->nb; k++)
+        if (r->b[k].padded * ddp_dtype_size(r->b[k].dtype) > most)
+            most = r->b[k].padded * ddp_dtype_size(r->b[k].dtype);
+    char *mem = calloc(1, most);
+    int32_t mine = mem != NULL, all = 0;
+    ddp_status st = ddp_allreduce(r->g, &mine, &all, 1, DDP_INT32, DDP_MIN);
+    if (st || !all) {
+        free(mem);
+        return st ? fail(r, st, "%s: %s", what, ddp_group_last_error(r->g))
+                  : fail(r, DDP_ERR_NOMEM, "%s: out of memory on %s", what,
+                         mine ? "another rank" : "this rank");
+    }
+    for (size_t k = 0; k < r->nb && !st; k++) {
         bucket *b = &r->b[k];
         size_t esz = ddp_dtype_size(b->dtype);
-        char *mem = b->mem;
         for (size_t q = b->first; q < b->last; q++) {
             size_t p = r->order[q], lo, hi;
             ddp_reducer_shard(r, p, &lo, &hi);
@@ -556,11 +636,11 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
                 memcpy(mem + (r->off[p] + lo) * esz, (const char *)arrays[p] + lo * esz,
                        (hi - lo) * esz);
         }
-        r->consumed = true;
-        ddp_status st =
-            ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block, b->dtype);
-        if (st)
-            return fail(r, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
+        st = ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block, b->dtype);
+        if (st) {
+            fail(r, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
+            break;
+        }
         for (size_t q = b->first; q < b->last; q++) {
             size_t p = r->order[q], lo, hi, n = r->params[p].count;
             ddp_reducer_shard(r, p, &lo, &hi);
@@ -572,13 +652,15 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
                 memcpy(dst + hi * esz, src + hi * esz, (n - hi) * esz);
         }
     }
-    return DDP_OK;
+    free(mem);
+    return st;
 }
 
 ddp_status ddp_reducer_gather_params(ddp_reducer *r)
 {
     if (!r || !r->shard)
         return r ? DDP_OK : DDP_ERR_INVALID;
+    r->awaiting = false; /* after a failure the group's error is what later calls report */
     for (size_t k = 0; k < r->nb; k++) { /* in place: block me is already where it belongs */
         bucket *b = &r->b[k];
         char *mem = b->pmem;
@@ -589,7 +671,6 @@ ddp_status ddp_reducer_gather_params(ddp_reducer *r)
             return fail(r, st, "gathering the parameters, bucket %zu: %s", k,
                         ddp_group_last_error(r->g));
     }
-    r->awaiting = false;
     return DDP_OK;
 }
 

@@ -460,7 +460,8 @@ int ddp_group_host_cores(const ddp_group *g)
 
 bool ddp_group_core_to_spare(const ddp_group *g)
 {
-    return g && ddp_group_local_size(g) < ddp__host_cores();
+    /* A helper thread inherits this rank's mask: it needs a second core in it, too. */
+    return g && ddp_group_local_size(g) < ddp__host_cores() && ddp__own_cores() > 1;
 }
 
 const char *ddp_group_backend(const ddp_group *g)

@@ -341,11 +341,10 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
             if (st)
                 return st;
-            /* Start from my own input (unchanged in staging) so in-place works. */
-            srcs[0] = mine;
-            for (int j = 0, i = 1; j < W; j++)
-                if (j != b->me)
-                    srcs[i++] = staging(b, j, k);
+            /* Every input from staging (so in place works), in rank order on every rank: the
+             * same float sums everywhere, whatever W. */
+            for (int j = 0; j < W; j++)
+                srcs[j] = staging(b, j, k);
             ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
         } else {
             memcpy(mine, in, n * esz);

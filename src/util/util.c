@@ -141,10 +141,20 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
 }
 
-int ddp__host_cores(void)
+int ddp__own_cores(void)
 {
     cpu_set_t set;
-    int mask = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > mask ? (int)online : mask;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int ddp__host_cores(void)
+{
+    long long n;
+    const char *v = getenv("DDP_HOST_CORES");
+    if (v && ddp__parse_int(v, 1, 1 << 20, &n))
+        return (int)n;
+    return ddp__own_cores();
 }

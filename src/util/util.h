@@ -35,10 +35,11 @@ int ddp__ms_left(int64_t deadline_ms);
 /* Parses a whole decimal integer in [lo, hi]; false on any junk, overflow or range error. */
 bool ddp__parse_int(const char *s, long long lo, long long hi, long long *out);
 
-/* The cores this host's ranks share: the online CPUs, or this process's affinity mask when it
- * is wider. Not the mask alone: a rank pinned to its own core (ddprun --bind_to) still shares
- * the host with the others. */
+/* The cores this host's ranks share: $DDP_HOST_CORES (ddprun sets it from its own affinity mask,
+ * before pinning workers with --bind_to), else this process's affinity mask. */
 int ddp__host_cores(void);
+/* The cores this process may run on (its affinity mask). */
+int ddp__own_cores(void);
 
 /* Fills buf with n random bytes from the kernel (getrandom). */
 ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err);

@@ -108,6 +108,18 @@ int main(void)
                 fprintf(stderr, "reducercheck: %s\n", ddp_reducer_last_error(red));
                 return 1;
             }
+            /* Optimizer state completed by gather_state before the step: the gradients must
+             * survive it. */
+            float *state[NP];
+            for (int i = 0; i < NP; i++) {
+                size_t lo, hi;
+                ddp_reducer_shard(red, (size_t)i, &lo, &hi);
+                state[i] = malloc(sizeof(float) * counts[i]);
+                for (size_t k = 0; k < counts[i]; k++)
+                    state[i][k] = k >= lo && k < hi ? (float)(k % 1000) + 0.25f * (float)i : -1;
+            }
+            CHECK(ddp_reducer_gather_state(red, (void *const *)state) == DDP_OK,
+                  "%s: gather_state: %s", mode, ddp_reducer_last_error(red));
             /* mean over ranks of accum × ((r+1)(i+1) + k%3), on this rank's shard */
             double ss = 0;
             for (int i = 0; i < NP; i++) {
@@ -132,21 +144,15 @@ int main(void)
             CHECK(ddp_reducer_grad_norm(red, &norm) == DDP_OK &&
                       fabs(norm - sqrt(ss)) <= sqrt(ss) * (bf16 ? 1e-2 : 1e-12),
                   "%s: grad_norm %g, want %g", mode, norm, sqrt(ss));
-            /* A step on the shard (p -= 1 + grad), then every rank has every update. */
-            float *state[NP];
+            /* A step on the shard (p -= 1), then every rank has every update. */
             for (int i = 0; i < NP; i++) {
                 size_t lo, hi;
                 ddp_reducer_shard(red, (size_t)i, &lo, &hi);
-                state[i] = malloc(sizeof(float) * counts[i]);
-                for (size_t k = 0; k < counts[i]; k++)
-                    state[i][k] = k >= lo && k < hi ? (float)(k % 1000) + 0.25f * (float)i : -1;
                 for (size_t k = lo; k < hi; k++)
                     pv[i][k] -= 1.0f;
             }
             CHECK(ddp_reducer_gather_params(red) == DDP_OK, "%s: gather_params: %s", mode,
                   ddp_reducer_last_error(red));
-            CHECK(ddp_reducer_gather_state(red, (void *const *)state) == DDP_OK,
-                  "%s: gather_state: %s", mode, ddp_reducer_last_error(red));
             for (int i = 0; i < NP; i++) {
                 for (size_t k = 0; k < counts[i]; k++) {
                     float wp = (float)i - (float)(step + 1);

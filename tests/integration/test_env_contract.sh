@@ -69,6 +69,9 @@ for n in 1 2 4 8; do
             fi
             got=$(get "$d/env.$r" CPUS)
             [ "$got" = "$want" ] || fail "--bind_to $bind, $n workers: rank $r on '$got', want '$want' (cpus $mine)"
+            # The cores the node's workers share, as ddprun saw them before pinning any.
+            [ "$(get "$d/env.$r" DDP_HOST_CORES)" = ${#list[@]} ] ||
+                fail "DDP_HOST_CORES in rank $r: '$(get "$d/env.$r" DDP_HOST_CORES)', want ${#list[@]}"
         done
     done
     ok "$n workers: pinned to their own cores when they fit, else free; --bind_to none leaves them free"

@@ -87,6 +87,7 @@ static int mode_env(int argc, char **argv)
         "DDP_RESTART_COUNT",
         "DDP_MAX_RESTARTS",
         "DDP_AGENT_STORE",
+        "DDP_HOST_CORES",
         "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS",
         "TORCHELASTIC_RUN_ID",

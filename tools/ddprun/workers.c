@@ -46,6 +46,7 @@ static const char *const contract[] = {
     "DDP_RESTART_COUNT",
     "DDP_MAX_RESTARTS",
     "DDP_AGENT_STORE",
+    "DDP_HOST_CORES",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
@@ -60,6 +61,17 @@ static bool in_contract(const char *kv)
             return true;
     }
     return false;
+}
+
+/* The cores this node's workers share: ddprun's own affinity mask (a container's or a job
+ * scheduler's CPU set), taken before --bind_to narrows each worker's. */
+int ddprun_host_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 /* Builds the worker's environment: ours plus everything inherited that we do not set.
@@ -103,6 +115,7 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("DDP_RESTART_COUNT", "%d", wd->attempt);
     ADD("DDP_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("DDP_AGENT_STORE", "1");
+    ADD("DDP_HOST_CORES", "%d", ddprun_host_cores()); /* before any pinning (--bind_to) */
     ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);

@@ -65,8 +65,9 @@ static const ddp_cfg_key schema[] = {
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
-    {"shard_optimizer", DDP_CFG_BOOL, "true", NULL,
-     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered"},
+    {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
+     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
+     "except over shm+tcp, whose reduce_scatter is a whole allreduce)"},
 };
 #define NKEYS (sizeof schema / sizeof schema[0])
 
@@ -181,9 +182,11 @@ static ddp_status save_checkpoint(trainer *t, double loss, ddp_error *err)
 {
     ddp_status st = DDP_OK;
     /* Sharded, each rank's optimizer state is current only in its shard: complete it first. */
-    if ((ddp_reducer_gather_state(t->red, (void *const *)t->opt_a) != DDP_OK) ||
-        (adamw(t) && ddp_reducer_gather_state(t->red, (void *const *)t->opt_b) != DDP_OK))
-        return train_err(err, DDP_ERR_NETWORK, "%s", ddp_reducer_last_error(t->red));
+    ddp_status gs = ddp_reducer_gather_state(t->red, (void *const *)t->opt_a);
+    if (!gs && adamw(t))
+        gs = ddp_reducer_gather_state(t->red, (void *const *)t->opt_b);
+    if (gs)
+        return train_err(err, gs, "%s", ddp_reducer_last_error(t->red));
     if (t->R == 0) {
         model *m = &t->m;
         int n = m->nparams * 3 + m->nbuffers;
@@ -751,7 +754,9 @@ int main(int argc, char **argv)
                  : !strcmp(ov, "inline") ? DDP_OVERLAP_INLINE
                                          : DDP_OVERLAP_AUTO;
     ro.compress_bf16 = ddp_config_bool(c, "compress_bf16");
-    ro.shard_optimizer = ddp_config_bool(c, "shard_optimizer");
+    const char *shard = ddp_config_str(c, "shard_optimizer");
+    ro.shard_optimizer = !strcmp(shard, "true") ||
+                         (!strcmp(shard, "auto") && strcmp(ddp_group_backend(t.g), "shm+tcp") != 0);
     if (ddp_config_int(c, "bucket_kb") > 0)
         ro.bucket_cap = ro.first_bucket = (size_t)ddp_config_int(c, "bucket_kb") << 10;
     if (ddp_reducer_create(t.g, t.m.params, (size_t)t.m.nparams, t.m.buffers, (size_t)t.m.nbuffers,
@@ -759,8 +764,13 @@ int main(int argc, char **argv)
         rc = die(&t, "reducer", err.msg);
         goto out;
     }
-    for (int i = 0; i < t.m.nparams; i++) /* sharded, the parameters live in the reducer */
+    for (int i = 0; i < t.m.nparams; i++) { /* sharded, the parameters live in the reducer */
         t.m.params[i].data = ddp_reducer_param(t.red, (size_t)i);
+        if (t.m.params[i].data != t.m.own[i]) {
+            free(t.m.own[i]);
+            t.m.own[i] = NULL;
+        }
+    }
     if (loaded) { /* optimizer state and position, from rank 0 */
         for (int i = 0; i < t.m.nparams; i++)
             if (ddp_broadcast(t.g, t.opt_a[i], t.m.params[i].count, DDP_FLOAT32, 0) ||
