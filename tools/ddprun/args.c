@@ -109,15 +109,6 @@ static bool parse_seconds(const char *s, double *out)
     return true;
 }
 
-static int cores_available(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 /* GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else /dev/nvidiaN devices. */
 static int gpus_visible(void)
 {
@@ -154,7 +145,7 @@ static int parse_nproc(const char *v, int *out)
 {
     long n;
     if (strcmp(v, "cpu") == 0) {
-        *out = cores_available();
+        *out = ddprun_host_cores();
     } else if (strcmp(v, "gpu") == 0) {
         *out = gpus_visible();
         if (*out == 0)
@@ -162,7 +153,7 @@ static int parse_nproc(const char *v, int *out)
                        "CUDA_VISIBLE_DEVICES hides them); use a number or 'cpu'");
     } else if (strcmp(v, "auto") == 0) {
         int g = gpus_visible();
-        *out = g > 0 ? g : cores_available();
+        *out = g > 0 ? g : ddprun_host_cores();
     } else if (parse_long(v, 1, DDPRUN_MAX_NPROC, &n)) {
         *out = (int)n;
     } else {

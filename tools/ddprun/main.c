@@ -16,20 +16,11 @@
 
 #include "ddprun.h"
 
-static int cores_available(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 /* torchrun sets OMP_NUM_THREADS=1 whenever nproc > 1, a known cause of slow CPU training. We
  * give each worker its share of the cores instead, so ranks × threads = cores. */
 static void default_threads(int nproc)
 {
-    int cores = cores_available();
+    int cores = ddprun_host_cores();
     int per = cores / nproc > 0 ? cores / nproc : 1;
     char v[16];
     snprintf(v, sizeof v, "%d", per);
@@ -67,9 +58,9 @@ int main(int argc, char **argv)
         free(o);
         return 1;
     }
-    if (o->bind == BIND_CORE && o->nproc > cores_available()) {
+    if (o->bind == BIND_CORE && o->nproc > ddprun_host_cores()) {
         ddprun_say("--bind_to core: %d workers but %d cores available; use --bind_to auto or none",
-                   o->nproc, cores_available());
+                   o->nproc, ddprun_host_cores());
         free(o);
         return 2;
     }
