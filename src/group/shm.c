@@ -25,6 +25,16 @@
  * a half two chunks later is safe without a closing barrier. Buffers in the arena are read in
  * place by the peers; then a closing barrier keeps the caller from reusing them too early.
  *
+ * Distance: a line a peer has read stays in its cache, so the owner's next write to it (the next
+ * step's gradients or parameters) first waits for that copy to be invalidated. Between cores that
+ * share a last-level cache this is cheap; across chiplets (AMD CCDs) or sockets each such line
+ * costs a round trip over the fabric, about 300 ns, and a step that rewrites a megabyte runs
+ * several times slower. So every PROBE_EVERY barriers the members measure a cache-line round trip
+ * to each peer (pairs of a round-robin tournament, the minimum of a few batches, a few µs), and a
+ * member evicts (CLFLUSHOPT) what it has read from a peer farther than FAR_NS: the owner then
+ * writes to lines no other cache holds. Near peers are left alone: for them the flush costs more
+ * than it saves. It is a performance hint only; nothing depends on it for correctness.
+ *
  * Waiting: spin briefly, then sleep on a futex (shared, so it works across processes) in slices
  * of at most 50 ms, checking the deadline, the abort flag and whether a peer died (pidfd). With
  * more ranks than cores, spinning only steals the peer's core, so the spin is short then.
@@ -58,6 +68,10 @@
 #define SMALL ((size_t)32 << 10) /* at most this many bytes: single-pass allreduce */
 #define MAX_MEMBERS 1024
 #define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define PROBE_EVERY 512 /* barriers between distance probes (the host may move us meanwhile) */
+#define PROBE_TRIPS 8   /* round trips per batch; the probe keeps the fastest of PROBE_BATCHES */
+#define PROBE_BATCHES 4
+#define FAR_NS 200 /* a round trip slower than this leaves the last-level cache */
 
 typedef struct shm_header {
     uint32_t magic;
@@ -69,13 +83,14 @@ typedef struct shm_header {
     int32_t pids[MAX_MEMBERS];
 } shm_header;
 
-/* One member's control slot: three cache lines. */
+/* One member's control slot: four cache lines. */
 typedef struct shm_slot {
     _Alignas(CACHELINE) atomic_uint arrive;   /* barrier epoch this member has reached */
     _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
     _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
     uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
     _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
+    _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
 } shm_slot;
 
 typedef struct shm_be {
@@ -93,6 +108,9 @@ typedef struct shm_be {
     uint32_t epoch;  /* barriers passed, the same count on every member */
     uint64_t chunks; /* staging chunks used so far, for alternating halves */
     int spin;        /* spin iterations before sleeping */
+    bool *far;       /* per member: evict what I read from it (see Distance above) */
+    uint32_t probes; /* distance probes run, the same count on every member */
+    bool can_flush;  /* CLFLUSHOPT is there, and each member has a core to spin on */
     bool failed;
     ddp__fail fail;
     /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
@@ -218,6 +236,64 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
     return DDP_OK;
 }
 
+/* ---- distance -------------------------------------------------------------------------------- */
+
+/* Spins until *a holds token t; false after about a millisecond (a peer descheduled or gone: the
+ * probe gives up, the next barrier handles the rest). */
+static bool await_token(atomic_uint *a, unsigned t)
+{
+    for (int64_t i = 0, until = 0;; i++) {
+        if (atomic_load_explicit(a, memory_order_acquire) == t)
+            return true;
+        cpu_relax();
+        if ((i & 1023) == 1023) {
+            int64_t now = ddp__now_ns();
+            if (!until)
+                until = now + 1000000;
+            else if (now > until)
+                return false;
+        }
+    }
+}
+
+/* Measures the cache-line round trip to every peer and sets far[]. Runs right after a barrier
+ * (every member is here), in W−1 rounds (W rounds for odd W, one member resting in each): in
+ * round r members i and j with i + j ≡ 2r (mod W'−1) meet, and member W'−1 meets r, W' being W
+ * rounded up to even. The lower of a pair serves, the higher answers. */
+static void probe_distance(shm_be *b)
+{
+    int W = b->n, n = W + (W & 1), me = b->me;
+    unsigned base = b->probes++ * (unsigned)n * (PROBE_BATCHES * PROBE_TRIPS + 1);
+    atomic_uint *mine = &b->slots[me].ping;
+    for (int r = 0; r < n - 1; r++) {
+        int j = me == n - 1 ? r : me == r ? n - 1 : ((2 * r - me) % (n - 1) + (n - 1)) % (n - 1);
+        if (j >= W)
+            continue; /* my rest round */
+        atomic_uint *theirs = &b->slots[j].ping;
+        unsigned tok = base + (unsigned)r * (PROBE_BATCHES * PROBE_TRIPS + 1);
+        int64_t best = INT64_MAX;
+        bool ok = true;
+        for (int k = 0; k < PROBE_BATCHES && ok; k++) {
+            int64_t t0 = ddp__now_ns();
+            for (int i = 0; i < PROBE_TRIPS && ok; i++) {
+                tok++;
+                if (me < j) {
+                    atomic_store_explicit(mine, tok, memory_order_release);
+                    ok = await_token(theirs, tok);
+                } else {
+                    ok = await_token(theirs, tok);
+                    atomic_store_explicit(mine, tok, memory_order_release);
+                }
+            }
+            int64_t dt = (ddp__now_ns() - t0) / PROBE_TRIPS;
+            if (ok && dt < best)
+                best = dt;
+        }
+        if (ok)
+            b->far[j] = best > FAR_NS;
+    }
+}
+
 /* A barrier among all members. Stores before it are visible to every member after it. */
 static ddp_status barrier(shm_be *b, const ddp__coll *c)
 {
@@ -226,7 +302,42 @@ static ddp_status barrier(shm_be *b, const ddp__coll *c)
     atomic_store(mine, e); /* seq_cst: pairs with the sleepers' increment-then-check */
     if (atomic_load(&b->slots[b->me].sleepers))
         futex(mine, FUTEX_WAKE, INT_MAX, NULL);
-    return wait_all(b, c, e);
+    ddp_status st = wait_all(b, c, e);
+    if (st == DDP_OK && b->can_flush && e % PROBE_EVERY == 1) /* the same barriers everywhere */
+        probe_distance(b);
+    return st;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+static bool have_clflushopt(void)
+{
+    unsigned a, bx, cx, d;
+    return __get_cpuid_count(7, 0, &a, &bx, &cx, &d) && (bx & (1u << 23));
+}
+__attribute__((target("clflushopt"))) static void flush_lines(const void *p, size_t bytes)
+{
+    const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)(CACHELINE - 1));
+    for (const char *end = (const char *)p + bytes; q < end; q += CACHELINE)
+        __builtin_ia32_clflushopt(q);
+}
+#else
+static bool have_clflushopt(void)
+{
+    return false;
+}
+static void flush_lines(const void *p, size_t bytes)
+{
+    (void)p, (void)bytes;
+}
+#endif
+
+/* I have finished reading bytes at p, which member j wrote and will write again: if j is far,
+ * evict them so that its next write does not wait for my copy to be invalidated. */
+static void done_reading(shm_be *b, int j, const void *p, size_t bytes)
+{
+    if (j != b->me && b->far[j])
+        flush_lines(p, bytes);
 }
 
 /* ---- buffers ------------------------------------------------------------------------------ */
@@ -315,6 +426,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             /* My slice's result goes into my recv; my own input is srcs[me]. */
             ddp__reduce_many_avg((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
                                  c->avg_div);
+            for (int j = 0; j < W; j++)
+                done_reading(b, j, srcs[j], (hi - lo) * esz);
         }
         if ((st = barrier(b, c)))
             return st;
@@ -322,9 +435,11 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             if (j == b->me)
                 continue;
             slice(c->count, W, j, esz, &lo, &hi);
-            if (hi > lo)
-                memcpy((char *)c->recv + lo * esz, at(b, b->slots[j].dst_off) + lo * esz,
-                       (hi - lo) * esz);
+            if (hi > lo) {
+                const char *src = at(b, b->slots[j].dst_off) + lo * esz;
+                memcpy((char *)c->recv + lo * esz, src, (hi - lo) * esz);
+                done_reading(b, j, src, (hi - lo) * esz);
+            }
         }
         return barrier(b, c); /* peers read my recv in place: keep it until they are done */
     }
@@ -360,6 +475,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 ddp__reduce_many_avg(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
                                      c->avg_div);
                 memcpy(out + lo * esz, mine + lo * esz, (hi - lo) * esz);
+                for (int j = 0; j < W; j++)
+                    done_reading(b, j, srcs[j], (hi - lo) * esz);
             }
             if ((st = barrier(b, c)))
                 return st;
@@ -367,8 +484,10 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 if (j == b->me)
                     continue;
                 slice(n, W, j, esz, &lo, &hi);
-                if (hi > lo)
+                if (hi > lo) {
                     memcpy(out + lo * esz, staging(b, j, k) + lo * esz, (hi - lo) * esz);
+                    done_reading(b, j, staging(b, j, k) + lo * esz, (hi - lo) * esz);
+                }
             }
         }
         done += n;
@@ -392,8 +511,10 @@ static ddp_status run_broadcast(shm_be *b, const ddp__coll *c)
         ddp_status st = barrier(b, c);
         if (st)
             return st;
-        if (!root)
+        if (!root) {
             memcpy(buf, staging(b, c->root, k), n * esz);
+            done_reading(b, c->root, staging(b, c->root, k), n * esz);
+        }
         done += n;
     }
     return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
@@ -415,6 +536,7 @@ static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
             const char *src = j == b->me ? c->send : at(b, b->slots[j].src_off);
             if (dst != src)
                 memmove(dst, src, bytes);
+            done_reading(b, j, src, bytes);
         }
         return barrier(b, c); /* peers read my send in place */
     }
@@ -430,6 +552,7 @@ static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
             const char *src = staging(b, j, k);
             if (dst != src)
                 memmove(dst, src, n * esz);
+            done_reading(b, j, src, n * esz);
         }
         done += n;
     }
@@ -457,6 +580,8 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             srcs[j] = at(b, b->slots[j].src_off) + (size_t)b->me * bytes;
         ddp__reduce_many_avg(c->recv, srcs, W, c->count, c->dtype, c->op, c->avg_div);
+        for (int j = 0; j < W; j++)
+            done_reading(b, j, srcs[j], bytes);
         return barrier(b, c); /* peers read my send in place */
     }
     for (size_t done = 0; done < c->count;) {
@@ -472,6 +597,8 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             srcs[j] = staging(b, j, k) + (size_t)b->me * n * esz;
         ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op, c->avg_div);
+        for (int j = 0; j < W; j++)
+            done_reading(b, j, srcs[j], n * esz);
         done += n;
     }
     return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
@@ -598,6 +725,7 @@ static void shm_destroy(void *be)
         close(b->fd);
     free(b->pidfds);
     free(b->ranks);
+    free(b->far);
     free(b->blks);
     free(b);
 }
@@ -626,12 +754,27 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     b->n = m->n;
     b->ncores = ddp__host_cores();
     b->spin = b->n <= b->ncores ? 20000 : 64;
+    b->far = calloc((size_t)m->n, sizeof *b->far);
+    const char *flush = getenv("DDP_SHM_FLUSH");
+    if (flush && *flush && strcmp(flush, "auto") && strcmp(flush, "always") &&
+        strcmp(flush, "never")) {
+        shm_destroy(b);
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "DDP_SHM_FLUSH must be auto, always or never, not '%.40s'", flush);
+    }
+    /* Probing needs every member on its own core: with more ranks than cores a round trip
+     * measures the scheduler. */
+    bool always = flush && !strcmp(flush, "always"), never = flush && !strcmp(flush, "never");
+    bool can = have_clflushopt(); /* without it, nothing to do: every peer stays near */
+    b->can_flush = can && !always && !never && b->n > 1 && b->n <= b->ncores;
+    for (int j = 0; b->far && j < b->n; j++)
+        b->far[j] = can && always && j != b->me;
     b->ranks = malloc(sizeof(int) * (size_t)m->n);
     b->pidfds = malloc(sizeof(int) * (size_t)m->n);
     b->cap_blks = 16;
     b->blks = calloc(b->cap_blks, sizeof *b->blks);
     ddp_status st = DDP_ERR_NOMEM;
-    if (!b->ranks || !b->pidfds || !b->blks) {
+    if (!b->ranks || !b->pidfds || !b->blks || !b->far) {
         ddp__err(err, st, "out of memory creating the shm backend");
         goto out_free;
     }

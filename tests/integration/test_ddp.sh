@@ -31,6 +31,16 @@ for mode in inline async; do
     ok "2 ranks × batch 8 = 1 rank × batch 16, buckets reduced $mode"
 done
 
+# Evicting what is read from peers (DDP_SHM_FLUSH, for ranks on different chiplets) is a hint
+# to the caches: the result is the same, bit for bit.
+DDP_SHM_FLUSH=never runN 2 --batch 8 --dump "$T/never.bin" >/dev/null 2>&1 || fail "2 ranks failed"
+DDP_SHM_FLUSH=always runN 2 --batch 8 --dump "$T/always.bin" >/dev/null 2>&1 ||
+    fail "2 ranks with DDP_SHM_FLUSH=always failed"
+cmp -s "$T/never.bin" "$T/always.bin" || fail "DDP_SHM_FLUSH=always changed the result"
+DDP_SHM_FLUSH=sometimes runN 2 --batch 8 >"$T/bad" 2>&1 && fail "DDP_SHM_FLUSH=sometimes was accepted"
+assert_contains "$T/bad" "DDP_SHM_FLUSH must be auto, always or never, not 'sometimes'"
+ok "DDP_SHM_FLUSH: always gives the same parameters bit for bit; a bad value is a clear error"
+
 runN 4 --batch 4 --bucket_kb 8 --dump "$T/four4.bin" >/dev/null 2>&1 || fail "4 ranks failed"
 compare "$T/four4.bin" "$T/one16.bin" || fail "4 ranks × 4 (8 KB buckets) differ from 1 rank × 16"
 ok "4 ranks × batch 4 with 8 KB buckets = 1 rank × batch 16"
