@@ -1,7 +1,8 @@
 /* core_distance: the cache-line round trip between two cores, in ns (the fastest of 8 batches of
- * 2000 round trips), the same measure the shm backend's distance probe takes. A VM's host may
- * move its vCPUs: on this project's 2-vCPU machine it reads about 55 ns (one last-level cache)
- * or about 350 ns (two chiplets), changing from second to second.
+ * 2000 round trips), a longer version of the shm backend's distance probe (4 batches of 8). A VM's
+ * host may move its vCPUs: on this project's 2-vCPU machine it reads about 55 ns (one last-level
+ * cache) or about 350 ns (two chiplets), changing from second to second.
+ *
  * Usage: core_distance [CPU_A CPU_B]   (default 0 1) */
 #define _GNU_SOURCE
 #include <pthread.h>

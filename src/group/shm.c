@@ -29,11 +29,13 @@
  * step's gradients or parameters) first waits for that copy to be invalidated. Between cores that
  * share a last-level cache this is cheap; across chiplets (AMD CCDs) or sockets each such line
  * costs a round trip over the fabric, about 300 ns, and a step that rewrites a megabyte runs
- * several times slower. So every PROBE_EVERY barriers the members measure a cache-line round trip
- * to each peer (pairs of a round-robin tournament, the minimum of a few batches, a few µs), and a
- * member evicts (CLFLUSHOPT) what it has read from a peer farther than FAR_NS: the owner then
- * writes to lines no other cache holds. Near peers are left alone: for them the flush costs more
- * than it saves. It is a performance hint only; nothing depends on it for correctness.
+ * about twice as slow (bench/RESULTS.md). So every PROBE_EVERY barriers the members measure a
+ * cache-line round trip to each peer (pairs of a round-robin tournament, the fastest of 4 batches
+ * of 8: W−1 rounds of 3–15 µs), on whatever thread runs the collective, so that every member
+ * probes at the same barriers; and a member evicts (CLFLUSHOPT) what it has read from a peer
+ * farther than FAR_NS: the owner then writes to lines no other cache holds. Near peers are left
+ * alone: for them the flush costs more than it saves. A performance hint only: nothing depends on
+ * it for correctness.
  *
  * Waiting: spin briefly, then sleep on a futex (shared, so it works across processes) in slices
  * of at most 50 ms, checking the deadline, the abort flag and whether a peer died (pidfd). With
@@ -91,6 +93,7 @@ typedef struct shm_slot {
     uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
     _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
     _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
+    uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
 } shm_slot;
 
 typedef struct shm_be {
@@ -110,7 +113,7 @@ typedef struct shm_be {
     int spin;        /* spin iterations before sleeping */
     bool *far;       /* per member: evict what I read from it (see Distance above) */
     uint32_t probes; /* distance probes run, the same count on every member */
-    bool can_flush;  /* CLFLUSHOPT is there, and each member has a core to spin on */
+    bool can_flush;  /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */
     bool failed;
     ddp__fail fail;
     /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
@@ -461,6 +464,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             for (int j = 0; j < W; j++)
                 srcs[j] = staging(b, j, k);
             ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
+            for (int j = 0; j < W; j++)
+                done_reading(b, j, srcs[j], n * esz);
         } else {
             memcpy(mine, in, n * esz);
             ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
@@ -874,6 +879,7 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     }
     b->slots = (shm_slot *)slot_base(b);
     b->hdr->pids[b->me] = (int32_t)getpid();
+    b->slots[b->me].will_probe = b->can_flush;
 
     /* Everyone has mapped it (and written its pid) once this barrier passes. */
     char bname[256];
@@ -885,6 +891,10 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     }
     if (b->me == 0)
         shm_unlink(b->name); /* from now on a crash leaves nothing in /dev/shm */
+    /* Probes run only if every member takes part (each decided from its own environment and
+     * cores), so that all of them probe at the same barriers. */
+    for (int j = 0; j < b->n; j++)
+        b->can_flush = b->can_flush && b->slots[j].will_probe;
     for (int j = 0; j < b->n; j++)
         if (j != b->me)
             b->pidfds[j] = (int)syscall(SYS_pidfd_open, b->hdr->pids[j], 0);
