@@ -343,6 +343,13 @@ static void done_reading(shm_be *b, int j, const void *p, size_t bytes)
         flush_lines(p, bytes);
 }
 
+/* done_reading for the same range of every member's buffer, srcs[j] being member j's. */
+static void done_reading_all(shm_be *b, const void *const *srcs, size_t bytes)
+{
+    for (int j = 0; j < b->n; j++)
+        done_reading(b, j, srcs[j], bytes);
+}
+
 /* ---- buffers ------------------------------------------------------------------------------ */
 
 static bool in_segment(const shm_be *b, const void *p, size_t bytes)
@@ -429,8 +436,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             /* My slice's result goes into my recv; my own input is srcs[me]. */
             ddp__reduce_many_avg((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
                                  c->avg_div);
-            for (int j = 0; j < W; j++)
-                done_reading(b, j, srcs[j], (hi - lo) * esz);
+            done_reading_all(b, srcs, (hi - lo) * esz);
         }
         if ((st = barrier(b, c)))
             return st;
@@ -464,8 +470,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             for (int j = 0; j < W; j++)
                 srcs[j] = staging(b, j, k);
             ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
-            for (int j = 0; j < W; j++)
-                done_reading(b, j, srcs[j], n * esz);
+            done_reading_all(b, srcs, n * esz);
         } else {
             memcpy(mine, in, n * esz);
             ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
@@ -480,8 +485,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 ddp__reduce_many_avg(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
                                      c->avg_div);
                 memcpy(out + lo * esz, mine + lo * esz, (hi - lo) * esz);
-                for (int j = 0; j < W; j++)
-                    done_reading(b, j, srcs[j], (hi - lo) * esz);
+                done_reading_all(b, srcs, (hi - lo) * esz);
             }
             if ((st = barrier(b, c)))
                 return st;
@@ -585,8 +589,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             srcs[j] = at(b, b->slots[j].src_off) + (size_t)b->me * bytes;
         ddp__reduce_many_avg(c->recv, srcs, W, c->count, c->dtype, c->op, c->avg_div);
-        for (int j = 0; j < W; j++)
-            done_reading(b, j, srcs[j], bytes);
+        done_reading_all(b, srcs, bytes);
         return barrier(b, c); /* peers read my send in place */
     }
     for (size_t done = 0; done < c->count;) {
@@ -602,8 +605,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             srcs[j] = staging(b, j, k) + (size_t)b->me * n * esz;
         ddp__reduce_many_avg((char *)c->recv + done * esz, srcs, W, n, c->dtype, c->op, c->avg_div);
-        for (int j = 0; j < W; j++)
-            done_reading(b, j, srcs[j], n * esz);
+        done_reading_all(b, srcs, n * esz);
         done += n;
     }
     return c->count == 0 ? open_coll(b, c, false) : DDP_OK;
