@@ -7,7 +7,6 @@
  * rather than keeping the forward's: memory over time, the usual trade for CPU training of small
  * networks. No dilation, groups or asymmetric padding; no padding or ceil mode for the pool.
  */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 #endif
 
 #include "ddp/nn.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 ddp_status ddp_nn_conv2d_setup(ddp_nn_conv2d *c, ddp_error *err)
@@ -120,8 +120,7 @@ void ddp_nn_conv2d_forward(const ddp_nn_conv2d *c, const float *x, const float *
                 yn[(size_t)o * P + q] = b ? b[o] : 0.0f;
         im2col(c, x + (size_t)n * xs, scratch);
         /* y_n (out_ch, P) += W (out_ch, K) · col (K, P) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c->out_ch, P, K, 1.0f, W, K, scratch,
-                    P, 1.0f, yn, P);
+        ddp__sgemm(false, false, c->out_ch, P, K, 1.0f, W, K, scratch, P, 1.0f, yn, P);
     }
 }
 
@@ -141,12 +140,10 @@ void ddp_nn_conv2d_backward(const ddp_nn_conv2d *c, const float *dy, const float
             }
         if (dW) { /* dW (out_ch, K) += dy_n (out_ch, P) · colᵀ (P, K) */
             im2col(c, x + (size_t)n * xs, scratch);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->out_ch, K, P, 1.0f, dyn, P,
-                        scratch, P, 1.0f, dW, K);
+            ddp__sgemm(false, true, c->out_ch, K, P, 1.0f, dyn, P, scratch, P, 1.0f, dW, K);
         }
         if (dx) { /* dcol (K, P) = Wᵀ (K, out_ch) · dy_n (out_ch, P), reusing the scratch */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, c->out_ch, 1.0f, W, K, dyn,
-                        P, 0.0f, scratch, P);
+            ddp__sgemm(true, false, K, P, c->out_ch, 1.0f, W, K, dyn, P, 0.0f, scratch, P);
             col2im(c, scratch, dx + (size_t)n * xs);
         }
     }

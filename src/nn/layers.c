@@ -8,12 +8,12 @@
  * SIMD intrinsics. Reductions that feed a mean or a variance are done in double so that large
  * batches do not lose digits; elementwise work stays in float like torch's.
  */
-#include <cblas.h>
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "ddp/nn.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 #define SQRT1_2 0.70710678118654752440 /* 1/√2; M_SQRT1_2 is not in strict C11 */
@@ -68,8 +68,7 @@ void ddp_nn_linear_forward(const float *x, const float *W, const float *b, int B
     }
     if (in <= 0)
         return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, x, in, W, in, 1.0f, y,
-                out);
+    ddp__sgemm(false, true, B, out, in, 1.0f, x, in, W, in, 1.0f, y, out);
 }
 
 void ddp_nn_linear_backward(const float *dy, const float *x, const float *W, int B, int in, int out,
@@ -77,16 +76,14 @@ void ddp_nn_linear_backward(const float *dy, const float *x, const float *W, int
 {
     if (dx && B > 0 && in > 0) {
         if (out > 0) /* dx (B, in) = dy (B, out) · W (out, in) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, dy, out, W, in,
-                        0.0f, dx, in);
+            ddp__sgemm(false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
         else
             memset(dx, 0, sizeof(float) * (size_t)B * (size_t)in);
     }
     if (B <= 0 || out <= 0)
         return;
     if (dW && in > 0) /* dW (out, in) += dyᵀ (out, B) · x (B, in) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 1.0f,
-                    dW, in);
+        ddp__sgemm(true, false, out, in, B, 1.0f, dy, out, x, in, 1.0f, dW, in);
     if (db)
         for (int r = 0; r < B; r++)
             for (int o = 0; o < out; o++)

@@ -1,0 +1,29 @@
+/*
+ * kernels/cpu/gemm.c — matrix products on the CPU through OpenBLAS. The only file in the tree
+ * that calls cblas: layers ask for a product in their own terms (kernels.h) and this file maps
+ * it onto BLAS. It does not choose threads; OpenBLAS reads OPENBLAS_NUM_THREADS.
+ */
+#include <cblas.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) { /* BLAS leaves C·beta; do the same without reading A or B */
+        for (int r = 0; r < M; r++) {
+            float *c = C + (size_t)r * ldc;
+            if (beta == 0.0f)
+                memset(c, 0, sizeof(float) * (size_t)N);
+            else
+                for (int j = 0; j < N; j++)
+                    c[j] *= beta;
+        }
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
