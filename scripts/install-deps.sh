@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package ddpc uses: build tools, libraries, test tools, the Fashion-MNIST data
+# Installs every Debian package ddpc uses: build tools, libraries, test tools, the Fashion-MNIST data,
+# the fortune texts (the default language-model job),
 # and the peers our benchmarks compare against (Open MPI, PyTorch). Idempotent: packages already
 # present are skipped, so a second run makes no network calls. Works as root or through sudo.
 set -euo pipefail
@@ -8,7 +9,7 @@ packages=(
     build-essential cmake pkg-config clang-format
     libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev
     libcmocka-dev
-    dataset-fashion-mnist
+    dataset-fashion-mnist fortunes
     openmpi-bin libopenmpi-dev
     python3 python3-torch
     procps iproute2 util-linux

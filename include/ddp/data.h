@@ -59,6 +59,59 @@ ddp_status ddp_dataset_get(const ddp_dataset *ds, size_t i, void *x, int32_t *y)
 ddp_status ddp_dataset_get_many(const ddp_dataset *ds, const uint64_t *idx, size_t n, void *x,
                                 int32_t *y, size_t *bad);
 
+/* Tokens in a token dataset (0 for IDX). */
+size_t ddp_dataset_num_tokens(const ddp_dataset *ds);
+
+/* Windows at arbitrary token offsets: for k < n, x[k] = tokens[starts[k] … +T], y[k] = the T
+ * after (shifted by one), as int32 rows of T. Every start must be ≤ num_tokens − T − 1.
+ * Thread-safe (read-only). */
+ddp_status ddp_dataset_get_windows(const ddp_dataset *ds, const uint64_t *starts, size_t n,
+                                   int32_t *x, int32_t *y, ddp_error *err);
+
+/* nanoGPT's random training windows, reproducibly: starts[k] (in [0, ntokens − seq_len − 1],
+ * uniform) for samples first … first+n−1 of step `step` depends only on (seed, step, first + k).
+ * Give each rank first = rank × B (or its micro-batch's global offset): N ranks × B then draw
+ * exactly the windows one rank × N·B would, and a resumed run the same as an unbroken one. */
+void ddp_lm_window_starts(uint64_t seed, uint64_t step, uint64_t first, size_t n, size_t ntokens,
+                          size_t seq_len, uint64_t *starts);
+
+/* ---- text to tokens ------------------------------------------------------------------------- */
+
+/* Byte-level tokenisation (vocabulary 256): every byte of the text is one token, written as
+ * nanoGPT's headerless uint16 files. Inputs are files, or folders whose regular files (not
+ * symbolic links) named without a '.' or ending in ".txt" are read in name order. The text is
+ * cut into documents — whole files, or, with doc_sep, the pieces ending in a line that is exactly
+ * doc_sep (fortune's "%") — and document k goes to the validation file when
+ * k % val_every == val_every − 1, else to the training file; bytes are kept exactly, separator
+ * lines included. */
+typedef struct ddp_text_opts {
+    const char *doc_sep; /* a line that ends a document; NULL: each file is one document */
+    unsigned val_every;  /* every val_every-th document is validation; 0: no validation file */
+} ddp_text_opts;
+#define DDP_TEXT_OPTS_INIT                                                                         \
+    {                                                                                              \
+        NULL, 10                                                                                   \
+    }
+
+typedef struct ddp_text_stats {
+    uint64_t documents, train_tokens, val_tokens;
+} ddp_text_stats;
+
+/* Writes train_out and (unless val_every is 0 or val_out NULL) val_out, each atomically
+ * (temporary file, fsync, rename; the validation file first). stats may be NULL. An input that
+ * cannot be read, a folder with no text, or a split left empty is a clear error. */
+ddp_status ddp_tokens_from_text(const char *const *inputs, size_t n, const ddp_text_opts *opts,
+                                const char *train_out, const char *val_out, ddp_text_stats *stats,
+                                ddp_error *err);
+
+/* The same into a per-host cache, once: the files are named after a hash of the inputs' paths,
+ * sizes, modification times and opts, and made by the first process to ask while the others
+ * wait (the lock IDX decompression uses). cache_dir NULL: /tmp/ddp-data-cache. Writes the two
+ * paths (cap bytes each; val_path "" when val_every is 0). */
+ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const ddp_text_opts *opts,
+                                   const char *cache_dir, char *train_path, char *val_path,
+                                   size_t cap, ddp_error *err);
+
 /* ---- the loader ----------------------------------------------------------------------------- */
 
 typedef struct ddp_loader ddp_loader;

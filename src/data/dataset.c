@@ -3,10 +3,9 @@
  *
  * Every header field is checked against the file's size before any sample is read, so a
  * truncated or mismatched file is an error at open, never a crash later. gzip files are
- * decompressed (zlib) once per host into a cache: under an exclusive flock on a lock file the
- * first process writes a temporary file and renames it into place; the others wait on the lock
- * (polling, with a deadline) and then find the finished file. The cache name includes the
- * source's size and modification time, so a changed source is decompressed again.
+ * decompressed (zlib) once per host into a cache (prepare.c: one process writes, the others
+ * wait). The cache name includes the source's size and modification time, so a changed source
+ * is decompressed again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,17 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include "data/data_int.h"
 #include "ddp/data.h"
 #include "util/util.h"
-
-#define PREP_DEADLINE_MS (10 * 60 * 1000)
 
 typedef enum { DS_IDX, DS_TOKENS } ds_kind;
 
@@ -90,20 +86,17 @@ static void unmap(mapped *m)
     m->p = NULL;
 }
 
-/* Decompresses src (gzip) into dst atomically (a temporary file, then rename). */
-static ddp_status gunzip_to(const char *src, const char *dst, ddp_error *err)
+typedef struct gunzip_job {
+    const char *src;
+} gunzip_job;
+
+/* Decompresses the gzip file job->src into f. */
+static ddp_status gunzip_to(void *ctx, FILE *out, const char *tmp, ddp_error *err)
 {
-    char tmp[4200];
-    ddp__fmt(tmp, sizeof tmp, "%s.tmp.%d", dst, (int)getpid());
+    const char *src = ((const gunzip_job *)ctx)->src;
     gzFile in = gzopen(src, "rb");
     if (!in)
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot open '%s': %s", src, strerror(errno));
-    FILE *out = fopen(tmp, "wb");
-    if (!out) {
-        gzclose(in);
-        return ddp__err(err, DDP_ERR_SYSTEM, "cannot write '%s': %s; check the cache directory",
-                        tmp, strerror(errno));
-    }
     char buf[1 << 16];
     ddp_status st = DDP_OK;
     for (;;) {
@@ -127,15 +120,6 @@ static ddp_status gunzip_to(const char *src, const char *dst, ddp_error *err)
         }
     }
     gzclose(in);
-    if (fflush(out) != 0 || fsync(fileno(out)) != 0) {
-        if (st == DDP_OK)
-            st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp, strerror(errno));
-    }
-    fclose(out);
-    if (st == DDP_OK && rename(tmp, dst) != 0)
-        st = ddp__err(err, DDP_ERR_SYSTEM, "cannot rename '%s': %s", tmp, strerror(errno));
-    if (st != DDP_OK)
-        unlink(tmp);
     return st;
 }
 
@@ -162,33 +146,10 @@ static ddp_status plain_path(const char *path, const char *cache_dir, char *out,
              (long long)st.st_size, (long long)st.st_mtime);
     if (access(out, R_OK) == 0)
         return DDP_OK;
-    char lock[4200];
-    ddp__fmt(lock, sizeof lock, "%s.lock", out);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return ddp__err(err, DDP_ERR_SYSTEM, "cannot create '%s': %s", lock, strerror(errno));
-    int64_t deadline = ddp__now_ms() + PREP_DEADLINE_MS;
-    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno != EWOULDBLOCK && errno != EINTR) {
-            close(fd);
-            return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(errno));
-        }
-        if (ddp__now_ms() > deadline) {
-            close(fd);
-            return ddp__err(err, DDP_ERR_TIMEOUT,
-                            "waited 10 min for another process to decompress '%s' (lock '%s'); "
-                            "remove the lock if no one is",
-                            path, lock);
-        }
-        struct timespec ts = {0, 20 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    ddp_status rc = DDP_OK;
-    if (access(out, R_OK) != 0) /* the first one in decompresses; the others find it done */
-        rc = gunzip_to(path, out, err);
-    flock(fd, LOCK_UN);
-    close(fd);
-    return rc;
+    char what[4200];
+    ddp__fmt(what, sizeof what, "decompress '%s'", path);
+    gunzip_job job = {path};
+    return ddp__prepare_once(out, what, gunzip_to, &job, err);
 }
 
 static ddp_dataset *new_ds(ds_kind k)
@@ -414,6 +375,34 @@ ddp_status ddp_dataset_get_many(const ddp_dataset *d, const uint64_t *idx, size_
             return DDP_ERR_INVALID;
         }
         ddp_dataset_get(d, (size_t)idx[k], (char *)x + k * xb, y + k * ye);
+    }
+    return DDP_OK;
+}
+
+size_t ddp_dataset_num_tokens(const ddp_dataset *d)
+{
+    return d && d->kind == DS_TOKENS ? d->ntok : 0;
+}
+
+ddp_status ddp_dataset_get_windows(const ddp_dataset *d, const uint64_t *starts, size_t n,
+                                   int32_t *x, int32_t *y, ddp_error *err)
+{
+    if (!d || d->kind != DS_TOKENS || (n && (!starts || !x || !y)))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_dataset_get_windows: a token dataset, starts, x and y are required");
+    size_t T = d->T;
+    for (size_t k = 0; k < n; k++) {
+        if (starts[k] > d->ntok - T - 1)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "window %zu starts at token %llu, past the last full window (%zu) "
+                            "of a file of %zu tokens with sequence length %zu",
+                            k, (unsigned long long)starts[k], d->ntok - T - 1, d->ntok, T);
+        const uint16_t *t = d->tokens + starts[k];
+        int32_t *xk = x + k * T, *yk = y + k * T;
+        for (size_t j = 0; j < T; j++) {
+            xk[j] = t[j];
+            yk[j] = t[j + 1];
+        }
     }
     return DDP_OK;
 }

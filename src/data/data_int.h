@@ -1,0 +1,25 @@
+/*
+ * data_int.h — private to src/data: preparing a derived file once per host.
+ */
+#ifndef DDP_DATA_INT_H
+#define DDP_DATA_INT_H
+
+#include <stdio.h>
+
+#include "ddp/status.h"
+
+/* Writes the derived file's whole contents to f; returns a status (and a message in err). */
+typedef ddp_status (*ddp__prep_fn)(void *ctx, FILE *f, const char *tmp_path, ddp_error *err);
+
+/* Writes out atomically: fn fills a temporary file beside it, which is fsynced and renamed into
+ * place; on failure no file is left (and an existing out is untouched). */
+ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_error *err);
+
+/* Makes sure `out` exists, preparing it at most once per host: under an exclusive flock on
+ * "<out>.lock" the first process calls fn on a temporary file beside out, fsyncs it and renames
+ * it into place; the others wait on the lock (10 min deadline) and then find the finished file.
+ * A failed fn leaves no file behind. `what` names the job in messages ("decompress 'x.gz'"). */
+ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn, void *ctx,
+                             ddp_error *err);
+
+#endif /* DDP_DATA_INT_H */

@@ -1,0 +1,72 @@
+/*
+ * prepare.c — derived data files (a decompressed IDX file, token files made from text) are made
+ * once per host, by whichever process gets there first, while the others wait: "prepare data on
+ * the main process only" without the caller arranging it. Atomic: a temporary file, fsync,
+ * rename, so a crash never leaves a half-written file under the final name.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data/data_int.h"
+#include "util/util.h"
+
+#define PREP_DEADLINE_MS (10 * 60 * 1000)
+
+ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_error *err)
+{
+    char tmp[4200];
+    ddp__fmt(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return ddp__err(err, DDP_ERR_SYSTEM, "cannot write '%s': %s; check the directory", tmp,
+                        strerror(errno));
+    ddp_status st = fn(ctx, f, tmp, err);
+    if ((fflush(f) != 0 || fsync(fileno(f)) != 0) && st == DDP_OK)
+        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp, strerror(errno));
+    if (fclose(f) != 0 && st == DDP_OK)
+        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp, strerror(errno));
+    if (st == DDP_OK && rename(tmp, out) != 0)
+        st = ddp__err(err, DDP_ERR_SYSTEM, "cannot rename '%s': %s", tmp, strerror(errno));
+    if (st != DDP_OK)
+        unlink(tmp);
+    return st;
+}
+
+ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn, void *ctx,
+                             ddp_error *err)
+{
+    if (access(out, R_OK) == 0)
+        return DDP_OK;
+    char lock[4200];
+    ddp__fmt(lock, sizeof lock, "%s.lock", out);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return ddp__err(err, DDP_ERR_SYSTEM, "cannot create '%s': %s", lock, strerror(errno));
+    int64_t deadline = ddp__now_ms() + PREP_DEADLINE_MS;
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            close(fd);
+            return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(errno));
+        }
+        if (ddp__now_ms() > deadline) {
+            close(fd);
+            return ddp__err(err, DDP_ERR_TIMEOUT,
+                            "waited 10 min for another process to %s (lock '%s'); remove the "
+                            "lock if no one is",
+                            what, lock);
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ddp_status st = DDP_OK;
+    if (access(out, R_OK) != 0) /* the first one in prepares; the others find it done */
+        st = ddp__write_atomic(out, fn, ctx, err);
+    flock(fd, LOCK_UN);
+    close(fd);
+    return st;
+}

@@ -1,0 +1,239 @@
+/*
+ * test_text.c — language-model data: text to byte tokens (documents dealt to train/val by
+ * position, separator lines kept, folders expanded without links or .dat files, the cached
+ * preparation made once by concurrent processes and found again), windows at arbitrary offsets,
+ * and nanoGPT-style random window starts (in range, a function of (seed, step, sample) alone, so
+ * 2 ranks × B equal 1 rank × 2B).
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+
+static char dir[256];
+
+static void put_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+}
+
+/* Reads a uint16 token file back as a string (every token must be a byte). */
+static char *tokens_as_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    assert_int_equal(n % 2, 0);
+    uint16_t *t = malloc((size_t)n + 2);
+    char *s = malloc((size_t)n / 2 + 1);
+    assert_int_equal(fread(t, 2, (size_t)n / 2, f), (size_t)n / 2);
+    fclose(f);
+    for (long i = 0; i < n / 2; i++) {
+        assert_true(t[i] < 256);
+        s[i] = (char)t[i];
+    }
+    s[n / 2] = '\0';
+    free(t);
+    return s;
+}
+
+static void test_fortune_split(void **state)
+{
+    (void)state;
+    char folder[300], a[400], b[400], link[400], dat[400], tr[400], va[400];
+    snprintf(folder, sizeof folder, "%s/fortunes", dir);
+    assert_int_equal(mkdir(folder, 0755), 0);
+    snprintf(a, sizeof a, "%s/alpha", folder);
+    snprintf(b, sizeof b, "%s/beta.txt", folder);
+    snprintf(link, sizeof link, "%s/alpha.u8", folder);
+    snprintf(dat, sizeof dat, "%s/alpha.dat", folder);
+    put_file(a, "one\n%\ntwo\n%\nthree\n%\n");
+    put_file(b, "four\n%\nfive");
+    put_file(dat, "\x01\x02binary");
+    assert_int_equal(symlink("alpha", link), 0);
+    snprintf(tr, sizeof tr, "%s/train.bin", dir);
+    snprintf(va, sizeof va, "%s/val.bin", dir);
+    ddp_text_opts o = {"%", 2}; /* documents 1 and 3 (two, four) go to validation */
+    ddp_text_stats st;
+    ddp_error err = {0};
+    const char *in[] = {folder};
+    assert_int_equal(ddp_tokens_from_text(in, 1, &o, tr, va, &st, &err), DDP_OK);
+    assert_int_equal(st.documents, 5);
+    char *t = tokens_as_text(tr), *v = tokens_as_text(va);
+    assert_string_equal(t, "one\n%\nthree\n%\nfive");
+    assert_string_equal(v, "two\n%\nfour\n%\n");
+    assert_int_equal(st.train_tokens, strlen(t));
+    assert_int_equal(st.val_tokens, strlen(v));
+    free(t);
+    free(v);
+
+    /* whole files as documents, no validation */
+    ddp_text_opts whole = {NULL, 0};
+    const char *files[] = {b, a};
+    assert_int_equal(ddp_tokens_from_text(files, 2, &whole, tr, NULL, &st, &err), DDP_OK);
+    t = tokens_as_text(tr);
+    assert_string_equal(t, "four\n%\nfiveone\n%\ntwo\n%\nthree\n%\n");
+    free(t);
+
+    /* errors: a missing input, a folder with no text, an empty split; nothing left behind */
+    const char *missing[] = {"/nonexistent/text"};
+    assert_int_equal(ddp_tokens_from_text(missing, 1, &o, tr, va, NULL, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "/nonexistent/text"));
+    char empty[300];
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    mkdir(empty, 0755);
+    const char *ein[] = {empty};
+    assert_int_equal(ddp_tokens_from_text(ein, 1, &o, tr, va, NULL, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "no text files"));
+    ddp_text_opts every1 = {"%", 1}; /* everything to validation: training is empty */
+    unlink(tr);
+    assert_int_equal(ddp_tokens_from_text(in, 1, &every1, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no training tokens"));
+    assert_int_not_equal(access(tr, F_OK), 0);
+}
+
+static void test_prepare_cached_once(void **state)
+{
+    (void)state;
+    char src[300], cache[300];
+    snprintf(src, sizeof src, "%s/corpus.txt", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    char big[20000];
+    size_t n = 0;
+    for (int i = 0; n + 20 < sizeof big; i++)
+        n += (size_t)snprintf(big + n, sizeof big - n, "line %d\n%%\n", i);
+    put_file(src, big);
+    const char *in[] = {src};
+    ddp_text_opts o = {"%", 10};
+    /* four processes at once: one tokenises, all get the same complete files */
+    pid_t kids[4];
+    for (int k = 0; k < 4; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            char tr[512], va[512];
+            ddp_error e = {0};
+            _exit(ddp_tokens_prepare_text(in, 1, &o, cache, tr, va, sizeof tr, &e) == DDP_OK ? 0
+                                                                                             : 1);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        int ws;
+        assert_int_equal(waitpid(kids[k], &ws, 0), kids[k]);
+        assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+    char tr[512], va[512], tr2[512], va2[512];
+    ddp_error err = {0};
+    assert_int_equal(ddp_tokens_prepare_text(in, 1, &o, cache, tr, va, sizeof tr, &err), DDP_OK);
+    assert_non_null(strstr(tr, cache));
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_tokens(tr, 8, &ds, &err), DDP_OK);
+    ddp_text_stats st;
+    char d1[400], d2[400];
+    snprintf(d1, sizeof d1, "%s/direct-train.bin", dir);
+    snprintf(d2, sizeof d2, "%s/direct-val.bin", dir);
+    assert_int_equal(ddp_tokens_from_text(in, 1, &o, d1, d2, &st, &err), DDP_OK);
+    assert_int_equal(ddp_dataset_num_tokens(ds), st.train_tokens);
+    ddp_dataset_close(ds);
+    /* a changed option is a different cache entry */
+    ddp_text_opts o2 = {"%", 5};
+    assert_int_equal(ddp_tokens_prepare_text(in, 1, &o2, cache, tr2, va2, sizeof tr2, &err),
+                     DDP_OK);
+    assert_string_not_equal(tr, tr2);
+    /* no temporary or half file is left in the cache */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c tmp", cache);
+    FILE *p = popen(cmd, "r");
+    int tmps = -1;
+    assert_int_equal(fscanf(p, "%d", &tmps), 1);
+    pclose(p);
+    assert_int_equal(tmps, 0);
+}
+
+static void test_windows(void **state)
+{
+    (void)state;
+    char path[400];
+    snprintf(path, sizeof path, "%s/tok.bin", dir);
+    uint16_t tok[1000];
+    for (int i = 0; i < 1000; i++)
+        tok[i] = (uint16_t)(i % 250);
+    FILE *f = fopen(path, "wb");
+    fwrite(tok, 2, 1000, f);
+    fclose(f);
+    ddp_dataset *ds;
+    ddp_error err = {0};
+    assert_int_equal(ddp_dataset_open_tokens(path, 16, &ds, &err), DDP_OK);
+    assert_int_equal(ddp_dataset_num_tokens(ds), 1000);
+    uint64_t starts[64];
+    ddp_lm_window_starts(7, 3, 0, 64, 1000, 16, starts);
+    int32_t x[64 * 16], y[64 * 16];
+    assert_int_equal(ddp_dataset_get_windows(ds, starts, 64, x, y, &err), DDP_OK);
+    uint64_t maxs = 0;
+    for (int k = 0; k < 64; k++) {
+        assert_true(starts[k] <= 1000 - 16 - 1);
+        maxs = starts[k] > maxs ? starts[k] : maxs;
+        for (int j = 0; j < 16; j++) {
+            assert_int_equal(x[k * 16 + j], (int32_t)((starts[k] + (uint64_t)j) % 250));
+            assert_int_equal(y[k * 16 + j], (int32_t)((starts[k] + (uint64_t)j + 1) % 250));
+        }
+    }
+    assert_true(maxs > 500); /* spread over the file */
+    /* 2 ranks × 32 = 1 rank × 64; other steps and seeds differ */
+    uint64_t r0[32], r1[32], other[64], seed2[64];
+    ddp_lm_window_starts(7, 3, 0, 32, 1000, 16, r0);
+    ddp_lm_window_starts(7, 3, 32, 32, 1000, 16, r1);
+    assert_memory_equal(r0, starts, sizeof r0);
+    assert_memory_equal(r1, starts + 32, sizeof r1);
+    ddp_lm_window_starts(7, 4, 0, 64, 1000, 16, other);
+    ddp_lm_window_starts(8, 3, 0, 64, 1000, 16, seed2);
+    assert_memory_not_equal(other, starts, sizeof other);
+    assert_memory_not_equal(seed2, starts, sizeof seed2);
+    /* the last full window is allowed, one past it is an error naming it */
+    uint64_t last = 1000 - 16 - 1, past = last + 1;
+    assert_int_equal(ddp_dataset_get_windows(ds, &last, 1, x, y, &err), DDP_OK);
+    assert_int_equal(y[15], (int32_t)(999 % 250));
+    assert_int_equal(ddp_dataset_get_windows(ds, &past, 1, x, y, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "984"));
+    ddp_dataset_close(ds);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ddp-test-text-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fortune_split),
+        cmocka_unit_test(test_prepare_cached_once),
+        cmocka_unit_test(test_windows),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,119 @@
+/*
+ * ddpprep — turns text into byte-level token files for ddptrain's GPT (vocabulary 256):
+ *
+ *   ddpprep --out_dir data/fortunes --doc_sep % /usr/share/games/fortunes
+ *
+ * writes data/fortunes/train.bin and val.bin (nanoGPT's headerless uint16 layout). A thin
+ * front end over ddp_tokens_from_text (include/ddp/data.h); uses only the public API.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ddp/ddp.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ddpprep --out_dir DIR [--doc_sep LINE] [--val_every N] INPUT...\n"
+               "  Byte-level tokenisation (vocabulary 256) of text files or folders into\n"
+               "  DIR/train.bin and DIR/val.bin (uint16, nanoGPT's layout).\n"
+               "  --doc_sep LINE   a line that ends a document (fortune files: %%); default:\n"
+               "                   each file is one document\n"
+               "  --val_every N    every Nth document goes to val.bin (10); 0: no val.bin\n"
+               "  Folders contribute their regular files named without a '.' or ending in .txt.\n"
+               "  GPT-2 BPE files made elsewhere (nanoGPT's prepare.py, llm.c's shards) need no\n"
+               "  preparation: give them to ddptrain as data.train/data.val with\n"
+               "  model.vocab_size 50304 (50257 padded to a multiple of 64).\n");
+}
+
+/* "--a_b" and "--a-b", "--k v" and "--k=v": the value of flag `name`, or NULL. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name)
+{
+    const char *a = argv[*i];
+    if (strncmp(a, "--", 2) != 0)
+        return NULL;
+    a += 2;
+    size_t n = strlen(name), k = 0;
+    for (; k < n && a[k]; k++)
+        if (!(a[k] == name[k] || (a[k] == '-' && name[k] == '_')))
+            return NULL;
+    if (k != n)
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (a[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "ddpprep: --%s needs a value\n", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int main(int argc, char **argv)
+{
+    const char *out_dir = NULL;
+    ddp_text_opts o = DDP_TEXT_OPTS_INIT;
+    const char **inputs = calloc((size_t)argc, sizeof *inputs);
+    size_t n = 0;
+    if (!inputs)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            free(inputs);
+            return 0;
+        } else if ((v = flag_value(argc, argv, &i, "out_dir"))) {
+            out_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "doc_sep"))) {
+            o.doc_sep = v;
+        } else if ((v = flag_value(argc, argv, &i, "val_every"))) {
+            char *end;
+            errno = 0;
+            long e = strtol(v, &end, 10);
+            if (errno || *end || e < 0 || e > 1000000) {
+                fprintf(stderr, "ddpprep: --val_every '%s' is not a whole number in 0…1000000\n",
+                        v);
+                free(inputs);
+                return 2;
+            }
+            o.val_every = (unsigned)e;
+        } else if (strncmp(argv[i], "--", 2) == 0) {
+            fprintf(stderr, "ddpprep: unknown flag '%s' (see --help)\n", argv[i]);
+            free(inputs);
+            return 2;
+        } else {
+            inputs[n++] = argv[i];
+        }
+    }
+    if (!out_dir || n == 0) {
+        usage(stderr);
+        free(inputs);
+        return 2;
+    }
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "ddpprep: cannot create '%s': %s\n", out_dir, strerror(errno));
+        free(inputs);
+        return 1;
+    }
+    char tr[4200], va[4200];
+    snprintf(tr, sizeof tr, "%s/train.bin", out_dir);
+    snprintf(va, sizeof va, "%s/val.bin", out_dir);
+    ddp_text_stats st;
+    ddp_error err = {0};
+    ddp_status rc = ddp_tokens_from_text(inputs, n, &o, tr, o.val_every ? va : NULL, &st, &err);
+    free(inputs);
+    if (rc != DDP_OK) {
+        fprintf(stderr, "ddpprep: %s\n", err.msg);
+        return 1;
+    }
+    printf("ddpprep: %llu documents: %llu training tokens in '%s'",
+           (unsigned long long)st.documents, (unsigned long long)st.train_tokens, tr);
+    if (o.val_every)
+        printf(", %llu validation tokens in '%s'", (unsigned long long)st.val_tokens, va);
+    printf(" (byte-level, vocab 256)\n");
+    return 0;
+}
