@@ -58,10 +58,10 @@ size_t ddp_ckpt_dtype_size(ddp_ckpt_dtype t);
 const char *ddp_ckpt_dtype_name(ddp_ckpt_dtype t);
 
 /* Writes n tensors and nmeta metadata pairs (meta_keys[i] → meta_vals[i], UTF-8 strings; may be
- * NULL when nmeta is 0) to path, atomically: the file is written as "<path>.tmp.<pid>" in the
- * same directory, fsync'ed, renamed over path, and the directory is fsync'ed. On any failure the
- * temporary file is removed and a file already at path is left as it was. Borrows everything for
- * the call. Errors: DDP_ERR_INVALID (a bad tensor or key: the message names it), DDP_ERR_NOMEM,
+ * NULL when nmeta is 0) to path, atomically: the file is written as "<path>.tmp.<host>.<pid>" in
+ * the same directory, fsync'ed, renamed over path, and the directory is fsync'ed. On any failure
+ * the temporary file is removed and a file already at path is left as it was. Borrows everything
+ * for the call. Errors: DDP_ERR_INVALID (a bad tensor or key: the message names it), DDP_ERR_NOMEM,
  * DDP_ERR_SYSTEM (with the call, the file and errno — disk full, file-size limit, …).
  * Not safe for two concurrent saves to the same path from one process. */
 ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
@@ -111,6 +111,14 @@ ddp_status ddp_ckpt_latest(const char *dir, const char *prefix, char *out, size_
 /* Deletes all but the keep_last_k (≥ 1) highest-step checkpoints named as above in dir.
  * A file that disappears meanwhile is not an error. Temporary files are left alone. */
 ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_k, ddp_error *err);
+
+/* Removes the temporary files that saves killed mid-way left in dir: those named
+ * "<prefix><step>.safetensors.tmp.<host>.<pid>" by ddp_ckpt_save on THIS host whose process no
+ * longer exists. Another host's temporary files (a shared filesystem), a live writer's, and
+ * anything else are left alone. *removed (may be NULL) receives the count. A missing dir is not
+ * an error. */
+ddp_status ddp_ckpt_clean_stale(const char *dir, const char *prefix, size_t *removed,
+                                ddp_error *err);
 
 #ifdef __cplusplus
 }

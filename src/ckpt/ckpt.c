@@ -1,14 +1,15 @@
 /*
  * ckpt.c — checkpoint directories: find the newest "<prefix><step>.safetensors" and prune old
  * ones. The step is read from the file name only (no file is opened), so these are cheap enough
- * to call every save. Temporary files of an interrupted save ("….tmp.<pid>") never match the
- * name pattern; they are left for the operator, since on a shared filesystem another host may
- * still be writing one.
+ * to call every save. Temporary files of an interrupted save ("….tmp.<host>.<pid>") never match
+ * the name pattern; ddp_ckpt_clean_stale removes those this host's dead processes left, and
+ * leaves other hosts' alone, since on a shared filesystem another host may still be writing one.
  */
 #define _GNU_SOURCE
 #include "ddp/ckpt.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,5 +168,69 @@ ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_
         free(p);
     }
     free_entries(e, n);
+    return st;
+}
+
+/* Whether name is "<prefix><digits>.safetensors.tmp.<host>.<pid>" for this host and a pid that
+ * no longer runs. */
+static bool stale_tmp(const char *name, const char *prefix, const char *host)
+{
+    const char *t = strstr(name, SUFFIX ".tmp.");
+    if (!t)
+        return false;
+    size_t stem = (size_t)(t - name) + strlen(SUFFIX);
+    char base[512];
+    uint64_t step;
+    if (stem >= sizeof base)
+        return false;
+    memcpy(base, name, stem);
+    base[stem] = '\0';
+    if (!match_name(base, prefix, &step))
+        return false;
+    const char *h = t + strlen(SUFFIX ".tmp."), *dot = strrchr(h, '.');
+    if (!dot || (size_t)(dot - h) != strlen(host) || strncmp(h, host, strlen(host)) != 0)
+        return false;
+    long long pid;
+    if (!ddp__parse_int(dot + 1, 1, 1LL << 30, &pid))
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+ddp_status ddp_ckpt_clean_stale(const char *dir, const char *prefix, size_t *removed,
+                                ddp_error *err)
+{
+    if (!dir || !prefix || strchr(prefix, '/'))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "checkpoint directory and prefix are required, and the prefix must not "
+                        "contain '/'");
+    size_t n = 0;
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0 || strchr(host, '/'))
+        snprintf(host, sizeof host, "unknown");
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (removed)
+            *removed = 0;
+        return errno == ENOENT
+                   ? DDP_OK
+                   : ddp__err(err, DDP_ERR_SYSTEM, "cannot open checkpoint directory '%s': %s", dir,
+                              strerror(errno));
+    }
+    ddp_status st = DDP_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!stale_tmp(de->d_name, prefix, host))
+            continue;
+        char p[4400];
+        ddp__fmt(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (unlink(p) == 0)
+            n++;
+        else if (errno != ENOENT)
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot remove the stale temporary file '%s': %s", p,
+                          strerror(errno));
+    }
+    closedir(d);
+    if (removed)
+        *removed = n;
     return st;
 }

@@ -281,7 +281,10 @@ ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
     ddp_status st = DDP_OK;
     slot *order = calloc(n ? n : 1, sizeof *order);
     uint64_t *bytes = calloc(n ? n : 1, sizeof *bytes);
-    size_t tmp_cap = strlen(path) + 32;
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0 || strchr(host, '/'))
+        snprintf(host, sizeof host, "unknown");
+    size_t tmp_cap = strlen(path) + strlen(host) + 40;
     char *tmp = malloc(tmp_cap);
     json_t *root = NULL;
     char *hdr = NULL;
@@ -305,7 +308,8 @@ ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
         lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     static const char spaces[8] = "        ";
 
-    ddp__fmt(tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
+    /* host and pid name the writer, so a later run can tell its own dead saves (ckpt.c) */
+    ddp__fmt(tmp, tmp_cap, "%s.tmp.%s.%ld", path, host, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         st = ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,

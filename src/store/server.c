@@ -536,8 +536,13 @@ static bool read_conn(ddp_store_server *s, conn *c, bool *changed)
             uint32_t flen = ddp__le32(c->in);
             if (flen == 0 || flen > s->max_frame) {
                 char why[160];
-                ddp__fmt(why, sizeof why, "a message of %u bytes, over the limit of %zu",
-                         (unsigned)flen, s->max_frame);
+                if (flen == 0) /* every frame holds at least its operation byte */
+                    ddp__fmt(why, sizeof why,
+                             "a message whose length field is 0 (a frame "
+                             "holds at least its operation)");
+                else
+                    ddp__fmt(why, sizeof why, "a message of %u bytes, over the limit of %zu",
+                             (unsigned)flen, s->max_frame);
                 protocol_violation(s, c, why);
                 return true;
             }

@@ -59,6 +59,11 @@ assert_contains "$T/err" "elastic node ranges are not supported"
 rc=0; "$DDPRUN" --standalone >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
 assert_contains "$T/err" "no program to run"
+for id in . ..; do # a run id of '.' or '..' would put the logs beside or above --log_dir's runs
+    rc=0; "$DDPRUN" --log_dir "$T/logs" --run_id "$id" true >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--run_id $id: exit code $rc, expected 2"
+    assert_contains "$T/err" "outside --log_dir"
+done
 # Flags after the program belong to the program.
 "$DDPRUN" --standalone --nproc-per-node=2 "$WORKER" env "$T/x" --nproc_per_node 5 >/dev/null 2>&1
 [ "$(sed -n 's/^ARG0=//p' "$T/x/env.0")" = --nproc_per_node ] || fail "program flags were eaten"

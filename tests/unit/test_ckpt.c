@@ -604,6 +604,39 @@ static void rm_tree(const char *p)
     rmdir(p);
 }
 
+/* Temporary files of saves killed mid-way: this host's dead writers' go, a live writer's, another
+ * host's, and anything not a checkpoint's stay. */
+static void test_clean_stale(void **state)
+{
+    (void)state;
+    char d[512], host[256] = "", dead[300], live[300], other[300];
+    path_of(d, "stale");
+    assert_int_equal(mkdir(d, 0755), 0);
+    assert_int_equal(gethostname(host, sizeof host - 1), 0);
+    pid_t kid = fork();
+    if (kid == 0)
+        _exit(0);
+    assert_int_equal(waitpid(kid, NULL, 0), kid); /* a pid that no longer runs */
+    snprintf(dead, sizeof dead, "ckpt_7.safetensors.tmp.%s.%d", host, (int)kid);
+    snprintf(live, sizeof live, "ckpt_8.safetensors.tmp.%s.%d", host, (int)getpid());
+    snprintf(other, sizeof other, "ckpt_9.safetensors.tmp.%s-elsewhere.%d", host, (int)kid);
+    const char *keep[] = {live, other, "ckpt_10.safetensors", "notes.tmp.x.1",
+                          "ckpt_11.safetensors.tmp.123"};
+    touch("stale", dead);
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        touch("stale", keep[i]);
+    size_t removed = 99;
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_clean_stale(d, "ckpt_", &removed, &err), DDP_OK);
+    assert_int_equal(removed, 1);
+    assert_false(exists("stale", dead));
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        assert_true(exists("stale", keep[i]));
+    path_of(d, "no-such-stale");
+    assert_int_equal(ddp_ckpt_clean_stale(d, "ckpt_", &removed, &err), DDP_OK);
+    assert_int_equal(removed, 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -628,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_atomic_write_failure),
         cmocka_unit_test(test_atomic_rename_failure),
         cmocka_unit_test(test_latest_prune),
+        cmocka_unit_test(test_clean_stale),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

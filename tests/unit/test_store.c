@@ -1107,7 +1107,7 @@ static void garbage_bytes(void **state)
 
     static const unsigned char zero[] = {0, 0, 0, 0};
     expect_dropped(f, "an empty frame", false, zero, sizeof zero, false, DDP__R_PROTOCOL,
-                   "a message of 0 bytes");
+                   "length field is 0");
 }
 
 static void bad_hello(void **state)

@@ -303,6 +303,10 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         if (!*v || strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
                        strlen(v))
             return bad("--run_id '%s': use letters, digits, '_', '.' and '-' (it names files)", v);
+        if (strcmp(v, ".") == 0 || strcmp(v, "..") == 0) /* would name log_dir or its parent */
+            return bad("--run_id '%s' names a folder outside --log_dir's run folders; give a "
+                       "name such as 'job1'",
+                       v);
         o->run_id_set = true;
         return copy_str(name, v, o->run_id, sizeof o->run_id);
     }
