@@ -35,6 +35,41 @@ wait $LAST 2>/dev/null || true
 wait_gone "$d" 5
 ok "SIGKILL to ddprun: no worker or grandchild survives"
 
+# Ctrl-Z (SIGTSTP to ddprun) stops every worker and ddprun; fg (SIGCONT) resumes them all. A
+# worker stopped by someone else is reported with its rank and pid, and again when it continues.
+state() { sed -n 's/^[0-9]* ([^)]*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null; }
+wait_state() { # wait_state PID WANT(T|run) SECONDS
+    local i
+    for ((i = 0; i < $3 * 20; i++)); do
+        local s; s=$(state "$1")
+        if [ "$2" = T ]; then [ "$s" = T ] && return 0; else [ -n "$s" ] && [ "$s" != T ] && return 0; fi
+        sleep 0.05
+    done
+    fail "pid $1 is in state '$(state "$1")', want $2"
+}
+d=$T/tstp
+start_sleepers "$d"
+kill -TSTP $LAST
+wait_state $LAST T 5
+for p in $(cat "$d"/pid.*); do wait_state "$p" T 5; done
+kill -CONT $LAST
+for p in $(cat "$d"/pid.*); do wait_state "$p" run 5; done
+wait_state $LAST run 5
+alive $LAST || fail "ddprun died after SIGCONT"
+kill -STOP "$(cat "$d/pid.1")"
+for ((i = 0; i < 100; i++)); do grep -q "rank 1 (pid .*) was stopped by SIGSTOP" "$d/err" && break; sleep 0.05; done
+kill -CONT "$(cat "$d/pid.1")"
+for ((i = 0; i < 100; i++)); do grep -q "rank 1 (pid .*) continues" "$d/err" && break; sleep 0.05; done
+kill -TERM $LAST
+rc=0; wait $LAST || rc=$?
+[ $rc -eq 143 ] || fail "after Ctrl-Z and fg: exit $rc after SIGTERM, want 143"
+assert_contains "$d/err" "received SIGTSTP: stopped 3 workers and ddprun"
+assert_contains "$d/err" "continued: resuming 3 workers"
+assert_contains "$d/err" "rank 1 (pid $(cat "$d/pid.1")) was stopped by SIGSTOP"
+assert_contains "$d/err" "rank 1 (pid $(cat "$d/pid.1")) continues"
+wait_gone "$d" 5
+ok "Ctrl-Z stops ddprun and every worker, fg resumes them; a worker stopped by someone else is named"
+
 # Ctrl-C at a terminal reaches the whole foreground process group: ddprun, its reaper and (not)
 # the workers, which live in their own groups. Simulate with a new group led by ddprun.
 d=$T/ctrlc; mkdir -p "$d"

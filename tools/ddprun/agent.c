@@ -49,6 +49,7 @@ typedef struct failure {
 typedef struct agent {
     ddprun_opts *o;
     int sigfd, reaper_fd;
+    bool suspended; /* stopped by Ctrl-Z (SIGTSTP) until SIGCONT */
     char host[256];
     ddp_store_server *server;
     ddp_store *store;
@@ -83,12 +84,43 @@ static void key(char *buf, size_t cap, const agent *a, const char *what)
     snprintf(buf, cap, "ddprun/a%d/%s", a->wd.attempt, what);
 }
 
+/* Ctrl-Z (SIGTSTP) and fg (SIGCONT), which ddprun receives through its signalfd: the workers
+ * are in process groups of their own, which the terminal does not reach, so ddprun passes
+ * SIGTSTP on to every running worker's group and then stops itself; SIGCONT (fg, bg, kill -CONT)
+ * is passed on the same way. Returns whether sig was one of the two. While ddprun is stopped
+ * the other nodes' agents hear nothing from it and stop the job after --agent_timeout. */
+static bool job_control(agent *a, int sig)
+{
+    if (sig != SIGTSTP && sig != SIGCONT)
+        return false;
+    int n = 0;
+    for (int i = 0; i < a->o->nproc; i++)
+        if (a->w[i].running) {
+            ddprun_signal_worker(&a->w[i], sig);
+            n++;
+        }
+    if (sig == SIGTSTP) {
+        ddprun_say("received SIGTSTP: stopped %d worker%s and ddprun; 'fg' (SIGCONT) resumes "
+                   "them all",
+                   n, n == 1 ? "" : "s");
+        a->suspended = true;
+        raise(SIGSTOP); /* SIGTSTP itself is blocked here; this returns at SIGCONT */
+    } else if (a->suspended || n) {
+        if (a->suspended)
+            ddprun_say("continued: resuming %d worker%s", n, n == 1 ? "" : "s");
+        a->suspended = false;
+    }
+    return true;
+}
+
 /* Whether SIGINT/SIGTERM/SIGHUP arrived while no worker runs (connecting, rendezvous). Records
  * the signal; SIGCHLD is left for the monitor loop, which reaps with waitpid() anyway. */
 static bool interrupted(agent *a)
 {
     struct signalfd_siginfo si;
     while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (job_control(a, (int)si.ssi_signo))
+            continue;
         if (si.ssi_signo != SIGCHLD && !a->stop_signal) {
             a->stop_signal = (int)si.ssi_signo;
             ddprun_say("received SIG%s while no worker runs: stopping",
@@ -622,8 +654,8 @@ static outcome run_attempt(agent *a)
             struct signalfd_siginfo si;
             while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
                 int sig = (int)si.ssi_signo;
-                if (sig == SIGCHLD)
-                    continue; /* reaped below */
+                if (sig == SIGCHLD || job_control(a, sig))
+                    continue; /* SIGCHLD: reaped below */
                 if (a->stop_signal) {
                     ddprun_say("second %s: killing every worker now", sigabbrev_np(sig));
                     stop_workers(a, SIGKILL, &kill_at);
@@ -653,14 +685,22 @@ static outcome run_attempt(agent *a)
         /* Reap whatever exited (the signalfd only says that something did). */
         int status;
         pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
+        while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
             ddprun_worker *w = find_worker(a, pid);
             if (!w || !w->running)
                 continue; /* the reaper, or a stranger */
             if (WIFSTOPPED(status)) {
-                ddprun_say("rank %d (pid %d) was stopped by SIG%s; it will not progress until "
-                           "it gets SIGCONT",
-                           w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)));
+                if (!a->suspended) /* not our Ctrl-Z: a debugger, or someone's SIGSTOP */
+                    ddprun_say("rank %d (pid %d) was stopped by SIG%s; the job will not "
+                               "progress until it gets SIGCONT (kill -CONT %d)",
+                               w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)), (int)pid);
+                w->seen_stopped = !a->suspended;
+                continue;
+            }
+            if (WIFCONTINUED(status)) {
+                if (w->seen_stopped)
+                    ddprun_say("rank %d (pid %d) continues", w->rank, (int)pid);
+                w->seen_stopped = false;
                 continue;
             }
             w->running = false;

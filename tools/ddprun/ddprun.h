@@ -75,6 +75,7 @@ typedef struct ddprun_worker {
     bool running; /* spawned and not yet reaped */
     int status;   /* waitpid() status once reaped */
     int64_t exited_ms;
+    bool seen_stopped; /* reported as stopped by someone else; its resumption is reported too */
     ddprun_stream out, err;
     char log_path[1500]; /* its stderr.log, or "" */
 } ddprun_worker;

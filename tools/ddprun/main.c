@@ -101,6 +101,10 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGCHLD);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
+    /* Ctrl-Z and fg: the workers live in their own process groups, out of the terminal's reach,
+     * so ddprun stops and continues them itself (agent.c) */
+    sigaddset(&mask, SIGTSTP);
+    sigaddset(&mask, SIGCONT);
     /* Under nohup SIGHUP is ignored on purpose: then it stays ignored, for workers too. */
     struct sigaction hup;
     if (sigaction(SIGHUP, NULL, &hup) != 0 || hup.sa_handler != SIG_IGN)
