@@ -74,16 +74,6 @@ struct ddp_reducer {
     char err[DDP_ERRMSG_MAX];
 };
 
-static ddp_status fail(ddp_reducer *r, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
-static ddp_status fail(ddp_reducer *r, ddp_status st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ddp__vfmt(r->err, sizeof r->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
 static bool float_dtype(ddp_dtype t)
 {
     return t == DDP_FLOAT32 || t == DDP_FLOAT64 || t == DDP_BFLOAT16 || t == DDP_FLOAT16;
@@ -161,8 +151,8 @@ static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
     for (size_t i = 0; i < n; i++) {
         ddp_status st = ddp_broadcast(r->g, ps[i].data, ps[i].count, ps[i].dtype, 0);
         if (st)
-            return fail(r, st, "broadcasting '%s' from rank 0: %s", ps[i].name,
-                        ddp_group_last_error(r->g));
+            return ddp__errmsg(r->err, st, "broadcasting '%s' from rank 0: %s", ps[i].name,
+                               ddp_group_last_error(r->g));
     }
     return DDP_OK;
 }
@@ -474,7 +464,8 @@ static ddp_status launch(ddp_reducer *r, bucket *b)
         b->inline_done = st == DDP_OK;
     }
     if (st)
-        return fail(r, st, "bucket %zu: %s", (size_t)(b - r->b), ddp_group_last_error(r->g));
+        return ddp__errmsg(r->err, st, "bucket %zu: %s", (size_t)(b - r->b),
+                           ddp_group_last_error(r->g));
     b->launched = true;
     r->stats.buckets++;
     if (r->stats.first_launch < 0)
@@ -497,15 +488,17 @@ static ddp_status launch_ready(ddp_reducer *r, bool force)
 ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
 {
     if (!r || i >= r->nparams)
-        return r ? fail(r, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i) : DDP_ERR_INVALID;
+        return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i)
+                 : DDP_ERR_INVALID;
     if (r->awaiting)
-        return fail(r, DDP_ERR_INVALID,
-                    "mark_ready: the last sharded step was not gathered; call "
-                    "ddp_reducer_gather_params after the optimizer step");
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "mark_ready: the last sharded step was not gathered; call "
+                           "ddp_reducer_gather_params after the optimizer step");
     if (r->consumed)
-        return fail(r, DDP_ERR_INVALID,
-                    "mark_ready: after a sharded step the gradients hold the mean only in this "
-                    "rank's shard; call ddp_reducer_zero_grad before the next backward");
+        return ddp__errmsg(
+            r->err, DDP_ERR_INVALID,
+            "mark_ready: after a sharded step the gradients hold the mean only in this "
+            "rank's shard; call ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open) {
@@ -513,9 +506,10 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
         r->step_open = true;
     }
     if (r->ready[i])
-        return fail(r, DDP_ERR_INVALID,
-                    "mark_ready: '%s' was already marked this step (call finish between steps)",
-                    r->params[i].name);
+        return ddp__errmsg(
+            r->err, DDP_ERR_INVALID,
+            "mark_ready: '%s' was already marked this step (call finish between steps)",
+            r->params[i].name);
     r->ready[i] = true;
     r->b[r->bucket_of[i]].pending--;
     return launch_ready(r, false);
@@ -535,13 +529,13 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     if (!r)
         return DDP_ERR_INVALID;
     if (r->awaiting)
-        return fail(r, DDP_ERR_INVALID,
-                    "finish: the last sharded step was not gathered; call "
-                    "ddp_reducer_gather_params after the optimizer step");
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "finish: the last sharded step was not gathered; call "
+                           "ddp_reducer_gather_params after the optimizer step");
     if (r->consumed)
-        return fail(r, DDP_ERR_INVALID,
-                    "finish: after a sharded step the gradients hold the mean only in this "
-                    "rank's shard; call ddp_reducer_zero_grad before the next backward");
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "finish: after a sharded step the gradients hold the mean only in this "
+                           "rank's shard; call ddp_reducer_zero_grad before the next backward");
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open)
@@ -563,7 +557,7 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         ddp_work_free(b->work);
         b->work = NULL;
         if (s2 && !st)
-            st = fail(r, s2, "%s", ddp_group_last_error(r->g));
+            st = ddp__errmsg(r->err, s2, "%s", ddp_group_last_error(r->g));
         if (!s2 && b->wire)
             unwire(r, b);
     }
@@ -608,9 +602,10 @@ bool ddp_reducer_sharded(const ddp_reducer *r)
 static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
 {
     if (!r || !arrays)
-        return r ? fail(r, DDP_ERR_INVALID, "%s: no arrays", what) : DDP_ERR_INVALID;
+        return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: no arrays", what) : DDP_ERR_INVALID;
     if (r->step_open)
-        return fail(r, DDP_ERR_INVALID, "%s: a step is under way; call finish first", what);
+        return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: a step is under way; call finish first",
+                           what);
     if (!r->shard)
         return DDP_OK;
     size_t most = 0;
@@ -622,9 +617,9 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
     ddp_status st = ddp_allreduce(r->g, &mine, &all, 1, DDP_INT32, DDP_MIN);
     if (st || !all) {
         free(mem);
-        return st ? fail(r, st, "%s: %s", what, ddp_group_last_error(r->g))
-                  : fail(r, DDP_ERR_NOMEM, "%s: out of memory on %s", what,
-                         mine ? "another rank" : "this rank");
+        return st ? ddp__errmsg(r->err, st, "%s: %s", what, ddp_group_last_error(r->g))
+                  : ddp__errmsg(r->err, DDP_ERR_NOMEM, "%s: out of memory on %s", what,
+                                mine ? "another rank" : "this rank");
     }
     for (size_t k = 0; k < r->nb && !st; k++) {
         bucket *b = &r->b[k];
@@ -638,7 +633,7 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
         }
         st = ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block, b->dtype);
         if (st) {
-            fail(r, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
+            ddp__errmsg(r->err, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
             break;
         }
         for (size_t q = b->first; q < b->last; q++) {
@@ -668,8 +663,8 @@ ddp_status ddp_reducer_gather_params(ddp_reducer *r)
             ddp_allgather(r->g, mem + b->block * (size_t)r->me * ddp_dtype_size(b->dtype), mem,
                           b->block, b->dtype);
         if (st)
-            return fail(r, st, "gathering the parameters, bucket %zu: %s", k,
-                        ddp_group_last_error(r->g));
+            return ddp__errmsg(r->err, st, "gathering the parameters, bucket %zu: %s", k,
+                               ddp_group_last_error(r->g));
     }
     return DDP_OK;
 }
@@ -698,7 +693,8 @@ static double sum_squares(const void *v, size_t n, ddp_dtype t)
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
 {
     if (!r || !norm)
-        return r ? fail(r, DDP_ERR_INVALID, "grad_norm: norm is required") : DDP_ERR_INVALID;
+        return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "grad_norm: norm is required")
+                 : DDP_ERR_INVALID;
     double ss = 0.0;
     for (size_t i = 0; i < r->nparams; i++) {
         size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
@@ -709,7 +705,7 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
         double all;
         ddp_status st = ddp_allreduce(r->g, &ss, &all, 1, DDP_FLOAT64, DDP_SUM);
         if (st)
-            return fail(r, st, "grad_norm: %s", ddp_group_last_error(r->g));
+            return ddp__errmsg(r->err, st, "grad_norm: %s", ddp_group_last_error(r->g));
         ss = all;
     }
     *norm = sqrt(ss);

@@ -12,7 +12,6 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,16 +226,6 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-static ddp_status call_fail(ddp_group *g, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
-static ddp_status call_fail(ddp_group *g, ddp_status st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ddp__vfmt(g->callmsg, sizeof g->callmsg, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
 /* Validates, numbers and either runs (blocking, nothing queued) or queues the collective. */
 static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, ddp_work **out)
 {
@@ -248,26 +237,28 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, 
     const char *what = ddp__kind_name(c.kind);
     if (c.kind != DDP__BARRIER) {
         if ((unsigned)c.dtype >= DDP_DTYPE_COUNT)
-            return call_fail(g, DDP_ERR_INVALID, "%s: invalid dtype %d", what, (int)c.dtype);
+            return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s: invalid dtype %d", what,
+                               (int)c.dtype);
         if (c.count && (!c.recv || (c.kind != DDP__BROADCAST && !c.send)))
-            return call_fail(g, DDP_ERR_INVALID, "%s: a buffer is NULL", what);
+            return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s: a buffer is NULL", what);
         if (c.count > ((size_t)1 << 40))
-            return call_fail(g, DDP_ERR_INVALID, "%s: count %zu is too large", what, c.count);
+            return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s: count %zu is too large", what,
+                               c.count);
     }
     if ((c.kind == DDP__ALLREDUCE || c.kind == DDP__REDUCE_SCATTER) &&
         (unsigned)user_op >= DDP_OP_COUNT)
-        return call_fail(g, DDP_ERR_INVALID, "%s: invalid op %d", what, (int)user_op);
+        return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s: invalid op %d", what, (int)user_op);
     if (c.kind == DDP__BROADCAST && (c.root < 0 || c.root >= g->world.world_size))
-        return call_fail(g, DDP_ERR_INVALID, "broadcast: root %d is not a rank (0..%d)", c.root,
-                         g->world.world_size - 1);
+        return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "broadcast: root %d is not a rank (0..%d)",
+                           c.root, g->world.world_size - 1);
     if (async && !out)
-        return call_fail(g, DDP_ERR_INVALID, "%s_async: work is NULL", what);
+        return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s_async: work is NULL", what);
     c.op = user_op == DDP_AVG ? DDP_SUM : user_op;
     c.seq = ++g->seq;
 
     ddp_work *w = calloc(1, sizeof *w);
     if (!w)
-        return call_fail(g, DDP_ERR_NOMEM, "%s: out of memory", what);
+        return ddp__errmsg(g->callmsg, DDP_ERR_NOMEM, "%s: out of memory", what);
     w->g = g;
     w->c = c;
     w->user_op = user_op;
@@ -285,8 +276,8 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, 
             if (rc != 0) {
                 pthread_mutex_unlock(&g->mu);
                 free(w);
-                return call_fail(g, DDP_ERR_SYSTEM, "cannot start the progress thread: %s",
-                                 strerror(rc));
+                return ddp__errmsg(g->callmsg, DDP_ERR_SYSTEM,
+                                   "cannot start the progress thread: %s", strerror(rc));
             }
             g->thread_started = true;
         }

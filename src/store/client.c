@@ -9,7 +9,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,16 +36,6 @@ struct ddp_store {
     size_t reply_len, reply_cap;
     char err[DDP_ERRMSG_MAX];
 };
-
-static ddp_status fail(ddp_store *s, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
-static ddp_status fail(ddp_store *s, ddp_status st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ddp__vfmt(s->err, sizeof s->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
 /* A key as it appears in messages: quoted, cut to keep the message one readable line. */
 static void show_key(char *buf, size_t cap, const char *key)
@@ -171,16 +160,17 @@ static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
             char waited[32];
             ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
             if (st == DDP_ERR_AUTH)
-                return fail(s, st, "the store at '%s:%d' refused our token: %s", s->host, s->port,
-                            e.msg);
+                return ddp__errmsg(s->err, st, "the store at '%s:%d' refused our token: %s",
+                                   s->host, s->port, e.msg);
             if (st == DDP_ERR_NETWORK || st == DDP_ERR_TIMEOUT)
-                return fail(s, DDP_ERR_TIMEOUT,
-                            "cannot reach the store at '%s:%d' after %s (%s); check that its host "
-                            "(ddprun on node 0, or rank 0) is running and that MASTER_ADDR and "
-                            "MASTER_PORT point at it",
-                            s->host, s->port, waited, e.msg);
-            return fail(s, st, "connecting to the store at '%s:%d' failed: %s", s->host, s->port,
-                        e.msg);
+                return ddp__errmsg(
+                    s->err, DDP_ERR_TIMEOUT,
+                    "cannot reach the store at '%s:%d' after %s (%s); check that its host "
+                    "(ddprun on node 0, or rank 0) is running and that MASTER_ADDR and "
+                    "MASTER_PORT point at it",
+                    s->host, s->port, waited, e.msg);
+            return ddp__errmsg(s->err, st, "connecting to the store at '%s:%d' failed: %s", s->host,
+                               s->port, e.msg);
         }
         sleep_ms(backoff);
         if (backoff < 200)
@@ -211,24 +201,26 @@ static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r
     char waited[32];
     ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
     if (st == DDP_ERR_TIMEOUT)
-        return fail(s, st, "store %s(%s) timed out after %s at '%s:%d'", op, k, waited, s->host,
-                    s->port);
+        return ddp__errmsg(s->err, st, "store %s(%s) timed out after %s at '%s:%d'", op, k, waited,
+                           s->host, s->port);
     if (st == DDP_ERR_NETWORK)
-        return fail(s, st,
-                    "store %s(%s) failed: lost the connection to the store at '%s:%d' (%s); its "
-                    "host (ddprun on node 0, or rank 0) has probably exited",
-                    op, k, s->host, s->port, e.msg);
-    return fail(s, st, "store %s(%s) failed: %s", op, k, e.msg);
+        return ddp__errmsg(
+            s->err, st,
+            "store %s(%s) failed: lost the connection to the store at '%s:%d' (%s); its "
+            "host (ddprun on node 0, or rank 0) has probably exited",
+            op, k, s->host, s->port, e.msg);
+    return ddp__errmsg(s->err, st, "store %s(%s) failed: %s", op, k, e.msg);
 }
 
 static ddp_status check_key(ddp_store *s, const char *op, const char *key)
 {
     if (!key)
-        return fail(s, DDP_ERR_INVALID, "store %s: key is NULL", op);
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: key is NULL", op);
     size_t n = strlen(key);
     if (n == 0 || n > DDP_STORE_MAX_KEY)
-        return fail(s, DDP_ERR_INVALID, "store %s: a key must have 1 to %d bytes, not %zu", op,
-                    DDP_STORE_MAX_KEY, n);
+        return ddp__errmsg(s->err, DDP_ERR_INVALID,
+                           "store %s: a key must have 1 to %d bytes, not %zu", op,
+                           DDP_STORE_MAX_KEY, n);
     return DDP_OK;
 }
 
@@ -238,10 +230,11 @@ static ddp_status check_value(ddp_store *s, const char *op, const char *key, siz
     if (len > limit) {
         char k[100];
         show_key(k, sizeof k, key);
-        return fail(s, DDP_ERR_TOO_LARGE,
-                    "store %s(%s): a value of %zu bytes is over the store's limit of %zu; keep "
-                    "large data out of the store (it is for rendezvous, not for tensors)",
-                    op, k, len, limit);
+        return ddp__errmsg(
+            s->err, DDP_ERR_TOO_LARGE,
+            "store %s(%s): a value of %zu bytes is over the store's limit of %zu; keep "
+            "large data out of the store (it is for rendezvous, not for tensors)",
+            op, k, len, limit);
     }
     return DDP_OK;
 }
@@ -255,7 +248,7 @@ static void begin(ddp_store *s, uint8_t op)
 static ddp_status malformed(ddp_store *s, const char *op)
 {
     disconnect(s);
-    return fail(s, DDP_ERR_PROTOCOL, "store %s: the server's reply is malformed", op);
+    return ddp__errmsg(s->err, DDP_ERR_PROTOCOL, "store %s: the server's reply is malformed", op);
 }
 
 /* Copies a blob into a new NUL-terminated buffer. */
@@ -263,7 +256,8 @@ static ddp_status copy_out(ddp_store *s, const char *data, size_t n, void **out,
 {
     char *p = malloc(n + 1);
     if (!p)
-        return fail(s, DDP_ERR_NOMEM, "out of memory copying a store value of %zu bytes", n);
+        return ddp__errmsg(s->err, DDP_ERR_NOMEM,
+                           "out of memory copying a store value of %zu bytes", n);
     memcpy(p, data, n);
     p[n] = '\0';
     *out = p;
@@ -344,7 +338,7 @@ ddp_status ddp_store_set(ddp_store *s, const char *key, const void *value, size_
     if ((st = check_key(s, "set", key)) || (st = check_value(s, "set", key, len)))
         return st;
     if (!value && len)
-        return fail(s, DDP_ERR_INVALID, "store set: value is NULL");
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store set: value is NULL");
     begin(s, DDP__OP_SET);
     ddp__buf_blob(&s->req, key, strlen(key));
     ddp__buf_blob(&s->req, value, len);
@@ -359,7 +353,7 @@ ddp_status ddp_store_get(ddp_store *s, const char *key, void **value, size_t *le
     if (st)
         return st;
     if (!value)
-        return fail(s, DDP_ERR_INVALID, "store get: value is NULL");
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store get: value is NULL");
     begin(s, DDP__OP_GET);
     ddp__buf_blob(&s->req, key, strlen(key));
     ddp__buf_frame_end(&s->req);
@@ -409,7 +403,8 @@ ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expe
         (st = check_value(s, "compare_set", key, desired_len)))
         return st;
     if ((!expected && expected_len) || (!desired && desired_len))
-        return fail(s, DDP_ERR_INVALID, "store compare_set: expected or desired is NULL");
+        return ddp__errmsg(s->err, DDP_ERR_INVALID,
+                           "store compare_set: expected or desired is NULL");
     begin(s, DDP__OP_CAS);
     ddp__buf_blob(&s->req, key, strlen(key));
     ddp__buf_blob(&s->req, expected, expected_len);
@@ -435,8 +430,8 @@ static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code, const
                                size_t n)
 {
     if (n > DDP__STORE_MAX_KEYS || (n && !keys))
-        return fail(s, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
-                    DDP__STORE_MAX_KEYS, n);
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
+                           DDP__STORE_MAX_KEYS, n);
     for (size_t i = 0; i < n; i++) {
         ddp_status st = check_key(s, op, keys[i]);
         if (st)
@@ -499,12 +494,14 @@ ddp_status ddp_store_wait(ddp_store *s, const char *const *keys, size_t n)
     }
     s->timeout_ms = saved;
     if (!known || !missing)
-        return fail(s, DDP_ERR_TIMEOUT, "store wait for %zu keys timed out after %s at '%s:%d'", n,
-                    waited, s->host, s->port);
-    return fail(s, DDP_ERR_TIMEOUT,
-                "store wait for %zu keys timed out after %s at '%s:%d'; %zu of %zu keys still "
-                "missing: %s%s",
-                n, waited, s->host, s->port, missing, n, list, missing > 3 ? ", …" : "");
+        return ddp__errmsg(s->err, DDP_ERR_TIMEOUT,
+                           "store wait for %zu keys timed out after %s at '%s:%d'", n, waited,
+                           s->host, s->port);
+    return ddp__errmsg(
+        s->err, DDP_ERR_TIMEOUT,
+        "store wait for %zu keys timed out after %s at '%s:%d'; %zu of %zu keys still "
+        "missing: %s%s",
+        n, waited, s->host, s->port, missing, n, list, missing > 3 ? ", …" : "");
 }
 
 ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)
@@ -545,7 +542,7 @@ ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)
 ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
 {
     if (!name || nranks < 1 || strlen(name) > DDP_STORE_MAX_KEY - 32)
-        return fail(s, DDP_ERR_INVALID, "store barrier: needs a name and nranks ≥ 1");
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store barrier: needs a name and nranks ≥ 1");
     char count_key[DDP_STORE_MAX_KEY + 1], done_key[DDP_STORE_MAX_KEY + 1];
     ddp__fmt(count_key, sizeof count_key, "barrier/%s/count", name);
     ddp__fmt(done_key, sizeof done_key, "barrier/%s/done", name);
@@ -555,10 +552,11 @@ ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
     if (st)
         return st;
     if (n > nranks)
-        return fail(s, DDP_ERR_INVALID,
-                    "barrier '%s' was entered by more than %d ranks: use a new name for each "
-                    "barrier (add a counter)",
-                    name, nranks);
+        return ddp__errmsg(
+            s->err, DDP_ERR_INVALID,
+            "barrier '%s' was entered by more than %d ranks: use a new name for each "
+            "barrier (add a counter)",
+            name, nranks);
     if (n == nranks && (st = ddp_store_set(s, done_key, "1", 1)))
         return st;
     const char *keys[1] = {done_key};
@@ -575,11 +573,13 @@ ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
     char waited[32];
     ddp__fmt_duration(waited, sizeof waited, ddp__now_ms() - start);
     if (arrived >= 0)
-        return fail(s, DDP_ERR_TIMEOUT,
-                    "barrier '%s' timed out after %s (%lld of %d ranks arrived); the missing "
-                    "ranks may have failed, hung, or not been started",
-                    name, waited, (long long)arrived, nranks);
-    return fail(s, DDP_ERR_TIMEOUT, "barrier '%s' timed out after %s (%s)", name, waited, msg);
+        return ddp__errmsg(
+            s->err, DDP_ERR_TIMEOUT,
+            "barrier '%s' timed out after %s (%lld of %d ranks arrived); the missing "
+            "ranks may have failed, hung, or not been started",
+            name, waited, (long long)arrived, nranks);
+    return ddp__errmsg(s->err, DDP_ERR_TIMEOUT, "barrier '%s' timed out after %s (%s)", name,
+                       waited, msg);
 }
 
 ddp_status ddp_random_token(char *out, size_t len, ddp_error *err)

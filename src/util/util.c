@@ -63,6 +63,15 @@ ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...)
     return st;
 }
 
+ddp_status ddp__errmsg(char msg[static DDP_ERRMSG_MAX], ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(msg, DDP_ERRMSG_MAX, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 int64_t ddp__now_ns(void)
 {
     struct timespec ts;

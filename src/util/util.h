@@ -25,6 +25,12 @@ void ddp__fmt(char *buf, size_t cap, const char *fmt, ...) DDP_PRINTF(3, 4);
 /* Records st and a formatted message in err (NULL is allowed) and returns st. */
 ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
 
+/* Formats a message into a handle's message buffer (the one its *_last_error() returns) and
+ * returns st, so that `return ddp__errmsg(h->err, DDP_ERR_INVALID, "...")` records and fails in
+ * one statement. */
+ddp_status ddp__errmsg(char msg[static DDP_ERRMSG_MAX], ddp_status st, const char *fmt, ...)
+    DDP_PRINTF(3, 4);
+
 /* Milliseconds / nanoseconds on CLOCK_MONOTONIC. */
 int64_t ddp__now_ms(void);
 int64_t ddp__now_ns(void);
