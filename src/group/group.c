@@ -1,7 +1,7 @@
 /*
  * group.c — the process group's core: set-up, ordering, deadlines, poisoning, the debug check,
- * AVG, and the progress thread for asynchronous work. Bytes move only in the backends (shm.c,
- * tcp.c, hier.c) behind the table in group_int.h.
+ * AVG, and the progress thread for asynchronous work. Bytes move only in the backends (shm/,
+ * tcp/, hier/), created and chosen through the registry (backends.c, group_int.h).
  *
  * Ordering: every collective gets the next sequence number. Blocking calls run on the caller's
  * thread when nothing is queued (no hand-off, so small collectives stay fast) and otherwise
@@ -40,7 +40,7 @@ struct ddp_group {
     bool own_store;
     void *be;
     const ddp__backend_ops *ops;
-    char backend[16];
+    const char *backend; /* the registry entry's name (static) */
     char prefix[64];
     int *ranks;
     int timeout_ms;
@@ -457,7 +457,7 @@ bool ddp_group_core_to_spare(const ddp_group *g)
 
 const char *ddp_group_backend(const ddp_group *g)
 {
-    return g ? g->backend : "";
+    return g && g->backend ? g->backend : "";
 }
 
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms)
@@ -519,6 +519,24 @@ static int env_int(const char *name, int dflt)
     return v && ddp__parse_int(v, 0, INT32_MAX, &x) ? (int)x : dflt;
 }
 
+/* Publishes this rank's host id and reads every rank's into hosts (W strings, caller frees). */
+static ddp_status gather_hosts(ddp_group *g, const char *host, char **hosts, ddp_error *err)
+{
+    char key[128];
+    ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, g->world.rank);
+    if (ddp_store_set(g->store, key, host, strlen(host)) != DDP_OK)
+        return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
+    for (int r = 0; r < g->world.world_size; r++) {
+        ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
+        void *v;
+        if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK)
+            return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
+                            ddp_store_last_error(g->store));
+        hosts[r] = v;
+    }
+    return DDP_OK;
+}
+
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err)
 {
     ddp_group_opts def = DDP_GROUP_OPTS_INIT;
@@ -546,14 +564,11 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     if (g->timeout_ms <= 0)
         g->timeout_ms = DEFAULT_TIMEOUT_MS;
     g->debug = opts->debug >= 0 ? opts->debug != 0 : env_int("DDP_DEBUG", 0) != 0;
-    const char *want = opts->backend ? opts->backend : getenv("DDP_BACKEND");
-    if (!want || !*want)
-        want = "auto";
-    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "tcp")) {
-        st = ddp__err(err, DDP_ERR_INVALID, "unknown backend '%s': use auto, shm or tcp", want);
+    /* An unknown name fails here, before any rank waits on another. */
+    const ddp__backend *named, *chosen;
+    if ((st = ddp__backend_lookup(opts->backend ? opts->backend : getenv("DDP_BACKEND"), &named,
+                                  err)))
         goto out_fail;
-    }
-    size_t arena = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA;
 
     /* The store: borrowed, or the job's. Set-up waits are bounded by the group's timeout but
      * at most 5 minutes (a missing rank at start-up should not take 30 minutes to report). */
@@ -577,7 +592,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     }
     ddp__fmt(g->prefix, sizeof g->prefix, "ddp/g%lld", (long long)k);
 
-    /* Who shares a host: publish our host id, read everyone's. */
+    /* Where the ranks run: every rank's host id. */
     char host[256];
     const char *hid = opts->host_id ? opts->host_id : getenv("DDP_HOST_ID");
     if (hid && *hid) {
@@ -586,56 +601,36 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         ddp__fmt(host, sizeof host, "localhost");
     }
     host[sizeof host - 1] = '\0';
-    ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, g->world.rank);
-    if (ddp_store_set(g->store, key, host, strlen(host)) != DDP_OK) {
-        st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
-        goto out_fail;
-    }
     hosts = calloc((size_t)W, sizeof *hosts);
     g->ranks = malloc(sizeof(int) * (size_t)W);
     if (!hosts || !g->ranks) {
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
         goto out_fail;
     }
-    bool one_host = true;
-    for (int r = 0; r < W; r++) {
+    for (int r = 0; r < W; r++)
         g->ranks[r] = r;
-        ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
-        void *v;
-        if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK) {
-            st = ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s", ddp_store_last_error(g->store));
-            goto out_fail;
-        }
-        hosts[r] = v;
-        if (strcmp(hosts[r], hosts[0]) != 0)
-            one_host = false;
-    }
-    if (!strcmp(want, "shm") && !one_host) {
-        st = ddp__err(err, DDP_ERR_INVALID,
-                      "backend 'shm' needs every rank on one host, but ranks run on '%s' and "
-                      "others; use backend 'auto' or 'tcp'",
-                      hosts[0]);
+    if ((st = gather_hosts(g, host, hosts, err)))
         goto out_fail;
-    }
-    ddp__members m = {.me = g->world.rank,
-                      .n = W,
-                      .ranks = g->ranks,
-                      .prefix = g->prefix,
-                      .run_id = g->world.run_id,
-                      .token = g->world.store_token,
-                      .master_addr = g->world.master_addr};
-    if (!strcmp(want, "tcp")) {
-        ddp__fmt(g->backend, sizeof g->backend, "tcp");
-        st = ddp__tcp_create(&m, g->store, setup_ms, &g->be, &g->ops, err);
-    } else if (one_host) {
-        ddp__fmt(g->backend, sizeof g->backend, "shm");
-        st = ddp__shm_create(&m, g->store, arena, setup_ms, &g->be, &g->ops, err);
-    } else {
-        st = ddp__hier_create(&m, (const char *const *)hosts, g->store, arena, setup_ms, &g->be,
-                              &g->ops, g->backend, sizeof g->backend, err);
-    }
-    if (st)
+
+    /* The backend: the one named, or auto's choice for this placement (backends.c). */
+    ddp__setup s = {.m = {.me = g->world.rank,
+                          .n = W,
+                          .ranks = g->ranks,
+                          .prefix = g->prefix,
+                          .run_id = g->world.run_id,
+                          .token = g->world.store_token,
+                          .master_addr = g->world.master_addr},
+                    .hosts = (const char *const *)hosts,
+                    .store = g->store,
+                    .timeout_ms = setup_ms,
+                    .arena_bytes = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA,
+                    .host_cores = ddp__host_cores(),
+                    .shm_flush = getenv("DDP_SHM_FLUSH")};
+    ddp__setup_place(&s);
+    if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
+        (st = chosen->create(&s, &g->be, &g->ops, err)))
         goto out_fail;
+    g->backend = chosen->name;
     for (int r = 0; r < W; r++)
         free(hosts[r]);
     free(hosts);

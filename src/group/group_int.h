@@ -1,11 +1,16 @@
 /*
- * group_int.h — inside the process group: one collective described as data, and the table of
- * operations every backend (shm, tcp, and later nccl, mpi) implements. Private to src/group.
+ * group_int.h — inside the process group: one collective described as data, the table of
+ * operations every backend implements, and the registry entry through which the core creates
+ * and chooses backends. Private to src/group.
  *
  * The core (group.c) owns ordering, deadlines, poisoning, the debug check and the progress
  * thread; a backend only moves and reduces bytes among its members, and reports which members
  * failed to arrive. A backend works on a *member list* rather than the whole world, so the
  * hierarchical backend can run shm among the ranks of a host and tcp among hosts.
+ *
+ * Where the code lives: the core in group.c, the registry and auto's choice in backends.c, each
+ * backend in its own folder (shm/, tcp/, hier/; later nccl/, mpi/), which exports one
+ * ddp__backend entry and keeps everything else to itself.
  */
 #ifndef DDP_GROUP_INT_H
 #define DDP_GROUP_INT_H
@@ -43,6 +48,13 @@ typedef struct ddp__coll {
     int64_t deadline_ms; /* absolute, ddp__now_ms() clock */
     int avg_div;         /* > 1: divide results by this while reducing (AVG, fused); set by the
                             core only for backends whose fuses_avg is true */
+    /* Device ordering, for a GPU backend: the stream the collective is issued on and an event
+     * the backend records on it once the result is ready (cudaStream_t / cudaEvent_t under CUDA),
+     * both opaque here. NULL on CPU: CPU backends ignore them and the core passes them through
+     * unchanged, so a GPU backend can order collectives after the compute that produced their
+     * buffers without a change in the core's ordering or in the reducer. */
+    void *stream;
+    void *event;
 } ddp__coll;
 
 /* What a backend needs to know about its members. */
@@ -77,16 +89,59 @@ typedef struct ddp__backend_ops {
     bool fuses_avg; /* run() honours c->avg_div: no second pass over the result for AVG */
 } ddp__backend_ops;
 
-/* Backend constructors. store is borrowed for the call (set-up only). timeout_ms bounds set-up. */
-ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
-                           int timeout_ms, void **be, const ddp__backend_ops **ops, ddp_error *err);
+/* ---- backends: how they are created and chosen (backends.c) ---------------------------------- */
+
+/* Everything a backend is created from. The core fills one for the whole group; hier narrows
+ * copies of it for the shm and tcp backends it is made of. */
+typedef struct ddp__setup {
+    ddp__members m;           /* who takes part */
+    const char *const *hosts; /* (m.n,) each member's host id (hostname or DDP_HOST_ID) */
+    int nhosts;               /* distinct hosts among the members */
+    int per_host;             /* members per host when every host holds the same number and each
+                                 host's members are contiguous (what ddprun gives); else 0 */
+    ddp_store *store;         /* borrowed by create() for set-up only */
+    int timeout_ms;           /* bounds set-up */
+    size_t arena_bytes;       /* per member, for ops->alloc (shm) */
+    int host_cores;           /* the cores this host's ranks share (shm spins only if it fits) */
+    const char *shm_flush;    /* shm's eviction of far peers' lines: "auto", "always" or "never";
+                                 NULL or "": auto */
+} ddp__setup;
+
+/* A backend as the registry lists it. Adding one (nccl, mpi, …) is a folder under src/group with
+ * one of these, and a line in backends.c's table, whose order is auto's preference. */
+typedef struct ddp__backend {
+    const char *name; /* what opts.backend / DDP_BACKEND call it; ddp_group_backend() returns it */
+    /* Whether it can run a group placed as s says (hosts, counts, what the host has); it must not
+     * talk to the store or the peers, and every member must reach the same answer. When false,
+     * writes why into why (cap bytes): the end of "backend 'NAME' <why>", saying what to do. */
+    bool (*usable)(const ddp__setup *s, char *why, size_t cap);
+    /* Creates it; every member calls this, meeting the others through s->store. *be and *ops are
+     * written only on DDP_OK. */
+    ddp_status (*create)(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
+                         ddp_error *err);
+} ddp__backend;
+
+extern const ddp__backend ddp__shm_backend;  /* shm/shm.c: ranks on one host */
+extern const ddp__backend ddp__hier_backend; /* hier/hier.c: shm within hosts, tcp among them */
+extern const ddp__backend ddp__tcp_backend;  /* tcp/setup.c: any placement */
+
+/* Fills s->nhosts and s->per_host from s->hosts and s->m.n. */
+void ddp__setup_place(ddp__setup *s);
+
+/* The entry named want; NULL, "" or "auto" give *out = NULL (auto: chosen once the placement is
+ * known). An unknown name fails with DDP_ERR_INVALID, listing the names there are. */
+ddp_status ddp__backend_lookup(const char *want, const ddp__backend **out, ddp_error *err);
+
+/* The backend for a group placed as s says: named (from ddp__backend_lookup) if its usable()
+ * holds, else DDP_ERR_INVALID saying why; with named NULL (auto), the registry's first entry
+ * whose usable() holds. *out written only on DDP_OK. */
+ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
+                               const ddp__backend **out, ddp_error *err);
+
+/* The tcp backend's own constructor (the registry entry calls it; so do the unit tests). store is
+ * borrowed for the call (set-up only); timeout_ms bounds set-up. */
 ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_ms, void **be,
                            const ddp__backend_ops **ops, ddp_error *err);
-/* shm within hosts, tcp among hosts; hosts[r] is rank r's host id. Falls back to tcp for all
- * ranks (and says so in name) when hosts are uneven or ranks interleave. */
-ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp_store *store,
-                            size_t arena, int timeout_ms, void **be, const ddp__backend_ops **ops,
-                            char *name, size_t namecap, ddp_error *err);
 
 /* ---- reduction kernels (reduce.c) ----------------------------------------------------------- */
 

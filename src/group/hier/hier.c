@@ -9,9 +9,11 @@
  *   reduce_scatter  allreduce of the whole input into scratch, then each keeps its part
  *   barrier         shm, leaders' tcp, shm
  * Network traffic is one host's worth per host, not one rank's worth per rank. It needs ranks
- * contiguous per host and the same number on every host (what ddprun gives); otherwise it falls
- * back to tcp among all ranks. Deliberately simple: a leader-only network phase leaves the other
- * ranks idle; splitting the vector across all local ranks' connections is the next step.
+ * contiguous per host and the same number on every host (what ddprun gives): usable() says so,
+ * and auto then takes plain tcp among all ranks instead (backends.c). Deliberately simple: a
+ * leader-only network phase leaves the other ranks idle; splitting the vector across all local
+ * ranks' connections is the next step.
+ * Not here: moving bytes (the shm and tcp backends it is made of).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -169,28 +171,29 @@ static const ddp__backend_ops hier_ops = {
     .destroy = hier_destroy,
 };
 
-ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp_store *store,
-                            size_t arena, int timeout_ms, void **out, const ddp__backend_ops **ops,
-                            char *name, size_t namecap, ddp_error *err)
+static bool hier_usable(const ddp__setup *s, char *why, size_t cap)
 {
-    int W = m->n;
-    int L = 1;
-    while (L < W && strcmp(hosts[L], hosts[0]) == 0)
-        L++;
-    bool regular = W % L == 0;
-    for (int r = 0; regular && r < W; r++)
-        if (strcmp(hosts[r], hosts[(r / L) * L]) != 0 ||
-            (r % L == 0 && r > 0 && strcmp(hosts[r], hosts[r - 1]) == 0))
-            regular = false;
-    for (int a = 0; regular && a < W; a += L)
-        for (int c = a + L; regular && c < W; c += L)
-            if (strcmp(hosts[a], hosts[c]) == 0)
-                regular = false; /* one host appears in two blocks */
-    if (!regular) {
-        /* Uneven hosts or interleaved ranks: plain tcp among all ranks is still correct. */
-        ddp__fmt(name, namecap, "tcp");
-        return ddp__tcp_create(m, store, timeout_ms, out, ops, err);
+    if (s->nhosts < 2) {
+        ddp__fmt(why, cap, "needs ranks on more than one host; use backend 'auto' or 'shm'");
+        return false;
     }
+    if (s->per_host == 0) {
+        ddp__fmt(why, cap,
+                 "needs the same number of ranks on every host, contiguous by rank (as ddprun "
+                 "starts them); use backend 'auto' or 'tcp'");
+        return false;
+    }
+    return true;
+}
+
+static ddp_status hier_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
+                              ddp_error *err)
+{
+    const ddp__members *m = &s->m;
+    int W = m->n, L = s->per_host;
+    if (L < 1 || W % L != 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "hierarchical backend: ranks are not spread evenly over hosts");
     hier_be *b = calloc(1, sizeof *b);
     if (!b)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the hierarchical backend");
@@ -211,23 +214,29 @@ ddp_status ddp__hier_create(const ddp__members *m, const char *const *hosts, ddp
         b->leader_ranks[i] = m->ranks[i * L];
     ddp__fmt(b->local_prefix, sizeof b->local_prefix, "%s/host%d", m->prefix, b->node);
     ddp__fmt(b->cross_prefix, sizeof b->cross_prefix, "%s/leaders", m->prefix);
-    ddp__members lm = *m;
-    lm.me = b->lr;
-    lm.n = L;
-    lm.ranks = b->local_ranks;
-    lm.prefix = b->local_prefix;
-    if ((st = ddp__shm_create(&lm, store, arena, timeout_ms, &b->shm, &b->shm_ops, err)))
+    /* shm among this host's members: one host, L members. */
+    ddp__setup ls = *s;
+    ls.m.me = b->lr;
+    ls.m.n = L;
+    ls.m.ranks = b->local_ranks;
+    ls.m.prefix = b->local_prefix;
+    ls.hosts = s->hosts + (size_t)b->node * (size_t)L;
+    ls.nhosts = 1;
+    ls.per_host = L;
+    if ((st = ddp__shm_backend.create(&ls, &b->shm, &b->shm_ops, err)))
         goto out_fail;
-    if (b->lr == 0) {
-        ddp__members xm = *m;
-        xm.me = b->node;
-        xm.n = b->nnodes;
-        xm.ranks = b->leader_ranks;
-        xm.prefix = b->cross_prefix;
-        if ((st = ddp__tcp_create(&xm, store, timeout_ms, &b->tcp, &b->tcp_ops, err)))
+    if (b->lr == 0) { /* tcp among the leaders: one member per host */
+        ddp__setup xs = *s;
+        xs.m.me = b->node;
+        xs.m.n = b->nnodes;
+        xs.m.ranks = b->leader_ranks;
+        xs.m.prefix = b->cross_prefix;
+        xs.hosts = NULL; /* tcp does not look */
+        xs.nhosts = b->nnodes;
+        xs.per_host = 1;
+        if ((st = ddp__tcp_backend.create(&xs, &b->tcp, &b->tcp_ops, err)))
             goto out_fail;
     }
-    ddp__fmt(name, namecap, "shm+tcp");
     *out = b;
     *ops = &hier_ops;
     return DDP_OK;
@@ -235,3 +244,9 @@ out_fail:
     hier_destroy(b);
     return st;
 }
+
+const ddp__backend ddp__hier_backend = {
+    .name = "shm+tcp",
+    .usable = hier_usable,
+    .create = hier_create,
+};

@@ -747,9 +747,12 @@ static const ddp__backend_ops shm_ops = {
     .fuses_avg = true,
 };
 
-ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena_bytes,
-                           int timeout_ms, void **out, const ddp__backend_ops **ops, ddp_error *err)
+static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
+                             ddp_error *err)
 {
+    const ddp__members *m = &s->m;
+    ddp_store *store = s->store;
+    size_t arena_bytes = s->arena_bytes;
     if (m->n < 1 || m->n > MAX_MEMBERS)
         return ddp__err(err, DDP_ERR_INVALID, "shm backend: %d ranks on one host; at most %d", m->n,
                         MAX_MEMBERS);
@@ -759,10 +762,10 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     b->fd = -1;
     b->me = m->me;
     b->n = m->n;
-    b->ncores = ddp__host_cores();
+    b->ncores = s->host_cores > 0 ? s->host_cores : 1;
     b->spin = b->n <= b->ncores ? 20000 : 64;
     b->far = calloc((size_t)m->n, sizeof *b->far);
-    const char *flush = getenv("DDP_SHM_FLUSH");
+    const char *flush = s->shm_flush;
     if (flush && *flush && strcmp(flush, "auto") && strcmp(flush, "always") &&
         strcmp(flush, "never")) {
         shm_destroy(b);
@@ -886,7 +889,7 @@ ddp_status ddp__shm_create(const ddp__members *m, ddp_store *store, size_t arena
     /* Everyone has mapped it (and written its pid) once this barrier passes. */
     char bname[256];
     ddp__fmt(bname, sizeof bname, "%s/shm_attached", m->prefix);
-    ddp_store_set_timeout(store, timeout_ms);
+    ddp_store_set_timeout(store, s->timeout_ms);
     if (ddp_store_barrier(store, bname, b->n) != DDP_OK) {
         st = ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(store));
         goto out_unlink;
@@ -911,3 +914,20 @@ out_free:
     shm_destroy(b);
     return st;
 }
+
+static bool shm_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    if (s->nhosts <= 1)
+        return true;
+    ddp__fmt(why, cap,
+             "needs every rank on one host, but ranks run on '%s' and others; use backend 'auto' "
+             "or 'tcp'",
+             s->hosts[0]);
+    return false;
+}
+
+const ddp__backend ddp__shm_backend = {
+    .name = "shm",
+    .usable = shm_usable,
+    .create = shm_create,
+};

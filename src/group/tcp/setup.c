@@ -1,0 +1,433 @@
+/*
+ * setup.c — the tcp backend's set-up (tcp_int.h): each member listens, publishes its address in
+ * the store, connects to next and accepts prev, on two channels each (data and control), with a
+ * hello that shows the job's token and the group's key prefix; then create() hands the four
+ * sockets to the ring (ring.c). Also destroy, the operations table and the registry entry.
+ * Connecting and sending a hello never wait for the peer to accept, so no member waits on another
+ * in a circle; strangers on the port are refused and counted, and named if set-up times out.
+ * Not here: anything after set-up (ring.c, fail.c); reconnecting (a lost connection ends the
+ * backend for good).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "group/tcp/tcp_int.h"
+#include "util/net.h"
+#include "util/util.h"
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd); /* Linux frees the descriptor even when close() reports EINTR */
+        *fd = -1;
+    }
+}
+
+/* Compares without leaking how many leading bytes matched (for tokens). */
+static bool same_bytes(const void *a, size_t alen, const void *b, size_t blen)
+{
+    if (alen != blen)
+        return false;
+    const unsigned char *x = a, *y = b;
+    unsigned char d = 0;
+    for (size_t i = 0; i < alen; i++)
+        d |= (unsigned char)(x[i] ^ y[i]);
+    return d == 0;
+}
+
+/* ---- set-up ---------------------------------------------------------------------------------- */
+
+/* Splits "host:port" or "[v6]:port"; false when malformed. */
+static bool parse_addr(const char *s, char *host, size_t cap, int *port)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s)
+        return false;
+    const char *h = s;
+    size_t hl = (size_t)(colon - s);
+    if (h[0] == '[') {
+        if (hl < 3 || h[hl - 1] != ']')
+            return false;
+        h++;
+        hl -= 2;
+    }
+    long long p;
+    if (hl + 1 > cap || !ddp__parse_int(colon + 1, 1, 65535, &p))
+        return false;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port = (int)p;
+    return true;
+}
+
+static const char *reply_reason(uint32_t code)
+{
+    switch (code) {
+    case REPLY_MALFORMED: return "malformed hello";
+    case REPLY_TOKEN: return "wrong token";
+    case REPLY_GROUP: return "a connection for another group or world size";
+    case REPLY_MEMBER: return "not the member and channel expected";
+    default: return "unknown refusal";
+    }
+}
+
+/* Reads and checks the hello on an accepted connection; returns a REPLY_ code and, when
+ * accepted, the channel. */
+static uint32_t read_hello(const tcp_be *be, const ddp__members *m, int fd, int64_t deadline,
+                           const int *have, int *channel)
+{
+    unsigned char fixed[HELLO_FIXED];
+    if (ddp__recv_all(fd, fixed, sizeof fixed, deadline, NULL) != DDP_OK)
+        return REPLY_MALFORMED;
+    uint32_t tlen = get32(fixed + 20), plen = get32(fixed + 24), ch = get32(fixed + 16);
+    if (get32(fixed) != HELLO_MAGIC || get32(fixed + 4) != HELLO_VERSION || tlen > MAX_TOKEN ||
+        plen > DDP_STORE_MAX_KEY)
+        return REPLY_MALFORMED;
+    char *body = malloc((size_t)tlen + plen + 1);
+    if (!body)
+        return REPLY_MALFORMED;
+    uint32_t code = REPLY_OK;
+    if (ddp__recv_all(fd, body, (size_t)tlen + plen, deadline, NULL) != DDP_OK)
+        code = REPLY_MALFORMED;
+    else if (!same_bytes(body, tlen, m->token, strlen(m->token)))
+        code = REPLY_TOKEN;
+    else if (get32(fixed + 12) != (uint32_t)be->n ||
+             !same_bytes(body + tlen, plen, m->prefix, strlen(m->prefix)))
+        code = REPLY_GROUP;
+    else if (get32(fixed + 8) != (uint32_t)prev_of(be) || ch > CH_CTL || have[ch] >= 0)
+        code = REPLY_MEMBER;
+    free(body);
+    *channel = (int)ch;
+    return code;
+}
+
+static ddp_status send_reply(int fd, uint32_t code, int64_t deadline, ddp_error *e)
+{
+    unsigned char r[8];
+    put32(r, REPLY_MAGIC);
+    put32(r + 4, code);
+    return ddp__send_all(fd, r, sizeof r, deadline, e);
+}
+
+/* Accepts connections until prev has shown a valid hello on both channels; strangers are
+ * refused and counted, and the last refusal is kept for the timeout message. */
+static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const char *me_addr,
+                              int64_t deadline, int timeout_ms, ddp_error *err)
+{
+    int p = prev_of(be), refused = 0;
+    int have[2] = {-1, -1};
+    char last[160] = "";
+    ddp_status st = DDP_OK;
+    while (have[CH_DATA] < 0 || have[CH_CTL] < 0) {
+        int fd;
+        ddp_error e;
+        st = ddp__tcp_accept(lfd, deadline, &fd, &e);
+        if (st == DDP_ERR_TIMEOUT) {
+            char dur[32], extra[240] = "";
+            ddp__fmt_duration(dur, sizeof dur, timeout_ms);
+            if (refused)
+                ddp__fmt(extra, sizeof extra, " (refused %d other connection%s, the last %s)",
+                         refused, refused == 1 ? "" : "s", last);
+            ddp__err(err, DDP_ERR_TIMEOUT,
+                     "tcp set-up timed out after %s: rank %d (member %d) did not connect to this "
+                     "rank at '%s'%s; check that it runs and can reach this host (firewall, the "
+                     "interface picked toward MASTER_ADDR)",
+                     dur, be->ranks[p], p, me_addr, extra);
+            goto out_close;
+        }
+        if (st != DDP_OK) {
+            ddp__err(err, st, "tcp set-up: waiting for rank %d (member %d): %s", be->ranks[p], p,
+                     e.msg);
+            goto out_close;
+        }
+        int64_t hello_by = ddp__now_ms() + HELLO_MS;
+        int ch = 0;
+        uint32_t code = read_hello(be, m, fd, hello_by < deadline ? hello_by : deadline, have, &ch);
+        if (code == REPLY_OK) {
+            st = send_reply(fd, REPLY_OK, deadline, &e);
+            if (st != DDP_OK) {
+                close(fd);
+                ddp__err(err, DDP_ERR_NETWORK,
+                         "tcp set-up: rank %d (member %d) connected, then its connection failed: "
+                         "%s",
+                         be->ranks[p], p, e.msg);
+                goto out_close;
+            }
+            have[ch] = fd;
+            continue;
+        }
+        char peer[96];
+        ddp__peer_name(fd, peer, sizeof peer);
+        (void)send_reply(fd, code, ddp__now_ms(), NULL); /* best effort, never waits */
+        close(fd);
+        refused++;
+        ddp__fmt(last, sizeof last, "from '%s': %s", peer, reply_reason(code));
+    }
+    be->in_fd = have[CH_DATA];
+    be->ctl_in_fd = have[CH_CTL];
+    return DDP_OK;
+
+out_close:
+    close_fd(&have[CH_DATA]);
+    close_fd(&have[CH_CTL]);
+    return st;
+}
+
+/* One connection to next on a channel, with the hello sent; the reply is read later. */
+static ddp_status open_channel(tcp_be *be, const ddp__members *m, const char *host, int port,
+                               int ch, int64_t deadline, int *fd_out, ddp_error *e)
+{
+    /* The listener is up before its address is published, so refusals are rare (a full backlog);
+     * retry them until the deadline. */
+    int fd = -1;
+    ddp_status st;
+    for (;;) {
+        st = ddp__tcp_connect(host, port, deadline, &fd, e);
+        if (st != DDP_ERR_NETWORK || ddp__ms_left(deadline) == 0)
+            break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (st != DDP_OK)
+        return st;
+    size_t tl = strlen(m->token), pl = strlen(m->prefix);
+    unsigned char *hello = malloc(HELLO_FIXED + tl + pl);
+    if (!hello) {
+        close(fd);
+        return ddp__err(e, DDP_ERR_NOMEM, "out of memory");
+    }
+    put32(hello, HELLO_MAGIC);
+    put32(hello + 4, HELLO_VERSION);
+    put32(hello + 8, (uint32_t)be->me);
+    put32(hello + 12, (uint32_t)be->n);
+    put32(hello + 16, (uint32_t)ch);
+    put32(hello + 20, (uint32_t)tl);
+    put32(hello + 24, (uint32_t)pl);
+    memcpy(hello + HELLO_FIXED, m->token, tl);
+    memcpy(hello + HELLO_FIXED + tl, m->prefix, pl);
+    st = ddp__send_all(fd, hello, HELLO_FIXED + tl + pl, deadline, e);
+    free(hello);
+    if (st != DDP_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    return DDP_OK;
+}
+
+/* Reads next's address from the store and opens both channels to it. */
+static ddp_status connect_next(tcp_be *be, const ddp__members *m, ddp_store *store,
+                               int64_t deadline, int timeout_ms, char *addr, size_t cap,
+                               ddp_error *err)
+{
+    int nx = next_of(be);
+    char key[DDP_STORE_MAX_KEY + 1];
+    ddp__fmt(key, sizeof key, "%s/addr/%d", m->prefix, nx);
+    int left = ddp__ms_left(deadline);
+    ddp_store_set_timeout(store, left > 0 ? left : 1);
+    void *val = NULL;
+    size_t len = 0;
+    ddp_status st = ddp_store_get(store, key, &val, &len);
+    if (st != DDP_OK) {
+        char dur[32];
+        ddp__fmt_duration(dur, sizeof dur, timeout_ms);
+        return ddp__err(err, st,
+                        "tcp set-up: rank %d (member %d) did not publish its address under '%s' "
+                        "within %s: it has not started, or failed before joining (%s); check that "
+                        "every rank runs with the same world size and backend",
+                        be->ranks[nx], nx, key, dur, ddp_store_last_error(store));
+    }
+    char host[256];
+    int port = 0;
+    bool ok = len < 300 && !memchr(val, '\0', len) && parse_addr(val, host, sizeof host, &port);
+    ddp__fmt(addr, cap, "%.*s", (int)(len < 300 ? len : 300), (const char *)val);
+    free(val);
+    if (!ok)
+        return ddp__err(err, DDP_ERR_PROTOCOL,
+                        "tcp set-up: rank %d (member %d) published a malformed address '%s' under "
+                        "'%s'; is another job using the same store and run id?",
+                        be->ranks[nx], nx, addr, key);
+    ddp_error e;
+    st = open_channel(be, m, host, port, CH_DATA, deadline, &be->out_fd, &e);
+    if (st == DDP_OK)
+        st = open_channel(be, m, host, port, CH_CTL, deadline, &be->ctl_out_fd, &e);
+    if (st != DDP_OK)
+        return ddp__err(err, st,
+                        "tcp set-up: cannot connect to rank %d (member %d) at '%s': %s; check that "
+                        "this host can reach it (firewall, the interface it picked toward "
+                        "MASTER_ADDR)",
+                        be->ranks[nx], nx, addr, e.msg);
+    return DDP_OK;
+}
+
+/* next's answer to one of our hellos. */
+static ddp_status read_reply(tcp_be *be, int fd, const char *addr, int64_t deadline, ddp_error *err)
+{
+    int nx = next_of(be);
+    unsigned char r[8];
+    ddp_error e;
+    ddp_status st = ddp__recv_all(fd, r, sizeof r, deadline, &e);
+    if (st != DDP_OK)
+        return ddp__err(err, st,
+                        "tcp set-up: no answer from rank %d (member %d) at '%s' to this rank's "
+                        "connection: %s",
+                        be->ranks[nx], nx, addr, e.msg);
+    if (get32(r) == REPLY_MAGIC && get32(r + 4) == REPLY_OK)
+        return DDP_OK;
+    uint32_t code = get32(r) == REPLY_MAGIC ? get32(r + 4) : REPLY_MALFORMED;
+    return ddp__err(err, code == REPLY_TOKEN ? DDP_ERR_AUTH : DDP_ERR_PROTOCOL,
+                    "tcp set-up: rank %d (member %d) at '%s' refused this rank's connection (%s); "
+                    "every rank must use the job's DDP_STORE_TOKEN and the same world size",
+                    be->ranks[nx], nx, addr, reply_reason(code));
+}
+
+/* Listens, publishes the address, connects to next, accepts prev, then reads next's answers.
+ * Connecting and sending a hello never wait for the peer to accept, so no member waits on
+ * another in a circle. */
+static ddp_status connect_ring(tcp_be *be, const ddp__members *m, ddp_store *store, int timeout_ms,
+                               ddp_error *err)
+{
+    int64_t deadline = ddp__now_ms() + timeout_ms;
+    char host[64];
+    ddp_status st = ddp__local_addr_toward(m->master_addr, host, sizeof host, err);
+    if (st != DDP_OK)
+        return st;
+    int lfd = -1, port = 0;
+    st = ddp__tcp_listen(host, 0, 64, &lfd, &port, err);
+    if (st != DDP_OK)
+        return st;
+    char me_addr[96], key[DDP_STORE_MAX_KEY + 1], next_addr[320];
+    ddp__fmt(me_addr, sizeof me_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    ddp__fmt(key, sizeof key, "%s/addr/%d", m->prefix, be->me);
+    ddp_store_set_timeout(store, timeout_ms);
+    st = ddp_store_set(store, key, me_addr, strlen(me_addr));
+    if (st != DDP_OK) {
+        ddp__err(err, st, "tcp set-up: rank %d cannot publish its address under '%s': %s",
+                 be->ranks[be->me], key, ddp_store_last_error(store));
+        goto out_close_listener;
+    }
+    st = connect_next(be, m, store, deadline, timeout_ms, next_addr, sizeof next_addr, err);
+    if (st == DDP_OK)
+        st = accept_prev(be, m, lfd, me_addr, deadline, timeout_ms, err);
+    if (st == DDP_OK)
+        st = read_reply(be, be->out_fd, next_addr, deadline, err);
+    if (st == DDP_OK)
+        st = read_reply(be, be->ctl_out_fd, next_addr, deadline, err);
+out_close_listener:
+    close(lfd); /* set-up is over either way: no one else may connect */
+    return st;
+}
+
+static void tcp_destroy(void *bev)
+{
+    tcp_be *be = bev;
+    if (!be)
+        return;
+    close_fd(&be->out_fd);
+    close_fd(&be->in_fd);
+    close_fd(&be->ctl_out_fd);
+    close_fd(&be->ctl_in_fd);
+    close_fd(&be->wake_fd);
+    free(be->ranks);
+    free(be->sends);
+    free(be->recvs);
+    free(be->stage);
+    free(be->bar);
+    free(be->f32);
+    free(be->rs);
+    free(be);
+}
+
+static const ddp__backend_ops tcp_ops = {
+    .name = "tcp",
+    .run = ddp__tcp_run,
+    .alloc = NULL,
+    .free = NULL,
+    .abort = ddp__tcp_abort,
+    .destroy = tcp_destroy,
+};
+
+ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_ms, void **be_out,
+                           const ddp__backend_ops **ops_out, ddp_error *err)
+{
+    if (!m || !be_out || !ops_out || m->n < 1 || m->me < 0 || m->me >= m->n || !m->ranks ||
+        !m->prefix || (m->n > 1 && !store))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "tcp backend: invalid members (member %d of %d) or no store",
+                        m ? m->me : -1, m ? m->n : -1);
+    if (strlen(m->prefix) > DDP_STORE_MAX_KEY - 32)
+        return ddp__err(err, DDP_ERR_INVALID, "tcp backend: the store-key prefix is too long");
+    if (m->token && strlen(m->token) > MAX_TOKEN)
+        return ddp__err(err, DDP_ERR_INVALID, "tcp backend: the token is longer than %d bytes",
+                        MAX_TOKEN);
+    if (timeout_ms <= 0)
+        timeout_ms = DDP_STORE_DEFAULT_TIMEOUT_MS;
+    ddp__members mm = *m;
+    if (!mm.token)
+        mm.token = "";
+
+    ddp_status st = DDP_ERR_NOMEM;
+    tcp_be *be = calloc(1, sizeof *be);
+    if (!be)
+        return ddp__err(err, DDP_ERR_NOMEM, "tcp backend: out of memory");
+    be->me = m->me;
+    be->n = m->n;
+    be->out_fd = be->in_fd = be->ctl_out_fd = be->ctl_in_fd = be->wake_fd = -1;
+    atomic_init(&be->abort_claimed, false);
+    atomic_init(&be->aborted, false);
+    atomic_init(&be->told, false);
+    be->ranks = malloc(sizeof(int) * (size_t)m->n);
+    be->sends = calloc(2 * (size_t)m->n, sizeof(seg));
+    be->recvs = calloc(2 * (size_t)m->n, sizeof(seg));
+    be->bar = calloc((size_t)m->n, 1);
+    be->stage = m->n > 1 ? malloc(TCP_CHUNK) : NULL;
+    if (!be->ranks || !be->sends || !be->recvs || !be->bar || (m->n > 1 && !be->stage)) {
+        ddp__err(err, DDP_ERR_NOMEM, "tcp backend: out of memory");
+        goto out_destroy;
+    }
+    memcpy(be->ranks, m->ranks, sizeof(int) * (size_t)m->n);
+    be->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (be->wake_fd < 0) {
+        st = ddp__err(err, DDP_ERR_SYSTEM, "tcp backend: eventfd failed: %s", strerror(errno));
+        goto out_destroy;
+    }
+    if (m->n > 1) {
+        st = connect_ring(be, &mm, store, timeout_ms, err);
+        if (st != DDP_OK)
+            goto out_destroy;
+    }
+    be->box[BOX_NEXT].fd = be->out_fd;
+    be->box[BOX_PREV].fd = be->ctl_in_fd;
+    *be_out = be;
+    *ops_out = &tcp_ops;
+    return DDP_OK;
+
+out_destroy:
+    tcp_destroy(be);
+    return st;
+}
+
+static bool tcp_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    (void)s, (void)why, (void)cap;
+    return true; /* any placement: every member can reach the others over the network */
+}
+
+static ddp_status tcp_create_entry(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
+                                   ddp_error *err)
+{
+    return ddp__tcp_create(&s->m, s->store, s->timeout_ms, be, ops, err);
+}
+
+const ddp__backend ddp__tcp_backend = {
+    .name = "tcp",
+    .usable = tcp_usable,
+    .create = tcp_create_entry,
+};
