@@ -148,7 +148,8 @@ int main(int argc, char **argv)
             snprintf(im, sizeof im, "%s/train-images-idx3-ubyte", data);
             snprintf(lb, sizeof lb, "%s/train-labels-idx1-ubyte", data);
         }
-        if (ddp_dataset_open_idx(im, lb, NULL, &ds, &err) != DDP_OK) {
+        const char *cache = ddp_group_world(g)->settings.data_cache; /* DDP_DATA_CACHE */
+        if (ddp_dataset_open_idx(im, lb, cache, &ds, &err) != DDP_OK) {
             fprintf(stderr, "ddp_mlp: %s\n", err.msg);
             ddp_group_destroy(g);
             return 1;

@@ -33,7 +33,8 @@ extern "C" {
 typedef struct ddp_dataset ddp_dataset;
 
 /* Opens an IDX image file (idx3, uint8) and its label file (idx1, uint8), gzip or plain.
- * cache_dir holds decompressed copies (NULL: $DDP_DATA_CACHE, else /tmp/ddp-data-cache).
+ * cache_dir holds decompressed copies (NULL or "": /tmp/ddp-data-cache; a launched program
+ * passes its world's data_cache setting, DDP_DATA_CACHE).
  * Samples: x = pixels / 255 as float32 (rows × cols), y = the label. */
 ddp_status ddp_dataset_open_idx(const char *images, const char *labels, const char *cache_dir,
                                 ddp_dataset **out, ddp_error *err);

@@ -3,9 +3,10 @@
  *
  * A group is created once per process from the launcher's environment (or explicit options); it
  * meets the other ranks through the rendezvous store, then moves data only through its backend:
- *   shm  ranks on one host, through a POSIX shared-memory segment;
- *   tcp  ranks on different hosts, persistent connections set up through the store;
- *   auto shm inside each host and tcp between hosts (hierarchical), shm alone on one host.
+ *   shm      ranks on one host, through a POSIX shared-memory segment;
+ *   tcp      ranks on any hosts, persistent connections set up through the store;
+ *   shm+tcp  shm inside each host and tcp between hosts (hierarchical);
+ *   auto     the first of shm, shm+tcp, tcp that can run where the ranks are (docs/group.md).
  *
  * Every collective has a deadline (default 30 min, like gloo; DDP_TIMEOUT in seconds, or per
  * group). When it passes, or a peer dies, the call fails with a message naming the operation,
@@ -66,14 +67,18 @@ const char *ddp_op_name(ddp_op op);
 typedef struct ddp_group ddp_group;
 typedef struct ddp_work ddp_work;
 
+/* Where a field is not set, the group takes the world's setting (world->settings: DDP_BACKEND,
+ * DDP_TIMEOUT, DDP_DEBUG, DDP_HOST_ID for a world read from the environment), else the default.
+ * The world's settings also give DDP_HOST_CORES and DDP_SHM_FLUSH, and the reducer's
+ * DDP_OVERLAP; to run with none of them, pass a world filled by hand (ddp/world.h). */
 typedef struct ddp_group_opts {
-    const char *backend;    /* "auto", "shm" or "tcp"; NULL: $DDP_BACKEND, else "auto" */
-    int timeout_ms;         /* per collective; ≤ 0: $DDP_TIMEOUT (seconds), else 30 min */
-    int debug;              /* 1 check that collectives match across ranks, 0 not, -1 $DDP_DEBUG */
-    const ddp_world *world; /* NULL: read from the environment; borrowed for the call */
+    const char *backend;    /* "auto", "shm", "shm+tcp" or "tcp"; NULL: the setting, else auto */
+    int timeout_ms;         /* per collective; ≤ 0: the setting, else 30 min */
+    int debug;              /* 1 check that collectives match across ranks, 0 not, -1 the setting */
+    const ddp_world *world; /* NULL: ddp_world_from_env(); else copied, settings included */
     ddp_store *store;       /* NULL: open the job's store; else borrowed for the group's life */
     size_t arena_bytes;     /* per rank, for ddp_group_alloc() in shared memory; 0: 64 MiB */
-    const char *host_id;    /* which ranks share a host; NULL: $DDP_HOST_ID, else the hostname */
+    const char *host_id;    /* which ranks share a host; NULL: the setting, else the hostname */
 } ddp_group_opts;
 
 #define DDP_GROUP_OPTS_INIT                                                                        \
@@ -98,16 +103,19 @@ int ddp_group_rank(const ddp_group *g);
 int ddp_group_size(const ddp_group *g);
 /* Ranks of this group on this host (from LOCAL_WORLD_SIZE; 1 for a world of one). */
 int ddp_group_local_size(const ddp_group *g);
-/* The cores this host's ranks share: $DDP_HOST_CORES, which ddprun sets from its own CPU
- * affinity (a container's or scheduler's CPU set) before pinning any worker; else this
- * process's affinity mask. */
+/* The cores this host's ranks share: the world's host_cores setting (DDP_HOST_CORES, which ddprun
+ * sets from its own CPU affinity, a container's or scheduler's CPU set, before pinning any
+ * worker); else ddp_own_cores(). */
 int ddp_group_host_cores(const ddp_group *g);
 /* Whether this host has a core beyond one per local rank, and this rank may run on more than
  * one: the one rule for helper threads (the reducer's overlap auto mode, ddptrain's data loader
  * prefetch). Without one, a helper thread
  * only competes with the ranks' own work; both measured slower that way (bench/RESULTS.md). */
 bool ddp_group_core_to_spare(const ddp_group *g);
-/* "shm", "tcp" or "shm+tcp". */
+/* The world the group was made from, its settings included; owned by g, valid for its life.
+ * NULL for a NULL g. */
+const ddp_world *ddp_group_world(const ddp_group *g);
+/* The backend's name in the registry: "shm", "tcp" or "shm+tcp". */
 const char *ddp_group_backend(const ddp_group *g);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);

@@ -1,11 +1,18 @@
 /*
- * ddp/world.h — who am I in the job: the launcher's environment contract.
+ * ddp/world.h — who am I in the job, and how to run: everything the library takes from the
+ * environment, read in one place.
  *
  * ddprun (and torchrun) give each worker RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
  * GROUP_RANK, MASTER_ADDR and MASTER_PORT; ddprun adds DDP_RUN_ID, DDP_STORE_TOKEN,
- * DDP_RESTART_COUNT, DDP_MAX_RESTARTS and DDP_AGENT_STORE. ddp_world_from_env() reads them and
- * checks that they agree with each other. With no RANK set, a program is a world of one and
- * behaves exactly like a plain single-process run.
+ * DDP_RESTART_COUNT, DDP_MAX_RESTARTS, DDP_AGENT_STORE and DDP_HOST_CORES (DDP_ENV_CONTRACT lists
+ * every name it sets). ddp_world_from_env() reads them and checks that they agree with each
+ * other, and reads the DDP_* settings (ddp_settings) too. With no RANK set, a program is a world
+ * of one and behaves exactly like a plain single-process run.
+ *
+ * Nothing else in the library reads the environment: the group, its backends, the reducer and the
+ * datasets take their settings from their options (a ddp_world among them), so a program that
+ * fills a ddp_world itself runs with no environment variable at all. docs/environment.md lists
+ * every variable with its meaning and default.
  */
 #ifndef DDP_WORLD_H
 #define DDP_WORLD_H
@@ -20,6 +27,32 @@ extern "C" {
 
 #define DDP_DEFAULT_MASTER_ADDR "127.0.0.1"
 #define DDP_DEFAULT_MASTER_PORT 29500
+
+/* Every variable ddprun sets for each of its workers (replacing inherited copies), as a list of
+ * string literals: `const char *names[] = {DDP_ENV_CONTRACT, NULL};`. */
+#define DDP_ENV_CONTRACT                                                                           \
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",      \
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "DDP_RUN_ID",   \
+        "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",             \
+        "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",                     \
+        "TORCHELASTIC_MAX_RESTARTS"
+
+/* How the library runs, as opposed to who runs: the DDP_* settings. Plain data; zero or ""
+ * means "not set", and the part of the library that uses a setting then takes its default
+ * (named here). Option fields that say the same thing (ddp_group_opts.backend, …) win over these.
+ */
+typedef struct ddp_settings {
+    char backend[64];   /* DDP_BACKEND: the group's backend, "auto" (default), "shm", "tcp", … */
+    int timeout_ms;     /* DDP_TIMEOUT, in seconds there: a collective's deadline; 30 min */
+    int debug;          /* DDP_DEBUG: nonzero checks that collectives match across ranks */
+    char host_id[256];  /* DDP_HOST_ID: which ranks share a host; the hostname */
+    int host_cores;     /* DDP_HOST_CORES: the cores this host's ranks share; ddp_own_cores() */
+    char shm_flush[32]; /* DDP_SHM_FLUSH: "auto" (default), "always" or "never" */
+    char overlap[32];   /* DDP_OVERLAP: the reducer's DDP_OVERLAP_AUTO becomes "async" or
+                           "inline"; else it decides by cores */
+    char data_cache[4096]; /* DDP_DATA_CACHE: where gzip datasets are decompressed to;
+                              /tmp/ddp-data-cache */
+} ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */
 typedef struct ddp_world {
@@ -37,12 +70,19 @@ typedef struct ddp_world {
     char store_token[128]; /* DDP_STORE_TOKEN; empty when unset */
     bool launched;         /* true when RANK was set: some launcher started us */
     bool agent_store;      /* true when a launcher (ddprun) hosts the store; else rank 0 hosts it */
+    ddp_settings settings; /* the DDP_* settings; all "not set" in a world filled by hand */
 } ddp_world;
 
-/* Reads the environment into *out. A world of one when RANK is unset. Fails with DDP_ERR_INVALID
- * when a variable is malformed or the set is inconsistent (RANK without WORLD_SIZE, RANK ≥
- * WORLD_SIZE, …), naming the variable. *out written only on DDP_OK; err may be NULL. */
+/* Reads the environment into *out: the world, and its settings. A world of one when RANK is
+ * unset. Fails with DDP_ERR_INVALID when a variable of the contract is malformed or the set is
+ * inconsistent (RANK without WORLD_SIZE, RANK ≥ WORLD_SIZE, …), or a setting is longer than its
+ * field, naming the variable; a malformed number in DDP_TIMEOUT, DDP_DEBUG or DDP_HOST_CORES
+ * counts as not set. *out written only on DDP_OK; err may be NULL. */
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err);
+
+/* The cores this process may run on: its CPU affinity mask (a container's or scheduler's CPU
+ * set, or a --bind_to block), else the number online. At least 1. */
+int ddp_own_cores(void);
 
 #ifdef __cplusplus
 }

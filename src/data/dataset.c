@@ -135,9 +135,7 @@ static ddp_status plain_path(const char *path, const char *cache_dir, char *out,
     if (stat(path, &st) != 0)
         return ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
                         "cannot open data file '%s': %s", path, strerror(errno));
-    const char *dir = cache_dir ? cache_dir : getenv("DDP_DATA_CACHE");
-    if (!dir || !*dir)
-        dir = "/tmp/ddp-data-cache";
+    const char *dir = cache_dir && *cache_dir ? cache_dir : "/tmp/ddp-data-cache";
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot create the data cache '%s': %s", dir,
                         strerror(errno));

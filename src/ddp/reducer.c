@@ -278,10 +278,10 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         r->o.first_bucket = r->o.bucket_cap;
     r->sync = true;
     ddp_reducer_overlap ov = r->o.overlap;
-    const char *env = getenv("DDP_OVERLAP");
-    if (ov == DDP_OVERLAP_AUTO && env && !strcmp(env, "async"))
+    const char *set = ddp_group_world(g)->settings.overlap; /* DDP_OVERLAP */
+    if (ov == DDP_OVERLAP_AUTO && !strcmp(set, "async"))
         ov = DDP_OVERLAP_ASYNC;
-    else if (ov == DDP_OVERLAP_AUTO && env && !strcmp(env, "inline"))
+    else if (ov == DDP_OVERLAP_AUTO && !strcmp(set, "inline"))
         ov = DDP_OVERLAP_INLINE;
     if (ov == DDP_OVERLAP_AUTO) {
         /* One rank has nothing to overlap: handing its no-op allreduce to the progress thread

@@ -45,6 +45,7 @@ struct ddp_group {
     int *ranks;
     int timeout_ms;
     bool debug;
+    int host_cores; /* the cores this host's ranks share */
     uint64_t seq;
     /* poison */
     atomic_int error; /* ddp_status */
@@ -445,14 +446,18 @@ int ddp_group_local_size(const ddp_group *g)
 
 int ddp_group_host_cores(const ddp_group *g)
 {
-    (void)g;
-    return ddp__host_cores();
+    return g ? g->host_cores : ddp_own_cores();
 }
 
 bool ddp_group_core_to_spare(const ddp_group *g)
 {
     /* A helper thread inherits this rank's mask: it needs a second core in it, too. */
-    return g && ddp_group_local_size(g) < ddp__host_cores() && ddp__own_cores() > 1;
+    return g && ddp_group_local_size(g) < g->host_cores && ddp_own_cores() > 1;
+}
+
+const ddp_world *ddp_group_world(const ddp_group *g)
+{
+    return g ? &g->world : NULL;
 }
 
 const char *ddp_group_backend(const ddp_group *g)
@@ -512,13 +517,6 @@ void ddp_group_destroy(ddp_group *g)
     free(g);
 }
 
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    long long x;
-    return v && ddp__parse_int(v, 0, INT32_MAX, &x) ? (int)x : dflt;
-}
-
 /* Publishes this rank's host id and reads every rank's into hosts (W strings, caller frees). */
 static ddp_status gather_hosts(ddp_group *g, const char *host, char **hosts, ddp_error *err)
 {
@@ -559,15 +557,16 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     else if ((st = ddp_world_from_env(&g->world, err)))
         goto out_fail;
     W = g->world.world_size;
-    g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms
-                                         : env_int("DDP_TIMEOUT", DEFAULT_TIMEOUT_MS / 1000) * 1000;
+    /* Each option: the field when set, else the world's setting (DDP_*), else the default. */
+    const ddp_settings *set = &g->world.settings;
+    g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : set->timeout_ms;
     if (g->timeout_ms <= 0)
         g->timeout_ms = DEFAULT_TIMEOUT_MS;
-    g->debug = opts->debug >= 0 ? opts->debug != 0 : env_int("DDP_DEBUG", 0) != 0;
+    g->debug = opts->debug >= 0 ? opts->debug != 0 : set->debug != 0;
+    g->host_cores = set->host_cores > 0 ? set->host_cores : ddp_own_cores();
     /* An unknown name fails here, before any rank waits on another. */
     const ddp__backend *named, *chosen;
-    if ((st = ddp__backend_lookup(opts->backend ? opts->backend : getenv("DDP_BACKEND"), &named,
-                                  err)))
+    if ((st = ddp__backend_lookup(opts->backend ? opts->backend : set->backend, &named, err)))
         goto out_fail;
 
     /* The store: borrowed, or the job's. Set-up waits are bounded by the group's timeout but
@@ -594,7 +593,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
 
     /* Where the ranks run: every rank's host id. */
     char host[256];
-    const char *hid = opts->host_id ? opts->host_id : getenv("DDP_HOST_ID");
+    const char *hid = opts->host_id ? opts->host_id : set->host_id;
     if (hid && *hid) {
         ddp__fmt(host, sizeof host, "%s", hid);
     } else if (gethostname(host, sizeof host) != 0) {
@@ -624,8 +623,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .store = g->store,
                     .timeout_ms = setup_ms,
                     .arena_bytes = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA,
-                    .host_cores = ddp__host_cores(),
-                    .shm_flush = getenv("DDP_SHM_FLUSH")};
+                    .host_cores = g->host_cores,
+                    .shm_flush = set->shm_flush};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))

@@ -1,9 +1,10 @@
 /*
- * util.c — status names, message formatting, time, integer parsing and random tokens.
- * Nothing here keeps state between calls.
+ * util.c — status names, message formatting, time, integer parsing, random tokens and the cores
+ * this process may use. Nothing here keeps state between calls or reads the environment.
  */
 #define _GNU_SOURCE
 #include "util/util.h"
+#include "ddp/world.h" /* ddp_own_cores */
 
 #include <errno.h>
 #include <sched.h>
@@ -150,20 +151,11 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
 }
 
-int ddp__own_cores(void)
+int ddp_own_cores(void)
 {
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
         return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-int ddp__host_cores(void)
-{
-    long long n;
-    const char *v = getenv("DDP_HOST_CORES");
-    if (v && ddp__parse_int(v, 1, 1 << 20, &n))
-        return (int)n;
-    return ddp__own_cores();
 }

@@ -1,5 +1,5 @@
 /*
- * util.h — helpers every module may use: error formatting, monotonic time, environment parsing,
+ * util.h — helpers every module may use: error formatting, monotonic time, integer parsing,
  * random tokens. Names are ddp__ (internal, not part of the public API).
  */
 #ifndef DDP_UTIL_H
@@ -40,12 +40,6 @@ int ddp__ms_left(int64_t deadline_ms);
 
 /* Parses a whole decimal integer in [lo, hi]; false on any junk, overflow or range error. */
 bool ddp__parse_int(const char *s, long long lo, long long hi, long long *out);
-
-/* The cores this host's ranks share: $DDP_HOST_CORES (ddprun sets it from its own affinity mask,
- * before pinning workers with --bind_to), else this process's affinity mask. */
-int ddp__host_cores(void);
-/* The cores this process may run on (its affinity mask). */
-int ddp__own_cores(void);
 
 /* Fills buf with n random bytes from the kernel (getrandom). */
 ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err);

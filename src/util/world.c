@@ -1,7 +1,10 @@
 /*
- * world.c — reads the launcher's environment contract (include/ddp/world.h). Accepts ddprun's
- * names and torchrun's, so a program runs unchanged under either; MPI and Slurm variables come
- * with the MPI backend (DESIGN.md roadmap), not here.
+ * world.c — the one place the library reads the environment (include/ddp/world.h): the
+ * launcher's contract, and the DDP_* settings that the group, its backends, the reducer and the
+ * datasets otherwise take from their options. Accepts ddprun's names and torchrun's, so a program
+ * runs unchanged under either; MPI and Slurm variables come with the MPI backend (DESIGN.md
+ * roadmap), not here. Settings are copied as given: the module that uses one checks its value
+ * (and says what it accepts), as it does for the same value passed in its options.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -40,6 +43,35 @@ static ddp_status env_str(const char *name, const char *value, char *dst, size_t
         return ddp__err(err, DDP_ERR_INVALID, "environment variable %s is longer than %zu bytes",
                         name, cap - 1);
     memcpy(dst, value, strlen(value) + 1);
+    return DDP_OK;
+}
+
+/* A number setting in [lo, hi]: 0 (not set) when absent or malformed, as these were always read. */
+static int setting_int(const char *name, long long lo, long long hi)
+{
+    long long x;
+    return ddp__parse_int(getenv(name), lo, hi, &x) ? (int)x : 0;
+}
+
+static ddp_status setting_str(const char *name, char *dst, size_t cap, ddp_error *err)
+{
+    const char *v = getenv(name);
+    return v ? env_str(name, v, dst, cap, err) : DDP_OK;
+}
+
+static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
+{
+    ddp_status st;
+    if ((st = setting_str("DDP_BACKEND", s->backend, sizeof s->backend, err)) ||
+        (st = setting_str("DDP_HOST_ID", s->host_id, sizeof s->host_id, err)) ||
+        (st = setting_str("DDP_SHM_FLUSH", s->shm_flush, sizeof s->shm_flush, err)) ||
+        (st = setting_str("DDP_OVERLAP", s->overlap, sizeof s->overlap, err)) ||
+        (st = setting_str("DDP_DATA_CACHE", s->data_cache, sizeof s->data_cache, err)))
+        return st;
+    int secs = setting_int("DDP_TIMEOUT", 0, INT_MAX);
+    s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */
+    s->debug = setting_int("DDP_DEBUG", 0, INT_MAX) != 0;
+    s->host_cores = setting_int("DDP_HOST_CORES", 1, 1 << 20);
     return DDP_OK;
 }
 
@@ -99,6 +131,8 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
         (st = env_int(mr, 0, INT_MAX, &w.max_restarts, err)))
         return st;
     w.agent_store = w.launched && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
+    if ((st = settings_from_env(&w.settings, err)))
+        return st;
     *out = w;
     return DDP_OK;
 }

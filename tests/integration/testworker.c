@@ -75,23 +75,9 @@ static int mode_env(int argc, char **argv)
     if (argc < 3)
         return 2;
     static const char *const names[] = {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "DDP_RUN_ID",
-        "DDP_STORE_TOKEN",
-        "DDP_RESTART_COUNT",
-        "DDP_MAX_RESTARTS",
-        "DDP_AGENT_STORE",
-        "DDP_HOST_CORES",
+        DDP_ENV_CONTRACT,
         "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS",
-        "TORCHELASTIC_RUN_ID",
-        "ROLE_RANK",
         NULL,
     };
     char path[4096];

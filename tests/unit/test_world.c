@@ -1,9 +1,11 @@
 /*
- * test_world.c — the environment contract as the library reads it: a world of one without
- * RANK, torchrun's and ddprun's variables, and clear errors for inconsistent environments.
+ * test_world.c — the environment as the library reads it: a world of one without RANK,
+ * torchrun's and ddprun's variables, clear errors for inconsistent environments, the DDP_*
+ * settings, and the list of variables ddprun sets.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +32,14 @@ static const char *const vars[] = {
     "DDP_MAX_RESTARTS",
     "TORCHELASTIC_MAX_RESTARTS",
     "DDP_AGENT_STORE",
+    "DDP_BACKEND",
+    "DDP_TIMEOUT",
+    "DDP_DEBUG",
+    "DDP_HOST_ID",
+    "DDP_HOST_CORES",
+    "DDP_SHM_FLUSH",
+    "DDP_OVERLAP",
+    "DDP_DATA_CACHE",
     NULL,
 };
 
@@ -57,6 +67,10 @@ static void world_of_one(void **state)
     assert_string_equal(w.master_addr, "127.0.0.1");
     assert_string_equal(w.run_id, "none");
     assert_false(w.agent_store);
+    /* No setting is set: every module takes its default. */
+    ddp_settings none;
+    memset(&none, 0, sizeof none);
+    assert_memory_equal(&w.settings, &none, sizeof none);
 }
 
 static void full_contract(void **state)
@@ -152,6 +166,80 @@ static void junk_values(void **state)
     expect_invalid("LOCAL_RANK=3");
 }
 
+static void settings(void **state)
+{
+    (void)state;
+    setenv("DDP_BACKEND", "tcp", 1);
+    setenv("DDP_TIMEOUT", "3", 1);
+    setenv("DDP_DEBUG", "1", 1);
+    setenv("DDP_HOST_ID", "hostB", 1);
+    setenv("DDP_HOST_CORES", "12", 1);
+    setenv("DDP_SHM_FLUSH", "never", 1);
+    setenv("DDP_OVERLAP", "async", 1);
+    setenv("DDP_DATA_CACHE", "/tmp/cache dir", 1);
+    ddp_world w;
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_false(w.launched); /* settings do not need a launcher */
+    assert_string_equal(w.settings.backend, "tcp");
+    assert_int_equal(w.settings.timeout_ms, 3000);
+    assert_int_equal(w.settings.debug, 1);
+    assert_string_equal(w.settings.host_id, "hostB");
+    assert_int_equal(w.settings.host_cores, 12);
+    assert_string_equal(w.settings.shm_flush, "never");
+    assert_string_equal(w.settings.overlap, "async");
+    assert_string_equal(w.settings.data_cache, "/tmp/cache dir");
+    /* Values are copied as given: the module that uses one checks it. */
+    setenv("DDP_SHM_FLUSH", "sometimes", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_string_equal(w.settings.shm_flush, "sometimes");
+}
+
+static void settings_numbers(void **state)
+{
+    (void)state;
+    ddp_world w;
+    /* Malformed numbers count as not set, as they always have. */
+    setenv("DDP_TIMEOUT", "soon", 1);
+    setenv("DDP_DEBUG", "yes", 1);
+    setenv("DDP_HOST_CORES", "0", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.settings.timeout_ms, 0);
+    assert_int_equal(w.settings.debug, 0);
+    assert_int_equal(w.settings.host_cores, 0);
+    /* A huge timeout is capped rather than overflowing. */
+    setenv("DDP_TIMEOUT", "99999999", 1);
+    setenv("DDP_DEBUG", "7", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_true(w.settings.timeout_ms > 24 * 3600 * 1000);
+    assert_int_equal(w.settings.debug, 1);
+}
+
+static void settings_too_long(void **state)
+{
+    (void)state;
+    char big[300];
+    memset(big, 'h', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    setenv("DDP_HOST_ID", big, 1);
+    expect_invalid("DDP_HOST_ID");
+}
+
+static void contract_names(void **state)
+{
+    (void)state;
+    static const char *const names[] = {DDP_ENV_CONTRACT, NULL};
+    int n = 0;
+    bool rank = false, cores = false;
+    for (int i = 0; names[i]; i++, n++) {
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(names[i], names[j]);
+        rank = rank || !strcmp(names[i], "RANK");
+        cores = cores || !strcmp(names[i], "DDP_HOST_CORES");
+    }
+    assert_true(n >= 17 && rank && cores);
+    assert_true(ddp_own_cores() >= 1);
+}
+
 static void status_strings(void **state)
 {
     (void)state;
@@ -170,6 +258,10 @@ int main(void)
         cmocka_unit_test_setup(rank_without_world_size, clear_env),
         cmocka_unit_test_setup(rank_not_below_world, clear_env),
         cmocka_unit_test_setup(junk_values, clear_env),
+        cmocka_unit_test_setup(settings, clear_env),
+        cmocka_unit_test_setup(settings_numbers, clear_env),
+        cmocka_unit_test_setup(settings_too_long, clear_env),
+        cmocka_unit_test(contract_names),
         cmocka_unit_test(status_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

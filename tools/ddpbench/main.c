@@ -204,11 +204,16 @@ int main(int argc, char **argv)
             maxbytes = list[i];
 
     ddp_error err = {0};
+    ddp_world world; /* the environment, read once: the world and the DDP_* settings */
+    if (ddp_world_from_env(&world, &err) != DDP_OK) {
+        fprintf(stderr, "ddpbench: %s\n", err.msg);
+        return 1;
+    }
     ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &world;
     o.backend = backend;
     o.timeout_ms = 600000;
-    int W0 = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
-    o.arena_bytes = arena ? 2 * maxbytes * (size_t)(W0 > 0 ? W0 : 1) + ((size_t)4 << 20) : 0;
+    o.arena_bytes = arena ? 2 * maxbytes * (size_t)world.world_size + ((size_t)4 << 20) : 0;
     ddp_group *g;
     if (ddp_group_init(&o, &g, &err) != DDP_OK) {
         fprintf(stderr, "ddpbench: %s\n", err.msg);

@@ -145,7 +145,7 @@ static int parse_nproc(const char *v, int *out)
 {
     long n;
     if (strcmp(v, "cpu") == 0) {
-        *out = ddprun_host_cores();
+        *out = ddp_own_cores();
     } else if (strcmp(v, "gpu") == 0) {
         *out = gpus_visible();
         if (*out == 0)
@@ -153,7 +153,7 @@ static int parse_nproc(const char *v, int *out)
                        "CUDA_VISIBLE_DEVICES hides them); use a number or 'cpu'");
     } else if (strcmp(v, "auto") == 0) {
         int g = gpus_visible();
-        *out = g > 0 ? g : ddprun_host_cores();
+        *out = g > 0 ? g : ddp_own_cores();
     } else if (parse_long(v, 1, DDPRUN_MAX_NPROC, &n)) {
         *out = (int)n;
     } else {

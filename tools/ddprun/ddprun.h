@@ -103,9 +103,6 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
 
 /* Sends sig to the worker's whole process group (no-op if never spawned). */
 void ddprun_signal_worker(const ddprun_worker *w, int sig);
-/* The cores this node's workers share: ddprun's own CPU affinity (its threads default, the
- * --bind_to checks, and the workers' DDP_HOST_CORES). */
-int ddprun_host_cores(void);
 
 /* "exit code 3", "signal 9 (SIGKILL)". */
 void ddprun_describe_status(int status, char *buf, size_t cap);

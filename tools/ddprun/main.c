@@ -14,13 +14,14 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "ddp/ddp.h"
 #include "ddprun.h"
 
 /* torchrun sets OMP_NUM_THREADS=1 whenever nproc > 1, a known cause of slow CPU training. We
  * give each worker its share of the cores instead, so ranks × threads = cores. */
 static void default_threads(int nproc)
 {
-    int cores = ddprun_host_cores();
+    int cores = ddp_own_cores();
     int per = cores / nproc > 0 ? cores / nproc : 1;
     char v[16];
     snprintf(v, sizeof v, "%d", per);
@@ -58,9 +59,9 @@ int main(int argc, char **argv)
         free(o);
         return 1;
     }
-    if (o->bind == BIND_CORE && o->nproc > ddprun_host_cores()) {
+    if (o->bind == BIND_CORE && o->nproc > ddp_own_cores()) {
         ddprun_say("--bind_to core: %d workers but %d cores available; use --bind_to auto or none",
-                   o->nproc, ddprun_host_cores());
+                   o->nproc, ddp_own_cores());
         free(o);
         return 2;
     }

@@ -24,34 +24,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ddp/ddp.h"
 #include "ddprun.h"
 
 extern char **environ;
 
-/* Variables ddprun sets for every worker; inherited copies are dropped. */
-static const char *const contract[] = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "DDP_RUN_ID",
-    "DDP_STORE_TOKEN",
-    "DDP_RESTART_COUNT",
-    "DDP_MAX_RESTARTS",
-    "DDP_AGENT_STORE",
-    "DDP_HOST_CORES",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    NULL,
-};
+/* Variables ddprun sets for every worker (build_env adds each); inherited copies are dropped. */
+static const char *const contract[] = {DDP_ENV_CONTRACT, NULL};
 
 static bool in_contract(const char *kv)
 {
@@ -61,17 +40,6 @@ static bool in_contract(const char *kv)
             return true;
     }
     return false;
-}
-
-/* The cores this node's workers share: ddprun's own affinity mask (a container's or a job
- * scheduler's CPU set), taken before --bind_to narrows each worker's. */
-int ddprun_host_cores(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
 }
 
 /* Builds the worker's environment: ours plus everything inherited that we do not set.
@@ -115,7 +83,7 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("DDP_RESTART_COUNT", "%d", wd->attempt);
     ADD("DDP_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("DDP_AGENT_STORE", "1");
-    ADD("DDP_HOST_CORES", "%d", ddprun_host_cores()); /* before any pinning (--bind_to) */
+    ADD("DDP_HOST_CORES", "%d", ddp_own_cores()); /* ddprun's own: before any pinning */
     ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);

@@ -113,7 +113,9 @@ static int die(trainer *t, const char *what, const char *msg)
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
-static ddp_status open_split(const char *dir, const char *split, ddp_dataset **out, ddp_error *err)
+/* cache: where a gzip file is decompressed to (the data_cache setting, DDP_DATA_CACHE). */
+static ddp_status open_split(const char *dir, const char *split, const char *cache,
+                             ddp_dataset **out, ddp_error *err)
 {
     char im[2048], lb[2048];
     snprintf(im, sizeof im, "%s/%s-images-idx3-ubyte.gz", dir, split);
@@ -122,7 +124,7 @@ static ddp_status open_split(const char *dir, const char *split, ddp_dataset **o
         snprintf(im, sizeof im, "%s/%s-images-idx3-ubyte", dir, split);
         snprintf(lb, sizeof lb, "%s/%s-labels-idx1-ubyte", dir, split);
     }
-    return ddp_dataset_open_idx(im, lb, NULL, out, err);
+    return ddp_dataset_open_idx(im, lb, cache, out, err);
 }
 
 /* ---- learning rate --------------------------------------------------------------------------- */
@@ -668,9 +670,18 @@ int main(int argc, char **argv)
                         "data.threads ≥ -1\n");
         goto out;
     }
-    const char *task = ddp_config_str(c, "task");
-    if ((!strcmp(task, "train") && open_split(ddp_config_str(c, "data.dir"), "train", &tr, &err)) ||
-        open_split(ddp_config_str(c, "data.dir"), "t10k", &te, &err)) {
+    /* The environment, read once: who runs, and the DDP_* settings of the group, the reducer and
+     * the data cache. */
+    ddp_world world;
+    if (ddp_world_from_env(&world, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        rc = 1;
+        goto out;
+    }
+    const char *task = ddp_config_str(c, "task"), *dir = ddp_config_str(c, "data.dir");
+    const char *cache = world.settings.data_cache;
+    if ((!strcmp(task, "train") && open_split(dir, "train", cache, &tr, &err)) ||
+        open_split(dir, "t10k", cache, &te, &err)) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         goto out;
     }
@@ -684,6 +695,7 @@ int main(int argc, char **argv)
     }
     rc = 1;
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    go.world = &world;
     if (ddp_group_init(&go, &t.g, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         goto out;
