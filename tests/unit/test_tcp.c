@@ -1,5 +1,5 @@
 /*
- * test_tcp.c — the tcp backend (src/group/tcp.c) against the backend contract in group_int.h:
+ * test_tcp.c — the tcp backend (src/group/tcp/) against the backend contract in group_int.h:
  * every collective × dtype × op × count × in place/out of place at 1, 2, 3 and 4 members, checked
  * against a naive reference; then failures: a member that never arrives, abort from another
  * thread, a peer that dies, collectives that differ across ranks, a set-up that times out, and
