@@ -13,8 +13,10 @@
  * stores the tensors by decreasing element size, so every tensor of a file it wrote is naturally
  * aligned in a mapping. Files from other writers may not be: copy with memcpy when in doubt.
  *
- * The trainer keeps its own state (step, epoch, sampler position, RNG states, config) as string
- * metadata — JSON text where it is structured.
+ * A trainer's whole state — a model's parameters and buffers, the optimizer's state, where the
+ * data stand, the configuration — is one such file (ddp_ckpt_save_train below): the weights
+ * under their own names and shapes, so PyTorch loads them by name; the rest as tensors named
+ * "optim.<param>.<state>" and string metadata.
  */
 #ifndef DDP_CKPT_H
 #define DDP_CKPT_H
@@ -23,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ddp/model.h"
 #include "ddp/status.h"
 
 #ifdef __cplusplus
@@ -119,6 +122,56 @@ ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_
  * an error. */
 ddp_status ddp_ckpt_clean_stale(const char *dir, const char *prefix, size_t *removed,
                                 ddp_error *err);
+
+/* ---- trainer state ---------------------------------------------------------------------------
+ */
+
+/* The "format" metadata of a trainer-state file. */
+#define DDP_CKPT_TRAIN_FORMAT "ddptrain-1"
+#define DDP_CKPT_MAX_OPTIM_STATES 4
+
+/* Where a run stands: the metadata "step", "epoch", "next_batch", "world_size". */
+typedef struct ddp_ckpt_train_pos {
+    uint64_t step;       /* optimizer steps taken */
+    uint64_t epoch;      /* the training data's epoch */
+    uint64_t next_batch; /* its next batch, counted in the saving run's per-rank batches */
+    uint64_t world_size; /* ranks of the saving run (to convert next_batch to another world) */
+} ddp_ckpt_train_pos;
+
+/* What a trainer-state file holds, as views into the caller's memory (plain data, borrowed for
+ * the call). Any model's parameter list fits (ddp_model_params / ddp_model_buffers), with any
+ * optimizer's state (ddp_optim_num_states / _state_name / _state). */
+typedef struct ddp_ckpt_train_state {
+    const ddp_model_param *params; /* (n_params,) saved as F32 "<name>" of the param's shape */
+    size_t n_params;
+    const ddp_model_param *buffers; /* (n_buffers,) saved as 1-D F32 "<name>" */
+    size_t n_buffers;
+    int n_optim; /* optimizer state arrays per parameter, 0 … DDP_CKPT_MAX_OPTIM_STATES */
+    const char *optim_names[DDP_CKPT_MAX_OPTIM_STATES]; /* e.g. "exp_avg" */
+    float *const *optim[DDP_CKPT_MAX_OPTIM_STATES];     /* optim[s][i]: (params[i].count,),
+                                                           saved 1-D as "optim.<name>.<state>" */
+    ddp_ckpt_train_pos pos;                             /* saved as metadata */
+    double loss;        /* saved as metadata "loss" (for people; not read back) */
+    const char *config; /* saved as metadata "config" (the run's YAML; NULL: "") */
+} ddp_ckpt_train_state;
+
+/* Writes s to path with ddp_ckpt_save (atomically): per parameter its values then its optimizer
+ * state, then the buffers; metadata "format" (DDP_CKPT_TRAIN_FORMAT), "step", "epoch",
+ * "next_batch", "world_size", "loss", "config". Only rank 0 should call it (every rank holds the
+ * same state under DDP; complete sharded optimizer state first, ddp_reducer_gather_state).
+ * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range. */
+ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err);
+
+/* Reads a file written by ddp_ckpt_save_train into the memory s points at: every parameter's and
+ * buffer's data, and every optimizer state array named in s (pos, loss and config in s are
+ * ignored), then the position into *pos. Every tensor of s must be in the file as F32 with as
+ * many elements (shapes are not compared, so a file from an older writer with flat shapes
+ * loads); tensors in the file that s does not name are ignored. Errors (message in err, naming
+ * the file and the tensor or key): DDP_ERR_INVALID (not a trainer-state file, a tensor missing
+ * or of another size — saved with another model or optimizer —, bad metadata), and those of
+ * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK. */
+ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
+                               ddp_ckpt_train_pos *pos, ddp_error *err);
 
 #ifdef __cplusplus
 }

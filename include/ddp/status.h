@@ -42,6 +42,18 @@ typedef struct ddp_error {
     char msg[DDP_ERRMSG_MAX];
 } ddp_error;
 
+#if defined(__GNUC__)
+#define DDP_PRINTF(fmt_arg, first_arg) __attribute__((format(printf, fmt_arg, first_arg)))
+#else
+#define DDP_PRINTF(fmt_arg, first_arg)
+#endif
+
+/* Records st and a printf-formatted one-line message (truncated to DDP_ERRMSG_MAX − 1 bytes) in
+ * err, and returns st, so that `return ddp_error_set(err, DDP_ERR_INVALID, "…", …);` reports and
+ * fails in one line. err may be NULL (then only st is returned). The library's own functions
+ * write their messages with it; programs built on the library may use it too. */
+ddp_status ddp_error_set(ddp_error *err, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,15 +1,21 @@
 /*
- * optim.c — the optimizers of ddp/nn.h (SGD with momentum, AdamW) and global gradient-norm
- * clipping, written as transcriptions of torch's single-tensor CPU code paths so that the
- * operations, and hence the float rounding, happen in the same order: scalars (bias
+ * optim.c — the optimizer kernels of ddp/nn.h (SGD with momentum, AdamW) and global
+ * gradient-norm clipping, and the optimizer of ddp/optim.h that runs them over a model's
+ * parameter list. The kernels are transcriptions of torch's single-tensor CPU code paths so that
+ * the operations, and hence the float rounding, happen in the same order: scalars (bias
  * corrections, step sizes) in double like Python's floats, tensor arithmetic in float.
  *
- * The optimizer state lives in caller-owned flat arrays; there is no optimizer object. Under
- * DDP every rank holds the same parameters, averaged gradients and state, and runs the same step.
+ * The kernels keep no state: it lives in flat arrays, which the ddp_optim object owns per
+ * parameter. Under DDP every rank holds the same parameters, averaged gradients and state, and
+ * runs the same step (or its shard of it). The object does not know about the reducer: the
+ * caller says which range of each parameter to step.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "ddp/nn.h"
+#include "ddp/optim.h"
+#include "util/util.h"
 
 void ddp_nn_sgd_step(float *p, const float *g, float *buf, size_t n, float lr, float momentum,
                      float weight_decay, uint64_t step)
@@ -65,4 +71,123 @@ double ddp_nn_clip_grad_norm(float *const *grads, const size_t *counts, int n_ar
                 grads[a][i] *= f;
     }
     return norm;
+}
+
+/* ---- the optimizer over a parameter list (ddp/optim.h) --------------------------------------- */
+
+struct ddp_optim {
+    ddp_optim_opts opts;
+    const ddp_model_param *params; /* (n,), borrowed */
+    size_t n;
+    int nstate;
+    float **state[DDP_OPTIM_MAX_STATES]; /* state[s][i]: (params[i].count,) */
+    char err[DDP_ERRMSG_MAX];
+};
+
+static const char *const state_names[][DDP_OPTIM_MAX_STATES] = {
+    [DDP_OPTIM_SGD] = {"momentum_buffer", NULL},
+    [DDP_OPTIM_ADAMW] = {"exp_avg", "exp_avg_sq"},
+};
+
+ddp_status ddp_optim_create(const ddp_optim_opts *opts, const ddp_model_param *params, size_t n,
+                            ddp_optim **out, ddp_error *err)
+{
+    ddp_optim_opts o = DDP_OPTIM_OPTS_INIT;
+    if (opts)
+        o = *opts;
+    if (o.kind != DDP_OPTIM_SGD && o.kind != DDP_OPTIM_ADAMW)
+        return ddp__err(err, DDP_ERR_INVALID, "optimizer kind %d is not known: use sgd or adamw",
+                        (int)o.kind);
+    if (!(o.momentum >= 0) || !(o.weight_decay >= 0) || !(o.eps >= 0) ||
+        !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "optimizer: momentum %g, weight_decay %g, eps %g must be ≥ 0 and betas "
+                        "%g, %g in [0, 1)",
+                        (double)o.momentum, (double)o.weight_decay, (double)o.eps, (double)o.beta1,
+                        (double)o.beta2);
+    if (n > 0 && !params)
+        return ddp__err(err, DDP_ERR_INVALID, "optimizer: %zu parameters but no list", n);
+    ddp_optim *opt = calloc(1, sizeof *opt);
+    if (!opt)
+        goto out_nomem;
+    opt->opts = o;
+    opt->params = params;
+    opt->n = n;
+    opt->nstate = o.kind == DDP_OPTIM_ADAMW ? 2 : 1;
+    for (int s = 0; s < opt->nstate; s++) {
+        if (!(opt->state[s] = calloc(n ? n : 1, sizeof *opt->state[s])))
+            goto out_free;
+        for (size_t i = 0; i < n; i++)
+            if (!(opt->state[s][i] = calloc(params[i].count ? params[i].count : 1, sizeof(float))))
+                goto out_free;
+    }
+    *out = opt;
+    return DDP_OK;
+out_free:
+    ddp_optim_destroy(opt);
+out_nomem:
+    return ddp__err(err, DDP_ERR_NOMEM, "out of memory for the optimizer's state");
+}
+
+void ddp_optim_destroy(ddp_optim *o)
+{
+    if (!o)
+        return;
+    for (int s = 0; s < DDP_OPTIM_MAX_STATES; s++) {
+        for (size_t i = 0; o->state[s] && i < o->n; i++)
+            free(o->state[s][i]);
+        free(o->state[s]);
+    }
+    free(o);
+}
+
+int ddp_optim_num_states(const ddp_optim *o)
+{
+    return o->nstate;
+}
+
+const char *ddp_optim_state_name(const ddp_optim *o, int s)
+{
+    return s >= 0 && s < o->nstate ? state_names[o->opts.kind][s] : NULL;
+}
+
+float *const *ddp_optim_state(const ddp_optim *o, int s)
+{
+    return s >= 0 && s < o->nstate ? o->state[s] : NULL;
+}
+
+ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, uint64_t step,
+                                float lr, float grad_scale)
+{
+    if (i >= o->n || lo > hi || hi > o->params[i].count) {
+        ddp__fmt(o->err, sizeof o->err,
+                 "optimizer step: elements [%zu, %zu) of parameter %zu (of %zu, with %zu "
+                 "elements)",
+                 lo, hi, i, o->n, i < o->n ? o->params[i].count : 0);
+        return DDP_ERR_INVALID;
+    }
+    const ddp_model_param *p = &o->params[i];
+    float *w = p->data + lo, *g = p->grad + lo;
+    size_t n = hi - lo;
+    if (grad_scale != 1.0f)
+        for (size_t k = 0; k < n; k++)
+            g[k] *= grad_scale;
+    float wd = p->decay ? o->opts.weight_decay : 0.0f;
+    if (o->opts.kind == DDP_OPTIM_ADAMW)
+        ddp_nn_adamw_step(w, g, o->state[0][i] + lo, o->state[1][i] + lo, n, lr, o->opts.beta1,
+                          o->opts.beta2, o->opts.eps, wd, step);
+    else
+        ddp_nn_sgd_step(w, g, o->state[0][i] + lo, n, lr, o->opts.momentum, wd, step);
+    return DDP_OK;
+}
+
+void ddp_optim_step(ddp_optim *o, uint64_t step, float lr, float grad_scale)
+{
+    for (size_t i = 0; i < o->n; i++)
+        ddp_optim_step_range(o, i, 0, o->params[i].count, step, lr, grad_scale);
+}
+
+const char *ddp_optim_last_error(const ddp_optim *o)
+{
+    return o->err;
 }

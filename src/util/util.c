@@ -52,7 +52,7 @@ void ddp__fmt(char *buf, size_t cap, const char *fmt, ...)
     va_end(ap);
 }
 
-ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...)
+ddp_status ddp_error_set(ddp_error *err, ddp_status st, const char *fmt, ...)
 {
     if (err) {
         va_list ap;

@@ -12,18 +12,13 @@
 
 #include "ddp/status.h"
 
-#if defined(__GNUC__)
-#define DDP_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define DDP_PRINTF(a, b)
-#endif
-
 /* Formats a message into buf (cap bytes, always NUL-terminated, truncated if needed). */
 void ddp__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
 void ddp__fmt(char *buf, size_t cap, const char *fmt, ...) DDP_PRINTF(3, 4);
 
-/* Records st and a formatted message in err (NULL is allowed) and returns st. */
-ddp_status ddp__err(ddp_error *err, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+/* The library's name for ddp_error_set() (ddp/status.h): one implementation, the short name
+ * kept so that its 200-odd callers read as before. */
+#define ddp__err ddp_error_set
 
 /* Formats a message into a handle's message buffer (the one its *_last_error() returns) and
  * returns st, so that `return ddp__errmsg(h->err, DDP_ERR_INVALID, "...")` records and fails in

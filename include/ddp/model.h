@@ -1,0 +1,189 @@
+/*
+ * ddp/model.h — models as library objects: build one by type name, run forward (with the loss
+ * inside) and backward, and hand its parameter list to a reducer, an optimizer and a checkpoint.
+ *
+ *   ddp_model_spec spec = DDP_MODEL_SPEC_INIT;
+ *   spec.type = "mlp"; spec.in_ch = 1; spec.in_h = spec.in_w = 28; spec.classes = 10;
+ *   spec.hidden = (const int64_t[]){256, 128}; spec.n_hidden = 2; spec.max_batch = 64;
+ *   ddp_model *m;
+ *   ddp_model_build(&spec, &m, &err);
+ *   size_t np;
+ *   const ddp_model_param *p = ddp_model_params(m, &np);       // names, shapes, data, grad
+ *   for each i: ddp_model_bind(m, i, ddp_reducer_param(red, i), ddp_reducer_grad(red, i));
+ *   each step:
+ *       ddp_model_batch b = {.n = n, .x = x, .labels = y, .step = step, .sample_offset = off};
+ *       ddp_model_out out;
+ *       ddp_model_forward(m, &b, true, &out);                  // out.loss, out.correct
+ *       ddp_model_backward(m, mark_ready, red);                // grads += d loss / d param
+ *
+ * Types ("mlp", "cnn"; "gpt" to come) sit behind one table of operations; each fills the same
+ * parameter list and reads the same batch descriptor, so a trainer, a reducer, an optimizer
+ * (ddp/optim.h) and the checkpoint's trainer state (ddp/ckpt.h) work with any of them unchanged.
+ *
+ * mlp: inputs (B, in_ch·in_h·in_w) flattened; Linear → activation (→ dropout) per hidden size,
+ *      then Linear to `classes`. Parameters fcK.weight (out, in), fcK.bias (out,), K from 1.
+ * cnn: per channels[s]: Conv2d 3×3 pad 1 → BatchNorm2d → activation → MaxPool2d 2, then the
+ *      mlp's layers on the flattened result. Parameters convS.weight (out, in, 3, 3), convS.bias,
+ *      bnS.weight, bnS.bias (C,), then fcK.*; buffers bnS.running_mean, bnS.running_var (C,).
+ * Both: parameters in forward order (backward finishes them last to first, so a reducer buckets
+ * them from the end); weights and biases initialised as torch's defaults (kaiming-uniform,
+ * batchnorm γ = 1, β = 0), from spec.seed and the parameter's index, the same on every rank;
+ * weight decay applies to every parameter (decay is true throughout, as torch's default param
+ * group). The names are torch's, so a checkpoint loads by name into the twin torch model
+ * (tests/python/test_model_torch.py).
+ *
+ * Ownership: the model owns its parameter list, names, activations and (until bound elsewhere)
+ * parameter values and gradients; ddp_model_free() releases them. Memory bound with
+ * ddp_model_bind() stays the caller's. Pointers into the model (the parameter list, logits) stay
+ * valid until ddp_model_free(); the logits' contents until the next forward.
+ *
+ * Errors: build reports into the caller's ddp_error; every later call records a one-line
+ * message on the model (ddp_model_last_error) and returns a status. Caller input is checked
+ * (an out-of-range label, a batch larger than max_batch, backward without a training forward);
+ * nothing aborts.
+ *
+ * Threads: a model is used by one thread at a time. Its kernels may use OpenBLAS threads inside.
+ */
+#ifndef DDP_MODEL_H
+#define DDP_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_model ddp_model;
+
+/* What to build. Plain data, borrowed for ddp_model_build() only; start from
+ * DDP_MODEL_SPEC_INIT and set what the type reads. Each type ignores the others' fields. */
+typedef struct ddp_model_spec {
+    const char *type; /* "mlp" | "cnn" */
+    int max_batch;    /* the largest batch forward accepts (activations are sized for it), ≥ 1 */
+    uint64_t seed;    /* weights and dropout masks */
+    /* mlp, cnn: */
+    int in_ch, in_h, in_w;   /* one input sample (in_ch, in_h, in_w), each ≥ 1 */
+    int classes;             /* outputs, ≥ 1 */
+    const int64_t *hidden;   /* fully connected hidden sizes (n_hidden), each ≥ 1 */
+    size_t n_hidden;         /* 0: a single linear layer */
+    const int64_t *channels; /* cnn: channels of each conv stage (n_channels) */
+    size_t n_channels;
+    float dropout;          /* after each hidden activation, 0 … 1 (0: none) */
+    const char *activation; /* "relu" (NULL too) | "gelu" (exact erf, torch.nn.GELU()) */
+} ddp_model_spec;
+
+#define DDP_MODEL_SPEC_INIT                                                                        \
+    {                                                                                              \
+        "mlp", 64, 0, 1, 28, 28, 10, NULL, 0, NULL, 0, 0.0f, "relu"                                \
+    }
+
+#define DDP_MODEL_MAX_DIMS 4
+
+/* One parameter (or buffer) tensor: plain data, owned by the model (the pointers: see data and
+ * grad). The list is fixed from build on; entries change only through ddp_model_bind(). */
+typedef struct ddp_model_param {
+    const char *name;                  /* unique, torch's name: "fc1.weight" */
+    int ndim;                          /* 1 … DDP_MODEL_MAX_DIMS */
+    int64_t shape[DDP_MODEL_MAX_DIMS]; /* torch's shape: linear (out, in), conv (out, in, kh, kw) */
+    size_t count;                      /* elements: the product of shape */
+    bool decay;                        /* the optimizer's weight decay applies to it */
+    float *data;                       /* (count,) fp32 values, row-major: the model's own
+                                          memory, or the caller's after ddp_model_bind() */
+    float *grad;                       /* (count,) fp32, backward accumulates (+=) into it: the
+                                          caller's after ddp_model_bind() (e.g. a view into the
+                                          reducer's bucket memory), else the model's own,
+                                          allocated zeroed at the first backward; NULL before.
+                                          Always NULL for buffers. */
+} ddp_model_param;
+
+/* One batch. Plain data; the arrays are borrowed from forward until the next forward (backward
+ * reads the inputs again), so keep them unchanged until backward returns. Fields a type does not
+ * read are ignored. */
+typedef struct ddp_model_batch {
+    int n;                  /* samples, 1 … spec.max_batch */
+    const float *x;         /* mlp, cnn: inputs (n, in_ch·in_h·in_w) fp32 */
+    const int32_t *labels;  /* mlp, cnn: classes (n,) in [0, classes); NULL: no loss */
+    const int32_t *tokens;  /* gpt: token ids (n, seq_len) */
+    const int32_t *targets; /* gpt: next tokens (n, seq_len); NULL: no loss */
+    int seq_len;            /* gpt: tokens per sample */
+    float grad_scale;       /* backward accumulates d(loss · grad_scale)/d param: 1/k when k
+                               micro-batches accumulate into one step; 0 is taken as 1 */
+    uint64_t step;          /* training step: keys dropout (its stream) */
+    uint64_t sample_offset; /* global index of sample 0 of this batch (e.g. ((step · accum +
+                               micro) · world + rank) · B): dropout masks follow the sample, not
+                               the rank or world size */
+} ddp_model_batch;
+
+/* What forward computed, for logs and evaluation. */
+typedef struct ddp_model_out {
+    double loss;     /* mean cross-entropy over the items below (double); 0 without labels */
+    int64_t correct; /* items whose argmax is their label (first index on ties) */
+    int64_t count;   /* items the loss averages: n for mlp/cnn, n·seq_len for gpt; 0 without
+                        labels */
+} ddp_model_out;
+
+/* Parameter `index` of the model's list has its final gradient for this backward. Returning an
+ * error stops the backward, which returns that status. The DDP reducer's ddp_reducer_mark_ready
+ * fits behind a one-line adapter. */
+typedef ddp_status (*ddp_grad_ready_fn)(void *ctx, size_t index);
+
+/* Builds a model of spec->type: checks the spec, allocates parameters, buffers and activations
+ * for spec->max_batch samples, initialises the weights. *out is set only on DDP_OK; then free
+ * it with ddp_model_free(). Errors (message in err, which may be NULL): DDP_ERR_INVALID (an
+ * unknown type, a bad size or activation, a geometry the layers cannot take; the message names
+ * the field), DDP_ERR_NOMEM. */
+ddp_status ddp_model_build(const ddp_model_spec *spec, ddp_model **out, ddp_error *err);
+
+void ddp_model_free(ddp_model *m); /* NULL is a no-op; does not touch bound memory */
+
+/* The type's name ("mlp"), owned by the library. */
+const char *ddp_model_type(const ddp_model *m);
+
+/* The parameter list ((*n,) entries, in registration order) and the buffers (e.g. batchnorm
+ * running statistics: saved and broadcast, not trained; grad NULL, decay false). Owned by m;
+ * the arrays do not move, so a reducer or optimizer may borrow them for m's life. */
+const ddp_model_param *ddp_model_params(const ddp_model *m, size_t *n);
+const ddp_model_param *ddp_model_buffers(const ddp_model *m, size_t *n);
+
+/* Moves parameter i's values to data and its gradient to grad (either NULL: leave it where it
+ * is). Nothing is copied: data must already hold the values (as the reducer's copy of the
+ * parameters does after ddp_reducer_create). Memory the model allocated for what moved is
+ * freed. Both stay the caller's and must outlive m's use of them. DDP_ERR_INVALID if i is out of
+ * range. */
+ddp_status ddp_model_bind(ddp_model *m, size_t i, float *data, float *grad);
+
+/* Zeroes every gradient that exists (bound or the model's). A reducer's
+ * ddp_reducer_zero_grad() does the same for memory it owns. */
+void ddp_model_zero_grad(ddp_model *m);
+
+/* Forward of batch b. train: batch statistics and dropout (and the loss's gradient is kept for
+ * backward); else evaluation mode. With labels (targets for gpt), out receives the loss and the
+ * correct count; without, only the logits are computed. out may be NULL. Errors:
+ * DDP_ERR_INVALID (b->n outside 1 … max_batch, a missing input, a label out of range, batchnorm
+ * in training with fewer than 2 values per channel); the message is on m. */
+ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
+                             ddp_model_out *out);
+
+/* The last forward's logits: (*rows, *cols) fp32, rows = n (n·seq_len for gpt), cols = classes
+ * (vocabulary). Owned by m, overwritten by the next forward; NULL before the first. rows and
+ * cols may be NULL. */
+const float *ddp_model_logits(const ddp_model *m, size_t *rows, size_t *cols);
+
+/* Backward of the last forward, which must have been in training mode with labels: accumulates
+ * (+=) every parameter's gradient, from the last layer to the first, and calls ready(ctx, i) for
+ * each parameter i as soon as its gradient is final (ready may be NULL). Errors:
+ * DDP_ERR_INVALID (no training forward with labels since the last backward), DDP_ERR_NOMEM (the
+ * model's own gradients), or what ready returned; the message is on m. */
+ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
+
+/* The message of the last failed call on m, or "" — owned by m, valid until the next call. */
+const char *ddp_model_last_error(const ddp_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_MODEL_H */

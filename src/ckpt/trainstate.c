@@ -1,0 +1,160 @@
+/*
+ * trainstate.c — a trainer's state as one safetensors file (ddp_ckpt_save_train and
+ * ddp_ckpt_load_train in ddp/ckpt.h): a model's parameter list and buffers, the optimizer's
+ * state per parameter, and where the run stands, assembled into the tensors and metadata of
+ * ddp_ckpt_save and read back with a check per tensor.
+ *
+ * It works over plain views (ddp_model_param, float arrays), so any model and optimizer save and
+ * resume alike; it does not know which model or optimizer it holds (the config metadata does,
+ * for people), and it does not synchronise ranks: the trainer has rank 0 save and load, and
+ * broadcasts. The layout — each parameter followed by its state, then the buffers, metadata in
+ * a fixed order — is what ddptrain has always written, so old files load and new files are the
+ * same bytes.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/ckpt.h"
+#include "util/util.h"
+
+/* "optim.<param>.<state>", malloc'ed (NULL when out of memory). */
+static char *state_name(const char *param, const char *state)
+{
+    char *s;
+    return asprintf(&s, "optim.%s.%s", param, state) < 0 ? NULL : s;
+}
+
+ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+{
+    if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
+                        DDP_CKPT_MAX_OPTIM_STATES);
+    size_t per = 1 + (size_t)s->n_optim, n = s->n_params * per + s->n_buffers;
+    ddp_ckpt_tensor *ts = calloc(n ? n : 1, sizeof *ts);
+    char **names = calloc(n ? n : 1, sizeof *names); /* the optimizer states' names */
+    ddp_status st = DDP_OK;
+    if (!ts || !names) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving '%s'", path);
+        goto out_free;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < s->n_params; i++) {
+        const ddp_model_param *p = &s->params[i];
+        ts[k] = (ddp_ckpt_tensor){
+            .name = p->name, .dtype = DDP_CKPT_F32, .ndim = p->ndim, .data = p->data};
+        for (int d = 0; d < p->ndim && d < DDP_CKPT_MAX_DIMS; d++)
+            ts[k].shape[d] = p->shape[d];
+        k++;
+        for (int o = 0; o < s->n_optim; o++) {
+            if (!(names[k] = state_name(p->name, s->optim_names[o]))) {
+                st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving '%s'", path);
+                goto out_free;
+            }
+            ts[k] = (ddp_ckpt_tensor){.name = names[k],
+                                      .dtype = DDP_CKPT_F32,
+                                      .ndim = 1,
+                                      .shape = {(int64_t)p->count},
+                                      .data = s->optim[o][i]};
+            k++;
+        }
+    }
+    for (size_t i = 0; i < s->n_buffers; i++, k++)
+        ts[k] = (ddp_ckpt_tensor){.name = s->buffers[i].name,
+                                  .dtype = DDP_CKPT_F32,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)s->buffers[i].count},
+                                  .data = s->buffers[i].data};
+    char step[32], epoch[32], nb[32], ws[32], loss[64];
+    snprintf(step, sizeof step, "%llu", (unsigned long long)s->pos.step);
+    snprintf(epoch, sizeof epoch, "%llu", (unsigned long long)s->pos.epoch);
+    snprintf(nb, sizeof nb, "%llu", (unsigned long long)s->pos.next_batch);
+    snprintf(ws, sizeof ws, "%llu", (unsigned long long)s->pos.world_size);
+    snprintf(loss, sizeof loss, "%.9g", s->loss);
+    const char *keys[] = {"format", "step", "epoch", "next_batch", "world_size", "loss", "config"};
+    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT,     step, epoch, nb, ws, loss,
+                          s->config ? s->config : ""};
+    st = ddp_ckpt_save(path, ts, k, keys, vals, sizeof keys / sizeof keys[0], err);
+out_free:
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+    free(ts);
+    return st;
+}
+
+/* Copies the F32 tensor `name` of count elements from c into dst; DDP_ERR_INVALID if the file has
+ * none of that size. */
+static ddp_status load_tensor(const ddp_ckpt *c, const char *path, const char *name, size_t count,
+                              float *dst, bool optim, ddp_error *err)
+{
+    const ddp_ckpt_tensor *x = ddp_ckpt_find(c, name);
+    size_t cnt = 1;
+    for (int d = 0; x && d < x->ndim; d++)
+        cnt *= (size_t)x->shape[d];
+    if (x && x->dtype == DDP_CKPT_F32 && cnt == count) {
+        if (count)
+            memcpy(dst, x->data, count * sizeof(float));
+        return DDP_OK;
+    }
+    if (optim)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "checkpoint '%s' lacks '%s' (float32, %zu values): saved with another "
+                        "optimizer? Set optimizer as in its 'config' metadata",
+                        path, name, count);
+    return ddp__err(err, DDP_ERR_INVALID,
+                    "checkpoint '%s' has no float32 '%s' of %zu values: it was saved with another "
+                    "model; check the model's settings against its 'config' metadata",
+                    path, name, count);
+}
+
+ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
+                               ddp_ckpt_train_pos *pos, ddp_error *err)
+{
+    if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
+                        DDP_CKPT_MAX_OPTIM_STATES);
+    ddp_ckpt *c;
+    ddp_status st = ddp_ckpt_open(path, &c, err);
+    if (st != DDP_OK)
+        return st;
+    const char *fmt = ddp_ckpt_meta(c, "format");
+    if (!fmt || strcmp(fmt, DDP_CKPT_TRAIN_FORMAT) != 0) {
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "'%s' is not a ddptrain checkpoint (its metadata 'format' is not '%s')", path,
+                      DDP_CKPT_TRAIN_FORMAT);
+        goto out_close;
+    }
+    for (size_t i = 0; i < s->n_params && !st; i++) {
+        const ddp_model_param *p = &s->params[i];
+        st = load_tensor(c, path, p->name, p->count, p->data, false, err);
+        for (int o = 0; o < s->n_optim && !st; o++) {
+            char *name = state_name(p->name, s->optim_names[o]);
+            st = name ? load_tensor(c, path, name, p->count, s->optim[o][i], true, err)
+                      : ddp__err(err, DDP_ERR_NOMEM, "out of memory reading '%s'", path);
+            free(name);
+        }
+    }
+    for (size_t i = 0; i < s->n_buffers && !st; i++)
+        st = load_tensor(c, path, s->buffers[i].name, s->buffers[i].count, s->buffers[i].data,
+                         false, err);
+    const char *keys[] = {"step", "epoch", "next_batch", "world_size"};
+    uint64_t v[4];
+    for (int k = 0; k < 4 && !st; k++) {
+        const char *txt = ddp_ckpt_meta(c, keys[k]);
+        char *end = NULL;
+        v[k] = txt ? strtoull(txt, &end, 10) : 0;
+        if (!txt || !*txt || *end)
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "checkpoint '%s': metadata '%s' is missing or not a number", path,
+                          keys[k]);
+    }
+    if (st == DDP_OK)
+        *pos = (ddp_ckpt_train_pos){v[0], v[1], v[2], v[3]};
+out_close:
+    ddp_ckpt_close(c);
+    return st;
+}

@@ -1,0 +1,55 @@
+/*
+ * model_int.h — private to src/nn: what a model type implements (a table of operations) and the
+ * helpers it builds its parameter list with. model.c does everything common (the list, binding,
+ * gradients, argument checks, errors); a type does only its layers.
+ *
+ * Adding a type: write its ops (build, free, forward, backward, logits) in its own file, name
+ * the table ddp__<type>_ops, and add it to the table in model.c.
+ */
+#ifndef DDP_NN_MODEL_INT_H
+#define DDP_NN_MODEL_INT_H
+
+#include "ddp/model.h"
+#include "util/util.h"
+
+typedef struct ddp_model_ops {
+    const char *name; /* the spec's type */
+    /* Checks spec and builds: parameters and buffers through ddp__model_add_param/_buffer (in
+     * forward order), its own state in m->impl. On failure it returns with a message in err and
+     * leaves whatever it allocated reachable from m, for free() to release. */
+    ddp_status (*build)(ddp_model *m, const ddp_model_spec *spec, ddp_error *err);
+    void (*free)(ddp_model *m); /* its impl; also after a failed build */
+    /* b->n is checked already. Records errors with ddp__model_fail. */
+    ddp_status (*forward)(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out);
+    /* Called only after a training forward with labels; every params[i].grad is set. */
+    ddp_status (*backward)(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
+    const float *(*logits)(const ddp_model *m, size_t *rows, size_t *cols);
+} ddp_model_ops;
+
+struct ddp_model {
+    const ddp_model_ops *ops;
+    void *impl;              /* the type's state */
+    int max_batch;           /* spec.max_batch */
+    ddp_model_param *params; /* (n_params,), grown during build, fixed after */
+    size_t n_params, cap_params;
+    float **own_data; /* (n_params,) the model's allocation of each parameter's values, or NULL */
+    float **own_grad; /* (n_params,) the same for gradients */
+    ddp_model_param *buffers;
+    size_t n_buffers, cap_buffers;
+    bool can_backward; /* a training forward with labels, not yet backward */
+    char err[DDP_ERRMSG_MAX];
+};
+
+/* Appends a parameter called name (copied) of shape (ndim dims), values zeroed in memory the
+ * model owns; its index is the n_params before the call. */
+ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const int64_t *shape,
+                                bool decay, ddp_error *err);
+/* Appends a 1-D buffer of count values, all fill. */
+ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
+                                 ddp_error *err);
+/* Records st and a message on m; returns st. */
+ddp_status ddp__model_fail(ddp_model *m, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
+
+extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops;
+
+#endif /* DDP_NN_MODEL_INT_H */

@@ -1,0 +1,114 @@
+/*
+ * checkpoint.c — ddptrain's checkpoints: which file, which rank writes or reads it, and how the
+ * others learn the result. What goes into the file is the library's (ddp_ckpt_save_train over
+ * the model's parameter list and the optimizer's state); that the file does not depend on the
+ * world size follows from every rank holding the same model and optimizer state.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ddptrain.h"
+
+/* The state views over t's model and optimizer. */
+static ddp_ckpt_train_state state_of(const trainer *t)
+{
+    ddp_ckpt_train_state s = {0};
+    s.params = ddp_model_params(t->m, &s.n_params);
+    s.buffers = ddp_model_buffers(t->m, &s.n_buffers);
+    s.n_optim = ddp_optim_num_states(t->opt);
+    for (int k = 0; k < s.n_optim && k < DDP_CKPT_MAX_OPTIM_STATES; k++) {
+        s.optim_names[k] = ddp_optim_state_name(t->opt, k);
+        s.optim[k] = ddp_optim_state(t->opt, k);
+    }
+    return s;
+}
+
+ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
+{
+    ddp_status st = DDP_OK;
+    /* Sharded, each rank's optimizer state is current only in its shard: complete it first. */
+    for (int k = 0; k < ddp_optim_num_states(t->opt); k++)
+        if ((st = ddp_reducer_gather_state(t->red, (void *const *)ddp_optim_state(t->opt, k))))
+            return ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    if (t->R == 0) {
+        ddp_ckpt_train_state s = state_of(t);
+        s.pos = (ddp_ckpt_train_pos){t->step, t->pos.epoch, t->pos.next_batch, (uint64_t)t->W};
+        s.loss = loss;
+        char *yaml = ddp_config_to_yaml(t->cfg);
+        s.config = yaml;
+        char dir[1100], path[1300];
+        snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+        mkdir(dir, 0755);
+        snprintf(path, sizeof path, "%s/step%llu.safetensors", dir, (unsigned long long)t->step);
+        st = ddp_ckpt_save_train(path, &s, err);
+        if (st == DDP_OK) {
+            trainer_say(t, "checkpoint %s", path);
+            ddp_ckpt_prune(dir, "step", (size_t)ddp_config_int(t->cfg, "checkpoint.keep"), NULL);
+        }
+        free(yaml);
+    }
+    /* The others wait for rank 0 (and learn whether the save worked). */
+    int64_t ok = st == DDP_OK;
+    if (ddp_broadcast(t->g, &ok, 1, DDP_INT64, 0) != DDP_OK)
+        return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
+    if (!ok && t->R != 0)
+        return ddp_error_set(err, DDP_ERR_SYSTEM, "rank 0 could not save the checkpoint");
+    return st;
+}
+
+static ddp_status find_checkpoint(trainer *t, const char *spec, char *path, size_t cap,
+                                  ddp_error *err)
+{
+    if (strcmp(spec, "latest") != 0) {
+        snprintf(path, cap, "%s", spec);
+        return DDP_OK;
+    }
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    return ddp_ckpt_latest(dir, "step", path, cap, err);
+}
+
+int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos *pos)
+{
+    int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed */
+    if (*spec && t->R == 0) {
+        ddp_error err = {0};
+        char path[2048];
+        ddp_ckpt_train_state s = state_of(t);
+        if (find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK ||
+            ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+            got = -1;
+        } else {
+            got = 1;
+            trainer_say(t, "resumed from %s at step %llu (saved by %llu ranks)", path,
+                        (unsigned long long)pos->step, (unsigned long long)pos->world_size);
+        }
+    }
+    if (ddp_broadcast(t->g, &got, 1, DDP_INT64, 0) != DDP_OK)
+        return trainer_die(t, "resume", ddp_group_last_error(t->g));
+    *loaded = got > 0;
+    return got < 0 ? 1 : 0;
+}
+
+int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
+{
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(t->m, &np);
+    for (int k = 0; k < ddp_optim_num_states(t->opt); k++) {
+        float *const *state = ddp_optim_state(t->opt, k);
+        for (size_t i = 0; i < np; i++)
+            if (ddp_broadcast(t->g, state[i], p[i].count, DDP_FLOAT32, 0) != DDP_OK)
+                return trainer_die(t, "resume", ddp_group_last_error(t->g));
+    }
+    uint64_t meta[4] = {pos->step, pos->epoch, pos->next_batch, pos->world_size};
+    if (ddp_broadcast(t->g, meta, 4, DDP_INT64, 0) != DDP_OK)
+        return trainer_die(t, "resume", ddp_group_last_error(t->g));
+    t->step = meta[0];
+    t->pos.epoch = meta[1];
+    /* Another world size: continue after the same number of samples in the epoch. */
+    t->pos.next_batch = meta[2] * meta[3] / (uint64_t)t->W;
+    return 0;
+}

@@ -1,0 +1,120 @@
+/*
+ * eval.c — ddptrain's evaluation (after training epochs and for --task test) and predictions
+ * (--task predict). Evaluation splits the test set over the ranks with the sampler's exact mode
+ * (no padding, no sample twice) and all-reduces the sums, so the figures are the same for any
+ * world size; predictions are written by rank 0 alone, in dataset order.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddptrain.h"
+
+ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *acc, ddp_error *err)
+{
+    ddp_status st;
+    /* Batchnorm's running statistics drift apart between ranks: rank 0's are the model's. */
+    if ((st = ddp_reducer_sync_buffers(t->red)))
+        return ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = ddp_dataset_len(ds);
+    so.num_replicas = t->W;
+    so.rank = t->R;
+    so.shuffle = false;
+    so.mode = DDP_SAMPLER_EXACT;
+    ddp_sampler *s;
+    if ((st = ddp_sampler_create(&so, &s, err)))
+        return st;
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    lo.batch_size = (size_t)t->B;
+    lo.drop_last = false;
+    ddp_loader *l;
+    if ((st = ddp_loader_create(ds, s, &lo, &l, err))) {
+        ddp_sampler_destroy(s);
+        return st;
+    }
+    double sums[3] = {0, 0, 0}; /* loss sum, correct, count */
+    ddp_batch b;
+    for (;;) {
+        if ((st = ddp_loader_next(l, &b))) {
+            ddp_error_set(err, st, "%s", ddp_loader_last_error(l));
+            break;
+        }
+        if (b.n == 0)
+            break;
+        ddp_model_batch mb = {.n = (int)b.n, .x = b.x, .labels = b.y};
+        ddp_model_out out;
+        if ((st = ddp_model_forward(t->m, &mb, false, &out))) {
+            ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
+            break;
+        }
+        sums[0] += out.loss * (double)out.count;
+        sums[1] += (double)out.correct;
+        sums[2] += (double)out.count;
+    }
+    ddp_loader_destroy(l);
+    ddp_sampler_destroy(s);
+    if (st)
+        return st;
+    double all[3];
+    if ((st = ddp_allreduce(t->g, sums, all, 3, DDP_FLOAT64, DDP_SUM)))
+        return ddp_error_set(err, st, "%s", ddp_group_last_error(t->g));
+    *loss = all[0] / all[2];
+    *acc = all[1] / all[2];
+    return DDP_OK;
+}
+
+/* Rank 0 writes "index,label,prediction" for every test sample; the others wait. */
+static int write_predictions(trainer *t, ddp_dataset *te, FILE *f)
+{
+    size_t in_n = ddp_dataset_x_elems(te), n = ddp_dataset_len(te), B = (size_t)t->B;
+    float *x = malloc(sizeof(float) * in_n * B);
+    int32_t *y = malloc(sizeof(int32_t) * B);
+    int rc = 0;
+    if (!x || !y) {
+        rc = trainer_die(t, "predict", "out of memory");
+        goto out_free;
+    }
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        for (size_t k = 0; k < nb; k++)
+            ddp_dataset_get(te, i0 + k, x + k * in_n, y + k);
+        ddp_model_batch mb = {.n = (int)nb, .x = x};
+        if (ddp_model_forward(t->m, &mb, false, NULL) != DDP_OK) {
+            rc = trainer_die(t, "predict", ddp_model_last_error(t->m));
+            goto out_free;
+        }
+        size_t C;
+        const float *lg = ddp_model_logits(t->m, NULL, &C);
+        for (size_t k = 0; k < nb; k++) {
+            size_t best = 0;
+            for (size_t j = 1; j < C; j++)
+                if (lg[k * C + j] > lg[k * C + best])
+                    best = j;
+            fprintf(f, "%zu,%d,%zu\n", i0 + k, y[k], best);
+        }
+    }
+out_free:
+    free(x);
+    free(y);
+    return rc;
+}
+
+int trainer_predict(trainer *t, ddp_dataset *te)
+{
+    if (t->R == 0) {
+        const char *path = ddp_config_str(t->cfg, "predict_out");
+        FILE *f = fopen(path, "w");
+        if (!f)
+            return trainer_die(t, "predict", strerror(errno));
+        fprintf(f, "index,label,prediction\n");
+        int rc = write_predictions(t, te, f);
+        if (fclose(f) != 0 && !rc)
+            rc = trainer_die(t, "predict", strerror(errno));
+        if (rc)
+            return rc;
+        trainer_say(t, "wrote %zu predictions to %s", ddp_dataset_len(te), path);
+    }
+    return ddp_barrier(t->g) == DDP_OK ? 0 : trainer_die(t, "predict", ddp_group_last_error(t->g));
+}
