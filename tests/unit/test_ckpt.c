@@ -3,7 +3,8 @@
  * metadata, natural alignment of the data; every malformed-file error, from files written by
  * hand; the atomic guarantee when a write fails (a child with a small RLIMIT_FSIZE) and when the
  * rename fails; latest/prune over a directory; and 2000 random mutations of a valid file, which
- * must all be either opened or refused with a message, never crash.
+ * must all be either opened or refused with a message, never crash; a trainer's state (a
+ * parameter list, optimizer state, position) saved and resumed, and every mismatch refused.
  * Synthetic data encode their origin: element k of tensor i is a function of (i, k).
  */
 #define _GNU_SOURCE
@@ -582,6 +583,214 @@ static void test_fuzz(void **state)
     free(orig);
 }
 
+/* ---- trainer state ----------------------------------------------------------------------------
+ */
+
+/* Two parameters (a matrix and a vector) with two optimizer states each and a buffer; value k of
+ * array a is a + k / 8. */
+typedef struct train_data {
+    float w[6], b[3], buf[2], m[2][6], v[2][3];
+    float *ma[2], *va[2];
+    ddp_model_param params[2], buffers[1];
+} train_data;
+
+static void train_fill(train_data *d, float a)
+{
+    float *arrs[] = {d->w, d->b, d->buf, d->m[0], d->m[1], d->v[0], d->v[1]};
+    size_t ns[] = {6, 3, 2, 6, 6, 3, 3};
+    for (int i = 0; i < 7; i++)
+        for (size_t k = 0; k < ns[i]; k++)
+            arrs[i][k] = a + (float)i + (float)k / 8;
+    d->params[0] = (ddp_model_param){
+        .name = "fc.weight", .ndim = 2, .shape = {2, 3}, .count = 6, .decay = true, .data = d->w};
+    d->params[1] =
+        (ddp_model_param){.name = "fc.bias", .ndim = 1, .shape = {3}, .count = 3, .data = d->b};
+    d->buffers[0] = (ddp_model_param){
+        .name = "bn.running_var", .ndim = 1, .shape = {2}, .count = 2, .data = d->buf};
+    /* optim[s][i]: state s of parameter i */
+    d->ma[0] = d->m[0], d->ma[1] = d->v[0];
+    d->va[0] = d->m[1], d->va[1] = d->v[1];
+}
+
+static ddp_ckpt_train_state train_state_of(train_data *d, int n_optim)
+{
+    ddp_ckpt_train_state s = {.params = d->params,
+                              .n_params = 2,
+                              .buffers = d->buffers,
+                              .n_buffers = 1,
+                              .n_optim = n_optim,
+                              .optim_names = {"exp_avg", "exp_avg_sq"},
+                              .optim = {d->ma, d->va},
+                              .pos = {12, 3, 45, 4},
+                              .loss = 0.123456789012,
+                              .config = "model:\n  type: mlp\n"};
+    return s;
+}
+
+static void test_train_state(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "train.safetensors");
+    train_data d, e;
+    train_fill(&d, 1.0f);
+    ddp_ckpt_train_state s = train_state_of(&d, 2);
+    ddp_error err = {0};
+    if (ddp_ckpt_save_train(path, &s, &err) != DDP_OK)
+        fail_msg("save: %s", err.msg);
+    /* The file: weights under their names and torch shapes, each followed by its state, then
+     * the buffers; the metadata. */
+    ddp_ckpt *c;
+    assert_int_equal(ddp_ckpt_open(path, &c, NULL), DDP_OK);
+    const char *names[] = {"fc.weight",     "optim.fc.weight.exp_avg", "optim.fc.weight.exp_avg_sq",
+                           "fc.bias",       "optim.fc.bias.exp_avg",   "optim.fc.bias.exp_avg_sq",
+                           "bn.running_var"};
+    assert_int_equal(ddp_ckpt_count(c), 7);
+    for (size_t i = 0; i < 7; i++)
+        assert_string_equal(ddp_ckpt_tensor_at(c, i)->name, names[i]);
+    const ddp_ckpt_tensor *w = ddp_ckpt_find(c, "fc.weight");
+    assert_int_equal(w->ndim, 2);
+    assert_int_equal(w->shape[0], 2);
+    assert_int_equal(w->shape[1], 3);
+    assert_memory_equal(w->data, d.w, sizeof d.w);
+    assert_memory_equal(ddp_ckpt_find(c, "optim.fc.bias.exp_avg_sq")->data, d.v[1], sizeof d.v[1]);
+    const char *mk[] = {"format", "step", "epoch", "next_batch", "world_size", "loss", "config"};
+    const char *mv[] = {"ddptrain-1", "12", "3", "45", "4", "0.123456789", "model:\n  type: mlp\n"};
+    assert_int_equal(ddp_ckpt_meta_count(c), 7);
+    for (size_t i = 0; i < 7; i++)
+        assert_string_equal(ddp_ckpt_meta(c, mk[i]), mv[i]);
+    ddp_ckpt_close(c);
+    /* Read back into other memory: the same values and position. */
+    train_fill(&e, -50.0f);
+    ddp_ckpt_train_state t = train_state_of(&e, 2);
+    ddp_ckpt_train_pos pos = {0};
+    if (ddp_ckpt_load_train(path, &t, &pos, &err) != DDP_OK)
+        fail_msg("load: %s", err.msg);
+    assert_memory_equal(&d.w, &e.w,
+                        sizeof d.w + sizeof d.b + sizeof d.buf + sizeof d.m + sizeof d.v);
+    assert_true(pos.step == 12 && pos.epoch == 3 && pos.next_batch == 45 && pos.world_size == 4);
+    /* Fewer optimizer states than the file holds (extra tensors are ignored) loads too. */
+    t.n_optim = 1;
+    assert_int_equal(ddp_ckpt_load_train(path, &t, &pos, NULL), DDP_OK);
+}
+
+static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)
+{
+    ddp_ckpt_train_pos pos = {7, 7, 7, 7};
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_load_train(path, s, &pos, &err), DDP_ERR_INVALID);
+    assert_true(pos.step == 7 && pos.world_size == 7); /* written only on success */
+    if (!strstr(err.msg, needle))
+        fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    assert_non_null(strstr(err.msg, path));
+}
+
+static void test_train_state_mismatch(void **state)
+{
+    (void)state;
+    char path[512], other[512];
+    path_of(path, "train1.safetensors");
+    train_data d;
+    train_fill(&d, 1.0f);
+    ddp_ckpt_train_state s = train_state_of(&d, 1); /* SGD-like: one state */
+    assert_int_equal(ddp_ckpt_save_train(path, &s, NULL), DDP_OK);
+    /* Another optimizer (two states), another model (a name, a size). */
+    s.n_optim = 2;
+    expect_load_error(path, &s, "lacks 'optim.fc.weight.exp_avg_sq'");
+    s.n_optim = 1;
+    d.params[1].name = "fc.bias2";
+    expect_load_error(path, &s,
+                      "has no float32 'fc.bias2' of 3 values: it was saved with another model");
+    d.params[1].name = "fc.bias";
+    d.buffers[0].count = 1;
+    expect_load_error(path, &s, "'bn.running_var' of 1 values");
+    d.buffers[0].count = 2;
+    /* Not a trainer-state file; metadata that is not a number. */
+    path_of(other, "plain.safetensors");
+    save_sample(other);
+    expect_load_error(other, &s, "is not a ddptrain checkpoint");
+    ddp_ckpt_tensor t3[] = {{"fc.weight", DDP_CKPT_F32, 2, {2, 3}, d.w},
+                            {"optim.fc.weight.exp_avg", DDP_CKPT_F32, 1, {6}, d.m[0]},
+                            {"fc.bias", DDP_CKPT_F32, 1, {3}, d.b},
+                            {"optim.fc.bias.exp_avg", DDP_CKPT_F32, 1, {3}, d.v[0]},
+                            {"bn.running_var", DDP_CKPT_F32, 1, {2}, d.buf}};
+    const char *k[] = {"format", "step", "epoch", "next_batch", "world_size"};
+    const char *v[] = {"ddptrain-1", "12", "x3", "0", "1"};
+    assert_int_equal(ddp_ckpt_save(other, t3, 5, k, v, 5, NULL), DDP_OK);
+    expect_load_error(other, &s, "metadata 'epoch' is missing or not a number");
+    v[2] = "3";
+    assert_int_equal(ddp_ckpt_save(other, t3, 5, k, v, 4, NULL), DDP_OK);
+    expect_load_error(other, &s, "metadata 'world_size' is missing");
+    v[4] = "2";
+    assert_int_equal(ddp_ckpt_save(other, t3, 5, k, v, 5, NULL), DDP_OK);
+    ddp_ckpt_train_pos pos;
+    assert_int_equal(ddp_ckpt_load_train(other, &s, &pos, NULL), DDP_OK);
+    assert_true(pos.step == 12 && pos.epoch == 3 && pos.next_batch == 0 && pos.world_size == 2);
+    /* Out-of-range state counts are refused both ways. */
+    s.n_optim = DDP_CKPT_MAX_OPTIM_STATES + 1;
+    assert_int_equal(ddp_ckpt_save_train(path, &s, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_load_train(path, &s, &pos, NULL), DDP_ERR_INVALID);
+}
+
+/* A library model and optimizer save and resume through their lists: a model built with
+ * another seed gets the saved weights, batchnorm statistics and optimizer state. */
+static void test_train_state_model(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "model.safetensors");
+    ddp_model_spec ms = DDP_MODEL_SPEC_INIT;
+    ms.type = "cnn";
+    ms.in_h = ms.in_w = 8;
+    ms.channels = (const int64_t[]){3};
+    ms.n_channels = 1;
+    ms.hidden = (const int64_t[]){5};
+    ms.n_hidden = 1;
+    ms.seed = 1;
+    ddp_model *m[2];
+    ddp_optim *o[2];
+    ddp_ckpt_train_state s[2];
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    for (int r = 0; r < 2; r++, ms.seed++) {
+        assert_int_equal(ddp_model_build(&ms, &m[r], NULL), DDP_OK);
+        s[r] = (ddp_ckpt_train_state){0};
+        s[r].params = ddp_model_params(m[r], &s[r].n_params);
+        s[r].buffers = ddp_model_buffers(m[r], &s[r].n_buffers);
+        assert_int_equal(ddp_optim_create(&oo, s[r].params, s[r].n_params, &o[r], NULL), DDP_OK);
+        s[r].n_optim = ddp_optim_num_states(o[r]);
+        for (int k = 0; k < s[r].n_optim; k++) {
+            s[r].optim_names[k] = ddp_optim_state_name(o[r], k);
+            s[r].optim[k] = ddp_optim_state(o[r], k);
+        }
+    }
+    for (size_t i = 0; i < s[0].n_params; i++) /* some state, and buffers off their start */
+        s[0].optim[1][i][0] = (float)i + 0.5f;
+    s[0].buffers[1].data[2] = 7.0f;
+    assert_int_equal(ddp_ckpt_save_train(path, &s[0], NULL), DDP_OK);
+    ddp_ckpt_train_pos pos;
+    assert_int_equal(ddp_ckpt_load_train(path, &s[1], &pos, NULL), DDP_OK);
+    for (size_t i = 0; i < s[0].n_params; i++) {
+        assert_memory_equal(s[0].params[i].data, s[1].params[i].data,
+                            sizeof(float) * s[0].params[i].count);
+        for (int k = 0; k < 2; k++)
+            assert_memory_equal(s[0].optim[k][i], s[1].optim[k][i],
+                                sizeof(float) * s[0].params[i].count);
+    }
+    for (size_t i = 0; i < s[0].n_buffers; i++)
+        assert_memory_equal(s[0].buffers[i].data, s[1].buffers[i].data, sizeof(float) * 3);
+    /* torch's shapes in the file: conv weight (3, 1, 3, 3). */
+    ddp_ckpt *c;
+    assert_int_equal(ddp_ckpt_open(path, &c, NULL), DDP_OK);
+    const ddp_ckpt_tensor *w = ddp_ckpt_find(c, "conv1.weight");
+    assert_true(w->ndim == 4 && w->shape[0] == 3 && w->shape[1] == 1 && w->shape[3] == 3);
+    ddp_ckpt_close(c);
+    for (int r = 0; r < 2; r++) {
+        ddp_optim_destroy(o[r]);
+        ddp_model_free(m[r]);
+    }
+}
+
 /* ---- setup -------------------------------------------------------------------------------------
  */
 
@@ -663,6 +872,9 @@ int main(void)
         cmocka_unit_test(test_latest_prune),
         cmocka_unit_test(test_clean_stale),
         cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_train_state_mismatch),
+        cmocka_unit_test(test_train_state_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
