@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# examples/train_mlp (the library's model, optimizer, schedule and trainer state in a plain C
+# loop) trains with 1 and 2 ranks, and what it saves is a trainer state ddptrain loads: the same
+# file format for any program built on the library.
+. "$(dirname "$0")/lib.sh"
+EX=$BIN/train_mlp
+DATA=/usr/share/datasets/fashion-mnist
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cd "$T"
+
+"$EX" "$DATA" 50 one.safetensors >one.out 2>&1 || { cat one.out; fail "1 rank failed"; }
+assert_contains one.out "step 50: loss"
+"$DDPRUN" --standalone --nproc_per_node=2 "$EX" "$DATA" 50 two.safetensors >two.out 2>&1 ||
+    { cat two.out; fail "2 ranks failed"; }
+assert_contains two.out "[rank0]: saved two.safetensors"
+ok "train_mlp trains with 1 and 2 ranks and saves its state"
+
+for f in one two; do
+    "$BIN/ddptrain" --task test --model.hidden 128 --optimizer adamw --checkpoint $f.safetensors \
+        --out_dir run >$f.test 2>&1 || { cat $f.test; fail "ddptrain could not load $f"; }
+    assert_contains $f.test "at step 50"
+    assert_contains $f.test "test accuracy"
+done
+ok "ddptrain evaluates the example's checkpoints"
