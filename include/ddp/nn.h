@@ -2,6 +2,8 @@
  * ddp/nn.h — CPU neural-network layers and optimizers for the trainer: forward and backward
  * kernels (linear, relu, gelu, dropout, conv2d, maxpool2d, batchnorm, softmax cross-entropy),
  * SGD with momentum, AdamW, global gradient-norm clipping and seeded weight initialisation.
+ * Models built from them are in ddp/model.h; the optimizer over a model's parameters and the
+ * learning-rate schedule in ddp/optim.h.
  *
  * Conventions, for every function below:
  * - float32, row-major, batch first; images are NCHW. Shapes are written `x (B, in)`.
