@@ -59,7 +59,8 @@ int main(int argc, char **argv)
     char im[1024], lb[1024];
     snprintf(im, sizeof im, "%s/train-images-idx3-ubyte.gz", dir);
     snprintf(lb, sizeof lb, "%s/train-labels-idx1-ubyte.gz", dir);
-    if (ddp_group_init(NULL, &g, &err) || ddp_dataset_open_idx(im, lb, NULL, &ds, &err)) {
+    if (ddp_group_init(NULL, &g, &err) ||
+        ddp_dataset_open_idx(im, lb, ddp_group_world(g)->settings.data_cache, &ds, &err)) {
         rc = fail("setup", err.msg);
         goto out;
     }

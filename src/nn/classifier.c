@@ -295,7 +295,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     ddp_error e = {0};
     int n = b->n;
     if (!b->x)
-        return ddp__model_fail(m, DDP_ERR_INVALID, "forward: the batch has no inputs (x)");
+        return ddp__errmsg(m->err, DDP_ERR_INVALID, "forward: the batch has no inputs (x)");
     c->x = b->x;
     c->n = n;
     c->train = train;
@@ -317,7 +317,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
             if (ddp_nn_batchnorm_forward(a, n, l->C, l->hw, P0, P1, 0.1f, 1e-5f, train,
                                          m->buffers[l->buf0].data, m->buffers[l->buf0 + 1].data,
                                          l->y, l->aux, l->aux + l->C, &e) != DDP_OK)
-                return ddp__model_fail(m, e.status, "%s", e.msg);
+                return ddp__errmsg(m->err, e.status, "%s", e.msg);
             break;
         case L_POOL: ddp_nn_maxpool2d_forward(&l->pool, a, n, l->y, l->argmax); break;
         }
@@ -330,7 +330,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     int correct;
     if (ddp_nn_softmax_xent(a, b->labels, n, c->classes, scale, &loss, train ? c->dlogits : NULL,
                             &correct, &e) != DDP_OK)
-        return ddp__model_fail(m, e.status, "%s", e.msg);
+        return ddp__errmsg(m->err, e.status, "%s", e.msg);
     out->loss = loss;
     out->correct = correct;
     out->count = n;
@@ -379,10 +379,10 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             size_t idx = (size_t)(l->p0 + k);
             ddp_status st = ready(ctx, idx);
             if (st != DDP_OK)
-                return ddp__model_fail(m, st,
-                                       "backward: the gradient-ready callback failed for '%s' "
-                                       "(%s)",
-                                       m->params[idx].name, ddp_status_str(st));
+                return ddp__errmsg(m->err, st,
+                                   "backward: the gradient-ready callback failed for '%s' "
+                                   "(%s)",
+                                   m->params[idx].name, ddp_status_str(st));
         }
         dy = dx;
     }

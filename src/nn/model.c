@@ -5,7 +5,6 @@
  * mlp and cnn); nothing here knows about reducers, optimizers or files.
  */
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,15 +13,6 @@
 
 static const ddp_model_ops *const types[] = {&ddp__mlp_ops, &ddp__cnn_ops};
 #define NTYPES (sizeof types / sizeof types[0])
-
-ddp_status ddp__model_fail(ddp_model *m, ddp_status st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ddp__vfmt(m->err, sizeof m->err, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
 /* arr (cap elements of size sz) grown to hold more than n (2× when full): the array, perhaps
  * moved, or NULL when out of memory (arr is then unchanged). */
@@ -176,8 +166,8 @@ ddp_status ddp_model_bind(ddp_model *m, size_t i, float *data, float *grad)
 {
     m->err[0] = '\0';
     if (i >= m->n_params)
-        return ddp__model_fail(m, DDP_ERR_INVALID,
-                               "ddp_model_bind: parameter %zu of a model with %zu", i, m->n_params);
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "ddp_model_bind: parameter %zu of a model with %zu", i, m->n_params);
     if (data && data != m->params[i].data) {
         m->params[i].data = data;
         free(m->own_data[i]);
@@ -203,10 +193,10 @@ ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
     m->err[0] = '\0';
     m->can_backward = false;
     if (!b || b->n < 1 || b->n > m->max_batch)
-        return ddp__model_fail(m, DDP_ERR_INVALID,
-                               "forward of a batch of %d samples: the model takes 1 … %d "
-                               "(its max_batch)",
-                               b ? b->n : 0, m->max_batch);
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "forward of a batch of %d samples: the model takes 1 … %d "
+                           "(its max_batch)",
+                           b ? b->n : 0, m->max_batch);
     ddp_model_out o = {0};
     ddp_status st = m->ops->forward(m, b, train, &o);
     if (st != DDP_OK)
@@ -232,16 +222,16 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     m->err[0] = '\0';
     if (!m->can_backward)
-        return ddp__model_fail(m, DDP_ERR_INVALID,
-                               "backward needs a forward in training mode with labels first (one "
-                               "backward per forward)");
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "backward needs a forward in training mode with labels first (one "
+                           "backward per forward)");
     for (size_t i = 0; i < m->n_params; i++) {
         ddp_model_param *p = &m->params[i];
         if (p->grad)
             continue;
         if (!(m->own_grad[i] = calloc(p->count ? p->count : 1, sizeof(float))))
-            return ddp__model_fail(m, DDP_ERR_NOMEM, "out of memory for the gradient of '%s'",
-                                   p->name);
+            return ddp__errmsg(m->err, DDP_ERR_NOMEM, "out of memory for the gradient of '%s'",
+                               p->name);
         p->grad = m->own_grad[i];
     }
     m->can_backward = false;

@@ -19,7 +19,7 @@ typedef struct ddp_model_ops {
      * leaves whatever it allocated reachable from m, for free() to release. */
     ddp_status (*build)(ddp_model *m, const ddp_model_spec *spec, ddp_error *err);
     void (*free)(ddp_model *m); /* its impl; also after a failed build */
-    /* b->n is checked already. Records errors with ddp__model_fail. */
+    /* b->n is checked already. Records errors with ddp__errmsg(m->err, …). */
     ddp_status (*forward)(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out);
     /* Called only after a training forward with labels; every params[i].grad is set. */
     ddp_status (*backward)(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
@@ -47,8 +47,6 @@ ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const 
 /* Appends a 1-D buffer of count values, all fill. */
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err);
-/* Records st and a message on m; returns st. */
-ddp_status ddp__model_fail(ddp_model *m, ddp_status st, const char *fmt, ...) DDP_PRINTF(3, 4);
 
 extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops;
 

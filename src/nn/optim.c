@@ -160,11 +160,10 @@ ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, ui
                                 float lr, float grad_scale)
 {
     if (i >= o->n || lo > hi || hi > o->params[i].count) {
-        ddp__fmt(o->err, sizeof o->err,
-                 "optimizer step: elements [%zu, %zu) of parameter %zu (of %zu, with %zu "
-                 "elements)",
-                 lo, hi, i, o->n, i < o->n ? o->params[i].count : 0);
-        return DDP_ERR_INVALID;
+        return ddp__errmsg(o->err, DDP_ERR_INVALID,
+                           "optimizer step: elements [%zu, %zu) of parameter %zu (of %zu, with "
+                           "%zu elements)",
+                           lo, hi, i, o->n, i < o->n ? o->params[i].count : 0);
     }
     const ddp_model_param *p = &o->params[i];
     float *w = p->data + lo, *g = p->grad + lo;
