@@ -72,13 +72,22 @@ typedef struct ddp_model_spec {
     size_t n_hidden;         /* 0: a single linear layer */
     const int64_t *channels; /* cnn: channels of each conv stage (n_channels) */
     size_t n_channels;
-    float dropout;          /* after each hidden activation, 0 … 1 (0: none) */
+    float dropout;          /* mlp/cnn: after each hidden activation; gpt: on the embedding,
+                               the attention probabilities and each residual branch, as
+                               nanoGPT's; 0 … 1 (0: none) */
     const char *activation; /* "relu" (NULL too) | "gelu" (exact erf, torch.nn.GELU()) */
+    /* gpt (GPT-2 as nanoGPT writes it; inputs are token ids, batch.tokens/targets): */
+    int n_layer;    /* transformer blocks, ≥ 1 */
+    int n_head;     /* attention heads; must divide n_embd */
+    int n_embd;     /* channels C */
+    int block_size; /* the longest sequence (position embeddings), ≥ 1 */
+    int vocab_size; /* token ids in [0, vocab_size); 256 for bytes, 50304 for padded GPT-2 BPE */
+    bool bias;      /* biases in the linear layers and layernorms (nanoGPT's `bias`) */
 } ddp_model_spec;
 
 #define DDP_MODEL_SPEC_INIT                                                                        \
     {                                                                                              \
-        "mlp", 64, 0, 1, 28, 28, 10, NULL, 0, NULL, 0, 0.0f, "relu"                                \
+        "mlp", 64, 0, 1, 28, 28, 10, NULL, 0, NULL, 0, 0.0f, "relu", 4, 4, 128, 128, 256, true     \
     }
 
 #define DDP_MODEL_MAX_DIMS 4
