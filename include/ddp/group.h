@@ -79,11 +79,19 @@ typedef struct ddp_group_opts {
     ddp_store *store;       /* NULL: open the job's store; else borrowed for the group's life */
     size_t arena_bytes;     /* per rank, for ddp_group_alloc() in shared memory; 0: 64 MiB */
     const char *host_id;    /* which ranks share a host; NULL: the setting, else the hostname */
+    /* A collective that has waited this long is reported (one line: the operation, its sequence
+     * number, the ranks it waits for, how long), then again after 2×, 4×, … this, until it
+     * completes or times out. 0: the setting, else 30 s; < 0: never. */
+    int stall_report_ms;
+    /* Where those lines go: called on whichever thread runs the collective (the caller's or
+     * the progress thread); NULL: standard error, prefixed "ddp: ". */
+    void (*report)(void *ctx, const char *line);
+    void *report_ctx;
 } ddp_group_opts;
 
 #define DDP_GROUP_OPTS_INIT                                                                        \
     {                                                                                              \
-        NULL, 0, -1, NULL, NULL, 0, NULL                                                           \
+        NULL, 0, -1, NULL, NULL, 0, NULL, 0, NULL, NULL                                            \
     }
 
 /* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */

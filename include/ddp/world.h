@@ -52,6 +52,9 @@ typedef struct ddp_settings {
                            "inline"; else it decides by cores */
     char data_cache[4096]; /* DDP_DATA_CACHE: where gzip datasets are decompressed to;
                               /tmp/ddp-data-cache */
+    int stall_report_ms;   /* DDP_STALL_REPORT, in seconds there: a collective still waiting after
+                              this long is reported, then at doubling intervals; 30 s; "0" or
+                              "off": never (-1 here) */
 } ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */

@@ -22,12 +22,14 @@
 #include "util/util.h"
 
 #define DEFAULT_TIMEOUT_MS (30 * 60 * 1000) /* gloo's 30 minutes */
+#define DEFAULT_STALL_REPORT_MS 30000 /* the first "still waiting" line */
 #define DEFAULT_ARENA ((size_t)64 << 20)
 
 struct ddp_work {
     ddp_group *g;
     ddp__coll c;
     ddp_op user_op; /* AVG is run as SUM, then scaled */
+    ddp__stall stall; /* c.stall points here while it runs */
     bool done;
     ddp_status status;
     double t_start, t_end; /* seconds, CLOCK_MONOTONIC */
@@ -45,6 +47,9 @@ struct ddp_group {
     int *ranks;
     int timeout_ms;
     bool debug;
+    int stall_ms;   /* first report of a waiting collective after this; ≤ 0: never */
+    void (*report)(void *ctx, const char *line);
+    void *report_ctx;
     int host_cores; /* the cores this host's ranks share */
     uint64_t seq;
     /* poison */
@@ -66,6 +71,33 @@ const char *ddp__kind_name(ddp__kind k)
     static const char *const names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
                                         "barrier"};
     return (unsigned)k < DDP__KIND_COUNT ? names[k] : "collective";
+}
+
+void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
+                       const char *waiting_for)
+{
+    ddp__stall *s = c->stall;
+    if (!s)
+        return;
+    char what[160], waited[32], left[32], line[DDP_ERRMSG_MAX + 256];
+    if (c->kind == DDP__BARRIER)
+        ddp__fmt(what, sizeof what, "barrier #%llu", (unsigned long long)c->seq);
+    else
+        ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
+                 (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    /* whole seconds: the wake-ups come a few ms late, "30 s" reads better than "30.02 s" */
+    int64_t w = now - s->start_ms, l = c->deadline_ms > now ? c->deadline_ms - now : 0;
+    ddp__fmt_duration(waited, sizeof waited, w >= 1000 ? (w + 500) / 1000 * 1000 : w);
+    ddp__fmt_duration(left, sizeof left, l >= 1000 ? (l + 500) / 1000 * 1000 : l);
+    ddp__fmt(line, sizeof line,
+             "rank %d: %s has waited %s in %s: %s; still waiting (times out in %s)", s->rank,
+             what, waited, backend, waiting_for, left);
+    if (s->report)
+        s->report(s->ctx, line);
+    else
+        fprintf(stderr, "ddp: %s\n", line);
+    s->interval_ms *= 2;
+    s->next_ms = now + s->interval_ms;
 }
 
 size_t ddp_dtype_size(ddp_dtype t)
@@ -130,7 +162,8 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
                    .count = 5,
                    .dtype = DDP_INT64,
                    .seq = c->seq,
-                   .deadline_ms = c->deadline_ms};
+                   .deadline_ms = c->deadline_ms,
+                   .stall = c->stall};
     ddp__fail f = {0};
     ddp_status st = g->ops->run(g->be, &d, &f);
     if (st != DDP_OK) {
@@ -180,7 +213,17 @@ static ddp_status execute(ddp_group *g, ddp_work *w)
     ddp_status st = (ddp_status)atomic_load(&g->error);
     if (st != DDP_OK)
         return st;
-    w->c.deadline_ms = ddp__now_ms() + g->timeout_ms;
+    int64_t now = ddp__now_ms();
+    w->c.deadline_ms = now + g->timeout_ms;
+    if (g->stall_ms > 0) {
+        w->stall = (ddp__stall){.start_ms = now,
+                                .next_ms = now + g->stall_ms,
+                                .interval_ms = g->stall_ms,
+                                .rank = g->world.rank,
+                                .report = g->report,
+                                .ctx = g->report_ctx};
+        w->c.stall = &w->stall;
+    }
     if (g->debug && (st = debug_check(g, &w->c)) != DDP_OK)
         return st;
     ddp__fail f = {0};
@@ -563,6 +606,11 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     if (g->timeout_ms <= 0)
         g->timeout_ms = DEFAULT_TIMEOUT_MS;
     g->debug = opts->debug >= 0 ? opts->debug != 0 : set->debug != 0;
+    g->stall_ms = opts->stall_report_ms ? opts->stall_report_ms : set->stall_report_ms;
+    if (g->stall_ms == 0)
+        g->stall_ms = DEFAULT_STALL_REPORT_MS;
+    g->report = opts->report;
+    g->report_ctx = opts->report_ctx;
     g->host_cores = set->host_cores > 0 ? set->host_cores : ddp_own_cores();
     /* An unknown name fails here, before any rank waits on another. */
     const ddp__backend *named, *chosen;

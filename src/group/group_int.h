@@ -33,6 +33,19 @@ typedef enum ddp__kind {
 
 const char *ddp__kind_name(ddp__kind k);
 
+/* Reports of a collective that waits long (ddp_group_opts.stall_report_ms): the core sets one up
+ * per collective; a backend's wait loop asks ddp__stall_due() whenever it wakes and, when a report
+ * is due, says whom it waits for through ddp__stall_report(). Mutable while the collective runs,
+ * by the one thread running it. */
+typedef struct ddp__stall {
+    int64_t start_ms;    /* when the collective started (ddp__now_ms() clock) */
+    int64_t next_ms;     /* when the next report is due; INT64_MAX: never */
+    int64_t interval_ms; /* until the next one after that: doubles each time */
+    int rank;            /* this process's global rank, for the line */
+    void (*report)(void *ctx, const char *line); /* NULL: standard error */
+    void *ctx;
+} ddp__stall;
+
 /* One collective. Buffers follow the public API's meaning (send == recv for in place). */
 typedef struct ddp__coll {
     ddp__kind kind;
@@ -55,7 +68,26 @@ typedef struct ddp__coll {
      * buffers without a change in the core's ordering or in the reducer. */
     void *stream;
     void *event;
+    ddp__stall *stall; /* NULL: no reports (the debug check's own allgather, tests) */
 } ddp__coll;
+
+/* Whether a stall report for c is due at now (ddp__now_ms()). Cheap: call it on every wake-up. */
+static inline bool ddp__stall_due(const ddp__coll *c, int64_t now)
+{
+    return c->stall && now >= c->stall->next_ms;
+}
+
+/* The earliest of deadline and the next stall report: what a backend's wait should sleep until. */
+static inline int64_t ddp__stall_wake(const ddp__coll *c, int64_t deadline)
+{
+    return c->stall && c->stall->next_ms < deadline ? c->stall->next_ms : deadline;
+}
+
+/* Emits one line: "rank R: allreduce #S (float32 × N) has waited 30 s in BACKEND: WAITING_FOR;
+ * still waiting (times out in 29 min 30 s)", and schedules the next report at twice the
+ * interval. waiting_for names the ranks (e.g. "ranks 2, 3 have not arrived"). */
+void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
+                       const char *waiting_for);
 
 /* What a backend needs to know about its members. */
 typedef struct ddp__members {

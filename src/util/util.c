@@ -145,10 +145,13 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
 {
     if (ms < 1000)
         ddp__fmt(buf, cap, "%lld ms", (long long)ms);
-    else if (ms < 120000 || ms % 60000 != 0)
+    else if (ms < 120000)
         ddp__fmt(buf, cap, "%.3g s", (double)ms / 1000.0);
-    else
+    else if (ms / 1000 % 60 == 0)
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
+    else
+        ddp__fmt(buf, cap, "%lld min %lld s", (long long)(ms / 60000),
+                 (long long)(ms / 1000 % 60));
 }
 
 int ddp_own_cores(void)

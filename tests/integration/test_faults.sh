@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The process group under faults, ranks started by hand (rank 0 hosts the store): a rank killed
-# mid-collective, a rank stopped with SIGSTOP, and mismatched collectives under DDP_DEBUG=1.
+# mid-collective, a rank stopped with SIGSTOP, and mismatched collectives under DDP_DEBUG=1; and
+# while a stopped rank holds the others up, they say so at doubling intervals, naming it.
 # Every surviving rank must return an error naming the operation, its sequence number and the
 # missing rank within the timeout plus 5 s; later calls report the same (poisoned) error.
 # Usage: test_faults.sh BINDIR [BACKEND]
@@ -71,3 +72,31 @@ for r in 0 1 2; do
         "rank 1: broadcast float32 × 1000 root 0"
 done
 ok "$DDP_BACKEND: DDP_DEBUG=1 reports mismatched collectives on every rank"
+
+# 4. A stopped rank, reported while it happens: with DDP_STALL_REPORT=1 the waiting ranks print a
+# line naming rank 1 after 1 s, then 2 s later (3 s in all), and carry on when it continues.
+rm -f "$T"/progress.*
+DDP_TIMEOUT=60 DDP_STALL_REPORT=1 start_ranks loop
+wait_progress
+kill -STOP "${RANK_PIDS[1]}"
+sleep 4.5
+before=$(cat "$T/progress.0")
+kill -CONT "${RANK_PIDS[1]}"
+# shm sees every rank's arrival; over tcp a rank sees its ring neighbour, so the rank after the
+# stopped one (2) names it and rank 0 names the neighbour it waits on (2).
+for r in 0 2; do
+    who="rank 1"
+    [ "$DDP_BACKEND" = tcp ] && [ $r = 0 ] && who="rank 2"
+    assert_contains "$T/out.$r" "ddp: rank $r: allreduce #"
+    grep -q "has waited 1 s in $DDP_BACKEND: .*$who.*still waiting (times out in 59 s)" \
+        "$T/out.$r" || { cat "$T/out.$r"; fail "rank $r: no 1 s report naming $who"; }
+    grep -q "has waited 3 s in $DDP_BACKEND: .*$who" "$T/out.$r" ||
+        { cat "$T/out.$r"; fail "rank $r: no report at 3 s"; }
+    n=$(grep -c "has waited" "$T/out.$r")
+    [ "$n" -ge 2 ] && [ "$n" -le 3 ] || fail "rank $r: $n reports in 4.5 s, want 2 (1 s, 3 s) or 3 (7 s with a late start)"
+done
+for _ in $(seq 200); do [ "$(cat "$T/progress.0")" -gt "$before" ] && break; sleep 0.05; done
+[ "$(cat "$T/progress.0")" -gt "$before" ] || fail "the ranks did not carry on after SIGCONT"
+for p in "${RANK_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+ok "$DDP_BACKEND: a stopped rank is reported while it happens (after 1 s, then 3 s), naming rank 1; the job carries on after SIGCONT"

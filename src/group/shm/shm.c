@@ -159,19 +159,28 @@ static void cpu_relax(void)
 #endif
 }
 
-/* Fills b->fail for a failed wait of collective c at barrier epoch e. */
-static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_status st,
-                              const char *why)
+/* Writes the global ranks of the members that have not reached epoch e ("2, 5") into list; returns
+ * how many there are. */
+static int missing_ranks(shm_be *b, unsigned e, char *list, size_t cap)
 {
-    char list[200] = "";
     int missing = 0;
+    list[0] = '\0';
     for (int j = 0; j < b->n; j++) {
         if (j == b->me || reached(atomic_load(&b->slots[j].arrive), e))
             continue;
         size_t l = strlen(list);
         if (missing++ < 8)
-            ddp__fmt(list + l, sizeof list - l, "%s%d", l ? ", " : "", b->ranks[j]);
+            ddp__fmt(list + l, cap - l, "%s%d", l ? ", " : "", b->ranks[j]);
     }
+    return missing;
+}
+
+/* Fills b->fail for a failed wait of collective c at barrier epoch e. */
+static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_status st,
+                              const char *why)
+{
+    char list[200];
+    int missing = missing_ranks(b, e, list, sizeof list);
     char what[160];
     ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
              (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
@@ -185,6 +194,16 @@ static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_sta
     else
         ddp__fmt(b->fail.msg, sizeof b->fail.msg, "%s failed in shm: %s", what, why);
     return st;
+}
+
+/* A "still waiting" line for collective c at barrier epoch e, naming the ranks not yet there. */
+static void report_stall(shm_be *b, const ddp__coll *c, unsigned e, int64_t now)
+{
+    char list[200], who[300];
+    int missing = missing_ranks(b, e, list, sizeof list);
+    ddp__fmt(who, sizeof who, "rank%s %s%s %s not arrived", missing == 1 ? "" : "s", list,
+             missing > 8 ? ", …" : "", missing == 1 ? "has" : "have");
+    ddp__stall_report(c, now, "shm", who);
 }
 
 /* Waits until every member has reached barrier epoch e. */
@@ -224,6 +243,8 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                 }
                 if (now >= c->deadline_ms)
                     return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "");
+                if (ddp__stall_due(c, now))
+                    report_stall(b, c, e, now);
                 next_check = now + 20;
             }
             atomic_fetch_add(&b->slots[j].sleepers, 1);

@@ -316,7 +316,7 @@ ddp_status ddp__tcp_check_header(xfer *x, ddp__fail *f)
 /* ---- timeouts -------------------------------------------------------------------------------- */
 
 /* Why the collective is not done yet: which rank the streams wait for. */
-static void describe_wait(const xfer *x, char *buf, size_t cap)
+void ddp__tcp_describe_wait(const xfer *x, char *buf, size_t cap)
 {
     const tcp_be *be = x->be;
     int p = prev_of(be);
@@ -363,7 +363,7 @@ ddp_status ddp__tcp_fail_timeout(xfer *x, ddp__fail *f)
     if (waited >= 950)
         waited = (waited + 50) / 100 * 100;
     ddp__fmt_duration(dur, sizeof dur, waited > 0 ? waited : 0);
-    describe_wait(x, why, sizeof why);
+    ddp__tcp_describe_wait(x, why, sizeof why);
     tcp_be *be = x->be;
     if (be->fail_st == DDP_OK && !atomic_load(&be->aborted)) {
         /* In a ring everyone behind a stuck rank times out at about the same moment, and only

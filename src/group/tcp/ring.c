@@ -232,6 +232,13 @@ static ddp_status xfer_run(xfer *x, ddp__fail *f)
             return ddp__tcp_fail_timeout(x, f);
         if (progress)
             continue;
+        int64_t now = ddp__now_ms();
+        if (ddp__stall_due(x->c, now)) {
+            char why[320];
+            ddp__tcp_describe_wait(x, why, sizeof why);
+            ddp__stall_report(x->c, now, "tcp", why);
+        }
+        left = ddp__ms_left(ddp__stall_wake(x->c, x->c->deadline_ms));
         /* The notice sockets are polled too, so a failed or dead neighbour is noticed even while
          * we wait on the other one. A negative fd is ignored: once we only send, a closed prev
          * must not wake us in a loop. */

@@ -202,6 +202,10 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e);
 ddp_status ddp__tcp_check_notices(xfer *x, ddp__fail *f, bool sending);
 /* The header prev sent for this collective against ours: a difference fails, naming both. */
 ddp_status ddp__tcp_check_header(xfer *x, ddp__fail *f);
+/* What this member is waiting for in x, for a timeout or a "still waiting" report: "no data
+ * from rank 2 (member 2): it has not started allreduce #7", naming the stuck rank when the
+ * ring's schedule can tell. */
+void ddp__tcp_describe_wait(const xfer *x, char *buf, size_t cap);
 /* The deadline passed: fails naming the rank the streams wait for (or a better-informed
  * predecessor's diagnosis, if it arrives within a grace period). */
 ddp_status ddp__tcp_fail_timeout(xfer *x, ddp__fail *f);
