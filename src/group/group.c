@@ -22,13 +22,13 @@
 #include "util/util.h"
 
 #define DEFAULT_TIMEOUT_MS (30 * 60 * 1000) /* gloo's 30 minutes */
-#define DEFAULT_STALL_REPORT_MS 30000 /* the first "still waiting" line */
+#define DEFAULT_STALL_REPORT_MS 30000       /* the first "still waiting" line */
 #define DEFAULT_ARENA ((size_t)64 << 20)
 
 struct ddp_work {
     ddp_group *g;
     ddp__coll c;
-    ddp_op user_op; /* AVG is run as SUM, then scaled */
+    ddp_op user_op;   /* AVG is run as SUM, then scaled */
     ddp__stall stall; /* c.stall points here while it runs */
     bool done;
     ddp_status status;
@@ -47,7 +47,7 @@ struct ddp_group {
     int *ranks;
     int timeout_ms;
     bool debug;
-    int stall_ms;   /* first report of a waiting collective after this; ≤ 0: never */
+    int stall_ms; /* first report of a waiting collective after this; ≤ 0: never */
     void (*report)(void *ctx, const char *line);
     void *report_ctx;
     int host_cores; /* the cores this host's ranks share */
@@ -90,8 +90,8 @@ void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
     ddp__fmt_duration(waited, sizeof waited, w >= 1000 ? (w + 500) / 1000 * 1000 : w);
     ddp__fmt_duration(left, sizeof left, l >= 1000 ? (l + 500) / 1000 * 1000 : l);
     ddp__fmt(line, sizeof line,
-             "rank %d: %s has waited %s in %s: %s; still waiting (times out in %s)", s->rank,
-             what, waited, backend, waiting_for, left);
+             "rank %d: %s has waited %s in %s: %s; still waiting (times out in %s)", s->rank, what,
+             waited, backend, waiting_for, left);
     if (s->report)
         s->report(s->ctx, line);
     else

@@ -150,8 +150,7 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
     else if (ms / 1000 % 60 == 0)
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
     else
-        ddp__fmt(buf, cap, "%lld min %lld s", (long long)(ms / 60000),
-                 (long long)(ms / 1000 % 60));
+        ddp__fmt(buf, cap, "%lld min %lld s", (long long)(ms / 60000), (long long)(ms / 1000 % 60));
 }
 
 int ddp_own_cores(void)
