@@ -225,6 +225,150 @@ void ddp_nn_init_uniform(float *w, size_t n, float bound, uint64_t seed, uint64_
 void ddp_nn_init_kaiming_uniform(float *w, size_t n, size_t fan_in, uint64_t seed,
                                  uint64_t tensor_id);
 
+/* ==== transformer layers (GPT-2) ============================================================== */
+/*
+ * The layers nanoGPT's GPT is built from, forward and backward, matching torch 1.13's CPU modules
+ * to float rounding (tests/python/test_transformer_torch.py states the tolerances). The model
+ * composes them; this section keeps no model state.
+ * Names of sizes: B batch, T sequence length (≤ block_size), C channels (n_embd), nh heads,
+ * hs = C / nh, V vocabulary; N = B·T when a layer sees the (B, T, C) activations as N rows of C.
+ * Token ids and targets are int32. The section-wide conventions at the top of this file hold
+ * (dx overwritten, parameter gradients accumulated, no overlap unless stated).
+ */
+
+/* ---- token and position embedding ------------------------------------------------------------ */
+
+/* x (B, T, C) = wte[idx] + wpe[t]: idx (B, T) token ids in [0, V), wte (V, C), wpe (n_pos, C).
+ * DDP_ERR_INVALID, nothing written and a one-line message in err (may be NULL) naming the id, its
+ * (row, position) and vocab_size, if an id is out of range; likewise if T > n_pos. */
+ddp_status ddp_nn_embedding_forward(const int32_t *idx, const float *wte, const float *wpe, int B,
+                                    int T, int C, int V, int n_pos, float *x, ddp_error *err);
+/* dwte[idx[b, t]] += dx[b, t] and dwpe[t] += dx[b, t] for every (b, t), in that order (so the
+ * sums are the same bits on every run). dx (B, T, C); idx as accepted by the forward (not checked
+ * again); dwte (V, C), dwpe (n_pos, C), either may be NULL to skip it. With a tied LM head dwte
+ * also receives ddp_nn_lm_head_backward's gradient: the two simply add. */
+void ddp_nn_embedding_backward(const float *dx, const int32_t *idx, int B, int T, int C,
+                               float *dwte, float *dwpe);
+
+/* ---- layernorm ------------------------------------------------------------------------------- */
+
+/* torch.nn.LayerNorm(C, eps, bias) over the last dimension of x (N, C):
+ * y = (x − mean) · rstd · weight + bias, rstd = 1/sqrt(biased var + eps) (nanoGPT and torch use
+ * eps 1e-5). weight (C,); bias (C,) or NULL (nanoGPT's bias=False). The row statistics are
+ * computed in double; mean (N,) and rstd (N,) receive them for the backward, or are NULL (eval).
+ * y must not overlap x. */
+void ddp_nn_layernorm_forward(const float *x, const float *weight, const float *bias, int N, int C,
+                              float eps, float *y, float *mean, float *rstd);
+/* Given dy (N, C) and the forward's x, weight, mean, rstd: dx (N, C) overwritten (NULL skips; dx
+ * may equal dy), dweight (C,) += Σ_rows dy·x̂, dbias (C,) += Σ_rows dy (NULL skips either). */
+void ddp_nn_layernorm_backward(const float *dy, const float *x, const float *weight,
+                               const float *mean, const float *rstd, int N, int C, float *dx,
+                               float *dweight, float *dbias);
+
+/* ---- GELU, tanh approximation (GPT-2's) ------------------------------------------------------ */
+
+/* y = ½x(1 + tanh(√(2/π)(x + 0.044715x³))), torch.nn.GELU(approximate='tanh'), computed as
+ * x·σ(2u) with a vectorised exp (within a few float ulps). y may equal x. */
+void ddp_nn_gelu_tanh_forward(const float *x, size_t n, float *y);
+/* dx = dy · gelu'(x), x the forward's input. dx may equal dy. */
+void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float *dx);
+
+/* ---- residual add ---------------------------------------------------------------------------- */
+
+/* y (n,) = a + b. y may equal a or b (in place). The residual's forward, and its backward too:
+ * the gradient of x + f(x) is dy + (f's backward of dy), one more add. */
+void ddp_nn_add(const float *a, const float *b, size_t n, float *y);
+
+/* ---- causal self-attention ------------------------------------------------------------------- */
+
+/* Query rows per block of the attention kernels (see scratch_floats). */
+#define DDP_NN_ATTN_BLOCK 64
+
+/* The geometry of one causal multi-head self-attention (nanoGPT's CausalSelfAttention between
+ * c_attn and c_proj). Plain data: fill the first part, then ddp_nn_attention_setup() checks it and
+ * fills the rest. One geometry serves every layer of a model. */
+typedef struct ddp_nn_attention {
+    int C;         /* n_embd: qkv (B, T, 3C), out (B, T, C) */
+    int n_head;    /* nh, which must divide C */
+    int max_T;     /* block_size: the longest T the calls will pass (sizes the scratch) */
+    float dropout; /* p of the dropout on the attention probabilities, [0, 1); 0 for none */
+    /* filled by ddp_nn_attention_setup: */
+    int head_size;         /* hs = C / nh */
+    size_t scratch_floats; /* (2·DDP_NN_ATTN_BLOCK + 1)·max_T: what forward and backward need */
+} ddp_nn_attention;
+
+/* Checks a's first part (positive sizes, n_head divides C, 3C fits in int, dropout in [0, 1)) and
+ * fills head_size and scratch_floats; DDP_ERR_INVALID with a message in err (may be NULL)
+ * otherwise, a unchanged. */
+ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err);
+
+/* out (B, T, C) = causal softmax(q·kᵀ/√hs) · v for every head, heads side by side (head h in
+ * columns h·hs ..) as nanoGPT's y.transpose(1, 2).view(B, T, C), before c_proj.
+ * qkv (B, T, 3C): c_attn's output, q, k, v in that order along the last dimension and each split
+ * into heads of hs as view(B, T, nh, hs).transpose(1, 2) does. 0 < T ≤ a->max_T.
+ * lse (B, nh, T) receives the log-sum-exp of each query row's scaled scores, all the backward
+ * needs besides qkv (no T×T probabilities are kept); NULL when no backward follows.
+ * Dropout (train and a->dropout > 0): probability (b, h, t, j) is kept, and scaled by 1/(1 − p),
+ * iff ddp_nn_rand_u64(seed, step, offset + ((b·nh + h)·T + t)·T + j) passes the test of
+ * ddp_nn_dropout_forward; no mask is stored: the backward regenerates it from the same
+ * (seed, step, offset), which must be passed unchanged. Use a seed per layer, and
+ * offset = (global index of the first sequence)·nh·T·T to make the masks independent of how the
+ * batch is split over ranks. train false, or p 0, is plain attention.
+ * scratch: a->scratch_floats floats, the caller's (one buffer may serve every layer), contents
+ * undefined after the call. */
+void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
+                              uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                              float *scratch, float *out, float *lse);
+
+/* Given dout (B, T, C), the forward's qkv and lse and the same (seed, step, offset, train):
+ * dqkv (B, T, 3C) overwritten with the gradients of q, k and v. The scores and probabilities are
+ * recomputed block by block from qkv and lse (flash-attention style): the backward costs about
+ * twice the forward's products. scratch as for the forward. */
+void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
+                               const float *lse, int B, int T, uint64_t seed, uint64_t step,
+                               uint64_t offset, bool train, float *scratch, float *dqkv);
+
+/* ---- tied LM head ---------------------------------------------------------------------------- */
+
+/* logits (N, V) = x (N, C) · wteᵀ, wte (V, C) the token embedding (GPT-2 ties them): a linear
+ * without bias, written without zeroing logits first. */
+void ddp_nn_lm_head_forward(const float *x, const float *wte, int N, int C, int V, float *logits);
+/* dx (N, C) = dlogits · wte (overwritten; NULL skips), dwte (V, C) += dlogitsᵀ · x (NULL skips). */
+void ddp_nn_lm_head_backward(const float *dlogits, const float *x, const float *wte, int N, int C,
+                             int V, float *dx, float *dwte);
+
+/* ---- softmax cross-entropy over a vocabulary ------------------------------------------------- */
+
+/* The target that contributes nothing (nanoGPT passes ignore_index=-1 to F.cross_entropy; torch's
+ * default is -100). */
+#define DDP_NN_IGNORE_INDEX (-1)
+
+/* loss = mean over the rows whose target is not DDP_NN_IGNORE_INDEX of
+ * −log softmax(logits[r])[target[r]] (F.cross_entropy(..., ignore_index=-1)); NaN when every
+ * target is ignored (torch's 0/0). dlogits (N, V) = (softmax − onehot(target)) · scale / count
+ * for those rows and 0 for ignored ones (scale 1, or 1/k when k micro-batches accumulate).
+ * dlogits MAY EQUAL logits (the biggest activation is then overwritten by its gradient).
+ * logits (N, V), targets (N,) in [0, V) or DDP_NN_IGNORE_INDEX. loss and dlogits may each be
+ * NULL. Numerically stable (max subtracted; sums in double). DDP_ERR_INVALID (err may be NULL;
+ * nothing written) if a target is out of range. */
+ddp_status ddp_nn_vocab_xent(const float *logits, const int32_t *targets, int N, int V, float scale,
+                             double *loss, float *dlogits, ddp_error *err);
+/* For exact evaluation: loss_sum = Σ over non-ignored rows of the row's loss (in double),
+ * count = how many rows that is, row_loss (N,) = each row's loss (0 for ignored rows). Sum
+ * loss_sum and count over batches and ranks, then divide. Each output may be NULL. Errors as
+ * ddp_nn_vocab_xent. */
+ddp_status ddp_nn_vocab_xent_sum(const float *logits, const int32_t *targets, int N, int V,
+                                 double *loss_sum, int *count, float *row_loss, ddp_error *err);
+
+/* ---- GPT-2 initialisation -------------------------------------------------------------------- */
+
+/* w (n,) ~ N(0, std²) from ddp_nn_rand_u64(seed, tensor_id, i) (Box–Muller), the same on every
+ * rank and independent of the order tensors are initialised in. nanoGPT: std 0.02 for linear
+ * weights and embeddings, 0.02/√(2·n_layer) for the c_proj weights, biases 0, layernorm weight 1.
+ * Same distribution as torch.nn.init.normal_, not the same numbers. */
+void ddp_nn_init_normal(float *w, size_t n, float std, uint64_t seed, uint64_t tensor_id);
+/* ==== end of transformer layers =============================================================== */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,182 @@
+/*
+ * attention.c — causal multi-head self-attention for the GPT layers of ddp/nn.h, forward and
+ * backward, from the c_attn output qkv (B, T, 3C) to the heads' output (B, T, C) before c_proj.
+ *
+ * Memory: nothing T×T outlives a call. The forward keeps one number per query row, the
+ * log-sum-exp of its scores (B, nh, T); the backward recomputes the scores and probabilities
+ * block by block from q, k and that log-sum-exp, as flash attention does. A block is
+ * DDP_NN_ATTN_BLOCK query rows against every key up to the causal limit of its last row, so each
+ * row's softmax is done exactly in two passes (max, then sum) without online rescaling; the
+ * scratch is one (block × T) matrix forward and two backward. Every product is a ddp__sgemm on
+ * strided views: q, k, v of head h are columns h·hs.. of qkv with leading dimension 3C (nanoGPT's
+ * view(B, T, nh, hs).transpose(1, 2) without a copy), and the output of head h is columns h·hs..
+ * of out (B, T, C).
+ *
+ * Attention dropout (nanoGPT's attn_dropout on the probabilities) is supported: the keep decision
+ * for a probability comes from ddp_nn_rand_u64 of its index alone, so the backward regenerates the
+ * mask instead of storing it.
+ *
+ * What it does not do: skip the masked half of the diagonal block (it is computed, then zeroed),
+ * run its own threads (OpenBLAS's run inside each product), or support a non-causal mask.
+ */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "ddp/nn.h"
+#include "kernels/kernels.h"
+#include "nn/vecmath.h"
+#include "util/util.h"
+
+#define BLK DDP_NN_ATTN_BLOCK
+
+ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
+{
+    if (a->C <= 0 || a->n_head <= 0 || a->max_T <= 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "attention: n_embd %d, n_head %d and block_size %d must all be positive",
+                        a->C, a->n_head, a->max_T);
+    if (a->C % a->n_head != 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "attention: n_embd %d is not a multiple of n_head %d; choose n_head that "
+                        "divides n_embd",
+                        a->C, a->n_head);
+    if (a->C > INT_MAX / 3)
+        return ddp__err(err, DDP_ERR_INVALID, "attention: n_embd %d is too large (3·n_embd > %d)",
+                        a->C, INT_MAX);
+    if (!(a->dropout >= 0.0f && a->dropout < 1.0f))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "attention: dropout %g is outside [0, 1); use 0 to turn it off",
+                        (double)a->dropout);
+    a->head_size = a->C / a->n_head;
+    a->scratch_floats = (2 * (size_t)BLK + 1) * (size_t)a->max_T;
+    return DDP_OK;
+}
+
+/* The attention dropout of one query row: mrow[j] (j < n) = 1/(1 − p) if probability j is kept,
+ * else 0, by the same rule as ddp_nn_dropout_forward with element index base + j. */
+static void dropout_row(float *mrow, int n, uint64_t seed, uint64_t step, uint64_t base, float p)
+{
+    uint64_t thresh = (uint64_t)((double)p * 4294967296.0);
+    float keep = 1.0f / (1.0f - p);
+    for (int j = 0; j < n; j++)
+        mrow[j] = (ddp_nn_rand_u64(seed, step, base + (uint64_t)j) >> 32) >= thresh ? keep : 0.0f;
+}
+
+void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
+                              uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                              float *scratch, float *out, float *lse)
+{
+    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    const bool drop = train && a->dropout > 0.0f;
+    float *S = scratch, *mrow = scratch + (size_t)BLK * T;
+    if (T <= 0)
+        return;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
+            float *O = out + (size_t)b * T * C + (size_t)h * hs;
+            size_t bh = (size_t)b * nh + h;
+            for (int r0 = 0; r0 < T; r0 += BLK) {
+                int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr, ld = kend;
+                /* S (nr, kend) = scale · Q[r0 : kend] · K[0 : kend]ᵀ */
+                ddp__sgemm(false, true, nr, kend, hs, scale, Q + (size_t)r0 * C3, C3, K, C3, 0.0f,
+                           S, ld);
+                for (int i = 0; i < nr; i++) {
+                    int t = r0 + i, nv = t + 1; /* keys 0..t are visible to query t */
+                    float *row = S + (size_t)i * ld;
+                    float mx = ddp__max_f32(row, nv);
+                    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    int j = 0;
+                    for (; j + 8 <= nv; j += 8)
+                        for (int k = 0; k < 8; k++) {
+                            float e = ddp__fast_expf(row[j + k] - mx);
+                            row[j + k] = e;
+                            acc[k] += e;
+                        }
+                    for (int k = 0; j < nv; j++, k++) {
+                        float e = ddp__fast_expf(row[j] - mx);
+                        row[j] = e;
+                        acc[k] += e;
+                    }
+                    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                                 ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+                    float inv = (float)(1.0 / sum);
+                    if (drop) {
+                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
+                        for (j = 0; j < nv; j++)
+                            row[j] = row[j] * inv * mrow[j];
+                    } else {
+                        for (j = 0; j < nv; j++)
+                            row[j] *= inv;
+                    }
+                    if (kend > nv)
+                        memset(row + nv, 0, sizeof(float) * (size_t)(kend - nv));
+                    if (lse)
+                        lse[bh * T + t] = (float)(mx + log(sum));
+                }
+                /* O[r0 : kend] (nr, hs) = P (nr, kend) · V[0 : kend] */
+                ddp__sgemm(false, false, nr, hs, kend, 1.0f, S, ld, V, C3, 0.0f, O + (size_t)r0 * C,
+                           C);
+            }
+        }
+}
+
+void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
+                               const float *lse, int B, int T, uint64_t seed, uint64_t step,
+                               uint64_t offset, bool train, float *scratch, float *dqkv)
+{
+    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    const bool drop = train && a->dropout > 0.0f;
+    float *P = scratch, *dP = scratch + (size_t)BLK * T, *mrow = scratch + (size_t)2 * BLK * T;
+    if (T <= 0)
+        return;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+            float *dQ = dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dK = dQ + C, *dV = dQ + 2 * C;
+            size_t bh = (size_t)b * nh + h;
+            /* Last block first: it sees every key, so its products overwrite dK and dV (beta 0)
+             * and the earlier blocks add to them; no zeroing pass. */
+            for (int r0 = (T - 1) / BLK * BLK; r0 >= 0; r0 -= BLK) {
+                int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr, ld = kend;
+                float beta = kend == T ? 0.0f : 1.0f;
+                const float *Qb = Q + (size_t)r0 * C3, *dOb = dO + (size_t)r0 * C;
+                /* P ← S = scale · Q_b · Kᵀ, and dP ← dO_b · Vᵀ (the gradient of the dropped P) */
+                ddp__sgemm(false, true, nr, kend, hs, scale, Qb, C3, K, C3, 0.0f, P, ld);
+                ddp__sgemm(false, true, nr, kend, hs, 1.0f, dOb, C, V, C3, 0.0f, dP, ld);
+                for (int i = 0; i < nr; i++) {
+                    int t = r0 + i, nv = t + 1;
+                    float *prow = P + (size_t)i * ld, *drow = dP + (size_t)i * ld;
+                    float L = lse[bh * T + t];
+                    for (int j = 0; j < nv; j++)
+                        prow[j] = ddp__fast_expf(prow[j] - L);
+                    if (drop) {
+                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
+                        for (int j = 0; j < nv; j++)
+                            drow[j] *= mrow[j];
+                    }
+                    /* softmax backward: dS = P ∘ (dP − Σ_j P·dP) */
+                    float D = (float)ddp__dot_f64(prow, drow, nv);
+                    for (int j = 0; j < nv; j++)
+                        drow[j] = prow[j] * (drow[j] - D);
+                    if (drop)
+                        for (int j = 0; j < nv; j++)
+                            prow[j] *= mrow[j];
+                    if (kend > nv) {
+                        memset(prow + nv, 0, sizeof(float) * (size_t)(kend - nv));
+                        memset(drow + nv, 0, sizeof(float) * (size_t)(kend - nv));
+                    }
+                }
+                /* dV[0 : kend] += P_droppedᵀ · dO_b;  dQ_b = scale · dS · K;
+                 * dK[0 : kend] += scale · dSᵀ · Q_b */
+                ddp__sgemm(true, false, kend, hs, nr, 1.0f, P, ld, dOb, C, beta, dV, C3);
+                ddp__sgemm(false, false, nr, hs, kend, scale, dP, ld, K, C3, 0.0f,
+                           dQ + (size_t)r0 * C3, C3);
+                ddp__sgemm(true, false, kend, hs, nr, scale, dP, ld, Qb, C3, beta, dK, C3);
+            }
+        }
+}

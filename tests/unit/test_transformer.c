@@ -1,0 +1,623 @@
+/*
+ * test_transformer.c — the GPT-2 layers of ddp/nn.h (embedding, layernorm, tanh GELU, residual
+ * add, causal attention, tied LM head, vocabulary cross-entropy, normal init) against references.
+ *
+ * Forward passes are checked against naive double-precision loops (attention: the whole T×T
+ * softmax per head, written out). Every backward is checked against central finite differences
+ * of the float forward, as in test_nn.c: each element is moved by ±H, L = Σ y·r (r fixed random
+ * weights, so dL/dy = r) is summed in double, and (L+ − L−) / (x+ − x−) must match the analytic
+ * gradient within FD_RTOL · max(1, |analytic|) (FD_RTOL = 1e-2: float rounding of y moves L by
+ * ≈ 1e-6 here, which the 2·H = 2e-3 step turns into ≈ 1e-3 at worst; the layers are smooth, so
+ * the O(H²) truncation is far smaller). Parameter gradients are seeded with nonzero values first,
+ * to check that they accumulate. The vectorised exp behind the softmaxes and GELU is checked on
+ * its own, in ulps, over its whole range.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+#include "nn/vecmath.h"
+
+#define H 1e-3f
+#define FD_RTOL 1e-2
+
+/* ---- helpers (as in test_nn.c) --------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+/* Uniform in [lo, hi). */
+static void fill(float *v, size_t n, float lo, float hi, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++)
+        v[i] = lo + (hi - lo) * (float)((rng_next(&s) >> 40) * (1.0 / 16777216.0));
+}
+
+static float *falloc(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+static double weighted_sum(const float *y, const float *r, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)y[i] * r[i];
+    return s;
+}
+
+/* Counts |got − want| > atol + rtol·|want| and prints the first few. */
+static int compare(const char *what, const float *got, const double *want, size_t n, double atol,
+                   double rtol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= atol + rtol * fabs(want[i]))) {
+            if (bad++ < 5)
+                print_error("%s[%zu]: got %.8g, want %.8g\n", what, i, got[i], want[i]);
+        }
+    return bad;
+}
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Checks analytic (n,) = dL/dv against central differences of loss, moving v in place. */
+static int check_fd(const char *what, loss_fn loss, void *ctx, float *v, size_t n,
+                    const float *analytic)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float orig = v[i];
+        v[i] = orig + H;
+        double up = v[i], lp = loss(ctx);
+        v[i] = orig - H;
+        double dn = v[i], lm = loss(ctx);
+        v[i] = orig;
+        double num = (lp - lm) / (up - dn);
+        if (!(fabs(num - analytic[i]) <= FD_RTOL * fmax(1.0, fabs(analytic[i])))) {
+            if (bad++ < 5)
+                print_error("%s[%zu]: analytic %.6g, finite difference %.6g\n", what, i,
+                            analytic[i], num);
+        }
+    }
+    return bad;
+}
+
+/* Gradient accumulated on top of a seed value: returns grad − seed in a new buffer. */
+static float *minus(const float *grad, const float *seed, size_t n)
+{
+    float *d = falloc(n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = grad[i] - seed[i];
+    return d;
+}
+
+/* ---- the vectorised exp ---------------------------------------------------------------------- */
+
+static void fast_exp(void **state)
+{
+    (void)state;
+    /* Every 1009th float in [−87.3, 88.3] (2 million), walked through their bit patterns, in
+     * ulps of the float nearest the true value. */
+    double worst = 0.0;
+    const float ends[2] = {88.3f, -87.3f};
+    for (int sign = 0; sign < 2; sign++) {
+        uint32_t top;
+        memcpy(&top, &ends[sign], sizeof top);
+        for (uint32_t bits = sign ? 0x80000000u : 0u; bits <= top; bits += 1009) {
+            float x;
+            memcpy(&x, &bits, sizeof x);
+            double want = exp((double)x);
+            float w = (float)want;
+            double ulp = (double)nextafterf(w, INFINITY) - w;
+            double e = fabs(ddp__fast_expf(x) - want) / ulp;
+            worst = e > worst ? e : worst;
+        }
+    }
+    print_message("fast exp: worst error %.3f ulp\n", worst);
+    assert_true(worst <= 2.0);
+    /* The edges: 0 below the range, −inf → 0, NaN → NaN, +inf → inf, exact 1 at 0. */
+    assert_true(ddp__fast_expf(-88.0f) == 0.0f && ddp__fast_expf(-INFINITY) == 0.0f);
+    assert_true(isnan(ddp__fast_expf(NAN)));
+    assert_true(isinf(ddp__fast_expf(INFINITY)));
+    assert_true(ddp__fast_expf(0.0f) == 1.0f);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int B, T, C, V, P;
+    const int32_t *idx;
+    float *wte, *wpe, *x, *r;
+} emb_ctx;
+
+static double emb_loss(void *p)
+{
+    emb_ctx *c = p;
+    assert_int_equal(
+        ddp_nn_embedding_forward(c->idx, c->wte, c->wpe, c->B, c->T, c->C, c->V, c->P, c->x, NULL),
+        DDP_OK);
+    return weighted_sum(c->x, c->r, (size_t)c->B * c->T * c->C);
+}
+
+static void embedding(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 4, C = 3, V = 6, P = 5 };
+    int32_t idx[B * T] = {1, 5, 1, 0, 2, 2, 3, 1}; /* repeats: their gradients add */
+    float wte[V * C], wpe[P * C], x[B * T * C], r[B * T * C];
+    fill(wte, V * C, -1, 1, 1), fill(wpe, P * C, -1, 1, 2), fill(r, B * T * C, -1, 1, 3);
+    emb_ctx c = {B, T, C, V, P, idx, wte, wpe, x, r};
+    emb_loss(&c);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < C; k++)
+                assert_true(x[(b * T + t) * C + k] == wte[idx[b * T + t] * C + k] + wpe[t * C + k]);
+    float dwte0[V * C], dwpe0[P * C], dwte[V * C], dwpe[P * C];
+    fill(dwte0, V * C, -1, 1, 4), fill(dwpe0, P * C, -1, 1, 5);
+    memcpy(dwte, dwte0, sizeof dwte), memcpy(dwpe, dwpe0, sizeof dwpe);
+    ddp_nn_embedding_backward(r, idx, B, T, C, dwte, dwpe);
+    float *gte = minus(dwte, dwte0, V * C), *gpe = minus(dwpe, dwpe0, P * C);
+    int bad = check_fd("embedding dwte", emb_loss, &c, wte, V * C, gte);
+    bad += check_fd("embedding dwpe", emb_loss, &c, wpe, P * C, gpe);
+    assert_int_equal(bad, 0);
+    /* token 4 never occurs, position 4 is beyond T: their rows are untouched */
+    for (int k = 0; k < C; k++)
+        assert_true(gte[4 * C + k] == 0.0f && gpe[4 * C + k] == 0.0f);
+    ddp_nn_embedding_backward(r, idx, B, T, C, NULL, NULL); /* NULL skips */
+    free(gte), free(gpe);
+
+    /* a bad id, negative or ≥ V: an error naming it, its place and V; nothing written */
+    ddp_error err = {0};
+    float before[B * T * C];
+    memcpy(before, x, sizeof x);
+    idx[6] = V;
+    assert_int_equal(ddp_nn_embedding_forward(idx, wte, wpe, B, T, C, V, P, x, &err),
+                     DDP_ERR_INVALID);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "token id 6 at (row 1, position 2)"));
+    assert_non_null(strstr(err.msg, "vocab_size 6"));
+    idx[6] = -3;
+    assert_int_equal(ddp_nn_embedding_forward(idx, wte, wpe, B, T, C, V, P, x, &err),
+                     DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "token id -3"));
+    assert_memory_equal(x, before, sizeof x);
+    idx[6] = 0;
+    /* T longer than the position table */
+    assert_int_equal(ddp_nn_embedding_forward(idx, wte, wpe, 1, 8, C, V, P, x, &err),
+                     DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "sequence length 8"));
+    assert_int_equal(ddp_nn_embedding_forward(idx, wte, wpe, B, T, C, V, P, x, NULL), DDP_OK);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int N, C;
+    float *x, *w, *b, *y, *r;
+} ln_ctx;
+
+static double ln_loss(void *p)
+{
+    ln_ctx *c = p;
+    ddp_nn_layernorm_forward(c->x, c->w, c->b, c->N, c->C, 1e-5f, c->y, NULL, NULL);
+    return weighted_sum(c->y, c->r, (size_t)c->N * c->C);
+}
+
+static void ln_case(int N, int C, bool bias, float shift)
+{
+    size_t n = (size_t)N * C;
+    ln_ctx c = {N, C, falloc(n), falloc(C), bias ? falloc(C) : NULL, falloc(n), falloc(n)};
+    fill(c.x, n, shift - 2, shift + 2, 11), fill(c.w, C, 0.5f, 1.5f, 12), fill(c.r, n, -1, 1, 13);
+    if (bias)
+        fill(c.b, C, -1, 1, 14);
+    float *mean = falloc(N), *rstd = falloc(N);
+    ddp_nn_layernorm_forward(c.x, c.w, c.b, N, C, 1e-5f, c.y, mean, rstd);
+    double *want = calloc(n, sizeof(double));
+    assert_non_null(want);
+    for (int i = 0; i < N; i++) {
+        double mu = 0, var = 0;
+        for (int k = 0; k < C; k++)
+            mu += c.x[i * C + k];
+        mu /= C;
+        for (int k = 0; k < C; k++)
+            var += (c.x[i * C + k] - mu) * (c.x[i * C + k] - mu);
+        var /= C;
+        double rs = 1 / sqrt(var + 1e-5);
+        assert_float_equal(mean[i], mu, 1e-6 * fmax(1, fabs(mu)));
+        assert_float_equal(rstd[i], rs, 1e-6 * rs);
+        for (int k = 0; k < C; k++)
+            want[i * C + k] = (c.x[i * C + k] - mu) * rs * c.w[k] + (bias ? c.b[k] : 0);
+    }
+    assert_int_equal(compare("layernorm y", c.y, want, n, 1e-5, 1e-5), 0);
+    float *dx = falloc(n), *dw = falloc(C), *db = falloc(C), *dw0 = falloc(C), *db0 = falloc(C);
+    fill(dw0, C, -1, 1, 15), fill(db0, C, -1, 1, 16), fill(dx, n, 7, 8, 17); /* dx: garbage */
+    memcpy(dw, dw0, sizeof(float) * C), memcpy(db, db0, sizeof(float) * C);
+    ddp_nn_layernorm_backward(c.r, c.x, c.w, mean, rstd, N, C, dx, dw, bias ? db : NULL);
+    float *gw = minus(dw, dw0, C), *gb = minus(db, db0, C);
+    int bad = check_fd("layernorm dx", ln_loss, &c, c.x, n, dx);
+    bad += check_fd("layernorm dweight", ln_loss, &c, c.w, C, gw);
+    if (bias)
+        bad += check_fd("layernorm dbias", ln_loss, &c, c.b, C, gb);
+    assert_int_equal(bad, 0);
+    /* in place (dx = dy) gives the same bits; NULL dx still accumulates the parameters */
+    float *dy = falloc(n), *dw2 = falloc(C);
+    memcpy(dy, c.r, sizeof(float) * n), memcpy(dw2, dw0, sizeof(float) * C);
+    ddp_nn_layernorm_backward(dy, c.x, c.w, mean, rstd, N, C, dy, NULL, NULL);
+    assert_memory_equal(dy, dx, sizeof(float) * n);
+    ddp_nn_layernorm_backward(c.r, c.x, c.w, mean, rstd, N, C, NULL, dw2, NULL);
+    assert_memory_equal(dw2, dw, sizeof(float) * C);
+    free(c.x), free(c.w), free(c.b), free(c.y), free(c.r), free(mean), free(rstd), free(want);
+    free(dx), free(dw), free(db), free(dw0), free(db0), free(gw), free(gb), free(dy), free(dw2);
+}
+
+static void layernorm(void **state)
+{
+    (void)state;
+    ln_case(3, 16, true, 0.0f);
+    ln_case(4, 13, false, 0.0f); /* no bias; C not a multiple of the 8 lanes */
+    ln_case(2, 40, true, 30.0f); /* a mean far from 0 */
+}
+
+/* ---- GELU (tanh) and the residual add -------------------------------------------------------- */
+
+typedef struct {
+    size_t n;
+    float *x, *y, *r;
+} act_ctx;
+
+static double gelu_loss(void *p)
+{
+    act_ctx *c = p;
+    ddp_nn_gelu_tanh_forward(c->x, c->n, c->y);
+    return weighted_sum(c->y, c->r, c->n);
+}
+
+static void gelu_tanh(void **state)
+{
+    (void)state;
+    enum { N = 203 };
+    float x[N], y[N], r[N], dx[N];
+    fill(x, N, -6, 6, 21), fill(r, N, -1, 1, 22);
+    x[0] = 0, x[1] = -30, x[2] = 30, x[3] = -1e-4f, x[4] = 12;
+    act_ctx c = {N, x, y, r};
+    gelu_loss(&c);
+    double want[N];
+    for (int i = 0; i < N; i++) {
+        double v = x[i];
+        want[i] = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    }
+    assert_int_equal(compare("gelu_tanh y", y, want, N, 1e-7, 1e-6), 0);
+    ddp_nn_gelu_tanh_backward(r, x, N, dx);
+    assert_int_equal(check_fd("gelu_tanh dx", gelu_loss, &c, x, N, dx), 0);
+    /* in place (y recomputed: the finite differences left it from a moved x) */
+    gelu_loss(&c);
+    float z[N], dz[N];
+    memcpy(z, x, sizeof z), memcpy(dz, r, sizeof dz);
+    ddp_nn_gelu_tanh_forward(z, N, z);
+    ddp_nn_gelu_tanh_backward(dz, x, N, dz);
+    assert_memory_equal(z, y, sizeof z);
+    assert_memory_equal(dz, dx, sizeof dz);
+}
+
+static void residual_add(void **state)
+{
+    (void)state;
+    float a[9], b[9], y[9];
+    fill(a, 9, -1, 1, 31), fill(b, 9, -1, 1, 32);
+    ddp_nn_add(a, b, 9, y);
+    for (int i = 0; i < 9; i++)
+        assert_true(y[i] == a[i] + b[i]);
+    ddp_nn_add(a, b, 9, a); /* in place, either operand */
+    assert_memory_equal(a, y, sizeof a);
+    ddp_nn_add(b, a, 9, a);
+    for (int i = 0; i < 9; i++)
+        assert_true(a[i] == y[i] + b[i]);
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+
+typedef struct {
+    ddp_nn_attention a;
+    int B, T;
+    bool train;
+    float *qkv, *out, *lse, *r, *scratch;
+} attn_ctx;
+
+#define ATT_SEED 77
+#define ATT_STEP 5
+#define ATT_OFFSET 1000
+
+static double attn_loss(void *p)
+{
+    attn_ctx *c = p;
+    ddp_nn_attention_forward(&c->a, c->qkv, c->B, c->T, ATT_SEED, ATT_STEP, ATT_OFFSET, c->train,
+                             c->scratch, c->out, c->lse);
+    return weighted_sum(c->out, c->r, (size_t)c->B * c->T * c->a.C);
+}
+
+/* The naive reference: per (b, h, t) the whole causal softmax in double, the documented dropout
+ * rule, then the weighted sum of v. */
+static void attn_reference(const attn_ctx *c, double *out, double *lse)
+{
+    int C = c->a.C, nh = c->a.n_head, hs = c->a.head_size, T = c->T;
+    double p = c->train ? c->a.dropout : 0.0;
+    uint64_t thresh = (uint64_t)(p * 4294967296.0);
+    double *s = calloc((size_t)T, sizeof(double));
+    assert_non_null(s);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = c->qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = c->qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+                    double d = 0;
+                    for (int e = 0; e < hs; e++)
+                        d += (double)q[e] * k[e];
+                    s[j] = d / sqrt((double)hs);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += exp(s[j] - mx);
+                lse[((size_t)b * nh + h) * T + t] = mx + log(sum);
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int e = 0; e < hs; e++)
+                    o[e] = 0;
+                for (int j = 0; j <= t; j++) {
+                    double w = exp(s[j] - mx) / sum;
+                    if (p > 0) {
+                        uint64_t i = ATT_OFFSET + (((uint64_t)b * nh + h) * T + t) * T + j;
+                        bool keep = (ddp_nn_rand_u64(ATT_SEED, ATT_STEP, i) >> 32) >= thresh;
+                        w = keep ? w / (1 - p) : 0;
+                    }
+                    const float *v = c->qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
+                    for (int e = 0; e < hs; e++)
+                        o[e] += w * v[e];
+                }
+            }
+    free(s);
+}
+
+static void attn_case(int B, int T, int C, int nh, float p, bool train, bool fd)
+{
+    attn_ctx c = {{C, nh, T, p, 0, 0}, B, T, train, NULL, NULL, NULL, NULL, NULL};
+    assert_int_equal(ddp_nn_attention_setup(&c.a, NULL), DDP_OK);
+    assert_int_equal(c.a.head_size, C / nh);
+    assert_true(c.a.scratch_floats == (size_t)(2 * DDP_NN_ATTN_BLOCK + 1) * T);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * nh * T;
+    c.qkv = falloc(nq), c.out = falloc(no), c.lse = falloc(nl), c.r = falloc(no);
+    c.scratch = falloc(c.a.scratch_floats);
+    fill(c.qkv, nq, -2, 2, 41), fill(c.r, no, -1, 1, 42);
+    attn_loss(&c);
+    double *want = calloc(no, sizeof(double)), *wlse = calloc(nl, sizeof(double));
+    assert_non_null(want), assert_non_null(wlse);
+    attn_reference(&c, want, wlse);
+    assert_int_equal(compare("attention out", c.out, want, no, 1e-5, 1e-5), 0);
+    assert_int_equal(compare("attention lse", c.lse, wlse, nl, 1e-5, 1e-5), 0);
+    /* backward: dqkv overwritten (garbage first), against finite differences */
+    float *dqkv = falloc(nq);
+    fill(dqkv, nq, 7, 8, 43);
+    ddp_nn_attention_backward(&c.a, c.r, c.qkv, c.lse, B, T, ATT_SEED, ATT_STEP, ATT_OFFSET, train,
+                              c.scratch, dqkv);
+    if (fd)
+        assert_int_equal(check_fd("attention dqkv", attn_loss, &c, c.qkv, nq, dqkv), 0);
+    /* the forward without lse (inference) gives the same output */
+    attn_loss(&c); /* the finite differences left out from a moved qkv */
+    float *out2 = falloc(no);
+    ddp_nn_attention_forward(&c.a, c.qkv, B, T, ATT_SEED, ATT_STEP, ATT_OFFSET, train, c.scratch,
+                             out2, NULL);
+    assert_memory_equal(out2, c.out, sizeof(float) * no);
+    free(c.qkv), free(c.out), free(c.lse), free(c.r), free(c.scratch), free(want), free(wlse);
+    free(dqkv), free(out2);
+}
+
+static void attention(void **state)
+{
+    (void)state;
+    attn_case(2, 5, 8, 2, 0.0f, true, true);     /* one block, hs 4 */
+    attn_case(1, 70, 6, 3, 0.0f, true, true);    /* two blocks, the second of 6 rows */
+    attn_case(2, 9, 8, 1, 0.3f, true, true);     /* dropout: the mask is regenerated */
+    attn_case(1, 67, 4, 2, 0.25f, true, true);   /* dropout over two blocks */
+    attn_case(1, 9, 8, 2, 0.5f, false, true);    /* eval: no dropout whatever p is */
+    attn_case(2, 200, 64, 2, 0.1f, true, false); /* four blocks; forward only */
+}
+
+static void attention_setup(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    ddp_nn_attention a = {30, 4, 16, 0.0f, 0, 0};
+    assert_int_equal(ddp_nn_attention_setup(&a, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "n_embd 30 is not a multiple of n_head 4"));
+    assert_int_equal(a.head_size, 0);
+    a = (ddp_nn_attention){32, 4, 0, 0.0f, 0, 0};
+    assert_int_equal(ddp_nn_attention_setup(&a, &err), DDP_ERR_INVALID);
+    a = (ddp_nn_attention){32, 4, 16, 1.0f, 0, 0};
+    assert_int_equal(ddp_nn_attention_setup(&a, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "dropout 1"));
+    a.dropout = NAN;
+    assert_int_equal(ddp_nn_attention_setup(&a, NULL), DDP_ERR_INVALID);
+    a.dropout = 0.1f;
+    assert_int_equal(ddp_nn_attention_setup(&a, &err), DDP_OK);
+    assert_int_equal(a.head_size, 8);
+}
+
+/* ---- tied LM head ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int N, C, V;
+    float *x, *wte, *logits, *r;
+} head_ctx;
+
+static double head_loss(void *p)
+{
+    head_ctx *c = p;
+    ddp_nn_lm_head_forward(c->x, c->wte, c->N, c->C, c->V, c->logits);
+    return weighted_sum(c->logits, c->r, (size_t)c->N * c->V);
+}
+
+static void lm_head(void **state)
+{
+    (void)state;
+    enum { N = 3, C = 5, V = 7 };
+    float x[N * C], wte[V * C], logits[N * V], r[N * V], dx[N * C], dw[V * C], dw0[V * C];
+    fill(x, N * C, -1, 1, 51), fill(wte, V * C, -1, 1, 52), fill(r, N * V, -1, 1, 53);
+    fill(logits, N * V, NAN, NAN, 0); /* NaN: beta 0 must ignore the old contents */
+    head_ctx c = {N, C, V, x, wte, logits, r};
+    head_loss(&c);
+    double want[N * V];
+    for (int i = 0; i < N; i++)
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int k = 0; k < C; k++)
+                s += (double)x[i * C + k] * wte[v * C + k];
+            want[i * V + v] = s;
+        }
+    assert_int_equal(compare("lm_head logits", logits, want, N * V, 1e-6, 1e-6), 0);
+    fill(dw0, V * C, -1, 1, 54), memcpy(dw, dw0, sizeof dw), fill(dx, N * C, 7, 8, 55);
+    ddp_nn_lm_head_backward(r, x, wte, N, C, V, dx, dw);
+    float *gw = minus(dw, dw0, V * C);
+    int bad = check_fd("lm_head dx", head_loss, &c, x, N * C, dx);
+    bad += check_fd("lm_head dwte", head_loss, &c, wte, V * C, gw);
+    assert_int_equal(bad, 0);
+    free(gw);
+}
+
+/* ---- softmax cross-entropy over a vocabulary ------------------------------------------------- */
+
+typedef struct {
+    int N, V;
+    float *logits;
+    const int32_t *targets;
+} xent_ctx;
+
+static double xent_loss(void *p)
+{
+    xent_ctx *c = p;
+    double loss;
+    assert_int_equal(ddp_nn_vocab_xent(c->logits, c->targets, c->N, c->V, 1.0f, &loss, NULL, NULL),
+                     DDP_OK);
+    return loss;
+}
+
+static void vocab_xent(void **state)
+{
+    (void)state;
+    enum { N = 6, V = 37 };
+    float logits[N * V], d[N * V], d2[N * V], rl[N];
+    int32_t targets[N] = {3, DDP_NN_IGNORE_INDEX, 36, 0, DDP_NN_IGNORE_INDEX, 17};
+    fill(logits, N * V, -4, 4, 61);
+    logits[2 * V + 36] = 100; /* a large logit: no overflow */
+    logits[5 * V + 4] = -100; /* a very small one: exp underflows to 0, harmlessly */
+    xent_ctx c = {N, V, logits, targets};
+    double loss, want = 0, dwant[N * V];
+    assert_int_equal(ddp_nn_vocab_xent(logits, targets, N, V, 1.0f, &loss, d, NULL), DDP_OK);
+    for (int r = 0; r < N; r++) {
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++)
+            mx = fmax(mx, logits[r * V + j]);
+        for (int j = 0; j < V; j++)
+            s += exp(logits[r * V + j] - mx);
+        if (targets[r] >= 0)
+            want += (mx + log(s) - logits[r * V + targets[r]]) / 4;
+        for (int j = 0; j < V; j++)
+            dwant[r * V + j] =
+                targets[r] < 0 ? 0 : (exp(logits[r * V + j] - mx) / s - (j == targets[r])) / 4;
+    }
+    assert_float_equal(loss, want, 1e-6 * fabs(want));
+    assert_int_equal(compare("xent dlogits", d, dwant, N * V, 1e-8, 1e-5), 0);
+    for (int j = 0; j < V; j++) /* ignored rows: exactly 0 */
+        assert_true(d[1 * V + j] == 0.0f && d[4 * V + j] == 0.0f);
+    assert_int_equal(check_fd("xent dlogits", xent_loss, &c, logits, N * V, d), 0);
+    /* the exact-evaluation sum: the same rows, summed, with their count */
+    double sum = 0;
+    int count = 0;
+    assert_int_equal(ddp_nn_vocab_xent_sum(logits, targets, N, V, &sum, &count, rl, NULL), DDP_OK);
+    assert_int_equal(count, 4);
+    assert_float_equal(sum, loss * 4, 1e-9 * fabs(sum));
+    assert_true(rl[1] == 0.0f && rl[4] == 0.0f && rl[0] > 0.0f);
+    /* in place, with an accumulation scale: the same numbers scaled */
+    memcpy(d2, logits, sizeof d2);
+    double loss2;
+    assert_int_equal(ddp_nn_vocab_xent(d2, targets, N, V, 0.5f, &loss2, d2, NULL), DDP_OK);
+    assert_true(loss2 == loss);
+    for (int i = 0; i < N * V; i++)
+        assert_float_equal(d2[i], 0.5 * d[i], 1e-9);
+    /* a bad target: an error, nothing written */
+    ddp_error err = {0};
+    targets[3] = V;
+    loss2 = 123, memcpy(d2, d, sizeof d);
+    assert_int_equal(ddp_nn_vocab_xent(logits, targets, N, V, 1.0f, &loss2, d2, &err),
+                     DDP_ERR_INVALID);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "target 37 of row 3"));
+    assert_true(loss2 == 123);
+    assert_memory_equal(d2, d, sizeof d);
+    targets[3] = -100; /* torch's default ignore index is not ours */
+    assert_int_equal(ddp_nn_vocab_xent_sum(logits, targets, N, V, &sum, &count, NULL, &err),
+                     DDP_ERR_INVALID);
+    /* everything ignored: loss NaN as torch's, gradient 0 */
+    int32_t none[N] = {-1, -1, -1, -1, -1, -1};
+    assert_int_equal(ddp_nn_vocab_xent(logits, none, N, V, 1.0f, &loss2, d2, NULL), DDP_OK);
+    assert_true(isnan(loss2));
+    for (int i = 0; i < N * V; i++)
+        assert_true(d2[i] == 0.0f);
+    /* a NaN logit makes the loss NaN: divergence is not hidden */
+    logits[7] = NAN;
+    targets[3] = 0;
+    assert_int_equal(ddp_nn_vocab_xent(logits, targets, N, V, 1.0f, &loss2, NULL, NULL), DDP_OK);
+    assert_true(isnan(loss2));
+}
+
+/* ---- normal initialisation ------------------------------------------------------------------- */
+
+static void init_normal(void **state)
+{
+    (void)state;
+    enum { N = 200000 };
+    float *w = falloc(N), *w2 = falloc(N);
+    ddp_nn_init_normal(w, N, 0.02f, 42, 3);
+    double s = 0, ss = 0, s4 = 0;
+    for (int i = 0; i < N; i++) {
+        double v = w[i] / 0.02;
+        s += v, ss += v * v, s4 += v * v * v * v;
+    }
+    double mean = s / N, var = ss / N - mean * mean, kurt = s4 / N;
+    print_message("init_normal: mean %.4f, var %.4f, E[z^4] %.3f (0, 1, 3)\n", mean, var, kurt);
+    assert_true(fabs(mean) < 0.01 && fabs(var - 1) < 0.02 && fabs(kurt - 3) < 0.1);
+    /* element i depends on (seed, tensor, i) only, not on n */
+    ddp_nn_init_normal(w2, 100, 0.02f, 42, 3);
+    assert_memory_equal(w, w2, sizeof(float) * 100);
+    ddp_nn_init_normal(w2, N, 0.02f, 42, 3);
+    assert_memory_equal(w, w2, sizeof(float) * N);
+    ddp_nn_init_normal(w2, N, 0.02f, 42, 4);
+    assert_true(memcmp(w, w2, sizeof(float) * N) != 0);
+    free(w), free(w2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fast_exp),        cmocka_unit_test(embedding),
+        cmocka_unit_test(layernorm),       cmocka_unit_test(gelu_tanh),
+        cmocka_unit_test(residual_add),    cmocka_unit_test(attention),
+        cmocka_unit_test(attention_setup), cmocka_unit_test(lm_head),
+        cmocka_unit_test(vocab_xent),      cmocka_unit_test(init_normal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
