@@ -21,7 +21,6 @@
  */
 #include <limits.h>
 #include <math.h>
-#include <string.h>
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
@@ -63,6 +62,83 @@ static void dropout_row(float *mrow, int n, uint64_t seed, uint64_t step, uint64
         mrow[j] = (ddp_nn_rand_u64(seed, step, base + (uint64_t)j) >> 32) >= thresh ? keep : 0.0f;
 }
 
+/* The row helpers below work on a whole row of the block, [0, kend): the n = t + 1 visible keys
+ * and the masked ones after them, which get 0. Lanes of 8 run up to the first multiple of 8 at or
+ * past n (while that fits in the row) with the causal mask as a select, so short rows need no
+ * scalar epilogue; what is left is zeroed, or, only when kend is not a multiple of 8, done one by
+ * one. Selects, not branches: the masked lanes compute a throw-away exp of a finite score (or
+ * of garbage: the bit mask turns even a NaN into 0). */
+
+/* The first multiple of 8 at or past n, but not past kend rounded down to a multiple of 8. */
+static int lanes_end(int n, int kend)
+{
+    int e = (n + 7) & ~7, k8 = kend & ~7;
+    return e < k8 ? e : k8;
+}
+
+/* The forward's softmax numerators of one row, in place: row[j] ← e_j = exp(row[j] − mx) for
+ * j < n, times mrow[j] when there is a dropout mask (mrow (n,) or NULL), and 0 for n ≤ j < kend.
+ * Returns Σ e_j (before dropout) in double. */
+DDP__VEC static double exp_row(float *row, int n, int kend, float mx, const float *mrow)
+{
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0, e8 = lanes_end(n, kend);
+    for (; j < e8; j += 8)
+        for (int k = 0; k < 8; k++) {
+            float e = ddp__keep_f32(ddp__fast_expf(row[j + k] - mx), j + k < n);
+            acc[k] += e;
+            row[j + k] = e;
+        }
+    for (; j < n; j++) { /* only when kend is not a multiple of 8 */
+        float e = ddp__fast_expf(row[j] - mx);
+        acc[j & 7] += e;
+        row[j] = e;
+    }
+    for (; j < kend; j++)
+        row[j] = 0.0f;
+    if (mrow)
+        for (j = 0; j < n; j++)
+            row[j] *= mrow[j];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* The backward of one query row, in place. On entry prow holds the scaled scores s_j and drow the
+ * gradient of the (dropped) probabilities, for j < kend; lse is the row's log-sum-exp and mrow
+ * (n,) its dropout mask or NULL. With p_j = exp(s_j − lse) and g_j = drow_j·mrow_j (the gradient
+ * of p_j), for j < n:
+ *   drow ← dS_j = p_j·(g_j − Σ_k p_k·g_k),   prow ← p_j·mrow_j (what multiplied v),
+ * and 0 in both for n ≤ j < kend. */
+DDP__VEC static void softmax_backward_row(float *prow, float *drow, int n, int kend, float lse,
+                                          const float *mrow)
+{
+    if (mrow)
+        for (int j = 0; j < n; j++)
+            drow[j] *= mrow[j];
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0, e8 = lanes_end(n, kend);
+    for (; j < e8; j += 8)
+        for (int k = 0; k < 8; k++) {
+            float p = ddp__keep_f32(ddp__fast_expf(prow[j + k] - lse), j + k < n);
+            float g = ddp__keep_f32(drow[j + k], j + k < n);
+            prow[j + k] = p, drow[j + k] = g;
+            acc[k] += (double)p * g;
+        }
+    for (; j < n; j++) { /* only when kend is not a multiple of 8 */
+        float p = ddp__fast_expf(prow[j] - lse);
+        prow[j] = p;
+        acc[j & 7] += (double)p * drow[j];
+    }
+    for (int z = j; z < kend; z++)
+        prow[z] = 0.0f, drow[z] = 0.0f;
+    float D =
+        (float)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    for (int z = 0; z < j; z++) /* masked lanes: 0·(0 − D) = 0 */
+        drow[z] = prow[z] * (drow[z] - D);
+    if (mrow)
+        for (j = 0; j < n; j++)
+            prow[j] *= mrow[j];
+}
+
 void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
                               uint64_t seed, uint64_t step, uint64_t offset, bool train,
                               float *scratch, float *out, float *lse)
@@ -83,42 +159,26 @@ void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B
                 /* S (nr, kend) = scale · Q[r0 : kend] · K[0 : kend]ᵀ */
                 ddp__sgemm(false, true, nr, kend, hs, scale, Q + (size_t)r0 * C3, C3, K, C3, 0.0f,
                            S, ld);
+                float inv[BLK]; /* 1 / Σ exp per row: applied to O, not to P */
                 for (int i = 0; i < nr; i++) {
                     int t = r0 + i, nv = t + 1; /* keys 0..t are visible to query t */
                     float *row = S + (size_t)i * ld;
                     float mx = ddp__max_f32(row, nv);
-                    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    int j = 0;
-                    for (; j + 8 <= nv; j += 8)
-                        for (int k = 0; k < 8; k++) {
-                            float e = ddp__fast_expf(row[j + k] - mx);
-                            row[j + k] = e;
-                            acc[k] += e;
-                        }
-                    for (int k = 0; j < nv; j++, k++) {
-                        float e = ddp__fast_expf(row[j] - mx);
-                        row[j] = e;
-                        acc[k] += e;
-                    }
-                    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-                                 ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-                    float inv = (float)(1.0 / sum);
-                    if (drop) {
+                    if (drop)
                         dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
-                        for (j = 0; j < nv; j++)
-                            row[j] = row[j] * inv * mrow[j];
-                    } else {
-                        for (j = 0; j < nv; j++)
-                            row[j] *= inv;
-                    }
-                    if (kend > nv)
-                        memset(row + nv, 0, sizeof(float) * (size_t)(kend - nv));
+                    double sum = exp_row(row, nv, kend, mx, drop ? mrow : NULL);
+                    inv[i] = (float)(1.0 / sum);
                     if (lse)
                         lse[bh * T + t] = (float)(mx + log(sum));
                 }
                 /* O[r0 : kend] (nr, hs) = P (nr, kend) · V[0 : kend] */
                 ddp__sgemm(false, false, nr, hs, kend, 1.0f, S, ld, V, C3, 0.0f, O + (size_t)r0 * C,
                            C);
+                for (int i = 0; i < nr; i++) {
+                    float *o = O + (size_t)(r0 + i) * C;
+                    for (int e = 0; e < hs; e++)
+                        o[e] *= inv[i];
+                }
             }
         }
 }
@@ -151,25 +211,9 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
                 for (int i = 0; i < nr; i++) {
                     int t = r0 + i, nv = t + 1;
                     float *prow = P + (size_t)i * ld, *drow = dP + (size_t)i * ld;
-                    float L = lse[bh * T + t];
-                    for (int j = 0; j < nv; j++)
-                        prow[j] = ddp__fast_expf(prow[j] - L);
-                    if (drop) {
-                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
-                        for (int j = 0; j < nv; j++)
-                            drow[j] *= mrow[j];
-                    }
-                    /* softmax backward: dS = P ∘ (dP − Σ_j P·dP) */
-                    float D = (float)ddp__dot_f64(prow, drow, nv);
-                    for (int j = 0; j < nv; j++)
-                        drow[j] = prow[j] * (drow[j] - D);
                     if (drop)
-                        for (int j = 0; j < nv; j++)
-                            prow[j] *= mrow[j];
-                    if (kend > nv) {
-                        memset(prow + nv, 0, sizeof(float) * (size_t)(kend - nv));
-                        memset(drow + nv, 0, sizeof(float) * (size_t)(kend - nv));
-                    }
+                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
+                    softmax_backward_row(prow, drow, nv, kend, lse[bh * T + t], drop ? mrow : NULL);
                 }
                 /* dV[0 : kend] += P_droppedᵀ · dO_b;  dQ_b = scale · dS · K;
                  * dK[0 : kend] += scale · dSᵀ · Q_b */

@@ -71,39 +71,81 @@ void ddp_nn_embedding_backward(const float *dx, const int32_t *idx, int B, int T
 
 /* ---- layernorm ------------------------------------------------------------------------------- */
 
+/* One row of the forward: y = (x − mean)·rstd·weight (+ bias); returns mean and rstd. */
+DDP__VEC static void ln_fwd_row(const float *xr, const float *weight, const float *bias, int C,
+                                float eps, float *yr, float *mean, float *rstd)
+{
+    /* Two passes in double: the mean, then the biased variance around it. */
+    double mu = ddp__sum_f64(xr, C) / C;
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+        for (int k = 0; k < 8; k++) {
+            double d = xr[c + k] - mu;
+            a[k] += d * d;
+        }
+    for (int k = 0; c < C; c++, k++) {
+        double d = xr[c] - mu;
+        a[k] += d * d;
+    }
+    double var = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / C;
+    float m = (float)mu, rs = (float)(1.0 / sqrt(var + eps));
+    if (bias)
+        for (c = 0; c < C; c++)
+            yr[c] = (xr[c] - m) * rs * weight[c] + bias[c];
+    else
+        for (c = 0; c < C; c++)
+            yr[c] = (xr[c] - m) * rs * weight[c];
+    *mean = m, *rstd = rs;
+}
+
 void ddp_nn_layernorm_forward(const float *x, const float *weight, const float *bias, int N, int C,
                               float eps, float *y, float *mean, float *rstd)
 {
     if (C <= 0)
         return;
     for (int r = 0; r < N; r++) {
-        const float *xr = x + (size_t)r * C;
-        float *yr = y + (size_t)r * C;
-        /* Two passes in double: the mean, then the biased variance around it. */
-        double mu = ddp__sum_f64(xr, C) / C;
-        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int c = 0;
-        for (; c + 8 <= C; c += 8)
-            for (int k = 0; k < 8; k++) {
-                double d = xr[c + k] - mu;
-                a[k] += d * d;
-            }
-        for (int k = 0; c < C; c++, k++) {
-            double d = xr[c] - mu;
-            a[k] += d * d;
-        }
-        double var = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / C;
-        float m = (float)mu, rs = (float)(1.0 / sqrt(var + eps));
-        if (bias)
-            for (c = 0; c < C; c++)
-                yr[c] = (xr[c] - m) * rs * weight[c] + bias[c];
-        else
-            for (c = 0; c < C; c++)
-                yr[c] = (xr[c] - m) * rs * weight[c];
+        float m, rs;
+        ln_fwd_row(x + (size_t)r * C, weight, bias, C, eps, y + (size_t)r * C, &m, &rs);
         if (mean)
             mean[r] = m;
         if (rstd)
             rstd[r] = rs;
+    }
+}
+
+/* One row of the backward; dr may be gr or NULL. */
+DDP__VEC static void ln_bwd_row(const float *gr, const float *xr, const float *weight, float m,
+                                float rs, int C, float *dr, float *dweight, float *dbias)
+{
+    /* Parameter gradients before dx is written: dx may be dy. */
+    if (dweight)
+        for (int c = 0; c < C; c++)
+            dweight[c] += gr[c] * ((xr[c] - m) * rs);
+    if (dbias)
+        for (int c = 0; c < C; c++)
+            dbias[c] += gr[c];
+    if (!dr)
+        return;
+    /* With x̂ = (x − mean)·rstd and g = dy·weight: dx = rstd · (g − mean(g) − x̂ · mean(g·x̂)). */
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= C; c += 8)
+        for (int k = 0; k < 8; k++) {
+            float g = gr[c + k] * weight[c + k], xh = (xr[c + k] - m) * rs;
+            a[k] += g;
+            b[k] += (double)g * xh;
+        }
+    for (int k = 0; c < C; c++, k++) {
+        float g = gr[c] * weight[c], xh = (xr[c] - m) * rs;
+        a[k] += g;
+        b[k] += (double)g * xh;
+    }
+    float mg = (float)((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / C);
+    float mgx = (float)((((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]))) / C);
+    for (c = 0; c < C; c++) {
+        float xh = (xr[c] - m) * rs;
+        dr[c] = rs * (gr[c] * weight[c] - mg - xh * mgx);
     }
 }
 
@@ -113,50 +155,9 @@ void ddp_nn_layernorm_backward(const float *dy, const float *x, const float *wei
 {
     if (C <= 0)
         return;
-    for (int r = 0; r < N; r++) {
-        const float *xr = x + (size_t)r * C, *gr = dy + (size_t)r * C;
-        float m = mean[r], rs = rstd[r];
-        if (dx) {
-            /* With x̂ = (x − mean)·rstd and g = dy·weight:
-             * dx = rstd · (g − mean(g) − x̂ · mean(g·x̂)). */
-            double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int c = 0;
-            for (; c + 8 <= C; c += 8)
-                for (int k = 0; k < 8; k++) {
-                    float g = gr[c + k] * weight[c + k], xh = (xr[c + k] - m) * rs;
-                    a[k] += g;
-                    b[k] += (double)g * xh;
-                }
-            for (int k = 0; c < C; c++, k++) {
-                float g = gr[c] * weight[c], xh = (xr[c] - m) * rs;
-                a[k] += g;
-                b[k] += (double)g * xh;
-            }
-            float mg =
-                (float)((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / C);
-            float mgx =
-                (float)((((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]))) / C);
-            /* Parameter gradients before dx is written: dx may be dy. */
-            if (dweight)
-                for (c = 0; c < C; c++)
-                    dweight[c] += gr[c] * ((xr[c] - m) * rs);
-            if (dbias)
-                for (c = 0; c < C; c++)
-                    dbias[c] += gr[c];
-            float *dr = dx + (size_t)r * C;
-            for (c = 0; c < C; c++) {
-                float xh = (xr[c] - m) * rs;
-                dr[c] = rs * (gr[c] * weight[c] - mg - xh * mgx);
-            }
-        } else {
-            if (dweight)
-                for (int c = 0; c < C; c++)
-                    dweight[c] += gr[c] * ((xr[c] - m) * rs);
-            if (dbias)
-                for (int c = 0; c < C; c++)
-                    dbias[c] += gr[c];
-        }
-    }
+    for (int r = 0; r < N; r++)
+        ln_bwd_row(dy + (size_t)r * C, x + (size_t)r * C, weight, mean[r], rstd[r], C,
+                   dx ? dx + (size_t)r * C : NULL, dweight, dbias);
 }
 
 /* ---- GELU, tanh approximation ---------------------------------------------------------------- */
@@ -166,7 +167,7 @@ void ddp_nn_layernorm_backward(const float *dy, const float *x, const float *wei
 #define GELU_K 0.7978845608028654f /* √(2/π) */
 #define GELU_A 0.044715f
 
-void ddp_nn_gelu_tanh_forward(const float *x, size_t n, float *y)
+DDP__VEC static void gelu_tanh_fwd(const float *x, size_t n, float *y)
 {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
@@ -175,7 +176,7 @@ void ddp_nn_gelu_tanh_forward(const float *x, size_t n, float *y)
     }
 }
 
-void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float *dx)
+DDP__VEC static void gelu_tanh_bwd(const float *dy, const float *x, size_t n, float *dx)
 {
     /* d/dx x·s = s + x·s(1 − s)·2u', with s = σ(2u) and u' = √(2/π)(1 + 3·0.044715x²)
      * (since 1 − tanh²u = 4s(1 − s)). */
@@ -185,6 +186,16 @@ void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float 
         float du = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
         dx[i] = dy[i] * (s + v * s * (1.0f - s) * du);
     }
+}
+
+void ddp_nn_gelu_tanh_forward(const float *x, size_t n, float *y)
+{
+    gelu_tanh_fwd(x, n, y);
+}
+
+void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float *dx)
+{
+    gelu_tanh_bwd(dy, x, n, dx);
 }
 
 /* ---- residual add ---------------------------------------------------------------------------- */
@@ -236,7 +247,7 @@ static ddp_status check_targets(const int32_t *targets, int N, int V, const char
 }
 
 /* log Σ_j exp(l[j]) over a row of V ≥ 1 logits: max, then the sum of exp(l − max) in double. */
-static double row_lse(const float *l, int V)
+DDP__VEC static double row_lse(const float *l, int V)
 {
     float mx = ddp__max_f32(l, V);
     double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -247,6 +258,14 @@ static double row_lse(const float *l, int V)
     for (int k = 0; j < V; j++, k++)
         a[k] += ddp__fast_expf(l[j] - mx);
     return mx + log(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+}
+
+/* d[j] = softmax(l)[j] · g = exp(l[j] − lse) · g over a row of V. d may be l: each element is
+ * read before it is written. */
+DDP__VEC static void softmax_row(const float *l, int V, float lse, float g, float *d)
+{
+    for (int j = 0; j < V; j++)
+        d[j] = ddp__fast_expf(l[j] - lse) * g;
 }
 
 ddp_status ddp_nn_vocab_xent(const float *logits, const int32_t *targets, int N, int V, float scale,
@@ -270,10 +289,8 @@ ddp_status ddp_nn_vocab_xent(const float *logits, const int32_t *targets, int N,
         }
         double lse = row_lse(l, V);
         total += lse - l[y];
-        if (d) { /* d may be l: each element is read before it is written */
-            float flse = (float)lse;
-            for (int j = 0; j < V; j++)
-                d[j] = ddp__fast_expf(l[j] - flse) * g;
+        if (d) {
+            softmax_row(l, V, (float)lse, g, d);
             d[y] -= g;
         }
     }

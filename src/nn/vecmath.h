@@ -18,6 +18,21 @@
 #include <stdint.h>
 #include <string.h>
 
+/* DDP__VEC on a hot loop's function: GCC (or clang) compiles it twice, for AVX2 and for the
+ * x86-64 baseline (SSE2), and the loader picks one for the CPU it runs on (target_clones, an
+ * ifunc). The loops are otherwise plain C, and the two clones give the same bits: ISO C mode
+ * (-std=c11) turns off FMA contraction, the AVX2 target has no FMA anyway, and every reduction
+ * runs in explicit lanes whose order does not depend on the vector width. Elsewhere it is
+ * nothing, and the baseline build serves. */
+#if !defined(DDP__VEC) && defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DDP__VEC __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef DDP__VEC /* or -DDDP__VEC= for the baseline build alone */
+#define DDP__VEC
+#endif
+
 static inline float ddp__fast_expf(float x)
 {
     /* Integer selects only: a float ?: is control flow that GCC will not vectorise under the
@@ -53,6 +68,17 @@ static inline float ddp__fast_expf(float x)
     return y;
 }
 
+/* v if keep, else +0: a select GCC vectorises (a float ?: is control flow to it under
+ * -ftrapping-math). */
+static inline float ddp__keep_f32(float v, int keep)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b &= (uint32_t)0 - (uint32_t)(keep != 0);
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
 /* GCC keeps a sum over a float loop in order (no -ffast-math), which is one long chain of
  * dependent additions; eight independent lanes let it vectorise, and in double they lose no digits
  * over a row. The result depends on n only, not on alignment: the same row gives the same bits. */
@@ -81,24 +107,24 @@ static inline double ddp__dot_f64(const float *x, const float *y, int n)
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-/* max x[i] over n ≥ 1 values. A NaN may or may not win (callers go on to sum exp(x − max), which
- * carries any NaN into their result). Eight independent chains: the select does not vectorise
- * under -ftrapping-math, but the chains pipeline. */
+/* max x[i] over n ≥ 1 values, exactly. A float ?: does not vectorise under the default
+ * -ftrapping-math, so the comparison is done on integers: flipping the magnitude bits of negative
+ * floats makes their bit patterns order like the values (−0 just below +0). A NaN with its sign
+ * bit clear orders above +inf and wins (callers then carry it into their result); one with the
+ * sign bit set loses. Signed >> is arithmetic on every compiler we build with (GCC, clang). */
 static inline float ddp__max_f32(const float *x, int n)
 {
-    float a[8];
-    for (int k = 0; k < 8; k++)
-        a[k] = x[0];
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            a[k] = x[i + k] > a[k] ? x[i + k] : a[k];
-    for (; i < n; i++)
-        a[0] = x[i] > a[0] ? x[i] : a[0];
-    float m = a[0];
-    for (int k = 1; k < 8; k++)
-        m = a[k] > m ? a[k] : m;
-    return m;
+    int32_t m = INT32_MIN;
+    for (int i = 0; i < n; i++) {
+        int32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        b ^= (b >> 31) & 0x7fffffff;
+        m = b > m ? b : m;
+    }
+    m ^= (m >> 31) & 0x7fffffff;
+    float r;
+    memcpy(&r, &m, sizeof r);
+    return r;
 }
 
 #endif /* DDP_NN_VECMATH_H */

@@ -13,8 +13,15 @@
  *   xent N V SCALE INPLACE                 in: logits targets (int32)
  *                                          out: loss (float64) dlogits loss_sum (float64)
  *                                               count (int32) row_loss
+ *   gpt L C NH P V BIAS B T                a whole GPT (tiny_gpt.h), loss and gradients:
+ *                                          in: params idx targets (int32, B·T each)
+ *                                          out: loss (float64) grads
  *   bench_attention B T C NH P REPS        no files: prints the median milliseconds of
  *                                          forward, backward and both over REPS runs
+ *   bench_gpt L C NH P V BIAS B DROPOUT REPS
+ *                                          no files: the median milliseconds of a training
+ *                                          step (zero grads, forward, backward, AdamW) on
+ *                                          random tokens, T = P, attention dropout DROPOUT
  * Input NAME is read from DIR/NAME.bin, output NAME written to DIR/out_NAME.bin, raw
  * little-endian float32 unless noted. Parameter gradients start from the input files' values
  * and accumulate, so the accumulation is checked too. attention's mask is the documented keep
@@ -28,6 +35,7 @@
 #include <time.h>
 
 #include "ddp/nn.h"
+#include "tiny_gpt.h"
 
 static const char *dir;
 static void *allocs[32]; /* everything allocated, freed at the end (for LeakSanitizer) */
@@ -139,6 +147,49 @@ static void bench_attention(int B, int T, int C, int nh, float p, int reps)
            B, T, C, nh, (double)p, median(tf, reps), median(tb, reps), median(tt, reps), reps);
 }
 
+/* Random tokens in [0, V). */
+static void tokens(int32_t *t, size_t n, int V, uint64_t stream)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int32_t)(ddp_nn_rand_u64(3, stream, i) % (uint64_t)V);
+}
+
+/* Times whole training steps of tiny_gpt and prints the medians of their parts. */
+static void bench_gpt(const tiny_gpt_cfg *c, int B, int reps)
+{
+    tiny_gpt *m = tiny_gpt_new(c, B);
+    if (!m)
+        die("cannot build the model", "bench_gpt");
+    size_t n = tiny_gpt_n_params(m), N = (size_t)B * c->P;
+    float *p = tiny_gpt_params(m), *g = tiny_gpt_grads(m), *m1 = zalloc(n), *m2 = zalloc(n);
+    ddp_nn_init_normal(p, n, 0.02f, 1, 0);
+    int32_t *idx = track(calloc(N, sizeof(int32_t))), *tg = track(calloc(N, sizeof(int32_t)));
+    double *tf = track(calloc((size_t)reps, sizeof(double)));
+    double *tb = track(calloc((size_t)reps, sizeof(double)));
+    double *to = track(calloc((size_t)reps, sizeof(double)));
+    double *tt = track(calloc((size_t)reps, sizeof(double)));
+    double loss = 0;
+    for (int r = -2; r < reps; r++) { /* two warm-up steps */
+        tokens(idx, N, c->V, 2 * (uint64_t)(r + 2)), tokens(tg, N, c->V, 2 * (uint64_t)(r + 2) + 1);
+        double t0 = now_ms();
+        memset(g, 0, sizeof(float) * n);
+        if (tiny_gpt_forward(m, idx, tg, B, c->P, (uint64_t)(r + 2), &loss))
+            die("forward failed", "bench_gpt");
+        double t1 = now_ms();
+        tiny_gpt_backward(m, (uint64_t)(r + 2));
+        double t2 = now_ms();
+        ddp_nn_adamw_step(p, g, m1, m2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, (uint64_t)(r + 3));
+        double t3 = now_ms();
+        if (r >= 0)
+            tf[r] = t1 - t0, tb[r] = t2 - t1, to[r] = t3 - t2, tt[r] = t3 - t0;
+    }
+    printf("ddpc gpt L=%d C=%d nh=%d T=%d B=%d V=%d bias=%d dropout=%g (%zu params): step %.3f ms "
+           "(forward %.3f, backward %.3f, adamw %.3f; median of %d), loss %.4f\n",
+           c->L, c->C, c->nh, c->P, B, c->V, c->bias, (double)c->attn_dropout, n, median(tt, reps),
+           median(tf, reps), median(tb, reps), median(to, reps), reps, loss);
+    tiny_gpt_free(m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -235,6 +286,27 @@ int main(int argc, char **argv)
         wr("loss", &loss, 1, sizeof loss), wrf("dlogits", d, n);
         wr("loss_sum", &sum, 1, sizeof sum), wr("count", &count, 1, sizeof count);
         wrf("row_loss", rl, N);
+    } else if (!strcmp(op, "gpt")) {
+        tiny_gpt_cfg c = {(int)a[0], (int)a[1], (int)a[2], (int)a[3], (int)a[4], a[5] != 0, 0.0f};
+        int B = (int)a[6], T = (int)a[7];
+        tiny_gpt *m = tiny_gpt_new(&c, B);
+        if (!m)
+            die("cannot build the model", op);
+        size_t n = tiny_gpt_n_params(m), N = (size_t)B * T;
+        memcpy(tiny_gpt_params(m), rdf("params", n), sizeof(float) * n);
+        int32_t *idx = rd("idx", N, sizeof(int32_t)), *tg = rd("targets", N, sizeof(int32_t));
+        double loss = 0;
+        if (tiny_gpt_forward(m, idx, tg, B, T, 0, &loss)) {
+            tiny_gpt_free(m);
+            die("forward failed", op);
+        }
+        tiny_gpt_backward(m, 0);
+        wr("loss", &loss, 1, sizeof loss), wrf("grads", tiny_gpt_grads(m), n);
+        tiny_gpt_free(m);
+    } else if (!strcmp(op, "bench_gpt")) {
+        tiny_gpt_cfg c = {(int)a[0], (int)a[1], (int)a[2],  (int)a[3],
+                          (int)a[4], a[5] != 0, (float)a[7]};
+        bench_gpt(&c, (int)a[6], (int)a[8]);
     } else if (!strcmp(op, "bench_attention")) {
         bench_attention((int)a[0], (int)a[1], (int)a[2], (int)a[3], (float)a[4], (int)a[5]);
     } else {
