@@ -13,6 +13,9 @@ Tolerances, as the largest error relative to the tensor's scale, max|ddpc - torc
   TOL_LOSS   1e-5  losses, relative: |ddpc - torch| / |torch|.
 For information, the same error of torch float32 itself against torch float64 is printed for the
 attention and cross-entropy cases: ddpc should be as close to float64 as torch is.
+Last, a whole GPT (tests/python/tiny_gpt.c: nanoGPT's model composed from these layers, tied
+lm_head, with and without biases) against the same model in torch: the loss within TOL_LOSS and
+the gradient of every parameter within TOL_GRAD.
 Parameter gradients start from nonzero values, so accumulation (+=) is checked as well.
 Usage: test_transformer_torch.py BINDIR  (runs BINDIR/transformer_dump; skips, exit 77, without
 torch)"""
@@ -67,6 +70,8 @@ def scaled_err(got, want):
 
 def record(kind, case, name, err, tol, ok, extra=""):
     global passed, failed
+    if case.startswith("gpt"):
+        kind = "gpt " + kind
     if err > worst_all.get(kind, (0.0, ""))[0]:
         worst_all[kind] = (err, f"{case} {name}")
     if ok:
@@ -259,6 +264,71 @@ def xent(d, N, V, scale, inplace, n_ignored=0, spread=3.0, shift=0.0, verbose=Fa
         check(case, "dlogits", r["dlogits"], logits.grad, TOL_GRAD)
 
 
+def gpt_params(L, C, P, V, bias):
+    """nanoGPT-shaped parameters in tiny_gpt.h's flat order: (name, tensor) pairs."""
+    std = 0.2  # larger than GPT-2's 0.02, so that every layer matters to the loss
+    ps = [("wte", torch.randn(V, C) * std), ("wpe", torch.randn(P, C) * std)]
+    for l in range(L):
+        for name, shape, kind in (("ln_1.weight", (C,), "ln"), ("ln_1.bias", (C,), "b"),
+                                  ("attn.c_attn.weight", (3 * C, C), "w"),
+                                  ("attn.c_attn.bias", (3 * C,), "b"),
+                                  ("attn.c_proj.weight", (C, C), "w"),
+                                  ("attn.c_proj.bias", (C,), "b"),
+                                  ("ln_2.weight", (C,), "ln"), ("ln_2.bias", (C,), "b"),
+                                  ("mlp.c_fc.weight", (4 * C, C), "w"),
+                                  ("mlp.c_fc.bias", (4 * C,), "b"),
+                                  ("mlp.c_proj.weight", (C, 4 * C), "w"),
+                                  ("mlp.c_proj.bias", (C,), "b")):
+            if kind == "b" and not bias:
+                continue
+            t = 1 + 0.1 * torch.randn(shape) if kind == "ln" else torch.randn(shape) * std
+            ps.append((f"h.{l}.{name}", t))
+    ps.append(("ln_f.weight", 1 + 0.1 * torch.randn(C)))
+    if bias:
+        ps.append(("ln_f.bias", 0.1 * torch.randn(C)))
+    return [(n, t.requires_grad_(True)) for n, t in ps]
+
+
+def torch_gpt_loss(p, idx, targets, L, C, nh, bias):
+    """nanoGPT's GPT.forward with targets, from the named parameters p."""
+    B, T = idx.shape
+    x = F.embedding(idx, p["wte"]) + p["wpe"][:T]
+    for l in range(L):
+        w = {k[len(f"h.{l}."):]: v for k, v in p.items() if k.startswith(f"h.{l}.")}
+        ln1 = F.layer_norm(x, (C,), w["ln_1.weight"], w.get("ln_1.bias"), 1e-5)
+        qkv = F.linear(ln1, w["attn.c_attn.weight"], w.get("attn.c_attn.bias"))
+        y, _ = torch_attention(qkv, B, T, C, nh)
+        x = x + F.linear(y, w["attn.c_proj.weight"], w.get("attn.c_proj.bias"))
+        ln2 = F.layer_norm(x, (C,), w["ln_2.weight"], w.get("ln_2.bias"), 1e-5)
+        h = F.gelu(F.linear(ln2, w["mlp.c_fc.weight"], w.get("mlp.c_fc.bias")),
+                   approximate="tanh")
+        x = x + F.linear(h, w["mlp.c_proj.weight"], w.get("mlp.c_proj.bias"))
+    x = F.layer_norm(x, (C,), p["ln_f.weight"], p.get("ln_f.bias"), 1e-5)
+    logits = F.linear(x, p["wte"])
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def gpt(d, L, C, nh, P, V, bias, B, T):
+    """The whole model composed from the layers (tiny_gpt.c) against the same model in torch."""
+    named = gpt_params(L, C, P, V, bias)
+    idx = torch.randint(0, V, (B, T), dtype=torch.int32)
+    targets = torch.randint(0, V, (B, T), dtype=torch.int32)
+    targets[0, :2] = -1
+    p = dict(named)
+    loss = torch_gpt_loss(p, idx.long(), targets.long(), L, C, nh, bias)
+    loss.backward()
+    flat = torch.cat([t.detach().reshape(-1) for _, t in named])
+    r = run(d, "gpt", dict(params=flat, idx=idx.numpy(), targets=targets.numpy()),
+            [L, C, nh, P, V, int(bias), B, T], dict(loss=np.float64, grads=np.float32))
+    case = f"gpt L={L} C={C} nh={nh} block={P} V={V} bias={bias} B={B} T={T}"
+    check_loss(case, "loss", r["loss"], loss)
+    off = 0
+    for name, t in named:
+        n = t.numel()
+        check(case, "d" + name, r["grads"][off:off + n], t.grad, TOL_GRAD)
+        off += n
+
+
 with tempfile.TemporaryDirectory(prefix="ddp-gpt-") as d:
     embedding(d, 3, 7, 16, 50, 10)
     embedding_bad_id(d)
@@ -278,6 +348,8 @@ with tempfile.TemporaryDirectory(prefix="ddp-gpt-") as d:
     xent(d, 20, 50, 0.5, True, n_ignored=0)
     xent(d, 6, 50257, 1.0, True, n_ignored=1, spread=5.0, shift=30.0, verbose=True)  # GPT-2 V
     xent(d, 4, 11, 1.0, False, n_ignored=4)  # everything ignored
+    gpt(d, 2, 32, 4, 16, 50, True, 3, 16)
+    gpt(d, 2, 48, 3, 80, 70, False, 2, 70)   # no biases; T < block_size, two attention blocks
 
 for kind, (err, where) in sorted(worst_all.items()):
     print(f"largest {kind} error {err:.3g} ({where})")
