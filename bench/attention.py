@@ -5,7 +5,8 @@ qkv (B, T, 3C), the saved log-sum-exp, blockwise recompute). PyTorch: nanoGPT's
 CausalSelfAttention between c_attn and c_proj as torch 1.13 runs it (the manual path: q·kᵀ,
 masked_fill, softmax, dropout, att·v; 1.13 has no scaled_dot_product_attention), forward then
 backward from qkv. Both report the median over REPS runs after two warm-up runs.
-Usage: bench/attention.py BINDIR [REPS]   (e.g. bench/attention.py build/bin 21)
+The two alternate REPEATS times and the ratio is taken per pair (the host's speed drifts).
+Usage: bench/attention.py BINDIR [REPS] [REPEATS]   (e.g. bench/attention.py build/bin 21 3)
 Shapes: the GPT anchor L2/C128/NH4/T64/B4 and nanoGPT's shakespeare-char L6/C384/NH6/T256/B8
 (batch as in the brief), each with attention dropout 0 and 0.2."""
 import math
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 torch.set_num_threads(1)
 BIN = os.path.join(sys.argv[1], "transformer_dump")
 REPS = int(sys.argv[2]) if len(sys.argv) > 2 else 21
+REPEATS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 SHAPES = [(4, 64, 128, 4), (8, 256, 384, 6)]
 
 
@@ -63,11 +65,16 @@ def bench_torch(B, T, C, nh, p):
 env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 for B, T, C, nh in SHAPES:
     for p in (0.0, 0.2):
-        line, t_torch = bench_torch(B, T, C, nh, p)
-        out = subprocess.run([BIN, "/nonexistent", "bench_attention", str(B), str(T), str(C),
-                              str(nh), repr(p), str(REPS)], check=True, env=env,
-                             capture_output=True, text=True).stdout.strip()
-        t_ddpc = float(out.split("both ")[1].split(" ms")[0])
-        print(line)
-        print(out)
-        print(f"  -> ddpc is {t_torch / t_ddpc:.2f}x torch")
+        ratios, tt, td = [], [], []
+        for rep in range(REPEATS):
+            line, t_torch = bench_torch(B, T, C, nh, p)
+            out = subprocess.run([BIN, "/nonexistent", "bench_attention", str(B), str(T), str(C),
+                                  str(nh), repr(p), str(REPS)], check=True, env=env,
+                                 capture_output=True, text=True).stdout.strip()
+            t_ddpc = float(out.split("both ")[1].split(" ms")[0])
+            ratios.append(t_torch / t_ddpc), tt.append(t_torch), td.append(t_ddpc)
+            print("  " + line)
+            print("  " + out)
+        print(f"B={B} T={T} C={C} nh={nh} p={p:g}: forward+backward torch "
+              f"{statistics.median(tt):.3f} ms, ddpc {statistics.median(td):.3f} ms, ddpc is "
+              f"{statistics.median(ratios):.2f}x torch (median of {REPEATS} pairs)")

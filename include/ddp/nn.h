@@ -308,11 +308,13 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err);
  * into heads of hs as view(B, T, nh, hs).transpose(1, 2) does. 0 < T ≤ a->max_T.
  * lse (B, nh, T) receives the log-sum-exp of each query row's scaled scores, all the backward
  * needs besides qkv (no T×T probabilities are kept); NULL when no backward follows.
- * Dropout (train and a->dropout > 0): probability (b, h, t, j) is kept, and scaled by 1/(1 − p),
- * iff ddp_nn_rand_u64(seed, step, offset + ((b·nh + h)·T + t)·T + j) passes the test of
- * ddp_nn_dropout_forward; no mask is stored: the backward regenerates it from the same
+ * Dropout (train and a->dropout > 0): query row (b, h, t) has the key
+ * k = ddp_nn_rand_u64(seed, step, offset + (b·nh + h)·T + t), and its probability j is kept,
+ * and scaled by 1/(1 − p), iff fmix32(hi(k) ^ (lo(k) + j·0x9e3779b9)) ≥ p·2³² (32-bit
+ * arithmetic; fmix32 is MurmurHash3's finaliser: x ^= x >> 16; x *= 0x85ebca6b; x ^= x >> 13;
+ * x *= 0xc2b2ae35; x ^= x >> 16). No mask is stored: the backward regenerates it from the same
  * (seed, step, offset), which must be passed unchanged. Use a seed per layer, and
- * offset = (global index of the first sequence)·nh·T·T to make the masks independent of how the
+ * offset = (global index of the first sequence)·nh·T to make the masks independent of how the
  * batch is split over ranks. train false, or p 0, is plain attention.
  * scratch: a->scratch_floats floats, the caller's (one buffer may serve every layer), contents
  * undefined after the call. */

@@ -53,13 +53,24 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
 }
 
 /* The attention dropout of one query row: mrow[j] (j < n) = 1/(1 − p) if probability j is kept,
- * else 0, by the same rule as ddp_nn_dropout_forward with element index base + j. */
-static void dropout_row(float *mrow, int n, uint64_t seed, uint64_t step, uint64_t base, float p)
+ * else 0. key = ddp_nn_rand_u64(seed, step, the row's index) (one 64-bit hash per row); within the
+ * row, j is kept iff fmix32(hi(key) ^ (lo(key) + j·0x9e3779b9)) ≥ p·2³², where fmix32 is
+ * MurmurHash3's 32-bit finaliser (a bijection with full avalanche). A call of the 64-bit hash per
+ * probability cost more than the softmax; 32-bit integer products vectorise. */
+DDP__VEC static void dropout_row(float *mrow, int n, uint64_t key, float p)
 {
-    uint64_t thresh = (uint64_t)((double)p * 4294967296.0);
+    uint32_t thresh = (uint32_t)((double)p * 4294967296.0); /* p < 1: fits */
+    uint32_t hi = (uint32_t)(key >> 32), lo = (uint32_t)key;
     float keep = 1.0f / (1.0f - p);
-    for (int j = 0; j < n; j++)
-        mrow[j] = (ddp_nn_rand_u64(seed, step, base + (uint64_t)j) >> 32) >= thresh ? keep : 0.0f;
+    for (int j = 0; j < n; j++) {
+        uint32_t x = hi ^ (lo + (uint32_t)j * 0x9e3779b9u);
+        x ^= x >> 16;
+        x *= 0x85ebca6bu;
+        x ^= x >> 13;
+        x *= 0xc2b2ae35u;
+        x ^= x >> 16;
+        mrow[j] = ddp__keep_f32(keep, x >= thresh);
+    }
 }
 
 /* The row helpers below work on a whole row of the block, [0, kend): the n = t + 1 visible keys
@@ -165,7 +176,8 @@ void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B
                     float *row = S + (size_t)i * ld;
                     float mx = ddp__max_f32(row, nv);
                     if (drop)
-                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
+                        dropout_row(mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
+                                    a->dropout);
                     double sum = exp_row(row, nv, kend, mx, drop ? mrow : NULL);
                     inv[i] = (float)(1.0 / sum);
                     if (lse)
@@ -212,7 +224,8 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
                     int t = r0 + i, nv = t + 1;
                     float *prow = P + (size_t)i * ld, *drow = dP + (size_t)i * ld;
                     if (drop)
-                        dropout_row(mrow, nv, seed, step, offset + (bh * T + t) * T, a->dropout);
+                        dropout_row(mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
+                                    a->dropout);
                     softmax_backward_row(prow, drow, nv, kend, lse[bh * T + t], drop ? mrow : NULL);
                 }
                 /* dV[0 : kend] += P_droppedᵀ · dO_b;  dQ_b = scale · dS · K;

@@ -255,10 +255,17 @@ int main(int argc, char **argv)
             size_t nm = nl * (size_t)T;
             float *mask = zalloc(nm);
             uint64_t thresh = (uint64_t)((double)p * 4294967296.0);
-            for (size_t i = 0; i < nm; i++)
-                mask[i] = (ddp_nn_rand_u64(seed, step, offset + i) >> 32) >= thresh
-                              ? 1.0f / (1.0f - p)
-                              : 0.0f;
+            for (size_t row = 0; row < nl; row++) {
+                uint64_t key = ddp_nn_rand_u64(seed, step, offset + row);
+                uint32_t hi = (uint32_t)(key >> 32), lo = (uint32_t)key;
+                for (int j = 0; j < T; j++) {
+                    uint32_t x = hi ^ (lo + (uint32_t)j * 0x9e3779b9u);
+                    x = (x ^ (x >> 16)) * 0x85ebca6bu;
+                    x = (x ^ (x >> 13)) * 0xc2b2ae35u;
+                    x ^= x >> 16;
+                    mask[row * T + j] = x >= thresh ? 1.0f / (1.0f - p) : 0.0f;
+                }
+            }
             wrf("mask", mask, nm);
         }
     } else if (!strcmp(op, "lm_head")) {

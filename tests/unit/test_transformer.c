@@ -350,6 +350,15 @@ static double attn_loss(void *p)
     return weighted_sum(c->out, c->r, (size_t)c->B * c->T * c->a.C);
 }
 
+/* The documented attention-dropout hash of key j within a row whose key is `key`. */
+static uint32_t attn_hash(uint64_t key, int j)
+{
+    uint32_t x = (uint32_t)(key >> 32) ^ ((uint32_t)key + (uint32_t)j * 0x9e3779b9u);
+    x = (x ^ (x >> 16)) * 0x85ebca6bu;
+    x = (x ^ (x >> 13)) * 0xc2b2ae35u;
+    return x ^ (x >> 16);
+}
+
 /* The naive reference: per (b, h, t) the whole causal softmax in double, the documented dropout
  * rule, then the weighted sum of v. */
 static void attn_reference(const attn_ctx *c, double *out, double *lse)
@@ -381,8 +390,9 @@ static void attn_reference(const attn_ctx *c, double *out, double *lse)
                 for (int j = 0; j <= t; j++) {
                     double w = exp(s[j] - mx) / sum;
                     if (p > 0) {
-                        uint64_t i = ATT_OFFSET + (((uint64_t)b * nh + h) * T + t) * T + j;
-                        bool keep = (ddp_nn_rand_u64(ATT_SEED, ATT_STEP, i) >> 32) >= thresh;
+                        uint64_t row = ATT_OFFSET + ((uint64_t)b * nh + h) * T + t;
+                        bool keep =
+                            attn_hash(ddp_nn_rand_u64(ATT_SEED, ATT_STEP, row), j) >= thresh;
                         w = keep ? w / (1 - p) : 0;
                     }
                     const float *v = c->qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
