@@ -4,7 +4,8 @@
  * and the softmax cross-entropy over a vocabulary, plus the normal initialiser GPT-2 uses.
  *
  * The hot loops are plain C that GCC vectorises at -O3 (exp() from vecmath.h instead of libm,
- * reductions in independent lanes); every matrix product goes through ddp__sgemm. Row statistics
+ * reductions in independent lanes), compiled twice where the CPU may have AVX2 (DDP__VEC, the same
+ * bits either way); every matrix product goes through ddp__sgemm. Row statistics
  * (layernorm's mean and variance, the softmax's sum) are accumulated in double and rounded once,
  * elementwise work stays in float like torch's. No threads of our own, no state between calls.
  * What it does not do: fuse layers together (the model composes them), or run on a GPU.
