@@ -24,7 +24,17 @@
  * (-std=c11) turns off FMA contraction, the AVX2 target has no FMA anyway, and every reduction
  * runs in explicit lanes whose order does not depend on the vector width. Elsewhere it is
  * nothing, and the baseline build serves. */
-#if !defined(DDP__VEC) && defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+/* Not under ThreadSanitizer: the loader runs the clones' resolver before TSan's runtime is up, and
+ * the instrumented resolver crashes the program at start (GCC 12). */
+#if defined(__SANITIZE_THREAD__)
+#define DDP__NO_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DDP__NO_CLONES
+#endif
+#endif
+#if !defined(DDP__VEC) && !defined(DDP__NO_CLONES) && defined(__x86_64__) && defined(__linux__) && \
+    defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define DDP__VEC __attribute__((target_clones("avx2", "default")))
 #endif
