@@ -160,12 +160,12 @@ int main(int argc, char **argv)
     init(&m, H, seed);
     /* DDP: register the parameters; gradients become views into the reducer's buckets. */
     ddp_param params[] = {
-        {"fc1.weight", (size_t)H * D_IN, DDP_FLOAT32, m.w1},
-        {"fc1.bias", (size_t)H, DDP_FLOAT32, m.b1},
-        {"fc2.weight", (size_t)H * H, DDP_FLOAT32, m.w2},
-        {"fc2.bias", (size_t)H, DDP_FLOAT32, m.b2},
-        {"fc3.weight", (size_t)N_CLASSES * H, DDP_FLOAT32, m.w3},
-        {"fc3.bias", N_CLASSES, DDP_FLOAT32, m.b3},
+        {"fc1.weight", (size_t)H * D_IN, DDP_FLOAT32, m.w1, DDP_DEVICE_CPU},
+        {"fc1.bias", (size_t)H, DDP_FLOAT32, m.b1, DDP_DEVICE_CPU},
+        {"fc2.weight", (size_t)H * H, DDP_FLOAT32, m.w2, DDP_DEVICE_CPU},
+        {"fc2.bias", (size_t)H, DDP_FLOAT32, m.b2, DDP_DEVICE_CPU},
+        {"fc3.weight", (size_t)N_CLASSES * H, DDP_FLOAT32, m.w3, DDP_DEVICE_CPU},
+        {"fc3.bias", N_CLASSES, DDP_FLOAT32, m.b3, DDP_DEVICE_CPU},
     };
     enum { NP = sizeof params / sizeof params[0] };
     ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;

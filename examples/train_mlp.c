@@ -98,7 +98,7 @@ int main(int argc, char **argv)
     if (!(rp = calloc(np, sizeof *rp)))
         goto out;
     for (size_t i = 0; i < np; i++)
-        rp[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data};
+        rp[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data, DDP_DEVICE_CPU};
     if (ddp_reducer_create(g, rp, np, NULL, 0, NULL, &red, &err)) {
         rc = fail("reducer", err.msg);
         goto out;

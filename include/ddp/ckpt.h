@@ -27,20 +27,11 @@
 
 #include "ddp/model.h"
 #include "ddp/status.h"
+#include "ddp/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ddp_ckpt_dtype {
-    DDP_CKPT_F32 = 0, /* "F32"  float */
-    DDP_CKPT_F64,     /* "F64"  double */
-    DDP_CKPT_BF16,    /* "BF16" bfloat16 (the high half of a float32) */
-    DDP_CKPT_F16,     /* "F16"  IEEE half */
-    DDP_CKPT_I32,     /* "I32"  int32_t */
-    DDP_CKPT_I64,     /* "I64"  int64_t */
-    DDP_CKPT_U8,      /* "U8"   uint8_t */
-} ddp_ckpt_dtype;
 
 #define DDP_CKPT_MAX_DIMS 8
 
@@ -49,16 +40,13 @@ typedef enum ddp_ckpt_dtype {
  * ndim 0 is a scalar (one element); a dimension of 0 makes an empty tensor (data may then be
  * NULL on save, and must not be dereferenced on read). */
 typedef struct ddp_ckpt_tensor {
-    const char *name; /* UTF-8, unique in a file, not "__metadata__" */
-    ddp_ckpt_dtype dtype;
+    const char *name;                 /* UTF-8, unique in a file, not "__metadata__" */
+    ddp_dtype dtype;                  /* stored as safetensors "F32" "F64" "BF16" "F16" "I32"
+                                         "I64" "U8" */
     int ndim;                         /* 0 … DDP_CKPT_MAX_DIMS */
     int64_t shape[DDP_CKPT_MAX_DIMS]; /* each ≥ 0; entries past ndim are ignored / zero */
     const void *data;                 /* row-major, little-endian, prod(shape) elements */
 } ddp_ckpt_tensor;
-
-/* Bytes per element (0 for an unknown value) and the format's name ("F32"; "?" if unknown). */
-size_t ddp_ckpt_dtype_size(ddp_ckpt_dtype t);
-const char *ddp_ckpt_dtype_name(ddp_ckpt_dtype t);
 
 /* Writes n tensors and nmeta metadata pairs (meta_keys[i] → meta_vals[i], UTF-8 strings; may be
  * NULL when nmeta is 0) to path, atomically: the file is written as "<path>.tmp.<host>.<pid>" in

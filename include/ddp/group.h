@@ -33,36 +33,12 @@
 
 #include "ddp/status.h"
 #include "ddp/store.h"
+#include "ddp/tensor.h"
 #include "ddp/world.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ddp_dtype {
-    DDP_FLOAT32,
-    DDP_FLOAT64,
-    DDP_BFLOAT16, /* reduced in float32, rounded to nearest even */
-    DDP_FLOAT16,  /* reduced in float32, rounded to nearest even */
-    DDP_INT32,
-    DDP_INT64,
-    DDP_UINT8,
-    DDP_DTYPE_COUNT
-} ddp_dtype;
-
-typedef enum ddp_op {
-    DDP_SUM,
-    DDP_AVG, /* sum / world size; integers divide with truncation toward zero */
-    DDP_MIN,
-    DDP_MAX,
-    DDP_PROD,
-    DDP_OP_COUNT
-} ddp_op;
-
-/* Bytes per element (0 for an invalid dtype); static names ("float32", "sum"), never NULL. */
-size_t ddp_dtype_size(ddp_dtype t);
-const char *ddp_dtype_name(ddp_dtype t);
-const char *ddp_op_name(ddp_op op);
 
 typedef struct ddp_group ddp_group;
 typedef struct ddp_work ddp_work;

@@ -3,7 +3,7 @@
  *
  * The C counterpart of wrapping a model in DistributedDataParallel:
  *
- *   ddp_param params[] = {{"fc1.weight", n1, DDP_FLOAT32, w1}, …};   // registration order
+ *   ddp_param params[] = {{"fc1.weight", n1, DDP_FLOAT32, w1, DDP_DEVICE_CPU}, …}; // in order
  *   ddp_reducer_create(group, params, np, NULL, 0, NULL, &red, &err); // checks + broadcast
  *   float *g1 = ddp_reducer_grad(red, 0);            // gradient of params[0]: write here
  *   for each step:
@@ -63,12 +63,15 @@
 extern "C" {
 #endif
 
-/* A parameter or buffer: plain data, borrowed by the reducer for its whole life. */
+/* A parameter or buffer: plain data, borrowed by the reducer for its whole life. device is last
+ * and DDP_DEVICE_CPU is 0, so an initialiser that leaves it out means host memory (GCC's -Wextra
+ * warns about a positional one that does: name it, as below). */
 typedef struct ddp_param {
-    const char *name; /* unique; checked against every rank's */
-    size_t count;     /* elements */
-    ddp_dtype dtype;  /* float32, float64, bfloat16 or float16 */
-    void *data;       /* values, (count,): broadcast from rank 0 at creation */
+    const char *name;  /* unique; checked against every rank's */
+    size_t count;      /* elements */
+    ddp_dtype dtype;   /* float32, float64, bfloat16 or float16 (buffers: any dtype) */
+    void *data;        /* values, (count,): broadcast from rank 0 at creation */
+    ddp_device device; /* where data lives: DDP_DEVICE_CPU (0) only, for now */
 } ddp_param;
 
 /* How a complete bucket is reduced. */

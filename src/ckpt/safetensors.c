@@ -30,30 +30,23 @@
 #define HEADER_MAX ((uint64_t)100 << 20) /* a larger header is taken for corruption */
 #define META_KEY "__metadata__"
 
-static const struct {
-    const char *name;
-    size_t size;
-} dtypes[] = {
-    [DDP_CKPT_F32] = {"F32", 4}, [DDP_CKPT_F64] = {"F64", 8}, [DDP_CKPT_BF16] = {"BF16", 2},
-    [DDP_CKPT_F16] = {"F16", 2}, [DDP_CKPT_I32] = {"I32", 4}, [DDP_CKPT_I64] = {"I64", 8},
-    [DDP_CKPT_U8] = {"U8", 1},
+/* The format's names for our dtypes (safetensors spells them its own way); sizes are
+ * ddp_dtype_size()'s. Every ddp_dtype has an entry. */
+static const char *const st_names[DDP_DTYPE_COUNT] = {
+    [DDP_FLOAT32] = "F32", [DDP_FLOAT64] = "F64", [DDP_BFLOAT16] = "BF16", [DDP_FLOAT16] = "F16",
+    [DDP_INT32] = "I32",   [DDP_INT64] = "I64",   [DDP_UINT8] = "U8",
 };
-#define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
 
-size_t ddp_ckpt_dtype_size(ddp_ckpt_dtype t)
+/* The file's name for t, or NULL when t is not a dtype. */
+static const char *st_name(ddp_dtype t)
 {
-    return (unsigned)t < N_DTYPES ? dtypes[t].size : 0;
-}
-
-const char *ddp_ckpt_dtype_name(ddp_ckpt_dtype t)
-{
-    return (unsigned)t < N_DTYPES ? dtypes[t].name : "?";
+    return (unsigned)t < DDP_DTYPE_COUNT ? st_names[t] : NULL;
 }
 
 /* Bytes of a tensor of this dtype and shape; false on a negative dimension or overflow. */
-static bool tensor_bytes(ddp_ckpt_dtype dt, int ndim, const int64_t *shape, uint64_t *out)
+static bool tensor_bytes(ddp_dtype dt, int ndim, const int64_t *shape, uint64_t *out)
 {
-    uint64_t b = ddp_ckpt_dtype_size(dt);
+    uint64_t b = ddp_dtype_size(dt);
     bool zero = false;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
@@ -197,7 +190,7 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
                           path, i);
             goto out_free;
         }
-        if (ddp_ckpt_dtype_size(x->dtype) == 0) {
+        if (!st_name(x->dtype)) {
             st = ddp__err(err, DDP_ERR_INVALID,
                           "saving checkpoint '%s': tensor '%s' has unknown "
                           "dtype %d",
@@ -217,7 +210,7 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
                           path, x->name);
             goto out_free;
         }
-        order[i] = (slot){i, ddp_ckpt_dtype_size(x->dtype)};
+        order[i] = (slot){i, ddp_dtype_size(x->dtype)};
     }
     qsort(order, n, sizeof *order, cmp_slot);
 
@@ -243,7 +236,7 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
             ok = json_array_append_new(shape, json_integer((json_int_t)t[i].shape[d])) == 0;
         ok = ok && json_array_append_new(offs, json_integer((json_int_t)pos)) == 0 &&
              json_array_append_new(offs, json_integer((json_int_t)(pos + bytes[i]))) == 0;
-        ok = ok && json_object_set_new(e, "dtype", json_string(dtypes[t[i].dtype].name)) == 0 &&
+        ok = ok && json_object_set_new(e, "dtype", json_string(st_name(t[i].dtype))) == 0 &&
              json_object_set(e, "shape", shape) == 0 &&
              json_object_set(e, "data_offsets", offs) == 0;
         json_decref(shape);
@@ -445,17 +438,17 @@ static ddp_status parse_tensor(const char *path, const char *name, const json_t 
                        name);
     if (!json_is_string(dt))
         return corrupt(err, path, "the dtype of tensor '%s' is not a string", name);
-    size_t d;
-    for (d = 0; d < N_DTYPES; d++)
-        if (strcmp(json_string_value(dt), dtypes[d].name) == 0)
+    int d;
+    for (d = 0; d < DDP_DTYPE_COUNT; d++)
+        if (strcmp(json_string_value(dt), st_names[d]) == 0)
             break;
-    if (d == N_DTYPES)
+    if (d == DDP_DTYPE_COUNT)
         return corrupt(err, path,
                        "tensor '%s' has unsupported dtype '%.32s' (supported: F32 F64 BF16 F16 "
                        "I32 I64 U8)",
                        name, json_string_value(dt));
     t->name = name;
-    t->dtype = (ddp_ckpt_dtype)d;
+    t->dtype = (ddp_dtype)d;
     if (!json_is_array(shape) || json_array_size(shape) > DDP_CKPT_MAX_DIMS)
         return corrupt(err, path,
                        "the shape of tensor '%s' is not an array of at most %d dimensions", name,
@@ -482,9 +475,8 @@ static ddp_status parse_tensor(const char *path, const char *name, const json_t 
         return corrupt(err, path,
                        "tensor '%s' (%s, %llu bytes by its shape) has data_offsets [%llu, %llu] "
                        "spanning %llu bytes",
-                       name, dtypes[d].name, (unsigned long long)bytes,
-                       (unsigned long long)r->begin, (unsigned long long)r->end,
-                       (unsigned long long)(r->end - r->begin));
+                       name, st_names[d], (unsigned long long)bytes, (unsigned long long)r->begin,
+                       (unsigned long long)r->end, (unsigned long long)(r->end - r->begin));
     r->name = name;
     return DDP_OK;
 }

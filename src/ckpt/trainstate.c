@@ -44,7 +44,7 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     for (size_t i = 0; i < s->n_params; i++) {
         const ddp_model_param *p = &s->params[i];
         ts[k] = (ddp_ckpt_tensor){
-            .name = p->name, .dtype = DDP_CKPT_F32, .ndim = p->ndim, .data = p->data};
+            .name = p->name, .dtype = DDP_FLOAT32, .ndim = p->ndim, .data = p->data};
         for (int d = 0; d < p->ndim && d < DDP_CKPT_MAX_DIMS; d++)
             ts[k].shape[d] = p->shape[d];
         k++;
@@ -54,7 +54,7 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
                 goto out_free;
             }
             ts[k] = (ddp_ckpt_tensor){.name = names[k],
-                                      .dtype = DDP_CKPT_F32,
+                                      .dtype = DDP_FLOAT32,
                                       .ndim = 1,
                                       .shape = {(int64_t)p->count},
                                       .data = s->optim[o][i]};
@@ -63,7 +63,7 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     }
     for (size_t i = 0; i < s->n_buffers; i++, k++)
         ts[k] = (ddp_ckpt_tensor){.name = s->buffers[i].name,
-                                  .dtype = DDP_CKPT_F32,
+                                  .dtype = DDP_FLOAT32,
                                   .ndim = 1,
                                   .shape = {(int64_t)s->buffers[i].count},
                                   .data = s->buffers[i].data};
@@ -94,7 +94,7 @@ static ddp_status load_tensor(const ddp_ckpt *c, const char *path, const char *n
     size_t cnt = 1;
     for (int d = 0; x && d < x->ndim; d++)
         cnt *= (size_t)x->shape[d];
-    if (x && x->dtype == DDP_CKPT_F32 && cnt == count) {
+    if (x && x->dtype == DDP_FLOAT32 && cnt == count) {
         if (count)
             memcpy(dst, x->data, count * sizeof(float));
         return DDP_OK;

@@ -263,6 +263,15 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     for (size_t i = 0; i < nbuffers; i++)
         if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
             return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+    for (size_t i = 0; i < nparams + nbuffers; i++) {
+        const ddp_param *p = i < nparams ? &params[i] : &buffers[i - nparams];
+        if (p->device != DDP_DEVICE_CPU)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "%s '%s': its data is on device '%s', but the reducer takes host "
+                            "memory only (device DDP_DEVICE_CPU); copy it to the host first",
+                            i < nparams ? "parameter" : "buffer", p->name,
+                            ddp_device_name(p->device));
+    }
     ddp_reducer *r = calloc(1, sizeof *r);
     if (!r)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");

@@ -100,25 +100,6 @@ void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
     s->next_ms = now + s->interval_ms;
 }
 
-size_t ddp_dtype_size(ddp_dtype t)
-{
-    static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
-    return (unsigned)t < DDP_DTYPE_COUNT ? sizes[t] : 0;
-}
-
-const char *ddp_dtype_name(ddp_dtype t)
-{
-    static const char *const names[] = {"float32", "float64", "bfloat16", "float16",
-                                        "int32",   "int64",   "uint8"};
-    return (unsigned)t < DDP_DTYPE_COUNT ? names[t] : "invalid dtype";
-}
-
-const char *ddp_op_name(ddp_op op)
-{
-    static const char *const names[] = {"sum", "avg", "min", "max", "prod"};
-    return (unsigned)op < DDP_OP_COUNT ? names[op] : "invalid op";
-}
-
 /* ---- errors ------------------------------------------------------------------------------- */
 
 static void poison(ddp_group *g, ddp_status st, const char *msg)
@@ -409,8 +390,8 @@ void ddp_work_free(ddp_work *w)
 #define COLL(K, S, R, N, T, OP, ROOT)                                                              \
     (ddp__coll)                                                                                    \
     {                                                                                              \
-        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .op = (OP),             \
-        .root = (ROOT)                                                                             \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T),                         \
+        .device = DDP_DEVICE_CPU, .op = (OP), .root = (ROOT)                                       \
     }
 
 ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,

@@ -53,6 +53,8 @@ typedef struct ddp__coll {
     void *recv;
     size_t count; /* elements: per rank for allgather/reduce_scatter, total otherwise */
     ddp_dtype dtype;
+    ddp_device device; /* where send and recv live; the public calls pass host memory (CPU),
+                          which is all shm and tcp move; a GPU backend will take CUDA */
     ddp_op op;
     int root;            /* member index, broadcast only */
     uint64_t seq;        /* 1, 2, … per group, the same on every member */

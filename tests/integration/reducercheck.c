@@ -63,10 +63,10 @@ int main(void)
             for (size_t k = 0; k < counts[i]; k++)
                 vals[i][k] = (float)(R * 1000 + i); /* differs per rank */
             snprintf(names[i], sizeof names[i], "p%d", i);
-            ps[i] = (ddp_param){names[i], counts[i], DDP_FLOAT32, vals[i]};
+            ps[i] = (ddp_param){names[i], counts[i], DDP_FLOAT32, vals[i], DDP_DEVICE_CPU};
         }
         double stats[4] = {R + 0.5, R + 1.5, R, R}; /* a buffer, e.g. running mean/var */
-        ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, stats}};
+        ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, stats, DDP_DEVICE_CPU}};
         ddp_reducer_opts o = DDP_REDUCER_OPTS_INIT;
         o.bucket_cap = o.first_bucket = caps[ci];
         o.shard_optimizer = shard;

@@ -4,9 +4,10 @@
  *                          builds the same ones in torch)
  *   ckpt_tool dump PATH    opens PATH and prints what it holds, exactly:
  *                            T <name hex> <dtype> <ndim> <dims…> <values…>   one line a tensor
+ *                          (dtype: ddp_dtype_name's, "float32" … "uint8")
  *                            M <key hex> <value hex>                       one line a pair
- *                          floats (BF16 and F16 widened) as C99 hex floats, integers in decimal.
- * Exit status 1 with the library's message on stderr when a call fails.
+ *                          floats (bfloat16 and float16 widened) as C99 hex floats, integers in
+ * decimal. Exit status 1 with the library's message on stderr when a call fails.
  */
 #include <stdio.h>
 #include <string.h>
@@ -55,14 +56,14 @@ static int dump(const char *path)
         size_t n = 1;
         printf("T ");
         hex(t->name);
-        printf(" %s %d", ddp_ckpt_dtype_name(t->dtype), t->ndim);
+        printf(" %s %d", ddp_dtype_name(t->dtype), t->ndim);
         for (int d = 0; d < t->ndim; d++) {
             printf(" %lld", (long long)t->shape[d]);
             n *= (size_t)t->shape[d];
         }
         /* The data of a foreign file need not be aligned: copy each element out. */
         const unsigned char *p = t->data;
-        size_t es = ddp_ckpt_dtype_size(t->dtype);
+        size_t es = ddp_dtype_size(t->dtype);
         for (size_t k = 0; k < n; k++, p += es) {
             union {
                 float f32;
@@ -74,13 +75,14 @@ static int dump(const char *path)
             } v;
             memcpy(&v, p, es);
             switch (t->dtype) {
-            case DDP_CKPT_F32: printf(" %a", (double)v.f32); break;
-            case DDP_CKPT_F64: printf(" %a", v.f64); break;
-            case DDP_CKPT_BF16: printf(" %a", (double)bf16_to_f32(v.u16)); break;
-            case DDP_CKPT_F16: printf(" %a", f16_to_f64(v.u16)); break;
-            case DDP_CKPT_I32: printf(" %d", (int)v.i32); break;
-            case DDP_CKPT_I64: printf(" %lld", (long long)v.i64); break;
-            case DDP_CKPT_U8: printf(" %u", (unsigned)v.u8); break;
+            case DDP_FLOAT32: printf(" %a", (double)v.f32); break;
+            case DDP_FLOAT64: printf(" %a", v.f64); break;
+            case DDP_BFLOAT16: printf(" %a", (double)bf16_to_f32(v.u16)); break;
+            case DDP_FLOAT16: printf(" %a", f16_to_f64(v.u16)); break;
+            case DDP_INT32: printf(" %d", (int)v.i32); break;
+            case DDP_INT64: printf(" %lld", (long long)v.i64); break;
+            case DDP_UINT8: printf(" %u", (unsigned)v.u8); break;
+            default: break;
             }
         }
         printf("\n");
@@ -123,11 +125,11 @@ static int write_reference(const char *path)
     for (int k = 0; k < 5; k++)
         mask[k] = (uint8_t)(50 * k);
     const ddp_ckpt_tensor t[] = {
-        {"fc1.weight", DDP_CKPT_F32, 2, {3, 4}, w}, {"fc1.bias", DDP_CKPT_F32, 1, {4}, b},
-        {"emb", DDP_CKPT_BF16, 2, {2, 3}, emb},     {"pos", DDP_CKPT_I64, 1, {5}, pos},
-        {"scale", DDP_CKPT_F64, 0, {0}, &scale},    {"empty", DDP_CKPT_F32, 2, {0, 3}, NULL},
-        {"ids", DDP_CKPT_I32, 1, {4}, ids},         {"half", DDP_CKPT_F16, 1, {3}, half},
-        {"mask", DDP_CKPT_U8, 1, {5}, mask},
+        {"fc1.weight", DDP_FLOAT32, 2, {3, 4}, w}, {"fc1.bias", DDP_FLOAT32, 1, {4}, b},
+        {"emb", DDP_BFLOAT16, 2, {2, 3}, emb},     {"pos", DDP_INT64, 1, {5}, pos},
+        {"scale", DDP_FLOAT64, 0, {0}, &scale},    {"empty", DDP_FLOAT32, 2, {0, 3}, NULL},
+        {"ids", DDP_INT32, 1, {4}, ids},           {"half", DDP_FLOAT16, 1, {3}, half},
+        {"mask", DDP_UINT8, 1, {5}, mask},
     };
     const char *keys[] = {"step", "epoch", "config", "note"};
     const char *vals[] = {"1234", "3", "{\"lr\": 0.001, \"model\": \"mlp\"}", "ünïcode ✓"};

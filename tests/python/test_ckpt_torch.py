@@ -20,6 +20,8 @@ TOOL = os.path.join(sys.argv[1], "ckpt_tool")
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16,
           "F16": torch.float16, "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8}
 NAMES = {v: k for k, v in DTYPES.items()}
+# ckpt_tool prints the library's dtype names (ddp_dtype_name), which are torch's.
+BY_DDP_NAME = {str(t).removeprefix("torch."): t for t in DTYPES.values()}
 passed = failed = 0
 
 
@@ -113,7 +115,7 @@ def parse_dump(text):
         if f[0] == "M":
             meta[unhex(f[1])] = unhex(f[2])
             continue
-        name, dt, nd = unhex(f[1]), DTYPES[f[2]], int(f[3])
+        name, dt, nd = unhex(f[1]), BY_DDP_NAME[f[2]], int(f[3])
         shape = [int(x) for x in f[4:4 + nd]]
         vals = f[4 + nd:]
         if dt.is_floating_point:

@@ -74,7 +74,7 @@ static int count_named(const char *s)
 
 static size_t nbytes(const ddp_ckpt_tensor *t)
 {
-    size_t b = ddp_ckpt_dtype_size(t->dtype);
+    size_t b = ddp_dtype_size(t->dtype);
     for (int k = 0; k < t->ndim; k++)
         b *= (size_t)t->shape[k];
     return b;
@@ -114,14 +114,14 @@ static void fill(sample_data *d)
 static size_t sample_tensors(const sample_data *d, ddp_ckpt_tensor *t)
 {
     size_t n = 0;
-    t[n++] = (ddp_ckpt_tensor){"mask", DDP_CKPT_U8, 1, {3}, d->u8};
-    t[n++] = (ddp_ckpt_tensor){"fc.weight", DDP_CKPT_F32, 2, {3, 4}, d->f32};
-    t[n++] = (ddp_ckpt_tensor){"lr", DDP_CKPT_F64, 0, {0}, &d->f64};
-    t[n++] = (ddp_ckpt_tensor){"emb.bf16", DDP_CKPT_BF16, 1, {5}, d->bf16};
-    t[n++] = (ddp_ckpt_tensor){"half", DDP_CKPT_F16, 3, {1, 2, 3}, d->f16};
-    t[n++] = (ddp_ckpt_tensor){"counts", DDP_CKPT_I32, 1, {7}, d->i32};
-    t[n++] = (ddp_ckpt_tensor){"rng", DDP_CKPT_I64, 2, {2, 2}, d->i64};
-    t[n++] = (ddp_ckpt_tensor){"empty", DDP_CKPT_F32, 2, {0, 5}, NULL};
+    t[n++] = (ddp_ckpt_tensor){"mask", DDP_UINT8, 1, {3}, d->u8};
+    t[n++] = (ddp_ckpt_tensor){"fc.weight", DDP_FLOAT32, 2, {3, 4}, d->f32};
+    t[n++] = (ddp_ckpt_tensor){"lr", DDP_FLOAT64, 0, {0}, &d->f64};
+    t[n++] = (ddp_ckpt_tensor){"emb.bf16", DDP_BFLOAT16, 1, {5}, d->bf16};
+    t[n++] = (ddp_ckpt_tensor){"half", DDP_FLOAT16, 3, {1, 2, 3}, d->f16};
+    t[n++] = (ddp_ckpt_tensor){"counts", DDP_INT32, 1, {7}, d->i32};
+    t[n++] = (ddp_ckpt_tensor){"rng", DDP_INT64, 2, {2, 2}, d->i64};
+    t[n++] = (ddp_ckpt_tensor){"empty", DDP_FLOAT32, 2, {0, 5}, NULL};
     return n;
 }
 
@@ -167,7 +167,7 @@ static void test_roundtrip(void **state)
         for (int k = 0; k < g->ndim; k++)
             assert_int_equal(g->shape[k], want[i].shape[k]);
         /* natural alignment in the mapping */
-        assert_int_equal((uintptr_t)g->data % ddp_ckpt_dtype_size(g->dtype), 0);
+        assert_int_equal((uintptr_t)g->data % ddp_dtype_size(g->dtype), 0);
         if (nbytes(g))
             assert_memory_equal(g->data, want[i].data, nbytes(g));
     }
@@ -231,23 +231,23 @@ static void test_save_invalid(void **state)
 {
     (void)state;
     float x[4] = {0};
-    ddp_ckpt_tensor t[2] = {{"a", DDP_CKPT_F32, 1, {4}, x}, {"a", DDP_CKPT_F32, 1, {4}, x}};
+    ddp_ckpt_tensor t[2] = {{"a", DDP_FLOAT32, 1, {4}, x}, {"a", DDP_FLOAT32, 1, {4}, x}};
     expect_save_invalid(t, 2, NULL, NULL, 0, "'a' is used twice");
     t[1].name = "__metadata__";
     expect_save_invalid(t, 2, NULL, NULL, 0, "reserved name");
     t[1].name = "";
     expect_save_invalid(t, 2, NULL, NULL, 0, "has no name");
-    t[1] = (ddp_ckpt_tensor){"b", (ddp_ckpt_dtype)99, 1, {4}, x};
+    t[1] = (ddp_ckpt_tensor){"b", (ddp_dtype)99, 1, {4}, x};
     expect_save_invalid(t, 2, NULL, NULL, 0, "unknown dtype 99");
-    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 9, {4}, x};
+    t[1] = (ddp_ckpt_tensor){"b", DDP_FLOAT32, 9, {4}, x};
     expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
-    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 1, {-4}, x};
+    t[1] = (ddp_ckpt_tensor){"b", DDP_FLOAT32, 1, {-4}, x};
     expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
-    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 2, {INT64_MAX, 4}, x};
+    t[1] = (ddp_ckpt_tensor){"b", DDP_FLOAT32, 2, {INT64_MAX, 4}, x};
     expect_save_invalid(t, 2, NULL, NULL, 0, "invalid shape");
-    t[1] = (ddp_ckpt_tensor){"b", DDP_CKPT_F32, 1, {4}, NULL};
+    t[1] = (ddp_ckpt_tensor){"b", DDP_FLOAT32, 1, {4}, NULL};
     expect_save_invalid(t, 2, NULL, NULL, 0, "has no data");
-    t[1] = (ddp_ckpt_tensor){"b\xff", DDP_CKPT_F32, 1, {4}, x};
+    t[1] = (ddp_ckpt_tensor){"b\xff", DDP_FLOAT32, 1, {4}, x};
     expect_save_invalid(t, 2, NULL, NULL, 0, "not valid UTF-8");
     const char *k2[] = {"s", "s"}, *v2[] = {"1", "2"};
     expect_save_invalid(t, 1, k2, v2, 2, "'s' is given twice");
@@ -384,7 +384,7 @@ static void test_atomic_write_failure(void **state)
         if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
             _exit(3);
         static float big[1 << 16];
-        ddp_ckpt_tensor t = {"big", DDP_CKPT_F32, 1, {1 << 16}, big};
+        ddp_ckpt_tensor t = {"big", DDP_FLOAT32, 1, {1 << 16}, big};
         ddp_error err = {0};
         ddp_status st = ddp_ckpt_save(path, &t, 1, NULL, NULL, 0, &err);
         ssize_t w = write(pfd[1], err.msg, strlen(err.msg) + 1);
@@ -423,7 +423,7 @@ static void test_atomic_rename_failure(void **state)
     path_of(path, "is-a-dir.safetensors");
     assert_int_equal(mkdir(path, 0755), 0);
     float x[2] = {1, 2};
-    ddp_ckpt_tensor t = {"x", DDP_CKPT_F32, 1, {2}, x};
+    ddp_ckpt_tensor t = {"x", DDP_FLOAT32, 1, {2}, x};
     ddp_error err = {0};
     assert_int_equal(ddp_ckpt_save(path, &t, 1, NULL, NULL, 0, &err), DDP_ERR_SYSTEM);
     assert_non_null(strstr(err.msg, "cannot rename"));
@@ -709,11 +709,11 @@ static void test_train_state_mismatch(void **state)
     path_of(other, "plain.safetensors");
     save_sample(other);
     expect_load_error(other, &s, "is not a ddptrain checkpoint");
-    ddp_ckpt_tensor t3[] = {{"fc.weight", DDP_CKPT_F32, 2, {2, 3}, d.w},
-                            {"optim.fc.weight.exp_avg", DDP_CKPT_F32, 1, {6}, d.m[0]},
-                            {"fc.bias", DDP_CKPT_F32, 1, {3}, d.b},
-                            {"optim.fc.bias.exp_avg", DDP_CKPT_F32, 1, {3}, d.v[0]},
-                            {"bn.running_var", DDP_CKPT_F32, 1, {2}, d.buf}};
+    ddp_ckpt_tensor t3[] = {{"fc.weight", DDP_FLOAT32, 2, {2, 3}, d.w},
+                            {"optim.fc.weight.exp_avg", DDP_FLOAT32, 1, {6}, d.m[0]},
+                            {"fc.bias", DDP_FLOAT32, 1, {3}, d.b},
+                            {"optim.fc.bias.exp_avg", DDP_FLOAT32, 1, {3}, d.v[0]},
+                            {"bn.running_var", DDP_FLOAT32, 1, {2}, d.buf}};
     const char *k[] = {"format", "step", "epoch", "next_batch", "world_size"};
     const char *v[] = {"ddptrain-1", "12", "x3", "0", "1"};
     assert_int_equal(ddp_ckpt_save(other, t3, 5, k, v, 5, NULL), DDP_OK);

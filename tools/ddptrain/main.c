@@ -165,7 +165,7 @@ static ddp_param *reducer_view(const ddp_model_param *p, size_t n)
 {
     ddp_param *v = calloc(n ? n : 1, sizeof *v);
     for (size_t i = 0; v && i < n; i++)
-        v[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data};
+        v[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data, DDP_DEVICE_CPU};
     return v;
 }
 
