@@ -24,7 +24,8 @@
 #include <string.h>
 
 #include "ddp/reducer.h"
-#include "group/group_int.h" /* bf16 conversions */
+#include "kernels/kernels.h"
+#include "util/half.h"
 #include "util/util.h"
 
 typedef struct bucket {
@@ -453,9 +454,7 @@ static ddp_status launch(ddp_reducer *r, bucket *b)
     void *buf = b->mem;
     ddp_dtype t = b->dtype;
     if (b->wire) {
-        const float *src = b->mem;
-        for (size_t i = 0; i < b->padded; i++)
-            b->wire[i] = ddp__f32_to_bf16(src[i]);
+        ddp__from_f32(b->wire, b->mem, b->padded, DDP_BFLOAT16);
         buf = b->wire;
         t = DDP_BFLOAT16;
     }
@@ -529,8 +528,7 @@ static void unwire(ddp_reducer *r, bucket *b)
 {
     float *dst = b->mem;
     size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = r->shard ? lo + b->block : b->count;
-    for (size_t k = lo; k < hi; k++)
-        dst[k] = ddp__bf16_to_f32(b->wire[k]);
+    ddp__to_f32(dst + lo, b->wire + lo, hi - lo, DDP_BFLOAT16);
 }
 
 ddp_status ddp_reducer_finish(ddp_reducer *r)

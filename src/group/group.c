@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "group/group_int.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 #define DEFAULT_TIMEOUT_MS (30 * 60 * 1000) /* gloo's 30 minutes */

@@ -177,25 +177,4 @@ ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
 ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_ms, void **be,
                            const ddp__backend_ops **ops, ddp_error *err);
 
-/* ---- reduction kernels (reduce.c) ----------------------------------------------------------- */
-
-/* dst[i] = dst[i] op src[i] for i < n, in the dtype's arithmetic (bf16/fp16 through float32). */
-void ddp__reduce_into(void *dst, const void *src, size_t n, ddp_dtype t, ddp_op op);
-/* ddp__reduce_many, then each result divided by divisor when divisor > 1 (AVG, run as SUM): in
- * the same pass for two float32/float64 inputs, with the same roundings as the two passes. */
-void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
-                          ddp_op op, int divisor);
-/* dst[i] = a[i] op b[i]. */
-void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op);
-/* dst[i] = op over k inputs srcs[j][i] (k ≥ 1); dst may alias srcs[0]. One pass over memory. */
-void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op);
-/* For DDP_AVG: buf[i] /= divisor (after a SUM). */
-void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
-
-/* bf16/fp16 <-> float32 conversions (round to nearest even). */
-float ddp__bf16_to_f32(uint16_t h);
-uint16_t ddp__f32_to_bf16(float f);
-float ddp__f16_to_f32(uint16_t h);
-uint16_t ddp__f32_to_f16(float f);
-
 #endif /* DDP_GROUP_INT_H */

@@ -4,14 +4,19 @@
  * and vectorised loops); CUDA implementations will live in kernels/cuda with the same contracts
  * on device buffers. Names are ddp__ (internal, not part of the public API).
  *
- * Conventions: float32, row-major; dimensions are non-negative ints (OpenBLAS takes int); a
- * dimension of 0 makes a kernel a no-op apart from the beta scaling it documents.
+ * Conventions: buffers are host memory (DDP_DEVICE_CPU) and borrowed for the call; element
+ * types are ddp_dtype (ddp/tensor.h); counts are elements. Matrix kernels: float32, row-major,
+ * dimensions non-negative ints (OpenBLAS takes int); a dimension of 0 makes a kernel a no-op
+ * apart from the beta scaling it documents. No kernel starts threads of its own.
+ * Element-at-a-time helpers that CUDA code shares live in util/half.h and util/rng.h.
  */
 #ifndef DDP_KERNELS_H
 #define DDP_KERNELS_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "ddp/tensor.h"
 
 /* C (M, N) = alpha · op(A) · op(B) + beta · C, row-major, where op(A) is (M, K) — A itself (M, K)
  * with leading dimension lda, or Aᵀ when trans_a, A then stored (K, M) — and op(B) is (K, N)
@@ -20,5 +25,33 @@
  */
 void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ---- elementwise reductions (cpu/reduce.c) --------------------------------------------------
+ * In the dtype's arithmetic: bfloat16 and float16 widened to float32 and rounded once per element
+ * (nearest even); integer sums and products wrap; min and max as a < b. DDP_AVG reduces as
+ * DDP_SUM: the division is ddp__scale_avg's (or ddp__reduce_many_avg's divisor). An invalid dtype
+ * or op leaves dst as it was. Inputs are distinct buffers; dst may be the same pointer as one of
+ * them (in place) but must not otherwise overlap any. */
+
+/* dst[i] = op over j < k of srcs[j][i], for i < n (k ≥ 1; k = 1 copies). One pass over memory. */
+void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op);
+/* ddp__reduce_many, then each result divided by divisor when divisor > 1 (AVG, run as SUM): in
+ * the same pass for two float32/float64 inputs, with the same roundings as the two passes. */
+void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
+                          ddp_op op, int divisor);
+/* dst[i] = a[i] op b[i]. */
+void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op);
+/* dst[i] = dst[i] op src[i]. */
+void ddp__reduce_into(void *dst, const void *src, size_t n, ddp_dtype t, ddp_op op);
+/* buf[i] /= divisor (after a SUM, for AVG): floats divide (as torch does, not by a reciprocal),
+ * bfloat16/float16 through float32, integers truncate toward zero. A no-op for divisor ≤ 1. */
+void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
+
+/* ---- conversions (cpu/reduce.c) ------------------------------------------------------------
+ * n elements between float32 and t (DDP_BFLOAT16 or DDP_FLOAT16, or DDP_FLOAT32: a copy; other
+ * dtypes leave dst as it was). Widening is exact; narrowing rounds to nearest even. dst and src
+ * must not overlap. */
+void ddp__to_f32(float *dst, const void *src, size_t n, ddp_dtype t);
+void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
 
 #endif /* DDP_KERNELS_H */

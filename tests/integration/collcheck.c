@@ -18,7 +18,16 @@
 #include <string.h>
 
 #include "ddp/ddp.h"
-#include "group/group_int.h" /* the half-precision conversions, for the reference */
+#include "util/half.h" /* the half-precision conversions, for the reference */
+
+enum kind { ALLREDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, BARRIER };
+
+static const char *kind_name(enum kind k)
+{
+    static const char *const names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                        "barrier"};
+    return names[k];
+}
 
 static int W, R;
 static long checks;
@@ -148,25 +157,25 @@ static void put_bufs(ddp_group *g, bufs *x)
 }
 
 /* Runs one collective in the given mode; async issues it together with a barrier behind it. */
-static ddp_status run(ddp_group *g, enum mode m, ddp__kind k, const void *s, void *r, size_t n,
+static ddp_status run(ddp_group *g, enum mode m, enum kind k, const void *s, void *r, size_t n,
                       ddp_dtype t, ddp_op op, int root)
 {
     if (m != ASYNC) {
         switch (k) {
-        case DDP__ALLREDUCE: return ddp_allreduce(g, s, r, n, t, op);
-        case DDP__BROADCAST: return ddp_broadcast(g, r, n, t, root);
-        case DDP__ALLGATHER: return ddp_allgather(g, s, r, n, t);
-        case DDP__REDUCE_SCATTER: return ddp_reduce_scatter(g, s, r, n, t, op);
+        case ALLREDUCE: return ddp_allreduce(g, s, r, n, t, op);
+        case BROADCAST: return ddp_broadcast(g, r, n, t, root);
+        case ALLGATHER: return ddp_allgather(g, s, r, n, t);
+        case REDUCE_SCATTER: return ddp_reduce_scatter(g, s, r, n, t, op);
         default: return ddp_barrier(g);
         }
     }
     ddp_work *w1 = NULL, *w2 = NULL;
     ddp_status st;
     switch (k) {
-    case DDP__ALLREDUCE: st = ddp_allreduce_async(g, s, r, n, t, op, &w1); break;
-    case DDP__BROADCAST: st = ddp_broadcast_async(g, r, n, t, root, &w1); break;
-    case DDP__ALLGATHER: st = ddp_allgather_async(g, s, r, n, t, &w1); break;
-    case DDP__REDUCE_SCATTER: st = ddp_reduce_scatter_async(g, s, r, n, t, op, &w1); break;
+    case ALLREDUCE: st = ddp_allreduce_async(g, s, r, n, t, op, &w1); break;
+    case BROADCAST: st = ddp_broadcast_async(g, r, n, t, root, &w1); break;
+    case ALLGATHER: st = ddp_allgather_async(g, s, r, n, t, &w1); break;
+    case REDUCE_SCATTER: st = ddp_reduce_scatter_async(g, s, r, n, t, op, &w1); break;
     default: st = ddp_barrier_async(g, &w1); break;
     }
     if (st)
@@ -187,11 +196,11 @@ static ddp_status run(ddp_group *g, enum mode m, ddp__kind k, const void *s, voi
     return s1 ? s1 : s2;
 }
 
-static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n, enum mode m,
+static int check_one(ddp_group *g, enum kind k, ddp_dtype t, ddp_op op, size_t n, enum mode m,
                      int root)
 {
     size_t esz = ddp_dtype_size(t);
-    bool gathered = k == DDP__ALLGATHER || k == DDP__REDUCE_SCATTER;
+    bool gathered = k == ALLGATHER || k == REDUCE_SCATTER;
     size_t big = gathered ? n * (size_t)W : n; /* elements of the larger buffer */
     bufs x;
     if (get_bufs(g, m, big * esz, &x) != 0) {
@@ -205,20 +214,20 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
     void *recv = in_place ? x.a : x.b;
     size_t outn = n;
     switch (k) {
-    case DDP__ALLREDUCE:
+    case ALLREDUCE:
         for (size_t i = 0; i < n; i++) {
             store_val(x.a, i, t, input(R, i, op));
             expect_reduce(x.ref, i, i, t, op);
         }
         break;
-    case DDP__BROADCAST:
+    case BROADCAST:
         recv = x.a;
         for (size_t i = 0; i < n; i++) {
             store_val(x.a, i, t, R == root ? input(root, i, DDP_SUM) : 0);
             store_val(x.ref, i, t, input(root, i, DDP_SUM));
         }
         break;
-    case DDP__ALLGATHER:
+    case ALLGATHER:
         outn = big;
         if (in_place) {
             recv = x.a;
@@ -231,7 +240,7 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
             for (size_t i = 0; i < n; i++)
                 store_val(x.ref, (size_t)r * n + i, t, input(r, i, DDP_SUM));
         break;
-    case DDP__REDUCE_SCATTER:
+    case REDUCE_SCATTER:
         for (size_t i = 0; i < big; i++)
             store_val(x.a, i, t, input(R, i, op));
         if (in_place)
@@ -243,12 +252,12 @@ static int check_one(ddp_group *g, ddp__kind k, ddp_dtype t, ddp_op op, size_t n
     }
     ddp_status st = run(g, m, k, send, recv, n, t, op, root);
     if (st != DDP_OK) {
-        fprintf(stderr, "collcheck rank %d: %s %s × %zu (%s) failed: %s\n", R, ddp__kind_name(k),
+        fprintf(stderr, "collcheck rank %d: %s %s × %zu (%s) failed: %s\n", R, kind_name(k),
                 ddp_dtype_name(t), n, mode, ddp_group_last_error(g));
         rc = 1;
-    } else if (k != DDP__BARRIER) {
+    } else if (k != BARRIER) {
         char what[64];
-        snprintf(what, sizeof what, "%s/%s", ddp__kind_name(k), ddp_op_name(op));
+        snprintf(what, sizeof what, "%s/%s", kind_name(k), ddp_op_name(op));
         rc = compare(what, t, n, mode, recv, x.ref, outn);
     } else {
         checks++;
@@ -285,31 +294,31 @@ int main(int argc, char **argv)
             for (int c = 0; c < ncounts && !rc; c++) {
                 size_t n = counts[c];
                 for (int op = 0; op < DDP_OP_COUNT && !rc; op++) {
-                    rc |= check_one(g, DDP__ALLREDUCE, t, op, n, m, 0);
+                    rc |= check_one(g, ALLREDUCE, t, op, n, m, 0);
                     if (!rc && (op == DDP_SUM || op == DDP_MAX || op == DDP_AVG))
-                        rc |= check_one(g, DDP__REDUCE_SCATTER, t, op, n, m, 0);
+                        rc |= check_one(g, REDUCE_SCATTER, t, op, n, m, 0);
                 }
                 if (!rc)
-                    rc |= check_one(g, DDP__BROADCAST, t, DDP_SUM, n, m, 0);
+                    rc |= check_one(g, BROADCAST, t, DDP_SUM, n, m, 0);
                 if (!rc)
-                    rc |= check_one(g, DDP__BROADCAST, t, DDP_SUM, n, m, W - 1);
+                    rc |= check_one(g, BROADCAST, t, DDP_SUM, n, m, W - 1);
                 if (!rc)
-                    rc |= check_one(g, DDP__ALLGATHER, t, DDP_SUM, n, m, 0);
+                    rc |= check_one(g, ALLGATHER, t, DDP_SUM, n, m, 0);
                 if (!rc)
-                    rc |= check_one(g, DDP__BARRIER, t, DDP_SUM, 0, m, 0);
+                    rc |= check_one(g, BARRIER, t, DDP_SUM, 0, m, 0);
             }
     if (bigrun) { /* 64 MB of float32 and bfloat16, every kind, each mode */
         size_t n = (size_t)16 << 20;
         for (int m = 0; m < MODE_COUNT && !rc; m++) {
-            rc |= check_one(g, DDP__ALLREDUCE, DDP_FLOAT32, DDP_SUM, n, m, 0);
+            rc |= check_one(g, ALLREDUCE, DDP_FLOAT32, DDP_SUM, n, m, 0);
             if (!rc && m == 0)
-                rc |= check_one(g, DDP__ALLREDUCE, DDP_BFLOAT16, DDP_AVG, 2 * n, m, 0);
+                rc |= check_one(g, ALLREDUCE, DDP_BFLOAT16, DDP_AVG, 2 * n, m, 0);
             if (!rc)
-                rc |= check_one(g, DDP__BROADCAST, DDP_FLOAT32, DDP_SUM, n, m, W - 1);
+                rc |= check_one(g, BROADCAST, DDP_FLOAT32, DDP_SUM, n, m, W - 1);
             if (!rc)
-                rc |= check_one(g, DDP__ALLGATHER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
+                rc |= check_one(g, ALLGATHER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
             if (!rc)
-                rc |= check_one(g, DDP__REDUCE_SCATTER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
+                rc |= check_one(g, REDUCE_SCATTER, DDP_FLOAT32, DDP_SUM, n / (size_t)W, m, 0);
         }
     }
     if (!rc && W > 1 && !strcmp(ddp_group_backend(g), "shm")) {

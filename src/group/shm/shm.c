@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include "group/group_int.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 #define SHM_MAGIC 0x4d485344u /* "DSHM" */

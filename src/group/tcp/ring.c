@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include "group/tcp/tcp_int.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 static bool is_half(ddp_dtype t)
@@ -382,28 +383,6 @@ static void sched_broadcast(xfer *x, char *buf, size_t bytes, int root)
 
 /* ---- run ------------------------------------------------------------------------------------- */
 
-static void to_f32(float *dst, const void *src, size_t n, ddp_dtype t)
-{
-    const uint16_t *s = src;
-    if (t == DDP_BFLOAT16)
-        for (size_t i = 0; i < n; i++)
-            dst[i] = ddp__bf16_to_f32(s[i]);
-    else
-        for (size_t i = 0; i < n; i++)
-            dst[i] = ddp__f16_to_f32(s[i]);
-}
-
-static void from_f32(void *dst, const float *src, size_t n, ddp_dtype t)
-{
-    uint16_t *d = dst;
-    if (t == DDP_BFLOAT16)
-        for (size_t i = 0; i < n; i++)
-            d[i] = ddp__f32_to_bf16(src[i]);
-    else
-        for (size_t i = 0; i < n; i++)
-            d[i] = ddp__f32_to_f16(src[i]);
-}
-
 static ddp_status fail_invalid(tcp_be *be, const ddp__coll *c, ddp__fail *f, const char *why)
 {
     return ddp__tcp_fail(be, f, DDP_ERR_INVALID, "tcp %s #%llu: %s", ddp__kind_name(c->kind),
@@ -456,7 +435,7 @@ static ddp_status plan(xfer *x, ddp__fail *f, bool half)
             return ddp__tcp_fail(be, f, DDP_ERR_NOMEM,
                                  "tcp %s: out of memory for a float32 copy of %zu elements",
                                  ddp__kind_name(c->kind), elems);
-        to_f32(be->f32, c->send, elems, c->dtype);
+        ddp__to_f32(be->f32, c->send, elems, c->dtype);
     }
     char *w = be->f32;
     switch (c->kind) {
@@ -543,8 +522,8 @@ ddp_status ddp__tcp_run(void *bev, const ddp__coll *c, ddp__fail *f)
         return st;
     size_t me = (size_t)be->me;
     if (half && c->kind == DDP__ALLREDUCE)
-        from_f32(c->recv, be->f32, c->count, c->dtype);
+        ddp__from_f32(c->recv, be->f32, c->count, c->dtype);
     else if (half)
-        from_f32(c->recv, (const float *)be->f32 + me * c->count, c->count, c->dtype);
+        ddp__from_f32(c->recv, (const float *)be->f32 + me * c->count, c->count, c->dtype);
     return DDP_OK;
 }

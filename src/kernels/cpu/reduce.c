@@ -1,0 +1,278 @@
+/*
+ * kernels/cpu/reduce.c — elementwise reductions for every dtype × op, the inner loop of every
+ * collective (src/group calls them; it keeps only the group logic), and the array conversions
+ * between float32 and the 16-bit floats.
+ *
+ * Allreduce on one host is memory-bound, so the kernels are written for one pass over memory:
+ * ddp__reduce_many() reads k inputs and writes the output once, instead of k−1 passes of a
+ * two-input reduce. Loops run over plain arrays with restrict pointers only where the memory
+ * really is disjoint, so the compiler vectorises them (this file is built with -O3). bfloat16
+ * and float16 are widened to float32, reduced, and rounded once per element (round to nearest
+ * even, util/half.h), so a sum over ranks rounds once, not per rank. Integer sums wrap like the
+ * hardware's (unsigned arithmetic, no undefined behaviour). No threads: callers split the work.
+ */
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "util/half.h"
+
+/* ---- one pass over k inputs ------------------------------------------------------------------ */
+
+/* Operations on a working type W. Integer sums and products go through unsigned types so
+ * overflow wraps instead of being undefined. */
+#define OP_SUM(a, b) ((a) + (b))
+#define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
+#define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
+#define OP_PROD(a, b) ((a) * (b))
+#define WRAP32_SUM(a, b) ((int32_t)((uint32_t)(a) + (uint32_t)(b)))
+#define WRAP32_PROD(a, b) ((int32_t)((uint32_t)(a) * (uint32_t)(b)))
+#define WRAP64_SUM(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
+#define WRAP64_PROD(a, b) ((int64_t)((uint64_t)(a) * (uint64_t)(b)))
+
+#define ID(x) (x)
+#define BF_LOAD(x) ddp__bf16_to_f32(x)
+#define BF_STORE(x) ddp__f32_to_bf16(x)
+#define H_LOAD(x) ddp__f16_to_f32(x)
+#define H_STORE(x) ddp__f32_to_f16(x)
+#define U8_STORE(x) ((uint8_t)(x))
+
+/*
+ * Aliasing. dst may be one of the inputs: in place, and in the shm backend's zero-copy path it is
+ * srcs[me], any index. So ddp__reduce_many's dst is not restrict; instead every loop is a small
+ * function whose restrict parameters cover only that loop, where the memory really is disjoint.
+ * That is what lets GCC vectorise without run-time overlap checks (restrict on block-scope
+ * pointers is not enough for it), and it is what the standard allows: a restrict pointer
+ * promises no other access to its object during its own block, not the caller's.
+ *   k = 2: every op is commutative, so the input dst aliases, if any, is the left operand
+ *          and the loop reads and writes it through one pointer (acc2), else out2.
+ *   k > 2: blocks of 1024 elements are reduced input by input into a local accumulator (load,
+ *          fold…, store), which keeps the partial result in cache and reads each input once;
+ *          dst's block is written only after every input's block was read.
+ */
+
+/* Per storage type S reduced as W: the accumulator's load and store. */
+#define DEFINE_TYPE(T, S, W, LOAD, STORE)                                                          \
+    static void T##_load(W *restrict acc, const S *restrict p, size_t m)                           \
+    {                                                                                              \
+        for (size_t i = 0; i < m; i++)                                                             \
+            acc[i] = LOAD(p[i]);                                                                   \
+    }                                                                                              \
+    static void T##_store(S *restrict d, const W *restrict acc, size_t m)                          \
+    {                                                                                              \
+        for (size_t i = 0; i < m; i++)                                                             \
+            d[i] = STORE(acc[i]);                                                                  \
+    }
+
+/* Per type and op: the loops, and the pass over k inputs that picks among them. */
+#define DEFINE_OP(T, O, S, W, LOAD, STORE, OPF)                                                    \
+    static void T##_##O##_acc2(S *restrict d, const S *restrict b, size_t n)                       \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] = STORE(OPF(LOAD(d[i]), LOAD(b[i])));                                             \
+    }                                                                                              \
+    static void T##_##O##_out2(S *restrict d, const S *restrict a, const S *restrict b, size_t n)  \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] = STORE(OPF(LOAD(a[i]), LOAD(b[i])));                                             \
+    }                                                                                              \
+    static void T##_##O##_fold(W *restrict acc, const S *restrict p, size_t m)                     \
+    {                                                                                              \
+        for (size_t i = 0; i < m; i++)                                                             \
+            acc[i] = OPF(acc[i], LOAD(p[i]));                                                      \
+    }                                                                                              \
+    static void T##_##O##_many(S *dst, const void *const *srcs, int k, size_t n)                   \
+    {                                                                                              \
+        const S *s0 = srcs[0], *s1 = k > 1 ? srcs[1] : NULL;                                       \
+        if (k == 1) {                                                                              \
+            if (dst != s0)                                                                         \
+                memmove(dst, s0, n * sizeof(S));                                                   \
+        } else if (k == 2) {                                                                       \
+            if (dst == s0)                                                                         \
+                T##_##O##_acc2(dst, s1, n);                                                        \
+            else if (dst == s1)                                                                    \
+                T##_##O##_acc2(dst, s0, n);                                                        \
+            else                                                                                   \
+                T##_##O##_out2(dst, s0, s1, n);                                                    \
+        } else {                                                                                   \
+            W acc[1024];                                                                           \
+            for (size_t base = 0; base < n; base += 1024) {                                        \
+                size_t m = n - base < 1024 ? n - base : 1024;                                      \
+                T##_load(acc, s0 + base, m);                                                       \
+                for (int j = 1; j < k; j++)                                                        \
+                    T##_##O##_fold(acc, (const S *)srcs[j] + base, m);                             \
+                T##_store(dst + base, acc, m);                                                     \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* The four ops of a type, and its dispatcher (AVG is reduced as SUM). */
+#define DEFINE_ALL(T, S, W, LOAD, STORE, SUMF, PRODF)                                              \
+    DEFINE_TYPE(T, S, W, LOAD, STORE)                                                              \
+    DEFINE_OP(T, sum, S, W, LOAD, STORE, SUMF)                                                     \
+    DEFINE_OP(T, min, S, W, LOAD, STORE, OP_MIN)                                                   \
+    DEFINE_OP(T, max, S, W, LOAD, STORE, OP_MAX)                                                   \
+    DEFINE_OP(T, prod, S, W, LOAD, STORE, PRODF)                                                   \
+    static void T##_many(S *dst, const void *const *srcs, int k, size_t n, ddp_op op)              \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case DDP_SUM:                                                                              \
+        case DDP_AVG: T##_sum_many(dst, srcs, k, n); break;                                        \
+        case DDP_MIN: T##_min_many(dst, srcs, k, n); break;                                        \
+        case DDP_MAX: T##_max_many(dst, srcs, k, n); break;                                        \
+        case DDP_PROD: T##_prod_many(dst, srcs, k, n); break;                                      \
+        default: break;                                                                            \
+        }                                                                                          \
+    }
+
+DEFINE_ALL(f32, float, float, ID, ID, OP_SUM, OP_PROD)
+DEFINE_ALL(f64, double, double, ID, ID, OP_SUM, OP_PROD)
+DEFINE_ALL(bf16, uint16_t, float, BF_LOAD, BF_STORE, OP_SUM, OP_PROD)
+DEFINE_ALL(f16, uint16_t, float, H_LOAD, H_STORE, OP_SUM, OP_PROD)
+DEFINE_ALL(i32, int32_t, int32_t, ID, ID, WRAP32_SUM, WRAP32_PROD)
+DEFINE_ALL(i64, int64_t, int64_t, ID, ID, WRAP64_SUM, WRAP64_PROD)
+DEFINE_ALL(u8, uint8_t, uint32_t, ID, U8_STORE, OP_SUM, OP_PROD)
+
+void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op)
+{
+    if (n == 0 || k < 1)
+        return;
+    switch (t) {
+    case DDP_FLOAT32: f32_many(dst, srcs, k, n, op); break;
+    case DDP_FLOAT64: f64_many(dst, srcs, k, n, op); break;
+    case DDP_BFLOAT16: bf16_many(dst, srcs, k, n, op); break;
+    case DDP_FLOAT16: f16_many(dst, srcs, k, n, op); break;
+    case DDP_INT32: i32_many(dst, srcs, k, n, op); break;
+    case DDP_INT64: i64_many(dst, srcs, k, n, op); break;
+    case DDP_UINT8: u8_many(dst, srcs, k, n, op); break;
+    default: break;
+    }
+}
+
+/* (a + b) / divisor, element by element, in one pass. dst may be a or b: GCC checks for the
+ * overlap at run time and still vectorises. */
+static void f32_avg2(float *dst, const float *a, const float *b, size_t n, int divisor)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (a[i] + b[i]) / (float)divisor;
+}
+
+static void f64_avg2(double *dst, const double *a, const double *b, size_t n, int divisor)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (a[i] + b[i]) / divisor;
+}
+
+void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
+                          ddp_op op, int divisor)
+{
+    if (divisor > 1 && op == DDP_SUM && k == 2 && t == DDP_FLOAT32) {
+        f32_avg2(dst, srcs[0], srcs[1], n, divisor);
+        return;
+    }
+    if (divisor > 1 && op == DDP_SUM && k == 2 && t == DDP_FLOAT64) {
+        f64_avg2(dst, srcs[0], srcs[1], n, divisor);
+        return;
+    }
+    ddp__reduce_many(dst, srcs, k, n, t, op);
+    ddp__scale_avg(dst, n, t, divisor); /* a no-op for divisor ≤ 1 */
+}
+
+void ddp__reduce2(void *dst, const void *a, const void *b, size_t n, ddp_dtype t, ddp_op op)
+{
+    const void *srcs[2] = {a, b};
+    ddp__reduce_many(dst, srcs, 2, n, t, op);
+}
+
+void ddp__reduce_into(void *dst, const void *src, size_t n, ddp_dtype t, ddp_op op)
+{
+    const void *srcs[2] = {dst, src};
+    ddp__reduce_many(dst, srcs, 2, n, t, op);
+}
+
+void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor)
+{
+    if (divisor <= 1)
+        return;
+    switch (t) {
+    case DDP_FLOAT32: {
+        float *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] /= (float)divisor; /* divide, as torch does; a reciprocal would round twice */
+        break;
+    }
+    case DDP_FLOAT64: {
+        double *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] /= divisor;
+        break;
+    }
+    case DDP_BFLOAT16: {
+        uint16_t *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] = ddp__f32_to_bf16(ddp__bf16_to_f32(p[i]) / (float)divisor);
+        break;
+    }
+    case DDP_FLOAT16: {
+        uint16_t *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] = ddp__f32_to_f16(ddp__f16_to_f32(p[i]) / (float)divisor);
+        break;
+    }
+    case DDP_INT32: {
+        int32_t *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] /= divisor;
+        break;
+    }
+    case DDP_INT64: {
+        int64_t *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] /= divisor;
+        break;
+    }
+    case DDP_UINT8: {
+        uint8_t *p = buf;
+        for (size_t i = 0; i < n; i++)
+            p[i] = (uint8_t)(p[i] / divisor);
+        break;
+    }
+    default: break;
+    }
+}
+
+/* ---- conversions ----------------------------------------------------------------------------- */
+
+void ddp__to_f32(float *restrict dst, const void *restrict src, size_t n, ddp_dtype t)
+{
+    const uint16_t *restrict s = src;
+    switch (t) {
+    case DDP_FLOAT32: memcpy(dst, src, n * sizeof(float)); break;
+    case DDP_BFLOAT16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = ddp__bf16_to_f32(s[i]);
+        break;
+    case DDP_FLOAT16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = ddp__f16_to_f32(s[i]);
+        break;
+    default: break;
+    }
+}
+
+void ddp__from_f32(void *restrict dst, const float *restrict src, size_t n, ddp_dtype t)
+{
+    uint16_t *restrict d = dst;
+    switch (t) {
+    case DDP_FLOAT32: memcpy(dst, src, n * sizeof(float)); break;
+    case DDP_BFLOAT16:
+        for (size_t i = 0; i < n; i++)
+            d[i] = ddp__f32_to_bf16(src[i]);
+        break;
+    case DDP_FLOAT16:
+        for (size_t i = 0; i < n; i++)
+            d[i] = ddp__f32_to_f16(src[i]);
+        break;
+    default: break;
+    }
+}
