@@ -11,15 +11,8 @@
 #include <string.h>
 
 #include "ddp/data.h"
+#include "util/rng.h"
 #include "util/util.h"
-
-static uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 ddp_status ddp_augment_images(const ddp_augment *a, float *x, size_t n, int ch, int h, int w,
                               const uint64_t *keys, uint64_t epoch, ddp_error *err)
@@ -40,7 +33,7 @@ ddp_status ddp_augment_images(const ddp_augment *a, float *x, size_t n, int ch, 
         return ddp__err(err, DDP_ERR_NOMEM, "augment: out of memory for a %d × %d image", h, w);
     int span = 2 * a->shift + 1;
     for (size_t k = 0; k < n; k++) {
-        uint64_t r = mix(mix(mix(a->seed) ^ epoch) ^ keys[k]);
+        uint64_t r = ddp__rand_u64(a->seed, epoch, keys[k]);
         bool flip = a->hflip && (r & 1);
         int dy = a->shift ? (int)((r >> 8) % (uint64_t)span) - a->shift : 0;
         int dx = a->shift ? (int)((r >> 32) % (uint64_t)span) - a->shift : 0;

@@ -14,32 +14,22 @@
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
+#include "util/rng.h"
 #include "util/util.h"
 
 #define SQRT1_2 0.70710678118654752440 /* 1/√2; M_SQRT1_2 is not in strict C11 */
 
 /* ---- counter-based random numbers ----------------------------------------------------------- */
 
-/* The splitmix64 finaliser: a bijective 64-bit mixer with good avalanche. */
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint64_t ddp_nn_rand_u64(uint64_t seed, uint64_t stream, uint64_t index)
 {
-    /* Chained mixing, so (seed, stream, index) and its permutations give unrelated values. */
-    return mix64(mix64(mix64(seed) ^ stream) ^ index);
+    return ddp__rand_u64(seed, stream, index); /* util/rng.h, shared with augment and CUDA */
 }
 
 void ddp_nn_init_uniform(float *w, size_t n, float bound, uint64_t seed, uint64_t tensor_id)
 {
     for (size_t i = 0; i < n; i++) {
-        /* 24 random bits: every value of u in [0, 1) is exact in float. */
-        float u = (float)(ddp_nn_rand_u64(seed, tensor_id, i) >> 40) * (1.0f / 16777216.0f);
+        float u = ddp__unit_f32(ddp__rand_u64(seed, tensor_id, i)); /* exact in float */
         w[i] = (2.0f * u - 1.0f) * bound;
     }
 }
@@ -148,7 +138,7 @@ void ddp_nn_dropout_forward(const float *x, size_t n, float p, uint64_t seed, ui
     uint64_t thresh = (uint64_t)((double)p * 4294967296.0);
     float scale = 1.0f / (1.0f - p);
     for (size_t i = 0; i < n; i++) {
-        uint8_t keep = (ddp_nn_rand_u64(seed, step, offset + i) >> 32) >= thresh;
+        uint8_t keep = (ddp__rand_u64(seed, step, offset + i) >> 32) >= thresh;
         mask[i] = keep;
         y[i] = keep ? x[i] * scale : 0.0f;
     }

@@ -1,0 +1,40 @@
+/*
+ * rng.h — the counter-based generator: a random value is a pure function of (seed, stream,
+ * index), so there is no state to carry across ranks, threads, devices or a resume, and element
+ * i of a dropout mask or an augmentation draw is the same wherever it is computed. Usable from C
+ * and CUDA (device code included). The values are part of the project's reproducibility
+ * contract (checkpoints resume the same masks; tests pin them): do not change the arithmetic.
+ *
+ * The sampler's MT19937 (torch parity for shuffling) is a different, stateful generator and
+ * lives in src/data.
+ */
+#ifndef DDP_RNG_H
+#define DDP_RNG_H
+
+#include <stdint.h>
+
+#include "util/hostdev.h"
+
+/* The splitmix64 finaliser: a bijective 64-bit mixer with good avalanche. */
+static inline DDP_HOSTDEV uint64_t ddp__mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* 64 random bits for (seed, stream, index). Chained mixing, so the three arguments and their
+ * permutations give unrelated values. ddp_nn_rand_u64() (public) is this function. */
+static inline DDP_HOSTDEV uint64_t ddp__rand_u64(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    return ddp__mix64(ddp__mix64(ddp__mix64(seed) ^ stream) ^ index);
+}
+
+/* A float uniform in [0, 1) from the top 24 bits of r: every value is exact in float32. */
+static inline DDP_HOSTDEV float ddp__unit_f32(uint64_t r)
+{
+    return (float)(r >> 40) * (1.0f / 16777216.0f);
+}
+
+#endif /* DDP_RNG_H */
