@@ -1,0 +1,271 @@
+/*
+ * test_kernels.c — the bottom of the tree against references: the CPU reduction and conversion
+ * kernels (src/kernels), the 16-bit float conversions (util/half.h), the counter-based generator
+ * (util/rng.h) and the names and sizes of include/ddp/tensor.h.
+ *
+ * Reductions are checked bit for bit against a naive loop that reduces one element at a time in
+ * the same order (inputs 0, 1, …, k−1; bf16/fp16 widened to float, rounded once), for every
+ * dtype × op × k ∈ {1, 2, 3, 5} × count (across the 1024-element block boundary) × where dst is:
+ * its own buffer, or the same pointer as input j for every j — the zero-copy case, where the
+ * shm backend passes srcs[me]. Inputs are small integers (products of at most 5 values ≤ 3), so
+ * every result is exact and the order of operations cannot hide a bug.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+#include "kernels/kernels.h"
+#include "util/half.h"
+#include "util/rng.h"
+
+/* ---- the naive reference --------------------------------------------------------------------- */
+
+static double get(const void *p, size_t i, ddp_dtype t)
+{
+    switch (t) {
+    case DDP_FLOAT32: return ((const float *)p)[i];
+    case DDP_FLOAT64: return ((const double *)p)[i];
+    case DDP_BFLOAT16: return ddp__bf16_to_f32(((const uint16_t *)p)[i]);
+    case DDP_FLOAT16: return ddp__f16_to_f32(((const uint16_t *)p)[i]);
+    case DDP_INT32: return ((const int32_t *)p)[i];
+    case DDP_INT64: return (double)((const int64_t *)p)[i];
+    case DDP_UINT8: return ((const uint8_t *)p)[i];
+    default: fail();
+    }
+    return 0;
+}
+
+static void put(void *p, size_t i, ddp_dtype t, double v)
+{
+    switch (t) {
+    case DDP_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case DDP_FLOAT64: ((double *)p)[i] = v; break;
+    case DDP_BFLOAT16: ((uint16_t *)p)[i] = ddp__f32_to_bf16((float)v); break;
+    case DDP_FLOAT16: ((uint16_t *)p)[i] = ddp__f32_to_f16((float)v); break;
+    case DDP_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case DDP_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case DDP_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    default: fail();
+    }
+}
+
+static double apply(ddp_op op, double a, double b)
+{
+    switch (op) {
+    case DDP_SUM:
+    case DDP_AVG: return a + b;
+    case DDP_MIN: return b < a ? b : a;
+    case DDP_MAX: return b > a ? b : a;
+    case DDP_PROD: return a * b;
+    default: fail();
+    }
+    return 0;
+}
+
+/* Input j at element i: 1, 2 or 3, so sums ≤ 15 and products ≤ 243 fit every dtype exactly. */
+static double input(int j, size_t i)
+{
+    return (double)((i * 7 + (size_t)j * 3) % 3 + 1);
+}
+
+/* ---- reductions ------------------------------------------------------------------------------ */
+
+static void reduce_case(ddp_dtype t, ddp_op op, int k, size_t n, int alias)
+{
+    size_t esz = ddp_dtype_size(t);
+    void *in[5], *ref = malloc(n * esz + 1), *own = malloc(n * esz + 1);
+    assert_non_null(ref);
+    assert_non_null(own);
+    const void *srcs[5];
+    for (int j = 0; j < k; j++) {
+        in[j] = malloc(n * esz + 1);
+        assert_non_null(in[j]);
+        for (size_t i = 0; i < n; i++)
+            put(in[j], i, t, input(j, i));
+        srcs[j] = in[j];
+    }
+    for (size_t i = 0; i < n; i++) {
+        double acc = input(0, i);
+        for (int j = 1; j < k; j++)
+            acc = apply(op, acc, input(j, i));
+        put(ref, i, t, acc);
+    }
+    void *dst = alias < 0 ? own : in[alias];
+    ddp__reduce_many(dst, srcs, k, n, t, op);
+    if (n && memcmp(dst, ref, n * esz) != 0)
+        fail_msg("reduce_many %s %s k=%d n=%zu, dst %s %d: differs from the reference",
+                 ddp_dtype_name(t), ddp_op_name(op), k, n, alias < 0 ? "its own buffer" : "= input",
+                 alias);
+    for (int j = 0; j < k; j++)
+        if (j != alias)
+            for (size_t i = 0; i < n; i++)
+                assert_true(get(in[j], i, t) == input(j, i)); /* inputs untouched */
+    for (int j = 0; j < k; j++)
+        free(in[j]);
+    free(ref), free(own);
+}
+
+static void reduce_many_all(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {0, 1, 7, 1023, 1024, 1025, 3001};
+    static const int ks[] = {1, 2, 3, 5};
+    for (int t = 0; t < DDP_DTYPE_COUNT; t++)
+        for (int op = 0; op < DDP_OP_COUNT; op++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                    for (int alias = -1; alias < ks[ki]; alias++)
+                        reduce_case((ddp_dtype)t, (ddp_op)op, ks[ki], counts[ci], alias);
+}
+
+static void reduce_two_and_avg(void **state)
+{
+    (void)state;
+    enum { N = 1500 };
+    float a[N], b[N], d[N], want[N];
+    for (int i = 0; i < N; i++)
+        a[i] = (float)(i % 13) - 6.0f, b[i] = (float)(i % 5) * 0.25f;
+    for (int i = 0; i < N; i++)
+        want[i] = (a[i] + b[i]) / 3.0f;
+    ddp__reduce2(d, a, b, N, DDP_FLOAT32, DDP_SUM);
+    ddp__scale_avg(d, N, DDP_FLOAT32, 3);
+    assert_memory_equal(d, want, sizeof d);
+    /* the fused two-input avg rounds exactly like the two passes, also in place */
+    const void *srcs[2] = {a, b};
+    ddp__reduce_many_avg(d, srcs, 2, N, DDP_FLOAT32, DDP_SUM, 3);
+    assert_memory_equal(d, want, sizeof d);
+    float a2[N];
+    memcpy(a2, a, sizeof a);
+    srcs[0] = a2;
+    ddp__reduce_many_avg(a2, srcs, 2, N, DDP_FLOAT32, DDP_SUM, 3);
+    assert_memory_equal(a2, want, sizeof a2);
+    /* reduce_into: dst op= src */
+    memcpy(d, a, sizeof a);
+    ddp__reduce_into(d, b, N, DDP_FLOAT32, DDP_MAX);
+    for (int i = 0; i < N; i++)
+        assert_true(d[i] == fmaxf(a[i], b[i]));
+    /* integer averages truncate toward zero */
+    int32_t v[4] = {7, -7, 8, -8};
+    ddp__scale_avg(v, 4, DDP_INT32, 2);
+    assert_int_equal(v[0], 3);
+    assert_int_equal(v[1], -3);
+    assert_int_equal(v[2], 4);
+    assert_int_equal(v[3], -4);
+    /* integer sums wrap instead of overflowing */
+    int32_t big[2] = {INT32_MAX, 1}, w;
+    const void *bs[2] = {&big[0], &big[1]};
+    ddp__reduce_many(&w, bs, 2, 1, DDP_INT32, DDP_SUM);
+    assert_int_equal(w, INT32_MIN);
+}
+
+/* ---- conversions ----------------------------------------------------------------------------- */
+
+static void half_conversions(void **state)
+{
+    (void)state;
+    /* every bfloat16 and float16 value survives widening and narrowing (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float b = ddp__bf16_to_f32((uint16_t)h), f = ddp__f16_to_f32((uint16_t)h);
+        if (isnan(b))
+            assert_true(isnan(ddp__bf16_to_f32(ddp__f32_to_bf16(b))));
+        else
+            assert_int_equal(ddp__f32_to_bf16(b), h);
+        if (isnan(f))
+            assert_true(isnan(ddp__f16_to_f32(ddp__f32_to_f16(f))));
+        else
+            assert_int_equal(ddp__f32_to_f16(f), h);
+    }
+    /* round to nearest even, overflow and underflow */
+    assert_int_equal(ddp__f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie, to even */
+    assert_int_equal(ddp__f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie, to even */
+    assert_int_equal(ddp__f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie, to even */
+    assert_int_equal(ddp__f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie, to even */
+    assert_int_equal(ddp__f32_to_f16(65520.0f), 0x7c00);            /* to infinity */
+    assert_int_equal(ddp__f32_to_f16(65519.0f), 0x7bff);            /* the largest half */
+    assert_int_equal(ddp__f32_to_f16(0x1p-24f), 0x0001);            /* smallest subnormal */
+    assert_int_equal(ddp__f32_to_f16(0x1p-25f), 0x0000);            /* tie, to even: 0 */
+    assert_int_equal(ddp__f32_to_f16(-0x1p-26f), 0x8000);           /* signed zero */
+    assert_true(ddp__f16_to_f32(0x0001) == 0x1p-24f);
+}
+
+static void array_conversions(void **state)
+{
+    (void)state;
+    enum { N = 999 };
+    float x[N], back[N];
+    uint16_t h[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(i - 500) * 0.3183f;
+    for (int t = DDP_BFLOAT16; t <= DDP_FLOAT16; t++) {
+        ddp__from_f32(h, x, N, (ddp_dtype)t);
+        ddp__to_f32(back, h, N, (ddp_dtype)t);
+        for (int i = 0; i < N; i++) {
+            uint16_t one = t == DDP_BFLOAT16 ? ddp__f32_to_bf16(x[i]) : ddp__f32_to_f16(x[i]);
+            assert_int_equal(h[i], one);
+            assert_true(back[i] ==
+                        (t == DDP_BFLOAT16 ? ddp__bf16_to_f32(one) : ddp__f16_to_f32(one)));
+        }
+    }
+    ddp__from_f32(back, x, N, DDP_FLOAT32); /* float32: a copy */
+    assert_memory_equal(back, x, sizeof x);
+}
+
+/* ---- the generator --------------------------------------------------------------------------- */
+
+static void counter_rng(void **state)
+{
+    (void)state;
+    /* Pinned: dropout masks, initial weights and augmentations depend on these exact bits
+     * (values from an independent transcription of the splitmix64 chain). */
+    assert_true(ddp__rand_u64(0, 0, 0) == 0x238275bc38fcbe91ull);
+    assert_true(ddp__rand_u64(1, 2, 3) == 0xd0734750fde362b3ull);
+    assert_true(ddp__rand_u64(42, 7, 123456789) == 0x258d21a72d150ebfull);
+    assert_true(ddp__rand_u64(UINT64_MAX, 1, 2) == 0x6f3abded3a3bc478ull);
+    assert_true(ddp_nn_rand_u64(42, 7, 123456789) == ddp__rand_u64(42, 7, 123456789));
+    assert_true(ddp__unit_f32(0) == 0.0f);
+    assert_true(ddp__unit_f32(UINT64_MAX) == 1.0f - 0x1p-24f);
+}
+
+/* ---- the vocabulary -------------------------------------------------------------------------- */
+
+static void tensor_vocabulary(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
+    static const char *const names[] = {"float32", "float64", "bfloat16", "float16",
+                                        "int32",   "int64",   "uint8"};
+    for (int t = 0; t < DDP_DTYPE_COUNT; t++) {
+        assert_int_equal(ddp_dtype_size((ddp_dtype)t), sizes[t]);
+        assert_string_equal(ddp_dtype_name((ddp_dtype)t), names[t]);
+    }
+    assert_int_equal(ddp_dtype_size(DDP_DTYPE_COUNT), 0);
+    assert_int_equal(ddp_dtype_size((ddp_dtype)-1), 0);
+    assert_string_equal(ddp_dtype_name((ddp_dtype)99), "invalid dtype");
+    assert_int_equal(DDP_DEVICE_CPU, 0);
+    assert_string_equal(ddp_device_name(DDP_DEVICE_CPU), "cpu");
+    assert_string_equal(ddp_device_name(DDP_DEVICE_CUDA), "cuda");
+    assert_string_equal(ddp_device_name(DDP_DEVICE_COUNT), "invalid device");
+    assert_string_equal(ddp_op_name(DDP_AVG), "avg");
+    assert_string_equal(ddp_op_name(DDP_OP_COUNT), "invalid op");
+    ddp_buf b = {0};
+    assert_null(b.ptr);
+    assert_int_equal(b.dtype, DDP_FLOAT32);
+    assert_int_equal(b.device, DDP_DEVICE_CPU);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(reduce_many_all),  cmocka_unit_test(reduce_two_and_avg),
+        cmocka_unit_test(half_conversions), cmocka_unit_test(array_conversions),
+        cmocka_unit_test(counter_rng),      cmocka_unit_test(tensor_vocabulary),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
