@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "ddp/status.h"
 #include "ddp/tensor.h"
 
 /* C (M, N) = alpha · op(A) · op(B) + beta · C, row-major, where op(A) is (M, K) — A itself (M, K)
@@ -53,5 +54,13 @@ void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
  * must not overlap. */
 void ddp__to_f32(float *dst, const void *src, size_t n, ddp_dtype t);
 void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
+
+/* ---- CUDA (cuda/device.cu; cuda/stub.c in a build without DDP_CUDA) ---------------------------
+ * Only src/kernels/cuda includes CUDA headers: these signatures are plain C. */
+
+/* The number of CUDA devices this process can use (≥ 1) into *n. DDP_ERR_NOT_FOUND when there
+ * is none: no GPU, no or too old a driver, or a build without CUDA (the message says which);
+ * DDP_ERR_SYSTEM for any other CUDA error; DDP_ERR_INVALID when n is NULL. Thread-safe. */
+ddp_status ddp__cuda_device_count(int *n, ddp_error *err);
 
 #endif /* DDP_KERNELS_H */

@@ -1,0 +1,55 @@
+/*
+ * kernels/cuda/device.cu — what the CUDA runtime says about this machine's GPUs. Built only with
+ * DDP_CUDA (CMake finds nvcc), into the static library ddp_cuda with the CUDA runtime linked
+ * statically; the rest of the library sees only the C signatures in kernels/kernels.h (without
+ * DDP_CUDA, kernels/cuda/stub.c answers instead). This folder is the only place that includes a
+ * CUDA header. It does not pick a device or create a context beyond what the runtime does for
+ * the query. ddp_cuda is a leaf: libddp links it, so it calls nothing in libddp (it formats its
+ * own messages rather than use util's ddp__err).
+ */
+#include <cuda_runtime_api.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+extern "C" {
+#include "kernels/kernels.h"
+}
+
+/* Records st and a one-line message in err (may be NULL); returns st. */
+static ddp_status fail(ddp_error *err, ddp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ddp_status fail(ddp_error *err, ddp_status st, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->status = st;
+    }
+    return st;
+}
+
+extern "C" ddp_status ddp__cuda_device_count(int *n, ddp_error *err)
+{
+    if (!n)
+        return fail(err, DDP_ERR_INVALID, "cuda device count: the output n is NULL");
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    (void)cudaGetLastError(); /* the query's error is not sticky; leave none behind */
+    if (e == cudaSuccess && count > 0) {
+        *n = count;
+        return DDP_OK;
+    }
+    if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+        return fail(err, DDP_ERR_NOT_FOUND,
+                    "cuda: no usable GPU on this machine: cudaGetDeviceCount says %s (%s, "
+                    "%d); HINT: run on a machine with an NVIDIA GPU and driver "
+                    "(nvidia-smi lists them), or check CUDA_VISIBLE_DEVICES",
+                    e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), cudaGetErrorName(e),
+                    (int)e);
+    return fail(err, DDP_ERR_SYSTEM,
+                "cuda: cudaGetDeviceCount failed: %s (%s, %d); HINT: nvidia-smi shows "
+                "whether the driver and GPUs are healthy",
+                cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+}
