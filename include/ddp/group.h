@@ -17,9 +17,10 @@
  * With DDP_DEBUG=1 (or opts.debug) the group checks that before each one and reports a mismatch
  * instead of hanging or returning garbage.
  *
- * Buffers: any memory works. Memory from ddp_group_alloc() lives inside the shared segment, so
- * the shm backend reduces it in place with no copy in or out; for one collective, pass such
- * memory on every rank of a host or on none (shm fails the call on all of them otherwise).
+ * Buffers: any host memory works (DDP_DEVICE_CPU). Memory from ddp_group_alloc() lives inside the
+ * shared segment, so the shm backend reduces it in place with no copy in or out; for one
+ * collective, pass such memory on every rank of a host or on none (shm fails the call on all of
+ * them otherwise).
  *
  * Threads: a group is used from one thread at a time, except ddp_group_abort(), which any thread
  * may call. Asynchronous operations run on the group's progress thread, in the order issued.
