@@ -1,7 +1,8 @@
 /*
  * rng.h — the counter-based generator: a random value is a pure function of (seed, stream,
  * index), so there is no state to carry across ranks, threads, devices or a resume, and element
- * i of a dropout mask or an augmentation draw is the same wherever it is computed. Usable from C
+ * i of a dropout mask, an augmentation draw or a training window (src/nn/layers.c,
+ * src/data/augment.c, src/data/windows.c) is the same wherever it is computed. Usable from C
  * and CUDA (device code included). The values are part of the project's reproducibility
  * contract (checkpoints resume the same masks; tests pin them): do not change the arithmetic.
  *
