@@ -29,6 +29,7 @@
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
 #include "nn/vecmath.h"
+#include "util/rng.h"
 #include "util/util.h"
 
 #define BLK DDP_NN_ATTN_BLOCK
@@ -59,22 +60,15 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
 /* The attention dropout of one query row: mrow[j] (j < n) = 1/(1 − p) if probability j is kept,
  * else 0. key = ddp_nn_rand_u64(seed, step, the row's index) (one 64-bit hash per row); within the
  * row, j is kept iff fmix32(hi(key) ^ (lo(key) + j·0x9e3779b9)) ≥ p·2³², where fmix32 is
- * MurmurHash3's 32-bit finaliser (a bijection with full avalanche). A call of the 64-bit hash per
- * probability cost more than the softmax; 32-bit integer products vectorise. */
+ * MurmurHash3's 32-bit finaliser (a bijection with full avalanche): ddp__rand_u32 in util/rng.h,
+ * which CUDA code shares. A call of the 64-bit hash per probability cost more than the softmax;
+ * 32-bit integer products vectorise. */
 DDP__VEC static void dropout_row(float *mrow, int n, uint64_t key, float p)
 {
     uint32_t thresh = (uint32_t)((double)p * 4294967296.0); /* p < 1: fits */
-    uint32_t hi = (uint32_t)(key >> 32), lo = (uint32_t)key;
     float keep = 1.0f / (1.0f - p);
-    for (int j = 0; j < n; j++) {
-        uint32_t x = hi ^ (lo + (uint32_t)j * 0x9e3779b9u);
-        x ^= x >> 16;
-        x *= 0x85ebca6bu;
-        x ^= x >> 13;
-        x *= 0xc2b2ae35u;
-        x ^= x >> 16;
-        mrow[j] = ddp__keep_f32(keep, x >= thresh);
-    }
+    for (int j = 0; j < n; j++)
+        mrow[j] = ddp__keep_f32(keep, ddp__rand_u32(key, (uint32_t)j) >= thresh);
 }
 
 /* The row helpers below work on a whole row of the block, [0, kend): the n = t + 1 visible keys

@@ -229,6 +229,9 @@ static void counter_rng(void **state)
     assert_true(ddp__rand_u64(42, 7, 123456789) == 0x258d21a72d150ebfull);
     assert_true(ddp__rand_u64(UINT64_MAX, 1, 2) == 0x6f3abded3a3bc478ull);
     assert_true(ddp_nn_rand_u64(42, 7, 123456789) == ddp__rand_u64(42, 7, 123456789));
+    assert_true(ddp__rand_u32(0xd0734750fde362b3ull, 0) == 0x4066a941u); /* attention dropout */
+    assert_true(ddp__rand_u32(0xd0734750fde362b3ull, 1) == 0x9706457du);
+    assert_true(ddp__rand_u32(0xd0734750fde362b3ull, 1000) == 0x57c4f785u);
     assert_true(ddp__unit_f32(0) == 0.0f);
     assert_true(ddp__unit_f32(UINT64_MAX) == 1.0f - 0x1p-24f);
 }
