@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# GPT training throughput, side by side in one run: ddptrain (model.type gpt) against PyTorch DDP
+# (gloo, CPU, Debian's python3-torch 1.13) training the same GPT-2-shaped model
+# (tests/python/gpt_twin.py) with the same B, T, AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D
+# weights, clipping at 1.0) and random windows of the same byte-level token file (Debian's
+# fortunes, made with ddpprep), at 1 and 2 ranks, one thread per rank. Reports tokens/s (median
+# of the progress windows after the first; the median over repetitions, taken in turns), the
+# ddptrain/torch ratio, ddptrain's scaling efficiency, MFU and peak RSS per rank.
+#   MFU = FLOPs per token × tokens/s per rank ÷ the rank's peak, where FLOPs per token =
+#   6N + 12·L·C·T (nanoGPT's estimate_mfu, PaLM's appendix B; N = parameters without the position
+#   embedding) and the peak is OpenBLAS SGEMM on GPT-shaped products with one thread, measured in
+#   the same run (bench/sgemm_peak.c).
+#   Memory: the model's own count — parameters, gradients, AdamW's two moments (16 bytes per
+#   parameter) and the activations kept for the backward (per layer 16·B·T·C + 2·B·nh·T floats,
+#   plus the logits B·T·V twice and the embedding) — beside the measured peak RSS.
+# Usage: bench/gpt_vs_torch.sh [BUILD_DIR] [REPS] ["L/NH/C/T/B/steps/window" ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+REPS=${2:-2}
+shift 2 || true
+SHAPES=("$@")
+[ ${#SHAPES[@]} -gt 0 ] || SHAPES=("2/4/128/64/4/120/20" "6/6/384/256/8/16/4")
+PY=/usr/bin/python3
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+"$BUILD/bin/ddpprep" --out_dir "$OUT/data" --doc_sep % /usr/share/games/fortunes >/dev/null
+gcc -O2 -o "$OUT/sgemm_peak" bench/sgemm_peak.c $(pkg-config --cflags --libs openblas)
+PEAK=$("$OUT/sgemm_peak" | sed -n 's/^peak_gflops //p')
+
+ddp_rate() { # ddp_rate NPROC L NH C T B STEPS WINDOW: "tokens/s maxrss_kb"
+    "$BUILD/bin/ddprun" --standalone --nproc_per_node="$1" --no_prefix /usr/bin/time -f "maxrss %M" \
+        "$BUILD/bin/ddptrain" --model.type gpt --model.n_layer "$2" --model.n_head "$3" \
+        --model.n_embd "$4" --model.block_size "$5" --model.vocab_size 256 --batch_size "$6" \
+        --data.train "$OUT/data/train.bin" --data.val "$OUT/data/val.bin" --eval_windows 1 \
+        --optimizer adamw --lr 3e-4 --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1.0 \
+        --schedule constant --total_steps "$7" --log_every "$8" --eval_every 100000 \
+        --checkpoint.every 0 --max_new_tokens 0 --data.threads 0 --out_dir "$OUT/run" \
+        >"$OUT/d.out" 2>&1
+    local rate rss
+    rate=$(sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) tokens\/s.*/\1 \2/p' "$OUT/d.out" |
+        awk -v w="$8" -v last="$7" '$1 > w && $1 <= last {print $2}' | tr '\n' ' ' | med)
+    rss=$(sed -n 's/^maxrss //p' "$OUT/d.out" | sort -n | tail -1)
+    echo "$rate $rss"
+}
+torch_rate() { # torch_rate NPROC L NH C T B STEPS WINDOW
+    local port pids=()
+    port=$(free_port)
+    for ((r = 0; r < $1; r++)); do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$1 \
+            "$PY" bench/torch_gpt_train.py "$OUT/data/train.bin" "$2" "$3" "$4" "$5" "$6" "$7" \
+            "$8" >"$OUT/t.$r" 2>"$OUT/te.$r" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    sed -n 's/^tokens_per_s \([0-9.]*\).*/\1/p' "$OUT/t.0"
+}
+declare -A R
+for ((i = 0; i < REPS; i++)); do
+    for s in "${SHAPES[@]}"; do
+        IFS=/ read -r L NH C T B S Wn <<<"$s"
+        read -r d2 m2 <<<"$(ddp_rate 2 "$L" "$NH" "$C" "$T" "$B" "$S" "$Wn")"
+        read -r d1 m1 <<<"$(ddp_rate 1 "$L" "$NH" "$C" "$T" "$B" "$S" "$Wn")"
+        t2=$(torch_rate 2 "$L" "$NH" "$C" "$T" "$B" "$S" "$Wn")
+        t1=$(torch_rate 1 "$L" "$NH" "$C" "$T" "$B" "$S" "$Wn")
+        R[d2$s]+=" $d2"; R[d1$s]+=" $d1"; R[t2$s]+=" $t2"; R[t1$s]+=" $t1"; R[m$s]+=" $m2"
+        R[r2$s]+=" $(awk -v a="$d2" -v b="$t2" 'BEGIN {print a / b}')"
+        R[r1$s]+=" $(awk -v a="$d1" -v b="$t1" 'BEGIN {print a / b}')"
+        R[ef$s]+=" $(awk -v a="$d2" -v b="$d1" 'BEGIN {print a / (2 * b)}')"
+    done
+done
+echo "GPT training tokens/s, byte-level fortunes, AdamW, 1 thread per rank; medians of $REPS runs"
+echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
+echo "rank peak (OpenBLAS SGEMM, 1 thread): $PEAK GFLOP/s"
+printf '%-22s %10s %10s %8s %10s %10s %8s %6s %6s %14s\n' "L/NH/C/T/B" "ddp 1" "torch 1" "ratio" \
+    "ddp 2" "torch 2" "ratio" "eff." "MFU" "RSS / model"
+for s in "${SHAPES[@]}"; do
+    IFS=/ read -r L NH C T B S Wn <<<"$s"
+    d2=$(med <<<"${R[d2$s]}"); d1=$(med <<<"${R[d1$s]}"); t2=$(med <<<"${R[t2$s]}")
+    t1=$(med <<<"${R[t1$s]}"); m=$(med <<<"${R[m$s]}")
+    awk -v s="$L/$NH/$C/$T/$B" -v L="$L" -v NH="$NH" -v C="$C" -v T="$T" -v B="$B" -v d1="$d1" \
+        -v d2="$d2" -v t1="$t1" -v t2="$t2" -v r1="$(med <<<"${R[r1$s]}")" \
+        -v r2="$(med <<<"${R[r2$s]}")" -v ef="$(med <<<"${R[ef$s]}")" -v peak="$PEAK" -v rss="$m" \
+        'BEGIN {
+            V = 256; N = L * (12 * C * C + 13 * C) + V * C + 2 * C   # without wpe
+            P = N + T * C
+            f = 6 * N + 12 * L * C * T
+            mfu = f * (d2 / 2) / (peak * 1e9)
+            act = 4 * (L * (16 * B * T * C + 2 * B * NH * T) + 2 * B * T * V + 2 * B * T * C)
+            model = 16 * P + act
+            printf "%-22s %10.0f %10.0f %7.2fx %10.0f %10.0f %7.2fx %6.2f %5.1f%% %6.0f/%.0f MB\n",
+                s, d1, t1, r1, d2, t2, r2, ef, 100 * mfu, rss / 1024, model / 1048576
+        }'
+done
+echo "(ratios: median over repetitions of the ratio within each; MFU at 2 ranks, per rank; RSS: the largest rank's peak, against the model's own count (parameters, gradients, AdamW state, activations) — the difference is the process (libraries, OpenBLAS buffers) and the reducer's bucket copies)"
+echo "(runs: $(for k in "${!R[@]}"; do printf '%s:%s ' "$k" "${R[$k]}"; done))"
