@@ -19,6 +19,7 @@
 #include "ddp/sampler.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
+#include "ddp/tb.h"
 #include "ddp/tensor.h"
 #include "ddp/world.h"
 
