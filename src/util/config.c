@@ -6,6 +6,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -400,37 +402,149 @@ const char *ddp_config_origin(const ddp_config *c, const char *key)
     return v ? v->origin : "";
 }
 
+/* A growable string for ddp_config_to_yaml; `failed` once an allocation failed. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->len + n + 1 > cap)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_fmt(sbuf *b, const char *fmt, ...) DDP_PRINTF(2, 3);
+static void sb_fmt(sbuf *b, const char *fmt, ...)
+{
+    char tmp[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* The length of the UTF-8 sequence at s (of n bytes) and its code point; 0 if not UTF-8. */
+static size_t utf8_char(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    static const uint32_t min[4] = {0, 0x80, 0x800, 0x10000};
+    size_t k = s[0] < 0x80             ? 0
+               : (s[0] & 0xe0) == 0xc0 ? 1
+               : (s[0] & 0xf0) == 0xe0 ? 2
+               : (s[0] & 0xf8) == 0xf0 ? 3
+                                       : 4;
+    if (k == 4 || k >= n)
+        return 0;
+    uint32_t c = k == 0 ? s[0] : s[0] & (0x3f >> k);
+    for (size_t j = 1; j <= k; j++) {
+        if ((s[j] & 0xc0) != 0x80)
+            return 0;
+        c = c << 6 | (s[j] & 0x3f);
+    }
+    if (c < min[k] || (c >= 0xd800 && c <= 0xdfff) || c > 0x10ffff)
+        return 0;
+    *cp = c;
+    return k + 1;
+}
+
+/* Writes t as a YAML double-quoted scalar that reads back as exactly t: quotes, backslashes,
+ * line breaks (YAML folds raw ones, also U+0085, U+2028, U+2029) and characters YAML does not
+ * allow raw are escaped. A byte that is not UTF-8 cannot be written as itself (YAML text is
+ * Unicode): it becomes the character of that number. */
+static void sb_quoted(sbuf *b, const char *t)
+{
+    const unsigned char *s = (const unsigned char *)t;
+    size_t n = strlen(t);
+    sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = 0;
+        size_t k = utf8_char(s + i, n - i, &cp);
+        bool raw = k > 0 && cp != '"' && cp != '\\' &&
+                   ((cp >= 0x20 && cp <= 0x7e) ||
+                    (cp >= 0xa0 && cp <= 0xd7ff && cp != 0x2028 && cp != 0x2029) ||
+                    (cp >= 0xe000 && cp <= 0xfffd && cp != 0xfeff) || cp >= 0x10000);
+        if (raw)
+            sb_put(b, t + i, k);
+        else if (k == 0)
+            sb_fmt(b, "\\x%02x", s[i]);
+        else if (cp == '"' || cp == '\\')
+            sb_fmt(b, "\\%c", (char)cp);
+        else if (cp == '\n')
+            sb_put(b, "\\n", 2);
+        else if (cp == '\t')
+            sb_put(b, "\\t", 2);
+        else if (cp < 0x100)
+            sb_fmt(b, "\\x%02x", (unsigned)cp);
+        else
+            sb_fmt(b, "\\u%04x", (unsigned)cp);
+        i += k ? k : 1;
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* The shortest decimal form of x that reads back as x. */
+static void sb_double(sbuf *b, double x)
+{
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, x);
+        if (strtod(tmp, NULL) == x)
+            break;
+    }
+    sb_put(b, tmp, strlen(tmp));
+}
+
 char *ddp_config_to_yaml(const ddp_config *c)
 {
     if (!c)
         return NULL;
-    size_t cap = 256, len = 0;
-    char *s = malloc(cap);
-    if (!s)
-        return NULL;
-    s[0] = '\0';
+    /* Values are written from their parsed form, so the text always reads back as the same
+     * value, whatever spelling it came in ("yes", " 5", "[1, 2]"). */
+    sbuf b = {0};
+    sb_put(&b, "", 0);
     for (size_t i = 0; i < c->n; i++) {
         const ddp_cfg_key *k = &c->schema[i];
-        const char *t = c->v[i].text ? c->v[i].text : "";
-        bool quote = k->type == DDP_CFG_STRING || k->type == DDP_CFG_CHOICE;
-        size_t need = strlen(k->name) + strlen(t) + 16;
-        if (len + need >= cap) {
-            while (len + need >= cap)
-                cap *= 2;
-            char *q = realloc(s, cap);
-            if (!q) {
-                free(s);
-                return NULL;
-            }
-            s = q;
+        const value *v = &c->v[i];
+        sb_put(&b, k->name, strlen(k->name));
+        sb_put(&b, ": ", 2);
+        switch (k->type) {
+        case DDP_CFG_INT: sb_fmt(&b, "%lld", (long long)v->i); break;
+        case DDP_CFG_FLOAT: sb_double(&b, v->f); break;
+        case DDP_CFG_BOOL: sb_put(&b, v->b ? "true" : "false", v->b ? 4 : 5); break;
+        case DDP_CFG_INT_LIST:
+            sb_put(&b, "[", 1);
+            for (size_t j = 0; j < v->nlist; j++)
+                sb_fmt(&b, "%s%lld", j ? "," : "", (long long)v->list[j]);
+            sb_put(&b, "]", 1);
+            break;
+        case DDP_CFG_STRING:
+        case DDP_CFG_CHOICE: sb_quoted(&b, v->text ? v->text : ""); break;
         }
-        len += (size_t)snprintf(s + len, cap - len,
-                                k->type == DDP_CFG_INT_LIST ? "%s: [%s]\n"
-                                : quote                     ? "%s: \"%s\"\n"
-                                                            : "%s: %s\n",
-                                k->name, t);
+        sb_put(&b, "\n", 1);
     }
-    return s;
+    if (b.failed) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
 }
 
 void ddp_config_print_help(const ddp_cfg_key *schema, size_t n, FILE *out)

@@ -13,7 +13,7 @@
 #include "ddp/status.h"
 
 /* Formats a message into buf (cap bytes, always NUL-terminated, truncated if needed). */
-void ddp__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
+void ddp__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) DDP_PRINTF(3, 0);
 void ddp__fmt(char *buf, size_t cap, const char *fmt, ...) DDP_PRINTF(3, 4);
 
 /* The library's name for ddp_error_set() (ddp/status.h): one implementation, the short name
