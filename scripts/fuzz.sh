@@ -9,7 +9,8 @@
 # included), and fuzzes for the given time starting from it. New inputs go to
 # build-fuzz/corpus/<target>/, never into the repository; a crash leaves its input in
 # build-fuzz/artifacts/<target>/ and makes the script exit 1. At the end one line per target:
-# corpus size (files, bytes), executions, executions per second, crashes.
+# corpus size (libFuzzer's: inputs/bytes), edges covered, executions, executions per second,
+# crashes.
 # Keep an input that crashed as a regression: copy it to tests/fuzz/corpus/<target>/crash-<what>.
 # Environment: FUZZ_BUILD (build-fuzz), FUZZ_JOBS (cores to build with: nproc),
 # FUZZ_ARGS (more libFuzzer flags, e.g. "-max_len=65536").
@@ -47,8 +48,12 @@ for t in "${targets[@]}"; do
     log=$build/fuzz-$t.log
     [ -x "$bin" ] || { echo "fuzz: no target '$t' ($bin)" >&2; exit 1; }
     mkdir -p "$work" "$art"
-    dict=()
-    [ -f tests/fuzz/$t.dict ] && dict=(-dict=tests/fuzz/$t.dict)
+    opts=()
+    [ -f tests/fuzz/$t.dict ] && opts+=(-dict=tests/fuzz/$t.dict)
+    case $t in # room for what each format needs to get interesting (libFuzzer's default: 4 KiB)
+    config) opts+=(-max_len=16384) ;; # a few thousand nested maps once overflowed the stack
+    ckpt | store) opts+=(-max_len=8192) ;;
+    esac
 
     # The seeds first, crash regressions among them: each must run cleanly.
     if ! "$bin" -runs=0 "$seeds" >"$log" 2>&1; then
@@ -61,15 +66,18 @@ for t in "${targets[@]}"; do
     before=$(find "$art" -type f | wc -l)
     # -rss_limit_mb and -timeout turn a memory blow-up or a hang into a reported crash.
     "$bin" -max_total_time="$secs" -print_final_stats=1 -rss_limit_mb=2048 -timeout=25 \
-        -artifact_prefix="$art/" "${dict[@]}" ${FUZZ_ARGS:-} "$work" "$seeds" >>"$log" 2>&1 || true
+        -artifact_prefix="$art/" "${opts[@]}" ${FUZZ_ARGS:-} "$work" "$seeds" >>"$log" 2>&1 || true
     after=$(find "$art" -type f | wc -l)
-    files=$(find "$work" "$seeds" -type f | wc -l)
-    bytes=$(find "$work" "$seeds" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+    # libFuzzer's last status line: "#N DONE cov: E ft: F corp: FILES/SIZE …" (the corpus it
+    # keeps: inputs that each add coverage; SIZE in b, Kb or Mb).
+    done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1)
+    corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[KM]*b\).*/\1/p' <<<"$done_line")
+    cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$done_line")
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
     crashes=$((after - before))
-    summary+=("$(printf '%-8s corpus %5s files %9s bytes  %10s execs  %7s/s  crashes %s' \
-        "$t" "$files" "$bytes" "${execs:-?}" "${rate:-?}" "$crashes")")
+    summary+=("$(printf '%-8s corpus %12s  cov %5s  %10s execs  %7s/s  crashes %s' \
+        "$t" "${corp:-?}" "${cov:-?}" "${execs:-?}" "${rate:-?}" "$crashes")")
     if [ "$crashes" -ne 0 ] || [ -z "$execs" ]; then
         status=1
         echo "fuzz: $t: crashed or stopped early; inputs in $art/, log $log:" >&2

@@ -193,10 +193,19 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
     return DDP_OK;
 }
 
-/* Walks a YAML mapping, flattening keys with '.'. */
+/* Nested maps deeper than this are refused. Each level of walk() takes about 5 KB of stack, so
+ * a few thousand levels (a 10 KB file of "{a:{a:…") overflowed it; no schema nests so deep. */
+#define MAX_DEPTH 64
+
+/* Walks a YAML mapping, flattening keys with '.'; depth counts the maps above node. */
 static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, const char *prefix,
-                       const char *path, ddp_error *err)
+                       const char *path, int depth, ddp_error *err)
 {
+    if (depth >= MAX_DEPTH)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "'%s' line %zu: maps nested more than %d deep (under '%.64s…'); no key "
+                        "is that deep",
+                        path, node->start_mark.line + 1, MAX_DEPTH, prefix);
     if (node->type != YAML_MAPPING_NODE)
         return ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu: expected 'key: value' pairs%s%s",
                         path, node->start_mark.line + 1, *prefix ? " under " : "", prefix);
@@ -213,7 +222,7 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         ddp__fmt(origin, sizeof origin, "%s line %zu", path, k->start_mark.line + 1);
         long idx = find_key(c->schema, c->n, name);
         if (v->type == YAML_MAPPING_NODE && idx < 0) {
-            ddp_status st = walk(c, doc, v, name, path, err);
+            ddp_status st = walk(c, doc, v, name, path, depth + 1, err);
             if (st)
                 return st;
             continue;
@@ -272,7 +281,7 @@ static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
-        st = walk(c, &doc, root, "", path, err);
+        st = walk(c, &doc, root, "", path, 0, err);
     yaml_document_delete(&doc);
     yaml_parser_delete(&p);
     fclose(f);

@@ -66,7 +66,10 @@ static uint64_t read_all(const ddp_config *c)
         for (size_t j = 0; j < n; j++)
             h = h * 31 + (uint64_t)l[j];
         h = h * 31 + (uint64_t)ddp_config_int(c, k) + ddp_config_bool(c, k);
-        h = h * 31 + (uint64_t)(int64_t)ddp_config_float(c, k);
+        double d = ddp_config_float(c, k);
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        h = h * 31 + bits;
         h = h * 31 + strlen(ddp_config_str(c, k)) + strlen(ddp_config_origin(c, k));
     }
     return h;

@@ -29,7 +29,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t ye = ddp_dataset_y_elems(ds);
         if (!ddp_dataset_x_is_float(ds) || ye != 1 || ddp_dataset_num_tokens(ds) != 0)
             abort();
-        float *x = malloc((xe ? xe : 1) * 4 * 4);
+        /* Room for 4 samples. An empty file may claim any image size (up to 65536²), and then
+         * nothing is read: one float will do. */
+        float *x = malloc(len ? xe * 4 * sizeof *x : sizeof *x);
         int32_t y[4];
         if (!x)
             abort();
