@@ -197,9 +197,14 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
  * a few thousand levels (a 10 KB file of "{a:{a:…") overflowed it; no schema nests so deep. */
 #define MAX_DEPTH 64
 
-/* Walks a YAML mapping, flattening keys with '.'; depth counts the maps above node. */
+/* Key-value pairs walked in one file, at most. YAML aliases let a map be reused by reference, so
+ * ten maps of ten aliases each (700 bytes) would otherwise be walked 10^10 times. */
+#define MAX_PAIRS 100000
+
+/* Walks a YAML mapping, flattening keys with '.'; depth counts the maps above node, *pairs the
+ * pairs walked so far. */
 static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, const char *prefix,
-                       const char *path, int depth, ddp_error *err)
+                       const char *path, int depth, size_t *pairs, ddp_error *err)
 {
     if (depth >= MAX_DEPTH)
         return ddp__err(err, DDP_ERR_INVALID,
@@ -211,6 +216,11 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
                         path, node->start_mark.line + 1, *prefix ? " under " : "", prefix);
     for (yaml_node_pair_t *pr = node->data.mapping.pairs.start; pr < node->data.mapping.pairs.top;
          pr++) {
+        if (++*pairs > MAX_PAIRS)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "'%s': more than %d keys, counting the maps that aliases (*name) "
+                            "repeat; write the configuration without aliases",
+                            path, MAX_PAIRS);
         yaml_node_t *k = yaml_document_get_node(doc, pr->key);
         yaml_node_t *v = yaml_document_get_node(doc, pr->value);
         if (!k || !v || k->type != YAML_SCALAR_NODE)
@@ -222,7 +232,7 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         ddp__fmt(origin, sizeof origin, "%s line %zu", path, k->start_mark.line + 1);
         long idx = find_key(c->schema, c->n, name);
         if (v->type == YAML_MAPPING_NODE && idx < 0) {
-            ddp_status st = walk(c, doc, v, name, path, depth + 1, err);
+            ddp_status st = walk(c, doc, v, name, path, depth + 1, pairs, err);
             if (st)
                 return st;
             continue;
@@ -280,8 +290,9 @@ static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
         return st;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
+    size_t pairs = 0;
     if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
-        st = walk(c, &doc, root, "", path, 0, err);
+        st = walk(c, &doc, root, "", path, 0, &pairs, err);
     yaml_document_delete(&doc);
     yaml_parser_delete(&p);
     fclose(f);
