@@ -10,9 +10,10 @@
  *     those 8 bytes, the data, u32 masked CRC-32C of the data (mask: ((crc >> 15) |
  *     (crc << 17)) + 0xa282ead8);
  *   - each record's data is a tensorflow.Event protobuf. The first holds wall_time and
- *     file_version "brain.Event:2"; each scalar is an Event {wall_time, step, summary {value
- *     {tag, simple_value}}}, which TensorBoard shows under Scalars with its tag as the chart's
- *     name ("train/loss": chart "loss" in section "train").
+ *     file_version "brain.Event:2" (then, for a resumed run, a SessionLog START: see
+ *     purge_step); each scalar is an Event {wall_time, step, summary {value {tag,
+ *     simple_value}}}, which TensorBoard shows under Scalars with its tag as the chart's name
+ *     ("train/loss": chart "loss" in section "train").
  * Records are buffered in memory and written whole, so a reader never sees half a record of a
  * live run, and a failed write (a full disk, a file-size limit) is cut back to the last whole
  * record: the file stays readable up to there.
@@ -44,11 +45,16 @@ typedef struct ddp_tb_opts {
                          * or "": none. No '/'. */
     int flush_ms;       /* a record waits in memory at most this long before it is written
                          * (checked on the next call); 0 writes every record at once */
+    int64_t purge_step; /* -1: a new run. ≥ 0: a run resumed at this step (from a checkpoint):
+                         * the file starts with a SessionLog START at purge_step, and TensorBoard
+                         * drops what earlier files of the directory hold for steps ≥ purge_step
+                         * (logged after the checkpoint by the run that died), as torch's
+                         * SummaryWriter(purge_step=) does */
 } ddp_tb_opts;
 
 #define DDP_TB_OPTS_INIT                                                                           \
     {                                                                                              \
-        NULL, 10000                                                                                \
+        NULL, 10000, -1                                                                            \
     }
 
 /* Creates dir (and its missing parents, as mkdir -p) and a new event file in it, and writes

@@ -2,7 +2,7 @@
  * tb.c — TensorBoard event files (ddp/tb.h): TFRecord framing with masked CRC-32C around
  * tensorflow.Event messages encoded by hand.
  *
- * The Event, Summary and Summary.Value messages need five fields between them, so they are
+ * Event, Summary, Summary.Value and SessionLog need seven fields between them, so they are
  * written directly as protobuf wire format (tags, varints, little-endian fixed64/fixed32) rather
  * than through generated code: no Debian package carries TensorBoard's .proto files, and the
  * encoding is checked byte for byte against the tensorboard package's own serialiser in
@@ -104,6 +104,21 @@ size_t ddp__tb_event_version(unsigned char *out, size_t cap, double wall_time, c
     put_byte(&e, TAG(3, WT_LEN));                  /* Event.file_version */
     put_varint(&e, vn);
     put(&e, version, vn);
+    return e.len;
+}
+
+size_t ddp__tb_event_session_start(unsigned char *out, size_t cap, double wall_time, int64_t step)
+{
+    enc e = {out, cap, 0};
+    put_double(&e, TAG(1, WT_FIXED64), wall_time); /* Event.wall_time */
+    if (step != 0) {
+        put_byte(&e, TAG(2, WT_VARINT)); /* Event.step */
+        put_varint(&e, (uint64_t)step);
+    }
+    put_byte(&e, TAG(7, WT_LEN)); /* Event.session_log (6 is the old log_message) */
+    put_byte(&e, 2);
+    put_byte(&e, TAG(1, WT_VARINT)); /* SessionLog.status */
+    put_byte(&e, 1);                 /* START */
     return e.len;
 }
 
@@ -345,12 +360,18 @@ ddp_status ddp_tb_open(const char *dir, const ddp_tb_opts *opts, ddp_tb **out, d
             goto out_free;
         }
     }
-    /* The version record goes straight to the file, so a full disk shows here. */
-    unsigned char ev[64], rec[64 + DDP__TB_FRAME_BYTES];
+    /* The version record (and the purge) go straight to the file, so a full disk shows here. */
+    unsigned char ev[64], rec[2 * (64 + DDP__TB_FRAME_BYTES)];
     size_t n = ddp__tb_event_version(ev, sizeof ev, wall, FILE_VERSION);
     ddp__tb_frame(rec, ev, n);
+    size_t len = n + DDP__TB_FRAME_BYTES;
+    if (opts->purge_step >= 0) {
+        n = ddp__tb_event_session_start(ev, sizeof ev, wall, opts->purge_step);
+        ddp__tb_frame(rec + len, ev, n);
+        len += n + DDP__TB_FRAME_BYTES;
+    }
     char why[300];
-    if ((st = write_records(tb, rec, n + DDP__TB_FRAME_BYTES, why, sizeof why)) != DDP_OK) {
+    if ((st = write_records(tb, rec, len, why, sizeof why)) != DDP_OK) {
         ddp__err(err, st,
                  "cannot write the TensorBoard event file '%s': %s; free disk space or "
                  "choose another directory",

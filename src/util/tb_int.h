@@ -19,6 +19,10 @@ size_t ddp__tb_varint(unsigned char *out, uint64_t v);
  * Returns the encoded size; nothing is written past cap, so call with cap 0 to learn the size. */
 size_t ddp__tb_event_version(unsigned char *out, size_t cap, double wall_time, const char *version);
 
+/* Encodes an Event {wall_time, step, session_log {status: START}}: TensorBoard forgets what
+ * earlier files hold for steps ≥ step. Returns the encoded size, as above. */
+size_t ddp__tb_event_session_start(unsigned char *out, size_t cap, double wall_time, int64_t step);
+
 /* Encodes an Event {wall_time, step, summary {value {tag, simple_value}}}; tag is tag_len bytes.
  * Returns the encoded size, as above. */
 size_t ddp__tb_event_scalar(unsigned char *out, size_t cap, double wall_time, int64_t step,

@@ -5,6 +5,7 @@
  * Usage: tb_write DIR. Two writers: "main" (default options: buffered, written at close) with
  * the trainer's tags, and one with suffix ".extra" writing every record at once, with edge
  * cases (special values, extreme steps, a long and a non-ASCII tag).
+ * tb_write DIR resumed: a run and its resumption with purge_step (see resumed_run).
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,10 +31,33 @@ static void put(ddp_tb *tb, const char *tag, int64_t step, double v, double wall
     printf("%s\t%s\t%lld\t%08x\t%a\n", ddp_tb_path(tb), tag, (long long)step, bits, wall);
 }
 
+/* A run that logs "p/x" at steps 1..10 and dies; resumed from its checkpoint at step 6 it logs
+ * steps 6..8 again (other values) into a second file opened with purge_step 6. */
+static int resumed_run(const char *dir)
+{
+    ddp_error err = {0};
+    ddp_tb *tb = NULL;
+    if (ddp_tb_open(dir, NULL, &tb, &err) != DDP_OK)
+        die("open", err.msg);
+    for (int s = 1; s <= 10; s++)
+        put(tb, "p/x", s, s, 1.6e9 + s);
+    ddp_tb_close(tb);
+    ddp_tb_opts o = DDP_TB_OPTS_INIT;
+    o.purge_step = 6;
+    if (ddp_tb_open(dir, &o, &tb, &err) != DDP_OK)
+        die("open", err.msg);
+    for (int s = 6; s <= 8; s++)
+        put(tb, "p/x", s, 100 + s, 1.6e9 + 100 + s);
+    ddp_tb_close(tb);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[2], "resumed") == 0)
+        return resumed_run(argv[1]);
     if (argc != 2) {
-        fprintf(stderr, "usage: tb_write DIR\n");
+        fprintf(stderr, "usage: tb_write DIR [resumed]\n");
         return 2;
     }
     ddp_error err = {0};

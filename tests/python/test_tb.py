@@ -8,7 +8,8 @@ wall time). This script checks, with tensorboard's own code:
      (bit for bit, NaN and infinities included) and wall times logged, in order;
   3. each record's bytes equal tensorboard's own serialisation of the same Event;
   4. what TensorBoard's scalar dashboard reads (EventFileLoader's migrated events, and
-     EventAccumulator's Scalars) holds the same values.
+     EventAccumulator's Scalars) holds the same values;
+  5. a resumed run (purge_step): TensorBoard drops the dead run's steps after the checkpoint.
 tensorboard is not a Debian package: scripts/tb-venv.sh installs it from PyPI into a venv. When
 that cannot be done (offline), the test is skipped (exit 77).
 Usage: test_tb.py BINDIR VENV TB_VENV_SH"""
@@ -145,6 +146,30 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-py-") as d:
         exp = [(s, b, w) for t, s, b, w in rows if t == tag]
         got = [(e.step, f32_bits(e.value), e.wall_time) for e in acc.Scalars(tag)]
         check(got == exp, f"EventAccumulator {tag[:40]!r}: {got[:3]}… != {exp[:3]}…")
+
+# A resumed run: its second file starts with a SessionLog START at step 6, and TensorBoard keeps
+# the first file's steps 1..5 and the second's 6..8 (the first's 6..10 are purged).
+with tempfile.TemporaryDirectory(prefix="ddp-test-tb-py-") as d:
+    out = subprocess.run([os.path.join(BINDIR, "tb_write"), d, "resumed"], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        print(out.stderr)
+        sys.exit(1)
+    files = sorted({line.split("\t")[0] for line in out.stdout.splitlines()})
+    check(len(files) == 2, f"a run and its resumption: {len(files)} files")
+    second = list(event_file_loader.LegacyEventFileLoader(files[-1]).Load())
+    check(len(second) == 5, f"resumed file: {len(second)} events")
+    start = second[1]
+    check(start.HasField("session_log") and start.session_log.status == event_pb2.SessionLog.START
+          and start.step == 6, f"resumed file: a SessionLog START at step 6: {start}")
+    ref = event_pb2.Event(wall_time=start.wall_time, step=6,
+                          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+    check(raw_records(files[-1])[1] == ref.SerializeToString(), "SessionLog record bytes")
+    acc = event_accumulator.EventAccumulator(d, size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("p/x")]
+    want_p = [(s, float(s)) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 9)]
+    check(got == want_p, f"TensorBoard's view of a resumed run: {got}")
 
 print(f"test_tb: {passed} checks passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -3,7 +3,8 @@
  * reference, varints, the Event encoding byte for byte, TFRecord framing, and files written by
  * the writer read back by a small independent reader below (both CRCs checked, every protobuf
  * field decoded): names, the version record, tags, steps, values (float32, NaN and infinities
- * kept), wall times, buffering by flush_ms, refused tags, directories that cannot be created,
+ * kept), wall times, a resumed run's purge record, buffering by flush_ms, refused tags,
+ * directories that cannot be created,
  * and a write that fails (a child under a small RLIMIT_FSIZE) leaving a file of whole records.
  * tests/python/test_tb.py reads the same files with the tensorboard package itself.
  */
@@ -164,6 +165,12 @@ static void event_bytes(void **state)
     assert_memory_equal(big + 9, head, sizeof head);
     free(big);
 
+    static const unsigned char start[] = {0x09, 0,    0,    0,    0,    0,    0,   0xf8,
+                                          0x3f, 0x10, 0x07, 0x3a, 0x02, 0x08, 0x01};
+    n = ddp__tb_event_session_start(out, sizeof out, 1.5, 7);
+    assert_int_equal(n, sizeof start);
+    assert_memory_equal(out, start, n);
+
     static const unsigned char ver[] = {0x09, 0,    0,   0,   0,   0,   0,   0xf8,
                                         0x3f, 0x1a, 13,  'b', 'r', 'a', 'i', 'n',
                                         '.',  'E',  'v', 'e', 'n', 't', ':', '2'};
@@ -205,6 +212,7 @@ typedef struct event {
     char tag[DDP_TB_MAX_TAG + 1];
     float value;
     int nvalues;
+    int session; /* SessionLog.status, 0 when absent */
 } event;
 
 typedef struct rd {
@@ -294,6 +302,12 @@ static void decode_event(rd r, event *e)
         } else if (f == 3 && wt == 2) {
             assert_true(sub.left < sizeof e->version);
             memcpy(e->version, sub.p, sub.left);
+        } else if (f == 7 && wt == 2) {
+            while (sub.left) {
+                assert_true(rd_field(&sub, &f, &wt, &v, &val));
+                assert_true(f == 1 && wt == 0);
+                e->session = (int)v;
+            }
         } else if (f == 5 && wt == 2) {
             while (sub.left) {
                 assert_true(rd_field(&sub, &f, &wt, &v, &val));
@@ -501,6 +515,31 @@ static void names_are_new(void **state)
     assert_string_equal(ev[1].tag, "w/b");
     free(ev);
     assert_int_equal(count_files(sub), 3);
+}
+
+static void purge_step(void **state)
+{
+    (void)state;
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/purge", dir);
+    ddp_tb_opts o = DDP_TB_OPTS_INIT;
+    o.purge_step = 600;
+    ddp_tb *tb = NULL;
+    assert_int_equal(ddp_tb_open(sub, &o, &tb, NULL), DDP_OK);
+    assert_int_equal(ddp_tb_scalar(tb, "train/loss", 601, 1.0, 0), DDP_OK);
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", ddp_tb_path(tb));
+    ddp_tb_close(tb);
+    event *ev;
+    assert_int_equal(read_events(keep, &ev), 3);
+    assert_string_equal(ev[0].version, "brain.Event:2");
+    assert_int_equal(ev[1].session, 1); /* START */
+    assert_int_equal(ev[1].step, 600);
+    assert_int_equal(ev[1].nvalues, 0);
+    assert_true(ev[1].wall == ev[0].wall);
+    assert_int_equal(ev[2].step, 601);
+    assert_int_equal(ev[2].session, 0);
+    free(ev);
 }
 
 static void buffering(void **state)
@@ -764,11 +803,17 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(crc32c_vectors),   cmocka_unit_test(varints),
-        cmocka_unit_test(event_bytes),      cmocka_unit_test(framing),
-        cmocka_unit_test(round_trip),       cmocka_unit_test(names_are_new),
-        cmocka_unit_test(buffering),        cmocka_unit_test(bad_tags_and_options),
-        cmocka_unit_test(directory_errors), cmocka_unit_test(full_disk),
+        cmocka_unit_test(crc32c_vectors),
+        cmocka_unit_test(varints),
+        cmocka_unit_test(event_bytes),
+        cmocka_unit_test(framing),
+        cmocka_unit_test(round_trip),
+        cmocka_unit_test(names_are_new),
+        cmocka_unit_test(purge_step),
+        cmocka_unit_test(buffering),
+        cmocka_unit_test(bad_tags_and_options),
+        cmocka_unit_test(directory_errors),
+        cmocka_unit_test(full_disk),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
