@@ -2,6 +2,7 @@
 #   make demo      install dependencies, build, run the main job (ddptrain, 2 processes)
 #   make test      install dependencies, build, run every test under CTest
 #   make sanitize  the test suite again under ASan+UBSan and under TSan
+#   make fuzz      libFuzzer on every input format, 60 s each (scripts/fuzz.sh; docs/fuzzing.md)
 # Everything else is CMake: `cmake -S . -B build && cmake --build build`.
 
 BUILD    ?= build
@@ -9,7 +10,7 @@ JOBS     ?= $(shell nproc)
 WERROR   ?= ON
 CTEST    := ctest --output-on-failure --no-tests=error
 
-.PHONY: all deps build demo test sanitize asan tsan bench clean
+.PHONY: all deps build demo test sanitize asan tsan fuzz bench clean
 
 all: build
 
@@ -46,8 +47,11 @@ tsan: deps build-tsan/CMakeCache.txt
 
 sanitize: asan tsan
 
+fuzz: deps
+	scripts/fuzz.sh
+
 bench: build
 	bench/launch.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
