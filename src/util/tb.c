@@ -242,11 +242,11 @@ static ddp_status flush_buf(ddp_tb *tb)
     char why[300];
     ddp_status st = write_records(tb, tb->buf, tb->len, why, sizeof why);
     if (st != DDP_OK)
-        ddp__fmt(tb->err, sizeof tb->err,
-                 "writing TensorBoard events to '%s' failed: %s; %zu record%s (%zu bytes) "
-                 "dropped, the file keeps the ones before; free disk space or choose another "
-                 "directory",
-                 tb->path, why, tb->nrec, tb->nrec == 1 ? "" : "s", tb->len);
+        ddp__errmsg(tb->err, st,
+                    "writing TensorBoard events to '%s' failed: %s; %zu record%s (%zu bytes) "
+                    "dropped, the file keeps the ones before; free disk space or choose another "
+                    "directory",
+                    tb->path, why, tb->nrec, tb->nrec == 1 ? "" : "s", tb->len);
     tb->len = 0;
     tb->nrec = 0;
     return st;
@@ -262,8 +262,8 @@ static ddp_status append_record(ddp_tb *tb, const unsigned char *data, size_t n)
             cap *= 2;
         unsigned char *p = realloc(tb->buf, cap);
         if (!p) {
-            ddp__fmt(tb->err, sizeof tb->err, "out of memory buffering a TensorBoard record");
-            return DDP_ERR_NOMEM;
+            return ddp__errmsg(tb->err, DDP_ERR_NOMEM,
+                               "out of memory buffering a TensorBoard record");
         }
         tb->buf = p;
         tb->cap = cap;
@@ -398,10 +398,9 @@ ddp_status ddp_tb_scalar(ddp_tb *tb, const char *tag, int64_t step, double value
         return DDP_ERR_INVALID;
     size_t tn = tag ? strnlen(tag, DDP_TB_MAX_TAG + 1) : 0;
     if (tn == 0 || tn > DDP_TB_MAX_TAG || !valid_utf8((const unsigned char *)tag, tn)) {
-        ddp__fmt(tb->err, sizeof tb->err,
-                 "a TensorBoard tag must be 1 to %d bytes of UTF-8 (tag '%.64s'%s)", DDP_TB_MAX_TAG,
-                 tag ? tag : "(null)", tn > 64 ? "…" : "");
-        return DDP_ERR_INVALID;
+        return ddp__errmsg(tb->err, DDP_ERR_INVALID,
+                           "a TensorBoard tag must be 1 to %d bytes of UTF-8 (tag '%.64s'%s)",
+                           DDP_TB_MAX_TAG, tag ? tag : "(null)", tn > 64 ? "…" : "");
     }
     if (!(wall_time > 0))
         wall_time = now_wall();
@@ -410,8 +409,8 @@ ddp_status ddp_tb_scalar(ddp_tb *tb, const char *tag, int64_t step, double value
     if (n > sizeof small) {
         ev = malloc(n);
         if (!ev) {
-            ddp__fmt(tb->err, sizeof tb->err, "out of memory encoding a TensorBoard record");
-            return DDP_ERR_NOMEM;
+            return ddp__errmsg(tb->err, DDP_ERR_NOMEM,
+                               "out of memory encoding a TensorBoard record");
         }
         ddp__tb_event_scalar(ev, n, wall_time, step, tag, tn, (float)value);
     }
