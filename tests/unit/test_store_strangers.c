@@ -195,11 +195,9 @@ static bool wait_closed(int fd, int ms, int *first)
         *first = -1;
     int64_t deadline = now_ms() + ms;
     for (;;) {
-        int64_t left = deadline - now_ms();
-        if (left <= 0)
-            return false;
+        int64_t left = deadline - now_ms(); /* ≤ 0: still look once at what has arrived */
         struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int rc = poll(&pf, 1, (int)left);
+        int rc = poll(&pf, 1, left > 0 ? (int)left : 0);
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0)
