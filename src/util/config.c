@@ -193,6 +193,47 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
     return DDP_OK;
 }
 
+/* A growable string (values read from YAML, ddp_config_to_yaml); `failed` once an allocation
+ * failed. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->len + n + 1 > cap)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_fmt(sbuf *b, const char *fmt, ...) DDP_PRINTF(2, 3);
+static void sb_fmt(sbuf *b, const char *fmt, ...)
+{
+    char tmp[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
 /* Nested maps deeper than this are refused. Each level of walk() takes about 5 KB of stack, so
  * a few thousand levels (a 10 KB file of "{a:{a:…") overflowed it; no schema nests so deep. */
 #define MAX_DEPTH 64
@@ -200,6 +241,10 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
 /* Key-value pairs walked in one file, at most. YAML aliases let a map be reused by reference, so
  * ten maps of ten aliases each (700 bytes) would otherwise be walked 10^10 times. */
 #define MAX_PAIRS 100000
+
+/* Bytes in one value read from YAML, at most (a list of aliases to a long string could
+ * otherwise ask for the file's size squared). */
+#define MAX_VALUE (1 << 20)
 
 /* Walks a YAML mapping, flattening keys with '.'; depth counts the maps above node, *pairs the
  * pairs walked so far. */
@@ -239,27 +284,43 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         }
         if (idx < 0)
             return unknown_key(c->schema, c->n, name, origin, err);
-        char text[4096] = "";
+        /* The value as text: a scalar, or a list's items joined by commas. No fixed buffer:
+         * one of 4 KB cut longer values short without a word. */
+        sbuf text = {0};
+        sb_put(&text, "", 0);
         if (v->type == YAML_SCALAR_NODE) {
-            ddp__fmt(text, sizeof text, "%s", (const char *)v->data.scalar.value);
+            sb_put(&text, (const char *)v->data.scalar.value, v->data.scalar.length);
         } else if (v->type == YAML_SEQUENCE_NODE && c->schema[idx].type == DDP_CFG_INT_LIST) {
             for (yaml_node_item_t *it = v->data.sequence.items.start;
-                 it < v->data.sequence.items.top; it++) {
+                 it < v->data.sequence.items.top && text.len <= MAX_VALUE; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);
-                if (!e || e->type != YAML_SCALAR_NODE)
+                if (!e || e->type != YAML_SCALAR_NODE) {
+                    free(text.p);
                     return ddp__err(err, DDP_ERR_INVALID,
-                                    "key '%s': a list of plain values is "
-                                    "expected (%s)",
-                                    name, origin);
-                size_t l = strlen(text);
-                ddp__fmt(text + l, sizeof text - l, "%s%s", l ? "," : "",
-                         (const char *)e->data.scalar.value);
+                                    "key '%s': a list of plain values is expected (%s)", name,
+                                    origin);
+                }
+                if (it != v->data.sequence.items.start)
+                    sb_put(&text, ",", 1);
+                sb_put(&text, (const char *)e->data.scalar.value, e->data.scalar.length);
             }
         } else {
+            free(text.p);
             return ddp__err(err, DDP_ERR_INVALID, "key '%s': expected a single value (%s)", name,
                             origin);
         }
-        ddp_status st = set_value(&c->schema[idx], &c->v[idx], text, origin, err);
+        ddp_status st = DDP_OK;
+        if (text.failed)
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory reading key '%s' (%s)", name, origin);
+        else if (text.len > MAX_VALUE)
+            st = ddp__err(err, DDP_ERR_INVALID, "key '%s': a value longer than %d bytes (%s)", name,
+                          MAX_VALUE, origin);
+        else if (strlen(text.p) != text.len)
+            st = ddp__err(err, DDP_ERR_INVALID, "key '%s': the value holds a NUL character (%s)",
+                          name, origin);
+        else
+            st = set_value(&c->schema[idx], &c->v[idx], text.p, origin, err);
+        free(text.p);
         if (st)
             return st;
     }
@@ -420,46 +481,6 @@ const char *ddp_config_origin(const ddp_config *c, const char *key)
 {
     const value *v = get(c, key);
     return v ? v->origin : "";
-}
-
-/* A growable string for ddp_config_to_yaml; `failed` once an allocation failed. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (b->len + n + 1 > cap)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_fmt(sbuf *b, const char *fmt, ...) DDP_PRINTF(2, 3);
-static void sb_fmt(sbuf *b, const char *fmt, ...)
-{
-    char tmp[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
 /* The length of the UTF-8 sequence at s (of n bytes) and its code point; 0 if not UTF-8. */

@@ -224,6 +224,53 @@ static void alias_bomb_refused(void **state)
     ddp_config_free(c);
 }
 
+/* Values of any length are read whole: a fixed 4 KB buffer cut longer strings and lists short
+ * without a word (found by fuzz_config's round-trip check: crash-long-value). */
+static void long_values_whole(void **state)
+{
+    (void)state;
+    size_t n = 3000, cap = 16 * n + 64;
+    char *y = malloc(cap), *want = malloc(n * 4);
+    assert_non_null(y);
+    assert_non_null(want);
+    size_t k = (size_t)snprintf(y, cap, "run_name: \"");
+    for (size_t i = 0; i < 3 * n; i++)
+        want[i] = y[k++] = (char)('a' + i % 26);
+    want[3 * n] = '\0';
+    k += (size_t)snprintf(y + k, cap - k, "\"\nmodel:\n  hidden: [");
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(y + k, cap - k, "%s%zu", i ? ", " : "", i + 1);
+    snprintf(y + k, cap - k, "]\n");
+    write_yaml(y);
+    ddp_config *c = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp_config_load(schema, N, path, 0, NULL, &c, &err), DDP_OK);
+    assert_string_equal(ddp_config_str(c, "run_name"), want);
+    size_t m;
+    const int64_t *h = ddp_config_ints(c, "model.hidden", &m);
+    assert_int_equal(m, n);
+    assert_int_equal(h[n - 1], (int64_t)n);
+    ddp_config_free(c);
+    free(want);
+    free(y);
+
+    /* A NUL inside a value cannot be kept in a C string: refused, not cut. */
+    expect_fail("run_name: \"ab\\0cd\"\n", 0, NULL, "key 'run_name'", "NUL");
+    /* Over 1 MiB, through aliases of a long string in a list: refused. */
+    cap = 2 << 20;
+    y = malloc(cap);
+    assert_non_null(y);
+    k = (size_t)snprintf(y, cap, "run_name: &s \"");
+    for (int i = 0; i < 20000; i++)
+        y[k++] = '7';
+    k += (size_t)snprintf(y + k, cap - k, "\"\nmodel:\n  hidden: [*s");
+    for (int i = 0; i < 60; i++)
+        k += (size_t)snprintf(y + k, cap - k, ", *s");
+    snprintf(y + k, cap - k, "]\n");
+    expect_fail(y, 0, NULL, "longer than 1048576 bytes", NULL);
+    free(y);
+}
+
 static void help_lists_every_key(void **state)
 {
     (void)state;
@@ -242,9 +289,10 @@ static void help_lists_every_key(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(defaults_yaml_cli),  cmocka_unit_test(errors),
-        cmocka_unit_test(to_yaml_reads_back), cmocka_unit_test(deep_nesting_refused),
-        cmocka_unit_test(alias_bomb_refused), cmocka_unit_test(help_lists_every_key),
+        cmocka_unit_test(defaults_yaml_cli),    cmocka_unit_test(errors),
+        cmocka_unit_test(to_yaml_reads_back),   cmocka_unit_test(deep_nesting_refused),
+        cmocka_unit_test(alias_bomb_refused),   cmocka_unit_test(long_values_whole),
+        cmocka_unit_test(help_lists_every_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
