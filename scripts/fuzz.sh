@@ -28,7 +28,7 @@ if ! command -v clang >/dev/null; then
     exit 1
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-    CC=clang cmake -S . -B "$build" -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=OFF -DDDP_WERROR=ON \
+    CC=clang cmake -S . -B "$build" -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=OFF -DDDP_CUDA=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
 cmake --build "$build" -j "$jobs" --target fuzzers >/dev/null

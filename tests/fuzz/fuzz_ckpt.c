@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const ddp_ckpt_tensor *t = ddp_ckpt_tensor_at(c, i);
             if (!t || t->ndim < 0 || t->ndim > DDP_CKPT_MAX_DIMS)
                 abort();
-            uint64_t n = ddp_ckpt_dtype_size(t->dtype);
+            uint64_t n = ddp_dtype_size(t->dtype);
             for (int d = 0; d < t->ndim; d++)
                 n *= (uint64_t)t->shape[d];
             const unsigned char *p = t->data;
@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 sum += p[k];
             if (ddp_ckpt_find(c, t->name) != t)
                 abort();
-            sum += strlen(ddp_ckpt_dtype_name(t->dtype));
+            sum += strlen(ddp_dtype_name(t->dtype));
         }
         if (ddp_ckpt_tensor_at(c, ddp_ckpt_count(c)) != NULL)
             abort();
