@@ -16,7 +16,7 @@
  *       ddp_model_forward(m, &b, true, &out);                  // out.loss, out.correct
  *       ddp_model_backward(m, mark_ready, red);                // grads += d loss / d param
  *
- * Types ("mlp", "cnn"; "gpt" to come) sit behind one table of operations; each fills the same
+ * Types ("mlp", "cnn", "gpt") sit behind one table of operations; each fills the same
  * parameter list and reads the same batch descriptor, so a trainer, a reducer, an optimizer
  * (ddp/optim.h) and the checkpoint's trainer state (ddp/ckpt.h) work with any of them unchanged.
  *
@@ -25,12 +25,33 @@
  * cnn: per channels[s]: Conv2d 3×3 pad 1 → BatchNorm2d → activation → MaxPool2d 2, then the
  *      mlp's layers on the flattened result. Parameters convS.weight (out, in, 3, 3), convS.bias,
  *      bnS.weight, bnS.bias (C,), then fcK.*; buffers bnS.running_mean, bnS.running_var (C,).
- * Both: parameters in forward order (backward finishes them last to first, so a reducer buckets
+ * gpt: GPT-2 as nanoGPT writes it. Inputs are token ids (n, seq_len), seq_len ≤ block_size:
+ *      x = drop(wte[idx] + wpe[pos]); per block x = x + drop(c_proj(attn(ln_1(x)))),
+ *      x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))); logits = ln_f(x) · wteᵀ (the LM
+ *      head is tied to the token embedding); loss = mean cross-entropy over the targets that are
+ *      not −1 (DDP_NN_IGNORE_INDEX). Attention is causal, with dropout on its probabilities.
+ *      Parameters, nanoGPT's names and torch's shapes, in this order: transformer.wte.weight
+ *      (V, C), transformer.wpe.weight (block_size, C), then per block i transformer.h.i.
+ *      ln_1.weight, ln_1.bias (C), attn.c_attn.weight (3C, C), attn.c_attn.bias (3C),
+ *      attn.c_proj.weight (C, C), attn.c_proj.bias (C), ln_2.weight, ln_2.bias (C),
+ *      mlp.c_fc.weight (4C, C), mlp.c_fc.bias (4C), mlp.c_proj.weight (C, 4C), mlp.c_proj.bias
+ *      (C); then transformer.ln_f.weight, transformer.ln_f.bias (C). Every bias is absent when
+ *      spec.bias is false. No lm_head.weight: torch's nanoGPT lists it as the same tensor as
+ *      wte, so it loads our weights with strict=False, missing exactly that key. Weight decay
+ *      (decay) on the 2-D tensors only, as nanoGPT's configure_optimizers. GPT-2's init: normal
+ *      std 0.02 for embeddings and linear weights, 0.02/√(2·n_layer) for both c_proj weights,
+ *      biases 0, layernorm weights 1 (ddp_nn_init_normal, from spec.seed and the tensor's index).
+ *      Activations for max_batch × block_size tokens are allocated at build; what the backward
+ *      needs is kept (no T×T per head; docs/nn.md counts the bytes). A training forward with
+ *      targets turns the logits into their gradient in place: ddp_model_logits returns NULL
+ *      after it. batch.last_logits (evaluation without targets) computes the logits of each
+ *      sample's last position only, (n, V): what generation needs.
+ * All: parameters in forward order (backward finishes them last to first, so a reducer buckets
  * them from the end); weights and biases initialised as torch's defaults (kaiming-uniform,
  * batchnorm γ = 1, β = 0), from spec.seed and the parameter's index, the same on every rank;
  * weight decay applies to every parameter (decay is true throughout, as torch's default param
- * group). The names are torch's, so a checkpoint loads by name into the twin torch model
- * (tests/python/test_model_torch.py).
+ * group; gpt: see above). The names are torch's, so a checkpoint loads by name into the twin
+ * torch model (tests/python/test_model_torch.py, test_gpt_torch.py).
  *
  * Ownership: the model owns its parameter list, names, activations and (until bound elsewhere)
  * parameter values and gradients; ddp_model_free() releases them. Memory bound with
@@ -62,8 +83,9 @@ typedef struct ddp_model ddp_model;
 /* What to build. Plain data, borrowed for ddp_model_build() only; start from
  * DDP_MODEL_SPEC_INIT and set what the type reads. Each type ignores the others' fields. */
 typedef struct ddp_model_spec {
-    const char *type; /* "mlp" | "cnn" */
-    int max_batch;    /* the largest batch forward accepts (activations are sized for it), ≥ 1 */
+    const char *type; /* "mlp" | "cnn" | "gpt" */
+    int max_batch;    /* the largest batch forward accepts (activations are sized for it), ≥ 1;
+                         gpt: sequences of up to block_size tokens */
     uint64_t seed;    /* weights and dropout masks */
     /* mlp, cnn: */
     int in_ch, in_h, in_w;   /* one input sample (in_ch, in_h, in_w), each ≥ 1 */
@@ -117,22 +139,24 @@ typedef struct ddp_model_batch {
     const float *x;         /* mlp, cnn: inputs (n, in_ch·in_h·in_w) fp32 */
     const int32_t *labels;  /* mlp, cnn: classes (n,) in [0, classes); NULL: no loss */
     const int32_t *tokens;  /* gpt: token ids (n, seq_len) */
-    const int32_t *targets; /* gpt: next tokens (n, seq_len); NULL: no loss */
-    int seq_len;            /* gpt: tokens per sample */
+    const int32_t *targets; /* gpt: next tokens (n, seq_len), −1 ignored; NULL: no loss */
+    int seq_len;            /* gpt: tokens per sample, 1 … block_size */
     float grad_scale;       /* backward accumulates d(loss · grad_scale)/d param: 1/k when k
                                micro-batches accumulate into one step; 0 is taken as 1 */
     uint64_t step;          /* training step: keys dropout (its stream) */
     uint64_t sample_offset; /* global index of sample 0 of this batch (e.g. ((step · accum +
                                micro) · world + rank) · B): dropout masks follow the sample, not
                                the rank or world size */
+    bool last_logits;       /* gpt, evaluation without targets: logits only for each sample's
+                               last position, (n, V) instead of (n·seq_len, V) (generation) */
 } ddp_model_batch;
 
 /* What forward computed, for logs and evaluation. */
 typedef struct ddp_model_out {
     double loss;     /* mean cross-entropy over the items below (double); 0 without labels */
     int64_t correct; /* items whose argmax is their label (first index on ties) */
-    int64_t count;   /* items the loss averages: n for mlp/cnn, n·seq_len for gpt; 0 without
-                        labels */
+    int64_t count;   /* items the loss averages: n for mlp/cnn, the targets that are not −1
+                        for gpt (n·seq_len without ignored ones); 0 without labels */
 } ddp_model_out;
 
 /* Parameter `index` of the model's list has its final gradient for this backward. Returning an
@@ -177,9 +201,10 @@ void ddp_model_zero_grad(ddp_model *m);
 ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
                              ddp_model_out *out);
 
-/* The last forward's logits: (*rows, *cols) fp32, rows = n (n·seq_len for gpt), cols = classes
- * (vocabulary). Owned by m, overwritten by the next forward; NULL before the first. rows and
- * cols may be NULL. */
+/* The last forward's logits: (*rows, *cols) fp32, rows = n (n·seq_len for gpt, n with
+ * last_logits), cols = classes (vocabulary). Owned by m, overwritten by the next forward; NULL
+ * before the first, and for gpt after a training forward with targets (the buffer then holds
+ * the loss's gradient). rows and cols may be NULL. */
 const float *ddp_model_logits(const ddp_model *m, size_t *rows, size_t *cols);
 
 /* Backward of the last forward, which must have been in training mode with labels: accumulates
@@ -188,6 +213,16 @@ const float *ddp_model_logits(const ddp_model *m, size_t *rows, size_t *cols);
  * DDP_ERR_INVALID (no training forward with labels since the last backward), DDP_ERR_NOMEM (the
  * model's own gradients), or what ready returned; the message is on m. */
 ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
+
+/* Training FLOPs (forward + backward) of one sample, for MFU:
+ *   mlp, cnn: 6 × the forward's multiply-adds (linear in·out, conv out_ch·in_ch·kh·kw·out_h·out_w;
+ *             batchnorm, pooling, activations not counted);
+ *   gpt:      seq_len × (6·N + 12·n_layer·n_embd·seq_len), N = every parameter except
+ *             transformer.wpe.weight (nanoGPT's estimate_mfu, after PaLM: the token embedding
+ *             counts, it is the LM head's matrix; the attention term counts the full T×T scores,
+ *             not the causal half). seq_len ≤ 0 means block_size; mlp and cnn ignore it.
+ * FLOPs per token for gpt: divide by seq_len. Pure; any thread. */
+double ddp_model_flops_per_sample(const ddp_model *m, int seq_len);
 
 /* The message of the last failed call on m, or "" — owned by m, valid until the next call. */
 const char *ddp_model_last_error(const ddp_model *m);

@@ -399,5 +399,26 @@ static const float *logits(const ddp_model *m, size_t *rows, size_t *cols)
     return c->L[c->nl - 1].y;
 }
 
-const ddp_model_ops ddp__mlp_ops = {"mlp", build_mlp, free_classifier, forward, backward, logits};
-const ddp_model_ops ddp__cnn_ops = {"cnn", build_cnn, free_classifier, forward, backward, logits};
+/* 6 × the forward's multiply-adds per sample (a MAC is 2 FLOPs, the backward costs twice the
+ * forward): linear in·out, conv out_ch·in_ch·kh·kw·out_h·out_w. Batchnorm, pooling and the
+ * activations are not counted. */
+static double flops(const ddp_model *m, int seq_len)
+{
+    const classifier *c = m->impl;
+    double macs = 0;
+    (void)seq_len;
+    for (int i = 0; i < c->nl; i++) {
+        const layer *l = &c->L[i];
+        if (l->kind == L_LINEAR)
+            macs += (double)l->fan_in * l->out;
+        else if (l->kind == L_CONV)
+            macs += (double)l->conv.out_ch * l->conv.in_ch * l->conv.kh * l->conv.kw *
+                    l->conv.out_h * l->conv.out_w;
+    }
+    return 6.0 * macs;
+}
+
+const ddp_model_ops ddp__mlp_ops = {"mlp",  build_mlp, free_classifier, forward, backward,
+                                    logits, flops};
+const ddp_model_ops ddp__cnn_ops = {"cnn",  build_cnn, free_classifier, forward, backward,
+                                    logits, flops};

@@ -2,7 +2,7 @@
  * model.c — the type-independent half of ddp/model.h: the table of model types, the parameter
  * list every type fills, where values and gradients live (the model's memory or the caller's),
  * argument checks and messages. The layers themselves are the types' business (classifier.c for
- * mlp and cnn); nothing here knows about reducers, optimizers or files.
+ * mlp and cnn, gpt.c for gpt); nothing here knows about reducers, optimizers or files.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -11,7 +11,7 @@
 
 #include "nn/model_int.h"
 
-static const ddp_model_ops *const types[] = {&ddp__mlp_ops, &ddp__cnn_ops};
+static const ddp_model_ops *const types[] = {&ddp__mlp_ops, &ddp__cnn_ops, &ddp__gpt_ops};
 #define NTYPES (sizeof types / sizeof types[0])
 
 /* arr (cap elements of size sz) grown to hold more than n (2× when full): the array, perhaps
@@ -236,6 +236,11 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
     }
     m->can_backward = false;
     return m->ops->backward(m, ready, ctx);
+}
+
+double ddp_model_flops_per_sample(const ddp_model *m, int seq_len)
+{
+    return m->ops->flops(m, seq_len);
 }
 
 const char *ddp_model_last_error(const ddp_model *m)

@@ -3,8 +3,8 @@
  * helpers it builds its parameter list with. model.c does everything common (the list, binding,
  * gradients, argument checks, errors); a type does only its layers.
  *
- * Adding a type: write its ops (build, free, forward, backward, logits) in its own file, name
- * the table ddp__<type>_ops, and add it to the table in model.c.
+ * Adding a type: write its ops (build, free, forward, backward, logits, flops) in its own file,
+ * name the table ddp__<type>_ops, and add it to the table in model.c.
  */
 #ifndef DDP_NN_MODEL_INT_H
 #define DDP_NN_MODEL_INT_H
@@ -24,6 +24,8 @@ typedef struct ddp_model_ops {
     /* Called only after a training forward with labels; every params[i].grad is set. */
     ddp_status (*backward)(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
     const float *(*logits)(const ddp_model *m, size_t *rows, size_t *cols);
+    /* Training FLOPs (forward + backward) of one sample; seq_len as ddp_model_flops_per_sample. */
+    double (*flops)(const ddp_model *m, int seq_len);
 } ddp_model_ops;
 
 struct ddp_model {
@@ -48,6 +50,6 @@ ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const 
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err);
 
-extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops;
+extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops, ddp__gpt_ops;
 
 #endif /* DDP_NN_MODEL_INT_H */

@@ -1,0 +1,543 @@
+/*
+ * gpt.c — the "gpt" model type of ddp/model.h: GPT-2 as nanoGPT writes it (pre-LN blocks,
+ * causal self-attention, 4× MLP with tanh GELU, final layernorm, LM head tied to the token
+ * embedding), composed from the transformer layers of ddp/nn.h, with the cross-entropy over the
+ * vocabulary fused into forward.
+ *
+ * Activations are allocated once at build for max_batch × block_size tokens, and only what the
+ * backward reads is kept: per block the residual stream in and after attention, both layernorm
+ * outputs and their row statistics, qkv, the heads' output, the attention's log-sum-exp (no T×T
+ * per head), the MLP's pre- and post-GELU activations, dropout masks when dropout is on. The
+ * projections' outputs and every gradient go through a few shared (N, C) / (N, 4C) buffers. The
+ * biggest buffer, the logits (N, V), is turned into its own gradient by the training forward.
+ *
+ * Backward runs the blocks from the top and reports each parameter ready as soon as its gradient
+ * is final, the tied token embedding last (the LM head's and the embedding's gradients both land
+ * in it). Dropout draws from (spec.seed + layer id, step, global element index): layer id 1 is the
+ * embedding's dropout, then 2 + 3·l, 3 + 3·l, 4 + 3·l the attention probabilities', the attention
+ * residual's and the MLP residual's of block l; every offset starts from batch.sample_offset, so
+ * masks follow the global sample, not the rank. (Layer ids start at 1 so that no dropout stream
+ * shares the initialiser's (spec.seed, tensor id) keys.)
+ *
+ * What it does not do: a KV cache for generation (each forward recomputes every position; the
+ * batch's last_logits flag saves the LM head for all but the last), mixed precision, its own
+ * threads (OpenBLAS's run inside each product).
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/nn.h"
+#include "nn/model_int.h"
+
+#define LN_EPS 1e-5f
+
+/* Indices into the model's parameter list; −1 where bias is false. */
+typedef struct block_params {
+    int ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
+} block_params;
+
+/* What one block keeps for the backward; N = max_batch·block_size rows. */
+typedef struct block_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (N, C), (N,), (N,) ln_1's output and statistics */
+    float *qkv;                       /* (N, 3C) c_attn's output */
+    float *atty;                      /* (N, C) the heads' output, c_proj's input */
+    float *lse;                       /* (B, nh, T) the attention's log-sum-exp per query row */
+    float *xmid;                      /* (N, C) residual stream after attention, ln_2's input */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (N, C), (N,), (N,) */
+    float *fch;                       /* (N, 4C) c_fc's output, the GELU's input */
+    float *fchg;                      /* (N, 4C) the GELU's output, mlp.c_proj's input */
+    float *xout;                      /* (N, C) residual stream out: the next block's input */
+    uint8_t *mask_a, *mask_m;         /* (N, C) residual dropout masks (NULL without dropout) */
+} block_acts;
+
+typedef struct gpt {
+    int L, nh, C, Tmax, V, B; /* n_layer, n_head, n_embd, block_size, vocab_size, max_batch */
+    bool bias;
+    float p; /* dropout */
+    uint64_t seed;
+    ddp_nn_attention att;
+    int p_wte, p_wpe, p_lnf_w, p_lnf_b;
+    block_params *bp;                 /* (L,) */
+    block_acts *ba;                   /* (L,) */
+    float *x0;                        /* (N, C) embedding (after its dropout): block 0's input */
+    uint8_t *mask_e;                  /* (N, C) the embedding's dropout mask, or NULL */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (N, C), (N,), (N,) ln_f */
+    float *logits;       /* (N, V): logits, or d loss / d logits after a training forward */
+    float *attn_scratch; /* att.scratch_floats */
+    float *tmp;          /* (N, C) projections' outputs; gradients */
+    float *dres, *dln;   /* (N, C) gradient of the residual stream; of a branch */
+    float *dbig;         /* (N, 4C) gradient of fch, also of qkv (N, 3C) */
+    /* the last forward */
+    const int32_t *tokens; /* (n, T) borrowed until backward */
+    int n, T;
+    bool train;
+    uint64_t step, sample_offset;
+    size_t logit_rows; /* rows of logits valid; 0: none (none yet, or they hold the gradient) */
+} gpt;
+
+static float *P(const ddp_model *m, int i)
+{
+    return i >= 0 ? m->params[i].data : NULL;
+}
+
+static float *G(const ddp_model *m, int i)
+{
+    return i >= 0 ? m->params[i].grad : NULL;
+}
+
+/* Registers a parameter; its index goes to *idx. */
+static ddp_status add_param(ddp_model *m, int *idx, const char *name, int64_t d0, int64_t d1,
+                            ddp_error *err)
+{
+    int ndim = d1 > 0 ? 2 : 1;
+    *idx = (int)m->n_params;
+    /* nanoGPT's configure_optimizers: weight decay for 2-D tensors (matmul weights and
+     * embeddings), none for biases and layernorm weights. */
+    return ddp__model_add_param(m, name, ndim, (const int64_t[]){d0, d1}, ndim == 2, err);
+}
+
+static ddp_status check_spec(const ddp_model_spec *s, ddp_error *err)
+{
+    if (s->n_layer < 1 || s->n_head < 1 || s->n_embd < 1 || s->block_size < 1 || s->vocab_size < 1)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt: n_layer %d, n_head %d, n_embd %d, block_size %d and vocab_size %d "
+                        "must all be ≥ 1",
+                        s->n_layer, s->n_head, s->n_embd, s->block_size, s->vocab_size);
+    if (s->n_embd % s->n_head != 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt: n_embd %d is not divisible by n_head %d; choose n_head dividing "
+                        "n_embd (e.g. %d)",
+                        s->n_embd, s->n_head, s->n_embd % 64 == 0 ? s->n_embd / 64 : 1);
+    if (!(s->dropout >= 0.0f && s->dropout < 1.0f))
+        return ddp__err(err, DDP_ERR_INVALID, "gpt: dropout %g must be in [0, 1); 0 turns it off",
+                        (double)s->dropout);
+    if (s->n_embd > INT_MAX / 4 || (int64_t)s->max_batch * s->block_size > INT_MAX / 4 ||
+        (int64_t)s->n_layer * 3 > INT_MAX / 2)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt: n_embd %d, max_batch %d × block_size %d or n_layer %d is too large "
+                        "(4·n_embd and 4·max_batch·block_size must fit in an int)",
+                        s->n_embd, s->max_batch, s->block_size, s->n_layer);
+    return DDP_OK;
+}
+
+static ddp_status add_params(ddp_model *m, ddp_error *err)
+{
+    gpt *g = m->impl;
+    const int64_t C = g->C;
+    char nm[96];
+    ddp_status st;
+    if ((st = add_param(m, &g->p_wte, "transformer.wte.weight", g->V, C, err)) ||
+        (st = add_param(m, &g->p_wpe, "transformer.wpe.weight", g->Tmax, C, err)))
+        return st;
+    for (int l = 0; l < g->L; l++) {
+        block_params *b = &g->bp[l];
+        *b = (block_params){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+        struct {
+            int *idx;
+            const char *name;
+            int64_t d0, d1;
+            bool is_bias;
+        } list[] = {
+            {&b->ln1_w, "ln_1.weight", C, 0, false},
+            {&b->ln1_b, "ln_1.bias", C, 0, true},
+            {&b->attn_w, "attn.c_attn.weight", 3 * C, C, false},
+            {&b->attn_b, "attn.c_attn.bias", 3 * C, 0, true},
+            {&b->proj_w, "attn.c_proj.weight", C, C, false},
+            {&b->proj_b, "attn.c_proj.bias", C, 0, true},
+            {&b->ln2_w, "ln_2.weight", C, 0, false},
+            {&b->ln2_b, "ln_2.bias", C, 0, true},
+            {&b->fc_w, "mlp.c_fc.weight", 4 * C, C, false},
+            {&b->fc_b, "mlp.c_fc.bias", 4 * C, 0, true},
+            {&b->mproj_w, "mlp.c_proj.weight", C, 4 * C, false},
+            {&b->mproj_b, "mlp.c_proj.bias", C, 0, true},
+        };
+        for (size_t k = 0; k < sizeof list / sizeof list[0]; k++) {
+            if (list[k].is_bias && !g->bias)
+                continue;
+            snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, list[k].name);
+            if ((st = add_param(m, list[k].idx, nm, list[k].d0, list[k].d1, err)))
+                return st;
+        }
+    }
+    g->p_lnf_b = -1;
+    if ((st = add_param(m, &g->p_lnf_w, "transformer.ln_f.weight", C, 0, err)) ||
+        (g->bias && (st = add_param(m, &g->p_lnf_b, "transformer.ln_f.bias", C, 0, err))))
+        return st;
+    return DDP_OK;
+}
+
+/* GPT-2's initialisation (nanoGPT's _init_weights and the c_proj rescaling): normal std 0.02
+ * for embeddings and linear weights, 0.02/√(2·n_layer) for the residual projections (both
+ * c_proj weights), biases 0 (as allocated), layernorm weights 1. Each tensor draws from
+ * (spec.seed, its index), so every rank gets the same numbers in any order. */
+static void init_params(ddp_model *m)
+{
+    gpt *g = m->impl;
+    const float std = 0.02f, proj_std = (float)(0.02 / sqrt(2.0 * g->L));
+    for (size_t i = 0; i < m->n_params; i++) {
+        ddp_model_param *p = &m->params[i];
+        const char *name = p->name;
+        size_t len = strlen(name);
+        if (p->ndim == 2) {
+            bool proj = len >= 13 && !strcmp(name + len - 13, "c_proj.weight");
+            ddp_nn_init_normal(p->data, p->count, proj ? proj_std : std, g->seed, (uint64_t)i);
+        } else if (len >= 7 && !strcmp(name + len - 7, ".weight")) { /* a layernorm's */
+            for (size_t k = 0; k < p->count; k++)
+                p->data[k] = 1.0f;
+        }
+    }
+}
+
+/* A buffer of n elements of size sz, or false (the caller reports). */
+static bool alloc(void *out, size_t n, size_t sz)
+{
+    void *p = malloc(n * sz);
+    memcpy(out, &p, sizeof p);
+    return p != NULL;
+}
+
+static ddp_status alloc_acts(gpt *g, ddp_error *err)
+{
+    const size_t N = (size_t)g->B * g->Tmax, C = (size_t)g->C, F = sizeof(float);
+    const bool drop = g->p > 0.0f;
+    bool ok = alloc(&g->x0, N * C, F) && (!drop || alloc(&g->mask_e, N * C, 1)) &&
+              alloc(&g->lnf, N * C, F) && alloc(&g->lnf_mean, N, F) && alloc(&g->lnf_rstd, N, F) &&
+              alloc(&g->logits, N * (size_t)g->V, F) &&
+              alloc(&g->attn_scratch, g->att.scratch_floats, F) && alloc(&g->tmp, N * C, F) &&
+              alloc(&g->dres, N * C, F) && alloc(&g->dln, N * C, F) &&
+              alloc(&g->dbig, N * 4 * C, F);
+    for (int l = 0; ok && l < g->L; l++) {
+        block_acts *a = &g->ba[l];
+        ok = alloc(&a->ln1, N * C, F) && alloc(&a->ln1_mean, N, F) && alloc(&a->ln1_rstd, N, F) &&
+             alloc(&a->qkv, N * 3 * C, F) && alloc(&a->atty, N * C, F) &&
+             alloc(&a->lse, N * (size_t)g->nh, F) && alloc(&a->xmid, N * C, F) &&
+             alloc(&a->ln2, N * C, F) && alloc(&a->ln2_mean, N, F) && alloc(&a->ln2_rstd, N, F) &&
+             alloc(&a->fch, N * 4 * C, F) && alloc(&a->fchg, N * 4 * C, F) &&
+             alloc(&a->xout, N * C, F) &&
+             (!drop || (alloc(&a->mask_a, N * C, 1) && alloc(&a->mask_m, N * C, 1)));
+    }
+    if (!ok)
+        return ddp__err(err, DDP_ERR_NOMEM,
+                        "gpt: out of memory for the activations of %d × %d tokens (n_layer %d, "
+                        "n_embd %d, vocab_size %d); use a smaller batch or block_size",
+                        g->B, g->Tmax, g->L, g->C, g->V);
+    return DDP_OK;
+}
+
+static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
+{
+    ddp_status st = check_spec(spec, err);
+    if (st != DDP_OK)
+        return st;
+    gpt *g = calloc(1, sizeof *g);
+    if (!g)
+        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory building the model");
+    m->impl = g;
+    g->L = spec->n_layer;
+    g->nh = spec->n_head;
+    g->C = spec->n_embd;
+    g->Tmax = spec->block_size;
+    g->V = spec->vocab_size;
+    g->B = spec->max_batch;
+    g->bias = spec->bias;
+    g->p = spec->dropout;
+    g->seed = spec->seed;
+    g->att = (ddp_nn_attention){.C = g->C, .n_head = g->nh, .max_T = g->Tmax, .dropout = g->p};
+    if ((st = ddp_nn_attention_setup(&g->att, err)))
+        return st;
+    g->bp = calloc((size_t)g->L, sizeof *g->bp);
+    g->ba = calloc((size_t)g->L, sizeof *g->ba);
+    if (!g->bp || !g->ba)
+        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory for %d blocks", g->L);
+    if ((st = add_params(m, err)))
+        return st;
+    init_params(m);
+    return alloc_acts(g, err);
+}
+
+static void free_gpt(ddp_model *m)
+{
+    gpt *g = m->impl;
+    if (!g)
+        return;
+    for (int l = 0; g->ba && l < g->L; l++) {
+        block_acts *a = &g->ba[l];
+        void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
+                        a->lse, a->xmid,     a->ln2,      a->ln2_mean, a->ln2_rstd,
+                        a->fch, a->fchg,     a->xout,     a->mask_a,   a->mask_m};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            free(bufs[k]);
+    }
+    void *bufs[] = {g->bp,     g->ba,           g->x0,  g->mask_e, g->lnf, g->lnf_mean, g->lnf_rstd,
+                    g->logits, g->attn_scratch, g->tmp, g->dres,   g->dln, g->dbig};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+        free(bufs[k]);
+    free(g);
+    m->impl = NULL;
+}
+
+/* Every token and target before any work, so a bad batch changes nothing. */
+static ddp_status check_batch(ddp_model *m, const ddp_model_batch *b)
+{
+    gpt *g = m->impl;
+    if (!b->tokens)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID, "gpt forward: the batch has no tokens");
+    if (b->seq_len < 1 || b->seq_len > g->Tmax)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "gpt forward: seq_len %d is outside 1 … block_size %d; cut the "
+                           "sequences or build the model with a larger block_size",
+                           b->seq_len, g->Tmax);
+    const int T = b->seq_len;
+    for (int s = 0; s < b->n; s++)
+        for (int t = 0; t < T; t++) {
+            int32_t id = b->tokens[(size_t)s * T + t];
+            if (id < 0 || id >= g->V)
+                return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                                   "gpt forward: token id %ld at sample %d, position %d is "
+                                   "outside [0, vocab_size %d); check the data's tokenizer "
+                                   "against model.vocab_size",
+                                   (long)id, s, t, g->V);
+            if (!b->targets)
+                continue;
+            id = b->targets[(size_t)s * T + t];
+            if (id != DDP_NN_IGNORE_INDEX && (id < 0 || id >= g->V))
+                return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                                   "gpt forward: target id %ld at sample %d, position %d is "
+                                   "outside [0, vocab_size %d) and is not the ignore index %d; "
+                                   "check the data's tokenizer against model.vocab_size",
+                                   (long)id, s, t, g->V, DDP_NN_IGNORE_INDEX);
+        }
+    return DDP_OK;
+}
+
+/* How many rows of logits (N, V) have their target (not ignored) as argmax (first on ties). */
+static int64_t count_correct(const float *logits, const int32_t *targets, size_t N, int V)
+{
+    int64_t c = 0;
+    for (size_t r = 0; r < N; r++) {
+        int y = targets[r];
+        if (y == DDP_NN_IGNORE_INDEX)
+            continue;
+        const float *l = logits + r * (size_t)V;
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (l[j] > l[best])
+                best = j;
+        c += best == y;
+    }
+    return c;
+}
+
+/* Dropout seeds: see the file comment. */
+static uint64_t drop_seed(const gpt *g, int layer_id)
+{
+    return g->seed + (uint64_t)layer_id;
+}
+
+static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
+{
+    gpt *g = m->impl;
+    ddp_status st = check_batch(m, b);
+    if (st != DDP_OK)
+        return st;
+    const int n = b->n, T = b->seq_len, C = g->C, nh = g->nh;
+    const int N = n * T;
+    const size_t NC = (size_t)N * C;
+    const bool drop = train && g->p > 0.0f;
+    /* The element offsets of this batch's first sample in the dropout streams. */
+    const uint64_t off = b->sample_offset * (uint64_t)T * (uint64_t)C;
+    const uint64_t off_att = b->sample_offset * (uint64_t)nh * (uint64_t)T * (uint64_t)T;
+    g->tokens = b->tokens;
+    g->n = n;
+    g->T = T;
+    g->train = train;
+    g->step = b->step;
+    g->sample_offset = b->sample_offset;
+    g->logit_rows = 0;
+    ddp_error e = {0};
+
+    if (ddp_nn_embedding_forward(b->tokens, P(m, g->p_wte), P(m, g->p_wpe), n, T, C, g->V, g->Tmax,
+                                 g->x0, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "gpt forward: %s", e.msg);
+    if (drop)
+        ddp_nn_dropout_forward(g->x0, NC, g->p, drop_seed(g, 1), b->step, off, true, g->mask_e,
+                               g->x0);
+    const float *x = g->x0;
+    for (int l = 0; l < g->L; l++) {
+        const block_params *bp = &g->bp[l];
+        block_acts *a = &g->ba[l];
+        ddp_nn_layernorm_forward(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, a->ln1,
+                                 a->ln1_mean, a->ln1_rstd);
+        ddp_nn_linear_forward(a->ln1, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C, a->qkv);
+        ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
+                                 train, g->attn_scratch, a->atty, a->lse);
+        ddp_nn_linear_forward(a->atty, P(m, bp->proj_w), P(m, bp->proj_b), N, C, C, g->tmp);
+        if (drop)
+            ddp_nn_dropout_forward(g->tmp, NC, g->p, drop_seed(g, 3 + 3 * l), b->step, off, true,
+                                   a->mask_a, g->tmp);
+        ddp_nn_add(x, g->tmp, NC, a->xmid);
+        ddp_nn_layernorm_forward(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS, a->ln2,
+                                 a->ln2_mean, a->ln2_rstd);
+        ddp_nn_linear_forward(a->ln2, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, a->fch);
+        ddp_nn_gelu_tanh_forward(a->fch, (size_t)N * 4 * C, a->fchg);
+        ddp_nn_linear_forward(a->fchg, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C, C, g->tmp);
+        if (drop)
+            ddp_nn_dropout_forward(g->tmp, NC, g->p, drop_seed(g, 4 + 3 * l), b->step, off, true,
+                                   a->mask_m, g->tmp);
+        ddp_nn_add(a->xmid, g->tmp, NC, a->xout);
+        x = a->xout;
+    }
+
+    /* ln_f and the tied head: every position, or (generation) each sample's last one. */
+    int rows = N;
+    if (!train && !b->targets && b->last_logits) {
+        for (int s = 0; s < n; s++)
+            memcpy(g->tmp + (size_t)s * C, x + ((size_t)s * T + (size_t)(T - 1)) * C,
+                   sizeof(float) * (size_t)C);
+        x = g->tmp;
+        rows = n;
+    }
+    ddp_nn_layernorm_forward(x, P(m, g->p_lnf_w), P(m, g->p_lnf_b), rows, C, LN_EPS, g->lnf,
+                             g->lnf_mean, g->lnf_rstd);
+    ddp_nn_lm_head_forward(g->lnf, P(m, g->p_wte), rows, C, g->V, g->logits);
+    g->logit_rows = (size_t)rows;
+    if (!b->targets)
+        return DDP_OK;
+
+    /* The loss; in training, d loss / d logits replaces the logits in place (after counting
+     * the correct rows), which saves a second (N, V) buffer. */
+    out->correct = count_correct(g->logits, b->targets, (size_t)N, g->V);
+    double loss_sum = 0.0;
+    int count = 0;
+    if (train) {
+        float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
+        st = ddp_nn_vocab_xent(g->logits, b->targets, N, g->V, scale, &out->loss, g->logits, &e);
+        g->logit_rows = 0;
+        for (int r = 0; r < N; r++)
+            count += b->targets[r] != DDP_NN_IGNORE_INDEX;
+    } else {
+        st = ddp_nn_vocab_xent_sum(g->logits, b->targets, N, g->V, &loss_sum, &count, NULL, &e);
+        out->loss = count > 0 ? loss_sum / count : NAN;
+    }
+    if (st != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "gpt forward: %s", e.msg);
+    out->count = count;
+    return DDP_OK;
+}
+
+/* ready(ctx, i) for each of the n indices (−1 skipped), in the order given. */
+static ddp_status mark(ddp_model *m, ddp_grad_ready_fn ready, void *ctx, int n, const int *idx)
+{
+    for (int k = 0; ready && k < n; k++) {
+        if (idx[k] < 0)
+            continue;
+        ddp_status st = ready(ctx, (size_t)idx[k]);
+        if (st != DDP_OK)
+            return ddp__errmsg(m->err, st,
+                               "backward: the gradient-ready callback failed for '%s' (%s)",
+                               m->params[idx[k]].name, ddp_status_str(st));
+    }
+    return DDP_OK;
+}
+
+static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
+{
+    gpt *g = m->impl;
+    const int n = g->n, T = g->T, C = g->C, N = n * T, nh = g->nh;
+    const size_t NC = (size_t)N * C;
+    const bool drop = g->train && g->p > 0.0f;
+    const uint64_t off_att = g->sample_offset * (uint64_t)nh * (uint64_t)T * (uint64_t)T;
+    ddp_status st;
+
+    /* Head: logits now hold d loss / d logits (forward). */
+    ddp_nn_lm_head_backward(g->logits, g->lnf, P(m, g->p_wte), N, C, g->V, g->dln, G(m, g->p_wte));
+    const float *xL = g->ba[g->L - 1].xout;
+    ddp_nn_layernorm_backward(g->dln, xL, P(m, g->p_lnf_w), g->lnf_mean, g->lnf_rstd, N, C, g->dres,
+                              G(m, g->p_lnf_w), G(m, g->p_lnf_b));
+    if ((st = mark(m, ready, ctx, 2, (const int[]){g->p_lnf_b, g->p_lnf_w})))
+        return st;
+
+    for (int l = g->L - 1; l >= 0; l--) {
+        const block_params *bp = &g->bp[l];
+        block_acts *a = &g->ba[l];
+        const float *x = l > 0 ? g->ba[l - 1].xout : g->x0;
+        /* MLP branch: dres is d loss / d xout, and so the gradient of the branch's output. */
+        const float *dy = g->dres;
+        if (drop) {
+            ddp_nn_dropout_backward(g->dres, a->mask_m, NC, g->p, true, g->tmp);
+            dy = g->tmp;
+        }
+        ddp_nn_linear_backward(dy, a->fchg, P(m, bp->mproj_w), N, 4 * C, C, g->dbig,
+                               G(m, bp->mproj_w), G(m, bp->mproj_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->mproj_b, bp->mproj_w})))
+            return st;
+        ddp_nn_gelu_tanh_backward(g->dbig, a->fch, (size_t)N * 4 * C, g->dbig);
+        ddp_nn_linear_backward(g->dbig, a->ln2, P(m, bp->fc_w), N, C, 4 * C, g->dln, G(m, bp->fc_w),
+                               G(m, bp->fc_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->fc_b, bp->fc_w})))
+            return st;
+        ddp_nn_layernorm_backward(g->dln, a->xmid, P(m, bp->ln2_w), a->ln2_mean, a->ln2_rstd, N, C,
+                                  g->dln, G(m, bp->ln2_w), G(m, bp->ln2_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->ln2_b, bp->ln2_w})))
+            return st;
+        ddp_nn_add(g->dres, g->dln, NC, g->dres); /* now d loss / d xmid */
+
+        /* Attention branch. */
+        dy = g->dres;
+        if (drop) {
+            ddp_nn_dropout_backward(g->dres, a->mask_a, NC, g->p, true, g->tmp);
+            dy = g->tmp;
+        }
+        ddp_nn_linear_backward(dy, a->atty, P(m, bp->proj_w), N, C, C, g->dln, G(m, bp->proj_w),
+                               G(m, bp->proj_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->proj_b, bp->proj_w})))
+            return st;
+        ddp_nn_attention_backward(&g->att, g->dln, a->qkv, a->lse, n, T, drop_seed(g, 2 + 3 * l),
+                                  g->step, off_att, g->train, g->attn_scratch, g->dbig);
+        ddp_nn_linear_backward(g->dbig, a->ln1, P(m, bp->attn_w), N, C, 3 * C, g->dln,
+                               G(m, bp->attn_w), G(m, bp->attn_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->attn_b, bp->attn_w})))
+            return st;
+        ddp_nn_layernorm_backward(g->dln, x, P(m, bp->ln1_w), a->ln1_mean, a->ln1_rstd, N, C,
+                                  g->dln, G(m, bp->ln1_w), G(m, bp->ln1_b));
+        if ((st = mark(m, ready, ctx, 2, (const int[]){bp->ln1_b, bp->ln1_w})))
+            return st;
+        ddp_nn_add(g->dres, g->dln, NC, g->dres); /* d loss / d x, the block's input */
+    }
+
+    const float *dx0 = g->dres;
+    if (drop) {
+        ddp_nn_dropout_backward(g->dres, g->mask_e, NC, g->p, true, g->tmp);
+        dx0 = g->tmp;
+    }
+    ddp_nn_embedding_backward(dx0, g->tokens, n, T, C, G(m, g->p_wte), G(m, g->p_wpe));
+    return mark(m, ready, ctx, 2, (const int[]){g->p_wpe, g->p_wte});
+}
+
+static const float *logits(const ddp_model *m, size_t *rows, size_t *cols)
+{
+    const gpt *g = m->impl;
+    if (g->logit_rows == 0)
+        return NULL;
+    *rows = g->logit_rows;
+    *cols = (size_t)g->V;
+    return g->logits;
+}
+
+/* nanoGPT's estimate_mfu (after PaLM, appendix B): per token 6·N + 12·L·C·T, N every parameter
+ * but the position embedding (a lookup; the token embedding counts, it is the LM head's
+ * weight), T the sequence length; per sample T times that. */
+static double flops(const ddp_model *m, int seq_len)
+{
+    const gpt *g = m->impl;
+    double T = seq_len > 0 ? seq_len : g->Tmax, N = 0;
+    for (size_t i = 0; i < m->n_params; i++)
+        if ((int)i != g->p_wpe)
+            N += (double)m->params[i].count;
+    return T * (6.0 * N + 12.0 * g->L * (double)g->C * T);
+}
+
+const ddp_model_ops ddp__gpt_ops = {"gpt", build, free_gpt, forward, backward, logits, flops};

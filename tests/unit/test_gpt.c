@@ -1,0 +1,659 @@
+/*
+ * test_gpt.c — the "gpt" model type of ddp/model.h (src/nn/gpt.c).
+ *
+ * - The parameter list: nanoGPT's names in forward order, torch's shapes, decay on 2-D tensors
+ *   only, with and without biases; GPT-2's init (layernorm weights 1, biases 0, the spread of
+ *   the weights and of the scaled c_proj weights).
+ * - The loss at init is close to ln(V) (the logits start near zero).
+ * - The whole backward against central finite differences of the loss, for a few elements of
+ *   every tensor of a tiny model (dropout 0), weights drawn wider than GPT-2's init so that every
+ *   gradient is well above the float noise: |analytic − numeric| ≤ FD_ABS + FD_REL·|analytic|
+ *   (the loss is a float computation; ±H moves it by about 1e-7 relative, which the 2·H step
+ *   turns into ≈ 1e-4 absolute).
+ * - Ignored targets (−1) contribute nothing; grad_scale scales the gradient.
+ * - ready(): every parameter once, from the top down (indices decreasing), wte last.
+ * - Dropout masks follow the global sample: one batch of 4 = two of 2 with sample offsets 0 and
+ *   2 (the per-sample logits bit for bit, the gradients summed within float rounding).
+ * - last_logits: the logits of each sample's last position, equal to the full forward's rows.
+ * - Refusals, before any work: sizes, n_embd not divisible by n_head, seq_len > block_size, a
+ *   token id out of range (the message names id, position and vocab_size), a bad target.
+ * - The FLOPs count for gpt, mlp and cnn against counts by hand.
+ * Synthetic tokens encode their origin: token t of sample s is a function of (s, t).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+
+#define FD_H 1e-3f
+#define FD_ABS 3e-4
+#define FD_REL 2e-2
+
+static ddp_model *build(const ddp_model_spec *s)
+{
+    ddp_model *m = NULL;
+    ddp_error err = {0};
+    ddp_status st = ddp_model_build(s, &m, &err);
+    if (st != DDP_OK)
+        fail_msg("build: %s", err.msg);
+    return m;
+}
+
+static ddp_model_spec tiny_spec(void)
+{
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = 2;
+    s.n_head = 2;
+    s.n_embd = 8;
+    s.block_size = 6;
+    s.vocab_size = 11;
+    s.max_batch = 3;
+    s.seed = 7;
+    s.dropout = 0.0f;
+    return s;
+}
+
+/* Token t of sample s (global index), in [0, V). */
+static int32_t tok(uint64_t s, int t, int V)
+{
+    uint64_t z = s * 0x9e3779b97f4a7c15ull + (uint64_t)t * 0xbf58476d1ce4e5b9ull + 1;
+    z ^= z >> 29;
+    z *= 0x94d049bb133111ebull;
+    z ^= z >> 32;
+    return (int32_t)(z % (uint64_t)V);
+}
+
+/* tokens and targets (n, T) for global samples first … first+n−1: targets are the next token. */
+static void make_batch(uint64_t first, int n, int T, int V, int32_t *tokens, int32_t *targets)
+{
+    for (int s = 0; s < n; s++)
+        for (int t = 0; t < T; t++) {
+            tokens[s * T + t] = tok(first + (uint64_t)s, t, V);
+            if (targets)
+                targets[s * T + t] = tok(first + (uint64_t)s, t + 1, V);
+        }
+}
+
+static void expect_build_error(const ddp_model_spec *s, const char *needle)
+{
+    ddp_model *m = (ddp_model *)0x1;
+    ddp_error err = {0};
+    assert_int_equal(ddp_model_build(s, &m, &err), DDP_ERR_INVALID);
+    assert_ptr_equal(m, (ddp_model *)0x1);
+    if (!strstr(err.msg, needle))
+        fail_msg("message '%s' lacks '%s'", err.msg, needle);
+}
+
+/* ---- the parameter list ---------------------------------------------------------------------- */
+
+static void expect_param(const ddp_model_param *p, const char *name, int64_t d0, int64_t d1)
+{
+    if (strcmp(p->name, name) != 0)
+        fail_msg("parameter '%s' where '%s' was expected", p->name, name);
+    int ndim = d1 > 0 ? 2 : 1;
+    assert_int_equal(p->ndim, ndim);
+    assert_int_equal(p->shape[0], d0);
+    if (ndim == 2)
+        assert_int_equal(p->shape[1], d1);
+    assert_int_equal(p->count, (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1));
+    assert_int_equal(p->decay, ndim == 2);
+    assert_non_null(p->data);
+    assert_null(p->grad);
+}
+
+static double stddev(const float *x, size_t n)
+{
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
+    return sqrt(s2 / n - (s / n) * (s / n));
+}
+
+static void params_list(void **state)
+{
+    (void)state;
+    for (int bias = 1; bias >= 0; bias--) {
+        ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+        s.type = "gpt";
+        s.n_layer = 3;
+        s.n_head = 4;
+        s.n_embd = 64;
+        s.block_size = 32;
+        s.vocab_size = 300;
+        s.bias = bias;
+        ddp_model *m = build(&s);
+        assert_string_equal(ddp_model_type(m), "gpt");
+        size_t n, nb;
+        const ddp_model_param *p = ddp_model_params(m, &n);
+        ddp_model_buffers(m, &nb);
+        assert_int_equal(nb, 0);
+        assert_int_equal(n, 2 + 3 * (bias ? 12 : 6) + (bias ? 2 : 1));
+        const int64_t C = 64;
+        size_t k = 0;
+        expect_param(&p[k++], "transformer.wte.weight", 300, C);
+        expect_param(&p[k++], "transformer.wpe.weight", 32, C);
+        for (int l = 0; l < 3; l++) {
+            struct {
+                const char *name;
+                int64_t d0, d1;
+                bool is_bias;
+            } want[] = {
+                {"ln_1.weight", C, 0, false},
+                {"ln_1.bias", C, 0, true},
+                {"attn.c_attn.weight", 3 * C, C, false},
+                {"attn.c_attn.bias", 3 * C, 0, true},
+                {"attn.c_proj.weight", C, C, false},
+                {"attn.c_proj.bias", C, 0, true},
+                {"ln_2.weight", C, 0, false},
+                {"ln_2.bias", C, 0, true},
+                {"mlp.c_fc.weight", 4 * C, C, false},
+                {"mlp.c_fc.bias", 4 * C, 0, true},
+                {"mlp.c_proj.weight", C, 4 * C, false},
+                {"mlp.c_proj.bias", C, 0, true},
+            };
+            for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+                if (want[w].is_bias && !bias)
+                    continue;
+                char name[96];
+                snprintf(name, sizeof name, "transformer.h.%d.%s", l, want[w].name);
+                expect_param(&p[k], name, want[w].d0, want[w].d1);
+                /* GPT-2's init */
+                const float *d = p[k].data;
+                if (want[w].is_bias)
+                    for (size_t e = 0; e < p[k].count; e++)
+                        assert_true(d[e] == 0.0f);
+                else if (want[w].d1 == 0)
+                    for (size_t e = 0; e < p[k].count; e++)
+                        assert_true(d[e] == 1.0f);
+                else {
+                    double want_std = strstr(want[w].name, "c_proj") ? 0.02 / sqrt(6.0) : 0.02;
+                    double sd = stddev(d, p[k].count);
+                    if (fabs(sd - want_std) > 0.1 * want_std)
+                        fail_msg("'%s' has std %g, not %g", name, sd, want_std);
+                }
+                k++;
+            }
+        }
+        expect_param(&p[k++], "transformer.ln_f.weight", C, 0);
+        if (bias)
+            expect_param(&p[k++], "transformer.ln_f.bias", C, 0);
+        assert_int_equal(k, n);
+        assert_true(fabs(stddev(p[0].data, p[0].count) - 0.02) < 0.002);
+        assert_true(fabs(stddev(p[1].data, p[1].count) - 0.02) < 0.002);
+        /* Different tensors draw different numbers. */
+        assert_true(p[0].data[0] != p[1].data[0]);
+        ddp_model_free(m);
+    }
+    /* The same seed gives the same weights; another seed others. */
+    ddp_model_spec s = tiny_spec();
+    ddp_model *a = build(&s), *b = build(&s);
+    s.seed = 8;
+    ddp_model *c = build(&s);
+    size_t n;
+    const ddp_model_param *pa = ddp_model_params(a, &n), *pb = ddp_model_params(b, &n),
+                          *pc = ddp_model_params(c, &n);
+    assert_memory_equal(pa[0].data, pb[0].data, pa[0].count * sizeof(float));
+    assert_true(memcmp(pa[0].data, pc[0].data, pa[0].count * sizeof(float)) != 0);
+    ddp_model_free(a);
+    ddp_model_free(b);
+    ddp_model_free(c);
+}
+
+/* ---- loss and gradients ---------------------------------------------------------------------- */
+
+static void loss_at_init(void **state)
+{
+    (void)state;
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_embd = 64;
+    s.block_size = 16;
+    s.vocab_size = 256;
+    s.max_batch = 4;
+    ddp_model *m = build(&s);
+    int32_t tokens[4 * 16], targets[4 * 16];
+    make_batch(0, 4, 16, 256, tokens, targets);
+    ddp_model_batch b = {.n = 4, .tokens = tokens, .targets = targets, .seq_len = 16};
+    ddp_model_out out;
+    assert_int_equal(ddp_model_forward(m, &b, false, &out), DDP_OK);
+    assert_int_equal(out.count, 64);
+    if (fabs(out.loss - log(256.0)) > 0.05)
+        fail_msg("loss at init %g, ln(V) = %g", out.loss, log(256.0));
+    size_t rows, cols;
+    assert_non_null(ddp_model_logits(m, &rows, &cols));
+    assert_int_equal(rows, 64);
+    assert_int_equal(cols, 256);
+    /* A training forward leaves the loss's gradient in the logits' place. */
+    ddp_model_out out2;
+    assert_int_equal(ddp_model_forward(m, &b, true, &out2), DDP_OK);
+    assert_true(out2.loss == out.loss); /* dropout 0: train = eval */
+    assert_int_equal(out2.correct, out.correct);
+    assert_null(ddp_model_logits(m, NULL, NULL));
+    ddp_model_free(m);
+}
+
+/* The loss of the tiny model on a fixed batch, in training mode (dropout 0). */
+static double loss_of(ddp_model *m, const ddp_model_batch *b)
+{
+    ddp_model_out out;
+    ddp_status st = ddp_model_forward(m, b, true, &out);
+    if (st != DDP_OK)
+        fail_msg("forward: %s", ddp_model_last_error(m));
+    return out.loss;
+}
+
+/* Weights wider than the init (std 0.3, layernorm weights around 1), deterministic. */
+static void widen(ddp_model *m)
+{
+    size_t n;
+    const ddp_model_param *p = ddp_model_params(m, &n);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < p[i].count; k++) {
+            float r = (float)((tok(i * 1000 + k, 3, 100000) / 100000.0) * 2.0 - 1.0);
+            p[i].data[k] = p[i].ndim == 2              ? 0.5f * r
+                           : strstr(p[i].name, "bias") ? 0.2f * r
+                                                       : 1.0f + 0.3f * r;
+        }
+}
+
+static void finite_differences(void **state)
+{
+    (void)state;
+    for (int bias = 1; bias >= 0; bias--) {
+        ddp_model_spec s = tiny_spec();
+        s.bias = bias;
+        ddp_model *m = build(&s);
+        widen(m);
+        const int n = 3, T = 5, V = s.vocab_size;
+        int32_t tokens[3 * 5], targets[3 * 5];
+        make_batch(0, n, T, V, tokens, targets);
+        targets[4] = -1; /* one ignored target */
+        ddp_model_batch b = {.n = n, .tokens = tokens, .targets = targets, .seq_len = T};
+        loss_of(m, &b);
+        ddp_model_zero_grad(m);
+        assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_OK);
+        size_t np;
+        const ddp_model_param *p = ddp_model_params(m, &np);
+        int checked = 0;
+        double worst = 0;
+        for (size_t i = 0; i < np; i++) {
+            /* The element with the largest gradient, and two more spread over the tensor. */
+            size_t big = 0;
+            for (size_t k = 1; k < p[i].count; k++)
+                if (fabsf(p[i].grad[k]) > fabsf(p[i].grad[big]))
+                    big = k;
+            size_t picks[3] = {big, p[i].count / 3, (2 * p[i].count) / 3 + 1};
+            for (int q = 0; q < 3; q++) {
+                size_t k = picks[q] % p[i].count;
+                /* wte rows of tokens that never occur get only the head's gradient: fine. */
+                float keep = p[i].data[k];
+                p[i].data[k] = keep + FD_H;
+                double lp = loss_of(m, &b);
+                p[i].data[k] = keep - FD_H;
+                double lm = loss_of(m, &b);
+                p[i].data[k] = keep;
+                double num = (lp - lm) / (2.0 * FD_H), ana = p[i].grad[k];
+                double diff = fabs(num - ana);
+                if (diff > FD_ABS + FD_REL * fabs(ana))
+                    fail_msg("bias %d: d loss / d %s[%zu]: backward %.6g, finite differences "
+                             "%.6g",
+                             bias, p[i].name, k, ana, num);
+                if (diff > worst)
+                    worst = diff;
+                checked++;
+            }
+            /* Every tensor's gradient is non-trivial (the check above means something). */
+            if (fabsf(p[i].grad[big]) < 1e-3f)
+                fail_msg("the gradient of '%s' is tiny (%g)", p[i].name, p[i].grad[big]);
+        }
+        print_message("bias %d: %d gradient elements checked, worst |difference| %.2e\n", bias,
+                      checked, worst);
+        ddp_model_free(m);
+    }
+}
+
+/* Gradients of one training step (zeroed first), copied out: (total params,). */
+static float *grads_of(ddp_model *m, const ddp_model_batch *b, size_t *total)
+{
+    loss_of(m, b);
+    ddp_model_zero_grad(m);
+    assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_OK);
+    size_t np, t = 0;
+    const ddp_model_param *p = ddp_model_params(m, &np);
+    for (size_t i = 0; i < np; i++)
+        t += p[i].count;
+    float *g = malloc(sizeof(float) * t);
+    assert_non_null(g);
+    t = 0;
+    for (size_t i = 0; i < np; i++) {
+        memcpy(g + t, p[i].grad, sizeof(float) * p[i].count);
+        t += p[i].count;
+    }
+    *total = t;
+    return g;
+}
+
+static void ignore_and_scale(void **state)
+{
+    (void)state;
+    ddp_model_spec s = tiny_spec();
+    ddp_model *m = build(&s);
+    widen(m);
+    const int n = 2, T = 4;
+    int32_t tokens[8], targets[8], t2[8];
+    make_batch(0, n, T, s.vocab_size, tokens, targets);
+    /* Every target ignored but one: the loss is that row's alone. */
+    for (int k = 0; k < 8; k++)
+        t2[k] = k == 5 ? targets[k] : -1;
+    ddp_model_batch b = {.n = n, .tokens = tokens, .targets = t2, .seq_len = T};
+    ddp_model_out out;
+    assert_int_equal(ddp_model_forward(m, &b, false, &out), DDP_OK);
+    assert_int_equal(out.count, 1);
+    size_t rows, cols;
+    const float *lg = ddp_model_logits(m, &rows, &cols);
+    double mx = -INFINITY, se = 0;
+    for (size_t j = 0; j < cols; j++)
+        mx = fmax(mx, lg[5 * cols + j]);
+    for (size_t j = 0; j < cols; j++)
+        se += exp(lg[5 * cols + j] - mx);
+    double want = mx + log(se) - lg[5 * cols + (size_t)t2[5]];
+    assert_true(fabs(out.loss - want) < 1e-5 * want);
+    /* grad_scale 0.25 gives a quarter of the gradient. */
+    b.targets = targets;
+    size_t total;
+    float *g1 = grads_of(m, &b, &total);
+    b.grad_scale = 0.25f;
+    float *g2 = grads_of(m, &b, &total);
+    for (size_t k = 0; k < total; k++)
+        assert_true(fabsf(g2[k] - 0.25f * g1[k]) <= 1e-6f * fabsf(g1[k]) + 1e-9f);
+    free(g1);
+    free(g2);
+    ddp_model_free(m);
+}
+
+typedef struct ready_log {
+    size_t order[256];
+    size_t n;
+} ready_log;
+
+static ddp_status record_ready(void *ctx, size_t i)
+{
+    ready_log *r = ctx;
+    r->order[r->n++] = i;
+    return DDP_OK;
+}
+
+static ddp_status fail_ready(void *ctx, size_t i)
+{
+    (void)ctx;
+    return i == 5 ? DDP_ERR_NETWORK : DDP_OK;
+}
+
+static void ready_order(void **state)
+{
+    (void)state;
+    for (int bias = 1; bias >= 0; bias--) {
+        ddp_model_spec s = tiny_spec();
+        s.bias = bias;
+        s.dropout = 0.1f;
+        ddp_model *m = build(&s);
+        int32_t tokens[6], targets[6];
+        make_batch(0, 1, 6, s.vocab_size, tokens, targets);
+        ddp_model_batch b = {.n = 1, .tokens = tokens, .targets = targets, .seq_len = 6};
+        loss_of(m, &b);
+        ready_log r = {.n = 0};
+        assert_int_equal(ddp_model_backward(m, record_ready, &r), DDP_OK);
+        size_t np;
+        ddp_model_params(m, &np);
+        assert_int_equal(r.n, np);
+        for (size_t k = 0; k < np; k++) /* from the top down: ln_f first, wte (0) last */
+            assert_int_equal(r.order[k], np - 1 - k);
+        /* A failing callback stops the backward with its status and a message. */
+        loss_of(m, &b);
+        assert_int_equal(ddp_model_backward(m, fail_ready, NULL), DDP_ERR_NETWORK);
+        assert_non_null(strstr(ddp_model_last_error(m), "ready"));
+        ddp_model_free(m);
+    }
+}
+
+/* ---- dropout follows the sample ------------------------------------------------------------- */
+
+static void dropout_follows_sample(void **state)
+{
+    (void)state;
+    ddp_model_spec s = tiny_spec();
+    s.dropout = 0.2f;
+    s.max_batch = 4;
+    ddp_model *whole = build(&s), *half = build(&s);
+    widen(whole);
+    widen(half);
+    const int T = 6, V = s.vocab_size;
+    int32_t tokens[4 * 6], targets[4 * 6];
+    make_batch(100, 4, T, V, tokens, targets);
+    /* One batch of 4 samples at offset 100, step 3 … */
+    ddp_model_batch b = {
+        .n = 4, .tokens = tokens, .targets = NULL, .seq_len = T, .step = 3, .sample_offset = 100};
+    assert_int_equal(ddp_model_forward(whole, &b, true, NULL), DDP_OK);
+    size_t rows, cols;
+    const float *lw = ddp_model_logits(whole, &rows, &cols);
+    assert_int_equal(rows, 24);
+    float *keep = malloc(sizeof(float) * rows * cols);
+    assert_non_null(keep);
+    memcpy(keep, lw, sizeof(float) * rows * cols);
+    /* … gives, per sample, the logits of two batches of 2 at offsets 100 and 102. */
+    for (int h = 0; h < 2; h++) {
+        ddp_model_batch bh = {.n = 2,
+                              .tokens = tokens + h * 2 * T,
+                              .seq_len = T,
+                              .step = 3,
+                              .sample_offset = 100 + 2 * (uint64_t)h};
+        assert_int_equal(ddp_model_forward(half, &bh, true, NULL), DDP_OK);
+        const float *lh = ddp_model_logits(half, &rows, &cols);
+        assert_int_equal(rows, 12);
+        for (size_t k = 0; k < rows * cols; k++)
+            if (fabsf(lh[k] - keep[(size_t)h * rows * cols + k]) > 1e-6f * (1.0f + fabsf(lh[k])))
+                fail_msg("half %d, logit %zu: %.9g, whole batch %.9g", h, k, lh[k],
+                         keep[(size_t)h * rows * cols + k]);
+    }
+    /* Another step draws other masks; evaluation draws none. */
+    b.step = 4;
+    assert_int_equal(ddp_model_forward(whole, &b, true, NULL), DDP_OK);
+    lw = ddp_model_logits(whole, NULL, NULL);
+    assert_true(memcmp(lw, keep, sizeof(float) * rows * 2 * cols) != 0);
+    /* Gradients: whole batch (scale 1) = the two halves (scale ½ each), summed. */
+    b.targets = targets;
+    size_t total;
+    float *gw = grads_of(whole, &b, &total);
+    ddp_model_zero_grad(half);
+    for (int h = 0; h < 2; h++) {
+        ddp_model_batch bh = {.n = 2,
+                              .tokens = tokens + h * 2 * T,
+                              .targets = targets + h * 2 * T,
+                              .seq_len = T,
+                              .grad_scale = 0.5f,
+                              .step = 4,
+                              .sample_offset = 100 + 2 * (uint64_t)h};
+        loss_of(half, &bh);
+        assert_int_equal(ddp_model_backward(half, NULL, NULL), DDP_OK);
+    }
+    size_t np, t = 0;
+    const ddp_model_param *p = ddp_model_params(half, &np);
+    double worst = 0;
+    for (size_t i = 0; i < np; i++)
+        for (size_t k = 0; k < p[i].count; k++, t++) {
+            double d = fabs(p[i].grad[k] - gw[t]);
+            if (d > 1e-5 * (fabs(gw[t]) + 1e-2))
+                fail_msg("'%s'[%zu]: two halves %.9g, whole %.9g", p[i].name, k, p[i].grad[k],
+                         gw[t]);
+            worst = fmax(worst, d);
+        }
+    print_message("dropout 0.2, 4 = 2 + 2 samples: worst gradient difference %.2e\n", worst);
+    free(gw);
+    free(keep);
+    ddp_model_free(whole);
+    ddp_model_free(half);
+}
+
+/* ---- generation's fast path ------------------------------------------------------------------ */
+
+static void last_logits(void **state)
+{
+    (void)state;
+    ddp_model_spec s = tiny_spec();
+    ddp_model *m = build(&s);
+    widen(m);
+    const int n = 3, T = 4;
+    int32_t tokens[12];
+    make_batch(0, n, T, s.vocab_size, tokens, NULL);
+    ddp_model_batch b = {.n = n, .tokens = tokens, .seq_len = T};
+    assert_int_equal(ddp_model_forward(m, &b, false, NULL), DDP_OK);
+    size_t rows, cols;
+    const float *all = ddp_model_logits(m, &rows, &cols);
+    assert_int_equal(rows, 12);
+    float want[3 * 11];
+    for (int k = 0; k < n; k++)
+        memcpy(want + k * 11, all + ((size_t)k * T + T - 1) * cols, sizeof(float) * 11);
+    b.last_logits = true;
+    assert_int_equal(ddp_model_forward(m, &b, false, NULL), DDP_OK);
+    const float *last = ddp_model_logits(m, &rows, &cols);
+    assert_int_equal(rows, 3);
+    assert_int_equal(cols, 11);
+    assert_memory_equal(last, want, sizeof want);
+    ddp_model_free(m);
+}
+
+/* ---- refusals -------------------------------------------------------------------------------- */
+
+static void build_errors(void **state)
+{
+    (void)state;
+    ddp_model_spec s = tiny_spec();
+    s.n_head = 3;
+    expect_build_error(&s, "n_embd 8 is not divisible by n_head 3");
+    s = tiny_spec();
+    s.n_layer = 0;
+    expect_build_error(&s, "n_layer 0");
+    s = tiny_spec();
+    s.vocab_size = -1;
+    expect_build_error(&s, "vocab_size -1");
+    s = tiny_spec();
+    s.block_size = 0;
+    expect_build_error(&s, "block_size 0");
+    s = tiny_spec();
+    s.n_embd = 0;
+    expect_build_error(&s, "n_embd 0");
+    s = tiny_spec();
+    s.dropout = 1.0f;
+    expect_build_error(&s, "dropout 1");
+    s = tiny_spec();
+    s.max_batch = 1 << 20;
+    s.block_size = 1 << 12;
+    expect_build_error(&s, "too large");
+}
+
+static void expect_forward_error(ddp_model *m, const ddp_model_batch *b, const char *needle)
+{
+    ddp_model_out out = {.loss = 123.0};
+    assert_int_equal(ddp_model_forward(m, b, true, &out), DDP_ERR_INVALID);
+    assert_true(out.loss == 123.0);
+    if (!strstr(ddp_model_last_error(m), needle))
+        fail_msg("message '%s' lacks '%s'", ddp_model_last_error(m), needle);
+    assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_ERR_INVALID);
+}
+
+static void forward_errors(void **state)
+{
+    (void)state;
+    ddp_model_spec s = tiny_spec();
+    ddp_model *m = build(&s);
+    int32_t tokens[3 * 6], targets[3 * 6];
+    make_batch(0, 3, 6, s.vocab_size, tokens, targets);
+    ddp_model_batch b = {.n = 3, .tokens = tokens, .targets = targets, .seq_len = 7};
+    expect_forward_error(m, &b, "seq_len 7 is outside 1 … block_size 6");
+    b.seq_len = 0;
+    expect_forward_error(m, &b, "seq_len 0");
+    b.seq_len = 6;
+    b.tokens = NULL;
+    expect_forward_error(m, &b, "no tokens");
+    b.tokens = tokens;
+    tokens[2 * 6 + 4] = 11;
+    expect_forward_error(m, &b,
+                         "token id 11 at sample 2, position 4 is outside [0, vocab_size 11)");
+    tokens[2 * 6 + 4] = -3;
+    expect_forward_error(m, &b, "token id -3 at sample 2, position 4");
+    tokens[2 * 6 + 4] = 0;
+    targets[7] = 11;
+    expect_forward_error(m, &b, "target id 11 at sample 1, position 1");
+    targets[7] = -2;
+    expect_forward_error(m, &b, "target id -2 at sample 1, position 1");
+    targets[7] = -1; /* the ignore index is fine */
+    assert_int_equal(ddp_model_forward(m, &b, true, NULL), DDP_OK);
+    b.n = 4;
+    expect_forward_error(m, &b, "max_batch");
+    ddp_model_free(m);
+}
+
+/* ---- FLOPs ----------------------------------------------------------------------------------- */
+
+static void flops_counts(void **state)
+{
+    (void)state;
+    /* gpt L2 C128 V256 block 64, biases: N without wpe = V·C + L·(12C² + 13C) + 2C. */
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_embd = 128;
+    s.block_size = 64;
+    s.vocab_size = 256;
+    ddp_model *m = build(&s);
+    double C = 128, L = 2, N = 256 * C + L * (12 * C * C + 13 * C) + 2 * C;
+    for (int T = 16; T <= 64; T += 48) {
+        double want = T * (6 * N + 12 * L * C * T);
+        assert_true(fabs(ddp_model_flops_per_sample(m, T) - want) <= 1e-9 * want);
+    }
+    assert_true(ddp_model_flops_per_sample(m, 0) == ddp_model_flops_per_sample(m, 64));
+    ddp_model_free(m);
+    /* mlp 784-256-128-10: MACs 784·256 + 256·128 + 128·10. */
+    s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+    s.hidden = (const int64_t[]){256, 128};
+    s.n_hidden = 2;
+    m = build(&s);
+    assert_true(ddp_model_flops_per_sample(m, 0) == 6.0 * (784 * 256 + 256 * 128 + 128 * 10));
+    ddp_model_free(m);
+    /* cnn 1→8→16 channels, 3×3 convs on 28² then 14², fc 16·7·7 → 32 → 10. */
+    s.type = "cnn";
+    s.channels = (const int64_t[]){8, 16};
+    s.n_channels = 2;
+    s.hidden = (const int64_t[]){32};
+    s.n_hidden = 1;
+    m = build(&s);
+    double macs = 8.0 * 1 * 9 * 28 * 28 + 16.0 * 8 * 9 * 14 * 14 + 16 * 7 * 7 * 32 + 32 * 10;
+    assert_true(ddp_model_flops_per_sample(m, 0) == 6.0 * macs);
+    ddp_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(params_list),        cmocka_unit_test(loss_at_init),
+        cmocka_unit_test(finite_differences), cmocka_unit_test(ignore_and_scale),
+        cmocka_unit_test(ready_order),        cmocka_unit_test(dropout_follows_sample),
+        cmocka_unit_test(last_logits),        cmocka_unit_test(build_errors),
+        cmocka_unit_test(forward_errors),     cmocka_unit_test(flops_counts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
