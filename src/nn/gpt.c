@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "ddp/nn.h"
+#include "kernels/kernels.h"
 #include "nn/model_int.h"
 
 #define LN_EPS 1e-5f
@@ -331,6 +332,34 @@ static int64_t count_correct(const float *logits, const int32_t *targets, size_t
     return c;
 }
 
+/* A residual branch's projection added to the stream: out (N, C) = x + drop(in (N, K) · Wᵀ + b).
+ * Without dropout the add is fused into the product (out starts as x + b, the sgemm accumulates
+ * into it): one pass over (N, C) instead of three. With dropout the branch goes through tmp. */
+static void residual_proj(const gpt *g, const float *x, const float *in, const float *W,
+                          const float *b, int N, int K, bool drop, uint64_t seed,
+                          const ddp_model_batch *bt, uint64_t off, uint8_t *mask, float *tmp,
+                          float *out)
+{
+    const int C = g->C;
+    const size_t NC = (size_t)N * C;
+    if (drop) {
+        ddp_nn_linear_forward(in, W, b, N, K, C, tmp);
+        ddp_nn_dropout_forward(tmp, NC, g->p, seed, bt->step, off, true, mask, tmp);
+        ddp_nn_add(x, tmp, NC, out);
+        return;
+    }
+    if (b)
+        for (int r = 0; r < N; r++) {
+            const float *xr = x + (size_t)r * C;
+            float *o = out + (size_t)r * C;
+            for (int c = 0; c < C; c++)
+                o[c] = xr[c] + b[c];
+        }
+    else
+        memcpy(out, x, sizeof(float) * NC);
+    ddp__sgemm(false, true, N, C, K, 1.0f, in, K, W, K, 1.0f, out, C);
+}
+
 /* Dropout seeds: see the file comment. */
 static uint64_t drop_seed(const gpt *g, int layer_id)
 {
@@ -374,20 +403,14 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         ddp_nn_linear_forward(a->ln1, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C, a->qkv);
         ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
                                  train, g->attn_scratch, a->atty, a->lse);
-        ddp_nn_linear_forward(a->atty, P(m, bp->proj_w), P(m, bp->proj_b), N, C, C, g->tmp);
-        if (drop)
-            ddp_nn_dropout_forward(g->tmp, NC, g->p, drop_seed(g, 3 + 3 * l), b->step, off, true,
-                                   a->mask_a, g->tmp);
-        ddp_nn_add(x, g->tmp, NC, a->xmid);
+        residual_proj(g, x, a->atty, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
+                      drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
         ddp_nn_layernorm_forward(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS, a->ln2,
                                  a->ln2_mean, a->ln2_rstd);
         ddp_nn_linear_forward(a->ln2, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, a->fch);
         ddp_nn_gelu_tanh_forward(a->fch, (size_t)N * 4 * C, a->fchg);
-        ddp_nn_linear_forward(a->fchg, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C, C, g->tmp);
-        if (drop)
-            ddp_nn_dropout_forward(g->tmp, NC, g->p, drop_seed(g, 4 + 3 * l), b->step, off, true,
-                                   a->mask_m, g->tmp);
-        ddp_nn_add(a->xmid, g->tmp, NC, a->xout);
+        residual_proj(g, a->xmid, a->fchg, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C, drop,
+                      drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
         x = a->xout;
     }
 

@@ -17,8 +17,9 @@
  *       0.9, 0.95, eps 1e-8, weight decay 0.1 on the 2-D tensors, constant LR), step = 1, 2, ….
  *   gpt_dump - bench L NH C T V B STEPS
  *       The same training step on random tokens, STEPS times after 3 warm-up steps; prints the
- *       median, min and mean ms per step, the FLOPs count, and the memory: peak RSS of the
- *       process (VmHWM), its RSS before the model was built, and the bytes of parameters,
+ *       median, min and mean ms per step (wall clock), the median CPU time per step (the
+ *       process's: what a loaded machine does not inflate), the FLOPs count, and the memory: peak
+ * RSS of the process (VmHWM), its RSS before the model was built, and the bytes of parameters,
  *       gradients, AdamW state and activations computed from the shapes (docs/nn.md).
  * A test tool: any error prints a line and exits 1.
  */
@@ -121,10 +122,10 @@ static void load(ddp_model *m)
     ddp_ckpt_close(c);
 }
 
-static double now_ms(void)
+static double clock_ms(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
@@ -132,6 +133,13 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* Sorts v. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* A "VmRSS:"/"VmHWM:" line of /proc/self/status, in bytes (0 if unreadable). */
@@ -285,7 +293,8 @@ static void bench(int L, int nh, int C, int T, int V, int B, int steps)
     make_optimizer(&t);
     size_t per = (size_t)B * T;
     int32_t *tokens = xcalloc(per, sizeof(int32_t)), *targets = xcalloc(per, sizeof(int32_t));
-    double *ms = xcalloc((size_t)steps, sizeof(double));
+    double *ms = xcalloc((size_t)steps, sizeof(double)),
+           *cpu = xcalloc((size_t)steps, sizeof(double));
     ddp_model_batch b = {.n = B, .tokens = tokens, .targets = targets, .seq_len = T};
     double loss = 0;
     for (int k = -3; k < steps; k++) {
@@ -295,18 +304,18 @@ static void bench(int L, int nh, int C, int T, int V, int B, int steps)
             targets[i] = (int32_t)((r >> 32) % (uint64_t)V);
         }
         b.step = (uint64_t)(k + 3);
-        double t0 = now_ms();
+        double t0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
         loss = forward_backward(&t, &b);
         update(&t, (uint64_t)(k + 4), 3e-4f);
-        double t1 = now_ms();
-        if (k >= 0)
-            ms[k] = t1 - t0;
+        if (k >= 0) {
+            ms[k] = clock_ms(CLOCK_MONOTONIC) - t0;
+            cpu[k] = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        }
     }
     double hwm = proc_kb("VmHWM:"), mean = 0;
     for (int k = 0; k < steps; k++)
         mean += ms[k] / steps;
-    qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-    double med = steps % 2 ? ms[steps / 2] : 0.5 * (ms[steps / 2 - 1] + ms[steps / 2]);
+    double med = median(ms, steps), cmed = median(cpu, steps);
     /* Bytes from the shapes (docs/nn.md): parameters P, gradients P, AdamW 2P; activations per
      * token: (16·L + 5)·C + (4 + nh)·L + 2 + V floats, plus the attention scratch and the
      * backward's (N, 4C) buffer. */
@@ -321,14 +330,16 @@ static void bench(int L, int nh, int C, int T, int V, int B, int steps)
     double model_bytes = 4.0 * (4.0 * P + act);
     double flops = ddp_model_flops_per_sample(t.m, T) * B;
     printf("ddpc gpt L%d C%d NH%d T%d B%d V%d: %.3f ms/step median (min %.3f, mean %.3f, %d "
-           "steps), loss %.4f, %.2f GFLOP/step, %.1f GFLOP/s\n",
-           L, C, nh, T, B, V, med, ms[0], mean, steps, loss, flops / 1e9, flops / med / 1e6);
+           "steps), CPU %.3f ms/step median, loss %.4f, %.2f GFLOP/step, %.1f GFLOP/s (CPU "
+           "time)\n",
+           L, C, nh, T, B, V, med, ms[0], mean, steps, cmed, loss, flops / 1e9, flops / cmed / 1e6);
     printf("memory: params %.0f (%.2f MB), params+grads+adamw %.2f MB, activations %.2f MB, "
            "model total %.2f MB; RSS before build %.2f MB, peak RSS %.2f MB, peak − before "
            "%.2f MB = %.3f × model total\n",
            P, 4 * P / 1e6, 16 * P / 1e6, 4 * act / 1e6, model_bytes / 1e6, rss0 / 1e6, hwm / 1e6,
            (hwm - rss0) / 1e6, (hwm - rss0) / model_bytes);
     free(ms);
+    free(cpu);
     free(tokens);
     free(targets);
     free_trainer(&t);

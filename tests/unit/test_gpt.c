@@ -18,6 +18,8 @@
  * - Refusals, before any work: sizes, n_embd not divisible by n_head, seq_len > block_size, a
  *   token id out of range (the message names id, position and vocab_size), a bad target.
  * - The FLOPs count for gpt, mlp and cnn against counts by hand.
+ * - Memory: the peak RSS of building, one training step and an AdamW step is at most 1.5 × the
+ *   parameters, gradients, AdamW state and activations counted from the shapes.
  * Synthetic tokens encode their origin: token t of sample s is a function of (s, t).
  */
 #include <math.h>
@@ -535,6 +537,79 @@ static void last_logits(void **state)
     ddp_model_free(m);
 }
 
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+/* A "VmRSS:" or "VmHWM:" figure of this process in bytes, or −1. */
+static double status_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key)))
+            v = strtod(line + strlen(key), NULL) * 1024.0;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Peak RSS of building the model, an AdamW optimizer and one training step (the first test, so
+ * the heap is still fresh) against parameters + gradients + AdamW state + activations counted
+ * from the shapes (docs/nn.md): at most MEM_BOUND times that. */
+#define MEM_BOUND 1.5
+static void memory_bound(void **state)
+{
+    (void)state;
+    /* OpenBLAS's buffers belong to the baseline: one product first. */
+    float a[64] = {0}, c[64];
+    ddp_nn_linear_forward(a, a, NULL, 8, 8, 8, c);
+    FILE *f = fopen("/proc/self/clear_refs", "w"); /* 5: reset the peak (VmHWM) to the RSS */
+    if (!f || fputs("5", f) < 0 || fclose(f) != 0) {
+        print_message("skipped: /proc/self/clear_refs is not writable\n");
+        return;
+    }
+    double before = status_bytes("VmRSS:");
+    const int L = 2, C = 128, nh = 4, T = 128, B = 8, V = 512;
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = L;
+    s.n_head = nh;
+    s.n_embd = C;
+    s.block_size = T;
+    s.vocab_size = V;
+    s.max_batch = B;
+    ddp_model *m = build(&s);
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(m, &np);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    ddp_optim *opt;
+    assert_int_equal(ddp_optim_create(&oo, p, np, &opt, NULL), DDP_OK);
+    int32_t *tokens = malloc(sizeof(int32_t) * B * T), *targets = malloc(sizeof(int32_t) * B * T);
+    assert_true(tokens && targets);
+    make_batch(0, B, T, V, tokens, targets);
+    ddp_model_batch b = {.n = B, .tokens = tokens, .targets = targets, .seq_len = T};
+    loss_of(m, &b);
+    assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_OK);
+    ddp_optim_step(opt, 1, 1e-3f, 1.0f);
+    double peak = status_bytes("VmHWM:");
+    double P = 0, N = (double)B * T;
+    for (size_t i = 0; i < np; i++)
+        P += (double)p[i].count;
+    double act = N * ((16.0 * L + 5.0) * C + (4.0 + nh) * L + 2.0 + V + 4.0 * C) +
+                 (2.0 * DDP_NN_ATTN_BLOCK + 1) * T;
+    double want = 4.0 * (4.0 * P + act);
+    print_message("peak RSS − RSS before: %.2f MB; parameters + gradients + AdamW %.2f MB + "
+                  "activations %.2f MB = %.2f MB; ratio %.3f\n",
+                  (peak - before) / 1e6, 16.0 * P / 1e6, 4.0 * act / 1e6, want / 1e6,
+                  (peak - before) / want);
+    assert_true(peak - before <= MEM_BOUND * want);
+    free(tokens);
+    free(targets);
+    ddp_optim_destroy(opt);
+    ddp_model_free(m);
+}
+
 /* ---- refusals -------------------------------------------------------------------------------- */
 
 static void build_errors(void **state)
@@ -649,6 +724,7 @@ static void flops_counts(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(memory_bound), /* first: a fresh heap */
         cmocka_unit_test(params_list),        cmocka_unit_test(loss_at_init),
         cmocka_unit_test(finite_differences), cmocka_unit_test(ignore_and_scale),
         cmocka_unit_test(ready_order),        cmocka_unit_test(dropout_follows_sample),
