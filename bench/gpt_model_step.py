@@ -1,12 +1,13 @@
-"""One GPT training step, ddpc against PyTorch, side by side on one thread each: forward, backward,
+"""One training step of the library's GPT (ddp_model, model.type gpt) against PyTorch, side by side
+on one thread each: forward, backward,
 global-norm clipping to 1.0 and AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D tensors) of the
 same GPT-2-shaped model (ddpc: model.type gpt through tests/python/gpt_dump; torch: the twin
 tests/python/gpt_twin.py), random byte tokens (V 256), dropout 0. The two run alternately,
-ROUNDS times, so that load from other processes falls on both alike; the median ms/step of each
-and the ratio (torch / ddpc: > 1 means ddpc is faster) are printed per shape, for wall clock
-and for CPU time, with ddpc's memory
-line (peak RSS against parameters + gradients + AdamW state + activations from the shapes).
-Usage: bench/gpt_step.py BINDIR [ROUNDS]   (OPENBLAS_NUM_THREADS and torch threads are set to 1)
+ROUNDS times, so that load from other processes falls on both alike; the median ms/step of each,
+the ratio of the medians and the median of the per-round ratios (torch / ddpc: > 1 means ddpc
+is faster) are printed per shape, for wall clock and for CPU time, with ddpc's memory line (peak
+RSS against parameters + gradients + AdamW state + activations from the shapes).
+Usage: bench/gpt_model_step.py BINDIR [ROUNDS]   (OpenBLAS and torch on one thread)
 """
 import os
 import re
@@ -81,9 +82,11 @@ for L, NH, C, T, B, steps in SHAPES:
         tw.append(w)
         tc.append(c)
     m = statistics.median
+    rw = m([t / c for t, c in zip(tw, cw)])
+    rc = m([t / c for t, c in zip(tc, cc)])
     print(f"L{L}/C{C}/NH{NH}/T{T}/B{B}: wall ddpc {m(cw):.2f} ms/step, torch {m(tw):.2f}, "
-          f"torch/ddpc {m(tw) / m(cw):.2f}x; CPU ddpc {m(cc):.2f} ms/step, torch {m(tc):.2f}, "
-          f"torch/ddpc {m(tc) / m(cc):.2f}x")
+          f"torch/ddpc {m(tw) / m(cw):.2f}x (per round {rw:.2f}x); CPU ddpc {m(cc):.2f} ms/step, "
+          f"torch {m(tc):.2f}, torch/ddpc {m(tc) / m(cc):.2f}x (per round {rc:.2f}x)")
     print(f"  rounds (CPU ms): ddpc {', '.join(f'{v:.1f}' for v in cc)}; "
           f"torch {', '.join(f'{v:.1f}' for v in tc)}")
     print("  " + lines[0])

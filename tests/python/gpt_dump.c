@@ -1,7 +1,7 @@
 /*
  * gpt_dump — trains the library's GPT (model.type gpt) for a few steps on token files, for
  * test_gpt_torch.py to compare with the torch twin (gpt_twin.py), and times whole training steps
- * for bench/gpt_step.py.
+ * for bench/gpt_model_step.py.
  * Usage:
  *   gpt_dump DIR train L NH C T V BIAS B STEPS LR DROPOUT
  *       in:  DIR/weights.safetensors (optional: every parameter, by name; else the model's init)
