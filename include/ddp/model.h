@@ -153,7 +153,9 @@ typedef struct ddp_model_batch {
 
 /* What forward computed, for logs and evaluation. */
 typedef struct ddp_model_out {
-    double loss;     /* mean cross-entropy over the items below (double); 0 without labels */
+    double loss;     /* mean cross-entropy over the items below (double); 0 without labels,
+                        and 0 when no item counts (gpt: every target −1; torch's mean would be
+                        0/0), so that loss · count always sums */
     int64_t correct; /* items whose argmax is their label (first index on ties) */
     int64_t count;   /* items the loss averages: n for mlp/cnn, the targets that are not −1
                         for gpt (n·seq_len without ignored ones); 0 without labels */

@@ -441,12 +441,16 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         g->logit_rows = 0;
         for (int r = 0; r < N; r++)
             count += b->targets[r] != DDP_NN_IGNORE_INDEX;
+        m->loss_kept = true; /* backward may run even if count is 0: its gradient is 0 */
     } else {
         st = ddp_nn_vocab_xent_sum(g->logits, b->targets, N, g->V, &loss_sum, &count, NULL, &e);
-        out->loss = count > 0 ? loss_sum / count : NAN;
+        out->loss = count > 0 ? loss_sum / count : 0.0;
     }
     if (st != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward: %s", e.msg);
+    /* No target counted: loss 0 (torch's mean would be 0/0), so that loss · count sums. */
+    if (count == 0)
+        out->loss = 0.0;
     out->count = count;
     return DDP_OK;
 }

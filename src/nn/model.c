@@ -192,6 +192,7 @@ ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
 {
     m->err[0] = '\0';
     m->can_backward = false;
+    m->loss_kept = false;
     if (!b || b->n < 1 || b->n > m->max_batch)
         return ddp__errmsg(m->err, DDP_ERR_INVALID,
                            "forward of a batch of %d samples: the model takes 1 … %d "
@@ -201,7 +202,7 @@ ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
     ddp_status st = m->ops->forward(m, b, train, &o);
     if (st != DDP_OK)
         return st;
-    m->can_backward = train && o.count > 0;
+    m->can_backward = train && (o.count > 0 || m->loss_kept);
     if (out)
         *out = o;
     return DDP_OK;

@@ -39,6 +39,9 @@ struct ddp_model {
     ddp_model_param *buffers;
     size_t n_buffers, cap_buffers;
     bool can_backward; /* a training forward with labels, not yet backward */
+    bool loss_kept;    /* set by a type's forward when it kept the loss's gradient although no
+                          item counted (gpt: every target −1), so that backward may run (and add
+                          zeros); cleared before each forward */
     char err[DDP_ERRMSG_MAX];
 };
 

@@ -10,7 +10,8 @@
  *   gradient is well above the float noise: |analytic − numeric| ≤ FD_ABS + FD_REL·|analytic|
  *   (the loss is a float computation; ±H moves it by about 1e-7 relative, which the 2·H step
  *   turns into ≈ 1e-4 absolute).
- * - Ignored targets (−1) contribute nothing; grad_scale scales the gradient.
+ * - Ignored targets (−1) contribute nothing (all of them: loss 0, count 0, a zero gradient);
+ *   grad_scale scales the gradient.
  * - ready(): every parameter once, from the top down (indices decreasing), wte last.
  * - Dropout masks follow the global sample: one batch of 4 = two of 2 with sample offsets 0 and
  *   2 (the per-sample logits bit for bit, the gradients summed within float rounding).
@@ -373,6 +374,22 @@ static void ignore_and_scale(void **state)
         se += exp(lg[5 * cols + j] - mx);
     double want = mx + log(se) - lg[5 * cols + (size_t)t2[5]];
     assert_true(fabs(out.loss - want) < 1e-5 * want);
+    /* Every target ignored: loss 0 and count 0 in both modes (loss · count sums), and the
+     * backward runs (a micro-batch of padding only) and adds nothing. */
+    for (int k = 0; k < 8; k++)
+        t2[k] = -1;
+    for (int train = 0; train < 2; train++) {
+        assert_int_equal(ddp_model_forward(m, &b, train, &out), DDP_OK);
+        assert_int_equal(out.count, 0);
+        assert_true(out.loss == 0.0);
+    }
+    ddp_model_zero_grad(m);
+    assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_OK);
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(m, &np);
+    for (size_t i = 0; i < np; i++)
+        for (size_t k = 0; k < p[i].count; k++)
+            assert_true(p[i].grad[k] == 0.0f);
     /* grad_scale 0.25 gives a quarter of the gradient. */
     b.targets = targets;
     size_t total;
