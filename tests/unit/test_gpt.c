@@ -6,10 +6,11 @@
  *   the weights and of the scaled c_proj weights).
  * - The loss at init is close to ln(V) (the logits start near zero).
  * - The whole backward against central finite differences of the loss, for a few elements of
- *   every tensor of a tiny model (dropout 0), weights drawn wider than GPT-2's init so that every
- *   gradient is well above the float noise: |analytic − numeric| ≤ FD_ABS + FD_REL·|analytic|
- *   (the loss is a float computation; ±H moves it by about 1e-7 relative, which the 2·H step
- *   turns into ≈ 1e-4 absolute).
+ *   every tensor of a tiny model (dropout 0, and 0.25: its masks are fixed by (seed, step,
+ *   offset), so the loss stays a smooth function of the weights), weights drawn wider than GPT-2's
+ * init so that every gradient is well above the float noise: |analytic − numeric| ≤ FD_ABS +
+ * FD_REL·|analytic| (the loss is a float computation; ±H moves it by about 1e-7 relative, which the
+ * 2·H step turns into ≈ 1e-4 absolute).
  * - Ignored targets (−1) contribute nothing (all of them: loss 0, count 0, a zero gradient);
  *   grad_scale scales the gradient.
  * - ready(): every parameter once, from the top down (indices decreasing), wte last.
@@ -275,16 +276,26 @@ static void widen(ddp_model *m)
 static void finite_differences(void **state)
 {
     (void)state;
-    for (int bias = 1; bias >= 0; bias--) {
+    /* bias, no bias, and bias with dropout: the masks depend on (seed, step, offset) only, so
+     * every forward of the same batch drops the same elements and the loss is a smooth
+     * function of the weights; the backward must apply the forward's masks. */
+    for (int run = 0; run < 3; run++) {
+        int bias = run != 1;
         ddp_model_spec s = tiny_spec();
         s.bias = bias;
+        s.dropout = run == 2 ? 0.25f : 0.0f;
         ddp_model *m = build(&s);
         widen(m);
         const int n = 3, T = 5, V = s.vocab_size;
         int32_t tokens[3 * 5], targets[3 * 5];
         make_batch(0, n, T, V, tokens, targets);
         targets[4] = -1; /* one ignored target */
-        ddp_model_batch b = {.n = n, .tokens = tokens, .targets = targets, .seq_len = T};
+        ddp_model_batch b = {.n = n,
+                             .tokens = tokens,
+                             .targets = targets,
+                             .seq_len = T,
+                             .step = 5,
+                             .sample_offset = 7};
         loss_of(m, &b);
         ddp_model_zero_grad(m);
         assert_int_equal(ddp_model_backward(m, NULL, NULL), DDP_OK);
@@ -311,9 +322,9 @@ static void finite_differences(void **state)
                 double num = (lp - lm) / (2.0 * FD_H), ana = p[i].grad[k];
                 double diff = fabs(num - ana);
                 if (diff > FD_ABS + FD_REL * fabs(ana))
-                    fail_msg("bias %d: d loss / d %s[%zu]: backward %.6g, finite differences "
-                             "%.6g",
-                             bias, p[i].name, k, ana, num);
+                    fail_msg("bias %d, dropout %g: d loss / d %s[%zu]: backward %.6g, finite "
+                             "differences %.6g",
+                             bias, (double)s.dropout, p[i].name, k, ana, num);
                 if (diff > worst)
                     worst = diff;
                 checked++;
@@ -322,8 +333,9 @@ static void finite_differences(void **state)
             if (fabsf(p[i].grad[big]) < 1e-3f)
                 fail_msg("the gradient of '%s' is tiny (%g)", p[i].name, p[i].grad[big]);
         }
-        print_message("bias %d: %d gradient elements checked, worst |difference| %.2e\n", bias,
-                      checked, worst);
+        print_message("bias %d, dropout %g: %d gradient elements checked, worst |difference| "
+                      "%.2e\n",
+                      bias, (double)s.dropout, checked, worst);
         ddp_model_free(m);
     }
 }
