@@ -376,9 +376,10 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     const int N = n * T;
     const size_t NC = (size_t)N * C;
     const bool drop = train && g->p > 0.0f;
-    /* The element offsets of this batch's first sample in the dropout streams. */
+    /* This batch's first sample in the dropout streams: elements of (N, C) activations, and
+     * query rows (b, h, t) for the attention, whose keys are per row (ddp/nn.h). */
     const uint64_t off = b->sample_offset * (uint64_t)T * (uint64_t)C;
-    const uint64_t off_att = b->sample_offset * (uint64_t)nh * (uint64_t)T * (uint64_t)T;
+    const uint64_t off_att = b->sample_offset * (uint64_t)nh * (uint64_t)T;
     g->tokens = b->tokens;
     g->n = n;
     g->T = T;
@@ -476,7 +477,7 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
     const int n = g->n, T = g->T, C = g->C, N = n * T, nh = g->nh;
     const size_t NC = (size_t)N * C;
     const bool drop = g->train && g->p > 0.0f;
-    const uint64_t off_att = g->sample_offset * (uint64_t)nh * (uint64_t)T * (uint64_t)T;
+    const uint64_t off_att = g->sample_offset * (uint64_t)nh * (uint64_t)T;
     ddp_status st;
 
     /* Head: logits now hold d loss / d logits (forward). */

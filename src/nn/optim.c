@@ -15,6 +15,7 @@
 
 #include "ddp/nn.h"
 #include "ddp/optim.h"
+#include "nn/vecmath.h"
 #include "util/util.h"
 
 void ddp_nn_sgd_step(float *p, const float *g, float *buf, size_t n, float lr, float momentum,
@@ -30,6 +31,22 @@ void ddp_nn_sgd_step(float *p, const float *g, float *buf, size_t n, float lr, f
     }
 }
 
+/* The elementwise part of the AdamW step. Its own function for the AVX2 clone (DDP__VEC: the
+ * same bits, as sqrt and division are exact in both); it vectorises at all because this file is
+ * compiled without errno for sqrtf (CMakeLists.txt). */
+DDP__VEC static void adamw_loop(float *p, const float *g, float *m, float *v, size_t n, float decay,
+                                float beta1, float a1, float beta2, float a2, float bc2_sqrt,
+                                float eps, float step_size)
+{
+    for (size_t i = 0; i < n; i++) {
+        float pi = p[i] * decay;
+        m[i] = m[i] * beta1 + a1 * g[i];
+        v[i] = v[i] * beta2 + a2 * (g[i] * g[i]);
+        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+        p[i] = pi + -step_size * (m[i] / denom);
+    }
+}
+
 void ddp_nn_adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, uint64_t step)
 {
@@ -39,13 +56,7 @@ void ddp_nn_adamw_step(float *p, const float *g, float *m, float *v, size_t n, f
     float step_size = (float)((double)lr / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
     float a1 = (float)(1.0 - beta1), a2 = (float)(1.0 - beta2);
-    for (size_t i = 0; i < n; i++) {
-        float pi = p[i] * decay;
-        m[i] = m[i] * beta1 + a1 * g[i];
-        v[i] = v[i] * beta2 + a2 * (g[i] * g[i]);
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        p[i] = pi + -step_size * (m[i] / denom);
-    }
+    adamw_loop(p, g, m, v, n, decay, beta1, a1, beta2, a2, bc2_sqrt, eps, step_size);
 }
 
 float ddp_nn_clip_coef(double norm, double max_norm)
@@ -56,21 +67,25 @@ float ddp_nn_clip_coef(double norm, double max_norm)
     return coef < 1.0 || isnan(coef) ? (float)coef : 1.0f;
 }
 
+/* lane[k] += the squares of g[i] for i ≡ k (mod 8), i < n, in double: eight independent lanes
+ * (one chain of dependent additions would not vectorise and costs a cycle per element), whose
+ * sums do not depend on the vector width (DDP__VEC). */
+DDP__VEC static void sum_squares(const float *g, size_t n, double lane[8])
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            lane[k] += (double)g[i + k] * g[i + k];
+    for (int k = 0; i < n; i++, k++)
+        lane[k] += (double)g[i] * g[i];
+}
+
 double ddp_nn_clip_grad_norm(float *const *grads, const size_t *counts, int n_arrays,
                              double max_norm)
 {
-    /* Eight independent lanes: one chain of dependent double additions would not vectorise
-     * and costs about a cycle per element. */
     double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int a = 0; a < n_arrays; a++) {
-        const float *g = grads[a];
-        size_t i = 0, n = counts[a];
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++)
-                lane[k] += (double)g[i + k] * g[i + k];
-        for (int k = 0; i < n; i++, k++)
-            lane[k] += (double)g[i] * g[i];
-    }
+    for (int a = 0; a < n_arrays; a++)
+        sum_squares(grads[a], counts[a], lane);
     double ss =
         ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     double norm = sqrt(ss);
