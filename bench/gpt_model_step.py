@@ -89,5 +89,5 @@ for L, NH, C, T, B, steps in SHAPES:
           f"torch {m(tc):.2f}, torch/ddpc {m(tc) / m(cc):.2f}x (per round {rc:.2f}x)")
     print(f"  rounds (CPU ms): ddpc {', '.join(f'{v:.1f}' for v in cc)}; "
           f"torch {', '.join(f'{v:.1f}' for v in tc)}")
-    print("  " + lines[0])
-    print("  " + lines[1])
+    for line in lines:
+        print("  " + line)

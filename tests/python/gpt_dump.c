@@ -20,7 +20,9 @@
  *       median, min and mean ms per step (wall clock), the median CPU time per step (the
  *       process's: what a loaded machine does not inflate), the FLOPs count, and the memory: peak
  * RSS of the process (VmHWM), its RSS before the model was built, and the bytes of parameters,
- *       gradients, AdamW state and activations computed from the shapes (docs/nn.md).
+ *       gradients, AdamW state and activations computed from the shapes (docs/nn.md); and the
+ *       step's matrix-product FLOPs at the rate of one sgemm of the model's shapes (the floor of
+ *       a BLAS-bound step).
  * A test tool: any error prints a line and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -338,6 +340,38 @@ static void bench(int L, int nh, int C, int T, int V, int B, int steps)
            "%.2f MB = %.3f × model total\n",
            P, 4 * P / 1e6, 16 * P / 1e6, 4 * act / 1e6, model_bytes / 1e6, rss0 / 1e6, hwm / 1e6,
            (hwm - rss0) / 1e6, (hwm - rss0) / model_bytes);
+    /* The floor a BLAS-bound step cannot go below: the step's matrix products (linears 2+4
+     * FLOPs per weight and token; the tied head likewise; attention: 2 products forward and 5
+     * backward of 2·hs FLOPs per score over the causal blocks the kernel computes) at the rate
+     * of one (B·T, C) × (C, 4C) product, c_fc's, timed here in CPU time. */
+    double lin = 6.0 * (12.0 * C * C * L + (double)V * C) * N, scores = 0;
+    for (int r0 = 0; r0 < T; r0 += DDP_NN_ATTN_BLOCK) {
+        int nr = T - r0 < DDP_NN_ATTN_BLOCK ? T - r0 : DDP_NN_ATTN_BLOCK;
+        scores += (double)nr * (r0 + nr);
+    }
+    double att = 7.0 * 2.0 * C * scores * B * L;
+    size_t nx = per * (size_t)C;
+    float *x = xcalloc(nx, sizeof(float)), *w = xcalloc((size_t)C * 4 * C, sizeof(float));
+    float *y = xcalloc(per * 4 * (size_t)C, sizeof(float));
+    for (size_t i = 0; i < nx; i++)
+        x[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < (size_t)C * 4 * C; i++)
+        w[i] = (float)(i % 7) * 0.01f;
+    int reps = 0;
+    double c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID), el;
+    do {
+        ddp_nn_linear_forward(x, w, NULL, (int)per, C, 4 * C, y);
+        reps++;
+    } while ((el = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0) < 300.0);
+    double rate = 2.0 * (double)per * C * 4 * C * reps / el / 1e6; /* GFLOP/s */
+    printf("matrix products: %.2f GFLOP/step (linears and head %.2f, attention %.2f); sgemm "
+           "(%zu, %d) x (%d, %d): %.1f GFLOP/s, so %.1f ms/step at that rate = %.0f%% of the "
+           "step's CPU time\n",
+           (lin + att) / 1e9, lin / 1e9, att / 1e9, per, C, C, 4 * C, rate,
+           (lin + att) / rate / 1e6, 100.0 * (lin + att) / rate / 1e6 / cmed);
+    free(x);
+    free(w);
+    free(y);
     free(ms);
     free(cpu);
     free(tokens);
