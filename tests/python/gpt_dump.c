@@ -83,7 +83,7 @@ static void save(ddp_model *m, const char *name, bool grads)
     ddp_ckpt_tensor *t = xcalloc(n, sizeof *t);
     for (size_t i = 0; i < n; i++) {
         t[i].name = p[i].name;
-        t[i].dtype = DDP_CKPT_F32;
+        t[i].dtype = DDP_FLOAT32;
         t[i].ndim = p[i].ndim;
         for (int d = 0; d < p[i].ndim; d++)
             t[i].shape[d] = p[i].shape[d];
@@ -114,7 +114,7 @@ static void load(ddp_model *m)
     const ddp_model_param *p = ddp_model_params(m, &n);
     for (size_t i = 0; i < n; i++) {
         const ddp_ckpt_tensor *t = ddp_ckpt_find(c, p[i].name);
-        if (!t || t->dtype != DDP_CKPT_F32 || t->ndim != p[i].ndim)
+        if (!t || t->dtype != DDP_FLOAT32 || t->ndim != p[i].ndim)
             die("missing or mismatched tensor", p[i].name);
         for (int d = 0; d < t->ndim; d++)
             if (t->shape[d] != p[i].shape[d])
