@@ -20,66 +20,7 @@
 #include <string.h>
 
 #include "ddp/nn.h"
-
-static const char *dir;
-static void *allocs[32]; /* everything allocated, freed at the end (for LeakSanitizer) */
-static int n_allocs;
-
-static void die(const char *what, const char *name);
-
-static void *track(void *p)
-{
-    if (!p || n_allocs == 32)
-        die("out of memory", "");
-    return allocs[n_allocs++] = p;
-}
-
-static void die(const char *what, const char *name)
-{
-    fprintf(stderr, "nn_dump: %s '%s'\n", what, name);
-    exit(1);
-}
-
-/* Reads DIR/NAME.bin, which must hold exactly n elements of size sz. */
-static void *rd(const char *name, size_t n, size_t sz)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        die("cannot open", path);
-    void *p = track(calloc(n ? n : 1, sz));
-    size_t got = fread(p, sz, n, f);
-    int extra = fgetc(f);
-    fclose(f);
-    if (got != n || extra != EOF)
-        die("wrong size of", path);
-    return p;
-}
-
-static float *rdf(const char *name, size_t n)
-{
-    return rd(name, n, sizeof(float));
-}
-
-static void wr(const char *name, const void *p, size_t n, size_t sz)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/out_%s.bin", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, sz, n, f) != n || fclose(f) != 0)
-        die("cannot write", path);
-}
-
-static void wrf(const char *name, const float *p, size_t n)
-{
-    wr(name, p, n, sizeof(float));
-}
-
-static float *zalloc(size_t n)
-{
-    return track(calloc(n ? n : 1, sizeof(float)));
-}
+#include "dump_io.h"
 
 int main(int argc, char **argv)
 {
@@ -87,7 +28,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: nn_dump DIR OP ARGS…\n");
         return 1;
     }
-    dir = argv[1];
+    dump_init("nn_dump", argv[1]);
     const char *op = argv[2];
     double a[10] = {0};
     for (int i = 3; i < argc && i < 13; i++)
@@ -178,7 +119,6 @@ int main(int argc, char **argv)
     } else {
         die("unknown op", op);
     }
-    while (n_allocs > 0)
-        free(allocs[--n_allocs]);
+    dump_free_all();
     return 0;
 }
