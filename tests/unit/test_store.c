@@ -31,6 +31,7 @@
 
 #include "ddp/ddp.h"
 #include "store/store_int.h"
+#include "store_wire.h"
 
 /* Slack on top of a deadline before a test calls it late: sanitizer builds are slow. */
 #define SLACK_MS 800
@@ -48,20 +49,6 @@
         if (strstr(m_, (needle)))                                                                  \
             fail_msg("message \"%s\" should not contain \"%s\"", m_, (needle));                    \
     } while (0)
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* The number of milliseconds a message reports after "timed out after ", or -1. */
 static long reported_ms(const char *msg)
@@ -862,88 +849,11 @@ static void empty_server_token_accepts_anyone(void **state)
 /* ---- 5. raw sockets: malformed, oversized, silent
  * ------------------------------------------------ */
 
-typedef struct frame {
-    unsigned char b[4096];
-    size_t len;
-} frame;
-
-static void put(frame *w, const void *p, size_t n)
+/* raw_send(), failing the test where the peer is gone. */
+static void send_all(int fd, const void *p, size_t n)
 {
-    assert_true(w->len + n <= sizeof w->b);
-    memcpy(w->b + w->len, p, n);
-    w->len += n;
-}
-
-static void put_u32(frame *w, uint32_t v)
-{
-    unsigned char x[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 24)};
-    put(w, x, 4);
-}
-
-static void put_u8(frame *w, uint8_t v)
-{
-    put(w, &v, 1);
-}
-
-static void put_blob(frame *w, const void *p, size_t n)
-{
-    put_u32(w, (uint32_t)n);
-    put(w, p, n);
-}
-
-/* Starts a frame: a length to fill in by frame_end(), then the op. */
-static void frame_begin(frame *w, uint8_t op)
-{
-    w->len = 0;
-    put_u32(w, 0);
-    put_u8(w, op);
-}
-
-static void frame_end(frame *w)
-{
-    uint32_t n = (uint32_t)(w->len - 4);
-    unsigned char x[4] = {(unsigned char)n, (unsigned char)(n >> 8), (unsigned char)(n >> 16),
-                          (unsigned char)(n >> 24)};
-    memcpy(w->b, x, 4);
-}
-
-static void hello_frame(frame *w, uint32_t magic, uint32_t version, const char *token)
-{
-    frame_begin(w, DDP__OP_HELLO);
-    put_u32(w, magic);
-    put_u32(w, version);
-    put_blob(w, token, strlen(token));
-    frame_end(w);
-}
-
-static int raw_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int rc;
-    do
-        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
-    while (rc < 0 && errno == EINTR);
-    if (rc != 0)
-        fail_msg("connect to 127.0.0.1:%d: %s", port, strerror(errno));
-    return fd;
-}
-
-static void raw_send(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            fail_msg("send on a raw socket: %s", strerror(errno));
-        c += k;
-        n -= (size_t)k;
-    }
+    if (!raw_send(fd, p, n))
+        fail_msg("send on a raw socket: %s", strerror(errno));
 }
 
 /* Receives exactly n bytes within ms; false on close, error or timeout. */
@@ -993,7 +903,7 @@ static void raw_hello(fx *f, int fd)
 {
     frame w;
     hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
-    raw_send(fd, w.b, w.len);
+    send_all(fd, w.b, w.len);
     unsigned char body[64];
     size_t n;
     assert_int_equal(raw_reply(fd, body, sizeof body, &n), DDP__R_OK);
@@ -1045,7 +955,7 @@ static void expect_dropped(fx *f, const char *what, bool authenticate, const voi
     int fd = raw_connect(f->port);
     if (authenticate)
         raw_hello(f, fd);
-    raw_send(fd, bytes, n);
+    send_all(fd, bytes, n);
     if (shut)
         shutdown(fd, SHUT_WR);
     int code;
@@ -1244,7 +1154,7 @@ static void silent_client_closed_after_handshake_ms(void **state)
     frame w;
     hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, "");
     fd = raw_connect(f->port);
-    raw_send(fd, w.b, 6);
+    send_all(fd, w.b, 6);
     closed = wait_closed(fd, 3000, &code);
     close(fd);
     assert_true(closed);
@@ -1339,7 +1249,7 @@ static void server_enforces_max_value(void **state)
     frame_end(&w);
     int fd = raw_connect(f->port);
     raw_hello(f, fd);
-    raw_send(fd, w.b, w.len);
+    send_all(fd, w.b, w.len);
     unsigned char body[16];
     size_t n;
     assert_int_equal(raw_reply(fd, body, sizeof body, &n), DDP__R_OK);

@@ -35,24 +35,11 @@
 
 #include "ddp/ddp.h"
 #include "store/store_int.h"
+#include "store_wire.h"
 
 #define TOKEN "the-job-token"
 #define RANKS 4
 #define SLACK_MS 1500 /* sanitizer builds on a busy machine are slow */
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 static void quiet_log(void *ctx, const char *line)
 {
@@ -104,86 +91,7 @@ static int teardown(void **state)
     return 0;
 }
 
-/* ---- raw sockets and frames, built by hand from store_int.h ------------------------------- */
-
-static int raw_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int rc;
-    do
-        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
-    while (rc < 0 && errno == EINTR);
-    if (rc != 0)
-        fail_msg("connect to 127.0.0.1:%d: %s", port, strerror(errno));
-    return fd;
-}
-
-/* Sends everything; false if the peer is gone (which a refused stranger may find). */
-static bool raw_send(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return false;
-        c += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-typedef struct frame {
-    unsigned char b[2048];
-    size_t len;
-} frame;
-
-static void put(frame *w, const void *p, size_t n)
-{
-    memcpy(w->b + w->len, p, n);
-    w->len += n;
-}
-
-static void put_u32(frame *w, uint32_t v)
-{
-    unsigned char x[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 24)};
-    put(w, x, 4);
-}
-
-static void put_blob(frame *w, const void *p, size_t n)
-{
-    put_u32(w, (uint32_t)n);
-    put(w, p, n);
-}
-
-static void frame_begin(frame *w, uint8_t op)
-{
-    w->len = 0;
-    put_u32(w, 0);
-    put(w, &op, 1);
-}
-
-static void frame_end(frame *w)
-{
-    uint32_t n = (uint32_t)(w->len - 4);
-    unsigned char x[4] = {(unsigned char)n, (unsigned char)(n >> 8), (unsigned char)(n >> 16),
-                          (unsigned char)(n >> 24)};
-    memcpy(w->b, x, 4);
-}
-
-static void hello_frame(frame *w, const char *token)
-{
-    frame_begin(w, DDP__OP_HELLO);
-    put_u32(w, DDP__STORE_MAGIC);
-    put_u32(w, DDP__STORE_VERSION);
-    put_blob(w, token, strlen(token));
-    frame_end(w);
-}
+/* ---- raw sockets (frames and the connection: store_wire.h) -------------------------------- */
 
 /* Reads until the server closes fd or ms pass. Returns true if closed; *first: the first reply's
  * code byte, or -1. */
@@ -386,7 +294,8 @@ static void *flood_main(void *arg)
         } else {
             char tok[32];
             snprintf(tok, sizeof tok, "guess-%d", i);
-            hello_frame(&w, i % 4 == 2 ? "" : tok); /* an empty token is wrong too */
+            const char *t = i % 4 == 2 ? "" : tok; /* an empty token is wrong too */
+            hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, t);
             raw_send(fd, w.b, w.len);
         }
         int code;
@@ -424,7 +333,7 @@ static void slow_hello_is_not_a_handshake(void **state)
 {
     fx *f = *state; /* handshake_ms = 300 */
     frame w;
-    hello_frame(&w, TOKEN);
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, TOKEN);
     int fd = raw_connect(f->port);
     int64_t t0 = now_ms();
     bool closed = false;
@@ -450,7 +359,7 @@ static void half_a_request_stalls_no_one(void **state)
 {
     fx *f = *state;
     frame w;
-    hello_frame(&w, TOKEN);
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, TOKEN);
     int fd = raw_connect(f->port);
     assert_true(raw_send(fd, w.b, w.len));
     assert_int_equal(raw_reply(fd, 2000), DDP__R_OK);
@@ -520,7 +429,7 @@ static void a_client_that_never_reads(void **state)
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     frame w;
-    hello_frame(&w, TOKEN);
+    hello_frame(&w, DDP__STORE_MAGIC, DDP__STORE_VERSION, TOKEN);
     assert_true(raw_send(fd, w.b, w.len));
     assert_int_equal(raw_reply(fd, 2000), DDP__R_OK);
 
