@@ -482,11 +482,11 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
         const char *in = (const char *)c->send + done * esz;
         char *out = (char *)c->recv + done * esz;
         char *mine = staging(b, b->me, k);
+        memcpy(mine, in, n * esz);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
+        if (st)
+            return st;
         if (n * esz <= SMALL) {
-            memcpy(mine, in, n * esz);
-            ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
-            if (st)
-                return st;
             /* Every input from staging (so in place works), in rank order on every rank: the
              * same float sums everywhere, whatever W. */
             for (int j = 0; j < W; j++)
@@ -494,10 +494,6 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
             ddp__reduce_many_avg(out, srcs, W, n, c->dtype, c->op, c->avg_div);
             done_reading_all(b, srcs, n * esz);
         } else {
-            memcpy(mine, in, n * esz);
-            ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
-            if (st)
-                return st;
             size_t lo, hi;
             slice(n, W, b->me, esz, &lo, &hi);
             for (int j = 0; j < W; j++)
