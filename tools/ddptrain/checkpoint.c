@@ -58,8 +58,8 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
     return st;
 }
 
-static ddp_status find_checkpoint(trainer *t, const char *spec, char *path, size_t cap,
-                                  ddp_error *err)
+ddp_status trainer_find_checkpoint(trainer *t, const char *spec, char *path, size_t cap,
+                                   ddp_error *err)
 {
     if (strcmp(spec, "latest") != 0) {
         snprintf(path, cap, "%s", spec);
@@ -77,14 +77,16 @@ int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos 
         ddp_error err = {0};
         char path[2048];
         ddp_ckpt_train_state s = state_of(t);
-        if (find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK ||
+        if (trainer_find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK ||
             ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
         } else {
             got = 1;
-            trainer_say(t, "resumed from %s at step %llu (saved by %llu ranks)", path,
-                        (unsigned long long)pos->step, (unsigned long long)pos->world_size);
+            bool train = !strcmp(ddp_config_str(t->cfg, "task"), "train");
+            trainer_say(t, "%s %s at step %llu (saved by %llu ranks)",
+                        train ? "resumed from" : "loaded", path, (unsigned long long)pos->step,
+                        (unsigned long long)pos->world_size);
         }
     }
     if (ddp_broadcast(t->g, &got, 1, DDP_INT64, 0) != DDP_OK)

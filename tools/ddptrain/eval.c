@@ -1,8 +1,10 @@
 /*
  * eval.c — ddptrain's evaluation (after training epochs and for --task test) and predictions
- * (--task predict). Evaluation splits the test set over the ranks with the sampler's exact mode
- * (no padding, no sample twice) and all-reduces the sums, so the figures are the same for any
- * world size; predictions are written by rank 0 alone, in dataset order.
+ * (--task predict) for the classifiers. Evaluation splits the test set — or, for a language
+ * model, a fixed set of windows of the validation file — over the ranks with the sampler's exact
+ * mode (no padding, no sample twice) and all-reduces the sums, so the figures are the same for
+ * any world size (up to the order of a double sum); predictions are written by rank 0 alone, in
+ * dataset order.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,6 +65,65 @@ ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *a
     *loss = all[0] / all[2];
     *acc = all[1] / all[2];
     return DDP_OK;
+}
+
+ddp_status trainer_evaluate_lm(trainer *t, ddp_dataset *val, double *loss, size_t *windows,
+                               ddp_error *err)
+{
+    /* The windows: the file's non-overlapping windows of T tokens (the dataset's samples), or
+     * eval_windows of them spread evenly, window j of K being floor(j·N / K): deterministic, and
+     * drawn from the whole file rather than its first part. */
+    uint64_t N = ddp_dataset_len(val), K = N,
+             cap = (uint64_t)ddp_config_int(t->cfg, "eval_windows");
+    if (cap > 0 && cap < N)
+        K = cap;
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = K;
+    so.num_replicas = t->W;
+    so.rank = t->R;
+    so.shuffle = false;
+    so.mode = DDP_SAMPLER_EXACT;
+    ddp_sampler *s;
+    ddp_status st;
+    if ((st = ddp_sampler_create(&so, &s, err)))
+        return st;
+    size_t n = ddp_sampler_len(s), B = (size_t)t->B, T = (size_t)t->T;
+    const uint64_t *idx = ddp_sampler_indices(s);
+    uint64_t *starts = malloc(sizeof *starts * B);
+    int32_t *x = malloc(sizeof *x * B * T), *y = malloc(sizeof *y * B * T);
+    double sums[2] = {0, 0}; /* loss sum over tokens, tokens */
+    if (!starts || !x || !y) {
+        st = ddp_error_set(err, DDP_ERR_NOMEM, "out of memory for %zu evaluation windows", B);
+        goto out_free;
+    }
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        for (size_t k = 0; k < nb; k++)
+            starts[k] = (uint64_t)((unsigned __int128)idx[i0 + k] * N / K) * T;
+        if ((st = ddp_dataset_get_windows(val, starts, nb, x, y, err)))
+            goto out_free;
+        ddp_model_batch mb = {.n = (int)nb, .tokens = x, .targets = y, .seq_len = (int)T};
+        ddp_model_out out;
+        if ((st = ddp_model_forward(t->m, &mb, false, &out))) {
+            ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
+            goto out_free;
+        }
+        sums[0] += out.loss * (double)out.count;
+        sums[1] += (double)out.count;
+    }
+    double all[2];
+    if ((st = ddp_allreduce(t->g, sums, all, 2, DDP_FLOAT64, DDP_SUM))) {
+        ddp_error_set(err, st, "%s", ddp_group_last_error(t->g));
+        goto out_free;
+    }
+    *loss = all[1] > 0 ? all[0] / all[1] : 0;
+    *windows = (size_t)K;
+out_free:
+    free(starts);
+    free(x);
+    free(y);
+    ddp_sampler_destroy(s);
+    return st;
 }
 
 /* Rank 0 writes "index,label,prediction" for every test sample; the others wait. */

@@ -2,15 +2,16 @@
  * ddptrain — the trainer: `ddprun --nproc_per_node=2 ddptrain [--config X.yaml] [--key value …]`.
  *
  * Tasks: train (with evaluation and checkpoints), test (evaluate a checkpoint), predict (write a
- * checkpoint's predictions to CSV). Data: Fashion-MNIST / MNIST IDX files. Models: the library's
- * (ddp/model.h: an MLP or a small CNN), optimizer and schedule (ddp/optim.h). Everything
- * distributed goes through the public API: the group, the reducer (gradient buckets during
- * backward), the sampler and loader, the checkpoint module. Rank 0 alone logs and writes
+ * checkpoint's predictions to CSV, or generate text from a language model). Data: Fashion-MNIST
+ * / MNIST IDX files, or token files (and text made into them) for a language model. Models: the
+ * library's (ddp/model.h: an MLP, a small CNN, a GPT), optimizer and schedule (ddp/optim.h).
+ * Everything distributed goes through the public API: the group, the reducer (gradient buckets
+ * during backward), the sampler and loader, the checkpoint module. Rank 0 alone logs and writes
  * checkpoints; the others wait at a barrier.
  *
- * This file holds the configuration and the wiring: it checks the config before any work, joins
- * the group, builds the model and optimizer, resumes, wraps the model in the reducer and runs
- * the task (train.c, eval.c; checkpoints in checkpoint.c).
+ * This file holds the wiring: it has the config checked before any work (config.c, data.c),
+ * joins the group, builds the model and optimizer, resumes, wraps the model in the reducer and
+ * runs the task (train.c, eval.c, generate.c; checkpoints in checkpoint.c).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -23,53 +24,6 @@
 
 #include "ddptrain.h"
 
-static const ddp_cfg_key schema[] = {
-    {"task", DDP_CFG_CHOICE, "train", "train|test|predict", "what to do"},
-    {"seed", DDP_CFG_INT, "42", NULL, "seed of weights, data order and dropout"},
-    {"out_dir", DDP_CFG_STRING, "runs/default", NULL, "train.log, metrics.jsonl, checkpoints/"},
-    {"data.dir", DDP_CFG_STRING, "/usr/share/datasets/fashion-mnist", NULL,
-     "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"},
-    {"data.threads", DDP_CFG_INT, "-1", NULL,
-     "loader threads per rank; 0: load on the training thread; -1: 1 if the host has a core to "
-     "spare for each rank, else 0"},
-    {"model.type", DDP_CFG_CHOICE, "mlp", "mlp|cnn", "the model"},
-    {"model.hidden", DDP_CFG_INT_LIST, "256,128", NULL, "fully connected hidden sizes"},
-    {"model.channels", DDP_CFG_INT_LIST, "32,64", NULL, "cnn: conv stage channels"},
-    {"model.dropout", DDP_CFG_FLOAT, "0", NULL, "dropout after each hidden layer"},
-    {"model.activation", DDP_CFG_CHOICE, "relu", "relu|gelu",
-     "after each hidden layer (gelu: exact, as torch.nn.GELU())"},
-    {"augment.hflip", DDP_CFG_BOOL, "false", NULL, "train: flip images left-right, p = 1/2"},
-    {"augment.shift", DDP_CFG_INT, "0", NULL,
-     "train: shift images by up to N pixels, zero fill (RandomCrop padding=N)"},
-    {"batch_size", DDP_CFG_INT, "64", NULL, "samples per rank per micro-step"},
-    {"grad_accum", DDP_CFG_INT, "1", NULL, "micro-steps per optimizer step (no_sync between)"},
-    {"epochs", DDP_CFG_INT, "10", NULL, "epochs to train (unless total_steps > 0)"},
-    {"total_steps", DDP_CFG_INT, "0", NULL, "optimizer steps to train; 0: use epochs"},
-    {"optimizer", DDP_CFG_CHOICE, "sgd", "sgd|adamw", "the optimizer"},
-    {"lr", DDP_CFG_FLOAT, "0.1", NULL, "learning rate for one process"},
-    {"lr_scaling", DDP_CFG_CHOICE, "none", "none|linear|sqrt", "scale lr by the world size"},
-    {"schedule", DDP_CFG_CHOICE, "cosine", "cosine|linear|constant", "after warmup"},
-    {"warmup_steps", DDP_CFG_INT, "0", NULL, "linear warmup from 0"},
-    {"momentum", DDP_CFG_FLOAT, "0.9", NULL, "sgd momentum"},
-    {"weight_decay", DDP_CFG_FLOAT, "0", NULL, "sgd: L2 in the gradient; adamw: decoupled"},
-    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2"},
-    {"grad_clip", DDP_CFG_FLOAT, "0", NULL, "clip the global gradient norm (0: off)"},
-    {"eval_every", DDP_CFG_INT, "0", NULL, "evaluate every N steps (0: at each epoch end)"},
-    {"log_every", DDP_CFG_INT, "50", NULL, "progress line every N steps"},
-    {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},
-    {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints"},
-    {"resume_from", DDP_CFG_STRING, "", NULL, "a checkpoint path, or 'latest' (in out_dir)"},
-    {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
-    {"predict_out", DDP_CFG_STRING, "predictions.csv", NULL, "predict: the CSV to write"},
-    {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
-    {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
-    {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
-    {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
-     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
-     "except over shm+tcp, whose reduce_scatter is a whole allreduce)"},
-};
-#define NKEYS (sizeof schema / sizeof schema[0])
-
 /* ---- messages ------------------------------------------------------------------------------ */
 
 void trainer_say(trainer *t, const char *fmt, ...)
@@ -81,12 +35,25 @@ void trainer_say(trainer *t, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    printf("%s\n", line);
-    fflush(stdout);
+    FILE *out = t->say_to_stderr ? stderr : stdout;
+    fprintf(out, "%s\n", line);
+    fflush(out);
     if (t->log) {
         fprintf(t->log, "%s\n", line);
         fflush(t->log);
     }
+}
+
+void trainer_log(trainer *t, const char *fmt, ...)
+{
+    if (t->R != 0 || !t->log)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(t->log, fmt, ap);
+    va_end(ap);
+    fputc('\n', t->log);
+    fflush(t->log);
 }
 
 int trainer_die(trainer *t, const char *what, const char *msg)
@@ -96,20 +63,6 @@ int trainer_die(trainer *t, const char *what, const char *msg)
 }
 
 /* ---- setting up ------------------------------------------------------------------------------ */
-
-/* cache: where a gzip file is decompressed to (the data_cache setting, DDP_DATA_CACHE). */
-static ddp_status open_split(const char *dir, const char *split, const char *cache,
-                             ddp_dataset **out, ddp_error *err)
-{
-    char im[2048], lb[2048];
-    snprintf(im, sizeof im, "%s/%s-images-idx3-ubyte.gz", dir, split);
-    snprintf(lb, sizeof lb, "%s/%s-labels-idx1-ubyte.gz", dir, split);
-    if (access(im, R_OK) != 0) {
-        snprintf(im, sizeof im, "%s/%s-images-idx3-ubyte", dir, split);
-        snprintf(lb, sizeof lb, "%s/%s-labels-idx1-ubyte", dir, split);
-    }
-    return ddp_dataset_open_idx(im, lb, cache, out, err);
-}
 
 /* Rank 0: out_dir (with its parents), train.log and metrics.jsonl, appended to. */
 static void open_logs(trainer *t)
@@ -146,13 +99,20 @@ static int build_model(trainer *t)
     ms.channels = ddp_config_ints(c, "model.channels", &ms.n_channels);
     ms.dropout = (float)ddp_config_float(c, "model.dropout");
     ms.activation = ddp_config_str(c, "model.activation");
+    ms.n_layer = (int)ddp_config_int(c, "model.n_layer");
+    ms.n_head = (int)ddp_config_int(c, "model.n_head");
+    ms.n_embd = (int)ddp_config_int(c, "model.n_embd");
+    ms.block_size = (int)ddp_config_int(c, "model.block_size");
+    ms.vocab_size = (int)ddp_config_int(c, "model.vocab_size");
+    ms.bias = ddp_config_bool(c, "model.bias");
     if (ddp_model_build(&ms, &t->m, &err) != DDP_OK)
         return trainer_die(t, "model", err.msg);
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     oo.kind = !strcmp(ddp_config_str(c, "optimizer"), "adamw") ? DDP_OPTIM_ADAMW : DDP_OPTIM_SGD;
     oo.momentum = (float)ddp_config_float(c, "momentum");
     oo.weight_decay = (float)ddp_config_float(c, "weight_decay");
-    sscanf(ddp_config_str(c, "betas"), "%f,%f", &oo.beta1, &oo.beta2);
+    sscanf(ddp_config_str(c, "betas"), "%f,%f", &oo.beta1, &oo.beta2); /* checked in config.c */
+    oo.eps = (float)ddp_config_float(c, "eps");
     size_t np;
     const ddp_model_param *p = ddp_model_params(t->m, &np);
     if (ddp_optim_create(&oo, p, np, &t->opt, &err) != DDP_OK)
@@ -202,47 +162,60 @@ static int wrap_model(trainer *t)
 /* ---- the program ------------------------------------------------------------------------------
  */
 
-/* Everything about the configuration is checked before any work starts: exit code 2 (1 when
- * the environment is wrong). */
+/* Joins the group: exit code 1 on failure. */
+static int join(trainer *t)
+{
+    ddp_error err = {0};
+    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    go.world = &t->world;
+    if (ddp_group_init(&go, &t->g, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        return 1;
+    }
+    t->W = ddp_group_size(t->g);
+    t->R = ddp_group_rank(t->g);
+    return 0;
+}
+
+/* Everything about the configuration and the data is checked before any work starts: exit code
+ * 2 (1 when the environment is wrong). Training checks before joining the group; test and
+ * predict join first, because rank 0 hands everyone the configuration stored in the checkpoint. */
 static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, ddp_dataset **tr,
                      ddp_dataset **te)
 {
     ddp_error err = {0};
-    if (ddp_config_load(schema, NKEYS, cfg_path, nrest, rest, &t->cfg, &err) != DDP_OK) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 2;
-    }
-    ddp_config *c = t->cfg;
-    t->B = (int)ddp_config_int(c, "batch_size");
-    if (t->B < 1 || ddp_config_int(c, "grad_accum") < 1 || ddp_config_float(c, "lr") <= 0 ||
-        ddp_config_int(c, "epochs") < 0 || ddp_config_int(c, "data.threads") < -1) {
-        fprintf(stderr, "ddptrain: batch_size and grad_accum must be ≥ 1, lr > 0, epochs ≥ 0, "
-                        "data.threads ≥ -1\n");
-        return 2;
-    }
+    int rc = trainer_config_load(t, cfg_path, nrest, rest);
+    if (rc)
+        return rc;
     /* The environment, read once: who runs, and the DDP_* settings of the group, the reducer and
      * the data cache. */
     if (ddp_world_from_env(&t->world, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         return 1;
     }
-    const char *task = ddp_config_str(c, "task"), *dir = ddp_config_str(c, "data.dir");
-    const char *cache = t->world.settings.data_cache;
-    if ((!strcmp(task, "train") && open_split(dir, "train", cache, tr, &err)) ||
-        open_split(dir, "t10k", cache, te, &err)) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 2;
-    }
-    t->side = (int)lround(sqrt((double)ddp_dataset_x_elems(*te)));
-    t->classes = ddp_dataset_classes(*te) > 0 ? ddp_dataset_classes(*te) : 10;
-    int64_t shift = ddp_config_int(c, "augment.shift");
-    if (shift < 0 || shift >= t->side) {
-        fprintf(stderr,
-                "ddptrain: augment.shift %lld must be from 0 to %d (the images are %d × %d)\n",
-                (long long)shift, t->side - 1, t->side, t->side);
-        return 2;
-    }
-    return 0;
+    t->R = t->world.rank;
+    if (strcmp(ddp_config_str(t->cfg, "task"), "train") != 0 &&
+        ((rc = join(t)) || (rc = trainer_config_from_checkpoint(t))))
+        return rc;
+    if ((rc = trainer_open_data(t, tr, te)))
+        return rc;
+    return t->g ? 0 : join(t);
+}
+
+/* Rank 0, at the start of training: what interrupted saves of this host left behind. */
+static void clean_checkpoints(trainer *t)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    size_t removed = 0;
+    ddp_error err = {0};
+    if (ddp_ckpt_clean_stale(dir, "step", &removed, &err) != DDP_OK)
+        trainer_say(t, "warning: cleaning '%s': %s", dir, err.msg);
+    else if (removed)
+        trainer_say(t, "removed %zu temporary file%s that interrupted saves left in %s", removed,
+                    removed == 1 ? "" : "s", dir);
+    else
+        trainer_log(t, "no temporary files of interrupted saves in %s", dir);
 }
 
 static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
@@ -250,10 +223,24 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     const char *task = ddp_config_str(t->cfg, "task");
     if (!strcmp(task, "train"))
         return trainer_train(t, tr, te);
+    if (!strcmp(task, "predict") && t->lm) {
+        int rc = trainer_generate(t, stdout, false);
+        if (ddp_barrier(t->g) != DDP_OK && !rc)
+            rc = trainer_die(t, "predict", ddp_group_last_error(t->g));
+        return rc;
+    }
     if (!strcmp(task, "predict"))
         return trainer_predict(t, te);
     ddp_error err = {0};
     double el, ea;
+    if (t->lm) {
+        size_t nw;
+        if (trainer_evaluate_lm(t, te, &el, &nw, &err) != DDP_OK)
+            return trainer_die(t, "test", err.msg);
+        trainer_say(t, "val loss %.4f, perplexity %.3f (%zu windows of %d tokens of %s)", el,
+                    exp(el), nw, t->T, t->val_path);
+        return 0;
+    }
     if (trainer_evaluate(t, te, &el, &ea, &err) != DDP_OK)
         return trainer_die(t, "test", err.msg);
     trainer_say(t, "test loss %.4f, test accuracy %.4f (%zu images)", el, ea, ddp_dataset_len(te));
@@ -269,10 +256,7 @@ int main(int argc, char **argv)
     int nrest = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: [ddprun …] ddptrain [--config FILE.yaml] [--key value …]\n"
-                   "Every key below can be set in the YAML file (nested maps for dotted keys)\n"
-                   "and overridden on the command line.\n");
-            ddp_config_print_help(schema, NKEYS, stdout);
+            trainer_print_help(stdout);
             free(rest);
             return 0;
         }
@@ -283,39 +267,48 @@ int main(int argc, char **argv)
         else
             rest[nrest++] = argv[i];
     }
-    ddp_error err = {0};
     ddp_dataset *tr = NULL, *te = NULL;
     int rc = configure(&t, cfg_path, nrest, rest, &tr, &te);
     if (rc)
         goto out;
-    rc = 1;
-    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
-    go.world = &t.world;
-    if (ddp_group_init(&go, &t.g, &err) != DDP_OK) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
-        goto out;
-    }
-    t.W = ddp_group_size(t.g);
-    t.R = ddp_group_rank(t.g);
     snprintf(t.dir, sizeof t.dir, "%s", ddp_config_str(t.cfg, "out_dir"));
     if (t.R == 0)
         open_logs(&t);
+    const char *task = ddp_config_str(t.cfg, "task");
+    bool train = !strcmp(task, "train");
+    /* Generated text alone on stdout, so that it can be piped or redirected. */
+    t.say_to_stderr = t.lm && !strcmp(task, "predict");
+    if (!train)
+        trainer_say(&t, "configuration: the one stored in %s, with the command line's keys",
+                    ddp_config_str(t.cfg, "checkpoint"));
+    else if (t.R == 0)
+        clean_checkpoints(&t);
+    if (t.lm && train)
+        trainer_say(&t, "data: %zu training tokens in %s, %zu validation tokens in %s",
+                    ddp_dataset_num_tokens(tr), t.train_path, ddp_dataset_num_tokens(te),
+                    t.val_path);
     if ((rc = build_model(&t)))
         goto out;
     /* Resume (train) or load (test, predict): rank 0 reads, everyone gets it by broadcast. */
-    const char *task = ddp_config_str(t.cfg, "task");
-    const char *spec = !strcmp(task, "train") ? ddp_config_str(t.cfg, "resume_from")
-                                              : ddp_config_str(t.cfg, "checkpoint");
+    const char *spec =
+        train ? ddp_config_str(t.cfg, "resume_from") : ddp_config_str(t.cfg, "checkpoint");
     bool loaded = false;
     ddp_ckpt_train_pos pos = {0, 0, 0, (uint64_t)t.W};
     if ((rc = trainer_load(&t, spec, &loaded, &pos)) || (rc = wrap_model(&t)) ||
         (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
-    trainer_say(&t,
-                "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation %d, "
-                "effective batch %d",
-                t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), t.B, A, t.B * t.W * A);
+    if (t.lm)
+        trainer_say(&t,
+                    "DDP: %d process%s (%s), device cpu, per-rank batch %d × %d tokens, grad "
+                    "accumulation %d, effective batch %d (%d tokens)",
+                    t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), t.B, t.T, A, t.B * t.W * A,
+                    t.B * t.W * A * t.T);
+    else
+        trainer_say(&t,
+                    "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation "
+                    "%d, effective batch %d",
+                    t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), t.B, A, t.B * t.W * A);
     rc = run_task(&t, tr, te);
 out:
     ddp_reducer_destroy(t.red);

@@ -4,10 +4,15 @@
  *   with the loss, backward marking gradients ready for the reducer (no_sync but for the last);
  *   finish (gradients are now the mean over ranks); clip; the optimizer steps this rank's shard
  *   of every parameter; gather the parameters; log, evaluate, checkpoint.
+ * A language model's batches are windows of block_size tokens: nanoGPT's random windows
+ * (data.sampling random), drawn from (seed, step, global sample index) so that N ranks × B
+ * draw what 1 rank × N·B would and a resumed run what an unbroken one would, with no state; or
+ * the DistributedSampler's epochs over the file's fixed windows (epoch), through the loader.
  * The model, optimizer, schedule and checkpoint format are library code (ddp/model.h,
  * ddp/optim.h, ddp/ckpt.h); this file only decides when each runs.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,15 +74,18 @@ static int log_progress(trainer *t, progress *p, uint64_t total, double lr, doub
     double now = ddp_now_seconds();
     int A = (int)ddp_config_int(t->cfg, "grad_accum");
     double sps = (double)(t->step - p->last_step) * t->B * A * t->W / (now - p->last_t);
+    const char *unit = t->lm ? "tokens" : "samples";
+    if (t->lm)
+        sps *= t->T;
     double eta = (double)(total - t->step) * (now - p->t0) / (double)(t->step - p->first_step);
     if (t->R == 0 && t->jsonl)
         fprintf(t->jsonl,
                 "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": %.6g, "
-                "\"samples_per_s\": %.1f}\n",
-                (unsigned long long)t->step, (unsigned long long)t->epoch, *mean, lr, sps);
-    trainer_say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f samples/s | ETA %.1fs",
+                "\"%s_per_s\": %.1f}\n",
+                (unsigned long long)t->step, (unsigned long long)t->epoch, *mean, lr, unit, sps);
+    trainer_say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f %s/s | ETA %.1fs",
                 (unsigned long long)t->step, (unsigned long long)total,
-                (unsigned long long)t->epoch, *mean, lr, sps, eta);
+                (unsigned long long)t->epoch, *mean, lr, sps, unit, eta);
     p->last_t = now;
     p->last_step = t->step;
     p->win_sum = 0;
@@ -85,8 +93,28 @@ static int log_progress(trainer *t, progress *p, uint64_t total, double lr, doub
     return 0;
 }
 
+/* A language model's validation loss and perplexity. */
+static int evaluate_lm_and_log(trainer *t, ddp_dataset *val, uint64_t total)
+{
+    ddp_error err = {0};
+    double el;
+    size_t nw;
+    if (trainer_evaluate_lm(t, val, &el, &nw, &err) != DDP_OK)
+        return trainer_die(t, "evaluation", err.msg);
+    trainer_say(t, "eval at step %llu: val loss %.4f, perplexity %.3f (%zu windows of %d tokens)",
+                (unsigned long long)t->step, el, exp(el), nw, t->T);
+    if (t->R == 0 && t->jsonl)
+        fprintf(t->jsonl, "{\"step\": %llu, \"val_loss\": %.6f, \"val_perplexity\": %.6g}\n",
+                (unsigned long long)t->step, el, exp(el));
+    if (t->step == total)
+        trainer_say(t, "val loss %.4f, perplexity %.3f", el, exp(el));
+    return 0;
+}
+
 static int evaluate_and_log(trainer *t, ddp_dataset *te, uint64_t total)
 {
+    if (t->lm)
+        return evaluate_lm_and_log(t, te, total);
     ddp_error err = {0};
     double el, ea;
     if (trainer_evaluate(t, te, &el, &ea, &err) != DDP_OK)
@@ -125,47 +153,160 @@ static int optimizer_step(trainer *t, double clip, double lr)
     return 0;
 }
 
-/* One micro-batch: the next batch (a new epoch when this one is used up), augmented, forward
- * and backward. Adds its share of the step's loss to *loss. */
-static int micro_step(trainer *t, ddp_loader *l, ddp_sampler *s, const ddp_augment *aug, int micro,
-                      double *loss)
+/* Where a run's training batches come from: the loader (images; a language model's fixed
+ * windows), or random windows of the token file. */
+typedef struct feed {
+    ddp_dataset *ds;
+    ddp_loader *l;  /* NULL for random windows */
+    ddp_sampler *s; /* the loader's */
+    ddp_augment aug;
+    uint64_t seed;
+    uint64_t *starts; /* random windows: (B,) start tokens */
+    int32_t *x, *y;   /* random windows: (B, T) tokens and next tokens */
+} feed;
+
+/* The loader's next batch: a new epoch when this one is used up. */
+static int next_loaded(trainer *t, feed *f, ddp_batch *b)
 {
     ddp_error err = {0};
-    int A = (int)ddp_config_int(t->cfg, "grad_accum");
-    ddp_batch b;
-    if (ddp_loader_next(l, &b) != DDP_OK)
-        return trainer_die(t, "data", ddp_loader_last_error(l));
-    if (b.n == 0) { /* next epoch */
+    if (ddp_loader_next(f->l, b) != DDP_OK)
+        return trainer_die(t, "data", ddp_loader_last_error(f->l));
+    if (b->n == 0) { /* next epoch */
         t->epoch++;
-        ddp_loader_set_epoch(l, t->epoch);
-        if (ddp_loader_next(l, &b) != DDP_OK || b.n == 0)
+        ddp_loader_set_epoch(f->l, t->epoch);
+        if (ddp_loader_next(f->l, b) != DDP_OK || b->n == 0)
             return trainer_die(t, "data", "an epoch has no batch: batch_size too large?");
     }
-    if ((aug->hflip || aug->shift) &&
-        ddp_augment_images(aug, b.x, b.n, 1, t->side, t->side,
-                           ddp_sampler_indices(s) + b.index * (uint64_t)t->B, b.epoch,
+    if ((f->aug.hflip || f->aug.shift) &&
+        ddp_augment_images(&f->aug, b->x, b->n, 1, t->side, t->side,
+                           ddp_sampler_indices(f->s) + b->index * (uint64_t)t->B, b->epoch,
                            &err) != DDP_OK)
         return trainer_die(t, "augment", err.msg);
+    return 0;
+}
+
+/* The micro-batch whose first sample has global index `first`, as the model reads it. */
+static int next_batch(trainer *t, feed *f, uint64_t first, ddp_model_batch *mb)
+{
+    if (!f->l) {
+        ddp_error err = {0};
+        size_t B = (size_t)t->B;
+        ddp_lm_window_starts(f->seed, t->step, first, B, ddp_dataset_num_tokens(f->ds),
+                             (size_t)t->T, f->starts);
+        if (ddp_dataset_get_windows(f->ds, f->starts, B, f->x, f->y, &err) != DDP_OK)
+            return trainer_die(t, "data", err.msg);
+        *mb = (ddp_model_batch){.n = t->B, .tokens = f->x, .targets = f->y, .seq_len = t->T};
+        return 0;
+    }
+    ddp_batch b;
+    int rc = next_loaded(t, f, &b);
+    if (rc)
+        return rc;
+    if (t->lm)
+        *mb = (ddp_model_batch){.n = (int)b.n, .tokens = b.x, .targets = b.y, .seq_len = t->T};
+    else
+        *mb = (ddp_model_batch){.n = (int)b.n, .x = b.x, .labels = b.y};
+    return 0;
+}
+
+/* One micro-batch: the next batch, forward and backward. Adds its share of the step's loss to
+ * *loss. */
+static int micro_step(trainer *t, feed *f, int micro, double *loss)
+{
+    int A = (int)ddp_config_int(t->cfg, "grad_accum");
+    /* The global index of this micro-batch's first sample: dropout and random windows follow
+     * it, so neither depends on the world size. */
+    uint64_t first = ((t->step * (uint64_t)A + (uint64_t)micro) * (uint64_t)t->W + (uint64_t)t->R) *
+                     (uint64_t)t->B;
+    ddp_model_batch mb;
+    int rc = next_batch(t, f, first, &mb);
+    if (rc)
+        return rc;
     ddp_reducer_set_sync(t->red, micro == A - 1);
-    /* Dropout follows the global sample, so masks do not depend on the world size. */
-    uint64_t offset =
-        ((t->step * (uint64_t)A + (uint64_t)micro) * (uint64_t)t->W + (uint64_t)t->R) *
-        (uint64_t)t->B;
-    ddp_model_batch mb = {.n = (int)b.n,
-                          .x = b.x,
-                          .labels = b.y,
-                          .grad_scale = 1.0f / (float)A,
-                          .step = t->step,
-                          .sample_offset = offset};
+    mb.grad_scale = 1.0f / (float)A;
+    mb.step = t->step;
+    mb.sample_offset = first;
     ddp_model_out out;
     if (ddp_model_forward(t->m, &mb, true, &out) != DDP_OK)
         return trainer_die(t, "forward", ddp_model_last_error(t->m));
     *loss += out.loss / A;
-    ready_ctx rc = {t->red, false};
-    if (ddp_model_backward(t->m, mark_ready, &rc) != DDP_OK)
+    ready_ctx rc2 = {t->red, false};
+    if (ddp_model_backward(t->m, mark_ready, &rc2) != DDP_OK)
         return trainer_die(t, "backward",
-                           rc.failed ? ddp_reducer_last_error(t->red) : ddp_model_last_error(t->m));
+                           rc2.failed ? ddp_reducer_last_error(t->red)
+                                      : ddp_model_last_error(t->m));
     return 0;
+}
+
+/* Sets up f for tr: the sampler and loader, or random windows' buffers. *per_epoch receives the
+ * optimizer steps of an epoch (for random windows: as many tokens as the file holds). */
+static int feed_open(trainer *t, ddp_dataset *tr, feed *f, uint64_t *per_epoch)
+{
+    ddp_error err = {0};
+    ddp_config *c = t->cfg;
+    uint64_t A = (uint64_t)ddp_config_int(c, "grad_accum");
+    f->ds = tr;
+    f->seed = (uint64_t)ddp_config_int(c, "seed");
+    if (t->lm && t->random) {
+        size_t B = (size_t)t->B, T = (size_t)t->T;
+        f->starts = malloc(B * sizeof *f->starts);
+        f->x = malloc(B * T * sizeof *f->x);
+        f->y = malloc(B * T * sizeof *f->y);
+        if (!f->starts || !f->x || !f->y)
+            return trainer_die(t, "data", "out of memory for a batch of windows");
+        uint64_t per_step = (uint64_t)B * T * (uint64_t)t->W * A;
+        *per_epoch = (ddp_dataset_num_tokens(tr) + per_step - 1) / per_step;
+        return 0;
+    }
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = ddp_dataset_len(tr);
+    so.num_replicas = t->W;
+    so.rank = t->R;
+    so.seed = f->seed;
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    lo.batch_size = (size_t)t->B;
+    lo.threads = (int)ddp_config_int(c, "data.threads");
+    if (lo.threads < 0) /* a prefetch thread only pays when it has a core of its own */
+        lo.threads = ddp_group_core_to_spare(t->g) ? 1 : 0;
+    if (ddp_sampler_create(&so, &f->s, &err) != DDP_OK ||
+        ddp_loader_create(tr, f->s, &lo, &f->l, &err) != DDP_OK)
+        return trainer_die(t, "data", err.msg);
+    *per_epoch = ddp_loader_batches_per_epoch(f->l) / A;
+    if (ddp_loader_restore(f->l, &t->pos) != DDP_OK)
+        return trainer_die(t, "resume", ddp_loader_last_error(f->l));
+    t->epoch = t->pos.epoch;
+    /* Augmentation draws are keyed by each sample's dataset index, not by seed + rank: every
+     * rank still draws differently (its samples differ), and the draws do not depend on the
+     * world size or on a resume. */
+    if (!t->lm)
+        f->aug = (ddp_augment){.hflip = ddp_config_bool(c, "augment.hflip"),
+                               .shift = (int)ddp_config_int(c, "augment.shift"),
+                               .seed = f->seed ^ 0x61756731u};
+    return 0;
+}
+
+static void feed_close(feed *f)
+{
+    ddp_loader_destroy(f->l);
+    ddp_sampler_destroy(f->s);
+    free(f->starts);
+    free(f->x);
+    free(f->y);
+}
+
+/* After a step: where the data stand (saved with checkpoints); true at an epoch's end. */
+static bool feed_advance(trainer *t, feed *f, uint64_t per_epoch)
+{
+    if (!f->l) { /* random windows: the step says it all */
+        t->epoch = t->step / per_epoch;
+        t->pos = (ddp_loader_state){t->epoch, 0};
+        return t->step % per_epoch == 0;
+    }
+    uint64_t A = (uint64_t)ddp_config_int(t->cfg, "grad_accum");
+    ddp_loader_save(f->l, &t->pos);
+    t->epoch = t->pos.epoch;
+    /* The epoch ends when the next step would need a batch it does not have. */
+    return t->pos.next_batch + A > ddp_loader_batches_per_epoch(f->l);
 }
 
 int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
@@ -173,53 +314,33 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     ddp_error err = {0};
     ddp_config *c = t->cfg;
     int A = (int)ddp_config_int(c, "grad_accum");
-    uint64_t seed = (uint64_t)ddp_config_int(c, "seed");
-    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
-    so.dataset_size = ddp_dataset_len(tr);
-    so.num_replicas = t->W;
-    so.rank = t->R;
-    so.seed = seed;
-    ddp_sampler *s;
-    ddp_loader *l;
-    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
-    lo.batch_size = (size_t)t->B;
-    lo.threads = (int)ddp_config_int(c, "data.threads");
-    if (lo.threads < 0) /* a prefetch thread only pays when it has a core of its own */
-        lo.threads = ddp_group_core_to_spare(t->g) ? 1 : 0;
-    if (ddp_sampler_create(&so, &s, &err) != DDP_OK)
-        return trainer_die(t, "data", err.msg);
-    if (ddp_loader_create(tr, s, &lo, &l, &err) != DDP_OK) {
-        ddp_sampler_destroy(s);
-        return trainer_die(t, "data", err.msg);
-    }
-    uint64_t per_epoch = ddp_loader_batches_per_epoch(l) / (uint64_t)A;
+    feed f = {0};
+    uint64_t per_epoch = 1;
+    int rc = feed_open(t, tr, &f, &per_epoch);
+    if (rc)
+        goto out;
+    if (per_epoch == 0)
+        per_epoch = 1;
+    if (t->lm && t->random)
+        t->epoch = t->step / per_epoch;
     uint64_t total = (uint64_t)ddp_config_int(c, "total_steps");
     if (total == 0)
         total = per_epoch * (uint64_t)ddp_config_int(c, "epochs");
-    int rc = 0;
-    if (ddp_loader_restore(l, &t->pos) != DDP_OK) {
-        rc = trainer_die(t, "resume", ddp_loader_last_error(l));
-        goto out;
-    }
-    t->epoch = t->pos.epoch;
-    /* Augmentation draws are keyed by each sample's dataset index, not by seed + rank: every
-     * rank still draws differently (its samples differ), and the draws do not depend on the
-     * world size or on a resume. */
-    ddp_augment aug = {.hflip = ddp_config_bool(c, "augment.hflip"),
-                       .shift = (int)ddp_config_int(c, "augment.shift"),
-                       .seed = seed ^ 0x61756731u};
     ddp_lr_schedule sched = schedule_of(t, total);
     int64_t eval_every = ddp_config_int(c, "eval_every");
     int64_t log_every = ddp_config_int(c, "log_every");
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
     double clip = ddp_config_float(c, "grad_clip");
+    /* A language model's loss before training: the curve starts at ln(vocab_size). */
+    if (t->lm && t->step == 0 && total > 0 && (rc = evaluate_and_log(t, te, total)))
+        goto out;
     double t0 = ddp_now_seconds();
     progress prog = {t0, t0, 0, 0, t->step, t->step};
     while (t->step < total && !rc) {
         ddp_reducer_zero_grad(t->red);
         double loss = 0;
         for (int micro = 0; micro < A && !rc; micro++)
-            rc = micro_step(t, l, s, &aug, micro, &loss);
+            rc = micro_step(t, &f, micro, &loss);
         if (rc)
             goto out;
         if (ddp_reducer_finish(t->red) != DDP_OK) {
@@ -230,10 +351,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         if ((rc = optimizer_step(t, clip, lr)))
             goto out;
         t->step++;
-        ddp_loader_save(l, &t->pos);
-        t->epoch = t->pos.epoch;
-        /* The epoch ends when the next step would need a batch it does not have. */
-        bool epoch_end = t->pos.next_batch + (uint64_t)A > ddp_loader_batches_per_epoch(l);
+        bool epoch_end = feed_advance(t, &f, per_epoch);
         prog.win_sum += loss;
         prog.win_n++;
         bool log_now = (log_every > 0 && (t->step % (uint64_t)log_every == 0)) || t->step == total;
@@ -253,8 +371,16 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     }
     trainer_say(t, "trained %llu steps in %.1f s", (unsigned long long)(t->step - prog.first_step),
                 ddp_now_seconds() - t0);
+    if (t->lm && ddp_config_int(c, "max_new_tokens") > 0) {
+        trainer_say(t, "sample (temperature %g, top_k %lld, seed %lld):",
+                    ddp_config_float(c, "temperature"), (long long)ddp_config_int(c, "top_k"),
+                    (long long)ddp_config_int(c, "seed"));
+        if ((rc = trainer_generate(t, stdout, true)))
+            goto out;
+        if (ddp_barrier(t->g) != DDP_OK)
+            rc = trainer_die(t, "sample", ddp_group_last_error(t->g));
+    }
 out:
-    ddp_loader_destroy(l);
-    ddp_sampler_destroy(s);
+    feed_close(&f);
     return rc;
 }

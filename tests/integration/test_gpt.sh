@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# ddptrain's language models end to end, on tiny GPTs and a synthetic text (no dependency on the
+# fortunes package): the default config parses; bad input (an odd-sized token file, an id beyond
+# the vocabulary, a block_size the file cannot hold, n_embd not divisible by n_head) is a
+# one-line error before any work; 2 ranks × B end where 1 rank × 2B does (random windows and
+# epochs of fixed windows); a run killed after a checkpoint and resumed ends bit for bit where an
+# uninterrupted one does (dropout on), and the resume removes a dead save's temporary file;
+# test and predict need no --config and give the same validation loss for 1 and 2 ranks;
+# generation is deterministic for a seed; other vocabularies take --prompt_tokens.
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+DUMP=$BIN/ckpt_tool
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
+cd "$T"
+
+# ~150 KB of text in '%'-separated documents: varied enough to learn, the same every time.
+awk 'BEGIN { srand(7); split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
+             for (d = 0; d < 1500; d++) { n = 8 + int(rand() * 20); s = "";
+                 for (i = 0; i < n; i++) s = s w[1 + int(rand() * 16)] (i % 7 == 6 ? ".\n" : " ");
+                 print s "\n%" } }' >text.txt
+TINY=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_layer 2
+      --model.n_head 2 --model.n_embd 32 --model.block_size 32 --optimizer adamw --lr 3e-3
+      --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1 --eval_windows 40 --max_new_tokens 0)
+
+# The default config loads (zero steps: its keys, the data preparation, the model).
+"$TRAIN" --config "$SRC/configs/gpt-fortunes.yaml" --data.text "$T/text.txt" --total_steps 0 \
+    --epochs 0 --max_new_tokens 0 --out_dir dry >dry.out 2>&1 || { cat dry.out; fail "dry run"; }
+assert_contains dry.out "trained 0 steps"
+"$TRAIN" --help >help
+for k in model.n_layer model.n_head model.n_embd model.block_size model.vocab_size model.bias \
+    data.train data.val data.text data.doc_sep data.sampling eps eval_windows prompt \
+    prompt_tokens max_new_tokens temperature top_k; do assert_contains help "$k"; done
+ok "configs/gpt-fortunes.yaml loads; --help lists the GPT keys"
+
+# Bad input: exit 2 and one line naming the problem, before any work.
+bad() { # bad NAME EXPECTED-TEXT ARGS…: exit 2, the text on stderr, nothing started
+    local name=$1 want=$2
+    shift 2
+    rc=0
+    "$TRAIN" "${TINY[@]}" --out_dir "bad_$name" "$@" >"$name.out" 2>"$name.err" || rc=$?
+    [ $rc -eq 2 ] || { cat "$name.err"; fail "$name: exit code $rc, expected 2"; }
+    assert_contains "$name.err" "$want"
+    [ "$(wc -l <"$name.err")" -eq 1 ] || { cat "$name.err"; fail "$name: not one line"; }
+    [ ! -d "bad_$name" ] || fail "$name: work started"
+}
+printf 'abc' >odd.bin
+bad odd "has an odd number of bytes (3)" --data.train odd.bin --data.val odd.bin
+python3 -c "
+import struct, sys
+open('big.bin', 'wb').write(struct.pack('<600H', *[i % 301 for i in range(600)]))
+open('short.bin', 'wb').write(struct.pack('<10H', *range(10)))"
+bad vocab "data.train 'big.bin' holds token id 300, not below model.vocab_size 256" \
+    --data.train big.bin --data.val big.bin
+bad block "model.block_size 32 is larger than data.val 'short.bin' allows: it has 10 tokens" \
+    --data.train big.bin --data.val short.bin --model.vocab_size 301
+bad heads "model.n_embd 32 is not divisible by model.n_head 3" --model.n_head 3
+ok "odd-sized file, id ≥ vocab_size, block_size > file, n_embd % n_head: one-line errors"
+
+# N ranks × B ≡ 1 rank × N·B: the same windows, the same losses, the same weights within float
+# rounding (not bit for bit: the gradient sums run over 4 and 4 windows instead of 8).
+weights_close() { # weights_close A B TOL: every parameter of A within TOL (abs) of B's
+    python3 - "$1" "$2" "$3" <<'EOF'
+import sys
+def load(p):
+    t = {}
+    for line in open(p):
+        f = line.split()
+        if f[0] == "T" and not bytes.fromhex(f[1]).decode().startswith("optim."):
+            nd = int(f[3]); t[f[1]] = [float.fromhex(v) for v in f[4 + nd:]]
+    return t
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+assert a.keys() == b.keys() and len(a) > 0, "different tensors"
+worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+print(f"max |difference| {worst:.3g} over {sum(map(len, a.values()))} weights")
+sys.exit(0 if worst <= tol else 1)
+EOF
+}
+losses() { sed -n 's/.*\(step [0-9]*\/[0-9]*\) | epoch [0-9]* | \(loss [0-9.]*\).*/\1 \2/p' "$1"; }
+for mode in random epoch; do
+    args=("${TINY[@]}" --data.sampling $mode --total_steps 8 --log_every 1 --eval_every 4)
+    "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --batch_size 4 \
+        --out_dir two_$mode >two_$mode.out 2>&1 || { cat two_$mode.out; fail "2 ranks $mode"; }
+    "$TRAIN" "${args[@]}" --batch_size 8 --out_dir one_$mode >one_$mode.out 2>&1 ||
+        { cat one_$mode.out; fail "1 rank $mode"; }
+    [ "$(losses two_$mode.out | wc -l)" -eq 8 ] || fail "$mode: want 8 progress lines"
+    [ "$(losses two_$mode.out)" = "$(losses one_$mode.out)" ] ||
+        fail "$mode losses differ: $(losses two_$mode.out) vs $(losses one_$mode.out)"
+    "$DUMP" dump two_$mode/checkpoints/step8.safetensors >two_$mode.txt
+    "$DUMP" dump one_$mode/checkpoints/step8.safetensors >one_$mode.txt
+    d=$(weights_close two_$mode.txt one_$mode.txt 2e-5) || fail "$mode weights differ: $d"
+    ok "$mode windows: 2 ranks × 4 = 1 rank × 8 (losses to 4 decimals; $d)"
+done
+grep -q '"tokens_per_s"' two_random/metrics.jsonl || fail "metrics.jsonl lacks tokens_per_s"
+grep -q '"val_loss"' two_random/metrics.jsonl || fail "metrics.jsonl lacks val_loss"
+assert_contains two_random.out "eval at step 0: val loss 5.5"
+assert_contains two_random.out "tokens/s"
+
+# Killed after a checkpoint and resumed = never stopped, bit for bit, with dropout; the resume
+# removes the temporary file a save killed on this host left behind.
+args=("${TINY[@]}" --model.n_embd 64 --model.dropout 0.1 --batch_size 8 --total_steps 120
+      --checkpoint.every 10 --checkpoint.keep 10 --log_every 5 --eval_every 30)
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
+    { cat whole.out; fail "uninterrupted run failed"; }
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut >cut.out 2>&1 &
+BG_PIDS+=($!)
+victim=$!
+for _ in $(seq 3000); do [ -f cut/checkpoints/step10.safetensors ] && break; sleep 0.01; done
+kill -KILL $victim
+{ wait $victim; } 2>/dev/null || true
+[ -f cut/checkpoints/step10.safetensors ] || fail "no checkpoint at step 10"
+[ ! -f cut/checkpoints/step120.safetensors ] || fail "the run finished before it could be killed"
+dead=$(python3 -c "import os
+p = 4000000
+while os.path.exists(f'/proc/{p}'): p -= 1
+print(p)")
+touch "cut/checkpoints/step10.safetensors.tmp.$(hostname).$dead"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut --resume_from latest \
+    >resume.out 2>&1 || { cat resume.out; fail "resume failed"; }
+assert_contains resume.out "resumed from cut/checkpoints/step"
+assert_contains cut/train.log "removed 1 temporary file that interrupted saves left in"
+[ ! -e "cut/checkpoints/step10.safetensors.tmp.$(hostname).$dead" ] || fail "stale file kept"
+"$DUMP" dump whole/checkpoints/step120.safetensors | grep -v '^M ' >a.txt
+"$DUMP" dump cut/checkpoints/step120.safetensors | grep -v '^M ' >b.txt
+[ -s a.txt ] && cmp -s a.txt b.txt || fail "resumed weights differ from the uninterrupted run's"
+tail_losses() { losses "$1" | tail -n 4; }
+[ "$(tail_losses resume.out)" = "$(tail_losses whole.out)" ] ||
+    fail "resumed losses differ: $(tail_losses resume.out) vs $(tail_losses whole.out)"
+ok "killed after a checkpoint and resumed: the same losses and weights, bit for bit; stale file removed"
+
+# test and predict without --config: the model comes from the checkpoint's stored configuration.
+vl=$(sed -n 's/^\[rank0\]: val loss \([0-9.]*\), perplexity.*/\1/p' whole.out)
+[ -n "$vl" ] || fail "no final val loss"
+"$TRAIN" --task test --out_dir whole >t1.out 2>&1 || { cat t1.out; fail "test, 1 rank"; }
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --task test --out_dir whole >t2.out 2>&1 ||
+    { cat t2.out; fail "test, 2 ranks"; }
+assert_contains t1.out "val loss $vl, perplexity"
+assert_contains t2.out "val loss $vl, perplexity"
+assert_contains t1.out "configuration: the one stored in whole/checkpoints/step120.safetensors"
+ok "test without --config: val loss $vl with 1 rank and with 2"
+
+gen() { "$TRAIN" --task predict --out_dir whole --max_new_tokens 60 --temperature 1 "$@"; }
+gen --seed 5 --prompt "the cat" >g1 2>g1.err || { cat g1.err; fail "predict failed"; }
+gen --seed 5 --prompt "the cat" >g2 2>/dev/null || fail "predict failed"
+gen --seed 6 --prompt "the cat" >g3 2>/dev/null || fail "predict failed"
+[ "$(head -c 7 g1)" = "the cat" ] || fail "the output does not start with the prompt"
+[ "$(wc -c <g1)" -ge 67 ] || fail "fewer than 60 new bytes: $(cat g1)"
+cmp -s g1 g2 || fail "the same seed gave different text"
+! cmp -s g1 g3 || fail "seeds 5 and 6 gave the same text"
+assert_contains g1.err "loaded whole/checkpoints/step120.safetensors at step 120"
+"$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$TRAIN" --task predict --out_dir whole \
+    --max_new_tokens 60 --temperature 1 --seed 5 --prompt "the cat" >g4 2>/dev/null ||
+    fail "predict with 2 ranks failed"
+cmp -s g1 g4 || fail "2 ranks generated other text than 1: $(cat g4)"
+ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks), differs across seeds"
+
+# Another vocabulary: ids in and out.
+"$TRAIN" "${TINY[@]}" --data.train big.bin --data.val big.bin --model.vocab_size 320 \
+    --model.block_size 16 --total_steps 3 --out_dir v320 >v320.out 2>&1 ||
+    { cat v320.out; fail "vocab 320 training"; }
+rc=0; "$TRAIN" --task predict --out_dir v320 --prompt "abc" >p.out 2>p.err || rc=$?
+[ $rc -ne 0 ] || fail "a text prompt for a 320-token vocabulary was accepted"
+assert_contains p.err "--prompt_tokens 1,2,3"
+"$TRAIN" --task predict --out_dir v320 --prompt_tokens 300,7 --max_new_tokens 5 >p.out 2>p.err ||
+    { cat p.err; fail "predict with prompt_tokens"; }
+grep -Eq '^300 7( [0-9]+){5}$' p.out || { cat p.out; fail "want the ids '300 7' and 5 more"; }
+ok "vocabulary 320: --prompt refused with a hint, --prompt_tokens in, ids out"

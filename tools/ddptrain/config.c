@@ -1,0 +1,316 @@
+/*
+ * config.c — ddptrain's keys, and where their values come from. Training: the defaults, the
+ * --config file, the command line (ddp/config.h). test and predict start from the configuration
+ * stored in the checkpoint instead of the defaults, so the model is rebuilt as it was trained
+ * (its type, sizes, optimizer — whatever the weights and state need) without repeating the
+ * training run's flags; a --config file and the command line still win over it.
+ * What the keys mean is decided where they are used (main.c, data.c, train.c, …).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ddptrain.h"
+
+static const ddp_cfg_key schema[] = {
+    {"task", DDP_CFG_CHOICE, "train", "train|test|predict",
+     "what to do (test and predict rebuild the model from the checkpoint's stored config)"},
+    {"seed", DDP_CFG_INT, "42", NULL,
+     "seed of weights, data order, dropout and (predict) generation"},
+    {"out_dir", DDP_CFG_STRING, "runs/default", NULL, "train.log, metrics.jsonl, checkpoints/"},
+    {"data.dir", DDP_CFG_STRING, "/usr/share/datasets/fashion-mnist", NULL,
+     "mlp/cnn: directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"},
+    {"data.train", DDP_CFG_STRING, "", NULL,
+     "gpt: training token file (nanoGPT raw uint16, or an llm.c shard)"},
+    {"data.val", DDP_CFG_STRING, "", NULL, "gpt: validation token file"},
+    {"data.text", DDP_CFG_STRING, "", NULL,
+     "gpt, when data.train is empty: text files or folders (comma-separated) made into "
+     "byte-level token files once per host (vocab 256)"},
+    {"data.doc_sep", DDP_CFG_STRING, "", NULL,
+     "data.text: a line that ends a document (fortune files: %); empty: one per file"},
+    {"data.val_every", DDP_CFG_INT, "10", NULL,
+     "data.text: every Nth document goes to the validation file"},
+    {"data.sampling", DDP_CFG_CHOICE, "random", "random|epoch",
+     "gpt: random windows each step (nanoGPT), or epochs of fixed windows (DistributedSampler)"},
+    {"data.threads", DDP_CFG_INT, "-1", NULL,
+     "loader threads per rank; 0: load on the training thread; -1: 1 if the host has a core to "
+     "spare for each rank, else 0"},
+    {"model.type", DDP_CFG_CHOICE, "mlp", "mlp|cnn|gpt", "the model"},
+    {"model.hidden", DDP_CFG_INT_LIST, "256,128", NULL, "mlp/cnn: fully connected hidden sizes"},
+    {"model.channels", DDP_CFG_INT_LIST, "32,64", NULL, "cnn: conv stage channels"},
+    {"model.dropout", DDP_CFG_FLOAT, "0", NULL,
+     "mlp/cnn: after each hidden layer; gpt: embeddings, attention, residual branches"},
+    {"model.activation", DDP_CFG_CHOICE, "relu", "relu|gelu",
+     "mlp/cnn: after each hidden layer (gelu: exact, as torch.nn.GELU())"},
+    {"model.n_layer", DDP_CFG_INT, "4", NULL, "gpt: transformer blocks"},
+    {"model.n_head", DDP_CFG_INT, "4", NULL, "gpt: attention heads (divides n_embd)"},
+    {"model.n_embd", DDP_CFG_INT, "128", NULL, "gpt: channels"},
+    {"model.block_size", DDP_CFG_INT, "128", NULL, "gpt: context length, tokens per sample"},
+    {"model.vocab_size", DDP_CFG_INT, "256", NULL,
+     "gpt: token ids are below it (256: bytes; GPT-2 BPE: 50304, 50257 padded)"},
+    {"model.bias", DDP_CFG_BOOL, "true", NULL, "gpt: biases in linear layers and layernorms"},
+    {"augment.hflip", DDP_CFG_BOOL, "false", NULL, "train: flip images left-right, p = 1/2"},
+    {"augment.shift", DDP_CFG_INT, "0", NULL,
+     "train: shift images by up to N pixels, zero fill (RandomCrop padding=N)"},
+    {"batch_size", DDP_CFG_INT, "64", NULL, "samples (gpt: windows) per rank per micro-step"},
+    {"grad_accum", DDP_CFG_INT, "1", NULL, "micro-steps per optimizer step (no_sync between)"},
+    {"epochs", DDP_CFG_INT, "10", NULL,
+     "epochs to train (unless total_steps > 0); gpt random: passes over the file's tokens"},
+    {"total_steps", DDP_CFG_INT, "0", NULL, "optimizer steps to train; 0: use epochs"},
+    {"optimizer", DDP_CFG_CHOICE, "sgd", "sgd|adamw", "the optimizer"},
+    {"lr", DDP_CFG_FLOAT, "0.1", NULL, "learning rate for one process"},
+    {"lr_scaling", DDP_CFG_CHOICE, "none", "none|linear|sqrt", "scale lr by the world size"},
+    {"schedule", DDP_CFG_CHOICE, "cosine", "cosine|linear|constant", "after warmup"},
+    {"warmup_steps", DDP_CFG_INT, "0", NULL, "linear warmup from 0"},
+    {"momentum", DDP_CFG_FLOAT, "0.9", NULL, "sgd momentum"},
+    {"weight_decay", DDP_CFG_FLOAT, "0", NULL,
+     "sgd: L2 in the gradient; adamw: decoupled (gpt: 2-D weights only)"},
+    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2"},
+    {"eps", DDP_CFG_FLOAT, "1e-8", NULL, "adamw epsilon"},
+    {"grad_clip", DDP_CFG_FLOAT, "0", NULL, "clip the global gradient norm (0: off)"},
+    {"eval_every", DDP_CFG_INT, "0", NULL, "evaluate every N steps (0: at each epoch end)"},
+    {"eval_windows", DDP_CFG_INT, "0", NULL,
+     "gpt: validation windows per evaluation, spread evenly over the file (0: all)"},
+    {"log_every", DDP_CFG_INT, "50", NULL, "progress line every N steps"},
+    {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},
+    {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints"},
+    {"resume_from", DDP_CFG_STRING, "", NULL, "a checkpoint path, or 'latest' (in out_dir)"},
+    {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
+    {"predict_out", DDP_CFG_STRING, "predictions.csv", NULL, "mlp/cnn predict: the CSV to write"},
+    {"prompt", DDP_CFG_STRING, "", NULL,
+     "gpt predict: text to continue (vocab 256; empty: a newline)"},
+    {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
+     "gpt predict: token ids to continue (any vocabulary), e.g. 1,2,3"},
+    {"max_new_tokens", DDP_CFG_INT, "200", NULL,
+     "gpt: tokens to generate (predict, and a sample after training; 0: none)"},
+    {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
+    {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
+    {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
+    {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
+    {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
+    {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
+     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
+     "except over shm+tcp, whose reduce_scatter is a whole allreduce)"},
+};
+#define NKEYS (sizeof schema / sizeof schema[0])
+
+void trainer_print_help(FILE *out)
+{
+    fprintf(out, "usage: [ddprun …] ddptrain [--config FILE.yaml] [--key value …]\n"
+                 "Every key below can be set in the YAML file (nested maps for dotted keys)\n"
+                 "and overridden on the command line. test and predict start from the\n"
+                 "configuration stored in the checkpoint.\n");
+    ddp_config_print_help(schema, NKEYS, out);
+}
+
+/* The checks a configuration needs before any data: exit code 2 with the message. */
+static int check_values(const ddp_config *c)
+{
+    if (ddp_config_int(c, "batch_size") < 1 || ddp_config_int(c, "grad_accum") < 1 ||
+        ddp_config_float(c, "lr") <= 0 || ddp_config_int(c, "epochs") < 0 ||
+        ddp_config_int(c, "data.threads") < -1) {
+        fprintf(stderr, "ddptrain: batch_size and grad_accum must be ≥ 1, lr > 0, epochs ≥ 0, "
+                        "data.threads ≥ -1\n");
+        return 2;
+    }
+    float b1, b2;
+    char extra;
+    if (sscanf(ddp_config_str(c, "betas"), "%f,%f%c", &b1, &b2, &extra) != 2) {
+        fprintf(stderr, "ddptrain: betas '%s' is not two numbers like 0.9,0.95\n",
+                ddp_config_str(c, "betas"));
+        return 2;
+    }
+    if (strcmp(ddp_config_str(c, "model.type"), "gpt") != 0)
+        return 0;
+    int64_t L = ddp_config_int(c, "model.n_layer"), H = ddp_config_int(c, "model.n_head");
+    int64_t C = ddp_config_int(c, "model.n_embd"), T = ddp_config_int(c, "model.block_size");
+    int64_t V = ddp_config_int(c, "model.vocab_size");
+    if (L < 1 || H < 1 || C < 1 || T < 1 || V < 1 || V > 65536 || C > (1 << 20) || T > (1 << 20) ||
+        L > 4096) {
+        fprintf(stderr,
+                "ddptrain: model.n_layer %" PRId64 ", n_head %" PRId64 ", n_embd %" PRId64
+                ", block_size %" PRId64 " must be ≥ 1 and vocab_size %" PRId64
+                " from 1 to 65536 (token files hold uint16 ids)\n",
+                L, H, C, T, V);
+        return 2;
+    }
+    if (C % H != 0) {
+        fprintf(stderr,
+                "ddptrain: model.n_embd %" PRId64 " is not divisible by model.n_head %" PRId64
+                ": each head takes n_embd / n_head channels; choose n_head among the divisors "
+                "of n_embd\n",
+                C, H);
+        return 2;
+    }
+    if (ddp_config_int(c, "eval_windows") < 0 || ddp_config_int(c, "max_new_tokens") < 0 ||
+        ddp_config_int(c, "top_k") < 0 || ddp_config_float(c, "temperature") < 0 ||
+        ddp_config_float(c, "eps") < 0) {
+        fprintf(stderr, "ddptrain: eval_windows, max_new_tokens, top_k, temperature and eps must "
+                        "be ≥ 0\n");
+        return 2;
+    }
+    return 0;
+}
+
+int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv)
+{
+    ddp_error err = {0};
+    if (ddp_config_load(schema, NKEYS, yaml_path, argc, argv, &t->cfg, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        return 2;
+    }
+    return check_values(t->cfg);
+}
+
+/* ---- the configuration stored in a checkpoint ------------------------------------------------
+ */
+
+/* "--name=value" for key k of c, as text the config parses back to the same value. */
+static char *key_arg(const ddp_config *c, const ddp_cfg_key *k)
+{
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    if (!f)
+        return NULL;
+    fprintf(f, "--%s=", k->name);
+    switch (k->type) {
+    case DDP_CFG_INT: fprintf(f, "%" PRId64, ddp_config_int(c, k->name)); break;
+    case DDP_CFG_FLOAT: fprintf(f, "%.17g", ddp_config_float(c, k->name)); break;
+    case DDP_CFG_BOOL: fputs(ddp_config_bool(c, k->name) ? "true" : "false", f); break;
+    case DDP_CFG_STRING:
+    case DDP_CFG_CHOICE: fputs(ddp_config_str(c, k->name), f); break;
+    case DDP_CFG_INT_LIST: {
+        size_t n;
+        const int64_t *v = ddp_config_ints(c, k->name, &n);
+        for (size_t i = 0; i < n; i++)
+            fprintf(f, "%s%" PRId64, i ? "," : "", v[i]);
+        break;
+    }
+    }
+    if (fclose(f) != 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Rank 0: the checkpoint the config names, and its stored configuration, into *blob as
+ * "PATH\0YAML\0" (*len bytes; the caller frees). Prints the message and returns false when
+ * there is no such checkpoint. */
+static bool read_stored(trainer *t, char **blob, size_t *len)
+{
+    ddp_error err = {0};
+    char path[2048];
+    ddp_ckpt *ck = NULL;
+    if (trainer_find_checkpoint(t, ddp_config_str(t->cfg, "checkpoint"), path, sizeof path, &err) !=
+            DDP_OK ||
+        ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        return false;
+    }
+    const char *yaml = ddp_ckpt_meta(ck, "config");
+    if (!yaml)
+        yaml = "";
+    size_t lp = strlen(path) + 1, ly = strlen(yaml) + 1;
+    *blob = malloc(lp + ly);
+    if (*blob) {
+        memcpy(*blob, path, lp);
+        memcpy(*blob + lp, yaml, ly);
+        *len = lp + ly;
+    } else {
+        fprintf(stderr, "ddptrain: out of memory reading '%s'\n", path);
+    }
+    ddp_ckpt_close(ck);
+    return *blob != NULL;
+}
+
+/* The new configuration: defaults < yaml (the stored one, through a temporary file, so that
+ * libyaml reads what ddp_config_to_yaml wrote) < every key the user set, and the checkpoint
+ * path. */
+static int rebuild(trainer *t, const char *path, const char *yaml)
+{
+    char **args = calloc(NKEYS + 1, sizeof *args);
+    int n = 0, rc = 2;
+    char tmp[] = "/tmp/ddptrain-config.XXXXXX";
+    int fd = -1;
+    if (!args)
+        goto out_free;
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(ddp_config_origin(t->cfg, schema[i].name), "default") != 0 &&
+            strcmp(schema[i].name, "checkpoint") != 0 && !(args[n++] = key_arg(t->cfg, &schema[i])))
+            goto out_free;
+    if (asprintf(&args[n++], "--checkpoint=%s", path) < 0) {
+        args[--n] = NULL;
+        goto out_free;
+    }
+    if (*yaml) {
+        if ((fd = mkstemp(tmp)) < 0) {
+            fprintf(stderr, "ddptrain: cannot create '%s' for the stored configuration: %s\n", tmp,
+                    strerror(errno));
+            goto out_free;
+        }
+        size_t len = strlen(yaml), off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, yaml + off, len - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                fprintf(stderr, "ddptrain: writing '%s': %s\n", tmp, strerror(errno));
+                goto out_free;
+            }
+            off += (size_t)w;
+        }
+    }
+    ddp_error err = {0};
+    ddp_config *c;
+    if (ddp_config_load(schema, NKEYS, *yaml ? tmp : NULL, n, args, &c, &err) != DDP_OK) {
+        fprintf(stderr,
+                "ddptrain: the configuration stored in '%s' does not load: %s; give the run's "
+                "--config and flags instead\n",
+                path, err.msg);
+        goto out_free;
+    }
+    ddp_config_free(t->cfg);
+    t->cfg = c;
+    rc = check_values(c);
+out_free:
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    for (int i = 0; args && i < n; i++)
+        free(args[i]);
+    free(args);
+    return rc;
+}
+
+int trainer_config_from_checkpoint(trainer *t)
+{
+    char *blob = NULL;
+    size_t len = 0;
+    int64_t n = -1; /* bytes of "PATH\0YAML\0", or −1: rank 0 found no checkpoint */
+    snprintf(t->dir, sizeof t->dir, "%s", ddp_config_str(t->cfg, "out_dir"));
+    if (t->R == 0 && read_stored(t, &blob, &len))
+        n = (int64_t)len;
+    if (ddp_broadcast(t->g, &n, 1, DDP_INT64, 0) != DDP_OK) {
+        free(blob);
+        return trainer_die(t, "configuration", ddp_group_last_error(t->g));
+    }
+    if (n < 0)
+        return 2;
+    if (t->R != 0 && !(blob = malloc((size_t)n)))
+        return trainer_die(t, "configuration", "out of memory");
+    if (ddp_broadcast(t->g, blob, (size_t)n, DDP_UINT8, 0) != DDP_OK) {
+        free(blob);
+        return trainer_die(t, "configuration", ddp_group_last_error(t->g));
+    }
+    const char *path = blob, *yaml = blob + strlen(blob) + 1;
+    int rc = rebuild(t, path, yaml);
+    free(blob);
+    snprintf(t->dir, sizeof t->dir, "%s", t->cfg ? ddp_config_str(t->cfg, "out_dir") : "");
+    return rc;
+}

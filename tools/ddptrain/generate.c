@@ -1,0 +1,164 @@
+/*
+ * generate.c — text from a trained language model, as nanoGPT's sample.py makes it: the context
+ * cropped to the last block_size tokens, one forward, the last position's logits divided by the
+ * temperature, all but the top_k set aside, one token drawn from the softmax; repeated
+ * max_new_tokens times, each token written out as soon as it is drawn. Rank 0 alone generates:
+ * one sequence has nothing to share. Draws come from an MT19937 seeded with `seed`, so a seed
+ * gives the same text every time. It recomputes the whole window for each token (no key/value
+ * cache): simple, and quick enough for the small models ddptrain trains on a CPU.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddptrain.h"
+
+/* A uniform double in [0, 1) with 53 random bits. */
+static double uniform(ddp_mt19937 *g)
+{
+    uint32_t a = ddp_mt19937_next(g) >> 5, b = ddp_mt19937_next(g) >> 6;
+    return (a * 67108864.0 + b) / 9007199254740992.0;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The next token from logits (V,): argmax at temperature 0, else a draw from
+ * softmax(logits / temperature) over the top_k largest (0: all). scratch: (V,) floats. */
+static int32_t pick(const float *logits, size_t V, double temperature, size_t top_k, float *scratch,
+                    ddp_mt19937 *g)
+{
+    size_t best = 0;
+    for (size_t j = 1; j < V; j++)
+        if (logits[j] > logits[best])
+            best = j;
+    if (temperature <= 0)
+        return (int32_t)best;
+    /* nanoGPT keeps the logits ≥ the k-th largest (ties with it included) */
+    float cut = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        memcpy(scratch, logits, V * sizeof *scratch);
+        qsort(scratch, V, sizeof *scratch, cmp_desc);
+        cut = scratch[top_k - 1];
+    }
+    double top = logits[best] / temperature, sum = 0;
+    for (size_t j = 0; j < V; j++) {
+        double p = logits[j] >= cut ? exp(logits[j] / temperature - top) : 0;
+        scratch[j] = (float)p;
+        sum += p;
+    }
+    double u = uniform(g) * sum, acc = 0;
+    for (size_t j = 0; j < V; j++) {
+        acc += scratch[j];
+        if (scratch[j] > 0 && u < acc)
+            return (int32_t)j;
+    }
+    return (int32_t)best; /* u landed on the rounding at the end */
+}
+
+/* Writes token v to out, at once, and to log (may be NULL): its byte for a byte vocabulary,
+ * else its id after a space. */
+static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
+{
+    for (FILE *f = out; f; f = f == out ? log : NULL) {
+        if (vocab == 256)
+            fputc(v, f);
+        else
+            fprintf(f, first ? "%d" : " %d", v);
+    }
+    fflush(out);
+}
+
+/* The prompt's tokens into ctx (capacity cap): prompt_tokens, else the prompt's bytes (a byte
+ * vocabulary only), else a newline (bytes) or token 0. Returns the count, or −1 with a message. */
+static long prompt_of(trainer *t, int32_t *ctx, size_t cap)
+{
+    size_t n;
+    const int64_t *ids = ddp_config_ints(t->cfg, "prompt_tokens", &n);
+    const char *text = ddp_config_str(t->cfg, "prompt");
+    if (n > 0) {
+        if (n > cap)
+            n = cap;
+        for (size_t i = 0; i < n; i++) {
+            if (ids[i] < 0 || ids[i] >= t->vocab) {
+                fprintf(stderr,
+                        "ddptrain: prompt_tokens: %lld is not a token id of this model (0 … "
+                        "%d)\n",
+                        (long long)ids[i], t->vocab - 1);
+                return -1;
+            }
+            ctx[i] = (int32_t)ids[i];
+        }
+        return (long)n;
+    }
+    if (*text && t->vocab != 256) {
+        fprintf(stderr,
+                "ddptrain: --prompt is text, and this model's vocabulary (%d) is not bytes; give "
+                "the prompt's token ids: --prompt_tokens 1,2,3\n",
+                t->vocab);
+        return -1;
+    }
+    if (!*text) {
+        ctx[0] = t->vocab == 256 ? '\n' : 0;
+        return 1;
+    }
+    for (n = 0; text[n] && n < cap; n++)
+        ctx[n] = (unsigned char)text[n];
+    return (long)n;
+}
+
+int trainer_generate(trainer *t, FILE *out, bool to_log)
+{
+    if (t->R != 0)
+        return 0;
+    size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
+    size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
+    double temperature = ddp_config_float(t->cfg, "temperature");
+    uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
+    size_t cap = 4096 + max_new, T = (size_t)t->T, V = (size_t)t->vocab;
+    int32_t *ctx = malloc(cap * sizeof *ctx);
+    float *scratch = malloc(V * sizeof *scratch);
+    int rc = 1;
+    if (!ctx || !scratch) {
+        rc = trainer_die(t, "generate", "out of memory");
+        goto out_free;
+    }
+    long np = prompt_of(t, ctx, 4096);
+    if (np < 0)
+        goto out_free;
+    size_t len = (size_t)np;
+    FILE *log = to_log ? t->log : NULL;
+    ddp_mt19937 g;
+    ddp_mt19937_seed(&g, (uint32_t)(seed ^ (seed >> 32)));
+    for (size_t i = 0; i < len; i++)
+        emit(out, log, t->vocab, ctx[i], i == 0);
+    for (size_t k = 0; k < max_new; k++) {
+        size_t n = len < T ? len : T; /* the context, cropped to block_size */
+        ddp_model_batch mb = {
+            .n = 1, .tokens = ctx + len - n, .seq_len = (int)n, .last_logits = true};
+        if (ddp_model_forward(t->m, &mb, false, NULL) != DDP_OK) {
+            rc = trainer_die(t, "generate", ddp_model_last_error(t->m));
+            goto out_free;
+        }
+        size_t rows, cols;
+        const float *lg = ddp_model_logits(t->m, &rows, &cols);
+        ctx[len] = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
+        emit(out, log, t->vocab, ctx[len], false);
+        len++;
+    }
+    if (t->vocab != 256 || (len > 0 && ctx[len - 1] != '\n'))
+        for (FILE *f = out; f; f = f == out ? log : NULL)
+            fputc('\n', f);
+    fflush(out);
+    if (log)
+        fflush(log);
+    rc = 0;
+out_free:
+    free(ctx);
+    free(scratch);
+    return rc;
+}
