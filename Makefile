@@ -1,5 +1,6 @@
 # The two commands of the README, and the sanitizer pass CI adds:
 #   make demo      install dependencies, build, run the main job (ddptrain, 2 processes)
+#   make demo-gpt  the language-model job: a byte-level GPT on Debian's fortunes, then a sample
 #   make test      install dependencies, build, run every test under CTest
 #   make sanitize  the test suite again under ASan+UBSan and under TSan
 #   make fuzz      libFuzzer on every input format, 60 s each (scripts/fuzz.sh; docs/fuzzing.md)
@@ -10,7 +11,7 @@ JOBS     ?= $(shell nproc)
 WERROR   ?= ON
 CTEST    := ctest --output-on-failure --no-tests=error
 
-.PHONY: all deps build demo test sanitize asan tsan fuzz bench clean
+.PHONY: all deps build demo demo-gpt test sanitize asan tsan fuzz bench clean
 
 all: build
 
@@ -27,6 +28,11 @@ build: deps $(BUILD)/CMakeCache.txt
 # The main job: the default model on Fashion-MNIST with 2 processes; ends with the test accuracy.
 demo: build
 	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain
+
+# The language-model job: a small GPT on the fortunes text, validation loss falling, a sample.
+demo-gpt: build
+	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain \
+	    --config configs/gpt-fortunes.yaml
 
 test: build
 	cd $(BUILD) && $(CTEST) -j 2
