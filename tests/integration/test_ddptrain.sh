@@ -84,13 +84,17 @@ ok "killed after a checkpoint and resumed: the same losses and the same weights,
 
 # test and predict rebuild the model from the configuration stored in the checkpoint: no
 # --model.type, --model.channels, … needed; a key given on the command line still wins.
-"$TRAIN" --task test --out_dir whole >cnn.out 2>&1 || { cat cnn.out; fail "test of the CNN without its flags"; }
+"$TRAIN" --task test --out_dir whole >cnn.out 2>&1 ||
+    { cat cnn.out; fail "test of the CNN without its flags"; }
 assert_contains cnn.out "configuration: the one stored in whole/checkpoints/step20.safetensors"
-assert_contains cnn.out "test accuracy $(sed -n 's/^\[rank0\]: test accuracy \([0-9.]*\)$/\1/p' whole.out) (10000 images)"
-"$TRAIN" --task predict --out_dir whole --predict_out cnn.csv >/dev/null 2>&1 || fail "predict of the CNN"
+acc=$(sed -n 's/^\[rank0\]: test accuracy \([0-9.]*\)$/\1/p' whole.out)
+assert_contains cnn.out "test accuracy $acc (10000 images)"
+"$TRAIN" --task predict --out_dir whole --predict_out cnn.csv >/dev/null 2>&1 ||
+    fail "predict of the CNN without its flags"
 [ "$(wc -l <cnn.csv)" -eq 10001 ] || fail "CNN predictions: want a header and 10000 rows"
 rc=0; "$TRAIN" --task test --out_dir whole --model.channels 4 >out 2>err || rc=$?
-[ $rc -ne 0 ] && grep -q "saved with another model" err || fail "a command-line key did not win over the stored one"
+[ $rc -ne 0 ] && grep -q "saved with another model" err ||
+    fail "a command-line key did not win over the stored one"
 ok "test and predict of the CNN from its checkpoint alone (the stored config), command line on top"
 
 # A checkpoint saved by 4 ranks resumes with 2 and with 1, from its step.
@@ -104,7 +108,8 @@ for w in 2 1; do
     assert_contains r$w.out "step 30/30"
     [ -f four$w/checkpoints/step30.safetensors ] || fail "no step 30 after resuming with $w"
 done
-"$TRAIN" --task test --out_dir four >four.out 2>&1 || { cat four.out; fail "test of an AdamW run without --optimizer"; }
+"$TRAIN" --task test --out_dir four >four.out 2>&1 ||
+    { cat four.out; fail "test of an AdamW run without --optimizer"; }
 assert_contains four.out "loaded four/checkpoints/step20.safetensors at step 20 (saved by 4 ranks)"
 ok "a checkpoint saved by 4 ranks resumes with 2 and with 1 and continues from step 20"
 

@@ -15,7 +15,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
 cd "$T"
 
 # ~150 KB of text in '%'-separated documents: varied enough to learn, the same every time.
-awk 'BEGIN { srand(7); split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
+awk 'BEGIN { srand(7);
+             split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
              for (d = 0; d < 1500; d++) { n = 8 + int(rand() * 20); s = "";
                  for (i = 0; i < n; i++) s = s w[1 + int(rand() * 16)] (i % 7 == 6 ? ".\n" : " ");
                  print s "\n%" } }' >text.txt
@@ -148,8 +149,8 @@ gen --seed 6 --prompt "the cat" >g3 2>/dev/null || fail "predict failed"
 cmp -s g1 g2 || fail "the same seed gave different text"
 ! cmp -s g1 g3 || fail "seeds 5 and 6 gave the same text"
 assert_contains g1.err "loaded whole/checkpoints/step120.safetensors at step 120"
-"$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$TRAIN" --task predict --out_dir whole \
-    --max_new_tokens 60 --temperature 1 --seed 5 --prompt "the cat" >g4 2>/dev/null ||
+"$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$TRAIN" --task predict \
+    --out_dir whole --max_new_tokens 60 --temperature 1 --seed 5 --prompt "the cat" >g4 2>/dev/null ||
     fail "predict with 2 ranks failed"
 cmp -s g1 g4 || fail "2 ranks generated other text than 1: $(cat g4)"
 ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks), differs across seeds"

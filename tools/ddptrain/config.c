@@ -235,7 +235,9 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
 {
     char **args = calloc(NKEYS + 1, sizeof *args);
     int n = 0, rc = 2;
-    char tmp[] = "/tmp/ddptrain-config.XXXXXX";
+    char tmp[4200];
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/ddptrain-config.XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
     int fd = -1;
     if (!args)
         goto out_free;

@@ -73,42 +73,41 @@ static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
     fflush(out);
 }
 
-/* The prompt's tokens into ctx (capacity cap): prompt_tokens, else the prompt's bytes (a byte
- * vocabulary only), else a newline (bytes) or token 0. Returns the count, or −1 with a message. */
-static long prompt_of(trainer *t, int32_t *ctx, size_t cap)
+/* The prompt's tokens: prompt_tokens, else the prompt's bytes (a byte vocabulary only), else a
+ * newline (bytes) or token 0, into a new array (*ctx, *n tokens) with room for `extra` more. The
+ * caller frees it. Returns 0, or 1 after printing the message. */
+static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
 {
-    size_t n;
-    const int64_t *ids = ddp_config_ints(t->cfg, "prompt_tokens", &n);
+    size_t ni;
+    const int64_t *ids = ddp_config_ints(t->cfg, "prompt_tokens", &ni);
     const char *text = ddp_config_str(t->cfg, "prompt");
-    if (n > 0) {
-        if (n > cap)
-            n = cap;
-        for (size_t i = 0; i < n; i++) {
-            if (ids[i] < 0 || ids[i] >= t->vocab) {
-                fprintf(stderr,
-                        "ddptrain: prompt_tokens: %lld is not a token id of this model (0 … "
-                        "%d)\n",
-                        (long long)ids[i], t->vocab - 1);
-                return -1;
-            }
-            ctx[i] = (int32_t)ids[i];
-        }
-        return (long)n;
-    }
-    if (*text && t->vocab != 256) {
+    if (!ni && *text && t->vocab != 256) {
         fprintf(stderr,
                 "ddptrain: --prompt is text, and this model's vocabulary (%d) is not bytes; give "
                 "the prompt's token ids: --prompt_tokens 1,2,3\n",
                 t->vocab);
-        return -1;
-    }
-    if (!*text) {
-        ctx[0] = t->vocab == 256 ? '\n' : 0;
         return 1;
     }
-    for (n = 0; text[n] && n < cap; n++)
-        ctx[n] = (unsigned char)text[n];
-    return (long)n;
+    *n = ni ? ni : *text ? strlen(text) : 1;
+    if (!(*ctx = malloc((*n + extra) * sizeof **ctx))) {
+        fprintf(stderr, "ddptrain: out of memory for a prompt of %zu tokens\n", *n);
+        return 1;
+    }
+    for (size_t i = 0; i < ni; i++) {
+        if (ids[i] < 0 || ids[i] >= t->vocab) {
+            fprintf(stderr,
+                    "ddptrain: prompt_tokens: %lld is not a token id of this model (0 … %d)\n",
+                    (long long)ids[i], t->vocab - 1);
+            return 1;
+        }
+        (*ctx)[i] = (int32_t)ids[i];
+    }
+    if (!ni && *text)
+        for (size_t i = 0; i < *n; i++)
+            (*ctx)[i] = (unsigned char)text[i];
+    else if (!ni)
+        (*ctx)[0] = t->vocab == 256 ? '\n' : 0;
+    return 0;
 }
 
 int trainer_generate(trainer *t, FILE *out, bool to_log)
@@ -119,18 +118,16 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
-    size_t cap = 4096 + max_new, T = (size_t)t->T, V = (size_t)t->vocab;
-    int32_t *ctx = malloc(cap * sizeof *ctx);
+    size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
+    int32_t *ctx = NULL;
     float *scratch = malloc(V * sizeof *scratch);
     int rc = 1;
-    if (!ctx || !scratch) {
+    if (!scratch) {
         rc = trainer_die(t, "generate", "out of memory");
         goto out_free;
     }
-    long np = prompt_of(t, ctx, 4096);
-    if (np < 0)
+    if (prompt_of(t, max_new, &ctx, &len))
         goto out_free;
-    size_t len = (size_t)np;
     FILE *log = to_log ? t->log : NULL;
     ddp_mt19937 g;
     ddp_mt19937_seed(&g, (uint32_t)(seed ^ (seed >> 32)));
