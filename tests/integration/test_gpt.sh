@@ -92,6 +92,13 @@ for mode in random epoch; do
     d=$(weights_close two_$mode.txt one_$mode.txt 2e-5) || fail "$mode weights differ: $d"
     ok "$mode windows: 2 ranks × 4 = 1 rank × 8 (losses to 4 decimals; $d)"
 done
+# Accumulation: 2 micro-steps of 4 windows (no_sync between) = one step of 8.
+"$TRAIN" "${TINY[@]}" --total_steps 8 --log_every 1 --eval_every 4 --batch_size 4 --grad_accum 2 \
+    --out_dir accum >accum.out 2>&1 || { cat accum.out; fail "grad_accum 2"; }
+[ "$(losses accum.out)" = "$(losses one_random.out)" ] || fail "grad_accum 2 losses differ"
+"$DUMP" dump accum/checkpoints/step8.safetensors >accum.txt
+d=$(weights_close accum.txt one_random.txt 2e-5) || fail "grad_accum 2 weights differ: $d"
+ok "random windows: 1 rank × 4 × grad_accum 2 = 1 rank × 8 ($d)"
 grep -q '"tokens_per_s"' two_random/metrics.jsonl || fail "metrics.jsonl lacks tokens_per_s"
 grep -q '"val_loss"' two_random/metrics.jsonl || fail "metrics.jsonl lacks val_loss"
 assert_contains two_random.out "eval at step 0: val loss 5.5"
