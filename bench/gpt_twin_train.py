@@ -11,7 +11,10 @@ First loads ddptrain's last checkpoint into the twin by name (strict=False, as n
 and checks that it evaluates to ddptrain's own validation loss. Prints both validation curves
 and exits 1 when the final losses differ by more than --tol (relative, 0.02) or the checkpoint
 did not load.
-usage: gpt_twin_train.py RUN_DIR [--threads N] [--tol 0.02]"""
+With --init CKPT the twin starts from that checkpoint's weights instead of its own draw (ddptrain
+saves its initial weights, to float precision, as `--total_steps 1 --lr 1e-30`:
+bench/gpt_vs_torch_loss.sh --same-init does it): then the two runs differ only by float rounding.
+usage: gpt_twin_train.py RUN_DIR [--threads N] [--tol 0.02] [--init CKPT]"""
 import argparse
 import json
 import math
@@ -102,6 +105,7 @@ def main():
     ap.add_argument("run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tol", type=float, default=0.02)
+    ap.add_argument("--init", help="start from this checkpoint's weights")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     ckpt = latest_checkpoint(a.run)
@@ -156,6 +160,11 @@ def main():
     ck_ok = missing == ["lm_head.weight"] and not unexpected and rel_ck <= 1e-4
     torch.manual_seed(seed)  # and back to a fresh model
     model = GPT(model.config)
+    if a.init:
+        w0, _ = load_st(a.init)
+        model.load_state_dict({k: v for k, v in w0.items() if not k.startswith("optim.")},
+                              strict=False)
+        print(f"initial weights from {a.init}")
     opt = model.optimizer(float(c["lr"]), float(c["weight_decay"]), betas, float(c["eps"]))
 
     theirs = {0: evaluate()}
