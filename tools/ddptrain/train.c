@@ -230,11 +230,11 @@ static int micro_step(trainer *t, feed *f, int micro, double *loss)
     if (ddp_model_forward(t->m, &mb, true, &out) != DDP_OK)
         return trainer_die(t, "forward", ddp_model_last_error(t->m));
     *loss += out.loss / A;
-    ready_ctx rc2 = {t->red, false};
-    if (ddp_model_backward(t->m, mark_ready, &rc2) != DDP_OK)
+    ready_ctx ready = {t->red, false};
+    if (ddp_model_backward(t->m, mark_ready, &ready) != DDP_OK)
         return trainer_die(t, "backward",
-                           rc2.failed ? ddp_reducer_last_error(t->red)
-                                      : ddp_model_last_error(t->m));
+                           ready.failed ? ddp_reducer_last_error(t->red)
+                                        : ddp_model_last_error(t->m));
     return 0;
 }
 
