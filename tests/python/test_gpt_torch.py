@@ -145,7 +145,9 @@ def case(L, NH, C, T, V, bias, B):
     x.numpy().tofile(os.path.join(d, "tokens.bin"))
     y.numpy().tofile(os.path.join(d, "targets.bin"))
     subprocess.run([BIN, d, "train", str(L), str(NH), str(C), str(T), str(V), str(int(bias)),
-                    str(B), str(STEPS), repr(LR), "0"], check=True)
+                    str(B), str(STEPS), repr(LR), "0"], check=True,
+                   # one OpenBLAS thread: ThreadSanitizer cannot see OpenBLAS's own synchronisation
+                   env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
 
     # The C model's own init loads by name; the tied head is the one missing key.
     init = load_st(os.path.join(d, "out_init.safetensors"))
