@@ -226,6 +226,14 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
  * FLOPs per token for gpt: divide by seq_len. Pure; any thread. */
 double ddp_model_flops_per_sample(const ddp_model *m, int seq_len);
 
+/* The denominator of MFU: the float32 FLOPs per second this thread's matrix multiplies reach,
+ * measured for about `seconds` (0.001 … 60; 0.05 is enough) with the kernel the models use
+ * (OpenBLAS SGEMM on a 256 × 768 × 384 product, with the threads OPENBLAS_NUM_THREADS gives it):
+ * the best call, into *flops_per_s. Call it on every rank at once, so that ranks sharing cores
+ * measure what training gets. Errors: DDP_ERR_INVALID (seconds out of range, no output),
+ * DDP_ERR_NOMEM. Any thread. */
+ddp_status ddp_model_measure_peak(double seconds, double *flops_per_s, ddp_error *err);
+
 /* The message of the last failed call on m, or "" — owned by m, valid until the next call. */
 const char *ddp_model_last_error(const ddp_model *m);
 

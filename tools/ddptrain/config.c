@@ -16,8 +16,9 @@
 #include "ddptrain.h"
 
 static const ddp_cfg_key schema[] = {
-    {"task", DDP_CFG_CHOICE, "train", "train|test|predict",
-     "what to do (test and predict rebuild the model from the checkpoint's stored config)"},
+    {"task", DDP_CFG_CHOICE, "train", "train|test|predict|report",
+     "what to do (test and predict rebuild the model from the checkpoint's stored config; "
+     "report: out_dir/metrics.jsonl into out_dir/report.html)"},
     {"seed", DDP_CFG_INT, "42", NULL,
      "seed of weights, data order, dropout and (predict) generation"},
     {"out_dir", DDP_CFG_STRING, "runs/default", NULL, "train.log, metrics.jsonl, checkpoints/"},
@@ -75,6 +76,14 @@ static const ddp_cfg_key schema[] = {
     {"eval_windows", DDP_CFG_INT, "0", NULL,
      "gpt: validation windows per evaluation, spread evenly over the file (0: all)"},
     {"log_every", DDP_CFG_INT, "50", NULL, "progress line every N steps"},
+    {"tensorboard", DDP_CFG_BOOL, "true", NULL,
+     "train: rank 0 writes TensorBoard event files into out_dir/tb/"},
+    {"straggler.ratio", DDP_CFG_FLOAT, "1.3", NULL,
+     "warn when a rank's work per step exceeds the other ranks' median by this factor "
+     "(and 0.5 ms) for straggler.after progress lines in a row (≤ 1: off)"},
+    {"straggler.after", DDP_CFG_INT, "3", NULL, "progress lines in a row before the warning"},
+    {"straggler.every", DDP_CFG_FLOAT, "60", NULL,
+     "seconds between two warnings while the same rank stays slow"},
     {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},
     {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints"},
     {"resume_from", DDP_CFG_STRING, "", NULL, "a checkpoint path, or 'latest' (in out_dir)"},

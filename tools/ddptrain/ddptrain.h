@@ -11,6 +11,9 @@
  *                 ranks) and predictions to CSV
  *   generate.c    text generation from a language model (rank 0)
  *   checkpoint.c  saving (rank 0, atomically) and resuming (rank 0 reads, all get it)
+ *   metrics.c     the progress line and what goes with it: per-rank step times gathered to rank
+ *                 0, MFU, metrics.jsonl, TensorBoard, the straggler warning (straggler.c's rule)
+ *   report.c      --task report: metrics.jsonl into one HTML page (plot.c draws the SVG charts)
  */
 #ifndef DDPTRAIN_H
 #define DDPTRAIN_H
@@ -18,6 +21,7 @@
 #include <stdio.h>
 
 #include "ddp/ddp.h"
+#include "straggler.h"
 
 typedef struct trainer {
     ddp_config *cfg;
@@ -43,13 +47,51 @@ typedef struct trainer {
     FILE *log, *jsonl;    /* rank 0: out_dir/train.log, out_dir/metrics.jsonl */
     bool say_to_stderr;   /* trainer_say writes to stderr (stdout carries generated text) */
     char dir[1024];       /* out_dir */
+    /* What the progress line reports beside the loss (metrics.c). */
+    ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
+    bool tb_failed;          /* a TensorBoard write failed: warned once */
+    double peak;             /* float32 matmul FLOP/s per rank, measured at start (mean) */
+    double flops_per_sample; /* training FLOPs of one sample (a language model: T tokens) */
+    straggler strag;
 } trainer;
+
+/* A progress line's interval, as this rank saw it: the training loop adds each step. */
+typedef struct progress {
+    double t0, last_t; /* start of training, the last progress line (ddp_now_seconds) */
+    double win_sum;    /* this rank's losses since the last line */
+    int win_n;
+    double step_s, wait_s; /* this rank's step times and reducer waits since then, summed */
+    uint64_t first_step, last_step;
+} progress;
 
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
 void trainer_say(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 void trainer_log(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 /* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code. */
 int trainer_die(trainer *t, const char *what, const char *msg);
+
+/* ---- metrics.c ---- */
+
+/* At the start of training, every rank: measures the matmul peak (all ranks at once, 50 ms),
+ * computes the model's FLOPs per sample, sets up the straggler rule, and on rank 0 opens the
+ * TensorBoard writer (purge_step = t->step when resumed). Returns 0 or an exit code. */
+int trainer_metrics_open(trainer *t);
+void trainer_metrics_close(trainer *t);
+/* The progress line at a log step: gathers every rank's interval (a collective: every rank
+ * calls it at the same steps), prints, writes metrics.jsonl and TensorBoard, checks for a
+ * straggler; resets p's interval. *mean: the loss over the interval and the ranks. grad_norm < 0:
+ * none. Returns 0 or an exit code. */
+int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, double grad_norm,
+                         double *mean);
+/* Rank 0: one scalar at the current step to TensorBoard (nothing without a writer); flush
+ * writes what is buffered (at evaluations and checkpoints). A failure is a warning, once. */
+void trainer_tb(trainer *t, const char *tag, double value);
+void trainer_tb_flush(trainer *t);
+
+/* ---- report.c ---- */
+
+/* --task report: out_dir/metrics.jsonl into out_dir/report.html. No group, model or data. */
+int trainer_report(trainer *t);
 
 /* ---- config.c ---- */
 

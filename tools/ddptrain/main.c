@@ -1,7 +1,8 @@
 /*
  * ddptrain — the trainer: `ddprun --nproc_per_node=2 ddptrain [--config X.yaml] [--key value …]`.
  *
- * Tasks: train (with evaluation and checkpoints), test (evaluate a checkpoint), predict (write a
+ * Tasks: train (with evaluation and checkpoints), test (evaluate a checkpoint), report (the
+ * metrics as an HTML page), predict (write a
  * checkpoint's predictions to CSV, or generate text from a language model). Data: Fashion-MNIST
  * / MNIST IDX files, or token files (and text made into them) for a language model. Models: the
  * library's (ddp/model.h: an MLP, a small CNN, a GPT), optimizer and schedule (ddp/optim.h).
@@ -185,7 +186,7 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
 {
     ddp_error err = {0};
     int rc = trainer_config_load(t, cfg_path, nrest, rest);
-    if (rc)
+    if (rc || !strcmp(ddp_config_str(t->cfg, "task"), "report")) /* a report needs no ranks */
         return rc;
     /* The environment, read once: who runs, and the DDP_* settings of the group, the reducer and
      * the data cache. */
@@ -272,6 +273,10 @@ int main(int argc, char **argv)
     if (rc)
         goto out;
     snprintf(t.dir, sizeof t.dir, "%s", ddp_config_str(t.cfg, "out_dir"));
+    if (!strcmp(ddp_config_str(t.cfg, "task"), "report")) {
+        rc = trainer_report(&t);
+        goto out;
+    }
     if (t.R == 0)
         open_logs(&t);
     const char *task = ddp_config_str(t.cfg, "task");

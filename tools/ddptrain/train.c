@@ -56,43 +56,6 @@ static ddp_status mark_ready(void *ctx, size_t i)
     return st;
 }
 
-/* The progress line: the mean loss since the last one (all-reduced: a resumed run prints what an
- * uninterrupted one does), lr, samples/s, ETA. Not every step: a collective per step would be one
- * more point where every rank waits for the slowest. */
-typedef struct progress {
-    double t0, last_t, win_sum;
-    int win_n;
-    uint64_t first_step, last_step;
-} progress;
-
-static int log_progress(trainer *t, progress *p, uint64_t total, double lr, double *mean)
-{
-    double local[2] = {p->win_sum, (double)p->win_n}, all[2];
-    if (ddp_allreduce(t->g, local, all, 2, DDP_FLOAT64, DDP_SUM) != DDP_OK)
-        return trainer_die(t, "allreduce", ddp_group_last_error(t->g));
-    *mean = all[0] / all[1];
-    double now = ddp_now_seconds();
-    int A = (int)ddp_config_int(t->cfg, "grad_accum");
-    double sps = (double)(t->step - p->last_step) * t->B * A * t->W / (now - p->last_t);
-    const char *unit = t->lm ? "tokens" : "samples";
-    if (t->lm)
-        sps *= t->T;
-    double eta = (double)(total - t->step) * (now - p->t0) / (double)(t->step - p->first_step);
-    if (t->R == 0 && t->jsonl)
-        fprintf(t->jsonl,
-                "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.6f, \"lr\": %.6g, "
-                "\"%s_per_s\": %.1f}\n",
-                (unsigned long long)t->step, (unsigned long long)t->epoch, *mean, lr, unit, sps);
-    trainer_say(t, "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f %s/s | ETA %.1fs",
-                (unsigned long long)t->step, (unsigned long long)total,
-                (unsigned long long)t->epoch, *mean, lr, sps, unit, eta);
-    p->last_t = now;
-    p->last_step = t->step;
-    p->win_sum = 0;
-    p->win_n = 0;
-    return 0;
-}
-
 /* A language model's validation loss and perplexity. */
 static int evaluate_lm_and_log(trainer *t, ddp_dataset *val, uint64_t total)
 {
@@ -104,8 +67,10 @@ static int evaluate_lm_and_log(trainer *t, ddp_dataset *val, uint64_t total)
     trainer_say(t, "eval at step %llu: val loss %.4f, perplexity %.3f (%zu windows of %d tokens)",
                 (unsigned long long)t->step, el, exp(el), nw, t->T);
     if (t->R == 0 && t->jsonl)
-        fprintf(t->jsonl, "{\"step\": %llu, \"val_loss\": %.6f, \"val_perplexity\": %.6g}\n",
+        fprintf(t->jsonl, "{\"step\": %llu, \"val_loss\": %.17g, \"val_perplexity\": %.6g}\n",
                 (unsigned long long)t->step, el, exp(el));
+    trainer_tb(t, "val/loss", el);
+    trainer_tb_flush(t);
     if (t->step == total)
         trainer_say(t, "val loss %.4f, perplexity %.3f", el, exp(el));
     return 0;
@@ -122,23 +87,29 @@ static int evaluate_and_log(trainer *t, ddp_dataset *te, uint64_t total)
     trainer_say(t, "eval at step %llu: test loss %.4f, test accuracy %.4f (%zu images)",
                 (unsigned long long)t->step, el, ea, ddp_dataset_len(te));
     if (t->R == 0 && t->jsonl)
-        fprintf(t->jsonl, "{\"step\": %llu, \"test_loss\": %.6f, \"test_accuracy\": %.6f}\n",
+        fprintf(t->jsonl, "{\"step\": %llu, \"test_loss\": %.17g, \"test_accuracy\": %.17g}\n",
                 (unsigned long long)t->step, el, ea);
+    trainer_tb(t, "val/loss", el);
+    trainer_tb(t, "val/accuracy", ea);
+    trainer_tb_flush(t);
     if (t->step == total)
         trainer_say(t, "test accuracy %.4f", ea);
     return 0;
 }
 
 /* The optimizer step on the mean gradients: clipped, then each parameter's elements this rank
- * holds the mean of (all, or its shard with shard_optimizer), then the shards gathered. */
-static int optimizer_step(trainer *t, double clip, double lr)
+ * holds the mean of (all, or its shard with shard_optimizer), then the shards gathered. With
+ * clipping, or when want_norm (a progress line reports it; every rank agrees), *norm receives the
+ * gradient norm before clipping; else -1. */
+static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, double *norm)
 {
     float coef = 1.0f;
-    if (clip > 0) {
-        double norm;
-        if (ddp_reducer_grad_norm(t->red, &norm) != DDP_OK)
+    *norm = -1;
+    if (clip > 0 || want_norm) {
+        if (ddp_reducer_grad_norm(t->red, norm) != DDP_OK)
             return trainer_die(t, "gradient norm", ddp_reducer_last_error(t->red));
-        coef = ddp_nn_clip_coef(norm, clip);
+        if (clip > 0)
+            coef = ddp_nn_clip_coef(*norm, clip);
     }
     size_t np;
     ddp_model_params(t->m, &np);
@@ -332,11 +303,14 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
     double clip = ddp_config_float(c, "grad_clip");
     /* A language model's loss before training: the curve starts at ln(vocab_size). */
+    if ((rc = trainer_metrics_open(t)))
+        goto out;
     if (t->lm && t->step == 0 && total > 0 && (rc = evaluate_and_log(t, te, total)))
         goto out;
     double t0 = ddp_now_seconds();
-    progress prog = {t0, t0, 0, 0, t->step, t->step};
+    progress prog = {.t0 = t0, .last_t = t0, .first_step = t->step, .last_step = t->step};
     while (t->step < total && !rc) {
+        double step_t0 = ddp_now_seconds();
         ddp_reducer_zero_grad(t->red);
         double loss = 0;
         for (int micro = 0; micro < A && !rc; micro++)
@@ -347,16 +321,21 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             rc = trainer_die(t, "gradient allreduce", ddp_reducer_last_error(t->red));
             goto out;
         }
-        double lr = ddp_lr_at(&sched, t->step);
-        if ((rc = optimizer_step(t, clip, lr)))
+        ddp_reducer_stats rs;
+        ddp_reducer_stats_get(t->red, &rs);
+        double lr = ddp_lr_at(&sched, t->step), norm;
+        uint64_t next = t->step + 1;
+        bool log_now = (log_every > 0 && (next % (uint64_t)log_every == 0)) || next == total;
+        if ((rc = optimizer_step(t, clip, lr, log_now, &norm)))
             goto out;
         t->step++;
         bool epoch_end = feed_advance(t, &f, per_epoch);
         prog.win_sum += loss;
         prog.win_n++;
-        bool log_now = (log_every > 0 && (t->step % (uint64_t)log_every == 0)) || t->step == total;
+        prog.step_s += ddp_now_seconds() - step_t0;
+        prog.wait_s += rs.wait_seconds;
         double mean = loss;
-        if (log_now && (rc = log_progress(t, &prog, total, lr, &mean)))
+        if (log_now && (rc = trainer_log_progress(t, &prog, total, lr, norm, &mean)))
             goto out;
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if ((do_eval || t->step == total) && (rc = evaluate_and_log(t, te, total)))
@@ -365,7 +344,8 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             trainer_save(t, mean, &err) != DDP_OK) {
             rc = trainer_die(t, "checkpoint", err.msg);
             goto out;
-        }
+        } else if (ck_every > 0 && t->step % (uint64_t)ck_every == 0)
+            trainer_tb_flush(t);
         if (t->R == 0 && t->jsonl)
             fflush(t->jsonl);
     }
@@ -381,6 +361,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             rc = trainer_die(t, "sample", ddp_group_last_error(t->g));
     }
 out:
+    trainer_metrics_close(t);
     feed_close(&f);
     return rc;
 }

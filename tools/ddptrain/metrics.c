@@ -1,0 +1,188 @@
+/*
+ * metrics.c — what ddptrain reports while it trains, at each progress line (every log_every
+ * steps): the loss over the interval and the ranks, lr, throughput, MFU, the gradient norm;
+ * every rank's step time and reducer wait, gathered to rank 0 in the same collective as the
+ * loss (one allgather of 4 doubles per rank replaces the allreduce of 2 the loss needed, so
+ * they cost nothing extra); the straggler warning (straggler.c decides); metrics.jsonl and
+ * TensorBoard (out_dir/tb/, ddp/tb.h) get the same numbers, TensorBoard as float32.
+ * Not every step: a collective per step would be one more point where every rank waits for the
+ * slowest.
+ *
+ * MFU = FLOPs per sample (ddp_model_flops_per_sample, from the model's shapes) × samples/s ÷
+ * (world size × the per-rank peak), the peak being a 50 ms float32 matmul probe on every rank at
+ * start (ddp_model_measure_peak), not a datasheet: on CPUs the honest denominator is what this
+ * core reaches with this BLAS, under the load it has. Not cached: 50 ms is less than one
+ * progress line, and a cached figure would outlive the load it was measured under.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddptrain.h"
+
+int trainer_metrics_open(trainer *t)
+{
+    ddp_error err = {0};
+    double peak = 0, sum = 0;
+    if (ddp_model_measure_peak(0.05, &peak, &err) != DDP_OK)
+        return trainer_die(t, "measuring the matmul peak", err.msg);
+    if (ddp_allreduce(t->g, &peak, &sum, 1, DDP_FLOAT64, DDP_SUM) != DDP_OK)
+        return trainer_die(t, "allreduce", ddp_group_last_error(t->g));
+    t->peak = sum / t->W;
+    t->flops_per_sample = ddp_model_flops_per_sample(t->m, t->lm ? t->T : 0);
+    straggler_opts so = STRAGGLER_OPTS_INIT;
+    so.ratio = ddp_config_float(t->cfg, "straggler.ratio");
+    so.after = (int)ddp_config_int(t->cfg, "straggler.after");
+    so.every_s = ddp_config_float(t->cfg, "straggler.every");
+    straggler_init(&t->strag, &so);
+    if (t->R != 0)
+        return 0;
+    trainer_say(t,
+                "MFU: %.3g MFLOP per %s (training), peak %.1f GFLOP/s per rank (float32 "
+                "matmul, measured now)",
+                t->flops_per_sample / (t->lm ? t->T : 1) / 1e6, t->lm ? "token" : "sample",
+                t->peak / 1e9);
+    if (t->jsonl)
+        fprintf(t->jsonl,
+                "{\"step\": %llu, \"start\": true, \"world_size\": %d, \"peak_flops_per_rank\": "
+                "%.6g, \"flops_per_sample\": %.6g, \"model\": \"%s\"}\n",
+                (unsigned long long)t->step, t->W, t->peak, t->flops_per_sample,
+                ddp_config_str(t->cfg, "model.type"));
+    if (!ddp_config_bool(t->cfg, "tensorboard"))
+        return 0;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/tb", t->dir);
+    ddp_tb_opts to = DDP_TB_OPTS_INIT;
+    to.purge_step = t->step > 0 ? (int64_t)t->step : -1; /* resumed: drop the dead run's tail */
+    if (ddp_tb_open(dir, &to, &t->tb, &err) != DDP_OK)   /* a warning: the run goes on */
+        trainer_say(t, "warning: no TensorBoard events: %s", err.msg);
+    return 0;
+}
+
+void trainer_metrics_close(trainer *t)
+{
+    trainer_tb_flush(t);
+    ddp_tb_close(t->tb);
+    t->tb = NULL;
+}
+
+static void tb_warn(trainer *t)
+{
+    if (!t->tb_failed)
+        trainer_say(t,
+                    "warning: %s (the run goes on; metrics.jsonl has every figure; further "
+                    "TensorBoard errors are not shown)",
+                    ddp_tb_last_error(t->tb));
+    t->tb_failed = true;
+}
+
+void trainer_tb(trainer *t, const char *tag, double value)
+{
+    if (t->tb && ddp_tb_scalar(t->tb, tag, (int64_t)t->step, value, 0) != DDP_OK)
+        tb_warn(t);
+}
+
+void trainer_tb_flush(trainer *t)
+{
+    if (t->tb && ddp_tb_flush(t->tb) != DDP_OK)
+        tb_warn(t);
+}
+
+/* Rank 0: the straggler rule on the interval's busy times (step time − reducer wait). */
+static void check_straggler(trainer *t, const progress *p, const double *busy_ms, double now)
+{
+    straggler_report sr;
+    if (!straggler_update(&t->strag, busy_ms, t->W, p->last_step, p->last_t, now, &sr))
+        return;
+    trainer_say(t,
+                "warning: rank %d is a straggler: %.1f ms of work per step against %.1f ms "
+                "(the median of the other ranks), %.1fx, for %.1f s (since step %llu); the "
+                "others wait for it in every gradient allreduce",
+                sr.rank, sr.busy_ms, sr.median_ms, sr.busy_ms / sr.median_ms, sr.for_s,
+                (unsigned long long)sr.since_step);
+    if (t->jsonl)
+        fprintf(t->jsonl,
+                "{\"step\": %llu, \"straggler_rank\": %d, \"straggler_ms\": %.6g, "
+                "\"median_ms\": %.6g, \"straggler_for_s\": %.6g, \"straggler_since_step\": "
+                "%llu}\n",
+                (unsigned long long)t->step, sr.rank, sr.busy_ms, sr.median_ms, sr.for_s,
+                (unsigned long long)sr.since_step);
+}
+
+/* Rank 0: the interval's line in metrics.jsonl. */
+static void write_jsonl(trainer *t, double mean, double lr, double rate, double mfu,
+                        double grad_norm, const double *all, double steps)
+{
+    FILE *f = t->jsonl;
+    if (!f)
+        return;
+    fprintf(f,
+            "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.17g, \"lr\": %.17g, \"%s_per_s\": "
+            "%.17g, \"mfu\": %.17g",
+            (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr,
+            t->lm ? "tokens" : "samples", rate, mfu);
+    if (grad_norm >= 0)
+        fprintf(f, ", \"grad_norm\": %.17g", grad_norm);
+    const char *keys[2] = {"rank_step_ms", "rank_wait_ms"};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ", \"%s\": [", keys[k]);
+        for (int r = 0; r < t->W; r++)
+            fprintf(f, "%s%.4f", r ? ", " : "", all[4 * r + 2 + k] / steps * 1e3);
+        fputc(']', f);
+    }
+    fputs("}\n", f);
+}
+
+int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, double grad_norm,
+                         double *mean)
+{
+    /* Per rank: loss sum, steps counted, step seconds, reducer wait seconds. */
+    double local[4] = {p->win_sum, (double)p->win_n, p->step_s, p->wait_s};
+    double *all = malloc(sizeof *all * 4 * (size_t)t->W);
+    double *busy = malloc(sizeof *busy * (size_t)t->W);
+    if (!all || !busy) {
+        free(all), free(busy);
+        return trainer_die(t, "progress", "out of memory for the ranks' step times");
+    }
+    if (ddp_allgather(t->g, local, all, 4, DDP_FLOAT64) != DDP_OK) {
+        free(all), free(busy);
+        return trainer_die(t, "allgather", ddp_group_last_error(t->g));
+    }
+    double sum = 0, n = 0;
+    for (int r = 0; r < t->W; r++) {
+        sum += all[4 * r];
+        n += all[4 * r + 1];
+    }
+    *mean = sum / n;
+    double now = ddp_now_seconds(), steps = (double)(t->step - p->last_step);
+    int A = (int)ddp_config_int(t->cfg, "grad_accum");
+    double sps = steps * t->B * A * t->W / (now - p->last_t); /* samples (windows) per s */
+    double rate = t->lm ? sps * t->T : sps;
+    double mfu = t->peak > 0 ? t->flops_per_sample * sps / (t->W * t->peak) : 0;
+    double eta = (double)(total - t->step) * (now - p->t0) / (double)(t->step - p->first_step);
+    if (t->R == 0) {
+        write_jsonl(t, *mean, lr, rate, mfu, grad_norm, all, steps);
+        trainer_say(t,
+                    "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f %s/s | mfu %.*f%% | "
+                    "ETA %.1fs",
+                    (unsigned long long)t->step, (unsigned long long)total,
+                    (unsigned long long)t->epoch, *mean, lr, rate, t->lm ? "tokens" : "samples",
+                    mfu < 0.1 ? 1 : 0, mfu * 100, eta);
+        trainer_tb(t, "train/loss", *mean);
+        trainer_tb(t, "train/lr", lr);
+        trainer_tb(t, t->lm ? "train/tokens_per_s" : "train/samples_per_s", rate);
+        trainer_tb(t, "train/mfu", mfu);
+        if (grad_norm >= 0)
+            trainer_tb(t, "train/grad_norm", grad_norm);
+        for (int r = 0; r < t->W; r++) /* work per step: what the rank did not spend waiting */
+            busy[r] = (all[4 * r + 2] - all[4 * r + 3]) / steps * 1e3;
+        check_straggler(t, p, busy, now);
+    }
+    free(all), free(busy);
+    p->last_t = now;
+    p->last_step = t->step;
+    p->win_sum = p->step_s = p->wait_s = 0;
+    p->win_n = 0;
+    return 0;
+}

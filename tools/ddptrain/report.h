@@ -1,0 +1,35 @@
+/*
+ * report.h — what report.c reads from metrics.jsonl, and report_page.c draws. Private to
+ * --task report.
+ */
+#ifndef DDPTRAIN_REPORT_H
+#define DDPTRAIN_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct pts {
+    double *x, *y;
+    size_t n, cap;
+} pts;
+
+enum { S_LOSS, S_LR, S_RATE, S_MFU, S_GNORM, S_VLOSS, S_VACC, S_WALL, S_N };
+#define MAXR 8 /* ranks drawn one by one; more: the slowest, median and fastest */
+
+typedef struct run_data {
+    pts s[S_N];
+    pts rank[MAXR];    /* rank r's work per step (ms), or slowest/median/fastest */
+    int W;             /* ranks in the last interval */
+    int slowest[MAXR]; /* intervals in which rank r was the slowest */
+    bool lm;
+    char model[32];
+    double peak;
+    pts warn_rank, warn_ratio, warn_for; /* straggler warnings, x = step */
+    size_t bad;                          /* lines that were not JSON objects */
+} run_data;
+
+/* Writes the whole HTML page for the run in dir to f. */
+void report_page(FILE *f, const char *dir, const run_data *d);
+
+#endif /* DDPTRAIN_REPORT_H */
