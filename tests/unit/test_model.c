@@ -697,6 +697,20 @@ static void schedule_formulas(void **state)
     expect_lr(&s, 9, 1.0);
 }
 
+/* ddp_model_measure_peak: a plausible rate (OpenBLAS SGEMM on one core reaches tens of
+ * GFLOP/s; a floor of 0.1 GFLOP/s holds even on a loaded, sanitized build) and clear refusals. */
+static void measure_peak(void **state)
+{
+    (void)state;
+    double peak = 0;
+    ddp_error err = {0};
+    assert_int_equal(ddp_model_measure_peak(0.01, &peak, &err), DDP_OK);
+    assert_true(peak > 1e8 && peak < 1e15);
+    assert_int_equal(ddp_model_measure_peak(0, &peak, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "seconds 0"));
+    assert_int_equal(ddp_model_measure_peak(0.01, NULL, &err), DDP_ERR_INVALID);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -714,6 +728,7 @@ int main(void)
         cmocka_unit_test(optimizer_refusals),
         cmocka_unit_test(optimizer_over_model),
         cmocka_unit_test(schedule_formulas),
+        cmocka_unit_test(measure_peak),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

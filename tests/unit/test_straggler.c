@@ -1,0 +1,132 @@
+/*
+ * test_straggler.c — ddptrain's straggler rule (tools/ddptrain/straggler.c) on synthetic
+ * timings: who is slow (against the median of the others, by ratio and by min_ms), how many
+ * intervals in a row before the warning, the rate limit while the same rank stays slow, what
+ * resets the count, and what a warning reports. The same rule runs live in ddptrain and is
+ * checked against a really slowed rank by tests/integration/test_straggler.sh.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "straggler.h"
+
+/* Feeds interval i (times t = 10·i s, steps 100·i … 100·(i+1)); returns whether it warned. */
+static bool feed(straggler *s, const double *busy, int W, int i, straggler_report *r)
+{
+    return straggler_update(s, busy, W, (uint64_t)(100 * i), 10.0 * i, 10.0 * (i + 1), r);
+}
+
+static void test_one_rank_and_equal_ranks_never_warn(void **state)
+{
+    (void)state;
+    straggler_opts o = STRAGGLER_OPTS_INIT;
+    straggler s;
+    straggler_report r;
+    straggler_init(&s, &o);
+    double one[1] = {100};
+    double four[4] = {20, 20, 20, 20};
+    for (int i = 0; i < 20; i++) {
+        assert_false(feed(&s, one, 1, i, &r));
+        assert_false(feed(&s, four, 4, i, &r));
+    }
+}
+
+static void test_warns_after_three_intervals_with_what_it_saw(void **state)
+{
+    (void)state;
+    straggler_opts o = STRAGGLER_OPTS_INIT; /* 1.3×, 0.5 ms, 3 intervals, 60 s */
+    straggler s;
+    straggler_report r = {0};
+    straggler_init(&s, &o);
+    double fine[2] = {20, 21}, slow[2] = {20, 45};
+    assert_false(feed(&s, fine, 2, 0, &r));
+    assert_false(feed(&s, slow, 2, 1, &r));
+    assert_false(feed(&s, slow, 2, 2, &r));
+    assert_true(feed(&s, slow, 2, 3, &r));
+    assert_int_equal(r.rank, 1);
+    assert_true(r.busy_ms == 45);
+    assert_true(r.median_ms == 20);      /* the other rank's, not the mean of both */
+    assert_int_equal(r.since_step, 100); /* the first slow interval began at step 100 */
+    assert_true(r.for_s == 40.0 - 10.0); /* t = 10 s to 40 s */
+    assert_int_equal(r.intervals, 3);
+    /* Still slow: silent until 60 s after the warning (at 40 s), then again, same episode. */
+    for (int i = 4; i < 9; i++)
+        assert_false(feed(&s, slow, 2, i, &r));
+    assert_true(feed(&s, slow, 2, 9, &r)); /* now = 100 s */
+    assert_int_equal(r.since_step, 100);
+    assert_true(r.for_s == 90.0);
+    assert_int_equal(r.intervals, 9);
+}
+
+static void test_a_normal_interval_or_another_rank_restarts_the_count(void **state)
+{
+    (void)state;
+    straggler_opts o = STRAGGLER_OPTS_INIT;
+    straggler s;
+    straggler_report r = {0};
+    straggler_init(&s, &o);
+    double fine[3] = {20, 21, 20}, slow1[3] = {20, 40, 20}, slow2[3] = {20, 20, 40};
+    assert_false(feed(&s, slow1, 3, 0, &r));
+    assert_false(feed(&s, slow1, 3, 1, &r));
+    assert_false(feed(&s, fine, 3, 2, &r)); /* breaks the run */
+    assert_false(feed(&s, slow1, 3, 3, &r));
+    assert_false(feed(&s, slow1, 3, 4, &r));
+    assert_false(feed(&s, slow2, 3, 5, &r)); /* another rank: a new episode */
+    assert_false(feed(&s, slow2, 3, 6, &r));
+    assert_true(feed(&s, slow2, 3, 7, &r));
+    assert_int_equal(r.rank, 2);
+    assert_int_equal(r.since_step, 500);
+    /* A new episode of rank 1 warns at once after its 3 intervals, however recent the warning
+     * about rank 2 was. */
+    assert_false(feed(&s, slow1, 3, 8, &r));
+    assert_false(feed(&s, slow1, 3, 9, &r));
+    assert_true(feed(&s, slow1, 3, 10, &r));
+    assert_int_equal(r.rank, 1);
+}
+
+static void test_thresholds(void **state)
+{
+    (void)state;
+    straggler_opts o = STRAGGLER_OPTS_INIT;
+    straggler s;
+    straggler_report r = {0};
+    /* 25% slower: under the 1.3 ratio. */
+    straggler_init(&s, &o);
+    double mild[2] = {40, 50};
+    for (int i = 0; i < 10; i++)
+        assert_false(feed(&s, mild, 2, i, &r));
+    /* 3× but 0.2 ms: noise on a tiny step, under min_ms. */
+    straggler_init(&s, &o);
+    double tiny[2] = {0.1, 0.3};
+    for (int i = 0; i < 10; i++)
+        assert_false(feed(&s, tiny, 2, i, &r));
+    /* ratio ≤ 1 turns the rule off. */
+    o.ratio = 0;
+    straggler_init(&s, &o);
+    double slow[2] = {10, 100};
+    for (int i = 0; i < 10; i++)
+        assert_false(feed(&s, slow, 2, i, &r));
+    /* after = 1: the first slow interval warns; the median of 4 others is the middle pair's. */
+    o = (straggler_opts)STRAGGLER_OPTS_INIT;
+    o.after = 1;
+    straggler_init(&s, &o);
+    double five[5] = {10, 30, 11, 12, 10};
+    assert_true(feed(&s, five, 5, 0, &r));
+    assert_int_equal(r.rank, 1);
+    assert_true(r.median_ms == 10.5);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_rank_and_equal_ranks_never_warn),
+        cmocka_unit_test(test_warns_after_three_intervals_with_what_it_saw),
+        cmocka_unit_test(test_a_normal_interval_or_another_rank_restarts_the_count),
+        cmocka_unit_test(test_thresholds),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
