@@ -9,10 +9,16 @@ wall time). This script checks, with tensorboard's own code:
   3. each record's bytes equal tensorboard's own serialisation of the same Event;
   4. what TensorBoard's scalar dashboard reads (EventFileLoader's migrated events, and
      EventAccumulator's Scalars) holds the same values;
-  5. a resumed run (purge_step): TensorBoard drops the dead run's steps after the checkpoint.
+  5. a resumed run (purge_step): TensorBoard drops the dead run's steps after the checkpoint;
+  6. ddptrain itself, 2 ranks under ddprun (an MLP and a tiny GPT): out_dir/tb/ holds exactly
+     the tags it documents, at the steps and with the values (float32 of the same double) that
+     metrics.jsonl logged; a run killed by SIGKILL after a checkpoint at step s and resumed from
+     it opens its file with purge_step = s + 1 (the first step it logs), and TensorBoard shows each step once, the
+     killed run's up to the checkpoint and the resumed run's after it.
 tensorboard is not a Debian package: scripts/tb-venv.sh installs it from PyPI into a venv. When
 that cannot be done (offline), the test is skipped (exit 77).
 Usage: test_tb.py BINDIR VENV TB_VENV_SH"""
+import json
 import os
 import re
 import socket
@@ -20,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 SKIP = 77
 BINDIR, VENV, SETUP = sys.argv[1:4]
@@ -170,6 +177,140 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-py-") as d:
     got = [(e.step, e.value) for e in acc.Scalars("p/x")]
     want_p = [(s, float(s)) for s in range(1, 6)] + [(s, 100.0 + s) for s in range(6, 9)]
     check(got == want_p, f"TensorBoard's view of a resumed run: {got}")
+
+
+# 6. ddptrain's own event files against its metrics.jsonl.
+TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s",
+           "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "grad_norm": "train/grad_norm",
+           "test_loss": "val/loss", "val_loss": "val/loss", "test_accuracy": "val/accuracy"}
+
+
+def logged(run):
+    """{tag: {step: float32 bits}} from run/metrics.jsonl, as TensorBoard should show it: a
+    "start" line at step s (a resumed run) drops what earlier lines logged after s."""
+    out = {}
+    for line in open(os.path.join(run, "metrics.jsonl")):
+        rec = json.loads(line)
+        if rec.get("start"):
+            for steps in out.values():
+                for k in [k for k in steps if k > rec["step"]]:
+                    del steps[k]
+            continue
+        for key, tag in TB_TAGS.items():
+            if key in rec:
+                out.setdefault(tag, {})[rec["step"]] = f32_bits(rec[key])
+    return out
+
+
+def shown(run):
+    """{tag: [(step, float32 bits)]}: what TensorBoard loads from run/tb."""
+    acc = event_accumulator.EventAccumulator(os.path.join(run, "tb"),
+                                             size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {t: [(e.step, f32_bits(e.value)) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def same(run, tags, what):
+    want, got = logged(run), shown(run)
+    check(sorted(got) == sorted(tags), f"{what}: tags {sorted(got)} != {sorted(tags)}")
+    check(sorted(want) == sorted(tags), f"{what}: metrics.jsonl keys {sorted(want)}")
+    for tag in tags:
+        exp = sorted(want.get(tag, {}).items())
+        check(got.get(tag) == exp, f"{what}: {tag}: TensorBoard {got.get(tag, [])[:4]}… != "
+              f"metrics.jsonl {exp[:4]}…")
+    return want, got
+
+
+def ddptrain(args, out_dir, log):
+    cmd = [os.path.join(BINDIR, "ddprun"), "--standalone", "--nproc_per_node=2",
+           os.path.join(BINDIR, "ddptrain")] + args + ["--out_dir", out_dir]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV)
+
+
+def finished(p, log, what):
+    if p.wait(timeout=240) != 0:
+        print(open(log).read())
+        check(False, f"{what}: ddptrain exited {p.returncode}")
+        return False
+    return True
+
+
+ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+CLASSIFIER = ["train/loss", "train/lr", "train/samples_per_s", "train/mfu", "train/grad_norm",
+              "val/loss", "val/accuracy"]
+with tempfile.TemporaryDirectory(prefix="ddp-test-tb-train-") as d:
+    ENV["DDP_DATA_CACHE"] = os.path.join(d, "cache")
+    mlp = ["--model.hidden", "64", "--batch_size", "32", "--log_every", "3"]
+    run = os.path.join(d, "mlp")
+    p = ddptrain(mlp + ["--total_steps", "12", "--eval_every", "6"], run, run + ".log")
+    if finished(p, run + ".log", "mlp"):
+        want, _ = same(run, CLASSIFIER, "mlp, 2 ranks")
+        check(sorted(want["train/loss"]) == [3, 6, 9, 12], f"mlp: log steps {sorted(want['train/loss'])}")
+        check(sorted(want["val/accuracy"]) == [6, 12], f"mlp: eval steps {sorted(want['val/accuracy'])}")
+        check(len(os.listdir(os.path.join(run, "tb"))) == 1, "mlp: one event file")
+
+    # A tiny GPT on a synthetic text: tokens/s, validation loss from step 0, no accuracy.
+    text = os.path.join(d, "text.txt")
+    words = "the a cat dog sat ran on under mat log and then it was red blue".split()
+    with open(text, "w") as f:
+        for doc in range(300):
+            f.write(" ".join(words[(doc * 7 + i * 3) % 16] for i in range(12 + doc % 9)) + "\n%\n")
+    run = os.path.join(d, "gpt")
+    gpt = ["--model.type", "gpt", "--data.text", text, "--data.doc_sep", "%", "--model.n_layer",
+           "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "16",
+           "--batch_size", "4", "--optimizer", "adamw", "--lr", "3e-3", "--eval_windows", "8",
+           "--max_new_tokens", "0", "--total_steps", "6", "--log_every", "2", "--eval_every", "3"]
+    p = ddptrain(gpt, run, run + ".log")
+    if finished(p, run + ".log", "gpt"):
+        want, _ = same(run, ["train/loss", "train/lr", "train/tokens_per_s", "train/mfu",
+                             "train/grad_norm", "val/loss"], "gpt, 2 ranks")
+        check(sorted(want["val/loss"]) == [0, 3, 6], f"gpt: eval steps {sorted(want['val/loss'])}")
+
+    # tensorboard false: no tb directory.
+    run = os.path.join(d, "off")
+    p = ddptrain(mlp + ["--total_steps", "3", "--tensorboard", "false"], run, run + ".log")
+    if finished(p, run + ".log", "tensorboard false"):
+        check(not os.path.exists(os.path.join(run, "tb")), "tensorboard false: no out_dir/tb")
+
+    # Killed (SIGKILL to ddprun, which takes its workers down) some steps after a checkpoint,
+    # then resumed from it at step s: the resumed file starts with a SessionLog START at s + 1,
+    # the first step it logs (the killed run's s, logged before its checkpoint, stays).
+    run = os.path.join(d, "cut")
+    args = mlp[:4] + ["--log_every", "1", "--checkpoint.every", "10", "--checkpoint.keep", "50"]
+    p = ddptrain(args + ["--total_steps", "100000"], run, run + ".log")
+    jsonl, last = os.path.join(run, "metrics.jsonl"), 0
+    for _ in range(6000):
+        if os.path.exists(jsonl):
+            steps = [json.loads(l).get("step", 0) for l in open(jsonl) if l.endswith("\n")]
+            last = max(steps or [0])
+        if last >= 25 or p.poll() is not None:
+            break
+        time.sleep(0.01)
+    p.kill()
+    p.wait()
+    ckpts = sorted(int(n[4:-12]) for n in os.listdir(os.path.join(run, "checkpoints"))
+                   if re.fullmatch(r"step\d+\.safetensors", n))
+    check(last >= 25 and ckpts and ckpts[-1] >= 10, f"killed after a checkpoint: {ckpts}, last {last}")
+    dead = logged(run)
+    at = ckpts[-1] if ckpts else 10
+    p = ddptrain(args + ["--total_steps", str(at + 10), "--resume_from", "latest"], run,
+                 run + ".resume.log")
+    if finished(p, run + ".resume.log", "resumed run"):
+        files = sorted(os.listdir(os.path.join(run, "tb")))
+        check(len(files) == 2, f"killed + resumed: two event files {files}")
+        newest = max(files, key=lambda n: int(n.rsplit(".", 1)[1]) + 10 * os.path.getmtime(os.path.join(run, "tb", n)))
+        evs = list(event_file_loader.LegacyEventFileLoader(os.path.join(run, "tb", newest)).Load())
+        check(len(evs) > 1 and evs[1].HasField("session_log") and evs[1].step == at + 1
+              and evs[1].session_log.status == event_pb2.SessionLog.START,
+              f"resumed file: a SessionLog START at step {at + 1}: {evs[1] if len(evs) > 1 else None}")
+        want, got = same(run, ["train/loss", "train/lr", "train/samples_per_s", "train/mfu",
+                               "train/grad_norm", "val/loss", "val/accuracy"], "killed + resumed")
+        steps = [s for s, _ in got.get("train/loss", [])]
+        check(steps == list(range(1, at + 11)), f"resumed: each step once, 1..{at + 10}: {steps}")
+        check(all(dict(got["train/loss"])[s] == dead["train/loss"][s] for s in range(1, at + 1)),
+              "resumed: steps up to the checkpoint are the killed run's")
+        check(any(s > at for s in dead.get("train/loss", {})),
+              f"the killed run had logged past its checkpoint at {at} (something to purge)")
 
 print(f"test_tb: {passed} checks passed, {failed} failed")
 sys.exit(1 if failed else 0)
