@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package ddpc uses: build tools, libraries, test tools (clang and its
-# libFuzzer runtime for scripts/fuzz.sh; python3-venv for scripts/tb-venv.sh), the Fashion-MNIST data,
+# libFuzzer runtime for scripts/fuzz.sh; python3-venv for scripts/tb-venv.sh; chromium, headless, for
+# the report's screenshot test), the Fashion-MNIST data,
 # the fortune texts (the default language-model job),
 # and the peers our benchmarks compare against (Open MPI, PyTorch). Idempotent: packages already
 # present are skipped, so a second run makes no network calls. Works as root or through sudo.
@@ -9,7 +10,7 @@ set -euo pipefail
 packages=(
     build-essential cmake pkg-config clang-format
     libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev
-    libcmocka-dev clang libclang-rt-14-dev python3-venv
+    libcmocka-dev clang libclang-rt-14-dev python3-venv chromium
     dataset-fashion-mnist fortunes
     openmpi-bin libopenmpi-dev
     python3 python3-torch

@@ -1,9 +1,9 @@
 /*
  * test_straggler.c — ddptrain's straggler rule (tools/ddptrain/straggler.c) on synthetic
- * timings: who is slow (against the median of the others, by ratio and by min_ms), how many
- * intervals in a row before the warning, the rate limit while the same rank stays slow, what
- * resets the count, and what a warning reports. The same rule runs live in ddptrain and is
- * checked against a really slowed rank by tests/integration/test_straggler.sh.
+ * timings: who is slow (against the median of the others, by ratio and by min_ms), the count
+ * of slow intervals before the warning (up for a slow one, down for a normal one, anew for
+ * another rank), the rate limit per rank, and what a warning reports. The same rule runs live in
+ * ddptrain and is checked against a really slowed rank by tests/integration/test_straggler.sh.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,29 +62,41 @@ static void test_warns_after_three_intervals_with_what_it_saw(void **state)
     assert_int_equal(r.intervals, 9);
 }
 
-static void test_a_normal_interval_or_another_rank_restarts_the_count(void **state)
+static void test_normal_intervals_count_down_another_rank_starts_anew(void **state)
 {
     (void)state;
     straggler_opts o = STRAGGLER_OPTS_INIT;
+    o.every_s = 100;
     straggler s;
     straggler_report r = {0};
     straggler_init(&s, &o);
     double fine[3] = {20, 21, 20}, slow1[3] = {20, 40, 20}, slow2[3] = {20, 20, 40};
+    /* Slowed in bursts: slow, slow, normal, slow, slow: the count goes 1 2 1 2 3 → a warning,
+     * and the episode (since step 0) survived the normal interval. */
     assert_false(feed(&s, slow1, 3, 0, &r));
     assert_false(feed(&s, slow1, 3, 1, &r));
-    assert_false(feed(&s, fine, 3, 2, &r)); /* breaks the run */
+    assert_false(feed(&s, fine, 3, 2, &r));
     assert_false(feed(&s, slow1, 3, 3, &r));
-    assert_false(feed(&s, slow1, 3, 4, &r));
-    assert_false(feed(&s, slow2, 3, 5, &r)); /* another rank: a new episode */
-    assert_false(feed(&s, slow2, 3, 6, &r));
-    assert_true(feed(&s, slow2, 3, 7, &r));
+    assert_true(feed(&s, slow1, 3, 4, &r));
+    assert_int_equal(r.rank, 1);
+    assert_int_equal(r.since_step, 0);
+    assert_int_equal(r.intervals, 4);
+    /* Three normal intervals end it; the same rank slow again within every_s of its warning
+     * (at 110 s) stays silent. */
+    for (int i = 5; i < 8; i++)
+        assert_false(feed(&s, fine, 3, i, &r));
+    for (int i = 8; i < 11; i++)
+        assert_false(feed(&s, slow1, 3, i, &r));
+    /* Another rank: a new count, and its own warning at once. */
+    assert_false(feed(&s, slow2, 3, 11, &r));
+    assert_false(feed(&s, slow2, 3, 12, &r));
+    assert_true(feed(&s, slow2, 3, 13, &r));
     assert_int_equal(r.rank, 2);
-    assert_int_equal(r.since_step, 500);
-    /* A new episode of rank 1 warns at once after its 3 intervals, however recent the warning
-     * about rank 2 was. */
-    assert_false(feed(&s, slow1, 3, 8, &r));
-    assert_false(feed(&s, slow1, 3, 9, &r));
-    assert_true(feed(&s, slow1, 3, 10, &r));
+    assert_int_equal(r.since_step, 1100);
+    /* Back to rank 1: last warned about at 50 s; at 170 s, every_s (100 s) has passed. */
+    assert_false(feed(&s, slow1, 3, 14, &r));
+    assert_false(feed(&s, slow1, 3, 15, &r));
+    assert_true(feed(&s, slow1, 3, 16, &r));
     assert_int_equal(r.rank, 1);
 }
 
@@ -125,7 +137,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_rank_and_equal_ranks_never_warn),
         cmocka_unit_test(test_warns_after_three_intervals_with_what_it_saw),
-        cmocka_unit_test(test_a_normal_interval_or_another_rank_restarts_the_count),
+        cmocka_unit_test(test_normal_intervals_count_down_another_rank_starts_anew),
         cmocka_unit_test(test_thresholds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -57,7 +57,7 @@ int trainer_metrics_open(trainer *t)
     /* Resumed from a checkpoint at step s: this run logs s+1 on; TensorBoard drops what the
      * earlier files hold from there (the dead run's tail), and keeps their step s. */
     to.purge_step = t->step > 0 ? (int64_t)t->step + 1 : -1;
-    if (ddp_tb_open(dir, &to, &t->tb, &err) != DDP_OK)   /* a warning: the run goes on */
+    if (ddp_tb_open(dir, &to, &t->tb, &err) != DDP_OK) /* a warning: the run goes on */
         trainer_say(t, "warning: no TensorBoard events: %s", err.msg);
     return 0;
 }

@@ -27,6 +27,11 @@ void plot_escape(FILE *f, const char *text)
         }
 }
 
+void plot_area(const plot_opts *o, int *x, int *y, int *w, int *h)
+{
+    *x = ML, *y = MT, *w = o->width - ML - MR, *h = o->height - MT - MB;
+}
+
 static bool usable(double y, bool log_y)
 {
     return isfinite(y) && (!log_y || y > 0);

@@ -33,6 +33,9 @@ typedef struct plot_opts {
  * "no data". */
 void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns);
 
+/* The plot area (inside the axes) of a chart drawn with o, in pixels from its top left. */
+void plot_area(const plot_opts *o, int *x, int *y, int *w, int *h);
+
 /* Whether a logarithmic axis suits these series: every finite y > 0 and the largest at least
  * `decades` decades above the smallest. */
 bool plot_wants_log(const plot_series *s, int ns, double decades);

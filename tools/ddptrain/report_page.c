@@ -3,7 +3,8 @@
  * per row, and every rank's work per step across the whole width at the bottom, then the
  * straggler warnings and how to read the figures. Fixed places because the page is read by
  * people and checked by a screenshot test alike: each figure carries its box on the page
- * (data-box), its legend's box inside it (data-legend) and its curves' colours (data-colors).
+ * (data-box), its plot area and its legend's box inside it (data-plot, data-legend: x y w h
+ * from the figure's top left) and its curves' colours (data-colors).
  * Inline CSS and SVG only: the file can be mailed, archived or opened offline.
  */
 #define _GNU_SOURCE
@@ -42,12 +43,15 @@ static void figure(FILE *f, int x, int y, const plot_opts *o, const plot_series 
     for (int i = 0; i < ns; i++)
         longest = strlen(s[i].label) > longest ? strlen(s[i].label) : longest;
     /* The legend's box as plot.c draws it: top right of the plot area. */
+    int px, py, pw, ph;
+    plot_area(o, &px, &py, &pw, &ph);
     double lw = 40 + 6.6 * (double)longest, lh = 8 + 17.0 * ns;
     fprintf(f,
             "<figure style=\"left:%dpx;top:%dpx;width:%dpx;height:%dpx\" data-box=\"%d %d %d "
-            "%d\" data-legend=\"%.0f %.0f %.0f %.0f\" data-colors=\"",
-            x, y, o->width, o->height, x, y, o->width, o->height, o->width - 16 - lw - 8, 40.0, lw,
-            lh);
+            "%d\" data-plot=\"%d %d %d %d\" data-legend=\"%.0f %.0f %.0f %.0f\" "
+            "data-colors=\"",
+            x, y, o->width, o->height, x, y, o->width, o->height, px, py, pw, ph, px + pw - lw - 8,
+            py + 8.0, lw, lh);
     for (int i = 0; i < ns; i++)
         fprintf(f, "%s%s", i ? " " : "", s[i].color);
     fputs("\">\n", f);

@@ -13,10 +13,11 @@ void straggler_init(straggler *s, const straggler_opts *o)
     if (s->o.after < 1)
         s->o.after = 1;
     s->rank = -1;
-    s->intervals = 0;
+    s->count = s->intervals = 0;
     s->since_step = 0;
     s->since_t = 0;
-    s->warned_t = -1;
+    s->warned_rank = -1;
+    s->warned_t = 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -55,20 +56,21 @@ bool straggler_update(straggler *s, const double *busy_ms, int W, uint64_t from_
         return false;
     bool is_slow = busy_ms[slow] > s->o.ratio * med && busy_ms[slow] - med >= s->o.min_ms;
     if (!is_slow) {
-        s->rank = -1;
-        s->intervals = 0;
+        if (s->count > 0 && --s->count == 0)
+            s->rank = -1;
         return false;
     }
-    if (slow != s->rank) { /* a new episode */
+    if (slow != s->rank) { /* a new count */
         s->rank = slow;
-        s->intervals = 0;
+        s->count = s->intervals = 0;
         s->since_step = from_step;
         s->since_t = t_from;
-        s->warned_t = -1;
     }
+    s->count++;
     s->intervals++;
-    if (s->intervals < s->o.after || (s->warned_t >= 0 && now - s->warned_t < s->o.every_s))
+    if (s->count < s->o.after || (s->warned_rank == slow && now - s->warned_t < s->o.every_s))
         return false;
+    s->warned_rank = slow;
     s->warned_t = now;
     *out =
         (straggler_report){slow, busy_ms[slow], med, now - s->since_t, s->since_step, s->intervals};

@@ -11,9 +11,11 @@
  *
  * The rule: in one log interval, the slowest rank is slow when its busy time exceeds the median
  * of the other ranks' by both `ratio` (1.3: 30%) and `min_ms` (noise on tiny steps is not a
- * straggler). When the same rank has been slow for `after` intervals in a row, a warning is due;
- * while it stays slow, the next one only after `every_s` seconds. An interval in which no rank is
- * slow (or another one is) starts the count again.
+ * straggler). Each slow interval of the same rank adds one to its count, each interval in which
+ * no rank is slow takes one off (a rank slowed in bursts, e.g. by another process on its core,
+ * misses some intervals but stays the straggler), and another rank being slow starts a new count.
+ * When the count reaches `after`, a warning is due; the next one about the same rank only
+ * `every_s` seconds after the last.
  */
 #ifndef DDPTRAIN_STRAGGLER_H
 #define DDPTRAIN_STRAGGLER_H
@@ -36,10 +38,12 @@ typedef struct straggler_opts {
 typedef struct straggler {
     straggler_opts o;
     int rank;            /* the rank slow in the last intervals, or -1 */
-    int intervals;       /* how many in a row */
-    uint64_t since_step; /* the step its first slow interval began at */
+    int count;           /* its count: + 1 per slow interval, − 1 per normal one */
+    int intervals;       /* its slow intervals since the count started */
+    uint64_t since_step; /* the step the count started at */
     double since_t;      /* and when (seconds, the caller's clock) */
-    double warned_t;     /* the last warning about this rank, or < 0: none yet */
+    int warned_rank;     /* the last warning's rank (-1: none yet) */
+    double warned_t;     /* and when */
 } straggler;
 
 /* What a warning says. */
@@ -49,7 +53,7 @@ typedef struct straggler_report {
     double median_ms;    /* the other ranks' median */
     double for_s;        /* how long it has been slow */
     uint64_t since_step; /* since which step */
-    int intervals;       /* log intervals in a row */
+    int intervals;       /* slow log intervals since then */
 } straggler_report;
 
 void straggler_init(straggler *s, const straggler_opts *o);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# ddptrain --task report in a real browser: a short 2-rank run (MLP, evaluations, a log line
+# every 5 steps), the report made from its metrics.jsonl alone, checked to be self-contained (no
+# script, stylesheet, font or image to fetch), then rendered by headless Chromium into a
+# screenshot whose pixels check_report_png.py checks: not blank, every chart drawn where the page
+# says, every curve's colour inside its chart's plot area. The checker must also reject the same
+# screenshot when a chart claims a colour it does not show. Skipped (77) without chromium
+# (Debian's `chromium`, in scripts/install-deps.sh). Also: a language model's report (no
+# accuracy chart), and the errors of a run directory without metrics.
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cd "$T"
+
+"$TRAIN" --task report --out_dir nothing >none.out 2>&1 && fail "a report without metrics succeeded"
+assert_contains none.out "cannot read 'nothing/metrics.jsonl'"
+mkdir -p empty && echo '{"step": 0, "start": true}' >empty/metrics.jsonl
+"$TRAIN" --task report --out_dir empty >empty.out 2>&1 && fail "a report without progress lines succeeded"
+assert_contains empty.out "holds no training progress line"
+ok "a run directory without metrics is a clear error"
+
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 120 --log_every 5 --eval_every 30 \
+    --out_dir run >train.out 2>&1 || { cat train.out; fail "training failed"; }
+"$TRAIN" --task report --out_dir run >report.out 2>&1 || { cat report.out; fail "report failed"; }
+assert_contains report.out "wrote run/report.html: 24 progress lines, 4 evaluations, 2 ranks"
+page=run/report.html
+for bad in '<script' '<link' '<img' '<iframe' 'url(' '@import' 'src='; do
+    assert_not_contains $page "$bad"
+done
+[ "$(grep -o 'https\?://[^"]*' $page | sort -u)" = "http://www.w3.org/2000/svg" ] ||
+    fail "the page names an address other than the SVG namespace: $(grep -o 'https\?://[^"]*' $page | sort -u)"
+[ "$(grep -c '<svg' $page)" -eq 7 ] || fail "$(grep -c '<svg' $page) charts, want 7"
+for title in Loss "Test accuracy" "Learning rate" Throughput MFU "Gradient norm" "Work per step by rank"; do
+    assert_contains $page ">$title"
+done
+ok "the report is one self-contained file with its 7 charts"
+
+if ! command -v chromium >/dev/null; then
+    echo "SKIP: no chromium (scripts/install-deps.sh installs Debian's)"
+    exit 77
+fi
+# --no-sandbox: Chromium refuses to run as root (CI, containers) with its sandbox on.
+timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars \
+    --user-data-dir="$T/chromium" --screenshot="$T/shot.png" --window-size=1220,1700 \
+    "file://$T/$page" >chromium.out 2>&1 || { cat chromium.out; fail "chromium failed"; }
+[ -s shot.png ] || { cat chromium.out; fail "no screenshot"; }
+python3 "$SRC/tests/integration/check_report_png.py" shot.png $page ||
+    fail "the screenshot does not show the charts"
+ok "headless Chromium draws every chart, with every curve's colour in its plot area"
+sed 's/data-colors="#2ca02c"/data-colors="#00ff00"/' $page >wrong.html
+python3 "$SRC/tests/integration/check_report_png.py" shot.png wrong.html >wrong.out 2>&1 &&
+    fail "the checker accepted a colour the screenshot does not show"
+assert_contains wrong.out "curve colour #00ff00"
+ok "the checker rejects a chart whose colour is not on screen"
+
+# A language model's report: tokens/s, validation loss from step 0, no accuracy chart.
+awk 'BEGIN { srand(3); split("the a cat dog sat ran on mat", w, " ");
+             for (d = 0; d < 400; d++) { s = ""; for (i = 0; i < 15; i++) s = s w[1 + int(rand() * 8)] " ";
+                 print s "\n%" } }' >text.txt
+DDP_DATA_CACHE=$T/cache "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --model.type gpt \
+    --data.text text.txt --data.doc_sep % --model.n_layer 1 --model.n_head 2 --model.n_embd 32 \
+    --model.block_size 16 --batch_size 4 --optimizer adamw --lr 3e-3 --eval_windows 8 \
+    --max_new_tokens 0 --total_steps 12 --log_every 2 --eval_every 6 --out_dir gpt >gpt.out 2>&1 ||
+    { cat gpt.out; fail "gpt training failed"; }
+"$TRAIN" --task report --out_dir gpt >gpt_report.out 2>&1 || { cat gpt_report.out; fail "gpt report"; }
+assert_contains gpt_report.out "6 progress lines, 3 evaluations"
+assert_contains gpt/report.html "tokens/s"
+assert_not_contains gpt/report.html ">Test accuracy"
+[ "$(grep -c '<svg' gpt/report.html)" -eq 6 ] || fail "gpt: $(grep -c '<svg' gpt/report.html) charts, want 6"
+ok "a language model's report: tokens/s, validation loss, no accuracy chart"
