@@ -210,31 +210,64 @@ static void series(FILE *f, const frame *fr, const plot_series *s)
                     sy(fr, s->y[k]), s->color);
 }
 
-static void legend(FILE *f, const frame *fr, const plot_series *s, int ns)
+/* How many points of the series fall inside box b (with a margin of 4 px). */
+static size_t hidden(const frame *fr, const plot_series *s, int ns, plot_box b)
+{
+    size_t n = 0;
+    for (int i = 0; i < ns; i++)
+        for (size_t k = 0; k < s[i].n; k++) {
+            if (!usable(s[i].y[k], fr->log_y))
+                continue;
+            double x = sx(fr, s[i].x[k]), y = sy(fr, s[i].y[k]);
+            n += x >= b.x - 4 && x <= b.x + b.w + 4 && y >= b.y - 4 && y <= b.y + b.h + 4;
+        }
+    return n;
+}
+
+/* The legend's box: top right, top left, bottom right or bottom left of the plot area, the first
+ * that hides the fewest points. */
+static plot_box legend_box(const frame *fr, const plot_series *s, int ns)
 {
     size_t longest = 0;
     for (int i = 0; i < ns; i++)
         longest = strlen(s[i].label) > longest ? strlen(s[i].label) : longest;
-    double w = 40 + 6.6 * (double)longest, h = 8 + 17.0 * ns, x = fr->px + fr->pw - w - 8,
-           y = fr->py + 8;
+    double w = 40 + 6.6 * (double)longest, h = 8 + 17.0 * ns;
+    double left = fr->px + 8, right = fr->px + fr->pw - w - 8, top = fr->py + 8,
+           bottom = fr->py + fr->ph - h - 8;
+    plot_box c[4] = {{right, top, w, h},
+                     {left, top, w, h},
+                     {right, bottom, w, h},
+                     {left, bottom, w, h}},
+             best = c[0];
+    size_t fewest = (size_t)-1;
+    for (int i = 0; i < 4; i++) {
+        size_t n = hidden(fr, s, ns, c[i]);
+        if (n < fewest)
+            fewest = n, best = c[i];
+    }
+    return best;
+}
+
+static void legend(FILE *f, const plot_series *s, int ns, plot_box b)
+{
     fprintf(f,
             "<g font-size=\"12\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
             "fill=\"#fff\" fill-opacity=\"0.88\" stroke=\"#ccc\" rx=\"3\"/>\n",
-            x, y, w, h);
+            b.x, b.y, b.w, b.h);
     for (int i = 0; i < ns; i++) {
-        double ly = y + 14 + 17.0 * i;
+        double ly = b.y + 14 + 17.0 * i;
         fprintf(f,
                 "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                 "stroke-width=\"3\"%s/>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#222\">",
-                x + 8, ly - 4, x + 30, ly - 4, s[i].color,
-                s[i].dashed ? " stroke-dasharray=\"5 3\"" : "", x + 36, ly);
+                b.x + 8, ly - 4, b.x + 30, ly - 4, s[i].color,
+                s[i].dashed ? " stroke-dasharray=\"5 3\"" : "", b.x + 36, ly);
         plot_escape(f, s[i].label);
         fputs("</text>\n", f);
     }
     fputs("</g>\n", f);
 }
 
-void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns)
+void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns, plot_box *legend_out)
 {
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     bool log_y = o->log_y && plot_wants_log(s, ns, 0);
@@ -277,6 +310,9 @@ void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns)
     axes(f, &fr, o);
     for (int i = 0; i < ns; i++)
         series(f, &fr, &s[i]);
-    legend(f, &fr, s, ns);
+    plot_box lb = legend_box(&fr, s, ns);
+    legend(f, s, ns, lb);
+    if (legend_out)
+        *legend_out = lb;
     fputs("</svg>\n", f);
 }

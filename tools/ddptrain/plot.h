@@ -28,10 +28,16 @@ typedef struct plot_opts {
     bool zero_y;       /* a linear y axis that includes 0 */
 } plot_opts;
 
+/* A rectangle in pixels from a chart's top left. */
+typedef struct plot_box {
+    double x, y, w, h;
+} plot_box;
+
 /* Writes one <svg> element of o->width × o->height to f: the title, the frame, grid lines and
- * tick labels, the series, the legend (top right). With no finite point at all, the frame and
- * "no data". */
-void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns);
+ * tick labels, the series, the legend (in the corner of the plot area that hides the fewest
+ * points; *legend receives its box, when legend is not NULL). With no finite point at all, the
+ * frame and "no data". */
+void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns, plot_box *legend);
 
 /* The plot area (inside the axes) of a chart drawn with o, in pixels from its top left. */
 void plot_area(const plot_opts *o, int *x, int *y, int *w, int *h);

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "plot.h"
@@ -36,27 +37,33 @@ static double last(const pts *p)
     return p->n ? p->y[p->n - 1] : NAN;
 }
 
-/* One figure at (x, y) on the page. */
+/* One figure at (x, y) on the page: the chart is drawn first (into memory), because the
+ * figure's attributes say where its legend went. */
 static void figure(FILE *f, int x, int y, const plot_opts *o, const plot_series *s, int ns)
 {
-    size_t longest = 0;
-    for (int i = 0; i < ns; i++)
-        longest = strlen(s[i].label) > longest ? strlen(s[i].label) : longest;
-    /* The legend's box as plot.c draws it: top right of the plot area. */
+    char *svg = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&svg, &len);
+    plot_box lb = {0, 0, 0, 0};
+    if (m) {
+        plot_svg(m, o, s, ns, &lb);
+        if (fclose(m) != 0) {
+            free(svg);
+            svg = NULL;
+        }
+    }
     int px, py, pw, ph;
     plot_area(o, &px, &py, &pw, &ph);
-    double lw = 40 + 6.6 * (double)longest, lh = 8 + 17.0 * ns;
     fprintf(f,
             "<figure style=\"left:%dpx;top:%dpx;width:%dpx;height:%dpx\" data-box=\"%d %d %d "
             "%d\" data-plot=\"%d %d %d %d\" data-legend=\"%.0f %.0f %.0f %.0f\" "
             "data-colors=\"",
-            x, y, o->width, o->height, x, y, o->width, o->height, px, py, pw, ph, px + pw - lw - 8,
-            py + 8.0, lw, lh);
+            x, y, o->width, o->height, x, y, o->width, o->height, px, py, pw, ph, lb.x, lb.y, lb.w,
+            lb.h);
     for (int i = 0; i < ns; i++)
         fprintf(f, "%s%s", i ? " " : "", s[i].color);
-    fputs("\">\n", f);
-    plot_svg(f, o, s, ns);
-    fputs("</figure>\n", f);
+    fprintf(f, "\">\n%s</figure>\n", svg ? svg : "(out of memory for this chart)");
+    free(svg);
 }
 
 static void summary(FILE *f, const char *dir, const run_data *d)
