@@ -45,11 +45,11 @@ typedef struct ddp_tb_opts {
                          * or "": none. No '/'. */
     int flush_ms;       /* a record waits in memory at most this long before it is written
                          * (checked on the next call); 0 writes every record at once */
-    int64_t purge_step; /* -1: a new run. ≥ 0: a run resumed at this step (from a checkpoint):
-                         * the file starts with a SessionLog START at purge_step, and TensorBoard
-                         * drops what earlier files of the directory hold for steps ≥ purge_step
-                         * (logged after the checkpoint by the run that died), as torch's
-                         * SummaryWriter(purge_step=) does */
+    int64_t purge_step; /* -1: a new run. ≥ 0: a resumed run's first step (a checkpoint's step
+                         * + 1): the file starts with a SessionLog START at purge_step, and
+                         * TensorBoard drops what earlier files of the directory hold for steps
+                         * ≥ purge_step (logged after the checkpoint by the run that died), as
+                         * torch's SummaryWriter(purge_step=) does */
 } ddp_tb_opts;
 
 #define DDP_TB_OPTS_INIT                                                                           \
