@@ -100,17 +100,21 @@ static int evaluate_and_log(trainer *t, ddp_dataset *te, uint64_t total)
 /* The optimizer step on the mean gradients: clipped, then each parameter's elements this rank
  * holds the mean of (all, or its shard with shard_optimizer), then the shards gathered. With
  * clipping, or when want_norm (a progress line reports it; every rank agrees), *norm receives the
- * gradient norm before clipping; else -1. */
-static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, double *norm)
+ * gradient norm before clipping; else -1. *comm_s receives the seconds spent in the collectives
+ * (the norm's, the gather's), where a fast rank waits for a slow one as in finish(). */
+static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, double *norm,
+                          double *comm_s)
 {
     float coef = 1.0f;
     *norm = -1;
+    double t0 = ddp_now_seconds();
     if (clip > 0 || want_norm) {
         if (ddp_reducer_grad_norm(t->red, norm) != DDP_OK)
             return trainer_die(t, "gradient norm", ddp_reducer_last_error(t->red));
         if (clip > 0)
             coef = ddp_nn_clip_coef(*norm, clip);
     }
+    *comm_s = ddp_now_seconds() - t0;
     size_t np;
     ddp_model_params(t->m, &np);
     for (size_t i = 0; i < np; i++) {
@@ -119,8 +123,10 @@ static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, do
         if (ddp_optim_step_range(t->opt, i, lo, hi, t->step + 1, (float)lr, coef) != DDP_OK)
             return trainer_die(t, "optimizer", ddp_optim_last_error(t->opt));
     }
+    t0 = ddp_now_seconds();
     if (ddp_reducer_gather_params(t->red) != DDP_OK)
         return trainer_die(t, "gathering parameters", ddp_reducer_last_error(t->red));
+    *comm_s += ddp_now_seconds() - t0;
     return 0;
 }
 
@@ -323,17 +329,17 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         }
         ddp_reducer_stats rs;
         ddp_reducer_stats_get(t->red, &rs);
-        double lr = ddp_lr_at(&sched, t->step), norm;
+        double lr = ddp_lr_at(&sched, t->step), norm = -1, comm_s = 0;
         uint64_t next = t->step + 1;
         bool log_now = (log_every > 0 && (next % (uint64_t)log_every == 0)) || next == total;
-        if ((rc = optimizer_step(t, clip, lr, log_now, &norm)))
+        if ((rc = optimizer_step(t, clip, lr, log_now, &norm, &comm_s)))
             goto out;
         t->step++;
         bool epoch_end = feed_advance(t, &f, per_epoch);
         prog.win_sum += loss;
         prog.win_n++;
         prog.step_s += ddp_now_seconds() - step_t0;
-        prog.wait_s += rs.wait_seconds;
+        prog.wait_s += rs.wait_seconds + comm_s;
         double mean = loss;
         if (log_now && (rc = trainer_log_progress(t, &prog, total, lr, norm, &mean)))
             goto out;
