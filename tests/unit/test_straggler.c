@@ -2,7 +2,8 @@
  * test_straggler.c — ddptrain's straggler rule (tools/ddptrain/straggler.c) on synthetic
  * timings: who is slow (against the median of the others, by ratio and by min_ms), the count
  * of slow intervals before the warning (up for a slow one, down for a normal one, anew for
- * another rank), the rate limit per rank, and what a warning reports. The same rule runs live in
+ * another rank) and the seconds it must last, the rate limit per rank, and what a warning
+ * reports. The same rule runs live in
  * ddptrain and is checked against a really slowed rank by tests/integration/test_straggler.sh.
  */
 #include <setjmp.h>
@@ -132,6 +133,29 @@ static void test_thresholds(void **state)
     assert_true(r.median_ms == 10.5);
 }
 
+/* Many short intervals (0.1 s): the count is reached at once, but the warning waits for after_s
+ * (5 s) of slowness, so that a context switch or two is not a straggler. */
+static void test_short_intervals_wait_for_after_s(void **state)
+{
+    (void)state;
+    straggler_opts o = STRAGGLER_OPTS_INIT;
+    straggler s;
+    straggler_report r = {0};
+    straggler_init(&s, &o);
+    double slow[2] = {1, 3}, fine[2] = {1, 1};
+    int i = 0;
+    for (; i < 3; i++) /* 0.3 s of noise, then back to normal: nothing */
+        assert_false(straggler_update(&s, slow, 2, (uint64_t)i, 0.1 * i, 0.1 * (i + 1), &r));
+    for (; i < 6; i++)
+        assert_false(straggler_update(&s, fine, 2, (uint64_t)i, 0.1 * i, 0.1 * (i + 1), &r));
+    for (; i < 55; i++) /* slow from 0.6 s: silent until 5.6 s */
+        assert_false(straggler_update(&s, slow, 2, (uint64_t)i, 0.1 * i, 0.1 * (i + 1), &r));
+    assert_true(straggler_update(&s, slow, 2, 56, 5.6, 5.7, &r));
+    assert_int_equal(r.rank, 1);
+    assert_int_equal(r.since_step, 6);
+    assert_true(r.for_s > 5.0 && r.for_s < 5.2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -139,6 +163,7 @@ int main(void)
         cmocka_unit_test(test_warns_after_three_intervals_with_what_it_saw),
         cmocka_unit_test(test_normal_intervals_count_down_another_rank_starts_anew),
         cmocka_unit_test(test_thresholds),
+        cmocka_unit_test(test_short_intervals_wait_for_after_s),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,9 +79,10 @@ static const ddp_cfg_key schema[] = {
     {"tensorboard", DDP_CFG_BOOL, "true", NULL,
      "train: rank 0 writes TensorBoard event files into out_dir/tb/"},
     {"straggler.ratio", DDP_CFG_FLOAT, "1.3", NULL,
-     "warn when a rank's work per step exceeds the other ranks' median by this factor "
-     "(and 0.5 ms) for straggler.after progress lines in a row (≤ 1: off)"},
-    {"straggler.after", DDP_CFG_INT, "3", NULL, "progress lines in a row before the warning"},
+     "warn when a rank's work per step exceeds the other ranks' median by this factor (and "
+     "0.5 ms) in most progress lines for straggler.after seconds (≤ 1: off)"},
+    {"straggler.after", DDP_CFG_FLOAT, "5", NULL,
+     "seconds a rank must stay slow (and 3 progress lines) before the warning"},
     {"straggler.every", DDP_CFG_FLOAT, "60", NULL,
      "seconds between two warnings while the same rank stays slow"},
     {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},

@@ -33,7 +33,7 @@ int trainer_metrics_open(trainer *t)
     t->flops_per_sample = ddp_model_flops_per_sample(t->m, t->lm ? t->T : 0);
     straggler_opts so = STRAGGLER_OPTS_INIT;
     so.ratio = ddp_config_float(t->cfg, "straggler.ratio");
-    so.after = (int)ddp_config_int(t->cfg, "straggler.after");
+    so.after_s = ddp_config_float(t->cfg, "straggler.after");
     so.every_s = ddp_config_float(t->cfg, "straggler.every");
     straggler_init(&t->strag, &so);
     if (t->R != 0)

@@ -68,7 +68,8 @@ bool straggler_update(straggler *s, const double *busy_ms, int W, uint64_t from_
     }
     s->count++;
     s->intervals++;
-    if (s->count < s->o.after || (s->warned_rank == slow && now - s->warned_t < s->o.every_s))
+    if (s->count < s->o.after || now - s->since_t < s->o.after_s ||
+        (s->warned_rank == slow && now - s->warned_t < s->o.every_s))
         return false;
     s->warned_rank = slow;
     s->warned_t = now;

@@ -14,8 +14,9 @@
  * straggler). Each slow interval of the same rank adds one to its count, each interval in which
  * no rank is slow takes one off (a rank slowed in bursts, e.g. by another process on its core,
  * misses some intervals but stays the straggler), and another rank being slow starts a new count.
- * When the count reaches `after`, a warning is due; the next one about the same rank only
- * `every_s` seconds after the last.
+ * When the count reaches `after` and the count started at least `after_s` seconds ago (a few
+ * short intervals slowed by one context switch are noise, not a straggler), a warning is due; the
+ * next one about the same rank only `every_s` seconds after the last.
  */
 #ifndef DDPTRAIN_STRAGGLER_H
 #define DDPTRAIN_STRAGGLER_H
@@ -26,13 +27,14 @@
 typedef struct straggler_opts {
     double ratio;   /* busy time over the others' median that counts as slow; ≤ 1: off */
     double min_ms;  /* and by at least this much, ms per step */
-    int after;      /* consecutive slow intervals before the first warning (≥ 1) */
+    int after;      /* net slow intervals before the first warning (≥ 1) */
+    double after_s; /* and seconds since the count started */
     double every_s; /* at most one warning per this many seconds while the same rank stays slow */
 } straggler_opts;
 
 #define STRAGGLER_OPTS_INIT                                                                        \
     {                                                                                              \
-        1.3, 0.5, 3, 60.0                                                                          \
+        1.3, 0.5, 3, 5.0, 60.0                                                                     \
     }
 
 typedef struct straggler {
