@@ -210,22 +210,39 @@ static void series(FILE *f, const frame *fr, const plot_series *s)
                     sy(fr, s->y[k]), s->color);
 }
 
-/* How many points of the series fall inside box b (with a margin of 4 px). */
+static bool inside(plot_box b, double x, double y)
+{
+    return x >= b.x - 4 && x <= b.x + b.w + 4 && y >= b.y - 4 && y <= b.y + b.h + 4;
+}
+
+/* How much of the series box b would hide: points, and the lines between them sampled every
+ * 3 pixels. */
 static size_t hidden(const frame *fr, const plot_series *s, int ns, plot_box b)
 {
     size_t n = 0;
-    for (int i = 0; i < ns; i++)
+    for (int i = 0; i < ns; i++) {
+        bool have = false;
+        double px = 0, py = 0;
         for (size_t k = 0; k < s[i].n; k++) {
-            if (!usable(s[i].y[k], fr->log_y))
+            if (!usable(s[i].y[k], fr->log_y)) {
+                have = false;
                 continue;
+            }
             double x = sx(fr, s[i].x[k]), y = sy(fr, s[i].y[k]);
-            n += x >= b.x - 4 && x <= b.x + b.w + 4 && y >= b.y - 4 && y <= b.y + b.h + 4;
+            n += 4 * inside(b, x, y);
+            if (have) {
+                double len = hypot(x - px, y - py);
+                for (double u = 3; u < len; u += 3)
+                    n += inside(b, px + (x - px) * u / len, py + (y - py) * u / len);
+            }
+            have = true, px = x, py = y;
         }
+    }
     return n;
 }
 
 /* The legend's box: top right, top left, bottom right or bottom left of the plot area, the first
- * that hides the fewest points. */
+ * that hides the least of the curves. */
 static plot_box legend_box(const frame *fr, const plot_series *s, int ns)
 {
     size_t longest = 0;

@@ -34,8 +34,8 @@ typedef struct plot_box {
 } plot_box;
 
 /* Writes one <svg> element of o->width × o->height to f: the title, the frame, grid lines and
- * tick labels, the series, the legend (in the corner of the plot area that hides the fewest
- * points; *legend receives its box, when legend is not NULL). With no finite point at all, the
+ * tick labels, the series, the legend (in the corner of the plot area that hides the least of
+ * the curves; *legend receives its box, when legend is not NULL). With no finite point at all, the
  * frame and "no data". */
 void plot_svg(FILE *f, const plot_opts *o, const plot_series *s, int ns, plot_box *legend);
 
