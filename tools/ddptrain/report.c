@@ -188,15 +188,20 @@ int trainer_report(trainer *t)
     int rc = read_metrics(t, path, &d);
     if (rc)
         goto out;
+    /* Written beside and renamed over: a reader (a browser reloading) never sees half a page. */
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        rc = trainer_die(t, "report", strerror(errno));
+        fprintf(stderr, "ddptrain: report: cannot create '%s': %s\n", tmp, strerror(errno));
+        rc = 1;
         goto out;
     }
     report_page(f, t->dir, &d);
-    if (ferror(f) | (fclose(f) != 0) || rename(tmp, out) != 0) {
-        rc = trainer_die(t, "report: writing the page", strerror(errno));
+    bool failed = ferror(f) != 0;
+    failed |= fclose(f) != 0; /* closed whatever ferror said */
+    if (failed || rename(tmp, out) != 0) {
+        fprintf(stderr, "ddptrain: report: writing '%s' failed: %s\n", out, strerror(errno));
         remove(tmp);
+        rc = 1;
         goto out;
     }
     printf("wrote %s: %zu progress lines, %zu evaluations, %d rank%s, %zu straggler warning%s%s\n",
