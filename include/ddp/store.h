@@ -99,8 +99,11 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
  * store (ddprun), this connects to it. When the program was started by hand or by another
  * launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, no agent store), rank 0 starts a server
  * on MASTER_ADDR:MASTER_PORT inside this handle and the other ranks connect to it; such a server
- * stops when rank 0 closes its handle. A world of
- * one gets a private server on a free loopback port. timeout_ms bounds the connection and
+ * stops when rank 0 closes its handle; under srun without MASTER_ADDR/MASTER_PORT that is rank 0's
+ * node and a port derived from the job (ddp_world_from_env). A world of one (or a launcher's world
+ * of one with no store address) gets a private server on a free loopback port. A world of several
+ * started by mpirun or a PMI launcher with no store address fails with DDP_ERR_INVALID saying
+ * what to do: nothing else could tell its ranks where to meet. timeout_ms bounds the connection and
  * becomes the handle's call timeout (≤ 0: the default). *out written only on DDP_OK.
  * The hosting rank's ddp_store_close() waits for the other ranks to disconnect (see below). */
 ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out,

@@ -6,8 +6,12 @@
  * GROUP_RANK, MASTER_ADDR and MASTER_PORT; ddprun adds DDP_RUN_ID, DDP_STORE_TOKEN,
  * DDP_RESTART_COUNT, DDP_MAX_RESTARTS, DDP_AGENT_STORE and DDP_HOST_CORES (DDP_ENV_CONTRACT lists
  * every name it sets). ddp_world_from_env() reads them and checks that they agree with each
- * other, and reads the DDP_* settings (ddp_settings) too. With no RANK set, a program is a world
- * of one and behaves exactly like a plain single-process run.
+ * other, and reads the DDP_* settings (ddp_settings) too. Other launchers are recognised by their
+ * own variables: Open MPI's mpirun (OMPI_COMM_WORLD_*), PMIx (PMIX_RANK), PMI (PMI_RANK,
+ * PMI_SIZE: MPICH's mpiexec, srun --mpi=pmi2) and Slurm's srun (SLURM_PROCID, SLURM_NTASKS, …);
+ * ddp_world.launcher says which one set the world. With none of them, a program is a world of one
+ * and behaves exactly like a plain single-process run. docs/launchers.md gives the order of
+ * precedence and what each launcher sets.
  *
  * Nothing else in the library reads the environment: the group, its backends, the reducer and the
  * datasets take their settings from their options (a ddp_world among them), so a program that
@@ -27,6 +31,9 @@ extern "C" {
 
 #define DDP_DEFAULT_MASTER_ADDR "127.0.0.1"
 #define DDP_DEFAULT_MASTER_PORT 29500
+/* Under srun without MASTER_PORT the store's port is this + 10 × (SLURM_JOB_ID mod 900) +
+ * (SLURM_STEP_ID mod 10): 20000–28999, below Linux's ephemeral ports, the same on every rank. */
+#define DDP_SLURM_PORT_BASE 20000
 
 /* Every variable ddprun sets for each of its workers (replacing inherited copies), as a list of
  * string literals: `const char *names[] = {DDP_ENV_CONTRACT, NULL};`. */
@@ -36,6 +43,23 @@ extern "C" {
         "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",             \
         "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",                     \
         "TORCHELASTIC_MAX_RESTARTS"
+
+/* Who started this process, as ddp_world_from_env() recognised it (docs/launchers.md). */
+typedef enum ddp_launcher {
+    DDP_LAUNCHER_NONE = 0, /* nothing: a world of one */
+    DDP_LAUNCHER_ENV,      /* RANK and WORLD_SIZE alone: by hand, or a launcher that sets only
+                              those (torch.distributed.launch before torchrun) */
+    DDP_LAUNCHER_DDPRUN,   /* ddprun or ddp_spawn(): RANK with DDP_RUN_ID */
+    DDP_LAUNCHER_TORCHRUN, /* torchrun, or torch.distributed.launch ≥ 1.9: RANK with
+                              TORCHELASTIC_RUN_ID */
+    DDP_LAUNCHER_OMPI,     /* Open MPI's mpirun / mpiexec: OMPI_COMM_WORLD_RANK */
+    DDP_LAUNCHER_PMIX,     /* a PMIx launcher other than the above (prterun): PMIX_RANK */
+    DDP_LAUNCHER_PMI,      /* a PMI launcher (MPICH's mpiexec): PMI_RANK, PMI_SIZE */
+    DDP_LAUNCHER_SLURM,    /* Slurm's srun: SLURM_PROCID with SLURM_STEP_ID */
+} ddp_launcher;
+
+/* "none", "env", "ddprun", "torchrun", "mpirun", "pmix", "pmi", "srun"; static, never NULL. */
+const char *ddp_launcher_name(ddp_launcher l);
 
 /* How the library runs, as opposed to who runs: the DDP_* settings. Plain data; zero or ""
  * means "not set", and the part of the library that uses a setting then takes its default
@@ -63,24 +87,33 @@ typedef struct ddp_world {
     int world_size;       /* WORLD_SIZE */
     int local_rank;       /* LOCAL_RANK: index among the ranks on this node */
     int local_world_size; /* LOCAL_WORLD_SIZE */
-    int node_rank;        /* GROUP_RANK: index of this node */
+    int node_rank;        /* GROUP_RANK (SLURM_NODEID under srun): index of this node; 0 when
+                             the launcher does not say (mpirun) */
     int restart_count; /* DDP_RESTART_COUNT (or TORCHELASTIC_RESTART_COUNT), 0 on the first attempt
                         */
     int max_restarts;  /* DDP_MAX_RESTARTS (or TORCHELASTIC_MAX_RESTARTS) */
-    char master_addr[256]; /* MASTER_ADDR: host of the rendezvous store */
-    int master_port;       /* MASTER_PORT */
+    char master_addr[256]; /* MASTER_ADDR: host of the rendezvous store; under srun without it,
+                              the first host of the step's node list */
+    int master_port;       /* MASTER_PORT; under srun without it, derived from the job id */
     char run_id[128];      /* DDP_RUN_ID (or TORCHELASTIC_RUN_ID); "none" when unset */
     char store_token[128]; /* DDP_STORE_TOKEN; empty when unset */
-    bool launched;         /* true when RANK was set: some launcher started us */
+    bool launched;         /* true when a launcher set the world (launcher != NONE) */
+    ddp_launcher launcher; /* which one */
+    bool master_known;     /* MASTER_ADDR/MASTER_PORT were given (or derived from Slurm's node
+                              list): a store address every rank agrees on. False under mpirun
+                              or PMI without them: only a backend that bootstraps itself (MPI)
+                              can bring up such a world */
     bool agent_store;      /* true when a launcher (ddprun) hosts the store; else rank 0 hosts it */
     ddp_settings settings; /* the DDP_* settings; all "not set" in a world filled by hand */
 } ddp_world;
 
-/* Reads the environment into *out: the world, and its settings. A world of one when RANK is
- * unset. Fails with DDP_ERR_INVALID when a variable of the contract is malformed or the set is
- * inconsistent (RANK without WORLD_SIZE, RANK ≥ WORLD_SIZE, …), or a setting is longer than its
- * field, naming the variable; a malformed number in DDP_TIMEOUT, DDP_DEBUG or DDP_HOST_CORES
- * counts as not set. *out written only on DDP_OK; err may be NULL. */
+/* Reads the environment into *out: the world, and its settings. A world of one when no launcher
+ * is recognised. Fails with DDP_ERR_INVALID when a variable of the contract is malformed or the
+ * set is inconsistent (RANK without WORLD_SIZE, RANK ≥ WORLD_SIZE, …), when two launchers'
+ * variables disagree about this process (RANK=0 but OMPI_COMM_WORLD_RANK=1, WORLD_SIZE=2 but
+ * SLURM_NTASKS=4: never two silent worlds), when Slurm's node list is malformed, or a setting is
+ * longer than its field, naming the variables; a malformed number in DDP_TIMEOUT, DDP_DEBUG or
+ * DDP_HOST_CORES counts as not set. *out written only on DDP_OK; err may be NULL. */
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err);
 
 /* The cores this process may run on: its CPU affinity mask (a container's or scheduler's CPU

@@ -1,16 +1,19 @@
 /*
  * world.c — the one place the library reads the environment (include/ddp/world.h): the
  * launcher's contract, and the DDP_* settings that the group, its backends, the reducer and the
- * datasets otherwise take from their options. Accepts ddprun's names and torchrun's, so a program
- * runs unchanged under either; MPI and Slurm variables come with the MPI backend (DESIGN.md
- * roadmap), not here. Settings are copied as given: the module that uses one checks its value
- * (and says what it accepts), as it does for the same value passed in its options.
+ * datasets otherwise take from their options. Accepts ddprun's names and torchrun's, Open MPI's,
+ * PMI's, PMIx's and Slurm's, so a program runs unchanged under any of them; which launcher set
+ * the world is recorded, and two launchers that disagree are an error rather than two silent
+ * worlds (docs/launchers.md has the order of precedence). Settings are copied as given: the module
+ * that uses one checks its value (and says what it accepts), as it does for the same value passed
+ * in its options.
  */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ddp/world.h"
+#include "util/hostlist.h"
 #include "util/util.h"
 
 /* Reads an integer variable; absent leaves *out unchanged and returns DDP_OK. */
@@ -80,6 +83,231 @@ static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
     return DDP_OK;
 }
 
+/* ---- who started us ------------------------------------------------------------------------ */
+
+/* One fact about this process as one launcher states it; var is NULL when it does not. */
+typedef struct fact {
+    int v;
+    const char *var;
+} fact;
+
+/* The world as one launcher's variables describe it. */
+typedef struct view {
+    ddp_launcher l;
+    fact rank, size, local_rank, local_size, node;
+} view;
+
+static ddp_status get_fact(const char *name, long long lo, fact *f, ddp_error *err)
+{
+    if (!getenv(name))
+        return DDP_OK;
+    ddp_status st = env_int(name, lo, INT_MAX, &f->v, err);
+    if (st == DDP_OK)
+        f->var = name;
+    return st;
+}
+
+static const char *first_set(const char *a, const char *b, const char *c)
+{
+    return getenv(a) ? a : getenv(b) ? b : c;
+}
+
+/* ddprun's and torchrun's names (also a by-hand start's). */
+static ddp_status read_env(view *v, ddp_error *err)
+{
+    ddp_status st;
+    if ((st = get_fact("RANK", 0, &v->rank, err)) ||
+        (st = get_fact("WORLD_SIZE", 1, &v->size, err)) ||
+        (st = get_fact("LOCAL_RANK", 0, &v->local_rank, err)) ||
+        (st = get_fact("LOCAL_WORLD_SIZE", 1, &v->local_size, err)) ||
+        (st = get_fact("GROUP_RANK", 0, &v->node, err)))
+        return st;
+    return DDP_OK;
+}
+
+static ddp_status read_ompi(view *v, ddp_error *err)
+{
+    ddp_status st;
+    v->l = DDP_LAUNCHER_OMPI;
+    if ((st = get_fact("OMPI_COMM_WORLD_RANK", 0, &v->rank, err)) ||
+        (st = get_fact("OMPI_COMM_WORLD_SIZE", 1, &v->size, err)) ||
+        (st = get_fact("OMPI_COMM_WORLD_LOCAL_RANK", 0, &v->local_rank, err)) ||
+        (st = get_fact("OMPI_COMM_WORLD_LOCAL_SIZE", 1, &v->local_size, err)))
+        return st;
+    return DDP_OK;
+}
+
+/* PMIx puts only the rank in the environment; the size comes from another variable. */
+static ddp_status read_pmix(view *v, ddp_error *err)
+{
+    v->l = DDP_LAUNCHER_PMIX;
+    return get_fact("PMIX_RANK", 0, &v->rank, err);
+}
+
+/* PMI-1/2 launchers; MPICH's Hydra adds the local rank and size under MPI_LOCAL*. */
+static ddp_status read_pmi(view *v, ddp_error *err)
+{
+    ddp_status st;
+    v->l = DDP_LAUNCHER_PMI;
+    if ((st = get_fact("PMI_RANK", 0, &v->rank, err)) ||
+        (st = get_fact("PMI_SIZE", 1, &v->size, err)) ||
+        (st = get_fact("MPI_LOCALRANKID", 0, &v->local_rank, err)) ||
+        (st = get_fact("MPI_LOCALNRANKS", 1, &v->local_size, err)))
+        return st;
+    return DDP_OK;
+}
+
+/* srun: a job step's task. A batch script (sbatch, salloc) also has SLURM_PROCID=0 and the
+ * allocation's SLURM_NTASKS, but no step id: it is one process, not rank 0 of a world, so only a
+ * step counts. The step's variables are preferred to the job's (a step may use fewer tasks). */
+static ddp_status read_slurm(view *v, ddp_error *err)
+{
+    ddp_status st;
+    v->l = DDP_LAUNCHER_SLURM;
+    if (!getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID"))
+        return DDP_OK;
+    if ((st = get_fact("SLURM_PROCID", 0, &v->rank, err)) ||
+        (st = get_fact(first_set("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"), 1,
+                       &v->size, err)) ||
+        (st = get_fact("SLURM_LOCALID", 0, &v->local_rank, err)) ||
+        (st = get_fact("SLURM_NODEID", 0, &v->node, err)))
+        return st;
+    const char *per = first_set("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", NULL);
+    if (per) {
+        int n;
+        ddp_error e = {0};
+        if ((st = ddp__slurm_tasks_on_node(getenv(per), v->node.var ? v->node.v : 0, &n, &e)))
+            return ddp__err(err, st, "%s: %s", per, e.msg);
+        v->local_size = (fact){n, per};
+    } else if ((st = get_fact("SLURM_NTASKS_PER_NODE", 1, &v->local_size, err))) {
+        return st;
+    }
+    return DDP_OK;
+}
+
+/* A fact both views state must agree; b fills in what a lacks. */
+static ddp_status merge_fact(fact *a, const fact *b, ddp_launcher la, ddp_error *err)
+{
+    if (!b->var)
+        return DDP_OK;
+    if (!a->var) {
+        *a = *b;
+        return DDP_OK;
+    }
+    if (a->v == b->v)
+        return DDP_OK;
+    return ddp__err(err, DDP_ERR_INVALID,
+                    "%s=%d but %s=%d: two launchers describe this process differently (this one "
+                    "was started by %s); unset the stale variables (an exported RANK, WORLD_SIZE, "
+                    "LOCAL_RANK or LOCAL_WORLD_SIZE) or make them agree (docs/launchers.md)",
+                    b->var, b->v, a->var, a->v, ddp_launcher_name(la));
+}
+
+/* Picks the launcher that started this process (docs/launchers.md) and checks the others. */
+static ddp_status find_launcher(view *out, ddp_error *err)
+{
+    ddp_status st;
+    view env = {.l = DDP_LAUNCHER_ENV};
+    if ((st = read_env(&env, err)))
+        return st;
+    /* An agent (ddprun, torchrun, ddp_spawn) is the innermost launcher: variables of an srun or
+     * mpirun that started the agent describe the agent, not its workers, and are not read. */
+    const char *agent = getenv("DDP_RUN_ID");
+    if (env.rank.var && (agent || getenv("TORCHELASTIC_RUN_ID"))) {
+        env.l = agent ? DDP_LAUNCHER_DDPRUN : DDP_LAUNCHER_TORCHRUN;
+        *out = env;
+        return DDP_OK;
+    }
+    view ompi = {0}, pmix = {0}, pmi = {0}, slurm = {0};
+    if ((st = read_ompi(&ompi, err)) || (st = read_pmix(&pmix, err)) ||
+        (st = read_pmi(&pmi, err)) || (st = read_slurm(&slurm, err)))
+        return st;
+    /* The innermost MPI-style launcher: an mpirun inside a Slurm allocation inherits SLURM_*
+     * variables that describe its daemons, so Slurm comes last; srun with a PMI or PMIx plugin
+     * sets both, and then the two agree on the rank and Slurm's fuller set is used. */
+    view *in = NULL;
+    if (ompi.rank.var) {
+        in = &ompi;
+        if ((st = merge_fact(&in->rank, &pmix.rank, in->l, err)))
+            return st;
+    } else if (pmix.rank.var) {
+        in = slurm.rank.var && slurm.rank.v == pmix.rank.v ? &slurm : &pmix;
+    } else if (pmi.rank.var) {
+        bool same = slurm.rank.var && slurm.rank.v == pmi.rank.v &&
+                    (!pmi.size.var || (slurm.size.var && slurm.size.v == pmi.size.v));
+        in = same ? &slurm : &pmi;
+    } else if (slurm.rank.var) {
+        in = &slurm;
+    }
+    if (!in) {
+        env.l = env.rank.var ? DDP_LAUNCHER_ENV : DDP_LAUNCHER_NONE;
+        *out = env;
+        return DDP_OK;
+    }
+    /* A RANK/WORLD_SIZE/LOCAL_* given too (an sbatch script's exports) must say the same. */
+    if ((st = merge_fact(&in->rank, &env.rank, in->l, err)) ||
+        (st = merge_fact(&in->size, &env.size, in->l, err)) ||
+        (st = merge_fact(&in->local_rank, &env.local_rank, in->l, err)) ||
+        (st = merge_fact(&in->local_size, &env.local_size, in->l, err)) ||
+        (st = merge_fact(&in->node, &env.node, in->l, err)))
+        return st;
+    if (!in->size.var)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "%s=%d is set but no variable gives the world's size (%s does not put it "
+                        "in the environment); export WORLD_SIZE, or start through mpirun or srun",
+                        in->rank.var, in->rank.v, ddp_launcher_name(in->l));
+    *out = *in;
+    return DDP_OK;
+}
+
+/* Under srun without MASTER_ADDR / MASTER_PORT: rank 0 runs on the first host of the step's node
+ * list, and the port is derived from the job and step ids (docs/launchers.md), the same on every
+ * rank without any exchange. */
+static ddp_status slurm_master(ddp_world *w, bool addr_set, bool port_set, ddp_error *err)
+{
+    const char *lv = first_set("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST");
+    const char *list = lv ? getenv(lv) : NULL;
+    if (!addr_set) {
+        if (!list)
+            return DDP_OK; /* master_known stays false: the group says what to do */
+        char **hosts;
+        int n;
+        ddp_error e = {0};
+        ddp_status st = ddp__hostlist_expand(list, &hosts, &n, &e);
+        if (st)
+            return ddp__err(err, st, "%s: %s", lv, e.msg);
+        st = env_str(lv, hosts[0], w->master_addr, sizeof w->master_addr, err);
+        ddp__hostlist_free(hosts, n);
+        if (st)
+            return st;
+    }
+    if (!port_set) {
+        long long job = 0, step = 0;
+        const char *sv = first_set("SLURM_STEP_ID", "SLURM_STEPID", NULL);
+        const char *jv = first_set("SLURM_JOB_ID", "SLURM_JOBID", NULL);
+        (void)ddp__parse_int(jv ? getenv(jv) : NULL, 0, LLONG_MAX, &job);
+        (void)ddp__parse_int(sv ? getenv(sv) : NULL, 0, LLONG_MAX, &step);
+        w->master_port = DDP_SLURM_PORT_BASE + (int)(job % 900) * 10 + (int)(step % 10);
+    }
+    w->master_known = true;
+    return DDP_OK;
+}
+
+const char *ddp_launcher_name(ddp_launcher l)
+{
+    switch (l) {
+    case DDP_LAUNCHER_NONE: return "none";
+    case DDP_LAUNCHER_ENV: return "env";
+    case DDP_LAUNCHER_DDPRUN: return "ddprun";
+    case DDP_LAUNCHER_TORCHRUN: return "torchrun";
+    case DDP_LAUNCHER_OMPI: return "mpirun";
+    case DDP_LAUNCHER_PMIX: return "pmix";
+    case DDP_LAUNCHER_PMI: return "pmi";
+    case DDP_LAUNCHER_SLURM: return "srun";
+    }
+    return "unknown";
+}
+
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
 {
     ddp_world w;
@@ -91,37 +319,43 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     strcpy(w.run_id, "none");
     ddp_status st;
 
-    const char *rank = getenv("RANK");
-    w.launched = rank != NULL;
+    view in = {0};
+    if ((st = find_launcher(&in, err)))
+        return st;
+    w.launcher = in.l;
+    w.launched = in.l != DDP_LAUNCHER_NONE;
     if (w.launched) {
-        if (!getenv("WORLD_SIZE"))
+        if (!in.size.var)
             return ddp__err(err, DDP_ERR_INVALID,
                             "RANK is set but WORLD_SIZE is not; set both (or start the program "
                             "through ddprun)");
-        if ((st = env_int("WORLD_SIZE", 1, INT_MAX, &w.world_size, err)) ||
-            (st = env_int("RANK", 0, INT_MAX, &w.rank, err)))
-            return st;
+        w.rank = in.rank.v;
+        w.world_size = in.size.v;
         if (w.rank >= w.world_size)
-            return ddp__err(err, DDP_ERR_INVALID, "RANK=%d is not below WORLD_SIZE=%d", w.rank,
-                            w.world_size);
-        /* Without LOCAL_* a by-hand start is taken as one node holding every rank. */
-        w.local_rank = w.rank;
-        w.local_world_size = w.world_size;
-        if ((st = env_int("LOCAL_RANK", 0, INT_MAX, &w.local_rank, err)) ||
-            (st = env_int("LOCAL_WORLD_SIZE", 1, INT_MAX, &w.local_world_size, err)) ||
-            (st = env_int("GROUP_RANK", 0, INT_MAX, &w.node_rank, err)) ||
-            (st = env_int("MASTER_PORT", 1, 65535, &w.master_port, err)))
-            return st;
+            return ddp__err(err, DDP_ERR_INVALID, "%s=%d is not below %s=%d", in.rank.var, w.rank,
+                            in.size.var, w.world_size);
+        /* Without the local facts, a start is taken as one node holding every rank. */
+        w.local_rank = in.local_rank.var ? in.local_rank.v : w.rank;
+        w.local_world_size = in.local_size.var ? in.local_size.v : w.world_size;
+        w.node_rank = in.node.var ? in.node.v : 0;
+        const char *lr = in.local_rank.var ? in.local_rank.var : "LOCAL_RANK";
+        const char *ls = in.local_size.var ? in.local_size.var : "LOCAL_WORLD_SIZE";
         if (w.local_rank >= w.local_world_size)
-            return ddp__err(err, DDP_ERR_INVALID, "LOCAL_RANK=%d is not below LOCAL_WORLD_SIZE=%d",
-                            w.local_rank, w.local_world_size);
+            return ddp__err(err, DDP_ERR_INVALID, "%s=%d is not below %s=%d", lr, w.local_rank, ls,
+                            w.local_world_size);
         if (w.local_world_size > w.world_size)
-            return ddp__err(err, DDP_ERR_INVALID, "LOCAL_WORLD_SIZE=%d exceeds WORLD_SIZE=%d",
-                            w.local_world_size, w.world_size);
+            return ddp__err(err, DDP_ERR_INVALID, "%s=%d exceeds %s=%d", ls, w.local_world_size,
+                            in.size.var, w.world_size);
+        if ((st = env_int("MASTER_PORT", 1, 65535, &w.master_port, err)))
+            return st;
     }
     const char *v;
-    if ((v = getenv("MASTER_ADDR")) && *v &&
-        (st = env_str("MASTER_ADDR", v, w.master_addr, sizeof w.master_addr, err)))
+    bool addr_set = (v = getenv("MASTER_ADDR")) && *v;
+    if (addr_set && (st = env_str("MASTER_ADDR", v, w.master_addr, sizeof w.master_addr, err)))
+        return st;
+    bool port_set = getenv("MASTER_PORT") != NULL;
+    w.master_known = w.launched && (addr_set || port_set);
+    if (w.launcher == DDP_LAUNCHER_SLURM && (st = slurm_master(&w, addr_set, port_set, err)))
         return st;
     if ((v = env_either("DDP_RUN_ID", "TORCHELASTIC_RUN_ID")) && *v &&
         (st = env_str("DDP_RUN_ID", v, w.run_id, sizeof w.run_id, err)))
