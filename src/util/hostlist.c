@@ -217,18 +217,8 @@ ddp_status ddp__hostlist_expand(const char *list, char ***hosts_out, int *n_out,
     out_list o = {0};
     ddp_status st = DDP_OK;
     size_t len = strlen(list), i = 0;
-    bool after_sep = true; /* at the start, or just after a separator */
     while (i < len) {
-        if (isspace((unsigned char)list[i])) { /* white space only separates */
-            i++;
-            continue;
-        }
-        if (list[i] == ',') {
-            if (after_sep) {
-                st = bad(err, list, "an empty host name", i);
-                goto out_fail;
-            }
-            after_sep = true;
+        if (is_sep(list[i])) { /* empty items are skipped, as Slurm does ("a,,b", "a,") */
             i++;
             continue;
         }
@@ -256,12 +246,10 @@ ddp_status ddp__hostlist_expand(const char *list, char ***hosts_out, int *n_out,
         }
         if ((st = expand_item(list, a, i, &o, err)))
             goto out_fail;
-        after_sep = false;
     }
-    if (o.n == 0 || after_sep) {
-        st = o.n == 0 ? ddp__err(err, DDP_ERR_INVALID,
-                                 "host list '%s' names no host; check SLURM_JOB_NODELIST", list)
-                      : bad(err, list, "a trailing comma", len);
+    if (o.n == 0) {
+        st = ddp__err(err, DDP_ERR_INVALID, "host list '%s' names no host; check %s", list,
+                      "SLURM_JOB_NODELIST");
         goto out_fail;
     }
     *hosts_out = o.v;

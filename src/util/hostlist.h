@@ -18,10 +18,12 @@
  * order: items separated by commas or white space (commas inside brackets belong to the
  * bracket), each item a name with zero or more bracket groups `[a,b-c,…]`; several groups expand
  * as nested loops, the first outermost. A range keeps the width of its first number
- * ("[08-10]" gives 08 09 10; "[8-10]" gives 8 9 10). Bad syntax (an unclosed or nested bracket,
- * an empty item or group, a range whose end is below its start, a non-digit in a group, more than
- * DDP_HOSTLIST_MAX hosts) fails with DDP_ERR_INVALID and a message quoting the list and the
- * place. The caller frees with ddp__hostlist_free(). Outputs written only on DDP_OK. */
+ * ("[08-10]" gives 08 09 10; "[8-10]" gives 8 9 10); empty items are skipped, as Slurm does.
+ * Text after a bracket ("gpu[1-2]-x") is accepted although Slurm 22.05's scontrol refuses it. Bad
+ * syntax (an unclosed or nested bracket, an empty group or element, a range without an end, a range
+ * whose end is below its start, a non-digit in a group, more than DDP_HOSTLIST_MAX hosts) fails
+ * with DDP_ERR_INVALID and a message quoting the list and the place. The caller frees with
+ * ddp__hostlist_free(). Outputs written only on DDP_OK. */
 ddp_status ddp__hostlist_expand(const char *list, char ***hosts_out, int *n_out, ddp_error *err);
 void ddp__hostlist_free(char **hosts, int n);
 
