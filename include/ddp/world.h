@@ -85,7 +85,8 @@ typedef struct ddp_settings {
 typedef struct ddp_world {
     int rank;             /* RANK, 0 ≤ rank < world_size */
     int world_size;       /* WORLD_SIZE */
-    int local_rank;       /* LOCAL_RANK: index among the ranks on this node */
+    int local_rank;       /* LOCAL_RANK: index among the ranks on this node; rank when the
+                             launcher does not say (local_rank_known false) */
     int local_world_size; /* LOCAL_WORLD_SIZE */
     int node_rank;        /* GROUP_RANK (SLURM_NODEID under srun): index of this node; 0 when
                              the launcher does not say (mpirun) */
@@ -99,6 +100,7 @@ typedef struct ddp_world {
     char store_token[128]; /* DDP_STORE_TOKEN; empty when unset */
     bool launched;         /* true when a launcher set the world (launcher != NONE) */
     ddp_launcher launcher; /* which one */
+    bool local_rank_known; /* the launcher stated local_rank (LOCAL_RANK, SLURM_LOCALID, …) */
     bool master_known;     /* MASTER_ADDR/MASTER_PORT were given (or derived from Slurm's node
                               list): a store address every rank agrees on. False under mpirun
                               or PMI without them: only a backend that bootstraps itself (MPI)

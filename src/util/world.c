@@ -336,6 +336,7 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
                             in.size.var, w.world_size);
         /* Without the local facts, a start is taken as one node holding every rank. */
         w.local_rank = in.local_rank.var ? in.local_rank.v : w.rank;
+        w.local_rank_known = in.local_rank.var != NULL;
         w.local_world_size = in.local_size.var ? in.local_size.v : w.world_size;
         w.node_rank = in.node.var ? in.node.v : 0;
         const char *lr = in.local_rank.var ? in.local_rank.var : "LOCAL_RANK";

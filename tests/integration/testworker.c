@@ -9,6 +9,8 @@
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
  *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
  *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
+ *   world DIR              write DIR/world.RANK: the world as ddp_world_from_env() reads it
+ *                          (launcher, rank, sizes, store address), or DIR/world.err.PID and exit 1
  *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
  *   free-port              print a port that was free a moment ago
  *
@@ -155,6 +157,33 @@ static int mode_restart(int argc, char **argv)
     return 0;
 }
 
+static int mode_world(const char *dir)
+{
+    ddp_error err = {0};
+    ddp_world w;
+    char path[4096];
+    if (ddp_world_from_env(&w, &err) != DDP_OK) {
+        snprintf(path, sizeof path, "%s/world.err.%d", dir, (int)getpid());
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%s\n", err.msg);
+            fclose(f);
+        }
+        fprintf(stderr, "world: %s\n", err.msg);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/world.%d", dir, w.rank);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return 1;
+    fprintf(f,
+            "launcher=%s\nrank=%d\nworld_size=%d\nlocal_rank=%d\nlocal_world_size=%d\n"
+            "node_rank=%d\nmaster_addr=%s\nmaster_port=%d\nmaster_known=%d\n",
+            ddp_launcher_name(w.launcher), w.rank, w.world_size, w.local_rank, w.local_world_size,
+            w.node_rank, w.master_addr, w.master_port, (int)w.master_known);
+    return fclose(f) == 0 ? 0 : 1;
+}
+
 static int mode_rendezvous(void)
 {
     ddp_error err = {0};
@@ -231,6 +260,8 @@ int main(int argc, char **argv)
         return mode_restart(argc, argv);
     if (!strcmp(m, "rendezvous"))
         return mode_rendezvous();
+    if (!strcmp(m, "world") && argc > 2)
+        return mode_world(argv[2]);
     if (!strcmp(m, "hold-port") && argc > 3) {
         int bound;
         int fd = listen_on(atoi(argv[2]), &bound);

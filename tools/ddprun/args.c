@@ -48,6 +48,8 @@ static const char usage[] =
     "  --standalone             one node, store on a free loopback port: no port conflicts\n"
     "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
     "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
+    "  (without --master_addr / --master_port, MASTER_ADDR / MASTER_PORT from the environment\n"
+    "  are used, as torchrun does; --standalone ignores them)\n"
     "\n"
     "Failures\n"
     "  --max_restarts N         restart the whole group up to N times after a failure (default 0)\n"
@@ -64,6 +66,12 @@ static const char usage[] =
     "                           3 both; or per local rank, '0:1,1:2'\n"
     "  --tee V                  send streams to the log files and the console (same values)\n"
     "  --no_prefix              do not prefix console lines with '[rankN]: '\n"
+    "\n"
+    "torch.distributed.launch\n"
+    "  --use_env                accepted and changes nothing: LOCAL_RANK is always set\n"
+    "  --pass_local_rank STYLE  also give each worker its local rank as its first argument:\n"
+    "                           underscore: --local_rank=N (torch.distributed.launch before\n"
+    "                           PyTorch 2.0); dash: --local-rank=N (2.0 and later)\n"
     "\n"
     "  -h, --help               this help;  --version  ddpc's version\n"
     "\n"
@@ -224,10 +232,11 @@ static const char *const valued[] = {
     "rdzv_backend",
     "start_method",
     "bind_to",
+    "pass_local_rank",
     NULL,
 };
-static const char *const switches[] = {"standalone", "no_prefix", "help", "version",
-                                       "no_python",  "module",    NULL};
+static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
+                                       "no_python",  "module",    "use_env", NULL};
 
 static int lookup(const char *const *table, const char *name)
 {
@@ -330,6 +339,20 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
             return bad("--bind_to '%s': use auto, core or none", v);
         return 0;
     }
+    if (strcmp(name, "pass_local_rank") == 0) {
+        if (!strcmp(v, "underscore") || !strcmp(v, "--local_rank"))
+            o->pass_local_rank = PASS_LOCAL_RANK_UNDERSCORE;
+        else if (!strcmp(v, "dash") || !strcmp(v, "--local-rank"))
+            o->pass_local_rank = PASS_LOCAL_RANK_DASH;
+        else if (!strcmp(v, "none"))
+            o->pass_local_rank = PASS_LOCAL_RANK_NONE;
+        else
+            return bad("--pass_local_rank '%s': use underscore (--local_rank=N, "
+                       "torch.distributed.launch before PyTorch 2.0), dash (--local-rank=N, 2.0 "
+                       "and later) or none",
+                       v);
+        return 0;
+    }
     if (strcmp(name, "start_method") == 0)
         return 0; /* workers are always fork+exec: there is no interpreter to spawn */
     double *dst = strcmp(name, "monitor_interval") == 0 ? &o->monitor_interval
@@ -356,6 +379,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     o->bind = BIND_NONE;
     snprintf(o->role, sizeof o->role, "default");
     bool port_set = false;
+    bool addr_flag = false;
+    long port_env;
 
     int i = 1;
     for (; i < argc; i++) {
@@ -397,6 +422,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                            name);
             if (strcmp(name, "standalone") == 0)
                 o->standalone = true;
+            else if (strcmp(name, "use_env") == 0)
+                o->use_env = true;
             else
                 o->no_prefix = true;
             continue;
@@ -408,10 +435,31 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
             return bad("flag '--%s' needs a value", name);
         if (apply_value(o, name, v, &port_set) != 0)
             return -1;
+        addr_flag = addr_flag || !strcmp(name, "master_addr") || !strcmp(name, "rdzv_endpoint");
     }
     if (i >= argc)
         return bad("no program to run: 'ddprun [flags] PROGRAM [ARGS...]'");
     o->argv = argv + i;
+    if (o->use_env && o->pass_local_rank != PASS_LOCAL_RANK_NONE)
+        return bad("--use_env says the program reads LOCAL_RANK from its environment, "
+                   "--pass_local_rank gives it as an argument: choose one");
+
+    /* As torchrun: MASTER_ADDR / MASTER_PORT from our own environment when the flags are absent
+     * (flag > environment > default); --standalone picks its own and ignores them. */
+    const char *ev;
+    if (!o->standalone && !addr_flag && (ev = getenv("MASTER_ADDR")) && *ev) {
+        if (strlen(ev) >= sizeof o->master_addr)
+            return bad("MASTER_ADDR in the environment is longer than %zu characters",
+                       sizeof o->master_addr - 1);
+        snprintf(o->master_addr, sizeof o->master_addr, "%s", ev);
+    }
+    if (!o->standalone && !port_set && (ev = getenv("MASTER_PORT")) && *ev) {
+        if (!parse_long(ev, 1, 65535, &port_env))
+            return bad("MASTER_PORT='%s' in the environment is not a port number (1-65535); "
+                       "unset it or pass --master_port",
+                       ev);
+        o->master_port = (int)port_env;
+    }
 
     if (o->standalone) {
         if (o->nnodes != 1)

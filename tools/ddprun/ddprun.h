@@ -20,6 +20,10 @@
 
 #define DDPRUN_MAX_NPROC 1024
 
+/* --pass_local_rank: none, --local_rank=N (torch.distributed.launch before PyTorch 2.0), or
+ * --local-rank=N (2.0 and later) */
+enum { PASS_LOCAL_RANK_NONE, PASS_LOCAL_RANK_UNDERSCORE, PASS_LOCAL_RANK_DASH };
+
 /* --bind_to */
 enum { BIND_AUTO, BIND_CORE, BIND_NONE };
 
@@ -45,10 +49,12 @@ typedef struct ddprun_opts {
     char run_id[128];
     bool run_id_set;
     char role[64];
-    bool prefix;    /* prefix console lines with the rank (default when world > 1) */
-    bool no_prefix; /* --no_prefix */
-    int bind;       /* BIND_*: pin workers to cores */
-    char **argv;    /* the program and its arguments, untouched */
+    bool prefix;         /* prefix console lines with the rank (default when world > 1) */
+    bool no_prefix;      /* --no_prefix */
+    int bind;            /* BIND_*: pin workers to cores */
+    int pass_local_rank; /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
+    bool use_env;        /* --use_env: accepted, changes nothing (the environment is always set) */
+    char **argv;         /* the program and its arguments, untouched */
 } ddprun_opts;
 
 /* Parses argv. Returns 0 to run, 1 when --help/--version was printed (exit 0), -1 after printing

@@ -177,8 +177,25 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         return -1;
     }
     char **env = build_env(o, wd, w);
-    if (!env) {
+    /* --pass_local_rank: torch.distributed.launch's argument, right after the program. */
+    char lr_arg[64];
+    char **args = o->argv;
+    if (env && o->pass_local_rank) {
+        int n = 0;
+        while (o->argv[n])
+            n++;
+        if ((args = calloc((size_t)n + 2, sizeof *args))) {
+            snprintf(lr_arg, sizeof lr_arg, "--local%srank=%d",
+                     o->pass_local_rank == PASS_LOCAL_RANK_DASH ? "-" : "_", w->local_rank);
+            args[0] = o->argv[0];
+            args[1] = lr_arg;
+            memcpy(args + 2, o->argv + 1, sizeof *args * (size_t)n); /* with the NULL */
+        }
+    }
+    if (!env || !args) {
         ddprun_say("out of memory preparing the environment of rank %d", w->rank);
+        if (env)
+            free_env(env);
         return -1;
     }
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, execp[2] = {-1, -1};
@@ -227,7 +244,7 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
             dup2(outp[1], STDOUT_FILENO);
             dup2(errp[1], STDERR_FILENO);
         }
-        execve(path, o->argv, env);
+        execve(path, args, env);
         int e = errno;
         ssize_t k = write(execp[1], &e, sizeof e);
         (void)k;
@@ -268,6 +285,8 @@ out_close:
             close(execp[i]);
     }
     free_env(env);
+    if (args != o->argv)
+        free(args);
     return rc;
 }
 

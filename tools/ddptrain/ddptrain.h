@@ -25,7 +25,8 @@
 
 typedef struct trainer {
     ddp_config *cfg;
-    ddp_world world; /* the environment, read once: who runs, and the DDP_* settings */
+    ddp_world world;    /* the environment, read once: who runs, and the DDP_* settings */
+    int local_rank_arg; /* --local_rank N (torch.distributed.launch), -1 when not given */
     ddp_group *g;
     int W, R;    /* world size and rank */
     int B;       /* batch_size: samples per rank per micro-step (the model's max_batch) */

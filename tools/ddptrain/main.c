@@ -195,6 +195,26 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
         return 1;
     }
     t->R = t->world.rank;
+    if (t->local_rank_arg >= 0) {
+        /* --local_rank: checked against the launcher's LOCAL_RANK, or taken where the launcher
+         * gave none (torch.distributed.launch without --use_env sets RANK but not LOCAL_RANK). */
+        ddp_world *w = &t->world;
+        if (w->local_rank_known && w->local_rank != t->local_rank_arg) {
+            fprintf(stderr,
+                    "ddptrain: --local_rank %d but the launcher (%s) says local rank %d; drop "
+                    "the flag or start with the launcher's own value\n",
+                    t->local_rank_arg, ddp_launcher_name(w->launcher), w->local_rank);
+            return 1;
+        }
+        if (t->local_rank_arg >= w->local_world_size) {
+            fprintf(stderr, "ddptrain: --local_rank %d is not below the %d rank%s on this node%s\n",
+                    t->local_rank_arg, w->local_world_size, w->local_world_size == 1 ? "" : "s",
+                    w->launched ? "" : " (no launcher started this process: a world of one)");
+            return 1;
+        }
+        w->local_rank = t->local_rank_arg;
+        w->local_rank_known = true;
+    }
     if (strcmp(ddp_config_str(t->cfg, "task"), "train") != 0 &&
         ((rc = join(t)) || (rc = trainer_config_from_checkpoint(t))))
         return rc;
@@ -252,6 +272,7 @@ int main(int argc, char **argv)
 {
     trainer t;
     memset(&t, 0, sizeof t);
+    t.local_rank_arg = -1;
     const char *cfg_path = NULL;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     int nrest = 0;
@@ -260,6 +281,23 @@ int main(int argc, char **argv)
             trainer_print_help(stdout);
             free(rest);
             return 0;
+        }
+        /* torch.distributed.launch's --local_rank=N (before PyTorch 2.0) / --local-rank=N. */
+        const char *lr = NULL;
+        if ((!strcmp(argv[i], "--local_rank") || !strcmp(argv[i], "--local-rank")) && i + 1 < argc)
+            lr = argv[++i];
+        else if (!strncmp(argv[i], "--local_rank=", 13) || !strncmp(argv[i], "--local-rank=", 13))
+            lr = argv[i] + 13;
+        if (lr) {
+            char *end;
+            long v = strtol(lr, &end, 10);
+            if (!*lr || *end || v < 0 || v > 1 << 20) {
+                fprintf(stderr, "ddptrain: --local_rank '%s' is not a number ≥ 0\n", lr);
+                free(rest);
+                return 2;
+            }
+            t.local_rank_arg = (int)v;
+            continue;
         }
         if (!strcmp(argv[i], "--config") && i + 1 < argc)
             cfg_path = argv[++i];
