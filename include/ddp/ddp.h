@@ -17,6 +17,7 @@
 #include "ddp/optim.h"
 #include "ddp/reducer.h"
 #include "ddp/sampler.h"
+#include "ddp/spawn.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
 #include "ddp/tb.h"
