@@ -15,7 +15,8 @@
  * All-or-nothing, as ddprun: when one worker fails (a nonzero return, an exit, a signal), the
  * others get SIGTERM, then SIGKILL after the grace period; the call returns once every worker
  * and the store are gone. Nothing outlives the call: workers die with the caller
- * (PR_SET_PDEATHSIG), and the group's shared memory is unlinked as soon as it is mapped.
+ * (PR_SET_PDEATHSIG), the group's shared memory is unlinked as soon as it is mapped, and a
+ * segment that a worker stopped in the middle of a group's set-up left in /dev/shm is removed.
  *
  * Not thread-safe: call it from one thread; fork copies only the calling thread, so the caller
  * should not hold locks other threads need (as with any fork without exec). Linux only.

@@ -11,6 +11,7 @@
  * dies. Deliberately not here: restarts, output prefixes, pinning (ddprun has them).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -185,6 +186,32 @@ static int set_contract(int rank, int n, int port, const char *run_id, const cha
         if (setenv(kv[i][0], kv[i][1], 1) != 0)
             return -1;
     return 0;
+}
+
+/* Removes shared memory of this run that a worker stopped while setting up a group left behind
+ * (after set-up the shm backend unlinks its segment itself, src/group/shm/shm.c, which names it
+ * /dev/shm/ddp-<run_id cut to 40>-<pid of its creator>-…). Only names our workers made. As
+ * ddprun's agent does after a failed attempt. */
+static void remove_leftover_segments(const char *run_id, const pid_t *pids, int n)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        bool ours = false;
+        for (int i = 0; i < n && !ours; i++) {
+            char prefix[160];
+            snprintf(prefix, sizeof prefix, "ddp-%.40s-%d-", run_id, (int)pids[i]);
+            ours = pids[i] > 0 && strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+        }
+        if (!ours)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        unlink(path);
+    }
+    closedir(d);
 }
 
 static void describe(int status, char *buf, size_t cap)
@@ -377,6 +404,8 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
         }
     }
     store_stop(&sp);
+    if (st != DDP_OK)
+        remove_leftover_segments(run_id, pids, started);
     if (result)
         *result = res;
 out_free:
