@@ -14,6 +14,10 @@
  *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
  *   free-port              print a port that was free a moment ago
  *
+ * A first argument --local_rank=N or --local-rank=N (ddprun --pass_local_rank, as
+ * torch.distributed.launch gave it) is taken off before the mode and written by `env` as
+ * LOCAL_RANK_ARG=--local_rank=N.
+ *
  * Pid files: DIR/pid.RANK (the worker) and DIR/child.RANK (a grandchild in its process group),
  * so a test can check that nothing survives.
  */
@@ -72,6 +76,8 @@ static void record_pids(const char *dir)
     write_file(dir, "pid", (long)getpid());
 }
 
+static const char *local_rank_arg = "<none>"; /* --local_rank=N given before the mode */
+
 static int mode_env(int argc, char **argv)
 {
     if (argc < 3)
@@ -93,6 +99,7 @@ static int mode_env(int argc, char **argv)
     }
     for (int i = 3; i < argc; i++)
         fprintf(f, "ARG%d=%s\n", i - 3, argv[i]);
+    fprintf(f, "LOCAL_RANK_ARG=%s\n", local_rank_arg);
     cpu_set_t set; /* the cores this worker may run on, "0,1" */
     fprintf(f, "CPUS=");
     if (sched_getaffinity(0, sizeof set, &set) == 0)
@@ -241,6 +248,13 @@ static int listen_on(int port, int *bound)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 &&
+        (!strncmp(argv[1], "--local_rank=", 13) || !strncmp(argv[1], "--local-rank=", 13))) {
+        local_rank_arg = argv[1];
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     if (argc < 2) {
         fprintf(stderr, "usage: testworker MODE ...\n");
         return 2;
