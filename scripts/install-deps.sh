@@ -3,7 +3,8 @@
 # libFuzzer runtime for scripts/fuzz.sh; python3-venv for scripts/tb-venv.sh; chromium, headless, for
 # the report's screenshot test), the Fashion-MNIST data,
 # the fortune texts (the default language-model job),
-# and the peers our benchmarks compare against (Open MPI, PyTorch). Idempotent: packages already
+# and the peers our benchmarks compare against (Open MPI, PyTorch); a single-node Slurm (slurmctld,
+# slurmd, munge) that integration.slurm starts itself to run `srun -n 2`. Idempotent: packages already
 # present are skipped, so a second run makes no network calls. Works as root or through sudo.
 set -euo pipefail
 
@@ -15,6 +16,7 @@ packages=(
     openmpi-bin libopenmpi-dev
     python3 python3-torch
     procps iproute2 util-linux
+    slurmctld slurmd slurm-client munge
 )
 
 missing=()
