@@ -370,7 +370,12 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     if ((st = env_int(rc, 0, INT_MAX, &w.restart_count, err)) ||
         (st = env_int(mr, 0, INT_MAX, &w.max_restarts, err)))
         return st;
-    w.agent_store = w.launched && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
+    /* Only ddprun's contract can say that ddprun hosts the store: under mpirun or srun a
+     * DDP_AGENT_STORE inherited from elsewhere would send rank 0 looking for a store nobody runs.
+     */
+    bool rank_based = w.launcher == DDP_LAUNCHER_ENV || w.launcher == DDP_LAUNCHER_DDPRUN ||
+                      w.launcher == DDP_LAUNCHER_TORCHRUN;
+    w.agent_store = rank_based && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
     if ((st = settings_from_env(&w.settings, err)))
         return st;
     *out = w;

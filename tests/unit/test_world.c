@@ -369,6 +369,9 @@ static void ompi_world(void **state)
     assert_int_equal(w.node_rank, 0);
     assert_false(w.master_known);
     assert_false(w.agent_store);
+    setenv("DDP_AGENT_STORE", "1", 1); /* stale, from some outer ddprun: not mpirun's */
+    assert_false(world_ok().agent_store);
+    unsetenv("DDP_AGENT_STORE");
     /* Without a store address and without MPI, nothing can bring this world up: say so. */
     ddp_store *s = NULL;
     ddp_error err = {0};
