@@ -35,7 +35,9 @@ extern "C" {
 
 /* A worker's body. w is the worker's world (rank, sizes, store), valid for the call; arg is
  * ddp_spawn's, shared copy-on-write with the caller (writes are not seen by the caller). Returns
- * the worker's exit code: 0 for success; a value whose low 8 bits are 0 (256) counts as 1. */
+ * the worker's exit code: 0 for success; a value whose low 8 bits are 0 (256) counts as 1. The
+ * worker ends with _exit() after flushing stdio, so the caller's atexit handlers do not run in
+ * it; fn should return rather than call exit(). Signals start unblocked, SIGTERM at its default. */
 typedef int (*ddp_spawn_fn)(const ddp_world *w, void *arg);
 
 typedef struct ddp_spawn_opts {

@@ -297,6 +297,10 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
             if (getppid() != parent)
                 _exit(127); /* the caller died before we got here */
             close(sp.ctl);  /* only the caller may keep the store alive */
+            /* The stop must work even if the caller blocks or ignores SIGTERM (a signalfd). */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
             signal(SIGTERM, SIG_DFL);
             int rc = 125;
             ddp_world w;
