@@ -13,7 +13,10 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/ddptest.XXXXXX")
 BG_PIDS=()
 CLEANUP_GLOBS=() # files outside $T a test creates (e.g. in /dev/shm), removed on any exit
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS DDP_STORE_TOKEN RANK WORLD_SIZE LOCAL_RANK \
-    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE \
+    TORCHELASTIC_RUN_ID PMIX_RANK PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
+# Other launchers' variables (tests started by srun or mpirun must not see a world of several).
+for v in $(compgen -v | grep -E '^(OMPI_COMM_WORLD_|SLURM_)' || true); do unset "$v"; done
 
 fail() {
     echo "FAIL: $*" >&2
