@@ -5,12 +5,15 @@
  * its name, a usable() predicate over where the members run, and create(). The table below lists
  * them in auto's order of preference: auto takes the first usable one, so shm when every rank is
  * on one host, shm+tcp across hosts that hold the same number of contiguous ranks, else tcp,
- * which runs anywhere. A name picks its entry directly and fails, saying why, when that backend
- * cannot run the group; an unknown name lists the known ones.
- * Not here: the backends themselves, and learning where the ranks run (the core, group.c, gathers
- * every rank's host id through the store before it asks).
+ * which runs anywhere. Under mpirun (set-up through MPI, no store), the MPI family stands in for
+ * tcp: shm on one host, shm+mpi across regular hosts, else mpi; the store's backends then say
+ * they need a store, and under ddprun the MPI ones say they need mpirun. A name picks its entry
+ * directly and fails, saying why, when that backend cannot run the group; an unknown name lists the
+ * known ones. Not here: the backends themselves, and learning where the ranks run (the core,
+ * group.c, gathers every rank's host id through the store before it asks).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "group/group_int.h"
@@ -19,7 +22,13 @@
 /* Auto's order of preference. */
 static const ddp__backend *const registry[] = {
     &ddp__shm_backend,
+#ifdef DDP_HAVE_MPI
+    &ddp__hier_mpi_backend,
+#endif
     &ddp__hier_backend,
+#ifdef DDP_HAVE_MPI
+    &ddp__mpi_backend,
+#endif
     &ddp__tcp_backend,
 };
 #define NREGISTRY (sizeof registry / sizeof registry[0])
@@ -84,4 +93,43 @@ ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
             return DDP_OK;
         }
     return ddp__err(err, DDP_ERR_INVALID, "backend 'auto': no backend can run this group");
+}
+
+ddp_status ddp__setup_bcast(const ddp__setup *s, const char *name, void *buf, size_t len,
+                            ddp_error *err)
+{
+    if (s->mpi)
+        return ddp__mpi_boot_bcast(s->mpi, s->m.ranks, s->m.n, s->m.me, buf, len, err);
+    char key[256];
+    ddp__fmt(key, sizeof key, "%s/%s", s->m.prefix, name);
+    if (s->m.me == 0) {
+        if (ddp_store_set(s->store, key, buf, len) != DDP_OK)
+            return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(s->store));
+        return DDP_OK;
+    }
+    void *v = NULL;
+    size_t got = 0;
+    ddp_store_set_timeout(s->store, s->timeout_ms);
+    if (ddp_store_get(s->store, key, &v, &got) != DDP_OK)
+        return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(s->store));
+    ddp_status st = DDP_OK;
+    if (got != len)
+        st = ddp__err(err, DDP_ERR_PROTOCOL, "set-up key '%s' holds %zu bytes, expected %zu", key,
+                      got, len);
+    else
+        memcpy(buf, v, len);
+    free(v);
+    return st;
+}
+
+ddp_status ddp__setup_barrier(const ddp__setup *s, const char *name, ddp_error *err)
+{
+    if (s->mpi)
+        return ddp__mpi_boot_barrier(s->mpi, s->m.ranks, s->m.n, s->m.me, err);
+    char key[256];
+    ddp__fmt(key, sizeof key, "%s/%s", s->m.prefix, name);
+    ddp_store_set_timeout(s->store, s->timeout_ms);
+    if (ddp_store_barrier(s->store, key, s->m.n) != DDP_OK)
+        return ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(s->store));
+    return DDP_OK;
 }

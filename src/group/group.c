@@ -41,6 +41,7 @@ struct ddp_group {
     ddp_world world;
     ddp_store *store;
     bool own_store;
+    ddp__mpi_boot *mpi; /* set-up went through MPI (mpirun): no store */
     void *be;
     const ddp__backend_ops *ops;
     const char *backend; /* the registry entry's name (static) */
@@ -533,6 +534,13 @@ void ddp_group_destroy(ddp_group *g)
     }
     if (g->ops)
         g->ops->destroy(g->be);
+    /* MPI: finalised by the last group when the library initialised it. After a failure that may
+     * leave a collective unfinished or a peer waiting (a timeout, an abort, a lost peer) the job
+     * is ended instead (boot.c says why); DDP_ERR_INVALID (mismatched collectives or buffers)
+     * fails every rank alike, and they can still finalise together. */
+    ddp_status gst = (ddp_status)atomic_load(&g->error);
+    if (g->mpi)
+        ddp__mpi_boot_close(g->mpi, gst != DDP_OK && gst != DDP_ERR_INVALID ? g->errmsg : NULL);
     if (g->own_store)
         ddp_store_close(g->store);
     pthread_mutex_destroy(&g->mu);
@@ -558,6 +566,34 @@ static ddp_status gather_hosts(ddp_group *g, const char *host, char **hosts, ddp
         hosts[r] = v;
     }
     return DDP_OK;
+}
+
+/* The same through MPI (the job was started by mpirun: there is no store). */
+static ddp_status gather_hosts_mpi(ddp_group *g, const char *host, char **hosts, ddp_error *err)
+{
+    enum { LEN = 256 };
+    int W = g->world.world_size;
+    char mine[LEN] = {0};
+    ddp__fmt(mine, sizeof mine, "%s", host);
+    char *all = malloc((size_t)W * LEN);
+    if (!all)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
+    ddp_status st = ddp__mpi_boot_allgather(g->mpi, mine, all, LEN, err);
+    for (int r = 0; st == DDP_OK && r < W; r++) {
+        all[(size_t)r * LEN + LEN - 1] = '\0';
+        if (!(hosts[r] = strdup(all + (size_t)r * LEN)))
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
+    }
+    free(all);
+    return st;
+}
+
+/* Whether Open MPI's mpirun set the world: then set-up can go through MPI. Under srun the world
+ * meets through the store (docs/launchers.md): Open MPI under srun needs Slurm's PMIx plugin,
+ * which is not exercised here. */
+static bool started_by_mpi(const ddp_world *w)
+{
+    return w->launcher == DDP_LAUNCHER_OMPI;
 }
 
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err)
@@ -599,27 +635,37 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     if ((st = ddp__backend_lookup(opts->backend ? opts->backend : set->backend, &named, err)))
         goto out_fail;
 
-    /* The store: borrowed, or the job's. Set-up waits are bounded by the group's timeout but
-     * at most 5 minutes (a missing rank at start-up should not take 30 minutes to report). */
+    /* Set-up meets the peers through MPI when mpirun started the job (and a backend that needs
+     * the store was not asked for), else through the store: borrowed, or the job's. Set-up waits
+     * are bounded by the group's timeout but at most 5 minutes (a missing rank at start-up should
+     * not take 30 minutes to report). */
     int setup_ms = g->timeout_ms < 300000 ? g->timeout_ms : 300000;
-    if (opts->store) {
-        g->store = opts->store;
-    } else {
-        if ((st = ddp_store_open_world(&g->world, setup_ms, &g->store, err)))
+    bool via_mpi = !opts->store && started_by_mpi(&g->world) && ddp__mpi_built() &&
+                   (!named || named->boot != DDP__BOOT_STORE);
+    if (via_mpi) {
+        if ((st = ddp__mpi_boot_open(g->world.rank, W, setup_ms, &g->mpi, err)))
             goto out_fail;
-        g->own_store = true;
-    }
-    ddp_store_set_timeout(g->store, setup_ms);
+        ddp__fmt(g->prefix, sizeof g->prefix, "ddp/mpi%d", ddp__mpi_boot_index(g->mpi));
+    } else {
+        if (opts->store) {
+            g->store = opts->store;
+        } else {
+            if ((st = ddp_store_open_world(&g->world, setup_ms, &g->store, err)))
+                goto out_fail;
+            g->own_store = true;
+        }
+        ddp_store_set_timeout(g->store, setup_ms);
 
-    /* A fresh key prefix per group: the k-th group made by each rank is the same group. */
-    char key[128];
-    ddp__fmt(key, sizeof key, "ddp/groups/%d", g->world.rank);
-    int64_t k;
-    if (ddp_store_add(g->store, key, 1, &k) != DDP_OK) {
-        st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
-        goto out_fail;
+        /* A fresh key prefix per group: the k-th group made by each rank is the same group. */
+        char key[128];
+        ddp__fmt(key, sizeof key, "ddp/groups/%d", g->world.rank);
+        int64_t k;
+        if (ddp_store_add(g->store, key, 1, &k) != DDP_OK) {
+            st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
+            goto out_fail;
+        }
+        ddp__fmt(g->prefix, sizeof g->prefix, "ddp/g%lld", (long long)k);
     }
-    ddp__fmt(g->prefix, sizeof g->prefix, "ddp/g%lld", (long long)k);
 
     /* Where the ranks run: every rank's host id. */
     char host[256];
@@ -638,7 +684,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     }
     for (int r = 0; r < W; r++)
         g->ranks[r] = r;
-    if ((st = gather_hosts(g, host, hosts, err)))
+    if ((st = g->mpi ? gather_hosts_mpi(g, host, hosts, err) : gather_hosts(g, host, hosts, err)))
         goto out_fail;
 
     /* The backend: the one named, or auto's choice for this placement (backends.c). */
@@ -654,7 +700,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .timeout_ms = setup_ms,
                     .arena_bytes = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA,
                     .host_cores = g->host_cores,
-                    .shm_flush = set->shm_flush};
+                    .shm_flush = set->shm_flush,
+                    .mpi = g->mpi};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))
@@ -672,6 +719,13 @@ out_fail:
             free(hosts[r]);
     free(hosts);
     g->ops = NULL;
+    /* Under MPI, a set-up step that timed out or broke leaves MPI requests that cannot be
+     * cancelled: destroying the group then ends the job, after saying why (boot.c). Errors every
+     * rank reaches alike (a backend that cannot run here) let MPI finalise normally. */
+    if (g->mpi && (st == DDP_ERR_TIMEOUT || st == DDP_ERR_NETWORK)) {
+        ddp__fmt(g->errmsg, sizeof g->errmsg, "%s", err ? err->msg : ddp_status_str(st));
+        atomic_store(&g->error, st);
+    }
     ddp_group_destroy(g);
     return st;
 }

@@ -9,8 +9,13 @@
  * hierarchical backend can run shm among the ranks of a host and tcp among hosts.
  *
  * Where the code lives: the core in group.c, the registry and auto's choice in backends.c, each
- * backend in its own folder (shm/, tcp/, hier/; later nccl/, mpi/), which exports one
+ * backend in its own folder (shm/, tcp/, hier/, mpi/; later nccl/), which exports one
  * ddp__backend entry and keeps everything else to itself.
+ *
+ * Set-up meets the peers in one of two ways: through the rendezvous store (ddprun, torchrun), or,
+ * for a job started by mpirun, through MPI itself (mpi/boot.c), with no store at all. A backend
+ * that only needs to share a few bytes while it is created (shm) goes through ddp__setup_bcast()
+ * and ddp__setup_barrier(), which work either way.
  */
 #ifndef DDP_GROUP_INT_H
 #define DDP_GROUP_INT_H
@@ -128,18 +133,35 @@ typedef struct ddp__backend_ops {
 /* Everything a backend is created from. The core fills one for the whole group; hier narrows
  * copies of it for the shm and tcp backends it is made of. */
 typedef struct ddp__setup {
-    ddp__members m;           /* who takes part */
-    const char *const *hosts; /* (m.n,) each member's host id (hostname or DDP_HOST_ID) */
-    int nhosts;               /* distinct hosts among the members */
-    int per_host;             /* members per host when every host holds the same number and each
-                                 host's members are contiguous (what ddprun gives); else 0 */
-    ddp_store *store;         /* borrowed by create() for set-up only */
-    int timeout_ms;           /* bounds set-up */
-    size_t arena_bytes;       /* per member, for ops->alloc (shm) */
-    int host_cores;           /* the cores this host's ranks share (shm spins only if it fits) */
-    const char *shm_flush;    /* shm's eviction of far peers' lines: "auto", "always" or "never";
-                                 NULL or "": auto */
+    ddp__members m;            /* who takes part */
+    const char *const *hosts;  /* (m.n,) each member's host id (hostname or DDP_HOST_ID) */
+    int nhosts;                /* distinct hosts among the members */
+    int per_host;              /* members per host when every host holds the same number and each
+                                  host's members are contiguous (what ddprun gives); else 0 */
+    ddp_store *store;          /* borrowed by create() for set-up only */
+    int timeout_ms;            /* bounds set-up */
+    size_t arena_bytes;        /* per member, for ops->alloc (shm) */
+    int host_cores;            /* the cores this host's ranks share (shm spins only if it fits) */
+    const char *shm_flush;     /* shm's eviction of far peers' lines: "auto", "always" or "never";
+                                  NULL or "": auto */
+    struct ddp__mpi_boot *mpi; /* the job's MPI (mpi/boot.c) when set-up goes through MPI rather
+                                  than the store; then store is NULL. NULL otherwise */
 } ddp__setup;
+
+/* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this
+ * backend's set-up steps). Through the store (key "<prefix>/<name>") or MPI, bounded by
+ * s->timeout_ms. */
+ddp_status ddp__setup_bcast(const ddp__setup *s, const char *name, void *buf, size_t len,
+                            ddp_error *err);
+/* During create(): returns once every member has called it with the same name. */
+ddp_status ddp__setup_barrier(const ddp__setup *s, const char *name, ddp_error *err);
+
+/* How a backend's members meet during create(). */
+typedef enum ddp__boot_kind {
+    DDP__BOOT_ANY,   /* through ddp__setup_bcast/barrier only: either way (shm) */
+    DDP__BOOT_STORE, /* needs the rendezvous store (tcp, shm+tcp) */
+    DDP__BOOT_MPI,   /* needs MPI (mpi, shm+mpi) */
+} ddp__boot_kind;
 
 /* A backend as the registry lists it. Adding one (nccl, mpi, …) is a folder under src/group with
  * one of these, and a line in backends.c's table, whose order is auto's preference. */
@@ -153,11 +175,44 @@ typedef struct ddp__backend {
      * written only on DDP_OK. */
     ddp_status (*create)(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
                          ddp_error *err);
+    ddp__boot_kind boot; /* what set-up it needs: the core boots through MPI only when it may */
 } ddp__backend;
 
 extern const ddp__backend ddp__shm_backend;  /* shm/shm.c: ranks on one host */
 extern const ddp__backend ddp__hier_backend; /* hier/hier.c: shm within hosts, tcp among them */
 extern const ddp__backend ddp__tcp_backend;  /* tcp/setup.c: any placement */
+#ifdef DDP_HAVE_MPI
+extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
+extern const ddp__backend ddp__hier_mpi_backend; /* hier/hier.c: shm within hosts, mpi among them */
+#endif
+
+/* ---- MPI set-up (mpi/boot.c; without DDP_HAVE_MPI, stubs that say it is not built) ----------- */
+
+typedef struct ddp__mpi_boot ddp__mpi_boot;
+
+/* Whether this library was built with the MPI backend. */
+bool ddp__mpi_built(void);
+/* Joins the job's MPI: initialises MPI unless the program already did (then it is the program's
+ * to finalise), checks that MPI's rank and size are the world's, and bounds every later set-up
+ * step by timeout_ms. *out written only on DDP_OK. */
+ddp_status ddp__mpi_boot_open(int rank, int world_size, int timeout_ms, ddp__mpi_boot **out,
+                              ddp_error *err);
+/* Every rank's len bytes (mine) into all (world_size × len), in rank order. */
+ddp_status ddp__mpi_boot_allgather(ddp__mpi_boot *b, const void *mine, void *all, size_t len,
+                                   ddp_error *err);
+/* Among the global ranks ranks[0..n) (me is my index): member 0's len bytes in buf to every
+ * member's buf; a barrier. Both bounded by the boot's timeout. */
+ddp_status ddp__mpi_boot_bcast(ddp__mpi_boot *b, const int *ranks, int n, int me, void *buf,
+                               size_t len, ddp_error *err);
+ddp_status ddp__mpi_boot_barrier(ddp__mpi_boot *b, const int *ranks, int n, int me, ddp_error *err);
+/* Which group of this process this is (0, 1, …): the same on every rank. */
+int ddp__mpi_boot_index(const ddp__mpi_boot *b);
+/* Leaves: when this was the last group on MPI that the library initialised, waits (bounded) for
+ * every rank and finalises MPI. failed (non-NULL: why, one line) when the group failed (a
+ * collective that never completed, an abort): prints why and ends the whole job with MPI_Abort
+ * instead, since MPI cannot cancel a collective nor finalise without every rank; on MPI the
+ * program initialised, leaves that to the program. NULL b is a no-op. */
+void ddp__mpi_boot_close(ddp__mpi_boot *b, const char *failed);
 
 /* Fills s->nhosts and s->per_host from s->hosts and s->m.n. */
 void ddp__setup_place(ddp__setup *s);

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,20 +15,32 @@
 
 #include "group/group_int.h"
 
-/* A setup of n members on the hosts named in hosts (one string per member). */
+/* Stand-ins for how set-up meets: usable() only asks whether there is a store or MPI. */
+static int fake;
+#define SOME_STORE ((ddp_store *)&fake)
+#define SOME_MPI ((struct ddp__mpi_boot *)&fake)
+
+/* A setup of n members on the hosts named in hosts (one string per member), through the store. */
 static ddp__setup placed(const char *const *hosts, int n)
 {
     ddp__setup s;
     memset(&s, 0, sizeof s);
     s.m.n = n;
     s.hosts = hosts;
+    s.store = SOME_STORE;
     ddp__setup_place(&s);
     return s;
 }
 
+static bool via_mpi; /* pick() sets up through MPI (mpirun) instead of the store */
+
 static const char *pick(const char *want, const char *const *hosts, int n, ddp_error *err)
 {
     ddp__setup s = placed(hosts, n);
+    if (via_mpi) {
+        s.store = NULL;
+        s.mpi = SOME_MPI;
+    }
     const ddp__backend *named = NULL, *chosen = NULL;
     if (ddp__backend_lookup(want, &named, err) != DDP_OK)
         return NULL;
@@ -104,7 +117,48 @@ static void named_choice(void **state)
 
     assert_null(pick("nccl", one, 2, &err));
     assert_int_equal(err.status, DDP_ERR_INVALID);
+#ifdef DDP_HAVE_MPI
+    assert_string_equal(err.msg,
+                        "unknown backend 'nccl': use auto, shm, shm+mpi, shm+tcp, mpi or tcp");
+    /* Under ddprun (the store) the MPI backends say what they need. */
+    assert_null(pick("mpi", one, 2, &err));
+    assert_non_null(strstr(err.msg, "backend 'mpi' needs processes started by an MPI launcher"));
+    assert_null(pick("shm+mpi", two_by_two, 4, &err));
+    assert_non_null(strstr(err.msg, "backend 'shm+mpi' needs processes started by an MPI"));
+#else
     assert_string_equal(err.msg, "unknown backend 'nccl': use auto, shm, shm+tcp or tcp");
+#endif
+}
+
+/* Set up through MPI (mpirun, no store): auto takes shm on one host, shm+mpi across regular
+ * hosts, mpi otherwise; the store's backends say they need a store. */
+static void mpi_choice(void **state)
+{
+    (void)state;
+#ifdef DDP_HAVE_MPI
+    static const char *const one[] = {"a", "a"};
+    static const char *const two_by_two[] = {"a", "a", "b", "b"};
+    static const char *const uneven[] = {"a", "a", "b"};
+    static const char *const interleaved[] = {"a", "b", "a", "b"};
+    ddp_error err = {0};
+    via_mpi = true;
+    assert_string_equal(pick("auto", one, 2, &err), "shm");
+    assert_string_equal(pick("auto", two_by_two, 4, &err), "shm+mpi");
+    assert_string_equal(pick("auto", uneven, 3, &err), "mpi");
+    assert_string_equal(pick("auto", interleaved, 4, &err), "mpi");
+    assert_string_equal(pick("mpi", one, 2, &err), "mpi");
+    assert_string_equal(pick("mpi", two_by_two, 4, &err), "mpi");
+    assert_string_equal(pick("shm", one, 2, &err), "shm");
+    assert_null(pick("tcp", one, 2, &err));
+    assert_non_null(strstr(err.msg, "backend 'tcp' needs the rendezvous store"));
+    assert_null(pick("shm+tcp", two_by_two, 4, &err));
+    assert_non_null(strstr(err.msg, "backend 'shm+tcp' needs the rendezvous store"));
+    assert_null(pick("shm+mpi", uneven, 3, &err));
+    assert_non_null(strstr(err.msg, "the same number of ranks on every host"));
+    via_mpi = false;
+#else
+    skip();
+#endif
 }
 
 int main(void)
@@ -113,6 +167,7 @@ int main(void)
         cmocka_unit_test(placement),
         cmocka_unit_test(auto_choice),
         cmocka_unit_test(named_choice),
+        cmocka_unit_test(mpi_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /*
- * hier.c — the hierarchical backend: shm among the ranks of each host, tcp among one leader per
- * host (its local rank 0). Used by "auto" when the job spans hosts.
+ * hier.c — the hierarchical backends: shm among the ranks of each host, and a network backend
+ * among one leader per host (its local rank 0): tcp ("shm+tcp", under ddprun) or MPI ("shm+mpi",
+ * under mpirun). Used by "auto" when the job spans hosts. Below, "tcp" stands for either.
  *
  *   allreduce       shm allreduce → leaders' tcp allreduce → shm broadcast from the leader
  *   broadcast       shm broadcast on the root's host → leaders' tcp broadcast → shm broadcast
@@ -23,7 +24,7 @@
 #include "util/util.h"
 
 typedef struct hier_be {
-    void *shm, *tcp;
+    void *shm, *tcp; /* tcp: the network backend among leaders, tcp or mpi */
     const ddp__backend_ops *shm_ops, *tcp_ops;
     int L, node, nnodes, lr;
     int *local_ranks, *leader_ranks;
@@ -171,7 +172,32 @@ static const ddp__backend_ops hier_ops = {
     .destroy = hier_destroy,
 };
 
+#ifdef DDP_HAVE_MPI
+static const ddp__backend_ops hier_mpi_ops = {
+    .name = "shm+mpi",
+    .run = hier_run,
+    .alloc = hier_alloc,
+    .free = hier_free,
+    .abort = hier_abort,
+    .destroy = hier_destroy,
+};
+#endif
+
+static bool hier_placed(const ddp__setup *s, char *why, size_t cap);
+
 static bool hier_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    if (!s->store) {
+        ddp__fmt(why, cap,
+                 "needs the rendezvous store, and this job was set up through MPI (mpirun); use "
+                 "backend 'auto' or 'shm+mpi', or start the job with ddprun");
+        return false;
+    }
+    return hier_placed(s, why, cap);
+}
+
+/* Whether the placement suits a hierarchy (both kinds). */
+static bool hier_placed(const ddp__setup *s, char *why, size_t cap)
 {
     if (s->nhosts < 2) {
         ddp__fmt(why, cap, "needs ranks on more than one host; use backend 'auto' or 'shm'");
@@ -180,14 +206,16 @@ static bool hier_usable(const ddp__setup *s, char *why, size_t cap)
     if (s->per_host == 0) {
         ddp__fmt(why, cap,
                  "needs the same number of ranks on every host, contiguous by rank (as ddprun "
-                 "starts them); use backend 'auto' or 'tcp'");
+                 "starts them); use backend 'auto' (it then takes tcp, or mpi under mpirun)");
         return false;
     }
     return true;
 }
 
-static ddp_status hier_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
-                              ddp_error *err)
+/* shm within hosts, the cross entry among leaders; *ops becomes hops. */
+static ddp_status hier_make(const ddp__setup *s, const ddp__backend *cross,
+                            const ddp__backend_ops *hops, void **out, const ddp__backend_ops **ops,
+                            ddp_error *err)
 {
     const ddp__members *m = &s->m;
     int W = m->n, L = s->per_host;
@@ -234,19 +262,52 @@ static ddp_status hier_create(const ddp__setup *s, void **out, const ddp__backen
         xs.hosts = NULL; /* tcp does not look */
         xs.nhosts = b->nnodes;
         xs.per_host = 1;
-        if ((st = ddp__tcp_backend.create(&xs, &b->tcp, &b->tcp_ops, err)))
+        if ((st = cross->create(&xs, &b->tcp, &b->tcp_ops, err)))
             goto out_fail;
     }
     *out = b;
-    *ops = &hier_ops;
+    *ops = hops;
     return DDP_OK;
 out_fail:
     hier_destroy(b);
     return st;
 }
 
+static ddp_status hier_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
+                              ddp_error *err)
+{
+    return hier_make(s, &ddp__tcp_backend, &hier_ops, out, ops, err);
+}
+
 const ddp__backend ddp__hier_backend = {
     .name = "shm+tcp",
     .usable = hier_usable,
     .create = hier_create,
+    .boot = DDP__BOOT_STORE,
 };
+
+#ifdef DDP_HAVE_MPI
+static bool hier_mpi_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    if (!s->mpi) {
+        ddp__fmt(why, cap,
+                 "needs processes started by an MPI launcher (mpirun); under ddprun use backend "
+                 "'auto' or 'shm+tcp'");
+        return false;
+    }
+    return hier_placed(s, why, cap);
+}
+
+static ddp_status hier_mpi_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
+                                  ddp_error *err)
+{
+    return hier_make(s, &ddp__mpi_backend, &hier_mpi_ops, out, ops, err);
+}
+
+const ddp__backend ddp__hier_mpi_backend = {
+    .name = "shm+mpi",
+    .usable = hier_mpi_usable,
+    .create = hier_mpi_create,
+    .boot = DDP__BOOT_MPI,
+};
+#endif

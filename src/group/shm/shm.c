@@ -769,7 +769,6 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
                              ddp_error *err)
 {
     const ddp__members *m = &s->m;
-    ddp_store *store = s->store;
     size_t arena_bytes = s->arena_bytes;
     if (m->n < 1 || m->n > MAX_MEMBERS)
         return ddp__err(err, DDP_ERR_INVALID, "shm backend: %d ranks on one host; at most %d", m->n,
@@ -817,8 +816,6 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->blks[0] = (struct blk){0, arena_bytes, false};
     b->nblks = arena_bytes ? 1 : 0;
 
-    char key[256];
-    ddp__fmt(key, sizeof key, "%s/shm_name", m->prefix);
     if (b->me == 0) {
         char tag[9];
         if ((st = ddp__random_hex(tag, 4, err)))
@@ -860,18 +857,12 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         b->hdr->arena_off = hdr + slots + stage;
         b->hdr->arena_bytes = arena_bytes;
         b->hdr->total = b->size;
-        if (ddp_store_set(store, key, b->name, strlen(b->name)) != DDP_OK) {
-            st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(store));
+        if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
             goto out_unlink;
-        }
     } else {
-        void *v = NULL;
-        if (ddp_store_get(store, key, &v, NULL) != DDP_OK) {
-            st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(store));
+        if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
             goto out_free;
-        }
-        ddp__fmt(b->name, sizeof b->name, "%s", (char *)v);
-        free(v);
+        b->name[sizeof b->name - 1] = '\0';
         b->fd = shm_open(b->name, O_RDWR | O_CLOEXEC, 0600);
         if (b->fd < 0) {
             st = ddp__err(err, DDP_ERR_SYSTEM,
@@ -905,13 +896,8 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->slots[b->me].will_probe = b->can_flush;
 
     /* Everyone has mapped it (and written its pid) once this barrier passes. */
-    char bname[256];
-    ddp__fmt(bname, sizeof bname, "%s/shm_attached", m->prefix);
-    ddp_store_set_timeout(store, s->timeout_ms);
-    if (ddp_store_barrier(store, bname, b->n) != DDP_OK) {
-        st = ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(store));
+    if ((st = ddp__setup_barrier(s, "shm_attached", err)))
         goto out_unlink;
-    }
     if (b->me == 0)
         shm_unlink(b->name); /* from now on a crash leaves nothing in /dev/shm */
     /* Probes run only if every member takes part (each decided from its own environment and
@@ -948,4 +934,5 @@ const ddp__backend ddp__shm_backend = {
     .name = "shm",
     .usable = shm_usable,
     .create = shm_create,
+    .boot = DDP__BOOT_ANY, /* set-up through ddp__setup_bcast/barrier: the store or MPI */
 };

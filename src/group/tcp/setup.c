@@ -416,7 +416,12 @@ out_destroy:
 
 static bool tcp_usable(const ddp__setup *s, char *why, size_t cap)
 {
-    (void)s, (void)why, (void)cap;
+    if (!s->store) { /* set up through MPI (mpirun): there is no store to meet through */
+        ddp__fmt(why, cap,
+                 "needs the rendezvous store, and this job was set up through MPI (mpirun); use "
+                 "backend 'auto' or 'mpi', or start the job with ddprun");
+        return false;
+    }
     return true; /* any placement: every member can reach the others over the network */
 }
 
@@ -430,4 +435,5 @@ const ddp__backend ddp__tcp_backend = {
     .name = "tcp",
     .usable = tcp_usable,
     .create = tcp_create_entry,
+    .boot = DDP__BOOT_STORE,
 };

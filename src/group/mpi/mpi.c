@@ -1,0 +1,404 @@
+/*
+ * mpi.c — the MPI backend: collectives through the job's MPI (Open MPI from Debian), for jobs
+ * started by mpirun or srun. Set-up needs no store (boot.c); each collective is one non-blocking
+ * MPI call (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ibarrier)
+ * tested in a loop against the group's deadline, so the reducer's buckets still overlap backward
+ * (on the progress thread) and a rank that never arrives is an error naming the operation.
+ *
+ *   float32, float64, int32, int64, uint8   MPI's own types and MPI_SUM/MIN/MAX/PROD
+ *   bfloat16, float16 (reductions)          widened to float32, reduced by MPI, rounded once
+ *   bfloat16, float16 (moves)               as 16-bit integers
+ *   AVG                                     the sum, divided here (fused: before the rounding)
+ *
+ * Waiting: MPI makes progress only inside its calls, so the loop tests the request without a
+ * pause while the caller waits and this host's ranks have a core each; in the background (the
+ * progress thread, beside backward) or with more ranks than cores it yields the core between
+ * tests after a short spin.
+ * A timed-out collective cannot be cancelled (MPI has no such call) and MPI cannot finalise
+ * without every rank: the group is poisoned, and destroying it ends the job (boot.c).
+ * Not here: joining MPI and set-up (boot.c), the hierarchical shm+mpi (hier/hier.c).
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "group/mpi/mpi_int.h"
+#include "kernels/kernels.h"
+#include "util/util.h"
+
+#define MAX_PART ((size_t)1 << 30) /* elements per MPI call: MPI counts are int */
+
+typedef struct mpi_be {
+    MPI_Comm comm; /* the members, in member order */
+    int me, n;
+    int *ranks;    /* (n,) global ranks */
+    bool may_spin; /* this host's members have a core each */
+    atomic_bool aborted;
+    char abort_why[DDP_ERRMSG_MAX];
+    bool stuck;  /* a request never completed: nothing more can run */
+    float *wide; /* (wide_n,) float32 for 16-bit reductions */
+    size_t wide_n;
+    void *tmp; /* reduce_scatter's result when it overlaps its input */
+    size_t tmp_bytes;
+} mpi_be;
+
+static MPI_Datatype mpi_type(ddp_dtype t)
+{
+    switch (t) {
+    case DDP_FLOAT32: return MPI_FLOAT;
+    case DDP_FLOAT64: return MPI_DOUBLE;
+    case DDP_BFLOAT16:
+    case DDP_FLOAT16: return MPI_UINT16_T;
+    case DDP_INT32: return MPI_INT32_T;
+    case DDP_INT64: return MPI_INT64_T;
+    case DDP_UINT8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(ddp_op op)
+{
+    switch (op) {
+    case DDP_MIN: return MPI_MIN;
+    case DDP_MAX: return MPI_MAX;
+    case DDP_PROD: return MPI_PROD;
+    default: return MPI_SUM; /* SUM, and AVG (summed, then divided) */
+    }
+}
+
+static void describe(const ddp__coll *c, char *buf, size_t cap)
+{
+    if (c->kind == DDP__BARRIER)
+        ddp__fmt(buf, cap, "barrier #%llu", (unsigned long long)c->seq);
+    else
+        ddp__fmt(buf, cap, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
+                 (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+}
+
+static ddp_status fail(ddp__fail *f, ddp_status st, const ddp__coll *c, const char *fmt, ...)
+    DDP_PRINTF(4, 5);
+
+/* Fills *f: the collective ("allreduce #12 (float32 × 1024)"), then the formatted rest. */
+static ddp_status fail(ddp__fail *f, ddp_status st, const ddp__coll *c, const char *fmt, ...)
+{
+    char what[160], d[DDP_ERRMSG_MAX];
+    describe(c, what, sizeof what);
+    va_list ap;
+    va_start(ap, fmt);
+    ddp__vfmt(d, sizeof d, fmt, ap);
+    va_end(ap);
+    f->status = st;
+    ddp__fmt(f->msg, sizeof f->msg, "%s %s", what, d);
+    return st;
+}
+
+static ddp_status mpi_error(mpi_be *b, ddp__fail *f, const ddp__coll *c, const char *call, int rc)
+{
+    char s[256];
+    b->stuck = true; /* after an MPI error, nothing more is safe to start */
+    ddp__mpi_errstr(rc, s, sizeof s);
+    return fail(f, DDP_ERR_NETWORK, c, "failed in mpi: %s: %s", call, s);
+}
+
+/* Tests *req until it completes, c's deadline passes, or the group is aborted. */
+static ddp_status wait_req(mpi_be *b, MPI_Request *req, const ddp__coll *c, ddp__fail *f)
+{
+    bool spin = b->may_spin && !c->background;
+    int64_t t0 = ddp__now_ns();
+    struct timespec nap = {0, 50000};
+    for (unsigned i = 1;; i++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            b->stuck = true;
+            return mpi_error(b, f, c, "MPI_Test", rc);
+        }
+        if (done)
+            return DDP_OK;
+        if ((i & 63) != 0 && spin)
+            continue;
+        if (atomic_load(&b->aborted)) {
+            b->stuck = true;
+            return fail(f, DDP_ERR_CLOSED, c, "was abandoned: %s", b->abort_why);
+        }
+        int64_t now = ddp__now_ms();
+        if (now >= c->deadline_ms) {
+            b->stuck = true;
+            char d[32];
+            ddp__fmt_duration(d, sizeof d, now - (c->stall ? c->stall->start_ms : now));
+            return fail(f, DDP_ERR_TIMEOUT, c,
+                        "timed out in mpi after %s: not every rank arrived (MPI does not say "
+                        "which); a rank may be hung or stopped, or ranks called different "
+                        "collectives (set DDP_DEBUG=1 to check); destroying the group ends the "
+                        "job (MPI_Abort)",
+                        c->stall ? d : "its deadline");
+        }
+        if (ddp__stall_due(c, now))
+            ddp__stall_report(c, now, "mpi", "not every rank has arrived (MPI does not say which)");
+        if (!spin && ddp__now_ns() - t0 > 20000)
+            nanosleep(&nap, NULL);
+    }
+}
+
+/* Makes room for n float32 (16-bit reductions). */
+static bool wide_room(mpi_be *b, size_t n)
+{
+    if (n <= b->wide_n)
+        return true;
+    float *p = realloc(b->wide, n * sizeof *p);
+    if (!p)
+        return false;
+    b->wide = p;
+    b->wide_n = n;
+    return true;
+}
+
+static ddp_status nomem(ddp__fail *f, const ddp__coll *c, size_t bytes)
+{
+    return fail(f, DDP_ERR_NOMEM, c, "failed in mpi: no memory for %zu bytes of scratch", bytes);
+}
+
+/* allreduce of n elements of t at send → recv (send == recv: in place), in parts MPI can count. */
+static ddp_status allreduce(mpi_be *b, const ddp__coll *c, const void *send, void *recv, size_t n,
+                            ddp_dtype t, ddp__fail *f)
+{
+    size_t esz = ddp_dtype_size(t);
+    for (size_t off = 0; off < n; off += MAX_PART) {
+        size_t k = n - off < MAX_PART ? n - off : MAX_PART;
+        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + off * esz;
+        MPI_Request req;
+        int rc = MPI_Iallreduce(s, (char *)recv + off * esz, (int)k, mpi_type(t), mpi_op(c->op),
+                                b->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(b, f, c, "MPI_Iallreduce", rc);
+        ddp_status st = wait_req(b, &req, c, f);
+        if (st)
+            return st;
+    }
+    return DDP_OK;
+}
+
+static bool is16(ddp_dtype t)
+{
+    return t == DDP_BFLOAT16 || t == DDP_FLOAT16;
+}
+
+static ddp_status run_allreduce(mpi_be *b, const ddp__coll *c, ddp__fail *f)
+{
+    ddp_status st;
+    if (is16(c->dtype)) { /* in float32, rounded once at the end */
+        if (!wide_room(b, c->count))
+            return nomem(f, c, c->count * sizeof(float));
+        ddp__to_f32(b->wide, c->send, c->count, c->dtype);
+        if ((st = allreduce(b, c, b->wide, b->wide, c->count, DDP_FLOAT32, f)))
+            return st;
+        ddp__scale_avg(b->wide, c->count, DDP_FLOAT32, c->avg_div);
+        ddp__from_f32(c->recv, b->wide, c->count, c->dtype);
+        return DDP_OK;
+    }
+    if ((st = allreduce(b, c, c->send, c->recv, c->count, c->dtype, f)))
+        return st;
+    ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
+    return DDP_OK;
+}
+
+static ddp_status run_broadcast(mpi_be *b, const ddp__coll *c, ddp__fail *f)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    for (size_t off = 0; off < c->count; off += MAX_PART) {
+        size_t k = c->count - off < MAX_PART ? c->count - off : MAX_PART;
+        MPI_Request req;
+        int rc = MPI_Ibcast((char *)c->recv + off * esz, (int)k, mpi_type(c->dtype), c->root,
+                            b->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(b, f, c, "MPI_Ibcast", rc);
+        ddp_status st = wait_req(b, &req, c, f);
+        if (st)
+            return st;
+    }
+    return DDP_OK;
+}
+
+static ddp_status run_allgather(mpi_be *b, const ddp__coll *c, ddp__fail *f)
+{
+    size_t esz = ddp_dtype_size(c->dtype);
+    if (c->count > INT_MAX)
+        return fail(f, DDP_ERR_INVALID, c, "%s",
+                    "is too large for MPI (counts are int): split it into smaller calls");
+    const void *s = (const char *)c->send == (const char *)c->recv + (size_t)b->me * c->count * esz
+                        ? MPI_IN_PLACE
+                        : c->send;
+    MPI_Request req;
+    int rc = MPI_Iallgather(s, (int)c->count, mpi_type(c->dtype), c->recv, (int)c->count,
+                            mpi_type(c->dtype), b->comm, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(b, f, c, "MPI_Iallgather", rc);
+    return wait_req(b, &req, c, f);
+}
+
+static ddp_status run_reduce_scatter(mpi_be *b, const ddp__coll *c, ddp__fail *f)
+{
+    size_t n = c->count, W = (size_t)b->n;
+    if (n > INT_MAX)
+        return fail(f, DDP_ERR_INVALID, c, "%s",
+                    "is too large for MPI (counts are int): split it into smaller calls");
+    ddp_dtype t = c->dtype;
+    const void *send = c->send;
+    if (is16(t)) { /* the whole input widened; the result lands in its first n floats' place */
+        if (!wide_room(b, W * n + n))
+            return nomem(f, c, (W * n + n) * sizeof(float));
+        ddp__to_f32(b->wide, send, W * n, t);
+        send = b->wide;
+        t = DDP_FLOAT32;
+    }
+    size_t esz = ddp_dtype_size(t);
+    /* MPI's in-place form keeps the result at the front of the input, not at this rank's part:
+     * a result that overlaps the input goes through scratch. */
+    void *out = is16(c->dtype) ? (void *)(b->wide + W * n) : c->recv;
+    const char *sb = send, *rb = out;
+    bool overlap = rb < sb + W * n * esz && sb < rb + n * esz;
+    if (overlap) {
+        if (n * esz > b->tmp_bytes) {
+            void *p = realloc(b->tmp, n * esz);
+            if (!p)
+                return nomem(f, c, n * esz);
+            b->tmp = p;
+            b->tmp_bytes = n * esz;
+        }
+        out = b->tmp;
+    }
+    MPI_Request req;
+    int rc =
+        MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(t), mpi_op(c->op), b->comm, &req);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(b, f, c, "MPI_Ireduce_scatter_block", rc);
+    ddp_status st = wait_req(b, &req, c, f);
+    if (st)
+        return st;
+    ddp__scale_avg(out, n, t, c->avg_div);
+    if (is16(c->dtype))
+        ddp__from_f32(c->recv, out, n, c->dtype);
+    else if (overlap)
+        memcpy(c->recv, out, n * esz);
+    return DDP_OK;
+}
+
+static ddp_status mpi_run(void *bep, const ddp__coll *c, ddp__fail *f)
+{
+    mpi_be *b = bep;
+    if (atomic_load(&b->aborted))
+        return fail(f, DDP_ERR_CLOSED, c, "was not started: %s", b->abort_why);
+    if (b->stuck)
+        return fail(f, DDP_ERR_CLOSED, c, "%s",
+                    "was not started: an earlier collective never completed in mpi");
+    if (c->device != DDP_DEVICE_CPU)
+        return fail(f, DDP_ERR_INVALID, c, "%s", "failed: the mpi backend moves host memory only");
+    if (c->kind != DDP__BARRIER && c->count == 0 && c->kind != DDP__ALLGATHER &&
+        c->kind != DDP__REDUCE_SCATTER)
+        return DDP_OK; /* nothing to move; every rank returns at once alike */
+    switch (c->kind) {
+    case DDP__ALLREDUCE: return run_allreduce(b, c, f);
+    case DDP__BROADCAST: return run_broadcast(b, c, f);
+    case DDP__ALLGATHER: return run_allgather(b, c, f);
+    case DDP__REDUCE_SCATTER: return run_reduce_scatter(b, c, f);
+    case DDP__BARRIER: {
+        MPI_Request req;
+        int rc = MPI_Ibarrier(b->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(b, f, c, "MPI_Ibarrier", rc);
+        return wait_req(b, &req, c, f);
+    }
+    default: return fail(f, DDP_ERR_INVALID, c, "%s", "is not a collective the mpi backend knows");
+    }
+}
+
+static void mpi_abort_be(void *bep, const char *why)
+{
+    mpi_be *b = bep;
+    if (!atomic_load(&b->aborted)) {
+        ddp__fmt(b->abort_why, sizeof b->abort_why, "the group was aborted on this rank (%s)",
+                 why && *why ? why : "ddp_group_abort");
+        atomic_store(&b->aborted, true);
+    }
+}
+
+static void mpi_destroy(void *bep)
+{
+    mpi_be *b = bep;
+    if (!b)
+        return;
+    /* A stuck request still owns its buffers and the communicator: leave both to the job's end
+     * (boot.c ends it when the group failed). */
+    if (!b->stuck) {
+        if (b->comm != MPI_COMM_NULL)
+            MPI_Comm_free(&b->comm);
+        free(b->wide);
+        free(b->tmp);
+    }
+    free(b->ranks);
+    free(b);
+}
+
+static const ddp__backend_ops mpi_ops = {
+    .name = "mpi",
+    .run = mpi_run,
+    .abort = mpi_abort_be,
+    .destroy = mpi_destroy,
+    .fuses_avg = true,
+};
+
+static bool mpi_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    if (s->mpi)
+        return true;
+    ddp__fmt(why, cap,
+             "needs processes started by an MPI launcher (mpirun, or srun with PMI): ddprun's "
+             "workers cannot form an MPI world with Open MPI 4.1 (docs/group.md); start the job "
+             "with 'mpirun -np N', or use backend 'auto' under ddprun");
+    return false;
+}
+
+static ddp_status mpi_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
+                             ddp_error *err)
+{
+    const ddp__members *m = &s->m;
+    if (!s->mpi)
+        return ddp__err(err, DDP_ERR_INVALID, "backend 'mpi' needs an MPI launcher (mpirun)");
+    mpi_be *b = calloc(1, sizeof *b);
+    if (!b || !(b->ranks = malloc(sizeof(int) * (size_t)m->n))) {
+        free(b);
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the mpi backend");
+    }
+    b->comm = MPI_COMM_NULL;
+    b->me = m->me;
+    b->n = m->n;
+    memcpy(b->ranks, m->ranks, sizeof(int) * (size_t)m->n);
+    /* Members on my host (hier gives one per host: then just me). */
+    int local = 0;
+    for (int i = 0; i < m->n; i++)
+        local += s->hosts && strcmp(s->hosts[i], s->hosts[m->me]) == 0;
+    if (!s->hosts)
+        local = 1;
+    b->may_spin = local <= (s->host_cores > 0 ? s->host_cores : 1);
+    ddp_status st = ddp__mpi_boot_comm_of(s->mpi, m->ranks, m->n, m->me, &b->comm, err);
+    if (st) {
+        b->comm = MPI_COMM_NULL;
+        mpi_destroy(b);
+        return st;
+    }
+    *out = b;
+    *ops = &mpi_ops;
+    return DDP_OK;
+}
+
+const ddp__backend ddp__mpi_backend = {
+    .name = "mpi",
+    .usable = mpi_usable,
+    .create = mpi_create,
+    .boot = DDP__BOOT_MPI,
+};
