@@ -7,6 +7,9 @@
  *                        the test kills or stops a rank from outside
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
  *                        makes the group report it)
+ *   faultcheck absent    the last rank never calls the collective: it writes its pid to
+ *                        $FAULT_DIR/pid.RANK and sleeps 60 s (exit 4), the others allreduce 4 MB
+ *                        once (tests/integration/test_mpi.sh: under mpirun the job must end)
  *
  * On failure each surviving rank prints, on one line each: the error, the milliseconds between
  * the failing call's start and its return, and what a later call returns (the group is
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ddp/ddp.h"
 
@@ -58,7 +62,24 @@ int main(int argc, char **argv)
     float x[1000] = {0};
     ddp_status st = DDP_OK;
     long long t0 = now_ms();
-    if (!strcmp(mode, "mismatch")) {
+    if (!strcmp(mode, "absent") && R == ddp_group_size(g) - 1) {
+        const char *dir = getenv("FAULT_DIR");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/pid.%d", dir ? dir : ".", R);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%d\n", (int)getpid());
+            fclose(f);
+        }
+        struct timespec ts = {60, 0};
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+        free(buf);
+        ddp_group_destroy(g);
+        return 4;
+    } else if (!strcmp(mode, "absent")) {
+        st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+    } else if (!strcmp(mode, "mismatch")) {
         st = R == 0 ? ddp_allreduce(g, x, x, 1000, DDP_FLOAT32, DDP_SUM)
                     : ddp_broadcast(g, x, 1000, DDP_FLOAT32, 0);
     } else {

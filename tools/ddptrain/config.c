@@ -98,12 +98,15 @@ static const ddp_cfg_key schema[] = {
      "gpt: tokens to generate (predict, and a sample after training; 0: none)"},
     {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
     {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
+    {"backend", DDP_CFG_STRING, "", NULL,
+     "the group's backend: auto, shm, tcp, shm+tcp, mpi, shm+mpi (empty: DDP_BACKEND, else "
+     "auto; docs/group.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
     {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
      "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
-     "except over shm+tcp, whose reduce_scatter is a whole allreduce)"},
+     "except over shm+tcp and shm+mpi, whose reduce_scatter is a whole allreduce)"},
 };
 #define NKEYS (sizeof schema / sizeof schema[0])
 

@@ -145,7 +145,8 @@ static int wrap_model(trainer *t)
     const char *shard = ddp_config_str(c, "shard_optimizer");
     ro.shard_optimizer =
         !strcmp(shard, "true") ||
-        (!strcmp(shard, "auto") && strcmp(ddp_group_backend(t->g), "shm+tcp") != 0);
+        (!strcmp(shard, "auto") && strcmp(ddp_group_backend(t->g), "shm+tcp") != 0 &&
+         strcmp(ddp_group_backend(t->g), "shm+mpi") != 0);
     if (ddp_config_int(c, "bucket_kb") > 0)
         ro.bucket_cap = ro.first_bucket = (size_t)ddp_config_int(c, "bucket_kb") << 10;
     size_t np, nb;
@@ -169,6 +170,9 @@ static int join(trainer *t)
     ddp_error err = {0};
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
     go.world = &t->world;
+    const char *backend = ddp_config_str(t->cfg, "backend");
+    if (*backend)
+        go.backend = backend;
     if (ddp_group_init(&go, &t->g, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         return 1;
@@ -341,17 +345,22 @@ int main(int argc, char **argv)
         (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
+    /* The backend, and who started the job when it was not ddprun: "shm, started by mpirun". */
+    char bk[96];
+    const char *launcher = ddp_group_world(t.g)->launcher;
+    snprintf(bk, sizeof bk, "%s%s%s", ddp_group_backend(t.g),
+             *launcher && strcmp(launcher, "ddprun") ? ", started by " : "",
+             *launcher && strcmp(launcher, "ddprun") ? launcher : "");
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device cpu, per-rank batch %d × %d tokens, grad "
                     "accumulation %d, effective batch %d (%d tokens)",
-                    t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), t.B, t.T, A, t.B * t.W * A,
-                    t.B * t.W * A * t.T);
+                    t.W, t.W == 1 ? "" : "es", bk, t.B, t.T, A, t.B * t.W * A, t.B * t.W * A * t.T);
     else
         trainer_say(&t,
                     "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation "
                     "%d, effective batch %d",
-                    t.W, t.W == 1 ? "" : "es", ddp_group_backend(t.g), t.B, A, t.B * t.W * A);
+                    t.W, t.W == 1 ? "" : "es", bk, t.B, A, t.B * t.W * A);
     rc = run_task(&t, tr, te);
 out:
     ddp_reducer_destroy(t.red);
