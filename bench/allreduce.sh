@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Allreduce side by side, 2 ranks on this machine, float32 sum, in place: ddpc shm (arena =
-# zero-copy buffers, and private buffers), ddpc tcp, Open MPI's MPI_Allreduce (Debian's openmpi)
+# zero-copy buffers, and private buffers), ddpc tcp, ddpc mpi (ddpbench under mpirun with the
+# MPI backend: MPI_Iallreduce tested against the deadline, the library's own overhead over the
+# next column), Open MPI's MPI_Allreduce (Debian's openmpi)
 # and torch.distributed with gloo (Debian's python3-torch), beside the memory-bandwidth limit
 # that ddpbench measures in the same run. Each contender reports its median time per call; the
 # contenders take turns REPS times and the table shows the median of those medians.
@@ -40,6 +42,10 @@ for ((rep = 0; rep < REPS; rep++)); do
     ddpc shm_arena shm arena >>"$raw"
     ddpc shm_private shm private >>"$raw"
     ddpc tcp tcp private >>"$raw" || echo "# tcp backend unavailable" >&2
+    OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$BUILD/bin/ddpbench" \
+        --op allreduce --sizes "$SIZES" --backend mpi --buffers private --csv 2>/dev/null |
+        awk -F, '$1=="allreduce" {print "ddpc_mpi," $2 "," $4}' >>"$raw" ||
+        echo "# ddpc's mpi backend unavailable (built without MPI?)" >&2
     mpirun --oversubscribe --bind-to none -np 2 "$OUT/mpi_allreduce" $sizes_sp >>"$raw"
     gloo >>"$raw"
 done
@@ -55,10 +61,10 @@ function med(key,   n, i, j, t, a) {
 /^#/ { next }
 { vals[$1 "," $2] = vals[$1 "," $2] " " $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
 END {
-    printf "%10s %11s %11s %11s %11s %11s %11s | %8s %8s %9s\n", "bytes", "shm(arena)", "shm(priv)", "tcp", "OpenMPI", "gloo", "mem-limit", "MPI/shm", "gloo/shm", "shm/limit"
+    printf "%10s %11s %11s %11s %11s %11s %11s %11s | %8s %8s %9s %9s\n", "bytes", "shm(arena)", "shm(priv)", "tcp", "ddpc-mpi", "OpenMPI", "gloo", "mem-limit", "MPI/shm", "gloo/shm", "shm/limit", "dmpi/MPI"
     for (i = 1; i <= ns; i++) {
         s = order[i]; a = med("shm_arena," s); p = med("shm_private," s); t = med("tcp," s)
-        m = med("mpi," s); g = med("gloo," s); l = med("limit," s)
-        printf "%10d %11.1f %11.1f %11.1f %11.1f %11.1f %11.1f | %7.1fx %7.1fx %8.2fx\n", s, a, p, t, m, g, l, m / a, g / a, a / l
+        d = med("ddpc_mpi," s); m = med("mpi," s); g = med("gloo," s); l = med("limit," s)
+        printf "%10d %11.1f %11.1f %11.1f %11.1f %11.1f %11.1f %11.1f | %7.1fx %7.1fx %8.2fx %8.2fx\n", s, a, p, t, d, m, g, l, m / a, g / a, a / l, d / m
     }
 }' "$raw"
