@@ -6,7 +6,10 @@
  *   shm      ranks on one host, through a POSIX shared-memory segment;
  *   tcp      ranks on any hosts, persistent connections set up through the store;
  *   shm+tcp  shm inside each host and tcp between hosts (hierarchical);
- *   auto     the first of shm, shm+tcp, tcp that can run where the ranks are (docs/group.md).
+ *   mpi      through the job's MPI, for jobs started by mpirun (set up through MPI, no store);
+ *   shm+mpi  shm inside each host and MPI between hosts, under mpirun;
+ *   auto     the first of shm, shm+tcp, tcp that can run where the ranks are; under mpirun
+ *            shm, shm+mpi, mpi (docs/group.md).
  *
  * Every collective has a deadline (default 30 min, like gloo; DDP_TIMEOUT in seconds, or per
  * group). When it passes, or a peer dies, the call fails with a message naming the operation,
@@ -49,7 +52,8 @@ typedef struct ddp_work ddp_work;
  * The world's settings also give DDP_HOST_CORES and DDP_SHM_FLUSH, and the reducer's
  * DDP_OVERLAP; to run with none of them, pass a world filled by hand (ddp/world.h). */
 typedef struct ddp_group_opts {
-    const char *backend;    /* "auto", "shm", "shm+tcp" or "tcp"; NULL: the setting, else auto */
+    const char *backend;    /* "auto", "shm", "shm+tcp", "tcp", "mpi" or "shm+mpi"; NULL: the
+                               setting, else auto */
     int timeout_ms;         /* per collective; ≤ 0: the setting, else 30 min */
     int debug;              /* 1 check that collectives match across ranks, 0 not, -1 the setting */
     const ddp_world *world; /* NULL: ddp_world_from_env(); else copied, settings included */
@@ -75,7 +79,9 @@ typedef struct ddp_group_opts {
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err);
 
 /* Leaves the group and frees it: waits for queued asynchronous work, stops the progress thread,
- * unmaps and removes shared memory. NULL is a no-op. */
+ * unmaps and removes shared memory. NULL is a no-op. Set up through MPI (mpirun): the last group
+ * finalises MPI if the library initialised it; after a failure that can leave a collective
+ * unfinished (a timeout, an abort) it ends the job with MPI_Abort instead (docs/group.md). */
 void ddp_group_destroy(ddp_group *g);
 
 /* Makes every pending and future call on g fail with DDP_ERR_CLOSED, here and (through the
@@ -100,7 +106,7 @@ bool ddp_group_core_to_spare(const ddp_group *g);
 /* The world the group was made from, its settings included; owned by g, valid for its life.
  * NULL for a NULL g. */
 const ddp_world *ddp_group_world(const ddp_group *g);
-/* The backend's name in the registry: "shm", "tcp" or "shm+tcp". */
+/* The backend's name in the registry: "shm", "tcp", "shm+tcp", "mpi" or "shm+mpi". */
 const char *ddp_group_backend(const ddp_group *g);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
