@@ -630,6 +630,13 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     g->report = opts->report;
     g->report_ctx = opts->report_ctx;
     g->host_cores = set->host_cores > 0 ? set->host_cores : ddp_own_cores();
+    if (set->host_cores <= 0 && started_by_mpi(&g->world) && g->host_cores == 1) {
+        /* mpirun binds each rank to a core of its own (by default up to one rank per core; it
+         * does not bind an oversubscribed job): the host's cores are not just this one. */
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        if (online > 1)
+            g->host_cores = online < (1 << 20) ? (int)online : 1 << 20;
+    }
     /* An unknown name fails here, before any rank waits on another. */
     const ddp__backend *named, *chosen;
     if ((st = ddp__backend_lookup(opts->backend ? opts->backend : set->backend, &named, err)))
