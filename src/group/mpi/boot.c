@@ -340,6 +340,11 @@ void ddp__mpi_boot_close(ddp__mpi_boot *b, const char *failed)
                 "collective nor finalise without every rank\n",
                 b->rank, failed);
         fflush(stderr);
+        /* Peers whose deadline passes at about the same moment get a second to say so too,
+         * before mpirun ends them. */
+        struct timespec grace = {1, 0};
+        while (nanosleep(&grace, &grace) != 0)
+            ;
         MPI_Abort(b->comm, 1);
     }
     if (!failed && last && ours) {
