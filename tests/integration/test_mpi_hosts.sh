@@ -36,6 +36,7 @@ ns_cleanup() {
 }
 trap ns_cleanup EXIT
 
+unshare --uts true 2>/dev/null || { echo "skip: cannot make UTS namespaces (unshare --uts)"; exit 77; }
 ip netns add $NS_A 2>/dev/null || { echo "skip: cannot create network namespaces"; exit 77; }
 ip netns add $NS_B
 ip link add ${NS_A}v type veth peer name ${NS_B}v
