@@ -347,10 +347,10 @@ int main(int argc, char **argv)
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
     /* The backend, and who started the job when it was not ddprun: "shm, started by mpirun". */
     char bk[96];
-    const char *launcher = ddp_group_world(t.g)->launcher;
-    snprintf(bk, sizeof bk, "%s%s%s", ddp_group_backend(t.g),
-             *launcher && strcmp(launcher, "ddprun") ? ", started by " : "",
-             *launcher && strcmp(launcher, "ddprun") ? launcher : "");
+    ddp_launcher la = ddp_group_world(t.g)->launcher;
+    bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
+    snprintf(bk, sizeof bk, "%s%s%s", ddp_group_backend(t.g), other ? ", started by " : "",
+             other ? ddp_launcher_name(la) : "");
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device cpu, per-rank batch %d × %d tokens, grad "
