@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,11 +41,13 @@
 
 #include "ddp/ddp.h"
 #include "group/group_int.h"
+#include "group/tcp/tcp_int.h"
+#include "util/half.h"
 #include "util/net.h"
 #include "util/util.h"
 
 #define TOKEN "test-token-8d1f"
-#define MAXN 4
+#define MAXN 5
 #define SLACK_MS 1000 /* a failure must be reported within its deadline + this */
 
 /* Sanitizer builds run the same cases on smaller counts: they look for races and bad memory
@@ -95,6 +99,8 @@ struct world {
     char prefix[64];
     int setup_ms;
     int skip_create;         /* bitmask of members that never create a backend */
+    long small_max;          /* ≥ 0: the small-allreduce threshold of every member (0: ring) */
+    int ring_members;        /* bitmask of members whose threshold is 0 whatever small_max says */
     void (*body)(member *m); /* runs after a successful create */
     member m[MAXN];
     _Atomic(void *) published[MAXN]; /* backends, for the main thread's abort */
@@ -147,6 +153,10 @@ static void *member_main(void *arg)
     ddp_store_close(s);
     if (m->setup_st != DDP_OK)
         return NULL;
+    if (w->small_max >= 0)
+        ((tcp_be *)m->be)->small_max = (size_t)w->small_max;
+    if (w->ring_members & (1 << m->me))
+        ((tcp_be *)m->be)->small_max = 0;
     atomic_store(&w->published[m->me], m->be);
     if (w->body)
         w->body(m);
@@ -169,6 +179,7 @@ static world *world_new(void **state, int n, const int *ranks)
         w->ranks[i] = ranks ? ranks[i] : i;
     snprintf(w->prefix, sizeof w->prefix, "test/tcp/%d", atomic_fetch_add(&counter, 1));
     w->setup_ms = 10000;
+    w->small_max = -1;
     for (int i = 0; i < n; i++) {
         w->m[i].w = w;
         w->m[i].me = i;
@@ -497,10 +508,12 @@ static void matrix_body(member *m)
     }
 }
 
-static void run_matrix(void **state, int n, const casespec *cs)
+/* small_max: the small-allreduce threshold (0: the ring for every allreduce; −1: the default). */
+static void run_matrix_alg(void **state, int n, const casespec *cs, long small_max)
 {
-    static const int odd_ranks[MAXN] = {3, 0, 2, 1};
+    static const int odd_ranks[MAXN] = {3, 0, 2, 1, 4};
     world *w = world_new(state, n, odd_ranks);
+    w->small_max = small_max;
     w->body = matrix_body;
     w->ctx = (void *)cs;
     world_run(w);
@@ -508,7 +521,20 @@ static void run_matrix(void **state, int n, const casespec *cs)
     free(w);
 }
 
+static void run_matrix(void **state, int n, const casespec *cs)
+{
+    run_matrix_alg(state, n, cs, -1);
+}
+
 static const casespec small_counts = {{0, 1, 7, 1000}, 4, true, 0};
+
+/* Small counts by both allreduce algorithms: the small-message one (the default at these
+ * sizes) and the ring (threshold 0). */
+static void run_small_both(void **state, int n)
+{
+    run_matrix_alg(state, n, &small_counts, -1);
+    run_matrix_alg(state, n, &small_counts, 0);
+}
 
 static void matrix_1(void **state)
 {
@@ -519,17 +545,131 @@ static void matrix_1(void **state)
 
 static void matrix_2(void **state)
 {
-    run_matrix(state, 2, &small_counts);
+    run_small_both(state, 2);
 }
 
 static void matrix_3(void **state)
 {
-    run_matrix(state, 3, &small_counts);
+    run_small_both(state, 3);
 }
 
 static void matrix_4(void **state)
 {
-    run_matrix(state, 4, &small_counts);
+    run_small_both(state, 4);
+}
+
+static void matrix_5(void **state)
+{
+    run_small_both(state, 5);
+}
+
+/* Either side of the threshold, (n − 1) × bytes = TCP_SMALL_MAX: float32 sums at 2 and 3
+ * members, and float64 at 5. */
+static void matrix_threshold(void **state)
+{
+    for (int n = 2; n <= 3; n++) {
+        size_t at = TCP_SMALL_MAX / (size_t)(n - 1) / 4;
+        casespec cs = {{at - 1, at, at + 1}, 3, false, 1 << DDP_FLOAT32};
+        run_matrix(state, n, &cs);
+    }
+    size_t at = TCP_SMALL_MAX / 4 / 8;
+    casespec cs = {{at, at + 1}, 2, true, 1 << DDP_FLOAT64};
+    run_matrix(state, 5, &cs);
+}
+
+/* ---- the same bits on every member ---------------------------------------------------------- */
+
+/* Inputs whose sums round (uniform values with every mantissa bit set by the hash), so the order
+ * of the additions shows in the result: every member must end with the same bits, and the
+ * small-message algorithm's must be the left fold in member order. */
+typedef struct bits_ctx {
+    ddp_dtype t;
+    size_t count;
+    bool inplace;
+    void *in[MAXN], *out[MAXN]; /* (count,) each, filled by the members */
+} bits_ctx;
+
+static double gen_uniform(int r, size_t i)
+{
+    return (double)(mix((uint64_t)i * 131 + (uint64_t)r + 1) >> 11) / 9007199254740992.0 * 2 - 1;
+}
+
+static void bits_body(member *m)
+{
+    bits_ctx *bc = m->w->ctx;
+    size_t esz = ddp_dtype_size(bc->t);
+    char *in = malloc(bc->count * esz + 1), *out = malloc(bc->count * esz + 1);
+    if (!in || !out) {
+        note(m, "out of memory");
+        free(in), free(out);
+        return;
+    }
+    for (size_t i = 0; i < bc->count; i++) {
+        double v = gen_uniform(m->me, i) * (double)(1 + m->me);
+        if (bc->t == DDP_FLOAT32)
+            ((float *)in)[i] = (float)v;
+        else if (bc->t == DDP_FLOAT64)
+            ((double *)in)[i] = v;
+        else
+            ((uint16_t *)in)[i] = enc_bf16(round_sig(v, 8));
+    }
+    bc->in[m->me] = in;
+    memcpy(out, in, bc->count * esz);
+    ddp__fail f;
+    ddp_status st = coll(m, DDP__ALLREDUCE, bc->inplace ? out : in, out, bc->count, bc->t, DDP_SUM,
+                         0, 20000, &f);
+    if (st != DDP_OK)
+        note(m, "allreduce failed: %s", f.msg);
+    bc->out[m->me] = out;
+}
+
+static void same_bits_everywhere(void **state)
+{
+    static const ddp_dtype types[] = {DDP_FLOAT32, DDP_FLOAT64, DDP_BFLOAT16};
+    for (int n = 2; n <= MAXN; n++) {
+        for (int ring = 0; ring < 2; ring++) {
+            for (size_t ti = 0; ti < 3; ti++) {
+                bits_ctx bc = {.t = types[ti], .count = 1003, .inplace = (n + ti) % 2 == 0};
+                world *w = world_new(state, n, NULL);
+                w->small_max = ring ? 0 : -1;
+                w->body = bits_body;
+                w->ctx = &bc;
+                world_run(w);
+                world_check(w);
+                size_t esz = ddp_dtype_size(bc.t);
+                for (int i = 1; i < n; i++)
+                    if (memcmp(bc.out[i], bc.out[0], bc.count * esz) != 0)
+                        fail_msg("%s %s n %d: member %d's result differs from member 0's",
+                                 ring ? "ring" : "small", ddp_dtype_name(bc.t), n, i);
+                for (size_t i = 0; !ring && i < bc.count; i++) {
+                    /* the left fold in member order, in float32 for float32 and bfloat16 */
+                    double d = 0;
+                    float fl = 0;
+                    for (int r = 0; r < n; r++) {
+                        if (bc.t == DDP_FLOAT64) {
+                            double v = ((const double *)bc.in[r])[i];
+                            d = r ? d + v : v;
+                        } else {
+                            float v = bc.t == DDP_FLOAT32
+                                          ? ((const float *)bc.in[r])[i]
+                                          : ddp__bf16_to_f32(((const uint16_t *)bc.in[r])[i]);
+                            fl = r ? fl + v : v;
+                        }
+                    }
+                    bool ok = bc.t == DDP_FLOAT64 ? ((const double *)bc.out[0])[i] == d
+                              : bc.t == DDP_FLOAT32
+                                  ? ((const float *)bc.out[0])[i] == fl
+                                  : ((const uint16_t *)bc.out[0])[i] == enc_bf16(round_sig(fl, 8));
+                    if (!ok)
+                        fail_msg("small %s n %d: element %zu is not the sum in member order",
+                                 ddp_dtype_name(bc.t), n, i);
+                }
+                for (int i = 0; i < n; i++)
+                    free(bc.in[i]), free(bc.out[i]);
+                free(w);
+            }
+        }
+    }
 }
 
 /* 1000003 elements: every kind × dtype × op × in place/out of place at 3 members (blocks of
@@ -638,10 +778,11 @@ static void fail_body(member *m)
 
 /* Member 1 (rank 3) never calls run: the others time out at their deadline, name rank 3, and
  * later calls fail at once with the same message. */
-static void missing_member_times_out(void **state)
+static void missing_member_times_out_alg(void **state, long small_max)
 {
     static const int ranks[3] = {5, 3, 8};
     world *w = world_new(state, 3, ranks);
+    w->small_max = small_max;
     fail_ctx fc = {.runs = 1 | 4, .timeout_ms = 1000, .idle_then_run = 2};
     w->body = fail_body;
     w->ctx = &fc;
@@ -672,6 +813,13 @@ static void missing_member_times_out(void **state)
     if (w->m[1].t2_ms > 100)
         fail_msg("the missing member's late call took %lld ms", (long long)w->m[1].t2_ms);
     free(w);
+}
+
+/* 1000 floats: the small-message allreduce, then the ring. */
+static void missing_member_times_out(void **state)
+{
+    missing_member_times_out_alg(state, -1);
+    missing_member_times_out_alg(state, 0);
 }
 
 /* abort() from another thread while two members wait in run for a third: the aborted member
@@ -723,8 +871,10 @@ static void run_or_leave(member *m)
 static void dead_peer_fails_fast(void **state)
 {
     static const int ranks[3] = {0, 6, 2};
-    for (int n = 2; n <= 3; n++) {
+    for (int k = 0; k < 4; k++) { /* 2 and 3 members, by the small-message allreduce and ring */
+        int n = 2 + k % 2;
         world *w = world_new(state, n, ranks);
+        w->small_max = k < 2 ? -1 : 0;
         fail_ctx fc = {.runs = n == 2 ? 1 : 1 | 4, .timeout_ms = 20000};
         w->body = run_or_leave;
         w->ctx = &fc;
@@ -754,6 +904,86 @@ static void mismatch_body(member *m)
         coll(m, DDP__ALLREDUCE, buf, buf, m->me == 1 ? 64 : 32, DDP_FLOAT32, DDP_SUM, 0, 20000, &f);
     m->t_end = ddp__now_ms();
     snprintf(m->msg, sizeof m->msg, "%s", f.msg);
+}
+
+/* Member 2 was built with another threshold (the ring for 1000 floats): the header shows it. */
+static void differing_algorithms_are_reported(void **state)
+{
+    static const int ranks[3] = {0, 1, 5};
+    world *w = world_new(state, 3, ranks);
+    w->ring_members = 4;
+    fail_ctx fc = {.runs = 7, .timeout_ms = 20000};
+    w->body = fail_body;
+    w->ctx = &fc;
+    world_run(w);
+    world_check(w);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(w->m[i].st, DDP_ERR_INVALID);
+        assert_has(w->m[i].msg, "different tcp thresholds");
+        if (w->m[i].t_end - w->m[i].t_start > 1000)
+            fail_msg("member %d took %lld ms", i, (long long)(w->m[i].t_end - w->m[i].t_start));
+    }
+    /* member 0 sees member 2's header, member 2 member 1's; either may tell the others first */
+    const char *m0 = w->m[0].msg;
+    if (!strstr(m0, "rank 5 runs allreduce #1 with the ring allreduce while rank 0 uses the "
+                    "small-message one") &&
+        !strstr(m0, "rank 1 runs allreduce #1 with the small-message allreduce while rank 5 uses "
+                    "the ring one"))
+        fail_msg("member 0's message names neither difference: %s", m0);
+    free(w);
+}
+
+/* Keepalive on every connection, from the set-up timeout: T/8 idle, T/24 between probes, 3
+ * probes (at least 1 s each, at most 30 and 10 s), and TCP_USER_TIMEOUT the same bound. */
+typedef struct ka_ctx {
+    int vals[MAXN][4][5]; /* member, connection, [keepalive, idle, intvl, cnt, user timeout] */
+    int bound[MAXN];
+} ka_ctx;
+
+static void keepalive_body(member *m)
+{
+    ka_ctx *kc = m->w->ctx;
+    tcp_be *be = m->be;
+    int fds[4] = {be->out_fd, be->in_fd, be->ctl_out_fd, be->ctl_in_fd};
+    for (int i = 0; i < 4; i++) {
+        static const int lv[5] = {SOL_SOCKET, IPPROTO_TCP, IPPROTO_TCP, IPPROTO_TCP, IPPROTO_TCP};
+        static const int nm[5] = {SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT,
+                                  TCP_USER_TIMEOUT};
+        for (int j = 0; j < 5; j++) {
+            socklen_t len = sizeof(int);
+            if (getsockopt(fds[i], lv[j], nm[j], &kc->vals[m->me][i][j], &len) != 0)
+                note(m, "getsockopt %d/%d: %s", i, j, strerror(errno));
+        }
+    }
+    kc->bound[m->me] = be->ka_bound_s;
+}
+
+static void keepalive_follows_timeout(void **state)
+{
+    static const struct {
+        int setup_ms, idle, intvl, bound;
+    } cases[] = {{10000, 1, 1, 4}, {120000, 15, 5, 30}, {300000, 30, 10, 60}};
+    for (size_t c = 0; c < 3; c++) {
+        ka_ctx kc;
+        memset(&kc, 0, sizeof kc);
+        world *w = world_new(state, 2, NULL);
+        w->setup_ms = cases[c].setup_ms;
+        w->body = keepalive_body;
+        w->ctx = &kc;
+        world_run(w);
+        world_check(w);
+        for (int m = 0; m < 2; m++) {
+            assert_int_equal(kc.bound[m], cases[c].bound);
+            for (int i = 0; i < 4; i++) {
+                assert_int_not_equal(kc.vals[m][i][0], 0);
+                assert_int_equal(kc.vals[m][i][1], cases[c].idle);
+                assert_int_equal(kc.vals[m][i][2], cases[c].intvl);
+                assert_int_equal(kc.vals[m][i][3], 3);
+                assert_int_equal(kc.vals[m][i][4], cases[c].bound * 1000);
+            }
+        }
+        free(w);
+    }
 }
 
 static void differing_collectives_are_reported(void **state)
@@ -1066,6 +1296,9 @@ int main(void)
         cmocka_unit_test(matrix_2),
         cmocka_unit_test(matrix_3),
         cmocka_unit_test(matrix_4),
+        cmocka_unit_test(matrix_5),
+        cmocka_unit_test(matrix_threshold),
+        cmocka_unit_test(same_bits_everywhere),
         cmocka_unit_test(matrix_large),
         cmocka_unit_test(matrix_16mb),
         cmocka_unit_test(barrier_waits_for_all),
@@ -1073,6 +1306,8 @@ int main(void)
         cmocka_unit_test(abort_unblocks_run),
         cmocka_unit_test(dead_peer_fails_fast),
         cmocka_unit_test(differing_collectives_are_reported),
+        cmocka_unit_test(differing_algorithms_are_reported),
+        cmocka_unit_test(keepalive_follows_timeout),
         cmocka_unit_test(setup_times_out_naming_member),
         cmocka_unit_test(strangers_are_refused),
         cmocka_unit_test(throughput),

@@ -221,6 +221,12 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "rank %d closed its connection during %s: it probably died",
                              be->ranks[peer], what);
+    if (e == ETIMEDOUT)
+        return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
+                             "rank %d stopped answering on the network (no reply to TCP keepalive "
+                             "or data within %d s) before %s finished: its host may be down or cut "
+                             "off; check that host and the network between",
+                             be->ranks[peer], be->ka_bound_s, what);
     return ddp__tcp_fail(be, f, DDP_ERR_NETWORK, "connection with rank %d failed during %s: %s",
                          be->ranks[peer], what, strerror(e));
 }
@@ -302,6 +308,13 @@ ddp_status ddp__tcp_check_header(xfer *x, ddp__fail *f)
             "rank %d sent bytes that are not a collective header at the start of %s: the "
             "tcp streams are out of step (a collective with another count on some rank?)",
             be->ranks[p], what);
+    if (memcmp(be->hdr_in, be->hdr_out, 7) == 0 && memcmp(be->hdr_in + 8, be->hdr_out + 8, 24) == 0)
+        return ddp__tcp_fail(be, f, DDP_ERR_INVALID,
+                             "rank %d runs %s with the %s allreduce while rank %d uses the %s one: "
+                             "the ranks were built with different tcp thresholds; use one build "
+                             "of ddpc on every host",
+                             be->ranks[p], what, be->hdr_in[7] ? "small-message" : "ring",
+                             be->ranks[be->me], be->hdr_out[7] ? "small-message" : "ring");
     char theirs[160], mine[160];
     describe_header(be->hdr_in, theirs, sizeof theirs);
     describe_header(be->hdr_out, mine, sizeof mine);

@@ -2,7 +2,10 @@
  * ring.c — the tcp backend's collectives (tcp_int.h): each laid out as a schedule of send and
  * receive segments over the ring, then driven to completion by one poll() loop.
  *
- *   allreduce       ring reduce-scatter then ring allgather, 2(n−1) steps of count/n elements;
+ *   allreduce       small (n − 1 times the bytes ≤ TCP_SMALL_MAX): a ring allgather of whole
+ *                   inputs, n − 1 steps, then every member reduces the n inputs in member order
+ *                   (one pass, so all members hold the same bits); large: ring reduce-scatter
+ *                   then ring allgather, 2(n−1) steps of count/n elements;
  *   reduce_scatter  the reduce-scatter half, shifted so member i ends with block i;
  *   allgather       the allgather half;
  *   broadcast       a chain from the root that forwards bytes as soon as they arrive;
@@ -49,9 +52,10 @@ static bool reserve(void **buf, size_t *cap, size_t need)
 
 /* ---- the collective header ------------------------------------------------------------------- */
 
-/* Layout: 0 magic, 4 kind, 5 dtype, 6 op, 7 zero, 8 root, 12 seq, 20 count, 28 zero. Fields a
- * kind does not use are zero, so two members running the same collective send equal bytes. */
-static void encode_header(unsigned char *h, const ddp__coll *c)
+/* Layout: 0 magic, 4 kind, 5 dtype, 6 op, 7 algorithm (1: small allreduce), 8 root, 12 seq,
+ * 20 count, 28 zero. Fields a kind does not use are zero, so two members running the same
+ * collective send equal bytes. */
+static void encode_header(unsigned char *h, const ddp__coll *c, bool small)
 {
     memset(h, 0, HDR_BYTES);
     put32(h, HDR_MAGIC);
@@ -62,6 +66,7 @@ static void encode_header(unsigned char *h, const ddp__coll *c)
     }
     if (is_reduction(c->kind))
         h[6] = (unsigned char)c->op;
+    h[7] = small ? 1 : 0;
     if (c->kind == DDP__BROADCAST)
         put32(h + 8, (uint32_t)c->root);
     put64(h + 12, c->seq);
@@ -299,7 +304,7 @@ static void sched_begin(xfer *x, bool sends, bool recvs)
 {
     tcp_be *be = x->be;
     x->ns = x->nr = 0;
-    encode_header(be->hdr_out, x->c);
+    encode_header(be->hdr_out, x->c, x->small);
     if (sends)
         add_send(x, be->hdr_out, HDR_BYTES, -1);
     if (recvs)
@@ -366,6 +371,20 @@ static void sched_allgather(xfer *x, char *buf, size_t B)
         int sb = mod(me - t, n), rb = mod(me - t - 1, n);
         add_send(x, buf + (size_t)sb * B, B, t == 0 ? -1 : t);
         add_recv(x, SEG_COPY, buf + (size_t)rb * B, NULL, B, rb);
+    }
+}
+
+/* Small allreduce: a ring allgather of whole inputs of B bytes. Member me sends its own input
+ * from in; the others' land in gather, slot j holding member j's (slot me unused); step t sends
+ * what step t−1 received and receives the input of member me−t−1. */
+static void sched_small_allreduce(xfer *x, const char *in, char *gather, size_t B)
+{
+    int me = x->be->me, n = x->be->n;
+    sched_begin(x, true, true);
+    for (int t = 0; t < n - 1; t++) {
+        int sb = mod(me - t, n), rb = mod(me - t - 1, n);
+        add_send(x, t == 0 ? in : gather + (size_t)sb * B, B, t == 0 ? -1 : t);
+        add_recv(x, SEG_COPY, gather + (size_t)rb * B, NULL, B, rb);
     }
 }
 
@@ -440,7 +459,13 @@ static ddp_status plan(xfer *x, ddp__fail *f, bool half)
     char *w = be->f32;
     switch (c->kind) {
     case DDP__ALLREDUCE:
-        if (half)
+        if (x->small) {
+            if (!reserve((void **)&be->gather, &be->gather_cap, n * count * esz + 1))
+                return ddp__tcp_fail(be, f, DDP_ERR_NOMEM,
+                                     "tcp allreduce: out of memory for %zu bytes of inputs",
+                                     n * count * esz);
+            sched_small_allreduce(x, c->send, (char *)be->gather, count * esz);
+        } else if (half)
             sched_allreduce(x, w, w, count, sizeof(float));
         else
             sched_allreduce(x, c->send, c->recv, count, esz);
@@ -509,7 +534,12 @@ ddp_status ddp__tcp_run(void *bev, const ddp__coll *c, ddp__fail *f)
     x.c = c;
     x.start_ms = ddp__now_ms();
     x.op = c->op;
-    bool half = is_reduction(c->kind) && is_half(c->dtype);
+    size_t esz = c->kind == DDP__BARRIER ? 1 : ddp_dtype_size(c->dtype);
+    /* The same choice on every member: it depends only on the collective (the header carries
+     * it, so a member built with another threshold is reported, not misread). */
+    x.small = c->kind == DDP__ALLREDUCE && c->count > 0 &&
+              c->count * esz <= be->small_max / (size_t)(be->n - 1);
+    bool half = is_reduction(c->kind) && is_half(c->dtype) && !x.small;
     x.wtype = half ? DDP_FLOAT32 : c->dtype;
     x.wsize = half ? sizeof(float) : c->kind == DDP__BARRIER ? 1 : ddp_dtype_size(c->dtype);
     /* A peer may have failed while this member was away: its notice is waiting. */
@@ -521,7 +551,21 @@ ddp_status ddp__tcp_run(void *bev, const ddp__coll *c, ddp__fail *f)
     if (st != DDP_OK)
         return st;
     size_t me = (size_t)be->me;
-    if (half && c->kind == DDP__ALLREDUCE)
+    if (x.small) {
+        /* Every member reduces the same inputs in the same order in one pass, so all hold the
+         * same bits; bfloat16/float16 are summed in float32 and rounded once by the kernel. The
+         * output may alias this member's own input (in place). */
+        for (size_t j = 0; j < (size_t)be->n; j++)
+            be->srcs[j] = j == me ? c->send : be->gather + j * c->count * esz;
+        if (be->n == 2 && me == 1 && c->send == c->recv) {
+            /* The kernel reduces two inputs in place as dst op other, which would be input 1
+             * op input 0 here: the same number, but a NaN keeps the payload of its left
+             * operand. So member 1 reduces from a copy, in the order member 0 uses. */
+            memcpy(be->gather + me * c->count * esz, c->send, c->count * esz);
+            be->srcs[me] = be->gather + me * c->count * esz;
+        }
+        ddp__reduce_many(c->recv, be->srcs, be->n, c->count, c->dtype, c->op);
+    } else if (half && c->kind == DDP__ALLREDUCE)
         ddp__from_f32(c->recv, be->f32, c->count, c->dtype);
     else if (half)
         ddp__from_f32(c->recv, (const float *)be->f32 + me * c->count, c->count, c->dtype);

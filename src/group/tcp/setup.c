@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -325,6 +328,42 @@ out_close_listener:
     return st;
 }
 
+/* ---- keepalive ------------------------------------------------------------------------------- */
+
+/* TCP keepalive on every connection, so a peer whose host vanishes without a FIN or RST (power
+ * lost, cable pulled, a VM gone) fails the connection within ka_bound_s (see the top of
+ * tcp_int.h) instead of the collective's deadline, and while no collective runs the next one
+ * fails at once. From the set-up timeout T (the group timeout, at most 5 min): probes start
+ * after T/8 of silence, go every T/24, and 3 unanswered ones end the connection: T/4 in all,
+ * at least 4 s, at most 60 s (T/8 at most 30 s, T/24 at most 10 s). TCP_USER_TIMEOUT gives
+ * unacknowledged data the same bound. A peer that is alive answers probes from its kernel, so a
+ * slow or stopped rank is never mistaken for a lost one: that is the deadline's job. */
+static int keepalive_bound(int timeout_ms, int *idle_s, int *intvl_s)
+{
+    int t = timeout_ms / 1000;
+    *idle_s = t / 8 < 1 ? 1 : t / 8 > 30 ? 30 : t / 8;
+    *intvl_s = t / 24 < 1 ? 1 : t / 24 > 10 ? 10 : t / 24;
+    return *idle_s + 3 * *intvl_s;
+}
+
+static void set_keepalive(tcp_be *be, int timeout_ms)
+{
+    int idle, intvl, cnt = 3, one = 1;
+    be->ka_bound_s = keepalive_bound(timeout_ms, &idle, &intvl);
+    unsigned user_ms = (unsigned)be->ka_bound_s * 1000u;
+    int fds[4] = {be->out_fd, be->in_fd, be->ctl_out_fd, be->ctl_in_fd};
+    for (int i = 0; i < 4; i++) {
+        if (fds[i] < 0)
+            continue;
+        /* Best effort: a kernel without these options still has the collective's deadline. */
+        (void)setsockopt(fds[i], SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+    }
+}
+
 static void tcp_destroy(void *bev)
 {
     tcp_be *be = bev;
@@ -342,6 +381,8 @@ static void tcp_destroy(void *bev)
     free(be->bar);
     free(be->f32);
     free(be->rs);
+    free(be->gather);
+    free((void *)be->srcs);
     free(be);
 }
 
@@ -387,8 +428,11 @@ ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_
     be->sends = calloc(2 * (size_t)m->n, sizeof(seg));
     be->recvs = calloc(2 * (size_t)m->n, sizeof(seg));
     be->bar = calloc((size_t)m->n, 1);
+    be->srcs = calloc((size_t)m->n, sizeof *be->srcs);
+    be->small_max = TCP_SMALL_MAX;
     be->stage = m->n > 1 ? malloc(TCP_CHUNK) : NULL;
-    if (!be->ranks || !be->sends || !be->recvs || !be->bar || (m->n > 1 && !be->stage)) {
+    if (!be->ranks || !be->sends || !be->recvs || !be->bar || !be->srcs ||
+        (m->n > 1 && !be->stage)) {
         ddp__err(err, DDP_ERR_NOMEM, "tcp backend: out of memory");
         goto out_destroy;
     }
@@ -402,6 +446,7 @@ ddp_status ddp__tcp_create(const ddp__members *m, ddp_store *store, int timeout_
         st = connect_ring(be, &mm, store, timeout_ms, err);
         if (st != DDP_OK)
             goto out_destroy;
+        set_keepalive(be, timeout_ms);
     }
     be->box[BOX_NEXT].fd = be->out_fd;
     be->box[BOX_PREV].fd = be->ctl_in_fd;

@@ -8,8 +8,11 @@
  * the interface that routes toward the store's host, publishes "addr:port" under
  * <prefix>/addr/<me>, and opens two connections to the next member of a ring, (me+1)%n: a data
  * connection, on which it only sends, and a control connection, which carries nothing until
- * something fails. Every collective runs over the ring, pipelined (ring.c). The first failure
- * ends the backend, and a notice tells the neighbours why (fail.c).
+ * something fails. Every collective runs over the ring (ring.c): large allreduces pipelined as
+ * reduce-scatter + allgather, small ones (TCP_SMALL_MAX) as one allgather of whole inputs that
+ * every member then reduces in member order. The first failure ends the backend, and a notice
+ * tells the neighbours why (fail.c). Connections carry TCP keepalive set from the group timeout
+ * (setup.c), so a host that vanishes without a FIN or RST is noticed even between collectives.
  *
  * The three files, each including only this header:
  *   setup.c  listening, the handshake with prev and next, create and destroy;
@@ -23,14 +26,16 @@
  * acceptor → connector: u32 magic "DDPR", u32 code (0 accepted, 1 malformed, 2 wrong token,
  * 3 another group, 4 not the expected member); a refused connection is then closed.
  * Each collective opens every data stream it uses with a 32-byte header (magic "DDPC", kind,
- * dtype, op, root, seq, count; see encode_header in ring.c), then the raw bytes of each step: no
+ * dtype, op, algorithm, root, seq, count; see encode_header in ring.c), then the raw bytes of
+ * each step: no
  * framing, both sides know the schedule. A header unlike the receiver's own is reported as
  * collectives that differ across ranks, instead of reading one collective's bytes as another's.
  * A notice: u32 magic "DDPN", u32 −status, u32 length, that many bytes of message.
  *
  * What the backend deliberately does not do: ordering, debug checks and AVG (the core does
- * those); tree or recursive-doubling algorithms for small messages (latency is 2(n−1) hops, fine
- * for the few hosts tcp connects); encryption (the token keeps strangers out, it does not hide
+ * those); recursive doubling (log2 n hops, but connections to log2 n partners: the small
+ * allreduce's n − 1 hops are as few for n ≤ 3 and one more at 4, the few hosts tcp connects);
+ * encryption (the token keeps strangers out, it does not hide
  * data); reconnection (a lost connection fails the backend for good).
  */
 #ifndef DDP_GROUP_TCP_INT_H
@@ -47,6 +52,12 @@
 /* Reduction granularity: bytes received into the staging buffer before they are reduced and
  * become sendable. 256 KiB stays in L2 for the reduce and keeps the pipeline fine-grained. */
 #define TCP_CHUNK ((size_t)256 << 10)
+
+/* The small-message allreduce (ring.c) is used when (n − 1) × bytes ≤ this: every member sends
+ * its whole input round the ring (n − 1 hops instead of the ring's 2(n − 1)) and reduces all n
+ * inputs itself, in member order. Measured on loopback and between two network namespaces
+ * (docs/group.md); every member computes the same choice from the collective alone. */
+#define TCP_SMALL_MAX ((size_t)64 << 10)
 
 #define HELLO_MAGIC 0x48504444u  /* "DDPH" */
 #define REPLY_MAGIC 0x52504444u  /* "DDPR" */
@@ -107,13 +118,18 @@ typedef struct tcp_be {
     ddp_status fail_st; /* DDP_OK while healthy; written only by run() */
     char fail_msg[DDP_ERRMSG_MAX];
 
-    seg *sends, *recvs;   /* (2n,) each: the current collective's schedule */
-    unsigned char *stage; /* (TCP_CHUNK,) received bytes waiting to be reduced */
-    unsigned char *bar;   /* (n,) the barrier's payload */
-    void *f32;            /* bf16/fp16 reductions: the float32 working copy, reused */
-    size_t f32_cap;       /* bytes */
-    void *rs;             /* reduce_scatter: partial blocks, (n × count) elements, reused */
-    size_t rs_cap;        /* bytes */
+    seg *sends, *recvs;    /* (2n,) each: the current collective's schedule */
+    unsigned char *stage;  /* (TCP_CHUNK,) received bytes waiting to be reduced */
+    unsigned char *bar;    /* (n,) the barrier's payload */
+    void *f32;             /* bf16/fp16 reductions: the float32 working copy, reused */
+    size_t f32_cap;        /* bytes */
+    void *rs;              /* reduce_scatter: partial blocks, (n × count) elements, reused */
+    size_t rs_cap;         /* bytes */
+    unsigned char *gather; /* small allreduce: the other members' inputs, (n × bytes), reused */
+    size_t gather_cap;     /* bytes */
+    const void **srcs;     /* (n,) small allreduce: the inputs in member order */
+    size_t small_max;      /* TCP_SMALL_MAX; tests lower it to run the ring on small counts */
+    int ka_bound_s;        /* keepalive: a silent peer's connection fails within this (setup.c) */
     unsigned char hdr_out[HDR_BYTES], hdr_in[HDR_BYTES];
 } tcp_be;
 
@@ -130,6 +146,7 @@ typedef struct xfer {
     ddp_dtype wtype; /* dtype of SEG_REDUCE data (float32 for bf16/fp16) */
     size_t wsize;
     ddp_op op;
+    bool small; /* allreduce by the small-message algorithm */
     int64_t start_ms;
 } xfer;
 
