@@ -10,6 +10,10 @@
  *   faultcheck absent    the last rank never calls the collective: it writes its pid to
  *                        $FAULT_DIR/pid.RANK and sleeps 60 s (exit 4), the others allreduce 4 MB
  *                        once (tests/integration/test_mpi.sh: under mpirun the job must end)
+ *   faultcheck idle      one allreduce, then $FAULT_IDLE seconds with no collective (progress
+ *                        −1 marks the start), then the loop (a peer that vanished meanwhile)
+ * $FAULT_COUNT sets the loop's float32 count (default 1 Mi elements: 4 MB, the ring over tcp;
+ * 1000 takes tcp's small-message allreduce).
  *
  * On failure each surviving rank prints, on one line each: the error, the milliseconds between
  * the failing call's start and its return, and what a later call returns (the group is
@@ -58,6 +62,9 @@ int main(int argc, char **argv)
     }
     int R = ddp_group_rank(g);
     size_t n = (size_t)1 << 20;
+    const char *cnt = getenv("FAULT_COUNT");
+    if (cnt && atol(cnt) > 0)
+        n = (size_t)atol(cnt);
     float *buf = calloc(n, sizeof *buf);
     float x[1000] = {0};
     ddp_status st = DDP_OK;
@@ -83,6 +90,14 @@ int main(int argc, char **argv)
         st = R == 0 ? ddp_allreduce(g, x, x, 1000, DDP_FLOAT32, DDP_SUM)
                     : ddp_broadcast(g, x, 1000, DDP_FLOAT32, 0);
     } else {
+        if (!strcmp(mode, "idle")) {
+            st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+            progress(R, -1);
+            const char *idle = getenv("FAULT_IDLE");
+            struct timespec ts = {idle ? atoi(idle) : 1, 0};
+            while (nanosleep(&ts, &ts) != 0) {
+            }
+        }
         for (int i = 0; i < 100000 && st == DDP_OK; i++) {
             progress(R, i);
             t0 = now_ms();

@@ -100,3 +100,19 @@ for _ in $(seq 200); do [ "$(cat "$T/progress.0")" -gt "$before" ] && break; sle
 for p in "${RANK_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 ok "$DDP_BACKEND: a stopped rank is reported while it happens (after 1 s, then 3 s), naming rank 1; the job carries on after SIGCONT"
+
+# 5. Over tcp, the same deaths with small allreduces (1000 floats: the small-message algorithm).
+if [ "$DDP_BACKEND" = tcp ]; then
+    rm -f "$T"/progress.*
+    FAULT_COUNT=1000 start_ranks loop
+    wait_progress
+    kill -KILL "${RANK_PIDS[1]}"
+    for r in 0 2; do check_survivor $r 8000 "allreduce #" "rank 1"; done
+    rm -f "$T"/progress.*
+    FAULT_COUNT=1000 start_ranks loop
+    wait_progress
+    kill -STOP "${RANK_PIDS[1]}"
+    for r in 0 2; do check_survivor $r 8000 "timed out" "allreduce #" "rank 1"; done
+    kill -KILL "${RANK_PIDS[1]}"
+    ok "tcp, small allreduces: a killed rank and a stopped one are reported as with large ones"
+fi
