@@ -934,7 +934,8 @@ static void differing_algorithms_are_reported(void **state)
 }
 
 /* Keepalive on every connection, from the set-up timeout: T/8 idle, T/24 between probes, 3
- * probes (at least 1 s each, at most 30 and 10 s), and TCP_USER_TIMEOUT the same bound. */
+ * probes (at least 1 s each, at most 30 and 10 s); no TCP_USER_TIMEOUT (a stopped receiver must
+ * be left to the deadline). */
 typedef struct ka_ctx {
     int vals[MAXN][4][5]; /* member, connection, [keepalive, idle, intvl, cnt, user timeout] */
     int bound[MAXN];
@@ -979,7 +980,7 @@ static void keepalive_follows_timeout(void **state)
                 assert_int_equal(kc.vals[m][i][1], cases[c].idle);
                 assert_int_equal(kc.vals[m][i][2], cases[c].intvl);
                 assert_int_equal(kc.vals[m][i][3], 3);
-                assert_int_equal(kc.vals[m][i][4], cases[c].bound * 1000);
+                assert_int_equal(kc.vals[m][i][4], 0);
             }
         }
         free(w);

@@ -224,7 +224,7 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
     if (e == ETIMEDOUT)
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "rank %d stopped answering on the network (no reply to TCP keepalive "
-                             "or data within %d s) before %s finished: its host may be down or cut "
+                             "within %d s) before %s finished: its host may be down or cut "
                              "off; check that host and the network between",
                              be->ranks[peer], be->ka_bound_s, what);
     return ddp__tcp_fail(be, f, DDP_ERR_NETWORK, "connection with rank %d failed during %s: %s",

@@ -335,9 +335,13 @@ out_close_listener:
  * tcp_int.h) instead of the collective's deadline, and while no collective runs the next one
  * fails at once. From the set-up timeout T (the group timeout, at most 5 min): probes start
  * after T/8 of silence, go every T/24, and 3 unanswered ones end the connection: T/4 in all,
- * at least 4 s, at most 60 s (T/8 at most 30 s, T/24 at most 10 s). TCP_USER_TIMEOUT gives
- * unacknowledged data the same bound. A peer that is alive answers probes from its kernel, so a
- * slow or stopped rank is never mistaken for a lost one: that is the deadline's job. */
+ * at least 4 s, at most 60 s (T/8 at most 30 s, T/24 at most 10 s). A peer that is alive
+ * answers probes from its kernel, so a slow or stopped rank is never mistaken for a lost one:
+ * that is the deadline's job. Keepalive probes only a connection with nothing unacknowledged,
+ * so a member still sending to a vanished peer does not notice itself; the member after the
+ * vanished one does (it only receives from it) and its notice ends the group on every member.
+ * No TCP_USER_TIMEOUT: it would also end a connection whose receiver is stopped (SIGSTOP, a
+ * debugger) with a full window, long before the deadline. */
 static int keepalive_bound(int timeout_ms, int *idle_s, int *intvl_s)
 {
     int t = timeout_ms / 1000;
@@ -350,7 +354,6 @@ static void set_keepalive(tcp_be *be, int timeout_ms)
 {
     int idle, intvl, cnt = 3, one = 1;
     be->ka_bound_s = keepalive_bound(timeout_ms, &idle, &intvl);
-    unsigned user_ms = (unsigned)be->ka_bound_s * 1000u;
     int fds[4] = {be->out_fd, be->in_fd, be->ctl_out_fd, be->ctl_in_fd};
     for (int i = 0; i < 4; i++) {
         if (fds[i] < 0)
@@ -360,7 +363,6 @@ static void set_keepalive(tcp_be *be, int timeout_ms)
         (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
         (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
         (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
     }
 }
 
