@@ -8,9 +8,11 @@
 #ifndef DDP_DDP_H
 #define DDP_DDP_H
 
+#include "ddp/amp.h"
 #include "ddp/ckpt.h"
 #include "ddp/config.h"
 #include "ddp/data.h"
+#include "ddp/device.h"
 #include "ddp/group.h"
 #include "ddp/model.h"
 #include "ddp/nn.h"

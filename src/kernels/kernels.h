@@ -63,4 +63,17 @@ void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
  * DDP_ERR_SYSTEM for any other CUDA error; DDP_ERR_INVALID when n is NULL. Thread-safe. */
 ddp_status ddp__cuda_device_count(int *n, ddp_error *err);
 
+/* The name of CUDA device idx as the driver gives it ("NVIDIA H100 80GB HBM3"), NUL-terminated
+ * and truncated to cap bytes, into name (written only on DDP_OK). DDP_ERR_NOT_FOUND as above,
+ * DDP_ERR_INVALID for a bad idx or buffer. Thread-safe. */
+ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err);
+
+/* ---- device choice (device.c) ---------------------------------------------------------------
+ * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:
+ * none, and `why` says why). Separate so that tests can give any count. want must be "cpu",
+ * "cuda" or "auto". */
+struct ddp_device_choice;
+ddp_status ddp__device_decide(const char *want, int local_rank, int visible, const char *why,
+                              struct ddp_device_choice *out, ddp_error *err);
+
 #endif /* DDP_KERNELS_H */

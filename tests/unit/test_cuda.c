@@ -2,7 +2,8 @@
  * test_cuda.c — the CUDA side of src/kernels, through its C signatures (kernels/kernels.h).
  *
  * Exits with CTest's skip code (77) when there is no usable GPU — no driver, no device, or a
- * build without CUDA — printing why, so a machine without a GPU reports "skipped", not "passed".
+ * build without CUDA — printing why, so a machine without a GPU reports "skipped", not "passed";
+ * with DDP_REQUIRE_GPU=1 that is a failure instead (gpu_skip.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,9 +12,8 @@
 
 #include <cmocka.h>
 
+#include "gpu_skip.h"
 #include "kernels/kernels.h"
-
-#define SKIP_CODE 77
 
 static void device_count(void **state)
 {
@@ -28,17 +28,7 @@ static void device_count(void **state)
 
 int main(void)
 {
-    int n = -1;
-    ddp_error err = {0};
-    ddp_status st = ddp__cuda_device_count(&n, &err);
-    if (st == DDP_ERR_NOT_FOUND) {
-        printf("skipped: %s\n", err.msg);
-        return n == -1 ? SKIP_CODE : 1; /* *n is written only on success */
-    }
-    if (st != DDP_OK) {
-        printf("ddp__cuda_device_count: %s\n", err.msg);
-        return 1;
-    }
+    int n = ddp_test_gpus_or_skip("test_cuda");
     printf("%d CUDA device(s)\n", n);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(device_count),

@@ -53,3 +53,24 @@ extern "C" ddp_status ddp__cuda_device_count(int *n, ddp_error *err)
                 "whether the driver and GPUs are healthy",
                 cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
 }
+
+extern "C" ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err)
+{
+    if (!name || cap == 0)
+        return fail(err, DDP_ERR_INVALID, "cuda device name: no output buffer");
+    int n = 0;
+    ddp_status st = ddp__cuda_device_count(&n, err);
+    if (st != DDP_OK)
+        return st;
+    if (idx < 0 || idx >= n)
+        return fail(err, DDP_ERR_INVALID, "cuda device %d: out of range (%d visible)", idx, n);
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, idx);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(err, DDP_ERR_SYSTEM, "cuda device %d: cudaGetDeviceProperties: %s", idx,
+                    cudaGetErrorString(e));
+    }
+    snprintf(name, cap, "%s", prop.name);
+    return DDP_OK;
+}
