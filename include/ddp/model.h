@@ -72,6 +72,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ddp/device.h"
 #include "ddp/status.h"
 
 #ifdef __cplusplus
@@ -105,11 +106,16 @@ typedef struct ddp_model_spec {
     int block_size; /* the longest sequence (position embeddings), ≥ 1 */
     int vocab_size; /* token ids in [0, vocab_size); 256 for bytes, 50304 for padded GPT-2 BPE */
     bool bias;      /* biases in the linear layers and layernorms (nanoGPT's `bias`) */
+    /* where and how it computes (ddp/device.h): */
+    ddp_device device;       /* DDP_DEVICE_CPU; DDP_DEVICE_CUDA: gpt only (docs/gpu.md) */
+    int device_index;        /* the CUDA device, e.g. ddp_device_choice.cuda_index */
+    ddp_precision precision; /* DDP_PRECISION_FP32; the others need device CUDA */
 } ddp_model_spec;
 
 #define DDP_MODEL_SPEC_INIT                                                                        \
     {                                                                                              \
-        "mlp", 64, 0, 1, 28, 28, 10, NULL, 0, NULL, 0, 0.0f, "relu", 4, 4, 128, 128, 256, true     \
+        "mlp", 64, 0, 1, 28, 28, 10, NULL, 0, NULL, 0, 0.0f, "relu", 4, 4, 128, 128, 256, true,    \
+            DDP_DEVICE_CPU, 0, DDP_PRECISION_FP32                                                  \
     }
 
 #define DDP_MODEL_MAX_DIMS 4

@@ -98,6 +98,22 @@ static void build_errors(void **state)
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.dropout = 1.5f;
     expect_build_error(&s, "dropout 1.5");
+    /* device and precision (ddp/device.h): reduced precision needs a GPU; only gpt has a CUDA
+     * path */
+    for (int p = DDP_PRECISION_TF32; p < DDP_PRECISION_COUNT; p++) {
+        s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+        s.precision = (ddp_precision)p;
+        expect_build_error(&s, "needs a GPU: the CPU path computes in fp32 only");
+    }
+    s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+    s.device = DDP_DEVICE_CUDA;
+    expect_build_error(&s, "model type 'mlp' has no CUDA path yet (only gpt has one)");
+    s.type = "cnn";
+    s.precision = DDP_PRECISION_BF16;
+    expect_build_error(&s, "model type 'cnn' has no CUDA path yet");
+    s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+    s.device = DDP_DEVICE_COUNT;
+    expect_build_error(&s, "model device 2: must be cpu or cuda");
     ddp_model *m;
     assert_int_equal(ddp_model_build(NULL, &m, NULL), DDP_ERR_INVALID);
     ddp_model_free(NULL);

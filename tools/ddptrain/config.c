@@ -53,6 +53,14 @@ static const ddp_cfg_key schema[] = {
     {"model.vocab_size", DDP_CFG_INT, "256", NULL,
      "gpt: token ids are below it (256: bytes; GPT-2 BPE: 50304, 50257 padded)"},
     {"model.bias", DDP_CFG_BOOL, "true", NULL, "gpt: biases in linear layers and layernorms"},
+    {"device", DDP_CFG_CHOICE, "cpu", "cpu|cuda|auto",
+     "where to compute: cuda uses GPU LOCAL_RANK mod visible GPUs (gpt only; docs/gpu.md), "
+     "auto the GPU if there is one, else the CPU"},
+    {"precision", DDP_CFG_CHOICE, "fp32", "fp32|tf32|bf16|fp16",
+     "matrix arithmetic: tf32, bf16, fp16 need device cuda"},
+    {"mfu_peak_tflops", DDP_CFG_FLOAT, "0", NULL,
+     "the per-rank peak MFU is measured against (0: a GPU's dense peak from the table, a "
+     "CPU's measured at start)"},
     {"augment.hflip", DDP_CFG_BOOL, "false", NULL, "train: flip images left-right, p = 1/2"},
     {"augment.shift", DDP_CFG_INT, "0", NULL,
      "train: shift images by up to N pixels, zero fill (RandomCrop padding=N)"},
@@ -136,6 +144,21 @@ static int check_values(const ddp_config *c)
     if (sscanf(ddp_config_str(c, "betas"), "%f,%f%c", &b1, &b2, &extra) != 2) {
         fprintf(stderr, "ddptrain: betas '%s' is not two numbers like 0.9,0.95\n",
                 ddp_config_str(c, "betas"));
+        return 2;
+    }
+    /* fp32 is the CPU's only precision: say so before any work when the device is cpu (with
+     * auto it depends on the machine, and is checked once the device is chosen). */
+    if (!strcmp(ddp_config_str(c, "device"), "cpu") &&
+        strcmp(ddp_config_str(c, "precision"), "fp32") != 0) {
+        fprintf(stderr,
+                "ddptrain: precision '%s' needs a GPU: the CPU path computes in fp32 only; "
+                "HINT: set --precision fp32, or --device cuda on a machine with an NVIDIA GPU\n",
+                ddp_config_str(c, "precision"));
+        return 2;
+    }
+    if (ddp_config_float(c, "mfu_peak_tflops") < 0) {
+        fprintf(stderr,
+                "ddptrain: mfu_peak_tflops must be ≥ 0 (0: the table's or the measured peak)\n");
         return 2;
     }
     if (strcmp(ddp_config_str(c, "model.type"), "gpt") != 0)

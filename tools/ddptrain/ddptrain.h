@@ -38,6 +38,10 @@ typedef struct trainer {
     int vocab;   /* model.vocab_size */
     bool random; /* data.sampling random: nanoGPT's random windows; else epochs of fixed ones */
     char train_path[4096], val_path[4096]; /* the token files read (made from data.text?) */
+    ddp_device_choice dev;                 /* the device this rank computes on (device) */
+    ddp_precision prec;                    /* precision */
+    double peak_flops; /* per rank, given (mfu_peak_tflops) or a GPU's from the table; 0: none
+                          (metrics.c measures a CPU's) */
     ddp_model *m;
     ddp_param *rparams, *rbuffers; /* the reducer's view of the model's parameters and buffers */
     ddp_reducer *red;

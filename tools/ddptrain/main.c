@@ -106,6 +106,9 @@ static int build_model(trainer *t)
     ms.block_size = (int)ddp_config_int(c, "model.block_size");
     ms.vocab_size = (int)ddp_config_int(c, "model.vocab_size");
     ms.bias = ddp_config_bool(c, "model.bias");
+    ms.device = t->dev.device;
+    ms.device_index = t->dev.cuda_index < 0 ? 0 : t->dev.cuda_index;
+    ms.precision = t->prec;
     if (ddp_model_build(&ms, &t->m, &err) != DDP_OK)
         return trainer_die(t, "model", err.msg);
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
@@ -163,6 +166,29 @@ static int wrap_model(trainer *t)
 
 /* ---- the program ------------------------------------------------------------------------------
  */
+
+/* The device (device: cpu | cuda | auto, GPU LOCAL_RANK mod visible) and the precision, and
+ * the peak FLOP/s for MFU: exit code 2 for a precision the device cannot do, 1 when cuda finds
+ * no GPU. */
+static int choose_device(trainer *t)
+{
+    ddp_error err = {0};
+    if (ddp_device_select(ddp_config_str(t->cfg, "device"), t->world.local_rank, &t->dev, &err) !=
+        DDP_OK) {
+        fprintf(stderr, "ddptrain: rank %d: %s\n", t->R, err.msg);
+        return 1;
+    }
+    if (t->dev.note[0])
+        trainer_say(t, "%s", t->dev.note);
+    if (ddp_precision_parse(ddp_config_str(t->cfg, "precision"), &t->prec, &err) != DDP_OK ||
+        ddp_precision_check(t->dev.device, t->prec, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        return 2;
+    }
+    double over = ddp_config_float(t->cfg, "mfu_peak_tflops");
+    t->peak_flops = over > 0 ? over * 1e12 : ddp_device_peak_flops(t->dev.name, t->prec);
+    return 0;
+}
 
 /* Joins the group: exit code 1 on failure. */
 static int join(trainer *t)
@@ -334,7 +360,7 @@ int main(int argc, char **argv)
         trainer_say(&t, "data: %zu training tokens in %s, %zu validation tokens in %s",
                     ddp_dataset_num_tokens(tr), t.train_path, ddp_dataset_num_tokens(te),
                     t.val_path);
-    if ((rc = build_model(&t)))
+    if ((rc = choose_device(&t)) || (rc = build_model(&t)))
         goto out;
     /* Resume (train) or load (test, predict): rank 0 reads, everyone gets it by broadcast. */
     const char *spec =
@@ -351,16 +377,23 @@ int main(int argc, char **argv)
     bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
     snprintf(bk, sizeof bk, "%s%s%s", ddp_group_backend(t.g), other ? ", started by " : "",
              other ? ddp_launcher_name(la) : "");
+    char dev_desc[200];
+    if (t.dev.device == DDP_DEVICE_CUDA)
+        snprintf(dev_desc, sizeof dev_desc, "cuda:%d (%s, %s)", t.dev.cuda_index, t.dev.name,
+                 ddp_precision_name(t.prec));
+    else
+        snprintf(dev_desc, sizeof dev_desc, "cpu");
     if (t.lm)
         trainer_say(&t,
-                    "DDP: %d process%s (%s), device cpu, per-rank batch %d × %d tokens, grad "
+                    "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "
                     "accumulation %d, effective batch %d (%d tokens)",
-                    t.W, t.W == 1 ? "" : "es", bk, t.B, t.T, A, t.B * t.W * A, t.B * t.W * A * t.T);
+                    t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, t.T, A, t.B * t.W * A,
+                    t.B * t.W * A * t.T);
     else
         trainer_say(&t,
-                    "DDP: %d process%s (%s), device cpu, per-rank batch %d, grad accumulation "
+                    "DDP: %d process%s (%s), device %s, per-rank batch %d, grad accumulation "
                     "%d, effective batch %d",
-                    t.W, t.W == 1 ? "" : "es", bk, t.B, A, t.B * t.W * A);
+                    t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, A, t.B * t.W * A);
     rc = run_task(&t, tr, te);
 out:
     ddp_reducer_destroy(t.red);

@@ -12,7 +12,9 @@
  * (world size × the per-rank peak), the peak being a 50 ms float32 matmul probe on every rank at
  * start (ddp_model_measure_peak), not a datasheet: on CPUs the honest denominator is what this
  * core reaches with this BLAS, under the load it has. Not cached: 50 ms is less than one
- * progress line, and a cached figure would outlive the load it was measured under.
+ * progress line, and a cached figure would outlive the load it was measured under. On a GPU
+ * (device cuda) the peak is the datasheet's dense figure for the precision
+ * (ddp_device_peak_flops; docs/gpu.md), and mfu_peak_tflops overrides either.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -25,11 +27,22 @@ int trainer_metrics_open(trainer *t)
 {
     ddp_error err = {0};
     double peak = 0, sum = 0;
-    if (ddp_model_measure_peak(0.05, &peak, &err) != DDP_OK)
-        return trainer_die(t, "measuring the matmul peak", err.msg);
-    if (ddp_allreduce(t->g, &peak, &sum, 1, DDP_FLOAT64, DDP_SUM) != DDP_OK)
-        return trainer_die(t, "allreduce", ddp_group_last_error(t->g));
-    t->peak = sum / t->W;
+    /* A peak given (mfu_peak_tflops) or known (a GPU in ddp_device_peak_flops's table: choose_
+     * in main.c) is used as it is; a GPU not in the table has none; a CPU is measured. */
+    const char *source = "float32 matmul, measured now";
+    bool given = ddp_config_float(t->cfg, "mfu_peak_tflops") > 0;
+    if (t->peak_flops > 0 || t->dev.device == DDP_DEVICE_CUDA) {
+        t->peak = t->peak_flops;
+        source = given         ? "mfu_peak_tflops"
+                 : t->peak > 0 ? "the GPU's dense datasheet peak, docs/gpu.md"
+                               : "unknown GPU: MFU shows 0; give mfu_peak_tflops";
+    } else {
+        if (ddp_model_measure_peak(0.05, &peak, &err) != DDP_OK)
+            return trainer_die(t, "measuring the matmul peak", err.msg);
+        if (ddp_allreduce(t->g, &peak, &sum, 1, DDP_FLOAT64, DDP_SUM) != DDP_OK)
+            return trainer_die(t, "allreduce", ddp_group_last_error(t->g));
+        t->peak = sum / t->W;
+    }
     t->flops_per_sample = ddp_model_flops_per_sample(t->m, t->lm ? t->T : 0);
     straggler_opts so = STRAGGLER_OPTS_INIT;
     so.ratio = ddp_config_float(t->cfg, "straggler.ratio");
@@ -38,11 +51,9 @@ int trainer_metrics_open(trainer *t)
     straggler_init(&t->strag, &so);
     if (t->R != 0)
         return 0;
-    trainer_say(t,
-                "MFU: %.3g MFLOP per %s (training), peak %.1f GFLOP/s per rank (float32 "
-                "matmul, measured now)",
+    trainer_say(t, "MFU: %.3g MFLOP per %s (training), peak %.1f GFLOP/s per rank (%s)",
                 t->flops_per_sample / (t->lm ? t->T : 1) / 1e6, t->lm ? "token" : "sample",
-                t->peak / 1e9);
+                t->peak / 1e9, source);
     if (t->jsonl)
         fprintf(t->jsonl,
                 "{\"step\": %llu, \"start\": true, \"world_size\": %d, \"peak_flops_per_rank\": "
