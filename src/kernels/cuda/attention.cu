@@ -1,0 +1,181 @@
+/*
+ * kernels/cuda/attention.cu — causal self-attention the first way: q, k, v permuted to
+ * (B, nh, T, hs), the scores of every head by one strided-batched GEMM, a causal softmax that
+ * keeps the probabilities (B, nh, T, T) for the backward, and one more batched GEMM for the
+ * output. The backward is four batched GEMMs and the softmax's backward. O(T²) memory per layer:
+ * a fused flash-style kernel is the speed step after this (docs/gpu.md). No dropout.
+ */
+#include "common.cuh"
+
+/* qkv (B, T, 3C) → q, k, v (B, nh, T, hs) each, or back (dir −1: q, k, v → qkv). */
+__global__ void permute_qkv(float *qkv, float *q, float *k, float *v, int B, int T, int C, int nh,
+                            int dir)
+{
+    int hs = C / nh;
+    size_t total = (size_t)B * T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        /* i indexes (b, h, t, d) of the permuted tensors */
+        int d = (int)(i % hs);
+        size_t r = i / hs;
+        int t = (int)(r % T);
+        r /= T;
+        int h = (int)(r % nh);
+        int b = (int)(r / nh);
+        size_t src = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+        if (dir > 0) {
+            q[i] = qkv[src];
+            k[i] = qkv[src + C];
+            v[i] = qkv[src + 2 * (size_t)C];
+        } else {
+            qkv[src] = q[i];
+            qkv[src + C] = k[i];
+            qkv[src + 2 * (size_t)C] = v[i];
+        }
+    }
+}
+
+/* y (B, nh, T, hs) ↔ out (B, T, C): dir 1 gathers heads into out, −1 scatters out into heads. */
+__global__ void permute_heads(float *y, float *out, int B, int T, int C, int nh, int dir)
+{
+    int hs = C / nh;
+    size_t total = (size_t)B * T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        size_t r = i / hs;
+        int t = (int)(r % T);
+        r /= T;
+        int h = (int)(r % nh);
+        int b = (int)(r / nh);
+        size_t o = ((size_t)b * T + t) * C + (size_t)h * hs + d;
+        if (dir > 0)
+            out[o] = y[i];
+        else
+            y[i] = out[o];
+    }
+}
+
+/* Row t of each (T, T) score matrix: softmax over j ≤ t, 0 beyond. One warp per row. */
+__global__ void causal_softmax(float *att, size_t rows, int T)
+{
+    size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows)
+        return;
+    int t = (int)(row % T);
+    float *a = att + row * T;
+    float mx = -INFINITY;
+    for (int j = lane; j <= t; j += 32)
+        mx = fmaxf(mx, a[j]);
+    mx = ddp__warp_max(mx);
+    float s = 0.0f;
+    for (int j = lane; j <= t; j += 32)
+        s += expf(a[j] - mx);
+    s = ddp__warp_sum(s);
+    for (int j = lane; j < T; j += 32)
+        a[j] = j <= t ? expf(a[j] - mx) / s : 0.0f;
+}
+
+/* dS = P ⊙ (dP − Σ_j P·dP) · scale in place on dP, 0 above the diagonal. */
+__global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int T, float scale)
+{
+    size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows)
+        return;
+    int t = (int)(row % T);
+    const float *p = att + row * T;
+    float *d = dp + row * T;
+    float s = 0.0f;
+    for (int j = lane; j <= t; j += 32)
+        s += p[j] * d[j];
+    s = ddp__warp_sum(s);
+    for (int j = lane; j < T; j += 32)
+        d[j] = j <= t ? p[j] * (d[j] - s) * scale : 0.0f;
+}
+
+/* Row-major strided-batched C = alpha · op(A) · op(B) + beta · C (operands swapped for
+ * column-major cuBLAS, as gemm.cu). */
+static ddp_status bgemm(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
+                        const float *A, int lda, long long sa, const float *B, int ldb,
+                        long long sb, float beta, float *C, int ldc, long long sc, int batch,
+                        ddp_precision precision, ddp_error *err)
+{
+    cublasComputeType_t compute =
+        precision == DDP_PRECISION_FP32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    return ddp__cublas_check(
+        cublasGemmStridedBatchedEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
+                                   ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
+                                   batch, compute, CUBLAS_GEMM_DEFAULT),
+        "strided-batched gemm", err);
+}
+
+extern "C" size_t ddp__cuda_attention_scratch(int B, int T, int C, int nh)
+{
+    return 7 * (size_t)B * T * C + (size_t)B * nh * T * T;
+}
+
+extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float *qkv, int B, int T,
+                                                  int C, int nh, float *att, float *scratch,
+                                                  float *out, ddp_precision precision,
+                                                  ddp_error *err)
+{
+    const int hs = C / nh, BH = B * nh;
+    const size_t n = (size_t)B * T * C;
+    float *q = scratch, *k = q + n, *v = k + n, *y = v + n;
+    const float scale = 1.0f / sqrtf((float)hs);
+    ddp_status st;
+    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C,
+                                                                 nh, 1);
+    if ((st = ddp__cuda_launched("attention permute", err)) ||
+        (st = bgemm(c, false, true, T, T, hs, scale, q, hs, (long long)T * hs, k, hs,
+                    (long long)T * hs, 0.0f, att, T, (long long)T * T, BH, precision, err)))
+        return st;
+    size_t rows = (size_t)BH * T;
+    causal_softmax<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, rows, T);
+    if ((st = ddp__cuda_launched("causal softmax", err)) ||
+        (st = bgemm(c, false, false, T, hs, T, 1.0f, att, T, (long long)T * T, v, hs,
+                    (long long)T * hs, 0.0f, y, hs, (long long)T * hs, BH, precision, err)))
+        return st;
+    permute_heads<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(y, out, B, T, C, nh, 1);
+    return ddp__cuda_launched("attention unpermute", err);
+}
+
+extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float *dout,
+                                                   const float *qkv, const float *att, int B,
+                                                   int T, int C, int nh, float *scratch,
+                                                   float *dqkv, ddp_precision precision,
+                                                   ddp_error *err)
+{
+    const int hs = C / nh, BH = B * nh;
+    const size_t n = (size_t)B * T * C;
+    const long long sT = (long long)T * hs, sTT = (long long)T * T;
+    float *q = scratch, *k = q + n, *v = k + n, *dy = v + n, *dq = dy + n, *dk = dq + n,
+          *dv = dk + n, *dp = dv + n;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const size_t rows = (size_t)BH * T;
+    ddp_status st;
+    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C,
+                                                                 nh, 1);
+    permute_heads<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (float *)dout, B, T, C, nh,
+                                                                   -1);
+    if ((st = ddp__cuda_launched("attention backward permute", err)) ||
+        /* dP = dY · Vᵀ, dV = Pᵀ · dY */
+        (st = bgemm(c, false, true, T, T, hs, 1.0f, dy, hs, sT, v, hs, sT, 0.0f, dp, T, sTT, BH,
+                    precision, err)) ||
+        (st = bgemm(c, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, 0.0f, dv, hs, sT, BH,
+                    precision, err)))
+        return st;
+    causal_softmax_bwd<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T, scale);
+    if ((st = ddp__cuda_launched("causal softmax backward", err)) ||
+        /* dQ = dS · K, dK = dSᵀ · Q */
+        (st = bgemm(c, false, false, T, hs, T, 1.0f, dp, T, sTT, k, hs, sT, 0.0f, dq, hs, sT, BH,
+                    precision, err)) ||
+        (st = bgemm(c, true, false, T, hs, T, 1.0f, dp, T, sTT, q, hs, sT, 0.0f, dk, hs, sT, BH,
+                    precision, err)))
+        return st;
+    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dqkv, dq, dk, dv, B, T, C, nh, -1);
+    return ddp__cuda_launched("attention backward unpermute", err);
+}

@@ -1,0 +1,111 @@
+/*
+ * kernels/cuda/context.cu — a context on one device (its stream, cuBLAS and cuBLASLt handles,
+ * GEMM workspace) and plain device memory: cudaMalloc, copies, memset. No managed memory, no
+ * caching allocator: the model allocates once at build.
+ */
+#include "common.cuh"
+
+#define WORKSPACE_BYTES (32u << 20) /* cuBLASLt's: 32 MiB, what Hopper's kernels like */
+
+extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_error *err)
+{
+    int n = 0;
+    ddp_status st = ddp__cuda_device_count(&n, err);
+    if (st != DDP_OK)
+        return st;
+    if (device < 0 || device >= n)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda device %d: out of range (%d visible)",
+                              device, n);
+    if ((st = ddp__cuda_check(cudaSetDevice(device), "cudaSetDevice", err)))
+        return st;
+    ddp__cuda_ctx *c = (ddp__cuda_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda: out of memory for a context");
+    c->device = device;
+    c->workspace_bytes = WORKSPACE_BYTES;
+    if ((st = ddp__cuda_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                              "cudaStreamCreate", err)) ||
+        (st = ddp__cublas_check(cublasCreate(&c->blas), "cublasCreate", err)) ||
+        (st = ddp__cublas_check(cublasSetStream(c->blas, c->stream), "cublasSetStream", err)) ||
+        (st = ddp__cublas_check(cublasLtCreate(&c->lt), "cublasLtCreate", err)) ||
+        (st = ddp__cuda_check(cudaMalloc(&c->workspace, c->workspace_bytes),
+                              "cudaMalloc of the GEMM workspace", err)) ||
+        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_sum, sizeof(double)), "cudaMalloc",
+                              err)) ||
+        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_flag, sizeof(int)), "cudaMalloc", err))) {
+        ddp__cuda_ctx_destroy(c);
+        return st;
+    }
+    /* cuBLAS's own GEMMs (the attention's batched ones) use the same workspace. */
+    cublasSetWorkspace(c->blas, c->workspace, c->workspace_bytes);
+    *out = c;
+    return DDP_OK;
+}
+
+extern "C" void ddp__cuda_ctx_destroy(ddp__cuda_ctx *c)
+{
+    if (!c)
+        return;
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->lt)
+        cublasLtDestroy(c->lt);
+    cudaFree(c->workspace);
+    cudaFree(c->d_sum);
+    cudaFree(c->d_flag);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+    free(c);
+}
+
+extern "C" ddp_status ddp__cuda_sync(ddp__cuda_ctx *c, ddp_error *err)
+{
+    return ddp__cuda_check(cudaStreamSynchronize(c->stream), "the queued work", err);
+}
+
+extern "C" ddp_status ddp__cuda_malloc(void **out, size_t bytes, ddp_error *err)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ddp__cuda_fail(err, e == cudaErrorMemoryAllocation ? DDP_ERR_NOMEM : DDP_ERR_SYSTEM,
+                              "cuda: cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    *out = p;
+    return DDP_OK;
+}
+
+extern "C" void ddp__cuda_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+extern "C" ddp_status ddp__cuda_to_device(ddp__cuda_ctx *c, void *dst, const void *src_host,
+                                          size_t bytes, ddp_error *err)
+{
+    ddp_status st = ddp__cuda_check(
+        cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the "
+                                                                                  "device",
+        err);
+    return st ? st : ddp__cuda_sync(c, err);
+}
+
+extern "C" ddp_status ddp__cuda_to_host(ddp__cuda_ctx *c, void *dst_host, const void *src,
+                                        size_t bytes, ddp_error *err)
+{
+    ddp_status st = ddp__cuda_check(
+        cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->stream), "copy to the "
+                                                                                  "host",
+        err);
+    return st ? st : ddp__cuda_sync(c, err);
+}
+
+extern "C" ddp_status ddp__cuda_memset0(ddp__cuda_ctx *c, void *dst, size_t bytes, ddp_error *err)
+{
+    return ddp__cuda_check(cudaMemsetAsync(dst, 0, bytes, c->stream), "memset", err);
+}

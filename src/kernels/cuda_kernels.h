@@ -1,0 +1,152 @@
+/*
+ * kernels/cuda_kernels.h — the GPT's kernels on a CUDA device, beside kernels.h: the same
+ * contracts as the CPU layer functions of ddp/nn.h (the reference each is tested against,
+ * tests/unit/test_cuda_kernels.c), on device memory. Implemented in the .cu files of kernels/cuda,
+ * built only with DDP_CUDA; plain C signatures (no CUDA header here), so C tests can call them.
+ *
+ * UNVERIFIED: as of this writing no kernel here has run on a GPU (the sessions that wrote them
+ * had none). They compile with -Werror for sm_80 and sm_90; test_cuda_kernels states what each
+ * must match, and scripts/gpu-check.sh runs it on a lent GPU. docs/gpu.md keeps the record.
+ *
+ * Conventions: every pointer argument is device memory unless its name ends in _host; sizes as
+ * in ddp/nn.h (B batch, T tokens, C channels, nh heads, hs = C/nh, V vocabulary, N = B·T rows).
+ * Everything runs in order on the context's one stream; a call returns when the work is queued
+ * (ddp__cuda_sync waits), except where it says it copies to the host. Launch errors are reported
+ * by the call (DDP_ERR_SYSTEM with CUDA's message in err); errors of the work itself surface at
+ * the next sync. A context is used by one thread at a time.
+ */
+#ifndef DDP_KERNELS_CUDA_KERNELS_H
+#define DDP_KERNELS_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/device.h"
+#include "ddp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device, its stream, a cuBLAS and a cuBLASLt handle and the GEMM workspace. */
+typedef struct ddp__cuda_ctx ddp__cuda_ctx;
+
+/* Makes device `device` current for the calling thread and creates a context on it. *out
+ * written only on DDP_OK; DDP_ERR_NOT_FOUND without a GPU, DDP_ERR_SYSTEM for CUDA errors. */
+ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_error *err);
+void ddp__cuda_ctx_destroy(ddp__cuda_ctx *ctx); /* NULL is a no-op; waits for queued work */
+/* Waits for the context's work; the first error of that work, if any. */
+ddp_status ddp__cuda_sync(ddp__cuda_ctx *ctx, ddp_error *err);
+
+/* Plain cudaMalloc / cudaFree (no managed memory); bytes 0 allocates 1. */
+ddp_status ddp__cuda_malloc(void **out, size_t bytes, ddp_error *err);
+void ddp__cuda_free(void *p); /* NULL is a no-op */
+/* Copies on the context's stream; the host side waits for the copy to finish (host memory may
+ * be pageable). */
+ddp_status ddp__cuda_to_device(ddp__cuda_ctx *ctx, void *dst, const void *src_host, size_t bytes,
+                               ddp_error *err);
+ddp_status ddp__cuda_to_host(ddp__cuda_ctx *ctx, void *dst_host, const void *src, size_t bytes,
+                             ddp_error *err);
+ddp_status ddp__cuda_memset0(ddp__cuda_ctx *ctx, void *dst, size_t bytes, ddp_error *err);
+
+/* ---- GEMM (cuBLASLt) -------------------------------------------------------------------------
+ * C (M, N) = alpha · op(A) · op(B) + beta · C, row-major, exactly ddp__sgemm's contract
+ * (kernels.h), with A and B of dtype `in` (DDP_FLOAT32 or DDP_BFLOAT16, both the same) and C of
+ * dtype `out` (DDP_FLOAT32 or DDP_BFLOAT16); accumulation in fp32 always. precision TF32 lets
+ * fp32 inputs go through TF32 tensor cores; FP32 forbids it; BF16/FP16 need bf16 inputs. bias
+ * (N,) fp32 or NULL: added to every row (cuBLASLt's bias epilogue). */
+ddp_status ddp__cuda_gemm(ddp__cuda_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                          void *C, int ldc, ddp_dtype in, ddp_dtype out, const float *bias,
+                          ddp_precision precision, ddp_error *err);
+
+/* ---- the layers (fp32 activations; ddp/nn.h's contracts) ----------------------------------- */
+
+/* x (B, T, C) = wte[idx] + wpe[t]; idx (B, T) int32 on the device, already checked. */
+ddp_status ddp__cuda_embedding_forward(ddp__cuda_ctx *ctx, const int32_t *idx, const float *wte,
+                                       const float *wpe, int B, int T, int C, float *x,
+                                       ddp_error *err);
+/* dwte[idx] += dx (atomic adds: not the CPU's order, so equal to rounding), dwpe[t] += Σ_b dx. */
+ddp_status ddp__cuda_embedding_backward(ddp__cuda_ctx *ctx, const float *dx, const int32_t *idx,
+                                        int B, int T, int C, float *dwte, float *dwpe,
+                                        ddp_error *err);
+/* ddp_nn_layernorm_forward: statistics in fp32 (two passes over the row, not double). */
+ddp_status ddp__cuda_layernorm_forward(ddp__cuda_ctx *ctx, const float *x, const float *weight,
+                                       const float *bias, int N, int C, float eps, float *y,
+                                       float *mean, float *rstd, ddp_error *err);
+/* ddp_nn_layernorm_backward; dx may equal dy; dweight, dbias accumulate (+=). */
+ddp_status ddp__cuda_layernorm_backward(ddp__cuda_ctx *ctx, const float *dy, const float *x,
+                                        const float *weight, const float *mean, const float *rstd,
+                                        int N, int C, float *dx, float *dweight, float *dbias,
+                                        ddp_error *err);
+/* ddp_nn_linear_forward / _backward through ddp__cuda_gemm (fp32, or TF32 with precision TF32). */
+ddp_status ddp__cuda_linear_forward(ddp__cuda_ctx *ctx, const float *x, const float *W,
+                                    const float *b, int B, int in, int out, float *y,
+                                    ddp_precision precision, ddp_error *err);
+ddp_status ddp__cuda_linear_backward(ddp__cuda_ctx *ctx, const float *dy, const float *x,
+                                     const float *W, int B, int in, int out, float *dx, float *dW,
+                                     float *db, ddp_precision precision, ddp_error *err);
+/* ddp_nn_gelu_tanh_forward / _backward (y may equal x; dx may equal dy). */
+ddp_status ddp__cuda_gelu_forward(ddp__cuda_ctx *ctx, const float *x, size_t n, float *y,
+                                  ddp_error *err);
+ddp_status ddp__cuda_gelu_backward(ddp__cuda_ctx *ctx, const float *dy, const float *x, size_t n,
+                                   float *dx, ddp_error *err);
+/* y = a + b (y may equal a or b). */
+ddp_status ddp__cuda_add(ddp__cuda_ctx *ctx, const float *a, const float *b, size_t n, float *y,
+                         ddp_error *err);
+
+/* Causal self-attention, no dropout, through cuBLAS strided-batched GEMMs and a causal softmax:
+ * out (B, T, C) from qkv (B, T, 3C) as ddp_nn_attention_forward. Unlike the CPU's flash-style
+ * kernel it keeps the probabilities: att (B, nh, T, T) for the backward, and needs scratch of
+ * ddp__cuda_attention_scratch(B, T, C, nh) floats (7·B·T·C + B·nh·T·T). */
+size_t ddp__cuda_attention_scratch(int B, int T, int C, int nh);
+ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *ctx, const float *qkv, int B, int T, int C,
+                                       int nh, float *att, float *scratch, float *out,
+                                       ddp_precision precision, ddp_error *err);
+/* dqkv (B, T, 3C) overwritten, from dout (B, T, C) and the forward's qkv and att. */
+ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *ctx, const float *dout, const float *qkv,
+                                        const float *att, int B, int T, int C, int nh,
+                                        float *scratch, float *dqkv, ddp_precision precision,
+                                        ddp_error *err);
+
+/* Fused softmax cross-entropy over a vocabulary (ddp_nn_vocab_xent): row_loss (N,) each row's
+ * −log softmax[target] (0 for ignored rows), correct (N,) 1 where the target is the row's
+ * argmax (first on ties), else 0; with dlogits non-NULL, dlogits (N, V) = (softmax −
+ * onehot) · scale / count for counted rows, 0 for ignored ones (dlogits may equal logits).
+ * count: the non-ignored targets (the caller knows them from the host's copy). Targets are
+ * checked by the caller. */
+ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *ctx, const float *logits, const int32_t *targets,
+                                int N, int V, float scale, int count, float *row_loss,
+                                int32_t *correct, float *dlogits, ddp_error *err);
+
+/* ---- optimizer and gradients ----------------------------------------------------------------- */
+
+/* ddp_nn_adamw_step on the device: p, m, v fp32 (p the master weights); p_bf16 (n,) receives
+ * p rounded to bfloat16 (nearest even, util/half.h) when not NULL. grad_scale multiplies g
+ * first (1: none; 1/loss_scale after fp16 loss scaling). */
+ddp_status ddp__cuda_adamw(ddp__cuda_ctx *ctx, float *p, const float *g, float *m, float *v,
+                           size_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, uint64_t step, float grad_scale, uint16_t *p_bf16,
+                           ddp_error *err);
+/* *sumsq_host = Σ g² over the n floats of g, in double on the device (atomic adds of per-block
+ * sums: the order, and so the last bits, vary from run to run); waits for the result. The
+ * global norm is sqrt of the sum over every array. */
+ddp_status ddp__cuda_sumsq(ddp__cuda_ctx *ctx, const float *g, size_t n, double *sumsq_host,
+                           ddp_error *err);
+/* x (n,) *= s. */
+ddp_status ddp__cuda_scale(ddp__cuda_ctx *ctx, float *x, size_t n, float s, ddp_error *err);
+/* GradScaler's unscale on the device: g ×= inv_scale, and *found_inf_host = whether any value
+ * was inf or NaN before (waits for the flag). */
+ddp_status ddp__cuda_unscale(ddp__cuda_ctx *ctx, float *g, size_t n, float inv_scale,
+                             bool *found_inf_host, ddp_error *err);
+/* dst (n,) bf16 = src fp32 rounded to nearest even; and back (exact). */
+ddp_status ddp__cuda_f32_to_bf16(ddp__cuda_ctx *ctx, const float *src, size_t n, uint16_t *dst,
+                                 ddp_error *err);
+ddp_status ddp__cuda_bf16_to_f32(ddp__cuda_ctx *ctx, const uint16_t *src, size_t n, float *dst,
+                                 ddp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_KERNELS_CUDA_KERNELS_H */

@@ -1,0 +1,470 @@
+/*
+ * test_cuda_kernels.c — every kernel of kernels/cuda_kernels.h against its CPU reference (the
+ * layer functions of ddp/nn.h, ddp__sgemm, util/half.h) on random inputs, with the tolerance
+ * each comparison states: rel = max |gpu − cpu| / max |cpu| over the output.
+ *
+ * Skips (exit 77) without a GPU; fails under DDP_REQUIRE_GPU=1 (gpu_skip.h). Built only with
+ * DDP_CUDA. UNVERIFIED until run on a GPU: written and compiled in a session without one.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ddp/nn.h"
+#include "gpu_skip.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/kernels.h"
+
+static ddp__cuda_ctx *ctx;
+
+/* ---- helpers ----------------------------------------------------------------------------------
+ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float urand(void) /* in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+static float *host_rand(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = urand() * scale;
+    return p;
+}
+
+static void *dev_from(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    ddp_error err = {0};
+    if (ddp__cuda_malloc(&d, bytes, &err) != DDP_OK ||
+        (host && ddp__cuda_to_device(ctx, d, host, bytes, &err) != DDP_OK))
+        fail_msg("%s", err.msg);
+    if (!host && ddp__cuda_memset0(ctx, d, bytes, &err) != DDP_OK)
+        fail_msg("%s", err.msg);
+    return d;
+}
+
+static float *fetch(const void *dev, size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    ddp_error err = {0};
+    assert_non_null(h);
+    if (ddp__cuda_to_host(ctx, h, dev, n * sizeof *h, &err) != DDP_OK)
+        fail_msg("%s", err.msg);
+    return h;
+}
+
+static void ok(ddp_status st, const ddp_error *err)
+{
+    if (st != DDP_OK)
+        fail_msg("%s", err->msg);
+}
+
+/* Fails when max |got − want| / max |want| > tol; prints the figure either way. */
+static void expect_close(const char *what, const float *got_dev, const float *want, size_t n,
+                         double tol)
+{
+    float *got = fetch(got_dev, n);
+    double md = 0, mw = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= md)) /* NaN counts */
+            md = d;
+        if (fabs(want[i]) > mw)
+            mw = fabs(want[i]);
+    }
+    double rel = md / (mw > 0 ? mw : 1e-30);
+    printf("  %-34s rel %.2e (tolerance %.0e, %zu values)\n", what, rel, tol, n);
+    free(got);
+    if (!(rel <= tol))
+        fail_msg("%s: relative difference %.3e > %.1e", what, rel, tol);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
+
+static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
+                      ddp_precision prec, bool bf16_in, double tol)
+{
+    ddp_error err = {0};
+    float *A = host_rand((size_t)M * K, 1), *B = host_rand((size_t)K * N, 1);
+    float *C = host_rand((size_t)M * N, 1), *b = host_rand((size_t)N, 1);
+    if (bf16_in) { /* the reference multiplies the same bf16-rounded inputs */
+        uint16_t *t = malloc(sizeof(uint16_t) * ((size_t)M * K + (size_t)K * N));
+        ddp__from_f32(t, A, (size_t)M * K, DDP_BFLOAT16);
+        ddp__to_f32(A, t, (size_t)M * K, DDP_BFLOAT16);
+        ddp__from_f32(t, B, (size_t)K * N, DDP_BFLOAT16);
+        ddp__to_f32(B, t, (size_t)K * N, DDP_BFLOAT16);
+        free(t);
+    }
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    void *dA, *dB;
+    if (bf16_in) {
+        uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)M * K);
+        uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)K * N);
+        ddp__from_f32(a16, A, (size_t)M * K, DDP_BFLOAT16);
+        ddp__from_f32(b16, B, (size_t)K * N, DDP_BFLOAT16);
+        dA = dev_from(a16, sizeof(uint16_t) * (size_t)M * K);
+        dB = dev_from(b16, sizeof(uint16_t) * (size_t)K * N);
+        free(a16);
+        free(b16);
+    } else {
+        dA = dev_from(A, sizeof(float) * (size_t)M * K);
+        dB = dev_from(B, sizeof(float) * (size_t)K * N);
+    }
+    float *dC = dev_from(C, sizeof(float) * (size_t)M * N);
+    float *db = dev_from(b, sizeof(float) * (size_t)N);
+    ok(ddp__cuda_gemm(ctx, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, beta, dC, N,
+                      bf16_in ? DDP_BFLOAT16 : DDP_FLOAT32, DDP_FLOAT32, bias ? db : NULL, prec,
+                      &err),
+       &err);
+    ddp__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, N);
+    if (bias)
+        for (int r = 0; r < M; r++)
+            for (int c = 0; c < N; c++)
+                C[(size_t)r * N + c] += b[c];
+    char what[96];
+    snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N,
+             K, bf16_in ? "bf16" : ddp_precision_name(prec), bias ? " +bias" : "",
+             beta != 0 ? " beta" : "");
+    expect_close(what, dC, C, (size_t)M * N, tol);
+    ddp__cuda_free(dA);
+    ddp__cuda_free(dB);
+    ddp__cuda_free(dC);
+    ddp__cuda_free(db);
+    free(A);
+    free(B);
+    free(C);
+    free(b);
+}
+
+static void gemm(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 4; t++) {
+        gemm_case(t & 1, t & 2, 67, 45, 129, false, 0.0f, DDP_PRECISION_FP32, false, 1e-5);
+        gemm_case(t & 1, t & 2, 64, 96, 32, false, 1.0f, DDP_PRECISION_FP32, false, 1e-5);
+    }
+    gemm_case(false, true, 128, 192, 64, true, 0.0f, DDP_PRECISION_FP32, false, 1e-5);
+    /* TF32: 10-bit mantissas in, fp32 accumulation: ~1e-3 relative per product */
+    gemm_case(false, true, 128, 192, 256, true, 0.0f, DDP_PRECISION_TF32, false, 1e-2);
+    /* bf16 inputs (exact in fp32), fp32 accumulation: only the summation order differs */
+    gemm_case(false, true, 128, 192, 256, false, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
+    gemm_case(true, false, 64, 128, 96, true, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
+}
+
+/* ---- layers ---------------------------------------------------------------------------------- */
+
+static void linear(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int B = 37, in = 48, out = 80;
+    float *x = host_rand((size_t)B * in, 1), *W = host_rand((size_t)out * in, 0.2f);
+    float *b = host_rand(out, 0.1f), *dy = host_rand((size_t)B * out, 1);
+    float *y = malloc(sizeof(float) * B * out), *dx = malloc(sizeof(float) * B * in);
+    float *dW = host_rand((size_t)out * in, 1), *db = host_rand(out, 1);
+    float *dx_ = dev_from(NULL, sizeof(float) * B * in),
+          *y_ = dev_from(NULL, sizeof(float) * B * out);
+    float *x_ = dev_from(x, sizeof(float) * B * in), *W_ = dev_from(W, sizeof(float) * out * in);
+    float *b_ = dev_from(b, sizeof(float) * out), *dy_ = dev_from(dy, sizeof(float) * B * out);
+    float *dW_ = dev_from(dW, sizeof(float) * out * in), *db_ = dev_from(db, sizeof(float) * out);
+    ok(ddp__cuda_linear_forward(ctx, x_, W_, b_, B, in, out, y_, DDP_PRECISION_FP32, &err), &err);
+    ddp_nn_linear_forward(x, W, b, B, in, out, y);
+    expect_close("linear forward", y_, y, (size_t)B * out, 1e-5);
+    ok(ddp__cuda_linear_backward(ctx, dy_, x_, W_, B, in, out, dx_, dW_, db_, DDP_PRECISION_FP32,
+                                 &err),
+       &err);
+    ddp_nn_linear_backward(dy, x, W, B, in, out, dx, dW, db);
+    expect_close("linear backward dx", dx_, dx, (size_t)B * in, 1e-5);
+    expect_close("linear backward dW (+=)", dW_, dW, (size_t)out * in, 1e-5);
+    expect_close("linear backward db (+=)", db_, db, out, 1e-5);
+    void *bufs[] = {x, W, b, dy, y, dx, dW, db};
+    for (size_t i = 0; i < 8; i++)
+        free(bufs[i]);
+    void *dbufs[] = {dx_, y_, x_, W_, b_, dy_, dW_, db_};
+    for (size_t i = 0; i < 8; i++)
+        ddp__cuda_free(dbufs[i]);
+}
+
+static void embedding(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int B = 3, T = 17, C = 40, V = 29, NP = 20;
+    int32_t idx[3 * 17];
+    for (int i = 0; i < B * T; i++)
+        idx[i] = (i * 7 + 3) % V; /* repeats, so the atomic adds collide */
+    float *wte = host_rand((size_t)V * C, 1), *wpe = host_rand((size_t)NP * C, 1);
+    float *dx = host_rand((size_t)B * T * C, 1), *x = malloc(sizeof(float) * B * T * C);
+    float *dwte = host_rand((size_t)V * C, 1), *dwpe = host_rand((size_t)NP * C, 1);
+    int32_t *idx_ = dev_from(idx, sizeof idx);
+    float *wte_ = dev_from(wte, sizeof(float) * V * C),
+          *wpe_ = dev_from(wpe, sizeof(float) * NP * C);
+    float *x_ = dev_from(NULL, sizeof(float) * B * T * C),
+          *dx_ = dev_from(dx, sizeof(float) * B * T * C);
+    float *dwte_ = dev_from(dwte, sizeof(float) * V * C);
+    float *dwpe_ = dev_from(dwpe, sizeof(float) * NP * C);
+    ok(ddp__cuda_embedding_forward(ctx, idx_, wte_, wpe_, B, T, C, x_, &err), &err);
+    ok(ddp_nn_embedding_forward(idx, wte, wpe, B, T, C, V, NP, x, &err), &err);
+    expect_close("embedding forward", x_, x, (size_t)B * T * C, 0);
+    ok(ddp__cuda_embedding_backward(ctx, dx_, idx_, B, T, C, dwte_, dwpe_, &err), &err);
+    ddp_nn_embedding_backward(dx, idx, B, T, C, dwte, dwpe);
+    expect_close("embedding backward dwte (+=)", dwte_, dwte, (size_t)V * C, 1e-6);
+    expect_close("embedding backward dwpe (+=)", dwpe_, dwpe, (size_t)NP * C, 1e-6);
+    free(wte), free(wpe), free(dx), free(x), free(dwte), free(dwpe);
+    ddp__cuda_free(idx_), ddp__cuda_free(wte_), ddp__cuda_free(wpe_), ddp__cuda_free(x_);
+    ddp__cuda_free(dx_), ddp__cuda_free(dwte_), ddp__cuda_free(dwpe_);
+}
+
+static void layernorm(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int N = 300, C = 96;
+    float *x = host_rand((size_t)N * C, 2), *w = host_rand(C, 1), *b = host_rand(C, 1);
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        x[i] += 3.0f; /* an offset, as residual streams have */
+    float *dy = host_rand((size_t)N * C, 1), *y = malloc(sizeof(float) * N * C);
+    float *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
+    float *dx = malloc(sizeof(float) * N * C), *dw = host_rand(C, 1), *db = host_rand(C, 1);
+    float *x_ = dev_from(x, sizeof(float) * N * C), *w_ = dev_from(w, sizeof(float) * C);
+    float *b_ = dev_from(b, sizeof(float) * C), *dy_ = dev_from(dy, sizeof(float) * N * C);
+    float *y_ = dev_from(NULL, sizeof(float) * N * C), *m_ = dev_from(NULL, sizeof(float) * N);
+    float *r_ = dev_from(NULL, sizeof(float) * N), *dx_ = dev_from(NULL, sizeof(float) * N * C);
+    float *dw_ = dev_from(dw, sizeof(float) * C), *db_ = dev_from(db, sizeof(float) * C);
+    ok(ddp__cuda_layernorm_forward(ctx, x_, w_, b_, N, C, 1e-5f, y_, m_, r_, &err), &err);
+    ddp_nn_layernorm_forward(x, w, b, N, C, 1e-5f, y, mean, rstd);
+    expect_close("layernorm forward", y_, y, (size_t)N * C, 1e-5);
+    expect_close("layernorm mean", m_, mean, N, 1e-6);
+    expect_close("layernorm rstd", r_, rstd, N, 1e-5);
+    ok(ddp__cuda_layernorm_backward(ctx, dy_, x_, w_, m_, r_, N, C, dx_, dw_, db_, &err), &err);
+    ddp_nn_layernorm_backward(dy, x, w, mean, rstd, N, C, dx, dw, db);
+    expect_close("layernorm backward dx", dx_, dx, (size_t)N * C, 1e-4);
+    expect_close("layernorm backward dweight (+=)", dw_, dw, C, 1e-4);
+    expect_close("layernorm backward dbias (+=)", db_, db, C, 1e-5);
+    /* in place: dx = dy's memory */
+    ok(ddp__cuda_layernorm_backward(ctx, dy_, x_, w_, m_, r_, N, C, dy_, NULL, NULL, &err), &err);
+    expect_close("layernorm backward dx in place", dy_, dx, (size_t)N * C, 1e-4);
+    free(x), free(w), free(b), free(dy), free(y), free(mean), free(rstd), free(dx), free(dw),
+        free(db);
+    void *d[] = {x_, w_, b_, dy_, y_, m_, r_, dx_, dw_, db_};
+    for (size_t i = 0; i < 10; i++)
+        ddp__cuda_free(d[i]);
+}
+
+static void elementwise(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const size_t n = 100003;
+    float *x = host_rand(n, 5), *dy = host_rand(n, 1), *y = malloc(sizeof(float) * n);
+    float *x_ = dev_from(x, sizeof(float) * n), *dy_ = dev_from(dy, sizeof(float) * n);
+    float *y_ = dev_from(NULL, sizeof(float) * n);
+    ok(ddp__cuda_gelu_forward(ctx, x_, n, y_, &err), &err);
+    ddp_nn_gelu_tanh_forward(x, n, y);
+    expect_close("gelu (tanh) forward", y_, y, n, 1e-6);
+    ok(ddp__cuda_gelu_backward(ctx, dy_, x_, n, y_, &err), &err);
+    ddp_nn_gelu_tanh_backward(dy, x, n, y);
+    expect_close("gelu (tanh) backward", y_, y, n, 1e-5);
+    ok(ddp__cuda_add(ctx, x_, dy_, n, y_, &err), &err);
+    ddp_nn_add(x, dy, n, y);
+    expect_close("residual add", y_, y, n, 0);
+    free(x), free(dy), free(y);
+    ddp__cuda_free(x_), ddp__cuda_free(dy_), ddp__cuda_free(y_);
+}
+
+static void attention(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int B = 2, T = 70, C = 48, nh = 3; /* T spans two of the CPU's query blocks */
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = 0};
+    ok(ddp_nn_attention_setup(&a, &err), &err);
+    float *qkv = host_rand(nq, 1), *dout = host_rand(no, 1);
+    float *out = malloc(sizeof(float) * no), *dqkv = malloc(sizeof(float) * nq);
+    float *lse = malloc(sizeof(float) * B * nh * T),
+          *scr = malloc(sizeof(float) * a.scratch_floats);
+    ddp_nn_attention_forward(&a, qkv, B, T, 0, 0, 0, false, scr, out, lse);
+    ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, 0, 0, 0, false, scr, dqkv);
+    float *qkv_ = dev_from(qkv, sizeof(float) * nq), *dout_ = dev_from(dout, sizeof(float) * no);
+    float *out_ = dev_from(NULL, sizeof(float) * no), *dqkv_ = dev_from(NULL, sizeof(float) * nq);
+    float *att_ = dev_from(NULL, sizeof(float) * B * nh * T * T);
+    float *s_ = dev_from(NULL, sizeof(float) * ddp__cuda_attention_scratch(B, T, C, nh));
+    ok(ddp__cuda_attention_forward(ctx, qkv_, B, T, C, nh, att_, s_, out_, DDP_PRECISION_FP32,
+                                   &err),
+       &err);
+    expect_close("attention forward", out_, out, no, 1e-5);
+    ok(ddp__cuda_attention_backward(ctx, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_,
+                                    DDP_PRECISION_FP32, &err),
+       &err);
+    expect_close("attention backward dqkv", dqkv_, dqkv, nq, 1e-4);
+    free(qkv), free(dout), free(out), free(dqkv), free(lse), free(scr);
+    ddp__cuda_free(qkv_), ddp__cuda_free(dout_), ddp__cuda_free(out_), ddp__cuda_free(dqkv_);
+    ddp__cuda_free(att_), ddp__cuda_free(s_);
+}
+
+static void vocab_xent(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int N = 50, V = 1000;
+    float *logits = host_rand((size_t)N * V, 4), *dl = malloc(sizeof(float) * N * V);
+    int32_t tg[50];
+    int count = 0;
+    for (int r = 0; r < N; r++) {
+        tg[r] = r % 7 == 3 ? DDP_NN_IGNORE_INDEX : (r * 37) % V;
+        count += tg[r] != DDP_NN_IGNORE_INDEX;
+    }
+    tg[5] = 0; /* a target that is the argmax: */
+    logits[5 * V] = 100.0f;
+    double loss = 0;
+    ok(ddp_nn_vocab_xent(logits, tg, N, V, 0.5f, &loss, dl, &err), &err);
+    float *l_ = dev_from(logits, sizeof(float) * N * V), *rl_ = dev_from(NULL, sizeof(float) * N);
+    int32_t *tg_ = dev_from(tg, sizeof tg), *cor_ = dev_from(NULL, sizeof(int32_t) * N);
+    ok(ddp__cuda_vocab_xent(ctx, l_, tg_, N, V, 0.5f, count, rl_, cor_, l_, &err), &err);
+    float *rl = fetch(rl_, N);
+    int32_t cor[50];
+    ok(ddp__cuda_to_host(ctx, cor, cor_, sizeof cor, &err), &err);
+    double s = 0;
+    int64_t correct = 0, want_correct = 0;
+    for (int r = 0; r < N; r++) {
+        s += rl[r];
+        correct += cor[r];
+        if (tg[r] == DDP_NN_IGNORE_INDEX)
+            continue;
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (logits[(size_t)r * V + j] > logits[(size_t)r * V + best])
+                best = j;
+        want_correct += best == tg[r];
+    }
+    printf("  softmax xent loss: gpu %.7f cpu %.7f; correct %lld (cpu %lld)\n", s / count, loss,
+           (long long)correct, (long long)want_correct);
+    assert_true(fabs(s / count - loss) <= 1e-5 * fabs(loss));
+    assert_int_equal(correct, want_correct);
+    assert_true(want_correct >= 1);
+    expect_close("softmax xent dlogits (in place)", l_, dl, (size_t)N * V, 1e-5);
+    free(logits), free(dl), free(rl);
+    ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
+}
+
+/* ---- optimizer and gradients ------------------------------------------------------------------
+ */
+
+static void adamw(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const size_t n = 10007;
+    float *p = host_rand(n, 1), *g = host_rand(n, 1), *m = host_rand(n, 0.1f);
+    float *v = host_rand(n, 0.1f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    float *p_ = dev_from(p, 4 * n), *g_ = dev_from(g, 4 * n), *m_ = dev_from(m, 4 * n);
+    float *v_ = dev_from(v, 4 * n);
+    uint16_t *pb_ = dev_from(NULL, 2 * n);
+    for (uint64_t step = 1; step <= 3; step++) {
+        ok(ddp__cuda_adamw(ctx, p_, g_, m_, v_, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 1.0f, pb_,
+                           &err),
+           &err);
+        ddp_nn_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    }
+    expect_close("adamw p (3 steps)", p_, p, n, 1e-6);
+    expect_close("adamw m", m_, m, n, 1e-6);
+    expect_close("adamw v", v_, v, n, 1e-6);
+    uint16_t *pb = malloc(2 * n), *want = malloc(2 * n);
+    float *pg = fetch(p_, n);
+    ok(ddp__cuda_to_host(ctx, pb, pb_, 2 * n, &err), &err);
+    ddp__from_f32(want, pg, n, DDP_BFLOAT16);
+    assert_memory_equal(pb, want, 2 * n); /* the bf16 copy rounds the device's own master */
+    printf("  adamw bf16 copy: bit for bit\n");
+    free(p), free(g), free(m), free(v), free(pb), free(want), free(pg);
+    ddp__cuda_free(p_), ddp__cuda_free(g_), ddp__cuda_free(m_), ddp__cuda_free(v_);
+    ddp__cuda_free(pb_);
+}
+
+static void grads(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const size_t n = 300001;
+    float *g = host_rand(n, 1);
+    float *g_ = dev_from(g, 4 * n);
+    double ss = 0, want = 0;
+    for (size_t i = 0; i < n; i++)
+        want += (double)g[i] * g[i];
+    ok(ddp__cuda_sumsq(ctx, g_, n, &ss, &err), &err);
+    printf("  sum of squares: gpu %.12g cpu %.12g\n", ss, want);
+    assert_true(fabs(ss - want) <= 1e-12 * want);
+    ok(ddp__cuda_scale(ctx, g_, n, 0.25f, &err), &err);
+    for (size_t i = 0; i < n; i++)
+        g[i] *= 0.25f;
+    expect_close("scale", g_, g, n, 0);
+    bool inf = true;
+    ok(ddp__cuda_unscale(ctx, g_, n, 2.0f, &inf, &err), &err);
+    assert_false(inf);
+    for (size_t i = 0; i < n; i++)
+        g[i] *= 2.0f;
+    expect_close("unscale", g_, g, n, 0);
+    float bad = NAN;
+    ok(ddp__cuda_to_device(ctx, g_ + 12345, &bad, sizeof bad, &err), &err);
+    ok(ddp__cuda_unscale(ctx, g_, n, 1.0f, &inf, &err), &err);
+    assert_true(inf);
+    /* bf16 conversions: util/half.h's rounding, bit for bit */
+    uint16_t *h = malloc(2 * n), *want16 = malloc(2 * n);
+    uint16_t *h_ = dev_from(NULL, 2 * n);
+    ok(ddp__cuda_f32_to_bf16(ctx, g_, n, h_, &err), &err);
+    ok(ddp__cuda_to_host(ctx, h, h_, 2 * n, &err), &err);
+    float *gg = fetch(g_, n);
+    ddp__from_f32(want16, gg, n, DDP_BFLOAT16);
+    assert_memory_equal(h, want16, 2 * n);
+    ok(ddp__cuda_bf16_to_f32(ctx, h_, n, g_, &err), &err);
+    ddp__to_f32(gg, want16, n, DDP_BFLOAT16);
+    float *back = fetch(g_, n);
+    assert_memory_equal(back, gg, 4 * n);
+    printf("  bf16 conversions: bit for bit\n");
+    free(g), free(h), free(want16), free(gg), free(back);
+    ddp__cuda_free(g_), ddp__cuda_free(h_);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp__cuda_ctx_create(0, &ctx, &err) != DDP_OK) {
+        printf("context: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ddp__cuda_ctx_destroy(ctx);
+    return 0;
+}
+
+int main(void)
+{
+    ddp_test_gpus_or_skip("test_cuda_kernels");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gemm),       cmocka_unit_test(linear),      cmocka_unit_test(embedding),
+        cmocka_unit_test(layernorm),  cmocka_unit_test(elementwise), cmocka_unit_test(attention),
+        cmocka_unit_test(vocab_xent), cmocka_unit_test(adamw),       cmocka_unit_test(grads),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
