@@ -15,7 +15,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "ddp/device.h"
 #include "ddp/status.h"
 #include "ddp/tensor.h"
 
@@ -67,6 +69,41 @@ ddp_status ddp__cuda_device_count(int *n, ddp_error *err);
  * and truncated to cap bytes, into name (written only on DDP_OK). DDP_ERR_NOT_FOUND as above,
  * DDP_ERR_INVALID for a bad idx or buffer. Thread-safe. */
 ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err);
+
+/* ---- the GPT on a CUDA device (cuda/gpt.cu; stub.c without CUDA) ---------------------------
+ * The forward and backward of src/nn/gpt.c's model on the device, for gpt.c's "cuda" device.
+ * Parameters live on the device in one flat fp32 buffer, in the CPU model's parameter order and
+ * sizes (ddp/model.h's list, the same offsets), and are uploaded from the model's host values
+ * before each forward (the host optimizer and reducer own them); gradients are computed on the
+ * device and added (+=) into the host gradients at the end of backward. No dropout; precision
+ * fp32 or tf32. UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
+typedef struct ddp__cuda_gpt ddp__cuda_gpt;
+typedef struct ddp__cuda_gpt_cfg {
+    int L, nh, C, Tmax, V, B; /* n_layer, n_head, n_embd, block_size, vocab_size, max_batch */
+    bool bias;
+    int device;              /* the CUDA device index */
+    ddp_precision precision; /* DDP_PRECISION_FP32 or DDP_PRECISION_TF32 */
+} ddp__cuda_gpt_cfg;
+
+/* counts (n,): the model's parameter sizes, in its order (checked against cfg's shapes). */
+ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts, size_t n,
+                                ddp__cuda_gpt **out, ddp_error *err);
+void ddp__cuda_gpt_free(ddp__cuda_gpt *g); /* NULL is a no-op */
+/* Uploads parameter i from data_host[i] (counts as at create), every i. */
+ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
+                                    ddp_error *err);
+/* Forward of n sequences of T tokens (host arrays, checked by the caller). With targets: the
+ * per-row losses' sum (double) into *loss_sum, the counted rows into *count, the rows whose
+ * argmax is the target into *correct, and with train the loss's gradient kept for backward
+ * (scaled by grad_scale / count, as ddp_nn_vocab_xent). Without train, logits_host (rows, V),
+ * when not NULL, receives the logits: rows n·T, or n with last_logits and no targets (each
+ * sequence's last position). */
+ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
+                                 int n, int T, bool train, bool last_logits, float grad_scale,
+                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
+                                 ddp_error *err);
+/* Backward of the last training forward: grads_host[i] += the gradient of parameter i. */
+ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 
 /* ---- device choice (device.c) ---------------------------------------------------------------
  * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:

@@ -19,8 +19,12 @@
  * masks follow the global sample, not the rank. (Layer ids start at 1 so that no dropout stream
  * shares the initialiser's (spec.seed, tensor id) keys.)
  *
+ * Device cuda (spec.device): the same forward and backward run on the GPU (kernels/cuda/gpt.cu,
+ * through kernels.h), fp32 or TF32, no dropout; this file keeps the parameter list, the checks
+ * and the host's logits. Not yet run on a GPU (docs/gpu.md).
+ *
  * What it does not do: a KV cache for generation (each forward recomputes every position; the
- * batch's last_logits flag saves the LM head for all but the last), mixed precision, its own
+ * batch's last_logits flag saves the LM head for all but the last), bf16/fp16, its own
  * threads (OpenBLAS's run inside each product).
  */
 #include <limits.h>
@@ -77,6 +81,11 @@ typedef struct gpt {
     bool train;
     uint64_t step, sample_offset;
     size_t logit_rows; /* rows of logits valid; 0: none (none yet, or they hold the gradient) */
+    /* device cuda (kernels/cuda/gpt.cu): the forward and backward run there; the host keeps
+     * the parameters, gradients (the list's, as for the CPU) and logits; no host activations */
+    ddp__cuda_gpt *cu;
+    const float **pdata; /* (n_params,) the parameters' current host arrays, for the upload */
+    float **pgrad;       /* (n_params,) their gradients, for the download */
 } gpt;
 
 static float *P(const ddp_model *m, int i)
@@ -115,6 +124,17 @@ static ddp_status check_spec(const ddp_model_spec *s, ddp_error *err)
     if (!(s->dropout >= 0.0f && s->dropout < 1.0f))
         return ddp__err(err, DDP_ERR_INVALID, "gpt: dropout %g must be in [0, 1); 0 turns it off",
                         (double)s->dropout);
+    if (s->device == DDP_DEVICE_CUDA && s->dropout > 0.0f)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt on cuda: dropout %g is not implemented on the GPU yet; set dropout 0 "
+                        "or device cpu",
+                        (double)s->dropout);
+    if (s->device == DDP_DEVICE_CUDA && s->precision != DDP_PRECISION_FP32 &&
+        s->precision != DDP_PRECISION_TF32)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt on cuda: precision '%s' is not implemented in the model yet (fp32 "
+                        "and tf32 are); HINT: set precision fp32 or tf32",
+                        ddp_precision_name(s->precision));
     if (s->n_embd > INT_MAX / 4 || (int64_t)s->max_batch * s->block_size > INT_MAX / 4 ||
         (int64_t)s->n_layer * 3 > INT_MAX / 2)
         return ddp__err(err, DDP_ERR_INVALID,
@@ -228,6 +248,28 @@ static ddp_status alloc_acts(gpt *g, ddp_error *err)
     return DDP_OK;
 }
 
+/* Device cuda: the device's model (parameters, activations) and the host's logits. */
+static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
+{
+    gpt *g = m->impl;
+    size_t n = m->n_params;
+    size_t *counts = malloc(sizeof(size_t) * n);
+    g->pdata = malloc(sizeof(*g->pdata) * n);
+    g->pgrad = malloc(sizeof(*g->pgrad) * n);
+    if (!counts || !g->pdata || !g->pgrad ||
+        !alloc(&g->logits, (size_t)g->B * g->Tmax * (size_t)g->V, sizeof(float))) {
+        free(counts);
+        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory for the logits");
+    }
+    for (size_t i = 0; i < n; i++)
+        counts[i] = m->params[i].count;
+    ddp__cuda_gpt_cfg cfg = {
+        g->L, g->nh, g->C, g->Tmax, g->V, g->B, g->bias, spec->device_index, spec->precision};
+    ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->cu, err);
+    free(counts);
+    return st;
+}
+
 static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
 {
     ddp_status st = check_spec(spec, err);
@@ -256,7 +298,9 @@ static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err
     if ((st = add_params(m, err)))
         return st;
     init_params(m);
-    return alloc_acts(g, err);
+    if (spec->device != DDP_DEVICE_CUDA)
+        return alloc_acts(g, err);
+    return build_cuda(m, spec, err);
 }
 
 static void free_gpt(ddp_model *m)
@@ -276,6 +320,9 @@ static void free_gpt(ddp_model *m)
                     g->logits, g->attn_scratch, g->tmp, g->dres,   g->dln, g->dbig};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
+    ddp__cuda_gpt_free(g->cu);
+    free(g->pdata);
+    free(g->pgrad);
     free(g);
     m->impl = NULL;
 }
@@ -366,6 +413,36 @@ static uint64_t drop_seed(const gpt *g, int layer_id)
     return g->seed + (uint64_t)layer_id;
 }
 
+/* The forward on the device (the batch is checked): the parameters go up first, since the
+ * optimizer and reducer change them on the host. */
+static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool train,
+                               ddp_model_out *out)
+{
+    gpt *g = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        g->pdata[i] = m->params[i].data;
+    bool last = !train && !b->targets && b->last_logits;
+    double loss_sum = 0;
+    int count = 0;
+    int64_t correct = 0;
+    float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
+    if (ddp__cuda_gpt_set_params(g->cu, g->pdata, &e) != DDP_OK ||
+        ddp__cuda_gpt_forward(g->cu, b->tokens, b->targets, b->n, b->seq_len, train, last, scale,
+                              &loss_sum, &count, &correct, train ? NULL : g->logits, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
+    if (!train)
+        g->logit_rows = last ? (size_t)b->n : (size_t)b->n * b->seq_len;
+    if (!b->targets)
+        return DDP_OK;
+    if (train)
+        m->loss_kept = true;
+    out->loss = count > 0 ? loss_sum / count : 0.0;
+    out->count = count;
+    out->correct = correct;
+    return DDP_OK;
+}
+
 static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
 {
     gpt *g = m->impl;
@@ -388,6 +465,8 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     g->sample_offset = b->sample_offset;
     g->logit_rows = 0;
     ddp_error e = {0};
+    if (g->cu)
+        return forward_cuda(m, b, train, out);
 
     if (ddp_nn_embedding_forward(b->tokens, P(m, g->p_wte), P(m, g->p_wpe), n, T, C, g->V, g->Tmax,
                                  g->x0, &e) != DDP_OK)
@@ -471,9 +550,29 @@ static ddp_status mark(ddp_model *m, ddp_grad_ready_fn ready, void *ctx, int n, 
     return DDP_OK;
 }
 
+/* The backward on the device; the gradients are added into the host's, then reported ready in
+ * the CPU's order (which is the reverse of the list's). */
+static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
+{
+    gpt *g = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        g->pgrad[i] = m->params[i].grad;
+    if (ddp__cuda_gpt_backward(g->cu, g->pgrad, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
+    for (size_t i = m->n_params; i-- > 0;) {
+        ddp_status st = mark(m, ready, ctx, 1, (const int[]){(int)i});
+        if (st != DDP_OK)
+            return st;
+    }
+    return DDP_OK;
+}
+
 static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     gpt *g = m->impl;
+    if (g->cu)
+        return backward_cuda(m, ready, ctx);
     const int n = g->n, T = g->T, C = g->C, N = n * T, nh = g->nh;
     const size_t NC = (size_t)N * C;
     const bool drop = g->train && g->p > 0.0f;

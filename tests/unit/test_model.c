@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "ddp/ddp.h"
+#include "kernels/kernels.h"
 
 #define H 1e-3f
 #define FD_TOL 1e-2
@@ -114,9 +115,40 @@ static void build_errors(void **state)
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.device = DDP_DEVICE_COUNT;
     expect_build_error(&s, "model device 2: must be cpu or cuda");
+    /* the GPT on cuda: what it does not do yet is refused before any device work */
+    s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.device = DDP_DEVICE_CUDA;
+    s.dropout = 0.1f;
+    expect_build_error(&s, "gpt on cuda: dropout 0.1 is not implemented on the GPU yet");
+    s.dropout = 0;
+    s.precision = DDP_PRECISION_FP16;
+    expect_build_error(&s, "gpt on cuda: precision 'fp16' is not implemented in the model yet");
     ddp_model *m;
     assert_int_equal(ddp_model_build(NULL, &m, NULL), DDP_ERR_INVALID);
     ddp_model_free(NULL);
+}
+
+/* device cuda on a machine without a GPU (or a build without CUDA): a clear error, no model */
+static void gpt_cuda_without_gpu(void **state)
+{
+    (void)state;
+    int n = 0;
+    ddp_error e = {0};
+    if (ddp__cuda_device_count(&n, &e) == DDP_OK)
+        skip(); /* a GPU machine: test_cuda_gpt covers it */
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.device = DDP_DEVICE_CUDA;
+    s.n_layer = 1;
+    s.n_embd = 16;
+    s.n_head = 2;
+    s.block_size = 8;
+    ddp_model *m = (ddp_model *)0x1;
+    ddp_error err = {0};
+    assert_int_equal(ddp_model_build(&s, &m, &err), DDP_ERR_NOT_FOUND);
+    assert_ptr_equal(m, (ddp_model *)0x1);
+    assert_non_null(strstr(err.msg, "cuda: "));
 }
 
 static void expect_param(const ddp_model_param *p, const char *name, int ndim, int64_t d0,
@@ -731,6 +763,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(build_errors),
+        cmocka_unit_test(gpt_cuda_without_gpu),
         cmocka_unit_test(params_mlp),
         cmocka_unit_test(params_cnn),
         cmocka_unit_test(many_params),

@@ -1,0 +1,401 @@
+/*
+ * kernels/cuda/gpt.cu — the GPT's forward and backward on one device (kernels.h's
+ * ddp__cuda_gpt_*), composed from this folder's kernels in the same order and with the same
+ * buffers' meanings as src/nn/gpt.c, which is the reference (test_cuda_gpt compares the two).
+ *
+ * Memory, all cudaMalloc'd at create for max_batch × block_size tokens: the parameters and
+ * their gradients as two flat fp32 buffers in the CPU model's order; per block what the backward
+ * reads (ln_1/ln_2 outputs and statistics, qkv, the attention probabilities (B, nh, T, T), the
+ * heads' output, the residual stream after attention, the MLP's pre/post-GELU activations, the
+ * block's output); shared gradient buffers; the logits (N, V), which a training forward turns
+ * into their own gradient.
+ *
+ * What it does not do yet: dropout, bf16/fp16 activations (the bf16 GEMM exists; the model is
+ * fp32 or TF32), keeping parameters and optimizer state on the device between steps (the host
+ * optimizer owns them: one upload per forward and one download per backward), overlap of the
+ * gradient download with backward. UNVERIFIED: written without a GPU; see docs/gpu.md.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+#define LN_EPS 1e-5f
+
+namespace {
+
+struct blk {
+    /* parameter offsets into the flat buffers, −1 when absent (bias false) */
+    long long ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w,
+        mproj_b;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fchg, *xout;
+};
+
+} // namespace
+
+struct ddp__cuda_gpt {
+    ddp__cuda_gpt_cfg cfg;
+    ddp__cuda_ctx *ctx;
+    size_t n_params, total;   /* tensors; floats in the flat buffers */
+    size_t *counts, *offsets; /* (n_params,) */
+    float *params, *grads;    /* (total,) on the device */
+    float *grads_host;        /* (total,) staging for the download */
+    long long wte, wpe, lnf_w, lnf_b;
+    blk *b; /* (L,) */
+    int32_t *tokens, *targets, *correct;
+    float *x0, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss, *tmp, *dres, *dln, *dbig, *scratch;
+    int32_t *correct_host;
+    float *row_loss_host;
+    /* the last forward */
+    int n, T;
+    bool can_backward;
+};
+
+static float *P(ddp__cuda_gpt *g, long long off)
+{
+    return off >= 0 ? g->params + off : NULL;
+}
+
+static float *G(ddp__cuda_gpt *g, long long off)
+{
+    return off >= 0 ? g->grads + off : NULL;
+}
+
+extern "C" void ddp__cuda_gpt_free(ddp__cuda_gpt *g)
+{
+    if (!g)
+        return;
+    if (g->ctx)
+        ddp__cuda_sync(g->ctx, NULL);
+    for (int l = 0; g->b && l < g->cfg.L; l++) {
+        blk *a = &g->b[l];
+        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->att,
+                         a->atty, a->xmid,    a->ln2,      a->ln2_mean, a->ln2_rstd,
+                         a->fch, a->fchg,     a->xout};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            ddp__cuda_free(bufs[k]);
+    }
+    void *bufs[] = {g->params, g->grads,  g->tokens, g->targets, g->correct, g->x0,
+                    g->lnf,    g->lnf_mean, g->lnf_rstd, g->logits, g->row_loss, g->tmp,
+                    g->dres,   g->dln,    g->dbig,   g->scratch};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+        ddp__cuda_free(bufs[k]);
+    ddp__cuda_ctx_destroy(g->ctx);
+    free(g->b);
+    free(g->counts);
+    free(g->offsets);
+    free(g->grads_host);
+    free(g->correct_host);
+    free(g->row_loss_host);
+    free(g);
+}
+
+/* The parameter list's layout (src/nn/gpt.c's add_params): its offsets, checked against the
+ * sizes the model gave. */
+static ddp_status layout(ddp__cuda_gpt *g, const size_t *counts, size_t n, ddp_error *err)
+{
+    const ddp__cuda_gpt_cfg *c = &g->cfg;
+    const size_t C = (size_t)c->C;
+    size_t cap = 4 + 12 * (size_t)c->L, k = 0;
+    size_t *want = (size_t *)malloc(cap * sizeof *want);
+    long long **slot = (long long **)malloc(cap * sizeof *slot);
+    ddp_status st = DDP_OK;
+    if (!want || !slot) {
+        st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
+        goto out_free;
+    }
+    want[k] = (size_t)c->V * C, slot[k++] = &g->wte;
+    want[k] = (size_t)c->Tmax * C, slot[k++] = &g->wpe;
+    for (int l = 0; l < c->L; l++) {
+        blk *b = &g->b[l];
+        b->ln1_b = b->attn_b = b->proj_b = b->ln2_b = b->fc_b = b->mproj_b = -1;
+        want[k] = C, slot[k++] = &b->ln1_w;
+        if (c->bias)
+            want[k] = C, slot[k++] = &b->ln1_b;
+        want[k] = 3 * C * C, slot[k++] = &b->attn_w;
+        if (c->bias)
+            want[k] = 3 * C, slot[k++] = &b->attn_b;
+        want[k] = C * C, slot[k++] = &b->proj_w;
+        if (c->bias)
+            want[k] = C, slot[k++] = &b->proj_b;
+        want[k] = C, slot[k++] = &b->ln2_w;
+        if (c->bias)
+            want[k] = C, slot[k++] = &b->ln2_b;
+        want[k] = 4 * C * C, slot[k++] = &b->fc_w;
+        if (c->bias)
+            want[k] = 4 * C, slot[k++] = &b->fc_b;
+        want[k] = 4 * C * C, slot[k++] = &b->mproj_w;
+        if (c->bias)
+            want[k] = C, slot[k++] = &b->mproj_b;
+    }
+    g->lnf_b = -1;
+    want[k] = C, slot[k++] = &g->lnf_w;
+    if (c->bias)
+        want[k] = C, slot[k++] = &g->lnf_b;
+    if (k != n) {
+        st = ddp__cuda_fail(err, DDP_ERR_INVALID,
+                            "cuda gpt: the model has %zu parameter tensors, the layout %zu", n, k);
+        goto out_free;
+    }
+    {
+        size_t off = 0;
+        for (size_t i = 0; i < n && !st; i++) {
+            if (counts[i] != want[i]) {
+                st = ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                    "cuda gpt: parameter %zu has %zu values, the layout %zu", i,
+                                    counts[i], want[i]);
+                break;
+            }
+            g->counts[i] = counts[i];
+            g->offsets[i] = off;
+            *slot[i] = (long long)off;
+            off += counts[i];
+        }
+        g->total = off;
+    }
+out_free:
+    free(want);
+    free(slot);
+    return st;
+}
+
+/* cudaMalloc of n floats (or int32) into *p; st stays DDP_OK on success. */
+static ddp_status dalloc(void *p, size_t n, ddp_error *err)
+{
+    void *d = NULL;
+    ddp_status st = ddp__cuda_malloc(&d, n * 4, err);
+    memcpy(p, &d, sizeof d);
+    return st;
+}
+
+extern "C" ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
+                                           size_t n, ddp__cuda_gpt **out, ddp_error *err)
+{
+    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: precision bf16/fp16 is not implemented in the model yet "
+                              "(the bf16 GEMM is); HINT: use precision fp32 or tf32");
+    ddp__cuda_gpt *g = (ddp__cuda_gpt *)calloc(1, sizeof *g);
+    if (!g)
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
+    g->cfg = *cfg;
+    g->n_params = n;
+    g->b = (blk *)calloc((size_t)cfg->L, sizeof *g->b);
+    g->counts = (size_t *)calloc(n ? n : 1, sizeof(size_t));
+    g->offsets = (size_t *)calloc(n ? n : 1, sizeof(size_t));
+    ddp_status st = DDP_OK;
+    if (!g->b || !g->counts || !g->offsets) {
+        st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
+        goto out_free;
+    }
+    if ((st = layout(g, counts, n, err)) || (st = ddp__cuda_ctx_create(cfg->device, &g->ctx, err)))
+        goto out_free;
+    {
+        const size_t N = (size_t)cfg->B * cfg->Tmax, C = (size_t)cfg->C, V = (size_t)cfg->V;
+        const size_t TT = (size_t)cfg->B * cfg->nh * cfg->Tmax * cfg->Tmax;
+        g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1));
+        g->correct_host = (int32_t *)malloc(sizeof(int32_t) * N);
+        g->row_loss_host = (float *)malloc(sizeof(float) * N);
+        if (!g->grads_host || !g->correct_host || !g->row_loss_host) {
+            st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
+            goto out_free;
+        }
+        if ((st = dalloc(&g->params, g->total, err)) || (st = dalloc(&g->grads, g->total, err)) ||
+            (st = dalloc(&g->tokens, N, err)) || (st = dalloc(&g->targets, N, err)) ||
+            (st = dalloc(&g->correct, N, err)) || (st = dalloc(&g->x0, N * C, err)) ||
+            (st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->lnf_mean, N, err)) ||
+            (st = dalloc(&g->lnf_rstd, N, err)) || (st = dalloc(&g->logits, N * V, err)) ||
+            (st = dalloc(&g->row_loss, N, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
+            (st = dalloc(&g->dres, N * C, err)) || (st = dalloc(&g->dln, N * C, err)) ||
+            (st = dalloc(&g->dbig, N * 4 * C, err)) ||
+            (st = dalloc(&g->scratch,
+                         ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
+            goto out_free;
+        for (int l = 0; l < cfg->L; l++) {
+            blk *a = &g->b[l];
+            if ((st = dalloc(&a->ln1, N * C, err)) || (st = dalloc(&a->ln1_mean, N, err)) ||
+                (st = dalloc(&a->ln1_rstd, N, err)) || (st = dalloc(&a->qkv, N * 3 * C, err)) ||
+                (st = dalloc(&a->att, TT, err)) || (st = dalloc(&a->atty, N * C, err)) ||
+                (st = dalloc(&a->xmid, N * C, err)) || (st = dalloc(&a->ln2, N * C, err)) ||
+                (st = dalloc(&a->ln2_mean, N, err)) || (st = dalloc(&a->ln2_rstd, N, err)) ||
+                (st = dalloc(&a->fch, N * 4 * C, err)) || (st = dalloc(&a->fchg, N * 4 * C, err)) ||
+                (st = dalloc(&a->xout, N * C, err)))
+                goto out_free;
+        }
+    }
+    *out = g;
+    return DDP_OK;
+out_free:
+    ddp__cuda_gpt_free(g);
+    return st;
+}
+
+extern "C" ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
+                                               ddp_error *err)
+{
+    for (size_t i = 0; i < g->n_params; i++) {
+        ddp_status st = ddp__cuda_to_device(g->ctx, g->params + g->offsets[i], data_host[i],
+                                            sizeof(float) * g->counts[i], err);
+        if (st)
+            return st;
+    }
+    return DDP_OK;
+}
+
+/* dst (rows of C) = the last position of each of the n sequences of T rows in src. */
+static ddp_status gather_last(ddp__cuda_gpt *g, const float *src, int n, int T, float *dst,
+                              ddp_error *err)
+{
+    size_t row = sizeof(float) * (size_t)g->cfg.C;
+    return ddp__cuda_check(cudaMemcpy2DAsync(dst, row, src + (size_t)(T - 1) * g->cfg.C,
+                                             row * (size_t)T, row, (size_t)n,
+                                             cudaMemcpyDeviceToDevice, g->ctx->stream),
+                           "gather of the last positions", err);
+}
+
+extern "C" ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
+                                            const int32_t *targets, int n, int T, bool train,
+                                            bool last_logits, float grad_scale, double *loss_sum,
+                                            int *count, int64_t *correct, float *logits_host,
+                                            ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
+    const size_t NC = (size_t)N * C;
+    const ddp_precision pr = g->cfg.precision;
+    ddp_status st;
+    g->can_backward = false;
+    g->n = n;
+    g->T = T;
+    if ((st = ddp__cuda_to_device(c, g->tokens, tokens, sizeof(int32_t) * (size_t)N, err)) ||
+        (targets &&
+         (st = ddp__cuda_to_device(c, g->targets, targets, sizeof(int32_t) * (size_t)N, err))) ||
+        (st = ddp__cuda_embedding_forward(c, g->tokens, P(g, g->wte), P(g, g->wpe), n, T, C, g->x0,
+                                          err)))
+        return st;
+    const float *x = g->x0;
+    for (int l = 0; l < g->cfg.L; l++) {
+        blk *a = &g->b[l];
+        if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
+                                              a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
+                                           3 * C, a->qkv, pr, err)) ||
+            (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
+                                              pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
+                                           g->tmp, pr, err)) ||
+            (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
+            (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
+                                              LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln2, P(g, a->fc_w), P(g, a->fc_b), N, C, 4 * C,
+                                           a->fch, pr, err)) ||
+            (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
+                                           4 * C, C, g->tmp, pr, err)) ||
+            (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
+            return st;
+        x = a->xout;
+    }
+    int rows = N;
+    if (!train && !targets && last_logits) {
+        if ((st = gather_last(g, x, n, T, g->tmp, err)))
+            return st;
+        x = g->tmp;
+        rows = n;
+    }
+    if ((st = ddp__cuda_layernorm_forward(c, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C, LN_EPS,
+                                          g->lnf, g->lnf_mean, g->lnf_rstd, err)) ||
+        (st = ddp__cuda_gemm(c, false, true, rows, V, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f,
+                             g->logits, V, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)))
+        return st;
+    if (!targets) {
+        if (logits_host)
+            return ddp__cuda_to_host(c, logits_host, g->logits,
+                                     sizeof(float) * (size_t)rows * V, err);
+        return ddp__cuda_sync(c, err);
+    }
+    int cnt = 0;
+    for (int r = 0; r < N; r++)
+        cnt += targets[r] != -1; /* DDP_NN_IGNORE_INDEX */
+    if ((st = ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt, g->row_loss,
+                                   g->correct, train ? g->logits : NULL, err)) ||
+        (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N,
+                                err)) ||
+        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N,
+                                err)))
+        return st;
+    double s = 0;
+    int64_t k = 0;
+    for (int r = 0; r < N; r++) {
+        s += g->row_loss_host[r];
+        k += g->correct_host[r];
+    }
+    *loss_sum = s;
+    *count = cnt;
+    *correct = k;
+    g->can_backward = train;
+    if (!train && logits_host) /* evaluation keeps the logits, as the CPU model does */
+        return ddp__cuda_to_host(c, logits_host, g->logits, sizeof(float) * (size_t)N * V, err);
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
+                                             ddp_error *err)
+{
+    if (!g->can_backward)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: backward without a training "
+                                                    "forward");
+    g->can_backward = false;
+    ddp__cuda_ctx *c = g->ctx;
+    const int n = g->n, T = g->T, C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
+    const size_t NC = (size_t)N * C;
+    const ddp_precision pr = g->cfg.precision;
+    ddp_status st;
+    /* the LM head (tied to wte): dln = dlogits · wte, dwte += dlogitsᵀ · lnf */
+    if ((st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
+        (st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, g->logits, V, P(g, g->wte), C, 0.0f,
+                             g->dln, C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
+        (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, g->logits, V, g->lnf, C, 1.0f,
+                             G(g, g->wte), C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
+        (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
+                                           g->lnf_mean, g->lnf_rstd, N, C, g->dres,
+                                           G(g, g->lnf_w), G(g, g->lnf_b), err)))
+        return st;
+    for (int l = g->cfg.L - 1; l >= 0; l--) {
+        blk *a = &g->b[l];
+        const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
+        if ((st = ddp__cuda_linear_backward(c, g->dres, a->fchg, P(g, a->mproj_w), N, 4 * C, C,
+                                            g->dbig, G(g, a->mproj_w), G(g, a->mproj_b), pr,
+                                            err)) ||
+            (st = ddp__cuda_gelu_backward(c, g->dbig, a->fch, NC * 4, g->dbig, err)) ||
+            (st = ddp__cuda_linear_backward(c, g->dbig, a->ln2, P(g, a->fc_w), N, C, 4 * C,
+                                            g->dln, G(g, a->fc_w), G(g, a->fc_b), pr, err)) ||
+            (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
+                                               a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
+                                               G(g, a->ln2_b), err)) ||
+            (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)) ||
+            (st = ddp__cuda_linear_backward(c, g->dres, a->atty, P(g, a->proj_w), N, C, C, g->dln,
+                                            G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
+            (st = ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh, g->scratch,
+                                               g->dbig, pr, err)) ||
+            (st = ddp__cuda_linear_backward(c, g->dbig, a->ln1, P(g, a->attn_w), N, C, 3 * C,
+                                            g->dln, G(g, a->attn_w), G(g, a->attn_b), pr, err)) ||
+            (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
+                                               a->ln1_rstd, N, C, g->dln, G(g, a->ln1_w),
+                                               G(g, a->ln1_b), err)) ||
+            (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
+            return st;
+    }
+    if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
+                                           G(g, g->wpe), err)) ||
+        (st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
+        return st;
+    for (size_t i = 0; i < g->n_params; i++) {
+        const float *src = g->grads_host + g->offsets[i];
+        float *dst = grads_host[i];
+        for (size_t k = 0; k < g->counts[i]; k++)
+            dst[k] += src[k];
+    }
+    return DDP_OK;
+}

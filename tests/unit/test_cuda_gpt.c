@@ -1,0 +1,200 @@
+/*
+ * test_cuda_gpt.c — the GPT with device cuda against the same GPT on the CPU (the reference):
+ * the same spec and seed give the same initial weights; then
+ *   - evaluation logits (all positions, and last_logits), rel ≤ 1e-3;
+ *   - the first backward's gradients, rel ≤ 1e-3 per tensor;
+ *   - 10 AdamW steps (the host optimizer on both), every loss within 1e-4 (fp32), within 5e-3
+ *     with precision tf32 on the GPU;
+ *   - bias false, and a batch with ignored targets and a shorter sequence.
+ * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+#include "gpu_skip.h"
+
+enum { L = 2, NH = 4, C = 64, TMAX = 32, V = 97, B = 4 };
+
+static ddp_model *build(ddp_device dev, ddp_precision prec, bool bias)
+{
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = L;
+    s.n_head = NH;
+    s.n_embd = C;
+    s.block_size = TMAX;
+    s.vocab_size = V;
+    s.max_batch = B;
+    s.seed = 1234;
+    s.bias = bias;
+    s.device = dev;
+    s.precision = prec;
+    ddp_model *m = NULL;
+    ddp_error err = {0};
+    if (ddp_model_build(&s, &m, &err) != DDP_OK)
+        fail_msg("build (%s): %s", ddp_device_name(dev), err.msg);
+    return m;
+}
+
+static void make_batch(uint64_t step, int T, int32_t *tok, int32_t *tgt)
+{
+    for (int i = 0; i < B * T; i++) {
+        uint64_t r = ddp_nn_rand_u64(99, step, (uint64_t)i);
+        tok[i] = (int32_t)(r % V);
+        tgt[i] = (int32_t)((r >> 20) % V);
+    }
+}
+
+static double rel(const float *a, const float *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= md))
+            md = d;
+        if (fabs(b[i]) > mb)
+            mb = fabs(b[i]);
+    }
+    return md / (mb > 0 ? mb : 1e-30);
+}
+
+static void logits_match(void **state)
+{
+    (void)state;
+    ddp_model *cpu = build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true);
+    ddp_model *gpu = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(0, TMAX, tok, tgt);
+    for (int last = 0; last < 2; last++) {
+        ddp_model_batch b = {.n = B, .tokens = tok, .seq_len = TMAX, .last_logits = last};
+        assert_int_equal(ddp_model_forward(cpu, &b, false, NULL), DDP_OK);
+        assert_int_equal(ddp_model_forward(gpu, &b, false, NULL), DDP_OK);
+        size_t r1, c1, r2, c2;
+        const float *l1 = ddp_model_logits(cpu, &r1, &c1), *l2 = ddp_model_logits(gpu, &r2, &c2);
+        assert_int_equal(r1, r2);
+        assert_int_equal(c1, c2);
+        double d = rel(l2, l1, r1 * c1);
+        printf("  logits%s: rel %.2e (tolerance 1e-3)\n", last ? " (last positions)" : "", d);
+        assert_true(d <= 1e-3);
+    }
+    ddp_model_free(cpu);
+    ddp_model_free(gpu);
+}
+
+static void grads_match(void **state)
+{
+    (void)state;
+    for (int bias = 0; bias < 2; bias++) {
+        ddp_model *cpu = build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, bias);
+        ddp_model *gpu = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, bias);
+        const int T = 19; /* shorter than block_size */
+        int32_t tok[B * TMAX], tgt[B * TMAX];
+        make_batch(1, T, tok, tgt);
+        for (int i = 0; i < B * T; i += 5)
+            tgt[i] = DDP_NN_IGNORE_INDEX;
+        ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = T};
+        ddp_model_out o1, o2;
+        assert_int_equal(ddp_model_forward(cpu, &b, true, &o1), DDP_OK);
+        assert_int_equal(ddp_model_forward(gpu, &b, true, &o2), DDP_OK);
+        printf("  bias %d loss: cpu %.6f gpu %.6f; count %lld %lld; correct %lld %lld\n", bias,
+               o1.loss, o2.loss, (long long)o1.count, (long long)o2.count, (long long)o1.correct,
+               (long long)o2.correct);
+        assert_true(fabs(o1.loss - o2.loss) <= 1e-5);
+        assert_int_equal(o1.count, o2.count);
+        assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
+        assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
+        size_t np;
+        const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
+        double worst = 0;
+        for (size_t i = 0; i < np; i++) {
+            double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
+            if (d > worst)
+                worst = d;
+            if (!(d <= 1e-3))
+                fail_msg("gradient of %s: rel %.3e > 1e-3", p1[i].name, d);
+        }
+        printf("  bias %d gradients: worst tensor rel %.2e (tolerance 1e-3)\n", bias, worst);
+        ddp_model_free(cpu);
+        ddp_model_free(gpu);
+    }
+}
+
+/* 10 AdamW steps on both; returns the largest loss difference. */
+static double train10(ddp_precision gpu_prec)
+{
+    ddp_model *m[2] = {build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true),
+                       build(DDP_DEVICE_CUDA, gpu_prec, true)};
+    ddp_optim *o[2];
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    oo.beta2 = 0.95f;
+    oo.weight_decay = 0.1f;
+    ddp_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        size_t np;
+        const ddp_model_param *p = ddp_model_params(m[k], &np);
+        if (ddp_optim_create(&oo, p, np, &o[k], &err) != DDP_OK)
+            fail_msg("%s", err.msg);
+    }
+    double worst = 0;
+    for (uint64_t step = 1; step <= 10; step++) {
+        int32_t tok[B * TMAX], tgt[B * TMAX];
+        make_batch(100 + step, TMAX, tok, tgt);
+        ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX};
+        double loss[2];
+        for (int k = 0; k < 2; k++) {
+            ddp_model_out out;
+            ddp_model_zero_grad(m[k]);
+            assert_int_equal(ddp_model_forward(m[k], &b, true, &out), DDP_OK);
+            assert_int_equal(ddp_model_backward(m[k], NULL, NULL), DDP_OK);
+            ddp_optim_step(o[k], step, 1e-3f, 1.0f);
+            loss[k] = out.loss;
+        }
+        printf("    step %2llu: cpu %.6f gpu %.6f (%s)\n", (unsigned long long)step, loss[0],
+               loss[1], ddp_precision_name(gpu_prec));
+        if (fabs(loss[0] - loss[1]) > worst)
+            worst = fabs(loss[0] - loss[1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        ddp_optim_destroy(o[k]);
+        ddp_model_free(m[k]);
+    }
+    return worst;
+}
+
+static void ten_steps_fp32(void **state)
+{
+    (void)state;
+    double d = train10(DDP_PRECISION_FP32);
+    printf("  10 steps fp32: largest loss difference %.2e (tolerance 1e-4)\n", d);
+    assert_true(d <= 1e-4);
+}
+
+static void ten_steps_tf32(void **state)
+{
+    (void)state;
+    double d = train10(DDP_PRECISION_TF32);
+    printf("  10 steps tf32: largest loss difference %.2e (tolerance 5e-3)\n", d);
+    assert_true(d <= 5e-3);
+}
+
+int main(void)
+{
+    ddp_test_gpus_or_skip("test_cuda_gpt");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(logits_match),
+        cmocka_unit_test(grads_match),
+        cmocka_unit_test(ten_steps_fp32),
+        cmocka_unit_test(ten_steps_tf32),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
