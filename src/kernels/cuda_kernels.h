@@ -48,6 +48,8 @@ ddp_status ddp__cuda_to_device(ddp__cuda_ctx *ctx, void *dst, const void *src_ho
                                ddp_error *err);
 ddp_status ddp__cuda_to_host(ddp__cuda_ctx *ctx, void *dst_host, const void *src, size_t bytes,
                              ddp_error *err);
+ddp_status ddp__cuda_copy(ddp__cuda_ctx *ctx, void *dst, const void *src, size_t bytes,
+                          ddp_error *err); /* device to device, queued */
 ddp_status ddp__cuda_memset0(ddp__cuda_ctx *ctx, void *dst, size_t bytes, ddp_error *err);
 
 /* ---- GEMM (cuBLASLt) -------------------------------------------------------------------------

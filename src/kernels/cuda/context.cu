@@ -109,3 +109,10 @@ extern "C" ddp_status ddp__cuda_memset0(ddp__cuda_ctx *c, void *dst, size_t byte
 {
     return ddp__cuda_check(cudaMemsetAsync(dst, 0, bytes, c->stream), "memset", err);
 }
+
+extern "C" ddp_status ddp__cuda_copy(ddp__cuda_ctx *c, void *dst, const void *src, size_t bytes,
+                                     ddp_error *err)
+{
+    return ddp__cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
+                           "device copy", err);
+}

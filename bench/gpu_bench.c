@@ -1,0 +1,242 @@
+/*
+ * gpu_bench — the GPU kernels' speed against the device's own limits, one line per figure:
+ *   GEMMs (cuBLASLt through ddp__cuda_gemm; fp32, TF32, bf16 in with fp32 accumulation) in
+ *   TFLOP/s and as a fraction of the datasheet dense peak (ddp_device_peak_flops) and of the
+ *   best GEMM measured here (the "measured cuBLAS peak" of issue 12);
+ *   elementwise kernels (residual add, GELU, AdamW) in GB/s, as a fraction of a device-to-device
+ *   copy measured in the same run;
+ *   a GPT training step (forward + backward on the GPU; the host optimizer) at GPT-2 124M's
+ *   shape in tokens/s and MFU.
+ * Wall-clock timing around ddp__cuda_sync, best of several rounds after a warm-up.
+ * Built only with DDP_CUDA; run by scripts/gpu-check.sh on a GPU machine. Prints `skipped` and
+ * exits 77 without a GPU. NOT YET RUN: no figure from it exists yet.
+ * usage: gpu_bench [--quick | --peaks]   (--peaks: the table's fp32, tf32, bf16 TFLOP/s)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddp/ddp.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/kernels.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static ddp__cuda_ctx *ctx;
+static ddp_error err;
+
+static void check(ddp_status st)
+{
+    if (st != DDP_OK) {
+        fprintf(stderr, "gpu_bench: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p;
+    check(ddp__cuda_malloc(&p, bytes, &err));
+    check(ddp__cuda_memset0(ctx, p, bytes, &err));
+    return p;
+}
+
+/* Seconds per call of what(arg): the best of 5 rounds of reps calls, after one warm-up call. */
+typedef void (*op_fn)(void *arg);
+static double time_op(op_fn what, void *arg, int reps)
+{
+    what(arg);
+    check(ddp__cuda_sync(ctx, &err));
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (int i = 0; i < reps; i++)
+            what(arg);
+        check(ddp__cuda_sync(ctx, &err));
+        double t = (now() - t0) / reps;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+struct gemm_arg {
+    int M, N, K;
+    void *A, *B, *C;
+    ddp_dtype in;
+    ddp_precision prec;
+};
+
+static void gemm_op(void *p)
+{
+    struct gemm_arg *a = p;
+    check(ddp__cuda_gemm(ctx, false, true, a->M, a->N, a->K, 1.0f, a->A, a->K, a->B, a->K, 0.0f,
+                         a->C, a->N, a->in, DDP_FLOAT32, NULL, a->prec, &err));
+}
+
+struct ew_arg {
+    float *a, *b, *y, *m, *v;
+    size_t n;
+    int kind; /* 0 copy, 1 add, 2 gelu, 3 adamw */
+};
+
+static void ew_op(void *p)
+{
+    struct ew_arg *a = p;
+    if (a->kind == 0)
+        check(ddp__cuda_copy(ctx, a->y, a->a, a->n * 4, &err));
+    else if (a->kind == 1)
+        check(ddp__cuda_add(ctx, a->a, a->b, a->n, a->y, &err));
+    else if (a->kind == 2)
+        check(ddp__cuda_gelu_forward(ctx, a->a, a->n, a->y, &err));
+    else
+        check(ddp__cuda_adamw(ctx, a->y, a->a, a->m, a->v, a->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                              10, 1.0f, NULL, &err));
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    ddp_device_choice dc;
+    if (ddp_device_select("cuda", 0, &dc, &err) != DDP_OK) {
+        printf("gpu_bench skipped: %s\n", err.msg);
+        return 77;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--peaks")) { /* for the torch side: fp32 tf32 bf16 */
+        printf("%g %g %g\n", ddp_device_peak_flops(dc.name, DDP_PRECISION_FP32) / 1e12,
+               ddp_device_peak_flops(dc.name, DDP_PRECISION_TF32) / 1e12,
+               ddp_device_peak_flops(dc.name, DDP_PRECISION_BF16) / 1e12);
+        return 0;
+    }
+    check(ddp__cuda_ctx_create(0, &ctx, &err));
+    printf("device: %s\n", dc.name);
+    printf("%-44s %12s %10s\n", "what", "figure", "fraction");
+
+    /* GEMMs: square 8192 (4096 quick) and GPT-2 124M's shapes at B·T = 8192 tokens */
+    int sq = quick ? 4096 : 8192;
+    int shapes[][3] = {
+        {sq, sq, sq}, {8192, 2304, 768}, {8192, 3072, 768}, {8192, 768, 3072}, {8192, 50304, 768}};
+    size_t maxe = (size_t)sq * sq;
+    if ((size_t)8192 * 50304 > maxe)
+        maxe = (size_t)8192 * 50304;
+    void *A = dalloc(maxe * 4), *B = dalloc(maxe * 4), *Cm = dalloc(maxe * 4);
+    struct {
+        ddp_dtype in;
+        ddp_precision prec;
+        const char *name;
+    } kinds[] = {{DDP_FLOAT32, DDP_PRECISION_FP32, "fp32"},
+                 {DDP_FLOAT32, DDP_PRECISION_TF32, "tf32"},
+                 {DDP_BFLOAT16, DDP_PRECISION_BF16, "bf16"}};
+    for (int k = 0; k < 3; k++) {
+        double peak = ddp_device_peak_flops(dc.name, kinds[k].prec), best = 0;
+        double tf[5];
+        for (int s = 0; s < 5; s++) {
+            struct gemm_arg a = {shapes[s][0], shapes[s][1], shapes[s][2], A, B,
+                                 Cm,           kinds[k].in,  kinds[k].prec};
+            double t = time_op(gemm_op, &a, 10);
+            tf[s] = 2.0 * a.M * a.N * a.K / t / 1e12;
+            if (tf[s] > best)
+                best = tf[s];
+        }
+        for (int s = 0; s < 5; s++) {
+            char what[64];
+            snprintf(what, sizeof what, "gemm %s %dx%dx%d TFLOP/s", kinds[k].name, shapes[s][0],
+                     shapes[s][1], shapes[s][2]);
+            printf("%-44s %12.1f %9.0f%% of datasheet, %3.0f%% of best\n", what, tf[s],
+                   peak > 0 ? 100.0 * tf[s] * 1e12 / peak : 0.0, 100.0 * tf[s] / best);
+        }
+    }
+    ddp__cuda_free(A);
+    ddp__cuda_free(B);
+    ddp__cuda_free(Cm);
+
+    /* elementwise, 64 Mi floats (16 Mi quick) */
+    size_t n = quick ? (16u << 20) : (64u << 20);
+    struct ew_arg e = {
+        dalloc(n * 4), dalloc(n * 4), dalloc(n * 4), dalloc(n * 4), dalloc(n * 4), n, 0};
+    const char *names[] = {"device copy", "residual add", "gelu forward", "adamw (fp32 master)"};
+    const double bytes[] = {8, 12, 8, 28}; /* read + written per element */
+    double copy_bw = 0;
+    for (int k = 0; k < 4; k++) {
+        e.kind = k;
+        double t = time_op(ew_op, &e, 20);
+        double bw = bytes[k] * (double)n / t / 1e9;
+        if (k == 0)
+            copy_bw = bw;
+        char what[64];
+        snprintf(what, sizeof what, "%s GB/s", names[k]);
+        printf("%-44s %12.0f %9.0f%% of the copy\n", what, bw, 100.0 * bw / copy_bw);
+    }
+    ddp__cuda_free(e.a), ddp__cuda_free(e.b), ddp__cuda_free(e.y), ddp__cuda_free(e.m);
+    ddp__cuda_free(e.v);
+    ddp__cuda_ctx_destroy(ctx);
+
+    /* a GPT step through the model (forward + backward on the GPU, host AdamW) */
+    for (int p = 0; p < 2; p++) {
+        ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+        s.type = "gpt";
+        s.n_layer = quick ? 4 : 12;
+        s.n_head = 12;
+        s.n_embd = 768;
+        s.block_size = 1024;
+        s.vocab_size = 50304;
+        s.max_batch = quick ? 2 : 8;
+        s.device = DDP_DEVICE_CUDA;
+        s.precision = p ? DDP_PRECISION_TF32 : DDP_PRECISION_FP32;
+        ddp_model *m;
+        check(ddp_model_build(&s, &m, &err));
+        size_t np;
+        const ddp_model_param *pl = ddp_model_params(m, &np);
+        ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+        oo.kind = DDP_OPTIM_ADAMW;
+        ddp_optim *o;
+        check(ddp_optim_create(&oo, pl, np, &o, &err));
+        size_t N = (size_t)s.max_batch * s.block_size;
+        int32_t *tok = malloc(N * 4), *tgt = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) {
+            tok[i] = (int32_t)(ddp_nn_rand_u64(5, 0, i) % 50257);
+            tgt[i] = (int32_t)(ddp_nn_rand_u64(5, 1, i) % 50257);
+        }
+        ddp_model_batch b = {
+            .n = s.max_batch, .tokens = tok, .targets = tgt, .seq_len = s.block_size};
+        double fwdbwd = 1e30, whole = 1e30;
+        for (int it = 0; it < 4; it++) {
+            ddp_model_out out;
+            double t0 = now();
+            ddp_model_zero_grad(m);
+            if (ddp_model_forward(m, &b, true, &out) != DDP_OK ||
+                ddp_model_backward(m, NULL, NULL) != DDP_OK) {
+                fprintf(stderr, "gpu_bench: %s\n", ddp_model_last_error(m));
+                return 1;
+            }
+            double t1 = now();
+            ddp_optim_step(o, (uint64_t)it + 1, 1e-4f, 1.0f);
+            double t2 = now();
+            if (it > 0 && t1 - t0 < fwdbwd)
+                fwdbwd = t1 - t0;
+            if (it > 0 && t2 - t0 < whole)
+                whole = t2 - t0;
+        }
+        double fl = ddp_model_flops_per_sample(m, s.block_size) * s.max_batch;
+        double peak = ddp_device_peak_flops(dc.name, s.precision);
+        char what[80];
+        snprintf(what, sizeof what, "gpt L%d B%d T1024 %s step tokens/s", s.n_layer, s.max_batch,
+                 ddp_precision_name(s.precision));
+        printf("%-44s %12.0f %9.1f%% mfu (fwd+bwd alone %.0f tokens/s, %.1f%%)\n", what,
+               (double)N / whole, peak > 0 ? 100.0 * fl / whole / peak : 0.0, (double)N / fwdbwd,
+               peak > 0 ? 100.0 * fl / fwdbwd / peak : 0.0);
+        free(tok);
+        free(tgt);
+        ddp_optim_destroy(o);
+        ddp_model_free(m);
+    }
+    return 0;
+}

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The CUDA path's checks on a lent GPU machine, in two halves, so that the machine's minutes go
+# to running, not building (that machine has CUDA 13 and PyTorch 2.11 but no -dev libraries and
+# no package registry; each call carries at most 64 MiB).
+#
+#   scripts/gpu-check.sh build   HERE, on a development machine: configures build-gpu/ (CUDA on,
+#                                warnings as errors, sm_80 and sm_90), builds the GPU tests, the
+#                                benchmark and the tools, and fills gpu-carry/ (git-ignored) with
+#                                the binaries and the shared libraries they load that a GPU
+#                                machine may lack (OpenBLAS, libyaml, jansson, cmocka, zlib,
+#                                gfortran). cuBLAS/cuBLASLt are NOT carried (~600 MB): the run
+#                                half finds the machine's own (CUDA's lib64, or PyTorch's nvidia
+#                                wheels). The CUDA runtime is linked statically.
+#   scripts/gpu-check.sh run     THERE, from the repository root with gpu-carry/ carried (the
+#                                device tool: carry ["gpu-carry"]): every GPU test with
+#                                DDP_REQUIRE_GPU=1 (a skip is a failure), ddptrain's GPT 10 steps
+#                                on cpu and on cuda compared, the GPU benchmarks (gpu_bench, and
+#                                bench/gpu_gpt_torch.py for PyTorch on the same GPU), then one
+#                                table. Writes the log to $OUT/gpu-check.log when $OUT is set.
+#                                Exit status: 0 only if every check passed.
+#   scripts/gpu-check.sh run --quick   smaller benchmark shapes.
+#
+# Status: the build half works here; the run half has NOT been run yet (no GPU was lent to the
+# session that wrote it), so treat its first run as its test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CARRY=$ROOT/gpu-carry
+BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model gpu_bench
+      ddptrain ddprun)
+
+build() {
+    set -e
+    cmake -S . -B build-gpu -DDDP_WERROR=ON -DDDP_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
+    cmake --build build-gpu -j "${JOBS:-2}" --target "${BINS[@]}"
+    rm -rf "$CARRY"
+    mkdir -p "$CARRY/bin" "$CARRY/lib"
+    for b in "${BINS[@]}"; do
+        cp "build-gpu/bin/$b" "$CARRY/bin/"
+        strip --strip-debug "$CARRY/bin/$b"
+    done
+    # The shared libraries the binaries load, but not glibc's, the compiler's runtime or CUDA's
+    # (the GPU machine's own match its driver).
+    for b in "$CARRY"/bin/*; do
+        ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+    done | sort -u | while read -r lib; do
+        case "$(basename "$lib")" in
+        libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
+            libgcc_s.so* | libcublas* | libcudart* | libcuda.so*) ;;
+        *) cp -L "$lib" "$CARRY/lib/" ;;
+        esac
+    done
+    local mib
+    mib=$(du -sm "$CARRY" | cut -f1)
+    echo "gpu-carry: $mib MiB ($(ls "$CARRY/bin" | wc -l) programs, $(ls "$CARRY/lib" | wc -l) libraries)"
+    ls "$CARRY/lib"
+    if [ "$mib" -gt 60 ]; then
+        echo "gpu-carry is over 60 MiB: a device call carries at most 64 MiB in all" >&2
+        exit 1
+    fi
+    echo "next: run 'bash scripts/gpu-check.sh run' on the GPU machine with gpu-carry carried"
+}
+
+# The directory holding the machine's libcublasLt.so.13: CUDA's own, else PyTorch's wheels.
+find_cublas() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+        [ -e "$d/libcublasLt.so.13" ] && { echo "$d"; return; }
+    done
+    local site
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+    [ -n "$site" ] && find "$site/nvidia" -name 'libcublasLt.so.13*' -printf '%h\n' 2>/dev/null | head -1
+}
+
+run() {
+    local quick=""
+    [ "${1:-}" = "--quick" ] && quick=--quick
+    [ -x "$CARRY/bin/test_cuda" ] || { echo "no $CARRY/bin: run 'scripts/gpu-check.sh build' here first and carry gpu-carry" >&2; exit 2; }
+    local LOG=${OUT:-/tmp}/gpu-check.log
+    : >"$LOG"
+    local cub
+    cub=$(find_cublas)
+    [ -n "$cub" ] || echo "warning: no libcublasLt.so.13 found; the programs will not load" | tee -a "$LOG"
+    export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export DDP_REQUIRE_GPU=1 OPENBLAS_NUM_THREADS=4
+    local -a names results
+    nvidia-smi -L 2>&1 | tee -a "$LOG"
+    echo "cuBLAS from: ${cub:-none}" | tee -a "$LOG"
+    check() { # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output
+        local name=$1 rc=0 t0=$SECONDS
+        shift
+        echo "=== $name: $*" >>"$LOG"
+        "$@" >>"$LOG" 2>&1 || rc=$?
+        names+=("$name")
+        results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s")
+    }
+    for t in test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model; do
+        check "unit.$t" "$CARRY/bin/$t"
+    done
+    # ddptrain end to end: the same tiny GPT, 10 steps on the cpu and on cuda, losses compared
+    local W
+    W=$(mktemp -d)
+    awk 'BEGIN { srand(7); split("the a cat dog sat ran on under mat log and then", w, " ");
+                 for (d = 0; d < 800; d++) { s = ""; for (i = 0; i < 20; i++) s = s w[1 + int(rand() * 12)] " ";
+                 print s "\n%" } }' >"$W/text.txt"
+    local args=(--model.type gpt --data.text "$W/text.txt" --data.doc_sep % --model.n_layer 2
+                --model.n_head 4 --model.n_embd 64 --model.block_size 64 --batch_size 8
+                --optimizer adamw --lr 1e-3 --total_steps 10 --log_every 1 --eval_windows 20
+                --max_new_tokens 20 --seed 5)
+    export DDP_DATA_CACHE=$W/cache
+    check "ddptrain gpt device cpu" "$CARRY/bin/ddptrain" "${args[@]}" --device cpu --out_dir "$W/cpu"
+    check "ddptrain gpt device cuda" "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda"
+    check "ddptrain cpu vs cuda losses (1e-4)" python3 - "$W/cpu/metrics.jsonl" "$W/cuda/metrics.jsonl" <<'EOP'
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("cpu ", a); print("cuda", b)
+assert len(a) == len(b) == 10, (len(a), len(b))
+d = max(abs(x - y) for x, y in zip(a, b))
+print(f"largest difference {d:.2e}")
+sys.exit(0 if d <= 1e-4 else 1)
+EOP
+    check "ddprun 2 ranks on cuda" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
+        "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda2"
+    # benchmarks
+    local peaks
+    peaks=$("$CARRY/bin/gpu_bench" --peaks 2>>"$LOG")
+    echo "=== gpu_bench" >>"$LOG"
+    "$CARRY/bin/gpu_bench" $quick 2>&1 | tee "$W/bench.txt" >>"$LOG"
+    echo "=== bench/gpu_gpt_torch.py" >>"$LOG"
+    # shellcheck disable=SC2086
+    set -- $peaks
+    python3 bench/gpu_gpt_torch.py $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
+        --peak-bf16 "${3:-0}" 2>&1 | tee "$W/torch.txt" >>"$LOG"
+    # one table
+    {
+        echo
+        echo "| check | result |"
+        echo "|---|---|"
+        for i in "${!names[@]}"; do echo "| ${names[$i]} | ${results[$i]} |"; done
+        echo
+        echo '```'
+        cat "$W/bench.txt" "$W/torch.txt"
+        echo '```'
+    } | tee -a "$LOG"
+    rm -rf "$W"
+    local failed=0
+    for r in "${results[@]}"; do [[ $r == passed* ]] || failed=1; done
+    echo "log: $LOG"
+    return $failed
+}
+
+case "${1:-}" in
+build) build ;;
+run)
+    shift
+    run "$@"
+    ;;
+*)
+    echo "usage: scripts/gpu-check.sh build | run [--quick]" >&2
+    exit 2
+    ;;
+esac
