@@ -13,7 +13,9 @@
 #                                wheels). The CUDA runtime is linked statically.
 #   scripts/gpu-check.sh run     THERE, from the repository root with gpu-carry/ carried (the
 #                                device tool: carry ["gpu-carry"]): every GPU test with
-#                                DDP_REQUIRE_GPU=1 (a skip is a failure), ddptrain's GPT 10 steps
+#                                DDP_REQUIRE_GPU=1 (a skip is a failure), the GPT on the GPU
+#                                against PyTorch (tests/python/test_gpt_torch.py with
+#                                DDP_GPT_DUMP_DEVICE=cuda), ddptrain's GPT 10 steps
 #                                on cpu and on cuda compared, the GPU benchmarks (gpu_bench, and
 #                                bench/gpu_gpt_torch.py for PyTorch on the same GPU), then one
 #                                table. Writes the log to $OUT/gpu-check.log when $OUT is set.
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/gpu-carry
 BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model gpu_bench
-      ddptrain ddprun)
+      ddptrain ddprun gpt_dump)
 
 build() {
     set -e
@@ -98,6 +100,9 @@ run() {
     for t in test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model; do
         check "unit.$t" "$CARRY/bin/$t"
     done
+    # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)
+    check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda python3 \
+        tests/python/test_gpt_torch.py "$CARRY/bin"
     # ddptrain end to end: the same tiny GPT, 10 steps on the cpu and on cuda, losses compared
     local W
     W=$(mktemp -d)

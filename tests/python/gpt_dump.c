@@ -236,6 +236,10 @@ static ddp_model_spec spec_of(int L, int nh, int C, int T, int V, bool bias, int
     s.max_batch = B;
     s.dropout = p;
     s.seed = 1234;
+    /* DDP_GPT_DUMP_DEVICE=cuda: the model on the GPU (scripts/gpu-check.sh; docs/gpu.md) */
+    const char *dev = getenv("DDP_GPT_DUMP_DEVICE");
+    if (dev && !strcmp(dev, "cuda"))
+        s.device = DDP_DEVICE_CUDA;
     return s;
 }
 

@@ -26,7 +26,9 @@ then ~1e-3 (scaled) from float64 on that tensor. Elements with sqrt(v_hat) < CON
 float64) are left out of TOL_UPD and counted. The rest is limited by float32 weights: a
 layernorm weight of 1 stores its update of 1e-3 to 6e-5 relative, in torch as here; torch
 float32's own figure is printed beside ours.
-Usage: test_gpt_torch.py BINDIR  (exit 77, skipped, without torch)"""
+Usage: test_gpt_torch.py BINDIR  (exit 77, skipped, without torch)
+With DDP_GPT_DUMP_DEVICE=cuda the C model runs on the GPU and the tolerances are issue 12's
+(printed at the start); scripts/gpu-check.sh runs it so."""
 import json
 import math
 import os
@@ -47,6 +49,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_twin import GPT, Config  # noqa: E402
 
 TOL_LOSS, TOL_VALUE, TOL_W, TOL_UPD, COND = 1e-5, 1e-5, 1e-5, 1e-4, 100
+if os.environ.get("DDP_GPT_DUMP_DEVICE") == "cuda":
+    # ddpc's GPT on the GPU (scripts/gpu-check.sh): fp32 statistics, cuBLAS's summation order and
+    # atomic adds; issue 12 asks for logits within 1e-3 and losses within 1e-4.
+    TOL_LOSS, TOL_VALUE, TOL_W, TOL_UPD = 1e-4, 1e-3, 1e-4, 1e-2
+    print("gpt_dump runs the model on the GPU: tolerances loss 1e-4, values 1e-3, weights 1e-4")
 STEPS, LR = 4, 1e-3
 BIN = os.path.join(sys.argv[1], "gpt_dump")
 torch.set_num_threads(1)
