@@ -23,7 +23,8 @@
  * Buffers: any host memory works (DDP_DEVICE_CPU). Memory from ddp_group_alloc() lives inside the
  * shared segment, so the shm backend reduces it in place with no copy in or out; for one
  * collective, pass such memory on every rank of a host or on none (shm fails the call on all of
- * them otherwise).
+ * them otherwise). A GPU group (opts.device = DDP_DEVICE_CUDA) takes device memory on its GPU
+ * instead, from cudaMalloc or ddp_group_alloc().
  *
  * Threads: a group is used from one thread at a time, except ddp_group_abort(), which any thread
  * may call. Asynchronous operations run on the group's progress thread, in the order issued.
@@ -68,11 +69,16 @@ typedef struct ddp_group_opts {
      * the progress thread); NULL: standard error, prefixed "ddp: ". */
     void (*report)(void *ctx, const char *line);
     void *report_ctx;
+    /* Where the collectives' buffers live. DDP_DEVICE_CPU (0, the default): host memory, moved by
+     * shm, shm+tcp or tcp. DDP_DEVICE_CUDA: GPU memory on this rank's GPU (LOCAL_RANK modulo the
+     * GPUs visible), moved by nccl when every rank on a host has a GPU of its own, else by
+     * cuda-staged (through pinned host memory into the host backends); see docs/group.md. */
+    ddp_device device;
 } ddp_group_opts;
 
 #define DDP_GROUP_OPTS_INIT                                                                        \
     {                                                                                              \
-        NULL, 0, -1, NULL, NULL, 0, NULL, 0, NULL, NULL                                            \
+        NULL, 0, -1, NULL, NULL, 0, NULL, 0, NULL, NULL, DDP_DEVICE_CPU                            \
     }
 
 /* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */
@@ -106,8 +112,24 @@ bool ddp_group_core_to_spare(const ddp_group *g);
 /* The world the group was made from, its settings included; owned by g, valid for its life.
  * NULL for a NULL g. */
 const ddp_world *ddp_group_world(const ddp_group *g);
-/* The backend's name in the registry: "shm", "tcp", "shm+tcp", "mpi" or "shm+mpi". */
+/* The backend's name in the registry: "shm", "tcp", "shm+tcp", "mpi", "shm+mpi", "nccl" or
+ * "cuda-staged". */
 const char *ddp_group_backend(const ddp_group *g);
+
+/* Why that backend, in a few words ("every rank on one host", "ranks share a GPU (2 ranks on 1
+ * GPU of host 'a'; …)"), for a log line; owned by g, "" for NULL. */
+const char *ddp_group_backend_reason(const ddp_group *g);
+
+/* GPU groups (opts.device = DDP_DEVICE_CUDA): the GPU this rank uses (-1 for a CPU group), and
+ * the CUDA stream (a cudaStream_t; NULL: the default stream) whose work later collectives are
+ * ordered after, and which waits for their results. Not thread-safe with collectives in flight. */
+int ddp_group_cuda_device(const ddp_group *g);
+void ddp_group_set_stream(ddp_group *g, void *cuda_stream);
+
+/* Copies bytes between any two of host and (for a GPU group) device memory, synchronously: how a
+ * program without CUDA headers fills and reads ddp_group_alloc()'s device buffers. A CPU group
+ * does a memcpy. Errors: the CUDA call's, in ddp_group_last_error(). */
+ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
 
@@ -118,7 +140,8 @@ const char *ddp_group_last_error(const ddp_group *g);
 
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
  * the arena is full: ordinary memory works too, with one copy in and out, as long as the other
- * ranks of the host pass ordinary memory to that collective too. */
+ * ranks of the host pass ordinary memory to that collective too. A GPU group: device memory on
+ * its GPU (cudaMalloc); NULL when that fails. */
 void *ddp_group_alloc(ddp_group *g, size_t bytes);
 void ddp_group_free(ddp_group *g, void *p);
 

@@ -9,7 +9,11 @@
  * tcp: shm on one host, shm+mpi across regular hosts, else mpi; the store's backends then say
  * they need a store, and under ddprun the MPI ones say they need mpirun. A name picks its entry
  * directly and fails, saying why, when that backend cannot run the group; an unknown name lists the
- * known ones. Not here: the backends themselves, and learning where the ranks run (the core,
+ * known ones.
+ * GPU groups (ddp_group_opts.device = cuda) consider only the entries that move GPU buffers (nccl,
+ * then cuda-staged), CPU groups only the others; which one auto takes for GPUs is the pure function
+ * ddp__gpu_choice over the host layout, which the two entries' usable() call.
+ * Not here: the backends themselves, and learning where the ranks run (the core,
  * group.c, gathers every rank's host id through the store before it asks).
  */
 #include <stdio.h>
@@ -21,7 +25,7 @@
 
 /* Auto's order of preference. */
 static const ddp__backend *const registry[] = {
-    &ddp__shm_backend,
+    &ddp__nccl_backend,     &ddp__staged_backend, &ddp__shm_backend,
 #ifdef DDP_HAVE_MPI
     &ddp__hier_mpi_backend,
 #endif
@@ -76,11 +80,25 @@ ddp_status ddp__backend_lookup(const char *want, const ddp__backend **out, ddp_e
     return ddp__err(err, DDP_ERR_INVALID, "unknown backend '%s': use %s", want, names);
 }
 
+/* Whether entry b can move the buffers of a group on device d. */
+static bool moves(const ddp__backend *b, ddp_device d)
+{
+    return b->gpu == (d == DDP_DEVICE_CUDA);
+}
+
 ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
                                const ddp__backend **out, ddp_error *err)
 {
     char why[DDP_ERRMSG_MAX] = "";
     if (named) {
+        if (!moves(named, s->device))
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "backend '%s' moves %s buffers, but this group's are in %s memory; "
+                            "use backend 'auto'%s",
+                            named->name, named->gpu ? "GPU" : "host",
+                            s->device == DDP_DEVICE_CUDA ? "GPU" : "host",
+                            s->device == DDP_DEVICE_CUDA ? ", 'nccl' or 'cuda-staged'"
+                                                         : ", 'shm', 'shm+tcp' or 'tcp'");
         if (!named->usable(s, why, sizeof why))
             return ddp__err(err, DDP_ERR_INVALID, "backend '%s' %s", named->name,
                             why[0] ? why : "cannot run this group");
@@ -88,11 +106,120 @@ ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
         return DDP_OK;
     }
     for (size_t i = 0; i < NREGISTRY; i++)
-        if (registry[i]->usable(s, why, sizeof why)) {
+        if (moves(registry[i], s->device) && registry[i]->usable(s, why, sizeof why)) {
             *out = registry[i];
             return DDP_OK;
         }
-    return ddp__err(err, DDP_ERR_INVALID, "backend 'auto': no backend can run this group");
+    return ddp__err(err, DDP_ERR_INVALID, "backend 'auto': no backend can run this group%s%s",
+                    why[0] ? ": " : "", why);
+}
+
+void ddp__backend_reason(const ddp__backend *chosen, bool named, const ddp__setup *s, char *why,
+                         size_t cap)
+{
+    if (named) {
+        ddp__fmt(why, cap, "named by the caller or DDP_BACKEND");
+    } else if (chosen->gpu) {
+        (void)ddp__setup_gpu_choice(s, why, cap);
+    } else if (s->nhosts <= 1) {
+        ddp__fmt(why, cap, "every rank on one host");
+    } else if (s->per_host > 0 && !strncmp(chosen->name, "shm+", 4)) {
+        ddp__fmt(why, cap, "%d hosts × %d ranks: shm within each, %s among them", s->nhosts,
+                 s->per_host, chosen->name + 4);
+    } else {
+        ddp__fmt(why, cap, "%d hosts holding different numbers of ranks, or not contiguously",
+                 s->nhosts);
+    }
+}
+
+/* ---- GPU groups ------------------------------------------------------------------------------ */
+
+int ddp__gpu_for_local_rank(int local_rank, int ngpus)
+{
+    if (ngpus <= 0 || local_rank < 0)
+        return -1;
+    return local_rank % ngpus;
+}
+
+ddp__gpu_pick ddp__gpu_choice(const ddp__gpu_layout *l, char *why, size_t cap)
+{
+    if (l->device != DDP_DEVICE_CUDA) {
+        ddp__fmt(why, cap, "buffers in host memory");
+        return DDP__PICK_HOST;
+    }
+    if (!l->cuda_built) {
+        ddp__fmt(why, cap, "GPU buffers need a libddp built with CUDA (DDP_CUDA=ON)");
+        return DDP__PICK_NONE;
+    }
+    int ranks = 0, gpus = 0, shared = -1;
+    for (int h = 0; h < l->nhosts; h++) {
+        if (l->gpus_per_host[h] <= 0) {
+            ddp__fmt(why, cap, "host '%s' has no visible GPU for its %d rank%s",
+                     l->host ? l->host[h] : "?", l->ranks_per_host[h],
+                     l->ranks_per_host[h] == 1 ? "" : "s");
+            return DDP__PICK_NONE;
+        }
+        ranks += l->ranks_per_host[h];
+        gpus += l->gpus_per_host[h];
+        if (shared < 0 && l->ranks_per_host[h] > l->gpus_per_host[h])
+            shared = h;
+    }
+    if (shared < 0 && l->nccl_built) {
+        ddp__fmt(why, cap, "every rank has a GPU of its own (%d rank%s on %d GPU%s, %d host%s)",
+                 ranks, ranks == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s", l->nhosts,
+                 l->nhosts == 1 ? "" : "s");
+        return DDP__PICK_NCCL;
+    }
+    if (shared >= 0)
+        ddp__fmt(why, cap,
+                 "ranks share a GPU (%d ranks on %d GPU%s of host '%s'; NCCL refuses two ranks "
+                 "on one GPU): staged through pinned host memory",
+                 l->ranks_per_host[shared], l->gpus_per_host[shared],
+                 l->gpus_per_host[shared] == 1 ? "" : "s", l->host ? l->host[shared] : "?");
+    else
+        ddp__fmt(why, cap,
+                 "this libddp has no NCCL (DDP_NCCL=OFF): staged through pinned host "
+                 "memory");
+    return DDP__PICK_STAGED;
+}
+
+ddp__gpu_pick ddp__setup_gpu_choice(const ddp__setup *s, char *why, size_t cap)
+{
+    int W = s->m.n;
+    int *rph = calloc((size_t)W + 1, sizeof *rph), *gph = calloc((size_t)W + 1, sizeof *gph);
+    const char **names = calloc((size_t)W + 1, sizeof *names);
+    if (!rph || !gph || !names) {
+        free(rph);
+        free(gph);
+        free(names);
+        ddp__fmt(why, cap, "out of memory choosing a backend");
+        return DDP__PICK_NONE;
+    }
+    int nh = 0;
+    for (int r = 0; r < W; r++) {
+        int h = 0;
+        while (h < nh && strcmp(names[h], s->hosts[r]) != 0)
+            h++;
+        if (h == nh) {
+            names[nh++] = s->hosts[r];
+            gph[h] = s->gpus ? s->gpus[r] : 0;
+        }
+        rph[h]++;
+        if (s->gpus && s->gpus[r] < gph[h]) /* ranks of a host that disagree: the fewest */
+            gph[h] = s->gpus[r];
+    }
+    ddp__gpu_layout l = {.device = s->device,
+                         .nhosts = nh,
+                         .ranks_per_host = rph,
+                         .gpus_per_host = gph,
+                         .host = names,
+                         .cuda_built = s->cuda_built,
+                         .nccl_built = s->nccl_built};
+    ddp__gpu_pick p = ddp__gpu_choice(&l, why, cap);
+    free(rph);
+    free(gph);
+    free(names);
+    return p;
 }
 
 ddp_status ddp__setup_bcast(const ddp__setup *s, const char *name, void *buf, size_t len,

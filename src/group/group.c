@@ -45,6 +45,10 @@ struct ddp_group {
     void *be;
     const ddp__backend_ops *ops;
     const char *backend; /* the registry entry's name (static) */
+    char reason[192];    /* why that one, for rank 0's DDP line */
+    ddp_device device;   /* where collectives' buffers live */
+    int cuda_device;     /* this rank's GPU; -1 for a CPU group */
+    void *stream;        /* cudaStream_t to order collectives after; NULL: the default */
     char prefix[64];
     int *ranks;
     int timeout_ms;
@@ -392,8 +396,8 @@ void ddp_work_free(ddp_work *w)
 #define COLL(K, S, R, N, T, OP, ROOT)                                                              \
     (ddp__coll)                                                                                    \
     {                                                                                              \
-        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T),                         \
-        .device = DDP_DEVICE_CPU, .op = (OP), .root = (ROOT)                                       \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .device = g->device,    \
+        .op = (OP), .root = (ROOT), .stream = g->stream                                            \
     }
 
 ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
@@ -497,6 +501,41 @@ void ddp_group_set_timeout(ddp_group *g, int timeout_ms)
         g->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
 }
 
+const char *ddp_group_backend_reason(const ddp_group *g)
+{
+    return g ? g->reason : "";
+}
+
+int ddp_group_cuda_device(const ddp_group *g)
+{
+    return g && g->device == DDP_DEVICE_CUDA ? g->cuda_device : -1;
+}
+
+void ddp_group_set_stream(ddp_group *g, void *cuda_stream)
+{
+    if (g)
+        g->stream = cuda_stream;
+}
+
+ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes)
+{
+    if (!g)
+        return DDP_ERR_INVALID;
+    if (bytes == 0)
+        return DDP_OK;
+    if (!dst || !src)
+        return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "ddp_group_memcpy: a pointer is NULL");
+    if (!g->ops->copy) {
+        memcpy(dst, src, bytes);
+        return DDP_OK;
+    }
+    char msg[DDP_ERRMSG_MAX];
+    ddp_status st = g->ops->copy(g->be, dst, src, bytes, msg);
+    if (st != DDP_OK)
+        return ddp__errmsg(g->callmsg, st, "ddp_group_memcpy of %zu bytes: %s", bytes, msg);
+    return DDP_OK;
+}
+
 void *ddp_group_alloc(ddp_group *g, size_t bytes)
 {
     if (!g || !g->ops->alloc)
@@ -596,6 +635,38 @@ static bool started_by_mpi(const ddp_world *w)
     return w->launcher == DDP_LAUNCHER_OMPI;
 }
 
+/* GPU groups: every rank's count of visible GPUs (0 when CUDA finds none), so that every rank
+ * chooses the backend from the same layout. */
+static ddp_status gather_gpus(ddp_group *g, int mine, int *gpus, ddp_error *err)
+{
+    if (g->mpi) /* set-up through MPI (mpirun): no store */
+        return ddp__mpi_boot_allgather(g->mpi, &mine, gpus, sizeof mine, err);
+    char key[128], val[16];
+    ddp__fmt(key, sizeof key, "%s/gpus/%d", g->prefix, g->world.rank);
+    ddp__fmt(val, sizeof val, "%d", mine);
+    if (ddp_store_set(g->store, key, val, strlen(val)) != DDP_OK)
+        return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
+    for (int r = 0; r < g->world.world_size; r++) {
+        ddp__fmt(key, sizeof key, "%s/gpus/%d", g->prefix, r);
+        void *v;
+        size_t len;
+        if (ddp_store_get(g->store, key, &v, &len) != DDP_OK)
+            return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
+                            ddp_store_last_error(g->store));
+        char buf[16];
+        ddp__fmt(buf, sizeof buf, "%.*s", (int)(len < 15 ? len : 15), (const char *)v);
+        free(v);
+        long long n;
+        if (!ddp__parse_int(buf, 0, 1 << 20, &n))
+            return ddp__err(err, DDP_ERR_PROTOCOL,
+                            "group set-up: rank %d's GPU count '%s' is "
+                            "not a number",
+                            r, buf);
+        gpus[r] = (int)n;
+    }
+    return DDP_OK;
+}
+
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err)
 {
     ddp_group_opts def = DDP_GROUP_OPTS_INIT;
@@ -611,6 +682,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     pthread_cond_init(&g->cv_done, NULL);
     ddp_status st;
     char **hosts = NULL;
+    int *gpus = NULL;
     int W = 0;
 
     if (opts->world)
@@ -693,6 +765,25 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         g->ranks[r] = r;
     if ((st = g->mpi ? gather_hosts_mpi(g, host, hosts, err) : gather_hosts(g, host, hosts, err)))
         goto out_fail;
+    g->device = opts->device;
+    g->cuda_device = -1;
+    int my_gpus = 0;
+    if (g->device == DDP_DEVICE_CUDA) {
+        gpus = calloc((size_t)W, sizeof *gpus);
+        if (!gpus) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
+            goto out_fail;
+        }
+        ddp_error ignored = {0};
+        if (ddp__cuda_device_count(&my_gpus, &ignored) != DDP_OK)
+            my_gpus = 0; /* the choice then says which host has none */
+        if ((st = gather_gpus(g, my_gpus, gpus, err)))
+            goto out_fail;
+        g->cuda_device = ddp__gpu_for_local_rank(g->world.local_rank, my_gpus);
+    } else if (g->device != DDP_DEVICE_CPU) {
+        st = ddp__err(err, DDP_ERR_INVALID, "ddp_group_init: unknown device %d", (int)g->device);
+        goto out_fail;
+    }
 
     /* The backend: the one named, or auto's choice for this placement (backends.c). */
     ddp__setup s = {.m = {.me = g->world.rank,
@@ -708,12 +799,21 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .arena_bytes = opts->arena_bytes ? opts->arena_bytes : DEFAULT_ARENA,
                     .host_cores = g->host_cores,
                     .shm_flush = set->shm_flush,
-                    .mpi = g->mpi};
+                    .mpi = g->mpi,
+
+                    .device = g->device,
+                    .gpus = gpus,
+                    .cuda_device = g->cuda_device,
+                    .cuda_built = ddp__cuda_built,
+                    .nccl_built = ddp__nccl_built};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))
         goto out_fail;
     g->backend = chosen->name;
+    ddp__backend_reason(chosen, named != NULL, &s, g->reason, sizeof g->reason);
+    free(gpus);
+    gpus = NULL;
     for (int r = 0; r < W; r++)
         free(hosts[r]);
     free(hosts);
@@ -721,6 +821,7 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     return DDP_OK;
 
 out_fail:
+    free(gpus);
     if (hosts)
         for (int r = 0; r < W; r++)
             free(hosts[r]);

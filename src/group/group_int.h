@@ -121,6 +121,9 @@ typedef struct ddp__backend_ops {
     /* Memory the backend handles without copies; NULL when it has none (may be NULL). */
     void *(*alloc)(void *be, size_t bytes);
     void (*free)(void *be, void *p);
+    /* GPU backends: a synchronous copy between any two of host and device memory (NULL for the
+     * host backends); a failure writes one line into msg (DDP_ERRMSG_MAX bytes). */
+    ddp_status (*copy)(void *be, void *dst, const void *src, size_t bytes, char *msg);
     /* Thread-safe: make current and later run() calls fail fast here and on the peers; why
      * (one line, e.g. the error that made this rank give up) is shown to the peers. */
     void (*abort)(void *be, const char *why);
@@ -146,6 +149,12 @@ typedef struct ddp__setup {
                                   NULL or "": auto */
     struct ddp__mpi_boot *mpi; /* the job's MPI (mpi/boot.c) when set-up goes through MPI rather
                                   than the store; then store is NULL. NULL otherwise */
+    /* GPU groups (ddp_group_opts.device): where the buffers live, and what each host has. */
+    ddp_device device; /* DDP_DEVICE_CPU: host buffers, the CPU backends */
+    const int *gpus;   /* (m.n,) GPUs visible on each member's host; NULL on CPU */
+    int cuda_device;   /* the GPU this member uses: LOCAL_RANK modulo its host's GPUs */
+    bool cuda_built;   /* this libddp has CUDA (DDP_CUDA) */
+    bool nccl_built;   /* … and NCCL (DDP_NCCL) */
 } ddp__setup;
 
 /* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this
@@ -176,11 +185,14 @@ typedef struct ddp__backend {
     ddp_status (*create)(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
                          ddp_error *err);
     ddp__boot_kind boot; /* what set-up it needs: the core boots through MPI only when it may */
+    bool gpu; /* moves GPU buffers (nccl, cuda-staged); the others move host memory only */
 } ddp__backend;
 
-extern const ddp__backend ddp__shm_backend;  /* shm/shm.c: ranks on one host */
-extern const ddp__backend ddp__hier_backend; /* hier/hier.c: shm within hosts, tcp among them */
-extern const ddp__backend ddp__tcp_backend;  /* tcp/setup.c: any placement */
+extern const ddp__backend ddp__shm_backend;    /* shm/shm.c: ranks on one host */
+extern const ddp__backend ddp__hier_backend;   /* hier/hier.c: shm within hosts, tcp among them */
+extern const ddp__backend ddp__tcp_backend;    /* tcp/setup.c: any placement */
+extern const ddp__backend ddp__nccl_backend;   /* nccl/nccl.c (or nccl/stub.c): a GPU per rank */
+extern const ddp__backend ddp__staged_backend; /* staged/staged.c: ranks sharing GPUs */
 #ifdef DDP_HAVE_MPI
 extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
 extern const ddp__backend ddp__hier_mpi_backend; /* hier/hier.c: shm within hosts, mpi among them */
@@ -214,6 +226,42 @@ int ddp__mpi_boot_index(const ddp__mpi_boot *b);
  * program initialised, leaves that to the program. NULL b is a no-op. */
 void ddp__mpi_boot_close(ddp__mpi_boot *b, const char *failed);
 
+/* What this libddp was built with: nccl/nccl.c or nccl/stub.c; nccl/cudaops.c or its stub. */
+extern const bool ddp__nccl_built;
+extern const bool ddp__cuda_built;
+
+/* ---- GPU groups: which backend, from the host layout (backends.c) -----------------------------
+ */
+
+typedef enum ddp__gpu_pick {
+    DDP__PICK_HOST,   /* host buffers: the CPU backends (shm, shm+tcp, tcp) as placed */
+    DDP__PICK_NCCL,   /* every rank on a host has a GPU of its own, and NCCL is built */
+    DDP__PICK_STAGED, /* ranks share a GPU, or no NCCL: staged through pinned host memory */
+    DDP__PICK_NONE    /* GPU buffers but no CUDA, or a host without a GPU: why says so */
+} ddp__gpu_pick;
+
+/* Where the ranks of a group run and what each host has: the input of the choice. */
+typedef struct ddp__gpu_layout {
+    ddp_device device; /* where the buffers live */
+    int nhosts;
+    const int *ranks_per_host; /* (nhosts,) */
+    const int *gpus_per_host;  /* (nhosts,) GPUs visible to the ranks of that host */
+    const char *const *host;   /* (nhosts,) names, for the reason; may be NULL */
+    bool cuda_built, nccl_built;
+} ddp__gpu_layout;
+
+/* The backend auto uses for layout l, and why in one line (cap bytes): "every rank has a GPU of
+ * its own (4 ranks on 4 GPUs per host)". Pure: no CUDA, no store, the same on every rank. */
+ddp__gpu_pick ddp__gpu_choice(const ddp__gpu_layout *l, char *why, size_t cap);
+
+/* ddp__gpu_choice over a setup (hosts and gpus per member); why as there. */
+ddp__gpu_pick ddp__setup_gpu_choice(const ddp__setup *s, char *why, size_t cap);
+
+/* The GPU a rank uses: its local rank modulo the GPUs visible on its host (torchrun's
+ * LOCAL_RANK binding; several ranks share a GPU when there are more ranks than GPUs). -1 when
+ * ngpus ≤ 0. */
+int ddp__gpu_for_local_rank(int local_rank, int ngpus);
+
 /* Fills s->nhosts and s->per_host from s->hosts and s->m.n. */
 void ddp__setup_place(ddp__setup *s);
 
@@ -226,6 +274,11 @@ ddp_status ddp__backend_lookup(const char *want, const ddp__backend **out, ddp_e
  * whose usable() holds. *out written only on DDP_OK. */
 ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
                                const ddp__backend **out, ddp_error *err);
+
+/* Why the backend chose was chosen for s, in a few words for rank 0's DDP line (cap bytes):
+ * "named by the caller", "every rank on one host", "every rank has a GPU of its own (…)", …. */
+void ddp__backend_reason(const ddp__backend *chosen, bool named, const ddp__setup *s, char *why,
+                         size_t cap);
 
 /* The tcp backend's own constructor (the registry entry calls it; so do the unit tests). store is
  * borrowed for the call (set-up only); timeout_ms bounds set-up. */

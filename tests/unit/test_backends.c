@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "group/group_int.h"
+#include "util/util.h"
 
 /* Stand-ins for how set-up meets: usable() only asks whether there is a store or MPI. */
 static int fake;
@@ -115,19 +116,47 @@ static void named_choice(void **state)
     assert_null(pick("shm+tcp", uneven, 3, &err));
     assert_non_null(strstr(err.msg, "the same number of ranks on every host"));
 
-    assert_null(pick("nccl", one, 2, &err));
+    assert_null(pick("gloo", one, 2, &err));
     assert_int_equal(err.status, DDP_ERR_INVALID);
 #ifdef DDP_HAVE_MPI
-    assert_string_equal(err.msg,
-                        "unknown backend 'nccl': use auto, shm, shm+mpi, shm+tcp, mpi or tcp");
+    assert_string_equal(
+        err.msg, "unknown backend 'gloo': use auto, nccl, cuda-staged, shm, shm+mpi, shm+tcp, mpi "
+                 "or tcp");
     /* Under ddprun (the store) the MPI backends say what they need. */
     assert_null(pick("mpi", one, 2, &err));
     assert_non_null(strstr(err.msg, "backend 'mpi' needs processes started by an MPI launcher"));
     assert_null(pick("shm+mpi", two_by_two, 4, &err));
     assert_non_null(strstr(err.msg, "backend 'shm+mpi' needs processes started by an MPI"));
 #else
-    assert_string_equal(err.msg, "unknown backend 'nccl': use auto, shm, shm+tcp or tcp");
+    assert_string_equal(err.msg,
+                        "unknown backend 'gloo': use auto, nccl, cuda-staged, shm, shm+tcp or tcp");
 #endif
+    /* GPU backends for host buffers, and host backends for GPU buffers, say so. */
+    assert_null(pick("nccl", one, 2, &err));
+    assert_int_equal(err.status, DDP_ERR_INVALID);
+    assert_string_equal(err.msg, "backend 'nccl' moves GPU buffers, but this group's are in host "
+                                 "memory; use backend 'auto', 'shm', 'shm+tcp' or 'tcp'");
+    ddp__setup s = placed(one, 2);
+    static const int gpus2[] = {2, 2};
+    s.device = DDP_DEVICE_CUDA;
+    s.gpus = gpus2;
+    s.cuda_built = s.nccl_built = true;
+    const ddp__backend *named = NULL, *chosen = NULL;
+    assert_int_equal(ddp__backend_lookup("shm", &named, &err), DDP_OK);
+    assert_int_equal(ddp__backend_choose(named, &s, &chosen, &err), DDP_ERR_INVALID);
+    assert_string_equal(err.msg, "backend 'shm' moves host buffers, but this group's are in GPU "
+                                 "memory; use backend 'auto', 'nccl' or 'cuda-staged'");
+    /* cuda-staged may be named where nccl would do; nccl not where ranks share a GPU. */
+    assert_int_equal(ddp__backend_lookup("cuda-staged", &named, &err), DDP_OK);
+    assert_int_equal(ddp__backend_choose(named, &s, &chosen, &err), DDP_OK);
+    assert_string_equal(chosen->name, "cuda-staged");
+    static const int gpus1[] = {1, 1};
+    s.gpus = gpus1;
+    assert_int_equal(ddp__backend_lookup("nccl", &named, &err), DDP_OK);
+    assert_int_equal(ddp__backend_choose(named, &s, &chosen, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "backend 'nccl' cannot run this group: ranks share a GPU (2 "
+                                    "ranks on 1 GPU of host 'a'"));
+    assert_non_null(strstr(err.msg, "use backend 'auto' or 'cuda-staged'"));
 }
 
 /* Set up through MPI (mpirun, no store): auto takes shm on one host, shm+mpi across regular
@@ -161,13 +190,134 @@ static void mpi_choice(void **state)
 #endif
 }
 
+/* ---- GPU groups: the choice over host layouts ------------------------------------------------ */
+
+/* The pick for hosts × (ranks, gpus) given as pairs; why into why. */
+static ddp__gpu_pick layout(int nhosts, const int *ranks, const int *gpus, bool nccl, char *why)
+{
+    static const char *const names[] = {"h0", "h1", "h2", "h3", "h4", "h5", "h6", "h7"};
+    ddp__gpu_layout l = {.device = DDP_DEVICE_CUDA,
+                         .nhosts = nhosts,
+                         .ranks_per_host = ranks,
+                         .gpus_per_host = gpus,
+                         .host = names,
+                         .cuda_built = true,
+                         .nccl_built = nccl};
+    return ddp__gpu_choice(&l, why, DDP_ERRMSG_MAX);
+}
+
+static void gpu_layouts(void **state)
+{
+    (void)state;
+    char why[DDP_ERRMSG_MAX];
+    /* 1 host × 1 GPU × 1 rank: nccl (world 1 over NCCL). */
+    assert_int_equal(layout(1, (int[]){1}, (int[]){1}, true, why), DDP__PICK_NCCL);
+    assert_string_equal(why, "every rank has a GPU of its own (1 rank on 1 GPU, 1 host)");
+    /* 1 GPU × 2 ranks: shared. */
+    assert_int_equal(layout(1, (int[]){2}, (int[]){1}, true, why), DDP__PICK_STAGED);
+    assert_string_equal(why, "ranks share a GPU (2 ranks on 1 GPU of host 'h0'; NCCL refuses two "
+                             "ranks on one GPU): staged through pinned host memory");
+    /* 2 hosts × 4 GPUs × 4 ranks: nccl. */
+    assert_int_equal(layout(2, (int[]){4, 4}, (int[]){4, 4}, true, why), DDP__PICK_NCCL);
+    assert_string_equal(why, "every rank has a GPU of its own (8 ranks on 8 GPUs, 2 hosts)");
+    /* 8 ranks on 4 GPUs: shared. */
+    assert_int_equal(layout(1, (int[]){8}, (int[]){4}, true, why), DDP__PICK_STAGED);
+    assert_non_null(strstr(why, "8 ranks on 4 GPUs of host 'h0'"));
+    /* Fewer ranks than GPUs: each still has its own. */
+    assert_int_equal(layout(1, (int[]){2}, (int[]){8}, true, why), DDP__PICK_NCCL);
+    /* One host of several oversubscribed: shared for all (one backend per group). */
+    assert_int_equal(layout(3, (int[]){2, 2, 2}, (int[]){2, 1, 2}, true, why), DDP__PICK_STAGED);
+    assert_non_null(strstr(why, "2 ranks on 1 GPU of host 'h1'"));
+    /* Uneven hosts, each rank with its own GPU: nccl does not need the same count per host. */
+    assert_int_equal(layout(2, (int[]){1, 3}, (int[]){1, 4}, true, why), DDP__PICK_NCCL);
+    /* No NCCL in this build: staged even with a GPU each. */
+    assert_int_equal(layout(2, (int[]){4, 4}, (int[]){4, 4}, false, why), DDP__PICK_STAGED);
+    assert_string_equal(why, "this libddp has no NCCL (DDP_NCCL=OFF): staged through pinned host "
+                             "memory");
+    /* A host with no GPU: nothing can run it, and why says which. */
+    assert_int_equal(layout(2, (int[]){1, 1}, (int[]){1, 0}, true, why), DDP__PICK_NONE);
+    assert_string_equal(why, "host 'h1' has no visible GPU for its 1 rank");
+    /* No CUDA in this build. */
+    ddp__gpu_layout l = {.device = DDP_DEVICE_CUDA,
+                         .nhosts = 1,
+                         .ranks_per_host = (int[]){1},
+                         .gpus_per_host = (int[]){1}};
+    assert_int_equal(ddp__gpu_choice(&l, why, sizeof why), DDP__PICK_NONE);
+    assert_non_null(strstr(why, "built with CUDA"));
+    /* Host buffers: the CPU backends, whatever the GPUs. */
+    l.device = DDP_DEVICE_CPU;
+    assert_int_equal(ddp__gpu_choice(&l, why, sizeof why), DDP__PICK_HOST);
+}
+
+/* The choice through the registry (auto), from per-member host ids and GPU counts. */
+static const char *auto_gpu(const char *const *hosts, const int *gpus, int n, bool nccl, char *why)
+{
+    ddp__setup s = placed(hosts, n);
+    s.device = DDP_DEVICE_CUDA;
+    s.gpus = gpus;
+    s.cuda_built = true;
+    s.nccl_built = nccl;
+    const ddp__backend *chosen = NULL;
+    ddp_error err = {0};
+    if (ddp__backend_choose(NULL, &s, &chosen, &err) != DDP_OK) {
+        ddp__fmt(why, DDP_ERRMSG_MAX, "%s", err.msg);
+        return NULL;
+    }
+    ddp__backend_reason(chosen, false, &s, why, DDP_ERRMSG_MAX);
+    return chosen->name;
+}
+
+static void gpu_auto(void **state)
+{
+    (void)state;
+    char why[DDP_ERRMSG_MAX];
+    static const char *const one[] = {"a", "a", "a", "a", "a", "a", "a", "a"};
+    static const char *const two[] = {"a", "a", "a", "a", "b", "b", "b", "b"};
+    static const int g1[] = {1, 1, 1, 1, 1, 1, 1, 1}, g4[] = {4, 4, 4, 4, 4, 4, 4, 4};
+    /* nccl is the real backend only in a DDP_NCCL build; the stub is never usable. */
+    const char *want_nccl = ddp__nccl_built ? "nccl" : "cuda-staged";
+    assert_string_equal(auto_gpu(one, g1, 1, true, why), want_nccl);
+    assert_string_equal(auto_gpu(one, g1, 2, true, why), "cuda-staged");
+    assert_non_null(strstr(why, "ranks share a GPU (2 ranks on 1 GPU of host 'a'"));
+    assert_string_equal(auto_gpu(two, g4, 8, true, why), want_nccl);
+    assert_string_equal(auto_gpu(one, g4, 8, true, why), "cuda-staged");
+    assert_non_null(strstr(why, "8 ranks on 4 GPUs"));
+    static const int none[] = {1, 1, 1, 1, 0, 0, 0, 0};
+    assert_null(auto_gpu(two, none, 8, true, why));
+    assert_non_null(strstr(why, "host 'b' has no visible GPU for its 4 ranks"));
+    /* Host buffers: as before, and the reason for the DDP line. */
+    ddp__setup s = placed(two, 8);
+    const ddp__backend *chosen = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp__backend_choose(NULL, &s, &chosen, &err), DDP_OK);
+    assert_string_equal(chosen->name, "shm+tcp");
+    ddp__backend_reason(chosen, false, &s, why, sizeof why);
+    assert_string_equal(why, "2 hosts × 4 ranks: shm within each, tcp among them");
+    s = placed(one, 3);
+    assert_int_equal(ddp__backend_choose(NULL, &s, &chosen, &err), DDP_OK);
+    ddp__backend_reason(chosen, false, &s, why, sizeof why);
+    assert_string_equal(why, "every rank on one host");
+}
+
+/* torchrun's binding: LOCAL_RANK's GPU, wrapping when ranks outnumber GPUs. */
+static void gpu_binding(void **state)
+{
+    (void)state;
+    assert_int_equal(ddp__gpu_for_local_rank(0, 1), 0);
+    assert_int_equal(ddp__gpu_for_local_rank(3, 4), 3);
+    assert_int_equal(ddp__gpu_for_local_rank(5, 4), 1);
+    assert_int_equal(ddp__gpu_for_local_rank(1, 1), 0);
+    assert_int_equal(ddp__gpu_for_local_rank(0, 0), -1);
+    assert_int_equal(ddp__gpu_for_local_rank(-1, 2), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(placement),
-        cmocka_unit_test(auto_choice),
-        cmocka_unit_test(named_choice),
-        cmocka_unit_test(mpi_choice),
+        cmocka_unit_test(placement),    cmocka_unit_test(auto_choice),
+        cmocka_unit_test(named_choice), cmocka_unit_test(mpi_choice),
+        cmocka_unit_test(gpu_layouts),  cmocka_unit_test(gpu_auto),
+        cmocka_unit_test(gpu_binding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

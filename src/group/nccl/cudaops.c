@@ -1,0 +1,182 @@
+/*
+ * nccl/cudaops.c — the CUDA runtime behind ddp__devops (staged/staged_int.h): one device, one
+ * non-blocking stream of this backend's own, an event to order it after the caller's stream and
+ * one to wait on it from the host. Built only with DDP_CUDA; with the NCCL backend, the one place
+ * outside src/kernels/cuda that includes a CUDA header (cudaops_stub.c answers without CUDA).
+ *
+ * The host waits by polling cudaEventQuery, sleeping between polls (50 µs growing to 1 ms), with a
+ * deadline: never cudaStreamSynchronize, which can neither time out nor be interrupted, and never
+ * a GPU-side spin (several processes time-slice one GPU; FACTS.md).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "group/staged/staged_int.h"
+#include "util/util.h"
+
+typedef struct cudaops {
+    int device;
+    cudaStream_t stream;
+    cudaEvent_t ready; /* recorded on the caller's stream: ours waits for it */
+    cudaEvent_t done;  /* recorded on ours: the host polls it */
+} cudaops;
+
+static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
+{
+    (void)cudaGetLastError();
+    ddp__fmt(msg, DDP_ERRMSG_MAX, "%s failed: %s (%s)", call, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    return e == cudaErrorMemoryAllocation ? DDP_ERR_NOMEM : DDP_ERR_SYSTEM;
+}
+
+/* DDP_OK, or the failure of call with its message in msg. */
+static ddp_status cu(cudaError_t e, const char *call, char *msg)
+{
+    return e == cudaSuccess ? DDP_OK : cuda_fail(msg, call, e);
+}
+
+static ddp_status ops_after(void *ctx, void *stream, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
+        (st = cu(cudaEventRecord(o->ready, (cudaStream_t)stream), "cudaEventRecord", msg)) ||
+        (st = cu(cudaStreamWaitEvent(o->stream, o->ready, 0), "cudaStreamWaitEvent", msg)))
+        return st;
+    return DDP_OK;
+}
+
+static ddp_status ops_d2h(void *ctx, void *host, const void *dev, size_t bytes, char *msg)
+{
+    cudaops *o = ctx;
+    return cu(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, o->stream),
+              "cudaMemcpyAsync", msg);
+}
+
+static ddp_status ops_h2d(void *ctx, void *dev, const void *host, size_t bytes, char *msg)
+{
+    cudaops *o = ctx;
+    return cu(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, o->stream),
+              "cudaMemcpyAsync", msg);
+}
+
+static ddp_status ops_sync(void *ctx, int64_t deadline_ms, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st = cu(cudaEventRecord(o->done, o->stream), "cudaEventRecord", msg);
+    long sleep_ns = 50000;
+    while (st == DDP_OK) {
+        cudaError_t e = cudaEventQuery(o->done);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady)
+            return cuda_fail(msg, "cudaEventQuery", e);
+        if (ddp__now_ms() >= deadline_ms) {
+            ddp__fmt(msg, DDP_ERRMSG_MAX,
+                     "the GPU copies to and from the staging buffer did not finish by the "
+                     "deadline; HINT: another process may hold the GPU (nvidia-smi)");
+            return DDP_ERR_TIMEOUT;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000)
+            sleep_ns *= 2;
+    }
+    return st;
+}
+
+static ddp_status ops_pin(void *ctx, void *p, size_t bytes, char *msg)
+{
+    (void)ctx;
+    return cu(cudaHostRegister(p, bytes, cudaHostRegisterPortable), "cudaHostRegister", msg);
+}
+
+static void ops_unpin(void *ctx, void *p)
+{
+    (void)ctx;
+    (void)cudaHostUnregister(p);
+    (void)cudaGetLastError();
+}
+
+static void *ops_alloc(void *ctx, size_t bytes)
+{
+    cudaops *o = ctx;
+    void *p = NULL;
+    if (cudaSetDevice(o->device) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void ops_free(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p)
+        (void)cudaFree(p);
+}
+
+static ddp_status ops_copy(void *ctx, void *dst, const void *src, size_t bytes, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
+        (st = cu(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy", msg)))
+        return st;
+    return DDP_OK;
+}
+
+static void ops_destroy(void *ctx)
+{
+    cudaops *o = ctx;
+    if (!o)
+        return;
+    (void)cudaSetDevice(o->device);
+    if (o->done)
+        (void)cudaEventDestroy(o->done);
+    if (o->ready)
+        (void)cudaEventDestroy(o->ready);
+    if (o->stream)
+        (void)cudaStreamDestroy(o->stream);
+    (void)cudaGetLastError();
+    free(o);
+}
+
+ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
+{
+    char msg[DDP_ERRMSG_MAX];
+    cudaops *o = calloc(1, sizeof *o);
+    if (!o)
+        return ddp__err(err, DDP_ERR_NOMEM, "cuda: out of memory");
+    o->device = device;
+    cudaError_t e;
+    const char *call = "cudaSetDevice";
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (call = "cudaStreamCreateWithFlags",
+         e = cudaStreamCreateWithFlags(&o->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (call = "cudaEventCreateWithFlags",
+         e = cudaEventCreateWithFlags(&o->ready, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming)) != cudaSuccess) {
+        ddp_status st = cuda_fail(msg, call, e);
+        ops_destroy(o);
+        return ddp__err(err, st,
+                        "cuda: device %d: %s; HINT: nvidia-smi shows whether the GPU "
+                        "and driver are healthy",
+                        device, msg);
+    }
+    *out = (ddp__devops){.ctx = o,
+                         .after = ops_after,
+                         .d2h = ops_d2h,
+                         .h2d = ops_h2d,
+                         .sync = ops_sync,
+                         .pin = ops_pin,
+                         .unpin = ops_unpin,
+                         .alloc = ops_alloc,
+                         .free = ops_free,
+                         .copy = ops_copy,
+                         .destroy = ops_destroy};
+    return DDP_OK;
+}
+const bool ddp__cuda_built = true;

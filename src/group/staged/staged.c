@@ -1,0 +1,277 @@
+/*
+ * staged/staged.c — the shared-GPU backend, "cuda-staged": collectives on GPU buffers for ranks
+ * that share a GPU (NCCL refuses two ranks on one device) or run where there is no NCCL.
+ *
+ * Each collective goes through host memory, in chunks that fit one staging buffer: the GPU copies
+ * the rank's input into it, the CPU backend among the same ranks (shm on one host, shm+tcp or tcp
+ * across hosts, chosen as for host buffers) runs the collective there in place, and the GPU copies
+ * the result back. The staging buffer is the inner backend's zero-copy arena when it has one — for
+ * shm, memory in the shared segment that the peers reduce in place — pinned with cudaHostRegister,
+ * so the bytes cross PCIe/NVLink-C2C once each way and are never copied on the host. Every wait is
+ * on the host (polling the copies' completion; shm's futexes): ranks that time-slice one GPU must
+ * not spin on it (FACTS.md).
+ *
+ * What it deliberately does not do: CUDA IPC (peers reading each other's device memory), which
+ * would avoid the host round trip; overlap of one chunk's copies with the next chunk's reduction.
+ * Both are faster, later. The GPU calls are behind ddp__devops (nccl/cudaops.c), so this file is
+ * plain C and its staging logic is unit-tested with memcpy (tests/unit/test_nccl.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "group/staged/staged_int.h"
+#include "kernels/kernels.h"
+#include "util/util.h"
+
+/* ---- staging one collective ----------------------------------------------------------------- */
+
+/* Runs the inner collective k (kind, buffers in the staging buffer, count) with c's other fields.
+ */
+static ddp_status inner_run(const ddp__stage *st, const ddp__coll *c, ddp__kind kind,
+                            const void *send, void *recv, size_t count, ddp__fail *f)
+{
+    ddp__coll k = *c;
+    k.kind = kind;
+    k.send = send;
+    k.recv = recv;
+    k.count = count;
+    k.device = DDP_DEVICE_CPU;
+    k.stream = NULL;
+    k.event = NULL;
+    k.avg_div = st->inner->fuses_avg ? c->avg_div : 0;
+    ddp_status s = st->inner->run(st->inner_be, &k, f);
+    if (s == DDP_OK && c->avg_div > 1 && !st->inner->fuses_avg &&
+        (kind == DDP__ALLREDUCE || kind == DDP__REDUCE_SCATTER))
+        ddp__scale_avg(recv, count, c->dtype, c->avg_div);
+    return s;
+}
+
+/* A device call's failure: f gets "cuda-staged: allreduce #3 (…) failed: <msg>". */
+static ddp_status dev_fail(const ddp__stage *st, const ddp__coll *c, ddp_status s, const char *msg,
+                           ddp__fail *f)
+{
+    char what[128];
+    ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
+             (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    f->status = s;
+    ddp__fmt(f->msg, sizeof f->msg, "cuda-staged: %s failed on member %d: %s", what, st->me, msg);
+    return s;
+}
+
+ddp_status ddp__staged_run(const ddp__stage *st, const ddp__coll *c, ddp__fail *f)
+{
+    const ddp__devops *d = st->dev;
+    char msg[DDP_ERRMSG_MAX];
+    ddp_status s;
+    if (c->kind == DDP__BARRIER)
+        return inner_run(st, c, DDP__BARRIER, NULL, NULL, 0, f);
+    if (c->device != DDP_DEVICE_CUDA) /* host buffers (the debug check's): the inner backend's */
+        return inner_run(st, c, c->kind, c->send, c->recv, c->count, f);
+    size_t e = ddp_dtype_size(c->dtype), n = (size_t)st->n, me = (size_t)st->me;
+    /* Elements per chunk (per member for allgather and reduce_scatter, whose chunk holds n). */
+    size_t per = c->kind == DDP__ALLGATHER || c->kind == DDP__REDUCE_SCATTER ? n : 1;
+    size_t k = st->bytes / (e * per);
+    if (k == 0)
+        return dev_fail(st, c, DDP_ERR_INVALID, "the staging buffer holds no element", f);
+    if ((s = d->after(d->ctx, c->stream, msg)))
+        return dev_fail(st, c, s, msg, f);
+    char *buf = st->buf;
+    const char *send = c->send;
+    char *recv = c->recv;
+    for (size_t off = 0; off < c->count || (c->count == 0 && off == 0); off += k) {
+        size_t m = c->count - off < k ? c->count - off : k; /* elements this chunk (per member) */
+        size_t b = m * e;
+        switch (c->kind) {
+        case DDP__ALLREDUCE:
+            if ((b && (s = d->d2h(d->ctx, buf, send + off * e, b, msg))) ||
+                (s = d->sync(d->ctx, c->deadline_ms, msg)))
+                return dev_fail(st, c, s, msg, f);
+            if ((s = inner_run(st, c, DDP__ALLREDUCE, buf, buf, m, f)))
+                return s;
+            if (b && (s = d->h2d(d->ctx, recv + off * e, buf, b, msg)))
+                return dev_fail(st, c, s, msg, f);
+            break;
+        case DDP__BROADCAST:
+            if (st->me == c->root && ((b && (s = d->d2h(d->ctx, buf, send + off * e, b, msg))) ||
+                                      (s = d->sync(d->ctx, c->deadline_ms, msg))))
+                return dev_fail(st, c, s, msg, f);
+            if (st->me != c->root && (s = d->sync(d->ctx, c->deadline_ms, msg)))
+                return dev_fail(st, c, s, msg, f); /* the last chunk's copy out of buf */
+            if ((s = inner_run(st, c, DDP__BROADCAST, buf, buf, m, f)))
+                return s;
+            if (st->me != c->root && b && (s = d->h2d(d->ctx, recv + off * e, buf, b, msg)))
+                return dev_fail(st, c, s, msg, f);
+            break;
+        case DDP__ALLGATHER: /* buf: n blocks of m elements; mine at me */
+            if ((b && (s = d->d2h(d->ctx, buf + me * b, send + off * e, b, msg))) ||
+                (s = d->sync(d->ctx, c->deadline_ms, msg)))
+                return dev_fail(st, c, s, msg, f);
+            if ((s = inner_run(st, c, DDP__ALLGATHER, buf + me * b, buf, m, f)))
+                return s;
+            for (size_t r = 0; b && r < n; r++)
+                if ((s = d->h2d(d->ctx, recv + (r * c->count + off) * e, buf + r * b, b, msg)))
+                    return dev_fail(st, c, s, msg, f);
+            break;
+        case DDP__REDUCE_SCATTER: /* buf: n blocks of m elements, block r for member r */
+            for (size_t r = 0; b && r < n; r++)
+                if ((s = d->d2h(d->ctx, buf + r * b, send + (r * c->count + off) * e, b, msg)))
+                    return dev_fail(st, c, s, msg, f);
+            if ((s = d->sync(d->ctx, c->deadline_ms, msg)))
+                return dev_fail(st, c, s, msg, f);
+            if ((s = inner_run(st, c, DDP__REDUCE_SCATTER, buf, buf + me * b, m, f)))
+                return s;
+            if (b && (s = d->h2d(d->ctx, recv + off * e, buf + me * b, b, msg)))
+                return dev_fail(st, c, s, msg, f);
+            break;
+        default: return dev_fail(st, c, DDP_ERR_INVALID, "unknown collective", f);
+        }
+        if (c->count == 0)
+            break;
+    }
+    /* The result is in device memory when this returns: the caller's next kernel may read it. */
+    if ((s = d->sync(d->ctx, c->deadline_ms, msg)))
+        return dev_fail(st, c, s, msg, f);
+    return DDP_OK;
+}
+
+/* ---- the backend ---------------------------------------------------------------------------- */
+
+typedef struct staged {
+    ddp__stage st;
+    ddp__devops dev;
+    bool dev_made;
+    bool pinned;
+    bool own_buf; /* malloc'd: the inner backend has no arena */
+    void *inner_be;
+    const ddp__backend_ops *inner;
+} staged;
+
+static ddp_status staged_run(void *be, const ddp__coll *c, ddp__fail *f)
+{
+    staged *s = be;
+    return ddp__staged_run(&s->st, c, f);
+}
+
+static void *staged_alloc(void *be, size_t bytes)
+{
+    staged *s = be;
+    return s->dev.alloc(s->dev.ctx, bytes);
+}
+
+static void staged_free(void *be, void *p)
+{
+    staged *s = be;
+    s->dev.free(s->dev.ctx, p);
+}
+
+static ddp_status staged_copy(void *be, void *dst, const void *src, size_t bytes, char *msg)
+{
+    staged *s = be;
+    return s->dev.copy(s->dev.ctx, dst, src, bytes, msg);
+}
+
+static void staged_abort(void *be, const char *why)
+{
+    staged *s = be;
+    s->inner->abort(s->inner_be, why);
+}
+
+static void staged_destroy(void *be)
+{
+    staged *s = be;
+    if (!s)
+        return;
+    if (s->pinned)
+        s->dev.unpin(s->dev.ctx, s->st.buf);
+    if (s->st.buf) {
+        if (s->own_buf)
+            free(s->st.buf);
+        else if (s->inner->free)
+            s->inner->free(s->inner_be, s->st.buf);
+    }
+    if (s->inner)
+        s->inner->destroy(s->inner_be);
+    if (s->dev_made)
+        s->dev.destroy(s->dev.ctx);
+    free(s);
+}
+
+static const ddp__backend_ops staged_ops = {
+    .name = "cuda-staged",
+    .run = staged_run,
+    .alloc = staged_alloc,
+    .free = staged_free,
+    .copy = staged_copy,
+    .abort = staged_abort,
+    .destroy = staged_destroy,
+    .fuses_avg = true,
+};
+
+static bool staged_usable(const ddp__setup *s, char *why, size_t cap)
+{
+    char reason[DDP_ERRMSG_MAX];
+    if (ddp__setup_gpu_choice(s, reason, sizeof reason) == DDP__PICK_NONE) {
+        ddp__fmt(why, cap, "cannot run this group: %s", reason);
+        return false;
+    }
+    return true;
+}
+
+/* The staging buffer: 64 MiB by default (ddp_group_opts.arena_bytes), less when the arena is. */
+static ddp_status staged_create(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
+                                ddp_error *err)
+{
+    staged *g = calloc(1, sizeof *g);
+    if (!g)
+        return ddp__err(err, DDP_ERR_NOMEM, "cuda-staged: out of memory");
+    ddp_status st;
+    char msg[DDP_ERRMSG_MAX];
+    if ((st = ddp__cuda_devops(s->cuda_device, &g->dev, err)))
+        goto out_free;
+    g->dev_made = true;
+    /* The host-side backend: what auto would pick for host buffers among the same members. */
+    ddp__setup host = *s;
+    host.device = DDP_DEVICE_CPU;
+    host.gpus = NULL;
+    const ddp__backend *inner;
+    if ((st = ddp__backend_choose(NULL, &host, &inner, err)) ||
+        (st = inner->create(&host, &g->inner_be, &g->inner, err)))
+        goto out_free;
+    size_t bytes = s->arena_bytes ? s->arena_bytes : (size_t)64 << 20;
+    /* Half the arena: the inner backend may keep staging of its own in the rest. */
+    bytes /= 2;
+    g->st.buf = g->inner->alloc ? g->inner->alloc(g->inner_be, bytes) : NULL;
+    if (!g->st.buf) {
+        g->st.buf = malloc(bytes);
+        g->own_buf = true;
+        if (!g->st.buf) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "cuda-staged: out of memory for %zu bytes", bytes);
+            goto out_free;
+        }
+    }
+    if ((st = g->dev.pin(g->dev.ctx, g->st.buf, bytes, msg))) {
+        st = ddp__err(err, st, "cuda-staged: %s", msg);
+        goto out_free;
+    }
+    g->pinned = true;
+    g->st = (ddp__stage){.dev = &g->dev,
+                         .inner_be = g->inner_be,
+                         .inner = g->inner,
+                         .buf = g->st.buf,
+                         .bytes = bytes,
+                         .me = s->m.me,
+                         .n = s->m.n};
+    *be = g;
+    *ops = &staged_ops;
+    return DDP_OK;
+out_free:
+    staged_destroy(g);
+    return st;
+}
+
+const ddp__backend ddp__staged_backend = {
+    .name = "cuda-staged",
+    .usable = staged_usable,
+    .create = staged_create,
+    .gpu = true,
+};
