@@ -1,0 +1,720 @@
+/*
+ * test_nccl.c — the GPU backends' logic that needs no GPU (src/group/nccl/watchdog.c,
+ * src/group/staged/staged.c): NCCL's unique id through a real store (fake id bytes); the
+ * watchdog's state machine over a fake communicator whose error and progress the test controls
+ * (stuck → abort and a message by the deadline, error → abort and the NCCL message, healthy →
+ * nothing), by hand and on its thread; the messages; and the cuda-staged backend's staging of
+ * each collective through a small host buffer, with memcpy as the "device" copies and a fake
+ * host backend that acts as n ranks holding known data. Nothing here touches CUDA.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "group/nccl/nccl_int.h"
+#include "group/staged/staged_int.h"
+#include "util/util.h"
+
+/* ---- the unique id through the store -------------------------------------------------------- */
+
+static ddp_status make_fake(void *ctx, void *id, size_t n, ddp_error *err)
+{
+    (void)err;
+    int *calls = ctx;
+    (*calls)++;
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)id)[i] = (unsigned char)(i * 7 + 3);
+    return DDP_OK;
+}
+
+static ddp_status make_broken(void *ctx, void *id, size_t n, ddp_error *err)
+{
+    (void)ctx;
+    (void)id;
+    (void)n;
+    return ddp__err(err, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId failed: no network");
+}
+
+typedef struct uid_fixture {
+    ddp_store_server *srv;
+    ddp_store *a, *b; /* rank 0's and rank 1's connections */
+} uid_fixture;
+
+static void uid_setup(uid_fixture *f)
+{
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = "127.0.0.1";
+    so.token = "tok";
+    assert_int_equal(ddp_store_server_start(&so, &f->srv, NULL), DDP_OK);
+    ddp_store_opts o = DDP_STORE_OPTS_INIT;
+    o.port = ddp_store_server_port(f->srv);
+    o.token = "tok";
+    o.timeout_ms = 5000;
+    assert_int_equal(ddp_store_connect(&o, &f->a, NULL), DDP_OK);
+    assert_int_equal(ddp_store_connect(&o, &f->b, NULL), DDP_OK);
+}
+
+static void uid_teardown(uid_fixture *f)
+{
+    ddp_store_close(f->a);
+    ddp_store_close(f->b);
+    ddp_store_server_stop(f->srv);
+}
+
+static void uid_exchange(void **state)
+{
+    (void)state;
+    uid_fixture f;
+    uid_setup(&f);
+    ddp_error err = {0};
+    unsigned char id0[128], id1[128];
+    memset(id1, 0, sizeof id1);
+    int calls = 0;
+    /* Rank 0 makes and publishes; rank 1 reads the same bytes; only rank 0 calls make. */
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.a, "ddp/g1", 0, 2000, make_fake, &calls, id0, sizeof id0, &err),
+        DDP_OK);
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.b, "ddp/g1", 1, 2000, make_fake, &calls, id1, sizeof id1, &err),
+        DDP_OK);
+    assert_int_equal(calls, 1);
+    assert_memory_equal(id0, id1, sizeof id0);
+    assert_int_equal(id1[5], 5 * 7 + 3);
+    char key[64];
+    ddp__nccl_uid_key(key, sizeof key, "ddp/g1");
+    assert_string_equal(key, "ddp/g1/nccl/uid");
+
+    /* Another group's prefix has no id yet: rank 1 waits the deadline and says for what. */
+    int64_t t0 = ddp__now_ms();
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.b, "ddp/g2", 1, 300, make_fake, &calls, id1, sizeof id1, &err),
+        DDP_ERR_TIMEOUT);
+    int64_t took = ddp__now_ms() - t0;
+    assert_true(took >= 250 && took < 10000);
+    assert_non_null(strstr(err.msg, "nccl: waiting for rank 0's unique id 'ddp/g2/nccl/uid'"));
+    assert_non_null(strstr(err.msg, "HINT"));
+
+    /* An id of another size (another NCCL build): refused, naming both sizes. */
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.a, "ddp/g3", 0, 2000, make_fake, &calls, id0, 16, &err), DDP_OK);
+    memset(id1, 0xee, sizeof id1);
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.b, "ddp/g3", 1, 2000, make_fake, &calls, id1, sizeof id1, &err),
+        DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "is 16 bytes, this rank's NCCL expects 128"));
+    assert_int_equal(id1[0], 0xee); /* not written on failure */
+
+    /* Rank 0's make fails: its error, nothing published. */
+    assert_int_equal(
+        ddp__nccl_uid_exchange(f.a, "ddp/g4", 0, 2000, make_broken, NULL, id0, sizeof id0, &err),
+        DDP_ERR_SYSTEM);
+    assert_string_equal(err.msg, "nccl: ncclGetUniqueId failed: no network");
+    bool have = true;
+    const char *k4 = "ddp/g4/nccl/uid";
+    assert_int_equal(ddp_store_check(f.a, &k4, 1, &have), DDP_OK);
+    assert_false(have);
+    uid_teardown(&f);
+}
+
+/* ---- the watchdog over a fake communicator -------------------------------------------------- */
+
+typedef struct fake_comm {
+    atomic_int error;  /* DDP_OK: healthy */
+    atomic_int aborts; /* how many times abort was called */
+    atomic_int queries;
+} fake_comm;
+
+/* An "event" is an atomic flag: done when set. */
+typedef struct fake_ev {
+    atomic_bool done;
+} fake_ev;
+
+static ddp_status fake_async_error(void *ctx, char *msg, size_t cap)
+{
+    fake_comm *c = ctx;
+    atomic_fetch_add(&c->queries, 1);
+    ddp_status st = (ddp_status)atomic_load(&c->error);
+    if (st != DDP_OK)
+        ddp__fmt(msg, cap, "NCCL reports remote process exited or there was a network error");
+    return st;
+}
+
+static bool fake_done(void *ctx, void *ev)
+{
+    (void)ctx;
+    return atomic_load(&((fake_ev *)ev)->done);
+}
+
+static void fake_abort(void *ctx)
+{
+    fake_comm *c = ctx;
+    atomic_fetch_add(&c->aborts, 1);
+}
+
+static ddp__wd_comm fake_wd(fake_comm *c)
+{
+    atomic_init(&c->error, DDP_OK);
+    atomic_init(&c->aborts, 0);
+    atomic_init(&c->queries, 0);
+    return (ddp__wd_comm){
+        .ctx = c, .async_error = fake_async_error, .done = fake_done, .abort = fake_abort};
+}
+
+static ddp__coll coll(ddp__kind k, uint64_t seq, size_t count, int64_t deadline)
+{
+    return (ddp__coll){.kind = k,
+                       .seq = seq,
+                       .count = count,
+                       .dtype = DDP_FLOAT32,
+                       .device = DDP_DEVICE_CUDA,
+                       .deadline_ms = deadline};
+}
+
+static void watchdog_healthy(void **state)
+{
+    (void)state;
+    fake_comm fc;
+    ddp__wd_comm wc = fake_wd(&fc);
+    ddp__watchdog *wd = calloc(1, sizeof *wd);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 3, 0, NULL), DDP_OK);
+    fake_ev ev;
+    atomic_init(&ev.done, false);
+    ddp__coll c = coll(DDP__ALLREDUCE, 1, 1024, 1000);
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 0), DDP_OK);
+    /* In flight, before its deadline, communicator healthy: nothing. */
+    assert_int_equal(ddp__watchdog_step(wd, 500), DDP_OK);
+    assert_int_equal(atomic_load(&fc.aborts), 0);
+    /* Finished: forgotten, so even far past its deadline nothing happens. */
+    atomic_store(&ev.done, true);
+    assert_int_equal(ddp__watchdog_step(wd, 600), DDP_OK);
+    assert_int_equal(ddp__watchdog_step(wd, 100000), DDP_OK);
+    assert_int_equal(atomic_load(&fc.aborts), 0);
+    char msg[DDP_ERRMSG_MAX] = "";
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_OK);
+    assert_string_equal(msg, "");
+    /* Untracked by the owner: likewise. */
+    atomic_store(&ev.done, false);
+    c = coll(DDP__BROADCAST, 2, 8, 2000);
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 1000), DDP_OK);
+    ddp__watchdog_untrack(wd, 2);
+    assert_int_equal(ddp__watchdog_step(wd, 5000), DDP_OK);
+    /* The table has room for DDP__WD_MAX in flight, then says no. */
+    for (int i = 0; i < DDP__WD_MAX; i++) {
+        c = coll(DDP__ALLREDUCE, 10 + (uint64_t)i, 8, 100000);
+        assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 5000), DDP_OK);
+    }
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 5000), DDP_ERR_INVALID);
+    assert_int_equal(ddp__watchdog_error(wd, NULL, 0), DDP_OK); /* not a failure of the group */
+    ddp__watchdog_stop(wd);
+    ddp__watchdog_stop(wd); /* twice is harmless */
+    free(wd);
+}
+
+static void watchdog_stuck(void **state)
+{
+    (void)state;
+    fake_comm fc;
+    ddp__wd_comm wc = fake_wd(&fc);
+    ddp__watchdog *wd = calloc(1, sizeof *wd);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 3, 0, NULL), DDP_OK);
+    fake_ev done, stuck;
+    atomic_init(&done.done, true);
+    atomic_init(&stuck.done, false);
+    ddp__coll a = coll(DDP__ALLREDUCE, 6, 4, 31000), b = coll(DDP__ALLREDUCE, 7, 1024, 31000);
+    assert_int_equal(ddp__watchdog_track(wd, &a, &done, 1000), DDP_OK);
+    assert_int_equal(ddp__watchdog_track(wd, &b, &stuck, 1000), DDP_OK);
+    assert_int_equal(ddp__watchdog_step(wd, 30999), DDP_OK);
+    /* At its deadline: aborted once, and the message names the operation, #, rank, time. */
+    assert_int_equal(ddp__watchdog_step(wd, 31000), DDP_ERR_TIMEOUT);
+    assert_int_equal(atomic_load(&fc.aborts), 1);
+    char msg[DDP_ERRMSG_MAX];
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    assert_string_equal(msg, "rank 3: nccl: allreduce #7 (float32 × 1024) timed out after 30 s "
+                             "on the GPU: the communicator was aborted; HINT: a rank may be dead, "
+                             "stopped or calling a different collective (set DDP_DEBUG=1 to "
+                             "check); the others' logs say which");
+    /* Sticky: later steps keep the first failure and never abort twice; new work is refused. */
+    atomic_store(&fc.error, DDP_ERR_NETWORK);
+    assert_int_equal(ddp__watchdog_step(wd, 40000), DDP_ERR_TIMEOUT);
+    assert_int_equal(atomic_load(&fc.aborts), 1);
+    ddp__coll c = coll(DDP__BARRIER, 8, 0, 99999);
+    assert_int_equal(ddp__watchdog_track(wd, &c, &done, 40000), DDP_ERR_TIMEOUT);
+    /* An abort from outside after that changes nothing either. */
+    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 3: nccl: the group was aborted: bye");
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    assert_int_equal(atomic_load(&fc.aborts), 1);
+    ddp__watchdog_stop(wd);
+    free(wd);
+}
+
+static void watchdog_error(void **state)
+{
+    (void)state;
+    fake_comm fc;
+    ddp__wd_comm wc = fake_wd(&fc);
+    ddp__watchdog *wd = calloc(1, sizeof *wd);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 1, 0, NULL), DDP_OK);
+    fake_ev ev;
+    atomic_init(&ev.done, false);
+    ddp__coll c = coll(DDP__REDUCE_SCATTER, 12, 256, 1000000);
+    c.dtype = DDP_BFLOAT16;
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 0), DDP_OK);
+    atomic_store(&fc.error, DDP_ERR_NETWORK);
+    /* Long before the deadline: the communicator's error is enough. */
+    assert_int_equal(ddp__watchdog_step(wd, 10), DDP_ERR_NETWORK);
+    assert_int_equal(atomic_load(&fc.aborts), 1);
+    char msg[DDP_ERRMSG_MAX];
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_NETWORK);
+    assert_string_equal(msg, "rank 1: nccl: reduce_scatter #12 (bfloat16 × 256) failed: NCCL "
+                             "reports remote process exited or there was a network error; the "
+                             "communicator was aborted; HINT: the other ranks' logs say which "
+                             "rank failed first; the group cannot be used again");
+    ddp__watchdog_stop(wd);
+
+    /* While idle: named by the last collective. */
+    fake_comm fc2;
+    wc = fake_wd(&fc2);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 0, 0, NULL), DDP_OK);
+    atomic_init(&ev.done, true);
+    c = coll(DDP__ALLGATHER, 4, 16, 1000);
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 0), DDP_OK);
+    assert_int_equal(ddp__watchdog_step(wd, 1), DDP_OK);
+    atomic_store(&fc2.error, DDP_ERR_SYSTEM);
+    assert_int_equal(ddp__watchdog_step(wd, 2), DDP_ERR_SYSTEM);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_SYSTEM);
+    assert_non_null(strstr(msg, "rank 0: nccl: the communicator failed while idle (after "
+                                "collective #4): NCCL reports"));
+    assert_int_equal(atomic_load(&fc2.aborts), 1);
+    ddp__watchdog_stop(wd);
+
+    /* An abort from outside (ddp_group_abort): the reason, and the communicator aborted. */
+    fake_comm fc3;
+    wc = fake_wd(&fc3);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 0, 0, NULL), DDP_OK);
+    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 0: nccl: the group was aborted: user");
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_CLOSED);
+    assert_string_equal(msg, "rank 0: nccl: the group was aborted: user");
+    assert_int_equal(atomic_load(&fc3.aborts), 1);
+    ddp__watchdog_stop(wd);
+    free(wd);
+}
+
+/* Waits up to limit_ms for wd to record a failure; returns how long it took, or -1. */
+static int64_t wait_failure(ddp__watchdog *wd, int64_t limit_ms)
+{
+    int64_t t0 = ddp__now_ms();
+    while (ddp__now_ms() - t0 < limit_ms) {
+        if (ddp__watchdog_error(wd, NULL, 0) != DDP_OK)
+            return ddp__now_ms() - t0;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* The thread: a stuck collective is aborted soon after its deadline without anyone stepping; a
+ * healthy group polled for a while is left alone; stop joins promptly. */
+static void watchdog_thread(void **state)
+{
+    (void)state;
+    fake_comm fc;
+    ddp__wd_comm wc = fake_wd(&fc);
+    ddp__watchdog *wd = calloc(1, sizeof *wd);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 2, 20, NULL), DDP_OK);
+    fake_ev ev;
+    atomic_init(&ev.done, false);
+    int64_t now = ddp__now_ms();
+    ddp__coll c = coll(DDP__ALLREDUCE, 1, 64, now + 150);
+    assert_int_equal(ddp__watchdog_track(wd, &c, &ev, now), DDP_OK);
+    /* Healthy in flight for ~100 ms: polled, not aborted. */
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+    assert_true(atomic_load(&fc.queries) >= 1);
+    assert_int_equal(atomic_load(&fc.aborts), 0);
+    /* Then stuck past 150 ms: aborted by the thread (generous bound for a loaded machine). */
+    int64_t took = wait_failure(wd, 10000);
+    assert_true(took >= 0);
+    assert_true(ddp__now_ms() >= now + 150);
+    assert_int_equal(atomic_load(&fc.aborts), 1);
+    char msg[DDP_ERRMSG_MAX];
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    assert_non_null(strstr(msg, "rank 2: nccl: allreduce #1 (float32 × 64) timed out after"));
+    int64_t t0 = ddp__now_ms();
+    ddp__watchdog_stop(wd);
+    assert_true(ddp__now_ms() - t0 < 5000);
+
+    /* An asynchronous error with nothing in flight is noticed by the thread too. */
+    fake_comm fc2;
+    wc = fake_wd(&fc2);
+    assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 0, 10, NULL), DDP_OK);
+    atomic_store(&fc2.error, DDP_ERR_NETWORK);
+    assert_true(wait_failure(wd, 10000) >= 0);
+    assert_int_equal(atomic_load(&fc2.aborts), 1);
+    ddp__watchdog_stop(wd);
+    free(wd);
+}
+
+static void messages(void **state)
+{
+    (void)state;
+    char buf[DDP_ERRMSG_MAX];
+    ddp__coll c = coll(DDP__ALLGATHER, 3, 10, 0);
+    c.dtype = DDP_INT64;
+    ddp__coll_label(buf, sizeof buf, &c);
+    assert_string_equal(buf, "allgather #3 (int64 × 10)");
+    c = coll(DDP__BARRIER, 9, 0, 0);
+    ddp__coll_label(buf, sizeof buf, &c);
+    assert_string_equal(buf, "barrier #9");
+    c = coll(DDP__ALLREDUCE, 12, 1048576, 0);
+    ddp__gpu_fail_msg(buf, sizeof buf, "nccl", 5, &c, "ncclAllReduce",
+                      "unhandled cuda error (run with NCCL_DEBUG=INFO for details)");
+    assert_string_equal(buf, "rank 5: nccl: allreduce #12 (float32 × 1048576) failed in "
+                             "ncclAllReduce: unhandled cuda error (run with NCCL_DEBUG=INFO for "
+                             "details); HINT: the other ranks' logs say which rank failed first; "
+                             "the group cannot be used again");
+}
+
+/* ---- staging through host memory ------------------------------------------------------------ */
+
+/* "Device" operations with memcpy; they count calls and bytes, and can fail on demand. */
+typedef struct fake_dev {
+    int d2h, h2d, syncs, afters;
+    size_t bytes;
+    int fail_at; /* the n-th copy (1-based) fails; 0: never */
+    bool sync_times_out;
+    void *last_stream;
+} fake_dev;
+
+static ddp_status fd_after(void *ctx, void *stream, char *msg)
+{
+    (void)msg;
+    fake_dev *d = ctx;
+    d->afters++;
+    d->last_stream = stream;
+    return DDP_OK;
+}
+
+static ddp_status fd_copy_common(fake_dev *d, void *dst, const void *src, size_t n, char *msg)
+{
+    if (d->fail_at && d->d2h + d->h2d == d->fail_at) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaMemcpyAsync failed: an illegal memory access");
+        return DDP_ERR_SYSTEM;
+    }
+    memcpy(dst, src, n);
+    d->bytes += n;
+    return DDP_OK;
+}
+
+static ddp_status fd_d2h(void *ctx, void *host, const void *dev, size_t n, char *msg)
+{
+    fake_dev *d = ctx;
+    d->d2h++;
+    return fd_copy_common(d, host, dev, n, msg);
+}
+
+static ddp_status fd_h2d(void *ctx, void *dev, const void *host, size_t n, char *msg)
+{
+    fake_dev *d = ctx;
+    d->h2d++;
+    return fd_copy_common(d, dev, host, n, msg);
+}
+
+static ddp_status fd_sync(void *ctx, int64_t deadline_ms, char *msg)
+{
+    (void)deadline_ms;
+    fake_dev *d = ctx;
+    d->syncs++;
+    if (d->sync_times_out) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "the GPU copies did not finish by the deadline");
+        return DDP_ERR_TIMEOUT;
+    }
+    return DDP_OK;
+}
+
+/* A host backend acting as n members; every other member m holds the value it would have
+ * staged: for allreduce and reduce_scatter the same elements as this one plus m (member m's
+ * input is mine + m), for allgather its block is mine + 100·m, for broadcast the root's is 7 + i
+ * (i: the element's index within the chunk). It checks it is given host memory within buf. */
+typedef struct fake_host {
+    int me, n;
+    float *buf;
+    size_t bytes;
+    int calls;
+    int avg_seen;
+} fake_host;
+
+static bool inside(const fake_host *h, const void *p, size_t bytes)
+{
+    const char *b = (const char *)h->buf;
+    return (const char *)p >= b && (const char *)p + bytes <= b + h->bytes;
+}
+
+static ddp_status fh_run(void *be, const ddp__coll *c, ddp__fail *f)
+{
+    (void)f;
+    fake_host *h = be;
+    h->calls++;
+    assert_int_equal(c->device, DDP_DEVICE_CPU);
+    assert_null(c->stream);
+    size_t k = c->count;
+    float sum_off = 0; /* Σ over members of m */
+    for (int m = 0; m < h->n; m++)
+        sum_off += (float)m;
+    if (c->avg_div)
+        h->avg_seen = c->avg_div;
+    float div = c->avg_div > 1 ? (float)c->avg_div : 1.0f;
+    switch (c->kind) {
+    case DDP__ALLREDUCE: {
+        assert_ptr_equal(c->send, c->recv);
+        assert_true(inside(h, c->recv, k * 4));
+        float *x = c->recv;
+        for (size_t i = 0; i < k; i++)
+            x[i] = (x[i] * (float)h->n + sum_off) / div;
+        break;
+    }
+    case DDP__BROADCAST: {
+        float *x = c->recv;
+        assert_true(inside(h, x, k * 4));
+        if (h->me != c->root)
+            for (size_t i = 0; i < k; i++)
+                x[i] = 7.0f + (float)i;
+        break;
+    }
+    case DDP__ALLGATHER: {
+        float *x = c->recv;
+        assert_true(inside(h, x, k * 4 * (size_t)h->n));
+        assert_ptr_equal(c->send, x + (size_t)h->me * k); /* in place */
+        for (int m = 0; m < h->n; m++)
+            if (m != h->me)
+                for (size_t i = 0; i < k; i++)
+                    x[(size_t)m * k + i] = x[(size_t)h->me * k + i] + 100.0f * (float)m;
+        break;
+    }
+    case DDP__REDUCE_SCATTER: {
+        const float *x = c->send;
+        float *y = c->recv;
+        assert_true(inside(h, x, k * 4 * (size_t)h->n));
+        assert_ptr_equal(y, x + (size_t)h->me * k); /* in place */
+        for (size_t i = 0; i < k; i++)
+            y[i] = (x[(size_t)h->me * k + i] * (float)h->n + sum_off) / div;
+        break;
+    }
+    default: break;
+    }
+    return DDP_OK;
+}
+
+static void fh_destroy(void *be)
+{
+    (void)be;
+}
+
+static const ddp__backend_ops fake_host_ops = {
+    .name = "fake", .run = fh_run, .destroy = fh_destroy, .fuses_avg = true};
+static const ddp__backend_ops fake_host_ops_nofuse = {
+    .name = "fake", .run = fh_run, .destroy = fh_destroy, .fuses_avg = false};
+
+typedef struct stage_fixture {
+    fake_dev dev;
+    ddp__devops ops;
+    fake_host host;
+    ddp__stage st;
+} stage_fixture;
+
+static void stage_make(stage_fixture *s, int me, int n, size_t buf_floats, bool fuses)
+{
+    memset(s, 0, sizeof *s);
+    s->ops = (ddp__devops){
+        .ctx = &s->dev, .after = fd_after, .d2h = fd_d2h, .h2d = fd_h2d, .sync = fd_sync};
+    s->host.me = me;
+    s->host.n = n;
+    s->host.bytes = buf_floats * sizeof(float);
+    s->host.buf = calloc(buf_floats, sizeof(float));
+    s->st = (ddp__stage){.dev = &s->ops,
+                         .inner_be = &s->host,
+                         .inner = fuses ? &fake_host_ops : &fake_host_ops_nofuse,
+                         .buf = s->host.buf,
+                         .bytes = s->host.bytes,
+                         .me = me,
+                         .n = n};
+}
+
+static ddp__coll dcoll(ddp__kind k, const void *send, void *recv, size_t count)
+{
+    return (ddp__coll){.kind = k,
+                       .send = send,
+                       .recv = recv,
+                       .count = count,
+                       .dtype = DDP_FLOAT32,
+                       .device = DDP_DEVICE_CUDA,
+                       .op = DDP_SUM,
+                       .seq = 1,
+                       .deadline_ms = INT64_MAX,
+                       .stream = (void *)0x1234};
+}
+
+/* Every collective, for counts around the chunk size, with the member in each position. */
+static void staging(void **state)
+{
+    (void)state;
+    const size_t buf_floats = 24; /* small: many chunks */
+    const size_t counts[] = {0, 1, 5, 11, 12, 13, 24, 25, 47, 100};
+    for (int n = 1; n <= 4; n++)
+        for (int me = 0; me < n; me++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                size_t N = counts[ci];
+                stage_fixture s;
+                ddp__fail f = {0};
+                float *send = malloc((N * (size_t)n + 1) * sizeof(float));
+                float *recv = malloc((N * (size_t)n + 1) * sizeof(float));
+                for (size_t i = 0; i < N * (size_t)n; i++)
+                    send[i] = (float)i * 0.5f + (float)me;
+
+                /* allreduce: Σ_m (send[i] + m) = send[i]·n + Σm */
+                stage_make(&s, me, n, buf_floats, true);
+                ddp__coll c = dcoll(DDP__ALLREDUCE, send, recv, N);
+                assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+                for (size_t i = 0; i < N; i++)
+                    assert_float_equal(recv[i], send[i] * (float)n + (float)(n * (n - 1) / 2),
+                                       1e-4);
+                size_t chunks = N ? (N + buf_floats - 1) / buf_floats : 1;
+                assert_int_equal(s.host.calls, (int)chunks);
+                assert_int_equal(s.dev.afters, 1);
+                assert_ptr_equal(s.dev.last_stream, (void *)0x1234);
+                assert_int_equal(s.dev.bytes, 2 * N * sizeof(float)); /* once each way */
+                free(s.host.buf);
+
+                /* broadcast from member n-1 */
+                stage_make(&s, me, n, buf_floats, true);
+                memcpy(recv, send, N * sizeof(float));
+                c = dcoll(DDP__BROADCAST, recv, recv, N);
+                c.root = n - 1;
+                assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+                for (size_t i = 0; i < N; i++) {
+                    float want = me == n - 1 ? send[i] : 7.0f + (float)(i % buf_floats);
+                    assert_float_equal(recv[i], want, 0);
+                }
+                assert_int_equal(s.dev.bytes, N * sizeof(float)); /* one way, on every rank */
+                free(s.host.buf);
+
+                /* allgather: block m of the result = my input + 100·m (mine: my input) */
+                stage_make(&s, me, n, buf_floats, true);
+                c = dcoll(DDP__ALLGATHER, send, recv, N);
+                assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+                for (int m = 0; m < n; m++)
+                    for (size_t i = 0; i < N; i++)
+                        assert_float_equal(recv[(size_t)m * N + i],
+                                           send[i] + (m == me ? 0.0f : 100.0f * (float)m), 0);
+                size_t per = buf_floats / (size_t)n;
+                chunks = N ? (N + per - 1) / per : 1;
+                assert_int_equal(s.host.calls, (int)chunks);
+                assert_int_equal(s.dev.bytes, (N + N * (size_t)n) * sizeof(float));
+                free(s.host.buf);
+
+                /* reduce_scatter: my block, reduced: send[me·N + i]·n + Σm */
+                stage_make(&s, me, n, buf_floats, true);
+                c = dcoll(DDP__REDUCE_SCATTER, send, recv, N);
+                assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+                for (size_t i = 0; i < N; i++)
+                    assert_float_equal(
+                        recv[i], send[(size_t)me * N + i] * (float)n + (float)(n * (n - 1) / 2),
+                        1e-3);
+                assert_int_equal(s.dev.bytes, (N * (size_t)n + N) * sizeof(float));
+                free(s.host.buf);
+                free(send);
+                free(recv);
+            }
+}
+
+/* AVG: handed to a host backend that fuses it, else divided over the staging buffer. */
+static void staging_avg(void **state)
+{
+    (void)state;
+    for (int fuses = 0; fuses < 2; fuses++) {
+        stage_fixture s;
+        ddp__fail f = {0};
+        float send[40], recv[40];
+        for (int i = 0; i < 40; i++)
+            send[i] = (float)i;
+        stage_make(&s, 1, 4, 16, fuses);
+        ddp__coll c = dcoll(DDP__ALLREDUCE, send, recv, 40);
+        c.avg_div = 4;
+        assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+        for (int i = 0; i < 40; i++) /* (4·x + 0+1+2+3) / 4 */
+            assert_float_equal(recv[i], ((float)i * 4.0f + 6.0f) / 4.0f, 1e-5);
+        assert_int_equal(s.host.avg_seen, fuses ? 4 : 0);
+        free(s.host.buf);
+    }
+}
+
+/* Barrier, host buffers, failures of the device side. */
+static void staging_edges(void **state)
+{
+    (void)state;
+    stage_fixture s;
+    ddp__fail f = {0};
+    stage_make(&s, 0, 2, 16, true);
+    ddp__coll c = dcoll(DDP__BARRIER, NULL, NULL, 0);
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+    assert_int_equal(s.host.calls, 1);
+    assert_int_equal(s.dev.d2h + s.dev.h2d, 0);
+    /* Host buffers (the core's debug check) go straight to the host backend, no copies. */
+    float hb[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    c = dcoll(DDP__ALLREDUCE, hb, hb, 8);
+    c.device = DDP_DEVICE_CPU;
+    c.stream = NULL;
+    s.host.buf = hb; /* the fake checks pointers against its buffer */
+    s.host.bytes = sizeof hb;
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_OK);
+    assert_float_equal(hb[0], 1 * 2 + 1, 0);
+    assert_int_equal(s.dev.d2h + s.dev.h2d, 0);
+    free(s.st.buf);
+
+    /* A copy that fails: the status and a message naming the collective and the CUDA error. */
+    float send[64], recv[64];
+    memset(send, 0, sizeof send);
+    stage_make(&s, 1, 2, 16, true);
+    s.dev.fail_at = 3; /* the second chunk's copy in */
+    c = dcoll(DDP__ALLREDUCE, send, recv, 64);
+    c.seq = 42;
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_ERR_SYSTEM);
+    assert_int_equal(f.status, DDP_ERR_SYSTEM);
+    assert_string_equal(f.msg, "cuda-staged: allreduce #42 (float32 × 64) failed on member 1: "
+                               "cudaMemcpyAsync failed: an illegal memory access");
+    free(s.host.buf);
+    /* A wait on the copies that reaches the deadline. */
+    stage_make(&s, 0, 2, 16, true);
+    s.dev.sync_times_out = true;
+    c = dcoll(DDP__REDUCE_SCATTER, send, recv, 8);
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_ERR_TIMEOUT);
+    assert_non_null(strstr(f.msg, "reduce_scatter #1 (float32 × 8) failed on member 0: the GPU "
+                                  "copies did not finish by the deadline"));
+    assert_int_equal(s.host.calls, 0); /* the host backend was not entered */
+    free(s.host.buf);
+    /* A staging buffer too small for one element per member. */
+    stage_make(&s, 0, 4, 2, true);
+    c = dcoll(DDP__ALLGATHER, send, recv, 8);
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_ERR_INVALID);
+    assert_non_null(strstr(f.msg, "the staging buffer holds no element"));
+    free(s.host.buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(uid_exchange),    cmocka_unit_test(watchdog_healthy),
+        cmocka_unit_test(watchdog_stuck),  cmocka_unit_test(watchdog_error),
+        cmocka_unit_test(watchdog_thread), cmocka_unit_test(messages),
+        cmocka_unit_test(staging),         cmocka_unit_test(staging_avg),
+        cmocka_unit_test(staging_edges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
