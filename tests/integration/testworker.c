@@ -86,6 +86,7 @@ static int mode_env(int argc, char **argv)
         DDP_ENV_CONTRACT,
         "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
         NULL,
     };
     char path[4096];

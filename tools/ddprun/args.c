@@ -36,6 +36,10 @@ static const char usage[] =
     "                           divided by the workers), as mpirun does: auto pins when there\n"
     "                           are at least as many cores as workers, core insists (default\n"
     "                           none, as torchrun)\n"
+    "  --isolate_gpus           each worker sees only its own GPU: CUDA_VISIBLE_DEVICES is set to\n"
+    "                           the LOCAL_RANK-th visible GPU (wrapping when workers outnumber\n"
+    "                           GPUs). Without it, as torchrun, every worker sees every GPU and\n"
+    "                           libddp's GPU groups take GPU LOCAL_RANK (modulo the GPUs visible)\n"
     "\n"
     "Nodes and rendezvous\n"
     "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are "
@@ -117,27 +121,32 @@ static bool parse_seconds(const char *s, double *out)
     return true;
 }
 
-/* GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else /dev/nvidiaN devices. */
-static int gpus_visible(void)
+/* The GPUs this process may use, as CUDA names them: CUDA_VISIBLE_DEVICES's entries when it is
+ * set (indices or UUIDs, up to the first invalid one, as CUDA reads it), else the indices of the
+ * /dev/nvidiaN devices, 0..n-1. Fills ids (up to max, DDPRUN_GPU_ID bytes each); returns how many.
+ * Setting CUDA_VISIBLE_DEVICES is also how tests give ddprun a GPU count on a machine without
+ * GPUs: the launcher reads only the variable, it does not ask the driver. */
+static int gpus_visible(char (*ids)[DDPRUN_GPU_ID], int max)
 {
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    int n = 0;
     if (v) {
-        int n = 0;
         for (const char *p = v; *p;) {
             while (*p == ',' || *p == ' ')
                 p++;
             if (!*p || *p == '-') /* "-1" hides all devices */
                 break;
+            size_t len = strcspn(p, ", ");
+            if (ids && n < max)
+                snprintf(ids[n], DDPRUN_GPU_ID, "%.*s", (int)len, p);
             n++;
-            while (*p && *p != ',')
-                p++;
+            p += len;
         }
-        return n;
+        return n < max || !ids ? n : max;
     }
     DIR *d = opendir("/dev");
     if (!d)
         return 0;
-    int n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *s = e->d_name;
@@ -146,6 +155,10 @@ static int gpus_visible(void)
             n++;
     }
     closedir(d);
+    if (n > max && ids)
+        n = max;
+    for (int i = 0; ids && i < n; i++)
+        snprintf(ids[i], DDPRUN_GPU_ID, "%d", i);
     return n;
 }
 
@@ -155,12 +168,12 @@ static int parse_nproc(const char *v, int *out)
     if (strcmp(v, "cpu") == 0) {
         *out = ddp_own_cores();
     } else if (strcmp(v, "gpu") == 0) {
-        *out = gpus_visible();
+        *out = gpus_visible(NULL, 0);
         if (*out == 0)
             return bad("--nproc_per_node=gpu: no GPU is visible (no /dev/nvidiaN, or "
                        "CUDA_VISIBLE_DEVICES hides them); use a number or 'cpu'");
     } else if (strcmp(v, "auto") == 0) {
-        int g = gpus_visible();
+        int g = gpus_visible(NULL, 0);
         *out = g > 0 ? g : ddp_own_cores();
     } else if (parse_long(v, 1, DDPRUN_MAX_NPROC, &n)) {
         *out = (int)n;
@@ -235,8 +248,9 @@ static const char *const valued[] = {
     "pass_local_rank",
     NULL,
 };
-static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
-                                       "no_python",  "module",    "use_env", NULL};
+static const char *const switches[] = {"standalone", "no_prefix",    "help",
+                                       "version",    "no_python",    "module",
+                                       "use_env",    "isolate_gpus", NULL};
 
 static int lookup(const char *const *table, const char *name)
 {
@@ -424,6 +438,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                 o->standalone = true;
             else if (strcmp(name, "use_env") == 0)
                 o->use_env = true;
+            else if (strcmp(name, "isolate_gpus") == 0)
+                o->isolate_gpus = true;
             else
                 o->no_prefix = true;
             continue;
@@ -459,6 +475,12 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        "unset it or pass --master_port",
                        ev);
         o->master_port = (int)port_env;
+    }
+    if (o->isolate_gpus) {
+        o->ngpus = gpus_visible(o->gpu_ids, DDPRUN_MAX_GPUS);
+        if (o->ngpus == 0)
+            return bad("--isolate_gpus: no GPU is visible (no /dev/nvidiaN, or "
+                       "CUDA_VISIBLE_DEVICES hides them); drop the flag to run on CPUs");
     }
 
     if (o->standalone) {

@@ -19,6 +19,8 @@
 #include <sys/types.h>
 
 #define DDPRUN_MAX_NPROC 1024
+#define DDPRUN_MAX_GPUS 64 /* GPUs per node --isolate_gpus hands out */
+#define DDPRUN_GPU_ID 64   /* bytes of one CUDA_VISIBLE_DEVICES entry (an index or a UUID) */
 
 /* --pass_local_rank: none, --local_rank=N (torch.distributed.launch before PyTorch 2.0), or
  * --local-rank=N (2.0 and later) */
@@ -54,7 +56,10 @@ typedef struct ddprun_opts {
     int bind;            /* BIND_*: pin workers to cores */
     int pass_local_rank; /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
     bool use_env;        /* --use_env: accepted, changes nothing (the environment is always set) */
-    char **argv;         /* the program and its arguments, untouched */
+    bool isolate_gpus;   /* --isolate_gpus: CUDA_VISIBLE_DEVICES = the worker's GPU only */
+    int ngpus;           /* with it: the GPUs visible to ddprun, by CUDA's name */
+    char gpu_ids[DDPRUN_MAX_GPUS][DDPRUN_GPU_ID];
+    char **argv; /* the program and its arguments, untouched */
 } ddprun_opts;
 
 /* Parses argv. Returns 0 to run, 1 when --help/--version was printed (exit 0), -1 after printing

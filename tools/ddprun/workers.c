@@ -54,7 +54,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
         return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (!in_contract(environ[i]))
+        if (!in_contract(environ[i]) &&
+            !(o->isolate_gpus && !strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)))
             env[k++] = strdup(environ[i]);
     struct {
         const char *name;
@@ -87,6 +88,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
+    if (o->isolate_gpus && o->ngpus > 0) /* the LOCAL_RANK-th visible GPU, and only it */
+        ADD("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids[w->local_rank % o->ngpus]);
 #undef ADD
     for (int i = 0; i < na; i++) {
         size_t len = strlen(add[i].name) + strlen(add[i].value) + 2;
