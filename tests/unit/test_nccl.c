@@ -21,6 +21,7 @@
 
 #include "group/nccl/nccl_int.h"
 #include "group/staged/staged_int.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 /* ---- the unique id through the store -------------------------------------------------------- */
@@ -707,6 +708,58 @@ static void staging_edges(void **state)
     free(s.host.buf);
 }
 
+/* A GPU group where CUDA finds no GPU (this machine, CI): a clear error naming the host, no hang.
+ * On a GPU machine the group comes up instead, over a GPU backend. */
+static void group_without_gpu(void **state)
+{
+    (void)state;
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.device = DDP_DEVICE_CUDA;
+    o.host_id = "hostA";
+    o.timeout_ms = 10000;
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    int ngpu = 0;
+    ddp_error cerr = {0};
+    bool have_gpu = ddp__cuda_device_count(&ngpu, &cerr) == DDP_OK;
+    ddp_status st = ddp_group_init(&o, &g, &err);
+    if (have_gpu) {
+        assert_int_equal(st, DDP_OK);
+        assert_true(!strcmp(ddp_group_backend(g), "nccl") ||
+                    !strcmp(ddp_group_backend(g), "cuda-staged"));
+        assert_int_equal(ddp_group_cuda_device(g), 0);
+        ddp_group_destroy(g);
+        return;
+    }
+    assert_int_equal(st, DDP_ERR_INVALID);
+    assert_null(g);
+    assert_string_equal(err.msg, ddp__cuda_built
+                                     ? "backend 'auto': no backend can run this group: cannot "
+                                       "run this group: host 'hostA' has no visible GPU for its 1 "
+                                       "rank"
+                                     : "backend 'auto': no backend can run this group: cannot "
+                                       "run this group: GPU buffers need a libddp built with "
+                                       "CUDA (DDP_CUDA=ON)");
+    /* Named: the same reason. A CPU group still works, and has no GPU. */
+    o.backend = "nccl";
+    assert_int_equal(ddp_group_init(&o, &g, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "backend 'nccl' "));
+    o.backend = NULL;
+    o.device = DDP_DEVICE_CPU;
+    assert_int_equal(ddp_group_init(&o, &g, &err), DDP_OK);
+    assert_int_equal(ddp_group_cuda_device(g), -1);
+    assert_string_equal(ddp_group_backend_reason(g), "every rank on one host");
+    char a[8] = "abcdefg", b[8] = "";
+    assert_int_equal(ddp_group_memcpy(g, b, a, sizeof a), DDP_OK); /* a CPU group: memcpy */
+    assert_string_equal(b, "abcdefg");
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -714,7 +767,7 @@ int main(void)
         cmocka_unit_test(watchdog_stuck),  cmocka_unit_test(watchdog_error),
         cmocka_unit_test(watchdog_thread), cmocka_unit_test(messages),
         cmocka_unit_test(staging),         cmocka_unit_test(staging_avg),
-        cmocka_unit_test(staging_edges),
+        cmocka_unit_test(staging_edges),   cmocka_unit_test(group_without_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
