@@ -3,7 +3,7 @@
  *
  *   ddprun --nproc_per_node=2 ddpbench [--op allreduce|broadcast|allgather|reduce_scatter|all]
  *          [--min 4] [--max 256M] [--sizes 4K,1M,16M] [--dtype float32] [--backend auto|shm|tcp]
- *          [--buffers arena|private] [--iters N] [--csv]
+ *          [--buffers arena|private] [--device cpu|cuda] [--iters N] [--csv]
  *
  * For each size (bytes per rank) it prints the median time per call, the algorithm bandwidth
  * (size / time), the bus bandwidth (nccl-tests' correction for how much data each rank moves),
@@ -11,6 +11,11 @@
  * the least time any implementation needs to move the bytes this collective must read and
  * write on one host (2·W·S for allreduce), at the copy bandwidth measured by all local ranks at
  * once in this same run. Uses only the public API.
+ *
+ * --device cuda puts the buffers in GPU memory (ddp_group_alloc of a GPU group: nccl, or
+ * cuda-staged where ranks share a GPU; --backend picks one) and measures the same way; the limit
+ * is then the device's copy bandwidth (a device-to-device ddp_group_memcpy, read + write), and
+ * the results are checked by copying them back to the host.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -86,6 +91,28 @@ static double measure_copy_bw(ddp_group *g)
     return 2.0 * (double)bytes * ddp_group_size(g) / best;
 }
 
+/* A GPU's copy bandwidth: a device-to-device copy of 256 MiB, bytes read + written per second,
+ * the best of 5 (one GPU's figure: ranks sharing it time-slice it). */
+static double measure_device_bw(ddp_group *g)
+{
+    size_t bytes = (size_t)256 << 20;
+    void *a = ddp_group_alloc(g, bytes), *b = ddp_group_alloc(g, bytes);
+    if (!a || !b)
+        die(g, "device memory for the copy bandwidth");
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        if (ddp_group_memcpy(g, b, a, bytes))
+            die(g, "device copy");
+        double t = now_s() - t0;
+        if (t < best)
+            best = t;
+    }
+    ddp_group_free(g, a);
+    ddp_group_free(g, b);
+    return 2.0 * (double)bytes / best;
+}
+
 static ddp_status run_op(ddp_group *g, kind k, void *send, void *recv, size_t count)
 {
     switch (k) {
@@ -96,15 +123,23 @@ static ddp_status run_op(ddp_group *g, kind k, void *send, void *recv, size_t co
     }
 }
 
-/* Fills inputs, runs once, counts wrong elements (exact: small integers). */
-static long check(ddp_group *g, kind k, float *send, float *recv, size_t count)
+/* Fills inputs, runs once, counts wrong elements (exact: small integers). With device buffers
+ * (dsend, drecv non-NULL) the inputs are copied there from send and the results back. */
+static long check(ddp_group *g, kind k, float *send, float *recv, void *dsend, void *drecv,
+                  size_t count)
 {
     int W = ddp_group_size(g), R = ddp_group_rank(g);
     size_t in_n = k == K_REDUCE_SCATTER ? count * (size_t)W : count;
+    size_t out_n = k == K_ALLGATHER ? count * (size_t)W : count;
     for (size_t i = 0; i < in_n; i++)
         send[i] = (float)((R + i) % 13);
-    if (run_op(g, k, send, recv, count))
+    if (dsend && ddp_group_memcpy(g, dsend, send, in_n * sizeof(float)))
+        die(g, "copy to the device");
+    if (run_op(g, k, dsend ? dsend : send, drecv ? drecv : recv, count))
         die(g, kind_names[k]);
+    if (dsend && (ddp_group_memcpy(g, send, dsend, in_n * sizeof(float)) ||
+                  ddp_group_memcpy(g, recv, drecv, out_n * sizeof(float))))
+        die(g, "copy from the device");
     long wrong = 0;
     float wsum = (float)W * (float)(W - 1) / 2.0f;
     for (size_t i = 0; i < count; i++) {
@@ -145,6 +180,7 @@ int main(int argc, char **argv)
 {
     size_t min = 4, max = (size_t)256 << 20;
     const char *sizes = NULL, *op = "allreduce", *backend = NULL, *buffers = "arena";
+    const char *device = "cpu";
     int iters_opt = 0;
     bool csv = false;
     for (int i = 1; i < argc; i++) {
@@ -157,8 +193,9 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ddprun [--nproc_per_node N] ddpbench [--op allreduce|broadcast|"
                    "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "
-                   "4K,1M,...] [--backend auto|shm|tcp] [--buffers arena|private]\n       "
-                   "[--iters N] [--csv]\nSizes are bytes of float32 per rank (K, M, G "
+                   "4K,1M,...] [--backend auto|shm|tcp|nccl|cuda-staged] [--buffers "
+                   "arena|private]\n       [--device cpu|cuda] [--iters N] [--csv]\nSizes are "
+                   "bytes of float32 per rank (K, M, G "
                    "suffixes).\n");
             return 0;
         }
@@ -178,6 +215,8 @@ int main(int argc, char **argv)
             backend = v;
         else if (!strcmp(a, "--buffers"))
             buffers = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
         else if (!strcmp(a, "--iters"))
             iters_opt = atoi(v);
         else {
@@ -197,7 +236,12 @@ int main(int argc, char **argv)
         for (size_t s = min; s <= max && nsizes < 64; s *= 4)
             list[nsizes++] = s;
     }
-    bool arena = !strcmp(buffers, "arena");
+    bool cuda = !strcmp(device, "cuda");
+    if (!cuda && strcmp(device, "cpu")) {
+        fprintf(stderr, "ddpbench: --device '%s': use cpu or cuda\n", device);
+        return 2;
+    }
+    bool arena = !strcmp(buffers, "arena") && !cuda;
     size_t maxbytes = 0;
     for (int i = 0; i < nsizes; i++)
         if (list[i] > maxbytes)
@@ -214,6 +258,7 @@ int main(int argc, char **argv)
     o.backend = backend;
     o.timeout_ms = 600000;
     o.arena_bytes = arena ? 2 * maxbytes * (size_t)world.world_size + ((size_t)4 << 20) : 0;
+    o.device = cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
     ddp_group *g;
     if (ddp_group_init(&o, &g, &err) != DDP_OK) {
         fprintf(stderr, "ddpbench: %s\n", err.msg);
@@ -236,11 +281,25 @@ int main(int argc, char **argv)
     }
     memset(send, 0, big);
     memset(recv, 0, big);
-    double copy_bw = measure_copy_bw(g);
-    if (R == 0) {
+    void *dsend = NULL, *drecv = NULL; /* --device cuda: the buffers the collectives run on */
+    if (cuda) {
+        dsend = ddp_group_alloc(g, big);
+        drecv = ddp_group_alloc(g, big);
+        if (!dsend || !drecv)
+            die(g, "device memory for the buffers");
+    }
+    double copy_bw = cuda ? measure_device_bw(g) : measure_copy_bw(g);
+    if (R == 0 && cuda) {
+        printf("# ddpbench: %d ranks, backend %s (%s), GPU %d, device buffers, float32, in "
+               "place; device copy bandwidth %.2f GB/s (one GPU)\n",
+               W, ddp_group_backend(g), ddp_group_backend_reason(g), ddp_group_cuda_device(g),
+               copy_bw / 1e9);
+    } else if (R == 0) {
         printf("# ddpbench: %d ranks, backend %s, %s buffers, float32, in place; copy bandwidth "
                "%.2f GB/s (all %d ranks copying at once)\n",
                W, ddp_group_backend(g), arena ? "arena (zero-copy)" : "private", copy_bw / 1e9, W);
+    }
+    if (R == 0) {
         if (csv)
             printf("op,bytes,count,time_us,algbw_GBps,busbw_GBps,wrong,limit_us\n");
         else
@@ -255,21 +314,22 @@ int main(int argc, char **argv)
             size_t count = bytes / 4;
             if (k == K_ALLGATHER || k == K_REDUCE_SCATTER)
                 count = count / (size_t)W; /* bytes = total buffer, as nccl-tests reports */
-            long wrong = check(g, (kind)k, send, recv, count);
+            long wrong = check(g, (kind)k, send, recv, dsend, drecv, count);
+            void *bs = cuda ? dsend : send, *br = cuda ? drecv : recv;
             int iters = iters_opt > 0 ? iters_opt : (int)((size_t)(512 << 20) / (bytes + 4096));
             if (iters < 5)
                 iters = 5;
             if (iters > 2000)
                 iters = 2000;
             for (int w = 0; w < 3; w++)
-                if (run_op(g, (kind)k, send, recv, count))
+                if (run_op(g, (kind)k, bs, br, count))
                     die(g, kind_names[k]);
             double *t = malloc(sizeof(double) * (size_t)iters);
             if (!t)
                 die(NULL, "out of memory");
             for (int it = 0; it < iters; it++) {
                 double t0 = now_s();
-                if (run_op(g, (kind)k, send, recv, count))
+                if (run_op(g, (kind)k, bs, br, count))
                     die(g, kind_names[k]);
                 t[it] = now_s() - t0;
             }
@@ -309,6 +369,10 @@ int main(int argc, char **argv)
             if (wrong)
                 die(g, "wrong results");
         }
+    }
+    if (cuda) {
+        ddp_group_free(g, dsend);
+        ddp_group_free(g, drecv);
     }
     if (arena) {
         ddp_group_free(g, send);
