@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Allreduce on GPU buffers, side by side (float32 sum, in place, median time per call): ddpc's nccl
+# backend at world 1 against torch.distributed's NCCL at world 1; ddpc's cuda-staged backend with
+# 2 ranks on one GPU against torch.distributed's gloo on CUDA tensors (also staged through the
+# host), both beside the device's copy bandwidth limit that ddpbench measures (read + write of the
+# buffer once: 2·S bytes). Runs only on a machine with a GPU; needs a python3 with torch+CUDA
+# (PY=...). Usage: bench/gpu_allreduce.sh [BUILD_DIR] [SIZES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+SIZES=${2:-1048576,16777216,67108864,268435456}
+PY=${PY:-python3}
+OUT=bench/out
+mkdir -p "$OUT"
+raw=$OUT/gpu_allreduce.csv
+: >"$raw"
+sizes_sp=${SIZES//,/ }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+ddpc() { # ddpc NAME NPROC BACKEND
+    "$BUILD/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$BUILD/bin/ddpbench" \
+        --device cuda --op allreduce --sizes "$SIZES" --backend "$3" --csv 2>/dev/null |
+        awk -F, -v n="$1" '$1=="allreduce" {print n "," $2 "," $4; print "limit," $2 "," $8}'
+}
+torch_peer() { # torch_peer NPROC BACKEND
+    local port pids=() r
+    port=$(free_port)
+    for ((r = 0; r < $1; r++)); do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r LOCAL_RANK=$r WORLD_SIZE=$1 \
+            TORCH_BACKEND=$2 "$PY" bench/torch_cuda_allreduce.py $sizes_sp \
+            >"$OUT/torch.$2.$r" 2>"$OUT/torch.$2.err.$r" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    cat "$OUT/torch.$2.0"
+}
+ddpc nccl_w1 1 nccl >>"$raw" || echo "# ddpc nccl failed (see ddpbench's message)" >&2
+torch_peer 1 nccl >>"$raw" || echo "# torch nccl failed" >&2
+ddpc staged_w2 2 cuda-staged >>"$raw" || echo "# ddpc cuda-staged failed" >&2
+torch_peer 2 gloo >>"$raw" || echo "# torch gloo on CUDA tensors failed" >&2
+
+echo "allreduce on GPU buffers, float32 sum, in place: median time per call (µs)"
+echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
+awk -F, '
+/^#/ { next }
+{ v[$1 "," $2] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
+function g(k) { return (k in v) ? v[k] : -1 }
+END {
+    printf "%10s %10s %11s %10s %12s %10s | %9s %10s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "ddpc-stg2", "torch-gloo2", "dev-limit", "torch/ddpc", "nccl/limit", "stg2/limit"
+    for (i = 1; i <= ns; i++) {
+        s = order[i]; a = g("nccl_w1," s); b = g("torch_nccl," s); c = g("staged_w2," s); d = g("torch_gloo," s); l = g("limit," s)
+        printf "%10d %10.1f %11.1f %10.1f %12.1f %10.1f | %8.2fx %9.2fx %10.2fx\n", s, a, b, c, d, l, (a > 0 ? b / a : -1), (l > 0 ? a / l : -1), (l > 0 ? c / l : -1)
+    }
+}' "$raw"
