@@ -20,7 +20,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 ddpc() { # ddpc NAME NPROC BACKEND
     "$BUILD/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$BUILD/bin/ddpbench" \
         --device cuda --op allreduce --sizes "$SIZES" --backend "$3" --csv 2>/dev/null |
-        awk -F, -v n="$1" '$1=="allreduce" {print n "," $2 "," $4; print "limit," $2 "," $8}'
+        awk -F, -v n="$1" '$1=="allreduce" {print n "," $2 "," $4; print n "_limit," $2 "," $8}'
 }
 torch_peer() { # torch_peer NPROC BACKEND
     local port pids=() r
@@ -46,9 +46,10 @@ awk -F, '
 { v[$1 "," $2] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
 function g(k) { return (k in v) ? v[k] : -1 }
 END {
-    printf "%10s %10s %11s %10s %12s %10s | %9s %10s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "ddpc-stg2", "torch-gloo2", "dev-limit", "torch/ddpc", "nccl/limit", "stg2/limit"
+    printf "%10s %10s %11s %9s %10s %12s %9s | %10s %10s %10s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "limit-w1", "ddpc-stg2", "torch-gloo2", "limit-w2", "torch/ddpc", "nccl/limit", "gloo/stg2", "stg2/limit"
     for (i = 1; i <= ns; i++) {
-        s = order[i]; a = g("nccl_w1," s); b = g("torch_nccl," s); c = g("staged_w2," s); d = g("torch_gloo," s); l = g("limit," s)
-        printf "%10d %10.1f %11.1f %10.1f %12.1f %10.1f | %8.2fx %9.2fx %10.2fx\n", s, a, b, c, d, l, (a > 0 ? b / a : -1), (l > 0 ? a / l : -1), (l > 0 ? c / l : -1)
+        s = order[i]; a = g("nccl_w1," s); b = g("torch_nccl," s); c = g("staged_w2," s); d = g("torch_gloo," s)
+        l1 = g("nccl_w1_limit," s); l2 = g("staged_w2_limit," s)
+        printf "%10d %10.1f %11.1f %9.1f %10.1f %12.1f %9.1f | %9.2fx %9.2fx %9.2fx %10.2fx\n", s, a, b, l1, c, d, l2, (a > 0 ? b / a : -1), (l1 > 0 ? a / l1 : -1), (c > 0 ? d / c : -1), (l2 > 0 ? c / l2 : -1)
     }
 }' "$raw"
