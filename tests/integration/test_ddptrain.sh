@@ -39,7 +39,7 @@ ok "configuration errors are caught before any work, --help lists every key"
 # Train with 2 ranks, then test and predict from the checkpoint.
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \
     --out_dir run2 >out 2>err || { cat err; fail "training failed"; }
-assert_contains out "DDP: 2 processes (shm), device cpu, per-rank batch 64, grad accumulation 1, effective batch 128"
+assert_contains out "DDP: 2 processes (shm: every rank on one host), device cpu, per-rank batch 64, grad accumulation 1, effective batch 128"
 acc=$(sed -n 's/^\[rank0\]: test accuracy \([0-9.]*\)$/\1/p' out)
 [ -n "$acc" ] || fail "no final test accuracy"
 [ -f run2/checkpoints/step60.safetensors ] || fail "no checkpoint at the end"

@@ -45,8 +45,8 @@ train)
         { cat auto.out; fail "mpirun training (auto) failed"; }
     mpi_run 2 "$TRAIN" "${args[@]}" --backend mpi --out_dir mpi >mpi.out 2>&1 ||
         { cat mpi.out; fail "mpirun training (--backend mpi) failed"; }
-    assert_contains auto.out "DDP: 2 processes (shm, started by mpirun)"
-    assert_contains mpi.out "DDP: 2 processes (mpi, started by mpirun)"
+    assert_contains auto.out "DDP: 2 processes (shm: every rank on one host, started by mpirun)"
+    assert_contains mpi.out "DDP: 2 processes (mpi: named by the caller or DDP_BACKEND, started by mpirun)"
     [ "$(grep -c 'DDP: ' auto.out)" -eq 1 ] || fail "not one world of 2: $(grep 'DDP: ' auto.out)"
     weights ref 60 >ref.w
     [ -s ref.w ] || fail "no weights in the reference checkpoint"

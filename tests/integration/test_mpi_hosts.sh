@@ -75,8 +75,8 @@ mpi_run 4 "$BIN/ddptrain" "${args[@]}" --out_dir one >one.out 2>&1 ||
     { cat one.out; fail "one-host training failed"; }
 two_hosts "$BIN/ddptrain" "${args[@]}" --out_dir two >two.out 2>&1 ||
     { cat two.out; fail "two-host training failed"; }
-assert_contains one.out "DDP: 4 processes (shm, started by mpirun)"
-assert_contains two.out "DDP: 4 processes (shm+mpi, started by mpirun)"
+assert_contains one.out "DDP: 4 processes (shm: every rank on one host, started by mpirun)"
+assert_contains two.out "DDP: 4 processes (shm+mpi: 2 hosts × 2 ranks: shm within each, mpi among them, started by mpirun)"
 final() { # final OUT: "LOSS ACCURACY" of the last evaluation
     grep -o 'test loss [0-9.]*, test accuracy [0-9.]*' "$1" | tail -1 |
         sed 's/test loss \(.*\), test accuracy \(.*\)/\1 \2/'

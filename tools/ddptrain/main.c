@@ -371,12 +371,13 @@ int main(int argc, char **argv)
         (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
-    /* The backend, and who started the job when it was not ddprun: "shm, started by mpirun". */
-    char bk[96];
+    /* The backend, why it was chosen, and who started the job when it was not ddprun: "shm:
+     * every rank on one host, started by mpirun". */
+    char bk[320];
     ddp_launcher la = ddp_group_world(t.g)->launcher;
     bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
-    snprintf(bk, sizeof bk, "%s%s%s", ddp_group_backend(t.g), other ? ", started by " : "",
-             other ? ddp_launcher_name(la) : "");
+    snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g), ddp_group_backend_reason(t.g),
+             other ? ", started by " : "", other ? ddp_launcher_name(la) : "");
     char dev_desc[200];
     if (t.dev.device == DDP_DEVICE_CUDA)
         snprintf(dev_desc, sizeof dev_desc, "cuda:%d (%s, %s)", t.dev.cuda_index, t.dev.name,
