@@ -79,6 +79,9 @@ typedef struct ddp_settings {
     int stall_report_ms;   /* DDP_STALL_REPORT, in seconds there: a collective still waiting after
                               this long is reported, then at doubling intervals; 30 s; "0" or
                               "off": never (-1 here) */
+    int fake_gpus; /* DDP_TEST_FAKE_GPUS, for tests only: GPU groups act as if this host had N
+                      GPUs, with host memory standing for device memory and memcpy for the
+                      copies, over cuda-staged (never nccl); 0: real GPUs */
 } ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */

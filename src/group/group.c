@@ -775,7 +775,9 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
             goto out_fail;
         }
         ddp_error ignored = {0};
-        if (ddp__cuda_device_count(&my_gpus, &ignored) != DDP_OK)
+        if (set->fake_gpus > 0) /* tests only: see ddp_settings.fake_gpus */
+            my_gpus = set->fake_gpus;
+        else if (ddp__cuda_device_count(&my_gpus, &ignored) != DDP_OK)
             my_gpus = 0; /* the choice then says which host has none */
         if ((st = gather_gpus(g, my_gpus, gpus, err)))
             goto out_fail;
@@ -804,8 +806,9 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .device = g->device,
                     .gpus = gpus,
                     .cuda_device = g->cuda_device,
-                    .cuda_built = ddp__cuda_built,
-                    .nccl_built = ddp__nccl_built};
+                    .cuda_built = ddp__cuda_built || set->fake_gpus > 0,
+                    .nccl_built = ddp__nccl_built && set->fake_gpus == 0,
+                    .fake_gpu = g->device == DDP_DEVICE_CUDA && set->fake_gpus > 0};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))

@@ -155,6 +155,7 @@ typedef struct ddp__setup {
     int cuda_device;   /* the GPU this member uses: LOCAL_RANK modulo its host's GPUs */
     bool cuda_built;   /* this libddp has CUDA (DDP_CUDA) */
     bool nccl_built;   /* … and NCCL (DDP_NCCL) */
+    bool fake_gpu;     /* tests (DDP_TEST_FAKE_GPUS): host memory stands for device memory */
 } ddp__setup;
 
 /* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this

@@ -75,6 +75,7 @@ static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
     s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */
     s->debug = setting_int("DDP_DEBUG", 0, INT_MAX) != 0;
     s->host_cores = setting_int("DDP_HOST_CORES", 1, 1 << 20);
+    s->fake_gpus = setting_int("DDP_TEST_FAKE_GPUS", 1, 64);
     const char *sr = getenv("DDP_STALL_REPORT");
     if (sr && (strcmp(sr, "0") == 0 || strcmp(sr, "off") == 0))
         s->stall_report_ms = -1;

@@ -6,7 +6,8 @@
  *   ddprun --nproc_per_node=W gpucheck [--backend NAME] [--expect NAME] [--kill RANK]
  *
  * Without a GPU it exits 77 (CTest: skipped), or 1 when DDP_REQUIRE_GPU=1 (a GPU machine's check
- * script sets it, so a broken driver cannot pass as a skip).
+ * script sets it, so a broken driver cannot pass as a skip). With DDP_TEST_FAKE_GPUS=N it runs
+ * on the library's test-only fake GPUs (host memory, cuda-staged), which CI does.
  *
  * On GPU buffers (ddp_group_alloc, filled with ddp_group_memcpy): allreduce (sum, avg, max),
  * broadcast, allgather, reduce_scatter and barrier, float32 and bfloat16, counts across the
@@ -219,7 +220,10 @@ int main(int argc, char **argv)
     }
     int ngpu = 0;
     ddp_error err = {0};
-    if (ddp__cuda_device_count(&ngpu, &err) != DDP_OK)
+    const char *fake = getenv("DDP_TEST_FAKE_GPUS"); /* host memory plays the GPU (ddp_settings) */
+    if (fake && atoi(fake) > 0)
+        ngpu = atoi(fake);
+    else if (ddp__cuda_device_count(&ngpu, &err) != DDP_OK)
         return skip_or_fail(err.msg);
     if (probe)
         return 0;

@@ -226,7 +226,8 @@ static ddp_status staged_create(const ddp__setup *s, void **be, const ddp__backe
         return ddp__err(err, DDP_ERR_NOMEM, "cuda-staged: out of memory");
     ddp_status st;
     char msg[DDP_ERRMSG_MAX];
-    if ((st = ddp__cuda_devops(s->cuda_device, &g->dev, err)))
+    if ((st = s->fake_gpu ? ddp__fake_devops(&g->dev, err)
+                          : ddp__cuda_devops(s->cuda_device, &g->dev, err)))
         goto out_free;
     g->dev_made = true;
     /* The host-side backend: what auto would pick for host buffers among the same members. */

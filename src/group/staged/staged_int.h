@@ -42,6 +42,10 @@ typedef struct ddp__devops {
  * without DDP_CUDA, DDP_ERR_NOT_FOUND saying so). *out written on DDP_OK only. */
 ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err);
 
+/* Tests only (DDP_TEST_FAKE_GPUS): devops whose "device memory" is host memory and whose copies
+ * are memcpy (staged/fakedev.c), so cuda-staged runs end to end on a machine without a GPU. */
+ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err);
+
 /* Where a staged collective runs: the host-side backend and its buffer. */
 typedef struct ddp__stage {
     const ddp__devops *dev;
