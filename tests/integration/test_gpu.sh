@@ -48,8 +48,11 @@ set -e
 took=$(($(date +%s) - start))
 [ $rc -ne 0 ] || fail "a killed rank: ddprun exited 0"
 grep -q "rank 1" "$T/kill" || { cat "$T/kill"; fail "the summary does not name rank 1"; }
-# The checks before the kill take a few seconds; the failure itself must follow within 10 s.
-[ $took -lt 60 ] || fail "a killed rank took ${took} s to end the job"
+# Start-up, one round of small collectives, the kill, the survivors' failure, the teardown: 10 s
+# (30 s on the fake GPU, which CI runs on a loaded machine and under sanitizers).
+limit=10
+[ -n "${DDP_TEST_FAKE_GPUS:-}" ] && limit=30
+[ $took -lt $limit ] || fail "a killed rank took ${took} s to end the job (limit $limit s)"
 if pgrep -f "$CHECK" >/dev/null; then fail "a gpucheck process outlived the job"; fi
 grep -E "rank 0: (as expected|.*failed)" "$T/kill" || true
 ok "a killed rank ends the job in ${took} s with ddprun's summary"
