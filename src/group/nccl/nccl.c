@@ -249,8 +249,11 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
     if (r != ncclSuccess) {
         ddp__fmt(why, sizeof why, "%s%s%s", ncclGetErrorString(r),
                  ncclGetLastError(b->comm)[0] ? ": " : "", ncclGetLastError(b->comm));
-        wd_abort(b);
-        return fail(b, c, f, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM, call, why);
+        st = fail(b, c, f, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM, call, why);
+        /* Through the watchdog, so that it aborts the communicator once and never looks at it
+         * again, and every later call reports this failure. */
+        ddp__watchdog_fail(&b->wd, st, f->msg);
+        return st;
     }
     if ((st = cuda_call(b, c, f, cudaEventRecord(b->done, b->stream), "cudaEventRecord")) ||
         (c->stream &&
