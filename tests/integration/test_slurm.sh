@@ -108,7 +108,7 @@ ok "srun -n 2: the ranks meet in rank 0's store without MASTER_ADDR/MASTER_PORT"
 (cd "$T" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 300 srun -n 2 "$TRAIN" \
     --total_steps 20 --eval_every 0 --out_dir srun_run >train_out 2>&1) ||
     { cat "$T/train_out"; fail "srun -n 2 ddptrain"; }
-assert_contains "$T/train_out" "DDP: 2 processes (shm, started by srun)"
+assert_contains "$T/train_out" "DDP: 2 processes (shm: every rank on one host, started by srun)"
 [ -f "$T/srun_run/checkpoints/step20.safetensors" ] || fail "no checkpoint after srun -n 2 ddptrain"
 ok "srun -n 2 ddptrain: one world of 2 ranks over shm, checkpoint written"
 
