@@ -802,7 +802,6 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .host_cores = g->host_cores,
                     .shm_flush = set->shm_flush,
                     .mpi = g->mpi,
-
                     .device = g->device,
                     .gpus = gpus,
                     .cuda_device = g->cuda_device,

@@ -3,7 +3,8 @@
  * Built only with DDP_NCCL (nccl.h and libnccl found, CUDA on); nccl/stub.c stands in otherwise.
  *
  * Set-up: rank 0 makes the ncclUniqueId and publishes it in the job's authenticated store; the
- * others read it within the group's set-up deadline (nccl/watchdog.c). The communicator is created
+ * others read it within the group's set-up deadline (nccl/watchdog.c). Under mpirun without a
+ * store, an MPI broadcast carries it instead. The communicator is created
  * non-blocking (config.blocking = 0) and polled with ncclCommGetAsyncError until it is ready or the
  * deadline passes, so a rank that never arrives is an error, not a hang.
  *
@@ -421,9 +422,15 @@ static ddp_status nccl_create(const ddp__setup *s, void **be, const ddp__backend
             fprintf(stderr, "ddp: NCCL %d.%d.%d\n", v / 10000, v / 100 % 100, v % 100);
     }
     ncclUniqueId id;
-    if ((st = ddp__nccl_uid_exchange(s->store, s->m.prefix, s->m.me, s->timeout_ms, make_uid, NULL,
-                                     &id, sizeof id, err)))
-        goto out_destroy;
+    if (s->store) {
+        if ((st = ddp__nccl_uid_exchange(s->store, s->m.prefix, s->m.me, s->timeout_ms, make_uid,
+                                         NULL, &id, sizeof id, err)))
+            goto out_destroy;
+    } else { /* set-up through MPI (mpirun, no store): member 0's id by broadcast */
+        if ((s->m.me == 0 && (st = make_uid(NULL, &id, sizeof id, err))) ||
+            (st = ddp__mpi_boot_bcast(s->mpi, s->m.ranks, s->m.n, s->m.me, &id, sizeof id, err)))
+            goto out_destroy;
+    }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     int64_t deadline = ddp__now_ms() + s->timeout_ms;
