@@ -71,6 +71,13 @@ assert_contains coll.out "checks passed on 4 ranks (backend shm+mpi)"
 ok "2 hosts × 2 ranks under mpirun: $(grep 'checks passed' coll.out)"
 
 args=(--total_steps 60 --eval_every 30)
+# Under AddressSanitizer, no leak check for the two trainings: LeakSanitizer's tracer thread
+# crashed at exit ("Tracer caught signal 11") in a CI run with 4 ranks on 2 cores — its
+# stop-the-world, not a leak. The MPI path's leaks are still checked by collcheck above and by
+# integration.mpi.train.
+if [ -f "$BIN/libkeep_loaded.so" ]; then
+    export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+fi
 mpi_run 4 "$BIN/ddptrain" "${args[@]}" --out_dir one >one.out 2>&1 ||
     { cat one.out; fail "one-host training failed"; }
 two_hosts "$BIN/ddptrain" "${args[@]}" --out_dir two >two.out 2>&1 ||
