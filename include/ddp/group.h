@@ -130,6 +130,11 @@ void ddp_group_set_stream(ddp_group *g, void *cuda_stream);
  * program without CUDA headers fills and reads ddp_group_alloc()'s device buffers. A CPU group
  * does a memcpy. Errors: the CUDA call's, in ddp_group_last_error(). */
 ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes);
+/* The algorithm an allreduce of bytes per rank runs with on this rank's host, as a static
+ * string: on shm the variant the group chose for that size at creation ("libc", "cached",
+ * "stream", "pipelined"; docs/group.md), on other backends the backend's name. For benchmarks
+ * and logs; the choice never changes a result. "" for a NULL g. */
+const char *ddp_group_algorithm(const ddp_group *g, size_t bytes);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
 

@@ -72,8 +72,13 @@ typedef struct ddp_settings {
     char host_id[256];  /* DDP_HOST_ID: which ranks share a host; the hostname */
     int host_cores;     /* DDP_HOST_CORES: the cores this host's ranks share; ddp_own_cores() */
     char shm_flush[32]; /* DDP_SHM_FLUSH: "auto" (default), "always" or "never" */
-    char overlap[32];   /* DDP_OVERLAP: the reducer's DDP_OVERLAP_AUTO becomes "async" or
-                           "inline"; else it decides by cores */
+    char shm_algo[32];  /* DDP_SHM_ALGO: the shm allreduce's variant: "auto" (default: the cached
+                           choice, else a probe), "probe", "rules", "libc", "cached", "stream",
+                           "pipelined" (docs/group.md) */
+    char cache_dir[4096];  /* DDP_CACHE_DIR: where choices per machine are cached;
+                              $XDG_CACHE_HOME/ddpc, else $HOME/.cache/ddpc; "off": nowhere */
+    char overlap[32];      /* DDP_OVERLAP: the reducer's DDP_OVERLAP_AUTO becomes "async" or
+                              "inline"; else it decides by cores */
     char data_cache[4096]; /* DDP_DATA_CACHE: where gzip datasets are decompressed to;
                               /tmp/ddp-data-cache */
     int stall_report_ms;   /* DDP_STALL_REPORT, in seconds there: a collective still waiting after

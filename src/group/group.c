@@ -495,6 +495,15 @@ const char *ddp_group_backend(const ddp_group *g)
     return g && g->backend ? g->backend : "";
 }
 
+const char *ddp_group_algorithm(const ddp_group *g, size_t bytes)
+{
+    if (!g || !g->ops)
+        return "";
+    if (g->ops->algorithm)
+        return g->ops->algorithm(g->be, bytes);
+    return ddp_group_backend(g);
+}
+
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms)
 {
     if (g)
@@ -807,7 +816,9 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .cuda_device = g->cuda_device,
                     .cuda_built = ddp__cuda_built || set->fake_gpus > 0,
                     .nccl_built = ddp__nccl_built && set->fake_gpus == 0,
-                    .fake_gpu = g->device == DDP_DEVICE_CUDA && set->fake_gpus > 0};
+                    .fake_gpu = g->device == DDP_DEVICE_CUDA && set->fake_gpus > 0,
+                    .shm_algo = set->shm_algo,
+                    .cache_dir = set->cache_dir};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))

@@ -128,6 +128,9 @@ typedef struct ddp__backend_ops {
      * (one line, e.g. the error that made this rank give up) is shown to the peers. */
     void (*abort)(void *be, const char *why);
     void (*destroy)(void *be);
+    /* The name of the algorithm an allreduce of bytes per member runs with (a static string);
+     * NULL: the backend has one, and ddp_group_algorithm() gives the backend's name. */
+    const char *(*algorithm)(void *be, size_t bytes);
     bool fuses_avg; /* run() honours c->avg_div: no second pass over the result for AVG */
 } ddp__backend_ops;
 
@@ -156,6 +159,9 @@ typedef struct ddp__setup {
     bool cuda_built;   /* this libddp has CUDA (DDP_CUDA) */
     bool nccl_built;   /* … and NCCL (DDP_NCCL) */
     bool fake_gpu;     /* tests (DDP_TEST_FAKE_GPUS): host memory stands for device memory */
+    const char *shm_algo;      /* shm's allreduce variant: "auto", "probe", "rules" or a variant's
+                                  name (shm/shm_int.h); NULL or "": auto */
+    const char *cache_dir;     /* where shm caches its choice per machine; NULL or "": nowhere */
 } ddp__setup;
 
 /* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this

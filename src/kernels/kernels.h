@@ -57,6 +57,14 @@ void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
 void ddp__to_f32(float *dst, const void *src, size_t n, ddp_dtype t);
 void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
 
+/* ---- copies with a chosen kind of store (cpu/copy.c) ----------------------------------------
+ * bytes from src to dst, which must not overlap; any alignment. ddp__copy_cached uses ordinary
+ * stores only (the result stays in cache), ddp__copy_stream non-temporal ones for the whole
+ * 64-byte lines of dst, fenced before it returns (the result goes to memory, bypassing the
+ * caches). memcpy's own choice between the two depends on the C library's view of the caches. */
+void ddp__copy_cached(void *dst, const void *src, size_t bytes);
+void ddp__copy_stream(void *dst, const void *src, size_t bytes);
+
 /* ---- CUDA (cuda/device.cu; cuda/stub.c in a build without DDP_CUDA) ---------------------------
  * Only src/kernels/cuda includes CUDA headers: these signatures are plain C. */
 

@@ -9,6 +9,7 @@
  * in its options.
  */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,12 +63,31 @@ static ddp_status setting_str(const char *name, char *dst, size_t cap, ddp_error
     return v ? env_str(name, v, dst, cap, err) : DDP_OK;
 }
 
+/* DDP_CACHE_DIR, else $XDG_CACHE_HOME/ddpc, else $HOME/.cache/ddpc (the XDG default); "off" or
+ * no home: "" (nothing is cached). */
+static ddp_status cache_dir_from_env(char *dst, size_t cap, ddp_error *err)
+{
+    const char *v = getenv("DDP_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home;
+    if (v)
+        return env_str("DDP_CACHE_DIR", strcmp(v, "off") ? v : "", dst, cap, err);
+    if (xdg && *xdg && strlen(xdg) + sizeof "/ddpc" <= cap) {
+        snprintf(dst, cap, "%s/ddpc", xdg);
+        return DDP_OK;
+    }
+    home = getenv("HOME");
+    if (home && *home && strlen(home) + sizeof "/.cache/ddpc" <= cap)
+        snprintf(dst, cap, "%s/.cache/ddpc", home);
+    return DDP_OK;
+}
+
 static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
 {
     ddp_status st;
     if ((st = setting_str("DDP_BACKEND", s->backend, sizeof s->backend, err)) ||
         (st = setting_str("DDP_HOST_ID", s->host_id, sizeof s->host_id, err)) ||
         (st = setting_str("DDP_SHM_FLUSH", s->shm_flush, sizeof s->shm_flush, err)) ||
+        (st = setting_str("DDP_SHM_ALGO", s->shm_algo, sizeof s->shm_algo, err)) ||
+        (st = cache_dir_from_env(s->cache_dir, sizeof s->cache_dir, err)) ||
         (st = setting_str("DDP_OVERLAP", s->overlap, sizeof s->overlap, err)) ||
         (st = setting_str("DDP_DATA_CACHE", s->data_cache, sizeof s->data_cache, err)))
         return st;

@@ -11,6 +11,10 @@
  * reduce_scatter and barrier × 7 dtypes × counts (0, 1, 7, odd, not divisible by W, across the
  * small/large and chunk boundaries; --big adds 64 MB) × in place / out of place / async /
  * arena (zero-copy) buffers.
+ * --edges: allreduce only (sum and avg, float32 and bfloat16, every buffer mode) at sizes one
+ * element either side of each boundary the shm allreduce's variants cut at — the staging chunk,
+ * the pipelined variant's possible blocks, the size bands of the choice (src/group/shm/shm_int.h)
+ * — run under each DDP_SHM_ALGO by CTest (collectives.shm.algo.*).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -268,10 +272,12 @@ static int check_one(ddp_group *g, enum kind k, ddp_dtype t, ddp_op op, size_t n
 
 int main(int argc, char **argv)
 {
-    bool bigrun = false, quick = false;
+    bool bigrun = false, quick = false, edges = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--big"))
             bigrun = true;
+        else if (!strcmp(argv[i], "--edges"))
+            edges = true;
         else if (!strcmp(argv[i], "--quick"))
             quick = true;
     }
@@ -289,6 +295,29 @@ int main(int argc, char **argv)
     size_t counts[] = {0, 1, 7, 1003, 8191, 8192 * 3 + 5, 300007};
     int ncounts = quick ? 5 : (int)(sizeof counts / sizeof counts[0]);
     int rc = 0;
+    if (edges) {
+        /* Bytes at which the variants cut: 128 KiB … 1 MiB blocks (and the 1 MiB staging chunk),
+         * band edges at 128 KiB, 512 KiB, 2 MiB, 8 MiB. */
+        const size_t cuts[] = {(size_t)128 << 10, (size_t)256 << 10, (size_t)512 << 10,
+                               (size_t)1 << 20,   (size_t)2 << 20,   (size_t)3 << 20,
+                               (size_t)8 << 20};
+        const ddp_dtype types[] = {DDP_FLOAT32, DDP_BFLOAT16};
+        for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0] && !rc; ci++)
+            for (int ti = 0; ti < 2 && !rc; ti++) {
+                size_t at = cuts[ci] / ddp_dtype_size(types[ti]);
+                for (size_t n = at - 1; n <= at + 1 && !rc; n++)
+                    for (int m = 0; m < MODE_COUNT && !rc; m++) {
+                        rc |= check_one(g, ALLREDUCE, types[ti], DDP_SUM, n, m, 0);
+                        if (!rc && m == 0)
+                            rc |= check_one(g, ALLREDUCE, types[ti], DDP_AVG, n, m, 0);
+                    }
+            }
+        if (!rc && R == 0)
+            printf("collcheck: %ld checks passed on %d ranks (backend %s, %s at 1 MiB)\n", checks,
+                   W, ddp_group_backend(g), ddp_group_algorithm(g, (size_t)1 << 20));
+        ddp_group_destroy(g);
+        return rc;
+    }
     for (int m = 0; m < MODE_COUNT && !rc; m++)
         for (int t = 0; t < DDP_DTYPE_COUNT && !rc; t++)
             for (int c = 0; c < ncounts && !rc; c++) {

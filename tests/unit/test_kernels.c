@@ -263,12 +263,50 @@ static void tensor_vocabulary(void **state)
     assert_int_equal(b.device, DDP_DEVICE_CPU);
 }
 
+/* The two copies the shm allreduce chooses between (cpu/copy.c): byte for byte memcpy's result at
+ * every length around the 64-byte step and every misalignment of either side, and the bytes
+ * around the destination untouched. */
+static void copies(void **state)
+{
+    (void)state;
+    enum { MAXLEN = 300, PAD = 64 };
+    unsigned char src[MAXLEN + 2 * PAD], dst[MAXLEN + 2 * PAD], want[MAXLEN + 2 * PAD];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    void (*const fn[2])(void *, const void *, size_t) = {ddp__copy_cached, ddp__copy_stream};
+    for (int f = 0; f < 2; f++)
+        for (size_t len = 0; len <= MAXLEN; len += len < 130 ? 1 : 17)
+            for (size_t da = 0; da < PAD; da += 5)
+                for (size_t sa = 0; sa < PAD; sa += 13) {
+                    memset(dst, 0xa5, sizeof dst);
+                    memcpy(want, dst, sizeof want);
+                    memcpy(want + da, src + sa, len);
+                    fn[f](dst + da, src + sa, len);
+                    assert_memory_equal(dst, want, sizeof dst);
+                }
+    /* A large one: many whole lines between ragged ends. */
+    size_t big = ((size_t)1 << 20) + 37;
+    unsigned char *a = malloc(big + 64), *b = malloc(big + 64);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t i = 0; i < big; i++)
+        a[i + 3] = (unsigned char)(i * 131 + 7);
+    for (int f = 0; f < 2; f++) {
+        memset(b, 0, big + 64);
+        fn[f](b + 9, a + 3, big);
+        assert_memory_equal(b + 9, a + 3, big);
+    }
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reduce_many_all),  cmocka_unit_test(reduce_two_and_avg),
         cmocka_unit_test(half_conversions), cmocka_unit_test(array_conversions),
         cmocka_unit_test(counter_rng),      cmocka_unit_test(tensor_vocabulary),
+        cmocka_unit_test(copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

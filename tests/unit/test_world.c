@@ -68,6 +68,10 @@ static const char *const vars[] = {
     "SLURM_NODELIST",
     "SLURM_JOB_ID",
     "SLURM_JOBID",
+    "DDP_SHM_ALGO",
+    "DDP_CACHE_DIR",
+    "XDG_CACHE_HOME", /* the cache directory's defaults */
+    "HOME",
     NULL,
 };
 
@@ -207,6 +211,8 @@ static void settings(void **state)
     setenv("DDP_SHM_FLUSH", "never", 1);
     setenv("DDP_OVERLAP", "async", 1);
     setenv("DDP_DATA_CACHE", "/tmp/cache dir", 1);
+    setenv("DDP_SHM_ALGO", "pipelined", 1);
+    setenv("DDP_CACHE_DIR", "/tmp/ddpc cache", 1);
     ddp_world w;
     assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
     assert_false(w.launched); /* settings do not need a launcher */
@@ -218,6 +224,21 @@ static void settings(void **state)
     assert_string_equal(w.settings.shm_flush, "never");
     assert_string_equal(w.settings.overlap, "async");
     assert_string_equal(w.settings.data_cache, "/tmp/cache dir");
+    assert_string_equal(w.settings.shm_algo, "pipelined");
+    assert_string_equal(w.settings.cache_dir, "/tmp/ddpc cache");
+    /* The cache directory: DDP_CACHE_DIR ("off": none), else XDG's cache home, else ~/.cache. */
+    setenv("DDP_CACHE_DIR", "off", 1);
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_string_equal(w.settings.cache_dir, "");
+    unsetenv("DDP_CACHE_DIR");
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_string_equal(w.settings.cache_dir, "/x/cache/ddpc");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/home/u", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_string_equal(w.settings.cache_dir, "/home/u/.cache/ddpc");
+    unsetenv("HOME");
     /* Values are copied as given: the module that uses one checks it. */
     setenv("DDP_SHM_FLUSH", "sometimes", 1);
     assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);

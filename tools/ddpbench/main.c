@@ -301,10 +301,10 @@ int main(int argc, char **argv)
     }
     if (R == 0) {
         if (csv)
-            printf("op,bytes,count,time_us,algbw_GBps,busbw_GBps,wrong,limit_us\n");
+            printf("op,bytes,count,time_us,algbw_GBps,busbw_GBps,wrong,limit_us,algo\n");
         else
-            printf("%-15s %12s %12s %12s %10s %10s %7s %12s %9s\n", "op", "bytes", "count",
-                   "time(us)", "algbw", "busbw", "#wrong", "mem-limit", "x-limit");
+            printf("%-15s %12s %12s %12s %10s %10s %7s %12s %9s  %s\n", "op", "bytes", "count",
+                   "time(us)", "algbw", "busbw", "#wrong", "mem-limit", "x-limit", "algo");
     }
     for (int k = 0; k < K_COUNT; k++) {
         if (strcmp(op, "all") && strcmp(op, kind_names[k]))
@@ -356,14 +356,16 @@ int main(int argc, char **argv)
             }
             double limit = traffic / copy_bw;
             double algbw = S / worst / 1e9;
+            /* The allreduce variant this rank's host chose for the size (docs/group.md). */
+            const char *algo = k == K_ALLREDUCE ? ddp_group_algorithm(g, bytes) : "-";
             if (R == 0) {
                 if (csv)
-                    printf("%s,%zu,%zu,%.2f,%.3f,%.3f,%ld,%.2f\n", kind_names[k], bytes, count,
-                           worst * 1e6, algbw, algbw * factor, wrong, limit * 1e6);
+                    printf("%s,%zu,%zu,%.2f,%.3f,%.3f,%ld,%.2f,%s\n", kind_names[k], bytes, count,
+                           worst * 1e6, algbw, algbw * factor, wrong, limit * 1e6, algo);
                 else
-                    printf("%-15s %12zu %12zu %12.2f %10.3f %10.3f %7ld %12.2f %8.2fx\n",
+                    printf("%-15s %12zu %12zu %12.2f %10.3f %10.3f %7ld %12.2f %8.2fx  %s\n",
                            kind_names[k], bytes, count, worst * 1e6, algbw, algbw * factor, wrong,
-                           limit * 1e6, worst / limit);
+                           limit * 1e6, worst / limit, algo);
                 fflush(stdout);
             }
             if (wrong)

@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include "group/group_int.h"
+#include "group/shm/shm_int.h"
 #include "kernels/kernels.h"
 #include "util/util.h"
 
@@ -75,6 +76,10 @@
 #define PROBE_TRIPS 8   /* round trips per batch; the probe keeps the fastest of PROBE_BATCHES */
 #define PROBE_BATCHES 4
 #define FAR_NS 200 /* a round trip slower than this leaves the last-level cache */
+#define ALGO_PROBE_MAX ((size_t)16 << 20) /* the largest message the variant probe times */
+#define ALGO_PROBE_ROUNDS 3               /* paired rounds it aims for … */
+#define ALGO_PROBE_BUDGET_MS 300          /* … unless this much time has gone */
+#define ALGO_PROBE_CALLS 3 /* timed calls per trial, the fastest kept (a preempted one is slow) */
 
 typedef struct shm_header {
     uint32_t magic;
@@ -83,6 +88,12 @@ typedef struct shm_header {
     atomic_int abort_claim; /* the first aborting member wins the right to write abort_msg */
     atomic_int abort_by;    /* 0, or 1 + the member that aborted (set after abort_msg) */
     char abort_msg[320];
+    /* The allreduce's choice (shm_int.h): written by member 0 before it publishes the segment's
+     * name, or after the probe, which runs only if algo_probe is set. */
+    uint8_t algo_band[DDP__SHM_NBANDS];
+    uint32_t algo_block;
+    uint32_t algo_probe;
+    _Atomic uint32_t probe_go; /* member 0, between probe rounds: 1 = another round */
     int32_t pids[MAX_MEMBERS];
 } shm_header;
 
@@ -95,6 +106,7 @@ typedef struct shm_slot {
     _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
     _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
     uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
+    uint32_t algo_ready; /* set before the attach barrier: I hold an arena buffer to probe with */
 } shm_slot;
 
 typedef struct shm_be {
@@ -115,6 +127,8 @@ typedef struct shm_be {
     bool *far;       /* per member: evict what I read from it (see Distance above) */
     uint32_t probes; /* distance probes run, the same count on every member */
     bool can_flush;  /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */
+    ddp__shm_choice choice; /* the allreduce's variant per size band, the same on every member */
+    int forced;             /* ≥ 0: the variant every allreduce runs (the probe's trials) */
     bool failed;
     ddp__fail fail;
     /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
@@ -438,44 +452,86 @@ static ddp_status open_coll(shm_be *b, const ddp__coll *c, bool zc)
     return DDP_OK;
 }
 
+static ddp__shm_variant variant_for(const shm_be *b, size_t bytes)
+{
+    if (b->forced >= 0)
+        return (ddp__shm_variant)b->forced;
+    return (ddp__shm_variant)b->choice.band[ddp__shm_band_of(bytes)];
+}
+
+/* A copy of the result into place, with the stores variant v asks for (shm_int.h). */
+static void copy_result(ddp__shm_variant v, void *dst, const void *src, size_t bytes)
+{
+    switch (v) {
+    case DDP__SHM_CACHED:
+    case DDP__SHM_PIPELINED: ddp__copy_cached(dst, src, bytes); break;
+    case DDP__SHM_STREAM: ddp__copy_stream(dst, src, bytes); break;
+    default: memcpy(dst, src, bytes); break;
+    }
+}
+
+/* Elements per step of variant v for a message of count elements: the whole message, or the
+ * pipelined variant's block (at least one cache line per member). */
+static size_t step_elems(const shm_be *b, ddp__shm_variant v, size_t count, size_t esz)
+{
+    if (v != DDP__SHM_PIPELINED)
+        return count;
+    size_t per = b->choice.block / esz;
+    size_t least = (size_t)b->n * CACHELINE / esz;
+    return per < least ? least : per;
+}
+
 static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
 {
     size_t esz = ddp_dtype_size(c->dtype);
     size_t total = c->count * esz;
     int W = b->n;
     const void *srcs[MAX_MEMBERS];
-    /* Zero copy when both buffers are in the arena: peers read them in place. */
+    ddp__shm_variant v = variant_for(b, total);
+    /* Zero copy when both buffers are in the arena: peers read them in place. Per step (the
+     * whole message, or one block when pipelined): member r reduces slice r of the step from
+     * every input into its recv, a barrier, then copies the other slices from their owners'
+     * recv. Writing my recv's other slices cannot disturb a peer: it read them as inputs before
+     * that barrier. The next step touches other elements, so one barrier per step suffices. */
     bool zc = in_segment(b, c->send, total) && in_segment(b, c->recv, total);
     if (zc) {
         ddp_status st = open_coll(b, c, true);
         if (st)
             return st;
-        size_t lo, hi;
-        slice(c->count, W, b->me, esz, &lo, &hi);
-        for (int j = 0; j < W; j++)
-            srcs[j] = at(b, b->slots[j].src_off) + lo * esz;
-        if (hi > lo) {
-            /* My slice's result goes into my recv; my own input is srcs[me]. */
-            ddp__reduce_many_avg((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
-                                 c->avg_div);
-            done_reading_all(b, srcs, (hi - lo) * esz);
-        }
-        if ((st = barrier(b, c)))
-            return st;
-        for (int j = 0; j < W; j++) {
-            if (j == b->me)
-                continue;
-            slice(c->count, W, j, esz, &lo, &hi);
+        size_t step = step_elems(b, v, c->count, esz);
+        for (size_t base = 0; base < c->count; base += step) {
+            size_t n = c->count - base < step ? c->count - base : step;
+            size_t lo, hi;
+            slice(n, W, b->me, esz, &lo, &hi);
+            lo += base, hi += base;
+            for (int j = 0; j < W; j++)
+                srcs[j] = at(b, b->slots[j].src_off) + lo * esz;
             if (hi > lo) {
-                const char *src = at(b, b->slots[j].dst_off) + lo * esz;
-                memcpy((char *)c->recv + lo * esz, src, (hi - lo) * esz);
-                done_reading(b, j, src, (hi - lo) * esz);
+                /* My slice's result goes into my recv; my own input is srcs[me]. */
+                ddp__reduce_many_avg((char *)c->recv + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
+                                     c->avg_div);
+                done_reading_all(b, srcs, (hi - lo) * esz);
+            }
+            if ((st = barrier(b, c)))
+                return st;
+            for (int j = 0; j < W; j++) {
+                if (j == b->me)
+                    continue;
+                slice(n, W, j, esz, &lo, &hi);
+                lo += base, hi += base;
+                if (hi > lo) {
+                    const char *src = at(b, b->slots[j].dst_off) + lo * esz;
+                    copy_result(v, (char *)c->recv + lo * esz, src, (hi - lo) * esz);
+                    done_reading(b, j, src, (hi - lo) * esz);
+                }
             }
         }
         return barrier(b, c); /* peers read my recv in place: keep it until they are done */
     }
 
-    size_t per_chunk = CHUNK / esz;
+    size_t per_chunk = CHUNK / esz, step = step_elems(b, v, c->count, esz);
+    if (step < per_chunk)
+        per_chunk = step;
     for (size_t done = 0; done < c->count || (c->count == 0 && done == 0);) {
         size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
         uint64_t k = b->chunks++;
@@ -502,7 +558,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 /* Result into my staging slice (peers copy it from there) and into my output. */
                 ddp__reduce_many_avg(mine + lo * esz, srcs, W, hi - lo, c->dtype, c->op,
                                      c->avg_div);
-                memcpy(out + lo * esz, mine + lo * esz, (hi - lo) * esz);
+                copy_result(v, out + lo * esz, mine + lo * esz, (hi - lo) * esz);
                 done_reading_all(b, srcs, (hi - lo) * esz);
             }
             if ((st = barrier(b, c)))
@@ -512,7 +568,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                     continue;
                 slice(n, W, j, esz, &lo, &hi);
                 if (hi > lo) {
-                    memcpy(out + lo * esz, staging(b, j, k) + lo * esz, (hi - lo) * esz);
+                    copy_result(v, out + lo * esz, staging(b, j, k) + lo * esz, (hi - lo) * esz);
                     done_reading(b, j, staging(b, j, k) + lo * esz, (hi - lo) * esz);
                 }
             }
@@ -662,6 +718,125 @@ static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)
     return st;
 }
 
+/* ---- choosing the allreduce's variant ----------------------------------------------------- */
+
+static const char *shm_algorithm(void *be, size_t bytes)
+{
+    shm_be *b = be;
+    if (b->n == 1)
+        return "copy";
+    if (bytes <= SMALL)
+        return "libc"; /* staging: one pass on every member, the same at any setting */
+    return ddp__shm_variant_name(variant_for(b, bytes));
+}
+
+/* The largest band the probe times: its representative must fit in one arena (and ≤ 16 MiB);
+ * -1 if none does. The same on every member (arena_bytes is). */
+static int probe_top_band(size_t arena_bytes)
+{
+    int top = -1;
+    for (int band = 0; band < DDP__SHM_NBANDS; band++)
+        if (ddp__shm_band_size(band) <= ALGO_PROBE_MAX && ddp__shm_band_size(band) <= arena_bytes)
+            top = band;
+    return top;
+}
+
+/* Times every variant at each band's representative size up to top, in place on buf (this
+ * member's arena), every member taking part: rounds of (band: every variant in turn, the order
+ * rotating by round), each trial one untimed call then one timed one on member 0's clock (the
+ * call returns after its closing barrier, so it includes the slowest member). Member 0 decides
+ * after each round whether another fits the budget and publishes that through the header. Then
+ * member 0 decides the choice and publishes it; on return b->choice holds it everywhere. */
+static ddp_status probe_variants(shm_be *b, const ddp__shm_machine *mach, float *buf, int top,
+                                 int timeout_ms, ddp__shm_probe *p)
+{
+    memset(p, 0, sizeof *p);
+    memset(buf, 0, ddp__shm_band_size(top)); /* zeros stay zeros: no overflow, no subnormals */
+    ddp__coll c = {.kind = DDP__ALLREDUCE,
+                   .send = buf,
+                   .recv = buf,
+                   .dtype = DDP_FLOAT32,
+                   .op = DDP_SUM,
+                   .deadline_ms = ddp__now_ms() + timeout_ms};
+    int64_t t_start = ddp__now_ms();
+    ddp_status st = DDP_OK;
+    bool go = true;
+    for (int k = 0; k < ALGO_PROBE_ROUNDS && go; k++) {
+        for (int band = 0; band <= top && go; band++) {
+            c.count = ddp__shm_band_size(band) / sizeof(float);
+            for (int i = 0; i < DDP__SHM_NVARIANTS; i++) {
+                b->forced = (i + k) % DDP__SHM_NVARIANTS;
+                if ((st = run_allreduce(b, &c)))
+                    goto out;
+                int64_t best = INT64_MAX;
+                for (int r = 0; r < ALGO_PROBE_CALLS; r++) {
+                    int64_t t0 = ddp__now_ns();
+                    if ((st = run_allreduce(b, &c)))
+                        goto out;
+                    int64_t dt = ddp__now_ns() - t0;
+                    best = dt < best ? dt : best;
+                }
+                p->t[band][b->forced][k] = (double)best * 1e-9;
+            }
+            p->reps[band] = k + 1;
+            /* Member 0 says whether the budget allows the next band; all hear it after the
+             * barrier (it stores before it arrives). */
+            if (b->me == 0)
+                atomic_store(&b->hdr->probe_go, ddp__now_ms() - t_start < ALGO_PROBE_BUDGET_MS);
+            if ((st = barrier(b, &c)))
+                goto out;
+            go = atomic_load(&b->hdr->probe_go);
+        }
+    }
+out:
+    b->forced = -1;
+    if (st)
+        return st;
+    if (b->me == 0) {
+        ddp__shm_decide(mach, p, &b->choice);
+        memcpy(b->hdr->algo_band, b->choice.band, sizeof b->choice.band);
+        b->hdr->algo_block = b->choice.block;
+    }
+    if ((st = barrier(b, &c))) /* the choice is in the header */
+        return st;
+    memcpy(b->choice.band, b->hdr->algo_band, sizeof b->choice.band);
+    b->choice.block = b->hdr->algo_block;
+    return DDP_OK;
+}
+
+/* DDP_SHM_ALGO: "auto" (or unset), "probe", "rules", or a variant's name. */
+static bool algo_mode_valid(const char *mode)
+{
+    ddp__shm_variant v;
+    return !mode || !*mode || !strcmp(mode, "auto") || !strcmp(mode, "probe") ||
+           !strcmp(mode, "rules") || ddp__shm_variant_parse(mode, &v);
+}
+
+/* Member 0, before it publishes the segment: the choice every member starts from (forced, the
+ * cache file's, or the rules), and whether all are to probe for a better one. */
+static void algo_prepare(shm_be *b, const ddp__setup *s, const ddp__shm_machine *mach)
+{
+    const char *mode = s->shm_algo && *s->shm_algo ? s->shm_algo : "auto";
+    ddp__shm_variant v;
+    bool probe = false;
+    ddp__shm_rules(mach, &b->choice);
+    if (ddp__shm_variant_parse(mode, &v)) {
+        memset(b->choice.band, v, sizeof b->choice.band);
+    } else if (!strcmp(mode, "probe")) {
+        probe = true;
+    } else if (!strcmp(mode, "auto")) {
+        char key[512];
+        ddp__shm_cache_key(mach, key, sizeof key);
+        probe = !ddp__shm_cache_load(s->cache_dir, key, &b->choice);
+    }
+    /* Timings mean something only with a core per member and something to time. */
+    if (b->n < 2 || b->n > b->ncores || probe_top_band(b->hdr->arena_bytes) < 0)
+        probe = false;
+    memcpy(b->hdr->algo_band, b->choice.band, sizeof b->choice.band);
+    b->hdr->algo_block = b->choice.block;
+    b->hdr->algo_probe = probe;
+}
+
 /* ---- the arena ---------------------------------------------------------------------------- */
 
 static void *shm_alloc(void *be, size_t bytes)
@@ -762,6 +937,7 @@ static const ddp__backend_ops shm_ops = {
     .free = shm_free,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    .algorithm = shm_algorithm,
     .fuses_avg = true,
 };
 
@@ -782,6 +958,14 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->ncores = s->host_cores > 0 ? s->host_cores : 1;
     b->spin = b->n <= b->ncores ? 20000 : 64;
     b->far = calloc((size_t)m->n, sizeof *b->far);
+    b->forced = -1;
+    if (!algo_mode_valid(s->shm_algo)) {
+        shm_destroy(b);
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "DDP_SHM_ALGO must be auto, probe, rules, libc, cached, stream or "
+                        "pipelined, not '%.40s'",
+                        s->shm_algo);
+    }
     const char *flush = s->shm_flush;
     if (flush && *flush && strcmp(flush, "auto") && strcmp(flush, "always") &&
         strcmp(flush, "never")) {
@@ -809,6 +993,8 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     for (int j = 0; j < b->n; j++)
         b->pidfds[j] = -1;
     arena_bytes = ALIGN_UP(arena_bytes, 4096);
+    ddp__shm_machine mach;
+    ddp__shm_machine_read(b->n, &mach);
     size_t hdr = ALIGN_UP(sizeof(shm_header), 4096);
     size_t slots = ALIGN_UP(sizeof(shm_slot) * (size_t)m->n, 4096);
     size_t stage = 2 * CHUNK * (size_t)m->n;
@@ -857,6 +1043,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         b->hdr->arena_off = hdr + slots + stage;
         b->hdr->arena_bytes = arena_bytes;
         b->hdr->total = b->size;
+        algo_prepare(b, s, &mach);
         if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
             goto out_unlink;
     } else {
@@ -894,6 +1081,12 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->slots = (shm_slot *)slot_base(b);
     b->hdr->pids[b->me] = (int32_t)getpid();
     b->slots[b->me].will_probe = b->can_flush;
+    /* The variant probe, if member 0 asked for it, runs in a buffer of each member's arena:
+     * reserved now, so that a full /dev/shm only skips the probe (everywhere: each member posts
+     * whether it has its buffer, and all read every post after the barrier). */
+    int top = b->hdr->algo_probe ? probe_top_band(b->hdr->arena_bytes) : -1;
+    float *probe_buf = top >= 0 ? shm_alloc(b, ddp__shm_band_size(top)) : NULL;
+    b->slots[b->me].algo_ready = probe_buf != NULL;
 
     /* Everyone has mapped it (and written its pid) once this barrier passes. */
     if ((st = ddp__setup_barrier(s, "shm_attached", err)))
@@ -907,6 +1100,29 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     for (int j = 0; j < b->n; j++)
         if (j != b->me)
             b->pidfds[j] = (int)syscall(SYS_pidfd_open, b->hdr->pids[j], 0);
+    bool probe = top >= 0;
+    for (int j = 0; j < b->n; j++)
+        probe = probe && b->slots[j].algo_ready;
+    /* Member 0's starting choice, for everyone: the probe's pipelined trials need its block. */
+    memcpy(b->choice.band, b->hdr->algo_band, sizeof b->choice.band);
+    b->choice.block = b->hdr->algo_block;
+    if (probe) {
+        ddp__shm_probe timings;
+        st = probe_variants(b, &mach, probe_buf, top, s->timeout_ms, &timings);
+        if (st) {
+            ddp__err(err, st, "%s (while timing the allreduce's variants)", b->fail.msg);
+            goto out_free;
+        }
+        /* Saved only when every band up to 16 MiB was timed twice or more: a group with a small
+         * arena or a loaded machine decides for itself but does not speak for the next one. */
+        if (b->me == 0 && probe_top_band(ALGO_PROBE_MAX) == top && timings.reps[top] >= 2) {
+            char ckey[512];
+            ddp__shm_cache_key(&mach, ckey, sizeof ckey);
+            (void)ddp__shm_cache_save(s->cache_dir, ckey, &b->choice);
+        }
+    }
+    if (probe_buf)
+        shm_free(b, probe_buf);
     *out = b;
     *ops = &shm_ops;
     return DDP_OK;
