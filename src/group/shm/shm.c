@@ -15,7 +15,10 @@
  *   large allreduce: stage, barrier, member r reduces slice r of all inputs once (one pass,
  *     ddp__reduce_many), barrier, every member copies the other slices from their owners —
  *     reduce-scatter + allgather through memory, about 3·W·S bytes moved against the 2·W·S that
- *     any allreduce must move;
+ *     any allreduce must move. In one of four variants (shm_int.h: whole slices or blocks of
+ *     L2/4; copies by memcpy, ordinary or streaming stores), one per size band, chosen at
+ *     creation by member 0 — forced, cached for this machine, probed (probe_variants) or from
+ *     the rules (choice.c) — and published through the header;
  *   broadcast / allgather / reduce_scatter: stage, barrier, copy or reduce what is needed;
  *     allgather and reduce_scatter on arena buffers read the peers' send in place instead.
  * Every member posts whether its buffers are in the arena before the first barrier, and all
