@@ -728,8 +728,7 @@ static const char *shm_algorithm(void *be, size_t bytes)
     shm_be *b = be;
     if (b->n == 1)
         return "copy";
-    if (bytes <= SMALL)
-        return "libc"; /* staging: one pass on every member, the same at any setting */
+    /* (Private buffers of at most SMALL bytes take the one-pass path whatever the variant.) */
     return ddp__shm_variant_name(variant_for(b, bytes));
 }
 
@@ -1124,8 +1123,13 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
             (void)ddp__shm_cache_save(s->cache_dir, ckey, &b->choice);
         }
     }
-    if (probe_buf)
+    if (probe_buf) {
+        /* Give the pages back to /dev/shm: the arena reserves its pages as they are allocated. */
+        (void)fallocate(b->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        (off_t)((char *)probe_buf - b->base),
+                        (off_t)ALIGN_UP(ddp__shm_band_size(top), 4096));
         shm_free(b, probe_buf);
+    }
     *out = b;
     *ops = &shm_ops;
     return DDP_OK;
