@@ -153,15 +153,15 @@ typedef struct ddp__setup {
     struct ddp__mpi_boot *mpi; /* the job's MPI (mpi/boot.c) when set-up goes through MPI rather
                                   than the store; then store is NULL. NULL otherwise */
     /* GPU groups (ddp_group_opts.device): where the buffers live, and what each host has. */
-    ddp_device device; /* DDP_DEVICE_CPU: host buffers, the CPU backends */
-    const int *gpus;   /* (m.n,) GPUs visible on each member's host; NULL on CPU */
-    int cuda_device;   /* the GPU this member uses: LOCAL_RANK modulo its host's GPUs */
-    bool cuda_built;   /* this libddp has CUDA (DDP_CUDA) */
-    bool nccl_built;   /* … and NCCL (DDP_NCCL) */
-    bool fake_gpu;     /* tests (DDP_TEST_FAKE_GPUS): host memory stands for device memory */
-    const char *shm_algo;      /* shm's allreduce variant: "auto", "probe", "rules" or a variant's
-                                  name (shm/shm_int.h); NULL or "": auto */
-    const char *cache_dir;     /* where shm caches its choice per machine; NULL or "": nowhere */
+    ddp_device device;     /* DDP_DEVICE_CPU: host buffers, the CPU backends */
+    const int *gpus;       /* (m.n,) GPUs visible on each member's host; NULL on CPU */
+    int cuda_device;       /* the GPU this member uses: LOCAL_RANK modulo its host's GPUs */
+    bool cuda_built;       /* this libddp has CUDA (DDP_CUDA) */
+    bool nccl_built;       /* … and NCCL (DDP_NCCL) */
+    bool fake_gpu;         /* tests (DDP_TEST_FAKE_GPUS): host memory stands for device memory */
+    const char *shm_algo;  /* shm's allreduce variant: "auto", "probe", "rules" or a variant's
+                              name (shm/shm_int.h); NULL or "": auto */
+    const char *cache_dir; /* where shm caches its choice per machine; NULL or "": nowhere */
 } ddp__setup;
 
 /* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this
