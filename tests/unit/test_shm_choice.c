@@ -237,9 +237,17 @@ static void decide_noise(void **state)
     assert_int_equal(c.band[3], DDP__SHM_LIBC);
     assert_int_equal(c.band[4], DDP__SHM_LIBC);
     /* Two clear winners: the larger margin takes it. */
-    fill(&p, 2, 2, (const double[]){100, 80, 60, 200});
+    fill(&p, 2, 2, (const double[]){100, 80, 200, 60});
     ddp__shm_decide(&m, &p, &c);
-    assert_int_equal(c.band[2], DDP__SHM_STREAM);
+    assert_int_equal(c.band[2], DDP__SHM_PIPELINED);
+    /* Non-temporal stores are no candidate while the exchange fits in the caches (band 2: 2 ×
+     * its size ≪ L2·2 + L3), however the probe's short trials came out; beyond (band 5), they
+     * are. */
+    fill(&p, 2, 2, (const double[]){100, 90, 50, 200});
+    fill(&p, 5, 2, (const double[]){100, 90, 50, 200});
+    ddp__shm_decide(&m, &p, &c);
+    assert_int_equal(c.band[2], DDP__SHM_CACHED);
+    assert_int_equal(c.band[5], DDP__SHM_STREAM);
 }
 
 static void text_form(void **state)

@@ -106,15 +106,23 @@ static int cmp_double(const void *a, const void *b)
 
 void ddp__shm_decide(const ddp__shm_machine *m, const ddp__shm_probe *p, ddp__shm_choice *out)
 {
+    int W = m->members > 1 ? m->members : 2;
+    size_t cache = m->l2 * (size_t)W + m->l3;
     ddp__shm_rules(m, out);
     for (int b = 0; b < DDP__SHM_NBANDS; b++) {
         int reps = p->reps[b] < DDP__SHM_MAX_REPS ? p->reps[b] : DDP__SHM_MAX_REPS;
         if (reps < 2) /* one round is no pairing: keep the rule */
             continue;
+        /* Non-temporal stores only pay when the result cannot stay in the caches anyway: while
+         * every member's input fits (W·S ≤ L2·W + L3) the next step reads the result back from
+         * DRAM. The probe's short trials can still favour them there — on the EPYC the probe
+         * chose "stream" at 1 MiB, which then ran 1.35× slower than "libc" in steady state
+         * (bench/RESULTS.md, 2026-11-23) — so they are not a candidate in such a band. */
+        bool fits = ddp__shm_band_size(b) * (size_t)W <= cache;
         int base = out->band[b], best = base;
         double best_med = DDP__SHM_WIN;
         for (int v = 0; v < DDP__SHM_NVARIANTS; v++) {
-            if (v == base)
+            if (v == base || (fits && v == DDP__SHM_STREAM))
                 continue;
             /* Paired rounds: the challenger and the rule's variant ran back to back in each, so
              * the ratio cancels what the machine was doing at the time. It must win every
