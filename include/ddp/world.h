@@ -87,6 +87,8 @@ typedef struct ddp_settings {
     int fake_gpus; /* DDP_TEST_FAKE_GPUS, for tests only: GPU groups act as if this host had N
                       GPUs, with host memory standing for device memory and memcpy for the
                       copies, over cuda-staged (never nccl); 0: real GPUs */
+    char gpu_module[4096]; /* DDP_GPU_MODULE: the GPU module's file (libddp_gpu.so) to load on
+                              first GPU use; the search in docs/gpu.md */
 } ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */

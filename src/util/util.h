@@ -26,6 +26,13 @@ void ddp__fmt(char *buf, size_t cap, const char *fmt, ...) DDP_PRINTF(3, 4);
 ddp_status ddp__errmsg(char msg[static DDP_ERRMSG_MAX], ddp_status st, const char *fmt, ...)
     DDP_PRINTF(3, 4);
 
+/* Reads the DDP_* settings (ddp/world.h's ddp_settings) from the environment into *s, which the
+ * caller zeroes first: what ddp_world_from_env fills world.settings with, for library code that
+ * has no world (the GPU module's loader, kernels/gpu.c). world.c: the one reader of the
+ * environment. */
+struct ddp_settings;
+ddp_status ddp__settings_from_env(struct ddp_settings *s, ddp_error *err);
+
 /* Milliseconds / nanoseconds on CLOCK_MONOTONIC. */
 int64_t ddp__now_ms(void);
 int64_t ddp__now_ns(void);

@@ -80,7 +80,7 @@ static ddp_status cache_dir_from_env(char *dst, size_t cap, ddp_error *err)
     return DDP_OK;
 }
 
-static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
+ddp_status ddp__settings_from_env(ddp_settings *s, ddp_error *err)
 {
     ddp_status st;
     if ((st = setting_str("DDP_BACKEND", s->backend, sizeof s->backend, err)) ||
@@ -89,7 +89,8 @@ static ddp_status settings_from_env(ddp_settings *s, ddp_error *err)
         (st = setting_str("DDP_SHM_ALGO", s->shm_algo, sizeof s->shm_algo, err)) ||
         (st = cache_dir_from_env(s->cache_dir, sizeof s->cache_dir, err)) ||
         (st = setting_str("DDP_OVERLAP", s->overlap, sizeof s->overlap, err)) ||
-        (st = setting_str("DDP_DATA_CACHE", s->data_cache, sizeof s->data_cache, err)))
+        (st = setting_str("DDP_DATA_CACHE", s->data_cache, sizeof s->data_cache, err)) ||
+        (st = setting_str("DDP_GPU_MODULE", s->gpu_module, sizeof s->gpu_module, err)))
         return st;
     int secs = setting_int("DDP_TIMEOUT", 0, INT_MAX);
     s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */
@@ -397,7 +398,7 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     bool rank_based = w.launcher == DDP_LAUNCHER_ENV || w.launcher == DDP_LAUNCHER_DDPRUN ||
                       w.launcher == DDP_LAUNCHER_TORCHRUN;
     w.agent_store = rank_based && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
-    if ((st = settings_from_env(&w.settings, err)))
+    if ((st = ddp__settings_from_env(&w.settings, err)))
         return st;
     *out = w;
     return DDP_OK;

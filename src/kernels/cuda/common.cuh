@@ -14,6 +14,7 @@
 
 extern "C" {
 #include "kernels/cuda_kernels.h"
+#include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
 }
 

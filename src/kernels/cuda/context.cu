@@ -10,7 +10,7 @@
 extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_error *err)
 {
     int n = 0;
-    ddp_status st = ddp__cuda_device_count(&n, err);
+    ddp_status st = ddp__gpu_device_count(&n, err);
     if (st != DDP_OK)
         return st;
     if (device < 0 || device >= n)

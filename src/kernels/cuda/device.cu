@@ -1,17 +1,18 @@
 /*
  * kernels/cuda/device.cu — what the CUDA runtime says about this machine's GPUs. Built only with
- * DDP_CUDA (CMake finds nvcc), into the static library ddp_cuda with the CUDA runtime linked
- * statically; the rest of the library sees only the C signatures in kernels/kernels.h (without
- * DDP_CUDA, kernels/cuda/stub.c answers instead). This folder is the only place that includes a
- * CUDA header. It does not pick a device or create a context beyond what the runtime does for
- * the query. ddp_cuda is a leaf: libddp links it, so it calls nothing in libddp (it formats its
- * own messages rather than use util's ddp__err).
+ * DDP_CUDA (CMake finds nvcc), into the GPU module libddp_gpu.so with the CUDA runtime linked
+ * statically; libddp reaches these through the module's table (kernels/gpu_module.h, loaded by
+ * kernels/gpu.c on first GPU use). This folder is the only place that includes a CUDA header.
+ * It does not pick a device or create a context beyond what the runtime does for the query. The
+ * module is a leaf: it calls nothing in libddp (it formats its own messages rather than use
+ * util's ddp__err), so it loads into any program that has libddp.
  */
 #include <cuda_runtime_api.h>
 #include <stdarg.h>
 #include <stdio.h>
 
 extern "C" {
+#include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
 }
 
@@ -30,7 +31,7 @@ static ddp_status fail(ddp_error *err, ddp_status st, const char *fmt, ...)
     return st;
 }
 
-extern "C" ddp_status ddp__cuda_device_count(int *n, ddp_error *err)
+extern "C" ddp_status ddp__gpu_device_count(int *n, ddp_error *err)
 {
     if (!n)
         return fail(err, DDP_ERR_INVALID, "cuda device count: the output n is NULL");
@@ -54,12 +55,12 @@ extern "C" ddp_status ddp__cuda_device_count(int *n, ddp_error *err)
                 cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
 }
 
-extern "C" ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err)
+extern "C" ddp_status ddp__gpu_device_name(int idx, char *name, size_t cap, ddp_error *err)
 {
     if (!name || cap == 0)
         return fail(err, DDP_ERR_INVALID, "cuda device name: no output buffer");
     int n = 0;
-    ddp_status st = ddp__cuda_device_count(&n, err);
+    ddp_status st = ddp__gpu_device_count(&n, err);
     if (st != DDP_OK)
         return st;
     if (idx < 0 || idx >= n)

@@ -62,7 +62,7 @@ static float *G(ddp__cuda_gpt *g, long long off)
     return off >= 0 ? g->grads + off : NULL;
 }
 
-extern "C" void ddp__cuda_gpt_free(ddp__cuda_gpt *g)
+extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
 {
     if (!g)
         return;
@@ -169,7 +169,7 @@ static ddp_status dalloc(void *p, size_t n, ddp_error *err)
     return st;
 }
 
-extern "C" ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
+extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
                                            size_t n, ddp__cuda_gpt **out, ddp_error *err)
 {
     if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
@@ -227,11 +227,11 @@ extern "C" ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *cfg, const s
     *out = g;
     return DDP_OK;
 out_free:
-    ddp__cuda_gpt_free(g);
+    ddp__gpu_gpt_free(g);
     return st;
 }
 
-extern "C" ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
+extern "C" ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
                                                ddp_error *err)
 {
     for (size_t i = 0; i < g->n_params; i++) {
@@ -254,7 +254,7 @@ static ddp_status gather_last(ddp__cuda_gpt *g, const float *src, int n, int T, 
                            "gather of the last positions", err);
 }
 
-extern "C" ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
+extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
                                             const int32_t *targets, int n, int T, bool train,
                                             bool last_logits, float grad_scale, double *loss_sum,
                                             int *count, int64_t *correct, float *logits_host,
@@ -340,7 +340,7 @@ extern "C" ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tok
     return DDP_OK;
 }
 
-extern "C" ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
+extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
                                              ddp_error *err)
 {
     if (!g->can_backward)
