@@ -46,11 +46,14 @@ static void fail(ddp_status st, const char *fmt, ...)
     load_st = st;
 }
 
-/* dlopen's last message, never NULL. */
-static const char *dl_why(void)
+/* dlopen's last message, never NULL, without its leading "path: " when it names path. */
+static const char *dl_why(const char *path)
 {
     const char *e = dlerror();
-    return e ? e : "unknown dlopen error";
+    if (!e)
+        return "unknown dlopen error";
+    size_t n = strlen(path);
+    return strncmp(e, path, n) == 0 && strncmp(e + n, ": ", 2) == 0 ? e + n + 2 : e;
 }
 
 /* Loads path (a file, or a bare name for the dynamic linker's search) and checks its table. */
@@ -63,7 +66,7 @@ static bool open_module(const char *path)
              "cuda: cannot load the GPU module %s: %s; HINT: it needs the CUDA libraries it was "
              "built with (libcublas.so.13, libcublasLt.so.13) on the library path "
              "(LD_LIBRARY_PATH or CUDA's lib64)",
-             path, dl_why());
+             path, dl_why(path));
         return false;
     }
     void *sym = dlsym(h, DDP_GPU_MODULE_ENTRY);
@@ -71,7 +74,7 @@ static bool open_module(const char *path)
         fail(DDP_ERR_NOT_FOUND,
              "cuda: %s is not a ddpc GPU module (%s); HINT: point DDP_GPU_MODULE at the "
              "libddp_gpu.so built with this libddp",
-             path, dl_why());
+             path, dl_why(path));
         dlclose(h);
         return false;
     }
@@ -157,8 +160,8 @@ static void load(void)
          "cuda: the GPU module %s was not found (not beside the program or in its ../lib, not "
          "in %s or %s; dlopen: %s); HINT: build it (DDP_CUDA=ON) and keep it beside libddp, or "
          "set DDP_GPU_MODULE=/path/to/%s",
-         DDP_GPU_MODULE_FILE, DDP_GPU_MODULE_BUILD_DIR, DDP_GPU_MODULE_INSTALL_DIR, dl_why(),
-         DDP_GPU_MODULE_FILE);
+         DDP_GPU_MODULE_FILE, DDP_GPU_MODULE_BUILD_DIR, DDP_GPU_MODULE_INSTALL_DIR,
+         dl_why(DDP_GPU_MODULE_FILE), DDP_GPU_MODULE_FILE);
 #endif
 }
 

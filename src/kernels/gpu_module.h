@@ -38,8 +38,7 @@ typedef struct ddp__gpu_api {
     ddp_status (*gpt_create)(const ddp__cuda_gpt_cfg *cfg, const size_t *counts, size_t n,
                              ddp__cuda_gpt **out, ddp_error *err);
     void (*gpt_free)(ddp__cuda_gpt *g);
-    ddp_status (*gpt_set_params)(ddp__cuda_gpt *g, const float *const *data_host,
-                                 ddp_error *err);
+    ddp_status (*gpt_set_params)(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
     ddp_status (*gpt_forward)(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                               int n, int T, bool train, bool last_logits, float grad_scale,
                               double *loss_sum, int *count, int64_t *correct, float *logits_host,
@@ -57,8 +56,7 @@ ddp_status ddp__gpu_device_name(int idx, char *name, size_t cap, ddp_error *err)
 ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts, size_t n,
                                ddp__cuda_gpt **out, ddp_error *err);
 void ddp__gpu_gpt_free(ddp__cuda_gpt *g);
-ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
-                                   ddp_error *err);
+ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
 ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                 int n, int T, bool train, bool last_logits, float grad_scale,
                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
