@@ -1,8 +1,9 @@
 /*
  * kernels/gpu.c — libddp's side of the GPU module (kernels/gpu_module.h): kernels.h's
  * ddp__cuda_* entry points, which load libddp_gpu.so with dlopen on their first call and forward
- * through its table. libddp links no CUDA library; a program that never asks for a GPU (device
- * cpu, no GPU count) never calls these, so never maps libcudart, libcublas or libcublasLt.
+ * through its table (group/nccl/proxy.c does the same for the GPU backends). libddp links no CUDA
+ * library; a program that never asks for a GPU (device cpu, no GPU count, no GPU group) never
+ * calls these, so never maps libcudart, libcublas, libcublasLt or libnccl.
  *
  * Where the module is looked for, first found wins (docs/gpu.md):
  *   1. DDP_GPU_MODULE (ddp_settings.gpu_module): that file, and nothing else;
@@ -25,9 +26,31 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ddp/tensor.h"
 #include "ddp/world.h"
+#include "group/group_int.h"
+#include "group/nccl/nccl_int.h"
 #include "kernels/gpu_module.h"
 #include "util/util.h"
+
+/* What the module borrows from libddp (gpu_module.h): its GPU backends' helpers. */
+static const ddp__gpu_host host = {
+    .error_set = ddp_error_set,
+    .fmt = ddp__fmt,
+    .fmt_duration = ddp__fmt_duration,
+    .now_ms = ddp__now_ms,
+    .dtype_size = ddp_dtype_size,
+    .gpu_fail_msg = ddp__gpu_fail_msg,
+    .nccl_uid_exchange = ddp__nccl_uid_exchange,
+    .mpi_boot_bcast = ddp__mpi_boot_bcast,
+    .watchdog_start = ddp__watchdog_start,
+    .watchdog_stop = ddp__watchdog_stop,
+    .watchdog_track = ddp__watchdog_track,
+    .watchdog_untrack = ddp__watchdog_untrack,
+    .watchdog_step = ddp__watchdog_step,
+    .watchdog_fail = ddp__watchdog_fail,
+    .watchdog_error = ddp__watchdog_error,
+};
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static bool tried;                 /* under mu */
@@ -90,13 +113,14 @@ static bool open_module(const char *path)
         dlclose(h);
         return false;
     }
-    if (!t->device_count || !t->device_name || !t->gpt_create || !t->gpt_free ||
-        !t->gpt_set_params || !t->gpt_forward || !t->gpt_backward) {
+    if (!t->set_host || !t->device_count || !t->device_name || !t->gpt_create || !t->gpt_free ||
+        !t->gpt_set_params || !t->gpt_forward || !t->gpt_backward || !t->cuda_devops) {
         fail(DDP_ERR_NOT_FOUND, "cuda: the GPU module %s has an incomplete table (a NULL entry)",
              path);
         dlclose(h);
         return false;
     }
+    t->set_host(&host);
     ddp__fmt(loaded_path, sizeof loaded_path, "%s", path);
     loaded = t; /* the handle stays open for the process's life */
     return true;

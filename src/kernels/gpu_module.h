@@ -1,17 +1,18 @@
 /*
  * kernels/gpu_module.h — the contract between libddp and its GPU module, libddp_gpu.so.
  *
- * Everything that needs the CUDA runtime, cuBLAS or cuBLASLt is built (DDP_CUDA on) into a
- * separate shared library, libddp_gpu.so (src/kernels/cuda: the runtime linked statically,
- * cuBLAS and cuBLASLt dynamically). libddp itself links no CUDA library: kernels/gpu.c loads
+ * Everything that needs the CUDA runtime, cuBLAS, cuBLASLt or NCCL is built (DDP_CUDA on) into
+ * a separate shared library, libddp_gpu.so (src/kernels/cuda and the GPU backends' device side,
+ * src/group/nccl/nccl.c and cudaops.c: the runtime linked statically, cuBLAS, cuBLASLt and
+ * libnccl dynamically). libddp itself links no CUDA library: kernels/gpu.c loads
  * the module with dlopen the first time the GPU is asked for (device cuda or auto, a GPU count)
  * and reaches it through one table of function pointers, got from the module's one entry
  * symbol. A program that never asks for a GPU never maps a CUDA library.
  *
  * The table is versioned: the loader refuses a module whose abi or size differs from its own
  * (a stale libddp_gpu.so from another build), naming the file. Change DDP_GPU_MODULE_ABI
- * whenever the table, a signature in it, or a type it passes (ddp_error, ddp__cuda_gpt_cfg, …)
- * changes.
+ * whenever either table, a signature in them, or a type they pass (ddp_error, ddp__cuda_gpt_cfg,
+ * ddp__setup, ddp__coll, ddp__devops, ddp__backend_ops, ddp__watchdog, …) changes.
  */
 #ifndef DDP_KERNELS_GPU_MODULE_H
 #define DDP_KERNELS_GPU_MODULE_H
@@ -24,15 +25,56 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 1
+#define DDP_GPU_MODULE_ABI 2
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
+/* The group's types the GPU backends pass (src/group: group_int.h, staged_int.h, nccl_int.h). */
+struct ddp__setup;
+struct ddp__backend_ops;
+struct ddp__devops;
+struct ddp__coll;
+struct ddp__watchdog;
+struct ddp__wd_comm;
+struct ddp__mpi_boot;
+struct ddp_store;
+
+/* What libddp lends the module's GPU backends (src/group/nccl/nccl.c, cudaops.c, compiled into
+ * the module with group/nccl/module_host.h routing these names here): the module calls nothing
+ * in libddp by symbol, so it loads into any program, static libddp or shared. */
+typedef struct ddp__gpu_host {
+    ddp_status (*error_set)(ddp_error *err, ddp_status st, const char *fmt, ...);
+    void (*fmt)(char *buf, size_t cap, const char *fmt, ...);
+    void (*fmt_duration)(char *buf, size_t cap, int64_t ms);
+    int64_t (*now_ms)(void);
+    size_t (*dtype_size)(ddp_dtype t);
+    void (*gpu_fail_msg)(char *buf, size_t cap, const char *be, int rank, const struct ddp__coll *c,
+                         const char *call, const char *why);
+    ddp_status (*nccl_uid_exchange)(struct ddp_store *store, const char *prefix, int me,
+                                    int timeout_ms,
+                                    ddp_status (*make)(void *ctx, void *id, size_t n,
+                                                       ddp_error *err),
+                                    void *ctx, void *id, size_t n, ddp_error *err);
+    ddp_status (*mpi_boot_bcast)(struct ddp__mpi_boot *b, const int *ranks, int n, int me,
+                                 void *buf, size_t bytes, ddp_error *err);
+    ddp_status (*watchdog_start)(struct ddp__watchdog *wd, const struct ddp__wd_comm *comm,
+                                 const char *backend, int rank, int poll_ms, ddp_error *err);
+    void (*watchdog_stop)(struct ddp__watchdog *wd);
+    ddp_status (*watchdog_track)(struct ddp__watchdog *wd, const struct ddp__coll *c, void *ev,
+                                 int64_t now);
+    void (*watchdog_untrack)(struct ddp__watchdog *wd, uint64_t seq);
+    ddp_status (*watchdog_step)(struct ddp__watchdog *wd, int64_t now);
+    void (*watchdog_fail)(struct ddp__watchdog *wd, ddp_status st, const char *msg);
+    ddp_status (*watchdog_error)(struct ddp__watchdog *wd, char *msg, size_t cap);
+} ddp__gpu_host;
+
 /* The module's functions: the contracts of kernels.h's functions of the same names (the
- * ddp__cuda_* entry points there forward to these). */
+ * ddp__cuda_* entry points there forward to these), and of the GPU backends' device side. */
 typedef struct ddp__gpu_api {
     uint32_t abi;  /* DDP_GPU_MODULE_ABI of the module's build */
     uint32_t size; /* sizeof(ddp__gpu_api) there */
+    /* Called once, right after the checks, before anything else: libddp's services. */
+    void (*set_host)(const ddp__gpu_host *host);
     ddp_status (*device_count)(int *n, ddp_error *err);
     ddp_status (*device_name)(int idx, char *name, size_t cap, ddp_error *err);
     ddp_status (*gpt_create)(const ddp__cuda_gpt_cfg *cfg, const size_t *counts, size_t n,
@@ -44,6 +86,11 @@ typedef struct ddp__gpu_api {
                               double *loss_sum, int *count, int64_t *correct, float *logits_host,
                               ddp_error *err);
     ddp_status (*gpt_backward)(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
+    /* staged_int.h's ddp__cuda_devops (group/nccl/cudaops.c). */
+    ddp_status (*cuda_devops)(int device, struct ddp__devops *out, ddp_error *err);
+    /* The nccl backend's create (group/nccl/nccl.c); NULL in a module built without NCCL. */
+    ddp_status (*nccl_create)(const struct ddp__setup *s, void **be,
+                              const struct ddp__backend_ops **ops, ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -62,6 +109,10 @@ ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const i
                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
                                 ddp_error *err);
 ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
+ddp_status ddp__gpu_cuda_devops(int device, struct ddp__devops *out, ddp_error *err);
+ddp_status ddp__gpu_nccl_create(const struct ddp__setup *s, void **be,
+                                const struct ddp__backend_ops **ops, ddp_error *err);
+extern const ddp__gpu_host *ddp__host; /* set_host's, for module_host.h */
 
 /* In libddp (kernels/gpu.c): loads the module once per process (thread-safe) and returns its
  * table, or DDP_ERR_NOT_FOUND with a one-line message naming the file and dlerror() (or where

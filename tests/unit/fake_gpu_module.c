@@ -81,9 +81,30 @@ static ddp_status gpt_backward(ddp__cuda_gpt *g, float *const *grads, ddp_error 
     return no(err);
 }
 
+static void set_host(const ddp__gpu_host *host)
+{
+    (void)host;
+}
+
+static ddp_status devops(int device, struct ddp__devops *out, ddp_error *err)
+{
+    (void)device, (void)out;
+    return no(err);
+}
+
 static const ddp__gpu_api table = {
-    FAKE_ABI, sizeof(ddp__gpu_api), count,       name,         gpt_create,
-    gpt_free, gpt_set_params,       gpt_forward, gpt_backward,
+    .abi = FAKE_ABI,
+    .size = sizeof(ddp__gpu_api),
+    .set_host = set_host,
+    .device_count = count,
+    .device_name = name,
+    .gpt_create = gpt_create,
+    .gpt_free = gpt_free,
+    .gpt_set_params = gpt_set_params,
+    .gpt_forward = gpt_forward,
+    .gpt_backward = gpt_backward,
+    .cuda_devops = devops,
+    .nccl_create = NULL, /* a module without NCCL */
 };
 
 #ifndef FAKE_NO_ENTRY

@@ -21,6 +21,8 @@
 #include <cmocka.h>
 
 #include "ddp/device.h"
+#include "group/group_int.h"
+#include "group/staged/staged_int.h"
 #include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
 
@@ -120,6 +122,19 @@ static void fake_works(const char *module)
     ddp__cuda_gpt_cfg cfg = {0};
     assert_int_equal(ddp__cuda_gpt_create(&cfg, NULL, 0, &g, &err), DDP_ERR_NOT_FOUND);
     assert_string_equal(err.msg, "fake gpu module: no GPT here");
+    /* the GPU backends' device side too: cuda-staged's devops, nccl's create */
+    ddp__devops d;
+    err = (ddp_error){0};
+    assert_int_equal(ddp__cuda_devops(0, &d, &err), DDP_ERR_NOT_FOUND);
+    if (ddp__cuda_built)
+        assert_string_equal(err.msg, "fake gpu module: no GPT here");
+    ddp__setup s = {0};
+    void *be = NULL;
+    const ddp__backend_ops *ops = NULL;
+    assert_int_equal(ddp__nccl_backend.create(&s, &be, &ops, &err), DDP_ERR_NOT_FOUND);
+    if (ddp__nccl_built) /* this fake has no NCCL: the proxy says so, naming it */
+        assert_non_null(strstr(err.msg, "was built without NCCL"));
+    assert_null(be);
 }
 
 static void fake_module(void **state)

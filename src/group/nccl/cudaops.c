@@ -1,8 +1,9 @@
 /*
  * nccl/cudaops.c — the CUDA runtime behind ddp__devops (staged/staged_int.h): one device, one
  * non-blocking stream of this backend's own, an event to order it after the caller's stream and
- * one to wait on it from the host. Built only with DDP_CUDA; with the NCCL backend, the one place
- * outside src/kernels/cuda that includes a CUDA header (cudaops_stub.c answers without CUDA).
+ * one to wait on it from the host. Built only with DDP_CUDA, into the GPU module libddp_gpu.so
+ * (kernels/gpu_module.h; libddp's nccl/proxy.c loads it on first use); with the NCCL backend, the
+ * one place outside src/kernels/cuda that includes a CUDA header.
  *
  * The host waits by polling cudaEventQuery, sleeping between polls (50 µs growing to 1 ms), with a
  * deadline: never cudaStreamSynchronize, which can neither time out nor be interrupted, and never
@@ -15,6 +16,9 @@
 
 #include "group/staged/staged_int.h"
 #include "util/util.h"
+#ifdef DDP_IN_GPU_MODULE
+#include "group/nccl/module_host.h" /* libddp's functions through the table it lends */
+#endif
 
 typedef struct cudaops {
     int device;
@@ -179,4 +183,3 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
                          .destroy = ops_destroy};
     return DDP_OK;
 }
-const bool ddp__cuda_built = true;

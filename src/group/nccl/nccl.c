@@ -1,6 +1,8 @@
 /*
  * nccl/nccl.c — the NCCL backend: collectives on GPU buffers when every rank has a GPU of its own.
- * Built only with DDP_NCCL (nccl.h and libnccl found, CUDA on); nccl/stub.c stands in otherwise.
+ * Built only with DDP_NCCL (nccl.h and libnccl found, CUDA on), into the GPU module libddp_gpu.so
+ * (kernels/gpu_module.h), never into libddp: libddp's nccl/proxy.c registers the backend, decides
+ * whether it is usable, and loads the module for create (ddp__gpu_nccl_create here).
  *
  * Set-up: rank 0 makes the ncclUniqueId and publishes it in the job's authenticated store; the
  * others read it within the group's set-up deadline (nccl/watchdog.c). Under mpirun without a
@@ -34,6 +36,9 @@
 #include "group/nccl/nccl_int.h"
 #include "group/staged/staged_int.h"
 #include "util/util.h"
+#ifdef DDP_IN_GPU_MODULE
+#include "group/nccl/module_host.h" /* libddp's functions through the table it lends */
+#endif
 
 #define WATCHDOG_POLL_MS 100
 
@@ -376,19 +381,8 @@ static ddp_status make_uid(void *ctx, void *id, size_t n, ddp_error *err)
     return DDP_OK;
 }
 
-static bool nccl_usable(const ddp__setup *s, char *why, size_t cap)
-{
-    char reason[DDP_ERRMSG_MAX];
-    ddp__gpu_pick p = ddp__setup_gpu_choice(s, reason, sizeof reason);
-    if (p == DDP__PICK_NCCL)
-        return true;
-    ddp__fmt(why, cap, "cannot run this group: %s%s", reason,
-             p == DDP__PICK_STAGED ? "; use backend 'auto' or 'cuda-staged'" : "");
-    return false;
-}
-
-static ddp_status nccl_create(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
-                              ddp_error *err)
+ddp_status ddp__gpu_nccl_create(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
+                                ddp_error *err)
 {
     nccl_be *b = calloc(1, sizeof *b);
     if (!b)
@@ -464,12 +458,3 @@ out_destroy:
     nccl_destroy(b);
     return st;
 }
-
-const bool ddp__nccl_built = true;
-
-const ddp__backend ddp__nccl_backend = {
-    .name = "nccl",
-    .usable = nccl_usable,
-    .create = nccl_create,
-    .gpu = true,
-};

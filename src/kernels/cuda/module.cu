@@ -1,14 +1,23 @@
 /*
  * kernels/cuda/module.cu — the GPU module's one entry symbol (kernels/gpu_module.h): the table
- * of the functions libddp calls through, with the ABI version it was built for. libddp's loader
+ * of the functions libddp calls through (the GPT's, the device count, the GPU backends' device
+ * side), with the ABI version it was built for. libddp's loader
  * (kernels/gpu.c) looks up ddp_gpu_module_entry with dlsym and checks abi and size before using
  * anything else.
  */
 #include "common.cuh"
 
+const ddp__gpu_host *ddp__host; /* libddp's services, for group/nccl (module_host.h) */
+
+static void set_host(const ddp__gpu_host *host)
+{
+    ddp__host = host;
+}
+
 static const ddp__gpu_api table = {
     DDP_GPU_MODULE_ABI,
     (uint32_t)sizeof(ddp__gpu_api),
+    set_host,
     ddp__gpu_device_count,
     ddp__gpu_device_name,
     ddp__gpu_gpt_create,
@@ -16,6 +25,12 @@ static const ddp__gpu_api table = {
     ddp__gpu_gpt_set_params,
     ddp__gpu_gpt_forward,
     ddp__gpu_gpt_backward,
+    ddp__gpu_cuda_devops, /* group/nccl/cudaops.c */
+#ifdef DDP_HAVE_NCCL
+    ddp__gpu_nccl_create, /* group/nccl/nccl.c */
+#else
+    nullptr,
+#endif
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)
