@@ -8,9 +8,11 @@
 #                                benchmark and the tools, and fills gpu-carry/ (git-ignored) with
 #                                the binaries and the shared libraries they load that a GPU
 #                                machine may lack (OpenBLAS, libyaml, jansson, cmocka, zlib,
-#                                gfortran). cuBLAS/cuBLASLt are NOT carried (~600 MB): the run
+#                                gfortran), and the GPU module libddp_gpu.so in gpu-carry/lib
+#                                (the programs find it in their ../lib: docs/gpu.md).
+#                                cuBLAS/cuBLASLt and NCCL are NOT carried (~800 MB): the run
 #                                half finds the machine's own (CUDA's lib64, or PyTorch's nvidia
-#                                wheels). The CUDA runtime is linked statically.
+#                                wheels). The CUDA runtime is linked statically into the module.
 #   scripts/gpu-check.sh run     THERE, from the repository root with gpu-carry/ carried (the
 #                                device tool: carry ["gpu-carry"]): every GPU test with
 #                                DDP_REQUIRE_GPU=1 (a skip is a failure), the GPT on the GPU
@@ -35,13 +37,16 @@ build() {
     set -e
     cmake -S . -B build-gpu -DDDP_WERROR=ON -DDDP_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
-    cmake --build build-gpu -j "${JOBS:-2}" --target "${BINS[@]}"
+    cmake --build build-gpu -j "${JOBS:-2}" --target "${BINS[@]}" ddp_gpu
     rm -rf "$CARRY"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
     for b in "${BINS[@]}"; do
         cp "build-gpu/bin/$b" "$CARRY/bin/"
         strip --strip-debug "$CARRY/bin/$b"
     done
+    # The GPU module, loaded on first GPU use from the programs' ../lib (docs/gpu.md).
+    cp build-gpu/lib/libddp_gpu.so "$CARRY/lib/"
+    strip --strip-debug "$CARRY/lib/libddp_gpu.so"
     # The shared libraries the binaries load, but not glibc's, the compiler's runtime or CUDA's
     # (the GPU machine's own match its driver).
     for b in "$CARRY"/bin/*; do
@@ -49,7 +54,7 @@ build() {
     done | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
         libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
-            libgcc_s.so* | libcublas* | libcudart* | libcuda.so*) ;;
+            libgcc_s.so* | libcublas* | libcudart* | libcuda.so* | libnccl* | libddp_gpu.so) ;;
         *) cp -L "$lib" "$CARRY/lib/" ;;
         esac
     done
@@ -75,6 +80,17 @@ find_cublas() {
     [ -n "$site" ] && find "$site/nvidia" -name 'libcublasLt.so.13*' -printf '%h\n' 2>/dev/null | head -1
 }
 
+# The directory holding the machine's libnccl.so.2 (the module needs it when built with NCCL).
+find_nccl() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+        [ -e "$d/libnccl.so.2" ] && { echo "$d"; return; }
+    done
+    local site
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+    [ -n "$site" ] && find "$site/nvidia" -name 'libnccl.so.2*' -printf '%h\n' 2>/dev/null | head -1
+}
+
 run() {
     local quick=""
     [ "${1:-}" = "--quick" ] && quick=--quick
@@ -84,11 +100,14 @@ run() {
     local cub
     cub=$(find_cublas)
     [ -n "$cub" ] || echo "warning: no libcublasLt.so.13 found; the programs will not load" | tee -a "$LOG"
-    export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local nccl
+    nccl=$(find_nccl)
+    [ -n "$nccl" ] || echo "warning: no libnccl.so.2 found; the GPU module will not load" | tee -a "$LOG"
+    export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export DDP_REQUIRE_GPU=1 OPENBLAS_NUM_THREADS=4
     local -a names results
     nvidia-smi -L 2>&1 | tee -a "$LOG"
-    echo "cuBLAS from: ${cub:-none}" | tee -a "$LOG"
+    echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}" | tee -a "$LOG"
     check() { # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output
         local name=$1 rc=0 t0=$SECONDS
         shift

@@ -195,10 +195,11 @@ typedef struct ddp__backend {
     bool gpu; /* moves GPU buffers (nccl, cuda-staged); the others move host memory only */
 } ddp__backend;
 
-extern const ddp__backend ddp__shm_backend;    /* shm/shm.c: ranks on one host */
-extern const ddp__backend ddp__hier_backend;   /* hier/hier.c: shm within hosts, tcp among them */
-extern const ddp__backend ddp__tcp_backend;    /* tcp/setup.c: any placement */
-extern const ddp__backend ddp__nccl_backend;   /* nccl/nccl.c (or nccl/stub.c): a GPU per rank */
+extern const ddp__backend ddp__shm_backend;  /* shm/shm.c: ranks on one host */
+extern const ddp__backend ddp__hier_backend; /* hier/hier.c: shm within hosts, tcp among them */
+extern const ddp__backend ddp__tcp_backend;  /* tcp/setup.c: any placement */
+extern const ddp__backend
+    ddp__nccl_backend; /* nccl/proxy.c (nccl.c in the GPU module): a GPU per rank */
 extern const ddp__backend ddp__staged_backend; /* staged/staged.c: ranks sharing GPUs */
 #ifdef DDP_HAVE_MPI
 extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
@@ -233,7 +234,7 @@ int ddp__mpi_boot_index(const ddp__mpi_boot *b);
  * program initialised, leaves that to the program. NULL b is a no-op. */
 void ddp__mpi_boot_close(ddp__mpi_boot *b, const char *failed);
 
-/* What this libddp was built with: nccl/nccl.c or nccl/stub.c; nccl/cudaops.c or its stub. */
+/* What this build has in its GPU module (nccl/proxy.c): nccl.c (DDP_NCCL), cudaops.c (DDP_CUDA). */
 extern const bool ddp__nccl_built;
 extern const bool ddp__cuda_built;
 

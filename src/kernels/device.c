@@ -1,7 +1,7 @@
 /*
  * kernels/device.c — choosing a rank's device and precision (include/ddp/device.h), and the
  * table of GPU peaks for MFU. Plain C: what it needs from the CUDA runtime it asks through
- * kernels.h's ddp__cuda_* signatures, which a build without CUDA answers from cuda/stub.c. The
+ * kernels.h's ddp__cuda_* signatures (kernels/gpu.c: the GPU module, loaded on first use). The
  * decision itself (device_decide) takes the GPU count as an argument, so every branch is
  * testable on a machine without a GPU (tests/unit/test_device.c).
  */

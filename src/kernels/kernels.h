@@ -65,7 +65,7 @@ void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
 void ddp__copy_cached(void *dst, const void *src, size_t bytes);
 void ddp__copy_stream(void *dst, const void *src, size_t bytes);
 
-/* ---- CUDA (cuda/device.cu; cuda/stub.c in a build without DDP_CUDA) ---------------------------
+/* ---- CUDA (cuda/device.cu in the GPU module, through kernels/gpu.c; gpu_module.h) -----------
  * Only src/kernels/cuda includes CUDA headers: these signatures are plain C. */
 
 /* The number of CUDA devices this process can use (≥ 1) into *n. DDP_ERR_NOT_FOUND when there
@@ -78,7 +78,7 @@ ddp_status ddp__cuda_device_count(int *n, ddp_error *err);
  * DDP_ERR_INVALID for a bad idx or buffer. Thread-safe. */
 ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err);
 
-/* ---- the GPT on a CUDA device (cuda/gpt.cu; stub.c without CUDA) ---------------------------
+/* ---- the GPT on a CUDA device (cuda/gpt.cu in the GPU module, through kernels/gpu.c) ---------
  * The forward and backward of src/nn/gpt.c's model on the device, for gpt.c's "cuda" device.
  * Parameters live on the device in one flat fp32 buffer, in the CPU model's parameter order and
  * sizes (ddp/model.h's list, the same offsets), and are uploaded from the model's host values

@@ -7,7 +7,7 @@
  */
 #include "common.cuh"
 
-/* Names for messages: ddp_cuda is a leaf below libddp and calls nothing in it. */
+/* Names for messages: the GPU module calls nothing in libddp. */
 static const char *dtype_name(ddp_dtype t)
 {
     return t == DDP_FLOAT32 ? "float32" : t == DDP_BFLOAT16 ? "bfloat16" : "another dtype";
