@@ -195,11 +195,10 @@ typedef struct ddp__backend {
     bool gpu; /* moves GPU buffers (nccl, cuda-staged); the others move host memory only */
 } ddp__backend;
 
-extern const ddp__backend ddp__shm_backend;  /* shm/shm.c: ranks on one host */
-extern const ddp__backend ddp__hier_backend; /* hier/hier.c: shm within hosts, tcp among them */
-extern const ddp__backend ddp__tcp_backend;  /* tcp/setup.c: any placement */
-extern const ddp__backend
-    ddp__nccl_backend; /* nccl/proxy.c (nccl.c in the GPU module): a GPU per rank */
+extern const ddp__backend ddp__shm_backend;    /* shm/shm.c: ranks on one host */
+extern const ddp__backend ddp__hier_backend;   /* hier/hier.c: shm within hosts, tcp among them */
+extern const ddp__backend ddp__tcp_backend;    /* tcp/setup.c: any placement */
+extern const ddp__backend ddp__nccl_backend;   /* nccl/proxy.c → the GPU module: a GPU per rank */
 extern const ddp__backend ddp__staged_backend; /* staged/staged.c: ranks sharing GPUs */
 #ifdef DDP_HAVE_MPI
 extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
