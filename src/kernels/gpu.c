@@ -162,7 +162,7 @@ static void load(void)
     static char cand[6][PATH_MAX];
     int n = 0;
     Dl_info info;
-    if (dladdr(&tried, &info) && info.dli_fname)
+    if (dladdr(&tried, &info) && info.dli_fname && info.dli_fname[0] == '/') /* not argv[0] */
         n = add_beside(cand, n, info.dli_fname);
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
