@@ -177,15 +177,18 @@ static void load(void)
             (void)open_module(cand[i]);
             return;
         }
-    (void)dlerror();
     if (open_module(DDP_GPU_MODULE_FILE))
+        return;
+    /* Found by the dynamic linker but it did not load (its libcublas missing, a stale ABI):
+     * open_module's message stands. */
+    if (!strstr(load_msg, DDP_GPU_MODULE_FILE ": cannot open shared object file"))
         return;
     fail(DDP_ERR_NOT_FOUND,
          "cuda: the GPU module %s was not found (not beside the program or in its ../lib, not "
-         "in %s or %s; dlopen: %s); HINT: build it (DDP_CUDA=ON) and keep it beside libddp, or "
-         "set DDP_GPU_MODULE=/path/to/%s",
+         "in %s or %s, not on the library path); HINT: build it (DDP_CUDA=ON) and keep it "
+         "beside libddp, or set DDP_GPU_MODULE=/path/to/%s",
          DDP_GPU_MODULE_FILE, DDP_GPU_MODULE_BUILD_DIR, DDP_GPU_MODULE_INSTALL_DIR,
-         dl_why(DDP_GPU_MODULE_FILE), DDP_GPU_MODULE_FILE);
+         DDP_GPU_MODULE_FILE);
 #endif
 }
 
