@@ -188,6 +188,31 @@ static void decide_xeon(void **state)
         assert_int_not_equal(c.band[b], DDP__SHM_LIBC);
 }
 
+/* The Xeon cannot regress where the probe runs: a probe that finds libc (the algorithm before
+ * the choice) best, or the rule's variant ahead of it only within the noise margin, keeps libc
+ * in every probed band, whatever the rules say; unprobed bands keep the rules. */
+static void decide_xeon_no_regression(void **state)
+{
+    (void)state;
+    ddp__shm_machine m = xeon();
+    ddp__shm_probe p;
+    memset(&p, 0, sizeof p);
+    /*                                   libc  cached stream pipelined */
+    fill(&p, 0, 3, (const double[]){10, 12, 14, 10.5});
+    fill(&p, 1, 3, (const double[]){40, 41, 45, 38}); /* pipelined 5% ahead: noise */
+    fill(&p, 2, 3, (const double[]){125, 130, 150, 140});
+    fill(&p, 3, 3, (const double[]){470, 480, 520, 450}); /* 4% */
+    fill(&p, 4, 3, (const double[]){1900, 2000, 1950, 2100});
+    ddp__shm_choice c;
+    ddp__shm_decide(&m, &p, &c);
+    for (int b = 0; b <= 4; b++)
+        assert_int_equal(c.band[b], DDP__SHM_LIBC);
+    ddp__shm_choice rules;
+    ddp__shm_rules(&m, &rules);
+    for (int b = 5; b < DDP__SHM_NBANDS; b++)
+        assert_int_equal(c.band[b], rules.band[b]);
+}
+
 /* On the EPYC, a probe that finds libc best or within noise keeps it everywhere (no
  * regression); a variant that is clearly and consistently faster takes its band. */
 static void decide_epyc(void **state)
@@ -342,11 +367,17 @@ static void this_machine(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(bands),        cmocka_unit_test(names),
-        cmocka_unit_test(blocks),       cmocka_unit_test(rules_epyc),
-        cmocka_unit_test(rules_xeon),   cmocka_unit_test(decide_xeon),
-        cmocka_unit_test(decide_epyc),  cmocka_unit_test(decide_noise),
-        cmocka_unit_test(text_form),    cmocka_unit_test(cache_file),
+        cmocka_unit_test(bands),
+        cmocka_unit_test(names),
+        cmocka_unit_test(blocks),
+        cmocka_unit_test(rules_epyc),
+        cmocka_unit_test(rules_xeon),
+        cmocka_unit_test(decide_xeon),
+        cmocka_unit_test(decide_xeon_no_regression),
+        cmocka_unit_test(decide_epyc),
+        cmocka_unit_test(decide_noise),
+        cmocka_unit_test(text_form),
+        cmocka_unit_test(cache_file),
         cmocka_unit_test(this_machine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -119,7 +119,11 @@ void ddp__shm_decide(const ddp__shm_machine *m, const ddp__shm_probe *p, ddp__sh
          * chose "stream" at 1 MiB, which then ran 1.35× slower than "libc" in steady state
          * (bench/RESULTS.md, 2026-11-23) — so they are not a candidate in such a band. */
         bool fits = ddp__shm_band_size(b) * (size_t)W <= cache;
-        int base = out->band[b], best = base;
+        /* A probed band starts from "libc", the algorithm before the choice existed, not from
+         * the rule: a variant replaces it only by winning clearly, so wherever the probe runs,
+         * no machine can end up slower than before by more than the noise margin — including
+         * the Xeon, whose rule (pipelined, stream) is reasoned, not measured. */
+        int base = DDP__SHM_LIBC, best = base;
         double best_med = DDP__SHM_WIN;
         for (int v = 0; v < DDP__SHM_NVARIANTS; v++) {
             if (v == base || (fits && v == DDP__SHM_STREAM))
