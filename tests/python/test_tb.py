@@ -292,6 +292,15 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-train-") as d:
                    if re.fullmatch(r"step\d+\.safetensors", n))
     check(last >= 25 and ckpts and ckpts[-1] >= 10, f"killed after a checkpoint: {ckpts}, last {last}")
     dead = logged(run)
+    # The kill lands anywhere in a step: when it came right after a checkpoint (the worker's
+    # TensorBoard file then ends at that step), the resume must start from an earlier one, or
+    # there is nothing to purge. Checkpoints at or past the dead run's last logged step go, as
+    # if the run had died before writing them.
+    dead_last = max(dead.get("train/loss", {}) or [0])
+    for c in [c for c in ckpts if c >= dead_last]:
+        os.remove(os.path.join(run, "checkpoints", f"step{c}.safetensors"))
+    ckpts = [c for c in ckpts if c < dead_last]
+    check(bool(ckpts), f"a checkpoint before the dead run's last step {dead_last}")
     at = ckpts[-1] if ckpts else 10
     p = ddptrain(args + ["--total_steps", str(at + 10), "--resume_from", "latest"], run,
                  run + ".resume.log")
