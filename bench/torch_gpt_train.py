@@ -2,7 +2,9 @@
 GPT-2-shaped model as ddptrain (tests/python/gpt_twin.py) with the same B, T, AdamW and random
 token windows from the same file, one thread per process. Prints the median tokens/s over
 windows of `window` steps after the first. Started with RANK/WORLD_SIZE/MASTER_* set.
-usage: torch_gpt_train.py TOKENS.bin n_layer n_head n_embd block_size batch steps window"""
+precision bf16 runs the forward under torch.autocast("cpu", torch.bfloat16) (oneDNN's bf16
+matmuls, fp32 master weights), PyTorch's CPU mixed precision.
+usage: torch_gpt_train.py TOKENS.bin n_layer n_head n_embd block_size batch steps window [fp32|bf16]"""
 import os
 import statistics
 import sys
@@ -17,6 +19,7 @@ from gpt_twin import GPT, Config  # noqa: E402
 
 path = sys.argv[1]
 L, H, C, T, B, steps, window = (int(a) for a in sys.argv[2:9])
+bf16 = len(sys.argv) > 9 and sys.argv[9] == "bf16"
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 data = torch.from_numpy(np.fromfile(path, dtype=np.uint16).astype(np.int64))
@@ -31,7 +34,8 @@ for step in range(1, steps + 1):
     x = torch.stack([data[i:i + T] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + T] for i in ix])
     opt.zero_grad(set_to_none=True)
-    _, loss = ddp(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        _, loss = ddp(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package ddpc uses: build tools, libraries, test tools (clang and its
+# Installs every Debian package ddpc uses: build tools, libraries (oneDNN for bf16 products on
+# the CPU), test tools (clang and its
 # libFuzzer runtime for scripts/fuzz.sh; python3-venv for scripts/tb-venv.sh; chromium, headless, for
 # the report's screenshot test), the Fashion-MNIST data,
 # the fortune texts (the default language-model job),
@@ -10,7 +11,7 @@ set -euo pipefail
 
 packages=(
     build-essential cmake pkg-config clang-format
-    libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev
+    libopenblas-dev libyaml-dev zlib1g-dev libjansson-dev libdnnl-dev
     libcmocka-dev clang libclang-rt-14-dev python3-venv chromium
     dataset-fashion-mnist fortunes
     openmpi-bin libopenmpi-dev

@@ -8,7 +8,7 @@
  *   if (dc.note[0]) puts(dc.note);                 // "device auto: no usable GPU …; using the CPU"
  *   ddp_precision p;
  *   ddp_precision_parse("bf16", &p, &err);
- *   ddp_precision_check(dc.device, p, &err);        // bf16 on the CPU: an error, not a surprise
+ *   ddp_precision_check(dc.device, p, &err);        // fp16 on the CPU: an error, not a surprise
  *   double peak = ddp_device_peak_flops(dc.name, p); // 0 when the name is not in the table
  *
  * Placement: rank r of a host uses GPU (LOCAL_RANK mod visible GPUs), so every rank of a host
@@ -16,7 +16,7 @@
  * (the shared-GPU backend's case). Never "every rank on GPU 0".
  *
  * Nothing here creates a CUDA context beyond what the runtime's device query does; the model
- * (ddp/model.h, spec.device) sets the device it runs on. Thread-safe, no state.
+ * (ddp/model.h, spec.device) sets the device it runs on. Thread-safe.
  */
 #ifndef DDP_DEVICE_H
 #define DDP_DEVICE_H
@@ -46,9 +46,12 @@ const char *ddp_precision_name(ddp_precision p);
  * DDP_ERR_INVALID with a message listing the choices otherwise. */
 ddp_status ddp_precision_parse(const char *s, ddp_precision *out, ddp_error *err);
 
-/* DDP_OK when device d can compute in precision p: fp32 anywhere; tf32, bf16 and fp16 on CUDA
- * only (the CPU path has no reduced-precision kernels). DDP_ERR_INVALID with a message saying
- * what to set instead. */
+/* DDP_OK when device d can compute in precision p: fp32 anywhere; tf32, bf16 and fp16 on CUDA;
+ * bf16 on the CPU too where oneDNN (libdnnl2) loads and the CPU has bf16 matrix units
+ * (AVX512_BF16 or AMX) — the matrix products then take bf16 operands with float32 accumulation,
+ * everything else stays float32 (docs/nn.md). DDP_ERR_INVALID (DDP_ERR_NOT_FOUND for bf16 on a
+ * CPU that cannot) with a message saying what to set instead. The first bf16 check on the CPU
+ * loads oneDNN. */
 ddp_status ddp_precision_check(ddp_device d, ddp_precision p, ddp_error *err);
 
 /* The GPU a rank with this LOCAL_RANK uses among `visible` GPUs: local_rank mod visible. −1

@@ -109,7 +109,8 @@ typedef struct ddp_model_spec {
     /* where and how it computes (ddp/device.h): */
     ddp_device device;       /* DDP_DEVICE_CPU; DDP_DEVICE_CUDA: gpt only (docs/gpu.md) */
     int device_index;        /* the CUDA device, e.g. ddp_device_choice.cuda_index */
-    ddp_precision precision; /* DDP_PRECISION_FP32; the others need device CUDA */
+    ddp_precision precision; /* DDP_PRECISION_FP32; BF16 on the CPU: bf16 matrix products
+                                (ddp_precision_check); tf32/fp16 need device CUDA */
 } ddp_model_spec;
 
 #define DDP_MODEL_SPEC_INIT                                                                        \
@@ -232,13 +233,15 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
  * FLOPs per token for gpt: divide by seq_len. Pure; any thread. */
 double ddp_model_flops_per_sample(const ddp_model *m, int seq_len);
 
-/* The denominator of MFU: the float32 FLOPs per second this thread's matrix multiplies reach,
- * measured for about `seconds` (0.001 … 60; 0.05 is enough) with the kernel the models use
- * (OpenBLAS SGEMM on a 256 × 768 × 384 product, with the threads OPENBLAS_NUM_THREADS gives it):
- * the best call, into *flops_per_s. Call it on every rank at once, so that ranks sharing cores
- * measure what training gets. Errors: DDP_ERR_INVALID (seconds out of range, no output),
- * DDP_ERR_NOMEM. Any thread. */
-ddp_status ddp_model_measure_peak(double seconds, double *flops_per_s, ddp_error *err);
+/* The denominator of MFU on the CPU: the FLOPs per second this thread's matrix multiplies reach
+ * in precision p (fp32: OpenBLAS SGEMM, with the threads OPENBLAS_NUM_THREADS gives it; bf16:
+ * oneDNN's bf16 product, OMP_NUM_THREADS), measured for about `seconds` (0.001 … 60; 0.05 is
+ * enough) on a 256 × 768 × 384 product with the kernel the models use: the best call, into
+ * *flops_per_s. Call it on every rank at once, so that ranks sharing cores measure what training
+ * gets. Errors: DDP_ERR_INVALID (seconds out of range, no output, tf32/fp16), what
+ * ddp_precision_check says for bf16 on a CPU without bf16 units, DDP_ERR_NOMEM. Any thread. */
+ddp_status ddp_model_measure_peak(double seconds, ddp_precision p, double *flops_per_s,
+                                  ddp_error *err);
 
 /* The message of the last failed call on m, or "" — owned by m, valid until the next call. */
 const char *ddp_model_last_error(const ddp_model *m);

@@ -43,9 +43,11 @@ ddp_status ddp_precision_check(ddp_device d, ddp_precision p, ddp_error *err)
                         (int)d);
     if (p == DDP_PRECISION_FP32 || d == DDP_DEVICE_CUDA)
         return DDP_OK;
+    if (p == DDP_PRECISION_BF16) /* oneDNN's bf16 products, where the CPU has bf16 units */
+        return ddp__gemm_bf16_check(err);
     return ddp__err(err, DDP_ERR_INVALID,
-                    "precision '%s' needs a GPU: the CPU path computes in fp32 only; HINT: set "
-                    "precision fp32, or device cuda on a machine with an NVIDIA GPU",
+                    "precision '%s' needs a GPU: the CPU path computes in fp32 or bf16; HINT: set "
+                    "precision fp32 (or bf16), or device cuda on a machine with an NVIDIA GPU",
                     ddp_precision_name(p));
 }
 

@@ -29,6 +29,26 @@
 void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* ---- the arithmetic of ddp__sgemm (cpu/onednn.c) ----------------------------------------------
+ * Per thread: DDP__GEMM_FP32 (the default: OpenBLAS, float32 throughout) or DDP__GEMM_BF16 (both
+ * operands rounded to bfloat16, nearest even, float32 accumulation and result: oneDNN's bf16
+ * matmul, on CPUs with AVX512_BF16 or AMX). A model sets it around its forward and backward
+ * (precision bf16); the same contract as ddp__sgemm otherwise. */
+typedef enum ddp__gemm_kind { DDP__GEMM_FP32 = 0, DDP__GEMM_BF16 } ddp__gemm_kind;
+/* Sets the calling thread's kind; returns the previous one (to restore). */
+ddp__gemm_kind ddp__gemm_set_kind(ddp__gemm_kind k);
+ddp__gemm_kind ddp__gemm_get_kind(void);
+/* DDP_OK when bf16 products can run here: oneDNN loads (libdnnl.so.2, or the file
+ * DDP_ONEDNN_LIB names) and picks a bf16-unit implementation on this CPU. DDP_ERR_NOT_FOUND with
+ * the reason and what to do otherwise. Loads the library on the first call; thread-safe. */
+ddp_status ddp__gemm_bf16_check(ddp_error *err);
+/* One product in bf16 as above; false (nothing written) when it cannot run — not loadable, out of
+ * memory, a oneDNN error — and the caller computes it in float32 instead. */
+bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* How many bf16 products fell back to float32 in this process (0 in a healthy run). */
+unsigned long ddp__gemm_bf16_fallbacks(void);
+
 /* ---- elementwise reductions (cpu/reduce.c) --------------------------------------------------
  * In the dtype's arithmetic: bfloat16 and float16 widened to float32 and rounded once per element
  * (nearest even); integer sums and products wrap; min and max as a < b. DDP_AVG reduces as

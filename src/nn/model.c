@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "nn/model_int.h"
 
 static const ddp_model_ops *const types[] = {&ddp__mlp_ops, &ddp__cnn_ops, &ddp__gpt_ops};
@@ -127,6 +128,9 @@ ddp_status ddp_model_build(const ddp_model_spec *spec, ddp_model **out, ddp_erro
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory building a '%s' model", ops->name);
     m->ops = ops;
     m->max_batch = spec->max_batch;
+    m->gemm = spec->device == DDP_DEVICE_CPU && spec->precision == DDP_PRECISION_BF16
+                  ? DDP__GEMM_BF16
+                  : DDP__GEMM_FP32;
     ddp_status st = ops->build(m, spec, err);
     if (st != DDP_OK) {
         ddp_model_free(m);
@@ -211,7 +215,9 @@ ddp_status ddp_model_forward(ddp_model *m, const ddp_model_batch *b, bool train,
                            "(its max_batch)",
                            b ? b->n : 0, m->max_batch);
     ddp_model_out o = {0};
+    ddp__gemm_kind was = ddp__gemm_set_kind(m->gemm);
     ddp_status st = m->ops->forward(m, b, train, &o);
+    ddp__gemm_set_kind(was);
     if (st != DDP_OK)
         return st;
     m->can_backward = train && (o.count > 0 || m->loss_kept);
@@ -248,7 +254,10 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
         p->grad = m->own_grad[i];
     }
     m->can_backward = false;
-    return m->ops->backward(m, ready, ctx);
+    ddp__gemm_kind was = ddp__gemm_set_kind(m->gemm);
+    ddp_status st = m->ops->backward(m, ready, ctx);
+    ddp__gemm_set_kind(was);
+    return st;
 }
 
 double ddp_model_flops_per_sample(const ddp_model *m, int seq_len)

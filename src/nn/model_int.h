@@ -10,6 +10,7 @@
 #define DDP_NN_MODEL_INT_H
 
 #include "ddp/model.h"
+#include "kernels/kernels.h"
 #include "util/util.h"
 
 typedef struct ddp_model_ops {
@@ -32,6 +33,7 @@ struct ddp_model {
     const ddp_model_ops *ops;
     void *impl;              /* the type's state */
     int max_batch;           /* spec.max_batch */
+    ddp__gemm_kind gemm;     /* the products' arithmetic on the CPU: bf16 for precision bf16 */
     ddp_model_param *params; /* (n_params,), grown during build, fixed after */
     size_t n_params, cap_params;
     float **own_data; /* (n_params,) the model's allocation of each parameter's values, or NULL */

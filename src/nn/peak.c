@@ -1,7 +1,7 @@
 /*
- * peak.c — the denominator of MFU: how many float32 FLOPs per second this thread's matrix
- * multiplies reach, measured with the very kernel the models run on (ddp__sgemm, OpenBLAS with
- * the threads OPENBLAS_NUM_THREADS gives it). A short probe at a trainer's start, on every rank
+ * peak.c — the denominator of MFU: how many FLOPs per second this thread's matrix multiplies
+ * reach in the model's precision, measured with the very kernel the models run on (ddp__sgemm:
+ * OpenBLAS in float32, oneDNN in bf16). A short probe at a trainer's start, on every rank
  * at once, so that ranks sharing cores measure what they will get while training. It does not
  * look at the CPU's datasheet: a measured peak is what a CPU user can compare against, and on a
  * loaded machine the honest one.
@@ -20,13 +20,17 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-ddp_status ddp_model_measure_peak(double seconds, double *flops_per_s, ddp_error *err)
+ddp_status ddp_model_measure_peak(double seconds, ddp_precision p, double *flops_per_s,
+                                  ddp_error *err)
 {
     if (!flops_per_s || !(seconds >= 0.001 && seconds <= 60))
         return ddp__err(err, DDP_ERR_INVALID,
                         "measuring the matmul peak: seconds %g is not within 0.001 … 60 (or no "
                         "output given)",
                         seconds);
+    ddp_status pst = ddp_precision_check(DDP_DEVICE_CPU, p, err);
+    if (pst != DDP_OK)
+        return pst;
     /* A transformer-sized product (a 384-wide layer over 256 rows): large enough for OpenBLAS's
      * blocking to reach its rate, small enough (≈ 0.15 GFLOP) for several timed calls in 50 ms. */
     enum { M = 256, N = 768, K = 384 };
@@ -41,6 +45,8 @@ ddp_status ddp_model_measure_peak(double seconds, double *flops_per_s, ddp_error
         A[i] = (float)(i % 7) * 0.1f;
     for (size_t i = 0; i < (size_t)K * N; i++)
         B[i] = (float)(i % 5) * 0.1f;
+    ddp__gemm_kind was =
+        ddp__gemm_set_kind(p == DDP_PRECISION_BF16 ? DDP__GEMM_BF16 : DDP__GEMM_FP32);
     ddp__sgemm(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N); /* warm: pages, buffers */
     /* The best single call: the rate when the core is ours, as a training step's GEMMs get it
      * between the moments another process takes the core. */
@@ -54,6 +60,7 @@ ddp_status ddp_model_measure_peak(double seconds, double *flops_per_s, ddp_error
             best = 2.0 * M * N * K / dt;
         calls++;
     } while (now_s() < t_end || calls < 3);
+    ddp__gemm_set_kind(was);
     free(A), free(B), free(C);
     *flops_per_s = best;
     return DDP_OK;

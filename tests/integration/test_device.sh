@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ddptrain's device and precision keys on this machine: precision bf16/fp16/tf32 with device cpu
-# is an error before any work; device cuda without a GPU is a clear error naming the reason;
+# ddptrain's device and precision keys on this machine: precision fp16/tf32 with device cpu is an
+# error before any work, bf16 trains where the CPU has bf16 units (and is an error where not); device cuda without a GPU is a clear error naming the reason;
 # device auto without a GPU trains on the CPU and says so in one line; mfu_peak_tflops puts MFU
 # in the progress line. On a machine with a GPU the no-GPU cases are skipped (and said so).
 . "$(dirname "$0")/lib.sh"
@@ -12,12 +12,24 @@ TINY=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_laye
       --model.n_head 2 --model.n_embd 16 --model.block_size 16 --batch_size 2 --optimizer adamw
       --lr 1e-3 --eval_windows 4 --max_new_tokens 0 --log_every 2)
 
-for p in tf32 bf16 fp16; do
+for p in tf32 fp16; do
     rc=0; "$TRAIN" "${TINY[@]}" --precision $p --out_dir p$p >out 2>err || rc=$?
     [ $rc -eq 2 ] || fail "precision $p on the cpu: exit code $rc, expected 2"
-    assert_contains err "precision '$p' needs a GPU: the CPU path computes in fp32 only"
+    assert_contains err "precision '$p' needs a GPU: the CPU path computes in fp32 or bf16"
     [ ! -d p$p ] || fail "precision $p on the cpu started work"
 done
+# bf16 on the CPU: oneDNN's bf16 products where the CPU has bf16 units (AVX512_BF16 or AMX);
+# a clear error before any work where it has not.
+rc=0; "$TRAIN" "${TINY[@]}" --precision bf16 --total_steps 4 --out_dir pbf16 >out 2>err || rc=$?
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && ldconfig -p | grep -q 'libdnnl.so.2 '; then
+    [ $rc -eq 0 ] || { cat out err; fail "precision bf16 on a CPU with bf16 units: exit $rc"; }
+    assert_contains out "precision bf16"
+    assert_contains out "trained 4 steps"
+else
+    [ $rc -eq 2 ] || fail "precision bf16 on a CPU without bf16 units: exit code $rc, expected 2"
+    assert_contains err "precision bf16 on the CPU needs"
+    [ ! -d pbf16 ] || fail "precision bf16 on a CPU without bf16 units started work"
+fi
 rc=0; "$TRAIN" "${TINY[@]}" --device gpu >out 2>err || rc=$?
 [ $rc -eq 2 ] || fail "device gpu: exit code $rc, expected 2"
 assert_contains err "'gpu' is not one of cpu|cuda|auto"
@@ -35,9 +47,9 @@ if [ $gpu -eq 0 ]; then
     assert_contains out "device cpu, per-rank batch 2"
     assert_contains out "trained 4 steps"
     grep -Eq 'tokens/s \| mfu [0-9.]+% \| ETA' out || { cat out; fail "no mfu in the progress line"; }
-    rc=0; "$TRAIN" "${TINY[@]}" --device auto --precision bf16 --out_dir ab >out 2>err || rc=$?
-    [ $rc -eq 2 ] || fail "device auto (no GPU) with bf16: exit code $rc, expected 2"
-    assert_contains err "precision 'bf16' needs a GPU"
+    rc=0; "$TRAIN" "${TINY[@]}" --device auto --precision fp16 --out_dir ab >out 2>err || rc=$?
+    [ $rc -eq 2 ] || fail "device auto (no GPU) with fp16: exit code $rc, expected 2"
+    assert_contains err "precision 'fp16' needs a GPU"
     ok "no GPU: device cuda is an error, device auto trains on the CPU and says so once, MFU"
 else
     ok "a GPU is present: the no-GPU cases are skipped (the GPU tests cover device cuda)"

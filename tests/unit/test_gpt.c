@@ -36,6 +36,7 @@
 #include <cmocka.h>
 
 #include "ddp/ddp.h"
+#include "kernels/kernels.h"
 
 #define FD_H 1e-3f
 #define FD_ABS 3e-4
@@ -755,6 +756,53 @@ static void flops_counts(void **state)
     ddp_model_free(m);
 }
 
+/* precision bf16 on the CPU (oneDNN's bf16 products, float32 everywhere else): the same model
+ * as in float32 gives the same loss and gradients within bf16's 8-bit operands — and not bit for
+ * bit the float32 ones, so the bf16 products did run. The thread's arithmetic is float32 again
+ * after the model's calls. Skipped where the CPU has no bf16 units or oneDNN is missing. */
+static void bf16_products(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+    ddp_model_spec s = tiny_spec();
+    s.n_embd = 32;
+    s.block_size = 16;
+    s.vocab_size = 50;
+    ddp_model *m32 = build(&s);
+    s.precision = DDP_PRECISION_BF16;
+    ddp_model *m16 = build(&s);
+    enum { N = 3, T = 16 };
+    int32_t tokens[N * T], targets[N * T];
+    make_batch(5, N, T, 50, tokens, targets);
+    ddp_model_batch b = {.n = N, .seq_len = T, .tokens = tokens, .targets = targets};
+    unsigned long fb = ddp__gemm_bf16_fallbacks();
+    size_t n32, n16;
+    float *g32 = grads_of(m32, &b, &n32);
+    double l32 = loss_of(m32, &b);
+    float *g16 = grads_of(m16, &b, &n16);
+    double l16 = loss_of(m16, &b);
+    assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32);
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), fb);
+    assert_int_equal(n32, n16);
+    if (!(fabs(l16 - l32) <= 1e-2 * l32) || l16 == l32)
+        fail_msg("loss: bf16 %.9g, float32 %.9g", l16, l32);
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < n32; i++) {
+        d2 += ((double)g16[i] - g32[i]) * ((double)g16[i] - g32[i]);
+        r2 += (double)g32[i] * g32[i];
+    }
+    if (!(sqrt(d2) <= 3e-2 * sqrt(r2)) || d2 == 0)
+        fail_msg("gradients: |bf16 − float32| = %.3g of |float32| = %.3g", sqrt(d2), sqrt(r2));
+    free(g32);
+    free(g16);
+    ddp_model_free(m32);
+    ddp_model_free(m16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -764,6 +812,7 @@ int main(void)
         cmocka_unit_test(ready_order),        cmocka_unit_test(dropout_follows_sample),
         cmocka_unit_test(last_logits),        cmocka_unit_test(build_errors),
         cmocka_unit_test(forward_errors),     cmocka_unit_test(flops_counts),
+        cmocka_unit_test(bf16_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,10 +101,10 @@ static void build_errors(void **state)
     expect_build_error(&s, "dropout 1.5");
     /* device and precision (ddp/device.h): reduced precision needs a GPU; only gpt has a CUDA
      * path */
-    for (int p = DDP_PRECISION_TF32; p < DDP_PRECISION_COUNT; p++) {
+    for (int p = DDP_PRECISION_TF32; p < DDP_PRECISION_COUNT; p += 2) { /* tf32, fp16 */
         s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
         s.precision = (ddp_precision)p;
-        expect_build_error(&s, "needs a GPU: the CPU path computes in fp32 only");
+        expect_build_error(&s, "needs a GPU: the CPU path computes in fp32 or bf16");
     }
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.device = DDP_DEVICE_CUDA;
@@ -752,11 +752,14 @@ static void measure_peak(void **state)
     (void)state;
     double peak = 0;
     ddp_error err = {0};
-    assert_int_equal(ddp_model_measure_peak(0.01, &peak, &err), DDP_OK);
+    assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP32, &peak, &err), DDP_OK);
     assert_true(peak > 1e8 && peak < 1e15);
-    assert_int_equal(ddp_model_measure_peak(0, &peak, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_measure_peak(0, DDP_PRECISION_FP32, &peak, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "seconds 0"));
-    assert_int_equal(ddp_model_measure_peak(0.01, NULL, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP32, NULL, &err),
+                     DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP16, &peak, &err),
+                     DDP_ERR_INVALID);
 }
 
 int main(void)

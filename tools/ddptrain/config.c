@@ -146,13 +146,16 @@ static int check_values(const ddp_config *c)
                 ddp_config_str(c, "betas"));
         return 2;
     }
-    /* fp32 is the CPU's only precision: say so before any work when the device is cpu (with
-     * auto it depends on the machine, and is checked once the device is chosen). */
+    /* fp32 and bf16 are the CPU's precisions: say so before any work when the device is cpu
+     * (with auto it depends on the machine, and is checked once the device is chosen; bf16 on
+     * a CPU without bf16 units is refused then too). */
     if (!strcmp(ddp_config_str(c, "device"), "cpu") &&
-        strcmp(ddp_config_str(c, "precision"), "fp32") != 0) {
+        strcmp(ddp_config_str(c, "precision"), "fp32") != 0 &&
+        strcmp(ddp_config_str(c, "precision"), "bf16") != 0) {
         fprintf(stderr,
-                "ddptrain: precision '%s' needs a GPU: the CPU path computes in fp32 only; "
-                "HINT: set --precision fp32, or --device cuda on a machine with an NVIDIA GPU\n",
+                "ddptrain: precision '%s' needs a GPU: the CPU path computes in fp32 or bf16; "
+                "HINT: set --precision fp32 (or bf16), or --device cuda on a machine with an "
+                "NVIDIA GPU\n",
                 ddp_config_str(c, "precision"));
         return 2;
     }

@@ -382,6 +382,8 @@ int main(int argc, char **argv)
     if (t.dev.device == DDP_DEVICE_CUDA)
         snprintf(dev_desc, sizeof dev_desc, "cuda:%d (%s, %s)", t.dev.cuda_index, t.dev.name,
                  ddp_precision_name(t.prec));
+    else if (t.prec != DDP_PRECISION_FP32)
+        snprintf(dev_desc, sizeof dev_desc, "cpu (precision %s)", ddp_precision_name(t.prec));
     else
         snprintf(dev_desc, sizeof dev_desc, "cpu");
     if (t.lm)

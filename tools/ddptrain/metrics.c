@@ -29,7 +29,8 @@ int trainer_metrics_open(trainer *t)
     double peak = 0, sum = 0;
     /* A peak given (mfu_peak_tflops) or known (a GPU in ddp_device_peak_flops's table: choose_
      * in main.c) is used as it is; a GPU not in the table has none; a CPU is measured. */
-    const char *source = "float32 matmul, measured now";
+    const char *source = t->prec == DDP_PRECISION_BF16 ? "bf16 matmul (oneDNN), measured now"
+                                                       : "float32 matmul, measured now";
     bool given = ddp_config_float(t->cfg, "mfu_peak_tflops") > 0;
     if (t->peak_flops > 0 || t->dev.device == DDP_DEVICE_CUDA) {
         t->peak = t->peak_flops;
@@ -37,7 +38,7 @@ int trainer_metrics_open(trainer *t)
                  : t->peak > 0 ? "the GPU's dense datasheet peak, docs/gpu.md"
                                : "unknown GPU: MFU shows 0; give mfu_peak_tflops";
     } else {
-        if (ddp_model_measure_peak(0.05, &peak, &err) != DDP_OK)
+        if (ddp_model_measure_peak(0.05, t->prec, &peak, &err) != DDP_OK)
             return trainer_die(t, "measuring the matmul peak", err.msg);
         if (ddp_allreduce(t->g, &peak, &sum, 1, DDP_FLOAT64, DDP_SUM) != DDP_OK)
             return trainer_die(t, "allreduce", ddp_group_last_error(t->g));

@@ -1,7 +1,9 @@
 /*
  * kernels/cpu/gemm.c — matrix products on the CPU through OpenBLAS. The only file in the tree
  * that calls cblas: layers ask for a product in their own terms (kernels.h) and this file maps
- * it onto BLAS. It does not choose threads; OpenBLAS reads OPENBLAS_NUM_THREADS.
+ * it onto BLAS. It does not choose threads; OpenBLAS reads OPENBLAS_NUM_THREADS. In a thread set
+ * to bf16 products (ddp__gemm_set_kind) the product goes to oneDNN instead (cpu/onednn.c), and
+ * back to OpenBLAS in float32 should that fail.
  */
 #include <cblas.h>
 #include <string.h>
@@ -24,6 +26,9 @@ void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
         }
         return;
     }
+    if (ddp__gemm_get_kind() == DDP__GEMM_BF16 &&
+        ddp__gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -1,0 +1,453 @@
+/*
+ * kernels/cpu/onednn.c — bf16 matrix products on the CPU through oneDNN (Debian's libdnnl2),
+ * for precision bf16 (docs/nn.md, "bf16 on the CPU"): both operands rounded to bfloat16 (nearest
+ * even), products accumulated in float32, the result written in float32. On a CPU with bf16
+ * dot-product units (AVX512_BF16, AMX) that is about twice OpenBLAS's float32 rate. OpenBLAS as
+ * Debian builds it has no bf16 GEMM (no cblas_sbgemm), so this is the one place that uses oneDNN.
+ *
+ * The library is loaded with dlopen on first use and only then, like the GPU module: a float32
+ * program never maps its 40 MB (nor the libstdc++/libgomp it pulls in). Builds without oneDNN's
+ * header compile the same entry points, which say what is missing.
+ *
+ * Per thread: a oneDNN stream, the bf16 copies of the operands, and the matmul primitives made
+ * so far, one per shape (transposes, sizes, ldc, alpha, beta), created on first use (≈ 0.5 ms)
+ * and kept (a transformer has a few dozen shapes). Primitives are oneDNN's JIT-compiled brgemm
+ * kernels; threads are OpenMP's (OMP_NUM_THREADS, which ddprun sets per worker).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "util/util.h"
+
+static _Thread_local ddp__gemm_kind tl_kind = DDP__GEMM_FP32;
+
+ddp__gemm_kind ddp__gemm_set_kind(ddp__gemm_kind k)
+{
+    ddp__gemm_kind old = tl_kind;
+    tl_kind = k;
+    return old;
+}
+
+ddp__gemm_kind ddp__gemm_get_kind(void)
+{
+    return tl_kind;
+}
+
+static atomic_ulong fallbacks;
+
+unsigned long ddp__gemm_bf16_fallbacks(void)
+{
+    return atomic_load(&fallbacks);
+}
+
+#ifndef DDP_HAVE_ONEDNN
+
+ddp_status ddp__gemm_bf16_check(ddp_error *err)
+{
+    return ddp__err(err, DDP_ERR_NOT_FOUND,
+                    "precision bf16 on the CPU needs oneDNN, and this build of ddpc was made "
+                    "without its header; HINT: install libdnnl-dev (scripts/install-deps.sh) and "
+                    "rebuild, or set precision fp32");
+}
+
+bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    atomic_fetch_add(&fallbacks, 1);
+    return false;
+}
+
+#else /* DDP_HAVE_ONEDNN */
+
+#include <immintrin.h>
+#include <oneapi/dnnl/dnnl.h>
+
+/* ---- the library, loaded once ---------------------------------------------------------------- */
+
+#define DN_FUNCS(X)                                                                                \
+    X(dnnl_engine_create)                                                                          \
+    X(dnnl_stream_create)                                                                          \
+    X(dnnl_stream_destroy)                                                                         \
+    X(dnnl_memory_desc_init_by_strides)                                                            \
+    X(dnnl_matmul_desc_init)                                                                       \
+    X(dnnl_primitive_attr_create)                                                                  \
+    X(dnnl_primitive_attr_destroy)                                                                 \
+    X(dnnl_primitive_attr_set_output_scales)                                                       \
+    X(dnnl_primitive_attr_set_post_ops)                                                            \
+    X(dnnl_post_ops_create)                                                                        \
+    X(dnnl_post_ops_append_sum)                                                                    \
+    X(dnnl_post_ops_destroy)                                                                       \
+    X(dnnl_primitive_desc_create)                                                                  \
+    X(dnnl_primitive_desc_query)                                                                   \
+    X(dnnl_primitive_desc_destroy)                                                                 \
+    X(dnnl_primitive_create)                                                                       \
+    X(dnnl_primitive_destroy)                                                                      \
+    X(dnnl_primitive_execute)                                                                      \
+    X(dnnl_stream_wait)                                                                            \
+    X(dnnl_memory_create)                                                                          \
+    X(dnnl_memory_set_data_handle)                                                                 \
+    X(dnnl_memory_destroy)                                                                         \
+    X(dnnl_version)
+
+static struct {
+#define DN_FIELD(name) __typeof__(name) *name;
+    DN_FUNCS(DN_FIELD)
+#undef DN_FIELD
+} dn;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t engine;
+static char load_error[DDP_ERRMSG_MAX]; /* "" when the library is usable for bf16 */
+
+/* One bf16 product through a fresh primitive, to learn which implementation oneDNN picks on
+ * this CPU: "brg:avx512_core_bf16" or an AMX one run on bf16 units; anything else (plain
+ * avx512_core, which widens bf16 to float32 in software, or the reference loops) would be
+ * slower than OpenBLAS's float32 and is refused. */
+static void probe_impl(char *impl, size_t cap)
+{
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t d = {64, 64}, s = {64, 1};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    const char *info = NULL;
+    impl[0] = '\0';
+    if (dn.dnnl_memory_desc_init_by_strides(&a, 2, d, dnnl_bf16, s) ||
+        dn.dnnl_memory_desc_init_by_strides(&b, 2, d, dnnl_bf16, s) ||
+        dn.dnnl_memory_desc_init_by_strides(&c, 2, d, dnnl_f32, s) ||
+        dn.dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) ||
+        dn.dnnl_primitive_desc_create(&pd, &md, NULL, engine, NULL))
+        return;
+    if (!dn.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &info) && info)
+        ddp__fmt(impl, cap, "%s", info);
+    dn.dnnl_primitive_desc_destroy(pd);
+}
+
+static void load(void)
+{
+    const char *path = getenv("DDP_ONEDNN_LIB");
+    if (!path || !*path)
+        path = "libdnnl.so.2";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        ddp__fmt(load_error, sizeof load_error,
+                 "precision bf16 on the CPU needs oneDNN, which did not load (%s); HINT: install "
+                 "libdnnl2 (scripts/install-deps.sh), or set precision fp32",
+                 why ? why : path);
+        return;
+    }
+#define DN_SYM(name)                                                                               \
+    {                                                                                              \
+        void *sym = dlsym(h, #name);                                                               \
+        if (!sym) {                                                                                \
+            ddp__fmt(load_error, sizeof load_error,                                                \
+                     "oneDNN at %s has no %s (version 2.x is needed); HINT: install Debian's "     \
+                     "libdnnl2, or set precision fp32",                                            \
+                     path, #name);                                                                 \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&dn.name, &sym, sizeof sym); /* dlsym's object pointer to a function pointer */     \
+    }
+    DN_FUNCS(DN_SYM)
+#undef DN_SYM
+    if (dn.dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
+        ddp__fmt(load_error, sizeof load_error,
+                 "oneDNN could not create a CPU engine; HINT: set precision fp32");
+        return;
+    }
+    char impl[128];
+    probe_impl(impl, sizeof impl);
+    if (!strstr(impl, "bf16") && !strstr(impl, "amx")) {
+        const dnnl_version_t *v = dn.dnnl_version();
+        ddp__fmt(load_error, sizeof load_error,
+                 "precision bf16 on the CPU needs bf16 matrix instructions (AVX512_BF16 or AMX), "
+                 "which this CPU lacks (oneDNN %d.%d would use '%s', slower than fp32); HINT: "
+                 "set precision fp32",
+                 v ? v->major : 0, v ? v->minor : 0, impl[0] ? impl : "no implementation");
+        return;
+    }
+}
+
+ddp_status ddp__gemm_bf16_check(ddp_error *err)
+{
+    pthread_once(&load_once, load);
+    if (load_error[0])
+        return ddp__err(err, DDP_ERR_NOT_FOUND, "%s", load_error);
+    return DDP_OK;
+}
+
+/* ---- float32 → bfloat16 ------------------------------------------------------------------- */
+
+/* Nearest even, as ddp__from_f32; NaNs stay NaN. The AVX512_BF16 instruction treats float32
+ * denormals as zero — they are below bf16's precision at any scale a product sees. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+cvt_row_bf16(uint16_t *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+    }
+    if (i < n) {
+        int left = n - i;
+        __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+        __mmask16 hi = (__mmask16)(left > 16 ? (1u << (left - 16)) - 1 : 0);
+        __m512 a = _mm512_maskz_loadu_ps(lo, src + i), b = _mm512_maskz_loadu_ps(hi, src + i + 16);
+        __m512bh v = _mm512_cvtne2ps_pbh(b, a);
+        _mm512_mask_storeu_epi16(dst + i, (__mmask32)(((uint64_t)hi << 16) | lo), (__m512i)v);
+    }
+}
+
+/* rows × cols of src (leading dimension ld) into dst, packed (leading dimension cols). */
+static void cvt_matrix(uint16_t *dst, const float *src, int rows, int cols, int ld)
+{
+    for (int r = 0; r < rows; r++)
+        cvt_row_bf16(dst + (size_t)r * cols, src + (size_t)r * ld, cols);
+}
+
+/* ---- per-thread state: a stream, operand buffers, primitives by shape ------------------------ */
+
+typedef struct key {
+    int M, N, K, ldc;
+    bool ta, tb;
+    float alpha, beta;
+} key;
+
+typedef struct prim {
+    key k;
+    bool used;
+    dnnl_primitive_t p;
+    dnnl_memory_t a, b, c;
+} prim;
+
+enum { CACHE = 256 }; /* power of two; full: everything is dropped and made again */
+
+typedef struct tstate {
+    struct tstate *next; /* every thread's state, reachable from `states` */
+    dnnl_stream_t stream;
+    uint16_t *abuf, *bbuf;
+    size_t acap, bcap; /* elements */
+    int n;
+    prim tab[CACHE];
+} tstate;
+
+static pthread_key_t tkey;
+static pthread_once_t tkey_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t states_mu = PTHREAD_MUTEX_INITIALIZER;
+static tstate *states;
+
+static void prim_drop(prim *e)
+{
+    if (e->p)
+        dn.dnnl_primitive_destroy(e->p);
+    if (e->a)
+        dn.dnnl_memory_destroy(e->a);
+    if (e->b)
+        dn.dnnl_memory_destroy(e->b);
+    if (e->c)
+        dn.dnnl_memory_destroy(e->c);
+    memset(e, 0, sizeof *e);
+}
+
+static void tstate_free(void *arg)
+{
+    tstate *s = arg;
+    pthread_mutex_lock(&states_mu);
+    for (tstate **pp = &states; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&states_mu);
+    for (int i = 0; i < CACHE; i++)
+        prim_drop(&s->tab[i]);
+    if (s->stream)
+        dn.dnnl_stream_destroy(s->stream);
+    free(s->abuf);
+    free(s->bbuf);
+    free(s);
+}
+
+static void tkey_make(void)
+{
+    (void)pthread_key_create(&tkey, tstate_free);
+}
+
+static tstate *tstate_get(void)
+{
+    pthread_once(&tkey_once, tkey_make);
+    tstate *s = pthread_getspecific(tkey);
+    if (s)
+        return s;
+    if (!(s = calloc(1, sizeof *s)))
+        return NULL;
+    if (dn.dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags) != dnnl_success ||
+        pthread_setspecific(tkey, s) != 0) {
+        if (s->stream)
+            dn.dnnl_stream_destroy(s->stream);
+        free(s);
+        return NULL;
+    }
+    pthread_mutex_lock(&states_mu);
+    s->next = states;
+    states = s;
+    pthread_mutex_unlock(&states_mu);
+    return s;
+}
+
+static bool grow(uint16_t **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return true;
+    uint16_t *p = realloc(*buf, n * sizeof *p);
+    if (!p)
+        return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+static uint32_t key_hash(const key *k)
+{
+    uint32_t h = 2166136261u;
+    const int v[6] = {k->M, k->N, k->K, k->ldc, k->ta | k->tb << 1, (int)(k->beta != 0.0f)};
+    for (int i = 0; i < 6; i++)
+        h = (h ^ (uint32_t)v[i]) * 16777619u;
+    return h;
+}
+
+static bool key_eq(const key *x, const key *y)
+{
+    return x->M == y->M && x->N == y->N && x->K == y->K && x->ldc == y->ldc && x->ta == y->ta &&
+           x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta;
+}
+
+/* The primitive for k: op(A) (M, K) packed bf16 — rows of K, or when ta stored transposed,
+ * (K, M) packed — op(B) (K, N) likewise, C (M, N) float32 with leading dimension ldc. alpha is
+ * oneDNN's output scale, beta its sum post-op (none when 0: C is overwritten). */
+static bool prim_make(prim *e, const key *k)
+{
+    dnnl_memory_desc_t ad, bd, cd;
+    dnnl_dims_t da = {k->M, k->K}, db = {k->K, k->N}, dc = {k->M, k->N};
+    dnnl_dims_t sa = {k->ta ? 1 : k->K, k->ta ? k->M : 1};
+    dnnl_dims_t sb = {k->tb ? 1 : k->N, k->tb ? k->K : 1};
+    dnnl_dims_t sc = {k->ldc, 1};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    bool ok = false;
+    memset(e, 0, sizeof *e);
+    if (dn.dnnl_memory_desc_init_by_strides(&ad, 2, da, dnnl_bf16, sa) ||
+        dn.dnnl_memory_desc_init_by_strides(&bd, 2, db, dnnl_bf16, sb) ||
+        dn.dnnl_memory_desc_init_by_strides(&cd, 2, dc, dnnl_f32, sc) ||
+        dn.dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) || dn.dnnl_primitive_attr_create(&attr))
+        goto out;
+    if (k->alpha != 1.0f && dn.dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha))
+        goto out;
+    if (k->beta != 0.0f) {
+        if (dn.dnnl_post_ops_create(&po) || dn.dnnl_post_ops_append_sum(po, k->beta) ||
+            dn.dnnl_primitive_attr_set_post_ops(attr, po))
+            goto out;
+    }
+    if (dn.dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) ||
+        dn.dnnl_primitive_create(&e->p, pd) ||
+        dn.dnnl_memory_create(&e->a, &ad, engine, DNNL_MEMORY_NONE) ||
+        dn.dnnl_memory_create(&e->b, &bd, engine, DNNL_MEMORY_NONE) ||
+        dn.dnnl_memory_create(&e->c, &cd, engine, DNNL_MEMORY_NONE))
+        goto out;
+    e->k = *k;
+    e->used = true;
+    ok = true;
+out:
+    if (pd)
+        dn.dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dn.dnnl_post_ops_destroy(po);
+    if (attr)
+        dn.dnnl_primitive_attr_destroy(attr);
+    if (!ok)
+        prim_drop(e);
+    return ok;
+}
+
+static prim *prim_find(tstate *s, const key *k)
+{
+    uint32_t h = key_hash(k) & (CACHE - 1);
+    for (int probe = 0; probe < CACHE; probe++) {
+        prim *e = &s->tab[(h + (uint32_t)probe) & (CACHE - 1)];
+        if (!e->used) {
+            if (s->n >= CACHE * 3 / 4) { /* crowded: start over (shapes are few in practice) */
+                for (int i = 0; i < CACHE; i++)
+                    prim_drop(&s->tab[i]);
+                s->n = 0;
+                e = &s->tab[h];
+            }
+            if (!prim_make(e, k))
+                return NULL;
+            s->n++;
+            return e;
+        }
+        if (key_eq(&e->k, k))
+            return e;
+    }
+    return NULL;
+}
+
+static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        return false;
+    tstate *s = tstate_get();
+    if (!s)
+        return false;
+    size_t na = (size_t)M * K, nb = (size_t)K * N;
+    if (!grow(&s->abuf, &s->acap, na) || !grow(&s->bbuf, &s->bcap, nb))
+        return false;
+    key k = {.M = M,
+             .N = N,
+             .K = K,
+             .ldc = ldc,
+             .ta = trans_a,
+             .tb = trans_b,
+             .alpha = alpha,
+             .beta = beta};
+    prim *e = prim_find(s, &k);
+    if (!e)
+        return false;
+    /* The operands packed as stored: op(A) = A is (M, K), Aᵀ comes from a stored (K, M). */
+    if (trans_a)
+        cvt_matrix(s->abuf, A, K, M, lda);
+    else
+        cvt_matrix(s->abuf, A, M, K, lda);
+    if (trans_b)
+        cvt_matrix(s->bbuf, B, N, K, ldb);
+    else
+        cvt_matrix(s->bbuf, B, K, N, ldb);
+    if (dn.dnnl_memory_set_data_handle(e->a, s->abuf) ||
+        dn.dnnl_memory_set_data_handle(e->b, s->bbuf) || dn.dnnl_memory_set_data_handle(e->c, C))
+        return false;
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+    return dn.dnnl_primitive_execute(e->p, s->stream, 3, args) == dnnl_success &&
+           dn.dnnl_stream_wait(s->stream) == dnnl_success;
+}
+
+bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return true;
+    atomic_fetch_add(&fallbacks, 1);
+    return false;
+}
+
+#endif /* DDP_HAVE_ONEDNN */

@@ -1,0 +1,185 @@
+/*
+ * test_gemm.c — ddp__sgemm (src/kernels/cpu/gemm.c) in both arithmetics against a naive loop in
+ * double precision: float32 (OpenBLAS) against the float32 inputs, and bf16 (oneDNN,
+ * src/kernels/cpu/onednn.c) against the same inputs rounded to bfloat16 (nearest even, the
+ * scalar rounding of util/half.h) — every transpose, alpha and beta, leading dimensions wider
+ * than the rows, sizes that are not multiples of any vector width, a C full of NaN that beta 0
+ * must ignore. The bf16 result must also differ from the float32 one by more than float32
+ * rounding: a silent float32 fallback would pass the first check alone.
+ *
+ * bf16 cases are skipped where this CPU has no bf16 units or oneDNN is not installed (the check
+ * says which); the refusal itself is checked in a child process with DDP_ONEDNN_LIB pointing at
+ * no file.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+#include "kernels/kernels.h"
+#include "util/half.h"
+
+static float frand(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static float round_bf16(float x, bool bf16)
+{
+    return bf16 ? ddp__bf16_to_f32(ddp__f32_to_bf16(x)) : x;
+}
+
+/* One case: C (M × N, ldc) = alpha·op(A)·op(B) + beta·C, against the naive double loop on the
+ * inputs as the arithmetic sees them; returns the largest difference from the loop on the float32
+ * inputs relative to Σ|a·b| (how far bf16 is from float32). */
+static double check_case(bool bf16, bool ta, bool tb, int M, int N, int K, float alpha, float beta,
+                         int pad)
+{
+    uint32_t seed = (uint32_t)(M * 131 + N * 17 + K * 7 + ta * 3 + tb * 5 + pad);
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+    float *A = malloc(sizeof(float) * (size_t)ar * lda);
+    float *B = malloc(sizeof(float) * (size_t)br * ldb);
+    float *C = malloc(sizeof(float) * (size_t)M * ldc);
+    float *C0 = malloc(sizeof(float) * (size_t)M * ldc);
+    assert_true(A && B && C && C0);
+    for (size_t i = 0; i < (size_t)ar * lda; i++)
+        A[i] = frand(&seed);
+    for (size_t i = 0; i < (size_t)br * ldb; i++)
+        B[i] = frand(&seed);
+    for (size_t i = 0; i < (size_t)M * ldc; i++)
+        C0[i] = C[i] = beta == 0.0f ? NAN : frand(&seed);
+    ddp__gemm_kind was = ddp__gemm_set_kind(bf16 ? DDP__GEMM_BF16 : DDP__GEMM_FP32);
+    ddp__sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    assert_int_equal(ddp__gemm_set_kind(was), bf16 ? DDP__GEMM_BF16 : DDP__GEMM_FP32);
+    double far = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0, s32 = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                float b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                s += (double)round_bf16(a, bf16) * round_bf16(b, bf16);
+                s32 += (double)a * b;
+                mag += fabs((double)a * b);
+            }
+            double c0 = beta == 0.0f ? 0.0 : (double)beta * C0[(size_t)i * ldc + j];
+            double want = alpha * s + c0, got = C[(size_t)i * ldc + j];
+            /* float32 accumulation of K terms, and the scaling: a few ulps of Σ|a·b| per term */
+            double tol = 1e-6 * (fabs(alpha) * mag + fabs(c0) + 1e-30) * (1.0 + K / 64.0);
+            if (!(fabs(got - want) <= tol))
+                fail_msg("%s %c%c M%d N%d K%d alpha %g beta %g pad %d: C[%d][%d] = %.9g, the loop "
+                         "says %.9g (tolerance %.3g)",
+                         bf16 ? "bf16" : "fp32", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K,
+                         (double)alpha, (double)beta, pad, i, j, got, want, tol);
+            double d = fabs(got - (alpha * s32 + c0)) / (fabs(alpha) * mag + 1e-30);
+            if (d > far)
+                far = d;
+        }
+    for (int i = 0; i < M; i++) /* the padding of C is never written */
+        for (int j = N; j < ldc; j++)
+            if (beta == 0.0f)
+                assert_true(isnan(C[(size_t)i * ldc + j]));
+    free(A), free(B), free(C), free(C0);
+    return far;
+}
+
+static const int sizes[][3] = {{1, 1, 1},    {7, 33, 45},    {64, 64, 64},
+                               {31, 17, 96}, {96, 200, 130}, {256, 64, 64}};
+
+static void run_all(bool bf16)
+{
+    const float alphas[] = {1.0f, 0.125f}, betas[] = {0.0f, 1.0f, 0.5f};
+    double far = 0;
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 3; b++) {
+                    double d = check_case(bf16, t & 1, t >> 1, sizes[s][0], sizes[s][1],
+                                          sizes[s][2], alphas[a], betas[b], (int)(s % 3) * 5);
+                    if (d > far)
+                        far = d;
+                }
+    if (bf16) /* bf16 operands carry 8 bits: the results must show it */
+        assert_true(far > 1e-4);
+    else
+        assert_true(far < 1e-5);
+}
+
+static void fp32_products(void **state)
+{
+    (void)state;
+    assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32); /* the default */
+    run_all(false);
+}
+
+static void bf16_products(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
+        print_message("skipping the bf16 products: %s\n", err.msg);
+        skip();
+    }
+    unsigned long before = ddp__gemm_bf16_fallbacks();
+    run_all(true);
+    run_all(true); /* again: the primitives come from the cache */
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
+    /* K = 0 keeps BLAS's meaning (C·beta) in bf16 too */
+    float c[2] = {2.0f, 4.0f};
+    ddp__gemm_set_kind(DDP__GEMM_BF16);
+    ddp__sgemm(false, false, 1, 2, 0, 1.0f, NULL, 1, NULL, 2, 0.5f, c, 2);
+    ddp__gemm_set_kind(DDP__GEMM_FP32);
+    assert_true(c[0] == 1.0f && c[1] == 2.0f);
+}
+
+/* Without the library: a one-line error naming it and what to do, and products that still come
+ * out right (in float32) should a caller go on. In a child: the library loads once a process. */
+static void bf16_without_onednn(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("DDP_ONEDNN_LIB", "/nonexistent/libdnnl.so.2", 1);
+        ddp_error err = {0};
+        int bad = 0;
+        if (ddp__gemm_bf16_check(&err) != DDP_ERR_NOT_FOUND ||
+            !strstr(err.msg, "precision bf16 on the CPU needs oneDNN") || !strstr(err.msg, "HINT"))
+            bad = 1;
+        if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) == DDP_OK)
+            bad = 1;
+        float a = 3.0f, b = 5.0f, c = 0.0f;
+        ddp__gemm_set_kind(DDP__GEMM_BF16);
+        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1)
+            bad = 1;
+        if (bad)
+            fprintf(stderr, "child: %s\n", err.msg);
+        _exit(bad);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fp32_products),
+        cmocka_unit_test(bf16_without_onednn), /* first: a fork after the load would inherit it */
+        cmocka_unit_test(bf16_products),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
