@@ -10,12 +10,12 @@
 #        cmake --build /tmp/old/build -j2 && bench/compare_builds.sh /tmp/old/build build 5
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 A=$1 B=$2 REPS=${3:-5}
 SIZES=4096,1048576,16777216,67108864
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 allreduce() { # allreduce BUILD: "bytes,us" lines
     "$1/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix "$1/bin/ddpbench" --op allreduce \

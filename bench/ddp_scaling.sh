@@ -5,6 +5,7 @@
 # turns REPS times; medians. Usage: bench/ddp_scaling.sh [BUILD_DIR] [REPS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BUILD=${1:-build}
 REPS=${2:-5}
 STEPS=${3:-300}
@@ -28,7 +29,6 @@ for ((i = 0; i < REPS; i++)); do
     R[indep]+=" $(awk -v a="$a" -v b="$b" 'BEGIN {print (a + b) / 2}')"
     R[two256]+=" $("$BUILD/bin/ddprun" --standalone --nproc_per_node 2 --no_prefix "$MLP" "${ARGS[@]}" --bucket_kb 256 2>/dev/null | line | tr ' ' ':')"
 done
-med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 one=$(med <<<"${R[one]}")
 echo "ddp_mlp (Fashion-MNIST, MLP 784-512-512-10, batch 64 per rank, 1 thread per rank, $STEPS steps); medians of $REPS runs"
 echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"

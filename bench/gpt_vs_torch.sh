@@ -21,6 +21,7 @@
 # Usage: [PRECS="fp32 bf16"] bench/gpt_vs_torch.sh [BUILD_DIR] [REPS] ["L/NH/C/T/B/steps/window" ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BUILD=${1:-build}
 REPS=${2:-2}
 shift 2 || true
@@ -31,8 +32,6 @@ PY=/usr/bin/python3
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 "$BUILD/bin/ddpprep" --out_dir "$OUT/data" --doc_sep % /usr/share/games/fortunes >/dev/null
 gcc -O2 -o "$OUT/sgemm_peak" bench/sgemm_peak.c $(pkg-config --cflags --libs openblas)

@@ -4,13 +4,13 @@
 # run, medians of RUNS runs. Usage: bench/launch.sh [BUILD_DIR] [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BUILD=${1:-build}
 RUNS=${2:-5}
 PY=/usr/bin/python3 # Debian's interpreter, which has python3-torch
 DDPRUN=$BUILD/bin/ddprun
 [ -x "$DDPRUN" ] || { echo "build first: make build" >&2; exit 1; }
 $PY -c "import torch" 2>/dev/null || { echo "python3-torch missing: scripts/install-deps.sh" >&2; exit 1; }
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # time_ms CMD...: wall milliseconds of one run; fails loudly if the job fails
 time_ms() {
@@ -20,7 +20,6 @@ time_ms() {
     t1=$(date +%s%N)
     echo "$(((t1 - t0) / 1000))" # microseconds
 }
-median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ms() { tr ' ' '\n' | grep . | awk '{printf " %.1f", $1 / 1000}'; }
 
 declare -A T
@@ -35,13 +34,13 @@ for ((i = 0; i < RUNS; i++)); do
     T[python_import]+=" $(time_ms $PY -c 'import torch.distributed')"
 done
 
-d=$(median <<<"${T[ddprun_store]}")
+d=$(med <<<"${T[ddprun_store]}")
 echo "launch of 4 ranks that meet through the store; median of $RUNS runs"
 echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
 printf '%-52s %10s %10s\n' "job" "median ms" "vs ddprun"
 row() {
     local m
-    m=$(median <<<"${T[$2]}")
+    m=$(med <<<"${T[$2]}")
     awk -v n="$1" -v m="$m" -v d="$d" -v r="$(ms <<<"${T[$2]}")" \
         'BEGIN {printf "%-52s %10.1f %9.0fx   (runs ms:%s)\n", n, m / 1000, m / d, r}'
 }

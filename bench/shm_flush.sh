@@ -11,13 +11,13 @@
 # Usage: bench/shm_flush.sh [BUILD_DIR] [REPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BUILD=${1:-build}
 REPS=${2:-20}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 cc -O2 -pthread -o "$OUT/core_distance" bench/core_distance.c
-med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 rate() { # rate FLUSH: median samples/s over the 50-step windows after the first
     DDP_SHM_FLUSH=$1 "$BUILD/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix \
         "$BUILD/bin/ddptrain" --config configs/fashion-mlp.yaml --total_steps 1000 --log_every 50 \

@@ -14,14 +14,13 @@
 # Usage: bench/train_vs_torch.sh [BUILD_DIR] [REPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 BUILD=${1:-build}
 REPS=${2:-3}
 PY=/usr/bin/python3
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 steps_for() { [ "$1" = mlp ] && echo 600 || echo 250; }
 cfg_for() { [ "$1" = mlp ] && echo configs/fashion-mlp.yaml || echo configs/fashion-cnn.yaml; }
 
