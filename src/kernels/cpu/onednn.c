@@ -9,10 +9,9 @@
  * program never maps its 40 MB (nor the libstdc++/libgomp it pulls in). Builds without oneDNN's
  * header compile the same entry points, which say what is missing.
  *
- * Per thread: a oneDNN stream, the bf16 copies of the operands, and the matmul primitives made
- * so far, one per shape (transposes, sizes, ldc, alpha, beta), created on first use (≈ 0.5 ms)
- * and kept (a transformer has a few dozen shapes). Primitives are oneDNN's JIT-compiled brgemm
- * kernels; threads are OpenMP's (OMP_NUM_THREADS, which ddprun sets per worker).
+ * Per thread: a oneDNN stream, the bf16 copies of the operands, and a few matmul primitives whose
+ * sizes are given at run time (below). Threads are OpenMP's (OMP_NUM_THREADS, which ddprun sets
+ * per worker).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -92,7 +91,6 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     X(dnnl_primitive_execute)                                                                      \
     X(dnnl_stream_wait)                                                                            \
     X(dnnl_memory_create)                                                                          \
-    X(dnnl_memory_set_data_handle)                                                                 \
     X(dnnl_memory_destroy)                                                                         \
     X(dnnl_version)
 
@@ -212,30 +210,43 @@ static void cvt_matrix(uint16_t *dst, const float *src, int rows, int cols, int 
         cvt_row_bf16(dst + (size_t)r * cols, src + (size_t)r * ld, cols);
 }
 
-/* ---- per-thread state: a stream, operand buffers, primitives by shape ------------------------ */
+/* The same, transposed: src (rows × cols, ld) into dst (cols × rows) packed. Each source row is
+ * converted whole into tmp (cols values), then spread down a column of dst; the lines of dst a
+ * column touches stay cached for the next one. */
+static void cvt_matrix_t(uint16_t *dst, const float *src, int rows, int cols, int ld, uint16_t *tmp)
+{
+    for (int r = 0; r < rows; r++) {
+        cvt_row_bf16(tmp, src + (size_t)r * ld, cols);
+        for (int c = 0; c < cols; c++)
+            dst[(size_t)c * rows + r] = tmp[c];
+    }
+}
 
-typedef struct key {
-    int M, N, K, ldc;
-    bool ta, tb;
-    float alpha, beta;
-} key;
+/* ---- per-thread state: a stream, operand buffers, a few primitives --------------------------- *
+ * The primitives take their sizes, leading dimensions and alpha at run time (oneDNN's
+ * DNNL_RUNTIME_DIM_VAL / _F32_VAL; its gemm-based bf16 kernel): one primitive serves every shape,
+ * so a model whose shapes change from call to call (generation, a last short batch) never waits
+ * for a primitive to be compiled, and which kernel computes a product never depends on what ran
+ * before — a resumed run's products are bit for bit the uninterrupted run's. op(B) is always
+ * given untransposed (a transposed B is transposed while it is converted): that kernel is 20%
+ * slower on a transposed B. A primitive per (transposed A, beta): beta is a post-op's scale,
+ * fixed when the primitive is made. */
 
 typedef struct prim {
-    key k;
-    bool used;
+    bool used, ta;
+    float beta;
     dnnl_primitive_t p;
-    dnnl_memory_t a, b, c;
 } prim;
 
-enum { CACHE = 256 }; /* power of two; full: everything is dropped and made again */
+enum { NPRIM = 8 }; /* distinct (ta, beta) pairs kept; layers use beta 0 and 1 */
 
 typedef struct tstate {
     struct tstate *next; /* every thread's state, reachable from `states` */
     dnnl_stream_t stream;
-    uint16_t *abuf, *bbuf;
-    size_t acap, bcap; /* elements */
-    int n;
-    prim tab[CACHE];
+    uint16_t *abuf, *bbuf, *tbuf;
+    size_t acap, bcap, tcap; /* elements */
+    prim tab[NPRIM];
+    int next_evict;
 } tstate;
 
 static pthread_key_t tkey;
@@ -247,12 +258,6 @@ static void prim_drop(prim *e)
 {
     if (e->p)
         dn.dnnl_primitive_destroy(e->p);
-    if (e->a)
-        dn.dnnl_memory_destroy(e->a);
-    if (e->b)
-        dn.dnnl_memory_destroy(e->b);
-    if (e->c)
-        dn.dnnl_memory_destroy(e->c);
     memset(e, 0, sizeof *e);
 }
 
@@ -266,12 +271,13 @@ static void tstate_free(void *arg)
             break;
         }
     pthread_mutex_unlock(&states_mu);
-    for (int i = 0; i < CACHE; i++)
+    for (int i = 0; i < NPRIM; i++)
         prim_drop(&s->tab[i]);
     if (s->stream)
         dn.dnnl_stream_destroy(s->stream);
     free(s->abuf);
     free(s->bbuf);
+    free(s->tbuf);
     free(s);
 }
 
@@ -314,57 +320,46 @@ static bool grow(uint16_t **buf, size_t *cap, size_t n)
     return true;
 }
 
-static uint32_t key_hash(const key *k)
+/* op(A) (M, K) bf16 with strides (K, 1), or (1, M) when ta (stored (K, M)); B (K, N) bf16 with
+ * strides (N, 1); C (M, N) float32 with strides (ldc, 1): every size and stride at run time. */
+static void descs(bool ta, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, dnnl_dim_t ldc,
+                  dnnl_memory_desc_t *ad, dnnl_memory_desc_t *bd, dnnl_memory_desc_t *cd, bool *ok)
 {
-    uint32_t h = 2166136261u;
-    const int v[6] = {k->M, k->N, k->K, k->ldc, k->ta | k->tb << 1, (int)(k->beta != 0.0f)};
-    for (int i = 0; i < 6; i++)
-        h = (h ^ (uint32_t)v[i]) * 16777619u;
-    return h;
+    dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N};
+    dnnl_dims_t sa = {ta ? 1 : K, ta ? M : 1}, sb = {N, 1}, sc = {ldc, 1};
+    *ok = !dn.dnnl_memory_desc_init_by_strides(ad, 2, da, dnnl_bf16, sa) &&
+          !dn.dnnl_memory_desc_init_by_strides(bd, 2, db, dnnl_bf16, sb) &&
+          !dn.dnnl_memory_desc_init_by_strides(cd, 2, dc, dnnl_f32, sc);
 }
 
-static bool key_eq(const key *x, const key *y)
+static bool prim_make(prim *e, bool ta, float beta)
 {
-    return x->M == y->M && x->N == y->N && x->K == y->K && x->ldc == y->ldc && x->ta == y->ta &&
-           x->tb == y->tb && x->alpha == y->alpha && x->beta == y->beta;
-}
-
-/* The primitive for k: op(A) (M, K) packed bf16 — rows of K, or when ta stored transposed,
- * (K, M) packed — op(B) (K, N) likewise, C (M, N) float32 with leading dimension ldc. alpha is
- * oneDNN's output scale, beta its sum post-op (none when 0: C is overwritten). */
-static bool prim_make(prim *e, const key *k)
-{
+    const dnnl_dim_t R = DNNL_RUNTIME_DIM_VAL;
+    const float rs = DNNL_RUNTIME_F32_VAL;
     dnnl_memory_desc_t ad, bd, cd;
-    dnnl_dims_t da = {k->M, k->K}, db = {k->K, k->N}, dc = {k->M, k->N};
-    dnnl_dims_t sa = {k->ta ? 1 : k->K, k->ta ? k->M : 1};
-    dnnl_dims_t sb = {k->tb ? 1 : k->N, k->tb ? k->K : 1};
-    dnnl_dims_t sc = {k->ldc, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     bool ok = false;
     memset(e, 0, sizeof *e);
-    if (dn.dnnl_memory_desc_init_by_strides(&ad, 2, da, dnnl_bf16, sa) ||
-        dn.dnnl_memory_desc_init_by_strides(&bd, 2, db, dnnl_bf16, sb) ||
-        dn.dnnl_memory_desc_init_by_strides(&cd, 2, dc, dnnl_f32, sc) ||
-        dn.dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) || dn.dnnl_primitive_attr_create(&attr))
+    descs(ta, R, R, R, R, &ad, &bd, &cd, &ok);
+    if (!ok || dn.dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) ||
+        dn.dnnl_primitive_attr_create(&attr) ||
+        dn.dnnl_primitive_attr_set_output_scales(attr, 1, 0, &rs))
         goto out;
-    if (k->alpha != 1.0f && dn.dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha))
-        goto out;
-    if (k->beta != 0.0f) {
-        if (dn.dnnl_post_ops_create(&po) || dn.dnnl_post_ops_append_sum(po, k->beta) ||
+    ok = false;
+    if (beta != 0.0f) {
+        if (dn.dnnl_post_ops_create(&po) || dn.dnnl_post_ops_append_sum(po, beta) ||
             dn.dnnl_primitive_attr_set_post_ops(attr, po))
             goto out;
     }
     if (dn.dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL) ||
-        dn.dnnl_primitive_create(&e->p, pd) ||
-        dn.dnnl_memory_create(&e->a, &ad, engine, DNNL_MEMORY_NONE) ||
-        dn.dnnl_memory_create(&e->b, &bd, engine, DNNL_MEMORY_NONE) ||
-        dn.dnnl_memory_create(&e->c, &cd, engine, DNNL_MEMORY_NONE))
+        dn.dnnl_primitive_create(&e->p, pd))
         goto out;
-    e->k = *k;
     e->used = true;
+    e->ta = ta;
+    e->beta = beta;
     ok = true;
 out:
     if (pd)
@@ -378,27 +373,21 @@ out:
     return ok;
 }
 
-static prim *prim_find(tstate *s, const key *k)
+static prim *prim_find(tstate *s, bool ta, float beta)
 {
-    uint32_t h = key_hash(k) & (CACHE - 1);
-    for (int probe = 0; probe < CACHE; probe++) {
-        prim *e = &s->tab[(h + (uint32_t)probe) & (CACHE - 1)];
-        if (!e->used) {
-            if (s->n >= CACHE * 3 / 4) { /* crowded: start over (shapes are few in practice) */
-                for (int i = 0; i < CACHE; i++)
-                    prim_drop(&s->tab[i]);
-                s->n = 0;
-                e = &s->tab[h];
-            }
-            if (!prim_make(e, k))
-                return NULL;
-            s->n++;
-            return e;
-        }
-        if (key_eq(&e->k, k))
-            return e;
+    for (int i = 0; i < NPRIM; i++)
+        if (s->tab[i].used && s->tab[i].ta == ta && s->tab[i].beta == beta)
+            return &s->tab[i];
+    prim *e = NULL;
+    for (int i = 0; i < NPRIM && !e; i++)
+        if (!s->tab[i].used)
+            e = &s->tab[i];
+    if (!e) { /* more betas than slots: replace in turn */
+        e = &s->tab[s->next_evict];
+        s->next_evict = (s->next_evict + 1) % NPRIM;
+        prim_drop(e);
     }
-    return NULL;
+    return prim_make(e, ta, beta) ? e : NULL;
 }
 
 static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
@@ -410,35 +399,45 @@ static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
     if (!s)
         return false;
     size_t na = (size_t)M * K, nb = (size_t)K * N;
-    if (!grow(&s->abuf, &s->acap, na) || !grow(&s->bbuf, &s->bcap, nb))
+    if (!grow(&s->abuf, &s->acap, na) || !grow(&s->bbuf, &s->bcap, nb) ||
+        (trans_b && !grow(&s->tbuf, &s->tcap, (size_t)K)))
         return false;
-    key k = {.M = M,
-             .N = N,
-             .K = K,
-             .ldc = ldc,
-             .ta = trans_a,
-             .tb = trans_b,
-             .alpha = alpha,
-             .beta = beta};
-    prim *e = prim_find(s, &k);
+    prim *e = prim_find(s, trans_a, beta);
     if (!e)
         return false;
-    /* The operands packed as stored: op(A) = A is (M, K), Aᵀ comes from a stored (K, M). */
+    /* A packed as stored: op(A) = A is (M, K), Aᵀ comes from a stored (K, M). B packed (K, N). */
     if (trans_a)
         cvt_matrix(s->abuf, A, K, M, lda);
     else
         cvt_matrix(s->abuf, A, M, K, lda);
     if (trans_b)
-        cvt_matrix(s->bbuf, B, N, K, ldb);
+        cvt_matrix_t(s->bbuf, B, N, K, ldb, s->tbuf);
     else
         cvt_matrix(s->bbuf, B, K, N, ldb);
-    if (dn.dnnl_memory_set_data_handle(e->a, s->abuf) ||
-        dn.dnnl_memory_set_data_handle(e->b, s->bbuf) || dn.dnnl_memory_set_data_handle(e->c, C))
+    dnnl_memory_desc_t ad, bd, cd, scd;
+    dnnl_dims_t one = {1};
+    bool ok = false;
+    descs(trans_a, M, N, K, ldc, &ad, &bd, &cd, &ok);
+    if (!ok || dn.dnnl_memory_desc_init_by_strides(&scd, 1, one, dnnl_f32, one))
         return false;
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-    return dn.dnnl_primitive_execute(e->p, s->stream, 3, args) == dnnl_success &&
-           dn.dnnl_stream_wait(s->stream) == dnnl_success;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, msc = NULL;
+    ok = !dn.dnnl_memory_create(&ma, &ad, engine, s->abuf) &&
+         !dn.dnnl_memory_create(&mb, &bd, engine, s->bbuf) &&
+         !dn.dnnl_memory_create(&mc, &cd, engine, C) &&
+         !dn.dnnl_memory_create(&msc, &scd, engine, &alpha);
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
+                                   {DNNL_ARG_WEIGHTS, mb},
+                                   {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_ATTR_OUTPUT_SCALES, msc}};
+        ok = dn.dnnl_primitive_execute(e->p, s->stream, 4, args) == dnnl_success &&
+             dn.dnnl_stream_wait(s->stream) == dnnl_success;
+    }
+    dnnl_memory_t mems[4] = {ma, mb, mc, msc};
+    for (int i = 0; i < 4; i++)
+        if (mems[i])
+            dn.dnnl_memory_destroy(mems[i]);
+    return ok;
 }
 
 bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
