@@ -109,3 +109,10 @@ cleanup() {
     exit $rc
 }
 trap cleanup EXIT
+
+# have_cpu_bf16: true where precision bf16 can run on this CPU — bf16 units (AVX512_BF16 or AMX)
+# and oneDNN installed. (No `grep -q` after ldconfig: under pipefail its early exit would make
+# ldconfig's SIGPIPE fail the test now and then.)
+have_cpu_bf16() {
+    grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && [ -n "$(ldconfig -p | grep 'libdnnl\.so\.2 ')" ]
+}

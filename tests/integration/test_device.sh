@@ -21,7 +21,7 @@ done
 # bf16 on the CPU: oneDNN's bf16 products where the CPU has bf16 units (AVX512_BF16 or AMX);
 # a clear error before any work where it has not.
 rc=0; "$TRAIN" "${TINY[@]}" --precision bf16 --total_steps 4 --out_dir pbf16 >out 2>err || rc=$?
-if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && ldconfig -p | grep -q 'libdnnl.so.2 '; then
+if have_cpu_bf16; then
     [ $rc -eq 0 ] || { cat out err; fail "precision bf16 on a CPU with bf16 units: exit $rc"; }
     assert_contains out "precision bf16"
     assert_contains out "trained 4 steps"
