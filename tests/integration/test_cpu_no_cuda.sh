@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A CPU-only program loads no CUDA library (docs/gpu.md, the GPU module): the programs are not
+# A CPU-only program loads no CUDA library (docs/gpu.md, the GPU module), and a float32 one no
+# oneDNN (docs/nn.md, bf16 on the CPU): the programs are not
 # linked against libcudart, libcublas, libcublasLt or libnccl (ldd), and a CPU run — ddptrain
 # --help, a short ddptrain run on the CPU, two ranks of it under ddprun — maps none of them nor
 # the GPU module (LD_DEBUG=files lists every library a process loads, dlopen included). The
@@ -35,6 +36,18 @@ LD_DEBUG=files LD_DEBUG_OUTPUT=$T/one "$BIN/ddptrain" "${TINY[@]}" --device cpu 
 assert_contains out "trained 4 steps"
 [ -z "$(loaded "$T"/one.*)" ] || fail "a CPU ddptrain run loaded: $(loaded "$T"/one.*)"
 ok "a CPU ddptrain run loads no CUDA library"
+
+# oneDNN (bf16 products on the CPU) likewise: a float32 run does not map it, a bf16 run does.
+# Sanitizer builds link it at start (CMakeLists.txt says why): nothing to see there.
+if [ -z "$(ldd "$BIN/ddptrain" | grep libdnnl)" ]; then
+    ! grep -qE 'file=.*libdnnl\.so.*\[0\];' "$T"/one.* || fail "a float32 run loaded oneDNN"
+    if have_cpu_bf16; then
+        LD_DEBUG=files LD_DEBUG_OUTPUT=$T/bf "$BIN/ddptrain" "${TINY[@]}" --precision bf16 \
+            --out_dir bf >out 2>&1 || { cat out; fail "a bf16 ddptrain run"; }
+        grep -qE 'file=.*libdnnl\.so.*\[0\];' "$T"/bf.* || fail "a bf16 run did not load oneDNN"
+    fi
+    ok "a float32 run loads no oneDNN (a bf16 run does)"
+fi
 
 LD_DEBUG=files LD_DEBUG_OUTPUT=$T/two "$DDPRUN" --standalone --nproc_per_node=2 \
     "$BIN/ddptrain" "${TINY[@]}" --device cpu --out_dir two >out 2>&1 ||
