@@ -57,11 +57,32 @@ ddp_status ddp__cuda_memset0(ddp__cuda_ctx *ctx, void *dst, size_t bytes, ddp_er
  * (kernels.h), with A and B of dtype `in` (DDP_FLOAT32 or DDP_BFLOAT16, both the same) and C of
  * dtype `out` (DDP_FLOAT32 or DDP_BFLOAT16); accumulation in fp32 always. precision TF32 lets
  * fp32 inputs go through TF32 tensor cores; FP32 forbids it; BF16/FP16 need bf16 inputs. bias
- * (N,) fp32 or NULL: added to every row (cuBLASLt's bias epilogue). */
+ * (N,) fp32 or NULL: added to every row (cuBLASLt's bias epilogue when bias is 16-byte aligned,
+ * else a separate pass). Any element-aligned pointers: cuBLASLt is told each one's alignment
+ * (ddp__cuda_align_of), since its heuristic otherwise assumes 256 bytes and may choose a kernel
+ * that fails or faults on a view into a larger buffer. */
 ddp_status ddp__cuda_gemm(ddp__cuda_ctx *ctx, bool trans_a, bool trans_b, int M, int N, int K,
                           float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                           void *C, int ldc, ddp_dtype in, ddp_dtype out, const float *bias,
                           ddp_precision precision, ddp_error *err);
+
+/* The alignment cuBLASLt is told a buffer has: the largest power of two that divides its
+ * address, at most 256 (the heuristic's default assumption). Plain arithmetic (test_device). */
+static inline uint32_t ddp__cuda_align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al != 0)
+        al >>= 1;
+    return al;
+}
+
+/* Whether a bias pointer may go to cuBLASLt's bias epilogue (16-byte aligned, as its kernels
+ * load it); otherwise ddp__cuda_gemm adds the bias in a pass of its own. */
+static inline bool ddp__cuda_bias_epilogue_ok(const float *bias)
+{
+    return ddp__cuda_align_of(bias) >= 16;
+}
 
 /* ---- the layers (fp32 activations; ddp/nn.h's contracts) ----------------------------------- */
 

@@ -94,8 +94,10 @@ static void expect_close(const char *what, const float *got_dev, const float *wa
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
-static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
-                      ddp_precision prec, bool bf16_in, double tol)
+/* shift > 0: every operand (A, B, C, bias) starts `shift` elements into its allocation, so the
+ * pointers are only element-aligned, as views into the GPT's flat buffers can be. */
+static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
+                         ddp_precision prec, bool bf16_in, double tol, int shift)
 {
     ddp_error err = {0};
     float *A = host_rand((size_t)M * K, 1), *B = host_rand((size_t)K * N, 1);
@@ -109,25 +111,30 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float be
         free(t);
     }
     int lda = ta ? M : K, ldb = tb ? K : N;
-    void *dA, *dB;
+    size_t ein = bf16_in ? sizeof(uint16_t) : sizeof(float), pad = (size_t)shift * ein;
+    size_t fpad = (size_t)shift * sizeof(float);
+    char *dA = dev_from(NULL, pad + ein * (size_t)M * K),
+         *dB = dev_from(NULL, pad + ein * (size_t)K * N);
+    char *dC = dev_from(NULL, fpad + sizeof(float) * (size_t)M * N);
+    char *db = dev_from(NULL, fpad + sizeof(float) * (size_t)N);
     if (bf16_in) {
         uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)M * K);
         uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)K * N);
         ddp__from_f32(a16, A, (size_t)M * K, DDP_BFLOAT16);
         ddp__from_f32(b16, B, (size_t)K * N, DDP_BFLOAT16);
-        dA = dev_from(a16, sizeof(uint16_t) * (size_t)M * K);
-        dB = dev_from(b16, sizeof(uint16_t) * (size_t)K * N);
+        ok(ddp__cuda_to_device(ctx, dA + pad, a16, ein * (size_t)M * K, &err), &err);
+        ok(ddp__cuda_to_device(ctx, dB + pad, b16, ein * (size_t)K * N, &err), &err);
         free(a16);
         free(b16);
     } else {
-        dA = dev_from(A, sizeof(float) * (size_t)M * K);
-        dB = dev_from(B, sizeof(float) * (size_t)K * N);
+        ok(ddp__cuda_to_device(ctx, dA + pad, A, ein * (size_t)M * K, &err), &err);
+        ok(ddp__cuda_to_device(ctx, dB + pad, B, ein * (size_t)K * N, &err), &err);
     }
-    float *dC = dev_from(C, sizeof(float) * (size_t)M * N);
-    float *db = dev_from(b, sizeof(float) * (size_t)N);
-    ok(ddp__cuda_gemm(ctx, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, beta, dC, N,
-                      bf16_in ? DDP_BFLOAT16 : DDP_FLOAT32, DDP_FLOAT32, bias ? db : NULL, prec,
-                      &err),
+    ok(ddp__cuda_to_device(ctx, dC + fpad, C, sizeof(float) * (size_t)M * N, &err), &err);
+    ok(ddp__cuda_to_device(ctx, db + fpad, b, sizeof(float) * (size_t)N, &err), &err);
+    ok(ddp__cuda_gemm(ctx, ta, tb, M, N, K, 0.5f, dA + pad, lda, dB + pad, ldb, beta, dC + fpad, N,
+                      bf16_in ? DDP_BFLOAT16 : DDP_FLOAT32, DDP_FLOAT32,
+                      bias ? (const float *)(db + fpad) : NULL, prec, &err),
        &err);
     ddp__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, N);
     if (bias)
@@ -135,10 +142,10 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float be
             for (int c = 0; c < N; c++)
                 C[(size_t)r * N + c] += b[c];
     char what[96];
-    snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N,
+    snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s%s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N,
              K, bf16_in ? "bf16" : ddp_precision_name(prec), bias ? " +bias" : "",
-             beta != 0 ? " beta" : "");
-    expect_close(what, dC, C, (size_t)M * N, tol);
+             beta != 0 ? " beta" : "", shift ? " unaligned" : "");
+    expect_close(what, (const float *)(dC + fpad), C, (size_t)M * N, tol);
     ddp__cuda_free(dA);
     ddp__cuda_free(dB);
     ddp__cuda_free(dC);
@@ -147,6 +154,12 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float be
     free(B);
     free(C);
     free(b);
+}
+
+static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
+                      ddp_precision prec, bool bf16_in, double tol)
+{
+    gemm_case_at(ta, tb, M, N, K, bias, beta, prec, bf16_in, tol, 0);
 }
 
 static void gemm(void **state)
@@ -162,6 +175,13 @@ static void gemm(void **state)
     /* bf16 inputs (exact in fp32), fp32 accumulation: only the summation order differs */
     gemm_case(false, true, 128, 192, 256, false, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
     gemm_case(true, false, 64, 128, 96, true, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
+    /* pointers 4 bytes past an allocation (2 for bf16): the alignment preferences and the bias
+     * pass that does not need the epilogue's alignment */
+    gemm_case_at(false, true, 96, 80, 64, true, 0.0f, DDP_PRECISION_FP32, false, 1e-5, 1);
+    gemm_case_at(true, false, 67, 45, 129, true, 1.0f, DDP_PRECISION_TF32, false, 1e-2, 1);
+    gemm_case_at(false, true, 64, 96, 32, true, 0.0f, DDP_PRECISION_BF16, true, 1e-5, 1);
+    /* 16 bytes past: aligned enough for the bias epilogue, not for 256-byte kernels */
+    gemm_case_at(false, false, 128, 192, 64, true, 0.0f, DDP_PRECISION_TF32, false, 1e-2, 4);
 }
 
 /* ---- layers ---------------------------------------------------------------------------------- */

@@ -32,12 +32,14 @@ extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_
                               "cudaMalloc of the GEMM workspace", err)) ||
         (st = ddp__cuda_check(cudaMalloc((void **)&c->d_sum, sizeof(double)), "cudaMalloc",
                               err)) ||
-        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_flag, sizeof(int)), "cudaMalloc", err))) {
+        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_flag, sizeof(int)), "cudaMalloc", err)) ||
+        /* cuBLAS's own GEMMs (the attention's batched ones) use the same workspace, on the same
+         * stream; after cublasSetStream, which resets it to cuBLAS's default pool. */
+        (st = ddp__cublas_check(cublasSetWorkspace(c->blas, c->workspace, c->workspace_bytes),
+                                "cublasSetWorkspace", err))) {
         ddp__cuda_ctx_destroy(c);
         return st;
     }
-    /* cuBLAS's own GEMMs (the attention's batched ones) use the same workspace. */
-    cublasSetWorkspace(c->blas, c->workspace, c->workspace_bytes);
     *out = c;
     return DDP_OK;
 }

@@ -3,9 +3,14 @@
  * accumulation, the bias epilogue) and the linear layer built on them. Row-major callers, as
  * ddp__sgemm: a row-major product C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so
  * the operands are handed to cuBLAS swapped and nothing is transposed in memory.
+ * Pointers need only element alignment: the heuristic is told each buffer's (see ddp__cuda_gemm).
  * Not yet: the GELU epilogue, cached algorithm choices (each call asks the heuristic).
  */
 #include "common.cuh"
+
+extern "C" {
+#include "util/half.h"
+}
 
 /* Names for messages: the GPU module calls nothing in libddp. */
 static const char *dtype_name(ddp_dtype t)
@@ -24,6 +29,56 @@ static cudaDataType_t cuda_type(ddp_dtype t)
     return t == DDP_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
+/* C[r, j] += bias[j] over rows × cols of C (row-major, leading dimension ldc, float32 or
+ * bfloat16): the bias epilogue's work when cuBLASLt cannot take the bias pointer. */
+__global__ void add_bias_kernel(const float *bias, int rows, int cols, void *C, int ldc, bool bf16)
+{
+    size_t total = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, j = i % cols, at = r * (size_t)ldc + j;
+        if (bf16) {
+            uint16_t *c = (uint16_t *)C;
+            c[at] = ddp__f32_to_bf16(ddp__bf16_to_f32(c[at]) + bias[j]);
+        } else {
+            ((float *)C)[at] += bias[j];
+        }
+    }
+}
+
+static ddp_status add_bias(ddp__cuda_ctx *c, const float *bias, int rows, int cols, void *C,
+                           int ldc, ddp_dtype out, ddp_error *err)
+{
+    size_t total = (size_t)rows * cols;
+    add_bias_kernel<<<ddp__cuda_blocks(total, 256), 256, 0, c->stream>>>(bias, rows, cols, C, ldc,
+                                                                          out == DDP_BFLOAT16);
+    return ddp__cuda_launched("gemm bias", err);
+}
+
+/* The product through classic cuBLAS (cublasGemmEx, operands swapped as for cuBLASLt), then the
+ * bias pass: for what cuBLASLt has no algorithm for (pointers only element-aligned, an epilogue it
+ * does not offer for these types, K = 0). Slower, never wrong. */
+static ddp_status gemm_classic(ddp__cuda_ctx *c, cublasOperation_t opa, cublasOperation_t opb,
+                               int M, int N, int K, float alpha, const void *A, int lda,
+                               const void *B, int ldb, float beta, void *C, int ldc, ddp_dtype in,
+                               ddp_dtype out, const float *bias, cublasComputeType_t compute,
+                               ddp_precision precision, ddp_error *err)
+{
+    ddp_error e = {};
+    ddp_status st = ddp__cublas_check(cublasGemmEx(c->blas, opa, opb, N, M, K, &alpha, B,
+                                                   cuda_type(in), ldb, A, cuda_type(in), lda,
+                                                   &beta, C, cuda_type(out), ldc, compute,
+                                                   CUBLAS_GEMM_DEFAULT),
+                                      "cublasGemmEx", &e);
+    if (!st && bias)
+        st = add_bias(c, bias, M, N, C, ldc, out, &e);
+    if (st)
+        return ddp__cuda_fail(err, st, "cuda gemm: a %d × %d × %d product (%s, %s%s) without "
+                              "cuBLASLt: %s", M, N, K, dtype_name(in),
+                              precision_name(precision), bias ? ", bias" : "", e.msg);
+    return DDP_OK;
+}
+
 extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N,
                                      int K, float alpha, const void *A, int lda, const void *B,
                                      int ldb, float beta, void *C, int ldc, ddp_dtype in,
@@ -40,13 +95,24 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
                                       : CUBLAS_COMPUTE_32F;
     cublasOperation_t opa = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's A is our B */
     cublasOperation_t opb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's B is our A */
+    if (K == 0) /* C = beta · C (+ bias): no cuBLASLt layout has zero columns */
+        return gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
+                            bias, compute, precision, err);
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     ddp_status st;
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    /* A bias that is not 16-byte aligned (a view into a flat buffer) is added by a pass of its
+     * own after the product: cuBLASLt's epilogue loads it in vectors. */
+    const bool bias_epi = bias && ddp__cuda_bias_epilogue_ok(bias);
+    cublasLtEpilogue_t epi = bias_epi ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     cudaDataType_t bias_type = CUDA_R_32F;
     size_t ws = c->workspace_bytes;
+    /* The heuristic assumes 256-byte aligned buffers unless told otherwise, and may then pick a
+     * kernel that refuses or faults on these pointers (views into the GPT's flat parameters, a
+     * row offset): it is told each one's real alignment. cuBLAS's A is our B, and B our A. */
+    uint32_t align_a = ddp__cuda_align_of(B), align_b = ddp__cuda_align_of(A),
+             align_c = ddp__cuda_align_of(C);
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     /* Stored shapes, column-major: cuBLAS's A (our B) is (N, K) untransposed, (K, N) stored
@@ -63,7 +129,7 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
                                     desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
                                 "epilogue", err)))
         goto out_free;
-    if (bias &&
+    if (bias_epi &&
         ((st = ddp__cublas_check(cublasLtMatmulDescSetAttribute(desc,
                                                                 CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                                 &bias, sizeof bias),
@@ -86,20 +152,42 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws),
              "workspace preference", err)) ||
-        (st = ddp__cublas_check(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref,
-                                                               1, &heur, &found),
-                                "algorithm heuristic", err)))
+        (st = ddp__cublas_check(
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &align_a, sizeof align_a),
+             "alignment preference of B", err)) ||
+        (st = ddp__cublas_check(
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &align_b, sizeof align_b),
+             "alignment preference of A", err)) ||
+        (st = ddp__cublas_check(
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &align_c, sizeof align_c),
+             "alignment preference of C", err)) ||
+        (st = ddp__cublas_check(
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &align_c, sizeof align_c),
+             "alignment preference of D", err)))
         goto out_free;
-    if (found < 1) {
-        st = ddp__cuda_fail(err, DDP_ERR_SYSTEM,
-                            "cublasLt: no algorithm for a %d × %d × %d product (%s, %s%s)", M, N,
-                            K, dtype_name(in), precision_name(precision),
-                            bias ? ", bias" : "");
-        goto out_free;
+    {
+        /* NOT_SUPPORTED is the heuristic's "nothing found" (found 0): the fallback below. */
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1,
+                                                           &heur, &found);
+        if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
+            found = 0;
+        else if ((st = ddp__cublas_check(hs, "algorithm heuristic", err)))
+            goto out_free;
     }
-    st = ddp__cublas_check(cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
-                                          &heur.algo, c->workspace, ws, c->stream),
-                           "matmul", err);
+    if (found >= 1) {
+        st = ddp__cublas_check(cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C,
+                                              lc, &heur.algo, c->workspace, ws, c->stream),
+                               "matmul", err);
+        if (!st && bias && !bias_epi)
+            st = add_bias(c, bias, M, N, C, ldc, out, err);
+    } else {
+        st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out, bias,
+                          compute, precision, err);
+    }
 out_free:
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
