@@ -84,6 +84,15 @@ static inline bool ddp__cuda_bias_epilogue_ok(const float *bias)
     return ddp__cuda_align_of(bias) >= 16;
 }
 
+/* Floats one parameter tensor of count floats takes in the CUDA GPT's flat device buffers: the
+ * count rounded up to 64 floats (256 bytes), so that every tensor starts where cuBLASLt's fastest
+ * kernels want it (a CPU-layout offset such as vocab_size × n_embd is often only 16- or 4-byte
+ * aligned). The host's layout is unchanged: the padding exists on the device only. */
+static inline size_t ddp__cuda_param_span(size_t count)
+{
+    return (count + 63) / 64 * 64;
+}
+
 /* ---- the layers (fp32 activations; ddp/nn.h's contracts) ----------------------------------- */
 
 /* x (B, T, C) = wte[idx] + wpe[t]; idx (B, T) int32 on the device, already checked. */

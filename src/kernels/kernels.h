@@ -101,10 +101,10 @@ ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err
 /* ---- the GPT on a CUDA device (cuda/gpt.cu in the GPU module, through kernels/gpu.c) ---------
  * The forward and backward of src/nn/gpt.c's model on the device, for gpt.c's "cuda" device.
  * Parameters live on the device in one flat fp32 buffer, in the CPU model's parameter order and
- * sizes (ddp/model.h's list, the same offsets), and are uploaded from the model's host values
- * before each forward (the host optimizer and reducer own them); gradients are computed on the
- * device and added (+=) into the host gradients at the end of backward. No dropout; precision
- * fp32 or tf32. UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
+ * sizes (ddp/model.h's list; each tensor padded to 256 bytes there), and are uploaded from the
+ * model's host values before each forward (the host optimizer and reducer own them); gradients
+ * are computed on the device and added (+=) into the host gradients at the end of backward. No
+ * dropout; precision fp32 or tf32. UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
 typedef struct ddp__cuda_gpt ddp__cuda_gpt;
 typedef struct ddp__cuda_gpt_cfg {
     int L, nh, C, Tmax, V, B; /* n_layer, n_head, n_embd, block_size, vocab_size, max_batch */

@@ -160,7 +160,8 @@ static void peaks(void **state)
 
 /* What the GPU code derives from addresses and sizes, checked where there is no GPU: the
  * alignment cuBLASLt is told (its heuristic assumes 256 bytes otherwise: views into the GPT's
- * flat parameters are often 16- or 4-byte aligned) and when the bias epilogue may be used. */
+ * flat parameters are often 16- or 4-byte aligned), when the bias epilogue may be used, and the
+ * CUDA GPT's per-tensor padding on the device. */
 static void cuda_alignment(void **state)
 {
     (void)state;
@@ -182,6 +183,22 @@ static void cuda_alignment(void **state)
     assert_false(ddp__cuda_bias_epilogue_ok(buf + 1));
     assert_false(ddp__cuda_bias_epilogue_ok(buf + 2));
     assert_false(ddp__cuda_bias_epilogue_ok(buf + 6));
+    /* device padding: whole 256-byte blocks, nothing added to a multiple of 64 floats */
+    assert_int_equal(ddp__cuda_param_span(0), 0);
+    assert_int_equal(ddp__cuda_param_span(1), 64);
+    assert_int_equal(ddp__cuda_param_span(64), 64);
+    assert_int_equal(ddp__cuda_param_span(65), 128);
+    assert_int_equal(ddp__cuda_param_span(97 * 48), 4672);
+    assert_int_equal(ddp__cuda_param_span((size_t)50257 * 768), (size_t)50257 * 768);
+    /* offsets built from spans are all 256-byte aligned, whatever the counts */
+    const size_t counts[] = {97 * 48, 16 * 48, 48, 3 * 48 * 48, 3 * 48, 7, 1, 50257};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        assert_int_equal(off % 64, 0);
+        assert_true(ddp__cuda_param_span(counts[i]) >= counts[i]);
+        assert_true(ddp__cuda_param_span(counts[i]) < counts[i] + 64);
+        off += ddp__cuda_param_span(counts[i]);
+    }
 }
 
 int main(void)

@@ -4,11 +4,11 @@
  * buffers' meanings as src/nn/gpt.c, which is the reference (test_cuda_gpt compares the two).
  *
  * Memory, all cudaMalloc'd at create for max_batch × block_size tokens: the parameters and
- * their gradients as two flat fp32 buffers in the CPU model's order; per block what the backward
- * reads (ln_1/ln_2 outputs and statistics, qkv, the attention probabilities (B, nh, T, T), the
- * heads' output, the residual stream after attention, the MLP's pre/post-GELU activations, the
- * block's output); shared gradient buffers; the logits (N, V), which a training forward turns
- * into their own gradient.
+ * their gradients as two flat fp32 buffers in the CPU model's order (each tensor padded to 256
+ * bytes on the device); per block what the backward reads (ln_1/ln_2 outputs and statistics,
+ * qkv, the attention probabilities (B, nh, T, T), the heads' output, the residual stream after
+ * attention, the MLP's pre/post-GELU activations, the block's output); shared gradient buffers;
+ * the logits (N, V), which a training forward turns into their own gradient.
  *
  * What it does not do yet: dropout, bf16/fp16 activations (the bf16 GEMM exists; the model is
  * fp32 or TF32), keeping parameters and optimizer state on the device between steps (the host
@@ -66,8 +66,10 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
 {
     if (!g)
         return;
-    if (g->ctx)
+    if (g->ctx) {
+        (void)cudaSetDevice(g->ctx->device);
         ddp__cuda_sync(g->ctx, NULL);
+    }
     for (int l = 0; g->b && l < g->cfg.L; l++) {
         blk *a = &g->b[l];
         float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->att,
@@ -92,7 +94,9 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
 }
 
 /* The parameter list's layout (src/nn/gpt.c's add_params): its offsets, checked against the
- * sizes the model gave. */
+ * sizes the model gave. The order is the CPU's; each tensor starts on a 64-float (256-byte)
+ * boundary (ddp__cuda_param_span), so cuBLASLt sees aligned weights and biases whatever
+ * vocab_size × n_embd is. */
 static ddp_status layout(ddp__cuda_gpt *g, const size_t *counts, size_t n, ddp_error *err)
 {
     const ddp__cuda_gpt_cfg *c = &g->cfg;
@@ -150,7 +154,8 @@ static ddp_status layout(ddp__cuda_gpt *g, const size_t *counts, size_t n, ddp_e
             g->counts[i] = counts[i];
             g->offsets[i] = off;
             *slot[i] = (long long)off;
-            off += counts[i];
+            /* each tensor 256-byte aligned on the device (the host keeps the CPU's layout) */
+            off += ddp__cuda_param_span(counts[i]);
         }
         g->total = off;
     }
@@ -231,9 +236,19 @@ out_free:
     return st;
 }
 
+/* The runtime's current device is per thread: the model's calls make its own current, in case
+ * this thread has used another device since (a GPU group on another GPU, another model). */
+static ddp_status use_device(ddp__cuda_gpt *g, ddp_error *err)
+{
+    return ddp__cuda_check(cudaSetDevice(g->ctx->device), "cudaSetDevice", err);
+}
+
 extern "C" ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
                                                ddp_error *err)
 {
+    ddp_status st0 = use_device(g, err);
+    if (st0)
+        return st0;
     for (size_t i = 0; i < g->n_params; i++) {
         ddp_status st = ddp__cuda_to_device(g->ctx, g->params + g->offsets[i], data_host[i],
                                             sizeof(float) * g->counts[i], err);
@@ -268,7 +283,8 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     g->can_backward = false;
     g->n = n;
     g->T = T;
-    if ((st = ddp__cuda_to_device(c, g->tokens, tokens, sizeof(int32_t) * (size_t)N, err)) ||
+    if ((st = use_device(g, err)) ||
+        (st = ddp__cuda_to_device(c, g->tokens, tokens, sizeof(int32_t) * (size_t)N, err)) ||
         (targets &&
          (st = ddp__cuda_to_device(c, g->targets, targets, sizeof(int32_t) * (size_t)N, err))) ||
         (st = ddp__cuda_embedding_forward(c, g->tokens, P(g, g->wte), P(g, g->wpe), n, T, C, g->x0,
@@ -353,7 +369,8 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
     const ddp_precision pr = g->cfg.precision;
     ddp_status st;
     /* the LM head (tied to wte): dln = dlogits · wte, dwte += dlogitsᵀ · lnf */
-    if ((st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
+    if ((st = use_device(g, err)) ||
+        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
         (st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, g->logits, V, P(g, g->wte), C, 0.0f,
                              g->dln, C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
         (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, g->logits, V, g->lnf, C, 1.0f,
