@@ -56,43 +56,47 @@ __global__ void permute_heads(float *y, float *out, int B, int T, int C, int nh,
     }
 }
 
-/* Row t of each (T, T) score matrix: softmax over j ≤ t, 0 beyond. One warp per row. */
+/* Row t of each (T, T) score matrix: softmax over j ≤ t, 0 beyond. One warp per row, rows
+ * strided over the grid (ddp__cuda_blocks caps it: B·nh·T can pass 8 Mi rows); the row is the
+ * same across a warp, so the full-mask shuffles see all 32 lanes. */
 __global__ void causal_softmax(float *att, size_t rows, int T)
 {
-    size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows)
-        return;
-    int t = (int)(row % T);
-    float *a = att + row * T;
-    float mx = -INFINITY;
-    for (int j = lane; j <= t; j += 32)
-        mx = fmaxf(mx, a[j]);
-    mx = ddp__warp_max(mx);
-    float s = 0.0f;
-    for (int j = lane; j <= t; j += 32)
-        s += expf(a[j] - mx);
-    s = ddp__warp_sum(s);
-    for (int j = lane; j < T; j += 32)
-        a[j] = j <= t ? expf(a[j] - mx) / s : 0.0f;
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = (int)(row % T);
+        float *a = att + row * T;
+        float mx = -INFINITY;
+        for (int j = lane; j <= t; j += 32)
+            mx = fmaxf(mx, a[j]);
+        mx = ddp__warp_max(mx);
+        float s = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            s += expf(a[j] - mx);
+        s = ddp__warp_sum(s);
+        for (int j = lane; j < T; j += 32)
+            a[j] = j <= t ? expf(a[j] - mx) / s : 0.0f;
+    }
 }
 
-/* dS = P ⊙ (dP − Σ_j P·dP) · scale in place on dP, 0 above the diagonal. */
+/* dS = P ⊙ (dP − Σ_j P·dP) · scale in place on dP, 0 above the diagonal; rows as above. */
 __global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int T, float scale)
 {
-    size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows)
-        return;
-    int t = (int)(row % T);
-    const float *p = att + row * T;
-    float *d = dp + row * T;
-    float s = 0.0f;
-    for (int j = lane; j <= t; j += 32)
-        s += p[j] * d[j];
-    s = ddp__warp_sum(s);
-    for (int j = lane; j < T; j += 32)
-        d[j] = j <= t ? p[j] * (d[j] - s) * scale : 0.0f;
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = (int)(row % T);
+        const float *p = att + row * T;
+        float *d = dp + row * T;
+        float s = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            s += p[j] * d[j];
+        s = ddp__warp_sum(s);
+        for (int j = lane; j < T; j += 32)
+            d[j] = j <= t ? p[j] * (d[j] - s) * scale : 0.0f;
+    }
 }
 
 /* Row-major strided-batched C = alpha · op(A) · op(B) + beta · C (operands swapped for

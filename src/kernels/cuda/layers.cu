@@ -38,16 +38,16 @@ __global__ void embedding_bwd_wte(const float *dx, const int32_t *idx, int C, si
         atomicAdd(&dwte[(size_t)idx[i / C] * C + i % C], dx[i]);
 }
 
-/* dwpe[t, c] += Σ_b dx[b, t, c], in b order (deterministic). */
+/* dwpe[t, c] += Σ_b dx[b, t, c], in b order (deterministic); grid-stride (the grid is capped). */
 __global__ void embedding_bwd_wpe(const float *dx, int B, int T, int C, float *dwpe)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * C)
-        return;
-    float s = 0.0f;
-    for (int b = 0; b < B; b++)
-        s += dx[(size_t)b * T * C + i];
-    dwpe[i] += s;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)T * C;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int b = 0; b < B; b++)
+            s += dx[(size_t)b * T * C + i];
+        dwpe[i] += s;
+    }
 }
 
 extern "C" ddp_status ddp__cuda_embedding_backward(ddp__cuda_ctx *c, const float *dx,
