@@ -76,7 +76,11 @@ static ddp_status wd_async_error(void *ctx, char *msg, size_t cap)
 
 static bool wd_done(void *ctx, void *ev)
 {
-    (void)ctx;
+    nccl_be *b = ctx;
+    /* The watchdog's thread has no current device of its own: without this, its first CUDA call
+     * could make GPU 0's primary context current there, and every rank of a multi-GPU host
+     * could hold a context (and its memory) on GPU 0. */
+    (void)cudaSetDevice(b->device);
     cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
     if (e != cudaSuccess && e != cudaErrorNotReady)
         (void)cudaGetLastError();
@@ -294,6 +298,13 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
         backoff(&ns);
     }
     ddp__watchdog_untrack(&b->wd, c->seq);
+    /* An abort between the check above and the query completes the event too (the aborted
+     * kernel exits): the watchdog records its failure before it aborts, so a look now tells an
+     * aborted collective, whose buffer holds no result, from a finished one. */
+    if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg)) != DDP_OK) {
+        f->status = st;
+        return st;
+    }
     return DDP_OK;
 }
 
