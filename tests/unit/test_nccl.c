@@ -5,7 +5,8 @@
  * (stuck → abort and a message by the deadline, error → abort and the NCCL message, healthy →
  * nothing), by hand and on its thread; the messages; and the cuda-staged backend's staging of
  * each collective through a small host buffer, with memcpy as the "device" copies and a fake
- * host backend that acts as n ranks holding known data. Nothing here touches CUDA.
+ * host backend that acts as n ranks holding known data; a cuda-staged group on the fake GPU
+ * whose pinning is refused. Nothing here touches CUDA.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -760,6 +761,44 @@ static void group_without_gpu(void **state)
     ddp_group_destroy(g);
 }
 
+/* cuda-staged when pinning the staging buffer is refused (cudaHostRegister can refuse shared
+ * memory in some kernels and VMs): the group still comes up, unpinned, and its collectives are
+ * right. On the fake GPU (host memory), with its pin told to refuse. */
+static void staged_unpinned(void **state)
+{
+    (void)state;
+    setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    w.settings.fake_gpus = 1; /* DDP_TEST_FAKE_GPUS=1 */
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.device = DDP_DEVICE_CUDA;
+    o.host_id = "hostA";
+    o.timeout_ms = 10000;
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    ddp_status st = ddp_group_init(&o, &g, &err);
+    unsetenv("DDP_TEST_FAKE_PIN_REFUSED");
+    if (st != DDP_OK)
+        fail_msg("group with an unpinned staging buffer: %s", err.msg);
+    assert_string_equal(ddp_group_backend(g), "cuda-staged");
+    enum { n = 1000 };
+    float host[n], back[n];
+    for (int i = 0; i < n; i++)
+        host[i] = (float)i;
+    float *dev = ddp_group_alloc(g, sizeof host);
+    assert_non_null(dev);
+    assert_int_equal(ddp_group_memcpy(g, dev, host, sizeof host), DDP_OK);
+    assert_int_equal(ddp_allreduce(g, dev, dev, n, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    assert_int_equal(ddp_group_memcpy(g, back, dev, sizeof back), DDP_OK);
+    assert_memory_equal(back, host, sizeof host); /* world 1: the sum is the input */
+    ddp_group_free(g, dev);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -768,6 +807,7 @@ int main(void)
         cmocka_unit_test(watchdog_thread), cmocka_unit_test(messages),
         cmocka_unit_test(staging),         cmocka_unit_test(staging_avg),
         cmocka_unit_test(staging_edges),   cmocka_unit_test(group_without_gpu),
+        cmocka_unit_test(staged_unpinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

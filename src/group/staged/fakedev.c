@@ -35,12 +35,19 @@ static ddp_status fake_sync(void *ctx, int64_t deadline_ms, char *msg)
     return DDP_OK;
 }
 
+/* Pins nothing; refuses, as cudaHostRegister can, when DDP_TEST_FAKE_PIN_REFUSED=1 (tests of
+ * cuda-staged's unpinned fallback, test_nccl). */
 static ddp_status fake_pin(void *ctx, void *p, size_t bytes, char *msg)
 {
     (void)ctx;
     (void)p;
     (void)bytes;
-    (void)msg;
+    const char *refuse = getenv("DDP_TEST_FAKE_PIN_REFUSED");
+    if (refuse && !strcmp(refuse, "1")) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "cudaHostRegister failed: operation not supported (the test's refusal)");
+        return DDP_ERR_SYSTEM;
+    }
     return DDP_OK;
 }
 

@@ -16,6 +16,7 @@
  * Both are faster, later. The GPU calls are behind ddp__devops (nccl/cudaops.c), so this file is
  * plain C and its staging logic is unit-tested with memcpy (tests/unit/test_nccl.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,11 +251,17 @@ static ddp_status staged_create(const ddp__setup *s, void **be, const ddp__backe
             goto out_free;
         }
     }
-    if ((st = g->dev.pin(g->dev.ctx, g->st.buf, bytes, msg))) {
-        st = ddp__err(err, st, "cuda-staged: %s", msg);
-        goto out_free;
-    }
-    g->pinned = true;
+    /* Pinning is for speed only: copies to and from pageable memory are correct, just slower
+     * (the runtime bounces them through its own pinned buffer). cudaHostRegister can refuse the
+     * shared segment's pages (some kernels, VMs and containers), so a refusal is one line on
+     * member 0 and the group goes on unpinned. */
+    if (g->dev.pin(g->dev.ctx, g->st.buf, bytes, msg) == DDP_OK)
+        g->pinned = true;
+    else if (s->m.me == 0)
+        fprintf(stderr,
+                "ddp: cuda-staged: the staging buffer is not pinned (%s); copies go "
+                "through pageable memory, slower\n",
+                msg);
     g->st = (ddp__stage){.dev = &g->dev,
                          .inner_be = g->inner_be,
                          .inner = g->inner,
