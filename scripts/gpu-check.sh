@@ -17,12 +17,15 @@
 #                                device tool: carry ["gpu-carry"]): every GPU test with
 #                                DDP_REQUIRE_GPU=1 (a skip is a failure), the GPT on the GPU
 #                                against PyTorch (tests/python/test_gpt_torch.py with
-#                                DDP_GPT_DUMP_DEVICE=cuda), ddptrain's GPT 10 steps
+#                                DDP_GPT_DUMP_DEVICE=cuda), the GPU backends (integration.gpu:
+#                                tests/integration/test_gpu.sh), ddptrain's GPT 10 steps
 #                                on cpu and on cuda compared, the GPU benchmarks (gpu_bench, and
 #                                bench/gpu_gpt_torch.py for PyTorch on the same GPU), then one
 #                                table. Writes the log to $OUT/gpu-check.log when $OUT is set.
 #                                Exit status: 0 only if every check passed.
 #   scripts/gpu-check.sh run --quick   smaller benchmark shapes.
+#   scripts/gpu-check.sh allreduce     THERE, after run: bench/gpu_allreduce.sh (issue 13's
+#                                allreduce figures on GPU buffers) over gpu-carry's programs.
 #
 # Status: the build half works here; the run half has NOT been run yet (no GPU was lent to the
 # session that wrote it), so treat its first run as its test.
@@ -31,15 +34,18 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/gpu-carry
 BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model gpu_bench
-      ddptrain ddprun gpt_dump)
+      ddptrain ddprun gpt_dump gpucheck ddpbench)
 
 build() {
     set -e
-    cmake -S . -B build-gpu -DDDP_WERROR=ON -DDDP_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    # No MPI backend: nothing here needs it, and libmpi would bring Open MPI's libraries along.
+    cmake -S . -B build-gpu -DDDP_WERROR=ON -DDDP_CUDA=ON -DDDP_MPI=OFF -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
     cmake --build build-gpu -j "${JOBS:-2}" --target "${BINS[@]}" ddp_gpu
     rm -rf "$CARRY"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
+    # Whether the module has the NCCL backend (integration.gpu expects nccl at world 1 if so).
+    sed -n 's/^DDP_NCCL:BOOL=//p' build-gpu/CMakeCache.txt >"$CARRY/nccl"
     for b in "${BINS[@]}"; do
         cp "build-gpu/bin/$b" "$CARRY/bin/"
         strip --strip-debug "$CARRY/bin/$b"
@@ -91,11 +97,11 @@ find_nccl() {
     [ -n "$site" ] && find "$site/nvidia" -name 'libnccl.so.2*' -printf '%h\n' 2>/dev/null | head -1
 }
 
-run() {
-    local quick=""
-    [ "${1:-}" = "--quick" ] && quick=--quick
+# LD_LIBRARY_PATH for the carried programs: gpu-carry/lib, then the machine's cuBLAS and NCCL.
+# (SYS_LD_LIBRARY_PATH keeps the machine's own, for python3 and torch, which need none of ours.)
+setup_env() {
     [ -x "$CARRY/bin/test_cuda" ] || { echo "no $CARRY/bin: run 'scripts/gpu-check.sh build' here first and carry gpu-carry" >&2; exit 2; }
-    local LOG=${OUT:-/tmp}/gpu-check.log
+    LOG=${OUT:-/tmp}/gpu-check.log
     : >"$LOG"
     local cub
     cub=$(find_cublas)
@@ -103,11 +109,23 @@ run() {
     local nccl
     nccl=$(find_nccl)
     [ -n "$nccl" ] || echo "warning: no libnccl.so.2 found; the GPU module will not load" | tee -a "$LOG"
+    export SYS_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
     export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}" | tee -a "$LOG"
+}
+
+# python3 with the machine's own library path (torch must not load gpu-carry's zlib & co.).
+syspy() {
+    LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 "$@"
+}
+
+run() {
+    local quick=""
+    [ "${1:-}" = "--quick" ] && quick=--quick
+    setup_env
     export DDP_REQUIRE_GPU=1 OPENBLAS_NUM_THREADS=4
     local -a names results
     nvidia-smi -L 2>&1 | tee -a "$LOG"
-    echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}" | tee -a "$LOG"
     check() { # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output
         local name=$1 rc=0 t0=$SECONDS
         shift
@@ -119,6 +137,10 @@ run() {
     for t in test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model; do
         check "unit.$t" "$CARRY/bin/$t"
     done
+    # issue 13: world 1 over NCCL (cuda-staged without it), worlds 2 and 4 on the one GPU over
+    # cuda-staged, every collective exact and W × B ≡ 1 × W·B, a killed rank ending the job
+    check "integration.gpu (nccl, cuda-staged, kill)" bash tests/integration/test_gpu.sh \
+        "$CARRY/bin" "$(cat "$CARRY/nccl" 2>/dev/null || echo OFF)"
     # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)
     check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda python3 \
         tests/python/test_gpt_torch.py "$CARRY/bin"
@@ -135,7 +157,7 @@ run() {
     export DDP_DATA_CACHE=$W/cache
     check "ddptrain gpt device cpu" "$CARRY/bin/ddptrain" "${args[@]}" --device cpu --out_dir "$W/cpu"
     check "ddptrain gpt device cuda" "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda"
-    check "ddptrain cpu vs cuda losses (1e-4)" python3 - "$W/cpu/metrics.jsonl" "$W/cuda/metrics.jsonl" <<'EOP'
+    check "ddptrain cpu vs cuda losses (1e-4)" syspy - "$W/cpu/metrics.jsonl" "$W/cuda/metrics.jsonl" <<'EOP'
 import json, sys
 def losses(p):
     return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
@@ -156,7 +178,7 @@ EOP
     echo "=== bench/gpu_gpt_torch.py" >>"$LOG"
     # shellcheck disable=SC2086
     set -- $peaks
-    python3 bench/gpu_gpt_torch.py $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
+    syspy bench/gpu_gpt_torch.py $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
         --peak-bf16 "${3:-0}" 2>&1 | tee "$W/torch.txt" >>"$LOG"
     # one table
     {
@@ -176,14 +198,30 @@ EOP
     return $failed
 }
 
+# issue 13's speed: allreduce on GPU buffers, ddpc's nccl and cuda-staged beside torch's
+# (bench/gpu_allreduce.sh over gpu-carry's ddprun and ddpbench); a second call, after run.
+allreduce() {
+    setup_env
+    local w
+    w=$(mktemp -d)
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" exec python3 "$@"\n' >"$w/py"
+    chmod +x "$w/py"
+    PY=$w/py bash bench/gpu_allreduce.sh "$CARRY" "$@" 2>&1 | tee -a "$LOG"
+    rm -rf "$w"
+}
+
 case "${1:-}" in
 build) build ;;
 run)
     shift
     run "$@"
     ;;
+allreduce)
+    shift
+    allreduce "$@"
+    ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | run [--quick]" >&2
+    echo "usage: scripts/gpu-check.sh build | run [--quick] | allreduce [SIZES]" >&2
     exit 2
     ;;
 esac
