@@ -66,7 +66,8 @@ typedef struct ddp_group_opts {
      * completes or times out. 0: the setting, else 30 s; < 0: never. */
     int stall_report_ms;
     /* Where those lines go: called on whichever thread runs the collective (the caller's or
-     * the progress thread); NULL: standard error, prefixed "ddp: ". */
+     * the progress thread; for the mpi backend's blocking calls, its watchdog thread, while the
+     * collective's own thread is inside MPI); NULL: standard error, prefixed "ddp: ". */
     void (*report)(void *ctx, const char *line);
     void *report_ctx;
     /* Where the collectives' buffers live. DDP_DEVICE_CPU (0, the default): host memory, moved by

@@ -89,6 +89,10 @@ typedef struct ddp_settings {
                       copies, over cuda-staged (never nccl); 0: real GPUs */
     char gpu_module[4096]; /* DDP_GPU_MODULE: the GPU module's file (libddp_gpu.so) to load on
                               first GPU use; the search in docs/gpu.md */
+    char mpi_mode[32];     /* DDP_MPI_MODE: how the mpi backend calls MPI: "blocking" (default:
+                              MPI's blocking collectives, the deadline kept by a watchdog that
+                              ends the job) or "nonblocking" (MPI_I… tested against the
+                              deadline, which returns the error); docs/group.md */
 } ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */

@@ -818,7 +818,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .nccl_built = ddp__nccl_built && set->fake_gpus == 0,
                     .fake_gpu = g->device == DDP_DEVICE_CUDA && set->fake_gpus > 0,
                     .shm_algo = set->shm_algo,
-                    .cache_dir = set->cache_dir};
+                    .cache_dir = set->cache_dir,
+                    .mpi_mode = set->mpi_mode};
     ddp__setup_place(&s);
     if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
         (st = chosen->create(&s, &g->be, &g->ops, err)))

@@ -162,6 +162,8 @@ typedef struct ddp__setup {
     const char *shm_algo;  /* shm's allreduce variant: "auto", "probe", "rules" or a variant's
                               name (shm/shm_int.h); NULL or "": auto */
     const char *cache_dir; /* where shm caches its choice per machine; NULL or "": nowhere */
+    const char *mpi_mode;  /* the mpi backend's calls: "blocking", "nonblocking"; NULL or "":
+                              blocking (mpi/mpi.c) */
 } ddp__setup;
 
 /* During create(): member 0's len bytes in buf reach every member's buf (name: unique among this

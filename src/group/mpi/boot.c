@@ -129,7 +129,9 @@ ddp_status ddp__mpi_boot_open(int rank, int world_size, int timeout_ms, ddp__mpi
     if (!inited) {
         /* SERIALIZED: the group calls MPI from the caller's thread or its progress thread, one
          * at a time (the core runs one collective at a time); Open MPI 4.1 gives up to
-         * MULTIPLE, which would add locking to every call for nothing. */
+         * MULTIPLE, which would add locking to every call for nothing. The one exception is the
+         * mpi backend's watchdog, whose MPI_Abort ends a job while a blocking call that will
+         * never return is still inside MPI (mpi.c says why that is safe in Open MPI). */
         int provided = 0;
         if ((rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided)) != MPI_SUCCESS) {
             st = mpi_fail(err, rc, "MPI_Init_thread");

@@ -1,37 +1,55 @@
 /*
  * mpi.c — the MPI backend: collectives through the job's MPI (Open MPI from Debian), for jobs
- * started by mpirun or srun. Set-up needs no store (boot.c); each collective is one non-blocking
- * MPI call (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ibarrier)
- * tested in a loop against the group's deadline, so the reducer's buckets still overlap backward
- * (on the progress thread) and a rank that never arrives is an error naming the operation.
+ * started by mpirun or srun. Set-up needs no store (boot.c). Each collective is one MPI call, in
+ * one of two modes (DDP_MPI_MODE, member 0's setting for every member):
+ *
+ *   blocking (default)  MPI_Allreduce, MPI_Bcast, MPI_Allgather, MPI_Reduce_scatter_block,
+ *                       MPI_Barrier: Open MPI's tuned algorithms, as fast as MPI itself. The
+ *                       call runs on the thread that runs the collective (the caller's, or the
+ *                       group's progress thread for asynchronous work, so the reducer's buckets
+ *                       still overlap backward). A blocking call cannot be interrupted, so the
+ *                       deadline is kept from outside it: a watchdog thread of the backend sees
+ *                       the call in progress, writes the stall reports, and at the deadline
+ *                       prints the one-line error naming the collective and ends the job with
+ *                       MPI_Abort (a timed-out MPI collective cannot be cancelled, and the
+ *                       caller's thread is inside it: as torch's NCCL watchdog does).
+ *   nonblocking         MPI_Iallreduce, … (Open MPI's libnbc) tested in a loop against the
+ *                       deadline: the error returns to the caller, and destroying the group
+ *                       ends the job (boot.c). Slower (libnbc's schedules, progressed only
+ *                       inside MPI_Test): for programs that must see the error themselves.
  *
  *   float32, float64, int32, int64, uint8   MPI's own types and MPI_SUM/MIN/MAX/PROD
  *   bfloat16, float16 (reductions)          widened to float32, reduced by MPI, rounded once
  *   bfloat16, float16 (moves)               as 16-bit integers
  *   AVG                                     the sum, divided here (fused: before the rounding)
  *
- * Waiting: MPI makes progress only inside its calls, so the loop tests the request without a
- * pause while the caller waits and this host's ranks have a core each; in the background (the
- * progress thread, beside backward) or with more ranks than cores it yields the core between
- * tests after a short spin.
+ * Nonblocking waiting: MPI makes progress only inside its calls, so the loop tests the request
+ * without a pause while the caller waits and this host's ranks have a core each; in the
+ * background (the progress thread, beside backward) or with more ranks than cores it yields the
+ * core between tests after a short spin.
  * A timed-out collective cannot be cancelled (MPI has no such call) and MPI cannot finalise
  * without every rank: the group is poisoned, and destroying it ends the job (boot.c).
  * Not here: joining MPI and set-up (boot.c), the hierarchical shm+mpi (hier/hier.c).
  */
 #define _GNU_SOURCE
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "group/mpi/mpi_int.h"
 #include "kernels/kernels.h"
 #include "util/util.h"
 
 #define MAX_PART ((size_t)1 << 30) /* elements per MPI call: MPI counts are int */
+#define WATCH_TICK_MS 100          /* the watchdog looks at least this often */
+#define ABORT_GRACE_S 1            /* peers timing out at the same moment print theirs too */
 
 typedef struct mpi_be {
     MPI_Comm comm; /* the members, in member order */
@@ -45,6 +63,19 @@ typedef struct mpi_be {
     size_t wide_n;
     void *tmp; /* reduce_scatter's result when it overlaps its input */
     size_t tmp_bytes;
+    bool blocking; /* MPI's blocking calls, kept to the deadline by the watchdog */
+    int rank;      /* this process's global rank, for the watchdog's line */
+    /* The watchdog (blocking mode): cur is the collective whose blocking call is in progress
+     * (NULL between calls), set and cleared by the thread making the call; the watchdog reads it
+     * (and writes its stall reports) under mu, so cur stays valid while it looks. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC: stop, and the watchdog's timed sleeps */
+    const ddp__coll *cur;
+    bool watch_stop, watching;
+    int64_t cur_start_ms; /* when cur started, when c->stall does not say */
+    bool fired;           /* the deadline of cur passed: the job is being ended */
+    char fired_msg[DDP_ERRMSG_MAX];
+    pthread_t watcher;
 } mpi_be;
 
 static MPI_Datatype mpi_type(ddp_dtype t)
@@ -145,6 +176,146 @@ static ddp_status wait_req(mpi_be *b, MPI_Request *req, const ddp__coll *c, ddp_
     }
 }
 
+/* ---- blocking mode: the watchdog ------------------------------------------------------------ */
+
+/* The deadline of b->cur passed: says so and ends the job. Called by the watchdog with b->mu
+ * held; never returns. The thread inside the blocking call cannot be reached (MPI cannot cancel
+ * a collective), so the error cannot be returned to the caller: it is printed, once, as one line,
+ * and MPI_Abort makes mpirun end every rank, the stalled one included. MPI_Abort comes from this
+ * thread while another may be inside MPI, beyond what MPI_THREAD_SERIALIZED promises; Open MPI's
+ * abort goes through its runtime (PMIx to the local daemon), not through the point-to-point
+ * engine the other thread is polling, and it is the one call left when that thread never
+ * returns. */
+static void fire(mpi_be *b, int64_t now)
+{
+    const ddp__coll *c = b->cur;
+    char what[160], d[32];
+    describe(c, what, sizeof what);
+    ddp__fmt_duration(d, sizeof d, now - (c->stall ? c->stall->start_ms : b->cur_start_ms));
+    ddp__fmt(b->fired_msg, sizeof b->fired_msg,
+             "%s timed out in mpi after %s: not every rank arrived (MPI does not say which); a "
+             "rank may be hung or stopped, or ranks called different collectives (set "
+             "DDP_DEBUG=1 to check); ending the MPI job (MPI_Abort): a blocking MPI call cannot "
+             "be cancelled",
+             what, d);
+    b->fired = true;
+    pthread_mutex_unlock(&b->mu);
+    fprintf(stderr, "ddp: rank %d: %s\n", b->rank, b->fired_msg);
+    fflush(stderr);
+    struct timespec grace = {ABORT_GRACE_S, 0};
+    while (nanosleep(&grace, &grace) != 0)
+        ;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    /* MPI_Abort does not return; were it to, a process with a thread stuck inside MPI could
+     * only hang, which the group never does. */
+    _exit(1);
+}
+
+/* The watchdog: wakes at the call's deadline, at its next stall report, and at least every
+ * WATCH_TICK_MS (a call that started while it slept is seen within that; starting one costs the
+ * caller a lock, not a wake-up). */
+static void *watch_main(void *arg)
+{
+    mpi_be *b = arg;
+    pthread_mutex_lock(&b->mu);
+    while (!b->watch_stop) {
+        int64_t now = ddp__now_ms(), wake = now + WATCH_TICK_MS;
+        const ddp__coll *c = b->cur;
+        if (c && now >= c->deadline_ms)
+            fire(b, now); /* does not return */
+        if (c && ddp__stall_due(c, now))
+            ddp__stall_report(c, now, "mpi", "not every rank has arrived (MPI does not say which)");
+        if (c && ddp__stall_wake(c, c->deadline_ms) < wake)
+            wake = ddp__stall_wake(c, c->deadline_ms);
+        struct timespec ts = {(time_t)(wake / 1000), (long)(wake % 1000) * 1000000L};
+        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Around each blocking call: cur names it for the watchdog. */
+static void watch_begin(mpi_be *b, const ddp__coll *c)
+{
+    pthread_mutex_lock(&b->mu);
+    b->cur = c;
+    b->cur_start_ms = c->stall ? 0 : ddp__now_ms(); /* the stall record has the start */
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* After the call returned: a timeout when the watchdog fired meanwhile (the call came back in
+ * the grace second before the job ends). */
+static ddp_status watch_end(mpi_be *b, ddp__fail *f)
+{
+    pthread_mutex_lock(&b->mu);
+    b->cur = NULL;
+    bool fired = b->fired;
+    if (fired) {
+        f->status = DDP_ERR_TIMEOUT;
+        ddp__fmt(f->msg, sizeof f->msg, "%s", b->fired_msg);
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (!fired)
+        return DDP_OK;
+    b->stuck = true;
+    return DDP_ERR_TIMEOUT;
+}
+
+/* ---- one MPI call, in either mode ------------------------------------------------------------ */
+
+/* The arguments of one MPI collective: c->kind says which. */
+typedef struct mpi_args {
+    const void *send; /* MPI_IN_PLACE where MPI's in-place form applies */
+    void *recv;
+    int count;
+    MPI_Datatype type;
+    MPI_Op op;
+    int root;
+} mpi_args;
+
+/* Runs c->kind's MPI collective with a's arguments: the blocking call under the watchdog, or the
+ * non-blocking one tested against the deadline. */
+static ddp_status call(mpi_be *b, const ddp__coll *c, const mpi_args *a, ddp__fail *f)
+{
+    static const char *const names[2][DDP__KIND_COUNT] = {
+        {"MPI_Iallreduce", "MPI_Ibcast", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
+         "MPI_Ibarrier"},
+        {"MPI_Allreduce", "MPI_Bcast", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Barrier"}};
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Request *r = b->blocking ? NULL : &req;
+    int rc;
+    if (b->blocking)
+        watch_begin(b, c);
+    switch (c->kind) {
+    case DDP__ALLREDUCE:
+        rc = r ? MPI_Iallreduce(a->send, a->recv, a->count, a->type, a->op, b->comm, r)
+               : MPI_Allreduce(a->send, a->recv, a->count, a->type, a->op, b->comm);
+        break;
+    case DDP__BROADCAST:
+        rc = r ? MPI_Ibcast(a->recv, a->count, a->type, a->root, b->comm, r)
+               : MPI_Bcast(a->recv, a->count, a->type, a->root, b->comm);
+        break;
+    case DDP__ALLGATHER:
+        rc = r ? MPI_Iallgather(a->send, a->count, a->type, a->recv, a->count, a->type, b->comm, r)
+               : MPI_Allgather(a->send, a->count, a->type, a->recv, a->count, a->type, b->comm);
+        break;
+    case DDP__REDUCE_SCATTER:
+        rc = r ? MPI_Ireduce_scatter_block(a->send, a->recv, a->count, a->type, a->op, b->comm, r)
+               : MPI_Reduce_scatter_block(a->send, a->recv, a->count, a->type, a->op, b->comm);
+        break;
+    default: rc = r ? MPI_Ibarrier(b->comm, r) : MPI_Barrier(b->comm); break;
+    }
+    const char *name = names[b->blocking][(unsigned)c->kind < DDP__KIND_COUNT ? c->kind : 4];
+    if (b->blocking) {
+        ddp_status st = watch_end(b, f);
+        if (st)
+            return st;
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_error(b, f, c, name, rc);
+    return r ? wait_req(b, r, c, f) : DDP_OK;
+}
+
 /* Makes room for n float32 (16-bit reductions). */
 static bool wide_room(mpi_be *b, size_t n)
 {
@@ -170,13 +341,12 @@ static ddp_status allreduce(mpi_be *b, const ddp__coll *c, const void *send, voi
     size_t esz = ddp_dtype_size(t);
     for (size_t off = 0; off < n; off += MAX_PART) {
         size_t k = n - off < MAX_PART ? n - off : MAX_PART;
-        const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + off * esz;
-        MPI_Request req;
-        int rc = MPI_Iallreduce(s, (char *)recv + off * esz, (int)k, mpi_type(t), mpi_op(c->op),
-                                b->comm, &req);
-        if (rc != MPI_SUCCESS)
-            return mpi_error(b, f, c, "MPI_Iallreduce", rc);
-        ddp_status st = wait_req(b, &req, c, f);
+        mpi_args a = {.send = send == recv ? MPI_IN_PLACE : (const char *)send + off * esz,
+                      .recv = (char *)recv + off * esz,
+                      .count = (int)k,
+                      .type = mpi_type(t),
+                      .op = mpi_op(c->op)};
+        ddp_status st = call(b, c, &a, f);
         if (st)
             return st;
     }
@@ -212,12 +382,11 @@ static ddp_status run_broadcast(mpi_be *b, const ddp__coll *c, ddp__fail *f)
     size_t esz = ddp_dtype_size(c->dtype);
     for (size_t off = 0; off < c->count; off += MAX_PART) {
         size_t k = c->count - off < MAX_PART ? c->count - off : MAX_PART;
-        MPI_Request req;
-        int rc = MPI_Ibcast((char *)c->recv + off * esz, (int)k, mpi_type(c->dtype), c->root,
-                            b->comm, &req);
-        if (rc != MPI_SUCCESS)
-            return mpi_error(b, f, c, "MPI_Ibcast", rc);
-        ddp_status st = wait_req(b, &req, c, f);
+        mpi_args a = {.recv = (char *)c->recv + off * esz,
+                      .count = (int)k,
+                      .type = mpi_type(c->dtype),
+                      .root = c->root};
+        ddp_status st = call(b, c, &a, f);
         if (st)
             return st;
     }
@@ -233,12 +402,8 @@ static ddp_status run_allgather(mpi_be *b, const ddp__coll *c, ddp__fail *f)
     const void *s = (const char *)c->send == (const char *)c->recv + (size_t)b->me * c->count * esz
                         ? MPI_IN_PLACE
                         : c->send;
-    MPI_Request req;
-    int rc = MPI_Iallgather(s, (int)c->count, mpi_type(c->dtype), c->recv, (int)c->count,
-                            mpi_type(c->dtype), b->comm, &req);
-    if (rc != MPI_SUCCESS)
-        return mpi_error(b, f, c, "MPI_Iallgather", rc);
-    return wait_req(b, &req, c, f);
+    mpi_args a = {.send = s, .recv = c->recv, .count = (int)c->count, .type = mpi_type(c->dtype)};
+    return call(b, c, &a, f);
 }
 
 static ddp_status run_reduce_scatter(mpi_be *b, const ddp__coll *c, ddp__fail *f)
@@ -272,12 +437,9 @@ static ddp_status run_reduce_scatter(mpi_be *b, const ddp__coll *c, ddp__fail *f
         }
         out = b->tmp;
     }
-    MPI_Request req;
-    int rc =
-        MPI_Ireduce_scatter_block(send, out, (int)n, mpi_type(t), mpi_op(c->op), b->comm, &req);
-    if (rc != MPI_SUCCESS)
-        return mpi_error(b, f, c, "MPI_Ireduce_scatter_block", rc);
-    ddp_status st = wait_req(b, &req, c, f);
+    mpi_args a = {
+        .send = send, .recv = out, .count = (int)n, .type = mpi_type(t), .op = mpi_op(c->op)};
+    ddp_status st = call(b, c, &a, f);
     if (st)
         return st;
     ddp__scale_avg(out, n, t, c->avg_div);
@@ -307,11 +469,8 @@ static ddp_status mpi_run(void *bep, const ddp__coll *c, ddp__fail *f)
     case DDP__ALLGATHER: return run_allgather(b, c, f);
     case DDP__REDUCE_SCATTER: return run_reduce_scatter(b, c, f);
     case DDP__BARRIER: {
-        MPI_Request req;
-        int rc = MPI_Ibarrier(b->comm, &req);
-        if (rc != MPI_SUCCESS)
-            return mpi_error(b, f, c, "MPI_Ibarrier", rc);
-        return wait_req(b, &req, c, f);
+        mpi_args a = {0};
+        return call(b, c, &a, f);
     }
     default: return fail(f, DDP_ERR_INVALID, c, "%s", "is not a collective the mpi backend knows");
     }
@@ -332,6 +491,15 @@ static void mpi_destroy(void *bep)
     mpi_be *b = bep;
     if (!b)
         return;
+    if (b->watching) { /* after a timeout the watchdog is ending the job: this waits for that */
+        pthread_mutex_lock(&b->mu);
+        b->watch_stop = true;
+        pthread_cond_signal(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->watcher, NULL);
+    }
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
     /* A stuck request still owns its buffers and the communicator: leave both to the job's end
      * (boot.c ends it when the group failed). */
     if (!b->stuck) {
@@ -369,14 +537,28 @@ static ddp_status mpi_create(const ddp__setup *s, void **out, const ddp__backend
     const ddp__members *m = &s->m;
     if (!s->mpi)
         return ddp__err(err, DDP_ERR_INVALID, "backend 'mpi' needs an MPI launcher (mpirun)");
+    /* Member 0's mode, for every member (below): blocking and non-blocking collectives do not
+     * match each other in MPI. A bad value fails here, before any member waits. */
+    const char *mode = s->mpi_mode && *s->mpi_mode ? s->mpi_mode : "blocking";
+    char blocking = !strcmp(mode, "blocking");
+    if (!blocking && strcmp(mode, "nonblocking") != 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "DDP_MPI_MODE must be blocking or nonblocking, not '%s'", mode);
     mpi_be *b = calloc(1, sizeof *b);
     if (!b || !(b->ranks = malloc(sizeof(int) * (size_t)m->n))) {
         free(b);
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the mpi backend");
     }
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* ddp__now_ms()'s clock */
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
     b->comm = MPI_COMM_NULL;
     b->me = m->me;
     b->n = m->n;
+    b->rank = m->ranks[m->me];
     memcpy(b->ranks, m->ranks, sizeof(int) * (size_t)m->n);
     /* Members on my host (hier gives one per host: then just me). */
     int local = 0;
@@ -390,6 +572,24 @@ static ddp_status mpi_create(const ddp__setup *s, void **out, const ddp__backend
         b->comm = MPI_COMM_NULL;
         mpi_destroy(b);
         return st;
+    }
+    if ((st = ddp__mpi_boot_bcast(s->mpi, m->ranks, m->n, m->me, &blocking, 1, err))) {
+        mpi_destroy(b);
+        return st;
+    }
+    b->blocking = blocking != 0;
+    if (b->blocking) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old); /* signals stay the program's threads' */
+        int rc = pthread_create(&b->watcher, NULL, watch_main, b);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc != 0) {
+            mpi_destroy(b);
+            return ddp__err(err, DDP_ERR_SYSTEM, "cannot start the mpi backend's watchdog: %s",
+                            strerror(rc));
+        }
+        b->watching = true;
     }
     *out = b;
     *ops = &mpi_ops;
