@@ -7,11 +7,12 @@
  *                        the test kills or stops a rank from outside
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
  *                        makes the group report it)
- *   faultcheck absent    the last rank never calls the collective: it writes its pid to
- *                        $FAULT_DIR/pid.RANK and sleeps 60 s (exit 4), the others allreduce 4 MB
- *                        once (tests/integration/test_mpi.sh: under mpirun the job must end)
+ *   faultcheck absent    the last rank never calls the collective: it sleeps 60 s (exit 4),
+ *                        the others allreduce 4 MB once (tests/integration/test_mpi.sh: under
+ *                        mpirun the job must end)
  *   faultcheck idle      one allreduce, then $FAULT_IDLE seconds with no collective (progress
  *                        −1 marks the start), then the loop (a peer that vanished meanwhile)
+ * With $FAULT_DIR set, every rank writes its pid to $FAULT_DIR/pid.RANK once the group is up.
  * $FAULT_COUNT sets the loop's float32 count (default 1 Mi elements: 4 MB, the ring over tcp;
  * 1000 takes tcp's small-message allreduce).
  *
@@ -61,6 +62,16 @@ int main(int argc, char **argv)
         return 1;
     }
     int R = ddp_group_rank(g);
+    const char *dir = getenv("FAULT_DIR");
+    if (dir) { /* every rank's pid, for the test to stop one and to check that all are gone */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/pid.%d", dir, R);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%d\n", (int)getpid());
+            fclose(f);
+        }
+    }
     size_t n = (size_t)1 << 20;
     const char *cnt = getenv("FAULT_COUNT");
     if (cnt && atol(cnt) > 0)
@@ -70,14 +81,6 @@ int main(int argc, char **argv)
     ddp_status st = DDP_OK;
     long long t0 = now_ms();
     if (!strcmp(mode, "absent") && R == ddp_group_size(g) - 1) {
-        const char *dir = getenv("FAULT_DIR");
-        char path[4096];
-        snprintf(path, sizeof path, "%s/pid.%d", dir ? dir : ".", R);
-        FILE *f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "%d\n", (int)getpid());
-            fclose(f);
-        }
         struct timespec ts = {60, 0};
         while (nanosleep(&ts, &ts) != 0)
             ;

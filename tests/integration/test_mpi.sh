@@ -5,12 +5,21 @@
 #   train     mpirun -np 2 ddptrain (auto: shm set up through MPI) and --backend mpi end with
 #             the same weights, bit for bit, as ddprun --nproc_per_node 2 with the same config
 #   timeout   a rank that never calls the collective: the others fail within the deadline with
-#             an error naming the operation, then the job ends (MPI_Abort), nothing left behind
+#             an error naming the operation, then the job ends (MPI_Abort), nothing left behind;
+#             over mpi in both DDP_MPI_MODEs (blocking: the watchdog's line; nonblocking: the
+#             error returned to the caller) and over shm
+#   stall     a rank stopped (SIGSTOP) while the ranks loop over 4 MB allreduces: the others,
+#             inside the collective, report it waiting, then time out naming it, and the job
+#             ends within a bound, the stopped rank too; both DDP_MPI_MODEs
+#   overlap   examples/ddp_mlp over mpi with asynchronous buckets (DDP_OVERLAP=async): part of
+#             the communication hidden behind backward, and the same parameters, bit for bit,
+#             as under ddprun
 #   ddprun    --backend mpi under ddprun is a clear error saying to use mpirun
+# DDP_MPI_MODE, when set, reaches every rank (collectives: the nonblocking mode's test).
 # Usage: test_mpi.sh BINDIR MODE
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/mpi_lib.sh"
-MODE=${2:?usage: $0 BINDIR collectives|train|timeout|ddprun}
+MODE=${2:?usage: $0 BINDIR collectives|train|timeout|stall|overlap|ddprun}
 TRAIN=$BIN/ddptrain
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 cd "$T"
@@ -29,10 +38,12 @@ collectives)
     shift 4
     want=$backend
     [ "$backend" = auto ] && want=shm
-    DDP_BACKEND=$backend mpi_run "$np" -x DDP_BACKEND "$BIN/collcheck" "$@" >out 2>&1 ||
+    xs=(-x DDP_BACKEND)
+    [ -n "${DDP_MPI_MODE:-}" ] && xs+=(-x DDP_MPI_MODE)
+    DDP_BACKEND=$backend mpi_run "$np" "${xs[@]}" "$BIN/collcheck" "$@" >out 2>&1 ||
         { cat out; fail "collcheck on $np ranks ($backend) failed"; }
     assert_contains out "checks passed on $np ranks (backend $want)"
-    ok "$(grep 'checks passed' out)"
+    ok "$(grep 'checks passed' out)${DDP_MPI_MODE:+ (DDP_MPI_MODE=$DDP_MPI_MODE)}"
     ;;
 train)
     # At 2 ranks every gradient element is one addition a + b, which IEEE arithmetic rounds the
@@ -60,38 +71,108 @@ train)
     ;;
 timeout)
     # The last rank never calls allreduce; the others' deadline is 2 s.
-    for backend in mpi auto; do
-        d=$T/$backend
+    for run in mpi mpi.nonblocking auto; do
+        backend=${run%%.*} mode=blocking
+        [ "$run" = mpi.nonblocking ] && mode=nonblocking
+        d=$T/$run
         mkdir -p "$d"
         t0=$(now_ms)
         rc=0
-        FAULT_DIR=$d DDP_TIMEOUT=2 DDP_BACKEND=$backend timeout 60 \
-            mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x DDP_BACKEND -np 3 \
-            "$BIN/faultcheck" absent >"$d/out" 2>&1 || rc=$?
+        FAULT_DIR=$d DDP_TIMEOUT=2 DDP_BACKEND=$backend DDP_MPI_MODE=$mode timeout 60 \
+            mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x DDP_BACKEND -x DDP_MPI_MODE \
+            -np 3 "$BIN/faultcheck" absent >"$d/out" 2>&1 || rc=$?
         took=$(($(now_ms) - t0))
-        [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$d/out"; fail "$backend: mpirun exited $rc"; }
-        [ $took -lt 30000 ] || fail "$backend: the job took $took ms to end"
+        [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$d/out"; fail "$run: mpirun exited $rc"; }
+        [ $took -ge 2000 ] && [ $took -lt 30000 ] || fail "$run: the job took $took ms to end"
         # mpi cannot say who is missing; shm names rank 2 (the first rank to time out aborts
         # the group, so the other may report that abort, which quotes the timeout)
         want="allreduce #1 (float32 × 1048576) timed out in mpi after"
         [ $backend = auto ] && want="allreduce #1 (float32 × 1048576) timed out in shm: rank 2 did not arrive"
         # Each waiting rank reports unless the first one's MPI_Abort (after a second's grace)
-        # ends it first: at least one must, and every report must be right.
-        reported=0
+        # ends it first: at least one must, and every report must be right. Blocking mode: the
+        # call never returns, so the watchdog's line ("ddp: rank R: …") is the report.
+        reported=0 ms=""
         for r in 0 1; do
+            if [ "$run" = mpi ]; then
+                grep -q "^ddp: rank $r: allreduce #1" "$d/out" || continue
+                reported=$((reported + 1))
+                grep "^ddp: rank $r: allreduce #1" "$d/out" | grep -F "$want" |
+                    grep -qF "ending the MPI job (MPI_Abort)" ||
+                    { cat "$d/out"; fail "$run: rank $r's line does not say '$want'"; }
+                assert_not_contains "$d/out" "rank $r error:"
+                continue
+            fi
             grep -q "^rank $r error:" "$d/out" || continue
             reported=$((reported + 1))
             grep "^rank $r error: allreduce #1 (float32 × 1048576)" "$d/out" | grep -qF "$want" ||
-                { cat "$d/out"; fail "$backend: rank $r's error does not say '$want'"; }
+                { cat "$d/out"; fail "$run: rank $r's error does not say '$want'"; }
             ms=$(sed -n "s/^rank $r failed after \([0-9]*\) ms.*/\1/p" "$d/out")
             [ -n "$ms" ] && [ "$ms" -ge 1900 ] && [ "$ms" -le 7000 ] ||
-                { cat "$d/out"; fail "$backend: rank $r reported after '$ms' ms, deadline 2000"; }
+                { cat "$d/out"; fail "$run: rank $r reported after '$ms' ms, deadline 2000"; }
         done
-        [ $reported -ge 1 ] || { cat "$d/out"; fail "$backend: no rank reported the timeout"; }
+        [ $reported -ge 1 ] || { cat "$d/out"; fail "$run: no rank reported the timeout"; }
         assert_contains "$d/out" "ending the MPI job (MPI_Abort)"
         assert_not_contains "$d/out" "rank 2 error"
         wait_gone "$d" 5
-        ok "$backend: a rank that never arrives: $reported of 2 waiting ranks named allreduce #1 after ${ms} ms, the job ended in $took ms"
+        ok "$run: a rank that never arrives: $reported of 2 waiting ranks named allreduce #1${ms:+ after $ms ms}, the job ended in $took ms"
+    done
+    ;;
+stall)
+    # 3 ranks allreduce 4 MB in a loop; once rank 2 has done a few, it is stopped (SIGSTOP) —
+    # most likely inside a collective, and the others are inside the next one. Deadline 2 s,
+    # stall reports after 1 s.
+    for mode in blocking nonblocking; do
+        d=$T/stall.$mode
+        mkdir -p "$d"
+        FAULT_DIR=$d DDP_TIMEOUT=2 DDP_STALL_REPORT=1 DDP_BACKEND=mpi DDP_MPI_MODE=$mode \
+            timeout 90 mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x DDP_STALL_REPORT \
+            -x DDP_BACKEND -x DDP_MPI_MODE -np 3 "$BIN/faultcheck" loop >"$d/out" 2>&1 &
+        job=$!
+        BG_PIDS+=($job)
+        end=$(($(now_ms) + 60000))
+        while [ "$(cat "$d/progress.2" 2>/dev/null || echo 0)" -lt 3 ]; do
+            alive $job || { cat "$d/out"; fail "$mode: the job ended before rank 2 made progress"; }
+            [ "$(now_ms)" -lt $end ] || fail "$mode: rank 2 made no progress in 60 s"
+            sleep 0.05
+        done
+        kill -STOP "$(cat "$d/pid.2")"
+        t0=$(now_ms)
+        rc=0
+        wait $job || rc=$?
+        took=$(($(now_ms) - t0))
+        [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$d/out"; fail "$mode: mpirun exited $rc"; }
+        [ $took -ge 1500 ] && [ $took -lt 30000 ] ||
+            { cat "$d/out"; fail "$mode: the job ended $took ms after the stop (deadline 2 s)"; }
+        want="(float32 × 1048576) timed out in mpi after"
+        line=$(grep -E "^(ddp: rank [01]: |rank [01] error: )allreduce #[0-9]+ " "$d/out" |
+            grep -F "$want" | head -1)
+        [ -n "$line" ] || { cat "$d/out"; fail "$mode: no rank said '$want'"; }
+        if [ $mode = blocking ]; then
+            [[ "$line" == "ddp: rank "* ]] || { cat "$d/out"; fail "blocking: not the watchdog's line: $line"; }
+            # blocking calls never return: the report comes from the watchdog, while waiting
+            grep -qE "^ddp: rank [01]: allreduce #[0-9]+ \(float32 × 1048576\) has waited 1 s in mpi" "$d/out" ||
+                { cat "$d/out"; fail "blocking: no stall report from the watchdog"; }
+        fi
+        assert_contains "$d/out" "ending the MPI job (MPI_Abort)"
+        wait_gone "$d" 5
+        ok "$mode: rank 2 stopped mid-loop: '${line:0:80}…', the job (the stopped rank too) ended $took ms after the stop"
+    done
+    ;;
+overlap)
+    # Buckets of 32 KB reduced on the progress thread while backward goes on: over mpi (both
+    # modes) the same parameters, bit for bit, as over shm under ddprun (2 ranks: one addition
+    # per element, and AVG's halving is exact), with part of the communication hidden.
+    args=(--quiet --steps 30 --batch 32 --hidden 384 --bucket_kb 32)
+    DDP_OVERLAP=async "$DDPRUN" --standalone --nproc_per_node 2 "$BIN/ddp_mlp" "${args[@]}" \
+        --dump ref.bin >ref.out 2>&1 || { cat ref.out; fail "ddp_mlp under ddprun failed"; }
+    for mode in blocking nonblocking; do
+        DDP_OVERLAP=async DDP_BACKEND=mpi DDP_MPI_MODE=$mode mpi_run 2 -x DDP_OVERLAP \
+            -x DDP_BACKEND -x DDP_MPI_MODE "$BIN/ddp_mlp" "${args[@]}" --dump $mode.bin \
+            >$mode.out 2>&1 || { cat $mode.out; fail "ddp_mlp under mpirun ($mode) failed"; }
+        cmp -s ref.bin $mode.bin || fail "mpi ($mode): parameters differ from ddprun's"
+        pct=$(sed -n 's/.*, \([0-9]*\)% hidden behind backward.*/\1/p' $mode.out)
+        [ -n "$pct" ] && [ "$pct" -gt 0 ] || { cat $mode.out; fail "mpi ($mode): no overlap measured"; }
+        ok "mpi ($mode): asynchronous buckets, $pct% of communication hidden behind backward, parameters = ddprun's bit for bit"
     done
     ;;
 ddprun)
