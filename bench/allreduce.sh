@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Allreduce side by side, 2 ranks on this machine, float32 sum, in place: ddpc shm (arena =
 # zero-copy buffers, and private buffers), ddpc tcp, ddpc mpi (ddpbench under mpirun with the
-# MPI backend: MPI_Iallreduce tested against the deadline, the library's own overhead over the
-# next column), Open MPI's MPI_Allreduce (Debian's openmpi)
+# MPI backend in its default, blocking mode: the library's own overhead over the next column),
+# Open MPI's MPI_Allreduce (Debian's openmpi)
 # and torch.distributed with gloo (Debian's python3-torch), beside the memory-bandwidth limit
 # that ddpbench measures in the same run. Each contender reports its median time per call; the
 # contenders take turns REPS times and the table shows the median of those medians.
@@ -19,7 +19,13 @@
 # DDP_SHM_FLUSH=never, arena buffers, in turns with Open MPI; µs per call and Open MPI / variant.
 # That is the table to send from a machine where the automatic choice looks wrong.
 #
-# Usage: bench/allreduce.sh [BUILD_DIR] [REPS] [SIZES] [MODE]     MODE: compare (default) | variants
+# MODE mpi: the MPI backend's two modes against Open MPI, in turns — ddpc mpi blocking (the
+# default: MPI_Allreduce under the watchdog), ddpc mpi nonblocking (DDP_MPI_MODE=nonblocking:
+# MPI_Iallreduce tested against the deadline, what the backend did before), Open MPI's own
+# MPI_Allreduce; µs per call and each mode's time / Open MPI's. The before/after of the
+# blocking mode on one host.
+#
+# Usage: bench/allreduce.sh [BUILD_DIR] [REPS] [SIZES] [MODE]   MODE: compare (default) | variants | mpi
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -59,6 +65,12 @@ gloo() {
     cat "$OUT/gloo.0"
 }
 mpi() { mpirun --oversubscribe --bind-to none -np 2 "$OUT/mpi_allreduce" $sizes_sp; }
+ddpc_mpi() { # ddpc_mpi NAME MODE: ddpbench over the mpi backend in DDP_MPI_MODE=MODE
+    OMP_NUM_THREADS=1 DDP_MPI_MODE=$2 mpirun --oversubscribe --bind-to none -np 2 \
+        -x OMP_NUM_THREADS -x DDP_MPI_MODE "$BUILD/bin/ddpbench" --op allreduce \
+        --sizes "$SIZES" --backend mpi --buffers private --csv 2>/dev/null |
+        awk -F, -v n="$1" '$1=="allreduce" {print n "," $2 "," $4}'
+}
 
 machine() {
     local nt
@@ -76,7 +88,11 @@ machine() {
 
 d0=$("$OUT/core_distance")
 for ((rep = 0; rep < REPS; rep++)); do
-    if [ "$MODE" = variants ]; then
+    if [ "$MODE" = mpi ]; then
+        ddpc_mpi ddpc_mpi blocking >>"$raw"
+        ddpc_mpi ddpc_mpi_nb nonblocking >>"$raw"
+        mpi >>"$raw"
+    elif [ "$MODE" = variants ]; then
         for v in libc cached stream pipelined; do
             ddpc "$v" shm arena DDP_SHM_ALGO=$v >>"$raw"
         done
@@ -87,9 +103,7 @@ for ((rep = 0; rep < REPS; rep++)); do
         ddpc shm_arena shm arena >>"$raw"
         ddpc shm_private shm private >>"$raw"
         ddpc tcp tcp private >>"$raw" || echo "# tcp backend unavailable" >&2
-        OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$BUILD/bin/ddpbench" \
-            --op allreduce --sizes "$SIZES" --backend mpi --buffers private --csv 2>/dev/null |
-            awk -F, '$1=="allreduce" {print "ddpc_mpi," $2 "," $4}' >>"$raw" ||
+        ddpc_mpi ddpc_mpi blocking >>"$raw" ||
             echo "# ddpc's mpi backend unavailable (built without MPI?)" >&2
         mpi >>"$raw"
         gloo >>"$raw"
@@ -113,6 +127,14 @@ function med(key,   n, i, j, t, a) {
     if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 }
 }
 END {
+    if (mode == "mpi") {
+        printf "%10s %14s %14s %11s | %12s %12s\n", "bytes", "mpi blocking", "mpi nonblock", "OpenMPI", "block/MPI", "nonblk/MPI"
+        for (i = 1; i <= ns; i++) {
+            s = order[i]; b = med("ddpc_mpi," s); n = med("ddpc_mpi_nb," s); m = med("mpi," s)
+            printf "%10d %14.1f %14.1f %11.1f | %11.2fx %11.2fx\n", s, b, n, m, b / m, n / m
+        }
+        exit
+    }
     if (mode == "variants") {
         nv = split("libc cached stream pipelined auto libc_noflush", vs, " ")
         printf "%10s", "bytes"
@@ -137,7 +159,9 @@ END {
         printf "%10d %11.1f %-10s %11.1f %11.1f %11.1f %11.1f %11.1f %11.1f | %7.1fx %7.1fx %8.2fx %8.2fx\n", s, a, algo["shm_arena," s], p, t, d, m, g, l, m / a, g / a, a / l, d / m
     }
 }' "$raw"
-if compgen -G "$DDP_CACHE_DIR/shm-*.txt" >/dev/null; then
+if [ "$MODE" = mpi ]; then
+    : # no shm in this table
+elif compgen -G "$DDP_CACHE_DIR/shm-*.txt" >/dev/null; then
     echo "the shm choice probed in this run (per size band 64K 256K 1M 4M 16M 64M 256M): $(sed -n 3p "$DDP_CACHE_DIR"/shm-*.txt | head -1)"
 else
     echo "the shm choice: from the rules (the probe did not complete in this run; docs/group.md)"

@@ -9,6 +9,9 @@
 #   1 rank per host   ddpc mpi (ddpbench --backend mpi) vs bench/mpi_allreduce.c
 #   2 ranks per host  ddpc auto = shm+mpi (shm inside a host, MPI between the hosts' leaders)
 #                     vs bench/mpi_allreduce.c (Open MPI's own hierarchy: vader + tcp)
+# ddpc runs in both of the mpi backend's modes (DDP_MPI_MODE): blocking, the default
+# (MPI_Allreduce under the watchdog), and nonblocking (MPI_Iallreduce tested against the
+# deadline: what the backend did before blocking became the default): the before and after.
 # Needs root. Removes its namespaces and processes on exit.
 # Usage: bench/mpi_hosts_allreduce.sh [BUILD_DIR] [REPS] [SIZES]
 set -euo pipefail
@@ -57,9 +60,13 @@ for ((rep = 0; rep < REPS; rep++)); do
     for per in 1 2; do
         be=mpi
         [ $per = 2 ] && be=auto
-        two_hosts $per "$BUILD/bin/ddpbench" --op allreduce --sizes "$SIZES" --backend $be \
-            --buffers private --csv 2>/dev/null |
-            awk -F, -v p=$per '$1=="allreduce" {print "ddpc" p "," $2 "," $4}' >>"$raw"
+        for mode in blocking nonblocking; do
+            tag=ddpc$per
+            [ $mode = nonblocking ] && tag=nb$per
+            DDP_MPI_MODE=$mode two_hosts $per -x DDP_MPI_MODE "$BUILD/bin/ddpbench" --op allreduce \
+                --sizes "$SIZES" --backend $be --buffers private --csv 2>/dev/null |
+                awk -F, -v t=$tag '$1=="allreduce" {print t "," $2 "," $4}' >>"$raw"
+        done
         two_hosts $per "$W/mpi_allreduce" ${SIZES//,/ } | sed "s/^mpi,/mpi$per,/" >>"$raw"
     done
 done
@@ -73,10 +80,11 @@ function med(key,   n, i, j, t, a) {
 }
 { vals[$1 "," $2] = vals[$1 "," $2] " " $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
 END {
-    printf "%10s | %12s %12s %8s | %14s %12s %8s\n", "bytes", "ddpc mpi", "OpenMPI", "ratio", "ddpc shm+mpi", "OpenMPI", "ratio"
-    printf "%10s | %34s | %36s\n", "", "1 rank per host", "2 ranks per host"
+    printf "%10s | %10s %10s %10s %7s %7s | %10s %10s %10s %7s %7s\n", "bytes", "mpi blk", "mpi nonblk", "OpenMPI", "blk", "nonblk", "shm+mpi b", "shm+mpi nb", "OpenMPI", "blk", "nonblk"
+    printf "%10s | %48s | %48s\n", "", "1 rank per host (ratios: ddpc / Open MPI)", "2 ranks per host (ratios: ddpc / Open MPI)"
     for (i = 1; i <= ns; i++) {
-        s = order[i]; d1 = med("ddpc1," s); m1 = med("mpi1," s); d2 = med("ddpc2," s); m2 = med("mpi2," s)
-        printf "%10d | %12.1f %12.1f %7.2fx | %14.1f %12.1f %7.2fx\n", s, d1, m1, d1 / m1, d2, m2, d2 / m2
+        s = order[i]; d1 = med("ddpc1," s); n1 = med("nb1," s); m1 = med("mpi1," s)
+        d2 = med("ddpc2," s); n2 = med("nb2," s); m2 = med("mpi2," s)
+        printf "%10d | %10.1f %10.1f %10.1f %6.2fx %6.2fx | %10.1f %10.1f %10.1f %6.2fx %6.2fx\n", s, d1, n1, m1, d1 / m1, n1 / m1, d2, n2, m2, d2 / m2, n2 / m2
     }
 }' "$raw"
