@@ -4,7 +4,11 @@
 # joined by a veth pair (a private /24 seen only inside them), each with its own hostname (a UTS
 # namespace), as tests/integration/test_mpi_hosts.sh makes them; mpirun runs in host A and
 # starts Open MPI's daemon on each host through an agent script that enters its namespaces.
-# Open MPI's TCP is held to the veth subnet. float32 sum, in place, median time per call as each
+# Each host runs on its own half of the machine's cores (taskset), as in
+# bench/multihost_allreduce.sh, and where a host's ranks outnumber its cores every contender's
+# MPI yields while it polls (mpi_yield_when_idle: Open MPI cannot see taskset's limit, and a rank
+# spinning on a core its peer needs would measure the scheduler). Open MPI's TCP is held to the
+# veth subnet. float32 sum, in place, median time per call as each
 # contender measures it; they take turns REPS times and the table shows the median of medians:
 #   1 rank per host   ddpc mpi (ddpbench --backend mpi) vs bench/mpi_allreduce.c
 #   2 ranks per host  ddpc auto = shm+mpi (shm inside a host, MPI between the hosts' leaders)
@@ -37,23 +41,35 @@ ip link add ${NS_A}v type veth peer name ${NS_B}v
 ip link set ${NS_A}v netns $NS_A && ip link set ${NS_B}v netns $NS_B
 ip -n $NS_A addr add $NET.1/24 dev ${NS_A}v && ip -n $NS_B addr add $NET.2/24 dev ${NS_B}v
 for ns in $NS_A $NS_B; do ip -n $ns link set lo up && ip -n $ns link set ${ns}v up; done
+NCPU=$(nproc)
+HALF=$((NCPU / 2))
+if [ "$HALF" -ge 1 ]; then
+    CPUS_A=0-$((HALF - 1)) CPUS_B=$HALF-$((NCPU - 1))
+else
+    CPUS_A=0 CPUS_B=0 HALF=1
+fi
 cat >"$W/agent.sh" <<AGENT
 #!/bin/bash
 host=\$1; shift
-case \$host in hostA) ns=$NS_A ;; hostB) ns=$NS_B ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
-exec ip netns exec \$ns unshare --uts sh -c "hostname \$host && exec \$*"
+case \$host in hostA) ns=$NS_A cpus=$CPUS_A ;; hostB) ns=$NS_B cpus=$CPUS_B ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
+exec ip netns exec \$ns taskset -c \$cpus unshare --uts sh -c "hostname \$host && exec \$*"
 AGENT
 chmod +x "$W/agent.sh"
 mpicc -O2 -o "$W/mpi_allreduce" bench/mpi_allreduce.c
 two_hosts() { # two_hosts PER_HOST PROGRAM ARGS...
-    local per=$1
+    local per=$1 yield=0
     shift
+    [ "$per" -gt "$HALF" ] && yield=1
     printf 'hostA slots=%d\nhostB slots=%d\n' "$per" "$per" >"$W/hosts"
     ip netns exec $NS_A mpirun --hostfile "$W/hosts" -np $((2 * per)) --bind-to none \
+        --mca mpi_yield_when_idle $yield \
         --mca plm_rsh_agent "$W/agent.sh" --mca plm_rsh_no_tree_spawn 1 \
         --mca oob_tcp_if_include $NET.0/24 --mca btl self,vader,tcp \
-        --mca btl_tcp_if_include $NET.0/24 -x OMP_NUM_THREADS "$@"
+        --mca btl_tcp_if_include $NET.0/24 -x OMP_NUM_THREADS -x DDP_HOST_CORES "$@"
 }
+# ddpc's ranks see one core each under taskset; the cores their host shares are HALF (which the
+# group would otherwise take to be all the machine's: docs/environment.md, DDP_HOST_CORES)
+export DDP_HOST_CORES=$HALF
 raw=$W/raw.csv
 : >"$raw"
 for ((rep = 0; rep < REPS; rep++)); do
