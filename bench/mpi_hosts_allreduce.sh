@@ -41,7 +41,7 @@ ip link add ${NS_A}v type veth peer name ${NS_B}v
 ip link set ${NS_A}v netns $NS_A && ip link set ${NS_B}v netns $NS_B
 ip -n $NS_A addr add $NET.1/24 dev ${NS_A}v && ip -n $NS_B addr add $NET.2/24 dev ${NS_B}v
 for ns in $NS_A $NS_B; do ip -n $ns link set lo up && ip -n $ns link set ${ns}v up; done
-NCPU=$(nproc)
+NCPU=$(OMP_NUM_THREADS= nproc) # nproc obeys OMP_NUM_THREADS, which is 1 here
 HALF=$((NCPU / 2))
 if [ "$HALF" -ge 1 ]; then
     CPUS_A=0-$((HALF - 1)) CPUS_B=$HALF-$((NCPU - 1))
@@ -87,7 +87,7 @@ for ((rep = 0; rep < REPS; rep++)); do
     done
 done
 echo "allreduce across 2 namespace hosts under mpirun, float32 sum, in place: median time per call (µs), median of $REPS runs"
-echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
+echo "machine: $NCPU cores (host A on CPUs $CPUS_A, host B on $CPUS_B), $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
 awk -F, '
 function med(key,   n, i, j, t, a) {
     n = split(vals[key], a, " ")
