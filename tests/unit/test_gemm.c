@@ -174,11 +174,51 @@ static void bf16_without_onednn(void **state)
     assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
 }
 
+/* A CPU with bf16 units where oneDNN is told not to use them (ONEDNN_MAX_CPU_ISA): oneDNN would
+ * widen bf16 in software, slower than float32, so the probe refuses it — with a message that
+ * names the variable rather than blaming the CPU — and products fall back to float32. In a child,
+ * before any load; skipped (77) where the CPU has no bf16 units or oneDNN is missing. */
+static void bf16_refused_when_onednn_is_limited(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        ddp_error err = {0};
+        if (ddp__gemm_bf16_check(&err) == DDP_OK) {
+            fprintf(stderr, "child: bf16 accepted under ONEDNN_MAX_CPU_ISA=AVX2\n");
+            _exit(1);
+        }
+        __builtin_cpu_init();
+        if (!__builtin_cpu_supports("avx512bf16") || strstr(err.msg, "needs oneDNN, "))
+            _exit(77); /* no bf16 units, or no oneDNN: nothing to limit */
+        int bad = !strstr(err.msg, "precision bf16 on the CPU needs oneDNN's bf16-unit kernels") ||
+                  !strstr(err.msg, "ONEDNN_MAX_CPU_ISA") || !strstr(err.msg, "HINT") ||
+                  strchr(err.msg, '\n') != NULL;
+        float a = 3.0f, b = 5.0f, c = 0.0f;
+        ddp__gemm_set_kind(DDP__GEMM_BF16);
+        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1)
+            bad = 1;
+        if (bad)
+            fprintf(stderr, "child: %s\n", err.msg);
+        _exit(bad);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fp32_products),
         cmocka_unit_test(bf16_without_onednn), /* first: a fork after the load would inherit it */
+        cmocka_unit_test(bf16_refused_when_onednn_is_limited), /* likewise */
         cmocka_unit_test(bf16_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

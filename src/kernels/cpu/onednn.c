@@ -129,6 +129,19 @@ static void probe_impl(char *impl, size_t cap)
 
 static void load(void)
 {
+    /* cvt_row_bf16 below runs AVX512_BF16 instructions itself: ask the CPU (and the OS, which
+     * must save the zmm registers: libgcc checks XCR0) directly, rather than inferring it from
+     * the name of the implementation oneDNN picks — a different libdnnl (DDP_ONEDNN_LIB) may name
+     * its kernels differently, and a SIGILL is not an error message. */
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512bf16")) {
+        ddp__fmt(load_error, sizeof load_error,
+                 "precision bf16 on the CPU needs bf16 matrix instructions (AVX512_BF16: AMD Zen "
+                 "4 or later, Intel Cooper Lake, Sapphire Rapids or later), which this CPU lacks; "
+                 "HINT: set precision fp32");
+        return;
+    }
     const char *path = getenv("DDP_ONEDNN_LIB");
     if (!path || !*path)
         path = "libdnnl.so.2";
@@ -164,10 +177,12 @@ static void load(void)
     probe_impl(impl, sizeof impl);
     if (!strstr(impl, "bf16") && !strstr(impl, "amx")) {
         const dnnl_version_t *v = dn.dnnl_version();
+        /* The CPU has the units (checked above), so oneDNN was told not to use them, or is
+         * a build without those kernels. */
         ddp__fmt(load_error, sizeof load_error,
-                 "precision bf16 on the CPU needs bf16 matrix instructions (AVX512_BF16 or AMX), "
-                 "which this CPU lacks (oneDNN %d.%d would use '%s', slower than fp32); HINT: "
-                 "set precision fp32",
+                 "precision bf16 on the CPU needs oneDNN's bf16-unit kernels, and oneDNN %d.%d "
+                 "picks '%s' for a bf16 product on this CPU (slower than fp32); HINT: unset "
+                 "ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA if set, or set precision fp32",
                  v ? v->major : 0, v ? v->minor : 0, impl[0] ? impl : "no implementation");
         return;
     }
