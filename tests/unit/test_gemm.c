@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -213,12 +214,46 @@ static void bf16_refused_when_onednn_is_limited(void **state)
     assert_int_equal(WEXITSTATUS(ws), 0);
 }
 
+/* A process that has used up its pthread keys before its first bf16 product: no per-thread
+ * state, so the product falls back to float32 (counted) — not to key 0, someone else's. In a
+ * child; oneDNN is loaded first (its libgomp needs a key of its own to start). */
+static void bf16_without_a_thread_key(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+            _exit(77);
+        pthread_key_t k;
+        int n = 0;
+        while (n < 100000 && pthread_key_create(&k, NULL) == 0)
+            n++;
+        float a = 3.0f, b = 5.0f, c = 0.0f;
+        ddp__gemm_set_kind(DDP__GEMM_BF16);
+        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1) {
+            fprintf(stderr, "child: c = %g, %lu fallbacks after %d keys\n", (double)c,
+                    ddp__gemm_bf16_fallbacks(), n);
+            _exit(1);
+        }
+        _exit(0);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fp32_products),
         cmocka_unit_test(bf16_without_onednn), /* first: a fork after the load would inherit it */
         cmocka_unit_test(bf16_refused_when_onednn_is_limited), /* likewise */
+        cmocka_unit_test(bf16_without_a_thread_key),           /* likewise */
         cmocka_unit_test(bf16_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

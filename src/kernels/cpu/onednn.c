@@ -296,14 +296,20 @@ static void tstate_free(void *arg)
     free(s);
 }
 
+static bool tkey_ok; /* written once, under tkey_once */
+
 static void tkey_make(void)
 {
-    (void)pthread_key_create(&tkey, tstate_free);
+    /* Without a key (the process has used up PTHREAD_KEYS_MAX) there is no per-thread state:
+     * products fall back to float32 rather than use key 0, which belongs to someone else. */
+    tkey_ok = pthread_key_create(&tkey, tstate_free) == 0;
 }
 
 static tstate *tstate_get(void)
 {
     pthread_once(&tkey_once, tkey_make);
+    if (!tkey_ok)
+        return NULL;
     tstate *s = pthread_getspecific(tkey);
     if (s)
         return s;
