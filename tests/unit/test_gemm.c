@@ -88,10 +88,9 @@ static double check_case(bool bf16, bool ta, bool tb, int M, int N, int K, float
             if (d > far)
                 far = d;
         }
-    for (int i = 0; i < M; i++) /* the padding of C is never written */
+    for (int i = 0; i < M; i++) /* the padding of C is never written, nor scaled by beta */
         for (int j = N; j < ldc; j++)
-            if (beta == 0.0f)
-                assert_true(isnan(C[(size_t)i * ldc + j]));
+            assert_memory_equal(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], sizeof(float));
     free(A), free(B), free(C), free(C0);
     return far;
 }
@@ -143,6 +142,108 @@ static void bf16_products(void **state)
     ddp__sgemm(false, false, 1, 2, 0, 1.0f, NULL, 1, NULL, 2, 0.5f, c, 2);
     ddp__gemm_set_kind(DDP__GEMM_FP32);
     assert_true(c[0] == 1.0f && c[1] == 2.0f);
+}
+
+/* How many entries of one bf16 product C (M × N, ldc N + 3, its padding included) differ from
+ * the naive loop on the bf16-rounded inputs (A, B packed; beta 0.5 over a C of known values).
+ * No cmocka calls: threads use it too. */
+static long bf16_misses(bool ta, bool tb, int M, int N, int K, float alpha, uint32_t seed)
+{
+    int ldc = N + 3;
+    size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * ldc;
+    float *A = malloc(sizeof(float) * na), *B = malloc(sizeof(float) * nb);
+    float *C = malloc(sizeof(float) * nc), *C0 = malloc(sizeof(float) * nc);
+    long miss = 0;
+    if (!A || !B || !C || !C0) {
+        miss = -1;
+        goto out;
+    }
+    for (size_t i = 0; i < na; i++)
+        A[i] = frand(&seed);
+    for (size_t i = 0; i < nb; i++)
+        B[i] = frand(&seed);
+    for (size_t i = 0; i < nc; i++)
+        C0[i] = C[i] = frand(&seed);
+    ddp__gemm_kind was = ddp__gemm_set_kind(DDP__GEMM_BF16);
+    ddp__sgemm(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, 0.5f, C, ldc);
+    ddp__gemm_set_kind(was);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            double want = 0.5 * C0[(size_t)i * ldc + j], mag = fabs(want);
+            if (j < N) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    float a = ta ? A[(size_t)k * M + i] : A[(size_t)i * K + k];
+                    float b = tb ? B[(size_t)j * K + k] : B[(size_t)k * N + j];
+                    s += (double)round_bf16(a, true) * round_bf16(b, true);
+                    mag += fabs((double)alpha * a * b);
+                }
+                want += alpha * s;
+            } else {
+                want = C0[(size_t)i * ldc + j]; /* padding: untouched */
+            }
+            double got = C[(size_t)i * ldc + j];
+            if (!(fabs(got - want) <= 1e-6 * (mag + 1e-30) * (1.0 + K / 64.0)))
+                miss++;
+        }
+out:
+    free(A), free(B), free(C), free(C0);
+    return miss;
+}
+
+/* More shapes than a thread's cache holds (256 slots, started over at 3/4 full): every product
+ * still right, through the start-over path, and the first shapes right again afterwards. */
+static void bf16_many_shapes(void **state)
+{
+    (void)state;
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        skip();
+    unsigned long before = ddp__gemm_bf16_fallbacks();
+    for (int round = 0; round < 2; round++)
+        for (int m = 1; m <= 300; m++) {
+            long miss = bf16_misses(m & 1, m & 2, m, 5 + m % 7, 3 + m % 11, 1.0f, (uint32_t)m);
+            if (miss != 0)
+                fail_msg("round %d, shape %d: %ld entries wrong", round, m, miss);
+        }
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
+}
+
+/* Several threads at once, each with its own stream and cache, on shapes of their own and on
+ * shapes they share; the threads exit (their state freed by the key's destructor) and new ones
+ * start, twice. Under the sanitizers this is the check of the state list and the destructor. */
+enum { NTHREADS = 3 };
+
+static void *products_thread(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    long miss = 0;
+    for (int r = 0; r < 4 && miss == 0; r++) {
+        miss = bf16_misses(r & 1, id & 1, 40 + id, 33, 70, 0.25f, (uint32_t)(id * 100 + r));
+        if (miss == 0)
+            miss = bf16_misses(false, true, 64, 48, 96, 1.0f, (uint32_t)(id + 7 * r));
+    }
+    return (void *)(intptr_t)miss;
+}
+
+static void bf16_threads(void **state)
+{
+    (void)state;
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        skip();
+    unsigned long before = ddp__gemm_bf16_fallbacks();
+    for (int wave = 0; wave < 2; wave++) {
+        pthread_t th[NTHREADS];
+        for (int i = 0; i < NTHREADS; i++)
+            assert_int_equal(pthread_create(&th[i], NULL, products_thread, (void *)(intptr_t)i), 0);
+        for (int i = 0; i < NTHREADS; i++) {
+            void *ret = NULL;
+            assert_int_equal(pthread_join(th[i], &ret), 0);
+            if ((intptr_t)ret != 0)
+                fail_msg("wave %d, thread %d: %ld entries wrong", wave, i, (long)(intptr_t)ret);
+        }
+    }
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
+    assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32); /* other threads' kinds stay theirs */
 }
 
 /* Without the library: a one-line error naming it and what to do, and products that still come
@@ -255,6 +356,8 @@ int main(void)
         cmocka_unit_test(bf16_refused_when_onednn_is_limited), /* likewise */
         cmocka_unit_test(bf16_without_a_thread_key),           /* likewise */
         cmocka_unit_test(bf16_products),
+        cmocka_unit_test(bf16_many_shapes),
+        cmocka_unit_test(bf16_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
