@@ -20,6 +20,8 @@
  * - Refusals, before any work: sizes, n_embd not divisible by n_head, seq_len > block_size, a
  *   token id out of range (the message names id, position and vocab_size), a bad target.
  * - The FLOPs count for gpt, mlp and cnn against counts by hand.
+ * - Precision bf16 on the CPU: training, evaluation and generation forwards all take bf16
+ *   products (close to float32's, not equal to them).
  * - Memory: the peak RSS of building, one training step and an AdamW step is at most 1.5 × the
  *   parameters, gradients, AdamW state and activations counted from the shapes.
  * Synthetic tokens encode their origin: token t of sample s is a function of (s, t).
@@ -803,6 +805,84 @@ static void bf16_products(void **state)
     ddp_model_free(m16);
 }
 
+/* The largest |x − y| over n values, relative to the largest |y|. */
+static double max_rel_diff(const float *x, const float *y, size_t n)
+{
+    double d = 0, mag = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)x[i] - y[i]));
+        mag = fmax(mag, fabs((double)y[i]));
+    }
+    return d / (mag + 1e-30);
+}
+
+/* A bf16 model evaluates and generates in bf16 too, not only in training: the evaluation forward
+ * (loss, all logits) and generation's forward (no targets, last_logits) give logits within
+ * bf16's operands of float32's and not float32's bit for bit, and generation's rows are the
+ * evaluation's last rows. The thread's arithmetic is float32 again afterwards. */
+static void bf16_eval_and_generation(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+    ddp_model_spec s = tiny_spec();
+    s.n_embd = 32;
+    s.block_size = 16;
+    s.vocab_size = 50;
+    ddp_model *m[2];
+    m[0] = build(&s);
+    s.precision = DDP_PRECISION_BF16;
+    m[1] = build(&s);
+    enum { N = 3, T = 16, V = 50 };
+    int32_t tokens[N * T], targets[N * T];
+    make_batch(9, N, T, V, tokens, targets);
+    unsigned long fb = ddp__gemm_bf16_fallbacks();
+    float *all[2], *last[2];
+    double loss[2];
+    for (int k = 0; k < 2; k++) {
+        ddp_model_batch b = {.n = N, .seq_len = T, .tokens = tokens, .targets = targets};
+        ddp_model_out out;
+        assert_int_equal(ddp_model_forward(m[k], &b, false, &out), DDP_OK);
+        loss[k] = out.loss;
+        size_t rows, cols;
+        const float *l = ddp_model_logits(m[k], &rows, &cols);
+        assert_true(rows == N * T && cols == V);
+        all[k] = malloc(sizeof(float) * N * T * V);
+        assert_non_null(all[k]);
+        memcpy(all[k], l, sizeof(float) * N * T * V);
+        b.targets = NULL;
+        b.last_logits = true;
+        assert_int_equal(ddp_model_forward(m[k], &b, false, NULL), DDP_OK);
+        l = ddp_model_logits(m[k], &rows, &cols);
+        assert_true(rows == N && cols == V);
+        last[k] = malloc(sizeof(float) * N * V);
+        assert_non_null(last[k]);
+        memcpy(last[k], l, sizeof(float) * N * V);
+        assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32);
+    }
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), fb);
+    if (!(fabs(loss[1] - loss[0]) <= 1e-2 * loss[0]) || loss[1] == loss[0])
+        fail_msg("evaluation loss: bf16 %.9g, float32 %.9g", loss[1], loss[0]);
+    double d_all = max_rel_diff(all[1], all[0], (size_t)N * T * V);
+    double d_last = max_rel_diff(last[1], last[0], (size_t)N * V);
+    if (!(d_all <= 3e-2) || d_all == 0 || !(d_last <= 3e-2) || d_last == 0)
+        fail_msg("logits, bf16 against float32: evaluation %.3g, generation %.3g (want 0 < d ≤ "
+                 "3e-2)",
+                 d_all, d_last);
+    for (int i = 0; i < N; i++) /* generation's rows: the evaluation's last, in bf16 too */
+        if (!(max_rel_diff(last[1] + (size_t)i * V, all[1] + ((size_t)i * T + T - 1) * V, V) <=
+              1e-5))
+            fail_msg("sample %d: generation's bf16 logits are not the evaluation's last row", i);
+    for (int k = 0; k < 2; k++) {
+        free(all[k]);
+        free(last[k]);
+        ddp_model_free(m[k]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -812,7 +892,7 @@ int main(void)
         cmocka_unit_test(ready_order),        cmocka_unit_test(dropout_follows_sample),
         cmocka_unit_test(last_logits),        cmocka_unit_test(build_errors),
         cmocka_unit_test(forward_errors),     cmocka_unit_test(flops_counts),
-        cmocka_unit_test(bf16_products),
+        cmocka_unit_test(bf16_products),      cmocka_unit_test(bf16_eval_and_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
