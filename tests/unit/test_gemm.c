@@ -15,6 +15,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -246,6 +247,38 @@ static void bf16_threads(void **state)
     assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32); /* other threads' kinds stay theirs */
 }
 
+/* A child forked after this process's products ran on OpenMP's threads (the test runs with
+ * OMP_NUM_THREADS=2): its own bf16 products come out right, in bf16, instead of waiting forever
+ * for a thread pool fork did not copy. The child has 60 s (SIGALRM) to finish. */
+static void bf16_in_a_forked_child(void **state)
+{
+    (void)state;
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        skip();
+    assert_int_equal(bf16_misses(false, true, 256, 200, 130, 1.0f, 1), 0); /* the parent's */
+    unsigned long before = ddp__gemm_bf16_fallbacks();
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        long a = bf16_misses(false, true, 256, 200, 130, 1.0f, 2); /* a cached shape */
+        long b = bf16_misses(true, false, 99, 77, 55, 0.5f, 3);    /* a new one */
+        if (a || b || ddp__gemm_bf16_fallbacks() != before) {
+            fprintf(stderr, "child: %ld and %ld entries wrong, %lu fallbacks\n", a, b,
+                    ddp__gemm_bf16_fallbacks() - before);
+            _exit(1);
+        }
+        _exit(0);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    if (WIFSIGNALED(ws))
+        fail_msg("the child died of signal %d (%s)", WTERMSIG(ws),
+                 WTERMSIG(ws) == SIGALRM ? "its products hung" : "a crash");
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
 /* Without the library: a one-line error naming it and what to do, and products that still come
  * out right (in float32) should a caller go on. In a child: the library loads once a process. */
 static void bf16_without_onednn(void **state)
@@ -358,6 +391,7 @@ int main(void)
         cmocka_unit_test(bf16_products),
         cmocka_unit_test(bf16_many_shapes),
         cmocka_unit_test(bf16_threads),
+        cmocka_unit_test(bf16_in_a_forked_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -104,6 +104,24 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static dnnl_engine_t engine;
 static char load_error[DDP_ERRMSG_MAX]; /* "" when the library is usable for bf16 */
 
+/* libgomp's (oneDNN's threads), found through the library's own dependencies, or NULL. */
+static void (*omp_set_num_threads_fn)(int);
+/* How many forks this process descends from since the load: a thread's primitives made before
+ * (tstate.forks behind it) are dropped before its next product. */
+static unsigned forks;
+
+/* GNU OpenMP's thread pool does not survive fork: in a child of a process whose products ran
+ * on two or more OpenMP threads, the first parallel region waits forever for threads that were
+ * not copied (ddp_spawn's workers are such children). So the child computes on its one thread:
+ * OpenMP's default becomes 1, and the primitives made before the fork, which keep the thread
+ * count they were made for, are made again. */
+static void after_fork_in_child(void)
+{
+    if (omp_set_num_threads_fn)
+        omp_set_num_threads_fn(1);
+    forks++;
+}
+
 /* One bf16 product through a fresh primitive, to learn which implementation oneDNN picks on
  * this CPU: "brg:avx512_core_bf16" or an AMX one run on bf16 units; anything else (plain
  * avx512_core, which widens bf16 to float32 in software, or the reference loops) would be
@@ -168,6 +186,14 @@ static void load(void)
     }
     DN_FUNCS(DN_SYM)
 #undef DN_SYM
+    void *omp = dlsym(h, "omp_set_num_threads"); /* absent when oneDNN uses other threads */
+    memcpy(&omp_set_num_threads_fn, &omp, sizeof omp);
+    if (omp && pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+        ddp__fmt(load_error, sizeof load_error,
+                 "precision bf16 on the CPU: cannot register oneDNN's fork handler (out of "
+                 "memory); HINT: set precision fp32");
+        return;
+    }
     if (dn.dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
         ddp__fmt(load_error, sizeof load_error,
                  "oneDNN could not create a CPU engine; HINT: set precision fp32");
@@ -260,6 +286,7 @@ typedef struct tstate {
     dnnl_stream_t stream;
     uint16_t *abuf, *bbuf, *tbuf;
     size_t acap, bcap, tcap; /* elements */
+    unsigned forks;          /* `forks` when tab was last emptied */
     prim tab[NPRIM];
     int next_evict;
 } tstate;
@@ -311,10 +338,16 @@ static tstate *tstate_get(void)
     if (!tkey_ok)
         return NULL;
     tstate *s = pthread_getspecific(tkey);
+    if (s && s->forks != forks) { /* a fork's child: see after_fork_in_child */
+        for (int i = 0; i < NPRIM; i++)
+            prim_drop(&s->tab[i]);
+        s->forks = forks;
+    }
     if (s)
         return s;
     if (!(s = calloc(1, sizeof *s)))
         return NULL;
+    s->forks = forks;
     if (dn.dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags) != dnnl_success ||
         pthread_setspecific(tkey, s) != 0) {
         if (s->stream)
