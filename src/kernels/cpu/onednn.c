@@ -224,8 +224,11 @@ ddp_status ddp__gemm_bf16_check(ddp_error *err)
 
 /* ---- float32 → bfloat16 ------------------------------------------------------------------- */
 
-/* Nearest even, as ddp__from_f32; NaNs stay NaN. The AVX512_BF16 instruction treats float32
- * denormals as zero — they are below bf16's precision at any scale a product sees. */
+/* Nearest even, as ddp__f32_to_bf16 (util/half.h) rounds, bit for bit on every float32 (checked
+ * over all 2^32) but one kind: the instruction treats denormal inputs (|x| < 2^-126 ≈ 1.2e-38)
+ * as zero of the same sign, where the scalar keeps the bf16 denormal nearest. Inf stays Inf;
+ * NaN stays NaN, quieted as the scalar does. A denormal term is below 1.2e-38 · |b| in a product
+ * with b: nothing next to any normal term, but a product made only of denormals is 0. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
 cvt_row_bf16(uint16_t *dst, const float *src, int n)
 {
