@@ -146,9 +146,10 @@ static void bf16_products(void **state)
 }
 
 /* How many entries of one bf16 product C (M × N, ldc N + 3, its padding included) differ from
- * the naive loop on the bf16-rounded inputs (A, B packed; beta 0.5 over a C of known values).
+ * the naive loop on the bf16-rounded inputs (A, B packed; beta over a C of known values).
  * No cmocka calls: threads use it too. */
-static long bf16_misses(bool ta, bool tb, int M, int N, int K, float alpha, uint32_t seed)
+static long bf16_misses(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
+                        uint32_t seed)
 {
     int ldc = N + 3;
     size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * ldc;
@@ -166,11 +167,11 @@ static long bf16_misses(bool ta, bool tb, int M, int N, int K, float alpha, uint
     for (size_t i = 0; i < nc; i++)
         C0[i] = C[i] = frand(&seed);
     ddp__gemm_kind was = ddp__gemm_set_kind(DDP__GEMM_BF16);
-    ddp__sgemm(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, 0.5f, C, ldc);
+    ddp__sgemm(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, ldc);
     ddp__gemm_set_kind(was);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
-            double want = 0.5 * C0[(size_t)i * ldc + j], mag = fabs(want);
+            double want = (double)beta * C0[(size_t)i * ldc + j], mag = fabs(want);
             if (j < N) {
                 double s = 0;
                 for (int k = 0; k < K; k++) {
@@ -192,19 +193,24 @@ out:
     return miss;
 }
 
-/* More shapes than a thread's cache holds (256 slots, started over at 3/4 full): every product
- * still right, through the start-over path, and the first shapes right again afterwards. */
+/* Many shapes (every size is given at run time), and more (transposed A, beta) pairs than a
+ * thread keeps primitives for (8: the others replaced in turn), interleaved so that a pair comes
+ * back after being replaced: every product right, none computed in float32. */
 static void bf16_many_shapes(void **state)
 {
     (void)state;
     if (ddp__gemm_bf16_check(NULL) != DDP_OK)
         skip();
+    const float betas[] = {0.0f, 1.0f, 0.5f, -0.25f, 2.0f, 0.125f, -1.0f, 3.0f};
     unsigned long before = ddp__gemm_bf16_fallbacks();
     for (int round = 0; round < 2; round++)
-        for (int m = 1; m <= 300; m++) {
-            long miss = bf16_misses(m & 1, m & 2, m, 5 + m % 7, 3 + m % 11, 1.0f, (uint32_t)m);
+        for (int m = 1; m <= 150; m++) {
+            float beta = betas[(m * 5 + round) % 8];
+            long miss = bf16_misses(m & 1, m & 2, m, 5 + m % 7, 3 + m % 11, 1.0f + (float)(m % 3),
+                                    beta, (uint32_t)m);
             if (miss != 0)
-                fail_msg("round %d, shape %d: %ld entries wrong", round, m, miss);
+                fail_msg("round %d, shape %d, beta %g: %ld entries wrong", round, m, (double)beta,
+                         miss);
         }
     assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
 }
@@ -219,9 +225,9 @@ static void *products_thread(void *arg)
     int id = (int)(intptr_t)arg;
     long miss = 0;
     for (int r = 0; r < 4 && miss == 0; r++) {
-        miss = bf16_misses(r & 1, id & 1, 40 + id, 33, 70, 0.25f, (uint32_t)(id * 100 + r));
+        miss = bf16_misses(r & 1, id & 1, 40 + id, 33, 70, 0.25f, 0.5f, (uint32_t)(id * 100 + r));
         if (miss == 0)
-            miss = bf16_misses(false, true, 64, 48, 96, 1.0f, (uint32_t)(id + 7 * r));
+            miss = bf16_misses(false, true, 64, 48, 96, 1.0f, 0.0f, (uint32_t)(id + 7 * r));
     }
     return (void *)(intptr_t)miss;
 }
@@ -255,15 +261,16 @@ static void bf16_in_a_forked_child(void **state)
     (void)state;
     if (ddp__gemm_bf16_check(NULL) != DDP_OK)
         skip();
-    assert_int_equal(bf16_misses(false, true, 256, 200, 130, 1.0f, 1), 0); /* the parent's */
+    assert_int_equal(bf16_misses(false, true, 256, 200, 130, 1.0f, 0.5f, 1), 0); /* the parent's */
     unsigned long before = ddp__gemm_bf16_fallbacks();
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         alarm(60);
-        long a = bf16_misses(false, true, 256, 200, 130, 1.0f, 2); /* a cached shape */
-        long b = bf16_misses(true, false, 99, 77, 55, 0.5f, 3);    /* a new one */
+        long a =
+            bf16_misses(false, true, 256, 200, 130, 1.0f, 0.5f, 2);   /* a primitive made before */
+        long b = bf16_misses(true, false, 99, 77, 55, 0.5f, 1.0f, 3); /* a new one */
         if (a || b || ddp__gemm_bf16_fallbacks() != before) {
             fprintf(stderr, "child: %ld and %ld entries wrong, %lu fallbacks\n", a, b,
                     ddp__gemm_bf16_fallbacks() - before);
