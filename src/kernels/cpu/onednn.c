@@ -122,10 +122,12 @@ static void after_fork_in_child(void)
     forks++;
 }
 
-/* One bf16 product through a fresh primitive, to learn which implementation oneDNN picks on
- * this CPU: "brg:avx512_core_bf16" or an AMX one run on bf16 units; anything else (plain
- * avx512_core, which widens bf16 to float32 in software, or the reference loops) would be
- * slower than OpenBLAS's float32 and is refused. */
+/* One fixed-size bf16 product through a fresh primitive, to learn which implementation oneDNN
+ * would pick for it on this CPU: "brg:avx512_core_bf16" or an AMX one run on bf16 units; anything
+ * else (plain avx512_core, which widens bf16 to float32 in software, or the reference loops)
+ * means oneDNN sees no bf16 units (or was limited by ONEDNN_MAX_CPU_ISA) and is refused. The
+ * products themselves run in the run-time-sized primitives below ("gemm:jit"), which use the same
+ * units; this probe stands for the CPU's capability as oneDNN sees it. */
 static void probe_impl(char *impl, size_t cap)
 {
     dnnl_memory_desc_t a, b, c;
