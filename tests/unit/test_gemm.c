@@ -253,6 +253,31 @@ static void bf16_threads(void **state)
     assert_int_equal(ddp__gemm_get_kind(), DDP__GEMM_FP32); /* other threads' kinds stay theirs */
 }
 
+/* In a child whose bf16 products cannot run: a bf16 product still comes out right (3 · 5), and
+ * it is the process's first fallback to float32. */
+static bool product_fell_back(void)
+{
+    float a = 3.0f, b = 5.0f, c = 0.0f;
+    ddp__gemm_set_kind(DDP__GEMM_BF16);
+    ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+    return c == 15.0f && ddp__gemm_bf16_fallbacks() == 1;
+}
+
+/* The parent's half of a test run in a forked child: waits for it, and fails when it died of a
+ * signal (SIGALRM: its products hung) or exited non-zero; 77 from the child skips the test. */
+static void expect_child(pid_t pid)
+{
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    if (WIFSIGNALED(ws))
+        fail_msg("the child died of signal %d (%s)", WTERMSIG(ws),
+                 WTERMSIG(ws) == SIGALRM ? "its products hung" : "a crash");
+    assert_true(WIFEXITED(ws));
+    if (WEXITSTATUS(ws) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 /* A child forked after this process's products ran on OpenMP's threads (the test runs with
  * OMP_NUM_THREADS=2): its own bf16 products come out right, in bf16, instead of waiting forever
  * for a thread pool fork did not copy. The child has 60 s (SIGALRM) to finish. */
@@ -278,12 +303,7 @@ static void bf16_in_a_forked_child(void **state)
         }
         _exit(0);
     }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (WIFSIGNALED(ws))
-        fail_msg("the child died of signal %d (%s)", WTERMSIG(ws),
-                 WTERMSIG(ws) == SIGALRM ? "its products hung" : "a crash");
-    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    expect_child(pid);
 }
 
 /* Without the library: a one-line error naming it and what to do, and products that still come
@@ -302,18 +322,13 @@ static void bf16_without_onednn(void **state)
             bad = 1;
         if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) == DDP_OK)
             bad = 1;
-        float a = 3.0f, b = 5.0f, c = 0.0f;
-        ddp__gemm_set_kind(DDP__GEMM_BF16);
-        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
-        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1)
+        if (!product_fell_back())
             bad = 1;
         if (bad)
             fprintf(stderr, "child: %s\n", err.msg);
         _exit(bad);
     }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    expect_child(pid);
 }
 
 /* A CPU with bf16 units where oneDNN is told not to use them (ONEDNN_MAX_CPU_ISA): oneDNN would
@@ -338,21 +353,13 @@ static void bf16_refused_when_onednn_is_limited(void **state)
         int bad = !strstr(err.msg, "precision bf16 on the CPU needs oneDNN's bf16-unit kernels") ||
                   !strstr(err.msg, "ONEDNN_MAX_CPU_ISA") || !strstr(err.msg, "HINT") ||
                   strchr(err.msg, '\n') != NULL;
-        float a = 3.0f, b = 5.0f, c = 0.0f;
-        ddp__gemm_set_kind(DDP__GEMM_BF16);
-        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
-        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1)
+        if (!product_fell_back())
             bad = 1;
         if (bad)
             fprintf(stderr, "child: %s\n", err.msg);
         _exit(bad);
     }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    assert_true(WIFEXITED(ws));
-    if (WEXITSTATUS(ws) == 77)
-        skip();
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    expect_child(pid);
 }
 
 /* A process that has used up its pthread keys before its first bf16 product: no per-thread
@@ -370,22 +377,13 @@ static void bf16_without_a_thread_key(void **state)
         int n = 0;
         while (n < 100000 && pthread_key_create(&k, NULL) == 0)
             n++;
-        float a = 3.0f, b = 5.0f, c = 0.0f;
-        ddp__gemm_set_kind(DDP__GEMM_BF16);
-        ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
-        if (c != 15.0f || ddp__gemm_bf16_fallbacks() != 1) {
-            fprintf(stderr, "child: c = %g, %lu fallbacks after %d keys\n", (double)c,
-                    ddp__gemm_bf16_fallbacks(), n);
+        if (!product_fell_back()) {
+            fprintf(stderr, "child: no float32 fallback after %d keys\n", n);
             _exit(1);
         }
         _exit(0);
     }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    assert_true(WIFEXITED(ws));
-    if (WEXITSTATUS(ws) == 77)
-        skip();
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    expect_child(pid);
 }
 
 int main(void)
