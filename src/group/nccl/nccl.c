@@ -54,7 +54,8 @@ typedef struct nccl_be {
     bool dev_made;
     ddp__watchdog wd;
     bool wd_started;
-    pthread_mutex_t abort_mu; /* one ncclCommAbort, from whichever thread gets there first */
+    pthread_mutex_t abort_mu; /* one ncclCommAbort, from whichever thread gets there first; held
+                                 by every use of comm that may race it (issue, settle, errors) */
 } nccl_be;
 
 /* ---- what the watchdog sees ------------------------------------------------------------------ */
@@ -63,14 +64,19 @@ static ddp_status wd_async_error(void *ctx, char *msg, size_t cap)
 {
     nccl_be *b = ctx;
     ncclResult_t r = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(b->comm, &r);
-    if (q != ncclSuccess)
-        r = q;
+    char last[256] = "";
+    pthread_mutex_lock(&b->abort_mu);
+    if (!b->comm_gone) { /* aborted: the failure that did it is recorded already */
+        ncclResult_t q = ncclCommGetAsyncError(b->comm, &r);
+        if (q != ncclSuccess)
+            r = q;
+        if (r != ncclSuccess && r != ncclInProgress)
+            ddp__fmt(last, sizeof last, "%s", ncclGetLastError(b->comm));
+    }
+    pthread_mutex_unlock(&b->abort_mu);
     if (r == ncclSuccess || r == ncclInProgress)
         return DDP_OK;
-    const char *last = ncclGetLastError(b->comm);
-    ddp__fmt(msg, cap, "NCCL reports %s%s%s", ncclGetErrorString(r), last && *last ? ": " : "",
-             last ? last : "");
+    ddp__fmt(msg, cap, "NCCL reports %s%s%s", ncclGetErrorString(r), last[0] ? ": " : "", last);
     return r == ncclRemoteError || r == ncclSystemError ? DDP_ERR_NETWORK : DDP_ERR_SYSTEM;
 }
 
@@ -144,10 +150,23 @@ static ncclResult_t settle(nccl_be *b, ncclResult_t r, int64_t deadline_ms)
         if (ddp__now_ms() >= deadline_ms)
             return ncclInProgress;
         backoff(&ns);
-        if (ncclCommGetAsyncError(b->comm, &r) != ncclSuccess)
-            return ncclInternalError;
+        /* The watchdog's thread may abort (and so free) the communicator meanwhile. */
+        pthread_mutex_lock(&b->abort_mu);
+        ncclResult_t q = b->comm_gone ? ncclInvalidUsage : ncclCommGetAsyncError(b->comm, &r);
+        pthread_mutex_unlock(&b->abort_mu);
+        if (q != ncclSuccess)
+            return q == ncclInvalidUsage ? ncclInvalidUsage : ncclInternalError;
     }
     return r;
+}
+
+/* NCCL's last message about the communicator, or why there is none, into out. */
+static void last_error(nccl_be *b, char *out, size_t cap)
+{
+    pthread_mutex_lock(&b->abort_mu);
+    ddp__fmt(out, cap, "%s",
+             b->comm_gone ? "the communicator was aborted" : ncclGetLastError(b->comm));
+    pthread_mutex_unlock(&b->abort_mu);
 }
 
 static ddp_status fail(nccl_be *b, const ddp__coll *c, ddp__fail *f, ddp_status st,
@@ -255,10 +274,15 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
                         "cudaStreamWaitEvent")))
         return st;
     const char *call = "";
-    ncclResult_t r = settle(b, issue(b, c, dt, &call), c->deadline_ms);
+    /* Issued under abort_mu: a watchdog abort (another thread) frees the communicator. */
+    pthread_mutex_lock(&b->abort_mu);
+    ncclResult_t r = b->comm_gone ? ncclInvalidUsage : issue(b, c, dt, &call);
+    pthread_mutex_unlock(&b->abort_mu);
+    r = settle(b, r, c->deadline_ms);
     if (r != ncclSuccess) {
-        ddp__fmt(why, sizeof why, "%s%s%s", ncclGetErrorString(r),
-                 ncclGetLastError(b->comm)[0] ? ": " : "", ncclGetLastError(b->comm));
+        char last[256];
+        last_error(b, last, sizeof last);
+        ddp__fmt(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last[0] ? ": " : "", last);
         st = fail(b, c, f, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM, call, why);
         /* Through the watchdog, so that it aborts the communicator once and never looks at it
          * again, and every later call reports this failure. */
