@@ -758,13 +758,10 @@ static void flops_counts(void **state)
     ddp_model_free(m);
 }
 
-/* precision bf16 on the CPU (oneDNN's bf16 products, float32 everywhere else): the same model
- * as in float32 gives the same loss and gradients within bf16's 8-bit operands — and not bit for
- * bit the float32 ones, so the bf16 products did run. The thread's arithmetic is float32 again
- * after the model's calls. Skipped where the CPU has no bf16 units or oneDNN is missing. */
-static void bf16_products(void **state)
+/* The same model (tiny_spec, 32 wide, 16 tokens, vocabulary 50) in float32 (m[0]) and in bf16
+ * (m[1]); skips the test where bf16 cannot run on this CPU. */
+static void build_bf16_pair(ddp_model *m[2])
 {
-    (void)state;
     ddp_error err = {0};
     if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
         print_message("skipping bf16: %s\n", err.msg);
@@ -774,9 +771,21 @@ static void bf16_products(void **state)
     s.n_embd = 32;
     s.block_size = 16;
     s.vocab_size = 50;
-    ddp_model *m32 = build(&s);
+    m[0] = build(&s);
     s.precision = DDP_PRECISION_BF16;
-    ddp_model *m16 = build(&s);
+    m[1] = build(&s);
+}
+
+/* precision bf16 on the CPU (oneDNN's bf16 products, float32 everywhere else): the same model
+ * as in float32 gives the same loss and gradients within bf16's 8-bit operands — and not bit for
+ * bit the float32 ones, so the bf16 products did run. The thread's arithmetic is float32 again
+ * after the model's calls. Skipped where the CPU has no bf16 units or oneDNN is missing. */
+static void bf16_products(void **state)
+{
+    (void)state;
+    ddp_model *m[2];
+    build_bf16_pair(m);
+    ddp_model *m32 = m[0], *m16 = m[1];
     enum { N = 3, T = 16 };
     int32_t tokens[N * T], targets[N * T];
     make_batch(5, N, T, 50, tokens, targets);
@@ -823,19 +832,8 @@ static double max_rel_diff(const float *x, const float *y, size_t n)
 static void bf16_eval_and_generation(void **state)
 {
     (void)state;
-    ddp_error err = {0};
-    if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
-        print_message("skipping bf16: %s\n", err.msg);
-        skip();
-    }
-    ddp_model_spec s = tiny_spec();
-    s.n_embd = 32;
-    s.block_size = 16;
-    s.vocab_size = 50;
     ddp_model *m[2];
-    m[0] = build(&s);
-    s.precision = DDP_PRECISION_BF16;
-    m[1] = build(&s);
+    build_bf16_pair(m);
     enum { N = 3, T = 16, V = 50 };
     int32_t tokens[N * T], targets[N * T];
     make_batch(9, N, T, V, tokens, targets);

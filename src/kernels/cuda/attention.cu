@@ -7,6 +7,19 @@
  */
 #include "common.cuh"
 
+/* Element i of a (B, nh, T, hs) tensor, i.e. (b, h, t, d), as an offset into rows of `row`
+ * floats laid out (B, T, row) with head h's channels at h·hs + d. */
+__device__ static size_t head_major_to_rows(size_t i, int T, int hs, int nh, size_t row)
+{
+    int d = (int)(i % hs);
+    size_t r = i / hs;
+    int t = (int)(r % T);
+    r /= T;
+    int h = (int)(r % nh);
+    size_t b = r / nh;
+    return (b * T + t) * row + (size_t)h * hs + d;
+}
+
 /* qkv (B, T, 3C) → q, k, v (B, nh, T, hs) each, or back (dir −1: q, k, v → qkv). */
 __global__ void permute_qkv(float *qkv, float *q, float *k, float *v, int B, int T, int C, int nh,
                             int dir)
@@ -15,14 +28,7 @@ __global__ void permute_qkv(float *qkv, float *q, float *k, float *v, int B, int
     size_t total = (size_t)B * T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
-        /* i indexes (b, h, t, d) of the permuted tensors */
-        int d = (int)(i % hs);
-        size_t r = i / hs;
-        int t = (int)(r % T);
-        r /= T;
-        int h = (int)(r % nh);
-        int b = (int)(r / nh);
-        size_t src = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+        size_t src = head_major_to_rows(i, T, hs, nh, 3 * (size_t)C);
         if (dir > 0) {
             q[i] = qkv[src];
             k[i] = qkv[src + C];
@@ -42,13 +48,7 @@ __global__ void permute_heads(float *y, float *out, int B, int T, int C, int nh,
     size_t total = (size_t)B * T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
-        int d = (int)(i % hs);
-        size_t r = i / hs;
-        int t = (int)(r % T);
-        r /= T;
-        int h = (int)(r % nh);
-        int b = (int)(r / nh);
-        size_t o = ((size_t)b * T + t) * C + (size_t)h * hs + d;
+        size_t o = head_major_to_rows(i, T, hs, nh, (size_t)C);
         if (dir > 0)
             out[o] = y[i];
         else
