@@ -48,6 +48,20 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* How many bf16 products fell back to float32 in this process (0 in a healthy run). */
 unsigned long ddp__gemm_bf16_fallbacks(void);
+/* True when the calling thread is set to bf16 products and they can run here (the check above
+ * passes): a layer may then keep its own operands in bfloat16 and call ddp__gemm_bf16_pre. */
+bool ddp__gemm_bf16_active(void);
+/* dst[i] = src[i] rounded to bfloat16 (nearest even; inputs below 2^-126 in magnitude become
+ * zero of their sign, as the bf16 units' conversion does), for i < n: the operands
+ * ddp__gemm_bf16 would make. */
+void ddp__bf16_round(uint16_t *dst, const float *src, int n);
+/* The bf16 product on operands already in bfloat16, each as stored: A (M, K) with leading
+ * dimension lda, or (K, M) when trans_a; B (K, N) with ldb, or (N, K) when trans_b. For a layer
+ * that rounds an operand once and uses it in several products (attention). Always computes:
+ * should oneDNN fail, a plain loop does (counted in ddp__gemm_bf16_fallbacks). */
+void ddp__gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                        float *C, int ldc);
 
 /* ---- elementwise reductions (cpu/reduce.c) --------------------------------------------------
  * In the dtype's arithmetic: bfloat16 and float16 widened to float32 and rounded once per element

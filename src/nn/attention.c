@@ -53,7 +53,10 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
                         "attention: dropout %g is outside [0, 1); use 0 to turn it off",
                         (double)a->dropout);
     a->head_size = a->C / a->n_head;
-    a->scratch_floats = (2 * (size_t)BLK + 1) * (size_t)a->max_T;
+    /* float32 blocks and dropout row; in bf16 also the rounded blocks and four heads' operands
+     * (bf_part below): (3·BLK + 1)·T + 2·T·hs floats */
+    a->scratch_floats =
+        (3 * (size_t)BLK + 1) * (size_t)a->max_T + 2 * (size_t)a->max_T * (size_t)a->head_size;
     return DDP_OK;
 }
 
@@ -148,26 +151,88 @@ DDP__VEC static void softmax_backward_row(float *prow, float *drow, int n, int k
             prow[j] *= mrow[j];
 }
 
+/* ---- operands in float32 or bfloat16 -------------------------------------------------------- *
+ * With bf16 products active (precision bf16: ddp__gemm_bf16_active), each head's q, k, v (and the
+ * backward's dout) are rounded to bfloat16 once per head, and the probability and dS rows once as
+ * they are made, while they are in cache: ddp__sgemm would round its operands again on every
+ * product (k and v once per block of queries). Same roundings, same products: the results are
+ * those of ddp__sgemm in bf16. In float32 the operands are strided views of qkv, as always. */
+
+typedef struct opnd {
+    const float *f;    /* float32, or NULL */
+    const uint16_t *h; /* bfloat16, when f is NULL */
+    int ld;
+} opnd;
+
+static opnd at(opnd o, size_t off)
+{
+    return o.f ? (opnd){o.f + off, NULL, o.ld} : (opnd){NULL, o.h + off, o.ld};
+}
+
+/* ddp__sgemm on two operands of the same kind. */
+static void mm(bool ta, bool tb, int M, int N, int K, float alpha, opnd A, opnd B, float beta,
+               float *C, int ldc)
+{
+    if (A.f)
+        ddp__sgemm(ta, tb, M, N, K, alpha, A.f, A.ld, B.f, B.ld, beta, C, ldc);
+    else
+        ddp__gemm_bf16_pre(ta, tb, M, N, K, alpha, A.h, A.ld, B.h, B.ld, beta, C, ldc);
+}
+
+/* The rows × hs matrix at src (leading dimension ld) as an operand: src itself in float32, or
+ * rounded and packed into *buf (advanced past it) in bf16. */
+static opnd head(const float *src, int rows, int hs, int ld, bool bf, uint16_t **buf)
+{
+    if (!bf)
+        return (opnd){src, NULL, ld};
+    uint16_t *d = *buf;
+    for (int r = 0; r < rows; r++)
+        ddp__bf16_round(d + (size_t)r * hs, src + (size_t)r * ld, hs);
+    *buf += (size_t)rows * hs;
+    return (opnd){NULL, d, hs};
+}
+
+/* A block's row i of probabilities (or dS) as the operand of the next product: the float32 block
+ * itself, or its row rounded into the bf16 block hb (same leading dimension) as soon as it is
+ * final. */
+static void row_done(uint16_t *hb, const float *row, int i, int ld, int n)
+{
+    if (hb)
+        ddp__bf16_round(hb + (size_t)i * ld, row, n);
+}
+
+/* The scratch: fp32 blocks (nblk of BLK × T), the dropout row (T), then in bf16 the rounded
+ * blocks (nblk of BLK × T halves) and the heads' operands (4 of T × hs halves). */
+static uint16_t *bf_part(const ddp_nn_attention *a, float *scratch)
+{
+    return (uint16_t *)(scratch + (2 * (size_t)BLK + 1) * (size_t)a->max_T);
+}
+
+#define HBLK(a) ((size_t)BLK * (size_t)(a)->max_T) /* halves in one rounded block */
+
 void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
                               uint64_t seed, uint64_t step, uint64_t offset, bool train,
                               float *scratch, float *out, float *lse)
 {
     const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
     const float scale = (float)(1.0 / sqrt((double)hs));
-    const bool drop = train && a->dropout > 0.0f;
+    const bool drop = train && a->dropout > 0.0f, bf = ddp__gemm_bf16_active();
     float *S = scratch, *mrow = scratch + (size_t)BLK * T;
+    uint16_t *Sh = bf ? bf_part(a, scratch) : NULL, *heads = bf_part(a, scratch) + 2 * HBLK(a);
     if (T <= 0)
         return;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            uint16_t *hb = heads;
+            opnd Q = head(q, T, hs, C3, bf, &hb), K = head(q + C, T, hs, C3, bf, &hb),
+                 V = head(q + 2 * C, T, hs, C3, bf, &hb);
             float *O = out + (size_t)b * T * C + (size_t)h * hs;
             size_t bh = (size_t)b * nh + h;
             for (int r0 = 0; r0 < T; r0 += BLK) {
                 int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr, ld = kend;
                 /* S (nr, kend) = scale · Q[r0 : kend] · K[0 : kend]ᵀ */
-                ddp__sgemm(false, true, nr, kend, hs, scale, Q + (size_t)r0 * C3, C3, K, C3, 0.0f,
-                           S, ld);
+                mm(false, true, nr, kend, hs, scale, at(Q, (size_t)r0 * Q.ld), K, 0.0f, S, ld);
                 float inv[BLK]; /* 1 / Σ exp per row: applied to O, not to P */
                 for (int i = 0; i < nr; i++) {
                     int t = r0 + i, nv = t + 1; /* keys 0..t are visible to query t */
@@ -177,13 +242,14 @@ void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B
                         dropout_row(mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
                                     a->dropout);
                     double sum = exp_row(row, nv, kend, mx, drop ? mrow : NULL);
+                    row_done(Sh, row, i, ld, kend);
                     inv[i] = (float)(1.0 / sum);
                     if (lse)
                         lse[bh * T + t] = (float)(mx + log(sum));
                 }
                 /* O[r0 : kend] (nr, hs) = P (nr, kend) · V[0 : kend] */
-                ddp__sgemm(false, false, nr, hs, kend, 1.0f, S, ld, V, C3, 0.0f, O + (size_t)r0 * C,
-                           C);
+                opnd P = bf ? (opnd){NULL, Sh, ld} : (opnd){S, NULL, ld};
+                mm(false, false, nr, hs, kend, 1.0f, P, V, 0.0f, O + (size_t)r0 * C, C);
                 for (int i = 0; i < nr; i++) {
                     float *o = O + (size_t)(r0 + i) * C;
                     for (int e = 0; e < hs; e++)
@@ -199,14 +265,19 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
 {
     const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
     const float scale = (float)(1.0 / sqrt((double)hs));
-    const bool drop = train && a->dropout > 0.0f;
+    const bool drop = train && a->dropout > 0.0f, bf = ddp__gemm_bf16_active();
     float *P = scratch, *dP = scratch + (size_t)BLK * T, *mrow = scratch + (size_t)2 * BLK * T;
+    uint16_t *Ph = bf ? bf_part(a, scratch) : NULL, *dPh = Ph ? Ph + HBLK(a) : NULL;
+    uint16_t *heads = bf_part(a, scratch) + 2 * HBLK(a);
     if (T <= 0)
         return;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
-            const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            uint16_t *hb = heads;
+            opnd Q = head(q, T, hs, C3, bf, &hb), K = head(q + C, T, hs, C3, bf, &hb),
+                 V = head(q + 2 * C, T, hs, C3, bf, &hb),
+                 dO = head(dout + (size_t)b * T * C + (size_t)h * hs, T, hs, C, bf, &hb);
             float *dQ = dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dK = dQ + C, *dV = dQ + 2 * C;
             size_t bh = (size_t)b * nh + h;
             /* Last block first: it sees every key, so its products overwrite dK and dV (beta 0)
@@ -214,10 +285,10 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
             for (int r0 = (T - 1) / BLK * BLK; r0 >= 0; r0 -= BLK) {
                 int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr, ld = kend;
                 float beta = kend == T ? 0.0f : 1.0f;
-                const float *Qb = Q + (size_t)r0 * C3, *dOb = dO + (size_t)r0 * C;
+                opnd Qb = at(Q, (size_t)r0 * Q.ld), dOb = at(dO, (size_t)r0 * dO.ld);
                 /* P ← S = scale · Q_b · Kᵀ, and dP ← dO_b · Vᵀ (the gradient of the dropped P) */
-                ddp__sgemm(false, true, nr, kend, hs, scale, Qb, C3, K, C3, 0.0f, P, ld);
-                ddp__sgemm(false, true, nr, kend, hs, 1.0f, dOb, C, V, C3, 0.0f, dP, ld);
+                mm(false, true, nr, kend, hs, scale, Qb, K, 0.0f, P, ld);
+                mm(false, true, nr, kend, hs, 1.0f, dOb, V, 0.0f, dP, ld);
                 for (int i = 0; i < nr; i++) {
                     int t = r0 + i, nv = t + 1;
                     float *prow = P + (size_t)i * ld, *drow = dP + (size_t)i * ld;
@@ -225,13 +296,16 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
                         dropout_row(mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
                                     a->dropout);
                     softmax_backward_row(prow, drow, nv, kend, lse[bh * T + t], drop ? mrow : NULL);
+                    row_done(Ph, prow, i, ld, kend);
+                    row_done(dPh, drow, i, ld, kend);
                 }
                 /* dV[0 : kend] += P_droppedᵀ · dO_b;  dQ_b = scale · dS · K;
                  * dK[0 : kend] += scale · dSᵀ · Q_b */
-                ddp__sgemm(true, false, kend, hs, nr, 1.0f, P, ld, dOb, C, beta, dV, C3);
-                ddp__sgemm(false, false, nr, hs, kend, scale, dP, ld, K, C3, 0.0f,
-                           dQ + (size_t)r0 * C3, C3);
-                ddp__sgemm(true, false, kend, hs, nr, scale, dP, ld, Qb, C3, beta, dK, C3);
+                opnd Pd = bf ? (opnd){NULL, Ph, ld} : (opnd){P, NULL, ld};
+                opnd dS = bf ? (opnd){NULL, dPh, ld} : (opnd){dP, NULL, ld};
+                mm(true, false, kend, hs, nr, 1.0f, Pd, dOb, beta, dV, C3);
+                mm(false, false, nr, hs, kend, scale, dS, K, 0.0f, dQ + (size_t)r0 * C3, C3);
+                mm(true, false, kend, hs, nr, scale, dS, Qb, beta, dK, C3);
             }
         }
 }

@@ -634,7 +634,7 @@ static void memory_bound(void **state)
     for (size_t i = 0; i < np; i++)
         P += (double)p[i].count;
     double act = N * ((16.0 * L + 5.0) * C + (4.0 + nh) * L + 2.0 + V + 4.0 * C) +
-                 (2.0 * DDP_NN_ATTN_BLOCK + 1) * T;
+                 (3.0 * DDP_NN_ATTN_BLOCK + 1) * T + 2.0 * T * (C / nh);
     double want = 4.0 * (4.0 * P + act);
     print_message("peak RSS − RSS before: %.2f MB; parameters + gradients + AdamW %.2f MB + "
                   "activations %.2f MB = %.2f MB; ratio %.3f\n",

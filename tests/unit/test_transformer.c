@@ -24,7 +24,9 @@
 #include <cmocka.h>
 
 #include "ddp/ddp.h"
+#include "kernels/kernels.h"
 #include "nn/vecmath.h"
+#include "util/half.h"
 #include "nn_check.h"
 
 /* ---- the vectorised exp ---------------------------------------------------------------------- */
@@ -329,7 +331,8 @@ static void attn_case(int B, int T, int C, int nh, float p, bool train, bool fd)
     attn_ctx c = {{C, nh, T, p, 0, 0}, B, T, train, NULL, NULL, NULL, NULL, NULL};
     assert_int_equal(ddp_nn_attention_setup(&c.a, NULL), DDP_OK);
     assert_int_equal(c.a.head_size, C / nh);
-    assert_true(c.a.scratch_floats == (size_t)(2 * DDP_NN_ATTN_BLOCK + 1) * T);
+    assert_true(c.a.scratch_floats ==
+                (size_t)(3 * DDP_NN_ATTN_BLOCK + 1) * T + 2 * (size_t)T * c.a.head_size);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * nh * T;
     c.qkv = falloc(nq), c.out = falloc(no), c.lse = falloc(nl), c.r = falloc(no);
     c.scratch = falloc(c.a.scratch_floats);
@@ -366,6 +369,137 @@ static void attention(void **state)
     attn_case(1, 67, 4, 2, 0.25f, true, true);   /* dropout over two blocks */
     attn_case(1, 9, 8, 2, 0.5f, false, true);    /* eval: no dropout whatever p is */
     attn_case(2, 200, 64, 2, 0.1f, true, false); /* four blocks; forward only */
+}
+
+/* ---- attention with bf16 products ------------------------------------------------------------ */
+
+static double r16(double x) /* to bfloat16 and back: an operand of a bf16 product */
+{
+    return ddp__bf16_to_f32(ddp__f32_to_bf16((float)x));
+}
+
+static double norm_diff(const float *got, const double *want, size_t n, double *norm)
+{
+    double d = 0, w = 0;
+    for (size_t i = 0; i < n; i++)
+        d += (got[i] - want[i]) * (got[i] - want[i]), w += want[i] * want[i];
+    *norm = sqrt(w);
+    return sqrt(d);
+}
+
+/* The arithmetic precision bf16 documents, written out in double: every product's operands
+ * rounded to bfloat16 — q, k, v, dout; the unnormalised probabilities e_j (after dropout) that
+ * multiply v; the backward's dropped probabilities and dS — everything else exact. out (B, T, C),
+ * dqkv (B, T, 3C), zeroed by the caller. */
+static void attn_bf16_reference(const attn_ctx *c, const float *dout, double *out, double *dqkv)
+{
+    int C = c->a.C, C3 = 3 * C, nh = c->a.n_head, hs = c->a.head_size, T = c->T;
+    double p = c->train ? c->a.dropout : 0.0, sc = 1 / sqrt((double)hs);
+    uint64_t thresh = (uint64_t)(p * 4294967296.0);
+    double *s = calloc((size_t)T, sizeof(double)), *m = calloc((size_t)T, sizeof(double));
+    assert_non_null(s), assert_non_null(m);
+#define Q16(t, e) r16(c->qkv[((size_t)b * T + (t)) * C3 + h * hs + (e)])
+#define K16(t, e) r16(c->qkv[((size_t)b * T + (t)) * C3 + C + h * hs + (e)])
+#define V16(t, e) r16(c->qkv[((size_t)b * T + (t)) * C3 + 2 * C + h * hs + (e)])
+#define DO16(t, e) r16(dout[((size_t)b * T + (t)) * C + h * hs + (e)])
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < T; t++) {
+                double mx = -INFINITY, sum = 0, D = 0;
+                for (int j = 0; j <= t; j++) {
+                    double d = 0;
+                    for (int e = 0; e < hs; e++)
+                        d += Q16(t, e) * K16(j, e);
+                    s[j] = d * sc, mx = fmax(mx, s[j]);
+                    uint64_t row = ATT_OFFSET + ((uint64_t)b * nh + h) * T + t;
+                    bool keep =
+                        p == 0 || attn_hash(ddp_nn_rand_u64(ATT_SEED, ATT_STEP, row), j) >= thresh;
+                    m[j] = keep ? 1 / (1 - p) : 0;
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += exp(s[j] - mx);
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int j = 0; j <= t; j++)
+                    for (int e = 0; e < hs; e++)
+                        o[e] += r16(exp(s[j] - mx) * m[j]) * V16(j, e) / sum;
+                /* backward of row t: g_j = m_j · dout·v_j, dS_j = P_j (g_j − Σ P·g) */
+                double lse = mx + log(sum), *g = calloc((size_t)t + 1, sizeof(double));
+                assert_non_null(g);
+                for (int j = 0; j <= t; j++) {
+                    for (int e = 0; e < hs; e++)
+                        g[j] += DO16(t, e) * V16(j, e);
+                    g[j] *= m[j];
+                    D += exp(s[j] - lse) * g[j];
+                }
+                double *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                for (int j = 0; j <= t; j++) {
+                    double P = exp(s[j] - lse), dS = r16(P * (g[j] - D)), Pd = r16(P * m[j]);
+                    double *dk = dqkv + ((size_t)b * T + j) * C3 + C + h * hs, *dv = dk + C;
+                    for (int e = 0; e < hs; e++) {
+                        dq[e] += sc * dS * K16(j, e);
+                        dk[e] += sc * dS * Q16(t, e);
+                        dv[e] += Pd * DO16(t, e);
+                    }
+                }
+                free(g);
+            }
+#undef Q16
+#undef K16
+#undef V16
+#undef DO16
+    free(s), free(m);
+}
+
+/* With bf16 products (precision bf16) the attention rounds exactly the operands documented
+ * (attn_bf16_reference): it is far closer to that than to the float32 attention — so it did run
+ * in bf16, and rounded where it should. Skipped where the CPU cannot do bf16 products. */
+static void attn_bf16_case(int B, int T, int C, int nh, float p)
+{
+    attn_ctx c = {{C, nh, T, p, 0, 0}, B, T, true, NULL, NULL, NULL, NULL, NULL};
+    assert_int_equal(ddp_nn_attention_setup(&c.a, NULL), DDP_OK);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * nh * T;
+    c.qkv = falloc(nq), c.out = falloc(no), c.lse = falloc(nl), c.r = falloc(no);
+    c.scratch = falloc(c.a.scratch_floats);
+    fill(c.qkv, nq, -1, 1, 61), fill(c.r, no, -1, 1, 62);
+    float *dqkv = falloc(nq), *out32 = falloc(no), *dqkv32 = falloc(nq);
+    /* float32 first, then bf16 */
+    attn_loss(&c);
+    ddp_nn_attention_backward(&c.a, c.r, c.qkv, c.lse, B, T, ATT_SEED, ATT_STEP, ATT_OFFSET, true,
+                              c.scratch, dqkv32);
+    memcpy(out32, c.out, sizeof(float) * no);
+    unsigned long fb = ddp__gemm_bf16_fallbacks();
+    ddp__gemm_kind old = ddp__gemm_set_kind(DDP__GEMM_BF16);
+    attn_loss(&c);
+    fill(dqkv, nq, 7, 8, 63); /* overwritten */
+    ddp_nn_attention_backward(&c.a, c.r, c.qkv, c.lse, B, T, ATT_SEED, ATT_STEP, ATT_OFFSET, true,
+                              c.scratch, dqkv);
+    ddp__gemm_set_kind(old);
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), fb);
+    double *wo = calloc(no, sizeof(double)), *wd = calloc(nq, sizeof(double)), n1, n2;
+    assert_non_null(wo), assert_non_null(wd);
+    attn_bf16_reference(&c, c.r, wo, wd);
+    double eo = norm_diff(c.out, wo, no, &n1), e32o = norm_diff(out32, wo, no, &n1);
+    double ed = norm_diff(dqkv, wd, nq, &n2), e32d = norm_diff(dqkv32, wd, nq, &n2);
+    print_message("bf16 attention B%d T%d C%d nh%d p%.2f: |out − ref| %.2e (float32's %.2e) of "
+                  "%.2e; |dqkv − ref| %.2e (float32's %.2e) of %.2e\n",
+                  B, T, C, nh, (double)p, eo, e32o, n1, ed, e32d, n2);
+    assert_true(eo <= 2e-4 * n1 && eo <= 0.05 * e32o);
+    assert_true(ed <= 2e-4 * n2 && ed <= 0.05 * e32d);
+    free(c.qkv), free(c.out), free(c.lse), free(c.r), free(c.scratch), free(dqkv), free(out32);
+    free(dqkv32), free(wo), free(wd);
+}
+
+static void attention_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+    attn_bf16_case(2, 5, 8, 2, 0.0f);    /* one block */
+    attn_bf16_case(1, 150, 32, 2, 0.0f); /* three blocks, the last of 22 rows */
+    attn_bf16_case(2, 70, 16, 4, 0.2f);  /* dropout over two blocks */
 }
 
 static void attention_setup(void **state)
@@ -547,8 +681,9 @@ int main(void)
         cmocka_unit_test(fast_exp),        cmocka_unit_test(embedding),
         cmocka_unit_test(layernorm),       cmocka_unit_test(gelu_tanh),
         cmocka_unit_test(residual_add),    cmocka_unit_test(attention),
-        cmocka_unit_test(attention_setup), cmocka_unit_test(lm_head),
-        cmocka_unit_test(vocab_xent),      cmocka_unit_test(init_normal),
+        cmocka_unit_test(attention_setup), cmocka_unit_test(attention_bf16),
+        cmocka_unit_test(lm_head),         cmocka_unit_test(vocab_xent),
+        cmocka_unit_test(init_normal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "util/half.h"
 #include "util/util.h"
 
 static _Thread_local ddp__gemm_kind tl_kind = DDP__GEMM_FP32;
@@ -60,6 +61,26 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
     (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
     atomic_fetch_add(&fallbacks, 1);
+    return false;
+}
+
+static bool gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                          float *C, int ldc)
+{
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    return false;
+}
+
+void ddp__bf16_round(uint16_t *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = ddp__f32_to_bf16(src[i]);
+}
+
+bool ddp__gemm_bf16_active(void)
+{
     return false;
 }
 
@@ -256,16 +277,9 @@ static void cvt_matrix(uint16_t *dst, const float *src, int rows, int cols, int 
         cvt_row_bf16(dst + (size_t)r * cols, src + (size_t)r * ld, cols);
 }
 
-/* The same, transposed: src (rows × cols, ld) into dst (cols × rows) packed. Each source row is
- * converted whole into tmp (cols values), then spread down a column of dst; the lines of dst a
- * column touches stay cached for the next one. */
-static void cvt_matrix_t(uint16_t *dst, const float *src, int rows, int cols, int ld, uint16_t *tmp)
+void ddp__bf16_round(uint16_t *dst, const float *src, int n)
 {
-    for (int r = 0; r < rows; r++) {
-        cvt_row_bf16(tmp, src + (size_t)r * ld, cols);
-        for (int c = 0; c < cols; c++)
-            dst[(size_t)c * rows + r] = tmp[c];
-    }
+    cvt_row_bf16(dst, src, n);
 }
 
 /* ---- per-thread state: a stream, operand buffers, a few primitives --------------------------- *
@@ -273,25 +287,26 @@ static void cvt_matrix_t(uint16_t *dst, const float *src, int rows, int cols, in
  * DNNL_RUNTIME_DIM_VAL / _F32_VAL; its gemm-based bf16 kernel): one primitive serves every shape,
  * so a model whose shapes change from call to call (generation, a last short batch) never waits
  * for a primitive to be compiled, and which kernel computes a product never depends on what ran
- * before — a resumed run's products are bit for bit the uninterrupted run's. op(B) is always
- * given untransposed (a transposed B is transposed while it is converted): that kernel is 20%
- * slower on a transposed B. A primitive per (transposed A, beta): beta is a post-op's scale,
- * fixed when the primitive is made. */
+ * before — a resumed run's products are bit for bit the uninterrupted run's. Operands are given
+ * as stored, transposed or not (strides (1, ld)): that kernel runs a transposed B at the speed of
+ * an untransposed one (within 3% on GPT's shapes, bench/onednn_shapes.c), so nothing is
+ * transposed here. A primitive per (transposed A, transposed B, beta): which of an operand's two
+ * strides is 1 and beta (a post-op's scale) are fixed when the primitive is made. */
 
 typedef struct prim {
-    bool used, ta;
+    bool used, ta, tb;
     float beta;
     dnnl_primitive_t p;
 } prim;
 
-enum { NPRIM = 8 }; /* distinct (ta, beta) pairs kept; layers use beta 0 and 1 */
+enum { NPRIM = 12 }; /* distinct (ta, tb, beta) kept; layers use beta 0 and 1: 8 */
 
 typedef struct tstate {
     struct tstate *next; /* every thread's state, reachable from `states` */
     dnnl_stream_t stream;
-    uint16_t *abuf, *bbuf, *tbuf;
-    size_t acap, bcap, tcap; /* elements */
-    unsigned forks;          /* `forks` when tab was last emptied */
+    uint16_t *abuf, *bbuf;
+    size_t acap, bcap; /* elements */
+    unsigned forks;    /* `forks` when tab was last emptied */
     prim tab[NPRIM];
     int next_evict;
 } tstate;
@@ -324,7 +339,6 @@ static void tstate_free(void *arg)
         dn.dnnl_stream_destroy(s->stream);
     free(s->abuf);
     free(s->bbuf);
-    free(s->tbuf);
     free(s);
 }
 
@@ -379,19 +393,21 @@ static bool grow(uint16_t **buf, size_t *cap, size_t n)
     return true;
 }
 
-/* op(A) (M, K) bf16 with strides (K, 1), or (1, M) when ta (stored (K, M)); B (K, N) bf16 with
- * strides (N, 1); C (M, N) float32 with strides (ldc, 1): every size and stride at run time. */
-static void descs(bool ta, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, dnnl_dim_t ldc,
-                  dnnl_memory_desc_t *ad, dnnl_memory_desc_t *bd, dnnl_memory_desc_t *cd, bool *ok)
+/* op(A) (M, K) bf16: A stored (M, K) with strides (lda, 1), or when ta stored (K, M), strides
+ * (1, lda); op(B) (K, N) bf16 likewise with ldb and tb; C (M, N) float32 with strides (ldc, 1). */
+static bool descs(bool ta, bool tb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, dnnl_dim_t lda,
+                  dnnl_dim_t ldb, dnnl_dim_t ldc, dnnl_memory_desc_t *ad, dnnl_memory_desc_t *bd,
+                  dnnl_memory_desc_t *cd)
 {
     dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N};
-    dnnl_dims_t sa = {ta ? 1 : K, ta ? M : 1}, sb = {N, 1}, sc = {ldc, 1};
-    *ok = !dn.dnnl_memory_desc_init_by_strides(ad, 2, da, dnnl_bf16, sa) &&
-          !dn.dnnl_memory_desc_init_by_strides(bd, 2, db, dnnl_bf16, sb) &&
-          !dn.dnnl_memory_desc_init_by_strides(cd, 2, dc, dnnl_f32, sc);
+    dnnl_dims_t sa = {ta ? 1 : lda, ta ? lda : 1}, sb = {tb ? 1 : ldb, tb ? ldb : 1};
+    dnnl_dims_t sc = {ldc, 1};
+    return !dn.dnnl_memory_desc_init_by_strides(ad, 2, da, dnnl_bf16, sa) &&
+           !dn.dnnl_memory_desc_init_by_strides(bd, 2, db, dnnl_bf16, sb) &&
+           !dn.dnnl_memory_desc_init_by_strides(cd, 2, dc, dnnl_f32, sc);
 }
 
-static bool prim_make(prim *e, bool ta, float beta)
+static bool prim_make(prim *e, bool ta, bool tb, float beta)
 {
     const dnnl_dim_t R = DNNL_RUNTIME_DIM_VAL;
     const float rs = DNNL_RUNTIME_F32_VAL;
@@ -402,12 +418,11 @@ static bool prim_make(prim *e, bool ta, float beta)
     dnnl_primitive_desc_t pd = NULL;
     bool ok = false;
     memset(e, 0, sizeof *e);
-    descs(ta, R, R, R, R, &ad, &bd, &cd, &ok);
-    if (!ok || dn.dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) ||
+    if (!descs(ta, tb, R, R, R, R, R, R, &ad, &bd, &cd) ||
+        dn.dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd) ||
         dn.dnnl_primitive_attr_create(&attr) ||
         dn.dnnl_primitive_attr_set_output_scales(attr, 1, 0, &rs))
         goto out;
-    ok = false;
     if (beta != 0.0f) {
         if (dn.dnnl_post_ops_create(&po) || dn.dnnl_post_ops_append_sum(po, beta) ||
             dn.dnnl_primitive_attr_set_post_ops(attr, po))
@@ -418,6 +433,7 @@ static bool prim_make(prim *e, bool ta, float beta)
         goto out;
     e->used = true;
     e->ta = ta;
+    e->tb = tb;
     e->beta = beta;
     ok = true;
 out:
@@ -432,10 +448,10 @@ out:
     return ok;
 }
 
-static prim *prim_find(tstate *s, bool ta, float beta)
+static prim *prim_find(tstate *s, bool ta, bool tb, float beta)
 {
     for (int i = 0; i < NPRIM; i++)
-        if (s->tab[i].used && s->tab[i].ta == ta && s->tab[i].beta == beta)
+        if (s->tab[i].used && s->tab[i].ta == ta && s->tab[i].tb == tb && s->tab[i].beta == beta)
             return &s->tab[i];
     prim *e = NULL;
     for (int i = 0; i < NPRIM && !e; i++)
@@ -446,44 +462,26 @@ static prim *prim_find(tstate *s, bool ta, float beta)
         s->next_evict = (s->next_evict + 1) % NPRIM;
         prim_drop(e);
     }
-    return prim_make(e, ta, beta) ? e : NULL;
+    return prim_make(e, ta, tb, beta) ? e : NULL;
 }
 
-static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
-                      int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* The product on bf16 operands as stored (descs), through the thread's primitive. */
+static bool run_bf16(tstate *s, bool ta, bool tb, int M, int N, int K, float alpha,
+                     const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
+                     int ldc)
 {
-    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
-        return false;
-    tstate *s = tstate_get();
-    if (!s)
-        return false;
-    size_t na = (size_t)M * K, nb = (size_t)K * N;
-    if (!grow(&s->abuf, &s->acap, na) || !grow(&s->bbuf, &s->bcap, nb) ||
-        (trans_b && !grow(&s->tbuf, &s->tcap, (size_t)K)))
-        return false;
-    prim *e = prim_find(s, trans_a, beta);
-    if (!e)
-        return false;
-    /* A packed as stored: op(A) = A is (M, K), Aᵀ comes from a stored (K, M). B packed (K, N). */
-    if (trans_a)
-        cvt_matrix(s->abuf, A, K, M, lda);
-    else
-        cvt_matrix(s->abuf, A, M, K, lda);
-    if (trans_b)
-        cvt_matrix_t(s->bbuf, B, N, K, ldb, s->tbuf);
-    else
-        cvt_matrix(s->bbuf, B, K, N, ldb);
+    prim *e = prim_find(s, ta, tb, beta);
     dnnl_memory_desc_t ad, bd, cd, scd;
     dnnl_dims_t one = {1};
-    bool ok = false;
-    descs(trans_a, M, N, K, ldc, &ad, &bd, &cd, &ok);
-    if (!ok || dn.dnnl_memory_desc_init_by_strides(&scd, 1, one, dnnl_f32, one))
+    if (!e || !descs(ta, tb, M, N, K, lda, ldb, ldc, &ad, &bd, &cd) ||
+        dn.dnnl_memory_desc_init_by_strides(&scd, 1, one, dnnl_f32, one))
         return false;
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, msc = NULL;
-    ok = !dn.dnnl_memory_create(&ma, &ad, engine, s->abuf) &&
-         !dn.dnnl_memory_create(&mb, &bd, engine, s->bbuf) &&
-         !dn.dnnl_memory_create(&mc, &cd, engine, C) &&
-         !dn.dnnl_memory_create(&msc, &scd, engine, &alpha);
+    /* oneDNN's memory objects take a non-const handle; a matmul only reads its sources. */
+    bool ok = !dn.dnnl_memory_create(&ma, &ad, engine, (void *)(uintptr_t)A) &&
+              !dn.dnnl_memory_create(&mb, &bd, engine, (void *)(uintptr_t)B) &&
+              !dn.dnnl_memory_create(&mc, &cd, engine, C) &&
+              !dn.dnnl_memory_create(&msc, &scd, engine, &alpha);
     if (ok) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
                                    {DNNL_ARG_WEIGHTS, mb},
@@ -499,6 +497,21 @@ static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
     return ok;
 }
 
+static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        return false;
+    tstate *s = tstate_get();
+    if (!s || !grow(&s->abuf, &s->acap, (size_t)M * K) || !grow(&s->bbuf, &s->bcap, (size_t)K * N))
+        return false;
+    /* Each operand packed as stored: A (M, K), or (K, M) when transposed; B (K, N) or (N, K). */
+    int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
+    cvt_matrix(s->abuf, A, ar, ac, lda);
+    cvt_matrix(s->bbuf, B, br, bc, ldb);
+    return run_bf16(s, trans_a, trans_b, M, N, K, alpha, s->abuf, ac, s->bbuf, bc, beta, C, ldc);
+}
+
 bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -508,4 +521,51 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     return false;
 }
 
+static bool gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                          float *C, int ldc)
+{
+    tstate *s;
+    return ddp__gemm_bf16_check(NULL) == DDP_OK && (s = tstate_get()) &&
+           run_bf16(s, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+bool ddp__gemm_bf16_active(void)
+{
+    return tl_kind == DDP__GEMM_BF16 && ddp__gemm_bf16_check(NULL) == DDP_OK;
+}
+
 #endif /* DDP_HAVE_ONEDNN */
+
+/* The plain loop behind ddp__gemm_bf16_pre when oneDNN cannot run the product: the same operands,
+ * widened exactly, accumulated in float32. Slow, and only for what should not happen (out of
+ * memory, a oneDNN error): it keeps a layer that holds only bf16 operands correct. */
+static void gemm_bf16_loop(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                           const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                           float *C, int ldc)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                uint16_t a = trans_a ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                uint16_t b = trans_b ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                acc += ddp__bf16_to_f32(a) * ddp__bf16_to_f32(b);
+            }
+            float *c = C + (size_t)i * ldc + j;
+            *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+        }
+}
+
+void ddp__gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                        float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K > 0 && gemm_bf16_pre(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
+    if (K > 0)
+        atomic_fetch_add(&fallbacks, 1);
+    gemm_bf16_loop(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
