@@ -22,6 +22,7 @@
 #define DDP_DEVICE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "ddp/status.h"
 #include "ddp/tensor.h"
@@ -53,6 +54,13 @@ ddp_status ddp_precision_parse(const char *s, ddp_precision *out, ddp_error *err
  * CPU that cannot) with a message saying what to set instead. The first bf16 check on the CPU
  * loads oneDNN. */
 ddp_status ddp_precision_check(ddp_device d, ddp_precision p, ddp_error *err);
+
+/* The bf16 matrix products this process has computed on the CPU (precision bf16) since it
+ * started: *products how many asked for bf16, *fallbacks how many of those oneDNN could not
+ * compute (out of memory, a oneDNN error) and that were computed in float32 instead — right,
+ * but slower and more exact than asked. 0 in a healthy run; a program reports a nonzero count
+ * (ddptrain does, at the end of a run). Products of size 0 are not counted. Any thread. */
+void ddp_bf16_cpu_counts(uint64_t *products, uint64_t *fallbacks);
 
 /* The GPU a rank with this LOCAL_RANK uses among `visible` GPUs: local_rank mod visible. −1
  * when visible < 1 or local_rank < 0. Pure. */

@@ -51,6 +51,14 @@ ddp_status ddp_precision_check(ddp_device d, ddp_precision p, ddp_error *err)
                     ddp_precision_name(p));
 }
 
+void ddp_bf16_cpu_counts(uint64_t *products, uint64_t *fallbacks)
+{
+    /* fallbacks first: each was counted after its product, so products ≥ fallbacks */
+    uint64_t f = ddp__gemm_bf16_fallbacks();
+    *products = ddp__gemm_bf16_products();
+    *fallbacks = f;
+}
+
 int ddp_device_cuda_index(int local_rank, int visible)
 {
     if (visible < 1 || local_rank < 0)

@@ -48,6 +48,10 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* How many bf16 products fell back to float32 in this process (0 in a healthy run). */
 unsigned long ddp__gemm_bf16_fallbacks(void);
+/* How many bf16 products were asked for in this process (ddp__sgemm handing one to
+ * ddp__gemm_bf16, cpu/gemm.c, and ddp__gemm_bf16_pre): the
+ * whole of which ddp__gemm_bf16_fallbacks counts a part. Any thread. */
+unsigned long ddp__gemm_bf16_products(void);
 /* True when the calling thread is set to bf16 products and they can run here (the check above
  * passes): a layer may then keep its own operands in bfloat16 and call ddp__gemm_bf16_pre. */
 bool ddp__gemm_bf16_active(void);

@@ -134,9 +134,11 @@ static void bf16_products(void **state)
         skip();
     }
     unsigned long before = ddp__gemm_bf16_fallbacks();
+    unsigned long products = ddp__gemm_bf16_products();
     run_all(true);
     run_all(true); /* again: the primitives come from the cache */
     assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
+    assert_true(ddp__gemm_bf16_products() > products); /* counted, none fell back */
     /* K = 0 keeps BLAS's meaning (C·beta) in bf16 too */
     float c[2] = {2.0f, 4.0f};
     ddp__gemm_set_kind(DDP__GEMM_BF16);
@@ -254,13 +256,17 @@ static void bf16_threads(void **state)
 }
 
 /* In a child whose bf16 products cannot run: a bf16 product still comes out right (3 · 5), and
- * it is the process's first fallback to float32. */
+ * it is the process's first bf16 product and first fallback to float32, in the public counts
+ * too (ddptrain reports them). */
 static bool product_fell_back(void)
 {
     float a = 3.0f, b = 5.0f, c = 0.0f;
     ddp__gemm_set_kind(DDP__GEMM_BF16);
     ddp__sgemm(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
-    return c == 15.0f && ddp__gemm_bf16_fallbacks() == 1;
+    uint64_t products = 0, fallbacks = 0;
+    ddp_bf16_cpu_counts(&products, &fallbacks);
+    return c == 15.0f && ddp__gemm_bf16_fallbacks() == 1 && ddp__gemm_bf16_products() == 1 &&
+           products == 1 && fallbacks == 1;
 }
 
 /* The parent's half of a test run in a forked child: waits for it, and fails when it died of a

@@ -269,6 +269,26 @@ static void clean_checkpoints(trainer *t)
         trainer_log(t, "no temporary files of interrupted saves in %s", dir);
 }
 
+/* bf16 on the CPU: the products of this run that oneDNN could not compute and that OpenBLAS
+ * computed in float32 instead. Once, when the task ends, rather than on each progress line: a
+ * fallback is rare (oneDNN out of memory, a oneDNN error), its numbers are right either way, and
+ * what the user needs to know is whether the run was really the bf16 run it claims to be. Rank
+ * 0's own count (each rank counts its own; they compute the same shapes). */
+static void report_bf16_fallbacks(trainer *t, uint64_t products0, uint64_t fallbacks0)
+{
+    uint64_t products, fallbacks;
+    ddp_bf16_cpu_counts(&products, &fallbacks);
+    products -= products0;
+    fallbacks -= fallbacks0;
+    if (fallbacks == 0)
+        return;
+    trainer_say(t,
+                "warning: %llu of %llu bf16 matrix products on rank 0 fell back to float32 "
+                "(oneDNN could not run them: out of memory, or a oneDNN error), which is right "
+                "but slower; HINT: check free memory, or set precision fp32",
+                (unsigned long long)fallbacks, (unsigned long long)products);
+}
+
 static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
 {
     const char *task = ddp_config_str(t->cfg, "task");
@@ -397,7 +417,11 @@ int main(int argc, char **argv)
                     "DDP: %d process%s (%s), device %s, per-rank batch %d, grad accumulation "
                     "%d, effective batch %d",
                     t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, A, t.B * t.W * A);
+    uint64_t bf16_products0, bf16_fallbacks0;
+    ddp_bf16_cpu_counts(&bf16_products0, &bf16_fallbacks0);
     rc = run_task(&t, tr, te);
+    if (t.dev.device == DDP_DEVICE_CPU && t.prec == DDP_PRECISION_BF16)
+        report_bf16_fallbacks(&t, bf16_products0, bf16_fallbacks0);
 out:
     ddp_reducer_destroy(t.red);
     free(t.rparams);

@@ -38,11 +38,18 @@ ddp__gemm_kind ddp__gemm_get_kind(void)
     return tl_kind;
 }
 
-static atomic_ulong fallbacks;
+/* Every product that asked for bf16 (ddp__gemm_bf16, ddp__gemm_bf16_pre), and those of them
+ * that fell back to float32: ddptrain reports the share. */
+static atomic_ulong products, fallbacks;
 
 unsigned long ddp__gemm_bf16_fallbacks(void)
 {
     return atomic_load(&fallbacks);
+}
+
+unsigned long ddp__gemm_bf16_products(void)
+{
+    return atomic_load(&products);
 }
 
 #ifndef DDP_HAVE_ONEDNN
@@ -60,6 +67,7 @@ bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
 {
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
     (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+    atomic_fetch_add(&products, 1);
     atomic_fetch_add(&fallbacks, 1);
     return false;
 }
@@ -515,6 +523,7 @@ static bool gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
 bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
+    atomic_fetch_add(&products, 1);
     if (gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return true;
     atomic_fetch_add(&fallbacks, 1);
@@ -563,6 +572,8 @@ void ddp__gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float a
 {
     if (M <= 0 || N <= 0)
         return;
+    if (K > 0)
+        atomic_fetch_add(&products, 1);
     if (K > 0 && gemm_bf16_pre(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
     if (K > 0)
