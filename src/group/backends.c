@@ -173,13 +173,11 @@ ddp__gpu_pick ddp__gpu_choice(const ddp__gpu_layout *l, char *why, size_t cap)
     if (shared >= 0)
         ddp__fmt(why, cap,
                  "ranks share a GPU (%d ranks on %d GPU%s of host '%s'; NCCL refuses two ranks "
-                 "on one GPU): staged through pinned host memory",
+                 "on one GPU): staged through host memory",
                  l->ranks_per_host[shared], l->gpus_per_host[shared],
                  l->gpus_per_host[shared] == 1 ? "" : "s", l->host ? l->host[shared] : "?");
     else
-        ddp__fmt(why, cap,
-                 "this libddp has no NCCL (DDP_NCCL=OFF): staged through pinned host "
-                 "memory");
+        ddp__fmt(why, cap, "this libddp has no NCCL (DDP_NCCL=OFF): staged through host memory");
     return DDP__PICK_STAGED;
 }
 

@@ -45,7 +45,7 @@ struct ddp_group {
     void *be;
     const ddp__backend_ops *ops;
     const char *backend; /* the registry entry's name (static) */
-    char reason[192];    /* why that one, for rank 0's DDP line */
+    char reason[320];    /* why that one, for rank 0's DDP line */
     ddp_device device;   /* where collectives' buffers live */
     int cuda_device;     /* this rank's GPU; -1 for a CPU group */
     void *stream;        /* cudaStream_t to order collectives after; NULL: the default */
@@ -826,6 +826,11 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         goto out_fail;
     g->backend = chosen->name;
     ddp__backend_reason(chosen, named != NULL, &s, g->reason, sizeof g->reason);
+    const char *detail = g->ops->detail ? g->ops->detail(g->be) : NULL;
+    if (detail) {
+        size_t used = strlen(g->reason);
+        ddp__fmt(g->reason + used, sizeof g->reason - used, "; %s", detail);
+    }
     free(gpus);
     gpus = NULL;
     for (int r = 0; r < W; r++)

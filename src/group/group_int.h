@@ -131,6 +131,10 @@ typedef struct ddp__backend_ops {
     /* The name of the algorithm an allreduce of bytes per member runs with (a static string);
      * NULL: the backend has one, and ddp_group_algorithm() gives the backend's name. */
     const char *(*algorithm)(void *be, size_t bytes);
+    /* How this backend came out when created, where that varies, in a few words that end the
+     * group's reason line (ddp_group_backend_reason): cuda-staged's "staging buffer pinned" or
+     * not. A string owned by be; NULL (or a NULL op): nothing to add. */
+    const char *(*detail)(void *be);
     bool fuses_avg; /* run() honours c->avg_div: no second pass over the result for AVG */
 } ddp__backend_ops;
 

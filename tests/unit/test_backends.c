@@ -221,7 +221,7 @@ static void gpu_layouts(void **state)
     /* 1 GPU × 2 ranks: shared. */
     assert_int_equal(layout(1, (int[]){2}, (int[]){1}, true, why), DDP__PICK_STAGED);
     assert_string_equal(why, "ranks share a GPU (2 ranks on 1 GPU of host 'h0'; NCCL refuses two "
-                             "ranks on one GPU): staged through pinned host memory");
+                             "ranks on one GPU): staged through host memory");
     /* 2 hosts × 4 GPUs × 4 ranks: nccl. */
     assert_int_equal(layout(2, (int[]){4, 4}, (int[]){4, 4}, true, why), DDP__PICK_NCCL);
     assert_string_equal(why, "every rank has a GPU of its own (8 ranks on 8 GPUs, 2 hosts)");
@@ -237,8 +237,7 @@ static void gpu_layouts(void **state)
     assert_int_equal(layout(2, (int[]){1, 3}, (int[]){1, 4}, true, why), DDP__PICK_NCCL);
     /* No NCCL in this build: staged even with a GPU each. */
     assert_int_equal(layout(2, (int[]){4, 4}, (int[]){4, 4}, false, why), DDP__PICK_STAGED);
-    assert_string_equal(why, "this libddp has no NCCL (DDP_NCCL=OFF): staged through pinned host "
-                             "memory");
+    assert_string_equal(why, "this libddp has no NCCL (DDP_NCCL=OFF): staged through host memory");
     /* A host with no GPU: nothing can run it, and why says which. */
     assert_int_equal(layout(2, (int[]){1, 1}, (int[]){1, 0}, true, why), DDP__PICK_NONE);
     assert_string_equal(why, "host 'h1' has no visible GPU for its 1 rank");

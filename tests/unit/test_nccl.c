@@ -14,9 +14,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -761,13 +763,14 @@ static void group_without_gpu(void **state)
     ddp_group_destroy(g);
 }
 
-/* cuda-staged when pinning the staging buffer is refused (cudaHostRegister can refuse shared
- * memory in some kernels and VMs): the group still comes up, unpinned, and its collectives are
- * right. On the fake GPU (host memory), with its pin told to refuse. */
-static void staged_unpinned(void **state)
+/* cuda-staged with pinning of the staging buffer refused (cudaHostRegister can refuse shared
+ * memory in some kernels and VMs) or not: the group comes up either way and its collectives are
+ * right; the reason line says which it got, and when refused, member 0 says why on stderr
+ * (captured here). On the fake GPU (host memory), its pin told to refuse. */
+static void staged_pinning(bool refuse)
 {
-    (void)state;
-    setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
+    if (refuse)
+        setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
     ddp_world w;
     memset(&w, 0, sizeof w);
     w.world_size = 1;
@@ -780,11 +783,36 @@ static void staged_unpinned(void **state)
     o.timeout_ms = 10000;
     ddp_group *g = NULL;
     ddp_error err = {0};
+    FILE *cap = tmpfile();
+    assert_non_null(cap);
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    assert_true(dup2(fileno(cap), 2) == 2);
     ddp_status st = ddp_group_init(&o, &g, &err);
+    fflush(stderr);
+    assert_true(dup2(saved, 2) == 2);
+    close(saved);
     unsetenv("DDP_TEST_FAKE_PIN_REFUSED");
+    char said[1024] = "";
+    rewind(cap);
+    size_t got = fread(said, 1, sizeof said - 1, cap);
+    said[got] = '\0';
+    fclose(cap);
     if (st != DDP_OK)
-        fail_msg("group with an unpinned staging buffer: %s", err.msg);
+        fail_msg("group with %s staging buffer: %s", refuse ? "an unpinned" : "a pinned", err.msg);
     assert_string_equal(ddp_group_backend(g), "cuda-staged");
+    const char *why = ddp_group_backend_reason(g);
+    if (refuse) {
+        assert_non_null(strstr(why, "; staging buffer not pinned (cudaHostRegister refused it)"));
+        assert_non_null(strstr(said, "ddp: cuda-staged: the staging buffer is not pinned "
+                                     "(cudaHostRegister failed: operation not supported"));
+        assert_true(got > 0 && strchr(said, '\n') == said + got - 1); /* one line */
+    } else {
+        assert_non_null(strstr(why, "; staging buffer pinned"));
+        assert_null(strstr(said, "pinned"));
+    }
+    assert_null(strstr(why, "pinned host memory")); /* the old line, right only when pinned */
     enum { n = 1000 };
     float host[n], back[n];
     for (int i = 0; i < n; i++)
@@ -799,6 +827,18 @@ static void staged_unpinned(void **state)
     ddp_group_destroy(g);
 }
 
+static void staged_unpinned(void **state)
+{
+    (void)state;
+    staged_pinning(true);
+}
+
+static void staged_pinned(void **state)
+{
+    (void)state;
+    staged_pinning(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -807,7 +847,7 @@ int main(void)
         cmocka_unit_test(watchdog_thread), cmocka_unit_test(messages),
         cmocka_unit_test(staging),         cmocka_unit_test(staging_avg),
         cmocka_unit_test(staging_edges),   cmocka_unit_test(group_without_gpu),
-        cmocka_unit_test(staged_unpinned),
+        cmocka_unit_test(staged_unpinned), cmocka_unit_test(staged_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

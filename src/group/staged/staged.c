@@ -177,6 +177,14 @@ static void staged_abort(void *be, const char *why)
     s->inner->abort(s->inner_be, why);
 }
 
+/* The end of the group's reason line: whether pinning worked (member 0's warning says why not). */
+static const char *staged_detail(void *be)
+{
+    staged *s = be;
+    return s->pinned ? "staging buffer pinned"
+                     : "staging buffer not pinned (cudaHostRegister refused it): slower copies";
+}
+
 static void staged_destroy(void *be)
 {
     staged *s = be;
@@ -205,6 +213,7 @@ static const ddp__backend_ops staged_ops = {
     .copy = staged_copy,
     .abort = staged_abort,
     .destroy = staged_destroy,
+    .detail = staged_detail,
     .fuses_avg = true,
 };
 
