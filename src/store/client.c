@@ -124,6 +124,10 @@ static ddp_status connect_once(ddp_store *s, int64_t deadline, ddp_error *e)
     ddp_status st = ddp__tcp_connect(s->host, s->port, deadline, &s->fd, e);
     if (st != DDP_OK)
         return st;
+    /* A server whose host vanishes (no FIN, no RST) fails a call blocked in get/wait within
+     * the keepalive bound (at most 60 s) instead of the call's whole timeout (300 s by
+     * default), and the connection of an idle client does not stay open to nobody. */
+    (void)ddp__tcp_keepalive(s->fd, s->timeout_ms);
     ddp__buf_frame_begin(&s->req);
     ddp__buf_u8(&s->req, DDP__OP_HELLO);
     ddp__buf_u32(&s->req, DDP__STORE_MAGIC);
@@ -323,8 +327,11 @@ void ddp_store_close(ddp_store *s)
 
 void ddp_store_set_timeout(ddp_store *s, int timeout_ms)
 {
-    if (s)
-        s->timeout_ms = timeout_ms > 0 ? timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
+    if (!s)
+        return;
+    s->timeout_ms = timeout_ms > 0 ? timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
+    if (s->fd >= 0) /* the keepalive follows the timeout, as a new connection's would */
+        (void)ddp__tcp_keepalive(s->fd, s->timeout_ms);
 }
 
 const char *ddp_store_last_error(const ddp_store *s)

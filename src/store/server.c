@@ -622,6 +622,10 @@ static void accept_conns(ddp_store_server *s)
             close(fd);
             continue;
         }
+        /* A client whose host vanished (no FIN, no RST) would keep its connection, its slot
+         * under max_connections and any get it waits in forever: keepalive closes it within
+         * 60 s (the server has no call timeout of its own; the clients' default's bound). */
+        (void)ddp__tcp_keepalive(fd, DDP_STORE_DEFAULT_TIMEOUT_MS);
         c->fd = fd;
         c->accepted_ms = ddp__now_ms();
         memcpy(c->peer, peer, sizeof peer);

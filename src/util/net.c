@@ -273,6 +273,29 @@ ddp_status ddp__tcp_accept(int lfd, int64_t deadline_ms, int *fd_out, ddp_error 
     }
 }
 
+int ddp__keepalive_bound(int timeout_ms, int *idle_s, int *intvl_s)
+{
+    int t = timeout_ms / 1000;
+    int idle = t / 8 < 1 ? 1 : t / 8 > 30 ? 30 : t / 8;
+    int intvl = t / 24 < 1 ? 1 : t / 24 > 10 ? 10 : t / 24;
+    if (idle_s)
+        *idle_s = idle;
+    if (intvl_s)
+        *intvl_s = intvl;
+    return idle + 3 * intvl;
+}
+
+int ddp__tcp_keepalive(int fd, int timeout_ms)
+{
+    int idle, intvl, cnt = 3, one = 1;
+    int bound = ddp__keepalive_bound(timeout_ms, &idle, &intvl);
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    return bound;
+}
+
 static bool is_loopback(const struct sockaddr *sa)
 {
     if (sa->sa_family == AF_INET) {

@@ -35,6 +35,19 @@ ddp_status ddp__tcp_accept(int lfd, int64_t deadline_ms, int *fd, ddp_error *err
  * sent). A loopback host (127.0.0.0/8, ::1, "localhost") gives "127.0.0.1". */
 ddp_status ddp__local_addr_toward(const char *host, char *buf, size_t cap, ddp_error *err);
 
+/* TCP keepalive from a timeout T (ms), so that a connection to a peer whose host vanished
+ * without a FIN or RST (power lost, cable pulled, a VM gone) fails on its own instead of staying
+ * open: probes start after T/8 of silence, go every T/24, and 3 unanswered ones end it — T/4 in
+ * all, at least 4 s, at most 60 s (T/8 at most 30 s, T/24 at most 10 s). A live peer's kernel
+ * answers probes, so a slow or stopped process is never taken for a lost one; keepalive probes
+ * only a connection with nothing unacknowledged. ddp__keepalive_bound: that bound in seconds, and
+ * the idle time and interval (either out pointer may be NULL). ddp__tcp_keepalive: sets
+ * SO_KEEPALIVE and TCP_KEEPIDLE/INTVL/CNT on fd, best effort (a kernel without them still has the
+ * caller's deadlines); returns the bound. Users: the tcp backend (group timeout), the store's
+ * client (its call timeout) and server (DDP_STORE_DEFAULT_TIMEOUT_MS). */
+int ddp__keepalive_bound(int timeout_ms, int *idle_s, int *intvl_s);
+int ddp__tcp_keepalive(int fd, int timeout_ms);
+
 /* Makes fd non-blocking and close-on-exec; false on failure (errno set). */
 int ddp__set_nonblock_cloexec(int fd);
 

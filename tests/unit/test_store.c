@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -32,6 +33,7 @@
 #include "ddp/ddp.h"
 #include "store/store_int.h"
 #include "store_wire.h"
+#include "util/net.h"
 
 /* Slack on top of a deadline before a test calls it late: sanitizer builds are slow. */
 #define SLACK_MS 800
@@ -846,6 +848,60 @@ static void empty_server_token_accepts_anyone(void **state)
     assert_int_equal(ddp_store_server_refused(f->srv), 0);
 }
 
+/* The TCP port of fd's own end (local) or its peer's, 0 when it is not a connected IPv4 socket. */
+static int sock_port(int fd, bool local)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int rc = local ? getsockname(fd, (struct sockaddr *)&a, &len)
+                   : getpeername(fd, (struct sockaddr *)&a, &len);
+    return rc == 0 && a.sin_family == AF_INET ? ntohs(a.sin_port) : 0;
+}
+
+/* The open descriptor of this process connected to peer_port from local_port (0: any). */
+static int find_conn(int local_port, int peer_port)
+{
+    for (int fd = 0; fd < 4096; fd++)
+        if (sock_port(fd, false) == peer_port &&
+            (local_port == 0 || sock_port(fd, true) == local_port))
+            return fd;
+    return -1;
+}
+
+static void expect_keepalive(int fd, int idle_s, int intvl_s, const char *end)
+{
+    int on = 0, idle = 0, intvl = 0, cnt = 0;
+    socklen_t l = sizeof(int);
+    assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &l), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &l), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, &l), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, &l), 0);
+    if (!on || idle != idle_s || intvl != intvl_s || cnt != 3)
+        fail_msg("%s: keepalive %d, idle %d s, interval %d s, count %d; expected 1, %d, %d, 3", end,
+                 on, idle, intvl, cnt, idle_s, intvl_s);
+}
+
+/* Both ends of a store connection probe a silent peer (util/net.h's ddp__tcp_keepalive): the
+ * client from its call timeout (16 s: idle 2 s, every 1 s; after ddp_store_set_timeout(80 s):
+ * 10 s, every 3 s), the server from the default timeout (300 s: 30 s, every 10 s). */
+static void keepalive_on_both_ends(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ddp__keepalive_bound(16000, NULL, NULL), 5);
+    assert_int_equal(ddp__keepalive_bound(DDP_STORE_DEFAULT_TIMEOUT_MS, NULL, NULL), 60);
+    assert_int_equal(ddp__keepalive_bound(500, NULL, NULL), 4); /* at least 4 s */
+    ddp_store *s = fx_client(f, NULL, 16000);
+    assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_OK); /* the server has accepted it */
+    int cfd = find_conn(0, f->port);
+    assert_true(cfd >= 0);
+    int sfd = find_conn(f->port, sock_port(cfd, true));
+    assert_true(sfd >= 0 && sfd != cfd);
+    expect_keepalive(cfd, 2, 1, "the client's end");
+    expect_keepalive(sfd, 30, 10, "the server's end");
+    ddp_store_set_timeout(s, 80000);
+    expect_keepalive(cfd, 10, 3, "the client's end after set_timeout");
+}
+
 /* ---- 5. raw sockets: malformed, oversized, silent
  * ------------------------------------------------ */
 
@@ -1542,6 +1598,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wrong_token_refused_fast, setup_token, teardown),
         cmocka_unit_test_setup_teardown(empty_server_token_accepts_anyone, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(keepalive_on_both_ends, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(garbage_bytes, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(bad_hello, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(oversized_frames, setup_plain, teardown),

@@ -330,40 +330,23 @@ out_close_listener:
 
 /* ---- keepalive ------------------------------------------------------------------------------- */
 
-/* TCP keepalive on every connection, so a peer whose host vanishes without a FIN or RST (power
- * lost, cable pulled, a VM gone) fails the connection within ka_bound_s (see the top of
+/* TCP keepalive on every connection (ddp__tcp_keepalive, util/net.h), so a peer whose host
+ * vanishes without a FIN or RST fails the connection within ka_bound_s (see the top of
  * tcp_int.h) instead of the collective's deadline, and while no collective runs the next one
- * fails at once. From the set-up timeout T (the group timeout, at most 5 min): probes start
- * after T/8 of silence, go every T/24, and 3 unanswered ones end the connection: T/4 in all,
- * at least 4 s, at most 60 s (T/8 at most 30 s, T/24 at most 10 s). A peer that is alive
- * answers probes from its kernel, so a slow or stopped rank is never mistaken for a lost one:
- * that is the deadline's job. Keepalive probes only a connection with nothing unacknowledged,
- * so a member still sending to a vanished peer does not notice itself; the member after the
- * vanished one does (it only receives from it) and its notice ends the group on every member.
- * No TCP_USER_TIMEOUT: it would also end a connection whose receiver is stopped (SIGSTOP, a
+ * fails at once. From the set-up timeout T (the group timeout, at most 5 min): T/4 in all, at
+ * least 4 s, at most 60 s. A slow or stopped rank is never mistaken for a lost one: that is the
+ * deadline's job. Keepalive probes only a connection with nothing unacknowledged, so a member
+ * still sending to a vanished peer does not notice itself; the member after the vanished one
+ * does (it only receives from it) and its notice ends the group on every member. No
+ * TCP_USER_TIMEOUT: it would also end a connection whose receiver is stopped (SIGSTOP, a
  * debugger) with a full window, long before the deadline. */
-static int keepalive_bound(int timeout_ms, int *idle_s, int *intvl_s)
-{
-    int t = timeout_ms / 1000;
-    *idle_s = t / 8 < 1 ? 1 : t / 8 > 30 ? 30 : t / 8;
-    *intvl_s = t / 24 < 1 ? 1 : t / 24 > 10 ? 10 : t / 24;
-    return *idle_s + 3 * *intvl_s;
-}
-
 static void set_keepalive(tcp_be *be, int timeout_ms)
 {
-    int idle, intvl, cnt = 3, one = 1;
-    be->ka_bound_s = keepalive_bound(timeout_ms, &idle, &intvl);
+    be->ka_bound_s = ddp__keepalive_bound(timeout_ms, NULL, NULL);
     int fds[4] = {be->out_fd, be->in_fd, be->ctl_out_fd, be->ctl_in_fd};
-    for (int i = 0; i < 4; i++) {
-        if (fds[i] < 0)
-            continue;
-        /* Best effort: a kernel without these options still has the collective's deadline. */
-        (void)setsockopt(fds[i], SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-        (void)setsockopt(fds[i], IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    }
+    for (int i = 0; i < 4; i++)
+        if (fds[i] >= 0)
+            (void)ddp__tcp_keepalive(fds[i], timeout_ms);
 }
 
 static void tcp_destroy(void *bev)
