@@ -17,7 +17,7 @@
  *     reduce-scatter + allgather through memory, about 3·W·S bytes moved against the 2·W·S that
  *     any allreduce must move. In one of four variants (shm_int.h: whole slices or blocks of
  *     L2/4; copies by memcpy, ordinary or streaming stores), one per size band, chosen at
- *     creation by member 0 — forced, cached for this machine, probed (probe_variants) or from
+ *     creation by member 0 — forced, cached for this machine, probed (probe.c) or from
  *     the rules (choice.c) — and published through the header;
  *   broadcast / allgather / reduce_scatter: stage, barrier, copy or reduce what is needed;
  *     allgather and reduce_scatter on arena buffers read the peers' send in place instead.
@@ -65,83 +65,19 @@
 #include <unistd.h>
 
 #include "group/group_int.h"
+#include "group/shm/segment_int.h"
 #include "group/shm/shm_int.h"
 #include "kernels/kernels.h"
 #include "util/util.h"
 
-#define SHM_MAGIC 0x4d485344u /* "DSHM" */
-#define CACHELINE 64
+#define SHM_MAGIC 0x4d485344u    /* "DSHM" */
 #define CHUNK ((size_t)1 << 20)  /* bytes per staging half */
 #define SMALL ((size_t)32 << 10) /* at most this many bytes: single-pass allreduce */
-#define MAX_MEMBERS 1024
 #define ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
 #define PROBE_EVERY 512 /* barriers between distance probes (the host may move us meanwhile) */
 #define PROBE_TRIPS 8   /* round trips per batch; the probe keeps the fastest of PROBE_BATCHES */
 #define PROBE_BATCHES 4
 #define FAR_NS 200 /* a round trip slower than this leaves the last-level cache */
-#define ALGO_PROBE_MAX ((size_t)16 << 20) /* the largest message the variant probe times */
-#define ALGO_PROBE_ROUNDS 3               /* paired rounds it aims for … */
-#define ALGO_PROBE_BUDGET_MS 300          /* … unless this much time has gone */
-#define ALGO_PROBE_CALLS 3 /* timed calls per trial, the fastest kept (a preempted one is slow) */
-
-typedef struct shm_header {
-    uint32_t magic;
-    uint32_t n;
-    uint64_t staging_off, arena_off, arena_bytes, total;
-    atomic_int abort_claim; /* the first aborting member wins the right to write abort_msg */
-    atomic_int abort_by;    /* 0, or 1 + the member that aborted (set after abort_msg) */
-    char abort_msg[320];
-    /* The allreduce's choice (shm_int.h): written by member 0 before it publishes the segment's
-     * name, or after the probe, which runs only if algo_probe is set. */
-    uint8_t algo_band[DDP__SHM_NBANDS];
-    uint32_t algo_block;
-    uint32_t algo_probe;
-    _Atomic uint32_t probe_go; /* member 0, between probe rounds: 1 = another round */
-    int32_t pids[MAX_MEMBERS];
-} shm_header;
-
-/* One member's control slot: four cache lines. */
-typedef struct shm_slot {
-    _Alignas(CACHELINE) atomic_uint arrive;   /* barrier epoch this member has reached */
-    _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
-    _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
-    uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
-    _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
-    _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
-    uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
-    uint32_t algo_ready; /* set before the attach barrier: I hold an arena buffer to probe with */
-} shm_slot;
-
-typedef struct shm_be {
-    int me, n;
-    int ncores;
-    const int *ranks_view; /* copy below */
-    int *ranks;
-    char name[128];
-    char *base; /* the mapping */
-    size_t size;
-    int fd; /* kept to reserve arena pages with fallocate */
-    shm_header *hdr;
-    shm_slot *slots;
-    int *pidfds;
-    uint32_t epoch;  /* barriers passed, the same count on every member */
-    uint64_t chunks; /* staging chunks used so far, for alternating halves */
-    int spin;        /* spin iterations before sleeping */
-    bool *far;       /* per member: evict what I read from it (see Distance above) */
-    uint32_t probes; /* distance probes run, the same count on every member */
-    bool can_flush;  /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */
-    ddp__shm_choice choice; /* the allreduce's variant per size band, the same on every member */
-    int forced;             /* ≥ 0: the variant every allreduce runs (the probe's trials) */
-    bool failed;
-    ddp__fail fail;
-    /* The arena: a bump allocator with a free list of exact-size blocks would be enough for the
-     * reducer's few big buffers; we keep it to first-fit over a small block table. */
-    struct blk {
-        size_t off, len;
-        bool used;
-    } * blks;
-    size_t nblks, cap_blks;
-} shm_be;
 
 /* ---- futex and waiting ------------------------------------------------------------------- */
 
@@ -337,7 +273,7 @@ static void probe_distance(shm_be *b)
 }
 
 /* A barrier among all members. Stores before it are visible to every member after it. */
-static ddp_status barrier(shm_be *b, const ddp__coll *c)
+ddp_status ddp__shm_barrier(shm_be *b, const ddp__coll *c)
 {
     unsigned e = ++b->epoch;
     atomic_uint *mine = &b->slots[b->me].arrive;
@@ -432,7 +368,7 @@ static ddp_status open_coll(shm_be *b, const ddp__coll *c, bool zc)
         s->src_off = (uint64_t)((const char *)c->send - b->base);
         s->dst_off = (uint64_t)((char *)c->recv - b->base);
     }
-    ddp_status st = barrier(b, c);
+    ddp_status st = ddp__shm_barrier(b, c);
     if (st)
         return st;
     for (int j = 0; j < b->n; j++) {
@@ -484,7 +420,7 @@ static size_t step_elems(const shm_be *b, ddp__shm_variant v, size_t count, size
     return per < least ? least : per;
 }
 
-static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
+ddp_status ddp__shm_run_allreduce(shm_be *b, const ddp__coll *c)
 {
     size_t esz = ddp_dtype_size(c->dtype);
     size_t total = c->count * esz;
@@ -515,7 +451,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                                      c->avg_div);
                 done_reading_all(b, srcs, (hi - lo) * esz);
             }
-            if ((st = barrier(b, c)))
+            if ((st = ddp__shm_barrier(b, c)))
                 return st;
             for (int j = 0; j < W; j++) {
                 if (j == b->me)
@@ -529,7 +465,8 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 }
             }
         }
-        return barrier(b, c); /* peers read my recv in place: keep it until they are done */
+        return ddp__shm_barrier(b,
+                                c); /* peers read my recv in place: keep it until they are done */
     }
 
     size_t per_chunk = CHUNK / esz, step = step_elems(b, v, c->count, esz);
@@ -542,7 +479,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
         char *out = (char *)c->recv + done * esz;
         char *mine = staging(b, b->me, k);
         memcpy(mine, in, n * esz);
-        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : ddp__shm_barrier(b, c);
         if (st)
             return st;
         if (n * esz <= SMALL) {
@@ -564,7 +501,7 @@ static ddp_status run_allreduce(shm_be *b, const ddp__coll *c)
                 copy_result(v, out + lo * esz, mine + lo * esz, (hi - lo) * esz);
                 done_reading_all(b, srcs, (hi - lo) * esz);
             }
-            if ((st = barrier(b, c)))
+            if ((st = ddp__shm_barrier(b, c)))
                 return st;
             for (int j = 0; j < W; j++) {
                 if (j == b->me)
@@ -594,7 +531,7 @@ static ddp_status run_broadcast(shm_be *b, const ddp__coll *c)
         char *buf = (char *)c->recv + done * esz;
         if (root)
             memcpy(staging(b, b->me, k), buf, n * esz);
-        ddp_status st = barrier(b, c);
+        ddp_status st = ddp__shm_barrier(b, c);
         if (st)
             return st;
         if (!root) {
@@ -624,13 +561,13 @@ static ddp_status run_allgather(shm_be *b, const ddp__coll *c)
                 memmove(dst, src, bytes);
             done_reading(b, j, src, bytes);
         }
-        return barrier(b, c); /* peers read my send in place */
+        return ddp__shm_barrier(b, c); /* peers read my send in place */
     }
     for (size_t done = 0; done < c->count;) {
         size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
         uint64_t k = b->chunks++;
         memcpy(staging(b, b->me, k), (const char *)c->send + done * esz, n * esz);
-        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : ddp__shm_barrier(b, c);
         if (st)
             return st;
         for (int j = 0; j < W; j++) {
@@ -667,7 +604,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
             srcs[j] = at(b, b->slots[j].src_off) + (size_t)b->me * bytes;
         ddp__reduce_many_avg(c->recv, srcs, W, c->count, c->dtype, c->op, c->avg_div);
         done_reading_all(b, srcs, bytes);
-        return barrier(b, c); /* peers read my send in place */
+        return ddp__shm_barrier(b, c); /* peers read my send in place */
     }
     for (size_t done = 0; done < c->count;) {
         size_t n = c->count - done < per_chunk ? c->count - done : per_chunk;
@@ -676,7 +613,7 @@ static ddp_status run_reduce_scatter(shm_be *b, const ddp__coll *c)
         for (int j = 0; j < W; j++)
             memcpy(mine + (size_t)j * n * esz,
                    (const char *)c->send + ((size_t)j * c->count + done) * esz, n * esz);
-        ddp_status st = done == 0 ? open_coll(b, c, false) : barrier(b, c);
+        ddp_status st = done == 0 ? open_coll(b, c, false) : ddp__shm_barrier(b, c);
         if (st)
             return st;
         for (int j = 0; j < W; j++)
@@ -703,11 +640,11 @@ static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)
         return DDP_OK;
     }
     switch (c->kind) {
-    case DDP__ALLREDUCE: st = run_allreduce(b, c); break;
+    case DDP__ALLREDUCE: st = ddp__shm_run_allreduce(b, c); break;
     case DDP__BROADCAST: st = run_broadcast(b, c); break;
     case DDP__ALLGATHER: st = run_allgather(b, c); break;
     case DDP__REDUCE_SCATTER: st = run_reduce_scatter(b, c); break;
-    case DDP__BARRIER: st = barrier(b, c); break;
+    case DDP__BARRIER: st = ddp__shm_barrier(b, c); break;
     default: st = DDP_ERR_INVALID; break;
     }
     if (st != DDP_OK) {
@@ -730,113 +667,6 @@ static const char *shm_algorithm(void *be, size_t bytes)
         return "copy";
     /* (Private buffers of at most SMALL bytes take the one-pass path whatever the variant.) */
     return ddp__shm_variant_name(variant_for(b, bytes));
-}
-
-/* The largest band the probe times: its representative must fit in one arena (and ≤ 16 MiB);
- * -1 if none does. The same on every member (arena_bytes is). */
-static int probe_top_band(size_t arena_bytes)
-{
-    int top = -1;
-    for (int band = 0; band < DDP__SHM_NBANDS; band++)
-        if (ddp__shm_band_size(band) <= ALGO_PROBE_MAX && ddp__shm_band_size(band) <= arena_bytes)
-            top = band;
-    return top;
-}
-
-/* Times every variant at each band's representative size up to top, in place on buf (this
- * member's arena), every member taking part: rounds of (band: every variant in turn, the order
- * rotating by round), each trial one untimed call then one timed one on member 0's clock (the
- * call returns after its closing barrier, so it includes the slowest member). Member 0 decides
- * after each round whether another fits the budget and publishes that through the header. Then
- * member 0 decides the choice and publishes it; on return b->choice holds it everywhere. */
-static ddp_status probe_variants(shm_be *b, const ddp__shm_machine *mach, float *buf, int top,
-                                 int timeout_ms, ddp__shm_probe *p)
-{
-    memset(p, 0, sizeof *p);
-    memset(buf, 0, ddp__shm_band_size(top)); /* zeros stay zeros: no overflow, no subnormals */
-    ddp__coll c = {.kind = DDP__ALLREDUCE,
-                   .send = buf,
-                   .recv = buf,
-                   .dtype = DDP_FLOAT32,
-                   .op = DDP_SUM,
-                   .deadline_ms = ddp__now_ms() + timeout_ms};
-    int64_t t_start = ddp__now_ms();
-    ddp_status st = DDP_OK;
-    bool go = true;
-    for (int k = 0; k < ALGO_PROBE_ROUNDS && go; k++) {
-        for (int band = 0; band <= top && go; band++) {
-            c.count = ddp__shm_band_size(band) / sizeof(float);
-            for (int i = 0; i < DDP__SHM_NVARIANTS; i++) {
-                b->forced = (i + k) % DDP__SHM_NVARIANTS;
-                if ((st = run_allreduce(b, &c)))
-                    goto out;
-                int64_t best = INT64_MAX;
-                for (int r = 0; r < ALGO_PROBE_CALLS; r++) {
-                    int64_t t0 = ddp__now_ns();
-                    if ((st = run_allreduce(b, &c)))
-                        goto out;
-                    int64_t dt = ddp__now_ns() - t0;
-                    best = dt < best ? dt : best;
-                }
-                p->t[band][b->forced][k] = (double)best * 1e-9;
-            }
-            p->reps[band] = k + 1;
-            /* Member 0 says whether the budget allows the next band; all hear it after the
-             * barrier (it stores before it arrives). */
-            if (b->me == 0)
-                atomic_store(&b->hdr->probe_go, ddp__now_ms() - t_start < ALGO_PROBE_BUDGET_MS);
-            if ((st = barrier(b, &c)))
-                goto out;
-            go = atomic_load(&b->hdr->probe_go);
-        }
-    }
-out:
-    b->forced = -1;
-    if (st)
-        return st;
-    if (b->me == 0) {
-        ddp__shm_decide(mach, p, &b->choice);
-        memcpy(b->hdr->algo_band, b->choice.band, sizeof b->choice.band);
-        b->hdr->algo_block = b->choice.block;
-    }
-    if ((st = barrier(b, &c))) /* the choice is in the header */
-        return st;
-    memcpy(b->choice.band, b->hdr->algo_band, sizeof b->choice.band);
-    b->choice.block = b->hdr->algo_block;
-    return DDP_OK;
-}
-
-/* DDP_SHM_ALGO: "auto" (or unset), "probe", "rules", or a variant's name. */
-static bool algo_mode_valid(const char *mode)
-{
-    ddp__shm_variant v;
-    return !mode || !*mode || !strcmp(mode, "auto") || !strcmp(mode, "probe") ||
-           !strcmp(mode, "rules") || ddp__shm_variant_parse(mode, &v);
-}
-
-/* Member 0, before it publishes the segment: the choice every member starts from (forced, the
- * cache file's, or the rules), and whether all are to probe for a better one. */
-static void algo_prepare(shm_be *b, const ddp__setup *s, const ddp__shm_machine *mach)
-{
-    const char *mode = s->shm_algo && *s->shm_algo ? s->shm_algo : "auto";
-    ddp__shm_variant v;
-    bool probe = false;
-    ddp__shm_rules(mach, &b->choice);
-    if (ddp__shm_variant_parse(mode, &v)) {
-        memset(b->choice.band, v, sizeof b->choice.band);
-    } else if (!strcmp(mode, "probe")) {
-        probe = true;
-    } else if (!strcmp(mode, "auto")) {
-        char key[512];
-        ddp__shm_cache_key(mach, key, sizeof key);
-        probe = !ddp__shm_cache_load(s->cache_dir, key, &b->choice);
-    }
-    /* Timings mean something only with a core per member and something to time. */
-    if (b->n < 2 || b->n > b->ncores || probe_top_band(b->hdr->arena_bytes) < 0)
-        probe = false;
-    memcpy(b->hdr->algo_band, b->choice.band, sizeof b->choice.band);
-    b->hdr->algo_block = b->choice.block;
-    b->hdr->algo_probe = probe;
 }
 
 /* ---- the arena ---------------------------------------------------------------------------- */
@@ -961,7 +791,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->spin = b->n <= b->ncores ? 20000 : 64;
     b->far = calloc((size_t)m->n, sizeof *b->far);
     b->forced = -1;
-    if (!algo_mode_valid(s->shm_algo)) {
+    if (!ddp__shm_algo_mode_valid(s->shm_algo)) {
         shm_destroy(b);
         return ddp__err(err, DDP_ERR_INVALID,
                         "DDP_SHM_ALGO must be auto, probe, rules, libc, cached, stream or "
@@ -1045,7 +875,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         b->hdr->arena_off = hdr + slots + stage;
         b->hdr->arena_bytes = arena_bytes;
         b->hdr->total = b->size;
-        algo_prepare(b, s, &mach);
+        ddp__shm_algo_prepare(b, s, &mach);
         if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
             goto out_unlink;
     } else {
@@ -1086,7 +916,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     /* The variant probe, if member 0 asked for it, runs in a buffer of each member's arena:
      * reserved now, so that a full /dev/shm only skips the probe (everywhere: each member posts
      * whether it has its buffer, and all read every post after the barrier). */
-    int top = b->hdr->algo_probe ? probe_top_band(b->hdr->arena_bytes) : -1;
+    int top = b->hdr->algo_probe ? ddp__shm_probe_top_band(b->hdr->arena_bytes) : -1;
     float *probe_buf = top >= 0 ? shm_alloc(b, ddp__shm_band_size(top)) : NULL;
     b->slots[b->me].algo_ready = probe_buf != NULL;
 
@@ -1110,14 +940,15 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->choice.block = b->hdr->algo_block;
     if (probe) {
         ddp__shm_probe timings;
-        st = probe_variants(b, &mach, probe_buf, top, s->timeout_ms, &timings);
+        st = ddp__shm_probe_variants(b, &mach, probe_buf, top, s->timeout_ms, &timings);
         if (st) {
             ddp__err(err, st, "%s (while timing the allreduce's variants)", b->fail.msg);
             goto out_free;
         }
         /* Saved only when every band up to 16 MiB was timed twice or more: a group with a small
          * arena or a loaded machine decides for itself but does not speak for the next one. */
-        if (b->me == 0 && probe_top_band(ALGO_PROBE_MAX) == top && timings.reps[top] >= 2) {
+        if (b->me == 0 && ddp__shm_probe_top_band(ALGO_PROBE_MAX) == top &&
+            timings.reps[top] >= 2) {
             char ckey[512];
             ddp__shm_cache_key(&mach, ckey, sizeof ckey);
             (void)ddp__shm_cache_save(s->cache_dir, ckey, &b->choice);
