@@ -6,7 +6,6 @@
  * back to OpenBLAS in float32 should that fail.
  */
 #include <cblas.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
