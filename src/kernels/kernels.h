@@ -59,6 +59,13 @@ bool ddp__gemm_bf16_active(void);
  * zero of their sign, as the bf16 units' conversion does), for i < n: the operands
  * ddp__gemm_bf16 would make. */
 void ddp__bf16_round(uint16_t *dst, const float *src, int n);
+/* The rows × cols matrix src (leading dimension ld) rounded as ddp__bf16_round does, packed
+ * (leading dimension cols) into the calling thread's buffer number slot (< DDP__BF16_SLOTS),
+ * which stays valid until that slot is used again on this thread; NULL when bf16 products cannot
+ * run here or memory is short (the caller then uses ddp__sgemm). For an operand that serves two
+ * products (a linear layer's dy in its backward). */
+enum { DDP__BF16_SLOTS = 3 };
+const uint16_t *ddp__bf16_rounded(int slot, const float *src, int rows, int cols, int ld);
 /* The bf16 product on operands already in bfloat16, each as stored: A (M, K) with leading
  * dimension lda, or (K, M) when trans_a; B (K, N) with ldb, or (N, K) when trans_b. For a layer
  * that rounds an operand once and uses it in several products (attention). Always computes:

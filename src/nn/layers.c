@@ -61,9 +61,31 @@ void ddp_nn_linear_forward(const float *x, const float *W, const float *b, int B
     ddp__sgemm(false, true, B, out, in, 1.0f, x, in, W, in, 1.0f, y, out);
 }
 
+/* Both products of the backward with bf16 operands rounded once each (dy serves both): what
+ * ddp__sgemm would compute in bf16, with one rounding of dy fewer. False (nothing written) when
+ * bf16 products are off or a buffer cannot be had. */
+static bool linear_backward_bf16(const float *dy, const float *x, const float *W, int B, int in,
+                                 int out, float *dx, float *dW)
+{
+    if (!dx || !dW || B <= 0 || in <= 0 || out <= 0 || !ddp__gemm_bf16_active())
+        return false;
+    const uint16_t *dyh = ddp__bf16_rounded(0, dy, B, out, out),
+                   *Wh = ddp__bf16_rounded(1, W, out, in, in),
+                   *xh = ddp__bf16_rounded(2, x, B, in, in);
+    if (!dyh || !Wh || !xh)
+        return false;
+    ddp__gemm_bf16_pre(false, false, B, in, out, 1.0f, dyh, out, Wh, in, 0.0f, dx, in);
+    ddp__gemm_bf16_pre(true, false, out, in, B, 1.0f, dyh, out, xh, in, 1.0f, dW, in);
+    return true;
+}
+
 void ddp_nn_linear_backward(const float *dy, const float *x, const float *W, int B, int in, int out,
                             float *dx, float *dW, float *db)
 {
+    if (linear_backward_bf16(dy, x, W, B, in, out, dx, dW)) {
+        dx = NULL; /* done; the bias below */
+        dW = NULL;
+    }
     if (dx && B > 0 && in > 0) {
         if (out > 0) /* dx (B, in) = dy (B, out) · W (out, in) */
             ddp__sgemm(false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);

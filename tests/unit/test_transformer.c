@@ -502,6 +502,44 @@ static void attention_bf16(void **state)
     attn_bf16_case(2, 70, 16, 4, 0.2f);  /* dropout over two blocks */
 }
 
+/* A linear layer's backward with bf16 products rounds dy once for both its products (dx and
+ * dW): bit for bit what ddp__sgemm computes in bf16 with the same operands, dW accumulated. */
+static void linear_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+    enum { B = 37, IN = 45, OUT = 70 };
+    float *dy = falloc(B * OUT), *x = falloc(B * IN), *W = falloc(OUT * IN), *db = falloc(OUT);
+    float *dx = falloc(B * IN), *dW = falloc(OUT * IN), *rdx = falloc(B * IN);
+    float *rdW = falloc(OUT * IN), *dx32 = falloc(B * IN);
+    fill(dy, B * OUT, -1, 1, 71), fill(x, B * IN, -1, 1, 72), fill(W, OUT * IN, -1, 1, 73);
+    fill(dW, OUT * IN, -1, 1, 74), memcpy(rdW, dW, sizeof(float) * OUT * IN);
+    fill(dx, B * IN, NAN, NAN, 0); /* overwritten */
+    ddp_nn_linear_backward(dy, x, W, B, IN, OUT, dx32, NULL, NULL);
+    unsigned long fb = ddp__gemm_bf16_fallbacks(), np = ddp__gemm_bf16_products();
+    ddp__gemm_kind old = ddp__gemm_set_kind(DDP__GEMM_BF16);
+    ddp_nn_linear_backward(dy, x, W, B, IN, OUT, dx, dW, db);
+    ddp__sgemm(false, false, B, IN, OUT, 1.0f, dy, OUT, W, IN, 0.0f, rdx, IN);
+    ddp__sgemm(true, false, OUT, IN, B, 1.0f, dy, OUT, x, IN, 1.0f, rdW, IN);
+    ddp__gemm_set_kind(old);
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), fb);
+    assert_int_equal(ddp__gemm_bf16_products(), np + 4);
+    assert_memory_equal(dx, rdx, sizeof(float) * B * IN);
+    assert_memory_equal(dW, rdW, sizeof(float) * OUT * IN);
+    assert_true(memcmp(dx, dx32, sizeof(float) * B * IN) != 0); /* bf16 did run */
+    for (int o = 0; o < OUT; o++) {
+        double want = 0;
+        for (int r = 0; r < B; r++)
+            want += dy[r * OUT + o];
+        assert_float_equal(db[o], want, 1e-5);
+    }
+    free(dy), free(x), free(W), free(db), free(dx), free(dW), free(rdx), free(rdW), free(dx32);
+}
+
 static void attention_setup(void **state)
 {
     (void)state;
@@ -682,8 +720,8 @@ int main(void)
         cmocka_unit_test(layernorm),       cmocka_unit_test(gelu_tanh),
         cmocka_unit_test(residual_add),    cmocka_unit_test(attention),
         cmocka_unit_test(attention_setup), cmocka_unit_test(attention_bf16),
-        cmocka_unit_test(lm_head),         cmocka_unit_test(vocab_xent),
-        cmocka_unit_test(init_normal),
+        cmocka_unit_test(linear_bf16),     cmocka_unit_test(lm_head),
+        cmocka_unit_test(vocab_xent),      cmocka_unit_test(init_normal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -92,6 +92,12 @@ bool ddp__gemm_bf16_active(void)
     return false;
 }
 
+const uint16_t *ddp__bf16_rounded(int slot, const float *src, int rows, int cols, int ld)
+{
+    (void)slot, (void)src, (void)rows, (void)cols, (void)ld;
+    return NULL;
+}
+
 #else /* DDP_HAVE_ONEDNN */
 
 #include <immintrin.h>
@@ -312,9 +318,9 @@ enum { NPRIM = 12 }; /* distinct (ta, tb, beta) kept; layers use beta 0 and 1: 8
 typedef struct tstate {
     struct tstate *next; /* every thread's state, reachable from `states` */
     dnnl_stream_t stream;
-    uint16_t *abuf, *bbuf;
-    size_t acap, bcap; /* elements */
-    unsigned forks;    /* `forks` when tab was last emptied */
+    uint16_t *abuf, *bbuf, *keep[DDP__BF16_SLOTS];
+    size_t acap, bcap, keepcap[DDP__BF16_SLOTS]; /* elements */
+    unsigned forks;                              /* `forks` when tab was last emptied */
     prim tab[NPRIM];
     int next_evict;
 } tstate;
@@ -347,6 +353,8 @@ static void tstate_free(void *arg)
         dn.dnnl_stream_destroy(s->stream);
     free(s->abuf);
     free(s->bbuf);
+    for (int i = 0; i < DDP__BF16_SLOTS; i++)
+        free(s->keep[i]);
     free(s);
 }
 
@@ -542,6 +550,16 @@ static bool gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float
 bool ddp__gemm_bf16_active(void)
 {
     return tl_kind == DDP__GEMM_BF16 && ddp__gemm_bf16_check(NULL) == DDP_OK;
+}
+
+const uint16_t *ddp__bf16_rounded(int slot, const float *src, int rows, int cols, int ld)
+{
+    tstate *s;
+    if (slot < 0 || slot >= DDP__BF16_SLOTS || ddp__gemm_bf16_check(NULL) != DDP_OK ||
+        !(s = tstate_get()) || !grow(&s->keep[slot], &s->keepcap[slot], (size_t)rows * cols))
+        return NULL;
+    cvt_matrix(s->keep[slot], src, rows, cols, ld);
+    return s->keep[slot];
 }
 
 #endif /* DDP_HAVE_ONEDNN */
