@@ -373,6 +373,16 @@ static void attention(void **state)
 
 /* ---- attention with bf16 products ------------------------------------------------------------ */
 
+/* Skips the calling test where bf16 products cannot run (no bf16 units, no oneDNN). */
+static void need_bf16(void)
+{
+    ddp_error err = {0};
+    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+}
+
 static double r16(double x) /* to bfloat16 and back: an operand of a bf16 product */
 {
     return ddp__bf16_to_f32(ddp__f32_to_bf16((float)x));
@@ -492,11 +502,7 @@ static void attn_bf16_case(int B, int T, int C, int nh, float p)
 static void attention_bf16(void **state)
 {
     (void)state;
-    ddp_error err = {0};
-    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
-        print_message("skipping bf16: %s\n", err.msg);
-        skip();
-    }
+    need_bf16();
     attn_bf16_case(2, 5, 8, 2, 0.0f);    /* one block */
     attn_bf16_case(1, 150, 32, 2, 0.0f); /* three blocks, the last of 22 rows */
     attn_bf16_case(2, 70, 16, 4, 0.2f);  /* dropout over two blocks */
@@ -507,11 +513,7 @@ static void attention_bf16(void **state)
 static void linear_bf16(void **state)
 {
     (void)state;
-    ddp_error err = {0};
-    if (ddp__gemm_bf16_check(&err) != DDP_OK) {
-        print_message("skipping bf16: %s\n", err.msg);
-        skip();
-    }
+    need_bf16();
     enum { B = 37, IN = 45, OUT = 70 };
     float *dy = falloc(B * OUT), *x = falloc(B * IN), *W = falloc(OUT * IN), *db = falloc(OUT);
     float *dx = falloc(B * IN), *dW = falloc(OUT * IN), *rdx = falloc(B * IN);
