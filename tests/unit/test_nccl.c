@@ -711,20 +711,29 @@ static void staging_edges(void **state)
     free(s.host.buf);
 }
 
+/* The options of a one-rank group on GPU buffers on host "hostA" (w filled in: a one-process
+ * world, fake_gpus fake GPUs), backend auto, a 10 s timeout. */
+static ddp_group_opts one_rank_gpu_group(ddp_world *w, int fake_gpus)
+{
+    memset(w, 0, sizeof *w);
+    w->world_size = 1;
+    w->local_world_size = 1;
+    w->settings.fake_gpus = fake_gpus;
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = w;
+    o.device = DDP_DEVICE_CUDA;
+    o.host_id = "hostA";
+    o.timeout_ms = 10000;
+    return o;
+}
+
 /* A GPU group where CUDA finds no GPU (this machine, CI): a clear error naming the host, no hang.
  * On a GPU machine the group comes up instead, over a GPU backend. */
 static void group_without_gpu(void **state)
 {
     (void)state;
     ddp_world w;
-    memset(&w, 0, sizeof w);
-    w.world_size = 1;
-    w.local_world_size = 1;
-    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
-    o.world = &w;
-    o.device = DDP_DEVICE_CUDA;
-    o.host_id = "hostA";
-    o.timeout_ms = 10000;
+    ddp_group_opts o = one_rank_gpu_group(&w, 0);
     ddp_group *g = NULL;
     ddp_error err = {0};
     int ngpu = 0;
@@ -772,15 +781,7 @@ static void staged_pinning(bool refuse)
     if (refuse)
         setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
     ddp_world w;
-    memset(&w, 0, sizeof w);
-    w.world_size = 1;
-    w.local_world_size = 1;
-    w.settings.fake_gpus = 1; /* DDP_TEST_FAKE_GPUS=1 */
-    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
-    o.world = &w;
-    o.device = DDP_DEVICE_CUDA;
-    o.host_id = "hostA";
-    o.timeout_ms = 10000;
+    ddp_group_opts o = one_rank_gpu_group(&w, 1); /* DDP_TEST_FAKE_GPUS=1 */
     ddp_group *g = NULL;
     ddp_error err = {0};
     FILE *cap = tmpfile();
