@@ -34,7 +34,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/gpu-carry
 BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model gpu_bench
-      ddptrain ddprun gpt_dump gpucheck ddpbench)
+      ddptrain ddprun gpt_dump gpucheck ddpbench reducercheck)
 
 build() {
     set -e
@@ -141,6 +141,12 @@ run() {
     # cuda-staged, every collective exact and W × B ≡ 1 × W·B, a killed rank ending the job
     check "integration.gpu (nccl, cuda-staged, kill)" bash tests/integration/test_gpu.sh \
         "$CARRY/bin" "$(cat "$CARRY/nccl" 2>/dev/null || echo OFF)"
+    # issue 13: the reducer with its buckets in GPU memory (every mode: plain, sharded, bf16
+    # compression, no_sync, grad_norm, gather_state), world 1 over NCCL, 2 over cuda-staged
+    check "ddp.reducer on the GPU, 1 rank" "$CARRY/bin/ddprun" --standalone --nproc_per_node=1 \
+        "$CARRY/bin/reducercheck" --device cuda
+    check "ddp.reducer on the GPU, 2 ranks" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
+        "$CARRY/bin/reducercheck" --device cuda
     # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)
     check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda python3 \
         tests/python/test_gpt_torch.py "$CARRY/bin"

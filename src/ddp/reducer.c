@@ -15,6 +15,13 @@
  * stepped block r, one in-place allgather completes them with no copy in or out. Optimizer state
  * stays in the caller's arrays: gather_state copies block r of them into the gradient bucket,
  * allgathers it and copies the rest out, which spends the gradients until zero_grad.
+ * Device memory (a GPU group: nccl or cuda-staged): the parameters are device memory, and so are
+ * the buckets (ddp_group_alloc on every rank, no host fallback). The host never touches them: the
+ * zeroing, the bf16 conversions and the sums of squares go through the group's device operations
+ * (group/devops.h) on the group's stream, so they keep their order with the model's kernels and
+ * the collectives; copies through ddp_group_memcpy after the stream's work is done. The reducer's
+ * own small collectives on host data (the checks across ranks, allocation flags, the norm's sum)
+ * are staged through a scratch buffer in device memory, as a GPU group takes nothing else.
  * Not here: what the gradients are (the model) and the optimizer.
  */
 #define _GNU_SOURCE
@@ -24,6 +31,7 @@
 #include <string.h>
 
 #include "ddp/reducer.h"
+#include "group/devops.h"
 #include "kernels/kernels.h"
 #include "util/half.h"
 #include "util/util.h"
@@ -71,6 +79,10 @@ struct ddp_reducer {
     bool awaiting; /* sharded: finish() reduced, gather_params() has not run yet */
     int W, me;
     double step_start;
+    const ddp__devops *dev; /* a GPU group's device operations (buckets in device memory); else
+                               NULL */
+    ddp_status dev_st;      /* a device operation failed where nothing could return it
+                               (zero_grad): later calls return it */
     ddp_reducer_stats stats;
     char err[DDP_ERRMSG_MAX];
 };
@@ -78,6 +90,66 @@ struct ddp_reducer {
 static bool float_dtype(ddp_dtype t)
 {
     return t == DDP_FLOAT32 || t == DDP_FLOAT64 || t == DDP_BFLOAT16 || t == DDP_FLOAT16;
+}
+
+/* The group's stream and the deadline of a device wait starting now. */
+static void *dev_stream(const ddp_reducer *r, int64_t *deadline_ms)
+{
+    void *stream = NULL;
+    int timeout_ms = 0;
+    ddp__group_devops(r->g, &stream, &timeout_ms);
+    if (deadline_ms)
+        *deadline_ms = ddp__now_ms() + timeout_ms;
+    return stream;
+}
+
+/* A device operation's failure: recorded in r->err as "what: msg". */
+static ddp_status dev_fail(ddp_reducer *r, ddp_status st, const char *what, const char *msg)
+{
+    return ddp__errmsg(r->err, st, "%s on the GPU: %s", what, msg);
+}
+
+/* The host waits until the work queued on the group's stream is done (before copies that the
+ * stream's kernels may still be writing, e.g. the optimizer's). A no-op on the CPU. */
+static ddp_status dev_quiesce(ddp_reducer *r, const char *what)
+{
+    if (!r->dev)
+        return DDP_OK;
+    char msg[DDP_ERRMSG_MAX];
+    int64_t deadline;
+    void *stream = dev_stream(r, &deadline);
+    ddp_status st = r->dev->wait(r->dev->ctx, stream, deadline, msg);
+    return st ? dev_fail(r, st, what, msg) : DDP_OK;
+}
+
+/* A collective on small host arrays (the reducer's own checks and flags): allgather when gather,
+ * else allreduce with op. On a GPU group, through a scratch buffer in device memory, as its
+ * collectives take nothing else. A failure leaves its message in r->err. */
+static ddp_status ctl(ddp_reducer *r, bool gather, const void *send, void *recv, size_t count,
+                      ddp_dtype t, ddp_op op)
+{
+    ddp_status st;
+    if (!r->dev) {
+        st = gather ? ddp_allgather(r->g, send, recv, count, t)
+                    : ddp_allreduce(r->g, send, recv, count, t, op);
+        return st ? ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g)) : DDP_OK;
+    }
+    size_t in = count * ddp_dtype_size(t), out = gather ? in * (size_t)r->W : in;
+    char *d = ddp_group_alloc(r->g, in + out);
+    if (!d)
+        return ddp__errmsg(r->err, DDP_ERR_NOMEM,
+                           "no GPU memory for %zu bytes of the reducer's scratch; HINT: a "
+                           "smaller batch or model leaves room",
+                           in + out);
+    if (!(st = ddp_group_memcpy(r->g, d, send, in)))
+        st = gather ? ddp_allgather(r->g, d, d + in, count, t)
+                    : ddp_allreduce(r->g, d, d + in, count, t, op);
+    if (!st)
+        st = ddp_group_memcpy(r->g, recv, d + in, out);
+    if (st)
+        ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g));
+    ddp_group_free(r->g, d);
+    return st;
 }
 
 /* FNV-1a over a parameter's name, count and dtype: what ranks must agree on. */
@@ -105,8 +177,8 @@ static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, cons
         ddp__err(err, st, "out of memory checking %s", what);
         goto out;
     }
-    if ((st = ddp_allgather(r->g, cnt, cnts, 1, DDP_INT64))) {
-        ddp__err(err, st, "checking %s across ranks: %s", what, ddp_group_last_error(r->g));
+    if ((st = ctl(r, true, cnt, cnts, 1, DDP_INT64, DDP_SUM))) {
+        ddp__err(err, st, "checking %s across ranks: %s", what, r->err);
         goto out;
     }
     for (int k = 0; k < W; k++) {
@@ -121,8 +193,8 @@ static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, cons
     mine[0] = n;
     for (size_t i = 0; i < n; i++)
         mine[i + 1] = param_hash(&ps[i]);
-    if ((st = ddp_allgather(r->g, mine, all, m, DDP_INT64))) {
-        ddp__err(err, st, "checking %s across ranks: %s", what, ddp_group_last_error(r->g));
+    if ((st = ctl(r, true, mine, all, m, DDP_INT64, DDP_SUM))) {
+        ddp__err(err, st, "checking %s across ranks: %s", what, r->err);
         goto out;
     }
     for (int k = 0; k < W; k++) {
@@ -175,6 +247,41 @@ static void *private_buffer(size_t bytes)
     return p;
 }
 
+/* The end of alloc_buckets for a GPU group, given every rank's allocation flags (MIN over
+ * ranks; freed here): every buffer wanted must be device memory on every rank, else creation
+ * fails on all of them; the gradients and the sharded parameters' copy start at zero. */
+static ddp_status dev_buckets(ddp_reducer *r, int32_t *flags, ddp_error *err)
+{
+    bool mine = true, all = true;
+    for (size_t i = 0; i < r->nb; i++) {
+        const bucket *b = &r->b[i];
+        bool want[3] = {true, r->o.compress_bf16 && b->dtype == DDP_FLOAT32, r->shard};
+        bool have[3] = {b->arena, b->wire_arena, b->pmem_arena};
+        for (int k = 0; k < 3; k++) {
+            mine = mine && (!want[k] || have[k]);
+            all = all && (!want[k] || flags[3 * i + k]);
+        }
+    }
+    free(flags);
+    if (!all)
+        return ddp__err(err, DDP_ERR_NOMEM,
+                        "out of GPU memory for the gradient buckets on %s; HINT: a smaller "
+                        "batch, model or bucket_cap leaves room",
+                        mine ? "another rank" : "this rank");
+    char msg[DDP_ERRMSG_MAX];
+    void *stream = dev_stream(r, NULL);
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        size_t bytes = b->padded * ddp_dtype_size(b->dtype);
+        ddp_status st = r->dev->memset0(r->dev->ctx, stream, b->mem, bytes, msg);
+        if (!st && b->pmem)
+            st = r->dev->memset0(r->dev->ctx, stream, b->pmem, bytes, msg);
+        if (st)
+            return ddp__err(err, st, "zeroing the gradient buckets on the GPU: %s", msg);
+    }
+    return DDP_OK;
+}
+
 /* Allocates every bucket's gradients (and bf16 wire copy, and sharded parameter copy), then
  * agrees with the other ranks: a buffer stays in the arena only where it is on every rank, and
  * creation fails on every rank if it failed on one. */
@@ -197,11 +304,13 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
         flags[3 * i + 2] = b->pmem_arena;
     }
     flags[3 * r->nb] = 1;
-    ddp_status st = ddp_allreduce(r->g, flags, flags, nflags - 1, DDP_INT32, DDP_MIN);
+    ddp_status st = ctl(r, false, flags, flags, nflags - 1, DDP_INT32, DDP_MIN);
     if (st) {
         free(flags);
-        return ddp__err(err, st, "allocating gradient buckets: %s", ddp_group_last_error(r->g));
+        return ddp__err(err, st, "allocating gradient buckets: %s", r->err);
     }
+    if (r->dev) /* device memory: no host fallback, and zeroed on the device */
+        return dev_buckets(r, flags, err);
     bool ok = true;
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
@@ -234,10 +343,10 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
     }
     /* Creation succeeds on every rank or on none. */
     int32_t mine = ok, all = 0;
-    st = ddp_allreduce(r->g, &mine, &all, 1, DDP_INT32, DDP_MIN);
+    st = ctl(r, false, &mine, &all, 1, DDP_INT32, DDP_MIN);
     free(flags);
     if (st)
-        return ddp__err(err, st, "allocating gradient buckets: %s", ddp_group_last_error(r->g));
+        return ddp__err(err, st, "allocating gradient buckets: %s", r->err);
     if (!ok)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory for the gradient buckets");
     if (!all)
@@ -264,19 +373,34 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     for (size_t i = 0; i < nbuffers; i++)
         if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
             return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+    const ddp__devops *dev = ddp__group_devops(g, NULL, NULL);
     for (size_t i = 0; i < nparams + nbuffers; i++) {
         const ddp_param *p = i < nparams ? &params[i] : &buffers[i - nparams];
-        if (p->device != DDP_DEVICE_CPU)
+        if (!dev && p->device != DDP_DEVICE_CPU)
             return ddp__err(err, DDP_ERR_INVALID,
-                            "%s '%s': its data is on device '%s', but the reducer takes host "
-                            "memory only (device DDP_DEVICE_CPU); copy it to the host first",
+                            "%s '%s': its data is on device '%s', but the group's collectives "
+                            "take host memory (backend '%s'); create the group with device "
+                            "DDP_DEVICE_CUDA (ddp_group_opts.device) or copy it to the host",
                             i < nparams ? "parameter" : "buffer", p->name,
-                            ddp_device_name(p->device));
+                            ddp_device_name(p->device), ddp_group_backend(g));
+        if (dev && p->device != DDP_DEVICE_CUDA)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "%s '%s': its data is on device '%s', but the group's collectives "
+                            "take GPU memory (backend '%s'); put it on the group's GPU "
+                            "(ddp_group_cuda_device) or use a CPU group",
+                            i < nparams ? "parameter" : "buffer", p->name,
+                            ddp_device_name(p->device), ddp_group_backend(g));
+        if (dev && p->device == DDP_DEVICE_CUDA && !dev->memset0)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "the GPU backend '%s' has no device arithmetic for the reducer; "
+                            "HINT: use the libddp_gpu.so built with this libddp",
+                            ddp_group_backend(g));
     }
     ddp_reducer *r = calloc(1, sizeof *r);
     if (!r)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
     r->g = g;
+    r->dev = dev;
     r->params = params;
     r->nparams = nparams;
     r->buffers = buffers;
@@ -368,10 +492,27 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         ddp__err(err, st, "%s", r->err);
         goto out_fail;
     }
-    for (size_t i = 0; i < nparams; i++)
-        if (r->pdata[i] != params[i].data)
-            memcpy(r->pdata[i], params[i].data, params[i].count * ddp_dtype_size(params[i].dtype));
+    if (r->shard && (st = dev_quiesce(r, "the parameters' copy"))) {
+        ddp__err(err, st, "%s", r->err);
+        goto out_fail;
+    }
+    for (size_t i = 0; i < nparams; i++) {
+        size_t bytes = params[i].count * ddp_dtype_size(params[i].dtype);
+        if (r->pdata[i] == params[i].data)
+            continue;
+        if (!r->dev)
+            memcpy(r->pdata[i], params[i].data, bytes);
+        else if ((st = ddp_group_memcpy(g, r->pdata[i], params[i].data, bytes))) {
+            ddp__err(err, st, "copying '%s' into the reducer: %s", params[i].name,
+                     ddp_group_last_error(g));
+            goto out_fail;
+        }
+    }
     ddp_reducer_zero_grad(r);
+    if (r->dev_st) {
+        st = ddp__err(err, r->dev_st, "%s", r->err);
+        goto out_fail;
+    }
     *out = r;
     return DDP_OK;
 
@@ -424,8 +565,19 @@ void ddp_reducer_zero_grad(ddp_reducer *r)
 {
     if (!r)
         return;
-    for (size_t i = 0; i < r->nb; i++)
-        memset(r->b[i].mem, 0, r->b[i].padded * ddp_dtype_size(r->b[i].dtype));
+    if (r->dev) {
+        char msg[DDP_ERRMSG_MAX];
+        void *stream = dev_stream(r, NULL);
+        for (size_t i = 0; i < r->nb && !r->dev_st; i++) {
+            ddp_status st = r->dev->memset0(r->dev->ctx, stream, r->b[i].mem,
+                                            r->b[i].padded * ddp_dtype_size(r->b[i].dtype), msg);
+            if (st)
+                r->dev_st = dev_fail(r, st, "zeroing the gradients", msg);
+        }
+    } else {
+        for (size_t i = 0; i < r->nb; i++)
+            memset(r->b[i].mem, 0, r->b[i].padded * ddp_dtype_size(r->b[i].dtype));
+    }
     r->consumed = false;
     r->step_start = ddp_now_seconds();
     memset(&r->stats, 0, sizeof r->stats);
@@ -454,7 +606,14 @@ static ddp_status launch(ddp_reducer *r, bucket *b)
     void *buf = b->mem;
     ddp_dtype t = b->dtype;
     if (b->wire) {
-        ddp__from_f32(b->wire, b->mem, b->padded, DDP_BFLOAT16);
+        if (!r->dev) {
+            ddp__from_f32(b->wire, b->mem, b->padded, DDP_BFLOAT16);
+        } else { /* on the stream: the collective is ordered after it */
+            char msg[DDP_ERRMSG_MAX];
+            if ((st = r->dev->convert(r->dev->ctx, dev_stream(r, NULL), b->wire, DDP_BFLOAT16,
+                                      b->mem, DDP_FLOAT32, b->padded, msg)))
+                return dev_fail(r, st, "rounding a bucket to bfloat16", msg);
+        }
         buf = b->wire;
         t = DDP_BFLOAT16;
     }
@@ -507,6 +666,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
             r->err, DDP_ERR_INVALID,
             "mark_ready: after a sharded step the gradients hold the mean only in this "
             "rank's shard; call ddp_reducer_zero_grad before the next backward");
+    if (r->dev_st)
+        return r->dev_st; /* its message is in r->err */
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open) {
@@ -524,11 +685,18 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
 }
 
 /* The reduced bfloat16 gradients back into the float32 bucket: all, or my block (sharded). */
-static void unwire(ddp_reducer *r, bucket *b)
+static ddp_status unwire(ddp_reducer *r, bucket *b)
 {
     float *dst = b->mem;
     size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = r->shard ? lo + b->block : b->count;
-    ddp__to_f32(dst + lo, b->wire + lo, hi - lo, DDP_BFLOAT16);
+    if (!r->dev) {
+        ddp__to_f32(dst + lo, b->wire + lo, hi - lo, DDP_BFLOAT16);
+        return DDP_OK;
+    }
+    char msg[DDP_ERRMSG_MAX];
+    ddp_status st = r->dev->convert(r->dev->ctx, dev_stream(r, NULL), dst + lo, DDP_FLOAT32,
+                                    b->wire + lo, DDP_BFLOAT16, hi - lo, msg);
+    return st ? dev_fail(r, st, "widening a reduced bfloat16 bucket", msg) : DDP_OK;
 }
 
 ddp_status ddp_reducer_finish(ddp_reducer *r)
@@ -543,6 +711,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "finish: after a sharded step the gradients hold the mean only in this "
                            "rank's shard; call ddp_reducer_zero_grad before the next backward");
+    if (r->dev_st)
+        return r->dev_st;
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open)
@@ -552,8 +722,10 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
-        if (b->inline_done && b->wire)
-            unwire(r, b);
+        if (b->inline_done && b->wire) {
+            ddp_status s1 = unwire(r, b);
+            st = st ? st : s1;
+        }
         b->inline_done = false;
         if (!b->work)
             continue;
@@ -565,8 +737,10 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         b->work = NULL;
         if (s2 && !st)
             st = ddp__errmsg(r->err, s2, "%s", ddp_group_last_error(r->g));
-        if (!s2 && b->wire)
-            unwire(r, b);
+        if (!s2 && b->wire) {
+            ddp_status s1 = unwire(r, b);
+            st = st ? st : s1;
+        }
     }
     r->stats.wait_seconds = ddp_now_seconds() - t0;
     r->awaiting = r->consumed = r->shard && st == DDP_OK;
@@ -603,9 +777,23 @@ bool ddp_reducer_sharded(const ddp_reducer *r)
     return r && r->shard;
 }
 
+/* bytes from src to dst: memcpy on the CPU; on a GPU group, between any two of host and device
+ * memory (ddp_group_memcpy). A failure leaves its message in r->err. */
+static ddp_status copy_any(ddp_reducer *r, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return DDP_OK;
+    if (!r->dev) {
+        memcpy(dst, src, bytes);
+        return DDP_OK;
+    }
+    ddp_status st = ddp_group_memcpy(r->g, dst, src, bytes);
+    return st ? ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g)) : DDP_OK;
+}
+
 /* Every rank's shard of arrays (shaped like the parameters) to every rank, through a private
- * scratch copy of each bucket in turn (malloc on every rank: rare, e.g. for a checkpoint; the
- * gradients are left alone). */
+ * scratch copy of each bucket in turn (malloc on every rank, or device memory on a GPU group:
+ * rare, e.g. for a checkpoint; the gradients are left alone). */
 static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
 {
     if (!r || !arrays)
@@ -619,42 +807,52 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
     for (size_t k = 0; k < r->nb; k++)
         if (r->b[k].padded * ddp_dtype_size(r->b[k].dtype) > most)
             most = r->b[k].padded * ddp_dtype_size(r->b[k].dtype);
-    char *mem = calloc(1, most);
+    char *mem = r->dev ? ddp_group_alloc(r->g, most) : calloc(1, most);
     int32_t mine = mem != NULL, all = 0;
-    ddp_status st = ddp_allreduce(r->g, &mine, &all, 1, DDP_INT32, DDP_MIN);
-    if (st || !all) {
-        free(mem);
-        return st ? ddp__errmsg(r->err, st, "%s: %s", what, ddp_group_last_error(r->g))
-                  : ddp__errmsg(r->err, DDP_ERR_NOMEM, "%s: out of memory on %s", what,
-                                mine ? "another rank" : "this rank");
-    }
+    ddp_status st = ctl(r, false, &mine, &all, 1, DDP_INT32, DDP_MIN);
+    if (!st && !all)
+        st = ddp__errmsg(r->err, DDP_ERR_NOMEM, "out of %s memory on %s",
+                         r->dev ? "GPU" : "host", mine ? "another rank" : "this rank");
+    if (!st)
+        st = dev_quiesce(r, "waiting for the arrays");
     for (size_t k = 0; k < r->nb && !st; k++) {
         bucket *b = &r->b[k];
         size_t esz = ddp_dtype_size(b->dtype);
-        for (size_t q = b->first; q < b->last; q++) {
+        for (size_t q = b->first; q < b->last && !st; q++) {
             size_t p = r->order[q], lo, hi;
             ddp_reducer_shard(r, p, &lo, &hi);
             if (hi > lo)
-                memcpy(mem + (r->off[p] + lo) * esz, (const char *)arrays[p] + lo * esz,
-                       (hi - lo) * esz);
+                st = copy_any(r, mem + (r->off[p] + lo) * esz,
+                              (const char *)arrays[p] + lo * esz, (hi - lo) * esz);
         }
-        st = ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block, b->dtype);
-        if (st) {
-            ddp__errmsg(r->err, st, "%s, bucket %zu: %s", what, k, ddp_group_last_error(r->g));
-            break;
-        }
-        for (size_t q = b->first; q < b->last; q++) {
+        if (!st && (st = ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block,
+                                       b->dtype)))
+            ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g));
+        for (size_t q = b->first; q < b->last && !st; q++) {
             size_t p = r->order[q], lo, hi, n = r->params[p].count;
             ddp_reducer_shard(r, p, &lo, &hi);
             char *dst = arrays[p];
             const char *src = mem + r->off[p] * esz;
             if (lo > 0)
-                memcpy(dst, src, lo * esz);
-            if (hi < n)
-                memcpy(dst + hi * esz, src + hi * esz, (n - hi) * esz);
+                st = copy_any(r, dst, src, lo * esz);
+            if (!st && hi < n)
+                st = copy_any(r, dst + hi * esz, src + hi * esz, (n - hi) * esz);
+        }
+        if (st) {
+            char m[DDP_ERRMSG_MAX];
+            ddp__fmt(m, sizeof m, "%s", r->err);
+            ddp__errmsg(r->err, st, "%s, bucket %zu: %s", what, k, m);
         }
     }
-    free(mem);
+    if (st && !strstr(r->err, what)) {
+        char m[DDP_ERRMSG_MAX];
+        ddp__fmt(m, sizeof m, "%s", r->err);
+        ddp__errmsg(r->err, st, "%s: %s", what, m);
+    }
+    if (r->dev)
+        ddp_group_free(r->g, mem);
+    else
+        free(mem);
     return st;
 }
 
@@ -697,22 +895,57 @@ static double sum_squares(const void *v, size_t n, ddp_dtype t)
     return ss;
 }
 
+/* The sum of squares of this rank's mean gradient on the GPU: a bucket's elements in this rank's
+ * shard are one contiguous range of it, summed on the device in double. */
+static ddp_status dev_sum_squares(ddp_reducer *r, double *ss)
+{
+    char msg[DDP_ERRMSG_MAX];
+    *ss = 0.0;
+    for (size_t k = 0; k < r->nb; k++) {
+        const bucket *b = &r->b[k];
+        size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = b->count;
+        if (r->shard && lo + b->block < hi)
+            hi = lo + b->block;
+        if (hi <= lo)
+            continue;
+        double part = 0.0;
+        int64_t deadline;
+        void *stream = dev_stream(r, &deadline);
+        ddp_status st = r->dev->sumsq(r->dev->ctx, stream,
+                                      (const char *)b->mem + lo * ddp_dtype_size(b->dtype),
+                                      hi - lo, b->dtype, &part, deadline, msg);
+        if (st)
+            return dev_fail(r, st, "grad_norm", msg);
+        *ss += part;
+    }
+    return DDP_OK;
+}
+
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
 {
     if (!r || !norm)
         return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "grad_norm: norm is required")
                  : DDP_ERR_INVALID;
     double ss = 0.0;
-    for (size_t i = 0; i < r->nparams; i++) {
-        size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
-        ddp_reducer_shard(r, i, &lo, &hi);
-        ss += sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
+    if (r->dev) {
+        ddp_status st = dev_sum_squares(r, &ss);
+        if (st)
+            return st;
+    } else {
+        for (size_t i = 0; i < r->nparams; i++) {
+            size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
+            ddp_reducer_shard(r, i, &lo, &hi);
+            ss += sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
+        }
     }
     if (r->shard) {
         double all;
-        ddp_status st = ddp_allreduce(r->g, &ss, &all, 1, DDP_FLOAT64, DDP_SUM);
-        if (st)
-            return ddp__errmsg(r->err, st, "grad_norm: %s", ddp_group_last_error(r->g));
+        ddp_status st = ctl(r, false, &ss, &all, 1, DDP_FLOAT64, DDP_SUM);
+        if (st) {
+            char m[DDP_ERRMSG_MAX];
+            ddp__fmt(m, sizeof m, "%s", r->err);
+            return ddp__errmsg(r->err, st, "grad_norm: %s", m);
+        }
         ss = all;
     }
     *norm = sqrt(ss);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "group/devops.h"
 #include "group/group_int.h"
 #include "kernels/kernels.h"
 #include "util/util.h"
@@ -524,6 +525,17 @@ void ddp_group_set_stream(ddp_group *g, void *cuda_stream)
 {
     if (g)
         g->stream = cuda_stream;
+}
+
+const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *timeout_ms)
+{
+    const ddp__devops *d =
+        g && g->device == DDP_DEVICE_CUDA && g->ops->devops ? g->ops->devops(g->be) : NULL;
+    if (stream)
+        *stream = d ? g->stream : NULL;
+    if (timeout_ms)
+        *timeout_ms = g ? g->timeout_ms : DEFAULT_TIMEOUT_MS;
+    return d;
 }
 
 ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes)

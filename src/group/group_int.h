@@ -135,6 +135,9 @@ typedef struct ddp__backend_ops {
      * group's reason line (ddp_group_backend_reason): cuda-staged's "staging buffer pinned" or
      * not. A string owned by be; NULL (or a NULL op): nothing to add. */
     const char *(*detail)(void *be);
+    /* GPU backends: their device operations (group/devops.h), which the reducer uses on
+     * gradient buckets in device memory; NULL (or a NULL op) for the host backends. */
+    const struct ddp__devops *(*devops)(void *be);
     bool fuses_avg; /* run() honours c->avg_div: no second pass over the result for AVG */
 } ddp__backend_ops;
 

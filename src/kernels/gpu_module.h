@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 3 /* 3: ddp__backend_ops.detail */
+#define DDP_GPU_MODULE_ABI 4 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 

@@ -9,6 +9,12 @@
  * gather_params give every rank the whole update, gather_state completes state arrays,
  * grad_norm is the whole norm, and a spent or ungathered step is refused), and sharded with
  * bfloat16 gradients.
+ *
+ * With --device cuda the same checks run with everything in GPU memory: a GPU group (nccl, or
+ * cuda-staged where ranks share a GPU), the parameters, buffers and optimizer state allocated
+ * with ddp_group_alloc, so the buckets are device memory too; the test reads and writes them only
+ * through ddp_group_memcpy. Under DDP_TEST_FAKE_GPUS the fake GPU's memory faults when the host
+ * touches it (staged/fakedev.c), so this also shows that the reducer never does.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -22,6 +28,36 @@
 #define NP 7
 
 static int fails;
+static ddp_group *G;
+static bool on_gpu;
+
+/* Memory the reducer is given: host memory, or device memory on a GPU group. */
+static void *dalloc(size_t bytes)
+{
+    void *p = on_gpu ? ddp_group_alloc(G, bytes) : calloc(1, bytes);
+    if (!p) {
+        fprintf(stderr, "reducercheck: out of %s memory\n", on_gpu ? "GPU" : "host");
+        exit(1);
+    }
+    return p;
+}
+
+static void dfree(void *p)
+{
+    if (on_gpu)
+        ddp_group_free(G, p);
+    else
+        free(p);
+}
+
+/* Copies between host memory and the reducer's memory (either direction). */
+static void xfer(void *dst, const void *src, size_t bytes)
+{
+    if (ddp_group_memcpy(G, dst, src, bytes) != DDP_OK) {
+        fprintf(stderr, "reducercheck: ddp_group_memcpy: %s\n", ddp_group_last_error(G));
+        exit(1);
+    }
+}
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -32,14 +68,19 @@ static int fails;
         }                                                                                          \
     } while (0)
 
-int main(void)
+int main(int argc, char **argv)
 {
     ddp_error err = {0};
     ddp_group *g;
-    if (ddp_group_init(NULL, &g, &err) != DDP_OK) {
+    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    on_gpu = argc > 2 && !strcmp(argv[1], "--device") && !strcmp(argv[2], "cuda");
+    go.device = on_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+    if (ddp_group_init(&go, &g, &err) != DDP_OK) {
         fprintf(stderr, "reducercheck: %s\n", err.msg);
         return 1;
     }
+    G = g;
+    ddp_device dv = on_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
     int W = ddp_group_size(g), R = ddp_group_rank(g);
     /* The one "core to spare" rule: the host's cores against its ranks (not this rank's mask). */
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -48,6 +89,15 @@ int main(void)
     CHECK(ddp_group_core_to_spare(g) == (ddp_group_local_size(g) < ddp_group_host_cores(g)),
           "core_to_spare disagrees with %d local ranks on %d cores", ddp_group_local_size(g),
           ddp_group_host_cores(g));
+    { /* memory on the wrong side of the group: a clear error, before any collective */
+        float x[4] = {0};
+        ddp_param wrong = {"w", 4, DDP_FLOAT32, x, on_gpu ? DDP_DEVICE_CPU : DDP_DEVICE_CUDA};
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, &wrong, 1, NULL, 0, NULL, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red &&
+                  strstr(err.msg, on_gpu ? "take GPU memory" : "take host memory"),
+              "a parameter on the wrong device: %d %s", (int)st, err.msg);
+    }
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
     int ncaps = (int)(sizeof caps / sizeof caps[0]);
@@ -55,18 +105,22 @@ int main(void)
         size_t ci = (size_t)(run % ncaps);
         bool shard = run >= ncaps, bf16 = run >= 2 * ncaps;
         const char *mode = bf16 ? "sharded bf16" : shard ? "sharded" : "plain";
-        float *vals[NP];
+        float *vals[NP], *h[NP]; /* the reducer's memory; a host copy of it */
         ddp_param ps[NP];
         char names[NP][16];
         for (int i = 0; i < NP; i++) {
-            vals[i] = malloc(sizeof(float) * counts[i]);
+            h[i] = malloc(sizeof(float) * counts[i]);
+            vals[i] = dalloc(sizeof(float) * counts[i]);
             for (size_t k = 0; k < counts[i]; k++)
-                vals[i][k] = (float)(R * 1000 + i); /* differs per rank */
+                h[i][k] = (float)(R * 1000 + i); /* differs per rank */
+            xfer(vals[i], h[i], sizeof(float) * counts[i]);
             snprintf(names[i], sizeof names[i], "p%d", i);
-            ps[i] = (ddp_param){names[i], counts[i], DDP_FLOAT32, vals[i], DDP_DEVICE_CPU};
+            ps[i] = (ddp_param){names[i], counts[i], DDP_FLOAT32, vals[i], dv};
         }
         double stats[4] = {R + 0.5, R + 1.5, R, R}; /* a buffer, e.g. running mean/var */
-        ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, stats, DDP_DEVICE_CPU}};
+        double *dstats = dalloc(sizeof stats);
+        xfer(dstats, stats, sizeof stats);
+        ddp_param bufs[1] = {{"bn.stats", 4, DDP_FLOAT64, dstats, dv}};
         ddp_reducer_opts o = DDP_REDUCER_OPTS_INIT;
         o.bucket_cap = o.first_bucket = caps[ci];
         o.shard_optimizer = shard;
@@ -80,9 +134,11 @@ int main(void)
         float *pv[NP]; /* where the parameters live now */
         for (int i = 0; i < NP; i++) {
             pv[i] = ddp_reducer_param(red, (size_t)i);
-            CHECK(pv[i][0] == (float)i && pv[i][counts[i] - 1] == (float)i,
-                  "param %d not broadcast from rank 0 (%g)", i, pv[i][0]);
+            xfer(h[i], pv[i], sizeof(float) * counts[i]);
+            CHECK(h[i][0] == (float)i && h[i][counts[i] - 1] == (float)i,
+                  "param %d not broadcast from rank 0 (%g)", i, h[i][0]);
         }
+        xfer(stats, dstats, sizeof stats);
         CHECK(stats[0] == 0.5 && stats[1] == 1.5, "buffer not broadcast from rank 0");
 
         /* Step 1: rank-specific mark order (rank 0 forward, others reversed or rotated). */
@@ -92,9 +148,11 @@ int main(void)
             for (int micro = 0; micro < accum; micro++) {
                 ddp_reducer_set_sync(red, micro == accum - 1);
                 for (int i = 0; i < NP; i++) {
-                    float *gr = ddp_reducer_grad(red, (size_t)i);
+                    float *gr = h[i];
+                    xfer(gr, ddp_reducer_grad(red, (size_t)i), sizeof(float) * counts[i]);
                     for (size_t k = 0; k < counts[i]; k++)
                         gr[k] += (float)(R + 1) * (float)(i + 1) + (float)(k % 3);
+                    xfer(ddp_reducer_grad(red, (size_t)i), gr, sizeof(float) * counts[i]);
                 }
                 for (int j = 0; j < NP; j++) {
                     int i = (j * (R + 1) + step) % NP; /* a different order on every rank */
@@ -114,16 +172,18 @@ int main(void)
             for (int i = 0; i < NP; i++) {
                 size_t lo, hi;
                 ddp_reducer_shard(red, (size_t)i, &lo, &hi);
-                state[i] = malloc(sizeof(float) * counts[i]);
+                state[i] = dalloc(sizeof(float) * counts[i]);
                 for (size_t k = 0; k < counts[i]; k++)
-                    state[i][k] = k >= lo && k < hi ? (float)(k % 1000) + 0.25f * (float)i : -1;
+                    h[i][k] = k >= lo && k < hi ? (float)(k % 1000) + 0.25f * (float)i : -1;
+                xfer(state[i], h[i], sizeof(float) * counts[i]);
             }
             CHECK(ddp_reducer_gather_state(red, (void *const *)state) == DDP_OK,
                   "%s: gather_state: %s", mode, ddp_reducer_last_error(red));
             /* mean over ranks of accum × ((r+1)(i+1) + k%3), on this rank's shard */
             double ss = 0;
             for (int i = 0; i < NP; i++) {
-                const float *gr = ddp_reducer_grad(red, (size_t)i);
+                const float *gr = h[i];
+                xfer(h[i], ddp_reducer_grad(red, (size_t)i), sizeof(float) * counts[i]);
                 size_t lo, hi;
                 ddp_reducer_shard(red, (size_t)i, &lo, &hi);
                 for (size_t k = 0; k < counts[i]; k++) {
@@ -148,24 +208,30 @@ int main(void)
             for (int i = 0; i < NP; i++) {
                 size_t lo, hi;
                 ddp_reducer_shard(red, (size_t)i, &lo, &hi);
+                xfer(h[i], pv[i], sizeof(float) * counts[i]);
                 for (size_t k = lo; k < hi; k++)
-                    pv[i][k] -= 1.0f;
+                    h[i][k] -= 1.0f;
+                xfer(pv[i], h[i], sizeof(float) * counts[i]);
             }
             CHECK(ddp_reducer_gather_params(red) == DDP_OK, "%s: gather_params: %s", mode,
                   ddp_reducer_last_error(red));
             for (int i = 0; i < NP; i++) {
+                float *hs = malloc(sizeof(float) * counts[i]);
+                xfer(h[i], pv[i], sizeof(float) * counts[i]);
+                xfer(hs, state[i], sizeof(float) * counts[i]);
                 for (size_t k = 0; k < counts[i]; k++) {
                     float wp = (float)i - (float)(step + 1);
                     float ws = (float)(k % 1000) + 0.25f * (float)i;
-                    if (pv[i][k] != wp || state[i][k] != ws) {
+                    if (h[i][k] != wp || hs[k] != ws) {
                         CHECK(0,
                               "%s cap %zu step %d: after the gathers %d[%zu] = %g / %g, want "
                               "%g / %g",
-                              mode, caps[ci], step, i, k, pv[i][k], state[i][k], wp, ws);
+                              mode, caps[ci], step, i, k, h[i][k], hs[k], wp, ws);
                         break;
                     }
                 }
-                free(state[i]);
+                free(hs);
+                dfree(state[i]);
             }
         }
         if (shard && W > 1) { /* spent gradients, an ungathered step: errors, not garbage */
@@ -193,11 +259,15 @@ int main(void)
         if (R == 0 && ci == 0)
             printf("reducercheck: %zu buckets at %zu B\n", ddp_reducer_num_buckets(red), caps[ci]);
         ddp_reducer_destroy(red);
-        for (int i = 0; i < NP; i++)
-            free(vals[i]);
+        for (int i = 0; i < NP; i++) {
+            dfree(vals[i]);
+            free(h[i]);
+        }
+        dfree(dstats);
     }
     if (R == 0 && !fails)
-        printf("reducercheck: all checks passed on %d ranks\n", W);
+        printf("reducercheck: all checks passed on %d ranks (%s, backend %s)\n", W,
+               on_gpu ? "GPU memory" : "host memory", ddp_group_backend(g));
     ddp_group_destroy(g);
     return fails ? 1 : 0;
 }

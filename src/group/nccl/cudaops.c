@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "group/staged/staged_int.h"
+#include "kernels/cuda/devmath.h"
 #include "util/util.h"
 #ifdef DDP_IN_GPU_MODULE
 #include "group/nccl/module_host.h" /* libddp's functions through the table it lends */
@@ -25,6 +26,9 @@ typedef struct cudaops {
     cudaStream_t stream;
     cudaEvent_t ready; /* recorded on the caller's stream: ours waits for it */
     cudaEvent_t done;  /* recorded on ours: the host polls it */
+    cudaEvent_t mark;  /* recorded on a caller's stream by wait(): the host polls it */
+    double *d_acc;     /* (1,) sumsq's accumulator, device memory, made on first use */
+    double *h_acc;     /* (1,) its copy, pinned host memory */
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -66,21 +70,24 @@ static ddp_status ops_h2d(void *ctx, void *dev, const void *host, size_t bytes, 
               "cudaMemcpyAsync", msg);
 }
 
-static ddp_status ops_sync(void *ctx, int64_t deadline_ms, char *msg)
+/* Records ev on stream and polls it from the host until it completes or deadline_ms passes;
+ * what names the work in the time-out's message. */
+static ddp_status wait_event(cudaEvent_t ev, cudaStream_t stream, int64_t deadline_ms,
+                             const char *what, char *msg)
 {
-    cudaops *o = ctx;
-    ddp_status st = cu(cudaEventRecord(o->done, o->stream), "cudaEventRecord", msg);
+    ddp_status st = cu(cudaEventRecord(ev, stream), "cudaEventRecord", msg);
     long sleep_ns = 50000;
     while (st == DDP_OK) {
-        cudaError_t e = cudaEventQuery(o->done);
+        cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess)
             break;
         if (e != cudaErrorNotReady)
             return cuda_fail(msg, "cudaEventQuery", e);
         if (ddp__now_ms() >= deadline_ms) {
             ddp__fmt(msg, DDP_ERRMSG_MAX,
-                     "the GPU copies to and from the staging buffer did not finish by the "
-                     "deadline; HINT: another process may hold the GPU (nvidia-smi)");
+                     "%s did not finish by the deadline; HINT: another process may hold the "
+                     "GPU (nvidia-smi)",
+                     what);
             return DDP_ERR_TIMEOUT;
         }
         struct timespec ts = {0, sleep_ns};
@@ -89,6 +96,65 @@ static ddp_status ops_sync(void *ctx, int64_t deadline_ms, char *msg)
             sleep_ns *= 2;
     }
     return st;
+}
+
+static ddp_status ops_sync(void *ctx, int64_t deadline_ms, char *msg)
+{
+    cudaops *o = ctx;
+    return wait_event(o->done, o->stream, deadline_ms,
+                      "the GPU copies to and from the staging buffer", msg);
+}
+
+/* ---- the reducer's arithmetic, on the caller's stream (group/devops.h) ---------------------- */
+
+static ddp_status ops_memset0(void *ctx, void *stream, void *dev, size_t bytes, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
+        (st = cu(cudaMemsetAsync(dev, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync", msg)))
+        return st;
+    return DDP_OK;
+}
+
+static ddp_status ops_convert(void *ctx, void *stream, void *dst, ddp_dtype dt, const void *src,
+                              ddp_dtype st, size_t n, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status s = cu(cudaSetDevice(o->device), "cudaSetDevice", msg);
+    return s ? s : ddp__devmath_convert(stream, dst, dt, src, st, n, msg);
+}
+
+static ddp_status ops_wait(void *ctx, void *stream, int64_t deadline_ms, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg);
+    return st ? st
+              : wait_event(o->mark, (cudaStream_t)stream, deadline_ms,
+                           "the GPU's work before the reducer's", msg);
+}
+
+static ddp_status ops_sumsq(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
+                            double *out_host, int64_t deadline_ms, char *msg)
+{
+    cudaops *o = ctx;
+    cudaStream_t s = (cudaStream_t)stream;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
+        return st;
+    if (!o->d_acc && (st = cu(cudaMalloc((void **)&o->d_acc, sizeof(double)), "cudaMalloc", msg)))
+        return st;
+    if (!o->h_acc &&
+        (st = cu(cudaMallocHost((void **)&o->h_acc, sizeof(double)), "cudaMallocHost", msg)))
+        return st;
+    if ((st = cu(cudaMemsetAsync(o->d_acc, 0, sizeof(double), s), "cudaMemsetAsync", msg)) ||
+        (st = ddp__devmath_sumsq(stream, dev, n, t, o->d_acc, msg)) ||
+        (st = cu(cudaMemcpyAsync(o->h_acc, o->d_acc, sizeof(double), cudaMemcpyDeviceToHost, s),
+                 "cudaMemcpyAsync", msg)) ||
+        (st = wait_event(o->mark, s, deadline_ms, "the sum of squares of the gradients", msg)))
+        return st;
+    *out_host = *o->h_acc;
+    return DDP_OK;
 }
 
 static ddp_status ops_pin(void *ctx, void *p, size_t bytes, char *msg)
@@ -138,6 +204,12 @@ static void ops_destroy(void *ctx)
     if (!o)
         return;
     (void)cudaSetDevice(o->device);
+    if (o->d_acc)
+        (void)cudaFree(o->d_acc);
+    if (o->h_acc)
+        (void)cudaFreeHost(o->h_acc);
+    if (o->mark)
+        (void)cudaEventDestroy(o->mark);
     if (o->done)
         (void)cudaEventDestroy(o->done);
     if (o->ready)
@@ -162,7 +234,8 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
          e = cudaStreamCreateWithFlags(&o->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (call = "cudaEventCreateWithFlags",
          e = cudaEventCreateWithFlags(&o->ready, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&o->mark, cudaEventDisableTiming)) != cudaSuccess) {
         ddp_status st = cuda_fail(msg, call, e);
         ops_destroy(o);
         return ddp__err(err, st,
@@ -180,6 +253,10 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
                          .alloc = ops_alloc,
                          .free = ops_free,
                          .copy = ops_copy,
+                         .memset0 = ops_memset0,
+                         .convert = ops_convert,
+                         .sumsq = ops_sumsq,
+                         .wait = ops_wait,
                          .destroy = ops_destroy};
     return DDP_OK;
 }

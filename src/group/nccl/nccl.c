@@ -390,6 +390,12 @@ static void nccl_destroy(void *be)
     free(b);
 }
 
+static const ddp__devops *nccl_devops(void *be)
+{
+    nccl_be *b = be;
+    return &b->dev;
+}
+
 static const ddp__backend_ops nccl_ops = {
     .name = "nccl",
     .run = nccl_run,
@@ -398,6 +404,7 @@ static const ddp__backend_ops nccl_ops = {
     .copy = nccl_copy,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
+    .devops = nccl_devops,
     .fuses_avg = true,
 };
 

@@ -1,15 +1,54 @@
 /*
  * staged/fakedev.c — for tests only (DDP_TEST_FAKE_GPUS, ddp_settings.fake_gpus): ddp__devops
  * whose "device memory" is host memory and whose copies are memcpy, so the cuda-staged backend
- * runs end to end — through the core, the choice of backend, shm and ddprun — on a machine with no
- * GPU (integration.gpu_fake). What it cannot show: anything about real GPUs (streams, pinning,
- * copy speed); tests/integration/test_gpu.sh on a GPU does.
+ * and the reducer's buckets in device memory run end to end — through the core, the choice of
+ * backend, shm and ddprun — on a machine with no GPU (integration.gpu_fake, ddp.reducer.gpu_fake).
+ *
+ * Like real device memory, the fake's cannot be touched by the host: an allocation is one memfd
+ * mapped twice, and the pointer handed out is the mapping with no access (PROT_NONE), so code that
+ * reads or writes "device" memory directly instead of through these operations faults, as it would
+ * on a GPU. The operations reach the memory through the second, read-write mapping (shadow()).
+ *
+ * What it cannot show: anything about real GPUs (streams, pinning, copy speed, kernels);
+ * tests/integration/test_gpu.sh and scripts/gpu-check.sh on a GPU do.
  */
+#define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "group/staged/staged_int.h"
+#include "util/half.h"
 #include "util/util.h"
+
+/* Every live fake allocation: where the host may not touch it, and where the operations do. */
+typedef struct fake_block {
+    char *dev, *rw;
+    size_t bytes;
+} fake_block;
+
+static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_block *blocks;
+static size_t nblocks, cap_blocks;
+
+/* The read-write address of p: inside a fake allocation, its twin in the shadow mapping; else p
+ * itself (host memory). */
+static void *shadow(const void *p)
+{
+    const char *c = p;
+    void *out = (void *)p;
+    pthread_mutex_lock(&blocks_mu);
+    for (size_t i = 0; i < nblocks; i++) {
+        if (c >= blocks[i].dev && c < blocks[i].dev + blocks[i].bytes) {
+            out = blocks[i].rw + (c - blocks[i].dev);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&blocks_mu);
+    return out;
+}
 
 static ddp_status fake_after(void *ctx, void *stream, char *msg)
 {
@@ -23,7 +62,8 @@ static ddp_status fake_copy(void *ctx, void *dst, const void *src, size_t bytes,
 {
     (void)ctx;
     (void)msg;
-    memmove(dst, src, bytes);
+    if (bytes)
+        memmove(shadow(dst), shadow(src), bytes);
     return DDP_OK;
 }
 
@@ -60,13 +100,129 @@ static void fake_unpin(void *ctx, void *p)
 static void *fake_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
-    return aligned_alloc(256, (bytes + 255) / 256 * 256);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page;
+    if (len == 0)
+        len = page;
+    int fd = memfd_create("ddp-fake-gpu", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *dev = MAP_FAILED, *rw = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0) {
+        dev = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+        rw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    bool ok = dev != MAP_FAILED && rw != MAP_FAILED;
+    pthread_mutex_lock(&blocks_mu);
+    if (ok && nblocks == cap_blocks) {
+        size_t cap = cap_blocks ? 2 * cap_blocks : 16;
+        fake_block *nb = realloc(blocks, cap * sizeof *nb);
+        if (nb) {
+            blocks = nb;
+            cap_blocks = cap;
+        }
+        ok = nb != NULL;
+    }
+    if (ok)
+        blocks[nblocks++] = (fake_block){dev, rw, len};
+    pthread_mutex_unlock(&blocks_mu);
+    if (!ok) {
+        if (dev != MAP_FAILED)
+            munmap(dev, len);
+        if (rw != MAP_FAILED)
+            munmap(rw, len);
+        return NULL;
+    }
+    return dev;
 }
 
 static void fake_free(void *ctx, void *p)
 {
     (void)ctx;
-    free(p);
+    if (!p)
+        return;
+    fake_block b = {0};
+    pthread_mutex_lock(&blocks_mu);
+    for (size_t i = 0; i < nblocks; i++) {
+        if (blocks[i].dev == p) {
+            b = blocks[i];
+            blocks[i] = blocks[--nblocks];
+            break;
+        }
+    }
+    if (nblocks == 0) {
+        free(blocks);
+        blocks = NULL;
+        cap_blocks = 0;
+    }
+    pthread_mutex_unlock(&blocks_mu);
+    if (b.dev) {
+        munmap(b.dev, b.bytes);
+        munmap(b.rw, b.bytes);
+    }
+}
+
+/* ---- the reducer's arithmetic, on the host (group/devops.h) ---------------------------------- */
+
+static ddp_status fake_memset0(void *ctx, void *stream, void *dev, size_t bytes, char *msg)
+{
+    (void)ctx, (void)stream, (void)msg;
+    if (bytes)
+        memset(shadow(dev), 0, bytes);
+    return DDP_OK;
+}
+
+static ddp_status fake_convert(void *ctx, void *stream, void *dst, ddp_dtype dt, const void *src,
+                               ddp_dtype st, size_t n, char *msg)
+{
+    (void)ctx, (void)stream;
+    if (st == DDP_FLOAT32 && dt == DDP_BFLOAT16) {
+        const float *s = shadow(src);
+        uint16_t *d = shadow(dst);
+        for (size_t i = 0; i < n; i++)
+            d[i] = ddp__f32_to_bf16(s[i]);
+    } else if (st == DDP_BFLOAT16 && dt == DDP_FLOAT32) {
+        const uint16_t *s = shadow(src);
+        float *d = shadow(dst);
+        for (size_t i = 0; i < n; i++)
+            d[i] = ddp__bf16_to_f32(s[i]);
+    } else {
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "device conversion from %s to %s is not implemented (float32 <-> bfloat16 only)",
+                 ddp_dtype_name(st), ddp_dtype_name(dt));
+        return DDP_ERR_INVALID;
+    }
+    return DDP_OK;
+}
+
+static ddp_status fake_sumsq(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
+                             double *out_host, int64_t deadline_ms, char *msg)
+{
+    (void)ctx, (void)stream, (void)deadline_ms;
+    const void *v = shadow(dev);
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x;
+        switch (t) {
+        case DDP_FLOAT32: x = ((const float *)v)[i]; break;
+        case DDP_FLOAT64: x = ((const double *)v)[i]; break;
+        case DDP_BFLOAT16: x = ddp__bf16_to_f32(((const uint16_t *)v)[i]); break;
+        case DDP_FLOAT16: x = ddp__f16_to_f32(((const uint16_t *)v)[i]); break;
+        default:
+            ddp__fmt(msg, DDP_ERRMSG_MAX, "sum of squares of %s is not implemented",
+                     ddp_dtype_name(t));
+            return DDP_ERR_INVALID;
+        }
+        s += x * x;
+    }
+    *out_host = s;
+    return DDP_OK;
+}
+
+static ddp_status fake_wait(void *ctx, void *stream, int64_t deadline_ms, char *msg)
+{
+    (void)ctx, (void)stream, (void)deadline_ms, (void)msg;
+    return DDP_OK;
 }
 
 static void fake_destroy(void *ctx)
@@ -87,6 +243,10 @@ ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err)
                          .alloc = fake_alloc,
                          .free = fake_free,
                          .copy = fake_copy,
+                         .memset0 = fake_memset0,
+                         .convert = fake_convert,
+                         .sumsq = fake_sumsq,
+                         .wait = fake_wait,
                          .destroy = fake_destroy};
     return DDP_OK;
 }

@@ -185,6 +185,12 @@ static const char *staged_detail(void *be)
                      : "staging buffer not pinned (cudaHostRegister refused it): slower copies";
 }
 
+static const ddp__devops *staged_devops(void *be)
+{
+    staged *s = be;
+    return &s->dev;
+}
+
 static void staged_destroy(void *be)
 {
     staged *s = be;
@@ -214,6 +220,7 @@ static const ddp__backend_ops staged_ops = {
     .abort = staged_abort,
     .destroy = staged_destroy,
     .detail = staged_detail,
+    .devops = staged_devops,
     .fuses_avg = true,
 };
 

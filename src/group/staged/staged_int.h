@@ -10,33 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "group/devops.h"
 #include "group/group_int.h"
 
-/* What staging needs from a GPU: cudaops.c implements it with the CUDA runtime on one device
- * and one stream of its own; tests with memcpy. Each call returns DDP_OK or a status with a
- * one-line message in msg (DDP_ERRMSG_MAX bytes). Copies are asynchronous on the backend's stream,
- * in issue order; nothing waits on the GPU except sync(), which polls from the host. */
-typedef struct ddp__devops {
-    void *ctx;
-    /* The backend's stream waits for the work queued so far on the caller's stream (a
-     * cudaStream_t; NULL: the default stream). */
-    ddp_status (*after)(void *ctx, void *stream, char *msg);
-    ddp_status (*d2h)(void *ctx, void *host, const void *dev, size_t bytes, char *msg);
-    ddp_status (*h2d)(void *ctx, void *dev, const void *host, size_t bytes, char *msg);
-    /* Waits, polling from the host (no GPU spin: ranks time-slice one GPU), until every copy
-     * issued has finished, or until deadline_ms (ddp__now_ms clock): DDP_ERR_TIMEOUT. */
-    ddp_status (*sync)(void *ctx, int64_t deadline_ms, char *msg);
-    /* Pins host memory [p, p+bytes) so copies to and from it run at full speed with no bounce
-     * buffer (cudaHostRegister); unpin undoes it. */
-    ddp_status (*pin)(void *ctx, void *p, size_t bytes, char *msg);
-    void (*unpin)(void *ctx, void *p);
-    /* Device memory on the backend's GPU, and a synchronous copy of any kind (ddp_group_alloc,
-     * ddp_group_memcpy). */
-    void *(*alloc)(void *ctx, size_t bytes);
-    void (*free)(void *ctx, void *p);
-    ddp_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes, char *msg);
-    void (*destroy)(void *ctx);
-} ddp__devops;
 
 /* The CUDA runtime's devops on device `device`, with a non-blocking stream of its own (cudaops.c;
  * without DDP_CUDA, DDP_ERR_NOT_FOUND saying so). *out written on DDP_OK only. */

@@ -1,0 +1,64 @@
+/*
+ * group/devops.h — what libddp needs from a GPU, as one table of operations: the copies, ordering
+ * and host-side waits of the shared-GPU backend (staged/), device memory for ddp_group_alloc and
+ * ddp_group_memcpy, and the little arithmetic the reducer does on gradient buckets in device
+ * memory (src/ddp/reducer.c). nccl/cudaops.c implements it with the CUDA runtime (in the GPU
+ * module); staged/fakedev.c with host memory, for tests on machines without a GPU.
+ */
+#ifndef DDP_GROUP_DEVOPS_H
+#define DDP_GROUP_DEVOPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddp/group.h"
+#include "ddp/status.h"
+#include "ddp/tensor.h"
+
+/* What staging needs from a GPU: cudaops.c implements it with the CUDA runtime on one device
+ * and one stream of its own; tests with memcpy. Each call returns DDP_OK or a status with a
+ * one-line message in msg (DDP_ERRMSG_MAX bytes). Copies are asynchronous on the backend's stream,
+ * in issue order; nothing waits on the GPU except sync(), which polls from the host. */
+typedef struct ddp__devops {
+    void *ctx;
+    /* The backend's stream waits for the work queued so far on the caller's stream (a
+     * cudaStream_t; NULL: the default stream). */
+    ddp_status (*after)(void *ctx, void *stream, char *msg);
+    ddp_status (*d2h)(void *ctx, void *host, const void *dev, size_t bytes, char *msg);
+    ddp_status (*h2d)(void *ctx, void *dev, const void *host, size_t bytes, char *msg);
+    /* Waits, polling from the host (no GPU spin: ranks time-slice one GPU), until every copy
+     * issued has finished, or until deadline_ms (ddp__now_ms clock): DDP_ERR_TIMEOUT. */
+    ddp_status (*sync)(void *ctx, int64_t deadline_ms, char *msg);
+    /* Pins host memory [p, p+bytes) so copies to and from it run at full speed with no bounce
+     * buffer (cudaHostRegister); unpin undoes it. */
+    ddp_status (*pin)(void *ctx, void *p, size_t bytes, char *msg);
+    void (*unpin)(void *ctx, void *p);
+    /* Device memory on the backend's GPU, and a synchronous copy of any kind (ddp_group_alloc,
+     * ddp_group_memcpy). */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    ddp_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes, char *msg);
+    /* The reducer's arithmetic on device memory, queued on `stream` (a cudaStream_t, the group's:
+     * ddp_group_set_stream; NULL: the default stream), so it is ordered with the model's kernels
+     * and the group's collectives as they are. memset0: bytes zeroed. convert: n elements of
+     * src (dtype st) to dst (dtype dt), float32 <-> bfloat16 only (nearest even, as
+     * util/half.h). sumsq: *out_host = the sum of squares of n elements of dtype t (float32,
+     * float64, bfloat16 or float16), accumulated in double; it waits for the result, polling
+     * until deadline_ms (DDP_ERR_TIMEOUT). wait: the host waits for the work queued on stream
+     * so far, the same way. */
+    ddp_status (*memset0)(void *ctx, void *stream, void *dev, size_t bytes, char *msg);
+    ddp_status (*convert)(void *ctx, void *stream, void *dst, ddp_dtype dt, const void *src,
+                          ddp_dtype st, size_t n, char *msg);
+    ddp_status (*sumsq)(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
+                        double *out_host, int64_t deadline_ms, char *msg);
+    ddp_status (*wait)(void *ctx, void *stream, int64_t deadline_ms, char *msg);
+    void (*destroy)(void *ctx);
+} ddp__devops;
+
+/* A GPU group's device operations, the stream its collectives are ordered after
+ * (ddp_group_set_stream) in *stream and its collectives' timeout in *timeout_ms (either may be
+ * NULL); NULL for a CPU group. Valid for the group's life. For libddp's own use (the reducer);
+ * not thread-safe with collectives in flight. */
+const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *timeout_ms);
+
+#endif /* DDP_GROUP_DEVOPS_H */

@@ -1,0 +1,133 @@
+/*
+ * kernels/cuda/devmath.cu — the GPU reducer's arithmetic (devmath.h): dtype conversion of a
+ * gradient bucket for bfloat16 compression and the sum of squares for the gradient norm, on the
+ * group's stream. UNVERIFIED: written without a GPU; the reducer's tests run the same contract on
+ * the fake GPU (staged/fakedev.c), and on a GPU through scripts/gpu-check.sh.
+ */
+#include "common.cuh"
+
+extern "C" {
+#include "kernels/cuda/devmath.h"
+#include "util/half.h"
+}
+/* The module calls nothing in libddp by symbol (gpu_module.h): messages through snprintf. */
+
+namespace {
+
+__global__ void f32_to_bf16(const float *src, size_t n, uint16_t *dst)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = ddp__f32_to_bf16(src[i]);
+}
+
+__global__ void bf16_to_f32(const uint16_t *src, size_t n, float *dst)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = ddp__bf16_to_f32(src[i]);
+}
+
+template <typename T> __device__ inline double as_double(T v);
+template <> __device__ inline double as_double<float>(float v)
+{
+    return (double)v;
+}
+template <> __device__ inline double as_double<double>(double v)
+{
+    return v;
+}
+
+/* 16-bit floats arrive as their bits; BF selects bfloat16 over IEEE half. */
+template <bool BF> struct half_bits {
+    uint16_t v;
+};
+template <> __device__ inline double as_double<half_bits<true>>(half_bits<true> h)
+{
+    return (double)ddp__bf16_to_f32(h.v);
+}
+template <> __device__ inline double as_double<half_bits<false>>(half_bits<false> h)
+{
+    return (double)ddp__f16_to_f32(h.v);
+}
+
+template <typename T> __global__ void sumsq_kernel(const T *x, size_t n, double *acc)
+{
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        double v = as_double(x[i]);
+        s += v * v;
+    }
+    s = ddp__block_sum(s, sh);
+    if (threadIdx.x == 0)
+        atomicAdd(acc, s);
+}
+
+ddp_status launched(const char *what, char *msg)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return DDP_OK;
+    snprintf(msg, DDP_ERRMSG_MAX, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    return DDP_ERR_SYSTEM;
+}
+
+/* At most 1024 blocks for a reduction: one atomic add per block. */
+unsigned reduce_blocks(size_t n)
+{
+    unsigned b = ddp__cuda_blocks(n, 256);
+    return b > 1024 ? 1024 : b;
+}
+
+} // namespace
+
+extern "C" ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const void *src,
+                                           ddp_dtype st, size_t n, char *msg)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n == 0)
+        return DDP_OK;
+    if (st == DDP_FLOAT32 && dt == DDP_BFLOAT16)
+        f32_to_bf16<<<ddp__cuda_blocks(n, 256), 256, 0, s>>>((const float *)src, n,
+                                                             (uint16_t *)dst);
+    else if (st == DDP_BFLOAT16 && dt == DDP_FLOAT32)
+        bf16_to_f32<<<ddp__cuda_blocks(n, 256), 256, 0, s>>>((const uint16_t *)src, n,
+                                                             (float *)dst);
+    else {
+        snprintf(msg, DDP_ERRMSG_MAX,
+                 "device conversion from dtype %d to dtype %d is not implemented (float32 <-> "
+                 "bfloat16 only)",
+                 (int)st, (int)dt);
+        return DDP_ERR_INVALID;
+    }
+    return launched("dtype conversion", msg);
+}
+
+extern "C" ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t,
+                                         double *acc_dev, char *msg)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n == 0)
+        return DDP_OK;
+    switch (t) {
+    case DDP_FLOAT32:
+        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const float *)x, n, acc_dev);
+        break;
+    case DDP_FLOAT64:
+        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const double *)x, n, acc_dev);
+        break;
+    case DDP_BFLOAT16:
+        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const half_bits<true> *)x, n, acc_dev);
+        break;
+    case DDP_FLOAT16:
+        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const half_bits<false> *)x, n, acc_dev);
+        break;
+    default:
+        snprintf(msg, DDP_ERRMSG_MAX, "sum of squares of dtype %d is not implemented", (int)t);
+        return DDP_ERR_INVALID;
+    }
+    return launched("sum of squares", msg);
+}

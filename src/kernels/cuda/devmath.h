@@ -1,0 +1,31 @@
+/*
+ * kernels/cuda/devmath.h — the GPU reducer's arithmetic on an arbitrary stream (devmath.cu), for
+ * nccl/cudaops.c, which puts it behind ddp__devops (group/devops.h). Plain C, no CUDA header;
+ * built into the GPU module only. Each call queues its work on `stream` (a cudaStream_t; NULL:
+ * the default stream) and returns DDP_OK or DDP_ERR_SYSTEM with CUDA's message in msg
+ * (DDP_ERRMSG_MAX bytes). UNVERIFIED: written without a GPU (docs/gpu.md).
+ */
+#ifndef DDP_KERNELS_CUDA_DEVMATH_H
+#define DDP_KERNELS_CUDA_DEVMATH_H
+
+#include <stddef.h>
+
+#include "ddp/status.h"
+#include "ddp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst (n, dtype dt) = src (n, dtype st): float32 -> bfloat16 (nearest even) or back (exact). */
+ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const void *src,
+                                ddp_dtype st, size_t n, char *msg);
+/* *acc_dev (one double in device memory) += the sum of squares of x (n, dtype t: float32,
+ * float64, bfloat16 or float16), each term in double. */
+ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t,
+                              double *acc_dev, char *msg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_KERNELS_CUDA_DEVMATH_H */
