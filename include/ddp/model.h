@@ -223,6 +223,50 @@ const float *ddp_model_logits(const ddp_model *m, size_t *rows, size_t *cols);
  * model's own gradients), or what ready returned; the message is on m. */
 ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
 
+/* ---- device-resident training (a model built with device cuda; docs/gpu.md) ------------------
+ * By default a GPU model is host-driven: each forward uploads the parameters from the host's
+ * arrays (the list's data) and each backward adds its gradients into the host's (grad), so the
+ * host's reducer and optimizer work as on the CPU. ddp_model_resident() moves training onto the
+ * GPU for good, as PyTorch users have it: the parameters stay in device memory (uploaded once,
+ * now, from the host's arrays), backward adds the gradients into device buffers the caller binds
+ * (a reducer over a GPU group: ddp_reducer_grad of device parameters), and the optimizer's state
+ * lives there too, stepped by ddp_model_device_step. The host's arrays (the list's data, the
+ * optimizer's state) then serve checkpoints only, brought up to date by ddp_model_sync_host and
+ * back by ddp_model_sync_device. Only gpt has it ("model type 'mlp' has no device-resident
+ * training" otherwise). UNVERIFIED: written without a GPU.
+ *
+ *   ddp_model_resident(m, &optim_opts, &err);            // after loading a checkpoint, if any
+ *   ddp_group_opts go = DDP_GROUP_OPTS_INIT; go.device = DDP_DEVICE_CUDA; … ddp_group_init(&go, &gg, …);
+ *   ddp_group_set_stream(gg, ddp_model_cuda_stream(m));
+ *   ddp_param ps[i] = {name, count, DDP_FLOAT32, ddp_model_device_param(m, i), DDP_DEVICE_CUDA};
+ *   ddp_reducer_create(gg, ps, n, …, &red, …);  then ddp_model_bind_device_grad(m, i, ddp_reducer_grad(red, i))
+ *   each step: zero_grad, forward, backward (marks ready), finish, grad_norm, then for each i:
+ *       ddp_model_device_step(m, i, step, lr, clip_coef);
+ */
+struct ddp_optim_opts;
+struct ddp_optim;
+/* Switches m to device-resident training with an optimizer of opts' kind and hyperparameters
+ * (its state zeroed). DDP_ERR_INVALID for a CPU model or a type without it; CUDA's errors. */
+ddp_status ddp_model_resident(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err);
+bool ddp_model_is_resident(const ddp_model *m);
+/* Parameter i's values in device memory (resident only; NULL otherwise or out of range). */
+float *ddp_model_device_param(const ddp_model *m, size_t i);
+/* The cudaStream_t all of m's GPU work runs on (NULL for a CPU model): give it to the GPU group
+ * (ddp_group_set_stream) so the collectives keep their order with the model's kernels. */
+void *ddp_model_cuda_stream(const ddp_model *m);
+/* Where backward adds parameter i's gradient (device memory, count floats; resident only). */
+ddp_status ddp_model_bind_device_grad(ddp_model *m, size_t i, float *grad_dev);
+/* The optimizer's update of parameter i from its bound device gradient, every element, step
+ * `step` (1-based) at learning rate lr, the gradient multiplied by grad_scale first (clipping):
+ * ddp_optim_step_range's arithmetic, on the GPU. Queued on the model's stream. */
+ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr,
+                                 float grad_scale);
+/* Device → host: the parameters into the list's data arrays and, with opt (NULL: none), the
+ * device optimizer's state into opt's state arrays (ddp_optim_state; opt of the same kind).
+ * Host → device: the same the other way. Both wait for the copies. */
+ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt);
+ddp_status ddp_model_sync_device(ddp_model *m, struct ddp_optim *opt);
+
 /* Training FLOPs (forward + backward) of one sample, for MFU:
  *   mlp, cnn: 6 × the forward's multiply-adds (linear in·out, conv out_ch·in_ch·kh·kw·out_h·out_w;
  *             batchnorm, pooling, activations not counted);

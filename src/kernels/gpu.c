@@ -276,3 +276,52 @@ ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, dd
     ddp_status st = ddp__gpu_module(&t, err);
     return st ? st : t->gpt_backward(g, grads_host, err);
 }
+
+/* The device-resident entry points: a module without them (the tests' fakes) says so. */
+#define DDP__GPU_CALL(member, ...)                                                                 \
+    do {                                                                                           \
+        const ddp__gpu_api *t;                                                                     \
+        ddp_status st_ = ddp__gpu_module(&t, err);                                                 \
+        if (st_)                                                                                   \
+            return st_;                                                                            \
+        if (!t->member)                                                                            \
+            return ddp__err(err, DDP_ERR_NOT_FOUND,                                                \
+                            "the GPU module %s has no device-resident training (" #member          \
+                            "); HINT: use the libddp_gpu.so built with this libddp",               \
+                            ddp__gpu_module_path());                                               \
+        return t->member(__VA_ARGS__);                                                             \
+    } while (0)
+
+ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
+                                  ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_dev_info, g, params_dev, stream, err);
+}
+
+ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_get_params, g, data_host, err);
+}
+
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_backward_dev, g, grads_dev, err);
+}
+
+ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_optim_init, g, nstates, err);
+}
+
+ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
+                                    ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_optim_step, g, a, err);
+}
+
+ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *arrays, bool to_host,
+                                     ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_optim_state, g, s, arrays, to_host, err);
+}
+

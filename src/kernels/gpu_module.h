@@ -25,7 +25,8 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 4 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic */
+#define DDP_GPU_MODULE_ABI 4 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
+                                device-resident GPT */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -91,6 +92,16 @@ typedef struct ddp__gpu_api {
     /* The nccl backend's create (group/nccl/nccl.c); NULL in a module built without NCCL. */
     ddp_status (*nccl_create)(const struct ddp__setup *s, void **be,
                               const struct ddp__backend_ops **ops, ddp_error *err);
+    /* Device-resident training (kernels.h's ddp__cuda_gpt_dev_info …); NULL: not in this module. */
+    ddp_status (*gpt_dev_info)(ddp__cuda_gpt *g, float **params_dev, void **stream,
+                               ddp_error *err);
+    ddp_status (*gpt_get_params)(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
+    ddp_status (*gpt_backward_dev)(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+    ddp_status (*gpt_optim_init)(ddp__cuda_gpt *g, int nstates, ddp_error *err);
+    ddp_status (*gpt_optim_step)(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
+                                 ddp_error *err);
+    ddp_status (*gpt_optim_state)(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
+                                  ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -108,6 +119,15 @@ ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const i
                                 int n, int T, bool train, bool last_logits, float grad_scale,
                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
                                 ddp_error *err);
+ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
+                                 ddp_error *err);
+ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
+ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err);
+ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
+                                   ddp_error *err);
+ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
+                                    ddp_error *err);
 ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 ddp_status ddp__gpu_cuda_devops(int device, struct ddp__devops *out, ddp_error *err);
 ddp_status ddp__gpu_nccl_create(const struct ddp__setup *s, void **be,

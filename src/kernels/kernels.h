@@ -158,6 +158,35 @@ ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const 
 /* Backward of the last training forward: grads_host[i] += the gradient of parameter i. */
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 
+/* Device-resident training (ddp_model_resident; docs/gpu.md): the parameters stay on the device,
+ * where the reducer's buckets and the optimizer's state are too. UNVERIFIED, as above.
+ * dev_info: params_dev[i] = parameter i's values in the device's flat buffer (n as at create);
+ * *stream = the model's cudaStream_t, on which all of its work runs. get_params: the reverse of
+ * set_params (waits). backward_dev: as backward, but grads_dev[i] (device memory, e.g. a view
+ * into a reducer bucket) += the gradient of parameter i, on the model's stream. */
+ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
+                                  ddp_error *err);
+ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+/* The optimizer on the device: optim_init makes nstates state buffers laid out like the
+ * parameters, zeroed; optim_step updates elements [lo, hi) of parameter i from its gradient
+ * grad_dev (element 0 of the parameter) as ddp_optim_step_range does (ddp_nn_adamw_step or
+ * ddp_nn_sgd_step; the gradient multiplied by grad_scale first, but not in place); optim_state
+ * copies state s of every parameter to (to_host) or from the host arrays host[i]. */
+typedef struct ddp__cuda_optim_args {
+    bool adamw;            /* else sgd */
+    size_t i, lo, hi;      /* parameter i, elements [lo, hi) */
+    const float *grad_dev; /* (count,) its gradient on the device */
+    uint64_t step;         /* 1-based */
+    float lr, grad_scale, momentum, beta1, beta2, eps;
+    float weight_decay; /* 0 where the parameter has no decay */
+} ddp__cuda_optim_args;
+ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err);
+ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
+                                    ddp_error *err);
+ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
+                                     ddp_error *err);
+
 /* ---- device choice (device.c) ---------------------------------------------------------------
  * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:
  * none, and `why` says why). Separate so that tests can give any count. want must be "cpu",

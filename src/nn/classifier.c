@@ -419,6 +419,6 @@ static double flops(const ddp_model *m, int seq_len)
 }
 
 const ddp_model_ops ddp__mlp_ops = {"mlp",  build_mlp, free_classifier, forward, backward,
-                                    logits, flops};
+                                    logits, flops, NULL};
 const ddp_model_ops ddp__cnn_ops = {"cnn",  build_cnn, free_classifier, forward, backward,
-                                    logits, flops};
+                                    logits, flops, NULL};

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "ddp/nn.h"
+#include "ddp/optim.h"
 #include "kernels/kernels.h"
 #include "nn/model_int.h"
 
@@ -86,6 +87,11 @@ typedef struct gpt {
     ddp__cuda_gpt *cu;
     const float **pdata; /* (n_params,) the parameters' current host arrays, for the upload */
     float **pgrad;       /* (n_params,) their gradients, for the download */
+    /* device-resident training (m->resident): the parameters' device arrays, the device
+     * gradients backward adds into (bound by the caller), the optimizer's settings */
+    float **dparam, **dgrad;
+    void *stream; /* the device model's cudaStream_t */
+    ddp_optim_opts oo;
 } gpt;
 
 static float *P(const ddp_model *m, int i)
@@ -267,7 +273,12 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
         g->L, g->nh, g->C, g->Tmax, g->V, g->B, g->bias, spec->device_index, spec->precision};
     ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->cu, err);
     free(counts);
-    return st;
+    if (st)
+        return st;
+    if (!(g->dparam = calloc(n ? n : 1, sizeof *g->dparam)) ||
+        !(g->dgrad = calloc(n ? n : 1, sizeof *g->dgrad)))
+        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory");
+    return ddp__cuda_gpt_dev_info(g->cu, g->dparam, &g->stream, err);
 }
 
 static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
@@ -323,6 +334,8 @@ static void free_gpt(ddp_model *m)
     ddp__cuda_gpt_free(g->cu);
     free(g->pdata);
     free(g->pgrad);
+    free(g->dparam);
+    free(g->dgrad);
     free(g);
     m->impl = NULL;
 }
@@ -427,7 +440,7 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     int count = 0;
     int64_t correct = 0;
     float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
-    if (ddp__cuda_gpt_set_params(g->cu, g->pdata, &e) != DDP_OK ||
+    if ((!m->resident && ddp__cuda_gpt_set_params(g->cu, g->pdata, &e) != DDP_OK) ||
         ddp__cuda_gpt_forward(g->cu, b->tokens, b->targets, b->n, b->seq_len, train, last, scale,
                               &loss_sum, &count, &correct, train ? NULL : g->logits, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
@@ -556,10 +569,21 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
 {
     gpt *g = m->impl;
     ddp_error e = {0};
-    for (size_t i = 0; i < m->n_params; i++)
-        g->pgrad[i] = m->params[i].grad;
-    if (ddp__cuda_gpt_backward(g->cu, g->pgrad, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
+    if (m->resident) {
+        for (size_t i = 0; i < m->n_params; i++)
+            if (!g->dgrad[i])
+                return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                                   "gpt backward on cuda: no device gradient bound for '%s' "
+                                   "(ddp_model_bind_device_grad)",
+                                   m->params[i].name);
+        if (ddp__cuda_gpt_backward_dev(g->cu, g->dgrad, &e) != DDP_OK)
+            return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
+    } else {
+        for (size_t i = 0; i < m->n_params; i++)
+            g->pgrad[i] = m->params[i].grad;
+        if (ddp__cuda_gpt_backward(g->cu, g->pgrad, &e) != DDP_OK)
+            return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
+    }
     for (size_t i = m->n_params; i-- > 0;) {
         ddp_status st = mark(m, ready, ctx, 1, (const int[]){(int)i});
         if (st != DDP_OK)
@@ -667,4 +691,98 @@ static double flops(const ddp_model *m, int seq_len)
     return T * (6.0 * N + 12.0 * g->L * (double)g->C * T);
 }
 
-const ddp_model_ops ddp__gpt_ops = {"gpt", build, free_gpt, forward, backward, logits, flops};
+/* ---- device-resident training (ddp/model.h; the device side is kernels/cuda/gpt.cu) --------- */
+
+static ddp_status resident_start(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err)
+{
+    gpt *g = m->impl;
+    if (!g->cu)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "gpt: device-resident training needs a model built with device cuda");
+    if (opts->kind != DDP_OPTIM_SGD && opts->kind != DDP_OPTIM_ADAMW)
+        return ddp__err(err, DDP_ERR_INVALID, "gpt: optimizer kind %d is not known",
+                        (int)opts->kind);
+    for (size_t i = 0; i < m->n_params; i++)
+        g->pdata[i] = m->params[i].data;
+    ddp_status st;
+    if ((st = ddp__cuda_gpt_set_params(g->cu, g->pdata, err)) ||
+        (st = ddp__cuda_gpt_optim_init(g->cu, opts->kind == DDP_OPTIM_ADAMW ? 2 : 1, err)))
+        return st;
+    g->oo = *opts;
+    return DDP_OK;
+}
+
+static float *resident_param(const ddp_model *m, size_t i)
+{
+    const gpt *g = m->impl;
+    return g->dparam[i];
+}
+
+static void *resident_stream(const ddp_model *m)
+{
+    const gpt *g = m->impl;
+    return g->cu ? g->stream : NULL;
+}
+
+static void resident_bind_grad(ddp_model *m, size_t i, float *grad_dev)
+{
+    gpt *g = m->impl;
+    g->dgrad[i] = grad_dev;
+}
+
+static ddp_status resident_step(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale)
+{
+    gpt *g = m->impl;
+    if (!g->dgrad[i])
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "device_step: no device gradient bound for '%s'", m->params[i].name);
+    ddp__cuda_optim_args a = {
+        .adamw = g->oo.kind == DDP_OPTIM_ADAMW,
+        .i = i,
+        .lo = 0,
+        .hi = m->params[i].count,
+        .grad_dev = g->dgrad[i],
+        .step = step,
+        .lr = lr,
+        .grad_scale = grad_scale,
+        .momentum = g->oo.momentum,
+        .beta1 = g->oo.beta1,
+        .beta2 = g->oo.beta2,
+        .eps = g->oo.eps,
+        .weight_decay = m->params[i].decay ? g->oo.weight_decay : 0.0f,
+    };
+    ddp_error e = {0};
+    if (ddp__cuda_gpt_optim_step(g->cu, &a, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);
+    return DDP_OK;
+}
+
+static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_host)
+{
+    gpt *g = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        g->pgrad[i] = m->params[i].data; /* the host's value arrays, writable */
+    ddp_status st = to_host ? ddp__cuda_gpt_get_params(g->cu, g->pgrad, &e)
+                            : ddp__cuda_gpt_set_params(g->cu, (const float *const *)g->pgrad, &e);
+    int ns = opt ? ddp_optim_num_states(opt) : 0;
+    if (!st && opt && ns != (g->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1))
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "sync: the optimizer has %d state arrays, the device's %d: another "
+                           "kind of optimizer",
+                           ns, g->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1);
+    for (int s = 0; s < ns && !st; s++)
+        st = ddp__cuda_gpt_optim_state(g->cu, s, ddp_optim_state(opt, s), to_host, &e);
+    if (st)
+        return ddp__errmsg(m->err, st, "copying the training state %s the GPU: %s",
+                           to_host ? "from" : "to", e.msg);
+    return DDP_OK;
+}
+
+static const ddp_model_resident_ops gpt_resident = {
+    resident_start, resident_param, resident_stream, resident_bind_grad, resident_step,
+    resident_sync,
+};
+
+const ddp_model_ops ddp__gpt_ops = {"gpt",  build,  free_gpt,     forward,
+                                    backward, logits, flops, &gpt_resident};

@@ -244,7 +244,7 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
         return ddp__errmsg(m->err, DDP_ERR_INVALID,
                            "backward needs a forward in training mode with labels first (one "
                            "backward per forward)");
-    for (size_t i = 0; i < m->n_params; i++) {
+    for (size_t i = 0; i < m->n_params && !m->resident; i++) { /* resident: on the device */
         ddp_model_param *p = &m->params[i];
         if (p->grad)
             continue;
@@ -263,6 +263,83 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 double ddp_model_flops_per_sample(const ddp_model *m, int seq_len)
 {
     return m->ops->flops(m, seq_len);
+}
+
+/* ---- device-resident training ---------------------------------------------------------------- */
+
+ddp_status ddp_model_resident(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err)
+{
+    if (!m || !opts)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_model_resident: m and opts are required");
+    if (!m->ops->resident)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "model type '%s' has no device-resident training (only gpt has it)",
+                        m->ops->name);
+    if (m->resident)
+        return DDP_OK;
+    ddp_status st = m->ops->resident->start(m, opts, err);
+    if (st == DDP_OK)
+        m->resident = true;
+    return st;
+}
+
+bool ddp_model_is_resident(const ddp_model *m)
+{
+    return m && m->resident;
+}
+
+float *ddp_model_device_param(const ddp_model *m, size_t i)
+{
+    return m && m->resident && i < m->n_params ? m->ops->resident->param(m, i) : NULL;
+}
+
+void *ddp_model_cuda_stream(const ddp_model *m)
+{
+    return m && m->ops->resident ? m->ops->resident->stream(m) : NULL;
+}
+
+/* The resident calls' common check: DDP_OK, or why not (message on m). */
+static ddp_status resident_check(ddp_model *m, size_t i, const char *what)
+{
+    if (!m->resident)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "%s: the model is not device-resident (call ddp_model_resident first)",
+                           what);
+    if (i >= m->n_params)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID, "%s: no parameter %zu (the model has %zu)",
+                           what, i, m->n_params);
+    return DDP_OK;
+}
+
+ddp_status ddp_model_bind_device_grad(ddp_model *m, size_t i, float *grad_dev)
+{
+    ddp_status st = resident_check(m, i, "bind_device_grad");
+    if (st)
+        return st;
+    if (!grad_dev)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID, "bind_device_grad: parameter %zu: no memory",
+                           i);
+    m->ops->resident->bind_grad(m, i, grad_dev);
+    return DDP_OK;
+}
+
+ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr,
+                                 float grad_scale)
+{
+    ddp_status st = resident_check(m, i, "device_step");
+    return st ? st : m->ops->resident->step(m, i, step, lr, grad_scale);
+}
+
+ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt)
+{
+    ddp_status st = resident_check(m, 0, "sync_host");
+    return st ? st : m->ops->resident->sync(m, opt, true);
+}
+
+ddp_status ddp_model_sync_device(ddp_model *m, struct ddp_optim *opt)
+{
+    ddp_status st = resident_check(m, 0, "sync_device");
+    return st ? st : m->ops->resident->sync(m, opt, false);
 }
 
 const char *ddp_model_last_error(const ddp_model *m)

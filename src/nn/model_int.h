@@ -27,7 +27,20 @@ typedef struct ddp_model_ops {
     const float *(*logits)(const ddp_model *m, size_t *rows, size_t *cols);
     /* Training FLOPs (forward + backward) of one sample; seq_len as ddp_model_flops_per_sample. */
     double (*flops)(const ddp_model *m, int seq_len);
+    /* Device-resident training (ddp/model.h), NULL for types without it. Arguments are checked
+     * by model.c (m is resident, i in range) except for resident itself. Errors go to m->err. */
+    const struct ddp_model_resident_ops *resident;
 } ddp_model_ops;
+
+typedef struct ddp_model_resident_ops {
+    ddp_status (*start)(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err);
+    float *(*param)(const ddp_model *m, size_t i);
+    void *(*stream)(const ddp_model *m);
+    void (*bind_grad)(ddp_model *m, size_t i, float *grad_dev);
+    ddp_status (*step)(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale);
+    /* to_host: device → host; opt may be NULL (parameters only). */
+    ddp_status (*sync)(ddp_model *m, struct ddp_optim *opt, bool to_host);
+} ddp_model_resident_ops;
 
 struct ddp_model {
     const ddp_model_ops *ops;
@@ -41,6 +54,7 @@ struct ddp_model {
     ddp_model_param *buffers;
     size_t n_buffers, cap_buffers;
     bool can_backward; /* a training forward with labels, not yet backward */
+    bool resident;     /* ddp_model_resident: training state on the device */
     bool loss_kept;    /* set by a type's forward when it kept the loss's gradient although no
                           item counted (gpt: every target −1), so that backward may run (and add
                           zeros); cleared before each forward */

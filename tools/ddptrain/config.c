@@ -109,6 +109,9 @@ static const ddp_cfg_key schema[] = {
     {"backend", DDP_CFG_STRING, "", NULL,
      "the group's backend: auto, shm, tcp, shm+tcp, mpi, shm+mpi (empty: DDP_BACKEND, else "
      "auto; docs/group.md)"},
+    {"gpu_backend", DDP_CFG_CHOICE, "auto", "auto|nccl|cuda-staged",
+     "device cuda: the backend reducing the gradients in GPU memory (auto: nccl when every rank "
+     "of a host has a GPU of its own, else cuda-staged; docs/group.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
@@ -146,9 +149,9 @@ static int check_values(const ddp_config *c)
                 ddp_config_str(c, "betas"));
         return 2;
     }
-    /* fp32 and bf16 are the CPU's precisions: say so before any work when the device is cpu
-     * (with auto it depends on the machine, and is checked once the device is chosen; bf16 on
-     * a CPU without bf16 units is refused then too). */
+    /* fp32 and bf16 are the CPU's precisions: say so before any work when the device is cpu,
+     * and bf16 on a CPU without bf16 units too (with auto it depends on the machine, and is
+     * checked once the device is chosen). */
     if (!strcmp(ddp_config_str(c, "device"), "cpu") &&
         strcmp(ddp_config_str(c, "precision"), "fp32") != 0 &&
         strcmp(ddp_config_str(c, "precision"), "bf16") != 0) {
@@ -158,6 +161,14 @@ static int check_values(const ddp_config *c)
                 "NVIDIA GPU\n",
                 ddp_config_str(c, "precision"));
         return 2;
+    }
+    if (!strcmp(ddp_config_str(c, "device"), "cpu") &&
+        !strcmp(ddp_config_str(c, "precision"), "bf16")) { /* this CPU's bf16 units, now */
+        ddp_error err = {0};
+        if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+            return 2;
+        }
     }
     if (ddp_config_float(c, "mfu_peak_tflops") < 0) {
         fprintf(stderr,

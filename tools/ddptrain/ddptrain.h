@@ -46,6 +46,14 @@ typedef struct trainer {
     ddp_param *rparams, *rbuffers; /* the reducer's view of the model's parameters and buffers */
     ddp_reducer *red;
     ddp_optim *opt;
+    ddp_optim_opts oo; /* the optimizer's settings (the device's optimizer takes them too) */
+    /* device cuda: training is device-resident (ddp_model_resident; docs/gpu.md): the
+     * parameters, their gradients and the optimizer's state stay on the GPU, and the gradients
+     * are reduced over gg, a GPU group (nccl, or cuda-staged where ranks share a GPU); g stays
+     * the host group for everything else (metrics, checkpoints, evaluation). opt's arrays then
+     * hold the state only for checkpoints. */
+    bool resident;
+    ddp_group *gg;
     uint64_t step; /* optimizer steps done */
     uint64_t epoch;
     ddp_loader_state pos; /* where the training data resume */

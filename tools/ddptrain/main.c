@@ -121,6 +121,7 @@ static int build_model(trainer *t)
     const ddp_model_param *p = ddp_model_params(t->m, &np);
     if (ddp_optim_create(&oo, p, np, &t->opt, &err) != DDP_OK)
         return trainer_die(t, "optimizer", err.msg);
+    t->oo = oo;
     return 0;
 }
 
@@ -131,6 +132,41 @@ static ddp_param *reducer_view(const ddp_model_param *p, size_t n)
     for (size_t i = 0; v && i < n; i++)
         v[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data, DDP_DEVICE_CPU};
     return v;
+}
+
+/* device cuda: the model's training state moves to the GPU for good (after a checkpoint was
+ * loaded into its host arrays), and a GPU group joins the ranks for the gradients, ordered after
+ * the model's stream; the reducer then works on device memory (rparams are the device arrays). */
+static int go_resident(trainer *t, ddp_reducer_opts *ro)
+{
+    ddp_error err = {0};
+    if (ro->shard_optimizer && !strcmp(ddp_config_str(t->cfg, "shard_optimizer"), "true"))
+        return trainer_die(t, "reducer",
+                           "shard_optimizer true is not implemented for device cuda yet; set "
+                           "shard_optimizer false (or auto)");
+    ro->shard_optimizer = false;
+    size_t nb;
+    ddp_model_buffers(t->m, &nb);
+    if (nb > 0)
+        return trainer_die(t, "model", "device-resident training of a model with buffers is not "
+                                       "implemented");
+    if (ddp_model_resident(t->m, &t->oo, &err) != DDP_OK)
+        return trainer_die(t, "model on the GPU", err.msg);
+    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    go.world = &t->world;
+    go.device = DDP_DEVICE_CUDA;
+    go.backend = ddp_config_str(t->cfg, "gpu_backend"); /* not DDP_BACKEND: the host group's */
+    if (ddp_group_init(&go, &t->gg, &err) != DDP_OK)
+        return trainer_die(t, "GPU group", err.msg);
+    ddp_group_set_stream(t->gg, ddp_model_cuda_stream(t->m));
+    size_t np;
+    ddp_model_params(t->m, &np);
+    for (size_t i = 0; i < np; i++) {
+        t->rparams[i].data = ddp_model_device_param(t->m, i);
+        t->rparams[i].device = DDP_DEVICE_CUDA;
+    }
+    t->resident = true;
+    return 0;
 }
 
 /* Wraps the model in the reducer (which broadcasts rank 0's values), then moves the model's
@@ -157,10 +193,18 @@ static int wrap_model(trainer *t)
     const ddp_model_param *b = ddp_model_buffers(t->m, &nb);
     if (!(t->rparams = reducer_view(p, np)) || !(t->rbuffers = reducer_view(b, nb)))
         return trainer_die(t, "reducer", "out of memory");
-    if (ddp_reducer_create(t->g, t->rparams, np, t->rbuffers, nb, &ro, &t->red, &err) != DDP_OK)
+    int rc;
+    if (t->dev.device == DDP_DEVICE_CUDA && (rc = go_resident(t, &ro)))
+        return rc;
+    if (ddp_reducer_create(t->resident ? t->gg : t->g, t->rparams, np, t->rbuffers, nb, &ro,
+                           &t->red, &err) != DDP_OK)
         return trainer_die(t, "reducer", err.msg);
-    for (size_t i = 0; i < np; i++)
-        ddp_model_bind(t->m, i, ddp_reducer_param(t->red, i), ddp_reducer_grad(t->red, i));
+    for (size_t i = 0; i < np; i++) {
+        if (!t->resident)
+            ddp_model_bind(t->m, i, ddp_reducer_param(t->red, i), ddp_reducer_grad(t->red, i));
+        else if (ddp_model_bind_device_grad(t->m, i, ddp_reducer_grad(t->red, i)) != DDP_OK)
+            return trainer_die(t, "model on the GPU", ddp_model_last_error(t->m));
+    }
     return 0;
 }
 
@@ -393,11 +437,15 @@ int main(int argc, char **argv)
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
     /* The backend, why it was chosen, and who started the job when it was not ddprun: "shm:
      * every rank on one host, started by mpirun". */
-    char bk[320];
+    char bk[800];
     ddp_launcher la = ddp_group_world(t.g)->launcher;
     bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
-    snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g), ddp_group_backend_reason(t.g),
-             other ? ", started by " : "", other ? ddp_launcher_name(la) : "");
+    int bl = snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g),
+                      ddp_group_backend_reason(t.g), other ? ", started by " : "",
+                      other ? ddp_launcher_name(la) : "");
+    if (t.resident && bl > 0 && (size_t)bl < sizeof bk) /* the gradients' own group */
+        snprintf(bk + bl, sizeof bk - (size_t)bl, "; gradients on the GPU over %s: %s",
+                 ddp_group_backend(t.gg), ddp_group_backend_reason(t.gg));
     char dev_desc[200];
     if (t.dev.device == DDP_DEVICE_CUDA)
         snprintf(dev_desc, sizeof dev_desc, "cuda:%d (%s, %s)", t.dev.cuda_index, t.dev.name,
@@ -428,6 +476,7 @@ out:
     free(t.rbuffers);
     ddp_optim_destroy(t.opt);
     ddp_model_free(t.m);
+    ddp_group_destroy(t.gg);
     ddp_group_destroy(t.g);
     ddp_dataset_close(tr);
     ddp_dataset_close(te);

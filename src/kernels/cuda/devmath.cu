@@ -65,6 +65,21 @@ template <typename T> __global__ void sumsq_kernel(const T *x, size_t n, double 
         atomicAdd(acc, s);
 }
 
+__global__ void sgd_kernel(float *p, const float *g, float *buf, size_t n, float lr,
+                           float momentum, float wd, bool first, float gs)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float gi = gs != 1.0f ? __fmul_rn(g[i], gs) : g[i];
+        float d = wd != 0.0f ? __fadd_rn(gi, __fmul_rn(wd, p[i])) : gi;
+        if (momentum != 0.0f) {
+            buf[i] = first ? d : __fadd_rn(__fmul_rn(buf[i], momentum), d);
+            d = buf[i];
+        }
+        p[i] = __fadd_rn(p[i], __fmul_rn(-lr, d));
+    }
+}
+
 ddp_status launched(const char *what, char *msg)
 {
     cudaError_t e = cudaGetLastError();
@@ -130,4 +145,15 @@ extern "C" ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, 
         return DDP_ERR_INVALID;
     }
     return launched("sum of squares", msg);
+}
+
+extern "C" ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf,
+                                       size_t n, float lr, float momentum, float weight_decay,
+                                       uint64_t step, float grad_scale, char *msg)
+{
+    if (n == 0)
+        return DDP_OK;
+    sgd_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(
+        p, g, buf, n, lr, momentum, weight_decay, step <= 1, grad_scale);
+    return launched("sgd step", msg);
 }

@@ -9,6 +9,7 @@
 #define DDP_KERNELS_CUDA_DEVMATH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ddp/status.h"
 #include "ddp/tensor.h"
@@ -24,6 +25,13 @@ ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const voi
  * float64, bfloat16 or float16), each term in double. */
 ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t,
                               double *acc_dev, char *msg);
+
+/* ddp_nn_sgd_step on the device (torch.optim.SGD, dampening 0): g multiplied by grad_scale first
+ * (not in place), weight decay as L2, the momentum buffer taking d itself at step 1. Rounded as
+ * the CPU's loop is (no fused multiply-adds). */
+ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf, size_t n,
+                            float lr, float momentum, float weight_decay, uint64_t step,
+                            float grad_scale, char *msg);
 
 #ifdef __cplusplus
 }

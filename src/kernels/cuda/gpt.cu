@@ -20,6 +20,10 @@
 
 #include "common.cuh"
 
+extern "C" {
+#include "kernels/cuda/devmath.h"
+}
+
 #define LN_EPS 1e-5f
 
 namespace {
@@ -50,6 +54,10 @@ struct ddp__cuda_gpt {
     /* the last forward */
     int n, T;
     bool can_backward;
+    /* device-resident training (ddp__gpu_gpt_backward_dev, _optim_*) */
+    float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
+    float *ost[2];           /* (total,) the optimizer's state, laid out like params */
+    int nstates;
 };
 
 static float *P(ddp__cuda_gpt *g, long long off)
@@ -70,6 +78,8 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
         (void)cudaSetDevice(g->ctx->device);
         ddp__cuda_sync(g->ctx, NULL);
     }
+    ddp__cuda_free(g->ost[0]);
+    ddp__cuda_free(g->ost[1]);
     for (int l = 0; g->b && l < g->cfg.L; l++) {
         blk *a = &g->b[l];
         float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->att,
@@ -405,8 +415,16 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
             return st;
     }
     if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
-                                           G(g, g->wpe), err)) ||
-        (st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
+                                           G(g, g->wpe), err)))
+        return st;
+    if (g->grads_dev) { /* device-resident: into the caller's device gradients, on the stream */
+        for (size_t i = 0; i < g->n_params; i++)
+            if ((st = ddp__cuda_add(c, g->grads_dev[i], g->grads + g->offsets[i], g->counts[i],
+                                    g->grads_dev[i], err)))
+                return st;
+        return DDP_OK;
+    }
+    if ((st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
         return st;
     for (size_t i = 0; i < g->n_params; i++) {
         const float *src = g->grads_host + g->offsets[i];
@@ -416,3 +434,97 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
     }
     return DDP_OK;
 }
+
+/* ---- device-resident training (kernels.h: ddp__cuda_gpt_dev_info …) ------------------------
+ * The parameters stay in the flat buffer between steps (no upload before forward, ddp_model's
+ * resident mode skips it); the gradients are added into the caller's device buffers (the
+ * reducer's bucket views) at the end of backward; the optimizer's state is two more flat
+ * buffers like the parameters'. Everything on the model's one stream. */
+
+extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
+                                             ddp_error *err)
+{
+    (void)err;
+    for (size_t i = 0; i < g->n_params; i++)
+        params_dev[i] = g->params + g->offsets[i];
+    *stream = (void *)g->ctx->stream;
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host,
+                                               ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    for (size_t i = 0; i < g->n_params && !st; i++)
+        st = ddp__cuda_to_host(g->ctx, data_host[i], g->params + g->offsets[i],
+                               sizeof(float) * g->counts[i], err);
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
+                                                 ddp_error *err)
+{
+    g->grads_dev = grads_dev;
+    ddp_status st = ddp__gpu_gpt_backward(g, NULL, err);
+    g->grads_dev = NULL;
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err)
+{
+    if (nstates < 1 || nstates > 2)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: %d optimizer states (1 or 2)",
+                              nstates);
+    ddp_status st = use_device(g, err);
+    for (int s = 0; s < nstates && !st; s++) {
+        if (!g->ost[s] && (st = dalloc(&g->ost[s], g->total, err)))
+            break;
+        st = ddp__cuda_memset0(g->ctx, g->ost[s], sizeof(float) * g->total, err);
+    }
+    if (!st)
+        g->nstates = nstates;
+    return st ? st : ddp__cuda_sync(g->ctx, err);
+}
+
+extern "C" ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
+                                               ddp_error *err)
+{
+    if (a->i >= g->n_params || a->lo > a->hi || a->hi > g->counts[a->i] ||
+        g->nstates < (a->adamw ? 2 : 1))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: optimizer step of elements [%zu, %zu) of parameter %zu "
+                              "(%zu states made)",
+                              a->lo, a->hi, a->i, (size_t)g->nstates);
+    ddp_status st = use_device(g, err);
+    if (st)
+        return st;
+    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    float *p = g->params + off;
+    const float *grad = a->grad_dev + a->lo;
+    if (a->adamw)
+        return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
+                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step,
+                               a->grad_scale, NULL, err);
+    char msg[DDP_ERRMSG_MAX];
+    if ((st = ddp__devmath_sgd((void *)g->ctx->stream, p, grad, g->ost[0] + off, n, a->lr,
+                               a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
+        return ddp__cuda_fail(err, st, "cuda gpt: %s", msg);
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host,
+                                                bool to_host, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: no optimizer state %d (%d made)",
+                              s, g->nstates);
+    ddp_status st = use_device(g, err);
+    for (size_t i = 0; i < g->n_params && !st; i++) {
+        float *dev = g->ost[s] + g->offsets[i];
+        size_t bytes = sizeof(float) * g->counts[i];
+        st = to_host ? ddp__cuda_to_host(g->ctx, host[i], dev, bytes, err)
+                     : ddp__cuda_to_device(g->ctx, dev, host[i], bytes, err);
+    }
+    return st;
+}
+

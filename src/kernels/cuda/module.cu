@@ -31,6 +31,12 @@ static const ddp__gpu_api table = {
 #else
     nullptr,
 #endif
+    ddp__gpu_gpt_dev_info,
+    ddp__gpu_gpt_get_params,
+    ddp__gpu_gpt_backward_dev,
+    ddp__gpu_gpt_optim_init,
+    ddp__gpu_gpt_optim_step,
+    ddp__gpu_gpt_optim_state,
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)
