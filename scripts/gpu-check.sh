@@ -147,6 +147,8 @@ run() {
         "$CARRY/bin/reducercheck" --device cuda
     check "ddp.reducer on the GPU, 2 ranks" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/reducercheck" --device cuda
+    check "fp16 found-inf flag over a GPU group, 2 ranks" "$CARRY/bin/ddprun" --standalone \
+        --nproc_per_node=2 "$CARRY/bin/test_amp" --sync-gpu
     # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)
     check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda python3 \
         tests/python/test_gpt_torch.py "$CARRY/bin"

@@ -59,8 +59,10 @@ bool ddp_grad_scaler_unscale(const ddp_grad_scaler *s, float *const *grads, cons
                              int n);
 
 /* *found_inf = whether any rank of g found one (an allreduce MAX of the flag). g NULL: a world
- * of one, *found_inf unchanged. Every rank must call it. Errors: the group's (its
- * ddp_group_last_error), *found_inf then unchanged. */
+ * of one, *found_inf unchanged. g may be a GPU group (the one reducing device gradients): the
+ * flag then travels through a word of device memory. Every rank must call it. Errors: the
+ * group's (its ddp_group_last_error), DDP_ERR_NOMEM when a GPU group has no memory left for the
+ * word; *found_inf then unchanged. */
 ddp_status ddp_grad_scaler_sync(ddp_group *g, bool *found_inf);
 
 /* Updates the scale with this step's verdict (the rule above) and returns whether the optimizer

@@ -131,14 +131,22 @@ static void unscale(void **state)
     assert_true(inf);
 }
 
-/* Under ddprun, 2 ranks: rank 1 alone sees an inf; both skip and back off alike. */
-static int sync_ranks(void)
+/* Under ddprun, 2 ranks: rank 1 alone sees an inf; both skip and back off alike. With gpu, the
+ * flag goes through a GPU group (the one that reduces device gradients; the fake GPU in CI,
+ * DDP_TEST_FAKE_GPUS), the rest through a host group. */
+static int sync_ranks(bool gpu)
 {
     ddp_error err = {0};
-    ddp_group *g;
+    ddp_group *g, *gg = NULL;
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
     if (ddp_group_init(&go, &g, &err) != DDP_OK) {
         fprintf(stderr, "test_amp --sync: %s\n", err.msg);
+        return 1;
+    }
+    go.device = DDP_DEVICE_CUDA;
+    if (gpu && ddp_group_init(&go, &gg, &err) != DDP_OK) {
+        fprintf(stderr, "test_amp --sync-gpu: %s\n", err.msg);
+        ddp_group_destroy(g);
         return 1;
     }
     int r = ddp_group_rank(g), rc = 0;
@@ -150,8 +158,8 @@ static int sync_ranks(void)
         float *gs[1] = {grad};
         size_t n[1] = {4};
         bool inf = ddp_grad_scaler_unscale(&s, gs, n, 1);
-        if (ddp_grad_scaler_sync(g, &inf) != DDP_OK) {
-            fprintf(stderr, "rank %d: sync: %s\n", r, ddp_group_last_error(g));
+        if (ddp_grad_scaler_sync(gpu ? gg : g, &inf) != DDP_OK) {
+            fprintf(stderr, "rank %d: sync: %s\n", r, ddp_group_last_error(gpu ? gg : g));
             rc = 1;
             break;
         }
@@ -171,7 +179,9 @@ static int sync_ranks(void)
         ddp_allreduce(g, &mine, &hi, 1, DDP_FLOAT32, DDP_MAX) != DDP_OK || lo != hi)
         rc = 1;
     if (r == 0 && !rc)
-        printf("2 ranks: the inf on rank 1 skipped the step on both; scale 32768 on both\n");
+        printf("2 ranks: the inf on rank 1 skipped the step on both; scale 32768 on both%s\n",
+               gpu ? " (the flag through a GPU group)" : "");
+    ddp_group_destroy(gg);
     ddp_group_destroy(g);
     return rc;
 }
@@ -179,7 +189,9 @@ static int sync_ranks(void)
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--sync"))
-        return sync_ranks();
+        return sync_ranks(false);
+    if (argc > 1 && !strcmp(argv[1], "--sync-gpu"))
+        return sync_ranks(true);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults),
         cmocka_unit_test(sequence),
