@@ -71,7 +71,9 @@ typedef struct ddp_param {
     size_t count;      /* elements */
     ddp_dtype dtype;   /* float32, float64, bfloat16 or float16 (buffers: any dtype) */
     void *data;        /* values, (count,): broadcast from rank 0 at creation */
-    ddp_device device; /* where data lives: DDP_DEVICE_CPU (0) only, for now */
+    ddp_device device; /* where data lives: DDP_DEVICE_CPU (0) for a CPU group; DDP_DEVICE_CUDA
+                          for a GPU group (then the buckets are device memory too, and the
+                          host never touches them: docs/ddp.md) */
 } ddp_param;
 
 /* How a complete bucket is reduced. */
