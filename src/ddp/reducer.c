@@ -376,20 +376,17 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     const ddp__devops *dev = ddp__group_devops(g, NULL, NULL);
     for (size_t i = 0; i < nparams + nbuffers; i++) {
         const ddp_param *p = i < nparams ? &params[i] : &buffers[i - nparams];
-        if (!dev && p->device != DDP_DEVICE_CPU)
+        if (p->device != (dev ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU))
             return ddp__err(err, DDP_ERR_INVALID,
                             "%s '%s': its data is on device '%s', but the group's collectives "
-                            "take host memory (backend '%s'); create the group with device "
-                            "DDP_DEVICE_CUDA (ddp_group_opts.device) or copy it to the host",
+                            "take %s memory (backend '%s'); %s",
                             i < nparams ? "parameter" : "buffer", p->name,
-                            ddp_device_name(p->device), ddp_group_backend(g));
-        if (dev && p->device != DDP_DEVICE_CUDA)
-            return ddp__err(err, DDP_ERR_INVALID,
-                            "%s '%s': its data is on device '%s', but the group's collectives "
-                            "take GPU memory (backend '%s'); put it on the group's GPU "
-                            "(ddp_group_cuda_device) or use a CPU group",
-                            i < nparams ? "parameter" : "buffer", p->name,
-                            ddp_device_name(p->device), ddp_group_backend(g));
+                            ddp_device_name(p->device), dev ? "GPU" : "host",
+                            ddp_group_backend(g),
+                            dev ? "put it on the group's GPU (ddp_group_cuda_device) or use a CPU "
+                                  "group"
+                                : "create the group with device DDP_DEVICE_CUDA "
+                                  "(ddp_group_opts.device) or copy it to the host");
         if (dev && p->device == DDP_DEVICE_CUDA && !dev->memset0)
             return ddp__err(err, DDP_ERR_INVALID,
                             "the GPU backend '%s' has no device arithmetic for the reducer; "
@@ -879,22 +876,6 @@ ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays)
     return gather(r, arrays, "gathering optimizer state");
 }
 
-static double sum_squares(const void *v, size_t n, ddp_dtype t)
-{
-    double ss = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double x;
-        switch (t) {
-        case DDP_FLOAT32: x = ((const float *)v)[i]; break;
-        case DDP_FLOAT64: x = ((const double *)v)[i]; break;
-        case DDP_BFLOAT16: x = ddp__bf16_to_f32(((const uint16_t *)v)[i]); break;
-        default: x = ddp__f16_to_f32(((const uint16_t *)v)[i]); break;
-        }
-        ss += x * x;
-    }
-    return ss;
-}
-
 /* The sum of squares of this rank's mean gradient on the GPU: a bucket's elements in this rank's
  * shard are one contiguous range of it, summed on the device in double. */
 static ddp_status dev_sum_squares(ddp_reducer *r, double *ss)
@@ -935,7 +916,8 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
         for (size_t i = 0; i < r->nparams; i++) {
             size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
             ddp_reducer_shard(r, i, &lo, &hi);
-            ss += sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
+            ss += ddp__sum_squares((const char *)r->grad[i] + lo * esz, hi - lo,
+                                    r->params[i].dtype);
         }
     }
     if (r->shard) {

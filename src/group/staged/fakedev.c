@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "group/staged/staged_int.h"
+#include "kernels/kernels.h"
 #include "util/half.h"
 #include "util/util.h"
 
@@ -199,22 +200,12 @@ static ddp_status fake_sumsq(void *ctx, void *stream, const void *dev, size_t n,
                              double *out_host, int64_t deadline_ms, char *msg)
 {
     (void)ctx, (void)stream, (void)deadline_ms;
-    const void *v = shadow(dev);
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double x;
-        switch (t) {
-        case DDP_FLOAT32: x = ((const float *)v)[i]; break;
-        case DDP_FLOAT64: x = ((const double *)v)[i]; break;
-        case DDP_BFLOAT16: x = ddp__bf16_to_f32(((const uint16_t *)v)[i]); break;
-        case DDP_FLOAT16: x = ddp__f16_to_f32(((const uint16_t *)v)[i]); break;
-        default:
-            ddp__fmt(msg, DDP_ERRMSG_MAX, "sum of squares of %s is not implemented",
-                     ddp_dtype_name(t));
-            return DDP_ERR_INVALID;
-        }
-        s += x * x;
+    if (t != DDP_FLOAT32 && t != DDP_FLOAT64 && t != DDP_BFLOAT16 && t != DDP_FLOAT16) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "sum of squares of %s is not implemented",
+                 ddp_dtype_name(t));
+        return DDP_ERR_INVALID;
     }
+    double s = ddp__sum_squares(shadow(dev), n, t);
     *out_host = s;
     return DDP_OK;
 }

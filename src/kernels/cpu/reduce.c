@@ -276,3 +276,19 @@ void ddp__from_f32(void *restrict dst, const float *restrict src, size_t n, ddp_
     default: break;
     }
 }
+
+double ddp__sum_squares(const void *v, size_t n, ddp_dtype t)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x;
+        switch (t) {
+        case DDP_FLOAT32: x = ((const float *)v)[i]; break;
+        case DDP_FLOAT64: x = ((const double *)v)[i]; break;
+        case DDP_BFLOAT16: x = ddp__bf16_to_f32(((const uint16_t *)v)[i]); break;
+        default: x = ddp__f16_to_f32(((const uint16_t *)v)[i]); break;
+        }
+        ss += x * x;
+    }
+    return ss;
+}
