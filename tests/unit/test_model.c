@@ -448,14 +448,20 @@ static void bind_to_caller_memory(void **state)
     ddp_model_free(twin);
 }
 
-static void refused_calls(void **state)
+/* An MLP of 2 × 2 inputs, 4 hidden units and 3 classes, batches of at most 2. */
+static ddp_model *tiny_mlp(void)
 {
-    (void)state;
     ddp_model_spec s = DDP_MODEL_SPEC_INIT;
     s.in_ch = 1, s.in_h = 2, s.in_w = 2, s.classes = 3, s.max_batch = 2;
     s.hidden = (const int64_t[]){4};
     s.n_hidden = 1;
-    ddp_model *m = build(&s);
+    return build(&s);
+}
+
+static void refused_calls(void **state)
+{
+    (void)state;
+    ddp_model *m = tiny_mlp();
     assert_null(ddp_model_logits(m, NULL, NULL));
     float *x = inputs(3, 4);
     int32_t y[3] = {0, 1, 2}, bad[2] = {0, 3};
@@ -502,11 +508,7 @@ static void refused_calls(void **state)
 static void resident_refusals(void **state)
 {
     (void)state;
-    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
-    s.in_ch = 1, s.in_h = 2, s.in_w = 2, s.classes = 3, s.max_batch = 2;
-    s.hidden = (const int64_t[]){4};
-    s.n_hidden = 1;
-    ddp_model *m = build(&s);
+    ddp_model *m = tiny_mlp();
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     ddp_error err = {0};
     assert_int_equal(ddp_model_resident(m, &oo, &err), DDP_ERR_INVALID);
