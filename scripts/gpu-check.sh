@@ -178,6 +178,29 @@ sys.exit(0 if d <= 1e-4 else 1)
 EOP
     check "ddprun 2 ranks on cuda" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda2"
+    # device-resident training: the gradients' GPU group is named (nccl at world 1, cuda-staged
+    # with 2 ranks on one GPU), and a checkpoint taken on the GPU resumes where it stopped
+    check "ddptrain cuda: gradients over nccl" grep -q "gradients on the GPU over nccl" \
+        "$W/cuda/train.log"
+    check "ddptrain cuda 2 ranks: gradients over cuda-staged" grep -q \
+        "gradients on the GPU over cuda-staged" "$W/cuda2/train.log"
+    local cst=(--schedule constant --device cuda)
+    check "ddptrain cuda 10 steps" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
+        --out_dir "$W/whole"
+    check "ddptrain cuda 5 steps, checkpoint" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
+        --total_steps 5 --checkpoint.every 5 --out_dir "$W/half"
+    check "ddptrain cuda resumed to 10" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
+        --resume_from latest --out_dir "$W/half"
+    check "resumed on cuda = uninterrupted (1e-5)" syspy - "$W/whole/metrics.jsonl" \
+        "$W/half/metrics.jsonl" <<'EOP'
+import json, sys
+def losses(p):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+d = max(abs(a[s] - b[s]) for s in range(6, 11))
+print(f"steps 6-10: largest difference {d:.2e}")
+sys.exit(0 if d <= 1e-5 else 1)
+EOP
     # benchmarks
     local peaks
     peaks=$("$CARRY/bin/gpu_bench" --peaks 2>>"$LOG")
