@@ -108,8 +108,12 @@ static void *fake_alloc(void *ctx, size_t bytes)
     if (fd < 0)
         return NULL;
     char *dev = MAP_FAILED, *rw = MAP_FAILED;
+    /* DDP_TEST_FAKE_GPU_OPEN=1: host-readable, for a fake GPU module that computes on the host
+     * (tests/integration/fake_gpu_gpt.c) */
+    const char *open_env = getenv("DDP_TEST_FAKE_GPU_OPEN");
+    int prot = open_env && !strcmp(open_env, "1") ? PROT_READ | PROT_WRITE : PROT_NONE;
     if (ftruncate(fd, (off_t)len) == 0) {
-        dev = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+        dev = mmap(NULL, len, prot, MAP_SHARED, fd, 0);
         rw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     }
     close(fd);

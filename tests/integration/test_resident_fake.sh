@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# ddptrain's device-resident GPU path (docs/gpu.md), end to end without a GPU: the GPU module is
+# the test-only fake_gpu_gpt (its "GPU GPT" is the CPU GPT, its device memory host memory), the
+# gradients' GPU group runs cuda-staged on the fake GPU. Checks the orchestration: the DDP line
+# names the gradients' group; 10 steps on "cuda" = 10 on the cpu (1 and 2 ranks); a checkpoint
+# taken on "cuda" holds the trained weights and AdamW state (resuming it on the cpu continues the
+# cpu run) and resumes on "cuda" = the uninterrupted run; test and predict from it on "cuda".
+# The CUDA kernels themselves are scripts/gpu-check.sh's.
+. "$(dirname "$0")/lib.sh"
+MODULE=${2:?usage: $0 BINDIR FAKE_MODULE}
+TRAIN=$BIN/ddptrain
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
+cd "$T"
+awk 'BEGIN { srand(3); split("the a cat dog sat ran on under mat log", w, " ");
+             for (d = 0; d < 300; d++) { s = ""; for (i = 0; i < 12; i++) s = s w[1 + int(rand() * 10)] " ";
+             print s "\n%" } }' >text.txt
+ARGS=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_layer 2
+      --model.n_head 2 --model.n_embd 32 --model.block_size 16 --batch_size 4 --optimizer adamw
+      --lr 3e-3 --schedule constant --grad_clip 1.0 --eval_windows 8 --max_new_tokens 0
+      --log_every 1 --seed 9)
+fake() { DDP_GPU_MODULE=$MODULE DDP_TEST_FAKE_GPUS=1 DDP_TEST_FAKE_GPU_OPEN=1 "$@"; }
+
+# losses A B FROM TO TOL: the training losses of steps FROM..TO in two metrics files agree
+losses() {
+    python3 - "$@" <<'EOP'
+import json, sys
+a, b, lo, hi, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+def read(p):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
+x, y = read(a), read(b)
+d = max(abs(x[s] - y[s]) / abs(x[s]) for s in range(lo, hi + 1))
+print(f"steps {lo}-{hi}: largest relative difference {d:.1e}")
+sys.exit(0 if d <= tol else 1)
+EOP
+}
+
+rc=0; "$TRAIN" "${ARGS[@]}" --total_steps 10 --out_dir cpu >cpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat cpu.out; fail "cpu run: exit $rc"; }
+rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 10 --out_dir gpu >gpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu.out; fail "fake cuda run: exit $rc"; }
+assert_contains gpu.out "gradients on the GPU over cuda-staged"
+assert_contains gpu.out "device cuda:0 (Fake GPU 0"
+losses cpu/metrics.jsonl gpu/metrics.jsonl 1 10 1e-5 || fail "10 steps on fake cuda differ from the cpu"
+ok "device-resident: 10 steps on the fake GPU = 10 on the cpu; the DDP line names the gradients' GPU group"
+
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
+    --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat cpu2.out; fail "2 ranks on the cpu: exit $rc"; }
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --total_steps 6 --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu2.out; fail "2 ranks on fake cuda: exit $rc"; }
+losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1 6 1e-5 || fail "2 ranks: fake cuda differs from the cpu"
+ok "device-resident, 2 ranks sharing the fake GPU: the same losses as 2 cpu ranks"
+
+# A checkpoint taken on the GPU: resumed there = the uninterrupted run; the file holds the
+# device's weights and optimizer state (the cpu resumes it and continues the same way).
+rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 5 --checkpoint.every 5 \
+    --out_dir half >half.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat half.out; fail "5 steps on fake cuda: exit $rc"; }
+cp -r half halfcpu
+rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 10 --resume_from latest \
+    --out_dir half >half2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat half2.out; fail "resume on fake cuda: exit $rc"; }
+losses gpu/metrics.jsonl half/metrics.jsonl 6 10 1e-5 || fail "resumed on fake cuda differs"
+rc=0; "$TRAIN" "${ARGS[@]}" --total_steps 10 --resume_from latest --out_dir halfcpu \
+    >halfcpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat halfcpu.out; fail "resume on the cpu: exit $rc"; }
+losses cpu/metrics.jsonl halfcpu/metrics.jsonl 6 10 1e-5 ||
+    fail "the GPU's checkpoint resumed on the cpu differs: weights or AdamW state not saved"
+ok "a checkpoint taken on the fake GPU resumes there and on the cpu = the uninterrupted runs"
+
+ck=$(ls half/checkpoints/step10.safetensors)
+rc=0; fake "$TRAIN" --task test --device cuda --checkpoint "$ck" --out_dir half \
+    --data.text "$T/text.txt" --data.doc_sep % --eval_windows 8 >test.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat test.out; fail "test on fake cuda: exit $rc"; }
+rc=0; "$TRAIN" --task test --device cpu --checkpoint "$ck" --out_dir half --data.text "$T/text.txt" \
+    --data.doc_sep % --eval_windows 8 >testcpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat testcpu.out; fail "test on the cpu: exit $rc"; }
+a=$(grep -o 'val loss [0-9.]*' test.out | tail -1); b=$(grep -o 'val loss [0-9.]*' testcpu.out | tail -1)
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "test on fake cuda '$a' vs cpu '$b'"
+ok "test from the checkpoint on the fake GPU: $a, as on the cpu"
