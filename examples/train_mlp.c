@@ -154,7 +154,7 @@ int main(int argc, char **argv)
             st.optim_names[k] = ddp_optim_state_name(opt, k);
             st.optim[k] = ddp_optim_state(opt, k);
         }
-        st.pos = (ddp_ckpt_train_pos){steps, 0, 0, (uint64_t)ddp_group_size(g)};
+        st.pos = (ddp_ckpt_train_pos){steps, 0, 0, (uint64_t)ddp_group_size(g), steps, 0.0f, 0};
         if (ddp_ckpt_save_train(ckpt, &st, &err)) {
             rc = fail("checkpoint", err.msg);
             goto out;

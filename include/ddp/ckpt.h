@@ -118,12 +118,19 @@ ddp_status ddp_ckpt_clean_stale(const char *dir, const char *prefix, size_t *rem
 #define DDP_CKPT_TRAIN_FORMAT "ddptrain-1"
 #define DDP_CKPT_MAX_OPTIM_STATES 4
 
-/* Where a run stands: the metadata "step", "epoch", "next_batch", "world_size". */
+/* Where a run stands: the metadata "step", "epoch", "next_batch", "world_size", and with fp16
+ * loss scaling "optim_step", "loss_scale", "loss_scale_growth". */
 typedef struct ddp_ckpt_train_pos {
-    uint64_t step;       /* optimizer steps taken */
+    uint64_t step;       /* training steps taken */
     uint64_t epoch;      /* the training data's epoch */
     uint64_t next_batch; /* its next batch, counted in the saving run's per-rank batches */
     uint64_t world_size; /* ranks of the saving run (to convert next_batch to another world) */
+    /* fp16 loss scaling (ddp/amp.h; saved when loss_scale > 0, else read back as: optim_step =
+     * step, loss_scale 0): the optimizer steps actually taken (a step skipped for an inf is not:
+     * AdamW's bias correction counts these, as torch's does), and the scaler's state. */
+    uint64_t optim_step;
+    float loss_scale;
+    int32_t loss_scale_growth;
 } ddp_ckpt_train_pos;
 
 /* What a trainer-state file holds, as views into the caller's memory (plain data, borrowed for

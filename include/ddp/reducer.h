@@ -156,6 +156,14 @@ ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays);
  * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. */
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm);
 
+/* fp16 loss scaling (ddp/amp.h; torch's GradScaler.unscale_), after finish(): multiplies this
+ * rank's mean gradient (its shard when sharded) by inv_scale — the reciprocal of the loss scale,
+ * formed as (float)(1.0 / scale) — and sets *found_inf to whether any of it was inf or NaN
+ * before. On a GPU group on the device. Local: make the verdict every rank's with
+ * ddp_grad_scaler_sync before acting on it. float32 parameters only (DDP_ERR_INVALID
+ * otherwise). */
+ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf);
+
 /* Broadcasts the registered buffers from rank 0 again (e.g. before evaluation). */
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);
 

@@ -73,10 +73,16 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     snprintf(nb, sizeof nb, "%llu", (unsigned long long)s->pos.next_batch);
     snprintf(ws, sizeof ws, "%llu", (unsigned long long)s->pos.world_size);
     snprintf(loss, sizeof loss, "%.9g", s->loss);
-    const char *keys[] = {"format", "step", "epoch", "next_batch", "world_size", "loss", "config"};
-    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT,     step, epoch, nb, ws, loss,
-                          s->config ? s->config : ""};
-    st = ddp_ckpt_save(path, ts, k, keys, vals, sizeof keys / sizeof keys[0], err);
+    char ost[32], scale[48], growth[32];
+    snprintf(ost, sizeof ost, "%llu", (unsigned long long)s->pos.optim_step);
+    snprintf(scale, sizeof scale, "%.9g", (double)s->pos.loss_scale);
+    snprintf(growth, sizeof growth, "%d", (int)s->pos.loss_scale_growth);
+    const char *keys[] = {"format", "step",   "epoch",      "next_batch",       "world_size",
+                          "loss",   "config", "optim_step", "loss_scale", "loss_scale_growth"};
+    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT, step, epoch, nb, ws, loss,
+                          s->config ? s->config : "", ost, scale, growth};
+    size_t nk = s->pos.loss_scale > 0 ? 10 : 7; /* the scaler's keys only with fp16 */
+    st = ddp_ckpt_save(path, ts, k, keys, vals, nk, err);
 out_free:
     for (size_t i = 0; names && i < n; i++)
         free(names[i]);
@@ -152,8 +158,27 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                           "checkpoint '%s': metadata '%s' is missing or not a number", path,
                           keys[k]);
     }
+    ddp_ckpt_train_pos p = {v[0], v[1], v[2], v[3], v[0], 0.0f, 0};
+    const char *ost = ddp_ckpt_meta(c, "optim_step"), *sc = ddp_ckpt_meta(c, "loss_scale"),
+               *gr = ddp_ckpt_meta(c, "loss_scale_growth");
+    if (!st && ost && sc && gr) { /* fp16 loss scaling */
+        char *e1 = NULL, *e2 = NULL, *e3 = NULL;
+        unsigned long long o = strtoull(ost, &e1, 10);
+        double sv = strtod(sc, &e2);
+        long g = strtol(gr, &e3, 10);
+        if (!*ost || *e1 || !*sc || *e2 || !*gr || *e3 || o > v[0] || !(sv > 0) || g < 0 ||
+            g > INT32_MAX)
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "checkpoint '%s': metadata optim_step '%s', loss_scale '%s', "
+                          "loss_scale_growth '%s' are not a step count ≤ step, a scale > 0 and a "
+                          "count ≥ 0",
+                          path, ost, sc, gr);
+        p.optim_step = o;
+        p.loss_scale = (float)sv;
+        p.loss_scale_growth = (int32_t)g;
+    }
     if (st == DDP_OK)
-        *pos = (ddp_ckpt_train_pos){v[0], v[1], v[2], v[3]};
+        *pos = p;
 out_close:
     ddp_ckpt_close(c);
     return st;

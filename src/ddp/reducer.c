@@ -934,6 +934,48 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
     return DDP_OK;
 }
 
+ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf)
+{
+    if (!r || !found_inf)
+        return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "unscale: found_inf is required")
+                 : DDP_ERR_INVALID;
+    if (r->dev_st)
+        return r->dev_st;
+    bool found = false;
+    for (size_t k = 0; k < r->nb; k++) {
+        const bucket *b = &r->b[k];
+        if (b->dtype != DDP_FLOAT32)
+            return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                               "unscale: bucket %zu holds %s gradients; loss scaling takes float32 "
+                               "parameters",
+                               k, ddp_dtype_name(b->dtype));
+        size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = b->count;
+        if (r->shard && lo + b->block < hi)
+            hi = lo + b->block;
+        if (hi <= lo)
+            continue;
+        float *g = (float *)b->mem + lo;
+        if (!r->dev) {
+            for (size_t i = 0; i < hi - lo; i++) {
+                found |= !isfinite(g[i]);
+                g[i] *= inv_scale;
+            }
+            continue;
+        }
+        char msg[DDP_ERRMSG_MAX];
+        int64_t deadline;
+        void *stream = dev_stream(r, &deadline);
+        bool part = false;
+        ddp_status st =
+            r->dev->unscale(r->dev->ctx, stream, g, hi - lo, inv_scale, &part, deadline, msg);
+        if (st)
+            return dev_fail(r, st, "unscale", msg);
+        found |= part;
+    }
+    *found_inf = found;
+    return DDP_OK;
+}
+
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r)
 {
     return r ? broadcast_list(r, r->buffers, r->nbuffers) : DDP_ERR_INVALID;

@@ -8,6 +8,7 @@
 #ifndef DDP_GROUP_DEVOPS_H
 #define DDP_GROUP_DEVOPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,6 +53,10 @@ typedef struct ddp__devops {
     ddp_status (*sumsq)(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
                         double *out_host, int64_t deadline_ms, char *msg);
     ddp_status (*wait)(void *ctx, void *stream, int64_t deadline_ms, char *msg);
+    /* GradScaler's unscale of n float32 values: each multiplied by inv, and *found_host = whether
+     * any was inf or NaN before; waits for the flag, until deadline_ms. */
+    ddp_status (*unscale)(void *ctx, void *stream, float *dev, size_t n, float inv,
+                          bool *found_host, int64_t deadline_ms, char *msg);
     void (*destroy)(void *ctx);
 } ddp__devops;
 

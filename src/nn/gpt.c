@@ -135,12 +135,8 @@ static ddp_status check_spec(const ddp_model_spec *s, ddp_error *err)
                         "gpt on cuda: dropout %g is not implemented on the GPU yet; set dropout 0 "
                         "or device cpu",
                         (double)s->dropout);
-    if (s->device == DDP_DEVICE_CUDA && s->precision != DDP_PRECISION_FP32 &&
-        s->precision != DDP_PRECISION_TF32)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "gpt on cuda: precision '%s' is not implemented in the model yet (fp32 "
-                        "and tf32 are); HINT: set precision fp32 or tf32",
-                        ddp_precision_name(s->precision));
+    /* device cuda: the GPU module says which precisions its model implements (gpt.cu's create
+     * refuses the others by name). */
     if (s->n_embd > INT_MAX / 4 || (int64_t)s->max_batch * s->block_size > INT_MAX / 4 ||
         (int64_t)s->n_layer * 3 > INT_MAX / 2)
         return ddp__err(err, DDP_ERR_INVALID,

@@ -8,8 +8,12 @@
  * "device" buckets, the optimizer stepped through the module, checkpoints copied off the
  * "device" and back (tests/integration/test_resident_fake.sh). It shows the orchestration, not the
  * CUDA kernels (those are scripts/gpu-check.sh's). Like the real module it calls nothing in the
- * program's libddp: the CPU model here is this module's own copy.
+ * program's libddp: the CPU model here is this module's own copy. Any precision is taken (the
+ * arithmetic is float32's), so fp16's loss scaling can be driven too: with
+ * DDP_TEST_FAKE_GPU_INF_AT=k the k-th backward of the process (on the rank RANK equal to
+ * DDP_TEST_FAKE_GPU_INF_RANK, default 0) adds an inf to one gradient, as an fp16 overflow would.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,12 +145,23 @@ static ddp_status forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t
     return DDP_OK;
 }
 
+/* Whether this backward (the process's calls-th) is the one to overflow. */
+static bool inject_inf(int calls)
+{
+    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"), *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
+    const char *rank = getenv("RANK");
+    return at && atoi(at) == calls && atoi(who ? who : "0") == atoi(rank ? rank : "0");
+}
+
 /* The backward into the model's own gradients, then added into dst[i]. */
 static ddp_status backward_into(ddp__cuda_gpt *g, float *const *dst, ddp_error *err)
 {
+    static int calls;
     memset(g->grads, 0, g->total * sizeof(float));
     if (ddp_model_backward(g->m, NULL, NULL) != DDP_OK)
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    if (inject_inf(++calls))
+        g->grads[0] = INFINITY;
     for (size_t i = 0; i < g->n; i++)
         for (size_t k = 0; k < g->counts[i]; k++)
             dst[i][k] += g->grads[g->offsets[i] + k];

@@ -4,8 +4,10 @@
 # gradients' GPU group runs cuda-staged on the fake GPU. Checks the orchestration: the DDP line
 # names the gradients' group; 10 steps on "cuda" = 10 on the cpu (1 and 2 ranks); a checkpoint
 # taken on "cuda" holds the trained weights and AdamW state (resuming it on the cpu continues the
-# cpu run) and resumes on "cuda" = the uninterrupted run; test and predict from it on "cuda".
-# The CUDA kernels themselves are scripts/gpu-check.sh's.
+# cpu run) and resumes on "cuda" = the uninterrupted run; test from it on "cuda". And fp16's
+# dynamic loss scaling (GradScaler): scaled and unscaled exactly (= the float32 run); an inf on
+# rank 1 alone skips the step on both ranks and halves the scale; a resume after a skip carries
+# the scale and AdamW's step count. The CUDA kernels themselves are scripts/gpu-check.sh's.
 . "$(dirname "$0")/lib.sh"
 MODULE=${2:?usage: $0 BINDIR FAKE_MODULE}
 TRAIN=$BIN/ddptrain
@@ -79,3 +81,34 @@ rc=0; "$TRAIN" --task test --device cpu --checkpoint "$ck" --out_dir half --data
 a=$(grep -o 'val loss [0-9.]*' test.out | tail -1); b=$(grep -o 'val loss [0-9.]*' testcpu.out | tail -1)
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "test on fake cuda '$a' vs cpu '$b'"
 ok "test from the checkpoint on the fake GPU: $a, as on the cpu"
+
+# fp16: the loss scaled by 65536 and the gradients unscaled, exactly (powers of two): = float32.
+rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --precision fp16 --total_steps 10 --out_dir f16 \
+    >f16.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat f16.out; fail "fp16 on fake cuda: exit $rc"; }
+losses cpu/metrics.jsonl f16/metrics.jsonl 1 10 1e-5 || fail "fp16 with loss scaling differs"
+grep -q '"loss_scale": 65536, "skipped_steps": 0' f16/metrics.jsonl || fail "fp16: no loss_scale"
+ok "fp16 loss scaling on the fake GPU: scaled and unscaled exactly, scale 65536 in the metrics"
+
+# An inf on rank 1 alone at step 3: both ranks skip it, the scale halves, the run goes on; a
+# checkpoint after the skip resumes = the uninterrupted run (scale and AdamW's step saved).
+INF=(env DDP_TEST_FAKE_GPU_INF_AT=3 DDP_TEST_FAKE_GPU_INF_RANK=1)
+rc=0; fake "${INF[@]}" "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+    --device cuda --precision fp16 --total_steps 10 --out_dir inf >inf.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat inf.out; fail "fp16 with an inf: exit $rc"; }
+assert_contains inf.out "step 3: inf or NaN gradients at loss scale 65536: optimizer step skipped, loss scale now 32768"
+[ "$(grep -c 'optimizer step skipped' inf.out)" = 1 ] || fail "more than one skip reported"
+grep -q '"step": 10, .*"loss_scale": 32768, "skipped_steps": 1' inf/metrics.jsonl ||
+    fail "fp16 with an inf: the scale or the skip count at step 10 is wrong"
+losses cpu2/metrics.jsonl inf/metrics.jsonl 1 2 1e-5 || fail "fp16 2 ranks: steps before the inf differ"
+rc=0; fake "${INF[@]}" "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+    --device cuda --precision fp16 --total_steps 5 --checkpoint.every 5 --out_dir infr \
+    >infr.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat infr.out; fail "fp16 with an inf, 5 steps: exit $rc"; }
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --precision fp16 --total_steps 10 --resume_from latest --out_dir infr >infr2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat infr2.out; fail "fp16 resume after a skip: exit $rc"; }
+losses inf/metrics.jsonl infr/metrics.jsonl 6 10 1e-5 || fail "fp16 resume after a skip differs"
+grep -q '"step": 10, .*"loss_scale": 32768' infr/metrics.jsonl || fail "resume lost the loss scale"
+ok "fp16: an inf on rank 1 skipped step 3 on both ranks and halved the scale; resumed after it = uninterrupted"
+

@@ -676,7 +676,7 @@ static void test_train_state(void **state)
 
 static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)
 {
-    ddp_ckpt_train_pos pos = {7, 7, 7, 7};
+    ddp_ckpt_train_pos pos = {7, 7, 7, 7, 7, 0.0f, 0};
     ddp_error err = {0};
     assert_int_equal(ddp_ckpt_load_train(path, s, &pos, &err), DDP_ERR_INVALID);
     assert_true(pos.step == 7 && pos.world_size == 7); /* written only on success */

@@ -37,7 +37,13 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
         return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
     if (t->R == 0) {
         ddp_ckpt_train_state s = state_of(t);
-        s.pos = (ddp_ckpt_train_pos){t->step, t->pos.epoch, t->pos.next_batch, (uint64_t)t->W};
+        s.pos = (ddp_ckpt_train_pos){t->step,
+                                     t->pos.epoch,
+                                     t->pos.next_batch,
+                                     (uint64_t)t->W,
+                                     t->optim_step,
+                                     t->amp ? t->scaler.scale : 0.0f,
+                                     t->amp ? t->scaler.growth_tracker : 0};
         s.loss = loss;
         char *yaml = ddp_config_to_yaml(t->cfg);
         s.config = yaml;
@@ -113,10 +119,20 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
     if (t->resident &&
         (ddp_model_sync_host(t->m, NULL) != DDP_OK || ddp_model_sync_device(t->m, t->opt) != DDP_OK))
         return trainer_die(t, "resume", ddp_model_last_error(t->m));
-    uint64_t meta[4] = {pos->step, pos->epoch, pos->next_batch, pos->world_size};
-    if (ddp_broadcast(t->g, meta, 4, DDP_INT64, 0) != DDP_OK)
+    uint64_t meta[7] = {pos->step,       pos->epoch,      pos->next_batch,
+                        pos->world_size, pos->optim_step, 0,
+                        (uint64_t)(int64_t)pos->loss_scale_growth};
+    memcpy(&meta[5], &pos->loss_scale, sizeof pos->loss_scale);
+    if (ddp_broadcast(t->g, meta, 7, DDP_INT64, 0) != DDP_OK)
         return trainer_die(t, "resume", ddp_group_last_error(t->g));
     t->step = meta[0];
+    t->optim_step = meta[4];
+    float scale;
+    memcpy(&scale, &meta[5], sizeof scale);
+    if (t->amp && scale > 0) { /* the scaler goes on where it stood */
+        t->scaler.scale = scale;
+        t->scaler.growth_tracker = (int)(int64_t)meta[6];
+    }
     t->pos.epoch = meta[1];
     /* Another world size: continue after the same number of samples in the epoch. */
     t->pos.next_batch = meta[2] * meta[3] / (uint64_t)t->W;

@@ -54,6 +54,13 @@ typedef struct trainer {
      * hold the state only for checkpoints. */
     bool resident;
     ddp_group *gg;
+    /* precision fp16: dynamic loss scaling (ddp/amp.h, torch's GradScaler); optim_step counts the
+     * optimizer steps taken (a step skipped for an inf is not), which AdamW's bias correction
+     * uses; it equals step without fp16. */
+    bool amp;
+    ddp_grad_scaler scaler;
+    uint64_t optim_step;
+    uint64_t skipped; /* steps skipped for inf/NaN gradients, this run */
     uint64_t step; /* optimizer steps done */
     uint64_t epoch;
     ddp_loader_state pos; /* where the training data resume */

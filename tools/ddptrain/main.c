@@ -229,6 +229,9 @@ static int choose_device(trainer *t)
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         return 2;
     }
+    t->amp = t->prec == DDP_PRECISION_FP16; /* dynamic loss scaling */
+    if (t->amp)
+        t->scaler = (ddp_grad_scaler)DDP_GRAD_SCALER_INIT;
     double over = ddp_config_float(t->cfg, "mfu_peak_tflops");
     t->peak_flops = over > 0 ? over * 1e12 : ddp_device_peak_flops(t->dev.name, t->prec);
     return 0;
@@ -430,7 +433,7 @@ int main(int argc, char **argv)
     const char *spec =
         train ? ddp_config_str(t.cfg, "resume_from") : ddp_config_str(t.cfg, "checkpoint");
     bool loaded = false;
-    ddp_ckpt_train_pos pos = {0, 0, 0, (uint64_t)t.W};
+    ddp_ckpt_train_pos pos = {0, 0, 0, (uint64_t)t.W, 0, 0.0f, 0};
     if ((rc = trainer_load(&t, spec, &loaded, &pos)) || (rc = wrap_model(&t)) ||
         (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;

@@ -138,6 +138,9 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
             t->lm ? "tokens" : "samples", rate, mfu);
     if (grad_norm >= 0)
         fprintf(f, ", \"grad_norm\": %.17g", grad_norm);
+    if (t->amp)
+        fprintf(f, ", \"loss_scale\": %.9g, \"skipped_steps\": %llu", (double)t->scaler.scale,
+                (unsigned long long)t->skipped);
     const char *keys[2] = {"rank_step_ms", "rank_wait_ms"};
     for (int k = 0; k < 2; k++) {
         fprintf(f, ", \"%s\": [", keys[k]);

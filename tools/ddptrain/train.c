@@ -119,20 +119,47 @@ static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, do
     ddp_model_params(t->m, &np);
     if (t->resident) { /* on the GPU, queued on the model's stream; never sharded */
         for (size_t i = 0; i < np; i++)
-            if (ddp_model_device_step(t->m, i, t->step + 1, (float)lr, coef) != DDP_OK)
+            if (ddp_model_device_step(t->m, i, t->optim_step + 1, (float)lr, coef) != DDP_OK)
                 return trainer_die(t, "optimizer", ddp_model_last_error(t->m));
+        t->optim_step++;
         return 0;
     }
     for (size_t i = 0; i < np; i++) {
         size_t lo, hi;
         ddp_reducer_shard(t->red, i, &lo, &hi);
-        if (ddp_optim_step_range(t->opt, i, lo, hi, t->step + 1, (float)lr, coef) != DDP_OK)
+        if (ddp_optim_step_range(t->opt, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
+            DDP_OK)
             return trainer_die(t, "optimizer", ddp_optim_last_error(t->opt));
     }
+    t->optim_step++;
     t0 = ddp_now_seconds();
     if (ddp_reducer_gather_params(t->red) != DDP_OK)
         return trainer_die(t, "gathering parameters", ddp_reducer_last_error(t->red));
     *comm_s += ddp_now_seconds() - t0;
+    return 0;
+}
+
+/* fp16 loss scaling after finish (torch's GradScaler: unscale_, then step or skip, then update):
+ * the mean gradient divided by the loss scale; an inf or NaN on any rank (the verdict made the
+ * same everywhere through the group that reduced the gradients) skips the optimizer step and
+ * halves the scale, and 2000 clean steps double it. *take: whether to step. */
+static int unscale_step(trainer *t, bool *take)
+{
+    bool inf = false;
+    float scale = t->scaler.scale;
+    if (ddp_reducer_unscale(t->red, (float)(1.0 / (double)scale), &inf) != DDP_OK)
+        return trainer_die(t, "loss scaling", ddp_reducer_last_error(t->red));
+    ddp_group *g = t->resident ? t->gg : t->g;
+    if (ddp_grad_scaler_sync(g, &inf) != DDP_OK)
+        return trainer_die(t, "loss scaling", ddp_group_last_error(g));
+    *take = ddp_grad_scaler_update(&t->scaler, inf);
+    if (!*take) {
+        t->skipped++;
+        trainer_say(t,
+                    "step %llu: inf or NaN gradients at loss scale %g: optimizer step skipped, "
+                    "loss scale now %g",
+                    (unsigned long long)(t->step + 1), (double)scale, (double)t->scaler.scale);
+    }
     return 0;
 }
 
@@ -206,7 +233,7 @@ static int micro_step(trainer *t, feed *f, int micro, double *loss)
     if (rc)
         return rc;
     ddp_reducer_set_sync(t->red, micro == A - 1);
-    mb.grad_scale = 1.0f / (float)A;
+    mb.grad_scale = (t->amp ? t->scaler.scale : 1.0f) / (float)A; /* fp16: the loss scaled */
     mb.step = t->step;
     mb.sample_offset = first;
     ddp_model_out out;
@@ -338,8 +365,15 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         double lr = ddp_lr_at(&sched, t->step), norm = -1, comm_s = 0;
         uint64_t next = t->step + 1;
         bool log_now = (log_every > 0 && (next % (uint64_t)log_every == 0)) || next == total;
-        if ((rc = optimizer_step(t, clip, lr, log_now, &norm, &comm_s)))
+        bool take = true;
+        if (t->amp && (rc = unscale_step(t, &take)))
             goto out;
+        if (take && (rc = optimizer_step(t, clip, lr, log_now, &norm, &comm_s)))
+            goto out;
+        if (!take && ddp_reducer_gather_params(t->red) != DDP_OK) { /* sharded: nothing moved */
+            rc = trainer_die(t, "gathering parameters", ddp_reducer_last_error(t->red));
+            goto out;
+        }
         t->step++;
         bool epoch_end = feed_advance(t, &f, per_epoch);
         prog.win_sum += loss;

@@ -29,6 +29,8 @@ typedef struct cudaops {
     cudaEvent_t mark;  /* recorded on a caller's stream by wait(): the host polls it */
     double *d_acc;     /* (1,) sumsq's accumulator, device memory, made on first use */
     double *h_acc;     /* (1,) its copy, pinned host memory */
+    int *d_flag;       /* (1,) unscale's found-inf flag, device memory, made on first use */
+    int *h_flag;       /* (1,) its copy, pinned */
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -157,6 +159,29 @@ static ddp_status ops_sumsq(void *ctx, void *stream, const void *dev, size_t n, 
     return DDP_OK;
 }
 
+static ddp_status ops_unscale(void *ctx, void *stream, float *dev, size_t n, float inv,
+                              bool *found_host, int64_t deadline_ms, char *msg)
+{
+    cudaops *o = ctx;
+    cudaStream_t s = (cudaStream_t)stream;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
+        return st;
+    if (!o->d_flag && (st = cu(cudaMalloc((void **)&o->d_flag, sizeof(int)), "cudaMalloc", msg)))
+        return st;
+    if (!o->h_flag &&
+        (st = cu(cudaMallocHost((void **)&o->h_flag, sizeof(int)), "cudaMallocHost", msg)))
+        return st;
+    if ((st = cu(cudaMemsetAsync(o->d_flag, 0, sizeof(int), s), "cudaMemsetAsync", msg)) ||
+        (st = ddp__devmath_unscale(stream, dev, n, inv, o->d_flag, msg)) ||
+        (st = cu(cudaMemcpyAsync(o->h_flag, o->d_flag, sizeof(int), cudaMemcpyDeviceToHost, s),
+                 "cudaMemcpyAsync", msg)) ||
+        (st = wait_event(o->mark, s, deadline_ms, "the unscale of the gradients", msg)))
+        return st;
+    *found_host = *o->h_flag != 0;
+    return DDP_OK;
+}
+
 static ddp_status ops_pin(void *ctx, void *p, size_t bytes, char *msg)
 {
     (void)ctx;
@@ -206,6 +231,10 @@ static void ops_destroy(void *ctx)
     (void)cudaSetDevice(o->device);
     if (o->d_acc)
         (void)cudaFree(o->d_acc);
+    if (o->d_flag)
+        (void)cudaFree(o->d_flag);
+    if (o->h_flag)
+        (void)cudaFreeHost(o->h_flag);
     if (o->h_acc)
         (void)cudaFreeHost(o->h_acc);
     if (o->mark)
@@ -257,6 +286,7 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
                          .convert = ops_convert,
                          .sumsq = ops_sumsq,
                          .wait = ops_wait,
+                         .unscale = ops_unscale,
                          .destroy = ops_destroy};
     return DDP_OK;
 }

@@ -13,6 +13,7 @@
  * tests/integration/test_gpu.sh and scripts/gpu-check.sh on a GPU do.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +215,20 @@ static ddp_status fake_sumsq(void *ctx, void *stream, const void *dev, size_t n,
     return DDP_OK;
 }
 
+static ddp_status fake_unscale(void *ctx, void *stream, float *dev, size_t n, float inv,
+                               bool *found_host, int64_t deadline_ms, char *msg)
+{
+    (void)ctx, (void)stream, (void)deadline_ms, (void)msg;
+    float *g = shadow(dev);
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        found |= !isfinite(g[i]);
+        g[i] *= inv;
+    }
+    *found_host = found;
+    return DDP_OK;
+}
+
 static ddp_status fake_wait(void *ctx, void *stream, int64_t deadline_ms, char *msg)
 {
     (void)ctx, (void)stream, (void)deadline_ms, (void)msg;
@@ -242,6 +257,7 @@ ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err)
                          .convert = fake_convert,
                          .sumsq = fake_sumsq,
                          .wait = fake_wait,
+                         .unscale = fake_unscale,
                          .destroy = fake_destroy};
     return DDP_OK;
 }

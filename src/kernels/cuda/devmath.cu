@@ -80,6 +80,17 @@ __global__ void sgd_kernel(float *p, const float *g, float *buf, size_t n, float
     }
 }
 
+__global__ void unscale_kernel(float *g, size_t n, float inv, int *flag)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = g[i];
+        if (!isfinite(v))
+            *flag = 1; /* every writer writes 1 */
+        g[i] = v * inv;
+    }
+}
+
 ddp_status launched(const char *what, char *msg)
 {
     cudaError_t e = cudaGetLastError();
@@ -156,4 +167,14 @@ extern "C" ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, f
     sgd_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(
         p, g, buf, n, lr, momentum, weight_decay, step <= 1, grad_scale);
     return launched("sgd step", msg);
+}
+
+extern "C" ddp_status ddp__devmath_unscale(void *stream, float *g, size_t n, float inv,
+                                           int *flag_dev, char *msg)
+{
+    if (n == 0)
+        return DDP_OK;
+    unscale_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(g, n, inv,
+                                                                              flag_dev);
+    return launched("unscale", msg);
 }

@@ -26,6 +26,10 @@ ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const voi
 ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t,
                               double *acc_dev, char *msg);
 
+/* g (n,) *= inv; *flag_dev (an int in device memory) = 1 where a value was inf or NaN before
+ * (never cleared here). */
+ddp_status ddp__devmath_unscale(void *stream, float *g, size_t n, float inv, int *flag_dev,
+                                char *msg);
 /* ddp_nn_sgd_step on the device (torch.optim.SGD, dampening 0): g multiplied by grad_scale first
  * (not in place), weight decay as L2, the momentum buffer taking d itself at step 1. Rounded as
  * the CPU's loop is (no fused multiply-adds). */

@@ -189,8 +189,9 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
 {
     if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda gpt: precision bf16/fp16 is not implemented in the model yet "
-                              "(the bf16 GEMM is); HINT: use precision fp32 or tf32");
+                              "gpt on cuda: precision '%s' is not implemented in the model yet "
+                              "(fp32 and tf32 are); HINT: use precision fp32 or tf32",
+                              cfg->precision == DDP_PRECISION_FP16 ? "fp16" : "bf16");
     ddp__cuda_gpt *g = (ddp__cuda_gpt *)calloc(1, sizeof *g);
     if (!g)
         return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
