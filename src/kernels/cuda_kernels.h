@@ -152,6 +152,60 @@ ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *ctx, const float *logits, const i
                                 int N, int V, float scale, int count, float *row_loss,
                                 int32_t *correct, float *dlogits, ddp_error *err);
 
+/* ---- the layers in bf16 (precision bf16; docs/gpu.md "Mixed precision", its table of roundings)
+ * bf16 buffers are uint16_t bit patterns (util/half.h: round to nearest even, NaN kept); every
+ * sum, statistic and transcendental is computed in fp32 and rounded once where it is stored.
+ * Weights are bf16 copies of the fp32 masters; biases and layernorm parameters stay fp32. */
+
+/* ddp__cuda_layernorm_forward with y (N, C) rounded to bf16 (statistics fp32, as there). */
+ddp_status ddp__cuda_layernorm_forward_bf16(ddp__cuda_ctx *ctx, const float *x, const float *weight,
+                                            const float *bias, int N, int C, float eps, uint16_t *y,
+                                            float *mean, float *rstd, ddp_error *err);
+/* y (B, out) bf16 = x (B, in) bf16 · Wᵀ (W (out, in) bf16) + b (fp32 or NULL), fp32
+ * accumulation, rounded once. */
+ddp_status ddp__cuda_linear_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *x, const uint16_t *W,
+                                         const float *b, int B, int in, int out, uint16_t *y,
+                                         ddp_error *err);
+/* From dy (B, out) bf16: dx (B, in) = dy · W of dtype dx_dtype (DDP_FLOAT32 where a layernorm
+ * or other fp32 arithmetic reads it, DDP_BFLOAT16 where only bf16 work does), overwritten;
+ * dW (out, in) fp32 += dyᵀ · x; db (out,) fp32 += the column sums of dy (in fp32). Any of dx,
+ * dW, db may be NULL. */
+ddp_status ddp__cuda_linear_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dy, const uint16_t *x,
+                                          const uint16_t *W, int B, int in, int out, void *dx,
+                                          ddp_dtype dx_dtype, float *dW, float *db, ddp_error *err);
+/* GELU (tanh) on bf16: computed in fp32 from the bf16 input, rounded once (y may equal x; dx
+ * may equal dy). */
+ddp_status ddp__cuda_gelu_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *x, size_t n, uint16_t *y,
+                                       ddp_error *err);
+ddp_status ddp__cuda_gelu_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dy, const uint16_t *x,
+                                        size_t n, uint16_t *dx, ddp_error *err);
+/* y (fp32) = a (fp32) + b (bf16, widened exactly): a bf16 branch added to the fp32 residual
+ * stream (y may equal a). */
+ddp_status ddp__cuda_add_bf16(ddp__cuda_ctx *ctx, const float *a, const uint16_t *b, size_t n,
+                              float *y, ddp_error *err);
+/* Causal self-attention in bf16: out (B, T, C) bf16 from qkv (B, T, 3C) bf16; the scores
+ * S = QKᵀ/√hs come out of the product in fp32, the softmax runs in fp32 and the probabilities
+ * att (B, nh, T, T) are kept in bf16 (the P·V operand and the backward's P). scratch: bytes of
+ * ddp__cuda_attention_scratch_bf16(B, T, C, nh), 256-byte aligned (a cudaMalloc'd base). */
+size_t ddp__cuda_attention_scratch_bf16(int B, int T, int C, int nh);
+ddp_status ddp__cuda_attention_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *qkv, int B, int T,
+                                            int C, int nh, uint16_t *att, void *scratch,
+                                            uint16_t *out, ddp_error *err);
+/* dqkv (B, T, 3C) bf16 overwritten, from dout (B, T, C) bf16 and the forward's qkv and att:
+ * dP = dY·Vᵀ in fp32, the softmax backward in fp32 from the bf16 P, dS rounded to bf16 for
+ * dQ = dS·K and dK = dSᵀ·Q; dV = Pᵀ·dY. */
+ddp_status ddp__cuda_attention_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dout,
+                                             const uint16_t *qkv, const uint16_t *att, int B, int T,
+                                             int C, int nh, void *scratch, uint16_t *dqkv,
+                                             ddp_error *err);
+/* ddp__cuda_vocab_xent on fp32 logits (N, V) whose gradient, with grad, is written in bf16 over
+ * the logits themselves: row r's V bf16 values at the start of row r's own storage, i.e. a bf16
+ * matrix (N, V) with leading dimension 2·V at (uint16_t *)logits, ready for the LM head's
+ * bf16 products. The logits are no longer readable afterwards. */
+ddp_status ddp__cuda_vocab_xent_bf16grad(ddp__cuda_ctx *ctx, float *logits, const int32_t *targets,
+                                         int N, int V, float scale, int count, float *row_loss,
+                                         int32_t *correct, bool grad, ddp_error *err);
+
 /* ---- optimizer and gradients ----------------------------------------------------------------- */
 
 /* ddp_nn_adamw_step on the device: p, m, v fp32 (p the master weights); p_bf16 (n,) receives

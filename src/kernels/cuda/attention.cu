@@ -4,6 +4,10 @@
  * keeps the probabilities (B, nh, T, T) for the backward, and one more batched GEMM for the
  * output. The backward is four batched GEMMs and the softmax's backward. O(T²) memory per layer:
  * a fused flash-style kernel is the speed step after this (docs/gpu.md). No dropout.
+ * The bf16 variant (precision bf16): q, k, v, the heads' output and every gradient feeding a
+ * product in bf16; the scores and dP in fp32 (bf16-in, fp32-out products) for the softmax and its
+ * backward, which run in fp32; the probabilities kept in bf16 (the P·V operand, and the
+ * backward's P). Its scratch is in bytes, each region 256-byte aligned.
  */
 #include "common.cuh"
 
@@ -20,9 +24,10 @@ __device__ static size_t head_major_to_rows(size_t i, int T, int hs, int nh, siz
     return (b * T + t) * row + (size_t)h * hs + d;
 }
 
-/* qkv (B, T, 3C) → q, k, v (B, nh, T, hs) each, or back (dir −1: q, k, v → qkv). */
-__global__ void permute_qkv(float *qkv, float *q, float *k, float *v, int B, int T, int C, int nh,
-                            int dir)
+/* qkv (B, T, 3C) → q, k, v (B, nh, T, hs) each, or back (dir −1: q, k, v → qkv); E float or
+ * bf16 bits (a plain copy either way). */
+template <typename E>
+__global__ void permute_qkv(E *qkv, E *q, E *k, E *v, int B, int T, int C, int nh, int dir)
 {
     int hs = C / nh;
     size_t total = (size_t)B * T * C;
@@ -42,7 +47,8 @@ __global__ void permute_qkv(float *qkv, float *q, float *k, float *v, int B, int
 }
 
 /* y (B, nh, T, hs) ↔ out (B, T, C): dir 1 gathers heads into out, −1 scatters out into heads. */
-__global__ void permute_heads(float *y, float *out, int B, int T, int C, int nh, int dir)
+template <typename E>
+__global__ void permute_heads(E *y, E *out, int B, int T, int C, int nh, int dir)
 {
     int hs = C / nh;
     size_t total = (size_t)B * T * C;
@@ -100,7 +106,31 @@ __global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int
 }
 
 /* Row-major strided-batched C = alpha · op(A) · op(B) + beta · C (operands swapped for
- * column-major cuBLAS, as gemm.cu). */
+ * column-major cuBLAS, as gemm.cu); A and B of type ab, C of type ct, fp32 accumulation. */
+static ddp_status bgemm_typed(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
+                              const void *A, int lda, long long sa, const void *B, int ldb,
+                              long long sb, float beta, void *C, int ldc, long long sc, int batch,
+                              cudaDataType_t ab, cudaDataType_t ct, cublasComputeType_t compute,
+                              ddp_error *err)
+{
+    return ddp__cublas_check(
+        cublasGemmStridedBatchedEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ab, ldb, sb,
+                                   A, ab, lda, sa, &beta, C, ct, ldc, sc, batch, compute,
+                                   CUBLAS_GEMM_DEFAULT),
+        ab == CUDA_R_16BF ? "strided-batched gemm (bf16)" : "strided-batched gemm", err);
+}
+
+/* bf16 operands; C bf16 (out_bf16) or fp32. */
+static ddp_status bgemm_bf16(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
+                             const uint16_t *A, int lda, long long sa, const uint16_t *B, int ldb,
+                             long long sb, void *C, int ldc, long long sc, int batch, bool out_bf16,
+                             ddp_error *err)
+{
+    return bgemm_typed(c, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, 0.0f, C, ldc, sc, batch,
+                       CUDA_R_16BF, out_bf16 ? CUDA_R_16BF : CUDA_R_32F, CUBLAS_COMPUTE_32F, err);
+}
+
 static ddp_status bgemm(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
                         const float *A, int lda, long long sa, const float *B, int ldb,
                         long long sb, float beta, float *C, int ldc, long long sc, int batch,
@@ -131,8 +161,8 @@ extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float 
     float *q = scratch, *k = q + n, *v = k + n, *y = v + n;
     const float scale = 1.0f / sqrtf((float)hs);
     ddp_status st;
-    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C,
-                                                                 nh, 1);
+    permute_qkv<float>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C, nh, 1);
     if ((st = ddp__cuda_launched("attention permute", err)) ||
         (st = bgemm(c, false, true, T, T, hs, scale, q, hs, (long long)T * hs, k, hs,
                     (long long)T * hs, 0.0f, att, T, (long long)T * T, BH, precision, err)))
@@ -143,7 +173,7 @@ extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float 
         (st = bgemm(c, false, false, T, hs, T, 1.0f, att, T, (long long)T * T, v, hs,
                     (long long)T * hs, 0.0f, y, hs, (long long)T * hs, BH, precision, err)))
         return st;
-    permute_heads<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(y, out, B, T, C, nh, 1);
+    permute_heads<float><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(y, out, B, T, C, nh, 1);
     return ddp__cuda_launched("attention unpermute", err);
 }
 
@@ -161,10 +191,10 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t rows = (size_t)BH * T;
     ddp_status st;
-    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C,
-                                                                 nh, 1);
-    permute_heads<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (float *)dout, B, T, C, nh,
-                                                                   -1);
+    permute_qkv<float>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C, nh, 1);
+    permute_heads<float>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (float *)dout, B, T, C, nh, -1);
     if ((st = ddp__cuda_launched("attention backward permute", err)) ||
         /* dP = dY · Vᵀ, dV = Pᵀ · dY */
         (st = bgemm(c, false, true, T, T, hs, 1.0f, dy, hs, sT, v, hs, sT, 0.0f, dp, T, sTT, BH,
@@ -180,6 +210,158 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
         (st = bgemm(c, true, false, T, hs, T, 1.0f, dp, T, sTT, q, hs, sT, 0.0f, dk, hs, sT, BH,
                     precision, err)))
         return st;
-    permute_qkv<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dqkv, dq, dk, dv, B, T, C, nh, -1);
+    permute_qkv<float>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dqkv, dq, dk, dv, B, T, C, nh, -1);
     return ddp__cuda_launched("attention backward unpermute", err);
+}
+
+/* ---- bf16 ------------------------------------------------------------------------------------ */
+
+/* The causal softmax of fp32 scores s into bf16 probabilities p (0 above the diagonal): fp32
+ * max, exponentials and sum, one rounding per probability. Rows as causal_softmax. */
+__global__ void causal_softmax_bf16(const float *s, uint16_t *p, size_t rows, int T)
+{
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = (int)(row % T);
+        const float *a = s + row * T;
+        uint16_t *o = p + row * T;
+        float mx = -INFINITY;
+        for (int j = lane; j <= t; j += 32)
+            mx = fmaxf(mx, a[j]);
+        mx = ddp__warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            sum += expf(a[j] - mx);
+        sum = ddp__warp_sum(sum);
+        for (int j = lane; j < T; j += 32)
+            o[j] = ddp__f32_to_bf16(j <= t ? expf(a[j] - mx) / sum : 0.0f);
+    }
+}
+
+/* dS = P ⊙ (dP − Σ_j P·dP) · scale from the kept bf16 P and fp32 dP, in fp32, rounded once into
+ * bf16 ds (0 above the diagonal). */
+__global__ void causal_softmax_bwd_bf16(const uint16_t *att, const float *dp, uint16_t *ds,
+                                        size_t rows, int T, float scale)
+{
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = (int)(row % T);
+        const uint16_t *p = att + row * T;
+        const float *d = dp + row * T;
+        uint16_t *o = ds + row * T;
+        float s = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            s += ddp__bf16_to_f32(p[j]) * d[j];
+        s = ddp__warp_sum(s);
+        for (int j = lane; j < T; j += 32)
+            o[j] = ddp__f32_to_bf16(j <= t ? ddp__bf16_to_f32(p[j]) * (d[j] - s) * scale : 0.0f);
+    }
+}
+
+static size_t up256(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
+}
+
+/* The bf16 scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd) base:
+ *   f32 (B·nh·T·T)    the scores S (forward), dP (backward)
+ *   ds  (B·nh·T·T)    bf16 dS (backward)
+ *   7 × (B·T·C)       bf16 q, k, v, then y (forward) or dy, dq, dk, dv (backward) */
+struct bf16_scratch {
+    float *f32;
+    uint16_t *ds, *q, *k, *v, *y, *dq, *dk, *dv;
+};
+
+static bf16_scratch bf16_regions(void *base, int B, int T, int C, int nh)
+{
+    const size_t tt = (size_t)B * nh * T * T, n = (size_t)B * T * C;
+    char *p = (char *)base;
+    bf16_scratch r;
+    r.f32 = (float *)p;
+    p += up256(tt * sizeof(float));
+    r.ds = (uint16_t *)p;
+    p += up256(tt * sizeof(uint16_t));
+    uint16_t **seq[] = {&r.q, &r.k, &r.v, &r.y, &r.dq, &r.dk, &r.dv};
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        *seq[i] = (uint16_t *)p;
+        p += up256(n * sizeof(uint16_t));
+    }
+    return r;
+}
+
+extern "C" size_t ddp__cuda_attention_scratch_bf16(int B, int T, int C, int nh)
+{
+    const size_t tt = (size_t)B * nh * T * T, n = (size_t)B * T * C;
+    return up256(tt * sizeof(float)) + up256(tt * sizeof(uint16_t)) +
+           7 * up256(n * sizeof(uint16_t));
+}
+
+extern "C" ddp_status ddp__cuda_attention_forward_bf16(ddp__cuda_ctx *c, const uint16_t *qkv, int B,
+                                                       int T, int C, int nh, uint16_t *att,
+                                                       void *scratch, uint16_t *out, ddp_error *err)
+{
+    const int hs = C / nh, BH = B * nh;
+    const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
+    const long long sT = (long long)T * hs, sTT = (long long)T * T;
+    const bf16_scratch r = bf16_regions(scratch, B, T, C, nh);
+    const float scale = 1.0f / sqrtf((float)hs);
+    ddp_status st;
+    permute_qkv<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
+        (uint16_t *)qkv, r.q, r.k, r.v, B, T, C, nh, 1);
+    if ((st = ddp__cuda_launched("attention permute (bf16)", err)) ||
+        /* S = scale · Q · Kᵀ, fp32 out */
+        (st = bgemm_bf16(c, false, true, T, T, hs, scale, r.q, hs, sT, r.k, hs, sT, r.f32, T, sTT,
+                         BH, false, err)))
+        return st;
+    causal_softmax_bf16<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, att, rows, T);
+    if ((st = ddp__cuda_launched("causal softmax (bf16)", err)) ||
+        /* Y = P · V, bf16 out */
+        (st = bgemm_bf16(c, false, false, T, hs, T, 1.0f, att, T, sTT, r.v, hs, sT, r.y, hs, sT, BH,
+                         true, err)))
+        return st;
+    permute_heads<uint16_t>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(r.y, out, B, T, C, nh, 1);
+    return ddp__cuda_launched("attention unpermute (bf16)", err);
+}
+
+extern "C" ddp_status ddp__cuda_attention_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dout,
+                                                        const uint16_t *qkv, const uint16_t *att,
+                                                        int B, int T, int C, int nh, void *scratch,
+                                                        uint16_t *dqkv, ddp_error *err)
+{
+    const int hs = C / nh, BH = B * nh;
+    const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
+    const long long sT = (long long)T * hs, sTT = (long long)T * T;
+    const bf16_scratch r = bf16_regions(scratch, B, T, C, nh);
+    uint16_t *dy = r.y; /* the forward's y region holds dY here */
+    const float scale = 1.0f / sqrtf((float)hs);
+    ddp_status st;
+    permute_qkv<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
+        (uint16_t *)qkv, r.q, r.k, r.v, B, T, C, nh, 1);
+    permute_heads<uint16_t>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (uint16_t *)dout, B, T, C, nh, -1);
+    if ((st = ddp__cuda_launched("attention backward permute (bf16)", err)) ||
+        /* dP = dY · Vᵀ (fp32 out, for the softmax backward), dV = Pᵀ · dY */
+        (st = bgemm_bf16(c, false, true, T, T, hs, 1.0f, dy, hs, sT, r.v, hs, sT, r.f32, T, sTT, BH,
+                         false, err)) ||
+        (st = bgemm_bf16(c, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT, BH,
+                         true, err)))
+        return st;
+    causal_softmax_bwd_bf16<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, r.f32, r.ds,
+                                                                              rows, T, scale);
+    if ((st = ddp__cuda_launched("causal softmax backward (bf16)", err)) ||
+        /* dQ = dS · K, dK = dSᵀ · Q */
+        (st = bgemm_bf16(c, false, false, T, hs, T, 1.0f, r.ds, T, sTT, r.k, hs, sT, r.dq, hs, sT,
+                         BH, true, err)) ||
+        (st = bgemm_bf16(c, true, false, T, hs, T, 1.0f, r.ds, T, sTT, r.q, hs, sT, r.dk, hs, sT,
+                         BH, true, err)))
+        return st;
+    permute_qkv<uint16_t>
+        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dqkv, r.dq, r.dk, r.dv, B, T, C, nh, -1);
+    return ddp__cuda_launched("attention backward unpermute (bf16)", err);
 }

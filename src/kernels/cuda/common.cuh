@@ -16,6 +16,7 @@ extern "C" {
 #include "kernels/cuda_kernels.h"
 #include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
+#include "util/half.h"
 }
 
 struct ddp__cuda_ctx {
@@ -70,6 +71,31 @@ static inline ddp_status ddp__cublas_check(cublasStatus_t s, const char *what, d
 /* db (C,) += Σ_r dy (N, C)[r] (gemm.cu): a linear layer's bias gradient. */
 ddp_status ddp__cuda_colsum(ddp__cuda_ctx *c, const float *dy, int N, int C, float *db,
                             ddp_error *err);
+
+/* db (C,) += Σ_r dy (N, C)[r] with dy bf16, summed in fp32 (gemm.cu): the bias gradient of a
+ * bf16 linear layer. */
+ddp_status ddp__cuda_colsum_bf16(ddp__cuda_ctx *c, const uint16_t *dy, int N, int C, float *db,
+                                 ddp_error *err);
+
+/* Loads and stores of one activation element as fp32 arithmetic sees it: fp32 as is, bf16
+ * (uint16_t bits) widened exactly and narrowed to nearest even (util/half.h, the CPU's rounding),
+ * so one templated kernel serves both precisions and the fp32 instance is the plain code. */
+__device__ inline float ddp__ld(const float *p)
+{
+    return *p;
+}
+__device__ inline float ddp__ld(const uint16_t *p)
+{
+    return ddp__bf16_to_f32(*p);
+}
+__device__ inline void ddp__st(float *p, float v)
+{
+    *p = v;
+}
+__device__ inline void ddp__st(uint16_t *p, float v)
+{
+    *p = ddp__f32_to_bf16(v);
+}
 
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */
 static inline unsigned ddp__cuda_blocks(size_t n, unsigned threads)

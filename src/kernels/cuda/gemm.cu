@@ -179,10 +179,12 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
             goto out_free;
     }
     if (found >= 1) {
-        st = ddp__cublas_check(cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C,
-                                              lc, &heur.algo, c->workspace, ws, c->stream),
-                               "matmul", err);
-        if (!st && bias && !bias_epi)
+        cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
+                                           &heur.algo, c->workspace, ws, c->stream);
+        if (ms == CUBLAS_STATUS_NOT_SUPPORTED) /* refused before any work: the fallback below */
+            st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
+                              bias, compute, precision, err);
+        else if (!(st = ddp__cublas_check(ms, "matmul", err)) && bias && !bias_epi)
             st = add_bias(c, bias, M, N, C, ldc, out, err);
     } else {
         st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out, bias,
@@ -203,8 +205,8 @@ out_free:
 }
 
 /* db[c] += Σ_r dy[r, c]: a block of 256 columns × a chunk of 256 rows per thread block, one
- * atomic add per column and chunk. */
-__global__ void colsum_kernel(const float *dy, int N, int C, float *db)
+ * atomic add per column and chunk; dy fp32 or bf16, the sum in fp32. */
+template <typename E> __global__ void colsum_kernel(const E *dy, int N, int C, float *db)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
@@ -212,7 +214,7 @@ __global__ void colsum_kernel(const float *dy, int N, int C, float *db)
     int r0 = blockIdx.y * 256, r1 = min(N, r0 + 256);
     float s = 0.0f;
     for (int r = r0; r < r1; r++)
-        s += dy[(size_t)r * C + c];
+        s += ddp__ld(dy + (size_t)r * C + c);
     atomicAdd(&db[c], s);
 }
 
@@ -222,8 +224,18 @@ ddp_status ddp__cuda_colsum(ddp__cuda_ctx *c, const float *dy, int N, int C, flo
     if (N <= 0 || C <= 0)
         return DDP_OK;
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + 255) / 256));
-    colsum_kernel<<<grid, 256, 0, c->stream>>>(dy, N, C, db);
+    colsum_kernel<float><<<grid, 256, 0, c->stream>>>(dy, N, C, db);
     return ddp__cuda_launched("column sum", err);
+}
+
+ddp_status ddp__cuda_colsum_bf16(ddp__cuda_ctx *c, const uint16_t *dy, int N, int C, float *db,
+                                 ddp_error *err)
+{
+    if (N <= 0 || C <= 0)
+        return DDP_OK;
+    dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + 255) / 256));
+    colsum_kernel<uint16_t><<<grid, 256, 0, c->stream>>>(dy, N, C, db);
+    return ddp__cuda_launched("column sum (bf16)", err);
 }
 
 extern "C" ddp_status ddp__cuda_linear_forward(ddp__cuda_ctx *c, const float *x, const float *W,
@@ -248,5 +260,30 @@ extern "C" ddp_status ddp__cuda_linear_backward(ddp__cuda_ctx *c, const float *d
                             DDP_FLOAT32, DDP_FLOAT32, NULL, precision, err);
     if (!st && db)
         st = ddp__cuda_colsum(c, dy, B, out, db, err);
+    return st;
+}
+
+extern "C" ddp_status ddp__cuda_linear_forward_bf16(ddp__cuda_ctx *c, const uint16_t *x,
+                                                    const uint16_t *W, const float *b, int B,
+                                                    int in, int out, uint16_t *y, ddp_error *err)
+{
+    return ddp__cuda_gemm(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out,
+                          DDP_BFLOAT16, DDP_BFLOAT16, b, DDP_PRECISION_BF16, err);
+}
+
+extern "C" ddp_status ddp__cuda_linear_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dy,
+                                                     const uint16_t *x, const uint16_t *W, int B,
+                                                     int in, int out, void *dx, ddp_dtype dx_dtype,
+                                                     float *dW, float *db, ddp_error *err)
+{
+    ddp_status st = DDP_OK;
+    if (dx)
+        st = ddp__cuda_gemm(c, false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in,
+                            DDP_BFLOAT16, dx_dtype, NULL, DDP_PRECISION_BF16, err);
+    if (!st && dW)
+        st = ddp__cuda_gemm(c, true, false, out, in, B, 1.0f, dy, out, x, in, 1.0f, dW, in,
+                            DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err);
+    if (!st && db)
+        st = ddp__cuda_colsum_bf16(c, dy, B, out, db, err);
     return st;
 }

@@ -10,10 +10,18 @@
  * attention, the MLP's pre/post-GELU activations, the block's output); shared gradient buffers;
  * the logits (N, V), which a training forward turns into their own gradient.
  *
- * What it does not do yet: dropout, bf16/fp16 activations (the bf16 GEMM exists; the model is
- * fp32 or TF32), keeping parameters and optimizer state on the device between steps (the host
- * optimizer owns them: one upload per forward and one download per backward), overlap of the
- * gradient download with backward. UNVERIFIED: written without a GPU; see docs/gpu.md.
+ * Precision bf16 (PyTorch autocast's choices; docs/gpu.md has the table of every rounding): the
+ * fp32 masters stay in the flat buffer and each forward rounds them once into a bf16 twin of it
+ * (params_h); matrix products take bf16 operands and accumulate in fp32; the residual stream,
+ * layernorm statistics, softmaxes, the logits and the loss are fp32; what only products read is
+ * stored in bf16 (layernorm outputs, qkv, the probabilities, the heads' output, the MLP's
+ * activations, the gradients of those); weight gradients accumulate in the fp32 gradient buffer.
+ * The per-block buffers are then the *h twins below (the fp32 ones stay NULL), at half the bytes.
+ *
+ * What it does not do yet: dropout, fp16 activations, keeping parameters and optimizer state on the
+ * device between steps (the host optimizer owns them: one upload per forward and one download per
+ * backward), overlap of the gradient download with backward. UNVERIFIED: written without a GPU; see
+ * docs/gpu.md.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +42,9 @@ struct blk {
         mproj_b;
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fchg, *xout;
+    /* bf16 only, in place of ln1, qkv, att, atty, ln2, fch, fchg (NULL in fp32/tf32):
+     * (N, C), (N, 3C), (B, nh, T, T), (N, C), (N, C), (N, 4C), (N, 4C) */
+    uint16_t *ln1h, *qkvh, *atth, *attyh, *ln2h, *fchh, *fchgh;
 };
 
 } // namespace
@@ -49,6 +60,15 @@ struct ddp__cuda_gpt {
     blk *b; /* (L,) */
     int32_t *tokens, *targets, *correct;
     float *x0, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss, *tmp, *dres, *dln, *dbig, *scratch;
+    /* bf16 only (NULL otherwise): params_h (total,) the weights rounded each forward; lnfh (N, C)
+     * in place of lnf; tmph (N, C) the projections' outputs, then the heads' output gradient;
+     * dresh (N, C) dres rounded for the products; dbigh (N, 4C) the MLP's activation gradient,
+     * also dqkv (N, 3C); scratch_h the attention's (ddp__cuda_attention_scratch_bf16 bytes). In
+     * bf16 tmp, lnf, dbig and scratch are not allocated, and dln doubles as the buffer of the
+     * last positions' gather. */
+    bool bf16;
+    uint16_t *params_h, *lnfh, *tmph, *dresh, *dbigh;
+    void *scratch_h;
     int32_t *correct_host;
     float *row_loss_host;
     /* the last forward */
@@ -70,6 +90,12 @@ static float *G(ddp__cuda_gpt *g, long long off)
     return off >= 0 ? g->grads + off : NULL;
 }
 
+/* A weight's bf16 copy (precision bf16). */
+static const uint16_t *PH(ddp__cuda_gpt *g, long long off)
+{
+    return off >= 0 ? g->params_h + off : NULL;
+}
+
 extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
 {
     if (!g)
@@ -82,15 +108,16 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
     ddp__cuda_free(g->ost[1]);
     for (int l = 0; g->b && l < g->cfg.L; l++) {
         blk *a = &g->b[l];
-        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->att,
-                         a->atty, a->xmid,    a->ln2,      a->ln2_mean, a->ln2_rstd,
-                         a->fch, a->fchg,     a->xout};
+        void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,  a->att,  a->atty, a->xmid,
+                        a->ln2,  a->ln2_mean, a->ln2_rstd, a->fch,  a->fchg, a->xout, a->ln1h,
+                        a->qkvh, a->atth,     a->attyh,    a->ln2h, a->fchh, a->fchgh};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             ddp__cuda_free(bufs[k]);
     }
-    void *bufs[] = {g->params, g->grads,  g->tokens, g->targets, g->correct, g->x0,
-                    g->lnf,    g->lnf_mean, g->lnf_rstd, g->logits, g->row_loss, g->tmp,
-                    g->dres,   g->dln,    g->dbig,   g->scratch};
+    void *bufs[] = {g->params, g->grads,    g->tokens,   g->targets,  g->correct,  g->x0,
+                    g->lnf,    g->lnf_mean, g->lnf_rstd, g->logits,   g->row_loss, g->tmp,
+                    g->dres,   g->dln,      g->dbig,     g->scratch,  g->params_h, g->lnfh,
+                    g->tmph,   g->dresh,    g->dbigh,    g->scratch_h};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     ddp__cuda_ctx_destroy(g->ctx);
@@ -175,28 +202,42 @@ out_free:
     return st;
 }
 
-/* cudaMalloc of n floats (or int32) into *p; st stays DDP_OK on success. */
-static ddp_status dalloc(void *p, size_t n, ddp_error *err)
+/* cudaMalloc of n elements of es bytes into *p (a pointer of any type); st stays DDP_OK on
+ * success. */
+static ddp_status dalloc_es(void *p, size_t n, size_t es, ddp_error *err)
 {
     void *d = NULL;
-    ddp_status st = ddp__cuda_malloc(&d, n * 4, err);
+    ddp_status st = ddp__cuda_malloc(&d, n * es, err);
     memcpy(p, &d, sizeof d);
     return st;
+}
+
+/* n floats (or int32). */
+static ddp_status dalloc(void *p, size_t n, ddp_error *err)
+{
+    return dalloc_es(p, n, 4, err);
+}
+
+/* n bf16 values. */
+static ddp_status dalloc_h(void *p, size_t n, ddp_error *err)
+{
+    return dalloc_es(p, n, 2, err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
                                            size_t n, ddp__cuda_gpt **out, ddp_error *err)
 {
-    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
+    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32 &&
+        cfg->precision != DDP_PRECISION_BF16)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "gpt on cuda: precision '%s' is not implemented in the model yet "
-                              "(fp32 and tf32 are); HINT: use precision fp32 or tf32",
-                              cfg->precision == DDP_PRECISION_FP16 ? "fp16" : "bf16");
+                              "gpt on cuda: precision 'fp16' is not implemented in the model yet "
+                              "(fp32, tf32 and bf16 are); HINT: use precision bf16");
     ddp__cuda_gpt *g = (ddp__cuda_gpt *)calloc(1, sizeof *g);
     if (!g)
         return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
     g->cfg = *cfg;
     g->n_params = n;
+    g->bf16 = cfg->precision == DDP_PRECISION_BF16;
     g->b = (blk *)calloc((size_t)cfg->L, sizeof *g->b);
     g->counts = (size_t *)calloc(n ? n : 1, sizeof(size_t));
     g->offsets = (size_t *)calloc(n ? n : 1, sizeof(size_t));
@@ -217,27 +258,55 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
             st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
             goto out_free;
         }
+        /* what both precisions have */
         if ((st = dalloc(&g->params, g->total, err)) || (st = dalloc(&g->grads, g->total, err)) ||
             (st = dalloc(&g->tokens, N, err)) || (st = dalloc(&g->targets, N, err)) ||
             (st = dalloc(&g->correct, N, err)) || (st = dalloc(&g->x0, N * C, err)) ||
-            (st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->lnf_mean, N, err)) ||
-            (st = dalloc(&g->lnf_rstd, N, err)) || (st = dalloc(&g->logits, N * V, err)) ||
-            (st = dalloc(&g->row_loss, N, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
-            (st = dalloc(&g->dres, N * C, err)) || (st = dalloc(&g->dln, N * C, err)) ||
-            (st = dalloc(&g->dbig, N * 4 * C, err)) ||
-            (st = dalloc(&g->scratch,
-                         ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
+            (st = dalloc(&g->lnf_mean, N, err)) || (st = dalloc(&g->lnf_rstd, N, err)) ||
+            (st = dalloc(&g->logits, N * V, err)) || (st = dalloc(&g->row_loss, N, err)) ||
+            (st = dalloc(&g->dres, N * C, err)) || (st = dalloc(&g->dln, N * C, err)))
             goto out_free;
+        /* the padding between tensors is never written by an upload: zeros, so that the bf16
+         * rounding of the whole flat buffer reads defined values */
+        if ((st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)))
+            goto out_free;
+        if (g->bf16) {
+            if ((st = dalloc_h(&g->params_h, g->total, err)) ||
+                (st = dalloc_h(&g->lnfh, N * C, err)) || (st = dalloc_h(&g->tmph, N * C, err)) ||
+                (st = dalloc_h(&g->dresh, N * C, err)) ||
+                (st = dalloc_h(&g->dbigh, N * 4 * C, err)) ||
+                (st = dalloc_es(
+                     &g->scratch_h, 1,
+                     ddp__cuda_attention_scratch_bf16(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
+                goto out_free;
+        } else if ((st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
+                   (st = dalloc(&g->dbig, N * 4 * C, err)) ||
+                   (st = dalloc(&g->scratch,
+                                ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh),
+                                err))) {
+            goto out_free;
+        }
         for (int l = 0; l < cfg->L; l++) {
             blk *a = &g->b[l];
-            if ((st = dalloc(&a->ln1, N * C, err)) || (st = dalloc(&a->ln1_mean, N, err)) ||
-                (st = dalloc(&a->ln1_rstd, N, err)) || (st = dalloc(&a->qkv, N * 3 * C, err)) ||
-                (st = dalloc(&a->att, TT, err)) || (st = dalloc(&a->atty, N * C, err)) ||
-                (st = dalloc(&a->xmid, N * C, err)) || (st = dalloc(&a->ln2, N * C, err)) ||
-                (st = dalloc(&a->ln2_mean, N, err)) || (st = dalloc(&a->ln2_rstd, N, err)) ||
-                (st = dalloc(&a->fch, N * 4 * C, err)) || (st = dalloc(&a->fchg, N * 4 * C, err)) ||
-                (st = dalloc(&a->xout, N * C, err)))
+            if ((st = dalloc(&a->ln1_mean, N, err)) || (st = dalloc(&a->ln1_rstd, N, err)) ||
+                (st = dalloc(&a->xmid, N * C, err)) || (st = dalloc(&a->ln2_mean, N, err)) ||
+                (st = dalloc(&a->ln2_rstd, N, err)) || (st = dalloc(&a->xout, N * C, err)))
                 goto out_free;
+            if (g->bf16) {
+                if ((st = dalloc_h(&a->ln1h, N * C, err)) ||
+                    (st = dalloc_h(&a->qkvh, N * 3 * C, err)) ||
+                    (st = dalloc_h(&a->atth, TT, err)) || (st = dalloc_h(&a->attyh, N * C, err)) ||
+                    (st = dalloc_h(&a->ln2h, N * C, err)) ||
+                    (st = dalloc_h(&a->fchh, N * 4 * C, err)) ||
+                    (st = dalloc_h(&a->fchgh, N * 4 * C, err)))
+                    goto out_free;
+            } else if ((st = dalloc(&a->ln1, N * C, err)) ||
+                       (st = dalloc(&a->qkv, N * 3 * C, err)) || (st = dalloc(&a->att, TT, err)) ||
+                       (st = dalloc(&a->atty, N * C, err)) || (st = dalloc(&a->ln2, N * C, err)) ||
+                       (st = dalloc(&a->fch, N * 4 * C, err)) ||
+                       (st = dalloc(&a->fchg, N * 4 * C, err))) {
+                goto out_free;
+            }
         }
     }
     *out = g;
@@ -280,16 +349,108 @@ static ddp_status gather_last(ddp__cuda_gpt *g, const float *src, int n, int T, 
                            "gather of the last positions", err);
 }
 
-extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
-                                            const int32_t *targets, int n, int T, bool train,
-                                            bool last_logits, float grad_scale, double *loss_sum,
-                                            int *count, int64_t *correct, float *logits_host,
-                                            ddp_error *err)
+/* Precision fp32 or tf32, from the embedding's x0 to the logits (rows, V) in g->logits (rows as
+ * forward_bf16). */
+static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
     const size_t NC = (size_t)N * C;
     const ddp_precision pr = g->cfg.precision;
+    ddp_status st;
+    const float *x = g->x0;
+    for (int l = 0; l < g->cfg.L; l++) {
+        blk *a = &g->b[l];
+        if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
+                                              a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C, 3 * C,
+                                           a->qkv, pr, err)) ||
+            (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
+                                              pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
+                                           g->tmp, pr, err)) ||
+            (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
+            (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
+                                              LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln2, P(g, a->fc_w), P(g, a->fc_b), N, C, 4 * C,
+                                           a->fch, pr, err)) ||
+            (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N, 4 * C,
+                                           C, g->tmp, pr, err)) ||
+            (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
+            return st;
+        x = a->xout;
+    }
+    if (rows != N) {
+        if ((st = gather_last(g, x, n, T, g->tmp, err)))
+            return st;
+        x = g->tmp;
+    }
+    if ((st = ddp__cuda_layernorm_forward(c, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C, LN_EPS,
+                                          g->lnf, g->lnf_mean, g->lnf_rstd, err)) ||
+        (st = ddp__cuda_gemm(c, false, true, rows, V, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f,
+                             g->logits, V, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)))
+        return st;
+    return DDP_OK;
+}
+
+/* Precision bf16, from the embedding's x0 to the logits (rows, V) fp32 in g->logits: the blocks
+ * and the head with every rounding of docs/gpu.md's table. rows: N, or n for the last positions. */
+static ddp_status forward_bf16(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
+    const size_t NC = (size_t)N * C;
+    ddp_status st;
+    /* the weights' bf16 copy, once per forward (the padding between tensors is zeros) */
+    if ((st = ddp__cuda_f32_to_bf16(c, g->params, g->total, g->params_h, err)))
+        return st;
+    const float *x = g->x0;
+    for (int l = 0; l < g->cfg.L; l++) {
+        blk *a = &g->b[l];
+        if ((st = ddp__cuda_layernorm_forward_bf16(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
+                                                   LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd,
+                                                   err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N, C,
+                                                3 * C, a->qkvh, err)) ||
+            (st = ddp__cuda_attention_forward_bf16(c, a->qkvh, n, T, C, nh, a->atth, g->scratch_h,
+                                                   a->attyh, err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->attyh, PH(g, a->proj_w), P(g, a->proj_b), N,
+                                                C, C, g->tmph, err)) ||
+            (st = ddp__cuda_add_bf16(c, x, g->tmph, NC, a->xmid, err)) ||
+            (st = ddp__cuda_layernorm_forward_bf16(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
+                                                   LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
+                                                   err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->ln2h, PH(g, a->fc_w), P(g, a->fc_b), N, C,
+                                                4 * C, a->fchh, err)) ||
+            (st = ddp__cuda_gelu_forward_bf16(c, a->fchh, NC * 4, a->fchgh, err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->fchgh, PH(g, a->mproj_w), P(g, a->mproj_b), N,
+                                                4 * C, C, g->tmph, err)) ||
+            (st = ddp__cuda_add_bf16(c, a->xmid, g->tmph, NC, a->xout, err)))
+            return st;
+        x = a->xout;
+    }
+    if (rows != N) { /* the last positions only: gathered into dln (fp32, free in forward) */
+        if ((st = gather_last(g, x, n, T, g->dln, err)))
+            return st;
+        x = g->dln;
+    }
+    /* ln_f in fp32 statistics, bf16 out; the head bf16 × bf16 with fp32 logits */
+    if ((st = ddp__cuda_layernorm_forward_bf16(c, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C,
+                                               LN_EPS, g->lnfh, g->lnf_mean, g->lnf_rstd, err)))
+        return st;
+    return ddp__cuda_gemm(c, false, true, rows, V, C, 1.0f, g->lnfh, C, PH(g, g->wte), C, 0.0f,
+                          g->logits, V, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err);
+}
+
+extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
+                                           const int32_t *targets, int n, int T, bool train,
+                                           bool last_logits, float grad_scale, double *loss_sum,
+                                           int *count, int64_t *correct, float *logits_host,
+                                           ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int C = g->cfg.C, V = g->cfg.V, N = n * T;
     ddp_status st;
     g->can_backward = false;
     g->n = n;
@@ -301,40 +462,8 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
         (st = ddp__cuda_embedding_forward(c, g->tokens, P(g, g->wte), P(g, g->wpe), n, T, C, g->x0,
                                           err)))
         return st;
-    const float *x = g->x0;
-    for (int l = 0; l < g->cfg.L; l++) {
-        blk *a = &g->b[l];
-        if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
-                                              a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
-                                           3 * C, a->qkv, pr, err)) ||
-            (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
-                                              pr, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
-                                           g->tmp, pr, err)) ||
-            (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
-            (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
-                                              LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln2, P(g, a->fc_w), P(g, a->fc_b), N, C, 4 * C,
-                                           a->fch, pr, err)) ||
-            (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
-                                           4 * C, C, g->tmp, pr, err)) ||
-            (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
-            return st;
-        x = a->xout;
-    }
-    int rows = N;
-    if (!train && !targets && last_logits) {
-        if ((st = gather_last(g, x, n, T, g->tmp, err)))
-            return st;
-        x = g->tmp;
-        rows = n;
-    }
-    if ((st = ddp__cuda_layernorm_forward(c, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C, LN_EPS,
-                                          g->lnf, g->lnf_mean, g->lnf_rstd, err)) ||
-        (st = ddp__cuda_gemm(c, false, true, rows, V, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f,
-                             g->logits, V, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)))
+    int rows = !train && !targets && last_logits ? n : N;
+    if ((st = g->bf16 ? forward_bf16(g, n, T, rows, err) : forward_fp32(g, n, T, rows, err)))
         return st;
     if (!targets) {
         if (logits_host)
@@ -345,12 +474,16 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     int cnt = 0;
     for (int r = 0; r < N; r++)
         cnt += targets[r] != -1; /* DDP_NN_IGNORE_INDEX */
-    if ((st = ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt, g->row_loss,
-                                   g->correct, train ? g->logits : NULL, err)) ||
-        (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N,
-                                err)) ||
-        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N,
-                                err)))
+    /* the loss in fp32 in both precisions; in bf16 the gradient replaces the logits as bf16
+     * (leading dimension 2V) for the head's bf16 products */
+    if ((st = g->bf16
+                  ? ddp__cuda_vocab_xent_bf16grad(c, g->logits, g->targets, N, V, grad_scale, cnt,
+                                                  g->row_loss, g->correct, train, err)
+                  : ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt,
+                                         g->row_loss, g->correct, train ? g->logits : NULL, err)) ||
+        (st =
+             ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N, err)) ||
+        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N, err)))
         return st;
     double s = 0;
     int64_t k = 0;
@@ -367,22 +500,17 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     return DDP_OK;
 }
 
-extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
-                                             ddp_error *err)
+/* Precision fp32 or tf32: from the loss's gradient in g->logits to the residual stream's
+ * gradient at block 0's input in g->dres, the weights' gradients into g->grads (zeroed). */
+static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
 {
-    if (!g->can_backward)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: backward without a training "
-                                                    "forward");
-    g->can_backward = false;
     ddp__cuda_ctx *c = g->ctx;
     const int n = g->n, T = g->T, C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
     const size_t NC = (size_t)N * C;
     const ddp_precision pr = g->cfg.precision;
     ddp_status st;
     /* the LM head (tied to wte): dln = dlogits · wte, dwte += dlogitsᵀ · lnf */
-    if ((st = use_device(g, err)) ||
-        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
-        (st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, g->logits, V, P(g, g->wte), C, 0.0f,
+    if ((st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, g->logits, V, P(g, g->wte), C, 0.0f,
                              g->dln, C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
         (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, g->logits, V, g->lnf, C, 1.0f,
                              G(g, g->wte), C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
@@ -415,6 +543,84 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
             return st;
     }
+    return DDP_OK;
+}
+
+/* Precision bf16: as backward_fp32, with the roundings of docs/gpu.md's table. The loss's
+ * gradient is the bf16 matrix (N, V), leading dimension 2V, that the forward wrote over the
+ * logits; dres stays fp32 and is rounded into dresh for each product that reads it. */
+static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int n = g->n, T = g->T, C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
+    const size_t NC = (size_t)N * C;
+    const uint16_t *dlog = (const uint16_t *)g->logits;
+    const int ldd = 2 * V;
+    ddp_status st;
+    /* the LM head (tied to wte): dln (fp32) = dlogits · wte, dwte += dlogitsᵀ · lnf */
+    if ((st =
+             ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, dlog, ldd, PH(g, g->wte), C, 0.0f,
+                            g->dln, C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err)) ||
+        (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, dlog, ldd, g->lnfh, C, 1.0f,
+                             G(g, g->wte), C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16,
+                             err)) ||
+        (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
+                                           g->lnf_mean, g->lnf_rstd, N, C, g->dres, G(g, g->lnf_w),
+                                           G(g, g->lnf_b), err)))
+        return st;
+    for (int l = g->cfg.L - 1; l >= 0; l--) {
+        blk *a = &g->b[l];
+        const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
+        /* MLP: dfchg (bf16, dbigh) = dres·Wmproj; GELU's backward in place (bf16); dln2 (fp32)
+         * = dfch·Wfc; ln_2's backward in fp32; dres += dln2 */
+        if ((st = ddp__cuda_f32_to_bf16(c, g->dres, NC, g->dresh, err)) ||
+            (st = ddp__cuda_linear_backward_bf16(c, g->dresh, a->fchgh, PH(g, a->mproj_w), N, 4 * C,
+                                                 C, g->dbigh, DDP_BFLOAT16, G(g, a->mproj_w),
+                                                 G(g, a->mproj_b), err)) ||
+            (st = ddp__cuda_gelu_backward_bf16(c, g->dbigh, a->fchh, NC * 4, g->dbigh, err)) ||
+            (st = ddp__cuda_linear_backward_bf16(c, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C, 4 * C,
+                                                 g->dln, DDP_FLOAT32, G(g, a->fc_w), G(g, a->fc_b),
+                                                 err)) ||
+            (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
+                                               a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
+                                               G(g, a->ln2_b), err)) ||
+            (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
+            return st;
+        /* attention: datty (bf16, tmph) = dres·Wproj; dqkv (bf16, dbigh); dln1 (fp32) =
+         * dqkv·Wattn; ln_1's backward in fp32; dres += dln1 */
+        if ((st = ddp__cuda_f32_to_bf16(c, g->dres, NC, g->dresh, err)) ||
+            (st = ddp__cuda_linear_backward_bf16(c, g->dresh, a->attyh, PH(g, a->proj_w), N, C, C,
+                                                 g->tmph, DDP_BFLOAT16, G(g, a->proj_w),
+                                                 G(g, a->proj_b), err)) ||
+            (st = ddp__cuda_attention_backward_bf16(c, g->tmph, a->qkvh, a->atth, n, T, C, nh,
+                                                    g->scratch_h, g->dbigh, err)) ||
+            (st = ddp__cuda_linear_backward_bf16(c, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
+                                                 3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
+                                                 G(g, a->attn_b), err)) ||
+            (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
+                                               a->ln1_rstd, N, C, g->dln, G(g, a->ln1_w),
+                                               G(g, a->ln1_b), err)) ||
+            (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
+            return st;
+    }
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
+                                            ddp_error *err)
+{
+    if (!g->can_backward)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: backward without a training "
+                              "forward");
+    g->can_backward = false;
+    ddp__cuda_ctx *c = g->ctx;
+    const int n = g->n, T = g->T, C = g->cfg.C;
+    ddp_status st;
+    if ((st = use_device(g, err)) ||
+        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
+        (st = g->bf16 ? backward_bf16(g, err) : backward_fp32(g, err)))
+        return st;
     if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
                                            G(g, g->wpe), err)))
         return st;

@@ -4,6 +4,8 @@
  * Each mirrors its CPU twin in ddp/nn.h (the reference in tests/unit/test_cuda_kernels.c); the
  * differences are stated where they are (fp32 statistics where the CPU uses double, atomic adds
  * whose order varies). No dropout here: the CUDA GPT refuses dropout > 0 for now.
+ * The bf16 variants (precision bf16: docs/gpu.md's table of roundings) are the same kernels
+ * templated on the element type through ddp__ld/ddp__st: fp32 arithmetic, bf16 storage.
  */
 #include "common.cuh"
 
@@ -66,8 +68,9 @@ extern "C" ddp_status ddp__cuda_embedding_backward(ddp__cuda_ctx *c, const float
 
 /* ---- layernorm: one warp per row ------------------------------------------------------------ */
 
+template <typename E>
 __global__ void layernorm_fwd(const float *x, const float *w, const float *b, int N, int C,
-                              float eps, float *y, float *mean, float *rstd)
+                              float eps, E *y, float *mean, float *rstd)
 {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N)
@@ -83,9 +86,9 @@ __global__ void layernorm_fwd(const float *x, const float *w, const float *b, in
         v += d * d;
     }
     float rs = 1.0f / sqrtf(ddp__warp_sum(v) / C + eps);
-    float *yr = y + (size_t)row * C;
+    E *yr = y + (size_t)row * C;
     for (int i = lane; i < C; i += 32)
-        yr[i] = (xr[i] - mu) * rs * w[i] + (b ? b[i] : 0.0f);
+        ddp__st(yr + i, (xr[i] - mu) * rs * w[i] + (b ? b[i] : 0.0f));
     if (lane == 0 && mean) {
         mean[row] = mu;
         rstd[row] = rs;
@@ -99,9 +102,21 @@ extern "C" ddp_status ddp__cuda_layernorm_forward(ddp__cuda_ctx *c, const float 
 {
     if (N <= 0)
         return DDP_OK;
-    layernorm_fwd<<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C, eps, y,
-                                                                   mean, rstd);
+    layernorm_fwd<float>
+        <<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C, eps, y, mean, rstd);
     return ddp__cuda_launched("layernorm forward", err);
+}
+
+extern "C" ddp_status ddp__cuda_layernorm_forward_bf16(ddp__cuda_ctx *c, const float *x,
+                                                       const float *weight, const float *bias,
+                                                       int N, int C, float eps, uint16_t *y,
+                                                       float *mean, float *rstd, ddp_error *err)
+{
+    if (N <= 0)
+        return DDP_OK;
+    layernorm_fwd<uint16_t>
+        <<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C, eps, y, mean, rstd);
+    return ddp__cuda_launched("layernorm forward (bf16 output)", err);
 }
 
 /* dx = rstd · (w·dy − mean(w·dy) − x̂ · mean(w·dy·x̂)), one warp per row; in place is safe (each
@@ -171,40 +186,60 @@ extern "C" ddp_status ddp__cuda_layernorm_backward(ddp__cuda_ctx *c, const float
 
 #define GELU_K 0.7978845608028654f /* √(2/π) */
 
-__global__ void gelu_fwd(const float *x, size_t n, float *y)
+template <typename E> __global__ void gelu_fwd(const E *x, size_t n, E *y)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+        float v = ddp__ld(x + i);
+        ddp__st(y + i, 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
     }
 }
 
-__global__ void gelu_bwd(const float *dy, const float *x, size_t n, float *dx)
+template <typename E> __global__ void gelu_bwd(const E *dy, const E *x, size_t n, E *dx)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
+        float v = ddp__ld(x + i);
         float u = GELU_K * (v + 0.044715f * v * v * v);
         float th = tanhf(u);
         float sech2 = 1.0f - th * th;
-        float g = 0.5f * (1.0f + th) + 0.5f * v * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] = dy[i] * g;
+        float g =
+            0.5f * (1.0f + th) + 0.5f * v * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        ddp__st(dx + i, ddp__ld(dy + i) * g);
     }
 }
 
 extern "C" ddp_status ddp__cuda_gelu_forward(ddp__cuda_ctx *c, const float *x, size_t n, float *y,
                                              ddp_error *err)
 {
-    gelu_fwd<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(x, n, y);
+    gelu_fwd<float><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(x, n, y);
     return ddp__cuda_launched("gelu forward", err);
 }
 
 extern "C" ddp_status ddp__cuda_gelu_backward(ddp__cuda_ctx *c, const float *dy, const float *x,
                                               size_t n, float *dx, ddp_error *err)
 {
-    gelu_bwd<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, x, n, dx);
+    gelu_bwd<float><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, x, n, dx);
     return ddp__cuda_launched("gelu backward", err);
+}
+
+extern "C" ddp_status ddp__cuda_gelu_forward_bf16(ddp__cuda_ctx *c, const uint16_t *x, size_t n,
+                                                  uint16_t *y, ddp_error *err)
+{
+    if (n == 0)
+        return DDP_OK;
+    gelu_fwd<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(x, n, y);
+    return ddp__cuda_launched("gelu forward (bf16)", err);
+}
+
+extern "C" ddp_status ddp__cuda_gelu_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dy,
+                                                   const uint16_t *x, size_t n, uint16_t *dx,
+                                                   ddp_error *err)
+{
+    if (n == 0)
+        return DDP_OK;
+    gelu_bwd<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, x, n, dx);
+    return ddp__cuda_launched("gelu backward (bf16)", err);
 }
 
 __global__ void add_kernel(const float *a, const float *b, size_t n, float *y)
@@ -221,10 +256,34 @@ extern "C" ddp_status ddp__cuda_add(ddp__cuda_ctx *c, const float *a, const floa
     return ddp__cuda_launched("add", err);
 }
 
+/* y = a + widen(b): the fp32 residual stream plus a bf16 branch output (autocast's promotion). */
+__global__ void add_bf16_kernel(const float *a, const uint16_t *b, size_t n, float *y)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + ddp__bf16_to_f32(b[i]);
+}
+
+extern "C" ddp_status ddp__cuda_add_bf16(ddp__cuda_ctx *c, const float *a, const uint16_t *b,
+                                         size_t n, float *y, ddp_error *err)
+{
+    if (n == 0)
+        return DDP_OK;
+    add_bf16_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(a, b, n, y);
+    return ddp__cuda_launched("add (bf16 branch)", err);
+}
+
 /* ---- fused softmax cross-entropy: one block per row ------------------------------------------ */
 
+/* dlogits_bf16 (instead of dlogits): each row's gradient as V bf16 values written over the first
+ * half of that row's own fp32 storage (a bf16 matrix (N, V) with leading dimension 2V at the
+ * logits' address). The row is read and written in chunks of blockDim.x columns with a barrier
+ * between each chunk's reads and its writes: bf16 column j lands inside fp32 column j/2 ≤ j,
+ * which this chunk or an earlier one has already read, and no later chunk reads a column below
+ * its own start, so no value is overwritten before it is read. */
 __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, float scale,
-                           int count, float *row_loss, int32_t *correct, float *dlogits)
+                           int count, float *row_loss, int32_t *correct, float *dlogits,
+                           uint16_t *dlogits_bf16)
 {
     __shared__ float sh[32];
     __shared__ int shi[32];
@@ -269,10 +328,23 @@ __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, f
         row_loss[row] = ignored ? 0.0f : logf(s) + mx - l[y];
         correct[row] = !ignored && arg == y;
     }
-    if (!dlogits)
+    if (!dlogits && !dlogits_bf16)
         return;
     __syncthreads(); /* every read of the row is done before dlogits (maybe the row) is written */
     float f = ignored || count == 0 ? 0.0f : scale / count;
+    if (dlogits_bf16) {
+        uint16_t *h = dlogits_bf16 + row * 2 * (size_t)V;
+        for (int c0 = 0; c0 < V; c0 += blockDim.x) { /* the same trip count in every thread */
+            int j = c0 + (int)threadIdx.x;
+            float gj = 0.0f;
+            if (j < V)
+                gj = (expf(l[j] - mx) / s - (j == y ? 1.0f : 0.0f)) * f;
+            __syncthreads(); /* this chunk's reads before its writes */
+            if (j < V)
+                h[j] = ddp__f32_to_bf16(gj);
+        }
+        return;
+    }
     float *d = dlogits + row * (size_t)V;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float p = expf(l[j] - mx) / s;
@@ -288,6 +360,18 @@ extern "C" ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *c, const float *logits
     if (N <= 0)
         return DDP_OK;
     vocab_xent<<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count, row_loss,
-                                                  correct, dlogits);
+                                                   correct, dlogits, NULL);
     return ddp__cuda_launched("softmax cross-entropy", err);
+}
+
+extern "C" ddp_status ddp__cuda_vocab_xent_bf16grad(ddp__cuda_ctx *c, float *logits,
+                                                    const int32_t *targets, int N, int V,
+                                                    float scale, int count, float *row_loss,
+                                                    int32_t *correct, bool grad, ddp_error *err)
+{
+    if (N <= 0)
+        return DDP_OK;
+    vocab_xent<<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count, row_loss,
+                                                   correct, NULL, grad ? (uint16_t *)logits : NULL);
+    return ddp__cuda_launched("softmax cross-entropy (bf16 gradient)", err);
 }
