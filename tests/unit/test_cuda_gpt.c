@@ -5,7 +5,10 @@
  *   - the first backward's gradients, rel ≤ 1e-3 per tensor;
  *   - 10 AdamW steps (the host optimizer on both), every loss within 1e-4 (fp32), within 5e-3
  *     with precision tf32 on the GPU;
- *   - bias false, and a batch with ignored targets and a shorter sequence.
+ *   - bias false, and a batch with ignored targets and a shorter sequence;
+ *   - precision bf16 on the GPU (bf16_*): logits and gradients against the CPU in fp32 with
+ *     bounds that catch a wrong index, not bf16's error; 10 AdamW steps against the CPU model in
+ *     bf16 (fp32 where this CPU has no bf16 units), and not fp32's losses bit for bit.
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
 #include <math.h>
@@ -128,10 +131,11 @@ static void grads_match(void **state)
     }
 }
 
-/* 10 AdamW steps on both; returns the largest loss difference. */
-static double train10(ddp_precision gpu_prec)
+/* 10 AdamW steps on both; returns the largest loss difference; gpu_loss (10,) the GPU's losses
+ * when not NULL. */
+static double train10_on(ddp_precision cpu_prec, ddp_precision gpu_prec, double *gpu_loss)
 {
-    ddp_model *m[2] = {build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true),
+    ddp_model *m[2] = {build(DDP_DEVICE_CPU, cpu_prec, true),
                        build(DDP_DEVICE_CUDA, gpu_prec, true)};
     ddp_optim *o[2];
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
@@ -159,8 +163,10 @@ static double train10(ddp_precision gpu_prec)
             ddp_optim_step(o[k], step, 1e-3f, 1.0f);
             loss[k] = out.loss;
         }
-        printf("    step %2llu: cpu %.6f gpu %.6f (%s)\n", (unsigned long long)step, loss[0],
-               loss[1], ddp_precision_name(gpu_prec));
+        printf("    step %2llu: cpu %.6f (%s) gpu %.6f (%s)\n", (unsigned long long)step, loss[0],
+               ddp_precision_name(cpu_prec), loss[1], ddp_precision_name(gpu_prec));
+        if (gpu_loss)
+            gpu_loss[step - 1] = loss[1];
         if (fabs(loss[0] - loss[1]) > worst)
             worst = fabs(loss[0] - loss[1]);
     }
@@ -169,6 +175,11 @@ static double train10(ddp_precision gpu_prec)
         ddp_model_free(m[k]);
     }
     return worst;
+}
+
+static double train10(ddp_precision gpu_prec)
+{
+    return train10_on(DDP_PRECISION_FP32, gpu_prec, NULL);
 }
 
 static void ten_steps_fp32(void **state)
@@ -187,14 +198,107 @@ static void ten_steps_tf32(void **state)
     assert_true(d <= 5e-3);
 }
 
+/* ---- precision bf16 on the GPU ------------------------------------------------------------------
+ * The GPU rounds to bf16 every matrix product's operands (weights, layernorm outputs, q/k/v, the
+ * probabilities, the MLP's activations, the gradients that feed products) and the products'
+ * outputs that only products or the residual add read (docs/gpu.md's table). */
+
+/* Evaluation logits and the first backward's gradients, GPU bf16 against CPU fp32. bf16 keeps 8
+ * significant bits (a rounding is ≤ 2⁻⁹ ≈ 2e-3 relative); the CPU's own bf16 path is within 1%
+ * (loss) and 3% (gradients) of fp32 (unit.test_gpt). The bounds here (logits 5e-2, loss 2e-2
+ * relative, each gradient tensor 1e-1) are a few times that: they catch a wrong stride, operand or
+ * dtype (errors of order 1), not bf16's own error, which the printout shows. */
+static void bf16_logits_grads(void **state)
+{
+    (void)state;
+    ddp_model *cpu = build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true);
+    ddp_model *gpu = build(DDP_DEVICE_CUDA, DDP_PRECISION_BF16, true);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(0, TMAX, tok, tgt);
+    for (int last = 0; last < 2; last++) {
+        ddp_model_batch b = {.n = B, .tokens = tok, .seq_len = TMAX, .last_logits = last};
+        assert_int_equal(ddp_model_forward(cpu, &b, false, NULL), DDP_OK);
+        assert_int_equal(ddp_model_forward(gpu, &b, false, NULL), DDP_OK);
+        size_t r1, c1, r2, c2;
+        const float *l1 = ddp_model_logits(cpu, &r1, &c1), *l2 = ddp_model_logits(gpu, &r2, &c2);
+        assert_int_equal(r1, r2);
+        assert_int_equal(c1, c2);
+        double d = rel(l2, l1, r1 * c1);
+        printf("  bf16 logits%s: rel %.2e against fp32 (bound 5e-2)\n",
+               last ? " (last positions)" : "", d);
+        assert_true(d <= 5e-2);
+    }
+    const int T = 19;
+    make_batch(1, T, tok, tgt);
+    for (int i = 0; i < B * T; i += 5)
+        tgt[i] = DDP_NN_IGNORE_INDEX;
+    ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = T};
+    ddp_model_out o1, o2;
+    assert_int_equal(ddp_model_forward(cpu, &b, true, &o1), DDP_OK);
+    assert_int_equal(ddp_model_forward(gpu, &b, true, &o2), DDP_OK);
+    printf("  bf16 loss: cpu fp32 %.6f gpu bf16 %.6f (bound 2e-2 relative)\n", o1.loss, o2.loss);
+    assert_true(fabs(o1.loss - o2.loss) <= 2e-2 * fabs(o1.loss));
+    assert_int_equal(o1.count, o2.count);
+    assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
+    assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
+    size_t np;
+    const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
+    double worst = 0;
+    const char *bad = NULL;
+    for (size_t i = 0; i < np; i++) {
+        double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
+        printf("    gradient of %-28s rel %.2e\n", p1[i].name, d);
+        if (!(d <= worst)) {
+            worst = d;
+            if (!(d <= 1e-1))
+                bad = p1[i].name;
+        }
+    }
+    printf("  bf16 gradients: worst tensor rel %.2e against fp32 (bound 1e-1)\n", worst);
+    if (bad)
+        fail_msg("bf16 gradient of %s: rel %.3e > 1e-1", bad, worst);
+    ddp_model_free(cpu);
+    ddp_model_free(gpu);
+}
+
+/* 10 AdamW steps: GPU bf16 against the CPU model in bf16 (docs/nn.md: the same products'
+ * operands rounded, everything else fp32), the closest reference, within 2e-2 per loss; where
+ * this CPU cannot compute bf16, against fp32 within 5e-2 (unit.test_gpt's 1% bound between the
+ * CPU's bf16 and fp32, on a loss of ln 97 ≈ 4.6). Why 2e-2 (≈ 0.4% of the loss): both sides
+ * round the same operands; the GPU also rounds the projections' outputs before the residual add,
+ * the pre-GELU activation, dS and the gradients feeding products (docs/gpu.md lists each), each
+ * a relative 2⁻⁹ per element, averaged over the 128 × 97 terms of the loss; the updates (lr
+ * 1e-3) move the losses by ~1e-2 over the 10 steps, so a bf16 error in the gradients changes
+ * the trajectory by a fraction of that. An estimate, to be confirmed on the first GPU run.
+ * Also: the losses are not fp32's bit for bit (the bf16 path really ran). */
+static void bf16_ten_steps(void **state)
+{
+    (void)state;
+    ddp_error e = {0};
+    const bool cpu_bf16 = ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &e) == DDP_OK;
+    const double tol = cpu_bf16 ? 2e-2 : 5e-2;
+    if (!cpu_bf16)
+        printf("  this CPU has no bf16 products (%s): the reference is fp32\n", e.msg);
+    double lb[10], lf[10];
+    double d =
+        train10_on(cpu_bf16 ? DDP_PRECISION_BF16 : DDP_PRECISION_FP32, DDP_PRECISION_BF16, lb);
+    printf("  10 steps bf16: largest loss difference %.2e (tolerance %.0e)\n", d, tol);
+    assert_true(d <= tol);
+    (void)train10_on(DDP_PRECISION_FP32, DDP_PRECISION_FP32, lf);
+    int same = 0;
+    for (int i = 0; i < 10; i++)
+        same += lb[i] == lf[i];
+    printf("  bf16 losses equal to fp32's in %d of 10 steps (must be < 10)\n", same);
+    assert_true(same < 10);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(logits_match),
-        cmocka_unit_test(grads_match),
-        cmocka_unit_test(ten_steps_fp32),
-        cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(logits_match),      cmocka_unit_test(grads_match),
+        cmocka_unit_test(ten_steps_fp32),    cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(bf16_logits_grads), cmocka_unit_test(bf16_ten_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

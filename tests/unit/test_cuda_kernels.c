@@ -92,6 +92,86 @@ static void expect_close(const char *what, const float *got_dev, const float *wa
         fail_msg("%s: relative difference %.3e > %.1e", what, rel, tol);
 }
 
+/* ---- bf16 helpers: bf16 device buffers are uint16_t bit patterns (util/half.h's rounding) ---- */
+
+/* x rounded to bf16 and widened back, in place: the values a bf16 buffer holds. */
+static void round_bf16(float *x, size_t n)
+{
+    uint16_t *t = malloc(sizeof(uint16_t) * (n ? n : 1));
+    assert_non_null(t);
+    ddp__from_f32(t, x, n, DDP_BFLOAT16);
+    ddp__to_f32(x, t, n, DDP_BFLOAT16);
+    free(t);
+}
+
+static float round1(float v)
+{
+    round_bf16(&v, 1);
+    return v;
+}
+
+/* A device bf16 buffer holding host (rounded); host NULL: zeros. */
+static uint16_t *dev_bf16(const float *host, size_t n)
+{
+    uint16_t *t = malloc(sizeof(uint16_t) * (n ? n : 1));
+    assert_non_null(t);
+    if (host)
+        ddp__from_f32(t, host, n, DDP_BFLOAT16);
+    else
+        memset(t, 0, sizeof(uint16_t) * n);
+    uint16_t *d = dev_from(t, sizeof(uint16_t) * n);
+    free(t);
+    return d;
+}
+
+/* rows × cols bf16 values from the device (leading dimension ld), widened to fp32. */
+static float *fetch_bf16_ld(const void *dev, size_t rows, size_t cols, size_t ld)
+{
+    uint16_t *t = malloc(sizeof(uint16_t) * rows * ld);
+    float *h = malloc(sizeof(float) * rows * cols);
+    ddp_error err = {0};
+    assert_non_null(t);
+    assert_non_null(h);
+    if (ddp__cuda_to_host(ctx, t, dev, sizeof(uint16_t) * rows * ld, &err) != DDP_OK)
+        fail_msg("%s", err.msg);
+    for (size_t r = 0; r < rows; r++)
+        ddp__to_f32(h + r * cols, t + r * ld, cols, DDP_BFLOAT16);
+    free(t);
+    return h;
+}
+
+/* expect_close on host values (freed by the caller). */
+static void expect_close_host(const char *what, const float *got, const float *want, size_t n,
+                              double tol)
+{
+    double md = 0, mw = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= md))
+            md = d;
+        if (fabs(want[i]) > mw)
+            mw = fabs(want[i]);
+    }
+    double rel = md / (mw > 0 ? mw : 1e-30);
+    printf("  %-34s rel %.2e (tolerance %.0e, %zu values)\n", what, rel, tol, n);
+    if (!(rel <= tol))
+        fail_msg("%s: relative difference %.3e > %.1e", what, rel, tol);
+}
+
+/* A bf16 device result against an fp32 reference computed from the same (rounded) inputs. The
+ * device rounds its fp32 result once; the reference is rounded the same way, so the two differ
+ * only where a different fp32 summation order crosses a rounding boundary: one bf16 unit in the
+ * last place of that element, 2⁻⁸ of it at most. BF16_ULP2 (two units of the largest element)
+ * is the tolerance of every such comparison below. */
+#define BF16_ULP2 7.9e-3
+static void expect_close_bf16(const char *what, const uint16_t *got_dev, float *want, size_t n)
+{
+    float *got = fetch_bf16_ld(got_dev, 1, n, n);
+    round_bf16(want, n);
+    expect_close_host(what, got, want, n, BF16_ULP2);
+    free(got);
+}
+
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
 /* shift > 0: every operand (A, B, C, bias) starts `shift` elements into its allocation, so the
@@ -381,6 +461,260 @@ static void vocab_xent(void **state)
     ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
 }
 
+/* ---- the bf16 layers (precision bf16) ---------------------------------------------------------
+ * References: the CPU's fp32 layer on the bf16-rounded inputs (what the device's bf16 buffers
+ * hold), its result rounded as the device rounds it. */
+
+static void layers_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    /* layernorm: fp32 in, fp32 statistics, bf16 out */
+    {
+        const int N = 300, C = 96;
+        float *x = host_rand((size_t)N * C, 2), *w = host_rand(C, 1), *b = host_rand(C, 1);
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            x[i] += 3.0f;
+        float *y = malloc(sizeof(float) * N * C), *mean = malloc(sizeof(float) * N),
+              *rstd = malloc(sizeof(float) * N);
+        float *x_ = dev_from(x, sizeof(float) * N * C), *w_ = dev_from(w, sizeof(float) * C);
+        float *b_ = dev_from(b, sizeof(float) * C), *m_ = dev_from(NULL, sizeof(float) * N);
+        float *r_ = dev_from(NULL, sizeof(float) * N);
+        uint16_t *y_ = dev_bf16(NULL, (size_t)N * C);
+        ok(ddp__cuda_layernorm_forward_bf16(ctx, x_, w_, b_, N, C, 1e-5f, y_, m_, r_, &err), &err);
+        ddp_nn_layernorm_forward(x, w, b, N, C, 1e-5f, y, mean, rstd);
+        expect_close_bf16("layernorm forward (bf16 out)", y_, y, (size_t)N * C);
+        expect_close("layernorm mean (bf16 out)", m_, mean, N, 1e-6);
+        expect_close("layernorm rstd (bf16 out)", r_, rstd, N, 1e-5);
+        free(x), free(w), free(b), free(y), free(mean), free(rstd);
+        ddp__cuda_free(x_), ddp__cuda_free(w_), ddp__cuda_free(b_), ddp__cuda_free(m_);
+        ddp__cuda_free(r_), ddp__cuda_free(y_);
+    }
+    /* linear: bf16 x, W, dy; fp32 bias; y bf16; dx fp32 or bf16; dW, db fp32 (+=) */
+    {
+        const int B = 37, in = 48, out = 80;
+        float *x = host_rand((size_t)B * in, 1), *W = host_rand((size_t)out * in, 0.2f);
+        float *b = host_rand(out + 1, 0.1f), *dy = host_rand((size_t)B * out, 1);
+        round_bf16(x, (size_t)B * in);
+        round_bf16(W, (size_t)out * in);
+        round_bf16(dy, (size_t)B * out);
+        float *y = malloc(sizeof(float) * B * out), *dx = malloc(sizeof(float) * B * in);
+        float *dW = host_rand((size_t)out * in, 1), *db = host_rand(out, 1);
+        uint16_t *x_ = dev_bf16(x, (size_t)B * in), *W_ = dev_bf16(W, (size_t)out * in);
+        uint16_t *dy_ = dev_bf16(dy, (size_t)B * out), *y_ = dev_bf16(NULL, (size_t)B * out);
+        uint16_t *dxh_ = dev_bf16(NULL, (size_t)B * in);
+        float *b_ = dev_from(b, sizeof(float) * (out + 1));
+        float *dx_ = dev_from(NULL, sizeof(float) * B * in);
+        float *dW_ = dev_from(dW, sizeof(float) * out * in),
+              *db_ = dev_from(db, sizeof(float) * out);
+        ok(ddp__cuda_linear_forward_bf16(ctx, x_, W_, b_, B, in, out, y_, &err), &err);
+        ddp_nn_linear_forward(x, W, b, B, in, out, y);
+        expect_close_bf16("linear forward (bf16)", y_, y, (size_t)B * out);
+        /* a bias 4 bytes past its allocation: the bias pass, on a bf16 output */
+        ok(ddp__cuda_linear_forward_bf16(ctx, x_, W_, b_ + 1, B, in, out, y_, &err), &err);
+        ddp_nn_linear_forward(x, W, b + 1, B, in, out, y);
+        expect_close_bf16("linear forward (bf16, unaligned bias)", y_, y, (size_t)B * out);
+        ok(ddp__cuda_linear_backward_bf16(ctx, dy_, x_, W_, B, in, out, dx_, DDP_FLOAT32, dW_, db_,
+                                          &err),
+           &err);
+        ddp_nn_linear_backward(dy, x, W, B, in, out, dx, dW, db);
+        /* exact bf16 products into fp32: only the summation order differs */
+        expect_close("linear backward dx (bf16 in, fp32)", dx_, dx, (size_t)B * in, 1e-5);
+        expect_close("linear backward dW (bf16, +=)", dW_, dW, (size_t)out * in, 1e-5);
+        expect_close("linear backward db (bf16, +=)", db_, db, out, 1e-5);
+        ok(ddp__cuda_linear_backward_bf16(ctx, dy_, x_, W_, B, in, out, dxh_, DDP_BFLOAT16, NULL,
+                                          NULL, &err),
+           &err);
+        expect_close_bf16("linear backward dx (bf16 out)", dxh_, dx, (size_t)B * in);
+        free(x), free(W), free(b), free(dy), free(y), free(dx), free(dW), free(db);
+        void *d[] = {x_, W_, dy_, y_, dxh_, b_, dx_, dW_, db_};
+        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+            ddp__cuda_free(d[i]);
+    }
+    /* GELU on bf16 (fp32 arithmetic), and the fp32 + bf16 residual add */
+    {
+        const size_t n = 100003;
+        float *x = host_rand(n, 5), *dy = host_rand(n, 1), *a = host_rand(n, 3);
+        round_bf16(x, n);
+        round_bf16(dy, n);
+        float *y = malloc(sizeof(float) * n);
+        uint16_t *x_ = dev_bf16(x, n), *dy_ = dev_bf16(dy, n), *y_ = dev_bf16(NULL, n);
+        float *a_ = dev_from(a, sizeof(float) * n), *s_ = dev_from(NULL, sizeof(float) * n);
+        ok(ddp__cuda_gelu_forward_bf16(ctx, x_, n, y_, &err), &err);
+        ddp_nn_gelu_tanh_forward(x, n, y);
+        expect_close_bf16("gelu forward (bf16)", y_, y, n);
+        ok(ddp__cuda_gelu_backward_bf16(ctx, dy_, x_, n, dy_, &err), &err); /* in place */
+        ddp_nn_gelu_tanh_backward(dy, x, n, y);
+        expect_close_bf16("gelu backward (bf16, in place)", dy_, y, n);
+        ok(ddp__cuda_add_bf16(ctx, a_, x_, n, s_, &err), &err);
+        ddp_nn_add(a, x, n, y);
+        expect_close("add fp32 + bf16", s_, y, n, 0);
+        free(x), free(dy), free(a), free(y);
+        ddp__cuda_free(x_), ddp__cuda_free(dy_), ddp__cuda_free(y_), ddp__cuda_free(a_);
+        ddp__cuda_free(s_);
+    }
+}
+
+/* The bf16 attention's arithmetic on the CPU, rounding where the device rounds (P, Y, dV, dS,
+ * dQ, dK), every product accumulated in double: the reference the device must match to a
+ * bf16 unit or two. qkv, dout (B, T, 3C), (B, T, C) hold bf16 values; dout NULL: forward only. */
+static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T, int C, int nh,
+                               float *out, float *dqkv)
+{
+    const int hs = C / nh;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *P = malloc(sizeof(float) * T * T), *dP = malloc(sizeof(float) * T * T);
+    assert_non_null(P);
+    assert_non_null(dP);
+#define Q(b, t, h, d) qkv[((size_t)(b)*T + (t)) * 3 * C + (size_t)(h)*hs + (d)]
+#define K(b, t, h, d) qkv[((size_t)(b)*T + (t)) * 3 * C + C + (size_t)(h)*hs + (d)]
+#define VV(b, t, h, d) qkv[((size_t)(b)*T + (t)) * 3 * C + 2 * C + (size_t)(h)*hs + (d)]
+#define DO(b, t, h, d) dout[((size_t)(b)*T + (t)) * C + (size_t)(h)*hs + (d)]
+#define DQKV(b, t, part, h, d) dqkv[((size_t)(b)*T + (t)) * 3 * C + (part)*C + (size_t)(h)*hs + (d)]
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            for (int t = 0; t < T; t++) {
+                float mx = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int d = 0; d < hs; d++)
+                        s += (double)Q(b, t, h, d) * K(b, j, h, d);
+                    P[t * T + j] = (float)s * scale;
+                    mx = fmaxf(mx, P[t * T + j]);
+                }
+                float sum = 0;
+                for (int j = 0; j <= t; j++)
+                    sum += expf(P[t * T + j] - mx);
+                for (int j = 0; j < T; j++)
+                    P[t * T + j] = j <= t ? round1(expf(P[t * T + j] - mx) / sum) : 0.0f;
+                for (int d = 0; d < hs; d++) {
+                    double y = 0;
+                    for (int j = 0; j <= t; j++)
+                        y += (double)P[t * T + j] * VV(b, j, h, d);
+                    out[((size_t)b * T + t) * C + (size_t)h * hs + d] = round1((float)y);
+                }
+            }
+            if (!dout)
+                continue;
+            for (int t = 0; t < T; t++) { /* dP, then dS in dP's place */
+                float s = 0;
+                for (int j = 0; j <= t; j++) {
+                    double v = 0;
+                    for (int d = 0; d < hs; d++)
+                        v += (double)DO(b, t, h, d) * VV(b, j, h, d);
+                    dP[t * T + j] = (float)v;
+                    s += P[t * T + j] * dP[t * T + j];
+                }
+                for (int j = 0; j < T; j++)
+                    dP[t * T + j] = j <= t ? round1(P[t * T + j] * (dP[t * T + j] - s) * scale) : 0;
+            }
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hs; d++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (int j = 0; j < T; j++) {
+                        dq += (double)dP[t * T + j] * K(b, j, h, d);
+                        dk += (double)dP[j * T + t] * Q(b, j, h, d);
+                        dv += (double)P[j * T + t] * DO(b, j, h, d);
+                    }
+                    DQKV(b, t, 0, h, d) = round1((float)dq);
+                    DQKV(b, t, 1, h, d) = round1((float)dk);
+                    DQKV(b, t, 2, h, d) = round1((float)dv);
+                }
+        }
+#undef Q
+#undef K
+#undef VV
+#undef DO
+#undef DQKV
+    free(P);
+    free(dP);
+}
+
+static void attention_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int B = 2, T = 70, C = 48, nh = 3;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = host_rand(nq, 1), *dout = host_rand(no, 1);
+    round_bf16(qkv, nq);
+    round_bf16(dout, no);
+    float *out = malloc(sizeof(float) * no), *dqkv = malloc(sizeof(float) * nq);
+    attention_bf16_ref(qkv, dout, B, T, C, nh, out, dqkv);
+    uint16_t *qkv_ = dev_bf16(qkv, nq), *dout_ = dev_bf16(dout, no);
+    uint16_t *out_ = dev_bf16(NULL, no), *dqkv_ = dev_bf16(NULL, nq);
+    uint16_t *att_ = dev_bf16(NULL, (size_t)B * nh * T * T);
+    void *s_ = dev_from(NULL, ddp__cuda_attention_scratch_bf16(B, T, C, nh));
+    ok(ddp__cuda_attention_forward_bf16(ctx, qkv_, B, T, C, nh, att_, s_, out_, &err), &err);
+    float *got = fetch_bf16_ld(out_, 1, no, no);
+    /* the rounded probabilities: a score near a rounding boundary may round the other way, one
+     * unit of P (2⁻⁸ relative), which moves Y by less than that: two units of the largest |Y| */
+    expect_close_host("attention forward (bf16)", got, out, no, BF16_ULP2);
+    free(got);
+    ok(ddp__cuda_attention_backward_bf16(ctx, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, &err),
+       &err);
+    got = fetch_bf16_ld(dqkv_, 1, nq, nq);
+    /* dS = P ⊙ (dP − Σ P·dP) can cancel: a unit of dS is then larger than of the result's
+     * largest element; 4 units */
+    expect_close_host("attention backward dqkv (bf16)", got, dqkv, nq, 2 * BF16_ULP2);
+    free(got);
+    /* and against the fp32 CPU layer on the same inputs: bf16's own error, a sanity bound */
+    ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = 0};
+    ok(ddp_nn_attention_setup(&a, &err), &err);
+    float *lse = malloc(sizeof(float) * B * nh * T),
+          *scr = malloc(sizeof(float) * a.scratch_floats);
+    ddp_nn_attention_forward(&a, qkv, B, T, 0, 0, 0, false, scr, out, lse);
+    ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, 0, 0, 0, false, scr, dqkv);
+    got = fetch_bf16_ld(out_, 1, no, no);
+    expect_close_host("attention forward (bf16 vs fp32)", got, out, no, 3e-2);
+    free(got);
+    got = fetch_bf16_ld(dqkv_, 1, nq, nq);
+    expect_close_host("attention backward (bf16 vs fp32)", got, dqkv, nq, 5e-2);
+    free(got);
+    free(qkv), free(dout), free(out), free(dqkv), free(lse), free(scr);
+    ddp__cuda_free(qkv_), ddp__cuda_free(dout_), ddp__cuda_free(out_), ddp__cuda_free(dqkv_);
+    ddp__cuda_free(att_), ddp__cuda_free(s_);
+}
+
+/* The loss in fp32 as ddp__cuda_vocab_xent's, the gradient in bf16 over the logits (leading
+ * dimension 2V); without grad the logits stay as they were. */
+static void vocab_xent_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const int N = 50, V = 1001; /* V odd and not a multiple of 512: the last chunk is partial */
+    float *logits = host_rand((size_t)N * V, 4), *dl = malloc(sizeof(float) * N * V);
+    int32_t tg[50];
+    int count = 0;
+    for (int r = 0; r < N; r++) {
+        tg[r] = r % 7 == 3 ? DDP_NN_IGNORE_INDEX : (r * 37) % V;
+        count += tg[r] != DDP_NN_IGNORE_INDEX;
+    }
+    double loss = 0;
+    ok(ddp_nn_vocab_xent(logits, tg, N, V, 0.5f, &loss, dl, &err), &err);
+    float *l_ = dev_from(logits, sizeof(float) * N * V), *rl_ = dev_from(NULL, sizeof(float) * N);
+    int32_t *tg_ = dev_from(tg, sizeof tg), *cor_ = dev_from(NULL, sizeof(int32_t) * N);
+    for (int grad = 0; grad < 2; grad++) {
+        ok(ddp__cuda_vocab_xent_bf16grad(ctx, l_, tg_, N, V, 0.5f, count, rl_, cor_, grad, &err),
+           &err);
+        float *rl = fetch(rl_, N);
+        double s = 0;
+        for (int r = 0; r < N; r++)
+            s += rl[r];
+        printf("  softmax xent (bf16 gradient %d) loss: gpu %.7f cpu %.7f\n", grad, s / count,
+               loss);
+        assert_true(fabs(s / count - loss) <= 1e-5 * fabs(loss));
+        free(rl);
+        if (!grad)
+            expect_close("softmax xent without grad: logits kept", l_, logits, (size_t)N * V, 0);
+    }
+    float *got = fetch_bf16_ld(l_, N, V, 2 * (size_t)V);
+    round_bf16(dl, (size_t)N * V);
+    expect_close_host("softmax xent dlogits (bf16, in place)", got, dl, (size_t)N * V, BF16_ULP2);
+    free(logits), free(dl), free(got);
+    ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
+}
+
 /* ---- optimizer and gradients ------------------------------------------------------------------
  */
 
@@ -482,9 +816,12 @@ int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_kernels");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gemm),       cmocka_unit_test(linear),      cmocka_unit_test(embedding),
-        cmocka_unit_test(layernorm),  cmocka_unit_test(elementwise), cmocka_unit_test(attention),
-        cmocka_unit_test(vocab_xent), cmocka_unit_test(adamw),       cmocka_unit_test(grads),
+        cmocka_unit_test(gemm),           cmocka_unit_test(linear),
+        cmocka_unit_test(embedding),      cmocka_unit_test(layernorm),
+        cmocka_unit_test(elementwise),    cmocka_unit_test(attention),
+        cmocka_unit_test(vocab_xent),     cmocka_unit_test(adamw),
+        cmocka_unit_test(grads),          cmocka_unit_test(layers_bf16),
+        cmocka_unit_test(attention_bf16), cmocka_unit_test(vocab_xent_bf16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
