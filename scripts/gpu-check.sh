@@ -19,7 +19,9 @@
 #                                against PyTorch (tests/python/test_gpt_torch.py with
 #                                DDP_GPT_DUMP_DEVICE=cuda), the GPU backends (integration.gpu:
 #                                tests/integration/test_gpu.sh), ddptrain's GPT 10 steps
-#                                on cpu and on cuda compared, the GPU benchmarks (gpu_bench, and
+#                                on cpu and on cuda compared (fp32, and bf16 against the CPU's
+#                                bf16 or fp32), the bf16 GPT against torch autocast
+#                                (tests/python/test_gpt_bf16_torch.py), the GPU benchmarks (gpu_bench, and
 #                                bench/gpu_gpt_torch.py for PyTorch on the same GPU), then one
 #                                table. Writes the log to $OUT/gpu-check.log when $OUT is set.
 #                                Exit status: 0 only if every check passed.
@@ -201,6 +203,36 @@ d = max(abs(a[s] - b[s]) for s in range(6, 11))
 print(f"steps 6-10: largest difference {d:.2e}")
 sys.exit(0 if d <= 1e-5 else 1)
 EOP
+    # precision bf16: the same run on cuda against the CPU's bf16 (the closest reference: the
+    # same products' operands rounded) where this CPU has bf16 units and oneDNN, else against the
+    # CPU's fp32 with a wider bound (docs/gpu.md); and not fp32's losses bit for bit
+    check "ddptrain gpt device cuda bf16" "$CARRY/bin/ddptrain" "${args[@]}" --device cuda \
+        --precision bf16 --out_dir "$W/cudabf16"
+    local ref=$W/cpu reftol=5e-2 refname="cpu fp32"
+    echo "=== ddptrain gpt device cpu bf16 (the reference where it runs)" >>"$LOG"
+    if "$CARRY/bin/ddptrain" "${args[@]}" --device cpu --precision bf16 --out_dir "$W/cpubf16" \
+        >>"$LOG" 2>&1; then
+        ref=$W/cpubf16 reftol=2e-2 refname="cpu bf16"
+    else
+        echo "(no bf16 on this CPU: the bf16 run is compared with cpu fp32, bound 5e-2)" | tee -a "$LOG"
+    fi
+    check "ddptrain bf16 cuda vs $refname losses ($reftol)" syspy - "$ref/metrics.jsonl" \
+        "$W/cudabf16/metrics.jsonl" "$reftol" "$W/cuda/metrics.jsonl" <<'EOP'
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b, f = losses(sys.argv[1]), losses(sys.argv[2]), losses(sys.argv[4])
+print("ref ", a); print("bf16", b); print("cuda fp32", f)
+assert len(a) == len(b) == 10, (len(a), len(b))
+d = max(abs(x - y) for x, y in zip(a, b))
+print(f"largest difference {d:.2e} (tolerance {sys.argv[3]}); bf16 equal to cuda fp32: {b == f}")
+sys.exit(0 if d <= float(sys.argv[3]) and b != f else 1)
+EOP
+    # issue 12: the bf16 GPT against PyTorch autocast on this GPU, losses within 0.05 (torch runs
+    # with the machine's libraries, gpt_dump with the carried ones)
+    check "torch autocast bf16 vs ddpc bf16 on cuda (0.05)" env \
+        DDP_CARRY_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" \
+        python3 tests/python/test_gpt_bf16_torch.py "$CARRY/bin"
     # benchmarks
     local peaks
     peaks=$("$CARRY/bin/gpu_bench" --peaks 2>>"$LOG")

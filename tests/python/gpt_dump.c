@@ -3,6 +3,8 @@
  * test_gpt_torch.py to compare with the torch twin (gpt_twin.py), and times whole training steps
  * for bench/gpt_model_step.py.
  * Usage:
+ * Environment: DDP_GPT_DUMP_DEVICE=cuda runs the model on the GPU, DDP_GPT_DUMP_PRECISION
+ * (fp32, tf32, bf16) sets its precision.
  *   gpt_dump DIR train L NH C T V BIAS B STEPS LR DROPOUT
  *       in:  DIR/weights.safetensors (optional: every parameter, by name; else the model's init)
  *            DIR/tokens.bin, DIR/targets.bin (int32, STEPS × B × T)
@@ -240,6 +242,11 @@ static ddp_model_spec spec_of(int L, int nh, int C, int T, int V, bool bias, int
     const char *dev = getenv("DDP_GPT_DUMP_DEVICE");
     if (dev && !strcmp(dev, "cuda"))
         s.device = DDP_DEVICE_CUDA;
+    /* DDP_GPT_DUMP_PRECISION=bf16 (or tf32, fp32): the model's precision (test_gpt_bf16_torch.py) */
+    const char *prec = getenv("DDP_GPT_DUMP_PRECISION");
+    ddp_error err = {0};
+    if (prec && *prec && ddp_precision_parse(prec, &s.precision, &err) != DDP_OK)
+        die(err.msg, "");
     return s;
 }
 

@@ -158,6 +158,13 @@ static void gpt_cuda_without_gpu(void **state)
     assert_int_equal(ddp_model_build(&s, &m, &err), DDP_ERR_NOT_FOUND);
     assert_ptr_equal(m, (ddp_model *)0x1);
     assert_non_null(strstr(err.msg, "cuda: "));
+    /* bf16 is a precision the CUDA GPT has: the same no-GPU error, not a precision one */
+    s.precision = DDP_PRECISION_BF16;
+    err = (ddp_error){0};
+    assert_int_equal(ddp_model_build(&s, &m, &err), DDP_ERR_NOT_FOUND);
+    assert_ptr_equal(m, (ddp_model *)0x1);
+    assert_non_null(strstr(err.msg, "cuda: "));
+    assert_null(strstr(err.msg, "not implemented"));
 }
 
 static void expect_param(const ddp_model_param *p, const char *name, int ndim, int64_t d0,
