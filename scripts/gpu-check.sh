@@ -21,9 +21,10 @@
 #                                tests/integration/test_gpu.sh), ddptrain's GPT 10 steps
 #                                on cpu and on cuda compared (fp32, and bf16 against the CPU's
 #                                bf16 or fp32), the bf16 GPT against torch autocast
-#                                (tests/python/test_gpt_bf16_torch.py), the GPU benchmarks (gpu_bench, and
-#                                bench/gpu_gpt_torch.py for PyTorch on the same GPU), then one
-#                                table. Writes the log to $OUT/gpu-check.log when $OUT is set.
+#                                (tests/python/test_gpt_bf16_torch.py), the GPU benchmarks
+#                                (gpu_bench, and bench/gpu_gpt_torch.py for PyTorch on the
+#                                same GPU), then one table. Writes the log to
+#                                $OUT/gpu-check.log when $OUT is set.
 #                                Exit status: 0 only if every check passed.
 #   scripts/gpu-check.sh run --quick   smaller benchmark shapes.
 #   scripts/gpu-check.sh allreduce     THERE, after run: bench/gpu_allreduce.sh (issue 13's
@@ -214,7 +215,8 @@ EOP
         >>"$LOG" 2>&1; then
         ref=$W/cpubf16 reftol=2e-2 refname="cpu bf16"
     else
-        echo "(no bf16 on this CPU: the bf16 run is compared with cpu fp32, bound 5e-2)" | tee -a "$LOG"
+        echo "(no bf16 on this CPU: the bf16 run is compared with cpu fp32, bound 5e-2)" |
+            tee -a "$LOG"
     fi
     check "ddptrain bf16 cuda vs $refname losses ($reftol)" syspy - "$ref/metrics.jsonl" \
         "$W/cudabf16/metrics.jsonl" "$reftol" "$W/cuda/metrics.jsonl" <<'EOP'

@@ -242,7 +242,7 @@ static ddp_model_spec spec_of(int L, int nh, int C, int T, int V, bool bias, int
     const char *dev = getenv("DDP_GPT_DUMP_DEVICE");
     if (dev && !strcmp(dev, "cuda"))
         s.device = DDP_DEVICE_CUDA;
-    /* DDP_GPT_DUMP_PRECISION=bf16 (or tf32, fp32): the model's precision (test_gpt_bf16_torch.py) */
+    /* DDP_GPT_DUMP_PRECISION=bf16 (or tf32, fp32): the model's precision */
     const char *prec = getenv("DDP_GPT_DUMP_PRECISION");
     ddp_error err = {0};
     if (prec && *prec && ddp_precision_parse(prec, &s.precision, &err) != DDP_OK)

@@ -46,7 +46,7 @@ failed = 0
 
 
 def save_st(path, tensors):
-    """tensors: name -> float32 CPU tensor, as a safetensors file (gpt_dump's weights.safetensors)."""
+    """tensors: name -> float32 tensor, written as a safetensors file (weights.safetensors)."""
     hdr, blobs, off = {}, [], 0
     for k, t in tensors.items():
         b = t.detach().cpu().contiguous().numpy().astype("<f4").tobytes()
