@@ -162,7 +162,8 @@ ddp_status ddp__cuda_layernorm_forward_bf16(ddp__cuda_ctx *ctx, const float *x, 
                                             const float *bias, int N, int C, float eps, uint16_t *y,
                                             float *mean, float *rstd, ddp_error *err);
 /* y (B, out) bf16 = x (B, in) bf16 · Wᵀ (W (out, in) bf16) + b (fp32 or NULL), fp32
- * accumulation, rounded once. */
+ * accumulation, rounded once (twice when the bias goes through ddp__cuda_gemm's separate pass:
+ * the product rounded, the bias added, rounded again). */
 ddp_status ddp__cuda_linear_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *x, const uint16_t *W,
                                          const float *b, int B, int in, int out, uint16_t *y,
                                          ddp_error *err);
