@@ -18,10 +18,10 @@
  * activations, the gradients of those); weight gradients accumulate in the fp32 gradient buffer.
  * The per-block buffers are then the *h twins below (the fp32 ones stay NULL), at half the bytes.
  *
- * What it does not do yet: dropout, fp16 activations, keeping parameters and optimizer state on the
- * device between steps (the host optimizer owns them: one upload per forward and one download per
- * backward), overlap of the gradient download with backward. UNVERIFIED: written without a GPU; see
- * docs/gpu.md.
+ * What it does not do yet: dropout, fp16 activations; with the host in charge (the library's
+ * default: one upload per forward, one download per backward; device-resident training, below,
+ * keeps parameters and optimizer state here) no overlap of the gradient download with backward.
+ * UNVERIFIED: written without a GPU; see docs/gpu.md.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -363,8 +363,8 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
         blk *a = &g->b[l];
         if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
                                               a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C, 3 * C,
-                                           a->qkv, pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
+                                           3 * C, a->qkv, pr, err)) ||
             (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
                                               pr, err)) ||
             (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
@@ -375,8 +375,8 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
             (st = ddp__cuda_linear_forward(c, a->ln2, P(g, a->fc_w), P(g, a->fc_b), N, C, 4 * C,
                                            a->fch, pr, err)) ||
             (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N, 4 * C,
-                                           C, g->tmp, pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
+                                           4 * C, C, g->tmp, pr, err)) ||
             (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
             return st;
         x = a->xout;
@@ -411,21 +411,21 @@ static ddp_status forward_bf16(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
         if ((st = ddp__cuda_layernorm_forward_bf16(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
                                                    LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd,
                                                    err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N, C,
-                                                3 * C, a->qkvh, err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N,
+                                                C, 3 * C, a->qkvh, err)) ||
             (st = ddp__cuda_attention_forward_bf16(c, a->qkvh, n, T, C, nh, a->atth, g->scratch_h,
                                                    a->attyh, err)) ||
             (st = ddp__cuda_linear_forward_bf16(c, a->attyh, PH(g, a->proj_w), P(g, a->proj_b), N,
                                                 C, C, g->tmph, err)) ||
             (st = ddp__cuda_add_bf16(c, x, g->tmph, NC, a->xmid, err)) ||
-            (st = ddp__cuda_layernorm_forward_bf16(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
-                                                   LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
+            (st = ddp__cuda_layernorm_forward_bf16(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
+                                                   C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
                                                    err)) ||
             (st = ddp__cuda_linear_forward_bf16(c, a->ln2h, PH(g, a->fc_w), P(g, a->fc_b), N, C,
                                                 4 * C, a->fchh, err)) ||
             (st = ddp__cuda_gelu_forward_bf16(c, a->fchh, NC * 4, a->fchgh, err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->fchgh, PH(g, a->mproj_w), P(g, a->mproj_b), N,
-                                                4 * C, C, g->tmph, err)) ||
+            (st = ddp__cuda_linear_forward_bf16(c, a->fchgh, PH(g, a->mproj_w), P(g, a->mproj_b),
+                                                N, 4 * C, C, g->tmph, err)) ||
             (st = ddp__cuda_add_bf16(c, a->xmid, g->tmph, NC, a->xout, err)))
             return st;
         x = a->xout;
@@ -444,10 +444,10 @@ static ddp_status forward_bf16(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
 }
 
 extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
-                                           const int32_t *targets, int n, int T, bool train,
-                                           bool last_logits, float grad_scale, double *loss_sum,
-                                           int *count, int64_t *correct, float *logits_host,
-                                           ddp_error *err)
+                                            const int32_t *targets, int n, int T, bool train,
+                                            bool last_logits, float grad_scale, double *loss_sum,
+                                            int *count, int64_t *correct, float *logits_host,
+                                            ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int C = g->cfg.C, V = g->cfg.V, N = n * T;
@@ -481,9 +481,10 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
                                                   g->row_loss, g->correct, train, err)
                   : ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt,
                                          g->row_loss, g->correct, train ? g->logits : NULL, err)) ||
-        (st =
-             ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N, err)) ||
-        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N, err)))
+        (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N,
+                                err)) ||
+        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N,
+                                err)))
         return st;
     double s = 0;
     int64_t k = 0;
@@ -558,9 +559,9 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
     const int ldd = 2 * V;
     ddp_status st;
     /* the LM head (tied to wte): dln (fp32) = dlogits · wte, dwte += dlogitsᵀ · lnf */
-    if ((st =
-             ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, dlog, ldd, PH(g, g->wte), C, 0.0f,
-                            g->dln, C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err)) ||
+    if ((st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, dlog, ldd, PH(g, g->wte), C, 0.0f,
+                             g->dln, C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16,
+                             err)) ||
         (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, dlog, ldd, g->lnfh, C, 1.0f,
                              G(g, g->wte), C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16,
                              err)) ||
@@ -607,12 +608,11 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
 }
 
 extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
-                                            ddp_error *err)
+                                             ddp_error *err)
 {
     if (!g->can_backward)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda gpt: backward without a training "
-                              "forward");
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: backward without a training "
+                                                    "forward");
     g->can_backward = false;
     ddp__cuda_ctx *c = g->ctx;
     const int n = g->n, T = g->T, C = g->cfg.C;
