@@ -104,7 +104,7 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
     ddp_status st;
     /* A bias that is not 16-byte aligned (a view into a flat buffer) is added by a pass of its
      * own after the product: cuBLASLt's epilogue loads it in vectors. */
-    const bool bias_epi = bias && ddp__cuda_bias_epilogue_ok(bias);
+    bool bias_epi = bias && ddp__cuda_bias_epilogue_ok(bias);
     cublasLtEpilogue_t epi = bias_epi ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     cudaDataType_t bias_type = CUDA_R_32F;
     size_t ws = c->workspace_bytes;
@@ -169,8 +169,25 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
                                                   &align_c, sizeof align_c),
              "alignment preference of D", err)))
         goto out_free;
-    {
-        /* NOT_SUPPORTED is the heuristic's "nothing found" (found 0): the fallback below. */
+    /* NOT_SUPPORTED is the heuristic's "nothing found" (found 0). Nothing for the bias epilogue
+     * (an fp32 bias with a bf16 output may be such a case): the product without it, then the
+     * bias pass; nothing at all: the fallback below. */
+    for (int attempt = 0; attempt < 2 && found < 1; attempt++) {
+        if (attempt == 1) {
+            const void *no_bias = NULL;
+            if (!bias_epi)
+                break;
+            bias_epi = false;
+            epi = CUBLASLT_EPILOGUE_DEFAULT;
+            if ((st = ddp__cublas_check(cublasLtMatmulDescSetAttribute(
+                                            desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                                        "epilogue", err)) ||
+                (st = ddp__cublas_check(
+                     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &no_bias, sizeof no_bias),
+                     "bias pointer", err)))
+                goto out_free;
+        }
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1,
                                                            &heur, &found);
         if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
