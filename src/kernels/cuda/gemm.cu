@@ -1,6 +1,7 @@
 /*
  * kernels/cuda/gemm.cu — matrix products through cuBLASLt (fp32, TF32 or bf16 inputs, fp32
- * accumulation, the bias epilogue) and the linear layer built on them. Row-major callers, as
+ * accumulation, fp32 or bf16 output, the bias epilogue) and the linear layer built on them, in
+ * fp32/TF32 and in bf16 (bf16 operands, fp32 weight gradients). Row-major callers, as
  * ddp__sgemm: a row-major product C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so
  * the operands are handed to cuBLAS swapped and nothing is transposed in memory.
  * Pointers need only element alignment: the heuristic is told each buffer's (see ddp__cuda_gemm).
