@@ -167,7 +167,7 @@ static double train10_on(ddp_precision cpu_prec, ddp_precision gpu_prec, double 
                ddp_precision_name(cpu_prec), loss[1], ddp_precision_name(gpu_prec));
         if (gpu_loss)
             gpu_loss[step - 1] = loss[1];
-        if (fabs(loss[0] - loss[1]) > worst)
+        if (!(fabs(loss[0] - loss[1]) <= worst)) /* a NaN loss counts */
             worst = fabs(loss[0] - loss[1]);
     }
     for (int k = 0; k < 2; k++) {
