@@ -303,9 +303,11 @@ ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, d
     DDP__GPU_CALL(gpt_get_params, g, data_host, err);
 }
 
-ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err)
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
+                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                      ddp_error *err)
 {
-    DDP__GPU_CALL(gpt_backward_dev, g, grads_dev, err);
+    DDP__GPU_CALL(gpt_backward_dev, g, grads_dev, ready, ctx, err);
 }
 
 ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err)

@@ -96,7 +96,9 @@ typedef struct ddp__gpu_api {
     ddp_status (*gpt_dev_info)(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                ddp_error *err);
     ddp_status (*gpt_get_params)(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
-    ddp_status (*gpt_backward_dev)(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+    ddp_status (*gpt_backward_dev)(ddp__cuda_gpt *g, float *const *grads_dev,
+                                   ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                   ddp_error *err);
     ddp_status (*gpt_optim_init)(ddp__cuda_gpt *g, int nstates, ddp_error *err);
     ddp_status (*gpt_optim_step)(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
                                  ddp_error *err);
@@ -122,7 +124,9 @@ ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const i
 ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                  ddp_error *err);
 ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
-ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
+                                     ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                     ddp_error *err);
 ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err);
 ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
                                    ddp_error *err);

@@ -168,12 +168,18 @@ ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, dd
  * where the reducer's buckets and the optimizer's state are too. UNVERIFIED, as above.
  * dev_info: params_dev[i] = parameter i's values in the device's flat buffer (n as at create);
  * *stream = the model's cudaStream_t, on which all of its work runs. get_params: the reverse of
- * set_params (waits). backward_dev: as backward, but grads_dev[i] (device memory, e.g. a view
- * into a reducer bucket) += the gradient of parameter i, on the model's stream. */
+ * set_params (waits). backward_dev: as backward, but the gradient kernels add straight into
+ * grads_dev[i] (device memory, e.g. a view into a reducer bucket; not zeroed: they accumulate),
+ * on the model's stream, and ready(ctx, i) (may be NULL) is called on this thread as soon as
+ * parameter i's kernels are queued — every parameter once, the reverse of the list's order but
+ * for wte last — so its allreduce, ordered after the stream, overlaps the rest; an error from
+ * ready ends the backward with it. */
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                   ddp_error *err);
 ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
-ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev, ddp_error *err);
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
+                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                      ddp_error *err);
 /* The optimizer on the device: optim_init makes nstates state buffers laid out like the
  * parameters, zeroed; optim_step updates elements [lo, hi) of parameter i from its gradient
  * grad_dev (element 0 of the parameter) as ddp_optim_step_range does (ddp_nn_adamw_step or

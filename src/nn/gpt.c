@@ -560,8 +560,32 @@ static ddp_status mark(ddp_model *m, ddp_grad_ready_fn ready, void *ctx, int n, 
     return DDP_OK;
 }
 
-/* The backward on the device; the gradients are added into the host's, then reported ready in
- * the CPU's order (which is the reverse of the list's). */
+/* Resident backward's ready calls from the device model: each parameter once (a second call
+ * would be the module's bug: refused), passed on to the caller's ready. */
+typedef struct resident_marks {
+    ddp_model *m;
+    ddp_grad_ready_fn ready;
+    void *ctx;
+    bool *done; /* (n_params,) */
+    ddp_status st;
+} resident_marks;
+
+static ddp_status resident_mark(void *ctx, size_t i)
+{
+    resident_marks *r = ctx;
+    if (i >= r->m->n_params || r->done[i])
+        return r->st = DDP_ERR_INVALID;
+    r->done[i] = true;
+    ddp_status st = r->ready ? r->ready(r->ctx, i) : DDP_OK;
+    if (st)
+        r->st = st;
+    return st;
+}
+
+/* The backward on the device. Host-driven: the gradients are added into the host's, then
+ * reported ready in the CPU's order (the reverse of the list's). Resident: the device model adds
+ * them into the bound device gradients and reports each as soon as its kernels are queued (then
+ * anything it did not report, so that every parameter is reported once whatever it does). */
 static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     gpt *g = m->impl;
@@ -573,8 +597,22 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
                                    "gpt backward on cuda: no device gradient bound for '%s' "
                                    "(ddp_model_bind_device_grad)",
                                    m->params[i].name);
-        if (ddp__cuda_gpt_backward_dev(g->cu, g->dgrad, &e) != DDP_OK)
+        bool *done = calloc(m->n_params, sizeof *done);
+        if (!done)
+            return ddp__errmsg(m->err, DDP_ERR_NOMEM, "gpt backward on cuda: out of memory");
+        resident_marks rm = {m, ready, ctx, done, DDP_OK};
+        ddp_status st = ddp__cuda_gpt_backward_dev(g->cu, g->dgrad, resident_mark, &rm, &e);
+        for (size_t i = m->n_params; !st && i-- > 0;)
+            if (!done[i])
+                st = mark(m, ready, ctx, 1, (const int[]){(int)i});
+        free(done);
+        if (st && rm.st)
+            return ddp__errmsg(m->err, rm.st,
+                               "backward: the gradient-ready callback failed (%s)",
+                               ddp_status_str(rm.st));
+        if (st && e.status)
             return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
+        return st;
     } else {
         for (size_t i = 0; i < m->n_params; i++)
             g->pgrad[i] = m->params[i].grad;

@@ -153,10 +153,11 @@ static bool inject_inf(int calls)
     return at && atoi(at) == calls && atoi(who ? who : "0") == atoi(rank ? rank : "0");
 }
 
-/* The backward into the model's own gradients, then added into dst[i]. */
-static ddp_status backward_into(ddp__cuda_gpt *g, float *const *dst, ddp_error *err)
+static int calls; /* backwards so far */
+
+/* The host-driven backward: into the model's own gradients, then added into dst[i]. */
+static ddp_status backward_host(ddp__cuda_gpt *g, float *const *dst, ddp_error *err)
 {
-    static int calls;
     memset(g->grads, 0, g->total * sizeof(float));
     if (ddp_model_backward(g->m, NULL, NULL) != DDP_OK)
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
@@ -166,6 +167,37 @@ static ddp_status backward_into(ddp__cuda_gpt *g, float *const *dst, ddp_error *
         for (size_t k = 0; k < g->counts[i]; k++)
             dst[i][k] += g->grads[g->offsets[i] + k];
     return DDP_OK;
+}
+
+typedef struct marks {
+    ddp_status (*ready)(void *ctx, size_t i);
+    void *ctx;
+    float *first; /* parameter 0's gradient, where an injected inf goes */
+    bool inf;
+} marks;
+
+/* The CPU model's ready, passed on (parameter 0, the token embedding, comes last). */
+static ddp_status pass_ready(void *ctx, size_t i)
+{
+    marks *k = ctx;
+    if (i == 0 && k->inf)
+        k->first[0] += INFINITY;
+    return k->ready ? k->ready(k->ctx, i) : DDP_OK;
+}
+
+/* The resident backward as gpt.cu does it: straight into the caller's gradients (the model's
+ * bound there for the call), each reported ready as the CPU model finishes it. */
+static ddp_status backward_dev(ddp__cuda_gpt *g, float *const *dst,
+                               ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                               ddp_error *err)
+{
+    for (size_t i = 0; i < g->n; i++)
+        ddp_model_bind(g->m, i, g->params + g->offsets[i], dst[i]);
+    marks k = {ready, ctx, dst[0], inject_inf(++calls)};
+    ddp_status st = ddp_model_backward(g->m, pass_ready, &k);
+    for (size_t i = 0; i < g->n; i++)
+        ddp_model_bind(g->m, i, NULL, g->grads + g->offsets[i]);
+    return st ? fail(err, st, ddp_model_last_error(g->m)) : DDP_OK;
 }
 
 static ddp_status dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream, ddp_error *err)
@@ -222,11 +254,6 @@ static ddp_status optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool 
     return DDP_OK;
 }
 
-static ddp_status backward_host(ddp__cuda_gpt *g, float *const *grads, ddp_error *err)
-{
-    return backward_into(g, grads, err);
-}
-
 static ddp_status count(int *n, ddp_error *err)
 {
     (void)err;
@@ -267,7 +294,7 @@ static const ddp__gpu_api table = {
     .nccl_create = NULL,
     .gpt_dev_info = dev_info,
     .gpt_get_params = get_params,
-    .gpt_backward_dev = backward_into,
+    .gpt_backward_dev = backward_dev,
     .gpt_optim_init = optim_init,
     .gpt_optim_step = optim_step,
     .gpt_optim_state = optim_state,
@@ -297,7 +324,9 @@ ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *t, const int32
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **p, void **s, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
-ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *d,
+                                      ddp_status (*r)(void *, size_t), void *c,
+                                      ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int n, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
                                     ddp_error *e) NOT_HERE()

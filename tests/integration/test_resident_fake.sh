@@ -49,10 +49,10 @@ rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_st
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "2 ranks on the cpu: exit $rc"; }
 rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
-    --total_steps 6 --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
+    --total_steps 6 --overlap async --bucket_kb 8 --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gpu2.out; fail "2 ranks on fake cuda: exit $rc"; }
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1 6 1e-5 || fail "2 ranks: fake cuda differs from the cpu"
-ok "device-resident, 2 ranks sharing the fake GPU: the same losses as 2 cpu ranks"
+ok "device-resident, 2 ranks sharing the fake GPU, small buckets launched from backward on the progress thread: the same losses as 2 cpu ranks"
 
 # A checkpoint taken on the GPU: resumed there = the uninterrupted run; the file holds the
 # device's weights and optimizer state (the cpu resumes it and continues the same way).

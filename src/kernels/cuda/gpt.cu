@@ -23,6 +23,7 @@
  * keeps parameters and optimizer state here) no overlap of the gradient download with backward.
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
  */
+#include <initializer_list>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +77,9 @@ struct ddp__cuda_gpt {
     bool can_backward;
     /* device-resident training (ddp__gpu_gpt_backward_dev, _optim_*) */
     float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
+    ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
+    void *ready_ctx;
+    ddp_status ready_st; /* what ready returned, when not DDP_OK */
     float *ost[2];           /* (total,) the optimizer's state, laid out like params */
     int nstates;
 };
@@ -85,9 +89,45 @@ static float *P(ddp__cuda_gpt *g, long long off)
     return off >= 0 ? g->params + off : NULL;
 }
 
+/* The parameter whose flat-buffer offset is off (offsets ascend with the index). */
+static size_t index_of(const ddp__cuda_gpt *g, long long off)
+{
+    size_t lo = 0, hi = g->n_params;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if ((long long)g->offsets[mid] <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Where the gradient of the tensor at off accumulates: the flat buffer, or during
+ * backward_dev the caller's device gradient itself (every gradient kernel adds into it). */
 static float *G(ddp__cuda_gpt *g, long long off)
 {
-    return off >= 0 ? g->grads + off : NULL;
+    if (off < 0)
+        return NULL;
+    return g->grads_dev ? g->grads_dev[index_of(g, off)] : g->grads + off;
+}
+
+/* During backward_dev: the tensors at these offsets (−1: absent) have their whole gradient
+ * queued on the stream; the caller's ready may start their allreduce, which the group orders
+ * after the stream's work so far. An error of ready stops the backward. */
+static ddp_status mark_ready(ddp__cuda_gpt *g, std::initializer_list<long long> offs,
+                             ddp_error *err)
+{
+    for (long long off : offs) {
+        if (off < 0 || !g->ready)
+            continue;
+        ddp_status st = g->ready(g->ready_ctx, index_of(g, off));
+        if (st) {
+            g->ready_st = st;
+            return ddp__cuda_fail(err, st, "cuda gpt: the gradient-ready callback failed");
+        }
+    }
+    return DDP_OK;
 }
 
 /* A weight's bf16 copy (precision bf16). */
@@ -517,7 +557,8 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
                              G(g, g->wte), C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
         (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
                                            g->lnf_mean, g->lnf_rstd, N, C, g->dres,
-                                           G(g, g->lnf_w), G(g, g->lnf_b), err)))
+                                           G(g, g->lnf_w), G(g, g->lnf_b), err)) ||
+        (st = mark_ready(g, {g->lnf_b, g->lnf_w}, err)))
         return st;
     for (int l = g->cfg.L - 1; l >= 0; l--) {
         blk *a = &g->b[l];
@@ -531,6 +572,8 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
                                                a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
                                                G(g, a->ln2_b), err)) ||
+            (st = mark_ready(g, {a->mproj_b, a->mproj_w, a->fc_b, a->fc_w, a->ln2_b, a->ln2_w},
+                             err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dres, a->atty, P(g, a->proj_w), N, C, C, g->dln,
                                             G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
@@ -541,6 +584,8 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
                                                a->ln1_rstd, N, C, g->dln, G(g, a->ln1_w),
                                                G(g, a->ln1_b), err)) ||
+            (st = mark_ready(g, {a->proj_b, a->proj_w, a->attn_b, a->attn_w, a->ln1_b, a->ln1_w},
+                             err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
             return st;
     }
@@ -567,7 +612,8 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
                              err)) ||
         (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
                                            g->lnf_mean, g->lnf_rstd, N, C, g->dres, G(g, g->lnf_w),
-                                           G(g, g->lnf_b), err)))
+                                           G(g, g->lnf_b), err)) ||
+        (st = mark_ready(g, {g->lnf_b, g->lnf_w}, err)))
         return st;
     for (int l = g->cfg.L - 1; l >= 0; l--) {
         blk *a = &g->b[l];
@@ -585,6 +631,8 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
                                                a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
                                                G(g, a->ln2_b), err)) ||
+            (st = mark_ready(g, {a->mproj_b, a->mproj_w, a->fc_b, a->fc_w, a->ln2_b, a->ln2_w},
+                             err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
             return st;
         /* attention: datty (bf16, tmph) = dres·Wproj; dqkv (bf16, dbigh); dln1 (fp32) =
@@ -601,6 +649,8 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
                                                a->ln1_rstd, N, C, g->dln, G(g, a->ln1_w),
                                                G(g, a->ln1_b), err)) ||
+            (st = mark_ready(g, {a->proj_b, a->proj_w, a->attn_b, a->attn_w, a->ln1_b, a->ln1_w},
+                             err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
             return st;
     }
@@ -617,20 +667,18 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
     ddp__cuda_ctx *c = g->ctx;
     const int n = g->n, T = g->T, C = g->cfg.C;
     ddp_status st;
+    /* backward_dev: straight into the caller's gradients, which accumulate (no zeroing) */
     if ((st = use_device(g, err)) ||
-        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)) ||
+        (!g->grads_dev &&
+         (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))) ||
         (st = g->bf16 ? backward_bf16(g, err) : backward_fp32(g, err)))
         return st;
     if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
-                                           G(g, g->wpe), err)))
+                                           G(g, g->wpe), err)) ||
+        (st = mark_ready(g, {g->wpe, g->wte}, err)))
         return st;
-    if (g->grads_dev) { /* device-resident: into the caller's device gradients, on the stream */
-        for (size_t i = 0; i < g->n_params; i++)
-            if ((st = ddp__cuda_add(c, g->grads_dev[i], g->grads + g->offsets[i], g->counts[i],
-                                    g->grads_dev[i], err)))
-                return st;
+    if (g->grads_dev)
         return DDP_OK;
-    }
     if ((st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
         return st;
     for (size_t i = 0; i < g->n_params; i++) {
@@ -644,9 +692,10 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
 
 /* ---- device-resident training (kernels.h: ddp__cuda_gpt_dev_info …) ------------------------
  * The parameters stay in the flat buffer between steps (no upload before forward, ddp_model's
- * resident mode skips it); the gradients are added into the caller's device buffers (the
- * reducer's bucket views) at the end of backward; the optimizer's state is two more flat
- * buffers like the parameters'. Everything on the model's one stream. */
+ * resident mode skips it); backward's gradient kernels add straight into the caller's device
+ * buffers (the reducer's bucket views), and each parameter is reported ready as soon as its
+ * kernels are queued, so its bucket's allreduce overlaps the rest of backward; the optimizer's
+ * state is two more flat buffers like the parameters'. Everything on the model's one stream. */
 
 extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                              ddp_error *err)
@@ -669,11 +718,16 @@ extern "C" ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *da
 }
 
 extern "C" ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
-                                                 ddp_error *err)
+                                                 ddp_status (*ready)(void *ctx, size_t i),
+                                                 void *ctx, ddp_error *err)
 {
     g->grads_dev = grads_dev;
+    g->ready = ready;
+    g->ready_ctx = ctx;
+    g->ready_st = DDP_OK;
     ddp_status st = ddp__gpu_gpt_backward(g, NULL, err);
     g->grads_dev = NULL;
+    g->ready = NULL;
     return st;
 }
 
