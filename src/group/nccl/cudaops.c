@@ -27,10 +27,8 @@ typedef struct cudaops {
     cudaEvent_t ready; /* recorded on the caller's stream: ours waits for it */
     cudaEvent_t done;  /* recorded on ours: the host polls it */
     cudaEvent_t mark;  /* recorded on a caller's stream by wait(): the host polls it */
-    double *d_acc;     /* (1,) sumsq's accumulator, device memory, made on first use */
-    double *h_acc;     /* (1,) its copy, pinned host memory */
-    int *d_flag;       /* (1,) unscale's found-inf flag, device memory, made on first use */
-    int *h_flag;       /* (1,) its copy, pinned */
+    void *d_word;      /* 8 bytes of device memory for a reduction's result (word_begin) */
+    void *h_word;      /* its copy, pinned host memory */
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -136,26 +134,40 @@ static ddp_status ops_wait(void *ctx, void *stream, int64_t deadline_ms, char *m
                            "the GPU's work before the reducer's", msg);
 }
 
+/* One 8-byte word of device memory a reduction writes (zeroed first, on stream), and its pinned
+ * copy on the host: begin zeroes it; end copies it back and waits (until deadline_ms) — the
+ * sum of squares' double, unscale's found-inf flag. Made on first use. */
+static ddp_status word_begin(cudaops *o, cudaStream_t s, char *msg)
+{
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
+        return st;
+    if (!o->d_word && (st = cu(cudaMalloc(&o->d_word, 8), "cudaMalloc", msg)))
+        return st;
+    if (!o->h_word && (st = cu(cudaMallocHost(&o->h_word, 8), "cudaMallocHost", msg)))
+        return st;
+    return cu(cudaMemsetAsync(o->d_word, 0, 8, s), "cudaMemsetAsync", msg);
+}
+
+static ddp_status word_end(cudaops *o, cudaStream_t s, int64_t deadline_ms, const char *what,
+                           char *msg)
+{
+    ddp_status st = cu(cudaMemcpyAsync(o->h_word, o->d_word, 8, cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync", msg);
+    return st ? st : wait_event(o->mark, s, deadline_ms, what, msg);
+}
+
 static ddp_status ops_sumsq(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
                             double *out_host, int64_t deadline_ms, char *msg)
 {
     cudaops *o = ctx;
     cudaStream_t s = (cudaStream_t)stream;
     ddp_status st;
-    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
+    if ((st = word_begin(o, s, msg)) ||
+        (st = ddp__devmath_sumsq(stream, dev, n, t, (double *)o->d_word, msg)) ||
+        (st = word_end(o, s, deadline_ms, "the sum of squares of the gradients", msg)))
         return st;
-    if (!o->d_acc && (st = cu(cudaMalloc((void **)&o->d_acc, sizeof(double)), "cudaMalloc", msg)))
-        return st;
-    if (!o->h_acc &&
-        (st = cu(cudaMallocHost((void **)&o->h_acc, sizeof(double)), "cudaMallocHost", msg)))
-        return st;
-    if ((st = cu(cudaMemsetAsync(o->d_acc, 0, sizeof(double), s), "cudaMemsetAsync", msg)) ||
-        (st = ddp__devmath_sumsq(stream, dev, n, t, o->d_acc, msg)) ||
-        (st = cu(cudaMemcpyAsync(o->h_acc, o->d_acc, sizeof(double), cudaMemcpyDeviceToHost, s),
-                 "cudaMemcpyAsync", msg)) ||
-        (st = wait_event(o->mark, s, deadline_ms, "the sum of squares of the gradients", msg)))
-        return st;
-    *out_host = *o->h_acc;
+    *out_host = *(const double *)o->h_word;
     return DDP_OK;
 }
 
@@ -165,20 +177,11 @@ static ddp_status ops_unscale(void *ctx, void *stream, float *dev, size_t n, flo
     cudaops *o = ctx;
     cudaStream_t s = (cudaStream_t)stream;
     ddp_status st;
-    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
+    if ((st = word_begin(o, s, msg)) ||
+        (st = ddp__devmath_unscale(stream, dev, n, inv, (int *)o->d_word, msg)) ||
+        (st = word_end(o, s, deadline_ms, "the unscale of the gradients", msg)))
         return st;
-    if (!o->d_flag && (st = cu(cudaMalloc((void **)&o->d_flag, sizeof(int)), "cudaMalloc", msg)))
-        return st;
-    if (!o->h_flag &&
-        (st = cu(cudaMallocHost((void **)&o->h_flag, sizeof(int)), "cudaMallocHost", msg)))
-        return st;
-    if ((st = cu(cudaMemsetAsync(o->d_flag, 0, sizeof(int), s), "cudaMemsetAsync", msg)) ||
-        (st = ddp__devmath_unscale(stream, dev, n, inv, o->d_flag, msg)) ||
-        (st = cu(cudaMemcpyAsync(o->h_flag, o->d_flag, sizeof(int), cudaMemcpyDeviceToHost, s),
-                 "cudaMemcpyAsync", msg)) ||
-        (st = wait_event(o->mark, s, deadline_ms, "the unscale of the gradients", msg)))
-        return st;
-    *found_host = *o->h_flag != 0;
+    *found_host = *(const int *)o->h_word != 0;
     return DDP_OK;
 }
 
@@ -229,14 +232,10 @@ static void ops_destroy(void *ctx)
     if (!o)
         return;
     (void)cudaSetDevice(o->device);
-    if (o->d_acc)
-        (void)cudaFree(o->d_acc);
-    if (o->d_flag)
-        (void)cudaFree(o->d_flag);
-    if (o->h_flag)
-        (void)cudaFreeHost(o->h_flag);
-    if (o->h_acc)
-        (void)cudaFreeHost(o->h_acc);
+    if (o->d_word)
+        (void)cudaFree(o->d_word);
+    if (o->h_word)
+        (void)cudaFreeHost(o->h_word);
     if (o->mark)
         (void)cudaEventDestroy(o->mark);
     if (o->done)

@@ -9,6 +9,10 @@
 #include "common.cuh"
 
 extern "C" {
+#include "kernels/cuda/devmath.h"
+}
+
+extern "C" {
 #include "util/half.h"
 }
 
@@ -51,30 +55,17 @@ extern "C" ddp_status ddp__cuda_adamw(ddp__cuda_ctx *c, float *p, const float *g
     return ddp__cuda_launched("adamw", err);
 }
 
-__global__ void sumsq_kernel(const float *g, size_t n, double *out)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        s += (double)g[i] * g[i];
-    s = ddp__block_sum(s, sh);
-    if (threadIdx.x == 0)
-        atomicAdd(out, s);
-}
-
+/* The sum of squares and the unscale run devmath.cu's kernels (the GPU reducer's) on the
+ * context's stream. */
 extern "C" ddp_status ddp__cuda_sumsq(ddp__cuda_ctx *c, const float *g, size_t n,
                                       double *sumsq_host, ddp_error *err)
 {
+    char msg[DDP_ERRMSG_MAX];
     ddp_status st = ddp__cuda_memset0(c, c->d_sum, sizeof(double), err);
     if (st)
         return st;
-    if (n) {
-        unsigned blocks = ddp__cuda_blocks(n, 256);
-        sumsq_kernel<<<blocks > 1024 ? 1024 : blocks, 256, 0, c->stream>>>(g, n, c->d_sum);
-        if ((st = ddp__cuda_launched("sum of squares", err)))
-            return st;
-    }
+    if ((st = ddp__devmath_sumsq((void *)c->stream, g, n, DDP_FLOAT32, c->d_sum, msg)))
+        return ddp__cuda_fail(err, st, "%s", msg);
     return ddp__cuda_to_host(c, sumsq_host, c->d_sum, sizeof(double), err);
 }
 
@@ -94,29 +85,15 @@ extern "C" ddp_status ddp__cuda_scale(ddp__cuda_ctx *c, float *x, size_t n, floa
     return ddp__cuda_launched("scale", err);
 }
 
-__global__ void unscale_kernel(float *g, size_t n, float inv, int *flag)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = g[i];
-        if (!isfinite(v))
-            *flag = 1; /* a benign race: every writer writes 1 */
-        g[i] = v * inv;
-    }
-}
-
 extern "C" ddp_status ddp__cuda_unscale(ddp__cuda_ctx *c, float *g, size_t n, float inv_scale,
                                         bool *found_inf_host, ddp_error *err)
 {
     ddp_status st = ddp__cuda_memset0(c, c->d_flag, sizeof(int), err);
     if (st)
         return st;
-    if (n) {
-        unscale_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(g, n, inv_scale,
-                                                                        c->d_flag);
-        if ((st = ddp__cuda_launched("unscale", err)))
-            return st;
-    }
+    char msg[DDP_ERRMSG_MAX];
+    if ((st = ddp__devmath_unscale((void *)c->stream, g, n, inv_scale, c->d_flag, msg)))
+        return ddp__cuda_fail(err, st, "%s", msg);
     int flag = 0;
     if ((st = ddp__cuda_to_host(c, &flag, c->d_flag, sizeof flag, err)))
         return st;
@@ -124,34 +101,20 @@ extern "C" ddp_status ddp__cuda_unscale(ddp__cuda_ctx *c, float *g, size_t n, fl
     return DDP_OK;
 }
 
-__global__ void to_bf16(const float *src, size_t n, uint16_t *dst)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = ddp__f32_to_bf16(src[i]);
-}
-
-__global__ void from_bf16(const uint16_t *src, size_t n, float *dst)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = ddp__bf16_to_f32(src[i]);
-}
-
 extern "C" ddp_status ddp__cuda_f32_to_bf16(ddp__cuda_ctx *c, const float *src, size_t n,
                                             uint16_t *dst, ddp_error *err)
 {
-    if (n == 0)
-        return DDP_OK;
-    to_bf16<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(src, n, dst);
-    return ddp__cuda_launched("to bf16", err);
+    char msg[DDP_ERRMSG_MAX];
+    ddp_status st = ddp__devmath_convert((void *)c->stream, dst, DDP_BFLOAT16, src, DDP_FLOAT32,
+                                         n, msg);
+    return st ? ddp__cuda_fail(err, st, "%s", msg) : DDP_OK;
 }
 
 extern "C" ddp_status ddp__cuda_bf16_to_f32(ddp__cuda_ctx *c, const uint16_t *src, size_t n,
                                             float *dst, ddp_error *err)
 {
-    if (n == 0)
-        return DDP_OK;
-    from_bf16<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(src, n, dst);
-    return ddp__cuda_launched("from bf16", err);
+    char msg[DDP_ERRMSG_MAX];
+    ddp_status st = ddp__devmath_convert((void *)c->stream, dst, DDP_FLOAT32, src, DDP_BFLOAT16,
+                                         n, msg);
+    return st ? ddp__cuda_fail(err, st, "%s", msg) : DDP_OK;
 }
