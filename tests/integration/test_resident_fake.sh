@@ -112,3 +112,38 @@ losses inf/metrics.jsonl infr/metrics.jsonl 6 10 1e-5 || fail "fp16 resume after
 grep -q '"step": 10, .*"loss_scale": 32768' infr/metrics.jsonl || fail "resume lost the loss scale"
 ok "fp16: an inf on rank 1 skipped step 3 on both ranks and halved the scale; resumed after it = uninterrupted"
 
+
+# N ranks × B ≡ 1 rank × N·B on the device-resident path (the windows follow the global sample).
+rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --batch_size 8 --total_steps 6 --out_dir one8 \
+    >one8.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat one8.out; fail "1 rank × 8 on fake cuda: exit $rc"; }
+losses one8/metrics.jsonl gpu2/metrics.jsonl 1 1 1e-6 || fail "2 ranks × 4 ≠ 1 rank × 8 (step 1)"
+losses one8/metrics.jsonl gpu2/metrics.jsonl 2 6 1e-5 || fail "2 ranks × 4 ≠ 1 rank × 8"
+ok "device-resident: 2 ranks × 4 windows = 1 rank × 8"
+
+# A rank killed mid-training: its peer's collective on the GPU group fails, and ddprun ends the
+# job with its summary, fast, leaving nothing behind.
+env DDP_GPU_MODULE="$MODULE" DDP_TEST_FAKE_GPUS=1 DDP_TEST_FAKE_GPU_OPEN=1 "$DDPRUN" \
+    --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 1000000 \
+    --log_every 0 --out_dir killed >killed.out 2>&1 &
+runner=$!
+BG_PIDS+=("$runner")
+victim=""
+for _ in $(seq 200); do
+    for p in $(pgrep -P "$runner" || true); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && victim=$p
+    done
+    [ -n "$victim" ] && grep -q "DDP:" killed.out 2>/dev/null && break
+    sleep 0.05
+done
+[ -n "$victim" ] || { cat killed.out; fail "no rank 1 worker to kill"; }
+sleep 0.5
+t0=$(now_ms)
+kill -KILL "$victim"
+rc=0; wait "$runner" || rc=$?
+took=$(($(now_ms) - t0))
+[ $rc -ne 0 ] || fail "a killed rank: ddprun exited 0"
+grep -q "rank 1" killed.out || { cat killed.out; fail "ddprun's summary does not name rank 1"; }
+[ $took -lt 10000 ] || fail "a killed rank took $took ms to end the job"
+[ -z "$(pgrep -P "$runner" || true)" ] || fail "workers left after the job ended"
+ok "device-resident, a rank killed mid-training: the job ended in $took ms with ddprun's summary"
