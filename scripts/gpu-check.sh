@@ -267,7 +267,8 @@ EOP
 }
 
 # issue 13's speed: allreduce on GPU buffers, ddpc's nccl and cuda-staged beside torch's
-# (bench/gpu_allreduce.sh over gpu-carry's ddprun and ddpbench); a second call, after run.
+# (bench/gpu_allreduce.sh over gpu-carry's ddprun and ddpbench); then ddptrain end to end on a
+# GPT-2 124M shape (train_bench). A second call, after run.
 allreduce() {
     setup_env
     local w
@@ -275,6 +276,49 @@ allreduce() {
     printf '#!/bin/sh\nLD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" exec python3 "$@"\n' >"$w/py"
     chmod +x "$w/py"
     PY=$w/py bash bench/gpu_allreduce.sh "$CARRY" "$@" 2>&1 | tee -a "$LOG"
+    rm -rf "$w"
+    train_bench 2>&1 | tee -a "$LOG"
+}
+
+# ddptrain, device-resident, on the GPT-2 124M shape (12 layers, 768 wide, T 1024, vocabulary
+# 50304, per-rank batch 8, AdamW, clipping) over random tokens: tokens/s and MFU (the median of
+# the progress lines after the first 10 steps) in bf16 and tf32 with 1 rank, and in bf16 with 2
+# ranks time-slicing the one GPU over cuda-staged (issue 13: the overhead, not a speed-up).
+train_bench() {
+    local w
+    w=$(mktemp -d)
+    syspy - "$w" <<'EOP'
+import os, sys
+import numpy as np
+rng = np.random.default_rng(0)
+rng.integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "train.bin"))
+rng.integers(0, 50257, size=400_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "val.bin"))
+EOP
+    local args=(--model.type gpt --model.n_layer 12 --model.n_head 12 --model.n_embd 768
+                --model.block_size 1024 --model.vocab_size 50304 --batch_size 8
+                --data.train "$w/train.bin" --data.val "$w/val.bin" --eval_windows 1
+                --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1.0
+                --schedule constant --total_steps 40 --log_every 5 --eval_every 100000
+                --checkpoint.every 0 --max_new_tokens 0 --device cuda)
+    rate() { # rate OUTFILE: "tokens/s mfu%" medians over steps > 10
+        sed -n 's/.*step \([0-9]*\)\/.* | \([0-9]*\) tokens\/s | mfu \([0-9.]*\)%.*/\1 \2 \3/p' "$1" |
+            awk '$1 > 10 {print $2, $3}' | sort -n | awk '{a[NR] = $0} END {print a[int((NR + 1) / 2)]}'
+    }
+    echo "=== ddptrain GPT-2 124M shape (B 8 per rank, T 1024), device-resident"
+    echo "| run | tokens/s (all ranks) | MFU per rank |"
+    echo "|---|---:|---:|"
+    local run
+    for run in "1 bf16" "1 tf32" "2 bf16"; do
+        set -- $run
+        local out="$w/r$1$2.out"
+        if "$CARRY/bin/ddprun" --standalone --nproc_per_node="$1" "$CARRY/bin/ddptrain" \
+            "${args[@]}" --precision "$2" --out_dir "$w/r$1$2" >"$out" 2>&1; then
+            set -- $run $(rate "$out")
+            echo "| $1 rank(s), $2 | ${3:-?} | ${4:-?}% |"
+        else
+            echo "| $1 rank(s), $2 | failed: $(tail -1 "$out") | |"
+        fi
+    done
     rm -rf "$w"
 }
 
