@@ -103,9 +103,10 @@ static void *dev_stream(const ddp_reducer *r, int64_t *deadline_ms)
     return stream;
 }
 
-/* A device operation's failure: recorded in r->err as "what: msg". */
+/* A device operation's failure: recorded in r->err as "what: msg", and kept (r->dev_st). */
 static ddp_status dev_fail(ddp_reducer *r, ddp_status st, const char *what, const char *msg)
 {
+    r->dev_st = st; /* a GPU that failed (or timed out) is not trusted again: later calls say so */
     return ddp__errmsg(r->err, st, "%s on the GPU: %s", what, msg);
 }
 
@@ -123,33 +124,13 @@ static ddp_status dev_quiesce(ddp_reducer *r, const char *what)
 }
 
 /* A collective on small host arrays (the reducer's own checks and flags): allgather when gather,
- * else allreduce with op. On a GPU group, through a scratch buffer in device memory, as its
- * collectives take nothing else. A failure leaves its message in r->err. */
+ * else allreduce with op; on a GPU group through its device scratch (group/devops.h). A failure
+ * leaves its message in r->err. */
 static ddp_status ctl(ddp_reducer *r, bool gather, const void *send, void *recv, size_t count,
                       ddp_dtype t, ddp_op op)
 {
-    ddp_status st;
-    if (!r->dev) {
-        st = gather ? ddp_allgather(r->g, send, recv, count, t)
-                    : ddp_allreduce(r->g, send, recv, count, t, op);
-        return st ? ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g)) : DDP_OK;
-    }
-    size_t in = count * ddp_dtype_size(t), out = gather ? in * (size_t)r->W : in;
-    char *d = ddp_group_alloc(r->g, in + out);
-    if (!d)
-        return ddp__errmsg(r->err, DDP_ERR_NOMEM,
-                           "no GPU memory for %zu bytes of the reducer's scratch; HINT: a "
-                           "smaller batch or model leaves room",
-                           in + out);
-    if (!(st = ddp_group_memcpy(r->g, d, send, in)))
-        st = gather ? ddp_allgather(r->g, d, d + in, count, t)
-                    : ddp_allreduce(r->g, d, d + in, count, t, op);
-    if (!st)
-        st = ddp_group_memcpy(r->g, recv, d + in, out);
-    if (st)
-        ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g));
-    ddp_group_free(r->g, d);
-    return st;
+    ddp_status st = ddp__group_host_collective(r->g, gather, send, recv, count, t, op);
+    return st ? ddp__errmsg(r->err, st, "%s", ddp_group_last_error(r->g)) : DDP_OK;
 }
 
 /* FNV-1a over a parameter's name, count and dtype: what ranks must agree on. */
@@ -881,25 +862,36 @@ ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays)
 static ddp_status dev_sum_squares(ddp_reducer *r, double *ss)
 {
     char msg[DDP_ERRMSG_MAX];
-    *ss = 0.0;
-    for (size_t k = 0; k < r->nb; k++) {
-        const bucket *b = &r->b[k];
+    const void **devs = malloc(sizeof *devs * (r->nb ? r->nb : 1));
+    size_t *ns = malloc(sizeof *ns * (r->nb ? r->nb : 1));
+    ddp_dtype *ts = malloc(sizeof *ts * (r->nb ? r->nb : 1));
+    int k = 0;
+    for (size_t j = 0; devs && ns && ts && j < r->nb; j++) {
+        const bucket *b = &r->b[j];
         size_t lo = r->shard ? b->block * (size_t)r->me : 0, hi = b->count;
         if (r->shard && lo + b->block < hi)
             hi = lo + b->block;
         if (hi <= lo)
             continue;
-        double part = 0.0;
+        devs[k] = (const char *)b->mem + lo * ddp_dtype_size(b->dtype);
+        ns[k] = hi - lo;
+        ts[k++] = b->dtype;
+    }
+    ddp_status st = DDP_OK;
+    *ss = 0.0;
+    if (!devs || !ns || !ts)
+        st = ddp__errmsg(r->err, DDP_ERR_NOMEM, "grad_norm: out of memory");
+    else if (k > 0) { /* every bucket's range summed on the device, one wait */
         int64_t deadline;
         void *stream = dev_stream(r, &deadline);
-        ddp_status st = r->dev->sumsq(r->dev->ctx, stream,
-                                      (const char *)b->mem + lo * ddp_dtype_size(b->dtype),
-                                      hi - lo, b->dtype, &part, deadline, msg);
+        st = r->dev->sumsq(r->dev->ctx, stream, devs, ns, ts, k, ss, deadline, msg);
         if (st)
-            return dev_fail(r, st, "grad_norm", msg);
-        *ss += part;
+            dev_fail(r, st, "grad_norm", msg);
     }
-    return DDP_OK;
+    free(devs);
+    free(ns);
+    free(ts);
+    return st;
 }
 
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)

@@ -43,15 +43,16 @@ typedef struct ddp__devops {
      * ddp_group_set_stream; NULL: the default stream), so it is ordered with the model's kernels
      * and the group's collectives as they are. memset0: bytes zeroed. convert: n elements of
      * src (dtype st) to dst (dtype dt), float32 <-> bfloat16 only (nearest even, as
-     * util/half.h). sumsq: *out_host = the sum of squares of n elements of dtype t (float32,
-     * float64, bfloat16 or float16), accumulated in double; it waits for the result, polling
-     * until deadline_ms (DDP_ERR_TIMEOUT). wait: the host waits for the work queued on stream
-     * so far, the same way. */
+     * util/half.h). sumsq: *out_host = the sum of squares of k ranges, devs[j] of ns[j]
+     * elements of dtype ts[j] (float32, float64, bfloat16 or float16), accumulated in double;
+     * it waits once for the result, polling until deadline_ms (DDP_ERR_TIMEOUT). wait: the host
+     * waits for the work queued on stream so far, the same way. */
     ddp_status (*memset0)(void *ctx, void *stream, void *dev, size_t bytes, char *msg);
     ddp_status (*convert)(void *ctx, void *stream, void *dst, ddp_dtype dt, const void *src,
                           ddp_dtype st, size_t n, char *msg);
-    ddp_status (*sumsq)(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
-                        double *out_host, int64_t deadline_ms, char *msg);
+    ddp_status (*sumsq)(void *ctx, void *stream, const void *const *devs, const size_t *ns,
+                        const ddp_dtype *ts, int k, double *out_host, int64_t deadline_ms,
+                        char *msg);
     ddp_status (*wait)(void *ctx, void *stream, int64_t deadline_ms, char *msg);
     /* GradScaler's unscale of n float32 values: each multiplied by inv, and *found_host = whether
      * any was inf or NaN before; waits for the flag, until deadline_ms. */
@@ -65,5 +66,14 @@ typedef struct ddp__devops {
  * NULL); NULL for a CPU group. Valid for the group's life. For libddp's own use (the reducer);
  * not thread-safe with collectives in flight. */
 const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *timeout_ms);
+
+/* A collective on host memory, for any group (allgather when gather, else allreduce with op):
+ * a CPU group runs it as it is; a GPU group, whose collectives take device memory only, through a
+ * scratch buffer of device memory it keeps for its life (made, or grown, on first need; where
+ * that fails, the group is aborted so that the peers fail at once rather than at the deadline,
+ * and this rank returns DDP_ERR_NOMEM). The copies are waited for. Errors: the group's
+ * (ddp_group_last_error). Not thread-safe (the group's rule). */
+ddp_status ddp__group_host_collective(ddp_group *g, bool gather, const void *send, void *recv,
+                                      size_t count, ddp_dtype t, ddp_op op);
 
 #endif /* DDP_GROUP_DEVOPS_H */

@@ -50,6 +50,8 @@ struct ddp_group {
     ddp_device device;   /* where collectives' buffers live */
     int cuda_device;     /* this rank's GPU; -1 for a CPU group */
     void *stream;        /* cudaStream_t to order collectives after; NULL: the default */
+    void *scratch;       /* GPU groups: device memory for small collectives on host data */
+    size_t scratch_bytes;
     char prefix[64];
     int *ranks;
     int timeout_ms;
@@ -538,6 +540,36 @@ const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *tim
     return d;
 }
 
+ddp_status ddp__group_host_collective(ddp_group *g, bool gather, const void *send, void *recv,
+                                      size_t count, ddp_dtype t, ddp_op op)
+{
+    if (!g || g->device != DDP_DEVICE_CUDA)
+        return gather ? ddp_allgather(g, send, recv, count, t)
+                      : ddp_allreduce(g, send, recv, count, t, op);
+    size_t in = count * ddp_dtype_size(t), out = gather ? in * (size_t)g->world.world_size : in;
+    if (in + out > g->scratch_bytes) { /* grown (rarely: the reducer's checks come first) */
+        ddp_group_free(g, g->scratch);
+        g->scratch_bytes = in + out > 4096 ? in + out : 4096;
+        if (!(g->scratch = ddp_group_alloc(g, g->scratch_bytes))) {
+            g->scratch_bytes = 0;
+            /* the peers are entering this collective: let them fail now, not at the deadline */
+            ddp_group_abort(g);
+            return ddp__errmsg(g->callmsg, DDP_ERR_NOMEM,
+                               "no GPU memory for %zu bytes of the group's scratch (a collective on "
+                               "host data through a GPU group); the group was aborted",
+                               in + out);
+        }
+    }
+    char *d = g->scratch;
+    ddp_status st = ddp_group_memcpy(g, d, send, in);
+    if (!st)
+        st = gather ? ddp_allgather(g, d, d + in, count, t)
+                    : ddp_allreduce(g, d, d + in, count, t, op);
+    if (!st)
+        st = ddp_group_memcpy(g, recv, d + in, out);
+    return st;
+}
+
 ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes)
 {
     if (!g)
@@ -592,6 +624,8 @@ void ddp_group_destroy(ddp_group *g)
         pthread_mutex_unlock(&g->mu);
         pthread_join(g->thread, NULL);
     }
+    if (g->scratch)
+        ddp_group_free(g, g->scratch);
     if (g->ops)
         g->ops->destroy(g->be);
     /* MPI: finalised by the last group when the library initialised it. After a failure that may

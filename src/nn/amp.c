@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "ddp/amp.h"
+#include "group/devops.h"
 #include "util/util.h"
 
 ddp_status ddp_grad_scaler_check(const ddp_grad_scaler *s, ddp_error *err)
@@ -51,20 +52,8 @@ ddp_status ddp_grad_scaler_sync(ddp_group *g, bool *found_inf)
     if (!g)
         return DDP_OK;
     float flag = *found_inf ? 1.0f : 0.0f;
-    ddp_status st;
-    if (ddp_group_cuda_device(g) < 0) {
-        st = ddp_allreduce(g, &flag, &flag, 1, DDP_FLOAT32, DDP_MAX);
-    } else { /* a GPU group (the one reducing the gradients) takes device memory only */
-        float *d = ddp_group_alloc(g, sizeof flag);
-        if (!d)
-            return DDP_ERR_NOMEM;
-        st = ddp_group_memcpy(g, d, &flag, sizeof flag);
-        if (st == DDP_OK)
-            st = ddp_allreduce(g, d, d, 1, DDP_FLOAT32, DDP_MAX);
-        if (st == DDP_OK)
-            st = ddp_group_memcpy(g, &flag, d, sizeof flag);
-        ddp_group_free(g, d);
-    }
+    /* a GPU group (the one reducing device gradients) through its device scratch */
+    ddp_status st = ddp__group_host_collective(g, false, &flag, &flag, 1, DDP_FLOAT32, DDP_MAX);
     if (st == DDP_OK)
         *found_inf = flag != 0.0f;
     return st;

@@ -478,8 +478,8 @@ out:
     free(t.rparams);
     free(t.rbuffers);
     ddp_optim_destroy(t.opt);
+    ddp_group_destroy(t.gg); /* before the model: it holds the model's stream */
     ddp_model_free(t.m);
-    ddp_group_destroy(t.gg);
     ddp_group_destroy(t.g);
     ddp_dataset_close(tr);
     ddp_dataset_close(te);

@@ -27,6 +27,7 @@ typedef struct cudaops {
     cudaEvent_t ready; /* recorded on the caller's stream: ours waits for it */
     cudaEvent_t done;  /* recorded on ours: the host polls it */
     cudaEvent_t mark;  /* recorded on a caller's stream by wait(): the host polls it */
+    cudaEvent_t copied; /* recorded on ours by copy(): the host polls it */
     void *d_word;      /* 8 bytes of device memory for a reduction's result (word_begin) */
     void *h_word;      /* its copy, pinned host memory */
 } cudaops;
@@ -157,15 +158,16 @@ static ddp_status word_end(cudaops *o, cudaStream_t s, int64_t deadline_ms, cons
     return st ? st : wait_event(o->mark, s, deadline_ms, what, msg);
 }
 
-static ddp_status ops_sumsq(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
-                            double *out_host, int64_t deadline_ms, char *msg)
+static ddp_status ops_sumsq(void *ctx, void *stream, const void *const *devs, const size_t *ns,
+                            const ddp_dtype *ts, int k, double *out_host, int64_t deadline_ms,
+                            char *msg)
 {
     cudaops *o = ctx;
     cudaStream_t s = (cudaStream_t)stream;
-    ddp_status st;
-    if ((st = word_begin(o, s, msg)) ||
-        (st = ddp__devmath_sumsq(stream, dev, n, t, (double *)o->d_word, msg)) ||
-        (st = word_end(o, s, deadline_ms, "the sum of squares of the gradients", msg)))
+    ddp_status st = word_begin(o, s, msg);
+    for (int j = 0; j < k && !st; j++) /* every range into the one word, then one wait */
+        st = ddp__devmath_sumsq(stream, devs[j], ns[j], ts[j], (double *)o->d_word, msg);
+    if (st || (st = word_end(o, s, deadline_ms, "the sum of squares of the gradients", msg)))
         return st;
     *out_host = *(const double *)o->h_word;
     return DDP_OK;
@@ -216,12 +218,19 @@ static void ops_free(void *ctx, void *p)
         (void)cudaFree(p);
 }
 
+/* On this backend's stream and waited for until the bytes have landed (cudaMemcpy alone does
+ * not promise that for a copy from pageable host memory, nor for device to device, and runs on
+ * the legacy stream, unordered with the model's non-blocking one): a collective issued after it
+ * reads them. Bounded like every wait here. */
+#define COPY_LIMIT_MS (5 * 60 * 1000)
 static ddp_status ops_copy(void *ctx, void *dst, const void *src, size_t bytes, char *msg)
 {
     cudaops *o = ctx;
     ddp_status st;
     if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
-        (st = cu(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy", msg)))
+        (st = cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, o->stream),
+                 "cudaMemcpyAsync", msg)) ||
+        (st = wait_event(o->copied, o->stream, ddp__now_ms() + COPY_LIMIT_MS, "a copy", msg)))
         return st;
     return DDP_OK;
 }
@@ -238,6 +247,8 @@ static void ops_destroy(void *ctx)
         (void)cudaFreeHost(o->h_word);
     if (o->mark)
         (void)cudaEventDestroy(o->mark);
+    if (o->copied)
+        (void)cudaEventDestroy(o->copied);
     if (o->done)
         (void)cudaEventDestroy(o->done);
     if (o->ready)
@@ -263,7 +274,8 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
         (call = "cudaEventCreateWithFlags",
          e = cudaEventCreateWithFlags(&o->ready, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&o->mark, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&o->mark, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&o->copied, cudaEventDisableTiming)) != cudaSuccess) {
         ddp_status st = cuda_fail(msg, call, e);
         ops_destroy(o);
         return ddp__err(err, st,

@@ -289,10 +289,11 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
         ddp__watchdog_fail(&b->wd, st, f->msg);
         return st;
     }
+    /* No wait is put into the caller's stream: this call returns only once the host has seen
+     * the collective finish (below), so whatever the caller queues after it comes after the
+     * result. (A wait queued here would hold every kernel queued later — the rest of backward,
+     * for a bucket reduced from the progress thread — behind this collective: no overlap.) */
     if ((st = cuda_call(b, c, f, cudaEventRecord(b->done, b->stream), "cudaEventRecord")) ||
-        (c->stream &&
-         (st = cuda_call(b, c, f, cudaStreamWaitEvent((cudaStream_t)c->stream, b->done, 0),
-                         "cudaStreamWaitEvent"))) ||
         (c->event && (st = cuda_call(b, c, f, cudaEventRecord((cudaEvent_t)c->event, b->stream),
                                      "cudaEventRecord"))))
         return st;

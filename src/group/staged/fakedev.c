@@ -201,16 +201,21 @@ static ddp_status fake_convert(void *ctx, void *stream, void *dst, ddp_dtype dt,
     return DDP_OK;
 }
 
-static ddp_status fake_sumsq(void *ctx, void *stream, const void *dev, size_t n, ddp_dtype t,
-                             double *out_host, int64_t deadline_ms, char *msg)
+static ddp_status fake_sumsq(void *ctx, void *stream, const void *const *devs, const size_t *ns,
+                             const ddp_dtype *ts, int k, double *out_host, int64_t deadline_ms,
+                             char *msg)
 {
     (void)ctx, (void)stream, (void)deadline_ms;
-    if (t != DDP_FLOAT32 && t != DDP_FLOAT64 && t != DDP_BFLOAT16 && t != DDP_FLOAT16) {
-        ddp__fmt(msg, DDP_ERRMSG_MAX, "sum of squares of %s is not implemented",
-                 ddp_dtype_name(t));
-        return DDP_ERR_INVALID;
+    double s = 0.0;
+    for (int j = 0; j < k; j++) {
+        ddp_dtype t = ts[j];
+        if (t != DDP_FLOAT32 && t != DDP_FLOAT64 && t != DDP_BFLOAT16 && t != DDP_FLOAT16) {
+            ddp__fmt(msg, DDP_ERRMSG_MAX, "sum of squares of %s is not implemented",
+                     ddp_dtype_name(t));
+            return DDP_ERR_INVALID;
+        }
+        s += ddp__sum_squares(shadow(devs[j]), ns[j], t);
     }
-    double s = ddp__sum_squares(shadow(dev), n, t);
     *out_host = s;
     return DDP_OK;
 }

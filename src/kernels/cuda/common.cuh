@@ -28,7 +28,12 @@ struct ddp__cuda_ctx {
     size_t workspace_bytes;
     double *d_sum; /* (1,) ddp__cuda_sumsq's accumulator */
     int *d_flag;   /* (1,) ddp__cuda_unscale's found-inf flag */
+    cudaEvent_t done; /* ddp__cuda_sync records it and polls it, with a deadline */
 };
+
+/* How long ddp__cuda_sync waits for the context's queued work before calling it stuck: no step
+ * of a training run queues minutes of GPU work between two waits. */
+#define DDP__CUDA_SYNC_LIMIT_MS (10 * 60 * 1000)
 
 /* Records st and a one-line message in err (may be NULL); returns st. */
 static inline ddp_status ddp__cuda_fail(ddp_error *err, ddp_status st, const char *fmt, ...)

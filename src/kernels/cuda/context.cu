@@ -3,6 +3,8 @@
  * GEMM workspace) and plain device memory: cudaMalloc, copies, memset. No managed memory, no
  * caching allocator: the model allocates once at build.
  */
+#include <time.h>
+
 #include "common.cuh"
 
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt's: 32 MiB, what Hopper's kernels like */
@@ -33,6 +35,8 @@ extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_
         (st = ddp__cuda_check(cudaMalloc((void **)&c->d_sum, sizeof(double)), "cudaMalloc",
                               err)) ||
         (st = ddp__cuda_check(cudaMalloc((void **)&c->d_flag, sizeof(int)), "cudaMalloc", err)) ||
+        (st = ddp__cuda_check(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming),
+                              "cudaEventCreate", err)) ||
         /* cuBLAS's own GEMMs (the attention's batched ones) use the same workspace, on the same
          * stream; after cublasSetStream, which resets it to cuBLAS's default pool. */
         (st = ddp__cublas_check(cublasSetWorkspace(c->blas, c->workspace, c->workspace_bytes),
@@ -49,7 +53,9 @@ extern "C" void ddp__cuda_ctx_destroy(ddp__cuda_ctx *c)
     if (!c)
         return;
     if (c->stream)
-        cudaStreamSynchronize(c->stream);
+        (void)ddp__cuda_sync(c, NULL); /* bounded, unlike cudaStreamSynchronize */
+    if (c->done)
+        cudaEventDestroy(c->done);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->lt)
@@ -63,9 +69,32 @@ extern "C" void ddp__cuda_ctx_destroy(ddp__cuda_ctx *c)
     free(c);
 }
 
+/* Polls an event recorded after the queued work (sleeping 20 µs growing to 1 ms), never
+ * cudaStreamSynchronize, which can neither time out nor be interrupted: a stuck GPU becomes an
+ * error after DDP__CUDA_SYNC_LIMIT_MS, not a hang. */
 extern "C" ddp_status ddp__cuda_sync(ddp__cuda_ctx *c, ddp_error *err)
 {
-    return ddp__cuda_check(cudaStreamSynchronize(c->stream), "the queued work", err);
+    ddp_status st = ddp__cuda_check(cudaEventRecord(c->done, c->stream), "cudaEventRecord", err);
+    struct timespec t0, now, nap = {0, 20000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (st == DDP_OK) {
+        cudaError_t e = cudaEventQuery(c->done);
+        if (e == cudaSuccess)
+            return DDP_OK;
+        if (e != cudaErrorNotReady)
+            return ddp__cuda_check(e, "the queued work", err);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long ms = (now.tv_sec - t0.tv_sec) * 1000LL + (now.tv_nsec - t0.tv_nsec) / 1000000;
+        if (ms >= DDP__CUDA_SYNC_LIMIT_MS)
+            return ddp__cuda_fail(err, DDP_ERR_TIMEOUT,
+                                  "cuda: the GPU's queued work did not finish in %d min; HINT: a "
+                                  "kernel may hang or another process hold the GPU (nvidia-smi)",
+                                  DDP__CUDA_SYNC_LIMIT_MS / 60000);
+        nanosleep(&nap, NULL);
+        if (nap.tv_nsec < 1000000)
+            nap.tv_nsec *= 2;
+    }
+    return st;
 }
 
 extern "C" ddp_status ddp__cuda_malloc(void **out, size_t bytes, ddp_error *err)
