@@ -123,7 +123,9 @@ const char *ddp_group_backend_reason(const ddp_group *g);
 
 /* GPU groups (opts.device = DDP_DEVICE_CUDA): the GPU this rank uses (-1 for a CPU group), and
  * the CUDA stream (a cudaStream_t; NULL: the default stream) whose work later collectives are
- * ordered after, and which waits for their results. Not thread-safe with collectives in flight. */
+ * ordered after. A collective returns (an _async one's work completes) only once the GPU has
+ * finished it, so work queued afterwards sees its result. Not thread-safe with collectives in
+ * flight. */
 int ddp_group_cuda_device(const ddp_group *g);
 void ddp_group_set_stream(ddp_group *g, void *cuda_stream);
 
