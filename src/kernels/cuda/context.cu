@@ -8,6 +8,8 @@
 #include "common.cuh"
 
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt's: 32 MiB, what Hopper's kernels like */
+#define FP32_REDUCTIONS                                                                            \
+    ((cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION))
 
 extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_error *err)
 {
@@ -29,6 +31,10 @@ extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_
                               "cudaStreamCreate", err)) ||
         (st = ddp__cublas_check(cublasCreate(&c->blas), "cublasCreate", err)) ||
         (st = ddp__cublas_check(cublasSetStream(c->blas, c->stream), "cublasSetStream", err)) ||
+        /* fp32 accumulation also across split-K parts when the output is bf16 or fp16 (cuBLAS
+         * may otherwise add the parts in the output's type; docs/gpu.md's table says fp32) */
+        (st = ddp__cublas_check(cublasSetMathMode(c->blas, FP32_REDUCTIONS), "cublasSetMathMode",
+                                err)) ||
         (st = ddp__cublas_check(cublasLtCreate(&c->lt), "cublasLtCreate", err)) ||
         (st = ddp__cuda_check(cudaMalloc(&c->workspace, c->workspace_bytes),
                               "cudaMalloc of the GEMM workspace", err)) ||

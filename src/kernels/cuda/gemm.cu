@@ -114,6 +114,11 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
      * row offset): it is told each one's real alignment. cuBLAS's A is our B, and B our A. */
     uint32_t align_a = ddp__cuda_align_of(B), align_b = ddp__cuda_align_of(A),
              align_c = ddp__cuda_align_of(C);
+    /* Split-K parts added in fp32 (in the workspace), never in a 16-bit output's type (the
+     * in-place and output-type schemes): the products accumulate in fp32 throughout. */
+    uint32_t reduction = out == DDP_FLOAT32 ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_MASK
+                                            : (uint32_t)(CUBLASLT_REDUCTION_SCHEME_NONE |
+                                                         CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     /* Stored shapes, column-major: cuBLAS's A (our B) is (N, K) untransposed, (K, N) stored
@@ -168,7 +173,11 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
         (st = ddp__cublas_check(
              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &align_c, sizeof align_c),
-             "alignment preference of D", err)))
+             "alignment preference of D", err)) ||
+        (st = ddp__cublas_check(
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &reduction, sizeof reduction),
+             "reduction-scheme preference", err)))
         goto out_free;
     /* NOT_SUPPORTED is the heuristic's "nothing found" (found 0). Nothing for the bias epilogue
      * (an fp32 bias with a bf16 output may be such a case): the product without it, then the
