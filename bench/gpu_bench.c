@@ -150,8 +150,8 @@ int main(int argc, char **argv)
     fill_random(A, maxe);
     fill_random(B, maxe);
     uint16_t *A16 = dalloc(maxe * 2), *B16 = dalloc(maxe * 2); /* the same values in bf16 */
-    check(ddp__cuda_f32_to_bf16(ctx, A, maxe, A16, &err));
-    check(ddp__cuda_f32_to_bf16(ctx, B, maxe, B16, &err));
+    check(ddp__cuda_f32_to_h(ctx, DDP_BFLOAT16, A, maxe, A16, &err));
+    check(ddp__cuda_f32_to_h(ctx, DDP_BFLOAT16, B, maxe, B16, &err));
     struct {
         ddp_dtype in;
         ddp_precision prec;

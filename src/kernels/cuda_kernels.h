@@ -54,9 +54,9 @@ ddp_status ddp__cuda_memset0(ddp__cuda_ctx *ctx, void *dst, size_t bytes, ddp_er
 
 /* ---- GEMM (cuBLASLt) -------------------------------------------------------------------------
  * C (M, N) = alpha · op(A) · op(B) + beta · C, row-major, exactly ddp__sgemm's contract
- * (kernels.h), with A and B of dtype `in` (DDP_FLOAT32 or DDP_BFLOAT16, both the same) and C of
- * dtype `out` (DDP_FLOAT32 or DDP_BFLOAT16); accumulation in fp32 always. precision TF32 lets
- * fp32 inputs go through TF32 tensor cores; FP32 forbids it; BF16/FP16 need bf16 inputs. bias
+ * (kernels.h), with A and B of dtype `in` (DDP_FLOAT32, DDP_BFLOAT16 or DDP_FLOAT16, both the
+ * same) and C of dtype `out` (DDP_FLOAT32 or `in`); accumulation in fp32 always, split-K parts
+ * included. precision TF32 lets fp32 inputs go through TF32 tensor cores; FP32 forbids it. bias
  * (N,) fp32 or NULL: added to every row (cuBLASLt's bias epilogue when bias is 16-byte aligned,
  * else a separate pass). Any element-aligned pointers: cuBLASLt is told each one's alignment
  * (ddp__cuda_align_of), since its heuristic otherwise assumes 256 bytes and may choose a kernel
@@ -152,60 +152,68 @@ ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *ctx, const float *logits, const i
                                 int N, int V, float scale, int count, float *row_loss,
                                 int32_t *correct, float *dlogits, ddp_error *err);
 
-/* ---- the layers in bf16 (precision bf16; docs/gpu.md "Mixed precision", its table of roundings)
- * bf16 buffers are uint16_t bit patterns (util/half.h: round to nearest even, NaN kept); every
- * sum, statistic and transcendental is computed in fp32 and rounded once where it is stored.
- * Weights are bf16 copies of the fp32 masters; biases and layernorm parameters stay fp32. */
+/* ---- the layers in 16 bits (precision bf16 or fp16; docs/gpu.md "Mixed precision", its table
+ * of roundings) -----------------------------------------------------------------------------
+ * ht is the 16-bit dtype, DDP_BFLOAT16 or DDP_FLOAT16 (autocast's bfloat16 or float16): 16-bit
+ * buffers are uint16_t bit patterns in that format (util/half.h: round to nearest even, NaN kept;
+ * fp16 overflows to ±inf, which is never clamped: precision fp16's loss scaler must see it).
+ * Every sum, statistic and transcendental is computed in fp32 and rounded once where it is
+ * stored. Weights are 16-bit copies of the fp32 masters; biases and layernorm parameters stay
+ * fp32. Another ht is refused (DDP_ERR_INVALID). */
 
-/* ddp__cuda_layernorm_forward with y (N, C) rounded to bf16 (statistics fp32, as there). */
-ddp_status ddp__cuda_layernorm_forward_bf16(ddp__cuda_ctx *ctx, const float *x, const float *weight,
-                                            const float *bias, int N, int C, float eps, uint16_t *y,
-                                            float *mean, float *rstd, ddp_error *err);
-/* y (B, out) bf16 = x (B, in) bf16 · Wᵀ (W (out, in) bf16) + b (fp32 or NULL), fp32
- * accumulation, rounded once (twice when the bias goes through ddp__cuda_gemm's separate pass:
- * the product rounded, the bias added, rounded again). */
-ddp_status ddp__cuda_linear_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *x, const uint16_t *W,
-                                         const float *b, int B, int in, int out, uint16_t *y,
+/* ddp__cuda_layernorm_forward with y (N, C) rounded to ht (statistics fp32, as there). */
+ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const float *x,
+                                         const float *weight, const float *bias, int N, int C,
+                                         float eps, uint16_t *y, float *mean, float *rstd,
                                          ddp_error *err);
-/* From dy (B, out) bf16: dx (B, in) = dy · W of dtype dx_dtype (DDP_FLOAT32 where a layernorm
- * or other fp32 arithmetic reads it, DDP_BFLOAT16 where only bf16 work does), overwritten;
+/* y (B, out) ht = x (B, in) ht · Wᵀ (W (out, in) ht) + b (fp32 or NULL), fp32 accumulation,
+ * rounded once (twice when the bias goes through ddp__cuda_gemm's separate pass: the product
+ * rounded, the bias added, rounded again). */
+ddp_status ddp__cuda_linear_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *x,
+                                      const uint16_t *W, const float *b, int B, int in, int out,
+                                      uint16_t *y, ddp_error *err);
+/* From dy (B, out) ht: dx (B, in) = dy · W of dtype dx_dtype (DDP_FLOAT32 where a layernorm
+ * or other fp32 arithmetic reads it, ht where only 16-bit work does), overwritten;
  * dW (out, in) fp32 += dyᵀ · x; db (out,) fp32 += the column sums of dy (in fp32). Any of dx,
  * dW, db may be NULL. */
-ddp_status ddp__cuda_linear_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dy, const uint16_t *x,
-                                          const uint16_t *W, int B, int in, int out, void *dx,
-                                          ddp_dtype dx_dtype, float *dW, float *db, ddp_error *err);
-/* GELU (tanh) on bf16: computed in fp32 from the bf16 input, rounded once (y may equal x; dx
- * may equal dy). */
-ddp_status ddp__cuda_gelu_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *x, size_t n, uint16_t *y,
+ddp_status ddp__cuda_linear_backward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *dy,
+                                       const uint16_t *x, const uint16_t *W, int B, int in, int out,
+                                       void *dx, ddp_dtype dx_dtype, float *dW, float *db,
                                        ddp_error *err);
-ddp_status ddp__cuda_gelu_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dy, const uint16_t *x,
-                                        size_t n, uint16_t *dx, ddp_error *err);
-/* y (fp32) = a (fp32) + b (bf16, widened exactly): a bf16 branch added to the fp32 residual
+/* GELU (tanh) on ht: computed in fp32 from the 16-bit input, rounded once (y may equal x; dx
+ * may equal dy). */
+ddp_status ddp__cuda_gelu_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *x, size_t n,
+                                    uint16_t *y, ddp_error *err);
+ddp_status ddp__cuda_gelu_backward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *dy,
+                                     const uint16_t *x, size_t n, uint16_t *dx, ddp_error *err);
+/* y (fp32) = a (fp32) + b (ht, widened exactly): a 16-bit branch added to the fp32 residual
  * stream (y may equal a). */
-ddp_status ddp__cuda_add_bf16(ddp__cuda_ctx *ctx, const float *a, const uint16_t *b, size_t n,
-                              float *y, ddp_error *err);
-/* Causal self-attention in bf16: out (B, T, C) bf16 from qkv (B, T, 3C) bf16; the scores
+ddp_status ddp__cuda_add_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const float *a, const uint16_t *b,
+                           size_t n, float *y, ddp_error *err);
+/* Causal self-attention in 16 bits: out (B, T, C) ht from qkv (B, T, 3C) ht; the scores
  * S = QKᵀ/√hs come out of the product in fp32, the softmax runs in fp32 and the probabilities
- * att (B, nh, T, T) are kept in bf16 (the P·V operand and the backward's P). scratch: bytes of
- * ddp__cuda_attention_scratch_bf16(B, T, C, nh), 256-byte aligned (a cudaMalloc'd base). */
-size_t ddp__cuda_attention_scratch_bf16(int B, int T, int C, int nh);
-ddp_status ddp__cuda_attention_forward_bf16(ddp__cuda_ctx *ctx, const uint16_t *qkv, int B, int T,
-                                            int C, int nh, uint16_t *att, void *scratch,
-                                            uint16_t *out, ddp_error *err);
-/* dqkv (B, T, 3C) bf16 overwritten, from dout (B, T, C) bf16 and the forward's qkv and att:
- * dP = dY·Vᵀ in fp32, the softmax backward in fp32 from the bf16 P, dS rounded to bf16 for
+ * att (B, nh, T, T) are kept in ht (the P·V operand and the backward's P). scratch: bytes of
+ * ddp__cuda_attention_scratch_h(B, T, C, nh) (either format), 256-byte aligned (a cudaMalloc'd
+ * base). */
+size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh);
+ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *qkv,
+                                         int B, int T, int C, int nh, uint16_t *att, void *scratch,
+                                         uint16_t *out, ddp_error *err);
+/* dqkv (B, T, 3C) ht overwritten, from dout (B, T, C) ht and the forward's qkv and att:
+ * dP = dY·Vᵀ in fp32, the softmax backward in fp32 from the 16-bit P, dS rounded to ht for
  * dQ = dS·K and dK = dSᵀ·Q; dV = Pᵀ·dY. */
-ddp_status ddp__cuda_attention_backward_bf16(ddp__cuda_ctx *ctx, const uint16_t *dout,
-                                             const uint16_t *qkv, const uint16_t *att, int B, int T,
-                                             int C, int nh, void *scratch, uint16_t *dqkv,
-                                             ddp_error *err);
-/* ddp__cuda_vocab_xent on fp32 logits (N, V) whose gradient, with grad, is written in bf16 over
- * the logits themselves: row r's V bf16 values at the start of row r's own storage, i.e. a bf16
- * matrix (N, V) with leading dimension 2·V at (uint16_t *)logits, ready for the LM head's
- * bf16 products. The logits are no longer readable afterwards. */
-ddp_status ddp__cuda_vocab_xent_bf16grad(ddp__cuda_ctx *ctx, float *logits, const int32_t *targets,
-                                         int N, int V, float scale, int count, float *row_loss,
-                                         int32_t *correct, bool grad, ddp_error *err);
+ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *dout,
+                                          const uint16_t *qkv, const uint16_t *att, int B, int T,
+                                          int C, int nh, void *scratch, uint16_t *dqkv,
+                                          ddp_error *err);
+/* ddp__cuda_vocab_xent on fp32 logits (N, V) whose gradient (scaled by scale / count: with
+ * precision fp16, scale carries the loss scale), with grad, is written in ht over the logits
+ * themselves: row r's V 16-bit values at the start of row r's own storage, i.e. a 16-bit matrix
+ * (N, V) with leading dimension 2·V at (uint16_t *)logits, ready for the LM head's 16-bit
+ * products. The logits are no longer readable afterwards. */
+ddp_status ddp__cuda_vocab_xent_hgrad(ddp__cuda_ctx *ctx, ddp_dtype ht, float *logits,
+                                      const int32_t *targets, int N, int V, float scale, int count,
+                                      float *row_loss, int32_t *correct, bool grad, ddp_error *err);
 
 /* ---- optimizer and gradients ----------------------------------------------------------------- */
 
@@ -227,11 +235,12 @@ ddp_status ddp__cuda_scale(ddp__cuda_ctx *ctx, float *x, size_t n, float s, ddp_
  * was inf or NaN before (waits for the flag). */
 ddp_status ddp__cuda_unscale(ddp__cuda_ctx *ctx, float *g, size_t n, float inv_scale,
                              bool *found_inf_host, ddp_error *err);
-/* dst (n,) bf16 = src fp32 rounded to nearest even; and back (exact). */
-ddp_status ddp__cuda_f32_to_bf16(ddp__cuda_ctx *ctx, const float *src, size_t n, uint16_t *dst,
-                                 ddp_error *err);
-ddp_status ddp__cuda_bf16_to_f32(ddp__cuda_ctx *ctx, const uint16_t *src, size_t n, float *dst,
-                                 ddp_error *err);
+/* dst (n,) ht (DDP_BFLOAT16 or DDP_FLOAT16) = src fp32 rounded to nearest even (fp16: ±inf
+ * beyond its range); and back (exact). */
+ddp_status ddp__cuda_f32_to_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const float *src, size_t n,
+                              uint16_t *dst, ddp_error *err);
+ddp_status ddp__cuda_h_to_f32(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *src, size_t n,
+                              float *dst, ddp_error *err);
 
 #ifdef __cplusplus
 }

@@ -133,15 +133,15 @@ ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err
  * sizes (ddp/model.h's list; each tensor padded to 256 bytes there), and are uploaded from the
  * model's host values before each forward (the host optimizer and reducer own them); gradients
  * are computed on the device and added (+=) into the host gradients at the end of backward. No
- * dropout; precision fp32, tf32 or bf16 (bf16 products and activations, fp32 residual stream,
- * statistics, loss and masters: docs/gpu.md's table). UNVERIFIED: not yet run on a GPU
- * (docs/gpu.md). */
+ * dropout; precision fp32, tf32, bf16 or fp16 (bf16/fp16 products and activations, fp32 residual
+ * stream, statistics, loss and masters: docs/gpu.md's table; fp16 with the host's loss scale as
+ * forward's grad_scale). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
 typedef struct ddp__cuda_gpt ddp__cuda_gpt;
 typedef struct ddp__cuda_gpt_cfg {
     int L, nh, C, Tmax, V, B; /* n_layer, n_head, n_embd, block_size, vocab_size, max_batch */
     bool bias;
     int device;              /* the CUDA device index */
-    ddp_precision precision; /* DDP_PRECISION_FP32, _TF32 or _BF16 */
+    ddp_precision precision; /* DDP_PRECISION_FP32, _TF32, _BF16 or _FP16 */
 } ddp__cuda_gpt_cfg;
 
 /* counts (n,): the model's parameter sizes, in its order (checked against cfg's shapes). */

@@ -20,12 +20,13 @@
  * shares the initialiser's (spec.seed, tensor id) keys.)
  *
  * Device cuda (spec.device): the same forward and backward run on the GPU (kernels/cuda/gpt.cu,
- * through kernels.h), fp32, TF32 or bf16 (autocast-style: bf16 products and activations, fp32
- * residual stream, statistics, loss and master weights; docs/gpu.md), no dropout; this file
- * keeps the parameter list, the checks and the host's logits. Not yet run on a GPU (docs/gpu.md).
+ * through kernels.h), fp32, TF32, bf16 or fp16 (autocast-style: 16-bit products and activations,
+ * fp32 residual stream, statistics, loss and master weights; fp16 with the caller's loss scale in
+ * the batch's grad_scale; docs/gpu.md), no dropout; this file keeps the parameter list, the checks
+ * and the host's logits. Not yet run on a GPU (docs/gpu.md).
  *
  * What it does not do: a KV cache for generation (each forward recomputes every position; the
- * batch's last_logits flag saves the LM head for all but the last), fp16, its own
+ * batch's last_logits flag saves the LM head for all but the last), fp16 on the CPU, its own
  * threads (OpenBLAS's run inside each product).
  */
 #include <limits.h>

@@ -52,6 +52,13 @@ if [ $gpu -eq 0 ]; then
     rc=0; "$TRAIN" "${TINY[@]}" --device cuda --total_steps 2 --out_dir c >out 2>err || rc=$?
     [ $rc -eq 1 ] || fail "device cuda without a GPU: exit code $rc, expected 1"
     assert_contains err "device 'cuda' asked for: cuda: "
+    # fp16 on cuda passes every check before the device's (the CUDA GPT implements it): only the
+    # missing GPU stops it
+    rc=0; "$TRAIN" "${TINY[@]}" --device cuda --precision fp16 --total_steps 2 --out_dir c16 \
+        >out 2>err || rc=$?
+    [ $rc -eq 1 ] || fail "device cuda precision fp16 without a GPU: exit code $rc, expected 1"
+    assert_contains err "device 'cuda' asked for: cuda: "
+    assert_not_contains err "not implemented"
     "$TRAIN" "${TINY[@]}" --device auto --total_steps 4 --mfu_peak_tflops 0.001 --out_dir a \
         >out 2>&1 || { cat out; fail "device auto without a GPU"; }
     [ "$(grep -c 'device auto: no usable GPU, training on the CPU (' out)" -eq 1 ] ||
@@ -62,7 +69,7 @@ if [ $gpu -eq 0 ]; then
     rc=0; "$TRAIN" "${TINY[@]}" --device auto --precision fp16 --out_dir ab >out 2>err || rc=$?
     [ $rc -eq 2 ] || fail "device auto (no GPU) with fp16: exit code $rc, expected 2"
     assert_contains err "precision 'fp16' needs a GPU"
-    ok "no GPU: device cuda is an error, device auto trains on the CPU and says so once, MFU"
+    ok "no GPU: device cuda is an error (fp16 too: for the GPU alone), device auto trains on the CPU and says so once, MFU"
 else
     ok "a GPU is present: the no-GPU cases are skipped (the GPU tests cover device cuda)"
 fi

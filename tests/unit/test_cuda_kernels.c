@@ -92,31 +92,40 @@ static void expect_close(const char *what, const float *got_dev, const float *wa
         fail_msg("%s: relative difference %.3e > %.1e", what, rel, tol);
 }
 
-/* ---- bf16 helpers: bf16 device buffers are uint16_t bit patterns (util/half.h's rounding) ---- */
+/* ---- 16-bit helpers: bf16 and fp16 device buffers are uint16_t bit patterns (util/half.h's
+ * rounding); ht names the format (DDP_BFLOAT16 or DDP_FLOAT16) ----------------------------------
+ */
 
-/* x rounded to bf16 and widened back, in place: the values a bf16 buffer holds. */
-static void round_bf16(float *x, size_t n)
+static ddp_dtype bf16_dt = DDP_BFLOAT16, fp16_dt = DDP_FLOAT16; /* the 16-bit tests' prestates */
+
+static const char *hname(ddp_dtype ht)
+{
+    return ht == DDP_FLOAT16 ? "fp16" : "bf16";
+}
+
+/* x rounded to ht and widened back, in place: the values a 16-bit buffer holds. */
+static void round_h(ddp_dtype ht, float *x, size_t n)
 {
     uint16_t *t = malloc(sizeof(uint16_t) * (n ? n : 1));
     assert_non_null(t);
-    ddp__from_f32(t, x, n, DDP_BFLOAT16);
-    ddp__to_f32(x, t, n, DDP_BFLOAT16);
+    ddp__from_f32(t, x, n, ht);
+    ddp__to_f32(x, t, n, ht);
     free(t);
 }
 
-static float round1(float v)
+static float round1(ddp_dtype ht, float v)
 {
-    round_bf16(&v, 1);
+    round_h(ht, &v, 1);
     return v;
 }
 
-/* A device bf16 buffer holding host (rounded); host NULL: zeros. */
-static uint16_t *dev_bf16(const float *host, size_t n)
+/* A device 16-bit buffer holding host (rounded to ht); host NULL: zeros. */
+static uint16_t *dev_h(ddp_dtype ht, const float *host, size_t n)
 {
     uint16_t *t = malloc(sizeof(uint16_t) * (n ? n : 1));
     assert_non_null(t);
     if (host)
-        ddp__from_f32(t, host, n, DDP_BFLOAT16);
+        ddp__from_f32(t, host, n, ht);
     else
         memset(t, 0, sizeof(uint16_t) * n);
     uint16_t *d = dev_from(t, sizeof(uint16_t) * n);
@@ -124,8 +133,8 @@ static uint16_t *dev_bf16(const float *host, size_t n)
     return d;
 }
 
-/* rows × cols bf16 values from the device (leading dimension ld), widened to fp32. */
-static float *fetch_bf16_ld(const void *dev, size_t rows, size_t cols, size_t ld)
+/* rows × cols 16-bit values of format ht from the device (leading dimension ld), widened. */
+static float *fetch_h_ld(ddp_dtype ht, const void *dev, size_t rows, size_t cols, size_t ld)
 {
     uint16_t *t = malloc(sizeof(uint16_t) * rows * ld);
     float *h = malloc(sizeof(float) * rows * cols);
@@ -135,7 +144,7 @@ static float *fetch_bf16_ld(const void *dev, size_t rows, size_t cols, size_t ld
     if (ddp__cuda_to_host(ctx, t, dev, sizeof(uint16_t) * rows * ld, &err) != DDP_OK)
         fail_msg("%s", err.msg);
     for (size_t r = 0; r < rows; r++)
-        ddp__to_f32(h + r * cols, t + r * ld, cols, DDP_BFLOAT16);
+        ddp__to_f32(h + r * cols, t + r * ld, cols, ht);
     free(t);
     return h;
 }
@@ -158,17 +167,24 @@ static void expect_close_host(const char *what, const float *got, const float *w
         fail_msg("%s: relative difference %.3e > %.1e", what, rel, tol);
 }
 
-/* A bf16 device result against an fp32 reference computed from the same (rounded) inputs. The
+/* A 16-bit device result against an fp32 reference computed from the same (rounded) inputs. The
  * device rounds its fp32 result once; the reference is rounded the same way, so the two differ
- * only where a different fp32 summation order crosses a rounding boundary: one bf16 unit in the
- * last place of that element, 2⁻⁸ of it at most. BF16_ULP2 (two units of the largest element)
- * is the tolerance of every such comparison below. */
-#define BF16_ULP2 7.9e-3
-static void expect_close_bf16(const char *what, const uint16_t *got_dev, float *want, size_t n)
+ * only where a different fp32 summation order crosses a rounding boundary: one unit in the last
+ * place of that element. H_ULP2 (about two units of the largest element: 2⁻⁷ for bf16's 8
+ * significant bits, 2⁻¹⁰ for fp16's 11) is the tolerance of every such comparison below. */
+static double H_ULP2(ddp_dtype ht)
 {
-    float *got = fetch_bf16_ld(got_dev, 1, n, n);
-    round_bf16(want, n);
-    expect_close_host(what, got, want, n, BF16_ULP2);
+    return ht == DDP_FLOAT16 ? 9.9e-4 : 7.9e-3;
+}
+
+static void expect_close_h(ddp_dtype ht, const char *what, const uint16_t *got_dev, float *want,
+                           size_t n)
+{
+    float *got = fetch_h_ld(ht, got_dev, 1, n, n);
+    char label[96];
+    snprintf(label, sizeof label, "%s (%s)", what, hname(ht));
+    round_h(ht, want, n);
+    expect_close_host(label, got, want, n, H_ULP2(ht));
     free(got);
 }
 
@@ -177,18 +193,19 @@ static void expect_close_bf16(const char *what, const uint16_t *got_dev, float *
 /* shift > 0: every operand (A, B, C, bias) starts `shift` elements into its allocation, so the
  * pointers are only element-aligned, as views into the GPT's flat buffers can be. */
 static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
-                         ddp_precision prec, bool bf16_in, double tol, int shift)
+                         ddp_precision prec, double tol, int shift)
 {
     ddp_error err = {0};
+    /* precision bf16 or fp16: the inputs in that format (fp32 otherwise) */
+    const ddp_dtype hin = prec == DDP_PRECISION_BF16   ? DDP_BFLOAT16
+                          : prec == DDP_PRECISION_FP16 ? DDP_FLOAT16
+                                                       : DDP_FLOAT32;
+    const bool bf16_in = hin != DDP_FLOAT32; /* either 16-bit format */
     float *A = host_rand((size_t)M * K, 1), *B = host_rand((size_t)K * N, 1);
     float *C = host_rand((size_t)M * N, 1), *b = host_rand((size_t)N, 1);
-    if (bf16_in) { /* the reference multiplies the same bf16-rounded inputs */
-        uint16_t *t = malloc(sizeof(uint16_t) * ((size_t)M * K + (size_t)K * N));
-        ddp__from_f32(t, A, (size_t)M * K, DDP_BFLOAT16);
-        ddp__to_f32(A, t, (size_t)M * K, DDP_BFLOAT16);
-        ddp__from_f32(t, B, (size_t)K * N, DDP_BFLOAT16);
-        ddp__to_f32(B, t, (size_t)K * N, DDP_BFLOAT16);
-        free(t);
+    if (bf16_in) { /* the reference multiplies the same rounded inputs */
+        round_h(hin, A, (size_t)M * K);
+        round_h(hin, B, (size_t)K * N);
     }
     int lda = ta ? M : K, ldb = tb ? K : N;
     size_t ein = bf16_in ? sizeof(uint16_t) : sizeof(float), pad = (size_t)shift * ein;
@@ -200,8 +217,8 @@ static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float
     if (bf16_in) {
         uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)M * K);
         uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)K * N);
-        ddp__from_f32(a16, A, (size_t)M * K, DDP_BFLOAT16);
-        ddp__from_f32(b16, B, (size_t)K * N, DDP_BFLOAT16);
+        ddp__from_f32(a16, A, (size_t)M * K, hin);
+        ddp__from_f32(b16, B, (size_t)K * N, hin);
         ok(ddp__cuda_to_device(ctx, dA + pad, a16, ein * (size_t)M * K, &err), &err);
         ok(ddp__cuda_to_device(ctx, dB + pad, b16, ein * (size_t)K * N, &err), &err);
         free(a16);
@@ -213,8 +230,7 @@ static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float
     ok(ddp__cuda_to_device(ctx, dC + fpad, C, sizeof(float) * (size_t)M * N, &err), &err);
     ok(ddp__cuda_to_device(ctx, db + fpad, b, sizeof(float) * (size_t)N, &err), &err);
     ok(ddp__cuda_gemm(ctx, ta, tb, M, N, K, 0.5f, dA + pad, lda, dB + pad, ldb, beta, dC + fpad, N,
-                      bf16_in ? DDP_BFLOAT16 : DDP_FLOAT32, DDP_FLOAT32,
-                      bias ? (const float *)(db + fpad) : NULL, prec, &err),
+                      hin, DDP_FLOAT32, bias ? (const float *)(db + fpad) : NULL, prec, &err),
        &err);
     ddp__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, N);
     if (bias)
@@ -223,8 +239,8 @@ static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float
                 C[(size_t)r * N + c] += b[c];
     char what[96];
     snprintf(what, sizeof what, "gemm %c%c %dx%dx%d %s%s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N,
-             K, bf16_in ? "bf16" : ddp_precision_name(prec), bias ? " +bias" : "",
-             beta != 0 ? " beta" : "", shift ? " unaligned" : "");
+             K, ddp_precision_name(prec), bias ? " +bias" : "", beta != 0 ? " beta" : "",
+             shift ? " unaligned" : "");
     expect_close(what, (const float *)(dC + fpad), C, (size_t)M * N, tol);
     ddp__cuda_free(dA);
     ddp__cuda_free(dB);
@@ -237,31 +253,35 @@ static void gemm_case_at(bool ta, bool tb, int M, int N, int K, bool bias, float
 }
 
 static void gemm_case(bool ta, bool tb, int M, int N, int K, bool bias, float beta,
-                      ddp_precision prec, bool bf16_in, double tol)
+                      ddp_precision prec, double tol)
 {
-    gemm_case_at(ta, tb, M, N, K, bias, beta, prec, bf16_in, tol, 0);
+    gemm_case_at(ta, tb, M, N, K, bias, beta, prec, tol, 0);
 }
 
 static void gemm(void **state)
 {
     (void)state;
     for (int t = 0; t < 4; t++) {
-        gemm_case(t & 1, t & 2, 67, 45, 129, false, 0.0f, DDP_PRECISION_FP32, false, 1e-5);
-        gemm_case(t & 1, t & 2, 64, 96, 32, false, 1.0f, DDP_PRECISION_FP32, false, 1e-5);
+        gemm_case(t & 1, t & 2, 67, 45, 129, false, 0.0f, DDP_PRECISION_FP32, 1e-5);
+        gemm_case(t & 1, t & 2, 64, 96, 32, false, 1.0f, DDP_PRECISION_FP32, 1e-5);
     }
-    gemm_case(false, true, 128, 192, 64, true, 0.0f, DDP_PRECISION_FP32, false, 1e-5);
+    gemm_case(false, true, 128, 192, 64, true, 0.0f, DDP_PRECISION_FP32, 1e-5);
     /* TF32: 10-bit mantissas in, fp32 accumulation: ~1e-3 relative per product */
-    gemm_case(false, true, 128, 192, 256, true, 0.0f, DDP_PRECISION_TF32, false, 1e-2);
-    /* bf16 inputs (exact in fp32), fp32 accumulation: only the summation order differs */
-    gemm_case(false, true, 128, 192, 256, false, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
-    gemm_case(true, false, 64, 128, 96, true, 0.0f, DDP_PRECISION_BF16, true, 1e-5);
-    /* pointers 4 bytes past an allocation (2 for bf16): the alignment preferences and the bias
-     * pass that does not need the epilogue's alignment */
-    gemm_case_at(false, true, 96, 80, 64, true, 0.0f, DDP_PRECISION_FP32, false, 1e-5, 1);
-    gemm_case_at(true, false, 67, 45, 129, true, 1.0f, DDP_PRECISION_TF32, false, 1e-2, 1);
-    gemm_case_at(false, true, 64, 96, 32, true, 0.0f, DDP_PRECISION_BF16, true, 1e-5, 1);
+    gemm_case(false, true, 128, 192, 256, true, 0.0f, DDP_PRECISION_TF32, 1e-2);
+    /* bf16 and fp16 inputs (their products exact in fp32), fp32 accumulation: only the summation
+     * order differs */
+    for (int p = DDP_PRECISION_BF16; p <= DDP_PRECISION_FP16; p++) {
+        gemm_case(false, true, 128, 192, 256, false, 0.0f, (ddp_precision)p, 1e-5);
+        gemm_case(true, false, 64, 128, 96, true, 0.0f, (ddp_precision)p, 1e-5);
+        /* 2 bytes past an allocation (4 for the fp32 C and bias) */
+        gemm_case_at(false, true, 64, 96, 32, true, 0.0f, (ddp_precision)p, 1e-5, 1);
+    }
+    /* pointers 4 bytes past an allocation: the alignment preferences and the bias pass that does
+     * not need the epilogue's alignment */
+    gemm_case_at(false, true, 96, 80, 64, true, 0.0f, DDP_PRECISION_FP32, 1e-5, 1);
+    gemm_case_at(true, false, 67, 45, 129, true, 1.0f, DDP_PRECISION_TF32, 1e-2, 1);
     /* 16 bytes past: aligned enough for the bias epilogue, not for 256-byte kernels */
-    gemm_case_at(false, false, 128, 192, 64, true, 0.0f, DDP_PRECISION_TF32, false, 1e-2, 4);
+    gemm_case_at(false, false, 128, 192, 64, true, 0.0f, DDP_PRECISION_TF32, 1e-2, 4);
 }
 
 /* ---- layers ---------------------------------------------------------------------------------- */
@@ -461,15 +481,16 @@ static void vocab_xent(void **state)
     ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
 }
 
-/* ---- the bf16 layers (precision bf16) ---------------------------------------------------------
- * References: the CPU's fp32 layer on the bf16-rounded inputs (what the device's bf16 buffers
- * hold), its result rounded as the device rounds it. */
+/* ---- the 16-bit layers (precision 16-bit and fp16: each test runs once per format) -------------
+ * References: the CPU's fp32 layer on the inputs rounded to the format (what the device's 16-bit
+ * buffers hold), its result rounded as the device rounds it. */
 
-static void layers_bf16(void **state)
+static void layers_h(void **state)
 {
-    (void)state;
+    const ddp_dtype ht = *(const ddp_dtype *)*state;
+    printf("  format %s\n", hname(ht));
     ddp_error err = {0};
-    /* layernorm: fp32 in, fp32 statistics, bf16 out */
+    /* layernorm: fp32 in, fp32 statistics, 16-bit out */
     {
         const int N = 300, C = 96;
         float *x = host_rand((size_t)N * C, 2), *w = host_rand(C, 1), *b = host_rand(C, 1);
@@ -480,86 +501,87 @@ static void layers_bf16(void **state)
         float *x_ = dev_from(x, sizeof(float) * N * C), *w_ = dev_from(w, sizeof(float) * C);
         float *b_ = dev_from(b, sizeof(float) * C), *m_ = dev_from(NULL, sizeof(float) * N);
         float *r_ = dev_from(NULL, sizeof(float) * N);
-        uint16_t *y_ = dev_bf16(NULL, (size_t)N * C);
-        ok(ddp__cuda_layernorm_forward_bf16(ctx, x_, w_, b_, N, C, 1e-5f, y_, m_, r_, &err), &err);
+        uint16_t *y_ = dev_h(ht, NULL, (size_t)N * C);
+        ok(ddp__cuda_layernorm_forward_h(ctx, ht, x_, w_, b_, N, C, 1e-5f, y_, m_, r_, &err), &err);
         ddp_nn_layernorm_forward(x, w, b, N, C, 1e-5f, y, mean, rstd);
-        expect_close_bf16("layernorm forward (bf16 out)", y_, y, (size_t)N * C);
-        expect_close("layernorm mean (bf16 out)", m_, mean, N, 1e-6);
-        expect_close("layernorm rstd (bf16 out)", r_, rstd, N, 1e-5);
+        expect_close_h(ht, "layernorm forward (16-bit out)", y_, y, (size_t)N * C);
+        expect_close("layernorm mean (16-bit out)", m_, mean, N, 1e-6);
+        expect_close("layernorm rstd (16-bit out)", r_, rstd, N, 1e-5);
         free(x), free(w), free(b), free(y), free(mean), free(rstd);
         ddp__cuda_free(x_), ddp__cuda_free(w_), ddp__cuda_free(b_), ddp__cuda_free(m_);
         ddp__cuda_free(r_), ddp__cuda_free(y_);
     }
-    /* linear: bf16 x, W, dy; fp32 bias; y bf16; dx fp32 or bf16; dW, db fp32 (+=) */
+    /* linear: 16-bit x, W, dy; fp32 bias; y 16-bit; dx fp32 or 16-bit; dW, db fp32 (+=) */
     {
         const int B = 37, in = 48, out = 80;
         float *x = host_rand((size_t)B * in, 1), *W = host_rand((size_t)out * in, 0.2f);
         float *b = host_rand(out + 1, 0.1f), *dy = host_rand((size_t)B * out, 1);
-        round_bf16(x, (size_t)B * in);
-        round_bf16(W, (size_t)out * in);
-        round_bf16(dy, (size_t)B * out);
+        round_h(ht, x, (size_t)B * in);
+        round_h(ht, W, (size_t)out * in);
+        round_h(ht, dy, (size_t)B * out);
         float *y = malloc(sizeof(float) * B * out), *dx = malloc(sizeof(float) * B * in);
         float *dW = host_rand((size_t)out * in, 1), *db = host_rand(out, 1);
-        uint16_t *x_ = dev_bf16(x, (size_t)B * in), *W_ = dev_bf16(W, (size_t)out * in);
-        uint16_t *dy_ = dev_bf16(dy, (size_t)B * out), *y_ = dev_bf16(NULL, (size_t)B * out);
-        uint16_t *dxh_ = dev_bf16(NULL, (size_t)B * in);
+        uint16_t *x_ = dev_h(ht, x, (size_t)B * in), *W_ = dev_h(ht, W, (size_t)out * in);
+        uint16_t *dy_ = dev_h(ht, dy, (size_t)B * out), *y_ = dev_h(ht, NULL, (size_t)B * out);
+        uint16_t *dxh_ = dev_h(ht, NULL, (size_t)B * in);
         float *b_ = dev_from(b, sizeof(float) * (out + 1));
         float *dx_ = dev_from(NULL, sizeof(float) * B * in);
         float *dW_ = dev_from(dW, sizeof(float) * out * in),
               *db_ = dev_from(db, sizeof(float) * out);
-        ok(ddp__cuda_linear_forward_bf16(ctx, x_, W_, b_, B, in, out, y_, &err), &err);
+        ok(ddp__cuda_linear_forward_h(ctx, ht, x_, W_, b_, B, in, out, y_, &err), &err);
         ddp_nn_linear_forward(x, W, b, B, in, out, y);
-        expect_close_bf16("linear forward (bf16)", y_, y, (size_t)B * out);
-        /* a bias 4 bytes past its allocation: the bias pass, on a bf16 output */
-        ok(ddp__cuda_linear_forward_bf16(ctx, x_, W_, b_ + 1, B, in, out, y_, &err), &err);
+        expect_close_h(ht, "linear forward (16-bit)", y_, y, (size_t)B * out);
+        /* a bias 4 bytes past its allocation: the bias pass, on a 16-bit output */
+        ok(ddp__cuda_linear_forward_h(ctx, ht, x_, W_, b_ + 1, B, in, out, y_, &err), &err);
         ddp_nn_linear_forward(x, W, b + 1, B, in, out, y);
-        expect_close_bf16("linear forward (bf16, unaligned bias)", y_, y, (size_t)B * out);
-        ok(ddp__cuda_linear_backward_bf16(ctx, dy_, x_, W_, B, in, out, dx_, DDP_FLOAT32, dW_, db_,
-                                          &err),
+        expect_close_h(ht, "linear forward (16-bit, unaligned bias)", y_, y, (size_t)B * out);
+        ok(ddp__cuda_linear_backward_h(ctx, ht, dy_, x_, W_, B, in, out, dx_, DDP_FLOAT32, dW_, db_,
+                                       &err),
            &err);
         ddp_nn_linear_backward(dy, x, W, B, in, out, dx, dW, db);
-        /* exact bf16 products into fp32: only the summation order differs */
-        expect_close("linear backward dx (bf16 in, fp32)", dx_, dx, (size_t)B * in, 1e-5);
-        expect_close("linear backward dW (bf16, +=)", dW_, dW, (size_t)out * in, 1e-5);
-        expect_close("linear backward db (bf16, +=)", db_, db, out, 1e-5);
-        ok(ddp__cuda_linear_backward_bf16(ctx, dy_, x_, W_, B, in, out, dxh_, DDP_BFLOAT16, NULL,
-                                          NULL, &err),
+        /* exact 16-bit products into fp32: only the summation order differs */
+        expect_close("linear backward dx (16-bit in, fp32)", dx_, dx, (size_t)B * in, 1e-5);
+        expect_close("linear backward dW (16-bit, +=)", dW_, dW, (size_t)out * in, 1e-5);
+        expect_close("linear backward db (16-bit, +=)", db_, db, out, 1e-5);
+        ok(ddp__cuda_linear_backward_h(ctx, ht, dy_, x_, W_, B, in, out, dxh_, ht, NULL, NULL,
+                                       &err),
            &err);
-        expect_close_bf16("linear backward dx (bf16 out)", dxh_, dx, (size_t)B * in);
+        expect_close_h(ht, "linear backward dx (16-bit out)", dxh_, dx, (size_t)B * in);
         free(x), free(W), free(b), free(dy), free(y), free(dx), free(dW), free(db);
         void *d[] = {x_, W_, dy_, y_, dxh_, b_, dx_, dW_, db_};
         for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
             ddp__cuda_free(d[i]);
     }
-    /* GELU on bf16 (fp32 arithmetic), and the fp32 + bf16 residual add */
+    /* GELU on 16-bit (fp32 arithmetic), and the fp32 + 16-bit residual add */
     {
         const size_t n = 100003;
         float *x = host_rand(n, 5), *dy = host_rand(n, 1), *a = host_rand(n, 3);
-        round_bf16(x, n);
-        round_bf16(dy, n);
+        round_h(ht, x, n);
+        round_h(ht, dy, n);
         float *y = malloc(sizeof(float) * n);
-        uint16_t *x_ = dev_bf16(x, n), *dy_ = dev_bf16(dy, n), *y_ = dev_bf16(NULL, n);
+        uint16_t *x_ = dev_h(ht, x, n), *dy_ = dev_h(ht, dy, n), *y_ = dev_h(ht, NULL, n);
         float *a_ = dev_from(a, sizeof(float) * n), *s_ = dev_from(NULL, sizeof(float) * n);
-        ok(ddp__cuda_gelu_forward_bf16(ctx, x_, n, y_, &err), &err);
+        ok(ddp__cuda_gelu_forward_h(ctx, ht, x_, n, y_, &err), &err);
         ddp_nn_gelu_tanh_forward(x, n, y);
-        expect_close_bf16("gelu forward (bf16)", y_, y, n);
-        ok(ddp__cuda_gelu_backward_bf16(ctx, dy_, x_, n, dy_, &err), &err); /* in place */
+        expect_close_h(ht, "gelu forward (16-bit)", y_, y, n);
+        ok(ddp__cuda_gelu_backward_h(ctx, ht, dy_, x_, n, dy_, &err), &err); /* in place */
         ddp_nn_gelu_tanh_backward(dy, x, n, y);
-        expect_close_bf16("gelu backward (bf16, in place)", dy_, y, n);
-        ok(ddp__cuda_add_bf16(ctx, a_, x_, n, s_, &err), &err);
+        expect_close_h(ht, "gelu backward (16-bit, in place)", dy_, y, n);
+        ok(ddp__cuda_add_h(ctx, ht, a_, x_, n, s_, &err), &err);
         ddp_nn_add(a, x, n, y);
-        expect_close("add fp32 + bf16", s_, y, n, 0);
+        expect_close("add fp32 + 16-bit", s_, y, n, 0);
         free(x), free(dy), free(a), free(y);
         ddp__cuda_free(x_), ddp__cuda_free(dy_), ddp__cuda_free(y_), ddp__cuda_free(a_);
         ddp__cuda_free(s_);
     }
 }
 
-/* The bf16 attention's arithmetic on the CPU, rounding where the device rounds (P, Y, dV, dS,
+/* The 16-bit attention's arithmetic on the CPU, rounding where the device rounds (P, Y, dV, dS,
  * dQ, dK), every product accumulated in double: the reference the device must match to a
- * bf16 unit or two. qkv, dout (B, T, 3C), (B, T, C) hold bf16 values; dout NULL: forward only. */
-static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T, int C, int nh,
-                               float *out, float *dqkv)
+ * 16-bit unit or two. qkv, dout (B, T, 3C), (B, T, C) hold 16-bit values; dout NULL: forward only.
+ */
+static void attention_h_ref(ddp_dtype ht, const float *qkv, const float *dout, int B, int T, int C,
+                            int nh, float *out, float *dqkv)
 {
     const int hs = C / nh;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -586,12 +608,12 @@ static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T
                 for (int j = 0; j <= t; j++)
                     sum += expf(P[t * T + j] - mx);
                 for (int j = 0; j < T; j++)
-                    P[t * T + j] = j <= t ? round1(expf(P[t * T + j] - mx) / sum) : 0.0f;
+                    P[t * T + j] = j <= t ? round1(ht, expf(P[t * T + j] - mx) / sum) : 0.0f;
                 for (int d = 0; d < hs; d++) {
                     double y = 0;
                     for (int j = 0; j <= t; j++)
                         y += (double)P[t * T + j] * VV(b, j, h, d);
-                    out[((size_t)b * T + t) * C + (size_t)h * hs + d] = round1((float)y);
+                    out[((size_t)b * T + t) * C + (size_t)h * hs + d] = round1(ht, (float)y);
                 }
             }
             if (!dout)
@@ -606,7 +628,8 @@ static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T
                     s += P[t * T + j] * dP[t * T + j];
                 }
                 for (int j = 0; j < T; j++)
-                    dP[t * T + j] = j <= t ? round1(P[t * T + j] * (dP[t * T + j] - s) * scale) : 0;
+                    dP[t * T + j] =
+                        j <= t ? round1(ht, P[t * T + j] * (dP[t * T + j] - s) * scale) : 0;
             }
             for (int t = 0; t < T; t++)
                 for (int d = 0; d < hs; d++) {
@@ -616,9 +639,9 @@ static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T
                         dk += (double)dP[j * T + t] * Q(b, j, h, d);
                         dv += (double)P[j * T + t] * DO(b, j, h, d);
                     }
-                    DQKV(b, t, 0, h, d) = round1((float)dq);
-                    DQKV(b, t, 1, h, d) = round1((float)dk);
-                    DQKV(b, t, 2, h, d) = round1((float)dv);
+                    DQKV(b, t, 0, h, d) = round1(ht, (float)dq);
+                    DQKV(b, t, 1, h, d) = round1(ht, (float)dk);
+                    DQKV(b, t, 2, h, d) = round1(ht, (float)dv);
                 }
         }
 #undef Q
@@ -630,57 +653,59 @@ static void attention_bf16_ref(const float *qkv, const float *dout, int B, int T
     free(dP);
 }
 
-static void attention_bf16(void **state)
+static void attention_h(void **state)
 {
-    (void)state;
+    const ddp_dtype ht = *(const ddp_dtype *)*state;
+    printf("  format %s\n", hname(ht));
     ddp_error err = {0};
     const int B = 2, T = 70, C = 48, nh = 3;
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = host_rand(nq, 1), *dout = host_rand(no, 1);
-    round_bf16(qkv, nq);
-    round_bf16(dout, no);
+    round_h(ht, qkv, nq);
+    round_h(ht, dout, no);
     float *out = malloc(sizeof(float) * no), *dqkv = malloc(sizeof(float) * nq);
-    attention_bf16_ref(qkv, dout, B, T, C, nh, out, dqkv);
-    uint16_t *qkv_ = dev_bf16(qkv, nq), *dout_ = dev_bf16(dout, no);
-    uint16_t *out_ = dev_bf16(NULL, no), *dqkv_ = dev_bf16(NULL, nq);
-    uint16_t *att_ = dev_bf16(NULL, (size_t)B * nh * T * T);
-    void *s_ = dev_from(NULL, ddp__cuda_attention_scratch_bf16(B, T, C, nh));
-    ok(ddp__cuda_attention_forward_bf16(ctx, qkv_, B, T, C, nh, att_, s_, out_, &err), &err);
-    float *got = fetch_bf16_ld(out_, 1, no, no);
+    attention_h_ref(ht, qkv, dout, B, T, C, nh, out, dqkv);
+    uint16_t *qkv_ = dev_h(ht, qkv, nq), *dout_ = dev_h(ht, dout, no);
+    uint16_t *out_ = dev_h(ht, NULL, no), *dqkv_ = dev_h(ht, NULL, nq);
+    uint16_t *att_ = dev_h(ht, NULL, (size_t)B * nh * T * T);
+    void *s_ = dev_from(NULL, ddp__cuda_attention_scratch_h(B, T, C, nh));
+    ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, s_, out_, &err), &err);
+    float *got = fetch_h_ld(ht, out_, 1, no, no);
     /* the rounded probabilities: a score near a rounding boundary may round the other way, one
      * unit of P (2⁻⁸ relative), which moves Y by less than that: two units of the largest |Y| */
-    expect_close_host("attention forward (bf16)", got, out, no, BF16_ULP2);
+    expect_close_host("attention forward (16-bit)", got, out, no, H_ULP2(ht));
     free(got);
-    ok(ddp__cuda_attention_backward_bf16(ctx, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, &err),
+    ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, &err),
        &err);
-    got = fetch_bf16_ld(dqkv_, 1, nq, nq);
+    got = fetch_h_ld(ht, dqkv_, 1, nq, nq);
     /* dS = P ⊙ (dP − Σ P·dP) can cancel: a unit of dS is then larger than of the result's
      * largest element; 4 units */
-    expect_close_host("attention backward dqkv (bf16)", got, dqkv, nq, 2 * BF16_ULP2);
+    expect_close_host("attention backward dqkv (16-bit)", got, dqkv, nq, 2 * H_ULP2(ht));
     free(got);
-    /* and against the fp32 CPU layer on the same inputs: bf16's own error, a sanity bound */
+    /* and against the fp32 CPU layer on the same inputs: the format's own error, a sanity bound */
     ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = 0};
     ok(ddp_nn_attention_setup(&a, &err), &err);
     float *lse = malloc(sizeof(float) * B * nh * T),
           *scr = malloc(sizeof(float) * a.scratch_floats);
     ddp_nn_attention_forward(&a, qkv, B, T, 0, 0, 0, false, scr, out, lse);
     ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, 0, 0, 0, false, scr, dqkv);
-    got = fetch_bf16_ld(out_, 1, no, no);
-    expect_close_host("attention forward (bf16 vs fp32)", got, out, no, 3e-2);
+    got = fetch_h_ld(ht, out_, 1, no, no);
+    expect_close_host("attention forward (16-bit vs fp32)", got, out, no, 3e-2);
     free(got);
-    got = fetch_bf16_ld(dqkv_, 1, nq, nq);
-    expect_close_host("attention backward (bf16 vs fp32)", got, dqkv, nq, 5e-2);
+    got = fetch_h_ld(ht, dqkv_, 1, nq, nq);
+    expect_close_host("attention backward (16-bit vs fp32)", got, dqkv, nq, 5e-2);
     free(got);
     free(qkv), free(dout), free(out), free(dqkv), free(lse), free(scr);
     ddp__cuda_free(qkv_), ddp__cuda_free(dout_), ddp__cuda_free(out_), ddp__cuda_free(dqkv_);
     ddp__cuda_free(att_), ddp__cuda_free(s_);
 }
 
-/* The loss in fp32 as ddp__cuda_vocab_xent's, the gradient in bf16 over the logits (leading
+/* The loss in fp32 as ddp__cuda_vocab_xent's, the gradient in 16-bit over the logits (leading
  * dimension 2V); without grad the logits stay as they were. */
-static void vocab_xent_bf16(void **state)
+static void vocab_xent_h(void **state)
 {
-    (void)state;
+    const ddp_dtype ht = *(const ddp_dtype *)*state;
+    printf("  format %s\n", hname(ht));
     ddp_error err = {0};
     const int N = 50, V = 1001; /* V odd and not a multiple of 512: the last chunk is partial */
     float *logits = host_rand((size_t)N * V, 4), *dl = malloc(sizeof(float) * N * V);
@@ -695,22 +720,23 @@ static void vocab_xent_bf16(void **state)
     float *l_ = dev_from(logits, sizeof(float) * N * V), *rl_ = dev_from(NULL, sizeof(float) * N);
     int32_t *tg_ = dev_from(tg, sizeof tg), *cor_ = dev_from(NULL, sizeof(int32_t) * N);
     for (int grad = 0; grad < 2; grad++) {
-        ok(ddp__cuda_vocab_xent_bf16grad(ctx, l_, tg_, N, V, 0.5f, count, rl_, cor_, grad, &err),
+        ok(ddp__cuda_vocab_xent_hgrad(ctx, ht, l_, tg_, N, V, 0.5f, count, rl_, cor_, grad, &err),
            &err);
         float *rl = fetch(rl_, N);
         double s = 0;
         for (int r = 0; r < N; r++)
             s += rl[r];
-        printf("  softmax xent (bf16 gradient %d) loss: gpu %.7f cpu %.7f\n", grad, s / count,
+        printf("  softmax xent (16-bit gradient %d) loss: gpu %.7f cpu %.7f\n", grad, s / count,
                loss);
         assert_true(fabs(s / count - loss) <= 1e-5 * fabs(loss));
         free(rl);
         if (!grad)
             expect_close("softmax xent without grad: logits kept", l_, logits, (size_t)N * V, 0);
     }
-    float *got = fetch_bf16_ld(l_, N, V, 2 * (size_t)V);
-    round_bf16(dl, (size_t)N * V);
-    expect_close_host("softmax xent dlogits (bf16, in place)", got, dl, (size_t)N * V, BF16_ULP2);
+    float *got = fetch_h_ld(ht, l_, N, V, 2 * (size_t)V);
+    round_h(ht, dl, (size_t)N * V);
+    expect_close_host("softmax xent dlogits (16-bit, in place)", got, dl, (size_t)N * V,
+                      H_ULP2(ht));
     free(logits), free(dl), free(got);
     ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
 }
@@ -777,21 +803,98 @@ static void grads(void **state)
     ok(ddp__cuda_to_device(ctx, g_ + 12345, &bad, sizeof bad, &err), &err);
     ok(ddp__cuda_unscale(ctx, g_, n, 1.0f, &inf, &err), &err);
     assert_true(inf);
-    /* bf16 conversions: util/half.h's rounding, bit for bit */
+    /* bf16 and fp16 conversions: util/half.h's rounding, bit for bit (fp16: values beyond its
+     * range become ±inf, NaN stays NaN) */
     uint16_t *h = malloc(2 * n), *want16 = malloc(2 * n);
     uint16_t *h_ = dev_from(NULL, 2 * n);
-    ok(ddp__cuda_f32_to_bf16(ctx, g_, n, h_, &err), &err);
-    ok(ddp__cuda_to_host(ctx, h, h_, 2 * n, &err), &err);
-    float *gg = fetch(g_, n);
-    ddp__from_f32(want16, gg, n, DDP_BFLOAT16);
-    assert_memory_equal(h, want16, 2 * n);
-    ok(ddp__cuda_bf16_to_f32(ctx, h_, n, g_, &err), &err);
-    ddp__to_f32(gg, want16, n, DDP_BFLOAT16);
-    float *back = fetch(g_, n);
-    assert_memory_equal(back, gg, 4 * n);
-    printf("  bf16 conversions: bit for bit\n");
-    free(g), free(h), free(want16), free(gg), free(back);
+    float *gg = fetch(g_, n), *back = NULL;
+    gg[7] = 70000.0f, gg[8] = -1e6f, gg[9] = 65519.0f, gg[10] = 65520.0f, gg[11] = 1e-8f;
+    ok(ddp__cuda_to_device(ctx, g_, gg, 4 * n, &err), &err);
+    for (int f = 0; f < 2; f++) {
+        const ddp_dtype ht = f ? DDP_FLOAT16 : DDP_BFLOAT16;
+        ok(ddp__cuda_f32_to_h(ctx, ht, g_, n, h_, &err), &err);
+        ok(ddp__cuda_to_host(ctx, h, h_, 2 * n, &err), &err);
+        ddp__from_f32(want16, gg, n, ht);
+        assert_memory_equal(h, want16, 2 * n);
+        float *wide = malloc(4 * n);
+        assert_non_null(wide);
+        ok(ddp__cuda_h_to_f32(ctx, ht, h_, n, g_, &err), &err);
+        ddp__to_f32(wide, want16, n, ht);
+        back = fetch(g_, n);
+        assert_memory_equal(back, wide, 4 * n);
+        if (ht == DDP_FLOAT16) {
+            assert_true(isinf(back[7]) && back[7] > 0 && isinf(back[8]) && back[8] < 0);
+            assert_true(back[9] == 65504.0f && isinf(back[10]));
+        }
+        free(wide);
+        free(back);
+        ok(ddp__cuda_to_device(ctx, g_, gg, 4 * n, &err), &err);
+        printf("  %s conversions: bit for bit\n", ht == DDP_FLOAT16 ? "fp16" : "bf16");
+    }
+    back = NULL;
+    free(g), free(h), free(want16), free(gg);
     ddp__cuda_free(g_), ddp__cuda_free(h_);
+}
+
+/* fp16's range: what passes 65504 where the device stores fp16 becomes ±inf, never a clamped
+ * 65504 (precision fp16's loss scaler must find it): the conversion and the kernels' own stores,
+ * and cuBLAS's epilogue narrowing a product (the one rounding this file does not write). */
+static void fp16_overflow(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const ddp_dtype ht = DDP_FLOAT16;
+    /* a product: x's first row all 200, W's rows ±200, in 4: ±160000 per element; x's second
+     * row all 1: ±800 */
+    {
+        const int B = 2, in = 4, out = 8;
+        float x[8], W[32], y[16];
+        for (int i = 0; i < 8; i++)
+            x[i] = i < 4 ? 200.0f : 1.0f;
+        for (int i = 0; i < 32; i++)
+            W[i] = (i / in) % 2 ? 200.0f : -200.0f; /* row j of W: one sign */
+        uint16_t *x_ = dev_h(ht, x, 8), *W_ = dev_h(ht, W, 32), *y_ = dev_h(ht, NULL, 16);
+        ok(ddp__cuda_linear_forward_h(ctx, ht, x_, W_, NULL, B, in, out, y_, &err), &err);
+        float *got = fetch_h_ld(ht, y_, 1, 16, 16);
+        memcpy(y, got, sizeof y);
+        for (int j = 0; j < out; j++) {
+            if (!isinf(y[j]) || (y[j] > 0) != (j % 2 == 1))
+                fail_msg("fp16 product element %d: %g, expected %sinf", j, y[j], j % 2 ? "+" : "-");
+            if (y[out + j] != (j % 2 ? 800.0f : -800.0f))
+                fail_msg("fp16 product element %d of row 2: %g", j, y[out + j]);
+        }
+        printf("  fp16 product beyond 65504: ±inf (cuBLAS's narrowing does not saturate)\n");
+        free(got);
+        ddp__cuda_free(x_), ddp__cuda_free(W_), ddp__cuda_free(y_);
+    }
+    /* a kernel's store (GELU of 70000 = 70000) and the loss's gradient scaled past the range */
+    {
+        float v[4] = {30000.0f, 65504.0f, 1.0f, -2.0f};
+        uint16_t *x_ = dev_h(ht, v, 4), *y_ = dev_h(ht, NULL, 4);
+        float *s_ = dev_from(NULL, 4 * sizeof(float)), a[4] = {40000.0f, 0, 0, 0};
+        float *a_ = dev_from(a, sizeof a);
+        ok(ddp__cuda_gelu_forward_h(ctx, ht, x_, 4, y_, &err), &err);
+        ok(ddp__cuda_add_h(ctx, ht, a_, x_, 4, s_, &err), &err);
+        float *got = fetch_h_ld(ht, y_, 1, 4, 4), *sum = fetch(s_, 4);
+        assert_true(got[0] == 30000.0f && got[1] == 65504.0f);
+        assert_true(sum[0] == 70000.0f); /* the residual stream is fp32: no overflow there */
+        free(got), free(sum);
+        ddp__cuda_free(x_), ddp__cuda_free(y_), ddp__cuda_free(s_), ddp__cuda_free(a_);
+        const int N = 2, V = 5;
+        float logits[10] = {0, 0, 0, 0, 0, 1, 2, 3, 4, 5};
+        int32_t tg[2] = {1, 4};
+        float *l_ = dev_from(logits, sizeof logits), *rl_ = dev_from(NULL, sizeof(float) * N);
+        int32_t *tg_ = dev_from(tg, sizeof tg), *cor_ = dev_from(NULL, sizeof(int32_t) * N);
+        /* scale 2^20 over count 2: row 0's target gradient (0.2 − 1) · 2^19 ≈ −419430 */
+        ok(ddp__cuda_vocab_xent_hgrad(ctx, ht, l_, tg_, N, V, 1048576.0f, 2, rl_, cor_, true, &err),
+           &err);
+        float *d = fetch_h_ld(ht, l_, N, V, 2 * (size_t)V);
+        assert_true(isinf(d[1]) && d[1] < 0); /* −419430: −inf */
+        assert_true(isinf(d[0]) && d[0] > 0); /* 0.2 · 2^19 = 104858: +inf */
+        printf("  fp16 loss gradient beyond 65504: ±inf\n");
+        free(d);
+        ddp__cuda_free(l_), ddp__cuda_free(rl_), ddp__cuda_free(tg_), ddp__cuda_free(cor_);
+    }
 }
 
 static int setup(void **state)
@@ -816,12 +919,22 @@ int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_kernels");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gemm),           cmocka_unit_test(linear),
-        cmocka_unit_test(embedding),      cmocka_unit_test(layernorm),
-        cmocka_unit_test(elementwise),    cmocka_unit_test(attention),
-        cmocka_unit_test(vocab_xent),     cmocka_unit_test(adamw),
-        cmocka_unit_test(grads),          cmocka_unit_test(layers_bf16),
-        cmocka_unit_test(attention_bf16), cmocka_unit_test(vocab_xent_bf16),
+        cmocka_unit_test(gemm),
+        cmocka_unit_test(linear),
+        cmocka_unit_test(embedding),
+        cmocka_unit_test(layernorm),
+        cmocka_unit_test(elementwise),
+        cmocka_unit_test(attention),
+        cmocka_unit_test(vocab_xent),
+        cmocka_unit_test(adamw),
+        cmocka_unit_test(grads),
+        cmocka_unit_test_prestate(layers_h, &bf16_dt),
+        cmocka_unit_test_prestate(attention_h, &bf16_dt),
+        cmocka_unit_test_prestate(vocab_xent_h, &bf16_dt),
+        cmocka_unit_test_prestate(layers_h, &fp16_dt),
+        cmocka_unit_test_prestate(attention_h, &fp16_dt),
+        cmocka_unit_test_prestate(vocab_xent_h, &fp16_dt),
+        cmocka_unit_test(fp16_overflow),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

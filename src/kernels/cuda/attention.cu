@@ -4,10 +4,11 @@
  * keeps the probabilities (B, nh, T, T) for the backward, and one more batched GEMM for the
  * output. The backward is four batched GEMMs and the softmax's backward. O(T²) memory per layer:
  * a fused flash-style kernel is the speed step after this (docs/gpu.md). No dropout.
- * The bf16 variant (precision bf16): q, k, v, the heads' output and every gradient feeding a
- * product in bf16; the scores and dP in fp32 (bf16-in, fp32-out products) for the softmax and its
- * backward, which run in fp32; the probabilities kept in bf16 (the P·V operand, and the
- * backward's P). Its scratch is in bytes, each region 256-byte aligned.
+ * The 16-bit variant (precision bf16 or fp16, one template): q, k, v, the heads' output and every
+ * gradient feeding a product in 16 bits; the scores and dP in fp32 (16-bit-in, fp32-out
+ * products) for the softmax and its backward, which run in fp32 (so fp16's range never limits
+ * the scores); the probabilities kept in 16 bits (the P·V operand, and the backward's P). Its
+ * scratch is in bytes, each region 256-byte aligned.
  */
 #include "common.cuh"
 
@@ -25,7 +26,7 @@ __device__ static size_t head_major_to_rows(size_t i, int T, int hs, int nh, siz
 }
 
 /* qkv (B, T, 3C) → q, k, v (B, nh, T, hs) each, or back (dir −1: q, k, v → qkv); E float or
- * bf16 bits (a plain copy either way). */
+ * a 16-bit format (a plain copy either way). */
 template <typename E>
 __global__ void permute_qkv(E *qkv, E *q, E *k, E *v, int B, int T, int C, int nh, int dir)
 {
@@ -118,17 +119,21 @@ static ddp_status bgemm_typed(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, 
                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ab, ldb, sb,
                                    A, ab, lda, sa, &beta, C, ct, ldc, sc, batch, compute,
                                    CUBLAS_GEMM_DEFAULT),
-        ab == CUDA_R_16BF ? "strided-batched gemm (bf16)" : "strided-batched gemm", err);
+        ab == CUDA_R_16BF  ? "strided-batched gemm (bf16)"
+        : ab == CUDA_R_16F ? "strided-batched gemm (fp16)"
+                           : "strided-batched gemm",
+        err);
 }
 
-/* bf16 operands; C bf16 (out_bf16) or fp32. */
-static ddp_status bgemm_bf16(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
-                             const uint16_t *A, int lda, long long sa, const uint16_t *B, int ldb,
-                             long long sb, void *C, int ldc, long long sc, int batch, bool out_bf16,
-                             ddp_error *err)
+/* 16-bit operands of dtype ht; C of ht (out_h) or fp32. */
+static ddp_status bgemm_h(ddp__cuda_ctx *c, ddp_dtype ht, bool ta, bool tb, int M, int N, int K,
+                          float alpha, const void *A, int lda, long long sa, const void *B, int ldb,
+                          long long sb, void *C, int ldc, long long sc, int batch, bool out_h,
+                          ddp_error *err)
 {
+    cudaDataType_t t = ddp__cuda_type(ht);
     return bgemm_typed(c, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, 0.0f, C, ldc, sc, batch,
-                       CUDA_R_16BF, out_bf16 ? CUDA_R_16BF : CUDA_R_32F, CUBLAS_COMPUTE_32F, err);
+                       t, out_h ? t : CUDA_R_32F, CUBLAS_COMPUTE_32F, err);
 }
 
 static ddp_status bgemm(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, int K, float alpha,
@@ -215,11 +220,11 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
     return ddp__cuda_launched("attention backward unpermute", err);
 }
 
-/* ---- bf16 ------------------------------------------------------------------------------------ */
+/* ---- 16 bits (bf16 or fp16) ---------------------------------------------------------------- */
 
-/* The causal softmax of fp32 scores s into bf16 probabilities p (0 above the diagonal): fp32
+/* The causal softmax of fp32 scores s into 16-bit probabilities p (0 above the diagonal): fp32
  * max, exponentials and sum, one rounding per probability. Rows as causal_softmax. */
-__global__ void causal_softmax_bf16(const float *s, uint16_t *p, size_t rows, int T)
+template <typename H> __global__ void causal_softmax_h(const float *s, H *p, size_t rows, int T)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
@@ -227,7 +232,7 @@ __global__ void causal_softmax_bf16(const float *s, uint16_t *p, size_t rows, in
          row += warps) {
         int t = (int)(row % T);
         const float *a = s + row * T;
-        uint16_t *o = p + row * T;
+        H *o = p + row * T;
         float mx = -INFINITY;
         for (int j = lane; j <= t; j += 32)
             mx = fmaxf(mx, a[j]);
@@ -237,29 +242,30 @@ __global__ void causal_softmax_bf16(const float *s, uint16_t *p, size_t rows, in
             sum += expf(a[j] - mx);
         sum = ddp__warp_sum(sum);
         for (int j = lane; j < T; j += 32)
-            o[j] = ddp__f32_to_bf16(j <= t ? expf(a[j] - mx) / sum : 0.0f);
+            ddp__st(o + j, j <= t ? expf(a[j] - mx) / sum : 0.0f);
     }
 }
 
-/* dS = P ⊙ (dP − Σ_j P·dP) · scale from the kept bf16 P and fp32 dP, in fp32, rounded once into
- * bf16 ds (0 above the diagonal). */
-__global__ void causal_softmax_bwd_bf16(const uint16_t *att, const float *dp, uint16_t *ds,
-                                        size_t rows, int T, float scale)
+/* dS = P ⊙ (dP − Σ_j P·dP) · scale from the kept 16-bit P and fp32 dP, in fp32, rounded once
+ * into the 16-bit ds (0 above the diagonal). */
+template <typename H>
+__global__ void causal_softmax_bwd_h(const H *att, const float *dp, H *ds, size_t rows, int T,
+                                     float scale)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
          row += warps) {
         int t = (int)(row % T);
-        const uint16_t *p = att + row * T;
+        const H *p = att + row * T;
         const float *d = dp + row * T;
-        uint16_t *o = ds + row * T;
+        H *o = ds + row * T;
         float s = 0.0f;
         for (int j = lane; j <= t; j += 32)
-            s += ddp__bf16_to_f32(p[j]) * d[j];
+            s += ddp__ld(p + j) * d[j];
         s = ddp__warp_sum(s);
         for (int j = lane; j < T; j += 32)
-            o[j] = ddp__f32_to_bf16(j <= t ? ddp__bf16_to_f32(p[j]) * (d[j] - s) * scale : 0.0f);
+            ddp__st(o + j, j <= t ? ddp__ld(p + j) * (d[j] - s) * scale : 0.0f);
     }
 }
 
@@ -268,20 +274,20 @@ static size_t up256(size_t bytes)
     return (bytes + 255) / 256 * 256;
 }
 
-/* The bf16 scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd) base:
+/* The 16-bit scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd) base:
  *   f32 (B·nh·T·T)    the scores S (forward), dP (backward)
- *   ds  (B·nh·T·T)    bf16 dS (backward)
- *   7 × (B·T·C)       bf16 q, k, v, then y (forward) or dy, dq, dk, dv (backward) */
-struct bf16_scratch {
+ *   ds  (B·nh·T·T)    16-bit dS (backward)
+ *   7 × (B·T·C)       16-bit q, k, v, then y (forward) or dy, dq, dk, dv (backward) */
+struct h_scratch {
     float *f32;
     uint16_t *ds, *q, *k, *v, *y, *dq, *dk, *dv;
 };
 
-static bf16_scratch bf16_regions(void *base, int B, int T, int C, int nh)
+static h_scratch h_regions(void *base, int B, int T, int C, int nh)
 {
     const size_t tt = (size_t)B * nh * T * T, n = (size_t)B * T * C;
     char *p = (char *)base;
-    bf16_scratch r;
+    h_scratch r;
     r.f32 = (float *)p;
     p += up256(tt * sizeof(float));
     r.ds = (uint16_t *)p;
@@ -294,74 +300,99 @@ static bf16_scratch bf16_regions(void *base, int B, int T, int C, int nh)
     return r;
 }
 
-extern "C" size_t ddp__cuda_attention_scratch_bf16(int B, int T, int C, int nh)
+extern "C" size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh)
 {
     const size_t tt = (size_t)B * nh * T * T, n = (size_t)B * T * C;
     return up256(tt * sizeof(float)) + up256(tt * sizeof(uint16_t)) +
            7 * up256(n * sizeof(uint16_t));
 }
 
-extern "C" ddp_status ddp__cuda_attention_forward_bf16(ddp__cuda_ctx *c, const uint16_t *qkv, int B,
-                                                       int T, int C, int nh, uint16_t *att,
-                                                       void *scratch, uint16_t *out, ddp_error *err)
+extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype ht,
+                                                    const uint16_t *qkv, int B, int T, int C,
+                                                    int nh, uint16_t *att, void *scratch,
+                                                    uint16_t *out, ddp_error *err)
 {
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
     const long long sT = (long long)T * hs, sTT = (long long)T * T;
-    const bf16_scratch r = bf16_regions(scratch, B, T, C, nh);
+    const h_scratch r = h_regions(scratch, B, T, C, nh);
     const float scale = 1.0f / sqrtf((float)hs);
-    ddp_status st;
-    permute_qkv<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
-        (uint16_t *)qkv, r.q, r.k, r.v, B, T, C, nh, 1);
-    if ((st = ddp__cuda_launched("attention permute (bf16)", err)) ||
+    ddp_status st = ddp__cuda_half_check(ht, "attention forward", err);
+    if (st)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        permute_qkv<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
+            (E *)qkv, (E *)r.q, (E *)r.k, (E *)r.v, B, T, C, nh, 1);
+    });
+    if ((st = ddp__cuda_launched("attention permute (16-bit)", err)) ||
         /* S = scale · Q · Kᵀ, fp32 out */
-        (st = bgemm_bf16(c, false, true, T, T, hs, scale, r.q, hs, sT, r.k, hs, sT, r.f32, T, sTT,
-                         BH, false, err)))
+        (st = bgemm_h(c, ht, false, true, T, T, hs, scale, r.q, hs, sT, r.k, hs, sT, r.f32, T, sTT,
+                      BH, false, err)))
         return st;
-    causal_softmax_bf16<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, att, rows, T);
-    if ((st = ddp__cuda_launched("causal softmax (bf16)", err)) ||
-        /* Y = P · V, bf16 out */
-        (st = bgemm_bf16(c, false, false, T, hs, T, 1.0f, att, T, sTT, r.v, hs, sT, r.y, hs, sT, BH,
-                         true, err)))
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        causal_softmax_h<E>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, (E *)att, rows, T);
+    });
+    if ((st = ddp__cuda_launched("causal softmax (16-bit)", err)) ||
+        /* Y = P · V, 16-bit out */
+        (st = bgemm_h(c, ht, false, false, T, hs, T, 1.0f, att, T, sTT, r.v, hs, sT, r.y, hs, sT,
+                      BH, true, err)))
         return st;
-    permute_heads<uint16_t>
-        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(r.y, out, B, T, C, nh, 1);
-    return ddp__cuda_launched("attention unpermute (bf16)", err);
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        permute_heads<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)r.y, (E *)out, B, T,
+                                                                          C, nh, 1);
+    });
+    return ddp__cuda_launched("attention unpermute (16-bit)", err);
 }
 
-extern "C" ddp_status ddp__cuda_attention_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dout,
-                                                        const uint16_t *qkv, const uint16_t *att,
-                                                        int B, int T, int C, int nh, void *scratch,
-                                                        uint16_t *dqkv, ddp_error *err)
+extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype ht,
+                                                     const uint16_t *dout, const uint16_t *qkv,
+                                                     const uint16_t *att, int B, int T, int C,
+                                                     int nh, void *scratch, uint16_t *dqkv,
+                                                     ddp_error *err)
 {
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
     const long long sT = (long long)T * hs, sTT = (long long)T * T;
-    const bf16_scratch r = bf16_regions(scratch, B, T, C, nh);
+    const h_scratch r = h_regions(scratch, B, T, C, nh);
     uint16_t *dy = r.y; /* the forward's y region holds dY here */
     const float scale = 1.0f / sqrtf((float)hs);
-    ddp_status st;
-    permute_qkv<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
-        (uint16_t *)qkv, r.q, r.k, r.v, B, T, C, nh, 1);
-    permute_heads<uint16_t>
-        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (uint16_t *)dout, B, T, C, nh, -1);
-    if ((st = ddp__cuda_launched("attention backward permute (bf16)", err)) ||
+    ddp_status st = ddp__cuda_half_check(ht, "attention backward", err);
+    if (st)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        permute_qkv<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
+            (E *)qkv, (E *)r.q, (E *)r.k, (E *)r.v, B, T, C, nh, 1);
+        permute_heads<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)dy, (E *)dout, B, T,
+                                                                          C, nh, -1);
+    });
+    if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)) ||
         /* dP = dY · Vᵀ (fp32 out, for the softmax backward), dV = Pᵀ · dY */
-        (st = bgemm_bf16(c, false, true, T, T, hs, 1.0f, dy, hs, sT, r.v, hs, sT, r.f32, T, sTT, BH,
-                         false, err)) ||
-        (st = bgemm_bf16(c, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT, BH,
-                         true, err)))
+        (st = bgemm_h(c, ht, false, true, T, T, hs, 1.0f, dy, hs, sT, r.v, hs, sT, r.f32, T, sTT,
+                      BH, false, err)) ||
+        (st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT,
+                      BH, true, err)))
         return st;
-    causal_softmax_bwd_bf16<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, r.f32, r.ds,
-                                                                              rows, T, scale);
-    if ((st = ddp__cuda_launched("causal softmax backward (bf16)", err)) ||
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        causal_softmax_bwd_h<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
+            (const E *)att, r.f32, (E *)r.ds, rows, T, scale);
+    });
+    if ((st = ddp__cuda_launched("causal softmax backward (16-bit)", err)) ||
         /* dQ = dS · K, dK = dSᵀ · Q */
-        (st = bgemm_bf16(c, false, false, T, hs, T, 1.0f, r.ds, T, sTT, r.k, hs, sT, r.dq, hs, sT,
-                         BH, true, err)) ||
-        (st = bgemm_bf16(c, true, false, T, hs, T, 1.0f, r.ds, T, sTT, r.q, hs, sT, r.dk, hs, sT,
-                         BH, true, err)))
+        (st = bgemm_h(c, ht, false, false, T, hs, T, 1.0f, r.ds, T, sTT, r.k, hs, sT, r.dq, hs, sT,
+                      BH, true, err)) ||
+        (st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, r.ds, T, sTT, r.q, hs, sT, r.dk, hs, sT,
+                      BH, true, err)))
         return st;
-    permute_qkv<uint16_t>
-        <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dqkv, r.dq, r.dk, r.dv, B, T, C, nh, -1);
-    return ddp__cuda_launched("attention backward unpermute (bf16)", err);
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        permute_qkv<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
+            (E *)dqkv, (E *)r.dq, (E *)r.dk, (E *)r.dv, B, T, C, nh, -1);
+    });
+    return ddp__cuda_launched("attention backward unpermute (16-bit)", err);
 }

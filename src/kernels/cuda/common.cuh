@@ -77,29 +77,86 @@ static inline ddp_status ddp__cublas_check(cublasStatus_t s, const char *what, d
 ddp_status ddp__cuda_colsum(ddp__cuda_ctx *c, const float *dy, int N, int C, float *db,
                             ddp_error *err);
 
-/* db (C,) += Σ_r dy (N, C)[r] with dy bf16, summed in fp32 (gemm.cu): the bias gradient of a
- * bf16 linear layer. */
-ddp_status ddp__cuda_colsum_bf16(ddp__cuda_ctx *c, const uint16_t *dy, int N, int C, float *db,
-                                 ddp_error *err);
+/* db (C,) += Σ_r dy (N, C)[r] with dy 16-bit of dtype ht (DDP_BFLOAT16 or DDP_FLOAT16), summed
+ * in fp32 (gemm.cu): the bias gradient of a 16-bit linear layer. */
+ddp_status ddp__cuda_colsum_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *dy, int N, int C,
+                              float *db, ddp_error *err);
 
-/* Loads and stores of one activation element as fp32 arithmetic sees it: fp32 as is, bf16
- * (uint16_t bits) widened exactly and narrowed to nearest even (util/half.h, the CPU's rounding),
- * so one templated kernel serves both precisions and the fp32 instance is the plain code. */
+/* The two 16-bit storage formats, as the bits util/half.h converts (a distinct type each, so a
+ * kernel templated on its element type is instantiated once per format): bfloat16 and IEEE half. */
+struct ddp__bf16 {
+    uint16_t bits;
+};
+struct ddp__fp16 {
+    uint16_t bits;
+};
+
+/* Loads and stores of one activation element as fp32 arithmetic sees it: fp32 as is, 16-bit
+ * widened exactly and narrowed to nearest even (util/half.h, the CPU's rounding; fp16 overflows
+ * to ±inf, never clamped, so that the loss scaler sees it), so one templated kernel serves every
+ * precision and the fp32 instance is the plain code. */
 __device__ inline float ddp__ld(const float *p)
 {
     return *p;
 }
-__device__ inline float ddp__ld(const uint16_t *p)
+__device__ inline float ddp__ld(const ddp__bf16 *p)
 {
-    return ddp__bf16_to_f32(*p);
+    return ddp__bf16_to_f32(p->bits);
+}
+__device__ inline float ddp__ld(const ddp__fp16 *p)
+{
+    return ddp__f16_to_f32(p->bits);
 }
 __device__ inline void ddp__st(float *p, float v)
 {
     *p = v;
 }
-__device__ inline void ddp__st(uint16_t *p, float v)
+__device__ inline void ddp__st(ddp__bf16 *p, float v)
 {
-    *p = ddp__f32_to_bf16(v);
+    p->bits = ddp__f32_to_bf16(v);
+}
+__device__ inline void ddp__st(ddp__fp16 *p, float v)
+{
+    p->bits = ddp__f32_to_f16(v);
+}
+
+/* Whether t is one of the two 16-bit activation dtypes. */
+static inline bool ddp__cuda_is_half(ddp_dtype t)
+{
+    return t == DDP_BFLOAT16 || t == DDP_FLOAT16;
+}
+
+/* cuBLAS's name for a dtype of the GPT's products: fp32, bf16 or fp16. */
+static inline cudaDataType_t ddp__cuda_type(ddp_dtype t)
+{
+    return t == DDP_BFLOAT16 ? CUDA_R_16BF : t == DDP_FLOAT16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* "bf16" or "fp16", for messages. */
+static inline const char *ddp__cuda_half_name(ddp_dtype t)
+{
+    return t == DDP_FLOAT16 ? "fp16" : "bf16";
+}
+
+/* f(E{}) with E the 16-bit format of ht (ddp__fp16 for DDP_FLOAT16, else ddp__bf16; the caller
+ * has checked ht): one launch site per templated kernel, instantiated for both formats, as in
+ *   ddp__half_dispatch(ht, [&](auto e) { using E = decltype(e); k<E><<<…>>>((E *)y, …); }); */
+template <typename F> static inline void ddp__half_dispatch(ddp_dtype ht, F &&f)
+{
+    if (ht == DDP_FLOAT16)
+        f(ddp__fp16{});
+    else
+        f(ddp__bf16{});
+}
+
+/* DDP_OK when ht is bf16 or fp16, else DDP_ERR_INVALID naming what refused it. */
+static inline ddp_status ddp__cuda_half_check(ddp_dtype ht, const char *what, ddp_error *err)
+{
+    if (ddp__cuda_is_half(ht))
+        return DDP_OK;
+    return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                          "cuda %s: dtype %d is not a 16-bit float (bfloat16 or float16)", what,
+                          (int)ht);
 }
 
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */

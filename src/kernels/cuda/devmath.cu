@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/devmath.cu — the GPU reducer's arithmetic (devmath.h): dtype conversion of a
- * gradient bucket for bfloat16 compression and the sum of squares for the gradient norm, on the
+ * gradient bucket for bfloat16 compression (and of the GPT's weights into their 16-bit copy) and the sum of squares for the gradient norm, on the
  * group's stream. UNVERIFIED: written without a GPU; the reducer's tests run the same contract on
  * the fake GPU (staged/fakedev.c), and on a GPU through scripts/gpu-check.sh.
  */
@@ -14,18 +14,13 @@ extern "C" {
 
 namespace {
 
-__global__ void f32_to_bf16(const float *src, size_t n, uint16_t *dst)
+/* dst = src, element by element, through fp32 (ddp__ld/ddp__st: nearest even when narrowing,
+ * fp16 overflowing to ±inf; widening exact). */
+template <typename D, typename S> __global__ void convert_kernel(const S *src, size_t n, D *dst)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = ddp__f32_to_bf16(src[i]);
-}
-
-__global__ void bf16_to_f32(const uint16_t *src, size_t n, float *dst)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = ddp__bf16_to_f32(src[i]);
+        ddp__st(dst + i, ddp__ld(src + i));
 }
 
 template <typename T> __device__ inline double as_double(T v);
@@ -116,16 +111,19 @@ extern "C" ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt
     cudaStream_t s = (cudaStream_t)stream;
     if (n == 0)
         return DDP_OK;
+    const unsigned blocks = ddp__cuda_blocks(n, 256);
     if (st == DDP_FLOAT32 && dt == DDP_BFLOAT16)
-        f32_to_bf16<<<ddp__cuda_blocks(n, 256), 256, 0, s>>>((const float *)src, n,
-                                                             (uint16_t *)dst);
+        convert_kernel<<<blocks, 256, 0, s>>>((const float *)src, n, (ddp__bf16 *)dst);
     else if (st == DDP_BFLOAT16 && dt == DDP_FLOAT32)
-        bf16_to_f32<<<ddp__cuda_blocks(n, 256), 256, 0, s>>>((const uint16_t *)src, n,
-                                                             (float *)dst);
+        convert_kernel<<<blocks, 256, 0, s>>>((const ddp__bf16 *)src, n, (float *)dst);
+    else if (st == DDP_FLOAT32 && dt == DDP_FLOAT16)
+        convert_kernel<<<blocks, 256, 0, s>>>((const float *)src, n, (ddp__fp16 *)dst);
+    else if (st == DDP_FLOAT16 && dt == DDP_FLOAT32)
+        convert_kernel<<<blocks, 256, 0, s>>>((const ddp__fp16 *)src, n, (float *)dst);
     else {
         snprintf(msg, DDP_ERRMSG_MAX,
                  "device conversion from dtype %d to dtype %d is not implemented (float32 <-> "
-                 "bfloat16 only)",
+                 "bfloat16 or float16 only)",
                  (int)st, (int)dt);
         return DDP_ERR_INVALID;
     }

@@ -18,7 +18,8 @@
 extern "C" {
 #endif
 
-/* dst (n, dtype dt) = src (n, dtype st): float32 -> bfloat16 (nearest even) or back (exact). */
+/* dst (n, dtype dt) = src (n, dtype st): float32 -> bfloat16 or float16 (nearest even; float16
+ * overflows to ±inf) or back (exact). */
 ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const void *src,
                                 ddp_dtype st, size_t n, char *msg);
 /* *acc_dev (one double in device memory) += the sum of squares of x (n, dtype t: float32,

@@ -1,7 +1,7 @@
 /*
- * kernels/cuda/gemm.cu — matrix products through cuBLASLt (fp32, TF32 or bf16 inputs, fp32
- * accumulation, fp32 or bf16 output, the bias epilogue) and the linear layer built on them, in
- * fp32/TF32 and in bf16 (bf16 operands, fp32 weight gradients). Row-major callers, as
+ * kernels/cuda/gemm.cu — matrix products through cuBLASLt (fp32, TF32, bf16 or fp16 inputs, fp32
+ * accumulation, fp32 or 16-bit output, the bias epilogue) and the linear layer built on them, in
+ * fp32/TF32 and in 16 bits (bf16 or fp16 operands, fp32 weight gradients). Row-major callers, as
  * ddp__sgemm: a row-major product C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so
  * the operands are handed to cuBLAS swapped and nothing is transposed in memory.
  * Pointers need only element alignment: the heuristic is told each buffer's (see ddp__cuda_gemm).
@@ -16,7 +16,10 @@ extern "C" {
 /* Names for messages: the GPU module calls nothing in libddp. */
 static const char *dtype_name(ddp_dtype t)
 {
-    return t == DDP_FLOAT32 ? "float32" : t == DDP_BFLOAT16 ? "bfloat16" : "another dtype";
+    return t == DDP_FLOAT32    ? "float32"
+           : t == DDP_BFLOAT16 ? "bfloat16"
+           : t == DDP_FLOAT16  ? "float16"
+                               : "another dtype";
 }
 
 static const char *precision_name(ddp_precision p)
@@ -27,23 +30,19 @@ static const char *precision_name(ddp_precision p)
 
 static cudaDataType_t cuda_type(ddp_dtype t)
 {
-    return t == DDP_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F;
+    return ddp__cuda_type(t);
 }
 
-/* C[r, j] += bias[j] over rows × cols of C (row-major, leading dimension ldc, float32 or
- * bfloat16): the bias epilogue's work when cuBLASLt cannot take the bias pointer. */
-__global__ void add_bias_kernel(const float *bias, int rows, int cols, void *C, int ldc, bool bf16)
+/* C[r, j] += bias[j] over rows × cols of C (row-major, leading dimension ldc, E float32 or a
+ * 16-bit format): the bias epilogue's work when cuBLASLt cannot take the bias pointer. */
+template <typename E>
+__global__ void add_bias_kernel(const float *bias, int rows, int cols, E *C, int ldc)
 {
     size_t total = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / cols, j = i % cols, at = r * (size_t)ldc + j;
-        if (bf16) {
-            uint16_t *c = (uint16_t *)C;
-            c[at] = ddp__f32_to_bf16(ddp__bf16_to_f32(c[at]) + bias[j]);
-        } else {
-            ((float *)C)[at] += bias[j];
-        }
+        ddp__st(C + at, ddp__ld(C + at) + bias[j]);
     }
 }
 
@@ -51,8 +50,13 @@ static ddp_status add_bias(ddp__cuda_ctx *c, const float *bias, int rows, int co
                            int ldc, ddp_dtype out, ddp_error *err)
 {
     size_t total = (size_t)rows * cols;
-    add_bias_kernel<<<ddp__cuda_blocks(total, 256), 256, 0, c->stream>>>(bias, rows, cols, C, ldc,
-                                                                          out == DDP_BFLOAT16);
+    unsigned blocks = ddp__cuda_blocks(total, 256);
+    if (out == DDP_BFLOAT16)
+        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (ddp__bf16 *)C, ldc);
+    else if (out == DDP_FLOAT16)
+        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (ddp__fp16 *)C, ldc);
+    else
+        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (float *)C, ldc);
     return ddp__cuda_launched("gemm bias", err);
 }
 
@@ -86,9 +90,11 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
                                      ddp_dtype out, const float *bias, ddp_precision precision,
                                      ddp_error *err)
 {
-    if ((in != DDP_FLOAT32 && in != DDP_BFLOAT16) || (out != DDP_FLOAT32 && out != DDP_BFLOAT16))
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gemm: dtypes %s → %s: float32 or "
-                              "bfloat16 only", dtype_name(in), dtype_name(out));
+    if ((in != DDP_FLOAT32 && !ddp__cuda_is_half(in)) || (out != DDP_FLOAT32 && out != in))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gemm: dtypes %s → %s: float32, bfloat16 or float16 in, "
+                              "float32 or the input's dtype out",
+                              dtype_name(in), dtype_name(out));
     if (M == 0 || N == 0)
         return DDP_OK;
     cublasComputeType_t compute = in == DDP_FLOAT32 && precision == DDP_PRECISION_TF32
@@ -232,7 +238,7 @@ out_free:
 }
 
 /* db[c] += Σ_r dy[r, c]: a block of 256 columns × a chunk of 256 rows per thread block, one
- * atomic add per column and chunk; dy fp32 or bf16, the sum in fp32. */
+ * atomic add per column and chunk; dy fp32 or 16-bit, the sum in fp32. */
 template <typename E> __global__ void colsum_kernel(const E *dy, int N, int C, float *db)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -255,14 +261,17 @@ ddp_status ddp__cuda_colsum(ddp__cuda_ctx *c, const float *dy, int N, int C, flo
     return ddp__cuda_launched("column sum", err);
 }
 
-ddp_status ddp__cuda_colsum_bf16(ddp__cuda_ctx *c, const uint16_t *dy, int N, int C, float *db,
-                                 ddp_error *err)
+ddp_status ddp__cuda_colsum_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *dy, int N, int C,
+                              float *db, ddp_error *err)
 {
     if (N <= 0 || C <= 0)
         return DDP_OK;
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + 255) / 256));
-    colsum_kernel<uint16_t><<<grid, 256, 0, c->stream>>>(dy, N, C, db);
-    return ddp__cuda_launched("column sum (bf16)", err);
+    if (ht == DDP_FLOAT16)
+        colsum_kernel<<<grid, 256, 0, c->stream>>>((const ddp__fp16 *)dy, N, C, db);
+    else
+        colsum_kernel<<<grid, 256, 0, c->stream>>>((const ddp__bf16 *)dy, N, C, db);
+    return ddp__cuda_launched("column sum (16-bit)", err);
 }
 
 extern "C" ddp_status ddp__cuda_linear_forward(ddp__cuda_ctx *c, const float *x, const float *W,
@@ -290,27 +299,32 @@ extern "C" ddp_status ddp__cuda_linear_backward(ddp__cuda_ctx *c, const float *d
     return st;
 }
 
-extern "C" ddp_status ddp__cuda_linear_forward_bf16(ddp__cuda_ctx *c, const uint16_t *x,
-                                                    const uint16_t *W, const float *b, int B,
-                                                    int in, int out, uint16_t *y, ddp_error *err)
+extern "C" ddp_status ddp__cuda_linear_forward_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *x,
+                                                 const uint16_t *W, const float *b, int B, int in,
+                                                 int out, uint16_t *y, ddp_error *err)
 {
-    return ddp__cuda_gemm(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out,
-                          DDP_BFLOAT16, DDP_BFLOAT16, b, DDP_PRECISION_BF16, err);
+    ddp_status st = ddp__cuda_half_check(ht, "linear forward", err);
+    if (st)
+        return st;
+    return ddp__cuda_gemm(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out, ht, ht, b,
+                          ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16, err);
 }
 
-extern "C" ddp_status ddp__cuda_linear_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dy,
-                                                     const uint16_t *x, const uint16_t *W, int B,
-                                                     int in, int out, void *dx, ddp_dtype dx_dtype,
-                                                     float *dW, float *db, ddp_error *err)
+extern "C" ddp_status ddp__cuda_linear_backward_h(ddp__cuda_ctx *c, ddp_dtype ht,
+                                                  const uint16_t *dy, const uint16_t *x,
+                                                  const uint16_t *W, int B, int in, int out,
+                                                  void *dx, ddp_dtype dx_dtype, float *dW,
+                                                  float *db, ddp_error *err)
 {
-    ddp_status st = DDP_OK;
-    if (dx)
-        st = ddp__cuda_gemm(c, false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in,
-                            DDP_BFLOAT16, dx_dtype, NULL, DDP_PRECISION_BF16, err);
+    const ddp_precision pr = ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16;
+    ddp_status st = ddp__cuda_half_check(ht, "linear backward", err);
+    if (!st && dx)
+        st = ddp__cuda_gemm(c, false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in, ht,
+                            dx_dtype, NULL, pr, err);
     if (!st && dW)
-        st = ddp__cuda_gemm(c, true, false, out, in, B, 1.0f, dy, out, x, in, 1.0f, dW, in,
-                            DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err);
+        st = ddp__cuda_gemm(c, true, false, out, in, B, 1.0f, dy, out, x, in, 1.0f, dW, in, ht,
+                            DDP_FLOAT32, NULL, pr, err);
     if (!st && db)
-        st = ddp__cuda_colsum_bf16(c, dy, B, out, db, err);
+        st = ddp__cuda_colsum_h(c, ht, dy, B, out, db, err);
     return st;
 }

@@ -10,15 +10,19 @@
  * attention, the MLP's pre/post-GELU activations, the block's output); shared gradient buffers;
  * the logits (N, V), which a training forward turns into their own gradient.
  *
- * Precision bf16 (PyTorch autocast's choices; docs/gpu.md has the table of every rounding): the
- * fp32 masters stay in the flat buffer and each forward rounds them once into a bf16 twin of it
- * (params_h); matrix products take bf16 operands and accumulate in fp32; the residual stream,
+ * Precision bf16 or fp16 (PyTorch autocast's choices for bfloat16 / float16, one code path with
+ * the 16-bit format as a parameter; docs/gpu.md has the table of every rounding): the fp32
+ * masters stay in the flat buffer and each forward rounds them once into a 16-bit twin of it
+ * (params_h); matrix products take 16-bit operands and accumulate in fp32; the residual stream,
  * layernorm statistics, softmaxes, the logits and the loss are fp32; what only products read is
- * stored in bf16 (layernorm outputs, qkv, the probabilities, the heads' output, the MLP's
+ * stored in 16 bits (layernorm outputs, qkv, the probabilities, the heads' output, the MLP's
  * activations, the gradients of those); weight gradients accumulate in the fp32 gradient buffer.
  * The per-block buffers are then the *h twins below (the fp32 ones stay NULL), at half the bytes.
+ * fp16 is GradScaler's half: the loss's gradient is multiplied by the grad_scale the host passes
+ * (the loss scale), a value beyond fp16's 65504 becomes ±inf where it is stored (never clamped),
+ * and the inf or NaN it spreads into the fp32 gradients is what the host's unscale finds.
  *
- * What it does not do yet: dropout, fp16 activations; with the host in charge (the library's
+ * What it does not do yet: dropout; with the host in charge (the library's
  * default: one upload per forward, one download per backward; device-resident training, below,
  * keeps parameters and optimizer state here) no overlap of the gradient download with backward.
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
@@ -43,7 +47,7 @@ struct blk {
         mproj_b;
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fchg, *xout;
-    /* bf16 only, in place of ln1, qkv, att, atty, ln2, fch, fchg (NULL in fp32/tf32):
+    /* 16-bit only, in place of ln1, qkv, att, atty, ln2, fch, fchg (NULL in fp32/tf32):
      * (N, C), (N, 3C), (B, nh, T, T), (N, C), (N, C), (N, 4C), (N, 4C) */
     uint16_t *ln1h, *qkvh, *atth, *attyh, *ln2h, *fchh, *fchgh;
 };
@@ -61,13 +65,14 @@ struct ddp__cuda_gpt {
     blk *b; /* (L,) */
     int32_t *tokens, *targets, *correct;
     float *x0, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss, *tmp, *dres, *dln, *dbig, *scratch;
-    /* bf16 only (NULL otherwise): params_h (total,) the weights rounded each forward; lnfh (N, C)
-     * in place of lnf; tmph (N, C) the projections' outputs, then the heads' output gradient;
-     * dresh (N, C) dres rounded for the products; dbigh (N, 4C) the MLP's activation gradient,
-     * also dqkv (N, 3C); scratch_h the attention's (ddp__cuda_attention_scratch_bf16 bytes). In
-     * bf16 tmp, lnf, dbig and scratch are not allocated, and dln doubles as the buffer of the
-     * last positions' gather. */
-    bool bf16;
+    /* 16-bit only (NULL otherwise): params_h (total,) the weights rounded each forward; lnfh
+     * (N, C) in place of lnf; tmph (N, C) the projections' outputs, then the heads' output
+     * gradient; dresh (N, C) dres rounded for the products; dbigh (N, 4C) the MLP's activation
+     * gradient, also dqkv (N, 3C); scratch_h the attention's (ddp__cuda_attention_scratch_h
+     * bytes). In 16 bits tmp, lnf, dbig and scratch are not allocated, and dln doubles as the
+     * buffer of the last positions' gather. */
+    bool half;    /* precision bf16 or fp16 */
+    ddp_dtype ht; /* then DDP_BFLOAT16 or DDP_FLOAT16 */
     uint16_t *params_h, *lnfh, *tmph, *dresh, *dbigh;
     void *scratch_h;
     int32_t *correct_host;
@@ -130,7 +135,7 @@ static ddp_status mark_ready(ddp__cuda_gpt *g, std::initializer_list<long long> 
     return DDP_OK;
 }
 
-/* A weight's bf16 copy (precision bf16). */
+/* A weight's 16-bit copy (precision bf16 or fp16). */
 static const uint16_t *PH(ddp__cuda_gpt *g, long long off)
 {
     return off >= 0 ? g->params_h + off : NULL;
@@ -258,7 +263,7 @@ static ddp_status dalloc(void *p, size_t n, ddp_error *err)
     return dalloc_es(p, n, 4, err);
 }
 
-/* n bf16 values. */
+/* n 16-bit values. */
 static ddp_status dalloc_h(void *p, size_t n, ddp_error *err)
 {
     return dalloc_es(p, n, 2, err);
@@ -267,17 +272,20 @@ static ddp_status dalloc_h(void *p, size_t n, ddp_error *err)
 extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
                                            size_t n, ddp__cuda_gpt **out, ddp_error *err)
 {
-    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32 &&
-        cfg->precision != DDP_PRECISION_BF16)
+    if ((unsigned)cfg->precision >= DDP_PRECISION_COUNT)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "gpt on cuda: precision 'fp16' is not implemented in the model yet "
-                              "(fp32, tf32 and bf16 are); HINT: use precision bf16");
+                              "gpt on cuda: precision %d is not one this model implements (fp32, "
+                              "tf32, bf16 or fp16); HINT: a libddp_gpu.so from another build?",
+                              (int)cfg->precision);
     ddp__cuda_gpt *g = (ddp__cuda_gpt *)calloc(1, sizeof *g);
     if (!g)
         return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
     g->cfg = *cfg;
     g->n_params = n;
-    g->bf16 = cfg->precision == DDP_PRECISION_BF16;
+    g->half = cfg->precision == DDP_PRECISION_BF16 || cfg->precision == DDP_PRECISION_FP16;
+    g->ht = cfg->precision == DDP_PRECISION_FP16   ? DDP_FLOAT16
+            : cfg->precision == DDP_PRECISION_BF16 ? DDP_BFLOAT16
+                                                   : DDP_FLOAT32;
     g->b = (blk *)calloc((size_t)cfg->L, sizeof *g->b);
     g->counts = (size_t *)calloc(n ? n : 1, sizeof(size_t));
     g->offsets = (size_t *)calloc(n ? n : 1, sizeof(size_t));
@@ -306,18 +314,18 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
             (st = dalloc(&g->logits, N * V, err)) || (st = dalloc(&g->row_loss, N, err)) ||
             (st = dalloc(&g->dres, N * C, err)) || (st = dalloc(&g->dln, N * C, err)))
             goto out_free;
-        /* the padding between tensors is never written by an upload: zeros, so that the bf16
+        /* the padding between tensors is never written by an upload: zeros, so that the 16-bit
          * rounding of the whole flat buffer reads defined values */
         if ((st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)))
             goto out_free;
-        if (g->bf16) {
+        if (g->half) {
             if ((st = dalloc_h(&g->params_h, g->total, err)) ||
                 (st = dalloc_h(&g->lnfh, N * C, err)) || (st = dalloc_h(&g->tmph, N * C, err)) ||
                 (st = dalloc_h(&g->dresh, N * C, err)) ||
                 (st = dalloc_h(&g->dbigh, N * 4 * C, err)) ||
                 (st = dalloc_es(
                      &g->scratch_h, 1,
-                     ddp__cuda_attention_scratch_bf16(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
+                     ddp__cuda_attention_scratch_h(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
                 goto out_free;
         } else if ((st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
                    (st = dalloc(&g->dbig, N * 4 * C, err)) ||
@@ -332,7 +340,7 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
                 (st = dalloc(&a->xmid, N * C, err)) || (st = dalloc(&a->ln2_mean, N, err)) ||
                 (st = dalloc(&a->ln2_rstd, N, err)) || (st = dalloc(&a->xout, N * C, err)))
                 goto out_free;
-            if (g->bf16) {
+            if (g->half) {
                 if ((st = dalloc_h(&a->ln1h, N * C, err)) ||
                     (st = dalloc_h(&a->qkvh, N * 3 * C, err)) ||
                     (st = dalloc_h(&a->atth, TT, err)) || (st = dalloc_h(&a->attyh, N * C, err)) ||
@@ -390,7 +398,7 @@ static ddp_status gather_last(ddp__cuda_gpt *g, const float *src, int n, int T, 
 }
 
 /* Precision fp32 or tf32, from the embedding's x0 to the logits (rows, V) in g->logits (rows as
- * forward_bf16). */
+ * forward_h). */
 static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
@@ -434,39 +442,46 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
     return DDP_OK;
 }
 
-/* Precision bf16, from the embedding's x0 to the logits (rows, V) fp32 in g->logits: the blocks
- * and the head with every rounding of docs/gpu.md's table. rows: N, or n for the last positions. */
-static ddp_status forward_bf16(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
+/* The precision of the 16-bit products (what ddp__cuda_gemm's messages name). */
+static ddp_precision hprec(const ddp__cuda_gpt *g)
+{
+    return g->ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16;
+}
+
+/* Precision bf16 or fp16 (g->ht), from the embedding's x0 to the logits (rows, V) fp32 in
+ * g->logits: the blocks and the head with every rounding of docs/gpu.md's table. rows: N, or n
+ * for the last positions. */
+static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
     const size_t NC = (size_t)N * C;
+    const ddp_dtype ht = g->ht;
     ddp_status st;
-    /* the weights' bf16 copy, once per forward (the padding between tensors is zeros) */
-    if ((st = ddp__cuda_f32_to_bf16(c, g->params, g->total, g->params_h, err)))
+    /* the weights' 16-bit copy, once per forward (the padding between tensors is zeros) */
+    if ((st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
         return st;
     const float *x = g->x0;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
-        if ((st = ddp__cuda_layernorm_forward_bf16(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
-                                                   LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd,
-                                                   err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N,
-                                                C, 3 * C, a->qkvh, err)) ||
-            (st = ddp__cuda_attention_forward_bf16(c, a->qkvh, n, T, C, nh, a->atth, g->scratch_h,
-                                                   a->attyh, err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->attyh, PH(g, a->proj_w), P(g, a->proj_b), N,
-                                                C, C, g->tmph, err)) ||
-            (st = ddp__cuda_add_bf16(c, x, g->tmph, NC, a->xmid, err)) ||
-            (st = ddp__cuda_layernorm_forward_bf16(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
-                                                   C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
-                                                   err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->ln2h, PH(g, a->fc_w), P(g, a->fc_b), N, C,
-                                                4 * C, a->fchh, err)) ||
-            (st = ddp__cuda_gelu_forward_bf16(c, a->fchh, NC * 4, a->fchgh, err)) ||
-            (st = ddp__cuda_linear_forward_bf16(c, a->fchgh, PH(g, a->mproj_w), P(g, a->mproj_b),
-                                                N, 4 * C, C, g->tmph, err)) ||
-            (st = ddp__cuda_add_bf16(c, a->xmid, g->tmph, NC, a->xout, err)))
+        if ((st = ddp__cuda_layernorm_forward_h(c, ht, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
+                                                LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N,
+                                             C, 3 * C, a->qkvh, err)) ||
+            (st = ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
+                                                g->scratch_h, a->attyh, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), P(g, a->proj_b),
+                                             N, C, C, g->tmph, err)) ||
+            (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid, err)) ||
+            (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
+                                                C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
+                                                err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->ln2h, PH(g, a->fc_w), P(g, a->fc_b), N, C,
+                                             4 * C, a->fchh, err)) ||
+            (st = ddp__cuda_gelu_forward_h(c, ht, a->fchh, NC * 4, a->fchgh, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w),
+                                             P(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
+            (st = ddp__cuda_add_h(c, ht, a->xmid, g->tmph, NC, a->xout, err)))
             return st;
         x = a->xout;
     }
@@ -475,12 +490,12 @@ static ddp_status forward_bf16(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
             return st;
         x = g->dln;
     }
-    /* ln_f in fp32 statistics, bf16 out; the head bf16 × bf16 with fp32 logits */
-    if ((st = ddp__cuda_layernorm_forward_bf16(c, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C,
-                                               LN_EPS, g->lnfh, g->lnf_mean, g->lnf_rstd, err)))
+    /* ln_f in fp32 statistics, 16-bit out; the head 16 × 16 bits with fp32 logits */
+    if ((st = ddp__cuda_layernorm_forward_h(c, ht, x, P(g, g->lnf_w), P(g, g->lnf_b), rows, C,
+                                            LN_EPS, g->lnfh, g->lnf_mean, g->lnf_rstd, err)))
         return st;
     return ddp__cuda_gemm(c, false, true, rows, V, C, 1.0f, g->lnfh, C, PH(g, g->wte), C, 0.0f,
-                          g->logits, V, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16, err);
+                          g->logits, V, ht, DDP_FLOAT32, NULL, hprec(g), err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
@@ -503,7 +518,7 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
                                           err)))
         return st;
     int rows = !train && !targets && last_logits ? n : N;
-    if ((st = g->bf16 ? forward_bf16(g, n, T, rows, err) : forward_fp32(g, n, T, rows, err)))
+    if ((st = g->half ? forward_h(g, n, T, rows, err) : forward_fp32(g, n, T, rows, err)))
         return st;
     if (!targets) {
         if (logits_host)
@@ -514,11 +529,11 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     int cnt = 0;
     for (int r = 0; r < N; r++)
         cnt += targets[r] != -1; /* DDP_NN_IGNORE_INDEX */
-    /* the loss in fp32 in both precisions; in bf16 the gradient replaces the logits as bf16
-     * (leading dimension 2V) for the head's bf16 products */
-    if ((st = g->bf16
-                  ? ddp__cuda_vocab_xent_bf16grad(c, g->logits, g->targets, N, V, grad_scale, cnt,
-                                                  g->row_loss, g->correct, train, err)
+    /* the loss in fp32 in every precision; in 16 bits the gradient (× grad_scale: fp16's loss
+     * scale) replaces the logits as 16-bit values (leading dimension 2V) for the head's products */
+    if ((st = g->half
+                  ? ddp__cuda_vocab_xent_hgrad(c, g->ht, g->logits, g->targets, N, V, grad_scale,
+                                               cnt, g->row_loss, g->correct, train, err)
                   : ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt,
                                          g->row_loss, g->correct, train ? g->logits : NULL, err)) ||
         (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N,
@@ -592,24 +607,24 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
     return DDP_OK;
 }
 
-/* Precision bf16: as backward_fp32, with the roundings of docs/gpu.md's table. The loss's
- * gradient is the bf16 matrix (N, V), leading dimension 2V, that the forward wrote over the
- * logits; dres stays fp32 and is rounded into dresh for each product that reads it. */
-static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
+/* Precision bf16 or fp16: as backward_fp32, with the roundings of docs/gpu.md's table. The
+ * loss's gradient is the 16-bit matrix (N, V), leading dimension 2V, that the forward wrote over
+ * the logits; dres stays fp32 and is rounded into dresh for each product that reads it (in fp16
+ * a scaled gradient beyond 65504 becomes inf there, and from there the fp32 gradients). */
+static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int n = g->n, T = g->T, C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
     const size_t NC = (size_t)N * C;
+    const ddp_dtype ht = g->ht;
     const uint16_t *dlog = (const uint16_t *)g->logits;
     const int ldd = 2 * V;
     ddp_status st;
     /* the LM head (tied to wte): dln (fp32) = dlogits · wte, dwte += dlogitsᵀ · lnf */
     if ((st = ddp__cuda_gemm(c, false, false, N, C, V, 1.0f, dlog, ldd, PH(g, g->wte), C, 0.0f,
-                             g->dln, C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16,
-                             err)) ||
+                             g->dln, C, ht, DDP_FLOAT32, NULL, hprec(g), err)) ||
         (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, dlog, ldd, g->lnfh, C, 1.0f,
-                             G(g, g->wte), C, DDP_BFLOAT16, DDP_FLOAT32, NULL, DDP_PRECISION_BF16,
-                             err)) ||
+                             G(g, g->wte), C, ht, DDP_FLOAT32, NULL, hprec(g), err)) ||
         (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
                                            g->lnf_mean, g->lnf_rstd, N, C, g->dres, G(g, g->lnf_w),
                                            G(g, g->lnf_b), err)) ||
@@ -618,16 +633,16 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
     for (int l = g->cfg.L - 1; l >= 0; l--) {
         blk *a = &g->b[l];
         const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
-        /* MLP: dfchg (bf16, dbigh) = dres·Wmproj; GELU's backward in place (bf16); dln2 (fp32)
-         * = dfch·Wfc; ln_2's backward in fp32; dres += dln2 */
-        if ((st = ddp__cuda_f32_to_bf16(c, g->dres, NC, g->dresh, err)) ||
-            (st = ddp__cuda_linear_backward_bf16(c, g->dresh, a->fchgh, PH(g, a->mproj_w), N, 4 * C,
-                                                 C, g->dbigh, DDP_BFLOAT16, G(g, a->mproj_w),
-                                                 G(g, a->mproj_b), err)) ||
-            (st = ddp__cuda_gelu_backward_bf16(c, g->dbigh, a->fchh, NC * 4, g->dbigh, err)) ||
-            (st = ddp__cuda_linear_backward_bf16(c, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C, 4 * C,
-                                                 g->dln, DDP_FLOAT32, G(g, a->fc_w), G(g, a->fc_b),
-                                                 err)) ||
+        /* MLP: dfchg (16-bit, dbigh) = dres·Wmproj; GELU's backward in place (16-bit); dln2
+         * (fp32) = dfch·Wfc; ln_2's backward in fp32; dres += dln2 */
+        if ((st = ddp__cuda_f32_to_h(c, ht, g->dres, NC, g->dresh, err)) ||
+            (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->fchgh, PH(g, a->mproj_w), N,
+                                              4 * C, C, g->dbigh, ht, G(g, a->mproj_w),
+                                              G(g, a->mproj_b), err)) ||
+            (st = ddp__cuda_gelu_backward_h(c, ht, g->dbigh, a->fchh, NC * 4, g->dbigh, err)) ||
+            (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C,
+                                              4 * C, g->dln, DDP_FLOAT32, G(g, a->fc_w),
+                                              G(g, a->fc_b), err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
                                                a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
                                                G(g, a->ln2_b), err)) ||
@@ -635,17 +650,17 @@ static ddp_status backward_bf16(ddp__cuda_gpt *g, ddp_error *err)
                              err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)))
             return st;
-        /* attention: datty (bf16, tmph) = dres·Wproj; dqkv (bf16, dbigh); dln1 (fp32) =
+        /* attention: datty (16-bit, tmph) = dres·Wproj; dqkv (16-bit, dbigh); dln1 (fp32) =
          * dqkv·Wattn; ln_1's backward in fp32; dres += dln1 */
-        if ((st = ddp__cuda_f32_to_bf16(c, g->dres, NC, g->dresh, err)) ||
-            (st = ddp__cuda_linear_backward_bf16(c, g->dresh, a->attyh, PH(g, a->proj_w), N, C, C,
-                                                 g->tmph, DDP_BFLOAT16, G(g, a->proj_w),
-                                                 G(g, a->proj_b), err)) ||
-            (st = ddp__cuda_attention_backward_bf16(c, g->tmph, a->qkvh, a->atth, n, T, C, nh,
-                                                    g->scratch_h, g->dbigh, err)) ||
-            (st = ddp__cuda_linear_backward_bf16(c, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
-                                                 3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
-                                                 G(g, a->attn_b), err)) ||
+        if ((st = ddp__cuda_f32_to_h(c, ht, g->dres, NC, g->dresh, err)) ||
+            (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->attyh, PH(g, a->proj_w), N, C,
+                                              C, g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b),
+                                              err)) ||
+            (st = ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n, T, C, nh,
+                                                 g->scratch_h, g->dbigh, err)) ||
+            (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
+                                              3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
+                                              G(g, a->attn_b), err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
                                                a->ln1_rstd, N, C, g->dln, G(g, a->ln1_w),
                                                G(g, a->ln1_b), err)) ||
@@ -671,7 +686,7 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
     if ((st = use_device(g, err)) ||
         (!g->grads_dev &&
          (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))) ||
-        (st = g->bf16 ? backward_bf16(g, err) : backward_fp32(g, err)))
+        (st = g->half ? backward_h(g, err) : backward_fp32(g, err)))
         return st;
     if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
                                            G(g, g->wpe), err)) ||

@@ -4,8 +4,9 @@
  * Each mirrors its CPU twin in ddp/nn.h (the reference in tests/unit/test_cuda_kernels.c); the
  * differences are stated where they are (fp32 statistics where the CPU uses double, atomic adds
  * whose order varies). No dropout here: the CUDA GPT refuses dropout > 0 for now.
- * The bf16 variants (precision bf16: docs/gpu.md's table of roundings) are the same kernels
- * templated on the element type through ddp__ld/ddp__st: fp32 arithmetic, bf16 storage.
+ * The 16-bit variants (precision bf16 and fp16: docs/gpu.md's table of roundings) are the same
+ * kernels templated on the element type through ddp__ld/ddp__st: fp32 arithmetic, bf16 or fp16
+ * storage (fp16 overflowing to ±inf, for the loss scaler to find).
  */
 #include "common.cuh"
 
@@ -107,16 +108,21 @@ extern "C" ddp_status ddp__cuda_layernorm_forward(ddp__cuda_ctx *c, const float 
     return ddp__cuda_launched("layernorm forward", err);
 }
 
-extern "C" ddp_status ddp__cuda_layernorm_forward_bf16(ddp__cuda_ctx *c, const float *x,
-                                                       const float *weight, const float *bias,
-                                                       int N, int C, float eps, uint16_t *y,
-                                                       float *mean, float *rstd, ddp_error *err)
+extern "C" ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *c, ddp_dtype ht,
+                                                    const float *x, const float *weight,
+                                                    const float *bias, int N, int C, float eps,
+                                                    uint16_t *y, float *mean, float *rstd,
+                                                    ddp_error *err)
 {
-    if (N <= 0)
-        return DDP_OK;
-    layernorm_fwd<uint16_t>
-        <<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C, eps, y, mean, rstd);
-    return ddp__cuda_launched("layernorm forward (bf16 output)", err);
+    ddp_status st = ddp__cuda_half_check(ht, "layernorm forward", err);
+    if (st || N <= 0)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        layernorm_fwd<E><<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C,
+                                                                         eps, (E *)y, mean, rstd);
+    });
+    return ddp__cuda_launched("layernorm forward (16-bit output)", err);
 }
 
 /* dx = rstd · (w·dy − mean(w·dy) − x̂ · mean(w·dy·x̂)), one warp per row; in place is safe (each
@@ -223,23 +229,32 @@ extern "C" ddp_status ddp__cuda_gelu_backward(ddp__cuda_ctx *c, const float *dy,
     return ddp__cuda_launched("gelu backward", err);
 }
 
-extern "C" ddp_status ddp__cuda_gelu_forward_bf16(ddp__cuda_ctx *c, const uint16_t *x, size_t n,
-                                                  uint16_t *y, ddp_error *err)
+extern "C" ddp_status ddp__cuda_gelu_forward_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *x,
+                                               size_t n, uint16_t *y, ddp_error *err)
 {
-    if (n == 0)
-        return DDP_OK;
-    gelu_fwd<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(x, n, y);
-    return ddp__cuda_launched("gelu forward (bf16)", err);
+    ddp_status st = ddp__cuda_half_check(ht, "gelu forward", err);
+    if (st || n == 0)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        gelu_fwd<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((const E *)x, n, (E *)y);
+    });
+    return ddp__cuda_launched("gelu forward (16-bit)", err);
 }
 
-extern "C" ddp_status ddp__cuda_gelu_backward_bf16(ddp__cuda_ctx *c, const uint16_t *dy,
-                                                   const uint16_t *x, size_t n, uint16_t *dx,
-                                                   ddp_error *err)
+extern "C" ddp_status ddp__cuda_gelu_backward_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *dy,
+                                                const uint16_t *x, size_t n, uint16_t *dx,
+                                                ddp_error *err)
 {
-    if (n == 0)
-        return DDP_OK;
-    gelu_bwd<uint16_t><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, x, n, dx);
-    return ddp__cuda_launched("gelu backward (bf16)", err);
+    ddp_status st = ddp__cuda_half_check(ht, "gelu backward", err);
+    if (st || n == 0)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        gelu_bwd<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((const E *)dy, (const E *)x,
+                                                                      n, (E *)dx);
+    });
+    return ddp__cuda_launched("gelu backward (16-bit)", err);
 }
 
 __global__ void add_kernel(const float *a, const float *b, size_t n, float *y)
@@ -256,34 +271,41 @@ extern "C" ddp_status ddp__cuda_add(ddp__cuda_ctx *c, const float *a, const floa
     return ddp__cuda_launched("add", err);
 }
 
-/* y = a + widen(b): the fp32 residual stream plus a bf16 branch output (autocast's promotion). */
-__global__ void add_bf16_kernel(const float *a, const uint16_t *b, size_t n, float *y)
+/* y = a + widen(b): the fp32 residual stream plus a 16-bit branch output (autocast's
+ * promotion). */
+template <typename H> __global__ void add_h_kernel(const float *a, const H *b, size_t n, float *y)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        y[i] = a[i] + ddp__bf16_to_f32(b[i]);
+        y[i] = a[i] + ddp__ld(b + i);
 }
 
-extern "C" ddp_status ddp__cuda_add_bf16(ddp__cuda_ctx *c, const float *a, const uint16_t *b,
-                                         size_t n, float *y, ddp_error *err)
+extern "C" ddp_status ddp__cuda_add_h(ddp__cuda_ctx *c, ddp_dtype ht, const float *a,
+                                      const uint16_t *b, size_t n, float *y, ddp_error *err)
 {
-    if (n == 0)
-        return DDP_OK;
-    add_bf16_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(a, b, n, y);
-    return ddp__cuda_launched("add (bf16 branch)", err);
+    ddp_status st = ddp__cuda_half_check(ht, "add", err);
+    if (st || n == 0)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        add_h_kernel<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(a, (const E *)b, n, y);
+    });
+    return ddp__cuda_launched("add (16-bit branch)", err);
 }
 
 /* ---- fused softmax cross-entropy: one block per row ------------------------------------------ */
 
-/* dlogits_bf16 (instead of dlogits): each row's gradient as V bf16 values written over the first
- * half of that row's own fp32 storage (a bf16 matrix (N, V) with leading dimension 2V at the
- * logits' address). The row is read and written in chunks of blockDim.x columns with a barrier
- * between each chunk's reads and its writes: bf16 column j lands inside fp32 column j/2 ≤ j,
+/* dlogits_h (instead of dlogits): each row's gradient as V 16-bit values (H: bf16 or fp16)
+ * written over the first half of that row's own fp32 storage (a 16-bit matrix (N, V) with leading
+ * dimension 2V at the logits' address). The row is read and written in chunks of blockDim.x
+ * columns with a barrier between each chunk's reads and its writes: column j lands inside fp32
+ * column j/2 ≤ j,
  * which this chunk or an earlier one has already read, and no later chunk reads a column below
  * its own start, so no value is overwritten before it is read. */
+template <typename H>
 __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, float scale,
                            int count, float *row_loss, int32_t *correct, float *dlogits,
-                           uint16_t *dlogits_bf16)
+                           H *dlogits_h)
 {
     __shared__ float sh[32];
     __shared__ int shi[32];
@@ -328,12 +350,12 @@ __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, f
         row_loss[row] = ignored ? 0.0f : logf(s) + mx - l[y];
         correct[row] = !ignored && arg == y;
     }
-    if (!dlogits && !dlogits_bf16)
+    if (!dlogits && !dlogits_h)
         return;
     __syncthreads(); /* every read of the row is done before dlogits (maybe the row) is written */
     float f = ignored || count == 0 ? 0.0f : scale / count;
-    if (dlogits_bf16) {
-        uint16_t *h = dlogits_bf16 + row * 2 * (size_t)V;
+    if (dlogits_h) {
+        H *h = dlogits_h + row * 2 * (size_t)V;
         for (int c0 = 0; c0 < V; c0 += blockDim.x) { /* the same trip count in every thread */
             int j = c0 + (int)threadIdx.x;
             float gj = 0.0f;
@@ -341,7 +363,7 @@ __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, f
                 gj = (expf(l[j] - mx) / s - (j == y ? 1.0f : 0.0f)) * f;
             __syncthreads(); /* this chunk's reads before its writes */
             if (j < V)
-                h[j] = ddp__f32_to_bf16(gj);
+                ddp__st(h + j, gj);
         }
         return;
     }
@@ -359,19 +381,24 @@ extern "C" ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *c, const float *logits
 {
     if (N <= 0)
         return DDP_OK;
-    vocab_xent<<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count, row_loss,
-                                                   correct, dlogits, NULL);
+    vocab_xent<ddp__bf16><<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count,
+                                                              row_loss, correct, dlogits, NULL);
     return ddp__cuda_launched("softmax cross-entropy", err);
 }
 
-extern "C" ddp_status ddp__cuda_vocab_xent_bf16grad(ddp__cuda_ctx *c, float *logits,
-                                                    const int32_t *targets, int N, int V,
-                                                    float scale, int count, float *row_loss,
-                                                    int32_t *correct, bool grad, ddp_error *err)
+extern "C" ddp_status ddp__cuda_vocab_xent_hgrad(ddp__cuda_ctx *c, ddp_dtype ht, float *logits,
+                                                 const int32_t *targets, int N, int V,
+                                                 float scale, int count, float *row_loss,
+                                                 int32_t *correct, bool grad, ddp_error *err)
 {
-    if (N <= 0)
-        return DDP_OK;
-    vocab_xent<<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count, row_loss,
-                                                   correct, NULL, grad ? (uint16_t *)logits : NULL);
-    return ddp__cuda_launched("softmax cross-entropy (bf16 gradient)", err);
+    ddp_status st = ddp__cuda_half_check(ht, "softmax cross-entropy", err);
+    if (st || N <= 0)
+        return st;
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        vocab_xent<E><<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count,
+                                                          row_loss, correct, NULL,
+                                                          grad ? (E *)logits : NULL);
+    });
+    return ddp__cuda_launched("softmax cross-entropy (16-bit gradient)", err);
 }

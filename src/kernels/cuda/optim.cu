@@ -2,7 +2,7 @@
  * kernels/cuda/optim.cu — what runs between backward and the next forward on the device: fused
  * AdamW over fp32 master weights (with an optional bf16 copy for bf16 matmuls), the sum of
  * squares for the global gradient norm, scaling (clipping), GradScaler's unscale-and-check, and
- * fp32 ↔ bf16 conversions with util/half.h's rounding (the CPU's, bit for bit).
+ * fp32 ↔ bf16/fp16 conversions with util/half.h's rounding (the CPU's, bit for bit).
  */
 #include <math.h>
 
@@ -101,20 +101,22 @@ extern "C" ddp_status ddp__cuda_unscale(ddp__cuda_ctx *c, float *g, size_t n, fl
     return DDP_OK;
 }
 
-extern "C" ddp_status ddp__cuda_f32_to_bf16(ddp__cuda_ctx *c, const float *src, size_t n,
-                                            uint16_t *dst, ddp_error *err)
+extern "C" ddp_status ddp__cuda_f32_to_h(ddp__cuda_ctx *c, ddp_dtype ht, const float *src,
+                                         size_t n, uint16_t *dst, ddp_error *err)
 {
     char msg[DDP_ERRMSG_MAX];
-    ddp_status st = ddp__devmath_convert((void *)c->stream, dst, DDP_BFLOAT16, src, DDP_FLOAT32,
-                                         n, msg);
-    return st ? ddp__cuda_fail(err, st, "%s", msg) : DDP_OK;
+    ddp_status st = ddp__cuda_half_check(ht, "conversion to 16 bits", err);
+    if (!st && (st = ddp__devmath_convert((void *)c->stream, dst, ht, src, DDP_FLOAT32, n, msg)))
+        return ddp__cuda_fail(err, st, "%s", msg);
+    return st;
 }
 
-extern "C" ddp_status ddp__cuda_bf16_to_f32(ddp__cuda_ctx *c, const uint16_t *src, size_t n,
-                                            float *dst, ddp_error *err)
+extern "C" ddp_status ddp__cuda_h_to_f32(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *src,
+                                         size_t n, float *dst, ddp_error *err)
 {
     char msg[DDP_ERRMSG_MAX];
-    ddp_status st = ddp__devmath_convert((void *)c->stream, dst, DDP_FLOAT32, src, DDP_BFLOAT16,
-                                         n, msg);
-    return st ? ddp__cuda_fail(err, st, "%s", msg) : DDP_OK;
+    ddp_status st = ddp__cuda_half_check(ht, "conversion from 16 bits", err);
+    if (!st && (st = ddp__devmath_convert((void *)c->stream, dst, DDP_FLOAT32, src, ht, n, msg)))
+        return ddp__cuda_fail(err, st, "%s", msg);
+    return st;
 }
