@@ -82,6 +82,32 @@ a=$(grep -o 'val loss [0-9.]*' test.out | tail -1); b=$(grep -o 'val loss [0-9.]
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "test on fake cuda '$a' vs cpu '$b'"
 ok "test from the checkpoint on the fake GPU: $a, as on the cpu"
 
+# gpt_dump's fp16 loop (what test_gpt_bf16_torch.py fp16 runs against torch's GradScaler on a
+# GPU): on the fake GPU, whose arithmetic is float32's, 10 steps = float32 on the cpu exactly,
+# and every step used the loss scale 65536.
+mkdir -p gd32 gd16
+/usr/bin/env python3 - gd32 <<'EOP'
+import struct, sys
+def w(name, seed):
+    v, x = [], seed
+    for _ in range(10 * 2 * 8):
+        x = (x * 1103515245 + 12345) % 2**31
+        v.append(x % 50)
+    open(f"{sys.argv[1]}/{name}", "wb").write(struct.pack(f"<{len(v)}i", *v))
+w("tokens.bin", 1); w("targets.bin", 2)
+EOP
+cp gd32/tokens.bin gd32/targets.bin gd16/
+GD=("$BIN/gpt_dump" train 1 2 16 8 50 1 2 10 0.001 0)
+OPENBLAS_NUM_THREADS=1 "${GD[0]}" gd32 "${GD[@]:1}" >gd32.out 2>&1 || { cat gd32.out; fail "gpt_dump fp32"; }
+fake env DDP_GPT_DUMP_DEVICE=cuda DDP_GPT_DUMP_PRECISION=fp16 OPENBLAS_NUM_THREADS=1 \
+    "${GD[0]}" gd16 "${GD[@]:1}" >gd16.out 2>&1 || { cat gd16.out; fail "gpt_dump fp16 on fake cuda"; }
+cmp gd32/out_loss.bin gd16/out_loss.bin || fail "gpt_dump fp16 (loss scaling) on the fake GPU: losses differ from fp32's"
+/usr/bin/env python3 -c "
+import struct, sys
+v = struct.unpack('<10d', open('gd16/out_scale.bin', 'rb').read())
+sys.exit(0 if v == (65536.0,) * 10 else 'scales %s' % (v,))" || fail "gpt_dump fp16: loss scales"
+ok "gpt_dump fp16's GradScaler loop on the fake GPU: = fp32 bit for bit, scale 65536 each step"
+
 # fp16: the loss scaled by 65536 and the gradients unscaled, exactly (powers of two): = float32.
 rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --precision fp16 --total_steps 10 --out_dir f16 \
     >f16.out 2>&1 || rc=$?

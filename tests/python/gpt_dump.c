@@ -4,7 +4,8 @@
  * for bench/gpt_model_step.py.
  * Usage:
  * Environment: DDP_GPT_DUMP_DEVICE=cuda runs the model on the GPU, DDP_GPT_DUMP_PRECISION
- * (fp32, tf32, bf16) sets its precision.
+ * (fp32, tf32, bf16, fp16) sets its precision; fp16 trains with GradScaler's loop (ddp/amp.h)
+ * and writes DIR/out_scale.bin (float64 (STEPS,): the loss scale each step used).
  *   gpt_dump DIR train L NH C T V BIAS B STEPS LR DROPOUT
  *       in:  DIR/weights.safetensors (optional: every parameter, by name; else the model's init)
  *            DIR/tokens.bin, DIR/targets.bin (int32, STEPS × B × T)
@@ -242,7 +243,7 @@ static ddp_model_spec spec_of(int L, int nh, int C, int T, int V, bool bias, int
     const char *dev = getenv("DDP_GPT_DUMP_DEVICE");
     if (dev && !strcmp(dev, "cuda"))
         s.device = DDP_DEVICE_CUDA;
-    /* DDP_GPT_DUMP_PRECISION=bf16 (or tf32, fp32): the model's precision */
+    /* DDP_GPT_DUMP_PRECISION=bf16 (or fp16, tf32, fp32): the model's precision */
     const char *prec = getenv("DDP_GPT_DUMP_PRECISION");
     ddp_error err = {0};
     if (prec && *prec && ddp_precision_parse(prec, &s.precision, &err) != DDP_OK)
@@ -271,23 +272,45 @@ static void train(int L, int nh, int C, int T, int V, bool bias, int B, int step
     wr("out_logits.bin", lg, rows * cols, sizeof(float));
     double *loss = xcalloc((size_t)steps, sizeof(double));
     double *norm = xcalloc((size_t)steps, sizeof(double));
+    double *scale = xcalloc((size_t)steps, sizeof(double));
+    /* precision fp16: torch's GradScaler loop (ddp/amp.h): the loss scaled, the gradients
+     * unscaled and checked, an inf/NaN step skipped (AdamW's count with it) and the scale
+     * updated; out_scale.bin has the scale each step used */
+    const bool amp = s.precision == DDP_PRECISION_FP16;
+    ddp_grad_scaler scaler = DDP_GRAD_SCALER_INIT;
+    uint64_t optim_step = 0;
     for (int k = 0; k < steps; k++) {
         b.tokens = tokens + per * (size_t)k;
         b.targets = targets + per * (size_t)k;
         b.step = (uint64_t)k;
         b.sample_offset = (uint64_t)k * (uint64_t)B;
+        b.grad_scale = amp ? scaler.scale : 1.0f;
+        scale[k] = b.grad_scale;
         loss[k] = forward_backward(&t, &b);
+        bool take = true;
+        if (amp) {
+            const ddp_model_param *pm = ddp_model_params(t.m, &t.np);
+            for (size_t i = 0; i < t.np; i++) {
+                t.grads[i] = pm[i].grad;
+                t.counts[i] = pm[i].count;
+            }
+            take = ddp_grad_scaler_update(
+                &scaler, ddp_grad_scaler_unscale(&scaler, t.grads, t.counts, (int)t.np));
+        }
         if (k == 0)
             save(t.m, "out_grads.safetensors", true);
-        norm[k] = update(&t, (uint64_t)k + 1, lr);
+        norm[k] = take ? update(&t, ++optim_step, lr) : NAN;
         if (k == 0)
             save(t.m, "out_step1.safetensors", false);
     }
+    if (amp)
+        wr("out_scale.bin", scale, (size_t)steps, sizeof(double));
     save(t.m, "out_final.safetensors", false);
     wr("out_loss.bin", loss, (size_t)steps, sizeof(double));
     wr("out_norm.bin", norm, (size_t)steps, sizeof(double));
     free(loss);
     free(norm);
+    free(scale);
     free(tokens);
     free(targets);
     free_trainer(&t);
