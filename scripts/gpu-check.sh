@@ -19,9 +19,10 @@
 #                                against PyTorch (tests/python/test_gpt_torch.py with
 #                                DDP_GPT_DUMP_DEVICE=cuda), the GPU backends (integration.gpu:
 #                                tests/integration/test_gpu.sh), ddptrain's GPT 10 steps
-#                                on cpu and on cuda compared (fp32, and bf16 against the CPU's
-#                                bf16 or fp32), the bf16 GPT against torch autocast
-#                                (tests/python/test_gpt_bf16_torch.py), the GPU benchmarks
+#                                on cpu and on cuda compared (fp32, bf16 against the CPU's
+#                                bf16 or fp32, fp16 with loss scaling against the CPU's fp32),
+#                                the bf16 and fp16 GPTs against torch autocast (fp16 with
+#                                GradScaler; tests/python/test_gpt_bf16_torch.py), the GPU benchmarks
 #                                (gpu_bench, and bench/gpu_gpt_torch.py for PyTorch on the
 #                                same GPU), then one table. Writes the log to
 #                                $OUT/gpu-check.log when $OUT is set.
@@ -238,6 +239,35 @@ EOP
     check "torch autocast bf16 vs ddpc bf16 on cuda (0.05)" env \
         DDP_CARRY_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" \
         python3 tests/python/test_gpt_bf16_torch.py "$CARRY/bin"
+    # precision fp16 (autocast float16 + ddptrain's GradScaler loop): the same run on cuda against
+    # the cpu's fp32 (the CPU has no fp16), 1e-2 (test_cuda_gpt's bound); the metrics carry the
+    # loss scale (65536 unless a step overflowed: then skipped_steps says so, printed here)
+    check "ddptrain gpt device cuda fp16" "$CARRY/bin/ddptrain" "${args[@]}" --device cuda \
+        --precision fp16 --out_dir "$W/cudafp16"
+    check "ddptrain fp16 cuda vs cpu fp32 losses (1e-2)" syspy - "$W/cpu/metrics.jsonl" \
+        "$W/cudafp16/metrics.jsonl" "$W/cuda/metrics.jsonl" <<'EOP'
+import json, sys
+def rows(p):
+    return [json.loads(l) for l in open(p) if '"loss"' in l]
+a = [r["loss"] for r in rows(sys.argv[1])]
+h = rows(sys.argv[2])
+b = [r["loss"] for r in h]
+f = [r["loss"] for r in rows(sys.argv[3])]
+print("cpu fp32", a); print("fp16", b); print("cuda fp32", f)
+print("loss_scale", [r.get("loss_scale") for r in h], "skipped_steps",
+      [r.get("skipped_steps") for r in h])
+assert len(a) == len(b) == 10, (len(a), len(b))
+assert all("loss_scale" in r for r in h), "no loss_scale in the fp16 metrics"
+d = max(abs(x - y) for x, y in zip(a, b))
+finite = all(abs(x) < float("inf") for x in b)  # False for NaN too
+print(f"largest difference {d:.2e} (tolerance 1e-2); fp16 equal to cuda fp32: {b == f}; "
+      f"finite: {finite}")
+sys.exit(0 if finite and d <= 1e-2 and b != f else 1)
+EOP
+    # issue 12: the fp16 GPT (GradScaler loop) against torch autocast float16 + GradScaler
+    check "torch autocast fp16 + GradScaler vs ddpc fp16 on cuda (0.05)" env \
+        DDP_CARRY_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" \
+        python3 tests/python/test_gpt_bf16_torch.py "$CARRY/bin" fp16
     # benchmarks
     local peaks
     peaks=$("$CARRY/bin/gpu_bench" --peaks 2>>"$LOG")
