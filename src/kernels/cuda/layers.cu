@@ -298,10 +298,9 @@ extern "C" ddp_status ddp__cuda_add_h(ddp__cuda_ctx *c, ddp_dtype ht, const floa
 /* dlogits_h (instead of dlogits): each row's gradient as V 16-bit values (H: bf16 or fp16)
  * written over the first half of that row's own fp32 storage (a 16-bit matrix (N, V) with leading
  * dimension 2V at the logits' address). The row is read and written in chunks of blockDim.x
- * columns with a barrier between each chunk's reads and its writes: column j lands inside fp32
- * column j/2 ≤ j,
- * which this chunk or an earlier one has already read, and no later chunk reads a column below
- * its own start, so no value is overwritten before it is read. */
+ * columns with a barrier between each chunk's reads and its writes: 16-bit column j lands inside
+ * fp32 column j/2 ≤ j, which this chunk or an earlier one has already read, and no later chunk
+ * reads a column below its own start, so no value is overwritten before it is read. */
 template <typename H>
 __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, float scale,
                            int count, float *row_loss, int32_t *correct, float *dlogits,
