@@ -114,15 +114,15 @@ static ddp_status bgemm_typed(ddp__cuda_ctx *c, bool ta, bool tb, int M, int N, 
                               cudaDataType_t ab, cudaDataType_t ct, cublasComputeType_t compute,
                               ddp_error *err)
 {
-    return ddp__cublas_check(
-        cublasGemmStridedBatchedEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                   ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ab, ldb, sb,
-                                   A, ab, lda, sa, &beta, C, ct, ldc, sc, batch, compute,
-                                   CUBLAS_GEMM_DEFAULT),
-        ab == CUDA_R_16BF  ? "strided-batched gemm (bf16)"
-        : ab == CUDA_R_16F ? "strided-batched gemm (fp16)"
-                           : "strided-batched gemm",
-        err);
+    return ddp__cublas_check(cublasGemmStridedBatchedEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                        ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                                        &alpha, B, ab, ldb, sb, A, ab, lda, sa,
+                                                        &beta, C, ct, ldc, sc, batch, compute,
+                                                        CUBLAS_GEMM_DEFAULT),
+                             ab == CUDA_R_16BF  ? "strided-batched gemm (bf16)"
+                             : ab == CUDA_R_16F ? "strided-batched gemm (fp16)"
+                                                : "strided-batched gemm",
+                             err);
 }
 
 /* 16-bit operands of dtype ht; C of ht (out_h) or fp32. */
@@ -342,8 +342,8 @@ extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype 
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
-        permute_heads<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)r.y, (E *)out, B, T,
-                                                                          C, nh, 1);
+        permute_heads<E>
+            <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)r.y, (E *)out, B, T, C, nh, 1);
     });
     return ddp__cuda_launched("attention unpermute (16-bit)", err);
 }
@@ -367,15 +367,15 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
         using E = decltype(e);
         permute_qkv<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(
             (E *)qkv, (E *)r.q, (E *)r.k, (E *)r.v, B, T, C, nh, 1);
-        permute_heads<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)dy, (E *)dout, B, T,
-                                                                          C, nh, -1);
+        permute_heads<E>
+            <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)dy, (E *)dout, B, T, C, nh, -1);
     });
     if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)) ||
         /* dP = dY · Vᵀ (fp32 out, for the softmax backward), dV = Pᵀ · dY */
         (st = bgemm_h(c, ht, false, true, T, T, hs, 1.0f, dy, hs, sT, r.v, hs, sT, r.f32, T, sTT,
                       BH, false, err)) ||
-        (st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT,
-                      BH, true, err)))
+        (st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT, BH,
+                      true, err)))
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);

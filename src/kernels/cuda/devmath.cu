@@ -1,8 +1,9 @@
 /*
  * kernels/cuda/devmath.cu — the GPU reducer's arithmetic (devmath.h): dtype conversion of a
- * gradient bucket for bfloat16 compression (and of the GPT's weights into their 16-bit copy) and the sum of squares for the gradient norm, on the
- * group's stream. UNVERIFIED: written without a GPU; the reducer's tests run the same contract on
- * the fake GPU (staged/fakedev.c), and on a GPU through scripts/gpu-check.sh.
+ * gradient bucket for bfloat16 compression (and of the GPT's weights into their 16-bit copy) and
+ * the sum of squares for the gradient norm, on the group's stream. UNVERIFIED: written without a
+ * GPU; the reducer's tests run the same contract on the fake GPU (staged/fakedev.c), and on a GPU
+ * through scripts/gpu-check.sh.
  */
 #include "common.cuh"
 

@@ -108,19 +108,18 @@ extern "C" ddp_status ddp__cuda_layernorm_forward(ddp__cuda_ctx *c, const float 
     return ddp__cuda_launched("layernorm forward", err);
 }
 
-extern "C" ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *c, ddp_dtype ht,
-                                                    const float *x, const float *weight,
-                                                    const float *bias, int N, int C, float eps,
-                                                    uint16_t *y, float *mean, float *rstd,
-                                                    ddp_error *err)
+extern "C" ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *c, ddp_dtype ht, const float *x,
+                                                    const float *weight, const float *bias, int N,
+                                                    int C, float eps, uint16_t *y, float *mean,
+                                                    float *rstd, ddp_error *err)
 {
     ddp_status st = ddp__cuda_half_check(ht, "layernorm forward", err);
     if (st || N <= 0)
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
-        layernorm_fwd<E><<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C,
-                                                                         eps, (E *)y, mean, rstd);
+        layernorm_fwd<E><<<(unsigned)((N + 7) / 8), 256, 0, c->stream>>>(x, weight, bias, N, C, eps,
+                                                                         (E *)y, mean, rstd);
     });
     return ddp__cuda_launched("layernorm forward (16-bit output)", err);
 }
@@ -251,8 +250,8 @@ extern "C" ddp_status ddp__cuda_gelu_backward_h(ddp__cuda_ctx *c, ddp_dtype ht, 
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
-        gelu_bwd<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((const E *)dy, (const E *)x,
-                                                                      n, (E *)dx);
+        gelu_bwd<E><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((const E *)dy, (const E *)x, n,
+                                                                     (E *)dx);
     });
     return ddp__cuda_launched("gelu backward (16-bit)", err);
 }
@@ -386,18 +385,17 @@ extern "C" ddp_status ddp__cuda_vocab_xent(ddp__cuda_ctx *c, const float *logits
 }
 
 extern "C" ddp_status ddp__cuda_vocab_xent_hgrad(ddp__cuda_ctx *c, ddp_dtype ht, float *logits,
-                                                 const int32_t *targets, int N, int V,
-                                                 float scale, int count, float *row_loss,
-                                                 int32_t *correct, bool grad, ddp_error *err)
+                                                 const int32_t *targets, int N, int V, float scale,
+                                                 int count, float *row_loss, int32_t *correct,
+                                                 bool grad, ddp_error *err)
 {
     ddp_status st = ddp__cuda_half_check(ht, "softmax cross-entropy", err);
     if (st || N <= 0)
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
-        vocab_xent<E><<<(unsigned)N, 512, 0, c->stream>>>(logits, targets, V, scale, count,
-                                                          row_loss, correct, NULL,
-                                                          grad ? (E *)logits : NULL);
+        vocab_xent<E><<<(unsigned)N, 512, 0, c->stream>>>(
+            logits, targets, V, scale, count, row_loss, correct, NULL, grad ? (E *)logits : NULL);
     });
     return ddp__cuda_launched("softmax cross-entropy (16-bit gradient)", err);
 }

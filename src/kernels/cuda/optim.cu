@@ -101,8 +101,8 @@ extern "C" ddp_status ddp__cuda_unscale(ddp__cuda_ctx *c, float *g, size_t n, fl
     return DDP_OK;
 }
 
-extern "C" ddp_status ddp__cuda_f32_to_h(ddp__cuda_ctx *c, ddp_dtype ht, const float *src,
-                                         size_t n, uint16_t *dst, ddp_error *err)
+extern "C" ddp_status ddp__cuda_f32_to_h(ddp__cuda_ctx *c, ddp_dtype ht, const float *src, size_t n,
+                                         uint16_t *dst, ddp_error *err)
 {
     char msg[DDP_ERRMSG_MAX];
     ddp_status st = ddp__cuda_half_check(ht, "conversion to 16 bits", err);
