@@ -327,3 +327,56 @@ ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *arra
     DDP__GPU_CALL(gpt_optim_state, g, s, arrays, to_host, err);
 }
 
+
+/* The classifier's entry points: a module without them (built without cuDNN, the tests' fakes)
+ * says so. */
+#define DDP__GPU_CLS_CALL(member, ...)                                                             \
+    do {                                                                                           \
+        const ddp__gpu_api *t;                                                                     \
+        ddp_status st_ = ddp__gpu_module(&t, err);                                                 \
+        if (st_)                                                                                   \
+            return st_;                                                                            \
+        if (!t->member)                                                                            \
+            return ddp__err(err, DDP_ERR_NOT_FOUND,                                                \
+                            "the GPU module %s has no MLP/CNN (" #member "): it was built "        \
+                            "without cuDNN; HINT: install cuDNN 9 where nvcc is and rebuild, or "  \
+                            "use device cpu for mlp and cnn",                                      \
+                            ddp__gpu_module_path());                                               \
+        return t->member(__VA_ARGS__);                                                             \
+    } while (0)
+
+ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
+                                const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
+                                ddp_error *err)
+{
+    DDP__GPU_CLS_CALL(cls_create, cfg, counts, np, bcounts, nb, out, err);
+}
+
+void ddp__cuda_cls_free(ddp__cuda_cls *g)
+{
+    const ddp__gpu_api *t;
+    if (g && ddp__gpu_module(&t, NULL) == DDP_OK && t->cls_free) /* g exists: it is loaded */
+        t->cls_free(g);
+}
+
+ddp_status ddp__cuda_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
+                                const float *const *buffers_host, ddp_error *err)
+{
+    DDP__GPU_CLS_CALL(cls_upload, g, params_host, buffers_host, err);
+}
+
+ddp_status ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
+                                 int64_t *correct, float *logits_host, ddp_error *err)
+{
+    DDP__GPU_CLS_CALL(cls_forward, g, b, loss_sum, correct, logits_host, err);
+}
+
+ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err)
+{
+    DDP__GPU_CLS_CALL(cls_get_buffers, g, buffers_host, err);
+}
+
+ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err)
+{
+    DDP__GPU_CLS_CALL(cls_backward, g, grads_host, err);
+}

@@ -25,8 +25,8 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 4 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
-                                device-resident GPT */
+#define DDP_GPU_MODULE_ABI 5 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
+                                device-resident GPT; 5: the classifier (cls_*) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -104,6 +104,18 @@ typedef struct ddp__gpu_api {
                                  ddp_error *err);
     ddp_status (*gpt_optim_state)(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                   ddp_error *err);
+    /* The MLP and CNN (kernels.h's ddp__cuda_cls_*); NULL: not in this module (built without
+     * cuDNN, or a test's fake). */
+    ddp_status (*cls_create)(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
+                             const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
+                             ddp_error *err);
+    void (*cls_free)(ddp__cuda_cls *g);
+    ddp_status (*cls_upload)(ddp__cuda_cls *g, const float *const *params_host,
+                             const float *const *buffers_host, ddp_error *err);
+    ddp_status (*cls_forward)(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
+                              int64_t *correct, float *logits_host, ddp_error *err);
+    ddp_status (*cls_get_buffers)(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err);
+    ddp_status (*cls_backward)(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -133,6 +145,17 @@ ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args 
 ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                     ddp_error *err);
 ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
+ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
+                               const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
+                               ddp_error *err);
+void ddp__gpu_cls_free(ddp__cuda_cls *g);
+ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
+                               const float *const *buffers_host, ddp_error *err);
+ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
+                                int64_t *correct, float *logits_host, ddp_error *err);
+ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host,
+                                    ddp_error *err);
+ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
 ddp_status ddp__gpu_cuda_devops(int device, struct ddp__devops *out, ddp_error *err);
 ddp_status ddp__gpu_nccl_create(const struct ddp__setup *s, void **be,
                                 const struct ddp__backend_ops **ops, ddp_error *err);

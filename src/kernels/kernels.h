@@ -199,6 +199,80 @@ ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args
 ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                      ddp_error *err);
 
+/* ---- the MLP and the CNN on a CUDA device (cuda/classifier.cu, through kernels/gpu.c) ---------
+ * src/nn/classifier.c's models (types "mlp" and "cnn") on the device, for its "cuda" device: the
+ * same layer list, run in the same order, with the same flat parameter list (parameters and
+ * gradients fp32 on the device in the model's order and sizes, each tensor padded to 256 bytes
+ * there, as the GPT's) and the batchnorms' running statistics as buffers. The host keeps the
+ * parameters, gradients and buffers: ddp__cuda_cls_upload puts them on the device before each
+ * forward, a training forward's running statistics come back with ddp__cuda_cls_get_buffers, and
+ * backward adds the gradients into the host's. Linear layers through cuBLASLt (TF32 with
+ * precision tf32), conv2d and batchnorm through cuDNN's legacy API, max-pool, the activations,
+ * dropout and the loss by kernels of this module. Precision fp32 or tf32. A module built without
+ * cuDNN has no classifier (the calls say so). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
+typedef struct ddp__cuda_cls ddp__cuda_cls;
+typedef enum ddp__cuda_cls_kind {
+    DDP__CLS_LINEAR = 0, /* y (B, out) = x (B, in) · Wᵀ + b; params W (out, in), b (out,) */
+    DDP__CLS_RELU,
+    DDP__CLS_GELU,    /* exact (erf) GELU, ddp_nn_gelu_forward */
+    DDP__CLS_DROPOUT, /* ddp_nn_dropout_forward, keyed (seed + layer index, step, offset) */
+    DDP__CLS_CONV,    /* ddp_nn_conv2d; params W (out_ch, in_ch, kh, kw), b (out_ch,) */
+    DDP__CLS_BN,      /* ddp_nn_batchnorm over (B, C, hw); params gamma, beta; 2 buffers */
+    DDP__CLS_POOL,    /* ddp_nn_maxpool2d: in_ch planes h × w, window kh (= kw), stride */
+} ddp__cuda_cls_kind;
+typedef struct ddp__cuda_cls_layer {
+    int kind;           /* ddp__cuda_cls_kind */
+    size_t in_n, out_n; /* floats per sample in and out */
+    int p0;             /* its first parameter's index (a second one follows), −1: none */
+    int buf0;           /* batchnorm: running mean is buffer buf0, running var buf0 + 1 */
+    int in, out;        /* linear */
+    int in_ch, h, w, out_ch, kh, kw, stride, pad, out_h, out_w; /* conv; pool (in_ch, h, w,
+                                                                    kh, stride, out_h, out_w) */
+    int C, hw; /* batchnorm: channels, positions per channel */
+    float p;   /* dropout */
+} ddp__cuda_cls_layer;
+typedef struct ddp__cuda_cls_cfg {
+    const ddp__cuda_cls_layer *layers; /* (nl,) in forward order; copied by create */
+    int nl;
+    int B;       /* max_batch */
+    size_t in_n; /* floats per input sample */
+    int classes;
+    uint64_t seed;           /* dropout keys (spec.seed) */
+    float bn_momentum, bn_eps;
+    int device;              /* the CUDA device index */
+    ddp_precision precision; /* DDP_PRECISION_FP32 or _TF32 */
+} ddp__cuda_cls_cfg;
+/* One forward's batch: host arrays, checked by the caller (labels in range, n ≤ B, batchnorm's
+ * 2 values per channel in training). */
+typedef struct ddp__cuda_cls_batch {
+    const float *x;          /* (n, in_n) */
+    const int32_t *labels;   /* (n,) or NULL: no loss */
+    int n;
+    bool train;
+    uint64_t step, sample_offset; /* dropout keys, as ddp_model_batch */
+    float grad_scale;             /* the loss's gradient is scaled by grad_scale / n */
+} ddp__cuda_cls_batch;
+
+/* counts (np,) the parameters' sizes and bcounts (nb,) the buffers', in the model's order,
+ * checked against the layers. */
+ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
+                                const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
+                                ddp_error *err);
+void ddp__cuda_cls_free(ddp__cuda_cls *g); /* NULL is a no-op */
+/* Uploads every parameter i from params_host[i] and every buffer j from buffers_host[j]. */
+ddp_status ddp__cuda_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
+                                const float *const *buffers_host, ddp_error *err);
+/* Forward of b. logits_host (n, classes) receives the logits (always). With labels: the sum of
+ * the per-sample losses (double) into *loss_sum and the samples whose argmax (first on ties) is
+ * their label into *correct; with train, the loss's gradient kept for backward and the running
+ * statistics updated on the device (ddp__cuda_cls_get_buffers brings them to the host). */
+ddp_status ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
+                                 int64_t *correct, float *logits_host, ddp_error *err);
+/* buffers_host[j] = buffer j on the device (waits). */
+ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err);
+/* Backward of the last training forward with labels: grads_host[i] += parameter i's gradient. */
+ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
+
 /* ---- device choice (device.c) ---------------------------------------------------------------
  * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:
  * none, and `why` says why). Separate so that tests can give any count. want must be "cpu",

@@ -7,6 +7,13 @@
  * them from the last layer down, the order backward finishes them in. The two types differ only
  * in what build puts in front of the fully connected layers; forward, backward and the rest are
  * shared. No state outside the model, no threads of its own.
+ *
+ * Device cuda (spec.device): the same layer list runs on the GPU (kernels/cuda/classifier.cu,
+ * through kernels.h), precision fp32 or tf32, dropout included; this file keeps the parameter
+ * list, the running statistics (buffers), the checks and the host's logits. Each forward uploads
+ * the parameters and buffers (the optimizer, the reducer and a checkpoint's load change them on
+ * the host), a training forward brings the updated running statistics back, and backward adds
+ * the gradients into the host's. Not yet run on a GPU (docs/gpu.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +21,9 @@
 
 #include "ddp/nn.h"
 #include "nn/model_int.h"
+
+#define BN_MOMENTUM 0.1f /* torch's BatchNorm2d defaults */
+#define BN_EPS 1e-5f
 
 typedef enum { L_LINEAR, L_RELU, L_GELU, L_DROPOUT, L_CONV, L_BN, L_POOL } lkind;
 
@@ -46,6 +56,12 @@ typedef struct classifier {
     const float *x; /* the last forward's input (n, in_n), borrowed */
     int n;          /* the last forward's batch */
     bool train;     /* the last forward's mode */
+    /* device cuda: the device's model; the host's logits (B, classes) of the last forward and
+     * the parameters', gradients' and buffers' host arrays handed to it */
+    ddp__cuda_cls *cu;
+    float *logits_host;
+    const float **pdata, **bdata;
+    float **pgrad, **bout;
 } classifier;
 
 static layer *add(classifier *c, lkind k, size_t in_n, size_t out_n, ddp_error *err)
@@ -204,6 +220,88 @@ static ddp_status alloc_buffers(classifier *c, ddp_error *err)
     return DDP_OK;
 }
 
+/* Device cuda: the layer list handed to the device's model (kernels.h's ddp__cuda_cls_layer). */
+static void cuda_layer(const layer *l, ddp__cuda_cls_layer *d)
+{
+    static const int kinds[] = {[L_LINEAR] = DDP__CLS_LINEAR, [L_RELU] = DDP__CLS_RELU,
+                                [L_GELU] = DDP__CLS_GELU,     [L_DROPOUT] = DDP__CLS_DROPOUT,
+                                [L_CONV] = DDP__CLS_CONV,     [L_BN] = DDP__CLS_BN,
+                                [L_POOL] = DDP__CLS_POOL};
+    memset(d, 0, sizeof *d);
+    d->kind = kinds[l->kind];
+    d->in_n = l->in_n;
+    d->out_n = l->out_n;
+    d->p0 = l->p0;
+    d->buf0 = l->kind == L_BN ? l->buf0 : -1;
+    d->in = l->fan_in;
+    d->out = l->out;
+    if (l->kind == L_CONV) {
+        const ddp_nn_conv2d *cv = &l->conv;
+        d->in_ch = cv->in_ch, d->h = cv->h, d->w = cv->w, d->out_ch = cv->out_ch;
+        d->kh = cv->kh, d->kw = cv->kw, d->stride = cv->stride, d->pad = cv->pad;
+        d->out_h = cv->out_h, d->out_w = cv->out_w;
+    } else if (l->kind == L_POOL) {
+        const ddp_nn_pool2d *pl = &l->pool;
+        d->in_ch = pl->ch, d->h = pl->h, d->w = pl->w, d->kh = d->kw = pl->kernel;
+        d->stride = pl->stride, d->out_h = pl->out_h, d->out_w = pl->out_w;
+    }
+    d->C = l->C;
+    d->hw = l->hw;
+    d->p = l->p;
+}
+
+/* Device cuda: the device's model (parameters, buffers, activations) and the host's logits.
+ * Precisions other than fp32 and tf32 are refused here, before any device work. */
+static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
+{
+    classifier *c = m->impl;
+    if (spec->precision != DDP_PRECISION_FP32 && spec->precision != DDP_PRECISION_TF32)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "%s on cuda: precision '%s' is not implemented for this model yet (fp32 "
+                        "and tf32 are); HINT: set precision fp32 or tf32",
+                        m->ops->name, ddp_precision_name(spec->precision));
+    size_t np = m->n_params, nb = m->n_buffers;
+    size_t *counts = malloc(sizeof(size_t) * (np ? np : 1));
+    size_t *bcounts = malloc(sizeof(size_t) * (nb ? nb : 1));
+    ddp__cuda_cls_layer *dl = malloc(sizeof *dl * (size_t)c->nl);
+    c->pdata = malloc(sizeof *c->pdata * (np ? np : 1));
+    c->pgrad = malloc(sizeof *c->pgrad * (np ? np : 1));
+    c->bdata = malloc(sizeof *c->bdata * (nb ? nb : 1));
+    c->bout = malloc(sizeof *c->bout * (nb ? nb : 1));
+    c->logits_host = malloc(sizeof(float) * (size_t)c->B * (size_t)c->classes);
+    ddp_status st = DDP_OK;
+    if (!counts || !bcounts || !dl || !c->pdata || !c->pgrad || !c->bdata || !c->bout ||
+        !c->logits_host) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "%s: out of memory for the device model's lists",
+                      m->ops->name);
+        goto out_free;
+    }
+    for (size_t i = 0; i < np; i++)
+        counts[i] = m->params[i].count;
+    for (size_t j = 0; j < nb; j++)
+        bcounts[j] = m->buffers[j].count;
+    for (int i = 0; i < c->nl; i++)
+        cuda_layer(&c->L[i], &dl[i]);
+    ddp__cuda_cls_cfg cfg = {
+        .layers = dl,
+        .nl = c->nl,
+        .B = c->B,
+        .in_n = c->in_n,
+        .classes = c->classes,
+        .seed = c->seed,
+        .bn_momentum = BN_MOMENTUM,
+        .bn_eps = BN_EPS,
+        .device = spec->device_index,
+        .precision = spec->precision,
+    };
+    st = ddp__cuda_cls_create(&cfg, counts, np, bcounts, nb, &c->cu, err);
+out_free:
+    free(counts);
+    free(bcounts);
+    free(dl);
+    return st;
+}
+
 static ddp_status build(ddp_model *m, const ddp_model_spec *spec, bool conv, ddp_error *err)
 {
     lkind act = L_RELU;
@@ -256,6 +354,8 @@ static ddp_status build(ddp_model *m, const ddp_model_spec *spec, bool conv, ddp
     }
     if ((st = add_linear(m, n, (size_t)c->classes, fc, err)))
         return st;
+    if (spec->device == DDP_DEVICE_CUDA)
+        return build_cuda(m, spec, err);
     return alloc_buffers(c, err);
 }
 
@@ -285,8 +385,69 @@ static void free_classifier(ddp_model *m)
     free(c->g0);
     free(c->g1);
     free(c->dlogits);
+    ddp__cuda_cls_free(c->cu);
+    free(c->logits_host);
+    free(c->pdata);
+    free(c->pgrad);
+    free(c->bdata);
+    free(c->bout);
     free(c);
     m->impl = NULL;
+}
+
+/* The forward on the device. What the CPU's layers would refuse is checked here first (labels
+ * in range, batchnorm's two values per channel in training), so that a bad batch changes
+ * nothing; then the parameters and buffers go up, and a training forward's running statistics
+ * come back. */
+static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool train,
+                               ddp_model_out *out)
+{
+    classifier *c = m->impl;
+    const int n = b->n;
+    for (int r = 0; b->labels && r < n; r++)
+        if (b->labels[r] < 0 || b->labels[r] >= c->classes)
+            return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                               "cross-entropy: label %ld of row %d is outside [0, %d); check the "
+                               "dataset's labels against the model's number of classes",
+                               (long)b->labels[r], r, c->classes);
+    for (int i = 0; train && i < c->nl; i++)
+        if (c->L[i].kind == L_BN && (size_t)n * (size_t)c->L[i].hw < 2)
+            return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                               "batchnorm in training mode needs at least 2 values per channel, "
+                               "got %zu (batch %d × %d positions); use a larger batch or eval "
+                               "mode",
+                               (size_t)n * (size_t)c->L[i].hw, n, c->L[i].hw);
+    for (size_t i = 0; i < m->n_params; i++)
+        c->pdata[i] = m->params[i].data;
+    for (size_t j = 0; j < m->n_buffers; j++) {
+        c->bdata[j] = m->buffers[j].data;
+        c->bout[j] = m->buffers[j].data;
+    }
+    ddp__cuda_cls_batch db = {
+        .x = b->x,
+        .labels = b->labels,
+        .n = n,
+        .train = train,
+        .step = b->step,
+        .sample_offset = b->sample_offset,
+        .grad_scale = b->grad_scale,
+    };
+    double loss_sum = 0;
+    int64_t correct = 0;
+    ddp_error e = {0};
+    c->n = 0; /* no logits until this forward has them */
+    if (ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, &e) != DDP_OK ||
+        ddp__cuda_cls_forward(c->cu, &db, &loss_sum, &correct, c->logits_host, &e) != DDP_OK ||
+        (train && m->n_buffers > 0 && ddp__cuda_cls_get_buffers(c->cu, c->bout, &e) != DDP_OK))
+        return ddp__errmsg(m->err, e.status, "%s forward on cuda: %s", m->ops->name, e.msg);
+    c->n = n;
+    c->train = train;
+    if (!b->labels)
+        return DDP_OK;
+    out->loss = loss_sum / n;
+    out->correct = correct;
+    out->count = n;
+    return DDP_OK;
 }
 
 static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
@@ -296,6 +457,8 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     int n = b->n;
     if (!b->x)
         return ddp__errmsg(m->err, DDP_ERR_INVALID, "forward: the batch has no inputs (x)");
+    if (c->cu)
+        return forward_cuda(m, b, train, out);
     c->x = b->x;
     c->n = n;
     c->train = train;
@@ -314,7 +477,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
             break;
         case L_CONV: ddp_nn_conv2d_forward(&l->conv, a, P0, P1, n, c->scratch, l->y); break;
         case L_BN:
-            if (ddp_nn_batchnorm_forward(a, n, l->C, l->hw, P0, P1, 0.1f, 1e-5f, train,
+            if (ddp_nn_batchnorm_forward(a, n, l->C, l->hw, P0, P1, BN_MOMENTUM, BN_EPS, train,
                                          m->buffers[l->buf0].data, m->buffers[l->buf0 + 1].data,
                                          l->y, l->aux, l->aux + l->C, &e) != DDP_OK)
                 return ddp__errmsg(m->err, e.status, "%s", e.msg);
@@ -337,9 +500,33 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     return DDP_OK;
 }
 
+/* The backward on the device: the gradients are added into the host's, then reported ready in
+ * the CPU's order (layers from the last, each layer's weight before its bias). */
+static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
+{
+    classifier *c = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        c->pgrad[i] = m->params[i].grad;
+    if (ddp__cuda_cls_backward(c->cu, c->pgrad, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "%s backward on cuda: %s", m->ops->name, e.msg);
+    for (int i = c->nl - 1; i >= 0; i--)
+        for (int k = 0; ready && k < c->L[i].np; k++) {
+            size_t idx = (size_t)(c->L[i].p0 + k);
+            ddp_status st = ready(ctx, idx);
+            if (st != DDP_OK)
+                return ddp__errmsg(m->err, st,
+                                   "backward: the gradient-ready callback failed for '%s' (%s)",
+                                   m->params[idx].name, ddp_status_str(st));
+        }
+    return DDP_OK;
+}
+
 static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     classifier *c = m->impl;
+    if (c->cu)
+        return backward_cuda(m, ready, ctx);
     int n = c->n;
     bool train = c->train;
     const float *dy = c->dlogits;
@@ -396,7 +583,7 @@ static const float *logits(const ddp_model *m, size_t *rows, size_t *cols)
         return NULL;
     *rows = (size_t)c->n;
     *cols = (size_t)c->classes;
-    return c->L[c->nl - 1].y;
+    return c->cu ? c->logits_host : c->L[c->nl - 1].y;
 }
 
 /* 6 × the forward's multiply-adds per sample (a MAC is 2 FLOPs, the backward costs twice the

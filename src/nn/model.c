@@ -117,12 +117,6 @@ ddp_status ddp_model_build(const ddp_model_spec *spec, ddp_model **out, ddp_erro
     ddp_status pst = ddp_precision_check(spec->device, spec->precision, err);
     if (pst != DDP_OK)
         return pst;
-    /* Only the GPT has a CUDA path so far (docs/gpu.md); the MLP and CNN say so. */
-    if (spec->device == DDP_DEVICE_CUDA && strcmp(ops->name, "gpt") != 0)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "model type '%s' has no CUDA path yet (only gpt has one); HINT: set "
-                        "device cpu (or auto) for it",
-                        ops->name);
     ddp_model *m = calloc(1, sizeof *m);
     if (!m)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory building a '%s' model", ops->name);

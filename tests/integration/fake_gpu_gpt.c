@@ -332,3 +332,13 @@ ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args
                                     ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *h, bool t,
                                      ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *c, const size_t *k, size_t n,
+                                const size_t *bk, size_t nb, ddp__cuda_cls **o,
+                                ddp_error *e) NOT_HERE()
+void ddp__cuda_cls_free(ddp__cuda_cls *g) {}
+ddp_status ddp__cuda_cls_upload(ddp__cuda_cls *g, const float *const *p, const float *const *b,
+                                ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *l,
+                                 int64_t *c, float *lg, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *b, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE()

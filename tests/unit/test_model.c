@@ -99,8 +99,8 @@ static void build_errors(void **state)
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.dropout = 1.5f;
     expect_build_error(&s, "dropout 1.5");
-    /* device and precision (ddp/device.h): reduced precision needs a GPU; only gpt has a CUDA
-     * path */
+    /* device and precision (ddp/device.h): reduced precision needs a GPU; the MLP and CNN on
+     * cuda do fp32 and tf32 only, refused before any device work */
     for (int p = DDP_PRECISION_TF32; p < DDP_PRECISION_COUNT; p += 2) { /* tf32, fp16 */
         s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
         s.precision = (ddp_precision)p;
@@ -108,10 +108,17 @@ static void build_errors(void **state)
     }
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.device = DDP_DEVICE_CUDA;
-    expect_build_error(&s, "model type 'mlp' has no CUDA path yet (only gpt has one)");
-    s.type = "cnn";
     s.precision = DDP_PRECISION_BF16;
-    expect_build_error(&s, "model type 'cnn' has no CUDA path yet");
+    expect_build_error(&s, "mlp on cuda: precision 'bf16' is not implemented for this model yet "
+                           "(fp32 and tf32 are); HINT: set precision fp32 or tf32");
+    s.type = "cnn";
+    expect_build_error(&s, "cnn on cuda: precision 'bf16' is not implemented");
+    s.precision = DDP_PRECISION_FP16;
+    expect_build_error(&s, "cnn on cuda: precision 'fp16' is not implemented");
+    s.channels = (const int64_t[]){2, 2, 2, 2, 2};
+    s.n_channels = 5; /* the spec's own errors come first, on cuda too */
+    s.precision = DDP_PRECISION_FP32;
+    expect_build_error(&s, "stage 5 cannot shrink a 1 × 1 image");
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.device = DDP_DEVICE_COUNT;
     expect_build_error(&s, "model device 2: must be cpu or cuda");
@@ -179,6 +186,33 @@ static void gpt_cuda_without_gpu(void **state)
     assert_ptr_equal(m, (ddp_model *)0x1);
     assert_non_null(strstr(err.msg, "cuda: "));
     assert_null(strstr(err.msg, "not implemented"));
+}
+
+/* The MLP and CNN on cuda without a GPU: the device's error (not a precision's or a type's),
+ * no model, nothing leaked (the sanitizer builds check that). */
+static void classifier_cuda_without_gpu(void **state)
+{
+    (void)state;
+    int n = 0;
+    ddp_error e = {0};
+    if (ddp__cuda_device_count(&n, &e) == DDP_OK)
+        skip(); /* a GPU machine: test_cuda_classifier covers it */
+    const char *types[] = {"mlp", "cnn"};
+    for (int t = 0; t < 2; t++)
+        for (int p = DDP_PRECISION_FP32; p <= DDP_PRECISION_TF32; p++) {
+            ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+            s.type = types[t];
+            s.device = DDP_DEVICE_CUDA;
+            s.precision = (ddp_precision)p;
+            s.dropout = 0.25f; /* dropout is implemented on the GPU: not refused */
+            ddp_model *m = (ddp_model *)0x1;
+            ddp_error err = {0};
+            assert_int_equal(ddp_model_build(&s, &m, &err), DDP_ERR_NOT_FOUND);
+            assert_ptr_equal(m, (ddp_model *)0x1);
+            if (!strstr(err.msg, "cuda: ") || strstr(err.msg, "not implemented"))
+                fail_msg("%s %s on cuda without a GPU: '%s'", types[t],
+                         ddp_precision_name((ddp_precision)p), err.msg);
+        }
 }
 
 static void expect_param(const ddp_model_param *p, const char *name, int ndim, int64_t d0,
@@ -838,6 +872,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(build_errors),
         cmocka_unit_test(gpt_cuda_without_gpu),
+        cmocka_unit_test(classifier_cuda_without_gpu),
         cmocka_unit_test(params_mlp),
         cmocka_unit_test(params_cnn),
         cmocka_unit_test(many_params),

@@ -194,7 +194,11 @@ static int wrap_model(trainer *t)
     if (!(t->rparams = reducer_view(p, np)) || !(t->rbuffers = reducer_view(b, nb)))
         return trainer_die(t, "reducer", "out of memory");
     int rc;
-    if (t->dev.device == DDP_DEVICE_CUDA && (rc = go_resident(t, &ro)))
+    /* Device-resident where the model has it (a device stream: the GPT); the MLP and CNN on cuda
+     * run host-driven, as on the CPU: parameters up before each forward, gradients down after
+     * backward (into the reducer's host buckets), the optimizer on the host. */
+    if (t->dev.device == DDP_DEVICE_CUDA && ddp_model_cuda_stream(t->m) &&
+        (rc = go_resident(t, &ro)))
         return rc;
     if (ddp_reducer_create(t->resident ? t->gg : t->g, t->rparams, np, t->rbuffers, nb, &ro,
                            &t->red, &err) != DDP_OK)

@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/module.cu — the GPU module's one entry symbol (kernels/gpu_module.h): the table
- * of the functions libddp calls through (the GPT's, the device count, the GPU backends' device
+ * of the functions libddp calls through (the GPT's, the MLP/CNN's (with cuDNN), the device count, the GPU backends' device
  * side), with the ABI version it was built for. libddp's loader
  * (kernels/gpu.c) looks up ddp_gpu_module_entry with dlsym and checks abi and size before using
  * anything else.
@@ -37,6 +37,21 @@ static const ddp__gpu_api table = {
     ddp__gpu_gpt_optim_init,
     ddp__gpu_gpt_optim_step,
     ddp__gpu_gpt_optim_state,
+#ifdef DDP_HAVE_CUDNN /* classifier.cu: the MLP and CNN */
+    ddp__gpu_cls_create,
+    ddp__gpu_cls_free,
+    ddp__gpu_cls_upload,
+    ddp__gpu_cls_forward,
+    ddp__gpu_cls_get_buffers,
+    ddp__gpu_cls_backward,
+#else
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+#endif
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)

@@ -1,0 +1,842 @@
+/*
+ * kernels/cuda/classifier.cu — the MLP and the CNN on one device (kernels.h's ddp__cuda_cls_*):
+ * src/nn/classifier.c's layer list run in its order, with the same meaning of every buffer; that
+ * file is the reference (test_cuda_classifier compares the two).
+ *
+ * Memory, all cudaMalloc'd at create for max_batch samples: the parameters and their gradients
+ * as two flat fp32 buffers in the CPU model's order (each tensor padded to 256 bytes, as the
+ * GPT's), the running statistics as a third, each layer's output (B, out_n), max-pool's argmax,
+ * dropout's mask, batchnorm's saved mean and 1/std, the input, the labels, the logits' gradient,
+ * two ping-pong gradient buffers of the widest activation, and cuDNN's workspace.
+ *
+ * Who computes what: linear layers through ddp__cuda_gemm (cuBLASLt; TF32 tensor cores with
+ * precision tf32, plain fp32 otherwise); conv2d (forward, data and filter gradients) and
+ * batchnorm (training with batch statistics and the running-statistics update, evaluation with
+ * the running statistics, backward) through cuDNN's legacy API, whose semantics are the CPU's
+ * (cross-correlation; batchnorm's exponential average with factor momentum and the unbiased
+ * variance in the running estimate, the biased one in the normalisation, saved 1/sqrt(var + eps));
+ * cuDNN's convolutions are told CUDNN_FMA_MATH in fp32, so that they never use TF32 there. Kernels
+ * of this file do what cuDNN would do differently from the CPU or what is simpler by hand: the
+ * conv bias and its gradient, max-pool (the CPU's window order and NaN rule, the argmax kept for
+ * backward, as ddp_nn_maxpool2d), ReLU, exact GELU (in double, as the CPU), dropout (the shared
+ * counter-based generator, util/rng.h: the CPU's masks bit for bit); the loss is the GPT's fused
+ * softmax cross-entropy (ddp__cuda_vocab_xent) over the classes.
+ *
+ * Not here: bf16/fp16 (refused at create), device-resident training (the host keeps the
+ * parameters, uploads them each forward and takes the gradients back), cached or benchmarked
+ * algorithm choices (cuDNN's heuristic at create, for max_batch).
+ * UNVERIFIED: written without a GPU; see docs/gpu.md.
+ */
+#include <cudnn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+extern "C" {
+#include "util/rng.h"
+}
+
+#define WS_CAP ((size_t)256 << 20) /* the most cuDNN workspace an algorithm may ask for */
+
+namespace {
+
+struct dlayer {
+    ddp__cuda_cls_layer L;
+    float *y;         /* (B, out_n) */
+    int32_t *argmax;  /* pool: (B, out_n) index within the input plane */
+    uint8_t *mask;    /* dropout: (B, out_n) */
+    float *aux;       /* batchnorm: save_mean (C), save_invstd (C) */
+    /* cuDNN (conv, bn): input and output tensors of the current batch, the filter, the
+     * convolution, batchnorm's (1, C, 1, 1) parameter tensor; the algorithms chosen at create */
+    cudnnTensorDescriptor_t xd, yd, pd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    int desc_n; /* the batch xd and yd are set for, 0: none yet */
+};
+
+} // namespace
+
+struct ddp__cuda_cls {
+    ddp__cuda_cls_cfg cfg;
+    dlayer *L; /* (nl,) */
+    ddp__cuda_ctx *ctx;
+    cudnnHandle_t dnn;
+    size_t np, nb, total, btotal;
+    size_t *counts, *offsets, *bcounts, *boffsets;
+    float *params, *grads, *buffers; /* flat, on the device */
+    float *x, *dlogits, *row_loss, *g0, *g1;
+    int32_t *labels, *correct;
+    void *ws; /* cuDNN's workspace, ws_bytes */
+    size_t ws_bytes;
+    float *grads_host, *row_loss_host; /* host staging */
+    int32_t *correct_host;
+    int n; /* the last forward */
+    bool can_backward;
+};
+
+/* DDP_OK for CUDNN_STATUS_SUCCESS, else DDP_ERR_SYSTEM naming what and cuDNN's message. */
+static ddp_status dnn_check(cudnnStatus_t s, const char *what, ddp_error *err)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return DDP_OK;
+    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cudnn: %s: %s (%d)", what, cudnnGetErrorString(s),
+                          (int)s);
+}
+
+static ddp_status dalloc_es(void *p, size_t n, size_t es, ddp_error *err)
+{
+    void *d = NULL;
+    ddp_status st = ddp__cuda_malloc(&d, n * es, err);
+    memcpy(p, &d, sizeof d);
+    return st;
+}
+
+static ddp_status use_device(ddp__cuda_cls *g, ddp_error *err)
+{
+    return ddp__cuda_check(cudaSetDevice(g->ctx->device), "cudaSetDevice", err);
+}
+
+static float *P(ddp__cuda_cls *g, int i)
+{
+    return i >= 0 ? g->params + g->offsets[i] : NULL;
+}
+
+static float *G(ddp__cuda_cls *g, int i)
+{
+    return i >= 0 ? g->grads + g->offsets[i] : NULL;
+}
+
+static float *BUF(ddp__cuda_cls *g, int j)
+{
+    return g->buffers + g->boffsets[j];
+}
+
+/* ---- kernels --------------------------------------------------------------------------------- */
+
+#define GRID_STRIDE(i, n)                                                                          \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void relu_fwd(const float *x, size_t n, float *y)
+{
+    GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void relu_bwd(const float *dy, const float *x, size_t n, float *dx)
+{
+    GRID_STRIDE(i, n) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+/* ddp_nn_gelu_forward / _backward: in double, rounded once. */
+__global__ void gelu_erf_fwd(const float *x, size_t n, float *y)
+{
+    GRID_STRIDE(i, n)
+    {
+        double v = x[i];
+        y[i] = (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+    }
+}
+
+__global__ void gelu_erf_bwd(const float *dy, const float *x, size_t n, float *dx)
+{
+    GRID_STRIDE(i, n)
+    {
+        double v = x[i];
+        double cdf = 0.5 * (1.0 + erf(v * 0.70710678118654752440));
+        double pdf = 0.39894228040143267794 * exp(-0.5 * v * v);
+        dx[i] = (float)((double)dy[i] * (cdf + v * pdf));
+    }
+}
+
+/* ddp_nn_dropout_forward for 0 < p < 1 in training: the same draw per element. */
+__global__ void dropout_fwd(const float *x, size_t n, uint64_t thresh, float scale, uint64_t seed,
+                            uint64_t step, uint64_t offset, uint8_t *mask, float *y)
+{
+    GRID_STRIDE(i, n)
+    {
+        uint8_t keep = (ddp__rand_u64(seed, step, offset + i) >> 32) >= thresh;
+        mask[i] = keep;
+        y[i] = keep ? x[i] * scale : 0.0f;
+    }
+}
+
+__global__ void dropout_bwd(const float *dy, const uint8_t *mask, size_t n, float scale, float *dx)
+{
+    GRID_STRIDE(i, n) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+/* y (n, C, P) += bias[c]. */
+__global__ void bias_add(float *y, const float *bias, size_t total, int C, int P)
+{
+    GRID_STRIDE(i, total) y[i] += bias[(i / (size_t)P) % (size_t)C];
+}
+
+/* db[c] += Σ over samples and positions of dy (n, C, P): a block per channel, in double. */
+__global__ void channel_sum(const float *dy, int n, int C, int P, float *db)
+{
+    __shared__ double sh[32];
+    int c = blockIdx.x;
+    size_t cnt = (size_t)n * P;
+    double s = 0.0;
+    for (size_t k = threadIdx.x; k < cnt; k += blockDim.x) {
+        size_t b = k / (size_t)P, q = k % (size_t)P;
+        s += dy[(b * C + c) * (size_t)P + q];
+    }
+    s = ddp__block_sum(s, sh);
+    if (threadIdx.x == 0)
+        db[c] += (float)s;
+}
+
+/* ddp_nn_maxpool2d_forward: one thread per output; the first maximum in row-major window order
+ * wins, a NaN takes over from a number; argmax is the index within the input plane. */
+__global__ void pool_fwd(const float *x, size_t planes, int H, int W, int OH, int OW, int k,
+                         int stride, float *y, int32_t *argmax)
+{
+    size_t total = planes * (size_t)OH * OW;
+    GRID_STRIDE(o, total)
+    {
+        size_t pl = o / ((size_t)OH * OW);
+        int r = (int)(o % ((size_t)OH * OW)), oh = r / OW, ow = r % OW;
+        const float *xp = x + pl * (size_t)H * W;
+        int h0 = oh * stride, w0 = ow * stride, best = h0 * W + w0;
+        float mx = xp[best];
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < k; j++) {
+                int at = (h0 + i) * W + w0 + j;
+                float v = xp[at];
+                if (v > mx || (isnan(v) && !isnan(mx)))
+                    mx = v, best = at;
+            }
+        y[o] = mx;
+        argmax[o] = best;
+    }
+}
+
+/* dx (zeroed before) [plane, argmax] += dy: atomics, since overlapping windows (stride < k) may
+ * pick one input twice. */
+__global__ void pool_bwd(const float *dy, const int32_t *argmax, size_t planes, int in_plane,
+                         int out_plane, float *dx)
+{
+    size_t total = planes * (size_t)out_plane;
+    GRID_STRIDE(o, total)
+    {
+        size_t pl = o / (size_t)out_plane;
+        atomicAdd(dx + pl * (size_t)in_plane + argmax[o], dy[o]);
+    }
+}
+
+static unsigned blocks(size_t n)
+{
+    return ddp__cuda_blocks(n, 256);
+}
+
+/* ---- create and free ------------------------------------------------------------------------- */
+
+static void free_layer(dlayer *l)
+{
+    ddp__cuda_free(l->y);
+    ddp__cuda_free(l->argmax);
+    ddp__cuda_free(l->mask);
+    ddp__cuda_free(l->aux);
+    if (l->xd)
+        cudnnDestroyTensorDescriptor(l->xd);
+    if (l->yd)
+        cudnnDestroyTensorDescriptor(l->yd);
+    if (l->pd)
+        cudnnDestroyTensorDescriptor(l->pd);
+    if (l->wd)
+        cudnnDestroyFilterDescriptor(l->wd);
+    if (l->cd)
+        cudnnDestroyConvolutionDescriptor(l->cd);
+}
+
+extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
+{
+    if (!g)
+        return;
+    if (g->ctx) {
+        (void)cudaSetDevice(g->ctx->device);
+        ddp__cuda_sync(g->ctx, NULL);
+    }
+    for (int i = 0; g->L && i < g->cfg.nl; i++)
+        free_layer(&g->L[i]);
+    void *bufs[] = {g->params, g->grads,  g->buffers, g->x,  g->dlogits, g->row_loss,
+                    g->g0,     g->g1,     g->labels,  g->correct, g->ws};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+        ddp__cuda_free(bufs[k]);
+    if (g->dnn)
+        cudnnDestroy(g->dnn);
+    ddp__cuda_ctx_destroy(g->ctx);
+    free(g->L);
+    free(g->counts);
+    free(g->offsets);
+    free(g->bcounts);
+    free(g->boffsets);
+    free(g->grads_host);
+    free(g->row_loss_host);
+    free(g->correct_host);
+    free(g);
+}
+
+/* The layers' parameter and buffer sizes against the model's lists; the flat layouts. */
+static ddp_status layout(ddp__cuda_cls *g, const size_t *counts, size_t np, const size_t *bcounts,
+                         size_t nb, ddp_error *err)
+{
+    size_t want_p = 0, want_b = 0;
+    for (int i = 0; i < g->cfg.nl; i++) {
+        const ddp__cuda_cls_layer *l = &g->L[i].L;
+        size_t w = 0, b = 0;
+        if (l->kind == DDP__CLS_LINEAR)
+            w = (size_t)l->out * l->in, b = (size_t)l->out;
+        else if (l->kind == DDP__CLS_CONV)
+            w = (size_t)l->out_ch * l->in_ch * l->kh * l->kw, b = (size_t)l->out_ch;
+        else if (l->kind == DDP__CLS_BN)
+            w = b = (size_t)l->C;
+        if (l->kind == DDP__CLS_LINEAR || l->kind == DDP__CLS_CONV || l->kind == DDP__CLS_BN) {
+            if (l->p0 < 0 || (size_t)l->p0 + 1 >= np ||
+                counts[l->p0] != w || counts[l->p0 + 1] != b)
+                return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                      "cuda classifier: layer %d's parameters (index %d) do not "
+                                      "match the model's list",
+                                      i, l->p0);
+            want_p += 2;
+        }
+        if (l->kind == DDP__CLS_BN) {
+            if (l->buf0 < 0 || (size_t)l->buf0 + 1 >= nb || bcounts[l->buf0] != (size_t)l->C ||
+                bcounts[l->buf0 + 1] != (size_t)l->C)
+                return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                      "cuda classifier: layer %d's running statistics (buffer "
+                                      "%d) do not match the model's buffers",
+                                      i, l->buf0);
+            want_b += 2;
+        }
+    }
+    if (want_p != np || want_b != nb)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: the model has %zu parameters and %zu buffers, "
+                              "the layers %zu and %zu",
+                              np, nb, want_p, want_b);
+    size_t off = 0;
+    for (size_t i = 0; i < np; i++) {
+        g->counts[i] = counts[i];
+        g->offsets[i] = off;
+        off += ddp__cuda_param_span(counts[i]);
+    }
+    g->total = off;
+    off = 0;
+    for (size_t j = 0; j < nb; j++) {
+        g->bcounts[j] = bcounts[j];
+        g->boffsets[j] = off;
+        off += bcounts[j];
+    }
+    g->btotal = off;
+    return DDP_OK;
+}
+
+/* xd and yd of a conv or batchnorm layer for a batch of n (a no-op when already so). */
+static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
+{
+    if (l->desc_n == n)
+        return DDP_OK;
+    const ddp__cuda_cls_layer *L = &l->L;
+    ddp_status st;
+    if (L->kind == DDP__CLS_CONV) {
+        if ((st = dnn_check(cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                       n, L->in_ch, L->h, L->w),
+                            "conv input descriptor", err)) ||
+            (st = dnn_check(cudnnSetTensor4dDescriptor(l->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                       n, L->out_ch, L->out_h, L->out_w),
+                            "conv output descriptor", err)))
+            return st;
+    } else if ((st = dnn_check(cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW,
+                                                          CUDNN_DATA_FLOAT, n, L->C, L->hw, 1),
+                               "batchnorm descriptor", err))) {
+        return st;
+    }
+    l->desc_n = n;
+    return DDP_OK;
+}
+
+/* The first algorithm of cuDNN's heuristic list that succeeds, fits WS_CAP and (fp32) uses no
+ * tensor cores; *bytes its workspace. Algorithm 0 (implicit GEMM) when none does. */
+template <typename Perf, typename Algo>
+static Algo pick(const Perf *perf, int found, bool fp32, size_t *bytes)
+{
+    for (int k = 0; k < found; k++) {
+        if (perf[k].status != CUDNN_STATUS_SUCCESS || perf[k].memory > WS_CAP)
+            continue;
+        if (fp32 && perf[k].mathType != CUDNN_FMA_MATH && perf[k].mathType != CUDNN_DEFAULT_MATH)
+            continue;
+        *bytes = perf[k].memory;
+        return perf[k].algo;
+    }
+    *bytes = 0;
+    return (Algo)0;
+}
+
+/* A conv layer's descriptors (for max_batch) and its three algorithms; *ws grows to the largest
+ * workspace they need. */
+static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error *err)
+{
+    const ddp__cuda_cls_layer *L = &l->L;
+    const bool fp32 = g->cfg.precision != DDP_PRECISION_TF32;
+    ddp_status st;
+    if ((st = dnn_check(cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
+        (st = dnn_check(cudnnCreateTensorDescriptor(&l->yd), "tensor descriptor", err)) ||
+        (st = dnn_check(cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
+        (st = dnn_check(cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor",
+                        err)) ||
+        (st = dnn_check(cudnnSetFilter4dDescriptor(l->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                   L->out_ch, L->in_ch, L->kh, L->kw),
+                        "filter shape", err)) ||
+        (st = dnn_check(cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride,
+                                                        L->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                        CUDNN_DATA_FLOAT),
+                        "convolution geometry", err)) ||
+        /* fp32: FMA kernels only (cuDNN's default allows TF32 on Ampere and later) */
+        (st = dnn_check(cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH
+                                                                : CUDNN_DEFAULT_MATH),
+                        "convolution math type", err)) ||
+        (st = set_batch(l, g->cfg.B, err)))
+        return st;
+    int n_out = 0, c = 0, h = 0, w = 0;
+    if ((st = dnn_check(cudnnGetConvolution2dForwardOutputDim(l->cd, l->xd, l->wd, &n_out, &c, &h,
+                                                              &w),
+                        "convolution output shape", err)))
+        return st;
+    if (c != L->out_ch || h != L->out_h || w != L->out_w)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: cuDNN makes the conv's output %d × %d × %d, the "
+                              "model %d × %d × %d",
+                              c, h, w, L->out_ch, L->out_h, L->out_w);
+    cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int nf = 0, nd = 0, nw = 0;
+    size_t b1, b2, b3;
+    if ((st = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(
+                            g->dnn, l->xd, l->wd, l->cd, l->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                            &nf, fp),
+                        "forward algorithm heuristic", err)) ||
+        (st = dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                            g->dnn, l->wd, l->yd, l->cd, l->xd,
+                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dp),
+                        "backward-data algorithm heuristic", err)) ||
+        (st = dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                            g->dnn, l->xd, l->yd, l->cd, l->wd,
+                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wp),
+                        "backward-filter algorithm heuristic", err)))
+        return st;
+    l->fwd = pick<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(fp, nf, fp32, &b1);
+    l->bwd_data = pick<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(dp, nd,
+                                                                                       fp32, &b2);
+    l->bwd_filter =
+        pick<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(wp, nw, fp32,
+                                                                                    &b3);
+    /* the sizes of the algorithms as chosen (the heuristic's figure may be an estimate) */
+    if ((st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
+                                                                l->yd, l->fwd, &b1),
+                        "forward workspace size", err)) ||
+        (st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
+                                                                     l->xd, l->bwd_data, &b2),
+                        "backward-data workspace size", err)) ||
+        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &b3),
+                        "backward-filter workspace size", err)))
+        return st;
+    size_t most = b1 > b2 ? b1 : b2;
+    most = most > b3 ? most : b3;
+    if (most > *ws)
+        *ws = most;
+    return DDP_OK;
+}
+
+static ddp_status setup_bn(dlayer *l, ddp_error *err)
+{
+    ddp_status st;
+    if ((st = dnn_check(cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
+        (st = dnn_check(cudnnCreateTensorDescriptor(&l->pd), "tensor descriptor", err)) ||
+        (st = set_batch(l, 2, err)) ||
+        (st = dnn_check(cudnnDeriveBNTensorDescriptor(l->pd, l->xd, CUDNN_BATCHNORM_SPATIAL),
+                        "batchnorm parameter descriptor", err)))
+        return st;
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts,
+                                           size_t np, const size_t *bcounts, size_t nb,
+                                           ddp__cuda_cls **out, ddp_error *err)
+{
+    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "mlp/cnn on cuda: precision %d is not implemented (fp32 and tf32 "
+                              "are); HINT: use precision fp32 or tf32",
+                              (int)cfg->precision);
+    if (cfg->nl < 1 || cfg->B < 1 || cfg->classes < 1)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: %d layers, batch %d, %d "
+                              "classes", cfg->nl, cfg->B, cfg->classes);
+    ddp__cuda_cls *g = (ddp__cuda_cls *)calloc(1, sizeof *g);
+    if (!g)
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of memory");
+    g->cfg = *cfg;
+    g->np = np;
+    g->nb = nb;
+    g->L = (dlayer *)calloc((size_t)cfg->nl, sizeof *g->L);
+    g->counts = (size_t *)calloc(np ? np : 1, sizeof(size_t));
+    g->offsets = (size_t *)calloc(np ? np : 1, sizeof(size_t));
+    g->bcounts = (size_t *)calloc(nb ? nb : 1, sizeof(size_t));
+    g->boffsets = (size_t *)calloc(nb ? nb : 1, sizeof(size_t));
+    ddp_status st = DDP_OK;
+    const size_t B = (size_t)cfg->B;
+    size_t widest = cfg->in_n, ws = 0;
+    if (!g->L || !g->counts || !g->offsets || !g->bcounts || !g->boffsets) {
+        st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of memory");
+        goto out_free;
+    }
+    for (int i = 0; i < cfg->nl; i++)
+        g->L[i].L = cfg->layers[i];
+    g->cfg.layers = NULL; /* the caller's; the copies are in g->L */
+    if ((st = layout(g, counts, np, bcounts, nb, err)) ||
+        (st = ddp__cuda_ctx_create(cfg->device, &g->ctx, err)) ||
+        (st = dnn_check(cudnnCreate(&g->dnn), "cudnnCreate", err)) ||
+        (st = dnn_check(cudnnSetStream(g->dnn, g->ctx->stream), "cudnnSetStream", err)))
+        goto out_free;
+    g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1));
+    g->row_loss_host = (float *)malloc(sizeof(float) * B);
+    g->correct_host = (int32_t *)malloc(sizeof(int32_t) * B);
+    if (!g->grads_host || !g->row_loss_host || !g->correct_host) {
+        st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of host memory");
+        goto out_free;
+    }
+    for (int i = 0; i < cfg->nl; i++) {
+        dlayer *l = &g->L[i];
+        const ddp__cuda_cls_layer *L = &l->L;
+        if (L->out_n > widest)
+            widest = L->out_n;
+        if ((st = dalloc_es(&l->y, B * L->out_n, 4, err)) ||
+            (L->kind == DDP__CLS_POOL && (st = dalloc_es(&l->argmax, B * L->out_n, 4, err))) ||
+            (L->kind == DDP__CLS_DROPOUT && (st = dalloc_es(&l->mask, B * L->out_n, 1, err))) ||
+            (L->kind == DDP__CLS_BN && (st = dalloc_es(&l->aux, 2 * (size_t)L->C, 4, err))) ||
+            (L->kind == DDP__CLS_CONV && (st = setup_conv(g, l, &ws, err))) ||
+            (L->kind == DDP__CLS_BN && (st = setup_bn(l, err))))
+            goto out_free;
+    }
+    g->ws_bytes = ws;
+    if ((st = dalloc_es(&g->params, g->total, 4, err)) ||
+        (st = dalloc_es(&g->grads, g->total, 4, err)) ||
+        (st = dalloc_es(&g->buffers, g->btotal, 4, err)) ||
+        (st = dalloc_es(&g->x, B * cfg->in_n, 4, err)) ||
+        (st = dalloc_es(&g->dlogits, B * (size_t)cfg->classes, 4, err)) ||
+        (st = dalloc_es(&g->row_loss, B, 4, err)) || (st = dalloc_es(&g->labels, B, 4, err)) ||
+        (st = dalloc_es(&g->correct, B, 4, err)) ||
+        (st = dalloc_es(&g->g0, B * widest, 4, err)) ||
+        (st = dalloc_es(&g->g1, B * widest, 4, err)) ||
+        (st = dalloc_es(&g->ws, ws, 1, err)) ||
+        (st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)) ||
+        (st = ddp__cuda_sync(g->ctx, err)))
+        goto out_free;
+    *out = g;
+    return DDP_OK;
+out_free:
+    ddp__gpu_cls_free(g);
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
+                                           const float *const *buffers_host, ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    for (size_t i = 0; i < g->np && !st; i++)
+        st = ddp__cuda_to_device(g->ctx, g->params + g->offsets[i], params_host[i],
+                                 sizeof(float) * g->counts[i], err);
+    for (size_t j = 0; j < g->nb && !st; j++)
+        st = ddp__cuda_to_device(g->ctx, BUF(g, (int)j), buffers_host[j],
+                                 sizeof(float) * g->bcounts[j], err);
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host,
+                                                ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    for (size_t j = 0; j < g->nb && !st; j++)
+        st = ddp__cuda_to_host(g->ctx, buffers_host[j], BUF(g, (int)j),
+                               sizeof(float) * g->bcounts[j], err);
+    return st;
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+/* An algorithm's workspace for this batch, checked against what create allocated. */
+static ddp_status ws_check(ddp__cuda_cls *g, size_t need, const char *what, ddp_error *err)
+{
+    if (need <= g->ws_bytes)
+        return DDP_OK;
+    return ddp__cuda_fail(err, DDP_ERR_SYSTEM,
+                          "cuda classifier: the %s algorithm wants %zu bytes of workspace at this "
+                          "batch, more than the %zu allocated for max_batch",
+                          what, need, g->ws_bytes);
+}
+
+static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n, ddp_error *err)
+{
+    const ddp__cuda_cls_layer *L = &l->L;
+    const float one = 1.0f, zero = 0.0f;
+    size_t need = 0;
+    ddp_status st;
+    if ((st = set_batch(l, n, err)) ||
+        (st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                                l->fwd, &need),
+                        "forward workspace size", err)) ||
+        (st = ws_check(g, need, "conv forward", err)) ||
+        (st = dnn_check(cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd,
+                                                l->fwd, g->ws, g->ws_bytes, &zero, l->yd, l->y),
+                        "cudnnConvolutionForward", err)))
+        return st;
+    size_t total = (size_t)n * L->out_n;
+    bias_add<<<blocks(total), 256, 0, g->ctx->stream>>>(l->y, P(g, L->p0 + 1), total, L->out_ch,
+                                                        L->out_h * L->out_w);
+    return ddp__cuda_launched("conv bias", err);
+}
+
+static ddp_status bn_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n, bool train,
+                             ddp_error *err)
+{
+    const ddp__cuda_cls_layer *L = &l->L;
+    const float one = 1.0f, zero = 0.0f;
+    ddp_status st = set_batch(l, n, err);
+    if (st)
+        return st;
+    if (train)
+        return dnn_check(cudnnBatchNormalizationForwardTraining(
+                             g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y,
+                             l->pd, P(g, L->p0), P(g, L->p0 + 1), (double)g->cfg.bn_momentum,
+                             BUF(g, L->buf0), BUF(g, L->buf0 + 1), (double)g->cfg.bn_eps, l->aux,
+                             l->aux + L->C),
+                         "cudnnBatchNormalizationForwardTraining", err);
+    return dnn_check(cudnnBatchNormalizationForwardInference(
+                         g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y,
+                         l->pd, P(g, L->p0), P(g, L->p0 + 1), BUF(g, L->buf0),
+                         BUF(g, L->buf0 + 1), (double)g->cfg.bn_eps),
+                     "cudnnBatchNormalizationForwardInference", err);
+}
+
+static ddp_status layer_forward(ddp__cuda_cls *g, int i, const float *a,
+                                const ddp__cuda_cls_batch *b, ddp_error *err)
+{
+    dlayer *l = &g->L[i];
+    const ddp__cuda_cls_layer *L = &l->L;
+    cudaStream_t s = g->ctx->stream;
+    const int n = b->n;
+    const size_t cnt = (size_t)n * L->out_n;
+    switch (L->kind) {
+    case DDP__CLS_LINEAR:
+        return ddp__cuda_linear_forward(g->ctx, a, P(g, L->p0), P(g, L->p0 + 1), n, L->in, L->out,
+                                        l->y, g->cfg.precision, err);
+    case DDP__CLS_RELU:
+        relu_fwd<<<blocks(cnt), 256, 0, s>>>(a, cnt, l->y);
+        return ddp__cuda_launched("relu", err);
+    case DDP__CLS_GELU:
+        gelu_erf_fwd<<<blocks(cnt), 256, 0, s>>>(a, cnt, l->y);
+        return ddp__cuda_launched("gelu", err);
+    case DDP__CLS_DROPOUT:
+        if (!b->train || L->p <= 0.0f) {
+            ddp_status st = ddp__cuda_copy(g->ctx, l->y, a, sizeof(float) * cnt, err);
+            if (!st && b->train) /* the CPU's mask of ones: backward passes everything */
+                st = ddp__cuda_check(cudaMemsetAsync(l->mask, 1, cnt, s), "memset", err);
+            return st;
+        }
+        if (L->p >= 1.0f) {
+            ddp_status st = ddp__cuda_memset0(g->ctx, l->y, sizeof(float) * cnt, err);
+            return st ? st : ddp__cuda_memset0(g->ctx, l->mask, cnt, err);
+        }
+        dropout_fwd<<<blocks(cnt), 256, 0, s>>>(
+            a, cnt, (uint64_t)((double)L->p * 4294967296.0), 1.0f / (1.0f - L->p),
+            g->cfg.seed + (uint64_t)i, b->step, b->sample_offset * L->out_n, l->mask, l->y);
+        return ddp__cuda_launched("dropout", err);
+    case DDP__CLS_CONV: return conv_forward(g, l, a, n, err);
+    case DDP__CLS_BN: return bn_forward(g, l, a, n, b->train, err);
+    case DDP__CLS_POOL:
+        pool_fwd<<<blocks(cnt), 256, 0, s>>>(a, (size_t)n * L->in_ch, L->h, L->w, L->out_h,
+                                             L->out_w, L->kh, L->stride, l->y, l->argmax);
+        return ddp__cuda_launched("max-pool", err);
+    }
+    return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: layer %d has kind %d", i,
+                          L->kind);
+}
+
+extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b,
+                                            double *loss_sum, int64_t *correct, float *logits_host,
+                                            ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int n = b->n, K = g->cfg.classes;
+    g->can_backward = false;
+    if (n < 1 || n > g->cfg.B)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: batch %d (1 … %d)", n,
+                              g->cfg.B);
+    ddp_status st;
+    if ((st = use_device(g, err)) ||
+        (st = ddp__cuda_to_device(c, g->x, b->x, sizeof(float) * (size_t)n * g->cfg.in_n, err)) ||
+        (b->labels &&
+         (st = ddp__cuda_to_device(c, g->labels, b->labels, sizeof(int32_t) * (size_t)n, err))))
+        return st;
+    const float *a = g->x;
+    for (int i = 0; i < g->cfg.nl; i++) {
+        if ((st = layer_forward(g, i, a, b, err)))
+            return st;
+        a = g->L[i].y;
+    }
+    g->n = n;
+    if (b->labels) {
+        float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
+        if ((st = ddp__cuda_vocab_xent(c, a, g->labels, n, K, scale, n, g->row_loss, g->correct,
+                                       b->train ? g->dlogits : NULL, err)) ||
+            (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)n,
+                                    err)) ||
+            (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)n,
+                                    err)))
+            return st;
+        double s = 0;
+        int64_t k = 0;
+        for (int r = 0; r < n; r++) {
+            s += g->row_loss_host[r];
+            k += g->correct_host[r];
+        }
+        *loss_sum = s;
+        *correct = k;
+        g->can_backward = b->train;
+    }
+    return ddp__cuda_to_host(c, logits_host, a, sizeof(float) * (size_t)n * K, err);
+}
+
+/* ---- backward -------------------------------------------------------------------------------- */
+
+static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, const float *in,
+                                int n, float *dx, ddp_error *err)
+{
+    const ddp__cuda_cls_layer *L = &l->L;
+    const float one = 1.0f, zero = 0.0f;
+    size_t need = 0;
+    ddp_status st;
+    /* dW += (beta 1: gradients accumulate, as the CPU's) */
+    if ((st = set_batch(l, n, err)) ||
+        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &need),
+                        "backward-filter workspace size", err)) ||
+        (st = ws_check(g, need, "conv backward-filter", err)) ||
+        (st = dnn_check(cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
+                                                       l->bwd_filter, g->ws, g->ws_bytes, &one,
+                                                       l->wd, G(g, L->p0)),
+                        "cudnnConvolutionBackwardFilter", err)))
+        return st;
+    channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(dy, n, L->out_ch,
+                                                                 L->out_h * L->out_w,
+                                                                 G(g, L->p0 + 1));
+    if ((st = ddp__cuda_launched("conv bias gradient", err)) || !dx)
+        return st;
+    if ((st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(
+                            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &need),
+                        "backward-data workspace size", err)) ||
+        (st = ws_check(g, need, "conv backward-data", err)))
+        return st;
+    return dnn_check(cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy,
+                                                  l->cd, l->bwd_data, g->ws, g->ws_bytes, &zero,
+                                                  l->xd, dx),
+                     "cudnnConvolutionBackwardData", err);
+}
+
+static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const float *in,
+                                 float *dx, float *spare, ddp_error *err)
+{
+    dlayer *l = &g->L[i];
+    const ddp__cuda_cls_layer *L = &l->L;
+    cudaStream_t s = g->ctx->stream;
+    const int n = g->n;
+    const size_t cnt = (size_t)n * L->out_n;
+    switch (L->kind) {
+    case DDP__CLS_LINEAR:
+        return ddp__cuda_linear_backward(g->ctx, dy, in, P(g, L->p0), n, L->in, L->out, dx,
+                                         G(g, L->p0), G(g, L->p0 + 1), g->cfg.precision, err);
+    case DDP__CLS_RELU:
+        if (!dx)
+            return DDP_OK;
+        relu_bwd<<<blocks(cnt), 256, 0, s>>>(dy, in, cnt, dx);
+        return ddp__cuda_launched("relu backward", err);
+    case DDP__CLS_GELU:
+        if (!dx)
+            return DDP_OK;
+        gelu_erf_bwd<<<blocks(cnt), 256, 0, s>>>(dy, in, cnt, dx);
+        return ddp__cuda_launched("gelu backward", err);
+    case DDP__CLS_DROPOUT:
+        if (!dx)
+            return DDP_OK;
+        if (L->p <= 0.0f)
+            return ddp__cuda_copy(g->ctx, dx, dy, sizeof(float) * cnt, err);
+        dropout_bwd<<<blocks(cnt), 256, 0, s>>>(dy, l->mask, cnt,
+                                                L->p >= 1.0f ? 0.0f : 1.0f / (1.0f - L->p), dx);
+        return ddp__cuda_launched("dropout backward", err);
+    case DDP__CLS_CONV: return conv_backward(g, l, dy, in, n, dx, err);
+    case DDP__CLS_BN: {
+        /* cuDNN always writes dx: the spare buffer when the input needs none */
+        const float one = 1.0f, zero = 0.0f;
+        ddp_status st = set_batch(l, n, err);
+        if (st)
+            return st;
+        return dnn_check(cudnnBatchNormalizationBackward(
+                             g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, l->xd, in,
+                             l->xd, dy, l->xd, dx ? dx : spare, l->pd, P(g, L->p0), G(g, L->p0),
+                             G(g, L->p0 + 1), (double)g->cfg.bn_eps, l->aux, l->aux + L->C),
+                         "cudnnBatchNormalizationBackward", err);
+    }
+    case DDP__CLS_POOL: {
+        if (!dx)
+            return DDP_OK;
+        ddp_status st = ddp__cuda_memset0(g->ctx, dx, sizeof(float) * (size_t)n * L->in_n, err);
+        if (st)
+            return st;
+        pool_bwd<<<blocks(cnt), 256, 0, s>>>(dy, l->argmax, (size_t)n * L->in_ch, L->h * L->w,
+                                             L->out_h * L->out_w, dx);
+        return ddp__cuda_launched("max-pool backward", err);
+    }
+    }
+    return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: layer %d has kind %d", i,
+                          L->kind);
+}
+
+extern "C" ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grads_host,
+                                             ddp_error *err)
+{
+    if (!g->can_backward)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: backward without a training forward with labels");
+    g->can_backward = false;
+    ddp__cuda_ctx *c = g->ctx;
+    ddp_status st;
+    if ((st = use_device(g, err)) ||
+        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)))
+        return st;
+    const float *dy = g->dlogits;
+    for (int i = g->cfg.nl - 1; i >= 0; i--) {
+        const float *in = i > 0 ? g->L[i - 1].y : g->x;
+        float *other = dy == g->g0 ? g->g1 : g->g0;
+        float *dx = i > 0 ? other : NULL; /* the input needs none */
+        if ((st = layer_backward(g, i, dy, in, dx, other, err)))
+            return st;
+        dy = dx;
+    }
+    if ((st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
+        return st;
+    for (size_t i = 0; i < g->np; i++) {
+        const float *src = g->grads_host + g->offsets[i];
+        float *dst = grads_host[i];
+        for (size_t k = 0; k < g->counts[i]; k++)
+            dst[k] += src[k];
+    }
+    return DDP_OK;
+}
