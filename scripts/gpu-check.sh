@@ -37,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/gpu-carry
-BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model gpu_bench
+BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_cuda_classifier test_device test_amp test_model gpu_bench
       ddptrain ddprun gpt_dump gpucheck ddpbench reducercheck)
 
 build() {
@@ -138,7 +138,8 @@ run() {
         names+=("$name")
         results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s")
     }
-    for t in test_cuda test_cuda_kernels test_cuda_gpt test_device test_amp test_model; do
+    for t in test_cuda test_cuda_kernels test_cuda_gpt test_cuda_classifier test_device test_amp \
+        test_model; do
         check "unit.$t" "$CARRY/bin/$t"
     done
     # issue 13: world 1 over NCCL (cuda-staged without it), worlds 2 and 4 on the one GPU over

@@ -23,6 +23,8 @@
 #include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
 
+#include "fake_gpu_cls.h" /* its MLP and CNN: the CPU classifier (fake_gpu_cls.c) */
+
 #define EXPORT __attribute__((visibility("default")))
 
 struct ddp__cuda_gpt {
@@ -298,6 +300,12 @@ static const ddp__gpu_api table = {
     .gpt_optim_init = optim_init,
     .gpt_optim_step = optim_step,
     .gpt_optim_state = optim_state,
+    .cls_create = fake_cls_create,
+    .cls_free = fake_cls_free,
+    .cls_upload = fake_cls_upload,
+    .cls_forward = fake_cls_forward,
+    .cls_get_buffers = fake_cls_get_buffers,
+    .cls_backward = fake_cls_backward,
 };
 
 EXPORT const ddp__gpu_api *ddp_gpu_module_entry(void)

@@ -194,10 +194,10 @@ static int wrap_model(trainer *t)
     if (!(t->rparams = reducer_view(p, np)) || !(t->rbuffers = reducer_view(b, nb)))
         return trainer_die(t, "reducer", "out of memory");
     int rc;
-    /* Device-resident where the model has it (a device stream: the GPT); the MLP and CNN on cuda
-     * run host-driven, as on the CPU: parameters up before each forward, gradients down after
-     * backward (into the reducer's host buckets), the optimizer on the host. */
-    if (t->dev.device == DDP_DEVICE_CUDA && ddp_model_cuda_stream(t->m) &&
+    /* Device-resident where the model has it (only the GPT: ddp_model_resident); the MLP and CNN
+     * on cuda run host-driven, as on the CPU: parameters and buffers up before each forward,
+     * gradients down after backward (into the reducer's host buckets), the optimizer on the host. */
+    if (t->dev.device == DDP_DEVICE_CUDA && !strcmp(ddp_model_type(t->m), "gpt") &&
         (rc = go_resident(t, &ro)))
         return rc;
     if (ddp_reducer_create(t->resident ? t->gg : t->g, t->rparams, np, t->rbuffers, nb, &ro,

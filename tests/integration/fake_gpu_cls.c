@@ -1,0 +1,161 @@
+/*
+ * fake_gpu_cls.c — the fake GPU module's MLP and CNN (kernels.h's ddp__cuda_cls_*, the table in
+ * fake_gpu_gpt.c): the "device model" is the CPU classifier (src/nn/classifier.c, compiled into
+ * this module), rebuilt from the layer list the host sends, and "device memory" is host memory.
+ * With DDP_GPU_MODULE pointing at the module, `ddptrain --device cuda` trains an MLP or CNN
+ * through classifier.c's cuda path — parameters and buffers uploaded each forward, running
+ * statistics brought back, gradients added into the host's — on a machine without a GPU
+ * (tests/integration/test_cls_fake.sh). It shows the host side, not cuDNN or the kernels (those
+ * are test_cuda_classifier's, on a GPU). Any precision the host lets through is computed in fp32.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/model.h"
+#include "kernels/gpu_module.h"
+#include "kernels/kernels.h"
+
+#include "fake_gpu_cls.h"
+
+struct ddp__cuda_cls {
+    ddp_model *m;
+    size_t np, nb;
+    int classes;
+    int64_t channels[64], hidden[64];
+};
+
+static ddp_status fail(ddp_error *err, ddp_status st, const char *msg)
+{
+    if (err) {
+        snprintf(err->msg, sizeof err->msg, "fake gpu classifier: %s", msg);
+        err->status = st;
+    }
+    return st;
+}
+
+void fake_cls_free(ddp__cuda_cls *g)
+{
+    if (!g)
+        return;
+    ddp_model_free(g->m);
+    free(g);
+}
+
+/* The spec that gives this layer list: conv stages' channels, the hidden linear layers (all but
+ * the last), the activation and dropout seen, the input's shape from the first conv. */
+ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
+                           const size_t *bcounts, size_t nb, ddp__cuda_cls **out, ddp_error *err)
+{
+    ddp__cuda_cls *g = calloc(1, sizeof *g);
+    if (!g)
+        return fail(err, DDP_ERR_NOMEM, "out of memory");
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "mlp";
+    s.in_ch = 1, s.in_h = 1, s.in_w = (int)cfg->in_n;
+    size_t nc = 0, nh = 0;
+    int last_out = 0;
+    for (int i = 0; i < cfg->nl && nc < 64 && nh < 64; i++) {
+        const ddp__cuda_cls_layer *l = &cfg->layers[i];
+        if (l->kind == DDP__CLS_CONV) {
+            if (nc == 0)
+                s.in_ch = l->in_ch, s.in_h = l->h, s.in_w = l->w;
+            s.type = "cnn";
+            g->channels[nc++] = l->out_ch;
+        } else if (l->kind == DDP__CLS_LINEAR) {
+            if (last_out)
+                g->hidden[nh++] = last_out;
+            last_out = l->out;
+        } else if (l->kind == DDP__CLS_GELU) {
+            s.activation = "gelu";
+        } else if (l->kind == DDP__CLS_DROPOUT) {
+            s.dropout = l->p;
+        }
+    }
+    s.channels = g->channels;
+    s.n_channels = nc;
+    s.hidden = g->hidden;
+    s.n_hidden = nh;
+    s.classes = cfg->classes;
+    s.max_batch = cfg->B;
+    s.seed = cfg->seed;
+    g->classes = cfg->classes;
+    ddp_status st = ddp_model_build(&s, &g->m, err);
+    if (st) {
+        fake_cls_free(g);
+        return st;
+    }
+    size_t n1, n2;
+    const ddp_model_param *p = ddp_model_params(g->m, &n1), *b = ddp_model_buffers(g->m, &n2);
+    bool same = n1 == np && n2 == nb;
+    for (size_t i = 0; same && i < np; i++)
+        same = p[i].count == counts[i];
+    for (size_t j = 0; same && j < nb; j++)
+        same = b[j].count == bcounts[j];
+    if (!same) {
+        fake_cls_free(g);
+        return fail(err, DDP_ERR_INVALID, "the layer list does not rebuild the model's lists");
+    }
+    g->np = np;
+    g->nb = nb;
+    *out = g;
+    return DDP_OK;
+}
+
+ddp_status fake_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
+                           const float *const *buffers_host, ddp_error *err)
+{
+    (void)err;
+    size_t n;
+    const ddp_model_param *p = ddp_model_params(g->m, &n), *b = ddp_model_buffers(g->m, &n);
+    for (size_t i = 0; i < g->np; i++)
+        memcpy(p[i].data, params_host[i], p[i].count * sizeof(float));
+    for (size_t j = 0; j < g->nb; j++)
+        memcpy(b[j].data, buffers_host[j], b[j].count * sizeof(float));
+    return DDP_OK;
+}
+
+ddp_status fake_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
+                            int64_t *correct, float *logits_host, ddp_error *err)
+{
+    ddp_model_batch mb = {.n = b->n,
+                          .x = b->x,
+                          .labels = b->labels,
+                          .grad_scale = b->grad_scale,
+                          .step = b->step,
+                          .sample_offset = b->sample_offset};
+    ddp_model_out o = {0};
+    if (ddp_model_forward(g->m, &mb, b->train, &o) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    size_t rows, cols;
+    const float *l = ddp_model_logits(g->m, &rows, &cols);
+    memcpy(logits_host, l, rows * cols * sizeof(float));
+    if (b->labels) {
+        *loss_sum = o.loss * (double)o.count;
+        *correct = o.correct;
+    }
+    return DDP_OK;
+}
+
+ddp_status fake_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err)
+{
+    (void)err;
+    size_t n;
+    const ddp_model_param *b = ddp_model_buffers(g->m, &n);
+    for (size_t j = 0; j < g->nb; j++)
+        memcpy(buffers_host[j], b[j].data, b[j].count * sizeof(float));
+    return DDP_OK;
+}
+
+ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err)
+{
+    ddp_model_zero_grad(g->m);
+    if (ddp_model_backward(g->m, NULL, NULL) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    size_t n;
+    const ddp_model_param *p = ddp_model_params(g->m, &n);
+    for (size_t i = 0; i < g->np; i++)
+        for (size_t k = 0; k < p[i].count; k++)
+            grads_host[i][k] += p[i].grad[k];
+    return DDP_OK;
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The MLP and CNN's device-cuda path (src/nn/classifier.c, host-driven; docs/gpu.md) end to end
+# without a GPU: the GPU module is the test-only fake_gpu_gpt, whose MLP/CNN is the CPU classifier
+# (fake_gpu_cls.c). Checks the host's side: ddptrain trains the CNN on "cuda" with the losses and
+# test accuracy of the cpu run (parameters and running statistics uploaded each forward, the
+# statistics brought back, gradients added into the reducer's buckets); 2 ranks with dropout; a
+# checkpoint taken on "cuda" holds the running statistics (the cpu's test of it gives the same
+# accuracy); bf16 is refused in one line. The CUDA kernels and cuDNN are test_cuda_classifier's.
+. "$(dirname "$0")/lib.sh"
+MODULE=${2:?usage: $0 BINDIR FAKE_MODULE}
+TRAIN=$BIN/ddptrain
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
+cd "$T"
+fake() { DDP_GPU_MODULE=$MODULE DDP_TEST_FAKE_GPUS=1 "$@"; }
+
+# losses A B TOL: every training loss in two metrics files agrees (relative)
+losses() {
+    python3 - "$@" <<'EOP'
+import json, sys
+def read(p):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
+x, y, tol = read(sys.argv[1]), read(sys.argv[2]), float(sys.argv[3])
+assert x and x.keys() == y.keys(), (sorted(x), sorted(y))
+d = max(abs(x[s] - y[s]) / abs(x[s]) for s in x)
+print(f"{len(x)} steps: largest relative difference {d:.1e}")
+sys.exit(0 if d <= tol else 1)
+EOP
+}
+
+CNN=(--model.type cnn --model.channels 4,8 --model.hidden 16 --batch_size 32 --total_steps 12
+     --eval_every 12 --log_every 1 --lr 0.05 --seed 3 --checkpoint.every 12)
+rc=0; "$TRAIN" "${CNN[@]}" --out_dir cpu >cpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat cpu.out; fail "cnn on the cpu: exit $rc"; }
+rc=0; fake "$TRAIN" "${CNN[@]}" --device cuda --out_dir gpu >gpu.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu.out; fail "cnn on fake cuda: exit $rc"; }
+assert_contains gpu.out "device cuda:0 (Fake GPU 0"
+losses cpu/metrics.jsonl gpu/metrics.jsonl 1e-12 || fail "12 cnn steps on fake cuda differ from the cpu"
+acc=$(grep -o "test accuracy [0-9.]*" cpu.out | tail -1)
+[ -n "$acc" ] || { cat cpu.out; fail "no test accuracy in the cpu run"; }
+assert_contains gpu.out "$acc"
+ok "cnn on fake cuda (host-driven): the cpu's 12 losses and its $acc"
+
+# The checkpoint written on "cuda" holds the running statistics the device computed: the cpu's
+# test of it is the cpu run's.
+rc=0; "$TRAIN" --task test --out_dir gpu --device cpu >test.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat test.out; fail "test of the cuda checkpoint on the cpu: exit $rc"; }
+assert_contains test.out "$acc"
+ok "the checkpoint taken on fake cuda holds the batchnorm running statistics ($acc on the cpu)"
+
+MLP=(--model.type mlp --model.hidden 32 --model.dropout 0.3 --batch_size 16 --total_steps 8
+     --log_every 1 --eval_every 8 --seed 5)
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${MLP[@]}" --out_dir cpu2 >cpu2.out 2>&1 ||
+    rc=$?
+[ $rc -eq 0 ] || { cat cpu2.out; fail "2 ranks mlp on the cpu: exit $rc"; }
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${MLP[@]}" --device cuda \
+    --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu2.out; fail "2 ranks mlp on fake cuda: exit $rc"; }
+losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1e-12 || fail "2 ranks: fake cuda differs from the cpu"
+ok "mlp with dropout, 2 ranks on fake cuda: the cpu's losses"
+
+rc=0; fake "$TRAIN" "${CNN[@]}" --device cuda --precision bf16 --out_dir bf >bf.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || fail "cnn bf16 on cuda was accepted"
+assert_contains bf.out "cnn on cuda: precision 'bf16' is not implemented for this model yet"
+ok "cnn bf16 on cuda: refused in one line (exit $rc)"
