@@ -28,6 +28,13 @@
 #                                $OUT/gpu-check.log when $OUT is set.
 #                                Exit status: 0 only if every check passed.
 #   scripts/gpu-check.sh run --quick   smaller benchmark shapes.
+#   scripts/gpu-check.sh data    HERE: gpu-data/fashion-mnist (git-ignored, 30 MB: the four IDX
+#                                files) for the run half's CNN check. gpu-data and gpu-carry
+#                                (46 MB) do not fit in one call's 64 MiB: carry ["gpu-data"] in a
+#                                first call running 'bash scripts/gpu-check.sh stash-data' (it
+#                                copies them to /tmp/ddp-gpu-data, which stays while the machine is
+#                                warm), then carry ["gpu-carry"] for run. Without the data the CNN
+#                                check fails, saying so.
 #   scripts/gpu-check.sh allreduce     THERE, after run: bench/gpu_allreduce.sh (issue 13's
 #                                allreduce figures on GPU buffers) over gpu-carry's programs.
 #
@@ -101,6 +108,28 @@ find_nccl() {
     [ -n "$site" ] && find "$site/nvidia" -name 'libnccl.so.2*' -printf '%h\n' 2>/dev/null | head -1
 }
 
+# The directory holding the machine's libcudnn.so.9 (the module links it: the CNN's conv2d and
+# batchnorm): CUDA's own, else PyTorch's nvidia-cudnn wheel.
+find_cudnn() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+        [ -e "$d/libcudnn.so.9" ] && { echo "$d"; return; }
+    done
+    local site
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+    [ -n "$site" ] && find "$site/nvidia" -name 'libcudnn.so.9*' -printf '%h\n' 2>/dev/null | head -1
+}
+
+# Where Fashion-MNIST is for the CNN check: carried (gpu-data), stashed by an earlier call, or the
+# machine's own Debian package.
+find_fashion() {
+    local d
+    for d in "$ROOT/gpu-data/fashion-mnist" /tmp/ddp-gpu-data/fashion-mnist \
+        /usr/share/datasets/fashion-mnist; do
+        [ -e "$d/train-images-idx3-ubyte.gz" ] && { echo "$d"; return; }
+    done
+}
+
 # LD_LIBRARY_PATH for the carried programs: gpu-carry/lib, then the machine's cuBLAS and NCCL.
 # (SYS_LD_LIBRARY_PATH keeps the machine's own, for python3 and torch, which need none of ours.)
 setup_env() {
@@ -113,9 +142,12 @@ setup_env() {
     local nccl
     nccl=$(find_nccl)
     [ -n "$nccl" ] || echo "warning: no libnccl.so.2 found; the GPU module will not load" | tee -a "$LOG"
+    local dnn
+    dnn=$(find_cudnn)
+    [ -n "$dnn" ] || echo "warning: no libcudnn.so.9 found; the GPU module will not load" | tee -a "$LOG"
     export SYS_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
-    export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}" | tee -a "$LOG"
+    export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${dnn:+:$dnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}; cuDNN from: ${dnn:-none}" | tee -a "$LOG"
 }
 
 # python3 with the machine's own library path (torch must not load gpu-carry's zlib & co.).
@@ -235,6 +267,24 @@ print(f"largest difference {d:.2e} (tolerance {sys.argv[3]}); bf16 equal to cuda
       f"finite: {finite}")
 sys.exit(0 if finite and d <= float(sys.argv[3]) and b != f else 1)
 EOP
+    # issue 12: the Fashion-MNIST CNN (configs/fashion-cnn.yaml, 5 epochs, 2 ranks sharing the
+    # GPU as bench/RESULTS.md's CPU run: 0.9196) on cuda, host-driven; test accuracy ≥ 0.91
+    local fm
+    fm=$(find_fashion)
+    if [ -n "$fm" ]; then
+        check "ddptrain fashion-cnn on cuda, 2 ranks" "$CARRY/bin/ddprun" --standalone \
+            --nproc_per_node=2 "$CARRY/bin/ddptrain" --config configs/fashion-cnn.yaml \
+            --device cuda --data.dir "$fm" --out_dir "$W/fcnn"
+        check "fashion-cnn on cuda: test accuracy >= 0.91" syspy - "$W/fcnn/train.log" <<'EOP'
+import re, sys
+acc = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", open(sys.argv[1]).read())]
+print("test accuracies:", acc)
+sys.exit(0 if acc and acc[-1] >= 0.91 else 1)
+EOP
+    else
+        names+=("ddptrain fashion-cnn on cuda (>= 0.91)")
+        results+=("FAILED (no Fashion-MNIST: run 'scripts/gpu-check.sh data' here, carry gpu-data, 'stash-data' there first)")
+    fi
     # issue 12: the bf16 GPT against PyTorch autocast on this GPU, losses within 0.05 (torch runs
     # with the machine's libraries, gpt_dump with the carried ones)
     check "torch autocast bf16 vs ddpc bf16 on cuda (0.05)" env \
@@ -353,8 +403,31 @@ EOP
     rm -rf "$w"
 }
 
+# HERE: the Fashion-MNIST files for the CNN check, in gpu-data/ (git-ignored).
+data() {
+    set -e
+    local src=${1:-/usr/share/datasets/fashion-mnist}
+    mkdir -p "$ROOT/gpu-data/fashion-mnist"
+    cp "$src"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$ROOT/gpu-data/fashion-mnist/"
+    du -sh "$ROOT/gpu-data"
+    echo "next: a device call with carry [\"gpu-data\"] running 'bash scripts/gpu-check.sh stash-data'"
+}
+
+# THERE: the carried gpu-data kept in /tmp for the run half's call (which carries gpu-carry).
+stash_data() {
+    set -e
+    mkdir -p /tmp/ddp-gpu-data
+    cp -r "$ROOT/gpu-data/fashion-mnist" /tmp/ddp-gpu-data/
+    ls -la /tmp/ddp-gpu-data/fashion-mnist
+}
+
 case "${1:-}" in
 build) build ;;
+data)
+    shift
+    data "$@"
+    ;;
+stash-data) stash_data ;;
 run)
     shift
     run "$@"
@@ -364,7 +437,7 @@ allreduce)
     allreduce "$@"
     ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | run [--quick] | allreduce [SIZES]" >&2
+    echo "usage: scripts/gpu-check.sh build | data [DIR] | stash-data | run [--quick] | allreduce [SIZES]" >&2
     exit 2
     ;;
 esac
