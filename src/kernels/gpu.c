@@ -87,8 +87,8 @@ static bool open_module(const char *path)
     if (!h) {
         fail(DDP_ERR_NOT_FOUND,
              "cuda: cannot load the GPU module %s: %s; HINT: it needs the CUDA libraries it was "
-             "built with (libcublas.so.13, libcublasLt.so.13) on the library path "
-             "(LD_LIBRARY_PATH or CUDA's lib64)",
+             "built with (libcublas.so.13, libcublasLt.so.13, libcudnn.so.9) on the library "
+             "path (LD_LIBRARY_PATH or CUDA's lib64)",
              path, dl_why(path));
         return false;
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A CPU-only program loads no CUDA library (docs/gpu.md, the GPU module), and a float32 one no
 # oneDNN (docs/nn.md, bf16 on the CPU): the programs are not
-# linked against libcudart, libcublas, libcublasLt or libnccl (ldd), and a CPU run — ddptrain
+# linked against libcudart, libcublas, libcublasLt, libcudnn or libnccl (ldd), and a CPU run — ddptrain
 # --help, a short ddptrain run on the CPU, two ranks of it under ddprun — maps none of them nor
 # the GPU module (LD_DEBUG=files lists every library a process loads, dlopen included). The
 # control: device auto, in a build with the module, does load it (so the check can see a load),
@@ -9,7 +9,7 @@
 # DDP_GPU_MODULE.
 . "$(dirname "$0")/lib.sh"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
-CUDA_RE='lib(cudart|cublas|cublasLt|nccl|cuda)\.so|libddp_gpu\.so'
+CUDA_RE='lib(cudart|cublas|cublasLt|nccl|cudnn|cuda)\.so|libddp_gpu\.so'
 cd "$T"
 
 for b in ddptrain ddprun ddpbench ddpprep hello_world test_world test_gpu_module; do

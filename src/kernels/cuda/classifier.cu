@@ -331,8 +331,8 @@ static ddp_status layout(ddp__cuda_cls *g, const size_t *counts, size_t np, cons
     off = 0;
     for (size_t j = 0; j < nb; j++) {
         g->bcounts[j] = bcounts[j];
-        g->boffsets[j] = off;
-        off += bcounts[j];
+        g->boffsets[j] = off; /* aligned as the parameters, for cuDNN's vector loads */
+        off += ddp__cuda_param_span(bcounts[j]);
     }
     g->btotal = off;
     return DDP_OK;
