@@ -237,7 +237,7 @@ typedef struct ddp__cuda_cls_cfg {
     int B;       /* max_batch */
     size_t in_n; /* floats per input sample */
     int classes;
-    uint64_t seed;           /* dropout keys (spec.seed) */
+    uint64_t seed; /* dropout keys (spec.seed) */
     float bn_momentum, bn_eps;
     int device;              /* the CUDA device index */
     ddp_precision precision; /* DDP_PRECISION_FP32 or _TF32 */
@@ -245,8 +245,8 @@ typedef struct ddp__cuda_cls_cfg {
 /* One forward's batch: host arrays, checked by the caller (labels in range, n ≤ B, batchnorm's
  * 2 values per channel in training). */
 typedef struct ddp__cuda_cls_batch {
-    const float *x;          /* (n, in_n) */
-    const int32_t *labels;   /* (n,) or NULL: no loss */
+    const float *x;        /* (n, in_n) */
+    const int32_t *labels; /* (n,) or NULL: no loss */
     int n;
     bool train;
     uint64_t step, sample_offset; /* dropout keys, as ddp_model_batch */

@@ -116,8 +116,8 @@ static void forward_backward(const variant *v, int n)
     static float x[B * IN];
     int32_t y[B];
     make_batch(1, x, y);
-    printf("  %s %s dropout %.2f, batch %d of %d\n", v->type, v->activation, (double)v->dropout,
-           n, B);
+    printf("  %s %s dropout %.2f, batch %d of %d\n", v->type, v->activation, (double)v->dropout, n,
+           B);
     ddp_model_batch b = {.n = n, .x = x, .labels = y, .step = 3, .sample_offset = 40};
     ddp_model_out o1, o2;
     assert_int_equal(ddp_model_forward(cpu, &b, false, &o1), DDP_OK);
@@ -229,8 +229,7 @@ static double train10(const variant *v, ddp_precision gpu_prec, double eval_tol)
     double worst = 0;
     for (uint64_t step = 1; step <= 10; step++) {
         make_batch(100 + step, x, y);
-        ddp_model_batch b = {.n = B, .x = x, .labels = y, .step = step,
-                             .sample_offset = step * B};
+        ddp_model_batch b = {.n = B, .x = x, .labels = y, .step = step, .sample_offset = step * B};
         double loss[2];
         for (int k = 0; k < 2; k++) {
             ddp_model_out out;

@@ -44,10 +44,10 @@ namespace {
 
 struct dlayer {
     ddp__cuda_cls_layer L;
-    float *y;         /* (B, out_n) */
-    int32_t *argmax;  /* pool: (B, out_n) index within the input plane */
-    uint8_t *mask;    /* dropout: (B, out_n) */
-    float *aux;       /* batchnorm: save_mean (C), save_invstd (C) */
+    float *y;        /* (B, out_n) */
+    int32_t *argmax; /* pool: (B, out_n) index within the input plane */
+    uint8_t *mask;   /* dropout: (B, out_n) */
+    float *aux;      /* batchnorm: save_mean (C), save_invstd (C) */
     /* cuDNN (conv, bn): input and output tensors of the current batch, the filter, the
      * convolution, batchnorm's (1, C, 1, 1) parameter tensor; the algorithms chosen at create */
     cudnnTensorDescriptor_t xd, yd, pd;
@@ -265,8 +265,8 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     }
     for (int i = 0; g->L && i < g->cfg.nl; i++)
         free_layer(&g->L[i]);
-    void *bufs[] = {g->params, g->grads,  g->buffers, g->x,  g->dlogits, g->row_loss,
-                    g->g0,     g->g1,     g->labels,  g->correct, g->ws};
+    void *bufs[] = {g->params, g->grads, g->buffers, g->x,       g->dlogits, g->row_loss,
+                    g->g0,     g->g1,    g->labels,  g->correct, g->ws};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
@@ -298,8 +298,8 @@ static ddp_status layout(ddp__cuda_cls *g, const size_t *counts, size_t np, cons
         else if (l->kind == DDP__CLS_BN)
             w = b = (size_t)l->C;
         if (l->kind == DDP__CLS_LINEAR || l->kind == DDP__CLS_CONV || l->kind == DDP__CLS_BN) {
-            if (l->p0 < 0 || (size_t)l->p0 + 1 >= np ||
-                counts[l->p0] != w || counts[l->p0 + 1] != b)
+            if (l->p0 < 0 || (size_t)l->p0 + 1 >= np || counts[l->p0] != w ||
+                counts[l->p0 + 1] != b)
                 return ddp__cuda_fail(err, DDP_ERR_INVALID,
                                       "cuda classifier: layer %d's parameters (index %d) do not "
                                       "match the model's list",
@@ -389,25 +389,24 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     if ((st = dnn_check(cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
         (st = dnn_check(cudnnCreateTensorDescriptor(&l->yd), "tensor descriptor", err)) ||
         (st = dnn_check(cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
-        (st = dnn_check(cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor",
-                        err)) ||
+        (st = dnn_check(cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor", err)) ||
         (st = dnn_check(cudnnSetFilter4dDescriptor(l->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
                                                    L->out_ch, L->in_ch, L->kh, L->kw),
                         "filter shape", err)) ||
-        (st = dnn_check(cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride,
-                                                        L->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+        (st = dnn_check(cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride, L->stride,
+                                                        1, 1, CUDNN_CROSS_CORRELATION,
                                                         CUDNN_DATA_FLOAT),
                         "convolution geometry", err)) ||
         /* fp32: FMA kernels only (cuDNN's default allows TF32 on Ampere and later) */
-        (st = dnn_check(cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH
-                                                                : CUDNN_DEFAULT_MATH),
-                        "convolution math type", err)) ||
+        (st = dnn_check(
+             cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+             "convolution math type", err)) ||
         (st = set_batch(l, g->cfg.B, err)))
         return st;
     int n_out = 0, c = 0, h = 0, w = 0;
-    if ((st = dnn_check(cudnnGetConvolution2dForwardOutputDim(l->cd, l->xd, l->wd, &n_out, &c, &h,
-                                                              &w),
-                        "convolution output shape", err)))
+    if ((st = dnn_check(
+             cudnnGetConvolution2dForwardOutputDim(l->cd, l->xd, l->wd, &n_out, &c, &h, &w),
+             "convolution output shape", err)))
         return st;
     if (c != L->out_ch || h != L->out_h || w != L->out_w)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
@@ -419,9 +418,9 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int nf = 0, nd = 0, nw = 0;
     size_t b1, b2, b3;
-    if ((st = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(
-                            g->dnn, l->xd, l->wd, l->cd, l->yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                            &nf, fp),
+    if ((st = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                               &nf, fp),
                         "forward algorithm heuristic", err)) ||
         (st = dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                             g->dnn, l->wd, l->yd, l->cd, l->xd,
@@ -433,20 +432,19 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
                         "backward-filter algorithm heuristic", err)))
         return st;
     l->fwd = pick<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(fp, nf, fp32, &b1);
-    l->bwd_data = pick<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(dp, nd,
-                                                                                       fp32, &b2);
-    l->bwd_filter =
-        pick<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(wp, nw, fp32,
-                                                                                    &b3);
+    l->bwd_data =
+        pick<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(dp, nd, fp32, &b2);
+    l->bwd_filter = pick<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
+        wp, nw, fp32, &b3);
     /* the sizes of the algorithms as chosen (the heuristic's figure may be an estimate) */
-    if ((st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
-                                                                l->yd, l->fwd, &b1),
+    if ((st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                                l->fwd, &b1),
                         "forward workspace size", err)) ||
         (st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
                                                                      l->xd, l->bwd_data, &b2),
                         "backward-data workspace size", err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &b3),
+        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, l->xd, l->yd, l->cd,
+                                                                       l->wd, l->bwd_filter, &b3),
                         "backward-filter workspace size", err)))
         return st;
     size_t most = b1 > b2 ? b1 : b2;
@@ -469,8 +467,8 @@ static ddp_status setup_bn(dlayer *l, ddp_error *err)
 }
 
 extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts,
-                                           size_t np, const size_t *bcounts, size_t nb,
-                                           ddp__cuda_cls **out, ddp_error *err)
+                                          size_t np, const size_t *bcounts, size_t nb,
+                                          ddp__cuda_cls **out, ddp_error *err)
 {
     if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
@@ -478,8 +476,10 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
                               "are); HINT: use precision fp32 or tf32",
                               (int)cfg->precision);
     if (cfg->nl < 1 || cfg->B < 1 || cfg->classes < 1)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: %d layers, batch %d, %d "
-                              "classes", cfg->nl, cfg->B, cfg->classes);
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: %d layers, batch %d, %d "
+                              "classes",
+                              cfg->nl, cfg->B, cfg->classes);
     ddp__cuda_cls *g = (ddp__cuda_cls *)calloc(1, sizeof *g);
     if (!g)
         return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of memory");
@@ -533,10 +533,8 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
         (st = dalloc_es(&g->x, B * cfg->in_n, 4, err)) ||
         (st = dalloc_es(&g->dlogits, B * (size_t)cfg->classes, 4, err)) ||
         (st = dalloc_es(&g->row_loss, B, 4, err)) || (st = dalloc_es(&g->labels, B, 4, err)) ||
-        (st = dalloc_es(&g->correct, B, 4, err)) ||
-        (st = dalloc_es(&g->g0, B * widest, 4, err)) ||
-        (st = dalloc_es(&g->g1, B * widest, 4, err)) ||
-        (st = dalloc_es(&g->ws, ws, 1, err)) ||
+        (st = dalloc_es(&g->correct, B, 4, err)) || (st = dalloc_es(&g->g0, B * widest, 4, err)) ||
+        (st = dalloc_es(&g->g1, B * widest, 4, err)) || (st = dalloc_es(&g->ws, ws, 1, err)) ||
         (st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)) ||
         (st = ddp__cuda_sync(g->ctx, err)))
         goto out_free;
@@ -548,7 +546,7 @@ out_free:
 }
 
 extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
-                                           const float *const *buffers_host, ddp_error *err)
+                                          const float *const *buffers_host, ddp_error *err)
 {
     ddp_status st = use_device(g, err);
     for (size_t i = 0; i < g->np && !st; i++)
@@ -561,7 +559,7 @@ extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *
 }
 
 extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host,
-                                                ddp_error *err)
+                                               ddp_error *err)
 {
     ddp_status st = use_device(g, err);
     for (size_t j = 0; j < g->nb && !st; j++)
@@ -620,9 +618,9 @@ static ddp_status bn_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n,
                              l->aux + L->C),
                          "cudnnBatchNormalizationForwardTraining", err);
     return dnn_check(cudnnBatchNormalizationForwardInference(
-                         g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y,
-                         l->pd, P(g, L->p0), P(g, L->p0 + 1), BUF(g, L->buf0),
-                         BUF(g, L->buf0 + 1), (double)g->cfg.bn_eps),
+                         g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y, l->pd,
+                         P(g, L->p0), P(g, L->p0 + 1), BUF(g, L->buf0), BUF(g, L->buf0 + 1),
+                         (double)g->cfg.bn_eps),
                      "cudnnBatchNormalizationForwardInference", err);
 }
 
@@ -671,8 +669,8 @@ static ddp_status layer_forward(ddp__cuda_cls *g, int i, const float *a,
 }
 
 extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b,
-                                            double *loss_sum, int64_t *correct, float *logits_host,
-                                            ddp_error *err)
+                                           double *loss_sum, int64_t *correct, float *logits_host,
+                                           ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int n = b->n, K = g->cfg.classes;
@@ -726,8 +724,8 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
     ddp_status st;
     /* dW += (beta 1: gradients accumulate, as the CPU's) */
     if ((st = set_batch(l, n, err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &need),
+        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, l->xd, l->yd, l->cd,
+                                                                       l->wd, l->bwd_filter, &need),
                         "backward-filter workspace size", err)) ||
         (st = ws_check(g, need, "conv backward-filter", err)) ||
         (st = dnn_check(cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
@@ -735,13 +733,12 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
                                                        l->wd, G(g, L->p0)),
                         "cudnnConvolutionBackwardFilter", err)))
         return st;
-    channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(dy, n, L->out_ch,
-                                                                 L->out_h * L->out_w,
-                                                                 G(g, L->p0 + 1));
+    channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(
+        dy, n, L->out_ch, L->out_h * L->out_w, G(g, L->p0 + 1));
     if ((st = ddp__cuda_launched("conv bias gradient", err)) || !dx)
         return st;
-    if ((st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(
-                            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &need),
+    if ((st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
+                                                                     l->xd, l->bwd_data, &need),
                         "backward-data workspace size", err)) ||
         (st = ws_check(g, need, "conv backward-data", err)))
         return st;
@@ -810,7 +807,7 @@ static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const
 }
 
 extern "C" ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grads_host,
-                                             ddp_error *err)
+                                            ddp_error *err)
 {
     if (!g->can_backward)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
