@@ -570,6 +570,15 @@ extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *b
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
+/* cuDNN's answer to an algorithm it will not run here (at this batch, with this math type), or
+ * one wanting more workspace than was allocated (ws_check's case, mapped to it by the callers):
+ * the convolutions then fall back, once and for good, to algorithm 0 (implicit GEMM), which needs
+ * little or no workspace. */
+static bool refused(cudnnStatus_t s)
+{
+    return s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM;
+}
+
 /* An algorithm's workspace for this batch, checked against what create allocated. */
 static ddp_status ws_check(ddp__cuda_cls *g, size_t need, const char *what, ddp_error *err)
 {
@@ -585,16 +594,26 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
 {
     const ddp__cuda_cls_layer *L = &l->L;
     const float one = 1.0f, zero = 0.0f;
-    size_t need = 0;
-    ddp_status st;
-    if ((st = set_batch(l, n, err)) ||
-        (st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
-                                                                l->fwd, &need),
-                        "forward workspace size", err)) ||
-        (st = ws_check(g, need, "conv forward", err)) ||
-        (st = dnn_check(cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd,
-                                                l->fwd, g->ws, g->ws_bytes, &zero, l->yd, l->y),
-                        "cudnnConvolutionForward", err)))
+    ddp_status st = set_batch(l, n, err);
+    for (int attempt = 0; !st; attempt++) {
+        size_t need = 0;
+        cudnnStatus_t s = cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
+                                                                  l->yd, l->fwd, &need);
+        if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
+            s = CUDNN_STATUS_NOT_SUPPORTED;
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd, l->fwd,
+                                        g->ws, g->ws_bytes, &zero, l->yd, l->y);
+        if (s == CUDNN_STATUS_SUCCESS)
+            break;
+        if (attempt == 0 && refused(s) && l->fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) {
+            l->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM; /* for good */
+            continue;
+        }
+        st = need > g->ws_bytes ? ws_check(g, need, "conv forward", err)
+                                : dnn_check(s, "cudnnConvolutionForward", err);
+    }
+    if (st)
         return st;
     size_t total = (size_t)n * L->out_n;
     bias_add<<<blocks(total), 256, 0, g->ctx->stream>>>(l->y, P(g, L->p0 + 1), total, L->out_ch,
@@ -720,32 +739,51 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
 {
     const ddp__cuda_cls_layer *L = &l->L;
     const float one = 1.0f, zero = 0.0f;
-    size_t need = 0;
-    ddp_status st;
+    ddp_status st = set_batch(l, n, err);
     /* dW += (beta 1: gradients accumulate, as the CPU's) */
-    if ((st = set_batch(l, n, err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, l->xd, l->yd, l->cd,
-                                                                       l->wd, l->bwd_filter, &need),
-                        "backward-filter workspace size", err)) ||
-        (st = ws_check(g, need, "conv backward-filter", err)) ||
-        (st = dnn_check(cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
-                                                       l->bwd_filter, g->ws, g->ws_bytes, &one,
-                                                       l->wd, G(g, L->p0)),
-                        "cudnnConvolutionBackwardFilter", err)))
+    for (int attempt = 0; !st; attempt++) {
+        size_t need = 0;
+        cudnnStatus_t s = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &need);
+        if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
+            s = CUDNN_STATUS_NOT_SUPPORTED;
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
+                                               l->bwd_filter, g->ws, g->ws_bytes, &one, l->wd,
+                                               G(g, L->p0));
+        if (s == CUDNN_STATUS_SUCCESS)
+            break;
+        if (attempt == 0 && refused(s) && l->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0) {
+            l->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+            continue;
+        }
+        st = need > g->ws_bytes ? ws_check(g, need, "conv backward-filter", err)
+                                : dnn_check(s, "cudnnConvolutionBackwardFilter", err);
+    }
+    if (st)
         return st;
     channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(
         dy, n, L->out_ch, L->out_h * L->out_w, G(g, L->p0 + 1));
     if ((st = ddp__cuda_launched("conv bias gradient", err)) || !dx)
         return st;
-    if ((st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
-                                                                     l->xd, l->bwd_data, &need),
-                        "backward-data workspace size", err)) ||
-        (st = ws_check(g, need, "conv backward-data", err)))
-        return st;
-    return dnn_check(cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy,
-                                                  l->cd, l->bwd_data, g->ws, g->ws_bytes, &zero,
-                                                  l->xd, dx),
-                     "cudnnConvolutionBackwardData", err);
+    for (int attempt = 0;; attempt++) {
+        size_t need = 0;
+        cudnnStatus_t s = cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
+                                                                       l->xd, l->bwd_data, &need);
+        if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
+            s = CUDNN_STATUS_NOT_SUPPORTED;
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy, l->cd,
+                                             l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd, dx);
+        if (s == CUDNN_STATUS_SUCCESS)
+            return DDP_OK;
+        if (attempt == 0 && refused(s) && l->bwd_data != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) {
+            l->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+            continue;
+        }
+        return need > g->ws_bytes ? ws_check(g, need, "conv backward-data", err)
+                                  : dnn_check(s, "cudnnConvolutionBackwardData", err);
+    }
 }
 
 static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const float *in,
