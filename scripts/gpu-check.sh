@@ -10,7 +10,7 @@
 #                                machine may lack (OpenBLAS, libyaml, jansson, cmocka, zlib,
 #                                gfortran), and the GPU module libddp_gpu.so in gpu-carry/lib
 #                                (the programs find it in their ../lib: docs/gpu.md).
-#                                cuBLAS/cuBLASLt and NCCL are NOT carried (~800 MB): the run
+#                                cuBLAS/cuBLASLt, cuDNN and NCCL are NOT carried (~1.5 GB): the run
 #                                half finds the machine's own (CUDA's lib64, or PyTorch's nvidia
 #                                wheels). The CUDA runtime is linked statically into the module.
 #   scripts/gpu-check.sh run     THERE, from the repository root with gpu-carry/ carried (the
@@ -65,13 +65,15 @@ build() {
     cp build-gpu/lib/libddp_gpu.so "$CARRY/lib/"
     strip --strip-debug "$CARRY/lib/libddp_gpu.so"
     # The shared libraries the binaries load, but not glibc's, the compiler's runtime or CUDA's
-    # (the GPU machine's own match its driver).
+    # (the GPU machine's own match its driver; cuDNN's dispatcher loads sub-libraries of its own
+    # version from its own directory: never carried apart from them).
     for b in "$CARRY"/bin/*; do
         ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
     done | sort -u | while read -r lib; do
         case "$(basename "$lib")" in
         libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
-            libgcc_s.so* | libcublas* | libcudart* | libcuda.so* | libnccl* | libddp_gpu.so) ;;
+            libgcc_s.so* | libcublas* | libcudart* | libcuda.so* | libnccl* | libcudnn* | \
+            libddp_gpu.so) ;;
         *) cp -L "$lib" "$CARRY/lib/" ;;
         esac
     done
