@@ -102,8 +102,10 @@ void ddp__scale_avg(void *buf, size_t n, ddp_dtype t, int divisor);
 void ddp__to_f32(float *dst, const void *src, size_t n, ddp_dtype t);
 void ddp__from_f32(void *dst, const float *src, size_t n, ddp_dtype t);
 /* The sum of the squares of n elements of dtype t (float32, float64, bfloat16, float16; other
- * dtypes count as float16), each term and the sum in double, in order: the reducer's gradient
- * norm, and the fake GPU's (staged/fakedev.c). */
+ * dtypes count as float16), each term and the sum in double — float32 in eight interleaved
+ * lanes (element i into lane i mod 8, lanes added pairwise at the end), the others in order; the
+ * same bits for the same array on every machine: the reducer's gradient norm, and the fake GPU's
+ * (staged/fakedev.c). */
 double ddp__sum_squares(const void *v, size_t n, ddp_dtype t);
 
 /* ---- copies with a chosen kind of store (cpu/copy.c) ----------------------------------------

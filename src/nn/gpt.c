@@ -38,6 +38,7 @@
 #include "ddp/nn.h"
 #include "ddp/optim.h"
 #include "kernels/kernels.h"
+#include "nn/bf16h.h"
 #include "nn/model_int.h"
 
 #define LN_EPS 1e-5f
@@ -59,6 +60,9 @@ typedef struct block_acts {
     float *fchg;                      /* (N, 4C) the GELU's output, mlp.c_proj's input */
     float *xout;                      /* (N, C) residual stream out: the next block's input */
     uint8_t *mask_a, *mask_m;         /* (N, C) residual dropout masks (NULL without dropout) */
+    /* precision bf16 (gpt.bf16h): the four linear layers' inputs kept in bfloat16 only — ln1,
+     * atty, ln2 and fchg above are then NULL (nn/bf16h.h) */
+    uint16_t *ln1h, *attyh, *ln2h, *fchgh; /* (N, C), (N, C), (N, C), (N, 4C) */
 } block_acts;
 
 typedef struct gpt {
@@ -78,6 +82,12 @@ typedef struct gpt {
     float *tmp;          /* (N, C) projections' outputs; gradients */
     float *dres, *dln;   /* (N, C) gradient of the residual stream; of a branch */
     float *dbig;         /* (N, 4C) gradient of fch, also of qkv (N, 3C) */
+    /* precision bf16: layer inputs kept in bfloat16 (block_acts), with this scratch: */
+    bool bf16h;
+    float *ftmp;  /* (N, C) a layernorm's or the attention's float32 output, before rounding */
+    float *hrow;  /* (C,) one layernorm row */
+    uint16_t *wh; /* (4C·C) a rounded weight */
+    uint16_t *dyh; /* (N, 4C) a rounded output gradient */
     /* the last forward */
     const int32_t *tokens; /* (n, T) borrowed until backward */
     int n, T;
@@ -226,23 +236,28 @@ static bool alloc(void *out, size_t n, size_t sz)
 
 static ddp_status alloc_acts(gpt *g, ddp_error *err)
 {
-    const size_t N = (size_t)g->B * g->Tmax, C = (size_t)g->C, F = sizeof(float);
-    const bool drop = g->p > 0.0f;
+    const size_t N = (size_t)g->B * g->Tmax, C = (size_t)g->C, F = sizeof(float), H = 2;
+    const bool drop = g->p > 0.0f, h = g->bf16h;
     bool ok = alloc(&g->x0, N * C, F) && (!drop || alloc(&g->mask_e, N * C, 1)) &&
               alloc(&g->lnf, N * C, F) && alloc(&g->lnf_mean, N, F) && alloc(&g->lnf_rstd, N, F) &&
               alloc(&g->logits, N * (size_t)g->V, F) &&
               alloc(&g->attn_scratch, g->att.scratch_floats, F) && alloc(&g->tmp, N * C, F) &&
               alloc(&g->dres, N * C, F) && alloc(&g->dln, N * C, F) &&
-              alloc(&g->dbig, N * 4 * C, F);
+              alloc(&g->dbig, N * 4 * C, F) &&
+              (!h || (alloc(&g->ftmp, N * C, F) && alloc(&g->hrow, C, F) &&
+                      alloc(&g->wh, 4 * C * C, H) && alloc(&g->dyh, N * 4 * C, H)));
     for (int l = 0; ok && l < g->L; l++) {
         block_acts *a = &g->ba[l];
-        ok = alloc(&a->ln1, N * C, F) && alloc(&a->ln1_mean, N, F) && alloc(&a->ln1_rstd, N, F) &&
-             alloc(&a->qkv, N * 3 * C, F) && alloc(&a->atty, N * C, F) &&
-             alloc(&a->lse, N * (size_t)g->nh, F) && alloc(&a->xmid, N * C, F) &&
-             alloc(&a->ln2, N * C, F) && alloc(&a->ln2_mean, N, F) && alloc(&a->ln2_rstd, N, F) &&
-             alloc(&a->fch, N * 4 * C, F) && alloc(&a->fchg, N * 4 * C, F) &&
+        ok = alloc(&a->ln1_mean, N, F) && alloc(&a->ln1_rstd, N, F) &&
+             alloc(&a->qkv, N * 3 * C, F) && alloc(&a->lse, N * (size_t)g->nh, F) &&
+             alloc(&a->xmid, N * C, F) && alloc(&a->ln2_mean, N, F) &&
+             alloc(&a->ln2_rstd, N, F) && alloc(&a->fch, N * 4 * C, F) &&
              alloc(&a->xout, N * C, F) &&
-             (!drop || (alloc(&a->mask_a, N * C, 1) && alloc(&a->mask_m, N * C, 1)));
+             (!drop || (alloc(&a->mask_a, N * C, 1) && alloc(&a->mask_m, N * C, 1))) &&
+             (h ? alloc(&a->ln1h, N * C, H) && alloc(&a->attyh, N * C, H) &&
+                      alloc(&a->ln2h, N * C, H) && alloc(&a->fchgh, N * 4 * C, H)
+                : alloc(&a->ln1, N * C, F) && alloc(&a->atty, N * C, F) &&
+                      alloc(&a->ln2, N * C, F) && alloc(&a->fchg, N * 4 * C, F));
     }
     if (!ok)
         return ddp__err(err, DDP_ERR_NOMEM,
@@ -307,6 +322,8 @@ static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err
     if ((st = add_params(m, err)))
         return st;
     init_params(m);
+    /* model.c chose the products' arithmetic: bf16 on the CPU keeps layer inputs in bf16. */
+    g->bf16h = m->gemm == DDP__GEMM_BF16;
     if (spec->device != DDP_DEVICE_CUDA)
         return alloc_acts(g, err);
     return build_cuda(m, spec, err);
@@ -321,12 +338,14 @@ static void free_gpt(ddp_model *m)
         block_acts *a = &g->ba[l];
         void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
                         a->lse, a->xmid,     a->ln2,      a->ln2_mean, a->ln2_rstd,
-                        a->fch, a->fchg,     a->xout,     a->mask_a,   a->mask_m};
+                        a->fch, a->fchg,     a->xout,     a->mask_a,   a->mask_m,
+                        a->ln1h, a->attyh,   a->ln2h,     a->fchgh};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             free(bufs[k]);
     }
     void *bufs[] = {g->bp,     g->ba,           g->x0,  g->mask_e, g->lnf, g->lnf_mean, g->lnf_rstd,
-                    g->logits, g->attn_scratch, g->tmp, g->dres,   g->dln, g->dbig};
+                    g->logits, g->attn_scratch, g->tmp, g->dres,   g->dln, g->dbig,
+                    g->ftmp,   g->hrow,         g->wh,  g->dyh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
     ddp__cuda_gpt_free(g->cu);
@@ -393,15 +412,18 @@ static int64_t count_correct(const float *logits, const int32_t *targets, size_t
 /* A residual branch's projection added to the stream: out (N, C) = x + drop(in (N, K) · Wᵀ + b).
  * Without dropout the add is fused into the product (out starts as x + b, the sgemm accumulates
  * into it): one pass over (N, C) instead of three. With dropout the branch goes through tmp. */
-static void residual_proj(const gpt *g, const float *x, const float *in, const float *W,
-                          const float *b, int N, int K, bool drop, uint64_t seed,
+static void residual_proj(const gpt *g, const float *x, const float *in, const uint16_t *inh,
+                          const float *W, const float *b, int N, int K, bool drop, uint64_t seed,
                           const ddp_model_batch *bt, uint64_t off, uint8_t *mask, float *tmp,
                           float *out)
 {
     const int C = g->C;
     const size_t NC = (size_t)N * C;
     if (drop) {
-        ddp_nn_linear_forward(in, W, b, N, K, C, tmp);
+        if (inh)
+            ddp__nn_linear_forward_h(inh, W, b, N, K, C, false, g->wh, tmp);
+        else
+            ddp_nn_linear_forward(in, W, b, N, K, C, tmp);
         ddp_nn_dropout_forward(tmp, NC, g->p, seed, bt->step, off, true, mask, tmp);
         ddp_nn_add(x, tmp, NC, out);
         return;
@@ -415,7 +437,10 @@ static void residual_proj(const gpt *g, const float *x, const float *in, const f
         }
     else
         memcpy(out, x, sizeof(float) * NC);
-    ddp__sgemm(false, true, N, C, K, 1.0f, in, K, W, K, 1.0f, out, C);
+    if (inh)
+        ddp__nn_linear_forward_h(inh, W, NULL, N, K, C, true, g->wh, out);
+    else
+        ddp__sgemm(false, true, N, C, K, 1.0f, in, K, W, K, 1.0f, out, C);
 }
 
 /* Dropout seeds: see the file comment. */
@@ -489,19 +514,40 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     for (int l = 0; l < g->L; l++) {
         const block_params *bp = &g->bp[l];
         block_acts *a = &g->ba[l];
+        if (g->bf16h) { /* the same layers, their inputs kept in bf16 (nn/bf16h.h) */
+            ddp__nn_layernorm_forward_h(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS,
+                                        g->hrow, a->ln1h, a->ln1_mean, a->ln1_rstd);
+            ddp__nn_linear_forward_h(a->ln1h, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C,
+                                     false, g->wh, a->qkv);
+            ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step,
+                                     off_att, train, g->attn_scratch, g->ftmp, a->lse);
+            ddp__nn_round_h(g->ftmp, NC, a->attyh);
+            residual_proj(g, x, NULL, a->attyh, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
+                          drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
+            ddp__nn_layernorm_forward_h(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS,
+                                        g->hrow, a->ln2h, a->ln2_mean, a->ln2_rstd);
+            ddp__nn_linear_forward_h(a->ln2h, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, false,
+                                     g->wh, a->fch);
+            ddp__nn_gelu_tanh_forward_h(a->fch, (size_t)N * 4 * C, a->fchgh);
+            residual_proj(g, a->xmid, NULL, a->fchgh, P(m, bp->mproj_w), P(m, bp->mproj_b), N,
+                          4 * C, drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp,
+                          a->xout);
+            x = a->xout;
+            continue;
+        }
         ddp_nn_layernorm_forward(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, a->ln1,
                                  a->ln1_mean, a->ln1_rstd);
         ddp_nn_linear_forward(a->ln1, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C, a->qkv);
         ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
                                  train, g->attn_scratch, a->atty, a->lse);
-        residual_proj(g, x, a->atty, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
+        residual_proj(g, x, a->atty, NULL, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
                       drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
         ddp_nn_layernorm_forward(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS, a->ln2,
                                  a->ln2_mean, a->ln2_rstd);
         ddp_nn_linear_forward(a->ln2, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, a->fch);
         ddp_nn_gelu_tanh_forward(a->fch, (size_t)N * 4 * C, a->fchg);
-        residual_proj(g, a->xmid, a->fchg, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C, drop,
-                      drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
+        residual_proj(g, a->xmid, a->fchg, NULL, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C,
+                      drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
         x = a->xout;
     }
 
@@ -544,6 +590,16 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         out->loss = 0.0;
     out->count = count;
     return DDP_OK;
+}
+
+/* A linear layer's backward from its input as kept: x in float32, or xh in bfloat16 (bf16h). */
+static void linear_backward(const gpt *g, const float *dy, const float *x, const uint16_t *xh,
+                            const float *W, int N, int in, int out, float *dx, float *dW, float *db)
+{
+    if (xh)
+        ddp__nn_linear_backward_h(dy, xh, W, N, in, out, g->dyh, g->wh, dx, dW, db);
+    else
+        ddp_nn_linear_backward(dy, x, W, N, in, out, dx, dW, db);
 }
 
 /* ready(ctx, i) for each of the n indices (−1 skipped), in the order given. */
@@ -657,13 +713,13 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             ddp_nn_dropout_backward(g->dres, a->mask_m, NC, g->p, true, g->tmp);
             dy = g->tmp;
         }
-        ddp_nn_linear_backward(dy, a->fchg, P(m, bp->mproj_w), N, 4 * C, C, g->dbig,
-                               G(m, bp->mproj_w), G(m, bp->mproj_b));
+        linear_backward(g, dy, a->fchg, a->fchgh, P(m, bp->mproj_w), N, 4 * C, C, g->dbig,
+                        G(m, bp->mproj_w), G(m, bp->mproj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->mproj_b, bp->mproj_w})))
             return st;
         ddp_nn_gelu_tanh_backward(g->dbig, a->fch, (size_t)N * 4 * C, g->dbig);
-        ddp_nn_linear_backward(g->dbig, a->ln2, P(m, bp->fc_w), N, C, 4 * C, g->dln, G(m, bp->fc_w),
-                               G(m, bp->fc_b));
+        linear_backward(g, g->dbig, a->ln2, a->ln2h, P(m, bp->fc_w), N, C, 4 * C, g->dln,
+                        G(m, bp->fc_w), G(m, bp->fc_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->fc_b, bp->fc_w})))
             return st;
         ddp_nn_layernorm_backward(g->dln, a->xmid, P(m, bp->ln2_w), a->ln2_mean, a->ln2_rstd, N, C,
@@ -678,14 +734,14 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             ddp_nn_dropout_backward(g->dres, a->mask_a, NC, g->p, true, g->tmp);
             dy = g->tmp;
         }
-        ddp_nn_linear_backward(dy, a->atty, P(m, bp->proj_w), N, C, C, g->dln, G(m, bp->proj_w),
-                               G(m, bp->proj_b));
+        linear_backward(g, dy, a->atty, a->attyh, P(m, bp->proj_w), N, C, C, g->dln,
+                        G(m, bp->proj_w), G(m, bp->proj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->proj_b, bp->proj_w})))
             return st;
         ddp_nn_attention_backward(&g->att, g->dln, a->qkv, a->lse, n, T, drop_seed(g, 2 + 3 * l),
                                   g->step, off_att, g->train, g->attn_scratch, g->dbig);
-        ddp_nn_linear_backward(g->dbig, a->ln1, P(m, bp->attn_w), N, C, 3 * C, g->dln,
-                               G(m, bp->attn_w), G(m, bp->attn_b));
+        linear_backward(g, g->dbig, a->ln1, a->ln1h, P(m, bp->attn_w), N, C, 3 * C, g->dln,
+                        G(m, bp->attn_w), G(m, bp->attn_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->attn_b, bp->attn_w})))
             return st;
         ddp_nn_layernorm_backward(g->dln, x, P(m, bp->ln1_w), a->ln1_mean, a->ln1_rstd, N, C,

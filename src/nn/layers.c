@@ -14,6 +14,7 @@
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
+#include "nn/bf16h.h"
 #include "util/rng.h"
 #include "util/util.h"
 
@@ -100,6 +101,65 @@ void ddp_nn_linear_backward(const float *dy, const float *x, const float *W, int
         for (int r = 0; r < B; r++)
             for (int o = 0; o < out; o++)
                 db[o] += dy[(size_t)r * out + o];
+}
+
+/* ---- linear on a bfloat16 input (nn/bf16h.h) ------------------------------------------------ */
+
+void ddp__nn_round_h(const float *x, size_t n, uint16_t *yh)
+{
+    /* ddp__bf16_round takes an int count: rows of at most 2^20. */
+    for (size_t i = 0; i < n; i += (size_t)1 << 20) {
+        size_t k = n - i < ((size_t)1 << 20) ? n - i : (size_t)1 << 20;
+        ddp__bf16_round(yh + i, x + i, (int)k);
+    }
+}
+
+void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b, int B, int in,
+                              int out, bool add, uint16_t *wh, float *y)
+{
+    if (B <= 0 || out <= 0)
+        return;
+    for (int r = 0; r < B; r++) {
+        float *yr = y + (size_t)r * out;
+        if (add && b)
+            for (int o = 0; o < out; o++)
+                yr[o] += b[o];
+        else if (!add && b)
+            memcpy(yr, b, sizeof(float) * (size_t)out);
+        else if (!add)
+            memset(yr, 0, sizeof(float) * (size_t)out);
+    }
+    if (in <= 0)
+        return;
+    ddp__nn_round_h(W, (size_t)out * (size_t)in, wh);
+    ddp__gemm_bf16_pre(false, true, B, out, in, 1.0f, xh, in, wh, in, 1.0f, y, out);
+}
+
+void ddp__nn_linear_backward_h(const float *dy, const uint16_t *xh, const float *W, int B, int in,
+                               int out, uint16_t *dyh, uint16_t *wh, float *dx, float *dW,
+                               float *db)
+{
+    if (B <= 0 || out <= 0) {
+        if (dx && B > 0 && in > 0)
+            memset(dx, 0, sizeof(float) * (size_t)B * (size_t)in);
+        return;
+    }
+    /* dy rounded row by row, the bias gradient summed from the row while it is in cache (rows in
+     * order, as ddp_nn_linear_backward sums them). */
+    for (int r = 0; r < B; r++) {
+        const float *dr = dy + (size_t)r * out;
+        ddp__bf16_round(dyh + (size_t)r * out, dr, out);
+        if (db)
+            for (int o = 0; o < out; o++)
+                db[o] += dr[o];
+    }
+    if (in <= 0)
+        return;
+    ddp__nn_round_h(W, (size_t)out * (size_t)in, wh);
+    if (dx) /* dx (B, in) = dy (B, out) · W (out, in) */
+        ddp__gemm_bf16_pre(false, false, B, in, out, 1.0f, dyh, out, wh, in, 0.0f, dx, in);
+    if (dW) /* dW (out, in) += dyᵀ (out, B) · x (B, in) */
+        ddp__gemm_bf16_pre(true, false, out, in, B, 1.0f, dyh, out, xh, in, 1.0f, dW, in);
 }
 
 /* ---- activations ----------------------------------------------------------------------------- */

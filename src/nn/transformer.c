@@ -15,6 +15,7 @@
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
+#include "nn/bf16h.h"
 #include "nn/vecmath.h"
 #include "util/util.h"
 
@@ -115,6 +116,23 @@ void ddp_nn_layernorm_forward(const float *x, const float *weight, const float *
     }
 }
 
+void ddp__nn_layernorm_forward_h(const float *x, const float *weight, const float *bias, int N,
+                                 int C, float eps, float *row, uint16_t *yh, float *mean,
+                                 float *rstd)
+{
+    if (C <= 0)
+        return;
+    for (int r = 0; r < N; r++) {
+        float m, rs;
+        ln_fwd_row(x + (size_t)r * C, weight, bias, C, eps, row, &m, &rs);
+        ddp__bf16_round(yh + (size_t)r * C, row, C);
+        if (mean)
+            mean[r] = m;
+        if (rstd)
+            rstd[r] = rs;
+    }
+}
+
 /* One row of the backward; dr may be gr or NULL. */
 DDP__VEC static void ln_bwd_row(const float *gr, const float *xr, const float *weight, float m,
                                 float rs, int C, float *dr, float *dweight, float *dbias)
@@ -168,7 +186,7 @@ void ddp_nn_layernorm_backward(const float *dy, const float *x, const float *wei
 #define GELU_K 0.7978845608028654f /* √(2/π) */
 #define GELU_A 0.044715f
 
-DDP__VEC static void gelu_tanh_fwd(const float *x, size_t n, float *y)
+DDP__VEC512 static void gelu_tanh_fwd(const float *x, size_t n, float *y)
 {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
@@ -177,7 +195,7 @@ DDP__VEC static void gelu_tanh_fwd(const float *x, size_t n, float *y)
     }
 }
 
-DDP__VEC static void gelu_tanh_bwd(const float *dy, const float *x, size_t n, float *dx)
+DDP__VEC512 static void gelu_tanh_bwd(const float *dy, const float *x, size_t n, float *dx)
 {
     /* d/dx x·s = s + x·s(1 − s)·2u', with s = σ(2u) and u' = √(2/π)(1 + 3·0.044715x²)
      * (since 1 − tanh²u = 4s(1 − s)). */
@@ -192,6 +210,18 @@ DDP__VEC static void gelu_tanh_bwd(const float *dy, const float *x, size_t n, fl
 void ddp_nn_gelu_tanh_forward(const float *x, size_t n, float *y)
 {
     gelu_tanh_fwd(x, n, y);
+}
+
+void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh)
+{
+    /* In chunks that stay in L1 between the GELU and the rounding. */
+    enum { CHUNK = 1024 };
+    float buf[CHUNK];
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = n - i < CHUNK ? n - i : CHUNK;
+        gelu_tanh_fwd(x + i, k, buf);
+        ddp__bf16_round(yh + i, buf, (int)k);
+    }
 }
 
 void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float *dx)

@@ -37,10 +37,14 @@
     defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define DDP__VEC __attribute__((target_clones("avx2", "default")))
+#define DDP__VEC512 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #endif
 #ifndef DDP__VEC /* or -DDDP__VEC= for the baseline build alone */
 #define DDP__VEC
+#endif
+#ifndef DDP__VEC512
+#define DDP__VEC512 DDP__VEC
 #endif
 
 static inline float ddp__fast_expf(float x)

@@ -1,0 +1,49 @@
+/*
+ * nn/bf16h.h — private to src/nn: layer entry points for a model that keeps its layers' inputs
+ * in bfloat16 (the GPT under precision bf16 on the CPU, gpt.c).
+ *
+ * Under bf16 products every matrix product rounds its operands to bfloat16 and accumulates in
+ * float32 (kernels/cpu/onednn.c). A linear layer's input x is an operand twice: of y = x·Wᵀ in
+ * the forward and of dW = dyᵀ·x in the backward, and ddp_nn_linear_forward/_backward round it
+ * each time, from a float32 copy the model keeps for the backward. Here the producer of x (a
+ * layernorm, the GELU, the attention) rounds it once, the model keeps only that bfloat16 copy
+ * (half the memory), and both products take it. The roundings are the same ones, so the results
+ * are those of the float32 entry points under bf16 products, bit for bit (test_transformer).
+ *
+ * Scratch for the rounded weight and output gradient is the caller's (wh: out·in halves, dyh:
+ * B·out halves), so nothing here allocates. Products go through ddp__gemm_bf16_pre, whose
+ * fallback (oneDNN failing) is a plain loop on the same bfloat16 operands: always computed.
+ */
+#ifndef DDP_NN_BF16H_H
+#define DDP_NN_BF16H_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* yh[i] = x[i] rounded to bfloat16 (ddp__bf16_round's rounding), i < n. */
+void ddp__nn_round_h(const float *x, size_t n, uint16_t *yh);
+
+/* y (B, out) = xh · Wᵀ + b, or, with add, y += xh · Wᵀ + b (b may be NULL). W (out, in) is
+ * rounded into wh. */
+void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b, int B, int in,
+                              int out, bool add, uint16_t *wh, float *y);
+
+/* ddp_nn_linear_backward with the forward's input as xh (B, in) bfloat16: dx (B, in) = dy · W
+ * (NULL skips), dW += dyᵀ · xh, db += Σ_batch dy (NULL skips; summed in the same order as
+ * ddp_nn_linear_backward, while dy is rounded into dyh). */
+void ddp__nn_linear_backward_h(const float *dy, const uint16_t *xh, const float *W, int B, int in,
+                               int out, uint16_t *dyh, uint16_t *wh, float *dx, float *dW,
+                               float *db);
+
+/* yh = GELU_tanh(x) rounded to bfloat16: ddp_nn_gelu_tanh_forward, then the rounding, without
+ * the float32 output. */
+void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh);
+
+/* ddp_nn_layernorm_forward with the output rounded to bfloat16 into yh (N, C) instead of y;
+ * row is C floats of scratch. */
+void ddp__nn_layernorm_forward_h(const float *x, const float *weight, const float *bias, int N,
+                                 int C, float eps, float *row, uint16_t *yh, float *mean,
+                                 float *rstd);
+
+#endif /* DDP_NN_BF16H_H */
