@@ -28,6 +28,7 @@
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
+#include "nn/bf16h.h"
 #include "nn/vecmath.h"
 #include "util/rng.h"
 #include "util/util.h"
@@ -210,23 +211,34 @@ static uint16_t *bf_part(const ddp_nn_attention *a, float *scratch)
 
 #define HBLK(a) ((size_t)BLK * (size_t)(a)->max_T) /* halves in one rounded block */
 
-void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
-                              uint64_t seed, uint64_t step, uint64_t offset, bool train,
-                              float *scratch, float *out, float *lse)
+/* Head h's q (then k at +C, v at +2C) of sample b: from qkv rounded per head into *buf, or
+ * straight from qkvh, already bfloat16 (a strided operand, nothing copied). */
+static opnd qkv_head(const float *qkv, const uint16_t *qkvh, size_t off, int T, int hs, int C3,
+                     bool bf, uint16_t **buf)
+{
+    if (qkvh)
+        return (opnd){NULL, qkvh + off, C3};
+    return head(qkv + off, T, hs, C3, bf, buf);
+}
+
+static void attention_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh,
+                              int B, int T, uint64_t seed, uint64_t step, uint64_t offset,
+                              bool train, float *scratch, float *out, float *lse)
 {
     const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
     const float scale = (float)(1.0 / sqrt((double)hs));
-    const bool drop = train && a->dropout > 0.0f, bf = ddp__gemm_bf16_active();
+    const bool drop = train && a->dropout > 0.0f, bf = qkvh || ddp__gemm_bf16_active();
     float *S = scratch, *mrow = scratch + (size_t)BLK * T;
     uint16_t *Sh = bf ? bf_part(a, scratch) : NULL, *heads = bf_part(a, scratch) + 2 * HBLK(a);
     if (T <= 0)
         return;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
             uint16_t *hb = heads;
-            opnd Q = head(q, T, hs, C3, bf, &hb), K = head(q + C, T, hs, C3, bf, &hb),
-                 V = head(q + 2 * C, T, hs, C3, bf, &hb);
+            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, bf, &hb),
+                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, bf, &hb),
+                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, bf, &hb);
             float *O = out + (size_t)b * T * C + (size_t)h * hs;
             size_t bh = (size_t)b * nh + h;
             for (int r0 = 0; r0 < T; r0 += BLK) {
@@ -259,13 +271,28 @@ void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B
         }
 }
 
-void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
-                               const float *lse, int B, int T, uint64_t seed, uint64_t step,
-                               uint64_t offset, bool train, float *scratch, float *dqkv)
+void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B, int T,
+                              uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                              float *scratch, float *out, float *lse)
+{
+    attention_forward(a, qkv, NULL, B, T, seed, step, offset, train, scratch, out, lse);
+}
+
+void ddp__nn_attention_forward_h(const ddp_nn_attention *a, const uint16_t *qkvh, int B, int T,
+                                 uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                                 float *scratch, float *out, float *lse)
+{
+    attention_forward(a, NULL, qkvh, B, T, seed, step, offset, train, scratch, out, lse);
+}
+
+static void attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
+                               const uint16_t *qkvh, const float *lse, int B, int T, uint64_t seed,
+                               uint64_t step, uint64_t offset, bool train, float *scratch,
+                               float *dqkv)
 {
     const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
     const float scale = (float)(1.0 / sqrt((double)hs));
-    const bool drop = train && a->dropout > 0.0f, bf = ddp__gemm_bf16_active();
+    const bool drop = train && a->dropout > 0.0f, bf = qkvh || ddp__gemm_bf16_active();
     float *P = scratch, *dP = scratch + (size_t)BLK * T, *mrow = scratch + (size_t)2 * BLK * T;
     uint16_t *Ph = bf ? bf_part(a, scratch) : NULL, *dPh = Ph ? Ph + HBLK(a) : NULL;
     uint16_t *heads = bf_part(a, scratch) + 2 * HBLK(a);
@@ -273,10 +300,11 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
         return;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
             uint16_t *hb = heads;
-            opnd Q = head(q, T, hs, C3, bf, &hb), K = head(q + C, T, hs, C3, bf, &hb),
-                 V = head(q + 2 * C, T, hs, C3, bf, &hb),
+            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, bf, &hb),
+                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, bf, &hb),
+                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, bf, &hb),
                  dO = head(dout + (size_t)b * T * C + (size_t)h * hs, T, hs, C, bf, &hb);
             float *dQ = dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dK = dQ + C, *dV = dQ + 2 * C;
             size_t bh = (size_t)b * nh + h;
@@ -308,4 +336,19 @@ void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, con
                 mm(true, false, kend, hs, nr, scale, dS, Qb, beta, dK, C3);
             }
         }
+}
+
+void ddp_nn_attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
+                               const float *lse, int B, int T, uint64_t seed, uint64_t step,
+                               uint64_t offset, bool train, float *scratch, float *dqkv)
+{
+    attention_backward(a, dout, qkv, NULL, lse, B, T, seed, step, offset, train, scratch, dqkv);
+}
+
+void ddp__nn_attention_backward_h(const ddp_nn_attention *a, const float *dout,
+                                  const uint16_t *qkvh, const float *lse, int B, int T,
+                                  uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                                  float *scratch, float *dqkv)
+{
+    attention_backward(a, dout, NULL, qkvh, lse, B, T, seed, step, offset, train, scratch, dqkv);
 }

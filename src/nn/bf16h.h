@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ddp/nn.h"
+
 /* yh[i] = x[i] rounded to bfloat16 (ddp__bf16_round's rounding), i < n. */
 void ddp__nn_round_h(const float *x, size_t n, uint16_t *yh);
 
@@ -45,5 +47,16 @@ void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh);
 void ddp__nn_layernorm_forward_h(const float *x, const float *weight, const float *bias, int N,
                                  int C, float eps, float *row, uint16_t *yh, float *mean,
                                  float *rstd);
+
+/* ddp_nn_attention_forward/_backward with c_attn's output given as qkvh (B·T, 3C), already
+ * rounded to bfloat16: the heads' q, k and v are read from it in place (the float32 entry points
+ * round them per head, in the forward and again in the backward). */
+void ddp__nn_attention_forward_h(const ddp_nn_attention *a, const uint16_t *qkvh, int B, int T,
+                                 uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                                 float *scratch, float *out, float *lse);
+void ddp__nn_attention_backward_h(const ddp_nn_attention *a, const float *dout,
+                                  const uint16_t *qkvh, const float *lse, int B, int T,
+                                  uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                                  float *scratch, float *dqkv);
 
 #endif /* DDP_NN_BF16H_H */

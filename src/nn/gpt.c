@@ -63,6 +63,7 @@ typedef struct block_acts {
     /* precision bf16 (gpt.bf16h): the four linear layers' inputs kept in bfloat16 only — ln1,
      * atty, ln2 and fchg above are then NULL (nn/bf16h.h) */
     uint16_t *ln1h, *attyh, *ln2h, *fchgh; /* (N, C), (N, C), (N, C), (N, 4C) */
+    uint16_t *qkvh; /* (N, 3C) c_attn's output, rounded (the attention's operands); qkv NULL */
 } block_acts;
 
 typedef struct gpt {
@@ -84,9 +85,9 @@ typedef struct gpt {
     float *dbig;         /* (N, 4C) gradient of fch, also of qkv (N, 3C) */
     /* precision bf16: layer inputs kept in bfloat16 (block_acts), with this scratch: */
     bool bf16h;
-    float *ftmp;  /* (N, C) a layernorm's or the attention's float32 output, before rounding */
-    float *hrow;  /* (C,) one layernorm row */
-    uint16_t *wh; /* (4C·C) a rounded weight */
+    float *ftmp;   /* (N, C) a layernorm's or the attention's float32 output, before rounding */
+    float *hrow;   /* (C,) one layernorm row */
+    uint16_t *wh;  /* (4C·C) a rounded weight */
     uint16_t *dyh; /* (N, 4C) a rounded output gradient */
     /* the last forward */
     const int32_t *tokens; /* (n, T) borrowed until backward */
@@ -249,15 +250,16 @@ static ddp_status alloc_acts(gpt *g, ddp_error *err)
     for (int l = 0; ok && l < g->L; l++) {
         block_acts *a = &g->ba[l];
         ok = alloc(&a->ln1_mean, N, F) && alloc(&a->ln1_rstd, N, F) &&
-             alloc(&a->qkv, N * 3 * C, F) && alloc(&a->lse, N * (size_t)g->nh, F) &&
-             alloc(&a->xmid, N * C, F) && alloc(&a->ln2_mean, N, F) &&
-             alloc(&a->ln2_rstd, N, F) && alloc(&a->fch, N * 4 * C, F) &&
-             alloc(&a->xout, N * C, F) &&
+             alloc(&a->lse, N * (size_t)g->nh, F) && alloc(&a->xmid, N * C, F) &&
+             alloc(&a->ln2_mean, N, F) && alloc(&a->ln2_rstd, N, F) &&
+             alloc(&a->fch, N * 4 * C, F) && alloc(&a->xout, N * C, F) &&
              (!drop || (alloc(&a->mask_a, N * C, 1) && alloc(&a->mask_m, N * C, 1))) &&
-             (h ? alloc(&a->ln1h, N * C, H) && alloc(&a->attyh, N * C, H) &&
-                      alloc(&a->ln2h, N * C, H) && alloc(&a->fchgh, N * 4 * C, H)
-                : alloc(&a->ln1, N * C, F) && alloc(&a->atty, N * C, F) &&
-                      alloc(&a->ln2, N * C, F) && alloc(&a->fchg, N * 4 * C, F));
+             (h ? alloc(&a->qkvh, N * 3 * C, H) && alloc(&a->ln1h, N * C, H) &&
+                      alloc(&a->attyh, N * C, H) && alloc(&a->ln2h, N * C, H) &&
+                      alloc(&a->fchgh, N * 4 * C, H)
+                : alloc(&a->qkv, N * 3 * C, F) && alloc(&a->ln1, N * C, F) &&
+                      alloc(&a->atty, N * C, F) && alloc(&a->ln2, N * C, F) &&
+                      alloc(&a->fchg, N * 4 * C, F));
     }
     if (!ok)
         return ddp__err(err, DDP_ERR_NOMEM,
@@ -336,16 +338,15 @@ static void free_gpt(ddp_model *m)
         return;
     for (int l = 0; g->ba && l < g->L; l++) {
         block_acts *a = &g->ba[l];
-        void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
-                        a->lse, a->xmid,     a->ln2,      a->ln2_mean, a->ln2_rstd,
-                        a->fch, a->fchg,     a->xout,     a->mask_a,   a->mask_m,
-                        a->ln1h, a->attyh,   a->ln2h,     a->fchgh};
+        void *bufs[] = {a->ln1,    a->ln1_mean, a->ln1_rstd, a->qkv,  a->atty,  a->lse,  a->xmid,
+                        a->ln2,    a->ln2_mean, a->ln2_rstd, a->fch,  a->fchg,  a->xout, a->mask_a,
+                        a->mask_m, a->ln1h,     a->attyh,    a->ln2h, a->fchgh, a->qkvh};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             free(bufs[k]);
     }
-    void *bufs[] = {g->bp,     g->ba,           g->x0,  g->mask_e, g->lnf, g->lnf_mean, g->lnf_rstd,
-                    g->logits, g->attn_scratch, g->tmp, g->dres,   g->dln, g->dbig,
-                    g->ftmp,   g->hrow,         g->wh,  g->dyh};
+    void *bufs[] = {g->bp,       g->ba,     g->x0,           g->mask_e, g->lnf,  g->lnf_mean,
+                    g->lnf_rstd, g->logits, g->attn_scratch, g->tmp,    g->dres, g->dln,
+                    g->dbig,     g->ftmp,   g->hrow,         g->wh,     g->dyh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
     ddp__cuda_gpt_free(g->cu);
@@ -515,12 +516,14 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         const block_params *bp = &g->bp[l];
         block_acts *a = &g->ba[l];
         if (g->bf16h) { /* the same layers, their inputs kept in bf16 (nn/bf16h.h) */
-            ddp__nn_layernorm_forward_h(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS,
-                                        g->hrow, a->ln1h, a->ln1_mean, a->ln1_rstd);
+            ddp__nn_layernorm_forward_h(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, g->hrow,
+                                        a->ln1h, a->ln1_mean, a->ln1_rstd);
+            /* c_attn's float32 output goes through dbig (free until the backward) */
             ddp__nn_linear_forward_h(a->ln1h, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C,
-                                     false, g->wh, a->qkv);
-            ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step,
-                                     off_att, train, g->attn_scratch, g->ftmp, a->lse);
+                                     false, g->wh, g->dbig);
+            ddp__nn_round_h(g->dbig, NC * 3, a->qkvh);
+            ddp__nn_attention_forward_h(&g->att, a->qkvh, n, T, drop_seed(g, 2 + 3 * l), b->step,
+                                        off_att, train, g->attn_scratch, g->ftmp, a->lse);
             ddp__nn_round_h(g->ftmp, NC, a->attyh);
             residual_proj(g, x, NULL, a->attyh, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
                           drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
@@ -530,8 +533,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
                                      g->wh, a->fch);
             ddp__nn_gelu_tanh_forward_h(a->fch, (size_t)N * 4 * C, a->fchgh);
             residual_proj(g, a->xmid, NULL, a->fchgh, P(m, bp->mproj_w), P(m, bp->mproj_b), N,
-                          4 * C, drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp,
-                          a->xout);
+                          4 * C, drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
             x = a->xout;
             continue;
         }
@@ -664,8 +666,7 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
                 st = mark(m, ready, ctx, 1, (const int[]){(int)i});
         free(done);
         if (st && rm.st)
-            return ddp__errmsg(m->err, rm.st,
-                               "backward: the gradient-ready callback failed (%s)",
+            return ddp__errmsg(m->err, rm.st, "backward: the gradient-ready callback failed (%s)",
                                ddp_status_str(rm.st));
         if (st && e.status)
             return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
@@ -738,8 +739,14 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
                         G(m, bp->proj_w), G(m, bp->proj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->proj_b, bp->proj_w})))
             return st;
-        ddp_nn_attention_backward(&g->att, g->dln, a->qkv, a->lse, n, T, drop_seed(g, 2 + 3 * l),
-                                  g->step, off_att, g->train, g->attn_scratch, g->dbig);
+        if (a->qkvh)
+            ddp__nn_attention_backward_h(&g->att, g->dln, a->qkvh, a->lse, n, T,
+                                         drop_seed(g, 2 + 3 * l), g->step, off_att, g->train,
+                                         g->attn_scratch, g->dbig);
+        else
+            ddp_nn_attention_backward(&g->att, g->dln, a->qkv, a->lse, n, T,
+                                      drop_seed(g, 2 + 3 * l), g->step, off_att, g->train,
+                                      g->attn_scratch, g->dbig);
         linear_backward(g, g->dbig, a->ln1, a->ln1h, P(m, bp->attn_w), N, C, 3 * C, g->dln,
                         G(m, bp->attn_w), G(m, bp->attn_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->attn_b, bp->attn_w})))
@@ -872,9 +879,9 @@ static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_hos
 }
 
 static const ddp_model_resident_ops gpt_resident = {
-    resident_start, resident_param, resident_stream, resident_bind_grad, resident_step,
-    resident_sync,
+    resident_start,     resident_param, resident_stream,
+    resident_bind_grad, resident_step,  resident_sync,
 };
 
-const ddp_model_ops ddp__gpt_ops = {"gpt",  build,  free_gpt,     forward,
-                                    backward, logits, flops, &gpt_resident};
+const ddp_model_ops ddp__gpt_ops = {"gpt",    build,  free_gpt, forward,
+                                    backward, logits, flops,    &gpt_resident};

@@ -760,7 +760,7 @@ static void flops_counts(void **state)
 
 /* The same model (tiny_spec, 32 wide, 16 tokens, vocabulary 50) in float32 (m[0]) and in bf16
  * (m[1]); skips the test where bf16 cannot run on this CPU. */
-static void build_bf16_pair(ddp_model *m[2])
+static void build_bf16_pair_with(ddp_model *m[2], bool bias, float dropout)
 {
     ddp_error err = {0};
     if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
@@ -771,20 +771,28 @@ static void build_bf16_pair(ddp_model *m[2])
     s.n_embd = 32;
     s.block_size = 16;
     s.vocab_size = 50;
+    s.bias = bias;
+    s.dropout = dropout;
     m[0] = build(&s);
     s.precision = DDP_PRECISION_BF16;
     m[1] = build(&s);
 }
 
+static void build_bf16_pair(ddp_model *m[2])
+{
+    build_bf16_pair_with(m, tiny_spec().bias, 0.0f);
+}
+
 /* precision bf16 on the CPU (oneDNN's bf16 products, float32 everywhere else): the same model
  * as in float32 gives the same loss and gradients within bf16's 8-bit operands — and not bit for
  * bit the float32 ones, so the bf16 products did run. The thread's arithmetic is float32 again
- * after the model's calls. Skipped where the CPU has no bf16 units or oneDNN is missing. */
-static void bf16_products(void **state)
+ * after the model's calls. With and without bias, and with dropout (whose masks are the same in
+ * both: the bf16 model's residual branches then go through its dropout path). Skipped where the
+ * CPU has no bf16 units or oneDNN is missing. */
+static void bf16_products_case(bool bias, float dropout)
 {
-    (void)state;
     ddp_model *m[2];
-    build_bf16_pair(m);
+    build_bf16_pair_with(m, bias, dropout);
     ddp_model *m32 = m[0], *m16 = m[1];
     enum { N = 3, T = 16 };
     int32_t tokens[N * T], targets[N * T];
@@ -812,6 +820,14 @@ static void bf16_products(void **state)
     free(g16);
     ddp_model_free(m32);
     ddp_model_free(m16);
+}
+
+static void bf16_products(void **state)
+{
+    (void)state;
+    bf16_products_case(true, 0.0f);
+    bf16_products_case(false, 0.0f);
+    bf16_products_case(true, 0.25f);
 }
 
 /* The largest |x − y| over n values, relative to the largest |y|. */

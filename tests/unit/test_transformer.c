@@ -25,6 +25,7 @@
 
 #include "ddp/ddp.h"
 #include "kernels/kernels.h"
+#include "nn/bf16h.h"
 #include "nn/vecmath.h"
 #include "util/half.h"
 #include "nn_check.h"
@@ -542,6 +543,79 @@ static void linear_bf16(void **state)
     free(dy), free(x), free(W), free(db), free(dx), free(dW), free(rdx), free(rdW), free(dx32);
 }
 
+/* nn/bf16h.h: layers whose inputs are kept in bfloat16 (the GPT under precision bf16) give the
+ * float32 entry points' results under bf16 products, bit for bit: the linear forward (plain and
+ * accumulating), its backward (with the bias gradient summed while dy is rounded), the GELU and
+ * layernorm writing rounded outputs, and the attention reading a rounded qkv. */
+static void kept_bf16_inputs(void **state)
+{
+    (void)state;
+    need_bf16();
+    enum { B = 37, IN = 45, OUT = 70 };
+    float *x = falloc(B * IN), *W = falloc(OUT * IN), *b = falloc(OUT), *dy = falloc(B * OUT);
+    float *y = falloc(B * OUT), *ry = falloc(B * OUT), *dx = falloc(B * IN), *rdx = falloc(B * IN);
+    float *dW = falloc(OUT * IN), *rdW = falloc(OUT * IN), *db = falloc(OUT), *rdb = falloc(OUT);
+    float *row = falloc(IN), *ln = falloc(B * IN), *mean = falloc(B), *rstd = falloc(B);
+    uint16_t *xh = malloc(2 * B * IN), *wh = malloc(2 * OUT * IN), *dyh = malloc(2 * B * OUT);
+    uint16_t *rh = malloc(2 * B * IN);
+    assert_non_null(xh), assert_non_null(wh), assert_non_null(dyh), assert_non_null(rh);
+    fill(x, B * IN, -1, 1, 81), fill(W, OUT * IN, -1, 1, 82), fill(b, OUT, -1, 1, 83);
+    fill(dy, B * OUT, -1, 1, 84), fill(dW, OUT * IN, -1, 1, 85), fill(db, OUT, -1, 1, 86);
+    memcpy(rdW, dW, sizeof(float) * OUT * IN), memcpy(rdb, db, sizeof(float) * OUT);
+    unsigned long fb = ddp__gemm_bf16_fallbacks();
+    ddp__gemm_kind old = ddp__gemm_set_kind(DDP__GEMM_BF16);
+    ddp__nn_round_h(x, B * IN, xh);
+    ddp_nn_linear_forward(x, W, b, B, IN, OUT, ry);
+    ddp__nn_linear_forward_h(xh, W, b, B, IN, OUT, false, wh, y);
+    assert_memory_equal(y, ry, sizeof(float) * B * OUT);
+    /* accumulating (the residual projection): y += x·Wᵀ, as ddp__sgemm with beta 1 */
+    memcpy(y, dy, sizeof(float) * B * OUT), memcpy(ry, dy, sizeof(float) * B * OUT);
+    ddp__sgemm(false, true, B, OUT, IN, 1.0f, x, IN, W, IN, 1.0f, ry, OUT);
+    ddp__nn_linear_forward_h(xh, W, NULL, B, IN, OUT, true, wh, y);
+    assert_memory_equal(y, ry, sizeof(float) * B * OUT);
+    ddp_nn_linear_backward(dy, x, W, B, IN, OUT, rdx, rdW, rdb);
+    ddp__nn_linear_backward_h(dy, xh, W, B, IN, OUT, dyh, wh, dx, dW, db);
+    assert_memory_equal(dx, rdx, sizeof(float) * B * IN);
+    assert_memory_equal(dW, rdW, sizeof(float) * OUT * IN);
+    assert_memory_equal(db, rdb, sizeof(float) * OUT);
+    /* GELU and layernorm with rounded outputs */
+    ddp_nn_gelu_tanh_forward(x, B * IN, ln);
+    ddp__bf16_round(rh, ln, B * IN);
+    ddp__nn_gelu_tanh_forward_h(x, B * IN, xh);
+    assert_memory_equal(xh, rh, 2 * B * IN);
+    ddp_nn_layernorm_forward(x, W, b, B, IN, 1e-5f, ln, NULL, NULL);
+    ddp__bf16_round(rh, ln, B * IN);
+    ddp__nn_layernorm_forward_h(x, W, b, B, IN, 1e-5f, row, xh, mean, rstd);
+    assert_memory_equal(xh, rh, 2 * B * IN);
+    /* attention from a rounded qkv: three blocks, the last short, with dropout */
+    enum { AB = 2, T = 150, C = 32, NH = 2 };
+    ddp_nn_attention a = {C, NH, T, 0.1f, 0, 0};
+    assert_int_equal(ddp_nn_attention_setup(&a, NULL), DDP_OK);
+    size_t nq = (size_t)AB * T * 3 * C, no = (size_t)AB * T * C;
+    float *qkv = falloc(nq), *d = falloc(no), *o = falloc(no), *ro = falloc(no);
+    float *lse = falloc(AB * NH * T), *rlse = falloc(AB * NH * T), *g = falloc(nq);
+    float *rg = falloc(nq), *scr = falloc(a.scratch_floats);
+    uint16_t *qh = malloc(2 * nq);
+    assert_non_null(qh);
+    fill(qkv, nq, -1, 1, 87), fill(d, no, -1, 1, 88);
+    for (size_t i = 0; i < nq; i++) /* qkv as rounded: the float32 path rounds it the same way */
+        qkv[i] = ddp__bf16_to_f32(ddp__f32_to_bf16(qkv[i]));
+    ddp__nn_round_h(qkv, nq, qh);
+    ddp_nn_attention_forward(&a, qkv, AB, T, 5, 6, 7, true, scr, ro, rlse);
+    ddp_nn_attention_backward(&a, d, qkv, rlse, AB, T, 5, 6, 7, true, scr, rg);
+    ddp__nn_attention_forward_h(&a, qh, AB, T, 5, 6, 7, true, scr, o, lse);
+    ddp__nn_attention_backward_h(&a, d, qh, lse, AB, T, 5, 6, 7, true, scr, g);
+    ddp__gemm_set_kind(old);
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), fb);
+    assert_memory_equal(o, ro, sizeof(float) * no);
+    assert_memory_equal(lse, rlse, sizeof(float) * AB * NH * T);
+    assert_memory_equal(g, rg, sizeof(float) * nq);
+    free(x), free(W), free(b), free(dy), free(y), free(ry), free(dx), free(rdx), free(dW);
+    free(rdW), free(db), free(rdb), free(row), free(ln), free(mean), free(rstd), free(xh);
+    free(wh), free(dyh), free(rh), free(qkv), free(d), free(o), free(ro), free(lse), free(rlse);
+    free(g), free(rg), free(scr), free(qh);
+}
+
 static void attention_setup(void **state)
 {
     (void)state;
@@ -722,8 +796,9 @@ int main(void)
         cmocka_unit_test(layernorm),       cmocka_unit_test(gelu_tanh),
         cmocka_unit_test(residual_add),    cmocka_unit_test(attention),
         cmocka_unit_test(attention_setup), cmocka_unit_test(attention_bf16),
-        cmocka_unit_test(linear_bf16),     cmocka_unit_test(lm_head),
-        cmocka_unit_test(vocab_xent),      cmocka_unit_test(init_normal),
+        cmocka_unit_test(linear_bf16),     cmocka_unit_test(kept_bf16_inputs),
+        cmocka_unit_test(lm_head),         cmocka_unit_test(vocab_xent),
+        cmocka_unit_test(init_normal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
