@@ -217,6 +217,48 @@ static void bf16_many_shapes(void **state)
     assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
 }
 
+/* Products on the grid of 16 up to 512 (the attention's blocks) run in primitives made for their
+ * shape (kernels/cpu/onednn.c): more such shapes than a thread keeps (64), each computed twice,
+ * the second time after it was replaced — right both times, and the same bits: which kernel runs
+ * depends on the shape alone. */
+static void bf16_fixed_shapes(void **state)
+{
+    (void)state;
+    if (ddp__gemm_bf16_check(NULL) != DDP_OK)
+        skip();
+    enum { NS = 80, MAXD = 512 };
+    float *A = malloc(sizeof(float) * MAXD * MAXD), *B = malloc(sizeof(float) * MAXD * MAXD);
+    float *C[NS];
+    assert_true(A && B);
+    uint32_t seed = 99;
+    for (int i = 0; i < MAXD * MAXD; i++)
+        A[i] = frand(&seed), B[i] = frand(&seed);
+    unsigned long before = ddp__gemm_bf16_fallbacks();
+    ddp__gemm_kind was = ddp__gemm_set_kind(DDP__GEMM_BF16);
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < NS; k++) {
+            int M = 16 * (1 + k % 8), N = 16 * (1 + (k / 8) % 10), K = 64 + 16 * (k % 3);
+            bool ta = k & 1, tb = k & 2;
+            float *c = malloc(sizeof(float) * (size_t)M * N);
+            assert_non_null(c);
+            ddp__sgemm(ta, tb, M, N, K, 0.5f, A, ta ? M : K, B, tb ? K : N, 0.0f, c, N);
+            if (round == 0) {
+                C[k] = c;
+                continue;
+            }
+            if (memcmp(c, C[k], sizeof(float) * (size_t)M * N) != 0)
+                fail_msg("shape %d (M%d N%d K%d): not the same bits the second time", k, M, N, K);
+            free(c);
+            free(C[k]);
+            long miss = bf16_misses(ta, tb, M, N, K, 0.5f, 1.0f, (uint32_t)k);
+            if (miss != 0)
+                fail_msg("shape %d (M%d N%d K%d): %ld entries wrong", k, M, N, K, miss);
+        }
+    ddp__gemm_set_kind(was);
+    assert_int_equal(ddp__gemm_bf16_fallbacks(), before);
+    free(A), free(B);
+}
+
 /* Several threads at once, each with its own stream and cache, on shapes of their own and on
  * shapes they share; the threads exit (their state freed by the key's destructor) and new ones
  * start, twice. Under the sanitizers this is the check of the state list and the destructor. */
@@ -404,6 +446,7 @@ int main(void)
         cmocka_unit_test(bf16_without_a_thread_key),           /* likewise */
         cmocka_unit_test(bf16_products),
         cmocka_unit_test(bf16_many_shapes),
+        cmocka_unit_test(bf16_fixed_shapes),
         cmocka_unit_test(bf16_threads),
         cmocka_unit_test(bf16_in_a_forked_child),
     };
