@@ -46,7 +46,8 @@ ddp_status ddp__gemm_bf16_check(ddp_error *err);
  * memory, a oneDNN error — and the caller computes it in float32 instead. */
 bool ddp__gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
-/* How many bf16 products fell back to float32 in this process (0 in a healthy run). */
+/* How many bf16 products did not run in oneDNN in this process (0 in a healthy run): fell back
+ * to float32 (ddp__gemm_bf16) or to a plain loop on the bf16 operands (ddp__gemm_bf16_pre). */
 unsigned long ddp__gemm_bf16_fallbacks(void);
 /* How many bf16 products were asked for in this process (ddp__sgemm handing one to
  * ddp__gemm_bf16, cpu/gemm.c, and ddp__gemm_bf16_pre): the

@@ -148,8 +148,9 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
     size_t nb;
     ddp_model_buffers(t->m, &nb);
     if (nb > 0)
-        return trainer_die(t, "model", "device-resident training of a model with buffers is not "
-                                       "implemented");
+        return trainer_die(t, "model",
+                           "device-resident training of a model with buffers is not "
+                           "implemented");
     if (ddp_model_resident(t->m, &t->oo, &err) != DDP_OK)
         return trainer_die(t, "model on the GPU", err.msg);
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
@@ -334,9 +335,10 @@ static void report_bf16_fallbacks(trainer *t, uint64_t products0, uint64_t fallb
     if (fallbacks == 0)
         return;
     trainer_say(t,
-                "warning: %llu of %llu bf16 matrix products on rank 0 fell back to float32 "
-                "(oneDNN could not run them: out of memory, or a oneDNN error), which is right "
-                "but slower; HINT: check free memory, or set precision fp32",
+                "warning: %llu of %llu bf16 matrix products on rank 0 fell back from oneDNN to "
+                "slower code (float32 products, or a plain loop on the bf16 operands: oneDNN "
+                "could not run them, out of memory or a oneDNN error), which is right but "
+                "slower; HINT: check free memory, or set precision fp32",
                 (unsigned long long)fallbacks, (unsigned long long)products);
 }
 
@@ -447,9 +449,9 @@ int main(int argc, char **argv)
     char bk[800];
     ddp_launcher la = ddp_group_world(t.g)->launcher;
     bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
-    int bl = snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g),
-                      ddp_group_backend_reason(t.g), other ? ", started by " : "",
-                      other ? ddp_launcher_name(la) : "");
+    int bl =
+        snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g), ddp_group_backend_reason(t.g),
+                 other ? ", started by " : "", other ? ddp_launcher_name(la) : "");
     if (t.resident && bl > 0 && (size_t)bl < sizeof bk) /* the gradients' own group */
         snprintf(bk + bl, sizeof bk - (size_t)bl, "; gradients on the GPU over %s: %s",
                  ddp_group_backend(t.gg), ddp_group_backend_reason(t.gg));
