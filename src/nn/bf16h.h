@@ -33,7 +33,8 @@ void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b
 
 /* ddp_nn_linear_backward with the forward's input as xh (B, in) bfloat16: dx (B, in) = dy · W
  * (NULL skips), dW += dyᵀ · xh, db += Σ_batch dy (NULL skips; summed in the same order as
- * ddp_nn_linear_backward, while dy is rounded into dyh). */
+ * ddp_nn_linear_backward, while dy is rounded into dyh). dy NULL: dyh already holds dy rounded,
+ * and db is not touched (ddp__nn_gelu_tanh_backward_h made both). */
 void ddp__nn_linear_backward_h(const float *dy, const uint16_t *xh, const float *W, int B, int in,
                                int out, uint16_t *dyh, uint16_t *wh, float *dx, float *dW,
                                float *db);
@@ -41,6 +42,13 @@ void ddp__nn_linear_backward_h(const float *dy, const uint16_t *xh, const float 
 /* yh = GELU_tanh(x) rounded to bfloat16: ddp_nn_gelu_tanh_forward, then the rounding, without
  * the float32 output. */
 void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh);
+
+/* The GELU's backward feeding a linear layer's (c_fc's): g = dy · gelu'(x) for rows × cols, not
+ * stored but rounded into gh, and the layer's bias gradient db (cols,) += Σ_rows g (rows in order,
+ * as ddp_nn_linear_backward sums them) — what ddp_nn_gelu_tanh_backward then
+ * ddp__nn_linear_backward_h would compute, without the float32 g. */
+void ddp__nn_gelu_tanh_backward_h(const float *dy, const float *x, int rows, int cols,
+                                  uint16_t *gh, float *db);
 
 /* ddp_nn_layernorm_forward with the output rounded to bfloat16 into yh (N, C) instead of y;
  * row is C floats of scratch. */

@@ -718,9 +718,15 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
                         G(m, bp->mproj_w), G(m, bp->mproj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->mproj_b, bp->mproj_w})))
             return st;
-        ddp_nn_gelu_tanh_backward(g->dbig, a->fch, (size_t)N * 4 * C, g->dbig);
-        linear_backward(g, g->dbig, a->ln2, a->ln2h, P(m, bp->fc_w), N, C, 4 * C, g->dln,
-                        G(m, bp->fc_w), G(m, bp->fc_b));
+        if (g->bf16h) { /* the GELU's gradient straight into c_fc's rounded dy and bias */
+            ddp__nn_gelu_tanh_backward_h(g->dbig, a->fch, N, 4 * C, g->dyh, G(m, bp->fc_b));
+            ddp__nn_linear_backward_h(NULL, a->ln2h, P(m, bp->fc_w), N, C, 4 * C, g->dyh, g->wh,
+                                      g->dln, G(m, bp->fc_w), NULL);
+        } else {
+            ddp_nn_gelu_tanh_backward(g->dbig, a->fch, (size_t)N * 4 * C, g->dbig);
+            linear_backward(g, g->dbig, a->ln2, a->ln2h, P(m, bp->fc_w), N, C, 4 * C, g->dln,
+                            G(m, bp->fc_w), G(m, bp->fc_b));
+        }
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->fc_b, bp->fc_w})))
             return st;
         ddp_nn_layernorm_backward(g->dln, a->xmid, P(m, bp->ln2_w), a->ln2_mean, a->ln2_rstd, N, C,

@@ -145,8 +145,8 @@ void ddp__nn_linear_backward_h(const float *dy, const uint16_t *xh, const float 
         return;
     }
     /* dy rounded row by row, the bias gradient summed from the row while it is in cache (rows in
-     * order, as ddp_nn_linear_backward sums them). */
-    for (int r = 0; r < B; r++) {
+     * order, as ddp_nn_linear_backward sums them); dy NULL: dyh holds it rounded already. */
+    for (int r = 0; dy && r < B; r++) {
         const float *dr = dy + (size_t)r * out;
         ddp__bf16_round(dyh + (size_t)r * out, dr, out);
         if (db)

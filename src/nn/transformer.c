@@ -224,6 +224,23 @@ void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh)
     }
 }
 
+void ddp__nn_gelu_tanh_backward_h(const float *dy, const float *x, int rows, int cols,
+                                  uint16_t *gh, float *db)
+{
+    enum { CHUNK = 1024 };
+    float buf[CHUNK];
+    for (int r = 0; r < rows; r++)
+        for (int c0 = 0; c0 < cols; c0 += CHUNK) {
+            int k = cols - c0 < CHUNK ? cols - c0 : CHUNK;
+            size_t off = (size_t)r * cols + c0;
+            gelu_tanh_bwd(dy + off, x + off, (size_t)k, buf);
+            if (db)
+                for (int c = 0; c < k; c++)
+                    db[c0 + c] += buf[c];
+            ddp__bf16_round(gh + off, buf, k);
+        }
+}
+
 void ddp_nn_gelu_tanh_backward(const float *dy, const float *x, size_t n, float *dx)
 {
     gelu_tanh_bwd(dy, x, n, dx);

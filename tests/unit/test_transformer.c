@@ -578,6 +578,17 @@ static void kept_bf16_inputs(void **state)
     assert_memory_equal(dx, rdx, sizeof(float) * B * IN);
     assert_memory_equal(dW, rdW, sizeof(float) * OUT * IN);
     assert_memory_equal(db, rdb, sizeof(float) * OUT);
+    /* the GELU's backward straight into the next backward's rounded dy and bias gradient */
+    float *g32 = falloc(B * OUT), *gx = falloc(B * OUT);
+    fill(gx, B * OUT, -3, 3, 89);
+    ddp_nn_gelu_tanh_backward(dy, gx, B * OUT, g32);
+    ddp_nn_linear_backward(g32, x, W, B, IN, OUT, rdx, rdW, rdb);
+    ddp__nn_gelu_tanh_backward_h(dy, gx, B, OUT, dyh, db);
+    ddp__nn_linear_backward_h(NULL, xh, W, B, IN, OUT, dyh, wh, dx, dW, NULL);
+    assert_memory_equal(dx, rdx, sizeof(float) * B * IN);
+    assert_memory_equal(dW, rdW, sizeof(float) * OUT * IN);
+    assert_memory_equal(db, rdb, sizeof(float) * OUT);
+    free(g32), free(gx);
     /* GELU and layernorm with rounded outputs */
     ddp_nn_gelu_tanh_forward(x, B * IN, ln);
     ddp__bf16_round(rh, ln, B * IN);
