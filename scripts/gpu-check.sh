@@ -88,38 +88,17 @@ build() {
     echo "next: run 'bash scripts/gpu-check.sh run' on the GPU machine with gpu-carry carried"
 }
 
-# The directory holding the machine's libcublasLt.so.13: CUDA's own, else PyTorch's wheels.
-find_cublas() {
+# The directory holding the machine's copy of a CUDA library (libcublasLt.so.13, libnccl.so.2,
+# libcudnn.so.9: the module links them): CUDA's own or the system's, else PyTorch's nvidia-* wheels.
+find_cuda_lib() {
     local d
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
-        [ -e "$d/libcublasLt.so.13" ] && { echo "$d"; return; }
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib \
+        /usr/lib/x86_64-linux-gnu; do
+        [ -e "$d/$1" ] && { echo "$d"; return; }
     done
     local site
     site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
-    [ -n "$site" ] && find "$site/nvidia" -name 'libcublasLt.so.13*' -printf '%h\n' 2>/dev/null | head -1
-}
-
-# The directory holding the machine's libnccl.so.2 (the module needs it when built with NCCL).
-find_nccl() {
-    local d
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
-        [ -e "$d/libnccl.so.2" ] && { echo "$d"; return; }
-    done
-    local site
-    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
-    [ -n "$site" ] && find "$site/nvidia" -name 'libnccl.so.2*' -printf '%h\n' 2>/dev/null | head -1
-}
-
-# The directory holding the machine's libcudnn.so.9 (the module links it: the CNN's conv2d and
-# batchnorm): CUDA's own, else PyTorch's nvidia-cudnn wheel.
-find_cudnn() {
-    local d
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
-        [ -e "$d/libcudnn.so.9" ] && { echo "$d"; return; }
-    done
-    local site
-    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
-    [ -n "$site" ] && find "$site/nvidia" -name 'libcudnn.so.9*' -printf '%h\n' 2>/dev/null | head -1
+    [ -n "$site" ] && find "$site/nvidia" -name "$1*" -printf '%h\n' 2>/dev/null | head -1
 }
 
 # Where Fashion-MNIST is for the CNN check: carried (gpu-data), stashed by an earlier call, or the
@@ -139,13 +118,13 @@ setup_env() {
     LOG=${OUT:-/tmp}/gpu-check.log
     : >"$LOG"
     local cub
-    cub=$(find_cublas)
+    cub=$(find_cuda_lib libcublasLt.so.13)
     [ -n "$cub" ] || echo "warning: no libcublasLt.so.13 found; the programs will not load" | tee -a "$LOG"
     local nccl
-    nccl=$(find_nccl)
+    nccl=$(find_cuda_lib libnccl.so.2)
     [ -n "$nccl" ] || echo "warning: no libnccl.so.2 found; the GPU module will not load" | tee -a "$LOG"
     local dnn
-    dnn=$(find_cudnn)
+    dnn=$(find_cuda_lib libcudnn.so.9)
     [ -n "$dnn" ] || echo "warning: no libcudnn.so.9 found; the GPU module will not load" | tee -a "$LOG"
     export SYS_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
     export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${dnn:+:$dnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -277,20 +277,23 @@ ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, dd
     return st ? st : t->gpt_backward(g, grads_host, err);
 }
 
-/* The device-resident entry points: a module without them (the tests' fakes) says so. */
-#define DDP__GPU_CALL(member, ...)                                                                 \
+/* An entry point the module may lack (why: a string saying what is missing and what to do):
+ * a module without it (built without cuDNN, the tests' fakes) says so. */
+#define DDP__GPU_CALL_OR(why, member, ...)                                                         \
     do {                                                                                           \
         const ddp__gpu_api *t;                                                                     \
         ddp_status st_ = ddp__gpu_module(&t, err);                                                 \
         if (st_)                                                                                   \
             return st_;                                                                            \
         if (!t->member)                                                                            \
-            return ddp__err(err, DDP_ERR_NOT_FOUND,                                                \
-                            "the GPU module %s has no device-resident training (" #member          \
-                            "); HINT: use the libddp_gpu.so built with this libddp",               \
+            return ddp__err(err, DDP_ERR_NOT_FOUND, "the GPU module %s has " why,                  \
                             ddp__gpu_module_path());                                               \
         return t->member(__VA_ARGS__);                                                             \
     } while (0)
+#define DDP__GPU_CALL(member, ...)                                                                 \
+    DDP__GPU_CALL_OR("no device-resident training (" #member "); HINT: use the libddp_gpu.so "     \
+                     "built with this libddp",                                                     \
+                     member, __VA_ARGS__)
 
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                   ddp_error *err)
@@ -315,8 +318,7 @@ ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *er
     DDP__GPU_CALL(gpt_optim_init, g, nstates, err);
 }
 
-ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
-                                    ddp_error *err)
+ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *err)
 {
     DDP__GPU_CALL(gpt_optim_step, g, a, err);
 }
@@ -327,23 +329,11 @@ ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *arra
     DDP__GPU_CALL(gpt_optim_state, g, s, arrays, to_host, err);
 }
 
-
-/* The classifier's entry points: a module without them (built without cuDNN, the tests' fakes)
- * says so. */
 #define DDP__GPU_CLS_CALL(member, ...)                                                             \
-    do {                                                                                           \
-        const ddp__gpu_api *t;                                                                     \
-        ddp_status st_ = ddp__gpu_module(&t, err);                                                 \
-        if (st_)                                                                                   \
-            return st_;                                                                            \
-        if (!t->member)                                                                            \
-            return ddp__err(err, DDP_ERR_NOT_FOUND,                                                \
-                            "the GPU module %s has no MLP/CNN (" #member "): it was built "        \
-                            "without cuDNN; HINT: install cuDNN 9 where nvcc is and rebuild, or "  \
-                            "use device cpu for mlp and cnn",                                      \
-                            ddp__gpu_module_path());                                               \
-        return t->member(__VA_ARGS__);                                                             \
-    } while (0)
+    DDP__GPU_CALL_OR("no MLP/CNN (" #member                                                        \
+                     "): it was built without cuDNN; HINT: install cuDNN 9 "                       \
+                     "where nvcc is and rebuild, or use device cpu for mlp and cnn",               \
+                     member, __VA_ARGS__)
 
 ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
                                 const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
