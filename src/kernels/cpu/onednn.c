@@ -318,9 +318,10 @@ typedef struct prim {
 
 enum { NPRIM = 12 }; /* distinct (ta, tb, beta) kept; layers use beta 0 and 1: 8 */
 /* Small products — every dimension at most 512 and a multiple of 16: the attention's per-head
- * blocks — run in primitives made for their exact shape (oneDNN's brgemm kernels), 1.5–1.9×
- * faster there than the run-time-sized gemm:jit (bench/onednn_shapes.c); the large products
- * (linear layers) run as fast in either. Which kernel computes a product is still a function of
+ * blocks — run in primitives made for their exact shape, for which oneDNN picks its brgemm
+ * kernels where the operands are packed (strided ones still get gemm:jit): up to 1.2× faster
+ * there than the run-time-sized gemm:jit (bench/onednn_shapes.c); the large products (linear
+ * layers) run as fast in either. Which kernel computes a product is still a function of
  * its shape alone (a shape leaving the cache is made again the same way), so a resumed run's
  * bits stay the uninterrupted run's; shapes off the grid of 16 (generation's growing contexts, a
  * short last block) take the run-time primitive and never wait for one to be made. */
