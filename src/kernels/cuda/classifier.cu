@@ -40,7 +40,8 @@ extern "C" {
 
 #define WS_CAP ((size_t)256 << 20) /* the most cuDNN workspace an algorithm may ask for */
 
-namespace {
+namespace
+{
 
 struct dlayer {
     ddp__cuda_cls_layer L;
@@ -343,6 +344,7 @@ static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
 {
     if (l->desc_n == n)
         return DDP_OK;
+    l->desc_n = 0; /* until both are set: a failure half way leaves no stale size behind */
     const ddp__cuda_cls_layer *L = &l->L;
     ddp_status st;
     if (L->kind == DDP__CLS_CONV) {
@@ -576,7 +578,17 @@ extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *b
  * little or no workspace. */
 static bool refused(cudnnStatus_t s)
 {
+    /* cuDNN 9 answers with detailed codes inside each category (3002 NOT_SUPPORTED_SHAPE, …);
+     * the library and driver codes of the not-supported category (a sub-library missing, the
+     * wrong architecture or runtime) are not an algorithm's fault and stay errors. */
+#ifdef CUDNN_STATUS_CATEGORY
+    int c = (int)CUDNN_STATUS_CATEGORY((int)s);
+    if (c == (int)CUDNN_STATUS_NOT_SUPPORTED)
+        return !(s >= 3005 && s <= 3009);
+    return c == (int)CUDNN_STATUS_BAD_PARAM;
+#else
     return s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM;
+#endif
 }
 
 /* An algorithm's workspace for this batch, checked against what create allocated. */

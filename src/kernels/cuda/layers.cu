@@ -29,7 +29,7 @@ extern "C" ddp_status ddp__cuda_embedding_forward(ddp__cuda_ctx *c, const int32_
 {
     size_t total = (size_t)B * T * C;
     embedding_fwd<<<ddp__cuda_blocks(total, 256), 256, 0, c->stream>>>(idx, wte, wpe, T, C, total,
-                                                                        x);
+                                                                       x);
     return ddp__cuda_launched("embedding forward", err);
 }
 
@@ -60,7 +60,7 @@ extern "C" ddp_status ddp__cuda_embedding_backward(ddp__cuda_ctx *c, const float
     size_t total = (size_t)B * T * C;
     if (dwte)
         embedding_bwd_wte<<<ddp__cuda_blocks(total, 256), 256, 0, c->stream>>>(dx, idx, C, total,
-                                                                                 dwte);
+                                                                               dwte);
     if (dwpe)
         embedding_bwd_wpe<<<ddp__cuda_blocks((size_t)T * C, 256), 256, 0, c->stream>>>(dx, B, T, C,
                                                                                        dwpe);
@@ -126,8 +126,8 @@ extern "C" ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *c, ddp_dtype 
 
 /* dx = rstd · (w·dy − mean(w·dy) − x̂ · mean(w·dy·x̂)), one warp per row; in place is safe (each
  * lane reads its elements of dy before writing them, after the row's sums). */
-__global__ void layernorm_bwd_dx(const float *dy, const float *x, const float *w,
-                                 const float *mean, const float *rstd, int N, int C, float *dx)
+__global__ void layernorm_bwd_dx(const float *dy, const float *x, const float *w, const float *mean,
+                                 const float *rstd, int N, int C, float *dx)
 {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N)
@@ -312,7 +312,7 @@ __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, f
     int y = targets[row];
     /* the max, and the first index holding it */
     float mx = -INFINITY;
-    int arg = V;
+    int arg = V; /* V while no value above −inf was seen: index 0 then (below), as the CPU's */
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         if (l[j] > mx) {
             mx = l[j];
@@ -346,7 +346,7 @@ __global__ void vocab_xent(const float *logits, const int32_t *targets, int V, f
     bool ignored = y == -1; /* DDP_NN_IGNORE_INDEX */
     if (threadIdx.x == 0) {
         row_loss[row] = ignored ? 0.0f : logf(s) + mx - l[y];
-        correct[row] = !ignored && arg == y;
+        correct[row] = !ignored && (arg < V ? arg : 0) == y;
     }
     if (!dlogits && !dlogits_h)
         return;
