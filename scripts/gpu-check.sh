@@ -88,8 +88,9 @@ build() {
     echo "next: run 'bash scripts/gpu-check.sh run' on the GPU machine with gpu-carry carried"
 }
 
-# The directory holding the machine's copy of a CUDA library (libcublasLt.so.13, libnccl.so.2,
-# libcudnn.so.9: the module links them): CUDA's own or the system's, else PyTorch's nvidia-* wheels.
+# The directory holding the machine's copy of a CUDA library (libcublasLt.so.13, libnccl.so.2:
+# the module links them; libcudnn.so.9: it loads cuDNN for the CNN): CUDA's own or the
+# system's, else PyTorch's nvidia-* wheels.
 find_cuda_lib() {
     local d
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib \
@@ -125,7 +126,7 @@ setup_env() {
     [ -n "$nccl" ] || echo "warning: no libnccl.so.2 found; the GPU module will not load" | tee -a "$LOG"
     local dnn
     dnn=$(find_cuda_lib libcudnn.so.9)
-    [ -n "$dnn" ] || echo "warning: no libcudnn.so.9 found; the GPU module will not load" | tee -a "$LOG"
+    [ -n "$dnn" ] || echo "warning: no libcudnn.so.9 found; the CNN checks will fail (the GPT needs no cuDNN)" | tee -a "$LOG"
     export SYS_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
     export LD_LIBRARY_PATH="$CARRY/lib${cub:+:$cub}${nccl:+:$nccl}${dnn:+:$dnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "cuBLAS from: ${cub:-none}; NCCL from: ${nccl:-none}; cuDNN from: ${dnn:-none}" | tee -a "$LOG"

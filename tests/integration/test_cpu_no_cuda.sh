@@ -65,9 +65,19 @@ if grep -q 'built without CUDA' out; then
     ok "device auto in a build without CUDA loads nothing and says so"
 else
     case "$(loaded "$T"/auto.*)" in
+    *libcudnn*) cat out; fail "device auto mapped cuDNN: only a CNN on cuda loads it" ;;
     *libddp_gpu.so*) ok "device auto loads the GPU module ($(loaded "$T"/auto.*))" ;;
     *) cat out; fail "device auto did not load the GPU module" ;;
     esac
+fi
+
+# cuDNN is loaded by the module when a model needs it (docs/gpu.md), never linked: the module
+# loads on a machine without cuDNN.
+if [ -e "$BIN/../lib/libddp_gpu.so" ]; then
+    if ldd "$BIN/../lib/libddp_gpu.so" | grep -E 'libcudnn'; then
+        fail "the GPU module is linked against cuDNN: a machine without it could not load it"
+    fi
+    ok "the GPU module is not linked against cuDNN (it loads it for a CNN)"
 fi
 
 # Where the module is found: copies of ddptrain laid out as installed (bin/ and lib/), flat

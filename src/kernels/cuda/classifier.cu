@@ -81,12 +81,95 @@ struct ddp__cuda_cls {
 };
 
 /* DDP_OK for CUDNN_STATUS_SUCCESS, else DDP_ERR_SYSTEM naming what and cuDNN's message. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+
+/* cuDNN is loaded with dlopen the first time a model with a convolution or batchnorm is made, not
+ * linked: the module (the GPT, the MLP, the NCCL backend) then loads on a machine without
+ * cuDNN, and only such a model says what is missing. DDP_CUDNN_LIB names another file. */
+#define DNN_FUNCS(X)                                                                               \
+    X(cudnnBatchNormalizationBackward)                                                             \
+    X(cudnnBatchNormalizationForwardInference)                                                     \
+    X(cudnnBatchNormalizationForwardTraining)                                                      \
+    X(cudnnConvolutionBackwardData)                                                                \
+    X(cudnnConvolutionBackwardFilter)                                                              \
+    X(cudnnConvolutionForward)                                                                     \
+    X(cudnnCreate)                                                                                 \
+    X(cudnnCreateConvolutionDescriptor)                                                            \
+    X(cudnnCreateFilterDescriptor)                                                                 \
+    X(cudnnCreateTensorDescriptor)                                                                 \
+    X(cudnnDeriveBNTensorDescriptor)                                                               \
+    X(cudnnDestroy)                                                                                \
+    X(cudnnDestroyConvolutionDescriptor)                                                           \
+    X(cudnnDestroyFilterDescriptor)                                                                \
+    X(cudnnDestroyTensorDescriptor)                                                                \
+    X(cudnnGetConvolution2dForwardOutputDim)                                                       \
+    X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                                                 \
+    X(cudnnGetConvolutionBackwardDataWorkspaceSize)                                                \
+    X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                                               \
+    X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                                              \
+    X(cudnnGetConvolutionForwardAlgorithm_v7)                                                      \
+    X(cudnnGetConvolutionForwardWorkspaceSize)                                                     \
+    X(cudnnGetErrorString)                                                                         \
+    X(cudnnSetConvolution2dDescriptor)                                                             \
+    X(cudnnSetConvolutionMathType)                                                                 \
+    X(cudnnSetFilter4dDescriptor)                                                                  \
+    X(cudnnSetStream)                                                                              \
+    X(cudnnSetTensor4dDescriptor)
+
+static struct {
+#define DNN_FIELD(name) decltype(&::name) name;
+    DNN_FUNCS(DNN_FIELD)
+#undef DNN_FIELD
+} dnn;
+static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
+static char dnn_error[512]; /* "" once loaded */
+
+static void dnn_load(void)
+{
+    const char *path = getenv("DDP_CUDNN_LIB");
+    if (!path || !*path)
+        path = "libcudnn.so.9";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(dnn_error, sizeof dnn_error,
+                 "cuDNN 9 did not load (%s); HINT: install cuDNN 9 for CUDA 13 (or PyTorch's "
+                 "nvidia-cudnn wheel) and put its directory on LD_LIBRARY_PATH, or use device "
+                 "cpu for models with convolutions or batchnorm",
+                 why ? why : path);
+        return;
+    }
+#define DNN_SYM(name)                                                                              \
+    {                                                                                              \
+        void *sym = dlsym(h, #name);                                                               \
+        if (!sym) {                                                                                \
+            snprintf(dnn_error, sizeof dnn_error,                                                  \
+                     "cuDNN at %s has no %s (version 9 is needed); HINT: install cuDNN 9", path,   \
+                     #name);                                                                       \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&dnn.name, &sym, sizeof sym);                                                       \
+    }
+    DNN_FUNCS(DNN_SYM)
+#undef DNN_SYM
+}
+
+static ddp_status dnn_ready(ddp_error *err)
+{
+    pthread_once(&dnn_once, dnn_load);
+    if (dnn_error[0])
+        return ddp__cuda_fail(err, DDP_ERR_NOT_FOUND, "%s", dnn_error);
+    return DDP_OK;
+}
+
 static ddp_status dnn_check(cudnnStatus_t s, const char *what, ddp_error *err)
 {
     if (s == CUDNN_STATUS_SUCCESS)
         return DDP_OK;
-    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cudnn: %s: %s (%d)", what, cudnnGetErrorString(s),
-                          (int)s);
+    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cudnn: %s: %s (%d)", what,
+                          dnn.cudnnGetErrorString(s), (int)s);
 }
 
 static ddp_status dalloc_es(void *p, size_t n, size_t es, ddp_error *err)
@@ -245,15 +328,15 @@ static void free_layer(dlayer *l)
     ddp__cuda_free(l->mask);
     ddp__cuda_free(l->aux);
     if (l->xd)
-        cudnnDestroyTensorDescriptor(l->xd);
+        dnn.cudnnDestroyTensorDescriptor(l->xd);
     if (l->yd)
-        cudnnDestroyTensorDescriptor(l->yd);
+        dnn.cudnnDestroyTensorDescriptor(l->yd);
     if (l->pd)
-        cudnnDestroyTensorDescriptor(l->pd);
+        dnn.cudnnDestroyTensorDescriptor(l->pd);
     if (l->wd)
-        cudnnDestroyFilterDescriptor(l->wd);
+        dnn.cudnnDestroyFilterDescriptor(l->wd);
     if (l->cd)
-        cudnnDestroyConvolutionDescriptor(l->cd);
+        dnn.cudnnDestroyConvolutionDescriptor(l->cd);
 }
 
 extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
@@ -271,7 +354,7 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
-        cudnnDestroy(g->dnn);
+        dnn.cudnnDestroy(g->dnn);
     ddp__cuda_ctx_destroy(g->ctx);
     free(g->L);
     free(g->counts);
@@ -348,15 +431,17 @@ static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
     const ddp__cuda_cls_layer *L = &l->L;
     ddp_status st;
     if (L->kind == DDP__CLS_CONV) {
-        if ((st = dnn_check(cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                       n, L->in_ch, L->h, L->w),
-                            "conv input descriptor", err)) ||
-            (st = dnn_check(cudnnSetTensor4dDescriptor(l->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                       n, L->out_ch, L->out_h, L->out_w),
+        if ((st =
+                 dnn_check(dnn.cudnnSetTensor4dDescriptor(
+                               l->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, L->in_ch, L->h, L->w),
+                           "conv input descriptor", err)) ||
+            (st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->yd, CUDNN_TENSOR_NCHW,
+                                                           CUDNN_DATA_FLOAT, n, L->out_ch, L->out_h,
+                                                           L->out_w),
                             "conv output descriptor", err)))
             return st;
-    } else if ((st = dnn_check(cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW,
-                                                          CUDNN_DATA_FLOAT, n, L->C, L->hw, 1),
+    } else if ((st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW,
+                                                              CUDNN_DATA_FLOAT, n, L->C, L->hw, 1),
                                "batchnorm descriptor", err))) {
         return st;
     }
@@ -388,26 +473,27 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     const ddp__cuda_cls_layer *L = &l->L;
     const bool fp32 = g->cfg.precision != DDP_PRECISION_TF32;
     ddp_status st;
-    if ((st = dnn_check(cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
-        (st = dnn_check(cudnnCreateTensorDescriptor(&l->yd), "tensor descriptor", err)) ||
-        (st = dnn_check(cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
-        (st = dnn_check(cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor", err)) ||
-        (st = dnn_check(cudnnSetFilter4dDescriptor(l->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                                   L->out_ch, L->in_ch, L->kh, L->kw),
+    if ((st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
+        (st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->yd), "tensor descriptor", err)) ||
+        (st = dnn_check(dnn.cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
+        (st = dnn_check(dnn.cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor",
+                        err)) ||
+        (st = dnn_check(dnn.cudnnSetFilter4dDescriptor(l->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                       L->out_ch, L->in_ch, L->kh, L->kw),
                         "filter shape", err)) ||
-        (st = dnn_check(cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride, L->stride,
-                                                        1, 1, CUDNN_CROSS_CORRELATION,
-                                                        CUDNN_DATA_FLOAT),
-                        "convolution geometry", err)) ||
+        (st = dnn_check(
+             dnn.cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride, L->stride, 1, 1,
+                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+             "convolution geometry", err)) ||
         /* fp32: FMA kernels only (cuDNN's default allows TF32 on Ampere and later) */
         (st = dnn_check(
-             cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+             dnn.cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
              "convolution math type", err)) ||
         (st = set_batch(l, g->cfg.B, err)))
         return st;
     int n_out = 0, c = 0, h = 0, w = 0;
     if ((st = dnn_check(
-             cudnnGetConvolution2dForwardOutputDim(l->cd, l->xd, l->wd, &n_out, &c, &h, &w),
+             dnn.cudnnGetConvolution2dForwardOutputDim(l->cd, l->xd, l->wd, &n_out, &c, &h, &w),
              "convolution output shape", err)))
         return st;
     if (c != L->out_ch || h != L->out_h || w != L->out_w)
@@ -420,15 +506,15 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int nf = 0, nd = 0, nw = 0;
     size_t b1, b2, b3;
-    if ((st = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, l->xd, l->wd, l->cd, l->yd,
-                                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                               &nf, fp),
-                        "forward algorithm heuristic", err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+    if ((st = dnn_check(
+             dnn.cudnnGetConvolutionForwardAlgorithm_v7(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fp),
+             "forward algorithm heuristic", err)) ||
+        (st = dnn_check(dnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(
                             g->dnn, l->wd, l->yd, l->cd, l->xd,
                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dp),
                         "backward-data algorithm heuristic", err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        (st = dnn_check(dnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                             g->dnn, l->xd, l->yd, l->cd, l->wd,
                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wp),
                         "backward-filter algorithm heuristic", err)))
@@ -439,14 +525,14 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     l->bwd_filter = pick<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
         wp, nw, fp32, &b3);
     /* the sizes of the algorithms as chosen (the heuristic's figure may be an estimate) */
-    if ((st = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
-                                                                l->fwd, &b1),
+    if ((st = dnn_check(dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
+                                                                    l->yd, l->fwd, &b1),
                         "forward workspace size", err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
-                                                                     l->xd, l->bwd_data, &b2),
+        (st = dnn_check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
+                            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &b2),
                         "backward-data workspace size", err)) ||
-        (st = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, l->xd, l->yd, l->cd,
-                                                                       l->wd, l->bwd_filter, &b3),
+        (st = dnn_check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &b3),
                         "backward-filter workspace size", err)))
         return st;
     size_t most = b1 > b2 ? b1 : b2;
@@ -459,13 +545,22 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
 static ddp_status setup_bn(dlayer *l, ddp_error *err)
 {
     ddp_status st;
-    if ((st = dnn_check(cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
-        (st = dnn_check(cudnnCreateTensorDescriptor(&l->pd), "tensor descriptor", err)) ||
+    if ((st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
+        (st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->pd), "tensor descriptor", err)) ||
         (st = set_batch(l, 2, err)) ||
-        (st = dnn_check(cudnnDeriveBNTensorDescriptor(l->pd, l->xd, CUDNN_BATCHNORM_SPATIAL),
+        (st = dnn_check(dnn.cudnnDeriveBNTensorDescriptor(l->pd, l->xd, CUDNN_BATCHNORM_SPATIAL),
                         "batchnorm parameter descriptor", err)))
         return st;
     return DDP_OK;
+}
+
+/* Whether the model has a layer cuDNN computes (a convolution or batchnorm). */
+static bool needs_dnn(const ddp__cuda_cls_cfg *cfg)
+{
+    for (int i = 0; i < cfg->nl; i++)
+        if (cfg->layers[i].kind == DDP__CLS_CONV || cfg->layers[i].kind == DDP__CLS_BN)
+            return true;
+    return false;
 }
 
 extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts,
@@ -505,8 +600,9 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
     g->cfg.layers = NULL; /* the caller's; the copies are in g->L */
     if ((st = layout(g, counts, np, bcounts, nb, err)) ||
         (st = ddp__cuda_ctx_create(cfg->device, &g->ctx, err)) ||
-        (st = dnn_check(cudnnCreate(&g->dnn), "cudnnCreate", err)) ||
-        (st = dnn_check(cudnnSetStream(g->dnn, g->ctx->stream), "cudnnSetStream", err)))
+        (needs_dnn(cfg) &&
+         ((st = dnn_ready(err)) || (st = dnn_check(dnn.cudnnCreate(&g->dnn), "cudnnCreate", err)) ||
+          (st = dnn_check(dnn.cudnnSetStream(g->dnn, g->ctx->stream), "cudnnSetStream", err)))))
         goto out_free;
     g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1));
     g->row_loss_host = (float *)malloc(sizeof(float) * B);
@@ -609,13 +705,13 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
     ddp_status st = set_batch(l, n, err);
     for (int attempt = 0; !st; attempt++) {
         size_t need = 0;
-        cudnnStatus_t s = cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
-                                                                  l->yd, l->fwd, &need);
+        cudnnStatus_t s = dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
+                                                                      l->yd, l->fwd, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd, l->fwd,
-                                        g->ws, g->ws_bytes, &zero, l->yd, l->y);
+            s = dnn.cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd,
+                                            l->fwd, g->ws, g->ws_bytes, &zero, l->yd, l->y);
         if (s == CUDNN_STATUS_SUCCESS)
             break;
         if (attempt == 0 && refused(s) && l->fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) {
@@ -642,13 +738,13 @@ static ddp_status bn_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n,
     if (st)
         return st;
     if (train)
-        return dnn_check(cudnnBatchNormalizationForwardTraining(
+        return dnn_check(dnn.cudnnBatchNormalizationForwardTraining(
                              g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y,
                              l->pd, P(g, L->p0), P(g, L->p0 + 1), (double)g->cfg.bn_momentum,
                              BUF(g, L->buf0), BUF(g, L->buf0 + 1), (double)g->cfg.bn_eps, l->aux,
                              l->aux + L->C),
                          "cudnnBatchNormalizationForwardTraining", err);
-    return dnn_check(cudnnBatchNormalizationForwardInference(
+    return dnn_check(dnn.cudnnBatchNormalizationForwardInference(
                          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y, l->pd,
                          P(g, L->p0), P(g, L->p0 + 1), BUF(g, L->buf0), BUF(g, L->buf0 + 1),
                          (double)g->cfg.bn_eps),
@@ -755,14 +851,14 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
     /* dW += (beta 1: gradients accumulate, as the CPU's) */
     for (int attempt = 0; !st; attempt++) {
         size_t need = 0;
-        cudnnStatus_t s = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        cudnnStatus_t s = dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
             g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
-                                               l->bwd_filter, g->ws, g->ws_bytes, &one, l->wd,
-                                               G(g, L->p0));
+            s = dnn.cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
+                                                   l->bwd_filter, g->ws, g->ws_bytes, &one, l->wd,
+                                                   G(g, L->p0));
         if (s == CUDNN_STATUS_SUCCESS)
             break;
         if (attempt == 0 && refused(s) && l->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0) {
@@ -780,13 +876,13 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         return st;
     for (int attempt = 0;; attempt++) {
         size_t need = 0;
-        cudnnStatus_t s = cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
-                                                                       l->xd, l->bwd_data, &need);
+        cudnnStatus_t s = dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
+            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy, l->cd,
-                                             l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd, dx);
+            s = dnn.cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy, l->cd,
+                                                 l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd, dx);
         if (s == CUDNN_STATUS_SUCCESS)
             return DDP_OK;
         if (attempt == 0 && refused(s) && l->bwd_data != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) {
@@ -835,7 +931,7 @@ static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const
         ddp_status st = set_batch(l, n, err);
         if (st)
             return st;
-        return dnn_check(cudnnBatchNormalizationBackward(
+        return dnn_check(dnn.cudnnBatchNormalizationBackward(
                              g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, l->xd, in,
                              l->xd, dy, l->xd, dx ? dx : spare, l->pd, P(g, L->p0), G(g, L->p0),
                              G(g, L->p0 + 1), (double)g->cfg.bn_eps, l->aux, l->aux + L->C),
