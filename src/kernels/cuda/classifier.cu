@@ -616,6 +616,16 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
         const ddp__cuda_cls_layer *L = &l->L;
         if (L->out_n > widest)
             widest = L->out_n;
+        /* cuDNN's legacy tensors hold fewer than 2^31 elements */
+        size_t in_n = L->kind == DDP__CLS_CONV ? (size_t)L->in_ch * L->h * L->w : L->out_n;
+        if ((L->kind == DDP__CLS_CONV || L->kind == DDP__CLS_BN) &&
+            (double)B * (double)(in_n > L->out_n ? in_n : L->out_n) >= 2147483648.0) {
+            st = ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                "cuda classifier: layer %d holds %zu × %zu values at max_batch "
+                                "%zu, beyond cuDNN's 2^31 per tensor; HINT: use a smaller batch",
+                                i, B, in_n > L->out_n ? in_n : L->out_n, B);
+            goto out_free;
+        }
         if ((st = dalloc_es(&l->y, B * L->out_n, 4, err)) ||
             (L->kind == DDP__CLS_POOL && (st = dalloc_es(&l->argmax, B * L->out_n, 4, err))) ||
             (L->kind == DDP__CLS_DROPOUT && (st = dalloc_es(&l->mask, B * L->out_n, 1, err))) ||
