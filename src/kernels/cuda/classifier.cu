@@ -168,8 +168,15 @@ static ddp_status dnn_check(cudnnStatus_t s, const char *what, ddp_error *err)
 {
     if (s == CUDNN_STATUS_SUCCESS)
         return DDP_OK;
-    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cudnn: %s: %s (%d)", what,
-                          dnn.cudnnGetErrorString(s), (int)s);
+    /* 3005–3009: a cuDNN sub-library or engine missing, or cuDNN built for another CUDA or
+     * architecture — the installation, not the model */
+    bool setup = (int)s >= 3005 && (int)s <= 3009;
+    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cudnn: %s: %s (%d)%s", what,
+                          dnn.cudnnGetErrorString(s), (int)s,
+                          setup ? "; HINT: cuDNN's installation does not match this machine: "
+                                  "install cuDNN 9 built for CUDA 13 (all its sub-libraries "
+                                  "beside libcudnn.so.9), or use device cpu for this model"
+                                : "");
 }
 
 static ddp_status dalloc_es(void *p, size_t n, size_t es, ddp_error *err)
