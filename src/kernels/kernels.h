@@ -75,6 +75,50 @@ void ddp__gemm_bf16_pre(bool trans_a, bool trans_b, int M, int N, int K, float a
                         const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
                         float *C, int ldc);
 
+/* ---- bf16 dot products (cpu/bf16dot.c): the fused attention's products ------------------------
+ * AVX512_BF16 kernels: call only when ddp__gemm_bf16_active() (which has checked the CPU) and
+ * ddp__bf16_dot_available() (x86-64). bfloat16 operands, float32 accumulation in a fixed order.
+ * cols (the head size) is a multiple of 16 and every leading dimension of bfloat16 rows is even. */
+bool ddp__bf16_dot_available(void);
+/* Rows 0..n−1 of X (n × cols bfloat16, leading dimension ld) as tiles of 16 rows for
+ * ddp__bf16_scores: dst[((t·cols/2 + p)·16 + k)·2 + e] = X[t·16 + k][2p + e], rows ≥ n as 0;
+ * dst holds ⌈n/16⌉·16·cols halves. */
+void ddp__bf16_pack_tiles(uint16_t *dst, const uint16_t *X, int n, int cols, int ld);
+/* Rows of X in interleaved pairs for ddp__bf16_pairs' Bp: dst[((i/2)·cols + c)·2 + i%2] =
+ * X[i][c], a missing odd last row as 0; dst holds ⌈n/2⌉·2·cols halves. */
+void ddp__bf16_pack_pairs(uint16_t *dst, const uint16_t *X, int n, int cols, int ld);
+/* Two float32 rows rounded (as ddp__bf16_round) and interleaved: dst[2j] = a[j], dst[2j + 1] =
+ * b[j] (0 when b is NULL), j < n. */
+void ddp__bf16_pair_rows(uint16_t *dst, const float *a, const float *b, int n);
+/* The fused attention's softmax of one row of scores s (n visible, the block kend wide): with
+ * mx = max_{j<n} s_j, e_j = exp(s_j − mx); dst[j] = e_j·mrow[j] (mrow NULL: 1) rounded for
+ * j < n, 0 up to kend rounded up to even; *mx_out = mx; returns Σ_{j<n} e_j. */
+float ddp__bf16_softmax_row(uint16_t *dst, const float *s, int n, int kend, const float *mrow,
+                            float *mx_out);
+/* Its backward: on entry prow holds the scores s_j, drow the gradient of the dropped
+ * probabilities; with p_j = exp(s_j − lse), g_j = drow_j·mrow_j, D = Σ_{j<n} p_j·g_j:
+ * drow ← dS_j = p_j·(g_j − D), prow ← p_j·mrow_j, dsh ← dS rounded, all 0 for n ≤ j < kend
+ * (dsh up to kend rounded up to even). */
+void ddp__bf16_softmax_backward_row(float *prow, float *drow, int n, int kend, float lse,
+                                    const float *mrow, uint16_t *dsh);
+/* Causal scores: for local row i < m (global row t0 + i) S[i][j] = alpha · Σ_d X[i][d]·Y[j][d]
+ * with Yt = ddp__bf16_pack_tiles(Y), for the tiles of 16 columns j up to the tile holding the
+ * last row of i's group of 4 (at least every j ≤ t0 + i); S's columns beyond are not written. */
+void ddp__bf16_scores(int m, int t0, int cols, float alpha, const uint16_t *X, int ldx,
+                      const uint16_t *Yt, float *S, int lds);
+/* Which pairs ddp__bf16_pairs reduces over for local row i (groups of 4 rows share a range):
+ * ALL: [0, np); LOWER: pairs p with 2p ≤ i + off (A's row i is a query at i + off, its pairs
+ * keys, and keys past the query give 0 — A must hold 0 there, up to 2·⌊(i + off)/2⌋ + 1);
+ * UPPER: pairs p with 2p + 1 ≥ i + off (row i a key, pairs queries). */
+typedef enum ddp__bf16_causal { DDP__BF16_ALL, DDP__BF16_LOWER, DDP__BF16_UPPER } ddp__bf16_causal;
+/* out (m × cols, leading dimension ldo) = alpha · rowscale[i] · Σ_p A_p[i]·Bp[p] (+ out when
+ * add): A's pair p of row i is the two halves at A + 2·(i·ars + p·aps) (row-major bfloat16 rows:
+ * ars = ld/2, aps = 1; ddp__bf16_pair_rows' interleaved rows: ars = 1, aps = their stride/2);
+ * Bp = ddp__bf16_pack_pairs(B) with np pairs. rowscale NULL: 1. */
+void ddp__bf16_pairs(int m, int cols, int np, ddp__bf16_causal mode, int off, const uint16_t *A,
+                     size_t ars, size_t aps, const uint16_t *Bp, float alpha,
+                     const float *rowscale, bool add, float *out, int ldo);
+
 /* ---- elementwise reductions (cpu/reduce.c) --------------------------------------------------
  * In the dtype's arithmetic: bfloat16 and float16 widened to float32 and rounded once per element
  * (nearest even); integer sums and products wrap; min and max as a < b. DDP_AVG reduces as

@@ -25,6 +25,8 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
@@ -55,9 +57,12 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
                         (double)a->dropout);
     a->head_size = a->C / a->n_head;
     /* float32 blocks and dropout row; in bf16 also the rounded blocks and four heads' operands
-     * (bf_part below): (3·BLK + 1)·T + 2·T·hs floats */
-    a->scratch_floats =
-        (3 * (size_t)BLK + 1) * (size_t)a->max_T + 2 * (size_t)a->max_T * (size_t)a->head_size;
+     * (bf_part below): (3·BLK + 1)·T + 2·T·hs floats; or the fused path's (fused_part below):
+     * (3.5·BLK + 1)·Tp + 7·Tp·hs with Tp = T rounded up to 16 */
+    size_t T = (size_t)a->max_T, Tp = (T + 15) & ~(size_t)15, hs = (size_t)a->head_size;
+    size_t unfused = (3 * (size_t)BLK + 1) * T + 2 * T * hs;
+    size_t fused = (7 * (size_t)BLK / 2 + 1) * Tp + 5 * Tp * hs;
+    a->scratch_floats = unfused > fused ? unfused : fused;
     return DDP_OK;
 }
 
@@ -221,6 +226,188 @@ static opnd qkv_head(const float *qkv, const uint16_t *qkvh, size_t off, int T, 
     return head(qkv + off, T, hs, C3, bf, buf);
 }
 
+/* ---- the fused bf16 path -------------------------------------------------------------------- *
+ * Under bf16 products, with a head size that is a multiple of 16 (kernels/cpu/bf16dot.c): the
+ * same blocks, row passes and roundings as above, but the products run in our own AVX512_BF16
+ * kernels on operands packed once per head, and stop at each group of 4 rows' causal limit
+ * (oneDNN computes the masked half of the diagonal block; 15% of the work at T = 256). The
+ * backward accumulates dK and dV in float32 per head, over all blocks, and scales dK once at the
+ * end. Results: the same roundings to bfloat16, float32 sums in another (fixed) order than
+ * oneDNN's, so not oneDNN's bits (test_transformer compares both with float32). */
+
+static bool fused_ok(const ddp_nn_attention *a, bool bf)
+{
+    return bf && a->head_size % 16 == 0 && ddp__bf16_dot_available();
+}
+
+/* The fused path's scratch, for T ≤ max_T keys: ldS = T rounded up to 16. */
+typedef struct fused_part {
+    int ldS;
+    float *S, *dP, *mrow; /* BLK × ldS, BLK × ldS, ldS */
+    uint16_t *rows;       /* BLK × ldS: P (forward) or dS (backward) rounded, row-major */
+    uint16_t *PdT, *dST;  /* BLK/2 pairs of rows interleaved (ddp__bf16_pair_rows), 2·ldS each */
+    uint16_t *Kt, *Vt, *Vp, *Kp, *Qp, *dOp; /* packed operands, ldS·hs halves each */
+    uint16_t *heads; /* q, k, v, dout rounded per head (the float32 entry points): 4·ldS·hs */
+} fused_part;
+
+static fused_part fused_part_of(const ddp_nn_attention *a, float *scratch, int T)
+{
+    fused_part f;
+    size_t Tp = ((size_t)T + 15) & ~(size_t)15, hs = (size_t)a->head_size, blk = BLK * Tp;
+    f.ldS = (int)Tp;
+    f.S = scratch;
+    f.dP = f.S + blk;
+    f.mrow = f.dP + blk;
+    f.rows = (uint16_t *)(f.mrow + Tp);
+    f.PdT = f.rows + blk;
+    f.dST = f.PdT + blk;
+    f.Kt = f.dST + blk;
+    f.Vt = f.Kt + Tp * hs;
+    f.Vp = f.Vt + Tp * hs;
+    f.Kp = f.Vp + Tp * hs;
+    f.Qp = f.Kp + Tp * hs;
+    f.dOp = f.Qp + Tp * hs;
+    f.heads = f.dOp + Tp * hs;
+    return f;
+}
+
+/* Asks for the rows × bytes block at p (leading dimension ld bytes) to be brought into cache:
+ * the next head's q, k, v (and dout) while this head computes. Their rows are 3C halves apart,
+ * a page apart or more at GPT-2's widths, where the hardware's prefetchers stop; a head read
+ * without this spent a tenth of the attention's time waiting for the first touch. */
+static void prefetch_rows(const void *p, int rows, size_t bytes, size_t ld)
+{
+    const char *c = p;
+    for (int r = 0; r < rows; r++)
+        for (size_t o = 0; o < bytes; o += 64)
+            __builtin_prefetch(c + (size_t)r * ld + o, 0, 2);
+}
+
+/* The next head's (b, h + 1, or b + 1, 0) offset in qkv, or SIZE_MAX after the last. */
+static size_t next_head(int b, int h, int B, int nh, int T, int hs, int C3)
+{
+    if (h + 1 < nh)
+        return (size_t)b * T * C3 + (size_t)(h + 1) * hs;
+    return b + 1 < B ? (size_t)(b + 1) * T * C3 : SIZE_MAX;
+}
+
+static void fused_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh,
+                          int B, int T, uint64_t seed, uint64_t step, uint64_t offset, bool train,
+                          float *scratch, float *out, float *lse)
+{
+    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    const bool drop = train && a->dropout > 0.0f;
+    fused_part f = fused_part_of(a, scratch, T);
+    const int ldS = f.ldS;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+            uint16_t *hb = f.heads;
+            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, true, &hb),
+                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, true, &hb),
+                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, true, &hb);
+            size_t nx = next_head(b, h, B, nh, T, hs, C3);
+            if (qkvh && nx != SIZE_MAX)
+                for (int w = 0; w < 3; w++)
+                    prefetch_rows(qkvh + nx + (size_t)w * C, T, 2 * (size_t)hs, 2 * (size_t)C3);
+            ddp__bf16_pack_tiles(f.Kt, K.h, T, hs, K.ld);
+            ddp__bf16_pack_pairs(f.Vp, V.h, T, hs, V.ld);
+            float *O = out + (size_t)b * T * C + (size_t)h * hs;
+            size_t bh = (size_t)b * nh + h;
+            for (int r0 = 0; r0 < T; r0 += BLK) {
+                int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr;
+                ddp__bf16_scores(nr, r0, hs, scale, Q.h + (size_t)r0 * Q.ld, Q.ld, f.Kt, f.S, ldS);
+                float inv[BLK];
+                for (int i = 0; i < nr; i++) {
+                    int t = r0 + i, nv = t + 1;
+                    float *row = f.S + (size_t)i * ldS, mx;
+                    if (drop)
+                        dropout_row(f.mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
+                                    a->dropout);
+                    double sum = ddp__bf16_softmax_row(f.rows + (size_t)i * ldS, row, nv, kend,
+                                                       drop ? f.mrow : NULL, &mx);
+                    inv[i] = (float)(1.0 / sum);
+                    if (lse)
+                        lse[bh * T + t] = (float)(mx + log(sum));
+                }
+                /* O[r0 : kend] = (P · V) / Σ, row by row */
+                ddp__bf16_pairs(nr, hs, (kend + 1) / 2, DDP__BF16_LOWER, r0, f.rows,
+                                (size_t)ldS / 2, 1, f.Vp, 1.0f, inv, false, O + (size_t)r0 * C, C);
+            }
+        }
+}
+
+static void fused_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,
+                           const uint16_t *qkvh, const float *lse, int B, int T, uint64_t seed,
+                           uint64_t step, uint64_t offset, bool train, float *scratch, float *dqkv)
+{
+    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    const bool drop = train && a->dropout > 0.0f;
+    fused_part f = fused_part_of(a, scratch, T);
+    const int ldS = f.ldS;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+            uint16_t *hb = f.heads;
+            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, true, &hb),
+                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, true, &hb),
+                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, true, &hb),
+                 dO = head(dout + (size_t)b * T * C + (size_t)h * hs, T, hs, C, true, &hb);
+            size_t nx = next_head(b, h, B, nh, T, hs, C3);
+            if (nx != SIZE_MAX) {
+                if (qkvh)
+                    for (int w = 0; w < 3; w++)
+                        prefetch_rows(qkvh + nx + (size_t)w * C, T, 2 * (size_t)hs,
+                                      2 * (size_t)C3);
+                prefetch_rows(dout + nx / C3 * C + nx % C3, T, 4 * (size_t)hs, 4 * (size_t)C);
+            }
+            ddp__bf16_pack_tiles(f.Kt, K.h, T, hs, K.ld);
+            ddp__bf16_pack_tiles(f.Vt, V.h, T, hs, V.ld);
+            ddp__bf16_pack_pairs(f.Kp, K.h, T, hs, K.ld);
+            ddp__bf16_pack_pairs(f.Qp, Q.h, T, hs, Q.ld);
+            ddp__bf16_pack_pairs(f.dOp, dO.h, T, hs, dO.ld);
+            float *dQ = dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dK = dQ + C, *dV = dQ + 2 * C;
+            size_t bh = (size_t)b * nh + h;
+            /* Last block first: it sees every key, so its products overwrite dK and dV and the
+             * earlier blocks add to them; no zeroing pass. */
+            for (int r0 = (T - 1) / BLK * BLK; r0 >= 0; r0 -= BLK) {
+                int nr = T - r0 < BLK ? T - r0 : BLK, kend = r0 + nr, npq = (nr + 1) / 2;
+                bool add = kend < T;
+                /* P ← S = scale · Q_b · Kᵀ, and dP ← dO_b · Vᵀ */
+                ddp__bf16_scores(nr, r0, hs, scale, Q.h + (size_t)r0 * Q.ld, Q.ld, f.Kt, f.S, ldS);
+                ddp__bf16_scores(nr, r0, hs, 1.0f, dO.h + (size_t)r0 * dO.ld, dO.ld, f.Vt, f.dP,
+                                 ldS);
+                for (int i = 0; i < nr; i++) {
+                    int t = r0 + i, nv = t + 1;
+                    float *prow = f.S + (size_t)i * ldS, *drow = f.dP + (size_t)i * ldS;
+                    if (drop)
+                        dropout_row(f.mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
+                                    a->dropout);
+                    ddp__bf16_softmax_backward_row(prow, drow, nv, kend, lse[bh * T + t],
+                                                   drop ? f.mrow : NULL,
+                                                   f.rows + (size_t)i * ldS);
+                }
+                for (int i = 0; i < nr; i += 2) {
+                    const float *p1 = f.S + (size_t)i * ldS, *d1 = f.dP + (size_t)i * ldS;
+                    bool two = i + 1 < nr;
+                    ddp__bf16_pair_rows(f.PdT + (size_t)i * ldS, p1, two ? p1 + ldS : NULL, kend);
+                    ddp__bf16_pair_rows(f.dST + (size_t)i * ldS, d1, two ? d1 + ldS : NULL, kend);
+                }
+                /* dV[0 : kend] += P_droppedᵀ · dO_b;  dK[0 : kend] += scale · dSᵀ · Q_b;
+                 * dQ_b = scale · dS · K */
+                ddp__bf16_pairs(kend, hs, npq, DDP__BF16_UPPER, -r0, f.PdT, 1, (size_t)ldS,
+                                f.dOp + (size_t)r0 * hs, 1.0f, NULL, add, dV, C3);
+                ddp__bf16_pairs(kend, hs, npq, DDP__BF16_UPPER, -r0, f.dST, 1, (size_t)ldS,
+                                f.Qp + (size_t)r0 * hs, scale, NULL, add, dK, C3);
+                ddp__bf16_pairs(nr, hs, (kend + 1) / 2, DDP__BF16_LOWER, r0, f.rows,
+                                (size_t)ldS / 2, 1, f.Kp, scale, NULL, false,
+                                dQ + (size_t)r0 * C3, C3);
+            }
+        }
+}
+
 static void attention_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh,
                               int B, int T, uint64_t seed, uint64_t step, uint64_t offset,
                               bool train, float *scratch, float *out, float *lse)
@@ -232,6 +419,10 @@ static void attention_forward(const ddp_nn_attention *a, const float *qkv, const
     uint16_t *Sh = bf ? bf_part(a, scratch) : NULL, *heads = bf_part(a, scratch) + 2 * HBLK(a);
     if (T <= 0)
         return;
+    if (fused_ok(a, bf)) {
+        fused_forward(a, qkv, qkvh, B, T, seed, step, offset, train, scratch, out, lse);
+        return;
+    }
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
             const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
@@ -298,6 +489,10 @@ static void attention_backward(const ddp_nn_attention *a, const float *dout, con
     uint16_t *heads = bf_part(a, scratch) + 2 * HBLK(a);
     if (T <= 0)
         return;
+    if (fused_ok(a, bf)) {
+        fused_backward(a, dout, qkv, qkvh, lse, B, T, seed, step, offset, train, scratch, dqkv);
+        return;
+    }
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
             const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;

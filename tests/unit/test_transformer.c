@@ -332,8 +332,10 @@ static void attn_case(int B, int T, int C, int nh, float p, bool train, bool fd)
     attn_ctx c = {{C, nh, T, p, 0, 0}, B, T, train, NULL, NULL, NULL, NULL, NULL};
     assert_int_equal(ddp_nn_attention_setup(&c.a, NULL), DDP_OK);
     assert_int_equal(c.a.head_size, C / nh);
-    assert_true(c.a.scratch_floats ==
-                (size_t)(3 * DDP_NN_ATTN_BLOCK + 1) * T + 2 * (size_t)T * c.a.head_size);
+    size_t Tp = ((size_t)T + 15) & ~(size_t)15, hs = (size_t)c.a.head_size;
+    size_t unfused = (size_t)(3 * DDP_NN_ATTN_BLOCK + 1) * T + 2 * (size_t)T * hs;
+    size_t fused = (size_t)(7 * DDP_NN_ATTN_BLOCK / 2 + 1) * Tp + 5 * Tp * hs;
+    assert_true(c.a.scratch_floats == (unfused > fused ? unfused : fused));
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * nh * T;
     c.qkv = falloc(nq), c.out = falloc(no), c.lse = falloc(nl), c.r = falloc(no);
     c.scratch = falloc(c.a.scratch_floats);
@@ -507,6 +509,10 @@ static void attention_bf16(void **state)
     attn_bf16_case(2, 5, 8, 2, 0.0f);    /* one block */
     attn_bf16_case(1, 150, 32, 2, 0.0f); /* three blocks, the last of 22 rows */
     attn_bf16_case(2, 70, 16, 4, 0.2f);  /* dropout over two blocks */
+    /* head sizes that are multiples of 16 take the fused kernels (kernels/cpu/bf16dot.c) */
+    attn_bf16_case(2, 70, 64, 2, 0.2f);   /* head size 32, dropout, a short last block */
+    attn_bf16_case(1, 131, 128, 2, 0.0f); /* head size 64, T odd: a lone last row */
+    attn_bf16_case(1, 40, 96, 1, 0.1f);   /* head size 96: a last column chunk of 32 */
 }
 
 /* A linear layer's backward with bf16 products rounds dy once for both its products (dx and
