@@ -294,9 +294,10 @@ typedef struct ddp_nn_attention {
     float dropout; /* p of the dropout on the attention probabilities, [0, 1); 0 for none */
     /* filled by ddp_nn_attention_setup: */
     int head_size;         /* hs = C / nh */
-    size_t scratch_floats; /* (3·DDP_NN_ATTN_BLOCK + 1)·max_T + 2·max_T·head_size: what
-                            * forward and backward need (the last BLOCK·max_T + 2·max_T·hs
-                            * only with bf16 products: rounded operands) */
+    size_t scratch_floats; /* what forward and backward need: the larger of
+                            * (3·DDP_NN_ATTN_BLOCK + 1)·max_T + 2·max_T·head_size and, for
+                            * the fused bf16 kernels, (3.5·DDP_NN_ATTN_BLOCK + 1)·Tp +
+                            * 5·Tp·head_size with Tp = max_T rounded up to 16 */
 } ddp_nn_attention;
 
 /* Checks a's first part (positive sizes, n_head divides C, 3C fits in int, dropout in [0, 1)) and

@@ -20,8 +20,13 @@
  * probability, so the backward regenerates the mask instead of storing it. The row loops (exp,
  * softmax backward, mask) are DDP__VEC: an AVX2 clone where the CPU has it.
  *
- * What it does not do: skip the masked half of the diagonal block (it is computed, then zeroed),
- * run its own threads (OpenBLAS's run inside each product), or support a non-causal mask.
+ * Under bf16 products with a head size that is a multiple of 16 the same blocks run fused (below,
+ * "the fused bf16 path"): products in our AVX512_BF16 kernels (kernels/cpu/bf16dot.c) that stop
+ * at the causal limit of each group of 4 rows, the softmax rows in AVX-512.
+ *
+ * What it does not do: skip the masked half of the diagonal block outside the fused path (it is
+ * computed, then zeroed), run its own threads (OpenBLAS's run inside each product), or support a
+ * non-causal mask.
  */
 #include <limits.h>
 #include <math.h>
