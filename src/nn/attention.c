@@ -30,8 +30,6 @@
  */
 #include <limits.h>
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 #include "ddp/nn.h"
 #include "kernels/kernels.h"
@@ -276,46 +274,31 @@ static fused_part fused_part_of(const ddp_nn_attention *a, float *scratch, int T
     return f;
 }
 
-/* Asks for the rows × bytes block at p (leading dimension ld bytes) to be brought into cache:
- * the next head's q, k, v (and dout) while this head computes. Their rows are 3C halves apart,
- * a page apart or more at GPT-2's widths, where the hardware's prefetchers stop; a head read
- * without this spent a tenth of the attention's time waiting for the first touch. */
-static void prefetch_rows(const void *p, int rows, size_t bytes, size_t ld)
+/* Head h of sample b's q, k, v (rounded into *heads when qkvh is NULL): qkv_head on each. */
+static void head_qkv(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh, int b,
+                     int h, int T, uint16_t **heads, opnd qkv3[3])
 {
-    const char *c = p;
-    for (int r = 0; r < rows; r++)
-        for (size_t o = 0; o < bytes; o += 64)
-            __builtin_prefetch(c + (size_t)r * ld + o, 0, 2);
-}
-
-/* The next head's (b, h + 1, or b + 1, 0) offset in qkv, or SIZE_MAX after the last. */
-static size_t next_head(int b, int h, int B, int nh, int T, int hs, int C3)
-{
-    if (h + 1 < nh)
-        return (size_t)b * T * C3 + (size_t)(h + 1) * hs;
-    return b + 1 < B ? (size_t)(b + 1) * T * C3 : SIZE_MAX;
+    const int C = a->C, hs = a->head_size, C3 = 3 * a->C;
+    const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+    for (int w = 0; w < 3; w++)
+        qkv3[w] = qkv_head(qkv, qkvh, qo + (size_t)w * C, T, hs, C3, true, heads);
 }
 
 static void fused_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh,
                           int B, int T, uint64_t seed, uint64_t step, uint64_t offset, bool train,
                           float *scratch, float *out, float *lse)
 {
-    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const int C = a->C, nh = a->n_head, hs = a->head_size;
     const float scale = (float)(1.0 / sqrt((double)hs));
     const bool drop = train && a->dropout > 0.0f;
     fused_part f = fused_part_of(a, scratch, T);
     const int ldS = f.ldS;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
             uint16_t *hb = f.heads;
-            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, true, &hb),
-                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, true, &hb),
-                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, true, &hb);
-            size_t nx = next_head(b, h, B, nh, T, hs, C3);
-            if (qkvh && nx != SIZE_MAX)
-                for (int w = 0; w < 3; w++)
-                    prefetch_rows(qkvh + nx + (size_t)w * C, T, 2 * (size_t)hs, 2 * (size_t)C3);
+            opnd x[3];
+            head_qkv(a, qkv, qkvh, b, h, T, &hb, x);
+            const opnd Q = x[0], K = x[1], V = x[2];
             ddp__bf16_pack_tiles(f.Kt, K.h, T, hs, K.ld);
             ddp__bf16_pack_pairs(f.Vp, V.h, T, hs, V.ld);
             float *O = out + (size_t)b * T * C + (size_t)h * hs;
@@ -354,20 +337,11 @@ static void fused_backward(const ddp_nn_attention *a, const float *dout, const f
     const int ldS = f.ldS;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
-            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
             uint16_t *hb = f.heads;
-            opnd Q = qkv_head(qkv, qkvh, qo, T, hs, C3, true, &hb),
-                 K = qkv_head(qkv, qkvh, qo + C, T, hs, C3, true, &hb),
-                 V = qkv_head(qkv, qkvh, qo + 2 * C, T, hs, C3, true, &hb),
-                 dO = head(dout + (size_t)b * T * C + (size_t)h * hs, T, hs, C, true, &hb);
-            size_t nx = next_head(b, h, B, nh, T, hs, C3);
-            if (nx != SIZE_MAX) {
-                if (qkvh)
-                    for (int w = 0; w < 3; w++)
-                        prefetch_rows(qkvh + nx + (size_t)w * C, T, 2 * (size_t)hs,
-                                      2 * (size_t)C3);
-                prefetch_rows(dout + nx / C3 * C + nx % C3, T, 4 * (size_t)hs, 4 * (size_t)C);
-            }
+            opnd x[3];
+            head_qkv(a, qkv, qkvh, b, h, T, &hb, x);
+            const opnd Q = x[0], K = x[1], V = x[2],
+                       dO = head(dout + (size_t)b * T * C + (size_t)h * hs, T, hs, C, true, &hb);
             ddp__bf16_pack_tiles(f.Kt, K.h, T, hs, K.ld);
             ddp__bf16_pack_tiles(f.Vt, V.h, T, hs, V.ld);
             ddp__bf16_pack_pairs(f.Kp, K.h, T, hs, K.ld);

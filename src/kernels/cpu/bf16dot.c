@@ -170,6 +170,12 @@ static __mmask16 first(int k)
     return (__mmask16)(k >= 16 ? 0xffff : k <= 0 ? 0 : (1u << k) - 1);
 }
 
+/* exp(x[j] − sub) for the lanes of m, 0 in the others. */
+TGT INL __m512 exp_minus(const float *x, __m512 sub, __mmask16 m)
+{
+    return _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x), sub)));
+}
+
 /* dst[j] for n ≤ j < end: 0 (end − n small: the causal tail of a block row). */
 TGT INL void zero_halves(uint16_t *dst, int n, int end)
 {
@@ -192,7 +198,7 @@ TGT float ddp__bf16_softmax_row(uint16_t *dst, const float *s, int n, int kend, 
     int j = 0;
     for (; j < n; j += 16) {
         __mmask16 m = first(n - j);
-        __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
+        __m512 e = exp_minus(s + j, vmx, m);
         sum = _mm512_add_ps(sum, e);
         if (mrow)
             e = _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, mrow + j));
@@ -211,7 +217,7 @@ TGT void ddp__bf16_softmax_backward_row(float *prow, float *drow, int n, int ken
     int j = 0;
     for (; j < n; j += 16) {
         __mmask16 m = first(n - j);
-        __m512 p = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, prow + j), vl)));
+        __m512 p = exp_minus(prow + j, vl, m);
         __m512 g = _mm512_maskz_loadu_ps(m, drow + j);
         if (mrow)
             g = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, mrow + j));
