@@ -17,7 +17,8 @@
 #   against its 50 ms bf16 product probe).
 #   Memory: the model's own count — parameters, gradients, AdamW's two moments (16 bytes per
 #   parameter) and the activations kept for the backward (per layer 16·B·T·C + 2·B·nh·T floats,
-#   plus the logits B·T·V twice and the embedding) — beside the measured peak RSS.
+#   plus the logits B·T·V twice and the embedding) — beside the measured peak RSS, and that peak
+#   less the process's own (the same run with a 1-layer, 16-wide GPT) over the count.
 # Usage: [PRECS="fp32 bf16"] bench/gpt_vs_torch.sh [BUILD_DIR] [REPS] ["L/NH/C/T/B/steps/window" ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,20 @@ torch_rate() { # torch_rate NPROC L NH C T B STEPS WINDOW PREC
     wait "${pids[@]}"
     sed -n 's/^tokens_per_s \([0-9.]*\).*/\1/p' "$OUT/t.0"
 }
+# The process's own memory (libraries, OpenBLAS's and oneDNN's buffers, the data cache's mapping)
+# under a model too small to count: a 1-layer, 16-wide GPT on 8 tokens, per precision.
+base_rss() { # base_rss PREC: the largest rank's peak RSS in KiB
+    "$BUILD/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix /usr/bin/time -f "maxrss %M" \
+        "$BUILD/bin/ddptrain" --model.type gpt --model.n_layer 1 --model.n_head 1 \
+        --model.n_embd 16 --model.block_size 8 --model.vocab_size 256 --batch_size 1 \
+        --data.train "$OUT/data/train.bin" --data.val "$OUT/data/val.bin" --eval_windows 1 \
+        --optimizer adamw --total_steps 2 --log_every 1 --eval_every 100000 \
+        --checkpoint.every 0 --max_new_tokens 0 --data.threads 0 --precision "$1" \
+        --out_dir "$OUT/base" >"$OUT/b.out" 2>&1 || { cat "$OUT/b.out" >&2; exit 1; }
+    sed -n 's/^maxrss //p' "$OUT/b.out" | sort -n | tail -1
+}
+declare -A BASE
+for p in "${PRECS[@]}"; do BASE[$p]=$(base_rss "$p"); done
 declare -A R
 for ((i = 0; i < REPS; i++)); do
     for s in "${SHAPES[@]}"; do
@@ -90,8 +105,8 @@ done
 echo "GPT training tokens/s, byte-level fortunes, AdamW, 1 thread per rank; medians of $REPS runs"
 echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
 echo "rank peak (OpenBLAS SGEMM, 1 thread): $PEAK GFLOP/s"
-printf '%-22s %-5s %10s %10s %8s %10s %10s %8s %6s %6s %14s %9s\n' "L/NH/C/T/B" "prec" "ddp 1" \
-    "torch 1" "ratio" "ddp 2" "torch 2" "ratio" "eff." "MFU" "RSS / model" "vs t.fp32"
+printf '%-22s %-5s %10s %10s %8s %10s %10s %8s %6s %6s %14s %14s %9s\n' "L/NH/C/T/B" "prec" "ddp 1" \
+    "torch 1" "ratio" "ddp 2" "torch 2" "ratio" "eff." "MFU" "RSS / model" "net RSS/model" "vs t.fp32"
 for s in "${SHAPES[@]}"; do
     IFS=/ read -r L NH C T B S Wn <<<"$s"
     for p in "${PRECS[@]}"; do
@@ -102,7 +117,7 @@ for s in "${SHAPES[@]}"; do
         awk -v s="$L/$NH/$C/$T/$B" -v p="$p" -v L="$L" -v NH="$NH" -v C="$C" -v T="$T" -v B="$B" \
             -v d1="$d1" -v d2="$d2" -v t1="$t1" -v t2="$t2" -v r1="$(med <<<"${R[r1$k]}")" \
             -v r2="$(med <<<"${R[r2$k]}")" -v ef="$(med <<<"${R[ef$k]}")" -v peak="$PEAK" \
-            -v rss="$m" -v u="$u" -v x="$x" \
+            -v rss="$m" -v base="${BASE[$p]}" -v u="$u" -v x="$x" \
             'BEGIN {
                 V = 256; N = L * (12 * C * C + 13 * C) + V * C + 2 * C   # without wpe
                 P = N + T * C
@@ -110,11 +125,11 @@ for s in "${SHAPES[@]}"; do
                 mfu = p == "fp32" ? 100 * f * (d2 / 2) / (peak * 1e9) : u
                 act = 4 * (L * (16 * B * T * C + 2 * B * NH * T) + 2 * B * T * V + 2 * B * T * C)
                 model = 16 * P + act
-                printf "%-22s %-5s %10.0f %10.0f %7.2fx %10.0f %10.0f %7.2fx %6.2f %5.1f%% %6.0f/%.0f MB %9s\n",
+                printf "%-22s %-5s %10.0f %10.0f %7.2fx %10.0f %10.0f %7.2fx %6.2f %5.1f%% %6.0f/%.0f MB %9.2fx %9s\n",
                     s, p, d1, t1, r1, d2, t2, r2, ef, mfu, rss / 1024, model / 1048576,
-                    x == "-" ? "-" : sprintf("%.2fx", x)
+                    (rss - base) * 1024 / model, x == "-" ? "-" : sprintf("%.2fx", x)
             }'
     done
 done
-echo "(ratios: median over repetitions of the ratio within each; MFU at 2 ranks, per rank; RSS: the largest rank's peak, against the model's own count (parameters, gradients, AdamW state, activations) — the difference is the process (libraries, OpenBLAS buffers) and the reducer's bucket copies)"
+echo "(ratios: median over repetitions of the ratio within each; MFU at 2 ranks, per rank; RSS: the largest rank's peak, against the model's own count (parameters, gradients, AdamW state, activations) — the difference is the process (libraries, OpenBLAS buffers) and the reducer's bucket copies; net RSS/model: the peak less the process's own, measured with a 1-layer, 16-wide GPT in the same precision, over the model's count)"
 echo "(runs: $(for k in "${!R[@]}"; do printf '%s:%s ' "$k" "${R[$k]}"; done))"
