@@ -106,10 +106,13 @@ void ddp__bf16_softmax_backward_row(float *prow, float *drow, int n, int kend, f
  * last row of i's group of 4 (at least every j ≤ t0 + i); S's columns beyond are not written. */
 void ddp__bf16_scores(int m, int t0, int cols, float alpha, const uint16_t *X, int ldx,
                       const uint16_t *Yt, float *S, int lds);
-/* Which pairs ddp__bf16_pairs reduces over for local row i (groups of 4 rows share a range):
- * ALL: [0, np); LOWER: pairs p with 2p ≤ i + off (A's row i is a query at i + off, its pairs
- * keys, and keys past the query give 0 — A must hold 0 there, up to 2·⌊(i + off)/2⌋ + 1);
- * UPPER: pairs p with 2p + 1 ≥ i + off (row i a key, pairs queries). */
+/* Which pairs ddp__bf16_pairs reduces over for local row i. Rows go in groups of 4 sharing the
+ * group's widest range, so A must hold 0 (not garbage: 0 × NaN is NaN) wherever a row's own
+ * range ends before the group's:
+ * ALL: [0, np); LOWER: pairs p with 2p ≤ l + off, l the group's last row (A's row i is a query
+ * at i + off whose pairs are keys: 0 for keys past the query, up to key 2·⌊(l + off)/2⌋ + 1);
+ * UPPER: pairs p with 2p + 1 ≥ f + off, f the group's first row (row i a key, pairs queries:
+ * 0 for queries before the key). */
 typedef enum ddp__bf16_causal { DDP__BF16_ALL, DDP__BF16_LOWER, DDP__BF16_UPPER } ddp__bf16_causal;
 /* out (m × cols, leading dimension ldo) = alpha · rowscale[i] · Σ_p A_p[i]·Bp[p] (+ out when
  * add): A's pair p of row i is the two halves at A + 2·(i·ars + p·aps) (row-major bfloat16 rows:

@@ -61,7 +61,7 @@ ddp_status ddp_nn_attention_setup(ddp_nn_attention *a, ddp_error *err)
     a->head_size = a->C / a->n_head;
     /* float32 blocks and dropout row; in bf16 also the rounded blocks and four heads' operands
      * (bf_part below): (3·BLK + 1)·T + 2·T·hs floats; or the fused path's (fused_part below):
-     * (3.5·BLK + 1)·Tp + 7·Tp·hs with Tp = T rounded up to 16 */
+     * (3.5·BLK + 1)·Tp + 5·Tp·hs with Tp = T rounded up to 16 */
     size_t T = (size_t)a->max_T, Tp = (T + 15) & ~(size_t)15, hs = (size_t)a->head_size;
     size_t unfused = (3 * (size_t)BLK + 1) * T + 2 * T * hs;
     size_t fused = (7 * (size_t)BLK / 2 + 1) * Tp + 5 * Tp * hs;
@@ -234,9 +234,11 @@ static opnd qkv_head(const float *qkv, const uint16_t *qkvh, size_t off, int T, 
  * same blocks, row passes and roundings as above, but the products run in our own AVX512_BF16
  * kernels on operands packed once per head, and stop at each group of 4 rows' causal limit
  * (oneDNN computes the masked half of the diagonal block; 15% of the work at T = 256). The
- * backward accumulates dK and dV in float32 per head, over all blocks, and scales dK once at the
- * end. Results: the same roundings to bfloat16, float32 sums in another (fixed) order than
- * oneDNN's, so not oneDNN's bits (test_transformer compares both with float32). */
+ * backward adds dK and dV straight into dqkv, last block first (it overwrites), dK scaled per
+ * block as before. Every value a product reads past a row's causal limit is a written 0 (the
+ * kernels' UPPER and LOWER ranges include such pairs). Results: the same roundings to bfloat16,
+ * float32 sums in another (fixed) order than oneDNN's and exp in fused multiply-adds, so not
+ * the oneDNN path's bits (test_transformer holds both to one reference). */
 
 static bool fused_ok(const ddp_nn_attention *a, bool bf)
 {

@@ -484,6 +484,9 @@ static void attn_bf16_case(int B, int T, int C, int nh, float p)
     ddp__gemm_kind old = ddp__gemm_set_kind(DDP__GEMM_BF16);
     attn_loss(&c);
     fill(dqkv, nq, 7, 8, 63); /* overwritten */
+    /* scratch holds nothing the backward may use (one buffer serves every layer): NaN here must
+     * not reach dqkv (a stale dropout row once did, through a 0 × NaN in a masked lane) */
+    memset(c.scratch, 0xff, sizeof(float) * c.a.scratch_floats);
     ddp_nn_attention_backward(&c.a, c.r, c.qkv, c.lse, B, T, ATT_SEED, ATT_STEP, ATT_OFFSET, true,
                               c.scratch, dqkv);
     ddp__gemm_set_kind(old);

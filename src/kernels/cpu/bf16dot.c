@@ -227,12 +227,14 @@ TGT void ddp__bf16_softmax_backward_row(float *prow, float *drow, int n, int ken
     }
     const __m512 D = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
     for (j = 0; j < n; j += 16) {
+        __mmask16 m = first(n - j);
         __m512 p = _mm512_loadu_ps(prow + j);
         __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(drow + j), D));
         _mm512_storeu_ps(drow + j, ds);
         _mm256_storeu_si256((__m256i *)(void *)(dsh + j), (__m256i)_mm512_cvtneps_pbh(ds));
         if (mrow)
-            _mm512_storeu_ps(prow + j, _mm512_mul_ps(p, _mm512_loadu_ps(mrow + j)));
+            /* masked: mrow past n is not this row's (0 × a stale NaN would be NaN) */
+            _mm512_storeu_ps(prow + j, _mm512_mul_ps(p, _mm512_maskz_loadu_ps(m, mrow + j)));
     }
     for (; j < kend; j += 16) { /* the block's columns past the last 16 written */
         __mmask16 m = first(kend - j);
