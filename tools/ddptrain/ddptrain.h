@@ -71,6 +71,8 @@ typedef struct trainer {
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */
     double peak;             /* float32 matmul FLOP/s per rank, measured at start (mean) */
+    bool peak_measured;      /* measured here (not given, not a GPU's datasheet figure) */
+    bool peak_rechecked;     /* rank 0 measured it again once (an MFU above 100%) */
     double flops_per_sample; /* training FLOPs of one sample (a language model: T tokens) */
     straggler strag;
 } trainer;
