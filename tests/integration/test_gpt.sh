@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ddptrain's language models end to end, on tiny GPTs and a synthetic text (no dependency on the
-# fortunes package): the default config parses; bad input (an odd-sized token file, an id beyond
+# fortunes package): the default config parses; ddpprep makes data.text's files; bad input (an odd-sized token file, an id beyond
 # the vocabulary, a block_size the file cannot hold, n_embd not divisible by n_head) is a
 # one-line error before any work; 2 ranks × B end where 1 rank × 2B does (random windows and
 # epochs of fixed windows); a run killed after a checkpoint and resumed ends bit for bit where an
@@ -28,6 +28,23 @@ TINY=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_laye
 "$TRAIN" --config "$SRC/configs/gpt-fortunes.yaml" --data.text "$T/text.txt" --total_steps 0 \
     --epochs 0 --max_new_tokens 0 --out_dir dry >dry.out 2>&1 || { cat dry.out; fail "dry run"; }
 assert_contains dry.out "trained 0 steps"
+
+# ddpprep makes the files data.text makes (the dry run above: doc_sep %, every 10th document to
+# validation), and its layout is exact: every byte one little-endian uint16, document k to
+# val.bin when k % val_every == val_every − 1, the separator lines kept.
+"$BIN/ddpprep" --out_dir prep --doc_sep % text.txt >prep.out 2>&1 || { cat prep.out; fail "ddpprep"; }
+cmp -s prep/train.bin cache/text-*-train.bin && cmp -s prep/val.bin cache/text-*-val.bin ||
+    fail "ddpprep's files differ from data.text's: $(ls cache)"
+printf 'ab\n%%\ncd\n%%\nef\n%%\n' >three.txt
+"$BIN/ddpprep" --out_dir prep3 --doc_sep % --val_every 3 three.txt >prep3.out 2>&1 ||
+    { cat prep3.out; fail "ddpprep of three documents"; }
+u16() { od -An -v -tu2 --endian=little "$1" | tr -s ' \n' ' '; }
+u8() { printf "$1" | od -An -v -tu1 | tr -s ' \n' ' '; }
+[ "$(u16 prep3/train.bin)" = "$(u8 'ab\n%%\ncd\n%%\n')" ] ||
+    fail "ddpprep train.bin: $(u16 prep3/train.bin), want $(u8 'ab\n%%\ncd\n%%\n')"
+[ "$(u16 prep3/val.bin)" = "$(u8 'ef\n%%\n')" ] ||
+    fail "ddpprep val.bin: $(u16 prep3/val.bin), want $(u8 'ef\n%%\n')"
+ok "ddpprep: the same files as data.text; bytes as uint16, documents dealt by position"
 "$TRAIN" --help >help
 for k in model.n_layer model.n_head model.n_embd model.block_size model.vocab_size model.bias \
     data.train data.val data.text data.doc_sep data.sampling eps eval_windows prompt \
