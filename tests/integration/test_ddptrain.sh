@@ -96,6 +96,19 @@ rc=0; "$TRAIN" --task test --out_dir whole --model.channels 4 >out 2>err || rc=$
 [ $rc -ne 0 ] && grep -q "saved with another model" err ||
     fail "a command-line key did not win over the stored one"
 ok "test and predict of the CNN from its checkpoint alone (the stored config), command line on top"
+# The same for an MLP of a shape other than the default's (whose flags would not rebuild it).
+"$TRAIN" --model.hidden 48 --model.activation gelu --total_steps 10 --eval_every 0 \
+    --out_dir mlp48 >mlp48.out 2>&1 || { cat mlp48.out; fail "training an MLP 784-48-10"; }
+"$TRAIN" --task test --out_dir mlp48 >mlpt.out 2>&1 ||
+    { cat mlpt.out; fail "test of the MLP without its flags"; }
+assert_contains mlpt.out "configuration: the one stored in mlp48/checkpoints/step10.safetensors"
+acc=$(sed -n 's/^test accuracy \([0-9.]*\)$/\1/p' mlp48.out)
+[ -n "$acc" ] || { cat mlp48.out; fail "the MLP's training printed no test accuracy"; }
+assert_contains mlpt.out "test accuracy $acc (10000 images)"
+"$TRAIN" --task predict --out_dir mlp48 --predict_out mlp.csv >/dev/null 2>&1 ||
+    fail "predict of the MLP without its flags"
+[ "$(wc -l <mlp.csv)" -eq 10001 ] || fail "MLP predictions: want a header and 10000 rows"
+ok "test and predict of an MLP 784-48-10 (gelu) from its checkpoint alone"
 
 # A checkpoint saved by 4 ranks resumes with 2 and with 1, from its step.
 "$DDPRUN" --standalone --nproc_per_node=4 "$TRAIN" --total_steps 20 --checkpoint.every 20 \
