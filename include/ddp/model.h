@@ -242,6 +242,11 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
  *   ddp_reducer_create(gg, ps, n, …, &red, …);  then ddp_model_bind_device_grad(m, i, ddp_reducer_grad(red, i))
  *   each step: zero_grad, forward, backward (marks ready), finish, grad_norm, then for each i:
  *       ddp_model_device_step(m, i, step, lr, clip_coef);
+ * With a sharded reducer (shard_optimizer): ddp_model_bind_device_params(m, ps') with
+ * ps'[i] = ddp_reducer_param(red, i) after creating it; each step, for each i,
+ * ddp_reducer_shard(red, i, &lo, &hi) and ddp_model_device_step_range(m, i, lo, hi, …), then
+ * ddp_reducer_gather_params(red); before a checkpoint, ddp_reducer_gather_state on each
+ * ddp_model_device_state array, then ddp_model_sync_host.
  */
 struct ddp_optim_opts;
 struct ddp_optim;
@@ -261,6 +266,22 @@ ddp_status ddp_model_bind_device_grad(ddp_model *m, size_t i, float *grad_dev);
  * ddp_optim_step_range's arithmetic, on the GPU. Queued on the model's stream. */
 ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr,
                                  float grad_scale);
+/* The same for elements [lo, hi) of parameter i only (the reducer's shard of it with a sharded
+ * optimizer step: ddp_reducer_shard). */
+ddp_status ddp_model_device_step_range(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
+                                       float lr, float grad_scale);
+/* The sharded optimizer step on the GPU (a reducer created with shard_optimizer over a GPU
+ * group keeps the parameters, as on the CPU): from now on parameter i's values are
+ * params_dev[i] (device memory of its count floats holding its current values, e.g.
+ * ddp_reducer_param(red, i), which ddp_reducer_gather_params fills; the caller keeps every array
+ * alive while bound). The forward, backward, device steps, syncs and ddp_model_device_param use
+ * them. params_dev NULL copies their values back into the model's own device memory, which
+ * serves again (do it before the arrays go away, if the model lives on). */
+ddp_status ddp_model_bind_device_params(ddp_model *m, float *const *params_dev);
+/* dev[i] = state s of the device optimizer for parameter i (device memory shaped like the
+ * parameter; s < 2 for AdamW, 1 for SGD), every i: what ddp_reducer_gather_state completes after
+ * sharded steps, before ddp_model_sync_host saves it. */
+ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev);
 /* Device → host: the parameters into the list's data arrays and, with opt (NULL: none), the
  * device optimizer's state into opt's state arrays (ddp_optim_state; opt of the same kind).
  * Host → device: the same the other way. Both wait for the copies. */

@@ -329,6 +329,16 @@ ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *arra
     DDP__GPU_CALL(gpt_optim_state, g, s, arrays, to_host, err);
 }
 
+ddp_status ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_bind_params, g, params_dev, err);
+}
+
+ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_state_dev, g, s, dev, err);
+}
+
 #define DDP__GPU_CLS_CALL(member, ...)                                                             \
     DDP__GPU_CALL_OR("no MLP/CNN (" #member                                                        \
                      "): it was built without cuDNN; HINT: install cuDNN 9 "                       \

@@ -25,8 +25,9 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 5 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
-                                device-resident GPT; 5: the classifier (cls_*) */
+#define DDP_GPU_MODULE_ABI 6 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
+                                device-resident GPT; 5: the classifier (cls_*); 6: the GPT's
+                                bound parameters and state views (sharded step) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -104,6 +105,8 @@ typedef struct ddp__gpu_api {
                                  ddp_error *err);
     ddp_status (*gpt_optim_state)(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                   ddp_error *err);
+    ddp_status (*gpt_bind_params)(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
+    ddp_status (*gpt_state_dev)(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err);
     /* The MLP and CNN (kernels.h's ddp__cuda_cls_*); NULL: not in this module (built without
      * cuDNN, or a test's fake). */
     ddp_status (*cls_create)(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
@@ -144,6 +147,8 @@ ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args 
                                    ddp_error *err);
 ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                     ddp_error *err);
+ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
+ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err);
 ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
                                const size_t *bcounts, size_t nb, ddp__cuda_cls **out,

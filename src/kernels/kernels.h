@@ -248,6 +248,15 @@ ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args
                                     ddp_error *err);
 ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                      ddp_error *err);
+/* The sharded optimizer step (the reducer's shard_optimizer on a GPU group). bind_params: from
+ * now on parameter i's values are params_dev[i] (device memory of counts[i] floats holding the
+ * current values, e.g. the reducer's parameter views, which its allgather fills; the caller
+ * keeps them alive while bound): the forward, backward, optimizer and get/set_params use them,
+ * and dev_info reports them. params_dev NULL: their values are copied back into the model's own
+ * buffer (waits), which is used again. state_dev: dev[i] = state s of parameter i in the
+ * device's buffer (laid out like the parameters), for the reducer's gather of a sharded state. */
+ddp_status ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
+ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err);
 
 /* ---- the MLP and the CNN on a CUDA device (cuda/classifier.cu, through kernels/gpu.c) ---------
  * src/nn/classifier.c's models (types "mlp" and "cnn") on the device, for its "cuda" device: the

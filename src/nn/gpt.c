@@ -835,7 +835,8 @@ static void resident_bind_grad(ddp_model *m, size_t i, float *grad_dev)
     g->dgrad[i] = grad_dev;
 }
 
-static ddp_status resident_step(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale)
+static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
+                                float lr, float grad_scale)
 {
     gpt *g = m->impl;
     if (!g->dgrad[i])
@@ -844,8 +845,8 @@ static ddp_status resident_step(ddp_model *m, size_t i, uint64_t step, float lr,
     ddp__cuda_optim_args a = {
         .adamw = g->oo.kind == DDP_OPTIM_ADAMW,
         .i = i,
-        .lo = 0,
-        .hi = m->params[i].count,
+        .lo = lo,
+        .hi = hi,
         .grad_dev = g->dgrad[i],
         .step = step,
         .lr = lr,
@@ -884,9 +885,35 @@ static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_hos
     return DDP_OK;
 }
 
+/* The parameters' device arrays become params_dev's (or the module's own again: NULL). */
+static ddp_status resident_bind_params(ddp_model *m, float *const *params_dev)
+{
+    gpt *g = m->impl;
+    ddp_error e = {0};
+    if (ddp__cuda_gpt_bind_params(g->cu, params_dev, &e) != DDP_OK ||
+        ddp__cuda_gpt_dev_info(g->cu, g->dparam, &g->stream, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "binding the parameters on the GPU: %s", e.msg);
+    return DDP_OK;
+}
+
+static ddp_status resident_state(ddp_model *m, int s, float **dev)
+{
+    gpt *g = m->impl;
+    ddp_error e = {0};
+    if (ddp__cuda_gpt_state_dev(g->cu, s, dev, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "the optimizer's state on the GPU: %s", e.msg);
+    return DDP_OK;
+}
+
 static const ddp_model_resident_ops gpt_resident = {
-    resident_start,     resident_param, resident_stream,
-    resident_bind_grad, resident_step,  resident_sync,
+    .start = resident_start,
+    .param = resident_param,
+    .stream = resident_stream,
+    .bind_grad = resident_bind_grad,
+    .step = resident_step,
+    .bind_params = resident_bind_params,
+    .state = resident_state,
+    .sync = resident_sync,
 };
 
 const ddp_model_ops ddp__gpt_ops = {"gpt",    build,  free_gpt, forward,

@@ -321,7 +321,39 @@ ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr
                                  float grad_scale)
 {
     ddp_status st = resident_check(m, i, "device_step");
-    return st ? st : m->ops->resident->step(m, i, step, lr, grad_scale);
+    return st ? st : m->ops->resident->step(m, i, 0, m->params[i].count, step, lr, grad_scale);
+}
+
+ddp_status ddp_model_device_step_range(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
+                                       float lr, float grad_scale)
+{
+    ddp_status st = resident_check(m, i, "device_step_range");
+    if (st)
+        return st;
+    if (lo > hi || hi > m->params[i].count)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "device_step_range: elements [%zu, %zu) of '%s', which has %zu", lo, hi,
+                           m->params[i].name, m->params[i].count);
+    return m->ops->resident->step(m, i, lo, hi, step, lr, grad_scale);
+}
+
+ddp_status ddp_model_bind_device_params(ddp_model *m, float *const *params_dev)
+{
+    ddp_status st = resident_check(m, 0, "bind_device_params");
+    for (size_t i = 0; !st && params_dev && i < m->n_params; i++)
+        if (!params_dev[i])
+            st = ddp__errmsg(m->err, DDP_ERR_INVALID,
+                             "bind_device_params: parameter %zu ('%s') has no array", i,
+                             m->params[i].name);
+    return st ? st : m->ops->resident->bind_params(m, params_dev);
+}
+
+ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev)
+{
+    ddp_status st = resident_check(m, 0, "device_state");
+    if (!st && !dev)
+        st = ddp__errmsg(m->err, DDP_ERR_INVALID, "device_state: no array to fill");
+    return st ? st : m->ops->resident->state(m, s, dev);
 }
 
 ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt)

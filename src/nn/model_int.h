@@ -37,7 +37,10 @@ typedef struct ddp_model_resident_ops {
     float *(*param)(const ddp_model *m, size_t i);
     void *(*stream)(const ddp_model *m);
     void (*bind_grad)(ddp_model *m, size_t i, float *grad_dev);
-    ddp_status (*step)(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale);
+    ddp_status (*step)(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step, float lr,
+                       float grad_scale);
+    ddp_status (*bind_params)(ddp_model *m, float *const *params_dev); /* NULL: unbind */
+    ddp_status (*state)(ddp_model *m, int s, float **dev);
     /* to_host: device → host; opt may be NULL (parameters only). */
     ddp_status (*sync)(ddp_model *m, struct ddp_optim *opt, bool to_host);
 } ddp_model_resident_ops;

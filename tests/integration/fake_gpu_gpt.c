@@ -36,7 +36,14 @@ struct ddp__cuda_gpt {
     int nstates;
     float *tmp; /* (largest count,) a scaled gradient */
     int V;
+    float **bound; /* bind_params's arrays, or NULL: the flat buffer's */
 };
+
+/* Parameter i's values: in the flat buffer, or where bind_params put them. */
+static float *param_of(const ddp__cuda_gpt *g, size_t i)
+{
+    return g->bound ? g->bound[i] : g->params + g->offsets[i];
+}
 
 static ddp_status fail(ddp_error *err, ddp_status st, const char *msg)
 {
@@ -59,6 +66,7 @@ static void gpt_free(ddp__cuda_gpt *g)
     free(g->state[0]);
     free(g->state[1]);
     free(g->tmp);
+    free(g->bound);
     free(g);
 }
 
@@ -110,7 +118,7 @@ static ddp_status set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error 
 {
     (void)err;
     for (size_t i = 0; i < g->n; i++)
-        memcpy(g->params + g->offsets[i], d[i], g->counts[i] * sizeof(float));
+        memcpy(param_of(g, i), d[i], g->counts[i] * sizeof(float));
     return DDP_OK;
 }
 
@@ -118,7 +126,7 @@ static ddp_status get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *err)
 {
     (void)err;
     for (size_t i = 0; i < g->n; i++)
-        memcpy(d[i], g->params + g->offsets[i], g->counts[i] * sizeof(float));
+        memcpy(d[i], param_of(g, i), g->counts[i] * sizeof(float));
     return DDP_OK;
 }
 
@@ -194,7 +202,7 @@ static ddp_status backward_dev(ddp__cuda_gpt *g, float *const *dst,
                                ddp_error *err)
 {
     for (size_t i = 0; i < g->n; i++)
-        ddp_model_bind(g->m, i, g->params + g->offsets[i], dst[i]);
+        ddp_model_bind(g->m, i, param_of(g, i), dst[i]);
     marks k = {ready, ctx, dst[0], inject_inf(++calls)};
     ddp_status st = ddp_model_backward(g->m, pass_ready, &k);
     for (size_t i = 0; i < g->n; i++)
@@ -206,7 +214,7 @@ static ddp_status dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream, 
 {
     (void)err;
     for (size_t i = 0; i < g->n; i++)
-        params_dev[i] = g->params + g->offsets[i];
+        params_dev[i] = param_of(g, i);
     *stream = NULL;
     return DDP_OK;
 }
@@ -234,11 +242,12 @@ static ddp_status optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, dd
             g->tmp[k] = gr[k] * a->grad_scale;
         gr = g->tmp;
     }
+    float *p = param_of(g, a->i) + a->lo;
     if (a->adamw)
-        ddp_nn_adamw_step(g->params + off, gr, g->state[0] + off, g->state[1] + off, n, a->lr,
+        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr,
                           a->beta1, a->beta2, a->eps, a->weight_decay, a->step);
     else
-        ddp_nn_sgd_step(g->params + off, gr, g->state[0] + off, n, a->lr, a->momentum,
+        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum,
                         a->weight_decay, a->step);
     return DDP_OK;
 }
@@ -253,6 +262,33 @@ static ddp_status optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool 
         size_t bytes = g->counts[i] * sizeof(float);
         memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
     }
+    return DDP_OK;
+}
+
+/* gpt.cu's: the CPU model's values move to the given arrays (or back into the flat buffer). */
+static ddp_status bind_params(ddp__cuda_gpt *g, float *const *pd, ddp_error *err)
+{
+    if (!pd) {
+        for (size_t i = 0; g->bound && i < g->n; i++)
+            memcpy(g->params + g->offsets[i], g->bound[i], g->counts[i] * sizeof(float));
+        free(g->bound);
+        g->bound = NULL;
+    } else {
+        if (!g->bound && !(g->bound = calloc(g->n ? g->n : 1, sizeof(float *))))
+            return fail(err, DDP_ERR_NOMEM, "out of memory");
+        memcpy(g->bound, pd, g->n * sizeof(float *));
+    }
+    for (size_t i = 0; i < g->n; i++)
+        ddp_model_bind(g->m, i, param_of(g, i), NULL);
+    return DDP_OK;
+}
+
+static ddp_status state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
+    for (size_t i = 0; i < g->n; i++)
+        dev[i] = g->state[s] + g->offsets[i];
     return DDP_OK;
 }
 
@@ -300,6 +336,8 @@ static const ddp__gpu_api table = {
     .gpt_optim_init = optim_init,
     .gpt_optim_step = optim_step,
     .gpt_optim_state = optim_state,
+    .gpt_bind_params = bind_params,
+    .gpt_state_dev = state_dev,
     .cls_create = fake_cls_create,
     .cls_free = fake_cls_free,
     .cls_upload = fake_cls_upload,
@@ -340,6 +378,8 @@ ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args
                                     ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *h, bool t,
                                      ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *p, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *c, const size_t *k, size_t n,
                                 const size_t *bk, size_t nb, ddp__cuda_cls **o,
                                 ddp_error *e) NOT_HERE()

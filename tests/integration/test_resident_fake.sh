@@ -54,6 +54,30 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1 6 1e-5 || fail "2 ranks: fake cuda differs from the cpu"
 ok "device-resident, 2 ranks sharing the fake GPU, small buckets launched from backward on the progress thread: the same losses as 2 cpu ranks"
 
+# The sharded optimizer step on the GPU (ZeRO-1): the buckets reduce-scattered on the GPU group,
+# each rank's AdamW on its shard on the device, the parameters (bound to the reducer's, as on the
+# cpu) allgathered. The cpu's 2 ranks shard too (shard_optimizer auto on shm): the same sums in
+# the same order, so the losses are equal bit for bit. A checkpoint from it holds the whole AdamW
+# state (gathered on the device first): resumed on the cpu, it continues the cpu run exactly.
+grep -q "optimizer step sharded (ZeRO-1)" cpu2.out || fail "the cpu's 2 ranks are not sharded"
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --shard_optimizer true --total_steps 6 --overlap async --bucket_kb 8 --out_dir sh2 \
+    >sh2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat sh2.out; fail "sharded, 2 ranks on fake cuda: exit $rc"; }
+assert_contains sh2.out "gradients on the GPU over cuda-staged"
+assert_contains sh2.out "optimizer step sharded (ZeRO-1)"
+grep -q "optimizer step sharded" gpu2.out && fail "shard_optimizer auto sharded on the GPU"
+losses cpu2/metrics.jsonl sh2/metrics.jsonl 1 6 0 || fail "sharded on fake cuda differs from the cpu"
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --shard_optimizer true --total_steps 3 --checkpoint.every 3 --out_dir sh3 >sh3.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat sh3.out; fail "sharded, 3 steps on fake cuda: exit $rc"; }
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
+    --resume_from latest --out_dir sh3 >sh3b.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat sh3b.out; fail "resuming the sharded GPU checkpoint on the cpu: exit $rc"; }
+losses cpu2/metrics.jsonl sh3/metrics.jsonl 4 6 0 ||
+    fail "the sharded GPU checkpoint resumed on the cpu differs: AdamW state not gathered"
+ok "sharded optimizer step on the fake GPU: = 2 sharded cpu ranks bit for bit; its checkpoint resumes on the cpu exactly; auto leaves it off on the GPU"
+
 # A checkpoint taken on the GPU: resumed there = the uninterrupted run; the file holds the
 # device's weights and optimizer state (the cpu resumes it and continues the same way).
 rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 5 --checkpoint.every 5 \
@@ -137,6 +161,14 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
 losses inf/metrics.jsonl infr/metrics.jsonl 6 10 1e-5 || fail "fp16 resume after a skip differs"
 grep -q '"step": 10, .*"loss_scale": 32768' infr/metrics.jsonl || fail "resume lost the loss scale"
 ok "fp16: an inf on rank 1 skipped step 3 on both ranks and halved the scale; resumed after it = uninterrupted"
+rc=0; fake "${INF[@]}" "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+    --device cuda --precision fp16 --shard_optimizer true --total_steps 10 --out_dir infsh \
+    >infsh.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat infsh.out; fail "fp16 sharded with an inf: exit $rc"; }
+grep -q '"step": 10, .*"loss_scale": 32768, "skipped_steps": 1' infsh/metrics.jsonl ||
+    fail "fp16 sharded with an inf: the scale or the skip count at step 10 is wrong"
+losses inf/metrics.jsonl infsh/metrics.jsonl 1 10 0 || fail "fp16 sharded with an inf differs"
+ok "fp16 with the sharded step: the same skip, scale and losses"
 
 
 # N ranks × B ≡ 1 rank × N·B on the device-resident path (the windows follow the global sample).

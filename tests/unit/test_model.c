@@ -595,6 +595,14 @@ static void resident_refusals(void **state)
     assert_int_equal(ddp_model_bind_device_grad(m, 0, x), DDP_ERR_INVALID);
     assert_non_null(strstr(ddp_model_last_error(m), "not device-resident"));
     assert_int_equal(ddp_model_device_step(m, 0, 1, 0.1f, 1.0f), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_device_step_range(m, 0, 0, 1, 1, 0.1f, 1.0f), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "device_step_range: the model is not"));
+    float *xs[16] = {x};
+    assert_int_equal(ddp_model_bind_device_params(m, xs), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "bind_device_params: the model is not"));
+    float *dev[16];
+    assert_int_equal(ddp_model_device_state(m, 0, dev), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "device_state: the model is not"));
     assert_int_equal(ddp_model_sync_host(m, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_model_sync_device(m, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_model_resident(m, NULL, &err), DDP_ERR_INVALID);

@@ -28,10 +28,24 @@ static ddp_ckpt_train_state state_of(const trainer *t)
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
 {
     ddp_status st = DDP_OK;
-    /* Sharded, each rank's optimizer state is current only in its shard: complete it first. */
-    for (int k = 0; k < ddp_optim_num_states(t->opt); k++)
-        if ((st = ddp_reducer_gather_state(t->red, (void *const *)ddp_optim_state(t->opt, k))))
-            return ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    /* Sharded, each rank's optimizer state is current only in its shard: complete it first (on
+     * the GPU where the state lives there). */
+    size_t np;
+    ddp_model_params(t->m, &np);
+    float **dev = t->resident ? malloc(sizeof(float *) * (np ? np : 1)) : NULL;
+    if (t->resident && !dev)
+        return ddp_error_set(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
+    for (int k = 0; k < ddp_optim_num_states(t->opt) && !st; k++) {
+        if (t->resident && (st = ddp_model_device_state(t->m, k, dev)))
+            ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
+        else if ((st = ddp_reducer_gather_state(
+                      t->red, t->resident ? (void *const *)dev
+                                          : (void *const *)ddp_optim_state(t->opt, k))))
+            ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    }
+    free(dev);
+    if (st)
+        return st;
     /* Device-resident: the host's arrays are brought up to date first (rank 0 writes them). */
     if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, t->opt)))
         return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));

@@ -136,15 +136,13 @@ static ddp_param *reducer_view(const ddp_model_param *p, size_t n)
 
 /* device cuda: the model's training state moves to the GPU for good (after a checkpoint was
  * loaded into its host arrays), and a GPU group joins the ranks for the gradients, ordered after
- * the model's stream; the reducer then works on device memory (rparams are the device arrays). */
+ * the model's stream; the reducer then works on device memory (rparams are the device arrays).
+ * shard_optimizer true shards the step on the GPU too; auto leaves it off there until a GPU
+ * session has measured whether it pays (docs/gpu.md). */
 static int go_resident(trainer *t, ddp_reducer_opts *ro)
 {
     ddp_error err = {0};
-    if (ro->shard_optimizer && !strcmp(ddp_config_str(t->cfg, "shard_optimizer"), "true"))
-        return trainer_die(t, "reducer",
-                           "shard_optimizer true is not implemented for device cuda yet; set "
-                           "shard_optimizer false (or auto)");
-    ro->shard_optimizer = false;
+    ro->shard_optimizer = !strcmp(ddp_config_str(t->cfg, "shard_optimizer"), "true");
     size_t nb;
     ddp_model_buffers(t->m, &nb);
     if (nb > 0)
@@ -208,6 +206,19 @@ static int wrap_model(trainer *t)
         if (!t->resident)
             ddp_model_bind(t->m, i, ddp_reducer_param(t->red, i), ddp_reducer_grad(t->red, i));
         else if (ddp_model_bind_device_grad(t->m, i, ddp_reducer_grad(t->red, i)) != DDP_OK)
+            return trainer_die(t, "model on the GPU", ddp_model_last_error(t->m));
+    }
+    /* Sharded on the GPU: the parameters live in the reducer there too (its allgather fills
+     * them), as on the CPU; the model's own device copy is left unused. */
+    if (t->resident && ddp_reducer_sharded(t->red)) {
+        float **pd = malloc(sizeof(float *) * (np ? np : 1));
+        if (!pd)
+            return trainer_die(t, "model on the GPU", "out of memory");
+        for (size_t i = 0; i < np; i++)
+            pd[i] = ddp_reducer_param(t->red, i);
+        ddp_status st = ddp_model_bind_device_params(t->m, pd);
+        free(pd);
+        if (st != DDP_OK)
             return trainer_die(t, "model on the GPU", ddp_model_last_error(t->m));
     }
     return 0;
@@ -463,17 +474,19 @@ int main(int argc, char **argv)
         snprintf(dev_desc, sizeof dev_desc, "cpu (precision %s)", ddp_precision_name(t.prec));
     else
         snprintf(dev_desc, sizeof dev_desc, "cpu");
+    const char *zero =
+        train && ddp_reducer_sharded(t.red) ? "; optimizer step sharded (ZeRO-1)" : "";
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "
-                    "accumulation %d, effective batch %d (%d tokens)",
+                    "accumulation %d, effective batch %d (%d tokens)%s",
                     t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, t.T, A, t.B * t.W * A,
-                    t.B * t.W * A * t.T);
+                    t.B * t.W * A * t.T, zero);
     else
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d, grad accumulation "
-                    "%d, effective batch %d",
-                    t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, A, t.B * t.W * A);
+                    "%d, effective batch %d%s",
+                    t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, A, t.B * t.W * A, zero);
     uint64_t bf16_products0, bf16_fallbacks0;
     ddp_bf16_cpu_counts(&bf16_products0, &bf16_fallbacks0);
     rc = run_task(&t, tr, te);

@@ -117,18 +117,15 @@ static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, do
     *comm_s = ddp_now_seconds() - t0;
     size_t np;
     ddp_model_params(t->m, &np);
-    if (t->resident) { /* on the GPU, queued on the model's stream; never sharded */
-        for (size_t i = 0; i < np; i++)
-            if (ddp_model_device_step(t->m, i, t->optim_step + 1, (float)lr, coef) != DDP_OK)
-                return trainer_die(t, "optimizer", ddp_model_last_error(t->m));
-        t->optim_step++;
-        return 0;
-    }
     for (size_t i = 0; i < np; i++) {
         size_t lo, hi;
         ddp_reducer_shard(t->red, i, &lo, &hi);
-        if (ddp_optim_step_range(t->opt, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
-            DDP_OK)
+        if (t->resident) { /* on the GPU, queued on the model's stream */
+            if (ddp_model_device_step_range(t->m, i, lo, hi, t->optim_step + 1, (float)lr,
+                                            coef) != DDP_OK)
+                return trainer_die(t, "optimizer", ddp_model_last_error(t->m));
+        } else if (ddp_optim_step_range(t->opt, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
+                   DDP_OK)
             return trainer_die(t, "optimizer", ddp_optim_last_error(t->opt));
     }
     t->optim_step++;

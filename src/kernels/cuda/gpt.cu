@@ -87,14 +87,31 @@ struct ddp__cuda_gpt {
     ddp_status ready_st; /* what ready returned, when not DDP_OK */
     float *ost[2];           /* (total,) the optimizer's state, laid out like params */
     int nstates;
+    /* ddp__gpu_gpt_bind_params: (n_params,) where each parameter's values are instead of the
+     * flat buffer (the reducer's views, for the sharded step), or NULL */
+    float **bound;
 };
 
-static float *P(ddp__cuda_gpt *g, long long off)
+/* The parameter whose flat-buffer offset is off (offsets ascend with the index). */
+static size_t index_of(const ddp__cuda_gpt *g, long long off);
+
+/* Parameter i's values: the flat buffer's, or where bind_params put them. */
+static float *param_of(const ddp__cuda_gpt *g, size_t i)
 {
-    return off >= 0 ? g->params + off : NULL;
+    return g->bound ? g->bound[i] : g->params + g->offsets[i];
 }
 
-/* The parameter whose flat-buffer offset is off (offsets ascend with the index). */
+/* The values of the tensor at flat offset off (−1: absent). */
+static float *P(ddp__cuda_gpt *g, long long off)
+{
+    if (off < 0)
+        return NULL;
+    if (!g->bound)
+        return g->params + off;
+    size_t i = index_of(g, off);
+    return g->bound[i] + (off - (long long)g->offsets[i]);
+}
+
 static size_t index_of(const ddp__cuda_gpt *g, long long off)
 {
     size_t lo = 0, hi = g->n_params;
@@ -172,6 +189,7 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
     free(g->grads_host);
     free(g->correct_host);
     free(g->row_loss_host);
+    free(g->bound);
     free(g);
 }
 
@@ -378,7 +396,7 @@ extern "C" ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *con
     if (st0)
         return st0;
     for (size_t i = 0; i < g->n_params; i++) {
-        ddp_status st = ddp__cuda_to_device(g->ctx, g->params + g->offsets[i], data_host[i],
+        ddp_status st = ddp__cuda_to_device(g->ctx, param_of(g, i), data_host[i],
                                             sizeof(float) * g->counts[i], err);
         if (st)
             return st;
@@ -458,9 +476,14 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
     const size_t NC = (size_t)N * C;
     const ddp_dtype ht = g->ht;
     ddp_status st;
-    /* the weights' 16-bit copy, once per forward (the padding between tensors is zeros) */
-    if ((st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
+    /* the weights' 16-bit copy, once per forward (the padding between tensors is zeros): in one
+     * pass over the flat buffer, or tensor by tensor from where they are bound */
+    if (!g->bound && (st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
         return st;
+    for (size_t i = 0; g->bound && i < g->n_params; i++)
+        if ((st = ddp__cuda_f32_to_h(c, ht, g->bound[i], g->counts[i],
+                                     g->params_h + g->offsets[i], err)))
+            return st;
     const float *x = g->x0;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
@@ -717,7 +740,7 @@ extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev
 {
     (void)err;
     for (size_t i = 0; i < g->n_params; i++)
-        params_dev[i] = g->params + g->offsets[i];
+        params_dev[i] = param_of(g, i);
     *stream = (void *)g->ctx->stream;
     return DDP_OK;
 }
@@ -727,7 +750,7 @@ extern "C" ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *da
 {
     ddp_status st = use_device(g, err);
     for (size_t i = 0; i < g->n_params && !st; i++)
-        st = ddp__cuda_to_host(g->ctx, data_host[i], g->params + g->offsets[i],
+        st = ddp__cuda_to_host(g->ctx, data_host[i], param_of(g, i),
                                sizeof(float) * g->counts[i], err);
     return st;
 }
@@ -775,7 +798,7 @@ extern "C" ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_
     if (st)
         return st;
     size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
-    float *p = g->params + off;
+    float *p = param_of(g, a->i) + a->lo;
     const float *grad = a->grad_dev + a->lo;
     if (a->adamw)
         return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
@@ -804,3 +827,44 @@ extern "C" ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *c
     return st;
 }
 
+
+extern "C" ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev,
+                                                ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    if (st)
+        return st;
+    if (!params_dev) { /* the values back into the flat buffer, which serves again */
+        for (size_t i = 0; g->bound && i < g->n_params && !st; i++)
+            st = ddp__cuda_check(cudaMemcpyAsync(g->params + g->offsets[i], g->bound[i],
+                                                 sizeof(float) * g->counts[i],
+                                                 cudaMemcpyDeviceToDevice, g->ctx->stream),
+                                 "cudaMemcpyAsync", err);
+        if (!st && (st = ddp__cuda_sync(g->ctx, err)) == DDP_OK) {
+            free(g->bound);
+            g->bound = NULL;
+        }
+        return st;
+    }
+    for (size_t i = 0; i < g->n_params; i++)
+        if (!params_dev[i])
+            return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                  "cuda gpt: bind_params: parameter %zu has no array", i);
+    if (!g->bound && !(g->bound = (float **)calloc(g->n_params, sizeof(float *))))
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
+    memcpy(g->bound, params_dev, sizeof(float *) * g->n_params);
+    /* the 16-bit copy is now rounded tensor by tensor: its padding stays as zeros */
+    if (g->half && (st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err)))
+        return st;
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: no optimizer state %d (%d made)",
+                              s, g->nstates);
+    for (size_t i = 0; i < g->n_params; i++)
+        dev[i] = g->ost[s] + g->offsets[i];
+    return DDP_OK;
+}

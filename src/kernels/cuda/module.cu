@@ -37,6 +37,8 @@ static const ddp__gpu_api table = {
     ddp__gpu_gpt_optim_init,
     ddp__gpu_gpt_optim_step,
     ddp__gpu_gpt_optim_state,
+    ddp__gpu_gpt_bind_params,
+    ddp__gpu_gpt_state_dev,
 #ifdef DDP_HAVE_CUDNN /* classifier.cu: the MLP and CNN */
     ddp__gpu_cls_create,
     ddp__gpu_cls_free,
