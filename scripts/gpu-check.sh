@@ -204,6 +204,22 @@ EOP
         "$W/cuda/train.log"
     check "ddptrain cuda 2 ranks: gradients over cuda-staged" grep -q \
         "gradients on the GPU over cuda-staged" "$W/cuda2/train.log"
+    # the sharded optimizer step on the GPU (2 ranks on one GPU): the reducer's device
+    # parameters bound into the CUDA GPT, each rank's AdamW on its shard, the allgather; the
+    # same sums in the same order as unsharded, so the same losses (1e-6: the bound is loose)
+    check "ddprun 2 ranks on cuda, sharded optimizer step" "$CARRY/bin/ddprun" --standalone \
+        --nproc_per_node=2 "$CARRY/bin/ddptrain" "${args[@]}" --device cuda \
+        --shard_optimizer true --out_dir "$W/cuda2sh"
+    check "cuda 2 ranks: sharded = unsharded (1e-6)" syspy - "$W/cuda2/metrics.jsonl" \
+        "$W/cuda2sh/metrics.jsonl" <<'EOP'
+import json, sys
+def losses(p):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+d = max(abs(a[s] - b[s]) for s in a)
+print(f"{len(a)} steps: largest difference {d:.2e}")
+sys.exit(0 if len(a) == len(b) and d <= 1e-6 else 1)
+EOP
     local cst=(--schedule constant --device cuda)
     check "ddptrain cuda 10 steps" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
         --out_dir "$W/whole"
