@@ -144,13 +144,18 @@ run() {
     export DDP_REQUIRE_GPU=1 OPENBLAS_NUM_THREADS=4
     local -a names results
     nvidia-smi -L 2>&1 | tee -a "$LOG"
-    check() { # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output
+    # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output. Each check
+    # has CHECK_LIMIT seconds (default 150; exit 124: timed out), so that one hung kernel or NCCL
+    # init cannot eat the device call's 600 s, and its result goes into the log at once (RESULT
+    # lines), so a call cut off before the table still says what passed.
+    check() {
         local name=$1 rc=0 t0=$SECONDS
         shift
         echo "=== $name: $*" >>"$LOG"
-        "$@" >>"$LOG" 2>&1 || rc=$?
+        timeout -k 10 "${CHECK_LIMIT:-150}" "$@" >>"$LOG" 2>&1 || rc=$?
         names+=("$name")
-        results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s")
+        results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))") in $((SECONDS - t0)) s")
+        echo "RESULT $name: ${results[-1]}" | tee -a "$LOG"
     }
     for t in test_cuda test_cuda_kernels test_cuda_gpt test_cuda_classifier test_device test_amp \
         test_model; do
@@ -169,8 +174,10 @@ run() {
     check "fp16 found-inf flag over a GPU group, 2 ranks" "$CARRY/bin/ddprun" --standalone \
         --nproc_per_node=2 "$CARRY/bin/test_amp" --sync-gpu
     # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)
-    check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda python3 \
-        tests/python/test_gpt_torch.py "$CARRY/bin"
+    # (torch runs with the machine's libraries, gpt_dump with the carried ones)
+    check "torch.gpt_parity on cuda" env DDP_GPT_DUMP_DEVICE=cuda \
+        DDP_CARRY_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" \
+        python3 tests/python/test_gpt_torch.py "$CARRY/bin"
     # ddptrain end to end: the same tiny GPT, 10 steps on the cpu and on cuda, losses compared
     local W
     W=$(mktemp -d)
@@ -206,19 +213,20 @@ EOP
         "gradients on the GPU over cuda-staged" "$W/cuda2/train.log"
     # the sharded optimizer step on the GPU (2 ranks on one GPU): the reducer's device
     # parameters bound into the CUDA GPT, each rank's AdamW on its shard, the allgather; the
-    # same sums in the same order as unsharded, so the same losses (1e-6: the bound is loose)
+    # same sums in the same order as unsharded, but two GPU runs are not bit-identical (the wte
+    # gradient's atomic adds, cuBLASLt's split-K): 1e-4 relative
     check "ddprun 2 ranks on cuda, sharded optimizer step" "$CARRY/bin/ddprun" --standalone \
         --nproc_per_node=2 "$CARRY/bin/ddptrain" "${args[@]}" --device cuda \
         --shard_optimizer true --out_dir "$W/cuda2sh"
-    check "cuda 2 ranks: sharded = unsharded (1e-6)" syspy - "$W/cuda2/metrics.jsonl" \
+    check "cuda 2 ranks: sharded = unsharded (1e-4)" syspy - "$W/cuda2/metrics.jsonl" \
         "$W/cuda2sh/metrics.jsonl" <<'EOP'
 import json, sys
 def losses(p):
     return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
-d = max(abs(a[s] - b[s]) for s in a)
-print(f"{len(a)} steps: largest difference {d:.2e}")
-sys.exit(0 if len(a) == len(b) and d <= 1e-6 else 1)
+d = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+print(f"{len(a)} steps: largest relative difference {d:.2e}")
+sys.exit(0 if len(a) == len(b) and d <= 1e-4 else 1)
 EOP
     local cst=(--schedule constant --device cuda)
     check "ddptrain cuda 10 steps" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
@@ -227,15 +235,15 @@ EOP
         --total_steps 5 --checkpoint.every 5 --out_dir "$W/half"
     check "ddptrain cuda resumed to 10" "$CARRY/bin/ddptrain" "${args[@]}" "${cst[@]}" \
         --resume_from latest --out_dir "$W/half"
-    check "resumed on cuda = uninterrupted (1e-5)" syspy - "$W/whole/metrics.jsonl" \
+    check "resumed on cuda = uninterrupted (1e-4)" syspy - "$W/whole/metrics.jsonl" \
         "$W/half/metrics.jsonl" <<'EOP'
 import json, sys
 def losses(p):
     return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(p) if '"loss"' in l}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
-d = max(abs(a[s] - b[s]) for s in range(6, 11))
-print(f"steps 6-10: largest difference {d:.2e}")
-sys.exit(0 if d <= 1e-5 else 1)
+d = max(abs(a[s] - b[s]) / abs(a[s]) for s in range(6, 11))
+print(f"steps 6-10: largest relative difference {d:.2e} (two GPU runs: atomic adds)")
+sys.exit(0 if d <= 1e-4 else 1)
 EOP
     # precision bf16: the same run on cuda against the CPU's bf16 (the closest reference: the
     # same products' operands rounded) where this CPU has bf16 units and oneDNN, else against the

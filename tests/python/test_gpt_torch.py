@@ -50,6 +50,16 @@ except ImportError:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_twin import GPT, Config  # noqa: E402
 
+
+def dump_env():
+    """gpt_dump's environment: one OpenBLAS thread (ThreadSanitizer cannot see OpenBLAS's own
+    synchronisation), and on a GPU machine (scripts/gpu-check.sh) the carried libraries' path,
+    which torch itself, in this process, must not see."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    if os.environ.get("DDP_CARRY_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["DDP_CARRY_LD_LIBRARY_PATH"]
+    return env
+
 TOL_LOSS, TOL_VALUE, TOL_W, TOL_UPD, COND = 1e-5, 1e-5, 1e-5, 1e-4, 100
 if os.environ.get("DDP_GPT_DUMP_DEVICE") == "cuda":
     # ddpc's GPT on the GPU (scripts/gpu-check.sh): fp32 statistics, cuBLAS's summation order and
@@ -154,9 +164,7 @@ def case(L, NH, C, T, V, bias, B):
     x.numpy().tofile(os.path.join(d, "tokens.bin"))
     y.numpy().tofile(os.path.join(d, "targets.bin"))
     subprocess.run([BIN, d, "train", str(L), str(NH), str(C), str(T), str(V), str(int(bias)),
-                    str(B), str(STEPS), repr(LR), "0"], check=True,
-                   # one OpenBLAS thread: ThreadSanitizer cannot see OpenBLAS's own synchronisation
-                   env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                    str(B), str(STEPS), repr(LR), "0"], check=True, env=dump_env())
 
     # The C model's own init loads by name; the tied head is the one missing key.
     init = load_st(os.path.join(d, "out_init.safetensors"))

@@ -206,7 +206,10 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
         }
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1,
                                                            &heur, &found);
-        if (hs == CUBLAS_STATUS_NOT_SUPPORTED)
+        /* cublasLt.h gives the bias D's type except for IMMA and fp8 kernels: an fp32 bias on a
+         * 16-bit output may be refused as INVALID_VALUE rather than NOT_SUPPORTED. Any refusal
+         * of the bias epilogue means the next attempt, without it. */
+        if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs != CUBLAS_STATUS_SUCCESS && bias_epi))
             found = 0;
         else if ((st = ddp__cublas_check(hs, "algorithm heuristic", err)))
             goto out_free;
@@ -214,7 +217,8 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
     if (found >= 1) {
         cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
                                            &heur.algo, c->workspace, ws, c->stream);
-        if (ms == CUBLAS_STATUS_NOT_SUPPORTED) /* refused before any work: the fallback below */
+        /* refused before any work (the bias epilogue's type, as above): the fallback below */
+        if (ms == CUBLAS_STATUS_NOT_SUPPORTED || (ms == CUBLAS_STATUS_INVALID_VALUE && bias_epi))
             st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
                               bias, compute, precision, err);
         else if (!(st = ddp__cublas_check(ms, "matmul", err)) && bias && !bias_epi)
