@@ -128,19 +128,39 @@ ddp_status ddp__cuda_gelu_backward(ddp__cuda_ctx *ctx, const float *dy, const fl
 ddp_status ddp__cuda_add(ddp__cuda_ctx *ctx, const float *a, const float *b, size_t n, float *y,
                          ddp_error *err);
 
-/* Causal self-attention, no dropout, through cuBLAS strided-batched GEMMs and a causal softmax:
- * out (B, T, C) from qkv (B, T, 3C) as ddp_nn_attention_forward. Unlike the CPU's flash-style
- * kernel it keeps the probabilities: att (B, nh, T, T) for the backward, and needs scratch of
+/* Dropout on the GPU with the CPU's masks (util/rng.h's counter-based hashes, so a mask is the
+ * same on either device): p in (0, 1) (0: none); seed (the layer's: the model's seed + layer
+ * id), step and offset as ddp_nn_dropout_forward (elementwise: element i is decided by
+ * ddp__rand_u64(seed, step, offset + i)) and ddp_nn_attention_forward (attention: query row r of
+ * the (B·nh·T) rows has key ddp__rand_u64(seed, step, offset + r), probability j kept iff
+ * ddp__rand_u32(key, j) ≥ p·2³²). Masks are never stored: the backward draws them again. */
+typedef struct ddp__cuda_drop {
+    float p;
+    uint64_t seed, step, offset;
+} ddp__cuda_drop;
+/* y = x · 1/(1 − p) where element i is kept, else 0: ddp_nn_dropout_forward's values (its
+ * backward is the same map on the gradient). x of dtype xt, y of yt: float32 → float32,
+ * float32 → 16 bits (rounded once after the scaling), or 16 → the same 16 bits; y may equal x
+ * (same dtype). */
+ddp_status ddp__cuda_dropout(ddp__cuda_ctx *ctx, ddp_dtype xt, const void *x, ddp_dtype yt,
+                             void *y, size_t n, const ddp__cuda_drop *d, ddp_error *err);
+
+/* Causal self-attention through cuBLAS strided-batched GEMMs and a causal softmax: out (B, T, C)
+ * from qkv (B, T, 3C) as ddp_nn_attention_forward, with its dropout on the probabilities when
+ * drop is not NULL and drop->p > 0 (the same masks; the forward's and the backward's drop must
+ * be the same). Unlike the CPU's flash-style kernel it keeps the probabilities (before
+ * dropout): att (B, nh, T, T) for the backward, and needs scratch of
  * ddp__cuda_attention_scratch(B, T, C, nh) floats (7·B·T·C + B·nh·T·T). */
 size_t ddp__cuda_attention_scratch(int B, int T, int C, int nh);
 ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *ctx, const float *qkv, int B, int T, int C,
                                        int nh, float *att, float *scratch, float *out,
-                                       ddp_precision precision, ddp_error *err);
+                                       ddp_precision precision, const ddp__cuda_drop *drop,
+                                       ddp_error *err);
 /* dqkv (B, T, 3C) overwritten, from dout (B, T, C) and the forward's qkv and att. */
 ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *ctx, const float *dout, const float *qkv,
                                         const float *att, int B, int T, int C, int nh,
                                         float *scratch, float *dqkv, ddp_precision precision,
-                                        ddp_error *err);
+                                        const ddp__cuda_drop *drop, ddp_error *err);
 
 /* Fused softmax cross-entropy over a vocabulary (ddp_nn_vocab_xent): row_loss (N,) each row's
  * −log softmax[target] (0 for ignored rows), correct (N,) 1 where the target is the row's
@@ -198,14 +218,15 @@ ddp_status ddp__cuda_add_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const float *a, con
 size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh);
 ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *qkv,
                                          int B, int T, int C, int nh, uint16_t *att, void *scratch,
-                                         uint16_t *out, ddp_error *err);
+                                         uint16_t *out, const ddp__cuda_drop *drop,
+                                         ddp_error *err);
 /* dqkv (B, T, 3C) ht overwritten, from dout (B, T, C) ht and the forward's qkv and att:
  * dP = dY·Vᵀ in fp32, the softmax backward in fp32 from the 16-bit P, dS rounded to ht for
  * dQ = dS·K and dK = dSᵀ·Q; dV = Pᵀ·dY. */
 ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *dout,
                                           const uint16_t *qkv, const uint16_t *att, int B, int T,
                                           int C, int nh, void *scratch, uint16_t *dqkv,
-                                          ddp_error *err);
+                                          const ddp__cuda_drop *drop, ddp_error *err);
 /* ddp__cuda_vocab_xent on fp32 logits (N, V) whose gradient (scaled by scale / count: with
  * precision fp16, scale carries the loss scale), with grad, is written in ht over the logits
  * themselves: row r's V 16-bit values at the start of row r's own storage, i.e. a 16-bit matrix

@@ -260,14 +260,14 @@ ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_h
 
 ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                  int n, int T, bool train, bool last_logits, float grad_scale,
-                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
-                                 ddp_error *err)
+                                 uint64_t step, uint64_t sample_offset, double *loss_sum,
+                                 int *count, int64_t *correct, float *logits_host, ddp_error *err)
 {
     const ddp__gpu_api *t;
     ddp_status st = ddp__gpu_module(&t, err);
     return st ? st
-              : t->gpt_forward(g, tokens, targets, n, T, train, last_logits, grad_scale, loss_sum,
-                               count, correct, logits_host, err);
+              : t->gpt_forward(g, tokens, targets, n, T, train, last_logits, grad_scale, step,
+                               sample_offset, loss_sum, count, correct, logits_host, err);
 }
 
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err)

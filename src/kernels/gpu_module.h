@@ -27,7 +27,8 @@ extern "C" {
 
 #define DDP_GPU_MODULE_ABI 6 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
                                 device-resident GPT; 5: the classifier (cls_*); 6: the GPT's
-                                bound parameters and state views (sharded step) */
+                                bound parameters and state views (sharded step), its dropout
+                                (cfg.dropout/seed, forward's step and sample offset) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -85,7 +86,7 @@ typedef struct ddp__gpu_api {
     ddp_status (*gpt_set_params)(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
     ddp_status (*gpt_forward)(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                               int n, int T, bool train, bool last_logits, float grad_scale,
-                              double *loss_sum, int *count, int64_t *correct, float *logits_host,
+                              uint64_t step, uint64_t sample_offset, double *loss_sum, int *count, int64_t *correct, float *logits_host,
                               ddp_error *err);
     ddp_status (*gpt_backward)(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
     /* staged_int.h's ddp__cuda_devops (group/nccl/cudaops.c). */
@@ -134,7 +135,7 @@ void ddp__gpu_gpt_free(ddp__cuda_gpt *g);
 ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
 ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                 int n, int T, bool train, bool last_logits, float grad_scale,
-                                double *loss_sum, int *count, int64_t *correct, float *logits_host,
+                                uint64_t step, uint64_t sample_offset, double *loss_sum, int *count, int64_t *correct, float *logits_host,
                                 ddp_error *err);
 ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                  ddp_error *err);

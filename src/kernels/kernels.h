@@ -182,8 +182,8 @@ ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err
  * Parameters live on the device in one flat fp32 buffer, in the CPU model's parameter order and
  * sizes (ddp/model.h's list; each tensor padded to 256 bytes there), and are uploaded from the
  * model's host values before each forward (the host optimizer and reducer own them); gradients
- * are computed on the device and added (+=) into the host gradients at the end of backward. No
- * dropout; precision fp32, tf32, bf16 or fp16 (bf16/fp16 products and activations, fp32 residual
+ * are computed on the device and added (+=) into the host gradients at the end of backward.
+ * Dropout with src/nn/gpt.c's masks; precision fp32, tf32, bf16 or fp16 (bf16/fp16 products and activations, fp32 residual
  * stream, statistics, loss and masters: docs/gpu.md's table; fp16 with the host's loss scale as
  * forward's grad_scale). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
 typedef struct ddp__cuda_gpt ddp__cuda_gpt;
@@ -192,6 +192,8 @@ typedef struct ddp__cuda_gpt_cfg {
     bool bias;
     int device;              /* the CUDA device index */
     ddp_precision precision; /* DDP_PRECISION_FP32, _TF32, _BF16 or _FP16 */
+    float dropout;           /* p, [0, 1): src/nn/gpt.c's dropouts, with its masks */
+    uint64_t seed;           /* the model's seed: the dropout layers' seeds follow gpt.c */
 } ddp__cuda_gpt_cfg;
 
 /* counts (n,): the model's parameter sizes, in its order (checked against cfg's shapes). */
@@ -206,11 +208,12 @@ ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_h
  * argmax is the target into *correct, and with train the loss's gradient kept for backward
  * (scaled by grad_scale / count, as ddp_nn_vocab_xent). Without train, logits_host (rows, V),
  * when not NULL, receives the logits: rows n·T, or n with last_logits and no targets (each
- * sequence's last position). */
+ * sequence's last position). step and sample_offset are the batch's (ddp_model_batch): with
+ * train and cfg.dropout > 0 they pick the dropout masks, as on the CPU. */
 ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                  int n, int T, bool train, bool last_logits, float grad_scale,
-                                 double *loss_sum, int *count, int64_t *correct, float *logits_host,
-                                 ddp_error *err);
+                                 uint64_t step, uint64_t sample_offset, double *loss_sum,
+                                 int *count, int64_t *correct, float *logits_host, ddp_error *err);
 /* Backward of the last training forward: grads_host[i] += the gradient of parameter i. */
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 

@@ -22,8 +22,9 @@
  * Device cuda (spec.device): the same forward and backward run on the GPU (kernels/cuda/gpt.cu,
  * through kernels.h), fp32, TF32, bf16 or fp16 (autocast-style: 16-bit products and activations,
  * fp32 residual stream, statistics, loss and master weights; fp16 with the caller's loss scale in
- * the batch's grad_scale; docs/gpu.md), no dropout; this file keeps the parameter list, the checks
- * and the host's logits. Not yet run on a GPU (docs/gpu.md).
+ * the batch's grad_scale; docs/gpu.md), dropout with the same masks as here (drawn again in the
+ * backward rather than stored); this file keeps the parameter list, the checks and the host's
+ * logits. Not yet run on a GPU (docs/gpu.md).
  *
  * What it does not do: a KV cache for generation (each forward recomputes every position; the
  * batch's last_logits flag saves the LM head for all but the last), fp16 on the CPU, its own
@@ -142,11 +143,6 @@ static ddp_status check_spec(const ddp_model_spec *s, ddp_error *err)
                         s->n_embd, s->n_head, s->n_embd % 64 == 0 ? s->n_embd / 64 : 1);
     if (!(s->dropout >= 0.0f && s->dropout < 1.0f))
         return ddp__err(err, DDP_ERR_INVALID, "gpt: dropout %g must be in [0, 1); 0 turns it off",
-                        (double)s->dropout);
-    if (s->device == DDP_DEVICE_CUDA && s->dropout > 0.0f)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "gpt on cuda: dropout %g is not implemented on the GPU yet; set dropout 0 "
-                        "or device cpu",
                         (double)s->dropout);
     /* device cuda: the GPU module says which precisions its model implements (gpt.cu's create
      * refuses the others by name). */
@@ -284,8 +280,10 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
     }
     for (size_t i = 0; i < n; i++)
         counts[i] = m->params[i].count;
-    ddp__cuda_gpt_cfg cfg = {
-        g->L, g->nh, g->C, g->Tmax, g->V, g->B, g->bias, spec->device_index, spec->precision};
+    ddp__cuda_gpt_cfg cfg = {g->L,    g->nh,   g->C,
+                             g->Tmax, g->V,    g->B,
+                             g->bias, spec->device_index, spec->precision,
+                             g->p,    g->seed};
     ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->cu, err);
     free(counts);
     if (st)
@@ -466,7 +464,8 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
     if ((!m->resident && ddp__cuda_gpt_set_params(g->cu, g->pdata, &e) != DDP_OK) ||
         ddp__cuda_gpt_forward(g->cu, b->tokens, b->targets, b->n, b->seq_len, train, last, scale,
-                              &loss_sum, &count, &correct, train ? NULL : g->logits, &e) != DDP_OK)
+                              b->step, b->sample_offset, &loss_sum, &count, &correct,
+                              train ? NULL : g->logits, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
     if (!train)
         g->logit_rows = last ? (size_t)b->n : (size_t)b->n * b->seq_len;

@@ -77,6 +77,7 @@ static ddp_status gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
     s.type = "gpt";
     s.n_layer = cfg->L, s.n_head = cfg->nh, s.n_embd = cfg->C, s.block_size = cfg->Tmax;
     s.vocab_size = cfg->V, s.max_batch = cfg->B, s.bias = cfg->bias;
+    s.dropout = cfg->dropout, s.seed = cfg->seed;
     ddp__cuda_gpt *g = calloc(1, sizeof *g);
     if (!g)
         return fail(err, DDP_ERR_NOMEM, "out of memory");
@@ -131,15 +132,17 @@ static ddp_status get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *err)
 }
 
 static ddp_status forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets, int n,
-                          int T, bool train, bool last, float scale, double *loss, int *cnt,
-                          int64_t *correct, float *logits, ddp_error *err)
+                          int T, bool train, bool last, float scale, uint64_t step, uint64_t off,
+                          double *loss, int *cnt, int64_t *correct, float *logits, ddp_error *err)
 {
     ddp_model_batch b = {.n = n,
                          .tokens = tokens,
                          .targets = targets,
                          .seq_len = T,
                          .grad_scale = scale,
-                         .last_logits = last};
+                         .last_logits = last,
+                         .step = step,
+                         .sample_offset = off};
     ddp_model_out o = {0};
     if (ddp_model_forward(g->m, &b, train, &o) != DDP_OK)
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
@@ -365,8 +368,8 @@ ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *c, const size_t *k, siz
 void ddp__cuda_gpt_free(ddp__cuda_gpt *g) {}
 ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *t, const int32_t *y, int n, int T,
-                                 bool tr, bool l, float s, double *ls, int *c, int64_t *k,
-                                 float *lg, ddp_error *e) NOT_HERE()
+                                 bool tr, bool l, float s, uint64_t st, uint64_t so, double *ls,
+                                 int *c, int64_t *k, float *lg, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **p, void **s, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()

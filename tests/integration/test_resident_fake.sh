@@ -54,6 +54,19 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1 6 1e-5 || fail "2 ranks: fake cuda differs from the cpu"
 ok "device-resident, 2 ranks sharing the fake GPU, small buckets launched from backward on the progress thread: the same losses as 2 cpu ranks"
 
+# Dropout on the GPU (every dropout of the model: the embedding's, the attention probabilities',
+# the residual branches'): the module gets the model's seed and each batch's step and first
+# sample, the masks are the CPU's, so 2 ranks with dropout 0.1 on the fake GPU = on the cpu.
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --model.dropout 0.1 \
+    --total_steps 6 --out_dir dropc >dropc.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat dropc.out; fail "dropout, 2 cpu ranks: exit $rc"; }
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --model.dropout 0.1 \
+    --device cuda --total_steps 6 --out_dir dropg >dropg.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat dropg.out; fail "dropout, 2 ranks on fake cuda: exit $rc"; }
+losses dropc/metrics.jsonl dropg/metrics.jsonl 1 6 0 || fail "dropout on fake cuda differs from the cpu"
+losses cpu2/metrics.jsonl dropg/metrics.jsonl 1 1 1e-6 && fail "dropout 0.1 changed no loss"
+ok "dropout 0.1 on the fake GPU, 2 ranks: the cpu's masks and losses bit for bit"
+
 # The sharded optimizer step on the GPU (ZeRO-1): the buckets reduce-scattered on the GPU group,
 # each rank's AdamW on its shard on the device, the parameters (bound to the reducer's, as on the
 # cpu) allgathered. The cpu's 2 ranks shard too (shard_optimizer auto on shm): the same sums in

@@ -30,6 +30,8 @@
 
 enum { L = 2, NH = 4, C = 64, TMAX = 32, V = 97, B = 4 };
 
+static float drop_p; /* the dropout of the models build() makes (dropout_matches sets it) */
+
 static ddp_model *build(ddp_device dev, ddp_precision prec, bool bias)
 {
     ddp_model_spec s = DDP_MODEL_SPEC_INIT;
@@ -44,6 +46,7 @@ static ddp_model *build(ddp_device dev, ddp_precision prec, bool bias)
     s.bias = bias;
     s.device = dev;
     s.precision = prec;
+    s.dropout = drop_p;
     ddp_model *m = NULL;
     ddp_error err = {0};
     if (ddp_model_build(&s, &m, &err) != DDP_OK)
@@ -162,7 +165,8 @@ static double train10_amp(ddp_precision cpu_prec, ddp_precision gpu_prec, bool a
     for (uint64_t step = 1; step <= 10; step++) {
         int32_t tok[B * TMAX], tgt[B * TMAX];
         make_batch(100 + step, TMAX, tok, tgt);
-        ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX};
+        ddp_model_batch b = {
+            .n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = step};
         double loss[2];
         bool take = true;
         for (int k = 0; k < 2; k++) {
@@ -222,6 +226,45 @@ static void ten_steps_fp32(void **state)
     (void)state;
     double d = train10(DDP_PRECISION_FP32);
     printf("  10 steps fp32: largest loss difference %.2e (tolerance 1e-4)\n", d);
+    assert_true(d <= 1e-4);
+}
+
+/* Dropout 0.2 (the embedding's, the probabilities', the residual branches'): the GPU draws the
+ * CPU's masks (util/rng.h's hashes from the same seeds, step and sample offset), so a training
+ * forward and backward match as without dropout, and 10 steps too; a batch not at sample 0 and
+ * a step > 0, so that offsets and steps count. */
+static void dropout_matches(void **state)
+{
+    (void)state;
+    drop_p = 0.2f;
+    ddp_model *cpu = build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true);
+    ddp_model *gpu = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(2, TMAX, tok, tgt);
+    ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = 7,
+                         .sample_offset = 12};
+    ddp_model_out o1, o2;
+    assert_int_equal(ddp_model_forward(cpu, &b, true, &o1), DDP_OK);
+    assert_int_equal(ddp_model_forward(gpu, &b, true, &o2), DDP_OK);
+    printf("  dropout 0.2 loss: cpu %.6f gpu %.6f\n", o1.loss, o2.loss);
+    assert_true(fabs(o1.loss - o2.loss) <= 1e-5);
+    assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
+    assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
+    size_t np;
+    const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
+    double worst = 0;
+    for (size_t i = 0; i < np; i++) {
+        double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
+        worst = d > worst ? d : worst;
+        if (!(d <= 1e-3))
+            fail_msg("dropout: gradient of %s: rel %.3e > 1e-3", p1[i].name, d);
+    }
+    printf("  dropout 0.2 gradients: worst tensor rel %.2e (tolerance 1e-3)\n", worst);
+    ddp_model_free(cpu);
+    ddp_model_free(gpu);
+    double d = train10(DDP_PRECISION_FP32);
+    printf("  dropout 0.2, 10 steps fp32: largest loss difference %.2e (tolerance 1e-4)\n", d);
+    drop_p = 0.0f;
     assert_true(d <= 1e-4);
 }
 
@@ -381,6 +424,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(logits_match),      cmocka_unit_test(grads_match),
         cmocka_unit_test(ten_steps_fp32),    cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(dropout_matches),
         cmocka_unit_test(bf16_logits_grads), cmocka_unit_test(bf16_ten_steps),
         cmocka_unit_test(fp16_logits_grads), cmocka_unit_test(fp16_ten_steps),
     };

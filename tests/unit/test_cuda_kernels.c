@@ -424,16 +424,72 @@ static void attention(void **state)
     float *att_ = dev_from(NULL, sizeof(float) * B * nh * T * T);
     float *s_ = dev_from(NULL, sizeof(float) * ddp__cuda_attention_scratch(B, T, C, nh));
     ok(ddp__cuda_attention_forward(ctx, qkv_, B, T, C, nh, att_, s_, out_, DDP_PRECISION_FP32,
-                                   &err),
+                                   NULL, &err),
        &err);
     expect_close("attention forward", out_, out, no, 1e-5);
     ok(ddp__cuda_attention_backward(ctx, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_,
-                                    DDP_PRECISION_FP32, &err),
+                                    DDP_PRECISION_FP32, NULL, &err),
        &err);
     expect_close("attention backward dqkv", dqkv_, dqkv, nq, 1e-4);
+    /* with dropout on the probabilities: the CPU's masks (the same hashes), drawn again by the
+     * backward on both sides */
+    ddp_nn_attention ad = {.C = C, .n_head = nh, .max_T = T, .dropout = 0.2f};
+    ok(ddp_nn_attention_setup(&ad, &err), &err);
+    float *scr2 = malloc(sizeof(float) * ad.scratch_floats);
+    const uint64_t seed = 11, step = 5, off = 3 * (uint64_t)nh * T; /* a batch from sample 3 */
+    ddp_nn_attention_forward(&ad, qkv, B, T, seed, step, off, true, scr2, out, lse);
+    ddp_nn_attention_backward(&ad, dout, qkv, lse, B, T, seed, step, off, true, scr2, dqkv);
+    const ddp__cuda_drop drop = {0.2f, seed, step, off};
+    ok(ddp__cuda_attention_forward(ctx, qkv_, B, T, C, nh, att_, s_, out_, DDP_PRECISION_FP32,
+                                   &drop, &err),
+       &err);
+    expect_close("attention forward, dropout 0.2", out_, out, no, 1e-5);
+    ok(ddp__cuda_attention_backward(ctx, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_,
+                                    DDP_PRECISION_FP32, &drop, &err),
+       &err);
+    expect_close("attention backward dqkv, dropout 0.2", dqkv_, dqkv, nq, 1e-4);
+    free(scr2);
     free(qkv), free(dout), free(out), free(dqkv), free(lse), free(scr);
     ddp__cuda_free(qkv_), ddp__cuda_free(dout_), ddp__cuda_free(out_), ddp__cuda_free(dqkv_);
     ddp__cuda_free(att_), ddp__cuda_free(s_);
+}
+
+/* Elementwise dropout: the CPU's values exactly (the same hashes; x·(1/(1 − p)) in float32 on
+ * both), forward and, being the same map, backward; into 16 bits the CPU's value rounded once;
+ * p 0 a copy. */
+static void dropout_elementwise(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    const size_t n = 100003;
+    float *x = host_rand(n, 7), *y = malloc(sizeof(float) * n);
+    uint8_t *mask = malloc(n);
+    const float p = 0.3f;
+    const uint64_t seed = 21, step = 9, off = 123456;
+    ddp_nn_dropout_forward(x, n, p, seed, step, off, true, mask, y);
+    float *x_ = dev_from(x, sizeof(float) * n), *y_ = dev_from(NULL, sizeof(float) * n);
+    const ddp__cuda_drop d = {p, seed, step, off};
+    ok(ddp__cuda_dropout(ctx, DDP_FLOAT32, x_, DDP_FLOAT32, y_, n, &d, &err), &err);
+    expect_close("dropout (float32)", y_, y, n, 0);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        kept += mask[i];
+    printf("  dropout p %.1f: kept %.4f of %zu\n", (double)p, (double)kept / (double)n, n);
+    ok(ddp__cuda_dropout(ctx, DDP_FLOAT32, x_, DDP_FLOAT32, x_, n, &d, &err), &err); /* in place */
+    expect_close("dropout (float32, in place)", x_, y, n, 0);
+    const ddp_dtype hts[] = {DDP_BFLOAT16, DDP_FLOAT16};
+    for (int k = 0; k < 2; k++) {
+        uint16_t *h_ = dev_h(hts[k], NULL, n);
+        ok(ddp__cuda_dropout(ctx, DDP_FLOAT32, x_, hts[k], h_, n, NULL, &err), &err); /* p 0 */
+        float *got = fetch_h_ld(hts[k], h_, 1, n, n), *want = malloc(sizeof(float) * n);
+        memcpy(want, y, sizeof(float) * n);
+        round_h(hts[k], want, n);
+        expect_close_host("dropout's p 0: a rounding copy", got, want, n, 0);
+        free(got), free(want);
+        ddp__cuda_free(h_);
+    }
+    free(x), free(y), free(mask);
+    ddp__cuda_free(x_), ddp__cuda_free(y_);
 }
 
 static void vocab_xent(void **state)
@@ -669,13 +725,15 @@ static void attention_h(void **state)
     uint16_t *out_ = dev_h(ht, NULL, no), *dqkv_ = dev_h(ht, NULL, nq);
     uint16_t *att_ = dev_h(ht, NULL, (size_t)B * nh * T * T);
     void *s_ = dev_from(NULL, ddp__cuda_attention_scratch_h(B, T, C, nh));
-    ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, s_, out_, &err), &err);
+    ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, s_, out_, NULL, &err),
+       &err);
     float *got = fetch_h_ld(ht, out_, 1, no, no);
     /* the rounded probabilities: a score near a rounding boundary may round the other way, one
      * unit of P (2⁻⁸ relative), which moves Y by less than that: two units of the largest |Y| */
     expect_close_host("attention forward (16-bit)", got, out, no, H_ULP2(ht));
     free(got);
-    ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, &err),
+    ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, NULL,
+                                      &err),
        &err);
     got = fetch_h_ld(ht, dqkv_, 1, nq, nq);
     /* dS = P ⊙ (dP − Σ P·dP) can cancel: a unit of dS is then larger than of the result's
@@ -695,6 +753,27 @@ static void attention_h(void **state)
     got = fetch_h_ld(ht, dqkv_, 1, nq, nq);
     expect_close_host("attention backward (16-bit vs fp32)", got, dqkv, nq, 5e-2);
     free(got);
+    /* with dropout 0.2: the same masks as the fp32 CPU layer's, the same sanity bounds (a wrong
+     * mask moves a dropped probability's whole weight) */
+    ddp_nn_attention ad = {.C = C, .n_head = nh, .max_T = T, .dropout = 0.2f};
+    ok(ddp_nn_attention_setup(&ad, &err), &err);
+    float *scr2 = malloc(sizeof(float) * ad.scratch_floats);
+    const uint64_t seed = 11, step = 5, off = 3 * (uint64_t)nh * T;
+    ddp_nn_attention_forward(&ad, qkv, B, T, seed, step, off, true, scr2, out, lse);
+    ddp_nn_attention_backward(&ad, dout, qkv, lse, B, T, seed, step, off, true, scr2, dqkv);
+    const ddp__cuda_drop drop = {0.2f, seed, step, off};
+    ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, s_, out_, &drop, &err),
+       &err);
+    got = fetch_h_ld(ht, out_, 1, no, no);
+    expect_close_host("attention forward, dropout 0.2 (16-bit vs fp32)", got, out, no, 3e-2);
+    free(got);
+    ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, s_, dqkv_, &drop,
+                                      &err),
+       &err);
+    got = fetch_h_ld(ht, dqkv_, 1, nq, nq);
+    expect_close_host("attention backward, dropout 0.2 (16-bit vs fp32)", got, dqkv, nq, 5e-2);
+    free(got);
+    free(scr2);
     free(qkv), free(dout), free(out), free(dqkv), free(lse), free(scr);
     ddp__cuda_free(qkv_), ddp__cuda_free(dout_), ddp__cuda_free(out_), ddp__cuda_free(dqkv_);
     ddp__cuda_free(att_), ddp__cuda_free(s_);
@@ -925,6 +1004,7 @@ int main(void)
         cmocka_unit_test(layernorm),
         cmocka_unit_test(elementwise),
         cmocka_unit_test(attention),
+        cmocka_unit_test(dropout_elementwise),
         cmocka_unit_test(vocab_xent),
         cmocka_unit_test(adamw),
         cmocka_unit_test(grads),

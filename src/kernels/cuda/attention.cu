@@ -3,7 +3,10 @@
  * (B, nh, T, hs), the scores of every head by one strided-batched GEMM, a causal softmax that
  * keeps the probabilities (B, nh, T, T) for the backward, and one more batched GEMM for the
  * output. The backward is four batched GEMMs and the softmax's backward. O(T²) memory per layer:
- * a fused flash-style kernel is the speed step after this (docs/gpu.md). No dropout.
+ * a fused flash-style kernel is the speed step after this (docs/gpu.md). Dropout on the
+ * probabilities (drop->p > 0) with the CPU's masks (dropout.cuh): the forward multiplies P·V
+ * with the dropped probabilities, made in scratch; the backward makes them again for dV, then
+ * masks dP inside the softmax's backward; att keeps P before dropout, which that needs.
  * The 16-bit variant (precision bf16 or fp16, one template): q, k, v, the heads' output and every
  * gradient feeding a product in 16 bits; the scores and dP in fp32 (16-bit-in, fp32-out
  * products) for the softmax and its backward, which run in fp32 (so fp16's range never limits
@@ -11,6 +14,7 @@
  * scratch is in bytes, each region 256-byte aligned.
  */
 #include "common.cuh"
+#include "dropout.cuh"
 
 /* Element i of a (B, nh, T, hs) tensor, i.e. (b, h, t, d), as an offset into rows of `row`
  * floats laid out (B, T, row) with head h's channels at h·hs + d. */
@@ -87,19 +91,44 @@ __global__ void causal_softmax(float *att, size_t rows, int T)
     }
 }
 
-/* dS = P ⊙ (dP − Σ_j P·dP) · scale in place on dP, 0 above the diagonal; rows as above. */
-__global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int T, float scale)
+/* With dropout: pd = the probabilities att with row r's mask applied (dropout.cuh), 0 above the
+ * diagonal; E float or a 16-bit format (rounded once after the scaling). Rows as above. */
+template <typename E>
+__global__ void causal_dropout(const E *att, E *pd, size_t rows, int T, ddp__drop_dev dr)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
          row += warps) {
         int t = (int)(row % T);
+        const uint64_t key = ddp__drop_row_key(dr, row);
+        const E *p = att + row * T;
+        E *o = pd + row * T;
+        for (int j = lane; j < T; j += 32)
+            ddp__st(o + j, j <= t ? ddp__ld(p + j) * ddp__drop_att(dr, key, j) : 0.0f);
+    }
+}
+
+/* dS = P ⊙ (dP' − Σ_j P·dP') · scale in place on dP, 0 above the diagonal, where dP' = dP and,
+ * with dropout (dr.on), dP' = dP masked and scaled as the forward's probabilities were (the
+ * gradient of the dropped probabilities); rows as above. */
+__global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int T, float scale,
+                                   ddp__drop_dev dr)
+{
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = (int)(row % T);
+        const uint64_t key = dr.on ? ddp__drop_row_key(dr, row) : 0;
         const float *p = att + row * T;
         float *d = dp + row * T;
         float s = 0.0f;
-        for (int j = lane; j <= t; j += 32)
+        for (int j = lane; j <= t; j += 32) {
+            if (dr.on)
+                d[j] *= ddp__drop_att(dr, key, j);
             s += p[j] * d[j];
+        }
         s = ddp__warp_sum(s);
         for (int j = lane; j < T; j += 32)
             d[j] = j <= t ? p[j] * (d[j] - s) * scale : 0.0f;
@@ -159,11 +188,13 @@ extern "C" size_t ddp__cuda_attention_scratch(int B, int T, int C, int nh)
 extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float *qkv, int B, int T,
                                                   int C, int nh, float *att, float *scratch,
                                                   float *out, ddp_precision precision,
-                                                  ddp_error *err)
+                                                  const ddp__cuda_drop *drop, ddp_error *err)
 {
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C;
     float *q = scratch, *k = q + n, *v = k + n, *y = v + n;
+    float *pd = scratch + 7 * n; /* with dropout: the dropped probabilities (the backward's dP) */
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     const float scale = 1.0f / sqrtf((float)hs);
     ddp_status st;
     permute_qkv<float>
@@ -174,8 +205,15 @@ extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float 
         return st;
     size_t rows = (size_t)BH * T;
     causal_softmax<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, rows, T);
-    if ((st = ddp__cuda_launched("causal softmax", err)) ||
-        (st = bgemm(c, false, false, T, hs, T, 1.0f, att, T, (long long)T * T, v, hs,
+    if ((st = ddp__cuda_launched("causal softmax", err)))
+        return st;
+    if (dr.on) {
+        causal_dropout<float><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, pd, rows, T,
+                                                                                dr);
+        if ((st = ddp__cuda_launched("attention dropout", err)))
+            return st;
+    }
+    if ((st = bgemm(c, false, false, T, hs, T, 1.0f, dr.on ? pd : att, T, (long long)T * T, v, hs,
                     (long long)T * hs, 0.0f, y, hs, (long long)T * hs, BH, precision, err)))
         return st;
     permute_heads<float><<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(y, out, B, T, C, nh, 1);
@@ -186,8 +224,9 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
                                                    const float *qkv, const float *att, int B,
                                                    int T, int C, int nh, float *scratch,
                                                    float *dqkv, ddp_precision precision,
-                                                   ddp_error *err)
+                                                   const ddp__cuda_drop *drop, ddp_error *err)
 {
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C;
     const long long sT = (long long)T * hs, sTT = (long long)T * T;
@@ -200,14 +239,22 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
         <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((float *)qkv, q, k, v, B, T, C, nh, 1);
     permute_heads<float>
         <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>(dy, (float *)dout, B, T, C, nh, -1);
-    if ((st = ddp__cuda_launched("attention backward permute", err)) ||
-        /* dP = dY · Vᵀ, dV = Pᵀ · dY */
+    if ((st = ddp__cuda_launched("attention backward permute", err)))
+        return st;
+    if (dr.on) { /* the dropped probabilities again, in dP's place until dV is made */
+        causal_dropout<float><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T,
+                                                                                dr);
+        if ((st = ddp__cuda_launched("attention dropout (backward)", err)))
+            return st;
+    }
+    /* dV = P'ᵀ · dY (P' the probabilities as the forward's product used them), then dP = dY · Vᵀ */
+    if ((st = bgemm(c, true, false, T, hs, T, 1.0f, dr.on ? dp : att, T, sTT, dy, hs, sT, 0.0f, dv,
+                    hs, sT, BH, precision, err)) ||
         (st = bgemm(c, false, true, T, T, hs, 1.0f, dy, hs, sT, v, hs, sT, 0.0f, dp, T, sTT, BH,
-                    precision, err)) ||
-        (st = bgemm(c, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, 0.0f, dv, hs, sT, BH,
                     precision, err)))
         return st;
-    causal_softmax_bwd<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T, scale);
+    causal_softmax_bwd<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T, scale,
+                                                                         dr);
     if ((st = ddp__cuda_launched("causal softmax backward", err)) ||
         /* dQ = dS · K, dK = dSᵀ · Q */
         (st = bgemm(c, false, false, T, hs, T, 1.0f, dp, T, sTT, k, hs, sT, 0.0f, dq, hs, sT, BH,
@@ -246,23 +293,28 @@ template <typename H> __global__ void causal_softmax_h(const float *s, H *p, siz
     }
 }
 
-/* dS = P ⊙ (dP − Σ_j P·dP) · scale from the kept 16-bit P and fp32 dP, in fp32, rounded once
- * into the 16-bit ds (0 above the diagonal). */
+/* dS = P ⊙ (dP' − Σ_j P·dP') · scale from the kept 16-bit P and fp32 dP (dP' as
+ * causal_softmax_bwd: masked and scaled with dropout), in fp32, rounded once into the 16-bit ds
+ * (0 above the diagonal). */
 template <typename H>
-__global__ void causal_softmax_bwd_h(const H *att, const float *dp, H *ds, size_t rows, int T,
-                                     float scale)
+__global__ void causal_softmax_bwd_h(const H *att, float *dp, H *ds, size_t rows, int T,
+                                     float scale, ddp__drop_dev dr)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
          row += warps) {
         int t = (int)(row % T);
+        const uint64_t key = dr.on ? ddp__drop_row_key(dr, row) : 0;
         const H *p = att + row * T;
-        const float *d = dp + row * T;
+        float *d = dp + row * T;
         H *o = ds + row * T;
         float s = 0.0f;
-        for (int j = lane; j <= t; j += 32)
+        for (int j = lane; j <= t; j += 32) {
+            if (dr.on)
+                d[j] *= ddp__drop_att(dr, key, j);
             s += ddp__ld(p + j) * d[j];
+        }
         s = ddp__warp_sum(s);
         for (int j = lane; j < T; j += 32)
             ddp__st(o + j, j <= t ? ddp__ld(p + j) * (d[j] - s) * scale : 0.0f);
@@ -276,7 +328,8 @@ static size_t up256(size_t bytes)
 
 /* The 16-bit scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd) base:
  *   f32 (B·nh·T·T)    the scores S (forward), dP (backward)
- *   ds  (B·nh·T·T)    16-bit dS (backward)
+ *   ds  (B·nh·T·T)    16-bit dS (backward); with dropout first the dropped probabilities
+ *                     (forward, and the backward's dV)
  *   7 × (B·T·C)       16-bit q, k, v, then y (forward) or dy, dq, dk, dv (backward) */
 struct h_scratch {
     float *f32;
@@ -310,8 +363,10 @@ extern "C" size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh)
 extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype ht,
                                                     const uint16_t *qkv, int B, int T, int C,
                                                     int nh, uint16_t *att, void *scratch,
-                                                    uint16_t *out, ddp_error *err)
+                                                    uint16_t *out, const ddp__cuda_drop *drop,
+                                                    ddp_error *err)
 {
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
     const long long sT = (long long)T * hs, sTT = (long long)T * T;
@@ -335,10 +390,20 @@ extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype 
         causal_softmax_h<E>
             <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, (E *)att, rows, T);
     });
-    if ((st = ddp__cuda_launched("causal softmax (16-bit)", err)) ||
-        /* Y = P · V, 16-bit out */
-        (st = bgemm_h(c, ht, false, false, T, hs, T, 1.0f, att, T, sTT, r.v, hs, sT, r.y, hs, sT,
-                      BH, true, err)))
+    if ((st = ddp__cuda_launched("causal softmax (16-bit)", err)))
+        return st;
+    if (dr.on) {
+        ddp__half_dispatch(ht, [&](auto e) {
+            using E = decltype(e);
+            causal_dropout<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
+                (const E *)att, (E *)r.ds, rows, T, dr);
+        });
+        if ((st = ddp__cuda_launched("attention dropout (16-bit)", err)))
+            return st;
+    }
+    /* Y = P' · V (P' the probabilities, dropped with dropout), 16-bit out */
+    if ((st = bgemm_h(c, ht, false, false, T, hs, T, 1.0f, dr.on ? (const void *)r.ds : att, T, sTT,
+                      r.v, hs, sT, r.y, hs, sT, BH, true, err)))
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
@@ -352,8 +417,9 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
                                                      const uint16_t *dout, const uint16_t *qkv,
                                                      const uint16_t *att, int B, int T, int C,
                                                      int nh, void *scratch, uint16_t *dqkv,
-                                                     ddp_error *err)
+                                                     const ddp__cuda_drop *drop, ddp_error *err)
 {
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     const int hs = C / nh, BH = B * nh;
     const size_t n = (size_t)B * T * C, rows = (size_t)BH * T;
     const long long sT = (long long)T * hs, sTT = (long long)T * T;
@@ -370,17 +436,27 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
         permute_heads<E>
             <<<ddp__cuda_blocks(n, 256), 256, 0, c->stream>>>((E *)dy, (E *)dout, B, T, C, nh, -1);
     });
-    if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)) ||
-        /* dP = dY · Vᵀ (fp32 out, for the softmax backward), dV = Pᵀ · dY */
+    if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)))
+        return st;
+    if (dr.on) { /* the dropped probabilities again, in dS's place until dV is made */
+        ddp__half_dispatch(ht, [&](auto e) {
+            using E = decltype(e);
+            causal_dropout<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
+                (const E *)att, (E *)r.ds, rows, T, dr);
+        });
+        if ((st = ddp__cuda_launched("attention dropout (16-bit backward)", err)))
+            return st;
+    }
+    /* dV = P'ᵀ · dY, then dP = dY · Vᵀ (fp32 out, for the softmax backward) */
+    if ((st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, dr.on ? (const void *)r.ds : att, T, sTT,
+                      dy, hs, sT, r.dv, hs, sT, BH, true, err)) ||
         (st = bgemm_h(c, ht, false, true, T, T, hs, 1.0f, dy, hs, sT, r.v, hs, sT, r.f32, T, sTT,
-                      BH, false, err)) ||
-        (st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, att, T, sTT, dy, hs, sT, r.dv, hs, sT, BH,
-                      true, err)))
+                      BH, false, err)))
         return st;
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
         causal_softmax_bwd_h<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
-            (const E *)att, r.f32, (E *)r.ds, rows, T, scale);
+            (const E *)att, r.f32, (E *)r.ds, rows, T, scale, dr);
     });
     if ((st = ddp__cuda_launched("causal softmax backward (16-bit)", err)) ||
         /* dQ = dS · K, dK = dSᵀ · Q */

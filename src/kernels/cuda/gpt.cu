@@ -80,6 +80,8 @@ struct ddp__cuda_gpt {
     /* the last forward */
     int n, T;
     bool can_backward;
+    bool drop_on;           /* it trained with cfg.dropout > 0: the backward draws its masks */
+    uint64_t step, soff;    /* its batch's step and first sample (the masks' keys) */
     /* device-resident training (ddp__gpu_gpt_backward_dev, _optim_*) */
     float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
     ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
@@ -150,6 +152,32 @@ static ddp_status mark_ready(ddp__cuda_gpt *g, std::initializer_list<long long> 
         }
     }
     return DDP_OK;
+}
+
+/* The dropout of layer id (src/nn/gpt.c's ids: 1 the embedding's, 2 + 3·l the attention
+ * probabilities', 3 + 3·l and 4 + 3·l the residual branches' of block l) for the last training
+ * forward: the seed, step and offset gpt.c gives it (att: query rows, else elements of (N, C)).
+ * p 0 (off) outside training or without dropout. */
+static ddp__cuda_drop drop_of(const ddp__cuda_gpt *g, int id, bool att)
+{
+    ddp__cuda_drop d = {0.0f, 0, 0, 0};
+    if (!g->drop_on)
+        return d;
+    d.p = g->cfg.dropout;
+    d.seed = g->cfg.seed + (uint64_t)id;
+    d.step = g->step;
+    d.offset = g->soff * (uint64_t)g->T * (uint64_t)(att ? g->cfg.nh : g->cfg.C);
+    return d;
+}
+
+/* A residual branch's dropout in place on its (N, C) output of dtype t (a no-op when off). */
+static ddp_status drop_branch(ddp__cuda_gpt *g, int id, ddp_dtype t, void *x, size_t n,
+                              ddp_error *err)
+{
+    if (!g->drop_on)
+        return DDP_OK;
+    ddp__cuda_drop d = drop_of(g, id, false);
+    return ddp__cuda_dropout(g->ctx, t, x, t, x, n, &d, err);
 }
 
 /* A weight's 16-bit copy (precision bf16 or fp16). */
@@ -427,14 +455,16 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
     const float *x = g->x0;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
+        const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
                                               a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
             (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
                                            3 * C, a->qkv, pr, err)) ||
             (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
-                                              pr, err)) ||
+                                              pr, &da, err)) ||
             (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
                                            g->tmp, pr, err)) ||
+            (st = drop_branch(g, 3 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
             (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
             (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
                                               LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
@@ -443,6 +473,7 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
             (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
             (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
                                            4 * C, C, g->tmp, pr, err)) ||
+            (st = drop_branch(g, 4 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
             (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
             return st;
         x = a->xout;
@@ -487,14 +518,16 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
     const float *x = g->x0;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
+        const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward_h(c, ht, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
                                                 LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N,
                                              C, 3 * C, a->qkvh, err)) ||
             (st = ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
-                                                g->scratch_h, a->attyh, err)) ||
+                                                g->scratch_h, a->attyh, &da, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), P(g, a->proj_b),
                                              N, C, C, g->tmph, err)) ||
+            (st = drop_branch(g, 3 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid, err)) ||
             (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
                                                 C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
@@ -504,6 +537,7 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
             (st = ddp__cuda_gelu_forward_h(c, ht, a->fchh, NC * 4, a->fchgh, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w),
                                              P(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
+            (st = drop_branch(g, 4 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, a->xmid, g->tmph, NC, a->xout, err)))
             return st;
         x = a->xout;
@@ -523,9 +557,9 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
 
 extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
                                             const int32_t *targets, int n, int T, bool train,
-                                            bool last_logits, float grad_scale, double *loss_sum,
-                                            int *count, int64_t *correct, float *logits_host,
-                                            ddp_error *err)
+                                            bool last_logits, float grad_scale, uint64_t step,
+                                            uint64_t sample_offset, double *loss_sum, int *count,
+                                            int64_t *correct, float *logits_host, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int C = g->cfg.C, V = g->cfg.V, N = n * T;
@@ -533,12 +567,16 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     g->can_backward = false;
     g->n = n;
     g->T = T;
+    g->drop_on = train && g->cfg.dropout > 0.0f;
+    g->step = step;
+    g->soff = sample_offset;
     if ((st = use_device(g, err)) ||
         (st = ddp__cuda_to_device(c, g->tokens, tokens, sizeof(int32_t) * (size_t)N, err)) ||
         (targets &&
          (st = ddp__cuda_to_device(c, g->targets, targets, sizeof(int32_t) * (size_t)N, err))) ||
         (st = ddp__cuda_embedding_forward(c, g->tokens, P(g, g->wte), P(g, g->wpe), n, T, C, g->x0,
-                                          err)))
+                                          err)) ||
+        (st = drop_branch(g, 1, DDP_FLOAT32, g->x0, (size_t)N * C, err)))
         return st;
     int rows = !train && !targets && last_logits ? n : N;
     if ((st = g->half ? forward_h(g, n, T, rows, err) : forward_fp32(g, n, T, rows, err)))
@@ -601,7 +639,13 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
     for (int l = g->cfg.L - 1; l >= 0; l--) {
         blk *a = &g->b[l];
         const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
-        if ((st = ddp__cuda_linear_backward(c, g->dres, a->fchg, P(g, a->mproj_w), N, 4 * C, C,
+        const ddp__cuda_drop dm = drop_of(g, 4 + 3 * l, false), dp = drop_of(g, 3 + 3 * l, false),
+                             da = drop_of(g, 2 + 3 * l, true);
+        /* each residual branch's gradient: dres, or with dropout dres masked into tmp */
+        const float *dy = g->drop_on ? g->tmp : g->dres;
+        if ((g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp,
+                                                   NC, &dm, err))) ||
+            (st = ddp__cuda_linear_backward(c, dy, a->fchg, P(g, a->mproj_w), N, 4 * C, C,
                                             g->dbig, G(g, a->mproj_w), G(g, a->mproj_b), pr,
                                             err)) ||
             (st = ddp__cuda_gelu_backward(c, g->dbig, a->fch, NC * 4, g->dbig, err)) ||
@@ -613,10 +657,12 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
             (st = mark_ready(g, {a->mproj_b, a->mproj_w, a->fc_b, a->fc_w, a->ln2_b, a->ln2_w},
                              err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)) ||
-            (st = ddp__cuda_linear_backward(c, g->dres, a->atty, P(g, a->proj_w), N, C, C, g->dln,
+            (g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp,
+                                                   NC, &dp, err))) ||
+            (st = ddp__cuda_linear_backward(c, dy, a->atty, P(g, a->proj_w), N, C, C, g->dln,
                                             G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
             (st = ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh, g->scratch,
-                                               g->dbig, pr, err)) ||
+                                               g->dbig, pr, &da, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dbig, a->ln1, P(g, a->attn_w), N, C, 3 * C,
                                             g->dln, G(g, a->attn_w), G(g, a->attn_b), pr, err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
@@ -656,9 +702,12 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
     for (int l = g->cfg.L - 1; l >= 0; l--) {
         blk *a = &g->b[l];
         const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
-        /* MLP: dfchg (16-bit, dbigh) = dres·Wmproj; GELU's backward in place (16-bit); dln2
-         * (fp32) = dfch·Wfc; ln_2's backward in fp32; dres += dln2 */
-        if ((st = ddp__cuda_f32_to_h(c, ht, g->dres, NC, g->dresh, err)) ||
+        const ddp__cuda_drop dm = drop_of(g, 4 + 3 * l, false), dp = drop_of(g, 3 + 3 * l, false),
+                             da = drop_of(g, 2 + 3 * l, true);
+        /* MLP: dfchg (16-bit, dbigh) = dres·Wmproj (dres rounded, with dropout masked first);
+         * GELU's backward in place (16-bit); dln2 (fp32) = dfch·Wfc; ln_2's backward in fp32;
+         * dres += dln2 */
+        if ((st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, ht, g->dresh, NC, &dm, err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->fchgh, PH(g, a->mproj_w), N,
                                               4 * C, C, g->dbigh, ht, G(g, a->mproj_w),
                                               G(g, a->mproj_b), err)) ||
@@ -675,12 +724,12 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
             return st;
         /* attention: datty (16-bit, tmph) = dres·Wproj; dqkv (16-bit, dbigh); dln1 (fp32) =
          * dqkv·Wattn; ln_1's backward in fp32; dres += dln1 */
-        if ((st = ddp__cuda_f32_to_h(c, ht, g->dres, NC, g->dresh, err)) ||
+        if ((st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, ht, g->dresh, NC, &dp, err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->attyh, PH(g, a->proj_w), N, C,
                                               C, g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b),
                                               err)) ||
             (st = ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n, T, C, nh,
-                                                 g->scratch_h, g->dbigh, err)) ||
+                                                 g->scratch_h, g->dbigh, &da, err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
                                               3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
                                               G(g, a->attn_b), err)) ||
@@ -711,7 +760,9 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
          (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))) ||
         (st = g->half ? backward_h(g, err) : backward_fp32(g, err)))
         return st;
-    if ((st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
+    /* the embedding's dropout: its mask on dres, which nothing reads after this */
+    if ((st = drop_branch(g, 1, DDP_FLOAT32, g->dres, (size_t)n * T * C, err)) ||
+        (st = ddp__cuda_embedding_backward(c, g->dres, g->tokens, n, T, C, G(g, g->wte),
                                            G(g, g->wpe), err)) ||
         (st = mark_ready(g, {g->wpe, g->wte}, err)))
         return st;
