@@ -79,7 +79,7 @@ static inline uint32_t ddp__cuda_align_of(const void *p)
 
 /* Whether a bias pointer may go to cuBLASLt's bias epilogue (16-byte aligned, as its kernels
  * load it); otherwise ddp__cuda_gemm adds the bias in a pass of its own. */
-static inline bool ddp__cuda_bias_epilogue_ok(const float *bias)
+static inline bool ddp__cuda_bias_epilogue_ok(const void *bias)
 {
     return ddp__cuda_align_of(bias) >= 16;
 }
@@ -186,11 +186,12 @@ ddp_status ddp__cuda_layernorm_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const
                                          const float *weight, const float *bias, int N, int C,
                                          float eps, uint16_t *y, float *mean, float *rstd,
                                          ddp_error *err);
-/* y (B, out) ht = x (B, in) ht · Wᵀ (W (out, in) ht) + b (fp32 or NULL), fp32 accumulation,
- * rounded once (twice when the bias goes through ddp__cuda_gemm's separate pass: the product
- * rounded, the bias added, rounded again). */
+/* y (B, out) ht = x (B, in) ht · Wᵀ (W (out, in) ht) + b (ht: the bias's 16-bit copy, as
+ * autocast's linear uses it, or NULL), fp32 accumulation, rounded once (twice when the bias goes
+ * through ddp__cuda_gemm's separate pass, an unaligned bias or an epilogue cuBLASLt refuses: the
+ * product rounded, the bias added, rounded again). */
 ddp_status ddp__cuda_linear_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *x,
-                                      const uint16_t *W, const float *b, int B, int in, int out,
+                                      const uint16_t *W, const uint16_t *b, int B, int in, int out,
                                       uint16_t *y, ddp_error *err);
 /* From dy (B, out) ht: dx (B, in) = dy · W of dtype dx_dtype (DDP_FLOAT32 where a layernorm
  * or other fp32 arithmetic reads it, ht where only 16-bit work does), overwritten;

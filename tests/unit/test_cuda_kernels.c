@@ -567,7 +567,8 @@ static void layers_h(void **state)
         ddp__cuda_free(x_), ddp__cuda_free(w_), ddp__cuda_free(b_), ddp__cuda_free(m_);
         ddp__cuda_free(r_), ddp__cuda_free(y_);
     }
-    /* linear: 16-bit x, W, dy; fp32 bias; y 16-bit; dx fp32 or 16-bit; dW, db fp32 (+=) */
+    /* linear: 16-bit x, W, dy and bias (the bias's 16-bit copy, as autocast); y 16-bit; dx fp32
+     * or 16-bit; dW, db fp32 (+=) */
     {
         const int B = 37, in = 48, out = 80;
         float *x = host_rand((size_t)B * in, 1), *W = host_rand((size_t)out * in, 0.2f);
@@ -575,19 +576,20 @@ static void layers_h(void **state)
         round_h(ht, x, (size_t)B * in);
         round_h(ht, W, (size_t)out * in);
         round_h(ht, dy, (size_t)B * out);
+        round_h(ht, b, out + 1);
         float *y = malloc(sizeof(float) * B * out), *dx = malloc(sizeof(float) * B * in);
         float *dW = host_rand((size_t)out * in, 1), *db = host_rand(out, 1);
         uint16_t *x_ = dev_h(ht, x, (size_t)B * in), *W_ = dev_h(ht, W, (size_t)out * in);
         uint16_t *dy_ = dev_h(ht, dy, (size_t)B * out), *y_ = dev_h(ht, NULL, (size_t)B * out);
         uint16_t *dxh_ = dev_h(ht, NULL, (size_t)B * in);
-        float *b_ = dev_from(b, sizeof(float) * (out + 1));
+        uint16_t *b_ = dev_h(ht, b, out + 1);
         float *dx_ = dev_from(NULL, sizeof(float) * B * in);
         float *dW_ = dev_from(dW, sizeof(float) * out * in),
               *db_ = dev_from(db, sizeof(float) * out);
         ok(ddp__cuda_linear_forward_h(ctx, ht, x_, W_, b_, B, in, out, y_, &err), &err);
         ddp_nn_linear_forward(x, W, b, B, in, out, y);
         expect_close_h(ht, "linear forward (16-bit)", y_, y, (size_t)B * out);
-        /* a bias 4 bytes past its allocation: the bias pass, on a 16-bit output */
+        /* a bias 2 bytes past its allocation: the bias pass, on a 16-bit output */
         ok(ddp__cuda_linear_forward_h(ctx, ht, x_, W_, b_ + 1, B, in, out, y_, &err), &err);
         ddp_nn_linear_forward(x, W, b + 1, B, in, out, y);
         expect_close_h(ht, "linear forward (16-bit, unaligned bias)", y_, y, (size_t)B * out);

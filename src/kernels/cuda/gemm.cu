@@ -5,6 +5,8 @@
  * ddp__sgemm: a row-major product C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so
  * the operands are handed to cuBLAS swapped and nothing is transposed in memory.
  * Pointers need only element alignment: the heuristic is told each buffer's (see ddp__cuda_gemm).
+ * The 16-bit linear layer passes its bias in the output's format (the weights' 16-bit copy), as
+ * cublasLt.h asks of the bias epilogue and torch's autocast does.
  * Not yet: the GELU epilogue, cached algorithm choices (each call asks the heuristic).
  */
 #include "common.cuh"
@@ -33,30 +35,39 @@ static cudaDataType_t cuda_type(ddp_dtype t)
     return ddp__cuda_type(t);
 }
 
-/* C[r, j] += bias[j] over rows × cols of C (row-major, leading dimension ldc, E float32 or a
- * 16-bit format): the bias epilogue's work when cuBLASLt cannot take the bias pointer. */
-template <typename E>
-__global__ void add_bias_kernel(const float *bias, int rows, int cols, E *C, int ldc)
+/* C[r, j] += bias[j] over rows × cols of C (row-major, leading dimension ldc; E float32 or a
+ * 16-bit format, the bias float32 or C's format): the bias epilogue's work when cuBLASLt cannot
+ * take the bias pointer. */
+template <typename Bt, typename E>
+__global__ void add_bias_kernel(const Bt *bias, int rows, int cols, E *C, int ldc)
 {
     size_t total = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / cols, j = i % cols, at = r * (size_t)ldc + j;
-        ddp__st(C + at, ddp__ld(C + at) + bias[j]);
+        ddp__st(C + at, ddp__ld(C + at) + ddp__ld(bias + j));
     }
 }
 
-static ddp_status add_bias(ddp__cuda_ctx *c, const float *bias, int rows, int cols, void *C,
-                           int ldc, ddp_dtype out, ddp_error *err)
+/* bias_t: DDP_FLOAT32, or out's 16-bit format. */
+static ddp_status add_bias(ddp__cuda_ctx *c, const void *bias, ddp_dtype bias_t, int rows,
+                           int cols, void *C, int ldc, ddp_dtype out, ddp_error *err)
 {
     size_t total = (size_t)rows * cols;
     unsigned blocks = ddp__cuda_blocks(total, 256);
-    if (out == DDP_BFLOAT16)
-        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (ddp__bf16 *)C, ldc);
-    else if (out == DDP_FLOAT16)
-        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (ddp__fp16 *)C, ldc);
+    if (!ddp__cuda_is_half(out))
+        add_bias_kernel<<<blocks, 256, 0, c->stream>>>((const float *)bias, rows, cols, (float *)C,
+                                                       ldc);
     else
-        add_bias_kernel<<<blocks, 256, 0, c->stream>>>(bias, rows, cols, (float *)C, ldc);
+        ddp__half_dispatch(out, [&](auto e) {
+            using E = decltype(e);
+            if (bias_t == out)
+                add_bias_kernel<<<blocks, 256, 0, c->stream>>>((const E *)bias, rows, cols,
+                                                               (E *)C, ldc);
+            else
+                add_bias_kernel<<<blocks, 256, 0, c->stream>>>((const float *)bias, rows, cols,
+                                                               (E *)C, ldc);
+        });
     return ddp__cuda_launched("gemm bias", err);
 }
 
@@ -66,8 +77,9 @@ static ddp_status add_bias(ddp__cuda_ctx *c, const float *bias, int rows, int co
 static ddp_status gemm_classic(ddp__cuda_ctx *c, cublasOperation_t opa, cublasOperation_t opb,
                                int M, int N, int K, float alpha, const void *A, int lda,
                                const void *B, int ldb, float beta, void *C, int ldc, ddp_dtype in,
-                               ddp_dtype out, const float *bias, cublasComputeType_t compute,
-                               ddp_precision precision, ddp_error *err)
+                               ddp_dtype out, const void *bias, ddp_dtype bias_t,
+                               cublasComputeType_t compute, ddp_precision precision,
+                               ddp_error *err)
 {
     ddp_error e = {};
     ddp_status st = ddp__cublas_check(cublasGemmEx(c->blas, opa, opb, N, M, K, &alpha, B,
@@ -76,7 +88,7 @@ static ddp_status gemm_classic(ddp__cuda_ctx *c, cublasOperation_t opa, cublasOp
                                                    CUBLAS_GEMM_DEFAULT),
                                       "cublasGemmEx", &e);
     if (!st && bias)
-        st = add_bias(c, bias, M, N, C, ldc, out, &e);
+        st = add_bias(c, bias, bias_t, M, N, C, ldc, out, &e);
     if (st)
         return ddp__cuda_fail(err, st, "cuda gemm: a %d × %d × %d product (%s, %s%s) without "
                               "cuBLASLt: %s", M, N, K, dtype_name(in),
@@ -84,17 +96,24 @@ static ddp_status gemm_classic(ddp__cuda_ctx *c, cublasOperation_t opa, cublasOp
     return DDP_OK;
 }
 
-extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N,
-                                     int K, float alpha, const void *A, int lda, const void *B,
-                                     int ldb, float beta, void *C, int ldc, ddp_dtype in,
-                                     ddp_dtype out, const float *bias, ddp_precision precision,
-                                     ddp_error *err)
+/* ddp__cuda_gemm with the bias of dtype bias_t: float32, or (a 16-bit output) the output's
+ * format, which is what cublasLt.h says the bias epilogue takes (bias elements of D's type), as
+ * torch's autocast linear passes it. */
+static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N, int K,
+                            float alpha, const void *A, int lda, const void *B, int ldb,
+                            float beta, void *C, int ldc, ddp_dtype in, ddp_dtype out,
+                            const void *bias, ddp_dtype bias_t, ddp_precision precision,
+                            ddp_error *err)
 {
     if ((in != DDP_FLOAT32 && !ddp__cuda_is_half(in)) || (out != DDP_FLOAT32 && out != in))
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
                               "cuda gemm: dtypes %s → %s: float32, bfloat16 or float16 in, "
                               "float32 or the input's dtype out",
                               dtype_name(in), dtype_name(out));
+    if (bias && bias_t != DDP_FLOAT32 && bias_t != out)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gemm: a %s bias: float32, or the output's dtype (%s)",
+                              dtype_name(bias_t), dtype_name(out));
     if (M == 0 || N == 0)
         return DDP_OK;
     cublasComputeType_t compute = in == DDP_FLOAT32 && precision == DDP_PRECISION_TF32
@@ -104,7 +123,7 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
     cublasOperation_t opb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's B is our A */
     if (K == 0) /* C = beta · C (+ bias): no cuBLASLt layout has zero columns */
         return gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
-                            bias, compute, precision, err);
+                            bias, bias_t, compute, precision, err);
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -113,7 +132,7 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
      * own after the product: cuBLASLt's epilogue loads it in vectors. */
     bool bias_epi = bias && ddp__cuda_bias_epilogue_ok(bias);
     cublasLtEpilogue_t epi = bias_epi ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    cudaDataType_t bias_type = CUDA_R_32F;
+    cudaDataType_t bias_type = cuda_type(bias_t);
     size_t ws = c->workspace_bytes;
     /* The heuristic assumes 256-byte aligned buffers unless told otherwise, and may then pick a
      * kernel that refuses or faults on these pointers (views into the GPT's flat parameters, a
@@ -220,12 +239,12 @@ extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_
         /* refused before any work (the bias epilogue's type, as above): the fallback below */
         if (ms == CUBLAS_STATUS_NOT_SUPPORTED || (ms == CUBLAS_STATUS_INVALID_VALUE && bias_epi))
             st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
-                              bias, compute, precision, err);
+                              bias, bias_t, compute, precision, err);
         else if (!(st = ddp__cublas_check(ms, "matmul", err)) && bias && !bias_epi)
-            st = add_bias(c, bias, M, N, C, ldc, out, err);
+            st = add_bias(c, bias, bias_t, M, N, C, ldc, out, err);
     } else {
         st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out, bias,
-                          compute, precision, err);
+                          bias_t, compute, precision, err);
     }
 out_free:
     if (pref)
@@ -239,6 +258,16 @@ out_free:
     if (desc)
         cublasLtMatmulDescDestroy(desc);
     return st;
+}
+
+extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N,
+                                     int K, float alpha, const void *A, int lda, const void *B,
+                                     int ldb, float beta, void *C, int ldc, ddp_dtype in,
+                                     ddp_dtype out, const float *bias, ddp_precision precision,
+                                     ddp_error *err)
+{
+    return gemm_bias(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
+                     bias, DDP_FLOAT32, precision, err);
 }
 
 /* db[c] += Σ_r dy[r, c]: a block of 256 columns × a chunk of 256 rows per thread block, one
@@ -304,14 +333,14 @@ extern "C" ddp_status ddp__cuda_linear_backward(ddp__cuda_ctx *c, const float *d
 }
 
 extern "C" ddp_status ddp__cuda_linear_forward_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *x,
-                                                 const uint16_t *W, const float *b, int B, int in,
-                                                 int out, uint16_t *y, ddp_error *err)
+                                                 const uint16_t *W, const uint16_t *b, int B,
+                                                 int in, int out, uint16_t *y, ddp_error *err)
 {
     ddp_status st = ddp__cuda_half_check(ht, "linear forward", err);
     if (st)
         return st;
-    return ddp__cuda_gemm(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out, ht, ht, b,
-                          ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16, err);
+    return gemm_bias(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out, ht, ht, b, ht,
+                     ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16, err);
 }
 
 extern "C" ddp_status ddp__cuda_linear_backward_h(ddp__cuda_ctx *c, ddp_dtype ht,

@@ -521,22 +521,22 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
         const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward_h(c, ht, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
                                                 LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), P(g, a->attn_b), N,
+            (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), PH(g, a->attn_b), N,
                                              C, 3 * C, a->qkvh, err)) ||
             (st = ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
                                                 g->scratch_h, a->attyh, &da, err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), P(g, a->proj_b),
+            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b),
                                              N, C, C, g->tmph, err)) ||
             (st = drop_branch(g, 3 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid, err)) ||
             (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
                                                 C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
                                                 err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->ln2h, PH(g, a->fc_w), P(g, a->fc_b), N, C,
+            (st = ddp__cuda_linear_forward_h(c, ht, a->ln2h, PH(g, a->fc_w), PH(g, a->fc_b), N, C,
                                              4 * C, a->fchh, err)) ||
             (st = ddp__cuda_gelu_forward_h(c, ht, a->fchh, NC * 4, a->fchgh, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w),
-                                             P(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
+                                             PH(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
             (st = drop_branch(g, 4 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, a->xmid, g->tmph, NC, a->xout, err)))
             return st;
