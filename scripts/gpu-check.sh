@@ -136,6 +136,7 @@ setup_env() {
 syspy() {
     LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 "$@"
 }
+export -f syspy # check() runs its command under timeout, through bash -c
 
 run() {
     local quick=""
@@ -152,7 +153,7 @@ run() {
         local name=$1 rc=0 t0=$SECONDS
         shift
         echo "=== $name: $*" >>"$LOG"
-        timeout -k 10 "${CHECK_LIMIT:-150}" "$@" >>"$LOG" 2>&1 || rc=$?
+        timeout -k 10 "${CHECK_LIMIT:-150}" bash -c '"$@"' check "$@" >>"$LOG" 2>&1 || rc=$?
         names+=("$name")
         results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))") in $((SECONDS - t0)) s")
         echo "RESULT $name: ${results[-1]}" | tee -a "$LOG"
@@ -161,6 +162,10 @@ run() {
         test_model; do
         check "unit.$t" "$CARRY/bin/$t"
     done
+    # the GELU epilogues' fallback (the product, then the GELU kernel), which a GPU whose
+    # cuBLASLt offers them never takes otherwise
+    check "unit.test_cuda_kernels, no GELU epilogue" env DDP_CUDA_GELU_EPILOGUE=0 \
+        "$CARRY/bin/test_cuda_kernels"
     # issue 13: world 1 over NCCL (cuda-staged without it), worlds 2 and 4 on the one GPU over
     # cuda-staged, every collective exact and W × B ≡ 1 × W·B, a killed rank ending the job
     check "integration.gpu (nccl, cuda-staged, kill)" bash tests/integration/test_gpu.sh \

@@ -119,6 +119,22 @@ ddp_status ddp__cuda_linear_forward(ddp__cuda_ctx *ctx, const float *x, const fl
 ddp_status ddp__cuda_linear_backward(ddp__cuda_ctx *ctx, const float *dy, const float *x,
                                      const float *W, int B, int in, int out, float *dx, float *dW,
                                      float *db, ddp_precision precision, ddp_error *err);
+/* The MLP's first linear layer and its GELU (tanh, GPT-2's) in one product where cuBLASLt
+ * offers the GELU epilogue: pre (B, out) = x (B, in) · Wᵀ + b (the GELU's input, kept for the
+ * backward) and y (B, out) = GELU(pre). t: the dtype of x, W, pre and y, DDP_FLOAT32 (bias
+ * float32; precision fp32 or tf32) or a 16-bit format (bias in t, as linear_forward_h's). Where
+ * the epilogue is not offered (or DDP_CUDA_GELU_EPILOGUE=0): the product into pre, then
+ * ddp__cuda_gelu_forward(_h) — in 16 bits then GELU reads pre rounded, one rounding more. */
+ddp_status ddp__cuda_linear_gelu_forward(ddp__cuda_ctx *ctx, ddp_dtype t, const void *x,
+                                         const void *W, const void *b, int B, int in, int out,
+                                         void *pre, void *y, ddp_precision precision,
+                                         ddp_error *err);
+/* Back through the next layer's product into that GELU's input: dpre (B, in) = (dy (B, out) ·
+ * W (out, in)) ⊙ GELU'(pre (B, in)) (cuBLASLt's DGELU epilogue; else the product, then
+ * ddp__cuda_gelu_backward(_h)); all of dtype t. dpre is overwritten. */
+ddp_status ddp__cuda_linear_dgelu_backward(ddp__cuda_ctx *ctx, ddp_dtype t, const void *dy,
+                                           const void *W, const void *pre, int B, int in, int out,
+                                           void *dpre, ddp_precision precision, ddp_error *err);
 /* ddp_nn_gelu_tanh_forward / _backward (y may equal x; dx may equal dy). */
 ddp_status ddp__cuda_gelu_forward(ddp__cuda_ctx *ctx, const float *x, size_t n, float *y,
                                   ddp_error *err);

@@ -89,7 +89,14 @@ rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_st
 [ $rc -eq 0 ] || { cat sh3b.out; fail "resuming the sharded GPU checkpoint on the cpu: exit $rc"; }
 losses cpu2/metrics.jsonl sh3/metrics.jsonl 4 6 0 ||
     fail "the sharded GPU checkpoint resumed on the cpu differs: AdamW state not gathered"
-ok "sharded optimizer step on the fake GPU: = 2 sharded cpu ranks bit for bit; its checkpoint resumes on the cpu exactly; auto leaves it off on the GPU"
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --shard_optimizer true --total_steps 3 --checkpoint.every 3 --out_dir sh4 >sh4.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat sh4.out; fail "sharded, 3 steps on fake cuda (2): exit $rc"; }
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --shard_optimizer true --total_steps 6 --resume_from latest --out_dir sh4 >sh4b.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat sh4b.out; fail "resuming sharded on fake cuda: exit $rc"; }
+losses cpu2/metrics.jsonl sh4/metrics.jsonl 4 6 0 || fail "sharded resume on fake cuda differs"
+ok "sharded optimizer step on the fake GPU: = 2 sharded cpu ranks bit for bit; its checkpoint resumes on the cpu and, sharded, on the fake GPU exactly; auto leaves it off on the GPU"
 
 # A checkpoint taken on the GPU: resumed there = the uninterrupted run; the file holds the
 # device's weights and optimizer state (the cpu resumes it and continues the same way).

@@ -310,6 +310,36 @@ static void linear(void **state)
     expect_close("linear backward dx", dx_, dx, (size_t)B * in, 1e-5);
     expect_close("linear backward dW (+=)", dW_, dW, (size_t)out * in, 1e-5);
     expect_close("linear backward db (+=)", db_, db, out, 1e-5);
+    /* the MLP's GELU fused into the products (cuBLASLt's GELU epilogues where offered, else the
+     * product and the GELU kernel: DDP_CUDA_GELU_EPILOGUE=0 runs this test that way too):
+     * pre = x·Wᵀ + b and y = GELU(pre); then back through a product into pre's GELU:
+     * dpre = (dz·W2) ⊙ GELU'(pre), with W2 (out2, out) and dz (B, out2) */
+    {
+        const int out2 = 24;
+        float *pre = malloc(sizeof(float) * B * out), *g = malloc(sizeof(float) * B * out);
+        float *W2 = host_rand((size_t)out2 * out, 0.2f), *dz = host_rand((size_t)B * out2, 1);
+        float *dg = malloc(sizeof(float) * B * out);
+        float *pre_ = dev_from(NULL, sizeof(float) * B * out),
+              *g_ = dev_from(NULL, sizeof(float) * B * out);
+        float *W2_ = dev_from(W2, sizeof(float) * out2 * out),
+              *dz_ = dev_from(dz, sizeof(float) * B * out2);
+        ok(ddp__cuda_linear_gelu_forward(ctx, DDP_FLOAT32, x_, W_, b_, B, in, out, pre_, g_,
+                                         DDP_PRECISION_FP32, &err),
+           &err);
+        ddp_nn_linear_forward(x, W, b, B, in, out, pre);
+        ddp_nn_gelu_tanh_forward(pre, (size_t)B * out, g);
+        expect_close("linear+gelu: the GELU's input", pre_, pre, (size_t)B * out, 1e-5);
+        expect_close("linear+gelu: GELU(x·Wᵀ + b)", g_, g, (size_t)B * out, 1e-5);
+        ok(ddp__cuda_linear_dgelu_backward(ctx, DDP_FLOAT32, dz_, W2_, pre_, B, out, out2, g_,
+                                           DDP_PRECISION_FP32, &err),
+           &err);
+        /* dg = dz · W2 (B, out), then GELU's backward at pre */
+        ddp_nn_linear_backward(dz, pre, W2, B, out, out2, dg, NULL, NULL);
+        ddp_nn_gelu_tanh_backward(dg, pre, (size_t)B * out, dg);
+        expect_close("linear+dgelu: (dz·W2) ⊙ GELU'(pre)", g_, dg, (size_t)B * out, 1e-5);
+        free(pre), free(g), free(W2), free(dz), free(dg);
+        ddp__cuda_free(pre_), ddp__cuda_free(g_), ddp__cuda_free(W2_), ddp__cuda_free(dz_);
+    }
     void *bufs[] = {x, W, b, dy, y, dx, dW, db};
     for (size_t i = 0; i < 8; i++)
         free(bufs[i]);
@@ -485,7 +515,23 @@ static void dropout_elementwise(void **state)
         memcpy(want, y, sizeof(float) * n);
         round_h(hts[k], want, n);
         expect_close_host("dropout's p 0: a rounding copy", got, want, n, 0);
-        free(got), free(want);
+        free(got);
+        /* p > 0 into 16 bits: the CPU's values (on y as x) rounded once; then 16 → 16 in
+         * place: the same mask again on those, rounded again */
+        float *y2 = malloc(sizeof(float) * n);
+        ddp_nn_dropout_forward(y, n, p, seed, step, off, true, mask, y2);
+        ok(ddp__cuda_dropout(ctx, DDP_FLOAT32, x_, hts[k], h_, n, &d, &err), &err);
+        memcpy(want, y2, sizeof(float) * n);
+        round_h(hts[k], want, n);
+        got = fetch_h_ld(hts[k], h_, 1, n, n);
+        expect_close_host("dropout float32 → 16 bits", got, want, n, 0);
+        free(got);
+        ok(ddp__cuda_dropout(ctx, hts[k], h_, hts[k], h_, n, &d, &err), &err);
+        ddp_nn_dropout_forward(want, n, p, seed, step, off, true, mask, want);
+        round_h(hts[k], want, n);
+        got = fetch_h_ld(hts[k], h_, 1, n, n);
+        expect_close_host("dropout 16 bits in place", got, want, n, 0);
+        free(got), free(want), free(y2);
         ddp__cuda_free(h_);
     }
     free(x), free(y), free(mask);
@@ -605,6 +651,37 @@ static void layers_h(void **state)
                                        &err),
            &err);
         expect_close_h(ht, "linear backward dx (16-bit out)", dxh_, dx, (size_t)B * in);
+        /* the GELU epilogues in 16 bits: pre = round(x·Wᵀ + b), y = round(GELU(x·Wᵀ + b)) (the
+         * epilogue's GELU reads the fp32 sum; the fallback the rounded pre: within the bound);
+         * then dpre = round((dy·W) ⊙ GELU'(pre)) with dy (B, out) and W (out, in) as dx's */
+        {
+            uint16_t *pre_ = dev_h(ht, NULL, (size_t)B * out), *g_ = dev_h(ht, NULL, (size_t)B * out);
+            uint16_t *dpre_ = dev_h(ht, NULL, (size_t)B * out);
+            ok(ddp__cuda_linear_gelu_forward(ctx, ht, x_, W_, b_, B, in, out, pre_, g_,
+                                             DDP_PRECISION_BF16, &err),
+               &err);
+            ddp_nn_linear_forward(x, W, b, B, in, out, y);
+            expect_close_h(ht, "linear+gelu: the GELU's input (16-bit)", pre_, y, (size_t)B * out);
+            float *pre = fetch_h_ld(ht, pre_, 1, (size_t)B * out, (size_t)B * out);
+            float *g = malloc(sizeof(float) * B * out);
+            ddp_nn_gelu_tanh_forward(y, (size_t)B * out, g);
+            expect_close_h(ht, "linear+gelu: GELU (16-bit)", g_, g, (size_t)B * out);
+            /* back through W itself (out, in) from a (B, in) gradient: dpre (B, out) */
+            float *Wt = malloc(sizeof(float) * out * in); /* W2 (in, out) = Wᵀ, 16-bit values */
+            for (int r = 0; r < out; r++)
+                for (int k = 0; k < in; k++)
+                    Wt[(size_t)k * out + r] = W[(size_t)r * in + k];
+            float *dpre = malloc(sizeof(float) * B * out);
+            ddp_nn_linear_backward(x, pre, Wt, B, out, in, dpre, NULL, NULL); /* x as dz (B, in) */
+            ddp_nn_gelu_tanh_backward(dpre, pre, (size_t)B * out, dpre);
+            uint16_t *Wt_ = dev_h(ht, Wt, (size_t)in * out);
+            ok(ddp__cuda_linear_dgelu_backward(ctx, ht, x_, Wt_, pre_, B, out, in, dpre_,
+                                               DDP_PRECISION_BF16, &err),
+               &err);
+            expect_close_h(ht, "linear+dgelu (16-bit)", dpre_, dpre, (size_t)B * out);
+            free(pre), free(g), free(dpre), free(Wt);
+            ddp__cuda_free(pre_), ddp__cuda_free(g_), ddp__cuda_free(dpre_), ddp__cuda_free(Wt_);
+        }
         free(x), free(W), free(b), free(dy), free(y), free(dx), free(dW), free(db);
         void *d[] = {x_, W_, dy_, y_, dxh_, b_, dx_, dW_, db_};
         for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)

@@ -7,8 +7,13 @@
  * Pointers need only element alignment: the heuristic is told each buffer's (see ddp__cuda_gemm).
  * The 16-bit linear layer passes its bias in the output's format (the weights' 16-bit copy), as
  * cublasLt.h asks of the bias epilogue and torch's autocast does.
- * Not yet: the GELU epilogue, cached algorithm choices (each call asks the heuristic).
+ * The MLP's GELU rides on its products where cuBLASLt offers the epilogues (GELU_AUX(_BIAS)
+ * forward, DGELU backward), else runs as its own kernel (ddp__cuda_linear_gelu_forward, …).
+ * Not yet: cached algorithm choices (each call asks the heuristic).
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 
 extern "C" {
@@ -96,14 +101,22 @@ static ddp_status gemm_classic(ddp__cuda_ctx *c, cublasOperation_t opa, cublasOp
     return DDP_OK;
 }
 
+/* The GELU epilogues (gemm_lt's gelu): none; forward, D = GELU(A·B + bias) with the GELU's
+ * input stored in aux (CUBLASLT_EPILOGUE_GELU_AUX(_BIAS)); backward, D = (A·B) ⊙ GELU'(aux)
+ * (CUBLASLT_EPILOGUE_DGELU). aux is laid out as D (leading dimension ldc, D's dtype). */
+enum { GELU_NONE = 0, GELU_FWD = 1, GELU_BWD = 2 };
+
 /* ddp__cuda_gemm with the bias of dtype bias_t: float32, or (a 16-bit output) the output's
  * format, which is what cublasLt.h says the bias epilogue takes (bias elements of D's type), as
- * torch's autocast linear passes it. */
-static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N, int K,
-                            float alpha, const void *A, int lda, const void *B, int ldb,
-                            float beta, void *C, int ldc, ddp_dtype in, ddp_dtype out,
-                            const void *bias, ddp_dtype bias_t, ddp_precision precision,
-                            ddp_error *err)
+ * torch's autocast linear passes it; and with gelu, a GELU epilogue (above; beta 0). A GELU
+ * epilogue cuBLASLt does not offer here (no algorithm, an unaligned bias or aux, ldc not a
+ * multiple of 8, refused at the call) returns DDP_ERR_NOT_FOUND with nothing done and err
+ * untouched: the caller then runs the product and the GELU kernel apart. */
+static ddp_status gemm_lt(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                          void *C, int ldc, ddp_dtype in, ddp_dtype out, const void *bias,
+                          ddp_dtype bias_t, int gelu, const void *aux, ddp_precision precision,
+                          ddp_error *err)
 {
     if ((in != DDP_FLOAT32 && !ddp__cuda_is_half(in)) || (out != DDP_FLOAT32 && out != in))
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
@@ -116,6 +129,12 @@ static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M,
                               dtype_name(bias_t), dtype_name(out));
     if (M == 0 || N == 0)
         return DDP_OK;
+    /* what the GELU epilogues need: an epilogue-aligned bias (the bias must come before the
+     * GELU), aux 16-byte aligned with a leading dimension divisible by 8, K > 0 */
+    if (gelu != GELU_NONE &&
+        (K == 0 || beta != 0.0f || (bias && !ddp__cuda_bias_epilogue_ok(bias)) ||
+         (gelu == GELU_BWD && bias) || ldc % 8 != 0 || ddp__cuda_align_of(aux) < 16))
+        return DDP_ERR_NOT_FOUND;
     cublasComputeType_t compute = in == DDP_FLOAT32 && precision == DDP_PRECISION_TF32
                                       ? CUBLAS_COMPUTE_32F_FAST_TF32
                                       : CUBLAS_COMPUTE_32F;
@@ -132,6 +151,12 @@ static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M,
      * own after the product: cuBLASLt's epilogue loads it in vectors. */
     bool bias_epi = bias && ddp__cuda_bias_epilogue_ok(bias);
     cublasLtEpilogue_t epi = bias_epi ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (gelu == GELU_FWD)
+        epi = bias_epi ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (gelu == GELU_BWD)
+        epi = CUBLASLT_EPILOGUE_DGELU;
+    const int64_t aux_ld = ldc;
+    bool refused = false; /* a GELU epilogue cuBLASLt does not offer: DDP_ERR_NOT_FOUND */
     cudaDataType_t bias_type = cuda_type(bias_t);
     size_t ws = c->workspace_bytes;
     /* The heuristic assumes 256-byte aligned buffers unless told otherwise, and may then pick a
@@ -169,6 +194,16 @@ static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M,
               cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                              sizeof bias_type),
               "bias type", err))))
+        goto out_free;
+    if (gelu != GELU_NONE &&
+        ((st = ddp__cublas_check(cublasLtMatmulDescSetAttribute(
+                                     desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                     sizeof aux),
+                                 "GELU aux pointer", err)) ||
+         (st = ddp__cublas_check(cublasLtMatmulDescSetAttribute(
+                                     desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                     sizeof aux_ld),
+                                 "GELU aux leading dimension", err))))
         goto out_free;
     if ((st = ddp__cublas_check(cublasLtMatrixLayoutCreate(&la, cuda_type(in), trans_b ? K : N,
                                                            trans_b ? N : K, ldb),
@@ -210,7 +245,7 @@ static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M,
     for (int attempt = 0; attempt < 2 && found < 1; attempt++) {
         if (attempt == 1) {
             const void *no_bias = NULL;
-            if (!bias_epi)
+            if (!bias_epi || gelu != GELU_NONE) /* a GELU epilogue is all or nothing */
                 break;
             bias_epi = false;
             epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -228,14 +263,24 @@ static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M,
         /* cublasLt.h gives the bias D's type except for IMMA and fp8 kernels: an fp32 bias on a
          * 16-bit output may be refused as INVALID_VALUE rather than NOT_SUPPORTED. Any refusal
          * of the bias epilogue means the next attempt, without it. */
-        if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs != CUBLAS_STATUS_SUCCESS && bias_epi))
+        if (hs == CUBLAS_STATUS_NOT_SUPPORTED ||
+            (hs != CUBLAS_STATUS_SUCCESS && (bias_epi || gelu != GELU_NONE)))
             found = 0;
         else if ((st = ddp__cublas_check(hs, "algorithm heuristic", err)))
             goto out_free;
     }
+    if (found < 1 && gelu != GELU_NONE) {
+        refused = true;
+        goto out_free;
+    }
     if (found >= 1) {
         cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc,
                                            &heur.algo, c->workspace, ws, c->stream);
+        if (gelu != GELU_NONE &&
+            (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE)) {
+            refused = true; /* refused before any work */
+            goto out_free;
+        }
         /* refused before any work (the bias epilogue's type, as above): the fallback below */
         if (ms == CUBLAS_STATUS_NOT_SUPPORTED || (ms == CUBLAS_STATUS_INVALID_VALUE && bias_epi))
             st = gemm_classic(c, opa, opb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
@@ -257,7 +302,17 @@ out_free:
         cublasLtMatrixLayoutDestroy(la);
     if (desc)
         cublasLtMatmulDescDestroy(desc);
-    return st;
+    return refused ? DDP_ERR_NOT_FOUND : st;
+}
+
+static ddp_status gemm_bias(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N, int K,
+                            float alpha, const void *A, int lda, const void *B, int ldb,
+                            float beta, void *C, int ldc, ddp_dtype in, ddp_dtype out,
+                            const void *bias, ddp_dtype bias_t, ddp_precision precision,
+                            ddp_error *err)
+{
+    return gemm_lt(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, in, out,
+                   bias, bias_t, GELU_NONE, NULL, precision, err);
 }
 
 extern "C" ddp_status ddp__cuda_gemm(ddp__cuda_ctx *c, bool trans_a, bool trans_b, int M, int N,
@@ -360,4 +415,78 @@ extern "C" ddp_status ddp__cuda_linear_backward_h(ddp__cuda_ctx *c, ddp_dtype ht
     if (!st && db)
         st = ddp__cuda_colsum_h(c, ht, dy, B, out, db, err);
     return st;
+}
+
+/* ---- the MLP's GELU fused into its products (cuBLASLt's GELU epilogues, tanh GELU as GPT-2's)
+ */
+
+/* Whether the GELU epilogues are used: yes unless DDP_CUDA_GELU_EPILOGUE=0 (a benchmark's A/B,
+ * or a way round a cuBLASLt that gets them wrong); read once. */
+static bool gelu_epilogue_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DDP_CUDA_GELU_EPILOGUE");
+        on = !(v && !strcmp(v, "0"));
+    }
+    return on != 0;
+}
+
+static ddp_precision t_precision(ddp_dtype t, ddp_precision fp32_precision)
+{
+    return t == DDP_BFLOAT16  ? DDP_PRECISION_BF16
+           : t == DDP_FLOAT16 ? DDP_PRECISION_FP16
+                              : fp32_precision;
+}
+
+extern "C" ddp_status ddp__cuda_linear_gelu_forward(ddp__cuda_ctx *c, ddp_dtype t, const void *x,
+                                                    const void *W, const void *b, int B, int in,
+                                                    int out, void *pre, void *y,
+                                                    ddp_precision precision, ddp_error *err)
+{
+    const bool h = ddp__cuda_is_half(t);
+    if (!h && t != DDP_FLOAT32)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda linear+gelu: dtype %s", dtype_name(t));
+    const ddp_precision pr = t_precision(t, precision);
+    const ddp_dtype bt = h ? t : DDP_FLOAT32;
+    ddp_status st = DDP_ERR_NOT_FOUND;
+    if (gelu_epilogue_on())
+        st = gemm_lt(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, y, out, t, t, b, bt,
+                     GELU_FWD, pre, pr, err);
+    if (st != DDP_ERR_NOT_FOUND)
+        return st;
+    /* apart: the product (and bias) into pre, then the GELU */
+    const size_t n = (size_t)B * out;
+    if ((st = gemm_bias(c, false, true, B, out, in, 1.0f, x, in, W, in, 0.0f, pre, out, t, t, b,
+                        bt, pr, err)))
+        return st;
+    return h ? ddp__cuda_gelu_forward_h(c, t, (const uint16_t *)pre, n, (uint16_t *)y, err)
+             : ddp__cuda_gelu_forward(c, (const float *)pre, n, (float *)y, err);
+}
+
+extern "C" ddp_status ddp__cuda_linear_dgelu_backward(ddp__cuda_ctx *c, ddp_dtype t,
+                                                      const void *dy, const void *W,
+                                                      const void *pre, int B, int in, int out,
+                                                      void *dpre, ddp_precision precision,
+                                                      ddp_error *err)
+{
+    const bool h = ddp__cuda_is_half(t);
+    if (!h && t != DDP_FLOAT32)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda linear+dgelu: dtype %s",
+                              dtype_name(t));
+    const ddp_precision pr = t_precision(t, precision);
+    ddp_status st = DDP_ERR_NOT_FOUND;
+    if (gelu_epilogue_on())
+        st = gemm_lt(c, false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dpre, in, t, t, NULL,
+                     DDP_FLOAT32, GELU_BWD, pre, pr, err);
+    if (st != DDP_ERR_NOT_FOUND)
+        return st;
+    const size_t n = (size_t)B * in;
+    if ((st = gemm_bias(c, false, false, B, in, out, 1.0f, dy, out, W, in, 0.0f, dpre, in, t, t,
+                        NULL, DDP_FLOAT32, pr, err)))
+        return st;
+    return h ? ddp__cuda_gelu_backward_h(c, t, (const uint16_t *)dpre, (const uint16_t *)pre, n,
+                                         (uint16_t *)dpre, err)
+             : ddp__cuda_gelu_backward(c, (const float *)dpre, (const float *)pre, n,
+                                       (float *)dpre, err);
 }

@@ -468,9 +468,9 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
             (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
             (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
                                               LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln2, P(g, a->fc_w), P(g, a->fc_b), N, C, 4 * C,
-                                           a->fch, pr, err)) ||
-            (st = ddp__cuda_gelu_forward(c, a->fch, NC * 4, a->fchg, err)) ||
+            (st = ddp__cuda_linear_gelu_forward(c, DDP_FLOAT32, a->ln2, P(g, a->fc_w),
+                                                P(g, a->fc_b), N, C, 4 * C, a->fch, a->fchg, pr,
+                                                err)) ||
             (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
                                            4 * C, C, g->tmp, pr, err)) ||
             (st = drop_branch(g, 4 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
@@ -532,9 +532,8 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
             (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
                                                 C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
                                                 err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->ln2h, PH(g, a->fc_w), PH(g, a->fc_b), N, C,
-                                             4 * C, a->fchh, err)) ||
-            (st = ddp__cuda_gelu_forward_h(c, ht, a->fchh, NC * 4, a->fchgh, err)) ||
+            (st = ddp__cuda_linear_gelu_forward(c, ht, a->ln2h, PH(g, a->fc_w), PH(g, a->fc_b), N,
+                                                C, 4 * C, a->fchh, a->fchgh, hprec(g), err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w),
                                              PH(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
             (st = drop_branch(g, 4 + 3 * l, ht, g->tmph, NC, err)) ||
@@ -645,10 +644,10 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
         const float *dy = g->drop_on ? g->tmp : g->dres;
         if ((g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp,
                                                    NC, &dm, err))) ||
-            (st = ddp__cuda_linear_backward(c, dy, a->fchg, P(g, a->mproj_w), N, 4 * C, C,
-                                            g->dbig, G(g, a->mproj_w), G(g, a->mproj_b), pr,
-                                            err)) ||
-            (st = ddp__cuda_gelu_backward(c, g->dbig, a->fch, NC * 4, g->dbig, err)) ||
+            (st = ddp__cuda_linear_backward(c, dy, a->fchg, P(g, a->mproj_w), N, 4 * C, C, NULL,
+                                            G(g, a->mproj_w), G(g, a->mproj_b), pr, err)) ||
+            (st = ddp__cuda_linear_dgelu_backward(c, DDP_FLOAT32, dy, P(g, a->mproj_w), a->fch, N,
+                                                  4 * C, C, g->dbig, pr, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dbig, a->ln2, P(g, a->fc_w), N, C, 4 * C,
                                             g->dln, G(g, a->fc_w), G(g, a->fc_b), pr, err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
@@ -704,14 +703,15 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
         const float *x = l > 0 ? g->b[l - 1].xout : g->x0;
         const ddp__cuda_drop dm = drop_of(g, 4 + 3 * l, false), dp = drop_of(g, 3 + 3 * l, false),
                              da = drop_of(g, 2 + 3 * l, true);
-        /* MLP: dfchg (16-bit, dbigh) = dres·Wmproj (dres rounded, with dropout masked first);
-         * GELU's backward in place (16-bit); dln2 (fp32) = dfch·Wfc; ln_2's backward in fp32;
-         * dres += dln2 */
+        /* MLP: dfch (16-bit, dbigh) = (dres·Wmproj) ⊙ GELU'(fch) (dres rounded, with dropout
+         * masked first; the GELU's backward in the product's epilogue where cuBLASLt has it);
+         * dln2 (fp32) = dfch·Wfc; ln_2's backward in fp32; dres += dln2 */
         if ((st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, ht, g->dresh, NC, &dm, err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->fchgh, PH(g, a->mproj_w), N,
-                                              4 * C, C, g->dbigh, ht, G(g, a->mproj_w),
+                                              4 * C, C, NULL, ht, G(g, a->mproj_w),
                                               G(g, a->mproj_b), err)) ||
-            (st = ddp__cuda_gelu_backward_h(c, ht, g->dbigh, a->fchh, NC * 4, g->dbigh, err)) ||
+            (st = ddp__cuda_linear_dgelu_backward(c, ht, g->dresh, PH(g, a->mproj_w), a->fchh, N,
+                                                  4 * C, C, g->dbigh, hprec(g), err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C,
                                               4 * C, g->dln, DDP_FLOAT32, G(g, a->fc_w),
                                               G(g, a->fc_b), err)) ||
