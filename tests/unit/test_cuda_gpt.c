@@ -99,6 +99,33 @@ static void logits_match(void **state)
     ddp_model_free(gpu);
 }
 
+/* A training forward and backward of b on both models: the losses within 1e-5 (and the same
+ * count), every gradient tensor within 1e-3 relative; what names the case in the output. */
+static void step_matches(ddp_model *cpu, ddp_model *gpu, const ddp_model_batch *b,
+                         const char *what)
+{
+    ddp_model_out o1, o2;
+    assert_int_equal(ddp_model_forward(cpu, b, true, &o1), DDP_OK);
+    assert_int_equal(ddp_model_forward(gpu, b, true, &o2), DDP_OK);
+    printf("  %s loss: cpu %.6f gpu %.6f; count %lld %lld; correct %lld %lld\n", what, o1.loss,
+           o2.loss, (long long)o1.count, (long long)o2.count, (long long)o1.correct,
+           (long long)o2.correct);
+    assert_true(fabs(o1.loss - o2.loss) <= 1e-5);
+    assert_int_equal(o1.count, o2.count);
+    assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
+    assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
+    size_t np;
+    const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
+    double worst = 0;
+    for (size_t i = 0; i < np; i++) {
+        double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
+        worst = d > worst ? d : worst;
+        if (!(d <= 1e-3))
+            fail_msg("%s: gradient of %s: rel %.3e > 1e-3", what, p1[i].name, d);
+    }
+    printf("  %s gradients: worst tensor rel %.2e (tolerance 1e-3)\n", what, worst);
+}
+
 static void grads_match(void **state)
 {
     (void)state;
@@ -111,27 +138,7 @@ static void grads_match(void **state)
         for (int i = 0; i < B * T; i += 5)
             tgt[i] = DDP_NN_IGNORE_INDEX;
         ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = T};
-        ddp_model_out o1, o2;
-        assert_int_equal(ddp_model_forward(cpu, &b, true, &o1), DDP_OK);
-        assert_int_equal(ddp_model_forward(gpu, &b, true, &o2), DDP_OK);
-        printf("  bias %d loss: cpu %.6f gpu %.6f; count %lld %lld; correct %lld %lld\n", bias,
-               o1.loss, o2.loss, (long long)o1.count, (long long)o2.count, (long long)o1.correct,
-               (long long)o2.correct);
-        assert_true(fabs(o1.loss - o2.loss) <= 1e-5);
-        assert_int_equal(o1.count, o2.count);
-        assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
-        assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
-        size_t np;
-        const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
-        double worst = 0;
-        for (size_t i = 0; i < np; i++) {
-            double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
-            if (d > worst)
-                worst = d;
-            if (!(d <= 1e-3))
-                fail_msg("gradient of %s: rel %.3e > 1e-3", p1[i].name, d);
-        }
-        printf("  bias %d gradients: worst tensor rel %.2e (tolerance 1e-3)\n", bias, worst);
+        step_matches(cpu, gpu, &b, bias ? "bias 1" : "bias 0");
         ddp_model_free(cpu);
         ddp_model_free(gpu);
     }
@@ -244,23 +251,7 @@ static void dropout_matches(void **state)
     make_batch(2, TMAX, tok, tgt);
     ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = 7,
                          .sample_offset = 12};
-    ddp_model_out o1, o2;
-    assert_int_equal(ddp_model_forward(cpu, &b, true, &o1), DDP_OK);
-    assert_int_equal(ddp_model_forward(gpu, &b, true, &o2), DDP_OK);
-    printf("  dropout 0.2 loss: cpu %.6f gpu %.6f\n", o1.loss, o2.loss);
-    assert_true(fabs(o1.loss - o2.loss) <= 1e-5);
-    assert_int_equal(ddp_model_backward(cpu, NULL, NULL), DDP_OK);
-    assert_int_equal(ddp_model_backward(gpu, NULL, NULL), DDP_OK);
-    size_t np;
-    const ddp_model_param *p1 = ddp_model_params(cpu, &np), *p2 = ddp_model_params(gpu, &np);
-    double worst = 0;
-    for (size_t i = 0; i < np; i++) {
-        double d = rel(p2[i].grad, p1[i].grad, p1[i].count);
-        worst = d > worst ? d : worst;
-        if (!(d <= 1e-3))
-            fail_msg("dropout: gradient of %s: rel %.3e > 1e-3", p1[i].name, d);
-    }
-    printf("  dropout 0.2 gradients: worst tensor rel %.2e (tolerance 1e-3)\n", worst);
+    step_matches(cpu, gpu, &b, "dropout 0.2");
     ddp_model_free(cpu);
     ddp_model_free(gpu);
     drop_p = 0.2f;

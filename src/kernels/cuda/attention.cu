@@ -109,11 +109,14 @@ __global__ void causal_dropout(const E *att, E *pd, size_t rows, int T, ddp__dro
     }
 }
 
-/* dS = P ⊙ (dP' − Σ_j P·dP') · scale in place on dP, 0 above the diagonal, where dP' = dP and,
- * with dropout (dr.on), dP' = dP masked and scaled as the forward's probabilities were (the
- * gradient of the dropped probabilities); rows as above. */
-__global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int T, float scale,
-                                   ddp__drop_dev dr)
+/* dS = P ⊙ (dP' − Σ_j P·dP') · scale from the kept P (16 bits, or fp32 with H float) and fp32
+ * dP, where dP' = dP and, with dropout (dr.on), dP masked and scaled as the forward's
+ * probabilities were (the gradient of the dropped probabilities; written back into dp), in
+ * fp32, rounded once into ds (0 above the diagonal); with H float ds may be dp (in place: each
+ * lane reads and writes only its own elements). Rows as causal_softmax. */
+template <typename H>
+__global__ void causal_softmax_bwd_h(const H *att, float *dp, H *ds, size_t rows, int T,
+                                     float scale, ddp__drop_dev dr)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
@@ -121,17 +124,18 @@ __global__ void causal_softmax_bwd(const float *att, float *dp, size_t rows, int
          row += warps) {
         int t = (int)(row % T);
         const uint64_t key = dr.on ? ddp__drop_row_key(dr, row) : 0;
-        const float *p = att + row * T;
+        const H *p = att + row * T;
         float *d = dp + row * T;
+        H *o = ds + row * T;
         float s = 0.0f;
         for (int j = lane; j <= t; j += 32) {
             if (dr.on)
                 d[j] *= ddp__drop_att(dr, key, j);
-            s += p[j] * d[j];
+            s += ddp__ld(p + j) * d[j];
         }
         s = ddp__warp_sum(s);
         for (int j = lane; j < T; j += 32)
-            d[j] = j <= t ? p[j] * (d[j] - s) * scale : 0.0f;
+            ddp__st(o + j, j <= t ? ddp__ld(p + j) * (d[j] - s) * scale : 0.0f);
     }
 }
 
@@ -253,8 +257,9 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
         (st = bgemm(c, false, true, T, T, hs, 1.0f, dy, hs, sT, v, hs, sT, 0.0f, dp, T, sTT, BH,
                     precision, err)))
         return st;
-    causal_softmax_bwd<<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T, scale,
-                                                                         dr);
+    /* in place: dS over dP (causal_softmax_bwd_h's fp32 instance) */
+    causal_softmax_bwd_h<float>
+        <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, dp, rows, T, scale, dr);
     if ((st = ddp__cuda_launched("causal softmax backward", err)) ||
         /* dQ = dS · K, dK = dSᵀ · Q */
         (st = bgemm(c, false, false, T, hs, T, 1.0f, dp, T, sTT, k, hs, sT, 0.0f, dq, hs, sT, BH,
@@ -293,34 +298,6 @@ template <typename H> __global__ void causal_softmax_h(const float *s, H *p, siz
     }
 }
 
-/* dS = P ⊙ (dP' − Σ_j P·dP') · scale from the kept 16-bit P and fp32 dP (dP' as
- * causal_softmax_bwd: masked and scaled with dropout), in fp32, rounded once into the 16-bit ds
- * (0 above the diagonal). */
-template <typename H>
-__global__ void causal_softmax_bwd_h(const H *att, float *dp, H *ds, size_t rows, int T,
-                                     float scale, ddp__drop_dev dr)
-{
-    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
-    const int lane = threadIdx.x % 32;
-    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
-         row += warps) {
-        int t = (int)(row % T);
-        const uint64_t key = dr.on ? ddp__drop_row_key(dr, row) : 0;
-        const H *p = att + row * T;
-        float *d = dp + row * T;
-        H *o = ds + row * T;
-        float s = 0.0f;
-        for (int j = lane; j <= t; j += 32) {
-            if (dr.on)
-                d[j] *= ddp__drop_att(dr, key, j);
-            s += ddp__ld(p + j) * d[j];
-        }
-        s = ddp__warp_sum(s);
-        for (int j = lane; j < T; j += 32)
-            ddp__st(o + j, j <= t ? ddp__ld(p + j) * (d[j] - s) * scale : 0.0f);
-    }
-}
-
 static size_t up256(size_t bytes)
 {
     return (bytes + 255) / 256 * 256;
@@ -351,6 +328,19 @@ static h_scratch h_regions(void *base, int B, int T, int C, int nh)
         p += up256(n * sizeof(uint16_t));
     }
     return r;
+}
+
+/* causal_dropout on 16-bit probabilities att into pd (what names the launch in errors). */
+static ddp_status dropout_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *att, uint16_t *pd,
+                            size_t rows, int T, const ddp__drop_dev &dr, const char *what,
+                            ddp_error *err)
+{
+    ddp__half_dispatch(ht, [&](auto e) {
+        using E = decltype(e);
+        causal_dropout<E>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>((const E *)att, (E *)pd, rows, T, dr);
+    });
+    return ddp__cuda_launched(what, err);
 }
 
 extern "C" size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh)
@@ -392,15 +382,8 @@ extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype 
     });
     if ((st = ddp__cuda_launched("causal softmax (16-bit)", err)))
         return st;
-    if (dr.on) {
-        ddp__half_dispatch(ht, [&](auto e) {
-            using E = decltype(e);
-            causal_dropout<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
-                (const E *)att, (E *)r.ds, rows, T, dr);
-        });
-        if ((st = ddp__cuda_launched("attention dropout (16-bit)", err)))
-            return st;
-    }
+    if (dr.on && (st = dropout_h(c, ht, att, r.ds, rows, T, dr, "attention dropout (16-bit)", err)))
+        return st;
     /* Y = P' · V (P' the probabilities, dropped with dropout), 16-bit out */
     if ((st = bgemm_h(c, ht, false, false, T, hs, T, 1.0f, dr.on ? (const void *)r.ds : att, T, sTT,
                       r.v, hs, sT, r.y, hs, sT, BH, true, err)))
@@ -438,15 +421,10 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
     });
     if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)))
         return st;
-    if (dr.on) { /* the dropped probabilities again, in dS's place until dV is made */
-        ddp__half_dispatch(ht, [&](auto e) {
-            using E = decltype(e);
-            causal_dropout<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(
-                (const E *)att, (E *)r.ds, rows, T, dr);
-        });
-        if ((st = ddp__cuda_launched("attention dropout (16-bit backward)", err)))
-            return st;
-    }
+    /* the dropped probabilities again, in dS's place until dV is made */
+    if (dr.on && (st = dropout_h(c, ht, att, r.ds, rows, T, dr,
+                                 "attention dropout (16-bit backward)", err)))
+        return st;
     /* dV = P'ᵀ · dY, then dP = dY · Vᵀ (fp32 out, for the softmax backward) */
     if ((st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, dr.on ? (const void *)r.ds : att, T, sTT,
                       dy, hs, sT, r.dv, hs, sT, BH, true, err)) ||
