@@ -10,7 +10,9 @@
  * Wall-clock timing around ddp__cuda_sync, best of several rounds after a warm-up.
  * Built only with DDP_CUDA; run by scripts/gpu-check.sh on a GPU machine. Prints `skipped` and
  * exits 77 without a GPU. NOT YET RUN: no figure from it exists yet.
- * usage: gpu_bench [--quick | --peaks]   (--peaks: the table's fp32, tf32, bf16 TFLOP/s)
+ * usage: gpu_bench [--quick | --peaks | --gpt-bf16 [--quick]]   (--peaks: the table's fp32, tf32,
+ * bf16 TFLOP/s; --gpt-bf16: the bf16 GPT step alone, for an A/B of an environment switch such as
+ * DDP_CUDA_GELU_EPILOGUE=0)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -121,9 +123,16 @@ static void ew_op(void *p)
                               10, 1.0f, NULL, &err));
 }
 
+static void kernels(const ddp_device_choice *dcp, bool quick);
+static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only);
+
 int main(int argc, char **argv)
 {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    bool quick = false, gpt_only = false;
+    for (int i = 1; i < argc; i++) {
+        quick = quick || !strcmp(argv[i], "--quick");
+        gpt_only = gpt_only || !strcmp(argv[i], "--gpt-bf16");
+    }
     ddp_device_choice dc;
     if (ddp_device_select("cuda", 0, &dc, &err) != DDP_OK) {
         printf("gpu_bench skipped: %s\n", err.msg);
@@ -135,9 +144,19 @@ int main(int argc, char **argv)
                ddp_device_peak_flops(dc.name, DDP_PRECISION_BF16) / 1e12);
         return 0;
     }
-    check(ddp__cuda_ctx_create(0, &ctx, &err));
     printf("device: %s\n", dc.name);
     printf("%-44s %12s %10s\n", "what", "figure", "fraction");
+    if (!gpt_only)
+        kernels(&dc, quick);
+    gpt_steps(&dc, quick, gpt_only);
+    return 0;
+}
+
+/* GEMMs against the datasheet and the best measured; elementwise kernels against a copy. */
+static void kernels(const ddp_device_choice *dcp, bool quick)
+{
+    const ddp_device_choice dc = *dcp;
+    check(ddp__cuda_ctx_create(0, &ctx, &err));
 
     /* GEMMs: square 8192 (4096 quick) and GPT-2 124M's shapes at B·T = 8192 tokens */
     int sq = quick ? 4096 : 8192;
@@ -206,11 +225,15 @@ int main(int argc, char **argv)
     ddp__cuda_free(e.a), ddp__cuda_free(e.b), ddp__cuda_free(e.y), ddp__cuda_free(e.m);
     ddp__cuda_free(e.v);
     ddp__cuda_ctx_destroy(ctx);
+}
 
-    /* a GPT step through the model (forward + backward on the GPU, host AdamW), in fp32, tf32
-     * and bf16 (issue 12's speed figure is bf16's) */
+/* A GPT step through the model (forward + backward on the GPU, host AdamW), in fp32, tf32 and
+ * bf16 (issue 12's speed figure is bf16's), or bf16 alone. */
+static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only)
+{
+    const ddp_device_choice dc = *dcp;
     const ddp_precision step_prec[] = {DDP_PRECISION_FP32, DDP_PRECISION_TF32, DDP_PRECISION_BF16};
-    for (int p = 0; p < 3; p++) {
+    for (int p = bf16_only ? 2 : 0; p < 3; p++) {
         ddp_model_spec s = DDP_MODEL_SPEC_INIT;
         s.type = "gpt";
         s.n_layer = quick ? 4 : 12;
@@ -245,7 +268,7 @@ int main(int argc, char **argv)
             if (ddp_model_forward(m, &b, true, &out) != DDP_OK ||
                 ddp_model_backward(m, NULL, NULL) != DDP_OK) {
                 fprintf(stderr, "gpu_bench: %s\n", ddp_model_last_error(m));
-                return 1;
+                exit(1);
             }
             double t1 = now();
             ddp_optim_step(o, (uint64_t)it + 1, 1e-4f, 1.0f);
@@ -268,5 +291,4 @@ int main(int argc, char **argv)
         ddp_optim_destroy(o);
         ddp_model_free(m);
     }
-    return 0;
 }

@@ -334,11 +334,17 @@ EOP
     local peaks
     peaks=$("$CARRY/bin/gpu_bench" --peaks 2>>"$LOG")
     echo "=== gpu_bench" >>"$LOG"
-    "$CARRY/bin/gpu_bench" $quick 2>&1 | tee "$W/bench.txt" >>"$LOG"
+    timeout -k 10 300 "$CARRY/bin/gpu_bench" $quick 2>&1 | tee "$W/bench.txt" >>"$LOG"
+    # the GELU epilogues' A/B: the bf16 step again with them off
+    echo "=== gpu_bench --gpt-bf16, DDP_CUDA_GELU_EPILOGUE=0" >>"$LOG"
+    DDP_CUDA_GELU_EPILOGUE=0 timeout -k 10 120 "$CARRY/bin/gpu_bench" --gpt-bf16 $quick 2>&1 |
+        sed 's/step tokens/step, no GELU epilogue, tokens/' | grep "gpt L" |
+        tee -a "$W/bench.txt" >>"$LOG"
     echo "=== bench/gpu_gpt_torch.py" >>"$LOG"
     # shellcheck disable=SC2086
     set -- $peaks
-    syspy bench/gpu_gpt_torch.py $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
+    timeout -k 10 300 env LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 bench/gpu_gpt_torch.py \
+        $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
         --peak-bf16 "${3:-0}" 2>&1 | tee "$W/torch.txt" >>"$LOG"
     # one table
     {
