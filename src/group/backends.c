@@ -11,8 +11,9 @@
  * directly and fails, saying why, when that backend cannot run the group; an unknown name lists the
  * known ones.
  * GPU groups (ddp_group_opts.device = cuda) consider only the entries that move GPU buffers (nccl,
- * then cuda-staged), CPU groups only the others; which one auto takes for GPUs is the pure function
- * ddp__gpu_choice over the host layout, which the two entries' usable() call.
+ * cuda-ipc, cuda-staged), CPU groups only the others; which one auto takes for GPUs is the pure
+ * function ddp__gpu_choice over the host layout (the entry whose .pick it returns), which the
+ * entries' usable() also call.
  * Not here: the backends themselves, and learning where the ranks run (the core,
  * group.c, gathers every rank's host id through the store before it asks).
  */
@@ -25,7 +26,7 @@
 
 /* Auto's order of preference. */
 static const ddp__backend *const registry[] = {
-    &ddp__nccl_backend,     &ddp__staged_backend, &ddp__shm_backend,
+    &ddp__nccl_backend, &ddp__ipc_backend, &ddp__staged_backend, &ddp__shm_backend,
 #ifdef DDP_HAVE_MPI
     &ddp__hier_mpi_backend,
 #endif
@@ -97,13 +98,24 @@ ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
                             "use backend 'auto'%s",
                             named->name, named->gpu ? "GPU" : "host",
                             s->device == DDP_DEVICE_CUDA ? "GPU" : "host",
-                            s->device == DDP_DEVICE_CUDA ? ", 'nccl' or 'cuda-staged'"
+                            s->device == DDP_DEVICE_CUDA ? ", 'nccl', 'cuda-ipc' or 'cuda-staged'"
                                                          : ", 'shm', 'shm+tcp' or 'tcp'");
         if (!named->usable(s, why, sizeof why))
             return ddp__err(err, DDP_ERR_INVALID, "backend '%s' %s", named->name,
                             why[0] ? why : "cannot run this group");
         *out = named;
         return DDP_OK;
+    }
+    /* GPU groups: first the entry of ddp__gpu_choice's pick, then any that can run it. */
+    if (s->device == DDP_DEVICE_CUDA) {
+        char reason[DDP_ERRMSG_MAX];
+        ddp__gpu_pick p = ddp__setup_gpu_choice(s, reason, sizeof reason);
+        for (size_t i = 0; i < NREGISTRY; i++)
+            if (registry[i]->gpu && registry[i]->pick == (int)p &&
+                registry[i]->usable(s, why, sizeof why)) {
+                *out = registry[i];
+                return DDP_OK;
+            }
     }
     for (size_t i = 0; i < NREGISTRY; i++)
         if (moves(registry[i], s->device) && registry[i]->usable(s, why, sizeof why)) {
@@ -170,15 +182,20 @@ ddp__gpu_pick ddp__gpu_choice(const ddp__gpu_layout *l, char *why, size_t cap)
                  l->nhosts == 1 ? "" : "s");
         return DDP__PICK_NCCL;
     }
+    /* cuda-ipc when every rank uses the one GPU of the one host (peers' memory on the same
+     * device: no peer-to-peer access needed); else staged through host memory. */
+    bool ipc = l->nhosts == 1 && (l->gpus_per_host[0] == 1 || l->ranks_per_host[0] == 1);
+    const char *how = ipc ? "peers' device memory mapped through CUDA IPC"
+                          : "staged through host memory";
     if (shared >= 0)
         ddp__fmt(why, cap,
                  "ranks share a GPU (%d ranks on %d GPU%s of host '%s'; NCCL refuses two ranks "
-                 "on one GPU): staged through host memory",
+                 "on one GPU): %s",
                  l->ranks_per_host[shared], l->gpus_per_host[shared],
-                 l->gpus_per_host[shared] == 1 ? "" : "s", l->host ? l->host[shared] : "?");
+                 l->gpus_per_host[shared] == 1 ? "" : "s", l->host ? l->host[shared] : "?", how);
     else
-        ddp__fmt(why, cap, "this libddp has no NCCL (DDP_NCCL=OFF): staged through host memory");
-    return DDP__PICK_STAGED;
+        ddp__fmt(why, cap, "this libddp has no NCCL (DDP_NCCL=OFF): %s", how);
+    return ipc ? DDP__PICK_IPC : DDP__PICK_STAGED;
 }
 
 ddp__gpu_pick ddp__setup_gpu_choice(const ddp__setup *s, char *why, size_t cap)

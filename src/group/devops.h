@@ -2,8 +2,9 @@
  * group/devops.h — what libddp needs from a GPU, as one table of operations: the copies, ordering
  * and host-side waits of the shared-GPU backend (staged/), device memory for ddp_group_alloc and
  * ddp_group_memcpy, and the little arithmetic the reducer does on gradient buckets in device
- * memory (src/ddp/reducer.c). nccl/cudaops.c implements it with the CUDA runtime (in the GPU
- * module); staged/fakedev.c with host memory, for tests on machines without a GPU.
+ * memory (src/ddp/reducer.c), and cuda-ipc's mapping of peers' device memory and reduction
+ * (ipc/ipc.c). nccl/cudaops.c implements it with the CUDA runtime (in the GPU module);
+ * staged/fakedev.c with host memory, for tests on machines without a GPU.
  */
 #ifndef DDP_GROUP_DEVOPS_H
 #define DDP_GROUP_DEVOPS_H
@@ -58,8 +59,31 @@ typedef struct ddp__devops {
      * any was inf or NaN before; waits for the flag, until deadline_ms. */
     ddp_status (*unscale)(void *ctx, void *stream, float *dev, size_t n, float inv,
                           bool *found_host, int64_t deadline_ms, char *msg);
+    /* CUDA IPC, for cuda-ipc (ipc/ipc.c): ranks of one host map each other's device memory.
+     * ipc_export writes a handle of DDP__IPC_HANDLE_BYTES bytes for dev (the start of an
+     * allocation from alloc(), kept by the caller until every peer has closed it) that another
+     * process of this host may pass to ipc_open (cudaIpcGetMemHandle), which maps that memory
+     * into this process at *dev (cudaIpcOpenMemHandle; written on DDP_OK only); ipc_close unmaps
+     * it. Device memory of the same GPU across processes is fine. */
+    ddp_status (*ipc_export)(void *ctx, void *dev, void *handle, char *msg);
+    ddp_status (*ipc_open)(void *ctx, const void *handle, void **dev, char *msg);
+    void (*ipc_close)(void *ctx, void *dev);
+    /* cuda-ipc's reduction, queued on the backend's stream (ordered with d2h/h2d/d2d; waited for
+     * with sync): dst[i] = srcs[0][i] op srcs[1][i] op … op srcs[k-1][i] for i < n, folded in
+     * that fixed order (1 ≤ k ≤ DDP__IPC_MAX_SRCS) in the arithmetic of cpu/reduce.c
+     * (kernels.h: bfloat16/float16 in float32, rounded once; integers wrap; AVG as SUM), then,
+     * when avg_div > 1, divided by it as ddp__scale_avg does — so every rank, and the host
+     * backends, get the same bits. dst may be one of srcs; none may otherwise overlap. */
+    ddp_status (*reduce)(void *ctx, void *dst, const void *const *srcs, int k, size_t n,
+                         ddp_dtype t, ddp_op op, int avg_div, char *msg);
+    /* A device-to-device copy on the backend's stream (cudaMemcpyAsync), waited for with sync. */
+    ddp_status (*d2d)(void *ctx, void *dst, const void *src, size_t bytes, char *msg);
     void (*destroy)(void *ctx);
 } ddp__devops;
+
+/* The size of a devops IPC handle (cudaIpcMemHandle_t's), and the most sources of one reduce. */
+#define DDP__IPC_HANDLE_BYTES 64
+#define DDP__IPC_MAX_SRCS 64
 
 /* A GPU group's device operations, the stream its collectives are ordered after
  * (ddp_group_set_stream) in *stream and its collectives' timeout in *timeout_ms (either may be

@@ -201,7 +201,8 @@ typedef struct ddp__backend {
     ddp_status (*create)(const ddp__setup *s, void **be, const ddp__backend_ops **ops,
                          ddp_error *err);
     ddp__boot_kind boot; /* what set-up it needs: the core boots through MPI only when it may */
-    bool gpu; /* moves GPU buffers (nccl, cuda-staged); the others move host memory only */
+    bool gpu; /* moves GPU buffers (nccl, cuda-ipc, cuda-staged); the others host memory only */
+    int pick; /* GPU entries: the ddp__gpu_pick for which auto takes this entry first */
 } ddp__backend;
 
 extern const ddp__backend ddp__shm_backend;    /* shm/shm.c: ranks on one host */
@@ -209,6 +210,7 @@ extern const ddp__backend ddp__hier_backend;   /* hier/hier.c: shm within hosts,
 extern const ddp__backend ddp__tcp_backend;    /* tcp/setup.c: any placement */
 extern const ddp__backend ddp__nccl_backend;   /* nccl/proxy.c → the GPU module: a GPU per rank */
 extern const ddp__backend ddp__staged_backend; /* staged/staged.c: ranks sharing GPUs */
+extern const ddp__backend ddp__ipc_backend;    /* ipc/ipc.c: ranks sharing a GPU of one host */
 #ifdef DDP_HAVE_MPI
 extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
 extern const ddp__backend ddp__hier_mpi_backend; /* hier/hier.c: shm within hosts, mpi among them */
@@ -252,7 +254,10 @@ extern const bool ddp__cuda_built;
 typedef enum ddp__gpu_pick {
     DDP__PICK_HOST,   /* host buffers: the CPU backends (shm, shm+tcp, tcp) as placed */
     DDP__PICK_NCCL,   /* every rank on a host has a GPU of its own, and NCCL is built */
-    DDP__PICK_STAGED, /* ranks share a GPU, or no NCCL: staged through pinned host memory */
+    DDP__PICK_IPC,    /* ranks share a GPU (or no NCCL), the whole world on one host and one GPU:
+                         cuda-ipc, the peers' device memory mapped through CUDA IPC */
+    DDP__PICK_STAGED, /* ranks share a GPU, or no NCCL, on several hosts or GPUs: staged through
+                         pinned host memory */
     DDP__PICK_NONE    /* GPU buffers but no CUDA, or a host without a GPU: why says so */
 } ddp__gpu_pick;
 

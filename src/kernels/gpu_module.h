@@ -25,10 +25,11 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 6 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
+#define DDP_GPU_MODULE_ABI 7 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
                                 device-resident GPT; 5: the classifier (cls_*); 6: the GPT's
                                 bound parameters and state views (sharded step), its dropout
-                                (cfg.dropout/seed, forward's step and sample offset) */
+                                (cfg.dropout/seed, forward's step and sample offset); 7: devops'
+                                IPC, reduce and d2d (cuda-ipc) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 

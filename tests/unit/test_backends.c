@@ -120,8 +120,8 @@ static void named_choice(void **state)
     assert_int_equal(err.status, DDP_ERR_INVALID);
 #ifdef DDP_HAVE_MPI
     assert_string_equal(
-        err.msg, "unknown backend 'gloo': use auto, nccl, cuda-staged, shm, shm+mpi, shm+tcp, mpi "
-                 "or tcp");
+        err.msg, "unknown backend 'gloo': use auto, nccl, cuda-ipc, cuda-staged, shm, shm+mpi, "
+                 "shm+tcp, mpi or tcp");
     /* Under ddprun (the store) the MPI backends say what they need. */
     assert_null(pick("mpi", one, 2, &err));
     assert_non_null(strstr(err.msg, "backend 'mpi' needs processes started by an MPI launcher"));
@@ -129,7 +129,7 @@ static void named_choice(void **state)
     assert_non_null(strstr(err.msg, "backend 'shm+mpi' needs processes started by an MPI"));
 #else
     assert_string_equal(err.msg,
-                        "unknown backend 'gloo': use auto, nccl, cuda-staged, shm, shm+tcp or tcp");
+                        "unknown backend 'gloo': use auto, nccl, cuda-ipc, cuda-staged, shm, shm+tcp or tcp");
 #endif
     /* GPU backends for host buffers, and host backends for GPU buffers, say so. */
     assert_null(pick("nccl", one, 2, &err));
@@ -145,7 +145,7 @@ static void named_choice(void **state)
     assert_int_equal(ddp__backend_lookup("shm", &named, &err), DDP_OK);
     assert_int_equal(ddp__backend_choose(named, &s, &chosen, &err), DDP_ERR_INVALID);
     assert_string_equal(err.msg, "backend 'shm' moves host buffers, but this group's are in GPU "
-                                 "memory; use backend 'auto', 'nccl' or 'cuda-staged'");
+                                 "memory; use backend 'auto', 'nccl', 'cuda-ipc' or 'cuda-staged'");
     /* cuda-staged may be named where nccl would do; nccl not where ranks share a GPU. */
     assert_int_equal(ddp__backend_lookup("cuda-staged", &named, &err), DDP_OK);
     assert_int_equal(ddp__backend_choose(named, &s, &chosen, &err), DDP_OK);
@@ -157,7 +157,7 @@ static void named_choice(void **state)
     if (ddp__nccl_built) {
         assert_non_null(strstr(err.msg, "backend 'nccl' cannot run this group: ranks share a GPU "
                                         "(2 ranks on 1 GPU of host 'a'"));
-        assert_non_null(strstr(err.msg, "use backend 'auto' or 'cuda-staged'"));
+        assert_non_null(strstr(err.msg, "use backend 'auto', 'cuda-ipc' or 'cuda-staged'"));
     } else { /* the stub entry of a build without NCCL */
         assert_non_null(strstr(err.msg, "backend 'nccl' is not in this libddp (built with "
                                         "DDP_NCCL=OFF"));
@@ -218,14 +218,21 @@ static void gpu_layouts(void **state)
     /* 1 host × 1 GPU × 1 rank: nccl (world 1 over NCCL). */
     assert_int_equal(layout(1, (int[]){1}, (int[]){1}, true, why), DDP__PICK_NCCL);
     assert_string_equal(why, "every rank has a GPU of its own (1 rank on 1 GPU, 1 host)");
-    /* 1 GPU × 2 ranks: shared. */
-    assert_int_equal(layout(1, (int[]){2}, (int[]){1}, true, why), DDP__PICK_STAGED);
+    /* 1 GPU × 2 ranks of one host: shared, over CUDA IPC. */
+    assert_int_equal(layout(1, (int[]){2}, (int[]){1}, true, why), DDP__PICK_IPC);
     assert_string_equal(why, "ranks share a GPU (2 ranks on 1 GPU of host 'h0'; NCCL refuses two "
-                             "ranks on one GPU): staged through host memory");
+                             "ranks on one GPU): peers' device memory mapped through CUDA IPC");
+    /* … and without NCCL, even one rank: the one GPU of the one host. */
+    assert_int_equal(layout(1, (int[]){1}, (int[]){1}, false, why), DDP__PICK_IPC);
+    assert_string_equal(why, "this libddp has no NCCL (DDP_NCCL=OFF): peers' device memory "
+                             "mapped through CUDA IPC");
+    /* Two hosts sharing their GPUs: staged (IPC maps memory within one host). */
+    assert_int_equal(layout(2, (int[]){2, 2}, (int[]){1, 1}, true, why), DDP__PICK_STAGED);
+    assert_non_null(strstr(why, "): staged through host memory"));
     /* 2 hosts × 4 GPUs × 4 ranks: nccl. */
     assert_int_equal(layout(2, (int[]){4, 4}, (int[]){4, 4}, true, why), DDP__PICK_NCCL);
     assert_string_equal(why, "every rank has a GPU of its own (8 ranks on 8 GPUs, 2 hosts)");
-    /* 8 ranks on 4 GPUs: shared. */
+    /* 8 ranks on 4 GPUs of one host: shared, staged (IPC across GPUs needs peer access). */
     assert_int_equal(layout(1, (int[]){8}, (int[]){4}, true, why), DDP__PICK_STAGED);
     assert_non_null(strstr(why, "8 ranks on 4 GPUs of host 'h0'"));
     /* Fewer ranks than GPUs: each still has its own. */
@@ -281,11 +288,33 @@ static void gpu_auto(void **state)
     /* nccl is the real backend only in a DDP_NCCL build; the stub is never usable. */
     const char *want_nccl = ddp__nccl_built ? "nccl" : "cuda-staged";
     assert_string_equal(auto_gpu(one, g1, 1, true, why), want_nccl);
-    assert_string_equal(auto_gpu(one, g1, 2, true, why), "cuda-staged");
+    assert_string_equal(auto_gpu(one, g1, 2, true, why), "cuda-ipc");
     assert_non_null(strstr(why, "ranks share a GPU (2 ranks on 1 GPU of host 'a'"));
+    assert_non_null(strstr(why, "mapped through CUDA IPC"));
+    assert_string_equal(auto_gpu(two, g1, 8, true, why), "cuda-staged"); /* 2 hosts */
+    assert_string_equal(auto_gpu(one, g1, 1, false, why), "cuda-ipc");   /* no NCCL, 1 GPU */
     assert_string_equal(auto_gpu(two, g4, 8, true, why), want_nccl);
     assert_string_equal(auto_gpu(one, g4, 8, true, why), "cuda-staged");
     assert_non_null(strstr(why, "8 ranks on 4 GPUs"));
+    /* cuda-ipc named: refused across hosts, saying what to use; fine on one host. */
+    ddp__setup gs = placed(two, 8);
+    gs.device = DDP_DEVICE_CUDA;
+    gs.gpus = g1;
+    gs.cuda_built = true;
+    const ddp__backend *named = NULL, *got = NULL;
+    ddp_error gerr = {0};
+    assert_int_equal(ddp__backend_lookup("cuda-ipc", &named, &gerr), DDP_OK);
+    assert_int_equal(ddp__backend_choose(named, &gs, &got, &gerr), DDP_ERR_INVALID);
+    assert_string_equal(gerr.msg, "backend 'cuda-ipc' cannot run this group: its 8 ranks are on "
+                                  "2 hosts, and CUDA IPC maps device memory within one host "
+                                  "only; use backend 'auto', 'cuda-staged' or 'nccl'");
+    assert_null(strchr(gerr.msg, '\n'));
+    gs = placed(one, 8);
+    gs.device = DDP_DEVICE_CUDA;
+    gs.gpus = g4;
+    gs.cuda_built = true;
+    assert_int_equal(ddp__backend_choose(named, &gs, &got, &gerr), DDP_OK); /* several GPUs */
+    assert_string_equal(got->name, "cuda-ipc");
     static const int none[] = {1, 1, 1, 1, 0, 0, 0, 0};
     assert_null(auto_gpu(two, none, 8, true, why));
     assert_non_null(strstr(why, "host 'b' has no visible GPU for its 4 ranks"));

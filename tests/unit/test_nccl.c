@@ -782,6 +782,7 @@ static void staged_pinning(bool refuse)
         setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
     ddp_world w;
     ddp_group_opts o = one_rank_gpu_group(&w, 1); /* DDP_TEST_FAKE_GPUS=1 */
+    o.backend = "cuda-staged"; /* auto: cuda-ipc on the one fake GPU */
     ddp_group *g = NULL;
     ddp_error err = {0};
     FILE *cap = tmpfile();

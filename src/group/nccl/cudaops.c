@@ -1,5 +1,5 @@
 /*
- * nccl/cudaops.c — the CUDA runtime behind ddp__devops (staged/staged_int.h): one device, one
+ * nccl/cudaops.c — the CUDA runtime behind ddp__devops (group/devops.h): one device, one
  * non-blocking stream of this backend's own, an event to order it after the caller's stream and
  * one to wait on it from the host. Built only with DDP_CUDA, into the GPU module libddp_gpu.so
  * (kernels/gpu_module.h; libddp's nccl/proxy.c loads it on first use); with the NCCL backend, the
@@ -12,6 +12,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "group/staged/staged_int.h"
@@ -235,6 +236,62 @@ static ddp_status ops_copy(void *ctx, void *dst, const void *src, size_t bytes, 
     return DDP_OK;
 }
 
+/* ---- cuda-ipc: peers' device memory and the fixed-order reduction (group/devops.h) -------- */
+
+static ddp_status ops_d2d(void *ctx, void *dst, const void *src, size_t bytes, char *msg)
+{
+    cudaops *o = ctx;
+    return cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, o->stream),
+              "cudaMemcpyAsync", msg);
+}
+
+static ddp_status ops_ipc_export(void *ctx, void *dev, void *handle, char *msg)
+{
+    cudaops *o = ctx;
+    cudaIpcMemHandle_t h;
+    ddp_status st;
+    _Static_assert(sizeof h <= DDP__IPC_HANDLE_BYTES, "cudaIpcMemHandle_t fits a devops handle");
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
+        (st = cu(cudaIpcGetMemHandle(&h, dev), "cudaIpcGetMemHandle", msg)))
+        return st;
+    memset(handle, 0, DDP__IPC_HANDLE_BYTES);
+    memcpy(handle, &h, sizeof h);
+    return DDP_OK;
+}
+
+/* Lazy peer access: a peer's memory on another GPU of the host is mapped when that pair allows
+ * peer-to-peer access; on the same GPU (auto's case) nothing is needed. */
+static ddp_status ops_ipc_open(void *ctx, const void *handle, void **dev, char *msg)
+{
+    cudaops *o = ctx;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    void *p = NULL;
+    ddp_status st;
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
+        (st = cu(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+                 "cudaIpcOpenMemHandle", msg)))
+        return st;
+    *dev = p;
+    return DDP_OK;
+}
+
+static void ops_ipc_close(void *ctx, void *dev)
+{
+    cudaops *o = ctx;
+    (void)cudaSetDevice(o->device);
+    (void)cudaIpcCloseMemHandle(dev);
+    (void)cudaGetLastError();
+}
+
+static ddp_status ops_reduce(void *ctx, void *dst, const void *const *srcs, int k, size_t n,
+                             ddp_dtype t, ddp_op op, int avg_div, char *msg)
+{
+    cudaops *o = ctx;
+    ddp_status st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg);
+    return st ? st : ddp__devmath_reduce(o->stream, dst, srcs, k, n, t, op, avg_div, msg);
+}
+
 static void ops_destroy(void *ctx)
 {
     cudaops *o = ctx;
@@ -298,6 +355,11 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
                          .sumsq = ops_sumsq,
                          .wait = ops_wait,
                          .unscale = ops_unscale,
+                         .ipc_export = ops_ipc_export,
+                         .ipc_open = ops_ipc_open,
+                         .ipc_close = ops_ipc_close,
+                         .reduce = ops_reduce,
+                         .d2d = ops_d2d,
                          .destroy = ops_destroy};
     return DDP_OK;
 }

@@ -38,7 +38,7 @@ static bool nccl_usable(const ddp__setup *s, char *why, size_t cap)
     if (!ddp__nccl_built) {
         ddp__fmt(why, cap,
                  "is not in this libddp (built with DDP_NCCL=OFF: no nccl.h/libnccl, or no "
-                 "CUDA); use backend 'auto' or 'cuda-staged', or rebuild with NCCL");
+                 "CUDA); use backend 'auto', 'cuda-ipc' or 'cuda-staged', or rebuild with NCCL");
         return false;
     }
     char reason[DDP_ERRMSG_MAX];
@@ -46,7 +46,9 @@ static bool nccl_usable(const ddp__setup *s, char *why, size_t cap)
     if (p == DDP__PICK_NCCL)
         return true;
     ddp__fmt(why, cap, "cannot run this group: %s%s", reason,
-             p == DDP__PICK_STAGED ? "; use backend 'auto' or 'cuda-staged'" : "");
+             p == DDP__PICK_STAGED  ? "; use backend 'auto' or 'cuda-staged'"
+             : p == DDP__PICK_IPC ? "; use backend 'auto', 'cuda-ipc' or 'cuda-staged'"
+                                  : "");
     return false;
 }
 
@@ -73,4 +75,5 @@ const ddp__backend ddp__nccl_backend = {
     .usable = nccl_usable,
     .create = nccl_create,
     .gpu = true,
+    .pick = DDP__PICK_NCCL,
 };

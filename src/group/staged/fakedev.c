@@ -9,15 +9,21 @@
  * reads or writes "device" memory directly instead of through these operations faults, as it would
  * on a GPU. The operations reach the memory through the second, read-write mapping (shadow()).
  *
+ * cuda-ipc's mapping of a peer's memory is the same memfd opened through /proc (below).
+ *
  * What it cannot show: anything about real GPUs (streams, pinning, copy speed, kernels);
  * tests/integration/test_gpu.sh and scripts/gpu-check.sh on a GPU do.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "group/staged/staged_int.h"
@@ -29,6 +35,8 @@
 typedef struct fake_block {
     char *dev, *rw;
     size_t bytes;
+    int fd; /* the memfd behind an allocation of this process (ipc_export's); -1 for a peer's
+               block mapped by ipc_open */
 } fake_block;
 
 static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -99,6 +107,39 @@ static void fake_unpin(void *ctx, void *p)
     (void)p;
 }
 
+/* Adds a block to the list; false when out of memory. */
+static bool register_block(char *dev, char *rw, size_t len, int fd)
+{
+    bool ok = true;
+    pthread_mutex_lock(&blocks_mu);
+    if (nblocks == cap_blocks) {
+        size_t cap = cap_blocks ? 2 * cap_blocks : 16;
+        fake_block *nb = realloc(blocks, cap * sizeof *nb);
+        if (nb) {
+            blocks = nb;
+            cap_blocks = cap;
+        }
+        ok = nb != NULL;
+    }
+    if (ok)
+        blocks[nblocks++] = (fake_block){dev, rw, len, fd};
+    pthread_mutex_unlock(&blocks_mu);
+    return ok;
+}
+
+/* Maps a fake allocation of len bytes from memfd fd twice: the "device" view (no access unless
+ * DDP_TEST_FAKE_GPU_OPEN=1) into *dev, the operations' read-write view into *rw. */
+static bool map_twice(int fd, size_t len, char **dev, char **rw)
+{
+    /* DDP_TEST_FAKE_GPU_OPEN=1: host-readable, for a fake GPU module that computes on the host
+     * (tests/integration/fake_gpu_gpt.c) */
+    const char *open_env = getenv("DDP_TEST_FAKE_GPU_OPEN");
+    int prot = open_env && !strcmp(open_env, "1") ? PROT_READ | PROT_WRITE : PROT_NONE;
+    *dev = mmap(NULL, len, prot, MAP_SHARED, fd, 0);
+    *rw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return *dev != MAP_FAILED && *rw != MAP_FAILED;
+}
+
 static void *fake_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
@@ -109,30 +150,12 @@ static void *fake_alloc(void *ctx, size_t bytes)
     if (fd < 0)
         return NULL;
     char *dev = MAP_FAILED, *rw = MAP_FAILED;
-    /* DDP_TEST_FAKE_GPU_OPEN=1: host-readable, for a fake GPU module that computes on the host
-     * (tests/integration/fake_gpu_gpt.c) */
-    const char *open_env = getenv("DDP_TEST_FAKE_GPU_OPEN");
-    int prot = open_env && !strcmp(open_env, "1") ? PROT_READ | PROT_WRITE : PROT_NONE;
-    if (ftruncate(fd, (off_t)len) == 0) {
-        dev = mmap(NULL, len, prot, MAP_SHARED, fd, 0);
-        rw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    close(fd);
+    if (ftruncate(fd, (off_t)len) == 0)
+        (void)map_twice(fd, len, &dev, &rw);
     bool ok = dev != MAP_FAILED && rw != MAP_FAILED;
-    pthread_mutex_lock(&blocks_mu);
-    if (ok && nblocks == cap_blocks) {
-        size_t cap = cap_blocks ? 2 * cap_blocks : 16;
-        fake_block *nb = realloc(blocks, cap * sizeof *nb);
-        if (nb) {
-            blocks = nb;
-            cap_blocks = cap;
-        }
-        ok = nb != NULL;
-    }
-    if (ok)
-        blocks[nblocks++] = (fake_block){dev, rw, len};
-    pthread_mutex_unlock(&blocks_mu);
+    ok = ok && register_block(dev, rw, len, fd);
     if (!ok) {
+        close(fd);
         if (dev != MAP_FAILED)
             munmap(dev, len);
         if (rw != MAP_FAILED)
@@ -145,6 +168,7 @@ static void *fake_alloc(void *ctx, size_t bytes)
 static void fake_free(void *ctx, void *p)
 {
     (void)ctx;
+    /* (fake_ipc_close too: a peer's block is freed the same way, its fd -1) */
     if (!p)
         return;
     fake_block b = {0};
@@ -165,7 +189,112 @@ static void fake_free(void *ctx, void *p)
     if (b.dev) {
         munmap(b.dev, b.bytes);
         munmap(b.rw, b.bytes);
+        if (b.fd >= 0)
+            close(b.fd);
     }
+}
+
+/* ---- cuda-ipc on the fake GPU (group/devops.h) ----------------------------------------------
+ * A fake allocation is a memfd; its handle names the exporting process and the descriptor, and a
+ * peer opens it as /proc/<pid>/fd/<fd> and maps it (as cudaIpcOpenMemHandle maps a peer's device
+ * memory). Why a memfd through /proc rather than a named shm segment: the memory has no name in
+ * any file system, so nothing can be left in /dev/shm whatever happens — a rank killed between
+ * export and open included; the kernel frees it when the last mapping and descriptor go. The cost:
+ * opening needs the exporter alive and the same PID namespace and user (ranks of one host under
+ * ddprun are), which is also what CUDA IPC needs. */
+
+typedef struct fake_handle {
+    char magic[8]; /* "ddpfake" */
+    int32_t pid, fd;
+    uint64_t bytes;
+} fake_handle;
+
+static ddp_status fake_ipc_export(void *ctx, void *dev, void *handle, char *msg)
+{
+    (void)ctx;
+    fake_handle h = {.magic = "ddpfake", .pid = (int32_t)getpid(), .fd = -1};
+    pthread_mutex_lock(&blocks_mu);
+    for (size_t i = 0; i < nblocks; i++)
+        if (blocks[i].dev == dev) {
+            h.fd = blocks[i].fd;
+            h.bytes = blocks[i].bytes;
+        }
+    pthread_mutex_unlock(&blocks_mu);
+    if (h.fd < 0) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "cudaIpcGetMemHandle failed: %p is not the start of an allocation of this "
+                 "process (the fake GPU's)",
+                 dev);
+        return DDP_ERR_INVALID;
+    }
+    memset(handle, 0, DDP__IPC_HANDLE_BYTES);
+    memcpy(handle, &h, sizeof h);
+    return DDP_OK;
+}
+
+static ddp_status fake_ipc_open(void *ctx, const void *handle, void **dev, char *msg)
+{
+    (void)ctx;
+    fake_handle h;
+    memcpy(&h, handle, sizeof h);
+    if (memcmp(h.magic, "ddpfake", 8) != 0) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaIpcOpenMemHandle failed: not a fake GPU's handle");
+        return DDP_ERR_INVALID;
+    }
+    char path[64];
+    ddp__fmt(path, sizeof path, "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaIpcOpenMemHandle failed: open '%s': %s", path,
+                 strerror(errno));
+        return DDP_ERR_SYSTEM;
+    }
+    struct stat sb;
+    char *d = MAP_FAILED, *rw = MAP_FAILED;
+    bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == h.bytes &&
+              map_twice(fd, (size_t)h.bytes, &d, &rw) &&
+              register_block(d, rw, (size_t)h.bytes, -1);
+    int saved = errno;
+    close(fd); /* the mappings keep the memory */
+    if (!ok) {
+        if (d != MAP_FAILED)
+            munmap(d, (size_t)h.bytes);
+        if (rw != MAP_FAILED)
+            munmap(rw, (size_t)h.bytes);
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaIpcOpenMemHandle failed: mapping '%s': %s", path,
+                 strerror(saved));
+        return DDP_ERR_SYSTEM;
+    }
+    *dev = d;
+    return DDP_OK;
+}
+
+static void fake_ipc_close(void *ctx, void *dev)
+{
+    fake_free(ctx, dev); /* a peer's block: unmapped, no descriptor */
+}
+
+/* The fixed-order reduction of cpu/reduce.c, then the division once; DDP_TEST_FAKE_KILL_IN_REDUCE
+ * =R makes global rank R (the RANK variable) die here, in the middle of a collective: the test of
+ * the peers' failure (tests/integration/test_gpu.sh). */
+static ddp_status fake_reduce(void *ctx, void *dst, const void *const *srcs, int k, size_t n,
+                              ddp_dtype t, ddp_op op, int avg_div, char *msg)
+{
+    (void)ctx;
+    const char *kill_rank = getenv("DDP_TEST_FAKE_KILL_IN_REDUCE"), *rank = getenv("RANK");
+    if (kill_rank && rank && !strcmp(kill_rank, rank))
+        raise(SIGKILL);
+    if (k < 1 || k > DDP__IPC_MAX_SRCS) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "reduce over %d sources (1 to %d)", k, DDP__IPC_MAX_SRCS);
+        return DDP_ERR_INVALID;
+    }
+    const void *rw[DDP__IPC_MAX_SRCS];
+    for (int j = 0; j < k; j++)
+        rw[j] = shadow(srcs[j]);
+    void *d = shadow(dst);
+    ddp__reduce_many(d, rw, k, n, t, op);
+    ddp__scale_avg(d, n, t, avg_div);
+    return DDP_OK;
 }
 
 /* ---- the reducer's arithmetic, on the host (group/devops.h) ---------------------------------- */
@@ -263,6 +392,11 @@ ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err)
                          .sumsq = fake_sumsq,
                          .wait = fake_wait,
                          .unscale = fake_unscale,
+                         .ipc_export = fake_ipc_export,
+                         .ipc_open = fake_ipc_open,
+                         .ipc_close = fake_ipc_close,
+                         .reduce = fake_reduce,
+                         .d2d = fake_copy,
                          .destroy = fake_destroy};
     return DDP_OK;
 }

@@ -298,4 +298,5 @@ const ddp__backend ddp__staged_backend = {
     .usable = staged_usable,
     .create = staged_create,
     .gpu = true,
+    .pick = DDP__PICK_STAGED,
 };

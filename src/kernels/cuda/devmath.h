@@ -38,6 +38,14 @@ ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf, 
                             float lr, float momentum, float weight_decay, uint64_t step,
                             float grad_scale, char *msg);
 
+/* cuda-ipc's reduction (ipcreduce.cu; group/devops.h's reduce): dst (n,) = srcs[0] op srcs[1]
+ * op … op srcs[k-1], folded in that order (1 ≤ k ≤ 64) in cpu/reduce.c's arithmetic (16-bit
+ * floats in float32 rounded once, integers wrapping; AVG as SUM), then divided by avg_div when it
+ * is > 1 as ddp__scale_avg divides: the same bits as the host backends. Any dtype, any op. srcs
+ * may point into peers' memory mapped by CUDA IPC. */
+ddp_status ddp__devmath_reduce(void *stream, void *dst, const void *const *srcs, int k, size_t n,
+                               ddp_dtype t, ddp_op op, int avg_div, char *msg);
+
 #ifdef __cplusplus
 }
 #endif
