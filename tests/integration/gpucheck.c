@@ -4,6 +4,7 @@
  *
  *   gpucheck --probe                      exit 0 if a GPU is usable, else 77 (skip)
  *   ddprun --nproc_per_node=W gpucheck [--backend NAME] [--expect NAME] [--kill RANK]
+ *                                      [--arena BYTES] [--fail-within SECONDS]
  *
  * Without a GPU it exits 77 (CTest: skipped), or 1 when DDP_REQUIRE_GPU=1 (a GPU machine's check
  * script sets it, so a broken driver cannot pass as a skip). With DDP_TEST_FAKE_GPUS=N it runs
@@ -16,7 +17,11 @@
  * W·B (a linear model, squared loss; per-rank gradients on the host, averaged on the GPU through
  * the backend), within 1e-5 relative in float32 and 1e-2 in bfloat16. --kill R: after one round
  * of collectives rank R kills itself (SIGKILL) and the others' next allreduce must fail with a
- * message, not hang (the script checks ddprun's summary and the time).
+ * message, not hang (the script checks ddprun's summary and the time). --arena: the group's
+ * arena_bytes (cuda-staged's and cuda-ipc's staging is half of it: small values make every
+ * collective run in many chunks). --fail-within S: a rank dies inside a collective (the fake GPU
+ * kills it: DDP_TEST_FAKE_KILL_IN_REDUCE) and the others' collectives must fail within S seconds
+ * with a message (exit 3), never succeed.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -24,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ddp/ddp.h"
 #include "kernels/kernels.h" /* ddp__cuda_device_count: whether to skip */
@@ -201,7 +207,8 @@ static void n_by_b(ddp_group *g, ddp_dtype t)
 int main(int argc, char **argv)
 {
     const char *backend = NULL, *expect = NULL;
-    int kill_rank = -1;
+    int kill_rank = -1, fail_within = -1;
+    size_t arena = 0;
     bool probe = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--probe"))
@@ -212,9 +219,13 @@ int main(int argc, char **argv)
             expect = argv[++i];
         else if (!strcmp(argv[i], "--kill") && i + 1 < argc)
             kill_rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--arena") && i + 1 < argc)
+            arena = (size_t)strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--fail-within") && i + 1 < argc)
+            fail_within = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpucheck [--probe] [--backend NAME] [--expect NAME] "
-                            "[--kill RANK]\n");
+                            "[--kill RANK] [--arena BYTES] [--fail-within SECONDS]\n");
             return 2;
         }
     }
@@ -230,7 +241,8 @@ int main(int argc, char **argv)
     ddp_group_opts o = DDP_GROUP_OPTS_INIT;
     o.device = DDP_DEVICE_CUDA;
     o.backend = backend;
-    o.timeout_ms = 60000;
+    o.timeout_ms = fail_within > 0 ? 5000 : 60000;
+    o.arena_bytes = arena;
     ddp_group *g;
     if (ddp_group_init(&o, &g, &err) != DDP_OK) {
         fprintf(stderr, "gpucheck: %s\n", err.msg);
@@ -244,6 +256,26 @@ int main(int argc, char **argv)
     if (expect)
         CHECK(!strcmp(ddp_group_backend(g), expect), "backend %s, expected %s",
               ddp_group_backend(g), expect);
+    if (fail_within > 0) { /* a rank dies inside this allreduce (the fake GPU's reduce) */
+        collectives(g, DDP_FLOAT32, 1000); /* after a working round: the hook is armed below */
+        setenv("DDP_TEST_FAKE_KILL_IN_REDUCE", "1", 1); /* global rank 1 */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        size_t n = 4096;
+        void *d = dev_from(g, NULL, n * 4);
+        ddp_status st = ddp_allreduce(g, d, d, n, DDP_FLOAT32, DDP_SUM);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        CHECK(st != DDP_OK, "an allreduce with a rank dead inside it succeeded");
+        CHECK(took <= fail_within, "the allreduce failed after %.1f s (limit %d s)", took,
+              fail_within);
+        CHECK(strlen(ddp_group_last_error(g)) > 0 && !strchr(ddp_group_last_error(g), '\n'),
+              "no one-line message");
+        fprintf(stderr, "rank %d: as expected, after %.1f s: %s\n", R, took,
+                ddp_group_last_error(g));
+        ddp_group_destroy(g);
+        return 3;
+    }
     if (kill_rank < 0) {
         const size_t counts[] = {1, 1000, ((size_t)8 << 20) + 3}; /* the last spans chunks */
         for (int ti = 0; ti < 2; ti++)

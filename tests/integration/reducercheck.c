@@ -80,6 +80,11 @@ int main(int argc, char **argv)
         return 1;
     }
     G = g;
+    const char *want_be = getenv("DDP_EXPECT_BACKEND"); /* the tests that name a backend */
+    if (want_be && strcmp(ddp_group_backend(g), want_be) != 0) {
+        fprintf(stderr, "reducercheck: backend %s, expected %s\n", ddp_group_backend(g), want_be);
+        return 1;
+    }
     ddp_device dv = on_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
     int W = ddp_group_size(g), R = ddp_group_rank(g);
     /* The one "core to spare" rule: the host's cores against its ranks (not this rank's mask). */

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU backends on a GPU: world 1 over NCCL (when built with it), worlds 2 and 4 on one GPU
-# through cuda-staged, every collective against the exact result and W ranks × B ≡ 1 × W·B
-# (gpucheck.c), and a killed rank ending the job with ddprun's summary within 10 s and no worker
-# left behind. Skipped (77) without a usable GPU, unless DDP_REQUIRE_GPU=1, which makes that a
-# failure. With FAKE=fake, the same on the library's test-only fake GPU (DDP_TEST_FAKE_GPUS=1:
-# host memory plays device memory, cuda-staged throughout), which runs anywhere.
+# through cuda-ipc and through cuda-staged, every collective against the exact result and W ranks
+# × B ≡ 1 × W·B (gpucheck.c), and a killed rank ending the job with ddprun's summary within 10 s
+# and no worker left behind, over each. Skipped (77) without a usable GPU, unless
+# DDP_REQUIRE_GPU=1, which makes that a failure. With FAKE=fake, the same on the library's
+# test-only fake GPU (DDP_TEST_FAKE_GPUS=1: host memory plays device memory, memfds its IPC),
+# which runs anywhere, plus cuda-ipc in many small chunks and a rank dying inside a cuda-ipc
+# allreduce (ranks started by hand: the survivors must fail by themselves, within 8 s).
 # Usage: test_gpu.sh BINDIR NCCL_BUILT(ON|OFF) [fake]
 . "$(dirname "$0")/lib.sh"
 NCCL=${2:-OFF}
@@ -21,38 +23,78 @@ set -e
 [ $rc -eq 77 ] && exit 77
 [ $rc -eq 0 ] || fail "gpucheck --probe exited $rc"
 
-want1=cuda-staged
+# World 1: nccl where built; else auto's cuda-ipc (one host, one rank).
+want1=cuda-ipc
 [ "$NCCL" = ON ] && want1=nccl
 "$CHECK" --expect $want1 >"$T/w1" 2>&1 || { cat "$T/w1"; fail "world 1 over $want1"; }
 cat "$T/w1"
 ok "world 1 over $want1"
 
-# On the fake GPU (one per host) auto must choose cuda-staged itself; a real machine may have
-# more GPUs than ranks, so there the backend is named.
-pick=(--backend cuda-staged)
-[ -n "${DDP_TEST_FAKE_GPUS:-}" ] && pick=()
-for w in 2 4; do
-    "$DDPRUN" --standalone --nproc_per_node $w "$CHECK" "${pick[@]}" \
-        --expect cuda-staged >"$T/w$w" 2>&1 || { cat "$T/w$w"; fail "world $w over cuda-staged"; }
-    grep "gpucheck" "$T/w$w"
-    ok "world $w on one GPU over cuda-staged"
+# Worlds 2 and 4 on one GPU, over each shared-GPU backend. On the fake GPU (one per host) auto
+# must choose cuda-ipc itself; a real machine may have more GPUs than ranks, so there the backend
+# is named.
+for be in cuda-ipc cuda-staged; do
+    pick=(--backend $be)
+    [ -n "${DDP_TEST_FAKE_GPUS:-}" ] && [ $be = cuda-ipc ] && pick=()
+    for w in 2 4; do
+        "$DDPRUN" --standalone --nproc_per_node $w "$CHECK" "${pick[@]}" \
+            --expect $be >"$T/w$w" 2>&1 || { cat "$T/w$w"; fail "world $w over $be"; }
+        grep "gpucheck" "$T/w$w"
+        ok "world $w on one GPU over $be"
+    done
 done
+# cuda-ipc with a small staging region: every collective in many chunks, 3 ranks (uneven
+# slices). Fake GPU only (the chunk count makes it slow; the GPU runs the default region).
+if [ -n "${DDP_TEST_FAKE_GPUS:-}" ]; then
+    "$DDPRUN" --standalone --nproc_per_node 3 "$CHECK" --backend cuda-ipc --arena 1048576 \
+        --expect cuda-ipc >"$T/w3s" 2>&1 || { cat "$T/w3s"; fail "world 3 over cuda-ipc, 256 KiB halves"; }
+    grep "gpucheck" "$T/w3s"
+    ok "world 3 over cuda-ipc in 256 KiB chunks"
+fi
 
 # A rank killed mid-job: the others fail with a message and ddprun stops them all, fast.
-start=$(date +%s)
-set +e
-"$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --backend cuda-staged --kill 1 \
-    >"$T/kill" 2>&1
-rc=$?
-set -e
-took=$(($(date +%s) - start))
-[ $rc -ne 0 ] || fail "a killed rank: ddprun exited 0"
-grep -q "rank 1" "$T/kill" || { cat "$T/kill"; fail "the summary does not name rank 1"; }
-# Start-up, one round of small collectives, the kill, the survivors' failure, the teardown: 10 s
-# (30 s on the fake GPU, which CI runs on a loaded machine and under sanitizers).
-limit=10
-[ -n "${DDP_TEST_FAKE_GPUS:-}" ] && limit=30
-[ $took -lt $limit ] || fail "a killed rank took ${took} s to end the job (limit $limit s)"
-if pgrep -f "$CHECK" >/dev/null; then fail "a gpucheck process outlived the job"; fi
-grep -E "rank 0: (as expected|.*failed)" "$T/kill" || true
-ok "a killed rank ends the job in ${took} s with ddprun's summary"
+for be in cuda-ipc cuda-staged; do
+    start=$(date +%s)
+    set +e
+    "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --backend $be --kill 1 >"$T/kill" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+    [ $rc -ne 0 ] || fail "$be: a killed rank: ddprun exited 0"
+    grep -q "rank 1" "$T/kill" || { cat "$T/kill"; fail "$be: the summary does not name rank 1"; }
+    # Start-up, one round of small collectives, the kill, the survivors' failure, the teardown:
+    # 10 s (30 s on the fake GPU, which CI runs on a loaded machine and under sanitizers).
+    limit=10
+    [ -n "${DDP_TEST_FAKE_GPUS:-}" ] && limit=30
+    [ $took -lt $limit ] || fail "$be: a killed rank took ${took} s to end the job (limit $limit s)"
+    if pgrep -f "$CHECK" >/dev/null; then fail "$be: a gpucheck process outlived the job"; fi
+    grep -E "rank 0: (as expected|.*failed)" "$T/kill" || true
+    ok "$be: a killed rank ends the job in ${took} s with ddprun's summary"
+done
+
+# A rank dying INSIDE a cuda-ipc allreduce (the fake GPU kills rank 1 in its reduction, between
+# the two barriers of a chunk), 3 ranks started by hand (no ddprun to end the others): ranks 0
+# and 2 must each fail that allreduce within 8 s (their timeout is 5 s) with a one-line message.
+if [ -n "${DDP_TEST_FAKE_GPUS:-}" ]; then
+    port=$(free_port)
+    pids=()
+    for r in 0 1 2; do
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$port "$CHECK" --backend cuda-ipc --fail-within 8 >"$T/mid.$r" 2>&1 &
+        pids+=($!)
+        BG_PIDS+=($!)
+    done
+    for r in 0 1 2; do
+        rc=0
+        wait "${pids[$r]}" || rc=$?
+        want=3
+        [ $r = 1 ] && want=137 # SIGKILL
+        [ $rc -eq $want ] || { cat "$T/mid.$r"; fail "mid-collective death: rank $r exited $rc, want $want"; }
+    done
+    for r in 0 2; do
+        grep -q "rank $r: as expected, after .*cuda-ipc: allreduce #.*rank 1 .*died" "$T/mid.$r" ||
+            { cat "$T/mid.$r"; fail "rank $r: no message naming the allreduce and rank 1"; }
+        grep "rank $r: as expected" "$T/mid.$r"
+    done
+    ok "cuda-ipc: a rank dying inside an allreduce fails the others within 8 s, with a message"
+fi

@@ -85,6 +85,15 @@ static ddp_status inner_run(ipc *g, const ddp__coll *c, ddp__kind kind, const vo
     k.event = NULL;
     k.avg_div = 0;
     ddp_status s = g->inner->run(g->inner_be, &k, f);
+    if (s && c->kind != kind) { /* say which collective of this backend it was part of */
+        char inner_msg[DDP_ERRMSG_MAX];
+        ddp__fmt(inner_msg, sizeof inner_msg, "%s", f->msg);
+        ddp__fmt(f->msg, sizeof f->msg,
+                 "cuda-ipc: %s #%llu (%s × %zu) failed on member %d waiting for its peers "
+                 "(host %s): %s",
+                 ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
+                 c->count, g->me, ddp__kind_name(kind), inner_msg);
+    }
     if (s)
         g->failed = true;
     return s;
