@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ddptrain's device-resident GPU path (docs/gpu.md), end to end without a GPU: the GPU module is
 # the test-only fake_gpu_gpt (its "GPU GPT" is the CPU GPT, its device memory host memory), the
-# gradients' GPU group runs cuda-staged on the fake GPU. Checks the orchestration: the DDP line
+# gradients' GPU group runs cuda-ipc (auto) or cuda-staged on the fake GPU. Checks the orchestration: the DDP line
 # names the gradients' group; 10 steps on "cuda" = 10 on the cpu (1 and 2 ranks); a checkpoint
 # taken on "cuda" holds the trained weights and AdamW state (resuming it on the cpu continues the
 # cpu run) and resumes on "cuda" = the uninterrupted run; test from it on "cuda". And fp16's
@@ -40,7 +40,7 @@ rc=0; "$TRAIN" "${ARGS[@]}" --total_steps 10 --out_dir cpu >cpu.out 2>&1 || rc=$
 [ $rc -eq 0 ] || { cat cpu.out; fail "cpu run: exit $rc"; }
 rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --total_steps 10 --out_dir gpu >gpu.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gpu.out; fail "fake cuda run: exit $rc"; }
-assert_contains gpu.out "gradients on the GPU over cuda-staged"
+assert_contains gpu.out "gradients on the GPU over cuda-ipc"
 assert_contains gpu.out "device cuda:0 (Fake GPU 0"
 losses cpu/metrics.jsonl gpu/metrics.jsonl 1 10 1e-5 || fail "10 steps on fake cuda differ from the cpu"
 ok "device-resident: 10 steps on the fake GPU = 10 on the cpu; the DDP line names the gradients' GPU group"
@@ -52,6 +52,12 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
     --total_steps 6 --overlap async --bucket_kb 8 --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gpu2.out; fail "2 ranks on fake cuda: exit $rc"; }
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1 6 1e-5 || fail "2 ranks: fake cuda differs from the cpu"
+assert_contains gpu2.out "gradients on the GPU over cuda-ipc"
+rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --total_steps 6 --gpu_backend cuda-staged --out_dir gpu2s >gpu2s.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu2s.out; fail "2 ranks on fake cuda over cuda-staged: exit $rc"; }
+assert_contains gpu2s.out "gradients on the GPU over cuda-staged"
+losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 1 6 1e-5 || fail "2 ranks: cuda-staged differs from the cpu"
 ok "device-resident, 2 ranks sharing the fake GPU, small buckets launched from backward on the progress thread: the same losses as 2 cpu ranks"
 
 # Dropout on the GPU (every dropout of the model: the embedding's, the attention probabilities',

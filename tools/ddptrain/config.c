@@ -109,9 +109,10 @@ static const ddp_cfg_key schema[] = {
     {"backend", DDP_CFG_STRING, "", NULL,
      "the group's backend: auto, shm, tcp, shm+tcp, mpi, shm+mpi (empty: DDP_BACKEND, else "
      "auto; docs/group.md)"},
-    {"gpu_backend", DDP_CFG_CHOICE, "auto", "auto|nccl|cuda-staged",
+    {"gpu_backend", DDP_CFG_CHOICE, "auto", "auto|nccl|cuda-ipc|cuda-staged",
      "device cuda: the backend reducing the gradients in GPU memory (auto: nccl when every rank "
-     "of a host has a GPU of its own, else cuda-staged; docs/group.md)"},
+     "of a host has a GPU of its own, else cuda-ipc when all share one GPU of one host, else "
+     "cuda-staged; docs/group.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
