@@ -128,8 +128,9 @@ static void named_choice(void **state)
     assert_null(pick("shm+mpi", two_by_two, 4, &err));
     assert_non_null(strstr(err.msg, "backend 'shm+mpi' needs processes started by an MPI"));
 #else
-    assert_string_equal(err.msg,
-                        "unknown backend 'gloo': use auto, nccl, cuda-ipc, cuda-staged, shm, shm+tcp or tcp");
+    assert_string_equal(
+        err.msg,
+        "unknown backend 'gloo': use auto, nccl, cuda-ipc, cuda-staged, shm, shm+tcp or tcp");
 #endif
     /* GPU backends for host buffers, and host backends for GPU buffers, say so. */
     assert_null(pick("nccl", one, 2, &err));

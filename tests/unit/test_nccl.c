@@ -6,7 +6,9 @@
  * nothing), by hand and on its thread; the messages; and the cuda-staged backend's staging of
  * each collective through a small host buffer, with memcpy as the "device" copies and a fake
  * host backend that acts as n ranks holding known data; a cuda-staged group on the fake GPU
- * whose pinning is refused. Nothing here touches CUDA.
+ * whose pinning is refused; cuda-ipc's devops on the fake GPU (a region opened by another
+ * process, the fixed-order reduction's arithmetic) and a one-rank cuda-ipc group in many chunks.
+ * Nothing here touches CUDA.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -25,6 +28,7 @@
 #include "group/nccl/nccl_int.h"
 #include "group/staged/staged_int.h"
 #include "kernels/kernels.h"
+#include "util/half.h"
 #include "util/util.h"
 
 /* ---- the unique id through the store -------------------------------------------------------- */
@@ -782,7 +786,7 @@ static void staged_pinning(bool refuse)
         setenv("DDP_TEST_FAKE_PIN_REFUSED", "1", 1);
     ddp_world w;
     ddp_group_opts o = one_rank_gpu_group(&w, 1); /* DDP_TEST_FAKE_GPUS=1 */
-    o.backend = "cuda-staged"; /* auto: cuda-ipc on the one fake GPU */
+    o.backend = "cuda-staged";                    /* auto: cuda-ipc on the one fake GPU */
     ddp_group *g = NULL;
     ddp_error err = {0};
     FILE *cap = tmpfile();
@@ -841,15 +845,211 @@ static void staged_pinned(void **state)
     staged_pinning(false);
 }
 
+/* ---- cuda-ipc on the fake GPU -----------------------------------------------------------------
+ */
+
+/* The fake GPU's IPC across processes: a region exported here is opened by a forked child (as
+ * another rank would), which reads what this process wrote and writes back; a handle whose
+ * exporter has exited cannot be opened, and says why; nothing appears in /dev/shm. */
+static int count_dev_shm(void)
+{
+    int n = 0;
+    FILE *p = popen("ls /dev/shm 2>/dev/null | wc -l", "r");
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+static void fake_ipc_processes(void **state)
+{
+    (void)state;
+    int shm_before = count_dev_shm();
+    ddp__devops d;
+    ddp_error err = {0};
+    char msg[DDP_ERRMSG_MAX];
+    assert_int_equal(ddp__fake_devops(&d, &err), DDP_OK);
+    enum { n = 2048 };
+    float host[n], back[n];
+    for (int i = 0; i < n; i++)
+        host[i] = (float)i;
+    float *region = d.alloc(d.ctx, sizeof host);
+    assert_non_null(region);
+    assert_int_equal(d.h2d(d.ctx, region, host, sizeof host / 2, msg), DDP_OK);
+    unsigned char handle[DDP__IPC_HANDLE_BYTES];
+    assert_int_equal(d.ipc_export(d.ctx, region, handle, msg), DDP_OK);
+    /* Not the start of an allocation: refused, with a message. */
+    unsigned char h2[DDP__IPC_HANDLE_BYTES];
+    assert_int_equal(d.ipc_export(d.ctx, region + 1, h2, msg), DDP_ERR_INVALID);
+    assert_non_null(strstr(msg, "not the start of an allocation"));
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the peer: read my first half, write the second */
+        void *peer = NULL;
+        float got[n / 2], mine[n / 2];
+        if (d.ipc_open(d.ctx, handle, &peer, msg) != DDP_OK)
+            _exit(2);
+        if (d.d2h(d.ctx, got, peer, sizeof got, msg) != DDP_OK)
+            _exit(3);
+        for (int i = 0; i < n / 2; i++) {
+            if (got[i] != (float)i)
+                _exit(4);
+            mine[i] = -(float)i;
+        }
+        if (d.h2d(d.ctx, (float *)peer + n / 2, mine, sizeof mine, msg) != DDP_OK)
+            _exit(5);
+        d.ipc_close(d.ctx, peer);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(d.d2h(d.ctx, back, region, sizeof back, msg), DDP_OK);
+    for (int i = 0; i < n; i++)
+        assert_true(back[i] == (i < n / 2 ? (float)i : -(float)(i - n / 2)));
+    /* An exporter that has gone: its memory cannot be opened any more; a clear message. */
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        void *r = d.alloc(d.ctx, 4096);
+        unsigned char h[DDP__IPC_HANDLE_BYTES];
+        if (!r || d.ipc_export(d.ctx, r, h, msg) != DDP_OK)
+            _exit(2);
+        _exit(write(pfd[1], h, sizeof h) == (ssize_t)sizeof h ? 0 : 3);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(WEXITSTATUS(status), 0);
+    unsigned char dead[DDP__IPC_HANDLE_BYTES];
+    assert_int_equal(read(pfd[0], dead, sizeof dead), (ssize_t)sizeof dead);
+    close(pfd[0]);
+    close(pfd[1]);
+    void *p = NULL;
+    assert_int_equal(d.ipc_open(d.ctx, dead, &p, msg), DDP_ERR_SYSTEM);
+    assert_non_null(strstr(msg, "cudaIpcOpenMemHandle failed: open '/proc/"));
+    assert_null(p);
+    memset(dead, 0, sizeof dead);
+    assert_int_equal(d.ipc_open(d.ctx, dead, &p, msg), DDP_ERR_INVALID);
+    d.free(d.ctx, region);
+    d.destroy(d.ctx);
+    assert_int_equal(count_dev_shm(), shm_before); /* a memfd has no name: nothing left */
+}
+
+/* The fixed-order reduction: float32 folds left to right, 16-bit floats accumulate in float32
+ * and round once, AVG divides once at the end, integers wrap and truncate, min/max. */
+static void fake_ipc_reduce(void **state)
+{
+    (void)state;
+    ddp__devops d;
+    ddp_error err = {0};
+    char msg[DDP_ERRMSG_MAX];
+    assert_int_equal(ddp__fake_devops(&d, &err), DDP_OK);
+    char *dev = d.alloc(d.ctx, 4096); /* 4 sources of 512 bytes, and a result */
+    assert_non_null(dev);
+    const void *srcs[4] = {dev, dev + 512, dev + 1024, dev + 1536};
+    char *out = dev + 2048;
+    /* float32: (1e8 + 1) + (-1e8) + 1 = 1 in this order (the 1 is lost in the first sum): 1. */
+    float f[4][2] = {{1e8f, 3}, {1, 5}, {-1e8f, 7}, {1, 9}};
+    for (int j = 0; j < 4; j++)
+        assert_int_equal(d.h2d(d.ctx, (void *)srcs[j], f[j], sizeof f[j], msg), DDP_OK);
+    float r[2];
+    assert_int_equal(d.reduce(d.ctx, out, srcs, 4, 2, DDP_FLOAT32, DDP_SUM, 0, msg), DDP_OK);
+    assert_int_equal(d.d2h(d.ctx, r, out, sizeof r, msg), DDP_OK);
+    assert_true(r[0] == 1.0f && r[1] == 24.0f);
+    assert_int_equal(d.reduce(d.ctx, out, srcs, 4, 2, DDP_FLOAT32, DDP_AVG, 4, msg), DDP_OK);
+    assert_int_equal(d.d2h(d.ctx, r, out, sizeof r, msg), DDP_OK);
+    assert_true(r[0] == 0.25f && r[1] == 6.0f);
+    assert_int_equal(d.reduce(d.ctx, out, srcs, 4, 2, DDP_FLOAT32, DDP_MAX, 0, msg), DDP_OK);
+    assert_int_equal(d.d2h(d.ctx, r, out, sizeof r, msg), DDP_OK);
+    assert_true(r[0] == 1e8f && r[1] == 9.0f);
+    /* bfloat16: 1 + 2^-8 + 2^-8 is 1 + 2^-7 summed in float32 and rounded once (a bf16 sum at
+     * each step would round 1 + 2^-8 to 1 twice); in place (dst = srcs[0]). */
+    uint16_t b[3] = {ddp__f32_to_bf16(1.0f), ddp__f32_to_bf16(0x1p-8f), ddp__f32_to_bf16(0x1p-8f)};
+    for (int j = 0; j < 3; j++)
+        assert_int_equal(d.h2d(d.ctx, (void *)srcs[j], &b[j], 2, msg), DDP_OK);
+    uint16_t rb;
+    assert_int_equal(d.reduce(d.ctx, (void *)srcs[0], srcs, 3, 1, DDP_BFLOAT16, DDP_SUM, 0, msg),
+                     DDP_OK);
+    assert_int_equal(d.d2h(d.ctx, &rb, srcs[0], 2, msg), DDP_OK);
+    assert_true(ddp__bf16_to_f32(rb) == 1.0f + 0x1p-7f);
+    /* int32: wraps; AVG truncates toward zero. */
+    int32_t i32[2][2] = {{INT32_MAX, -7}, {1, 0}}, ri[2];
+    for (int j = 0; j < 2; j++)
+        assert_int_equal(d.h2d(d.ctx, (void *)srcs[j], i32[j], sizeof i32[j], msg), DDP_OK);
+    assert_int_equal(d.reduce(d.ctx, out, srcs, 2, 2, DDP_INT32, DDP_AVG, 2, msg), DDP_OK);
+    assert_int_equal(d.d2h(d.ctx, ri, out, sizeof ri, msg), DDP_OK);
+    assert_int_equal(ri[0], INT32_MIN / 2);
+    assert_int_equal(ri[1], -3);
+    /* Too many sources: refused. */
+    assert_int_equal(d.reduce(d.ctx, out, srcs, 0, 2, DDP_FLOAT32, DDP_SUM, 0, msg),
+                     DDP_ERR_INVALID);
+    d.free(d.ctx, dev);
+    d.destroy(d.ctx);
+}
+
+/* A one-rank cuda-ipc group on the fake GPU, named, with a 1 KiB half so that every collective
+ * runs in several chunks: the results exact; the reason line names the region. */
+static void ipc_group_chunks(void **state)
+{
+    (void)state;
+    ddp_world w;
+    ddp_group_opts o = one_rank_gpu_group(&w, 1);
+    o.backend = "cuda-ipc";
+    o.arena_bytes = 4096; /* half of it staged, in two halves of 1 KiB */
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    if (ddp_group_init(&o, &g, &err) != DDP_OK)
+        fail_msg("cuda-ipc group: %s", err.msg);
+    assert_string_equal(ddp_group_backend(g), "cuda-ipc");
+    assert_non_null(strstr(ddp_group_backend_reason(g), "1 KiB × 2 device staging region"));
+    enum { n = 1000 }; /* 4000 bytes: 4 chunks */
+    float host[n], back[n];
+    for (int i = 0; i < n; i++)
+        host[i] = (float)(3 * i + 1);
+    float *a = ddp_group_alloc(g, sizeof host), *b = ddp_group_alloc(g, sizeof host);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(ddp_group_memcpy(g, a, host, sizeof host), DDP_OK);
+    assert_int_equal(ddp_allreduce(g, a, b, n, DDP_FLOAT32, DDP_AVG), DDP_OK);
+    assert_int_equal(ddp_group_memcpy(g, back, b, sizeof back), DDP_OK);
+    assert_memory_equal(back, host, sizeof host);
+    assert_int_equal(ddp_allgather(g, a, b, n, DDP_FLOAT32), DDP_OK);
+    assert_int_equal(ddp_group_memcpy(g, back, b, sizeof back), DDP_OK);
+    assert_memory_equal(back, host, sizeof host);
+    assert_int_equal(ddp_reduce_scatter(g, a, b, n, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    assert_int_equal(ddp_group_memcpy(g, back, b, sizeof back), DDP_OK);
+    assert_memory_equal(back, host, sizeof host);
+    assert_int_equal(ddp_broadcast(g, a, n, DDP_FLOAT32, 0), DDP_OK);
+    assert_int_equal(ddp_group_memcpy(g, back, a, sizeof back), DDP_OK);
+    assert_memory_equal(back, host, sizeof host);
+    assert_int_equal(ddp_barrier(g), DDP_OK);
+    ddp_group_free(g, a);
+    ddp_group_free(g, b);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(uid_exchange),    cmocka_unit_test(watchdog_healthy),
-        cmocka_unit_test(watchdog_stuck),  cmocka_unit_test(watchdog_error),
-        cmocka_unit_test(watchdog_thread), cmocka_unit_test(messages),
-        cmocka_unit_test(staging),         cmocka_unit_test(staging_avg),
-        cmocka_unit_test(staging_edges),   cmocka_unit_test(group_without_gpu),
-        cmocka_unit_test(staged_unpinned), cmocka_unit_test(staged_pinned),
+        cmocka_unit_test(uid_exchange),
+        cmocka_unit_test(watchdog_healthy),
+        cmocka_unit_test(watchdog_stuck),
+        cmocka_unit_test(watchdog_error),
+        cmocka_unit_test(watchdog_thread),
+        cmocka_unit_test(messages),
+        cmocka_unit_test(staging),
+        cmocka_unit_test(staging_avg),
+        cmocka_unit_test(staging_edges),
+        cmocka_unit_test(group_without_gpu),
+        cmocka_unit_test(staged_unpinned),
+        cmocka_unit_test(staged_pinned),
+        cmocka_unit_test(fake_ipc_processes),
+        cmocka_unit_test(fake_ipc_reduce),
+        cmocka_unit_test(ipc_group_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,19 +47,18 @@ typedef struct ipc {
     bool dev_made;
     void *inner_be; /* the CPU backend among the same members: barriers, the handles */
     const ddp__backend_ops *inner;
-    char *region;   /* mine: IN at 0, OUT at half (device memory) */
-    char **peer;    /* (n,) every member's region as mapped here; peer[me] = region */
-    size_t half;    /* bytes in each half */
+    char *region; /* mine: IN at 0, OUT at half (device memory) */
+    char **peer;  /* (n,) every member's region as mapped here; peer[me] = region */
+    size_t half;  /* bytes in each half */
     int me, n;
-    int reading;    /* HALF_* bits: halves the peers may still be reading */
+    int reading;        /* HALF_* bits: halves the peers may still be reading */
     atomic_bool failed; /* a collective failed or the group was aborted: no last barrier */
     int timeout_ms;
     char detail[96];
 } ipc;
 
 /* A failure of a device call: "cuda-ipc: allreduce #3 (float32 × N) failed on member 1: <msg>". */
-static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char *msg,
-                           ddp__fail *f)
+static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char *msg, ddp__fail *f)
 {
     g->failed = true;
     f->status = s;
@@ -151,8 +150,8 @@ static ddp_status allreduce_chunk(ipc *g, const ddp__coll *c, size_t off, size_t
         return s;
     for (size_t r = 0; r < W; r++) {
         size_t a = m * r / W, b = m * (r + 1) / W;
-        if ((s = d2d(g, (char *)c->recv + (off + a) * e, g->peer[r] + g->half + a * e,
-                     (b - a) * e, msg)))
+        if ((s = d2d(g, (char *)c->recv + (off + a) * e, g->peer[r] + g->half + a * e, (b - a) * e,
+                     msg)))
             return dev_fail(g, c, s, msg, f);
     }
     g->reading |= HALF_OUT;
@@ -316,9 +315,8 @@ static void ipc_destroy(void *be)
      * IPC mapping is undefined): a last barrier, unless the group failed (then the peers are
      * failing too, and nothing reads), bounded by the group's timeout. */
     if (g->peer && g->n > 1 && !g->failed) {
-        ddp__coll c = {.kind = DDP__BARRIER,
-                       .dtype = DDP_UINT8,
-                       .deadline_ms = ddp__now_ms() + g->timeout_ms};
+        ddp__coll c = {
+            .kind = DDP__BARRIER, .dtype = DDP_UINT8, .deadline_ms = ddp__now_ms() + g->timeout_ms};
         ddp__fail f = {0};
         (void)g->inner->run(g->inner_be, &c, &f);
     }

@@ -46,9 +46,9 @@ static bool nccl_usable(const ddp__setup *s, char *why, size_t cap)
     if (p == DDP__PICK_NCCL)
         return true;
     ddp__fmt(why, cap, "cannot run this group: %s%s", reason,
-             p == DDP__PICK_STAGED  ? "; use backend 'auto' or 'cuda-staged'"
-             : p == DDP__PICK_IPC ? "; use backend 'auto', 'cuda-ipc' or 'cuda-staged'"
-                                  : "");
+             p == DDP__PICK_STAGED ? "; use backend 'auto' or 'cuda-staged'"
+             : p == DDP__PICK_IPC  ? "; use backend 'auto', 'cuda-ipc' or 'cuda-staged'"
+                                   : "");
     return false;
 }
 

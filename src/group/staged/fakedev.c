@@ -252,8 +252,7 @@ static ddp_status fake_ipc_open(void *ctx, const void *handle, void **dev, char 
     struct stat sb;
     char *d = MAP_FAILED, *rw = MAP_FAILED;
     bool ok = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == h.bytes &&
-              map_twice(fd, (size_t)h.bytes, &d, &rw) &&
-              register_block(d, rw, (size_t)h.bytes, -1);
+              map_twice(fd, (size_t)h.bytes, &d, &rw) && register_block(d, rw, (size_t)h.bytes, -1);
     int saved = errno;
     close(fd); /* the mappings keep the memory */
     if (!ok) {

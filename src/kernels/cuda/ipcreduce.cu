@@ -183,8 +183,7 @@ void launch(cudaStream_t s, void *dst, const srcs_t &p, int k, size_t n, ddp_op 
 } // namespace
 
 extern "C" ddp_status ddp__devmath_reduce(void *stream, void *dst, const void *const *srcs, int k,
-                                          size_t n, ddp_dtype t, ddp_op op, int avg_div,
-                                          char *msg)
+                                          size_t n, ddp_dtype t, ddp_op op, int avg_div, char *msg)
 {
     if (k < 1 || k > DDP__IPC_MAX_SRCS) {
         snprintf(msg, DDP_ERRMSG_MAX, "reduce over %d sources (1 to %d)", k, DDP__IPC_MAX_SRCS);
