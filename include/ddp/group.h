@@ -73,7 +73,9 @@ typedef struct ddp_group_opts {
     /* Where the collectives' buffers live. DDP_DEVICE_CPU (0, the default): host memory, moved by
      * shm, shm+tcp or tcp. DDP_DEVICE_CUDA: GPU memory on this rank's GPU (LOCAL_RANK modulo the
      * GPUs visible), moved by nccl when every rank on a host has a GPU of its own, else by
-     * cuda-staged (through pinned host memory into the host backends); see docs/group.md. */
+     * cuda-ipc when every rank shares the one GPU of one host (peers' device memory mapped
+     * through CUDA IPC), else by cuda-staged (through pinned host memory into the host
+     * backends); see docs/group.md. */
     ddp_device device;
 } ddp_group_opts;
 
@@ -113,8 +115,8 @@ bool ddp_group_core_to_spare(const ddp_group *g);
 /* The world the group was made from, its settings included; owned by g, valid for its life.
  * NULL for a NULL g. */
 const ddp_world *ddp_group_world(const ddp_group *g);
-/* The backend's name in the registry: "shm", "tcp", "shm+tcp", "mpi", "shm+mpi", "nccl" or
- * "cuda-staged". */
+/* The backend's name in the registry: "shm", "tcp", "shm+tcp", "mpi", "shm+mpi", "nccl",
+ * "cuda-ipc" or "cuda-staged". */
 const char *ddp_group_backend(const ddp_group *g);
 
 /* Why that backend, in a few words ("every rank on one host", "ranks share a GPU (2 ranks on 1

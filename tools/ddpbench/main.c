@@ -13,7 +13,7 @@
  * once in this same run. Uses only the public API.
  *
  * --device cuda puts the buffers in GPU memory (ddp_group_alloc of a GPU group: nccl, or
- * cuda-staged where ranks share a GPU; --backend picks one) and measures the same way; the limit
+ * cuda-ipc or cuda-staged where ranks share a GPU; --backend picks one) and measures the same way; the limit
  * is then the device's copy bandwidth (a device-to-device ddp_group_memcpy, read + write), and
  * the results are checked by copying them back to the host.
  */
@@ -193,7 +193,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ddprun [--nproc_per_node N] ddpbench [--op allreduce|broadcast|"
                    "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "
-                   "4K,1M,...] [--backend auto|shm|tcp|nccl|cuda-staged] [--buffers "
+                   "4K,1M,...] [--backend auto|shm|tcp|nccl|cuda-ipc|cuda-staged] [--buffers "
                    "arena|private]\n       [--device cpu|cuda] [--iters N] [--csv]\nSizes are "
                    "bytes of float32 per rank (K, M, G "
                    "suffixes).\n");
