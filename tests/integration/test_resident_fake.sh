@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ddptrain's device-resident GPU path (docs/gpu.md), end to end without a GPU: the GPU module is
 # the test-only fake_gpu_gpt (its "GPU GPT" is the CPU GPT, its device memory host memory), the
-# gradients' GPU group runs cuda-ipc (auto) or cuda-staged on the fake GPU. Checks the orchestration: the DDP line
-# names the gradients' group; 10 steps on "cuda" = 10 on the cpu (1 and 2 ranks); a checkpoint
+# gradients' GPU group runs cuda-ipc (auto; cuda-staged named once) on the fake GPU. Checks the
+# orchestration: the DDP line names the gradients' group; 10 steps on "cuda" = 10 on the cpu (1 and 2 ranks); a checkpoint
 # taken on "cuda" holds the trained weights and AdamW state (resuming it on the cpu continues the
 # cpu run) and resumes on "cuda" = the uninterrupted run; test from it on "cuda". And fp16's
 # dynamic loss scaling (GradScaler): scaled and unscaled exactly (= the float32 run); an inf on
@@ -83,7 +83,7 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
     --shard_optimizer true --total_steps 6 --overlap async --bucket_kb 8 --out_dir sh2 \
     >sh2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat sh2.out; fail "sharded, 2 ranks on fake cuda: exit $rc"; }
-assert_contains sh2.out "gradients on the GPU over cuda-staged"
+assert_contains sh2.out "gradients on the GPU over cuda-ipc"
 assert_contains sh2.out "optimizer step sharded (ZeRO-1)"
 grep -q "optimizer step sharded" gpu2.out && fail "shard_optimizer auto sharded on the GPU"
 losses cpu2/metrics.jsonl sh2/metrics.jsonl 1 6 0 || fail "sharded on fake cuda differs from the cpu"
