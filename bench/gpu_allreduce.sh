@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Allreduce on GPU buffers, side by side (float32 sum, in place, median time per call): ddpc's nccl
-# backend at world 1 against torch.distributed's NCCL at world 1; ddpc's cuda-staged backend with
-# 2 ranks on one GPU against torch.distributed's gloo on CUDA tensors (also staged through the
-# host), both beside the device's copy bandwidth limit that ddpbench measures (read + write of the
+# backend at world 1 against torch.distributed's NCCL at world 1; ddpc's cuda-ipc and cuda-staged
+# backends with 2 ranks on one GPU against torch.distributed's gloo on CUDA tensors (also staged
+# through the host), both beside the device's copy bandwidth limit that ddpbench measures (read + write of the
 # buffer once: 2·S bytes). Runs only on a machine with a GPU; needs a python3 with torch+CUDA
 # (PY=...). Usage: bench/gpu_allreduce.sh [BUILD_DIR] [SIZES]
 set -euo pipefail
@@ -37,6 +37,7 @@ torch_peer() { # torch_peer NPROC BACKEND
 ddpc nccl_w1 1 nccl >>"$raw" || echo "# ddpc nccl failed (see ddpbench's message)" >&2
 torch_peer 1 nccl >>"$raw" || echo "# torch nccl failed" >&2
 ddpc staged_w2 2 cuda-staged >>"$raw" || echo "# ddpc cuda-staged failed" >&2
+ddpc ipc_w2 2 cuda-ipc >>"$raw" || echo "# ddpc cuda-ipc failed" >&2
 torch_peer 2 gloo >>"$raw" || echo "# torch gloo on CUDA tensors failed" >&2
 
 echo "allreduce on GPU buffers, float32 sum, in place: median time per call (µs)"
@@ -46,10 +47,12 @@ awk -F, '
 { v[$1 "," $2] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
 function g(k) { return (k in v) ? v[k] : -1 }
 END {
-    printf "%10s %10s %11s %9s %10s %12s %9s | %10s %10s %10s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "limit-w1", "ddpc-stg2", "torch-gloo2", "limit-w2", "torch/ddpc", "nccl/limit", "gloo/stg2", "stg2/limit"
+    printf "%10s %10s %11s %9s %10s %10s %12s %9s | %10s %10s %10s %11s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "limit-w1", "ddpc-stg2", "ddpc-ipc2", "torch-gloo2", "limit-w2", "torch/ddpc", "nccl/limit", "gloo/stg2", "stg2/limit", "ipc2/limit"
     for (i = 1; i <= ns; i++) {
         s = order[i]; a = g("nccl_w1," s); b = g("torch_nccl," s); c = g("staged_w2," s); d = g("torch_gloo," s)
+        p = g("ipc_w2," s)
         l1 = g("nccl_w1_limit," s); l2 = g("staged_w2_limit," s)
-        printf "%10d %10.1f %11.1f %9.1f %10.1f %12.1f %9.1f | %9.2fx %9.2fx %9.2fx %10.2fx\n", s, a, b, l1, c, d, l2, (a > 0 ? b / a : -1), (l1 > 0 ? a / l1 : -1), (c > 0 ? d / c : -1), (l2 > 0 ? c / l2 : -1)
+        if (l2 <= 0) l2 = g("ipc_w2_limit," s)
+        printf "%10d %10.1f %11.1f %9.1f %10.1f %10.1f %12.1f %9.1f | %9.2fx %9.2fx %9.2fx %10.2fx %10.2fx\n", s, a, b, l1, c, p, d, l2, (a > 0 ? b / a : -1), (l1 > 0 ? a / l1 : -1), (c > 0 ? d / c : -1), (l2 > 0 ? c / l2 : -1), (l2 > 0 && p > 0 ? p / l2 : -1)
     }
 }' "$raw"

@@ -182,15 +182,20 @@ EOP
     # cuBLASLt offers them never takes otherwise
     check "unit.test_cuda_kernels, no GELU epilogue" env DDP_CUDA_GELU_EPILOGUE=0 \
         "$CARRY/bin/test_cuda_kernels"
-    # issue 13: world 1 over NCCL (cuda-staged without it), worlds 2 and 4 on the one GPU over
-    # cuda-staged, every collective exact and W × B ≡ 1 × W·B, a killed rank ending the job
-    check "integration.gpu (nccl, cuda-staged, kill)" bash tests/integration/test_gpu.sh \
-        "$CARRY/bin" "$(cat "$CARRY/nccl" 2>/dev/null || echo OFF)"
+    # issue 13: world 1 over NCCL (cuda-ipc without it), worlds 2 and 4 on the one GPU over
+    # cuda-ipc (UNVERIFIED before this run) and over cuda-staged, every collective exact and
+    # W × B ≡ 1 × W·B, a killed rank ending the job, over each (twice the work: 300 s)
+    CHECK_LIMIT=300 check "integration.gpu (nccl, cuda-ipc, cuda-staged, kill)" \
+        bash tests/integration/test_gpu.sh "$CARRY/bin" "$(cat "$CARRY/nccl" 2>/dev/null || echo OFF)"
     # issue 13: the reducer with its buckets in GPU memory (every mode: plain, sharded, bf16
-    # compression, no_sync, grad_norm, gather_state), world 1 over NCCL, 2 over cuda-staged
+    # compression, no_sync, grad_norm, gather_state), world 1 over NCCL, 2 over auto's cuda-ipc
+    # and over cuda-staged named
     check "ddp.reducer on the GPU, 1 rank" "$CARRY/bin/ddprun" --standalone --nproc_per_node=1 \
         "$CARRY/bin/reducercheck" --device cuda
-    check "ddp.reducer on the GPU, 2 ranks" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
+    check "ddp.reducer on the GPU, 2 ranks over cuda-ipc" env DDP_EXPECT_BACKEND=cuda-ipc \
+        "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 "$CARRY/bin/reducercheck" --device cuda
+    check "ddp.reducer on the GPU, 2 ranks over cuda-staged" env DDP_BACKEND=cuda-staged \
+        DDP_EXPECT_BACKEND=cuda-staged "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/reducercheck" --device cuda
     check "fp16 found-inf flag over a GPU group, 2 ranks" "$CARRY/bin/ddprun" --standalone \
         --nproc_per_node=2 "$CARRY/bin/test_amp" --sync-gpu
@@ -226,12 +231,12 @@ sys.exit(0 if finite and d <= 1e-4 else 1)
 EOP
     check "ddprun 2 ranks on cuda" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda2"
-    # device-resident training: the gradients' GPU group is named (nccl at world 1, cuda-staged
+    # device-resident training: the gradients' GPU group is named (nccl at world 1, cuda-ipc
     # with 2 ranks on one GPU), and a checkpoint taken on the GPU resumes where it stopped
     check "ddptrain cuda: gradients over nccl" grep -q "gradients on the GPU over nccl" \
         "$W/cuda/train.log"
-    check "ddptrain cuda 2 ranks: gradients over cuda-staged" grep -q \
-        "gradients on the GPU over cuda-staged" "$W/cuda2/train.log"
+    check "ddptrain cuda 2 ranks: gradients over cuda-ipc" grep -q \
+        "gradients on the GPU over cuda-ipc" "$W/cuda2/train.log"
     # the sharded optimizer step on the GPU (2 ranks on one GPU): the reducer's device
     # parameters bound into the CUDA GPT, each rank's AdamW on its shard, the allgather; the
     # same sums in the same order as unsharded, but two GPU runs are not bit-identical (the wte
@@ -364,7 +369,7 @@ EOP
     return $failed
 }
 
-# issue 13's speed: allreduce on GPU buffers, ddpc's nccl and cuda-staged beside torch's
+# issue 13's speed: allreduce on GPU buffers, ddpc's nccl, cuda-ipc and cuda-staged beside torch's
 # (bench/gpu_allreduce.sh over gpu-carry's ddprun and ddpbench); then ddptrain end to end on a
 # GPT-2 124M shape (train_bench). A second call, after run.
 allreduce() {
@@ -381,7 +386,8 @@ allreduce() {
 # ddptrain, device-resident, on the GPT-2 124M shape (12 layers, 768 wide, T 1024, vocabulary
 # 50304, per-rank batch 8, AdamW, clipping) over random tokens: tokens/s and MFU (the median of
 # the progress lines after the first 10 steps) in bf16 and tf32 with 1 rank, and in bf16 with 2
-# ranks time-slicing the one GPU over cuda-staged (issue 13: the overhead, not a speed-up).
+# ranks time-slicing the one GPU over cuda-ipc (auto) and over cuda-staged (issue 13: the
+# overhead, not a speed-up).
 train_bench() {
     local w
     w=$(mktemp -d)
@@ -406,15 +412,18 @@ EOP
     echo "| run | tokens/s (all ranks) | MFU per rank |"
     echo "|---|---:|---:|"
     local run
-    for run in "1 bf16" "1 tf32" "2 bf16"; do
+    for run in "1 bf16 auto" "1 tf32 auto" "2 bf16 auto" "2 bf16 cuda-staged"; do
         set -- $run
-        local out="$w/r$1$2.out"
-        if "$CARRY/bin/ddprun" --standalone --nproc_per_node="$1" "$CARRY/bin/ddptrain" \
-            "${args[@]}" --precision "$2" --out_dir "$w/r$1$2" >"$out" 2>&1; then
-            set -- $run $(rate "$out")
-            echo "| $1 rank(s), $2 | ${3:-?} | ${4:-?}% |"
+        local np=$1 prec=$2 be=$3 label="$1 rank(s), $2"
+        [ "$np" -gt 1 ] && label="$label, $([ "$be" = auto ] && echo cuda-ipc || echo "$be")"
+        local out="$w/r$np$prec$be.out"
+        if "$CARRY/bin/ddprun" --standalone --nproc_per_node="$np" "$CARRY/bin/ddptrain" \
+            "${args[@]}" --precision "$prec" --gpu_backend "$be" --out_dir "$w/r$np$prec$be" \
+            >"$out" 2>&1; then
+            set -- $(rate "$out")
+            echo "| $label | ${1:-?} | ${2:-?}% |"
         else
-            echo "| $1 rank(s), $2 | failed: $(tail -1 "$out") | |"
+            echo "| $label | failed: $(tail -1 "$out") | |"
         fi
     done
     rm -rf "$w"
