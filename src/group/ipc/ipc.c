@@ -21,8 +21,9 @@
  * A half is written only once no peer can still be reading it: the ranks track which halves the
  * peers may still read (the same on every rank, since every rank runs the same steps) and put a
  * barrier before a write where needed; an allreduce needs two barriers per chunk, the next
- * chunk's first one covering the last read. Before a region is freed, a last barrier (bounded by
- * the group's timeout) so that no peer still reads it.
+ * chunk's first one covering the last read. Every collective ends with the ranks meeting once
+ * more, so no peer reads a rank's region after that rank's collective has returned: it may free
+ * the region (destroy needs no barrier) or fail without a peer reading freed memory.
  *
  * Every wait has the collective's deadline; a failure of the device or of the CPU backend (a dead
  * peer: shm notices it) fails the collective with a message, and abort() goes to the CPU backend,
@@ -31,7 +32,6 @@
  * refuse IPC fails at creation, naming cuda-staged. UNVERIFIED on a GPU: compiled, and tested
  * only on the fake GPU (staged/fakedev.c), whose IPC is a memfd opened through /proc.
  */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,15 +52,12 @@ typedef struct ipc {
     size_t half;  /* bytes in each half */
     int me, n;
     int reading;        /* HALF_* bits: halves the peers may still be reading */
-    atomic_bool failed; /* a collective failed or the group was aborted: no last barrier */
-    int timeout_ms;
     char detail[96];
 } ipc;
 
 /* A failure of a device call: "cuda-ipc: allreduce #3 (float32 × N) failed on member 1: <msg>". */
 static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char *msg, ddp__fail *f)
 {
-    g->failed = true;
     f->status = s;
     ddp__fmt(f->msg, sizeof f->msg, "cuda-ipc: %s #%llu (%s × %zu) failed on member %d: %s",
              ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
@@ -93,8 +90,6 @@ static ddp_status inner_run(ipc *g, const ddp__coll *c, ddp__kind kind, const vo
                  ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
                  c->count, g->me, ddp__kind_name(kind), inner_msg);
     }
-    if (s)
-        g->failed = true;
     return s;
 }
 
@@ -232,9 +227,7 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
     if (c->device != DDP_DEVICE_CUDA) { /* host buffers (the debug check's): the CPU backend's */
         ddp__coll k = *c;
         k.avg_div = g->inner->fuses_avg ? c->avg_div : 0;
-        if ((s = g->inner->run(g->inner_be, &k, f)))
-            g->failed = true;
-        else if (c->avg_div > 1 && !g->inner->fuses_avg &&
+        if ((s = g->inner->run(g->inner_be, &k, f)) == DDP_OK && c->avg_div > 1 && !g->inner->fuses_avg &&
                  (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
             ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
         return s;
@@ -261,10 +254,10 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
         if (s)
             return s;
     }
-    /* The result is in device memory when this returns: the caller's next kernel may read it. */
-    if ((s = g->dev.sync(g->dev.ctx, c->deadline_ms, msg)))
-        return dev_fail(g, c, s, msg, f);
-    return DDP_OK;
+    /* The result is in device memory when this returns (the caller's next kernel may read it),
+     * and no peer reads this rank's region any more: the ranks meet once more, so a rank that
+     * returns may free its region, or fail, without a peer still reading it. */
+    return meet(g, c, f);
 }
 
 /* ---- the backend ---------------------------------------------------------------------------- */
@@ -290,7 +283,6 @@ static ddp_status ipc_copy(void *be, void *dst, const void *src, size_t bytes, c
 static void ipc_abort(void *be, const char *why)
 {
     ipc *g = be;
-    g->failed = true;
     g->inner->abort(g->inner_be, why);
 }
 
@@ -311,15 +303,9 @@ static void ipc_destroy(void *be)
     ipc *g = be;
     if (!g)
         return;
-    /* No peer may still read my region when it is freed (on a GPU, reading memory freed under an
-     * IPC mapping is undefined): a last barrier, unless the group failed (then the peers are
-     * failing too, and nothing reads), bounded by the group's timeout. */
-    if (g->peer && g->n > 1 && !g->failed) {
-        ddp__coll c = {
-            .kind = DDP__BARRIER, .dtype = DDP_UINT8, .deadline_ms = ddp__now_ms() + g->timeout_ms};
-        ddp__fail f = {0};
-        (void)g->inner->run(g->inner_be, &c, &f);
-    }
+    /* No peer reads my region once my last collective has returned (each ends with the ranks
+     * meeting), so it is freed without a barrier here, which could pair with a peer's collective
+     * when this rank leaves early. */
     for (int r = 0; g->peer && r < g->n; r++)
         if (r != g->me && g->peer[r])
             g->dev.ipc_close(g->dev.ctx, g->peer[r]);
@@ -404,7 +390,6 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
         return ddp__err(err, DDP_ERR_NOMEM, "cuda-ipc: out of memory");
     g->me = s->m.me;
     g->n = s->m.n;
-    g->timeout_ms = s->timeout_ms;
     ddp_status st;
     char msg[DDP_ERRMSG_MAX] = "";
     setup_word *all = NULL;
@@ -466,10 +451,8 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
                           "namespace, or a GPU/driver without IPC); use backend 'cuda-staged' "
                           "(DDP_BACKEND, ddptrain's gpu_backend)",
                           r, s->m.ranks[r], r == g->me ? ": " : "", r == g->me ? msg : "");
-    if (st) {
-        g->failed = true; /* no last barrier in destroy: the peers fail here too */
+    if (st)
         goto out_free;
-    }
     ddp__fmt(g->detail, sizeof g->detail, "%zu KiB × 2 device staging region per rank",
              g->half >> 10);
     free(all);
@@ -477,7 +460,6 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
     *ops = &ipc_ops;
     return DDP_OK;
 out_free:
-    g->failed = true;
     free(all);
     ipc_destroy(g);
     return st;
