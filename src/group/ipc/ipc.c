@@ -51,7 +51,7 @@ typedef struct ipc {
     char **peer;  /* (n,) every member's region as mapped here; peer[me] = region */
     size_t half;  /* bytes in each half */
     int me, n;
-    int reading;        /* HALF_* bits: halves the peers may still be reading */
+    int reading; /* HALF_* bits: halves the peers may still be reading */
     char detail[96];
 } ipc;
 
@@ -227,8 +227,8 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
     if (c->device != DDP_DEVICE_CUDA) { /* host buffers (the debug check's): the CPU backend's */
         ddp__coll k = *c;
         k.avg_div = g->inner->fuses_avg ? c->avg_div : 0;
-        if ((s = g->inner->run(g->inner_be, &k, f)) == DDP_OK && c->avg_div > 1 && !g->inner->fuses_avg &&
-                 (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
+        if ((s = g->inner->run(g->inner_be, &k, f)) == DDP_OK && c->avg_div > 1 &&
+            !g->inner->fuses_avg && (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
             ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
         return s;
     }
