@@ -8,7 +8,7 @@
  *
  * Without a GPU it exits 77 (CTest: skipped), or 1 when DDP_REQUIRE_GPU=1 (a GPU machine's check
  * script sets it, so a broken driver cannot pass as a skip). With DDP_TEST_FAKE_GPUS=N it runs
- * on the library's test-only fake GPUs (host memory, cuda-staged), which CI does.
+ * on the library's test-only fake GPUs (host memory; cuda-ipc or cuda-staged), which CI does.
  *
  * On GPU buffers (ddp_group_alloc, filled with ddp_group_memcpy): allreduce (sum, avg, max),
  * broadcast, allgather, reduce_scatter and barrier, float32 and bfloat16, counts across the
@@ -19,9 +19,10 @@
  * of collectives rank R kills itself (SIGKILL) and the others' next allreduce must fail with a
  * message, not hang (the script checks ddprun's summary and the time). --arena: the group's
  * arena_bytes (cuda-staged's and cuda-ipc's staging is half of it: small values make every
- * collective run in many chunks). --fail-within S: a rank dies inside a collective (the fake GPU
- * kills it: DDP_TEST_FAKE_KILL_IN_REDUCE) and the others' collectives must fail within S seconds
- * with a message (exit 3), never succeed.
+ * collective run in many chunks). --fail-within S: rank 1 dies inside a collective (the fake GPU
+ * kills it: DDP_TEST_FAKE_KILL_IN_REDUCE), or its reduction fails there (GPUCHECK_FAULT=fail:
+ * DDP_TEST_FAKE_FAIL_IN_REDUCE), and every live rank's collective must fail within S seconds
+ * (the group's timeout is 60 s) with a one-line message (exit 3), never succeed.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -241,7 +242,7 @@ int main(int argc, char **argv)
     ddp_group_opts o = DDP_GROUP_OPTS_INIT;
     o.device = DDP_DEVICE_CUDA;
     o.backend = backend;
-    o.timeout_ms = fail_within > 0 ? 5000 : 60000;
+    o.timeout_ms = 60000;
     o.arena_bytes = arena;
     ddp_group *g;
     if (ddp_group_init(&o, &g, &err) != DDP_OK) {
@@ -258,7 +259,10 @@ int main(int argc, char **argv)
               ddp_group_backend(g), expect);
     if (fail_within > 0) { /* a rank dies inside this allreduce (the fake GPU's reduce) */
         collectives(g, DDP_FLOAT32, 1000); /* after a working round: the hook is armed below */
-        setenv("DDP_TEST_FAKE_KILL_IN_REDUCE", "1", 1); /* global rank 1 */
+        const char *how = getenv("GPUCHECK_FAULT"); /* "fail": rank 1's reduction fails */
+        setenv(how && !strcmp(how, "fail") ? "DDP_TEST_FAKE_FAIL_IN_REDUCE"
+                                           : "DDP_TEST_FAKE_KILL_IN_REDUCE",
+               "1", 1); /* global rank 1 */
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         size_t n = 4096;

@@ -55,13 +55,17 @@ typedef struct ipc {
     char detail[96];
 } ipc;
 
-/* A failure of a device call: "cuda-ipc: allreduce #3 (float32 × N) failed on member 1: <msg>". */
+/* A failure of a device call: "cuda-ipc: allreduce #3 (float32 × N) failed on member 1: <msg>".
+ * The CPU backend is aborted with that line, so the peers, which would otherwise wait for this
+ * rank at the next barrier until the deadline, fail at once and say why. */
 static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char *msg, ddp__fail *f)
 {
     f->status = s;
     ddp__fmt(f->msg, sizeof f->msg, "cuda-ipc: %s #%llu (%s × %zu) failed on member %d: %s",
              ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
              c->count, g->me, msg);
+    if (g->n > 1)
+        g->inner->abort(g->inner_be, f->msg);
     return s;
 }
 

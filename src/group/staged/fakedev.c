@@ -273,16 +273,23 @@ static void fake_ipc_close(void *ctx, void *dev)
     fake_free(ctx, dev); /* a peer's block: unmapped, no descriptor */
 }
 
-/* The fixed-order reduction of cpu/reduce.c, then the division once; DDP_TEST_FAKE_KILL_IN_REDUCE
- * =R makes global rank R (the RANK variable) die here, in the middle of a collective: the test of
- * the peers' failure (tests/integration/test_gpu.sh). */
+/* The fixed-order reduction of cpu/reduce.c, then the division once. For the tests of the peers'
+ * failure (tests/integration/test_gpu.sh): DDP_TEST_FAKE_KILL_IN_REDUCE=R makes global rank R (the
+ * RANK variable) die here, in the middle of a collective; DDP_TEST_FAKE_FAIL_IN_REDUCE=R makes
+ * its reduction fail, as a kernel launch can. */
 static ddp_status fake_reduce(void *ctx, void *dst, const void *const *srcs, int k, size_t n,
                               ddp_dtype t, ddp_op op, int avg_div, char *msg)
 {
     (void)ctx;
     const char *kill_rank = getenv("DDP_TEST_FAKE_KILL_IN_REDUCE"), *rank = getenv("RANK");
+    const char *fail_rank = getenv("DDP_TEST_FAKE_FAIL_IN_REDUCE");
     if (kill_rank && rank && !strcmp(kill_rank, rank))
         raise(SIGKILL);
+    if (fail_rank && rank && !strcmp(fail_rank, rank)) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "cuda: reduce: an illegal memory access (the test's failure)");
+        return DDP_ERR_SYSTEM;
+    }
     if (k < 1 || k > DDP__IPC_MAX_SRCS) {
         ddp__fmt(msg, DDP_ERRMSG_MAX, "reduce over %d sources (1 to %d)", k, DDP__IPC_MAX_SRCS);
         return DDP_ERR_INVALID;
