@@ -867,11 +867,37 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
                     .cache_dir = set->cache_dir,
                     .mpi_mode = set->mpi_mode};
     ddp__setup_place(&s);
-    if ((st = ddp__backend_choose(named, &s, &chosen, err)) ||
-        (st = chosen->create(&s, &g->be, &g->ops, err)))
+    char refused[DDP_ERRMSG_MAX] = "";
+    if ((st = ddp__backend_choose(named, &s, &chosen, err)))
+        goto out_fail;
+    st = chosen->create(&s, &g->be, &g->ops, err);
+    /* auto's cuda-ipc refused by CUDA on some member (every member knows: its set-up shares
+     * each one's result): the group goes through host memory instead, under a prefix of its own
+     * (the first attempt's store keys stay behind), and its reason says why */
+    if (st == DDP_ERR_NOT_FOUND && !named && chosen == &ddp__ipc_backend &&
+        ddp__staged_backend.usable(&s, refused, sizeof refused)) {
+        ddp__fmt(refused, sizeof refused, "%s", err ? err->msg : "cuda-ipc refused");
+        char prefix[256];
+        ddp__fmt(prefix, sizeof prefix, "%s/staged", s.m.prefix);
+        ddp__setup s2 = s;
+        s2.m.prefix = prefix;
+        chosen = &ddp__staged_backend;
+        st = chosen->create(&s2, &g->be, &g->ops, err);
+    } else {
+        refused[0] = '\0';
+    }
+    if (st)
         goto out_fail;
     g->backend = chosen->name;
-    ddp__backend_reason(chosen, named != NULL, &s, g->reason, sizeof g->reason);
+    if (refused[0]) { /* what refused, without the hint to use cuda-staged, which auto did */
+        char *hint = strstr(refused, "; use backend");
+        if (hint)
+            *hint = '\0';
+        ddp__fmt(g->reason, sizeof g->reason, "ranks share a GPU, and %s: staged through host memory",
+                 refused);
+    } else {
+        ddp__backend_reason(chosen, named != NULL, &s, g->reason, sizeof g->reason);
+    }
     const char *detail = g->ops->detail ? g->ops->detail(g->be) : NULL;
     if (detail) {
         size_t used = strlen(g->reason);

@@ -60,6 +60,16 @@ assert_contains gpu2s.out "gradients on the GPU over cuda-staged"
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 1 6 1e-5 || fail "2 ranks: cuda-staged differs from the cpu"
 ok "device-resident, 2 ranks sharing the fake GPU, small buckets launched from backward on the progress thread: the same losses as 2 cpu ranks"
 
+# CUDA IPC refused (rank 1's opens fail, as in a container without a shared IPC namespace):
+# auto's cuda-ipc gives way to cuda-staged on both ranks, the DDP line says why, same losses.
+rc=0; fake env DDP_TEST_FAKE_IPC_REFUSED=1 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" \
+    "${ARGS[@]}" --device cuda --total_steps 3 --out_dir refused >refused.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat refused.out; fail "CUDA IPC refused: exit $rc"; }
+assert_contains refused.out "gradients on the GPU over cuda-staged: ranks share a GPU, and cuda-ipc: member 1"
+assert_contains refused.out "(CUDA IPC refused:"
+losses cpu2/metrics.jsonl refused/metrics.jsonl 1 3 1e-5 || fail "the fallback's losses differ"
+ok "CUDA IPC refused on one rank: auto falls back to cuda-staged on both, says why, same losses"
+
 # Dropout on the GPU (every dropout of the model: the embedding's, the attention probabilities',
 # the residual branches'): the module gets the model's seed and each batch's step and first
 # sample, the masks are the CPU's, so 2 ranks with dropout 0.1 on the fake GPU = on the cpu.

@@ -427,7 +427,7 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
         goto out_free;
     for (int r = 0; r < g->n && st == DDP_OK; r++)
         if (!all[r].ok)
-            st = ddp__err(err, DDP_ERR_SYSTEM,
+            st = ddp__err(err, DDP_ERR_NOT_FOUND, /* every member alike: auto falls back */
                           "cuda-ipc: member %d (rank %d) could not export its staging region%s%s; "
                           "use backend 'cuda-staged' (DDP_BACKEND, ddptrain's gpu_backend)",
                           r, s->m.ranks[r], r == g->me ? ": " : "", r == g->me ? msg : "");
@@ -449,7 +449,7 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
         goto out_free;
     for (int r = 0; r < g->n && st == DDP_OK; r++)
         if (!all[r].ok)
-            st = ddp__err(err, DDP_ERR_SYSTEM,
+            st = ddp__err(err, DDP_ERR_NOT_FOUND, /* every member alike: auto falls back */
                           "cuda-ipc: member %d (rank %d) could not map its peers' staging "
                           "regions%s%s (CUDA IPC refused: a container without a shared IPC "
                           "namespace, or a GPU/driver without IPC); use backend 'cuda-staged' "

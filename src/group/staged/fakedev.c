@@ -235,6 +235,14 @@ static ddp_status fake_ipc_export(void *ctx, void *dev, void *handle, char *msg)
 static ddp_status fake_ipc_open(void *ctx, const void *handle, void **dev, char *msg)
 {
     (void)ctx;
+    /* DDP_TEST_FAKE_IPC_REFUSED=r: rank r's opens fail, as in a container without a shared IPC
+     * namespace (auto then falls back to cuda-staged on every rank) */
+    const char *refuse = getenv("DDP_TEST_FAKE_IPC_REFUSED"), *rank = getenv("RANK");
+    if (refuse && atoi(refuse) == atoi(rank ? rank : "0")) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaIpcOpenMemHandle failed: operation not supported "
+                                      "(DDP_TEST_FAKE_IPC_REFUSED)");
+        return DDP_ERR_SYSTEM;
+    }
     fake_handle h;
     memcpy(&h, handle, sizeof h);
     if (memcmp(h.magic, "ddpfake", 8) != 0) {
