@@ -5,8 +5,11 @@
  *   best GEMM measured here (the "measured cuBLAS peak" of issue 12);
  *   elementwise kernels (residual add, GELU, AdamW) in GB/s, as a fraction of a device-to-device
  *   copy measured in the same run;
+ *   causal attention at GPT-2 124M's shape (B 8, T 1024, 12 heads of 64), fp32 and bf16: the
+ *   batched path (cuBLAS + softmax, (T, T) probabilities) against the fused flash kernel
+ *   (flash.cu), forward and forward + backward in ms, flash's speed-up;
  *   a GPT training step (forward + backward on the GPU; the host optimizer) at GPT-2 124M's
- *   shape in tokens/s and MFU.
+ *   shape in tokens/s and MFU, bf16 with either attention (DDP_CUDA_ATTENTION).
  * Wall-clock timing around ddp__cuda_sync, best of several rounds after a warm-up.
  * Built only with DDP_CUDA; run by scripts/gpu-check.sh on a GPU machine. Prints `skipped` and
  * exits 77 without a GPU. NOT YET RUN: no figure from it exists yet.
@@ -108,6 +111,86 @@ struct ew_arg {
     size_t n;
     int kind; /* 0 copy, 1 add, 2 gelu, 3 adamw */
 };
+
+struct att_arg {
+    int B, T, C, nh;
+    ddp_dtype dt; /* DDP_FLOAT32 or DDP_BFLOAT16 */
+    bool flash, bwd;
+    void *qkv, *out, *dout, *dqkv, *att, *scr, *fscr;
+    float *lse;
+};
+
+/* One attention forward (and backward with bwd) on either path. */
+static void att_op(void *p)
+{
+    struct att_arg *a = p;
+    bool h = a->dt != DDP_FLOAT32;
+    if (a->flash) {
+        check(ddp__cuda_flash_forward(ctx, a->dt, a->qkv, a->B, a->T, a->C, a->nh, a->out, a->lse,
+                                      &err));
+        if (a->bwd)
+            check(ddp__cuda_flash_backward(ctx, a->dt, a->dout, a->qkv, a->out, a->lse, a->B, a->T,
+                                           a->C, a->nh, a->fscr, a->dqkv, &err));
+    } else if (h) {
+        check(ddp__cuda_attention_forward_h(ctx, a->dt, a->qkv, a->B, a->T, a->C, a->nh, a->att,
+                                            a->scr, a->out, NULL, &err));
+        if (a->bwd)
+            check(ddp__cuda_attention_backward_h(ctx, a->dt, a->dout, a->qkv, a->att, a->B, a->T,
+                                                 a->C, a->nh, a->scr, a->dqkv, NULL, &err));
+    } else {
+        check(ddp__cuda_attention_forward(ctx, a->qkv, a->B, a->T, a->C, a->nh, a->att, a->scr,
+                                          a->out, DDP_PRECISION_FP32, NULL, &err));
+        if (a->bwd)
+            check(ddp__cuda_attention_backward(ctx, a->dout, a->qkv, a->att, a->B, a->T, a->C,
+                                               a->nh, a->scr, a->dqkv, DDP_PRECISION_FP32, NULL,
+                                               &err));
+    }
+}
+
+/* Batched against flash at B, T 1024, 12 heads of 64, in fp32 and bf16. */
+static void attention_bench(int B)
+{
+    const int T = 1024, C = 768, nh = 12;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    const size_t tt = (size_t)B * nh * T * T;
+    size_t scr = ddp__cuda_attention_scratch(B, T, C, nh) * sizeof(float);
+    if (ddp__cuda_attention_scratch_h(B, T, C, nh) > scr)
+        scr = ddp__cuda_attention_scratch_h(B, T, C, nh);
+    struct att_arg a = {.B = B, .T = T, .C = C, .nh = nh, .dt = DDP_FLOAT32};
+    a.qkv = dalloc(nq * 4), a.out = dalloc(no * 4), a.dout = dalloc(no * 4);
+    a.dqkv = dalloc(nq * 4), a.att = dalloc(tt * 4), a.scr = dalloc(scr);
+    a.fscr = dalloc(ddp__cuda_flash_scratch(B, T, C, nh)), a.lse = dalloc((size_t)B * nh * T * 4);
+    float *x = dalloc(nq * 4);
+    fill_random(x, nq);
+    for (int k = 0; k < 2; k++) {
+        a.dt = k ? DDP_BFLOAT16 : DDP_FLOAT32;
+        if (k) { /* the same values in bf16 */
+            check(ddp__cuda_f32_to_h(ctx, DDP_BFLOAT16, x, nq, a.qkv, &err));
+            check(ddp__cuda_f32_to_h(ctx, DDP_BFLOAT16, x, no, a.dout, &err));
+        } else {
+            check(ddp__cuda_copy(ctx, a.qkv, x, nq * 4, &err));
+            check(ddp__cuda_copy(ctx, a.dout, x, no * 4, &err));
+        }
+        for (int bwd = 0; bwd < 2; bwd++) {
+            double t[2];
+            a.bwd = bwd;
+            for (int f = 0; f < 2; f++) {
+                a.flash = f;
+                t[f] = time_op(att_op, &a, 5);
+            }
+            for (int f = 0; f < 2; f++) {
+                char what[80];
+                snprintf(what, sizeof what, "attention %s B%d T%d hs64 %s %s ms",
+                         k ? "bf16" : "fp32", B, T, f ? "flash" : "batched",
+                         bwd ? "fwd+bwd" : "fwd");
+                printf("%-44s %12.3f %9.2fx batched's speed\n", what, t[f] * 1e3, t[0] / t[f]);
+            }
+        }
+    }
+    void *bufs[] = {a.qkv, a.out, a.dout, a.dqkv, a.att, a.scr, a.fscr, a.lse, x};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        ddp__cuda_free(bufs[i]);
+}
 
 static void ew_op(void *p)
 {
@@ -224,16 +307,20 @@ static void kernels(const ddp_device_choice *dcp, bool quick)
     }
     ddp__cuda_free(e.a), ddp__cuda_free(e.b), ddp__cuda_free(e.y), ddp__cuda_free(e.m);
     ddp__cuda_free(e.v);
+    attention_bench(quick ? 2 : 8);
     ddp__cuda_ctx_destroy(ctx);
 }
 
 /* A GPT step through the model (forward + backward on the GPU, host AdamW), in fp32, tf32 and
- * bf16 (issue 12's speed figure is bf16's), or bf16 alone. */
+ * bf16 (issue 12's speed figure is bf16's), bf16 again with the flash attention
+ * (DDP_CUDA_ATTENTION=flash); or bf16 alone (batched attention). */
 static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only)
 {
     const ddp_device_choice dc = *dcp;
-    const ddp_precision step_prec[] = {DDP_PRECISION_FP32, DDP_PRECISION_TF32, DDP_PRECISION_BF16};
-    for (int p = bf16_only ? 2 : 0; p < 3; p++) {
+    const ddp_precision step_prec[] = {DDP_PRECISION_FP32, DDP_PRECISION_TF32, DDP_PRECISION_BF16,
+                                       DDP_PRECISION_BF16};
+    for (int p = bf16_only ? 2 : 0; p < (bf16_only ? 3 : 4); p++) {
+        const bool flash = p == 3;
         ddp_model_spec s = DDP_MODEL_SPEC_INIT;
         s.type = "gpt";
         s.n_layer = quick ? 4 : 12;
@@ -245,7 +332,9 @@ static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only)
         s.device = DDP_DEVICE_CUDA;
         s.precision = step_prec[p];
         ddp_model *m;
+        setenv("DDP_CUDA_ATTENTION", flash ? "flash" : "batched", 1);
         check(ddp_model_build(&s, &m, &err));
+        unsetenv("DDP_CUDA_ATTENTION");
         size_t np;
         const ddp_model_param *pl = ddp_model_params(m, &np);
         ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
@@ -281,8 +370,8 @@ static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only)
         double fl = ddp_model_flops_per_sample(m, s.block_size) * s.max_batch;
         double peak = ddp_device_peak_flops(dc.name, s.precision);
         char what[80];
-        snprintf(what, sizeof what, "gpt L%d B%d T1024 %s step tokens/s", s.n_layer, s.max_batch,
-                 ddp_precision_name(s.precision));
+        snprintf(what, sizeof what, "gpt L%d B%d T1024 %s%s step tokens/s", s.n_layer, s.max_batch,
+                 ddp_precision_name(s.precision), flash ? " flash" : "");
         printf("%-44s %12.0f %9.1f%% mfu (fwd+bwd alone %.0f tokens/s, %.1f%%)\n", what,
                (double)N / whole, peak > 0 ? 100.0 * fl / whole / peak : 0.0, (double)N / fwdbwd,
                peak > 0 ? 100.0 * fl / fwdbwd / peak : 0.0);

@@ -20,7 +20,9 @@
 #                                DDP_GPT_DUMP_DEVICE=cuda), the GPU backends (integration.gpu:
 #                                tests/integration/test_gpu.sh), ddptrain's GPT 10 steps
 #                                on cpu and on cuda compared (fp32, bf16 against the CPU's
-#                                bf16 or fp32, fp16 with loss scaling against the CPU's fp32),
+#                                bf16 or fp32, fp16 with loss scaling against the CPU's fp32;
+#                                the flash attention, DDP_CUDA_ATTENTION=flash, in fp32 against
+#                                the cpu and in bf16 against the batched path),
 #                                the bf16 and fp16 GPTs against torch autocast (fp16 with
 #                                GradScaler; tests/python/test_gpt_bf16_torch.py), the GPU benchmarks
 #                                (gpu_bench, and bench/gpu_gpt_torch.py for PyTorch on the
@@ -229,6 +231,41 @@ finite = all(abs(x) < float("inf") for x in a + b)  # False for NaN too (max() m
 print(f"largest difference {d:.2e}; finite: {finite}")
 sys.exit(0 if finite and d <= 1e-4 else 1)
 EOP
+    # the fused (flash) attention, DDP_CUDA_ATTENTION=flash (docs/gpu.md; head size 32 here:
+    # n_head 2, as flash takes 32, 64, 128 and the runs above have 16): fp32 on cuda against the
+    # cpu within 1e-4, bf16 against the batched path's bf16 of the same shape within 2e-2 and not
+    # equal to it bit for bit (flash really ran)
+    local -a fargs=()
+    local prev="" a
+    for a in "${args[@]}"; do
+        [ "$prev" = --model.n_head ] && a=2
+        fargs+=("$a")
+        prev=$a
+    done
+    check "ddptrain gpt n_head 2 device cpu" "$CARRY/bin/ddptrain" "${fargs[@]}" --device cpu \
+        --out_dir "$W/cpu_h2"
+    check "ddptrain gpt n_head 2 cuda flash" env DDP_CUDA_ATTENTION=flash "$CARRY/bin/ddptrain" \
+        "${fargs[@]}" --device cuda --out_dir "$W/flash"
+    check "ddptrain gpt n_head 2 cuda flash bf16" env DDP_CUDA_ATTENTION=flash \
+        "$CARRY/bin/ddptrain" "${fargs[@]}" --device cuda --precision bf16 --out_dir "$W/flashbf16"
+    check "ddptrain gpt n_head 2 cuda batched bf16" env DDP_CUDA_ATTENTION=batched \
+        "$CARRY/bin/ddptrain" "${fargs[@]}" --device cuda --precision bf16 --out_dir "$W/batchbf16"
+    local cmp_losses='
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if "\"loss\"" in l]
+a, b, tol, differ = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+print("a", a); print("b", b)
+assert len(a) == len(b) == 10, (len(a), len(b))
+d = max(abs(x - y) for x, y in zip(a, b))
+finite = all(abs(x) < float("inf") for x in a + b)
+print(f"largest difference {d:.2e} (tolerance {tol}); equal: {a == b}; finite: {finite}")
+sys.exit(0 if finite and d <= tol and (a != b or not differ) else 1)
+'
+    check "ddptrain cpu vs cuda flash losses (1e-4)" syspy -c "$cmp_losses" \
+        "$W/cpu_h2/metrics.jsonl" "$W/flash/metrics.jsonl" 1e-4 0
+    check "ddptrain bf16 flash vs batched losses (2e-2, not equal)" syspy -c "$cmp_losses" \
+        "$W/batchbf16/metrics.jsonl" "$W/flashbf16/metrics.jsonl" 2e-2 1
     check "ddprun 2 ranks on cuda" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda2"
     # device-resident training: the gradients' GPU group is named (nccl at world 1, cuda-ipc

@@ -253,6 +253,29 @@ ddp_status ddp__cuda_vocab_xent_hgrad(ddp__cuda_ctx *ctx, ddp_dtype ht, float *l
                                       const int32_t *targets, int N, int V, float scale, int count,
                                       float *row_loss, int32_t *correct, bool grad, ddp_error *err);
 
+/* ---- fused causal attention (flash.cu; FlashAttention-2 style) -------------------------------
+ * The same results as ddp__cuda_attention_forward/_backward (fp32) and their _h twins (bf16,
+ * fp16) without the (B, nh, T, T) probabilities: dtype dt is DDP_FLOAT32 (FMA products, fp32
+ * throughout), DDP_BFLOAT16 or DDP_FLOAT16 (tensor-core products with fp32 accumulation, fp32
+ * softmax statistics, P and dS rounded to dt for their products as the batched 16-bit path);
+ * qkv, out, dout, dqkv are of dt (16-bit: uint16_t bit patterns). Head sizes C/nh of 32, 64 or
+ * 128 only (ddp__cuda_flash_supported; another is refused with DDP_ERR_INVALID: use the batched
+ * path). Deterministic: fixed reduction orders, no atomics. UNVERIFIED: compiled, never run on a
+ * GPU (docs/gpu.md). */
+bool ddp__cuda_flash_supported(int hs);
+/* Bytes of the backward's scratch (D = rowsum(dO ∘ O), B·nh·T floats): O(B·nh·T), no T². */
+size_t ddp__cuda_flash_scratch(int B, int T, int C, int nh);
+/* out (B, T, C) from qkv (B, T, 3C); lse (B, nh, T) fp32 the rows' logsumexp of the scaled
+ * scores, which the backward reads. */
+ddp_status ddp__cuda_flash_forward(ddp__cuda_ctx *ctx, ddp_dtype dt, const void *qkv, int B,
+                                   int T, int C, int nh, void *out, float *lse, ddp_error *err);
+/* dqkv (B, T, 3C) overwritten, from dout (B, T, C) and the forward's qkv, out and lse; scratch:
+ * ddp__cuda_flash_scratch bytes. */
+ddp_status ddp__cuda_flash_backward(ddp__cuda_ctx *ctx, ddp_dtype dt, const void *dout,
+                                    const void *qkv, const void *out, const float *lse, int B,
+                                    int T, int C, int nh, void *scratch, void *dqkv,
+                                    ddp_error *err);
+
 /* ---- optimizer and gradients ----------------------------------------------------------------- */
 
 /* ddp_nn_adamw_step on the device: p, m, v fp32 (p the master weights); p_bf16 (n,) receives

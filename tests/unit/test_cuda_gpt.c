@@ -11,9 +11,12 @@
  *     bf16 (fp32 where this CPU has no bf16 units), and not fp32's losses bit for bit;
  *   - precision fp16 on the GPU (fp16_*), as torch.autocast(float16) + GradScaler: the same
  *     against the CPU in fp32, the GPU's loss scaled by 65536 (GradScaler's initial scale) and
- *     its gradients unscaled on the host (ddp/amp.h), tighter bounds (11 significant bits).
+ *     its gradients unscaled on the host (ddp/amp.h), tighter bounds (11 significant bits);
+ *   - the fused (flash) attention against the batched one (DDP_CUDA_ATTENTION), fp32, bf16 and
+ *     fp16: logits and 10 steps' losses (flash_vs_batched).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -420,6 +423,102 @@ static void fp16_ten_steps(void **state)
     assert_true(same < 10);
 }
 
+/* ---- the fused (flash) attention against the batched one --------------------------------------
+ * DDP_CUDA_ATTENTION (read when the model is built) picks the GPU GPT's attention. Two GPU models
+ * of head size 32 (n_head 2: flash takes 32, 64, 128), the same seed, one per path: evaluation
+ * logits, then 10 AdamW steps (the host optimizer) on the same batches, each loss compared. */
+static ddp_model *build_att(ddp_precision prec, const char *attention)
+{
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.type = "gpt";
+    s.n_layer = L;
+    s.n_head = 2;
+    s.n_embd = C;
+    s.block_size = TMAX;
+    s.vocab_size = V;
+    s.max_batch = B;
+    s.seed = 1234;
+    s.bias = true;
+    s.device = DDP_DEVICE_CUDA;
+    s.precision = prec;
+    ddp_model *m = NULL;
+    ddp_error err = {0};
+    setenv("DDP_CUDA_ATTENTION", attention, 1);
+    ddp_status st = ddp_model_build(&s, &m, &err);
+    unsetenv("DDP_CUDA_ATTENTION");
+    if (st != DDP_OK)
+        fail_msg("build (cuda, attention %s): %s", attention, err.msg);
+    return m;
+}
+
+static void flash_vs_batched_on(ddp_precision prec, double tol_logits, double tol_loss)
+{
+    const char *pn = ddp_precision_name(prec);
+    ddp_model *m[2] = {build_att(prec, "batched"), build_att(prec, "flash")};
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(0, TMAX - 3, tok, tgt); /* T not a multiple of the kernels' tiles */
+    ddp_model_batch eb = {.n = B, .tokens = tok, .seq_len = TMAX - 3};
+    assert_int_equal(ddp_model_forward(m[0], &eb, false, NULL), DDP_OK);
+    assert_int_equal(ddp_model_forward(m[1], &eb, false, NULL), DDP_OK);
+    size_t r1, c1, r2, c2;
+    const float *l1 = ddp_model_logits(m[0], &r1, &c1), *l2 = ddp_model_logits(m[1], &r2, &c2);
+    assert_int_equal(r1, r2);
+    assert_int_equal(c1, c2);
+    double d = rel(l2, l1, r1 * c1);
+    printf("  %s logits flash vs batched: rel %.2e (tolerance %.0e; 0 would mean flash did not "
+           "run)\n",
+           pn, d, tol_logits);
+    assert_true(d <= tol_logits);
+    assert_true(d > 0);
+    ddp_optim *o[2];
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    ddp_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        size_t np;
+        const ddp_model_param *p = ddp_model_params(m[k], &np);
+        if (ddp_optim_create(&oo, p, np, &o[k], &err) != DDP_OK)
+            fail_msg("%s", err.msg);
+    }
+    double worst = 0;
+    for (uint64_t step = 1; step <= 10; step++) {
+        make_batch(200 + step, TMAX, tok, tgt);
+        ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX};
+        double loss[2];
+        for (int k = 0; k < 2; k++) {
+            ddp_model_out out;
+            ddp_model_zero_grad(m[k]);
+            assert_int_equal(ddp_model_forward(m[k], &b, true, &out), DDP_OK);
+            assert_int_equal(ddp_model_backward(m[k], NULL, NULL), DDP_OK);
+            ddp_optim_step(o[k], step, 1e-3f, 1.0f);
+            loss[k] = out.loss;
+        }
+        printf("    step %2llu: batched %.6f flash %.6f\n", (unsigned long long)step, loss[0],
+               loss[1]);
+        if (!(fabs(loss[0] - loss[1]) <= worst))
+            worst = fabs(loss[0] - loss[1]);
+    }
+    printf("  %s 10 steps flash vs batched: largest loss difference %.2e (tolerance %.0e)\n", pn,
+           worst, tol_loss);
+    assert_true(worst <= tol_loss);
+    for (int k = 0; k < 2; k++) {
+        ddp_optim_destroy(o[k]);
+        ddp_model_free(m[k]);
+    }
+}
+
+/* fp32: both paths are fp32 (flash in FMA products): the issue's GPU-vs-reference bounds,
+ * logits 1e-3 (here 1e-4: the same weights, only the attention's summation order differs) and
+ * losses 1e-4. bf16/fp16: the two paths round P differently (normalized or not) and D; within
+ * the bf16 GPT's bounds against fp32 (logits 5e-2, losses 2e-2), fp16 a quarter of those. */
+static void flash_vs_batched(void **state)
+{
+    (void)state;
+    flash_vs_batched_on(DDP_PRECISION_FP32, 1e-4, 1e-4);
+    flash_vs_batched_on(DDP_PRECISION_BF16, 5e-2, 2e-2);
+    flash_vs_batched_on(DDP_PRECISION_FP16, 1.25e-2, 5e-3);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
@@ -429,6 +528,7 @@ int main(void)
         cmocka_unit_test(dropout_matches),
         cmocka_unit_test(bf16_logits_grads), cmocka_unit_test(bf16_ten_steps),
         cmocka_unit_test(fp16_logits_grads), cmocka_unit_test(fp16_ten_steps),
+        cmocka_unit_test(flash_vs_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

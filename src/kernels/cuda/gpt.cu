@@ -50,6 +50,7 @@ struct blk {
     /* 16-bit only, in place of ln1, qkv, att, atty, ln2, fch, fchg (NULL in fp32/tf32):
      * (N, C), (N, 3C), (B, nh, T, T), (N, C), (N, C), (N, 4C), (N, 4C) */
     uint16_t *ln1h, *qkvh, *atth, *attyh, *ln2h, *fchh, *fchgh;
+    float *lse; /* flash attention only: (B, nh, T) the rows' logsumexp, in place of att/atth */
 };
 
 } // namespace
@@ -72,6 +73,7 @@ struct ddp__cuda_gpt {
      * bytes). In 16 bits tmp, lnf, dbig and scratch are not allocated, and dln doubles as the
      * buffer of the last positions' gather. */
     bool half;    /* precision bf16 or fp16 */
+    bool flash;   /* the fused attention (flash.cu) in place of the batched one: attention_choice */
     ddp_dtype ht; /* then DDP_BFLOAT16 or DDP_FLOAT16 */
     uint16_t *params_h, *lnfh, *tmph, *dresh, *dbigh;
     void *scratch_h;
@@ -200,7 +202,8 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
         blk *a = &g->b[l];
         void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,  a->att,  a->atty, a->xmid,
                         a->ln2,  a->ln2_mean, a->ln2_rstd, a->fch,  a->fchg, a->xout, a->ln1h,
-                        a->qkvh, a->atth,     a->attyh,    a->ln2h, a->fchh, a->fchgh};
+                        a->qkvh, a->atth,     a->attyh,    a->ln2h, a->fchh, a->fchgh,
+                        a->lse};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             ddp__cuda_free(bufs[k]);
     }
@@ -293,6 +296,26 @@ out_free:
     return st;
 }
 
+/* Which attention the model runs, from DDP_CUDA_ATTENTION (read once, at create): "batched"
+ * (or unset: the default) the cuBLAS strided-batched path keeping the (B, nh, T, T)
+ * probabilities; "flash" the fused kernel (flash.cu: no T² memory) where the head size is 32, 64
+ * or 128 and dropout is 0, the batched path otherwise. The default stays batched until a GPU session has checked
+ * flash (docs/gpu.md). */
+static ddp_status attention_choice(const ddp__cuda_gpt_cfg *cfg, bool *flash, ddp_error *err)
+{
+    const char *v = getenv("DDP_CUDA_ATTENTION");
+    *flash = false;
+    if (!v || !*v || !strcmp(v, "batched"))
+        return DDP_OK;
+    if (strcmp(v, "flash"))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: DDP_CUDA_ATTENTION=%s: expected batched or flash", v);
+    /* no dropout in the fused kernel: with dropout the batched path runs */
+    *flash = cfg->dropout == 0 && cfg->nh > 0 && cfg->C % cfg->nh == 0 &&
+             ddp__cuda_flash_supported(cfg->C / cfg->nh);
+    return DDP_OK;
+}
+
 /* cudaMalloc of n elements of es bytes into *p (a pointer of any type); st stays DDP_OK on
  * success. */
 static ddp_status dalloc_es(void *p, size_t n, size_t es, ddp_error *err)
@@ -340,11 +363,14 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
         st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of memory");
         goto out_free;
     }
-    if ((st = layout(g, counts, n, err)) || (st = ddp__cuda_ctx_create(cfg->device, &g->ctx, err)))
+    if ((st = attention_choice(cfg, &g->flash, err)) || (st = layout(g, counts, n, err)) ||
+        (st = ddp__cuda_ctx_create(cfg->device, &g->ctx, err)))
         goto out_free;
     {
         const size_t N = (size_t)cfg->B * cfg->Tmax, C = (size_t)cfg->C, V = (size_t)cfg->V;
-        const size_t TT = (size_t)cfg->B * cfg->nh * cfg->Tmax * cfg->Tmax;
+        /* flash keeps no probabilities (att/atth of 1 byte), lse instead, and a smaller scratch */
+        const size_t TT = g->flash ? 0 : (size_t)cfg->B * cfg->nh * cfg->Tmax * cfg->Tmax;
+        const size_t fscr = ddp__cuda_flash_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh);
         g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1));
         g->correct_host = (int32_t *)malloc(sizeof(int32_t) * N);
         g->row_loss_host = (float *)malloc(sizeof(float) * N);
@@ -371,12 +397,16 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
                 (st = dalloc_h(&g->dbigh, N * 4 * C, err)) ||
                 (st = dalloc_es(
                      &g->scratch_h, 1,
-                     ddp__cuda_attention_scratch_h(cfg->B, cfg->Tmax, cfg->C, cfg->nh), err)))
+                     g->flash ? fscr
+                              : ddp__cuda_attention_scratch_h(cfg->B, cfg->Tmax, cfg->C, cfg->nh),
+                     err)))
                 goto out_free;
         } else if ((st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
                    (st = dalloc(&g->dbig, N * 4 * C, err)) ||
                    (st = dalloc(&g->scratch,
-                                ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh),
+                                g->flash ? fscr / sizeof(float)
+                                         : ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C,
+                                                                       cfg->nh),
                                 err))) {
             goto out_free;
         }
@@ -384,7 +414,8 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
             blk *a = &g->b[l];
             if ((st = dalloc(&a->ln1_mean, N, err)) || (st = dalloc(&a->ln1_rstd, N, err)) ||
                 (st = dalloc(&a->xmid, N * C, err)) || (st = dalloc(&a->ln2_mean, N, err)) ||
-                (st = dalloc(&a->ln2_rstd, N, err)) || (st = dalloc(&a->xout, N * C, err)))
+                (st = dalloc(&a->ln2_rstd, N, err)) || (st = dalloc(&a->xout, N * C, err)) ||
+                (g->flash && (st = dalloc(&a->lse, (size_t)cfg->B * cfg->nh * cfg->Tmax, err))))
                 goto out_free;
             if (g->half) {
                 if ((st = dalloc_h(&a->ln1h, N * C, err)) ||
@@ -460,8 +491,10 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
                                               a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
             (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
                                            3 * C, a->qkv, pr, err)) ||
-            (st = ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch, a->atty,
-                                              pr, &da, err)) ||
+            (st = g->flash ? ddp__cuda_flash_forward(c, DDP_FLOAT32, a->qkv, n, T, C, nh, a->atty,
+                                                     a->lse, err)
+                           : ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att,
+                                                         g->scratch, a->atty, pr, &da, err)) ||
             (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
                                            g->tmp, pr, err)) ||
             (st = drop_branch(g, 3 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
@@ -523,8 +556,10 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
                                                 LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), PH(g, a->attn_b), N,
                                              C, 3 * C, a->qkvh, err)) ||
-            (st = ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
-                                                g->scratch_h, a->attyh, &da, err)) ||
+            (st = g->flash ? ddp__cuda_flash_forward(c, ht, a->qkvh, n, T, C, nh, a->attyh,
+                                                     a->lse, err)
+                           : ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
+                                                           g->scratch_h, a->attyh, &da, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b),
                                              N, C, C, g->tmph, err)) ||
             (st = drop_branch(g, 3 + 3 * l, ht, g->tmph, NC, err)) ||
@@ -660,8 +695,11 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
                                                    NC, &dp, err))) ||
             (st = ddp__cuda_linear_backward(c, dy, a->atty, P(g, a->proj_w), N, C, C, g->dln,
                                             G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
-            (st = ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh, g->scratch,
-                                               g->dbig, pr, &da, err)) ||
+            (st = g->flash ? ddp__cuda_flash_backward(c, DDP_FLOAT32, g->dln, a->qkv, a->atty,
+                                                      a->lse, n, T, C, nh, g->scratch, g->dbig,
+                                                      err)
+                           : ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh,
+                                                          g->scratch, g->dbig, pr, &da, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dbig, a->ln1, P(g, a->attn_w), N, C, 3 * C,
                                             g->dln, G(g, a->attn_w), G(g, a->attn_b), pr, err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
@@ -728,8 +766,11 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
             (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->attyh, PH(g, a->proj_w), N, C,
                                               C, g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b),
                                               err)) ||
-            (st = ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n, T, C, nh,
-                                                 g->scratch_h, g->dbigh, &da, err)) ||
+            (st = g->flash ? ddp__cuda_flash_backward(c, ht, g->tmph, a->qkvh, a->attyh, a->lse,
+                                                      n, T, C, nh, g->scratch_h, g->dbigh, err)
+                           : ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n,
+                                                            T, C, nh, g->scratch_h, g->dbigh, &da,
+                                                            err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
                                               3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
                                               G(g, a->attn_b), err)) ||
