@@ -22,7 +22,9 @@
  *
  * Head sizes 32, 64 and 128 (ddp__cuda_flash_supported); every tile fits the default 48 KiB of
  * shared memory (static_asserts), so no opt-in attribute. 128 threads (4 warps) per block.
- * UNVERIFIED: compiled, never run on a GPU (docs/gpu.md).
+ * UNVERIFIED on a GPU: compiled, never run on one (docs/gpu.md). The kernels' logic (indexing,
+ * causal masks, partial tiles, online softmax, barrier order) runs on the CPU in unit.flash_emu
+ * (tests/emu: this file's kernels unchanged under a small CUDA emulation, wmma as documented).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
