@@ -1,113 +1,242 @@
 /*
- * tests/emu/cuda_emu.h — just enough of CUDA, on the CPU, to run src/kernels/cuda/flash.cu's
- * kernels unchanged (test_flash_emu.sh strips its includes and host launchers): a thread block
- * is 128 std::threads, __syncthreads a std::barrier over them, __syncwarp and the warp shuffles
- * a barrier per warp; shared memory a heap buffer filled with 0xff bytes (NaN in every float
- * format: a read of something never written shows in the results). nvcuda::wmma as documented:
- * a fragment holds its whole 16×16 tile (every lane computes all of it, lane 0 stores), loads
- * and stores abort unless the pointer is 256-bit aligned and ldm a multiple of 8 (16-bit) or 4
- * (fp32), row_major / col_major as the CUDA guide defines them. What this cannot check: the
- * hardware's fragment layouts and timing, races the barriers here happen to hide, nvcc's code.
+ * tests/emu/cuda_emu.h — just enough of CUDA, on the CPU, to run the kernels of
+ * src/kernels/cuda unchanged (cu_extract.py keeps their device code, common.cuh's included): a
+ * thread block is blockDim.x·y·z std::threads (≤ 1024, warps of 32 consecutive threads, the last
+ * one partial), __syncthreads a barrier over the block's live threads, __syncwarp and the warp
+ * shuffles a barrier per warp. A thread that returns leaves its block's and its warp's barriers
+ * (as on sm_70+); a block whose barriers make no progress for 60 s (a divergent __syncthreads
+ * or a shuffle some lanes never reach) aborts instead of hanging. A full-mask shuffle
+ * with exited lanes in the warp, or reading an exited or missing lane, aborts (undefined in
+ * CUDA). Shared memory (dynamic: emu.smem; static: emu_static_shared) is filled with 0xff bytes
+ * (NaN in every float format: a read of something never written shows in the results). Atomics
+ * are std::atomic_ref. Blocks run one after another (the same threads). nvcuda::wmma as documented: a fragment
+ * holds its whole 16×16 tile (every lane computes all of it, lane 0 stores), loads and stores
+ * abort unless the pointer is 256-bit aligned and ldm a multiple of 8 (16-bit) or 4 (fp32),
+ * row_major / col_major as the CUDA guide defines them. What this cannot check: the hardware's
+ * fragment layouts and timing, races the barriers here happen to hide, nvcc's code.
  */
 #pragma once
 #include <algorithm>
-#include <barrier>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
-#include <cstdio>
-#include <cstdlib>
 #define DDP_HOSTDEV
 extern "C" {
 #include "util/half.h"
 }
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __restrict__
+#define __align__(n) alignas(n)
 using std::max;
 using std::min;
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 struct emu_thread {
     dim3 tI, bI, gD, bD;
     unsigned char *smem;
+    unsigned lin; /* linear thread index in the block */
 };
 inline thread_local emu_thread emu;
 #define threadIdx (emu.tI)
 #define blockIdx (emu.bI)
 #define gridDim (emu.gD)
 #define blockDim (emu.bD)
+
+/* Barrier generations completed, all blocks: emu_launch's watchdog sees progress in it. */
+inline std::atomic<unsigned long> emu_progress{0};
+/* A barrier over n threads that a thread may leave (drop); waiters sleep on a futex. */
+struct emu_barrier {
+    std::mutex m;
+    unsigned n = 0, arrived = 0;
+    std::atomic<unsigned long> gen{0};
+    const char *what = "";
+    void release() /* under m */
+    {
+        arrived = 0;
+        gen.fetch_add(1);
+        gen.notify_all();
+        emu_progress.fetch_add(1, std::memory_order_relaxed);
+    }
+    void wait()
+    {
+        unsigned long g;
+        {
+            std::lock_guard<std::mutex> l(m);
+            g = gen.load();
+            if (++arrived == n) {
+                release();
+                return;
+            }
+        }
+        while (gen.load() == g)
+            gen.wait(g);
+    }
+    void drop()
+    {
+        std::lock_guard<std::mutex> l(m);
+        n--;
+        if (n > 0 && arrived == n)
+            release();
+    }
+};
 struct emu_block {
-    std::barrier<> *all;
-    std::barrier<> *warp[4];
-    float xch[4][32];
+    emu_barrier all;
+    emu_barrier warp[32];
+    uint64_t xch[32][32];
+    bool exited[32][32];
+    unsigned nthreads;
+    std::mutex sm_m; /* the static shared areas, by declaration */
+    std::map<int, std::unique_ptr<unsigned char[]>> sm_static;
 };
 inline thread_local emu_block *emu_b;
+inline unsigned emu_warp_size(unsigned w)
+{
+    return std::min(32u, emu_b->nthreads - w * 32);
+}
 inline void __syncthreads()
 {
-    emu_b->all->arrive_and_wait();
+    emu_b->all.wait();
 }
-inline void __syncwarp()
+inline void __syncwarp(unsigned = 0xffffffffu)
 {
-    emu_b->warp[threadIdx.x / 32]->arrive_and_wait();
+    emu_b->warp[emu.lin / 32].wait();
 }
-inline float __shfl_xor_sync(unsigned, float v, int o)
+/* `__shared__ T a[N];` inside a kernel, per block (cu_extract.py rewrites it to this). */
+inline void *emu_static_shared(size_t bytes, int id)
 {
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu_b->xch[w][l] = v;
+    std::lock_guard<std::mutex> l(emu_b->sm_m);
+    auto &p = emu_b->sm_static[id];
+    if (!p) {
+        p.reset(new unsigned char[bytes + 256]);
+        memset(p.get(), 0xff, bytes + 256);
+    }
+    unsigned char *q = p.get();
+    while ((uintptr_t)q % 256)
+        q++;
+    return q;
+}
+/* The shuffle core: every lane of the warp publishes v, then reads lane src (own if src < 0). */
+template <typename T> inline T emu_shfl(unsigned mask, T v, int src)
+{
+    static_assert(sizeof(T) <= 8, "shuffle of a type over 8 bytes");
+    const unsigned w = emu.lin / 32, l = emu.lin % 32, ws = emu_warp_size(w);
+    bool gone[32];
+    {
+        std::lock_guard<std::mutex> g(emu_b->warp[w].m);
+        memcpy(gone, emu_b->exited[w], sizeof gone);
+    }
+    if (mask == 0xffffffffu)
+        for (unsigned i = 0; i < ws; i++)
+            if (gone[i]) {
+                fprintf(stderr, "cuda_emu: full-mask shuffle in warp %u with lane %u exited\n",
+                        w, i);
+                abort();
+            }
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof v);
+    emu_b->xch[w][l] = b;
     __syncwarp();
-    float r = emu_b->xch[w][l ^ o];
+    T r = v;
+    if (src >= 0) {
+        if ((unsigned)src >= ws || gone[src] || !(mask >> src & 1)) {
+            fprintf(stderr, "cuda_emu: shuffle reads lane %d of warp %u (size %u), not taking part\n",
+                    src, w, ws);
+            abort();
+        }
+        b = emu_b->xch[w][src];
+        memcpy(&r, &b, sizeof r);
+    }
     __syncwarp();
     return r;
 }
-struct ddp__bf16 {
-    uint16_t bits;
-};
-struct ddp__fp16 {
-    uint16_t bits;
-};
-inline float ddp__ld(const float *p)
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int o, int width = 32)
+{
+    int l = emu.lin % 32;
+    return emu_shfl(mask, v, (l & ~(width - 1)) | ((l % width) ^ o));
+}
+template <typename T> inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32)
+{
+    int l = emu.lin % 32, s = l % width + (int)d;
+    return emu_shfl(mask, v, s < width ? l + (int)d : -1);
+}
+template <typename T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32)
+{
+    int l = emu.lin % 32, s = l % width - (int)d;
+    return emu_shfl(mask, v, s >= 0 ? l - (int)d : -1);
+}
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
+{
+    int l = emu.lin % 32;
+    return emu_shfl(mask, v, (l & ~(width - 1)) + src % width);
+}
+template <typename T> inline T __ldg(const T *p)
 {
     return *p;
 }
-inline float ddp__ld(const ddp__bf16 *p)
+template <typename T> inline T atomicAdd(T *p, T v)
 {
-    return ddp__bf16_to_f32(p->bits);
+    return std::atomic_ref<T>(*p).fetch_add(v);
 }
-inline float ddp__ld(const ddp__fp16 *p)
+template <typename T> inline T atomicSub(T *p, T v)
 {
-    return ddp__f16_to_f32(p->bits);
+    return std::atomic_ref<T>(*p).fetch_sub(v);
 }
-inline void ddp__st(float *p, float v)
+template <typename T> inline T atomicOr(T *p, T v)
 {
-    *p = v;
+    return std::atomic_ref<T>(*p).fetch_or(v);
 }
-inline void ddp__st(ddp__bf16 *p, float v)
+template <typename T> inline T atomicExch(T *p, T v)
 {
-    p->bits = ddp__f32_to_bf16(v);
+    return std::atomic_ref<T>(*p).exchange(v);
 }
-inline void ddp__st(ddp__fp16 *p, float v)
+template <typename T> inline T atomicMax(T *p, T v)
 {
-    p->bits = ddp__f32_to_f16(v);
+    std::atomic_ref<T> a(*p);
+    T o = a.load();
+    while (o < v && !a.compare_exchange_weak(o, v)) {
+    }
+    return o;
 }
-template <typename T> inline T ddp__warp_sum(T v)
+template <typename T> inline T atomicMin(T *p, T v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    std::atomic_ref<T> a(*p);
+    T o = a.load();
+    while (v < o && !a.compare_exchange_weak(o, v)) {
+    }
+    return o;
 }
-inline float ddp__warp_max(float v)
+template <typename T> inline T atomicCAS(T *p, T cmp, T v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    std::atomic_ref<T>(*p).compare_exchange_strong(cmp, v);
+    return cmp;
 }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
+inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
+inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
+
 struct __nv_bfloat16 {
     uint16_t bits;
 };
@@ -202,34 +331,89 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
 }
 } // namespace wmma
 } // namespace nvcuda
-// run kernel body f for each block of grid with 128 threads
+
+/* Runs kernel body f (a lambda calling the kernel) for every block of grid, block.x·y·z threads
+ * each, smem_bytes of dynamic shared memory per block (poisoned). The block's threads are made
+ * once per launch and run the blocks one after another, the block's state (barriers, exited
+ * lanes, shared memory poisoned again) reset between blocks. */
+template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, F f)
+{
+    const unsigned nt = block.x * block.y * block.z;
+    if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        fprintf(stderr, "cuda_emu: bad launch %ux%ux%u blocks of %u threads\n", grid.x, grid.y,
+                grid.z, nt);
+        abort();
+    }
+    std::vector<unsigned char> sm(smem_bytes + 256, 0xff);
+    unsigned char *base = sm.data();
+    while ((uintptr_t)base % 256)
+        base++;
+    auto blk = std::make_unique<emu_block>();
+    blk->nthreads = nt;
+    auto reset = [&] {
+        std::fill(sm.begin(), sm.end(), 0xff);
+        blk->all.n = nt, blk->all.arrived = 0, blk->all.what = "__syncthreads";
+        for (unsigned w = 0; w * 32 < nt; w++)
+            blk->warp[w].n = std::min(32u, nt - w * 32), blk->warp[w].arrived = 0;
+        memset(blk->exited, 0, sizeof blk->exited);
+        blk->sm_static.clear();
+    };
+    reset();
+    emu_barrier between; /* all threads between two blocks */
+    between.n = nt;
+    std::mutex done_m;
+    std::condition_variable done_cv;
+    unsigned done = 0;
+    std::vector<std::thread> ts;
+    ts.reserve(nt);
+    for (unsigned t = 0; t < nt; t++)
+        ts.emplace_back([&, t] {
+            emu_block *b = blk.get();
+            emu_b = b;
+            emu.lin = t;
+            emu.tI = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+            emu.gD = grid;
+            emu.bD = block;
+            emu.smem = base;
+            for (unsigned bz = 0; bz < grid.z; bz++)
+                for (unsigned by = 0; by < grid.y; by++)
+                    for (unsigned bx = 0; bx < grid.x; bx++) {
+                        emu.bI = dim3(bx, by, bz);
+                        f();
+                        {
+                            std::lock_guard<std::mutex> l(b->warp[t / 32].m);
+                            b->exited[t / 32][t % 32] = true;
+                        }
+                        b->warp[t / 32].drop();
+                        b->all.drop();
+                        between.wait();
+                        if (t == 0)
+                            reset();
+                        between.wait();
+                    }
+            std::lock_guard<std::mutex> l(done_m);
+            if (++done == nt)
+                done_cv.notify_one();
+        });
+    /* the watchdog: a launch whose barriers make no progress for 60 s is stuck */
+    for (;;) {
+        unsigned long p0 = emu_progress.load();
+        std::unique_lock<std::mutex> l(done_m);
+        if (done_cv.wait_for(l, std::chrono::seconds(60), [&] { return done == nt; }))
+            break;
+        if (emu_progress.load() == p0) {
+            fprintf(stderr,
+                    "cuda_emu: a block is stuck: __syncthreads waits for %u of %u threads (a "
+                    "divergent barrier or shuffle)\n",
+                    blk->all.arrived, blk->all.n);
+            abort();
+        }
+    }
+    for (auto &t : ts)
+        t.join();
+}
+/* flash.cu's launches: 128 threads. */
 template <typename F> void emu_launch(dim3 grid, size_t smem_bytes, F f)
 {
-    for (unsigned by = 0; by < grid.y; by++)
-        for (unsigned bx = 0; bx < grid.x; bx++) {
-            std::vector<unsigned char> sm(smem_bytes + 128);
-            // poison shared memory: uninitialized reads show up as NaN
-            for (size_t i = 0; i < smem_bytes; i++)
-                sm[i] = 0xff;
-            unsigned char *base = sm.data();
-            while ((uintptr_t)base % 128)
-                base++;
-            std::barrier<> all(128);
-            std::barrier<> w0(32), w1(32), w2(32), w3(32);
-            emu_block blk{&all, {&w0, &w1, &w2, &w3}, {}};
-            std::vector<std::thread> ts;
-            for (unsigned t = 0; t < 128; t++)
-                ts.emplace_back([&, t] {
-                    emu_b = &blk;
-                    emu.tI.x = t;
-                    emu.bI.x = bx;
-                    emu.bI.y = by;
-                    emu.gD = grid;
-                    emu.bD.x = 128;
-                    emu.smem = base;
-                    f();
-                });
-            for (auto &t : ts)
-                t.join();
-        }
+    emu_launch(grid, dim3(128), smem_bytes, f);
 }

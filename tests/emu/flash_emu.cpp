@@ -6,6 +6,7 @@
  * error). T 70 and 1 (quick), also 5, 64, 129 with --full. Built and run by test_flash_emu.sh.
  */
 #include "cuda_emu.h"
+#include "common_cuh.inc"
 #include "flash_kernels.inc"
 #include <random>
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# unit.<name>_emu: the kernels of src/kernels/cuda, unchanged, run on the CPU (cuda_emu.h; their
+# device code kept by cu_extract.py) against the product's CPU layers in libddp.
+# usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE
+#   NAME: attention (tests/emu/attention_emu.cpp), …; SANITIZE: '', address or thread (the
+#   build's DDP_SANITIZE: the test is built with the same sanitizer as libddp).
+# Needs a C++20 compiler (std::atomic_ref) and python3; skips (77) without them.
+set -euo pipefail
+src=$1 work=$2 name=$3 lib=$4 link=$5 san=${6:-}
+cxx=${CXX:-c++}
+mkdir -p "$work"
+if ! command -v python3 >/dev/null ||
+    ! echo '#include <atomic>
+int main(){int x=0;std::atomic_ref<int>(x).fetch_add(1);}' | "$cxx" -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
+    echo "no python3 or no C++20 compiler with std::atomic_ref ($cxx): skipped"
+    exit 77
+fi
+k=$src/src/kernels/cuda
+ex() { python3 "$src/tests/emu/cu_extract.py" "$@"; }
+ex "$k/common.cuh" --keep ddp__cuda_blocks >"$work/common_cuh.inc"
+ex "$k/dropout.cuh" --keep ddp__drop_args >"$work/dropout_cuh.inc"
+for f in attention dropout layers optim devmath ipcreduce classifier; do
+    ex "$k/$f.cu" >"$work/${f}_kernels.inc"
+done
+flags=()
+case $san in
+address) flags=(-fsanitize=address,undefined -fno-omit-frame-pointer) ;;
+thread) flags=(-fsanitize=thread) ;;
+esac
+# shellcheck disable=SC2086
+"$cxx" -std=c++20 -O2 -g -pthread "${flags[@]}" -Wall -Wno-unused-function -Wno-unknown-pragmas \
+    -I"$src/include" -I"$src/src" -I"$src/tests/emu" -I"$work" -o "$work/${name}_emu" \
+    "$src/tests/emu/${name}_emu.cpp" "$lib" $link -lm -ldl
+"$work/${name}_emu"
