@@ -12,7 +12,7 @@ import sys
 HOST_TYPES = re.compile(r"\b(cuda[A-Z]\w*|cublas\w*|cudnn\w*|CUBLAS_\w+|CUDA_R_\w+|nccl\w*)\b")
 DEVICE = re.compile(r"\b(__global__|__device__|__host__)\b")
 TYPEISH = re.compile(r"^\s*(template\s*<[^{;]*>\s*)?(struct|class|enum|union|typedef|using|constexpr|"
-                     r"static\s+constexpr|static\s+const|const)\b")
+                     r"static\s+constexpr)\b|^\s*(static\s+)?const\s[^(]*=")
 STRUCTISH = re.compile(r"^\s*(template\s*<[^{;]*>\s*)?(struct|class|enum|union)\b")
 sid = [0]
 

@@ -42,6 +42,9 @@ extern "C" {
 #define __launch_bounds__(...)
 #define __restrict__
 #define __align__(n) alignas(n)
+using std::isfinite;
+using std::isinf;
+using std::isnan;
 using std::max;
 using std::min;
 struct dim3 {
@@ -228,6 +231,15 @@ template <typename T> inline T atomicCAS(T *p, T cmp, T v)
     return cmp;
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+/* the _rn intrinsics: single IEEE operations, never contracted (neither is anything here: no
+ * -mfma; nvcc contracts a·b + c into an FMA by default, which this cannot show) */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }

@@ -19,9 +19,10 @@ k=$src/src/kernels/cuda
 ex() { python3 "$src/tests/emu/cu_extract.py" "$@"; }
 ex "$k/common.cuh" --keep ddp__cuda_blocks >"$work/common_cuh.inc"
 ex "$k/dropout.cuh" --keep ddp__drop_args >"$work/dropout_cuh.inc"
-for f in attention dropout layers optim devmath ipcreduce classifier; do
+for f in attention dropout layers gemm optim ipcreduce classifier; do
     ex "$k/$f.cu" >"$work/${f}_kernels.inc"
 done
+ex "$k/devmath.cu" --keep reduce_blocks >"$work/devmath_kernels.inc"
 flags=()
 case $san in
 address) flags=(-fsanitize=address,undefined -fno-omit-frame-pointer) ;;
