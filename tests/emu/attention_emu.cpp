@@ -72,8 +72,8 @@ static double rel(const std::vector<float> &g, const std::vector<float> &w)
     double md = 0, mw = 0;
     for (size_t i = 0; i < g.size(); i++) {
         double d = fabs((double)g[i] - w[i]);
-        if (!(d <= md))
-            md = d; /* NaN (poison) wins */
+        if (!(d <= md) && !std::isnan(md))
+            md = d; /* NaN (poison) wins, and stays */
         mw = std::max(mw, fabs((double)w[i]));
     }
     return md / mw;

@@ -66,8 +66,8 @@ static double rel(const float *g, const float *w, size_t n)
     double md = 0, mw = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)g[i] - w[i]);
-        if (!(d <= md))
-            md = d;
+        if (!(d <= md) && !std::isnan(md))
+            md = d; /* NaN (poison) wins, and stays */
         mw = std::max(mw, fabs((double)w[i]));
     }
     return mw > 0 ? md / mw : md;
