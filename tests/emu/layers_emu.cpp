@@ -3,7 +3,7 @@
  * and backward with its atomics, layernorm forward (fp32 and 16-bit out) and backward (warp per
  * row, and the weight/bias gradients by column chunks with atomics), GELU (tanh) forward and
  * backward, the residual adds, the fused vocabulary cross-entropy with its fp32 gradient and its
- * 16-bit gradient written in place over the logits in chunks), gemm.cu's column sum and
+ * 16-bit gradient written in place over the logits in chunks), gemm.cu's column sum and bias add,
  * devmath.cu's f32 ↔ 16-bit conversions run on the CPU through cuda_emu.h with the launch
  * geometry of their host code, against the product's CPU layers (ddp_nn_*, libddp) or util/half.h.
  * Outputs poisoned (0xff) first. Dropout and the conversions must match bit for bit; the rest
@@ -230,6 +230,25 @@ template <typename E> static void t_gelu_add(size_t n)
     check(s, rel(db.data(), rdb.data(), C), 1e-5);
 }
 
+/* ---- gemm.cu's bias epilogue: C (rows, cols; leading dimension ldc) += bias ---- */
+template <typename Bt, typename E> static void t_add_bias(int rows, int cols, int ldc)
+{
+    auto cf = randv((size_t)rows * ldc), bf = randv(cols);
+    auto C = narrow<E>(cf);
+    auto bias = narrow<Bt>(bf);
+    cf = widen(C.data(), C.size()), bf = widen(bias.data(), cols);
+    std::vector<E> want = C;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++)
+            ddp__st(&want[(size_t)r * ldc + j], cf[(size_t)r * ldc + j] + bf[j]);
+    const size_t total = (size_t)rows * cols;
+    emu_launch(ddp__cuda_blocks(total, 256), 256, 0,
+               [&] { add_bias_kernel<Bt, E>(bias.data(), rows, cols, C.data(), ldc); });
+    char s[80];
+    snprintf(s, sizeof s, "bias add (%s bias, %s C, ldc %d)", nm<Bt>(), nm<E>(), ldc);
+    check_exact(s, C.data(), want.data(), C.size() * sizeof(E));
+}
+
 /* ---- vocabulary cross-entropy ---- */
 template <typename H> static void t_xent(int N, int V, bool hgrad)
 {
@@ -320,6 +339,9 @@ int main()
     t_gelu_add<float>(300 * 9);
     t_gelu_add<ddp__bf16>(300 * 9);
     t_gelu_add<ddp__fp16>(300 * 9);
+    t_add_bias<float, float>(37, 50, 64);
+    t_add_bias<float, ddp__bf16>(37, 50, 50);
+    t_add_bias<ddp__fp16, ddp__fp16>(37, 50, 56);
     t_xent<ddp__bf16>(6, 1100, false);
     t_xent<ddp__bf16>(6, 1100, true);
     t_xent<ddp__fp16>(6, 1100, true);
