@@ -1,7 +1,7 @@
 /*
  * tests/emu/optim_emu.cpp — optim.cu's fused AdamW (grad_scale, the optional bf16 copy) and
  * scale, devmath.cu's SGD, unscale-and-check and sum of squares (fp32, fp64, bf16, fp16; block
- * sums, one atomic add per block) run on the CPU through cuda_emu.h with their host code's launch
+ * sums, one atomic add per block, the grid-stride loop) run on the CPU through cuda_emu.h with their host code's launch
  * geometry, against ddp_nn_adamw_step / ddp_nn_sgd_step / ddp_nn_clip_grad_norm (libddp) and
  * plain loops. AdamW and SGD must match bit for bit here (the emulation, like the CPU, fuses no
  * multiply-adds; nvcc contracts adamw_kernel's a·b + c into FMAs by default, so a GPU may differ
@@ -120,7 +120,7 @@ static void t_unscale(size_t n, bool poison)
     check_exact("scale", x.data(), wx.data(), n * 4);
 }
 
-template <typename T> static void t_sumsq(size_t n, const char *name)
+template <typename T> static void t_sumsq(size_t n, const char *name, unsigned grid = 0)
 {
     auto f = randv(n, -2, 2);
     std::vector<T> x(n);
@@ -140,9 +140,11 @@ template <typename T> static void t_sumsq(size_t n, const char *name)
         want = norm * norm;
     }
     double acc = 0;
-    emu_launch(reduce_blocks(n), 256, 0, [&] { sumsq_kernel<T>(x.data(), n, &acc); });
+    if (!grid)
+        grid = reduce_blocks(n);
+    emu_launch(grid, 256, 0, [&] { sumsq_kernel<T>(x.data(), n, &acc); });
     char s[96];
-    snprintf(s, sizeof s, "sum of squares %s n %zu (%u blocks)", name, n, reduce_blocks(n));
+    snprintf(s, sizeof s, "sum of squares %s n %zu (%u blocks)", name, n, grid);
     check(s, fabs(acc - want) / want, 1e-12);
 }
 
@@ -159,7 +161,10 @@ int main()
     t_sumsq<double>(300, "fp64");
     t_sumsq<half_bits<true>>(5000, "bf16");
     t_sumsq<half_bits<false>>(5000, "fp16");
-    t_sumsq<float>(1024 * 256 + 77, "fp32"); /* the 1024-block cap: grid-stride */
+    t_sumsq<float>(5077, "fp32", 3); /* fewer blocks than elements / 256 (as reduce_blocks' cap
+                                        of 1024 makes for n > 2^18): the grid-stride loop */
+    if (reduce_blocks((size_t)1 << 20) != 1024)
+        printf("reduce_blocks: no 1024-block cap FAIL\n"), bad++;
     printf("%d failed\n", bad);
     return bad != 0;
 }
