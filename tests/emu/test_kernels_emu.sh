@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # unit.<name>_emu: the kernels of src/kernels/cuda, unchanged, run on the CPU (cuda_emu.h; their
 # device code kept by cu_extract.py) against the product's CPU layers in libddp.
-# usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE
+# usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE [C_COMPILER_ID]
 #   NAME: attention (tests/emu/attention_emu.cpp), …; SANITIZE: '', address or thread (the
-#   build's DDP_SANITIZE: the test is built with the same sanitizer as libddp).
+#   build's DDP_SANITIZE: the test is built with the same sanitizer as libddp); C_COMPILER_ID
+#   Clang picks clang++ (the same sanitizer runtime as libddp's) unless CXX is set.
 # Needs a C++20 compiler (std::atomic_ref) and python3; skips (77) without them.
 set -euo pipefail
-src=$1 work=$2 name=$3 lib=$4 link=$5 san=${6:-}
+src=$1 work=$2 name=$3 lib=$4 link=$5 san=${6:-} ccid=${7:-}
 cxx=${CXX:-c++}
+[ -z "${CXX:-}" ] && [ "$ccid" = Clang ] && command -v clang++ >/dev/null && cxx=clang++
 mkdir -p "$work"
 if ! command -v python3 >/dev/null ||
     ! echo '#include <atomic>
