@@ -43,10 +43,8 @@
 enum { HALF_IN = 1, HALF_OUT = 2 };
 
 typedef struct ipc {
-    ddp__devops dev;
-    bool dev_made;
-    void *inner_be; /* the CPU backend among the same members: barriers, the handles */
-    const ddp__backend_ops *inner;
+    ddp__gpu_share sh; /* first: the device and the CPU backend among the same members (barriers,
+                          the handles); the shared forwarders take the backend as it */
     char *region; /* mine: IN at 0, OUT at half (device memory) */
     char **peer;  /* (n,) every member's region as mapped here; peer[me] = region */
     size_t half;  /* bytes in each half */
@@ -65,7 +63,7 @@ static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char 
              ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
              c->count, g->me, msg);
     if (g->n > 1)
-        g->inner->abort(g->inner_be, f->msg);
+        g->sh.inner->abort(g->sh.inner_be, f->msg);
     return s;
 }
 
@@ -84,7 +82,7 @@ static ddp_status inner_run(ipc *g, const ddp__coll *c, ddp__kind kind, const vo
     k.stream = NULL;
     k.event = NULL;
     k.avg_div = 0;
-    ddp_status s = g->inner->run(g->inner_be, &k, f);
+    ddp_status s = g->sh.inner->run(g->sh.inner_be, &k, f);
     if (s && c->kind != kind) { /* say which collective of this backend it was part of */
         char inner_msg[DDP_ERRMSG_MAX];
         ddp__fmt(inner_msg, sizeof inner_msg, "%s", f->msg);
@@ -102,7 +100,7 @@ static ddp_status inner_run(ipc *g, const ddp__coll *c, ddp__kind kind, const vo
 static ddp_status meet(ipc *g, const ddp__coll *c, ddp__fail *f)
 {
     char msg[DDP_ERRMSG_MAX];
-    ddp_status s = g->dev.sync(g->dev.ctx, c->deadline_ms, msg);
+    ddp_status s = g->sh.dev.sync(g->sh.dev.ctx, c->deadline_ms, msg);
     if (s)
         return dev_fail(g, c, s, msg, f);
     if (g->n > 1 && (s = inner_run(g, c, DDP__BARRIER, NULL, NULL, 0, c->dtype, f)))
@@ -120,7 +118,7 @@ static ddp_status before_write(ipc *g, const ddp__coll *c, int h, ddp__fail *f)
 /* Queues bytes from src to dst on the device (nothing for 0 bytes). */
 static ddp_status d2d(ipc *g, void *dst, const void *src, size_t bytes, char *msg)
 {
-    return bytes ? g->dev.d2d(g->dev.ctx, dst, src, bytes, msg) : DDP_OK;
+    return bytes ? g->sh.dev.d2d(g->sh.dev.ctx, dst, src, bytes, msg) : DDP_OK;
 }
 
 /* One allreduce chunk of m elements at element offset off. */
@@ -140,7 +138,7 @@ static ddp_status allreduce_chunk(ipc *g, const ddp__coll *c, size_t off, size_t
     if (hi > lo) {
         for (size_t q = 0; q < W; q++) /* the fixed order: member 0 first */
             srcs[q] = g->peer[q] + lo * e;
-        if ((s = g->dev.reduce(g->dev.ctx, g->region + g->half + lo * e, srcs, g->n, hi - lo,
+        if ((s = g->sh.dev.reduce(g->sh.dev.ctx, g->region + g->half + lo * e, srcs, g->n, hi - lo,
                                c->dtype, c->op, c->avg_div, msg)))
             return dev_fail(g, c, s, msg, f);
     }
@@ -176,7 +174,7 @@ static ddp_status reduce_scatter_chunk(ipc *g, const ddp__coll *c, size_t off, s
     if (m) {
         for (size_t q = 0; q < W; q++)
             srcs[q] = g->peer[q] + (size_t)g->me * b;
-        if ((s = g->dev.reduce(g->dev.ctx, (char *)c->recv + off * e, srcs, g->n, m, c->dtype,
+        if ((s = g->sh.dev.reduce(g->sh.dev.ctx, (char *)c->recv + off * e, srcs, g->n, m, c->dtype,
                                c->op, c->avg_div, msg)))
             return dev_fail(g, c, s, msg, f);
     }
@@ -230,9 +228,9 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
         return g->n > 1 ? inner_run(g, c, DDP__BARRIER, NULL, NULL, 0, c->dtype, f) : DDP_OK;
     if (c->device != DDP_DEVICE_CUDA) { /* host buffers (the debug check's): the CPU backend's */
         ddp__coll k = *c;
-        k.avg_div = g->inner->fuses_avg ? c->avg_div : 0;
-        if ((s = g->inner->run(g->inner_be, &k, f)) == DDP_OK && c->avg_div > 1 &&
-            !g->inner->fuses_avg && (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
+        k.avg_div = g->sh.inner->fuses_avg ? c->avg_div : 0;
+        if ((s = g->sh.inner->run(g->sh.inner_be, &k, f)) == DDP_OK && c->avg_div > 1 &&
+            !g->sh.inner->fuses_avg && (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
             ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
         return s;
     }
@@ -244,7 +242,7 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
         return dev_fail(g, c, DDP_ERR_INVALID, "the staging region holds no element", f);
     if (c->count == 0)
         return DDP_OK;
-    if ((s = g->dev.after(g->dev.ctx, c->stream, msg)))
+    if ((s = g->sh.dev.after(g->sh.dev.ctx, c->stream, msg)))
         return dev_fail(g, c, s, msg, f);
     for (size_t off = 0; off < c->count; off += k) {
         size_t m = c->count - off < k ? c->count - off : k;
@@ -266,40 +264,10 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
 
 /* ---- the backend ---------------------------------------------------------------------------- */
 
-static void *ipc_alloc(void *be, size_t bytes)
-{
-    ipc *g = be;
-    return g->dev.alloc(g->dev.ctx, bytes);
-}
-
-static void ipc_free(void *be, void *p)
-{
-    ipc *g = be;
-    g->dev.free(g->dev.ctx, p);
-}
-
-static ddp_status ipc_copy(void *be, void *dst, const void *src, size_t bytes, char *msg)
-{
-    ipc *g = be;
-    return g->dev.copy(g->dev.ctx, dst, src, bytes, msg);
-}
-
-static void ipc_abort(void *be, const char *why)
-{
-    ipc *g = be;
-    g->inner->abort(g->inner_be, why);
-}
-
 static const char *ipc_detail(void *be)
 {
     ipc *g = be;
     return g->detail;
-}
-
-static const ddp__devops *ipc_devops(void *be)
-{
-    ipc *g = be;
-    return &g->dev;
 }
 
 static void ipc_destroy(void *be)
@@ -312,27 +280,24 @@ static void ipc_destroy(void *be)
      * when this rank leaves early. */
     for (int r = 0; g->peer && r < g->n; r++)
         if (r != g->me && g->peer[r])
-            g->dev.ipc_close(g->dev.ctx, g->peer[r]);
+            g->sh.dev.ipc_close(g->sh.dev.ctx, g->peer[r]);
     free(g->peer);
     if (g->region)
-        g->dev.free(g->dev.ctx, g->region);
-    if (g->inner)
-        g->inner->destroy(g->inner_be);
-    if (g->dev_made)
-        g->dev.destroy(g->dev.ctx);
+        g->sh.dev.free(g->sh.dev.ctx, g->region);
+    ddp__share_end(&g->sh);
     free(g);
 }
 
 static const ddp__backend_ops ipc_ops = {
     .name = "cuda-ipc",
     .run = ipc_run,
-    .alloc = ipc_alloc,
-    .free = ipc_free,
-    .copy = ipc_copy,
-    .abort = ipc_abort,
+    .alloc = ddp__share_alloc,
+    .free = ddp__share_free,
+    .copy = ddp__share_copy,
+    .abort = ddp__share_abort,
     .destroy = ipc_destroy,
     .detail = ipc_detail,
-    .devops = ipc_devops,
+    .devops = ddp__share_devops,
     .fuses_avg = true,
 };
 
@@ -379,7 +344,7 @@ static ddp_status exchange(ipc *g, const ddp__setup *s, const setup_word *mine, 
                    .device = DDP_DEVICE_CPU,
                    .deadline_ms = ddp__now_ms() + s->timeout_ms};
     ddp__fail f = {0};
-    if (g->inner->run(g->inner_be, &c, &f) != DDP_OK)
+    if (g->sh.inner->run(g->sh.inner_be, &c, &f) != DDP_OK)
         return ddp__err(err, f.status ? f.status : DDP_ERR_NETWORK,
                         "cuda-ipc: exchanging %s among the ranks: %s", what, f.msg);
     return DDP_OK;
@@ -397,16 +362,7 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
     ddp_status st;
     char msg[DDP_ERRMSG_MAX] = "";
     setup_word *all = NULL;
-    if ((st = s->fake_gpu ? ddp__fake_devops(&g->dev, err)
-                          : ddp__cuda_devops(s->cuda_device, &g->dev, err)))
-        goto out_free;
-    g->dev_made = true;
-    ddp__setup host = *s;
-    host.device = DDP_DEVICE_CPU;
-    host.gpus = NULL;
-    const ddp__backend *inner;
-    if ((st = ddp__backend_choose(NULL, &host, &inner, err)) ||
-        (st = inner->create(&host, &g->inner_be, &g->inner, err)))
+    if ((st = ddp__share_start(&g->sh, s, err)))
         goto out_free;
     size_t bytes = (s->arena_bytes ? s->arena_bytes : (size_t)64 << 20) / 2;
     g->half = bytes / 2 / 256 * 256; /* each half aligned for any dtype and the copies */
@@ -418,10 +374,10 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
     }
     /* Round 1: allocate and export, and every member's handle with whether that worked. */
     setup_word mine = {0};
-    g->region = g->dev.alloc(g->dev.ctx, 2 * g->half);
+    g->region = g->sh.dev.alloc(g->sh.dev.ctx, 2 * g->half);
     if (!g->region)
         ddp__fmt(msg, sizeof msg, "cannot allocate %zu bytes of device memory", 2 * g->half);
-    else if (g->n == 1 || g->dev.ipc_export(g->dev.ctx, g->region, mine.handle, msg) == DDP_OK)
+    else if (g->n == 1 || g->sh.dev.ipc_export(g->sh.dev.ctx, g->region, mine.handle, msg) == DDP_OK)
         mine.ok = 1;
     if ((st = exchange(g, s, &mine, all, "the regions' IPC handles", err)))
         goto out_free;
@@ -440,7 +396,7 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
         void *p = NULL;
         if (r == g->me)
             continue;
-        if (g->dev.ipc_open(g->dev.ctx, all[r].handle, &p, msg) == DDP_OK)
+        if (g->sh.dev.ipc_open(g->sh.dev.ctx, all[r].handle, &p, msg) == DDP_OK)
             g->peer[r] = p;
         else
             mine.ok = 0;

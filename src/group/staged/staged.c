@@ -138,13 +138,10 @@ ddp_status ddp__staged_run(const ddp__stage *st, const ddp__coll *c, ddp__fail *
 /* ---- the backend ---------------------------------------------------------------------------- */
 
 typedef struct staged {
+    ddp__gpu_share sh; /* first: the shared forwarders take the backend as it */
     ddp__stage st;
-    ddp__devops dev;
-    bool dev_made;
     bool pinned;
     bool own_buf; /* malloc'd: the inner backend has no arena */
-    void *inner_be;
-    const ddp__backend_ops *inner;
 } staged;
 
 static ddp_status staged_run(void *be, const ddp__coll *c, ddp__fail *f)
@@ -153,29 +150,66 @@ static ddp_status staged_run(void *be, const ddp__coll *c, ddp__fail *f)
     return ddp__staged_run(&s->st, c, f);
 }
 
-static void *staged_alloc(void *be, size_t bytes)
+/* ---- what cuda-staged and cuda-ipc share (staged_int.h) ------------------------------------ */
+
+ddp_status ddp__share_start(ddp__gpu_share *sh, const ddp__setup *s, ddp_error *err)
 {
-    staged *s = be;
-    return s->dev.alloc(s->dev.ctx, bytes);
+    ddp_status st = s->fake_gpu ? ddp__fake_devops(&sh->dev, err)
+                                : ddp__cuda_devops(s->cuda_device, &sh->dev, err);
+    if (st)
+        return st;
+    sh->dev_made = true;
+    ddp__setup host = *s;
+    host.device = DDP_DEVICE_CPU;
+    host.gpus = NULL;
+    const ddp__backend *inner;
+    if ((st = ddp__backend_choose(NULL, &host, &inner, err)) ||
+        (st = inner->create(&host, &sh->inner_be, &sh->inner, err)))
+        sh->inner = NULL;
+    return st;
 }
 
-static void staged_free(void *be, void *p)
+void ddp__share_end(ddp__gpu_share *sh)
 {
-    staged *s = be;
-    s->dev.free(s->dev.ctx, p);
+    if (sh->inner)
+        sh->inner->destroy(sh->inner_be);
+    sh->inner = NULL;
+    if (sh->dev_made)
+        sh->dev.destroy(sh->dev.ctx);
+    sh->dev_made = false;
 }
 
-static ddp_status staged_copy(void *be, void *dst, const void *src, size_t bytes, char *msg)
+void *ddp__share_alloc(void *be, size_t bytes)
 {
-    staged *s = be;
-    return s->dev.copy(s->dev.ctx, dst, src, bytes, msg);
+    ddp__gpu_share *sh = be;
+    return sh->dev.alloc(sh->dev.ctx, bytes);
 }
 
-static void staged_abort(void *be, const char *why)
+void ddp__share_free(void *be, void *p)
 {
-    staged *s = be;
-    s->inner->abort(s->inner_be, why);
+    ddp__gpu_share *sh = be;
+    sh->dev.free(sh->dev.ctx, p);
 }
+
+ddp_status ddp__share_copy(void *be, void *dst, const void *src, size_t bytes, char *msg)
+{
+    ddp__gpu_share *sh = be;
+    return sh->dev.copy(sh->dev.ctx, dst, src, bytes, msg);
+}
+
+void ddp__share_abort(void *be, const char *why)
+{
+    ddp__gpu_share *sh = be;
+    sh->inner->abort(sh->inner_be, why);
+}
+
+const ddp__devops *ddp__share_devops(void *be)
+{
+    ddp__gpu_share *sh = be;
+    return &sh->dev;
+}
+
+/* ---- cuda-staged ------------------------------------------------------------------------------ */
 
 /* The end of the group's reason line: whether pinning worked (member 0's warning says why not). */
 static const char *staged_detail(void *be)
@@ -185,42 +219,33 @@ static const char *staged_detail(void *be)
                      : "staging buffer not pinned (cudaHostRegister refused it): slower copies";
 }
 
-static const ddp__devops *staged_devops(void *be)
-{
-    staged *s = be;
-    return &s->dev;
-}
-
 static void staged_destroy(void *be)
 {
     staged *s = be;
     if (!s)
         return;
     if (s->pinned)
-        s->dev.unpin(s->dev.ctx, s->st.buf);
+        s->sh.dev.unpin(s->sh.dev.ctx, s->st.buf);
     if (s->st.buf) {
         if (s->own_buf)
             free(s->st.buf);
-        else if (s->inner->free)
-            s->inner->free(s->inner_be, s->st.buf);
+        else if (s->sh.inner->free)
+            s->sh.inner->free(s->sh.inner_be, s->st.buf);
     }
-    if (s->inner)
-        s->inner->destroy(s->inner_be);
-    if (s->dev_made)
-        s->dev.destroy(s->dev.ctx);
+    ddp__share_end(&s->sh);
     free(s);
 }
 
 static const ddp__backend_ops staged_ops = {
     .name = "cuda-staged",
     .run = staged_run,
-    .alloc = staged_alloc,
-    .free = staged_free,
-    .copy = staged_copy,
-    .abort = staged_abort,
+    .alloc = ddp__share_alloc,
+    .free = ddp__share_free,
+    .copy = ddp__share_copy,
+    .abort = ddp__share_abort,
     .destroy = staged_destroy,
     .detail = staged_detail,
-    .devops = staged_devops,
+    .devops = ddp__share_devops,
     .fuses_avg = true,
 };
 
@@ -243,22 +268,14 @@ static ddp_status staged_create(const ddp__setup *s, void **be, const ddp__backe
         return ddp__err(err, DDP_ERR_NOMEM, "cuda-staged: out of memory");
     ddp_status st;
     char msg[DDP_ERRMSG_MAX];
-    if ((st = s->fake_gpu ? ddp__fake_devops(&g->dev, err)
-                          : ddp__cuda_devops(s->cuda_device, &g->dev, err)))
-        goto out_free;
-    g->dev_made = true;
-    /* The host-side backend: what auto would pick for host buffers among the same members. */
-    ddp__setup host = *s;
-    host.device = DDP_DEVICE_CPU;
-    host.gpus = NULL;
-    const ddp__backend *inner;
-    if ((st = ddp__backend_choose(NULL, &host, &inner, err)) ||
-        (st = inner->create(&host, &g->inner_be, &g->inner, err)))
+    /* the device, and the host-side backend: what auto would pick for host buffers among the
+     * same members */
+    if ((st = ddp__share_start(&g->sh, s, err)))
         goto out_free;
     size_t bytes = s->arena_bytes ? s->arena_bytes : (size_t)64 << 20;
     /* Half the arena: the inner backend may keep staging of its own in the rest. */
     bytes /= 2;
-    g->st.buf = g->inner->alloc ? g->inner->alloc(g->inner_be, bytes) : NULL;
+    g->st.buf = g->sh.inner->alloc ? g->sh.inner->alloc(g->sh.inner_be, bytes) : NULL;
     if (!g->st.buf) {
         g->st.buf = malloc(bytes);
         g->own_buf = true;
@@ -271,16 +288,16 @@ static ddp_status staged_create(const ddp__setup *s, void **be, const ddp__backe
      * (the runtime bounces them through its own pinned buffer). cudaHostRegister can refuse the
      * shared segment's pages (some kernels, VMs and containers), so a refusal is one line on
      * member 0 and the group goes on unpinned. */
-    if (g->dev.pin(g->dev.ctx, g->st.buf, bytes, msg) == DDP_OK)
+    if (g->sh.dev.pin(g->sh.dev.ctx, g->st.buf, bytes, msg) == DDP_OK)
         g->pinned = true;
     else if (s->m.me == 0)
         fprintf(stderr,
                 "ddp: cuda-staged: the staging buffer is not pinned (%s); copies go "
                 "through pageable memory, slower\n",
                 msg);
-    g->st = (ddp__stage){.dev = &g->dev,
-                         .inner_be = g->inner_be,
-                         .inner = g->inner,
+    g->st = (ddp__stage){.dev = &g->sh.dev,
+                         .inner_be = g->sh.inner_be,
+                         .inner = g->sh.inner,
                          .buf = g->st.buf,
                          .bytes = bytes,
                          .me = s->m.me,

@@ -22,6 +22,27 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err);
  * are memcpy (staged/fakedev.c), so cuda-staged runs end to end on a machine without a GPU. */
 ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err);
 
+/* What both shared-GPU backends (cuda-staged, cuda-ipc) begin with: the GPU's device operations
+ * and the CPU backend among the same members (what auto picks for host buffers there), which
+ * runs their barriers and host collectives. The backend operations that only forward to these
+ * (alloc, free, copy, abort, devops) take a `be` whose first member is this. */
+typedef struct ddp__gpu_share {
+    ddp__devops dev;
+    bool dev_made;
+    void *inner_be;
+    const ddp__backend_ops *inner;
+} ddp__gpu_share;
+/* Makes both for setup s (the fake GPU's devops where s->fake_gpu). On failure, what was made
+ * is for ddp__share_end to end. */
+ddp_status ddp__share_start(ddp__gpu_share *sh, const ddp__setup *s, ddp_error *err);
+/* Ends the CPU backend, then the device operations (either may be absent). */
+void ddp__share_end(ddp__gpu_share *sh);
+void *ddp__share_alloc(void *be, size_t bytes);
+void ddp__share_free(void *be, void *p);
+ddp_status ddp__share_copy(void *be, void *dst, const void *src, size_t bytes, char *msg);
+void ddp__share_abort(void *be, const char *why);
+const ddp__devops *ddp__share_devops(void *be);
+
 /* Where a staged collective runs: the host-side backend and its buffer. */
 typedef struct ddp__stage {
     const ddp__devops *dev;
