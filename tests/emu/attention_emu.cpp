@@ -21,32 +21,13 @@ extern "C" {
 #include "dropout_cuh.inc"
 #include "attention_kernels.inc"
 #include <random>
+#include "emu_check.h"
 #include <string>
 
 static unsigned g_small = 0; /* 0: the product's grid; else this many blocks */
 static unsigned grid_of(size_t n, unsigned per)
 {
     return g_small ? g_small : ddp__cuda_blocks(n, per);
-}
-template <typename E> static std::vector<E> poisoned(size_t n)
-{
-    std::vector<E> v(n);
-    memset(v.data(), 0xff, n * sizeof(E));
-    return v;
-}
-template <typename E> static std::vector<float> widen(const std::vector<E> &v)
-{
-    std::vector<float> r(v.size());
-    for (size_t i = 0; i < v.size(); i++)
-        r[i] = ddp__ld(&v[i]);
-    return r;
-}
-template <typename E> static std::vector<E> narrow(const std::vector<float> &v)
-{
-    std::vector<E> r(v.size());
-    for (size_t i = 0; i < v.size(); i++)
-        ddp__st(&r[i], v[i]);
-    return r;
 }
 /* Row-major strided-batched C = alpha · op(A) · op(B) (as attention.cu's bgemm with beta 0),
  * double accumulation, rounded to E. */
@@ -66,17 +47,6 @@ static void bgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
                 }
                 ddp__st(C + z * sc + (size_t)m * ldc + n, (float)(alpha * s));
             }
-}
-static double rel(const std::vector<float> &g, const std::vector<float> &w)
-{
-    double md = 0, mw = 0;
-    for (size_t i = 0; i < g.size(); i++) {
-        double d = fabs((double)g[i] - w[i]);
-        if (!(d <= md) && !std::isnan(md))
-            md = d; /* NaN (poison) wins, and stays */
-        mw = std::max(mw, fabs((double)w[i]));
-    }
-    return md / mw;
 }
 
 /* E: float (fp32 path, att kept in fp32) or a 16-bit format (the _h path). */

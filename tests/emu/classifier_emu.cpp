@@ -16,43 +16,9 @@ extern "C" {
 #include "common_cuh.inc"
 #include "classifier_kernels.inc"
 #include <random>
+#define EMU_SEED 11
+#include "emu_check.h"
 
-static int bad = 0;
-static std::mt19937 rng(11);
-static std::vector<float> randv(size_t n, float lo = -1, float hi = 1)
-{
-    std::uniform_real_distribution<float> U(lo, hi);
-    std::vector<float> v(n);
-    for (auto &x : v)
-        x = U(rng);
-    return v;
-}
-static void check_exact(const char *what, const void *a, const void *b, size_t bytes)
-{
-    bool ok = !memcmp(a, b, bytes);
-    printf("%-44s %s\n", what, ok ? "bit-exact ok" : "FAIL (bits differ)");
-    bad += !ok;
-}
-static void check(const char *what, const float *g, const float *w, size_t n, double tol)
-{
-    double md = 0, mw = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - w[i]);
-        if (!(d <= md) && !std::isnan(md))
-            md = d; /* NaN (poison) wins, and stays */
-        mw = std::max(mw, fabs((double)w[i]));
-    }
-    double e = md / mw;
-    bool ok = e <= tol;
-    printf("%-44s %.2e (bound %.0e) %s\n", what, e, tol, ok ? "ok" : "FAIL");
-    bad += !ok;
-}
-static std::vector<float> poisoned(size_t n)
-{
-    std::vector<float> v(n);
-    memset(v.data(), 0xff, n * 4);
-    return v;
-}
 
 static void t_elementwise(size_t n)
 {

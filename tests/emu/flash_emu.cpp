@@ -3,12 +3,13 @@
  * the CPU through cuda_emu.h against a double-precision causal attention: out, the logsumexp
  * and dqkv, with every output and shared-memory byte poisoned first. Bounds: fp32 1e-5 (out,
  * lse) and 1e-4 (dqkv); 16-bit inputs rounded first, then 3e-2 / 1e-3 / 5e-2 (the format's own
- * error). T 70 and 1 (quick), also 5, 64, 129 with --full. Built and run by test_flash_emu.sh.
+ * error). T 70 and 1 (quick), also 5, 64, 129 with --full. Built and run by test_kernels_emu.sh.
  */
 #include "cuda_emu.h"
 #include "common_cuh.inc"
 #include "flash_kernels.inc"
 #include <random>
+#include "emu_check.h"
 
 template <typename E> static void to_e(E *d, const float *s, size_t n)
 {
@@ -19,17 +20,6 @@ template <typename E> static void from_e(float *d, const E *s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = ddp__ld(s + i);
-}
-static double rel(const std::vector<float> &g, const std::vector<double> &w)
-{
-    double md = 0, mw = 0;
-    for (size_t i = 0; i < g.size(); i++) {
-        double d = fabs(g[i] - w[i]);
-        if (!(d <= md) && !std::isnan(md))
-            md = d; /* NaN (poison) wins, and stays */
-        mw = std::max(mw, fabs(w[i]));
-    }
-    return md / mw;
 }
 
 template <typename E, int HS> static int run(int B, int nh, int T)

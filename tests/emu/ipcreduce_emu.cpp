@@ -14,9 +14,9 @@ extern "C" {
 #include "common_cuh.inc"
 #include "ipcreduce_kernels.inc"
 #include <random>
+#define EMU_SEED 3
+#include "emu_check.h"
 
-static int bad = 0;
-static std::mt19937 rng(3);
 
 template <typename S> static S gen(int j, size_t i)
 {

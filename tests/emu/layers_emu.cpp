@@ -23,67 +23,9 @@ extern "C" {
 #include "gemm_kernels.inc"
 #include "devmath_kernels.inc"
 #include <random>
+#define EMU_SEED 42
+#include "emu_check.h"
 
-static int bad = 0;
-static std::mt19937 rng(42);
-static std::vector<float> randv(size_t n, float lo = -1, float hi = 1)
-{
-    std::uniform_real_distribution<float> U(lo, hi);
-    std::vector<float> v(n);
-    for (auto &x : v)
-        x = U(rng);
-    return v;
-}
-template <typename E> static std::vector<E> poisoned(size_t n)
-{
-    std::vector<E> v(n);
-    memset(v.data(), 0xff, n * sizeof(E));
-    return v;
-}
-template <typename E> static std::vector<float> widen(const E *p, size_t n)
-{
-    std::vector<float> r(n);
-    for (size_t i = 0; i < n; i++)
-        r[i] = ddp__ld(p + i);
-    return r;
-}
-template <typename E> static std::vector<E> narrow(const std::vector<float> &v)
-{
-    std::vector<E> r(v.size());
-    for (size_t i = 0; i < v.size(); i++)
-        ddp__st(&r[i], v[i]);
-    return r;
-}
-template <typename E> static const char *nm()
-{
-    return std::is_same<E, float>::value       ? "fp32"
-           : std::is_same<E, ddp__bf16>::value ? "bf16"
-                                               : "fp16";
-}
-/* max |g − w| / max |w| (NaN, from poison, fails) */
-static double rel(const float *g, const float *w, size_t n)
-{
-    double md = 0, mw = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - w[i]);
-        if (!(d <= md) && !std::isnan(md))
-            md = d; /* NaN (poison) wins, and stays */
-        mw = std::max(mw, fabs((double)w[i]));
-    }
-    return mw > 0 ? md / mw : md;
-}
-static void check(const char *what, double e, double tol)
-{
-    bool ok = e <= tol;
-    printf("%-44s %.2e (bound %.0e) %s\n", what, e, tol, ok ? "ok" : "FAIL");
-    bad += !ok;
-}
-static void check_exact(const char *what, const void *a, const void *b, size_t bytes)
-{
-    bool ok = !memcmp(a, b, bytes);
-    printf("%-44s %s\n", what, ok ? "bit-exact ok" : "FAIL (bits differ)");
-    bad += !ok;
-}
 /* the bound of a 16-bit result against the fp32 reference: its rounding (½ ulp) and a little */
 template <typename E> static double hbound(double fp32)
 {

@@ -17,29 +17,9 @@ extern "C" {
 #include "optim_kernels.inc"
 #include "devmath_kernels.inc"
 #include <random>
+#define EMU_SEED 7
+#include "emu_check.h"
 
-static int bad = 0;
-static std::mt19937 rng(7);
-static std::vector<float> randv(size_t n, float lo = -1, float hi = 1)
-{
-    std::uniform_real_distribution<float> U(lo, hi);
-    std::vector<float> v(n);
-    for (auto &x : v)
-        x = U(rng);
-    return v;
-}
-static void check_exact(const char *what, const void *a, const void *b, size_t bytes)
-{
-    bool ok = !memcmp(a, b, bytes);
-    printf("%-48s %s\n", what, ok ? "bit-exact ok" : "FAIL (bits differ)");
-    bad += !ok;
-}
-static void check(const char *what, double e, double tol)
-{
-    bool ok = e <= tol;
-    printf("%-48s %.2e (bound %.0e) %s\n", what, e, tol, ok ? "ok" : "FAIL");
-    bad += !ok;
-}
 
 static void t_adamw(size_t n, float gs, bool copy)
 {

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # unit.<name>_emu: the kernels of src/kernels/cuda, unchanged, run on the CPU (cuda_emu.h; their
 # device code kept by cu_extract.py) against the product's CPU layers in libddp.
-# usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE [C_COMPILER_ID]
-#   NAME: attention (tests/emu/attention_emu.cpp), …; SANITIZE: '', address or thread (the
+# usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE C_COMPILER_ID [ARGS]
+#   NAME: attention (tests/emu/attention_emu.cpp), flash, …; SANITIZE: '', address or thread (the
 #   build's DDP_SANITIZE: the test is built with the same sanitizer as libddp); C_COMPILER_ID
-#   Clang picks clang++ (the same sanitizer runtime as libddp's) unless CXX is set.
+#   Clang picks clang++ (the same sanitizer runtime as libddp's) unless CXX is set; ARGS go to the
+#   test program (flash: --full runs every shape).
 # Needs a C++20 compiler (std::atomic_ref) and python3; skips (77) without them.
 set -euo pipefail
 src=$1 work=$2 name=$3 lib=$4 link=$5 san=${6:-} ccid=${7:-}
+shift $(($# < 7 ? $# : 7))
 cxx=${CXX:-c++}
 [ -z "${CXX:-}" ] && [ "$ccid" = Clang ] && command -v clang++ >/dev/null && cxx=clang++
 mkdir -p "$work"
@@ -21,10 +23,15 @@ k=$src/src/kernels/cuda
 ex() { python3 "$src/tests/emu/cu_extract.py" "$@"; }
 ex "$k/common.cuh" --keep ddp__cuda_blocks >"$work/common_cuh.inc"
 ex "$k/dropout.cuh" --keep ddp__drop_args >"$work/dropout_cuh.inc"
-for f in attention dropout layers gemm optim ipcreduce classifier; do
+for f in attention dropout layers gemm optim ipcreduce classifier flash; do
     ex "$k/$f.cu" >"$work/${f}_kernels.inc"
 done
+grep -q 'unsigned char \*smem = (unsigned char \*)emu.smem;' "$work/flash_kernels.inc" ||
+    { echo "flash.cu's shared-memory declaration changed: update cu_extract.py"; exit 1; }
 ex "$k/devmath.cu" --keep reduce_blocks >"$work/devmath_kernels.inc"
+# flash's test needs nothing of libddp (its reference is its own): not linked, so that it may
+# run unsanitized in a sanitized build
+[ "$name" = flash ] && lib="" link=""
 flags=()
 case $san in
 address) flags=(-fsanitize=address,undefined -fno-omit-frame-pointer) ;;
@@ -33,5 +40,5 @@ esac
 # shellcheck disable=SC2086
 "$cxx" -std=c++20 -O2 -g -pthread "${flags[@]}" -Wall -Wno-unused-function -Wno-unknown-pragmas \
     -I"$src/include" -I"$src/src" -I"$src/tests/emu" -I"$work" -o "$work/${name}_emu" \
-    "$src/tests/emu/${name}_emu.cpp" "$lib" $link -lm -ldl
-"$work/${name}_emu"
+    "$src/tests/emu/${name}_emu.cpp" ${lib:+"$lib"} $link -lm -ldl
+"$work/${name}_emu" "$@"
