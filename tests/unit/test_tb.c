@@ -715,7 +715,7 @@ static int fill_disk(const char *sub, char *msg, size_t cap)
     ddp_tb *tb = NULL;
     ddp_error err = {0};
     if (ddp_tb_open(sub, &o, &tb, &err) != DDP_OK) {
-        snprintf(msg, cap, "open: %s", err.msg);
+        snprintf(msg, cap, "open: %.400s", err.msg); /* 400: fits any cap ≥ 407 (Release's check) */
         return 1;
     }
     /* Batches of 7 records (as a trainer's log interval), flushed together. */
