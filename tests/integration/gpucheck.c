@@ -20,9 +20,10 @@
  * message, not hang (the script checks ddprun's summary and the time). --arena: the group's
  * arena_bytes (cuda-staged's and cuda-ipc's staging is half of it: small values make every
  * collective run in many chunks). --fail-within S: rank 1 dies inside a collective (the fake GPU
- * kills it: DDP_TEST_FAKE_KILL_IN_REDUCE), or its reduction fails there (GPUCHECK_FAULT=fail:
- * DDP_TEST_FAKE_FAIL_IN_REDUCE), and every live rank's collective must fail within S seconds
- * (the group's timeout is 60 s) with a one-line message (exit 3), never succeed.
+ * kills it in cuda-ipc's reduction or cuda-staged's copy into host memory:
+ * DDP_TEST_FAKE_KILL_IN_REDUCE / _IN_COPY), or that call fails there (GPUCHECK_FAULT=fail:
+ * DDP_TEST_FAKE_FAIL_IN_REDUCE / _IN_COPY), and every live rank's collective must fail within S
+ * seconds (the group's timeout is 60 s) with a one-line message (exit 3), never succeed.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -259,10 +260,12 @@ int main(int argc, char **argv)
               ddp_group_backend(g), expect);
     if (fail_within > 0) { /* a rank dies inside this allreduce (the fake GPU's reduce) */
         collectives(g, DDP_FLOAT32, 1000); /* after a working round: the hook is armed below */
-        const char *how = getenv("GPUCHECK_FAULT"); /* "fail": rank 1's reduction fails */
-        setenv(how && !strcmp(how, "fail") ? "DDP_TEST_FAKE_FAIL_IN_REDUCE"
-                                           : "DDP_TEST_FAKE_KILL_IN_REDUCE",
-               "1", 1); /* global rank 1 */
+        /* "fail": rank 1's reduction (cuda-ipc) or its copy into the staging buffer
+         * (cuda-staged) fails; else rank 1 dies there. Global rank 1. */
+        const char *how = getenv("GPUCHECK_FAULT");
+        const bool fail = how && !strcmp(how, "fail");
+        setenv(fail ? "DDP_TEST_FAKE_FAIL_IN_REDUCE" : "DDP_TEST_FAKE_KILL_IN_REDUCE", "1", 1);
+        setenv(fail ? "DDP_TEST_FAKE_FAIL_IN_COPY" : "DDP_TEST_FAKE_KILL_IN_COPY", "1", 1);
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         size_t n = 4096;

@@ -72,39 +72,44 @@ for be in cuda-ipc cuda-staged; do
     ok "$be: a killed rank ends the job in ${took} s with ddprun's summary"
 done
 
-# A rank dying INSIDE a cuda-ipc allreduce (the fake GPU kills rank 1 in its reduction, between
-# the two barriers of a chunk), and a rank whose reduction fails there (the GPU's error: it aborts
-# the host backend), 3 ranks started by hand (no ddprun to end the others), the group's timeout
-# 60 s: every live rank must fail that allreduce within 8 s with a one-line message naming it.
+# A rank dying INSIDE an allreduce (the fake GPU kills rank 1 in cuda-ipc's reduction, between
+# the two barriers of a chunk, or in cuda-staged's copy into the staging buffer, while its peers
+# wait in the host collective), and a rank whose device call fails there (the GPU's error: it
+# aborts the host backend), 3 ranks started by hand (no ddprun to end the others), the group's
+# timeout 60 s: every live rank must fail that allreduce within 8 s with a one-line message
+# naming it.
 if [ -n "${DDP_TEST_FAKE_GPUS:-}" ]; then
-    for fault in kill fail; do
-        port=$(free_port)
-        pids=()
-        for r in 0 1 2; do
-            GPUCHECK_FAULT=$fault RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 \
-                MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$CHECK" --backend cuda-ipc \
-                --fail-within 8 >"$T/mid.$r" 2>&1 &
-            pids+=($!)
-            BG_PIDS+=($!)
+    for be in cuda-ipc cuda-staged; do
+        for fault in kill fail; do
+            port=$(free_port)
+            pids=()
+            for r in 0 1 2; do
+                GPUCHECK_FAULT=$fault RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 \
+                    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$CHECK" --backend $be \
+                    --fail-within 8 >"$T/mid.$r" 2>&1 &
+                pids+=($!)
+                BG_PIDS+=($!)
+            done
+            for r in 0 1 2; do
+                rc=0
+                wait "${pids[$r]}" 2>/dev/null || rc=$?
+                want=3
+                [ $r = 1 ] && [ $fault = kill ] && want=137 # SIGKILL
+                [ $rc -eq $want ] ||
+                    { cat "$T/mid.$r"; fail "$be: $fault in an allreduce: rank $r exited $rc, want $want"; }
+            done
+            case $be/$fault in
+            */kill) want="rank %s: as expected, after .*allreduce #.*rank 1 .*died" ;;
+            cuda-ipc/fail) want="rank %s: as expected, after .*cuda-ipc: allreduce #.* failed on member 1: cuda: reduce: an illegal memory access" ;;
+            cuda-staged/fail) want="rank %s: as expected, after .*cuda-staged: allreduce #.* failed on member 1: cuda: copy device → host: an illegal memory access" ;;
+            esac
+            for r in 0 2; do
+                # shellcheck disable=SC2059
+                grep -q "$(printf "$want" $r)" "$T/mid.$r" ||
+                    { cat "$T/mid.$r"; fail "$be: $fault: rank $r: no message naming the allreduce and rank 1"; }
+                grep "rank $r: as expected" "$T/mid.$r"
+            done
+            ok "$be: a rank that $([ $fault = kill ] && echo dies || echo fails) inside an allreduce fails the others within 8 s, with a message"
         done
-        for r in 0 1 2; do
-            rc=0
-            wait "${pids[$r]}" 2>/dev/null || rc=$?
-            want=3
-            [ $r = 1 ] && [ $fault = kill ] && want=137 # SIGKILL
-            [ $rc -eq $want ] ||
-                { cat "$T/mid.$r"; fail "$fault in a reduction: rank $r exited $rc, want $want"; }
-        done
-        for r in 0 2; do
-            if [ $fault = kill ]; then
-                want="rank $r: as expected, after .*cuda-ipc: allreduce #.*rank 1 .*died"
-            else
-                want="rank $r: as expected, after .*cuda-ipc: allreduce #.* failed on member 1: cuda: reduce: an illegal memory access"
-            fi
-            grep -q "$want" "$T/mid.$r" ||
-                { cat "$T/mid.$r"; fail "$fault: rank $r: no message naming the allreduce and rank 1"; }
-            grep "rank $r: as expected" "$T/mid.$r"
-        done
-        ok "cuda-ipc: a rank that $([ $fault = kill ] && echo dies || echo fails) inside an allreduce fails the others within 8 s, with a message"
     done
 fi

@@ -457,6 +457,8 @@ typedef struct fake_host {
     size_t bytes;
     int calls;
     int avg_seen;
+    int aborts;    /* abort() calls: a device failure must abort the host backend */
+    char why[256]; /* the last abort's line */
 } fake_host;
 
 static bool inside(const fake_host *h, const void *p, size_t bytes)
@@ -525,10 +527,17 @@ static void fh_destroy(void *be)
     (void)be;
 }
 
+static void fh_abort(void *be, const char *why)
+{
+    fake_host *h = be;
+    h->aborts++;
+    snprintf(h->why, sizeof h->why, "%s", why);
+}
+
 static const ddp__backend_ops fake_host_ops = {
-    .name = "fake", .run = fh_run, .destroy = fh_destroy, .fuses_avg = true};
+    .name = "fake", .run = fh_run, .destroy = fh_destroy, .abort = fh_abort, .fuses_avg = true};
 static const ddp__backend_ops fake_host_ops_nofuse = {
-    .name = "fake", .run = fh_run, .destroy = fh_destroy, .fuses_avg = false};
+    .name = "fake", .run = fh_run, .destroy = fh_destroy, .abort = fh_abort, .fuses_avg = false};
 
 typedef struct stage_fixture {
     fake_dev dev;
@@ -697,6 +706,17 @@ static void staging_edges(void **state)
     assert_int_equal(f.status, DDP_ERR_SYSTEM);
     assert_string_equal(f.msg, "cuda-staged: allreduce #42 (float32 × 64) failed on member 1: "
                                "cudaMemcpyAsync failed: an illegal memory access");
+    /* …and the host backend is aborted with that line, so the peers waiting in it fail at once
+     * rather than at the deadline (the first chunk went through: one call). */
+    assert_int_equal(s.host.calls, 1);
+    assert_int_equal(s.host.aborts, 1);
+    assert_string_equal(s.host.why, f.msg);
+    free(s.host.buf);
+    /* One member alone: nobody to tell, no abort. */
+    stage_make(&s, 0, 1, 16, true);
+    s.dev.fail_at = 1;
+    assert_int_equal(ddp__staged_run(&s.st, &c, &f), DDP_ERR_SYSTEM);
+    assert_int_equal(s.host.aborts, 0);
     free(s.host.buf);
     /* A wait on the copies that reaches the deadline. */
     stage_make(&s, 0, 2, 16, true);
@@ -706,6 +726,7 @@ static void staging_edges(void **state)
     assert_non_null(strstr(f.msg, "reduce_scatter #1 (float32 × 8) failed on member 0: the GPU "
                                   "copies did not finish by the deadline"));
     assert_int_equal(s.host.calls, 0); /* the host backend was not entered */
+    assert_int_equal(s.host.aborts, 1);
     free(s.host.buf);
     /* A staging buffer too small for one element per member. */
     stage_make(&s, 0, 4, 2, true);

@@ -77,6 +77,29 @@ static ddp_status fake_copy(void *ctx, void *dst, const void *src, size_t bytes,
     return DDP_OK;
 }
 
+/* Whether the RANK variable names global rank `var`'s value (the fault hooks below). */
+static bool fault_here(const char *var)
+{
+    const char *r = getenv(var), *rank = getenv("RANK");
+    return r && rank && !strcmp(r, rank);
+}
+
+/* A copy device → host (cuda-staged's way into its staging buffer). For the tests of the peers'
+ * failure (tests/integration/test_gpu.sh): DDP_TEST_FAKE_KILL_IN_COPY=R makes global rank R die
+ * here, in the middle of a collective; DDP_TEST_FAKE_FAIL_IN_COPY=R makes the copy fail, as a
+ * device copy can. */
+static ddp_status fake_d2h(void *ctx, void *dst, const void *src, size_t bytes, char *msg)
+{
+    if (fault_here("DDP_TEST_FAKE_KILL_IN_COPY"))
+        raise(SIGKILL);
+    if (fault_here("DDP_TEST_FAKE_FAIL_IN_COPY")) {
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "cuda: copy device → host: an illegal memory access (the test's failure)");
+        return DDP_ERR_SYSTEM;
+    }
+    return fake_copy(ctx, dst, src, bytes, msg);
+}
+
 static ddp_status fake_sync(void *ctx, int64_t deadline_ms, char *msg)
 {
     (void)ctx;
@@ -239,8 +262,9 @@ static ddp_status fake_ipc_open(void *ctx, const void *handle, void **dev, char 
      * namespace (auto then falls back to cuda-staged on every rank) */
     const char *refuse = getenv("DDP_TEST_FAKE_IPC_REFUSED"), *rank = getenv("RANK");
     if (refuse && atoi(refuse) == atoi(rank ? rank : "0")) {
-        ddp__fmt(msg, DDP_ERRMSG_MAX, "cudaIpcOpenMemHandle failed: operation not supported "
-                                      "(DDP_TEST_FAKE_IPC_REFUSED)");
+        ddp__fmt(msg, DDP_ERRMSG_MAX,
+                 "cudaIpcOpenMemHandle failed: operation not supported "
+                 "(DDP_TEST_FAKE_IPC_REFUSED)");
         return DDP_ERR_SYSTEM;
     }
     fake_handle h;
@@ -289,11 +313,9 @@ static ddp_status fake_reduce(void *ctx, void *dst, const void *const *srcs, int
                               ddp_dtype t, ddp_op op, int avg_div, char *msg)
 {
     (void)ctx;
-    const char *kill_rank = getenv("DDP_TEST_FAKE_KILL_IN_REDUCE"), *rank = getenv("RANK");
-    const char *fail_rank = getenv("DDP_TEST_FAKE_FAIL_IN_REDUCE");
-    if (kill_rank && rank && !strcmp(kill_rank, rank))
+    if (fault_here("DDP_TEST_FAKE_KILL_IN_REDUCE"))
         raise(SIGKILL);
-    if (fail_rank && rank && !strcmp(fail_rank, rank)) {
+    if (fault_here("DDP_TEST_FAKE_FAIL_IN_REDUCE")) {
         ddp__fmt(msg, DDP_ERRMSG_MAX,
                  "cuda: reduce: an illegal memory access (the test's failure)");
         return DDP_ERR_SYSTEM;
@@ -393,7 +415,7 @@ ddp_status ddp__fake_devops(ddp__devops *out, ddp_error *err)
     (void)err;
     *out = (ddp__devops){.ctx = NULL,
                          .after = fake_after,
-                         .d2h = fake_copy,
+                         .d2h = fake_d2h,
                          .h2d = fake_copy,
                          .sync = fake_sync,
                          .pin = fake_pin,

@@ -47,7 +47,10 @@ static ddp_status inner_run(const ddp__stage *st, const ddp__coll *c, ddp__kind 
     return s;
 }
 
-/* A device call's failure: f gets "cuda-staged: allreduce #3 (…) failed: <msg>". */
+/* A device call's failure: f gets "cuda-staged: allreduce #3 (…) failed on member 1: <msg>".
+ * The CPU backend is aborted with that line (as cuda-ipc does), so the peers, which would
+ * otherwise wait for this rank in the inner collective until the deadline, fail at once and say
+ * why. */
 static ddp_status dev_fail(const ddp__stage *st, const ddp__coll *c, ddp_status s, const char *msg,
                            ddp__fail *f)
 {
@@ -56,6 +59,8 @@ static ddp_status dev_fail(const ddp__stage *st, const ddp__coll *c, ddp_status 
              (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
     f->status = s;
     ddp__fmt(f->msg, sizeof f->msg, "cuda-staged: %s failed on member %d: %s", what, st->me, msg);
+    if (st->n > 1 && st->inner->abort)
+        st->inner->abort(st->inner_be, f->msg);
     return s;
 }
 
@@ -209,7 +214,8 @@ const ddp__devops *ddp__share_devops(void *be)
     return &sh->dev;
 }
 
-/* ---- cuda-staged ------------------------------------------------------------------------------ */
+/* ---- cuda-staged ------------------------------------------------------------------------------
+ */
 
 /* The end of the group's reason line: whether pinning worked (member 0's warning says why not). */
 static const char *staged_detail(void *be)
