@@ -270,8 +270,11 @@ ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_err
  * forward, a training forward's running statistics come back with ddp__cuda_cls_get_buffers, and
  * backward adds the gradients into the host's. Linear layers through cuBLASLt (TF32 with
  * precision tf32), conv2d and batchnorm through cuDNN's legacy API, max-pool, the activations,
- * dropout and the loss by kernels of this module. Precision fp32 or tf32. A module built without
- * cuDNN has no classifier (the calls say so). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
+ * dropout and the loss by kernels of this module. Precision fp32, tf32, bf16 or fp16 (bf16/fp16:
+ * 16-bit operands into the linear layers and convolutions with fp32 accumulation, a 16-bit copy
+ * of the weights made at each upload, everything else fp32; fp16's loss scale is the batch's
+ * grad_scale; cuda/classifier.cu's header has the details). A module built without cuDNN has no
+ * classifier (the calls say so). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
 typedef struct ddp__cuda_cls ddp__cuda_cls;
 typedef enum ddp__cuda_cls_kind {
     DDP__CLS_LINEAR = 0, /* y (B, out) = x (B, in) · Wᵀ + b; params W (out, in), b (out,) */
@@ -302,7 +305,7 @@ typedef struct ddp__cuda_cls_cfg {
     uint64_t seed; /* dropout keys (spec.seed) */
     float bn_momentum, bn_eps;
     int device;              /* the CUDA device index */
-    ddp_precision precision; /* DDP_PRECISION_FP32 or _TF32 */
+    ddp_precision precision; /* DDP_PRECISION_FP32, _TF32, _BF16 or _FP16 */
 } ddp__cuda_cls_cfg;
 /* One forward's batch: host arrays, checked by the caller (labels in range, n ≤ B, batchnorm's
  * 2 values per channel in training). */
@@ -312,7 +315,8 @@ typedef struct ddp__cuda_cls_batch {
     int n;
     bool train;
     uint64_t step, sample_offset; /* dropout keys, as ddp_model_batch */
-    float grad_scale;             /* the loss's gradient is scaled by grad_scale / n */
+    float grad_scale;             /* the loss's gradient is scaled by grad_scale / n (fp16: the
+                                     loss scale; 0 means 1) */
 } ddp__cuda_cls_batch;
 
 /* counts (np,) the parameters' sizes and bcounts (nb,) the buffers', in the model's order,

@@ -9,8 +9,10 @@
  * shared. No state outside the model, no threads of its own.
  *
  * Device cuda (spec.device): the same layer list runs on the GPU (kernels/cuda/classifier.cu,
- * through kernels.h), precision fp32 or tf32, dropout included; this file keeps the parameter
- * list, the running statistics (buffers), the checks and the host's logits. Each forward uploads
+ * through kernels.h), in every precision (fp32, tf32; bf16 and fp16 with 16-bit operands in the
+ * linear layers and convolutions, fp32 masters and gradients: the CPU's bf16 is the reference,
+ * fp16's loss scale comes in as the batch's grad_scale), dropout included; this file keeps the
+ * parameter list, the running statistics (buffers), the checks and the host's logits. Each forward uploads
  * the parameters and buffers (the optimizer, the reducer and a checkpoint's load change them on
  * the host), a training forward brings the updated running statistics back, and backward adds
  * the gradients into the host's. Not yet run on a GPU (docs/gpu.md).
@@ -250,16 +252,11 @@ static void cuda_layer(const layer *l, ddp__cuda_cls_layer *d)
     d->p = l->p;
 }
 
-/* Device cuda: the device's model (parameters, buffers, activations) and the host's logits.
- * Precisions other than fp32 and tf32 are refused here, before any device work. */
+/* Device cuda: the device's model (parameters, buffers, activations) and the host's logits, in
+ * spec's precision (any: ddp_model_build has checked it against the device). */
 static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
 {
     classifier *c = m->impl;
-    if (spec->precision != DDP_PRECISION_FP32 && spec->precision != DDP_PRECISION_TF32)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "%s on cuda: precision '%s' is not implemented for this model yet (fp32 "
-                        "and tf32 are); HINT: set precision fp32 or tf32",
-                        m->ops->name, ddp_precision_name(spec->precision));
     size_t np = m->n_params, nb = m->n_buffers;
     size_t *counts = malloc(sizeof(size_t) * (np ? np : 1));
     size_t *bcounts = malloc(sizeof(size_t) * (nb ? nb : 1));

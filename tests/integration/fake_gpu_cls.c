@@ -6,8 +6,14 @@
  * through classifier.c's cuda path — parameters and buffers uploaded each forward, running
  * statistics brought back, gradients added into the host's — on a machine without a GPU
  * (tests/integration/test_cls_fake.sh). It shows the host side, not cuDNN or the kernels (those
- * are test_cuda_classifier's, on a GPU). Any precision the host lets through is computed in fp32.
+ * are test_cuda_classifier's, on a GPU). Precision bf16 is computed as the CPU computes it (the
+ * model built in bf16: what the CUDA classifier's bf16 is held against), and refused as the CPU
+ * refuses it where it has no bf16 units; fp16 and tf32 in fp32 (fp16's loss scale arrives as the
+ * batch's grad_scale, as on a GPU, and the host's GradScaler unscales what backward returns).
+ * DDP_TEST_FAKE_GPU_INF_AT=k (and _RANK, as fake_gpu_gpt.c's) makes the process's k-th backward
+ * here add an inf to the first gradient, as an fp16 overflow on the GPU would.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +85,7 @@ ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, s
     s.classes = cfg->classes;
     s.max_batch = cfg->B;
     s.seed = cfg->seed;
+    s.precision = cfg->precision == DDP_PRECISION_BF16 ? DDP_PRECISION_BF16 : DDP_PRECISION_FP32;
     g->classes = cfg->classes;
     ddp_status st = ddp_model_build(&s, &g->m, err);
     if (st) {
@@ -147,6 +154,8 @@ ddp_status fake_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, dd
     return DDP_OK;
 }
 
+static int backwards; /* this process's, for DDP_TEST_FAKE_GPU_INF_AT */
+
 ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err)
 {
     ddp_model_zero_grad(g->m);
@@ -154,6 +163,11 @@ ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_err
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
     size_t n;
     const ddp_model_param *p = ddp_model_params(g->m, &n);
+    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"), *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
+    const char *rank = getenv("RANK");
+    if (at && atoi(at) == ++backwards && atoi(who ? who : "0") == atoi(rank ? rank : "0") &&
+        g->np > 0 && p[0].count > 0)
+        p[0].grad[0] = INFINITY;
     for (size_t i = 0; i < g->np; i++)
         for (size_t k = 0; k < p[i].count; k++)
             grads_host[i][k] += p[i].grad[k];

@@ -6,7 +6,11 @@
 # statistics brought back, gradients added into the reducer's buckets); 2 ranks with dropout; a
 # checkpoint taken on "cuda" holds the running statistics (the cpu's test of it gives the same
 # accuracy), and test and predict there give the cpu's; 2 ranks with dropout and gradient
-# accumulation; bf16 is refused in one line. The CUDA kernels and cuDNN are test_cuda_classifier's.
+# accumulation; precision bf16 reaches the module (the fake computes it as the CPU's bf16, so the
+# losses are the cpu bf16 run's, not fp32's), fp16 runs GradScaler's loop (the loss scaled and the
+# gradients unscaled exactly: the cpu's fp32 losses; an inf on one rank skips the step on both
+# and halves the scale); fp16 on the cpu is still refused. The CUDA kernels and cuDNN are
+# test_cuda_classifier's.
 . "$(dirname "$0")/lib.sh"
 MODULE=${2:?usage: $0 BINDIR FAKE_MODULE}
 TRAIN=$BIN/ddptrain
@@ -74,7 +78,43 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${MLP[@]}" --devi
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 1e-6 || fail "2 ranks: fake cuda differs from the cpu"
 ok "mlp with dropout, 2 ranks, grad_accum 2 on fake cuda: the cpu's losses"
 
-rc=0; fake "$TRAIN" "${CNN[@]}" --device cuda --precision bf16 --out_dir bf >bf.out 2>&1 || rc=$?
-[ $rc -ne 0 ] || fail "cnn bf16 on cuda was accepted"
-assert_contains bf.out "cnn on cuda: precision 'bf16' is not implemented for this model yet"
-ok "cnn bf16 on cuda: refused in one line (exit $rc)"
+# bf16: the precision reaches the device model (the fake's arithmetic is the CPU's bf16, where
+# this CPU has bf16 units; elsewhere the fake refuses it as the CPU does)
+rc=0; "$TRAIN" "${CNN[@]}" --precision bf16 --out_dir cbf >cbf.out 2>&1 || rc=$?
+rc2=0; fake "$TRAIN" "${CNN[@]}" --device cuda --precision bf16 --out_dir bf >bf.out 2>&1 || rc2=$?
+if [ $rc -eq 0 ]; then
+    [ $rc2 -eq 0 ] || { cat bf.out; fail "cnn bf16 on fake cuda: exit $rc2"; }
+    assert_not_contains bf.out "not implemented"
+    losses cbf/metrics.jsonl bf/metrics.jsonl 1e-12 || fail "cnn bf16 on fake cuda differs from the cpu's bf16"
+    ! losses cpu/metrics.jsonl bf/metrics.jsonl 0 >/dev/null || fail "cnn bf16 on fake cuda: fp32's losses"
+    ok "cnn bf16 on fake cuda: the cpu's bf16 losses (the precision reached the module), not fp32's"
+else
+    [ $rc2 -ne 0 ] || fail "cnn bf16 on fake cuda ran where the cpu has no bf16 (the fake computes the cpu's)"
+    ok "cnn bf16: this cpu has no bf16 products (exit $rc): the comparison is skipped"
+fi
+
+# fp16: GradScaler's loop around the host-driven model (the loss scaled by 65536 and the gradients
+# unscaled by the reducer: powers of two, exact in the fake's fp32)
+rc=0; fake "$TRAIN" "${CNN[@]}" --device cuda --precision fp16 --out_dir f16 >f16.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat f16.out; fail "cnn fp16 on fake cuda: exit $rc"; }
+losses cpu/metrics.jsonl f16/metrics.jsonl 1e-6 || fail "cnn fp16 on fake cuda differs from the cpu's fp32"
+grep -q '"loss_scale": 65536, "skipped_steps": 0' f16/metrics.jsonl || fail "cnn fp16: no loss_scale in the metrics"
+ok "cnn fp16 on fake cuda: scaled and unscaled exactly (the cpu's fp32 losses), scale 65536 in the metrics"
+
+# An inf on rank 1 alone at its 3rd backward (step 2 of grad_accum 2): both ranks skip that step,
+# the scale halves, training goes on.
+rc=0; fake env DDP_TEST_FAKE_GPU_INF_AT=3 DDP_TEST_FAKE_GPU_INF_RANK=1 "$DDPRUN" --standalone \
+    --nproc_per_node=2 "$TRAIN" "${MLP[@]}" --device cuda --precision fp16 --out_dir inf \
+    >inf.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat inf.out; fail "mlp fp16 with an inf, 2 ranks: exit $rc"; }
+assert_contains inf.out "step 2: inf or NaN gradients at loss scale 65536: optimizer step skipped, loss scale now 32768"
+[ "$(grep -c 'optimizer step skipped' inf.out)" = 1 ] || fail "more than one skip reported"
+grep -q '"step": 8, .*"loss_scale": 32768, "skipped_steps": 1' inf/metrics.jsonl ||
+    fail "mlp fp16 with an inf: the scale or the skip count at step 8 is wrong"
+ok "mlp fp16, 2 ranks: an inf on rank 1 skipped the step on both and halved the scale"
+
+# fp16 on the cpu: refused before any work, as before
+rc=0; "$TRAIN" "${CNN[@]}" --precision fp16 --out_dir c16 >c16.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat c16.out; fail "cnn fp16 on the cpu: exit $rc, want 2"; }
+assert_contains c16.out "precision 'fp16' needs a GPU"
+ok "cnn fp16 on the cpu: refused in one line (exit 2)"

@@ -70,6 +70,30 @@ static void expect_build_error(const ddp_model_spec *s, const char *needle)
         fail_msg("message '%s' lacks '%s'", err.msg, needle);
 }
 
+/* s (device cuda) passes every check before the device's: without a GPU the build fails for
+ * that reason alone (DDP_ERR_NOT_FOUND from the CUDA runtime, never a refusal of the precision),
+ * with one it builds. */
+static void expect_cuda_build(const ddp_model_spec *s, const char *what)
+{
+    ddp_model *m = NULL;
+    ddp_error err = {0};
+    int ngpu = 0;
+    ddp_error ge = {0};
+    bool gpu = ddp__cuda_device_count(&ngpu, &ge) == DDP_OK && ngpu > 0;
+    ddp_status st = ddp_model_build(s, &m, &err);
+    if (gpu) {
+        if (st != DDP_OK)
+            fail_msg("%s on cuda with a GPU: '%s'", what, err.msg);
+        ddp_model_free(m);
+    } else {
+        assert_int_equal(st, DDP_ERR_NOT_FOUND);
+        assert_null(m);
+        assert_non_null(strstr(err.msg, "cuda: "));
+        if (strstr(err.msg, "precision") || strstr(err.msg, "not implemented"))
+            fail_msg("%s on cuda without a GPU: refused for its precision: '%s'", what, err.msg);
+    }
+}
+
 /* ---- building -------------------------------------------------------------------------------- */
 
 static void build_errors(void **state)
@@ -99,8 +123,9 @@ static void build_errors(void **state)
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.dropout = 1.5f;
     expect_build_error(&s, "dropout 1.5");
-    /* device and precision (ddp/device.h): reduced precision needs a GPU; the MLP and CNN on
-     * cuda do fp32 and tf32 only, refused before any device work */
+    /* device and precision (ddp/device.h): reduced precision needs a GPU (bf16 on the CPU is
+     * ddp_precision_check's: this CPU's bf16 units); the MLP and CNN on cuda take every
+     * precision */
     for (int p = DDP_PRECISION_TF32; p < DDP_PRECISION_COUNT; p += 2) { /* tf32, fp16 */
         s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
         s.precision = (ddp_precision)p;
@@ -109,12 +134,15 @@ static void build_errors(void **state)
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.device = DDP_DEVICE_CUDA;
     s.precision = DDP_PRECISION_BF16;
-    expect_build_error(&s, "mlp on cuda: precision 'bf16' is not implemented for this model yet "
-                           "(fp32 and tf32 are); HINT: set precision fp32 or tf32");
-    s.type = "cnn";
-    expect_build_error(&s, "cnn on cuda: precision 'bf16' is not implemented");
+    s.dropout = 0.25f;
+    expect_cuda_build(&s, "mlp bf16");
     s.precision = DDP_PRECISION_FP16;
-    expect_build_error(&s, "cnn on cuda: precision 'fp16' is not implemented");
+    expect_cuda_build(&s, "mlp fp16");
+    s.type = "cnn";
+    s.dropout = 0.0f;
+    expect_cuda_build(&s, "cnn fp16");
+    s.precision = DDP_PRECISION_BF16;
+    expect_cuda_build(&s, "cnn bf16");
     s.channels = (const int64_t[]){2, 2, 2, 2, 2};
     s.n_channels = 5; /* the spec's own errors come first, on cuda too */
     s.precision = DDP_PRECISION_FP32;
@@ -130,25 +158,7 @@ static void build_errors(void **state)
     s.device = DDP_DEVICE_CUDA;
     s.dropout = 0.1f;
     s.precision = DDP_PRECISION_FP16;
-    {
-        ddp_model *m = NULL;
-        ddp_error err = {0};
-        int ngpu = 0;
-        ddp_error ge = {0};
-        bool gpu = ddp__cuda_device_count(&ngpu, &ge) == DDP_OK && ngpu > 0;
-        ddp_status st = ddp_model_build(&s, &m, &err);
-        if (gpu) {
-            if (st != DDP_OK)
-                fail_msg("fp16 on cuda with a GPU: '%s'", err.msg);
-            ddp_model_free(m);
-        } else {
-            assert_int_equal(st, DDP_ERR_NOT_FOUND);
-            assert_null(m);
-            assert_non_null(strstr(err.msg, "cuda: "));
-            if (strstr(err.msg, "precision") || strstr(err.msg, "not implemented"))
-                fail_msg("fp16 on cuda without a GPU: refused for its precision: '%s'", err.msg);
-        }
-    }
+    expect_cuda_build(&s, "gpt fp16 with dropout");
     /* and out of range: refused by the precision check, before the device */
     s.precision = DDP_PRECISION_COUNT;
     expect_build_error(&s, "out of range");

@@ -7,7 +7,10 @@
  * as two flat fp32 buffers in the CPU model's order (each tensor padded to 256 bytes, as the
  * GPT's), the running statistics as a third, each layer's output (B, out_n), max-pool's argmax,
  * dropout's mask, batchnorm's saved mean and 1/std, the input, the labels, the logits' gradient,
- * two ping-pong gradient buffers of the widest activation, and cuDNN's workspace.
+ * two ping-pong gradient buffers of the widest activation, and cuDNN's workspace; in bf16/fp16
+ * also the weights' 16-bit twin, each linear and conv layer's input rounded (B, in_n), two 16-bit
+ * buffers of the widest activation (a conv's output; dy and dx rounded) and one of the largest
+ * conv filter (its gradient).
  *
  * Who computes what: linear layers through ddp__cuda_gemm (cuBLASLt; TF32 tensor cores with
  * precision tf32, plain fp32 otherwise); conv2d (forward, data and filter gradients) and
@@ -22,9 +25,31 @@
  * counter-based generator, util/rng.h: the CPU's masks bit for bit); the loss is the GPT's fused
  * softmax cross-entropy (ddp__cuda_vocab_xent) over the classes.
  *
- * Not here: bf16/fp16 (refused at create), device-resident training (the host keeps the
- * parameters, uploads them each forward and takes the gradients back), cached or benchmarked
- * algorithm choices (cuDNN's heuristic at create, for max_batch).
+ * Precision bf16 or fp16 (autocast's bfloat16 / float16; the CPU's bf16 is the reference: every
+ * product's operands rounded to bf16, fp32 accumulation, fp32 results): only the linear layers'
+ * and the convolutions' operands are 16-bit; everything between them (activations, dropout,
+ * batchnorm — autocast keeps it fp32 too — pooling, the loss) stays fp32, as do the masters, the
+ * gradients the host receives and the running statistics. The choice for the convolutions is
+ * "cast in and out", not 16-bit tensors through the conv stage: cuDNN's legacy API wants x, w and
+ * y of one type for 16 bits (PSEUDO_BFLOAT16 / PSEUDO_HALF: 16-bit tensors, fp32 compute), so
+ * each conv rounds its fp32 input into a 16-bit copy (kept per layer for the filter gradient),
+ * writes a 16-bit output that one kernel widens while adding the fp32 bias (bias_add_h), and in
+ * backward rounds dy, takes dW in 16 bits (beta 0) and adds it into the fp32 gradient
+ * (ddp__cuda_add_h), dx in 16 bits widened into the fp32 ping-pong buffer; the bias gradient
+ * sums the fp32 dy. Simplest because every other layer is untouched, and the CPU reference's
+ * buffers keep their meaning; the cost is three roundings the CPU's products do not make (the
+ * conv's output, dW and dx pass through 16 bits, as in PyTorch's autocast, whose conv outputs and
+ * weight gradients are 16-bit too). Linear layers need none of that: cuBLASLt takes 16-bit
+ * operands and writes fp32 (y with the fp32 bias epilogue, dx, dW accumulated with beta 1); the
+ * bias gradient sums the fp32 dy, as the CPU does. The weights' 16-bit twin (params_h) is rounded
+ * from the masters once per upload. fp16 is GradScaler's half: the loss's gradient carries the
+ * host's loss scale (grad_scale), a value beyond 65504 becomes ±inf where it is stored in 16 bits
+ * (the rounded dy, cuDNN's dW and dx), and the inf or NaN reaching the fp32 gradients is what the
+ * host's unscale finds (it then skips the step and halves the scale).
+ *
+ * Not here: device-resident training (the host keeps the parameters, uploads them each forward
+ * and takes the gradients back), cached or benchmarked algorithm choices (cuDNN's heuristic at
+ * create, for max_batch).
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
  */
 #include <cudnn.h>
@@ -49,6 +74,8 @@ struct dlayer {
     int32_t *argmax; /* pool: (B, out_n) index within the input plane */
     uint8_t *mask;   /* dropout: (B, out_n) */
     float *aux;      /* batchnorm: save_mean (C), save_invstd (C) */
+    uint16_t *xh;    /* bf16/fp16, linear and conv: (B, in_n) the input rounded, for dW */
+    cudnnDataType_t xt; /* conv: the type of its x, w and y (fp32, or the 16-bit format) */
     /* cuDNN (conv, bn): input and output tensors of the current batch, the filter, the
      * convolution, batchnorm's (1, C, 1, 1) parameter tensor; the algorithms chosen at create */
     cudnnTensorDescriptor_t xd, yd, pd;
@@ -76,6 +103,12 @@ struct ddp__cuda_cls {
     size_t ws_bytes;
     float *grads_host, *row_loss_host; /* host staging */
     int32_t *correct_host;
+    /* precision bf16 or fp16 (NULL otherwise): params_h (total,) the weights rounded at each
+     * upload; h0, h1 (B · widest) 16-bit scratch (a conv's output; dy, then dx in backward);
+     * dwh (dw_max,) a conv filter's gradient */
+    bool half;
+    ddp_dtype ht; /* then DDP_BFLOAT16 or DDP_FLOAT16 */
+    uint16_t *params_h, *h0, *h1, *dwh;
     int n; /* the last forward */
     bool can_backward;
 };
@@ -202,6 +235,12 @@ static float *G(ddp__cuda_cls *g, int i)
     return i >= 0 ? g->grads + g->offsets[i] : NULL;
 }
 
+/* Parameter i's 16-bit twin (precision bf16 or fp16). */
+static const uint16_t *PH(ddp__cuda_cls *g, int i)
+{
+    return g->params_h + g->offsets[i];
+}
+
 static float *BUF(ddp__cuda_cls *g, int j)
 {
     return g->buffers + g->boffsets[j];
@@ -265,6 +304,14 @@ __global__ void dropout_bwd(const float *dy, const uint8_t *mask, size_t n, floa
 __global__ void bias_add(float *y, const float *bias, size_t total, int C, int P)
 {
     GRID_STRIDE(i, total) y[i] += bias[(i / (size_t)P) % (size_t)C];
+}
+
+/* y (n, C, P) fp32 = yh widened (exactly) + bias[c]: a 16-bit conv output into the fp32 layers
+ * after it, one fp32 rounding as bias_add's. E: ddp__bf16 or ddp__fp16. */
+template <typename E>
+__global__ void bias_add_h(const E *yh, const float *bias, size_t total, int C, int P, float *y)
+{
+    GRID_STRIDE(i, total) y[i] = ddp__ld(yh + i) + bias[(i / (size_t)P) % (size_t)C];
 }
 
 /* db[c] += Σ over samples and positions of dy (n, C, P): a block per channel, in double. */
@@ -334,6 +381,7 @@ static void free_layer(dlayer *l)
     ddp__cuda_free(l->argmax);
     ddp__cuda_free(l->mask);
     ddp__cuda_free(l->aux);
+    ddp__cuda_free(l->xh);
     if (l->xd)
         dnn.cudnnDestroyTensorDescriptor(l->xd);
     if (l->yd)
@@ -356,8 +404,9 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     }
     for (int i = 0; g->L && i < g->cfg.nl; i++)
         free_layer(&g->L[i]);
-    void *bufs[] = {g->params, g->grads, g->buffers, g->x,       g->dlogits, g->row_loss,
-                    g->g0,     g->g1,    g->labels,  g->correct, g->ws};
+    void *bufs[] = {g->params, g->grads,   g->buffers, g->x,        g->dlogits, g->row_loss,
+                    g->g0,     g->g1,      g->labels,  g->correct,  g->ws,      g->params_h,
+                    g->h0,     g->h1,      g->dwh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
@@ -438,13 +487,11 @@ static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
     const ddp__cuda_cls_layer *L = &l->L;
     ddp_status st;
     if (L->kind == DDP__CLS_CONV) {
-        if ((st =
-                 dnn_check(dnn.cudnnSetTensor4dDescriptor(
-                               l->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, L->in_ch, L->h, L->w),
-                           "conv input descriptor", err)) ||
-            (st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->yd, CUDNN_TENSOR_NCHW,
-                                                           CUDNN_DATA_FLOAT, n, L->out_ch, L->out_h,
-                                                           L->out_w),
+        if ((st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW, l->xt, n,
+                                                           L->in_ch, L->h, L->w),
+                            "conv input descriptor", err)) ||
+            (st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->yd, CUDNN_TENSOR_NCHW, l->xt, n,
+                                                           L->out_ch, L->out_h, L->out_w),
                             "conv output descriptor", err)))
             return st;
     } else if ((st = dnn_check(dnn.cudnnSetTensor4dDescriptor(l->xd, CUDNN_TENSOR_NCHW,
@@ -478,24 +525,31 @@ static Algo pick(const Perf *perf, int found, bool fp32, size_t *bytes)
 static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error *err)
 {
     const ddp__cuda_cls_layer *L = &l->L;
-    const bool fp32 = g->cfg.precision != DDP_PRECISION_TF32;
+    const bool fp32 = g->cfg.precision == DDP_PRECISION_FP32;
+    /* 16 bits: x, w, y in the format, fp32 compute (cuDNN's PSEUDO_BFLOAT16 / PSEUDO_HALF
+     * configurations), tensor cores allowed; tf32: cuDNN's default (TF32 allowed); fp32: FMA
+     * kernels only (cuDNN's default allows TF32 on Ampere and later) */
+    l->xt = !g->half                ? CUDNN_DATA_FLOAT
+            : g->ht == DDP_FLOAT16 ? CUDNN_DATA_HALF
+                                   : CUDNN_DATA_BFLOAT16;
+    const cudnnMathType_t math = g->half ? CUDNN_TENSOR_OP_MATH
+                                 : fp32  ? CUDNN_FMA_MATH
+                                         : CUDNN_DEFAULT_MATH;
     ddp_status st;
     if ((st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->xd), "tensor descriptor", err)) ||
         (st = dnn_check(dnn.cudnnCreateTensorDescriptor(&l->yd), "tensor descriptor", err)) ||
         (st = dnn_check(dnn.cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
         (st = dnn_check(dnn.cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor",
                         err)) ||
-        (st = dnn_check(dnn.cudnnSetFilter4dDescriptor(l->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+        (st = dnn_check(dnn.cudnnSetFilter4dDescriptor(l->wd, l->xt, CUDNN_TENSOR_NCHW,
                                                        L->out_ch, L->in_ch, L->kh, L->kw),
                         "filter shape", err)) ||
         (st = dnn_check(
              dnn.cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride, L->stride, 1, 1,
                                                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
              "convolution geometry", err)) ||
-        /* fp32: FMA kernels only (cuDNN's default allows TF32 on Ampere and later) */
-        (st = dnn_check(
-             dnn.cudnnSetConvolutionMathType(l->cd, fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
-             "convolution math type", err)) ||
+        (st = dnn_check(dnn.cudnnSetConvolutionMathType(l->cd, math), "convolution math type",
+                        err)) ||
         (st = set_batch(l, g->cfg.B, err)))
         return st;
     int n_out = 0, c = 0, h = 0, w = 0;
@@ -574,10 +628,11 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
                                           size_t np, const size_t *bcounts, size_t nb,
                                           ddp__cuda_cls **out, ddp_error *err)
 {
-    if (cfg->precision != DDP_PRECISION_FP32 && cfg->precision != DDP_PRECISION_TF32)
+    if ((unsigned)cfg->precision >= DDP_PRECISION_COUNT)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "mlp/cnn on cuda: precision %d is not implemented (fp32 and tf32 "
-                              "are); HINT: use precision fp32 or tf32",
+                              "mlp/cnn on cuda: precision %d is not one this model implements "
+                              "(fp32, tf32, bf16, fp16); HINT: rebuild libddp and libddp_gpu.so "
+                              "together",
                               (int)cfg->precision);
     if (cfg->nl < 1 || cfg->B < 1 || cfg->classes < 1)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
@@ -590,6 +645,8 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
     g->cfg = *cfg;
     g->np = np;
     g->nb = nb;
+    g->half = cfg->precision == DDP_PRECISION_BF16 || cfg->precision == DDP_PRECISION_FP16;
+    g->ht = cfg->precision == DDP_PRECISION_FP16 ? DDP_FLOAT16 : DDP_BFLOAT16;
     g->L = (dlayer *)calloc((size_t)cfg->nl, sizeof *g->L);
     g->counts = (size_t *)calloc(np ? np : 1, sizeof(size_t));
     g->offsets = (size_t *)calloc(np ? np : 1, sizeof(size_t));
@@ -597,7 +654,7 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
     g->boffsets = (size_t *)calloc(nb ? nb : 1, sizeof(size_t));
     ddp_status st = DDP_OK;
     const size_t B = (size_t)cfg->B;
-    size_t widest = cfg->in_n, ws = 0;
+    size_t widest = cfg->in_n, ws = 0, dw_max = 0;
     if (!g->L || !g->counts || !g->offsets || !g->bcounts || !g->boffsets) {
         st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of memory");
         goto out_free;
@@ -633,7 +690,14 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
                                 i, B, in_n > L->out_n ? in_n : L->out_n, B);
             goto out_free;
         }
+        const bool product = L->kind == DDP__CLS_LINEAR || L->kind == DDP__CLS_CONV;
+        if (L->kind == DDP__CLS_CONV &&
+            (size_t)L->out_ch * L->in_ch * L->kh * L->kw > dw_max)
+            dw_max = (size_t)L->out_ch * L->in_ch * L->kh * L->kw;
         if ((st = dalloc_es(&l->y, B * L->out_n, 4, err)) ||
+            (g->half && product &&
+             (st = dalloc_es(&l->xh, B * (L->kind == DDP__CLS_CONV ? in_n : (size_t)L->in), 2,
+                             err))) ||
             (L->kind == DDP__CLS_POOL && (st = dalloc_es(&l->argmax, B * L->out_n, 4, err))) ||
             (L->kind == DDP__CLS_DROPOUT && (st = dalloc_es(&l->mask, B * L->out_n, 1, err))) ||
             (L->kind == DDP__CLS_BN && (st = dalloc_es(&l->aux, 2 * (size_t)L->C, 4, err))) ||
@@ -650,6 +714,10 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
         (st = dalloc_es(&g->row_loss, B, 4, err)) || (st = dalloc_es(&g->labels, B, 4, err)) ||
         (st = dalloc_es(&g->correct, B, 4, err)) || (st = dalloc_es(&g->g0, B * widest, 4, err)) ||
         (st = dalloc_es(&g->g1, B * widest, 4, err)) || (st = dalloc_es(&g->ws, ws, 1, err)) ||
+        (g->half && ((st = dalloc_es(&g->params_h, g->total, 2, err)) ||
+                     (st = dalloc_es(&g->h0, B * widest, 2, err)) ||
+                     (st = dalloc_es(&g->h1, B * widest, 2, err)) ||
+                     (st = dalloc_es(&g->dwh, dw_max, 2, err)))) ||
         (st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)) ||
         (st = ddp__cuda_sync(g->ctx, err)))
         goto out_free;
@@ -670,6 +738,10 @@ extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *
     for (size_t j = 0; j < g->nb && !st; j++)
         st = ddp__cuda_to_device(g->ctx, BUF(g, (int)j), buffers_host[j],
                                  sizeof(float) * g->bcounts[j], err);
+    /* the weights' 16-bit twin, from the masters just uploaded (the padding between tensors is
+     * zeroed at create and stays zero) */
+    if (!st && g->half)
+        st = ddp__cuda_f32_to_h(g->ctx, g->ht, g->params, g->total, g->params_h, err);
     return st;
 }
 
@@ -715,11 +787,21 @@ static ddp_status ws_check(ddp__cuda_cls *g, size_t need, const char *what, ddp_
                           what, need, g->ws_bytes);
 }
 
+/* A conv's forward: y (n, out_n) fp32 from x (n, in_n) fp32. In 16 bits x is rounded into the
+ * layer's xh, cuDNN writes its 16-bit output into h0, and bias_add_h widens it into y with the
+ * bias (the file's header says why). */
 static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n, ddp_error *err)
 {
     const ddp__cuda_cls_layer *L = &l->L;
     const float one = 1.0f, zero = 0.0f;
+    const size_t in_n = (size_t)L->in_ch * L->h * L->w, total = (size_t)n * L->out_n;
+    const void *xin = x, *w = P(g, L->p0);
+    void *yout = l->y;
     ddp_status st = set_batch(l, n, err);
+    if (!st && g->half) {
+        st = ddp__cuda_f32_to_h(g->ctx, g->ht, x, (size_t)n * in_n, l->xh, err);
+        xin = l->xh, w = PH(g, L->p0), yout = g->h0;
+    }
     for (int attempt = 0; !st; attempt++) {
         size_t need = 0;
         cudnnStatus_t s = dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
@@ -727,8 +809,8 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = dnn.cudnnConvolutionForward(g->dnn, &one, l->xd, x, l->wd, P(g, L->p0), l->cd,
-                                            l->fwd, g->ws, g->ws_bytes, &zero, l->yd, l->y);
+            s = dnn.cudnnConvolutionForward(g->dnn, &one, l->xd, xin, l->wd, w, l->cd, l->fwd,
+                                            g->ws, g->ws_bytes, &zero, l->yd, yout);
         if (s == CUDNN_STATUS_SUCCESS)
             break;
         if (attempt == 0 && refused(s) && l->fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) {
@@ -740,9 +822,15 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
     }
     if (st)
         return st;
-    size_t total = (size_t)n * L->out_n;
-    bias_add<<<blocks(total), 256, 0, g->ctx->stream>>>(l->y, P(g, L->p0 + 1), total, L->out_ch,
-                                                        L->out_h * L->out_w);
+    const int C = L->out_ch, Pn = L->out_h * L->out_w;
+    if (g->half)
+        ddp__half_dispatch(g->ht, [&](auto e) {
+            using E = decltype(e);
+            bias_add_h<E><<<blocks(total), 256, 0, g->ctx->stream>>>(
+                (const E *)g->h0, P(g, L->p0 + 1), total, C, Pn, l->y);
+        });
+    else
+        bias_add<<<blocks(total), 256, 0, g->ctx->stream>>>(l->y, P(g, L->p0 + 1), total, C, Pn);
     return ddp__cuda_launched("conv bias", err);
 }
 
@@ -777,9 +865,17 @@ static ddp_status layer_forward(ddp__cuda_cls *g, int i, const float *a,
     const int n = b->n;
     const size_t cnt = (size_t)n * L->out_n;
     switch (L->kind) {
-    case DDP__CLS_LINEAR:
-        return ddp__cuda_linear_forward(g->ctx, a, P(g, L->p0), P(g, L->p0 + 1), n, L->in, L->out,
-                                        l->y, g->cfg.precision, err);
+    case DDP__CLS_LINEAR: {
+        if (!g->half)
+            return ddp__cuda_linear_forward(g->ctx, a, P(g, L->p0), P(g, L->p0 + 1), n, L->in,
+                                            L->out, l->y, g->cfg.precision, err);
+        /* y (n, out) fp32 = xh · Whᵀ + b: 16-bit operands, fp32 accumulation, the fp32 bias */
+        ddp_status st = ddp__cuda_f32_to_h(g->ctx, g->ht, a, (size_t)n * L->in, l->xh, err);
+        return st ? st
+                  : ddp__cuda_gemm(g->ctx, false, true, n, L->out, L->in, 1.0f, l->xh, L->in,
+                                   PH(g, L->p0), L->in, 0.0f, l->y, L->out, g->ht, DDP_FLOAT32,
+                                   P(g, L->p0 + 1), g->cfg.precision, err);
+    }
     case DDP__CLS_RELU:
         relu_fwd<<<blocks(cnt), 256, 0, s>>>(a, cnt, l->y);
         return ddp__cuda_launched("relu", err);
@@ -859,13 +955,26 @@ extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls
 
 /* ---- backward -------------------------------------------------------------------------------- */
 
+/* A conv's backward from dy (n, out_n) fp32: dW and db added into the gradients, dx (n, in_n)
+ * fp32 written when not NULL. In 16 bits dy is rounded into h0, cuDNN's dW goes to dwh (beta 0)
+ * and is added into the fp32 gradient, its dx goes to h1 and is widened into dx; the forward's
+ * xh is the filter gradient's input. */
 static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, const float *in,
                                 int n, float *dx, ddp_error *err)
 {
     const ddp__cuda_cls_layer *L = &l->L;
     const float one = 1.0f, zero = 0.0f;
+    const size_t wn = (size_t)L->out_ch * L->in_ch * L->kh * L->kw;
+    const size_t in_n = (size_t)L->in_ch * L->h * L->w;
+    const void *xin = in, *dyin = dy, *w = P(g, L->p0);
+    void *dw = G(g, L->p0), *dxout = dx;
+    float beta_w = 1.0f; /* fp32: dW += (gradients accumulate, as the CPU's) */
     ddp_status st = set_batch(l, n, err);
-    /* dW += (beta 1: gradients accumulate, as the CPU's) */
+    if (!st && g->half) {
+        st = ddp__cuda_f32_to_h(g->ctx, g->ht, dy, (size_t)n * L->out_n, g->h0, err);
+        xin = l->xh, dyin = g->h0, w = PH(g, L->p0), dw = g->dwh, dxout = g->h1;
+        beta_w = 0.0f;
+    }
     for (int attempt = 0; !st; attempt++) {
         size_t need = 0;
         cudnnStatus_t s = dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -873,9 +982,9 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = dnn.cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, in, l->yd, dy, l->cd,
-                                                   l->bwd_filter, g->ws, g->ws_bytes, &one, l->wd,
-                                                   G(g, L->p0));
+            s = dnn.cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, xin, l->yd, dyin, l->cd,
+                                                   l->bwd_filter, g->ws, g->ws_bytes, &beta_w,
+                                                   l->wd, dw);
         if (s == CUDNN_STATUS_SUCCESS)
             break;
         if (attempt == 0 && refused(s) && l->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0) {
@@ -885,6 +994,8 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         st = need > g->ws_bytes ? ws_check(g, need, "conv backward-filter", err)
                                 : dnn_check(s, "cudnnConvolutionBackwardFilter", err);
     }
+    if (!st && g->half) /* the 16-bit dW into the fp32 gradient */
+        st = ddp__cuda_add_h(g->ctx, g->ht, G(g, L->p0), g->dwh, wn, G(g, L->p0), err);
     if (st)
         return st;
     channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(
@@ -898,10 +1009,12 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = dnn.cudnnConvolutionBackwardData(g->dnn, &one, l->wd, P(g, L->p0), l->yd, dy, l->cd,
-                                                 l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd, dx);
+            s = dnn.cudnnConvolutionBackwardData(g->dnn, &one, l->wd, w, l->yd, dyin, l->cd,
+                                                 l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd,
+                                                 dxout);
         if (s == CUDNN_STATUS_SUCCESS)
-            return DDP_OK;
+            return g->half ? ddp__cuda_h_to_f32(g->ctx, g->ht, g->h1, (size_t)n * in_n, dx, err)
+                           : DDP_OK;
         if (attempt == 0 && refused(s) && l->bwd_data != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) {
             l->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
             continue;
@@ -920,9 +1033,24 @@ static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const
     const int n = g->n;
     const size_t cnt = (size_t)n * L->out_n;
     switch (L->kind) {
-    case DDP__CLS_LINEAR:
-        return ddp__cuda_linear_backward(g->ctx, dy, in, P(g, L->p0), n, L->in, L->out, dx,
-                                         G(g, L->p0), G(g, L->p0 + 1), g->cfg.precision, err);
+    case DDP__CLS_LINEAR: {
+        if (!g->half)
+            return ddp__cuda_linear_backward(g->ctx, dy, in, P(g, L->p0), n, L->in, L->out, dx,
+                                             G(g, L->p0), G(g, L->p0 + 1), g->cfg.precision,
+                                             err);
+        /* dyh = dy rounded; dx (n, in) fp32 = dyh · Wh; dW (out, in) fp32 += dyhᵀ · xh (the
+         * forward's); db += the column sums of the fp32 dy (as the CPU's bf16 path) */
+        ddp_status st = ddp__cuda_f32_to_h(g->ctx, g->ht, dy, (size_t)n * L->out, g->h0, err);
+        if (!st && dx)
+            st = ddp__cuda_gemm(g->ctx, false, false, n, L->in, L->out, 1.0f, g->h0, L->out,
+                                PH(g, L->p0), L->in, 0.0f, dx, L->in, g->ht, DDP_FLOAT32, NULL,
+                                g->cfg.precision, err);
+        if (!st)
+            st = ddp__cuda_gemm(g->ctx, true, false, L->out, L->in, n, 1.0f, g->h0, L->out, l->xh,
+                                L->in, 1.0f, G(g, L->p0), L->in, g->ht, DDP_FLOAT32, NULL,
+                                g->cfg.precision, err);
+        return st ? st : ddp__cuda_colsum(g->ctx, dy, n, L->out, G(g, L->p0 + 1), err);
+    }
     case DDP__CLS_RELU:
         if (!dx)
             return DDP_OK;
