@@ -5,16 +5,26 @@
  * cuda_emu.h with their host code's geometry, against src/nn/layers.c and src/nn/conv.c
  * (ddp_nn_*, libddp). Bit for bit where the arithmetic is the same (the GELU here uses the host
  * libm's erf/exp, which a GPU's differ from in the last bits); the bias gradient (one rounding
- * instead of one per sample) and the pool's atomic sums within 1e-6. Built and run by
- * test_kernels_emu.sh.
+ * instead of one per sample) and the pool's atomic sums within 1e-6. Precision bf16/fp16's
+ * casts into and out of 16 bits, composed as the host code composes them around a convolution
+ * (the conv itself is cuDNN's): the input rounded (devmath.cu's convert, the kernel
+ * ddp__cuda_f32_to_h runs) bit for bit against util/half.h and, for bf16, against the CPU
+ * reference's own operand rounding (ddp__bf16_round, libddp; normal numbers — it flushes inputs
+ * below 2^-126 to zero, util/half.h keeps them: shown, not failed); the 16-bit output widened
+ * with the fp32 bias (bias_add_h) bit for bit against util/half.h's widening and one fp32 add;
+ * the 16-bit filter gradient added into the fp32 one (layers.cu's add_h_kernel) and dx widened,
+ * bit for bit. Built and run by test_kernels_emu.sh.
  */
 #include "cuda_emu.h"
 extern "C" {
 #include "ddp/nn.h"
+#include "kernels/kernels.h"
 #include "util/rng.h"
 }
 #include "common_cuh.inc"
 #include "classifier_kernels.inc"
+#include "devmath_kernels.inc"
+#include "layers_kernels.inc"
 #include <random>
 #define EMU_SEED 11
 #include "emu_check.h"
@@ -120,12 +130,91 @@ static void t_pool(int B, int ch, int H, int W, int k, int stride)
     check(s, dx.data(), rdx.data(), nin, 1e-6);
 }
 
+/* util/half.h's conversions for format H, the reference of the casts below */
+template <typename H> static uint16_t ref_narrow(float f)
+{
+    return std::is_same<H, ddp__fp16>::value ? ddp__f32_to_f16(f) : ddp__f32_to_bf16(f);
+}
+template <typename H> static float ref_widen(uint16_t h)
+{
+    return std::is_same<H, ddp__fp16>::value ? ddp__f16_to_f32(h) : ddp__bf16_to_f32(h);
+}
+
+/* A conv layer's 16-bit stage (B, C, P) as conv_forward / conv_backward queue it: x rounded;
+ * cuDNN's output (here: random 16-bit values) widened with the bias; dy rounded; the 16-bit dW
+ * added into the fp32 gradient; the 16-bit dx widened. */
+template <typename H> static void t_conv_casts(int B, int C, int P)
+{
+    const size_t n = (size_t)B * C * P;
+    char s[96];
+    /* x rounded (ddp__cuda_f32_to_h: devmath's convert_kernel, the launch geometry of
+     * ddp__devmath_convert) */
+    auto x = randv(n, -3, 3);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 65519.0f, x[3] = -70000.0f; /* fp16: 65504, -inf */
+    std::vector<uint16_t> want(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = ref_narrow<H>(x[i]);
+    auto xh = poisoned<H>(n);
+    emu_launch(reduce_blocks(n), 256, 0, [&] { convert_kernel<H, float>(x.data(), n, xh.data()); });
+    snprintf(s, sizeof s, "%s: x rounded, against util/half.h", nm<H>());
+    check_exact(s, xh.data(), want.data(), n * 2);
+    if (std::is_same<H, ddp__bf16>::value) { /* the CPU reference's operand rounding */
+        std::vector<uint16_t> cpu(n);
+        ddp__bf16_round(cpu.data(), x.data(), (int)n);
+        snprintf(s, sizeof s, "bf16: x rounded, against the CPU's ddp__bf16_round");
+        check_exact(s, xh.data(), cpu.data(), n * 2);
+        const float sub[2] = {1e-40f, -3e-39f}; /* below 2^-126 */
+        uint16_t g[2], c[2];
+        for (int i = 0; i < 2; i++)
+            g[i] = ref_narrow<H>(sub[i]);
+        ddp__bf16_round(c, sub, 2);
+        printf("  (bf16 of a subnormal: GPU cast 0x%04x 0x%04x, CPU's flush 0x%04x 0x%04x)\n", g[0],
+               g[1], c[0], c[1]);
+    }
+    /* cuDNN's 16-bit output widened with the bias (bias_add_h) */
+    std::vector<H> yh(n);
+    auto yv = randv(n, -8, 8), bias = randv(C);
+    for (size_t i = 0; i < n; i++)
+        yh[i].bits = ref_narrow<H>(yv[i]);
+    std::vector<float> ry(n);
+    for (size_t i = 0; i < n; i++)
+        ry[i] = ref_widen<H>(yh[i].bits) + bias[(i / (size_t)P) % (size_t)C];
+    auto y = poisoned(n);
+    emu_launch(ddp__cuda_blocks(n, 256), 256, 0,
+               [&] { bias_add_h<H>(yh.data(), bias.data(), n, C, P, y.data()); });
+    snprintf(s, sizeof s, "%s: conv output widened + bias", nm<H>());
+    check_exact(s, y.data(), ry.data(), n * 4);
+    /* dW: the 16-bit filter gradient added into the fp32 one (ddp__cuda_add_h, y = a) */
+    const size_t wn = (size_t)C * 3 * 9;
+    auto gw = randv(wn), dwv = randv(wn, -100, 100);
+    std::vector<H> dwh(wn);
+    for (size_t i = 0; i < wn; i++)
+        dwh[i].bits = ref_narrow<H>(dwv[i]);
+    std::vector<float> rg(wn);
+    for (size_t i = 0; i < wn; i++)
+        rg[i] = gw[i] + ref_widen<H>(dwh[i].bits);
+    emu_launch(ddp__cuda_blocks(wn, 256), 256, 0,
+               [&] { add_h_kernel<H>(gw.data(), dwh.data(), wn, gw.data()); });
+    snprintf(s, sizeof s, "%s: 16-bit dW added into the fp32 gradient", nm<H>());
+    check_exact(s, gw.data(), rg.data(), wn * 4);
+    /* dx widened (ddp__cuda_h_to_f32) */
+    std::vector<float> rdx(n);
+    for (size_t i = 0; i < n; i++)
+        rdx[i] = ref_widen<H>(xh[i].bits);
+    auto dx = poisoned(n);
+    emu_launch(reduce_blocks(n), 256, 0, [&] { convert_kernel<float, H>(xh.data(), n, dx.data()); });
+    snprintf(s, sizeof s, "%s: dx widened", nm<H>());
+    check_exact(s, dx.data(), rdx.data(), n * 4);
+}
+
 int main()
 {
     t_elementwise(3001);
     t_conv_bias(3, 5, 9, 11);
     t_pool(2, 3, 13, 11, 3, 2); /* overlapping windows */
     t_pool(2, 3, 12, 12, 2, 2);
+    t_conv_casts<ddp__bf16>(3, 5, 7 * 9);
+    t_conv_casts<ddp__fp16>(3, 5, 7 * 9);
     printf("%d failed\n", bad);
     return bad != 0;
 }
