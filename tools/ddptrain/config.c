@@ -54,10 +54,10 @@ static const ddp_cfg_key schema[] = {
      "gpt: token ids are below it (256: bytes; GPT-2 BPE: 50304, 50257 padded)"},
     {"model.bias", DDP_CFG_BOOL, "true", NULL, "gpt: biases in linear layers and layernorms"},
     {"device", DDP_CFG_CHOICE, "cpu", "cpu|cuda|auto",
-     "where to compute: cuda uses GPU LOCAL_RANK mod visible GPUs (gpt only; docs/gpu.md), "
+     "where to compute: cuda uses GPU LOCAL_RANK mod visible GPUs (every model; docs/gpu.md), "
      "auto the GPU if there is one, else the CPU"},
     {"precision", DDP_CFG_CHOICE, "fp32", "fp32|tf32|bf16|fp16",
-     "matrix arithmetic: tf32, bf16, fp16 need device cuda"},
+     "matrix arithmetic: tf32 and fp16 need device cuda, bf16 cuda or a CPU with bf16 units"},
     {"mfu_peak_tflops", DDP_CFG_FLOAT, "0", NULL,
      "the per-rank peak MFU is measured against (0: a GPU's dense peak from the table, a "
      "CPU's measured at start)"},
