@@ -12,10 +12,10 @@
  * through kernels.h), in every precision (fp32, tf32; bf16 and fp16 with 16-bit operands in the
  * linear layers and convolutions, fp32 masters and gradients: the CPU's bf16 is the reference,
  * fp16's loss scale comes in as the batch's grad_scale), dropout included; this file keeps the
- * parameter list, the running statistics (buffers), the checks and the host's logits. Each forward uploads
- * the parameters and buffers (the optimizer, the reducer and a checkpoint's load change them on
- * the host), a training forward brings the updated running statistics back, and backward adds
- * the gradients into the host's. Not yet run on a GPU (docs/gpu.md).
+ * parameter list, the running statistics (buffers), the checks and the host's logits. Each forward
+ * uploads the parameters and buffers (the optimizer, the reducer and a checkpoint's load change
+ * them on the host), a training forward brings the updated running statistics back, and backward
+ * adds the gradients into the host's. Not yet run on a GPU (docs/gpu.md).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -202,7 +202,8 @@ template <typename H> static void t_conv_casts(int B, int C, int P)
     for (size_t i = 0; i < n; i++)
         rdx[i] = ref_widen<H>(xh[i].bits);
     auto dx = poisoned(n);
-    emu_launch(reduce_blocks(n), 256, 0, [&] { convert_kernel<float, H>(xh.data(), n, dx.data()); });
+    emu_launch(reduce_blocks(n), 256, 0,
+               [&] { convert_kernel<float, H>(xh.data(), n, dx.data()); });
     snprintf(s, sizeof s, "%s: dx widened", nm<H>());
     check_exact(s, dx.data(), rdx.data(), n * 4);
 }

@@ -163,7 +163,8 @@ ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_err
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
     size_t n;
     const ddp_model_param *p = ddp_model_params(g->m, &n);
-    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"), *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
+    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"),
+               *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
     const char *rank = getenv("RANK");
     if (at && atoi(at) == ++backwards && atoi(who ? who : "0") == atoi(rank ? rank : "0") &&
         g->np > 0 && p[0].count > 0)

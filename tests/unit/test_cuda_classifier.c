@@ -138,8 +138,8 @@ typedef struct bounds {
 } bounds;
 
 /* fp32 against fp32: the same arithmetic up to summation order (cuDNN's, cuBLASLt's). */
-static const bounds fp32_bounds = {DDP_PRECISION_FP32, DDP_PRECISION_FP32, 1.0f, 1e-4, 1e-5,
-                                   true, 1e-4, 1e-3, 1e-3};
+static const bounds fp32_bounds = {
+    DDP_PRECISION_FP32, DDP_PRECISION_FP32, 1.0f, 1e-4, 1e-5, true, 1e-4, 1e-3, 1e-3};
 
 /* One model variant: logits, a training forward and backward with n samples. */
 static void forward_backward_b(const variant *v, int n, const bounds *t)
@@ -149,9 +149,8 @@ static void forward_backward_b(const variant *v, int n, const bounds *t)
     static float x[B * IN];
     int32_t y[B];
     make_batch(1, x, y);
-    printf("  %s %s dropout %.2f, batch %d of %d; gpu %s against cpu %s\n", v->type,
-           v->activation, (double)v->dropout, n, B, ddp_precision_name(t->gpu),
-           ddp_precision_name(t->cpu));
+    printf("  %s %s dropout %.2f, batch %d of %d; gpu %s against cpu %s\n", v->type, v->activation,
+           (double)v->dropout, n, B, ddp_precision_name(t->gpu), ddp_precision_name(t->cpu));
     ddp_model_batch b = {.n = n, .x = x, .labels = y, .step = 3, .sample_offset = 40};
     ddp_model_out o1, o2;
     assert_int_equal(ddp_model_forward(cpu, &b, false, &o1), DDP_OK);
@@ -389,8 +388,8 @@ static ddp_precision bf16_reference(void)
  * without bf16) the same bounds hold: bf16's error is of the same order. */
 static bounds bf16_bounds(void)
 {
-    return (bounds){bf16_reference(), DDP_PRECISION_BF16, 1.0f, 5e-2, 2e-2, false, 5e-2, 1e-1,
-                    1e-2};
+    return (bounds){
+        bf16_reference(), DDP_PRECISION_BF16, 1.0f, 5e-2, 2e-2, false, 5e-2, 1e-1, 1e-2};
 }
 
 static void bf16_matches(void **state)
@@ -414,8 +413,8 @@ static void bf16_matches(void **state)
 static void fp16_matches(void **state)
 {
     (void)state;
-    const bounds t = {DDP_PRECISION_FP32, DDP_PRECISION_FP16, 1024.0f, 1e-2, 5e-3, false, 1e-2,
-                      3e-2, 1e-2};
+    const bounds t = {
+        DDP_PRECISION_FP32, DDP_PRECISION_FP16, 1024.0f, 1e-2, 5e-3, false, 1e-2, 3e-2, 1e-2};
     forward_backward_b(&cnn_relu, B, &t);
     forward_backward_b(&cnn_gelu_drop, 5, &t);
     forward_backward_b(&mlp_relu_drop, B, &t);
@@ -443,8 +442,8 @@ static void ten_steps_bf16(void **state)
         int same = 0;
         for (int i = 0; i < 10; i++)
             same += lb[i] == lf[i];
-        printf("  %s bf16 losses equal to fp32's in %d of 10 steps (must be < 10)\n",
-               vs[k]->type, same);
+        printf("  %s bf16 losses equal to fp32's in %d of 10 steps (must be < 10)\n", vs[k]->type,
+               same);
         assert_true(same < 10);
     }
 }
@@ -460,8 +459,8 @@ static void ten_steps_fp16(void **state)
     for (int k = 0; k < 2; k++) {
         double lh[10], lf[10];
         int skipped = 0;
-        double d = train10_amp(vs[k], DDP_PRECISION_FP32, DDP_PRECISION_FP16, true, 5e-2, lh,
-                               &skipped);
+        double d =
+            train10_amp(vs[k], DDP_PRECISION_FP32, DDP_PRECISION_FP16, true, 5e-2, lh, &skipped);
         printf("  %s 10 steps fp16 (loss scaling): largest loss difference %.2e (tolerance "
                "1e-2), %d skipped (at most 4)\n",
                vs[k]->type, d, skipped);
@@ -471,8 +470,8 @@ static void ten_steps_fp16(void **state)
         int same = 0;
         for (int i = 0; i < 10; i++)
             same += lh[i] == lf[i];
-        printf("  %s fp16 losses equal to fp32's in %d of 10 steps (must be < 10)\n",
-               vs[k]->type, same);
+        printf("  %s fp16 losses equal to fp32's in %d of 10 steps (must be < 10)\n", vs[k]->type,
+               same);
         assert_true(same < 10);
     }
 }

@@ -70,11 +70,11 @@ namespace
 
 struct dlayer {
     ddp__cuda_cls_layer L;
-    float *y;        /* (B, out_n) */
-    int32_t *argmax; /* pool: (B, out_n) index within the input plane */
-    uint8_t *mask;   /* dropout: (B, out_n) */
-    float *aux;      /* batchnorm: save_mean (C), save_invstd (C) */
-    uint16_t *xh;    /* bf16/fp16, linear and conv: (B, in_n) the input rounded, for dW */
+    float *y;           /* (B, out_n) */
+    int32_t *argmax;    /* pool: (B, out_n) index within the input plane */
+    uint8_t *mask;      /* dropout: (B, out_n) */
+    float *aux;         /* batchnorm: save_mean (C), save_invstd (C) */
+    uint16_t *xh;       /* bf16/fp16, linear and conv: (B, in_n) the input rounded, for dW */
     cudnnDataType_t xt; /* conv: the type of its x, w and y (fp32, or the 16-bit format) */
     /* cuDNN (conv, bn): input and output tensors of the current batch, the filter, the
      * convolution, batchnorm's (1, C, 1, 1) parameter tensor; the algorithms chosen at create */
@@ -404,9 +404,9 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     }
     for (int i = 0; g->L && i < g->cfg.nl; i++)
         free_layer(&g->L[i]);
-    void *bufs[] = {g->params, g->grads,   g->buffers, g->x,        g->dlogits, g->row_loss,
-                    g->g0,     g->g1,      g->labels,  g->correct,  g->ws,      g->params_h,
-                    g->h0,     g->h1,      g->dwh};
+    void *bufs[] = {g->params,   g->grads,    g->buffers, g->x,      g->dlogits,
+                    g->row_loss, g->g0,       g->g1,      g->labels, g->correct,
+                    g->ws,       g->params_h, g->h0,      g->h1,     g->dwh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
@@ -529,7 +529,7 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     /* 16 bits: x, w, y in the format, fp32 compute (cuDNN's PSEUDO_BFLOAT16 / PSEUDO_HALF
      * configurations), tensor cores allowed; tf32: cuDNN's default (TF32 allowed); fp32: FMA
      * kernels only (cuDNN's default allows TF32 on Ampere and later) */
-    l->xt = !g->half                ? CUDNN_DATA_FLOAT
+    l->xt = !g->half               ? CUDNN_DATA_FLOAT
             : g->ht == DDP_FLOAT16 ? CUDNN_DATA_HALF
                                    : CUDNN_DATA_BFLOAT16;
     const cudnnMathType_t math = g->half ? CUDNN_TENSOR_OP_MATH
@@ -541,8 +541,8 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
         (st = dnn_check(dnn.cudnnCreateFilterDescriptor(&l->wd), "filter descriptor", err)) ||
         (st = dnn_check(dnn.cudnnCreateConvolutionDescriptor(&l->cd), "convolution descriptor",
                         err)) ||
-        (st = dnn_check(dnn.cudnnSetFilter4dDescriptor(l->wd, l->xt, CUDNN_TENSOR_NCHW,
-                                                       L->out_ch, L->in_ch, L->kh, L->kw),
+        (st = dnn_check(dnn.cudnnSetFilter4dDescriptor(l->wd, l->xt, CUDNN_TENSOR_NCHW, L->out_ch,
+                                                       L->in_ch, L->kh, L->kw),
                         "filter shape", err)) ||
         (st = dnn_check(
              dnn.cudnnSetConvolution2dDescriptor(l->cd, L->pad, L->pad, L->stride, L->stride, 1, 1,
@@ -691,8 +691,7 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
             goto out_free;
         }
         const bool product = L->kind == DDP__CLS_LINEAR || L->kind == DDP__CLS_CONV;
-        if (L->kind == DDP__CLS_CONV &&
-            (size_t)L->out_ch * L->in_ch * L->kh * L->kw > dw_max)
+        if (L->kind == DDP__CLS_CONV && (size_t)L->out_ch * L->in_ch * L->kh * L->kw > dw_max)
             dw_max = (size_t)L->out_ch * L->in_ch * L->kh * L->kw;
         if ((st = dalloc_es(&l->y, B * L->out_n, 4, err)) ||
             (g->half && product &&
@@ -1036,8 +1035,7 @@ static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const
     case DDP__CLS_LINEAR: {
         if (!g->half)
             return ddp__cuda_linear_backward(g->ctx, dy, in, P(g, L->p0), n, L->in, L->out, dx,
-                                             G(g, L->p0), G(g, L->p0 + 1), g->cfg.precision,
-                                             err);
+                                             G(g, L->p0), G(g, L->p0 + 1), g->cfg.precision, err);
         /* dyh = dy rounded; dx (n, in) fp32 = dyh · Wh; dW (out, in) fp32 += dyhᵀ · xh (the
          * forward's); db += the column sums of the fp32 dy (as the CPU's bf16 path) */
         ddp_status st = ddp__cuda_f32_to_h(g->ctx, g->ht, dy, (size_t)n * L->out, g->h0, err);
