@@ -107,7 +107,7 @@ typedef struct ddp_model_spec {
     int vocab_size; /* token ids in [0, vocab_size); 256 for bytes, 50304 for padded GPT-2 BPE */
     bool bias;      /* biases in the linear layers and layernorms (nanoGPT's `bias`) */
     /* where and how it computes (ddp/device.h): */
-    ddp_device device;       /* DDP_DEVICE_CPU; DDP_DEVICE_CUDA: gpt only (docs/gpu.md) */
+    ddp_device device;       /* DDP_DEVICE_CPU; DDP_DEVICE_CUDA: every type (docs/gpu.md) */
     int device_index;        /* the CUDA device, e.g. ddp_device_choice.cuda_index */
     ddp_precision precision; /* DDP_PRECISION_FP32; BF16 on the CPU: bf16 matrix products
                                 (ddp_precision_check); tf32/fp16 need device CUDA */
