@@ -127,10 +127,10 @@ static void att_op(void *p)
     bool h = a->dt != DDP_FLOAT32;
     if (a->flash) {
         check(ddp__cuda_flash_forward(ctx, a->dt, a->qkv, a->B, a->T, a->C, a->nh, a->out, a->lse,
-                                      &err));
+                                      NULL, &err));
         if (a->bwd)
             check(ddp__cuda_flash_backward(ctx, a->dt, a->dout, a->qkv, a->out, a->lse, a->B, a->T,
-                                           a->C, a->nh, a->fscr, a->dqkv, &err));
+                                           a->C, a->nh, a->fscr, a->dqkv, NULL, &err));
     } else if (h) {
         check(ddp__cuda_attention_forward_h(ctx, a->dt, a->qkv, a->B, a->T, a->C, a->nh, a->att,
                                             a->scr, a->out, NULL, &err));

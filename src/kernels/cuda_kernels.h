@@ -260,21 +260,24 @@ ddp_status ddp__cuda_vocab_xent_hgrad(ddp__cuda_ctx *ctx, ddp_dtype ht, float *l
  * softmax statistics, P and dS rounded to dt for their products as the batched 16-bit path);
  * qkv, out, dout, dqkv are of dt (16-bit: uint16_t bit patterns). Head sizes C/nh of 32, 64 or
  * 128 only (ddp__cuda_flash_supported; another is refused with DDP_ERR_INVALID: use the batched
- * path). Deterministic: fixed reduction orders, no atomics. UNVERIFIED: compiled, never run on a
+ * path). Dropout on the probabilities as the batched path's when drop is not NULL and drop->p > 0
+ * (the same masks, drawn inline, never stored; the forward's and the backward's drop must be the
+ * same). Deterministic: fixed reduction orders, no atomics. UNVERIFIED: compiled, never run on a
  * GPU (docs/gpu.md). */
 bool ddp__cuda_flash_supported(int hs);
 /* Bytes of the backward's scratch (D = rowsum(dO ∘ O), B·nh·T floats): O(B·nh·T), no T². */
 size_t ddp__cuda_flash_scratch(int B, int T, int C, int nh);
 /* out (B, T, C) from qkv (B, T, 3C); lse (B, nh, T) fp32 the rows' logsumexp of the scaled
- * scores, which the backward reads. */
-ddp_status ddp__cuda_flash_forward(ddp__cuda_ctx *ctx, ddp_dtype dt, const void *qkv, int B,
-                                   int T, int C, int nh, void *out, float *lse, ddp_error *err);
+ * scores (before dropout), which the backward reads. */
+ddp_status ddp__cuda_flash_forward(ddp__cuda_ctx *ctx, ddp_dtype dt, const void *qkv, int B, int T,
+                                   int C, int nh, void *out, float *lse, const ddp__cuda_drop *drop,
+                                   ddp_error *err);
 /* dqkv (B, T, 3C) overwritten, from dout (B, T, C) and the forward's qkv, out and lse; scratch:
  * ddp__cuda_flash_scratch bytes. */
 ddp_status ddp__cuda_flash_backward(ddp__cuda_ctx *ctx, ddp_dtype dt, const void *dout,
                                     const void *qkv, const void *out, const float *lse, int B,
                                     int T, int C, int nh, void *scratch, void *dqkv,
-                                    ddp_error *err);
+                                    const ddp__cuda_drop *drop, ddp_error *err);
 
 /* ---- optimizer and gradients ----------------------------------------------------------------- */
 

@@ -11,20 +11,31 @@
  * query block for dQ (looping over the key blocks up to the causal limit); both recompute
  * P = exp(S·scale − lse) and dS = P ∘ (dP − D)·scale from the tiles.
  *
+ * Dropout on the probabilities (drop->p > 0), standard FA2 dropout with the CPU's and the batched
+ * path's masks (dropout.cuh: row r of the B·nh·T rows keys a hash, column j decides; the keys of a
+ * tile's rows in shared memory, the decisions made inline, no mask stored): out = (M ∘ P)·V with
+ * P normalized before dropout (the forward's running sum over the undropped exps, so lse is the
+ * same as without dropout) and M 1/(1 − p) or 0 per element; the backward draws M again: dV from
+ * M ∘ P, dP' = M ∘ dP in dS = P ∘ (dP' − D)·scale, and D = rowsum(dO ∘ O) is still Σ_j P·dP'.
+ *
  * Element type E: float (the reference-precision path: plain FMA products over shared-memory
  * tiles), or a 16-bit format (ddp__bf16 / ddp__fp16) whose products go through tensor cores
  * (nvcuda::wmma 16×16×16, fp32 accumulation). 16-bit roundings as attention.cu's batched path:
  * scores, softmax statistics and dP in fp32; P rounded to 16 bits for the P·V product and for
  * dS (which uses the rounded P, as the batched path's kept P); dS rounded to 16 bits for the dQ
- * and dK products; out, dq, dk, dv rounded once where stored. One difference: the forward's P
- * is the unnormalized exp(s − running max) (rounded), divided by the fp32 row sum at the end,
- * where the batched path rounds the normalized probability.
+ * and dK products; out, dq, dk, dv rounded once where stored. With dropout the backward's dropped
+ * P (dV's operand) is the rounded P times M, rounded again, as the batched path's causal_dropout
+ * of its kept P; dP' = dP·M in fp32 as its softmax backward. Differences: the forward's P is the
+ * unnormalized exp(s − running max), times M with dropout, rounded once, then divided by the
+ * fp32 row sum at the end, where the batched path rounds the normalized probability (and with
+ * dropout rounds it again after the scaling by M).
  *
  * Head sizes 32, 64 and 128 (ddp__cuda_flash_supported); every tile fits the default 48 KiB of
  * shared memory (static_asserts), so no opt-in attribute. 128 threads (4 warps) per block.
  * UNVERIFIED on a GPU: compiled, never run on one (docs/gpu.md). The kernels' logic (indexing,
- * causal masks, partial tiles, online softmax, barrier order) runs on the CPU in unit.flash_emu
- * (tests/emu: this file's kernels unchanged under a small CUDA emulation, wmma as documented).
+ * causal masks, partial tiles, online softmax, dropout masks, barrier order) runs on the CPU in
+ * unit.flash_emu (tests/emu: this file's kernels unchanged under a small CUDA emulation, wmma as
+ * documented), with dropout against the product's CPU attention (src/nn/attention.c).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +43,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "dropout.cuh"
 
 namespace
 {
@@ -74,7 +86,8 @@ template <typename E, int HS> struct cfg {
     static constexpr size_t F_O = F_P + (H ? up128(sizeof(E) * FBR * FLP) : 0);
     static constexpr size_t F_M = F_O + up128(sizeof(float) * FBR * LO);
     static constexpr size_t F_L = F_M + up128(sizeof(float) * FBR);
-    static constexpr size_t F_END = F_L + up128(sizeof(float) * FBR);
+    static constexpr size_t F_KEY = F_L + up128(sizeof(float) * FBR);
+    static constexpr size_t F_END = F_KEY + up128(sizeof(uint64_t) * FBR);
     /* backward (both kernels; the accumulator region holds dK and dV, or dQ) */
     static constexpr int BBR = H ? (HS <= 32 ? 32 : 16) : (HS <= 32 ? 32 : HS <= 64 ? 16 : 8);
     static constexpr int BBC = H ? (HS <= 64 ? 32 : 16) : (HS <= 32 ? 32 : 16);
@@ -91,7 +104,8 @@ template <typename E, int HS> struct cfg {
     static constexpr size_t B_ACC = B_DS + (H ? up128(sizeof(E) * BBR * BLP) : 0);
     static constexpr size_t B_LSE = B_ACC + up128(sizeof(float) * ACC_ROWS * LO);
     static constexpr size_t B_D = B_LSE + up128(sizeof(float) * BBR);
-    static constexpr size_t B_END = B_D + up128(sizeof(float) * BBR);
+    static constexpr size_t B_KEY = B_D + up128(sizeof(float) * BBR);
+    static constexpr size_t B_END = B_KEY + up128(sizeof(uint64_t) * BBR);
 
     static_assert(HS % 16 == 0, "head size a multiple of 16");
     static_assert(!H || (FBR % 16 == 0 && FBC % 16 == 0 && BBR % 16 == 0 && BBC % 16 == 0),
@@ -163,8 +177,9 @@ __device__ __forceinline__ void load_rows(E *dst, int ld, const E *src, size_t s
 }
 
 template <typename E, int HS>
-__global__ void __launch_bounds__(NT) flash_fwd(const E *__restrict__ qkv, E *__restrict__ out,
-                                                float *__restrict__ lse, int T, int nh, float scale)
+__global__ void __launch_bounds__(NT)
+    flash_fwd(const E *__restrict__ qkv, E *__restrict__ out, float *__restrict__ lse, int T,
+              int nh, float scale, ddp__drop_dev dr)
 {
     typedef cfg<E, HS> K;
     constexpr int BR = K::FBR, BC = K::FBC, LD = K::LD, LS = K::FLS, LO = K::LO;
@@ -178,6 +193,7 @@ __global__ void __launch_bounds__(NT) flash_fwd(const E *__restrict__ qkv, E *__
     float *so = reinterpret_cast<float *>(smem + K::F_O);
     float *sm = reinterpret_cast<float *>(smem + K::F_M);
     float *sl = reinterpret_cast<float *>(smem + K::F_L);
+    uint64_t *skey = reinterpret_cast<uint64_t *>(smem + K::F_KEY); /* dropout: the rows' keys */
 
     const int bh = blockIdx.x, b = bh / nh, h = bh % nh;
     const int qt = gridDim.y - 1 - blockIdx.y; /* the longest causal rows first */
@@ -192,6 +208,7 @@ __global__ void __launch_bounds__(NT) flash_fwd(const E *__restrict__ qkv, E *__
     for (int r = threadIdx.x; r < BR; r += NT) {
         sm[r] = -INFINITY;
         sl[r] = 0.0f;
+        skey[r] = dr.on && q0 + r < T ? ddp__drop_row_key(dr, (size_t)bh * T + q0 + r) : 0;
     }
     const int qend = min(q0 + BR, T);    /* q0 < T: the grid has ceil(T / BR) query tiles */
     const int nkt = (qend - 1) / BC + 1; /* key tiles covering keys 0 … qend − 1 */
@@ -204,7 +221,8 @@ __global__ void __launch_bounds__(NT) flash_fwd(const E *__restrict__ qkv, E *__
         __syncthreads();
         load_rows<E, HS>(skv, LD, base + 2 * (size_t)C, row3, k0, BC, T); /* V over K */
         /* the online softmax, a warp per row: the new max, P = exp(s − max) (0 where masked),
-         * the running sum, and the row of O rescaled by exp(old max − new max) */
+         * the running sum (of P before dropout), and the row of O rescaled by exp(old max − new
+         * max); with dropout P·V takes P masked and scaled (dropout.cuh: 1/(1 − p) or 0) */
         for (int r = warp; r < BR; r += NW) {
             const int i = q0 + r;
             const bool rv = i < T;
@@ -222,8 +240,10 @@ __global__ void __launch_bounds__(NT) flash_fwd(const E *__restrict__ qkv, E *__
                 float p = 0.0f;
                 if (rv && k0 + c <= i)
                     p = expf(ss[r * LS + c] * scale - mn);
-                ddp__st(sp + r * LP + c, p); /* fp32: in place of the score it was read from */
                 sum += p;
+                if (dr.on)
+                    p *= ddp__drop_att(dr, skey[r], k0 + c);
+                ddp__st(sp + r * LP + c, p); /* fp32: in place of the score it was read from */
             }
             sum = ddp__warp_sum(sum);
             for (int d = lane; d < HS; d += 32)
@@ -271,13 +291,18 @@ __global__ void flash_bwd_dot(const E *__restrict__ dout, const E *__restrict__ 
     }
 }
 
-/* The backward's shared step on a (query tile q0, key tile k0) pair whose Q, dO, K, V, lse and
- * D are in shared memory: S = Q Kᵀ and dP = dO Vᵀ (fp32), then P = exp(S·scale − lse) and
- * dS = P ∘ (dP − D)·scale, 0 where masked (j > i or i ≥ T), P rounded to E first (dS from the
- * rounded P) and dS rounded to E. P and dS land in sp and sds (fp32: over S and dP). Ends
- * synchronized. */
+/* The backward's shared step on a (query tile q0, key tile k0) pair whose Q, dO, K, V, lse, D
+ * and row keys are in shared memory: S = Q Kᵀ and dP = dO Vᵀ (fp32), then P = exp(S·scale − lse)
+ * and dS = P ∘ (dP' − D)·scale, 0 where masked (j > i or i ≥ T), P rounded to E first (dS from
+ * the rounded P) and dS rounded to E. Without dropout dP' = dP and P lands in sp; with dropout
+ * (dr.on) m the element's mask value (1/(1 − p) or 0, dropout.cuh), dP' = dP·m (the gradient of
+ * the dropped probabilities, as attention.cu's causal_softmax_bwd_h) and sp gets P·m (the dropped
+ * P, dV's operand; from the rounded P, rounded again: attention.cu's causal_dropout). D =
+ * rowsum(dO ∘ O) = Σ_j P·dP' still, O being the dropped P times V. sp and sds are over S and dP
+ * in fp32. Ends synchronized. */
 template <typename E, int HS>
-__device__ __forceinline__ void bwd_tile(unsigned char *smem, int q0, int k0, int T, float scale)
+__device__ __forceinline__ void bwd_tile(unsigned char *smem, int q0, int k0, int T, float scale,
+                                         const ddp__drop_dev &dr)
 {
     typedef cfg<E, HS> K;
     constexpr int BR = K::BBR, BC = K::BBC, LD = K::LD, LS = K::BLS;
@@ -292,31 +317,40 @@ __device__ __forceinline__ void bwd_tile(unsigned char *smem, int q0, int k0, in
     E *sds = reinterpret_cast<E *>(smem + (K::H ? K::B_DS : K::B_DP));
     const float *slse = reinterpret_cast<const float *>(smem + K::B_LSE);
     const float *sD = reinterpret_cast<const float *>(smem + K::B_D);
+    const uint64_t *skey = reinterpret_cast<const uint64_t *>(smem + K::B_KEY);
     block_mm<E, BR, BC, HS, false, true>(sq, LD, sk, LD, ss, LS, false);   /* S = Q Kᵀ */
     block_mm<E, BR, BC, HS, false, true>(sdo, LD, sv, LD, sdp, LS, false); /* dP = dO Vᵀ */
     __syncthreads();
     for (int idx = threadIdx.x; idx < BR * BC; idx += NT) {
         const int r = idx / BC, c = idx % BC, i = q0 + r, j = k0 + c;
         const bool valid = i < T && j <= i;
-        float p = 0.0f, ds = 0.0f;
+        float p = 0.0f, pd = 0.0f, ds = 0.0f;
         if (valid) {
             E pe;
             ddp__st(&pe, expf(ss[r * LS + c] * scale - slse[r]));
             p = ddp__ld(&pe);
-            ds = p * (sdp[r * LS + c] - sD[r]) * scale;
+            float dp = sdp[r * LS + c];
+            pd = p;
+            if (dr.on) {
+                const float m = ddp__drop_att(dr, skey[r], j);
+                dp *= m;
+                pd = p * m;
+            }
+            ds = p * (dp - sD[r]) * scale;
         }
         /* fp32: each element read above and overwritten here by the same thread */
-        ddp__st(sp + r * LP + c, p);
+        ddp__st(sp + r * LP + c, pd);
         ddp__st(sds + r * LP + c, ds);
     }
     __syncthreads();
 }
 
-/* Q, dO (rows q0 …), their lse and D into shared memory (the caller synchronizes after). */
+/* Q, dO (rows q0 …), their lse and D, and with dropout their keys (row bh·T + q0 + r of the
+ * B·nh·T rows) into shared memory (the caller synchronizes after). */
 template <typename E, int HS>
 __device__ __forceinline__ void bwd_load_q(unsigned char *smem, const E *qbase, const E *dobase,
                                            size_t row3, int C, const float *lse, const float *D,
-                                           int q0, int T)
+                                           int q0, int T, size_t bh, const ddp__drop_dev &dr)
 {
     typedef cfg<E, HS> K;
     constexpr int BR = K::BBR;
@@ -324,10 +358,12 @@ __device__ __forceinline__ void bwd_load_q(unsigned char *smem, const E *qbase, 
     load_rows<E, HS>(reinterpret_cast<E *>(smem + K::B_DO), K::LD, dobase, (size_t)C, q0, BR, T);
     float *slse = reinterpret_cast<float *>(smem + K::B_LSE);
     float *sD = reinterpret_cast<float *>(smem + K::B_D);
+    uint64_t *skey = reinterpret_cast<uint64_t *>(smem + K::B_KEY);
     for (int r = threadIdx.x; r < BR; r += NT) {
         const bool v = q0 + r < T;
         slse[r] = v ? lse[q0 + r] : 0.0f;
         sD[r] = v ? D[q0 + r] : 0.0f;
+        skey[r] = dr.on && v ? ddp__drop_row_key(dr, bh * T + q0 + r) : 0;
     }
 }
 
@@ -337,7 +373,7 @@ template <typename E, int HS>
 __global__ void __launch_bounds__(NT)
     flash_bwd_dkv(const E *__restrict__ dout, const E *__restrict__ qkv,
                   const float *__restrict__ lse, const float *__restrict__ D, E *__restrict__ dqkv,
-                  int T, int nh, float scale)
+                  int T, int nh, float scale, ddp__drop_dev dr)
 {
     typedef cfg<E, HS> K;
     constexpr int BR = K::BBR, BC = K::BBC, LD = K::LD, LO = K::LO;
@@ -367,10 +403,10 @@ __global__ void __launch_bounds__(NT)
     for (int qt = k0 / BR; qt < nqt; qt++) {
         const int q0 = qt * BR;
         __syncthreads(); /* the previous tile's products have read sq, sdo, sp, sds */
-        bwd_load_q<E, HS>(smem, base, dobase, row3, C, lse_bh, D_bh, q0, T);
+        bwd_load_q<E, HS>(smem, base, dobase, row3, C, lse_bh, D_bh, q0, T, (size_t)bh, dr);
         __syncthreads();
-        bwd_tile<E, HS>(smem, q0, k0, T, scale);
-        block_mm<E, BC, HS, BR, true, false>(sp, LP, sdo, LD, sdv, LO, true); /* dV += Pᵀ dO */
+        bwd_tile<E, HS>(smem, q0, k0, T, scale, dr);
+        block_mm<E, BC, HS, BR, true, false>(sp, LP, sdo, LD, sdv, LO, true); /* dV += P'ᵀ dO */
         block_mm<E, BC, HS, BR, true, false>(sds, LP, sq, LD, sdk, LO, true); /* dK += dSᵀ Q */
     }
     __syncthreads();
@@ -390,7 +426,7 @@ template <typename E, int HS>
 __global__ void __launch_bounds__(NT)
     flash_bwd_dq(const E *__restrict__ dout, const E *__restrict__ qkv,
                  const float *__restrict__ lse, const float *__restrict__ D, E *__restrict__ dqkv,
-                 int T, int nh, float scale)
+                 int T, int nh, float scale, ddp__drop_dev dr)
 {
     typedef cfg<E, HS> K;
     constexpr int BR = K::BBR, BC = K::BBC, LD = K::LD, LO = K::LO;
@@ -408,7 +444,8 @@ __global__ void __launch_bounds__(NT)
     const E *base = qkv + (size_t)b * T * row3 + (size_t)h * HS;
     const E *dobase = dout + (size_t)b * T * C + (size_t)h * HS;
 
-    bwd_load_q<E, HS>(smem, base, dobase, row3, C, lse + (size_t)bh * T, D + (size_t)bh * T, q0, T);
+    bwd_load_q<E, HS>(smem, base, dobase, row3, C, lse + (size_t)bh * T, D + (size_t)bh * T, q0, T,
+                      (size_t)bh, dr);
     for (int idx = threadIdx.x; idx < BR * LO; idx += NT)
         sdq[idx] = 0.0f;
     const int qend = min(q0 + BR, T);
@@ -419,7 +456,7 @@ __global__ void __launch_bounds__(NT)
         load_rows<E, HS>(sk, LD, base + C, row3, k0, BC, T);
         load_rows<E, HS>(sv, LD, base + 2 * (size_t)C, row3, k0, BC, T);
         __syncthreads();
-        bwd_tile<E, HS>(smem, q0, k0, T, scale);
+        bwd_tile<E, HS>(smem, q0, k0, T, scale, dr);
         block_mm<E, BR, HS, BC, false, false>(sds, LP, sk, LD, sdq, LO, true); /* dQ += dS K */
     }
     __syncthreads();
@@ -434,18 +471,19 @@ __global__ void __launch_bounds__(NT)
 /* The launches of one (E, HS). */
 template <typename E, int HS>
 ddp_status fwd_launch(ddp__cuda_ctx *c, const void *qkv, int B, int T, int nh, void *out,
-                      float *lse, ddp_error *err)
+                      float *lse, const ddp__drop_dev &dr, ddp_error *err)
 {
     typedef cfg<E, HS> K;
     const dim3 grid((unsigned)(B * nh), (unsigned)((T + K::FBR - 1) / K::FBR));
     flash_fwd<E, HS><<<grid, NT, K::F_END, c->stream>>>((const E *)qkv, (E *)out, lse, T, nh,
-                                                        1.0f / sqrtf((float)HS));
+                                                        1.0f / sqrtf((float)HS), dr);
     return ddp__cuda_launched("flash attention forward", err);
 }
 
 template <typename E, int HS>
 ddp_status bwd_launch(ddp__cuda_ctx *c, const void *dout, const void *qkv, const void *out,
-                      const float *lse, int B, int T, int nh, float *D, void *dqkv, ddp_error *err)
+                      const float *lse, int B, int T, int nh, float *D, void *dqkv,
+                      const ddp__drop_dev &dr, ddp_error *err)
 {
     typedef cfg<E, HS> K;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -457,12 +495,12 @@ ddp_status bwd_launch(ddp__cuda_ctx *c, const void *dout, const void *qkv, const
         return st;
     const dim3 gk((unsigned)(B * nh), (unsigned)((T + K::BBC - 1) / K::BBC));
     flash_bwd_dkv<E, HS><<<gk, NT, K::B_END, c->stream>>>((const E *)dout, (const E *)qkv, lse, D,
-                                                          (E *)dqkv, T, nh, scale);
+                                                          (E *)dqkv, T, nh, scale, dr);
     if ((st = ddp__cuda_launched("flash attention backward (dK, dV)", err)))
         return st;
     const dim3 gq((unsigned)(B * nh), (unsigned)((T + K::BBR - 1) / K::BBR));
     flash_bwd_dq<E, HS><<<gq, NT, K::B_END, c->stream>>>((const E *)dout, (const E *)qkv, lse, D,
-                                                         (E *)dqkv, T, nh, scale);
+                                                         (E *)dqkv, T, nh, scale, dr);
     return ddp__cuda_launched("flash attention backward (dQ)", err);
 }
 
@@ -521,13 +559,14 @@ extern "C" size_t ddp__cuda_flash_scratch(int B, int T, int C, int nh)
 
 extern "C" ddp_status ddp__cuda_flash_forward(ddp__cuda_ctx *c, ddp_dtype dt, const void *qkv,
                                               int B, int T, int C, int nh, void *out, float *lse,
-                                              ddp_error *err)
+                                              const ddp__cuda_drop *drop, ddp_error *err)
 {
     ddp_status st = check(dt, B, T, C, nh, "flash attention forward", err);
     if (st)
         return st;
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     dispatch(dt, C / nh, [&](auto e, auto hs) {
-        st = fwd_launch<decltype(e), decltype(hs)::value>(c, qkv, B, T, nh, out, lse, err);
+        st = fwd_launch<decltype(e), decltype(hs)::value>(c, qkv, B, T, nh, out, lse, dr, err);
     });
     return st;
 }
@@ -535,14 +574,16 @@ extern "C" ddp_status ddp__cuda_flash_forward(ddp__cuda_ctx *c, ddp_dtype dt, co
 extern "C" ddp_status ddp__cuda_flash_backward(ddp__cuda_ctx *c, ddp_dtype dt, const void *dout,
                                                const void *qkv, const void *out, const float *lse,
                                                int B, int T, int C, int nh, void *scratch,
-                                               void *dqkv, ddp_error *err)
+                                               void *dqkv, const ddp__cuda_drop *drop,
+                                               ddp_error *err)
 {
     ddp_status st = check(dt, B, T, C, nh, "flash attention backward", err);
     if (st)
         return st;
+    const ddp__drop_dev dr = ddp__drop_args(drop);
     dispatch(dt, C / nh, [&](auto e, auto hs) {
         st = bwd_launch<decltype(e), decltype(hs)::value>(c, dout, qkv, out, lse, B, T, nh,
-                                                          (float *)scratch, dqkv, err);
+                                                          (float *)scratch, dqkv, dr, err);
     });
     return st;
 }

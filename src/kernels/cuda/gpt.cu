@@ -298,9 +298,9 @@ out_free:
 
 /* Which attention the model runs, from DDP_CUDA_ATTENTION (read once, at create): "batched"
  * (or unset: the default) the cuBLAS strided-batched path keeping the (B, nh, T, T)
- * probabilities; "flash" the fused kernel (flash.cu: no T² memory) where the head size is 32, 64
- * or 128 and dropout is 0, the batched path otherwise. The default stays batched until a GPU session has checked
- * flash (docs/gpu.md). */
+ * probabilities; "flash" the fused kernel (flash.cu: no T² memory, dropout included) where the
+ * head size is 32, 64 or 128, the batched path otherwise. The default stays batched until a GPU
+ * session has checked flash (docs/gpu.md). */
 static ddp_status attention_choice(const ddp__cuda_gpt_cfg *cfg, bool *flash, ddp_error *err)
 {
     const char *v = getenv("DDP_CUDA_ATTENTION");
@@ -310,9 +310,7 @@ static ddp_status attention_choice(const ddp__cuda_gpt_cfg *cfg, bool *flash, dd
     if (strcmp(v, "flash"))
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
                               "cuda gpt: DDP_CUDA_ATTENTION=%s: expected batched or flash", v);
-    /* no dropout in the fused kernel: with dropout the batched path runs */
-    *flash = cfg->dropout == 0 && cfg->nh > 0 && cfg->C % cfg->nh == 0 &&
-             ddp__cuda_flash_supported(cfg->C / cfg->nh);
+    *flash = cfg->nh > 0 && cfg->C % cfg->nh == 0 && ddp__cuda_flash_supported(cfg->C / cfg->nh);
     return DDP_OK;
 }
 
@@ -492,7 +490,7 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
             (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
                                            3 * C, a->qkv, pr, err)) ||
             (st = g->flash ? ddp__cuda_flash_forward(c, DDP_FLOAT32, a->qkv, n, T, C, nh, a->atty,
-                                                     a->lse, err)
+                                                     a->lse, &da, err)
                            : ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att,
                                                          g->scratch, a->atty, pr, &da, err)) ||
             (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
@@ -557,7 +555,7 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
             (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), PH(g, a->attn_b), N,
                                              C, 3 * C, a->qkvh, err)) ||
             (st = g->flash ? ddp__cuda_flash_forward(c, ht, a->qkvh, n, T, C, nh, a->attyh,
-                                                     a->lse, err)
+                                                     a->lse, &da, err)
                            : ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
                                                            g->scratch_h, a->attyh, &da, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b),
@@ -697,7 +695,7 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
                                             G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
             (st = g->flash ? ddp__cuda_flash_backward(c, DDP_FLOAT32, g->dln, a->qkv, a->atty,
                                                       a->lse, n, T, C, nh, g->scratch, g->dbig,
-                                                      err)
+                                                      &da, err)
                            : ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh,
                                                           g->scratch, g->dbig, pr, &da, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dbig, a->ln1, P(g, a->attn_w), N, C, 3 * C,
@@ -767,7 +765,8 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
                                               C, g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b),
                                               err)) ||
             (st = g->flash ? ddp__cuda_flash_backward(c, ht, g->tmph, a->qkvh, a->attyh, a->lse,
-                                                      n, T, C, nh, g->scratch_h, g->dbigh, err)
+                                                      n, T, C, nh, g->scratch_h, g->dbigh, &da,
+                                                      err)
                            : ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n,
                                                             T, C, nh, g->scratch_h, g->dbigh, &da,
                                                             err)) ||
