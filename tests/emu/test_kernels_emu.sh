@@ -2,7 +2,8 @@
 # unit.<name>_emu: the kernels of src/kernels/cuda, unchanged, run on the CPU (cuda_emu.h; their
 # device code kept by cu_extract.py) against the product's CPU layers in libddp.
 # usage: test_kernels_emu.sh SRC_DIR WORK_DIR NAME LIBDDP "LINK FLAGS" SANITIZE C_COMPILER_ID [ARGS]
-#   NAME: attention (tests/emu/attention_emu.cpp), flash, …; SANITIZE: '', address or thread (the
+#   NAME: attention (tests/emu/attention_emu.cpp), flash, …; LIBDDP '' builds the test without
+#   libddp (-DEMU_NO_LIBDDP: flash's under TSan); SANITIZE: '', address or thread (the
 #   build's DDP_SANITIZE: the test is built with the same sanitizer as libddp); C_COMPILER_ID
 #   Clang picks clang++ (the same sanitizer runtime as libddp's) unless CXX is set; ARGS go to the
 #   test program (flash: --full runs every shape).
@@ -29,13 +30,13 @@ done
 grep -q 'unsigned char \*smem = (unsigned char \*)emu.smem;' "$work/flash_kernels.inc" ||
     { echo "flash.cu's shared-memory declaration changed: update cu_extract.py"; exit 1; }
 ex "$k/devmath.cu" --keep reduce_blocks >"$work/devmath_kernels.inc"
-# flash's test needs nothing of libddp (its reference is its own): not linked, so that it may
-# run unsanitized in a sanitized build
-[ "$name" = flash ] && lib="" link=""
+# LIBDDP '': the test program is built without libddp (flash's under TSan, unsanitized there:
+# its own reference only, EMU_NO_LIBDDP)
 flags=()
+[ -z "$lib" ] && flags=(-DEMU_NO_LIBDDP) link=""
 case $san in
-address) flags=(-fsanitize=address,undefined -fno-omit-frame-pointer) ;;
-thread) flags=(-fsanitize=thread) ;;
+address) flags+=(-fsanitize=address,undefined -fno-omit-frame-pointer) ;;
+thread) flags+=(-fsanitize=thread) ;;
 esac
 # shellcheck disable=SC2086
 "$cxx" -std=c++20 -O2 -g -pthread "${flags[@]}" -Wall -Wno-unused-function -Wno-unknown-pragmas \
