@@ -22,7 +22,8 @@
 #                                on cpu and on cuda compared (fp32, bf16 against the CPU's
 #                                bf16 or fp32, fp16 with loss scaling against the CPU's fp32;
 #                                the flash attention, DDP_CUDA_ATTENTION=flash, in fp32 against
-#                                the cpu and in bf16 against the batched path),
+#                                the cpu and in bf16 against the batched path, without and with
+#                                dropout),
 #                                the Fashion-MNIST CNN on cuda reaching test accuracy 0.91 in
 #                                fp32, bf16 and fp16 (2 ranks, configs/fashion-cnn.yaml),
 #                                the bf16 and fp16 GPTs against torch autocast (fp16 with
@@ -268,6 +269,22 @@ sys.exit(0 if finite and d <= tol and (a != b or not differ) else 1)
         "$W/cpu_h2/metrics.jsonl" "$W/flash/metrics.jsonl" 1e-4 0
     check "ddptrain bf16 flash vs batched losses (2e-2, not equal)" syspy -c "$cmp_losses" \
         "$W/batchbf16/metrics.jsonl" "$W/flashbf16/metrics.jsonl" 2e-2 1
+    # the same with dropout 0.1 (the attention's among the model's dropouts): flash draws the
+    # cpu's and the batched path's masks inline (util/rng.h's hashes), so the same bounds hold
+    local -a dargs=("${fargs[@]}" --model.dropout 0.1)
+    check "ddptrain gpt n_head 2 dropout 0.1 device cpu" "$CARRY/bin/ddptrain" "${dargs[@]}" \
+        --device cpu --out_dir "$W/cpu_h2d"
+    check "ddptrain gpt n_head 2 dropout 0.1 cuda flash" env DDP_CUDA_ATTENTION=flash \
+        "$CARRY/bin/ddptrain" "${dargs[@]}" --device cuda --out_dir "$W/flashd"
+    check "ddptrain gpt n_head 2 dropout 0.1 cuda flash bf16" env DDP_CUDA_ATTENTION=flash \
+        "$CARRY/bin/ddptrain" "${dargs[@]}" --device cuda --precision bf16 --out_dir "$W/flashbf16d"
+    check "ddptrain gpt n_head 2 dropout 0.1 cuda batched bf16" env DDP_CUDA_ATTENTION=batched \
+        "$CARRY/bin/ddptrain" "${dargs[@]}" --device cuda --precision bf16 \
+        --out_dir "$W/batchbf16d"
+    check "ddptrain cpu vs cuda flash losses, dropout 0.1 (1e-4)" syspy -c "$cmp_losses" \
+        "$W/cpu_h2d/metrics.jsonl" "$W/flashd/metrics.jsonl" 1e-4 0
+    check "ddptrain bf16 flash vs batched losses, dropout 0.1 (2e-2, not equal)" syspy \
+        -c "$cmp_losses" "$W/batchbf16d/metrics.jsonl" "$W/flashbf16d/metrics.jsonl" 2e-2 1
     check "ddprun 2 ranks on cuda" "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
         "$CARRY/bin/ddptrain" "${args[@]}" --device cuda --out_dir "$W/cuda2"
     # device-resident training: the gradients' GPU group is named (nccl at world 1, cuda-ipc

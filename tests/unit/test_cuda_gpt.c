@@ -13,7 +13,8 @@
  *     against the CPU in fp32, the GPU's loss scaled by 65536 (GradScaler's initial scale) and
  *     its gradients unscaled on the host (ddp/amp.h), tighter bounds (11 significant bits);
  *   - the fused (flash) attention against the batched one (DDP_CUDA_ATTENTION), fp32, bf16 and
- *     fp16: logits and 10 steps' losses (flash_vs_batched).
+ *     fp16: logits and 10 steps' losses (flash_vs_batched), and with dropout 0.2 (the same
+ *     masks on both paths: flash_vs_batched_dropout).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -426,8 +427,10 @@ static void fp16_ten_steps(void **state)
 /* ---- the fused (flash) attention against the batched one --------------------------------------
  * DDP_CUDA_ATTENTION (read when the model is built) picks the GPU GPT's attention. Two GPU models
  * of head size 32 (n_head 2: flash takes 32, 64, 128), the same seed, one per path: evaluation
- * logits, then 10 AdamW steps (the host optimizer) on the same batches, each loss compared. */
-static ddp_model *build_att(ddp_precision prec, const char *attention)
+ * logits, then 10 AdamW steps (the host optimizer) on the same batches, each loss compared.
+ * With dropout p (every dropout of the model, the attention's included) the training steps draw
+ * the same masks on both paths. */
+static ddp_model *build_att(ddp_precision prec, const char *attention, float p)
 {
     ddp_model_spec s = DDP_MODEL_SPEC_INIT;
     s.type = "gpt";
@@ -439,6 +442,7 @@ static ddp_model *build_att(ddp_precision prec, const char *attention)
     s.max_batch = B;
     s.seed = 1234;
     s.bias = true;
+    s.dropout = p;
     s.device = DDP_DEVICE_CUDA;
     s.precision = prec;
     ddp_model *m = NULL;
@@ -451,10 +455,11 @@ static ddp_model *build_att(ddp_precision prec, const char *attention)
     return m;
 }
 
-static void flash_vs_batched_on(ddp_precision prec, double tol_logits, double tol_loss)
+static void flash_vs_batched_on(ddp_precision prec, float drop, double tol_logits, double tol_loss)
 {
     const char *pn = ddp_precision_name(prec);
-    ddp_model *m[2] = {build_att(prec, "batched"), build_att(prec, "flash")};
+    printf("  %s, dropout %.1f\n", pn, (double)drop);
+    ddp_model *m[2] = {build_att(prec, "batched", drop), build_att(prec, "flash", drop)};
     int32_t tok[B * TMAX], tgt[B * TMAX];
     make_batch(0, TMAX - 3, tok, tgt); /* T not a multiple of the kernels' tiles */
     ddp_model_batch eb = {.n = B, .tokens = tok, .seq_len = TMAX - 3};
@@ -514,21 +519,37 @@ static void flash_vs_batched_on(ddp_precision prec, double tol_logits, double to
 static void flash_vs_batched(void **state)
 {
     (void)state;
-    flash_vs_batched_on(DDP_PRECISION_FP32, 1e-4, 1e-4);
-    flash_vs_batched_on(DDP_PRECISION_BF16, 5e-2, 2e-2);
-    flash_vs_batched_on(DDP_PRECISION_FP16, 1.25e-2, 5e-3);
+    flash_vs_batched_on(DDP_PRECISION_FP32, 0.0f, 1e-4, 1e-4);
+    flash_vs_batched_on(DDP_PRECISION_BF16, 0.0f, 5e-2, 2e-2);
+    flash_vs_batched_on(DDP_PRECISION_FP16, 0.0f, 1.25e-2, 5e-3);
+}
+
+/* With dropout 0.2 the same bounds: both paths draw the CPU's masks (dropout.cuh), so only the
+ * roundings differ as without dropout; a mask that differs (a wrong row or column) moves a whole
+ * probability and the losses far more than 1e-4. */
+static void flash_vs_batched_dropout(void **state)
+{
+    (void)state;
+    flash_vs_batched_on(DDP_PRECISION_FP32, 0.2f, 1e-4, 1e-4);
+    flash_vs_batched_on(DDP_PRECISION_BF16, 0.2f, 5e-2, 2e-2);
+    flash_vs_batched_on(DDP_PRECISION_FP16, 0.2f, 1.25e-2, 5e-3);
 }
 
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(logits_match),      cmocka_unit_test(grads_match),
-        cmocka_unit_test(ten_steps_fp32),    cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(logits_match),
+        cmocka_unit_test(grads_match),
+        cmocka_unit_test(ten_steps_fp32),
+        cmocka_unit_test(ten_steps_tf32),
         cmocka_unit_test(dropout_matches),
-        cmocka_unit_test(bf16_logits_grads), cmocka_unit_test(bf16_ten_steps),
-        cmocka_unit_test(fp16_logits_grads), cmocka_unit_test(fp16_ten_steps),
+        cmocka_unit_test(bf16_logits_grads),
+        cmocka_unit_test(bf16_ten_steps),
+        cmocka_unit_test(fp16_logits_grads),
+        cmocka_unit_test(fp16_ten_steps),
         cmocka_unit_test(flash_vs_batched),
+        cmocka_unit_test(flash_vs_batched_dropout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -865,42 +865,52 @@ static void attention_h(void **state)
 static const int flash_hs[] = {32, 64, 128};
 
 /* fp32: out, lse and dqkv against the CPU layer (the batched path's bounds: 1e-5 forward, 1e-4
- * backward), the backward run twice bit for bit (no atomics: a fixed order), and a short T. */
+ * backward), the backward run twice bit for bit (no atomics: a fixed order), a short T, and
+ * attention dropout (p 0.1 at T 70, p 0.5 at T 37: the CPU layer's masks from the same seed,
+ * step and offset, drawn again by the backward on both sides). */
 static void flash(void **state)
 {
     (void)state;
     ddp_error err = {0};
+    static const struct {
+        int T;
+        float p;
+    } cases[] = {{70, 0.0f}, {5, 0.0f}, {70, 0.1f}, {37, 0.5f}};
     for (size_t k = 0; k < sizeof flash_hs / sizeof flash_hs[0]; k++)
-        for (int tcase = 0; tcase < 2; tcase++) {
-            const int hs = flash_hs[k], nh = 2, C = nh * hs, B = 2, T = tcase ? 5 : 70;
-            printf("  head size %d, T %d\n", hs, T);
+        for (size_t tc = 0; tc < sizeof cases / sizeof cases[0]; tc++) {
+            const int hs = flash_hs[k], nh = 2, C = nh * hs, B = 2, T = cases[tc].T;
+            const float p = cases[tc].p;
+            const uint64_t seed = 11, step = 5, off = 3 * (uint64_t)nh * T;
+            const ddp__cuda_drop drop = {p, seed, step, off};
+            printf("  head size %d, T %d, dropout %.1f\n", hs, T, (double)p);
             const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
                          nl = (size_t)B * nh * T;
-            ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = 0};
+            ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = p};
             ok(ddp_nn_attention_setup(&a, &err), &err);
             float *qkv = host_rand(nq, 1), *dout = host_rand(no, 1);
             float *out = malloc(sizeof(float) * no), *dqkv = malloc(sizeof(float) * nq);
             float *lse = malloc(sizeof(float) * nl),
                   *scr = malloc(sizeof(float) * a.scratch_floats);
-            ddp_nn_attention_forward(&a, qkv, B, T, 0, 0, 0, false, scr, out, lse);
-            ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, 0, 0, 0, false, scr, dqkv);
+            ddp_nn_attention_forward(&a, qkv, B, T, seed, step, off, p > 0, scr, out, lse);
+            ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, seed, step, off, p > 0, scr, dqkv);
             float *qkv_ = dev_from(qkv, sizeof(float) * nq);
             float *dout_ = dev_from(dout, sizeof(float) * no);
             float *out_ = dev_from(NULL, sizeof(float) * no);
             float *dqkv_ = dev_from(NULL, sizeof(float) * nq);
             float *lse_ = dev_from(NULL, sizeof(float) * nl);
             void *s_ = dev_from(NULL, ddp__cuda_flash_scratch(B, T, C, nh));
-            ok(ddp__cuda_flash_forward(ctx, DDP_FLOAT32, qkv_, B, T, C, nh, out_, lse_, &err),
+            ok(ddp__cuda_flash_forward(ctx, DDP_FLOAT32, qkv_, B, T, C, nh, out_, lse_, &drop,
+                                       &err),
                &err);
             expect_close("flash forward", out_, out, no, 1e-5);
             expect_close("flash forward logsumexp", lse_, lse, nl, 1e-5);
             ok(ddp__cuda_flash_backward(ctx, DDP_FLOAT32, dout_, qkv_, out_, lse_, B, T, C, nh, s_,
-                                        dqkv_, &err),
+                                        dqkv_, &drop, &err),
                &err);
             expect_close("flash backward dqkv", dqkv_, dqkv, nq, 1e-4);
             float *first = fetch(dqkv_, nq);
             ok(ddp__cuda_flash_backward(ctx, DDP_FLOAT32, dout_, qkv_, out_, lse_, B, T, C, nh, s_,
-                                        dqkv_, &err),
+                                        dqkv_, &drop, &err),
                &err);
             float *again = fetch(dqkv_, nq);
             if (memcmp(first, again, sizeof(float) * nq))
@@ -912,7 +922,7 @@ static void flash(void **state)
         }
     /* a head size it does not take: a clear error, nothing queued */
     float *x_ = dev_from(NULL, sizeof(float) * 3 * 48);
-    assert_int_equal(ddp__cuda_flash_forward(ctx, DDP_FLOAT32, x_, 1, 1, 48, 1, x_, x_, &err),
+    assert_int_equal(ddp__cuda_flash_forward(ctx, DDP_FLOAT32, x_, 1, 1, 48, 1, x_, x_, NULL, &err),
                      DDP_ERR_INVALID);
     printf("  head size 48: %s\n", err.msg);
     assert_false(ddp__cuda_flash_supported(48));
@@ -924,50 +934,58 @@ static void flash(void **state)
  * the emulation: flash rounds the unnormalized exp(s − running max) where the batched path
  * rounds the normalized probability (each P element may round differently, up to a unit of
  * 2⁻⁸ relative, moving Y by less than that of max |V|), and D = Σ dO·O from the rounded O where
- * the batched path sums P·dP. Estimates, to be checked on the first GPU run. */
-static void flash_h(void **state)
+ * the batched path sums P·dP. Estimates, to be checked on the first GPU run. With dropout (p 0.5,
+ * then the batched path is run with the same drop; attention_h_ref has none): against the batched
+ * path at the same bounds (its dropped P is its rounded P times 1/(1 − p), rounded again; flash
+ * rounds the unnormalized P times that once) and the fp32 CPU layer with the same masks. */
+static void flash_h_on(ddp_dtype ht, float p)
 {
-    const ddp_dtype ht = *(const ddp_dtype *)*state;
-    printf("  format %s\n", hname(ht));
+    printf("  format %s, dropout %.1f\n", hname(ht), (double)p);
     ddp_error err = {0};
     for (size_t k = 0; k < sizeof flash_hs / sizeof flash_hs[0]; k++) {
         const int hs = flash_hs[k], nh = 2, C = nh * hs, B = 2, T = 70;
+        const uint64_t seed = 11, step = 5, off = 3 * (uint64_t)nh * T;
+        const ddp__cuda_drop drop = {p, seed, step, off};
         printf("  head size %d, T %d\n", hs, T);
         const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * nh * T;
         float *qkv = host_rand(nq, 1), *dout = host_rand(no, 1);
         round_h(ht, qkv, nq);
         round_h(ht, dout, no);
         float *out = malloc(sizeof(float) * no), *dqkv = malloc(sizeof(float) * nq);
-        attention_h_ref(ht, qkv, dout, B, T, C, nh, out, dqkv);
+        if (p == 0)
+            attention_h_ref(ht, qkv, dout, B, T, C, nh, out, dqkv);
         uint16_t *qkv_ = dev_h(ht, qkv, nq), *dout_ = dev_h(ht, dout, no);
         uint16_t *out_ = dev_h(ht, NULL, no), *dqkv_ = dev_h(ht, NULL, nq);
         float *lse_ = dev_from(NULL, sizeof(float) * nl);
         void *s_ = dev_from(NULL, ddp__cuda_flash_scratch(B, T, C, nh));
-        ok(ddp__cuda_flash_forward(ctx, ht, qkv_, B, T, C, nh, out_, lse_, &err), &err);
+        ok(ddp__cuda_flash_forward(ctx, ht, qkv_, B, T, C, nh, out_, lse_, &drop, &err), &err);
         float *fo = fetch_h_ld(ht, out_, 1, no, no);
-        expect_close_host("flash forward (16-bit)", fo, out, no, 2 * H_ULP2(ht));
-        ok(ddp__cuda_flash_backward(ctx, ht, dout_, qkv_, out_, lse_, B, T, C, nh, s_, dqkv_, &err),
+        if (p == 0)
+            expect_close_host("flash forward (16-bit)", fo, out, no, 2 * H_ULP2(ht));
+        ok(ddp__cuda_flash_backward(ctx, ht, dout_, qkv_, out_, lse_, B, T, C, nh, s_, dqkv_, &drop,
+                                    &err),
            &err);
         float *fd = fetch_h_ld(ht, dqkv_, 1, nq, nq);
-        expect_close_host("flash backward dqkv (16-bit)", fd, dqkv, nq, 4 * H_ULP2(ht));
+        if (p == 0)
+            expect_close_host("flash backward dqkv (16-bit)", fd, dqkv, nq, 4 * H_ULP2(ht));
         /* the batched 16-bit path on the same inputs */
         uint16_t *bo_ = dev_h(ht, NULL, no), *bd_ = dev_h(ht, NULL, nq);
         uint16_t *att_ = dev_h(ht, NULL, (size_t)B * nh * T * T);
         void *bs_ = dev_from(NULL, ddp__cuda_attention_scratch_h(B, T, C, nh));
-        ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, bs_, bo_, NULL, &err),
+        ok(ddp__cuda_attention_forward_h(ctx, ht, qkv_, B, T, C, nh, att_, bs_, bo_, &drop, &err),
            &err);
-        ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, bs_, bd_, NULL,
+        ok(ddp__cuda_attention_backward_h(ctx, ht, dout_, qkv_, att_, B, T, C, nh, bs_, bd_, &drop,
                                           &err),
            &err);
         float *bo = fetch_h_ld(ht, bo_, 1, no, no), *bd = fetch_h_ld(ht, bd_, 1, nq, nq);
         expect_close_host("flash vs batched forward (16-bit)", fo, bo, no, 2 * H_ULP2(ht));
         expect_close_host("flash vs batched backward (16-bit)", fd, bd, nq, 4 * H_ULP2(ht));
         /* the fp32 CPU layer: the format's own error, a sanity bound (as attention_h) */
-        ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = 0};
+        ddp_nn_attention a = {.C = C, .n_head = nh, .max_T = T, .dropout = p};
         ok(ddp_nn_attention_setup(&a, &err), &err);
         float *lse = malloc(sizeof(float) * nl), *scr = malloc(sizeof(float) * a.scratch_floats);
-        ddp_nn_attention_forward(&a, qkv, B, T, 0, 0, 0, false, scr, out, lse);
-        ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, 0, 0, 0, false, scr, dqkv);
+        ddp_nn_attention_forward(&a, qkv, B, T, seed, step, off, p > 0, scr, out, lse);
+        ddp_nn_attention_backward(&a, dout, qkv, lse, B, T, seed, step, off, p > 0, scr, dqkv);
         expect_close_host("flash forward (16-bit vs fp32)", fo, out, no, 3e-2);
         expect_close_host("flash backward (16-bit vs fp32)", fd, dqkv, nq, 5e-2);
         /* the logsumexp in fp32 from 16-bit inputs: the fp32 layer's on the same values */
@@ -978,6 +996,13 @@ static void flash_h(void **state)
         ddp__cuda_free(lse_), ddp__cuda_free(s_), ddp__cuda_free(bo_), ddp__cuda_free(bd_);
         ddp__cuda_free(att_), ddp__cuda_free(bs_);
     }
+}
+
+static void flash_h(void **state)
+{
+    const ddp_dtype ht = *(const ddp_dtype *)*state;
+    flash_h_on(ht, 0.0f);
+    flash_h_on(ht, 0.5f);
 }
 
 /* The loss in fp32 as ddp__cuda_vocab_xent's, the gradient in 16-bit over the logits (leading
