@@ -22,7 +22,9 @@
  * (the loss scale), a value beyond fp16's 65504 becomes ±inf where it is stored (never clamped),
  * and the inf or NaN it spreads into the fp32 gradients is what the host's unscale finds.
  *
- * What it does not do yet: dropout; with the host in charge (the library's
+ * Dropout (embedding, attention probabilities, both residual branches) draws the CPU's masks
+ * (dropout.cuh: util/rng.h's hash with gpt.c's seeds, step and sample offset), regenerated in
+ * the backward, never stored. What it does not do yet: with the host in charge (the library's
  * default: one upload per forward, one download per backward; device-resident training, below,
  * keeps parameters and optimizer state here) no overlap of the gradient download with backward.
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
