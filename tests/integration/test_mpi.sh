@@ -167,16 +167,23 @@ overlap)
     DDP_OVERLAP=async "$DDPRUN" --standalone --nproc_per_node 2 "$BIN/ddp_mlp" "${args[@]}" \
         --dump ref.bin >ref.out 2>&1 || { cat ref.out; fail "ddp_mlp under ddprun failed"; }
     for mode in blocking nonblocking; do
-        DDP_OVERLAP=async DDP_BACKEND=mpi DDP_MPI_MODE=$mode mpi_run 2 --bind-to none -x DDP_OVERLAP \
-            -x DDP_BACKEND -x DDP_MPI_MODE "$BIN/ddp_mlp" "${args[@]}" --dump $mode.bin \
-            >$mode.out 2>&1 || { cat $mode.out; fail "ddp_mlp under mpirun ($mode) failed"; }
-        cmp -s ref.bin $mode.bin || fail "mpi ($mode): parameters differ from ddprun's"
-        pct=$(sed -n 's/.*, \([0-9]*\)% hidden behind backward.*/\1/p' $mode.out)
-        [ -n "$pct" ] || { cat $mode.out; fail "mpi ($mode): no overlap figure"; }
         # The default (blocking) must hide some; nonblocking's background loop naps between
-        # tests, and under load can round to 0%: its figure is shown, its results checked.
+        # tests, and under load can round to 0%: its figure is shown, its results checked. The
+        # share is a timing: on a loaded machine (CI beside other jobs) one run of 60 steps can
+        # round to 0% too, so blocking gets three tries before that is a failure.
+        for try in 1 2 3; do
+            DDP_OVERLAP=async DDP_BACKEND=mpi DDP_MPI_MODE=$mode mpi_run 2 --bind-to none \
+                -x DDP_OVERLAP -x DDP_BACKEND -x DDP_MPI_MODE "$BIN/ddp_mlp" "${args[@]}" \
+                --dump $mode.bin >$mode.out 2>&1 ||
+                { cat $mode.out; fail "ddp_mlp under mpirun ($mode) failed"; }
+            cmp -s ref.bin $mode.bin || fail "mpi ($mode): parameters differ from ddprun's"
+            pct=$(sed -n 's/.*, \([0-9]*\)% hidden behind backward.*/\1/p' $mode.out)
+            [ -n "$pct" ] || { cat $mode.out; fail "mpi ($mode): no overlap figure"; }
+            [ $mode = nonblocking ] || [ "$pct" -gt 0 ] || [ $try = 3 ] || continue
+            break
+        done
         [ $mode = nonblocking ] || [ "$pct" -gt 0 ] ||
-            { cat $mode.out; fail "mpi ($mode): no overlap measured"; }
+            { cat $mode.out; fail "mpi ($mode): no overlap measured in 3 runs"; }
         ok "mpi ($mode): asynchronous buckets, $pct% of communication hidden behind backward, parameters = ddprun's bit for bit"
     done
     ;;
