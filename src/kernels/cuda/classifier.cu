@@ -68,6 +68,18 @@ extern "C" {
 namespace
 {
 
+/* One direction's algorithms (forward, backward-data, backward-filter) in the order they are
+ * tried: cuDNN's heuristic list (entries that succeeded, fit WS_CAP and, in fp32, use no tensor
+ * cores), then algorithm 0 with the precision's own math type. Each entry carries its math
+ * type: the heuristic may pair an algorithm with a math type other than the descriptor's, and
+ * cuDNN expects the descriptor set to it before the workspace query and the call (PyTorch's
+ * Conv_v7.cpp does the same). cur is the one in use; a refusal moves on, for good. */
+struct algo_list {
+    int algo[12];
+    cudnnMathType_t math[12];
+    int n, cur;
+};
+
 struct dlayer {
     ddp__cuda_cls_layer L;
     float *y;           /* (B, out_n) */
@@ -81,9 +93,7 @@ struct dlayer {
     cudnnTensorDescriptor_t xd, yd, pd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cd;
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t bwd_data;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    algo_list fwd, bwd_data, bwd_filter;
     int desc_n; /* the batch xd and yd are set for, 0: none yet */
 };
 
@@ -503,21 +513,34 @@ static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
     return DDP_OK;
 }
 
-/* The first algorithm of cuDNN's heuristic list that succeeds, fits WS_CAP and (fp32) uses no
- * tensor cores; *bytes its workspace. Algorithm 0 (implicit GEMM) when none does. */
-template <typename Perf, typename Algo>
-static Algo pick(const Perf *perf, int found, bool fp32, size_t *bytes)
+/* The list of algorithms to try (algo_list) from cuDNN's heuristic answer; `math` is the
+ * precision's own math type, algorithm 0's. */
+template <typename Perf>
+static void pick(algo_list *a, const Perf *perf, int found, bool fp32, cudnnMathType_t math)
 {
-    for (int k = 0; k < found; k++) {
+    a->n = a->cur = 0;
+    bool zero = false;
+    for (int k = 0; k < found && a->n < 11; k++) {
         if (perf[k].status != CUDNN_STATUS_SUCCESS || perf[k].memory > WS_CAP)
             continue;
         if (fp32 && perf[k].mathType != CUDNN_FMA_MATH && perf[k].mathType != CUDNN_DEFAULT_MATH)
             continue;
-        *bytes = perf[k].memory;
-        return perf[k].algo;
+        /* fp32 runs every algorithm under FMA: DEFAULT_MATH would allow TF32 on Ampere+ */
+        a->algo[a->n] = (int)perf[k].algo;
+        a->math[a->n] = fp32 ? CUDNN_FMA_MATH : perf[k].mathType;
+        zero = zero || ((int)perf[k].algo == 0 && a->math[a->n] == math);
+        a->n++;
     }
-    *bytes = 0;
-    return (Algo)0;
+    if (!zero) {
+        a->algo[a->n] = 0;
+        a->math[a->n++] = math;
+    }
+}
+
+/* Sets the convolution descriptor to the math type of a's current algorithm. */
+static cudnnStatus_t use_math(dlayer *l, const algo_list *a)
+{
+    return dnn.cudnnSetConvolutionMathType(l->cd, a->math[a->cur]);
 }
 
 /* A conv layer's descriptors (for max_batch) and its three algorithms; *ws grows to the largest
@@ -580,20 +603,25 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wp),
                         "backward-filter algorithm heuristic", err)))
         return st;
-    l->fwd = pick<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(fp, nf, fp32, &b1);
-    l->bwd_data =
-        pick<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(dp, nd, fp32, &b2);
-    l->bwd_filter = pick<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-        wp, nw, fp32, &b3);
-    /* the sizes of the algorithms as chosen (the heuristic's figure may be an estimate) */
-    if ((st = dnn_check(dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
-                                                                    l->yd, l->fwd, &b1),
+    pick(&l->fwd, fp, nf, fp32, math);
+    pick(&l->bwd_data, dp, nd, fp32, math);
+    pick(&l->bwd_filter, wp, nw, fp32, math);
+    /* the sizes of the first choices, each under its math type (the heuristic's figure may be
+     * an estimate); a later choice that wants more is refused by ws_check's test and passed */
+    if ((st = dnn_check(use_math(l, &l->fwd), "convolution math type", err)) ||
+        (st = dnn_check(dnn.cudnnGetConvolutionForwardWorkspaceSize(
+                            g->dnn, l->xd, l->wd, l->cd, l->yd,
+                            (cudnnConvolutionFwdAlgo_t)l->fwd.algo[0], &b1),
                         "forward workspace size", err)) ||
+        (st = dnn_check(use_math(l, &l->bwd_data), "convolution math type", err)) ||
         (st = dnn_check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
-                            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &b2),
+                            g->dnn, l->wd, l->yd, l->cd, l->xd,
+                            (cudnnConvolutionBwdDataAlgo_t)l->bwd_data.algo[0], &b2),
                         "backward-data workspace size", err)) ||
+        (st = dnn_check(use_math(l, &l->bwd_filter), "convolution math type", err)) ||
         (st = dnn_check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &b3),
+                            g->dnn, l->xd, l->yd, l->cd, l->wd,
+                            (cudnnConvolutionBwdFilterAlgo_t)l->bwd_filter.algo[0], &b3),
                         "backward-filter workspace size", err)))
         return st;
     size_t most = b1 > b2 ? b1 : b2;
@@ -758,8 +786,8 @@ extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *b
 
 /* cuDNN's answer to an algorithm it will not run here (at this batch, with this math type), or
  * one wanting more workspace than was allocated (ws_check's case, mapped to it by the callers):
- * the convolutions then fall back, once and for good, to algorithm 0 (implicit GEMM), which needs
- * little or no workspace. */
+ * the convolution then moves on, for good, to the next algorithm of its list (algo_list), the
+ * last being algorithm 0, which needs little or no workspace. */
 static bool refused(cudnnStatus_t s)
 {
     /* cuDNN 9 answers with detailed codes inside each category (3002 NOT_SUPPORTED_SHAPE, …);
@@ -801,19 +829,22 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
         st = ddp__cuda_f32_to_h(g->ctx, g->ht, x, (size_t)n * in_n, l->xh, err);
         xin = l->xh, w = PH(g, L->p0), yout = g->h0;
     }
-    for (int attempt = 0; !st; attempt++) {
+    while (!st) {
         size_t need = 0;
-        cudnnStatus_t s = dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd,
-                                                                      l->yd, l->fwd, &need);
+        const cudnnConvolutionFwdAlgo_t algo = (cudnnConvolutionFwdAlgo_t)l->fwd.algo[l->fwd.cur];
+        cudnnStatus_t s = use_math(l, &l->fwd);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                            algo, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = dnn.cudnnConvolutionForward(g->dnn, &one, l->xd, xin, l->wd, w, l->cd, l->fwd,
+            s = dnn.cudnnConvolutionForward(g->dnn, &one, l->xd, xin, l->wd, w, l->cd, algo,
                                             g->ws, g->ws_bytes, &zero, l->yd, yout);
         if (s == CUDNN_STATUS_SUCCESS)
             break;
-        if (attempt == 0 && refused(s) && l->fwd != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM) {
-            l->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM; /* for good */
+        if (refused(s) && l->fwd.cur + 1 < l->fwd.n) {
+            l->fwd.cur++; /* for good */
             continue;
         }
         st = need > g->ws_bytes ? ws_check(g, need, "conv forward", err)
@@ -974,20 +1005,23 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         xin = l->xh, dyin = g->h0, w = PH(g, L->p0), dw = g->dwh, dxout = g->h1;
         beta_w = 0.0f;
     }
-    for (int attempt = 0; !st; attempt++) {
+    while (!st) {
         size_t need = 0;
-        cudnnStatus_t s = dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
-            g->dnn, l->xd, l->yd, l->cd, l->wd, l->bwd_filter, &need);
+        const cudnnConvolutionBwdFilterAlgo_t algo =
+            (cudnnConvolutionBwdFilterAlgo_t)l->bwd_filter.algo[l->bwd_filter.cur];
+        cudnnStatus_t s = use_math(l, &l->bwd_filter);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, l->xd, l->yd, l->cd,
+                                                                   l->wd, algo, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
             s = dnn.cudnnConvolutionBackwardFilter(g->dnn, &one, l->xd, xin, l->yd, dyin, l->cd,
-                                                   l->bwd_filter, g->ws, g->ws_bytes, &beta_w,
-                                                   l->wd, dw);
+                                                   algo, g->ws, g->ws_bytes, &beta_w, l->wd, dw);
         if (s == CUDNN_STATUS_SUCCESS)
             break;
-        if (attempt == 0 && refused(s) && l->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0) {
-            l->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+        if (refused(s) && l->bwd_filter.cur + 1 < l->bwd_filter.n) {
+            l->bwd_filter.cur++; /* for good */
             continue;
         }
         st = need > g->ws_bytes ? ws_check(g, need, "conv backward-filter", err)
@@ -1001,21 +1035,24 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
         dy, n, L->out_ch, L->out_h * L->out_w, G(g, L->p0 + 1));
     if ((st = ddp__cuda_launched("conv bias gradient", err)) || !dx)
         return st;
-    for (int attempt = 0;; attempt++) {
+    for (;;) {
         size_t need = 0;
-        cudnnStatus_t s = dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
-            g->dnn, l->wd, l->yd, l->cd, l->xd, l->bwd_data, &need);
+        const cudnnConvolutionBwdDataAlgo_t algo =
+            (cudnnConvolutionBwdDataAlgo_t)l->bwd_data.algo[l->bwd_data.cur];
+        cudnnStatus_t s = use_math(l, &l->bwd_data);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, l->wd, l->yd, l->cd,
+                                                                 l->xd, algo, &need);
         if (s == CUDNN_STATUS_SUCCESS && need > g->ws_bytes)
             s = CUDNN_STATUS_NOT_SUPPORTED;
         if (s == CUDNN_STATUS_SUCCESS)
-            s = dnn.cudnnConvolutionBackwardData(g->dnn, &one, l->wd, w, l->yd, dyin, l->cd,
-                                                 l->bwd_data, g->ws, g->ws_bytes, &zero, l->xd,
-                                                 dxout);
+            s = dnn.cudnnConvolutionBackwardData(g->dnn, &one, l->wd, w, l->yd, dyin, l->cd, algo,
+                                                 g->ws, g->ws_bytes, &zero, l->xd, dxout);
         if (s == CUDNN_STATUS_SUCCESS)
             return g->half ? ddp__cuda_h_to_f32(g->ctx, g->ht, g->h1, (size_t)n * in_n, dx, err)
                            : DDP_OK;
-        if (attempt == 0 && refused(s) && l->bwd_data != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) {
-            l->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+        if (refused(s) && l->bwd_data.cur + 1 < l->bwd_data.n) {
+            l->bwd_data.cur++; /* for good */
             continue;
         }
         return need > g->ws_bytes ? ws_check(g, need, "conv backward-data", err)
