@@ -30,6 +30,8 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <ucontext.h>
+#include <sys/mman.h>
 #include <vector>
 #define DDP_HOSTDEV
 extern "C" {
@@ -62,6 +64,10 @@ inline thread_local emu_thread emu;
 #define gridDim (emu.gD)
 #define blockDim (emu.bD)
 
+/* emu_launch_fibers (below): a barrier's waiter yields to the block's next thread, and marks
+ * that it moved (arrived or passed). Null under emu_launch. */
+inline thread_local void (*emu_yield)() = nullptr;
+inline thread_local bool emu_fiber_moved = false;
 /* Barrier generations completed, all blocks: emu_launch's watchdog sees progress in it. */
 inline std::atomic<unsigned long> emu_progress{0};
 /* A barrier over n threads that a thread may leave (drop); waiters sleep on a futex. */
@@ -88,8 +94,14 @@ struct emu_barrier {
                 return;
             }
         }
-        while (gen.load() == g)
-            gen.wait(g);
+        emu_fiber_moved = true;
+        while (gen.load() == g) {
+            if (emu_yield) /* emu_launch_fibers: the block's other threads run meanwhile */
+                emu_yield();
+            else
+                gen.wait(g);
+        }
+        emu_fiber_moved = true;
     }
     void drop()
     {
@@ -431,4 +443,220 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
 template <typename F> void emu_launch(dim3 grid, size_t smem_bytes, F f)
 {
     emu_launch(grid, dim3(128), smem_bytes, f);
+}
+
+
+/* emu_launch with the block's threads as fibers on the calling thread instead of OS threads:
+ * the same semantics (barriers, shuffles, exited lanes, poisoned shared memory, blocks one after
+ * another), a thread switched out only where it waits at a barrier, so a launch costs no OS
+ * thread, no futex and no system call; a block whose every thread waits at a barrier that
+ * cannot complete aborts at once (the watchdog's case). Used by the emulated GPU module
+ * (tests/emu/include/cuda_runtime_api.h). The fibers (up to 1024 per calling thread, 256 KiB of
+ * stack each, mapped lazily) are made once and reused; on x86-64 they switch with six pushes
+ * and pops (emu_ctx_switch; swapcontext, used elsewhere, costs a sigprocmask call per switch),
+ * with ASan's fiber annotations in ASan builds. */
+#if !defined(__SANITIZE_ADDRESS__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define __SANITIZE_ADDRESS__ 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" void __sanitizer_start_switch_fiber(void **, const void *, size_t);
+extern "C" void __sanitizer_finish_switch_fiber(void *, const void **, size_t *);
+#define EMU_ASAN_FIBERS 1
+#endif
+#if defined(__x86_64__)
+/* void emu_ctx_switch(void **save_sp, void *new_sp): the callee-saved registers pushed, the
+ * stack pointer saved and replaced, the other's registers popped (weak: one copy per program) */
+__asm__(".text\n.weak emu_ctx_switch\n.type emu_ctx_switch,@function\nemu_ctx_switch:\n"
+        "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+        "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+        "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+        ".size emu_ctx_switch, .-emu_ctx_switch\n");
+extern "C" void emu_ctx_switch(void **save_sp, void *new_sp);
+#define EMU_ASM_FIBERS 1
+#endif
+struct emu_fiber_sched {
+    static constexpr unsigned MAX = 1024;
+    static constexpr size_t STACK = 256 << 10;
+#ifdef EMU_ASM_FIBERS
+    void *main_sp = nullptr;
+    void *sp[MAX];
+#else
+    ucontext_t main_uc, uc[MAX];
+#endif
+    bool started[MAX] = {};
+    char done[MAX] = {};
+    emu_thread st[MAX];
+    unsigned char *stacks = nullptr;
+    unsigned cur = 0;
+    void (*work)(void *) = nullptr; /* the launch's kernel body */
+    void *arg = nullptr;
+    const void *main_stack = nullptr; /* ASan: the calling thread's stack */
+    size_t main_stack_size = 0;
+};
+inline thread_local emu_fiber_sched *emu_fs;
+inline void emu_fiber_yield()
+{
+    emu_fiber_sched *s = emu_fs;
+#ifdef EMU_ASAN_FIBERS
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, s->main_stack, s->main_stack_size);
+#endif
+#ifdef EMU_ASM_FIBERS
+    emu_ctx_switch(&s->sp[s->cur], s->main_sp);
+#else
+    swapcontext(&s->uc[s->cur], &s->main_uc);
+#endif
+#ifdef EMU_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+/* A fiber's life: run the current block's body as thread `me`, leave the barriers, say done,
+ * yield; resumed for the next block or launch. */
+inline void emu_fiber_main()
+{
+#ifdef EMU_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(nullptr, &emu_fs->main_stack, &emu_fs->main_stack_size);
+#endif
+    emu_fiber_sched *s = emu_fs;
+    const unsigned me = s->cur;
+    for (;;) {
+        s->work(s->arg);
+        emu_block *b = emu_b;
+        {
+            std::lock_guard<std::mutex> l(b->warp[me / 32].m);
+            b->exited[me / 32][me % 32] = true;
+        }
+        b->warp[me / 32].drop();
+        b->all.drop();
+        s->done[me] = 1;
+        emu_fiber_yield();
+    }
+}
+/* Runs fiber t until it waits at a barrier or finishes its block. */
+inline void emu_fiber_resume(emu_fiber_sched *s, unsigned t)
+{
+    s->cur = t;
+    unsigned char *stack = s->stacks + (size_t)t * s->STACK;
+#ifdef EMU_ASAN_FIBERS
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, stack, s->STACK);
+#endif
+#ifdef EMU_ASM_FIBERS
+    if (!s->started[t]) {
+        s->started[t] = true;
+        void **sp = (void **)(stack + s->STACK); /* 16-byte aligned */
+        *--sp = nullptr;                         /* emu_fiber_main's return address: none */
+        *--sp = (void *)emu_fiber_main;          /* the switch's ret */
+        for (int i = 0; i < 6; i++)
+            *--sp = nullptr; /* rbp rbx r12–r15 */
+        s->sp[t] = sp;
+    }
+    emu_ctx_switch(&s->main_sp, s->sp[t]);
+#else
+    if (!s->started[t]) {
+        s->started[t] = true;
+        getcontext(&s->uc[t]);
+        s->uc[t].uc_stack.ss_sp = stack;
+        s->uc[t].uc_stack.ss_size = s->STACK;
+        s->uc[t].uc_link = nullptr;
+        makecontext(&s->uc[t], emu_fiber_main, 0);
+    }
+    swapcontext(&s->main_uc, &s->uc[t]);
+#endif
+#ifdef EMU_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+/* The calling thread's fibers (one set per thread, whatever the kernel). */
+inline emu_fiber_sched *emu_fiber_sched_get()
+{
+    static thread_local std::unique_ptr<emu_fiber_sched> sched;
+    if (!sched) {
+        sched.reset(new emu_fiber_sched);
+        sched->stacks = (unsigned char *)mmap(nullptr, emu_fiber_sched::MAX * emu_fiber_sched::STACK,
+                                              PROT_READ | PROT_WRITE,
+                                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (sched->stacks == MAP_FAILED) {
+            fprintf(stderr, "cuda_emu: no memory for the fibers' stacks\n");
+            abort();
+        }
+    }
+    return sched.get();
+}
+template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f)
+{
+    const unsigned nt = block.x * block.y * block.z;
+    if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        fprintf(stderr, "cuda_emu: bad launch %ux%ux%u blocks of %u threads\n", grid.x, grid.y,
+                grid.z, nt);
+        abort();
+    }
+    emu_fiber_sched *sched = emu_fiber_sched_get();
+    emu_fiber_sched &s = *sched;
+    if (emu_fs == &s) {
+        fprintf(stderr, "cuda_emu: a launch from inside a kernel\n");
+        abort();
+    }
+    std::vector<unsigned char> sm(smem_bytes + 256, 0xff);
+    unsigned char *base = sm.data();
+    while ((uintptr_t)base % 256)
+        base++;
+    auto blk = std::make_unique<emu_block>();
+    blk->nthreads = nt;
+    emu_block *saved_b = emu_b;
+    emu_thread saved_emu = emu;
+    void (*saved_yield)() = emu_yield;
+    emu_fs = &s;
+    emu_b = blk.get();
+    emu_yield = emu_fiber_yield;
+    s.work = [](void *p) { (*(F *)p)(); };
+    s.arg = &f;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                std::fill(sm.begin(), sm.end(), 0xff);
+                blk->all.n = nt, blk->all.arrived = 0, blk->all.what = "__syncthreads";
+                for (unsigned w = 0; w * 32 < nt; w++)
+                    blk->warp[w].n = std::min(32u, nt - w * 32), blk->warp[w].arrived = 0;
+                memset(blk->exited, 0, sizeof blk->exited);
+                blk->sm_static.clear();
+                for (unsigned t = 0; t < nt; t++) {
+                    emu_thread &e = s.st[t];
+                    e.lin = t;
+                    e.tI = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+                    e.bI = dim3(bx, by, bz);
+                    e.gD = grid;
+                    e.bD = block;
+                    e.smem = base;
+                    s.done[t] = 0;
+                }
+                unsigned left = nt;
+                while (left) {
+                    bool moved = false;
+                    const unsigned left0 = left;
+                    for (unsigned t = 0; t < nt; t++) {
+                        if (s.done[t])
+                            continue;
+                        emu = s.st[t];
+                        emu_fiber_moved = false;
+                        emu_fiber_resume(&s, t);
+                        moved |= emu_fiber_moved;
+                        if (s.done[t])
+                            left--;
+                    }
+                    if (!moved && left == left0) {
+                        fprintf(stderr,
+                                "cuda_emu: a block is stuck: __syncthreads waits for %u of %u "
+                                "threads (a divergent barrier or shuffle)\n",
+                                blk->all.arrived, blk->all.n);
+                        abort();
+                    }
+                }
+            }
+    emu_fs = nullptr;
+    emu_b = saved_b;
+    emu = saved_emu;
+    emu_yield = saved_yield;
 }

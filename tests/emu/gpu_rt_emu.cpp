@@ -1,0 +1,1141 @@
+/*
+ * tests/emu/gpu_rt_emu.cpp — the CUDA runtime, cuBLAS and cuBLASLt under the emulated GPU module
+ * (tests/emu/CMakeLists.txt; headers in tests/emu/include). One emulated H100-like device (DDP_EMU_GPUS
+ * of them), all on the CPU:
+ *  - device memory is host memory (posix_memalign, 256-byte aligned as cudaMalloc's, filled
+ *    with 0xff bytes: NaN in every float format, so a read of what was never written shows);
+ *    ASan builds see kernels' and copies' out-of-bounds accesses; every build checks each copy,
+ *    memset and cuBLAS operand against the cudaMalloc'd block it must lie in, and aborts naming
+ *    the call when it does not (cudaFree of a pointer cudaMalloc never returned too).
+ *  - streams and events run everything at once, in issue order, on the calling thread: an
+ *    event is complete when recorded. Ordering bugs between streams are therefore NOT caught.
+ *  - launches are validated as the hardware does (≤ 1024 threads, block ≤ 1024×1024×64, grid
+ *    x < 2³¹ and y, z ≤ 65535, dynamic shared memory ≤ 48 KiB unless raised with
+ *    cudaFuncSetAttribute, ≤ 227 KiB): a bad one runs nothing and leaves its error for
+ *    cudaGetLastError (per thread, as CUDA's).
+ *  - cuBLAS/cuBLASLt products are plain loops accumulated in double and rounded once to the
+ *    output's type (TF32 inputs rounded to 10 mantissa bits first); argument errors real cuBLAS
+ *    rejects (ld < rows, mismatched shapes, operands outside their buffers, a heuristic's
+ *    alignment promise the pointers break) abort with a message: they are the module's bugs.
+ *    Refused (NOT_SUPPORTED from the heuristic): an epilogue other than those listed in
+ *    cublasLt.h, a bias whose type is not D's (the stricter reading of cublasLt.h, so the
+ *    module's fallback runs), TF32 compute with 16-bit inputs; INVALID_VALUE: a GELU aux
+ *    leading dimension not a multiple of 8 or an aux pointer not 16-byte aligned.
+ *  - IPC handles: cudaErrorNotSupported. Host registration: recorded, nothing else.
+ */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdarg>
+#include <map>
+#include <mutex>
+#include <set>
+
+#define EMU_API extern "C" __attribute__((visibility("default")))
+
+[[noreturn]] static void emu_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void emu_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gpu emulation: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+/* ---- errors */
+static thread_local cudaError_t last_error = cudaSuccess;
+static cudaError_t set_err(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
+struct err_name {
+    cudaError_t e;
+    const char *name, *str;
+};
+static const err_name errs[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
+     "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
+     "part or all of the requested memory range is already mapped"},
+    {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
+     "pointer does not correspond to a registered memory region"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+EMU_API const char *cudaGetErrorString(cudaError_t e)
+{
+    for (auto &x : errs)
+        if (x.e == e)
+            return x.str;
+    return "unrecognized error code";
+}
+EMU_API const char *cudaGetErrorName(cudaError_t e)
+{
+    for (auto &x : errs)
+        if (x.e == e)
+            return x.name;
+    return "cudaErrorUnknown";
+}
+EMU_API cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+EMU_API cudaError_t cudaPeekAtLastError(void)
+{
+    return last_error;
+}
+
+/* ---- devices */
+static int n_devices()
+{
+    const char *v = getenv("DDP_EMU_GPUS");
+    int n = v ? atoi(v) : 1;
+    return n < 0 ? 0 : n > 16 ? 16 : n;
+}
+static thread_local int cur_device = 0;
+EMU_API cudaError_t cudaGetDeviceCount(int *n)
+{
+    if (!n)
+        return set_err(cudaErrorInvalidValue);
+    *n = n_devices();
+    return *n ? cudaSuccess : set_err(cudaErrorNoDevice);
+}
+EMU_API cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
+{
+    if (!p)
+        return set_err(cudaErrorInvalidValue);
+    if (dev < 0 || dev >= n_devices())
+        return set_err(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3 (emulated on the CPU)");
+    p->totalGlobalMem = 80ull << 30;
+    p->sharedMemPerBlock = 48 << 10;
+    p->sharedMemPerBlockOptin = 227 << 10;
+    p->sharedMemPerMultiprocessor = 228 << 10;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
+    p->totalConstMem = 65536;
+    p->major = 9, p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->pciBusID = 0x10 + dev;
+    p->l2CacheSize = 50 << 20;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaSetDevice(int dev)
+{
+    if (dev < 0 || dev >= n_devices())
+        return set_err(cudaErrorInvalidDevice);
+    cur_device = dev;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaGetDevice(int *dev)
+{
+    if (!dev)
+        return set_err(cudaErrorInvalidValue);
+    *dev = cur_device;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaDeviceSynchronize(void)
+{
+    return cudaSuccess;
+}
+
+/* ---- memory */
+static std::mutex mem_m;
+static std::map<uintptr_t, size_t> dev_blocks;  /* cudaMalloc'd: base → bytes */
+static std::map<uintptr_t, size_t> host_blocks; /* cudaMallocHost'd and registered */
+static size_t dev_bytes;
+
+/* The block of m holding [p, p + n), or end. */
+static std::map<uintptr_t, size_t>::iterator find_block(std::map<uintptr_t, size_t> &m,
+                                                        const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = m.upper_bound(a);
+    if (it == m.begin())
+        return m.end();
+    --it;
+    if (a - it->first > it->second || it->second - (a - it->first) < n)
+        return m.end();
+    return it;
+}
+EMU_API int emu_rt_is_device(const void *p, size_t bytes)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    return find_block(dev_blocks, p, bytes) != dev_blocks.end();
+}
+/* Aborts unless [p, p + bytes) is device memory. */
+static void need_device(const void *p, size_t bytes, const char *what)
+{
+    if (!emu_rt_is_device(p, bytes)) {
+        std::lock_guard<std::mutex> l(mem_m);
+        auto it = dev_blocks.upper_bound((uintptr_t)p);
+        if (it != dev_blocks.begin()) {
+            --it;
+            emu_die("%s: %zu bytes at %p run past the end of the cudaMalloc'd block %p of %zu "
+                    "bytes (offset %zd)",
+                    what, bytes, p, (void *)it->first, it->second,
+                    (ssize_t)((uintptr_t)p - it->first));
+        }
+        emu_die("%s: %p (%zu bytes) is not device memory (no cudaMalloc'd block holds it)", what,
+                p, bytes);
+    }
+}
+EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    if (!p)
+        return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(mem_m);
+    if (dev_bytes + bytes > (80ull << 30))
+        return set_err(cudaErrorMemoryAllocation);
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, bytes ? bytes : 1))
+        return set_err(cudaErrorMemoryAllocation);
+    memset(q, 0xff, bytes);
+    dev_blocks[(uintptr_t)q] = bytes;
+    dev_bytes += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> l(mem_m);
+    auto it = dev_blocks.find((uintptr_t)p);
+    if (it == dev_blocks.end())
+        emu_die("cudaFree(%p): not a pointer cudaMalloc returned (or freed twice)", p);
+    dev_bytes -= it->second;
+    dev_blocks.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaMallocHost(void **p, size_t bytes)
+{
+    if (!p)
+        return set_err(cudaErrorInvalidValue);
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, bytes ? bytes : 1))
+        return set_err(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> l(mem_m);
+    host_blocks[(uintptr_t)q] = bytes;
+    *p = q;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaFreeHost(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> l(mem_m);
+    if (!host_blocks.erase((uintptr_t)p))
+        emu_die("cudaFreeHost(%p): not a pointer cudaMallocHost returned", p);
+    free(p);
+    return cudaSuccess;
+}
+static std::set<uintptr_t> registered;
+EMU_API cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned)
+{
+    if (!p || !bytes)
+        return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(mem_m);
+    if (!registered.insert((uintptr_t)p).second)
+        return set_err(cudaErrorHostMemoryAlreadyRegistered);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaHostUnregister(void *p)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    if (!registered.erase((uintptr_t)p))
+        return set_err(cudaErrorHostMemoryNotRegistered);
+    return cudaSuccess;
+}
+
+/* ---- streams and events: everything runs at once, in issue order */
+struct CUstream_st {
+    unsigned flags;
+};
+struct CUevent_st {
+    unsigned flags;
+};
+static std::mutex obj_m;
+static std::set<const void *> streams, events;
+static void need_stream(cudaStream_t s, const char *what)
+{
+    if (!s)
+        return;
+    std::lock_guard<std::mutex> l(obj_m);
+    if (!streams.count(s))
+        emu_die("%s: stream %p was never created or is destroyed", what, (void *)s);
+}
+static void need_event(cudaEvent_t e, const char *what)
+{
+    std::lock_guard<std::mutex> l(obj_m);
+    if (!events.count(e))
+        emu_die("%s: event %p was never created or is destroyed", what, (void *)e);
+}
+EMU_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    if (!s)
+        return set_err(cudaErrorInvalidValue);
+    *s = new CUstream_st{flags};
+    std::lock_guard<std::mutex> l(obj_m);
+    streams.insert(*s);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    return cudaStreamCreateWithFlags(s, 0);
+}
+EMU_API cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    need_stream(s, "cudaStreamDestroy");
+    if (!s)
+        return set_err(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> l(obj_m);
+    streams.erase(s);
+    delete s;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    need_stream(s, "cudaStreamSynchronize");
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
+{
+    need_stream(s, "cudaStreamWaitEvent");
+    need_event(e, "cudaStreamWaitEvent");
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    if (!e)
+        return set_err(cudaErrorInvalidValue);
+    *e = new CUevent_st{flags};
+    std::lock_guard<std::mutex> l(obj_m);
+    events.insert(*e);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    return cudaEventCreateWithFlags(e, 0);
+}
+EMU_API cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    need_event(e, "cudaEventDestroy");
+    std::lock_guard<std::mutex> l(obj_m);
+    events.erase(e);
+    delete e;
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    need_event(e, "cudaEventRecord");
+    need_stream(s, "cudaEventRecord");
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    need_event(e, "cudaEventQuery");
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    need_event(e, "cudaEventSynchronize");
+    return cudaSuccess;
+}
+
+/* ---- copies */
+static cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind k, const char *what)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if ((unsigned)k > cudaMemcpyDefault)
+        return set_err(cudaErrorInvalidMemcpyDirection);
+    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice)
+        need_device(dst, n, what);
+    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice)
+        need_device(src, n, what);
+    if ((char *)dst < (const char *)src + n && (const char *)src < (char *)dst + n && dst != src)
+        emu_die("%s: the %zu-byte source %p and destination %p overlap", what, n, src, dst);
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
+{
+    return copy(dst, src, n, k, "cudaMemcpy");
+}
+EMU_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k,
+                                    cudaStream_t s)
+{
+    need_stream(s, "cudaMemcpyAsync");
+    return copy(dst, src, n, k, "cudaMemcpyAsync");
+}
+EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                      size_t width, size_t height, cudaMemcpyKind k,
+                                      cudaStream_t s)
+{
+    need_stream(s, "cudaMemcpy2DAsync");
+    if (width > dpitch || width > spitch)
+        return set_err(cudaErrorInvalidValue); /* as CUDA: pitches below the width */
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k,
+                             "cudaMemcpy2DAsync");
+        if (e)
+            return e;
+    }
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaMemset(void *dst, int v, size_t n)
+{
+    if (n)
+        need_device(dst, n, "cudaMemset");
+    memset(dst, v, n);
+    return cudaSuccess;
+}
+EMU_API cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
+{
+    need_stream(s, "cudaMemsetAsync");
+    return cudaMemset(dst, v, n);
+}
+EMU_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *, void *)
+{
+    return set_err(cudaErrorNotSupported);
+}
+EMU_API cudaError_t cudaIpcOpenMemHandle(void **, cudaIpcMemHandle_t, unsigned)
+{
+    return set_err(cudaErrorNotSupported);
+}
+EMU_API cudaError_t cudaIpcCloseMemHandle(void *)
+{
+    return set_err(cudaErrorNotSupported);
+}
+
+/* ---- launches */
+static std::atomic<int> smem_optin{48 << 10};
+EMU_API cudaError_t cudaFuncSetAttribute(const void *fn, cudaFuncAttribute a, int v)
+{
+    if (!fn)
+        return set_err(cudaErrorInvalidValue);
+    if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (v < 0 || v > (227 << 10))
+            return set_err(cudaErrorInvalidValue);
+        int o = smem_optin.load();
+        while (o < v && !smem_optin.compare_exchange_weak(o, v)) {
+        }
+    }
+    return cudaSuccess;
+}
+cudaError_t emu_rt_launch_check(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s)
+{
+    need_stream(s, name);
+    unsigned long long nt = (unsigned long long)b.x * b.y * b.z;
+    cudaError_t e = cudaSuccess;
+    if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || nt > 1024 ||
+        g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+        e = cudaErrorInvalidConfiguration;
+    else if (smem > (size_t)smem_optin.load())
+        e = cudaErrorInvalidValue;
+    if (e && getenv("DDP_EMU_VERBOSE"))
+        fprintf(stderr, "gpu emulation: launch of %s refused: grid %u×%u×%u, block %u×%u×%u, %zu "
+                        "bytes of shared memory: %s\n",
+                name, g.x, g.y, g.z, b.x, b.y, b.z, smem, cudaGetErrorName(e));
+    return set_err(e);
+}
+
+/* ---- cuBLAS and cuBLASLt: plain loops */
+static size_t type_size(cudaDataType_t t)
+{
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_64F ? 8 : t == CUDA_R_16F || t == CUDA_R_16BF ? 2 : 0;
+}
+static const char *type_name(cudaDataType_t t)
+{
+    return t == CUDA_R_32F    ? "fp32"
+           : t == CUDA_R_16F  ? "fp16"
+           : t == CUDA_R_16BF ? "bf16"
+           : t == CUDA_R_64F  ? "fp64"
+                              : "another type";
+}
+static float tf32(float x) /* round to nearest (even) at 10 mantissa bits */
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u)
+        u = (u + 0xfffu + ((u >> 13) & 1)) & ~0x1fffu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static double ld_el(cudaDataType_t t, const void *p, size_t i, bool round_tf32)
+{
+    switch (t) {
+    case CUDA_R_32F: {
+        float v = ((const float *)p)[i];
+        return round_tf32 ? tf32(v) : v;
+    }
+    case CUDA_R_64F:
+        return ((const double *)p)[i];
+    case CUDA_R_16F:
+        return ddp__f16_to_f32(((const uint16_t *)p)[i]);
+    case CUDA_R_16BF:
+        return ddp__bf16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        emu_die("cuBLAS: loading an element of %s", type_name(t));
+    }
+}
+static void st_el(cudaDataType_t t, void *p, size_t i, double v)
+{
+    switch (t) {
+    case CUDA_R_32F:
+        ((float *)p)[i] = (float)v;
+        break;
+    case CUDA_R_64F:
+        ((double *)p)[i] = v;
+        break;
+    case CUDA_R_16F:
+        ((uint16_t *)p)[i] = ddp__f32_to_f16((float)v);
+        break;
+    case CUDA_R_16BF:
+        ((uint16_t *)p)[i] = ddp__f32_to_bf16((float)v);
+        break;
+    default:
+        emu_die("cuBLAS: storing an element of %s", type_name(t));
+    }
+}
+static double gelu(double x)
+{
+    const double k = 0.7978845608028654; /* sqrt(2/pi), tanh GELU as cuBLASLt's */
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+static double dgelu(double x)
+{
+    const double k = 0.7978845608028654;
+    double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+/* One matrix operand: type, stored rows × cols (column-major), leading dimension, batches. */
+struct mat {
+    cudaDataType_t t;
+    uint64_t rows, cols;
+    int64_t ld;
+    int batch = 1;
+    int64_t stride = 0;
+};
+/* Aborts unless the operand's elements all lie in one cudaMalloc'd block. */
+static void need_operand(const char *call, const char *what, const void *p, const mat &m)
+{
+    if (m.ld < (int64_t)std::max<uint64_t>(1, m.rows))
+        emu_die("%s: %s is %llu × %llu (column-major) with leading dimension %lld < its %llu rows "
+                "(cuBLAS refuses it: CUBLAS_STATUS_INVALID_VALUE)",
+                call, what, (unsigned long long)m.rows, (unsigned long long)m.cols,
+                (long long)m.ld, (unsigned long long)m.rows);
+    if (m.rows == 0 || m.cols == 0)
+        return;
+    if (!p)
+        emu_die("%s: %s is NULL", call, what);
+    size_t es = type_size(m.t);
+    if ((uintptr_t)p % es)
+        emu_die("%s: %s at %p is not aligned to its %s elements", call, what, p, type_name(m.t));
+    size_t last = (size_t)((m.cols - 1) * m.ld + m.rows) + (size_t)(m.batch - 1) * m.stride;
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s: %s (%llu × %llu, ld %lld, %d batches of stride %lld, %s)", call,
+             what, (unsigned long long)m.rows, (unsigned long long)m.cols, (long long)m.ld,
+             m.batch, (long long)m.stride, type_name(m.t));
+    need_device(p, last * es, buf);
+}
+
+struct epi_args {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    const void *bias = nullptr;
+    cudaDataType_t bias_t = CUDA_R_32F;
+    void *aux = nullptr;
+    int64_t aux_ld = 0;
+    cudaDataType_t aux_t = CUDA_R_32F;
+};
+
+/* D = epilogue(alpha · op(A) · op(B) + beta · C), every batch; m × n × k; checked. */
+static void gemm_core(const char *call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                      int k, double alpha, const void *A, const mat &ma, const void *B,
+                      const mat &mb, double beta, const void *C, const mat &mc, void *D,
+                      const mat &md, bool tf, const epi_args &ep)
+{
+    if (m < 0 || n < 0 || k < 0)
+        emu_die("%s: negative size %d × %d × %d", call, m, n, k);
+    if (ta == CUBLAS_OP_C || tb == CUBLAS_OP_C)
+        emu_die("%s: conjugate transposes of real matrices", call);
+    auto want = [&](const char *what, const mat &x, uint64_t r, uint64_t c) {
+        if (x.rows != r || x.cols != c)
+            emu_die("%s: %s is stored %llu × %llu but the product needs %llu × %llu", call, what,
+                    (unsigned long long)x.rows, (unsigned long long)x.cols,
+                    (unsigned long long)r, (unsigned long long)c);
+    };
+    want("A", ma, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m);
+    want("B", mb, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k);
+    want("C", mc, m, n);
+    want("D", md, m, n);
+    int batch = md.batch;
+    if (ma.batch != batch || mb.batch != batch || mc.batch != batch)
+        emu_die("%s: batch counts differ (A %d, B %d, C %d, D %d)", call, ma.batch, mb.batch,
+                mc.batch, batch);
+    need_operand(call, "A", A, ma);
+    need_operand(call, "B", B, mb);
+    if (beta != 0.0)
+        need_operand(call, "C", C, mc);
+    need_operand(call, "D", D, md);
+    const unsigned e = ep.epi;
+    const bool has_bias = e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS ||
+                          e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const bool gelu_on = e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+                         e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const bool aux_out = e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const bool aux_in = e == CUBLASLT_EPILOGUE_DGELU;
+    const bool relu = e == CUBLASLT_EPILOGUE_RELU || e == CUBLASLT_EPILOGUE_RELU_BIAS;
+    if (has_bias) {
+        if (!ep.bias)
+            emu_die("%s: a bias epilogue without a bias pointer", call);
+        mat bm{ep.bias_t, (uint64_t)m, 1, std::max<int64_t>(1, m)};
+        need_operand(call, "the bias", ep.bias, bm);
+    }
+    if (aux_out || aux_in) {
+        if (!ep.aux)
+            emu_die("%s: a GELU aux epilogue without an aux pointer", call);
+        mat am{ep.aux_t, (uint64_t)m, (uint64_t)n, ep.aux_ld};
+        need_operand(call, "the GELU aux", ep.aux, am);
+    }
+    if (m == 0 || n == 0)
+        return;
+    const size_t ea = type_size(ma.t), eb = type_size(mb.t), ec = type_size(mc.t),
+                 ed = type_size(md.t);
+    std::vector<double> acc((size_t)m * n), opa((size_t)m * k), opb((size_t)n * k);
+    for (int bi = 0; bi < batch; bi++) {
+        const char *a = (const char *)A + (size_t)bi * ma.stride * ea;
+        const char *b = (const char *)B + (size_t)bi * mb.stride * eb;
+        const char *c = (const char *)C + (size_t)bi * mc.stride * ec;
+        char *d = (char *)D + (size_t)bi * md.stride * ed;
+        /* op(A) row by row and op(B) column by column, widened once */
+        for (int i = 0; i < m; i++)
+            for (int l = 0; l < k; l++)
+                opa[(size_t)i * k + l] = ld_el(ma.t, a, ta == CUBLAS_OP_N ? i + (size_t)l * ma.ld
+                                                                        : l + (size_t)i * ma.ld,
+                                               tf);
+        for (int j = 0; j < n; j++)
+            for (int l = 0; l < k; l++)
+                opb[(size_t)j * k + l] = ld_el(mb.t, b, tb == CUBLAS_OP_N ? l + (size_t)j * mb.ld
+                                                                        : j + (size_t)l * mb.ld,
+                                               tf);
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                const double *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
+                double s = 0.0;
+                for (int l = 0; l < k; l++)
+                    s += x[l] * y[l];
+                double v = alpha * s;
+                if (beta != 0.0)
+                    v += beta * ld_el(mc.t, c, i + (size_t)j * mc.ld, false);
+                acc[i + (size_t)j * m] = v;
+            }
+        /* C may be D: read all of it before writing */
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double v = acc[i + (size_t)j * m];
+                if (has_bias)
+                    v += ld_el(ep.bias_t, ep.bias, i, false);
+                if (aux_out)
+                    st_el(ep.aux_t, ep.aux, i + (size_t)j * ep.aux_ld, v);
+                if (gelu_on)
+                    v = gelu(v);
+                if (relu)
+                    v = v > 0 ? v : 0;
+                if (aux_in)
+                    v *= dgelu(ld_el(ep.aux_t, ep.aux, i + (size_t)j * ep.aux_ld, false));
+                st_el(md.t, d, i + (size_t)j * md.ld, v);
+            }
+    }
+}
+
+/* Whether the types and compute type are a combination cuBLAS offers (the module's). */
+static bool types_ok(cudaDataType_t ab, cudaDataType_t cd, cublasComputeType_t compute)
+{
+    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32)
+        return ab == CUDA_R_32F && cd == CUDA_R_32F;
+    if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC)
+        return false;
+    if (ab == CUDA_R_32F)
+        return cd == CUDA_R_32F;
+    if (ab == CUDA_R_16F || ab == CUDA_R_16BF)
+        return cd == ab || cd == CUDA_R_32F;
+    return false;
+}
+
+struct cublasContext {
+    cudaStream_t stream;
+    void *ws;
+    size_t ws_bytes;
+};
+EMU_API cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+    if (!h)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *h = new cublasContext{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    need_stream(s, "cublasSetStream");
+    h->stream = s;
+    h->ws = nullptr, h->ws_bytes = 0; /* back to cuBLAS's own pool, as the library does */
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t)
+{
+    return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+EMU_API cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (bytes)
+        need_device(ws, bytes, "cublasSetWorkspace");
+    if ((uintptr_t)ws % 256)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    h->ws = ws, h->ws_bytes = bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API const char *cublasGetStatusString(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+        return "the operation completed successfully";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "the functionality requested is not supported";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "the GPU program failed to execute";
+    default:
+        return "an internal operation failed";
+    }
+}
+static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperation_t ta,
+                              cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                              const void *A, cudaDataType_t at, int lda, long long sa,
+                              const void *B, cudaDataType_t bt, int ldb, long long sb,
+                              const void *beta, void *C, cudaDataType_t ct, int ldc, long long sc,
+                              int batch, cublasComputeType_t compute)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (at != bt || !types_ok(at, ct, compute))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m < 0 || n < 0 || k < 0 || batch < 0)
+        emu_die("%s: negative size %d × %d × %d (%d batches)", call, m, n, k, batch);
+    if (batch == 0 || m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    if (!alpha || !beta)
+        emu_die("%s: alpha or beta NULL", call);
+    mat ma{at, (uint64_t)(ta == CUBLAS_OP_N ? m : k), (uint64_t)(ta == CUBLAS_OP_N ? k : m), lda,
+           batch, sa};
+    mat mb{bt, (uint64_t)(tb == CUBLAS_OP_N ? k : n), (uint64_t)(tb == CUBLAS_OP_N ? n : k), ldb,
+           batch, sb};
+    mat mc{ct, (uint64_t)m, (uint64_t)n, ldc, batch, sc};
+    /* cuBLAS checks the leading dimensions even of an empty operand (k = 0) */
+    if (ma.ld < (int64_t)std::max<uint64_t>(1, ma.rows) ||
+        mb.ld < (int64_t)std::max<uint64_t>(1, mb.rows))
+        emu_die("%s: lda %d / ldb %d below the stored rows (%llu / %llu): cuBLAS refuses it", call,
+                lda, ldb, (unsigned long long)ma.rows, (unsigned long long)mb.rows);
+    if (batch > 1 && (sc < (long long)ldc * n && sc != 0))
+        fprintf(stderr, "gpu emulation: %s: C's batches overlap (stride %lld < %d × %d)\n", call,
+                sc, ldc, n);
+    gemm_core(call, ta, tb, m, n, k, *(const float *)alpha, A, ma, B, mb, *(const float *)beta, C,
+              mc, C, mc, compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+              epi_args{});
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                    int m, int n, int k, const void *alpha, const void *A,
+                                    cudaDataType_t at, int lda, const void *B, cudaDataType_t bt,
+                                    int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                                    cublasComputeType_t compute, cublasGemmAlgo_t)
+{
+    return gemm_ex("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta,
+                   C, ct, ldc, 0, 1, compute);
+}
+EMU_API cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+    const void *alpha, const void *A, cudaDataType_t at, int lda, long long sa, const void *B,
+    cudaDataType_t bt, int ldb, long long sb, const void *beta, void *C, cudaDataType_t ct,
+    int ldc, long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t)
+{
+    return gemm_ex("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt,
+                   ldb, sb, beta, C, ct, ldc, sc, batch, compute);
+}
+
+/* cuBLASLt */
+struct cublasLtContext {
+    int dummy;
+};
+struct cublasLtMatmulDescOpaque_st {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    epi_args ep;
+    bool bias_t_set = false, aux_t_set = false;
+};
+struct cublasLtMatrixLayoutOpaque_st {
+    mat m;
+};
+struct cublasLtMatmulPreferenceOpaque_st {
+    uint64_t ws = 0;
+    uint32_t align[4] = {256, 256, 256, 256};
+};
+static const uint64_t ALGO_MAGIC = 0xe7a1c0de5eed0001ull;
+EMU_API cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    if (!h)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *h = new cublasLtContext{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d,
+                                                cublasComputeType_t compute, cudaDataType_t scale)
+{
+    if (!d)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *d = new cublasLtMatmulDescOpaque_st{};
+    (*d)->compute = compute;
+    (*d)->scale = scale;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+/* An attribute's value of exactly `want` bytes (cuBLASLt: INVALID_VALUE otherwise). */
+static bool attr_size(const char *what, int a, size_t got, size_t want)
+{
+    if (got == want)
+        return true;
+    fprintf(stderr, "gpu emulation: %s attribute %d set with %zu bytes, its type has %zu\n", what,
+            a, got, want);
+    return false;
+}
+EMU_API cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                                      cublasLtMatmulDescAttributes_t a,
+                                                      const void *buf, size_t size)
+{
+    if (!d || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const char *w = "matmul descriptor";
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+        int32_t v;
+        if (!attr_size(w, a, size, 4))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&v, buf, 4);
+        (a == CUBLASLT_MATMUL_DESC_TRANSA ? d->ta : d->tb) = (cublasOperation_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+        uint32_t v;
+        if (!attr_size(w, a, size, 4))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&v, buf, 4);
+        d->ep.epi = (cublasLtEpilogue_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: {
+        void *v;
+        if (!attr_size(w, a, size, sizeof v))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&v, buf, sizeof v);
+        if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER)
+            d->ep.bias = v;
+        else
+            d->ep.aux = v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: {
+        if (!attr_size(w, a, size, 8))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&d->ep.aux_ld, buf, 8);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: {
+        int32_t v;
+        if (!attr_size(w, a, size, 4))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&v, buf, 4);
+        if (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
+            d->ep.bias_t = (cudaDataType_t)v, d->bias_t_set = true;
+        else if (a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE)
+            d->ep.aux_t = (cudaDataType_t)v, d->aux_t_set = true;
+        else if (a == CUBLASLT_MATMUL_DESC_SCALE_TYPE)
+            d->scale = (cudaDataType_t)v;
+        else
+            d->compute = (cublasComputeType_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    default:
+        fprintf(stderr, "gpu emulation: matmul descriptor attribute %d not emulated\n", (int)a);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+EMU_API cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t t,
+                                                  uint64_t rows, uint64_t cols, int64_t ld)
+{
+    if (!l)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *l = new cublasLtMatrixLayoutOpaque_st{mat{t, rows, cols, ld}};
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                        cublasLtMatrixLayoutAttribute_t a,
+                                                        const void *buf, size_t size)
+{
+    if (!l || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+        if (!attr_size("layout", a, size, 4))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&l->m.batch, buf, 4);
+    } else if (a == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) {
+        if (!attr_size("layout", a, size, 8))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&l->m.stride, buf, 8);
+    } else if (a == CUBLASLT_MATRIX_LAYOUT_LD) {
+        if (!attr_size("layout", a, size, 8))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&l->m.ld, buf, 8);
+    } else
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    if (!p)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *p = new cublasLtMatmulPreferenceOpaque_st{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                            cublasLtMatmulPreferenceAttributes_t a,
+                                                            const void *buf, size_t size)
+{
+    if (!p || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const char *w = "matmul preference";
+    switch (a) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+        if (!attr_size(w, a, size, 8))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->ws, buf, 8);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+        if (!attr_size(w, a, size, 4))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
+        return attr_size(w, a, size, 4) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    default:
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+/* The descriptor's effective epilogue types; NOT_SUPPORTED / INVALID_VALUE as the header says. */
+static cublasStatus_t lt_check(cublasLtMatmulDesc_t d, const mat &a, const mat &b, const mat &c,
+                               const mat &dl, epi_args &ep)
+{
+    ep = d->ep;
+    if (!d->bias_t_set)
+        ep.bias_t = dl.t;
+    if (!d->aux_t_set)
+        ep.aux_t = dl.t;
+    if (d->scale != CUDA_R_32F || a.t != b.t || c.t != dl.t || !types_ok(a.t, dl.t, d->compute))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (a.rows == 0 || a.cols == 0 || b.rows == 0 || b.cols == 0 || dl.rows == 0 || dl.cols == 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    switch (ep.epi) {
+    case CUBLASLT_EPILOGUE_DEFAULT:
+    case CUBLASLT_EPILOGUE_RELU:
+    case CUBLASLT_EPILOGUE_GELU:
+        break;
+    case CUBLASLT_EPILOGUE_BIAS:
+    case CUBLASLT_EPILOGUE_RELU_BIAS:
+    case CUBLASLT_EPILOGUE_GELU_BIAS:
+        if (ep.bias_t != dl.t)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        break;
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+        if (ep.bias_t != dl.t)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        [[fallthrough]];
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+    case CUBLASLT_EPILOGUE_DGELU:
+        if (ep.aux_ld % 8 != 0 || ep.aux_ld < (int64_t)dl.rows)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if (ep.aux_t != dl.t)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        break;
+    default:
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+EMU_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                                      cublasLtMatrixLayout_t a,
+                                                      cublasLtMatrixLayout_t b,
+                                                      cublasLtMatrixLayout_t c,
+                                                      cublasLtMatrixLayout_t dl,
+                                                      cublasLtMatmulPreference_t p, int requested,
+                                                      cublasLtMatmulHeuristicResult_t *results,
+                                                      int *found)
+{
+    if (!h || !d || !a || !b || !c || !dl || !p || requested < 1 || !results || !found)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *found = 0;
+    epi_args ep;
+    cublasStatus_t s = lt_check(d, a->m, b->m, c->m, dl->m, ep);
+    if (s && getenv("DDP_EMU_VERBOSE"))
+        fprintf(stderr, "gpu emulation: the heuristic refuses epilogue %d (%s × %s → %s, bias %s): %s\n",
+                (int)ep.epi, type_name(a->m.t), type_name(b->m.t), type_name(dl->m.t),
+                type_name(ep.bias_t), cublasGetStatusString(s));
+    if (s)
+        return s;
+    /* the promised alignments must at least be the elements' */
+    for (int i = 0; i < 4; i++)
+        if (p->align[i] == 0 || p->align[i] % type_size(i < 2 ? a->m.t : dl->m.t))
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(results, 0, sizeof *results);
+    results->algo.data[0] = ALGO_MAGIC;
+    results->algo.data[1] = p->align[0] | (uint64_t)p->align[1] << 16 |
+                            (uint64_t)p->align[2] << 32 | (uint64_t)p->align[3] << 48;
+    results->workspaceSize = 0;
+    results->state = CUBLAS_STATUS_SUCCESS;
+    results->wavesCount = 1.0f;
+    *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t r = 256;
+    while (r > 1 && a % r)
+        r /= 2;
+    return r;
+}
+EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                      const void *alpha, const void *A, cublasLtMatrixLayout_t la,
+                                      const void *B, cublasLtMatrixLayout_t lb, const void *beta,
+                                      const void *C, cublasLtMatrixLayout_t lc, void *D,
+                                      cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo,
+                                      void *ws, size_t ws_bytes, cudaStream_t s)
+{
+    const char *call = "cublasLtMatmul";
+    if (!h || !d || !la || !lb || !lc || !ld || !alpha || !beta)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    need_stream(s, call);
+    if (ws_bytes)
+        need_device(ws, ws_bytes, "cublasLtMatmul's workspace");
+    epi_args ep;
+    cublasStatus_t st = lt_check(d, la->m, lb->m, lc->m, ld->m, ep);
+    if (st)
+        return st;
+    if (algo) {
+        if (algo->data[0] != ALGO_MAGIC)
+            emu_die("%s: an algorithm no heuristic returned", call);
+        /* the alignments the heuristic was promised must hold */
+        const void *ptrs[4] = {A, B, C, D};
+        const char *names[4] = {"A", "B", "C", "D"};
+        for (int i = 0; i < 4; i++) {
+            uint32_t promised = (uint32_t)(algo->data[1] >> (16 * i)) & 0xffff;
+            if (align_of(ptrs[i]) < promised)
+                emu_die("%s: %s at %p is %u-byte aligned, the heuristic was told %u", call,
+                        names[i], ptrs[i], align_of(ptrs[i]), promised);
+        }
+    }
+    const unsigned e = ep.epi;
+    if ((e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS) &&
+        (uintptr_t)ep.bias % 16)
+        return CUBLAS_STATUS_INVALID_VALUE; /* the epilogue loads the bias in vectors */
+    if ((e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         e == CUBLASLT_EPILOGUE_DGELU) &&
+        (uintptr_t)ep.aux % 16)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const bool inplace = C == D;
+    if (inplace && lc->m.ld != ld->m.ld)
+        return CUBLAS_STATUS_INVALID_VALUE; /* in place needs C's layout = D's */
+    const int m = (int)ld->m.rows, n = (int)ld->m.cols;
+    const int k = (int)(d->ta == CUBLAS_OP_N ? la->m.cols : la->m.rows);
+    gemm_core(call, d->ta, d->tb, m, n, k, *(const float *)alpha, A, la->m, B, lb->m,
+              *(const float *)beta, C, lc->m, D, ld->m, d->compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+              ep);
+    return CUBLAS_STATUS_SUCCESS;
+}
