@@ -1,0 +1,157 @@
+/*
+ * tests/emu/gpu_rt_selftest.cpp — gpu_emu.runtime: the emulated CUDA runtime and cuBLAS(Lt)
+ * (gpu_rt_emu.cpp) refuse what the hardware and the libraries refuse: launch geometry and shared
+ * memory as cudaGetLastError errors; copies past a buffer, a cuBLAS leading dimension below the
+ * rows, an operand past its buffer, a broken alignment promise as aborts (each in a child);
+ * and a product with the GELU_AUX_BIAS epilogue against a loop.
+ */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures = 0;
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAILED: %s (line %d)\n", #c, __LINE__);                              \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static void kern(int *p)
+{
+    p[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
+/* Whether f aborts in a child (its stderr shown). */
+template <typename F> static bool aborts(const char *what, F f)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        f();
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    bool a = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+    printf("  %s: %s\n", what, a ? "aborted, as it should" : "NOT aborted");
+    return a;
+}
+
+int main()
+{
+    int n = 0;
+    CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n >= 1);
+    int *d = nullptr;
+    CHECK(cudaMalloc((void **)&d, 4096 * sizeof(int)) == cudaSuccess);
+    CHECK((uintptr_t)d % 256 == 0);
+    /* launches */
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(4), dim3(256));
+    CHECK(cudaGetLastError() == cudaSuccess);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(2), dim3(2048));
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(1, 70000), dim3(32));
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(1), dim3(32, 1, 65));
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(0), dim3(32));
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(1), dim3(32), 64 << 10);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10) ==
+          cudaSuccess);
+    emu_rt_launch("kern", [&] { kern(d); }, dim3(1), dim3(32), 64 << 10);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess); /* not sticky */
+    /* copies */
+    static int h[8192];
+    CHECK(cudaMemcpy(h, d, 4096 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 1 && h[1023] == 1);
+    CHECK(aborts("a copy past the end of a cudaMalloc'd block", [&] {
+        cudaMemcpy(d + 1, h, 4096 * sizeof(int), cudaMemcpyHostToDevice);
+    }));
+    CHECK(aborts("cudaFree of an inner pointer", [&] { cudaFree(d + 1); }));
+    /* cuBLAS */
+    cublasHandle_t b;
+    CHECK(cublasCreate(&b) == CUBLAS_STATUS_SUCCESS);
+    float *A, *B, *C, one = 1.0f, zero = 0.0f;
+    cudaMalloc((void **)&A, 64 * sizeof(float));
+    cudaMalloc((void **)&B, 64 * sizeof(float));
+    cudaMalloc((void **)&C, 64 * sizeof(float));
+    CHECK(aborts("cublasGemmEx with lda < m", [&] {
+        cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_32F, 4, B, CUDA_R_32F,
+                     8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }));
+    CHECK(aborts("cublasGemmEx with B past its buffer", [&] {
+        cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_32F, 8, B + 4,
+                     CUDA_R_32F, 8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+    }));
+    CHECK(cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_16BF, 8, B,
+                       CUDA_R_16BF, 8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F_FAST_TF32,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+    /* cuBLASLt: D (8×8) = GELU(A·B + bias), aux = A·B + bias */
+    float ha[64], hb[64], hbias[8], hd[64], haux[64];
+    for (int i = 0; i < 64; i++)
+        ha[i] = (float)((i * 7) % 11 - 5) / 8, hb[i] = (float)((i * 5) % 13 - 6) / 8;
+    for (int i = 0; i < 8; i++)
+        hbias[i] = (float)i / 10;
+    float *bias, *aux;
+    cudaMalloc((void **)&bias, 8 * sizeof(float));
+    cudaMalloc((void **)&aux, 64 * sizeof(float));
+    cudaMemcpy(A, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(B, hb, sizeof hb, cudaMemcpyHostToDevice);
+    cudaMemcpy(bias, hbias, sizeof hbias, cudaMemcpyHostToDevice);
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t l8;
+    cublasLtMatmulPreference_t pref;
+    cublasLtCreate(&lt);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    int64_t ald = 8;
+    int32_t bad_ld = 8;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                   sizeof aux);
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &bad_ld,
+                                         sizeof bad_ld) == CUBLAS_STATUS_INVALID_VALUE);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald);
+    cublasLtMatrixLayoutCreate(&l8, CUDA_R_32F, 8, 8, 8);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, l8, l8, l8, l8, pref, 1, &r, &found) ==
+              CUBLAS_STATUS_SUCCESS &&
+          found == 1);
+    CHECK(cublasLtMatmul(lt, desc, &one, A, l8, B, l8, &zero, C, l8, C, l8, &r.algo, nullptr, 0,
+                         0) == CUBLAS_STATUS_SUCCESS);
+    cudaMemcpy(hd, C, sizeof hd, cudaMemcpyDeviceToHost);
+    cudaMemcpy(haux, aux, sizeof haux, cudaMemcpyDeviceToHost);
+    double worst = 0;
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 8; i++) {
+            double s = hbias[i];
+            for (int k = 0; k < 8; k++)
+                s += (double)ha[i + 8 * k] * hb[k + 8 * j];
+            double g = 0.5 * s * (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+            worst = std::max(worst, std::max(fabs(haux[i + 8 * j] - s), fabs(hd[i + 8 * j] - g)));
+        }
+    printf("  cublasLtMatmul GELU_AUX_BIAS: largest error %.2e\n", worst);
+    CHECK(worst < 1e-6);
+    CHECK(aborts("cublasLtMatmul on a pointer less aligned than the heuristic was told", [&] {
+        cublasLtMatrixLayout_t l7;
+        cublasLtMatrixLayoutCreate(&l7, CUDA_R_32F, 8, 7, 8);
+        epi = CUBLASLT_EPILOGUE_DEFAULT;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, l8, l7, l7, l7, pref, 1, &r, &found);
+        cublasLtMatmul(lt, desc, &one, A, l8, B + 1, l7, &zero, C, l7, C, l7, &r.algo, nullptr,
+                       0, 0);
+    }));
+    printf(failures ? "gpu_rt_selftest: %d FAILED\n" : "gpu_rt_selftest: all passed\n", failures);
+    return failures != 0;
+}
