@@ -152,6 +152,13 @@ int main()
         cublasLtMatmul(lt, desc, &one, A, l8, B + 1, l7, &zero, C, l7, C, l7, &r.algo, nullptr,
                        0, 0);
     }));
+    cublasLtMatrixLayoutDestroy(l8);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    cublasDestroy(b);
+    for (void *p : {(void *)d, (void *)A, (void *)B, (void *)C, (void *)bias, (void *)aux})
+        CHECK(cudaFree(p) == cudaSuccess);
     printf(failures ? "gpu_rt_selftest: %d FAILED\n" : "gpu_rt_selftest: all passed\n", failures);
     return failures != 0;
 }
