@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "ddp/ddp.h"
+#include "gpu_amp_step.h"
 #include "gpu_skip.h"
 
 enum { L = 2, NH = 4, C = 64, TMAX = 32, V = 97, B = 4 };
@@ -188,24 +189,8 @@ static double train10_amp(ddp_precision cpu_prec, ddp_precision gpu_prec, bool a
             assert_int_equal(ddp_model_backward(m[k], NULL, NULL), DDP_OK);
             loss[k] = out.loss;
         }
-        if (amp) {
-            size_t np;
-            const ddp_model_param *p = ddp_model_params(m[1], &np);
-            float *g[64];
-            size_t cnt[64];
-            assert_true(np <= 64);
-            for (size_t i = 0; i < np; i++)
-                g[i] = p[i].grad, cnt[i] = p[i].count;
-            float was = scaler.scale;
-            take =
-                ddp_grad_scaler_update(&scaler, ddp_grad_scaler_unscale(&scaler, g, cnt, (int)np));
-            if (!take) {
-                printf("    step %2llu: inf/NaN gradients at loss scale %g: skipped\n",
-                       (unsigned long long)step, (double)was);
-                if (skipped)
-                    ++*skipped;
-            }
-        }
+        if (amp)
+            take = ddp_test_amp_step(m[1], &scaler, step, skipped);
         for (int k = 0; k < 2 && take; k++)
             ddp_optim_step(o[k], step, 1e-3f, 1.0f);
         printf("    step %2llu: cpu %.6f (%s) gpu %.6f (%s)\n", (unsigned long long)step, loss[0],
