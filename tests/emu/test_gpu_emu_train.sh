@@ -11,13 +11,8 @@ MODULE=${2:?usage: $0 BINDIR EMU_MODULE}
 TRAIN=$BIN/ddptrain
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
 cd "$T"
-awk 'BEGIN { srand(3); split("the a cat dog sat ran on under mat log", w, " ");
-             for (d = 0; d < 300; d++) { s = ""; for (i = 0; i < 12; i++) s = s w[1 + int(rand() * 10)] " ";
-             print s "\n%" } }' >text.txt
-ARGS=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_layer 2
-      --model.n_head 2 --model.n_embd 32 --model.block_size 16 --batch_size 4 --optimizer adamw
-      --lr 3e-3 --schedule constant --grad_clip 1.0 --eval_windows 8 --max_new_tokens 0
-      --log_every 1 --seed 9)
+tiny_gpt
+ARGS=("${TINY_GPT[@]}")
 emu() { DDP_GPU_MODULE=$MODULE DDP_REQUIRE_GPU=1 "$@"; }
 losses() { # A B N: the N training losses of two metrics files agree to 1e-6
     python3 - "$@" <<'EOP'

@@ -116,3 +116,16 @@ trap cleanup EXIT
 have_cpu_bf16() {
     grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && [ -n "$(ldconfig -p | grep 'libdnnl\.so\.2 ')" ]
 }
+
+# tiny_gpt: writes text.txt in the current directory (300 documents of 12 words from a 10-word
+# vocabulary, '%' between them) and sets TINY_GPT: ddptrain's arguments for a 2-layer GPT on it
+# (batch 4 × 16 tokens, AdamW, every step logged), what the device-resident GPU tests train.
+tiny_gpt() {
+    awk 'BEGIN { srand(3); split("the a cat dog sat ran on under mat log", w, " ");
+                 for (d = 0; d < 300; d++) { s = ""; for (i = 0; i < 12; i++) s = s w[1 + int(rand() * 10)] " ";
+                 print s "\n%" } }' >text.txt
+    TINY_GPT=(--model.type gpt --data.text "$PWD/text.txt" --data.doc_sep % --model.n_layer 2
+              --model.n_head 2 --model.n_embd 32 --model.block_size 16 --batch_size 4
+              --optimizer adamw --lr 3e-3 --schedule constant --grad_clip 1.0 --eval_windows 8
+              --max_new_tokens 0 --log_every 1 --seed 9)
+}
