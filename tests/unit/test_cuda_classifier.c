@@ -366,15 +366,20 @@ static ddp_precision bf16_reference(void)
  * the two sides round the same operands; the GPU's three extra roundings (conv output, dW, dx)
  * and the different summation orders (which the roundings then amplify: a product rounded to
  * different neighbours) leave differences of a few 2⁻⁹. The bounds, 5e-2 on logits and running
- * statistics, 2e-2 on a loss of ln 5 ≈ 1.6 (about 1%), 1e-1 per gradient tensor (against at
+ * statistics, 2e-2 on a loss of ln 5 ≈ 1.6 (about 1%), 3e-1 per gradient tensor (against at
  * least 1e-2 of the largest gradient: the conv biases' true gradient of 0 holds bf16-sized
  * noise), the GPT's bf16 bounds, catch a wrong operand, stride or dtype (errors of order 1), not
  * bf16's own error; the correct counts may differ by a sample near a tie. Against fp32 (a CPU
- * without bf16) the same bounds hold: bf16's error is of the same order. */
+ * without bf16) the same bounds hold: bf16's error is of the same order. The gradient bound is
+ * 3e-1, not the first estimate's 1e-1: on the emulated GPU (gpu_emu.cuda_classifier, cuDNN's
+ * products in loops with bf16 outputs) the CNN at batch 3 differs from the CPU's bf16 by 2.5e-1
+ * (bn1.bias) and from the CPU's fp32 by 1.05e-1 (conv1.weight) — while the CPU's own bf16 model
+ * differs from its fp32 one by 3.1e-1 there: bf16's error in this small model behind batchnorm,
+ * ReLU and max-pool (at batch 8: 3e-2 … 6e-2), not the GPU's. Still below a wrong operand's ~1. */
 static bounds bf16_bounds(void)
 {
     return (bounds){
-        bf16_reference(), DDP_PRECISION_BF16, 1.0f, 5e-2, 2e-2, false, 5e-2, 1e-1, 1e-2};
+        bf16_reference(), DDP_PRECISION_BF16, 1.0f, 5e-2, 2e-2, false, 5e-2, 3e-1, 1e-2};
 }
 
 static void bf16_matches(void **state)
