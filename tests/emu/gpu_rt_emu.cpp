@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdarg>
+#include <dlfcn.h>
 #include <map>
 #include <mutex>
 #include <set>
@@ -44,6 +45,22 @@ static void emu_die(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     abort();
+}
+
+/* classifier.cu dlopens cuDNN (DDP_CUDNN_LIB, else libcudnn.so.9): unless told otherwise, the
+ * emulated module's is the emulated cuDNN beside it (cudnn_emu.cpp), never a real one, which would
+ * call a real CUDA runtime. */
+__attribute__((constructor)) static void emu_cudnn_default(void)
+{
+    const char *v = getenv("DDP_CUDNN_LIB");
+    Dl_info info;
+    if ((v && *v) || !dladdr((void *)&emu_cudnn_default, &info) || !info.dli_fname)
+        return;
+    const char *slash = strrchr(info.dli_fname, '/');
+    char path[4096];
+    snprintf(path, sizeof path, "%.*slibcudnn_emu.so",
+             slash ? (int)(slash - info.dli_fname + 1) : 0, info.dli_fname);
+    setenv("DDP_CUDNN_LIB", path, 0);
 }
 
 /* ---- errors */
