@@ -232,8 +232,11 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
  * (a reducer over a GPU group: ddp_reducer_grad of device parameters), and the optimizer's state
  * lives there too, stepped by ddp_model_device_step. The host's arrays (the list's data, the
  * optimizer's state) then serve checkpoints only, brought up to date by ddp_model_sync_host and
- * back by ddp_model_sync_device. Only gpt has it ("model type 'mlp' has no device-resident
- * training" otherwise). UNVERIFIED: written without a GPU.
+ * back by ddp_model_sync_device. gpt, mlp and cnn have it. A model with buffers (the cnn's
+ * batchnorm running statistics) keeps them on the device too: training forwards update them
+ * there, ddp_model_device_buffer gives their device arrays (register those with the reducer, whose
+ * broadcast from rank 0 — at creation, ddp_reducer_sync_buffers — then runs over the GPU group),
+ * and the syncs copy them with the parameters. UNVERIFIED: written without a GPU.
  *
  *   ddp_model_resident(m, &optim_opts, &err);            // after loading a checkpoint, if any
  *   ddp_group_opts go = DDP_GROUP_OPTS_INIT; go.device = DDP_DEVICE_CUDA; … ddp_group_init(&go, &gg, …);
@@ -256,6 +259,9 @@ ddp_status ddp_model_resident(ddp_model *m, const struct ddp_optim_opts *opts, d
 bool ddp_model_is_resident(const ddp_model *m);
 /* Parameter i's values in device memory (resident only; NULL otherwise or out of range). */
 float *ddp_model_device_param(const ddp_model *m, size_t i);
+/* Buffer j's values in device memory (resident only; NULL otherwise, out of range, or for a type
+ * without buffers). Training forwards update them in place. */
+float *ddp_model_device_buffer(const ddp_model *m, size_t j);
 /* The cudaStream_t all of m's GPU work runs on (NULL for a CPU model): give it to the GPU group
  * (ddp_group_set_stream) so the collectives keep their order with the model's kernels. */
 void *ddp_model_cuda_stream(const ddp_model *m);
@@ -282,8 +288,9 @@ ddp_status ddp_model_bind_device_params(ddp_model *m, float *const *params_dev);
  * parameter; s < 2 for AdamW, 1 for SGD), every i: what ddp_reducer_gather_state completes after
  * sharded steps, before ddp_model_sync_host saves it. */
 ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev);
-/* Device → host: the parameters into the list's data arrays and, with opt (NULL: none), the
- * device optimizer's state into opt's state arrays (ddp_optim_state; opt of the same kind).
+/* Device → host: the parameters into the list's data arrays (the buffers into theirs) and, with
+ * opt (NULL: none), the device optimizer's state into opt's state arrays (ddp_optim_state; opt
+ * of the same kind).
  * Host → device: the same the other way. Both wait for the copies. */
 ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt);
 ddp_status ddp_model_sync_device(ddp_model *m, struct ddp_optim *opt);

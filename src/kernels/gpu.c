@@ -380,3 +380,54 @@ ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *grads_host, dd
 {
     DDP__GPU_CLS_CALL(cls_backward, g, grads_host, err);
 }
+
+/* The classifier's device-resident training: a module without it says so. */
+#define DDP__GPU_CLS_RES_CALL(member, ...)                                                         \
+    DDP__GPU_CALL_OR("no device-resident MLP/CNN (" #member "); HINT: use the libddp_gpu.so "      \
+                     "built with this libddp",                                                     \
+                     member, __VA_ARGS__)
+
+ddp_status ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
+                                  void **stream, ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_dev_info, g, params_dev, buffers_dev, stream, err);
+}
+
+ddp_status ddp__cuda_cls_get_params(ddp__cuda_cls *g, float *const *params_host, ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_get_params, g, params_host, err);
+}
+
+ddp_status ddp__cuda_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
+                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                      ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_backward_dev, g, grads_dev, ready, ctx, err);
+}
+
+ddp_status ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_optim_init, g, nstates, err);
+}
+
+ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                    ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_optim_step, g, a, err);
+}
+
+ddp_status ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *arrays, bool to_host,
+                                     ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_optim_state, g, s, arrays, to_host, err);
+}
+
+ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_bind_params, g, params_dev, err);
+}
+
+ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_state_dev, g, s, dev, err);
+}

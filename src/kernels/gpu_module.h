@@ -25,11 +25,12 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 7 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
+#define DDP_GPU_MODULE_ABI 8 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
                                 device-resident GPT; 5: the classifier (cls_*); 6: the GPT's
                                 bound parameters and state views (sharded step), its dropout
                                 (cfg.dropout/seed, forward's step and sample offset); 7: devops'
-                                IPC, reduce and d2d (cuda-ipc) */
+                                IPC, reduce and d2d (cuda-ipc); 8: the classifier's
+                                device-resident training (cls_dev_info …) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -121,6 +122,21 @@ typedef struct ddp__gpu_api {
                               int64_t *correct, float *logits_host, ddp_error *err);
     ddp_status (*cls_get_buffers)(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err);
     ddp_status (*cls_backward)(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
+    /* The MLP and CNN's device-resident training (kernels.h's ddp__cuda_cls_dev_info …); NULL:
+     * not in this module. */
+    ddp_status (*cls_dev_info)(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
+                               void **stream, ddp_error *err);
+    ddp_status (*cls_get_params)(ddp__cuda_cls *g, float *const *params_host, ddp_error *err);
+    ddp_status (*cls_backward_dev)(ddp__cuda_cls *g, float *const *grads_dev,
+                                   ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                   ddp_error *err);
+    ddp_status (*cls_optim_init)(ddp__cuda_cls *g, int nstates, ddp_error *err);
+    ddp_status (*cls_optim_step)(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                 ddp_error *err);
+    ddp_status (*cls_optim_state)(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
+                                  ddp_error *err);
+    ddp_status (*cls_bind_params)(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
+    ddp_status (*cls_state_dev)(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -163,6 +179,19 @@ ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, 
 ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host,
                                     ddp_error *err);
 ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
+ddp_status ddp__gpu_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
+                                 void **stream, ddp_error *err);
+ddp_status ddp__gpu_cls_get_params(ddp__cuda_cls *g, float *const *params_host, ddp_error *err);
+ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
+                                     ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                     ddp_error *err);
+ddp_status ddp__gpu_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err);
+ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                   ddp_error *err);
+ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
+                                    ddp_error *err);
+ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
+ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
 ddp_status ddp__gpu_cuda_devops(int device, struct ddp__devops *out, ddp_error *err);
 ddp_status ddp__gpu_nccl_create(const struct ddp__setup *s, void **be,
                                 const struct ddp__backend_ops **ops, ddp_error *err);

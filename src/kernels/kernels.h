@@ -339,6 +339,33 @@ ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_hos
 /* Backward of the last training forward with labels: grads_host[i] += parameter i's gradient. */
 ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
 
+/* Device-resident training of the MLP and CNN (ddp_model_resident; docs/gpu.md), the GPT's
+ * contract (ddp__cuda_gpt_dev_info …) for this model. UNVERIFIED, as above.
+ * dev_info: params_dev[i] = parameter i's values on the device (its flat buffer, or where
+ * bind_params put them), buffers_dev[j] = buffer j's (the running statistics, which training
+ * forwards update in place there), *stream = the model's cudaStream_t. get_params: params_host[i]
+ * = parameter i's values (waits); upload still puts values (and buffers) on the device, into the
+ * bound arrays when bound. backward_dev: as backward, but every gradient kernel adds straight
+ * into grads_dev[i] (device memory, not zeroed), and ready(ctx, i) (may be NULL) is called as
+ * soon as parameter i's kernels are queued: layers from the last, each layer's weight before
+ * its bias (the CPU's order). optim_init, optim_step, optim_state, bind_params and state_dev:
+ * the GPT's contracts, with the same ddp__cuda_optim_args, on the device's AdamW/SGD kernels
+ * (optim.cu, devmath.cu). After optim_init, every forward in bf16/fp16 rounds the weights'
+ * 16-bit twin from the masters first (the optimizer and the reducer's gather change them). */
+ddp_status ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
+                                  void **stream, ddp_error *err);
+ddp_status ddp__cuda_cls_get_params(ddp__cuda_cls *g, float *const *params_host, ddp_error *err);
+ddp_status ddp__cuda_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
+                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                      ddp_error *err);
+ddp_status ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err);
+ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                    ddp_error *err);
+ddp_status ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
+                                     ddp_error *err);
+ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
+ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
+
 /* ---- device choice (device.c) ---------------------------------------------------------------
  * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:
  * none, and `why` says why). Separate so that tests can give any count. want must be "cpu",

@@ -15,13 +15,17 @@
  * parameter list, the running statistics (buffers), the checks and the host's logits. Each forward
  * uploads the parameters and buffers (the optimizer, the reducer and a checkpoint's load change
  * them on the host), a training forward brings the updated running statistics back, and backward
- * adds the gradients into the host's. Not yet run on a GPU (docs/gpu.md).
+ * adds the gradients into the host's. Device-resident training (ddp_model_resident, the end of
+ * this file) keeps the parameters, running statistics, gradients and optimizer state on the
+ * device instead: nothing goes up or down per step, and the host's arrays serve checkpoints
+ * (ddp_model_sync_host/_device). Not yet run on a GPU (docs/gpu.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ddp/nn.h"
+#include "ddp/optim.h"
 #include "nn/model_int.h"
 
 #define BN_MOMENTUM 0.1f /* torch's BatchNorm2d defaults */
@@ -64,6 +68,11 @@ typedef struct classifier {
     float *logits_host;
     const float **pdata, **bdata;
     float **pgrad, **bout;
+    /* device-resident training (m->resident): the parameters' and buffers' device arrays, the
+     * device gradients backward adds into (bound by the caller), the optimizer's settings */
+    float **dparam, **dbuf, **dgrad;
+    void *stream; /* the device model's cudaStream_t */
+    ddp_optim_opts oo;
 } classifier;
 
 static layer *add(classifier *c, lkind k, size_t in_n, size_t out_n, ddp_error *err)
@@ -292,6 +301,10 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
         .precision = spec->precision,
     };
     st = ddp__cuda_cls_create(&cfg, counts, np, bcounts, nb, &c->cu, err);
+    if (!st && (!(c->dparam = calloc(np ? np : 1, sizeof *c->dparam)) ||
+                !(c->dbuf = calloc(nb ? nb : 1, sizeof *c->dbuf)) ||
+                !(c->dgrad = calloc(np ? np : 1, sizeof *c->dgrad))))
+        st = ddp__err(err, DDP_ERR_NOMEM, "%s: out of memory", m->ops->name);
 out_free:
     free(counts);
     free(bcounts);
@@ -388,6 +401,9 @@ static void free_classifier(ddp_model *m)
     free(c->pgrad);
     free(c->bdata);
     free(c->bout);
+    free(c->dparam);
+    free(c->dbuf);
+    free(c->dgrad);
     free(c);
     m->impl = NULL;
 }
@@ -395,7 +411,7 @@ static void free_classifier(ddp_model *m)
 /* The forward on the device. What the CPU's layers would refuse is checked here first (labels
  * in range, batchnorm's two values per channel in training), so that a bad batch changes
  * nothing; then the parameters and buffers go up, and a training forward's running statistics
- * come back. */
+ * come back (device-resident: neither, they live there). */
 static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool train,
                                ddp_model_out *out)
 {
@@ -433,9 +449,10 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     int64_t correct = 0;
     ddp_error e = {0};
     c->n = 0; /* no logits until this forward has them */
-    if (ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, &e) != DDP_OK ||
+    if ((!m->resident && ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, &e) != DDP_OK) ||
         ddp__cuda_cls_forward(c->cu, &db, &loss_sum, &correct, c->logits_host, &e) != DDP_OK ||
-        (train && m->n_buffers > 0 && ddp__cuda_cls_get_buffers(c->cu, c->bout, &e) != DDP_OK))
+        (!m->resident && train && m->n_buffers > 0 &&
+         ddp__cuda_cls_get_buffers(c->cu, c->bout, &e) != DDP_OK))
         return ddp__errmsg(m->err, e.status, "%s forward on cuda: %s", m->ops->name, e.msg);
     c->n = n;
     c->train = train;
@@ -497,12 +514,68 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     return DDP_OK;
 }
 
+/* Resident backward's ready calls from the device model: each parameter once (a second call
+ * would be the module's bug: refused), passed on to the caller's ready. */
+typedef struct resident_marks {
+    ddp_model *m;
+    ddp_grad_ready_fn ready;
+    void *ctx;
+    bool *done; /* (n_params,) */
+    ddp_status st;
+} resident_marks;
+
+static ddp_status resident_mark(void *ctx, size_t i)
+{
+    resident_marks *r = ctx;
+    if (i >= r->m->n_params || r->done[i])
+        return r->st = DDP_ERR_INVALID;
+    r->done[i] = true;
+    ddp_status st = r->ready ? r->ready(r->ctx, i) : DDP_OK;
+    if (st)
+        r->st = st;
+    return st;
+}
+
+/* The resident backward: the device model adds the gradients into the bound device gradients
+ * and reports each as soon as its kernels are queued; anything it did not report is reported
+ * after, so that every parameter is reported once whatever the module does. */
+static ddp_status backward_resident(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
+{
+    classifier *c = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        if (!c->dgrad[i])
+            return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                               "%s backward on cuda: no device gradient bound for '%s' "
+                               "(ddp_model_bind_device_grad)",
+                               m->ops->name, m->params[i].name);
+    bool *done = calloc(m->n_params ? m->n_params : 1, sizeof *done);
+    if (!done)
+        return ddp__errmsg(m->err, DDP_ERR_NOMEM, "%s backward on cuda: out of memory",
+                           m->ops->name);
+    resident_marks rm = {m, ready, ctx, done, DDP_OK};
+    ddp_status st = ddp__cuda_cls_backward_dev(c->cu, c->dgrad, resident_mark, &rm, &e);
+    for (size_t i = m->n_params; !st && i-- > 0;)
+        if (!done[i] && ready && (st = ready(ctx, i)) != DDP_OK)
+            rm.st = st;
+    free(done);
+    if (st && rm.st)
+        return ddp__errmsg(m->err, rm.st, "backward: the gradient-ready callback failed (%s)",
+                           ddp_status_str(rm.st));
+    if (st)
+        return ddp__errmsg(m->err, e.status ? e.status : st, "%s backward on cuda: %s",
+                           m->ops->name, e.msg);
+    return DDP_OK;
+}
+
 /* The backward on the device: the gradients are added into the host's, then reported ready in
  * the CPU's order (layers from the last, each layer's weight before its bias). */
 static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     classifier *c = m->impl;
     ddp_error e = {0};
+    if (m->resident)
+        return backward_resident(m, ready, ctx);
     for (size_t i = 0; i < m->n_params; i++)
         c->pgrad[i] = m->params[i].grad;
     if (ddp__cuda_cls_backward(c->cu, c->pgrad, &e) != DDP_OK)
@@ -602,7 +675,155 @@ static double flops(const ddp_model *m, int seq_len)
     return 6.0 * macs;
 }
 
-const ddp_model_ops ddp__mlp_ops = {"mlp",  build_mlp, free_classifier, forward, backward,
-                                    logits, flops, NULL};
-const ddp_model_ops ddp__cnn_ops = {"cnn",  build_cnn, free_classifier, forward, backward,
-                                    logits, flops, NULL};
+/* ---- device-resident training (ddp/model.h; the device side is kernels/cuda/classifier.cu) -- */
+
+/* The device arrays of the parameters and buffers, and the stream, as the module has them now. */
+static ddp_status resident_info(ddp_model *m, ddp_error *err)
+{
+    classifier *c = m->impl;
+    return ddp__cuda_cls_dev_info(c->cu, c->dparam, c->dbuf, &c->stream, err);
+}
+
+/* The parameters and buffers go up once, from the host's arrays (a checkpoint loaded into them,
+ * or the initial values); the optimizer's state is made on the device, zeroed. */
+static ddp_status resident_start(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err)
+{
+    classifier *c = m->impl;
+    if (!c->cu)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "%s: device-resident training needs a model built with device cuda",
+                        m->ops->name);
+    if (opts->kind != DDP_OPTIM_SGD && opts->kind != DDP_OPTIM_ADAMW)
+        return ddp__err(err, DDP_ERR_INVALID, "%s: optimizer kind %d is not known", m->ops->name,
+                        (int)opts->kind);
+    for (size_t i = 0; i < m->n_params; i++)
+        c->pdata[i] = m->params[i].data;
+    for (size_t j = 0; j < m->n_buffers; j++)
+        c->bdata[j] = m->buffers[j].data;
+    ddp_status st;
+    if ((st = ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, err)) ||
+        (st = ddp__cuda_cls_optim_init(c->cu, opts->kind == DDP_OPTIM_ADAMW ? 2 : 1, err)) ||
+        (st = resident_info(m, err)))
+        return st;
+    c->oo = *opts;
+    return DDP_OK;
+}
+
+static float *resident_param(const ddp_model *m, size_t i)
+{
+    const classifier *c = m->impl;
+    return c->dparam[i];
+}
+
+static float *resident_buffer(const ddp_model *m, size_t j)
+{
+    const classifier *c = m->impl;
+    return c->dbuf[j];
+}
+
+static void *resident_stream(const ddp_model *m)
+{
+    const classifier *c = m->impl;
+    return c->cu ? c->stream : NULL;
+}
+
+static void resident_bind_grad(ddp_model *m, size_t i, float *grad_dev)
+{
+    classifier *c = m->impl;
+    c->dgrad[i] = grad_dev;
+}
+
+static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
+                                float lr, float grad_scale)
+{
+    classifier *c = m->impl;
+    if (!c->dgrad[i])
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "device_step: no device gradient bound for '%s'", m->params[i].name);
+    ddp__cuda_optim_args a = {
+        .adamw = c->oo.kind == DDP_OPTIM_ADAMW,
+        .i = i,
+        .lo = lo,
+        .hi = hi,
+        .grad_dev = c->dgrad[i],
+        .step = step,
+        .lr = lr,
+        .grad_scale = grad_scale,
+        .momentum = c->oo.momentum,
+        .beta1 = c->oo.beta1,
+        .beta2 = c->oo.beta2,
+        .eps = c->oo.eps,
+        .weight_decay = m->params[i].decay ? c->oo.weight_decay : 0.0f,
+    };
+    ddp_error e = {0};
+    if (ddp__cuda_cls_optim_step(c->cu, &a, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);
+    return DDP_OK;
+}
+
+/* Parameters, running statistics and (with opt) the optimizer's state, between the device and
+ * the host's arrays (the list's data, the buffers' data, opt's state). */
+static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_host)
+{
+    classifier *c = m->impl;
+    ddp_error e = {0};
+    for (size_t i = 0; i < m->n_params; i++)
+        c->pgrad[i] = m->params[i].data; /* the host's value arrays, writable */
+    for (size_t j = 0; j < m->n_buffers; j++)
+        c->bout[j] = m->buffers[j].data;
+    int want = c->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1;
+    int ns = opt ? ddp_optim_num_states(opt) : 0;
+    if (opt && ns != want)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "sync: the optimizer has %d state arrays, the device's %d: another "
+                           "kind of optimizer",
+                           ns, want);
+    ddp_status st =
+        to_host ? ddp__cuda_cls_get_params(c->cu, c->pgrad, &e)
+                : ddp__cuda_cls_upload(c->cu, (const float *const *)c->pgrad,
+                                       (const float *const *)c->bout, &e);
+    if (!st && to_host && m->n_buffers > 0)
+        st = ddp__cuda_cls_get_buffers(c->cu, c->bout, &e);
+    for (int s = 0; s < ns && !st; s++)
+        st = ddp__cuda_cls_optim_state(c->cu, s, ddp_optim_state(opt, s), to_host, &e);
+    if (st)
+        return ddp__errmsg(m->err, st, "copying the training state %s the GPU: %s",
+                           to_host ? "from" : "to", e.msg);
+    return DDP_OK;
+}
+
+/* The parameters' device arrays become params_dev's (or the module's own again: NULL). */
+static ddp_status resident_bind_params(ddp_model *m, float *const *params_dev)
+{
+    classifier *c = m->impl;
+    ddp_error e = {0};
+    if (ddp__cuda_cls_bind_params(c->cu, params_dev, &e) != DDP_OK || resident_info(m, &e))
+        return ddp__errmsg(m->err, e.status, "binding the parameters on the GPU: %s", e.msg);
+    return DDP_OK;
+}
+
+static ddp_status resident_state(ddp_model *m, int s, float **dev)
+{
+    classifier *c = m->impl;
+    ddp_error e = {0};
+    if (ddp__cuda_cls_state_dev(c->cu, s, dev, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "the optimizer's state on the GPU: %s", e.msg);
+    return DDP_OK;
+}
+
+static const ddp_model_resident_ops cls_resident = {
+    .start = resident_start,
+    .param = resident_param,
+    .buffer = resident_buffer,
+    .stream = resident_stream,
+    .bind_grad = resident_bind_grad,
+    .step = resident_step,
+    .bind_params = resident_bind_params,
+    .state = resident_state,
+    .sync = resident_sync,
+};
+
+const ddp_model_ops ddp__mlp_ops = {"mlp",  build_mlp, free_classifier, forward,
+                                    backward, logits,    flops,           &cls_resident};
+const ddp_model_ops ddp__cnn_ops = {"cnn",  build_cnn, free_classifier, forward,
+                                    backward, logits,    flops,           &cls_resident};

@@ -267,7 +267,8 @@ ddp_status ddp_model_resident(ddp_model *m, const struct ddp_optim_opts *opts, d
         return ddp__err(err, DDP_ERR_INVALID, "ddp_model_resident: m and opts are required");
     if (!m->ops->resident)
         return ddp__err(err, DDP_ERR_INVALID,
-                        "model type '%s' has no device-resident training (only gpt has it)",
+                        "model type '%s' has no device-resident training (gpt, mlp and cnn have "
+                        "it)",
                         m->ops->name);
     if (m->resident)
         return DDP_OK;
@@ -285,6 +286,13 @@ bool ddp_model_is_resident(const ddp_model *m)
 float *ddp_model_device_param(const ddp_model *m, size_t i)
 {
     return m && m->resident && i < m->n_params ? m->ops->resident->param(m, i) : NULL;
+}
+
+float *ddp_model_device_buffer(const ddp_model *m, size_t j)
+{
+    return m && m->resident && j < m->n_buffers && m->ops->resident->buffer
+               ? m->ops->resident->buffer(m, j)
+               : NULL;
 }
 
 void *ddp_model_cuda_stream(const ddp_model *m)

@@ -35,6 +35,7 @@ typedef struct ddp_model_ops {
 typedef struct ddp_model_resident_ops {
     ddp_status (*start)(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err);
     float *(*param)(const ddp_model *m, size_t i);
+    float *(*buffer)(const ddp_model *m, size_t j); /* NULL: a type without buffers */
     void *(*stream)(const ddp_model *m);
     void (*bind_grad)(ddp_model *m, size_t i, float *grad_dev);
     ddp_status (*step)(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step, float lr,

@@ -12,6 +12,11 @@
  * batch's grad_scale, as on a GPU, and the host's GradScaler unscales what backward returns).
  * DDP_TEST_FAKE_GPU_INF_AT=k (and _RANK, as fake_gpu_gpt.c's) makes the process's k-th backward
  * here add an inf to the first gradient, as an fp16 overflow on the GPU would.
+ * Device-resident training (cls_dev_info …, with DDP_TEST_FAKE_GPU_OPEN=1 as fake_gpu_gpt.c's):
+ * the CPU model's parameters and gradients live in two flat "device" buffers, as classifier.cu
+ * has them; backward_dev binds its gradients to the caller's for the call and passes each ready
+ * on as the CPU model reports it; the optimizer is ddp_optim_step_range's arithmetic on state
+ * buffers laid out like the parameters; the buffers (running statistics) are the CPU model's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 #include <string.h>
 
 #include "ddp/model.h"
+#include "ddp/nn.h"
 #include "kernels/gpu_module.h"
 #include "kernels/kernels.h"
 
@@ -29,7 +35,20 @@ struct ddp__cuda_cls {
     size_t np, nb;
     int classes;
     int64_t channels[64], hidden[64];
+    size_t total;             /* floats in the flat buffers */
+    size_t *counts, *offsets; /* (np,) */
+    float *params, *grads;    /* (total,) the "device" flat buffers the CPU model is bound to */
+    float *state[2];          /* the optimizer's, laid out like params */
+    int nstates;
+    float *tmp;    /* (largest count,) a scaled gradient */
+    float **bound; /* bind_params's arrays, or NULL: the flat buffer's */
 };
+
+/* Parameter i's values: in the flat buffer, or where bind_params put them. */
+static float *param_of(const ddp__cuda_cls *g, size_t i)
+{
+    return g->bound ? g->bound[i] : g->params + g->offsets[i];
+}
 
 static ddp_status fail(ddp_error *err, ddp_status st, const char *msg)
 {
@@ -45,6 +64,14 @@ void fake_cls_free(ddp__cuda_cls *g)
     if (!g)
         return;
     ddp_model_free(g->m);
+    free(g->counts);
+    free(g->offsets);
+    free(g->params);
+    free(g->grads);
+    free(g->state[0]);
+    free(g->state[1]);
+    free(g->tmp);
+    free(g->bound);
     free(g);
 }
 
@@ -105,6 +132,25 @@ ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, s
     }
     g->np = np;
     g->nb = nb;
+    g->counts = calloc(np ? np : 1, sizeof(size_t));
+    g->offsets = calloc(np ? np : 1, sizeof(size_t));
+    size_t most = 1;
+    for (size_t i = 0; g->counts && g->offsets && i < np; i++) {
+        g->counts[i] = counts[i];
+        g->offsets[i] = g->total;
+        g->total += counts[i];
+        most = counts[i] > most ? counts[i] : most;
+    }
+    if (!g->counts || !g->offsets || !(g->params = calloc(g->total + 1, sizeof(float))) ||
+        !(g->grads = calloc(g->total + 1, sizeof(float))) ||
+        !(g->tmp = malloc(most * sizeof(float)))) {
+        fake_cls_free(g);
+        return fail(err, DDP_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < np; i++) { /* the values move into the flat buffer */
+        memcpy(g->params + g->offsets[i], p[i].data, counts[i] * sizeof(float));
+        ddp_model_bind(g->m, i, g->params + g->offsets[i], g->grads + g->offsets[i]);
+    }
     *out = g;
     return DDP_OK;
 }
@@ -156,6 +202,15 @@ ddp_status fake_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, dd
 
 static int backwards; /* this process's, for DDP_TEST_FAKE_GPU_INF_AT */
 
+/* Whether this backward (the process's backwards-th) is the one to overflow. */
+static bool inject_inf(void)
+{
+    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"),
+               *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
+    const char *rank = getenv("RANK");
+    return at && atoi(at) == ++backwards && atoi(who ? who : "0") == atoi(rank ? rank : "0");
+}
+
 ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err)
 {
     ddp_model_zero_grad(g->m);
@@ -163,14 +218,142 @@ ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_err
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
     size_t n;
     const ddp_model_param *p = ddp_model_params(g->m, &n);
-    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"),
-               *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
-    const char *rank = getenv("RANK");
-    if (at && atoi(at) == ++backwards && atoi(who ? who : "0") == atoi(rank ? rank : "0") &&
-        g->np > 0 && p[0].count > 0)
+    if (inject_inf() && g->np > 0 && p[0].count > 0)
         p[0].grad[0] = INFINITY;
     for (size_t i = 0; i < g->np; i++)
         for (size_t k = 0; k < p[i].count; k++)
             grads_host[i][k] += p[i].grad[k];
+    return DDP_OK;
+}
+
+/* ---- device-resident training (classifier.cu's contract, on the host) ------------------------ */
+
+ddp_status fake_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
+                             void **stream, ddp_error *err)
+{
+    (void)err;
+    size_t n;
+    const ddp_model_param *b = ddp_model_buffers(g->m, &n);
+    for (size_t i = 0; params_dev && i < g->np; i++)
+        params_dev[i] = param_of(g, i);
+    for (size_t j = 0; buffers_dev && j < g->nb; j++)
+        buffers_dev[j] = b[j].data;
+    if (stream)
+        *stream = NULL;
+    return DDP_OK;
+}
+
+ddp_status fake_cls_get_params(ddp__cuda_cls *g, float *const *params_host, ddp_error *err)
+{
+    (void)err;
+    for (size_t i = 0; i < g->np; i++)
+        memcpy(params_host[i], param_of(g, i), g->counts[i] * sizeof(float));
+    return DDP_OK;
+}
+
+typedef struct marks {
+    ddp_status (*ready)(void *ctx, size_t i);
+    void *ctx;
+    float *first; /* parameter 0's gradient, where an injected inf goes */
+    bool inf;
+} marks;
+
+/* The CPU model's ready, passed on (parameter 0, the first layer's weight, comes second last). */
+static ddp_status pass_ready(void *ctx, size_t i)
+{
+    marks *k = ctx;
+    if (i == 0 && k->inf)
+        k->first[0] += INFINITY;
+    return k->ready ? k->ready(k->ctx, i) : DDP_OK;
+}
+
+/* Straight into the caller's gradients (the CPU model's bound there for the call). */
+ddp_status fake_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
+                                 ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                 ddp_error *err)
+{
+    for (size_t i = 0; i < g->np; i++)
+        ddp_model_bind(g->m, i, NULL, grads_dev[i]);
+    marks k = {ready, ctx, g->np ? grads_dev[0] : NULL, inject_inf() && g->np > 0};
+    ddp_status st = ddp_model_backward(g->m, pass_ready, &k);
+    for (size_t i = 0; i < g->np; i++)
+        ddp_model_bind(g->m, i, NULL, g->grads + g->offsets[i]);
+    return st ? fail(err, st, ddp_model_last_error(g->m)) : DDP_OK;
+}
+
+ddp_status fake_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
+{
+    if (nstates < 1 || nstates > 2)
+        return fail(err, DDP_ERR_INVALID, "optimizer states: 1 or 2");
+    for (int s = 0; s < nstates; s++) {
+        free(g->state[s]);
+        if (!(g->state[s] = calloc(g->total + 1, sizeof(float))))
+            return fail(err, DDP_ERR_NOMEM, "out of memory");
+    }
+    g->nstates = nstates;
+    return DDP_OK;
+}
+
+/* ddp_optim_step_range's arithmetic: the gradient scaled first (here into a copy). */
+ddp_status fake_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *err)
+{
+    if (a->i >= g->np || a->lo > a->hi || a->hi > g->counts[a->i] ||
+        g->nstates < (a->adamw ? 2 : 1))
+        return fail(err, DDP_ERR_INVALID, "bad optimizer step");
+    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    const float *gr = a->grad_dev + a->lo;
+    if (a->grad_scale != 1.0f) {
+        for (size_t k = 0; k < n; k++)
+            g->tmp[k] = gr[k] * a->grad_scale;
+        gr = g->tmp;
+    }
+    float *p = param_of(g, a->i) + a->lo;
+    if (a->adamw)
+        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr, a->beta1,
+                          a->beta2, a->eps, a->weight_decay, a->step);
+    else
+        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum, a->weight_decay,
+                        a->step);
+    return DDP_OK;
+}
+
+ddp_status fake_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
+                                ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
+    for (size_t i = 0; i < g->np; i++) {
+        float *dev = g->state[s] + g->offsets[i];
+        size_t bytes = g->counts[i] * sizeof(float);
+        memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
+    }
+    return DDP_OK;
+}
+
+/* classifier.cu's: the CPU model's values move to the given arrays (or back into the flat
+ * buffer). */
+ddp_status fake_cls_bind_params(ddp__cuda_cls *g, float *const *pd, ddp_error *err)
+{
+    if (!pd) {
+        for (size_t i = 0; g->bound && i < g->np; i++)
+            memcpy(g->params + g->offsets[i], g->bound[i], g->counts[i] * sizeof(float));
+        free(g->bound);
+        g->bound = NULL;
+    } else {
+        if (!g->bound && !(g->bound = calloc(g->np ? g->np : 1, sizeof(float *))))
+            return fail(err, DDP_ERR_NOMEM, "out of memory");
+        memcpy(g->bound, pd, g->np * sizeof(float *));
+    }
+    for (size_t i = 0; i < g->np; i++)
+        ddp_model_bind(g->m, i, param_of(g, i), NULL);
+    return DDP_OK;
+}
+
+ddp_status fake_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
+    for (size_t i = 0; i < g->np; i++)
+        dev[i] = g->state[s] + g->offsets[i];
     return DDP_OK;
 }

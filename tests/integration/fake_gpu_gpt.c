@@ -347,6 +347,14 @@ static const ddp__gpu_api table = {
     .cls_forward = fake_cls_forward,
     .cls_get_buffers = fake_cls_get_buffers,
     .cls_backward = fake_cls_backward,
+    .cls_dev_info = fake_cls_dev_info,
+    .cls_get_params = fake_cls_get_params,
+    .cls_backward_dev = fake_cls_backward_dev,
+    .cls_optim_init = fake_cls_optim_init,
+    .cls_optim_step = fake_cls_optim_step,
+    .cls_optim_state = fake_cls_optim_state,
+    .cls_bind_params = fake_cls_bind_params,
+    .cls_state_dev = fake_cls_state_dev,
 };
 
 EXPORT const ddp__gpu_api *ddp_gpu_module_entry(void)
@@ -393,3 +401,16 @@ ddp_status ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b,
                                  int64_t *c, float *lg, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *b, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **p, float **b, void **s,
+                                  ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_get_params(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_backward_dev(ddp__cuda_cls *g, float *const *d,
+                                      ddp_status (*r)(void *, size_t), void *c,
+                                      ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int n, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                    ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *h, bool t,
+                                     ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *p, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **d, ddp_error *e) NOT_HERE()

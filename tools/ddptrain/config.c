@@ -113,6 +113,10 @@ static const ddp_cfg_key schema[] = {
      "device cuda: the backend reducing the gradients in GPU memory (auto: nccl when every rank "
      "of a host has a GPU of its own, else cuda-ipc when all share one GPU of one host, else "
      "cuda-staged; docs/group.md)"},
+    {"resident", DDP_CFG_CHOICE, "auto", "auto|false",
+     "device cuda: keep parameters, gradients, optimizer state (and batchnorm statistics) on "
+     "the GPU, reduced over a GPU group (auto), or run host-driven (false: uploads each forward, "
+     "the reducer and optimizer on the host; docs/gpu.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},

@@ -136,19 +136,15 @@ static ddp_param *reducer_view(const ddp_model_param *p, size_t n)
 
 /* device cuda: the model's training state moves to the GPU for good (after a checkpoint was
  * loaded into its host arrays), and a GPU group joins the ranks for the gradients, ordered after
- * the model's stream; the reducer then works on device memory (rparams are the device arrays).
+ * the model's stream; the reducer then works on device memory (rparams are the device arrays,
+ * rbuffers the running statistics', which it broadcasts from rank 0 over the GPU group at
+ * creation and before each evaluation, as the CPU path does on the host).
  * shard_optimizer true shards the step on the GPU too; auto leaves it off there until a GPU
  * session has measured whether it pays (docs/gpu.md). */
 static int go_resident(trainer *t, ddp_reducer_opts *ro)
 {
     ddp_error err = {0};
     ro->shard_optimizer = !strcmp(ddp_config_str(t->cfg, "shard_optimizer"), "true");
-    size_t nb;
-    ddp_model_buffers(t->m, &nb);
-    if (nb > 0)
-        return trainer_die(t, "model",
-                           "device-resident training of a model with buffers is not "
-                           "implemented");
     if (ddp_model_resident(t->m, &t->oo, &err) != DDP_OK)
         return trainer_die(t, "model on the GPU", err.msg);
     ddp_group_opts go = DDP_GROUP_OPTS_INIT;
@@ -163,6 +159,12 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
     for (size_t i = 0; i < np; i++) {
         t->rparams[i].data = ddp_model_device_param(t->m, i);
         t->rparams[i].device = DDP_DEVICE_CUDA;
+    }
+    size_t nb;
+    ddp_model_buffers(t->m, &nb);
+    for (size_t j = 0; j < nb; j++) {
+        t->rbuffers[j].data = ddp_model_device_buffer(t->m, j);
+        t->rbuffers[j].device = DDP_DEVICE_CUDA;
     }
     t->resident = true;
     return 0;
@@ -193,10 +195,11 @@ static int wrap_model(trainer *t)
     if (!(t->rparams = reducer_view(p, np)) || !(t->rbuffers = reducer_view(b, nb)))
         return trainer_die(t, "reducer", "out of memory");
     int rc;
-    /* Device-resident where the model has it (only the GPT: ddp_model_resident); the MLP and CNN
-     * on cuda run host-driven, as on the CPU: parameters and buffers up before each forward,
-     * gradients down after backward (into the reducer's host buckets), the optimizer on the host. */
-    if (t->dev.device == DDP_DEVICE_CUDA && !strcmp(ddp_model_type(t->m), "gpt") &&
+    /* Device-resident on cuda (every model type has it: ddp_model_resident) unless resident
+     * false asks for host-driven training, as on the CPU: parameters and buffers up before each
+     * forward, gradients down after backward (into the reducer's host buckets), the optimizer on
+     * the host. */
+    if (t->dev.device == DDP_DEVICE_CUDA && strcmp(ddp_config_str(c, "resident"), "false") != 0 &&
         (rc = go_resident(t, &ro)))
         return rc;
     if (ddp_reducer_create(t->resident ? t->gg : t->g, t->rparams, np, t->rbuffers, nb, &ro,

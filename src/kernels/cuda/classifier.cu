@@ -47,9 +47,14 @@
  * (the rounded dy, cuDNN's dW and dx), and the inf or NaN reaching the fp32 gradients is what the
  * host's unscale finds (it then skips the step and halves the scale).
  *
- * Not here: device-resident training (the host keeps the parameters, uploads them each forward
- * and takes the gradients back), cached or benchmarked algorithm choices (cuDNN's heuristic at
- * create, for max_batch).
+ * Device-resident training (ddp_model_resident; the end of this file): the parameters and
+ * running statistics stay here between steps (uploaded once), backward's gradient kernels add
+ * straight into the caller's device gradients (the reducer's bucket views) and report each
+ * parameter ready as soon as its kernels are queued, and the optimizer steps here with the GPT's
+ * AdamW/SGD kernels (optim.cu, devmath.cu) on state buffers laid out like the parameters. The
+ * host-driven mode (upload each forward, gradients downloaded) is the default.
+ * Not here: cached or benchmarked algorithm choices (cuDNN's heuristic at create, for
+ * max_batch).
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
  */
 #include <cudnn.h>
@@ -60,6 +65,7 @@
 #include "common.cuh"
 
 extern "C" {
+#include "kernels/cuda/devmath.h"
 #include "util/rng.h"
 }
 
@@ -121,6 +127,14 @@ struct ddp__cuda_cls {
     uint16_t *params_h, *h0, *h1, *dwh;
     int n; /* the last forward */
     bool can_backward;
+    /* device-resident training (ddp__gpu_cls_backward_dev, _optim_*, _bind_params) */
+    float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
+    ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
+    void *ready_ctx;
+    float *ost[2]; /* (total,) the optimizer's state, laid out like params */
+    int nstates;
+    bool resident; /* optim_init was called: forwards round params_h from the masters */
+    float **bound; /* (np,) bind_params's arrays for the parameters' values, or NULL */
 };
 
 /* DDP_OK for CUDNN_STATUS_SUCCESS, else DDP_ERR_SYSTEM naming what and cuDNN's message. */
@@ -235,14 +249,17 @@ static ddp_status use_device(ddp__cuda_cls *g, ddp_error *err)
     return ddp__cuda_check(cudaSetDevice(g->ctx->device), "cudaSetDevice", err);
 }
 
+/* Parameter i's values: the flat buffer's, or where bind_params put them. */
 static float *P(ddp__cuda_cls *g, int i)
 {
-    return i >= 0 ? g->params + g->offsets[i] : NULL;
+    return i < 0 ? NULL : g->bound ? g->bound[i] : g->params + g->offsets[i];
 }
 
+/* Where parameter i's gradient accumulates: the flat buffer, or during backward_dev the
+ * caller's device gradient itself. */
 static float *G(ddp__cuda_cls *g, int i)
 {
-    return i >= 0 ? g->grads + g->offsets[i] : NULL;
+    return i < 0 ? NULL : g->grads_dev ? g->grads_dev[i] : g->grads + g->offsets[i];
 }
 
 /* Parameter i's 16-bit twin (precision bf16 or fp16). */
@@ -416,7 +433,8 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
         free_layer(&g->L[i]);
     void *bufs[] = {g->params,   g->grads,    g->buffers, g->x,      g->dlogits,
                     g->row_loss, g->g0,       g->g1,      g->labels, g->correct,
-                    g->ws,       g->params_h, g->h0,      g->h1,     g->dwh};
+                    g->ws,       g->params_h, g->h0,      g->h1,     g->dwh,
+                    g->ost[0],   g->ost[1]};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
@@ -430,6 +448,7 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     free(g->grads_host);
     free(g->row_loss_host);
     free(g->correct_host);
+    free(g->bound);
     free(g);
 }
 
@@ -755,20 +774,31 @@ out_free:
     return st;
 }
 
+/* The weights' 16-bit twin from the masters: in one pass over the flat buffer (its padding
+ * between tensors is zeroed at create and stays zero), or tensor by tensor when bound. */
+static ddp_status round_h(ddp__cuda_cls *g, ddp_error *err)
+{
+    if (!g->bound)
+        return ddp__cuda_f32_to_h(g->ctx, g->ht, g->params, g->total, g->params_h, err);
+    ddp_status st = DDP_OK;
+    for (size_t i = 0; i < g->np && !st; i++)
+        st = ddp__cuda_f32_to_h(g->ctx, g->ht, P(g, (int)i), g->counts[i],
+                                g->params_h + g->offsets[i], err);
+    return st;
+}
+
 extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
                                           const float *const *buffers_host, ddp_error *err)
 {
     ddp_status st = use_device(g, err);
     for (size_t i = 0; i < g->np && !st; i++)
-        st = ddp__cuda_to_device(g->ctx, g->params + g->offsets[i], params_host[i],
+        st = ddp__cuda_to_device(g->ctx, P(g, (int)i), params_host[i],
                                  sizeof(float) * g->counts[i], err);
-    for (size_t j = 0; j < g->nb && !st; j++)
+    for (size_t j = 0; buffers_host && j < g->nb && !st; j++)
         st = ddp__cuda_to_device(g->ctx, BUF(g, (int)j), buffers_host[j],
                                  sizeof(float) * g->bcounts[j], err);
-    /* the weights' 16-bit twin, from the masters just uploaded (the padding between tensors is
-     * zeroed at create and stays zero) */
-    if (!st && g->half)
-        st = ddp__cuda_f32_to_h(g->ctx, g->ht, g->params, g->total, g->params_h, err);
+    if (!st && g->half) /* from the masters just uploaded */
+        st = round_h(g, err);
     return st;
 }
 
@@ -952,7 +982,8 @@ extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls
     if ((st = use_device(g, err)) ||
         (st = ddp__cuda_to_device(c, g->x, b->x, sizeof(float) * (size_t)n * g->cfg.in_n, err)) ||
         (b->labels &&
-         (st = ddp__cuda_to_device(c, g->labels, b->labels, sizeof(int32_t) * (size_t)n, err))))
+         (st = ddp__cuda_to_device(c, g->labels, b->labels, sizeof(int32_t) * (size_t)n, err))) ||
+        (g->resident && g->half && (st = round_h(g, err))))
         return st;
     const float *a = g->x;
     for (int i = 0; i < g->cfg.nl; i++) {
@@ -1141,8 +1172,9 @@ extern "C" ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grad
     g->can_backward = false;
     ddp__cuda_ctx *c = g->ctx;
     ddp_status st;
+    /* backward_dev: straight into the caller's gradients, which accumulate (no zeroing) */
     if ((st = use_device(g, err)) ||
-        (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err)))
+        (!g->grads_dev && (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))))
         return st;
     const float *dy = g->dlogits;
     for (int i = g->cfg.nl - 1; i >= 0; i--) {
@@ -1151,8 +1183,17 @@ extern "C" ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grad
         float *dx = i > 0 ? other : NULL; /* the input needs none */
         if ((st = layer_backward(g, i, dy, in, dx, other, err)))
             return st;
+        /* backward_dev: this layer's weight, then its bias, are queued in full: their bucket's
+         * allreduce (ordered after the stream) may start */
+        const ddp__cuda_cls_layer *L = &g->L[i].L;
+        for (int k = 0; g->ready && L->p0 >= 0 && k < 2; k++)
+            if ((st = g->ready(g->ready_ctx, (size_t)(L->p0 + k))))
+                return ddp__cuda_fail(err, st,
+                                      "cuda classifier: the gradient-ready callback failed");
         dy = dx;
     }
+    if (g->grads_dev)
+        return DDP_OK;
     if ((st = ddp__cuda_to_host(c, g->grads_host, g->grads, sizeof(float) * g->total, err)))
         return st;
     for (size_t i = 0; i < g->np; i++) {
@@ -1161,5 +1202,146 @@ extern "C" ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grad
         for (size_t k = 0; k < g->counts[i]; k++)
             dst[k] += src[k];
     }
+    return DDP_OK;
+}
+
+/* ---- device-resident training (kernels.h: ddp__cuda_cls_dev_info …) ------------------------
+ * The GPT's scheme (gpt.cu): the parameters and running statistics stay on the device between
+ * steps, backward adds into the caller's device gradients and reports each parameter as soon as
+ * its kernels are queued, the optimizer's state is one or two more flat buffers laid out like
+ * the parameters, stepped by the GPT's AdamW (ddp__cuda_adamw) and SGD (ddp__devmath_sgd)
+ * kernels. Everything on the model's one stream. */
+
+extern "C" ddp_status ddp__gpu_cls_dev_info(ddp__cuda_cls *g, float **params_dev,
+                                            float **buffers_dev, void **stream, ddp_error *err)
+{
+    (void)err;
+    for (size_t i = 0; params_dev && i < g->np; i++)
+        params_dev[i] = P(g, (int)i);
+    for (size_t j = 0; buffers_dev && j < g->nb; j++)
+        buffers_dev[j] = BUF(g, (int)j);
+    if (stream)
+        *stream = (void *)g->ctx->stream;
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_cls_get_params(ddp__cuda_cls *g, float *const *params_host,
+                                              ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    for (size_t i = 0; i < g->np && !st; i++)
+        st = ddp__cuda_to_host(g->ctx, params_host[i], P(g, (int)i), sizeof(float) * g->counts[i],
+                               err);
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
+                                                ddp_status (*ready)(void *ctx, size_t i),
+                                                void *ctx, ddp_error *err)
+{
+    g->grads_dev = grads_dev;
+    g->ready = ready;
+    g->ready_ctx = ctx;
+    ddp_status st = ddp__gpu_cls_backward(g, NULL, err);
+    g->grads_dev = NULL;
+    g->ready = NULL;
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
+{
+    if (nstates < 1 || nstates > 2)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: %d optimizer states (1 or 2)", nstates);
+    ddp_status st = use_device(g, err);
+    for (int s = 0; s < nstates && !st; s++) {
+        if (!g->ost[s] && (st = dalloc_es(&g->ost[s], g->total, 4, err)))
+            break;
+        st = ddp__cuda_memset0(g->ctx, g->ost[s], sizeof(float) * g->total, err);
+    }
+    if (!st) {
+        g->nstates = nstates;
+        g->resident = true;
+    }
+    return st ? st : ddp__cuda_sync(g->ctx, err);
+}
+
+extern "C" ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
+                                              ddp_error *err)
+{
+    if (a->i >= g->np || a->lo > a->hi || a->hi > g->counts[a->i] ||
+        g->nstates < (a->adamw ? 2 : 1))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: optimizer step of elements [%zu, %zu) of "
+                              "parameter %zu (%zu states made)",
+                              a->lo, a->hi, a->i, (size_t)g->nstates);
+    ddp_status st = use_device(g, err);
+    if (st)
+        return st;
+    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    float *p = P(g, (int)a->i) + a->lo;
+    const float *grad = a->grad_dev + a->lo;
+    if (a->adamw)
+        return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
+                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step,
+                               a->grad_scale, NULL, err);
+    char msg[DDP_ERRMSG_MAX];
+    if ((st = ddp__devmath_sgd((void *)g->ctx->stream, p, grad, g->ost[0] + off, n, a->lr,
+                               a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
+        return ddp__cuda_fail(err, st, "cuda classifier: %s", msg);
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host,
+                                               bool to_host, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: no optimizer state %d (%d made)", s, g->nstates);
+    ddp_status st = use_device(g, err);
+    for (size_t i = 0; i < g->np && !st; i++) {
+        float *dev = g->ost[s] + g->offsets[i];
+        size_t bytes = sizeof(float) * g->counts[i];
+        st = to_host ? ddp__cuda_to_host(g->ctx, host[i], dev, bytes, err)
+                     : ddp__cuda_to_device(g->ctx, dev, host[i], bytes, err);
+    }
+    return st;
+}
+
+extern "C" ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev,
+                                               ddp_error *err)
+{
+    ddp_status st = use_device(g, err);
+    if (st)
+        return st;
+    if (!params_dev) { /* the values back into the flat buffer, which serves again */
+        for (size_t i = 0; g->bound && i < g->np && !st; i++)
+            st = ddp__cuda_check(cudaMemcpyAsync(g->params + g->offsets[i], g->bound[i],
+                                                 sizeof(float) * g->counts[i],
+                                                 cudaMemcpyDeviceToDevice, g->ctx->stream),
+                                 "cudaMemcpyAsync", err);
+        if (!st && (st = ddp__cuda_sync(g->ctx, err)) == DDP_OK) {
+            free(g->bound);
+            g->bound = NULL;
+        }
+        return st;
+    }
+    for (size_t i = 0; i < g->np; i++)
+        if (!params_dev[i])
+            return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                  "cuda classifier: bind_params: parameter %zu has no array", i);
+    if (!g->bound && !(g->bound = (float **)calloc(g->np ? g->np : 1, sizeof(float *))))
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of host memory");
+    memcpy(g->bound, params_dev, sizeof(float *) * g->np);
+    return DDP_OK;
+}
+
+extern "C" ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
+{
+    if (s < 0 || s >= g->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda classifier: no optimizer state %d (%d made)", s, g->nstates);
+    for (size_t i = 0; i < g->np; i++)
+        dev[i] = g->ost[s] + g->offsets[i];
     return DDP_OK;
 }
