@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The MLP and CNN's device-cuda path (src/nn/classifier.c, host-driven; docs/gpu.md) end to end
+# The MLP and CNN's host-driven device-cuda path (src/nn/classifier.c; ddptrain --resident
+# false, the library's default; docs/gpu.md) end to end
 # without a GPU: the GPU module is the test-only fake_gpu_gpt, whose MLP/CNN is the CPU classifier
 # (fake_gpu_cls.c). Checks the host's side: ddptrain trains the CNN on "cuda" with the losses and
 # test accuracy of the cpu run (parameters and running statistics uploaded each forward, the
@@ -17,6 +18,9 @@ TRAIN=$BIN/ddptrain
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
 cd "$T"
 fake() { DDP_GPU_MODULE=$MODULE DDP_TEST_FAKE_GPUS=1 "$@"; }
+# ddptrain goes device-resident on cuda by default (test_cls_resident_fake.sh); this test holds
+# the host-driven path, which resident false keeps (the cpu runs ignore it)
+HOST=(--resident false)
 
 # losses A B TOL: every training loss in two metrics files agrees (relative)
 losses() {
@@ -33,7 +37,7 @@ EOP
 }
 
 CNN=(--model.type cnn --model.channels 4,8 --model.hidden 16 --batch_size 32 --total_steps 12
-     --eval_every 12 --log_every 1 --lr 0.05 --seed 3 --checkpoint.every 12)
+     --eval_every 12 --log_every 1 --lr 0.05 --seed 3 --checkpoint.every 12 "${HOST[@]}")
 rc=0; "$TRAIN" "${CNN[@]}" --out_dir cpu >cpu.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu.out; fail "cnn on the cpu: exit $rc"; }
 rc=0; fake "$TRAIN" "${CNN[@]}" --device cuda --out_dir gpu >gpu.out 2>&1 || rc=$?
@@ -53,12 +57,12 @@ assert_contains test.out "$acc"
 ok "the checkpoint taken on fake cuda holds the batchnorm running statistics ($acc on the cpu)"
 
 # test and predict on "cuda" (evaluation forwards, the logits from the device model)
-rc=0; fake "$TRAIN" --task test --out_dir gpu --device cuda >test2.out 2>&1 || rc=$?
+rc=0; fake "$TRAIN" --task test --out_dir gpu --device cuda "${HOST[@]}" >test2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat test2.out; fail "test on fake cuda: exit $rc"; }
 assert_contains test2.out "$acc"
 rc=0; "$TRAIN" --task predict --out_dir gpu --device cpu --predict_out cpu.csv >/dev/null 2>&1 ||
     rc=$?
-rc2=0; fake "$TRAIN" --task predict --out_dir gpu --device cuda --predict_out gpu.csv >pred.out 2>&1 ||
+rc2=0; fake "$TRAIN" --task predict --out_dir gpu --device cuda "${HOST[@]}" --predict_out gpu.csv >pred.out 2>&1 ||
     rc2=$?
 [ $rc -eq 0 ] && [ $rc2 -eq 0 ] || { cat pred.out; fail "predict: exit $rc (cpu), $rc2 (fake cuda)"; }
 [ "$(wc -l <gpu.csv)" -eq 10001 ] || fail "predictions on fake cuda: want a header and 10000 rows"
@@ -66,7 +70,7 @@ cmp -s cpu.csv gpu.csv || fail "predictions on fake cuda differ from the cpu's"
 ok "test and predict on fake cuda: the cpu's accuracy and predictions"
 
 MLP=(--model.type mlp --model.hidden 32 --model.dropout 0.3 --batch_size 16 --total_steps 8
-     --grad_accum 2 --log_every 1 --eval_every 8 --seed 5)
+     --grad_accum 2 --log_every 1 --eval_every 8 --seed 5 "${HOST[@]}")
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${MLP[@]}" --out_dir cpu2 >cpu2.out 2>&1 ||
     rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "2 ranks mlp on the cpu: exit $rc"; }
