@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# gpu_emu.ddptrain_cnn: ddptrain --model.type cnn --device cuda end to end on the emulated GPU
+# gpu_emu.ddptrain_cnn: ddptrain --model.type cnn|mlp --device cuda end to end on the emulated GPU
 # module (classifier.cu's convolutions and batchnorm through the emulated cuDNN, cudnn_emu.cpp),
 # on a slice of Fashion-MNIST (the first 256 training and 128 test images, written here as idx
-# files: the emulated convolutions are plain loops), against the same run on the cpu: 8 SGD
-# steps in fp32, the losses within 1e-5 relative (cuDNN's products here in double, the CPU's in
-# float) and the same test accuracy; then 8 steps in bf16, within 5e-2 of the cpu's fp32.
+# files: the emulated convolutions are plain loops), against the same runs on the cpu. ddptrain
+# goes device-resident there (parameters, batchnorm statistics, gradients and optimizer state on
+# the device, the reducer over a GPU group: cuda-staged, the emulation having no NCCL or IPC).
+# Bounds measured on this emulation (cuDNN's and cuBLAS's products in double here, the CPU's in
+# float), each with a margin:
+#   cnn fp32, SGD, 1 rank: losses 1e-5 relative (measured 2.5e-8), the same test accuracy, the
+#     checkpoint's tensors within 1e-5 of each tensor's largest value (9.4e-7) plus 1e-7 absolute
+#     (1.7e-8: the conv biases' momentum, whose gradient is zero but for rounding, batchnorm
+#     following); host-driven (--resident false) = resident bit for bit (the device's SGD is the
+#     CPU's arithmetic); bf16 within 5e-2 of the cpu's fp32 (6.8e-4); 4 steps, a checkpoint and a
+#     resume = 8 steps, bit for bit;
+#   cnn, 2 ranks (DDP_EMU_GPUS=2, 1 KiB buckets): losses 1e-5 (2.3e-8), the same accuracy (the
+#     running statistics broadcast from rank 0 over the GPU group), the checkpoint as above;
+#   mlp with dropout, AdamW: 1 rank losses 1e-5 (1.7e-8), tensors 5e-5 (6.1e-6: AdamW divides
+#     small gradients' differences by their small norms), host-driven = resident bit for bit;
+#     2 ranks with the sharded step (ZeRO-1) on the device against 2 sharded cpu ranks: losses
+#     1e-5 (8.6e-9), tensors 5e-5 (2.4e-6).
 # usage: test_gpu_emu_cnn.sh BINDIR EMU_MODULE CUDNN_EMU
 . "$(dirname "$0")/../integration/lib.sh"
 MODULE=${2:?usage: $0 BINDIR EMU_MODULE CUDNN_EMU}
@@ -32,6 +46,7 @@ ARGS=(--model.type cnn --data.dir "$T/slice" --model.channels 4,8 --model.hidden
       --batch_size 16 --total_steps 8 --optimizer sgd --lr 0.05 --momentum 0.9
       --schedule constant --log_every 1 --seed 9)
 emu() { DDP_GPU_MODULE=$MODULE DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 DDP_REQUIRE_GPU=1 "$@"; }
+GPU=(--device cuda --gpu_backend cuda-staged)
 losses() { # A B N TOL: the N training losses of two metrics files agree to TOL
     python3 - "$@" <<'EOP'
 import json, sys
@@ -44,18 +59,88 @@ print(f"steps 1-{n}: largest relative difference {d:.1e} (tolerance {tol:.0e})")
 sys.exit(0 if d <= tol else 1)
 EOP
 }
-acc() { sed -n 's/^test accuracy \([0-9.]*\).*/\1/p' "$1" | tail -1; }
-rc=0; "$TRAIN" "${ARGS[@]}" --out_dir cpu >cpu.out 2>&1 || rc=$?
-[ $rc -eq 0 ] || { cat cpu.out; fail "cpu run: exit $rc"; }
-rc=0; emu "$TRAIN" "${ARGS[@]}" --device cuda --out_dir gpu >gpu.out 2>&1 || rc=$?
-[ $rc -eq 0 ] || { cat gpu.out; fail "emulated cuda run: exit $rc"; }
+# tensors A B REL: every float32 tensor of two checkpoints within REL × its largest |value| +
+# 1e-7 (REL 0: bit for bit)
+tensors() {
+    python3 - "$@" <<'EOP'
+import array, json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return {k: array.array("f", b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items() if v["dtype"] == "F32"}
+a, b, rel = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+assert a and a.keys() == b.keys(), sorted(set(a) ^ set(b))
+worst, absd, bad = 0.0, 0.0, []
+for k in a:
+    top = max(abs(v) for v in a[k])
+    d = max(abs(p - q) for p, q in zip(a[k], b[k]))
+    if rel == 0 and a[k].tobytes() != b[k].tobytes() or rel > 0 and d > rel * top + 1e-7:
+        bad.append(k)
+    absd = max(absd, d)
+    if top > 1e-6:  # not the rounding noise of a gradient that is zero (conv bias before batchnorm)
+        worst = max(worst, d / top)
+print(f"{len(a)} tensors: largest difference {worst:.1e} of the tensor's largest value (those "
+      f"above 1e-6), {absd:.1e} absolute; beyond the bound: {bad[:4]}")
+sys.exit(1 if bad else 0)
+EOP
+}
+acc() { sed -n 's/^\(\[rank0\]: \)\{0,1\}test accuracy \([0-9.]*\).*/\2/p' "$1" | tail -1; }
+ck() { echo "$1/checkpoints/step8.safetensors"; }
+run() { # NAME ARGS…: a run that must succeed, output in NAME.out
+    local name=$1 rc=0
+    shift
+    "$@" --out_dir "$name" >"$name.out" 2>&1 || rc=$?
+    [ $rc -eq 0 ] || { cat "$name.out"; fail "$name: exit $rc"; }
+}
+
+run cpu "$TRAIN" "${ARGS[@]}"
+run gpu emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}"
 grep -q 'emulated on the CPU' gpu.out || { cat gpu.out; fail "the run did not name the emulated GPU"; }
+grep -q 'gradients on the GPU over cuda-staged' gpu.out || { cat gpu.out; fail "not device-resident"; }
 losses cpu/metrics.jsonl gpu/metrics.jsonl 8 1e-5 || fail "fp32: cuda (emulated) ≠ cpu"
 [ -n "$(acc cpu.out)" ] && [ "$(acc cpu.out)" = "$(acc gpu.out)" ] ||
     { tail -3 cpu.out gpu.out; fail "test accuracy: cpu $(acc cpu.out), cuda $(acc gpu.out)"; }
-ok "cnn fp32: 8 steps on the emulated GPU = the cpu's (test accuracy $(acc gpu.out) both)"
-rc=0; emu "$TRAIN" "${ARGS[@]}" --device cuda --precision bf16 --out_dir bf16 >bf16.out 2>&1 ||
-    rc=$?
-[ $rc -eq 0 ] || { cat bf16.out; fail "emulated cuda bf16 run: exit $rc"; }
+tensors "$(ck cpu)" "$(ck gpu)" 1e-5 || fail "fp32: the resident checkpoint ≠ the cpu's"
+run host emu "$TRAIN" "${ARGS[@]}" --device cuda --resident false
+losses host/metrics.jsonl gpu/metrics.jsonl 8 0 || fail "host-driven ≠ resident"
+tensors "$(ck host)" "$(ck gpu)" 0 || fail "host-driven's checkpoint ≠ resident's"
+ok "cnn fp32, resident: 8 steps on the emulated GPU = the cpu's (test accuracy $(acc gpu.out) both, the checkpoint's tensors within 1e-5), = host-driven bit for bit"
+run bf16 emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --precision bf16
 losses cpu/metrics.jsonl bf16/metrics.jsonl 8 5e-2 || fail "bf16: cuda (emulated) too far from cpu fp32"
-ok "cnn bf16: 8 steps on the emulated GPU within 5e-2 of the cpu's fp32"
+ok "cnn bf16, resident: 8 steps on the emulated GPU within 5e-2 of the cpu's fp32"
+run half emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --total_steps 4 --checkpoint.every 4
+run half emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --resume_from latest
+losses gpu/metrics.jsonl half/metrics.jsonl 8 0 || fail "resumed ≠ uninterrupted"
+tensors "$(ck gpu)" "$(ck half)" 0 || fail "resumed: the final checkpoint ≠ the uninterrupted run's"
+ok "cnn resident: 4 steps, a checkpoint and a resume = 8 steps on the emulated GPU, bit for bit"
+
+run cpu2 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}"
+run gpu2 env DDP_EMU_GPUS=2 DDP_GPU_MODULE=$MODULE DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 \
+    DDP_REQUIRE_GPU=1 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" "${GPU[@]}" \
+    --bucket_kb 1
+losses cpu2/metrics.jsonl gpu2/metrics.jsonl 8 1e-5 || fail "2 ranks: cuda (emulated) ≠ cpu"
+[ -n "$(acc cpu2.out)" ] && [ "$(acc cpu2.out)" = "$(acc gpu2.out)" ] ||
+    fail "2 ranks, test accuracy: cpu $(acc cpu2.out), cuda $(acc gpu2.out)"
+tensors "$(ck cpu2)" "$(ck gpu2)" 1e-5 || fail "2 ranks: the checkpoint ≠ the cpu's"
+ok "cnn resident, 2 ranks over cuda-staged: the cpu's losses, test accuracy $(acc gpu2.out) and checkpoint"
+
+MLP=(--model.type mlp --data.dir "$T/slice" --model.hidden 32 --model.dropout 0.2 --batch_size 16
+     --total_steps 8 --optimizer adamw --lr 0.003 --weight_decay 0.01 --schedule constant
+     --log_every 1 --seed 9)
+run mcpu "$TRAIN" "${MLP[@]}"
+run mgpu emu "$TRAIN" "${MLP[@]}" "${GPU[@]}"
+losses mcpu/metrics.jsonl mgpu/metrics.jsonl 8 1e-5 || fail "mlp: cuda (emulated) ≠ cpu"
+tensors "$(ck mcpu)" "$(ck mgpu)" 5e-5 || fail "mlp: the resident checkpoint ≠ the cpu's"
+run mhost emu "$TRAIN" "${MLP[@]}" --device cuda --resident false
+tensors "$(ck mhost)" "$(ck mgpu)" 0 || fail "mlp: host-driven's checkpoint ≠ resident's"
+run mcpu2 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${MLP[@]}"
+grep -q "optimizer step sharded (ZeRO-1)" mcpu2.out || fail "the cpu's 2 ranks are not sharded"
+run msh2 env DDP_EMU_GPUS=2 DDP_GPU_MODULE=$MODULE DDP_REQUIRE_GPU=1 "$DDPRUN" --standalone \
+    --nproc_per_node=2 "$TRAIN" "${MLP[@]}" "${GPU[@]}" --shard_optimizer true --bucket_kb 1
+grep -q "optimizer step sharded (ZeRO-1)" msh2.out || fail "the emulated GPUs' run is not sharded"
+losses mcpu2/metrics.jsonl msh2/metrics.jsonl 8 1e-5 || fail "mlp sharded: cuda (emulated) ≠ cpu"
+tensors "$(ck mcpu2)" "$(ck msh2)" 5e-5 || fail "mlp sharded: the checkpoint ≠ the cpu's"
+ok "mlp with dropout, AdamW, resident: = the cpu's at 1 rank (= host-driven bit for bit) and sharded (ZeRO-1) at 2 ranks"
