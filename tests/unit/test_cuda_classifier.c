@@ -10,6 +10,10 @@
  *   - evaluation logits after training steps (the updated running statistics), rel ≤ 1e-3;
  *   - 10 SGD-with-momentum steps (the host optimizer on both), every loss within 1e-4 (fp32),
  *     within 1e-2 with precision tf32 on the GPU (cuDNN's and cuBLASLt's TF32 products).
+ *   - device-resident training (resident_steps): the CNN's 10 SGD steps with the parameters,
+ *     running statistics, gradients (a one-rank GPU group's reducer buckets) and momentum on the
+ *     device, the ready order the CPU's, losses within 1e-4, and sync_host's parameters, momentum
+ *     and statistics within 1e-4 of the CPU's.
  *   - precision bf16 on the GPU (16-bit operands into the linear layers and convolutions, fp32
  *     everywhere else), against the CPU model in bf16 (the same products' operands rounded;
  *     fp32 where this CPU has no bf16 units): evaluation and training logits, the loss, the
@@ -327,6 +331,123 @@ static double train10(const variant *v, ddp_precision gpu_prec, double eval_tol)
     return train10_amp(v, DDP_PRECISION_FP32, gpu_prec, false, eval_tol, NULL, NULL);
 }
 
+/* Device-resident training (ddp_model_resident), as ddptrain runs it on one rank: a GPU group of
+ * one (cuda-staged: no NCCL needed), the reducer over the model's device parameters and running
+ * statistics, each parameter's bucket view bound as its device gradient, 10 steps of SGD with
+ * momentum on the device against the CPU model's host optimizer. Each backward reports every
+ * parameter once, in the CPU's order; the losses within 1e-4 (ten_steps_fp32's bound); then
+ * sync_host: the parameters, running statistics and momentum on the host within 1e-4 of the
+ * CPU's (relative to each tensor's largest value, floor 1e-3: the conv biases' gradient is zero
+ * but for rounding, batchnorm following). */
+static void resident_steps(void **state)
+{
+    (void)state;
+    const variant *v = &cnn_relu;
+    ddp_model *m[2] = {build(v, DDP_DEVICE_CPU, DDP_PRECISION_FP32),
+                       build(v, DDP_DEVICE_CUDA, DDP_PRECISION_FP32)};
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_SGD;
+    oo.momentum = 0.9f;
+    oo.weight_decay = 5e-4f;
+    ddp_error err = {0};
+    size_t np, nb;
+    const ddp_model_param *p0 = ddp_model_params(m[0], &np);
+    const ddp_model_param *p1 = ddp_model_params(m[1], &np);
+    const ddp_model_param *b1 = ddp_model_buffers(m[1], &nb);
+    ddp_optim *o[2];
+    for (int k = 0; k < 2; k++)
+        if (ddp_optim_create(&oo, ddp_model_params(m[k], &np), np, &o[k], &err) != DDP_OK)
+            fail_msg("%s", err.msg);
+    if (ddp_model_resident(m[1], &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    assert_true(ddp_model_is_resident(m[1]));
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    go.world = &w;
+    go.device = DDP_DEVICE_CUDA;
+    go.backend = "cuda-staged";
+    go.timeout_ms = 30000;
+    ddp_group *gg;
+    if (ddp_group_init(&go, &gg, &err) != DDP_OK)
+        fail_msg("GPU group: %s", err.msg);
+    ddp_group_set_stream(gg, ddp_model_cuda_stream(m[1]));
+    ddp_param ps[64], bs[64];
+    assert_true(np <= 64 && nb <= 64 && nb > 0);
+    for (size_t i = 0; i < np; i++) {
+        ps[i] = (ddp_param){p1[i].name, p1[i].count, DDP_FLOAT32, ddp_model_device_param(m[1], i),
+                            .device = DDP_DEVICE_CUDA};
+        assert_non_null(ps[i].data);
+    }
+    for (size_t j = 0; j < nb; j++) {
+        bs[j] = (ddp_param){b1[j].name, b1[j].count, DDP_FLOAT32,
+                            ddp_model_device_buffer(m[1], j), .device = DDP_DEVICE_CUDA};
+        assert_non_null(bs[j].data);
+    }
+    assert_null(ddp_model_device_buffer(m[1], nb));
+    ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+    ro.bucket_cap = ro.first_bucket = 1024; /* several buckets, launched during backward */
+    ddp_reducer *red;
+    if (ddp_reducer_create(gg, ps, np, bs, nb, &ro, &red, &err) != DDP_OK)
+        fail_msg("reducer: %s", err.msg);
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_bind_device_grad(m[1], i, ddp_reducer_grad(red, i)), DDP_OK);
+    static float x[B * IN];
+    int32_t y[B];
+    double worst = 0;
+    for (uint64_t step = 1; step <= 10; step++) {
+        make_batch(200 + step, x, y);
+        ddp_model_batch b = {.n = B, .x = x, .labels = y, .step = step, .sample_offset = step * B};
+        ddp_model_out out[2];
+        marks mk[2];
+        memset(mk, 0, sizeof mk);
+        ddp_model_zero_grad(m[0]);
+        ddp_reducer_zero_grad(red);
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(ddp_model_forward(m[k], &b, true, &out[k]), DDP_OK);
+            if (ddp_model_backward(m[k], mark, &mk[k]) != DDP_OK)
+                fail_msg("backward: %s", ddp_model_last_error(m[k]));
+        }
+        assert_int_equal(mk[1].n, np);
+        assert_memory_equal(mk[0].order, mk[1].order, np * sizeof(size_t));
+        if (ddp_reducer_finish(red) != DDP_OK)
+            fail_msg("finish: %s", ddp_reducer_last_error(red));
+        ddp_optim_step(o[0], step, 0.05f, 1.0f);
+        for (size_t i = 0; i < np; i++)
+            assert_int_equal(ddp_model_device_step(m[1], i, step, 0.05f, 1.0f), DDP_OK);
+        printf("    step %2llu: cpu %.6f resident %.6f\n", (unsigned long long)step, out[0].loss,
+               out[1].loss);
+        if (!(fabs(out[0].loss - out[1].loss) <= worst))
+            worst = fabs(out[0].loss - out[1].loss);
+    }
+    printf("    largest loss difference %.2e (tolerance 1e-4)\n", worst);
+    if (!(worst <= 1e-4))
+        fail_msg("resident: losses differ by %.3e", worst);
+    if (ddp_model_sync_host(m[1], o[1]) != DDP_OK)
+        fail_msg("sync_host: %s", ddp_model_last_error(m[1]));
+    double dp = 0, ds = 0;
+    for (size_t i = 0; i < np; i++) {
+        double d = rel_floor(p1[i].data, p0[i].data, p1[i].count, 1e-3);
+        double e = rel_floor(ddp_optim_state(o[1], 0)[i], ddp_optim_state(o[0], 0)[i],
+                             p1[i].count, 1e-3);
+        dp = d > dp || d != d ? d : dp;
+        ds = e > ds || e != e ? e : ds;
+    }
+    printf("    after sync_host: parameters rel %.2e, momentum rel %.2e (tolerance 1e-4)\n", dp,
+           ds);
+    if (!(dp <= 1e-4 && ds <= 1e-4))
+        fail_msg("resident: the host's copy differs (parameters %.3e, momentum %.3e)", dp, ds);
+    buffers_close(m[0], m[1], 1e-4);
+    ddp_reducer_destroy(red);
+    ddp_group_destroy(gg);
+    for (int k = 0; k < 2; k++) {
+        ddp_optim_destroy(o[k]);
+        ddp_model_free(m[k]);
+    }
+}
+
 static void ten_steps_fp32(void **state)
 {
     (void)state;
@@ -487,7 +608,8 @@ int main(void)
     printf("test_cuda_classifier: %d GPU(s); the MLP and CNN on cuda:0 against the CPU\n", n);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cnn_matches),    cmocka_unit_test(mlp_matches),
-        cmocka_unit_test(ready_order),    cmocka_unit_test(ten_steps_fp32),
+        cmocka_unit_test(ready_order),    cmocka_unit_test(resident_steps),
+        cmocka_unit_test(ten_steps_fp32),
         cmocka_unit_test(ten_steps_tf32), cmocka_unit_test(bf16_matches),
         cmocka_unit_test(fp16_matches),   cmocka_unit_test(ten_steps_bf16),
         cmocka_unit_test(ten_steps_fp16), cmocka_unit_test(refusals),

@@ -584,10 +584,25 @@ static void resident_refusals(void **state)
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     ddp_error err = {0};
     assert_int_equal(ddp_model_resident(m, &oo, &err), DDP_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "model type 'mlp' has no device-resident training"));
+    assert_non_null(strstr(err.msg, "mlp: device-resident training needs a model built with "
+                                    "device cuda"));
     assert_false(ddp_model_is_resident(m));
     assert_null(ddp_model_device_param(m, 0));
+    assert_null(ddp_model_device_buffer(m, 0));
     assert_null(ddp_model_cuda_stream(m));
+    ddp_model_free(m);
+
+    ddp_model_spec cs = DDP_MODEL_SPEC_INIT; /* a cnn: buffers too */
+    cs.type = "cnn", cs.in_h = cs.in_w = 4, cs.channels = (const int64_t[]){2}, cs.n_channels = 1;
+    cs.max_batch = 2;
+    m = build(&cs);
+    err = (ddp_error){0};
+    assert_int_equal(ddp_model_resident(m, &oo, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "cnn: device-resident training needs a model built with "
+                                    "device cuda"));
+    assert_false(ddp_model_is_resident(m));
+    assert_null(ddp_model_device_buffer(m, 0));
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_ERR_INVALID);
     ddp_model_free(m);
 
     ddp_model_spec g = DDP_MODEL_SPEC_INIT;
