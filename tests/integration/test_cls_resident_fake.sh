@@ -11,7 +11,8 @@
 # the MLP with dropout and gradient accumulation at 2 ranks (accumulated on the device buckets);
 # the sharded optimizer step (ZeRO-1) with AdamW; a checkpoint taken on the fake GPU resumed
 # there = the uninterrupted run, and resumed on the cpu = the cpu's; fp16's loss scaling with an
-# inf on rank 1 (both skip, the scale halves). The CUDA kernels are gpu_emu's and gpu-check's.
+# inf on rank 1 (both skip, the scale halves); test and predict from a checkpoint resident. The
+# CUDA kernels are gpu_emu's (gpu_emu.ddptrain_cnn, gpu_emu.cuda_classifier) and gpu-check's.
 . "$(dirname "$0")/lib.sh"
 MODULE=${2:?usage: $0 BINDIR FAKE_MODULE}
 TRAIN=$BIN/ddptrain
@@ -66,6 +67,15 @@ losses cpu/metrics.jsonl gpu/metrics.jsonl 0 || fail "cnn: 12 resident steps dif
 same_tensors cpu/checkpoints/step12.safetensors gpu/checkpoints/step12.safetensors ||
     fail "cnn: the resident checkpoint's tensors differ from the cpu's"
 ok "cnn resident, 1 rank: the cpu's losses and $(acc gpu.out) bit for bit; the checkpoint (weights, running statistics, momentum) = the cpu's file"
+rc=0; fake "$TRAIN" --task test --out_dir gpu --device cuda >test.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat test.out; fail "test resident on fake cuda: exit $rc"; }
+assert_contains test.out "$(acc cpu.out)"
+rc=0; "$TRAIN" --task predict --out_dir gpu --device cpu --predict_out cpu.csv >/dev/null 2>&1 || rc=$?
+rc2=0; fake "$TRAIN" --task predict --out_dir gpu --device cuda --predict_out gpu.csv >pred.out 2>&1 ||
+    rc2=$?
+[ $rc -eq 0 ] && [ $rc2 -eq 0 ] || { cat pred.out; fail "predict: exit $rc (cpu), $rc2 (fake cuda)"; }
+cmp -s cpu.csv gpu.csv || fail "predictions resident on fake cuda differ from the cpu's"
+ok "test and predict resident on fake cuda (the statistics uploaded with the weights): the cpu's"
 
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${CNN[@]}" --out_dir cpu2 >cpu2.out 2>&1 ||
     rc=$?
