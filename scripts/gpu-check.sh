@@ -188,7 +188,8 @@ EOP
     W=$(mktemp -d)
     cnn_part() {
         # issue 12: the Fashion-MNIST CNN (configs/fashion-cnn.yaml, 5 epochs, 2 ranks sharing the
-        # GPU as bench/RESULTS.md's CPU run: 0.9196) on cuda, host-driven; test accuracy ≥ 0.91 in
+        # GPU as bench/RESULTS.md's CPU run: 0.9196) on cuda, device-resident (ddptrain's default:
+        # the statistics, gradients and optimizer on the GPU, cuda-ipc); test accuracy ≥ 0.91 in
         # each precision named: fp32 (in checks), bf16 (16-bit operands into the linear layers and
         # cuDNN's convolutions) and fp16 (the same with ddptrain's GradScaler loop; its last loss
         # scale and skipped steps printed) in cnn. Each run is one check of its own, under
