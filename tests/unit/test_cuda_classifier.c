@@ -41,6 +41,8 @@
 #include <cmocka.h>
 
 #include "ddp/ddp.h"
+#include "group/devops.h"
+#include "kernels/gpu_module.h"
 #include "gpu_amp_step.h"
 #include "gpu_skip.h"
 
@@ -229,6 +231,7 @@ static void mlp_matches(void **state)
 typedef struct marks {
     size_t order[64];
     size_t n;
+    ddp_reducer *red; /* passed on to its mark_ready (which refuses a second mark), or NULL */
 } marks;
 
 static ddp_status mark(void *ctx, size_t i)
@@ -237,7 +240,7 @@ static ddp_status mark(void *ctx, size_t i)
     if (m->n < 64)
         m->order[m->n] = i;
     m->n++;
-    return DDP_OK;
+    return m->red ? ddp_reducer_mark_ready(m->red, i) : DDP_OK;
 }
 
 static void ready_order(void **state)
@@ -338,7 +341,9 @@ static double train10(const variant *v, ddp_precision gpu_prec, double eval_tol)
  * parameter once, in the CPU's order; the losses within 1e-4 (ten_steps_fp32's bound); then
  * sync_host: the parameters, running statistics and momentum on the host within 1e-4 of the
  * CPU's (relative to each tensor's largest value, floor 1e-3: the conv biases' gradient is zero
- * but for rounding, batchnorm following). */
+ * but for rounding, batchnorm following). A libddp without the GPU backends (a sanitizer build,
+ * DDP_CUDA off) has no GPU group: there the gradients are device memory of the module's own
+ * (its devops), zeroed on the model's stream each step — one rank's mean is its own gradient. */
 static void resident_steps(void **state)
 {
     (void)state;
@@ -361,6 +366,7 @@ static void resident_steps(void **state)
     if (ddp_model_resident(m[1], &oo, &err) != DDP_OK)
         fail_msg("resident: %s", err.msg);
     assert_true(ddp_model_is_resident(m[1]));
+    void *stream = ddp_model_cuda_stream(m[1]);
     ddp_world w;
     memset(&w, 0, sizeof w);
     w.world_size = 1;
@@ -370,30 +376,45 @@ static void resident_steps(void **state)
     go.device = DDP_DEVICE_CUDA;
     go.backend = "cuda-staged";
     go.timeout_ms = 30000;
-    ddp_group *gg;
-    if (ddp_group_init(&go, &gg, &err) != DDP_OK)
-        fail_msg("GPU group: %s", err.msg);
-    ddp_group_set_stream(gg, ddp_model_cuda_stream(m[1]));
-    ddp_param ps[64], bs[64];
+    ddp_group *gg = NULL;
+    ddp_reducer *red = NULL;
+    ddp__devops dv = {0}; /* without a GPU group: the module's device memory */
+    float *gd[64] = {0};
+    char msg[DDP_ERRMSG_MAX];
     assert_true(np <= 64 && nb <= 64 && nb > 0);
-    for (size_t i = 0; i < np; i++) {
-        ps[i] = (ddp_param){p1[i].name, p1[i].count, DDP_FLOAT32, ddp_model_device_param(m[1], i),
-                            .device = DDP_DEVICE_CUDA};
-        assert_non_null(ps[i].data);
-    }
-    for (size_t j = 0; j < nb; j++) {
-        bs[j] = (ddp_param){b1[j].name, b1[j].count, DDP_FLOAT32,
-                            ddp_model_device_buffer(m[1], j), .device = DDP_DEVICE_CUDA};
-        assert_non_null(bs[j].data);
+    if (ddp_group_init(&go, &gg, &err) == DDP_OK) {
+        ddp_group_set_stream(gg, stream);
+        ddp_param ps[64], bs[64];
+        for (size_t i = 0; i < np; i++) {
+            ps[i] = (ddp_param){p1[i].name, p1[i].count, DDP_FLOAT32,
+                                ddp_model_device_param(m[1], i), .device = DDP_DEVICE_CUDA};
+            assert_non_null(ps[i].data);
+        }
+        for (size_t j = 0; j < nb; j++) {
+            bs[j] = (ddp_param){b1[j].name, b1[j].count, DDP_FLOAT32,
+                                ddp_model_device_buffer(m[1], j), .device = DDP_DEVICE_CUDA};
+            assert_non_null(bs[j].data);
+        }
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.bucket_cap = ro.first_bucket = 1024; /* several buckets, launched during backward */
+        if (ddp_reducer_create(gg, ps, np, bs, nb, &ro, &red, &err) != DDP_OK)
+            fail_msg("reducer: %s", err.msg);
+        for (size_t i = 0; i < np; i++)
+            gd[i] = ddp_reducer_grad(red, i);
+    } else {
+        if (!strstr(err.msg, "need a libddp built with CUDA"))
+            fail_msg("GPU group: %s", err.msg);
+        printf("    no GPU group (%s): the module's device memory for the gradients\n", err.msg);
+        const ddp__gpu_api *t;
+        if (ddp__gpu_module(&t, &err) != DDP_OK || !t->cuda_devops ||
+            t->cuda_devops(0, &dv, &err) != DDP_OK)
+            fail_msg("the module's devops: %s", err.msg);
+        for (size_t i = 0; i < np; i++)
+            assert_non_null(gd[i] = dv.alloc(dv.ctx, sizeof(float) * p1[i].count));
     }
     assert_null(ddp_model_device_buffer(m[1], nb));
-    ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
-    ro.bucket_cap = ro.first_bucket = 1024; /* several buckets, launched during backward */
-    ddp_reducer *red;
-    if (ddp_reducer_create(gg, ps, np, bs, nb, &ro, &red, &err) != DDP_OK)
-        fail_msg("reducer: %s", err.msg);
     for (size_t i = 0; i < np; i++)
-        assert_int_equal(ddp_model_bind_device_grad(m[1], i, ddp_reducer_grad(red, i)), DDP_OK);
+        assert_int_equal(ddp_model_bind_device_grad(m[1], i, gd[i]), DDP_OK);
     static float x[B * IN];
     int32_t y[B];
     double worst = 0;
@@ -403,17 +424,22 @@ static void resident_steps(void **state)
         ddp_model_out out[2];
         marks mk[2];
         memset(mk, 0, sizeof mk);
+        mk[1].red = red;
         ddp_model_zero_grad(m[0]);
-        ddp_reducer_zero_grad(red);
+        if (red)
+            ddp_reducer_zero_grad(red);
+        for (size_t i = 0; !red && i < np; i++)
+            if (dv.memset0(dv.ctx, stream, gd[i], sizeof(float) * p1[i].count, msg) != DDP_OK)
+                fail_msg("memset0: %s", msg);
         for (int k = 0; k < 2; k++) {
             assert_int_equal(ddp_model_forward(m[k], &b, true, &out[k]), DDP_OK);
             if (ddp_model_backward(m[k], mark, &mk[k]) != DDP_OK)
                 fail_msg("backward: %s", ddp_model_last_error(m[k]));
         }
+        if (red && ddp_reducer_finish(red) != DDP_OK)
+            fail_msg("finish: %s", ddp_reducer_last_error(red));
         assert_int_equal(mk[1].n, np);
         assert_memory_equal(mk[0].order, mk[1].order, np * sizeof(size_t));
-        if (ddp_reducer_finish(red) != DDP_OK)
-            fail_msg("finish: %s", ddp_reducer_last_error(red));
         ddp_optim_step(o[0], step, 0.05f, 1.0f);
         for (size_t i = 0; i < np; i++)
             assert_int_equal(ddp_model_device_step(m[1], i, step, 0.05f, 1.0f), DDP_OK);
@@ -442,6 +468,10 @@ static void resident_steps(void **state)
     buffers_close(m[0], m[1], 1e-4);
     ddp_reducer_destroy(red);
     ddp_group_destroy(gg);
+    for (size_t i = 0; !red && i < np; i++)
+        dv.free(dv.ctx, gd[i]);
+    if (dv.destroy)
+        dv.destroy(dv.ctx);
     for (int k = 0; k < 2; k++) {
         ddp_optim_destroy(o[k]);
         ddp_model_free(m[k]);
