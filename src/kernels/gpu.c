@@ -410,8 +410,7 @@ ddp_status ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *er
     DDP__GPU_CLS_RES_CALL(cls_optim_init, g, nstates, err);
 }
 
-ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
-                                    ddp_error *err)
+ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *err)
 {
     DDP__GPU_CLS_RES_CALL(cls_optim_step, g, a, err);
 }

@@ -778,10 +778,9 @@ static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_hos
                            "sync: the optimizer has %d state arrays, the device's %d: another "
                            "kind of optimizer",
                            ns, want);
-    ddp_status st =
-        to_host ? ddp__cuda_cls_get_params(c->cu, c->pgrad, &e)
-                : ddp__cuda_cls_upload(c->cu, (const float *const *)c->pgrad,
-                                       (const float *const *)c->bout, &e);
+    ddp_status st = to_host ? ddp__cuda_cls_get_params(c->cu, c->pgrad, &e)
+                            : ddp__cuda_cls_upload(c->cu, (const float *const *)c->pgrad,
+                                                   (const float *const *)c->bout, &e);
     if (!st && to_host && m->n_buffers > 0)
         st = ddp__cuda_cls_get_buffers(c->cu, c->bout, &e);
     for (int s = 0; s < ns && !st; s++)
@@ -823,7 +822,7 @@ static const ddp_model_resident_ops cls_resident = {
     .sync = resident_sync,
 };
 
-const ddp_model_ops ddp__mlp_ops = {"mlp",  build_mlp, free_classifier, forward,
+const ddp_model_ops ddp__mlp_ops = {"mlp",    build_mlp, free_classifier, forward,
                                     backward, logits,    flops,           &cls_resident};
-const ddp_model_ops ddp__cnn_ops = {"cnn",  build_cnn, free_classifier, forward,
+const ddp_model_ops ddp__cnn_ops = {"cnn",    build_cnn, free_classifier, forward,
                                     backward, logits,    flops,           &cls_resident};

@@ -309,11 +309,10 @@ ddp_status fake_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, 
     }
     float *p = param_of(g, a->i) + a->lo;
     if (a->adamw)
-        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr, a->beta1,
-                          a->beta2, a->eps, a->weight_decay, a->step);
+        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr, a->beta1, a->beta2,
+                          a->eps, a->weight_decay, a->step);
     else
-        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum, a->weight_decay,
-                        a->step);
+        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum, a->weight_decay, a->step);
     return DDP_OK;
 }
 

@@ -456,8 +456,8 @@ static void resident_steps(void **state)
     double dp = 0, ds = 0;
     for (size_t i = 0; i < np; i++) {
         double d = rel_floor(p1[i].data, p0[i].data, p1[i].count, 1e-3);
-        double e = rel_floor(ddp_optim_state(o[1], 0)[i], ddp_optim_state(o[0], 0)[i],
-                             p1[i].count, 1e-3);
+        double e =
+            rel_floor(ddp_optim_state(o[1], 0)[i], ddp_optim_state(o[0], 0)[i], p1[i].count, 1e-3);
         dp = d > dp || d != d ? d : dp;
         ds = e > ds || e != e ? e : ds;
     }
@@ -639,10 +639,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cnn_matches),    cmocka_unit_test(mlp_matches),
         cmocka_unit_test(ready_order),    cmocka_unit_test(resident_steps),
-        cmocka_unit_test(ten_steps_fp32),
-        cmocka_unit_test(ten_steps_tf32), cmocka_unit_test(bf16_matches),
-        cmocka_unit_test(fp16_matches),   cmocka_unit_test(ten_steps_bf16),
-        cmocka_unit_test(ten_steps_fp16), cmocka_unit_test(refusals),
+        cmocka_unit_test(ten_steps_fp32), cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(bf16_matches),   cmocka_unit_test(fp16_matches),
+        cmocka_unit_test(ten_steps_bf16), cmocka_unit_test(ten_steps_fp16),
+        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

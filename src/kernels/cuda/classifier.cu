@@ -431,10 +431,9 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     }
     for (int i = 0; g->L && i < g->cfg.nl; i++)
         free_layer(&g->L[i]);
-    void *bufs[] = {g->params,   g->grads,    g->buffers, g->x,      g->dlogits,
-                    g->row_loss, g->g0,       g->g1,      g->labels, g->correct,
-                    g->ws,       g->params_h, g->h0,      g->h1,     g->dwh,
-                    g->ost[0],   g->ost[1]};
+    void *bufs[] = {g->params, g->grads, g->buffers, g->x,       g->dlogits, g->row_loss,
+                    g->g0,     g->g1,    g->labels,  g->correct, g->ws,      g->params_h,
+                    g->h0,     g->h1,    g->dwh,     g->ost[0],  g->ost[1]};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     if (g->dnn)
@@ -792,8 +791,8 @@ extern "C" ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *
 {
     ddp_status st = use_device(g, err);
     for (size_t i = 0; i < g->np && !st; i++)
-        st = ddp__cuda_to_device(g->ctx, P(g, (int)i), params_host[i],
-                                 sizeof(float) * g->counts[i], err);
+        st = ddp__cuda_to_device(g->ctx, P(g, (int)i), params_host[i], sizeof(float) * g->counts[i],
+                                 err);
     for (size_t j = 0; buffers_host && j < g->nb && !st; j++)
         st = ddp__cuda_to_device(g->ctx, BUF(g, (int)j), buffers_host[j],
                                  sizeof(float) * g->bcounts[j], err);
@@ -1236,8 +1235,8 @@ extern "C" ddp_status ddp__gpu_cls_get_params(ddp__cuda_cls *g, float *const *pa
 }
 
 extern "C" ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
-                                                ddp_status (*ready)(void *ctx, size_t i),
-                                                void *ctx, ddp_error *err)
+                                                ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                                ddp_error *err)
 {
     g->grads_dev = grads_dev;
     g->ready = ready;
@@ -1251,8 +1250,8 @@ extern "C" ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *
 extern "C" ddp_status ddp__gpu_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
 {
     if (nstates < 1 || nstates > 2)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda classifier: %d optimizer states (1 or 2)", nstates);
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: %d optimizer states (1 or 2)",
+                              nstates);
     ddp_status st = use_device(g, err);
     for (int s = 0; s < nstates && !st; s++) {
         if (!g->ost[s] && (st = dalloc_es(&g->ost[s], g->total, 4, err)))
@@ -1283,8 +1282,8 @@ extern "C" ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_
     const float *grad = a->grad_dev + a->lo;
     if (a->adamw)
         return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
-                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step,
-                               a->grad_scale, NULL, err);
+                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step, a->grad_scale,
+                               NULL, err);
     char msg[DDP_ERRMSG_MAX];
     if ((st = ddp__devmath_sgd((void *)g->ctx->stream, p, grad, g->ost[0] + off, n, a->lr,
                                a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
