@@ -11,7 +11,8 @@
 #     checkpoint's tensors within 1e-5 of each tensor's largest value (9.4e-7) plus 1e-7 absolute
 #     (1.7e-8: the conv biases' momentum, whose gradient is zero but for rounding, batchnorm
 #     following); host-driven (--resident false) = resident bit for bit (the device's SGD is the
-#     CPU's arithmetic); bf16 within 5e-2 of the cpu's fp32 (6.8e-4); 4 steps, a checkpoint and a
+#     CPU's arithmetic); bf16 within 5e-2 of the cpu's fp32 (6.8e-4), = host-driven bit for bit
+#     (the 16-bit weights rounded from the stepped masters each forward); 4 steps, a checkpoint and a
 #     resume = 8 steps, bit for bit;
 #   cnn, 2 ranks (DDP_EMU_GPUS=2, 1 KiB buckets): losses 1e-5 (2.3e-8), the same accuracy (the
 #     running statistics broadcast from rank 0 over the GPU group), the checkpoint as above;
@@ -110,7 +111,11 @@ tensors "$(ck host)" "$(ck gpu)" 0 || fail "host-driven's checkpoint ≠ residen
 ok "cnn fp32, resident: 8 steps on the emulated GPU = the cpu's (test accuracy $(acc gpu.out) both, the checkpoint's tensors within 1e-5), = host-driven bit for bit"
 run bf16 emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --precision bf16
 losses cpu/metrics.jsonl bf16/metrics.jsonl 8 5e-2 || fail "bf16: cuda (emulated) too far from cpu fp32"
-ok "cnn bf16, resident: 8 steps on the emulated GPU within 5e-2 of the cpu's fp32"
+# the 16-bit weights are rounded from the masters the device's optimizer stepped, at each forward
+# (host-driven: at each upload): the same values
+run bf16h emu "$TRAIN" "${ARGS[@]}" --device cuda --resident false --precision bf16
+tensors "$(ck bf16h)" "$(ck bf16)" 0 || fail "bf16: host-driven's checkpoint ≠ resident's"
+ok "cnn bf16, resident: 8 steps on the emulated GPU within 5e-2 of the cpu's fp32, = host-driven bit for bit"
 run half emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --total_steps 4 --checkpoint.every 4
 run half emu "$TRAIN" "${ARGS[@]}" "${GPU[@]}" --resume_from latest
 losses gpu/metrics.jsonl half/metrics.jsonl 8 0 || fail "resumed ≠ uninterrupted"
