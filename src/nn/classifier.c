@@ -305,6 +305,10 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
                 !(c->dbuf = calloc(nb ? nb : 1, sizeof *c->dbuf)) ||
                 !(c->dgrad = calloc(np ? np : 1, sizeof *c->dgrad))))
         st = ddp__err(err, DDP_ERR_NOMEM, "%s: out of memory", m->ops->name);
+    /* the stream (and the device arrays) from the start, as the GPT's: ddp_model_cuda_stream
+     * answers for a host-driven model too */
+    if (!st)
+        st = ddp__cuda_cls_dev_info(c->cu, c->dparam, c->dbuf, &c->stream, err);
 out_free:
     free(counts);
     free(bcounts);

@@ -26,6 +26,19 @@
  *    output is not read), each result rounded once to the output's type (fp16 past 65504: inf);
  *    FLOAT data under a tensor-op algorithm with a math type other than FMA has its inputs
  *    rounded to TF32 first (what Ampere and later do).
+ *  - pointers: every device buffer argument (tensors, filters, batchnorm's parameter and
+ *    statistics tensors, the workspace) must lie inside one cudaMalloc'd block and, when
+ *    DDP_EMU_CUDNN_STRICT=1, start 16-byte aligned (else abort); a pointer not aligned to its
+ *    element size is BAD_PARAM_MISALIGNED_POINTER. The rule and its source: the only written
+ *    pointer requirement found is cuDNN 7.6's release notes (known issues: "the Tensor pointers
+ *    and the filter pointers require at a minimum 4-byte alignment, including for FP16 or INT8
+ *    data"); cuDNN 9's legacy-API pages found state none. The graph API's tensors carry their
+ *    pointers' alignment (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), which the engines are chosen by, so
+ *    a legacy call's engine can be specialised for the pointers it got, and tensor-core kernels
+ *    load 16 bytes at a time. 16 is therefore this emulation's choice, stricter than the
+ *    documented 4, not a cited cuDNN limit: it catches a view packed into a larger buffer (a
+ *    reducer's bucket) reaching cuDNN, which classifier.cu avoids (it hands cuDNN 256-byte
+ *    aligned buffers only), while cudaMalloc's blocks (256-byte aligned) always pass.
  *  - batchnorm (SPATIAL only; PER_ACTIVATION and PERSISTENT: NOT_SUPPORTED): training with the
  *    batch's mean and biased variance, the running mean and the UNBIASED running variance
  *    updated by the exponential average factor, saved mean and 1/sqrt(var + eps); inference with
@@ -145,7 +158,10 @@ static float tf32(float x) /* round to nearest (even) at 10 mantissa bits */
     return x;
 }
 
-/* Aborts unless [p, p + bytes) lies in one cudaMalloc'd block (gpu_rt_emu.cpp's). */
+static bool env_flag(const char *name);
+
+/* Aborts unless [p, p + bytes) lies in one cudaMalloc'd block (gpu_rt_emu.cpp's), and, when
+ * strict, unless p is 16-byte aligned (the header says why 16). */
 static void need_dev(const char *call, const char *what, const void *p, size_t bytes)
 {
     if (!p)
@@ -154,6 +170,10 @@ static void need_dev(const char *call, const char *what, const void *p, size_t b
         die("%s: %s (%zu bytes at %p) is not inside one cudaMalloc'd block (host memory, freed, "
             "or running past its end)",
             call, what, bytes, p);
+    if ((uintptr_t)p % 16 && env_flag("DDP_EMU_CUDNN_STRICT"))
+        die("%s: %s at %p is not 16-byte aligned (DDP_EMU_CUDNN_STRICT: a real cuDNN may pick a "
+            "vectorised kernel for it, or refuse it); hand cuDNN an aligned buffer",
+            call, what, p);
 }
 static size_t elems(const cudnnTensorStruct *t)
 {

@@ -248,6 +248,9 @@ static void ready_order(void **state)
     (void)state;
     ddp_model *cpu = build(&cnn_relu, DDP_DEVICE_CPU, DDP_PRECISION_FP32);
     ddp_model *gpu = build(&cnn_relu, DDP_DEVICE_CUDA, DDP_PRECISION_FP32);
+    /* a host-driven model has its stream from the build (a GPU group may order after it) */
+    assert_non_null(ddp_model_cuda_stream(gpu));
+    assert_null(ddp_model_cuda_stream(cpu));
     static float x[B * IN];
     int32_t y[B];
     make_batch(2, x, y);
@@ -343,10 +346,14 @@ static double train10(const variant *v, ddp_precision gpu_prec, double eval_tol)
  * CPU's (relative to each tensor's largest value, floor 1e-3: the conv biases' gradient is zero
  * but for rounding, batchnorm following). A libddp without the GPU backends (a sanitizer build,
  * DDP_CUDA off) has no GPU group: there the gradients are device memory of the module's own
- * (its devops), zeroed on the model's stream each step — one rank's mean is its own gradient. */
-static void resident_steps(void **state)
+ * (its devops), zeroed on the model's stream each step — one rank's mean is its own gradient.
+ * packed (resident_steps_packed): no group; the gradients and the parameters (bound with
+ * ddp_model_bind_device_params, as a sharded reducer's copy) are views packed back to back from
+ * 4 bytes into one device block each, as the reducer lays out its buckets, so that the conv's and
+ * batchnorm's views are not 16-byte aligned (the emulated cuDNN aborts, strict, if one reaches
+ * it); unbound again (NULL) before sync_host. */
+static void resident_run(bool packed)
 {
-    (void)state;
     const variant *v = &cnn_relu;
     ddp_model *m[2] = {build(v, DDP_DEVICE_CPU, DDP_PRECISION_FP32),
                        build(v, DDP_DEVICE_CUDA, DDP_PRECISION_FP32)};
@@ -379,10 +386,36 @@ static void resident_steps(void **state)
     ddp_group *gg = NULL;
     ddp_reducer *red = NULL;
     ddp__devops dv = {0}; /* without a GPU group: the module's device memory */
-    float *gd[64] = {0};
+    float *gd[64] = {0}, *pd[64] = {0}, *gblock = NULL, *pblock = NULL;
     char msg[DDP_ERRMSG_MAX];
     assert_true(np <= 64 && nb <= 64 && nb > 0);
-    if (ddp_group_init(&go, &gg, &err) == DDP_OK) {
+    if (packed) {
+        const ddp__gpu_api *t;
+        if (ddp__gpu_module(&t, &err) != DDP_OK || !t->cuda_devops ||
+            t->cuda_devops(0, &dv, &err) != DDP_OK)
+            fail_msg("the module's devops: %s", err.msg);
+        size_t total = 1; /* one float in: every view 4-byte aligned only */
+        for (size_t i = 0; i < np; i++)
+            total += p1[i].count;
+        assert_non_null(gblock = dv.alloc(dv.ctx, sizeof(float) * total));
+        assert_non_null(pblock = dv.alloc(dv.ctx, sizeof(float) * total));
+        size_t off = 1;
+        int odd = 0;
+        for (size_t i = 0; i < np; i++) {
+            gd[i] = gblock + off;
+            pd[i] = pblock + off;
+            off += p1[i].count;
+            odd += ((uintptr_t)gd[i] % 16) != 0;
+            if (dv.copy(dv.ctx, pd[i], ddp_model_device_param(m[1], i), sizeof(float) * p1[i].count,
+                        msg) != DDP_OK)
+                fail_msg("copy: %s", msg);
+        }
+        assert_true(odd > 0);
+        if (ddp_model_bind_device_params(m[1], pd) != DDP_OK)
+            fail_msg("bind_device_params: %s", ddp_model_last_error(m[1]));
+        for (size_t i = 0; i < np; i++)
+            assert_ptr_equal(ddp_model_device_param(m[1], i), pd[i]);
+    } else if (ddp_group_init(&go, &gg, &err) == DDP_OK) {
         ddp_group_set_stream(gg, stream);
         ddp_param ps[64], bs[64];
         for (size_t i = 0; i < np; i++) {
@@ -412,6 +445,7 @@ static void resident_steps(void **state)
         for (size_t i = 0; i < np; i++)
             assert_non_null(gd[i] = dv.alloc(dv.ctx, sizeof(float) * p1[i].count));
     }
+    const bool own = !red && !packed; /* gd[i] each the module's own allocation */
     assert_null(ddp_model_device_buffer(m[1], nb));
     for (size_t i = 0; i < np; i++)
         assert_int_equal(ddp_model_bind_device_grad(m[1], i, gd[i]), DDP_OK);
@@ -451,6 +485,8 @@ static void resident_steps(void **state)
     printf("    largest loss difference %.2e (tolerance 1e-4)\n", worst);
     if (!(worst <= 1e-4))
         fail_msg("resident: losses differ by %.3e", worst);
+    if (packed && ddp_model_bind_device_params(m[1], NULL) != DDP_OK)
+        fail_msg("unbind: %s", ddp_model_last_error(m[1]));
     if (ddp_model_sync_host(m[1], o[1]) != DDP_OK)
         fail_msg("sync_host: %s", ddp_model_last_error(m[1]));
     double dp = 0, ds = 0;
@@ -468,14 +504,30 @@ static void resident_steps(void **state)
     buffers_close(m[0], m[1], 1e-4);
     ddp_reducer_destroy(red);
     ddp_group_destroy(gg);
-    for (size_t i = 0; !red && i < np; i++)
+    for (size_t i = 0; own && i < np; i++)
         dv.free(dv.ctx, gd[i]);
+    if (packed) {
+        dv.free(dv.ctx, gblock);
+        dv.free(dv.ctx, pblock);
+    }
     if (dv.destroy)
         dv.destroy(dv.ctx);
     for (int k = 0; k < 2; k++) {
         ddp_optim_destroy(o[k]);
         ddp_model_free(m[k]);
     }
+}
+
+static void resident_steps(void **state)
+{
+    (void)state;
+    resident_run(false);
+}
+
+static void resident_steps_packed(void **state)
+{
+    (void)state;
+    resident_run(true);
 }
 
 static void ten_steps_fp32(void **state)
@@ -637,12 +689,12 @@ int main(void)
     int n = ddp_test_gpus_or_skip("test_cuda_classifier");
     printf("test_cuda_classifier: %d GPU(s); the MLP and CNN on cuda:0 against the CPU\n", n);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cnn_matches),    cmocka_unit_test(mlp_matches),
-        cmocka_unit_test(ready_order),    cmocka_unit_test(resident_steps),
-        cmocka_unit_test(ten_steps_fp32), cmocka_unit_test(ten_steps_tf32),
-        cmocka_unit_test(bf16_matches),   cmocka_unit_test(fp16_matches),
-        cmocka_unit_test(ten_steps_bf16), cmocka_unit_test(ten_steps_fp16),
-        cmocka_unit_test(refusals),
+        cmocka_unit_test(cnn_matches),           cmocka_unit_test(mlp_matches),
+        cmocka_unit_test(ready_order),           cmocka_unit_test(resident_steps),
+        cmocka_unit_test(resident_steps_packed), cmocka_unit_test(ten_steps_fp32),
+        cmocka_unit_test(ten_steps_tf32),        cmocka_unit_test(bf16_matches),
+        cmocka_unit_test(fp16_matches),          cmocka_unit_test(ten_steps_bf16),
+        cmocka_unit_test(ten_steps_fp16),        cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

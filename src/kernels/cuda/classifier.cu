@@ -3,14 +3,14 @@
  * src/nn/classifier.c's layer list run in its order, with the same meaning of every buffer; that
  * file is the reference (test_cuda_classifier compares the two).
  *
- * Memory, all cudaMalloc'd at create for max_batch samples: the parameters and their gradients
- * as two flat fp32 buffers in the CPU model's order (each tensor padded to 256 bytes, as the
- * GPT's), the running statistics as a third, each layer's output (B, out_n), max-pool's argmax,
- * dropout's mask, batchnorm's saved mean and 1/std, the input, the labels, the logits' gradient,
- * two ping-pong gradient buffers of the widest activation, and cuDNN's workspace; in bf16/fp16
- * also the weights' 16-bit twin, each linear and conv layer's input rounded (B, in_n), two 16-bit
- * buffers of the widest activation (a conv's output; dy and dx rounded) and one of the largest
- * conv filter (its gradient).
+ * Memory, all cudaMalloc'd at create for max_batch samples: the parameters and their gradients as
+ * two flat fp32 buffers in the CPU model's order (each tensor padded to 128 elements: 256 bytes in
+ * the 16-bit twin too, see span), the running statistics as a third, each layer's output (B,
+ * out_n), max-pool's argmax, dropout's mask, batchnorm's saved mean and 1/std, the input, the
+ * labels, the logits' gradient, two ping-pong gradient buffers of the widest activation, and
+ * cuDNN's workspace; in bf16/fp16 also the weights' 16-bit twin, each linear and conv layer's input
+ * rounded (B, in_n), two 16-bit buffers of the widest activation (a conv's output; dy and dx
+ * rounded) and one of the largest conv filter (its gradient).
  *
  * Who computes what: linear layers through ddp__cuda_gemm (cuBLASLt; TF32 tensor cores with
  * precision tf32, plain fp32 otherwise); conv2d (forward, data and filter gradients) and
@@ -42,10 +42,11 @@
  * weight gradients are 16-bit too). Linear layers need none of that: cuBLASLt takes 16-bit
  * operands and writes fp32 (y with the fp32 bias epilogue, dx, dW accumulated with beta 1); the
  * bias gradient sums the fp32 dy, as the CPU does. The weights' 16-bit twin (params_h) is rounded
- * from the masters once per upload. fp16 is GradScaler's half: the loss's gradient carries the
- * host's loss scale (grad_scale), a value beyond 65504 becomes ±inf where it is stored in 16 bits
- * (the rounded dy, cuDNN's dW and dx), and the inf or NaN reaching the fp32 gradients is what the
- * host's unscale finds (it then skips the step and halves the scale).
+ * from the masters at each upload and, in resident mode, at every forward. fp16 is GradScaler's
+ * half: the loss's gradient carries the host's loss scale (grad_scale), a value beyond 65504
+ * becomes ±inf where it is stored in 16 bits (the rounded dy, cuDNN's dW and dx), and the inf or
+ * NaN reaching the fp32 gradients is what the host's unscale finds (it then skips the step and
+ * halves the scale).
  *
  * Device-resident training (ddp_model_resident; the end of this file): the parameters and
  * running statistics stay here between steps (uploaded once), backward's gradient kernels add
@@ -59,6 +60,7 @@
  */
 #include <cudnn.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,8 +122,8 @@ struct ddp__cuda_cls {
     float *grads_host, *row_loss_host; /* host staging */
     int32_t *correct_host;
     /* precision bf16 or fp16 (NULL otherwise): params_h (total,) the weights rounded at each
-     * upload; h0, h1 (B · widest) 16-bit scratch (a conv's output; dy, then dx in backward);
-     * dwh (dw_max,) a conv filter's gradient */
+     * upload and, resident, at every forward; h0, h1 (B · widest) 16-bit scratch (a conv's
+     * output; dy, then dx in backward); dwh (dw_max,) a conv filter's gradient */
     bool half;
     ddp_dtype ht; /* then DDP_BFLOAT16 or DDP_FLOAT16 */
     uint16_t *params_h, *h0, *h1, *dwh;
@@ -255,6 +257,30 @@ static float *P(ddp__cuda_cls *g, int i)
     return i < 0 ? NULL : g->bound ? g->bound[i] : g->params + g->offsets[i];
 }
 
+/* cuDNN is handed 256-byte-aligned pointers only (what cudaMalloc returns; the module's own
+ * buffers are laid out so). The caller's arrays need not be: the reducer packs its bucket views
+ * and, with the sharded optimizer, its copy of the parameters back to back, 4-byte aligned. */
+static bool aligned(const void *p)
+{
+    return ((uintptr_t)p & 255u) == 0;
+}
+
+/* Elements of one tensor's slot in the flat buffers: 128 (512 bytes in fp32, 256 in the 16-bit
+ * twin), so that every slot of either starts 256-byte aligned. */
+static size_t span(size_t count)
+{
+    return (count + 127) / 128 * 128;
+}
+
+/* Parameter i's values as cuDNN reads them: P's, or when P's is a misaligned bound array, the
+ * flat buffer's slot, which refresh_bound copies it into at every forward (the rule of the
+ * 16-bit twin: the parameters change only between a backward and the next forward). */
+static const float *PD(ddp__cuda_cls *g, int i)
+{
+    float *p = P(g, i);
+    return aligned(p) ? p : g->params + g->offsets[i];
+}
+
 /* Where parameter i's gradient accumulates: the flat buffer, or during backward_dev the
  * caller's device gradient itself. */
 static float *G(ddp__cuda_cls *g, int i)
@@ -266,6 +292,32 @@ static float *G(ddp__cuda_cls *g, int i)
 static const uint16_t *PH(ddp__cuda_cls *g, int i)
 {
     return g->params_h + g->offsets[i];
+}
+
+/* Where cuDNN writes parameter i's gradient, and with which beta: G's, added into (beta 1),
+ * when aligned; else the flat gradient buffer's slot (unused during backward_dev, the only time
+ * G is the caller's), overwritten (beta 0), for add_scratch to add into G afterwards. */
+static float *GD(ddp__cuda_cls *g, int i, float *beta)
+{
+    float *d = G(g, i);
+    *beta = aligned(d) ? 1.0f : 0.0f;
+    return aligned(d) ? d : g->grads + g->offsets[i];
+}
+
+/* After cuDNN wrote parameter i's gradient where GD said: the slot added into G when it was
+ * not G itself. */
+static ddp_status add_scratch(ddp__cuda_cls *g, int i, ddp_error *err)
+{
+    float *d = G(g, i);
+    if (aligned(d))
+        return DDP_OK;
+    return ddp__cuda_add(g->ctx, d, g->grads + g->offsets[i], g->counts[i], d, err);
+}
+
+/* Batchnorm's saved 1/std: its own aligned slot after the saved mean's. */
+static float *INVSTD(const dlayer *l)
+{
+    return l->aux + span((size_t)l->L.C);
 }
 
 static float *BUF(ddp__cuda_cls *g, int j)
@@ -493,14 +545,14 @@ static ddp_status layout(ddp__cuda_cls *g, const size_t *counts, size_t np, cons
     for (size_t i = 0; i < np; i++) {
         g->counts[i] = counts[i];
         g->offsets[i] = off;
-        off += ddp__cuda_param_span(counts[i]);
+        off += span(counts[i]);
     }
     g->total = off;
     off = 0;
     for (size_t j = 0; j < nb; j++) {
         g->bcounts[j] = bcounts[j];
-        g->boffsets[j] = off; /* aligned as the parameters, for cuDNN's vector loads */
-        off += ddp__cuda_param_span(bcounts[j]);
+        g->boffsets[j] = off; /* aligned as the parameters, for cuDNN */
+        off += span(bcounts[j]);
     }
     g->btotal = off;
     return DDP_OK;
@@ -745,7 +797,7 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
                              err))) ||
             (L->kind == DDP__CLS_POOL && (st = dalloc_es(&l->argmax, B * L->out_n, 4, err))) ||
             (L->kind == DDP__CLS_DROPOUT && (st = dalloc_es(&l->mask, B * L->out_n, 1, err))) ||
-            (L->kind == DDP__CLS_BN && (st = dalloc_es(&l->aux, 2 * (size_t)L->C, 4, err))) ||
+            (L->kind == DDP__CLS_BN && (st = dalloc_es(&l->aux, 2 * span((size_t)L->C), 4, err))) ||
             (L->kind == DDP__CLS_CONV && (st = setup_conv(g, l, &ws, err))) ||
             (L->kind == DDP__CLS_BN && (st = setup_bn(l, err))))
             goto out_free;
@@ -783,6 +835,28 @@ static ddp_status round_h(ddp__cuda_cls *g, ddp_error *err)
     for (size_t i = 0; i < g->np && !st; i++)
         st = ddp__cuda_f32_to_h(g->ctx, g->ht, P(g, (int)i), g->counts[i],
                                 g->params_h + g->offsets[i], err);
+    return st;
+}
+
+/* While the parameters are bound (bind_params): each one cuDNN reads (a conv's fp32 weight,
+ * batchnorm's γ and β) whose bound array is not 256-byte aligned copied into its slot of the flat
+ * buffer, which PD then hands cuDNN. Run at every forward, as round_h in resident mode: the
+ * optimizer changes the bound arrays only between a backward and the next forward. */
+static ddp_status refresh_bound(ddp__cuda_cls *g, ddp_error *err)
+{
+    ddp_status st = DDP_OK;
+    for (int k = 0; k < g->cfg.nl && !st; k++) {
+        const ddp__cuda_cls_layer *L = &g->L[k].L;
+        int first = L->p0, last = L->p0 - 1; /* the parameters cuDNN reads: [first, last] */
+        if (L->kind == DDP__CLS_BN)
+            last = L->p0 + 1;
+        else if (L->kind == DDP__CLS_CONV && !g->half) /* 16 bits: cuDNN reads the twin */
+            last = L->p0;
+        for (int i = first; i <= last && !st; i++)
+            if (!aligned(g->bound[i]))
+                st = ddp__cuda_copy(g->ctx, g->params + g->offsets[i], g->bound[i],
+                                    sizeof(float) * g->counts[i], err);
+    }
     return st;
 }
 
@@ -851,7 +925,7 @@ static ddp_status conv_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int 
     const ddp__cuda_cls_layer *L = &l->L;
     const float one = 1.0f, zero = 0.0f;
     const size_t in_n = (size_t)L->in_ch * L->h * L->w, total = (size_t)n * L->out_n;
-    const void *xin = x, *w = P(g, L->p0);
+    const void *xin = x, *w = PD(g, L->p0);
     void *yout = l->y;
     ddp_status st = set_batch(l, n, err);
     if (!st && g->half) {
@@ -904,13 +978,13 @@ static ddp_status bn_forward(ddp__cuda_cls *g, dlayer *l, const float *x, int n,
     if (train)
         return dnn_check(dnn.cudnnBatchNormalizationForwardTraining(
                              g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y,
-                             l->pd, P(g, L->p0), P(g, L->p0 + 1), (double)g->cfg.bn_momentum,
+                             l->pd, PD(g, L->p0), PD(g, L->p0 + 1), (double)g->cfg.bn_momentum,
                              BUF(g, L->buf0), BUF(g, L->buf0 + 1), (double)g->cfg.bn_eps, l->aux,
-                             l->aux + L->C),
+                             INVSTD(l)),
                          "cudnnBatchNormalizationForwardTraining", err);
     return dnn_check(dnn.cudnnBatchNormalizationForwardInference(
                          g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, l->xd, x, l->xd, l->y, l->pd,
-                         P(g, L->p0), P(g, L->p0 + 1), BUF(g, L->buf0), BUF(g, L->buf0 + 1),
+                         PD(g, L->p0), PD(g, L->p0 + 1), BUF(g, L->buf0), BUF(g, L->buf0 + 1),
                          (double)g->cfg.bn_eps),
                      "cudnnBatchNormalizationForwardInference", err);
 }
@@ -982,7 +1056,8 @@ extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls
         (st = ddp__cuda_to_device(c, g->x, b->x, sizeof(float) * (size_t)n * g->cfg.in_n, err)) ||
         (b->labels &&
          (st = ddp__cuda_to_device(c, g->labels, b->labels, sizeof(int32_t) * (size_t)n, err))) ||
-        (g->resident && g->half && (st = round_h(g, err))))
+        (g->resident && g->half && (st = round_h(g, err))) ||
+        (g->bound && (st = refresh_bound(g, err))))
         return st;
     const float *a = g->x;
     for (int i = 0; i < g->cfg.nl; i++) {
@@ -1026,9 +1101,11 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
     const float one = 1.0f, zero = 0.0f;
     const size_t wn = (size_t)L->out_ch * L->in_ch * L->kh * L->kw;
     const size_t in_n = (size_t)L->in_ch * L->h * L->w;
-    const void *xin = in, *dyin = dy, *w = P(g, L->p0);
-    void *dw = G(g, L->p0), *dxout = dx;
-    float beta_w = 1.0f; /* fp32: dW += (gradients accumulate, as the CPU's) */
+    const void *xin = in, *dyin = dy, *w = PD(g, L->p0);
+    void *dxout = dx;
+    /* fp32: dW += (gradients accumulate, as the CPU's), or into the aligned scratch (GD) */
+    float beta_w;
+    void *dw = GD(g, L->p0, &beta_w);
     ddp_status st = set_batch(l, n, err);
     if (!st && g->half) {
         st = ddp__cuda_f32_to_h(g->ctx, g->ht, dy, (size_t)n * L->out_n, g->h0, err);
@@ -1059,6 +1136,8 @@ static ddp_status conv_backward(ddp__cuda_cls *g, dlayer *l, const float *dy, co
     }
     if (!st && g->half) /* the 16-bit dW into the fp32 gradient */
         st = ddp__cuda_add_h(g->ctx, g->ht, G(g, L->p0), g->dwh, wn, G(g, L->p0), err);
+    else if (!st) /* fp32: the scratch's dW into a misaligned gradient */
+        st = add_scratch(g, L->p0, err);
     if (st)
         return st;
     channel_sum<<<(unsigned)L->out_ch, 256, 0, g->ctx->stream>>>(
@@ -1136,16 +1215,32 @@ static ddp_status layer_backward(ddp__cuda_cls *g, int i, const float *dy, const
         return ddp__cuda_launched("dropout backward", err);
     case DDP__CLS_CONV: return conv_backward(g, l, dy, in, n, dx, err);
     case DDP__CLS_BN: {
-        /* cuDNN always writes dx: the spare buffer when the input needs none */
+        /* cuDNN always writes dx: the spare buffer when the input needs none. dγ and dβ share
+         * one beta: both added into G (beta 1) when both are aligned, else both written into
+         * the scratch (beta 0) and added after. */
         const float one = 1.0f, zero = 0.0f;
+        float b0, b1;
+        float *dg = GD(g, L->p0, &b0), *db = GD(g, L->p0 + 1, &b1);
+        if (b0 != b1) {
+            b0 = b1 = 0.0f;
+            dg = g->grads + g->offsets[L->p0];
+            db = g->grads + g->offsets[L->p0 + 1];
+        }
         ddp_status st = set_batch(l, n, err);
-        if (st)
-            return st;
-        return dnn_check(dnn.cudnnBatchNormalizationBackward(
-                             g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, l->xd, in,
-                             l->xd, dy, l->xd, dx ? dx : spare, l->pd, P(g, L->p0), G(g, L->p0),
-                             G(g, L->p0 + 1), (double)g->cfg.bn_eps, l->aux, l->aux + L->C),
-                         "cudnnBatchNormalizationBackward", err);
+        if (!st)
+            st = dnn_check(dnn.cudnnBatchNormalizationBackward(
+                               g->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &b0, l->xd,
+                               in, l->xd, dy, l->xd, dx ? dx : spare, l->pd, PD(g, L->p0), dg, db,
+                               (double)g->cfg.bn_eps, l->aux, INVSTD(l)),
+                           "cudnnBatchNormalizationBackward", err);
+        if (!st && b0 == 0.0f) {
+            for (int k = 0; k < 2 && !st; k++) {
+                float *d = G(g, L->p0 + k);
+                st = ddp__cuda_add(g->ctx, d, g->grads + g->offsets[L->p0 + k],
+                                   g->counts[L->p0 + k], d, err);
+            }
+        }
+        return st;
     }
     case DDP__CLS_POOL: {
         if (!dx)
