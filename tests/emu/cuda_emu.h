@@ -1,16 +1,18 @@
 /*
  * tests/emu/cuda_emu.h — just enough of CUDA, on the CPU, to run the kernels of
  * src/kernels/cuda unchanged (cu_extract.py keeps their device code, common.cuh's included): a
- * thread block is blockDim.x·y·z std::threads (≤ 1024, warps of 32 consecutive threads, the last
- * one partial), __syncthreads a barrier over the block's live threads, __syncwarp and the warp
+ * thread block is blockDim.x·y·z threads (≤ 1024, warps of 32 consecutive threads, the last
+ * one partial: fibers on the calling thread, or OS threads from a pool when EMU_OS_THREADS, as
+ * under TSan, which then sees two of a block's threads racing as a data race), __syncthreads a barrier over the block's live threads, __syncwarp and the warp
  * shuffles a barrier per warp. A thread that returns leaves its block's and its warp's barriers
  * (as on sm_70+); a block whose barriers make no progress for 60 s (a divergent __syncthreads
  * or a shuffle some lanes never reach) aborts instead of hanging. A full-mask shuffle
  * with exited lanes in the warp, or reading an exited or missing lane, aborts (undefined in
  * CUDA). Shared memory (dynamic: emu.smem; static: emu_static_shared) is filled with 0xff bytes
  * (NaN in every float format: a read of something never written shows in the results). Atomics
- * are std::atomic_ref. Blocks run one after another (the same threads). nvcuda::wmma as documented: a fragment
- * holds its whole 16×16 tile (every lane computes all of it, lane 0 stores), loads and stores
+ * are std::atomic_ref. Blocks run one after another (the same threads). nvcuda::wmma as
+ * documented: a fragment holds its whole 16×16 tile (every lane computes all of it, lane 0
+ * stores; with fibers a lane whose operands equal the previous lane's takes its result), loads and stores
  * abort unless the pointer is 256-bit aligned and ldm a multiple of 8 (16-bit) or 4 (fp32),
  * row_major / col_major as the CUDA guide defines them. What this cannot check: the hardware's
  * fragment layouts and timing, races the barriers here happen to hide, nvcc's code.
@@ -25,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,12 +54,12 @@ using std::max;
 using std::min;
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
-    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+    constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 struct emu_thread {
     dim3 tI, bI, gD, bD;
-    unsigned char *smem;
-    unsigned lin; /* linear thread index in the block */
+    unsigned char *smem = nullptr;
+    unsigned lin = 0; /* linear thread index in the block */
 };
 inline thread_local emu_thread emu;
 #define threadIdx (emu.tI)
@@ -80,12 +83,25 @@ struct emu_barrier {
     {
         arrived = 0;
         gen.fetch_add(1);
-        gen.notify_all();
+        if (!emu_yield) /* fibers: nobody sleeps on it */
+            gen.notify_all();
         emu_progress.fetch_add(1, std::memory_order_relaxed);
     }
     void wait()
     {
         unsigned long g;
+        if (emu_yield) { /* fibers: the block's threads share one OS thread, no lock */
+            g = gen.load(std::memory_order_relaxed);
+            if (++arrived == n) {
+                release();
+                return;
+            }
+            emu_fiber_moved = true;
+            while (gen.load(std::memory_order_relaxed) == g)
+                emu_yield();
+            emu_fiber_moved = true;
+            return;
+        }
         {
             std::lock_guard<std::mutex> l(m);
             g = gen.load();
@@ -94,28 +110,32 @@ struct emu_barrier {
                 return;
             }
         }
-        emu_fiber_moved = true;
-        while (gen.load() == g) {
-            if (emu_yield) /* emu_launch_fibers: the block's other threads run meanwhile */
-                emu_yield();
-            else
-                gen.wait(g);
-        }
-        emu_fiber_moved = true;
+        while (gen.load() == g)
+            gen.wait(g);
     }
     void drop()
     {
-        std::lock_guard<std::mutex> l(m);
+        std::unique_lock<std::mutex> l(m, std::defer_lock);
+        if (!emu_yield)
+            l.lock();
         n--;
         if (n > 0 && arrived == n)
             release();
     }
 };
+/* A warp's last tensor-core product (nvcuda::wmma::mma_sync, fibers only): operands, result. */
+struct emu_mma_memo {
+    float a[16][16], b[16][16], c[16][16], d[16][16];
+    bool valid = false;
+};
 struct emu_block {
     emu_barrier all;
     emu_barrier warp[32];
-    uint64_t xch[32][32];
+    uint64_t xch[2][32][32]; /* a shuffle's values, by warp and lane; two sets, used in turn */
+    unsigned shfl_n[1024];    /* shuffles each thread has done in this block */
     bool exited[32][32];
+    unsigned nexited[32]; /* exited lanes, by warp */
+    emu_mma_memo mma[32];
     unsigned nthreads;
     std::mutex sm_m; /* the static shared areas, by declaration */
     std::map<int, std::unique_ptr<unsigned char[]>> sm_static;
@@ -136,7 +156,9 @@ inline void __syncwarp(unsigned = 0xffffffffu)
 /* `__shared__ T a[N];` inside a kernel, per block (cu_extract.py rewrites it to this). */
 inline void *emu_static_shared(size_t bytes, int id)
 {
-    std::lock_guard<std::mutex> l(emu_b->sm_m);
+    std::unique_lock<std::mutex> l(emu_b->sm_m, std::defer_lock);
+    if (!emu_yield)
+        l.lock();
     auto &p = emu_b->sm_static[id];
     if (!p) {
         p.reset(new unsigned char[bytes + 256]);
@@ -147,38 +169,47 @@ inline void *emu_static_shared(size_t bytes, int id)
         q++;
     return q;
 }
-/* The shuffle core: every lane of the warp publishes v, then reads lane src (own if src < 0). */
+/* The shuffle core: every lane of the warp publishes v, then reads lane src (own if src < 0).
+ * One barrier: a lane's k-th shuffle writes set k % 2, so a lane already at its next shuffle
+ * writes the other set while the rest still read this one, and cannot pass that shuffle's
+ * barrier (and come back to this set) before every lane has arrived, that is, has read. */
 template <typename T> inline T emu_shfl(unsigned mask, T v, int src)
 {
     static_assert(sizeof(T) <= 8, "shuffle of a type over 8 bytes");
-    const unsigned w = emu.lin / 32, l = emu.lin % 32, ws = emu_warp_size(w);
-    bool gone[32];
+    emu_block *blk = emu_b;
+    const unsigned lin = emu.lin, w = lin / 32, l = lin % 32;
+    const unsigned ws = std::min(32u, blk->nthreads - w * 32);
+    bool any_gone, src_gone = false; /* as they stand before the exchange */
     {
-        std::lock_guard<std::mutex> g(emu_b->warp[w].m);
-        memcpy(gone, emu_b->exited[w], sizeof gone);
+        std::unique_lock<std::mutex> g(blk->warp[w].m, std::defer_lock);
+        if (!emu_yield)
+            g.lock();
+        any_gone = blk->nexited[w] != 0;
+        if (src >= 0 && (unsigned)src < ws)
+            src_gone = blk->exited[w][src];
     }
-    if (mask == 0xffffffffu)
+    if (mask == 0xffffffffu && any_gone)
         for (unsigned i = 0; i < ws; i++)
-            if (gone[i]) {
+            if (blk->exited[w][i]) {
                 fprintf(stderr, "cuda_emu: full-mask shuffle in warp %u with lane %u exited\n",
                         w, i);
                 abort();
             }
     uint64_t b = 0;
     memcpy(&b, &v, sizeof v);
-    emu_b->xch[w][l] = b;
-    __syncwarp();
+    uint64_t(*x)[32] = blk->xch[blk->shfl_n[lin]++ % 2];
+    x[w][l] = b;
+    blk->warp[w].wait();
     T r = v;
     if (src >= 0) {
-        if ((unsigned)src >= ws || gone[src] || !(mask >> src & 1)) {
+        if ((unsigned)src >= ws || src_gone || !(mask >> src & 1)) {
             fprintf(stderr, "cuda_emu: shuffle reads lane %d of warp %u (size %u), not taking part\n",
                     src, w, ws);
             abort();
         }
-        b = emu_b->xch[w][src];
+        b = x[w][src];
         memcpy(&r, &b, sizeof r);
     }
-    __syncwarp();
     return r;
 }
 template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int o, int width = 32)
@@ -346,6 +377,15 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
                      const fragment<matrix_b, 16, 16, 16, T, LB> &b,
                      const fragment<accumulator, 16, 16, 16, float> &c)
 {
+    /* Every lane of a warp holds the whole tile, so with fibers (one OS thread) the warp's
+     * lanes compute the same product one after another: the first computes it, the others whose
+     * operands are the same bits take its result (the same floats, at a twentieth of the cost). */
+    emu_mma_memo *memo = emu_yield ? &emu_b->mma[emu.lin / 32] : nullptr;
+    if (memo && memo->valid && !memcmp(memo->a, a.v, sizeof memo->a) &&
+        !memcmp(memo->b, b.v, sizeof memo->b) && !memcmp(memo->c, c.v, sizeof memo->c)) {
+        memcpy(d.v, memo->d, sizeof memo->d);
+        return;
+    }
     float t[16][16];
     for (int m = 0; m < 16; m++)
         for (int n = 0; n < 16; n++) {
@@ -354,6 +394,13 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
                 s += a.v[m][k] * b.v[k][n];
             t[m][n] = s;
         }
+    if (memo) {
+        memcpy(memo->a, a.v, sizeof memo->a);
+        memcpy(memo->b, b.v, sizeof memo->b);
+        memcpy(memo->c, c.v, sizeof memo->c);
+        memcpy(memo->d, t, sizeof t);
+        memo->valid = true;
+    }
     memcpy(d.v, t, sizeof t);
 }
 } // namespace wmma
@@ -363,8 +410,81 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
  * each, smem_bytes of dynamic shared memory per block (poisoned). The block's threads are made
  * once per launch and run the blocks one after another, the block's state (barriers, exited
  * lanes, shared memory poisoned again) reset between blocks. */
+/* EMU_OS_THREADS (1 under TSan, else 0 unless defined): emu_launch runs a block's threads as OS
+ * threads, so that TSan sees a race between two of them (a missing __syncthreads) as a race;
+ * 0 runs them as fibers (emu_launch_fibers, below: the same semantics, a tenth of the time). */
+#ifndef EMU_OS_THREADS
+#if defined(__SANITIZE_THREAD__)
+#define EMU_OS_THREADS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_OS_THREADS 1
+#endif
+#endif
+#endif
+#ifndef EMU_OS_THREADS
+#define EMU_OS_THREADS 0
+#endif
+template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f);
+/* OS-thread mode's threads: made once per launching thread, as many as its largest block, and
+ * reused by its launches (creating 256 threads a launch was most of a launch's time under TSan).
+ * A launch hands thread t of its block job(t), for t < nt; the launch waits for all of them. */
+struct emu_pool {
+    std::mutex m;
+    std::condition_variable go;
+    unsigned long gen = 0;
+    unsigned nt = 0;
+    bool quit = false;
+    std::function<void(unsigned)> job;
+    std::vector<std::thread> ts;
+    void run(unsigned n, std::function<void(unsigned)> j)
+    {
+        std::lock_guard<std::mutex> l(m);
+        while (ts.size() < n) {
+            unsigned i = (unsigned)ts.size();
+            ts.emplace_back([this, i] { work(i); });
+        }
+        job = std::move(j);
+        nt = n;
+        gen++;
+        go.notify_all();
+    }
+    void work(unsigned i)
+    {
+        unsigned long seen = 0;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> l(m);
+                go.wait(l, [&] { return quit || gen != seen; });
+                if (quit)
+                    return;
+                seen = gen;
+                if (i >= nt)
+                    continue;
+            }
+            job(i); /* unchanged until the launch has seen all nt finish */
+        }
+    }
+    ~emu_pool()
+    {
+        {
+            std::lock_guard<std::mutex> l(m);
+            quit = true;
+        }
+        go.notify_all();
+        for (auto &t : ts)
+            t.join();
+    }
+};
+inline emu_pool &emu_pool_get()
+{
+    static thread_local emu_pool pool;
+    return pool;
+}
 template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, F f)
 {
+    if (!EMU_OS_THREADS)
+        return emu_launch_fibers(grid, block, smem_bytes, f);
     const unsigned nt = block.x * block.y * block.z;
     if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
         fprintf(stderr, "cuda_emu: bad launch %ux%ux%u blocks of %u threads\n", grid.x, grid.y,
@@ -383,6 +503,8 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
         for (unsigned w = 0; w * 32 < nt; w++)
             blk->warp[w].n = std::min(32u, nt - w * 32), blk->warp[w].arrived = 0;
         memset(blk->exited, 0, sizeof blk->exited);
+        memset(blk->nexited, 0, sizeof blk->nexited);
+        memset(blk->shfl_n, 0, sizeof blk->shfl_n);
         blk->sm_static.clear();
     };
     reset();
@@ -391,10 +513,7 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
     std::mutex done_m;
     std::condition_variable done_cv;
     unsigned done = 0;
-    std::vector<std::thread> ts;
-    ts.reserve(nt);
-    for (unsigned t = 0; t < nt; t++)
-        ts.emplace_back([&, t] {
+    emu_pool_get().run(nt, [&](unsigned t) {
             emu_block *b = blk.get();
             emu_b = b;
             emu.lin = t;
@@ -410,6 +529,7 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
                         {
                             std::lock_guard<std::mutex> l(b->warp[t / 32].m);
                             b->exited[t / 32][t % 32] = true;
+                            b->nexited[t / 32]++;
                         }
                         b->warp[t / 32].drop();
                         b->all.drop();
@@ -436,8 +556,6 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
             abort();
         }
     }
-    for (auto &t : ts)
-        t.join();
 }
 /* flash.cu's launches: 128 threads. */
 template <typename F> void emu_launch(dim3 grid, size_t smem_bytes, F f)
@@ -476,6 +594,7 @@ __asm__(".text\n.weak emu_ctx_switch\n.type emu_ctx_switch,@function\nemu_ctx_sw
 extern "C" void emu_ctx_switch(void **save_sp, void *new_sp);
 #define EMU_ASM_FIBERS 1
 #endif
+inline void emu_fiber_main();
 struct emu_fiber_sched {
     static constexpr unsigned MAX = 1024;
     static constexpr size_t STACK = 256 << 10;
@@ -489,87 +608,115 @@ struct emu_fiber_sched {
     char done[MAX] = {};
     emu_thread st[MAX];
     unsigned char *stacks = nullptr;
-    unsigned cur = 0;
-    void (*work)(void *) = nullptr; /* the launch's kernel body */
+    unsigned cur = 0, nt = 0, left = 0; /* the running fiber; the block's threads, unfinished */
+    bool finished = false;              /* a thread finished in this round */
+    void (*work)(void *) = nullptr;     /* the launch's kernel body */
     void *arg = nullptr;
     const void *main_stack = nullptr; /* ASan: the calling thread's stack */
     size_t main_stack_size = 0;
 };
 inline thread_local emu_fiber_sched *emu_fs;
-inline void emu_fiber_yield()
+/* Switches from fiber `from` (MAX: the calling thread) to fiber `to` (MAX: the calling thread),
+ * starting `to` on its stack the first time. */
+inline void emu_fiber_switch(emu_fiber_sched *s, unsigned from, unsigned to)
 {
-    emu_fiber_sched *s = emu_fs;
+    const bool to_main = to == s->MAX;
+    unsigned char *stack = to_main ? nullptr : s->stacks + (size_t)to * s->STACK;
 #ifdef EMU_ASAN_FIBERS
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, s->main_stack, s->main_stack_size);
+    if (to_main)
+        __sanitizer_start_switch_fiber(&fake, s->main_stack, s->main_stack_size);
+    else
+        __sanitizer_start_switch_fiber(&fake, stack, s->STACK);
 #endif
-#ifdef EMU_ASM_FIBERS
-    emu_ctx_switch(&s->sp[s->cur], s->main_sp);
-#else
-    swapcontext(&s->uc[s->cur], &s->main_uc);
-#endif
-#ifdef EMU_ASAN_FIBERS
-    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-}
-/* A fiber's life: run the current block's body as thread `me`, leave the barriers, say done,
- * yield; resumed for the next block or launch. */
-inline void emu_fiber_main()
-{
-#ifdef EMU_ASAN_FIBERS
-    __sanitizer_finish_switch_fiber(nullptr, &emu_fs->main_stack, &emu_fs->main_stack_size);
-#endif
-    emu_fiber_sched *s = emu_fs;
-    const unsigned me = s->cur;
-    for (;;) {
-        s->work(s->arg);
-        emu_block *b = emu_b;
-        {
-            std::lock_guard<std::mutex> l(b->warp[me / 32].m);
-            b->exited[me / 32][me % 32] = true;
-        }
-        b->warp[me / 32].drop();
-        b->all.drop();
-        s->done[me] = 1;
-        emu_fiber_yield();
+    if (!to_main) {
+        s->cur = to;
+        emu = s->st[to];
     }
-}
-/* Runs fiber t until it waits at a barrier or finishes its block. */
-inline void emu_fiber_resume(emu_fiber_sched *s, unsigned t)
-{
-    s->cur = t;
-    unsigned char *stack = s->stacks + (size_t)t * s->STACK;
-#ifdef EMU_ASAN_FIBERS
-    void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, stack, s->STACK);
-#endif
 #ifdef EMU_ASM_FIBERS
-    if (!s->started[t]) {
-        s->started[t] = true;
+    if (!to_main && !s->started[to]) {
+        s->started[to] = true;
         /* 16-byte aligned; staggered by 64 bytes a fiber, so that the fibers' saved registers
          * do not all fall in the same cache sets (the stacks are 256 KiB apart) */
-        void **sp = (void **)(stack + s->STACK - (t % 61) * 64);
+        void **sp = (void **)(stack + s->STACK - (to % 61) * 64);
         *--sp = nullptr;                         /* emu_fiber_main's return address: none */
         *--sp = (void *)emu_fiber_main;          /* the switch's ret */
         for (int i = 0; i < 6; i++)
             *--sp = nullptr; /* rbp rbx r12–r15 */
-        s->sp[t] = sp;
+        s->sp[to] = sp;
     }
-    emu_ctx_switch(&s->main_sp, s->sp[t]);
+    emu_ctx_switch(from == s->MAX ? &s->main_sp : &s->sp[from],
+                   to_main ? s->main_sp : s->sp[to]);
 #else
-    if (!s->started[t]) {
-        s->started[t] = true;
-        getcontext(&s->uc[t]);
-        s->uc[t].uc_stack.ss_sp = stack;
-        s->uc[t].uc_stack.ss_size = s->STACK;
-        s->uc[t].uc_link = nullptr;
-        makecontext(&s->uc[t], emu_fiber_main, 0);
+    if (!to_main && !s->started[to]) {
+        s->started[to] = true;
+        getcontext(&s->uc[to]);
+        s->uc[to].uc_stack.ss_sp = stack;
+        s->uc[to].uc_stack.ss_size = s->STACK;
+        s->uc[to].uc_link = nullptr;
+        makecontext(&s->uc[to], emu_fiber_main, 0);
     }
-    swapcontext(&s->main_uc, &s->uc[t]);
+    swapcontext(from == s->MAX ? &s->main_uc : &s->uc[from], to_main ? &s->main_uc : &s->uc[to]);
 #endif
 #ifdef EMU_ASAN_FIBERS
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
+}
+/* The running fiber gives way: to the block's next unfinished thread in index order, or, once
+ * every thread has finished, to the calling thread. Passing the last index ends a round: a round
+ * in which no thread arrived at or passed a barrier and none finished means the block is stuck
+ * (every thread waits at a barrier that cannot complete), which aborts. */
+inline void emu_fiber_yield()
+{
+    emu_fiber_sched *s = emu_fs;
+    const unsigned from = s->cur;
+    if (s->left == 0) {
+        emu_fiber_switch(s, from, s->MAX);
+        return;
+    }
+    unsigned to = from;
+    do
+        to = to + 1 == s->nt ? 0 : to + 1;
+    while (s->done[to]);
+    if (to <= from) { /* a round ended */
+        if (!emu_fiber_moved && !s->finished) {
+            fprintf(stderr,
+                    "cuda_emu: a block is stuck: __syncthreads waits for %u of %u threads (a "
+                    "divergent barrier or shuffle)\n",
+                    emu_b->all.arrived, emu_b->all.n);
+            abort();
+        }
+        emu_fiber_moved = false;
+        s->finished = false;
+    }
+    if (to != from)
+        emu_fiber_switch(s, from, to);
+}
+/* A fiber's life: run the current block's body as thread `me`, leave the barriers, say done,
+ * give way; resumed for the next block or launch. */
+inline void emu_fiber_main()
+{
+    emu_fiber_sched *s = emu_fs;
+#ifdef EMU_ASAN_FIBERS
+    /* the first fiber ever started is started by the calling thread: its stack */
+    if (!s->main_stack)
+        __sanitizer_finish_switch_fiber(nullptr, &s->main_stack, &s->main_stack_size);
+    else
+        __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    const unsigned me = s->cur;
+    for (;;) {
+        s->work(s->arg);
+        emu_block *b = emu_b;
+        b->exited[me / 32][me % 32] = true; /* one OS thread: no lock */
+        b->nexited[me / 32]++;
+        b->warp[me / 32].drop();
+        b->all.drop();
+        s->done[me] = 1;
+        s->left--;
+        s->finished = true;
+        emu_fiber_yield();
+    }
 }
 /* The calling thread's fibers (one set per thread, whatever the kernel). */
 inline emu_fiber_sched *emu_fiber_sched_get()
@@ -623,6 +770,8 @@ template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_
                 for (unsigned w = 0; w * 32 < nt; w++)
                     blk->warp[w].n = std::min(32u, nt - w * 32), blk->warp[w].arrived = 0;
                 memset(blk->exited, 0, sizeof blk->exited);
+                memset(blk->nexited, 0, sizeof blk->nexited);
+                memset(blk->shfl_n, 0, sizeof blk->shfl_n);
                 blk->sm_static.clear();
                 for (unsigned t = 0; t < nt; t++) {
                     emu_thread &e = s.st[t];
@@ -634,28 +783,9 @@ template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_
                     e.smem = base;
                     s.done[t] = 0;
                 }
-                unsigned left = nt;
-                while (left) {
-                    bool moved = false;
-                    const unsigned left0 = left;
-                    for (unsigned t = 0; t < nt; t++) {
-                        if (s.done[t])
-                            continue;
-                        emu = s.st[t];
-                        emu_fiber_moved = false;
-                        emu_fiber_resume(&s, t);
-                        moved |= emu_fiber_moved;
-                        if (s.done[t])
-                            left--;
-                    }
-                    if (!moved && left == left0) {
-                        fprintf(stderr,
-                                "cuda_emu: a block is stuck: __syncthreads waits for %u of %u "
-                                "threads (a divergent barrier or shuffle)\n",
-                                blk->all.arrived, blk->all.n);
-                        abort();
-                    }
-                }
+                s.nt = nt, s.left = nt, s.finished = false;
+                emu_fiber_moved = false;
+                emu_fiber_switch(&s, s.MAX, 0); /* back when every thread has finished */
             }
     emu_fs = nullptr;
     emu_b = saved_b;
