@@ -4,7 +4,7 @@
  *
  *   gpucheck --probe                      exit 0 if a GPU is usable, else 77 (skip)
  *   ddprun --nproc_per_node=W gpucheck [--backend NAME] [--expect NAME] [--kill RANK]
- *                                      [--arena BYTES] [--fail-within SECONDS]
+ *                                      [--arena BYTES] [--fail-within SECONDS] [--quick]
  *
  * Without a GPU it exits 77 (CTest: skipped), or 1 when DDP_REQUIRE_GPU=1 (a GPU machine's check
  * script sets it, so a broken driver cannot pass as a skip). With DDP_TEST_FAKE_GPUS=N it runs
@@ -24,6 +24,7 @@
  * DDP_TEST_FAKE_KILL_IN_REDUCE / _IN_COPY), or that call fails there (GPUCHECK_FAULT=fail:
  * DDP_TEST_FAKE_FAIL_IN_REDUCE / _IN_COPY), and every live rank's collective must fail within S
  * seconds (the group's timeout is 60 s) with a one-line message (exit 3), never succeed.
+ * --quick: the largest count 1 Mi + 3 instead of 8 Mi + 3 (sanitizer builds: test_gpu.sh).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -211,7 +212,7 @@ int main(int argc, char **argv)
     const char *backend = NULL, *expect = NULL;
     int kill_rank = -1, fail_within = -1;
     size_t arena = 0;
-    bool probe = false;
+    bool probe = false, quick = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--probe"))
             probe = true;
@@ -225,9 +226,11 @@ int main(int argc, char **argv)
             arena = (size_t)strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--fail-within") && i + 1 < argc)
             fail_within = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = true;
         else {
             fprintf(stderr, "usage: gpucheck [--probe] [--backend NAME] [--expect NAME] "
-                            "[--kill RANK] [--arena BYTES] [--fail-within SECONDS]\n");
+                            "[--kill RANK] [--arena BYTES] [--fail-within SECONDS] [--quick]\n");
             return 2;
         }
     }
@@ -284,7 +287,8 @@ int main(int argc, char **argv)
         return 3;
     }
     if (kill_rank < 0) {
-        const size_t counts[] = {1, 1000, ((size_t)8 << 20) + 3}; /* the last spans chunks */
+        /* the last spans the default staging chunks; --quick's only a small --arena's */
+        const size_t counts[] = {1, 1000, ((size_t)(quick ? 1 : 8) << 20) + 3};
         for (int ti = 0; ti < 2; ti++)
             for (size_t ci = 0; ci < 3; ci++)
                 collectives(g, ti ? DDP_BFLOAT16 : DDP_FLOAT32, counts[ci]);

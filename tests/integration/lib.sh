@@ -9,6 +9,9 @@ BIN=$(cd "$BIN" && pwd)
 DDPRUN=$BIN/ddprun
 WORKER=$BIN/testworker
 HELLO=$BIN/hello_world
+# The build's sanitizer ('', address or thread): sanitized builds, 3–15× slower, run shorter
+# versions of the heaviest checks (the plain build runs them whole).
+SANITIZE=$(sed -n 's/^DDP_SANITIZE:[A-Z]*=//p' "$BIN/../CMakeCache.txt" 2>/dev/null || true)
 T=$(mktemp -d "${TMPDIR:-/tmp}/ddptest.XXXXXX")
 BG_PIDS=()
 CLEANUP_GLOBS=() # files outside $T a test creates (e.g. in /dev/shm), removed on any exit

@@ -15,6 +15,8 @@ if [ "${3:-}" = fake ]; then
     NCCL=OFF
 fi
 CHECK=$BIN/gpucheck
+QUICK=() # sanitizer builds: 1 Mi elements at most (the small-arena run still spans chunks)
+[ -n "$SANITIZE" ] && QUICK=(--quick)
 
 set +e
 "$CHECK" --probe
@@ -26,7 +28,7 @@ set -e
 # World 1: nccl where built; else auto's cuda-ipc (one host, one rank).
 want1=cuda-ipc
 [ "$NCCL" = ON ] && want1=nccl
-"$CHECK" --expect $want1 >"$T/w1" 2>&1 || { cat "$T/w1"; fail "world 1 over $want1"; }
+"$CHECK" "${QUICK[@]}" --expect $want1 >"$T/w1" 2>&1 || { cat "$T/w1"; fail "world 1 over $want1"; }
 cat "$T/w1"
 ok "world 1 over $want1"
 
@@ -37,7 +39,7 @@ for be in cuda-ipc cuda-staged; do
     pick=(--backend $be)
     [ -n "${DDP_TEST_FAKE_GPUS:-}" ] && [ $be = cuda-ipc ] && pick=()
     for w in 2 4; do
-        "$DDPRUN" --standalone --nproc_per_node $w "$CHECK" "${pick[@]}" \
+        "$DDPRUN" --standalone --nproc_per_node $w "$CHECK" "${pick[@]}" "${QUICK[@]}" \
             --expect $be >"$T/w$w" 2>&1 || { cat "$T/w$w"; fail "world $w over $be"; }
         grep "gpucheck" "$T/w$w"
         ok "world $w on one GPU over $be"
@@ -46,7 +48,8 @@ done
 # cuda-ipc with a small staging region: every collective in many chunks, 3 ranks (uneven
 # slices). Fake GPU only (the chunk count makes it slow; the GPU runs the default region).
 if [ -n "${DDP_TEST_FAKE_GPUS:-}" ]; then
-    "$DDPRUN" --standalone --nproc_per_node 3 "$CHECK" --backend cuda-ipc --arena 1048576 \
+    "$DDPRUN" --standalone --nproc_per_node 3 "$CHECK" "${QUICK[@]}" --backend cuda-ipc \
+        --arena 1048576 \
         --expect cuda-ipc >"$T/w3s" 2>&1 || { cat "$T/w3s"; fail "world 3 over cuda-ipc, 256 KiB halves"; }
     grep "gpucheck" "$T/w3s"
     ok "world 3 over cuda-ipc in 256 KiB chunks"
