@@ -741,24 +741,11 @@ static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, ui
                                 float lr, float grad_scale)
 {
     classifier *c = m->impl;
-    if (!c->dgrad[i])
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "device_step: no device gradient bound for '%s'", m->params[i].name);
-    ddp__cuda_optim_args a = {
-        .adamw = c->oo.kind == DDP_OPTIM_ADAMW,
-        .i = i,
-        .lo = lo,
-        .hi = hi,
-        .grad_dev = c->dgrad[i],
-        .step = step,
-        .lr = lr,
-        .grad_scale = grad_scale,
-        .momentum = c->oo.momentum,
-        .beta1 = c->oo.beta1,
-        .beta2 = c->oo.beta2,
-        .eps = c->oo.eps,
-        .weight_decay = m->params[i].decay ? c->oo.weight_decay : 0.0f,
-    };
+    ddp__cuda_optim_args a;
+    ddp_status st =
+        ddp__resident_optim_args(m, &c->oo, c->dgrad[i], i, lo, hi, step, lr, grad_scale, &a);
+    if (st != DDP_OK)
+        return st;
     ddp_error e = {0};
     if (ddp__cuda_cls_optim_step(c->cu, &a, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);

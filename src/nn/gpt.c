@@ -838,24 +838,11 @@ static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, ui
                                 float lr, float grad_scale)
 {
     gpt *g = m->impl;
-    if (!g->dgrad[i])
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "device_step: no device gradient bound for '%s'", m->params[i].name);
-    ddp__cuda_optim_args a = {
-        .adamw = g->oo.kind == DDP_OPTIM_ADAMW,
-        .i = i,
-        .lo = lo,
-        .hi = hi,
-        .grad_dev = g->dgrad[i],
-        .step = step,
-        .lr = lr,
-        .grad_scale = grad_scale,
-        .momentum = g->oo.momentum,
-        .beta1 = g->oo.beta1,
-        .beta2 = g->oo.beta2,
-        .eps = g->oo.eps,
-        .weight_decay = m->params[i].decay ? g->oo.weight_decay : 0.0f,
-    };
+    ddp__cuda_optim_args a;
+    ddp_status st =
+        ddp__resident_optim_args(m, &g->oo, g->dgrad[i], i, lo, hi, step, lr, grad_scale, &a);
+    if (st != DDP_OK)
+        return st;
     ddp_error e = {0};
     if (ddp__cuda_gpt_optim_step(g->cu, &a, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);

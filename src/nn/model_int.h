@@ -73,6 +73,14 @@ ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const 
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err);
 
+/* A resident model's optimizer step for parameter i, elements [lo, hi), as the device's AdamW/SGD
+ * kernels take it (kernels.h): oo the model's optimizer options, grad_dev the gradient bound to
+ * it (ddp_model_bind_device_grad; NULL: a clear error). */
+ddp_status ddp__resident_optim_args(ddp_model *m, const struct ddp_optim_opts *oo,
+                                    const float *grad_dev, size_t i, size_t lo, size_t hi,
+                                    uint64_t step, float lr, float grad_scale,
+                                    ddp__cuda_optim_args *a);
+
 extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops, ddp__gpt_ops;
 
 #endif /* DDP_NN_MODEL_INT_H */
