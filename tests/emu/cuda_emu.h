@@ -35,6 +35,8 @@
 #include <type_traits>
 #include <ucontext.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 #define DDP_HOSTDEV
 extern "C" {
@@ -556,6 +558,22 @@ template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, 
             abort();
         }
     }
+}
+/* For the emulation's own tests: whether f aborts in a forked child (its stderr shown), printed as
+ * "  WHAT: aborted, as it should" or "  WHAT: NOT aborted". */
+template <typename F> bool emu_aborts(const char *what, F f)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        f();
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    bool a = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+    printf("  %s: %s\n", what, a ? "aborted, as it should" : "NOT aborted");
+    return a;
 }
 /* flash.cu's launches: 128 threads. */
 template <typename F> void emu_launch(dim3 grid, size_t smem_bytes, F f)

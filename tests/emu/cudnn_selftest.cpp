@@ -27,20 +27,6 @@ static int failures = 0;
         }                                                                                          \
     } while (0)
 
-template <typename F> static bool aborts(const char *what, F f)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        f();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    bool a = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
-    printf("  %s: %s\n", what, a ? "aborted, as it should" : "NOT aborted");
-    return a;
-}
 
 static void *dev(size_t bytes, const void *host)
 {
@@ -127,7 +113,7 @@ int main()
     CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, xd, wd, cd, yd,
                                                   CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
                                                   &need) == CUDNN_STATUS_NOT_SUPPORTED);
-    CHECK(aborts("strict: an algorithm under a math type it lacks", [&] {
+    CHECK(emu_aborts("strict: an algorithm under a math type it lacks", [&] {
         setenv("DDP_EMU_CUDNN_STRICT", "1", 1);
         cudnnConvolutionForward(h, &one, xd, X, wd, Wt, cd, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
                                 ws, 1 << 20, &zero, yd, Y);
@@ -173,7 +159,7 @@ int main()
         e = fmax(e, fabs(out[i] - rdw[i]));
     printf("  backward filter: largest error %.1e\n", e);
     CHECK(e < 1e-5);
-    CHECK(aborts("a y buffer one element short", [&] {
+    CHECK(emu_aborts("a y buffer one element short", [&] {
         float *small = (float *)dev((ny - 1) * 4, nullptr);
         cudnnConvolutionForward(h, &one, xd, X, wd, Wt, cd, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
                                 nullptr, 0, &zero, yd, small);

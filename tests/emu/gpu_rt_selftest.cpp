@@ -25,21 +25,6 @@ static void kern(int *p)
     p[blockIdx.x * blockDim.x + threadIdx.x] = 1;
 }
 
-/* Whether f aborts in a child (its stderr shown). */
-template <typename F> static bool aborts(const char *what, F f)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        f();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    bool a = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
-    printf("  %s: %s\n", what, a ? "aborted, as it should" : "NOT aborted");
-    return a;
-}
 
 int main()
 {
@@ -70,10 +55,10 @@ int main()
     static int h[8192];
     CHECK(cudaMemcpy(h, d, 4096 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(h[0] == 1 && h[1023] == 1);
-    CHECK(aborts("a copy past the end of a cudaMalloc'd block", [&] {
+    CHECK(emu_aborts("a copy past the end of a cudaMalloc'd block", [&] {
         cudaMemcpy(d + 1, h, 4096 * sizeof(int), cudaMemcpyHostToDevice);
     }));
-    CHECK(aborts("cudaFree of an inner pointer", [&] { cudaFree(d + 1); }));
+    CHECK(emu_aborts("cudaFree of an inner pointer", [&] { cudaFree(d + 1); }));
     /* cuBLAS */
     cublasHandle_t b;
     CHECK(cublasCreate(&b) == CUBLAS_STATUS_SUCCESS);
@@ -81,11 +66,11 @@ int main()
     cudaMalloc((void **)&A, 64 * sizeof(float));
     cudaMalloc((void **)&B, 64 * sizeof(float));
     cudaMalloc((void **)&C, 64 * sizeof(float));
-    CHECK(aborts("cublasGemmEx with lda < m", [&] {
+    CHECK(emu_aborts("cublasGemmEx with lda < m", [&] {
         cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_32F, 4, B, CUDA_R_32F,
                      8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }));
-    CHECK(aborts("cublasGemmEx with B past its buffer", [&] {
+    CHECK(emu_aborts("cublasGemmEx with B past its buffer", [&] {
         cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_32F, 8, B + 4,
                      CUDA_R_32F, 8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT);
@@ -143,7 +128,7 @@ int main()
         }
     printf("  cublasLtMatmul GELU_AUX_BIAS: largest error %.2e\n", worst);
     CHECK(worst < 1e-6);
-    CHECK(aborts("cublasLtMatmul on a pointer less aligned than the heuristic was told", [&] {
+    CHECK(emu_aborts("cublasLtMatmul on a pointer less aligned than the heuristic was told", [&] {
         cublasLtMatrixLayout_t l7;
         cublasLtMatrixLayoutCreate(&l7, CUDA_R_32F, 8, 7, 8);
         epi = CUBLASLT_EPILOGUE_DEFAULT;

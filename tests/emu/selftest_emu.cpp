@@ -9,8 +9,6 @@
  * a read of a lane outside the mask. Built and run by test_kernels_emu.sh.
  */
 #include "cuda_emu.h"
-#include <sys/wait.h>
-#include <unistd.h>
 
 static int bad = 0;
 
@@ -18,20 +16,6 @@ static void expect(bool ok, const char *what)
 {
     printf("%-64s %s\n", what, ok ? "ok" : "FAILED");
     bad += !ok;
-}
-
-/* Whether f aborts in a child (its stderr shown). */
-template <typename F> static bool aborts(F f)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        f();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
 }
 
 int main()
@@ -138,29 +122,24 @@ int main()
         expect(count == 7 * 96 && dsum == 7 * 96 * 0.5, "atomicAdd over 7 blocks of 96");
     }
 #if !EMU_OS_THREADS
-    expect(aborts([] {
-               emu_launch(dim3(1), dim3(64), 0, [] {
-                   if (threadIdx.x == 0)
-                       __syncwarp(); /* waits for lanes 1–31, which wait for it: */
-                   else
-                       __syncthreads();
-               });
-           }),
-           "a block stuck in a divergent barrier aborts");
-    expect(aborts([] {
-               emu_launch(dim3(1), dim3(32), 0, [] {
-                   if (threadIdx.x == 5)
-                       return;
-                   (void)__shfl_xor_sync(0xffffffffu, 1.0f, 1);
-               });
-           }),
-           "a full-mask shuffle with an exited lane aborts");
-    expect(aborts([] {
-               emu_launch(dim3(1), dim3(32), 0, [] {
-                   (void)__shfl_sync(0x0000ffffu, 1.0f, 20);
-               });
-           }),
-           "a shuffle reading a lane outside its mask aborts");
+    bad += !emu_aborts("a block stuck in a divergent barrier aborts", [] {
+        emu_launch(dim3(1), dim3(64), 0, [] {
+            if (threadIdx.x == 0)
+                __syncwarp(); /* waits for lanes 1–31, which wait for it: */
+            else
+                __syncthreads();
+        });
+    });
+    bad += !emu_aborts("a full-mask shuffle with an exited lane aborts", [] {
+        emu_launch(dim3(1), dim3(32), 0, [] {
+            if (threadIdx.x == 5)
+                return;
+            (void)__shfl_xor_sync(0xffffffffu, 1.0f, 1);
+        });
+    });
+    bad += !emu_aborts("a shuffle reading a lane outside its mask aborts", [] {
+        emu_launch(dim3(1), dim3(32), 0, [] { (void)__shfl_sync(0x0000ffffu, 1.0f, 20); });
+    });
 #else
     printf("%-64s %s\n", "the abort cases", "skipped (OS threads: the watchdog waits 60 s)");
 #endif
