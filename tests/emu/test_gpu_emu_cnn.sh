@@ -17,7 +17,7 @@
 #   cnn, 2 ranks (DDP_EMU_GPUS=2, 1 KiB buckets): losses 1e-5 (2.3e-8), the same accuracy (the
 #     running statistics broadcast from rank 0 over the GPU group), the checkpoint as above; the
 #     channels 3,5 (views not 16-byte aligned), unsharded and sharded (ZeRO-1): losses 1e-5 of
-#     the cpu's 2 ranks (3.2e-7), the sharded checkpoint 1e-5 of the unsharded one's (2.9e-7);
+#     the cpu's 2 ranks (1.4e-8), the checkpoints 1e-5 of the cpu's (3.6e-7);
 #   mlp with dropout, AdamW: 1 rank losses 1e-5 (1.7e-8), tensors 5e-5 (6.1e-6: AdamW divides
 #     small gradients' differences by their small norms), host-driven = resident bit for bit;
 #     2 ranks with the sharded step (ZeRO-1) on the device against 2 sharded cpu ranks: losses
@@ -135,15 +135,17 @@ tensors "$(ck cpu2)" "$(ck gpu2)" 1e-5 || fail "2 ranks: the checkpoint ≠ the 
 ok "cnn resident, 2 ranks over cuda-staged: the cpu's losses, test accuracy $(acc gpu2.out) and checkpoint"
 # channels 3,5 so that batchnorm's γ, β (3 or 5 floats) and the conv weights are not 16-byte
 # aligned in the reducer's buckets, nor, sharded (ZeRO-1), in its packed copy of the parameters
-# that the model is bound to: the strict emulated cuDNN aborts if one reaches it. The sharded
-# run's checkpoint is compared with the unsharded one's: against the cpu's 2 ranks this
-# configuration's checkpoint differs by 1.8e-4 (conv1.weight and the momenta of conv1.weight and
-# bn1.weight) sharded or not, as before classifier.cu kept cuDNN off misaligned views (the
-# unsharded run then, without the strict check, gave the same tensors bit for bit); not
-# investigated here
+# that the model is bound to: the strict emulated cuDNN aborts if one reaches it. Seed 1: with
+# seed 9 these runs' checkpoints differ from the cpu's by 1.8e-4 of conv1.weight's momentum (and,
+# by step 8, 2e-5 of bn1.weight's), the device's resident and host-driven runs bit for bit the
+# same: at step 3 rank 0's first max-pool has a window whose two largest inputs are 2 ulp apart
+# (1.32586622, 1.32586598), the cpu's float and the emulated cuDNN's double arithmetic pick
+# different ones, and that one pooled pixel's gradient reaches conv1.weight's channel 2 through
+# a different input patch (4.1e-5 there, 4e-8 in the other channels); not a reducer's or the
+# device path's fault, the max-pool's gradient being discontinuous at a tie
 SH=(--model.type cnn --data.dir "$T/slice" --model.channels 3,5 --model.hidden 16
     --batch_size 16 --total_steps 8 --optimizer sgd --lr 0.05 --momentum 0.9
-    --schedule constant --log_every 1 --seed 9)
+    --schedule constant --log_every 1 --seed 1)
 run scpu2 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${SH[@]}"
 run u2 env DDP_EMU_GPUS=2 DDP_GPU_MODULE=$MODULE DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 \
     DDP_REQUIRE_GPU=1 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${SH[@]}" "${GPU[@]}" \
@@ -154,8 +156,9 @@ run csh2 env DDP_EMU_GPUS=2 DDP_GPU_MODULE=$MODULE DDP_CUDNN_LIB=$CUDNN DDP_EMU_
 grep -q "optimizer step sharded (ZeRO-1)" csh2.out || fail "the cnn's emulated GPUs' run is not sharded"
 losses scpu2/metrics.jsonl u2/metrics.jsonl 8 1e-5 || fail "cnn 3,5: cuda (emulated) ≠ cpu"
 losses scpu2/metrics.jsonl csh2/metrics.jsonl 8 1e-5 || fail "cnn sharded: cuda (emulated) ≠ cpu"
-tensors "$(ck u2)" "$(ck csh2)" 1e-5 || fail "cnn sharded: the checkpoint ≠ the unsharded run's"
-ok "cnn 3,5 resident at 2 ranks, unsharded and sharded (ZeRO-1): the cpu's losses; sharded = unsharded"
+tensors "$(ck scpu2)" "$(ck u2)" 1e-5 || fail "cnn 3,5: the checkpoint ≠ the cpu's"
+tensors "$(ck scpu2)" "$(ck csh2)" 1e-5 || fail "cnn sharded: the checkpoint ≠ the cpu's"
+ok "cnn 3,5 resident at 2 ranks, unsharded and sharded (ZeRO-1): the cpu's losses and checkpoint"
 
 MLP=(--model.type mlp --data.dir "$T/slice" --model.hidden 32 --model.dropout 0.2 --batch_size 16
      --total_steps 8 --optimizer adamw --lr 0.003 --weight_decay 0.01 --schedule constant
