@@ -4,7 +4,10 @@
 # same run on the cpu: 10 steps on 1 rank, then 6 steps on 2 ranks (DDP_EMU_GPUS=2, one
 # emulated device per rank, the gradients over cuda-staged: the module has no NCCL and the
 # emulation no IPC). The losses agree to 1e-6 relative (the GPU's products are cuBLAS's, here
-# plain loops in double; the kernels' own reductions differ in order).
+# plain loops in double; the kernels' own reductions differ in order). Then the 2 ranks with the
+# optimizer sharded on the GPU (the parameters bound to the reducer's views: resident.cu's
+# bind_params), against the cpu in fp32 and against the unsharded run in bf16 (whose weights'
+# 16-bit copy is then rounded tensor by tensor).
 # usage: test_gpu_emu_train.sh BINDIR EMU_MODULE
 . "$(dirname "$0")/../integration/lib.sh"
 MODULE=${2:?usage: $0 BINDIR EMU_MODULE}
@@ -37,8 +40,21 @@ ok "1 rank: 10 steps on the emulated GPU = the cpu's"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }
-rc=0; DDP_EMU_GPUS=2 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
-    --device cuda --gpu_backend cuda-staged --total_steps 6 --out_dir gpu2 >gpu2.out 2>&1 || rc=$?
-[ $rc -eq 0 ] || { cat gpu2.out; fail "emulated cuda run, 2 ranks: exit $rc"; }
+emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged
+    local out=$1
+    shift
+    rc=0; DDP_EMU_GPUS=2 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+        --device cuda --gpu_backend cuda-staged --total_steps 6 --out_dir "$out" "$@" \
+        >"$out.out" 2>&1 || rc=$?
+    [ $rc -eq 0 ] || { cat "$out.out"; fail "emulated cuda run $out: exit $rc"; }
+}
+emu2 gpu2
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 6 || fail "2 ranks: cuda (emulated) ≠ cpu"
 ok "2 ranks over cuda-staged: 6 steps on the emulated GPUs = the cpu's"
+emu2 gpu2s --shard_optimizer true
+losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
+ok "2 ranks, the optimizer sharded on the emulated GPUs: 6 steps = the cpu's"
+emu2 gpu2h --precision bf16
+emu2 gpu2hs --precision bf16 --shard_optimizer true
+losses gpu2h/metrics.jsonl gpu2hs/metrics.jsonl 6 || fail "bf16: sharded ≠ unsharded"
+ok "bf16, 2 ranks: the optimizer sharded on the emulated GPUs = unsharded"

@@ -52,8 +52,9 @@
  * running statistics stay here between steps (uploaded once), backward's gradient kernels add
  * straight into the caller's device gradients (the reducer's bucket views) and report each
  * parameter ready as soon as its kernels are queued, and the optimizer steps here with the GPT's
- * AdamW/SGD kernels (optim.cu, devmath.cu) on state buffers laid out like the parameters. The
- * host-driven mode (upload each forward, gradients downloaded) is the default.
+ * AdamW/SGD kernels (optim.cu, devmath.cu) on state buffers laid out like the parameters (the
+ * GPT's code too: resident.cu). The host-driven mode (upload each forward, gradients downloaded)
+ * is the default.
  * Not here: cached or benchmarked algorithm choices (cuDNN's heuristic at create, for
  * max_batch).
  * UNVERIFIED: written without a GPU; see docs/gpu.md.
@@ -65,6 +66,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "resident.cuh"
 
 extern "C" {
 #include "kernels/cuda/devmath.h"
@@ -133,10 +135,8 @@ struct ddp__cuda_cls {
     float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
     ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
     void *ready_ctx;
-    float *ost[2]; /* (total,) the optimizer's state, laid out like params */
-    int nstates;
-    bool resident; /* optim_init was called: forwards round params_h from the masters */
-    float **bound; /* (np,) bind_params's arrays for the parameters' values, or NULL */
+    ddp__cuda_resident res; /* the optimizer's state; res.bound: bind_params's (np,) arrays */
+    bool resident;          /* optim_init was called: forwards round params_h from the masters */
 };
 
 /* DDP_OK for CUDNN_STATUS_SUCCESS, else DDP_ERR_SYSTEM naming what and cuDNN's message. */
@@ -254,7 +254,7 @@ static ddp_status use_device(ddp__cuda_cls *g, ddp_error *err)
 /* Parameter i's values: the flat buffer's, or where bind_params put them. */
 static float *P(ddp__cuda_cls *g, int i)
 {
-    return i < 0 ? NULL : g->bound ? g->bound[i] : g->params + g->offsets[i];
+    return i < 0 ? NULL : ddp__cuda_resident_param(&g->res, (size_t)i);
 }
 
 /* cuDNN is handed 256-byte-aligned pointers only (what cudaMalloc returns; the module's own
@@ -483,11 +483,12 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     }
     for (int i = 0; g->L && i < g->cfg.nl; i++)
         free_layer(&g->L[i]);
-    void *bufs[] = {g->params, g->grads, g->buffers, g->x,       g->dlogits, g->row_loss,
-                    g->g0,     g->g1,    g->labels,  g->correct, g->ws,      g->params_h,
-                    g->h0,     g->h1,    g->dwh,     g->ost[0],  g->ost[1]};
+    void *bufs[] = {g->params,   g->grads,    g->buffers, g->x,      g->dlogits,
+                    g->row_loss, g->g0,       g->g1,      g->labels, g->correct,
+                    g->ws,       g->params_h, g->h0,      g->h1,     g->dwh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
+    ddp__cuda_resident_free(&g->res);
     if (g->dnn)
         dnn.cudnnDestroy(g->dnn);
     ddp__cuda_ctx_destroy(g->ctx);
@@ -499,7 +500,6 @@ extern "C" void ddp__gpu_cls_free(ddp__cuda_cls *g)
     free(g->grads_host);
     free(g->row_loss_host);
     free(g->correct_host);
-    free(g->bound);
     free(g);
 }
 
@@ -818,6 +818,8 @@ extern "C" ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const si
         (st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err)) ||
         (st = ddp__cuda_sync(g->ctx, err)))
         goto out_free;
+    ddp__cuda_resident_init(&g->res, "cuda classifier", g->ctx, g->np, g->total, g->counts,
+                            g->offsets, g->params);
     *out = g;
     return DDP_OK;
 out_free:
@@ -829,7 +831,7 @@ out_free:
  * between tensors is zeroed at create and stays zero), or tensor by tensor when bound. */
 static ddp_status round_h(ddp__cuda_cls *g, ddp_error *err)
 {
-    if (!g->bound)
+    if (!g->res.bound)
         return ddp__cuda_f32_to_h(g->ctx, g->ht, g->params, g->total, g->params_h, err);
     ddp_status st = DDP_OK;
     for (size_t i = 0; i < g->np && !st; i++)
@@ -853,8 +855,8 @@ static ddp_status refresh_bound(ddp__cuda_cls *g, ddp_error *err)
         else if (L->kind == DDP__CLS_CONV && !g->half) /* 16 bits: cuDNN reads the twin */
             last = L->p0;
         for (int i = first; i <= last && !st; i++)
-            if (!aligned(g->bound[i]))
-                st = ddp__cuda_copy(g->ctx, g->params + g->offsets[i], g->bound[i],
+            if (!aligned(g->res.bound[i]))
+                st = ddp__cuda_copy(g->ctx, g->params + g->offsets[i], g->res.bound[i],
                                     sizeof(float) * g->counts[i], err);
     }
     return st;
@@ -1057,7 +1059,7 @@ extern "C" ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls
         (b->labels &&
          (st = ddp__cuda_to_device(c, g->labels, b->labels, sizeof(int32_t) * (size_t)n, err))) ||
         (g->resident && g->half && (st = round_h(g, err))) ||
-        (g->bound && (st = refresh_bound(g, err))))
+        (g->res.bound && (st = refresh_bound(g, err))))
         return st;
     const float *a = g->x;
     for (int i = 0; i < g->cfg.nl; i++) {
@@ -1344,98 +1346,31 @@ extern "C" ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *
 
 extern "C" ddp_status ddp__gpu_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
 {
-    if (nstates < 1 || nstates > 2)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda classifier: %d optimizer states (1 or 2)",
-                              nstates);
-    ddp_status st = use_device(g, err);
-    for (int s = 0; s < nstates && !st; s++) {
-        if (!g->ost[s] && (st = dalloc_es(&g->ost[s], g->total, 4, err)))
-            break;
-        st = ddp__cuda_memset0(g->ctx, g->ost[s], sizeof(float) * g->total, err);
-    }
-    if (!st) {
-        g->nstates = nstates;
+    ddp_status st = ddp__cuda_resident_optim_init(&g->res, nstates, err);
+    if (!st)
         g->resident = true;
-    }
-    return st ? st : ddp__cuda_sync(g->ctx, err);
+    return st;
 }
 
 extern "C" ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
                                               ddp_error *err)
 {
-    if (a->i >= g->np || a->lo > a->hi || a->hi > g->counts[a->i] ||
-        g->nstates < (a->adamw ? 2 : 1))
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda classifier: optimizer step of elements [%zu, %zu) of "
-                              "parameter %zu (%zu states made)",
-                              a->lo, a->hi, a->i, (size_t)g->nstates);
-    ddp_status st = use_device(g, err);
-    if (st)
-        return st;
-    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
-    float *p = P(g, (int)a->i) + a->lo;
-    const float *grad = a->grad_dev + a->lo;
-    if (a->adamw)
-        return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
-                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step, a->grad_scale,
-                               NULL, err);
-    char msg[DDP_ERRMSG_MAX];
-    if ((st = ddp__devmath_sgd((void *)g->ctx->stream, p, grad, g->ost[0] + off, n, a->lr,
-                               a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
-        return ddp__cuda_fail(err, st, "cuda classifier: %s", msg);
-    return DDP_OK;
+    return ddp__cuda_resident_optim_step(&g->res, a, err);
 }
 
 extern "C" ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host,
                                                bool to_host, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda classifier: no optimizer state %d (%d made)", s, g->nstates);
-    ddp_status st = use_device(g, err);
-    for (size_t i = 0; i < g->np && !st; i++) {
-        float *dev = g->ost[s] + g->offsets[i];
-        size_t bytes = sizeof(float) * g->counts[i];
-        st = to_host ? ddp__cuda_to_host(g->ctx, host[i], dev, bytes, err)
-                     : ddp__cuda_to_device(g->ctx, dev, host[i], bytes, err);
-    }
-    return st;
+    return ddp__cuda_resident_optim_state(&g->res, s, host, to_host, err);
 }
 
 extern "C" ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev,
                                                ddp_error *err)
 {
-    ddp_status st = use_device(g, err);
-    if (st)
-        return st;
-    if (!params_dev) { /* the values back into the flat buffer, which serves again */
-        for (size_t i = 0; g->bound && i < g->np && !st; i++)
-            st = ddp__cuda_check(cudaMemcpyAsync(g->params + g->offsets[i], g->bound[i],
-                                                 sizeof(float) * g->counts[i],
-                                                 cudaMemcpyDeviceToDevice, g->ctx->stream),
-                                 "cudaMemcpyAsync", err);
-        if (!st && (st = ddp__cuda_sync(g->ctx, err)) == DDP_OK) {
-            free(g->bound);
-            g->bound = NULL;
-        }
-        return st;
-    }
-    for (size_t i = 0; i < g->np; i++)
-        if (!params_dev[i])
-            return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                                  "cuda classifier: bind_params: parameter %zu has no array", i);
-    if (!g->bound && !(g->bound = (float **)calloc(g->np ? g->np : 1, sizeof(float *))))
-        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda classifier: out of host memory");
-    memcpy(g->bound, params_dev, sizeof(float *) * g->np);
-    return DDP_OK;
+    return ddp__cuda_resident_bind_params(&g->res, params_dev, err);
 }
 
 extern "C" ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda classifier: no optimizer state %d (%d made)", s, g->nstates);
-    for (size_t i = 0; i < g->np; i++)
-        dev[i] = g->ost[s] + g->offsets[i];
-    return DDP_OK;
+    return ddp__cuda_resident_state_dev(&g->res, s, dev, err);
 }

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "resident.cuh"
 
 extern "C" {
 #include "kernels/cuda/devmath.h"
@@ -91,11 +92,10 @@ struct ddp__cuda_gpt {
     ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
     void *ready_ctx;
     ddp_status ready_st; /* what ready returned, when not DDP_OK */
-    float *ost[2];           /* (total,) the optimizer's state, laid out like params */
-    int nstates;
-    /* ddp__gpu_gpt_bind_params: (n_params,) where each parameter's values are instead of the
-     * flat buffer (the reducer's views, for the sharded step), or NULL */
-    float **bound;
+    /* the optimizer's state, and res.bound: ddp__gpu_gpt_bind_params's (n_params,) arrays where
+     * each parameter's values are instead of the flat buffer (the reducer's views, for the
+     * sharded step), or NULL */
+    ddp__cuda_resident res;
 };
 
 /* The parameter whose flat-buffer offset is off (offsets ascend with the index). */
@@ -104,7 +104,7 @@ static size_t index_of(const ddp__cuda_gpt *g, long long off);
 /* Parameter i's values: the flat buffer's, or where bind_params put them. */
 static float *param_of(const ddp__cuda_gpt *g, size_t i)
 {
-    return g->bound ? g->bound[i] : g->params + g->offsets[i];
+    return ddp__cuda_resident_param(&g->res, i);
 }
 
 /* The values of the tensor at flat offset off (−1: absent). */
@@ -112,10 +112,10 @@ static float *P(ddp__cuda_gpt *g, long long off)
 {
     if (off < 0)
         return NULL;
-    if (!g->bound)
+    if (!g->res.bound)
         return g->params + off;
     size_t i = index_of(g, off);
-    return g->bound[i] + (off - (long long)g->offsets[i]);
+    return g->res.bound[i] + (off - (long long)g->offsets[i]);
 }
 
 static size_t index_of(const ddp__cuda_gpt *g, long long off)
@@ -198,8 +198,7 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
         (void)cudaSetDevice(g->ctx->device);
         ddp__cuda_sync(g->ctx, NULL);
     }
-    ddp__cuda_free(g->ost[0]);
-    ddp__cuda_free(g->ost[1]);
+    ddp__cuda_resident_free(&g->res);
     for (int l = 0; g->b && l < g->cfg.L; l++) {
         blk *a = &g->b[l];
         void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,  a->att,  a->atty, a->xmid,
@@ -222,7 +221,6 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
     free(g->grads_host);
     free(g->correct_host);
     free(g->row_loss_host);
-    free(g->bound);
     free(g);
 }
 
@@ -434,6 +432,8 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
             }
         }
     }
+    ddp__cuda_resident_init(&g->res, "cuda gpt", g->ctx, g->n_params, g->total, g->counts,
+                            g->offsets, g->params);
     *out = g;
     return DDP_OK;
 out_free:
@@ -542,10 +542,10 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
     ddp_status st;
     /* the weights' 16-bit copy, once per forward (the padding between tensors is zeros): in one
      * pass over the flat buffer, or tensor by tensor from where they are bound */
-    if (!g->bound && (st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
+    if (!g->res.bound && (st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
         return st;
-    for (size_t i = 0; g->bound && i < g->n_params; i++)
-        if ((st = ddp__cuda_f32_to_h(c, ht, g->bound[i], g->counts[i],
+    for (size_t i = 0; g->res.bound && i < g->n_params; i++)
+        if ((st = ddp__cuda_f32_to_h(c, ht, g->res.bound[i], g->counts[i],
                                      g->params_h + g->offsets[i], err)))
             return st;
     const float *x = g->x0;
@@ -826,7 +826,8 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
  * resident mode skips it); backward's gradient kernels add straight into the caller's device
  * buffers (the reducer's bucket views), and each parameter is reported ready as soon as its
  * kernels are queued, so its bucket's allreduce overlaps the rest of backward; the optimizer's
- * state is two more flat buffers like the parameters'. Everything on the model's one stream. */
+ * state is two more flat buffers like the parameters' (resident.cu, shared with classifier.cu).
+ * Everything on the model's one stream. */
 
 extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                              ddp_error *err)
@@ -864,100 +865,32 @@ extern "C" ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *
 
 extern "C" ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err)
 {
-    if (nstates < 1 || nstates > 2)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: %d optimizer states (1 or 2)",
-                              nstates);
-    ddp_status st = use_device(g, err);
-    for (int s = 0; s < nstates && !st; s++) {
-        if (!g->ost[s] && (st = dalloc(&g->ost[s], g->total, err)))
-            break;
-        st = ddp__cuda_memset0(g->ctx, g->ost[s], sizeof(float) * g->total, err);
-    }
-    if (!st)
-        g->nstates = nstates;
-    return st ? st : ddp__cuda_sync(g->ctx, err);
+    return ddp__cuda_resident_optim_init(&g->res, nstates, err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
                                                ddp_error *err)
 {
-    if (a->i >= g->n_params || a->lo > a->hi || a->hi > g->counts[a->i] ||
-        g->nstates < (a->adamw ? 2 : 1))
-        return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                              "cuda gpt: optimizer step of elements [%zu, %zu) of parameter %zu "
-                              "(%zu states made)",
-                              a->lo, a->hi, a->i, (size_t)g->nstates);
-    ddp_status st = use_device(g, err);
-    if (st)
-        return st;
-    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
-    float *p = param_of(g, a->i) + a->lo;
-    const float *grad = a->grad_dev + a->lo;
-    if (a->adamw)
-        return ddp__cuda_adamw(g->ctx, p, grad, g->ost[0] + off, g->ost[1] + off, n, a->lr,
-                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step,
-                               a->grad_scale, NULL, err);
-    char msg[DDP_ERRMSG_MAX];
-    if ((st = ddp__devmath_sgd((void *)g->ctx->stream, p, grad, g->ost[0] + off, n, a->lr,
-                               a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
-        return ddp__cuda_fail(err, st, "cuda gpt: %s", msg);
-    return DDP_OK;
+    return ddp__cuda_resident_optim_step(&g->res, a, err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host,
                                                 bool to_host, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: no optimizer state %d (%d made)",
-                              s, g->nstates);
-    ddp_status st = use_device(g, err);
-    for (size_t i = 0; i < g->n_params && !st; i++) {
-        float *dev = g->ost[s] + g->offsets[i];
-        size_t bytes = sizeof(float) * g->counts[i];
-        st = to_host ? ddp__cuda_to_host(g->ctx, host[i], dev, bytes, err)
-                     : ddp__cuda_to_device(g->ctx, dev, host[i], bytes, err);
-    }
-    return st;
+    return ddp__cuda_resident_optim_state(&g->res, s, host, to_host, err);
 }
-
 
 extern "C" ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev,
                                                 ddp_error *err)
 {
-    ddp_status st = use_device(g, err);
-    if (st)
-        return st;
-    if (!params_dev) { /* the values back into the flat buffer, which serves again */
-        for (size_t i = 0; g->bound && i < g->n_params && !st; i++)
-            st = ddp__cuda_check(cudaMemcpyAsync(g->params + g->offsets[i], g->bound[i],
-                                                 sizeof(float) * g->counts[i],
-                                                 cudaMemcpyDeviceToDevice, g->ctx->stream),
-                                 "cudaMemcpyAsync", err);
-        if (!st && (st = ddp__cuda_sync(g->ctx, err)) == DDP_OK) {
-            free(g->bound);
-            g->bound = NULL;
-        }
-        return st;
-    }
-    for (size_t i = 0; i < g->n_params; i++)
-        if (!params_dev[i])
-            return ddp__cuda_fail(err, DDP_ERR_INVALID,
-                                  "cuda gpt: bind_params: parameter %zu has no array", i);
-    if (!g->bound && !(g->bound = (float **)calloc(g->n_params, sizeof(float *))))
-        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
-    memcpy(g->bound, params_dev, sizeof(float *) * g->n_params);
-    /* the 16-bit copy is now rounded tensor by tensor: its padding stays as zeros */
-    if (g->half && (st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err)))
-        return st;
-    return DDP_OK;
+    ddp_status st = ddp__cuda_resident_bind_params(&g->res, params_dev, err);
+    /* bound, the 16-bit copy is rounded tensor by tensor: its padding stays as zeros */
+    if (!st && params_dev && g->half)
+        st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err);
+    return st;
 }
 
 extern "C" ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: no optimizer state %d (%d made)",
-                              s, g->nstates);
-    for (size_t i = 0; i < g->n_params; i++)
-        dev[i] = g->ost[s] + g->offsets[i];
-    return DDP_OK;
+    return ddp__cuda_resident_state_dev(&g->res, s, dev, err);
 }

@@ -1,0 +1,142 @@
+/*
+ * kernels/cuda/resident.cu — the device-resident optimizer's state and the bound parameters
+ * (resident.cuh), one implementation for the GPT and the MLP/CNN. The kernels are optim.cu's
+ * AdamW and devmath.cu's SGD; this file only lays the state out like the parameters and hands
+ * each a parameter's slice. It does not know the models: their layout comes in at init.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "resident.cuh"
+
+extern "C" {
+#include "kernels/cuda/devmath.h"
+}
+
+void ddp__cuda_resident_init(ddp__cuda_resident *r, const char *name, ddp__cuda_ctx *ctx, size_t np,
+                             size_t total, const size_t *counts, const size_t *offsets,
+                             float *params)
+{
+    r->name = name;
+    r->ctx = ctx;
+    r->np = np;
+    r->total = total;
+    r->counts = counts;
+    r->offsets = offsets;
+    r->params = params;
+}
+
+void ddp__cuda_resident_free(ddp__cuda_resident *r)
+{
+    ddp__cuda_free(r->ost[0]);
+    ddp__cuda_free(r->ost[1]);
+    free(r->bound);
+    r->ost[0] = r->ost[1] = NULL;
+    r->bound = NULL;
+    r->nstates = 0;
+}
+
+/* The runtime's current device is per thread: make the model's current (see gpt.cu). */
+static ddp_status use_device(const ddp__cuda_resident *r, ddp_error *err)
+{
+    return ddp__cuda_check(cudaSetDevice(r->ctx->device), "cudaSetDevice", err);
+}
+
+ddp_status ddp__cuda_resident_optim_init(ddp__cuda_resident *r, int nstates, ddp_error *err)
+{
+    if (nstates < 1 || nstates > 2)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: %d optimizer states (1 or 2)", r->name,
+                              nstates);
+    ddp_status st = use_device(r, err);
+    for (int s = 0; s < nstates && !st; s++) {
+        void *d = r->ost[s];
+        if (!d && (st = ddp__cuda_malloc(&d, sizeof(float) * r->total, err)))
+            break;
+        r->ost[s] = (float *)d;
+        st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * r->total, err);
+    }
+    if (!st)
+        r->nstates = nstates;
+    return st ? st : ddp__cuda_sync(r->ctx, err);
+}
+
+ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_optim_args *a,
+                                         ddp_error *err)
+{
+    if (a->i >= r->np || a->lo > a->hi || a->hi > r->counts[a->i] ||
+        r->nstates < (a->adamw ? 2 : 1))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "%s: optimizer step of elements [%zu, %zu) of parameter %zu "
+                              "(%zu states made)",
+                              r->name, a->lo, a->hi, a->i, (size_t)r->nstates);
+    ddp_status st = use_device(r, err);
+    if (st)
+        return st;
+    size_t off = r->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    float *p = ddp__cuda_resident_param(r, a->i) + a->lo;
+    const float *grad = a->grad_dev + a->lo;
+    if (a->adamw)
+        return ddp__cuda_adamw(r->ctx, p, grad, r->ost[0] + off, r->ost[1] + off, n, a->lr,
+                               a->beta1, a->beta2, a->eps, a->weight_decay, a->step, a->grad_scale,
+                               NULL, err);
+    char msg[DDP_ERRMSG_MAX];
+    if ((st = ddp__devmath_sgd((void *)r->ctx->stream, p, grad, r->ost[0] + off, n, a->lr,
+                               a->momentum, a->weight_decay, a->step, a->grad_scale, msg)))
+        return ddp__cuda_fail(err, st, "%s: %s", r->name, msg);
+    return DDP_OK;
+}
+
+ddp_status ddp__cuda_resident_optim_state(ddp__cuda_resident *r, int s, float *const *host,
+                                          bool to_host, ddp_error *err)
+{
+    if (s < 0 || s >= r->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: no optimizer state %d (%d made)", r->name,
+                              s, r->nstates);
+    ddp_status st = use_device(r, err);
+    for (size_t i = 0; i < r->np && !st; i++) {
+        float *dev = r->ost[s] + r->offsets[i];
+        size_t bytes = sizeof(float) * r->counts[i];
+        st = to_host ? ddp__cuda_to_host(r->ctx, host[i], dev, bytes, err)
+                     : ddp__cuda_to_device(r->ctx, dev, host[i], bytes, err);
+    }
+    return st;
+}
+
+ddp_status ddp__cuda_resident_bind_params(ddp__cuda_resident *r, float *const *params_dev,
+                                          ddp_error *err)
+{
+    ddp_status st = use_device(r, err);
+    if (st)
+        return st;
+    if (!params_dev) { /* the values back into the flat buffer, which serves again */
+        for (size_t i = 0; r->bound && i < r->np && !st; i++)
+            st = ddp__cuda_check(cudaMemcpyAsync(r->params + r->offsets[i], r->bound[i],
+                                                 sizeof(float) * r->counts[i],
+                                                 cudaMemcpyDeviceToDevice, r->ctx->stream),
+                                 "cudaMemcpyAsync", err);
+        if (!st && (st = ddp__cuda_sync(r->ctx, err)) == DDP_OK) {
+            free(r->bound);
+            r->bound = NULL;
+        }
+        return st;
+    }
+    for (size_t i = 0; i < r->np; i++)
+        if (!params_dev[i])
+            return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                  "%s: bind_params: parameter %zu has no array", r->name, i);
+    if (!r->bound && !(r->bound = (float **)calloc(r->np ? r->np : 1, sizeof(float *))))
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "%s: out of host memory", r->name);
+    memcpy(r->bound, params_dev, sizeof(float *) * r->np);
+    return DDP_OK;
+}
+
+ddp_status ddp__cuda_resident_state_dev(const ddp__cuda_resident *r, int s, float **dev,
+                                        ddp_error *err)
+{
+    if (s < 0 || s >= r->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: no optimizer state %d (%d made)", r->name,
+                              s, r->nstates);
+    for (size_t i = 0; i < r->np; i++)
+        dev[i] = r->ost[s] + r->offsets[i];
+    return DDP_OK;
+}
