@@ -16,7 +16,8 @@
  * the CPU model's parameters and gradients live in two flat "device" buffers, as classifier.cu
  * has them; backward_dev binds its gradients to the caller's for the call and passes each ready
  * on as the CPU model reports it; the optimizer is ddp_optim_step_range's arithmetic on state
- * buffers laid out like the parameters; the buffers (running statistics) are the CPU model's.
+ * buffers laid out like the parameters (fake_gpu_resident.c, the GPT's too); the buffers (running
+ * statistics) are the CPU model's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,49 +30,26 @@
 #include "kernels/kernels.h"
 
 #include "fake_gpu_cls.h"
+#include "fake_gpu_resident.h"
 
 struct ddp__cuda_cls {
-    ddp_model *m;
-    size_t np, nb;
+    fake_res r; /* the CPU model on the "device" flat buffers, as classifier.cu has them */
+    size_t nb;
     int classes;
     int64_t channels[64], hidden[64];
-    size_t total;             /* floats in the flat buffers */
-    size_t *counts, *offsets; /* (np,) */
-    float *params, *grads;    /* (total,) the "device" flat buffers the CPU model is bound to */
-    float *state[2];          /* the optimizer's, laid out like params */
-    int nstates;
-    float *tmp;    /* (largest count,) a scaled gradient */
-    float **bound; /* bind_params's arrays, or NULL: the flat buffer's */
 };
-
-/* Parameter i's values: in the flat buffer, or where bind_params put them. */
-static float *param_of(const ddp__cuda_cls *g, size_t i)
-{
-    return g->bound ? g->bound[i] : g->params + g->offsets[i];
-}
 
 static ddp_status fail(ddp_error *err, ddp_status st, const char *msg)
 {
-    if (err) {
-        snprintf(err->msg, sizeof err->msg, "fake gpu classifier: %s", msg);
-        err->status = st;
-    }
-    return st;
+    return fake_res_fail(err, st, "fake gpu classifier", msg);
 }
 
 void fake_cls_free(ddp__cuda_cls *g)
 {
     if (!g)
         return;
-    ddp_model_free(g->m);
-    free(g->counts);
-    free(g->offsets);
-    free(g->params);
-    free(g->grads);
-    free(g->state[0]);
-    free(g->state[1]);
-    free(g->tmp);
-    free(g->bound);
+    ddp_model_free(g->r.m);
+    fake_res_free(&g->r);
     free(g);
 }
 
@@ -83,6 +61,7 @@ ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, s
     ddp__cuda_cls *g = calloc(1, sizeof *g);
     if (!g)
         return fail(err, DDP_ERR_NOMEM, "out of memory");
+    g->r.name = "fake gpu classifier";
     ddp_model_spec s = DDP_MODEL_SPEC_INIT;
     s.type = "mlp";
     s.in_ch = 1, s.in_h = 1, s.in_w = (int)cfg->in_n;
@@ -114,13 +93,13 @@ ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, s
     s.seed = cfg->seed;
     s.precision = cfg->precision == DDP_PRECISION_BF16 ? DDP_PRECISION_BF16 : DDP_PRECISION_FP32;
     g->classes = cfg->classes;
-    ddp_status st = ddp_model_build(&s, &g->m, err);
+    ddp_status st = ddp_model_build(&s, &g->r.m, err);
     if (st) {
         fake_cls_free(g);
         return st;
     }
     size_t n1, n2;
-    const ddp_model_param *p = ddp_model_params(g->m, &n1), *b = ddp_model_buffers(g->m, &n2);
+    const ddp_model_param *p = ddp_model_params(g->r.m, &n1), *b = ddp_model_buffers(g->r.m, &n2);
     bool same = n1 == np && n2 == nb;
     for (size_t i = 0; same && i < np; i++)
         same = p[i].count == counts[i];
@@ -130,26 +109,10 @@ ddp_status fake_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, s
         fake_cls_free(g);
         return fail(err, DDP_ERR_INVALID, "the layer list does not rebuild the model's lists");
     }
-    g->np = np;
     g->nb = nb;
-    g->counts = calloc(np ? np : 1, sizeof(size_t));
-    g->offsets = calloc(np ? np : 1, sizeof(size_t));
-    size_t most = 1;
-    for (size_t i = 0; g->counts && g->offsets && i < np; i++) {
-        g->counts[i] = counts[i];
-        g->offsets[i] = g->total;
-        g->total += counts[i];
-        most = counts[i] > most ? counts[i] : most;
-    }
-    if (!g->counts || !g->offsets || !(g->params = calloc(g->total + 1, sizeof(float))) ||
-        !(g->grads = calloc(g->total + 1, sizeof(float))) ||
-        !(g->tmp = malloc(most * sizeof(float)))) {
+    if ((st = fake_res_init(&g->r, g->r.m, counts, np, err))) {
         fake_cls_free(g);
-        return fail(err, DDP_ERR_NOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < np; i++) { /* the values move into the flat buffer */
-        memcpy(g->params + g->offsets[i], p[i].data, counts[i] * sizeof(float));
-        ddp_model_bind(g->m, i, g->params + g->offsets[i], g->grads + g->offsets[i]);
+        return st;
     }
     *out = g;
     return DDP_OK;
@@ -160,8 +123,8 @@ ddp_status fake_cls_upload(ddp__cuda_cls *g, const float *const *params_host,
 {
     (void)err;
     size_t n;
-    const ddp_model_param *p = ddp_model_params(g->m, &n), *b = ddp_model_buffers(g->m, &n);
-    for (size_t i = 0; i < g->np; i++)
+    const ddp_model_param *p = ddp_model_params(g->r.m, &n), *b = ddp_model_buffers(g->r.m, &n);
+    for (size_t i = 0; i < g->r.np; i++)
         memcpy(p[i].data, params_host[i], p[i].count * sizeof(float));
     for (size_t j = 0; j < g->nb; j++)
         memcpy(b[j].data, buffers_host[j], b[j].count * sizeof(float));
@@ -178,10 +141,10 @@ ddp_status fake_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, doub
                           .step = b->step,
                           .sample_offset = b->sample_offset};
     ddp_model_out o = {0};
-    if (ddp_model_forward(g->m, &mb, b->train, &o) != DDP_OK)
-        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    if (ddp_model_forward(g->r.m, &mb, b->train, &o) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->r.m));
     size_t rows, cols;
-    const float *l = ddp_model_logits(g->m, &rows, &cols);
+    const float *l = ddp_model_logits(g->r.m, &rows, &cols);
     memcpy(logits_host, l, rows * cols * sizeof(float));
     if (b->labels) {
         *loss_sum = o.loss * (double)o.count;
@@ -194,7 +157,7 @@ ddp_status fake_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, dd
 {
     (void)err;
     size_t n;
-    const ddp_model_param *b = ddp_model_buffers(g->m, &n);
+    const ddp_model_param *b = ddp_model_buffers(g->r.m, &n);
     for (size_t j = 0; j < g->nb; j++)
         memcpy(buffers_host[j], b[j].data, b[j].count * sizeof(float));
     return DDP_OK;
@@ -202,25 +165,16 @@ ddp_status fake_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, dd
 
 static int backwards; /* this process's, for DDP_TEST_FAKE_GPU_INF_AT */
 
-/* Whether this backward (the process's backwards-th) is the one to overflow. */
-static bool inject_inf(void)
-{
-    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"),
-               *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
-    const char *rank = getenv("RANK");
-    return at && atoi(at) == ++backwards && atoi(who ? who : "0") == atoi(rank ? rank : "0");
-}
-
 ddp_status fake_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err)
 {
-    ddp_model_zero_grad(g->m);
-    if (ddp_model_backward(g->m, NULL, NULL) != DDP_OK)
-        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    ddp_model_zero_grad(g->r.m);
+    if (ddp_model_backward(g->r.m, NULL, NULL) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->r.m));
     size_t n;
-    const ddp_model_param *p = ddp_model_params(g->m, &n);
-    if (inject_inf() && g->np > 0 && p[0].count > 0)
+    const ddp_model_param *p = ddp_model_params(g->r.m, &n);
+    if (fake_res_inject_inf(&backwards) && g->r.np > 0 && p[0].count > 0)
         p[0].grad[0] = INFINITY;
-    for (size_t i = 0; i < g->np; i++)
+    for (size_t i = 0; i < g->r.np; i++)
         for (size_t k = 0; k < p[i].count; k++)
             grads_host[i][k] += p[i].grad[k];
     return DDP_OK;
@@ -233,9 +187,9 @@ ddp_status fake_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffe
 {
     (void)err;
     size_t n;
-    const ddp_model_param *b = ddp_model_buffers(g->m, &n);
-    for (size_t i = 0; params_dev && i < g->np; i++)
-        params_dev[i] = param_of(g, i);
+    const ddp_model_param *b = ddp_model_buffers(g->r.m, &n);
+    for (size_t i = 0; params_dev && i < g->r.np; i++)
+        params_dev[i] = fake_res_param(&g->r, i);
     for (size_t j = 0; buffers_dev && j < g->nb; j++)
         buffers_dev[j] = b[j].data;
     if (stream)
@@ -246,25 +200,9 @@ ddp_status fake_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffe
 ddp_status fake_cls_get_params(ddp__cuda_cls *g, float *const *params_host, ddp_error *err)
 {
     (void)err;
-    for (size_t i = 0; i < g->np; i++)
-        memcpy(params_host[i], param_of(g, i), g->counts[i] * sizeof(float));
+    for (size_t i = 0; i < g->r.np; i++)
+        memcpy(params_host[i], fake_res_param(&g->r, i), g->r.counts[i] * sizeof(float));
     return DDP_OK;
-}
-
-typedef struct marks {
-    ddp_status (*ready)(void *ctx, size_t i);
-    void *ctx;
-    float *first; /* parameter 0's gradient, where an injected inf goes */
-    bool inf;
-} marks;
-
-/* The CPU model's ready, passed on (parameter 0, the first layer's weight, comes second last). */
-static ddp_status pass_ready(void *ctx, size_t i)
-{
-    marks *k = ctx;
-    if (i == 0 && k->inf)
-        k->first[0] += INFINITY;
-    return k->ready ? k->ready(k->ctx, i) : DDP_OK;
 }
 
 /* Straight into the caller's gradients (the CPU model's bound there for the call). */
@@ -272,87 +210,38 @@ ddp_status fake_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
                                  ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                  ddp_error *err)
 {
-    for (size_t i = 0; i < g->np; i++)
-        ddp_model_bind(g->m, i, NULL, grads_dev[i]);
-    marks k = {ready, ctx, g->np ? grads_dev[0] : NULL, inject_inf() && g->np > 0};
-    ddp_status st = ddp_model_backward(g->m, pass_ready, &k);
-    for (size_t i = 0; i < g->np; i++)
-        ddp_model_bind(g->m, i, NULL, g->grads + g->offsets[i]);
-    return st ? fail(err, st, ddp_model_last_error(g->m)) : DDP_OK;
+    for (size_t i = 0; i < g->r.np; i++)
+        ddp_model_bind(g->r.m, i, NULL, grads_dev[i]);
+    fake_marks k = {ready, ctx, g->r.np ? grads_dev[0] : NULL,
+                    fake_res_inject_inf(&backwards) && g->r.np > 0};
+    ddp_status st = ddp_model_backward(g->r.m, fake_res_pass_ready, &k);
+    for (size_t i = 0; i < g->r.np; i++)
+        ddp_model_bind(g->r.m, i, NULL, g->r.grads + g->r.offsets[i]);
+    return st ? fail(err, st, ddp_model_last_error(g->r.m)) : DDP_OK;
 }
 
 ddp_status fake_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err)
 {
-    if (nstates < 1 || nstates > 2)
-        return fail(err, DDP_ERR_INVALID, "optimizer states: 1 or 2");
-    for (int s = 0; s < nstates; s++) {
-        free(g->state[s]);
-        if (!(g->state[s] = calloc(g->total + 1, sizeof(float))))
-            return fail(err, DDP_ERR_NOMEM, "out of memory");
-    }
-    g->nstates = nstates;
-    return DDP_OK;
+    return fake_res_optim_init(&g->r, nstates, err);
 }
 
-/* ddp_optim_step_range's arithmetic: the gradient scaled first (here into a copy). */
 ddp_status fake_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *err)
 {
-    if (a->i >= g->np || a->lo > a->hi || a->hi > g->counts[a->i] ||
-        g->nstates < (a->adamw ? 2 : 1))
-        return fail(err, DDP_ERR_INVALID, "bad optimizer step");
-    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
-    const float *gr = a->grad_dev + a->lo;
-    if (a->grad_scale != 1.0f) {
-        for (size_t k = 0; k < n; k++)
-            g->tmp[k] = gr[k] * a->grad_scale;
-        gr = g->tmp;
-    }
-    float *p = param_of(g, a->i) + a->lo;
-    if (a->adamw)
-        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr, a->beta1, a->beta2,
-                          a->eps, a->weight_decay, a->step);
-    else
-        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum, a->weight_decay, a->step);
-    return DDP_OK;
+    return fake_res_optim_step(&g->r, a, err);
 }
 
 ddp_status fake_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
                                 ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
-    for (size_t i = 0; i < g->np; i++) {
-        float *dev = g->state[s] + g->offsets[i];
-        size_t bytes = g->counts[i] * sizeof(float);
-        memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
-    }
-    return DDP_OK;
+    return fake_res_optim_state(&g->r, s, host, to_host, err);
 }
 
-/* classifier.cu's: the CPU model's values move to the given arrays (or back into the flat
- * buffer). */
 ddp_status fake_cls_bind_params(ddp__cuda_cls *g, float *const *pd, ddp_error *err)
 {
-    if (!pd) {
-        for (size_t i = 0; g->bound && i < g->np; i++)
-            memcpy(g->params + g->offsets[i], g->bound[i], g->counts[i] * sizeof(float));
-        free(g->bound);
-        g->bound = NULL;
-    } else {
-        if (!g->bound && !(g->bound = calloc(g->np ? g->np : 1, sizeof(float *))))
-            return fail(err, DDP_ERR_NOMEM, "out of memory");
-        memcpy(g->bound, pd, g->np * sizeof(float *));
-    }
-    for (size_t i = 0; i < g->np; i++)
-        ddp_model_bind(g->m, i, param_of(g, i), NULL);
-    return DDP_OK;
+    return fake_res_bind_params(&g->r, pd, err);
 }
 
 ddp_status fake_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
-    for (size_t i = 0; i < g->np; i++)
-        dev[i] = g->state[s] + g->offsets[i];
-    return DDP_OK;
+    return fake_res_state_dev(&g->r, s, dev, err);
 }

@@ -24,49 +24,26 @@
 #include "kernels/kernels.h"
 
 #include "fake_gpu_cls.h" /* its MLP and CNN: the CPU classifier (fake_gpu_cls.c) */
+#include "fake_gpu_resident.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 struct ddp__cuda_gpt {
-    ddp_model *m;
-    size_t n, total;
-    size_t *counts, *offsets;
-    float *params, *grads; /* (total,) the "device" flat buffers, as gpt.cu has them */
-    float *state[2];       /* the optimizer's */
-    int nstates;
-    float *tmp; /* (largest count,) a scaled gradient */
+    fake_res r; /* the CPU model on the "device" flat buffers, as gpt.cu has them */
     int V;
-    float **bound; /* bind_params's arrays, or NULL: the flat buffer's */
 };
-
-/* Parameter i's values: in the flat buffer, or where bind_params put them. */
-static float *param_of(const ddp__cuda_gpt *g, size_t i)
-{
-    return g->bound ? g->bound[i] : g->params + g->offsets[i];
-}
 
 static ddp_status fail(ddp_error *err, ddp_status st, const char *msg)
 {
-    if (err) {
-        snprintf(err->msg, sizeof err->msg, "fake gpu gpt: %s", msg);
-        err->status = st;
-    }
-    return st;
+    return fake_res_fail(err, st, "fake gpu gpt", msg);
 }
 
 static void gpt_free(ddp__cuda_gpt *g)
 {
     if (!g)
         return;
-    ddp_model_free(g->m);
-    free(g->counts);
-    free(g->offsets);
-    free(g->params);
-    free(g->grads);
-    free(g->state[0]);
-    free(g->state[1]);
-    free(g->tmp);
-    free(g->bound);
+    ddp_model_free(g->r.m);
+    fake_res_free(&g->r);
     free(g);
 }
 
@@ -82,31 +59,10 @@ static ddp_status gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
     if (!g)
         return fail(err, DDP_ERR_NOMEM, "out of memory");
     g->V = cfg->V;
-    ddp_status st = ddp_model_build(&s, &g->m, err);
-    size_t np = 0;
-    const ddp_model_param *p = st ? NULL : ddp_model_params(g->m, &np);
-    if (!st && np != n)
-        st = fail(err, DDP_ERR_INVALID, "the model's parameter count differs");
-    g->n = n;
-    g->counts = calloc(n ? n : 1, sizeof(size_t));
-    g->offsets = calloc(n ? n : 1, sizeof(size_t));
-    size_t most = 1;
-    for (size_t i = 0; !st && i < n; i++) {
-        if (p[i].count != counts[i]) {
-            st = fail(err, DDP_ERR_INVALID, "a parameter's size differs");
-            break;
-        }
-        g->counts[i] = counts[i];
-        g->offsets[i] = g->total;
-        g->total += counts[i];
-        most = counts[i] > most ? counts[i] : most;
-    }
-    if (!st && (!(g->params = calloc(g->total, sizeof(float))) ||
-                !(g->grads = calloc(g->total, sizeof(float))) ||
-                !(g->tmp = malloc(most * sizeof(float)))))
-        st = fail(err, DDP_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; !st && i < n; i++)
-        st = ddp_model_bind(g->m, i, g->params + g->offsets[i], g->grads + g->offsets[i]);
+    g->r.name = "fake gpu gpt";
+    ddp_status st = ddp_model_build(&s, &g->r.m, err);
+    if (!st)
+        st = fake_res_init(&g->r, g->r.m, counts, n, err);
     if (st) {
         gpt_free(g);
         return st;
@@ -118,16 +74,16 @@ static ddp_status gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
 static ddp_status set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error *err)
 {
     (void)err;
-    for (size_t i = 0; i < g->n; i++)
-        memcpy(param_of(g, i), d[i], g->counts[i] * sizeof(float));
+    for (size_t i = 0; i < g->r.np; i++)
+        memcpy(fake_res_param(&g->r, i), d[i], g->r.counts[i] * sizeof(float));
     return DDP_OK;
 }
 
 static ddp_status get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *err)
 {
     (void)err;
-    for (size_t i = 0; i < g->n; i++)
-        memcpy(d[i], param_of(g, i), g->counts[i] * sizeof(float));
+    for (size_t i = 0; i < g->r.np; i++)
+        memcpy(d[i], fake_res_param(&g->r, i), g->r.counts[i] * sizeof(float));
     return DDP_OK;
 }
 
@@ -144,58 +100,34 @@ static ddp_status forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t
                          .step = step,
                          .sample_offset = off};
     ddp_model_out o = {0};
-    if (ddp_model_forward(g->m, &b, train, &o) != DDP_OK)
-        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
+    if (ddp_model_forward(g->r.m, &b, train, &o) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->r.m));
     if (targets) {
         *loss = o.loss * o.count;
         *cnt = (int)o.count;
         *correct = o.correct;
     }
     size_t rows = 0, cols = 0;
-    const float *lg = ddp_model_logits(g->m, &rows, &cols);
+    const float *lg = ddp_model_logits(g->r.m, &rows, &cols);
     if (logits && !train && lg)
         memcpy(logits, lg, rows * cols * sizeof(float));
     return DDP_OK;
 }
 
-/* Whether this backward (the process's calls-th) is the one to overflow. */
-static bool inject_inf(int calls)
-{
-    const char *at = getenv("DDP_TEST_FAKE_GPU_INF_AT"), *who = getenv("DDP_TEST_FAKE_GPU_INF_RANK");
-    const char *rank = getenv("RANK");
-    return at && atoi(at) == calls && atoi(who ? who : "0") == atoi(rank ? rank : "0");
-}
-
-static int calls; /* backwards so far */
+static int calls; /* backwards so far, for DDP_TEST_FAKE_GPU_INF_AT */
 
 /* The host-driven backward: into the model's own gradients, then added into dst[i]. */
 static ddp_status backward_host(ddp__cuda_gpt *g, float *const *dst, ddp_error *err)
 {
-    memset(g->grads, 0, g->total * sizeof(float));
-    if (ddp_model_backward(g->m, NULL, NULL) != DDP_OK)
-        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->m));
-    if (inject_inf(++calls))
-        g->grads[0] = INFINITY;
-    for (size_t i = 0; i < g->n; i++)
-        for (size_t k = 0; k < g->counts[i]; k++)
-            dst[i][k] += g->grads[g->offsets[i] + k];
+    memset(g->r.grads, 0, g->r.total * sizeof(float));
+    if (ddp_model_backward(g->r.m, NULL, NULL) != DDP_OK)
+        return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->r.m));
+    if (fake_res_inject_inf(&calls))
+        g->r.grads[0] = INFINITY;
+    for (size_t i = 0; i < g->r.np; i++)
+        for (size_t k = 0; k < g->r.counts[i]; k++)
+            dst[i][k] += g->r.grads[g->r.offsets[i] + k];
     return DDP_OK;
-}
-
-typedef struct marks {
-    ddp_status (*ready)(void *ctx, size_t i);
-    void *ctx;
-    float *first; /* parameter 0's gradient, where an injected inf goes */
-    bool inf;
-} marks;
-
-/* The CPU model's ready, passed on (parameter 0, the token embedding, comes last). */
-static ddp_status pass_ready(void *ctx, size_t i)
-{
-    marks *k = ctx;
-    if (i == 0 && k->inf)
-        k->first[0] += INFINITY;
-    return k->ready ? k->ready(k->ctx, i) : DDP_OK;
 }
 
 /* The resident backward as gpt.cu does it: straight into the caller's gradients (the model's
@@ -204,95 +136,48 @@ static ddp_status backward_dev(ddp__cuda_gpt *g, float *const *dst,
                                ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                ddp_error *err)
 {
-    for (size_t i = 0; i < g->n; i++)
-        ddp_model_bind(g->m, i, param_of(g, i), dst[i]);
-    marks k = {ready, ctx, dst[0], inject_inf(++calls)};
-    ddp_status st = ddp_model_backward(g->m, pass_ready, &k);
-    for (size_t i = 0; i < g->n; i++)
-        ddp_model_bind(g->m, i, NULL, g->grads + g->offsets[i]);
-    return st ? fail(err, st, ddp_model_last_error(g->m)) : DDP_OK;
+    for (size_t i = 0; i < g->r.np; i++)
+        ddp_model_bind(g->r.m, i, fake_res_param(&g->r, i), dst[i]);
+    fake_marks k = {ready, ctx, dst[0], fake_res_inject_inf(&calls)};
+    ddp_status st = ddp_model_backward(g->r.m, fake_res_pass_ready, &k);
+    for (size_t i = 0; i < g->r.np; i++)
+        ddp_model_bind(g->r.m, i, NULL, g->r.grads + g->r.offsets[i]);
+    return st ? fail(err, st, ddp_model_last_error(g->r.m)) : DDP_OK;
 }
 
 static ddp_status dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream, ddp_error *err)
 {
     (void)err;
-    for (size_t i = 0; i < g->n; i++)
-        params_dev[i] = param_of(g, i);
+    for (size_t i = 0; i < g->r.np; i++)
+        params_dev[i] = fake_res_param(&g->r, i);
     *stream = NULL;
     return DDP_OK;
 }
 
 static ddp_status optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err)
 {
-    for (int s = 0; s < nstates; s++) {
-        free(g->state[s]);
-        if (!(g->state[s] = calloc(g->total, sizeof(float))))
-            return fail(err, DDP_ERR_NOMEM, "out of memory");
-    }
-    g->nstates = nstates;
-    return DDP_OK;
+    return fake_res_optim_init(&g->r, nstates, err);
 }
 
-/* ddp_optim_step_range's arithmetic: the gradient scaled first (here into a copy). */
 static ddp_status optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *err)
 {
-    if (a->i >= g->n || a->lo > a->hi || a->hi > g->counts[a->i] || g->nstates < 1)
-        return fail(err, DDP_ERR_INVALID, "bad optimizer step");
-    size_t off = g->offsets[a->i] + a->lo, n = a->hi - a->lo;
-    const float *gr = a->grad_dev + a->lo;
-    if (a->grad_scale != 1.0f) {
-        for (size_t k = 0; k < n; k++)
-            g->tmp[k] = gr[k] * a->grad_scale;
-        gr = g->tmp;
-    }
-    float *p = param_of(g, a->i) + a->lo;
-    if (a->adamw)
-        ddp_nn_adamw_step(p, gr, g->state[0] + off, g->state[1] + off, n, a->lr,
-                          a->beta1, a->beta2, a->eps, a->weight_decay, a->step);
-    else
-        ddp_nn_sgd_step(p, gr, g->state[0] + off, n, a->lr, a->momentum,
-                        a->weight_decay, a->step);
-    return DDP_OK;
+    return fake_res_optim_step(&g->r, a, err);
 }
 
 static ddp_status optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                               ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
-    for (size_t i = 0; i < g->n; i++) {
-        float *dev = g->state[s] + g->offsets[i];
-        size_t bytes = g->counts[i] * sizeof(float);
-        memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
-    }
-    return DDP_OK;
+    return fake_res_optim_state(&g->r, s, host, to_host, err);
 }
 
-/* gpt.cu's: the CPU model's values move to the given arrays (or back into the flat buffer). */
 static ddp_status bind_params(ddp__cuda_gpt *g, float *const *pd, ddp_error *err)
 {
-    if (!pd) {
-        for (size_t i = 0; g->bound && i < g->n; i++)
-            memcpy(g->params + g->offsets[i], g->bound[i], g->counts[i] * sizeof(float));
-        free(g->bound);
-        g->bound = NULL;
-    } else {
-        if (!g->bound && !(g->bound = calloc(g->n ? g->n : 1, sizeof(float *))))
-            return fail(err, DDP_ERR_NOMEM, "out of memory");
-        memcpy(g->bound, pd, g->n * sizeof(float *));
-    }
-    for (size_t i = 0; i < g->n; i++)
-        ddp_model_bind(g->m, i, param_of(g, i), NULL);
-    return DDP_OK;
+    return fake_res_bind_params(&g->r, pd, err);
 }
 
 static ddp_status state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err)
 {
-    if (s < 0 || s >= g->nstates)
-        return fail(err, DDP_ERR_INVALID, "no such optimizer state");
-    for (size_t i = 0; i < g->n; i++)
-        dev[i] = g->state[s] + g->offsets[i];
-    return DDP_OK;
+    return fake_res_state_dev(&g->r, s, dev, err);
 }
 
 static ddp_status count(int *n, ddp_error *err)
