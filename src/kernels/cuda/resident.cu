@@ -3,6 +3,8 @@
  * (resident.cuh), one implementation for the GPT and the MLP/CNN. The kernels are optim.cu's
  * AdamW and devmath.cu's SGD; this file only lays the state out like the parameters and hands
  * each a parameter's slice. It does not know the models: their layout comes in at init.
+ * UNVERIFIED: written without a GPU (the code moved from gpt.cu and classifier.cu, run on the
+ * emulated module only); see docs/gpu.md.
  */
 #include <stdlib.h>
 #include <string.h>
