@@ -93,7 +93,15 @@ ok "--bind_to core refuses more workers than cores; workers stay within ddprun's
 d=$T/threads; mkdir -p "$d"
 OMP_NUM_THREADS=7 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env "$d" >/dev/null 2>&1
 [ "$(get "$d/env.1" OMP_NUM_THREADS)" = 7 ] || fail "OMP_NUM_THREADS=7 was overridden"
-ok "OMP_NUM_THREADS set by the user is kept; --nproc-per-node spelling works"
+# OpenBLAS falls back to OMP_NUM_THREADS when its own variable is unset: the user's 7 must reach
+# it, not the cores / workers default.
+[ "$(get "$d/env.1" OPENBLAS_NUM_THREADS)" = 7 ] ||
+    fail "OMP_NUM_THREADS=7 but OPENBLAS_NUM_THREADS=$(get "$d/env.1" OPENBLAS_NUM_THREADS)"
+d=$T/threads2; mkdir -p "$d"
+OMP_NUM_THREADS=7 OPENBLAS_NUM_THREADS=3 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" \
+    env "$d" >/dev/null 2>&1
+[ "$(get "$d/env.0" OPENBLAS_NUM_THREADS)" = 3 ] || fail "OPENBLAS_NUM_THREADS=3 was overridden"
+ok "OMP_NUM_THREADS set by the user is kept, for OpenBLAS too; --nproc-per-node spelling works"
 
 # Inherited contract variables are replaced, not duplicated.
 d=$T/inherit; mkdir -p "$d"

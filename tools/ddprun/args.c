@@ -2,8 +2,8 @@
  * args.c — ddprun's command line: torchrun's flags (FACTS.md), so scripts and habits carry over.
  * `--name=value` and `--name value`, dashes or underscores in names (`--nproc-per-node`). The
  * first argument that is not a flag is the program; it and everything after it pass untouched.
- * Flags torchrun has that make no sense without Python (--no_python, --module) are refused with
- * a message rather than silently ignored.
+ * Flags torchrun has that make no sense without Python (--no_python, --module/-m, --run_path)
+ * are refused with a message rather than silently ignored.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -48,7 +48,7 @@ static const char usage[] =
     "                           per node, nodes in node_rank order\n"
     "  --master_addr HOST       address of node 0, where the store runs (default 127.0.0.1)\n"
     "  --master_port PORT       port of the store (default 29500)\n"
-    "  --rdzv_endpoint HOST:PORT  the same two in one flag\n"
+    "  --rdzv_endpoint HOST:PORT  the same two in one flag; port 0: a free port (one node)\n"
     "  --standalone             one node, store on a free loopback port: no port conflicts\n"
     "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
     "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
@@ -66,9 +66,9 @@ static const char usage[] =
     "Output\n"
     "  --log_dir DIR            also write each worker's output to\n"
     "                           DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log\n"
-    "  --redirects V            send streams to the log files only: 0 none, 1 stdout, 2 stderr,\n"
+    "  -r, --redirects V        send streams to the log files only: 0 none, 1 stdout, 2 stderr,\n"
     "                           3 both; or per local rank, '0:1,1:2'\n"
-    "  --tee V                  send streams to the log files and the console (same values)\n"
+    "  -t, --tee V              send streams to the log files and the console (same values)\n"
     "  --no_prefix              do not prefix console lines with '[rankN]: '\n"
     "\n"
     "torch.distributed.launch\n"
@@ -250,7 +250,8 @@ static const char *const valued[] = {
 };
 static const char *const switches[] = {"standalone", "no_prefix",    "help",
                                        "version",    "no_python",    "module",
-                                       "use_env",    "isolate_gpus", NULL};
+                                       "use_env",    "isolate_gpus", "run_path",
+                                       NULL};
 
 static int lookup(const char *const *table, const char *name)
 {
@@ -304,7 +305,16 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         snprintf(host, sizeof host, "%.*s", (int)(colon - v), v);
         if (copy_str(name, host, o->master_addr, sizeof o->master_addr) != 0)
             return -1;
-        return apply_value(o, "master_port", colon + 1, port_set);
+        /* Port 0 is torchrun's own spelling of "a free port" (its --standalone is
+         * --rdzv_endpoint localhost:0, and its docs give that form for single-node jobs);
+         * checked against --nnodes once every flag is read. */
+        if (!parse_long(colon + 1, 0, 65535, &x))
+            return bad("--rdzv_endpoint '%s': '%s' is not a port number (1-65535, or 0 for a "
+                       "free port on one node)",
+                       v, colon + 1);
+        o->master_port = (int)x;
+        *port_set = true;
+        return 0;
     }
     if (strcmp(name, "max_restarts") == 0) {
         if (!parse_long(v, 0, 1000000, &x))
@@ -407,6 +417,19 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
             fputs(usage, stdout);
             return 1;
         }
+        /* torchrun's one-letter flags: -m (--module), -r (--redirects), -t (--tee). */
+        if (strcmp(a, "-m") == 0)
+            a = "--module";
+        else if (strcmp(a, "-r") == 0)
+            a = "--redirects";
+        else if (strcmp(a, "-t") == 0)
+            a = "--tee";
+        else if (!strncmp(a, "-r", 2) || !strncmp(a, "-t", 2)) { /* -r3, -t3 */
+            const char *v = a + 2;
+            if (apply_value(o, a[1] == 'r' ? "redirects" : "tee", v, &port_set) != 0)
+                return -1;
+            continue;
+        }
         if (a[0] != '-' || a[1] != '-')
             break; /* the program */
         char name[64];
@@ -430,7 +453,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                 printf("ddprun (ddpc) %s\n", DDP_VERSION_STRING);
                 return 1;
             }
-            if (strcmp(name, "no_python") == 0 || strcmp(name, "module") == 0)
+            if (strcmp(name, "no_python") == 0 || strcmp(name, "module") == 0 ||
+                strcmp(name, "run_path") == 0)
                 return bad("--%s is a torchrun flag for Python scripts; ddprun always runs "
                            "PROGRAM directly: drop the flag",
                            name);
@@ -492,6 +516,14 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        "--rdzv_endpoint");
         snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
         o->master_port = 0;
+    }
+    if (o->master_port == 0 && !o->standalone) {
+        if (o->nnodes != 1)
+            return bad("--rdzv_endpoint '%s:0': port 0 (a free port) works only with one node, "
+                       "since the other nodes could not know it; give node 0's port, the same on "
+                       "every node",
+                       o->master_addr);
+        /* One node: as torchrun, a free port on the host given (the workers are told which). */
     }
     if (o->node_rank >= o->nnodes)
         return bad("--node_rank %d is not below --nnodes %d", o->node_rank, o->nnodes);

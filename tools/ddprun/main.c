@@ -18,7 +18,10 @@
 #include "ddprun.h"
 
 /* torchrun sets OMP_NUM_THREADS=1 whenever nproc > 1, a known cause of slow CPU training. We
- * give each worker its share of the cores instead, so ranks × threads = cores. */
+ * give each worker its share of the cores instead, so ranks × threads = cores. A user's own
+ * OMP_NUM_THREADS also stands for OpenBLAS, which falls back to it when OPENBLAS_NUM_THREADS is
+ * unset: without ddprun `OMP_NUM_THREADS=4 ./train` runs OpenBLAS on 4 threads, and so must
+ * ddprun's workers (not on the cores / workers default). */
 static void default_threads(int nproc)
 {
     int cores = ddp_own_cores();
@@ -26,6 +29,9 @@ static void default_threads(int nproc)
     char v[16];
     snprintf(v, sizeof v, "%d", per);
     const char *names[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (omp && *omp && !getenv("OPENBLAS_NUM_THREADS"))
+        setenv("OPENBLAS_NUM_THREADS", omp, 1);
     char set[64] = "";
     for (int i = 0; i < 2; i++) {
         if (getenv(names[i]))

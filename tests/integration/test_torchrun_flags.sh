@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# torchrun command lines as users type them: the single-node form of torchrun's docs
+# (--rdzv_backend c10d --rdzv_endpoint localhost:0: port 0 = a free port), its one-letter flags
+# (-r, -t, -m), and flags for Python scripts refused with a message naming them.
+. "$(dirname "$0")/lib.sh"
+get() { sed -n "s/^$2=//p" "$1"; }
+
+# torchrun --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1 --nproc-per-node=2
+d=$T/port0; mkdir -p "$d"
+"$DDPRUN" --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1 --nproc-per-node=2 \
+    "$WORKER" env "$d" >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "localhost:0 refused"; }
+p0=$(get "$d/env.0" MASTER_PORT); p1=$(get "$d/env.1" MASTER_PORT)
+[ -n "$p0" ] && [ "$p0" != 0 ] && [ "$p0" = "$p1" ] || fail "MASTER_PORT '$p0' / '$p1' for localhost:0"
+[ "$(get "$d/env.0" MASTER_ADDR)" = localhost ] || fail "MASTER_ADDR is not the endpoint's host"
+"$DDPRUN" --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:0 --nproc_per_node 2 "$WORKER" rendezvous \
+    >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "the ranks did not meet on 127.0.0.1:0"; }
+ok "--rdzv_endpoint localhost:0 / 127.0.0.1:0: a free port, the workers meet there (port $p0)"
+
+rc=0
+"$DDPRUN" --rdzv_endpoint 127.0.0.1:0 --nnodes 2 --node_rank 0 "$WORKER" env "$T" \
+    >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "port 0 with --nnodes 2 exited $rc, want 2"
+assert_contains "$T/err" "port 0 (a free port) works only with one node"
+rc=0
+"$DDPRUN" --rdzv_endpoint 127.0.0.1:x9 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "a bad endpoint port exited $rc, want 2"
+assert_contains "$T/err" "--rdzv_endpoint '127.0.0.1:x9': 'x9' is not a port number"
+[ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
+ok "port 0 across nodes and a malformed endpoint port: usage errors naming --rdzv_endpoint"
+
+# -r / -t (torchrun's short --redirects / --tee), as '-r 3' and '-t3'
+d=$T/short; mkdir -p "$d"
+"$DDPRUN" --nproc_per_node 2 --standalone --log_dir "$d/logs" --run_id r3 -r 3 "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || fail "-r 3 refused"
+[ -d "$d/logs/r3/attempt_0/1" ] || fail "-r 3 wrote no log folder"
+"$DDPRUN" --nproc_per_node 2 --standalone --log_dir "$d/logs" --run_id t3 -t3 "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || fail "-t3 refused"
+[ -d "$d/logs/t3/attempt_0/0" ] || fail "-t3 wrote no log folder"
+ok "-r 3 and -t3 are --redirects 3 and --tee 3"
+
+for flags in "-m" "--module" "--run_path" "--run-path" "--no-python"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$DDPRUN" --nproc_per_node 2 $flags "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "'$flags' exited $rc, want 2"
+    assert_contains "$T/err" "is a torchrun flag for Python scripts"
+done
+[ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
+ok "-m, --module, --run_path, --no-python: refused, naming the flag"
