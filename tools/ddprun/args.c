@@ -248,10 +248,9 @@ static const char *const valued[] = {
     "pass_local_rank",
     NULL,
 };
-static const char *const switches[] = {"standalone", "no_prefix",    "help",
-                                       "version",    "no_python",    "module",
-                                       "use_env",    "isolate_gpus", "run_path",
-                                       NULL};
+static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
+                                       "no_python",  "module",    "use_env", "isolate_gpus",
+                                       "run_path",   NULL};
 
 static int lookup(const char *const *table, const char *name)
 {
