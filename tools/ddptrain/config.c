@@ -94,7 +94,7 @@ static const ddp_cfg_key schema[] = {
     {"straggler.every", DDP_CFG_FLOAT, "60", NULL,
      "seconds between two warnings while the same rank stays slow"},
     {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},
-    {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints"},
+    {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints (≥ 1)"},
     {"resume_from", DDP_CFG_STRING, "", NULL, "a checkpoint path, or 'latest' (in out_dir)"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "predictions.csv", NULL, "mlp/cnn predict: the CSV to write"},
@@ -140,11 +140,35 @@ void trainer_print_help(FILE *out)
 /* The checks a configuration needs before any data: exit code 2 with the message. */
 static int check_values(const ddp_config *c)
 {
-    if (ddp_config_int(c, "batch_size") < 1 || ddp_config_int(c, "grad_accum") < 1 ||
-        ddp_config_float(c, "lr") <= 0 || ddp_config_int(c, "epochs") < 0 ||
-        ddp_config_int(c, "data.threads") < -1) {
-        fprintf(stderr, "ddptrain: batch_size and grad_accum must be ≥ 1, lr > 0, epochs ≥ 0, "
-                        "data.threads ≥ -1\n");
+    /* Each bound names its own key and the value given, so the user sees which one is wrong. */
+    static const struct {
+        const char *key;
+        int64_t min;
+    } int_min[] = {
+        {"batch_size", 1},       {"grad_accum", 1},      {"epochs", 0},    {"total_steps", 0},
+        {"data.threads", -1},    {"warmup_steps", 0},    {"log_every", 0}, {"eval_every", 0},
+        {"checkpoint.every", 0}, {"checkpoint.keep", 1}, {"bucket_kb", 0},
+    };
+    for (size_t i = 0; i < sizeof int_min / sizeof int_min[0]; i++)
+        if (ddp_config_int(c, int_min[i].key) < int_min[i].min) {
+            fprintf(stderr, "ddptrain: key '%s' is %" PRId64 "; it must be ≥ %" PRId64 "\n",
+                    int_min[i].key, ddp_config_int(c, int_min[i].key), int_min[i].min);
+            return 2;
+        }
+    static const char *const nonneg[] = {"momentum", "weight_decay", "grad_clip", "model.dropout"};
+    if (ddp_config_float(c, "lr") <= 0) {
+        fprintf(stderr, "ddptrain: key 'lr' is %g; it must be > 0\n", ddp_config_float(c, "lr"));
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
+        if (ddp_config_float(c, nonneg[i]) < 0) {
+            fprintf(stderr, "ddptrain: key '%s' is %g; it must be ≥ 0\n", nonneg[i],
+                    ddp_config_float(c, nonneg[i]));
+            return 2;
+        }
+    if (ddp_config_float(c, "model.dropout") >= 1) {
+        fprintf(stderr, "ddptrain: key 'model.dropout' is %g; it must be below 1\n",
+                ddp_config_float(c, "model.dropout"));
         return 2;
     }
     float b1, b2;
@@ -202,11 +226,16 @@ static int check_values(const ddp_config *c)
                 C, H);
         return 2;
     }
-    if (ddp_config_int(c, "eval_windows") < 0 || ddp_config_int(c, "max_new_tokens") < 0 ||
-        ddp_config_int(c, "top_k") < 0 || ddp_config_float(c, "temperature") < 0 ||
-        ddp_config_float(c, "eps") < 0) {
-        fprintf(stderr, "ddptrain: eval_windows, max_new_tokens, top_k, temperature and eps must "
-                        "be ≥ 0\n");
+    static const char *const gpt_nonneg[] = {"eval_windows", "max_new_tokens", "top_k"};
+    for (size_t i = 0; i < sizeof gpt_nonneg / sizeof gpt_nonneg[0]; i++)
+        if (ddp_config_int(c, gpt_nonneg[i]) < 0) {
+            fprintf(stderr, "ddptrain: key '%s' is %" PRId64 "; it must be ≥ 0\n", gpt_nonneg[i],
+                    ddp_config_int(c, gpt_nonneg[i]));
+            return 2;
+        }
+    if (ddp_config_float(c, "temperature") < 0 || ddp_config_float(c, "eps") < 0) {
+        const char *k = ddp_config_float(c, "temperature") < 0 ? "temperature" : "eps";
+        fprintf(stderr, "ddptrain: key '%s' is %g; it must be ≥ 0\n", k, ddp_config_float(c, k));
         return 2;
     }
     return 0;

@@ -15,6 +15,7 @@
  * runs the task (train.c, eval.c, generate.c; checkpoints in checkpoint.c).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -65,8 +66,11 @@ int trainer_die(trainer *t, const char *what, const char *msg)
 
 /* ---- setting up ------------------------------------------------------------------------------ */
 
-/* Rank 0: out_dir (with its parents), train.log and metrics.jsonl, appended to. */
-static void open_logs(trainer *t)
+/* Rank 0: out_dir (with its parents), train.log and metrics.jsonl, appended to. Training also
+ * makes out_dir/checkpoints now: an out_dir that cannot be written is an error before any work,
+ * not after hours of training when the first checkpoint fails. Returns 0, or 2 after printing
+ * what failed. */
+static int open_logs(trainer *t, bool train)
 {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s", t->dir);
@@ -80,8 +84,34 @@ static void open_logs(trainer *t)
     char path[1300];
     snprintf(path, sizeof path, "%s/train.log", t->dir);
     t->log = fopen(path, "a");
+    int why = errno;
+    if (train && !t->log) {
+        fprintf(stderr,
+                "ddptrain: out_dir '%s' is not writable: cannot open '%s': %s; choose another "
+                "--out_dir\n",
+                t->dir, path, strerror(why));
+        return 2;
+    }
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
     t->jsonl = fopen(path, "a");
+    if (train) {
+        snprintf(path, sizeof path, "%s/checkpoints", t->dir);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr,
+                    "ddptrain: out_dir '%s': cannot create '%s': %s; choose another "
+                    "--out_dir\n",
+                    t->dir, path, strerror(errno));
+            return 2;
+        }
+        if (access(path, W_OK | X_OK) != 0) {
+            fprintf(stderr,
+                    "ddptrain: out_dir '%s': checkpoints cannot be written to '%s': %s; choose "
+                    "another --out_dir\n",
+                    t->dir, path, strerror(errno));
+            return 2;
+        }
+    }
+    return 0;
 }
 
 /* The model of model.*, for side × side images, and its optimizer. */
@@ -432,10 +462,18 @@ int main(int argc, char **argv)
         rc = trainer_report(&t);
         goto out;
     }
-    if (t.R == 0)
-        open_logs(&t);
     const char *task = ddp_config_str(t.cfg, "task");
     bool train = !strcmp(task, "train");
+    /* Every rank learns whether rank 0 could write out_dir, and stops with it if not. */
+    int64_t dir_ok = t.R != 0 || open_logs(&t, train) == 0;
+    if (ddp_broadcast(t.g, &dir_ok, 1, DDP_INT64, 0) != DDP_OK) {
+        rc = trainer_die(&t, "setup", ddp_group_last_error(t.g));
+        goto out;
+    }
+    if (!dir_ok) {
+        rc = 2;
+        goto out;
+    }
     /* Generated text alone on stdout, so that it can be piped or redirected. */
     t.say_to_stderr = t.lm && !strcmp(task, "predict");
     if (!train)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# ddptrain as a new user meets it: a value out of range names its key and the value given (not a
+# list of every bound), and an out_dir that cannot be written stops every rank before any
+# training, instead of failing at the first checkpoint after the whole run.
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
+cd "$T"
+
+check() { # check 'MESSAGE' ARGS...: exit 2 with MESSAGE, nothing written
+    local want=$1 rc=0
+    shift
+    "$TRAIN" --out_dir "$T/run" "$@" >out 2>err || rc=$?
+    [ $rc -eq 2 ] || { cat err >&2; fail "ddptrain $* exited $rc, want 2"; }
+    assert_contains err "$want"
+    [ ! -e "$T/run" ] || fail "ddptrain $* created its out_dir before refusing"
+}
+check "key 'epochs' is -1; it must be ≥ 0" --epochs -1
+check "key 'batch_size' is 0; it must be ≥ 1" --batch_size 0
+check "key 'grad_accum' is 0; it must be ≥ 1" --grad_accum 0
+check "key 'lr' is 0; it must be > 0" --lr 0
+check "key 'warmup_steps' is -5; it must be ≥ 0" --warmup_steps -5
+check "key 'checkpoint.keep' is 0; it must be ≥ 1" --checkpoint.keep 0
+check "key 'grad_clip' is -1; it must be ≥ 0" --grad_clip -1
+check "key 'model.dropout' is 1; it must be below 1" --model.dropout 1
+printf 'batch_size: -3\n' >neg.yaml
+check "key 'batch_size' is -3; it must be ≥ 1" --config neg.yaml
+ok "a value out of range names its key and value, before any work"
+
+# out_dir below a regular file: not writable. Two ranks: both stop at once, no training.
+touch afile
+rc=0
+t0=$(now_ms)
+"$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" --out_dir "$T/afile/run" --total_steps 20000 \
+    >out 2>err || rc=$?
+[ $rc -eq 1 ] || { cat err >&2; fail "ddprun exited $rc for an unwritable out_dir, want 1"; }
+assert_contains err "out_dir '$T/afile/run' is not writable"
+assert_contains err "choose another --out_dir"
+assert_contains err "ended with exit code 2"
+assert_not_contains out "step 50/"
+[ $(($(now_ms) - t0)) -lt 20000 ] || fail "an unwritable out_dir took more than 20 s to stop"
+ok "an unwritable out_dir stops both ranks before the first step"
+
+# out_dir writable but its checkpoints folder is not (a file of that name): same, before work.
+mkdir -p run2 && touch run2/checkpoints
+rc=0
+"$TRAIN" --out_dir "$T/run2" --total_steps 20000 >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat err >&2; fail "exit $rc for a checkpoints file, want 2"; }
+assert_contains err "checkpoints"
+assert_contains err "choose another --out_dir"
+assert_not_contains out "step 50/"
+ok "out_dir/checkpoints that cannot be a folder: an error before the first step"
