@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The library as a C programmer uses it: `cmake --install` into a prefix, then examples built
+# against that prefix alone, with pkg-config (ddp.pc) and with CMake (find_package(ddp), target
+# ddp::ddp), and run. libddp is static, so this fails when either file forgets a library that
+# libddp needs (MPI, OpenBLAS, libyaml, jansson, zlib, libdl).
+# Usage: test_install.sh BINDIR SRCDIR
+. "$(dirname "$0")/lib.sh"
+SRC=${2:?usage: $0 BINDIR SRCDIR}
+if [ -n "$SANITIZE" ]; then # its libddp.a needs the sanitizer's runtime in every program
+    echo "skip: a $SANITIZE-sanitized build is not one to install"
+    exit 77
+fi
+P=$T/prefix
+cmake --install "$BIN/.." --prefix "$P" >"$T/install.log" 2>&1 ||
+    { cat "$T/install.log" >&2; fail "cmake --install failed"; }
+for f in include/ddp/ddp.h lib/libddp.a bin/ddprun; do [ -e "$P/$f" ] || fail "$f not installed"; done
+pc=$(find "$P" -name ddp.pc | head -1)
+[ -n "$pc" ] || fail "no ddp.pc installed"
+cfg=$(find "$P" -name ddpConfig.cmake | head -1)
+[ -n "$cfg" ] || fail "no ddpConfig.cmake installed"
+ok "installed: headers, libddp.a, ddprun, ddp.pc, ddpConfig.cmake"
+
+# pkg-config, relocated: the prefix is found from the .pc file's own place.
+mv "$P" "$T/moved"
+P=$T/moved
+export PKG_CONFIG_PATH=$P/${pc#"$T/prefix/"}
+PKG_CONFIG_PATH=$(dirname "$PKG_CONFIG_PATH")
+flags=$(pkg-config --cflags --libs ddp) || fail "pkg-config --cflags --libs ddp failed"
+for ex in hello_world spawn_allreduce train_mlp; do
+    # shellcheck disable=SC2086
+    cc -std=c11 -O1 "$SRC/examples/$ex.c" $flags -o "$T/pc_$ex" 2>"$T/cc.err" ||
+        { cat "$T/cc.err" >&2; fail "$ex does not build with pkg-config's flags: $flags"; }
+done
+"$T/pc_spawn_allreduce" >"$T/out" 2>&1 || { cat "$T/out" >&2; fail "spawn_allreduce (pkg-config) failed"; }
+assert_contains "$T/out" "as expected"
+"$P/bin/ddprun" --standalone --nproc_per_node 2 "$T/pc_hello_world" >"$T/out" 2>&1 ||
+    { cat "$T/out" >&2; fail "hello_world (pkg-config) under the installed ddprun failed"; }
+ok "examples build with \$(pkg-config --cflags --libs ddp) from a moved prefix, and run"
+
+# CMake: find_package(ddp) from the prefix.
+mkdir -p "$T/cm"
+cat >"$T/cm/CMakeLists.txt" <<CM
+cmake_minimum_required(VERSION 3.25)
+project(use_ddp C)
+find_package(ddp 0.1 REQUIRED)
+add_executable(spawn_allreduce "$SRC/examples/spawn_allreduce.c")
+target_link_libraries(spawn_allreduce PRIVATE ddp::ddp)
+add_executable(train_mlp "$SRC/examples/train_mlp.c")
+target_link_libraries(train_mlp PRIVATE ddp::ddp)
+CM
+cmake -S "$T/cm" -B "$T/cm/b" -DCMAKE_PREFIX_PATH="$P" >"$T/cm.log" 2>&1 ||
+    { cat "$T/cm.log" >&2; fail "find_package(ddp) failed"; }
+cmake --build "$T/cm/b" >"$T/cm.log" 2>&1 || { cat "$T/cm.log" >&2; fail "ddp::ddp does not link"; }
+"$T/cm/b/spawn_allreduce" >"$T/out" 2>&1 || { cat "$T/out" >&2; fail "spawn_allreduce (CMake) failed"; }
+assert_contains "$T/out" "as expected"
+ok "find_package(ddp) + ddp::ddp builds the examples, and they run"
