@@ -50,3 +50,23 @@ assert_contains err "checkpoints"
 assert_contains err "choose another --out_dir"
 assert_not_contains out "step 50/"
 ok "out_dir/checkpoints that cannot be a folder: an error before the first step"
+
+# A truncated latest checkpoint: a clear error naming the one before it, and nothing deleted;
+# resuming from the one named works.
+"$TRAIN" --out_dir "$T/run3" --total_steps 20 --checkpoint.every 10 --log_every 10 \
+    --tensorboard false >out 2>err || { cat err >&2; fail "the 20-step run failed"; }
+c=$T/run3/checkpoints
+[ -e "$c/step10.safetensors" ] && [ -e "$c/step20.safetensors" ] || fail "no step10/step20"
+size10=$(stat -c %s "$c/step10.safetensors")
+truncate -s 5000 "$c/step20.safetensors"
+rc=0
+"$TRAIN" --out_dir "$T/run3" --total_steps 30 --resume_from latest >out 2>err || rc=$?
+[ $rc -ne 0 ] || fail "a truncated latest checkpoint was resumed from"
+assert_contains err "step20.safetensors' is malformed"
+assert_contains err "HINT: the checkpoint before it is '$c/step10.safetensors': --resume_from $c/step10.safetensors"
+[ "$(stat -c %s "$c/step10.safetensors")" = "$size10" ] || fail "step10 changed"
+[ "$(stat -c %s "$c/step20.safetensors")" = 5000 ] || fail "the damaged step20 was touched"
+"$TRAIN" --out_dir "$T/run3" --total_steps 30 --resume_from "$c/step10.safetensors" \
+    --log_every 10 >out 2>err || { cat err >&2; fail "resuming from the hint's checkpoint failed"; }
+assert_contains out "resumed from $c/step10.safetensors at step 10"
+ok "a truncated latest checkpoint: clear error naming the previous one, nothing lost"

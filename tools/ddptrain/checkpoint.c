@@ -5,6 +5,9 @@
  * world size follows from every rank holding the same model and optimizer state.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -93,6 +96,42 @@ ddp_status trainer_find_checkpoint(trainer *t, const char *spec, char *path, siz
     return ddp_ckpt_latest(dir, "step", path, cap, err);
 }
 
+/* The step of a file named ".../step<N>.safetensors", or -1. */
+static int64_t step_of(const char *path)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    unsigned long long n;
+    int used = 0;
+    if (sscanf(base, "step%llu.safetensors%n", &n, &used) != 1 || base[used] != '\0')
+        return -1;
+    return (int64_t)n;
+}
+
+/* When 'latest' cannot be loaded: the checkpoint in out_dir/checkpoints just before it, so the
+ * message can say which one to resume from instead. False when there is none. */
+static bool checkpoint_before(const trainer *t, const char *failed, char *out, size_t cap)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    int64_t limit = step_of(failed), best = -1;
+    DIR *d = opendir(dir);
+    if (!d || limit < 0) {
+        if (d)
+            closedir(d);
+        return false;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t n = step_of(e->d_name);
+        if (n >= 0 && n < limit && n > best)
+            best = n;
+    }
+    closedir(d);
+    if (best < 0)
+        return false;
+    return snprintf(out, cap, "%s/step%" PRId64 ".safetensors", dir, best) < (int)cap;
+}
+
 int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos *pos)
 {
     int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed */
@@ -100,9 +139,21 @@ int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos 
         ddp_error err = {0};
         char path[2048];
         ddp_ckpt_train_state s = state_of(t);
-        if (trainer_find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK ||
-            ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
+        char before[1300];
+        if (trainer_find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
+            got = -1;
+        } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
+            if (!strcmp(spec, "latest") && checkpoint_before(t, path, before, sizeof before))
+                fprintf(stderr,
+                        "ddptrain: %s\nddptrain: HINT: the checkpoint before it is '%s': "
+                        "--%s %s\n",
+                        err.msg, before,
+                        !strcmp(ddp_config_str(t->cfg, "task"), "train") ? "resume_from"
+                                                                         : "checkpoint",
+                        before);
+            else
+                fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
         } else {
             got = 1;
@@ -130,11 +181,15 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
     }
     /* Device-resident: the parameters on the GPU came from rank 0 (the reducer's broadcast);
      * the optimizer's state goes up from the host's arrays just shared. */
-    if (t->resident &&
-        (ddp_model_sync_host(t->m, NULL) != DDP_OK || ddp_model_sync_device(t->m, t->opt) != DDP_OK))
+    if (t->resident && (ddp_model_sync_host(t->m, NULL) != DDP_OK ||
+                        ddp_model_sync_device(t->m, t->opt) != DDP_OK))
         return trainer_die(t, "resume", ddp_model_last_error(t->m));
-    uint64_t meta[7] = {pos->step,       pos->epoch,      pos->next_batch,
-                        pos->world_size, pos->optim_step, 0,
+    uint64_t meta[7] = {pos->step,
+                        pos->epoch,
+                        pos->next_batch,
+                        pos->world_size,
+                        pos->optim_step,
+                        0,
                         (uint64_t)(int64_t)pos->loss_scale_growth};
     memcpy(&meta[5], &pos->loss_scale, sizeof pos->loss_scale);
     if (ddp_broadcast(t->g, meta, 7, DDP_INT64, 0) != DDP_OK)
