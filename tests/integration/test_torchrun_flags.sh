@@ -47,3 +47,17 @@ for flags in "-m" "--module" "--run_path" "--run-path" "--no-python"; do
 done
 [ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
 ok "-m, --module, --run_path, --no-python: refused, naming the flag"
+
+# A mistyped flag: the closest one is suggested (as ddptrain does for keys); a far one is not.
+for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
+    "--master-adress:--master_addr" "--max_restart:--max_restarts" "--standalon:--standalone"; do
+    given=${pair%%:*} want=${pair#*:} rc=0
+    "$DDPRUN" "$given" 2 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "'$given' exited $rc, want 2"
+    assert_contains "$T/err" "unknown flag '$given'; did you mean '$want'?"
+done
+rc=0
+"$DDPRUN" --rdzv_conf join_timeout=5 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--rdzv_conf exited $rc, want 2"
+assert_not_contains "$T/err" "did you mean"
+ok "mistyped flags: the closest known flag suggested"
