@@ -76,7 +76,9 @@ static ddp_status unknown_key(const ddp_cfg_key *s, size_t n, const char *name, 
             sugg = s[i].name;
         }
     }
-    if (sugg && best <= 3)
+    /* Near only when most of the name survives: 'foo' is 3 edits from 'lr' too, as every
+     * 3-letter name is, and suggesting 'lr' for it misleads. */
+    if (sugg && best <= 3 && 2 * best <= strlen(name))
         return ddp__err(err, DDP_ERR_INVALID,
                         "unknown key '%s' (%s); did you mean '%s'? (--help "
                         "lists every key)",

@@ -27,6 +27,16 @@ printf 'batch_size: -3\n' >neg.yaml
 check "key 'batch_size' is -3; it must be ≥ 1" --config neg.yaml
 ok "a value out of range names its key and value, before any work"
 
+# PyTorch / Hugging Face names for ddptrain's keys: a HINT with ddptrain's own name.
+check "HINT: ddptrain's key for 'learning_rate' is 'lr' (--lr)" --learning_rate 3e-4
+check "HINT: ddptrain's key for 'max_steps' is 'total_steps'" --max_steps 100
+check "HINT: ddptrain's key for 'gradient_accumulation_steps' is 'grad_accum'" \
+    --gradient_accumulation_steps 2
+printf 'num_epochs: 3\n' >foreign.yaml
+check "HINT: ddptrain's key for 'num_epochs' is 'epochs'" --config foreign.yaml
+check "unknown key 'foo' (on the command line); --help lists every key" --foo 1
+ok "learning_rate, max_steps, gradient_accumulation_steps, num_epochs: ddptrain's names given"
+
 # out_dir below a regular file: not writable. Two ranks: both stop at once, no training.
 touch afile
 rc=0

@@ -99,6 +99,11 @@ static void errors(void **state)
     expect_fail(NULL, 2, a1, "unknown key 'learning_rate' (on the command line)", NULL);
     char *a2[] = {"--epoch", "3"};
     expect_fail(NULL, 2, a2, "unknown key 'epoch'", "did you mean 'epochs'?");
+    /* a short name every key is 3 edits from: no suggestion ('lr' would mislead) */
+    char *a2b[] = {"--foo", "3"};
+    expect_fail(NULL, 2, a2b, "unknown key 'foo' (on the command line); --help lists", NULL);
+    char *a2c[] = {"--lrr", "3"};
+    expect_fail(NULL, 2, a2c, "unknown key 'lrr'", "did you mean 'lr'?");
     char *a3[] = {"--lr", "fast"};
     expect_fail(NULL, 2, a3, "key 'lr': 'fast' is not a number (the command line)", NULL);
     char *a4[] = {"--lr_scaling", "cubic"};

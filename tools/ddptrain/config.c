@@ -241,11 +241,54 @@ static int check_values(const ddp_config *c)
     return 0;
 }
 
+/* Names PyTorch training scripts and the Hugging Face Trainer use for ddptrain's keys, too far
+ * from them for "did you mean" to find. */
+static const char *const foreign_names[][2] = {
+    {"learning_rate", "lr"},
+    {"num_epochs", "epochs"},
+    {"num_train_epochs", "epochs"},
+    {"n_epochs", "epochs"},
+    {"max_steps", "total_steps"},
+    {"max_iters", "total_steps"},
+    {"gradient_accumulation_steps", "grad_accum"},
+    {"per_device_train_batch_size", "batch_size"},
+    {"train_batch_size", "batch_size"},
+    {"output_dir", "out_dir"},
+    {"resume_from_checkpoint", "resume_from"},
+    {"resume", "resume_from"},
+    {"max_grad_norm", "grad_clip"},
+    {"clip_grad_norm", "grad_clip"},
+    {"lr_scheduler_type", "schedule"},
+    {"lr_scheduler", "schedule"},
+    {"warmup", "warmup_steps"},
+    {"logging_steps", "log_every"},
+    {"eval_steps", "eval_every"},
+    {"save_steps", "checkpoint.every"},
+    {"save_total_limit", "checkpoint.keep"},
+    {"data_dir", "data.dir"},
+    {"dataset", "data.dir"},
+    {"optim", "optimizer"},
+    {"model", "model.type"},
+    {"arch", "model.type"},
+    {"num_workers", "data.threads"},
+};
+
 int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv)
 {
     ddp_error err = {0};
     if (ddp_config_load(schema, NKEYS, yaml_path, argc, argv, &t->cfg, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
+        const char *k = strstr(err.msg, "unknown key '");
+        if (k && !strstr(err.msg, "did you mean")) {
+            k += strlen("unknown key '");
+            size_t n = strcspn(k, "'");
+            for (size_t i = 0; i < sizeof foreign_names / sizeof foreign_names[0]; i++)
+                if (strlen(foreign_names[i][0]) == n && !strncmp(k, foreign_names[i][0], n)) {
+                    fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%s' is '%s' (--%s)\n",
+                            foreign_names[i][0], foreign_names[i][1], foreign_names[i][1]);
+                    break;
+                }
+        }
         return 2;
     }
     return check_values(t->cfg);
