@@ -80,3 +80,11 @@ assert_contains err "HINT: the checkpoint before it is '$c/step10.safetensors': 
     --log_every 10 >out 2>err || { cat err >&2; fail "resuming from the hint's checkpoint failed"; }
 assert_contains out "resumed from $c/step10.safetensors at step 10"
 ok "a truncated latest checkpoint: clear error naming the previous one, nothing lost"
+
+# --task test with an out_dir that holds no run: say what to give instead.
+rc=0
+"$TRAIN" --task test --out_dir "$T/norun" >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat err >&2; fail "--task test without a run exited $rc, want 2"; }
+assert_contains err "HINT: --task test reads the checkpoint of a training run: give that run's --out_dir (now '$T/norun') or --checkpoint PATH"
+[ ! -e "$T/norun" ] || fail "--task test created the out_dir it could not read"
+ok "--task test on an out_dir with no run: a HINT naming --out_dir and --checkpoint"

@@ -336,8 +336,15 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     char path[2048];
     ddp_ckpt *ck = NULL;
     if (trainer_find_checkpoint(t, ddp_config_str(t->cfg, "checkpoint"), path, sizeof path, &err) !=
-            DDP_OK ||
-        ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
+        DDP_OK) {
+        /* No checkpoint in out_dir: most often the wrong --out_dir, or no training yet. */
+        fprintf(stderr,
+                "ddptrain: %s\nddptrain: HINT: --task %s reads the checkpoint of a training run: "
+                "give that run's --out_dir (now '%s') or --checkpoint PATH\n",
+                err.msg, ddp_config_str(t->cfg, "task"), t->dir);
+        return false;
+    }
+    if (ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
         return false;
     }
