@@ -88,3 +88,29 @@ rc=0
 assert_contains err "HINT: --task test reads the checkpoint of a training run: give that run's --out_dir (now '$T/norun') or --checkpoint PATH"
 [ ! -e "$T/norun" ] || fail "--task test created the out_dir it could not read"
 ok "--task test on an out_dir with no run: a HINT naming --out_dir and --checkpoint"
+
+# --resume_from auto under ddprun --max_restarts: one command line for the first attempt (no
+# checkpoint yet: step 0) and the restart (the latest checkpoint), as torchrun's elastic scripts
+# do. Rank 1 of attempt 0 is killed once the first checkpoint exists.
+cat >wrap.sh <<WRAP
+#!/bin/sh
+if [ "\$DDP_RESTART_COUNT" = 0 ] && [ "\$RANK" = 1 ]; then
+    "$TRAIN" "\$@" & p=\$!
+    echo \$p >"$T/pid.wrapped"
+    while [ ! -e "$T/run4/checkpoints/step100.safetensors" ] && kill -0 \$p 2>/dev/null; do
+        sleep 0.02
+    done
+    kill -9 \$p 2>/dev/null
+    exit 7
+fi
+exec "$TRAIN" "\$@"
+WRAP
+chmod +x wrap.sh
+"$DDPRUN" --standalone --nproc_per_node 2 --max_restarts 1 ./wrap.sh --out_dir "$T/run4" \
+    --total_steps 400 --checkpoint.every 100 --log_every 100 --tensorboard false --resume_from auto \
+    >out 2>err || { cat out err >&2; fail "the restarted job failed"; }
+assert_contains out "resume_from auto: no checkpoint in $T/run4/checkpoints yet: starting at step 0"
+assert_contains out "resumed from $T/run4/checkpoints/step"
+assert_contains err "ended with exit code 7"
+[ -e "$T/run4/checkpoints/step400.safetensors" ] || fail "the restart did not finish the run"
+ok "--resume_from auto: a fresh start, then the restart resumes from the latest checkpoint"

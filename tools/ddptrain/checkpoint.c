@@ -140,11 +140,22 @@ int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos 
         char path[2048];
         ddp_ckpt_train_state s = state_of(t);
         char before[1300];
-        if (trainer_find_checkpoint(t, spec, path, sizeof path, &err) != DDP_OK) {
+        /* auto: the latest checkpoint when there is one, else a fresh start — one command line
+         * for the first attempt and for every restart under ddprun --max_restarts. */
+        bool fresh_ok = !strcmp(spec, "auto");
+        bool latest = fresh_ok || !strcmp(spec, "latest");
+        ddp_status st =
+            trainer_find_checkpoint(t, fresh_ok ? "latest" : spec, path, sizeof path, &err);
+        if (st == DDP_ERR_NOT_FOUND && fresh_ok) {
+            trainer_say(t,
+                        "resume_from auto: no checkpoint in %s/checkpoints yet: starting at "
+                        "step 0",
+                        t->dir);
+        } else if (st != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
-            if (!strcmp(spec, "latest") && checkpoint_before(t, path, before, sizeof before))
+            if (latest && checkpoint_before(t, path, before, sizeof before))
                 fprintf(stderr,
                         "ddptrain: %s\nddptrain: HINT: the checkpoint before it is '%s': "
                         "--%s %s\n",
@@ -158,9 +169,9 @@ int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos 
         } else {
             got = 1;
             bool train = !strcmp(ddp_config_str(t->cfg, "task"), "train");
-            trainer_say(t, "%s %s at step %llu (saved by %llu ranks)",
+            trainer_say(t, "%s %s at step %llu (saved by %llu rank%s)",
                         train ? "resumed from" : "loaded", path, (unsigned long long)pos->step,
-                        (unsigned long long)pos->world_size);
+                        (unsigned long long)pos->world_size, pos->world_size == 1 ? "" : "s");
         }
     }
     if (ddp_broadcast(t->g, &got, 1, DDP_INT64, 0) != DDP_OK)

@@ -95,7 +95,9 @@ static const ddp_cfg_key schema[] = {
      "seconds between two warnings while the same rank stays slow"},
     {"checkpoint.every", DDP_CFG_INT, "0", NULL, "checkpoint every N steps (and at the end)"},
     {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep the last K checkpoints (≥ 1)"},
-    {"resume_from", DDP_CFG_STRING, "", NULL, "a checkpoint path, or 'latest' (in out_dir)"},
+    {"resume_from", DDP_CFG_STRING, "", NULL,
+     "a checkpoint path, 'latest' (in out_dir), or 'auto': latest if there is one, else start "
+     "at step 0 (for ddprun --max_restarts)"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "predictions.csv", NULL, "mlp/cnn predict: the CSV to write"},
     {"prompt", DDP_CFG_STRING, "", NULL,
