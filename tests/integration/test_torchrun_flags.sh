@@ -61,3 +61,15 @@ rc=0
 [ $rc -eq 2 ] || fail "--rdzv_conf exited $rc, want 2"
 assert_not_contains "$T/err" "did you mean"
 ok "mistyped flags: the closest known flag suggested"
+
+# `ddprun train.py` (torchrun's habit) and a program in the current directory without './'.
+cd "$T"
+printf 'print(1)\n' >train.py
+printf '#!/bin/sh\nexit 0\n' >prog.sh && chmod +x prog.sh
+rc=0; "$DDPRUN" --nproc_per_node 2 train.py >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "'ddprun train.py' exited $rc, want 1"
+assert_contains "$T/err" "not through Python as torchrun does: 'ddprun [flags] python3 train.py'"
+rc=0; "$DDPRUN" --nproc_per_node 2 prog.sh >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "'ddprun prog.sh' exited $rc, want 1"
+assert_contains "$T/err" "'prog.sh' is in the current directory, which is not searched: give './prog.sh'"
+ok "ddprun train.py: a hint to add python3; a program in the current directory: a hint to add ./"

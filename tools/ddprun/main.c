@@ -60,8 +60,23 @@ int main(int argc, char **argv)
     char path[4096];
     int why = 0;
     if (!ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
-        ddprun_say("cannot run '%s': %s%s", o->argv[0], strerror(why),
-                   strchr(o->argv[0], '/') ? "" : " (searched PATH; give a path like ./prog)");
+        const char *prog = o->argv[0];
+        size_t len = strlen(prog);
+        bool slash = strchr(prog, '/') != NULL;
+        char hint[600] = "";
+        if (len > 3 && !strcmp(prog + len - 3, ".py"))
+            /* torchrun's habit: `torchrun train.py` runs it with Python; ddprun runs PROGRAM */
+            snprintf(hint, sizeof hint,
+                     "; ddprun runs PROGRAM itself, not through Python as torchrun does: "
+                     "'ddprun [flags] python3 %s'",
+                     prog);
+        else if (!slash && access(prog, F_OK) == 0)
+            snprintf(hint, sizeof hint,
+                     "; '%s' is in the current directory, which is not searched: give './%s'", prog,
+                     prog);
+        else if (!slash)
+            snprintf(hint, sizeof hint, " (searched PATH; give a path like ./prog)");
+        ddprun_say("cannot run '%s': %s%s", prog, strerror(why), hint);
         free(o);
         return 1;
     }
