@@ -14,7 +14,11 @@ p0=$(get "$d/env.0" MASTER_PORT); p1=$(get "$d/env.1" MASTER_PORT)
 [ "$(get "$d/env.0" MASTER_ADDR)" = localhost ] || fail "MASTER_ADDR is not the endpoint's host"
 "$DDPRUN" --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:0 --nproc_per_node 2 "$WORKER" rendezvous \
     >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "the ranks did not meet on 127.0.0.1:0"; }
-ok "--rdzv_endpoint localhost:0 / 127.0.0.1:0: a free port, the workers meet there (port $p0)"
+d=$T/port0s; mkdir -p "$d"
+"$DDPRUN" --standalone --rdzv_endpoint localhost:0 --nproc_per_node 2 "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "--standalone with localhost:0 refused"; }
+[ "$(get "$d/env.0" MASTER_PORT)" != 0 ] || fail "--standalone with localhost:0 gave port 0"
+ok "--rdzv_endpoint localhost:0 / 127.0.0.1:0 (also beside --standalone): a free port, the workers meet there (port $p0)"
 
 rc=0
 "$DDPRUN" --rdzv_endpoint 127.0.0.1:0 --nnodes 2 --node_rank 0 "$WORKER" env "$T" \

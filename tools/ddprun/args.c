@@ -553,7 +553,7 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
         if (o->nnodes != 1)
             return bad("--standalone runs one node; it cannot be combined with --nnodes %d",
                        o->nnodes);
-        if (port_set)
+        if (port_set && o->master_port != 0) /* localhost:0 asks for what --standalone does */
             return bad("--standalone picks a free port itself; drop --master_port / "
                        "--rdzv_endpoint");
         snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
