@@ -114,3 +114,11 @@ assert_contains out "resumed from $T/run4/checkpoints/step"
 assert_contains err "ended with exit code 7"
 [ -e "$T/run4/checkpoints/step400.safetensors" ] || fail "the restart did not finish the run"
 ok "--resume_from auto: a fresh start, then the restart resumes from the latest checkpoint"
+
+# A batch larger than a rank's share of the data: the numbers, not a question.
+rc=0
+"$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" --out_dir "$T/run5" --batch_size 40000 \
+    --total_steps 2 >out 2>err || rc=$?
+[ $rc -eq 1 ] || { cat out err >&2; fail "batch_size 40000 × 2 ranks exited $rc, want 1"; }
+assert_contains out "batch_size 40000 is more than the 30000 samples each of the 2 ranks gets per epoch (60000 in the training set); lower batch_size"
+ok "batch_size above a rank's share of the data: the numbers and what to do"

@@ -121,8 +121,8 @@ static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, do
         size_t lo, hi;
         ddp_reducer_shard(t->red, i, &lo, &hi);
         if (t->resident) { /* on the GPU, queued on the model's stream */
-            if (ddp_model_device_step_range(t->m, i, lo, hi, t->optim_step + 1, (float)lr,
-                                            coef) != DDP_OK)
+            if (ddp_model_device_step_range(t->m, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
+                DDP_OK)
                 return trainer_die(t, "optimizer", ddp_model_last_error(t->m));
         } else if (ddp_optim_step_range(t->opt, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
                    DDP_OK)
@@ -181,8 +181,15 @@ static int next_loaded(trainer *t, feed *f, ddp_batch *b)
     if (b->n == 0) { /* next epoch */
         t->epoch++;
         ddp_loader_set_epoch(f->l, t->epoch);
-        if (ddp_loader_next(f->l, b) != DDP_OK || b->n == 0)
-            return trainer_die(t, "data", "an epoch has no batch: batch_size too large?");
+        if (ddp_loader_next(f->l, b) != DDP_OK || b->n == 0) {
+            char msg[300];
+            size_t n = ddp_dataset_len(f->ds), per = (n + (size_t)t->W - 1) / (size_t)t->W;
+            snprintf(msg, sizeof msg,
+                     "an epoch has no batch: batch_size %d is more than the %zu samples each of "
+                     "the %d rank%s gets per epoch (%zu in the training set); lower batch_size",
+                     t->B, per, t->W, t->W == 1 ? "" : "s", n);
+            return trainer_die(t, "data", msg);
+        }
     }
     if ((f->aug.hflip || f->aug.shift) &&
         ddp_augment_images(&f->aug, b->x, b->n, 1, t->side, t->side,
