@@ -120,5 +120,5 @@ rc=0
 "$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" --out_dir "$T/run5" --batch_size 40000 \
     --total_steps 2 >out 2>err || rc=$?
 [ $rc -eq 1 ] || { cat out err >&2; fail "batch_size 40000 × 2 ranks exited $rc, want 1"; }
-assert_contains out "batch_size 40000 is more than the 30000 samples each of the 2 ranks gets per epoch (60000 in the training set); lower batch_size"
+assert_contains err "batch_size 40000 is more than the 30000 samples each of the 2 ranks gets per epoch (60000 in the training set); lower batch_size"
 ok "batch_size above a rank's share of the data: the numbers and what to do"
