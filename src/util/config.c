@@ -590,24 +590,39 @@ char *ddp_config_to_yaml(const ddp_config *c)
     return b.p;
 }
 
+/* The section of a key: the part before its first dot ("" for a top-level key). */
+static size_t section_len(const char *name)
+{
+    const char *dot = strchr(name, '.');
+    return dot ? (size_t)(dot - name) : 0;
+}
+
+static bool same_section(const char *a, const char *b)
+{
+    size_t la = section_len(a);
+    return la == section_len(b) && strncmp(a, b, la) == 0;
+}
+
 void ddp_config_print_help(const ddp_cfg_key *schema, size_t n, FILE *out)
 {
     static const char *const tn[] = {"int", "float", "bool", "string", "choice", "int list"};
-    const char *group = NULL;
-    size_t glen = 0;
+    /* Each section once, in the order of its first key; its keys in schema order (a schema that
+     * comes back to top-level keys between sections would otherwise print "general" again). */
     for (size_t i = 0; i < n; i++) {
-        const char *dot = strchr(schema[i].name, '.');
-        size_t l = dot ? (size_t)(dot - schema[i].name) : 0;
-        if (l != glen || (l && strncmp(group, schema[i].name, l) != 0)) {
-            fprintf(out, "\n%.*s\n", (int)(l ? l : 7), l ? schema[i].name : "general");
-            group = schema[i].name;
-            glen = l;
-        } else if (i == 0) {
-            fprintf(out, "\ngeneral\n");
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = same_section(schema[j].name, schema[i].name);
+        if (seen)
+            continue;
+        size_t l = section_len(schema[i].name);
+        fprintf(out, "\n%.*s\n", (int)(l ? l : 7), l ? schema[i].name : "general");
+        for (size_t k = i; k < n; k++) {
+            if (!same_section(schema[k].name, schema[i].name))
+                continue;
+            const char *type =
+                schema[k].type == DDP_CFG_CHOICE ? schema[k].choices : tn[schema[k].type];
+            fprintf(out, "  --%-28s %s (default: %s)\n      %s\n", schema[k].name, type,
+                    schema[k].def && *schema[k].def ? schema[k].def : "\"\"", schema[k].help);
         }
-        const char *type =
-            schema[i].type == DDP_CFG_CHOICE ? schema[i].choices : tn[schema[i].type];
-        fprintf(out, "  --%-28s %s (default: %s)\n      %s\n", schema[i].name, type,
-                schema[i].def && *schema[i].def ? schema[i].def : "\"\"", schema[i].help);
     }
 }

@@ -288,6 +288,24 @@ static void help_lists_every_key(void **state)
         assert_non_null(strstr(buf, schema[i].name));
     assert_non_null(strstr(buf, "none|linear|sqrt"));
     free(buf);
+    /* a schema that returns to top-level keys after a section: each heading once */
+    static const ddp_cfg_key mixed[] = {
+        {"lr", DDP_CFG_FLOAT, "0.1", NULL, "learning rate"},
+        {"model.hidden", DDP_CFG_INT_LIST, "256", NULL, "layer sizes"},
+        {"epochs", DDP_CFG_INT, "3", NULL, "epochs"},
+        {"model.dropout", DDP_CFG_FLOAT, "0", NULL, "dropout"},
+    };
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    ddp_config_print_help(mixed, 4, f);
+    fclose(f);
+    const char *g = strstr(buf, "\ngeneral\n"), *m = strstr(buf, "\nmodel\n");
+    assert_non_null(g);
+    assert_non_null(m);
+    assert_null(strstr(g + 1, "\ngeneral\n"));
+    assert_null(strstr(m + 1, "\nmodel\n"));
+    assert_true(strstr(buf, "--epochs") < m && strstr(buf, "--model.dropout") > m);
+    free(buf);
     unlink(path);
 }
 
