@@ -64,7 +64,11 @@ rc=0
 "$DDPRUN" --rdzv_conf join_timeout=5 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "--rdzv_conf exited $rc, want 2"
 assert_not_contains "$T/err" "did you mean"
-ok "mistyped flags: the closest known flag suggested"
+rc=0
+"$DDPRUN" -nproc_per_node 2 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "-nproc_per_node exited $rc, want 2"
+assert_contains "$T/err" "unknown flag '-nproc_per_node' (ddprun's flags start with '--', e.g. '--nproc_per_node'"
+ok "mistyped flags: the closest known flag suggested; one dash: say flags take two"
 
 # `ddprun train.py` (torchrun's habit) and a program in the current directory without './'.
 cd "$T"

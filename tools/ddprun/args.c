@@ -466,12 +466,17 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
             a = "--redirects";
         else if (strcmp(a, "-t") == 0)
             a = "--tee";
-        else if (!strncmp(a, "-r", 2) || !strncmp(a, "-t", 2)) { /* -r3, -t3 */
+        else if ((!strncmp(a, "-r", 2) || !strncmp(a, "-t", 2)) && a[2] >= '0' &&
+                 a[2] <= '9') { /* -r3, -t0:1,1:2 */
             const char *v = a + 2;
             if (apply_value(o, a[1] == 'r' ? "redirects" : "tee", v, &port_set) != 0)
                 return -1;
             continue;
         }
+        if (a[0] == '-' && a[1] != '-' && a[1]) /* not a program: a flag with one dash */
+            return bad("unknown flag '%s' (ddprun's flags start with '--', e.g. '-%s'; the "
+                       "one-letter ones are -h, -m, -r and -t)",
+                       a, a);
         if (a[0] != '-' || a[1] != '-')
             break; /* the program */
         char name[64];
