@@ -13,8 +13,8 @@
 #                                cuBLAS/cuBLASLt, cuDNN and NCCL are NOT carried (~1.5 GB): the run
 #                                half finds the machine's own (CUDA's lib64, or PyTorch's nvidia
 #                                wheels). The CUDA runtime is linked statically into the module.
-#   scripts/gpu-check.sh run     THERE, from the repository root with gpu-carry/ carried (the
-#                                device tool: carry ["gpu-carry"]): every GPU test with
+#   scripts/gpu-check.sh run     THERE, from the repository root with gpu-pack/ carried (the
+#                                device tool: carry ["gpu-pack"]; below): every GPU test with
 #                                DDP_REQUIRE_GPU=1 (a skip is a failure), the GPT on the GPU
 #                                against PyTorch (tests/python/test_gpt_torch.py with
 #                                DDP_GPT_DUMP_DEVICE=cuda), the GPU backends (integration.gpu:
@@ -35,13 +35,17 @@
 #                                and torch.compile on the same GPU); --quick: smaller shapes.
 #   scripts/gpu-check.sh cnn     THERE, a call of its own: the CNN's 0.91 in bf16 and fp16.
 # Each of run, bench, cnn and allreduce is one device call (≤ 600 s); in that order of worth.
+#   scripts/gpu-check.sh pack    HERE (the end of build): gpu-pack/ (git-ignored), what every
+#                                device call carries: gpu-carry as one xz tarball (~7 MB) and the
+#                                Fashion-MNIST files (30 MB, from gpu-data/ or the machine's Debian
+#                                package) for the CNN checks, together under the 64 MiB a call
+#                                carries. Every THERE verb unpacks it first. Carry ["gpu-pack"] in
+#                                each call: a lent machine stays warm only ~30 s after a call, so
+#                                nothing left in /tmp by one call can be counted on in the next.
 #   scripts/gpu-check.sh data    HERE: gpu-data/fashion-mnist (git-ignored, 30 MB: the four IDX
-#                                files) for the run half's CNN check. gpu-data and gpu-carry
-#                                (46 MB) do not fit in one call's 64 MiB: carry ["gpu-data"] in a
-#                                first call running 'bash scripts/gpu-check.sh stash-data' (it
-#                                copies them to /tmp/ddp-gpu-data, which stays while the machine is
-#                                warm), then carry ["gpu-carry"] for run. Without the data the CNN
-#                                check fails, saying so.
+#                                files) where the dataset is elsewhere (data DIR); then pack.
+#                                (stash-data, THERE: the older way, a copy in /tmp/ddp-gpu-data
+#                                from a call carrying gpu-data; found by run only while warm.)
 #   scripts/gpu-check.sh allreduce     THERE, after run: bench/gpu_allreduce.sh (issue 13's
 #                                allreduce figures on GPU buffers) over gpu-carry's programs.
 #
@@ -88,11 +92,56 @@ build() {
     mib=$(du -sm "$CARRY" | cut -f1)
     echo "gpu-carry: $mib MiB ($(ls "$CARRY/bin" | wc -l) programs, $(ls "$CARRY/lib" | wc -l) libraries)"
     ls "$CARRY/lib"
-    if [ "$mib" -gt 60 ]; then
-        echo "gpu-carry is over 60 MiB: a device call carries at most 64 MiB in all" >&2
+    pack
+}
+
+# HERE: gpu-pack/ (git-ignored), what a device call carries: gpu-carry as one xz tarball (49 MiB
+# of programs and libraries, OpenBLAS most of it, come to about 7 MB) and, when found here, the
+# Fashion-MNIST files (30 MB, already gzip'd) for the CNN checks. Both fit one call's 64 MiB
+# beside the working tree, so every call (run, cnn, bench, allreduce) carries ["gpu-pack"] and
+# nothing has to survive between calls: a lent machine stays warm only ~30 s after a call, so a
+# copy stashed in /tmp by one call is usually gone by the next.
+pack() {
+    set -e
+    [ -x "$CARRY/bin/test_cuda" ] || { echo "no $CARRY: run 'scripts/gpu-check.sh build' first" >&2; exit 2; }
+    local P=$ROOT/gpu-pack fm
+    rm -rf "$P"
+    mkdir -p "$P"
+    tar -C "$ROOT" -cf - gpu-carry | xz -T2 -6 >"$P/carry.tar.xz"
+    for fm in "$ROOT/gpu-data/fashion-mnist" /usr/share/datasets/fashion-mnist; do
+        if [ -e "$fm/train-images-idx3-ubyte.gz" ]; then
+            mkdir -p "$P/fashion-mnist"
+            cp "$fm"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$P/fashion-mnist/"
+            break
+        fi
+    done
+    [ -d "$P/fashion-mnist" ] ||
+        echo "note: no Fashion-MNIST here (gpu-data/ or /usr/share/datasets): the CNN checks will fail" >&2
+    local tree mib
+    tree=$(git -C "$ROOT" ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    mib=$(( ($(du -sb "$P" | cut -f1) + tree + (1 << 20) - 1) >> 20 ))
+    echo "gpu-pack: $(du -sh "$P" | cut -f1) ($(ls "$P" | tr '\n' ' ')); with the working tree: $mib MiB"
+    if [ "$mib" -gt 62 ]; then
+        echo "gpu-pack and the working tree are over 62 MiB: a device call carries at most 64 MiB in all" >&2
         exit 1
     fi
-    echo "next: run 'bash scripts/gpu-check.sh run' on the GPU machine with gpu-carry carried"
+    echo "next, on the GPU machine (device tool, carry [\"gpu-pack\"]): bash scripts/gpu-check.sh run"
+}
+
+# THERE: gpu-carry/ from a carried gpu-pack/carry.tar.xz, unless an up-to-date one is there
+# (carried as itself, the older way). python3's tarfile where the machine has no xz.
+unpack() {
+    local tarball=$ROOT/gpu-pack/carry.tar.xz
+    [ -e "$tarball" ] || return 0
+    [ -x "$CARRY/bin/test_cuda" ] && [ "$CARRY/bin/test_cuda" -nt "$tarball" ] && return 0
+    rm -rf "$CARRY"
+    if command -v xz >/dev/null 2>&1; then
+        tar -C "$ROOT" -xJf "$tarball"
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$tarball" "$ROOT"
+    fi || { echo "could not unpack $tarball" >&2; exit 2; }
+    touch "$CARRY/bin/test_cuda"
 }
 
 # The directory holding the machine's copy of a CUDA library (libcublasLt.so.13, libnccl.so.2:
@@ -113,8 +162,8 @@ find_cuda_lib() {
 # machine's own Debian package.
 find_fashion() {
     local d
-    for d in "$ROOT/gpu-data/fashion-mnist" /tmp/ddp-gpu-data/fashion-mnist \
-        /usr/share/datasets/fashion-mnist; do
+    for d in "$ROOT/gpu-pack/fashion-mnist" "$ROOT/gpu-data/fashion-mnist" \
+        /tmp/ddp-gpu-data/fashion-mnist /usr/share/datasets/fashion-mnist; do
         [ -e "$d/train-images-idx3-ubyte.gz" ] && { echo "$d"; return; }
     done
 }
@@ -122,7 +171,9 @@ find_fashion() {
 # LD_LIBRARY_PATH for the carried programs: gpu-carry/lib, then the machine's cuBLAS and NCCL.
 # (SYS_LD_LIBRARY_PATH keeps the machine's own, for python3 and torch, which need none of ours.)
 setup_env() {
-    [ -x "$CARRY/bin/test_cuda" ] || { echo "no $CARRY/bin: run 'scripts/gpu-check.sh build' here first and carry gpu-carry" >&2; exit 2; }
+    unpack
+    [ -x "$CARRY/bin/test_cuda" ] || { echo "no $CARRY/bin: run 'scripts/gpu-check.sh build' here first and carry gpu-pack (or gpu-carry)" >&2; exit 2; }
+    mkdir -p "${OUT:-/tmp}"
     LOG=${OUT:-/tmp}/gpu-check.log
     : >"$LOG"
     local cub
@@ -523,7 +574,7 @@ data() {
     mkdir -p "$ROOT/gpu-data/fashion-mnist"
     cp "$src"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$ROOT/gpu-data/fashion-mnist/"
     du -sh "$ROOT/gpu-data"
-    echo "next: a device call with carry [\"gpu-data\"] running 'bash scripts/gpu-check.sh stash-data'"
+    echo "next: 'scripts/gpu-check.sh pack' (gpu-pack/ holds them beside the programs)"
 }
 
 # THERE: the carried gpu-data kept in /tmp for the run half's call (which carries gpu-carry).
@@ -536,6 +587,7 @@ stash_data() {
 
 case "${1:-}" in
 build) build ;;
+pack) pack ;;
 data)
     shift
     data "$@"
@@ -555,7 +607,7 @@ allreduce)
     allreduce "$@"
     ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | data [DIR] | stash-data | run | cnn | bench [--quick] | allreduce [SIZES]" >&2
+    echo "usage: scripts/gpu-check.sh build | pack | data [DIR] | stash-data | run | cnn | bench [--quick] | allreduce [SIZES]" >&2
     exit 2
     ;;
 esac
