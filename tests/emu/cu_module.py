@@ -2,8 +2,9 @@
 """tests/emu/cu_module.py — a whole .cu/.cuh file of src/kernels/cuda, host code included, as C++
 for the emulated GPU module (tests/emu/CMakeLists.txt): shared memory rewritten as cu_extract.py does
 (the emulated block's), and every launch `k<T><<<grid, block[, smem[, stream]]>>>(args)` rewritten
-to `emu_rt_launch("k<T>", [&] { k<T>(args); }, grid, block[, smem[, stream]])`
-(include/cuda_runtime_api.h: validated as the hardware does, then run on the CPU), and a
+to `emu_rt_launch("k<T>", [=] { k<T>(args); }, grid, block[, smem[, stream]])`
+(include/cuda_runtime_api.h: validated as the hardware does, then queued on its stream and run on
+the CPU in the stream's turn: [=], so the arguments are the values at the launch), and a
 kernel's __launch_bounds__(N) checked at its entry (emu_launch_bounds). Nothing else changes: the source is not modified. usage: cu_module.py FILE > OUT"""
 import os
 import re
@@ -65,7 +66,7 @@ def rewrite_launches(s):
         a1 = match_close(s, j, "(", ")")
         args = s[j:a1 + 1]
         out.append(s[pos:k0])
-        out.append(f'emu_rt_launch("{" ".join(kern.split())}", [&] {{ {kern}{args}; }}, {cfg})')
+        out.append(f'emu_rt_launch("{" ".join(kern.split())}", [=] {{ {kern}{args}; }}, {cfg})')
         pos = a1 + 1
         n += 1
     out.append(s[pos:])

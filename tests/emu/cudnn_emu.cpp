@@ -4,8 +4,9 @@
  * dlopens (its DDP_CUDNN_LIB; libddp_gpu_emu.so points that variable here when it is unset, so
  * the emulated module never loads a real cuDNN). Linked against libddp_gpu_emu.so: device memory
  * is its cudaMalloc'd blocks, and every buffer argument is checked against them (abort naming
- * the call and the argument, as gpu_rt_emu.cpp does for cuBLAS). Everything runs at once on the
- * calling thread (the stream given to cudnnSetStream is recorded only).
+ * the call and the argument, as gpu_rt_emu.cpp does for cuBLAS). Everything runs at the call on
+ * the calling thread, after the work queued before it on the handle's stream (cudnnSetStream's;
+ * emu_rt_stream_flush: gpu_rt_emu.cpp runs a stream's work late, when waited for).
  *
  *  - descriptors: 4-d NCHW tensors and filters of FLOAT, HALF or BFLOAT16; 2-d convolutions with
  *    padding, stride, dilation (run-time: only 1), CROSS_CORRELATION or CONVOLUTION, a compute
@@ -583,6 +584,7 @@ static cudnnStatus_t conv(dir d, cudnnHandle_t h, const void *alpha, const geom 
     cudnnStatus_t s = check_geom(call, h, g);
     if (s)
         return s;
+    emu_rt_stream_flush(h->stream); /* computed now: the stream's earlier work first */
     if (!alpha || !beta)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if ((s = check_algo(call, d, algo, g)))
@@ -710,6 +712,7 @@ static cudnnStatus_t bn_check(const char *call, cudnnHandle_t h, cudnnBatchNormM
     need_live(xd, call, "x descriptor");
     need_live(yd, call, "y descriptor");
     need_live(pd, call, "parameter descriptor");
+    emu_rt_stream_flush(h->stream); /* computed now: the stream's earlier work first */
     if (mode != CUDNN_BATCHNORM_SPATIAL)
         return CUDNN_STATUS_NOT_SUPPORTED;
     if (!xd->set || !yd->set || !pd->set || xd->n != yd->n || xd->c != yd->c || xd->h != yd->h ||

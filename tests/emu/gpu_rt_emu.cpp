@@ -7,8 +7,18 @@
  *    ASan builds see kernels' and copies' out-of-bounds accesses; every build checks each copy,
  *    memset and cuBLAS operand against the cudaMalloc'd block it must lie in, and aborts naming
  *    the call when it does not (cudaFree of a pointer cudaMalloc never returned too).
- *  - streams and events run everything at once, in issue order, on the calling thread: an
- *    event is complete when recorded. Ordering bugs between streams are therefore NOT caught.
+ *  - streams run their work LATE, as a GPU may: a launch, an async copy or memset, a cuBLAS
+ *    product is queued on its stream and runs (on whichever host thread asks, in issue order)
+ *    only when something waits for it: cudaEventQuery/Synchronize of an event recorded after
+ *    it, cudaStreamSynchronize, a stream that cudaStreamWaitEvent'ed on such an event running,
+ *    cudaDeviceSynchronize, cudaFree (which synchronizes the device), or a copy from pageable
+ *    memory on the same stream (the runtime syncs the stream for those). The legacy stream
+ *    (NULL: cudaMemcpy, cudaMemset) waits for blocking streams only, never for one created
+ *    cudaStreamNonBlocking — as on a GPU. So work on one stream that reads what another stream
+ *    wrote without an event between them reads what was there before (0xff bytes: NaN, if never
+ *    written) and the tests' comparisons fail. Copies between pinned host memory
+ *    (cudaMallocHost, cudaHostRegister) and the device stay queued too, so a host buffer reused
+ *    before its copy ran shows. DDP_EMU_STREAMS=immediate runs everything at once instead.
  *  - launches are validated as the hardware does (≤ 1024 threads, block ≤ 1024×1024×64, grid
  *    x < 2³¹ and y, z ≤ 65535, dynamic shared memory ≤ 48 KiB unless raised with
  *    cudaFuncSetAttribute, ≤ 227 KiB): a bad one runs nothing and leaves its error for
@@ -28,10 +38,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdarg>
+#include <deque>
 #include <dlfcn.h>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #define EMU_API extern "C" __attribute__((visibility("default")))
 
@@ -183,8 +196,10 @@ EMU_API cudaError_t cudaGetDevice(int *dev)
     *dev = cur_device;
     return cudaSuccess;
 }
+static void run_all(bool blocking_only);
 EMU_API cudaError_t cudaDeviceSynchronize(void)
 {
+    run_all(false);
     return cudaSuccess;
 }
 
@@ -249,6 +264,7 @@ EMU_API cudaError_t cudaFree(void *p)
 {
     if (!p)
         return cudaSuccess;
+    run_all(false); /* cudaFree synchronizes the device: queued work may still use p */
     std::lock_guard<std::mutex> l(mem_m);
     auto it = dev_blocks.find((uintptr_t)p);
     if (it == dev_blocks.end())
@@ -274,39 +290,120 @@ EMU_API cudaError_t cudaFreeHost(void *p)
 {
     if (!p)
         return cudaSuccess;
+    run_all(false);
     std::lock_guard<std::mutex> l(mem_m);
     if (!host_blocks.erase((uintptr_t)p))
         emu_die("cudaFreeHost(%p): not a pointer cudaMallocHost returned", p);
     free(p);
     return cudaSuccess;
 }
-static std::set<uintptr_t> registered;
+static std::map<uintptr_t, size_t> registered; /* base → bytes */
 EMU_API cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned)
 {
     if (!p || !bytes)
         return set_err(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> l(mem_m);
-    if (!registered.insert((uintptr_t)p).second)
+    if (!registered.emplace((uintptr_t)p, bytes).second)
         return set_err(cudaErrorHostMemoryAlreadyRegistered);
     return cudaSuccess;
 }
+/* Whether [p, p + n) is pinned host memory (cudaMallocHost'd or registered). */
+static bool pinned(const void *p, size_t n)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    return find_block(host_blocks, p, n) != host_blocks.end() ||
+           find_block(registered, p, n) != registered.end();
+}
 EMU_API cudaError_t cudaHostUnregister(void *p)
 {
+    run_all(false);
     std::lock_guard<std::mutex> l(mem_m);
     if (!registered.erase((uintptr_t)p))
         return set_err(cudaErrorHostMemoryNotRegistered);
     return cudaSuccess;
 }
 
-/* ---- streams and events: everything runs at once, in issue order */
+/* ---- streams and events: work queued per stream, run when waited for (the header) */
 struct CUstream_st {
     unsigned flags;
+    std::deque<std::function<void()>> q; /* queued, not yet run */
+    uint64_t issued = 0, done = 0;       /* operations queued and run, since creation */
 };
 struct CUevent_st {
     unsigned flags;
+    cudaStream_t s = nullptr; /* recorded on; NULL: complete */
+    uint64_t at = 0;          /* complete once s->done >= at */
 };
 static std::mutex obj_m;
 static std::set<const void *> streams, events;
+/* Held while queuing, running and waiting: a queued operation runs on the thread that needs it
+ * done, one at a time (a kernel's fibers run on that thread). Recursive: an operation that waits
+ * for an event on another stream (cudaStreamWaitEvent's) runs that stream's work first. */
+static std::recursive_mutex run_m;
+static bool deferred(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DDP_EMU_STREAMS");
+        on = !(v && !strcmp(v, "immediate"));
+    }
+    return on != 0;
+}
+/* Runs s's queued work until `upto` operations have run (all of it: UINT64_MAX). run_m held. */
+static void run_until(cudaStream_t s, uint64_t upto)
+{
+    while (s->done < upto && !s->q.empty()) {
+        std::function<void()> f = std::move(s->q.front());
+        s->q.pop_front();
+        f();
+        s->done++;
+    }
+}
+/* Runs every stream's queued work (blocking_only: the blocking streams', what the legacy stream
+ * waits for). */
+static void run_all(bool blocking_only)
+{
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    std::vector<cudaStream_t> all;
+    {
+        std::lock_guard<std::mutex> l(obj_m);
+        for (const void *p : streams)
+            all.push_back((cudaStream_t)p);
+    }
+    for (bool again = true; again;) { /* a stream's work may wait on another's */
+        again = false;
+        for (cudaStream_t s : all)
+            if ((!blocking_only || !(s->flags & cudaStreamNonBlocking)) && !s->q.empty()) {
+                run_until(s, UINT64_MAX);
+                again = true;
+            }
+    }
+}
+EMU_API void emu_rt_stream_flush(cudaStream_t s)
+{
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    if (s)
+        run_until(s, UINT64_MAX);
+    else
+        run_all(true);
+}
+/* Queues f on s, or runs it now: on the legacy stream (after the blocking streams' work), or
+ * with DDP_EMU_STREAMS=immediate. */
+void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
+{
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    if (!s) {
+        run_all(true);
+        f();
+        return;
+    }
+    if (!deferred()) {
+        f();
+        return;
+    }
+    s->q.push_back(std::move(f));
+    s->issued++;
+}
 static void need_stream(cudaStream_t s, const char *what)
 {
     if (!s)
@@ -325,7 +422,8 @@ EMU_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     if (!s)
         return set_err(cudaErrorInvalidValue);
-    *s = new CUstream_st{flags};
+    *s = new CUstream_st();
+    (*s)->flags = flags;
     std::lock_guard<std::mutex> l(obj_m);
     streams.insert(*s);
     return cudaSuccess;
@@ -339,6 +437,10 @@ EMU_API cudaError_t cudaStreamDestroy(cudaStream_t s)
     need_stream(s, "cudaStreamDestroy");
     if (!s)
         return set_err(cudaErrorInvalidResourceHandle);
+    /* its work completes (CUDA: destroy returns at once, the work still runs); every stream's,
+     * since another's queued wait may name an event on this one */
+    run_all(false);
+    std::lock_guard<std::recursive_mutex> r(run_m);
     std::lock_guard<std::mutex> l(obj_m);
     streams.erase(s);
     delete s;
@@ -347,19 +449,27 @@ EMU_API cudaError_t cudaStreamDestroy(cudaStream_t s)
 EMU_API cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     need_stream(s, "cudaStreamSynchronize");
+    emu_rt_stream_flush(s);
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
 {
     need_stream(s, "cudaStreamWaitEvent");
     need_event(e, "cudaStreamWaitEvent");
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    cudaStream_t es = e->s;
+    uint64_t at = e->at;
+    if (!es || es == s)
+        return cudaSuccess;
+    emu_rt_enqueue(s, [es, at] { run_until(es, at); });
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     if (!e)
         return set_err(cudaErrorInvalidValue);
-    *e = new CUevent_st{flags};
+    *e = new CUevent_st();
+    (*e)->flags = flags;
     std::lock_guard<std::mutex> l(obj_m);
     events.insert(*e);
     return cudaSuccess;
@@ -371,6 +481,7 @@ EMU_API cudaError_t cudaEventCreate(cudaEvent_t *e)
 EMU_API cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     need_event(e, "cudaEventDestroy");
+    std::lock_guard<std::recursive_mutex> r(run_m);
     std::lock_guard<std::mutex> l(obj_m);
     events.erase(e);
     delete e;
@@ -380,44 +491,80 @@ EMU_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     need_event(e, "cudaEventRecord");
     need_stream(s, "cudaEventRecord");
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    if (!s) /* the legacy stream: after the blocking streams' work, which runs now */
+        run_all(true);
+    e->s = s;
+    e->at = s ? s->issued : 0;
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventQuery(cudaEvent_t e)
 {
     need_event(e, "cudaEventQuery");
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    if (e->s)
+        run_until(e->s, e->at);
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     need_event(e, "cudaEventSynchronize");
-    return cudaSuccess;
+    return cudaEventQuery(e);
 }
 
 /* ---- copies */
-static cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind k, const char *what)
+/* The copy's checks (at the call, as CUDA's): 0 or an error set; cudaMemcpyDefault resolved. */
+static cudaError_t copy_check(void *dst, const void *src, size_t n, cudaMemcpyKind *k,
+                              const char *what)
 {
-    if (n == 0)
-        return cudaSuccess;
-    if ((unsigned)k > cudaMemcpyDefault)
+    if ((unsigned)*k > cudaMemcpyDefault)
         return set_err(cudaErrorInvalidMemcpyDirection);
-    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice)
+    if (*k == cudaMemcpyDefault) {
+        bool dd = emu_rt_is_device(dst, n), sd = emu_rt_is_device(src, n);
+        *k = dd && sd   ? cudaMemcpyDeviceToDevice
+             : dd       ? cudaMemcpyHostToDevice
+             : sd       ? cudaMemcpyDeviceToHost
+                        : cudaMemcpyHostToHost;
+    }
+    if (*k == cudaMemcpyHostToDevice || *k == cudaMemcpyDeviceToDevice)
         need_device(dst, n, what);
-    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice)
+    if (*k == cudaMemcpyDeviceToHost || *k == cudaMemcpyDeviceToDevice)
         need_device(src, n, what);
     if ((char *)dst < (const char *)src + n && (const char *)src < (char *)dst + n && dst != src)
         emu_die("%s: the %zu-byte source %p and destination %p overlap", what, n, src, dst);
-    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+/* A copy on stream s (NULL: the legacy stream, at once). From pageable host memory, or into
+ * it, CUDA syncs the stream and copies before returning (the host buffer may be reused at
+ * once); between pinned host memory and the device, or device to device, it stays queued. */
+static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s,
+                           const char *what)
+{
+    if (n == 0)
+        return cudaSuccess;
+    cudaError_t e = copy_check(dst, src, n, &k, what);
+    if (e)
+        return e;
+    const bool now = s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
+                           (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) ||
+                           k == cudaMemcpyHostToHost);
+    if (now) {
+        emu_rt_stream_flush(s);
+        memcpy(dst, src, n);
+        return cudaSuccess;
+    }
+    emu_rt_enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
 {
-    return copy(dst, src, n, k, "cudaMemcpy");
+    return copy_on(dst, src, n, k, nullptr, "cudaMemcpy");
 }
 EMU_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k,
                                     cudaStream_t s)
 {
     need_stream(s, "cudaMemcpyAsync");
-    return copy(dst, src, n, k, "cudaMemcpyAsync");
+    return copy_on(dst, src, n, k, s, "cudaMemcpyAsync");
 }
 EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                                       size_t width, size_t height, cudaMemcpyKind k,
@@ -427,8 +574,8 @@ EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
     if (width > dpitch || width > spitch)
         return set_err(cudaErrorInvalidValue); /* as CUDA: pitches below the width */
     for (size_t r = 0; r < height; r++) {
-        cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k,
-                             "cudaMemcpy2DAsync");
+        cudaError_t e = copy_on((char *)dst + r * dpitch, (const char *)src + r * spitch, width,
+                                k, s, "cudaMemcpy2DAsync");
         if (e)
             return e;
     }
@@ -438,13 +585,16 @@ EMU_API cudaError_t cudaMemset(void *dst, int v, size_t n)
 {
     if (n)
         need_device(dst, n, "cudaMemset");
-    memset(dst, v, n);
+    emu_rt_enqueue(nullptr, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
 {
     need_stream(s, "cudaMemsetAsync");
-    return cudaMemset(dst, v, n);
+    if (n)
+        need_device(dst, n, "cudaMemsetAsync");
+    emu_rt_enqueue(s, [dst, v, n] { memset(dst, v, n); });
+    return cudaSuccess;
 }
 EMU_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *, void *)
 {
@@ -805,9 +955,12 @@ static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperatio
     if (batch > 1 && (sc < (long long)ldc * n && sc != 0))
         fprintf(stderr, "gpu emulation: %s: C's batches overlap (stride %lld < %d × %d)\n", call,
                 sc, ldc, n);
-    gemm_core(call, ta, tb, m, n, k, *(const float *)alpha, A, ma, B, mb, *(const float *)beta, C,
-              mc, C, mc, compute == CUBLAS_COMPUTE_32F_FAST_TF32,
-              epi_args{});
+    /* host scalars read at the call (cuBLAS's host pointer mode); the product runs in turn */
+    const float a = *(const float *)alpha, b = *(const float *)beta;
+    const bool tf = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    emu_rt_enqueue(h->stream, [=] {
+        gemm_core(call, ta, tb, m, n, k, a, A, ma, B, mb, b, C, mc, C, mc, tf, epi_args{});
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 EMU_API cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
@@ -1151,8 +1304,11 @@ EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d
         return CUBLAS_STATUS_INVALID_VALUE; /* in place needs C's layout = D's */
     const int m = (int)ld->m.rows, n = (int)ld->m.cols;
     const int k = (int)(d->ta == CUBLAS_OP_N ? la->m.cols : la->m.rows);
-    gemm_core(call, d->ta, d->tb, m, n, k, *(const float *)alpha, A, la->m, B, lb->m,
-              *(const float *)beta, C, lc->m, D, ld->m, d->compute == CUBLAS_COMPUTE_32F_FAST_TF32,
-              ep);
+    /* everything the product needs copied now (the caller may destroy the descriptors at once) */
+    const float a = *(const float *)alpha, b = *(const float *)beta;
+    const cublasOperation_t ta = d->ta, tb = d->tb;
+    const bool tf = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const mat ma = la->m, mb = lb->m, mc = lc->m, md = ld->m;
+    emu_rt_enqueue(s, [=] { gemm_core(call, ta, tb, m, n, k, a, A, ma, B, mb, b, C, mc, D, md, tf, ep); });
     return CUBLAS_STATUS_SUCCESS;
 }

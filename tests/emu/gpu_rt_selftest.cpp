@@ -3,7 +3,8 @@
  * (gpu_rt_emu.cpp) refuse what the hardware and the libraries refuse: launch geometry and shared
  * memory as cudaGetLastError errors; copies past a buffer, a cuBLAS leading dimension below the
  * rows, an operand past its buffer, a broken alignment promise as aborts (each in a child);
- * and a product with the GELU_AUX_BIAS epilogue against a loop.
+ * a product with the GELU_AUX_BIAS epilogue against a loop; and streams' late work (what is not
+ * ordered after a stream's work by an event does not see it).
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -25,6 +26,62 @@ static void kern(int *p)
     p[blockIdx.x * blockDim.x + threadIdx.x] = 1;
 }
 
+static void set7(int *p, int v)
+{
+    p[threadIdx.x] = v;
+}
+
+/* Work runs late, as on a GPU (unless DDP_EMU_STREAMS=immediate): what is not ordered after it
+ * does not see it. d: device memory of ≥ 64 ints. */
+static void streams(int *d)
+{
+    if (getenv("DDP_EMU_STREAMS"))
+        return;
+    cudaStream_t a, b;
+    cudaEvent_t e;
+    static int h[64], *pin = nullptr;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    CHECK(cudaMallocHost((void **)&pin, 64 * sizeof(int)) == cudaSuccess);
+    cudaMemset(d, 0, 64 * sizeof(int));
+    emu_rt_launch("set7", [=] { set7(d, 7); }, dim3(1), dim3(32), 0, a);
+    /* the legacy stream (cudaMemcpy) does not wait for a non-blocking stream's kernel */
+    CHECK(cudaMemcpy(h, d, 32 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 0);
+    /* nor does another stream's copy without an event between them */
+    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) ==
+          cudaSuccess);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 0);
+    /* with one, it does; and the event's query runs the kernel */
+    CHECK(cudaEventRecord(e, a) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) ==
+          cudaSuccess);
+    CHECK(cudaMemcpyAsync(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost, b) == cudaSuccess);
+    CHECK(h[0] == 7); /* into pageable memory: the stream is synced, the copy done at return */
+    /* a copy from pinned memory reads it when it runs, not at the call */
+    pin[0] = 1;
+    CHECK(cudaMemcpyAsync(d, pin, sizeof(int), cudaMemcpyHostToDevice, a) == cudaSuccess);
+    pin[0] = 2;
+    CHECK(cudaEventRecord(e, a) == cudaSuccess && cudaEventQuery(e) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 2);
+    /* from pageable memory, at the call */
+    h[1] = 3;
+    CHECK(cudaMemcpyAsync(d, h + 1, sizeof(int), cudaMemcpyHostToDevice, a) == cudaSuccess);
+    h[1] = 4;
+    CHECK(cudaStreamSynchronize(a) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 3);
+    printf("  streams: late work unseen without an event, seen with one; pinned copies late\n");
+    cudaFreeHost(pin);
+    cudaEventDestroy(e);
+    cudaStreamDestroy(b);
+    cudaStreamDestroy(a);
+}
 
 int main()
 {
@@ -139,6 +196,7 @@ int main()
     }));
     cublasLtMatrixLayoutDestroy(l8);
     cublasLtMatmulPreferenceDestroy(pref);
+    streams(d);
     cublasLtMatmulDescDestroy(desc);
     cublasLtDestroy(lt);
     cublasDestroy(b);

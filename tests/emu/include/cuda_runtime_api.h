@@ -130,23 +130,35 @@ cudaError_t cudaFuncSetAttribute(const void *fn, enum cudaFuncAttribute attr, in
 
 /* The emulation's own: whether [p, p + bytes) lies in one cudaMalloc'd block (1) or not (0). */
 int emu_rt_is_device(const void *p, size_t bytes);
+/* The emulation's own: runs the work queued on stream s (NULL: on the blocking streams) now:
+ * what a library that computes at the call (the emulated cuDNN) does first. */
+void emu_rt_stream_flush(cudaStream_t s);
 
 #ifdef __cplusplus
 }
 #include "cuda_emu.h"
+#include <functional>
+#include <type_traits>
 /* A launch as the hardware takes it: the geometry and dynamic shared memory checked (an error
  * for cudaGetLastError, nothing run) or the kernel run now, on the calling thread's emulated
- * block (streams are synchronous here). Dynamic shared memory over 48 KiB needs a
+ * block, in its stream's turn (gpu_rt_emu.cpp: work runs when waited for). Dynamic shared memory over 48 KiB needs a
  * cudaFuncSetAttribute(MaxDynamicSharedMemorySize) first, on any kernel (the emulation cannot
  * name a template kernel whose arguments are deduced: the largest value set counts). */
 cudaError_t emu_rt_launch_check(const char *name, dim3 grid, dim3 block, size_t smem,
                                 cudaStream_t s);
+/* Queues f on stream s (gpu_rt_emu.cpp: it runs when something waits for it), or runs it now
+ * (the legacy stream NULL; DDP_EMU_STREAMS=immediate). */
+void emu_rt_enqueue(cudaStream_t s, std::function<void()> f);
+/* A launch: checked now (a refused one leaves its error for cudaGetLastError), run in its
+ * stream's turn; f holds copies of the arguments (cu_module.py's [=]). */
 template <typename F>
 inline void emu_rt_launch(const char *name, F &&f, dim3 grid, dim3 block, size_t smem = 0,
                           cudaStream_t s = 0)
 {
     if (emu_rt_launch_check(name, grid, block, smem, s) == cudaSuccess)
-        emu_launch_fibers(grid, block, smem, f);
+        emu_rt_enqueue(s, [grid, block, smem, k = std::decay_t<F>(f)] {
+            emu_launch_fibers(grid, block, smem, k);
+        });
 }
 /* A kernel's __launch_bounds__(max_threads), checked at its entry (cu_module.py puts the call
  * there): a launch of more threads per block is one the hardware refuses. */
