@@ -31,7 +31,13 @@
  *    cublasLt.h, a bias whose type is not D's (the stricter reading of cublasLt.h, so the
  *    module's fallback runs), TF32 compute with 16-bit inputs; INVALID_VALUE: a GELU aux
  *    leading dimension not a multiple of 8 or an aux pointer not 16-byte aligned.
- *  - IPC handles: cudaErrorNotSupported. Host registration: recorded, nothing else.
+ *  - IPC: a cudaMalloc'd block of 64 KiB or more is a memfd mapping; its handle names this
+ *    process and the descriptor, and cudaIpcOpenMemHandle in another process maps it through
+ *    /proc/<pid>/fd (the tests' processes run as one user). As CUDA's: a handle names a whole
+ *    allocation (exporting a pointer inside one aborts here: the peer would get the block's
+ *    start), a process cannot open its own handle (cudaErrorDeviceUninitialized), an opened
+ *    block is released by cudaIpcCloseMemHandle, not cudaFree (which aborts). Smaller blocks:
+ *    cudaErrorNotSupported. Host registration: recorded, nothing else.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -40,10 +46,13 @@
 #include <cstdarg>
 #include <deque>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <vector>
 
 #define EMU_API extern "C" __attribute__((visibility("default")))
@@ -244,6 +253,11 @@ static void need_device(const void *p, size_t bytes, const char *what)
                 p, bytes);
     }
 }
+/* IPC (the header): blocks of IPC_MIN bytes or more are memfd mappings, fd kept for export;
+ * peers' blocks opened here are mappings too, released by cudaIpcCloseMemHandle. */
+#define IPC_MIN (64u << 10)
+static std::map<uintptr_t, int> ipc_fd;       /* this process's memfd blocks: base → fd */
+static std::map<uintptr_t, size_t> ipc_opened; /* peers' blocks mapped here: base → bytes */
 EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     if (!p)
@@ -252,7 +266,16 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     if (dev_bytes + bytes > (80ull << 30))
         return set_err(cudaErrorMemoryAllocation);
     void *q = nullptr;
-    if (posix_memalign(&q, 256, bytes ? bytes : 1))
+    if (bytes >= IPC_MIN) {
+        int fd = memfd_create("ddp-gpu-emu", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0 ||
+            (q = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+            if (fd >= 0)
+                close(fd);
+            return set_err(cudaErrorMemoryAllocation);
+        }
+        ipc_fd[(uintptr_t)q] = fd;
+    } else if (posix_memalign(&q, 256, bytes ? bytes : 1))
         return set_err(cudaErrorMemoryAllocation);
     memset(q, 0xff, bytes);
     dev_blocks[(uintptr_t)q] = bytes;
@@ -266,12 +289,21 @@ EMU_API cudaError_t cudaFree(void *p)
         return cudaSuccess;
     run_all(false); /* cudaFree synchronizes the device: queued work may still use p */
     std::lock_guard<std::mutex> l(mem_m);
+    if (ipc_opened.count((uintptr_t)p))
+        emu_die("cudaFree(%p): a peer's block opened by cudaIpcOpenMemHandle (release it with "
+                "cudaIpcCloseMemHandle)", p);
     auto it = dev_blocks.find((uintptr_t)p);
     if (it == dev_blocks.end())
         emu_die("cudaFree(%p): not a pointer cudaMalloc returned (or freed twice)", p);
     dev_bytes -= it->second;
+    auto f = ipc_fd.find((uintptr_t)p);
+    if (f != ipc_fd.end()) {
+        munmap(p, it->second);
+        close(f->second);
+        ipc_fd.erase(f);
+    } else
+        free(p);
     dev_blocks.erase(it);
-    free(p);
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaMallocHost(void **p, size_t bytes)
@@ -596,17 +628,71 @@ EMU_API cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
     emu_rt_enqueue(s, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
 }
-EMU_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *, void *)
+/* What an emulated handle holds (inside cudaIpcMemHandle_t's 64 bytes). */
+struct emu_ipc {
+    uint64_t magic;
+    int64_t pid, fd;
+    uint64_t bytes;
+};
+static const uint64_t IPC_MAGIC = 0x1bcde7a1c0de0002ull;
+EMU_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
-    return set_err(cudaErrorNotSupported);
+    static_assert(sizeof(emu_ipc) <= sizeof(cudaIpcMemHandle_t), "a handle holds emu_ipc");
+    if (!h || !p)
+        return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(mem_m);
+    auto b = find_block(dev_blocks, p, 1);
+    if (b == dev_blocks.end())
+        emu_die("cudaIpcGetMemHandle(%p): not device memory", p);
+    if (b->first != (uintptr_t)p)
+        emu_die("cudaIpcGetMemHandle(%p): %zu bytes into the block at %p: a handle names the "
+                "whole allocation, and the peer that opens it gets the block's start, not this "
+                "pointer (pass the offset beside the handle)",
+                p, (size_t)((uintptr_t)p - b->first), (void *)b->first);
+    if (ipc_opened.count(b->first))
+        return set_err(cudaErrorInvalidValue); /* a peer's block is not this process's to export */
+    auto f = ipc_fd.find(b->first);
+    if (f == ipc_fd.end())
+        return set_err(cudaErrorNotSupported); /* the emulation's limit: blocks under IPC_MIN */
+    emu_ipc e = {IPC_MAGIC, (int64_t)getpid(), (int64_t)f->second, (uint64_t)b->second};
+    memset(h, 0, sizeof *h);
+    memcpy(h, &e, sizeof e);
+    return cudaSuccess;
 }
-EMU_API cudaError_t cudaIpcOpenMemHandle(void **, cudaIpcMemHandle_t, unsigned)
+EMU_API cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
 {
-    return set_err(cudaErrorNotSupported);
+    emu_ipc e;
+    memcpy(&e, &h, sizeof e);
+    if (!p || e.magic != IPC_MAGIC)
+        return set_err(cudaErrorInvalidValue);
+    if (e.pid == (int64_t)getpid())
+        return set_err(cudaErrorDeviceUninitialized); /* CUDA: not in the exporting process */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%lld/fd/%lld", (long long)e.pid, (long long)e.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return set_err(cudaErrorInvalidValue); /* the exporter is gone */
+    void *q = mmap(nullptr, e.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (q == MAP_FAILED)
+        return set_err(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> l(mem_m);
+    dev_blocks[(uintptr_t)q] = e.bytes;
+    ipc_opened[(uintptr_t)q] = e.bytes;
+    *p = q;
+    return cudaSuccess;
 }
-EMU_API cudaError_t cudaIpcCloseMemHandle(void *)
+EMU_API cudaError_t cudaIpcCloseMemHandle(void *p)
 {
-    return set_err(cudaErrorNotSupported);
+    run_all(false); /* queued work may still read it */
+    std::lock_guard<std::mutex> l(mem_m);
+    auto o = ipc_opened.find((uintptr_t)p);
+    if (o == ipc_opened.end())
+        return set_err(cudaErrorInvalidValue);
+    munmap(p, o->second);
+    dev_blocks.erase(o->first);
+    ipc_opened.erase(o);
+    return cudaSuccess;
 }
 
 /* ---- launches */

@@ -3,8 +3,8 @@
  * (gpu_rt_emu.cpp) refuse what the hardware and the libraries refuse: launch geometry and shared
  * memory as cudaGetLastError errors; copies past a buffer, a cuBLAS leading dimension below the
  * rows, an operand past its buffer, a broken alignment promise as aborts (each in a child);
- * a product with the GELU_AUX_BIAS epilogue against a loop; and streams' late work (what is not
- * ordered after a stream's work by an event does not see it).
+ * a product with the GELU_AUX_BIAS epilogue against a loop; streams' late work (what is not
+ * ordered after a stream's work by an event does not see it); and IPC handles as CUDA's.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -81,6 +81,42 @@ static void streams(int *d)
     cudaEventDestroy(e);
     cudaStreamDestroy(b);
     cudaStreamDestroy(a);
+}
+
+/* IPC: a handle of a whole block opens in another process (a forked child here) onto the same
+ * memory; not in the exporting process; a pointer inside a block is no handle's. */
+static void ipc(void)
+{
+    int *blk = nullptr, v = 0;
+    cudaIpcMemHandle_t h;
+    CHECK(cudaMalloc((void **)&blk, 1 << 20) == cudaSuccess);
+    CHECK(cudaIpcGetMemHandle(&h, blk) == cudaSuccess);
+    void *self = nullptr;
+    CHECK(cudaIpcOpenMemHandle(&self, h, cudaIpcMemLazyEnablePeerAccess) ==
+          cudaErrorDeviceUninitialized);
+    CHECK(cudaGetLastError() == cudaErrorDeviceUninitialized);
+    CHECK(emu_aborts("cudaIpcGetMemHandle of a pointer inside a block", [&] {
+        cudaIpcMemHandle_t h2;
+        cudaIpcGetMemHandle(&h2, blk + 64);
+    }));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int *peer = nullptr, x = 42;
+        if (cudaIpcOpenMemHandle((void **)&peer, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess ||
+            cudaMemcpy(peer + 5, &x, sizeof x, cudaMemcpyHostToDevice) != cudaSuccess)
+            _exit(1);
+        bool freed_wrongly = emu_aborts("cudaFree of an opened peer block", [&] { cudaFree(peer); });
+        fflush(stdout);
+        _exit(cudaIpcCloseMemHandle(peer) == cudaSuccess && freed_wrongly ? 0 : 2);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+          WEXITSTATUS(status) == 0);
+    CHECK(cudaMemcpy(&v, blk + 5, sizeof v, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(v == 42);
+    printf("  ipc: a peer process wrote through the handle (%d)\n", v);
+    CHECK(cudaFree(blk) == cudaSuccess);
 }
 
 int main()
@@ -197,6 +233,7 @@ int main()
     cublasLtMatrixLayoutDestroy(l8);
     cublasLtMatmulPreferenceDestroy(pref);
     streams(d);
+    ipc();
     cublasLtMatmulDescDestroy(desc);
     cublasLtDestroy(lt);
     cublasDestroy(b);

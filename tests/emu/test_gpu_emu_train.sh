@@ -2,12 +2,15 @@
 # gpu_emu.ddptrain: ddptrain --device cuda end to end on the emulated GPU module (the real
 # module's host and device code on the CPU: tests/emu/CMakeLists.txt), a tiny GPT, against the
 # same run on the cpu: 10 steps on 1 rank, then 6 steps on 2 ranks (DDP_EMU_GPUS=2, one
-# emulated device per rank, the gradients over cuda-staged: the module has no NCCL and the
-# emulation no IPC). The losses agree to 1e-6 relative (the GPU's products are cuBLAS's, here
-# plain loops in double; the kernels' own reductions differ in order). Then the 2 ranks with the
-# optimizer sharded on the GPU (the parameters bound to the reducer's views: resident.cu's
-# bind_params), against the cpu in fp32 and against the unsharded run in bf16 (whose weights'
-# 16-bit copy is then rounded tensor by tensor).
+# emulated device per rank, the gradients over cuda-staged: the module has no NCCL). The losses
+# agree to 1e-6 relative (the GPU's products are cuBLAS's, here plain loops in double; the
+# kernels' own reductions differ in order). Then the 2 ranks with the optimizer sharded on the GPU
+# (the parameters bound to the reducer's views: resident.cu's bind_params), against the cpu in
+# fp32 and against the unsharded run in bf16 (whose weights' 16-bit copy is then rounded tensor
+# by tensor). Then 6 steps on 2 ranks sharing one emulated device (DDP_EMU_GPUS=1: auto's
+# cuda-ipc, the emulation's IPC mapping each peer's memfd-backed blocks), unsharded and sharded,
+# gpucheck's exact collectives over cuda-ipc (3 ranks, many chunks), and 1 rank whose auto nccl
+# falls back to cuda-ipc.
 # usage: test_gpu_emu_train.sh BINDIR EMU_MODULE
 . "$(dirname "$0")/../integration/lib.sh"
 MODULE=${2:?usage: $0 BINDIR EMU_MODULE}
@@ -58,3 +61,23 @@ emu2 gpu2h --precision bf16
 emu2 gpu2hs --precision bf16 --shard_optimizer true
 losses gpu2h/metrics.jsonl gpu2hs/metrics.jsonl 6 || fail "bf16: sharded ≠ unsharded"
 ok "bf16, 2 ranks: the optimizer sharded on the emulated GPUs = unsharded"
+rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+    --device cuda --overlap async --total_steps 6 --out_dir gpu2i >gpu2i.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu2i.out; fail "emulated cuda run, 2 ranks on one GPU: exit $rc"; }
+grep -q "gradients on the GPU over cuda-ipc" gpu2i.out || { cat gpu2i.out; fail "auto did not pick cuda-ipc"; }
+losses cpu2/metrics.jsonl gpu2i/metrics.jsonl 6 || fail "2 ranks over cuda-ipc: cuda (emulated) ≠ cpu"
+ok "2 ranks on one emulated GPU over cuda-ipc: 6 steps = the cpu's"
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
+    --shard_optimizer true --out_dir cpu2s >cpu2s.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat cpu2s.out; fail "cpu run, 2 ranks, sharded: exit $rc"; }
+rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
+    --device cuda --gpu_backend cuda-ipc --shard_optimizer true --total_steps 6 \
+    --out_dir gpu2is >gpu2is.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gpu2is.out; fail "emulated cuda run, 2 ranks over cuda-ipc, sharded: exit $rc"; }
+losses cpu2s/metrics.jsonl gpu2is/metrics.jsonl 6 || fail "2 ranks over cuda-ipc, sharded: ≠ cpu"
+ok "2 ranks on one emulated GPU over cuda-ipc, sharded optimizer: = the cpu's"
+rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node 3 "$BIN/gpucheck" --quick \
+    --backend cuda-ipc --arena 1048576 --expect cuda-ipc >gc3.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gc3.out; fail "gpucheck, 3 ranks over cuda-ipc in 256 KiB chunks: exit $rc"; }
+grep "gpucheck: ok" gc3.out
+ok "gpucheck: 3 ranks on one emulated GPU over cuda-ipc, every collective exact"
