@@ -871,6 +871,25 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     if ((st = ddp__backend_choose(named, &s, &chosen, err)))
         goto out_fail;
     st = chosen->create(&s, &g->be, &g->ops, err);
+    /* auto's nccl for a group of ONE rank that NCCL could not create (a module built without it,
+     * or a machine where NCCL cannot initialise — a sandbox refusing its memory calls): one rank
+     * communicates with nobody, so the group runs on cuda-ipc (nothing is mapped at one rank)
+     * and its reason says what NCCL said. With more ranks no such guess is safe (the others may
+     * have succeeded and wait in NCCL). */
+    bool one_rank_fallback = false;
+    if (st && st != DDP_ERR_NOMEM && !named && chosen == &ddp__nccl_backend && s.m.n == 1 &&
+        ddp__ipc_backend.usable(&s, refused, sizeof refused)) {
+        ddp__fmt(refused, sizeof refused, "%s", err ? err->msg : "nccl refused");
+        char prefix[256];
+        ddp__fmt(prefix, sizeof prefix, "%s/ipc", s.m.prefix);
+        ddp__setup s2 = s;
+        s2.m.prefix = prefix;
+        chosen = &ddp__ipc_backend;
+        one_rank_fallback = true;
+        st = chosen->create(&s2, &g->be, &g->ops, err);
+        if (st)
+            refused[0] = '\0';
+    }
     /* auto's cuda-ipc refused by CUDA on some member (every member knows: its set-up shares
      * each one's result): the group goes through host memory instead, under a prefix of its own
      * (the first attempt's store keys stay behind), and its reason says why */
@@ -883,13 +902,18 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         s2.m.prefix = prefix;
         chosen = &ddp__staged_backend;
         st = chosen->create(&s2, &g->be, &g->ops, err);
-    } else {
+    } else if (!one_rank_fallback) {
         refused[0] = '\0';
     }
     if (st)
         goto out_fail;
     g->backend = chosen->name;
-    if (refused[0]) { /* what refused, without the hint to use cuda-staged, which auto did */
+    if (one_rank_fallback) {
+        ddp__fmt(g->reason, sizeof g->reason,
+                 "one rank, and NCCL could not make its communicator (%s): no communication "
+                 "needed, so cuda-ipc",
+                 refused);
+    } else if (refused[0]) { /* what refused, without the hint to use cuda-staged, which auto did */
         char *hint = strstr(refused, "; use backend");
         if (hint)
             *hint = '\0';

@@ -81,3 +81,12 @@ rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node 3 "$BIN/gpuchec
 [ $rc -eq 0 ] || { cat gc3.out; fail "gpucheck, 3 ranks over cuda-ipc in 256 KiB chunks: exit $rc"; }
 grep "gpucheck: ok" gc3.out
 ok "gpucheck: 3 ranks on one emulated GPU over cuda-ipc, every collective exact"
+# One rank, auto: nccl where libddp has it; this module has none, so the group of one falls back
+# to cuda-ipc (nothing to communicate) and says why, instead of failing ddptrain's 1-rank runs.
+rc=0; emu "$BIN/gpucheck" --quick --expect cuda-ipc >gc1.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gc1.out; fail "gpucheck, 1 rank, auto on a module without NCCL: exit $rc"; }
+if grep -q '^DDP_NCCL:BOOL=ON' "$BIN/../CMakeCache.txt" 2>/dev/null; then
+    grep -q "NCCL could not make its communicator" gc1.out ||
+        { cat gc1.out; fail "1 rank: the reason does not say why NCCL was not used"; }
+fi
+ok "gpucheck: 1 rank, auto without a usable NCCL: cuda-ipc, every collective exact"
