@@ -204,6 +204,11 @@ run() {
     [ "${1:-}" = "--quick" ] && quick=--quick
     setup_env
     export DDP_REQUIRE_GPU=1 OPENBLAS_NUM_THREADS=4
+    # NCCL's own words when something fails (its default prints nothing; ddpc's messages carry
+    # ncclGetLastError's line, this adds the lines before it). If its communicator cannot be made
+    # on the lent machine (a sandbox refusing cuMem's handles), NCCL_CUMEM_ENABLE=0 is the first
+    # thing to try; 1-rank groups fall back to cuda-ipc meanwhile, and the "over nccl" checks fail.
+    export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     local -a names results
     nvidia-smi -L 2>&1 | tee -a "$LOG"
     # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output. Each check
