@@ -1,7 +1,7 @@
 /*
  * tests/emu/gpu_rt_emu.cpp — the CUDA runtime, cuBLAS and cuBLASLt under the emulated GPU module
- * (tests/emu/CMakeLists.txt; headers in tests/emu/include). One emulated H100-like device (DDP_EMU_GPUS
- * of them), all on the CPU:
+ * (tests/emu/CMakeLists.txt; headers in tests/emu/include). One emulated H100-like device
+ * (DDP_EMU_GPUS of them), all on the CPU:
  *  - device memory is host memory (posix_memalign, 256-byte aligned as cudaMalloc's, filled
  *    with 0xff bytes: NaN in every float format, so a read of what was never written shows);
  *    ASan builds see kernels' and copies' out-of-bounds accesses; every build checks each copy,
@@ -256,7 +256,7 @@ static void need_device(const void *p, size_t bytes, const char *what)
 /* IPC (the header): blocks of IPC_MIN bytes or more are memfd mappings, fd kept for export;
  * peers' blocks opened here are mappings too, released by cudaIpcCloseMemHandle. */
 #define IPC_MIN (64u << 10)
-static std::map<uintptr_t, int> ipc_fd;       /* this process's memfd blocks: base → fd */
+static std::map<uintptr_t, int> ipc_fd;        /* this process's memfd blocks: base → fd */
 static std::map<uintptr_t, size_t> ipc_opened; /* peers' blocks mapped here: base → bytes */
 EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
 {
@@ -291,7 +291,8 @@ EMU_API cudaError_t cudaFree(void *p)
     std::lock_guard<std::mutex> l(mem_m);
     if (ipc_opened.count((uintptr_t)p))
         emu_die("cudaFree(%p): a peer's block opened by cudaIpcOpenMemHandle (release it with "
-                "cudaIpcCloseMemHandle)", p);
+                "cudaIpcCloseMemHandle)",
+                p);
     auto it = dev_blocks.find((uintptr_t)p);
     if (it == dev_blocks.end())
         emu_die("cudaFree(%p): not a pointer cudaMalloc returned (or freed twice)", p);
@@ -553,10 +554,10 @@ static cudaError_t copy_check(void *dst, const void *src, size_t n, cudaMemcpyKi
         return set_err(cudaErrorInvalidMemcpyDirection);
     if (*k == cudaMemcpyDefault) {
         bool dd = emu_rt_is_device(dst, n), sd = emu_rt_is_device(src, n);
-        *k = dd && sd   ? cudaMemcpyDeviceToDevice
-             : dd       ? cudaMemcpyHostToDevice
-             : sd       ? cudaMemcpyDeviceToHost
-                        : cudaMemcpyHostToHost;
+        *k = dd && sd ? cudaMemcpyDeviceToDevice
+             : dd     ? cudaMemcpyHostToDevice
+             : sd     ? cudaMemcpyDeviceToHost
+                      : cudaMemcpyHostToHost;
     }
     if (*k == cudaMemcpyHostToDevice || *k == cudaMemcpyDeviceToDevice)
         need_device(dst, n, what);
@@ -577,9 +578,9 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
     cudaError_t e = copy_check(dst, src, n, &k, what);
     if (e)
         return e;
-    const bool now = s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
-                           (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) ||
-                           k == cudaMemcpyHostToHost);
+    const bool now =
+        s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
+              (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) || k == cudaMemcpyHostToHost);
     if (now) {
         emu_rt_stream_flush(s);
         memcpy(dst, src, n);
@@ -606,8 +607,8 @@ EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
     if (width > dpitch || width > spitch)
         return set_err(cudaErrorInvalidValue); /* as CUDA: pitches below the width */
     for (size_t r = 0; r < height; r++) {
-        cudaError_t e = copy_on((char *)dst + r * dpitch, (const char *)src + r * spitch, width,
-                                k, s, "cudaMemcpy2DAsync");
+        cudaError_t e = copy_on((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k,
+                                s, "cudaMemcpy2DAsync");
         if (e)
             return e;
     }
@@ -1395,6 +1396,7 @@ EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d
     const cublasOperation_t ta = d->ta, tb = d->tb;
     const bool tf = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     const mat ma = la->m, mb = lb->m, mc = lc->m, md = ld->m;
-    emu_rt_enqueue(s, [=] { gemm_core(call, ta, tb, m, n, k, a, A, ma, B, mb, b, C, mc, D, md, tf, ep); });
+    emu_rt_enqueue(
+        s, [=] { gemm_core(call, ta, tb, m, n, k, a, A, ma, B, mb, b, C, mc, D, md, tf, ep); });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -45,21 +45,20 @@ static void streams(int *d)
     CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
     CHECK(cudaMallocHost((void **)&pin, 64 * sizeof(int)) == cudaSuccess);
     cudaMemset(d, 0, 64 * sizeof(int));
-    emu_rt_launch("set7", [=] { set7(d, 7); }, dim3(1), dim3(32), 0, a);
+    emu_rt_launch(
+        "set7", [=] { set7(d, 7); }, dim3(1), dim3(32), 0, a);
     /* the legacy stream (cudaMemcpy) does not wait for a non-blocking stream's kernel */
     CHECK(cudaMemcpy(h, d, 32 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(h[0] == 0);
     /* nor does another stream's copy without an event between them */
-    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) ==
-          cudaSuccess);
+    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
     CHECK(cudaStreamSynchronize(b) == cudaSuccess);
     CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(h[0] == 0);
     /* with one, it does; and the event's query runs the kernel */
     CHECK(cudaEventRecord(e, a) == cudaSuccess);
     CHECK(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
-    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) ==
-          cudaSuccess);
+    CHECK(cudaMemcpyAsync(d + 32, d, 32 * sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
     CHECK(cudaMemcpyAsync(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost, b) == cudaSuccess);
     CHECK(h[0] == 7); /* into pageable memory: the stream is synced, the copy done at return */
     /* a copy from pinned memory reads it when it runs, not at the call */
@@ -103,10 +102,12 @@ static void ipc(void)
     pid_t pid = fork();
     if (pid == 0) {
         int *peer = nullptr, x = 42;
-        if (cudaIpcOpenMemHandle((void **)&peer, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess ||
+        if (cudaIpcOpenMemHandle((void **)&peer, h, cudaIpcMemLazyEnablePeerAccess) !=
+                cudaSuccess ||
             cudaMemcpy(peer + 5, &x, sizeof x, cudaMemcpyHostToDevice) != cudaSuccess)
             _exit(1);
-        bool freed_wrongly = emu_aborts("cudaFree of an opened peer block", [&] { cudaFree(peer); });
+        bool freed_wrongly =
+            emu_aborts("cudaFree of an opened peer block", [&] { cudaFree(peer); });
         fflush(stdout);
         _exit(cudaIpcCloseMemHandle(peer) == cudaSuccess && freed_wrongly ? 0 : 2);
     }

@@ -141,10 +141,11 @@ void emu_rt_stream_flush(cudaStream_t s);
 #include <functional>
 #include <type_traits>
 /* A launch as the hardware takes it: the geometry and dynamic shared memory checked (an error
- * for cudaGetLastError, nothing run) or the kernel run now, on the calling thread's emulated
- * block, in its stream's turn (gpu_rt_emu.cpp: work runs when waited for). Dynamic shared memory over 48 KiB needs a
- * cudaFuncSetAttribute(MaxDynamicSharedMemorySize) first, on any kernel (the emulation cannot
- * name a template kernel whose arguments are deduced: the largest value set counts). */
+ * for cudaGetLastError, nothing run) or the kernel queued on its stream and run in its turn
+ * (gpu_rt_emu.cpp: when something waits for it) on an emulated block. Dynamic shared memory
+ * over 48 KiB needs a cudaFuncSetAttribute(MaxDynamicSharedMemorySize) first, on any kernel (the
+ * emulation cannot name a template kernel whose arguments are deduced: the largest value set
+ * counts). */
 cudaError_t emu_rt_launch_check(const char *name, dim3 grid, dim3 block, size_t smem,
                                 cudaStream_t s);
 /* Queues f on stream s (gpu_rt_emu.cpp: it runs when something waits for it), or runs it now
