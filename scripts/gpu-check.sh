@@ -255,7 +255,7 @@ EOP
         for prec in "$@"; do
             if [ -z "$fm" ]; then
                 names+=("ddptrain fashion-cnn on cuda $prec (>= 0.91)")
-                results+=("FAILED (no Fashion-MNIST: run 'scripts/gpu-check.sh data' here, carry gpu-data, 'stash-data' there first)")
+                results+=("FAILED (no Fashion-MNIST: 'scripts/gpu-check.sh data DIR' then 'pack' here, and carry gpu-pack)")
                 continue
             fi
             check "ddptrain fashion-cnn on cuda $prec, 2 ranks" "$CARRY/bin/ddprun" --standalone \
