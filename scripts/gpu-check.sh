@@ -211,6 +211,11 @@ run() {
     export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     local -a names results
     nvidia-smi -L 2>&1 | tee -a "$LOG"
+    # what decides whether 2 ranks may share the GPU (compute mode Default; Exclusive_Process
+    # refuses the second rank's context) and whether IPC and pinning can work (the runtime)
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,mig.mode.current,memory.total \
+        --format=csv 2>&1 | tee -a "$LOG"
+    uname -r 2>&1 | tee -a "$LOG"
     # check NAME COMMAND...: records passed/FAILED (exit status) and logs the output. Each check
     # has CHECK_LIMIT seconds (default 150; exit 124: timed out), so that one hung kernel or NCCL
     # init cannot eat the device call's 600 s, and its result goes into the log at once (RESULT
