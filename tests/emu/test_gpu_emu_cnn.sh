@@ -4,7 +4,8 @@
 # on a slice of Fashion-MNIST (the first 256 training and 128 test images, written here as idx
 # files: the emulated convolutions are plain loops), against the same runs on the cpu. ddptrain
 # goes device-resident there (parameters, batchnorm statistics, gradients and optimizer state on
-# the device, the reducer over a GPU group: cuda-staged, the emulation having no NCCL or IPC).
+# the device, the reducer over a GPU group: cuda-staged named, and at 2 ranks also auto's cuda-ipc
+# on one shared emulated GPU; the emulated module has no NCCL).
 # Bounds measured on this emulation (cuDNN's and cuBLAS's products in double here, the CPU's in
 # float), each with a margin:
 #   cnn fp32, SGD, 1 rank: losses 1e-5 relative (measured 2.5e-8), the same test accuracy, the
@@ -133,6 +134,14 @@ losses cpu2/metrics.jsonl gpu2/metrics.jsonl 8 1e-5 || fail "2 ranks: cuda (emul
     fail "2 ranks, test accuracy: cpu $(acc cpu2.out), cuda $(acc gpu2.out)"
 tensors "$(ck cpu2)" "$(ck gpu2)" 1e-5 || fail "2 ranks: the checkpoint ≠ the cpu's"
 ok "cnn resident, 2 ranks over cuda-staged: the cpu's losses, test accuracy $(acc gpu2.out) and checkpoint"
+# the same 2 ranks sharing ONE emulated GPU: auto's cuda-ipc (gpu-check's fashion-cnn runs so)
+run gpu2i env DDP_EMU_GPUS=1 DDP_GPU_MODULE=$MODULE DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 \
+    DDP_REQUIRE_GPU=1 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
+    --bucket_kb 1
+grep -q 'gradients on the GPU over cuda-ipc' gpu2i.out || { cat gpu2i.out; fail "2 ranks on one GPU: not cuda-ipc"; }
+losses cpu2/metrics.jsonl gpu2i/metrics.jsonl 8 1e-5 || fail "2 ranks over cuda-ipc: cuda (emulated) ≠ cpu"
+tensors "$(ck cpu2)" "$(ck gpu2i)" 1e-5 || fail "2 ranks over cuda-ipc: the checkpoint ≠ the cpu's"
+ok "cnn resident, 2 ranks on one emulated GPU over cuda-ipc: the cpu's losses and checkpoint"
 # channels 3,5 so that batchnorm's γ, β (3 or 5 floats) and the conv weights are not 16-byte
 # aligned in the reducer's buckets, nor, sharded (ZeRO-1), in its packed copy of the parameters
 # that the model is bound to: the strict emulated cuDNN aborts if one reaches it. Seed 1: with
