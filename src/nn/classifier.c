@@ -62,17 +62,10 @@ typedef struct classifier {
     const float *x; /* the last forward's input (n, in_n), borrowed */
     int n;          /* the last forward's batch */
     bool train;     /* the last forward's mode */
-    /* device cuda: the device's model; the host's logits (B, classes) of the last forward and
-     * the parameters', gradients' and buffers' host arrays handed to it */
-    ddp__cuda_cls *cu;
+    /* device cuda: the device's model and the host arrays handed to it (resident.c), the host's
+     * logits (B, classes) of the last forward */
+    ddp__resident res;
     float *logits_host;
-    const float **pdata, **bdata;
-    float **pgrad, **bout;
-    /* device-resident training (m->resident): the parameters' and buffers' device arrays, the
-     * device gradients backward adds into (bound by the caller), the optimizer's settings */
-    float **dparam, **dbuf, **dgrad;
-    void *stream; /* the device model's cudaStream_t */
-    ddp_optim_opts oo;
 } classifier;
 
 static layer *add(classifier *c, lkind k, size_t in_n, size_t out_n, ddp_error *err)
@@ -270,14 +263,14 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
     size_t *counts = malloc(sizeof(size_t) * (np ? np : 1));
     size_t *bcounts = malloc(sizeof(size_t) * (nb ? nb : 1));
     ddp__cuda_cls_layer *dl = malloc(sizeof *dl * (size_t)c->nl);
-    c->pdata = malloc(sizeof *c->pdata * (np ? np : 1));
-    c->pgrad = malloc(sizeof *c->pgrad * (np ? np : 1));
-    c->bdata = malloc(sizeof *c->bdata * (nb ? nb : 1));
-    c->bout = malloc(sizeof *c->bout * (nb ? nb : 1));
+    c->res.pdata = malloc(sizeof *c->res.pdata * (np ? np : 1));
+    c->res.pgrad = malloc(sizeof *c->res.pgrad * (np ? np : 1));
+    c->res.bdata = malloc(sizeof *c->res.bdata * (nb ? nb : 1));
+    c->res.bout = malloc(sizeof *c->res.bout * (nb ? nb : 1));
     c->logits_host = malloc(sizeof(float) * (size_t)c->B * (size_t)c->classes);
     ddp_status st = DDP_OK;
-    if (!counts || !bcounts || !dl || !c->pdata || !c->pgrad || !c->bdata || !c->bout ||
-        !c->logits_host) {
+    if (!counts || !bcounts || !dl || !c->res.pdata || !c->res.pgrad || !c->res.bdata ||
+        !c->res.bout || !c->logits_host) {
         st = ddp__err(err, DDP_ERR_NOMEM, "%s: out of memory for the device model's lists",
                       m->ops->name);
         goto out_free;
@@ -300,15 +293,9 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
         .device = spec->device_index,
         .precision = spec->precision,
     };
-    st = ddp__cuda_cls_create(&cfg, counts, np, bcounts, nb, &c->cu, err);
-    if (!st && (!(c->dparam = calloc(np ? np : 1, sizeof *c->dparam)) ||
-                !(c->dbuf = calloc(nb ? nb : 1, sizeof *c->dbuf)) ||
-                !(c->dgrad = calloc(np ? np : 1, sizeof *c->dgrad))))
-        st = ddp__err(err, DDP_ERR_NOMEM, "%s: out of memory", m->ops->name);
-    /* the stream (and the device arrays) from the start, as the GPT's: ddp_model_cuda_stream
-     * answers for a host-driven model too */
+    st = ddp__cuda_cls_create(&cfg, counts, np, bcounts, nb, &c->res.cls, err);
     if (!st)
-        st = ddp__cuda_cls_dev_info(c->cu, c->dparam, c->dbuf, &c->stream, err);
+        st = ddp__resident_init(m, err);
 out_free:
     free(counts);
     free(bcounts);
@@ -335,6 +322,7 @@ static ddp_status build(ddp_model *m, const ddp_model_spec *spec, bool conv, ddp
     if (!c)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory building the model");
     m->impl = c;
+    m->res = &c->res;
     c->B = spec->max_batch;
     c->in_n = (size_t)spec->in_ch * (size_t)spec->in_h * (size_t)spec->in_w;
     c->classes = spec->classes;
@@ -399,17 +387,12 @@ static void free_classifier(ddp_model *m)
     free(c->g0);
     free(c->g1);
     free(c->dlogits);
-    ddp__cuda_cls_free(c->cu);
+    ddp__cuda_cls_free(c->res.cls);
     free(c->logits_host);
-    free(c->pdata);
-    free(c->pgrad);
-    free(c->bdata);
-    free(c->bout);
-    free(c->dparam);
-    free(c->dbuf);
-    free(c->dgrad);
+    ddp__resident_free(&c->res);
     free(c);
     m->impl = NULL;
+    m->res = NULL;
 }
 
 /* The forward on the device. What the CPU's layers would refuse is checked here first (labels
@@ -435,10 +418,10 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
                                "mode",
                                (size_t)n * (size_t)c->L[i].hw, n, c->L[i].hw);
     for (size_t i = 0; i < m->n_params; i++)
-        c->pdata[i] = m->params[i].data;
+        c->res.pdata[i] = m->params[i].data;
     for (size_t j = 0; j < m->n_buffers; j++) {
-        c->bdata[j] = m->buffers[j].data;
-        c->bout[j] = m->buffers[j].data;
+        c->res.bdata[j] = m->buffers[j].data;
+        c->res.bout[j] = m->buffers[j].data;
     }
     ddp__cuda_cls_batch db = {
         .x = b->x,
@@ -453,10 +436,11 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     int64_t correct = 0;
     ddp_error e = {0};
     c->n = 0; /* no logits until this forward has them */
-    if ((!m->resident && ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, &e) != DDP_OK) ||
-        ddp__cuda_cls_forward(c->cu, &db, &loss_sum, &correct, c->logits_host, &e) != DDP_OK ||
+    if ((!m->resident &&
+         ddp__cuda_cls_upload(c->res.cls, c->res.pdata, c->res.bdata, &e) != DDP_OK) ||
+        ddp__cuda_cls_forward(c->res.cls, &db, &loss_sum, &correct, c->logits_host, &e) != DDP_OK ||
         (!m->resident && train && m->n_buffers > 0 &&
-         ddp__cuda_cls_get_buffers(c->cu, c->bout, &e) != DDP_OK))
+         ddp__cuda_cls_get_buffers(c->res.cls, c->res.bout, &e) != DDP_OK))
         return ddp__errmsg(m->err, e.status, "%s forward on cuda: %s", m->ops->name, e.msg);
     c->n = n;
     c->train = train;
@@ -475,7 +459,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     int n = b->n;
     if (!b->x)
         return ddp__errmsg(m->err, DDP_ERR_INVALID, "forward: the batch has no inputs (x)");
-    if (c->cu)
+    if (c->res.cls)
         return forward_cuda(m, b, train, out);
     c->x = b->x;
     c->n = n;
@@ -518,60 +502,6 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     return DDP_OK;
 }
 
-/* Resident backward's ready calls from the device model: each parameter once (a second call
- * would be the module's bug: refused), passed on to the caller's ready. */
-typedef struct resident_marks {
-    ddp_model *m;
-    ddp_grad_ready_fn ready;
-    void *ctx;
-    bool *done; /* (n_params,) */
-    ddp_status st;
-} resident_marks;
-
-static ddp_status resident_mark(void *ctx, size_t i)
-{
-    resident_marks *r = ctx;
-    if (i >= r->m->n_params || r->done[i])
-        return r->st = DDP_ERR_INVALID;
-    r->done[i] = true;
-    ddp_status st = r->ready ? r->ready(r->ctx, i) : DDP_OK;
-    if (st)
-        r->st = st;
-    return st;
-}
-
-/* The resident backward: the device model adds the gradients into the bound device gradients
- * and reports each as soon as its kernels are queued; anything it did not report is reported
- * after, so that every parameter is reported once whatever the module does. */
-static ddp_status backward_resident(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
-{
-    classifier *c = m->impl;
-    ddp_error e = {0};
-    for (size_t i = 0; i < m->n_params; i++)
-        if (!c->dgrad[i])
-            return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                               "%s backward on cuda: no device gradient bound for '%s' "
-                               "(ddp_model_bind_device_grad)",
-                               m->ops->name, m->params[i].name);
-    bool *done = calloc(m->n_params ? m->n_params : 1, sizeof *done);
-    if (!done)
-        return ddp__errmsg(m->err, DDP_ERR_NOMEM, "%s backward on cuda: out of memory",
-                           m->ops->name);
-    resident_marks rm = {m, ready, ctx, done, DDP_OK};
-    ddp_status st = ddp__cuda_cls_backward_dev(c->cu, c->dgrad, resident_mark, &rm, &e);
-    for (size_t i = m->n_params; !st && i-- > 0;)
-        if (!done[i] && ready && (st = ready(ctx, i)) != DDP_OK)
-            rm.st = st;
-    free(done);
-    if (st && rm.st)
-        return ddp__errmsg(m->err, rm.st, "backward: the gradient-ready callback failed (%s)",
-                           ddp_status_str(rm.st));
-    if (st)
-        return ddp__errmsg(m->err, e.status ? e.status : st, "%s backward on cuda: %s",
-                           m->ops->name, e.msg);
-    return DDP_OK;
-}
-
 /* The backward on the device: the gradients are added into the host's, then reported ready in
  * the CPU's order (layers from the last, each layer's weight before its bias). */
 static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
@@ -579,10 +509,10 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
     classifier *c = m->impl;
     ddp_error e = {0};
     if (m->resident)
-        return backward_resident(m, ready, ctx);
+        return ddp__resident_backward(m, ready, ctx);
     for (size_t i = 0; i < m->n_params; i++)
-        c->pgrad[i] = m->params[i].grad;
-    if (ddp__cuda_cls_backward(c->cu, c->pgrad, &e) != DDP_OK)
+        c->res.pgrad[i] = m->params[i].grad;
+    if (ddp__cuda_cls_backward(c->res.cls, c->res.pgrad, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "%s backward on cuda: %s", m->ops->name, e.msg);
     for (int i = c->nl - 1; i >= 0; i--)
         for (int k = 0; ready && k < c->L[i].np; k++) {
@@ -599,7 +529,7 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
 static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     classifier *c = m->impl;
-    if (c->cu)
+    if (c->res.cls)
         return backward_cuda(m, ready, ctx);
     int n = c->n;
     bool train = c->train;
@@ -657,7 +587,7 @@ static const float *logits(const ddp_model *m, size_t *rows, size_t *cols)
         return NULL;
     *rows = (size_t)c->n;
     *cols = (size_t)c->classes;
-    return c->cu ? c->logits_host : c->L[c->nl - 1].y;
+    return c->res.cls ? c->logits_host : c->L[c->nl - 1].y;
 }
 
 /* 6 × the forward's multiply-adds per sample (a MAC is 2 FLOPs, the backward costs twice the
@@ -679,141 +609,7 @@ static double flops(const ddp_model *m, int seq_len)
     return 6.0 * macs;
 }
 
-/* ---- device-resident training (ddp/model.h; the device side is kernels/cuda/classifier.cu) -- */
-
-/* The device arrays of the parameters and buffers, and the stream, as the module has them now. */
-static ddp_status resident_info(ddp_model *m, ddp_error *err)
-{
-    classifier *c = m->impl;
-    return ddp__cuda_cls_dev_info(c->cu, c->dparam, c->dbuf, &c->stream, err);
-}
-
-/* The parameters and buffers go up once, from the host's arrays (a checkpoint loaded into them,
- * or the initial values); the optimizer's state is made on the device, zeroed. */
-static ddp_status resident_start(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err)
-{
-    classifier *c = m->impl;
-    if (!c->cu)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "%s: device-resident training needs a model built with device cuda",
-                        m->ops->name);
-    if (opts->kind != DDP_OPTIM_SGD && opts->kind != DDP_OPTIM_ADAMW)
-        return ddp__err(err, DDP_ERR_INVALID, "%s: optimizer kind %d is not known", m->ops->name,
-                        (int)opts->kind);
-    for (size_t i = 0; i < m->n_params; i++)
-        c->pdata[i] = m->params[i].data;
-    for (size_t j = 0; j < m->n_buffers; j++)
-        c->bdata[j] = m->buffers[j].data;
-    ddp_status st;
-    if ((st = ddp__cuda_cls_upload(c->cu, c->pdata, c->bdata, err)) ||
-        (st = ddp__cuda_cls_optim_init(c->cu, opts->kind == DDP_OPTIM_ADAMW ? 2 : 1, err)) ||
-        (st = resident_info(m, err)))
-        return st;
-    c->oo = *opts;
-    return DDP_OK;
-}
-
-static float *resident_param(const ddp_model *m, size_t i)
-{
-    const classifier *c = m->impl;
-    return c->dparam[i];
-}
-
-static float *resident_buffer(const ddp_model *m, size_t j)
-{
-    const classifier *c = m->impl;
-    return c->dbuf[j];
-}
-
-static void *resident_stream(const ddp_model *m)
-{
-    const classifier *c = m->impl;
-    return c->cu ? c->stream : NULL;
-}
-
-static void resident_bind_grad(ddp_model *m, size_t i, float *grad_dev)
-{
-    classifier *c = m->impl;
-    c->dgrad[i] = grad_dev;
-}
-
-static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
-                                float lr, float grad_scale)
-{
-    classifier *c = m->impl;
-    ddp__cuda_optim_args a;
-    ddp_status st =
-        ddp__resident_optim_args(m, &c->oo, c->dgrad[i], i, lo, hi, step, lr, grad_scale, &a);
-    if (st != DDP_OK)
-        return st;
-    ddp_error e = {0};
-    if (ddp__cuda_cls_optim_step(c->cu, &a, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);
-    return DDP_OK;
-}
-
-/* Parameters, running statistics and (with opt) the optimizer's state, between the device and
- * the host's arrays (the list's data, the buffers' data, opt's state). */
-static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_host)
-{
-    classifier *c = m->impl;
-    ddp_error e = {0};
-    for (size_t i = 0; i < m->n_params; i++)
-        c->pgrad[i] = m->params[i].data; /* the host's value arrays, writable */
-    for (size_t j = 0; j < m->n_buffers; j++)
-        c->bout[j] = m->buffers[j].data;
-    int want = c->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1;
-    int ns = opt ? ddp_optim_num_states(opt) : 0;
-    if (opt && ns != want)
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "sync: the optimizer has %d state arrays, the device's %d: another "
-                           "kind of optimizer",
-                           ns, want);
-    ddp_status st = to_host ? ddp__cuda_cls_get_params(c->cu, c->pgrad, &e)
-                            : ddp__cuda_cls_upload(c->cu, (const float *const *)c->pgrad,
-                                                   (const float *const *)c->bout, &e);
-    if (!st && to_host && m->n_buffers > 0)
-        st = ddp__cuda_cls_get_buffers(c->cu, c->bout, &e);
-    for (int s = 0; s < ns && !st; s++)
-        st = ddp__cuda_cls_optim_state(c->cu, s, ddp_optim_state(opt, s), to_host, &e);
-    if (st)
-        return ddp__errmsg(m->err, st, "copying the training state %s the GPU: %s",
-                           to_host ? "from" : "to", e.msg);
-    return DDP_OK;
-}
-
-/* The parameters' device arrays become params_dev's (or the module's own again: NULL). */
-static ddp_status resident_bind_params(ddp_model *m, float *const *params_dev)
-{
-    classifier *c = m->impl;
-    ddp_error e = {0};
-    if (ddp__cuda_cls_bind_params(c->cu, params_dev, &e) != DDP_OK || resident_info(m, &e))
-        return ddp__errmsg(m->err, e.status, "binding the parameters on the GPU: %s", e.msg);
-    return DDP_OK;
-}
-
-static ddp_status resident_state(ddp_model *m, int s, float **dev)
-{
-    classifier *c = m->impl;
-    ddp_error e = {0};
-    if (ddp__cuda_cls_state_dev(c->cu, s, dev, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "the optimizer's state on the GPU: %s", e.msg);
-    return DDP_OK;
-}
-
-static const ddp_model_resident_ops cls_resident = {
-    .start = resident_start,
-    .param = resident_param,
-    .buffer = resident_buffer,
-    .stream = resident_stream,
-    .bind_grad = resident_bind_grad,
-    .step = resident_step,
-    .bind_params = resident_bind_params,
-    .state = resident_state,
-    .sync = resident_sync,
-};
-
 const ddp_model_ops ddp__mlp_ops = {"mlp",    build_mlp, free_classifier, forward,
-                                    backward, logits,    flops,           &cls_resident};
+                                    backward, logits,    flops,           &ddp__resident_ops};
 const ddp_model_ops ddp__cnn_ops = {"cnn",    build_cnn, free_classifier, forward,
-                                    backward, logits,    flops,           &cls_resident};
+                                    backward, logits,    flops,           &ddp__resident_ops};

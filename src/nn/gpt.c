@@ -98,14 +98,8 @@ typedef struct gpt {
     size_t logit_rows; /* rows of logits valid; 0: none (none yet, or they hold the gradient) */
     /* device cuda (kernels/cuda/gpt.cu): the forward and backward run there; the host keeps
      * the parameters, gradients (the list's, as for the CPU) and logits; no host activations */
-    ddp__cuda_gpt *cu;
-    const float **pdata; /* (n_params,) the parameters' current host arrays, for the upload */
-    float **pgrad;       /* (n_params,) their gradients, for the download */
-    /* device-resident training (m->resident): the parameters' device arrays, the device
-     * gradients backward adds into (bound by the caller), the optimizer's settings */
-    float **dparam, **dgrad;
-    void *stream; /* the device model's cudaStream_t */
-    ddp_optim_opts oo;
+    ddp__resident res; /* the device's model; the parameters' host arrays handed to it (pdata
+                          for the upload, pgrad for the download); resident training's state */
 } gpt;
 
 static float *P(const ddp_model *m, int i)
@@ -271,9 +265,9 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
     gpt *g = m->impl;
     size_t n = m->n_params;
     size_t *counts = malloc(sizeof(size_t) * n);
-    g->pdata = malloc(sizeof(*g->pdata) * n);
-    g->pgrad = malloc(sizeof(*g->pgrad) * n);
-    if (!counts || !g->pdata || !g->pgrad ||
+    g->res.pdata = malloc(sizeof(*g->res.pdata) * n);
+    g->res.pgrad = malloc(sizeof(*g->res.pgrad) * n);
+    if (!counts || !g->res.pdata || !g->res.pgrad ||
         !alloc(&g->logits, (size_t)g->B * g->Tmax * (size_t)g->V, sizeof(float))) {
         free(counts);
         return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory for the logits");
@@ -284,14 +278,11 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
                              g->Tmax, g->V,    g->B,
                              g->bias, spec->device_index, spec->precision,
                              g->p,    g->seed};
-    ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->cu, err);
+    ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->res.gpt, err);
     free(counts);
     if (st)
         return st;
-    if (!(g->dparam = calloc(n ? n : 1, sizeof *g->dparam)) ||
-        !(g->dgrad = calloc(n ? n : 1, sizeof *g->dgrad)))
-        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory");
-    return ddp__cuda_gpt_dev_info(g->cu, g->dparam, &g->stream, err);
+    return ddp__resident_init(m, err);
 }
 
 static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
@@ -303,6 +294,7 @@ static ddp_status build(ddp_model *m, const ddp_model_spec *spec, ddp_error *err
     if (!g)
         return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory building the model");
     m->impl = g;
+    m->res = &g->res;
     g->L = spec->n_layer;
     g->nh = spec->n_head;
     g->C = spec->n_embd;
@@ -347,13 +339,11 @@ static void free_gpt(ddp_model *m)
                     g->dbig,     g->ftmp,   g->hrow,         g->wh,     g->dyh};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
-    ddp__cuda_gpt_free(g->cu);
-    free(g->pdata);
-    free(g->pgrad);
-    free(g->dparam);
-    free(g->dgrad);
+    ddp__cuda_gpt_free(g->res.gpt);
+    ddp__resident_free(&g->res);
     free(g);
     m->impl = NULL;
+    m->res = NULL;
 }
 
 /* Every token and target before any work, so a bad batch changes nothing. */
@@ -456,15 +446,15 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     gpt *g = m->impl;
     ddp_error e = {0};
     for (size_t i = 0; i < m->n_params; i++)
-        g->pdata[i] = m->params[i].data;
+        g->res.pdata[i] = m->params[i].data;
     bool last = !train && !b->targets && b->last_logits;
     double loss_sum = 0;
     int count = 0;
     int64_t correct = 0;
     float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
-    if ((!m->resident && ddp__cuda_gpt_set_params(g->cu, g->pdata, &e) != DDP_OK) ||
-        ddp__cuda_gpt_forward(g->cu, b->tokens, b->targets, b->n, b->seq_len, train, last, scale,
-                              b->step, b->sample_offset, &loss_sum, &count, &correct,
+    if ((!m->resident && ddp__cuda_gpt_set_params(g->res.gpt, g->res.pdata, &e) != DDP_OK) ||
+        ddp__cuda_gpt_forward(g->res.gpt, b->tokens, b->targets, b->n, b->seq_len, train, last,
+                              scale, b->step, b->sample_offset, &loss_sum, &count, &correct,
                               train ? NULL : g->logits, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
     if (!train)
@@ -501,7 +491,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     g->sample_offset = b->sample_offset;
     g->logit_rows = 0;
     ddp_error e = {0};
-    if (g->cu)
+    if (g->res.gpt)
         return forward_cuda(m, b, train, out);
 
     if (ddp_nn_embedding_forward(b->tokens, P(m, g->p_wte), P(m, g->p_wpe), n, T, C, g->V, g->Tmax,
@@ -618,28 +608,6 @@ static ddp_status mark(ddp_model *m, ddp_grad_ready_fn ready, void *ctx, int n, 
     return DDP_OK;
 }
 
-/* Resident backward's ready calls from the device model: each parameter once (a second call
- * would be the module's bug: refused), passed on to the caller's ready. */
-typedef struct resident_marks {
-    ddp_model *m;
-    ddp_grad_ready_fn ready;
-    void *ctx;
-    bool *done; /* (n_params,) */
-    ddp_status st;
-} resident_marks;
-
-static ddp_status resident_mark(void *ctx, size_t i)
-{
-    resident_marks *r = ctx;
-    if (i >= r->m->n_params || r->done[i])
-        return r->st = DDP_ERR_INVALID;
-    r->done[i] = true;
-    ddp_status st = r->ready ? r->ready(r->ctx, i) : DDP_OK;
-    if (st)
-        r->st = st;
-    return st;
-}
-
 /* The backward on the device. Host-driven: the gradients are added into the host's, then
  * reported ready in the CPU's order (the reverse of the list's). Resident: the device model adds
  * them into the bound device gradients and reports each as soon as its kernels are queued (then
@@ -648,34 +616,12 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
 {
     gpt *g = m->impl;
     ddp_error e = {0};
-    if (m->resident) {
-        for (size_t i = 0; i < m->n_params; i++)
-            if (!g->dgrad[i])
-                return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                                   "gpt backward on cuda: no device gradient bound for '%s' "
-                                   "(ddp_model_bind_device_grad)",
-                                   m->params[i].name);
-        bool *done = calloc(m->n_params, sizeof *done);
-        if (!done)
-            return ddp__errmsg(m->err, DDP_ERR_NOMEM, "gpt backward on cuda: out of memory");
-        resident_marks rm = {m, ready, ctx, done, DDP_OK};
-        ddp_status st = ddp__cuda_gpt_backward_dev(g->cu, g->dgrad, resident_mark, &rm, &e);
-        for (size_t i = m->n_params; !st && i-- > 0;)
-            if (!done[i])
-                st = mark(m, ready, ctx, 1, (const int[]){(int)i});
-        free(done);
-        if (st && rm.st)
-            return ddp__errmsg(m->err, rm.st, "backward: the gradient-ready callback failed (%s)",
-                               ddp_status_str(rm.st));
-        if (st && e.status)
-            return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
-        return st;
-    } else {
-        for (size_t i = 0; i < m->n_params; i++)
-            g->pgrad[i] = m->params[i].grad;
-        if (ddp__cuda_gpt_backward(g->cu, g->pgrad, &e) != DDP_OK)
-            return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
-    }
+    if (m->resident)
+        return ddp__resident_backward(m, ready, ctx);
+    for (size_t i = 0; i < m->n_params; i++)
+        g->res.pgrad[i] = m->params[i].grad;
+    if (ddp__cuda_gpt_backward(g->res.gpt, g->res.pgrad, &e) != DDP_OK)
+        return ddp__errmsg(m->err, e.status, "gpt backward on cuda: %s", e.msg);
     for (size_t i = m->n_params; i-- > 0;) {
         ddp_status st = mark(m, ready, ctx, 1, (const int[]){(int)i});
         if (st != DDP_OK)
@@ -687,7 +633,7 @@ static ddp_status backward_cuda(ddp_model *m, ddp_grad_ready_fn ready, void *ctx
 static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
 {
     gpt *g = m->impl;
-    if (g->cu)
+    if (g->res.gpt)
         return backward_cuda(m, ready, ctx);
     const int n = g->n, T = g->T, C = g->C, N = n * T, nh = g->nh;
     const size_t NC = (size_t)N * C;
@@ -795,112 +741,5 @@ static double flops(const ddp_model *m, int seq_len)
     return T * (6.0 * N + 12.0 * g->L * (double)g->C * T);
 }
 
-/* ---- device-resident training (ddp/model.h; the device side is kernels/cuda/gpt.cu) --------- */
-
-static ddp_status resident_start(ddp_model *m, const struct ddp_optim_opts *opts, ddp_error *err)
-{
-    gpt *g = m->impl;
-    if (!g->cu)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "gpt: device-resident training needs a model built with device cuda");
-    if (opts->kind != DDP_OPTIM_SGD && opts->kind != DDP_OPTIM_ADAMW)
-        return ddp__err(err, DDP_ERR_INVALID, "gpt: optimizer kind %d is not known",
-                        (int)opts->kind);
-    for (size_t i = 0; i < m->n_params; i++)
-        g->pdata[i] = m->params[i].data;
-    ddp_status st;
-    if ((st = ddp__cuda_gpt_set_params(g->cu, g->pdata, err)) ||
-        (st = ddp__cuda_gpt_optim_init(g->cu, opts->kind == DDP_OPTIM_ADAMW ? 2 : 1, err)))
-        return st;
-    g->oo = *opts;
-    return DDP_OK;
-}
-
-static float *resident_param(const ddp_model *m, size_t i)
-{
-    const gpt *g = m->impl;
-    return g->dparam[i];
-}
-
-static void *resident_stream(const ddp_model *m)
-{
-    const gpt *g = m->impl;
-    return g->cu ? g->stream : NULL;
-}
-
-static void resident_bind_grad(ddp_model *m, size_t i, float *grad_dev)
-{
-    gpt *g = m->impl;
-    g->dgrad[i] = grad_dev;
-}
-
-static ddp_status resident_step(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
-                                float lr, float grad_scale)
-{
-    gpt *g = m->impl;
-    ddp__cuda_optim_args a;
-    ddp_status st =
-        ddp__resident_optim_args(m, &g->oo, g->dgrad[i], i, lo, hi, step, lr, grad_scale, &a);
-    if (st != DDP_OK)
-        return st;
-    ddp_error e = {0};
-    if (ddp__cuda_gpt_optim_step(g->cu, &a, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "optimizer step on cuda: %s", e.msg);
-    return DDP_OK;
-}
-
-static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_host)
-{
-    gpt *g = m->impl;
-    ddp_error e = {0};
-    for (size_t i = 0; i < m->n_params; i++)
-        g->pgrad[i] = m->params[i].data; /* the host's value arrays, writable */
-    ddp_status st = to_host ? ddp__cuda_gpt_get_params(g->cu, g->pgrad, &e)
-                            : ddp__cuda_gpt_set_params(g->cu, (const float *const *)g->pgrad, &e);
-    int ns = opt ? ddp_optim_num_states(opt) : 0;
-    if (!st && opt && ns != (g->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1))
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "sync: the optimizer has %d state arrays, the device's %d: another "
-                           "kind of optimizer",
-                           ns, g->oo.kind == DDP_OPTIM_ADAMW ? 2 : 1);
-    for (int s = 0; s < ns && !st; s++)
-        st = ddp__cuda_gpt_optim_state(g->cu, s, ddp_optim_state(opt, s), to_host, &e);
-    if (st)
-        return ddp__errmsg(m->err, st, "copying the training state %s the GPU: %s",
-                           to_host ? "from" : "to", e.msg);
-    return DDP_OK;
-}
-
-/* The parameters' device arrays become params_dev's (or the module's own again: NULL). */
-static ddp_status resident_bind_params(ddp_model *m, float *const *params_dev)
-{
-    gpt *g = m->impl;
-    ddp_error e = {0};
-    if (ddp__cuda_gpt_bind_params(g->cu, params_dev, &e) != DDP_OK ||
-        ddp__cuda_gpt_dev_info(g->cu, g->dparam, &g->stream, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "binding the parameters on the GPU: %s", e.msg);
-    return DDP_OK;
-}
-
-static ddp_status resident_state(ddp_model *m, int s, float **dev)
-{
-    gpt *g = m->impl;
-    ddp_error e = {0};
-    if (ddp__cuda_gpt_state_dev(g->cu, s, dev, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "the optimizer's state on the GPU: %s", e.msg);
-    return DDP_OK;
-}
-
-static const ddp_model_resident_ops gpt_resident = {
-    .start = resident_start,
-    .param = resident_param,
-    .stream = resident_stream,
-    .bind_grad = resident_bind_grad,
-    .step = resident_step,
-    .bind_params = resident_bind_params,
-    .state = resident_state,
-    .sync = resident_sync,
-};
-
 const ddp_model_ops ddp__gpt_ops = {"gpt",    build,  free_gpt, forward,
-                                    backward, logits, flops,    &gpt_resident};
+                                    backward, logits, flops,    &ddp__resident_ops};

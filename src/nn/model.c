@@ -72,32 +72,6 @@ out_nomem:
     return ddp__err(err, DDP_ERR_NOMEM, "out of memory for parameter '%s'", name);
 }
 
-ddp_status ddp__resident_optim_args(ddp_model *m, const struct ddp_optim_opts *oo,
-                                    const float *grad_dev, size_t i, size_t lo, size_t hi,
-                                    uint64_t step, float lr, float grad_scale,
-                                    ddp__cuda_optim_args *a)
-{
-    if (!grad_dev)
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "device_step: no device gradient bound for '%s'", m->params[i].name);
-    *a = (ddp__cuda_optim_args){
-        .adamw = oo->kind == DDP_OPTIM_ADAMW,
-        .i = i,
-        .lo = lo,
-        .hi = hi,
-        .grad_dev = grad_dev,
-        .step = step,
-        .lr = lr,
-        .grad_scale = grad_scale,
-        .momentum = oo->momentum,
-        .beta1 = oo->beta1,
-        .beta2 = oo->beta2,
-        .eps = oo->eps,
-        .weight_decay = m->params[i].decay ? oo->weight_decay : 0.0f,
-    };
-    return DDP_OK;
-}
-
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err)
 {

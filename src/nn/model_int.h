@@ -10,6 +10,7 @@
 #define DDP_NN_MODEL_INT_H
 
 #include "ddp/model.h"
+#include "ddp/optim.h"
 #include "kernels/kernels.h"
 #include "util/util.h"
 
@@ -63,6 +64,8 @@ struct ddp_model {
                           item counted (gpt: every target −1), so that backward may run (and add
                           zeros); cleared before each forward */
     char err[DDP_ERRMSG_MAX];
+
+    struct ddp__resident *res; /* the type's device-model state (resident.c), or NULL */
 };
 
 /* Appends a parameter called name (copied) of shape (ndim dims), values zeroed in memory the
@@ -73,13 +76,35 @@ ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const 
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err);
 
-/* A resident model's optimizer step for parameter i, elements [lo, hi), as the device's AdamW/SGD
- * kernels take it (kernels.h): oo the model's optimizer options, grad_dev the gradient bound to
- * it (ddp_model_bind_device_grad; NULL: a clear error). */
-ddp_status ddp__resident_optim_args(ddp_model *m, const struct ddp_optim_opts *oo,
-                                    const float *grad_dev, size_t i, size_t lo, size_t hi,
-                                    uint64_t step, float lr, float grad_scale,
-                                    ddp__cuda_optim_args *a);
+/* The host side of a type's device model (device cuda), shared by the types that have one
+ * (resident.c): embedded in the type's impl, pointed at by m->res from build on. Exactly one of
+ * cls and gpt is set once the device model is made (neither on the CPU); which one picks the
+ * kernels.h entry points that resident.c calls. The arrays are the type's to fill before each
+ * call into the device model; ddp__resident_free releases them (not the device model). */
+typedef struct ddp__resident {
+    ddp__cuda_cls *cls;           /* the MLP's or CNN's device model, owned by the type */
+    ddp__cuda_gpt *gpt;           /* the GPT's, owned by the type */
+    const float **pdata, **bdata; /* (n_params,), (n_buffers,) host arrays for an upload */
+    float **pgrad, **bout;        /* (n_params,), (n_buffers,) host arrays for a download */
+    /* device-resident training (m->resident): the parameters' and buffers' device arrays, the
+     * device gradients backward adds into (bound by the caller), the optimizer's settings */
+    float **dparam, **dbuf, **dgrad;
+    void *stream; /* the device model's cudaStream_t */
+    ddp_optim_opts oo;
+} ddp__resident;
+
+/* After the device model is made: m->res's device arrays (allocated) and the stream, as the
+ * module has them. Errors in err; what was allocated is left for ddp__resident_free. */
+ddp_status ddp__resident_init(ddp_model *m, ddp_error *err);
+/* The host arrays of r (NULL: no-op); the device model stays the type's to free. */
+void ddp__resident_free(ddp__resident *r);
+/* A resident model's backward: the device model adds the gradients into the bound device
+ * gradients and reports each as soon as its kernels are queued; anything it did not report is
+ * reported after, so that every parameter is reported once whatever the module does. */
+ddp_status ddp__resident_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
+
+/* The resident operations of every type with a device model (through m->res). */
+extern const ddp_model_resident_ops ddp__resident_ops;
 
 extern const ddp_model_ops ddp__mlp_ops, ddp__cnn_ops, ddp__gpt_ops;
 
