@@ -4,7 +4,8 @@
  * gradients, argument checks, errors); a type does only its layers.
  *
  * Adding a type: write its ops (build, free, forward, backward, logits, flops) in its own file,
- * name the table ddp__<type>_ops, and add it to the table in model.c.
+ * name the table ddp__<type>_ops, and add it to the table in model.c. A type with a device model
+ * embeds a ddp__resident (below), points m->res at it and takes ddp__resident_ops (resident.c).
  */
 #ifndef DDP_NN_MODEL_INT_H
 #define DDP_NN_MODEL_INT_H
