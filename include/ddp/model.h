@@ -290,7 +290,7 @@ ddp_status ddp_model_bind_device_params(ddp_model *m, float *const *params_dev);
 ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev);
 /* Device → host: the parameters into the list's data arrays (the buffers into theirs) and, with
  * opt (NULL: none), the device optimizer's state into opt's state arrays (ddp_optim_state; opt
- * of the same kind).
+ * of the same kind: another kind is DDP_ERR_INVALID, and nothing is copied).
  * Host → device: the same the other way. Both wait for the copies. */
 ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt);
 ddp_status ddp_model_sync_device(ddp_model *m, struct ddp_optim *opt);

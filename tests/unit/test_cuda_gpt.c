@@ -14,7 +14,9 @@
  *     its gradients unscaled on the host (ddp/amp.h), tighter bounds (11 significant bits);
  *   - the fused (flash) attention against the batched one (DDP_CUDA_ATTENTION), fp32, bf16 and
  *     fp16: logits and 10 steps' losses (flash_vs_batched), and with dropout 0.2 (the same
- *     masks on both paths: flash_vs_batched_dropout).
+ *     masks on both paths: flash_vs_batched_dropout);
+ *   - device-resident: a sync with an optimizer of another kind is refused and copies nothing
+ *     (resident_sync_other_kind).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -520,6 +522,37 @@ static void flash_vs_batched_dropout(void **state)
     flash_vs_batched_on(DDP_PRECISION_FP16, 0.2f, 1.25e-2, 5e-3);
 }
 
+/* Device-resident with AdamW: sync_host and sync_device with an optimizer of another kind (SGD,
+ * one state array) are refused and copy nothing (the host's changed value stays, the device's
+ * too); then sync_host without an optimizer brings the device's values back. */
+static void resident_sync_other_kind(void **state)
+{
+    (void)state;
+    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    ddp_error err = {0};
+    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(m, &np);
+    ddp_optim_opts so = DDP_OPTIM_OPTS_INIT; /* SGD */
+    ddp_optim *sgd = NULL;
+    if (ddp_optim_create(&so, p, np, &sgd, &err) != DDP_OK)
+        fail_msg("%s", err.msg);
+    const float was = p[0].data[0];
+    p[0].data[0] = was + 1.0f;
+    assert_int_equal(ddp_model_sync_host(m, sgd), DDP_ERR_INVALID);
+    printf("  sync_host, another kind: %s\n", ddp_model_last_error(m));
+    assert_non_null(strstr(ddp_model_last_error(m), "another kind of optimizer"));
+    assert_true(p[0].data[0] == was + 1.0f);
+    assert_int_equal(ddp_model_sync_device(m, sgd), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_OK);
+    assert_true(p[0].data[0] == was);
+    ddp_optim_destroy(sgd);
+    ddp_model_free(m);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
@@ -535,6 +568,7 @@ int main(void)
         cmocka_unit_test(fp16_ten_steps),
         cmocka_unit_test(flash_vs_batched),
         cmocka_unit_test(flash_vs_batched_dropout),
+        cmocka_unit_test(resident_sync_other_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
