@@ -96,6 +96,17 @@ int main(int argc, char **argv)
             bf16 = true;
             continue;
         }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: ddp_mlp [--steps N] [--batch B] [--accum A] [--hidden H] [--lr X] "
+                   "[--seed S]\n"
+                   "               [--bucket_kb K] [--bf16] [--data DIR] [--dump FILE] [--quiet]\n"
+                   "  --batch is per rank; --accum micro-steps per step (no_sync between); --bf16 "
+                   "compresses\n"
+                   "  gradients on the wire; --data DIR trains on Fashion-MNIST there instead of "
+                   "synthetic data\n"
+                   "  data-parallel: ddprun --nproc_per_node=2 ddp_mlp [OPTIONS]\n");
+            return 0;
+        }
         if (!strcmp(a, "--quiet")) {
             quiet = true;
             continue;
@@ -119,7 +130,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--data"))
             data = v;
         else {
-            fprintf(stderr, "ddp_mlp: unknown option '%s'\n", a);
+            fprintf(stderr, "ddp_mlp: unknown option '%s' (ddp_mlp --help lists them)\n", a);
             return 2;
         }
         i++;

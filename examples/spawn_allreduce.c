@@ -7,8 +7,10 @@
  *   ./build/bin/spawn_allreduce 4           # four ranks on this host
  *   ./build/bin/spawn_allreduce 4 2         # the same, but rank 2 fails with exit code 3
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ddp/ddp.h"
 
@@ -55,6 +57,15 @@ static int work(const ddp_world *w, void *arg)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && (argv[1][0] < '0' || argv[1][0] > '9')) { /* --help, or not a count */
+        bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+        fprintf(help ? stdout : stderr,
+                "%susage: spawn_allreduce [RANKS [FAILING_RANK]]\n"
+                "  RANKS         workers to fork on this host (default 2)\n"
+                "  FAILING_RANK  a rank that exits with code 3, to show the others stopped\n",
+                help ? "" : "spawn_allreduce: RANKS is a number\n");
+        return help ? 0 : 2;
+    }
     int n = argc > 1 ? atoi(argv[1]) : 2;
     job j = {1 << 20, argc > 2 ? atoi(argv[2]) : -1};
     ddp_spawn_opts o = DDP_SPAWN_OPTS_INIT;

@@ -11,8 +11,10 @@
  * checkpoint code and by PyTorch). Where examples/ddp_mlp.c writes its model by hand, this one
  * takes ddp/model.h's: see docs/nn.md.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ddp/ddp.h"
 
@@ -42,6 +44,18 @@ static int fail(const char *what, const char *msg)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && argv[1][0] == '-') { /* --help, or a flag this program does not take */
+        bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+        fprintf(help ? stdout : stderr,
+                "%susage: train_mlp [DATA_DIR [STEPS [CHECKPOINT]]]\n"
+                "  DATA_DIR    Fashion-MNIST's train-{images-idx3,labels-idx1}-ubyte.gz "
+                "(default /usr/share/datasets/fashion-mnist)\n"
+                "  STEPS       training steps (default 300)\n"
+                "  CHECKPOINT  where rank 0 saves the trainer state at the end\n"
+                "  data-parallel: ddprun --nproc_per_node=2 train_mlp [ARGS]\n",
+                help ? "" : "train_mlp: takes no flags\n");
+        return help ? 0 : 2;
+    }
     const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
     uint64_t steps = argc > 2 ? strtoull(argv[2], NULL, 10) : 300;
     const char *ckpt = argc > 3 ? argv[3] : NULL;

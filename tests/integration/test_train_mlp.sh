@@ -22,3 +22,13 @@ for f in one two; do
     assert_contains $f.test "test accuracy"
 done
 ok "ddptrain evaluates the example's checkpoints"
+
+# The examples' --help (usage on stdout, exit 0) and a flag they do not take (exit 2, not a
+# data directory named '--foo').
+for ex in train_mlp spawn_allreduce ddp_mlp; do
+    "$BIN/$ex" --help >help.out 2>&1 || fail "$ex --help exited $?"
+    assert_contains help.out "usage: $ex"
+    rc=0; "$BIN/$ex" --foo >bad.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || fail "$ex --foo exited $rc, want 2"
+done
+ok "the examples answer --help with their usage and refuse a flag they do not take"
