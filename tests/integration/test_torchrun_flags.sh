@@ -20,6 +20,30 @@ d=$T/port0s; mkdir -p "$d"
 [ "$(get "$d/env.0" MASTER_PORT)" != 0 ] || fail "--standalone with localhost:0 gave port 0"
 ok "--rdzv_endpoint localhost:0 / 127.0.0.1:0 (also beside --standalone): a free port, the workers meet there (port $p0)"
 
+# IPv6 loopback, torchrun's bracketed form [::1]:PORT (and [::1], ::1 without a port), where the
+# machine has ::1
+if python3 -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then
+    for ep in "[::1]:0" "[::1]" "::1"; do
+        d=$T/v6_${#ep}; mkdir -p "$d"
+        "$DDPRUN" --rdzv_endpoint "$ep" --nproc_per_node 2 "$WORKER" rendezvous >"$T/out" 2>"$T/err" ||
+            { cat "$T/err" >&2; fail "the ranks did not meet on --rdzv_endpoint $ep"; }
+        "$DDPRUN" --rdzv_endpoint "$ep" --nproc_per_node 2 "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+            { cat "$T/err" >&2; fail "--rdzv_endpoint $ep refused"; }
+        [ "$(get "$d/env.0" MASTER_ADDR)" = ::1 ] || fail "MASTER_ADDR for $ep: $(get "$d/env.0" MASTER_ADDR)"
+    done
+    assert_contains "$T/err" "store at [::1]:"
+    ok "--rdzv_endpoint [::1]:0, [::1] and ::1: the ranks meet over IPv6 loopback, MASTER_ADDR ::1"
+else
+    echo "no IPv6 loopback here: the [::1] endpoints not run"
+fi
+for ep in "[::1" "[]:5" "[::1]x"; do
+    rc=0
+    "$DDPRUN" --rdzv_endpoint "$ep" "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--rdzv_endpoint '$ep' exited $rc, want 2"
+    assert_contains "$T/err" "an IPv6 address goes in brackets"
+done
+ok "malformed bracketed endpoints: usage errors"
+
 rc=0
 "$DDPRUN" --rdzv_endpoint 127.0.0.1:0 --nnodes 2 --node_rank 0 "$WORKER" env "$T" \
     >"$T/out" 2>"$T/err" || rc=$?

@@ -30,6 +30,10 @@
 #include "ddp/ddp.h"
 #include "ddprun.h"
 
+/* "host:port" in messages, an IPv6 address in brackets ("[::1]:29500") */
+#define HOSTF "%s%s%s:%d"
+#define HOSTA(h, p) strchr(h, ':') ? "[" : "", h, strchr(h, ':') ? "]" : "", p
+
 /* FAILED may restart; the others end the job. */
 typedef enum outcome { OK_ALL, FAILED, SIGNALED, REMOTE_STOP, STORE_LOST, AGENT_ERROR } outcome;
 
@@ -156,10 +160,10 @@ static int setup_store(agent *a)
             return -1;
         }
     } else if (o->node_rank == 0) {
-        ddprun_say("warning: DDP_STORE_TOKEN is not set, so the store on '%s:%d' accepts any "
+        ddprun_say("warning: DDP_STORE_TOKEN is not set, so the store on '" HOSTF "' accepts any "
                    "connection (as torchrun's does); export the same secret DDP_STORE_TOKEN on "
                    "every node to refuse strangers",
-                   o->master_addr, o->master_port);
+                   HOSTA(o->master_addr, o->master_port));
     }
 
     a->wd.master_port = o->master_port;
@@ -197,10 +201,10 @@ static int setup_store(agent *a)
             return -1;
         if (st != DDP_ERR_TIMEOUT || now_ms() >= give_up) {
             if (st == DDP_ERR_TIMEOUT)
-                ddprun_say("cannot reach the store of node 0 at '%s:%d' after %.0f s (last "
+                ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %.0f s (last "
                            "error: %s); start ddprun on node 0, and check --master_addr and "
                            "--master_port (or raise --rdzv_timeout)",
-                           o->master_addr, a->wd.master_port, o->rdzv_timeout, err.msg);
+                           HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg);
             else
                 ddprun_say("%s", err.msg);
             return -1;
@@ -312,11 +316,11 @@ static int rendezvous(agent *a)
             }
         }
         if (joined < o->nnodes) {
-            ddprun_say("rendezvous at '%s:%d' timed out after %.0f s (%d of %d nodes joined; "
+            ddprun_say("rendezvous at '" HOSTF "' timed out after %.0f s (%d of %d nodes joined; "
                        "missing node_rank %s); start ddprun on every node with the same --nnodes, "
                        "--master_addr and --master_port, or raise --rdzv_timeout",
-                       o->master_addr, a->wd.master_port, (double)(now_ms() - start) / 1000.0,
-                       joined, o->nnodes, missing);
+                       HOSTA(o->master_addr, a->wd.master_port),
+                       (double)(now_ms() - start) / 1000.0, joined, o->nnodes, missing);
             goto out_free;
         }
     }
@@ -760,8 +764,9 @@ static outcome run_attempt(agent *a)
                 store_lost = true;
                 if (!a->fail.set && !a->stop_signal) {
                     char msg[700];
-                    snprintf(msg, sizeof msg, "lost contact with the store on node 0 ('%s:%d'): %s",
-                             o->master_addr, a->wd.master_port, ddp_store_last_error(a->store));
+                    snprintf(
+                        msg, sizeof msg, "lost contact with the store on node 0 ('" HOSTF "'): %s",
+                        HOSTA(o->master_addr, a->wd.master_port), ddp_store_last_error(a->store));
                     record_remote_failure(a, msg);
                     stop_workers(a, SIGTERM, &kill_at);
                 }
@@ -871,10 +876,11 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             if (o->nproc > 1 && ddprun_worker_cpus(o, 0, &c))
                 snprintf(pin, sizeof pin, " (pinned, %d core%s each)", CPU_COUNT(&c),
                          CPU_COUNT(&c) == 1 ? "" : "s");
-            ddprun_say("%d worker%s on %d node%s%s, store at %s:%d, run id %s%s%s", a.wd.world_size,
-                       a.wd.world_size == 1 ? "" : "s", o->nnodes, o->nnodes == 1 ? "" : "s", pin,
-                       o->master_addr, a.wd.master_port, o->run_id,
-                       o->want_files ? ", logs in " : "", o->want_files ? o->log_dir : "");
+            ddprun_say("%d worker%s on %d node%s%s, store at " HOSTF ", run id %s%s%s",
+                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
+                       o->nnodes == 1 ? "" : "s", pin, HOSTA(o->master_addr, a.wd.master_port),
+                       o->run_id, o->want_files ? ", logs in " : "",
+                       o->want_files ? o->log_dir : "");
         }
         outcome r = run_attempt(&a);
         if (r == OK_ALL) {

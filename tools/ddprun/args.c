@@ -340,13 +340,30 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         return 0;
     }
     if (strcmp(name, "rdzv_endpoint") == 0) {
-        const char *colon = strrchr(v, ':');
-        if (!colon)
-            return copy_str(name, v, o->master_addr, sizeof o->master_addr);
+        /* HOST, HOST:PORT, an IPv6 address in brackets ([::1] or [::1]:29500, torchrun's
+         * form), or a bare IPv6 address (two colons or more: no port) */
         char host[256];
-        snprintf(host, sizeof host, "%.*s", (int)(colon - v), v);
-        if (copy_str(name, host, o->master_addr, sizeof o->master_addr) != 0)
-            return -1;
+        const char *colon;
+        if (v[0] == '[') {
+            const char *close = strchr(v, ']');
+            if (!close || close == v + 1 || (close[1] && close[1] != ':'))
+                return bad("--rdzv_endpoint '%s': an IPv6 address goes in brackets, "
+                           "e.g. '[::1]:29500'",
+                           v);
+            snprintf(host, sizeof host, "%.*s", (int)(close - v - 1), v + 1);
+            if (copy_str(name, host, o->master_addr, sizeof o->master_addr) != 0)
+                return -1;
+            if (!close[1])
+                return 0;
+            colon = close + 1;
+        } else {
+            colon = strrchr(v, ':');
+            if (!colon || strchr(v, ':') != colon)
+                return copy_str(name, v, o->master_addr, sizeof o->master_addr);
+            snprintf(host, sizeof host, "%.*s", (int)(colon - v), v);
+            if (copy_str(name, host, o->master_addr, sizeof o->master_addr) != 0)
+                return -1;
+        }
         /* Port 0 is torchrun's own spelling of "a free port" (its --standalone is
          * --rdzv_endpoint localhost:0, and its docs give that form for single-node jobs);
          * checked against --nnodes once every flag is read. */
