@@ -65,6 +65,11 @@ const char *ddp_config_origin(const ddp_config *c, const char *key);
  * checkpoints. Caller frees with free(). NULL on no memory. */
 char *ddp_config_to_yaml(const ddp_config *c);
 
+/* The Levenshtein distance between two names (insertions, deletions, substitutions), for a
+ * "did you mean" of one's own, as ddprun's for its flags; names over 63 characters are 99 apart
+ * from everything. */
+size_t ddp_config_edit_distance(const char *a, const char *b);
+
 /* Prints every key with its type, default and help, grouped by its first dotted part. */
 void ddp_config_print_help(const ddp_cfg_key *schema, size_t nkeys, FILE *out);
 

@@ -41,13 +41,12 @@ static long find_key(const ddp_cfg_key *s, size_t n, const char *name)
     return -1;
 }
 
-/* Levenshtein distance, for "did you mean". */
-static size_t edit_distance(const char *a, const char *b)
+size_t ddp_config_edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
-    if (la > 64 || lb > 64)
+    if (la > 63 || lb > 63)
         return 99;
-    size_t d[65][65];
+    size_t d[64][64];
     for (size_t i = 0; i <= la; i++)
         d[i][0] = i;
     for (size_t j = 0; j <= lb; j++)
@@ -67,7 +66,7 @@ static ddp_status unknown_key(const ddp_cfg_key *s, size_t n, const char *name, 
     size_t best = 99;
     const char *sugg = NULL;
     for (size_t i = 0; i < n; i++) {
-        size_t d = edit_distance(name, s[i].name);
+        size_t d = ddp_config_edit_distance(name, s[i].name);
         const char *dot = strrchr(s[i].name, '.');
         if (dot && strcmp(dot + 1, name) == 0)
             d = 1; /* "hidden" for "model.hidden" */

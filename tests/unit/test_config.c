@@ -309,13 +309,29 @@ static void help_lists_every_key(void **state)
     unlink(path);
 }
 
+/* The distance behind every "did you mean" (ddptrain's keys, ddprun's flags). */
+static void edit_distance(void **state)
+{
+    (void)state;
+    assert_int_equal(ddp_config_edit_distance("", ""), 0);
+    assert_int_equal(ddp_config_edit_distance("lr", "lr"), 0);
+    assert_int_equal(ddp_config_edit_distance("", "abc"), 3);
+    assert_int_equal(ddp_config_edit_distance("kitten", "sitting"), 3);
+    assert_int_equal(ddp_config_edit_distance("nprocs_per_node", "nproc_per_node"), 1);
+    assert_int_equal(ddp_config_edit_distance("master_adress", "master_addr"), 4);
+    char big[80];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_int_equal(ddp_config_edit_distance(big, "a"), 99); /* too long to weigh */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_yaml_cli),    cmocka_unit_test(errors),
         cmocka_unit_test(to_yaml_reads_back),   cmocka_unit_test(deep_nesting_refused),
         cmocka_unit_test(alias_bomb_refused),   cmocka_unit_test(long_values_whole),
-        cmocka_unit_test(help_lists_every_key),
+        cmocka_unit_test(help_lists_every_key), cmocka_unit_test(edit_distance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

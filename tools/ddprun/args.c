@@ -252,26 +252,6 @@ static const char *const switches[] = {"standalone", "no_prefix", "help",    "ve
                                        "no_python",  "module",    "use_env", "isolate_gpus",
                                        "run_path",   NULL};
 
-/* Levenshtein distance, for "did you mean" (names are under 64 characters). */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63)
-        return 99;
-    size_t d[64][64];
-    for (size_t i = 0; i <= la; i++)
-        d[i][0] = i;
-    for (size_t j = 0; j <= lb; j++)
-        d[0][j] = j;
-    for (size_t i = 1; i <= la; i++)
-        for (size_t j = 1; j <= lb; j++) {
-            size_t sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            size_t del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-    return d[la][lb];
-}
-
 /* An unknown flag: the usage error, with the closest known flag when one is near. Returns -1. */
 static int unknown_flag(const char *given, const char *name, const char *const *valued_flags,
                         const char *const *switch_flags)
@@ -281,7 +261,7 @@ static int unknown_flag(const char *given, const char *name, const char *const *
     const char *const *tables[] = {valued_flags, switch_flags};
     for (int t = 0; t < 2; t++)
         for (int i = 0; tables[t][i]; i++) {
-            size_t d = edit_distance(name, tables[t][i]);
+            size_t d = ddp_config_edit_distance(name, tables[t][i]);
             /* a prefix (--nproc for --nproc_per_node) counts as near too */
             if (strncmp(tables[t][i], name, strlen(name)) == 0 && strlen(name) >= 4)
                 d = d < 2 ? d : 2;
