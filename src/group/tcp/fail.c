@@ -221,12 +221,14 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "rank %d closed its connection during %s: it probably died",
                              be->ranks[peer], what);
-    if (e == ETIMEDOUT)
+    /* A host that vanished shows as ETIMEDOUT, or, when the kernel's neighbour resolution gave
+     * up first while it retransmitted, as the "unreachable" it recorded: the same failure. */
+    if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH || e == EHOSTDOWN)
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "rank %d stopped answering on the network (no reply to TCP keepalive "
                              "within %d s) before %s finished: its host may be down or cut "
-                             "off; check that host and the network between",
-                             be->ranks[peer], be->ka_bound_s, what);
+                             "off (%s); check that host and the network between",
+                             be->ranks[peer], be->ka_bound_s, what, strerror(e));
     return ddp__tcp_fail(be, f, DDP_ERR_NETWORK, "connection with rank %d failed during %s: %s",
                          be->ranks[peer], what, strerror(e));
 }
