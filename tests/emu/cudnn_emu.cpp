@@ -22,7 +22,8 @@
  *    the gpu_emu tests run: the caller set the descriptor to a math type the heuristic did not
  *    pair with that algorithm. DDP_EMU_CUDNN_REFUSE ("fwd:1,data:1,filter:1" by default; "none")
  *    lists algorithms refused at run time with NOT_SUPPORTED_SHAPE (3002), so that the caller's
- *    pass to the next algorithm runs. A workspace smaller than the algorithm's is BAD_PARAM.
+ *    pass to the next algorithm runs; DDP_EMU_CUDNN_REFUSE_QUERY (same form, none by default)
+ *    those refused already by the workspace-size queries, as cuDNN may. A workspace smaller than the algorithm's is BAD_PARAM.
  *  - arithmetic: naive loops accumulated in double, alpha and beta applied in fp32 (beta 0: the
  *    output is not read), each result rounded once to the output's type (fp16 past 65504: inf);
  *    FLOAT data under a tensor-op algorithm with a math type other than FMA has its inputs
@@ -385,12 +386,13 @@ static bool env_flag(const char *name)
     const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
 }
-/* Whether DDP_EMU_CUDNN_REFUSE lists (d, algo). */
-static bool refused_by_env(dir d, int algo)
+/* Whether the list in the environment variable `name` (DDP_EMU_CUDNN_REFUSE, whose default is
+ * `dflt`, or DDP_EMU_CUDNN_REFUSE_QUERY, none by default) names (d, algo). */
+static bool refused_by_env(const char *name, const char *dflt, dir d, int algo)
 {
-    const char *v = getenv("DDP_EMU_CUDNN_REFUSE");
+    const char *v = getenv(name);
     if (!v)
-        v = "fwd:1,data:1,filter:1";
+        v = dflt;
     char want[32];
     snprintf(want, sizeof want, "%s:%d", dir_key[d], algo);
     size_t n = strlen(want);
@@ -520,6 +522,8 @@ static cudnnStatus_t ws_query(const char *call, dir d, cudnnHandle_t h, const ge
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
     if ((s = check_algo(call, d, algo, g)))
         return s;
+    if (refused_by_env("DDP_EMU_CUDNN_REFUSE_QUERY", "", d, algo))
+        return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
     *bytes = workspace_of(d, algo, g);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -601,7 +605,7 @@ static cudnnStatus_t conv(dir d, cudnnHandle_t h, const void *alpha, const geom 
     need_dev(call, d == FWD ? "y" : "dy", d == FWD ? (const void *)out : y, elems(g.y) * es);
     if ((uintptr_t)x % es || (uintptr_t)w % es || (uintptr_t)y % es || (uintptr_t)out % es)
         return CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER;
-    if (refused_by_env(d, algo))
+    if (refused_by_env("DDP_EMU_CUDNN_REFUSE", "fwd:1,data:1,filter:1", d, algo))
         return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
     /* alpha, beta: float for FLOAT/HALF compute, as cuDNN's scaling parameters */
     const float a = *(const float *)alpha, b = *(const float *)beta;

@@ -583,6 +583,25 @@ static ddp_status set_batch(dlayer *l, int n, ddp_error *err)
     return DDP_OK;
 }
 
+/* cuDNN's answer to an algorithm it will not run here (at this batch, with this math type), or
+ * one wanting more workspace than was allocated (ws_check's case, mapped to it by the callers):
+ * the convolution then moves on, for good, to the next algorithm of its list (algo_list), the
+ * last being algorithm 0, which needs little or no workspace. */
+static bool refused(cudnnStatus_t s)
+{
+    /* cuDNN 9 answers with detailed codes inside each category (3002 NOT_SUPPORTED_SHAPE, …);
+     * the library and driver codes of the not-supported category (a sub-library missing, the
+     * wrong architecture or runtime) are not an algorithm's fault and stay errors. */
+#ifdef CUDNN_STATUS_CATEGORY
+    int c = (int)CUDNN_STATUS_CATEGORY((int)s);
+    if (c == (int)CUDNN_STATUS_NOT_SUPPORTED)
+        return !(s >= 3005 && s <= 3009);
+    return c == (int)CUDNN_STATUS_BAD_PARAM;
+#else
+    return s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM;
+#endif
+}
+
 /* The list of algorithms to try (algo_list) from cuDNN's heuristic answer; `math` is the
  * precision's own math type, algorithm 0's. */
 template <typename Perf>
@@ -611,6 +630,25 @@ static void pick(algo_list *a, const Perf *perf, int found, bool fp32, cudnnMath
 static cudnnStatus_t use_math(dlayer *l, const algo_list *a)
 {
     return dnn.cudnnSetConvolutionMathType(l->cd, a->math[a->cur]);
+}
+
+/* The workspace a's current algorithm wants (query(algo, &bytes) under its math type). One whose
+ * query cuDNN refuses here (refused) is passed over for good, as a step passes over one refused
+ * at run time; an error, or a refusal of the list's last, stays the caller's error. */
+template <typename Query>
+static ddp_status first_size(dlayer *l, algo_list *a, Query query, const char *what, size_t *bytes,
+                             ddp_error *err)
+{
+    for (;;) {
+        cudnnStatus_t s = use_math(l, a);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = query(a->algo[a->cur], bytes);
+        if (s == CUDNN_STATUS_SUCCESS)
+            return DDP_OK;
+        if (!refused(s) || a->cur + 1 >= a->n)
+            return dnn_check(s, what, err);
+        a->cur++;
+    }
 }
 
 /* A conv layer's descriptors (for max_batch) and its three algorithms; *ws grows to the largest
@@ -676,23 +714,24 @@ static ddp_status setup_conv(ddp__cuda_cls *g, dlayer *l, size_t *ws, ddp_error 
     pick(&l->fwd, fp, nf, fp32, math);
     pick(&l->bwd_data, dp, nd, fp32, math);
     pick(&l->bwd_filter, wp, nw, fp32, math);
-    /* the sizes of the first choices, each under its math type (the heuristic's figure may be
-     * an estimate); a later choice that wants more is refused by ws_check's test and passed */
-    if ((st = dnn_check(use_math(l, &l->fwd), "convolution math type", err)) ||
-        (st = dnn_check(dnn.cudnnGetConvolutionForwardWorkspaceSize(
-                            g->dnn, l->xd, l->wd, l->cd, l->yd,
-                            (cudnnConvolutionFwdAlgo_t)l->fwd.algo[0], &b1),
-                        "forward workspace size", err)) ||
-        (st = dnn_check(use_math(l, &l->bwd_data), "convolution math type", err)) ||
-        (st = dnn_check(dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
-                            g->dnn, l->wd, l->yd, l->cd, l->xd,
-                            (cudnnConvolutionBwdDataAlgo_t)l->bwd_data.algo[0], &b2),
-                        "backward-data workspace size", err)) ||
-        (st = dnn_check(use_math(l, &l->bwd_filter), "convolution math type", err)) ||
-        (st = dnn_check(dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                            g->dnn, l->xd, l->yd, l->cd, l->wd,
-                            (cudnnConvolutionBwdFilterAlgo_t)l->bwd_filter.algo[0], &b3),
-                        "backward-filter workspace size", err)))
+    /* the sizes of the first choices cuDNN sizes here, each under its math type (the
+     * heuristic's figure may be an estimate); a later choice that wants more is refused by
+     * ws_check's test and passed */
+    auto fq = [&](int a, size_t *b) {
+        return dnn.cudnnGetConvolutionForwardWorkspaceSize(g->dnn, l->xd, l->wd, l->cd, l->yd,
+                                                           (cudnnConvolutionFwdAlgo_t)a, b);
+    };
+    auto dq = [&](int a, size_t *b) {
+        return dnn.cudnnGetConvolutionBackwardDataWorkspaceSize(
+            g->dnn, l->wd, l->yd, l->cd, l->xd, (cudnnConvolutionBwdDataAlgo_t)a, b);
+    };
+    auto wq = [&](int a, size_t *b) {
+        return dnn.cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            g->dnn, l->xd, l->yd, l->cd, l->wd, (cudnnConvolutionBwdFilterAlgo_t)a, b);
+    };
+    if ((st = first_size(l, &l->fwd, fq, "forward workspace size", &b1, err)) ||
+        (st = first_size(l, &l->bwd_data, dq, "backward-data workspace size", &b2, err)) ||
+        (st = first_size(l, &l->bwd_filter, wq, "backward-filter workspace size", &b3, err)))
         return st;
     size_t most = b1 > b2 ? b1 : b2;
     most = most > b3 ? most : b3;
@@ -888,25 +927,6 @@ extern "C" ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *b
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */
-
-/* cuDNN's answer to an algorithm it will not run here (at this batch, with this math type), or
- * one wanting more workspace than was allocated (ws_check's case, mapped to it by the callers):
- * the convolution then moves on, for good, to the next algorithm of its list (algo_list), the
- * last being algorithm 0, which needs little or no workspace. */
-static bool refused(cudnnStatus_t s)
-{
-    /* cuDNN 9 answers with detailed codes inside each category (3002 NOT_SUPPORTED_SHAPE, …);
-     * the library and driver codes of the not-supported category (a sub-library missing, the
-     * wrong architecture or runtime) are not an algorithm's fault and stay errors. */
-#ifdef CUDNN_STATUS_CATEGORY
-    int c = (int)CUDNN_STATUS_CATEGORY((int)s);
-    if (c == (int)CUDNN_STATUS_NOT_SUPPORTED)
-        return !(s >= 3005 && s <= 3009);
-    return c == (int)CUDNN_STATUS_BAD_PARAM;
-#else
-    return s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM;
-#endif
-}
 
 /* An algorithm's workspace for this batch, checked against what create allocated. */
 static ddp_status ws_check(ddp__cuda_cls *g, size_t need, const char *what, ddp_error *err)
