@@ -1387,7 +1387,11 @@ extern "C" ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *c
 extern "C" ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev,
                                                ddp_error *err)
 {
-    return ddp__cuda_resident_bind_params(&g->res, params_dev, err);
+    ddp_status st = ddp__cuda_resident_bind_params(&g->res, params_dev, err);
+    /* bound, round_h rounds tensor by tensor: the twin's padding zeroed here, as the GPT's */
+    if (!st && params_dev && g->half)
+        st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err);
+    return st;
 }
 
 extern "C" ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
