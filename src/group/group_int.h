@@ -105,6 +105,7 @@ typedef struct ddp__members {
     const char *run_id;      /* the job's id, for naming shared memory */
     const char *token;       /* the job's store token: data connections must show it too */
     const char *master_addr; /* the store's host: tcp picks the local interface toward it */
+    const char *local_addr;  /* DDP_LOCAL_ADDR: tcp's address instead, when not empty */
 } ddp__members;
 
 /* Failure report of a backend: status, message, and which members did not arrive. */

@@ -91,7 +91,8 @@ ddp_status ddp__settings_from_env(ddp_settings *s, ddp_error *err)
         (st = setting_str("DDP_OVERLAP", s->overlap, sizeof s->overlap, err)) ||
         (st = setting_str("DDP_DATA_CACHE", s->data_cache, sizeof s->data_cache, err)) ||
         (st = setting_str("DDP_GPU_MODULE", s->gpu_module, sizeof s->gpu_module, err)) ||
-        (st = setting_str("DDP_MPI_MODE", s->mpi_mode, sizeof s->mpi_mode, err)))
+        (st = setting_str("DDP_MPI_MODE", s->mpi_mode, sizeof s->mpi_mode, err)) ||
+        (st = setting_str("DDP_LOCAL_ADDR", s->local_addr, sizeof s->local_addr, err)))
         return st;
     int secs = setting_int("DDP_TIMEOUT", 0, INT_MAX);
     s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */

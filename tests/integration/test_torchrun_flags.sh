@@ -105,3 +105,50 @@ rc=0; "$DDPRUN" --nproc_per_node 2 prog.sh >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 1 ] || fail "'ddprun prog.sh' exited $rc, want 1"
 assert_contains "$T/err" "'prog.sh' is in the current directory, which is not searched: give './prog.sh'"
 ok "ddprun train.py: a hint to add python3; a program in the current directory: a hint to add ./"
+
+# --local_ranks_filter: the console shows the ranks named, the log files keep every rank, and a
+# failed rank that is filtered out still has its last lines in the failure summary
+"$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter 1 --log_dir "$T/lf" --run_id lf \
+    sh -c 'echo "out of $LOCAL_RANK"; echo "err of $LOCAL_RANK" >&2' >"$T/out" 2>"$T/err" ||
+    { cat "$T/err" >&2; fail "--local_ranks_filter 1 run failed"; }
+assert_contains "$T/out" "[rank1]: out of 1"
+assert_contains "$T/err" "[rank1]: err of 1"
+! grep -q "of 0" "$T/out" "$T/err" || fail "local rank 0 reached the console through the filter"
+assert_contains "$T/lf/lf/attempt_0/0/stdout.log" "out of 0"
+assert_contains "$T/lf/lf/attempt_0/0/stderr.log" "err of 0"
+rc=0
+"$DDPRUN" --standalone --nproc_per_node 2 --local-ranks-filter=0 "$WORKER" fail 1 3 \
+    >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "a failing filtered-out rank: ddprun exited $rc, want 1"
+! grep -q "^\[rank1\]: testworker" "$T/err" || fail "filtered-out rank 1's line reached the console"
+assert_contains "$T/err" "| testworker rank 1: failing on purpose"
+for f in 2 0,5 x ""; do
+    rc=0
+    "$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter "$f" "$WORKER" env "$T" \
+        >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--local_ranks_filter '$f' exited $rc, want 2"
+done
+assert_contains "$T/err" "expected local ranks separated by commas"
+"$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter 2 "$WORKER" env "$T" \
+    >"$T/out" 2>"$T/err" || true
+assert_contains "$T/err" "names local rank 2, but this node runs 2 workers (local ranks 0-1)"
+ok "--local_ranks_filter: the console shows rank 1 only, the logs keep rank 0, a filtered-out failure is in the summary; bad lists are usage errors"
+
+# --local_addr: the tcp data connections listen on the address given (127.0.0.2 is this host's
+# too), overriding an inherited DDP_LOCAL_ADDR; an address not of this host is refused before
+# anything starts; a DDP_LOCAL_ADDR the library cannot listen on fails the group naming it
+COLL=$BIN/collcheck
+DDP_BACKEND=tcp DDP_LOCAL_ADDR=192.0.2.1 "$DDPRUN" --standalone --nproc_per_node 2 \
+    --local_addr 127.0.0.2 "$COLL" --quick >"$T/out" 2>"$T/err" ||
+    { cat "$T/err" >&2; fail "tcp over --local_addr 127.0.0.2 failed"; }
+rc=0
+"$DDPRUN" --standalone --nproc_per_node 2 --local_addr 192.0.2.1 "$COLL" --quick \
+    >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--local_addr 192.0.2.1 exited $rc, want 2"
+assert_contains "$T/err" "--local_addr '192.0.2.1' is not an address of this host"
+rc=0
+DDP_BACKEND=tcp DDP_LOCAL_ADDR=192.0.2.1 DDP_TIMEOUT=20 "$DDPRUN" --standalone --nproc_per_node 2 \
+    "$COLL" --quick >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || { cat "$T/err" >&2; fail "an unusable DDP_LOCAL_ADDR: ddprun exited $rc, want 1"; }
+assert_contains "$T/err" "cannot listen on DDP_LOCAL_ADDR '192.0.2.1' (ddprun --local_addr)"
+ok "--local_addr 127.0.0.2: every collective over tcp there; a foreign address refused at once; an unusable DDP_LOCAL_ADDR fails the group naming it"

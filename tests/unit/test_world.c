@@ -43,6 +43,7 @@ static const char *const vars[] = {
     "DDP_SHM_FLUSH",
     "DDP_OVERLAP",
     "DDP_MPI_MODE",
+    "DDP_LOCAL_ADDR",
     "DDP_DATA_CACHE",
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
@@ -215,6 +216,7 @@ static void settings(void **state)
     setenv("DDP_SHM_ALGO", "pipelined", 1);
     setenv("DDP_CACHE_DIR", "/tmp/ddpc cache", 1);
     setenv("DDP_MPI_MODE", "nonblocking", 1);
+    setenv("DDP_LOCAL_ADDR", "10.1.2.3", 1);
     ddp_world w;
     assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
     assert_false(w.launched); /* settings do not need a launcher */
@@ -229,6 +231,7 @@ static void settings(void **state)
     assert_string_equal(w.settings.shm_algo, "pipelined");
     assert_string_equal(w.settings.cache_dir, "/tmp/ddpc cache");
     assert_string_equal(w.settings.mpi_mode, "nonblocking");
+    assert_string_equal(w.settings.local_addr, "10.1.2.3");
     /* The cache directory: DDP_CACHE_DIR ("off": none), else XDG's cache home, else ~/.cache. */
     setenv("DDP_CACHE_DIR", "off", 1);
     setenv("XDG_CACHE_HOME", "/x/cache", 1);

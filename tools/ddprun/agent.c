@@ -869,7 +869,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             goto out;
         }
         o->prefix = !o->no_prefix && a.wd.world_size > 1;
-        a.pipe_out = o->prefix || o->want_files || o->nproc > 1;
+        a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
         if (a.wd.attempt == 0 && o->node_rank == 0) {
             cpu_set_t c;
             char pin[48] = "";

@@ -8,11 +8,13 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <netdb.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ddp/ddp.h"
@@ -52,6 +54,9 @@ static const char usage[] =
     "  --standalone             one node, store on a free loopback port: no port conflicts\n"
     "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
     "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
+    "  --local_addr ADDR        this node's address for the workers' data connections (tcp),\n"
+    "                           e.g. a faster network's; default: the interface that routes\n"
+    "                           toward the store\n"
     "  (without --master_addr / --master_port, MASTER_ADDR / MASTER_PORT from the environment\n"
     "  are used, as torchrun does; --standalone ignores them)\n"
     "\n"
@@ -70,6 +75,9 @@ static const char usage[] =
     "                           3 both; or per local rank, '0:1,1:2'\n"
     "  -t, --tee V              send streams to the log files and the console (same values)\n"
     "  --no_prefix              do not prefix console lines with '[rankN]: '\n"
+    "  --local_ranks_filter L   show only these local ranks on the console, e.g. '0' or '0,2'\n"
+    "                           (the log files keep every rank; a failed rank's last lines are\n"
+    "                           in the failure summary either way)\n"
     "\n"
     "torch.distributed.launch\n"
     "  --use_env                accepted and changes nothing: LOCAL_RANK is always set\n"
@@ -215,6 +223,58 @@ static int parse_std(const char *flag, const char *v, int *per_rank)
     return 0;
 }
 
+/* torchrun's --local_ranks_filter: "0" or "0,2". Checked against --nproc_per_node at the end. */
+static int parse_filter(const char *v, ddprun_opts *o)
+{
+    char buf[8192];
+    if (!*v || strlen(v) >= sizeof buf)
+        return bad("--local_ranks_filter '%.40s': expected local ranks separated by commas, "
+                   "e.g. '0' or '0,2'",
+                   v);
+    snprintf(buf, sizeof buf, "%s", v);
+    memset(o->shown, 0, sizeof o->shown);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        long r;
+        if (!parse_long(item, 0, DDPRUN_MAX_NPROC - 1, &r))
+            return bad("--local_ranks_filter '%s': '%s' is not a local rank; expected local "
+                       "ranks separated by commas, e.g. '0' or '0,2'",
+                       v, item);
+        o->shown[r] = true;
+    }
+    o->ranks_filter = true;
+    return 0;
+}
+
+/* --local_addr must be this host's: binding a socket to it says so before anything starts. */
+static int check_local_addr(const char *v)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res;
+    int rc = getaddrinfo(v, "0", &hints, &res);
+    if (rc != 0)
+        return bad("--local_addr '%s': %s", v, gai_strerror(rc));
+    int why = 0;
+    bool ok = false;
+    for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            why = errno;
+            continue;
+        }
+        ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        if (!ok)
+            why = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (!ok)
+        return bad("--local_addr '%s' is not an address of this host (%s); give one of its own "
+                   "interfaces' addresses (ip -brief address)",
+                   v, strerror(why));
+    return 0;
+}
+
 static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
 {
     if (strlen(v) >= cap)
@@ -246,6 +306,8 @@ static const char *const valued[] = {
     "start_method",
     "bind_to",
     "pass_local_rank",
+    "local_ranks_filter",
+    "local_addr",
     NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
@@ -416,6 +478,13 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
                        v);
         return 0;
     }
+    if (strcmp(name, "local_ranks_filter") == 0)
+        return parse_filter(v, o);
+    if (strcmp(name, "local_addr") == 0) {
+        if (!*v)
+            return bad("--local_addr is empty");
+        return copy_str(name, v, o->local_addr, sizeof o->local_addr);
+    }
     if (strcmp(name, "start_method") == 0)
         return 0; /* workers are always fork+exec: there is no interpreter to spawn */
     double *dst = strcmp(name, "monitor_interval") == 0 ? &o->monitor_interval
@@ -569,6 +638,13 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        o->master_addr);
         /* One node: as torchrun, a free port on the host given (the workers are told which). */
     }
+    for (int r = o->nproc; o->ranks_filter && r < DDPRUN_MAX_NPROC; r++)
+        if (o->shown[r])
+            return bad("--local_ranks_filter names local rank %d, but this node runs %d "
+                       "worker%s (local ranks 0-%d)",
+                       r, o->nproc, o->nproc == 1 ? "" : "s", o->nproc - 1);
+    if (o->local_addr[0] && check_local_addr(o->local_addr) != 0)
+        return -1;
     if (o->node_rank >= o->nnodes)
         return bad("--node_rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
     if (o->monitor_interval < 0.001)

@@ -53,6 +53,9 @@ typedef struct ddprun_opts {
     char role[64];
     bool prefix;         /* prefix console lines with the rank (default when world > 1) */
     bool no_prefix;      /* --no_prefix */
+    bool ranks_filter;   /* --local_ranks_filter given: the console shows only shown[] */
+    bool shown[DDPRUN_MAX_NPROC];
+    char local_addr[256]; /* --local_addr: the workers' DDP_LOCAL_ADDR; "" when not given */
     int bind;            /* BIND_*: pin workers to cores */
     int pass_local_rank; /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
     bool use_env;        /* --use_env: accepted, changes nothing (the environment is always set) */

@@ -75,6 +75,8 @@ int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
     w->out.file_fd = w->err.file_fd = -1;
     w->out.console = !(o->redirects[lr] & STD_OUT) || (o->tee[lr] & STD_OUT);
     w->err.console = !(o->redirects[lr] & STD_ERR) || (o->tee[lr] & STD_ERR);
+    if (o->ranks_filter && !o->shown[lr]) /* the files and the failure summary keep its lines */
+        w->out.console = w->err.console = false;
     w->log_path[0] = '\0';
     if (!o->want_files)
         return 0;

@@ -55,7 +55,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!in_contract(environ[i]) &&
-            !(o->isolate_gpus && !strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)))
+            !(o->isolate_gpus && !strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)) &&
+            !(o->local_addr[0] && !strncmp(environ[i], "DDP_LOCAL_ADDR=", 15)))
             env[k++] = strdup(environ[i]);
     struct {
         const char *name;
@@ -90,6 +91,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     if (o->isolate_gpus && o->ngpus > 0) /* the LOCAL_RANK-th visible GPU, and only it */
         ADD("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids[w->local_rank % o->ngpus]);
+    if (o->local_addr[0]) /* --local_addr; else an inherited DDP_LOCAL_ADDR passes through */
+        ADD("DDP_LOCAL_ADDR", "%s", o->local_addr);
 #undef ADD
     for (int i = 0; i < na; i++) {
         size_t len = strlen(add[i].name) + strlen(add[i].value) + 2;

@@ -298,15 +298,29 @@ static ddp_status connect_ring(tcp_be *be, const ddp__members *m, ddp_store *sto
                                ddp_error *err)
 {
     int64_t deadline = ddp__now_ms() + timeout_ms;
-    char host[64];
-    ddp_status st = ddp__local_addr_toward(m->master_addr, host, sizeof host, err);
+    char host[256];
+    ddp_status st = DDP_OK;
+    if (m->local_addr && *m->local_addr)
+        ddp__fmt(host, sizeof host, "%s", m->local_addr);
+    else
+        st = ddp__local_addr_toward(m->master_addr, host, sizeof host, err);
     if (st != DDP_OK)
         return st;
     int lfd = -1, port = 0;
     st = ddp__tcp_listen(host, 0, 64, &lfd, &port, err);
-    if (st != DDP_OK)
+    if (st != DDP_OK) {
+        if (m->local_addr && *m->local_addr && err) {
+            char why[DDP_ERRMSG_MAX];
+            ddp__fmt(why, sizeof why, "%s", err->msg);
+            ddp__err(err, st,
+                     "tcp set-up: rank %d cannot listen on DDP_LOCAL_ADDR '%s' (ddprun "
+                     "--local_addr): %s; give an address of this host, or unset it to use the "
+                     "interface toward MASTER_ADDR",
+                     be->ranks[be->me], host, why);
+        }
         return st;
-    char me_addr[96], key[DDP_STORE_MAX_KEY + 1], next_addr[320];
+    }
+    char me_addr[300], key[DDP_STORE_MAX_KEY + 1], next_addr[320];
     ddp__fmt(me_addr, sizeof me_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     ddp__fmt(key, sizeof key, "%s/addr/%d", m->prefix, be->me);
     ddp_store_set_timeout(store, timeout_ms);
