@@ -85,8 +85,8 @@ for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
     assert_contains "$T/err" "unknown flag '$given'; did you mean '$want'?"
 done
 rc=0
-"$DDPRUN" --rdzv_conf join_timeout=5 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] || fail "--rdzv_conf exited $rc, want 2"
+"$DDPRUN" --frobnicate 5 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--frobnicate exited $rc, want 2"
 assert_not_contains "$T/err" "did you mean"
 rc=0
 "$DDPRUN" -nproc_per_node 2 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
@@ -152,3 +152,20 @@ DDP_BACKEND=tcp DDP_LOCAL_ADDR=192.0.2.1 DDP_TIMEOUT=20 "$DDPRUN" --standalone -
 [ $rc -eq 1 ] || { cat "$T/err" >&2; fail "an unusable DDP_LOCAL_ADDR: ddprun exited $rc, want 1"; }
 assert_contains "$T/err" "cannot listen on DDP_LOCAL_ADDR '192.0.2.1' (ddprun --local_addr)"
 ok "--local_addr 127.0.0.2: every collective over tcp there; a foreign address refused at once; an unusable DDP_LOCAL_ADDR fails the group naming it"
+
+# --rdzv_conf: join_timeout is --rdzv_timeout; torchrun's other keys are accepted without effect
+# (said once); an unknown key or a malformed list is a usage error
+port=$(free_port)
+rc=0
+"$DDPRUN" --nnodes 2 --node_rank 0 --master_port "$port" --rdzv_conf join_timeout=1.5,read_timeout=60 \
+    "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "a rendezvous missing node 1: ddprun exited $rc, want 1"
+assert_contains "$T/err" "timed out after 1.5 s (1 of 2 nodes joined; missing node_rank 1)"
+assert_contains "$T/err" "--rdzv_conf read_timeout: torchrun's elastic rendezvous settings, without effect"
+for c in jointimeout=5 join_timeout join_timeout=x; do
+    rc=0
+    "$DDPRUN" --rdzv_conf "$c" "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--rdzv_conf '$c' exited $rc, want 2"
+done
+assert_contains "$T/err" "--rdzv_conf join_timeout='x' is not a number of seconds"
+ok "--rdzv_conf join_timeout=1.5: the rendezvous gives up after 1.5 s; other torchrun keys accepted and named; bad keys refused"

@@ -316,7 +316,7 @@ static int rendezvous(agent *a)
             }
         }
         if (joined < o->nnodes) {
-            ddprun_say("rendezvous at '" HOSTF "' timed out after %.0f s (%d of %d nodes joined; "
+            ddprun_say("rendezvous at '" HOSTF "' timed out after %g s (%d of %d nodes joined; "
                        "missing node_rank %s); start ddprun on every node with the same --nnodes, "
                        "--master_addr and --master_port, or raise --rdzv_timeout",
                        HOSTA(o->master_addr, a->wd.master_port),

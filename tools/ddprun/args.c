@@ -54,6 +54,8 @@ static const char usage[] =
     "  --standalone             one node, store on a free loopback port: no port conflicts\n"
     "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
     "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
+    "  --rdzv_conf K=V,...      torchrun's: join_timeout=S is --rdzv_timeout; its other keys are\n"
+    "                           accepted without effect\n"
     "  --local_addr ADDR        this node's address for the workers' data connections (tcp),\n"
     "                           e.g. a faster network's; default: the interface that routes\n"
     "                           toward the store\n"
@@ -275,6 +277,58 @@ static int check_local_addr(const char *v)
     return 0;
 }
 
+static int lookup(const char *const *table, const char *name)
+{
+    for (int i = 0; table[i]; i++)
+        if (strcmp(table[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* torchrun's --rdzv_conf KEY=VALUE,...: join_timeout (and timeout) are --rdzv_timeout; the keys
+ * of torchrun's elastic rendezvous that ddprun has no use for are accepted with one line saying
+ * so; anything else is a usage error. */
+static int parse_rdzv_conf(const char *v, ddprun_opts *o)
+{
+    static const char *const unused[] = {"read_timeout",  "last_call_timeout",
+                                         "close_timeout", "keep_alive_interval",
+                                         "keep_alive_max_attempt", "heartbeat",
+                                         "is_host",       "store_type",
+                                         "use_libuv",     NULL};
+    char buf[4096], ignored[600] = "";
+    if (strlen(v) >= sizeof buf)
+        return bad("--rdzv_conf: longer than %zu characters", sizeof buf - 1);
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq || eq == item)
+            return bad("--rdzv_conf '%s': expected KEY=VALUE pairs separated by commas, e.g. "
+                       "'join_timeout=900'",
+                       v);
+        *eq = '\0';
+        double d;
+        if (!strcmp(item, "join_timeout") || !strcmp(item, "timeout")) {
+            if (!parse_seconds(eq + 1, &d))
+                return bad("--rdzv_conf %s='%s' is not a number of seconds", item, eq + 1);
+            o->rdzv_timeout = d;
+        } else if (lookup(unused, item) >= 0) {
+            size_t n = strlen(ignored);
+            snprintf(ignored + n, sizeof ignored - n, "%s%s", n ? ", " : "", item);
+        } else {
+            return bad("--rdzv_conf key '%s' is unknown; ddprun takes join_timeout (its "
+                       "--rdzv_timeout) and accepts torchrun's other keys without effect",
+                       item);
+        }
+    }
+    if (*ignored)
+        fprintf(stderr,
+                "ddprun: --rdzv_conf %s: torchrun's elastic rendezvous settings, without effect "
+                "on ddprun's fixed rendezvous (see --agent_timeout, --monitor_interval)\n",
+                ignored);
+    return 0;
+}
+
 static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
 {
     if (strlen(v) >= cap)
@@ -308,6 +362,7 @@ static const char *const valued[] = {
     "pass_local_rank",
     "local_ranks_filter",
     "local_addr",
+    "rdzv_conf",
     NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
@@ -335,14 +390,6 @@ static int unknown_flag(const char *given, const char *name, const char *const *
     if (best && best_d <= 1 + strlen(name) / 4)
         return bad("unknown flag '%s'; did you mean '--%s'?", given, best);
     return bad("unknown flag '%s'", given);
-}
-
-static int lookup(const char *const *table, const char *name)
-{
-    for (int i = 0; table[i]; i++)
-        if (strcmp(table[i], name) == 0)
-            return i;
-    return -1;
 }
 
 static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *port_set)
@@ -478,6 +525,8 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
                        v);
         return 0;
     }
+    if (strcmp(name, "rdzv_conf") == 0)
+        return parse_rdzv_conf(v, o);
     if (strcmp(name, "local_ranks_filter") == 0)
         return parse_filter(v, o);
     if (strcmp(name, "local_addr") == 0) {
