@@ -57,17 +57,25 @@ static int work(const ddp_world *w, void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && (argv[1][0] < '0' || argv[1][0] > '9')) { /* --help, or not a count */
+    char *end1 = NULL, *end2 = NULL;
+    long nl = argc > 1 ? strtol(argv[1], &end1, 10) : 2;
+    long fl = argc > 2 ? strtol(argv[2], &end2, 10) : -1;
+    bool bad_n = argc > 1 && (!*argv[1] || *end1 || nl < 1 || nl > 1024);
+    bool bad_f = argc > 2 && (!*argv[2] || *end2 || fl < 0 || fl >= nl);
+    if (bad_n || bad_f || argc > 3) { /* --help, or not a count */
         bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
         fprintf(help ? stdout : stderr,
                 "%susage: spawn_allreduce [RANKS [FAILING_RANK]]\n"
                 "  RANKS         workers to fork on this host (default 2)\n"
                 "  FAILING_RANK  a rank that exits with code 3, to show the others stopped\n",
-                help ? "" : "spawn_allreduce: RANKS is a number\n");
+                help    ? ""
+                : bad_n ? "spawn_allreduce: RANKS is a number from 1 to 1024\n"
+                : bad_f ? "spawn_allreduce: FAILING_RANK is a rank below RANKS\n"
+                        : "spawn_allreduce: too many arguments\n");
         return help ? 0 : 2;
     }
-    int n = argc > 1 ? atoi(argv[1]) : 2;
-    job j = {1 << 20, argc > 2 ? atoi(argv[2]) : -1};
+    int n = (int)nl;
+    job j = {1 << 20, (int)fl};
     ddp_spawn_opts o = DDP_SPAWN_OPTS_INIT;
     o.timeout_ms = 10 * 60 * 1000;
     ddp_spawn_result res;

@@ -93,9 +93,9 @@ typedef struct ddp_settings {
                               MPI's blocking collectives, the deadline kept by a watchdog that
                               ends the job) or "nonblocking" (MPI_I… tested against the
                               deadline, which returns the error); docs/group.md */
-    char local_addr[256]; /* DDP_LOCAL_ADDR (ddprun --local_addr): the address of this host
-                             that the tcp backend's data connections listen on and publish;
-                             empty: the interface that routes toward MASTER_ADDR */
+    char local_addr[256];  /* DDP_LOCAL_ADDR (ddprun --local_addr): the address of this host
+                              that the tcp backend's data connections listen on and publish;
+                              empty: the interface that routes toward MASTER_ADDR */
 } ddp_settings;
 
 /* Plain data: a snapshot of the environment, filled by ddp_world_from_env(). */

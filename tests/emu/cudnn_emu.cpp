@@ -23,7 +23,8 @@
  *    pair with that algorithm. DDP_EMU_CUDNN_REFUSE ("fwd:1,data:1,filter:1" by default; "none")
  *    lists algorithms refused at run time with NOT_SUPPORTED_SHAPE (3002), so that the caller's
  *    pass to the next algorithm runs; DDP_EMU_CUDNN_REFUSE_QUERY (same form, none by default)
- *    those refused already by the workspace-size queries, as cuDNN may. A workspace smaller than the algorithm's is BAD_PARAM.
+ *    those refused already by the workspace-size queries, as cuDNN may. A workspace smaller
+ *    than the algorithm's is BAD_PARAM.
  *  - arithmetic: naive loops accumulated in double, alpha and beta applied in fp32 (beta 0: the
  *    output is not read), each result rounded once to the output's type (fp16 past 65504: inf);
  *    FLOAT data under a tensor-op algorithm with a math type other than FMA has its inputs

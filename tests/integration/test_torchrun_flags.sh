@@ -122,7 +122,7 @@ rc=0
 [ $rc -eq 1 ] || fail "a failing filtered-out rank: ddprun exited $rc, want 1"
 ! grep -q "^\[rank1\]: testworker" "$T/err" || fail "filtered-out rank 1's line reached the console"
 assert_contains "$T/err" "| testworker rank 1: failing on purpose"
-for f in 2 0,5 x ""; do
+for f in 2 0,5 x , 0,,1; do
     rc=0
     "$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter "$f" "$WORKER" env "$T" \
         >"$T/out" 2>"$T/err" || rc=$?
@@ -132,6 +132,10 @@ assert_contains "$T/err" "expected local ranks separated by commas"
 "$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter 2 "$WORKER" env "$T" \
     >"$T/out" 2>"$T/err" || true
 assert_contains "$T/err" "names local rank 2, but this node runs 2 workers (local ranks 0-1)"
+"$DDPRUN" --standalone --nproc_per_node 2 --local_ranks_filter "" sh -c 'echo "out of $LOCAL_RANK"' \
+    >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "--local_ranks_filter '' (no filter) refused"; }
+assert_contains "$T/out" "[rank0]: out of 0"
+assert_contains "$T/out" "[rank1]: out of 1"
 ok "--local_ranks_filter: the console shows rank 1 only, the logs keep rank 0, a filtered-out failure is in the summary; bad lists are usage errors"
 
 # --local_addr: the tcp data connections listen on the address given (127.0.0.2 is this host's
@@ -147,6 +151,18 @@ rc=0
 [ $rc -eq 2 ] || fail "--local_addr 192.0.2.1 exited $rc, want 2"
 assert_contains "$T/err" "--local_addr '192.0.2.1' is not an address of this host"
 rc=0
+"$DDPRUN" --standalone --nproc_per_node 2 --local_addr 0.0.0.0 "$COLL" --quick \
+    >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--local_addr 0.0.0.0 exited $rc, want 2"
+assert_contains "$T/err" "--local_addr '0.0.0.0' is the wildcard address"
+rc=0
+DDP_BACKEND=tcp DDP_LOCAL_ADDR=0.0.0.0 DDP_TIMEOUT=20 "$DDPRUN" --standalone --nproc_per_node 2 \
+    "$COLL" --quick >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || { cat "$T/err" >&2; fail "DDP_LOCAL_ADDR=0.0.0.0: ddprun exited $rc, want 1"; }
+assert_contains "$T/err" "DDP_LOCAL_ADDR '0.0.0.0' (ddprun --local_addr) is the wildcard address"
+DDP_BACKEND=tcp "$DDPRUN" --standalone --nproc_per_node 2 --local_addr localhost "$COLL" --quick \
+    >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "tcp over --local_addr localhost failed"; }
+rc=0
 DDP_BACKEND=tcp DDP_LOCAL_ADDR=192.0.2.1 DDP_TIMEOUT=20 "$DDPRUN" --standalone --nproc_per_node 2 \
     "$COLL" --quick >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 1 ] || { cat "$T/err" >&2; fail "an unusable DDP_LOCAL_ADDR: ddprun exited $rc, want 1"; }
@@ -157,12 +173,12 @@ ok "--local_addr 127.0.0.2: every collective over tcp there; a foreign address r
 # (said once); an unknown key or a malformed list is a usage error
 port=$(free_port)
 rc=0
-"$DDPRUN" --nnodes 2 --node_rank 0 --master_port "$port" --rdzv_conf join_timeout=1.5,read_timeout=60 \
+"$DDPRUN" --nnodes 2 --node_rank 0 --master_port "$port" --rdzv_conf "join_timeout=1.5, read_timeout = 60" \
     "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 1 ] || fail "a rendezvous missing node 1: ddprun exited $rc, want 1"
 assert_contains "$T/err" "timed out after 1.5 s (1 of 2 nodes joined; missing node_rank 1)"
 assert_contains "$T/err" "--rdzv_conf read_timeout: torchrun's elastic rendezvous settings, without effect"
-for c in jointimeout=5 join_timeout join_timeout=x; do
+for c in jointimeout=5 join_timeout is_host= =5 join_timeout=x; do
     rc=0
     "$DDPRUN" --rdzv_conf "$c" "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
     [ $rc -eq 2 ] || fail "--rdzv_conf '$c' exited $rc, want 2"

@@ -201,7 +201,7 @@ static int setup_store(agent *a)
             return -1;
         if (st != DDP_ERR_TIMEOUT || now_ms() >= give_up) {
             if (st == DDP_ERR_TIMEOUT)
-                ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %.0f s (last "
+                ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %g s (last "
                            "error: %s); start ddprun on node 0, and check --master_addr and "
                            "--master_port (or raise --rdzv_timeout)",
                            HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg);
@@ -319,8 +319,8 @@ static int rendezvous(agent *a)
             ddprun_say("rendezvous at '" HOSTF "' timed out after %g s (%d of %d nodes joined; "
                        "missing node_rank %s); start ddprun on every node with the same --nnodes, "
                        "--master_addr and --master_port, or raise --rdzv_timeout",
-                       HOSTA(o->master_addr, a->wd.master_port),
-                       (double)(now_ms() - start) / 1000.0, joined, o->nnodes, missing);
+                       HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, joined, o->nnodes,
+                       missing);
             goto out_free;
         }
     }

@@ -9,6 +9,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -225,18 +227,23 @@ static int parse_std(const char *flag, const char *v, int *per_rank)
     return 0;
 }
 
-/* torchrun's --local_ranks_filter: "0" or "0,2". Checked against --nproc_per_node at the end. */
+/* torchrun's --local_ranks_filter: "0" or "0,2"; "" is no filter, as there. Checked against
+ * --nproc_per_node at the end. */
 static int parse_filter(const char *v, ddprun_opts *o)
 {
     char buf[8192];
-    if (!*v || strlen(v) >= sizeof buf)
-        return bad("--local_ranks_filter '%.40s': expected local ranks separated by commas, "
-                   "e.g. '0' or '0,2'",
-                   v);
-    snprintf(buf, sizeof buf, "%s", v);
+    if (strlen(v) >= sizeof buf)
+        return bad("--local_ranks_filter: longer than %zu characters", sizeof buf - 1);
     memset(o->shown, 0, sizeof o->shown);
-    char *save = NULL;
-    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+    o->ranks_filter = *v != '\0';
+    if (!o->ranks_filter)
+        return 0;
+    snprintf(buf, sizeof buf, "%s", v);
+    /* every item between commas, empty ones included: "0,,1" and "," are refused */
+    for (char *item = buf, *next; item; item = next) {
+        next = strchr(item, ',');
+        if (next)
+            *next++ = '\0';
         long r;
         if (!parse_long(item, 0, DDPRUN_MAX_NPROC - 1, &r))
             return bad("--local_ranks_filter '%s': '%s' is not a local rank; expected local "
@@ -244,8 +251,16 @@ static int parse_filter(const char *v, ddprun_opts *o)
                        v, item);
         o->shown[r] = true;
     }
-    o->ranks_filter = true;
     return 0;
+}
+
+/* 0.0.0.0 or :: */
+static bool wildcard(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+    return sa->sa_family == AF_INET6 &&
+           IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)sa)->sin6_addr);
 }
 
 /* --local_addr must be this host's: binding a socket to it says so before anything starts. */
@@ -268,6 +283,12 @@ static int check_local_addr(const char *v)
         if (!ok)
             why = errno;
         close(fd);
+        if (ok && wildcard(ai->ai_addr)) {
+            freeaddrinfo(res);
+            return bad("--local_addr '%s' is the wildcard address, which the other ranks cannot "
+                       "connect to; give one of this host's own addresses (ip -brief address)",
+                       v);
+        }
     }
     freeaddrinfo(res);
     if (!ok)
@@ -285,16 +306,32 @@ static int lookup(const char *const *table, const char *name)
     return -1;
 }
 
+/* s without its leading and trailing blanks (in place) */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    return s;
+}
+
 /* torchrun's --rdzv_conf KEY=VALUE,...: join_timeout (and timeout) are --rdzv_timeout; the keys
  * of torchrun's elastic rendezvous that ddprun has no use for are accepted with one line saying
  * so; anything else is a usage error. */
 static int parse_rdzv_conf(const char *v, ddprun_opts *o)
 {
-    static const char *const unused[] = {"read_timeout",  "last_call_timeout",
-                                         "close_timeout", "keep_alive_interval",
-                                         "keep_alive_max_attempt", "heartbeat",
-                                         "is_host",       "store_type",
-                                         "use_libuv",     NULL};
+    static const char *const unused[] = {"read_timeout",
+                                         "last_call_timeout",
+                                         "close_timeout",
+                                         "keep_alive_interval",
+                                         "keep_alive_max_attempt",
+                                         "heartbeat",
+                                         "is_host",
+                                         "store_type",
+                                         "use_libuv",
+                                         NULL};
     char buf[4096], ignored[600] = "";
     if (strlen(v) >= sizeof buf)
         return bad("--rdzv_conf: longer than %zu characters", sizeof buf - 1);
@@ -302,15 +339,17 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
     char *save = NULL;
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
-        if (!eq || eq == item)
+        if (eq)
+            *eq++ = '\0';
+        item = trim(item);
+        if (!eq || !*item || !*(eq = trim(eq)))
             return bad("--rdzv_conf '%s': expected KEY=VALUE pairs separated by commas, e.g. "
                        "'join_timeout=900'",
                        v);
-        *eq = '\0';
         double d;
         if (!strcmp(item, "join_timeout") || !strcmp(item, "timeout")) {
-            if (!parse_seconds(eq + 1, &d))
-                return bad("--rdzv_conf %s='%s' is not a number of seconds", item, eq + 1);
+            if (!parse_seconds(eq, &d))
+                return bad("--rdzv_conf %s='%s' is not a number of seconds", item, eq);
             o->rdzv_timeout = d;
         } else if (lookup(unused, item) >= 0) {
             size_t n = strlen(ignored);
@@ -681,10 +720,11 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     }
     if (o->master_port == 0 && !o->standalone) {
         if (o->nnodes != 1)
-            return bad("--rdzv_endpoint '%s:0': port 0 (a free port) works only with one node, "
-                       "since the other nodes could not know it; give node 0's port, the same on "
-                       "every node",
-                       o->master_addr);
+            return bad("--rdzv_endpoint '%s%s%s:0': port 0 (a free port) works only with one "
+                       "node, since the other nodes could not know it; give node 0's port, the "
+                       "same on every node",
+                       strchr(o->master_addr, ':') ? "[" : "", o->master_addr,
+                       strchr(o->master_addr, ':') ? "]" : "");
         /* One node: as torchrun, a free port on the host given (the workers are told which). */
     }
     for (int r = o->nproc; o->ranks_filter && r < DDPRUN_MAX_NPROC; r++)

@@ -223,12 +223,18 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
                              be->ranks[peer], what);
     /* A host that vanished shows as ETIMEDOUT, or, when the kernel's neighbour resolution gave
      * up first while it retransmitted, as the "unreachable" it recorded: the same failure. */
-    if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH || e == EHOSTDOWN)
+    if (e == ETIMEDOUT || e == EHOSTUNREACH || e == EHOSTDOWN)
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "rank %d stopped answering on the network (no reply to TCP keepalive "
                              "within %d s) before %s finished: its host may be down or cut "
                              "off (%s); check that host and the network between",
                              be->ranks[peer], be->ka_bound_s, what, strerror(e));
+    if (e == ENETUNREACH) /* this host lost its route (an interface down, a route removed) */
+        return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
+                             "connection with rank %d failed during %s: this host has no route "
+                             "to its network any more (%s); check this host's interfaces and "
+                             "routes",
+                             be->ranks[peer], what, strerror(e));
     return ddp__tcp_fail(be, f, DDP_ERR_NETWORK, "connection with rank %d failed during %s: %s",
                          be->ranks[peer], what, strerror(e));
 }

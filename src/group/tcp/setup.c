@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/eventfd.h>
@@ -291,6 +292,33 @@ static ddp_status read_reply(tcp_be *be, int fd, const char *addr, int64_t deadl
                     be->ranks[nx], nx, addr, reply_reason(code));
 }
 
+/* The numeric address listener lfd is bound to (DDP_LOCAL_ADDR may be a name), into host; the
+ * wildcard (0.0.0.0, ::), which the others would take for their own host, is refused. */
+static ddp_status bound_addr(int lfd, char *host, size_t cap, int rank, ddp_error *err)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(lfd, (struct sockaddr *)&ss, &sl) != 0)
+        return ddp__err(err, DDP_ERR_SYSTEM, "tcp set-up: getsockname: %s", strerror(errno));
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)&ss;
+    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)&ss;
+    bool any = ss.ss_family == AF_INET ? v4->sin_addr.s_addr == htonl(INADDR_ANY)
+                                       : IN6_IS_ADDR_UNSPECIFIED(&v6->sin6_addr);
+    if (any)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "tcp set-up: rank %d: DDP_LOCAL_ADDR '%s' (ddprun --local_addr) is the "
+                        "wildcard address, which the other ranks cannot connect to; give one of "
+                        "this host's own addresses",
+                        rank, host);
+    const void *a =
+        ss.ss_family == AF_INET ? (const void *)&v4->sin_addr : (const void *)&v6->sin6_addr;
+    char num[INET6_ADDRSTRLEN];
+    if (!inet_ntop(ss.ss_family, a, num, sizeof num))
+        return ddp__err(err, DDP_ERR_SYSTEM, "tcp set-up: inet_ntop: %s", strerror(errno));
+    ddp__fmt(host, cap, "%s", num);
+    return DDP_OK;
+}
+
 /* Listens, publishes the address, connects to next, accepts prev, then reads next's answers.
  * Connecting and sending a hello never wait for the peer to accept, so no member waits on
  * another in a circle. */
@@ -320,6 +348,9 @@ static ddp_status connect_ring(tcp_be *be, const ddp__members *m, ddp_store *sto
         }
         return st;
     }
+    if (m->local_addr && *m->local_addr &&
+        (st = bound_addr(lfd, host, sizeof host, be->ranks[be->me], err)) != DDP_OK)
+        goto out_close_listener;
     char me_addr[300], key[DDP_STORE_MAX_KEY + 1], next_addr[320];
     ddp__fmt(me_addr, sizeof me_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     ddp__fmt(key, sizeof key, "%s/addr/%d", m->prefix, be->me);
