@@ -159,6 +159,24 @@ static int n_devices()
     return n < 0 ? 0 : n > 16 ? 16 : n;
 }
 static thread_local int cur_device = 0;
+/* The physical device behind visible device `dev`: DDP_EMU_VISIBLE_DEVICES (a comma list of
+ * physical numbers, as CUDA_VISIBLE_DEVICES; unset: the identity) reorders them, so that two
+ * processes can name one device by different numbers (the emulated NCCL refuses that pair, as
+ * NCCL does, by the PCI bus id: 0x10 + the physical number). */
+static int physical_device(int dev)
+{
+    const char *v = getenv("DDP_EMU_VISIBLE_DEVICES");
+    for (int i = 0; v && *v; i++) {
+        char *end;
+        long p = strtol(v, &end, 10);
+        if (end == v)
+            break;
+        if (i == dev)
+            return (int)p;
+        v = *end == ',' ? end + 1 : end;
+    }
+    return dev;
+}
 EMU_API cudaError_t cudaGetDeviceCount(int *n)
 {
     if (!n)
@@ -187,7 +205,7 @@ EMU_API cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
     p->major = 9, p->minor = 0;
     p->multiProcessorCount = 132;
     p->maxThreadsPerMultiProcessor = 2048;
-    p->pciBusID = 0x10 + dev;
+    p->pciBusID = 0x10 + physical_device(dev);
     p->l2CacheSize = 50 << 20;
     return cudaSuccess;
 }
@@ -359,7 +377,7 @@ EMU_API cudaError_t cudaHostUnregister(void *p)
 /* ---- streams and events: work queued per stream, run when waited for (the header) */
 struct CUstream_st {
     unsigned flags;
-    std::deque<std::function<void()>> q; /* queued, not yet run */
+    std::deque<std::function<bool()>> q; /* queued, not yet run; false: not ready, run again */
     uint64_t issued = 0, done = 0;       /* operations queued and run, since creation */
 };
 struct CUevent_st {
@@ -382,41 +400,69 @@ static bool deferred(void)
     }
     return on != 0;
 }
-/* Runs s's queued work until `upto` operations have run (all of it: UINT64_MAX). run_m held. */
-static void run_until(cudaStream_t s, uint64_t upto)
+/* Runs s's queued work until `upto` operations have run (all of it: UINT64_MAX). run_m held.
+ * False when the first left is not ready (an emulated NCCL collective waiting for its peers,
+ * nccl_emu.cpp): it stays queued and runs again at the next wait, as a GPU kernel that spins. */
+static bool run_until(cudaStream_t s, uint64_t upto)
 {
     while (s->done < upto && !s->q.empty()) {
-        std::function<void()> f = std::move(s->q.front());
+        if (!s->q.front()())
+            return false;
         s->q.pop_front();
-        f();
         s->done++;
     }
+    return true;
+}
+/* Sleeps between tries of work that is not ready: 20 µs, doubling to 1 ms. */
+static void wait_backoff(long *ns)
+{
+    struct timespec ts = {0, *ns};
+    nanosleep(&ts, nullptr);
+    if (*ns < 1000000)
+        *ns *= 2;
 }
 /* Runs every stream's queued work (blocking_only: the blocking streams', what the legacy stream
- * waits for). */
+ * waits for). Work that is not ready is tried again with run_m released between tries, so that
+ * other threads (a watchdog's cudaEventQuery, ncclCommAbort) go on meanwhile. */
 static void run_all(bool blocking_only)
 {
-    std::lock_guard<std::recursive_mutex> r(run_m);
-    std::vector<cudaStream_t> all;
-    {
-        std::lock_guard<std::mutex> l(obj_m);
-        for (const void *p : streams)
-            all.push_back((cudaStream_t)p);
+    for (long ns = 20000;; wait_backoff(&ns)) {
+        std::lock_guard<std::recursive_mutex> r(run_m);
+        std::vector<cudaStream_t> all;
+        {
+            std::lock_guard<std::mutex> l(obj_m);
+            for (const void *p : streams)
+                all.push_back((cudaStream_t)p);
+        }
+        bool pending = false;
+        for (bool again = true; again;) { /* a stream's work may wait on another's */
+            again = false;
+            pending = false;
+            for (cudaStream_t s : all)
+                if ((!blocking_only || !(s->flags & cudaStreamNonBlocking)) && !s->q.empty()) {
+                    uint64_t d = s->done;
+                    if (!run_until(s, UINT64_MAX))
+                        pending = true;
+                    again |= s->done != d;
+                }
+        }
+        if (!pending)
+            return;
     }
-    for (bool again = true; again;) { /* a stream's work may wait on another's */
-        again = false;
-        for (cudaStream_t s : all)
-            if ((!blocking_only || !(s->flags & cudaStreamNonBlocking)) && !s->q.empty()) {
-                run_until(s, UINT64_MAX);
-                again = true;
-            }
+}
+/* Runs s's work up to operation `upto`, trying again (run_m released) while it is not ready. */
+static void run_wait(cudaStream_t s, uint64_t upto)
+{
+    for (long ns = 20000;; wait_backoff(&ns)) {
+        std::lock_guard<std::recursive_mutex> r(run_m);
+        if (run_until(s, upto))
+            return;
     }
 }
 EMU_API void emu_rt_stream_flush(cudaStream_t s)
 {
-    std::lock_guard<std::recursive_mutex> r(run_m);
     if (s)
-        run_until(s, UINT64_MAX);
+        run_wait(s, UINT64_MAX);
     else
         run_all(true);
 }
@@ -424,16 +470,33 @@ EMU_API void emu_rt_stream_flush(cudaStream_t s)
  * with DDP_EMU_STREAMS=immediate. */
 void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
 {
+    if (!s)
+        run_all(true);
     std::lock_guard<std::recursive_mutex> r(run_m);
+    if (!s || !deferred()) {
+        f();
+        return;
+    }
+    s->q.push_back([f = std::move(f)] {
+        f();
+        return true;
+    });
+    s->issued++;
+}
+/* Queues f, work that may not be ready (f returns false: tried again at the next wait), on s;
+ * on the legacy stream, runs it now, trying until it is ready. Queued even with
+ * DDP_EMU_STREAMS=immediate: the caller need not wait for it (an NCCL collective's issue). */
+void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f)
+{
     if (!s) {
         run_all(true);
-        f();
-        return;
+        for (long ns = 20000;; wait_backoff(&ns)) {
+            std::lock_guard<std::recursive_mutex> r(run_m);
+            if (f())
+                return;
+        }
     }
-    if (!deferred()) {
-        f();
-        return;
-    }
+    std::lock_guard<std::recursive_mutex> r(run_m);
     s->q.push_back(std::move(f));
     s->issued++;
 }
@@ -494,7 +557,7 @@ EMU_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
     uint64_t at = e->at;
     if (!es || es == s)
         return cudaSuccess;
-    emu_rt_enqueue(s, [es, at] { run_until(es, at); });
+    emu_rt_enqueue_poll(s, [es, at] { return run_until(es, at); });
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
@@ -524,9 +587,9 @@ EMU_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     need_event(e, "cudaEventRecord");
     need_stream(s, "cudaEventRecord");
-    std::lock_guard<std::recursive_mutex> r(run_m);
     if (!s) /* the legacy stream: after the blocking streams' work, which runs now */
         run_all(true);
+    std::lock_guard<std::recursive_mutex> r(run_m);
     e->s = s;
     e->at = s ? s->issued : 0;
     return cudaSuccess;
@@ -535,14 +598,22 @@ EMU_API cudaError_t cudaEventQuery(cudaEvent_t e)
 {
     need_event(e, "cudaEventQuery");
     std::lock_guard<std::recursive_mutex> r(run_m);
-    if (e->s)
-        run_until(e->s, e->at);
+    if (e->s && !run_until(e->s, e->at))
+        return cudaErrorNotReady; /* not sticky: cudaGetLastError does not return it */
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     need_event(e, "cudaEventSynchronize");
-    return cudaEventQuery(e);
+    cudaStream_t s;
+    uint64_t at;
+    {
+        std::lock_guard<std::recursive_mutex> r(run_m);
+        s = e->s, at = e->at;
+    }
+    if (s)
+        run_wait(s, at);
+    return cudaSuccess;
 }
 
 /* ---- copies */

@@ -151,6 +151,10 @@ cudaError_t emu_rt_launch_check(const char *name, dim3 grid, dim3 block, size_t 
 /* Queues f on stream s (gpu_rt_emu.cpp: it runs when something waits for it), or runs it now
  * (the legacy stream NULL; DDP_EMU_STREAMS=immediate). */
 void emu_rt_enqueue(cudaStream_t s, std::function<void()> f);
+/* Queues f, work that may not be ready yet (false: it stays first in the queue and runs again at
+ * the next wait, as a kernel that spins; cudaEventQuery says cudaErrorNotReady meanwhile), on s:
+ * the emulated NCCL's collectives (nccl_emu.cpp). */
+void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f);
 /* A launch: checked now (a refused one leaves its error for cudaGetLastError), run in its
  * stream's turn; f holds copies of the arguments (cu_module.py's [=]). */
 template <typename F>

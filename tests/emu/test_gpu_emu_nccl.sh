@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# gpu_emu.nccl_*: the NCCL backend (src/group/nccl/nccl.c, unchanged) on the emulated GPU module
+# over the emulated NCCL (tests/emu/nccl_emu.cpp), one emulated device per rank:
+#   w1, w2, w4  gpucheck (tests/integration/gpucheck.c) over nccl at 1, 2, 4 ranks: every
+#               collective against the exact result, W ranks × B ≡ 1 × W·B
+#   kill        a rank killed after a round of collectives: ddprun's summary names it within
+#               10 s, no gpucheck left; then with the ranks started by hand (no ddprun to stop
+#               the survivor): rank 0's next allreduce fails by itself within 8 s, its message
+#               naming the allreduce and the dead rank (the emulation's ncclRemoteError, the
+#               watchdog's abort)
+#   stuck       rank 1's second collective never runs (DDP_EMU_NCCL_STALL=1:2, a hung kernel),
+#               DDP_TIMEOUT=2: both ranks fail within 8 s, rank 1 with the watchdog's time-out
+#               naming allreduce #2
+#   dup         two ranks on one emulated device (rank 1's devices reordered, as a
+#               CUDA_VISIBLE_DEVICES mistake would): the communicator is refused, "Duplicate GPU"
+# Each leaves no /dev/shm segment behind (the emulation's names carry this test's tag).
+# usage: test_gpu_emu_nccl.sh BINDIR EMU_MODULE MODE
+. "$(dirname "$0")/../integration/lib.sh"
+MODULE=${2:?usage: $0 BINDIR EMU_MODULE MODE}
+MODE=${3:?usage: $0 BINDIR EMU_MODULE MODE}
+CHECK=$BIN/gpucheck
+TAG=t$$
+export OPENBLAS_NUM_THREADS=1 DDP_GPU_MODULE=$MODULE DDP_REQUIRE_GPU=1 DDP_BACKEND=nccl \
+    DDP_EMU_NCCL_TAG=$TAG
+CLEANUP_GLOBS+=("/dev/shm/ddpc-nccl-emu-$TAG-*")
+no_segments() {
+    local left
+    left=$(ls /dev/shm 2>/dev/null | grep "^ddpc-nccl-emu-$TAG-" || true)
+    [ -z "$left" ] || fail "$1: /dev/shm segments left behind: $left"
+}
+# by_hand W ARGS…: W ranks of gpucheck started without ddprun, outputs in $T/h.RANK, exit codes
+# in RCS[RANK]
+by_hand() {
+    local w=$1 port pids=() r
+    shift
+    port=$(free_port)
+    for ((r = 0; r < w; r++)); do
+        RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r LOCAL_WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$port DDP_STORE_TOKEN=$TAG "$CHECK" "$@" >"$T/h.$r" 2>&1 &
+        pids+=($!)
+        BG_PIDS+=($!)
+    done
+    RCS=()
+    for ((r = 0; r < w; r++)); do
+        RCS[r]=0
+        wait "${pids[$r]}" 2>/dev/null || RCS[r]=$?
+    done
+}
+
+case $MODE in
+w1)
+    rc=0; DDP_EMU_GPUS=1 "$CHECK" --expect nccl >"$T/out" 2>&1 || rc=$?
+    [ $rc -eq 0 ] || { cat "$T/out"; fail "world 1 over nccl: exit $rc"; }
+    grep gpucheck "$T/out"
+    ok "world 1 over the emulated NCCL: every collective exact"
+    ;;
+w2 | w4)
+    w=${MODE#w}
+    quick=()
+    [ "$w" = 4 ] && quick=(--quick) # 1 Mi + 3 elements: still 4 chunks of the 1 MiB areas
+    rc=0; DDP_EMU_GPUS=$w "$DDPRUN" --standalone --nproc_per_node "$w" "$CHECK" "${quick[@]}" \
+        --expect nccl >"$T/out" 2>&1 || rc=$?
+    [ $rc -eq 0 ] || { cat "$T/out"; fail "world $w over nccl: exit $rc"; }
+    grep gpucheck "$T/out"
+    ok "world $w over the emulated NCCL, a device each: every collective exact"
+    ;;
+kill)
+    start=$(date +%s)
+    rc=0; DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --kill 1 \
+        >"$T/out" 2>&1 || rc=$?
+    took=$(($(date +%s) - start))
+    [ $rc -ne 0 ] || { cat "$T/out"; fail "a killed rank: ddprun exited 0"; }
+    grep -q "worker failed: rank 1 .*SIGKILL" "$T/out" || { cat "$T/out"; fail "the summary does not name rank 1"; }
+    [ $took -lt 10 ] || fail "a killed rank took ${took} s to end the job (limit 10 s)"
+    if pgrep -f "$CHECK --kill" >/dev/null; then fail "a gpucheck process outlived the job"; fi
+    ok "a killed rank ends the job in ${took} s with ddprun's summary"
+    start=$(date +%s)
+    DDP_EMU_GPUS=2 by_hand 2 --kill 1
+    took=$(($(date +%s) - start))
+    [ "${RCS[1]}" = 137 ] || { cat "$T/h.1"; fail "rank 1 exited ${RCS[1]}, want 137 (SIGKILL)"; }
+    [ "${RCS[0]}" = 3 ] || { cat "$T/h.0"; fail "rank 0 exited ${RCS[0]}, want 3 (its allreduce failed)"; }
+    grep -q "rank 0: as expected: rank 0: nccl: allreduce #[0-9]* (float32 × 1) failed: NCCL reports remote process exited.*rank 1 (process [0-9]*) died" "$T/h.0" ||
+        { cat "$T/h.0"; fail "rank 0's message does not name the allreduce and the dead rank"; }
+    [ $took -lt 8 ] || fail "rank 0 took ${took} s to fail (limit 8 s)"
+    grep "as expected" "$T/h.0"
+    ok "rank 1 killed, no ddprun: rank 0's allreduce fails by itself in ${took} s, naming it"
+    ;;
+stuck)
+    start=$(date +%s)
+    DDP_EMU_GPUS=2 DDP_TIMEOUT=2 DDP_EMU_NCCL_STALL=1:2 by_hand 2 --quick
+    took=$(($(date +%s) - start))
+    for r in 0 1; do
+        [ "${RCS[$r]}" = 1 ] || { cat "$T/h.$r"; fail "rank $r exited ${RCS[$r]}, want 1"; }
+        grep -q "rank $r: FAILED: allreduce: rank $r: nccl: allreduce #2 (float32 × 1) " "$T/h.$r" ||
+            { cat "$T/h.$r"; fail "rank $r: no message naming allreduce #2"; }
+    done
+    grep -q "allreduce #2 (float32 × 1) timed out after 2 s on the GPU: the communicator was aborted" "$T/h.1" ||
+        { cat "$T/h.1"; fail "rank 1: not the watchdog's time-out"; }
+    [ $took -lt 8 ] || fail "the stuck collective took ${took} s to fail (limit 8 s)"
+    grep -h FAILED "$T/h.0" "$T/h.1"
+    ok "a stuck collective: the watchdog aborts it and names it, in ${took} s"
+    ;;
+dup)
+    rc=0; DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 bash -c \
+        '[ "$RANK" = 1 ] && export DDP_EMU_VISIBLE_DEVICES=1,0; exec "$0" "$@"' "$CHECK" \
+        >"$T/out" 2>&1 || rc=$?
+    [ $rc -ne 0 ] || { cat "$T/out"; fail "two ranks on one device: ddprun exited 0"; }
+    grep -q "creating the communicator of 2 ranks failed: invalid usage.*Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 10" "$T/out" ||
+        { cat "$T/out"; fail "no message naming the duplicate GPU"; }
+    grep -m1 -o "Duplicate GPU detected[^;]*" "$T/out"
+    ok "two ranks on one emulated device: NCCL's init refuses them"
+    ;;
+*) fail "unknown mode $MODE" ;;
+esac
+no_segments "$MODE"
