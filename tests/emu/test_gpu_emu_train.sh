@@ -2,7 +2,8 @@
 # gpu_emu.ddptrain: ddptrain --device cuda end to end on the emulated GPU module (the real
 # module's host and device code on the CPU: tests/emu/CMakeLists.txt), a tiny GPT, against the
 # same run on the cpu: 10 steps on 1 rank, then 6 steps on 2 ranks (DDP_EMU_GPUS=2, one
-# emulated device per rank, the gradients over cuda-staged: the module has no NCCL). The losses
+# emulated device per rank, the gradients over cuda-staged, then over nccl: nccl.c on the
+# emulated NCCL, tests/emu/nccl_emu.cpp, with --overlap async, unsharded and sharded). The losses
 # agree to 1e-6 relative (the GPU's products are cuBLAS's, here plain loops in double; the
 # kernels' own reductions differ in order). Then the 2 ranks with the optimizer sharded on the GPU
 # (the parameters bound to the reducer's views: resident.cu's bind_params), against the cpu in
@@ -10,7 +11,7 @@
 # by tensor). Then 6 steps on 2 ranks sharing one emulated device (DDP_EMU_GPUS=1: auto's
 # cuda-ipc, the emulation's IPC mapping each peer's memfd-backed blocks), unsharded and sharded,
 # gpucheck's exact collectives over cuda-ipc (3 ranks, many chunks), and 1 rank whose auto nccl
-# falls back to cuda-ipc.
+# falls back to cuda-ipc (the emulated NCCL's init made to fail: DDP_EMU_NCCL_FAIL=init).
 # usage: test_gpu_emu_train.sh BINDIR EMU_MODULE
 . "$(dirname "$0")/../integration/lib.sh"
 MODULE=${2:?usage: $0 BINDIR EMU_MODULE}
@@ -43,7 +44,7 @@ ok "1 rank: 10 steps on the emulated GPU = the cpu's"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }
-emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged
+emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged (or the --gpu_backend in ARGS)
     local out=$1
     shift
     rc=0; DDP_EMU_GPUS=2 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" \
@@ -54,6 +55,10 @@ emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged
 emu2 gpu2
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 6 || fail "2 ranks: cuda (emulated) ≠ cpu"
 ok "2 ranks over cuda-staged: 6 steps on the emulated GPUs = the cpu's"
+emu2 gpu2n --gpu_backend nccl --overlap async
+grep -q "gradients on the GPU over nccl" gpu2n.out || { cat gpu2n.out; fail "not over nccl"; }
+losses cpu2/metrics.jsonl gpu2n/metrics.jsonl 6 || fail "2 ranks over nccl: cuda (emulated) ≠ cpu"
+ok "2 ranks over nccl (the emulated NCCL), overlap async: 6 steps on the emulated GPUs = the cpu's"
 emu2 gpu2s --shard_optimizer true
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
 ok "2 ranks, the optimizer sharded on the emulated GPUs: 6 steps = the cpu's"
@@ -76,17 +81,21 @@ rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${A
 [ $rc -eq 0 ] || { cat gpu2is.out; fail "emulated cuda run, 2 ranks over cuda-ipc, sharded: exit $rc"; }
 losses cpu2s/metrics.jsonl gpu2is/metrics.jsonl 6 || fail "2 ranks over cuda-ipc, sharded: ≠ cpu"
 ok "2 ranks on one emulated GPU over cuda-ipc, sharded optimizer: = the cpu's"
+emu2 gpu2ns --gpu_backend nccl --overlap async --shard_optimizer true
+losses cpu2s/metrics.jsonl gpu2ns/metrics.jsonl 6 || fail "2 ranks over nccl, sharded: ≠ cpu"
+ok "2 ranks over nccl (the emulated NCCL), sharded optimizer: = the cpu's"
 rc=0; DDP_EMU_GPUS=1 emu "$DDPRUN" --standalone --nproc_per_node 3 "$BIN/gpucheck" --quick \
     --backend cuda-ipc --arena 1048576 --expect cuda-ipc >gc3.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gc3.out; fail "gpucheck, 3 ranks over cuda-ipc in 256 KiB chunks: exit $rc"; }
 grep "gpucheck: ok" gc3.out
 ok "gpucheck: 3 ranks on one emulated GPU over cuda-ipc, every collective exact"
-# One rank, auto: nccl where libddp has it; this module has none, so the group of one falls back
-# to cuda-ipc (nothing to communicate) and says why, instead of failing ddptrain's 1-rank runs.
-rc=0; emu "$BIN/gpucheck" --quick --expect cuda-ipc >gc1.out 2>&1 || rc=$?
+# One rank, auto: nccl where libddp has it; when NCCL's init fails (here made to), the group of
+# one falls back to cuda-ipc (nothing to communicate) and says why, instead of failing ddptrain's
+# 1-rank runs.
+rc=0; DDP_EMU_NCCL_FAIL=init emu "$BIN/gpucheck" --quick --expect cuda-ipc >gc1.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gc1.out; fail "gpucheck, 1 rank, auto on a module without NCCL: exit $rc"; }
 if grep -q '^DDP_NCCL:BOOL=ON' "$BIN/../CMakeCache.txt" 2>/dev/null; then
     grep -q "NCCL could not make its communicator" gc1.out ||
         { cat gc1.out; fail "1 rank: the reason does not say why NCCL was not used"; }
 fi
-ok "gpucheck: 1 rank, auto without a usable NCCL: cuda-ipc, every collective exact"
+ok "gpucheck: 1 rank, auto with NCCL's init failing: cuda-ipc, every collective exact"
