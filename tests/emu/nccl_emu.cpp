@@ -289,7 +289,7 @@ template <typename E, typename T, typename Ld, typename St>
 void reduce_as(void *out, const void *const *in, int n, size_t cnt,
                ncclRedOp_t op, bool is_float, Ld load, St store)
 {
-    const T scale = (T)(1.0 / n);
+    const T scale = load(store((T)(1.0 / n))); /* NCCL's: 1/n in the element type */
     for (size_t i = 0; i < cnt; i++) {
         T acc = 0;
         for (int q = 0; q < n; q++) {
