@@ -12,6 +12,8 @@
 #   stuck       rank 1's second collective never runs (DDP_EMU_NCCL_STALL=1:2, a hung kernel),
 #               DDP_TIMEOUT=2: both ranks fail within 8 s, rank 1 with the watchdog's time-out
 #               naming allreduce #2
+#   late        rank 1's init fails (DDP_EMU_NCCL_FAIL=init), DDP_TIMEOUT=2: rank 0's non-blocking
+#               init gives up at the deadline, "did not finish within 2 s", and aborts
 #   dup         two ranks on one emulated device (rank 1's devices reordered, as a
 #               CUDA_VISIBLE_DEVICES mistake would): the communicator is refused, "Duplicate GPU"
 # Each leaves no /dev/shm segment behind (the emulation's names carry this test's tag).
@@ -29,15 +31,18 @@ no_segments() {
     left=$(ls /dev/shm 2>/dev/null | grep "^ddpc-nccl-emu-$TAG-" || true)
     [ -z "$left" ] || fail "$1: /dev/shm segments left behind: $left"
 }
-# by_hand W ARGS…: W ranks of gpucheck started without ddprun, outputs in $T/h.RANK, exit codes
-# in RCS[RANK]
+# by_hand W ARGS…: W ranks of gpucheck started without ddprun (rank 1 with R1_ENV's settings
+# added), outputs in $T/h.RANK, exit codes in RCS[RANK]
+R1_ENV=()
 by_hand() {
-    local w=$1 port pids=() r
+    local w=$1 port pids=() r extra
     shift
     port=$(free_port)
     for ((r = 0; r < w; r++)); do
+        extra=()
+        [ $r = 1 ] && extra=("${R1_ENV[@]}")
         RANK=$r WORLD_SIZE=$w LOCAL_RANK=$r LOCAL_WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 \
-            MASTER_PORT=$port DDP_STORE_TOKEN=$TAG "$CHECK" "$@" >"$T/h.$r" 2>&1 &
+            MASTER_PORT=$port DDP_STORE_TOKEN=$TAG env "${extra[@]}" "$CHECK" "$@" >"$T/h.$r" 2>&1 &
         pids+=($!)
         BG_PIDS+=($!)
     done
@@ -100,6 +105,22 @@ stuck)
     [ $took -lt 8 ] || fail "the stuck collective took ${took} s to fail (limit 8 s)"
     grep -h FAILED "$T/h.0" "$T/h.1"
     ok "a stuck collective: the watchdog aborts it and names it, in ${took} s"
+    ;;
+late)
+    start=$(date +%s)
+    R1_ENV=(DDP_EMU_NCCL_FAIL=init)
+    DDP_EMU_GPUS=2 DDP_TIMEOUT=2 by_hand 2 --quick
+    took=$(($(date +%s) - start))
+    for r in 0 1; do
+        [ "${RCS[$r]}" = 1 ] || { cat "$T/h.$r"; fail "rank $r exited ${RCS[$r]}, want 1"; }
+    done
+    grep -q "rank 0 (GPU 0): creating the communicator of 2 ranks did not finish within 2 s; HINT" "$T/h.0" ||
+        { cat "$T/h.0"; fail "rank 0: no message saying init did not finish within 2 s"; }
+    grep -q "rank 1 (GPU 1): creating the communicator of 2 ranks failed: unhandled system error.*DDP_EMU_NCCL_FAIL=init" "$T/h.1" ||
+        { cat "$T/h.1"; fail "rank 1: no message naming its failed init"; }
+    [ $took -lt 8 ] || fail "rank 0 took ${took} s to give up (limit 8 s)"
+    cat "$T/h.0" "$T/h.1"
+    ok "a rank missing from init: the other gives up at the deadline, in ${took} s"
     ;;
 dup)
     rc=0; DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 bash -c \
