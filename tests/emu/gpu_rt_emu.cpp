@@ -19,6 +19,12 @@
  *    written) and the tests' comparisons fail. Copies between pinned host memory
  *    (cudaMallocHost, cudaHostRegister) and the device stay queued too, so a host buffer reused
  *    before its copy ran shows. DDP_EMU_STREAMS=immediate runs everything at once instead.
+ *    Work may be not ready (emu_rt_enqueue_poll: an emulated NCCL collective waiting for a peer,
+ *    nccl_emu.cpp; queued even when immediate): it stays first in its queue, cudaEventQuery
+ *    says cudaErrorNotReady, the next wait tries it again, as a kernel that spins; blocking
+ *    waits retry with run_m released between tries.
+ *  - the devices' PCI bus ids are 0x10 + the physical number; DDP_EMU_VISIBLE_DEVICES (a list,
+ *    as CUDA_VISIBLE_DEVICES) maps visible numbers to physical ones.
  *  - launches are validated as the hardware does (≤ 1024 threads, block ≤ 1024×1024×64, grid
  *    x < 2³¹ and y, z ≤ 65535, dynamic shared memory ≤ 48 KiB unless raised with
  *    cudaFuncSetAttribute, ≤ 227 KiB): a bad one runs nothing and leaves its error for
