@@ -289,6 +289,7 @@ int main(int argc, char **argv)
               "no one-line message");
         fprintf(stderr, "rank %d: as expected, after %.1f s: %s\n", R, took,
                 ddp_group_last_error(g));
+        ddp_group_free(g, d);
         ddp_group_destroy(g);
         return 3;
     }
@@ -309,6 +310,7 @@ int main(int argc, char **argv)
         ddp_status st = ddp_allreduce(g, d, d, 1, DDP_FLOAT32, DDP_SUM);
         CHECK(st != DDP_OK, "allreduce with rank %d dead succeeded", kill_rank);
         fprintf(stderr, "rank %d: as expected: %s\n", R, ddp_group_last_error(g));
+        ddp_group_free(g, d);
         ddp_group_destroy(g);
         return 3;
     }
