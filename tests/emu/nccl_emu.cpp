@@ -100,16 +100,10 @@ template <typename T> void st(T *p, T v)
 std::mutex global_m;
 std::string global_last; /* ncclGetLastError(NULL) */
 
-void set_global_last(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void set_global_last(const char *fmt, ...)
+void set_global_last(const char *msg)
 {
-    char b[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
     std::lock_guard<std::mutex> l(global_m);
-    global_last = b;
+    global_last = msg;
 }
 
 struct State {
@@ -136,19 +130,17 @@ struct State {
         if (map)
             munmap(map, map_bytes);
     }
-    void fail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 3, 4)))
+    /* The asynchronous error (the first one stays) and its message. */
+    void fail(ncclResult_t r, const char *msg)
     {
-        char b[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(b, sizeof b, fmt, ap);
-        va_end(ap);
-        std::lock_guard<std::mutex> l(mu);
-        if (err == ncclSuccess || err == ncclInProgress) {
-            err = r;
-            snprintf(last, sizeof last, "%s", b);
+        {
+            std::lock_guard<std::mutex> l(mu);
+            if (err == ncclSuccess || err == ncclInProgress) {
+                err = r;
+                snprintf(last, sizeof last, "%s", msg);
+            }
         }
-        set_global_last("%s", b);
+        set_global_last(msg);
     }
     ncclResult_t error()
     {
@@ -416,7 +408,7 @@ bool step_coll(State &s, Coll &c)
         if (!s.peers_alive(why, sizeof why)) {
             if (s.all_reached(c.target))
                 continue; /* it had arrived after all */
-            s.fail(ncclRemoteError, "%s", why);
+            s.fail(ncclRemoteError, why);
             return false;
         }
         const int64_t t = now_ms();
@@ -437,7 +429,7 @@ ncclResult_t bad(ncclResult_t r, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(b, sizeof b, fmt, ap);
     va_end(ap);
-    set_global_last("%s", b);
+    set_global_last(b);
     return r;
 }
 
@@ -499,7 +491,7 @@ ncclResult_t init_progress(State &s)
         if (!ld(&s.slot(q)->pid)) {
             char why[256];
             if (!s.peers_alive(why, sizeof why)) {
-                s.fail(ncclRemoteError, "%s", why);
+                s.fail(ncclRemoteError, why);
                 return ncclRemoteError;
             }
             return ncclInProgress;
@@ -508,9 +500,11 @@ ncclResult_t init_progress(State &s)
     for (int a = 0; a < s.n; a++)
         for (int b = a + 1; b < s.n; b++)
             if (s.slot(a)->busid == s.slot(b)->busid) {
-                s.fail(ncclInvalidUsage,
-                       "Duplicate GPU detected : rank %d and rank %d both on CUDA device %x", a, b,
-                       (unsigned)s.slot(a)->busid);
+                char why[128];
+                snprintf(why, sizeof why,
+                         "Duplicate GPU detected : rank %d and rank %d both on CUDA device %x", a,
+                         b, (unsigned)s.slot(a)->busid);
+                s.fail(ncclInvalidUsage, why);
                 return ncclInvalidUsage;
             }
     s.ready = true;

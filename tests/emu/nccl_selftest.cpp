@@ -166,6 +166,29 @@ static void back(void *h, const void *d, cudaStream_t s, size_t bytes)
     CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) == cudaSuccess, "copy out");
 }
 
+/* An allreduce of 1024 floats issued on a stream of its own, and an event recorded after it. */
+struct Issued {
+    cudaStream_t s;
+    void *d;
+    cudaEvent_t e;
+};
+static Issued issue_allreduce(ncclComm_t c)
+{
+    Issued x;
+    cudaStreamCreateWithFlags(&x.s, cudaStreamNonBlocking);
+    x.d = dev(nullptr, 4096);
+    CHECK(ncclAllReduce(x.d, x.d, 1024, ncclFloat32, ncclSum, c, x.s) == ncclSuccess, "issue");
+    cudaEventCreateWithFlags(&x.e, cudaEventDisableTiming);
+    cudaEventRecord(x.e, x.s);
+    return x;
+}
+static void release(Issued &x)
+{
+    cudaEventDestroy(x.e);
+    cudaStreamDestroy(x.s);
+    cudaFree(x.d);
+}
+
 static uint64_t hash(const void *p, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -300,13 +323,8 @@ int main()
             ncclCommDestroy(c);
             return;
         }
-        cudaStream_t s;
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        void *d = dev(nullptr, 4096);
-        CHECK(ncclAllReduce(d, d, 1024, ncclFloat32, ncclSum, c, s) == ncclSuccess, "issue");
-        cudaEvent_t e;
-        cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-        cudaEventRecord(e, s);
+        Issued x = issue_allreduce(c);
+        cudaEvent_t e = x.e;
         CHECK(!done_within(e, 0.3), "a collective without its peer finished");
         ncclResult_t ae;
         CHECK(ncclCommGetAsyncError(c, &ae) == ncclSuccess && ae == ncclSuccess, "async %d", ae);
@@ -320,9 +338,7 @@ int main()
             c);
         CHECK(done_within(e, 2), "the abort did not end the collective");
         pthread_join(th, nullptr);
-        cudaEventDestroy(e);
-        cudaStreamDestroy(s);
-        cudaFree(d);
+        release(x);
     });
     CHECK(ok, "abort");
     printf("ok: a collective missing its peer waits; ncclCommAbort from another thread ends it\n");
@@ -333,13 +349,8 @@ int main()
         ncclComm_t c = init(id, 2, r);
         if (r == 1)
             _exit(0); /* dies, communicator and all */
-        cudaStream_t s;
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        void *d = dev(nullptr, 4096);
-        CHECK(ncclAllReduce(d, d, 1024, ncclFloat32, ncclSum, c, s) == ncclSuccess, "issue");
-        cudaEvent_t e;
-        cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-        cudaEventRecord(e, s);
+        Issued x = issue_allreduce(c);
+        cudaEvent_t e = x.e;
         ncclResult_t ae = ncclSuccess;
         double end = now_s() + 5;
         while (ae == ncclSuccess && now_s() < end) {
@@ -352,9 +363,7 @@ int main()
         CHECK(cudaEventQuery(e) == cudaErrorNotReady, "the collective finished with its peer dead");
         ncclCommAbort(c);
         CHECK(done_within(e, 2), "the abort did not end the collective");
-        cudaEventDestroy(e);
-        cudaStreamDestroy(s);
-        cudaFree(d);
+        release(x);
     });
     CHECK(ok, "dead peer");
     printf("ok: a dead peer is ncclRemoteError; the collective ends at the abort\n");

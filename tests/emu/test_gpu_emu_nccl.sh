@@ -52,6 +52,14 @@ by_hand() {
         wait "${pids[$r]}" 2>/dev/null || RCS[r]=$?
     done
 }
+# want_rc RANK CODE WHY: by_hand's rank RANK exited CODE, else fail showing its output
+want_rc() {
+    [ "${RCS[$1]}" = "$2" ] || { cat "$T/h.$1"; fail "rank $1 exited ${RCS[$1]}, want $2 ($3)"; }
+}
+# want_line RANK PATTERN WHAT: rank RANK's output has PATTERN, else fail
+want_line() {
+    grep -q "$2" "$T/h.$1" || { cat "$T/h.$1"; fail "rank $1: no message $3"; }
+}
 
 case $MODE in
 w1)
@@ -83,10 +91,10 @@ kill)
     start=$(date +%s)
     DDP_EMU_GPUS=2 by_hand 2 --kill 1
     took=$(($(date +%s) - start))
-    [ "${RCS[1]}" = 137 ] || { cat "$T/h.1"; fail "rank 1 exited ${RCS[1]}, want 137 (SIGKILL)"; }
-    [ "${RCS[0]}" = 3 ] || { cat "$T/h.0"; fail "rank 0 exited ${RCS[0]}, want 3 (its allreduce failed)"; }
-    grep -q "rank 0: as expected: rank 0: nccl: allreduce #[0-9]* (float32 × 1) failed: NCCL reports remote process exited.*rank 1 (process [0-9]*) died" "$T/h.0" ||
-        { cat "$T/h.0"; fail "rank 0's message does not name the allreduce and the dead rank"; }
+    want_rc 1 137 SIGKILL
+    want_rc 0 3 "its allreduce failed"
+    want_line 0 "rank 0: as expected: rank 0: nccl: allreduce #[0-9]* (float32 × 1) failed: NCCL reports remote process exited.*rank 1 (process [0-9]*) died" \
+        "naming the allreduce and the dead rank"
     [ $took -lt 8 ] || fail "rank 0 took ${took} s to fail (limit 8 s)"
     grep "as expected" "$T/h.0"
     ok "rank 1 killed, no ddprun: rank 0's allreduce fails by itself in ${took} s, naming it"
@@ -96,12 +104,12 @@ stuck)
     DDP_EMU_GPUS=2 DDP_TIMEOUT=2 DDP_EMU_NCCL_STALL=1:2 by_hand 2 --quick
     took=$(($(date +%s) - start))
     for r in 0 1; do
-        [ "${RCS[$r]}" = 1 ] || { cat "$T/h.$r"; fail "rank $r exited ${RCS[$r]}, want 1"; }
-        grep -q "rank $r: FAILED: allreduce: rank $r: nccl: allreduce #2 (float32 × 1) " "$T/h.$r" ||
-            { cat "$T/h.$r"; fail "rank $r: no message naming allreduce #2"; }
+        want_rc $r 1 "a failed check"
+        want_line $r "rank $r: FAILED: allreduce: rank $r: nccl: allreduce #2 (float32 × 1) " \
+            "naming allreduce #2"
     done
-    grep -q "allreduce #2 (float32 × 1) timed out after 2 s on the GPU: the communicator was aborted" "$T/h.1" ||
-        { cat "$T/h.1"; fail "rank 1: not the watchdog's time-out"; }
+    want_line 1 "allreduce #2 (float32 × 1) timed out after 2 s on the GPU: the communicator was aborted" \
+        "of the watchdog's time-out"
     [ $took -lt 8 ] || fail "the stuck collective took ${took} s to fail (limit 8 s)"
     grep -h FAILED "$T/h.0" "$T/h.1"
     ok "a stuck collective: the watchdog aborts it and names it, in ${took} s"
@@ -111,13 +119,12 @@ late)
     R1_ENV=(DDP_EMU_NCCL_FAIL=init)
     DDP_EMU_GPUS=2 DDP_TIMEOUT=2 by_hand 2 --quick
     took=$(($(date +%s) - start))
-    for r in 0 1; do
-        [ "${RCS[$r]}" = 1 ] || { cat "$T/h.$r"; fail "rank $r exited ${RCS[$r]}, want 1"; }
-    done
-    grep -q "rank 0 (GPU 0): creating the communicator of 2 ranks did not finish within 2 s; HINT" "$T/h.0" ||
-        { cat "$T/h.0"; fail "rank 0: no message saying init did not finish within 2 s"; }
-    grep -q "rank 1 (GPU 1): creating the communicator of 2 ranks failed: unhandled system error.*DDP_EMU_NCCL_FAIL=init" "$T/h.1" ||
-        { cat "$T/h.1"; fail "rank 1: no message naming its failed init"; }
+    want_rc 0 1 "init failed"
+    want_rc 1 1 "init failed"
+    want_line 0 "rank 0 (GPU 0): creating the communicator of 2 ranks did not finish within 2 s; HINT" \
+        "saying init did not finish within 2 s"
+    want_line 1 "rank 1 (GPU 1): creating the communicator of 2 ranks failed: unhandled system error.*DDP_EMU_NCCL_FAIL=init" \
+        "naming its failed init"
     [ $took -lt 8 ] || fail "rank 0 took ${took} s to give up (limit 8 s)"
     cat "$T/h.0" "$T/h.1"
     ok "a rank missing from init: the other gives up at the deadline, in ${took} s"
