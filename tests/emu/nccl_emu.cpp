@@ -23,6 +23,9 @@
  *  - buffers must be device memory (cudaMalloc'd): else ncclInvalidArgument, naming the buffer.
  *  - ncclCommAbort/Destroy unlink the segment's name too (a rank that left before the others
  *    arrived), so no test leaves one behind; the mapping goes with the last collective using it.
+ *  - DDP_EMU_NCCL_INPROGRESS=1: on a non-blocking communicator a collective returns
+ *    ncclInProgress and ncclCommGetAsyncError says so twice more (NCCL may, in a group); so
+ *    does ncclCommFinalize (once) always.
  *  - the tests' faults: DDP_EMU_NCCL_STALL=R:N: rank R's Nth collective never runs, as a hung
  *    kernel, until the communicator is aborted; DDP_EMU_NCCL_FAIL=init: init fails
  *    (ncclSystemError). DDP_EMU_NCCL_TAG: a word in the segment's name, /ddpc-nccl-emu-TAG-…,
@@ -114,6 +117,9 @@ struct State {
     std::atomic<bool> gone{false}; /* aborted or destroyed: collectives end with no result */
     std::atomic<bool> ready{false};
     std::atomic<int> pending{0}; /* collectives queued, not finished */
+    bool blocking = true;
+    bool issue_in_progress = false; /* DDP_EMU_NCCL_INPROGRESS=1 */
+    std::atomic<int> polls_left{0}; /* ncclInProgress answers still due (issue, finalize) */
     std::mutex mu;
     ncclResult_t err = ncclSuccess; /* the asynchronous error, under mu */
     char last[512] = "";            /* its message, under mu */
@@ -471,15 +477,20 @@ ncclResult_t enqueue(Kind kind, const void *send, void *recv, size_t count, nccl
     c->root = root;
     c->chunk = AREA / e / (kind == REDUCE_SCATTER ? (size_t)s.n : 1);
     c->stalled = ++s.issued == (uint64_t)s.stall_at;
+    ncclResult_t r_issue = ncclSuccess;
     std::shared_ptr<State> sp = comm->s;
     sp->pending++;
+    if (s.issue_in_progress && !s.blocking) { /* as NCCL may: settled by polling */
+        s.polls_left = 2;
+        r_issue = ncclInProgress;
+    }
     emu_rt_enqueue_poll(stream, [sp, c] {
         if (!step_coll(*sp, *c))
             return false;
         sp->pending--;
         return true;
     });
-    return ncclSuccess;
+    return r_issue;
 }
 
 /* Init's progress: everyone arrived (then the duplicate-device check), someone died, or not yet. */
@@ -547,6 +558,8 @@ EMU_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
     ncclResult_t e = s.error();
     if (e == ncclSuccess && !s.ready)
         e = init_progress(s);
+    if (e == ncclSuccess && s.polls_left > 0 && s.polls_left-- > 0)
+        e = ncclInProgress;
     *async = e;
     return ncclSuccess;
 }
@@ -580,6 +593,9 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
     s->n = nranks;
     s->me = rank;
     s->device = dev;
+    s->blocking = blocking;
+    const char *ip = getenv("DDP_EMU_NCCL_INPROGRESS");
+    s->issue_in_progress = ip && !strcmp(ip, "1");
     const char *h = getenv("DDP_EMU_NCCL_HANG_S");
     if (h && atoi(h) > 0)
         s->hang_ms = (int64_t)atoi(h) * 1000;
@@ -653,8 +669,12 @@ EMU_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     if (!comm)
         return bad(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
-    /* Every collective this rank issued has finished (nccl.c waits for each): nothing to flush */
-    return comm->s->pending ? ncclInProgress : ncclSuccess;
+    /* Nothing to flush once every collective this rank issued has finished (nccl.c waits for
+     * each); non-blocking, it says ncclInProgress first, as NCCL's does */
+    if (comm->s->blocking)
+        return comm->s->pending ? ncclInternalError : ncclSuccess;
+    comm->s->polls_left = 1;
+    return ncclInProgress;
 }
 
 EMU_API ncclResult_t ncclCommDestroy(ncclComm_t comm)

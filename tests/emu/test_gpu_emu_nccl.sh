@@ -3,7 +3,9 @@
 # over the emulated NCCL (tests/emu/nccl_emu.cpp), one emulated device per rank:
 #   w1, w2, w3, w4  gpucheck (tests/integration/gpucheck.c) over nccl at 1, 2, 3, 4 ranks:
 #               every collective against the exact result (AVG at 3 ranks: NCCL's, each input
-#               times fl(1/3), within a few ulps of the sum / 3), W ranks × B ≡ 1 × W·B
+#               times fl(1/3), within a few ulps of the sum / 3), W ranks × B ≡ 1 × W·B; at 3
+#               ranks each collective and the finalize answer ncclInProgress first
+#               (DDP_EMU_NCCL_INPROGRESS=1: nccl.c's settle() polls them)
 #   kill        a rank killed after a round of collectives: ddprun's summary names it within
 #               10 s, no gpucheck left; then with the ranks started by hand (no ddprun to stop
 #               the survivor): rank 0's next allreduce fails by itself within 8 s, its message
@@ -72,6 +74,7 @@ w2 | w3 | w4)
     w=${MODE#w}
     quick=()
     [ "$w" != 2 ] && quick=(--quick) # 1 Mi + 3 elements: still 4 chunks of the 1 MiB areas
+    [ "$w" = 3 ] && export DDP_EMU_NCCL_INPROGRESS=1
     rc=0; DDP_EMU_GPUS=$w "$DDPRUN" --standalone --nproc_per_node "$w" "$CHECK" "${quick[@]}" \
         --expect nccl >"$T/out" 2>&1 || rc=$?
     [ $rc -eq 0 ] || { cat "$T/out"; fail "world $w over nccl: exit $rc"; }
