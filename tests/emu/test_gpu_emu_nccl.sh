@@ -139,6 +139,8 @@ dup)
     [ $rc -ne 0 ] || { cat "$T/out"; fail "two ranks on one device: ddprun exited 0"; }
     grep -q "creating the communicator of 2 ranks failed: invalid usage.*Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 10" "$T/out" ||
         { cat "$T/out"; fail "no message naming the duplicate GPU"; }
+    grep -q "Duplicate GPU detected.*HINT: each rank needs a GPU of its own" "$T/out" ||
+        { cat "$T/out"; fail "the hint does not say each rank needs a GPU of its own"; }
     grep -m1 -o "Duplicate GPU detected[^;]*" "$T/out"
     ok "two ranks on one emulated device: NCCL's init refuses them"
     ;;

@@ -479,11 +479,15 @@ ddp_status ddp__gpu_nccl_create(const ddp__setup *s, void **be, const ddp__backe
         ddp__fmt_duration(dl, sizeof dl, s->timeout_ms);
         st = ddp__err(
             err, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM,
-            "nccl: rank %d (GPU %d): creating the communicator of %d ranks %s%s%s%s; "
-            "HINT: every rank must call ddp_group_init; NCCL_DEBUG=INFO says more",
+            "nccl: rank %d (GPU %d): creating the communicator of %d ranks %s%s%s%s; HINT: %s; "
+            "NCCL_DEBUG=INFO says more",
             b->rank, b->device, b->n, r == ncclInProgress ? "did not finish within " : "failed: ",
             r == ncclInProgress ? dl : ncclGetErrorString(r), r == ncclInProgress ? "" : ": ",
-            r == ncclInProgress ? "" : ncclGetLastError(b->comm));
+            r == ncclInProgress ? "" : ncclGetLastError(b->comm),
+            /* invalid usage at init: NCCL's "Duplicate GPU detected", two ranks on one GPU */
+            r == ncclInvalidUsage ? "each rank needs a GPU of its own (two ranks on one GPU: "
+                                    "check CUDA_VISIBLE_DEVICES on every rank)"
+                                  : "every rank must call ddp_group_init");
         if (b->comm) {
             (void)ncclCommAbort(b->comm);
             b->comm_gone = true;
