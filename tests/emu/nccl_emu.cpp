@@ -58,7 +58,8 @@
 
 #define EMU_API extern "C" __attribute__((visibility("default")))
 
-namespace {
+namespace
+{
 
 const uint64_t ID_MAGIC = 0x6e63636c656d7531ull;  /* the unique id's */
 const uint64_t SEG_MAGIC = 0x6e63636c73656731ull; /* the segment's */
@@ -77,8 +78,8 @@ struct Header {
     uint32_t bell;  /* bumped (and woken) at every arrival: the futex waiters sleep on */
 };
 struct Slot {
-    int32_t pid;   /* 0 until the rank arrived */
-    int32_t left;  /* 1: destroyed or aborted its communicator */
+    int32_t pid;  /* 0 until the rank arrived */
+    int32_t left; /* 1: destroyed or aborted its communicator */
     int32_t device, busid;
     uint64_t step; /* barriers passed */
     char pad[40];
@@ -128,9 +129,18 @@ struct State {
     long stall_at = 0; /* DDP_EMU_NCCL_STALL for this rank: the collective that hangs */
     int64_t hang_ms = 120000;
 
-    Header *hdr() { return (Header *)map; }
-    Slot *slot(int r) { return (Slot *)(map + 64) + r; }
-    char *area(int r) { return map + 64 + (size_t)n * sizeof(Slot) + (size_t)r * AREA; }
+    Header *hdr()
+    {
+        return (Header *)map;
+    }
+    Slot *slot(int r)
+    {
+        return (Slot *)(map + 64) + r;
+    }
+    char *area(int r)
+    {
+        return map + 64 + (size_t)n * sizeof(Slot) + (size_t)r * AREA;
+    }
     ~State()
     {
         if (map)
@@ -181,8 +191,8 @@ struct State {
             }
             if (pid > 0 && !process_alive(pid)) {
                 snprintf(why, cap,
-                         "emulated NCCL: rank %d (process %d) died while rank %d waited for it",
-                         q, pid, me);
+                         "emulated NCCL: rank %d (process %d) died while rank %d waited for it", q,
+                         pid, me);
                 return false;
             }
         }
@@ -241,15 +251,22 @@ struct ncclComm {
 };
 
 /* ---- element types and reductions */
-namespace {
+namespace
+{
 
 size_t type_size(ncclDataType_t t)
 {
     switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
     default: return 0; /* fp8 and bad values */
     }
 }
@@ -284,8 +301,8 @@ template <typename T> T red(ncclRedOp_t op, T a, T b)
 /* out[i] = in_0[i] ∘ in_1[i] ∘ … in rank order, in[q] = base(q) + i. T: the arithmetic type;
  * E: the stored one (16-bit floats: float arithmetic, rounded back after every step). */
 template <typename E, typename T, typename Ld, typename St>
-void reduce_as(void *out, const void *const *in, int n, size_t cnt,
-               ncclRedOp_t op, bool is_float, Ld load, St store)
+void reduce_as(void *out, const void *const *in, int n, size_t cnt, ncclRedOp_t op, bool is_float,
+               Ld load, St store)
 {
     const T scale = load(store((T)(1.0 / n))); /* NCCL's: 1/n in the element type */
     for (size_t i = 0; i < cnt; i++) {
@@ -301,15 +318,15 @@ void reduce_as(void *out, const void *const *in, int n, size_t cnt,
         ((E *)out)[i] = store(acc);
     }
 }
-template <typename E> void reduce_native(void *out, const void *const *in,
-                                         int n, size_t cnt, ncclRedOp_t op, bool is_float)
+template <typename E>
+void reduce_native(void *out, const void *const *in, int n, size_t cnt, ncclRedOp_t op,
+                   bool is_float)
 {
-    reduce_as<E, E>(out, in, n, cnt, op, is_float, [](E x) { return x; },
-                    [](E x) { return x; });
+    reduce_as<E, E>(
+        out, in, n, cnt, op, is_float, [](E x) { return x; }, [](E x) { return x; });
 }
 
-void reduce(ncclDataType_t t, void *out, const void *const *in, int n,
-            size_t cnt, ncclRedOp_t op)
+void reduce(ncclDataType_t t, void *out, const void *const *in, int n, size_t cnt, ncclRedOp_t op)
 {
     switch (t) {
     case ncclInt8: reduce_native<int8_t>(out, in, n, cnt, op, false); break;
@@ -321,9 +338,9 @@ void reduce(ncclDataType_t t, void *out, const void *const *in, int n,
     case ncclFloat32: reduce_native<float>(out, in, n, cnt, op, true); break;
     case ncclFloat64: reduce_native<double>(out, in, n, cnt, op, true); break;
     case ncclFloat16:
-        reduce_as<_Float16, float>(out, in, n, cnt, op, true,
-                                   [](_Float16 x) { return (float)x; },
-                                   [](float x) { return (_Float16)x; });
+        reduce_as<_Float16, float>(
+            out, in, n, cnt, op, true, [](_Float16 x) { return (float)x; },
+            [](float x) { return (_Float16)x; });
         break;
     case ncclBfloat16:
         reduce_as<uint16_t, float>(out, in, n, cnt, op, true, bf16_to_f, f_to_bf16);
@@ -543,8 +560,7 @@ EMU_API ncclResult_t ncclGetUniqueId(ncclUniqueId *uid)
     id.magic = ID_MAGIC;
     const char *tag = getenv("DDP_EMU_NCCL_TAG");
     snprintf(id.name, sizeof id.name, "/ddpc-nccl-emu-%.16s-%d-%016llx",
-             tag && *tag && !strchr(tag, '/') ? tag : "x", (int)getpid(),
-             (unsigned long long)r[0]);
+             tag && *tag && !strchr(tag, '/') ? tag : "x", (int)getpid(), (unsigned long long)r[0]);
     memset(uid, 0, sizeof *uid);
     memcpy(uid->internal, &id, sizeof id);
     return ncclSuccess;
@@ -615,8 +631,7 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
         int e = errno;
         close(fd);
         shm_unlink(id.name);
-        return bad(ncclSystemError, "ncclCommInitRankConfig: sizing %s: %s", id.name,
-                   strerror(e));
+        return bad(ncclSystemError, "ncclCommInitRankConfig: sizing %s: %s", id.name, strerror(e));
     }
     void *m = mmap(nullptr, s->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
@@ -699,9 +714,11 @@ EMU_API const char *ncclGetErrorString(ncclResult_t r)
 {
     switch (r) {
     case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
     case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
     case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
     case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
@@ -758,8 +775,7 @@ EMU_API ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, n
 EMU_API ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
                                    int root, ncclComm_t comm, cudaStream_t stream)
 {
-    return enqueue(BROADCAST, send, recv, count, dt, ncclSum, root, comm, stream,
-                   "ncclBroadcast");
+    return enqueue(BROADCAST, send, recv, count, dt, ncclSum, root, comm, stream, "ncclBroadcast");
 }
 
 EMU_API ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t dt,
@@ -772,8 +788,7 @@ EMU_API ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t coun
                                        ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm,
                                        cudaStream_t stream)
 {
-    return enqueue(REDUCE_SCATTER, send, recv, count, dt, op, 0, comm, stream,
-                   "ncclReduceScatter");
+    return enqueue(REDUCE_SCATTER, send, recv, count, dt, op, 0, comm, stream, "ncclReduceScatter");
 }
 
 EMU_API ncclResult_t ncclGroupStart(void)

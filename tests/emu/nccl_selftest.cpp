@@ -140,8 +140,10 @@ static size_t tsize(ncclDataType_t t)
 {
     switch (t) {
     case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclFloat64: case ncclInt64: return 8;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclFloat64:
+    case ncclInt64: return 8;
     default: return 4;
     }
 }
@@ -203,8 +205,8 @@ int main()
     char tag[32];
     snprintf(tag, sizeof tag, "st%d", (int)getpid());
     setenv("DDP_EMU_NCCL_TAG", tag, 1);
-    uint64_t *sums = (uint64_t *)mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
-                                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    uint64_t *sums =
+        (uint64_t *)mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     int v = 0;
     CHECK(ncclGetVersion(&v) == ncclSuccess && v == NCCL_VERSION_CODE, "version %d", v);
 
@@ -217,7 +219,7 @@ int main()
         cudaStream_t s;
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
         const ncclDataType_t types[] = {ncclFloat32, ncclFloat64, ncclFloat16, ncclBfloat16,
-                                        ncclInt32, ncclInt64, ncclUint8};
+                                        ncclInt32,   ncclInt64,   ncclUint8};
         const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
         const size_t n = 7;
         unsigned char h[64], o[64];
@@ -243,7 +245,7 @@ int main()
                             double x = val(q, i);
                             sum += x;
                             if (q)
-                                want = op == ncclProd ? want * x
+                                want = op == ncclProd  ? want * x
                                        : op == ncclMax ? fmax(want, x)
                                        : op == ncclMin ? fmin(want, x)
                                                        : want + x;
@@ -294,7 +296,8 @@ int main()
         }
         /* refused: host memory, fp8, a bad root */
         CHECK(ncclAllReduce(hb, a, 4, ncclFloat32, ncclSum, c, s) == ncclInvalidArgument, "host");
-        CHECK(strstr(ncclGetLastError(nullptr), "not device memory"), "%s", ncclGetLastError(nullptr));
+        CHECK(strstr(ncclGetLastError(nullptr), "not device memory"), "%s",
+              ncclGetLastError(nullptr));
         CHECK(ncclAllReduce(a, a, 4, ncclFloat8e4m3, ncclSum, c, s) == ncclInvalidArgument, "fp8");
         CHECK(ncclBroadcast(a, a, 4, ncclFloat32, W, c, s) == ncclInvalidArgument, "root");
         int cnt = 0, rk = -1, dv = -1;

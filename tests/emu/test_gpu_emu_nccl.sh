@@ -30,7 +30,7 @@ export OPENBLAS_NUM_THREADS=1 DDP_GPU_MODULE=$MODULE DDP_REQUIRE_GPU=1 DDP_BACKE
 CLEANUP_GLOBS+=("/dev/shm/ddpc-nccl-emu-$TAG-*")
 no_segments() {
     local left
-    left=$(ls /dev/shm 2>/dev/null | grep "^ddpc-nccl-emu-$TAG-" || true)
+    left=$(compgen -G "/dev/shm/ddpc-nccl-emu-$TAG-*" || true)
     [ -z "$left" ] || fail "$1: /dev/shm segments left behind: $left"
 }
 # by_hand W ARGS…: W ranks of gpucheck started without ddprun (rank 1 with R1_ENV's settings
@@ -133,7 +133,10 @@ late)
     ok "a rank missing from init: the other gives up at the deadline, in ${took} s"
     ;;
 dup)
-    rc=0; DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 bash -c \
+    rc=0
+    # $RANK and $0 are the rank's shell's to expand
+    # shellcheck disable=SC2016
+    DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 bash -c \
         '[ "$RANK" = 1 ] && export DDP_EMU_VISIBLE_DEVICES=1,0; exec "$0" "$@"' "$CHECK" \
         >"$T/out" 2>&1 || rc=$?
     [ $rc -ne 0 ] || { cat "$T/out"; fail "two ranks on one device: ddprun exited 0"; }
