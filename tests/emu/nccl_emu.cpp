@@ -198,12 +198,12 @@ struct State {
         }
         return true;
     }
-    /* Ends the process when a collective has waited past hang_ms with no abort. */
+    /* Ends the process when a wait for the peers has lasted past hang_ms with no abort. */
     void check_hang(int64_t since)
     {
         if (since && now_ms() - since > hang_ms) {
             fprintf(stderr,
-                    "nccl emulation: rank %d waited %lld s in a collective with no abort; ending "
+                    "nccl emulation: rank %d waited %lld s for its peers with no abort; ending "
                     "the process (DDP_EMU_NCCL_HANG_S)\n",
                     me, (long long)(hang_ms / 1000));
             abort();
@@ -365,6 +365,7 @@ struct Coll {
     uint64_t target = 0;
     bool stalled = false;
     int64_t waiting_since = 0;
+    int64_t next_look = 0; /* at the peers' processes: every 10 ms while waiting */
 };
 
 /* One try at the collective: false while it waits for a peer (run again later). */
@@ -427,14 +428,16 @@ bool step_coll(State &s, Coll &c)
         }
         /* A peer missing: dead or gone (looked at again after the steps, which a peer that
          * finished and left had published first), or late. */
+        const int64_t t = now_ms();
         char why[256];
-        if (!s.peers_alive(why, sizeof why)) {
+        if (t >= c.next_look && !s.peers_alive(why, sizeof why)) {
             if (s.all_reached(c.target))
                 continue; /* it had arrived after all */
             s.fail(ncclRemoteError, why);
             return false;
         }
-        const int64_t t = now_ms();
+        if (t >= c.next_look)
+            c.next_look = t + 10;
         if (!c.waiting_since)
             c.waiting_since = t;
         s.check_hang(c.waiting_since);
@@ -665,12 +668,14 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
     *comm = new ncclComm{s};
     if (!blocking)
         return ncclInProgress;
+    const int64_t since = now_ms();
     for (long us = 20;; us = us < 1000 ? us * 2 : us) { /* blocking: until every rank is there */
         ncclResult_t r = init_progress(*s);
         if (r == ncclInProgress)
             r = s->error() == ncclSuccess ? ncclInProgress : s->error();
         if (r != ncclInProgress)
             return r;
+        s->check_hang(since);
         usleep((useconds_t)us);
     }
 }
