@@ -486,7 +486,8 @@ ddp_status ddp__gpu_nccl_create(const ddp__setup *s, void **be, const ddp__backe
             r == ncclInProgress ? "" : ncclGetLastError(b->comm),
             /* invalid usage at init: NCCL's "Duplicate GPU detected", two ranks on one GPU */
             r == ncclInvalidUsage ? "each rank needs a GPU of its own (two ranks on one GPU: "
-                                    "check CUDA_VISIBLE_DEVICES on every rank)"
+                                    "check CUDA_VISIBLE_DEVICES on every rank, or let ranks "
+                                    "that share a GPU use backend auto or cuda-ipc)"
                                   : "every rank must call ddp_group_init");
         if (b->comm) {
             (void)ncclCommAbort(b->comm);
