@@ -722,6 +722,21 @@ static ddp_status gather_gpus(ddp_group *g, int mine, int *gpus, ddp_error *err)
     return DDP_OK;
 }
 
+/* After auto's first choice failed: creates backend b for s under a prefix of its own
+ * (PREFIX/suffix; the first attempt's store keys stay behind). refused gets the first choice's
+ * failure (`why` when err has none), for the group's reason. */
+static ddp_status fall_back(ddp_group *g, const ddp__setup *s, const ddp__backend *b,
+                            const char *suffix, const char *why, char *refused, size_t cap,
+                            ddp_error *err)
+{
+    ddp__fmt(refused, cap, "%s", err ? err->msg : why);
+    char prefix[256];
+    ddp__fmt(prefix, sizeof prefix, "%s/%s", s->m.prefix, suffix);
+    ddp__setup s2 = *s;
+    s2.m.prefix = prefix;
+    return b->create(&s2, &g->be, &g->ops, err);
+}
+
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err)
 {
     ddp_group_opts def = DDP_GROUP_OPTS_INIT;
@@ -880,14 +895,9 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     bool one_rank_fallback = false;
     if (st && st != DDP_ERR_NOMEM && !named && chosen == &ddp__nccl_backend && s.m.n == 1 &&
         ddp__ipc_backend.usable(&s, refused, sizeof refused)) {
-        ddp__fmt(refused, sizeof refused, "%s", err ? err->msg : "nccl refused");
-        char prefix[256];
-        ddp__fmt(prefix, sizeof prefix, "%s/ipc", s.m.prefix);
-        ddp__setup s2 = s;
-        s2.m.prefix = prefix;
         chosen = &ddp__ipc_backend;
         one_rank_fallback = true;
-        st = chosen->create(&s2, &g->be, &g->ops, err);
+        st = fall_back(g, &s, chosen, "ipc", "nccl refused", refused, sizeof refused, err);
         if (st)
             refused[0] = '\0';
     }
@@ -896,13 +906,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
      * (the first attempt's store keys stay behind), and its reason says why */
     if (st == DDP_ERR_NOT_FOUND && !named && chosen == &ddp__ipc_backend &&
         ddp__staged_backend.usable(&s, refused, sizeof refused)) {
-        ddp__fmt(refused, sizeof refused, "%s", err ? err->msg : "cuda-ipc refused");
-        char prefix[256];
-        ddp__fmt(prefix, sizeof prefix, "%s/staged", s.m.prefix);
-        ddp__setup s2 = s;
-        s2.m.prefix = prefix;
         chosen = &ddp__staged_backend;
-        st = chosen->create(&s2, &g->be, &g->ops, err);
+        st = fall_back(g, &s, chosen, "staged", "cuda-ipc refused", refused, sizeof refused, err);
     } else if (!one_rank_fallback) {
         refused[0] = '\0';
     }
