@@ -518,6 +518,94 @@ static void resident_run(bool packed)
     }
 }
 
+/* Binding the parameters between a forward and its backward (ddp_model_bind_device_params, with
+ * device copies of the same values, as a sharded reducer's copy) in bf16: the backward reads the
+ * 16-bit twin, which the bind used to zero (its padding) and leave until the next forward; the
+ * gradients must equal, bit for bit, those of the same model left unbound. */
+static void bind_between_forward_and_backward(void **state)
+{
+    (void)state;
+    const variant *v = &cnn_relu;
+    ddp_model *m[2] = {build(v, DDP_DEVICE_CUDA, DDP_PRECISION_BF16),
+                       build(v, DDP_DEVICE_CUDA, DDP_PRECISION_BF16)};
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_SGD;
+    ddp_error err = {0};
+    const ddp__gpu_api *t;
+    ddp__devops dv = {0};
+    if (ddp__gpu_module(&t, &err) != DDP_OK || !t->cuda_devops ||
+        t->cuda_devops(0, &dv, &err) != DDP_OK)
+        fail_msg("the module's devops: %s", err.msg);
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(m[0], &np);
+    assert_true(np <= 64);
+    float *gd[2][64] = {{0}}, *pd[64] = {0};
+    char msg[DDP_ERRMSG_MAX];
+    for (int k = 0; k < 2; k++) {
+        if (ddp_model_resident(m[k], &oo, &err) != DDP_OK)
+            fail_msg("resident: %s", err.msg);
+        for (size_t i = 0; i < np; i++) {
+            assert_non_null(gd[k][i] = dv.alloc(dv.ctx, sizeof(float) * p[i].count));
+            if (dv.memset0(dv.ctx, ddp_model_cuda_stream(m[k]), gd[k][i],
+                           sizeof(float) * p[i].count, msg) != DDP_OK)
+                fail_msg("memset0: %s", msg);
+            assert_int_equal(ddp_model_bind_device_grad(m[k], i, gd[k][i]), DDP_OK);
+        }
+    }
+    static float x[B * IN];
+    int32_t y[B];
+    make_batch(7, x, y);
+    ddp_model_batch b = {.n = B, .x = x, .labels = y, .step = 1, .sample_offset = 0};
+    ddp_model_out out[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ddp_model_forward(m[k], &b, true, &out[k]), DDP_OK);
+    for (size_t i = 0; i < np; i++) {
+        assert_non_null(pd[i] = dv.alloc(dv.ctx, sizeof(float) * p[i].count));
+        if (dv.copy(dv.ctx, pd[i], ddp_model_device_param(m[1], i), sizeof(float) * p[i].count,
+                    msg) != DDP_OK)
+            fail_msg("copy: %s", msg);
+    }
+    if (ddp_model_bind_device_params(m[1], pd) != DDP_OK)
+        fail_msg("bind_device_params: %s", ddp_model_last_error(m[1]));
+    for (int k = 0; k < 2; k++)
+        if (ddp_model_backward(m[k], NULL, NULL) != DDP_OK)
+            fail_msg("backward: %s", ddp_model_last_error(m[k]));
+    assert_true(out[0].loss == out[1].loss);
+    for (int k = 0; k < 2; k++) /* the gradients are written on the model's stream */
+        if (dv.after(dv.ctx, ddp_model_cuda_stream(m[k]), msg) != DDP_OK ||
+            dv.sync(dv.ctx, INT64_MAX, msg) != DDP_OK)
+            fail_msg("waiting for backward: %s", msg);
+    size_t differ = 0;
+    for (size_t i = 0; i < np; i++) {
+        size_t n = p[i].count;
+        float *h[2];
+        for (int k = 0; k < 2; k++) {
+            assert_non_null(h[k] = malloc(sizeof(float) * n));
+            if (dv.copy(dv.ctx, h[k], gd[k][i], sizeof(float) * n, msg) != DDP_OK)
+                fail_msg("gradient copy: %s", msg);
+        }
+        if (memcmp(h[0], h[1], sizeof(float) * n) != 0) {
+            printf("    gradient of %s differs after the bind\n", p[i].name);
+            differ++;
+        }
+        free(h[0]);
+        free(h[1]);
+    }
+    printf("    bf16, bound between forward and backward: %zu of %zu gradients differ\n", differ,
+           np);
+    assert_int_equal(differ, 0);
+    assert_int_equal(ddp_model_bind_device_params(m[1], NULL), DDP_OK);
+    for (size_t i = 0; i < np; i++) {
+        dv.free(dv.ctx, pd[i]);
+        for (int k = 0; k < 2; k++)
+            dv.free(dv.ctx, gd[k][i]);
+    }
+    if (dv.destroy)
+        dv.destroy(dv.ctx);
+    for (int k = 0; k < 2; k++)
+        ddp_model_free(m[k]);
+}
+
 static void resident_steps(void **state)
 {
     (void)state;
@@ -689,12 +777,19 @@ int main(void)
     int n = ddp_test_gpus_or_skip("test_cuda_classifier");
     printf("test_cuda_classifier: %d GPU(s); the MLP and CNN on cuda:0 against the CPU\n", n);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cnn_matches),           cmocka_unit_test(mlp_matches),
-        cmocka_unit_test(ready_order),           cmocka_unit_test(resident_steps),
-        cmocka_unit_test(resident_steps_packed), cmocka_unit_test(ten_steps_fp32),
-        cmocka_unit_test(ten_steps_tf32),        cmocka_unit_test(bf16_matches),
-        cmocka_unit_test(fp16_matches),          cmocka_unit_test(ten_steps_bf16),
-        cmocka_unit_test(ten_steps_fp16),        cmocka_unit_test(refusals),
+        cmocka_unit_test(cnn_matches),
+        cmocka_unit_test(mlp_matches),
+        cmocka_unit_test(ready_order),
+        cmocka_unit_test(resident_steps),
+        cmocka_unit_test(resident_steps_packed),
+        cmocka_unit_test(ten_steps_fp32),
+        cmocka_unit_test(ten_steps_tf32),
+        cmocka_unit_test(bf16_matches),
+        cmocka_unit_test(fp16_matches),
+        cmocka_unit_test(ten_steps_bf16),
+        cmocka_unit_test(ten_steps_fp16),
+        cmocka_unit_test(refusals),
+        cmocka_unit_test(bind_between_forward_and_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1388,9 +1388,11 @@ extern "C" ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *p
                                                ddp_error *err)
 {
     ddp_status st = ddp__cuda_resident_bind_params(&g->res, params_dev, err);
-    /* bound, round_h rounds tensor by tensor: the twin's padding zeroed here, as the GPT's */
-    if (!st && params_dev && g->half)
-        st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err);
+    /* bound, round_h rounds tensor by tensor: the twin's padding zeroed here, as the GPT's, and
+     * the twin rounded again from the arrays bound (a backward may follow a forward) */
+    if (!st && params_dev && g->half &&
+        !(st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err)))
+        st = round_h(g, err);
     return st;
 }
 

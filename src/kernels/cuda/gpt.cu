@@ -530,6 +530,19 @@ static ddp_precision hprec(const ddp__cuda_gpt *g)
     return g->ht == DDP_FLOAT16 ? DDP_PRECISION_FP16 : DDP_PRECISION_BF16;
 }
 
+/* The weights' 16-bit copy, once per forward and at each bind (the padding between tensors is
+ * zeros): in one pass over the flat buffer, or tensor by tensor from where they are bound. */
+static ddp_status round_h(ddp__cuda_gpt *g, ddp_error *err)
+{
+    if (!g->res.bound)
+        return ddp__cuda_f32_to_h(g->ctx, g->ht, g->params, g->total, g->params_h, err);
+    ddp_status st = DDP_OK;
+    for (size_t i = 0; i < g->n_params && !st; i++)
+        st = ddp__cuda_f32_to_h(g->ctx, g->ht, g->res.bound[i], g->counts[i],
+                                g->params_h + g->offsets[i], err);
+    return st;
+}
+
 /* Precision bf16 or fp16 (g->ht), from the embedding's x0 to the logits (rows, V) fp32 in
  * g->logits: the blocks and the head with every rounding of docs/gpu.md's table. rows: N, or n
  * for the last positions. */
@@ -540,14 +553,8 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
     const size_t NC = (size_t)N * C;
     const ddp_dtype ht = g->ht;
     ddp_status st;
-    /* the weights' 16-bit copy, once per forward (the padding between tensors is zeros): in one
-     * pass over the flat buffer, or tensor by tensor from where they are bound */
-    if (!g->res.bound && (st = ddp__cuda_f32_to_h(c, ht, g->params, g->total, g->params_h, err)))
+    if ((st = round_h(g, err)))
         return st;
-    for (size_t i = 0; g->res.bound && i < g->n_params; i++)
-        if ((st = ddp__cuda_f32_to_h(c, ht, g->res.bound[i], g->counts[i],
-                                     g->params_h + g->offsets[i], err)))
-            return st;
     const float *x = g->x0;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
@@ -884,9 +891,12 @@ extern "C" ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *p
                                                 ddp_error *err)
 {
     ddp_status st = ddp__cuda_resident_bind_params(&g->res, params_dev, err);
-    /* bound, the 16-bit copy is rounded tensor by tensor: its padding stays as zeros */
-    if (!st && params_dev && g->half)
-        st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err);
+    /* bound, the 16-bit copy is rounded tensor by tensor: its padding zeroed; rounded again now
+     * from the arrays bound, so that a backward after a forward of the old ones reads the values
+     * the forward used (the caller binds copies of them) */
+    if (!st && params_dev && g->half &&
+        !(st = ddp__cuda_memset0(g->ctx, g->params_h, sizeof(uint16_t) * g->total, err)))
+        st = round_h(g, err);
     return st;
 }
 
