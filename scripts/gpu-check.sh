@@ -474,6 +474,11 @@ EOP
         check "torch autocast fp16 + GradScaler vs ddpc fp16 on cuda (0.05)" env \
             DDP_CARRY_LD_LIBRARY_PATH="$LD_LIBRARY_PATH" LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" \
             python3 tests/python/test_gpt_bf16_torch.py "$CARRY/bin" fp16
+        # a PyTorch 2.11 program under ddprun (CI has Debian's 1.13): rank 0's TCPStore on the
+        # MASTER_PORT ddprun leaves free, gloo collectives and a DDP step
+        check "torch 2.11 program under ddprun, 2 ranks" "$CARRY/bin/ddprun" --standalone \
+            --nproc_per_node 2 env LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 \
+            tests/python/torch_ddprun_worker.py
         cnn_part fp32
     }
     bench_part() {

@@ -7,7 +7,8 @@
  *   ddp_status st = ddp_spawn(4, train, &cfg, NULL, &res, &err);
  *
  * Each worker is a fork of the caller. It gets ddprun's environment contract (RANK, LOCAL_RANK,
- * WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DDP_RUN_ID, DDP_STORE_TOKEN,
+ * WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and DDP_STORE_PORT (both the private
+ * store's port here), DDP_RUN_ID, DDP_STORE_TOKEN,
  * DDP_AGENT_STORE=1, …: DDP_ENV_CONTRACT), so ddp_world_from_env() and ddp_group_init(NULL, …)
  * inside fn see the world of nprocs ranks, and a private store that ddp_spawn runs for the call
  * (on a free loopback port, with a fresh token) is where they meet. fn also receives that world.

@@ -4,14 +4,15 @@
  *
  * ddprun (and torchrun) give each worker RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
  * GROUP_RANK, MASTER_ADDR and MASTER_PORT; ddprun adds DDP_RUN_ID, DDP_STORE_TOKEN,
- * DDP_RESTART_COUNT, DDP_MAX_RESTARTS, DDP_AGENT_STORE and DDP_HOST_CORES (DDP_ENV_CONTRACT lists
- * every name it sets). ddp_world_from_env() reads them and checks that they agree with each
- * other, and reads the DDP_* settings (ddp_settings) too. Other launchers are recognised by their
- * own variables: Open MPI's mpirun (OMPI_COMM_WORLD_*), PMIx (PMIX_RANK), PMI (PMI_RANK,
- * PMI_SIZE: MPICH's mpiexec, srun --mpi=pmi2) and Slurm's srun (SLURM_PROCID, SLURM_NTASKS, …);
- * ddp_world.launcher says which one set the world. With none of them, a program is a world of one
- * and behaves exactly like a plain single-process run. docs/launchers.md gives the order of
- * precedence and what each launcher sets.
+ * DDP_RESTART_COUNT, DDP_MAX_RESTARTS, DDP_AGENT_STORE, DDP_STORE_PORT (its store's port: the
+ * workers' MASTER_PORT is a free one left to a program's own store, as PyTorch's rank 0 makes)
+ * and DDP_HOST_CORES (DDP_ENV_CONTRACT lists every name it sets). ddp_world_from_env() reads them
+ * and checks that they agree with each other, and reads the DDP_* settings (ddp_settings) too.
+ * Other launchers are recognised by their own variables: Open MPI's mpirun (OMPI_COMM_WORLD_*),
+ * PMIx (PMIX_RANK), PMI (PMI_RANK, PMI_SIZE: MPICH's mpiexec, srun --mpi=pmi2) and Slurm's srun
+ * (SLURM_PROCID, SLURM_NTASKS, …); ddp_world.launcher says which one set the world. With none of
+ * them, a program is a world of one and behaves exactly like a plain single-process run.
+ * docs/launchers.md gives the order of precedence and what each launcher sets.
  *
  * Nothing else in the library reads the environment: the group, its backends, the reducer and the
  * datasets take their settings from their options (a ddp_world among them), so a program that
@@ -41,8 +42,8 @@ extern "C" {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",      \
         "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "DDP_RUN_ID",   \
         "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",             \
-        "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",                     \
-        "TORCHELASTIC_MAX_RESTARTS"
+        "DDP_STORE_PORT", "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",   \
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"
 
 /* Who started this process, as ddp_world_from_env() recognised it (docs/launchers.md). */
 typedef enum ddp_launcher {
@@ -112,7 +113,9 @@ typedef struct ddp_world {
     int max_restarts;  /* DDP_MAX_RESTARTS (or TORCHELASTIC_MAX_RESTARTS) */
     char master_addr[256]; /* MASTER_ADDR: host of the rendezvous store; under srun without it,
                               the first host of the step's node list */
-    int master_port;       /* MASTER_PORT; under srun without it, derived from the job id */
+    int master_port;       /* the store's port: DDP_STORE_PORT under ddprun (which leaves
+                              MASTER_PORT free for a program's own store, as PyTorch's), else
+                              MASTER_PORT; under srun without it, derived from the job id */
     char run_id[128];      /* DDP_RUN_ID (or TORCHELASTIC_RUN_ID); "none" when unset */
     char store_token[128]; /* DDP_STORE_TOKEN; empty when unset */
     bool launched;         /* true when a launcher set the world (launcher != NONE) */

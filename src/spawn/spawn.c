@@ -171,7 +171,8 @@ static int set_contract(int rank, int n, int port, const char *run_id, const cha
         {"ROLE_WORLD_SIZE", w},
         {"ROLE_NAME", "default"},
         {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", p},
+        {"MASTER_PORT", p}, /* a C function, not a program with a store of its own */
+        {"DDP_STORE_PORT", p},
         {"DDP_RUN_ID", run_id},
         {"TORCHELASTIC_RUN_ID", run_id},
         {"DDP_STORE_TOKEN", token},

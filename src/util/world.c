@@ -400,6 +400,10 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     bool rank_based = w.launcher == DDP_LAUNCHER_ENV || w.launcher == DDP_LAUNCHER_DDPRUN ||
                       w.launcher == DDP_LAUNCHER_TORCHRUN;
     w.agent_store = rank_based && (v = getenv("DDP_AGENT_STORE")) && strcmp(v, "1") == 0;
+    /* ddprun's store is on DDP_STORE_PORT; MASTER_PORT is then a free port it leaves to programs
+     * that host a store of their own (PyTorch's rank 0 binds MASTER_PORT). */
+    if (w.agent_store && (st = env_int("DDP_STORE_PORT", 1, 65535, &w.master_port, err)))
+        return st;
     if ((st = ddp__settings_from_env(&w.settings, err)))
         return st;
     *out = w;

@@ -12,7 +12,10 @@ for n in 1 2 4 8; do
     "$DDPRUN" --standalone --nproc_per_node=$n "$WORKER" env "$d" --lr 3e-4 "two words" -x \
         >"$d/out" 2>"$d/err" || fail "ddprun with $n workers exited $?"
     [ "$(ls "$d"/env.* | wc -l)" -eq $n ] || fail "$n workers: expected $n env files"
-    port=$(get "$d/env.0" MASTER_PORT)
+    port=$(get "$d/env.0" DDP_STORE_PORT)
+    mport=$(get "$d/env.0" MASTER_PORT) # left free for a program's own store (PyTorch's)
+    [ -n "$port" ] && [ -n "$mport" ] && [ "$mport" != "$port" ] ||
+        fail "MASTER_PORT '$mport' must be a port apart from the store's '$port'"
     run=$(get "$d/env.0" DDP_RUN_ID)
     token=$(get "$d/env.0" DDP_STORE_TOKEN)
     [ ${#token} -ge 32 ] || fail "token '$token' is too short"
@@ -27,7 +30,9 @@ for n in 1 2 4 8; do
         [ "$(get "$f" LOCAL_WORLD_SIZE)" = $n ] || fail "LOCAL_WORLD_SIZE in $f"
         [ "$(get "$f" GROUP_RANK)" = 0 ] || fail "GROUP_RANK in $f"
         [ "$(get "$f" MASTER_ADDR)" = 127.0.0.1 ] || fail "MASTER_ADDR in $f"
-        [ "$(get "$f" MASTER_PORT)" = "$port" ] || fail "MASTER_PORT differs in $f"
+        [ "$(get "$f" MASTER_PORT)" = "$mport" ] || fail "MASTER_PORT differs in $f"
+        [ "$(get "$f" DDP_STORE_PORT)" = "$port" ] || fail "DDP_STORE_PORT differs in $f"
+        [ "$(get "$f" TORCHELASTIC_USE_AGENT_STORE)" = False ] || fail "TORCHELASTIC_USE_AGENT_STORE in $f"
         [ "$(get "$f" DDP_RUN_ID)" = "$run" ] || fail "DDP_RUN_ID differs in $f"
         [ "$(get "$f" TORCHELASTIC_RUN_ID)" = "$run" ] || fail "TORCHELASTIC_RUN_ID in $f"
         [ "$(get "$f" DDP_STORE_TOKEN)" = "$token" ] || fail "DDP_STORE_TOKEN differs in $f"

@@ -110,16 +110,16 @@ d=$T/menv; mkdir -p "$d"
 port=$(free_port)
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$DDPRUN" --nproc_per_node=2 "$WORKER" env "$d" \
     >/dev/null 2>&1 || fail "ddprun with MASTER_ADDR/MASTER_PORT in its environment"
-[ "$(get "$d/env.1" MASTER_PORT)" = $port ] || fail "MASTER_PORT from the environment ignored"
+[ "$(get "$d/env.1" DDP_STORE_PORT)" = $port ] || fail "MASTER_PORT from the environment ignored"
 d=$T/mflag; mkdir -p "$d"
 port2=$(free_port)
 MASTER_PORT=$port "$DDPRUN" --nproc_per_node=2 --master_port $port2 "$WORKER" env "$d" \
     >/dev/null 2>&1 || fail "ddprun --master_port with MASTER_PORT set"
-[ "$(get "$d/env.0" MASTER_PORT)" = $port2 ] || fail "the flag did not win over MASTER_PORT"
+[ "$(get "$d/env.0" DDP_STORE_PORT)" = $port2 ] || fail "the flag did not win over MASTER_PORT"
 d=$T/mstand; mkdir -p "$d"
 MASTER_ADDR=10.255.255.1 MASTER_PORT=$port "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" \
     env "$d" >/dev/null 2>&1 || fail "--standalone with MASTER_ADDR/MASTER_PORT set"
-[ "$(get "$d/env.0" MASTER_ADDR)" = 127.0.0.1 ] && [ "$(get "$d/env.0" MASTER_PORT)" != $port ] ||
+[ "$(get "$d/env.0" MASTER_ADDR)" = 127.0.0.1 ] && [ "$(get "$d/env.0" DDP_STORE_PORT)" != $port ] ||
     fail "--standalone took MASTER_ADDR/MASTER_PORT from the environment"
 rc=0; MASTER_PORT=99999 "$DDPRUN" "$WORKER" env "$T" >/dev/null 2>err || rc=$?
 [ $rc -eq 2 ] || fail "MASTER_PORT=99999: exit $rc"

@@ -26,7 +26,10 @@ for r in 0 1 2 3 4; do
     [ "$(get "$f" GROUP_RANK)" = $node ] || fail "GROUP_RANK in $f"
     [ "$(get "$f" LOCAL_RANK)" = $lr ] || fail "LOCAL_RANK in $f"
     [ "$(get "$f" LOCAL_WORLD_SIZE)" = $lws ] || fail "LOCAL_WORLD_SIZE in $f"
-    [ "$(get "$f" MASTER_PORT)" = $port ] || fail "MASTER_PORT in $f"
+    [ "$(get "$f" DDP_STORE_PORT)" = $port ] || fail "DDP_STORE_PORT in $f"
+    mp=$(get "$f" MASTER_PORT) # node 0's pick, the same on every node, for a program's own store
+    [ -n "$mp" ] && [ "$mp" != $port ] && [ "$mp" = "$(get "$d/env.0" MASTER_PORT)" ] ||
+        fail "MASTER_PORT '$mp' in $f"
     [ "$(get "$f" DDP_STORE_TOKEN)" = "$DDP_STORE_TOKEN" ] || fail "token in $f"
     [ "$(get "$f" DDP_RUN_ID)" = "$(get "$d/env.0" DDP_RUN_ID)" ] || fail "run id differs in $f"
 done

@@ -21,7 +21,7 @@ ok "port $port in use: clear error, no worker started"
 
 "$DDPRUN" --standalone --nproc_per_node 2 "$WORKER" env "$T" >"$T/out" 2>"$T/err" ||
     fail "--standalone failed while port $port is taken"
-[ "$(sed -n 's/^MASTER_PORT=//p' "$T/env.0")" != "$port" ] || fail "--standalone used $port"
+[ "$(sed -n 's/^DDP_STORE_PORT=//p' "$T/env.0")" != "$port" ] || fail "--standalone used $port"
 ok "--standalone picks a free port"
 
 # A program started by hand (RANK/WORLD_SIZE/MASTER_*) whose rank 0 cannot host the store.

@@ -9,15 +9,15 @@ get() { sed -n "s/^$2=//p" "$1"; }
 d=$T/port0; mkdir -p "$d"
 "$DDPRUN" --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1 --nproc-per-node=2 \
     "$WORKER" env "$d" >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "localhost:0 refused"; }
-p0=$(get "$d/env.0" MASTER_PORT); p1=$(get "$d/env.1" MASTER_PORT)
-[ -n "$p0" ] && [ "$p0" != 0 ] && [ "$p0" = "$p1" ] || fail "MASTER_PORT '$p0' / '$p1' for localhost:0"
+p0=$(get "$d/env.0" DDP_STORE_PORT); p1=$(get "$d/env.1" DDP_STORE_PORT)
+[ -n "$p0" ] && [ "$p0" != 0 ] && [ "$p0" = "$p1" ] || fail "DDP_STORE_PORT '$p0' / '$p1' for localhost:0"
 [ "$(get "$d/env.0" MASTER_ADDR)" = localhost ] || fail "MASTER_ADDR is not the endpoint's host"
 "$DDPRUN" --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:0 --nproc_per_node 2 "$WORKER" rendezvous \
     >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "the ranks did not meet on 127.0.0.1:0"; }
 d=$T/port0s; mkdir -p "$d"
 "$DDPRUN" --standalone --rdzv_endpoint localhost:0 --nproc_per_node 2 "$WORKER" env "$d" \
     >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "--standalone with localhost:0 refused"; }
-[ "$(get "$d/env.0" MASTER_PORT)" != 0 ] || fail "--standalone with localhost:0 gave port 0"
+[ "$(get "$d/env.0" DDP_STORE_PORT)" != 0 ] || fail "--standalone with localhost:0 gave port 0"
 ok "--rdzv_endpoint localhost:0 / 127.0.0.1:0 (also beside --standalone): a free port, the workers meet there (port $p0)"
 
 # IPv6 loopback, torchrun's bracketed form [::1]:PORT (and [::1], ::1 without a port), where the

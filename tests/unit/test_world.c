@@ -35,6 +35,7 @@ static const char *const vars[] = {
     "DDP_MAX_RESTARTS",
     "TORCHELASTIC_MAX_RESTARTS",
     "DDP_AGENT_STORE",
+    "DDP_STORE_PORT",
     "DDP_BACKEND",
     "DDP_TIMEOUT",
     "DDP_DEBUG",
@@ -139,6 +140,33 @@ static void full_contract(void **state)
     assert_string_equal(w.store_token, "secret");
     assert_int_equal(w.restart_count, 2);
     assert_int_equal(w.max_restarts, 3);
+}
+
+/* ddprun's store on DDP_STORE_PORT; MASTER_PORT is then a port left to a program's own store
+ * (PyTorch's), which ddpc does not use. Read only with DDP_AGENT_STORE=1, and checked. */
+static void store_port_beside_master_port(void **state)
+{
+    (void)state;
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("DDP_RUN_ID", "job7", 1);
+    setenv("MASTER_PORT", "1234", 1);
+    setenv("DDP_STORE_PORT", "4321", 1);
+    ddp_world w;
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_false(w.agent_store);
+    assert_int_equal(w.master_port, 1234); /* no agent store: a stale DDP_STORE_PORT is ignored */
+    setenv("DDP_AGENT_STORE", "1", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_true(w.agent_store);
+    assert_int_equal(w.master_port, 4321);
+    unsetenv("DDP_STORE_PORT"); /* an older launcher: MASTER_PORT is the store's */
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.master_port, 1234);
+    setenv("DDP_STORE_PORT", "70000", 1);
+    ddp_error err = {0};
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "DDP_STORE_PORT='70000'"));
 }
 
 static void torchrun_names(void **state)
@@ -760,6 +788,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(world_of_one, clear_env),
         cmocka_unit_test_setup(full_contract, clear_env),
+        cmocka_unit_test_setup(store_port_beside_master_port, clear_env),
         cmocka_unit_test_setup(torchrun_names, clear_env),
         cmocka_unit_test_setup(rank_without_world_size, clear_env),
         cmocka_unit_test_setup(rank_not_below_world, clear_env),

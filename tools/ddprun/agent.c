@@ -17,12 +17,15 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -245,9 +248,54 @@ static int setup_store(agent *a)
 
 /* ---- node rendezvous ----------------------------------------------------------------------- */
 
+/* A port on host (else on every interface, as the store's own fall-back) that nobody holds now:
+ * bound to port 0 and let go. The workers get it as MASTER_PORT, which a program hosting its own
+ * store binds (PyTorch's rank 0 does, as under torchrun's c10d rendezvous); ddpc's ranks use
+ * DDP_STORE_PORT. Another process may take it in between, as with torchrun's own pick. */
+static int pick_free_port(const char *host)
+{
+    int why = EADDRNOTAVAIL;
+    for (int pass = 0; pass < 2; pass++) {
+        struct addrinfo hints = {0}, *res = NULL;
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+        if (getaddrinfo(pass == 0 ? host : NULL, "0", &hints, &res) != 0)
+            continue;
+        int port = -1;
+        for (struct addrinfo *ai = res; ai && port < 0; ai = ai->ai_next) {
+            int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+            if (fd < 0) {
+                why = errno;
+                continue;
+            }
+            struct sockaddr_storage ss;
+            socklen_t len = sizeof ss;
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+                port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                      : ((struct sockaddr_in *)&ss)->sin_port);
+            else
+                why = errno;
+            close(fd);
+        }
+        freeaddrinfo(res);
+        if (port > 0)
+            return port;
+    }
+    ddprun_say("cannot find a free port on '%s' for the workers' MASTER_PORT: %s", host,
+               strerror(why));
+    return -1;
+}
+
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
+    /* Node 0 picks the workers' MASTER_PORT afresh each attempt (a restarted rank 0 binds again)
+     * and hands it to the other nodes in its record. */
+    a->wd.free_port = 0;
+    if (o->node_rank == 0 && (a->wd.free_port = pick_free_port(o->master_addr)) < 0)
+        return -1;
     if (o->nnodes == 1) {
         a->wd.world_size = o->nproc;
         a->wd.rank_offset = 0;
@@ -267,7 +315,7 @@ static int rendezvous(agent *a)
         return -1;
     }
     snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
-    snprintf(val, sizeof val, "%d %d %d", o->nproc, o->max_restarts, o->nnodes);
+    snprintf(val, sizeof val, "%d %d %d %d", o->nproc, o->max_restarts, o->nnodes, a->wd.free_port);
     if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK)
         goto out_store;
 
@@ -332,13 +380,17 @@ static int rendezvous(agent *a)
             ddprun_say("%s", ddp_store_last_error(s));
             goto out_free;
         }
-        int np = 0, mr = 0, nn = 0;
-        int got = sscanf(v, "%d %d %d", &np, &mr, &nn);
+        int np = 0, mr = 0, nn = 0, fp = 0;
+        int got = sscanf(v, "%d %d %d %d", &np, &mr, &nn, &fp);
         free(v);
-        if (got != 3 || np < 1) {
-            ddprun_say("node %d sent a malformed rendezvous record", i);
+        if (got != 4 || np < 1 || (i == 0 && (fp < 1 || fp > 65535))) {
+            ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every "
+                       "node",
+                       i);
             goto out_free;
         }
+        if (i == 0)
+            a->wd.free_port = fp;
         if (mr != o->max_restarts || nn != o->nnodes) {
             ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
                        "and %d; give every node the same flags",

@@ -51,16 +51,16 @@ typedef struct ddprun_opts {
     char run_id[128];
     bool run_id_set;
     char role[64];
-    bool prefix;         /* prefix console lines with the rank (default when world > 1) */
-    bool no_prefix;      /* --no_prefix */
-    bool ranks_filter;   /* --local_ranks_filter given: the console shows only shown[] */
+    bool prefix;       /* prefix console lines with the rank (default when world > 1) */
+    bool no_prefix;    /* --no_prefix */
+    bool ranks_filter; /* --local_ranks_filter given: the console shows only shown[] */
     bool shown[DDPRUN_MAX_NPROC];
     char local_addr[256]; /* --local_addr: the workers' DDP_LOCAL_ADDR; "" when not given */
-    int bind;            /* BIND_*: pin workers to cores */
-    int pass_local_rank; /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
-    bool use_env;        /* --use_env: accepted, changes nothing (the environment is always set) */
-    bool isolate_gpus;   /* --isolate_gpus: CUDA_VISIBLE_DEVICES = the worker's GPU only */
-    int ngpus;           /* with it: the GPUs visible to ddprun, by CUDA's name */
+    int bind;             /* BIND_*: pin workers to cores */
+    int pass_local_rank;  /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
+    bool use_env;         /* --use_env: accepted, changes nothing (the environment is always set) */
+    bool isolate_gpus;    /* --isolate_gpus: CUDA_VISIBLE_DEVICES = the worker's GPU only */
+    int ngpus;            /* with it: the GPUs visible to ddprun, by CUDA's name */
     char gpu_ids[DDPRUN_MAX_GPUS][DDPRUN_GPU_ID];
     char **argv; /* the program and its arguments, untouched */
 } ddprun_opts;
@@ -100,7 +100,10 @@ typedef struct ddprun_world {
     int rank_offset; /* global rank of local rank 0 */
     int attempt;
     char token[128];
-    int master_port; /* the port actually used (--standalone picks one) */
+    int master_port; /* the store's port actually used (--standalone picks one): DDP_STORE_PORT */
+    int free_port;   /* a port on node 0 nobody holds, picked each attempt: the workers'
+                        MASTER_PORT, for programs that host a store of their own (PyTorch's
+                        init_process_group on rank 0) */
 } ddprun_world;
 
 /* Resolves prog as execvp would (PATH unless it has a '/'); writes the path into buf. On failure

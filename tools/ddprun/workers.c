@@ -79,7 +79,10 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("ROLE_WORLD_SIZE", "%d", wd->world_size);
     ADD("ROLE_NAME", "%s", o->role);
     ADD("MASTER_ADDR", "%s", o->master_addr);
-    ADD("MASTER_PORT", "%d", wd->master_port);
+    /* MASTER_PORT is left free for a store of the program's own (PyTorch's rank 0 binds it, as
+     * under torchrun's c10d rendezvous); ddpc's ranks find ddprun's store on DDP_STORE_PORT. */
+    ADD("MASTER_PORT", "%d", wd->free_port);
+    ADD("DDP_STORE_PORT", "%d", wd->master_port);
     ADD("DDP_RUN_ID", "%s", o->run_id);
     ADD("DDP_STORE_TOKEN", "%s", wd->token);
     ADD("DDP_RESTART_COUNT", "%d", wd->attempt);
@@ -89,7 +92,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
-    if (o->isolate_gpus && o->ngpus > 0) /* the LOCAL_RANK-th visible GPU, and only it */
+    ADD("TORCHELASTIC_USE_AGENT_STORE", "False"); /* rank 0 hosts torch's store on MASTER_PORT */
+    if (o->isolate_gpus && o->ngpus > 0)          /* the LOCAL_RANK-th visible GPU, and only it */
         ADD("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids[w->local_rank % o->ngpus]);
     if (o->local_addr[0]) /* --local_addr; else an inherited DDP_LOCAL_ADDR passes through */
         ADD("DDP_LOCAL_ADDR", "%s", o->local_addr);
