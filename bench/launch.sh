@@ -23,7 +23,7 @@ time_ms() {
 ms() { tr ' ' '\n' | grep . | awk '{printf " %.1f", $1 / 1000}'; }
 
 declare -A T
-names=(ddprun_store torchrun_store torchrun_pg python_import)
+names=(ddprun_store torchrun_store torchrun_pg ddprun_pg python_import)
 for ((i = 0; i < RUNS; i++)); do
     # Interleave the contenders so that machine noise hits them alike.
     T[ddprun_store]+=" $(time_ms "$DDPRUN" --master_port "$(free_port)" --nproc_per_node=4 "$BUILD/bin/hello_world")"
@@ -31,20 +31,24 @@ for ((i = 0; i < RUNS; i++)); do
         --master_port "$(free_port)" --nproc_per_node=4 bench/meet_torch.py store)"
     T[torchrun_pg]+=" $(time_ms $PY -m torch.distributed.run --redirects 1 --tee 1 \
         --master_port "$(free_port)" --nproc_per_node=4 bench/meet_torch.py pg)"
+    # the same PyTorch script under ddprun (its MASTER_PORT is left to torch's TCPStore)
+    T[ddprun_pg]+=" $(time_ms "$DDPRUN" --master_port "$(free_port)" --nproc_per_node=4 \
+        $PY bench/meet_torch.py pg)"
     T[python_import]+=" $(time_ms $PY -c 'import torch.distributed')"
 done
 
 d=$(med <<<"${T[ddprun_store]}")
 echo "launch of 4 ranks that meet through the store; median of $RUNS runs"
 echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
-printf '%-52s %10s %10s\n' "job" "median ms" "vs ddprun"
+printf '%-58s %10s %10s\n' "job" "median ms" "vs ddprun"
 row() {
     local m
     m=$(med <<<"${T[$2]}")
     awk -v n="$1" -v m="$m" -v d="$d" -v r="$(ms <<<"${T[$2]}")" \
-        'BEGIN {printf "%-52s %10.1f %9.0fx   (runs ms:%s)\n", n, m / 1000, m / d, r}'
+        'BEGIN {printf "%-58s %10.1f %9.0fx   (runs ms:%s)\n", n, m / 1000, m / d, r}'
 }
 row "ddprun + hello_world (C, store)" ddprun_store
 row "torchrun + TCPStore add/wait (same job)" torchrun_store
 row "torchrun + init_process_group(gloo) + barrier" torchrun_pg
+row "ddprun + init_process_group(gloo) + barrier (same script)" ddprun_pg
 row "for scale: one 'python3 -c import torch.distributed'" python_import
