@@ -12,10 +12,11 @@ SCRIPT=$(cd "$(dirname "$0")/../python" && pwd)/torch_ddprun_worker.py
 $PY -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null ||
     { echo "skip: no torch.distributed in $PY"; exit 77; }
 
-"$DDPRUN" --standalone --nproc_per_node 2 $PY "$SCRIPT" >"$T/out" 2>"$T/err" ||
+# torchrun's form: the script itself (run with PATH's python3 -u; Debian's first here)
+PATH=$(dirname $PY):$PATH "$DDPRUN" --standalone --nproc_per_node 2 "$SCRIPT" >"$T/out" 2>"$T/err" ||
     { cat "$T/out" "$T/err" >&2; fail "a torch program under ddprun --standalone exited $?"; }
 [ "$(grep -c "torch rank . of 2 ok (attempt 0" "$T/out")" -eq 2 ] || { cat "$T/out"; fail "not both ranks ok"; }
-ok "ddprun --standalone --nproc_per_node 2 python3 train.py: init_process_group, gloo collectives, a DDP step"
+ok "ddprun --standalone --nproc_per_node 2 train.py: init_process_group, gloo collectives, a DDP step"
 
 # torchrun's habit: --master_port given; torch must not collide with ddprun's store on it.
 port=$(free_port)

@@ -66,15 +66,47 @@ d=$T/short; mkdir -p "$d"
 [ -d "$d/logs/t3/attempt_0/0" ] || fail "-t3 wrote no log folder"
 ok "-r 3 and -t3 are --redirects 3 and --tee 3"
 
-for flags in "-m" "--module" "--run_path" "--run-path" "--no-python"; do
+# Python programs, as torchrun runs them: a PROGRAM ending in .py through 'python3 -u', -m NAME
+# as 'python3 -u -m NAME', --run_path's script likewise, --no-python runs PROGRAM itself; the
+# --local_rank argument of --pass_local_rank right after the script.
+cd "$T"
+mkdir -p pymods
+printf 'import os, sys\nc = open("/proc/self/cmdline").read().split("\\0")\nprint("py", os.environ["RANK"], "-u" in c, sys.argv[1:])\n' >pymods/pyargs.py
+cp pymods/pyargs.py script.py
+cp pymods/pyargs.py script_noext
+rc=0; "$DDPRUN" --nproc_per_node 2 script.py a "b c" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 0 ] || { cat "$T/err"; fail "'ddprun script.py' exited $rc"; }
+assert_contains "$T/out" "[rank1]: py 1 True ['a', 'b c']"
+for flags in "-m" "--module"; do
+    PYTHONPATH=$T/pymods "$DDPRUN" --nproc_per_node 2 $flags pyargs x >"$T/out" 2>"$T/err" ||
+        { cat "$T/err"; fail "'ddprun $flags pyargs' exited $?"; }
+    assert_contains "$T/out" "[rank0]: py 0 True ['x']"
+done
+"$DDPRUN" --nproc_per_node 2 --run-path script_noext y >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "'ddprun --run-path script_noext' exited $?"; }
+assert_contains "$T/out" "[rank1]: py 1 True ['y']"
+"$DDPRUN" --nproc_per_node 2 --pass_local_rank underscore script.py z >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "--pass_local_rank with a script exited $?"; }
+assert_contains "$T/out" "[rank1]: py 1 True ['--local_rank=1', 'z']"
+printf '#!/bin/sh\necho "direct $RANK"\n' >shell.py && chmod +x shell.py
+"$DDPRUN" --nproc_per_node 2 --no-python ./shell.py >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "--no-python ./shell.py exited $?"; }
+assert_contains "$T/out" "[rank1]: direct 1"
+for flags in "-m --no-python" "--run_path --no_python" "-m --run_path"; do
     rc=0
     # shellcheck disable=SC2086
-    "$DDPRUN" --nproc_per_node 2 $flags "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    "$DDPRUN" --nproc_per_node 2 $flags script.py >"$T/out" 2>"$T/err" || rc=$?
     [ $rc -eq 2 ] || fail "'$flags' exited $rc, want 2"
-    assert_contains "$T/err" "is a torchrun flag for Python scripts"
+    assert_contains "$T/err" "together"
 done
-[ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
-ok "-m, --module, --run_path, --no-python: refused, naming the flag"
+rc=0; "$DDPRUN" --nproc_per_node 2 nothere.py >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "'ddprun nothere.py' exited $rc, want 1"
+assert_contains "$T/err" "cannot open the script 'nothere.py': No such file or directory"
+rc=0; PATH=/nonexistent "$DDPRUN" --nproc_per_node 2 script.py >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 1 ] || fail "no python3 on PATH: exit $rc, want 1"
+assert_contains "$T/err" "cannot run 'python3' for the script 'script.py'"
+cd - >/dev/null
+ok "script.py, -m NAME, --run_path: through python3 -u (--local_rank after the script); --no-python runs PROGRAM; clear errors"
 
 # A mistyped flag: the closest one is suggested (as ddptrain does for keys); a far one is not.
 for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
@@ -94,17 +126,13 @@ rc=0
 assert_contains "$T/err" "unknown flag '-nproc_per_node' (ddprun's flags start with '--', e.g. '--nproc_per_node'"
 ok "mistyped flags: the closest known flag suggested; one dash: say flags take two"
 
-# `ddprun train.py` (torchrun's habit) and a program in the current directory without './'.
+# A program in the current directory without './'.
 cd "$T"
-printf 'print(1)\n' >train.py
 printf '#!/bin/sh\nexit 0\n' >prog.sh && chmod +x prog.sh
-rc=0; "$DDPRUN" --nproc_per_node 2 train.py >"$T/out" 2>"$T/err" || rc=$?
-[ $rc -eq 1 ] || fail "'ddprun train.py' exited $rc, want 1"
-assert_contains "$T/err" "not through Python as torchrun does: 'ddprun [flags] python3 train.py'"
 rc=0; "$DDPRUN" --nproc_per_node 2 prog.sh >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 1 ] || fail "'ddprun prog.sh' exited $rc, want 1"
 assert_contains "$T/err" "'prog.sh' is in the current directory, which is not searched: give './prog.sh'"
-ok "ddprun train.py: a hint to add python3; a program in the current directory: a hint to add ./"
+ok "a program in the current directory: a hint to add ./"
 
 # --local_ranks_filter: the console shows the ranks named, the log files keep every rank, and a
 # failed rank that is filtered out still has its last lines in the failure summary

@@ -2,8 +2,8 @@
  * args.c — ddprun's command line: torchrun's flags (FACTS.md), so scripts and habits carry over.
  * `--name=value` and `--name value`, dashes or underscores in names (`--nproc-per-node`). The
  * first argument that is not a flag is the program; it and everything after it pass untouched.
- * Flags torchrun has that make no sense without Python (--no_python, --module/-m, --run_path)
- * are refused with a message rather than silently ignored.
+ * Python scripts run as torchrun runs them: a PROGRAM ending in .py (and --run_path's) through
+ * `python3 -u`, --module/-m NAME as `python3 -u -m NAME`, --no_python runs PROGRAM itself.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -84,9 +84,16 @@ static const char usage[] =
     "                           (the log files keep every rank; a failed rank's last lines are\n"
     "                           in the failure summary either way)\n"
     "\n"
+    "Python programs (as torchrun)\n"
+    "  PROGRAM.py               runs as 'python3 -u PROGRAM.py' (python3 from PATH)\n"
+    "  -m, --module NAME        runs 'python3 -u -m NAME'\n"
+    "  --run_path               PROGRAM is a Python script whatever its name\n"
+    "  --no_python              run PROGRAM itself, even a .py (its #! line decides)\n"
+    "\n"
     "torch.distributed.launch\n"
     "  --use_env                accepted and changes nothing: LOCAL_RANK is always set\n"
-    "  --pass_local_rank STYLE  also give each worker its local rank as its first argument:\n"
+    "  --pass_local_rank STYLE  also give each worker its local rank as the first argument after\n"
+    "                           the program (the script):\n"
     "                           underscore: --local_rank=N (torch.distributed.launch before\n"
     "                           PyTorch 2.0); dash: --local-rank=N (2.0 and later)\n"
     "\n"
@@ -588,6 +595,7 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
 
 int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
 {
+    bool no_python = false, module = false, run_path = false;
     memset(o, 0, sizeof *o);
     o->nproc = 1;
     o->nnodes = 1;
@@ -655,12 +663,13 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                 printf("ddprun (ddpc) %s\n", DDP_VERSION_STRING);
                 return 1;
             }
-            if (strcmp(name, "no_python") == 0 || strcmp(name, "module") == 0 ||
-                strcmp(name, "run_path") == 0)
-                return bad("--%s is a torchrun flag for Python scripts; ddprun always runs "
-                           "PROGRAM directly: drop the flag",
-                           name);
-            if (strcmp(name, "standalone") == 0)
+            if (strcmp(name, "no_python") == 0)
+                no_python = true;
+            else if (strcmp(name, "module") == 0)
+                module = true;
+            else if (strcmp(name, "run_path") == 0)
+                run_path = true; /* torchrun runs it in its own interpreter; ours is python3 */
+            else if (strcmp(name, "standalone") == 0)
                 o->standalone = true;
             else if (strcmp(name, "use_env") == 0)
                 o->use_env = true;
@@ -682,6 +691,23 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     if (i >= argc)
         return bad("no program to run: 'ddprun [flags] PROGRAM [ARGS...]'");
     o->argv = argv + i;
+    /* As torchrun: a Python script runs through the interpreter, unbuffered (-u), unless
+     * --no_python; -m runs a module. torchrun's interpreter is its own; ours is PATH's python3
+     * (an active virtual environment's), or give one: 'ddprun --no_python /path/python3 x.py'. */
+    if ((module || run_path) && no_python)
+        return bad("--%s and --no_python together: --%s runs PROGRAM with python3, --no_python "
+                   "runs PROGRAM itself; choose one",
+                   module ? "module" : "run_path", module ? "module" : "run_path");
+    if (module && run_path)
+        return bad("--module and --run_path together: a module name or a script's path; choose "
+                   "one");
+    size_t plen = strlen(o->argv[0]);
+    if (module || run_path || (!no_python && plen > 3 && !strcmp(o->argv[0] + plen - 3, ".py"))) {
+        o->python[o->npython++] = "python3";
+        o->python[o->npython++] = "-u";
+        if (module)
+            o->python[o->npython++] = "-m";
+    }
     if (o->use_env && o->pass_local_rank != PASS_LOCAL_RANK_NONE)
         return bad("--use_env says the program reads LOCAL_RANK from its environment, "
                    "--pass_local_rank gives it as an argument: choose one");

@@ -63,6 +63,10 @@ typedef struct ddprun_opts {
     int ngpus;            /* with it: the GPUs visible to ddprun, by CUDA's name */
     char gpu_ids[DDPRUN_MAX_GPUS][DDPRUN_GPU_ID];
     char **argv; /* the program and its arguments, untouched */
+    /* What runs argv, as torchrun runs Python scripts: {"python3", "-u"} for a PROGRAM ending in
+     * .py, {"python3", "-u", "-m"} with --module; none with --no_python or another PROGRAM. */
+    const char *python[3];
+    int npython;
 } ddprun_opts;
 
 /* Parses argv. Returns 0 to run, 1 when --help/--version was printed (exit 0), -1 after printing

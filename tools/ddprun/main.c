@@ -59,18 +59,27 @@ int main(int argc, char **argv)
     }
     char path[4096];
     int why = 0;
-    if (!ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
+    /* A Python script (python[] set): the interpreter must be found and the script readable,
+     * before any worker starts, rather than every worker's python3 saying so. */
+    if (o->npython && !ddprun_find_program(o->python[0], path, sizeof path, &why)) {
+        ddprun_say("cannot run '%s' for %s '%s' (as torchrun, ddprun runs Python programs with an "
+                   "interpreter): %s; install python3, or name one: 'ddprun [flags] "
+                   "/path/to/python3 %s%s'",
+                   o->python[0], o->npython == 3 ? "the module" : "the script", o->argv[0],
+                   strerror(why), o->npython == 3 ? "-m " : "", o->argv[0]);
+        free(o);
+        return 1;
+    }
+    if (o->npython == 2 && access(o->argv[0], R_OK) != 0) {
+        ddprun_say("cannot open the script '%s': %s", o->argv[0], strerror(errno));
+        free(o);
+        return 1;
+    }
+    if (!o->npython && !ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
         const char *prog = o->argv[0];
-        size_t len = strlen(prog);
         bool slash = strchr(prog, '/') != NULL;
         char hint[600] = "";
-        if (len > 3 && !strcmp(prog + len - 3, ".py"))
-            /* torchrun's habit: `torchrun train.py` runs it with Python; ddprun runs PROGRAM */
-            snprintf(hint, sizeof hint,
-                     "; ddprun runs PROGRAM itself, not through Python as torchrun does: "
-                     "'ddprun [flags] python3 %s'",
-                     prog);
-        else if (!slash && access(prog, F_OK) == 0)
+        if (!slash && access(prog, F_OK) == 0)
             snprintf(hint, sizeof hint,
                      "; '%s' is in the current directory, which is not searched: give './%s'", prog,
                      prog);

@@ -181,31 +181,37 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
 {
     char path[4096];
     int why = 0;
-    if (!ddprun_find_program(o->argv[0], path, sizeof path, &why)) {
-        ddprun_say("cannot run '%s': %s%s", o->argv[0], strerror(why),
-                   strchr(o->argv[0], '/') ? "" : " (searched PATH; give a path like ./prog)");
+    const char *prog = o->npython ? o->python[0] : o->argv[0];
+    if (!ddprun_find_program(prog, path, sizeof path, &why)) {
+        ddprun_say("cannot run '%s': %s%s", prog, strerror(why),
+                   strchr(prog, '/') ? "" : " (searched PATH; give a path like ./prog)");
         return -1;
     }
     char **env = build_env(o, wd, w);
-    /* --pass_local_rank: torch.distributed.launch's argument, right after the program. */
+    /* The interpreter's words (python3 -u [-m]), the program, then --pass_local_rank's argument
+     * (torch.distributed.launch's, right after the script), then the program's arguments. */
     char lr_arg[64];
-    char **args = o->argv;
-    if (env && o->pass_local_rank) {
-        int n = 0;
-        while (o->argv[n])
-            n++;
-        if ((args = calloc((size_t)n + 2, sizeof *args))) {
+    int n = 0;
+    while (o->argv[n])
+        n++;
+    char **args = calloc((size_t)(o->npython + n + 2), sizeof *args);
+    if (args) {
+        int k = 0;
+        for (int i = 0; i < o->npython; i++)
+            args[k++] = (char *)o->python[i];
+        args[k++] = o->argv[0];
+        if (o->pass_local_rank) {
             snprintf(lr_arg, sizeof lr_arg, "--local%srank=%d",
                      o->pass_local_rank == PASS_LOCAL_RANK_DASH ? "-" : "_", w->local_rank);
-            args[0] = o->argv[0];
-            args[1] = lr_arg;
-            memcpy(args + 2, o->argv + 1, sizeof *args * (size_t)n); /* with the NULL */
+            args[k++] = lr_arg;
         }
+        memcpy(args + k, o->argv + 1, sizeof *args * (size_t)n); /* with the NULL */
     }
     if (!env || !args) {
         ddprun_say("out of memory preparing the environment of rank %d", w->rank);
         if (env)
             free_env(env);
+        free(args);
         return -1;
     }
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, execp[2] = {-1, -1};
@@ -295,8 +301,7 @@ out_close:
             close(execp[i]);
     }
     free_env(env);
-    if (args != o->argv)
-        free(args);
+    free(args);
     return rc;
 }
 
