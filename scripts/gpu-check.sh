@@ -479,6 +479,9 @@ EOP
         check "torch 2.11 program under ddprun, 2 ranks" "$CARRY/bin/ddprun" --standalone \
             --nproc_per_node 2 env LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 \
             tests/python/torch_ddprun_worker.py
+        check "torch 2.11 program under ddprun, nccl, 1 rank" "$CARRY/bin/ddprun" --standalone \
+            --nproc_per_node 1 env LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 \
+            tests/python/torch_ddprun_worker.py nccl
         cnn_part fp32
     }
     bench_part() {
