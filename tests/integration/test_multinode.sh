@@ -104,3 +104,52 @@ assert_contains "$d/err1" "received SIGTERM"
 assert_not_contains "$d/err1" "restarting"
 wait_gone "$d" 2
 ok "SIGTERM to node 0 stops both nodes without restarting"
+
+# torchrun's c10d form with no --node_rank: ddprun numbers the nodes. The node that can listen
+# on the endpoint hosts the store and is node 0 (here both share 127.0.0.1: the first to bind);
+# the others are 1, 2, … as they join. Three nodes, one started first.
+d=$T/c10d; mkdir -p "$d"
+port=$(free_port)
+c10d=(--nnodes 3 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:$port --rdzv_timeout 20)
+"$DDPRUN" "${c10d[@]}" --nproc_per_node 1 "$WORKER" env "$d" >"$d/outA" 2>"$d/errA" &
+BG_PIDS+=($!); na=$!
+sleep 0.3 # A hosts
+"$DDPRUN" "${c10d[@]}" --nproc_per_node 2 "$WORKER" env "$d" >"$d/outB" 2>"$d/errB" &
+BG_PIDS+=($!); nb=$!
+"$DDPRUN" "${c10d[@]}" --nproc_per_node 1 "$WORKER" env "$d" >"$d/outC" 2>"$d/errC" ||
+    { cat "$d"/err*; fail "node C exited $?"; }
+wait $na || { cat "$d/errA"; fail "node A exited non-zero"; }
+wait $nb || { cat "$d/errB"; fail "node B exited non-zero"; }
+[ "$(get "$d/env.0" GROUP_RANK)" = 0 ] && [ "$(get "$d/env.0" LOCAL_WORLD_SIZE)" = 1 ] ||
+    fail "rank 0 is not the hosting node's (A, 1 worker)"
+assert_not_contains "$d/errA" "numbered by"
+groups=""
+for r in 0 1 2 3; do
+    f=$d/env.$r
+    [ -f "$f" ] || fail "no env file for rank $r"
+    [ "$(get "$f" WORLD_SIZE)" = 4 ] || fail "WORLD_SIZE in $f"
+    [ "$(get "$f" DDP_STORE_PORT)" = $port ] || fail "DDP_STORE_PORT in $f"
+    groups="$groups$(get "$f" GROUP_RANK)"
+done
+[ "$groups" = 0112 ] || [ "$groups" = 0122 ] || fail "GROUP_RANKs by rank: $groups"
+assert_contains "$d/errB" "of 3 (numbered by the c10d rendezvous"
+assert_contains "$d/errC" "of 3 (numbered by the c10d rendezvous"
+ok "--rdzv_backend c10d without --node_rank: the endpoint's node hosts as node 0, the others numbered as they join ($groups)"
+
+# One node too many is told so, and the job of the others goes on.
+d=$T/c10d2; mkdir -p "$d"
+port=$(free_port)
+c10d=(--nnodes 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:$port --rdzv_timeout 20)
+"$DDPRUN" "${c10d[@]}" "$WORKER" sleep "$d" >"$d/outA" 2>"$d/errA" &
+BG_PIDS+=($!); na=$!
+sleep 0.3
+"$DDPRUN" "${c10d[@]}" "$WORKER" sleep "$d" >"$d/outB" 2>"$d/errB" &
+BG_PIDS+=($!); nb=$!
+wait_files "$d" "pid.*" 2 20
+rc=0; "$DDPRUN" "${c10d[@]}" "$WORKER" env "$d" >"$d/outC" 2>"$d/errC" || rc=$?
+[ $rc -eq 1 ] || fail "a third node for --nnodes 2 exited $rc, want 1"
+assert_contains "$d/errC" "more nodes joined the rendezvous at '127.0.0.1:$port' than --nnodes 2"
+kill -TERM $na $nb
+wait $na || true; wait $nb || true
+wait_gone "$d" 2
+ok "a node beyond --nnodes under c10d numbering: a clear error"

@@ -23,14 +23,23 @@ for backend in tcp auto; do
     port=$(free_port)
     common=(--nnodes 2 --master_addr "$ADDR_A" --master_port "$port" --nproc_per_node 2
         --rdzv_timeout 60)
-    in_b env DDP_BACKEND=$backend DDP_HOST_ID=hostB "$DDPRUN" --node_rank 1 "${common[@]}" \
+    ra=(--node_rank 0) rb=(--node_rank 1)
+    if [ $backend = auto ]; then
+        # torchrun's c10d form, no --node_rank: host B (started first) cannot listen on host A's
+        # address, so it joins as a client and is numbered 1; host A hosts the store as node 0
+        common=(--nnodes 2 --rdzv_backend c10d --rdzv_endpoint "$ADDR_A:$port" --nproc_per_node 2
+            --rdzv_timeout 60)
+        ra=() rb=()
+    fi
+    in_b env DDP_BACKEND=$backend DDP_HOST_ID=hostB "$DDPRUN" "${rb[@]}" "${common[@]}" \
         "$BIN/collcheck" "$@" >"$T/out1" 2>&1 & BG_PIDS+=($!); n1=$!
-    in_a env DDP_BACKEND=$backend DDP_HOST_ID=hostA "$DDPRUN" --node_rank 0 "${common[@]}" \
+    in_a env DDP_BACKEND=$backend DDP_HOST_ID=hostA "$DDPRUN" "${ra[@]}" "${common[@]}" \
         "$BIN/collcheck" "$@" >"$T/out0" 2>&1 || { cat "$T/out0" "$T/out1"; fail "$backend: host A"; }
     wait $n1 || { cat "$T/out1"; fail "$backend: host B exited non-zero"; }
     want=$([ $backend = tcp ] && echo tcp || echo shm+tcp)
     assert_contains "$T/out0" "checks passed on 4 ranks (backend $want)"
-    ok "2 namespace hosts × 2 ranks: every collective correct over $want"
+    [ $backend = tcp ] || assert_contains "$T/out1" "this is node 1 of 2 (numbered by the c10d rendezvous"
+    ok "2 namespace hosts × 2 ranks: every collective correct over $want$([ $backend = tcp ] || echo ", hosts numbered by c10d")"
 done
 
 # 2, 3: one rank per host started by hand (faultcheck), rank 0 hosting the store in host A.

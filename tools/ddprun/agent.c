@@ -146,6 +146,26 @@ static void nap_ms(int ms)
 /* ---- store set-up ------------------------------------------------------------------------------
  */
 
+/* Starts node 0's store on --master_addr:--master_port; on several nodes a master_addr this host
+ * cannot listen on (a name other nodes resolve differently: NAT, /etc/hosts) falls back to every
+ * interface when any_fallback. */
+static ddp_status start_server(agent *a, bool any_fallback, ddp_error *err)
+{
+    ddprun_opts *o = a->o;
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = o->master_addr;
+    so.port = o->master_port;
+    so.token = a->wd.token;
+    ddp_status st = ddp_store_server_start(&so, &a->server, err);
+    if (st == DDP_ERR_SYSTEM && any_fallback) {
+        so.host = NULL;
+        st = ddp_store_server_start(&so, &a->server, err);
+    }
+    if (st == DDP_OK)
+        a->wd.master_port = ddp_store_server_port(a->server);
+    return st;
+}
+
 static int setup_store(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -162,32 +182,35 @@ static int setup_store(agent *a)
             ddprun_say("%s", err.msg);
             return -1;
         }
+    }
+
+    a->wd.master_port = o->master_port;
+    if (o->number_nodes) {
+        /* torchrun's c10d rendezvous without --node_rank: the node that can listen on the
+         * endpoint (the host it names) hosts the store and is node 0 (is_host=1 insists, with the
+         * every-interface fall-back; is_host=0 never hosts); any other, or one that finds the
+         * port taken by the host's store on the same machine, joins as a client and is numbered
+         * once connected. */
+        ddp_status st = DDP_ERR_SYSTEM;
+        if (o->is_host != 0)
+            st = start_server(a, o->is_host == 1, &err);
+        if (st != DDP_OK &&
+            (o->is_host == 1 || (st != DDP_ERR_SYSTEM && st != DDP_ERR_ADDR_IN_USE))) {
+            ddprun_say("%s", err.msg);
+            return -1;
+        }
+        o->node_rank = st == DDP_OK ? 0 : -1;
     } else if (o->node_rank == 0) {
+        if (start_server(a, o->nnodes > 1, &err) != DDP_OK) {
+            ddprun_say("%s", err.msg);
+            return -1;
+        }
+    }
+    if (o->nnodes > 1 && o->node_rank == 0 && !a->wd.token[0])
         ddprun_say("warning: DDP_STORE_TOKEN is not set, so the store on '" HOSTF "' accepts any "
                    "connection (as torchrun's does); export the same secret DDP_STORE_TOKEN on "
                    "every node to refuse strangers",
                    HOSTA(o->master_addr, o->master_port));
-    }
-
-    a->wd.master_port = o->master_port;
-    if (o->node_rank == 0) {
-        ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
-        so.host = o->master_addr;
-        so.port = o->master_port;
-        so.token = a->wd.token;
-        ddp_status st = ddp_store_server_start(&so, &a->server, &err);
-        if (st == DDP_ERR_SYSTEM && o->nnodes > 1) {
-            /* master_addr may be a name other nodes resolve differently (NAT, /etc/hosts):
-             * listen on every interface. */
-            so.host = NULL;
-            st = ddp_store_server_start(&so, &a->server, &err);
-        }
-        if (st != DDP_OK) {
-            ddprun_say("%s", err.msg);
-            return -1;
-        }
-        a->wd.master_port = ddp_store_server_port(a->server);
-    }
     ddp_store_opts co = DDP_STORE_OPTS_INIT;
     co.host = o->master_addr;
     co.port = a->wd.master_port;
@@ -212,6 +235,22 @@ static int setup_store(agent *a)
                 ddprun_say("%s", err.msg);
             return -1;
         }
+    }
+    if (o->node_rank < 0) { /* numbered by the rendezvous: 1, 2, … in the order of joining */
+        int64_t n = 0;
+        if (ddp_store_add(a->store, "ddprun/numbered", 1, &n) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(a->store));
+            return -1;
+        }
+        if (n >= o->nnodes) {
+            ddprun_say("more nodes joined the rendezvous at '" HOSTF "' than --nnodes %d; start "
+                       "ddprun on exactly that many nodes (or give each its --node_rank)",
+                       HOSTA(o->master_addr, a->wd.master_port), o->nnodes);
+            return -1;
+        }
+        o->node_rank = (int)n;
+        ddprun_say("this is node %d of %d (numbered by the c10d rendezvous at '" HOSTF "')",
+                   o->node_rank, o->nnodes, HOSTA(o->master_addr, a->wd.master_port));
     }
     if (o->run_id_set)
         return 0;
@@ -310,7 +349,7 @@ static int rendezvous(agent *a)
         goto out_store;
     if (claims > 1) {
         ddprun_say("two nodes claim --node_rank %d; give each node its own --node_rank from 0 "
-                   "to %d",
+                   "to %d, or none of them one with --rdzv_backend c10d (ddprun numbers them)",
                    o->node_rank, o->nnodes - 1);
         return -1;
     }

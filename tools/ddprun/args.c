@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <strings.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -57,7 +58,10 @@ static const char usage[] =
     "  --standalone             one node, store on a free loopback port: no port conflicts\n"
     "  --run_id ID              job id, shown to workers as DDP_RUN_ID (default: random)\n"
     "  --rdzv_timeout S         seconds for all nodes to meet (default 300)\n"
-    "  --rdzv_conf K=V,...      torchrun's: join_timeout=S is --rdzv_timeout; its other keys are\n"
+    "  --rdzv_backend static|c10d  c10d without --node_rank: ddprun numbers the nodes (the one\n"
+    "                           that can listen on the endpoint is node 0, hosting the store)\n"
+    "  --rdzv_conf K=V,...      torchrun's: join_timeout=S is --rdzv_timeout; is_host=1|0 says\n"
+    "                           whether this node hosts under c10d numbering; its other keys are\n"
     "                           accepted without effect\n"
     "  --local_addr ADDR        this node's address for the workers' data connections (tcp),\n"
     "                           e.g. a faster network's; default: the interface that routes\n"
@@ -336,7 +340,6 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
                                          "keep_alive_interval",
                                          "keep_alive_max_attempt",
                                          "heartbeat",
-                                         "is_host",
                                          "store_type",
                                          "use_libuv",
                                          NULL};
@@ -359,6 +362,15 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
             if (!parse_seconds(eq, &d))
                 return bad("--rdzv_conf %s='%s' is not a number of seconds", item, eq);
             o->rdzv_timeout = d;
+        } else if (!strcmp(item, "is_host")) {
+            /* torchrun's: whether this node hosts the c10d store (else it matches the endpoint's
+             * host with its own names); here it matters where ddprun numbers the nodes */
+            if (!strcasecmp(eq, "1") || !strcasecmp(eq, "true") || !strcasecmp(eq, "yes"))
+                o->is_host = 1;
+            else if (!strcasecmp(eq, "0") || !strcasecmp(eq, "false") || !strcasecmp(eq, "no"))
+                o->is_host = 0;
+            else
+                return bad("--rdzv_conf is_host='%s': use 1 or 0 (true or false)", eq);
         } else if (lookup(unused, item) >= 0) {
             size_t n = strlen(ignored);
             snprintf(ignored + n, sizeof ignored - n, "%s%s", n ? ", " : "", item);
@@ -464,6 +476,7 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         if (!parse_long(v, 0, 65535, &x))
             return bad("--node_rank '%s' is not a number from 0 to 65535", v);
         o->node_rank = (int)x;
+        o->node_rank_given = true;
         return 0;
     }
     if (strcmp(name, "master_addr") == 0)
@@ -543,8 +556,10 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     if (strcmp(name, "rdzv_backend") == 0) {
         if (strcmp(v, "static") && strcmp(v, "c10d") && strcmp(v, "ddp"))
             return bad("--rdzv_backend '%s': ddprun has one rendezvous (its own store); "
-                       "'static' and 'c10d' are accepted and mean the same",
+                       "'static' and 'c10d' are accepted (c10d numbers the nodes when "
+                       "--node_rank is not given)",
                        v);
+        o->rdzv_c10d = strcmp(v, "static") != 0;
         return 0;
     }
     if (strcmp(name, "bind_to") == 0) {
@@ -606,6 +621,7 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     o->rdzv_timeout = 300;
     o->agent_timeout = 30;
     o->bind = BIND_NONE;
+    o->is_host = -1;
     snprintf(o->role, sizeof o->role, "default");
     bool port_set = false;
     bool addr_flag = false;
@@ -761,6 +777,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        r, o->nproc, o->nproc == 1 ? "" : "s", o->nproc - 1);
     if (o->local_addr[0] && check_local_addr(o->local_addr) != 0)
         return -1;
+    /* torchrun's c10d rendezvous numbers the nodes that come without --node_rank */
+    o->number_nodes = o->rdzv_c10d && !o->node_rank_given && o->nnodes > 1;
     if (o->node_rank >= o->nnodes)
         return bad("--node_rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
     if (o->monitor_interval < 0.001)

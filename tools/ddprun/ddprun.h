@@ -36,6 +36,13 @@ typedef struct ddprun_opts {
     int nproc; /* workers on this node */
     int nnodes;
     int node_rank;
+    /* --rdzv_backend c10d without --node_rank on several nodes: as torchrun's c10d rendezvous,
+     * ddprun numbers the nodes. The node that can listen on the endpoint (or is_host=1 in
+     * --rdzv_conf) hosts the store and is node 0; the others take 1, 2, … as they join. */
+    bool number_nodes;
+    bool node_rank_given; /* --node_rank */
+    bool rdzv_c10d;       /* --rdzv_backend c10d (or ddp) */
+    int is_host;          /* --rdzv_conf is_host: -1 unset, 0 or 1 */
     char master_addr[256];
     int master_port;
     bool standalone;
