@@ -55,6 +55,14 @@ for n in 1 2 4 8; do
     ok "$n workers met in the store"
 done
 
+# torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING=1 for PyTorch's NCCL groups, unless the user set it
+"$DDPRUN" --standalone env >"$T/envout" 2>/dev/null || fail "ddprun env exited $?"
+grep -qx "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" "$T/envout" || fail "TORCH_NCCL_ASYNC_ERROR_HANDLING not 1"
+TORCH_NCCL_ASYNC_ERROR_HANDLING=0 "$DDPRUN" --standalone env >"$T/envout" 2>/dev/null ||
+    fail "ddprun env exited $?"
+grep -qx "TORCH_NCCL_ASYNC_ERROR_HANDLING=0" "$T/envout" || fail "the user's TORCH_NCCL_ASYNC_ERROR_HANDLING=0 lost"
+ok "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 as torchrun sets it; a user's value kept"
+
 # Pinning (--bind_to auto): with no more workers than cores, each worker gets its own block of the
 # cores ddprun may use, in order; with more, or with --bind_to none (the default), every worker
 # gets them all.

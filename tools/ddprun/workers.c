@@ -93,6 +93,10 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("TORCHELASTIC_USE_AGENT_STORE", "False"); /* rank 0 hosts torch's store on MASTER_PORT */
+    /* As torchrun: PyTorch's NCCL groups abort a failed or timed-out collective rather than
+     * hang in it, unless the user said otherwise (an inherited value passes through). */
+    if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        ADD("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     if (o->isolate_gpus && o->ngpus > 0)          /* the LOCAL_RANK-th visible GPU, and only it */
         ADD("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids[w->local_rank % o->ngpus]);
     if (o->local_addr[0]) /* --local_addr; else an inherited DDP_LOCAL_ADDR passes through */
