@@ -19,7 +19,7 @@ unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS DDP_STORE_TOKEN RANK WORLD_SIZE LOCAL
     LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE DDP_STORE_PORT \
     TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE TORCH_NCCL_ASYNC_ERROR_HANDLING PMIX_RANK PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
 # Other launchers' variables (tests started by srun or mpirun must not see a world of several).
-for v in $(compgen -v | grep -E '^(OMPI_COMM_WORLD_|SLURM_)' || true); do unset "$v"; done
+for v in $(compgen -v | grep -E '^(OMPI_COMM_WORLD_|SLURM_|PET_)' || true); do unset "$v"; done
 
 fail() {
     echo "FAIL: $*" >&2

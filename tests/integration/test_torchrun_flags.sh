@@ -108,6 +108,31 @@ assert_contains "$T/err" "cannot run 'python3' for the script 'script.py'"
 cd - >/dev/null
 ok "script.py, -m NAME, --run_path: through python3 -u (--local_rank after the script); --no-python runs PROGRAM; clear errors"
 
+# torchrun's PET_<FLAG> variables (Kubernetes' PyTorchJob sets them): a flag the command line
+# leaves out comes from them, and one on the command line wins; PYTHON_EXEC names the interpreter
+d=$T/pet; mkdir -p "$d"
+PET_NPROC_PER_NODE=3 PET_STANDALONE=1 PET_MAX_RESTARTS=0 "$DDPRUN" "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "PET_NPROC_PER_NODE=3 PET_STANDALONE=1: exit $?"; }
+[ "$(ls "$d"/env.* | wc -l)" -eq 3 ] || fail "PET_NPROC_PER_NODE=3 did not start 3 workers"
+assert_contains "$T/err" "flags from the environment, as torchrun takes them: PET_NPROC_PER_NODE, PET_MAX_RESTARTS, PET_STANDALONE"
+rm -f "$d"/env.*
+PET_NPROC_PER_NODE=3 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+    fail "PET_NPROC_PER_NODE beside --nproc-per-node: exit $?"
+[ "$(ls "$d"/env.* | wc -l)" -eq 2 ] || fail "the command line's --nproc-per-node 2 did not win"
+assert_not_contains "$T/err" "PET_NPROC_PER_NODE"
+rc=0; PET_NPROC_PER_NODE=many "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "PET_NPROC_PER_NODE=many exited $rc, want 2"
+assert_contains "$T/err" "that value came from PET_NPROC_PER_NODE in the environment"
+rc=0; PET_STANDALONE=yes "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "PET_STANDALONE=yes exited $rc, want 2"
+assert_contains "$T/err" "PET_STANDALONE='yes' in the environment: use 1 or 0"
+printf '#!/bin/sh\necho "fakepy $*"\n' >"$T/fakepy" && chmod +x "$T/fakepy"
+touch "$T/nothing.py"
+PYTHON_EXEC=$T/fakepy "$DDPRUN" --standalone "$T/nothing.py" a >"$T/out" 2>"$T/err" ||
+    fail "PYTHON_EXEC: exit $?"
+assert_contains "$T/out" "fakepy -u $T/nothing.py a"
+ok "PET_<FLAG> variables as torchrun reads them (the command line wins; bad values name the variable); PYTHON_EXEC"
+
 # A mistyped flag: the closest one is suggested (as ddptrain does for keys); a far one is not.
 for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
     "--master-adress:--master_addr" "--max_restart:--max_restarts" "--standalon:--standalone"; do

@@ -7,16 +7,18 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <ctype.h>
 #include <errno.h>
-#include <strings.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sched.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,7 +91,8 @@ static const char usage[] =
     "                           in the failure summary either way)\n"
     "\n"
     "Python programs (as torchrun)\n"
-    "  PROGRAM.py               runs as 'python3 -u PROGRAM.py' (python3 from PATH)\n"
+    "  PROGRAM.py               runs as 'python3 -u PROGRAM.py' (PYTHON_EXEC, else python3\n"
+    "                           from PATH)\n"
     "  -m, --module NAME        runs 'python3 -u -m NAME'\n"
     "  --run_path               PROGRAM is a Python script whatever its name\n"
     "  --no_python              run PROGRAM itself, even a .py (its #! line decides)\n"
@@ -107,6 +110,8 @@ static const char usage[] =
     "cores\n"
     "available divided by the workers on this node. Across nodes, set DDP_STORE_TOKEN to the same\n"
     "secret on every node so that the store refuses strangers (one node makes its own).\n"
+    "A flag left out is read from PET_<FLAG> (PET_NPROC_PER_NODE=4, PET_STANDALONE=1), as\n"
+    "torchrun does.\n"
     "Exit status: 0 when every worker exits 0; 1 when a worker failed; 128+N after signal N; 2 "
     "for\n"
     "a usage error.\n";
@@ -608,9 +613,82 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     return 0;
 }
 
+/* The switches that say how to run a Python program (see ddprun_parse_args). */
+typedef struct python_flags {
+    bool no_python, module, run_path;
+} python_flags;
+
+static void set_switch(ddprun_opts *o, const char *name, python_flags *py)
+{
+    if (strcmp(name, "no_python") == 0)
+        py->no_python = true;
+    else if (strcmp(name, "module") == 0)
+        py->module = true;
+    else if (strcmp(name, "run_path") == 0)
+        py->run_path = true; /* torchrun runs it in its own interpreter; ours is python3 */
+    else if (strcmp(name, "standalone") == 0)
+        o->standalone = true;
+    else if (strcmp(name, "use_env") == 0)
+        o->use_env = true;
+    else if (strcmp(name, "isolate_gpus") == 0)
+        o->isolate_gpus = true;
+    else if (strcmp(name, "no_prefix") == 0)
+        o->no_prefix = true;
+}
+
+/* torchrun reads every flag the command line leaves out from PET_<FLAG> (PET_NPROC_PER_NODE=4,
+ * PET_STANDALONE=1), which is how Kubernetes' PyTorchJob configures it: so does ddprun, a flag
+ * on the command line winning. The ones taken are named in one line. */
+static int env_flags(ddprun_opts *o, const bool *seen_valued, const bool *seen_switch,
+                     python_flags *py, bool *port_set, bool *addr_flag)
+{
+    char taken[512] = "";
+    for (int t = 0; t < 2; t++) {
+        const char *const *table = t == 0 ? valued : switches;
+        for (int k = 0; table[k]; k++) {
+            const char *name = table[k];
+            if ((t == 0 ? seen_valued : seen_switch)[k] || !strcmp(name, "help") ||
+                !strcmp(name, "version"))
+                continue;
+            char var[80] = "PET_";
+            for (size_t j = 0; name[j] && j + 5 < sizeof var; j++)
+                var[4 + j] = (char)toupper((unsigned char)name[j]);
+            const char *v = getenv(var);
+            if (!v || (!*v && t == 1))
+                continue;
+            if (t == 1) { /* torchrun's check_env: an integer, nonzero = on */
+                long on;
+                if (!parse_long(v, LONG_MIN, LONG_MAX, &on))
+                    return bad("%s='%s' in the environment: use 1 or 0 (torchrun's --%s)", var, v,
+                               name);
+                if (on)
+                    set_switch(o, name, py);
+            } else {
+                if (apply_value(o, name, v, port_set) != 0) {
+                    fprintf(stderr,
+                            "ddprun: (that value came from %s in the environment, which "
+                            "torchrun reads for --%s)\n",
+                            var, name);
+                    return -1;
+                }
+                *addr_flag =
+                    *addr_flag || !strcmp(name, "master_addr") || !strcmp(name, "rdzv_endpoint");
+            }
+            size_t l = strlen(taken);
+            if (l + strlen(var) + 4 < sizeof taken)
+                snprintf(taken + l, sizeof taken - l, "%s%s", l ? ", " : "", var);
+        }
+    }
+    if (*taken)
+        fprintf(stderr, "ddprun: flags from the environment, as torchrun takes them: %s\n", taken);
+    return 0;
+}
+
 int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
 {
-    bool no_python = false, module = false, run_path = false;
+    python_flags py = {false, false, false};
+    bool seen_valued[sizeof valued / sizeof valued[0]] = {false};
+    bool seen_switch[sizeof switches / sizeof switches[0]] = {false};
     memset(o, 0, sizeof *o);
     o->nproc = 1;
     o->nnodes = 1;
@@ -648,7 +726,9 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
         else if ((!strncmp(a, "-r", 2) || !strncmp(a, "-t", 2)) && a[2] >= '0' &&
                  a[2] <= '9') { /* -r3, -t0:1,1:2 */
             const char *v = a + 2;
-            if (apply_value(o, a[1] == 'r' ? "redirects" : "tee", v, &port_set) != 0)
+            const char *nm = a[1] == 'r' ? "redirects" : "tee";
+            seen_valued[lookup(valued, nm)] = true;
+            if (apply_value(o, nm, v, &port_set) != 0)
                 return -1;
             continue;
         }
@@ -679,24 +759,13 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                 printf("ddprun (ddpc) %s\n", DDP_VERSION_STRING);
                 return 1;
             }
-            if (strcmp(name, "no_python") == 0)
-                no_python = true;
-            else if (strcmp(name, "module") == 0)
-                module = true;
-            else if (strcmp(name, "run_path") == 0)
-                run_path = true; /* torchrun runs it in its own interpreter; ours is python3 */
-            else if (strcmp(name, "standalone") == 0)
-                o->standalone = true;
-            else if (strcmp(name, "use_env") == 0)
-                o->use_env = true;
-            else if (strcmp(name, "isolate_gpus") == 0)
-                o->isolate_gpus = true;
-            else
-                o->no_prefix = true;
+            seen_switch[lookup(switches, name)] = true;
+            set_switch(o, name, &py);
             continue;
         }
         if (lookup(valued, name) < 0)
             return unknown_flag(a, name, valued, switches);
+        seen_valued[lookup(valued, name)] = true;
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v)
             return bad("flag '--%s' needs a value", name);
@@ -707,6 +776,9 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     if (i >= argc)
         return bad("no program to run: 'ddprun [flags] PROGRAM [ARGS...]'");
     o->argv = argv + i;
+    if (env_flags(o, seen_valued, seen_switch, &py, &port_set, &addr_flag) != 0)
+        return -1;
+    bool no_python = py.no_python, module = py.module, run_path = py.run_path;
     /* As torchrun: a Python script runs through the interpreter, unbuffered (-u), unless
      * --no_python; -m runs a module. torchrun's interpreter is its own; ours is PATH's python3
      * (an active virtual environment's), or give one: 'ddprun --no_python /path/python3 x.py'. */
@@ -719,7 +791,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                    "one");
     size_t plen = strlen(o->argv[0]);
     if (module || run_path || (!no_python && plen > 3 && !strcmp(o->argv[0] + plen - 3, ".py"))) {
-        o->python[o->npython++] = "python3";
+        const char *exec = getenv("PYTHON_EXEC"); /* torchrun's override of its interpreter */
+        o->python[o->npython++] = exec && *exec ? exec : "python3";
         o->python[o->npython++] = "-u";
         if (module)
             o->python[o->npython++] = "-m";

@@ -97,7 +97,7 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
      * hang in it, unless the user said otherwise (an inherited value passes through). */
     if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         ADD("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-    if (o->isolate_gpus && o->ngpus > 0)          /* the LOCAL_RANK-th visible GPU, and only it */
+    if (o->isolate_gpus && o->ngpus > 0) /* the LOCAL_RANK-th visible GPU, and only it */
         ADD("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids[w->local_rank % o->ngpus]);
     if (o->local_addr[0]) /* --local_addr; else an inherited DDP_LOCAL_ADDR passes through */
         ADD("DDP_LOCAL_ADDR", "%s", o->local_addr);
