@@ -15,7 +15,7 @@ start_sleepers() {
 
 # ddprun runs here as a background job of a script, so it inherits SIGINT *ignored*: the INT
 # case also checks that workers still act on the forwarded signal.
-for sig in INT TERM HUP; do
+for sig in INT TERM HUP QUIT; do
     d=$T/$sig
     start_sleepers "$d"
     kill -$sig $LAST
@@ -26,6 +26,24 @@ for sig in INT TERM HUP; do
     assert_contains "$d/err" "received SIG$sig: stopping every worker"
     wait_gone "$d" 5
     ok "SIG$sig to ddprun: every worker and grandchild stopped, exit $rc"
+done
+
+# SIGUSR1 / SIGUSR2 (Slurm's --signal=USR1@T before a time limit): passed on to every worker's
+# own process, and the job goes on; here the workers trap it and finish, so the job ends well.
+for sig in USR1 USR2; do
+    d=$T/$sig; mkdir -p "$d"
+    # shellcheck disable=SC2016
+    "$DDPRUN" --standalone --nproc_per_node=2 sh -c 'trap "echo got '$sig' on rank \$RANK; exit 0" '$sig';
+        touch "$0/ready.$RANK"; while :; do sleep 0.05; done' "$d" >"$d/out" 2>"$d/err" &
+    BG_PIDS+=($!); LAST=$!
+    wait_files "$d" "ready.*" 2 10
+    kill -$sig $LAST
+    rc=0; wait $LAST || rc=$?
+    [ $rc -eq 0 ] || { cat "$d/out" "$d/err"; fail "ddprun exited $rc after SIG$sig, want 0"; }
+    assert_contains "$d/out" "[rank1]: got $sig on rank 1"
+    assert_contains "$d/out" "[rank0]: got $sig on rank 0"
+    assert_contains "$d/err" "received SIG$sig: passed on to 2 workers; the job goes on"
+    ok "SIG$sig to ddprun: passed on to each worker, the job going on (here the workers finish)"
 done
 
 d=$T/KILL

@@ -133,6 +133,14 @@ PYTHON_EXEC=$T/fakepy "$DDPRUN" --standalone "$T/nothing.py" a >"$T/out" 2>"$T/e
 assert_contains "$T/out" "fakepy -u $T/nothing.py a"
 ok "PET_<FLAG> variables as torchrun reads them (the command line wins; bad values name the variable); PYTHON_EXEC"
 
+# --signals_to_handle (torchrun 2.5+): the signals ddprun always handles are accepted, others not
+"$DDPRUN" --standalone --signals-to-handle "SIGTERM,SIGINT, SIGHUP,SIGQUIT,SIGUSR1,usr2" "$WORKER" \
+    env "$T" >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "--signals-to-handle refused"; }
+rc=0; "$DDPRUN" --signals_to_handle SIGTERM,SIGWINCH "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--signals_to_handle SIGWINCH exited $rc, want 2"
+assert_contains "$T/err" "'SIGWINCH' is not one ddprun handles"
+ok "--signals_to_handle: ddprun's own signals accepted, another refused naming it"
+
 # A mistyped flag: the closest one is suggested (as ddptrain does for keys); a far one is not.
 for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
     "--master-adress:--master_addr" "--max_restart:--max_restarts" "--standalon:--standalone"; do

@@ -120,13 +120,31 @@ static bool job_control(agent *a, int sig)
     return true;
 }
 
+/* SIGUSR1 and SIGUSR2 are passed on to every running worker, and the job goes on: the program
+ * decides (checkpoint, then exit or carry on), as with Slurm's --signal=USR1@T warning before a
+ * time limit. To the worker's own process only, as torchrun sends its signals, not its group:
+ * children that do not expect it (data loader processes) would die of it. Returns whether sig
+ * was one of the two. */
+static bool passed_on(agent *a, int sig)
+{
+    if (sig != SIGUSR1 && sig != SIGUSR2)
+        return false;
+    int n = 0;
+    for (int i = 0; i < a->o->nproc; i++)
+        if (a->w[i].running && a->w[i].pid > 0 && kill(a->w[i].pid, sig) == 0)
+            n++;
+    ddprun_say("received SIG%s: passed on to %d worker%s; the job goes on", sigabbrev_np(sig), n,
+               n == 1 ? "" : "s");
+    return true;
+}
+
 /* Whether SIGINT/SIGTERM/SIGHUP arrived while no worker runs (connecting, rendezvous). Records
  * the signal; SIGCHLD is left for the monitor loop, which reaps with waitpid() anyway. */
 static bool interrupted(agent *a)
 {
     struct signalfd_siginfo si;
     while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (job_control(a, (int)si.ssi_signo))
+        if (job_control(a, (int)si.ssi_signo) || passed_on(a, (int)si.ssi_signo))
             continue;
         if (si.ssi_signo != SIGCHLD && !a->stop_signal) {
             a->stop_signal = (int)si.ssi_signo;
@@ -749,7 +767,7 @@ static outcome run_attempt(agent *a)
             struct signalfd_siginfo si;
             while (read(a->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
                 int sig = (int)si.ssi_signo;
-                if (sig == SIGCHLD || job_control(a, sig))
+                if (sig == SIGCHLD || job_control(a, sig) || passed_on(a, sig))
                     continue; /* SIGCHLD: reaped below */
                 if (a->stop_signal) {
                     ddprun_say("second %s: killing every worker now", sigabbrev_np(sig));

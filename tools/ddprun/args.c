@@ -78,6 +78,9 @@ static const char usage[] =
     "                           (default 10)\n"
     "  --agent_timeout S        seconds without a heartbeat before another node's ddprun counts\n"
     "                           as dead (default 30)\n"
+    "  --signals_to_handle L    torchrun's; accepted: ddprun always stops the job on SIGINT,\n"
+    "                           SIGTERM, SIGHUP, SIGQUIT and passes SIGUSR1/SIGUSR2 on to the\n"
+    "                           workers, the job going on\n"
     "\n"
     "Output\n"
     "  --log_dir DIR            also write each worker's output to\n"
@@ -427,6 +430,7 @@ static const char *const valued[] = {
     "local_ranks_filter",
     "local_addr",
     "rdzv_conf",
+    "signals_to_handle",
     NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
@@ -594,6 +598,29 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     }
     if (strcmp(name, "rdzv_conf") == 0)
         return parse_rdzv_conf(v, o);
+    if (strcmp(name, "signals_to_handle") == 0) {
+        /* torchrun's (2.5+) list of signals it handles; ddprun handles all of these always */
+        static const char *const known[] = {"SIGINT",  "SIGTERM", "SIGHUP", "SIGQUIT",
+                                            "SIGUSR1", "SIGUSR2", NULL};
+        char buf[512];
+        if (strlen(v) >= sizeof buf)
+            return bad("--signals_to_handle: longer than %zu characters", sizeof buf - 1);
+        snprintf(buf, sizeof buf, "%s", v);
+        char *save = NULL;
+        for (char *s = strtok_r(buf, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+            s = trim(s);
+            char full[64];
+            snprintf(full, sizeof full, "%s%s", strncasecmp(s, "SIG", 3) ? "SIG" : "", s);
+            for (char *p = full; *p; p++)
+                *p = (char)toupper((unsigned char)*p);
+            if (lookup(known, full) < 0)
+                return bad("--signals_to_handle: '%s' is not one ddprun handles; it always "
+                           "handles SIGINT, SIGTERM, SIGHUP and SIGQUIT (the job stops) and "
+                           "SIGUSR1 and SIGUSR2 (passed on to the workers, the job goes on)",
+                           s);
+        }
+        return 0;
+    }
     if (strcmp(name, "local_ranks_filter") == 0)
         return parse_filter(v, o);
     if (strcmp(name, "local_addr") == 0) {

@@ -136,10 +136,17 @@ int main(int argc, char **argv)
      * so ddprun stops and continues them itself (agent.c) */
     sigaddset(&mask, SIGTSTP);
     sigaddset(&mask, SIGCONT);
-    /* Under nohup SIGHUP is ignored on purpose: then it stays ignored, for workers too. */
-    struct sigaction hup;
-    if (sigaction(SIGHUP, NULL, &hup) != 0 || hup.sa_handler != SIG_IGN)
-        sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGQUIT); /* stops the job as SIGTERM does (torchrun handles it too) */
+    /* Under nohup SIGHUP is ignored on purpose: then it stays ignored, for workers too. So are
+     * SIGUSR1/SIGUSR2 when ignored at start; otherwise ddprun passes them on to every worker and
+     * the job goes on (Slurm's --signal=USR1@T warning before a time limit reaches the program,
+     * rather than killing ddprun and with it the workers). */
+    const int keep_ignored[] = {SIGHUP, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof keep_ignored / sizeof keep_ignored[0]; i++) {
+        struct sigaction sa;
+        if (sigaction(keep_ignored[i], NULL, &sa) != 0 || sa.sa_handler != SIG_IGN)
+            sigaddset(&mask, keep_ignored[i]);
+    }
     if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
         ddprun_say("sigprocmask failed: %s", strerror(errno));
         ddprun_reaper_finish(reaper_fd);

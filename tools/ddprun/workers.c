@@ -256,6 +256,7 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         signal(SIGPIPE, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
+        signal(SIGQUIT, SIG_DFL);
         if (pin)
             sched_setaffinity(0, sizeof cpus, &cpus);
         if (devnull >= 0)
