@@ -171,7 +171,7 @@ static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
                     s->err, DDP_ERR_TIMEOUT,
                     "cannot reach the store at '%s:%d' after %s (%s); check that its host "
                     "(ddprun on node 0, or rank 0) is running and that MASTER_ADDR and "
-                    "MASTER_PORT point at it",
+                    "MASTER_PORT (DDP_STORE_PORT under ddprun) point at it",
                     s->host, s->port, waited, e.msg);
             return ddp__errmsg(s->err, st, "connecting to the store at '%s:%d' failed: %s", s->host,
                                s->port, e.msg);

@@ -106,17 +106,18 @@ wait_gone "$d" 2
 ok "SIGTERM to node 0 stops both nodes without restarting"
 
 # torchrun's c10d form with no --node_rank: ddprun numbers the nodes. The node that can listen
-# on the endpoint hosts the store and is node 0 (here both share 127.0.0.1: the first to bind);
-# the others are 1, 2, … as they join. Three nodes, one started first.
+# on the endpoint hosts the store and is node 0, the others are 1, 2, … as they join. Here all
+# share 127.0.0.1, so --rdzv_conf is_host says which hosts (is_host=0 never does); the case of
+# the first to bind hosting is the one-too-many check below and integration.netns.
 d=$T/c10d; mkdir -p "$d"
 port=$(free_port)
 c10d=(--nnodes 3 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:$port --rdzv_timeout 20)
-"$DDPRUN" "${c10d[@]}" --nproc_per_node 1 "$WORKER" env "$d" >"$d/outA" 2>"$d/errA" &
-BG_PIDS+=($!); na=$!
-sleep 0.3 # A hosts
-"$DDPRUN" "${c10d[@]}" --nproc_per_node 2 "$WORKER" env "$d" >"$d/outB" 2>"$d/errB" &
+# B, not the host, starts first
+"$DDPRUN" "${c10d[@]}" --rdzv_conf is_host=0 --nproc_per_node 2 "$WORKER" env "$d" >"$d/outB" 2>"$d/errB" &
 BG_PIDS+=($!); nb=$!
-"$DDPRUN" "${c10d[@]}" --nproc_per_node 1 "$WORKER" env "$d" >"$d/outC" 2>"$d/errC" ||
+"$DDPRUN" "${c10d[@]}" --rdzv_conf is_host=1 --nproc_per_node 1 "$WORKER" env "$d" >"$d/outA" 2>"$d/errA" &
+BG_PIDS+=($!); na=$!
+"$DDPRUN" "${c10d[@]}" --rdzv_conf is_host=false --nproc_per_node 1 "$WORKER" env "$d" >"$d/outC" 2>"$d/errC" ||
     { cat "$d"/err*; fail "node C exited $?"; }
 wait $na || { cat "$d/errA"; fail "node A exited non-zero"; }
 wait $nb || { cat "$d/errB"; fail "node B exited non-zero"; }

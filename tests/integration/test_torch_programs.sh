@@ -29,6 +29,9 @@ ok "--master_port $port: the store there, the torch program's store on a port of
 "$DDPRUN" --standalone --nproc_per_node 2 --max_restarts 1 $PY "$SCRIPT" fail-first \
     >"$T/out" 2>"$T/err" || { cat "$T/out" "$T/err" >&2; fail "the restarted torch job exited $?"; }
 [ "$(grep -c "torch rank . of 2 ok (attempt 1" "$T/out")" -eq 2 ] || { cat "$T/out"; fail "attempt 1 not ok"; }
+p0=$(sed -n 's/.*rank 1 of attempt 0 leaves (MASTER_PORT \([0-9]*\)).*/\1/p' "$T/out")
+p1=$(sed -n 's/.*ok (attempt 1, MASTER_PORT \([0-9]*\)).*/\1/p' "$T/out" | head -1)
+[ -n "$p0" ] && [ -n "$p1" ] && [ "$p0" != "$p1" ] || fail "MASTER_PORT '$p0' then '$p1': not a fresh one"
 assert_contains "$T/err" "restarting the whole group"
 ok "--max_restarts 1: a torch worker that exits restarts the group, which meets again"
 

@@ -114,12 +114,24 @@ d=$T/pet; mkdir -p "$d"
 PET_NPROC_PER_NODE=3 PET_STANDALONE=1 PET_MAX_RESTARTS=0 "$DDPRUN" "$WORKER" env "$d" \
     >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "PET_NPROC_PER_NODE=3 PET_STANDALONE=1: exit $?"; }
 [ "$(ls "$d"/env.* | wc -l)" -eq 3 ] || fail "PET_NPROC_PER_NODE=3 did not start 3 workers"
-assert_contains "$T/err" "flags from the environment, as torchrun takes them: PET_NPROC_PER_NODE, PET_MAX_RESTARTS, PET_STANDALONE"
+assert_contains "$T/err" "flags from the environment, as torchrun takes them: PET_STANDALONE, PET_NPROC_PER_NODE, PET_MAX_RESTARTS"
 rm -f "$d"/env.*
 PET_NPROC_PER_NODE=3 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
     fail "PET_NPROC_PER_NODE beside --nproc-per-node: exit $?"
 [ "$(ls "$d"/env.* | wc -l)" -eq 2 ] || fail "the command line's --nproc-per-node 2 did not win"
 assert_not_contains "$T/err" "PET_NPROC_PER_NODE"
+# the same setting under another name on the command line wins too (--rdzv_endpoint is
+# --master_addr and --master_port); --standalone leaves out the store's address and the nodes
+p1=$(free_port); p2=$(free_port)
+rm -f "$d"/env.*
+PET_MASTER_PORT=$p1 PET_MASTER_ADDR=10.255.255.1 "$DDPRUN" --rdzv_endpoint "127.0.0.1:$p2" "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "PET_MASTER_PORT beside --rdzv_endpoint: exit $?"; }
+[ "$(get "$d/env.0" DDP_STORE_PORT)" = "$p2" ] || fail "PET_MASTER_PORT won over --rdzv_endpoint"
+assert_not_contains "$T/err" "PET_MASTER"
+PET_MASTER_PORT=$p1 PET_NNODES=2 PET_RDZV_ENDPOINT=10.255.255.1:$p1 "$DDPRUN" --standalone "$WORKER" \
+    env "$d" >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "PET_MASTER_PORT, PET_NNODES beside --standalone: exit $?"; }
+[ "$(get "$d/env.0" DDP_STORE_PORT)" != "$p1" ] || fail "--standalone took PET_MASTER_PORT"
+assert_not_contains "$T/err" "PET_"
 rc=0; PET_NPROC_PER_NODE=many "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "PET_NPROC_PER_NODE=many exited $rc, want 2"
 assert_contains "$T/err" "that value came from PET_NPROC_PER_NODE in the environment"

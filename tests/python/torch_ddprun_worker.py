@@ -28,6 +28,7 @@ def main():
     assert rank == int(env["RANK"]) and world == int(env["WORLD_SIZE"]), (rank, world)
     attempt = int(env["TORCHELASTIC_RESTART_COUNT"])
     if mode == "fail-first" and attempt == 0 and rank == 1:
+        print(f"rank 1 of attempt 0 leaves (MASTER_PORT {env['MASTER_PORT']})", flush=True)
         sys.exit(3)
 
     t = torch.tensor([float(rank + 1)], device=dev)

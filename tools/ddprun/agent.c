@@ -167,11 +167,11 @@ static void nap_ms(int ms)
 /* Starts node 0's store on --master_addr:--master_port; on several nodes a master_addr this host
  * cannot listen on (a name other nodes resolve differently: NAT, /etc/hosts) falls back to every
  * interface when any_fallback. */
-static ddp_status start_server(agent *a, bool any_fallback, ddp_error *err)
+static ddp_status start_server(agent *a, const char *host, bool any_fallback, ddp_error *err)
 {
     ddprun_opts *o = a->o;
     ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
-    so.host = o->master_addr;
+    so.host = host;
     so.port = o->master_port;
     so.token = a->wd.token;
     ddp_status st = ddp_store_server_start(&so, &a->server, err);
@@ -182,6 +182,23 @@ static ddp_status start_server(agent *a, bool any_fallback, ddp_error *err)
     if (st == DDP_OK)
         a->wd.master_port = ddp_store_server_port(a->server);
     return st;
+}
+
+/* The first address host resolves to, as a number. Under c10d numbering the hosting node listens
+ * on that one only, so that a second ddprun on the same machine finds it taken: 'localhost' is
+ * often ::1 and 127.0.0.1, and binding whichever is still free would make two node 0s. Clients
+ * try the addresses in the same order and so reach it. */
+static bool first_address(const char *host, char *buf, size_t cap)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+        return false;
+    bool ok = getnameinfo(res->ai_addr, res->ai_addrlen, buf, (socklen_t)cap, NULL, 0,
+                          NI_NUMERICHOST) == 0;
+    freeaddrinfo(res);
+    return ok;
 }
 
 static int setup_store(agent *a)
@@ -210,8 +227,11 @@ static int setup_store(agent *a)
          * port taken by the host's store on the same machine, joins as a client and is numbered
          * once connected. */
         ddp_status st = DDP_ERR_SYSTEM;
+        char first[NI_MAXHOST];
         if (o->is_host != 0)
-            st = start_server(a, o->is_host == 1, &err);
+            st = start_server(
+                a, first_address(o->master_addr, first, sizeof first) ? first : o->master_addr,
+                o->is_host == 1, &err);
         if (st != DDP_OK &&
             (o->is_host == 1 || (st != DDP_ERR_SYSTEM && st != DDP_ERR_ADDR_IN_USE))) {
             ddprun_say("%s", err.msg);
@@ -219,7 +239,7 @@ static int setup_store(agent *a)
         }
         o->node_rank = st == DDP_OK ? 0 : -1;
     } else if (o->node_rank == 0) {
-        if (start_server(a, o->nnodes > 1, &err) != DDP_OK) {
+        if (start_server(a, o->master_addr, o->nnodes > 1, &err) != DDP_OK) {
             ddprun_say("%s", err.msg);
             return -1;
         }
@@ -247,8 +267,12 @@ static int setup_store(agent *a)
             if (st == DDP_ERR_TIMEOUT)
                 ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %g s (last "
                            "error: %s); start ddprun on node 0, and check --master_addr and "
-                           "--master_port (or raise --rdzv_timeout)",
-                           HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg);
+                           "--master_port (or raise --rdzv_timeout)%s",
+                           HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg,
+                           o->number_nodes ? "; under c10d numbering the node that can listen on "
+                                             "the endpoint hosts it: if none can (a NAT'd name), "
+                                             "give that node --rdzv_conf is_host=1"
+                                           : "");
             else
                 ddprun_say("%s", err.msg);
             return -1;
@@ -348,15 +372,14 @@ static int pick_free_port(const char *host)
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
-    /* Node 0 picks the workers' MASTER_PORT afresh each attempt (a restarted rank 0 binds again)
-     * and hands it to the other nodes in its record. */
+    /* Node 0 picks the workers' MASTER_PORT afresh each attempt (a restarted rank 0 binds again),
+     * once every node has joined, so that the port is free for as short a time as can be, and
+     * hands it to the other nodes through the store. */
     a->wd.free_port = 0;
-    if (o->node_rank == 0 && (a->wd.free_port = pick_free_port(o->master_addr)) < 0)
-        return -1;
     if (o->nnodes == 1) {
         a->wd.world_size = o->nproc;
         a->wd.rank_offset = 0;
-        return 0;
+        return (a->wd.free_port = pick_free_port(o->master_addr)) < 0 ? -1 : 0;
     }
     ddp_store *s = a->store;
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
@@ -372,7 +395,7 @@ static int rendezvous(agent *a)
         return -1;
     }
     snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
-    snprintf(val, sizeof val, "%d %d %d %d", o->nproc, o->max_restarts, o->nnodes, a->wd.free_port);
+    snprintf(val, sizeof val, "%d %d %d", o->nproc, o->max_restarts, o->nnodes);
     if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK)
         goto out_store;
 
@@ -437,17 +460,15 @@ static int rendezvous(agent *a)
             ddprun_say("%s", ddp_store_last_error(s));
             goto out_free;
         }
-        int np = 0, mr = 0, nn = 0, fp = 0;
-        int got = sscanf(v, "%d %d %d %d", &np, &mr, &nn, &fp);
+        int np = 0, mr = 0, nn = 0;
+        int got = sscanf(v, "%d %d %d", &np, &mr, &nn);
         free(v);
-        if (got != 4 || np < 1 || (i == 0 && (fp < 1 || fp > 65535))) {
+        if (got != 3 || np < 1) {
             ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every "
                        "node",
                        i);
             goto out_free;
         }
-        if (i == 0)
-            a->wd.free_port = fp;
         if (mr != o->max_restarts || nn != o->nnodes) {
             ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
                        "and %d; give every node the same flags",
@@ -457,6 +478,33 @@ static int rendezvous(agent *a)
         if (i == o->node_rank)
             a->wd.rank_offset = a->wd.world_size;
         a->wd.world_size += np;
+    }
+    /* Everyone is here: node 0 picks the workers' MASTER_PORT now and the others read it. */
+    snprintf(k, sizeof k, "ddprun/a%d/master_port", a->wd.attempt);
+    ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
+    if (o->node_rank == 0) {
+        if ((a->wd.free_port = pick_free_port(o->master_addr)) < 0)
+            goto out_free;
+        snprintf(val, sizeof val, "%d", a->wd.free_port);
+        if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(s));
+            goto out_free;
+        }
+    } else {
+        void *v = NULL;
+        size_t n = 0;
+        long fp = 0;
+        if (ddp_store_get(s, k, &v, &n) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(s));
+            goto out_free;
+        }
+        fp = strtol(v, NULL, 10);
+        free(v);
+        if (fp < 1 || fp > 65535) {
+            ddprun_say("node 0 sent a malformed MASTER_PORT; run the same ddprun on every node");
+            goto out_free;
+        }
+        a->wd.free_port = (int)fp;
     }
     rc = 0;
 out_free:

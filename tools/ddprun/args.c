@@ -663,23 +663,61 @@ static void set_switch(ddprun_opts *o, const char *name, python_flags *py)
         o->no_prefix = true;
 }
 
+/* PET_<NAME> for a flag name */
+static void pet_name(const char *name, char *var, size_t cap)
+{
+    snprintf(var, cap, "PET_");
+    size_t j = strlen(var);
+    for (size_t i = 0; name[i] && j + 1 < cap; i++)
+        var[j++] = (char)toupper((unsigned char)name[i]);
+    var[j] = '\0';
+}
+
+/* Whether PET_<name> is to be left alone: the command line set the same thing under this name
+ * or another (--rdzv_endpoint is --master_addr and --master_port in one; --rdzv_id is --run_id;
+ * a PET_RDZV_ENDPOINT wins over PET_MASTER_ADDR/PORT, as torchrun's endpoint does), or
+ * --standalone picks it (the store's address, the rendezvous, one node: torchrun ignores them
+ * then too). */
+static bool pet_covered(const char *name, const ddprun_opts *o, const bool *seen_valued)
+{
+#define SEEN(N) seen_valued[lookup(valued, N)]
+    bool ep = !strcmp(name, "rdzv_endpoint"), addr = !strcmp(name, "master_addr"),
+         port = !strcmp(name, "master_port");
+    if (o->standalone && (ep || addr || port || !strcmp(name, "nnodes") ||
+                          !strcmp(name, "rdzv_backend") || !strcmp(name, "rdzv_id")))
+        return true;
+    if (ep)
+        return SEEN("master_addr") || SEEN("master_port");
+    if (addr || port) {
+        char var[80];
+        pet_name("rdzv_endpoint", var, sizeof var);
+        return SEEN("rdzv_endpoint") || (getenv(var) && *getenv(var));
+    }
+    if (!strcmp(name, "rdzv_id"))
+        return SEEN("run_id");
+    if (!strcmp(name, "run_id"))
+        return SEEN("rdzv_id");
+    return false;
+#undef SEEN
+}
+
 /* torchrun reads every flag the command line leaves out from PET_<FLAG> (PET_NPROC_PER_NODE=4,
  * PET_STANDALONE=1), which is how Kubernetes' PyTorchJob configures it: so does ddprun, a flag
- * on the command line winning. The ones taken are named in one line. */
+ * on the command line winning. The ones taken are named in one line. The switches first, so
+ * that a PET_STANDALONE=1 is known when the store's address is considered. */
 static int env_flags(ddprun_opts *o, const bool *seen_valued, const bool *seen_switch,
                      python_flags *py, bool *port_set, bool *addr_flag)
 {
     char taken[512] = "";
-    for (int t = 0; t < 2; t++) {
+    for (int t = 1; t >= 0; t--) {
         const char *const *table = t == 0 ? valued : switches;
         for (int k = 0; table[k]; k++) {
             const char *name = table[k];
             if ((t == 0 ? seen_valued : seen_switch)[k] || !strcmp(name, "help") ||
-                !strcmp(name, "version"))
+                !strcmp(name, "version") || (t == 0 && pet_covered(name, o, seen_valued)))
                 continue;
-            char var[80] = "PET_";
-            for (size_t j = 0; name[j] && j + 5 < sizeof var; j++)
-                var[4 + j] = (char)toupper((unsigned char)name[j]);
+            char var[80];
+            pet_name(name, var, sizeof var);
             const char *v = getenv(var);
             if (!v || (!*v && t == 1))
                 continue;

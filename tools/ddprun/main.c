@@ -62,11 +62,13 @@ int main(int argc, char **argv)
     /* A Python script (python[] set): the interpreter must be found and the script readable,
      * before any worker starts, rather than every worker's python3 saying so. */
     if (o->npython && !ddprun_find_program(o->python[0], path, sizeof path, &why)) {
+        bool named = getenv("PYTHON_EXEC") && *getenv("PYTHON_EXEC");
         ddprun_say("cannot run '%s' for %s '%s' (as torchrun, ddprun runs Python programs with an "
-                   "interpreter): %s; install python3, or name one: 'ddprun [flags] "
-                   "/path/to/python3 %s%s'",
+                   "interpreter): %s; %s, or name one: 'ddprun [flags] /path/to/python3 %s%s'",
                    o->python[0], o->npython == 3 ? "the module" : "the script", o->argv[0],
-                   strerror(why), o->npython == 3 ? "-m " : "", o->argv[0]);
+                   strerror(why),
+                   named ? "PYTHON_EXEC names it: correct or unset PYTHON_EXEC" : "install python3",
+                   o->npython == 3 ? "-m " : "", o->argv[0]);
         free(o);
         return 1;
     }
