@@ -82,6 +82,30 @@ losses() { sed -n 's/.*\(step 1[5-9]\/20\|step 20\/20\) | epoch [0-9]* | \(loss 
     fail "resumed losses differ: $(losses resume.out) vs $(losses whole.out)"
 ok "killed after a checkpoint and resumed: the same losses and the same weights, bit for bit"
 
+# SIGUSR1 to ddprun (Slurm's --signal=USR1@T before a time limit): passed on to the workers, which
+# agree at the next progress line to write a checkpoint and train on; SIGTERM then stops the job,
+# and the run resumes from that checkpoint.
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 1000000 --log_every 5 \
+    --checkpoint.every 0 --eval_every 0 --out_dir usr1 >usr1.out 2>&1 &
+BG_PIDS+=($!); job=$!
+for _ in $(seq 1000); do grep -q "step 5/" usr1.out 2>/dev/null && break; sleep 0.02; done
+grep -q "step 5/" usr1.out || { cat usr1.out; fail "no progress line before SIGUSR1"; }
+kill -USR1 $job
+for _ in $(seq 1000); do ls usr1/checkpoints/step*.safetensors >/dev/null 2>&1 && break; sleep 0.02; done
+kill -TERM $job
+rc=0; wait $job || rc=$?
+[ $rc -eq 143 ] || { cat usr1.out; fail "ddprun exited $rc after SIGTERM, want 143"; }
+assert_contains usr1.out "received SIGUSR1: passed on to 2 workers; the job goes on"
+assert_contains usr1.out ": a checkpoint at this step, as asked; training goes on"
+ck=$(ls usr1/checkpoints/step*.safetensors | head -1)
+[ -n "$ck" ] || fail "no checkpoint after SIGUSR1"
+n=$(basename "$ck" .safetensors); n=${n#step}
+[ $((n % 5)) -eq 0 ] || fail "the checkpoint after SIGUSR1 is at step $n, not at a progress line"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps $((n + 5)) --log_every 5 \
+    --eval_every 0 --out_dir usr1 --resume_from latest >usr1r.out 2>&1 || { cat usr1r.out; fail "resume failed"; }
+assert_contains usr1r.out "resumed from usr1/checkpoints/step$n.safetensors at step $n"
+ok "SIGUSR1: every rank agrees on a checkpoint at the next progress line (step $n) and trains on; it resumes"
+
 # test and predict rebuild the model from the configuration stored in the checkpoint: no
 # --model.type, --model.channels, … needed; a key given on the command line still wins.
 "$TRAIN" --task test --out_dir whole >cnn.out 2>&1 ||

@@ -18,6 +18,7 @@
 #ifndef DDPTRAIN_H
 #define DDPTRAIN_H
 
+#include <signal.h>
 #include <stdio.h>
 
 #include "ddp/ddp.h"
@@ -61,7 +62,7 @@ typedef struct trainer {
     ddp_grad_scaler scaler;
     uint64_t optim_step;
     uint64_t skipped; /* steps skipped for inf/NaN gradients, this run */
-    uint64_t step; /* optimizer steps done */
+    uint64_t step;    /* optimizer steps done */
     uint64_t epoch;
     ddp_loader_state pos; /* where the training data resume */
     FILE *log, *jsonl;    /* rank 0: out_dir/train.log, out_dir/metrics.jsonl */
@@ -75,7 +76,12 @@ typedef struct trainer {
     bool peak_rechecked;     /* rank 0 measured it again once (an MFU above 100%) */
     double flops_per_sample; /* training FLOPs of one sample (a language model: T tokens) */
     straggler strag;
+    bool save_now; /* set at a progress line when some rank got SIGUSR1/SIGUSR2 (metrics.c) */
 } trainer;
+
+/* Set by ddptrain's SIGUSR1/SIGUSR2 handler (ddprun passes them on; Slurm's --signal=USR1@T):
+ * the ranks agree at the next progress line to write a checkpoint, and training goes on. */
+extern volatile sig_atomic_t trainer_save_signal;
 
 /* A progress line's interval, as this rank saw it: the training loop adds each step. */
 typedef struct progress {

@@ -127,6 +127,9 @@ static void check_straggler(trainer *t, const progress *p, const double *busy_ms
 }
 
 /* Rank 0: the interval's line in metrics.jsonl. */
+/* Values each rank contributes to a progress line (trainer_log_progress). */
+#define NV 5
+
 static void write_jsonl(trainer *t, double mean, double lr, double rate, double mfu,
                         double grad_norm, const double *all, double steps)
 {
@@ -147,7 +150,7 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
     for (int k = 0; k < 2; k++) {
         fprintf(f, ", \"%s\": [", keys[k]);
         for (int r = 0; r < t->W; r++)
-            fprintf(f, "%s%.4f", r ? ", " : "", all[4 * r + 2 + k] / steps * 1e3);
+            fprintf(f, "%s%.4f", r ? ", " : "", all[NV * r + 2 + k] / steps * 1e3);
         fputc(']', f);
     }
     fputs("}\n", f);
@@ -156,23 +159,33 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
 int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, double grad_norm,
                          double *mean)
 {
-    /* Per rank: loss sum, steps counted, step seconds, reducer wait seconds. */
-    double local[4] = {p->win_sum, (double)p->win_n, p->step_s, p->wait_s};
-    double *all = malloc(sizeof *all * 4 * (size_t)t->W);
+    /* Per rank: loss sum, steps counted, step seconds, reducer wait seconds, and whether it got
+     * SIGUSR1/SIGUSR2 (a checkpoint asked for: every rank learns it here, at the same step). */
+    int got = trainer_save_signal;
+    double local[NV] = {p->win_sum, (double)p->win_n, p->step_s, p->wait_s, (double)got};
+    double *all = malloc(sizeof *all * NV * (size_t)t->W);
     double *busy = malloc(sizeof *busy * (size_t)t->W);
     if (!all || !busy) {
         free(all), free(busy);
         return trainer_die(t, "progress", "out of memory for the ranks' step times");
     }
-    if (ddp_allgather(t->g, local, all, 4, DDP_FLOAT64) != DDP_OK) {
+    if (ddp_allgather(t->g, local, all, NV, DDP_FLOAT64) != DDP_OK) {
         free(all), free(busy);
         return trainer_die(t, "allgather", ddp_group_last_error(t->g));
     }
     double sum = 0, n = 0;
     for (int r = 0; r < t->W; r++) {
-        sum += all[4 * r];
-        n += all[4 * r + 1];
+        sum += all[NV * r];
+        n += all[NV * r + 1];
+        if (all[NV * r + 4] > 0 && !t->save_now) {
+            t->save_now = true;
+            trainer_say(t,
+                        "SIG%s on rank %d: a checkpoint at this step, as asked; training goes on",
+                        sigabbrev_np((int)all[NV * r + 4]), r);
+        }
     }
+    if (got && trainer_save_signal == got)
+        trainer_save_signal = 0; /* this one is answered; a later one asks again */
     *mean = sum / n;
     double now = ddp_now_seconds(), steps = (double)(t->step - p->last_step);
     int A = (int)ddp_config_int(t->cfg, "grad_accum");
@@ -211,7 +224,7 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         if (grad_norm >= 0)
             trainer_tb(t, "train/grad_norm", grad_norm);
         for (int r = 0; r < t->W; r++) /* work per step: what the rank did not spend waiting */
-            busy[r] = (all[4 * r + 2] - all[4 * r + 3]) / steps * 1e3;
+            busy[r] = (all[NV * r + 2] - all[NV * r + 3]) / steps * 1e3;
         check_straggler(t, p, busy, now);
     }
     free(all), free(busy);

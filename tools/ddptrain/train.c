@@ -390,7 +390,9 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if ((do_eval || t->step == total) && (rc = evaluate_and_log(t, te, total)))
             goto out;
-        if (((ck_every > 0 && t->step % (uint64_t)ck_every == 0) || t->step == total) &&
+        bool asked = t->save_now; /* SIGUSR1/SIGUSR2 on some rank (metrics.c) */
+        t->save_now = false;
+        if (((ck_every > 0 && t->step % (uint64_t)ck_every == 0) || t->step == total || asked) &&
             trainer_save(t, mean, &err) != DDP_OK) {
             rc = trainer_die(t, "checkpoint", err.msg);
             goto out;
