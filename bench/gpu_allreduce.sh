@@ -19,7 +19,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 
 ddpc() { # ddpc NAME NPROC BACKEND
     "$BUILD/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$BUILD/bin/ddpbench" \
-        --device cuda --op allreduce --sizes "$SIZES" --backend "$3" --csv 2>/dev/null |
+        --device cuda --op allreduce --sizes "$SIZES" --backend "$3" --csv 2>"$OUT/ddpc.$1.err" |
         awk -F, -v n="$1" '$1=="allreduce" {print n "," $2 "," $4; print n "_limit," $2 "," $8}'
 }
 torch_peer() { # torch_peer NPROC BACKEND
@@ -34,11 +34,15 @@ torch_peer() { # torch_peer NPROC BACKEND
     wait "${pids[@]}"
     cat "$OUT/torch.$2.0"
 }
-ddpc nccl_w1 1 nccl >>"$raw" || echo "# ddpc nccl failed (see ddpbench's message)" >&2
-torch_peer 1 nccl >>"$raw" || echo "# torch nccl failed" >&2
-ddpc staged_w2 2 cuda-staged >>"$raw" || echo "# ddpc cuda-staged failed" >&2
-ddpc ipc_w2 2 cuda-ipc >>"$raw" || echo "# ddpc cuda-ipc failed" >&2
-torch_peer 2 gloo >>"$raw" || echo "# torch gloo on CUDA tensors failed" >&2
+failed() { # failed WHAT ERRFILE: say so, with the last lines of its messages
+    echo "# $1 failed:" >&2
+    tail -6 "$2" 2>/dev/null | sed 's/^/#   /' >&2
+}
+ddpc nccl_w1 1 nccl >>"$raw" || failed "ddpc nccl" "$OUT/ddpc.nccl_w1.err"
+torch_peer 1 nccl >>"$raw" || failed "torch nccl" "$OUT/torch.nccl.err.0"
+ddpc staged_w2 2 cuda-staged >>"$raw" || failed "ddpc cuda-staged" "$OUT/ddpc.staged_w2.err"
+ddpc ipc_w2 2 cuda-ipc >>"$raw" || failed "ddpc cuda-ipc" "$OUT/ddpc.ipc_w2.err"
+torch_peer 2 gloo >>"$raw" || failed "torch gloo on CUDA tensors" "$OUT/torch.gloo.err.0"
 
 echo "allreduce on GPU buffers, float32 sum, in place: median time per call (µs)"
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"

@@ -48,6 +48,18 @@
 #                                from a call carrying gpu-data; found by run only while warm.)
 #   scripts/gpu-check.sh allreduce     THERE, after run: bench/gpu_allreduce.sh (issue 13's
 #                                allreduce figures on GPU buffers) over gpu-carry's programs.
+#   scripts/gpu-check.sh rehearse      HERE, after build (and the tests' build/, which makes the
+#                                emulated GPU module build/gpu_emu/libddp_gpu_emu.so): run's
+#                                checks and bench/gpu_allreduce.sh at two small sizes with
+#                                gpu-carry's programs on the emulated GPU (DDP_GPU_MODULE), so the
+#                                script's own logic (each check's command, the comparisons of
+#                                metrics files) runs before a GPU's minutes are spent on it.
+#                                Expected to fail only where no emulation reaches: test_cuda_kernels
+#                                (it links the CUDA runtime itself), the torch-on-cuda checks
+#                                (Debian's torch has no GPU), the Fashion-MNIST CNN (too slow
+#                                emulated: timed out). Its first run found two bugs no CPU test
+#                                could: the flash checks' python was indented (a syntax error),
+#                                and ddpbench --device cuda passed host values to a GPU group.
 #
 # Status: the build half works here; the run half has NOT been run yet (no GPU was lent to the
 # session that wrote it), so treat its first run as its test.
@@ -354,18 +366,19 @@ EOP
             "$CARRY/bin/ddptrain" "${fargs[@]}" --device cuda --precision bf16 --out_dir "$W/flashbf16"
         check "ddptrain gpt n_head 2 cuda batched bf16" env DDP_CUDA_ATTENTION=batched \
             "$CARRY/bin/ddptrain" "${fargs[@]}" --device cuda --precision bf16 --out_dir "$W/batchbf16"
+        # (python code at column 0: an indented -c program is an IndentationError)
         local cmp_losses='
-    import json, sys
-    def losses(p):
-        return [json.loads(l)["loss"] for l in open(p) if "\"loss\"" in l]
-    a, b, tol, differ = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
-    print("a", a); print("b", b)
-    assert len(a) == len(b) == 10, (len(a), len(b))
-    d = max(abs(x - y) for x, y in zip(a, b))
-    finite = all(abs(x) < float("inf") for x in a + b)
-    print(f"largest difference {d:.2e} (tolerance {tol}); equal: {a == b}; finite: {finite}")
-    sys.exit(0 if finite and d <= tol and (a != b or not differ) else 1)
-    '
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if "\"loss\"" in l]
+a, b, tol, differ = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+print("a", a); print("b", b)
+assert len(a) == len(b) == 10, (len(a), len(b))
+d = max(abs(x - y) for x, y in zip(a, b))
+finite = all(abs(x) < float("inf") for x in a + b)
+print(f"largest difference {d:.2e} (tolerance {tol}); equal: {a == b}; finite: {finite}")
+sys.exit(0 if finite and d <= tol and (a != b or not differ) else 1)
+'
         check "ddptrain cpu vs cuda flash losses (1e-4)" syspy -c "$cmp_losses" \
             "$W/cpu_h2/metrics.jsonl" "$W/flash/metrics.jsonl" 1e-4 0
         check "ddptrain bf16 flash vs batched losses (2e-2, not equal)" syspy -c "$cmp_losses" \
@@ -603,8 +616,21 @@ stash_data() {
     ls -la /tmp/ddp-gpu-data/fashion-mnist
 }
 
+# HERE: the run half on the emulated GPU module (above).
+rehearse() {
+    local emu=${EMU_MODULE:-$ROOT/build/gpu_emu/libddp_gpu_emu.so}
+    [ -e "$emu" ] || { echo "no emulated GPU module at $emu: build the tests (make build) first, or set EMU_MODULE" >&2; exit 2; }
+    export DDP_GPU_MODULE=$emu PATH=/usr/bin:$PATH CHECK_LIMIT=${CHECK_LIMIT:-60}
+    export OUT=${OUT:-/tmp/gpu-rehearse}
+    echo "rehearsal on the emulated GPU module $emu; expected to fail here: unit.test_cuda_kernels" \
+        "(both runs), the torch-on-cuda checks, the Fashion-MNIST CNN (timed out)"
+    run checks
+    PY=/usr/bin/python3 bash bench/gpu_allreduce.sh "$CARRY" 65536,1048576 2>&1 | tee -a "$LOG"
+}
+
 case "${1:-}" in
 build) build ;;
+rehearse) rehearse ;;
 pack) pack ;;
 data)
     shift
@@ -625,7 +651,7 @@ allreduce)
     allreduce "$@"
     ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | pack | data [DIR] | stash-data | run | cnn | bench [--quick] | allreduce [SIZES]" >&2
+    echo "usage: scripts/gpu-check.sh build | pack | data [DIR] | stash-data | run | cnn | bench [--quick] | allreduce [SIZES] | rehearse" >&2
     exit 2
     ;;
 esac

@@ -63,6 +63,24 @@ static void die(ddp_group *g, const char *what)
     exit(1);
 }
 
+/* A GPU group's scratch of 8 bytes in device memory; NULL for a CPU group. */
+static void *value_scratch;
+
+/* An allreduce of one host value (a time, a count of wrong elements). A GPU group takes device
+ * memory only (NCCL, the CUDA IPC mapping and the staged copies all read the buffers as the
+ * GPU's), so the value goes through value_scratch there. */
+static ddp_status allreduce_value(ddp_group *g, const void *in, void *out, ddp_dtype t, ddp_op op)
+{
+    if (!value_scratch)
+        return ddp_allreduce(g, in, out, 1, t, op);
+    ddp_status st = ddp_group_memcpy(g, value_scratch, in, 8);
+    if (!st)
+        st = ddp_allreduce(g, value_scratch, value_scratch, 1, t, op);
+    if (!st)
+        st = ddp_group_memcpy(g, out, value_scratch, 8);
+    return st;
+}
+
 /* Copy bandwidth with every local rank copying at once: bytes read + written per second, summed
  * over the ranks (the machine's figure, not one core's). */
 static double measure_copy_bw(ddp_group *g)
@@ -81,7 +99,7 @@ static double measure_copy_bw(ddp_group *g)
         memcpy(b, a, bytes);
         double t = now_s() - t0;
         double tmax;
-        if (ddp_allreduce(g, &t, &tmax, 1, DDP_FLOAT64, DDP_MAX))
+        if (allreduce_value(g, &t, &tmax, DDP_FLOAT64, DDP_MAX))
             die(g, "allreduce");
         if (tmax < best)
             best = tmax;
@@ -170,7 +188,7 @@ static long check(ddp_group *g, kind k, float *send, float *recv, void *dsend, v
     (void)wsum;
     long total;
     int64_t w64 = wrong, t64;
-    if (ddp_allreduce(g, &w64, &t64, 1, DDP_INT64, DDP_SUM))
+    if (allreduce_value(g, &w64, &t64, DDP_INT64, DDP_SUM))
         die(g, "allreduce");
     total = (long)t64;
     return total;
@@ -285,7 +303,8 @@ int main(int argc, char **argv)
     if (cuda) {
         dsend = ddp_group_alloc(g, big);
         drecv = ddp_group_alloc(g, big);
-        if (!dsend || !drecv)
+        value_scratch = ddp_group_alloc(g, 8);
+        if (!dsend || !drecv || !value_scratch)
             die(g, "device memory for the buffers");
     }
     double copy_bw = cuda ? measure_device_bw(g) : measure_copy_bw(g);
@@ -336,7 +355,7 @@ int main(int argc, char **argv)
             qsort(t, (size_t)iters, sizeof *t, cmp_double);
             double med = t[iters / 2], worst;
             free(t);
-            if (ddp_allreduce(g, &med, &worst, 1, DDP_FLOAT64, DDP_MAX))
+            if (allreduce_value(g, &med, &worst, DDP_FLOAT64, DDP_MAX))
                 die(g, "allreduce");
             /* Bytes that must cross memory, and the bus-bandwidth factor, per collective. */
             double S = (double)bytes, traffic, factor;
@@ -375,6 +394,7 @@ int main(int argc, char **argv)
     if (cuda) {
         ddp_group_free(g, dsend);
         ddp_group_free(g, drecv);
+        ddp_group_free(g, value_scratch);
     }
     if (arena) {
         ddp_group_free(g, send);
