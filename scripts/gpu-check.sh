@@ -623,7 +623,7 @@ rehearse() {
     export DDP_GPU_MODULE=$emu PATH=/usr/bin:$PATH CHECK_LIMIT=${CHECK_LIMIT:-60}
     export OUT=${OUT:-/tmp/gpu-rehearse}
     echo "rehearsal on the emulated GPU module $emu; expected to fail here: unit.test_cuda_kernels" \
-        "(both runs), the torch-on-cuda checks, the Fashion-MNIST CNN (timed out)"
+        "(both runs), the torch-on-cuda checks (autocast, nccl), the Fashion-MNIST CNN (timed out)"
     run checks
     PY=/usr/bin/python3 bash bench/gpu_allreduce.sh "$CARRY" 65536,1048576 2>&1 | tee -a "$LOG"
 }
