@@ -560,15 +560,20 @@ allreduce() {
 train_bench() {
     local w
     w=$(mktemp -d)
-    syspy - "$w" <<'EOP'
+    # GPT-2 124M; a rehearsal (on the emulated GPU) takes a tiny GPT through the same lines
+    local shape=(--model.n_layer 12 --model.n_head 12 --model.n_embd 768 --model.block_size 1024
+                 --model.vocab_size 50304 --batch_size 8) vocab=50257
+    [ -n "${REHEARSAL:-}" ] && shape=(--model.n_layer 1 --model.n_head 2 --model.n_embd 32
+        --model.block_size 32 --model.vocab_size 256 --batch_size 2) vocab=256
+    syspy - "$w" "$vocab" <<'EOP'
 import os, sys
 import numpy as np
 rng = np.random.default_rng(0)
-rng.integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "train.bin"))
-rng.integers(0, 50257, size=400_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "val.bin"))
+v = int(sys.argv[2])
+rng.integers(0, v, size=4_000_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "train.bin"))
+rng.integers(0, v, size=400_000, dtype=np.uint16).tofile(os.path.join(sys.argv[1], "val.bin"))
 EOP
-    local args=(--model.type gpt --model.n_layer 12 --model.n_head 12 --model.n_embd 768
-                --model.block_size 1024 --model.vocab_size 50304 --batch_size 8
+    local args=(--model.type gpt "${shape[@]}"
                 --data.train "$w/train.bin" --data.val "$w/val.bin" --eval_windows 1
                 --optimizer adamw --lr 6e-4 --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1.0
                 --schedule constant --total_steps 40 --log_every 5 --eval_every 100000
@@ -577,7 +582,7 @@ EOP
         sed -n 's/.*step \([0-9]*\)\/.* | \([0-9]*\) tokens\/s | mfu \([0-9.]*\)%.*/\1 \2 \3/p' "$1" |
             awk '$1 > 10 {print $2, $3}' | sort -n | awk '{a[NR] = $0} END {print a[int((NR + 1) / 2)]}'
     }
-    echo "=== ddptrain GPT-2 124M shape (B 8 per rank, T 1024), device-resident"
+    echo "=== ddptrain ${REHEARSAL:+(rehearsal: a tiny GPT in place of) }GPT-2 124M shape (B 8 per rank, T 1024), device-resident"
     echo "| run | tokens/s (all ranks) | MFU per rank |"
     echo "|---|---:|---:|"
     local run
@@ -626,6 +631,7 @@ rehearse() {
         "(both runs), the torch-on-cuda checks (autocast, nccl), the Fashion-MNIST CNN (timed out)"
     run checks
     PY=/usr/bin/python3 bash bench/gpu_allreduce.sh "$CARRY" 65536,1048576 2>&1 | tee -a "$LOG"
+    REHEARSAL=1 train_bench 2>&1 | tee -a "$LOG"
 }
 
 case "${1:-}" in
