@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 SIZES=${2:-1048576,16777216,67108864,268435456}
 PY=${PY:-python3}
-OUT=bench/out
+OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 raw=$OUT/gpu_allreduce.csv
 : >"$raw"
@@ -31,7 +31,9 @@ torch_peer() { # torch_peer NPROC BACKEND
             >"$OUT/torch.$2.$r" 2>"$OUT/torch.$2.err.$r" &
         pids+=($!)
     done
-    wait "${pids[@]}"
+    local rc=0 p
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done # each rank's own status
+    [ $rc -eq 0 ] || return 1
     cat "$OUT/torch.$2.0"
 }
 failed() { # failed WHAT ERRFILE: say so, with the last lines of its messages

@@ -82,29 +82,43 @@ losses() { sed -n 's/.*\(step 1[5-9]\/20\|step 20\/20\) | epoch [0-9]* | \(loss 
     fail "resumed losses differ: $(losses resume.out) vs $(losses whole.out)"
 ok "killed after a checkpoint and resumed: the same losses and the same weights, bit for bit"
 
-# SIGUSR1 to ddprun (Slurm's --signal=USR1@T before a time limit): passed on to the workers, which
-# agree at the next progress line to write a checkpoint and train on; SIGTERM then stops the job,
-# and the run resumes from that checkpoint.
-"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 1000000 --log_every 5 \
-    --checkpoint.every 0 --eval_every 0 --out_dir usr1 >usr1.out 2>&1 &
-BG_PIDS+=($!); job=$!
-for _ in $(seq 1000); do grep -q "step 5/" usr1.out 2>/dev/null && break; sleep 0.02; done
-grep -q "step 5/" usr1.out || { cat usr1.out; fail "no progress line before SIGUSR1"; }
-kill -USR1 $job
-for _ in $(seq 1000); do ls usr1/checkpoints/step*.safetensors >/dev/null 2>&1 && break; sleep 0.02; done
-kill -TERM $job
-rc=0; wait $job || rc=$?
-[ $rc -eq 143 ] || { cat usr1.out; fail "ddprun exited $rc after SIGTERM, want 143"; }
-assert_contains usr1.out "received SIGUSR1: passed on to 2 workers; the job goes on"
-assert_contains usr1.out ": a checkpoint at this step, as asked; training goes on"
-ck=$(ls usr1/checkpoints/step*.safetensors | head -1)
-[ -n "$ck" ] || fail "no checkpoint after SIGUSR1"
-n=$(basename "$ck" .safetensors); n=${n#step}
-[ $((n % 5)) -eq 0 ] || fail "the checkpoint after SIGUSR1 is at step $n, not at a progress line"
+# SIGUSR1 (Slurm's --signal=USR1@T before a time limit; ddprun passes it on): the rank that gets
+# it tells the others at the next progress line, every rank saves a checkpoint at that step, and
+# training goes on; SIGTERM then stops the job, and the run resumes from that checkpoint. Sent
+# to rank 1's process alone, so that rank 0 (which writes) learns it only through the others;
+# with log_every 0, through a per-step allreduce.
+rank_pid() { # rank_pid DDPRUN_PID RANK: that worker's pid
+    local p
+    for p in $(pgrep -P "$1"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
+    done
+}
+for le in 5 0; do
+    out=usr1_$le
+    "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 1000000 --log_every $le \
+        --checkpoint.every 0 --eval_every 0 --out_dir $out >$out.out 2>&1 &
+    BG_PIDS+=($!); job=$!
+    # the MFU line comes after a collective that every rank makes once set up (handlers in place)
+    for _ in $(seq 1500); do grep -q "MFU:" $out.out 2>/dev/null && break; sleep 0.02; done
+    grep -q "MFU:" $out.out || { cat $out.out; fail "log_every $le: no MFU line"; }
+    kill -USR1 "$(rank_pid $job 1)"
+    for _ in $(seq 1000); do ls $out/checkpoints/step*.safetensors >/dev/null 2>&1 && break; sleep 0.02; done
+    sleep 0.3
+    kill -TERM $job
+    rc=0; wait $job || rc=$?
+    [ $rc -eq 143 ] || { cat $out.out; fail "log_every $le: ddprun exited $rc after SIGTERM, want 143"; }
+    [ "$(ls $out/checkpoints/step*.safetensors 2>/dev/null | wc -l)" -eq 1 ] ||
+        { ls $out/checkpoints; fail "log_every $le: want exactly one checkpoint after SIGUSR1"; }
+    who=$([ $le -gt 0 ] && echo "rank 1" || echo "a rank")
+    assert_contains $out.out "SIGUSR1 on $who: a checkpoint at this step, as asked; training goes on"
+    ck=$(ls $out/checkpoints/step*.safetensors)
+    n=$(basename "$ck" .safetensors); n=${n#step}
+    [ $le -eq 0 ] || [ $((n % le)) -eq 0 ] || fail "the checkpoint after SIGUSR1 is at step $n, not at a progress line"
+done
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps $((n + 5)) --log_every 5 \
-    --eval_every 0 --out_dir usr1 --resume_from latest >usr1r.out 2>&1 || { cat usr1r.out; fail "resume failed"; }
-assert_contains usr1r.out "resumed from usr1/checkpoints/step$n.safetensors at step $n"
-ok "SIGUSR1: every rank agrees on a checkpoint at the next progress line (step $n) and trains on; it resumes"
+    --eval_every 0 --out_dir usr1_0 --resume_from latest >usr1r.out 2>&1 || { cat usr1r.out; fail "resume failed"; }
+assert_contains usr1r.out "resumed from usr1_0/checkpoints/step$n.safetensors at step $n"
+ok "SIGUSR1 to rank 1 alone: every rank saves one checkpoint (at the next progress line; with log_every 0 the next step) and trains on; it resumes"
 
 # test and predict rebuild the model from the configuration stored in the checkpoint: no
 # --model.type, --model.channels, … needed; a key given on the command line still wins.

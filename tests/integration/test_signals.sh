@@ -2,6 +2,7 @@
 # Ctrl-C and SIGTERM to ddprun stop every worker; SIGKILL to ddprun leaves no worker (nor
 # anything a worker started) alive.
 . "$(dirname "$0")/lib.sh"
+ulimit -c 0 # SIGQUIT's workers would dump core
 
 start_sleepers() {
     local d=$1
@@ -45,6 +46,23 @@ for sig in USR1 USR2; do
     assert_contains "$d/err" "received SIG$sig: passed on to 2 workers; the job goes on"
     ok "SIG$sig to ddprun: passed on to each worker, the job going on (here the workers finish)"
 done
+
+# SIGUSR1 to ddprun's whole process group (kill -USR1 %job; a batch system signalling every
+# process) reaches its reaper too, which must survive it: SIGKILL to ddprun afterwards still
+# leaves nothing behind. The workers ignore USR1 here (so do their sleeping children).
+d=$T/USR1group; mkdir -p "$d"
+# shellcheck disable=SC2016
+setsid "$DDPRUN" --standalone --nproc_per_node=2 sh -c 'trap "" USR1; sleep 60 &
+    echo $! >"$0/child.$RANK"; echo $$ >"$0/pid.$RANK"; wait' "$d" >"$d/out" 2>"$d/err" &
+BG_PIDS+=($!); LAST=$!
+wait_files "$d" "child.*" 2 10
+kill -USR1 -- -$LAST
+sleep 0.3
+kill -0 $LAST 2>/dev/null || { cat "$d/err"; fail "ddprun died of SIGUSR1 to its group"; }
+kill -KILL $LAST
+wait $LAST 2>/dev/null || true
+wait_gone "$d" 5
+ok "SIGUSR1 to ddprun's process group, then SIGKILL: the reaper survived it and nothing is left"
 
 d=$T/KILL
 start_sleepers "$d"

@@ -132,6 +132,11 @@ PET_MASTER_PORT=$p1 PET_NNODES=2 PET_RDZV_ENDPOINT=10.255.255.1:$p1 "$DDPRUN" --
     env "$d" >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "PET_MASTER_PORT, PET_NNODES beside --standalone: exit $?"; }
 [ "$(get "$d/env.0" DDP_STORE_PORT)" != "$p1" ] || fail "--standalone took PET_MASTER_PORT"
 assert_not_contains "$T/err" "PET_"
+PET_STANDALONE=1 "$DDPRUN" --master_port "$p2" "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "PET_STANDALONE=1 beside --master_port: exit $?"; }
+[ "$(get "$d/env.0" DDP_STORE_PORT)" = "$p2" ] || fail "PET_STANDALONE won over --master_port"
+PET_NODE_RANK=1 PET_STANDALONE=1 "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "PET_NODE_RANK=1 with PET_STANDALONE=1: exit $?"; }
 rc=0; PET_NPROC_PER_NODE=many "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "PET_NPROC_PER_NODE=many exited $rc, want 2"
 assert_contains "$T/err" "that value came from PET_NPROC_PER_NODE in the environment"

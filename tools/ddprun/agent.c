@@ -133,8 +133,14 @@ static bool passed_on(agent *a, int sig)
     for (int i = 0; i < a->o->nproc; i++)
         if (a->w[i].running && a->w[i].pid > 0 && kill(a->w[i].pid, sig) == 0)
             n++;
-    ddprun_say("received SIG%s: passed on to %d worker%s; the job goes on", sigabbrev_np(sig), n,
-               n == 1 ? "" : "s");
+    /* None running (the rendezvous, between attempts): not held for the next workers, which
+     * could get it before their program has a handler for it, and die of it. */
+    if (n == 0)
+        ddprun_say("received SIG%s while no worker runs: not passed on; the job goes on",
+                   sigabbrev_np(sig));
+    else
+        ddprun_say("received SIG%s: passed on to %d worker%s; the job goes on", sigabbrev_np(sig),
+                   n, n == 1 ? "" : "s");
     return true;
 }
 

@@ -683,8 +683,9 @@ static bool pet_covered(const char *name, const ddprun_opts *o, const bool *seen
 #define SEEN(N) seen_valued[lookup(valued, N)]
     bool ep = !strcmp(name, "rdzv_endpoint"), addr = !strcmp(name, "master_addr"),
          port = !strcmp(name, "master_port");
-    if (o->standalone && (ep || addr || port || !strcmp(name, "nnodes") ||
-                          !strcmp(name, "rdzv_backend") || !strcmp(name, "rdzv_id")))
+    if (o->standalone &&
+        (ep || addr || port || !strcmp(name, "nnodes") || !strcmp(name, "node_rank") ||
+         !strcmp(name, "rdzv_backend") || !strcmp(name, "rdzv_id")))
         return true;
     if (ep)
         return SEEN("master_addr") || SEEN("master_port");
@@ -716,6 +717,17 @@ static int env_flags(ddprun_opts *o, const bool *seen_valued, const bool *seen_s
             if ((t == 0 ? seen_valued : seen_switch)[k] || !strcmp(name, "help") ||
                 !strcmp(name, "version") || (t == 0 && pet_covered(name, o, seen_valued)))
                 continue;
+            /* a rendezvous given on the command line wins over a PET_STANDALONE=1 */
+            if (t == 1 && !strcmp(name, "standalone")) {
+                static const char *const rdzv[] = {"nnodes",      "node_rank",     "master_addr",
+                                                   "master_port", "rdzv_endpoint", "rdzv_backend",
+                                                   NULL};
+                bool given = false;
+                for (int r = 0; rdzv[r]; r++)
+                    given = given || seen_valued[lookup(valued, rdzv[r])];
+                if (given)
+                    continue;
+            }
             char var[80];
             pet_name(name, var, sizeof var);
             const char *v = getenv(var);

@@ -82,6 +82,10 @@ int ddprun_reaper_start(void)
         signal(SIGTERM, SIG_IGN);
         signal(SIGHUP, SIG_IGN);
         signal(SIGQUIT, SIG_IGN);
+        /* ddprun passes these on and goes on; sent to its process group (kill -USR1 %job, a
+         * batch system signalling every process), they must not end the reaper either */
+        signal(SIGUSR1, SIG_IGN);
+        signal(SIGUSR2, SIG_IGN);
         prctl(PR_SET_NAME, "ddprun-reaper");
         /* Keep no terminal streams: a reaper holding the console pipe would keep a test's or a
          * user's `ddprun … | tee` waiting for EOF. */

@@ -19,6 +19,7 @@
 #define DDPTRAIN_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "ddp/ddp.h"
@@ -76,12 +77,16 @@ typedef struct trainer {
     bool peak_rechecked;     /* rank 0 measured it again once (an MFU above 100%) */
     double flops_per_sample; /* training FLOPs of one sample (a language model: T tokens) */
     straggler strag;
-    bool save_now; /* set at a progress line when some rank got SIGUSR1/SIGUSR2 (metrics.c) */
+    bool save_now; /* some rank got SIGUSR1/SIGUSR2: a checkpoint at this step (metrics.c) */
 } trainer;
 
-/* Set by ddptrain's SIGUSR1/SIGUSR2 handler (ddprun passes them on; Slurm's --signal=USR1@T):
- * the ranks agree at the next progress line to write a checkpoint, and training goes on. */
-extern volatile sig_atomic_t trainer_save_signal;
+/* Set by ddptrain's SIGUSR1/SIGUSR2 handler while it trains (ddprun passes them on; Slurm's
+ * --signal=USR1@T): the ranks agree at the next progress line (every step with log_every 0) to
+ * write a checkpoint, and training goes on. Lock-free: the signal may land on any thread. */
+extern atomic_int trainer_save_signal;
+void trainer_catch_save_signals(void);
+/* With log_every 0: one small allreduce a step tells every rank whether one asked. */
+int trainer_poll_save(trainer *t, uint64_t total);
 
 /* A progress line's interval, as this rank saw it: the training loop adds each step. */
 typedef struct progress {

@@ -415,30 +415,34 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     return 0;
 }
 
-volatile sig_atomic_t trainer_save_signal;
+atomic_int trainer_save_signal;
 
 static void on_save_signal(int sig)
 {
-    trainer_save_signal = sig;
+    atomic_store(&trainer_save_signal, sig);
 }
 
-int main(int argc, char **argv)
+/* SIGUSR1/SIGUSR2 (ddprun passes them on; Slurm's --signal=USR1@T before a time limit, or 'kill
+ * -USR1' by hand): a checkpoint soon, agreed by every rank, and training goes on. Installed only
+ * to train (test and predict keep the default: the signal ends them). SA_RESTART: the library's
+ * waits go on as well. Left ignored when started ignored. */
+void trainer_catch_save_signals(void)
 {
-    /* SIGUSR1/SIGUSR2 (ddprun passes them on; Slurm's --signal=USR1@T before a time limit, or
-     * 'kill -USR1' by hand): a checkpoint at the next progress line, agreed by every rank there,
-     * and training goes on. SA_RESTART: the library's waits go on as well. Left ignored when
-     * started ignored. */
-    const int save_sigs[] = {SIGUSR1, SIGUSR2};
+    const int sigs[] = {SIGUSR1, SIGUSR2};
     for (int i = 0; i < 2; i++) {
         struct sigaction sa, old;
-        if (sigaction(save_sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
             continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_save_signal;
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;
-        sigaction(save_sigs[i], &sa, NULL);
+        sigaction(sigs[i], &sa, NULL);
     }
+}
+
+int main(int argc, char **argv)
+{
     trainer t;
     memset(&t, 0, sizeof t);
     t.local_rank_arg = -1;
@@ -486,6 +490,8 @@ int main(int argc, char **argv)
     }
     const char *task = ddp_config_str(t.cfg, "task");
     bool train = !strcmp(task, "train");
+    if (train)
+        trainer_catch_save_signals();
     /* Every rank learns whether rank 0 could write out_dir, and stops with it if not. */
     int64_t dir_ok = t.R != 0 || open_logs(&t, train) == 0;
     if (ddp_broadcast(t.g, &dir_ok, 1, DDP_INT64, 0) != DDP_OK) {

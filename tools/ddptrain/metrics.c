@@ -156,12 +156,35 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
     fputs("}\n", f);
 }
 
+/* Some rank (the first, r) got signal sig: a checkpoint at this step, on every rank alike. */
+static void save_asked(trainer *t, int sig, int r, uint64_t total)
+{
+    if (t->save_now)
+        return;
+    t->save_now = true;
+    char who[32] = "a rank";
+    if (r >= 0)
+        snprintf(who, sizeof who, "rank %d", r);
+    trainer_say(t, "SIG%s on %s: a checkpoint at this step, as asked%s", sigabbrev_np(sig), who,
+                t->step >= total ? " (the last)" : "; training goes on");
+}
+
+int trainer_poll_save(trainer *t, uint64_t total)
+{
+    int64_t mine = atomic_exchange(&trainer_save_signal, 0), any = 0;
+    if (ddp_allreduce(t->g, &mine, &any, 1, DDP_INT64, DDP_MAX) != DDP_OK)
+        return trainer_die(t, "allreduce", ddp_group_last_error(t->g));
+    if (any > 0) /* the rank is not known here: the signal's number is */
+        save_asked(t, (int)any, -1, total);
+    return 0;
+}
+
 int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, double grad_norm,
                          double *mean)
 {
     /* Per rank: loss sum, steps counted, step seconds, reducer wait seconds, and whether it got
      * SIGUSR1/SIGUSR2 (a checkpoint asked for: every rank learns it here, at the same step). */
-    int got = trainer_save_signal;
+    int got = atomic_exchange(&trainer_save_signal, 0);
     double local[NV] = {p->win_sum, (double)p->win_n, p->step_s, p->wait_s, (double)got};
     double *all = malloc(sizeof *all * NV * (size_t)t->W);
     double *busy = malloc(sizeof *busy * (size_t)t->W);
@@ -177,15 +200,9 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     for (int r = 0; r < t->W; r++) {
         sum += all[NV * r];
         n += all[NV * r + 1];
-        if (all[NV * r + 4] > 0 && !t->save_now) {
-            t->save_now = true;
-            trainer_say(t,
-                        "SIG%s on rank %d: a checkpoint at this step, as asked; training goes on",
-                        sigabbrev_np((int)all[NV * r + 4]), r);
-        }
+        if (all[NV * r + 4] > 0)
+            save_asked(t, (int)all[NV * r + 4], r, total);
     }
-    if (got && trainer_save_signal == got)
-        trainer_save_signal = 0; /* this one is answered; a later one asks again */
     *mean = sum / n;
     double now = ddp_now_seconds(), steps = (double)(t->step - p->last_step);
     int A = (int)ddp_config_int(t->cfg, "grad_accum");

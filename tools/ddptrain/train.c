@@ -387,13 +387,21 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         double mean = loss;
         if (log_now && (rc = trainer_log_progress(t, &prog, total, lr, norm, &mean)))
             goto out;
+        if (log_every <= 0 && (rc = trainer_poll_save(t, total))) /* no progress lines */
+            goto out;
+        bool due = (ck_every > 0 && t->step % (uint64_t)ck_every == 0) || t->step == total;
+        /* SIGUSR1/SIGUSR2 on some rank (metrics.c): saved before any evaluation, which would
+         * eat into a batch system's warning */
+        bool asked = t->save_now && !due;
+        t->save_now = false;
+        if (asked && trainer_save(t, mean, &err) != DDP_OK) {
+            rc = trainer_die(t, "checkpoint", err.msg);
+            goto out;
+        }
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if ((do_eval || t->step == total) && (rc = evaluate_and_log(t, te, total)))
             goto out;
-        bool asked = t->save_now; /* SIGUSR1/SIGUSR2 on some rank (metrics.c) */
-        t->save_now = false;
-        if (((ck_every > 0 && t->step % (uint64_t)ck_every == 0) || t->step == total || asked) &&
-            trainer_save(t, mean, &err) != DDP_OK) {
+        if (due && trainer_save(t, mean, &err) != DDP_OK) {
             rc = trainer_die(t, "checkpoint", err.msg);
             goto out;
         } else if (ck_every > 0 && t->step % (uint64_t)ck_every == 0)
