@@ -427,7 +427,10 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
 #ifndef EMU_OS_THREADS
 #define EMU_OS_THREADS 0
 #endif
-template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f);
+/* ends_only: only the grid's first and last blocks run (the emulated runtime's dry run at full
+ * size, DDP_EMU_DRYRUN: the blocks with the smallest and largest indices). */
+template <typename F>
+void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f, bool ends_only = false);
 /* OS-thread mode's threads: made once per launching thread, as many as its largest block, and
  * reused by its launches (creating 256 threads a launch was most of a launch's time under TSan).
  * A launch hands thread t of its block job(t), for t < nt; the launch waits for all of them. */
@@ -752,7 +755,7 @@ inline emu_fiber_sched *emu_fiber_sched_get()
     }
     return sched.get();
 }
-template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f)
+template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_bytes, F f, bool ends_only)
 {
     const unsigned nt = block.x * block.y * block.z;
     if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
@@ -783,6 +786,9 @@ template <typename F> void emu_launch_fibers(dim3 grid, dim3 block, size_t smem_
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
+                if (ends_only && !(bx == 0 && by == 0 && bz == 0) &&
+                    !(bx == grid.x - 1 && by == grid.y - 1 && bz == grid.z - 1))
+                    continue;
                 std::fill(sm.begin(), sm.end(), 0xff);
                 blk->all.n = nt, blk->all.arrived = 0, blk->all.what = "__syncthreads";
                 for (unsigned w = 0; w * 32 < nt; w++)

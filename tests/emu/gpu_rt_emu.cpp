@@ -44,6 +44,13 @@
  *    start), a process cannot open its own handle (cudaErrorDeviceUninitialized), an opened
  *    block is released by cudaIpcCloseMemHandle, not cudaFree (which aborts). Smaller blocks:
  *    cudaErrorNotSupported. Host registration: recorded, nothing else.
+ *  - DDP_EMU_DRYRUN=1, a dry run at full size (tests/emu/scale_gpt.c: GPT-2 124M at batch 64):
+ *    device memory is reserved, not committed (MAP_NORESERVE, not filled; 16 GiB that fault on
+ *    access either side of each block, where a wrapped 32-bit index lands), every launch, copy, memset and cuBLAS call is checked as above, but
+ *    copies, memsets and products are not done (a host buffer a copy would fill keeps what it
+ *    held) and of each kernel only the first and the last block of its grid run: the launch
+ *    limits, the operands' bounds and the kernels' largest indices at sizes no test could
+ *    compute, in a few pages of memory. No IPC in a dry run.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -237,6 +244,16 @@ EMU_API cudaError_t cudaDeviceSynchronize(void)
 }
 
 /* ---- memory */
+bool emu_rt_dry(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DDP_EMU_DRYRUN");
+        on = v && *v && strcmp(v, "0") != 0;
+    }
+    return on != 0;
+}
+
 static std::mutex mem_m;
 static std::map<uintptr_t, size_t> dev_blocks;  /* cudaMalloc'd: base → bytes */
 static std::map<uintptr_t, size_t> host_blocks; /* cudaMallocHost'd and registered */
@@ -282,6 +299,11 @@ static void need_device(const void *p, size_t bytes, const char *what)
 #define IPC_MIN (64u << 10)
 static std::map<uintptr_t, int> ipc_fd;        /* this process's memfd blocks: base → fd */
 static std::map<uintptr_t, size_t> ipc_opened; /* peers' blocks mapped here: base → bytes */
+static std::map<uintptr_t, size_t> dry_maps;   /* a dry run's blocks: base → mapping's bytes */
+/* A dry run's block lies between two gaps of this many bytes that fault on any access: a kernel
+ * index that wrapped in 32 bits (up to 2³¹ elements of 8 bytes before or after) lands in one, not
+ * in a neighbouring block. Address space only (a few TiB for a GPT's few hundred blocks). */
+#define DRY_GUARD ((size_t)16 << 30)
 EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     if (!p)
@@ -290,6 +312,24 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     if (dev_bytes + bytes > (80ull << 30))
         return set_err(cudaErrorMemoryAllocation);
     void *q = nullptr;
+    if (emu_rt_dry()) { /* reserved between two DRY_GUARD gaps of no access; never filled */
+        const size_t pg = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + pg - 1) / pg * pg,
+                     len = body + 2 * DRY_GUARD;
+        char *m = (char *)mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0);
+        if (m == MAP_FAILED)
+            return set_err(cudaErrorMemoryAllocation);
+        if (body && mprotect(m + DRY_GUARD, body, PROT_READ | PROT_WRITE)) {
+            munmap(m, len);
+            return set_err(cudaErrorMemoryAllocation);
+        }
+        q = m + DRY_GUARD;
+        dry_maps[(uintptr_t)q] = len;
+        dev_blocks[(uintptr_t)q] = bytes;
+        dev_bytes += bytes;
+        *p = q;
+        return cudaSuccess;
+    }
     if (bytes >= IPC_MIN) {
         int fd = memfd_create("ddp-gpu-emu", MFD_CLOEXEC);
         if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0 ||
@@ -321,6 +361,13 @@ EMU_API cudaError_t cudaFree(void *p)
     if (it == dev_blocks.end())
         emu_die("cudaFree(%p): not a pointer cudaMalloc returned (or freed twice)", p);
     dev_bytes -= it->second;
+    auto dm = dry_maps.find((uintptr_t)p);
+    if (dm != dry_maps.end()) {
+        munmap((char *)p - DRY_GUARD, dm->second);
+        dry_maps.erase(dm);
+        dev_blocks.erase(it);
+        return cudaSuccess;
+    }
     auto f = ipc_fd.find((uintptr_t)p);
     if (f != ipc_fd.end()) {
         munmap(p, it->second);
@@ -655,6 +702,8 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
     cudaError_t e = copy_check(dst, src, n, &k, what);
     if (e)
         return e;
+    if (emu_rt_dry())
+        return cudaSuccess;
     const bool now =
         s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
               (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) || k == cudaMemcpyHostToHost);
@@ -695,6 +744,8 @@ EMU_API cudaError_t cudaMemset(void *dst, int v, size_t n)
 {
     if (n)
         need_device(dst, n, "cudaMemset");
+    if (emu_rt_dry())
+        return cudaSuccess;
     emu_rt_enqueue(nullptr, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
 }
@@ -703,6 +754,8 @@ EMU_API cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
     need_stream(s, "cudaMemsetAsync");
     if (n)
         need_device(dst, n, "cudaMemsetAsync");
+    if (emu_rt_dry())
+        return cudaSuccess;
     emu_rt_enqueue(s, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
 }
@@ -964,7 +1017,7 @@ static void gemm_core(const char *call, cublasOperation_t ta, cublasOperation_t 
         mat am{ep.aux_t, (uint64_t)m, (uint64_t)n, ep.aux_ld};
         need_operand(call, "the GELU aux", ep.aux, am);
     }
-    if (m == 0 || n == 0)
+    if (m == 0 || n == 0 || emu_rt_dry()) /* a dry run: checked, not computed */
         return;
     const size_t ea = type_size(ma.t), eb = type_size(mb.t), ec = type_size(mc.t),
                  ed = type_size(md.t);

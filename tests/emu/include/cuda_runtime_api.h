@@ -155,6 +155,9 @@ void emu_rt_enqueue(cudaStream_t s, std::function<void()> f);
  * the next wait, as a kernel that spins; cudaEventQuery says cudaErrorNotReady meanwhile), on s:
  * the emulated NCCL's collectives (nccl_emu.cpp). */
 void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f);
+/* Whether the runtime does a dry run (DDP_EMU_DRYRUN=1, gpu_rt_emu.cpp): every call checked,
+ * copies, memsets and cuBLAS products not done, of each kernel only the first and last block. */
+bool emu_rt_dry(void);
 /* A launch: checked now (a refused one leaves its error for cudaGetLastError), run in its
  * stream's turn; f holds copies of the arguments (cu_module.py's [=]). */
 template <typename F>
@@ -163,7 +166,7 @@ inline void emu_rt_launch(const char *name, F &&f, dim3 grid, dim3 block, size_t
 {
     if (emu_rt_launch_check(name, grid, block, smem, s) == cudaSuccess)
         emu_rt_enqueue(s, [grid, block, smem, k = std::decay_t<F>(f)] {
-            emu_launch_fibers(grid, block, smem, k);
+            emu_launch_fibers(grid, block, smem, k, emu_rt_dry());
         });
 }
 /* A kernel's __launch_bounds__(max_threads), checked at its entry (cu_module.py puts the call
