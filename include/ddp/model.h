@@ -156,6 +156,12 @@ typedef struct ddp_model_batch {
                                the rank or world size */
     bool last_logits;       /* gpt, evaluation without targets: logits only for each sample's
                                last position, (n, V) instead of (n·seq_len, V) (generation) */
+    bool loss_only;         /* evaluation with targets or labels: only the loss and accuracy are
+                               wanted. A model on the GPU then leaves the logits there
+                               (ddp_model_logits returns NULL after it) instead of copying them
+                               to the host: for GPT-2 (n·seq_len × 50304 floats, 13 GB at n 64)
+                               a copy of that size per batch and as much host memory per rank.
+                               On the CPU nothing changes. */
 } ddp_model_batch;
 
 /* What forward computed, for logs and evaluation. */

@@ -452,12 +452,15 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     int count = 0;
     int64_t correct = 0;
     float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
+    /* loss_only (an evaluation's loss): the logits stay on the device, never (n·T, V) copied */
+    const bool keep = !train && !(b->loss_only && b->targets);
+    g->logit_rows = 0;
     if ((!m->resident && ddp__cuda_gpt_set_params(g->res.gpt, g->res.pdata, &e) != DDP_OK) ||
         ddp__cuda_gpt_forward(g->res.gpt, b->tokens, b->targets, b->n, b->seq_len, train, last,
                               scale, b->step, b->sample_offset, &loss_sum, &count, &correct,
-                              train ? NULL : g->logits, &e) != DDP_OK)
+                              keep ? g->logits : NULL, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
-    if (!train)
+    if (keep)
         g->logit_rows = last ? (size_t)b->n : (size_t)b->n * b->seq_len;
     if (!b->targets)
         return DDP_OK;

@@ -1,7 +1,8 @@
 /*
  * test_cuda_gpt.c — the GPT with device cuda against the same GPT on the CPU (the reference):
  * the same spec and seed give the same initial weights; then
- *   - evaluation logits (all positions, and last_logits), rel ≤ 1e-3;
+ *   - evaluation logits (all positions, and last_logits), rel ≤ 1e-3; an evaluation with
+ *     loss_only the same loss, its logits left on the device;
  *   - the first backward's gradients, rel ≤ 1e-3 per tensor;
  *   - 10 AdamW steps (the host optimizer on both), every loss within 1e-4 (fp32), within 5e-3
  *     with precision tf32 on the GPU;
@@ -106,10 +107,42 @@ static void logits_match(void **state)
     ddp_model_free(gpu);
 }
 
+/* An evaluation forward with loss_only: the same loss, count and accuracy as without, and the
+ * logits left on the device (ddp_model_logits NULL), never the (n·T, V) copy; a training forward
+ * after an evaluation leaves no logits either (they hold the loss's gradient). The CPU model
+ * keeps its logits. */
+static void loss_only_keeps_logits_on_device(void **state)
+{
+    (void)state;
+    ddp_model *cpu = build(DDP_DEVICE_CPU, DDP_PRECISION_FP32, true);
+    ddp_model *gpu = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(3, TMAX, tok, tgt);
+    ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX};
+    ddp_model_out full, lo;
+    assert_int_equal(ddp_model_forward(gpu, &b, false, &full), DDP_OK);
+    assert_non_null(ddp_model_logits(gpu, NULL, NULL));
+    b.loss_only = true;
+    assert_int_equal(ddp_model_forward(gpu, &b, false, &lo), DDP_OK);
+    assert_null(ddp_model_logits(gpu, NULL, NULL));
+    printf("  loss %.6f, loss_only %.6f\n", full.loss, lo.loss);
+    assert_true(full.loss == lo.loss);
+    assert_int_equal(full.count, lo.count);
+    assert_int_equal(full.correct, lo.correct);
+    assert_int_equal(ddp_model_forward(cpu, &b, false, &lo), DDP_OK);
+    assert_non_null(ddp_model_logits(cpu, NULL, NULL));
+    b.loss_only = false;
+    assert_int_equal(ddp_model_forward(gpu, &b, false, &full), DDP_OK);
+    assert_non_null(ddp_model_logits(gpu, NULL, NULL));
+    assert_int_equal(ddp_model_forward(gpu, &b, true, &full), DDP_OK);
+    assert_null(ddp_model_logits(gpu, NULL, NULL));
+    ddp_model_free(cpu);
+    ddp_model_free(gpu);
+}
+
 /* A training forward and backward of b on both models: the losses within 1e-5 (and the same
  * count), every gradient tensor within 1e-3 relative; what names the case in the output. */
-static void step_matches(ddp_model *cpu, ddp_model *gpu, const ddp_model_batch *b,
-                         const char *what)
+static void step_matches(ddp_model *cpu, ddp_model *gpu, const ddp_model_batch *b, const char *what)
 {
     ddp_model_out o1, o2;
     assert_int_equal(ddp_model_forward(cpu, b, true, &o1), DDP_OK);
@@ -179,8 +212,7 @@ static double train10_amp(ddp_precision cpu_prec, ddp_precision gpu_prec, bool a
     for (uint64_t step = 1; step <= 10; step++) {
         int32_t tok[B * TMAX], tgt[B * TMAX];
         make_batch(100 + step, TMAX, tok, tgt);
-        ddp_model_batch b = {
-            .n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = step};
+        ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = step};
         double loss[2];
         bool take = true;
         for (int k = 0; k < 2; k++) {
@@ -240,8 +272,8 @@ static void dropout_matches(void **state)
     drop_p = 0.0f; /* a failed assertion below must not leave later tests with dropout */
     int32_t tok[B * TMAX], tgt[B * TMAX];
     make_batch(2, TMAX, tok, tgt);
-    ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = 7,
-                         .sample_offset = 12};
+    ddp_model_batch b = {
+        .n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX, .step = 7, .sample_offset = 12};
     step_matches(cpu, gpu, &b, "dropout 0.2");
     ddp_model_free(cpu);
     ddp_model_free(gpu);
@@ -558,6 +590,7 @@ int main(void)
     ddp_test_gpus_or_skip("test_cuda_gpt");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(logits_match),
+        cmocka_unit_test(loss_only_keeps_logits_on_device),
         cmocka_unit_test(grads_match),
         cmocka_unit_test(ten_steps_fp32),
         cmocka_unit_test(ten_steps_tf32),

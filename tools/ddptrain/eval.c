@@ -102,7 +102,8 @@ ddp_status trainer_evaluate_lm(trainer *t, ddp_dataset *val, double *loss, size_
             starts[k] = (uint64_t)((unsigned __int128)idx[i0 + k] * N / K) * T;
         if ((st = ddp_dataset_get_windows(val, starts, nb, x, y, err)))
             goto out_free;
-        ddp_model_batch mb = {.n = (int)nb, .tokens = x, .targets = y, .seq_len = (int)T};
+        ddp_model_batch mb = {
+            .n = (int)nb, .tokens = x, .targets = y, .seq_len = (int)T, .loss_only = true};
         ddp_model_out out;
         if ((st = ddp_model_forward(t->m, &mb, false, &out))) {
             ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
