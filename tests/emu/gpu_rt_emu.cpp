@@ -347,6 +347,12 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     *p = q;
     return cudaSuccess;
 }
+/* Bytes of device memory cudaMalloc'd now (tests/emu/scale_gpt.c: a model's footprint). */
+EMU_API size_t emu_rt_device_bytes(void)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    return dev_bytes;
+}
 EMU_API cudaError_t cudaFree(void *p)
 {
     if (!p)

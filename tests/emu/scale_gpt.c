@@ -51,6 +51,9 @@ static size_t gpt2_counts(size_t *c)
     return k;
 }
 
+/* gpu_rt_emu.cpp: the bytes cudaMalloc'd now. */
+size_t emu_rt_device_bytes(void);
+
 typedef struct ready_log {
     size_t n;
     int *seen; /* (n,) times each parameter was reported ready */
@@ -94,6 +97,8 @@ static void run_case(ddp_precision prec, const char *attention, int B, int n, in
     ddp_error err = {0};
     ddp__cuda_gpt *g = NULL;
     ok(ddp__cuda_gpt_create(&cfg, counts, np, &g, &err), &err, "create");
+    const double gib = (double)emu_rt_device_bytes() / (double)(1ull << 30);
+    printf("    device memory after create: %.1f GiB\n", gib);
     float **params = calloc(np, sizeof *params);
     const size_t N = (size_t)n * t;
     int32_t *tok = malloc(sizeof(int32_t) * N);
