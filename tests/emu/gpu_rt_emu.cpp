@@ -44,13 +44,15 @@
  *    start), a process cannot open its own handle (cudaErrorDeviceUninitialized), an opened
  *    block is released by cudaIpcCloseMemHandle, not cudaFree (which aborts). Smaller blocks:
  *    cudaErrorNotSupported. Host registration: recorded, nothing else.
- *  - DDP_EMU_DRYRUN=1, a dry run at full size (tests/emu/scale_gpt.c: GPT-2 124M at batch 64):
- *    device memory is reserved, not committed (MAP_NORESERVE, not filled; 16 GiB that fault on
- *    access either side of each block, where a wrapped 32-bit index lands), every launch, copy, memset and cuBLAS call is checked as above, but
- *    copies, memsets and products are not done (a host buffer a copy would fill keeps what it
- *    held) and of each kernel only the first and the last block of its grid run: the launch
- *    limits, the operands' bounds and the kernels' largest indices at sizes no test could
- *    compute, in a few pages of memory. No IPC in a dry run.
+ *  - DDP_EMU_DRYRUN=1, a dry run at full size (tests/emu/scale_gpt.c: GPT-2 124M at batch 64)
+ *    and a host-access check (test_gpu_emu_dry.sh): device memory is reserved, not committed
+ *    (MAP_NORESERVE, never filled, 16 GiB that fault on access either side of each block, where
+ *    a wrapped 32-bit index lands) and accessible only while queued device work runs, so a host
+ *    access to it faults, as on a GPU. Every launch, copy, memset and cuBLAS call is checked as
+ *    above; copies and memsets over 1 MiB and products are not done (a host destination of a
+ *    copy gets zeros), smaller ones and the emulated NCCL's collectives are, and of each kernel only
+ *    the first and the last block of its grid run: launch limits, operands' bounds and kernels'
+ *    largest indices at sizes no test could compute, in a few pages. No IPC in a dry run.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -304,6 +306,9 @@ static std::map<uintptr_t, size_t> dry_maps;   /* a dry run's blocks: base → m
  * index that wrapped in 32 bits (up to 2³¹ elements of 8 bytes before or after) lands in one, not
  * in a neighbouring block. Address space only (a few TiB for a GPT's few hundred blocks). */
 #define DRY_GUARD ((size_t)16 << 30)
+/* A dry run does copies and memsets up to this many bytes (the small values host code passes
+ * through the device: a collective on host data, the losses) and skips larger ones. */
+#define DRY_COPY_MAX ((size_t)1 << 20)
 EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     if (!p)
@@ -319,11 +324,7 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
                                -1, 0);
         if (m == MAP_FAILED)
             return set_err(cudaErrorMemoryAllocation);
-        if (body && mprotect(m + DRY_GUARD, body, PROT_READ | PROT_WRITE)) {
-            munmap(m, len);
-            return set_err(cudaErrorMemoryAllocation);
-        }
-        q = m + DRY_GUARD;
+        q = m + DRY_GUARD; /* no access but device work's: dry_window */
         dry_maps[(uintptr_t)q] = len;
         dev_blocks[(uintptr_t)q] = bytes;
         dev_bytes += bytes;
@@ -347,6 +348,25 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     *p = q;
     return cudaSuccess;
 }
+/* A dry run's device memory is readable and writable only while queued kernels run (opened by
+ * the first of them, closed when the run of the queue that held it ends; copies, memsets and
+ * products are not done): a host access to it at any other time — host code reading a device
+ * pointer, which works on the emulation's host memory and faults on a GPU — faults here too. */
+static int dry_depth; /* under mem_m: nested runs of device work (run_until recurses) */
+/* enter: device work starts (the memory opens at the outermost); leave: it ends (closes there). */
+static void dry_window(bool enter)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    if (enter ? dry_depth++ != 0 : --dry_depth != 0)
+        return;
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    for (const auto &b : dry_maps) {
+        size_t body = (dev_blocks[b.first] + pg - 1) / pg * pg;
+        if (body && mprotect((void *)b.first, body, enter ? PROT_READ | PROT_WRITE : PROT_NONE))
+            emu_die("mprotect of a dry run's block %p: %s", (void *)b.first, strerror(errno));
+    }
+}
+
 /* Bytes of device memory cudaMalloc'd now (tests/emu/scale_gpt.c: a model's footprint). */
 EMU_API size_t emu_rt_device_bytes(void)
 {
@@ -462,15 +482,24 @@ static bool deferred(void)
 /* Runs s's queued work until `upto` operations have run (all of it: UINT64_MAX). run_m held.
  * False when the first left is not ready (an emulated NCCL collective waiting for its peers,
  * nccl_emu.cpp): it stays queued and runs again at the next wait, as a GPU kernel that spins. */
+static void dry_window(bool enter);
 static bool run_until(cudaStream_t s, uint64_t upto)
 {
+    bool ok = true;
+    const bool dry = emu_rt_dry();
+    if (dry)
+        dry_window(true); /* the device's turn: its work (kernels, NCCL's) may touch it */
     while (s->done < upto && !s->q.empty()) {
-        if (!s->q.front()())
-            return false;
+        if (!s->q.front()()) {
+            ok = false;
+            break;
+        }
         s->q.pop_front();
         s->done++;
     }
-    return true;
+    if (dry)
+        dry_window(false); /* the host's turn again, at the outermost run */
+    return ok;
 }
 /* Sleeps between tries of work that is not ready: 20 µs, doubling to 1 ms. */
 static void wait_backoff(long *ns)
@@ -533,7 +562,12 @@ void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
         run_all(true);
     std::lock_guard<std::recursive_mutex> r(run_m);
     if (!s || !deferred()) {
+        const bool dry = emu_rt_dry();
+        if (dry)
+            dry_window(true);
         f();
+        if (dry)
+            dry_window(false);
         return;
     }
     s->q.push_back([f = std::move(f)] {
@@ -551,7 +585,13 @@ void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f)
         run_all(true);
         for (long ns = 20000;; wait_backoff(&ns)) {
             std::lock_guard<std::recursive_mutex> r(run_m);
-            if (f())
+            const bool dry = emu_rt_dry();
+            if (dry)
+                dry_window(true);
+            bool done = f();
+            if (dry)
+                dry_window(false);
+            if (done)
                 return;
         }
     }
@@ -708,14 +748,24 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
     cudaError_t e = copy_check(dst, src, n, &k, what);
     if (e)
         return e;
-    if (emu_rt_dry())
+    if (emu_rt_dry() && n > DRY_COPY_MAX) { /* not done; a host destination gets zeros */
+        if (k == cudaMemcpyDeviceToHost)
+            memset(dst, 0, n);
+        else if (k == cudaMemcpyHostToHost)
+            memmove(dst, src, n);
         return cudaSuccess;
+    }
     const bool now =
         s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
               (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) || k == cudaMemcpyHostToHost);
     if (now) {
         emu_rt_stream_flush(s);
+        const bool dry = emu_rt_dry(); /* the copy is device work: inside the window */
+        if (dry)
+            dry_window(true);
         memcpy(dst, src, n);
+        if (dry)
+            dry_window(false);
         return cudaSuccess;
     }
     emu_rt_enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
@@ -750,7 +800,7 @@ EMU_API cudaError_t cudaMemset(void *dst, int v, size_t n)
 {
     if (n)
         need_device(dst, n, "cudaMemset");
-    if (emu_rt_dry())
+    if (emu_rt_dry() && n > DRY_COPY_MAX)
         return cudaSuccess;
     emu_rt_enqueue(nullptr, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
@@ -760,7 +810,7 @@ EMU_API cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
     need_stream(s, "cudaMemsetAsync");
     if (n)
         need_device(dst, n, "cudaMemsetAsync");
-    if (emu_rt_dry())
+    if (emu_rt_dry() && n > DRY_COPY_MAX)
         return cudaSuccess;
     emu_rt_enqueue(s, [dst, v, n] { memset(dst, v, n); });
     return cudaSuccess;
