@@ -581,11 +581,21 @@ EMU_API cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
 /* ---- the convolutions */
 /* One call of direction d: checked, then run. x, w, y are the forward's roles (dx, dw, dy in
  * the backward ones); out is the one written. */
+/* The work of one call, from here to the end of the scope: a dry run's device memory (gpu_rt_emu.cpp)
+ * is accessible inside, as a GPU's is to its own work. */
+struct device_work {
+    device_work() { emu_rt_device_work(1); }
+    ~device_work() { emu_rt_device_work(0); }
+    device_work(const device_work &) = delete;
+    device_work &operator=(const device_work &) = delete;
+};
+
 static cudnnStatus_t conv(dir d, cudnnHandle_t h, const void *alpha, const geom &g, const void *x,
                           const void *w, const void *y, void *out, int algo, void *ws,
                           size_t ws_bytes, const void *beta)
 {
     const char *call = dir_name[d];
+    device_work dw;
     cudnnStatus_t s = check_geom(call, h, g);
     if (s)
         return s;
@@ -750,6 +760,7 @@ EMU_API cudnnStatus_t cudnnBatchNormalizationForwardTraining(
     void *run_mean, void *run_var, double eps, void *save_mean, void *save_invstd)
 {
     const char *call = "cudnnBatchNormalizationForwardTraining";
+    device_work dw;
     cudnnStatus_t s = bn_check(call, h, mode, xd, yd, pd, eps);
     if (s)
         return s;
@@ -807,6 +818,7 @@ EMU_API cudnnStatus_t cudnnBatchNormalizationForwardInference(
     const void *est_var, double eps)
 {
     const char *call = "cudnnBatchNormalizationForwardInference";
+    device_work dw;
     cudnnStatus_t s = bn_check(call, h, mode, xd, yd, pd, eps);
     if (s)
         return s;
@@ -845,6 +857,7 @@ EMU_API cudnnStatus_t cudnnBatchNormalizationBackward(
     const void *saved_mean, const void *saved_invstd)
 {
     const char *call = "cudnnBatchNormalizationBackward";
+    device_work dw;
     cudnnStatus_t s = bn_check(call, h, mode, xd, dyd, pd, eps);
     if (s)
         return s;

@@ -367,6 +367,12 @@ static void dry_window(bool enter)
     }
 }
 
+EMU_API void emu_rt_device_work(int begin)
+{
+    if (emu_rt_dry())
+        dry_window(begin != 0);
+}
+
 /* Bytes of device memory cudaMalloc'd now (tests/emu/scale_gpt.c: a model's footprint). */
 EMU_API size_t emu_rt_device_bytes(void)
 {

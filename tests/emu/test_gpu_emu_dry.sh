@@ -6,12 +6,15 @@
 # which a host read of a device pointer passes every other test. A tiny GPT through the paths
 # the first GPU runs take: 1 rank (auto: nccl), 2 ranks over cuda-staged and nccl (async overlap,
 # sharded optimizer, bf16 compression), bf16 and fp16 (the loss scaler's device unscale), the
-# host-driven mode, evaluation, a checkpoint and a resume from it. Numbers are meaningless (no
-# products are computed): only that every run ends without a fault or an error counts.
-# usage: test_gpu_emu_dry.sh BINDIR EMU_MODULE NCCL(ON|OFF)
+# host-driven mode, evaluation, a checkpoint and a resume from it; ddpbench --device cuda; the
+# MLP and the CNN (the emulated cuDNN's work inside the same window) on a Fashion-MNIST slice
+# where the machine has the data. Numbers are meaningless (no products are computed): only that
+# every run ends without a fault or an error counts.
+# usage: test_gpu_emu_dry.sh BINDIR EMU_MODULE NCCL(ON|OFF) [CUDNN_EMU]
 . "$(dirname "$0")/../integration/lib.sh"
 MODULE=${2:?usage: $0 BINDIR EMU_MODULE NCCL}
 NCCL=${3:-OFF}
+CUDNN=${4:-}
 TRAIN=$BIN/ddptrain
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
 cd "$T"
@@ -56,3 +59,38 @@ bench2() { # BACKEND
 }
 bench2 cuda-staged
 [ "$NCCL" != ON ] || bench2 nccl
+# the MLP and the CNN (classifier.cu; cuDNN's emulation), where the data is
+SRC=/usr/share/datasets/fashion-mnist
+if [ -n "$CUDNN" ] && [ -r "$SRC/train-images-idx3-ubyte.gz" ]; then
+    mkdir slice
+    python3 - "$SRC" slice <<'EOP' || fail "could not write the Fashion-MNIST slice"
+import gzip, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+for split, n in (("train", 64), ("t10k", 32)):
+    for kind, per in (("images-idx3", 784), ("labels-idx1", 1)):
+        name = f"{split}-{kind}-ubyte.gz"
+        b = gzip.open(f"{src}/{name}").read()
+        head = bytearray(b[:4 + 4 * b[3]])
+        struct.pack_into(">I", head, 4, n)
+        with gzip.open(f"{dst}/{name}", "wb") as f:
+            f.write(bytes(head) + b[len(head):len(head) + n * per])
+EOP
+    CLS=(--data.dir "$T/slice" --model.channels 4,8 --model.hidden 16 --batch_size 16
+         --total_steps 3 --optimizer sgd --lr 0.05 --momentum 0.9 --schedule constant
+         --log_every 1 --seed 9 --device cuda)
+    cls() { # NAME ARGS…
+        local name=$1
+        shift
+        rc=0; DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 dry "$TRAIN" "${CLS[@]}" \
+            --out_dir "$name" "$@" >"$name.out" 2>&1 || rc=$?
+        [ $rc -eq 0 ] || { cat "$name.out"; fail "dry run $name: exit $rc"; }
+        ok "$name: no host access to device memory"
+    }
+    cls cnn --model.type cnn
+    cls cnnbf16 --model.type cnn --precision bf16
+    cls cnnfp16 --model.type cnn --precision fp16
+    cls cnnhost --model.type cnn --resident false
+    cls mlp --model.type mlp
+else
+    echo "the MLP and CNN left out: no emulated cuDNN named or no Fashion-MNIST at $SRC"
+fi

@@ -134,6 +134,10 @@ int emu_rt_is_device(const void *p, size_t bytes);
 /* The emulation's own: runs the work queued on stream s (NULL: on the blocking streams) now:
  * what a library that computes at the call (the emulated cuDNN) does first. */
 void emu_rt_stream_flush(cudaStream_t s);
+/* The emulation's own, for a library that computes at the call (the emulated cuDNN): its work
+ * begins (1) or ends (0), inside which a dry run's device memory is accessible (gpu_rt_emu.cpp);
+ * nested calls nest. A no-op outside a dry run. */
+void emu_rt_device_work(int begin);
 
 #ifdef __cplusplus
 }
