@@ -126,3 +126,32 @@ ok "inherited RANK/WORLD_SIZE replaced"
 (cd "$T" && "$HELLO" >"$T/alone" 2>&1) || fail "hello_world alone failed"
 assert_contains "$T/alone" "hello from 1 ranks"
 ok "a program without ddprun is a world of one"
+
+# MASTER_PORT stays reserved for the attempt: a bind without SO_REUSEADDR (anyone else) is
+# refused, while a program binding it as torch's TCPStore does (SO_REUSEADDR) listens there.
+cat >"$T/hold.py" <<'PY'
+import os, socket, sys
+p = int(os.environ["MASTER_PORT"])
+try:
+    socket.socket().bind(("0.0.0.0", p))
+    sys.exit("a plain bind took MASTER_PORT %d: it is not held" % p)
+except OSError:
+    pass
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", p))
+s.listen(1)
+c = socket.create_connection(("127.0.0.1", p), timeout=5)
+a, _ = s.accept()
+c.close()  # the client closes first, so the TIME_WAIT is on its port, not on MASTER_PORT
+a.settimeout(5)
+a.recv(1)
+a.close()
+print("held port %d served" % p)
+PY
+"$DDPRUN" --standalone python3 "$T/hold.py" >"$T/hold" 2>&1 || { cat "$T/hold"; fail "MASTER_PORT hold"; }
+hp=$(sed -n 's/.*held port \([0-9]*\) served.*/\1/p' "$T/hold")
+[ -n "$hp" ] || { cat "$T/hold"; fail "no port reported"; }
+python3 -c "import socket; socket.socket().bind(('0.0.0.0', $hp))" ||
+    fail "MASTER_PORT $hp still held after ddprun exited"
+ok "MASTER_PORT held against other binds for the attempt, served by a SO_REUSEADDR listener, freed at exit"

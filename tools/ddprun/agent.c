@@ -69,6 +69,8 @@ typedef struct agent {
     /* heartbeats of other nodes, watched by node 0 */
     int64_t *hb_value;
     int64_t *hb_changed_ms;
+    int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
+                      -1 when none */
 } agent;
 
 static int64_t now_ms(void)
@@ -335,11 +337,15 @@ static int setup_store(agent *a)
 
 /* ---- node rendezvous ----------------------------------------------------------------------- */
 
-/* A port on host (else on every interface, as the store's own fall-back) that nobody holds now:
- * bound to port 0 and let go. The workers get it as MASTER_PORT, which a program hosting its own
- * store binds (PyTorch's rank 0 does, as under torchrun's c10d rendezvous); ddpc's ranks use
- * DDP_STORE_PORT. Another process may take it in between, as with torchrun's own pick. */
-static int pick_free_port(const char *host)
+/* A port on host (else on every interface, as the store's own fall-back) that nobody holds: the
+ * workers get it as MASTER_PORT, which a program hosting its own store binds (PyTorch's rank 0
+ * does, as under torchrun's c10d rendezvous); ddpc's ranks use DDP_STORE_PORT. The port stays
+ * bound in a->port_hold for the whole attempt, with SO_REUSEADDR and never listening: a program
+ * that binds it with SO_REUSEADDR too (torch's TCPStore, both its backends) can still bind and
+ * listen, while any other bind and the kernel's choice of ports for outgoing connections and for
+ * bind(port 0) keep off it, so nothing takes it between the pick and rank 0's bind (torchrun's own
+ * pick lets it go at once). */
+static int pick_free_port(agent *a, const char *host)
 {
     int why = EADDRNOTAVAIL;
     for (int pass = 0; pass < 2; pass++) {
@@ -356,15 +362,19 @@ static int pick_free_port(const char *host)
                 why = errno;
                 continue;
             }
+            int one = 1;
             struct sockaddr_storage ss;
             socklen_t len = sizeof ss;
-            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-                getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+            if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+                bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
                 port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                       : ((struct sockaddr_in *)&ss)->sin_port);
-            else
+                a->port_hold = fd;
+            } else {
                 why = errno;
-            close(fd);
+                close(fd);
+            }
         }
         freeaddrinfo(res);
         if (port > 0)
@@ -375,6 +385,13 @@ static int pick_free_port(const char *host)
     return -1;
 }
 
+static void release_port(agent *a)
+{
+    if (a->port_hold >= 0)
+        close(a->port_hold);
+    a->port_hold = -1;
+}
+
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -382,10 +399,11 @@ static int rendezvous(agent *a)
      * once every node has joined, so that the port is free for as short a time as can be, and
      * hands it to the other nodes through the store. */
     a->wd.free_port = 0;
+    release_port(a);
     if (o->nnodes == 1) {
         a->wd.world_size = o->nproc;
         a->wd.rank_offset = 0;
-        return (a->wd.free_port = pick_free_port(o->master_addr)) < 0 ? -1 : 0;
+        return (a->wd.free_port = pick_free_port(a, o->master_addr)) < 0 ? -1 : 0;
     }
     ddp_store *s = a->store;
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
@@ -489,7 +507,7 @@ static int rendezvous(agent *a)
     snprintf(k, sizeof k, "ddprun/a%d/master_port", a->wd.attempt);
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
     if (o->node_rank == 0) {
-        if ((a->wd.free_port = pick_free_port(o->master_addr)) < 0)
+        if ((a->wd.free_port = pick_free_port(a, o->master_addr)) < 0)
             goto out_free;
         snprintf(val, sizeof val, "%d", a->wd.free_port);
         if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK) {
@@ -1008,6 +1026,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
     a.o = o;
     a.sigfd = sigfd;
     a.reaper_fd = reaper_fd;
+    a.port_hold = -1;
     if (gethostname(a.host, sizeof a.host) != 0)
         snprintf(a.host, sizeof a.host, "?");
     a.host[sizeof a.host - 1] = '\0';
@@ -1074,6 +1093,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         }
     }
 out:
+    release_port(&a);
     ddp_store_close(a.store);
     ddp_store_server_stop(a.server);
     free(a.w);
