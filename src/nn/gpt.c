@@ -96,6 +96,9 @@ typedef struct gpt {
     bool train;
     uint64_t step, sample_offset;
     size_t logit_rows; /* rows of logits valid; 0: none (none yet, or they hold the gradient) */
+    size_t logits_cap; /* device cuda: floats in logits, allocated when a forward first hands
+                          logits to the host (prediction, generation): (B·T, V) is 13 GB at
+                          GPT-2's size and B 64, and training never needs it */
     /* device cuda (kernels/cuda/gpt.cu): the forward and backward run there; the host keeps
      * the parameters, gradients (the list's, as for the CPU) and logits; no host activations */
     ddp__resident res; /* the device's model; the parameters' host arrays handed to it (pdata
@@ -259,7 +262,8 @@ static ddp_status alloc_acts(gpt *g, ddp_error *err)
     return DDP_OK;
 }
 
-/* Device cuda: the device's model (parameters, activations) and the host's logits. */
+/* Device cuda: the device's model (parameters, activations); the host's logits come later
+ * (forward_cuda). */
 static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error *err)
 {
     gpt *g = m->impl;
@@ -267,10 +271,9 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
     size_t *counts = malloc(sizeof(size_t) * n);
     g->res.pdata = malloc(sizeof(*g->res.pdata) * n);
     g->res.pgrad = malloc(sizeof(*g->res.pgrad) * n);
-    if (!counts || !g->res.pdata || !g->res.pgrad ||
-        !alloc(&g->logits, (size_t)g->B * g->Tmax * (size_t)g->V, sizeof(float))) {
+    if (!counts || !g->res.pdata || !g->res.pgrad) {
         free(counts);
-        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory for the logits");
+        return ddp__err(err, DDP_ERR_NOMEM, "gpt: out of memory for the parameter lists");
     }
     for (size_t i = 0; i < n; i++)
         counts[i] = m->params[i].count;
@@ -454,14 +457,25 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     float scale = b->grad_scale != 0.0f ? b->grad_scale : 1.0f;
     /* loss_only (an evaluation's loss): the logits stay on the device, never (n·T, V) copied */
     const bool keep = !train && !(b->loss_only && b->targets);
+    const size_t rows = last ? (size_t)b->n : (size_t)b->n * b->seq_len;
     g->logit_rows = 0;
+    if (keep && rows * g->V > g->logits_cap) {
+        free(g->logits);
+        g->logits_cap = 0;
+        if (!alloc(&g->logits, rows * g->V, sizeof(float)))
+            return ddp__errmsg(m->err, DDP_ERR_NOMEM,
+                               "gpt on cuda: out of host memory for %zu × %d logits; predict with "
+                               "a smaller batch or block_size",
+                               rows, g->V);
+        g->logits_cap = rows * g->V;
+    }
     if ((!m->resident && ddp__cuda_gpt_set_params(g->res.gpt, g->res.pdata, &e) != DDP_OK) ||
         ddp__cuda_gpt_forward(g->res.gpt, b->tokens, b->targets, b->n, b->seq_len, train, last,
                               scale, b->step, b->sample_offset, &loss_sum, &count, &correct,
                               keep ? g->logits : NULL, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
     if (keep)
-        g->logit_rows = last ? (size_t)b->n : (size_t)b->n * b->seq_len;
+        g->logit_rows = rows;
     if (!b->targets)
         return DDP_OK;
     if (train)
