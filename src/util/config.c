@@ -285,13 +285,23 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         }
         if (idx < 0)
             return unknown_key(c->schema, c->n, name, origin, err);
-        /* The value as text: a scalar, or a list's items joined by commas. No fixed buffer:
+        /* A key given twice in one file: YAML parsers differ on which wins, so say so rather
+         * than take the last one silently. */
+        size_t pl = strlen(path);
+        if (strncmp(c->v[idx].origin, path, pl) == 0 &&
+            strncmp(c->v[idx].origin + pl, " line ", 6) == 0)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "key '%s' is set twice in '%s' (%s and line %zu); keep one of them",
+                            name, path, c->v[idx].origin + pl + 1, k->start_mark.line + 1);
+        /* The value as text: a scalar, or a list's items joined by commas (a list key, or a
+         * text key read as comma-separated values, such as betas: [0.9, 0.95]). No fixed buffer:
          * one of 4 KB cut longer values short without a word. */
         sbuf text = {0};
         sb_put(&text, "", 0);
         if (v->type == YAML_SCALAR_NODE) {
             sb_put(&text, (const char *)v->data.scalar.value, v->data.scalar.length);
-        } else if (v->type == YAML_SEQUENCE_NODE && c->schema[idx].type == DDP_CFG_INT_LIST) {
+        } else if (v->type == YAML_SEQUENCE_NODE && (c->schema[idx].type == DDP_CFG_INT_LIST ||
+                                                      c->schema[idx].type == DDP_CFG_STRING)) {
             for (yaml_node_item_t *it = v->data.sequence.items.start;
                  it < v->data.sequence.items.top && text.len <= MAX_VALUE; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);

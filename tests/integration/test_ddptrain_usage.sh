@@ -27,6 +27,31 @@ printf 'batch_size: -3\n' >neg.yaml
 check "key 'batch_size' is -3; it must be ≥ 1" --config neg.yaml
 ok "a value out of range names its key and value, before any work"
 
+# A key twice in one YAML file is refused (parsers differ on which wins); a YAML list is read
+# as comma-separated text for a text key (betas: [0.9, 0.95], as PyTorch writes them).
+printf 'lr: 0.1\nbatch_size: 8\nlr: 0.2\n' >dup.yaml
+check "key 'lr' is set twice in 'dup.yaml' (line 1 and line 3); keep one of them" --config dup.yaml
+printf 'optimizer: adamw\nbetas: [0.9, 0.95, 0.99]\n' >b3.yaml
+check "betas '0.9,0.95,0.99' is not two numbers like 0.9,0.95" --config b3.yaml
+printf 'optimizer: adamw\nlr: 0.001\nbetas: [0.8, 0.95]\n' >b2.yaml
+"$TRAIN" --config b2.yaml --out_dir "$T/runb" --total_steps 2 --warmup_steps 3 \
+    --tensorboard false >out 2>err || { cat err >&2; fail "betas as a YAML list refused"; }
+assert_contains out "note: warmup_steps 3 ≥ the run's 2 steps: the learning rate stays in its warmup"
+grep -q 'betas: ."0.8,0.95' "$T/runb/checkpoints/step2.safetensors" ||
+    fail "betas [0.8, 0.95] not stored as 0.8,0.95"
+# Generation's keys on a model that does not generate are refused, not ignored.
+check "key 'prompt' (the command line) is for a gpt model's generation, but model.type is mlp" \
+    --prompt hi
+rc=0
+"$TRAIN" --task predict --out_dir "$T/runb" --prompt hi >out 2>err || rc=$?
+[ $rc -eq 2 ] || fail "predict --prompt on an mlp checkpoint exited $rc, want 2"
+assert_contains err "key 'prompt' (the command line) is for a gpt model's generation"
+# predict_out's default is out_dir/predictions.csv, not the working directory
+"$TRAIN" --task predict --out_dir "$T/runb" >out 2>err || { cat err >&2; fail "predict failed"; }
+assert_contains out "wrote 10000 predictions to $T/runb/predictions.csv"
+[ -s "$T/runb/predictions.csv" ] && [ ! -e predictions.csv ] || fail "predictions not in out_dir"
+ok "a key twice in a file, a YAML list for betas, --prompt on an mlp: clear errors; predictions in out_dir"
+
 # PyTorch / Hugging Face names for ddptrain's keys: a HINT with ddptrain's own name.
 check "HINT: ddptrain's key for 'learning_rate' is 'lr' (--lr)" --learning_rate 3e-4
 check "HINT: ddptrain's key for 'max_steps' is 'total_steps'" --max_steps 100

@@ -99,7 +99,8 @@ static const ddp_cfg_key schema[] = {
      "a checkpoint path, 'latest' (in out_dir), or 'auto': latest if there is one, else start "
      "at step 0 (for ddprun --max_restarts)"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
-    {"predict_out", DDP_CFG_STRING, "predictions.csv", NULL, "mlp/cnn predict: the CSV to write"},
+    {"predict_out", DDP_CFG_STRING, "", NULL,
+     "mlp/cnn predict: the CSV to write (empty: predictions.csv in out_dir)"},
     {"prompt", DDP_CFG_STRING, "", NULL,
      "gpt predict: text to continue (vocab 256; empty: a newline)"},
     {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
@@ -139,8 +140,9 @@ void trainer_print_help(FILE *out)
     ddp_config_print_help(schema, NKEYS, out);
 }
 
-/* The checks a configuration needs before any data: exit code 2 with the message. */
-static int check_values(const ddp_config *c)
+/* The checks a configuration needs before any data: exit code 2 with the message. model_known:
+ * model.type is the run's (test and predict take it from the checkpoint, later). */
+static int check_values(const ddp_config *c, bool model_known)
 {
     /* Each bound names its own key and the value given, so the user sees which one is wrong. */
     static const struct {
@@ -176,9 +178,24 @@ static int check_values(const ddp_config *c)
     float b1, b2;
     char extra;
     if (sscanf(ddp_config_str(c, "betas"), "%f,%f%c", &b1, &b2, &extra) != 2) {
-        fprintf(stderr, "ddptrain: betas '%s' is not two numbers like 0.9,0.95\n",
+        fprintf(stderr,
+                "ddptrain: betas '%s' is not two numbers like 0.9,0.95 (in YAML also "
+                "[0.9, 0.95])\n",
                 ddp_config_str(c, "betas"));
         return 2;
+    }
+    /* Generation's keys on a model that does not generate: say so rather than ignore them. */
+    if (model_known && strcmp(ddp_config_str(c, "model.type"), "gpt") != 0) {
+        static const char *const gen[] = {"prompt", "prompt_tokens"};
+        for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++)
+            if (*ddp_config_str(c, gen[i])) {
+                fprintf(stderr,
+                        "ddptrain: key '%s' (%s) is for a gpt model's generation, but model.type "
+                        "is %s; leave it out (--task predict writes this model's predictions "
+                        "to predict_out)\n",
+                        gen[i], ddp_config_origin(c, gen[i]), ddp_config_str(c, "model.type"));
+                return 2;
+            }
     }
     /* fp32 and bf16 are the CPU's precisions: say so before any work when the device is cpu,
      * and bf16 on a CPU without bf16 units too (with auto it depends on the machine, and is
@@ -293,7 +310,7 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
         }
         return 2;
     }
-    return check_values(t->cfg);
+    return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"));
 }
 
 /* ---- the configuration stored in a checkpoint ------------------------------------------------
@@ -416,7 +433,7 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
     }
     ddp_config_free(t->cfg);
     t->cfg = c;
-    rc = check_values(c);
+    rc = check_values(c, true);
 out_free:
     if (fd >= 0) {
         close(fd);

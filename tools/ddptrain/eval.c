@@ -166,10 +166,19 @@ out_free:
 int trainer_predict(trainer *t, ddp_dataset *te)
 {
     if (t->R == 0) {
-        const char *path = ddp_config_str(t->cfg, "predict_out");
+        char path[4200];
+        const char *given = ddp_config_str(t->cfg, "predict_out");
+        if (*given)
+            snprintf(path, sizeof path, "%s", given);
+        else
+            snprintf(path, sizeof path, "%s/predictions.csv", ddp_config_str(t->cfg, "out_dir"));
         FILE *f = fopen(path, "w");
-        if (!f)
-            return trainer_die(t, "predict", strerror(errno));
+        if (!f) {
+            char why[4400];
+            snprintf(why, sizeof why, "cannot write '%s': %s (set predict_out to a writable path)",
+                     path, strerror(errno));
+            return trainer_die(t, "predict", why);
+        }
         fprintf(f, "index,label,prediction\n");
         int rc = write_predictions(t, te, f);
         if (fclose(f) != 0 && !rc)

@@ -12,6 +12,7 @@
  * ddp/optim.h, ddp/ckpt.h); this file only decides when each runs.
  */
 #define _GNU_SOURCE
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +342,11 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     if (total == 0)
         total = per_epoch * (uint64_t)ddp_config_int(c, "epochs");
     ddp_lr_schedule sched = schedule_of(t, total);
+    if (sched.warmup_steps >= total && sched.warmup_steps > 0)
+        trainer_say(t,
+                    "note: warmup_steps %" PRIu64 " ≥ the run's %" PRIu64 " steps: the learning "
+                    "rate stays in its warmup and never reaches lr; lower warmup_steps",
+                    sched.warmup_steps, total);
     int64_t eval_every = ddp_config_int(c, "eval_every");
     int64_t log_every = ddp_config_int(c, "log_every");
     int64_t ck_every = ddp_config_int(c, "checkpoint.every");
