@@ -739,12 +739,13 @@ static void flops_counts(void **state)
     }
     assert_true(ddp_model_flops_per_sample(m, 0) == ddp_model_flops_per_sample(m, 64));
     ddp_model_free(m);
-    /* mlp 784-256-128-10: MACs 784·256 + 256·128 + 128·10. */
+    /* mlp 784-256-128-10: MACs 784·256 + 256·128 + 128·10; the first layer has no input
+     * gradient (4 FLOPs per multiply-add, not 6). */
     s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
     s.hidden = (const int64_t[]){256, 128};
     s.n_hidden = 2;
     m = build(&s);
-    assert_true(ddp_model_flops_per_sample(m, 0) == 6.0 * (784 * 256 + 256 * 128 + 128 * 10));
+    assert_true(ddp_model_flops_per_sample(m, 0) == 4.0 * 784 * 256 + 6.0 * (256 * 128 + 128 * 10));
     ddp_model_free(m);
     /* cnn 1→8→16 channels, 3×3 convs on 28² then 14², fc 16·7·7 → 32 → 10. */
     s.type = "cnn";
@@ -753,8 +754,8 @@ static void flops_counts(void **state)
     s.hidden = (const int64_t[]){32};
     s.n_hidden = 1;
     m = build(&s);
-    double macs = 8.0 * 1 * 9 * 28 * 28 + 16.0 * 8 * 9 * 14 * 14 + 16 * 7 * 7 * 32 + 32 * 10;
-    assert_true(ddp_model_flops_per_sample(m, 0) == 6.0 * macs);
+    double first = 8.0 * 1 * 9 * 28 * 28, macs = 16.0 * 8 * 9 * 14 * 14 + 16 * 7 * 7 * 32 + 32 * 10;
+    assert_true(ddp_model_flops_per_sample(m, 0) == 4.0 * first + 6.0 * macs);
     ddp_model_free(m);
 }
 
