@@ -103,6 +103,12 @@ ddp_status ddp_ckpt_latest(const char *dir, const char *prefix, char *out, size_
  * A file that disappears meanwhile is not an error. Temporary files are left alone. */
 ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_k, ddp_error *err);
 
+/* As ddp_ckpt_prune, among the checkpoints whose step is at most max_step: one with a higher
+ * step (another run's, left in dir) is neither counted nor deleted, so the checkpoint a trainer
+ * has just written at max_step is always among those kept. */
+ddp_status ddp_ckpt_prune_upto(const char *dir, const char *prefix, size_t keep_last_k,
+                               uint64_t max_step, ddp_error *err);
+
 /* Removes the temporary files that saves killed mid-way left in dir: those named
  * "<prefix><step>.safetensors.tmp.<host>.<pid>" by ddp_ckpt_save on THIS host whose process no
  * longer exists. Another host's temporary files (a shared filesystem), a live writer's, and

@@ -1,9 +1,10 @@
 /*
  * ckpt.c — checkpoint directories: find the newest "<prefix><step>.safetensors" and prune old
- * ones. The step is read from the file name only (no file is opened), so these are cheap enough
- * to call every save. Temporary files of an interrupted save ("….tmp.<host>.<pid>") never match
- * the name pattern; ddp_ckpt_clean_stale removes those this host's dead processes left, and
- * leaves other hosts' alone, since on a shared filesystem another host may still be writing one.
+ * ones (below a given step, so that another run's newer files never push out the caller's). The
+ * step is read from the file name only (no file is opened), so these are cheap enough to call every
+ * save. Temporary files of an interrupted save ("….tmp.<host>.<pid>") never match the name pattern;
+ * ddp_ckpt_clean_stale removes those this host's dead processes left, and leaves other hosts'
+ * alone, since on a shared filesystem another host may still be writing one.
  */
 #define _GNU_SOURCE
 #include "ddp/ckpt.h"
@@ -145,6 +146,12 @@ out_free:
 
 ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_k, ddp_error *err)
 {
+    return ddp_ckpt_prune_upto(dir, prefix, keep_last_k, UINT64_MAX, err);
+}
+
+ddp_status ddp_ckpt_prune_upto(const char *dir, const char *prefix, size_t keep_last_k,
+                               uint64_t max_step, ddp_error *err)
+{
     if (keep_last_k == 0)
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_ckpt_prune: keep_last_k must be at least 1 (it would delete every "
@@ -154,7 +161,11 @@ ddp_status ddp_ckpt_prune(const char *dir, const char *prefix, size_t keep_last_
     ddp_status st = list(dir, prefix, &e, &n, err);
     if (st != DDP_OK)
         return st;
-    for (size_t i = keep_last_k; i < n && st == DDP_OK; i++) {
+    /* Newest first: skip those above max_step (never counted, never deleted). */
+    size_t first = 0;
+    while (first < n && e[first].step > max_step)
+        first++;
+    for (size_t i = first + keep_last_k; i < n && st == DDP_OK; i++) {
         size_t len = strlen(dir) + strlen(e[i].name) + 2;
         char *p = malloc(len);
         if (!p) {

@@ -87,7 +87,7 @@ assert_not_contains out "step 50/"
 ok "out_dir/checkpoints that cannot be a folder: an error before the first step"
 
 # A truncated latest checkpoint: a clear error naming the one before it, and nothing deleted;
-# resuming from the one named works.
+# moving the damaged one aside, as the HINT says, resumes from the one named.
 "$TRAIN" --out_dir "$T/run3" --total_steps 20 --checkpoint.every 10 --log_every 10 \
     --tensorboard false >out 2>err || { cat err >&2; fail "the 20-step run failed"; }
 c=$T/run3/checkpoints
@@ -98,10 +98,11 @@ rc=0
 "$TRAIN" --out_dir "$T/run3" --total_steps 30 --resume_from latest >out 2>err || rc=$?
 [ $rc -ne 0 ] || fail "a truncated latest checkpoint was resumed from"
 assert_contains err "step20.safetensors' is malformed"
-assert_contains err "HINT: the checkpoint before it is '$c/step10.safetensors': --resume_from $c/step10.safetensors"
+assert_contains err "HINT: the checkpoint before it is '$c/step10.safetensors': move the damaged one out of the way (mv '$c/step20.safetensors' '$c/step20.safetensors.damaged'), then --resume_from latest resumes from it"
 [ "$(stat -c %s "$c/step10.safetensors")" = "$size10" ] || fail "step10 changed"
 [ "$(stat -c %s "$c/step20.safetensors")" = 5000 ] || fail "the damaged step20 was touched"
-"$TRAIN" --out_dir "$T/run3" --total_steps 30 --resume_from "$c/step10.safetensors" \
+mv "$c/step20.safetensors" "$c/step20.safetensors.damaged"
+"$TRAIN" --out_dir "$T/run3" --total_steps 30 --resume_from latest \
     --log_every 10 >out 2>err || { cat err >&2; fail "resuming from the hint's checkpoint failed"; }
 assert_contains out "resumed from $c/step10.safetensors at step 10"
 ok "a truncated latest checkpoint: clear error naming the previous one, nothing lost"

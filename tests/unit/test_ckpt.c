@@ -494,6 +494,25 @@ static void test_latest_prune(void **state)
     assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_OK);
     assert_string_equal(out, want);
 
+    /* Another run's newer checkpoints (ckpt_100) are neither counted nor deleted by
+     * prune_upto: the caller's checkpoint at max_step stays, with keep_last_k of its own. */
+    touch("runs", "ckpt_7.safetensors");
+    touch("runs", "ckpt_8.safetensors");
+    touch("runs", "ckpt_9.safetensors");
+    assert_int_equal(ddp_ckpt_prune_upto(d, "ckpt_", 0, 9, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_prune_upto(d, "ckpt_", 2, 9, &err), DDP_OK);
+    assert_true(exists("runs", "ckpt_100.safetensors"));
+    assert_true(exists("runs", "ckpt_9.safetensors"));
+    assert_true(exists("runs", "ckpt_8.safetensors"));
+    assert_false(exists("runs", "ckpt_7.safetensors"));
+    assert_int_equal(ddp_ckpt_prune_upto(d, "ckpt_", 1, 9, &err), DDP_OK);
+    assert_true(exists("runs", "ckpt_100.safetensors"));
+    assert_true(exists("runs", "ckpt_9.safetensors"));
+    assert_false(exists("runs", "ckpt_8.safetensors"));
+    assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 1, &err), DDP_OK); /* plain prune: by step */
+    assert_false(exists("runs", "ckpt_9.safetensors"));
+    assert_true(exists("runs", "ckpt_100.safetensors"));
+
     path_of(d, "no-such-runs");
     assert_int_equal(ddp_ckpt_latest(d, "ckpt_", out, sizeof out, &err), DDP_ERR_NOT_FOUND);
     assert_int_equal(ddp_ckpt_prune(d, "ckpt_", 3, &err), DDP_ERR_NOT_FOUND);

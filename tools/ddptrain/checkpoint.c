@@ -71,7 +71,11 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
         st = ddp_ckpt_save_train(path, &s, err);
         if (st == DDP_OK) {
             trainer_say(t, "checkpoint %s", path);
-            ddp_ckpt_prune(dir, "step", (size_t)ddp_config_int(t->cfg, "checkpoint.keep"), NULL);
+            /* Only checkpoints up to this step count and go: the one just written always
+             * stays, even beside a newer one of another run (which trainer_resolve_resume
+             * refuses at the start, but which another process may still put there). */
+            ddp_ckpt_prune_upto(dir, "step", (size_t)ddp_config_int(t->cfg, "checkpoint.keep"),
+                                t->step, NULL);
         }
         free(yaml);
     }
@@ -132,43 +136,146 @@ static bool checkpoint_before(const trainer *t, const char *failed, char *out, s
     return snprintf(out, cap, "%s/step%" PRId64 ".safetensors", dir, best) < (int)cap;
 }
 
-int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos *pos)
+void trainer_hint_damaged(const trainer *t, const char *path, bool train)
+{
+    char before[1300];
+    ddp_ckpt *ck = NULL;
+    ddp_status st = ddp_ckpt_open(path, &ck, NULL);
+    ddp_ckpt_close(ck);
+    /* It opens: what failed is the model or optimizer it is loaded into, and the checkpoint
+     * before it was saved by the same run, with the same mismatch. */
+    if (st == DDP_OK || st == DDP_ERR_NOT_FOUND ||
+        !checkpoint_before(t, path, before, sizeof before))
+        return;
+    if (train)
+        fprintf(stderr,
+                "ddptrain: HINT: the checkpoint before it is '%s': move the damaged one out of "
+                "the way (mv '%s' '%s.damaged'), then --resume_from %s resumes from it\n",
+                before, path, path, ddp_config_str(t->cfg, "resume_from"));
+    else
+        fprintf(stderr, "ddptrain: HINT: the checkpoint before it is '%s': --checkpoint %s\n",
+                before, before);
+}
+
+/* The step in a ddptrain checkpoint's metadata; false (with the message printed) when the file
+ * does not open or is not a ddptrain checkpoint. */
+static bool stored_step(const char *path, uint64_t *step)
+{
+    ddp_error err = {0};
+    ddp_ckpt *ck;
+    if (ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        return false;
+    }
+    const char *fmt = ddp_ckpt_meta(ck, "format"), *txt = ddp_ckpt_meta(ck, "step");
+    char *end = NULL;
+    unsigned long long v = txt ? strtoull(txt, &end, 10) : 0;
+    bool ok = fmt && !strcmp(fmt, DDP_CKPT_TRAIN_FORMAT) && txt && *txt && !*end;
+    if (!ok)
+        fprintf(stderr,
+                "ddptrain: '%s' is not a ddptrain checkpoint (no metadata 'format' '%s' with a "
+                "'step'); give a checkpoint that ddptrain saved\n",
+                path, DDP_CKPT_TRAIN_FORMAT);
+    ddp_ckpt_close(ck);
+    *step = v;
+    return ok;
+}
+
+int trainer_resolve_resume(trainer *t)
+{
+    const char *spec = ddp_config_str(t->cfg, "resume_from");
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    bool is_auto = !strcmp(spec, "auto");
+    t->resume[0] = '\0';
+    t->resume_latest = is_auto || !strcmp(spec, "latest");
+    ddp_error err = {0};
+    if (t->resume_latest) { /* the newest: never refused for newer ones */
+        ddp_status st = ddp_ckpt_latest(dir, "step", t->resume, sizeof t->resume, &err);
+        if (st == DDP_ERR_NOT_FOUND && is_auto) {
+            t->resume[0] = '\0'; /* a start at step 0: trainer_load says so */
+            return 0;
+        }
+        if (st == DDP_ERR_NOT_FOUND) {
+            fprintf(stderr,
+                    "ddptrain: --resume_from latest: there is no checkpoint in '%s' to resume "
+                    "from; leave out --resume_from to start at step 0, or give --resume_from "
+                    "auto to resume when there is one\n",
+                    dir);
+            return 2;
+        }
+        if (st != DDP_OK) {
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+            return 2;
+        }
+        ddp_ckpt *ck;
+        if (ddp_ckpt_open(t->resume, &ck, &err) != DDP_OK) { /* damaged: say so now */
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+            trainer_hint_damaged(t, t->resume, true);
+            return 2;
+        }
+        ddp_ckpt_close(ck);
+        return 0;
+    }
+    uint64_t start = 0; /* the step this run starts from */
+    if (*spec) {
+        snprintf(t->resume, sizeof t->resume, "%s", spec);
+        if (!stored_step(spec, &start))
+            return 2;
+    }
+    /* A checkpoint newer than the start belongs to another run (or to this one's future): the
+     * pruning keeps the highest steps, so this run's own checkpoints would be the ones deleted,
+     * and 'latest' would name the other run's. */
+    char newest[2048];
+    if (ddp_ckpt_latest(dir, "step", newest, sizeof newest, NULL) != DDP_OK)
+        return 0; /* none (a folder that cannot be used: open_logs says so) */
+    int64_t n = step_of(newest);
+    if (n < 0 || (uint64_t)n <= start)
+        return 0;
+    char from[2200] = "";
+    if (*spec)
+        snprintf(from, sizeof from, " (--resume_from '%s')", spec);
+    fprintf(stderr,
+            "ddptrain: out_dir '%s' holds checkpoints up to step %lld ('%s'), newer than step "
+            "%llu where this %srun starts%s: pruning would delete this run's checkpoints in "
+            "their favour; resume from the newest with --resume_from latest (or auto), choose "
+            "another --out_dir, or move '%s' away\n",
+            t->dir, (long long)n, newest, (unsigned long long)start, *spec ? "" : "new ", from,
+            dir);
+    return 2;
+}
+
+int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
 {
     int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed */
-    if (*spec && t->R == 0) {
+    if (t->R == 0) {
         ddp_error err = {0};
         char path[2048];
         ddp_ckpt_train_state s = state_of(t);
-        char before[1300];
+        ddp_status st = DDP_OK;
+        if (train)
+            snprintf(path, sizeof path, "%s", t->resume);
+        else
+            st = trainer_find_checkpoint(t, ddp_config_str(t->cfg, "checkpoint"), path, sizeof path,
+                                         &err);
         /* auto: the latest checkpoint when there is one, else a fresh start — one command line
          * for the first attempt and for every restart under ddprun --max_restarts. */
-        bool fresh_ok = !strcmp(spec, "auto");
-        bool latest = fresh_ok || !strcmp(spec, "latest");
-        ddp_status st =
-            trainer_find_checkpoint(t, fresh_ok ? "latest" : spec, path, sizeof path, &err);
-        if (st == DDP_ERR_NOT_FOUND && fresh_ok) {
-            trainer_say(t,
-                        "resume_from auto: no checkpoint in %s/checkpoints yet: starting at "
-                        "step 0",
-                        t->dir);
+        if (train && !*path) {
+            if (!strcmp(ddp_config_str(t->cfg, "resume_from"), "auto"))
+                trainer_say(t,
+                            "resume_from auto: no checkpoint in %s/checkpoints yet: starting at "
+                            "step 0",
+                            t->dir);
         } else if (st != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
-            if (latest && checkpoint_before(t, path, before, sizeof before))
-                fprintf(stderr,
-                        "ddptrain: %s\nddptrain: HINT: the checkpoint before it is '%s': "
-                        "--%s %s\n",
-                        err.msg, before,
-                        !strcmp(ddp_config_str(t->cfg, "task"), "train") ? "resume_from"
-                                                                         : "checkpoint",
-                        before);
-            else
-                fprintf(stderr, "ddptrain: %s\n", err.msg);
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+            if (train && t->resume_latest)
+                trainer_hint_damaged(t, path, true);
             got = -1;
         } else {
             got = 1;
-            bool train = !strcmp(ddp_config_str(t->cfg, "task"), "train");
             trainer_say(t, "%s %s at step %llu (saved by %llu rank%s)",
                         train ? "resumed from" : "loaded", path, (unsigned long long)pos->step,
                         (unsigned long long)pos->world_size, pos->world_size == 1 ? "" : "s");

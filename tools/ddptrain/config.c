@@ -140,10 +140,34 @@ void trainer_print_help(FILE *out)
     ddp_config_print_help(schema, NKEYS, out);
 }
 
+/* The schema's default of key (a key of the schema). */
+static const char *default_of(const char *key)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (!strcmp(schema[i].name, key))
+            return schema[i].def;
+    return "";
+}
+
 /* The checks a configuration needs before any data: exit code 2 with the message. model_known:
  * model.type is the run's (test and predict take it from the checkpoint, later). */
 static int check_values(const ddp_config *c, bool model_known)
 {
+    /* Paths that cannot be empty: out_dir "" would write into / (out_dir/checkpoints is
+     * "/checkpoints"), data.dir "" would read /train-images-…, checkpoint "" names no file. */
+    static const char *const paths[] = {"out_dir", "checkpoint", "data.dir"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        bool images = model_known && strcmp(ddp_config_str(c, "model.type"), "gpt") != 0;
+        if (!strcmp(paths[i], "data.dir") && !images) /* a gpt model reads data.train/text */
+            continue;
+        if (!*ddp_config_str(c, paths[i])) {
+            fprintf(stderr,
+                    "ddptrain: key '%s' is empty (%s); give it a path, or leave it out for its "
+                    "default '%s'\n",
+                    paths[i], ddp_config_origin(c, paths[i]), default_of(paths[i]));
+            return 2;
+        }
+    }
     /* Each bound names its own key and the value given, so the user sees which one is wrong. */
     static const struct {
         const char *key;
@@ -365,6 +389,8 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     }
     if (ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
+        if (!strcmp(ddp_config_str(t->cfg, "checkpoint"), "latest"))
+            trainer_hint_damaged(t, path, false);
         return false;
     }
     const char *yaml = ddp_ckpt_meta(ck, "config");

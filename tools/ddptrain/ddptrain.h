@@ -69,6 +69,11 @@ typedef struct trainer {
     FILE *log, *jsonl;    /* rank 0: out_dir/train.log, out_dir/metrics.jsonl */
     bool say_to_stderr;   /* trainer_say writes to stderr (stdout carries generated text) */
     char dir[1024];       /* out_dir */
+    /* train, rank 0: the checkpoint resume_from resolved to before out_dir was written ("":
+     * a start at step 0), and whether it was 'latest'/'auto' (a damaged one gets the HINT
+     * naming the one before it). */
+    char resume[2048];
+    bool resume_latest;
     /* What the progress line reports beside the loss (metrics.c). */
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */
@@ -167,16 +172,29 @@ ddp_status trainer_evaluate_lm(trainer *t, ddp_dataset *val, double *loss, size_
 int trainer_generate(trainer *t, FILE *out, bool to_log);
 
 /* Checkpoints. trainer_save: completes sharded optimizer state, rank 0 writes
- * out_dir/checkpoints/step<N>.safetensors and prunes to checkpoint.keep, the others learn
- * whether it worked; every rank must call it. trainer_load (before the reducer exists): rank 0
- * reads `spec` (a path, or "latest" in out_dir) into the model and optimizer, and every rank
- * learns *loaded; the reducer's creation then broadcasts the weights. trainer_share_loaded
- * (after it): the optimizer state and position from rank 0 to all. Return 0 or an exit code. */
+ * out_dir/checkpoints/step<N>.safetensors and prunes to checkpoint.keep (never one above this
+ * step), the others learn whether it worked; every rank must call it. trainer_load (before the
+ * reducer exists): rank 0 reads the checkpoint — training: t->resume, as trainer_resolve_resume
+ * found it; test and predict: `checkpoint` — into the model and optimizer, and every rank learns
+ * *loaded; the reducer's creation then broadcasts the weights. trainer_share_loaded (after it):
+ * the optimizer state and position from rank 0 to all. Return 0 or an exit code. */
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err);
-int trainer_load(trainer *t, const char *spec, bool *loaded, ddp_ckpt_train_pos *pos);
+int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos);
 int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos);
+/* Training, rank 0, before anything in out_dir is created or written: resolves resume_from
+ * into t->resume (none with 'latest', a damaged or foreign file: refused now) and refuses an
+ * out_dir/checkpoints that holds a checkpoint newer than the step this run starts from
+ * (another run's: this run's pruning would delete its own checkpoints in their favour).
+ * Returns 0, or 2 after printing what is wrong and what to do; nothing is created or deleted. */
+int trainer_resolve_resume(trainer *t);
 /* The checkpoint `spec` names: a path as it is, or "latest": the newest in out_dir. */
 ddp_status trainer_find_checkpoint(trainer *t, const char *spec, char *path, size_t cap,
                                    ddp_error *err);
+/* Rank 0, after the checkpoint at path, found as 'latest', failed to load: when the file itself
+ * is damaged (it does not open as a safetensors file: truncated, a bad header) and out_dir holds
+ * an earlier one, prints the HINT naming it — how to resume from it (train) or --checkpoint it
+ * (test, predict). A file that opens (a model or optimizer mismatch, which the earlier
+ * checkpoint shares) gets no hint. */
+void trainer_hint_damaged(const trainer *t, const char *path, bool train);
 
 #endif /* DDPTRAIN_H */

@@ -492,8 +492,11 @@ int main(int argc, char **argv)
     bool train = !strcmp(task, "train");
     if (train)
         trainer_catch_save_signals();
-    /* Every rank learns whether rank 0 could write out_dir, and stops with it if not. */
-    int64_t dir_ok = t.R != 0 || open_logs(&t, train) == 0;
+    /* Every rank learns whether rank 0 could write out_dir, and stops with it if not. What
+     * resume_from names is settled first, so that a refusal (no checkpoint to resume from, a
+     * damaged one, another run's newer checkpoints in out_dir) creates and deletes nothing. */
+    int64_t dir_ok =
+        t.R != 0 || ((!train || trainer_resolve_resume(&t) == 0) && open_logs(&t, train) == 0);
     if (ddp_broadcast(t.g, &dir_ok, 1, DDP_INT64, 0) != DDP_OK) {
         rc = trainer_die(&t, "setup", ddp_group_last_error(t.g));
         goto out;
@@ -516,11 +519,9 @@ int main(int argc, char **argv)
     if ((rc = choose_device(&t)) || (rc = build_model(&t)))
         goto out;
     /* Resume (train) or load (test, predict): rank 0 reads, everyone gets it by broadcast. */
-    const char *spec =
-        train ? ddp_config_str(t.cfg, "resume_from") : ddp_config_str(t.cfg, "checkpoint");
     bool loaded = false;
     ddp_ckpt_train_pos pos = {0, 0, 0, (uint64_t)t.W, 0, 0.0f, 0};
-    if ((rc = trainer_load(&t, spec, &loaded, &pos)) || (rc = wrap_model(&t)) ||
+    if ((rc = trainer_load(&t, train, &loaded, &pos)) || (rc = wrap_model(&t)) ||
         (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# ddptrain's out_dir and its checkpoints across runs: a new run into an out_dir that holds newer
+# checkpoints (another run's) is refused before it writes anything — they would have outlived
+# its own, which the pruning deleted at once —, as is a resume from an older checkpoint among
+# newer ones; latest and auto are never refused. An empty out_dir (data.dir, checkpoint) is a
+# usage error, not a run written into /. --resume_from latest with nothing to resume says what
+# to do and creates nothing. The HINT naming the checkpoint before a damaged latest one comes
+# for damage only (not for a model mismatch, which the earlier one shares), for --task test and
+# predict too. Tiny MLP runs (a second or two each).
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cd "$T"
+S=(--model.hidden 16 --batch_size 16 --log_every 0 --eval_every 0 --tensorboard false)
+snap() { (cd "$1" && find . -printf '%p %s %T@\n' | sort); } # names, sizes, times
+refused() { # refused 'MESSAGE' ARGS...: exit 2, MESSAGE alone on stderr
+    local want=$1 rc=0
+    shift
+    "$TRAIN" "$@" >out 2>err || rc=$?
+    [ $rc -eq 2 ] || { cat out err >&2; fail "ddptrain $* exited $rc, want 2"; }
+    assert_contains err "$want"
+    [ "$(wc -l <err)" -eq 1 ] || { cat err >&2; fail "ddptrain $*: want one line on stderr"; }
+}
+
+# An earlier run's checkpoints (4, 8, 12) in out_dir: a new run of 3 steps used to print
+# checkpoint step1…3 and prune them at once (the highest steps stay), leaving step12 as
+# 'latest'. Refused now, with nothing written or deleted.
+"$TRAIN" "${S[@]}" --total_steps 12 --checkpoint.every 4 --out_dir r3 >a.out 2>&1 ||
+    { cat a.out; fail "the first run"; }
+snap r3 >r3.before
+refused "out_dir 'r3' holds checkpoints up to step 12 ('r3/checkpoints/step12.safetensors'), newer than step 0 where this new run starts: pruning would delete this run's checkpoints in their favour; resume from the newest with --resume_from latest (or auto), choose another --out_dir, or move 'r3/checkpoints' away" \
+    "${S[@]}" --total_steps 3 --checkpoint.every 1 --out_dir r3
+snap r3 | cmp -s - r3.before || fail "the refused run changed out_dir"
+# A resume from an explicit older checkpoint starts at its step: newer ones refuse it too …
+refused "newer than step 8 where this run starts (--resume_from 'r3/checkpoints/step8.safetensors')" \
+    "${S[@]}" --total_steps 14 --checkpoint.every 1 --out_dir r3 \
+    --resume_from r3/checkpoints/step8.safetensors
+snap r3 | cmp -s - r3.before || fail "the refused resume changed out_dir"
+# … and into an out_dir of its own it goes on from there.
+"$TRAIN" "${S[@]}" --total_steps 10 --checkpoint.every 1 --out_dir r8 \
+    --resume_from r3/checkpoints/step8.safetensors >b.out 2>&1 || { cat b.out; fail "resume into r8"; }
+assert_contains b.out "resumed from r3/checkpoints/step8.safetensors at step 8"
+[ "$(ls r8/checkpoints)" = "$(printf 'step10.safetensors\nstep9.safetensors')" ] ||
+    fail "r8 holds $(ls r8/checkpoints | tr '\n' ' ')"
+# latest (and auto) start from the newest: never refused; keep 2 leaves this run's two.
+"$TRAIN" "${S[@]}" --total_steps 14 --checkpoint.every 1 --checkpoint.keep 2 --out_dir r3 \
+    --resume_from latest >c.out 2>&1 || { cat c.out; fail "resume latest"; }
+assert_contains c.out "resumed from r3/checkpoints/step12.safetensors at step 12"
+[ "$(ls r3/checkpoints)" = "$(printf 'step13.safetensors\nstep14.safetensors')" ] ||
+    fail "r3 holds $(ls r3/checkpoints | tr '\n' ' ')"
+"$TRAIN" "${S[@]}" --total_steps 15 --out_dir r3 --resume_from auto >d.out 2>&1 ||
+    { cat d.out; fail "resume auto"; }
+assert_contains d.out "resumed from r3/checkpoints/step14.safetensors at step 14"
+"$TRAIN" --task test --out_dir r3 >t.out 2>&1 || { cat t.out; fail "test"; }
+assert_contains t.out "loaded r3/checkpoints/step15.safetensors at step 15"
+ok "a new run (or a resume from step 8) among newer checkpoints: refused, nothing touched; latest/auto go on"
+
+# An empty out_dir would write into / (/checkpoints, /tb, /train.log). Refused first of all
+# (before batch_size 0, so that a ddptrain without the check stops on that instead of writing).
+refused "key 'out_dir' is empty (the command line); give it a path, or leave it out for its default 'runs/default'" \
+    --out_dir "" --batch_size 0
+printf 'out_dir:\nbatch_size: 0\n' >empty.yaml
+refused "key 'out_dir' is empty (empty.yaml line 1)" --config empty.yaml
+refused "key 'out_dir' is empty" --out_dir ""
+refused "key 'out_dir' is empty" --task test --out_dir ""
+refused "key 'out_dir' is empty" --task report --out_dir ""
+refused "key 'data.dir' is empty (the command line)" --data.dir "" --out_dir e1
+refused "key 'checkpoint' is empty (the command line); give it a path, or leave it out for its default 'latest'" \
+    --task test --checkpoint "" --out_dir r3
+[ ! -e e1 ] || fail "a refused run created its out_dir"
+ok "an empty out_dir, data.dir or checkpoint: a usage error naming the key, nothing written"
+
+# --resume_from latest with nothing to resume: what to do, and nothing created.
+refused "--resume_from latest: there is no checkpoint in 'none/checkpoints' to resume from; leave out --resume_from to start at step 0, or give --resume_from auto to resume when there is one" \
+    "${S[@]}" --out_dir none --resume_from latest
+[ ! -e none ] || fail "--resume_from latest without a checkpoint created out_dir"
+refused "cannot open checkpoint 'no.safetensors'" "${S[@]}" --out_dir none --resume_from no.safetensors
+[ ! -e none ] || fail "--resume_from a missing file created out_dir"
+ok "--resume_from latest with no checkpoint: what to do instead, nothing created"
+
+# A model mismatch (another hidden size) is not damage: the checkpoint before it has the same
+# mismatch, so no HINT names it.
+rc=0; "$TRAIN" "${S[@]}" --model.hidden 100 --total_steps 20 --out_dir r3 --resume_from latest \
+    >out 2>err || rc=$?
+[ $rc -ne 0 ] || fail "a checkpoint of another model was resumed"
+assert_contains err "saved with another model"
+assert_not_contains err "HINT"
+ok "a model mismatch: the message, without a HINT about the checkpoint before it"
+
+# A truncated latest checkpoint: test and predict name the one before it too; training's HINT
+# says to move the damaged one aside, refused before anything is written.
+cp -r r3 r5
+truncate -s 3000 r5/checkpoints/step15.safetensors
+for task in test predict; do
+    rc=0; "$TRAIN" --task $task --out_dir r5 >out 2>err || rc=$?
+    [ $rc -eq 2 ] || { cat err >&2; fail "--task $task of a truncated checkpoint exited $rc"; }
+    assert_contains err "step15.safetensors' is malformed"
+    assert_contains err "HINT: the checkpoint before it is 'r5/checkpoints/step14.safetensors': --checkpoint r5/checkpoints/step14.safetensors"
+done
+"$TRAIN" --task test --out_dir r5 --checkpoint r5/checkpoints/step14.safetensors >t.out 2>&1 ||
+    { cat t.out; fail "test of the checkpoint the HINT names"; }
+assert_contains t.out "loaded r5/checkpoints/step14.safetensors at step 14"
+snap r5 >r5.before
+rc=0; "$TRAIN" "${S[@]}" --total_steps 20 --out_dir r5 --resume_from auto >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat err >&2; fail "resume from a truncated checkpoint exited $rc"; }
+assert_contains err "HINT: the checkpoint before it is 'r5/checkpoints/step14.safetensors': move the damaged one out of the way (mv 'r5/checkpoints/step15.safetensors' 'r5/checkpoints/step15.safetensors.damaged'), then --resume_from auto resumes from it"
+snap r5 | cmp -s - r5.before || fail "the refused resume changed out_dir"
+mv r5/checkpoints/step15.safetensors r5/checkpoints/step15.safetensors.damaged
+"$TRAIN" "${S[@]}" --total_steps 20 --out_dir r5 --resume_from auto >e.out 2>&1 ||
+    { cat e.out; fail "resume after moving the damaged checkpoint aside"; }
+assert_contains e.out "resumed from r5/checkpoints/step14.safetensors at step 14"
+ok "a truncated latest checkpoint: test, predict and resume name the one before it; the HINT works"
