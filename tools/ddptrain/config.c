@@ -21,7 +21,9 @@ static const ddp_cfg_key schema[] = {
      "report: out_dir/metrics.jsonl into out_dir/report.html)"},
     {"seed", DDP_CFG_INT, "42", NULL,
      "seed of weights, data order, dropout and (predict) generation"},
-    {"out_dir", DDP_CFG_STRING, "runs/default", NULL, "train.log, metrics.jsonl, checkpoints/"},
+    {"out_dir", DDP_CFG_STRING, "runs/default", NULL,
+     "train.log, metrics.jsonl, checkpoints/ (a new run is refused where checkpoints/ holds "
+     "newer ones: resume them, or choose another)"},
     {"data.dir", DDP_CFG_STRING, "/usr/share/datasets/fashion-mnist", NULL,
      "mlp/cnn: directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"},
     {"data.train", DDP_CFG_STRING, "", NULL,
