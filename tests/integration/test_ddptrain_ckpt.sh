@@ -31,6 +31,13 @@ snap r3 >r3.before
 refused "out_dir 'r3' holds checkpoints up to step 12 ('r3/checkpoints/step12.safetensors'), newer than step 0 where this new run starts: pruning would delete this run's checkpoints in their favour; resume from the newest with --resume_from latest (or auto), choose another --out_dir, or move 'r3/checkpoints' away" \
     "${S[@]}" --total_steps 3 --checkpoint.every 1 --out_dir r3
 snap r3 | cmp -s - r3.before || fail "the refused run changed out_dir"
+# Two ranks: rank 0 refuses, both stop at once.
+rc=0; "$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" "${S[@]}" --total_steps 3 --out_dir r3 \
+    >out 2>err || rc=$?
+[ $rc -eq 1 ] || { cat out err >&2; fail "2 ranks into r3: ddprun exited $rc, want 1"; }
+assert_contains err "[rank0]: ddptrain: out_dir 'r3' holds checkpoints up to step 12"
+assert_contains err "ended with exit code 2"
+snap r3 | cmp -s - r3.before || fail "the refused 2-rank run changed out_dir"
 # A resume from an explicit older checkpoint starts at its step: newer ones refuse it too …
 refused "newer than step 8 where this run starts (--resume_from 'r3/checkpoints/step8.safetensors')" \
     "${S[@]}" --total_steps 14 --checkpoint.every 1 --out_dir r3 \
