@@ -117,3 +117,16 @@ mv r5/checkpoints/step15.safetensors r5/checkpoints/step15.safetensors.damaged
     { cat e.out; fail "resume after moving the damaged checkpoint aside"; }
 assert_contains e.out "resumed from r5/checkpoints/step14.safetensors at step 14"
 ok "a truncated latest checkpoint: test, predict and resume name the one before it; the HINT works"
+
+# An out_dir that cannot be made names the folder that failed and why (a read-only file system
+# here), not the ENOENT of train.log inside it. Needs a tmpfs mount (root, as in CI).
+mkdir -p rofs
+if mount -t tmpfs -o ro,size=64k tmpfs rofs 2>/dev/null; then
+    rc=0; "$TRAIN" "${S[@]}" --total_steps 1 --out_dir rofs/a/run >out 2>err || rc=$?
+    umount rofs
+    [ $rc -eq 2 ] || { cat err >&2; fail "an out_dir on a read-only file system exited $rc"; }
+    assert_contains err "out_dir 'rofs/a/run' is not writable: cannot create 'rofs/a': Read-only file system; choose another --out_dir"
+    ok "an out_dir that cannot be made: the folder and the reason"
+else
+    echo "skip: cannot mount a tmpfs here (not root?): the read-only out_dir case"
+fi

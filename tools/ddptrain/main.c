@@ -72,19 +72,32 @@ int trainer_die(trainer *t, const char *what, const char *msg)
  * what failed. */
 static int open_logs(trainer *t, bool train)
 {
-    char dir[1200];
+    char dir[1200], failed[1200] = "";
+    int mk = 0; /* the first directory that could not be made, and why */
     snprintf(dir, sizeof dir, "%s", t->dir);
-    for (char *p = dir + 1; *p; p++)
-        if (*p == '/') {
+    for (char *p = dir + 1;; p++)
+        if (*p == '/' || !*p) {
+            char c = *p;
             *p = '\0';
-            mkdir(dir, 0755);
-            *p = '/';
+            if (mkdir(dir, 0755) != 0 && errno != EEXIST && !mk) {
+                mk = errno;
+                snprintf(failed, sizeof failed, "%s", dir);
+            }
+            *p = c;
+            if (!c)
+                break;
         }
-    mkdir(dir, 0755);
     char path[1300];
     snprintf(path, sizeof path, "%s/train.log", t->dir);
     t->log = fopen(path, "a");
     int why = errno;
+    if (train && !t->log && mk) { /* the reason is the directory's, not the file's ENOENT */
+        fprintf(stderr,
+                "ddptrain: out_dir '%s' is not writable: cannot create '%s': %s; choose "
+                "another --out_dir\n",
+                t->dir, failed, strerror(mk));
+        return 2;
+    }
     if (train && !t->log) {
         fprintf(stderr,
                 "ddptrain: out_dir '%s' is not writable: cannot open '%s': %s; choose another "
