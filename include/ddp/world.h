@@ -45,6 +45,14 @@ extern "C" {
         "DDP_STORE_PORT", "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",   \
         "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"
 
+/* The exit code of a worker that ends only because another rank reported a failure: ddptrain's
+ * ranks when rank 0 says it could not save or load a checkpoint or write out_dir, or a program's
+ * ranks when a peer aborted their group with its error. ddprun takes such an exit for a
+ * consequence, not the cause: the failure it reports is the rank that failed first-hand, even
+ * when that one exits later (docs/ddprun.md, "Failures"). Chosen outside the ranges of shells
+ * (126, 127, 128 + signal), sysexits.h (64-78) and ctest's skip (77). */
+#define DDP_EXIT_PEER_FAILED 86
+
 /* Who started this process, as ddp_world_from_env() recognised it (docs/launchers.md). */
 typedef enum ddp_launcher {
     DDP_LAUNCHER_NONE = 0, /* nothing: a world of one */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All-or-nothing: a worker that exits 3, and one killed by SIGKILL mid-run. Every other worker
-# (and what it started) is gone within 5 s, the summary names the first failure, ddprun exits 1.
+# (and what it started) is gone within 5 s, the summary names the first failure, ddprun exits 1;
+# a rank that only stopped because another failed (exit code 86) gives way to that one.
 . "$(dirname "$0")/lib.sh"
 
 # check_failure NAME EXPECT... : runs ddprun on a failing job and checks the aftermath.
@@ -36,6 +37,25 @@ run_failing "$d" "$WORKER" selfkill 1 "$d"
 assert_contains "$d/err" "rank 1 (local rank 1, role 'default') ended with signal 9 (SIGKILL)"
 assert_contains "$d/err" "console only"
 ok "SIGKILL mid-run: stopped all, summary names the signal"
+
+# A rank that stops because another rank reported a failure (exit code DDP_EXIT_PEER_FAILED, 86)
+# often exits first: the summary names the rank that failed first-hand, with its own last lines,
+# and says which rank stopped because of it (ddptrain's ranks when rank 0 cannot save).
+d=$T/peer
+run_failing "$d" "$WORKER" peer-fail 0 1 "$d"
+assert_contains "$d/err" "worker failed: rank 0 (local rank 0, role 'default') ended with exit code 5"
+assert_contains "$d/err" "| testworker rank 0: No space left on device (the real failure)"
+assert_contains "$d/err" "before  : rank 1 (local rank 1) on node 0 ('$(hostname)') failed with exit code 86 (it stopped because another rank failed)"
+[ "$(grep -c "worker failed" "$d/err")" -eq 1 ] || fail "more than one failure reported"
+ok "a rank stopped by a peer's failure exits first: the summary names the peer (rank 0, exit 5)"
+
+# Only secondary exits: the first is reported, saying that it stopped because of another rank,
+# and the others are stopped after the wait for a cause (--grace_period, at most 5 s).
+d=$T/peeronly
+run_failing "$d" --grace_period 1 "$WORKER" peer-fail -1 2 "$d"
+assert_contains "$d/err" "worker failed: rank 2 (local rank 2, role 'default') ended with exit code 86: it stopped because another rank failed"
+assert_contains "$d/err" "no rank failed first-hand within 1 s of: rank 2"
+ok "only a secondary exit: reported as stopped because of another rank, the rest stopped after 1 s"
 
 # A worker that ignores SIGTERM gets SIGKILL after the grace period.
 d=$T/stubborn; mkdir -p "$d"

@@ -5,6 +5,9 @@
  *   fail RANK CODE [DIR]   rank RANK exits CODE after 0.5 s (writes to stderr first); the rest
  *                          sleep; everyone records pids (its own and a grandchild's) in DIR
  *   selfkill RANK [DIR]    rank RANK sends itself SIGKILL after 0.5 s; the rest sleep
+ *   peer-fail CAUSE SEC [DIR]  rank SEC exits DDP_EXIT_PEER_FAILED after 0.3 s (as a rank told
+ *                          of a peer's failure does), rank CAUSE fails 0.8 s later with exit
+ *                          code 5 and its own message (CAUSE -1: nobody does); the rest sleep
  *   sleep DIR              record pids, start a grandchild, sleep 60 s
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
  *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
@@ -83,11 +86,7 @@ static int mode_env(int argc, char **argv)
     if (argc < 3)
         return 2;
     static const char *const names[] = {
-        DDP_ENV_CONTRACT,
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "CUDA_VISIBLE_DEVICES",
-        NULL,
+        DDP_ENV_CONTRACT, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", NULL,
     };
     char path[4096];
     snprintf(path, sizeof path, "%s/env.%d", argv[2], rank());
@@ -125,6 +124,28 @@ static int mode_fail(int argc, char **argv, bool selfkill)
         if (selfkill)
             raise(SIGKILL);
         return code;
+    }
+    sleep_s(60);
+    return 0;
+}
+
+/* The failure a rank learns of from its peer (ddptrain's "rank 0 could not save the checkpoint"),
+ * before the peer itself has exited: SEC ends first, with the secondary code. */
+static int mode_peer_fail(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    int cause = atoi(argv[2]), sec = atoi(argv[3]);
+    record_pids(argc > 4 ? argv[4] : NULL);
+    if (rank() == sec) {
+        sleep_s(0.3); /* every rank has recorded its pids */
+        fprintf(stderr, "testworker rank %d: rank %d failed, stopping with it\n", rank(), cause);
+        return DDP_EXIT_PEER_FAILED;
+    }
+    if (rank() == cause) {
+        sleep_s(1.1);
+        fprintf(stderr, "testworker rank %d: No space left on device (the real failure)\n", rank());
+        return 5;
     }
     sleep_s(60);
     return 0;
@@ -267,6 +288,8 @@ int main(int argc, char **argv)
         return mode_fail(argc, argv, false);
     if (!strcmp(m, "selfkill"))
         return mode_fail(argc, argv, true);
+    if (!strcmp(m, "peer-fail"))
+        return mode_peer_fail(argc, argv);
     if (!strcmp(m, "sleep") && argc > 2)
         return mode_sleep(argv[2], false);
     if (!strcmp(m, "stubborn") && argc > 2)

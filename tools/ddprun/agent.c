@@ -7,7 +7,9 @@
  *
  * Nodes coordinate only through the store, under "ddprun/…" keys:
  *   a<k>/claim/<node>, a<k>/node/<node>  the rendezvous of attempt k ("nproc max_restarts")
- *   a<k>/failed                          first failure of attempt k, one line (compare_set)
+ *   a<k>/failed                          first failure of attempt k, one line (compare_set);
+ *                                        a secondary one (DDP_EXIT_PEER_FAILED) is marked, and
+ *                                        a first-hand failure replaces it (compare_set again)
  *   a<k>/done/<node>                     that node's workers all exited 0
  *   hb/<node>                            heartbeat counters; node 0 watches them
  *   final_acks                           nodes that finished; node 0 waits for them before the
@@ -51,6 +53,10 @@ typedef struct failure {
     char tail[5][200];
     int tail_n;
     char line[700]; /* one-line description, shared with other nodes */
+    /* The worker exited DDP_EXIT_PEER_FAILED (or another node reported such a one): it stopped
+     * because another rank failed. A first-hand failure seen before the teardown replaces it. */
+    bool secondary;
+    char replaced[700]; /* the secondary failure this one replaced, or "" */
 } failure;
 
 typedef struct agent {
@@ -71,6 +77,10 @@ typedef struct agent {
     int64_t *hb_changed_ms;
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
+    /* After a secondary failure: until when the workers are left to end on their own, so that the
+     * rank that failed first-hand exits with its own code (not of ddprun's SIGTERM) and is the one
+     * reported; 0 when no such wait runs. */
+    int64_t cause_until;
 } agent;
 
 static int64_t now_ms(void)
@@ -543,12 +553,26 @@ out_store:
 
 /* ---- failures and stopping ------------------------------------------------------------------ */
 
+#define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
+#define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
+#define CAUSE_WAIT_MAX_S 5.0 /* the longest ddprun waits for the cause after a secondary exit */
+
+static bool peer_failed_exit(int status)
+{
+    return WIFEXITED(status) && WEXITSTATUS(status) == DDP_EXIT_PEER_FAILED;
+}
+
+/* Worker w ended badly: it becomes the job's failure, or replaces a secondary one. */
 static void record_local_failure(agent *a, ddprun_worker *w)
 {
     failure *f = &a->fail;
-    if (f->set)
-        return;
+    bool secondary = peer_failed_exit(w->status);
+    char replaced[sizeof f->replaced];
+    snprintf(replaced, sizeof replaced, "%s", f->set ? f->line : "");
+    memset(f, 0, sizeof *f);
+    snprintf(f->replaced, sizeof f->replaced, "%s", replaced);
     f->set = true;
+    f->secondary = secondary;
     f->local = true;
     f->rank = w->rank;
     f->local_rank = w->local_rank;
@@ -558,39 +582,77 @@ static void record_local_failure(agent *a, ddprun_worker *w)
     snprintf(f->log, sizeof f->log, "%s", w->log_path);
     char how[64];
     ddprun_describe_status(w->status, how, sizeof how);
-    snprintf(f->line, sizeof f->line, "rank %d (local rank %d) on node %d ('%s') failed with %s",
-             w->rank, w->local_rank, a->o->node_rank, a->host, how);
+    snprintf(f->line, sizeof f->line, "rank %d (local rank %d) on node %d ('%s') failed with %s%s",
+             w->rank, w->local_rank, a->o->node_rank, a->host, how,
+             secondary ? " (it stopped because another rank failed)" : "");
     if (a->o->nnodes > 1) {
-        char k[128];
+        char k[128], val[sizeof SECONDARY_MARK + sizeof f->line];
         key(k, sizeof k, a, "failed");
+        snprintf(val, sizeof val, "%s%s", secondary ? SECONDARY_MARK : "", f->line);
         ddp_store_set_timeout(a->store, 5000);
-        (void)ddp_store_compare_set(a->store, k, "", 0, f->line, strlen(f->line), NULL, NULL);
+        void *cur = NULL;
+        size_t cur_len = 0;
+        if (ddp_store_compare_set(a->store, k, "", 0, val, strlen(val), &cur, &cur_len) == DDP_OK &&
+            !secondary && cur && strncmp(cur, SECONDARY_MARK, strlen(SECONDARY_MARK)) == 0)
+            /* Another node's secondary failure came first: this one is the cause. Should a third
+             * node replace the same line at once, its failure is first-hand too; either serves. */
+            (void)ddp_store_compare_set(a->store, k, cur, cur_len, val, strlen(val), NULL, NULL);
+        free(cur);
     }
 }
 
-#define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
-
+/* Another node's failure (or the store's loss): the job's failure, or it replaces a secondary one
+ * when it is first-hand. */
 static void record_remote_failure(agent *a, const char *line)
 {
-    if (a->fail.set)
+    bool secondary = strncmp(line, SECONDARY_MARK, strlen(SECONDARY_MARK)) == 0;
+    if (a->fail.set && (!a->fail.secondary || secondary))
         return;
     if (strncmp(line, STOP_MARK, strlen(STOP_MARK)) == 0) {
         a->remote_stop = true;
         line += strlen(STOP_MARK);
     }
+    if (secondary)
+        line += strlen(SECONDARY_MARK);
+    char replaced[sizeof a->fail.replaced];
+    snprintf(replaced, sizeof replaced, "%s", a->fail.set ? a->fail.line : "");
+    memset(&a->fail, 0, sizeof a->fail);
+    snprintf(a->fail.replaced, sizeof a->fail.replaced, "%s", replaced);
     a->fail.set = true;
+    a->fail.secondary = secondary;
     a->fail.local = false;
     wall_time(a->fail.when, sizeof a->fail.when);
     snprintf(a->fail.line, sizeof a->fail.line, "%s", line);
-    ddprun_say("stopping: %s", line);
+    if (!secondary)
+        ddprun_say("stopping: %s", line);
+}
+
+/* After a secondary failure: the workers get a while to end on their own before the SIGTERM, so
+ * that the rank which failed first-hand (and told the others, which is how they came to stop)
+ * exits with its own code and message instead of ddprun's signal: --grace_period, at most
+ * CAUSE_WAIT_MAX_S. */
+static double cause_wait_s(const agent *a)
+{
+    return a->o->grace_period < CAUSE_WAIT_MAX_S ? a->o->grace_period : CAUSE_WAIT_MAX_S;
+}
+
+static void wait_for_cause(agent *a)
+{
+    if (a->cause_until)
+        return;
+    a->cause_until = now_ms() + (int64_t)(cause_wait_s(a) * 1000);
+    ddprun_say("%s; waiting up to %.3g s for the rank that failed first-hand", a->fail.line,
+               cause_wait_s(a));
 }
 
 /* Starts stopping every worker: sig to each process group; SIGKILL comes after the grace. */
 static void stop_workers(agent *a, int sig, int64_t *kill_at)
 {
     for (int i = 0; i < a->o->nproc; i++)
-        if (a->w[i].running)
+        if (a->w[i].running) {
             ddprun_signal_worker(&a->w[i], sig);
+            a->w[i].signaled = true;
+        }
     if (*kill_at == 0)
         *kill_at = now_ms() + (int64_t)(a->o->grace_period * 1000);
 }
@@ -606,8 +668,15 @@ static void print_summary(agent *a, bool restarting)
     } else {
         char how[64];
         ddprun_describe_status(f->status, how, sizeof how);
-        ddprun_say("worker failed: rank %d (local rank %d, role '%s') ended with %s", f->rank,
-                   f->local_rank, a->o->role, how);
+        if (f->secondary)
+            ddprun_say("worker failed: rank %d (local rank %d, role '%s') ended with %s: it "
+                       "stopped because another rank failed, and no rank reported a failure of "
+                       "its own before the others were stopped; the first error is in the other "
+                       "ranks' output",
+                       f->rank, f->local_rank, a->o->role, how);
+        else
+            ddprun_say("worker failed: rank %d (local rank %d, role '%s') ended with %s", f->rank,
+                       f->local_rank, a->o->role, how);
         ddprun_say("  time    : %s", f->when);
         ddprun_say("  node    : %d (host '%s')", a->o->node_rank, a->host);
         ddprun_say("  pid     : %d", (int)f->pid);
@@ -621,6 +690,8 @@ static void print_summary(agent *a, bool restarting)
                 ddprun_say("    | %s", f->tail[i]);
         }
     }
+    if (f->replaced[0])
+        ddprun_say("  before  : %s", f->replaced);
     ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
                a->o->max_restarts + 1, a->o->max_restarts);
     ddprun_say("  %s",
@@ -756,6 +827,7 @@ static outcome run_attempt(agent *a)
     int n = o->nproc;
     memset(a->w, 0, sizeof *a->w * (size_t)n);
     memset(&a->fail, 0, sizeof a->fail);
+    a->cause_until = 0;
     int64_t kill_at = 0, drain_until = 0;
     int running = 0;
     bool spawn_failed = false;
@@ -817,13 +889,19 @@ static outcome run_attempt(agent *a)
         }
         bool multi_waiting = o->nnodes > 1 && !store_lost;
         bool wait_nodes = multi_waiting && done_reported && !a->fail.set && !a->stop_signal;
-        if (running == 0 && open_streams == 0 && !wait_nodes)
+        /* A secondary failure, and this node's workers are gone: another node's cause may still
+         * come, for this node's summary to name. */
+        bool cause_pending = a->fail.set && a->fail.secondary && !a->stop_signal;
+        bool wait_cause = multi_waiting && cause_pending && now_ms() < a->cause_until;
+        if (running == 0 && open_streams == 0 && !wait_nodes && !wait_cause)
             break;
 
         int64_t now = now_ms();
         int64_t wake = INT64_MAX;
         if (kill_at && running)
             wake = kill_at;
+        if (cause_pending && (!kill_at || wait_cause) && a->cause_until < wake)
+            wake = a->cause_until;
         if (drain_until && open_streams && drain_until < wake)
             wake = drain_until;
         if (multi_waiting && next_check < wake)
@@ -893,9 +971,19 @@ static outcome run_attempt(agent *a)
             w->exited_ms = now_ms();
             running--;
             bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            if (!ok && !a->stop_signal && !a->fail.set) {
+            /* The first failure; or a first-hand one while only a secondary failure is known,
+             * from a worker ddprun had not signalled yet (ending of ddprun's SIGTERM is no
+             * cause). */
+            bool first_hand = !peer_failed_exit(status) && !w->signaled;
+            if (!ok && !a->stop_signal && (!a->fail.set || (a->fail.secondary && first_hand))) {
+                bool replaces = a->fail.set;
                 record_local_failure(a, w);
-                stop_workers(a, SIGTERM, &kill_at);
+                if (replaces)
+                    ddprun_say("the cause: %s", a->fail.line);
+                if (a->fail.secondary)
+                    wait_for_cause(a);
+                else
+                    stop_workers(a, SIGTERM, &kill_at);
             }
             if (running == 0 && !drain_until)
                 drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
@@ -913,6 +1001,13 @@ static outcome run_attempt(agent *a)
                 drain_until = now_ms() + 2000;
         }
         now = now_ms();
+        if (a->fail.set && a->fail.secondary && !kill_at && !a->stop_signal &&
+            now >= a->cause_until) {
+            if (running)
+                ddprun_say("no rank failed first-hand within %.3g s of: %s; stopping the workers",
+                           cause_wait_s(a), a->fail.line);
+            stop_workers(a, SIGTERM, &kill_at);
+        }
         if (kill_at && running && now >= kill_at) {
             ddprun_say("workers still running %.0f s after SIGTERM: sending SIGKILL",
                        o->grace_period);
@@ -953,9 +1048,13 @@ static outcome run_attempt(agent *a)
                 }
             } else if (!reachable) {
                 /* not yet lost: try again next tick */
-            } else if (remote && !a->fail.set && !a->stop_signal) {
+            } else if (remote && !a->stop_signal && (!a->fail.set || a->fail.secondary)) {
+                /* a new failure, or the cause of a secondary one (else nothing changes) */
                 record_remote_failure(a, line);
-                stop_workers(a, SIGTERM, &kill_at);
+                if (a->fail.secondary)
+                    wait_for_cause(a);
+                else
+                    stop_workers(a, SIGTERM, &kill_at);
             } else if (done_reported && !a->fail.set) {
                 bool ok;
                 if (all_done(a, &ok))

@@ -101,6 +101,7 @@ typedef struct ddprun_worker {
     int status;   /* waitpid() status once reaped */
     int64_t exited_ms;
     bool seen_stopped; /* reported as stopped by someone else; its resumption is reported too */
+    bool signaled;     /* ddprun sent it a signal to stop it: its end is no failure's cause */
     ddprun_stream out, err;
     char log_path[1500]; /* its stderr.log, or "" */
 } ddprun_worker;

@@ -83,8 +83,8 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
     int64_t ok = st == DDP_OK;
     if (ddp_broadcast(t->g, &ok, 1, DDP_INT64, 0) != DDP_OK)
         return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
-    if (!ok && t->R != 0)
-        return ddp_error_set(err, DDP_ERR_SYSTEM, "rank 0 could not save the checkpoint");
+    if (!ok && t->R != 0) /* rank 0 printed why */
+        return ddp_error_set(err, DDP_ERR_CLOSED, "rank 0 could not save the checkpoint");
     return st;
 }
 
@@ -284,6 +284,8 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
     if (ddp_broadcast(t->g, &got, 1, DDP_INT64, 0) != DDP_OK)
         return trainer_die(t, "resume", ddp_group_last_error(t->g));
     *loaded = got > 0;
+    if (got < 0 && t->R != 0) /* rank 0 printed why */
+        return trainer_die_peer(t, "resume", "rank 0 could not load the checkpoint");
     return got < 0 ? 1 : 0;
 }
 

@@ -485,8 +485,10 @@ int trainer_config_from_checkpoint(trainer *t)
         free(blob);
         return trainer_die(t, "configuration", ddp_group_last_error(t->g));
     }
-    if (n < 0)
-        return 2;
+    if (n < 0) /* rank 0 printed why */
+        return t->R == 0 ? 2
+                         : trainer_die_peer(t, "configuration",
+                                            "rank 0 could not read the checkpoint's configuration");
     if (t->R != 0 && !(blob = malloc((size_t)n)))
         return trainer_die(t, "configuration", "out of memory");
     if (ddp_broadcast(t->g, blob, (size_t)n, DDP_UINT8, 0) != DDP_OK) {

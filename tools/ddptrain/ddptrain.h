@@ -107,6 +107,10 @@ void trainer_say(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 void trainer_log(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 /* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code. */
 int trainer_die(trainer *t, const char *what, const char *msg);
+/* The same for a rank that stops only because another rank reported a failure (rank 0 could
+ * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that
+ * other rank as the cause, not this one, which usually exits first. */
+int trainer_die_peer(trainer *t, const char *what, const char *msg);
 
 /* ---- metrics.c ---- */
 
@@ -177,7 +181,10 @@ int trainer_generate(trainer *t, FILE *out, bool to_log);
  * reducer exists): rank 0 reads the checkpoint — training: t->resume, as trainer_resolve_resume
  * found it; test and predict: `checkpoint` — into the model and optimizer, and every rank learns
  * *loaded; the reducer's creation then broadcasts the weights. trainer_share_loaded (after it):
- * the optimizer state and position from rank 0 to all. Return 0 or an exit code. */
+ * the optimizer state and position from rank 0 to all. Return 0 or an exit code
+ * (DDP_EXIT_PEER_FAILED on the ranks that learn that rank 0 failed). trainer_save returns
+ * DDP_ERR_CLOSED on the ranks other than 0 when rank 0 reported that it could not save: the
+ * failure is rank 0's, this rank only stops with it (trainer_die_peer). */
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err);
 int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos);
 int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos);

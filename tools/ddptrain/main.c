@@ -64,6 +64,13 @@ int trainer_die(trainer *t, const char *what, const char *msg)
     return 1;
 }
 
+int trainer_die_peer(trainer *t, const char *what, const char *msg)
+{
+    fprintf(stderr, "ddptrain: rank %d: %s: %s (this rank stops with it: exit code %d)\n", t->R,
+            what, msg, DDP_EXIT_PEER_FAILED);
+    return DDP_EXIT_PEER_FAILED;
+}
+
 /* ---- setting up ------------------------------------------------------------------------------ */
 
 /* Rank 0: out_dir (with its parents), train.log and metrics.jsonl, appended to. Training also
@@ -514,8 +521,8 @@ int main(int argc, char **argv)
         rc = trainer_die(&t, "setup", ddp_group_last_error(t.g));
         goto out;
     }
-    if (!dir_ok) {
-        rc = 2;
+    if (!dir_ok) { /* rank 0 said why */
+        rc = t.R == 0 ? 2 : trainer_die_peer(&t, "setup", "rank 0 could not write out_dir");
         goto out;
     }
     /* Generated text alone on stdout, so that it can be piped or redirected. */

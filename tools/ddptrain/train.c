@@ -327,6 +327,7 @@ static bool feed_advance(trainer *t, feed *f, uint64_t per_epoch)
 int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
 {
     ddp_error err = {0};
+    ddp_status st;
     ddp_config *c = t->cfg;
     int A = (int)ddp_config_int(c, "grad_accum");
     feed f = {0};
@@ -400,15 +401,17 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
          * eat into a batch system's warning */
         bool asked = t->save_now && !due;
         t->save_now = false;
-        if (asked && trainer_save(t, mean, &err) != DDP_OK) {
-            rc = trainer_die(t, "checkpoint", err.msg);
+        if (asked && (st = trainer_save(t, mean, &err)) != DDP_OK) {
+            rc = st == DDP_ERR_CLOSED ? trainer_die_peer(t, "checkpoint", err.msg)
+                                      : trainer_die(t, "checkpoint", err.msg);
             goto out;
         }
         bool do_eval = eval_every > 0 ? t->step % (uint64_t)eval_every == 0 : epoch_end;
         if ((do_eval || t->step == total) && (rc = evaluate_and_log(t, te, total)))
             goto out;
-        if (due && trainer_save(t, mean, &err) != DDP_OK) {
-            rc = trainer_die(t, "checkpoint", err.msg);
+        if (due && (st = trainer_save(t, mean, &err)) != DDP_OK) {
+            rc = st == DDP_ERR_CLOSED ? trainer_die_peer(t, "checkpoint", err.msg)
+                                      : trainer_die(t, "checkpoint", err.msg);
             goto out;
         } else if (ck_every > 0 && t->step % (uint64_t)ck_every == 0)
             trainer_tb_flush(t);
