@@ -15,6 +15,7 @@ SANITIZE=$(sed -n 's/^DDP_SANITIZE:[A-Z]*=//p' "$BIN/../CMakeCache.txt" 2>/dev/n
 T=$(mktemp -d "${TMPDIR:-/tmp}/ddptest.XXXXXX")
 BG_PIDS=()
 CLEANUP_GLOBS=() # files outside $T a test creates (e.g. in /dev/shm), removed on any exit
+UNMOUNT=()       # file systems a test mounted under $T, unmounted on any exit before $T goes
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS DDP_STORE_TOKEN RANK WORLD_SIZE LOCAL_RANK \
     LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT GROUP_RANK DDP_RUN_ID DDP_AGENT_STORE DDP_STORE_PORT \
     TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE TORCH_NCCL_ASYNC_ERROR_HANDLING PMIX_RANK PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
@@ -99,6 +100,9 @@ cleanup() {
         for p in $(recorded_pids "$d"); do
             alive "$p" && { leftovers="$leftovers $p"; kill -9 "$p" 2>/dev/null || true; }
         done
+    done
+    for m in "${UNMOUNT[@]}"; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
     rm -rf "$T"
     for g in "${CLEANUP_GLOBS[@]}"; do

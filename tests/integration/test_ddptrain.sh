@@ -36,6 +36,27 @@ for k in model.type model.hidden model.activation augment.hflip augment.shift ba
     resume_from predict_out; do assert_contains help "$k"; done
 ok "configuration errors are caught before any work, --help lists every key"
 
+# Rank 0 cannot save a checkpoint (a full disk: a 3 MB tmpfs). Rank 1 learns it through the
+# broadcast and usually exits first, with DDP_EXIT_PEER_FAILED (86); ddprun's summary names
+# rank 0 and its "No space left on device" line, not rank 1. Needs mount (root); skipped without.
+mkdir -p full
+if mount -t tmpfs -o size=3000k tmpfs full 2>/dev/null; then
+    UNMOUNT+=("$T/full")
+    rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 5 --checkpoint.every 1 \
+        --out_dir full/run >full.out 2>full.err || rc=$?
+    [ $rc -eq 1 ] || { cat full.err; fail "disk full: ddprun exited $rc, want 1"; }
+    assert_contains full.err "worker failed: rank 0 (local rank 0, role 'default') ended with exit code 1"
+    # its last lines, in the summary
+    grep -q "^ddprun:     | ddptrain: rank 0: checkpoint: writing .*No space left on device" full.err ||
+        { cat full.err; fail "disk full: the summary lacks rank 0's ENOSPC line"; }
+    assert_contains full.err "rank 0 could not save the checkpoint (this rank stops with it: exit code 86)"
+    umount "$T/full"
+    UNMOUNT=()
+    ok "rank 0 cannot save (disk full): the summary names rank 0 and its ENOSPC line, not rank 1"
+else
+    echo "skip: cannot mount a tmpfs here (not root?): the disk-full checkpoint case is not run"
+fi
+
 # Train with 2 ranks, then test and predict from the checkpoint.
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \
     --out_dir run2 >out 2>err || { cat err; fail "training failed"; }

@@ -154,3 +154,25 @@ kill -TERM $na $nb
 wait $na || true; wait $nb || true
 wait_gone "$d" 2
 ok "a node beyond --nnodes under c10d numbering: a clear error"
+
+# A rank that stops because another reported a failure (exit code 86) exits first, on one node;
+# the rank that failed first-hand exits later, on the other. Both nodes' summaries name the
+# latter: the node's own summary, and the other node's "job failed on another node" line (the
+# store's failed key, first set to the secondary failure, is replaced by the first-hand one).
+for case in "0 2" "3 1"; do
+    set -- $case; cause=$1 sec=$2
+    cnode=$((cause / 2)); onode=$((1 - cnode))
+    d=$T/peer$cause; mkdir -p "$d"
+    port=$(free_port)
+    node 1 $port 2 "$d" "$WORKER" peer-fail $cause $sec "$d" >"$d/out1" 2>"$d/err1" &
+    BG_PIDS+=($!); n1=$!
+    rc0=0; node 0 $port 2 "$d" "$WORKER" peer-fail $cause $sec "$d" >"$d/out0" 2>"$d/err0" || rc0=$?
+    rc1=0; wait $n1 || rc1=$?
+    [ $rc0 -eq 1 ] && [ $rc1 -eq 1 ] || { cat "$d/err0" "$d/err1"; fail "nodes exited $rc0 and $rc1, want 1 and 1"; }
+    assert_contains "$d/err$cnode" "worker failed: rank $cause (local rank $((cause % 2)), role 'default') ended with exit code 5"
+    assert_contains "$d/err$cnode" "| testworker rank $cause: No space left on device"
+    assert_contains "$d/err$onode" "job failed on another node: rank $cause (local rank $((cause % 2))) on node $cnode"
+    assert_not_contains "$d/err$onode" "worker failed"
+    wait_gone "$d" 2
+    ok "rank $sec stopped by rank $cause's failure exits first: both nodes name rank $cause"
+done
