@@ -14,8 +14,11 @@
  * (on a free loopback port, with a fresh token) is where they meet. fn also receives that world.
  *
  * All-or-nothing, as ddprun: when one worker fails (a nonzero return, an exit, a signal), the
- * others get SIGTERM, then SIGKILL after the grace period; the call returns once every worker
- * and the store are gone. Nothing outlives the call: workers die with the caller
+ * others get SIGTERM, then SIGKILL after the grace period. A worker that returns
+ * DDP_EXIT_PEER_FAILED (ddp/world.h: it stops because another rank reported a failure) is a
+ * consequence, as under ddprun: the others get the grace period (at most 5 s) to end on their
+ * own first, and one that then fails otherwise is the failure reported; the call returns once every
+ * worker and the store are gone. Nothing outlives the call: workers die with the caller
  * (PR_SET_PDEATHSIG), the group's shared memory is unlinked as soon as it is mapped, and a
  * segment that a worker stopped in the middle of a group's set-up left in /dev/shm is removed.
  *

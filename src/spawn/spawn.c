@@ -330,10 +330,18 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
     int running = started;
     long nap_ns = 1000000;
     int64_t alive_ns = ddp__now_ns(); /* every worker not yet reaped was alive then */
+    /* A first failure that is secondary (DDP_EXIT_PEER_FAILED: the rank stopped because another
+     * reported a failure) is reported only until the rank that failed first-hand ends, which the
+     * others get until cause_until to do on their own, before the SIGTERM (as ddprun does). */
+    bool secondary = false, stopping = st != DDP_OK;
+    int64_t cause_until = -1;
+    char before[128] = "";
     while (running > 0) {
         bool progress = false;
         int first = -1, first_status = 0, first_errno = 0;
         int64_t first_ns = INT64_MAX;
+        int sfirst = -1; /* the earliest secondary failure of the round */
+        int64_t sfirst_ns = INT64_MAX;
         int64_t round_ns = ddp__now_ns();
         for (int i = 0; i < started; i++) {
             if (done[i])
@@ -354,6 +362,15 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
             int64_t t = __atomic_load_n(&ended_ns[i], __ATOMIC_ACQUIRE);
             if (t == 0)
                 t = alive_ns;
+            if (r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == DDP_EXIT_PEER_FAILED) {
+                if (t < sfirst_ns) {
+                    sfirst = i;
+                    sfirst_ns = t;
+                }
+                continue;
+            }
+            if (stopping) /* ended by our SIGTERM or SIGKILL: no cause */
+                continue;
             if (t < first_ns) {
                 first = i;
                 first_ns = t;
@@ -362,7 +379,24 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
             }
         }
         alive_ns = round_ns;
-        if (first >= 0 && res.failed_rank < 0 && !timed_out && st == DDP_OK) {
+        if (first < 0 && sfirst >= 0 && res.failed_rank < 0 && !timed_out && st == DDP_OK) {
+            res.failed_rank = sfirst;
+            res.exit_code = DDP_EXIT_PEER_FAILED;
+            res.signal = 0;
+            st = ddp__err(err, DDP_ERR_CLOSED,
+                          "rank %d of %d exited with code %d: it stopped because another rank "
+                          "failed, and no rank reported a failure of its own before the others "
+                          "were stopped",
+                          sfirst, nprocs, DDP_EXIT_PEER_FAILED);
+            ddp__fmt(before, sizeof before,
+                     " (rank %d exited first with code %d: it stopped "
+                     "because of this failure)",
+                     sfirst, DDP_EXIT_PEER_FAILED);
+            secondary = true;
+            cause_until = ddp__now_ms() + (grace_ms < 5000 ? grace_ms : 5000);
+        }
+        if (first >= 0 && (res.failed_rank < 0 || secondary) && !timed_out &&
+            (st == DDP_OK || secondary)) {
             res.failed_rank = first;
             res.exit_code =
                 first_status >= 0 && WIFEXITED(first_status) ? WEXITSTATUS(first_status) : -1;
@@ -373,8 +407,15 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
                 ddp__fmt(how, sizeof how, "could not be waited for (%s)", strerror(first_errno));
             else
                 describe(first_status, how, sizeof how);
-            st = ddp__err(err, DDP_ERR_CLOSED, "rank %d of %d %s; the other ranks were stopped",
-                          first, nprocs, how);
+            st = ddp__err(err, DDP_ERR_CLOSED, "rank %d of %d %s; the other ranks were stopped%s",
+                          first, nprocs, how, secondary ? before : "");
+            secondary = false;
+            stopping = true;
+            signal_all(pids, done, started, SIGTERM);
+            kill_at = ddp__now_ms() + grace_ms;
+        }
+        if (secondary && !stopping && ddp__now_ms() >= cause_until) {
+            stopping = true;
             signal_all(pids, done, started, SIGTERM);
             kill_at = ddp__now_ms() + grace_ms;
         }

@@ -31,9 +31,13 @@ typedef struct job {
     int fail_rank; /* this rank returns fail_code (or raises fail_signal) after set-up */
     int fail_code;
     int fail_signal;
-    bool stubborn;   /* ranks ignore SIGTERM */
-    bool sleep_only; /* no group: sleep 60 s (deadline test) */
-    size_t count;    /* floats in the allreduce */
+    int fail_delay_ms; /* before fail_rank fails */
+    int peer_rank;     /* >0: this rank returns DDP_EXIT_PEER_FAILED at once, as one told of a
+                          peer's failure does (0 is never it: the field's default); the ranks
+                          that neither fail nor stop so sleep 60 s, outside any collective */
+    bool stubborn;     /* ranks ignore SIGTERM */
+    bool sleep_only;   /* no group: sleep 60 s (deadline test) */
+    size_t count;      /* floats in the allreduce */
 } job;
 
 static void sleep_ms(int ms)
@@ -71,11 +75,21 @@ static int worker(const ddp_world *w, void *arg)
     int rc = 0;
     if (ddp_group_rank(g) != w->rank || ddp_group_size(g) != w->world_size)
         rc = 12;
+    if (!rc && j->peer_rank > 0 && w->rank == j->peer_rank) {
+        ddp_group_destroy(g);
+        return DDP_EXIT_PEER_FAILED;
+    }
     if (!rc && w->rank == j->fail_rank) {
+        sleep_ms(j->fail_delay_ms);
         if (j->fail_signal)
             raise(j->fail_signal);
         ddp_group_destroy(g);
         return j->fail_code;
+    }
+    if (!rc && j->peer_rank > 0) {
+        sleep_ms(60000);
+        ddp_group_destroy(g);
+        return 0;
     }
     /* x[i] = (rank + 1) * (i % 7): the sum over ranks is W(W+1)/2 * (i % 7), exact in float. */
     float *x = malloc(sizeof *x * j->count);
@@ -173,6 +187,44 @@ static void a_rank_fails(void **state)
     assert_no_shm(id);
 }
 
+/* A rank that stops because another failed (DDP_EXIT_PEER_FAILED) ends first; the rank that
+ * failed first-hand, 0.3 s later, is the one reported. */
+static void the_cause_wins_over_a_secondary_exit(void **state)
+{
+    (void)state;
+    job j = {.fail_rank = 0, .fail_code = 5, .fail_delay_ms = 300, .peer_rank = 1, .count = 1024};
+    char id[96];
+    run_id_for(id, sizeof id, "cause");
+    ddp_spawn_opts o = DDP_SPAWN_OPTS_INIT;
+    o.run_id = id;
+    o.timeout_ms = 120000;
+    o.grace_ms = 3000;
+    ddp_spawn_result res;
+    ddp_error err = {0};
+    assert_int_equal(ddp_spawn(3, worker, &j, &o, &res, &err), DDP_ERR_CLOSED);
+    assert_int_equal(res.failed_rank, 0);
+    assert_int_equal(res.exit_code, 5);
+    if (!strstr(err.msg, "rank 0 of 3 exited with code 5; the other ranks were stopped (rank 1 "
+                         "exited first with code 86"))
+        fail_msg("message: %s", err.msg);
+    assert_no_children();
+    assert_no_shm(id);
+
+    /* Only the secondary exit: reported as such, the others stopped after the wait (the grace,
+     * here 0.4 s). */
+    j = (job){.fail_rank = -1, .peer_rank = 2, .count = 1024};
+    o.grace_ms = 400;
+    int64_t t0 = ddp__now_ms();
+    assert_int_equal(ddp_spawn(3, worker, &j, &o, &res, &err), DDP_ERR_CLOSED);
+    assert_true(ddp__now_ms() - t0 < 30000);
+    assert_int_equal(res.failed_rank, 2);
+    assert_int_equal(res.exit_code, DDP_EXIT_PEER_FAILED);
+    if (!strstr(err.msg, "rank 2 of 3 exited with code 86: it stopped because another rank failed"))
+        fail_msg("message: %s", err.msg);
+    assert_no_children();
+    assert_no_shm(id);
+}
+
 static void a_rank_is_killed(void **state)
 {
     (void)state;
@@ -255,9 +307,13 @@ int main(void)
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(all_ranks_meet),   cmocka_unit_test(a_rank_fails),
-        cmocka_unit_test(a_rank_is_killed), cmocka_unit_test(stubborn_ranks_are_killed),
-        cmocka_unit_test(deadline),         cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(all_ranks_meet),
+        cmocka_unit_test(a_rank_fails),
+        cmocka_unit_test(the_cause_wins_over_a_secondary_exit),
+        cmocka_unit_test(a_rank_is_killed),
+        cmocka_unit_test(stubborn_ranks_are_killed),
+        cmocka_unit_test(deadline),
+        cmocka_unit_test(bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
