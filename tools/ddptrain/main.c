@@ -522,7 +522,10 @@ int main(int argc, char **argv)
         goto out;
     }
     if (!dir_ok) { /* rank 0 said why */
-        rc = t.R == 0 ? 2 : trainer_die_peer(&t, "setup", "rank 0 could not write out_dir");
+        rc = t.R == 0 ? 2
+                      : trainer_die_peer(
+                            &t, "setup",
+                            "rank 0 stopped before any work (out_dir or resume_from; it says why)");
         goto out;
     }
     /* Generated text alone on stdout, so that it can be piped or redirected. */
