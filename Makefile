@@ -27,12 +27,12 @@ build: deps $(BUILD)/CMakeCache.txt
 
 # The main job: the default model on Fashion-MNIST with 2 processes; ends with the test accuracy.
 demo: build
-	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain
+	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain --overwrite true
 
 # The language-model job: a small GPT on the fortunes text, validation loss falling, a sample.
 demo-gpt: build
 	$(BUILD)/bin/ddprun --standalone --nproc_per_node=2 $(BUILD)/bin/ddptrain \
-	    --config configs/gpt-fortunes.yaml
+	    --config configs/gpt-fortunes.yaml --overwrite true
 
 test: build
 	cd $(BUILD) && $(CTEST) -j 2

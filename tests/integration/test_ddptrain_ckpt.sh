@@ -28,7 +28,7 @@ refused() { # refused 'MESSAGE' ARGS...: exit 2, MESSAGE alone on stderr
 "$TRAIN" "${S[@]}" --total_steps 12 --checkpoint.every 4 --out_dir r3 >a.out 2>&1 ||
     { cat a.out; fail "the first run"; }
 snap r3 >r3.before
-refused "out_dir 'r3' holds checkpoints up to step 12 ('r3/checkpoints/step12.safetensors'), newer than step 0 where this new run starts: pruning would delete this run's checkpoints in their favour; resume from the newest with --resume_from latest (or auto), choose another --out_dir, or move 'r3/checkpoints' away" \
+refused "out_dir 'r3' holds checkpoints up to step 12 ('r3/checkpoints/step12.safetensors'), newer than step 0 where this new run starts: pruning would delete this run's checkpoints in their favour; resume from the newest with --resume_from latest (or auto), choose another --out_dir, move 'r3/checkpoints' away, or --overwrite true" \
     "${S[@]}" --total_steps 3 --checkpoint.every 1 --out_dir r3
 snap r3 | cmp -s - r3.before || fail "the refused run changed out_dir"
 # Two ranks: rank 0 refuses, both stop at once.
@@ -130,3 +130,14 @@ if mount -t tmpfs -o ro,size=64k tmpfs rofs 2>/dev/null; then
 else
     echo "skip: cannot mount a tmpfs here (not root?): the read-only out_dir case"
 fi
+
+# --overwrite true (Hugging Face's overwrite_output_dir): the newer checkpoints are deleted, the
+# run trains afresh and metrics.jsonl starts anew; how `make demo` runs again into runs/default.
+cp -r r3 r3ow
+"$TRAIN" "${S[@]}" --total_steps 3 --checkpoint.every 1 --out_dir r3ow --overwrite true \
+    >ow.out 2>ow.err || { cat ow.out ow.err; fail "--overwrite true"; }
+assert_contains ow.out "overwrite: deleted 3 checkpoints newer than step 0 from 'r3ow/checkpoints'"
+[ "$(cd r3ow/checkpoints && ls)" = "$(printf 'step1.safetensors\nstep2.safetensors\nstep3.safetensors')" ] ||
+    { ls r3ow/checkpoints; fail "--overwrite true: want step1-3 alone"; }
+[ "$(grep -c '"start": true' r3ow/metrics.jsonl)" -eq 1 ] || fail "--overwrite true: metrics.jsonl not started anew"
+ok "--overwrite true: another run's newer checkpoints deleted, this run's kept, metrics.jsonl anew"

@@ -6,11 +6,13 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ddptrain.h"
 
@@ -232,6 +234,23 @@ int trainer_resolve_resume(trainer *t)
     int64_t n = step_of(newest);
     if (n < 0 || (uint64_t)n <= start)
         return 0;
+    if (ddp_config_bool(t->cfg, "overwrite")) { /* asked for: the newer ones go, newest first */
+        int removed = 0;
+        do {
+            if (unlink(newest) != 0) {
+                fprintf(stderr,
+                        "ddptrain: overwrite: cannot delete '%s': %s; move '%s' away instead\n",
+                        newest, strerror(errno), dir);
+                return 2;
+            }
+            removed++;
+        } while (ddp_ckpt_latest(dir, "step", newest, sizeof newest, NULL) == DDP_OK &&
+                 (n = step_of(newest)) >= 0 && (uint64_t)n > start);
+        trainer_say(t, "overwrite: deleted %d checkpoint%s newer than step %llu from '%s'", removed,
+                    removed == 1 ? "" : "s", (unsigned long long)start, dir);
+        t->overwrote = true;
+        return 0;
+    }
     char from[2200] = "";
     if (*spec)
         snprintf(from, sizeof from, " (--resume_from '%s')", spec);
@@ -239,7 +258,7 @@ int trainer_resolve_resume(trainer *t)
             "ddptrain: out_dir '%s' holds checkpoints up to step %lld ('%s'), newer than step "
             "%llu where this %srun starts%s: pruning would delete this run's checkpoints in "
             "their favour; resume from the newest with --resume_from latest (or auto), choose "
-            "another --out_dir, or move '%s' away\n",
+            "another --out_dir, move '%s' away, or --overwrite true\n",
             t->dir, (long long)n, newest, (unsigned long long)start, *spec ? "" : "new ", from,
             dir);
     return 2;

@@ -100,6 +100,9 @@ static const ddp_cfg_key schema[] = {
     {"resume_from", DDP_CFG_STRING, "", NULL,
      "a checkpoint path, 'latest' (in out_dir), or 'auto': latest if there is one, else start "
      "at step 0 (for ddprun --max_restarts)"},
+    {"overwrite", DDP_CFG_BOOL, "false", NULL,
+     "train: delete out_dir's checkpoints newer than where this run starts (another run's) and "
+     "start metrics.jsonl anew, instead of refusing"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "", NULL,
      "mlp/cnn predict: the CSV to write (empty: predictions.csv in out_dir)"},
@@ -309,6 +312,7 @@ static const char *const foreign_names[][2] = {
     {"logging_steps", "log_every"},
     {"eval_steps", "eval_every"},
     {"save_steps", "checkpoint.every"},
+    {"overwrite_output_dir", "overwrite"},
     {"save_total_limit", "checkpoint.keep"},
     {"data_dir", "data.dir"},
     {"dataset", "data.dir"},

@@ -74,6 +74,7 @@ typedef struct trainer {
      * naming the one before it). */
     char resume[2048];
     bool resume_latest;
+    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew */
     /* What the progress line reports beside the loss (metrics.c). */
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */

@@ -113,7 +113,7 @@ static int open_logs(trainer *t, bool train)
         return 2;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
-    t->jsonl = fopen(path, "a");
+    t->jsonl = fopen(path, t->overwrote ? "w" : "a");
     if (train) {
         snprintf(path, sizeof path, "%s/checkpoints", t->dir);
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
