@@ -147,6 +147,15 @@ void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
  * the message is owned by g, valid until the next call on g. */
 ddp_status ddp_group_error(const ddp_group *g);
 const char *ddp_group_last_error(const ddp_group *g);
+/* Whether that error was another rank's rather than this one's: a peer died or closed its
+ * connections, aborted the group (ddp_group_abort), or failed first and passed its error on (tcp's
+ * notices: a timeout it saw, collectives that differ). false while healthy, and for this rank's
+ * own failures (its own timeout, its own abort, a system call that failed here). A program that
+ * stops on a group error exits DDP_EXIT_PEER_FAILED (ddp/world.h) when this is true, so that
+ * ddprun reports the rank that failed first-hand (docs/ddprun.md, "Failures"). The shm and tcp
+ * backends and those built on them (shm+tcp, cuda-ipc, cuda-staged) tell; mpi and nccl say false
+ * (MPI ends the job itself; NCCL does not say which rank failed). */
+bool ddp_group_peer_failed(const ddp_group *g);
 
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
  * the arena is full: ordinary memory works too, with one copy in and out, as long as the other

@@ -47,7 +47,8 @@ extern "C" {
 
 /* The exit code of a worker that ends only because another rank reported a failure: ddptrain's
  * ranks when rank 0 says it could not save or load a checkpoint or write out_dir, or a program's
- * ranks when a peer aborted their group with its error. ddprun takes such an exit for a
+ * ranks when a collective failed because of another rank (ddp_group_peer_failed: it died,
+ * aborted the group, or failed first). ddprun takes such an exit for a
  * consequence, not the cause: the failure it reports is the rank that failed first-hand, even
  * when that one exits later (docs/ddprun.md, "Failures"). Chosen outside the ranges of shells
  * (126, 127, 128 + signal), sysexits.h (64-78) and ctest's skip (77). */

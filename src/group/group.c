@@ -64,6 +64,7 @@ struct ddp_group {
     /* poison */
     atomic_int error; /* ddp_status */
     char errmsg[DDP_ERRMSG_MAX];
+    bool peer_failed;             /* the error came from another rank (ddp__fail.peer); under mu */
     char callmsg[DDP_ERRMSG_MAX]; /* for argument errors, which do not poison */
     /* progress thread */
     pthread_mutex_t mu;
@@ -111,14 +112,25 @@ void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
-static void poison(ddp_group *g, ddp_status st, const char *msg)
+static void poison(ddp_group *g, ddp_status st, const char *msg, bool peer)
 {
     pthread_mutex_lock(&g->mu);
     if (atomic_load(&g->error) == DDP_OK) {
         ddp__fmt(g->errmsg, sizeof g->errmsg, "%s", msg);
+        g->peer_failed = peer;
         atomic_store(&g->error, st);
     }
     pthread_mutex_unlock(&g->mu);
+}
+
+bool ddp_group_peer_failed(const ddp_group *g)
+{
+    if (!g || atomic_load(&((ddp_group *)g)->error) == DDP_OK)
+        return false;
+    pthread_mutex_lock(&((ddp_group *)g)->mu);
+    bool peer = g->peer_failed;
+    pthread_mutex_unlock(&((ddp_group *)g)->mu);
+    return peer;
 }
 
 ddp_status ddp_group_error(const ddp_group *g)
@@ -157,7 +169,7 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
     ddp__fail f = {0};
     ddp_status st = g->ops->run(g->be, &d, &f);
     if (st != DDP_OK) {
-        poison(g, st, f.msg);
+        poison(g, st, f.msg, f.peer);
         free(all);
         return st;
     }
@@ -190,7 +202,7 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
                  "collective #%llu does not match across ranks (%s); every "
                  "rank must call the same collectives in the same order",
                  (unsigned long long)c->seq, list);
-        poison(g, DDP_ERR_INVALID, msg);
+        poison(g, DDP_ERR_INVALID, msg, false);
         free(all);
         return DDP_ERR_INVALID;
     }
@@ -221,7 +233,7 @@ static ddp_status execute(ddp_group *g, ddp_work *w)
     w->c.avg_div = fused ? g->world.world_size : 0;
     st = g->ops->run(g->be, &w->c, &f);
     if (st != DDP_OK) {
-        poison(g, st, f.msg[0] ? f.msg : ddp_status_str(st));
+        poison(g, st, f.msg[0] ? f.msg : ddp_status_str(st), f.peer);
         return st;
     }
     if (w->user_op == DDP_AVG && !fused) {
@@ -554,10 +566,11 @@ ddp_status ddp__group_host_collective(ddp_group *g, bool gather, const void *sen
             g->scratch_bytes = 0;
             /* the peers are entering this collective: let them fail now, not at the deadline */
             ddp_group_abort(g);
-            return ddp__errmsg(g->callmsg, DDP_ERR_NOMEM,
-                               "no GPU memory for %zu bytes of the group's scratch (a collective on "
-                               "host data through a GPU group); the group was aborted",
-                               in + out);
+            return ddp__errmsg(
+                g->callmsg, DDP_ERR_NOMEM,
+                "no GPU memory for %zu bytes of the group's scratch (a collective on "
+                "host data through a GPU group); the group was aborted",
+                in + out);
         }
     }
     char *d = g->scratch;
@@ -606,7 +619,7 @@ void ddp_group_abort(ddp_group *g)
 {
     if (!g)
         return;
-    poison(g, DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)");
+    poison(g, DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)", false);
     /* Peers learn why: the first error if there was one, else that the program aborted. The
      * message was fixed by poison() above and is not written again. */
     if (g->ops && g->ops->abort)
@@ -923,8 +936,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         char *hint = strstr(refused, "; use backend");
         if (hint)
             *hint = '\0';
-        ddp__fmt(g->reason, sizeof g->reason, "ranks share a GPU, and %s: staged through host memory",
-                 refused);
+        ddp__fmt(g->reason, sizeof g->reason,
+                 "ranks share a GPU, and %s: staged through host memory", refused);
     } else {
         ddp__backend_reason(chosen, named != NULL, &s, g->reason, sizeof g->reason);
     }

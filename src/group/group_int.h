@@ -112,6 +112,10 @@ typedef struct ddp__members {
 typedef struct ddp__fail {
     ddp_status status;
     char msg[DDP_ERRMSG_MAX];
+    /* The cause is another rank's, not this one's: it died or closed its connections, aborted
+     * the group, or failed first and its notice says so (ddp_group_peer_failed). false for this
+     * rank's own timeout, a mismatch it found, a failed system call here. */
+    bool peer;
 } ddp__fail;
 
 typedef struct ddp__backend_ops {

@@ -12,13 +12,15 @@
  *                        mpirun the job must end)
  *   faultcheck idle      one allreduce, then $FAULT_IDLE seconds with no collective (progress
  *                        −1 marks the start), then the loop (a peer that vanished meanwhile)
+ *   faultcheck abort     the loop, in which rank 1 calls ddp_group_abort() at its 5th step
  * With $FAULT_DIR set, every rank writes its pid to $FAULT_DIR/pid.RANK once the group is up.
  * $FAULT_COUNT sets the loop's float32 count (default 1 Mi elements: 4 MB, the ring over tcp;
  * 1000 takes tcp's small-message allreduce).
  *
  * On failure each surviving rank prints, on one line each: the error, the milliseconds between
  * the failing call's start and its return, and what a later call returns (the group is
- * poisoned). Exit 3 when a collective failed as expected, 0 if the loop ran out, 1 on set-up.
+ * poisoned), and whether the group blames another rank ("peer failed: yes", ddp_group_peer_failed).
+ * Exit 3 when a collective failed as expected, 0 if the loop ran out, 1 on set-up.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -101,9 +103,12 @@ int main(int argc, char **argv)
             while (nanosleep(&ts, &ts) != 0) {
             }
         }
+        bool abort_mode = !strcmp(mode, "abort");
         for (int i = 0; i < 100000 && st == DDP_OK; i++) {
             progress(R, i);
             t0 = now_ms();
+            if (abort_mode && R == 1 && i == 5)
+                ddp_group_abort(g);
             st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
         }
     }
@@ -114,6 +119,7 @@ int main(int argc, char **argv)
         printf("rank %d failed after %lld ms with status %s\n", R, took, ddp_status_str(st));
         ddp_status again = ddp_barrier(g);
         printf("rank %d later call: %s: %s\n", R, ddp_status_str(again), ddp_group_last_error(g));
+        printf("rank %d peer failed: %s\n", R, ddp_group_peer_failed(g) ? "yes" : "no");
         fflush(stdout);
         code = 3;
     }

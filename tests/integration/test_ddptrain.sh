@@ -211,3 +211,26 @@ rc=0; "$TRAIN" --total_steps 30 --model.hidden 64 --out_dir run2 --resume_from l
 [ $rc -ne 0 ] || fail "exit code $rc, expected: $rc -ne 0"
 assert_contains err "saved with another model"
 ok "a truncated or mismatched checkpoint is refused with a message naming it"
+
+# A rank killed mid-training, ranks started by hand (no ddprun, which would stop the other at
+# once): the survivor, waiting for it in a collective, stops as its consequence, with exit code
+# 86 (DDP_EXIT_PEER_FAILED: ddp_group_peer_failed), over shm and over tcp.
+for be in shm tcp; do
+    port=$(free_port)
+    for r in 0 1; do
+        DDP_BACKEND=$be RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TRAIN" \
+            --total_steps 1000000 --log_every 5 --checkpoint.every 0 --eval_every 0 \
+            --out_dir killed_$be >killed_$be.$r 2>&1 &
+        BG_PIDS+=($!)
+        pids[$r]=$!
+    done
+    for _ in $(seq 600); do grep -q "step 10/" killed_$be.0 && break; sleep 0.05; done
+    assert_contains killed_$be.0 "step 10/"
+    kill -KILL "${pids[1]}"
+    rc=0; wait "${pids[0]}" || rc=$?
+    wait "${pids[1]}" 2>/dev/null || true
+    [ $rc -eq 86 ] || { cat killed_$be.0; fail "$be: the survivor exited $rc, want 86"; }
+    assert_contains killed_$be.0 "rank 1"
+    assert_contains killed_$be.0 "(this rank stops with it: exit code 86)"
+done
+ok "a rank killed mid-training: the survivor exits 86 (another rank's failure), naming rank 1, over shm and tcp"

@@ -53,8 +53,8 @@ check_survivor() { # check_survivor RANK LIMIT_MS TEXT...
 start_ranks loop
 wait_progress
 kill -KILL "${RANK_PIDS[1]}"
-for r in 0 2; do check_survivor $r 8000 "allreduce #" "rank 1"; done
-ok "$DDP_BACKEND: a rank killed mid-collective: the others report it (rank 1) quickly"
+for r in 0 2; do check_survivor $r 8000 "allreduce #" "rank 1" "rank $r peer failed: yes"; done
+ok "$DDP_BACKEND: a rank killed mid-collective: the others report it (rank 1) quickly, as another rank's failure"
 
 # 2. A stopped rank (SIGSTOP): the others time out after DDP_TIMEOUT=3 s, naming it.
 rm -f "$T"/progress.*
@@ -63,6 +63,9 @@ wait_progress
 kill -STOP "${RANK_PIDS[1]}"
 for r in 0 2; do check_survivor $r 8000 "timed out" "allreduce #" "rank 1"; done
 kill -KILL "${RANK_PIDS[1]}"
+# Someone's own deadline passed: at least one survivor reports the timeout as its own failure
+# (over tcp the other may have it from that one's notice first).
+grep -q "peer failed: no" "$T/out.0" "$T/out.2" || fail "every survivor blames another rank for its timeout"
 ok "$DDP_BACKEND: a stopped rank: the others time out within 3 s + 5 s, naming rank 1"
 
 # 3. Mismatched collectives with DDP_DEBUG=1: an error listing the difference, not a hang.
@@ -72,6 +75,15 @@ for r in 0 1 2; do
         "rank 1: broadcast float32 × 1000 root 0"
 done
 ok "$DDP_BACKEND: DDP_DEBUG=1 reports mismatched collectives on every rank"
+
+# 3b. A rank aborts the group (ddp_group_abort): the others fail at once with its message, as
+# another rank's failure (ddp_group_peer_failed, which a program turns into exit code 86); the
+# aborting rank's own failure is its own.
+rm -f "$T"/progress.*
+start_ranks abort
+for r in 0 2; do check_survivor $r 8000 "rank 1 aborted the group" "rank $r peer failed: yes"; done
+check_survivor 1 8000 "aborted on this rank" "rank 1 peer failed: no"
+ok "$DDP_BACKEND: a rank that aborts the group: the others fail at once, blaming it"
 
 # 4. A stopped rank, reported while it happens: with DDP_STALL_REPORT=1 the waiting ranks print a
 # line naming rank 1 after 1 s, then 2 s later (3 s in all), and carry on when it continues.
@@ -115,4 +127,27 @@ if [ "$DDP_BACKEND" = tcp ]; then
     for r in 0 2; do check_survivor $r 8000 "timed out" "allreduce #" "rank 1"; done
     kill -KILL "${RANK_PIDS[1]}"
     ok "tcp, small allreduces: a killed rank and a stopped one are reported as with large ones"
+fi
+
+# 6. shm+tcp, 4 ranks on two hosts (DDP_HOST_ID A A B B): rank 3 killed. Its host's leader
+# (rank 2) sees it die in shm; the other host learns it over tcp, and its leader (rank 0) aborts
+# its host's shm with that error, so that rank 1 fails at once too; every survivor blames
+# another rank.
+if [ "$DDP_BACKEND" = tcp ]; then
+    rm -f "$T"/progress.* "$T"/out.*
+    port=$(free_port)
+    RANK_PIDS=()
+    hosts=(A A B B)
+    for r in 0 1 2 3; do
+        DDP_BACKEND=shm+tcp DDP_HOST_ID=${hosts[$r]} RANK=$r LOCAL_RANK=$((r % 2)) \
+            LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            "$FAULT" loop >"$T/out.$r" 2>&1 &
+        RANK_PIDS+=($!)
+        BG_PIDS+=($!)
+    done
+    wait_progress
+    kill -KILL "${RANK_PIDS[3]}"
+    for r in 0 1 2; do check_survivor $r 8000 "rank 3" "rank $r peer failed: yes"; done
+    wait "${RANK_PIDS[3]}" 2>/dev/null || true
+    ok "shm+tcp on two hosts: a killed rank fails every survivor on both hosts at once, blaming another rank"
 fi

@@ -89,6 +89,7 @@ typedef struct member {
     /* results of the failure tests */
     ddp_status st, st2;
     char msg[DDP_ERRMSG_MAX], msg2[DDP_ERRMSG_MAX];
+    bool peer; /* the first failure's ddp__fail.peer */
     int64_t t_start, t_end, t2_ms;
 } member;
 
@@ -758,6 +759,7 @@ static void fail_body(member *m)
             coll(m, DDP__ALLREDUCE, buf, buf, 1000, DDP_FLOAT32, DDP_SUM, 0, fc->timeout_ms, &f);
         m->t_end = ddp__now_ms();
         snprintf(m->msg, sizeof m->msg, "%s", f.msg);
+        m->peer = f.peer;
         int64_t t = ddp__now_ms();
         m->st2 = coll(m, DDP__BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_SUM, 0, fc->timeout_ms, &f);
         m->t2_ms = ddp__now_ms() - t;
@@ -773,6 +775,7 @@ static void fail_body(member *m)
         m->st = coll(m, DDP__ALLREDUCE, buf, buf, 1000, DDP_FLOAT32, DDP_SUM, 0, 20000, &f);
         m->t2_ms = ddp__now_ms() - t;
         snprintf(m->msg, sizeof m->msg, "%s", f.msg);
+        m->peer = f.peer;
     }
 }
 
@@ -807,6 +810,11 @@ static void missing_member_times_out_alg(void **state, long small_max)
     }
     if (longest < 990)
         fail_msg("nobody waited for the deadline (longest wait %lld ms)", (long long)longest);
+    /* a member whose own deadline passed reports the timeout as its own failure; one that got
+     * the other's notice first, as a peer's; the missing member learns it from a peer */
+    if (w->m[0].peer && w->m[2].peer)
+        fail_msg("both waiting members report the timeout as another rank's failure");
+    assert_true(w->m[1].peer);
     /* the missing member learns it at its next call */
     assert_int_equal(w->m[1].st, DDP_ERR_TIMEOUT);
     assert_has(w->m[1].msg, "no data from rank 3 (member 1)");
@@ -846,15 +854,18 @@ static void abort_unblocks_run(void **state)
     member *m0 = &w->m[0], *m1 = &w->m[1], *m2 = &w->m[2];
     assert_int_equal(m0->st, DDP_ERR_CLOSED);
     assert_has(m0->msg, "allreduce #1 was aborted on rank 7: the watchdog gave up");
+    assert_false(m0->peer); /* its own abort */
     if (m0->t_end - t_abort > 200)
         fail_msg("the aborted run returned %lld ms after abort()",
                  (long long)(m0->t_end - t_abort));
     assert_int_equal(m1->st, DDP_ERR_CLOSED);
     assert_has(m1->msg, "rank 7 aborted the group: the watchdog gave up");
+    assert_true(m1->peer);
     if (m1->t_end - t_abort > 500)
         fail_msg("the peer returned %lld ms after abort()", (long long)(m1->t_end - t_abort));
     assert_int_equal(m2->st, DDP_ERR_CLOSED);
     assert_has(m2->msg, "rank 7 aborted the group: the watchdog gave up");
+    assert_true(m2->peer);
     if (m2->t2_ms > 100)
         fail_msg("the idle member's next call took %lld ms", (long long)m2->t2_ms);
     free(w);
@@ -887,6 +898,7 @@ static void dead_peer_fails_fast(void **state)
             assert_int_equal(m->st, DDP_ERR_NETWORK);
             assert_has(m->msg,
                        "rank 6 closed its connection during allreduce #1: it probably died");
+            assert_true(m->peer);
             if (m->t_end - m->t_start > 1000)
                 fail_msg("member %d took %lld ms to notice", i, (long long)(m->t_end - m->t_start));
         }

@@ -106,7 +106,8 @@ typedef struct progress {
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
 void trainer_say(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 void trainer_log(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
-/* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code. */
+/* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code — or, when the group
+ * failed because of another rank (ddp_group_peer_failed), what trainer_die_peer returns. */
 int trainer_die(trainer *t, const char *what, const char *msg);
 /* The same for a rank that stops only because another rank reported a failure (rank 0 could
  * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that

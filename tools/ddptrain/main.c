@@ -60,6 +60,11 @@ void trainer_log(trainer *t, const char *fmt, ...)
 
 int trainer_die(trainer *t, const char *what, const char *msg)
 {
+    /* A failure that came from another rank (it died, aborted the group, or failed first: the
+     * group says so) is that rank's: this one stops as its consequence, so that ddprun reports
+     * the rank that failed first-hand. */
+    if (t->g && ddp_group_peer_failed(t->g))
+        return trainer_die_peer(t, what, msg);
     fprintf(stderr, "ddptrain: rank %d: %s: %s\n", t->R, what, msg);
     return 1;
 }

@@ -38,6 +38,18 @@ static ddp_status sub(void *be, const ddp__backend_ops *ops, ddp__coll c, ddp__f
     return ops->run(be, &c, f);
 }
 
+/* The leaders' step among hosts. When it fails, this host's other ranks, which wait for the
+ * leader in the next shm step, are told at once (shm's abort, with the leader's message: they
+ * report "rank L aborted the group: …", a peer's failure) rather than when it exits or at their
+ * deadline. */
+static ddp_status cross(hier_be *b, ddp__coll c, ddp__fail *f)
+{
+    ddp_status st = b->tcp_ops->run(b->tcp, &c, f);
+    if (st != DDP_OK && b->L > 1)
+        b->shm_ops->abort(b->shm, f->msg);
+    return st;
+}
+
 static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
 {
     hier_be *b = bep;
@@ -50,7 +62,7 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
         if ((st = sub(b->shm, b->shm_ops, x, f)))
             return st;
         x.send = x.recv;
-        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+        if (leader && (st = cross(b, x, f)))
             return st;
         x.kind = DDP__BROADCAST;
         x.root = 0;
@@ -63,7 +75,7 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
                 return st;
         }
         x.root = rnode;
-        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+        if (leader && (st = cross(b, x, f)))
             return st;
         if (b->node != rnode) {
             x.root = 0;
@@ -79,7 +91,7 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
         x.send = block;
         x.recv = c->recv;
         x.count = c->count * (size_t)b->L;
-        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+        if (leader && (st = cross(b, x, f)))
             return st;
         x.kind = DDP__BROADCAST;
         x.root = 0;
@@ -117,7 +129,7 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
     case DDP__BARRIER:
         if ((st = sub(b->shm, b->shm_ops, x, f)))
             return st;
-        if (leader && (st = sub(b->tcp, b->tcp_ops, x, f)))
+        if (leader && (st = cross(b, x, f)))
             return st;
         return sub(b->shm, b->shm_ops, x, f);
     default:

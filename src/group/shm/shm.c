@@ -131,7 +131,7 @@ static int missing_ranks(shm_be *b, unsigned e, char *list, size_t cap)
 
 /* Fills b->fail for a failed wait of collective c at barrier epoch e. */
 static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_status st,
-                              const char *why)
+                              const char *why, bool peer)
 {
     char list[200];
     int missing = missing_ranks(b, e, list, sizeof list);
@@ -140,6 +140,7 @@ static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_sta
              (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
     b->failed = true;
     b->fail.status = st;
+    b->fail.peer = peer;
     if (st == DDP_ERR_TIMEOUT)
         ddp__fmt(b->fail.msg, sizeof b->fail.msg,
                  "%s timed out in shm: rank%s %s%s did not arrive%s; a rank may be hung or "
@@ -187,16 +188,16 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                     char why[400];
                     ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
                              b->hdr->abort_msg);
-                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
+                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why, ab - 1 != b->me);
                 }
                 if (peer_dead(b, j)) {
                     char why[128];
                     ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
                              (int)b->hdr->pids[j]);
-                    return wait_failed(b, c, e, DDP_ERR_NETWORK, why);
+                    return wait_failed(b, c, e, DDP_ERR_NETWORK, why, true);
                 }
                 if (now >= c->deadline_ms)
-                    return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "");
+                    return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "", false);
                 if (ddp__stall_due(c, now))
                     report_stall(b, c, e, now);
                 next_check = now + 20;

@@ -89,26 +89,49 @@ void ddp__tcp_record(const tcp_be *be, ddp__fail *f)
 {
     if (f) {
         f->status = be->fail_st;
+        f->peer = be->fail_peer;
         ddp__fmt(f->msg, sizeof f->msg, "%s", be->fail_msg);
     }
 }
 
-/* Records the backend's first failure (later runs repeat it), copies it into f, and ends the
- * group for the peers too (see the top of the file). */
-ddp_status ddp__tcp_fail(tcp_be *be, ddp__fail *f, ddp_status st, const char *fmt, ...)
+static ddp_status vfail(tcp_be *be, ddp__fail *f, ddp_status st, bool peer, const char *fmt,
+                        va_list ap) DDP_PRINTF(5, 0);
+static ddp_status vfail(tcp_be *be, ddp__fail *f, ddp_status st, bool peer, const char *fmt,
+                        va_list ap)
 {
     if (be->fail_st == DDP_OK) {
-        va_list ap;
-        va_start(ap, fmt);
         ddp__vfmt(be->fail_msg, sizeof be->fail_msg, fmt, ap);
-        va_end(ap);
         be->fail_st = st;
+        be->fail_peer = peer;
         char text[DDP_ERRMSG_MAX + 32];
         ddp__fmt(text, sizeof text, "%s (reported by rank %d)", be->fail_msg, be->ranks[be->me]);
         tell_peers(be, st, text);
     }
     ddp__tcp_record(be, f);
     return be->fail_st;
+}
+
+/* Records the backend's first failure (later runs repeat it), copies it into f, and ends the
+ * group for the peers too (see the top of the file). */
+ddp_status ddp__tcp_fail(tcp_be *be, ddp__fail *f, ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp_status r = vfail(be, f, st, false, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* The same for a failure whose cause is another member (it died, its host went away). */
+static ddp_status fail_peer(tcp_be *be, ddp__fail *f, ddp_status st, const char *fmt, ...)
+    DDP_PRINTF(4, 5);
+static ddp_status fail_peer(tcp_be *be, ddp__fail *f, ddp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ddp_status r = vfail(be, f, st, true, fmt, ap);
+    va_end(ap);
+    return r;
 }
 
 ddp_status ddp__tcp_fail_aborted(tcp_be *be, const ddp__coll *c, ddp__fail *f)
@@ -162,6 +185,7 @@ static ddp_status fail_notice(tcp_be *be, const inbox *b, ddp__fail *f)
         ddp__fmt(be->fail_msg, sizeof be->fail_msg, "%.*s", len,
                  (const char *)b->buf + NOTICE_FIXED);
         be->fail_st = status_from_wire(get32(b->buf + 4));
+        be->fail_peer = true;
         tell_peers(be, be->fail_st, be->fail_msg);
     }
     ddp__tcp_record(be, f);
@@ -218,17 +242,17 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
     char what[64];
     coll_name(x->c, what, sizeof what);
     if (e == 0 || e == ECONNRESET || e == EPIPE)
-        return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
-                             "rank %d closed its connection during %s: it probably died",
-                             be->ranks[peer], what);
+        return fail_peer(be, f, DDP_ERR_NETWORK,
+                         "rank %d closed its connection during %s: it probably died",
+                         be->ranks[peer], what);
     /* A host that vanished shows as ETIMEDOUT, or, when the kernel's neighbour resolution gave
      * up first while it retransmitted, as the "unreachable" it recorded: the same failure. */
     if (e == ETIMEDOUT || e == EHOSTUNREACH || e == EHOSTDOWN)
-        return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
-                             "rank %d stopped answering on the network (no reply to TCP keepalive "
-                             "within %d s) before %s finished: its host may be down or cut "
-                             "off (%s); check that host and the network between",
-                             be->ranks[peer], be->ka_bound_s, what, strerror(e));
+        return fail_peer(be, f, DDP_ERR_NETWORK,
+                         "rank %d stopped answering on the network (no reply to TCP keepalive "
+                         "within %d s) before %s finished: its host may be down or cut "
+                         "off (%s); check that host and the network between",
+                         be->ranks[peer], be->ka_bound_s, what, strerror(e));
     if (e == ENETUNREACH) /* this host lost its route (an interface down, a route removed) */
         return ddp__tcp_fail(be, f, DDP_ERR_NETWORK,
                              "connection with rank %d failed during %s: this host has no route "

@@ -510,6 +510,7 @@ ddp_status ddp__tcp_run(void *bev, const ddp__coll *c, ddp__fail *f)
     if (!be || !c) {
         if (f) {
             f->status = DDP_ERR_INVALID;
+            f->peer = false;
             ddp__fmt(f->msg, sizeof f->msg, "tcp backend: run() without a backend or collective");
         }
         return DDP_ERR_INVALID;

@@ -117,6 +117,7 @@ typedef struct tcp_be {
 
     ddp_status fail_st; /* DDP_OK while healthy; written only by run() */
     char fail_msg[DDP_ERRMSG_MAX];
+    bool fail_peer; /* the failure is another member's (ddp__fail.peer); written only by run() */
 
     seg *sends, *recvs;    /* (2n,) each: the current collective's schedule */
     unsigned char *stage;  /* (TCP_CHUNK,) received bytes waiting to be reduced */
