@@ -141,3 +141,28 @@ assert_contains ow.out "overwrite: deleted 3 checkpoints newer than step 0 from 
     { ls r3ow/checkpoints; fail "--overwrite true: want step1-3 alone"; }
 [ "$(grep -c '"start": true' r3ow/metrics.jsonl)" -eq 1 ] || fail "--overwrite true: metrics.jsonl not started anew"
 ok "--overwrite true: another run's newer checkpoints deleted, this run's kept, metrics.jsonl anew"
+
+# A resume from a checkpoint of another model (or optimizer) is refused before out_dir is
+# touched: a new out_dir is not made, and an existing one (train.log, metrics.jsonl,
+# checkpoints) is left exactly as it was; with 2 ranks too (rank 1 stops with exit code 86).
+"$TRAIN" "${S[@]}" --total_steps 4 --checkpoint.every 2 --out_dir mm >out 2>err ||
+    { cat out err; fail "training mm"; }
+snap mm >mm.before
+sleep 0.01
+for args in "--model.hidden 24" "--optimizer adamw"; do
+    rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm_new \
+        --resume_from mm/checkpoints/step4.safetensors >out 2>err || rc=$?
+    [ $rc -ne 0 ] || fail "$args: a resume from another model's checkpoint worked"
+    assert_contains err "step4.safetensors"
+    [ ! -e mm_new ] || { ls -R mm_new; fail "$args: a refused resume made its out_dir"; }
+    rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm --resume_from latest >out 2>err ||
+        rc=$?
+    [ $rc -ne 0 ] || fail "$args: a resume from another model's latest checkpoint worked"
+    snap mm | cmp -s - mm.before || fail "$args: the refused resume changed out_dir"
+done
+rc=0; "$BIN/ddprun" --standalone --nproc_per_node=2 "$TRAIN" "${S[@]}" --model.hidden 24 \
+    --total_steps 6 --out_dir mm --resume_from latest >out 2>&1 || rc=$?
+[ $rc -ne 0 ] || fail "2 ranks: a resume from another model's checkpoint worked"
+assert_contains out "saved with another model"
+snap mm | cmp -s - mm.before || fail "2 ranks: the refused resume changed out_dir"
+ok "a resume from another model's or optimizer's checkpoint: refused, out_dir untouched (1 and 2 ranks)"

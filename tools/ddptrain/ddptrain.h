@@ -67,14 +67,20 @@ typedef struct trainer {
     uint64_t epoch;
     ddp_loader_state pos; /* where the training data resume */
     FILE *log, *jsonl;    /* rank 0: out_dir/train.log, out_dir/metrics.jsonl */
-    bool say_to_stderr;   /* trainer_say writes to stderr (stdout carries generated text) */
-    char dir[1024];       /* out_dir */
+    /* rank 0: log is, until out_dir is opened (after the model and its checkpoint have loaded,
+     * so that a refused resume creates nothing), a memory stream into early_buf, which then
+     * goes at the head of train.log */
+    char *early_buf;
+    size_t early_len;
+    bool say_to_stderr; /* trainer_say writes to stderr (stdout carries generated text) */
+    char dir[1024];     /* out_dir */
     /* train, rank 0: the checkpoint resume_from resolved to before out_dir was written ("":
      * a start at step 0), and whether it was 'latest'/'auto' (a damaged one gets the HINT
      * naming the one before it). */
     char resume[2048];
     bool resume_latest;
-    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew */
+    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
+                     */
     /* What the progress line reports beside the loss (metrics.c). */
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */

@@ -101,8 +101,20 @@ static int open_logs(trainer *t, bool train)
         }
     char path[1300];
     snprintf(path, sizeof path, "%s/train.log", t->dir);
+    FILE *early = t->log; /* the lines said so far (main), copied to the head of the file */
     t->log = fopen(path, "a");
     int why = errno;
+    if (early) {
+        fflush(early);
+        if (t->log && t->early_len) {
+            fwrite(t->early_buf, 1, t->early_len, t->log);
+            fflush(t->log);
+        }
+        fclose(early);
+        free(t->early_buf);
+        t->early_buf = NULL;
+        t->early_len = 0;
+    }
     if (train && !t->log && mk) { /* the reason is the directory's, not the file's ENOENT */
         fprintf(stderr,
                 "ddptrain: out_dir '%s' is not writable: cannot create '%s': %s; choose "
@@ -440,6 +452,23 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     return 0;
 }
 
+/* Every rank learns rank 0's ok (ignored elsewhere) on a step of the start-up (what: the keys
+ * that step checks), and stops with it if not: 0 to go on, else the exit code (rank 0 has
+ * printed why; 2, a usage error). */
+static int agree(trainer *t, const char *what, bool ok)
+{
+    int64_t v = ok;
+    if (ddp_broadcast(t->g, &v, 1, DDP_INT64, 0) != DDP_OK)
+        return trainer_die(t, "setup", ddp_group_last_error(t->g));
+    if (v)
+        return 0;
+    if (t->R == 0)
+        return 2;
+    char msg[160];
+    snprintf(msg, sizeof msg, "rank 0 stopped before any work (%s; it says why)", what);
+    return trainer_die_peer(t, "setup", msg);
+}
+
 atomic_int trainer_save_signal;
 
 static void on_save_signal(int sig)
@@ -517,20 +546,14 @@ int main(int argc, char **argv)
     bool train = !strcmp(task, "train");
     if (train)
         trainer_catch_save_signals();
-    /* Every rank learns whether rank 0 could write out_dir, and stops with it if not. What
-     * resume_from names is settled first, so that a refusal (no checkpoint to resume from, a
-     * damaged one, another run's newer checkpoints in out_dir) creates and deletes nothing. */
-    int64_t dir_ok =
-        t.R != 0 || ((!train || trainer_resolve_resume(&t) == 0) && open_logs(&t, train) == 0);
-    if (ddp_broadcast(t.g, &dir_ok, 1, DDP_INT64, 0) != DDP_OK) {
-        rc = trainer_die(&t, "setup", ddp_group_last_error(t.g));
+    /* What resume_from names is settled first, and the model built and its checkpoint loaded,
+     * before out_dir is touched: a refusal (no checkpoint to resume from, a damaged one, another
+     * run's newer checkpoints in out_dir, one saved with another model or optimizer) creates
+     * and deletes nothing. Until then rank 0's train.log lines wait in memory. */
+    if ((rc = agree(&t, "resume_from", t.R != 0 || !train || trainer_resolve_resume(&t) == 0)))
         goto out;
-    }
-    if (!dir_ok) { /* rank 0 said why */
-        rc = t.R == 0 ? 2
-                      : trainer_die_peer(
-                            &t, "setup",
-                            "rank 0 stopped before any work (out_dir or resume_from; it says why)");
+    if (t.R == 0 && !(t.log = open_memstream(&t.early_buf, &t.early_len))) {
+        rc = trainer_die(&t, "setup", "out of memory");
         goto out;
     }
     /* Generated text alone on stdout, so that it can be piped or redirected. */
@@ -538,8 +561,6 @@ int main(int argc, char **argv)
     if (!train)
         trainer_say(&t, "configuration: the one stored in %s, with the command line's keys",
                     ddp_config_str(t.cfg, "checkpoint"));
-    else if (t.R == 0)
-        clean_checkpoints(&t);
     if (t.lm && train)
         trainer_say(&t, "data: %zu training tokens in %s, %zu validation tokens in %s",
                     ddp_dataset_num_tokens(tr), t.train_path, ddp_dataset_num_tokens(te),
@@ -549,8 +570,15 @@ int main(int argc, char **argv)
     /* Resume (train) or load (test, predict): rank 0 reads, everyone gets it by broadcast. */
     bool loaded = false;
     ddp_ckpt_train_pos pos = {0, 0, 0, (uint64_t)t.W, 0, 0.0f, 0};
-    if ((rc = trainer_load(&t, train, &loaded, &pos)) || (rc = wrap_model(&t)) ||
-        (loaded && (rc = trainer_share_loaded(&t, &pos))))
+    if ((rc = trainer_load(&t, train, &loaded, &pos)))
+        goto out;
+    /* Every rank learns whether rank 0 could write out_dir, and stops with it if not: before
+     * any training, not when the first checkpoint fails hours later. */
+    if ((rc = agree(&t, "out_dir", t.R != 0 || open_logs(&t, train) == 0)))
+        goto out;
+    if (train && t.R == 0)
+        clean_checkpoints(&t);
+    if ((rc = wrap_model(&t)) || (loaded && (rc = trainer_share_loaded(&t, &pos))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
     /* The backend, why it was chosen, and who started the job when it was not ddprun: "shm:
@@ -604,6 +632,7 @@ out:
     free(rest);
     if (t.log)
         fclose(t.log);
+    free(t.early_buf); /* a refusal before out_dir was opened: nothing written there */
     if (t.jsonl)
         fclose(t.jsonl);
     return rc;
