@@ -103,9 +103,36 @@ static void test_fortune_split(void **state)
     assert_non_null(strstr(err.msg, "no text files"));
     ddp_text_opts every1 = {"%", 1}; /* everything to validation: training is empty */
     unlink(tr);
+    put_file(va, "old"); /* an earlier preparation's validation file stays as it was */
     assert_int_equal(ddp_tokens_from_text(in, 1, &every1, tr, va, NULL, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "no training tokens"));
+    assert_non_null(strstr(err.msg, "val_every 1"));
     assert_int_not_equal(access(tr, F_OK), 0);
+    struct stat vs;
+    assert_int_equal(stat(va, &vs), 0);
+    assert_int_equal(vs.st_size, 3);
+
+    /* one file without doc_sep is one document: no validation tokens, and the message says
+     * how to get some (doc_sep), not only "add text"; still nothing replaced */
+    put_file(tr, "older");
+    const char *one[] = {a};
+    ddp_text_opts whole10 = {NULL, 10};
+    assert_int_equal(ddp_tokens_from_text(one, 1, &whole10, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(
+        strstr(err.msg, "no validation tokens: 1 document (each file is one document)"));
+    assert_non_null(strstr(err.msg, "doc_sep"));
+    assert_int_equal(stat(va, &vs), 0);
+    assert_int_equal(vs.st_size, 3);
+    assert_int_equal(stat(tr, &vs), 0);
+    assert_int_equal(vs.st_size, 5);
+
+    /* empty inputs: said as such */
+    char nothing[400];
+    snprintf(nothing, sizeof nothing, "%s/nothing.txt", dir);
+    put_file(nothing, "");
+    const char *none[] = {nothing};
+    assert_int_equal(ddp_tokens_from_text(none, 1, &o, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "the text inputs are empty"));
 }
 
 static void test_prepare_cached_once(void **state)

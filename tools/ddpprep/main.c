@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ddp/ddp.h"
 
@@ -22,6 +23,7 @@ static void usage(FILE *f)
                "  --doc_sep LINE   a line that ends a document (fortune files: %%); default:\n"
                "                   each file is one document\n"
                "  --val_every N    every Nth document goes to val.bin (10); 0: no val.bin\n"
+               "                   (an old DIR/val.bin is removed)\n"
                "  Folders contribute their regular files named without a '.' or ending in .txt.\n"
                "  GPT-2 BPE files made elsewhere (nanoGPT's prepare.py, llm.c's shards) need no\n"
                "  preparation: give them to ddptrain as data.train/data.val with\n"
@@ -115,5 +117,9 @@ int main(int argc, char **argv)
     if (o.val_every)
         printf(", %llu validation tokens in '%s'", (unsigned long long)st.val_tokens, va);
     printf(" (byte-level, vocab 256)\n");
+    /* No validation file asked for: one left from an earlier preparation into this folder would
+     * pair another text's validation tokens with this training file. */
+    if (!o.val_every && unlink(va) == 0)
+        printf("ddpprep: removed '%s', an earlier preparation's (--val_every 0 makes none)\n", va);
     return 0;
 }

@@ -74,7 +74,8 @@ typedef struct trainer {
      * naming the one before it). */
     char resume[2048];
     bool resume_latest;
-    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew */
+    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
+                     */
     /* What the progress line reports beside the loss (metrics.c). */
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */
@@ -130,6 +131,10 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
  * writes what is buffered (at evaluations and checkpoints). A failure is a warning, once. */
 void trainer_tb(trainer *t, const char *tag, double value);
 void trainer_tb_flush(trainer *t);
+/* v as a JSON number for metrics.jsonl, with `digits` significant digits, into buf (40 bytes
+ * suffice); null when v is NaN or ±inf, which JSON cannot write ("-nan" would make the line
+ * unreadable to json.loads, jq, pandas and --task report). Returns buf. */
+const char *trainer_json_num(char *buf, size_t cap, double v, int digits);
 
 /* ---- report.c ---- */
 

@@ -24,6 +24,15 @@
 
 #include "ddptrain.h"
 
+const char *trainer_json_num(char *buf, size_t cap, double v, int digits)
+{
+    if (isfinite(v))
+        snprintf(buf, cap, "%.*g", digits, v);
+    else
+        snprintf(buf, cap, "null");
+    return buf;
+}
+
 int trainer_metrics_open(trainer *t)
 {
     ddp_error err = {0};
@@ -136,13 +145,16 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
     FILE *f = t->jsonl;
     if (!f)
         return;
+    char b[5][40];
     fprintf(f,
-            "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.17g, \"lr\": %.17g, \"%s_per_s\": "
-            "%.17g, \"mfu\": %.17g",
-            (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr,
-            t->lm ? "tokens" : "samples", rate, mfu);
-    if (grad_norm >= 0)
-        fprintf(f, ", \"grad_norm\": %.17g", grad_norm);
+            "{\"step\": %llu, \"epoch\": %llu, \"loss\": %s, \"lr\": %s, \"%s_per_s\": %s, "
+            "\"mfu\": %s",
+            (unsigned long long)t->step, (unsigned long long)t->epoch,
+            trainer_json_num(b[0], 40, mean, 17), trainer_json_num(b[1], 40, lr, 17),
+            t->lm ? "tokens" : "samples", trainer_json_num(b[2], 40, rate, 17),
+            trainer_json_num(b[3], 40, mfu, 17));
+    if (grad_norm >= 0 || isnan(grad_norm))
+        fprintf(f, ", \"grad_norm\": %s", trainer_json_num(b[4], 40, grad_norm, 17));
     if (t->amp)
         fprintf(f, ", \"loss_scale\": %.9g, \"skipped_steps\": %llu", (double)t->scaler.scale,
                 (unsigned long long)t->skipped);
@@ -238,7 +250,7 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         trainer_tb(t, "train/lr", lr);
         trainer_tb(t, t->lm ? "train/tokens_per_s" : "train/samples_per_s", rate);
         trainer_tb(t, "train/mfu", mfu);
-        if (grad_norm >= 0)
+        if (grad_norm >= 0 || isnan(grad_norm)) /* NaN: a diverged run, kept as TensorBoard does */
             trainer_tb(t, "train/grad_norm", grad_norm);
         for (int r = 0; r < t->W; r++) /* work per step: what the rank did not spend waiting */
             busy[r] = (all[NV * r + 2] - all[NV * r + 3]) / steps * 1e3;

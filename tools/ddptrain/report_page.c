@@ -74,6 +74,9 @@ static void summary(FILE *f, const char *dir, const run_data *d)
     plot_escape(f, d->model[0] ? d->model : "?");
     fprintf(f, "</b> · %d rank%s · %.0f steps · final train loss <b>%.4g</b>", d->W,
             d->W == 1 ? "" : "s", d->s[S_LOSS].x[d->s[S_LOSS].n - 1], last(&d->s[S_LOSS]));
+    if (d->nan_from >= 0)
+        fprintf(f, " · <span class=\"warn\">loss NaN/inf from step %.0f (diverged)</span>",
+                d->nan_from);
     if (d->s[S_VLOSS].n)
         fprintf(f, " · %s loss <b>%.4g</b>", d->lm ? "validation" : "test", last(&d->s[S_VLOSS]));
     if (d->s[S_VACC].n)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What a nanoGPT user meets first, on a 1-layer GPT that trains in well under a second: a run
+# whose loss becomes NaN writes metrics.jsonl that JSON readers and --task report still read
+# (null, not "-nan"); ddpprep explains a text that gives no validation or training tokens
+# before it replaces any file, and --val_every 0 leaves no old val.bin behind.
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+PREP=$BIN/ddpprep
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
+cd "$T"
+
+# 20000 byte tokens of a repeated sentence, as nanoGPT's uint16 files.
+s="hello world, the quick brown fox jumps over the lazy dog. "
+for i in $(seq 400); do printf '%s' "$s"; done >text.txt
+head -c 20000 text.txt | od -An -v -tu1 | tr -s ' \n' '\n' | grep -v '^$' |
+    awk '{ printf "%c%c", $1, 0 }' >tr.bin
+tail -c 3200 text.txt | od -An -v -tu1 | tr -s ' \n' '\n' | grep -v '^$' |
+    awk '{ printf "%c%c", $1, 0 }' >va.bin
+[ "$(stat -c %s tr.bin)" = 40000 ] || fail "tr.bin: $(stat -c %s tr.bin) bytes"
+TINY=(--model.type gpt --model.n_layer 1 --model.n_head 2 --model.n_embd 16
+      --model.block_size 16 --batch_size 4 --log_every 5 --eval_every 10 --eval_windows 20
+      --max_new_tokens 0 --data.train tr.bin --data.val va.bin --total_steps 20)
+
+# A diverged run (sgd at lr 1e6): every loss is NaN. metrics.jsonl stays JSON (null), the
+# report says the run diverged instead of "no training progress line".
+"$TRAIN" "${TINY[@]}" --lr 1e6 --out_dir nan >nan.out 2>&1 || { cat nan.out; fail "nan run"; }
+assert_contains nan.out "loss -nan"
+assert_not_contains nan/metrics.jsonl "nan"
+assert_contains nan/metrics.jsonl '"loss": null'
+assert_contains nan/metrics.jsonl '"val_loss": null'
+if command -v python3 >/dev/null; then
+    python3 -c 'import json, sys; [json.loads(l) for l in open(sys.argv[1])]' nan/metrics.jsonl ||
+        fail "metrics.jsonl of a NaN run is not JSON"
+fi
+rc=0
+"$TRAIN" --task report --out_dir nan >rep.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat rep.out; fail "report of an all-NaN run: exit $rc"; }
+assert_contains rep.out "diverged at step 5"
+ok "a NaN loss is null in metrics.jsonl; the report says the run diverged"
+
+# Diverged half way: the report is made, and its header says from which step.
+head -4 nan/metrics.jsonl | sed 's/"loss": null/"loss": 4.5/; s/"val_loss": null/"val_loss": 4.6/' \
+    >half.jsonl
+tail -n +5 nan/metrics.jsonl >>half.jsonl
+mkdir half && cp half.jsonl half/metrics.jsonl
+"$TRAIN" --task report --out_dir half >half.out 2>&1 || { cat half.out; fail "half report"; }
+assert_contains half/report.html "loss NaN/inf from step 15 (diverged)"
+ok "a run that diverged half way has a report that says from which step"
+
+# ddpprep: one file without doc_sep is one document, so no validation tokens: the message says
+# how to cut it into documents, and the files of an earlier preparation stay as they were.
+printf 'a\n%%\nb\n%%\nc\n%%\nd\n' >f.txt
+"$PREP" --out_dir p --doc_sep % --val_every 2 f.txt >p1.out 2>&1 || { cat p1.out; fail "ddpprep"; }
+cp p/train.bin train.before && cp p/val.bin val.before
+rc=0
+"$PREP" --out_dir p text.txt >p2.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat p2.out; fail "ddpprep of one document: exit $rc"; }
+assert_contains p2.out "1 document (each file is one document)"
+assert_contains p2.out "doc_sep"
+rc=0
+"$PREP" --out_dir p --doc_sep % --val_every 1 f.txt >p3.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat p3.out; fail "ddpprep --val_every 1: exit $rc"; }
+assert_contains p3.out "with val_every 1 every one goes to validation"
+cmp -s p/train.bin train.before && cmp -s p/val.bin val.before ||
+    fail "a failed ddpprep replaced a file of the earlier preparation"
+: >empty.txt
+rc=0
+"$PREP" --out_dir p empty.txt >p4.out 2>&1 || rc=$?
+[ $rc -eq 1 ] && grep -q "the text inputs are empty" p4.out || { cat p4.out; fail "empty input"; }
+"$PREP" --out_dir p --doc_sep % --val_every 0 f.txt >p5.out 2>&1 || { cat p5.out; fail "val 0"; }
+[ ! -e p/val.bin ] || fail "ddpprep --val_every 0 left the earlier val.bin beside the new train.bin"
+assert_contains p5.out "removed 'p/val.bin'"
+ok "ddpprep: clear messages for empty splits, nothing replaced on failure, no stale val.bin"
