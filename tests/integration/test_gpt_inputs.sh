@@ -71,3 +71,26 @@ rc=0
 [ ! -e p/val.bin ] || fail "ddpprep --val_every 0 left the earlier val.bin beside the new train.bin"
 assert_contains p5.out "removed 'p/val.bin'"
 ok "ddpprep: clear messages for empty splits, nothing replaced on failure, no stale val.bin"
+
+# Resuming (or testing) with another model: n_head changes no array's shape, so the load alone
+# took it; every model key is checked against the checkpoint's stored configuration.
+S=(--optimizer adamw --lr 1e-2 --tensorboard false)
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape >shape.out 2>&1 || { cat shape.out; fail "shape"; }
+rc=0
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape --total_steps 30 --resume_from latest \
+    --model.n_head 4 >sh1.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat sh1.out; fail "a resume with another n_head was accepted"; }
+assert_contains sh1.out "model.n_head is 4 here (the command line) but 2 in the checkpoint"
+assert_contains sh1.out "give --model.n_head 2 to resume it"
+[ ! -e shape/checkpoints/step30.safetensors ] || fail "the resume with another n_head trained"
+rc=0
+"$TRAIN" --task test --out_dir shape --model.n_head 4 >sh2.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat sh2.out; fail "a test with another n_head was accepted"; }
+assert_contains sh2.out "leave out --model.n_head"
+rc=0
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape --total_steps 30 --resume_from latest \
+    --model.n_embd 32 >sh3.out 2>&1 || rc=$?
+[ $rc -ne 0 ] && grep -q "model.n_embd is 32 here" sh3.out || { cat sh3.out; fail "n_embd"; }
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape --total_steps 30 --resume_from latest \
+    --model.dropout 0.1 >sh4.out 2>&1 || { cat sh4.out; fail "a resume with dropout on"; }
+ok "a resume or test with another model (n_head, n_embd) names the key; dropout may change"

@@ -505,3 +505,84 @@ int trainer_config_from_checkpoint(trainer *t)
     snprintf(t->dir, sizeof t->dir, "%s", t->cfg ? ddp_config_str(t->cfg, "out_dir") : "");
     return rc;
 }
+
+/* The keys that make a model's computation (not only its shapes: n_head changes none), per
+ * model type; model.type first. */
+static bool shapes_model(const char *type, const char *key)
+{
+    static const char *const all[] = {"model.type"};
+    static const char *const mlp[] = {"model.hidden", "model.activation"};
+    static const char *const cnn[] = {"model.hidden", "model.channels", "model.activation"};
+    static const char *const gpt[] = {"model.n_layer",    "model.n_head",     "model.n_embd",
+                                      "model.block_size", "model.vocab_size", "model.bias"};
+    const char *const *k = !strcmp(type, "gpt") ? gpt : !strcmp(type, "cnn") ? cnn : mlp;
+    size_t n = !strcmp(type, "gpt") ? 6 : !strcmp(type, "cnn") ? 3 : 2;
+    if (!strcmp(key, all[0]))
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(key, k[i]))
+            return true;
+    return false;
+}
+
+int trainer_config_check_model(trainer *t, const char *path)
+{
+    ddp_ckpt *ck = NULL;
+    if (ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
+        return 0; /* the load says why */
+    const char *yaml = ddp_ckpt_meta(ck, "config");
+    char tmp[4200];
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/ddptrain-config.XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    int fd = yaml && *yaml ? mkstemp(tmp) : -1;
+    ddp_config *stored = NULL;
+    if (fd >= 0) {
+        size_t len = strlen(yaml), off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, yaml + off, len - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+        /* A configuration of another version that does not load is not checked: the load
+         * finds a mismatch of shapes. */
+        if (off == len && ddp_config_load(schema, NKEYS, tmp, 0, NULL, &stored, NULL) != DDP_OK)
+            stored = NULL;
+        close(fd);
+        unlink(tmp);
+    }
+    ddp_ckpt_close(ck);
+    if (!stored)
+        return 0;
+    int rc = 0;
+    const char *type = ddp_config_str(stored, "model.type");
+    for (size_t i = 0; i < NKEYS && !rc; i++) {
+        if (!shapes_model(type, schema[i].name))
+            continue;
+        char *here = key_arg(t->cfg, &schema[i]), *there = key_arg(stored, &schema[i]);
+        if (here && there && strcmp(here, there) != 0) {
+            const char *h = strchr(here, '=') + 1, *s = strchr(there, '=') + 1;
+            if (!strcmp(ddp_config_str(t->cfg, "task"), "train"))
+                fprintf(stderr,
+                        "ddptrain: %s is %s here (%s) but %s in the checkpoint '%s': it was saved "
+                        "with another model; give --%s %s to resume it, or another --out_dir for a "
+                        "new model\n",
+                        schema[i].name, h, ddp_config_origin(t->cfg, schema[i].name), s, path,
+                        schema[i].name, s);
+            else
+                fprintf(stderr,
+                        "ddptrain: %s is %s here (%s) but %s in the checkpoint '%s': it was saved "
+                        "with another model; leave out --%s (the checkpoint's stored configuration "
+                        "has the model's)\n",
+                        schema[i].name, h, ddp_config_origin(t->cfg, schema[i].name), s, path,
+                        schema[i].name);
+            rc = 2;
+        }
+        free(here);
+        free(there);
+    }
+    ddp_config_free(stored);
+    return rc;
+}

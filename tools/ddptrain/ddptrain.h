@@ -151,6 +151,11 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
  * file found. Rank 0 reads the checkpoint and broadcasts; every rank must call it, after the
  * group exists. Returns 0 or the exit code. */
 int trainer_config_from_checkpoint(trainer *t);
+/* Rank 0, before loading the checkpoint at path: the model keys of t's configuration against
+ * those stored in it (model.type and what shapes that model: n_head too, which changes no
+ * array's shape but the computation). 0, or 2 after one line naming the first that differs.
+ * A checkpoint without a stored configuration (or one that does not load) passes. */
+int trainer_config_check_model(trainer *t, const char *path);
 void trainer_print_help(FILE *out);
 
 /* ---- data.c ---- */
