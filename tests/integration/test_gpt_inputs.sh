@@ -94,3 +94,25 @@ rc=0
 "$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape --total_steps 30 --resume_from latest \
     --model.dropout 0.1 >sh4.out 2>&1 || { cat sh4.out; fail "a resume with dropout on"; }
 ok "a resume or test with another model (n_head, n_embd) names the key; dropout may change"
+
+# Generation: max_new_tokens far beyond block_size slides the context (it was one buffer of
+# prompt + max_new_tokens tokens, whose size overflowed: a heap overrun and an abort); the
+# prompt is text or ids, not both (the stored one of the other kind gives way).
+rc=0
+timeout 2 "$TRAIN" --task predict --out_dir shape --max_new_tokens 4611686018427387904 \
+    >huge.out 2>huge.err || rc=$?
+[ $rc -eq 124 ] || { tail -c 300 huge.err; fail "max_new_tokens 2^62: exit $rc, want 124 (still generating)"; }
+[ "$(stat -c %s huge.out)" -gt 100 ] || fail "max_new_tokens 2^62: nothing generated"
+"$TRAIN" --task predict --out_dir shape --max_new_tokens 100 --prompt "the quick brown fox jumps" \
+    >g1.out 2>/dev/null || fail "predict"
+[ "$(stat -c %s g1.out)" -ge 125 ] || fail "predict of 100 tokens: $(stat -c %s g1.out) bytes"
+rc=0
+"$TRAIN" --task predict --out_dir shape --prompt hi --prompt_tokens 104 >pp.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat pp.out; fail "--prompt and --prompt_tokens together: exit $rc"; }
+assert_contains pp.out "prompt (the command line) and prompt_tokens (the command line) are both given"
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir withprompt --prompt "the " --max_new_tokens 2 \
+    >wp.out 2>&1 || { cat wp.out; fail "training with a prompt"; }
+"$TRAIN" --task predict --out_dir withprompt --prompt_tokens 104,105 --max_new_tokens 2 \
+    >wp2.out 2>/dev/null || fail "--prompt_tokens over a stored --prompt"
+[ "$(head -c 2 wp2.out)" = hi ] || fail "--prompt_tokens 104,105 printed '$(head -c 2 wp2.out)'"
+ok "generation past block_size without a growing buffer; --prompt or --prompt_tokens, not both"

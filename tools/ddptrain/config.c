@@ -274,6 +274,15 @@ static int check_values(const ddp_config *c, bool model_known)
                 C, H);
         return 2;
     }
+    size_t npt;
+    ddp_config_ints(c, "prompt_tokens", &npt);
+    if (npt && *ddp_config_str(c, "prompt")) {
+        fprintf(stderr,
+                "ddptrain: prompt (%s) and prompt_tokens (%s) are both given; the prompt is one "
+                "or the other: text (vocab 256) or token ids\n",
+                ddp_config_origin(c, "prompt"), ddp_config_origin(c, "prompt_tokens"));
+        return 2;
+    }
     static const char *const gpt_nonneg[] = {"eval_windows", "max_new_tokens", "top_k"};
     for (size_t i = 0; i < sizeof gpt_nonneg / sizeof gpt_nonneg[0]; i++)
         if (ddp_config_int(c, gpt_nonneg[i]) < 0) {
@@ -420,7 +429,7 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
  * path. */
 static int rebuild(trainer *t, const char *path, const char *yaml)
 {
-    char **args = calloc(NKEYS + 1, sizeof *args);
+    char **args = calloc(NKEYS + 2, sizeof *args);
     int n = 0, rc = 2;
     char tmp[4200];
     const char *tmpdir = getenv("TMPDIR");
@@ -432,6 +441,12 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
         if (strcmp(ddp_config_origin(t->cfg, schema[i].name), "default") != 0 &&
             strcmp(schema[i].name, "checkpoint") != 0 && !(args[n++] = key_arg(t->cfg, &schema[i])))
             goto out_free;
+    /* A prompt the user gives replaces the stored one of the other kind (text, token ids). */
+    bool user_text = strcmp(ddp_config_origin(t->cfg, "prompt"), "default") != 0;
+    bool user_ids = strcmp(ddp_config_origin(t->cfg, "prompt_tokens"), "default") != 0;
+    if (user_text != user_ids &&
+        !(args[n++] = strdup(user_text ? "--prompt_tokens=" : "--prompt=")))
+        goto out_free;
     if (asprintf(&args[n++], "--checkpoint=%s", path) < 0) {
         args[--n] = NULL;
         goto out_free;

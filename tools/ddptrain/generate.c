@@ -119,35 +119,46 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
     double temperature = ddp_config_float(t->cfg, "temperature");
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
     size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
-    int32_t *ctx = NULL;
+    int32_t *prompt = NULL, last = 0;
+    /* The model sees the last T tokens only, so the context is a window of 2T tokens, slid
+     * back when full: max_new_tokens costs no memory (it was a buffer of prompt +
+     * max_new_tokens tokens, whose size overflowed for a huge max_new_tokens). */
+    int32_t *win = malloc(2 * T * sizeof *win);
     float *scratch = malloc(V * sizeof *scratch);
     int rc = 1;
-    if (!scratch) {
+    if (!scratch || !win) {
         rc = trainer_die(t, "generate", "out of memory");
         goto out_free;
     }
-    if (prompt_of(t, max_new, &ctx, &len))
+    if (prompt_of(t, 0, &prompt, &len))
         goto out_free;
     FILE *log = to_log ? t->log : NULL;
     ddp_mt19937 g;
     ddp_mt19937_seed(&g, (uint32_t)(seed ^ (seed >> 32)));
     for (size_t i = 0; i < len; i++)
-        emit(out, log, t->vocab, ctx[i], i == 0);
+        emit(out, log, t->vocab, prompt[i], i == 0);
+    size_t wl = len < T ? len : T; /* tokens in win: the prompt's last T */
+    memcpy(win, prompt + len - wl, wl * sizeof *win);
+    last = prompt[len - 1];
     for (size_t k = 0; k < max_new; k++) {
-        size_t n = len < T ? len : T; /* the context, cropped to block_size */
+        size_t n = wl < T ? wl : T; /* the context, cropped to block_size */
         ddp_model_batch mb = {
-            .n = 1, .tokens = ctx + len - n, .seq_len = (int)n, .last_logits = true};
+            .n = 1, .tokens = win + wl - n, .seq_len = (int)n, .last_logits = true};
         if (ddp_model_forward(t->m, &mb, false, NULL) != DDP_OK) {
             rc = trainer_die(t, "generate", ddp_model_last_error(t->m));
             goto out_free;
         }
         size_t rows, cols;
         const float *lg = ddp_model_logits(t->m, &rows, &cols);
-        ctx[len] = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
-        emit(out, log, t->vocab, ctx[len], false);
-        len++;
+        last = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
+        emit(out, log, t->vocab, last, false);
+        if (wl == 2 * T) { /* full: keep the last T − 1, the new token makes T */
+            memmove(win, win + wl - (T - 1), (T - 1) * sizeof *win);
+            wl = T - 1;
+        }
+        win[wl++] = last;
     }
-    if (t->vocab != 256 || (len > 0 && ctx[len - 1] != '\n'))
+    if (t->vocab != 256 || last != '\n')
         for (FILE *f = out; f; f = f == out ? log : NULL)
             fputc('\n', f);
     fflush(out);
@@ -155,7 +166,8 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
         fflush(log);
     rc = 0;
 out_free:
-    free(ctx);
+    free(prompt);
+    free(win);
     free(scratch);
     return rc;
 }
