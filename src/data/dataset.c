@@ -64,6 +64,13 @@ static ddp_status map_file(const char *path, mapped *m, ddp_error *err)
         close(fd);
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot stat '%s': %s", path, strerror(e));
     }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "'%s' is a directory, not a data file; give the file in it (for token "
+                        "files e.g. '%s/train.bin')",
+                        path, path);
+    }
     m->len = (size_t)st.st_size;
     m->p = NULL;
     if (m->len > 0) {

@@ -225,6 +225,10 @@ static void tokens_both_layouts(void **state)
     write_bytes(bad, tok, 20);
     expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
                  "fewer than one sequence", bad);
+    /* a folder (data.val DIR instead of DIR/val.bin): said so, not "cannot map: No such
+     * device" */
+    expect_error(ddp_dataset_open_tokens(dir, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "is a directory, not a data file", dir);
     free(tok);
     free(sh);
 }
