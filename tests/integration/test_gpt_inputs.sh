@@ -116,3 +116,30 @@ assert_contains pp.out "prompt (the command line) and prompt_tokens (the command
     >wp2.out 2>/dev/null || fail "--prompt_tokens over a stored --prompt"
 [ "$(head -c 2 wp2.out)" = hi ] || fail "--prompt_tokens 104,105 printed '$(head -c 2 wp2.out)'"
 ok "generation past block_size without a growing buffer; --prompt or --prompt_tokens, not both"
+
+# TensorBoard beside an earlier run's events: --overwrite deletes them (as it deletes the
+# checkpoints and starts metrics.jsonl anew; they were left, and TensorBoard drew both runs);
+# a start at step 0 beside them (no checkpoint to resume) purges them from step 0 on.
+"$TRAIN" "${TINY[@]}" "${S[@]}" --tensorboard true --out_dir tbrun >tb1.out 2>&1 || fail "tb run"
+"$TRAIN" "${TINY[@]}" "${S[@]}" --tensorboard true --out_dir tbrun --total_steps 10 \
+    --overwrite true >tb2.out 2>&1 || { cat tb2.out; fail "overwrite run"; }
+assert_contains tb2.out "overwrite: deleted 1 TensorBoard event file from 'tbrun/tb'"
+[ "$(ls tbrun/tb | wc -l)" -eq 1 ] || fail "after --overwrite: $(ls tbrun/tb)"
+rm tbrun/checkpoints/*
+"$TRAIN" "${TINY[@]}" "${S[@]}" --tensorboard true --out_dir tbrun --total_steps 10 \
+    >tb3.out 2>&1 || { cat tb3.out; fail "restart at step 0"; }
+if command -v python3 >/dev/null; then
+    python3 - tbrun/tb <<'PY' || fail "the restarted run's TensorBoard file does not purge from step 0"
+import os, struct, sys
+d = sys.argv[1]
+f = sorted(os.listdir(d))
+assert len(f) == 2, f
+b = open(os.path.join(d, f[1]), "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+second = b[12 + n + 4:]
+m = struct.unpack("<Q", second[:8])[0]
+ev = second[12:12 + m]
+assert ev[0] == 0x09 and ev[9:] == b"\x3a\x02\x08\x01", ev  # wall time, SessionLog START, no step: 0
+PY
+fi
+ok "TensorBoard: --overwrite deletes the other run's events; a restart at step 0 purges them"

@@ -18,9 +18,12 @@
  * (ddp_device_peak_flops; docs/gpu.md), and mfu_peak_tflops overrides either.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddptrain.h"
 
@@ -31,6 +34,31 @@ const char *trainer_json_num(char *buf, size_t cap, double v, int digits)
     else
         snprintf(buf, cap, "null");
     return buf;
+}
+
+/* The TensorBoard event files already in dir: counted, or (remove) deleted; -1 when one cannot
+ * be deleted (after saying so). */
+static int old_tb_files(trainer *t, const char *dir, bool remove)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0)
+            continue;
+        char path[2400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (remove && unlink(path) != 0) {
+            trainer_say(t, "warning: overwrite: cannot delete '%s': %s", path, strerror(errno));
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    return n;
 }
 
 int trainer_metrics_open(trainer *t)
@@ -80,6 +108,16 @@ int trainer_metrics_open(trainer *t)
     /* Resumed from a checkpoint at step s: this run logs s+1 on; TensorBoard drops what the
      * earlier files hold from there (the dead run's tail), and keeps their step s. */
     to.purge_step = t->step > 0 ? (int64_t)t->step + 1 : -1;
+    /* --overwrite: the other run's events go with its checkpoints and metrics.jsonl (TensorBoard
+     * would draw its curves beside this run's). A start at step 0 beside earlier files (a run
+     * that died before its first checkpoint, restarted): they are purged from step 0 on, as
+     * the report drops what came before this run's start line. */
+    int old = old_tb_files(t, dir, t->overwrote);
+    if (t->overwrote && old > 0)
+        trainer_say(t, "overwrite: deleted %d TensorBoard event file%s from '%s'", old,
+                    old == 1 ? "" : "s", dir);
+    else if (t->step == 0 && old > 0)
+        to.purge_step = 0;
     if (ddp_tb_open(dir, &to, &t->tb, &err) != DDP_OK) /* a warning: the run goes on */
         trainer_say(t, "warning: no TensorBoard events: %s", err.msg);
     return 0;
