@@ -143,3 +143,12 @@ assert ev[0] == 0x09 and ev[9:] == b"\x3a\x02\x08\x01", ev  # wall time, Session
 PY
 fi
 ok "TensorBoard: --overwrite deletes the other run's events; a restart at step 0 purges them"
+
+# A gpt's --task predict writes its text to predict_out when given (it was ignored silently).
+"$TRAIN" --task predict --out_dir shape --prompt hey --max_new_tokens 5 --predict_out gen.txt \
+    >gen.out 2>&1 || { cat gen.out; fail "predict to predict_out"; }
+assert_contains gen.out "wrote the generated text to gen.txt"
+[ "$(head -c 3 gen.txt)" = hey ] && [ "$(stat -c %s gen.txt)" -ge 8 ] ||
+    fail "predict_out holds '$(cat gen.txt)'"
+assert_not_contains gen.out "hey"
+ok "a gpt's generated text goes to predict_out when given"

@@ -105,7 +105,8 @@ static const ddp_cfg_key schema[] = {
      "start metrics.jsonl anew, instead of refusing"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "", NULL,
-     "mlp/cnn predict: the CSV to write (empty: predictions.csv in out_dir)"},
+     "predict: the file to write: mlp/cnn a CSV (empty: predictions.csv in out_dir), gpt the "
+     "generated text (empty: stdout)"},
     {"prompt", DDP_CFG_STRING, "", NULL,
      "gpt predict: text to continue (vocab 256; empty: a newline)"},
     {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
