@@ -152,3 +152,13 @@ assert_contains gen.out "wrote the generated text to gen.txt"
     fail "predict_out holds '$(cat gen.txt)'"
 assert_not_contains gen.out "hey"
 ok "a gpt's generated text goes to predict_out when given"
+
+# ddpprep's --out_dir: parents made (as ddptrain's out_dir), a file in the way named.
+"$PREP" --out_dir deep/er/dir --doc_sep % --val_every 2 f.txt >d1.out 2>&1 || { cat d1.out; fail "deep"; }
+[ -s deep/er/dir/train.bin ] || fail "ddpprep --out_dir deep/er/dir: no train.bin"
+: >plainfile
+rc=0
+"$PREP" --out_dir plainfile/sub --doc_sep % --val_every 2 f.txt >d2.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || fail "ddpprep into a file: exit $rc"
+assert_contains d2.out "'plainfile' is a file, not a folder"
+ok "ddpprep --out_dir: parents made, a file in the way named"

@@ -96,10 +96,31 @@ int main(int argc, char **argv)
         free(inputs);
         return 2;
     }
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "ddpprep: cannot create '%s': %s\n", out_dir, strerror(errno));
-        free(inputs);
-        return 1;
+    /* mkdir -p, as ddptrain's out_dir; a file in the way is said to be one */
+    char dirs[4096];
+    snprintf(dirs, sizeof dirs, "%s", out_dir);
+    for (char *p = dirs + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        struct stat ds;
+        if (mkdir(dirs, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "ddpprep: cannot create '%s': %s\n", dirs, strerror(errno));
+            free(inputs);
+            return 1;
+        }
+        if (stat(dirs, &ds) == 0 && !S_ISDIR(ds.st_mode)) {
+            fprintf(stderr,
+                    "ddpprep: --out_dir '%s': '%s' is a file, not a folder; choose another "
+                    "--out_dir\n",
+                    out_dir, dirs);
+            free(inputs);
+            return 1;
+        }
+        *p = c;
+        if (!c)
+            break;
     }
     char tr[4200], va[4200];
     snprintf(tr, sizeof tr, "%s/train.bin", out_dir);
@@ -112,8 +133,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddpprep: %s\n", err.msg);
         return 1;
     }
-    printf("ddpprep: %llu documents: %llu training tokens in '%s'",
-           (unsigned long long)st.documents, (unsigned long long)st.train_tokens, tr);
+    printf("ddpprep: %llu document%s: %llu training tokens in '%s'",
+           (unsigned long long)st.documents, st.documents == 1 ? "" : "s",
+           (unsigned long long)st.train_tokens, tr);
     if (o.val_every)
         printf(", %llu validation tokens in '%s'", (unsigned long long)st.val_tokens, va);
     printf(" (byte-level, vocab 256)\n");
