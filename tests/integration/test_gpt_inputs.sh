@@ -162,3 +162,13 @@ rc=0
 [ $rc -eq 1 ] || fail "ddpprep into a file: exit $rc"
 assert_contains d2.out "'plainfile' is a file, not a folder"
 ok "ddpprep --out_dir: parents made, a file in the way named"
+
+# metrics.jsonl that cannot be opened (a folder of that name): an error before any work, as
+# for train.log (the run went on silently without it, and the report had nothing to read).
+mkdir -p nometrics/metrics.jsonl
+rc=0
+"$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir nometrics >nm.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat nm.out; fail "metrics.jsonl a folder: exit $rc, want 2"; }
+assert_contains nm.out "cannot open 'nometrics/metrics.jsonl': Is a directory"
+[ ! -e nometrics/checkpoints/step20.safetensors ] || fail "trained without metrics.jsonl"
+ok "a metrics.jsonl that cannot be opened stops the run before any work"

@@ -114,6 +114,13 @@ static int open_logs(trainer *t, bool train)
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
     t->jsonl = fopen(path, t->overwrote ? "w" : "a");
+    if (train && !t->jsonl) { /* the report's and the user's only record of the figures */
+        fprintf(stderr,
+                "ddptrain: out_dir '%s': cannot open '%s': %s; move it away or choose another "
+                "--out_dir\n",
+                t->dir, path, strerror(errno));
+        return 2;
+    }
     if (train) {
         snprintf(path, sizeof path, "%s/checkpoints", t->dir);
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
