@@ -45,6 +45,9 @@ tail -n +5 nan/metrics.jsonl >>half.jsonl
 mkdir half && cp half.jsonl half/metrics.jsonl
 "$TRAIN" --task report --out_dir half >half.out 2>&1 || { cat half.out; fail "half report"; }
 assert_contains half/report.html "loss NaN/inf from step 15 (diverged)"
+sed 's/<[^>]*>//g' half/report.html >half.txt
+assert_contains half.txt "20 steps · final train loss NaN"
+assert_contains half.txt "validation loss NaN"
 ok "a run that diverged half way has a report that says from which step"
 
 # ddpprep: one file without doc_sep is one document, so no validation tokens: the message says

@@ -116,8 +116,15 @@ static bool add_line(run_data *d, json_t *o)
     json_t *loss = json_object_get(o, "loss");
     if (json_is_null(loss) && (d->nan_from < 0 || step < d->nan_from))
         d->nan_from = step;
-    if (json_is_number(loss) || json_is_null(loss))
+    if (json_is_number(loss) || json_is_null(loss)) {
         d->progress++;
+        d->last_step = step;
+        d->last_nan = json_is_null(loss);
+    }
+    json_t *vl = json_object_get(o, "val_loss") ? json_object_get(o, "val_loss")
+                                                : json_object_get(o, "test_loss");
+    if (json_is_number(vl) || json_is_null(vl))
+        d->vlast_nan = json_is_null(vl);
     bool ok = true;
     for (int i = 0; i < S_WALL; i++) {
         double v = num(o, keys[i]);
