@@ -156,7 +156,8 @@ static ddp_status put_tokens(FILE *f, const char *p, size_t n, const char *tmp, 
     return DDP_OK;
 }
 
-/* Length of the document starting at p (up to end): through its separator line, or to end. */
+/* Length of the document starting at p (up to end): through its separator line (the separator
+ * alone on its line, before '\n' or "\r\n"), or to end. */
 static size_t doc_len(const char *p, const char *end, const char *sep)
 {
     if (!sep)
@@ -166,7 +167,10 @@ static size_t doc_len(const char *p, const char *end, const char *sep)
     while (line < end) {
         const char *nl = memchr(line, '\n', (size_t)(end - line));
         const char *le = nl ? nl : end;
-        if ((size_t)(le - line) == sl && memcmp(line, sep, sl) == 0)
+        size_t ll = (size_t)(le - line);
+        if (ll > sl && line[ll - 1] == '\r') /* a CRLF file's line */
+            ll--;
+        if (ll == sl && memcmp(line, sep, sl) == 0)
             return (size_t)((nl ? nl + 1 : end) - p);
         line = nl ? nl + 1 : end;
     }

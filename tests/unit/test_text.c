@@ -126,6 +126,17 @@ static void test_fortune_split(void **state)
     assert_int_equal(stat(tr, &vs), 0);
     assert_int_equal(vs.st_size, 5);
 
+    /* a CRLF file: its separator lines end in "\r\n" */
+    char crlf[400];
+    snprintf(crlf, sizeof crlf, "%s/crlf.txt", dir);
+    put_file(crlf, "one\r\n%\r\ntwo\r\n%\r\nthree\r\n");
+    const char *cin[] = {crlf};
+    assert_int_equal(ddp_tokens_from_text(cin, 1, &o, tr, va, &st, &err), DDP_OK);
+    assert_int_equal(st.documents, 3);
+    v = tokens_as_text(va);
+    assert_string_equal(v, "two\r\n%\r\n");
+    free(v);
+
     /* empty inputs: said as such */
     char nothing[400];
     snprintf(nothing, sizeof nothing, "%s/nothing.txt", dir);
