@@ -175,3 +175,17 @@ rc=0
 assert_contains nm.out "cannot open 'nometrics/metrics.jsonl': Is a directory"
 [ ! -e nometrics/checkpoints/step20.safetensors ] || fail "trained without metrics.jsonl"
 ok "a metrics.jsonl that cannot be opened stops the run before any work"
+
+# 2 ranks: rank 1 waits for rank 0's generation in a broadcast rank 0 renews every few seconds,
+# not in one barrier, so a generation longer than a collective's deadline (DDP_TIMEOUT, 1 s
+# here) completes; a prompt rank 0 refuses stops rank 1 at once (exit 86), not at the deadline.
+DDP_TIMEOUT=1 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task predict \
+    --out_dir shape --max_new_tokens 60000 --predict_out long.txt >long.out 2>&1 ||
+    { tail -5 long.out; fail "a 2-rank generation longer than DDP_TIMEOUT"; }
+[ "$(stat -c %s long.txt)" -ge 60001 ] || fail "long.txt: $(stat -c %s long.txt) bytes"
+rc=0
+DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task predict \
+    --out_dir shape --prompt_tokens 999 >badp.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat badp.out; fail "a refused prompt on 2 ranks: exit $rc"; }
+assert_contains badp.out "rank 1: generate: rank 0 could not generate"
+ok "2 ranks: a generation past DDP_TIMEOUT completes; rank 0's failure stops rank 1 at once"

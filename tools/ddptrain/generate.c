@@ -110,10 +110,10 @@ static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
     return 0;
 }
 
-int trainer_generate(trainer *t, FILE *out, bool to_log)
+static int beat(trainer *t, bool final, int64_t flag);
+
+static int generate_rank0(trainer *t, FILE *out, bool to_log)
 {
-    if (t->R != 0)
-        return 0;
     size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
@@ -152,6 +152,10 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
         const float *lg = ddp_model_logits(t->m, &rows, &cols);
         last = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
         emit(out, log, t->vocab, last, false);
+        if (beat(t, false, 0) != 0) {
+            rc = 1;
+            goto out_free;
+        }
         if (wl == 2 * T) { /* full: keep the last T − 1, the new token makes T */
             memmove(win, win + wl - (T - 1), (T - 1) * sizeof *win);
             wl = T - 1;
@@ -169,5 +173,55 @@ out_free:
     free(prompt);
     free(win);
     free(scratch);
+    return rc;
+}
+
+/* The other ranks wait for rank 0's text in broadcasts of a flag rather than in one barrier:
+ * rank 0 sends GEN_GOING every few seconds while it generates, then GEN_DONE or GEN_FAILED. A
+ * generation longer than a collective's deadline (DDP_TIMEOUT) no longer times them out, and a
+ * failure on rank 0 reaches them at once instead of at that deadline. */
+enum { GEN_GOING = 0, GEN_DONE = 1, GEN_FAILED = 2 };
+
+static struct {
+    double last; /* when rank 0 last sent the flag (0: not yet) */
+    bool broken; /* a broadcast failed: no more are tried */
+} hb;
+
+/* Rank 0: the flag to the others, when final or when the last was sent long enough ago (a
+ * quarter of the collective deadline, at most 10 s). Returns 0, or 1 after saying why. */
+static int beat(trainer *t, bool final, int64_t flag)
+{
+    if (t->W == 1 || hb.broken)
+        return hb.broken;
+    double now = ddp_now_seconds();
+    double every = t->world.settings.timeout_ms > 0 ? t->world.settings.timeout_ms / 4000.0 : 10;
+    if (!final && now - hb.last < (every < 10 ? every : 10))
+        return 0;
+    hb.last = now;
+    if (ddp_broadcast(t->g, &flag, 1, DDP_INT64, 0) != DDP_OK) {
+        hb.broken = true;
+        return trainer_die(t, "generate", ddp_group_last_error(t->g));
+    }
+    return 0;
+}
+
+int trainer_generate(trainer *t, FILE *out, bool to_log)
+{
+    if (t->R != 0) {
+        for (;;) {
+            int64_t flag = GEN_FAILED;
+            if (ddp_broadcast(t->g, &flag, 1, DDP_INT64, 0) != DDP_OK)
+                return trainer_die(t, "generate", ddp_group_last_error(t->g));
+            if (flag == GEN_DONE)
+                return 0;
+            if (flag != GEN_GOING)
+                return trainer_die_peer(t, "generate", "rank 0 could not generate");
+        }
+    }
+    hb.last = ddp_now_seconds();
+    hb.broken = false;
+    int rc = generate_rank0(t, out, to_log);
+    if (beat(t, true, rc ? GEN_FAILED : GEN_DONE) != 0)
+        return 1;
     return rc;
 }
