@@ -189,3 +189,15 @@ DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN"
 [ $rc -eq 1 ] || { cat badp.out; fail "a refused prompt on 2 ranks: exit $rc"; }
 assert_contains badp.out "rank 1: generate: rank 0 could not generate"
 ok "2 ranks: a generation past DDP_TIMEOUT completes; rank 0's failure stops rank 1 at once"
+
+# nanoGPT's names: the ddptrain key, not a "did you mean" by spelling (eval_iters was told
+# eval_every, which is nanoGPT's eval_interval).
+for pair in eval_iters:eval_windows eval_interval:eval_every log_interval:log_every \
+    init_from:resume_from start:prompt; do
+    rc=0
+    "$TRAIN" --model.type gpt "--${pair%%:*}" 1 >nn.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || { cat nn.out; fail "--${pair%%:*}: exit $rc"; }
+    assert_contains nn.out "ddptrain's key for '${pair%%:*}' is '${pair##*:}'"
+    assert_not_contains nn.out "did you mean"
+done
+ok "nanoGPT's key names get ddptrain's key"

@@ -330,24 +330,41 @@ static const char *const foreign_names[][2] = {
     {"model", "model.type"},
     {"arch", "model.type"},
     {"num_workers", "data.threads"},
+    /* nanoGPT's train.py and sample.py */
+    {"eval_interval", "eval_every"},
+    {"eval_iters", "eval_windows"},
+    {"log_interval", "log_every"},
+    {"warmup_iters", "warmup_steps"},
+    {"init_from", "resume_from"},
+    {"start", "prompt"},
+    {"dtype", "precision"},
 };
 
 int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv)
 {
     ddp_error err = {0};
     if (ddp_config_load(schema, NKEYS, yaml_path, argc, argv, &t->cfg, &err) != DDP_OK) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
-        const char *k = strstr(err.msg, "unknown key '");
-        if (k && !strstr(err.msg, "did you mean")) {
+        /* Another trainer's name: its ddptrain key, in place of a "did you mean" by spelling
+         * (which named eval_every for nanoGPT's eval_iters). */
+        const char *k = strstr(err.msg, "unknown key '"), *to = NULL;
+        if (k) {
             k += strlen("unknown key '");
             size_t n = strcspn(k, "'");
             for (size_t i = 0; i < sizeof foreign_names / sizeof foreign_names[0]; i++)
                 if (strlen(foreign_names[i][0]) == n && !strncmp(k, foreign_names[i][0], n)) {
-                    fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%s' is '%s' (--%s)\n",
-                            foreign_names[i][0], foreign_names[i][1], foreign_names[i][1]);
+                    to = foreign_names[i][1];
                     break;
                 }
         }
+        const char *dym = to ? strstr(err.msg, "; did you mean") : NULL;
+        if (dym)
+            fprintf(stderr, "ddptrain: %.*s; --help lists every key\n", (int)(dym - err.msg),
+                    err.msg);
+        else
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+        if (to)
+            fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%.*s' is '%s' (--%s)\n",
+                    (int)strcspn(k, "'"), k, to, to);
         return 2;
     }
     return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"));
