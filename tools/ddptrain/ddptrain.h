@@ -180,10 +180,12 @@ ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *a
 ddp_status trainer_evaluate_lm(trainer *t, ddp_dataset *val, double *loss, size_t *windows,
                                ddp_error *err);
 
-/* Rank 0 (others return 0 at once): generates max_new_tokens tokens after the prompt
- * (prompt / prompt_tokens), temperature, top_k and seed from the config, streaming the prompt
- * and each token to out as it is sampled — a byte for a vocabulary of 256, else its id — and,
- * with to_log, to train.log too. Returns 0 or an exit code. */
+/* Every rank calls it; rank 0 generates max_new_tokens tokens after the prompt (prompt /
+ * prompt_tokens), temperature, top_k and seed from the config, streaming the prompt and each
+ * token to out as it is sampled — a byte for a vocabulary of 256, else its id — and, with
+ * to_log, to train.log too; the others wait for it in broadcasts rank 0 renews every few
+ * seconds, and learn whether it failed. out NULL on rank 0: it failed before (the others are
+ * told). Returns 0 or an exit code. */
 int trainer_generate(trainer *t, FILE *out, bool to_log);
 
 /* Checkpoints. trainer_save: completes sharded optimizer state, rank 0 writes

@@ -220,7 +220,7 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
     }
     hb.last = ddp_now_seconds();
     hb.broken = false;
-    int rc = generate_rank0(t, out, to_log);
+    int rc = out ? generate_rank0(t, out, to_log) : 1; /* NULL: rank 0 failed before */
     if (beat(t, true, rc ? GEN_FAILED : GEN_DONE) != 0)
         return 1;
     return rc;

@@ -429,8 +429,8 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
                      to, strerror(errno));
             rc = trainer_die(t, "predict", why);
         }
-        if (!rc)
-            rc = trainer_generate(t, out, false);
+        int gen = trainer_generate(t, out, false); /* out NULL: the others learn rank 0 failed */
+        rc = rc ? rc : gen;
         if (out && out != stdout && fclose(out) != 0 && !rc)
             rc = trainer_die(t, "predict", strerror(errno));
         else if (out && out != stdout && !rc)
