@@ -74,9 +74,9 @@ static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
 }
 
 /* The prompt's tokens: prompt_tokens, else the prompt's bytes (a byte vocabulary only), else a
- * newline (bytes) or token 0, into a new array (*ctx, *n tokens) with room for `extra` more. The
+ * newline (bytes) or token 0, into a new array (*ctx, *n tokens). The
  * caller frees it. Returns 0, or 1 after printing the message. */
-static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
+static int prompt_of(trainer *t, int32_t **ctx, size_t *n)
 {
     size_t ni;
     const int64_t *ids = ddp_config_ints(t->cfg, "prompt_tokens", &ni);
@@ -89,7 +89,7 @@ static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
         return 1;
     }
     *n = ni ? ni : *text ? strlen(text) : 1;
-    if (!(*ctx = malloc((*n + extra) * sizeof **ctx))) {
+    if (!(*ctx = malloc(*n * sizeof **ctx))) {
         fprintf(stderr, "ddptrain: out of memory for a prompt of %zu tokens\n", *n);
         return 1;
     }
@@ -130,7 +130,7 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
         rc = trainer_die(t, "generate", "out of memory");
         goto out_free;
     }
-    if (prompt_of(t, 0, &prompt, &len))
+    if (prompt_of(t, &prompt, &len))
         goto out_free;
     FILE *log = to_log ? t->log : NULL;
     ddp_mt19937 g;
