@@ -335,7 +335,7 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
     ddp_status st = job_init(&j, inputs, n, opts, err);
     if (st)
         goto out;
-    /* the key: every file's path, size and modification time, and the options */
+    /* the key: every file's path, size, modification time and inode, and the options */
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < j.files.n; i++) {
         struct stat fs;
@@ -344,7 +344,10 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
                           strerror(errno));
             goto out;
         }
-        int64_t v[2] = {(int64_t)fs.st_size, (int64_t)fs.st_mtime};
+        /* the modification time to the nanosecond: a text rewritten with the same size
+         * within the same second (a script making its data) is a new entry too */
+        int64_t v[4] = {(int64_t)fs.st_size, (int64_t)fs.st_mtim.tv_sec,
+                        (int64_t)fs.st_mtim.tv_nsec, (int64_t)fs.st_ino};
         h = fnv(h, j.files.paths[i], strlen(j.files.paths[i]) + 1);
         h = fnv(h, v, sizeof v);
     }

@@ -6,6 +6,7 @@
  * 2 ranks × B equal 1 rank × 2B).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -193,6 +194,21 @@ static void test_prepare_cached_once(void **state)
     assert_int_equal(ddp_tokens_prepare_text(in, 1, &o2, cache, tr2, va2, sizeof tr2, &err),
                      DDP_OK);
     assert_string_not_equal(tr, tr2);
+    /* the same size rewritten within the same second: a new entry with the new text (the key
+     * had the modification time in whole seconds, and gave the old tokens) */
+    struct stat before;
+    assert_int_equal(stat(src, &before), 0);
+    big[5] = 'X'; /* "line X" for "line 0": the same size */
+    put_file(src, big);
+    struct timespec same[2] = {before.st_atim, before.st_mtim};
+    same[1].tv_nsec = (same[1].tv_nsec + 1) % 1000000000;
+    assert_int_equal(utimensat(AT_FDCWD, src, same, 0), 0);
+    char tr3[512], va3[512];
+    assert_int_equal(ddp_tokens_prepare_text(in, 1, &o, cache, tr3, va3, sizeof tr3, &err), DDP_OK);
+    assert_string_not_equal(tr, tr3);
+    char *t3 = tokens_as_text(tr3);
+    assert_memory_equal(t3, "line X\n", 7);
+    free(t3);
     /* no temporary or half file is left in the cache */
     char cmd[700];
     snprintf(cmd, sizeof cmd, "ls %s | grep -c tmp", cache);
