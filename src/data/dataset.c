@@ -64,6 +64,13 @@ static ddp_status map_file(const char *path, mapped *m, ddp_error *err)
         close(fd);
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot stat '%s': %s", path, strerror(e));
     }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "'%s' is a directory, not a data file; give the file in it (for token "
+                        "files e.g. '%s/train.bin')",
+                        path, path);
+    }
     m->len = (size_t)st.st_size;
     m->p = NULL;
     if (m->len > 0) {
@@ -249,6 +256,14 @@ ddp_status ddp_dataset_open_tokens(const char *path, size_t seq_len, ddp_dataset
         memcpy(&h0, p, 4);
         memcpy(&h1, p + 4, 4);
         memcpy(&h2, p + 8, 4);
+    }
+    if (len >= 1024 && h0 == 20240801u) { /* llm.c's Llama 3 shard: uint32 ids */
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "'%s' is an llm.c token shard of uint32 ids (magic 20240801, Llama 3's "
+                      "vocabulary): not supported; ddpc reads uint16 ids (nanoGPT's files, llm.c's "
+                      "GPT-2 shards, magic 20240520)",
+                      path);
+        goto out_fail;
     }
     if (len >= 1024 && h0 == 20240520u) { /* llm.c shard */
         if (h1 != 1) {

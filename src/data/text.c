@@ -156,7 +156,8 @@ static ddp_status put_tokens(FILE *f, const char *p, size_t n, const char *tmp, 
     return DDP_OK;
 }
 
-/* Length of the document starting at p (up to end): through its separator line, or to end. */
+/* Length of the document starting at p (up to end): through its separator line (the separator
+ * alone on its line, before '\n' or "\r\n"), or to end. */
 static size_t doc_len(const char *p, const char *end, const char *sep)
 {
     if (!sep)
@@ -166,17 +167,21 @@ static size_t doc_len(const char *p, const char *end, const char *sep)
     while (line < end) {
         const char *nl = memchr(line, '\n', (size_t)(end - line));
         const char *le = nl ? nl : end;
-        if ((size_t)(le - line) == sl && memcmp(line, sep, sl) == 0)
+        size_t ll = (size_t)(le - line);
+        if (ll > sl && line[ll - 1] == '\r') /* a CRLF file's line */
+            ll--;
+        if (ll == sl && memcmp(line, sep, sl) == 0)
             return (size_t)((nl ? nl + 1 : end) - p);
         line = nl ? nl + 1 : end;
     }
     return (size_t)(end - p);
 }
 
-static ddp_status write_split(void *ctx, FILE *f, const char *tmp, ddp_error *err)
+/* Deals the documents of every input to the training or validation file: f receives the split
+ * j->want_val names; f NULL only counts (j->stats, both splits). */
+static ddp_status deal(text_job *j, FILE *f, const char *tmp, ddp_error *err)
 {
-    text_job *j = ctx;
-    uint64_t doc = 0, tokens = 0;
+    uint64_t doc = 0, tokens[2] = {0, 0};
     unsigned every = j->o.val_every;
     for (size_t i = 0; i < j->files.n; i++) {
         char *text = NULL;
@@ -187,28 +192,56 @@ static ddp_status write_split(void *ctx, FILE *f, const char *tmp, ddp_error *er
         for (const char *p = text, *end = text + len; p < end; doc++) {
             size_t n = doc_len(p, end, j->o.doc_sep);
             bool val = every > 0 && doc % every == every - 1;
-            if (val == j->want_val) {
-                if ((st = put_tokens(f, p, n, tmp, err))) {
-                    free(text);
-                    return st;
-                }
-                tokens += n;
+            if (f && val == j->want_val && (st = put_tokens(f, p, n, tmp, err))) {
+                free(text);
+                return st;
             }
+            tokens[val] += n;
             p += n;
         }
         free(text);
     }
-    if (j->want_val) {
-        j->stats.val_tokens = tokens;
-    } else {
-        j->stats.train_tokens = tokens;
-        j->stats.documents = doc;
-    }
-    if (tokens == 0)
+    j->stats.documents = doc;
+    j->stats.train_tokens = tokens[0];
+    j->stats.val_tokens = tokens[1];
+    return DDP_OK;
+}
+
+static ddp_status write_split(void *ctx, FILE *f, const char *tmp, ddp_error *err)
+{
+    return deal(ctx, f, tmp, err);
+}
+
+/* Before anything is written: both splits must get tokens, so that a failure leaves no file
+ * replaced (a new val.bin beside an old train.bin would be a pair from two texts). */
+static ddp_status check_split(text_job *j, bool want_val, ddp_error *err)
+{
+    ddp_status st = deal(j, NULL, NULL, err);
+    if (st)
+        return st;
+    const ddp_text_stats *s = &j->stats;
+    unsigned every = j->o.val_every;
+    unsigned long long docs = (unsigned long long)s->documents;
+    if (docs == 0)
         return ddp__err(err, DDP_ERR_INVALID,
-                        "the text inputs give no %s tokens (%llu documents); add text%s",
-                        j->want_val ? "validation" : "training", (unsigned long long)doc,
-                        j->want_val ? " or lower val_every" : "");
+                        "the text inputs are empty (%zu file%s, 0 bytes); give files that hold "
+                        "text",
+                        j->files.n, j->files.n == 1 ? "" : "s");
+    if (s->train_tokens == 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "the text inputs give no training tokens: %llu document%s, and with "
+                        "val_every %u every one goes to validation; set val_every to 0 (no "
+                        "validation file) or 2 and above",
+                        docs, docs == 1 ? "" : "s", every);
+    if (want_val && every > 0 && s->val_tokens == 0)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "the text inputs give no validation tokens: %llu document%s (%s), and "
+                        "val_every %u sends every %u-th to validation; cut the text into "
+                        "documents with doc_sep (a line that ends each one, e.g. %% in fortune "
+                        "files), give more files, or lower val_every",
+                        docs, docs == 1 ? "" : "s",
+                        j->o.doc_sep ? "cut at doc_sep lines" : "each file is one document", every,
+                        every);
     return DDP_OK;
 }
 
@@ -232,7 +265,9 @@ static ddp_status job_init(text_job *j, const char *const *inputs, size_t n,
 static ddp_status write_both(text_job *j, const char *train_out, const char *val_out,
                              ddp_error *err)
 {
-    ddp_status st = DDP_OK;
+    ddp_status st = check_split(j, val_out != NULL, err);
+    if (st)
+        return st;
     if (val_out && j->o.val_every > 0) {
         j->want_val = true;
         if ((st = ddp__write_atomic(val_out, write_split, j, err)))
@@ -252,6 +287,8 @@ ddp_status ddp_tokens_from_text(const char *const *inputs, size_t n, const ddp_t
     ddp_status st = job_init(&j, inputs, n, opts, err);
     if (st == DDP_OK)
         st = write_both(&j, train_out, val_out, err);
+    if (!val_out)
+        j.stats.val_tokens = 0; /* dealt to validation, not written */
     if (st == DDP_OK && stats)
         *stats = j.stats;
     list_free(&j.files);
@@ -276,7 +313,9 @@ typedef struct cached_job {
 static ddp_status write_cached(void *ctx, FILE *f, const char *tmp, ddp_error *err)
 {
     cached_job *c = ctx;
-    ddp_status st;
+    ddp_status st = check_split(c->j, true, err);
+    if (st)
+        return st;
     if (c->j->o.val_every > 0) {
         c->j->want_val = true;
         if ((st = ddp__write_atomic(c->val_out, write_split, c->j, err)))
@@ -296,7 +335,7 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
     ddp_status st = job_init(&j, inputs, n, opts, err);
     if (st)
         goto out;
-    /* the key: every file's path, size and modification time, and the options */
+    /* the key: every file's path, size, modification time and inode, and the options */
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < j.files.n; i++) {
         struct stat fs;
@@ -305,7 +344,10 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
                           strerror(errno));
             goto out;
         }
-        int64_t v[2] = {(int64_t)fs.st_size, (int64_t)fs.st_mtime};
+        /* the modification time to the nanosecond: a text rewritten with the same size
+         * within the same second (a script making its data) is a new entry too */
+        int64_t v[4] = {(int64_t)fs.st_size, (int64_t)fs.st_mtim.tv_sec,
+                        (int64_t)fs.st_mtim.tv_nsec, (int64_t)fs.st_ino};
         h = fnv(h, j.files.paths[i], strlen(j.files.paths[i]) + 1);
         h = fnv(h, v, sizeof v);
     }

@@ -221,10 +221,20 @@ static void tokens_both_layouts(void **state)
     write_bytes(bad, sh, 1024 + 2 * nt);
     expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID, "version 7",
                  bad);
+    hdr[0] = 20240801; /* llm.c's Llama 3 shard (uint32 ids): named, not read as uint16 ids */
+    memcpy(sh, hdr, sizeof hdr);
+    write_bytes(bad, sh, 1024 + 2 * nt);
+    expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "uint32 ids (magic 20240801", bad);
+    hdr[0] = 20240520;
     sprintf(bad, "%s/short.bin", dir);
     write_bytes(bad, tok, 20);
     expect_error(ddp_dataset_open_tokens(bad, 64, &ds, &err), &err, DDP_ERR_INVALID,
                  "fewer than one sequence", bad);
+    /* a folder (data.val DIR instead of DIR/val.bin): said so, not "cannot map: No such
+     * device" */
+    expect_error(ddp_dataset_open_tokens(dir, 64, &ds, &err), &err, DDP_ERR_INVALID,
+                 "is a directory, not a data file", dir);
     free(tok);
     free(sh);
 }

@@ -6,6 +6,7 @@
  * 2 ranks × B equal 1 rank × 2B).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -103,9 +104,47 @@ static void test_fortune_split(void **state)
     assert_non_null(strstr(err.msg, "no text files"));
     ddp_text_opts every1 = {"%", 1}; /* everything to validation: training is empty */
     unlink(tr);
+    put_file(va, "old"); /* an earlier preparation's validation file stays as it was */
     assert_int_equal(ddp_tokens_from_text(in, 1, &every1, tr, va, NULL, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "no training tokens"));
+    assert_non_null(strstr(err.msg, "val_every 1"));
     assert_int_not_equal(access(tr, F_OK), 0);
+    struct stat vs;
+    assert_int_equal(stat(va, &vs), 0);
+    assert_int_equal(vs.st_size, 3);
+
+    /* one file without doc_sep is one document: no validation tokens, and the message says
+     * how to get some (doc_sep), not only "add text"; still nothing replaced */
+    put_file(tr, "older");
+    const char *one[] = {a};
+    ddp_text_opts whole10 = {NULL, 10};
+    assert_int_equal(ddp_tokens_from_text(one, 1, &whole10, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(
+        strstr(err.msg, "no validation tokens: 1 document (each file is one document)"));
+    assert_non_null(strstr(err.msg, "doc_sep"));
+    assert_int_equal(stat(va, &vs), 0);
+    assert_int_equal(vs.st_size, 3);
+    assert_int_equal(stat(tr, &vs), 0);
+    assert_int_equal(vs.st_size, 5);
+
+    /* a CRLF file: its separator lines end in "\r\n" */
+    char crlf[400];
+    snprintf(crlf, sizeof crlf, "%s/crlf.txt", dir);
+    put_file(crlf, "one\r\n%\r\ntwo\r\n%\r\nthree\r\n");
+    const char *cin[] = {crlf};
+    assert_int_equal(ddp_tokens_from_text(cin, 1, &o, tr, va, &st, &err), DDP_OK);
+    assert_int_equal(st.documents, 3);
+    v = tokens_as_text(va);
+    assert_string_equal(v, "two\r\n%\r\n");
+    free(v);
+
+    /* empty inputs: said as such */
+    char nothing[400];
+    snprintf(nothing, sizeof nothing, "%s/nothing.txt", dir);
+    put_file(nothing, "");
+    const char *none[] = {nothing};
+    assert_int_equal(ddp_tokens_from_text(none, 1, &o, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "the text inputs are empty"));
 }
 
 static void test_prepare_cached_once(void **state)
@@ -155,6 +194,21 @@ static void test_prepare_cached_once(void **state)
     assert_int_equal(ddp_tokens_prepare_text(in, 1, &o2, cache, tr2, va2, sizeof tr2, &err),
                      DDP_OK);
     assert_string_not_equal(tr, tr2);
+    /* the same size rewritten within the same second: a new entry with the new text (the key
+     * had the modification time in whole seconds, and gave the old tokens) */
+    struct stat before;
+    assert_int_equal(stat(src, &before), 0);
+    big[5] = 'X'; /* "line X" for "line 0": the same size */
+    put_file(src, big);
+    struct timespec same[2] = {before.st_atim, before.st_mtim};
+    same[1].tv_nsec = (same[1].tv_nsec + 1) % 1000000000;
+    assert_int_equal(utimensat(AT_FDCWD, src, same, 0), 0);
+    char tr3[512], va3[512];
+    assert_int_equal(ddp_tokens_prepare_text(in, 1, &o, cache, tr3, va3, sizeof tr3, &err), DDP_OK);
+    assert_string_not_equal(tr, tr3);
+    char *t3 = tokens_as_text(tr3);
+    assert_memory_equal(t3, "line X\n", 7);
+    free(t3);
     /* no temporary or half file is left in the cache */
     char cmd[700];
     snprintf(cmd, sizeof cmd, "ls %s | grep -c tmp", cache);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ddp/ddp.h"
 
@@ -22,6 +23,7 @@ static void usage(FILE *f)
                "  --doc_sep LINE   a line that ends a document (fortune files: %%); default:\n"
                "                   each file is one document\n"
                "  --val_every N    every Nth document goes to val.bin (10); 0: no val.bin\n"
+               "                   (an old DIR/val.bin is removed)\n"
                "  Folders contribute their regular files named without a '.' or ending in .txt.\n"
                "  GPT-2 BPE files made elsewhere (nanoGPT's prepare.py, llm.c's shards) need no\n"
                "  preparation: give them to ddptrain as data.train/data.val with\n"
@@ -94,10 +96,31 @@ int main(int argc, char **argv)
         free(inputs);
         return 2;
     }
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "ddpprep: cannot create '%s': %s\n", out_dir, strerror(errno));
-        free(inputs);
-        return 1;
+    /* mkdir -p, as ddptrain's out_dir; a file in the way is said to be one */
+    char dirs[4096];
+    snprintf(dirs, sizeof dirs, "%s", out_dir);
+    for (char *p = dirs + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        struct stat ds;
+        if (mkdir(dirs, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "ddpprep: cannot create '%s': %s\n", dirs, strerror(errno));
+            free(inputs);
+            return 1;
+        }
+        if (stat(dirs, &ds) == 0 && !S_ISDIR(ds.st_mode)) {
+            fprintf(stderr,
+                    "ddpprep: --out_dir '%s': '%s' is a file, not a folder; choose another "
+                    "--out_dir\n",
+                    out_dir, dirs);
+            free(inputs);
+            return 1;
+        }
+        *p = c;
+        if (!c)
+            break;
     }
     char tr[4200], va[4200];
     snprintf(tr, sizeof tr, "%s/train.bin", out_dir);
@@ -110,10 +133,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddpprep: %s\n", err.msg);
         return 1;
     }
-    printf("ddpprep: %llu documents: %llu training tokens in '%s'",
-           (unsigned long long)st.documents, (unsigned long long)st.train_tokens, tr);
+    printf("ddpprep: %llu document%s: %llu training tokens in '%s'",
+           (unsigned long long)st.documents, st.documents == 1 ? "" : "s",
+           (unsigned long long)st.train_tokens, tr);
     if (o.val_every)
         printf(", %llu validation tokens in '%s'", (unsigned long long)st.val_tokens, va);
     printf(" (byte-level, vocab 256)\n");
+    /* No validation file asked for: one left from an earlier preparation into this folder would
+     * pair another text's validation tokens with this training file. */
+    if (!o.val_every && unlink(va) == 0)
+        printf("ddpprep: removed '%s', an earlier preparation's (--val_every 0 makes none)\n", va);
     return 0;
 }

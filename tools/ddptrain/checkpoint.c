@@ -288,6 +288,8 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
         } else if (st != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
+        } else if (trainer_config_check_model(t, path) != 0) {
+            got = -1;
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             if (train && t->resume_latest)

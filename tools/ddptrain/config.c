@@ -105,7 +105,8 @@ static const ddp_cfg_key schema[] = {
      "start metrics.jsonl anew, instead of refusing"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "", NULL,
-     "mlp/cnn predict: the CSV to write (empty: predictions.csv in out_dir)"},
+     "predict: the file to write: mlp/cnn a CSV (empty: predictions.csv in out_dir), gpt the "
+     "generated text (empty: stdout)"},
     {"prompt", DDP_CFG_STRING, "", NULL,
      "gpt predict: text to continue (vocab 256; empty: a newline)"},
     {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
@@ -274,6 +275,15 @@ static int check_values(const ddp_config *c, bool model_known)
                 C, H);
         return 2;
     }
+    size_t npt;
+    ddp_config_ints(c, "prompt_tokens", &npt);
+    if (npt && *ddp_config_str(c, "prompt")) {
+        fprintf(stderr,
+                "ddptrain: prompt (%s) and prompt_tokens (%s) are both given; the prompt is one "
+                "or the other: text (vocab 256) or token ids\n",
+                ddp_config_origin(c, "prompt"), ddp_config_origin(c, "prompt_tokens"));
+        return 2;
+    }
     static const char *const gpt_nonneg[] = {"eval_windows", "max_new_tokens", "top_k"};
     for (size_t i = 0; i < sizeof gpt_nonneg / sizeof gpt_nonneg[0]; i++)
         if (ddp_config_int(c, gpt_nonneg[i]) < 0) {
@@ -320,24 +330,41 @@ static const char *const foreign_names[][2] = {
     {"model", "model.type"},
     {"arch", "model.type"},
     {"num_workers", "data.threads"},
+    /* nanoGPT's train.py and sample.py */
+    {"eval_interval", "eval_every"},
+    {"eval_iters", "eval_windows"},
+    {"log_interval", "log_every"},
+    {"warmup_iters", "warmup_steps"},
+    {"init_from", "resume_from"},
+    {"start", "prompt"},
+    {"dtype", "precision"},
 };
 
 int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv)
 {
     ddp_error err = {0};
     if (ddp_config_load(schema, NKEYS, yaml_path, argc, argv, &t->cfg, &err) != DDP_OK) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
-        const char *k = strstr(err.msg, "unknown key '");
-        if (k && !strstr(err.msg, "did you mean")) {
+        /* Another trainer's name: its ddptrain key, in place of a "did you mean" by spelling
+         * (which named eval_every for nanoGPT's eval_iters). */
+        const char *k = strstr(err.msg, "unknown key '"), *to = NULL;
+        if (k) {
             k += strlen("unknown key '");
             size_t n = strcspn(k, "'");
             for (size_t i = 0; i < sizeof foreign_names / sizeof foreign_names[0]; i++)
                 if (strlen(foreign_names[i][0]) == n && !strncmp(k, foreign_names[i][0], n)) {
-                    fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%s' is '%s' (--%s)\n",
-                            foreign_names[i][0], foreign_names[i][1], foreign_names[i][1]);
+                    to = foreign_names[i][1];
                     break;
                 }
         }
+        const char *dym = to ? strstr(err.msg, "; did you mean") : NULL;
+        if (dym)
+            fprintf(stderr, "ddptrain: %.*s; --help lists every key\n", (int)(dym - err.msg),
+                    err.msg);
+        else
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
+        if (to)
+            fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%.*s' is '%s' (--%s)\n",
+                    (int)strcspn(k, "'"), k, to, to);
         return 2;
     }
     return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"));
@@ -420,7 +447,7 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
  * path. */
 static int rebuild(trainer *t, const char *path, const char *yaml)
 {
-    char **args = calloc(NKEYS + 1, sizeof *args);
+    char **args = calloc(NKEYS + 2, sizeof *args);
     int n = 0, rc = 2;
     char tmp[4200];
     const char *tmpdir = getenv("TMPDIR");
@@ -432,6 +459,12 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
         if (strcmp(ddp_config_origin(t->cfg, schema[i].name), "default") != 0 &&
             strcmp(schema[i].name, "checkpoint") != 0 && !(args[n++] = key_arg(t->cfg, &schema[i])))
             goto out_free;
+    /* A prompt the user gives replaces the stored one of the other kind (text, token ids). */
+    bool user_text = strcmp(ddp_config_origin(t->cfg, "prompt"), "default") != 0;
+    bool user_ids = strcmp(ddp_config_origin(t->cfg, "prompt_tokens"), "default") != 0;
+    if (user_text != user_ids &&
+        !(args[n++] = strdup(user_text ? "--prompt_tokens=" : "--prompt=")))
+        goto out_free;
     if (asprintf(&args[n++], "--checkpoint=%s", path) < 0) {
         args[--n] = NULL;
         goto out_free;
@@ -503,5 +536,86 @@ int trainer_config_from_checkpoint(trainer *t)
     int rc = rebuild(t, path, yaml);
     free(blob);
     snprintf(t->dir, sizeof t->dir, "%s", t->cfg ? ddp_config_str(t->cfg, "out_dir") : "");
+    return rc;
+}
+
+/* The keys that make a model's computation (not only its shapes: n_head changes none), per
+ * model type; model.type first. */
+static bool shapes_model(const char *type, const char *key)
+{
+    static const char *const all[] = {"model.type"};
+    static const char *const mlp[] = {"model.hidden", "model.activation"};
+    static const char *const cnn[] = {"model.hidden", "model.channels", "model.activation"};
+    static const char *const gpt[] = {"model.n_layer",    "model.n_head",     "model.n_embd",
+                                      "model.block_size", "model.vocab_size", "model.bias"};
+    const char *const *k = !strcmp(type, "gpt") ? gpt : !strcmp(type, "cnn") ? cnn : mlp;
+    size_t n = !strcmp(type, "gpt") ? 6 : !strcmp(type, "cnn") ? 3 : 2;
+    if (!strcmp(key, all[0]))
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(key, k[i]))
+            return true;
+    return false;
+}
+
+int trainer_config_check_model(trainer *t, const char *path)
+{
+    ddp_ckpt *ck = NULL;
+    if (ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
+        return 0; /* the load says why */
+    const char *yaml = ddp_ckpt_meta(ck, "config");
+    char tmp[4200];
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/ddptrain-config.XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    int fd = yaml && *yaml ? mkstemp(tmp) : -1;
+    ddp_config *stored = NULL;
+    if (fd >= 0) {
+        size_t len = strlen(yaml), off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, yaml + off, len - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+        /* A configuration of another version that does not load is not checked: the load
+         * finds a mismatch of shapes. */
+        if (off == len && ddp_config_load(schema, NKEYS, tmp, 0, NULL, &stored, NULL) != DDP_OK)
+            stored = NULL;
+        close(fd);
+        unlink(tmp);
+    }
+    ddp_ckpt_close(ck);
+    if (!stored)
+        return 0;
+    int rc = 0;
+    const char *type = ddp_config_str(stored, "model.type");
+    for (size_t i = 0; i < NKEYS && !rc; i++) {
+        if (!shapes_model(type, schema[i].name))
+            continue;
+        char *here = key_arg(t->cfg, &schema[i]), *there = key_arg(stored, &schema[i]);
+        if (here && there && strcmp(here, there) != 0) {
+            const char *h = strchr(here, '=') + 1, *s = strchr(there, '=') + 1;
+            if (!strcmp(ddp_config_str(t->cfg, "task"), "train"))
+                fprintf(stderr,
+                        "ddptrain: %s is %s here (%s) but %s in the checkpoint '%s': it was saved "
+                        "with another model; give --%s %s to resume it, or another --out_dir for a "
+                        "new model\n",
+                        schema[i].name, h, ddp_config_origin(t->cfg, schema[i].name), s, path,
+                        schema[i].name, s);
+            else
+                fprintf(stderr,
+                        "ddptrain: %s is %s here (%s) but %s in the checkpoint '%s': it was saved "
+                        "with another model; leave out --%s (the checkpoint's stored configuration "
+                        "has the model's)\n",
+                        schema[i].name, h, ddp_config_origin(t->cfg, schema[i].name), s, path,
+                        schema[i].name);
+            rc = 2;
+        }
+        free(here);
+        free(there);
+    }
+    ddp_config_free(stored);
     return rc;
 }

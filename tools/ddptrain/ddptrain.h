@@ -137,6 +137,10 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
  * writes what is buffered (at evaluations and checkpoints). A failure is a warning, once. */
 void trainer_tb(trainer *t, const char *tag, double value);
 void trainer_tb_flush(trainer *t);
+/* v as a JSON number for metrics.jsonl, with `digits` significant digits, into buf (40 bytes
+ * suffice); null when v is NaN or ±inf, which JSON cannot write ("-nan" would make the line
+ * unreadable to json.loads, jq, pandas and --task report). Returns buf. */
+const char *trainer_json_num(char *buf, size_t cap, double v, int digits);
 
 /* ---- report.c ---- */
 
@@ -153,6 +157,11 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
  * file found. Rank 0 reads the checkpoint and broadcasts; every rank must call it, after the
  * group exists. Returns 0 or the exit code. */
 int trainer_config_from_checkpoint(trainer *t);
+/* Rank 0, before loading the checkpoint at path: the model keys of t's configuration against
+ * those stored in it (model.type and what shapes that model: n_head too, which changes no
+ * array's shape but the computation). 0, or 2 after one line naming the first that differs.
+ * A checkpoint without a stored configuration (or one that does not load) passes. */
+int trainer_config_check_model(trainer *t, const char *path);
 void trainer_print_help(FILE *out);
 
 /* ---- data.c ---- */
@@ -177,10 +186,12 @@ ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *a
 ddp_status trainer_evaluate_lm(trainer *t, ddp_dataset *val, double *loss, size_t *windows,
                                ddp_error *err);
 
-/* Rank 0 (others return 0 at once): generates max_new_tokens tokens after the prompt
- * (prompt / prompt_tokens), temperature, top_k and seed from the config, streaming the prompt
- * and each token to out as it is sampled — a byte for a vocabulary of 256, else its id — and,
- * with to_log, to train.log too. Returns 0 or an exit code. */
+/* Every rank calls it; rank 0 generates max_new_tokens tokens after the prompt (prompt /
+ * prompt_tokens), temperature, top_k and seed from the config, streaming the prompt and each
+ * token to out as it is sampled — a byte for a vocabulary of 256, else its id — and, with
+ * to_log, to train.log too; the others wait for it in broadcasts rank 0 renews every few
+ * seconds, and learn whether it failed. out NULL on rank 0: it failed before (the others are
+ * told). Returns 0 or an exit code. */
 int trainer_generate(trainer *t, FILE *out, bool to_log);
 
 /* Checkpoints. trainer_save: completes sharded optimizer state, rank 0 writes

@@ -74,9 +74,9 @@ static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
 }
 
 /* The prompt's tokens: prompt_tokens, else the prompt's bytes (a byte vocabulary only), else a
- * newline (bytes) or token 0, into a new array (*ctx, *n tokens) with room for `extra` more. The
+ * newline (bytes) or token 0, into a new array (*ctx, *n tokens). The
  * caller frees it. Returns 0, or 1 after printing the message. */
-static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
+static int prompt_of(trainer *t, int32_t **ctx, size_t *n)
 {
     size_t ni;
     const int64_t *ids = ddp_config_ints(t->cfg, "prompt_tokens", &ni);
@@ -89,7 +89,7 @@ static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
         return 1;
     }
     *n = ni ? ni : *text ? strlen(text) : 1;
-    if (!(*ctx = malloc((*n + extra) * sizeof **ctx))) {
+    if (!(*ctx = malloc(*n * sizeof **ctx))) {
         fprintf(stderr, "ddptrain: out of memory for a prompt of %zu tokens\n", *n);
         return 1;
     }
@@ -110,44 +110,59 @@ static int prompt_of(trainer *t, size_t extra, int32_t **ctx, size_t *n)
     return 0;
 }
 
-int trainer_generate(trainer *t, FILE *out, bool to_log)
+static int beat(trainer *t, bool final, int64_t flag);
+
+static int generate_rank0(trainer *t, FILE *out, bool to_log)
 {
-    if (t->R != 0)
-        return 0;
     size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
     size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
-    int32_t *ctx = NULL;
+    int32_t *prompt = NULL, last = 0;
+    /* The model sees the last T tokens only, so the context is a window of 2T tokens, slid
+     * back when full: max_new_tokens costs no memory (it was a buffer of prompt +
+     * max_new_tokens tokens, whose size overflowed for a huge max_new_tokens). */
+    int32_t *win = malloc(2 * T * sizeof *win);
     float *scratch = malloc(V * sizeof *scratch);
     int rc = 1;
-    if (!scratch) {
+    if (!scratch || !win) {
         rc = trainer_die(t, "generate", "out of memory");
         goto out_free;
     }
-    if (prompt_of(t, max_new, &ctx, &len))
+    if (prompt_of(t, &prompt, &len))
         goto out_free;
     FILE *log = to_log ? t->log : NULL;
     ddp_mt19937 g;
     ddp_mt19937_seed(&g, (uint32_t)(seed ^ (seed >> 32)));
     for (size_t i = 0; i < len; i++)
-        emit(out, log, t->vocab, ctx[i], i == 0);
+        emit(out, log, t->vocab, prompt[i], i == 0);
+    size_t wl = len < T ? len : T; /* tokens in win: the prompt's last T */
+    memcpy(win, prompt + len - wl, wl * sizeof *win);
+    last = prompt[len - 1];
     for (size_t k = 0; k < max_new; k++) {
-        size_t n = len < T ? len : T; /* the context, cropped to block_size */
+        size_t n = wl < T ? wl : T; /* the context, cropped to block_size */
         ddp_model_batch mb = {
-            .n = 1, .tokens = ctx + len - n, .seq_len = (int)n, .last_logits = true};
+            .n = 1, .tokens = win + wl - n, .seq_len = (int)n, .last_logits = true};
         if (ddp_model_forward(t->m, &mb, false, NULL) != DDP_OK) {
             rc = trainer_die(t, "generate", ddp_model_last_error(t->m));
             goto out_free;
         }
         size_t rows, cols;
         const float *lg = ddp_model_logits(t->m, &rows, &cols);
-        ctx[len] = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
-        emit(out, log, t->vocab, ctx[len], false);
-        len++;
+        last = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
+        emit(out, log, t->vocab, last, false);
+        if (beat(t, false, 0) != 0) {
+            rc = 1;
+            goto out_free;
+        }
+        if (wl == 2 * T) { /* full: keep the last T − 1, the new token makes T */
+            memmove(win, win + wl - (T - 1), (T - 1) * sizeof *win);
+            wl = T - 1;
+        }
+        win[wl++] = last;
     }
-    if (t->vocab != 256 || (len > 0 && ctx[len - 1] != '\n'))
+    if (t->vocab != 256 || last != '\n')
         for (FILE *f = out; f; f = f == out ? log : NULL)
             fputc('\n', f);
     fflush(out);
@@ -155,7 +170,58 @@ int trainer_generate(trainer *t, FILE *out, bool to_log)
         fflush(log);
     rc = 0;
 out_free:
-    free(ctx);
+    free(prompt);
+    free(win);
     free(scratch);
+    return rc;
+}
+
+/* The other ranks wait for rank 0's text in broadcasts of a flag rather than in one barrier:
+ * rank 0 sends GEN_GOING every few seconds while it generates, then GEN_DONE or GEN_FAILED. A
+ * generation longer than a collective's deadline (DDP_TIMEOUT) no longer times them out, and a
+ * failure on rank 0 reaches them at once instead of at that deadline. */
+enum { GEN_GOING = 0, GEN_DONE = 1, GEN_FAILED = 2 };
+
+static struct {
+    double last; /* when rank 0 last sent the flag (0: not yet) */
+    bool broken; /* a broadcast failed: no more are tried */
+} hb;
+
+/* Rank 0: the flag to the others, when final or when the last was sent long enough ago (a
+ * quarter of the collective deadline, at most 10 s). Returns 0, or 1 after saying why. */
+static int beat(trainer *t, bool final, int64_t flag)
+{
+    if (t->W == 1 || hb.broken)
+        return hb.broken;
+    double now = ddp_now_seconds();
+    double every = t->world.settings.timeout_ms > 0 ? t->world.settings.timeout_ms / 4000.0 : 10;
+    if (!final && now - hb.last < (every < 10 ? every : 10))
+        return 0;
+    hb.last = now;
+    if (ddp_broadcast(t->g, &flag, 1, DDP_INT64, 0) != DDP_OK) {
+        hb.broken = true;
+        return trainer_die(t, "generate", ddp_group_last_error(t->g));
+    }
+    return 0;
+}
+
+int trainer_generate(trainer *t, FILE *out, bool to_log)
+{
+    if (t->R != 0) {
+        for (;;) {
+            int64_t flag = GEN_FAILED;
+            if (ddp_broadcast(t->g, &flag, 1, DDP_INT64, 0) != DDP_OK)
+                return trainer_die(t, "generate", ddp_group_last_error(t->g));
+            if (flag == GEN_DONE)
+                return 0;
+            if (flag != GEN_GOING)
+                return trainer_die_peer(t, "generate", "rank 0 could not generate");
+        }
+    }
+    hb.last = ddp_now_seconds();
+    hb.broken = false;
+    int rc = out ? generate_rank0(t, out, to_log) : 1; /* NULL: rank 0 failed before */
+    if (beat(t, true, rc ? GEN_FAILED : GEN_DONE) != 0)
+        return 1;
     return rc;
 }

@@ -131,6 +131,13 @@ static int open_logs(trainer *t, bool train)
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
     t->jsonl = fopen(path, t->overwrote ? "w" : "a");
+    if (train && !t->jsonl) { /* the report's and the user's only record of the figures */
+        fprintf(stderr,
+                "ddptrain: out_dir '%s': cannot open '%s': %s; move it away or choose another "
+                "--out_dir\n",
+                t->dir, path, strerror(errno));
+        return 2;
+    }
     if (train) {
         snprintf(path, sizeof path, "%s/checkpoints", t->dir);
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
@@ -429,7 +436,22 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     if (!strcmp(task, "train"))
         return trainer_train(t, tr, te);
     if (!strcmp(task, "predict") && t->lm) {
-        int rc = trainer_generate(t, stdout, false);
+        /* The text to stdout, or to predict_out when given (rank 0 writes it). */
+        const char *to = ddp_config_str(t->cfg, "predict_out");
+        FILE *out = stdout;
+        int rc = 0;
+        if (t->R == 0 && *to && !(out = fopen(to, "w"))) {
+            char why[4400];
+            snprintf(why, sizeof why, "cannot write '%s': %s (set predict_out to a writable path)",
+                     to, strerror(errno));
+            rc = trainer_die(t, "predict", why);
+        }
+        int gen = trainer_generate(t, out, false); /* out NULL: the others learn rank 0 failed */
+        rc = rc ? rc : gen;
+        if (out && out != stdout && fclose(out) != 0 && !rc)
+            rc = trainer_die(t, "predict", strerror(errno));
+        else if (out && out != stdout && !rc)
+            trainer_say(t, "wrote the generated text to %s", to);
         if (ddp_barrier(t->g) != DDP_OK && !rc)
             rc = trainer_die(t, "predict", ddp_group_last_error(t->g));
         return rc;

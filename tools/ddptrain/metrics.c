@@ -18,11 +18,48 @@
  * (ddp_device_peak_flops; docs/gpu.md), and mfu_peak_tflops overrides either.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddptrain.h"
+
+const char *trainer_json_num(char *buf, size_t cap, double v, int digits)
+{
+    if (isfinite(v))
+        snprintf(buf, cap, "%.*g", digits, v);
+    else
+        snprintf(buf, cap, "null");
+    return buf;
+}
+
+/* The TensorBoard event files already in dir: counted, or (remove) deleted; -1 when one cannot
+ * be deleted (after saying so). */
+static int old_tb_files(trainer *t, const char *dir, bool remove)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0)
+            continue;
+        char path[2400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (remove && unlink(path) != 0) {
+            trainer_say(t, "warning: overwrite: cannot delete '%s': %s", path, strerror(errno));
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    return n;
+}
 
 int trainer_metrics_open(trainer *t)
 {
@@ -71,6 +108,16 @@ int trainer_metrics_open(trainer *t)
     /* Resumed from a checkpoint at step s: this run logs s+1 on; TensorBoard drops what the
      * earlier files hold from there (the dead run's tail), and keeps their step s. */
     to.purge_step = t->step > 0 ? (int64_t)t->step + 1 : -1;
+    /* --overwrite: the other run's events go with its checkpoints and metrics.jsonl (TensorBoard
+     * would draw its curves beside this run's). A start at step 0 beside earlier files (a run
+     * that died before its first checkpoint, restarted): they are purged from step 0 on, as
+     * the report drops what came before this run's start line. */
+    int old = old_tb_files(t, dir, t->overwrote);
+    if (t->overwrote && old > 0)
+        trainer_say(t, "overwrite: deleted %d TensorBoard event file%s from '%s'", old,
+                    old == 1 ? "" : "s", dir);
+    else if (t->step == 0 && old > 0)
+        to.purge_step = 0;
     if (ddp_tb_open(dir, &to, &t->tb, &err) != DDP_OK) /* a warning: the run goes on */
         trainer_say(t, "warning: no TensorBoard events: %s", err.msg);
     return 0;
@@ -136,13 +183,16 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
     FILE *f = t->jsonl;
     if (!f)
         return;
+    char b[5][40];
     fprintf(f,
-            "{\"step\": %llu, \"epoch\": %llu, \"loss\": %.17g, \"lr\": %.17g, \"%s_per_s\": "
-            "%.17g, \"mfu\": %.17g",
-            (unsigned long long)t->step, (unsigned long long)t->epoch, mean, lr,
-            t->lm ? "tokens" : "samples", rate, mfu);
-    if (grad_norm >= 0)
-        fprintf(f, ", \"grad_norm\": %.17g", grad_norm);
+            "{\"step\": %llu, \"epoch\": %llu, \"loss\": %s, \"lr\": %s, \"%s_per_s\": %s, "
+            "\"mfu\": %s",
+            (unsigned long long)t->step, (unsigned long long)t->epoch,
+            trainer_json_num(b[0], 40, mean, 17), trainer_json_num(b[1], 40, lr, 17),
+            t->lm ? "tokens" : "samples", trainer_json_num(b[2], 40, rate, 17),
+            trainer_json_num(b[3], 40, mfu, 17));
+    if (grad_norm >= 0 || isnan(grad_norm))
+        fprintf(f, ", \"grad_norm\": %s", trainer_json_num(b[4], 40, grad_norm, 17));
     if (t->amp)
         fprintf(f, ", \"loss_scale\": %.9g, \"skipped_steps\": %llu", (double)t->scaler.scale,
                 (unsigned long long)t->skipped);
@@ -238,7 +288,7 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         trainer_tb(t, "train/lr", lr);
         trainer_tb(t, t->lm ? "train/tokens_per_s" : "train/samples_per_s", rate);
         trainer_tb(t, "train/mfu", mfu);
-        if (grad_norm >= 0)
+        if (grad_norm >= 0 || isnan(grad_norm)) /* NaN: a diverged run, kept as TensorBoard does */
             trainer_tb(t, "train/grad_norm", grad_norm);
         for (int r = 0; r < t->W; r++) /* work per step: what the rank did not spend waiting */
             busy[r] = (all[NV * r + 2] - all[NV * r + 3]) / steps * 1e3;

@@ -49,6 +49,8 @@ static void purge(run_data *d, double step)
     for (int r = 0; r < MAXR; r++)
         cut(&d->rank[r], step);
     cut(&d->warn_rank, step), cut(&d->warn_ratio, step), cut(&d->warn_for, step);
+    if (d->nan_from > step)
+        d->nan_from = -1;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -109,6 +111,20 @@ static bool add_line(run_data *d, json_t *o)
     }
     static const char *const keys[S_WALL] = {"loss",      "lr",        "samples_per_s", "mfu",
                                              "grad_norm", "test_loss", "test_accuracy"};
+    /* A loss that is not a number (a diverged run) is written as null: no point, but the
+     * page says from which step. */
+    json_t *loss = json_object_get(o, "loss");
+    if (json_is_null(loss) && (d->nan_from < 0 || step < d->nan_from))
+        d->nan_from = step;
+    if (json_is_number(loss) || json_is_null(loss)) {
+        d->progress++;
+        d->last_step = step;
+        d->last_nan = json_is_null(loss);
+    }
+    json_t *vl = json_object_get(o, "val_loss") ? json_object_get(o, "val_loss")
+                                                : json_object_get(o, "test_loss");
+    if (json_is_number(vl) || json_is_null(vl))
+        d->vlast_nan = json_is_null(vl);
     bool ok = true;
     for (int i = 0; i < S_WALL; i++) {
         double v = num(o, keys[i]);
@@ -154,7 +170,14 @@ static int read_metrics(trainer *t, const char *path, run_data *d)
     }
     free(line);
     fclose(f);
-    if (!rc && d->s[S_LOSS].n == 0) {
+    if (!rc && d->s[S_LOSS].n == 0 && d->progress > 0) {
+        fprintf(stderr,
+                "ddptrain: report: every training loss in '%s' is null (not a number: the run "
+                "diverged at step %.0f or before); nothing to chart: lower lr, warm up "
+                "(warmup_steps) or clip (grad_clip), and train again\n",
+                path, d->nan_from);
+        rc = 1;
+    } else if (!rc && d->s[S_LOSS].n == 0) {
         fprintf(stderr,
                 "ddptrain: report: '%s' holds no training progress line; train with "
                 "log_every > 0 first\n",
@@ -185,6 +208,7 @@ int trainer_report(trainer *t)
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     run_data d;
     memset(&d, 0, sizeof d);
+    d.nan_from = -1;
     int rc = read_metrics(t, path, &d);
     if (rc)
         goto out;

@@ -27,6 +27,10 @@ typedef struct run_data {
     double peak;
     pts warn_rank, warn_ratio, warn_for; /* straggler warnings, x = step */
     size_t bad;                          /* lines that were not JSON objects */
+    size_t progress;                     /* progress lines (with a loss, a number or null) */
+    double nan_from;          /* the first step whose training loss was null (NaN or inf), or -1 */
+    double last_step;         /* the last progress line's step */
+    bool last_nan, vlast_nan; /* the last training / evaluation loss was null */
 } run_data;
 
 /* Writes the whole HTML page for the run in dir to f. */

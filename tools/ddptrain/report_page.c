@@ -72,10 +72,21 @@ static void summary(FILE *f, const char *dir, const run_data *d)
     plot_escape(f, dir);
     fprintf(f, "</h1>\n<p>model <b>");
     plot_escape(f, d->model[0] ? d->model : "?");
-    fprintf(f, "</b> · %d rank%s · %.0f steps · final train loss <b>%.4g</b>", d->W,
-            d->W == 1 ? "" : "s", d->s[S_LOSS].x[d->s[S_LOSS].n - 1], last(&d->s[S_LOSS]));
-    if (d->s[S_VLOSS].n)
-        fprintf(f, " · %s loss <b>%.4g</b>", d->lm ? "validation" : "test", last(&d->s[S_VLOSS]));
+    char fin[40] = "NaN";
+    if (!d->last_nan)
+        snprintf(fin, sizeof fin, "%.4g", last(&d->s[S_LOSS]));
+    fprintf(f, "</b> · %d rank%s · %.0f steps · final train loss <b>%s</b>", d->W,
+            d->W == 1 ? "" : "s", d->last_step, fin);
+    if (d->nan_from >= 0)
+        fprintf(f, " · <span class=\"warn\">loss NaN/inf from step %.0f (diverged)</span>",
+                d->nan_from);
+    if (d->s[S_VLOSS].n || d->vlast_nan) {
+        if (d->vlast_nan)
+            snprintf(fin, sizeof fin, "NaN");
+        else
+            snprintf(fin, sizeof fin, "%.4g", last(&d->s[S_VLOSS]));
+        fprintf(f, " · %s loss <b>%s</b>", d->lm ? "validation" : "test", fin);
+    }
     if (d->s[S_VACC].n)
         fprintf(f, " · accuracy <b>%.2f%%</b>", 100 * last(&d->s[S_VACC]));
     fprintf(f, "</p>\n<p>%.0f %s/s · MFU <b>%.2g%%</b> of a measured %.1f GFLOP/s per rank · ",

@@ -67,9 +67,11 @@ static int evaluate_lm_and_log(trainer *t, ddp_dataset *val, uint64_t total)
         return trainer_die(t, "evaluation", err.msg);
     trainer_say(t, "eval at step %llu: val loss %.4f, perplexity %.3f (%zu windows of %d tokens)",
                 (unsigned long long)t->step, el, exp(el), nw, t->T);
+    char b[2][40];
     if (t->R == 0 && t->jsonl)
-        fprintf(t->jsonl, "{\"step\": %llu, \"val_loss\": %.17g, \"val_perplexity\": %.6g}\n",
-                (unsigned long long)t->step, el, exp(el));
+        fprintf(t->jsonl, "{\"step\": %llu, \"val_loss\": %s, \"val_perplexity\": %s}\n",
+                (unsigned long long)t->step, trainer_json_num(b[0], 40, el, 17),
+                trainer_json_num(b[1], 40, exp(el), 6));
     trainer_tb(t, "val/loss", el);
     trainer_tb_flush(t);
     if (t->step == total)
@@ -87,9 +89,11 @@ static int evaluate_and_log(trainer *t, ddp_dataset *te, uint64_t total)
         return trainer_die(t, "evaluation", err.msg);
     trainer_say(t, "eval at step %llu: test loss %.4f, test accuracy %.4f (%zu images)",
                 (unsigned long long)t->step, el, ea, ddp_dataset_len(te));
+    char b[2][40];
     if (t->R == 0 && t->jsonl)
-        fprintf(t->jsonl, "{\"step\": %llu, \"test_loss\": %.17g, \"test_accuracy\": %.17g}\n",
-                (unsigned long long)t->step, el, ea);
+        fprintf(t->jsonl, "{\"step\": %llu, \"test_loss\": %s, \"test_accuracy\": %s}\n",
+                (unsigned long long)t->step, trainer_json_num(b[0], 40, el, 17),
+                trainer_json_num(b[1], 40, ea, 17));
     trainer_tb(t, "val/loss", el);
     trainer_tb(t, "val/accuracy", ea);
     trainer_tb_flush(t);
