@@ -353,10 +353,20 @@ static ddp_status load_yaml(ddp_config *c, const char *path, ddp_error *err)
     }
     yaml_parser_set_input_file(&p, f);
     if (!yaml_parser_load(&p, &doc)) {
-        st = ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu column %zu: %s%s%s; fix the YAML", path,
-                      p.problem_mark.line + 1, p.problem_mark.column + 1,
+        /* A plain value cannot start with YAML's reserved indicators: `doc_sep: %` (a fortune
+         * file's separator) reads as "cannot start any token"; say what to write instead. */
+        char hint[96] = "";
+        if (p.problem && strstr(p.problem, "cannot start any token") &&
+            fseek(f, (long)p.problem_mark.index, SEEK_SET) == 0) {
+            int ch = fgetc(f);
+            if (ch == '%' || ch == '@' || ch == '`')
+                ddp__fmt(hint, sizeof hint,
+                         " (a value that starts with '%c' must be quoted: \"%c…\")", ch, ch);
+        }
+        st = ddp__err(err, DDP_ERR_INVALID, "'%s' line %zu column %zu: %s%s%s%s; fix the YAML",
+                      path, p.problem_mark.line + 1, p.problem_mark.column + 1,
                       p.problem ? p.problem : "syntax error", p.context ? " " : "",
-                      p.context ? p.context : "");
+                      p.context ? p.context : "", hint);
         yaml_parser_delete(&p);
         fclose(f);
         return st;

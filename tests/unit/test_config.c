@@ -117,6 +117,10 @@ static void errors(void **state)
     expect_fail("model:\n  hiden: [1]\n", 0, NULL, "unknown key 'model.hiden'",
                 "did you mean 'model.hidden'?");
     expect_fail("lr: [0.1\nepochs: 2\n", 0, NULL, "line", "fix the YAML");
+    /* YAML's reserved indicators cannot start a plain value: say to quote it */
+    expect_fail("run_name: %\n", 0, NULL, "line 1 column 11",
+                "(a value that starts with '%' must be quoted: \"%…\"); fix the YAML");
+    expect_fail("run_name: @home\n", 0, NULL, "must be quoted: \"@…\"", NULL);
     expect_fail("model:\n  hidden: [1, x]\n", 0, NULL, "is not a list of integers", NULL);
     ddp_config *c;
     ddp_error err = {0};
