@@ -86,7 +86,8 @@ void ddp_lm_window_starts(uint64_t seed, uint64_t step, uint64_t first, size_t n
  * k % val_every == val_every − 1, else to the training file; bytes are kept exactly, separator
  * lines included. */
 typedef struct ddp_text_opts {
-    const char *doc_sep; /* a line that ends a document; NULL: each file is one document */
+    const char *doc_sep; /* a line that ends a document; NULL or "": each file is one document;
+                            a line break in it is DDP_ERR_INVALID */
     unsigned val_every;  /* every val_every-th document is validation; 0: no validation file */
 } ddp_text_opts;
 #define DDP_TEXT_OPTS_INIT                                                                         \

@@ -253,6 +253,12 @@ static ddp_status job_init(text_job *j, const char *const *inputs, size_t n,
     j->o = opts ? *opts : dflt;
     if (n == 0 || !inputs)
         return ddp__err(err, DDP_ERR_INVALID, "no text inputs given");
+    if (j->o.doc_sep && strpbrk(j->o.doc_sep, "\r\n"))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "doc_sep holds a line break: it is one line (e.g. %%), matched against "
+                        "each line of the text without its line break");
+    if (j->o.doc_sep && !*j->o.doc_sep)
+        j->o.doc_sep = NULL; /* "": none, as ddptrain's default data.doc_sep */
     for (size_t i = 0; i < n; i++) {
         ddp_status st = expand(inputs[i], &j->files, err);
         if (st)

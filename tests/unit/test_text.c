@@ -145,6 +145,13 @@ static void test_fortune_split(void **state)
     const char *none[] = {nothing};
     assert_int_equal(ddp_tokens_from_text(none, 1, &o, tr, va, NULL, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "the text inputs are empty"));
+
+    /* doc_sep: a line break in it could never match (refused), "" is none (as ddptrain's) */
+    ddp_text_opts nl = {"%\n", 2}, blank = {"", 0};
+    assert_int_equal(ddp_tokens_from_text(in, 1, &nl, tr, va, NULL, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "doc_sep holds a line break"));
+    assert_int_equal(ddp_tokens_from_text(files, 2, &blank, tr, NULL, &st, &err), DDP_OK);
+    assert_int_equal(st.documents, 2);
 }
 
 static void test_prepare_cached_once(void **state)

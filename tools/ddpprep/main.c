@@ -21,7 +21,7 @@ static void usage(FILE *f)
                "  Byte-level tokenisation (vocabulary 256) of text files or folders into\n"
                "  DIR/train.bin and DIR/val.bin (uint16, nanoGPT's layout).\n"
                "  --doc_sep LINE   a line that ends a document (fortune files: %%); default:\n"
-               "                   each file is one document\n"
+               "                   each file is one document (so does an empty LINE)\n"
                "  --val_every N    every Nth document goes to val.bin (10); 0: no val.bin\n"
                "                   (an old DIR/val.bin is removed)\n"
                "  Folders contribute their regular files named without a '.' or ending in .txt.\n"
