@@ -399,8 +399,9 @@ void ddp_work_free(ddp_work *w)
 #define COLL(K, S, R, N, T, OP, ROOT)                                                              \
     (ddp__coll)                                                                                    \
     {                                                                                              \
-        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .device = g->device,    \
-        .op = (OP), .root = (ROOT), .stream = g->stream                                            \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T),                         \
+        .device = g ? g->device : DDP_DEVICE_CPU, .op = (OP), .root = (ROOT),                      \
+        .stream = g ? g->stream : NULL /* a NULL g: submit() refuses it */                         \
     }
 
 ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,

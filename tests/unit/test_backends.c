@@ -347,13 +347,40 @@ static void gpu_binding(void **state)
     assert_int_equal(ddp__gpu_for_local_rank(-1, 2), -1);
 }
 
+/* The public calls on a NULL group: errors or neutral answers, never a crash (every collective
+ * dereferenced the group before checking it: SIGSEGV). */
+static void null_group(void **state)
+{
+    (void)state;
+    float x[4] = {1, 2, 3, 4};
+    ddp_work *w = NULL;
+    assert_int_equal(ddp_allreduce(NULL, x, x, 4, DDP_FLOAT32, DDP_SUM), DDP_ERR_INVALID);
+    assert_int_equal(ddp_broadcast(NULL, x, 4, DDP_FLOAT32, 0), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allgather(NULL, x, x, 1, DDP_FLOAT32), DDP_ERR_INVALID);
+    assert_int_equal(ddp_reduce_scatter(NULL, x, x, 1, DDP_FLOAT32, DDP_SUM), DDP_ERR_INVALID);
+    assert_int_equal(ddp_barrier(NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allreduce_async(NULL, x, x, 4, DDP_FLOAT32, DDP_SUM, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_broadcast_async(NULL, x, 4, DDP_FLOAT32, 0, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allgather_async(NULL, x, x, 1, DDP_FLOAT32, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_reduce_scatter_async(NULL, x, x, 1, DDP_FLOAT32, DDP_SUM, &w),
+                     DDP_ERR_INVALID);
+    assert_int_equal(ddp_barrier_async(NULL, &w), DDP_ERR_INVALID);
+    assert_null(w);
+    assert_int_equal(ddp_work_wait(NULL), DDP_ERR_INVALID);
+    ddp_work_free(NULL);
+    ddp_group_abort(NULL);
+    ddp_group_destroy(NULL);
+    assert_int_equal(ddp_group_rank(NULL), -1);
+    assert_null(ddp_group_alloc(NULL, 16));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(placement),    cmocka_unit_test(auto_choice),
-        cmocka_unit_test(named_choice), cmocka_unit_test(mpi_choice),
-        cmocka_unit_test(gpu_layouts),  cmocka_unit_test(gpu_auto),
-        cmocka_unit_test(gpu_binding),
+        cmocka_unit_test(null_group),  cmocka_unit_test(placement),
+        cmocka_unit_test(auto_choice), cmocka_unit_test(named_choice),
+        cmocka_unit_test(mpi_choice),  cmocka_unit_test(gpu_layouts),
+        cmocka_unit_test(gpu_auto),    cmocka_unit_test(gpu_binding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1536,6 +1536,23 @@ static void null_handles_are_no_ops(void **state)
     assert_int_equal(ddp_store_server_port(NULL), 0);
     assert_int_equal(ddp_store_server_refused(NULL), 0);
     assert_non_null(ddp_store_last_error(NULL));
+    /* Calls on a NULL handle are errors, not crashes (they were SIGSEGV). */
+    void *v = NULL;
+    size_t n = 0;
+    int64_t x = 0;
+    bool b = false;
+    const char *keys[1] = {"k"};
+    assert_int_equal(ddp_store_set(NULL, "k", "v", 1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_get(NULL, "k", &v, &n), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_add(NULL, "k", 1, &x), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_compare_set(NULL, "k", "", 0, "v", 1, NULL, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_check(NULL, keys, 1, &b), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_check(NULL, NULL, 0, &b), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_wait(NULL, keys, 1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_delete(NULL, "k", NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_num_keys(NULL, &x), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_barrier(NULL, "x", 1), DDP_ERR_INVALID);
+    assert_null(v);
 }
 
 static bool all_hex(const char *s, size_t n)
