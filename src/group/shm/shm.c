@@ -211,6 +211,15 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
         }
     next:;
     }
+    /* An abort is final even when every peer had arrived: a rank that timed out here arrived
+     * before it gave up and aborted, and a late rank found it there and returned DDP_OK. */
+    int ab = atomic_load_explicit(&b->hdr->abort_by, memory_order_acquire);
+    if (ab) {
+        char why[400];
+        ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
+                 b->hdr->abort_msg);
+        return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
+    }
     return DDP_OK;
 }
 
