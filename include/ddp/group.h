@@ -143,8 +143,10 @@ const char *ddp_group_algorithm(const ddp_group *g, size_t bytes);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
 
-/* The first error that poisoned g (DDP_OK while healthy), and its message ("" while healthy);
- * the message is owned by g, valid until the next call on g. */
+/* The first error that poisoned g (DDP_OK while healthy), and its message. While g is healthy
+ * the message is that of the last call refused for its arguments (an invalid dtype, a NULL
+ * buffer, …: such a refusal does not poison g), "" if none. Owned by g, valid until the next
+ * call on g. */
 ddp_status ddp_group_error(const ddp_group *g);
 const char *ddp_group_last_error(const ddp_group *g);
 
