@@ -197,7 +197,8 @@ void ddp_work_timing(const ddp_work *w, double *start, double *end);
 /* Seconds on the same clock, for comparing with ddp_work_timing(). */
 double ddp_now_seconds(void);
 
-/* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. */
+/* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. A work handle
+ * refers to its group: wait for and free it before ddp_group_destroy(), never after. */
 void ddp_work_free(ddp_work *w);
 
 #ifdef __cplusplus
