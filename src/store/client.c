@@ -371,7 +371,8 @@ ddp_status ddp_store_get(ddp_store *s, const char *key, void **value, size_t *le
     ddp__buf_frame_end(&s->req);
     ddp__rd r;
     st = call(s, "get", key, &r);
-    if (st == DDP_ERR_TIMEOUT) {
+    /* Only a get that reached the store and waited: not one that could not reconnect. */
+    if (st == DDP_ERR_TIMEOUT && strncmp(s->err, "store get(", 10) == 0) {
         size_t l = strlen(s->err);
         ddp__fmt(s->err + l, sizeof s->err - l,
                  ": no one set the key; the rank that should have may have failed or not started");
