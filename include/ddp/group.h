@@ -84,7 +84,8 @@ typedef struct ddp_group_opts {
         NULL, 0, -1, NULL, NULL, 0, NULL, 0, NULL, NULL, DDP_DEVICE_CPU                            \
     }
 
-/* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */
+/* Joins the group: every rank of the world must call it. *out written only on DDP_OK. A world
+ * whose rank is not in [0, world_size) (one filled by hand) is DDP_ERR_INVALID at once. */
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err);
 
 /* Leaves the group and frees it: waits for queued asynchronous work, stops the progress thread,

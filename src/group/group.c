@@ -761,6 +761,12 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     else if ((st = ddp_world_from_env(&g->world, err)))
         goto out_fail;
     W = g->world.world_size;
+    if (W < 1 || g->world.rank < 0 || g->world.rank >= W) { /* a world filled by hand */
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "ddp_group_init: rank %d of world_size %d: need 0 ≤ rank < world_size",
+                      g->world.rank, W);
+        goto out_fail;
+    }
     /* Each option: the field when set, else the world's setting (DDP_*), else the default. */
     const ddp_settings *set = &g->world.settings;
     g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : set->timeout_ms;

@@ -374,13 +374,40 @@ static void null_group(void **state)
     assert_null(ddp_group_alloc(NULL, 16));
 }
 
+/* A world filled by hand with a rank outside it: refused at once (rank 5 of 2 waited 5 minutes in
+ * set-up for peers, then timed out blaming the store). */
+static void inconsistent_world(void **state)
+{
+    (void)state;
+    static const int bad[][2] = {{5, 2}, {-1, 2}, {0, 0}, {2, 2}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ddp_world w;
+        memset(&w, 0, sizeof w);
+        w.rank = bad[i][0];
+        w.world_size = bad[i][1];
+        w.local_world_size = 1;
+        ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+        o.world = &w;
+        o.timeout_ms = 60000;
+        ddp_group *g = (ddp_group *)0x1;
+        ddp_error err = {0};
+        int64_t t0 = ddp__now_ms();
+        assert_int_equal(ddp_group_init(&o, &g, &err), DDP_ERR_INVALID);
+        assert_true(ddp__now_ms() - t0 < 5000);
+        assert_ptr_equal(g, (ddp_group *)0x1);
+        if (!strstr(err.msg, "need 0 ≤ rank < world_size"))
+            fail_msg("rank %d of %d: '%s'", bad[i][0], bad[i][1], err.msg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(null_group),  cmocka_unit_test(placement),
-        cmocka_unit_test(auto_choice), cmocka_unit_test(named_choice),
-        cmocka_unit_test(mpi_choice),  cmocka_unit_test(gpu_layouts),
-        cmocka_unit_test(gpu_auto),    cmocka_unit_test(gpu_binding),
+        cmocka_unit_test(null_group),   cmocka_unit_test(inconsistent_world),
+        cmocka_unit_test(placement),    cmocka_unit_test(auto_choice),
+        cmocka_unit_test(named_choice), cmocka_unit_test(mpi_choice),
+        cmocka_unit_test(gpu_layouts),  cmocka_unit_test(gpu_auto),
+        cmocka_unit_test(gpu_binding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
