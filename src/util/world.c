@@ -334,6 +334,8 @@ const char *ddp_launcher_name(ddp_launcher l)
 
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
 {
+    if (!out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_world_from_env: out is NULL");
     ddp_world w;
     memset(&w, 0, sizeof w);
     w.world_size = 1;

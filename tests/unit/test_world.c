@@ -619,6 +619,7 @@ static void world_size_without_rank(void **state)
     setenv("WORLD_SIZE", "two", 1);
     expect_invalid("WORLD_SIZE='two'");
     setenv("WORLD_SIZE", "1", 1);
+    assert_int_equal(ddp_world_from_env(NULL, NULL), DDP_ERR_INVALID); /* it crashed */
     ddp_world w = world_ok();
     assert_int_equal(w.launcher, DDP_LAUNCHER_NONE);
     assert_int_equal(w.world_size, 1);
