@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -400,14 +401,36 @@ static void inconsistent_world(void **state)
     }
 }
 
+/* A run id with '/' (torchrun's --rdzv_id is free text) names no shared memory as it is: the
+ * group failed with "cannot create shared memory '/ddp-a/b-…': Invalid argument". */
+static void run_id_with_slash(void **state)
+{
+    (void)state;
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    snprintf(w.run_id, sizeof w.run_id, "%s", "job/a/../b");
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.backend = "shm";
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    if (ddp_group_init(&o, &g, &err) != DDP_OK)
+        fail_msg("run id 'job/a/../b': %s", err.msg);
+    float x = 2;
+    assert_int_equal(ddp_allreduce(g, &x, &x, 1, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(null_group),   cmocka_unit_test(inconsistent_world),
-        cmocka_unit_test(placement),    cmocka_unit_test(auto_choice),
-        cmocka_unit_test(named_choice), cmocka_unit_test(mpi_choice),
-        cmocka_unit_test(gpu_layouts),  cmocka_unit_test(gpu_auto),
-        cmocka_unit_test(gpu_binding),
+        cmocka_unit_test(null_group),        cmocka_unit_test(inconsistent_world),
+        cmocka_unit_test(run_id_with_slash), cmocka_unit_test(placement),
+        cmocka_unit_test(auto_choice),       cmocka_unit_test(named_choice),
+        cmocka_unit_test(mpi_choice),        cmocka_unit_test(gpu_layouts),
+        cmocka_unit_test(gpu_auto),          cmocka_unit_test(gpu_binding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

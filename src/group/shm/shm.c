@@ -848,6 +848,9 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         if ((st = ddp__random_hex(tag, 4, err)))
             goto out_free;
         ddp__fmt(b->name, sizeof b->name, "/ddp-%.40s-%d-%s", m->run_id, (int)getpid(), tag);
+        for (char *c = b->name + 1; *c; c++) /* a run id with '/' (torchrun's is free text) */
+            if (*c == '/')
+                *c = '_';
         b->fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         if (b->fd < 0) {
             st = ddp__err(err, DDP_ERR_SYSTEM, "cannot create shared memory '%s': %s", b->name,
