@@ -170,7 +170,8 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
  * loads); tensors in the file that s does not name are ignored. Errors (message in err, naming
  * the file and the tensor or key): DDP_ERR_INVALID (not a trainer-state file, a tensor missing
  * or of another size — saved with another model or optimizer —, bad metadata), and those of
- * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK. */
+ * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
+ * (pos may be NULL: the position is then not wanted). */
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err);
 

@@ -84,7 +84,8 @@ typedef struct ddp_group_opts {
         NULL, 0, -1, NULL, NULL, 0, NULL, 0, NULL, NULL, DDP_DEVICE_CPU                            \
     }
 
-/* Joins the group: every rank of the world must call it. *out written only on DDP_OK. */
+/* Joins the group: every rank of the world must call it. *out written only on DDP_OK. A world
+ * whose rank is not in [0, world_size) (one filled by hand) is DDP_ERR_INVALID at once. */
 ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error *err);
 
 /* Leaves the group and frees it: waits for queued asynchronous work, stops the progress thread,
@@ -143,8 +144,10 @@ const char *ddp_group_algorithm(const ddp_group *g, size_t bytes);
 /* Sets the deadline of later collectives (≤ 0: the default). */
 void ddp_group_set_timeout(ddp_group *g, int timeout_ms);
 
-/* The first error that poisoned g (DDP_OK while healthy), and its message ("" while healthy);
- * the message is owned by g, valid until the next call on g. */
+/* The first error that poisoned g (DDP_OK while healthy), and its message. While g is healthy
+ * the message is that of the last call refused for its arguments (an invalid dtype, a NULL
+ * buffer, …: such a refusal does not poison g), "" if none. Owned by g, valid until the next
+ * call on g. */
 ddp_status ddp_group_error(const ddp_group *g);
 const char *ddp_group_last_error(const ddp_group *g);
 /* Whether that error was another rank's rather than this one's: a peer died or closed its
@@ -204,7 +207,8 @@ void ddp_work_timing(const ddp_work *w, double *start, double *end);
 /* Seconds on the same clock, for comparing with ddp_work_timing(). */
 double ddp_now_seconds(void);
 
-/* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. */
+/* Frees a work handle; an unfinished one is waited for first. NULL is a no-op. A work handle
+ * refers to its group: wait for and free it before ddp_group_destroy(), never after. */
 void ddp_work_free(ddp_work *w);
 
 #ifdef __cplusplus

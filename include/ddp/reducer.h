@@ -67,7 +67,8 @@ extern "C" {
  * and DDP_DEVICE_CPU is 0, so an initialiser that leaves it out means host memory (GCC's -Wextra
  * warns about a positional one that does: name it, as below). */
 typedef struct ddp_param {
-    const char *name;  /* unique; checked against every rank's */
+    const char *name;  /* unique among parameters and buffers (a repeat is DDP_ERR_INVALID);
+                          checked against every rank's */
     size_t count;      /* elements */
     ddp_dtype dtype;   /* float32, float64, bfloat16 or float16 (buffers: any dtype) */
     void *data;        /* values, (count,): broadcast from rank 0 at creation */

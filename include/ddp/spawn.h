@@ -48,7 +48,9 @@ typedef struct ddp_spawn_opts {
     int timeout_ms;     /* deadline for the whole run; ≤ 0: 24 h. At the deadline every worker is
                            stopped and the call fails with DDP_ERR_TIMEOUT */
     int grace_ms;       /* from SIGTERM to SIGKILL when stopping workers; ≤ 0: 5 s */
-    const char *run_id; /* DDP_RUN_ID of the workers; NULL: "spawn-" and random hex */
+    const char *run_id; /* DDP_RUN_ID of the workers: letters, digits, '_', '.' and '-' (it names
+                           shared memory; anything else is DDP_ERR_INVALID); NULL: "spawn-" and
+                           random hex */
 } ddp_spawn_opts;
 
 #define DDP_SPAWN_OPTS_INIT                                                                        \

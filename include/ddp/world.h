@@ -140,7 +140,8 @@ typedef struct ddp_world {
 
 /* Reads the environment into *out: the world, and its settings. A world of one when no launcher
  * is recognised. Fails with DDP_ERR_INVALID when a variable of the contract is malformed or the
- * set is inconsistent (RANK without WORLD_SIZE, RANK ≥ WORLD_SIZE, …), when two launchers'
+ * set is inconsistent (RANK without WORLD_SIZE, WORLD_SIZE > 1 without RANK, RANK ≥ WORLD_SIZE,
+ * …), when two launchers'
  * variables disagree about this process (RANK=0 but OMPI_COMM_WORLD_RANK=1, WORLD_SIZE=2 but
  * SLURM_NTASKS=4: never two silent worlds), when Slurm's node list is malformed, or a setting is
  * longer than its field, naming the variables; a malformed number in DDP_TIMEOUT, DDP_DEBUG or

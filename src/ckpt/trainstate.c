@@ -28,6 +28,8 @@ static char *state_name(const char *param, const char *state)
 
 ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
 {
+    if (!path || !s)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_save_train: path and state are required");
     if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
         return ddp__err(err, DDP_ERR_INVALID,
                         "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
@@ -119,6 +121,8 @@ static ddp_status load_tensor(const ddp_ckpt *c, const char *path, const char *n
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err)
 {
+    if (!path || !s)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_load_train: path and state are required");
     if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
         return ddp__err(err, DDP_ERR_INVALID,
                         "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
@@ -148,7 +152,7 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
         st = load_tensor(c, path, s->buffers[i].name, s->buffers[i].count, s->buffers[i].data,
                          false, err);
     const char *keys[] = {"step", "epoch", "next_batch", "world_size"};
-    uint64_t v[4];
+    uint64_t v[4] = {0};
     for (int k = 0; k < 4 && !st; k++) {
         const char *txt = ddp_ckpt_meta(c, keys[k]);
         char *end = NULL;
@@ -177,7 +181,7 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
         p.loss_scale = (float)sv;
         p.loss_scale_growth = (int32_t)g;
     }
-    if (st == DDP_OK)
+    if (st == DDP_OK && pos)
         *pos = p;
 out_close:
     ddp_ckpt_close(c);

@@ -347,7 +347,7 @@ int ddp_dataset_classes(const ddp_dataset *d)
 
 ddp_status ddp_dataset_get(const ddp_dataset *d, size_t i, void *x, int32_t *y)
 {
-    if (!d || i >= d->n)
+    if (!d || i >= d->n || !x || !y) /* as get_many: a NULL x or y is refused, not written */
         return DDP_ERR_INVALID;
     if (d->kind == DS_IDX) {
         /* restrict: a byte pointer may alias anything, and without it the conversion stays

@@ -336,6 +336,38 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
     return DDP_OK;
 }
 
+static int cmp_param_name(const void *a, const void *b)
+{
+    const ddp_param *x = *(const ddp_param *const *)a, *y = *(const ddp_param *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* The first name that two of the parameters and buffers share, or NULL; *nomem set when the
+ * sort's array could not be allocated. Names key the cross-rank check and checkpoints
+ * (safetensors keys), so they must be unique. */
+static const char *duplicate_name(const ddp_param *params, size_t np, const ddp_param *buffers,
+                                  size_t nb, bool *nomem)
+{
+    *nomem = false;
+    if (np + nb < 2)
+        return NULL;
+    const ddp_param **all = malloc((np + nb) * sizeof *all);
+    if (!all) {
+        *nomem = true;
+        return NULL;
+    }
+    for (size_t i = 0; i < np + nb; i++)
+        all[i] = i < np ? &params[i] : &buffers[i - np];
+    qsort(all, np + nb, sizeof *all, cmp_param_name);
+    const char *dup = NULL;
+    for (size_t i = 1; i < np + nb && !dup; i++)
+        if (strcmp(all[i - 1]->name, all[i]->name) == 0)
+            dup = all[i]->name;
+    free(all);
+    return dup;
+}
+
 ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
                               const ddp_param *buffers, size_t nbuffers,
                               const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err)
@@ -354,6 +386,15 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     for (size_t i = 0; i < nbuffers; i++)
         if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
             return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+    bool nomem;
+    const char *dup = duplicate_name(params, nparams, buffers, nbuffers, &nomem);
+    if (nomem)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory checking the parameters' names");
+    if (dup)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "the name '%s' is given to two parameters or buffers: each needs a name of "
+                        "its own (it identifies them across ranks and in checkpoints)",
+                        dup);
     const ddp__devops *dev = ddp__group_devops(g, NULL, NULL);
     for (size_t i = 0; i < nparams + nbuffers; i++) {
         const ddp_param *p = i < nparams ? &params[i] : &buffers[i - nparams];

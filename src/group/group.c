@@ -411,8 +411,9 @@ void ddp_work_free(ddp_work *w)
 #define COLL(K, S, R, N, T, OP, ROOT)                                                              \
     (ddp__coll)                                                                                    \
     {                                                                                              \
-        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T), .device = g->device,    \
-        .op = (OP), .root = (ROOT), .stream = g->stream                                            \
+        .kind = (K), .send = (S), .recv = (R), .count = (N), .dtype = (T),                         \
+        .device = g ? g->device : DDP_DEVICE_CPU, .op = (OP), .root = (ROOT),                      \
+        .stream = g ? g->stream : NULL /* a NULL g: submit() refuses it */                         \
     }
 
 ddp_status ddp_allreduce(ddp_group *g, const void *send, void *recv, size_t count, ddp_dtype t,
@@ -773,6 +774,12 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     else if ((st = ddp_world_from_env(&g->world, err)))
         goto out_fail;
     W = g->world.world_size;
+    if (W < 1 || g->world.rank < 0 || g->world.rank >= W) { /* a world filled by hand */
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "ddp_group_init: rank %d of world_size %d: need 0 ≤ rank < world_size",
+                      g->world.rank, W);
+        goto out_fail;
+    }
     /* Each option: the field when set, else the world's setting (DDP_*), else the default. */
     const ddp_settings *set = &g->world.settings;
     g->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : set->timeout_ms;

@@ -249,11 +249,17 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
     if ((st = ddp_random_token(token, 32, err)))
         return st;
     if (opts->run_id) {
-        if (!*opts->run_id || strlen(opts->run_id) >= sizeof run_id)
+        /* ddprun's rule for --run_id: the id names shared-memory segments, where a '/' (or
+         * "..") made every group's creation fail with "Invalid argument". */
+        bool name_ok = *opts->run_id && strlen(opts->run_id) < sizeof run_id;
+        for (const char *c = opts->run_id; name_ok && *c; c++)
+            name_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                      (*c >= '0' && *c <= '9') || *c == '_' || *c == '.' || *c == '-';
+        if (!name_ok || !strcmp(opts->run_id, ".") || !strcmp(opts->run_id, ".."))
             return ddp__err(err, DDP_ERR_INVALID,
-                            "ddp_spawn: run_id must be 1 to %zu characters (it names the "
-                            "job's shared memory)",
-                            sizeof run_id - 1);
+                            "ddp_spawn: run_id '%.200s' must be 1 to %zu letters, digits, '_', "
+                            "'.' and '-' (it names the job's shared memory)",
+                            opts->run_id, sizeof run_id - 1);
         ddp__fmt(run_id, sizeof run_id, "%s", opts->run_id);
     } else {
         char hex[17];

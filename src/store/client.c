@@ -216,8 +216,13 @@ static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r
     return ddp__errmsg(s->err, st, "store %s(%s) failed: %s", op, k, e.msg);
 }
 
+/* Every call on a handle starts here or in keys_request, num_keys or barrier, which check s
+ * themselves: a NULL handle is DDP_ERR_INVALID (with no handle to hold a message), never a
+ * crash. */
 static ddp_status check_key(ddp_store *s, const char *op, const char *key)
 {
+    if (!s)
+        return DDP_ERR_INVALID;
     if (!key)
         return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: key is NULL", op);
     size_t n = strlen(key);
@@ -366,7 +371,8 @@ ddp_status ddp_store_get(ddp_store *s, const char *key, void **value, size_t *le
     ddp__buf_frame_end(&s->req);
     ddp__rd r;
     st = call(s, "get", key, &r);
-    if (st == DDP_ERR_TIMEOUT) {
+    /* Only a get that reached the store and waited: not one that could not reconnect. */
+    if (st == DDP_ERR_TIMEOUT && strncmp(s->err, "store get(", 10) == 0) {
         size_t l = strlen(s->err);
         ddp__fmt(s->err + l, sizeof s->err - l,
                  ": no one set the key; the rank that should have may have failed or not started");
@@ -436,6 +442,8 @@ ddp_status ddp_store_compare_set(ddp_store *s, const char *key, const void *expe
 static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code, const char *const *keys,
                                size_t n)
 {
+    if (!s)
+        return DDP_ERR_INVALID;
     if (n > DDP__STORE_MAX_KEYS || (n && !keys))
         return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
                            DDP__STORE_MAX_KEYS, n);
@@ -532,6 +540,8 @@ ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)
 
 ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)
 {
+    if (!s)
+        return DDP_ERR_INVALID;
     begin(s, DDP__OP_NUM_KEYS);
     ddp__buf_frame_end(&s->req);
     ddp__rd r;
@@ -548,6 +558,8 @@ ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)
 
 ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
 {
+    if (!s)
+        return DDP_ERR_INVALID;
     if (!name || nranks < 1 || strlen(name) > DDP_STORE_MAX_KEY - 32)
         return ddp__errmsg(s->err, DDP_ERR_INVALID, "store barrier: needs a name and nranks ≥ 1");
     char count_key[DDP_STORE_MAX_KEY + 1], done_key[DDP_STORE_MAX_KEY + 1];

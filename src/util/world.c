@@ -334,6 +334,8 @@ const char *ddp_launcher_name(ddp_launcher l)
 
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
 {
+    if (!out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_world_from_env: out is NULL");
     ddp_world w;
     memset(&w, 0, sizeof w);
     w.world_size = 1;
@@ -373,6 +375,18 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
                             in.size.var, w.world_size);
         if ((st = env_int("MASTER_PORT", 1, 65535, &w.master_port, err)))
             return st;
+    } else {
+        /* WORLD_SIZE of several with no rank: each process would run alone, silently, as a
+         * world of one (torch's env:// refuses it too). */
+        int size = 1;
+        if ((st = env_int("WORLD_SIZE", 1, INT_MAX, &size, err)))
+            return st;
+        if (size > 1)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "WORLD_SIZE=%d is set but RANK is not: each process would run alone "
+                            "as a world of one; set RANK too (or start the program through "
+                            "ddprun), or unset WORLD_SIZE",
+                            size);
     }
     const char *v;
     bool addr_set = (v = getenv("MASTER_ADDR")) && *v;

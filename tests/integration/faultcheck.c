@@ -10,6 +10,9 @@
  *   faultcheck absent    the last rank never calls the collective: it sleeps 60 s (exit 4),
  *                        the others allreduce 4 MB once (tests/integration/test_mpi.sh: under
  *                        mpirun the job must end)
+ *   faultcheck late      the last rank sleeps $FAULT_LATE seconds (default 5), then calls the
+ *                        allreduce the others timed out in and aborted the group over (each
+ *                        aborts after its error): it must fail too, not return DDP_OK
  *   faultcheck idle      one allreduce, then $FAULT_IDLE seconds with no collective (progress
  *                        −1 marks the start), then the loop (a peer that vanished meanwhile)
  *   faultcheck abort     the loop, in which rank 1 calls ddp_group_abort() at its 5th step
@@ -91,6 +94,17 @@ int main(int argc, char **argv)
         return 4;
     } else if (!strcmp(mode, "absent")) {
         st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+    } else if (!strcmp(mode, "late")) {
+        if (R == ddp_group_size(g) - 1) {
+            const char *late = getenv("FAULT_LATE");
+            struct timespec ts = {late ? atoi(late) : 5, 0};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
+        }
+        t0 = now_ms();
+        st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+        if (st != DDP_OK)
+            ddp_group_abort(g); /* as group.h advises after an error */
     } else if (!strcmp(mode, "mismatch")) {
         st = R == 0 ? ddp_allreduce(g, x, x, 1000, DDP_FLOAT32, DDP_SUM)
                     : ddp_broadcast(g, x, 1000, DDP_FLOAT32, 0);

@@ -103,6 +103,19 @@ int main(int argc, char **argv)
                   strstr(err.msg, on_gpu ? "take GPU memory" : "take host memory"),
               "a parameter on the wrong device: %d %s", (int)st, err.msg);
     }
+    { /* two parameters (or a parameter and a buffer) of one name: refused, naming it */
+        float x[4] = {0}, y[2] = {0};
+        ddp_param twice[2] = {{"w", 4, DDP_FLOAT32, x, dv}, {"w", 2, DDP_FLOAT32, y, dv}};
+        ddp_param buf = {"b", 2, DDP_FLOAT32, y, dv};
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, twice, 2, NULL, 0, NULL, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "the name 'w' is given to two"),
+              "two parameters named 'w' not refused: %d %s", (int)st, err.msg);
+        twice[1].name = "b";
+        st = ddp_reducer_create(g, twice, 2, &buf, 1, NULL, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "the name 'b' is given to two"),
+              "a parameter and a buffer named 'b' not refused: %d %s", (int)st, err.msg);
+    }
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
     int ncaps = (int)(sizeof caps / sizeof caps[0]);

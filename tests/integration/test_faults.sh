@@ -113,7 +113,16 @@ for p in "${RANK_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 ok "$DDP_BACKEND: a stopped rank is reported while it happens (after 1 s, then 3 s), naming rank 1; the job carries on after SIGCONT"
 
-# 5. Over tcp, the same deaths with small allreduces (1000 floats: the small-message algorithm).
+# 5. A late rank: the others time out in a small allreduce it had not reached, and abort the
+# group; when it arrives (after 5 s) its allreduce fails too, naming the abort, instead of
+# returning ok because every peer had arrived before giving up (shm did, for small messages).
+FAULT_COUNT=1000 start_ranks late
+for r in 0 1; do check_survivor $r 8000 "timed out" "allreduce #1" "rank 2"; done
+check_survivor 2 8000 "allreduce #1"
+[ "$DDP_BACKEND" != shm ] || assert_contains "$T/out.2" "aborted the group"
+ok "$DDP_BACKEND: a rank arriving after the others timed out and aborted fails too"
+
+# 6. Over tcp, the same deaths with small allreduces (1000 floats: the small-message algorithm).
 if [ "$DDP_BACKEND" = tcp ]; then
     rm -f "$T"/progress.*
     FAULT_COUNT=1000 start_ranks loop

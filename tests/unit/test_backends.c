@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -347,13 +348,89 @@ static void gpu_binding(void **state)
     assert_int_equal(ddp__gpu_for_local_rank(-1, 2), -1);
 }
 
+/* The public calls on a NULL group: errors or neutral answers, never a crash (every collective
+ * dereferenced the group before checking it: SIGSEGV). */
+static void null_group(void **state)
+{
+    (void)state;
+    float x[4] = {1, 2, 3, 4};
+    ddp_work *w = NULL;
+    assert_int_equal(ddp_allreduce(NULL, x, x, 4, DDP_FLOAT32, DDP_SUM), DDP_ERR_INVALID);
+    assert_int_equal(ddp_broadcast(NULL, x, 4, DDP_FLOAT32, 0), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allgather(NULL, x, x, 1, DDP_FLOAT32), DDP_ERR_INVALID);
+    assert_int_equal(ddp_reduce_scatter(NULL, x, x, 1, DDP_FLOAT32, DDP_SUM), DDP_ERR_INVALID);
+    assert_int_equal(ddp_barrier(NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allreduce_async(NULL, x, x, 4, DDP_FLOAT32, DDP_SUM, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_broadcast_async(NULL, x, 4, DDP_FLOAT32, 0, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allgather_async(NULL, x, x, 1, DDP_FLOAT32, &w), DDP_ERR_INVALID);
+    assert_int_equal(ddp_reduce_scatter_async(NULL, x, x, 1, DDP_FLOAT32, DDP_SUM, &w),
+                     DDP_ERR_INVALID);
+    assert_int_equal(ddp_barrier_async(NULL, &w), DDP_ERR_INVALID);
+    assert_null(w);
+    assert_int_equal(ddp_work_wait(NULL), DDP_ERR_INVALID);
+    ddp_work_free(NULL);
+    ddp_group_abort(NULL);
+    ddp_group_destroy(NULL);
+    assert_int_equal(ddp_group_rank(NULL), -1);
+    assert_null(ddp_group_alloc(NULL, 16));
+}
+
+/* A world filled by hand with a rank outside it: refused at once (rank 5 of 2 waited 5 minutes in
+ * set-up for peers, then timed out blaming the store). */
+static void inconsistent_world(void **state)
+{
+    (void)state;
+    static const int bad[][2] = {{5, 2}, {-1, 2}, {0, 0}, {2, 2}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ddp_world w;
+        memset(&w, 0, sizeof w);
+        w.rank = bad[i][0];
+        w.world_size = bad[i][1];
+        w.local_world_size = 1;
+        ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+        o.world = &w;
+        o.timeout_ms = 60000;
+        ddp_group *g = (ddp_group *)0x1;
+        ddp_error err = {0};
+        int64_t t0 = ddp__now_ms();
+        assert_int_equal(ddp_group_init(&o, &g, &err), DDP_ERR_INVALID);
+        assert_true(ddp__now_ms() - t0 < 5000);
+        assert_ptr_equal(g, (ddp_group *)0x1);
+        if (!strstr(err.msg, "need 0 ≤ rank < world_size"))
+            fail_msg("rank %d of %d: '%s'", bad[i][0], bad[i][1], err.msg);
+    }
+}
+
+/* A run id with '/' (torchrun's --rdzv_id is free text) names no shared memory as it is: the
+ * group failed with "cannot create shared memory '/ddp-a/b-…': Invalid argument". */
+static void run_id_with_slash(void **state)
+{
+    (void)state;
+    ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    snprintf(w.run_id, sizeof w.run_id, "%s", "job/a/../b");
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.backend = "shm";
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    if (ddp_group_init(&o, &g, &err) != DDP_OK)
+        fail_msg("run id 'job/a/../b': %s", err.msg);
+    float x = 2;
+    assert_int_equal(ddp_allreduce(g, &x, &x, 1, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(placement),    cmocka_unit_test(auto_choice),
-        cmocka_unit_test(named_choice), cmocka_unit_test(mpi_choice),
-        cmocka_unit_test(gpu_layouts),  cmocka_unit_test(gpu_auto),
-        cmocka_unit_test(gpu_binding),
+        cmocka_unit_test(null_group),        cmocka_unit_test(inconsistent_world),
+        cmocka_unit_test(run_id_with_slash), cmocka_unit_test(placement),
+        cmocka_unit_test(auto_choice),       cmocka_unit_test(named_choice),
+        cmocka_unit_test(mpi_choice),        cmocka_unit_test(gpu_layouts),
+        cmocka_unit_test(gpu_auto),          cmocka_unit_test(gpu_binding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -691,6 +691,12 @@ static void test_train_state(void **state)
     /* Fewer optimizer states than the file holds (extra tensors are ignored) loads too. */
     t.n_optim = 1;
     assert_int_equal(ddp_ckpt_load_train(path, &t, &pos, NULL), DDP_OK);
+    /* No position wanted (it crashed writing through pos = NULL); no state or path: an error. */
+    assert_int_equal(ddp_ckpt_load_train(path, &t, NULL, NULL), DDP_OK);
+    assert_int_equal(ddp_ckpt_load_train(path, NULL, &pos, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_load_train(NULL, &t, &pos, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_save_train(path, NULL, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_save_train(NULL, &s, NULL), DDP_ERR_INVALID);
 }
 
 static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)

@@ -317,6 +317,9 @@ static void dataset_get_many(void **state)
     assert_int_equal(ddp_dataset_get_many(ds, idx, 40, x, y, &bad), DDP_ERR_INVALID);
     assert_int_equal(bad, 17);
     assert_int_equal(ddp_dataset_get_many(ds, idx, 0, NULL, NULL, NULL), DDP_OK);
+    /* get with a NULL x or y is refused like get_many (it crashed) */
+    assert_int_equal(ddp_dataset_get(ds, 0, NULL, &y1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_dataset_get(ds, 0, one, NULL), DDP_ERR_INVALID);
     ddp_dataset_close(ds);
 }
 

@@ -297,6 +297,14 @@ static void bad_arguments(void **state)
     o.run_id = "";
     assert_int_equal(ddp_spawn(2, worker, &j, &o, &res, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "run_id"));
+    /* A '/' made every rank's group fail ("cannot create shared memory '/ddp-a/b-…': Invalid
+     * argument"); refused up front, as ddprun's --run_id is. */
+    static const char *const bad_ids[] = {"a/b", "../x", "..", "job 1", "x\ny"};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
+        o.run_id = bad_ids[i];
+        assert_int_equal(ddp_spawn(2, worker, &j, &o, &res, &err), DDP_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "letters, digits"));
+    }
     assert_int_equal(res.failed_rank, 7); /* untouched: nothing ran */
     assert_no_children();
 }

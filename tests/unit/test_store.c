@@ -629,6 +629,29 @@ static void barrier_timeout_counts_arrivals(void **state)
     expect_stored(s, "barrier/pair/count", "2", 1);
 }
 
+/* A get that cannot reach the store says so, without "no one set the key" (which sent the reader
+ * looking for a rank that did not set it). */
+static void get_from_a_stopped_server(void **state)
+{
+    (void)state;
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = "127.0.0.1";
+    ddp_store_server *srv = NULL;
+    assert_int_equal(ddp_store_server_start(&so, &srv, NULL), DDP_OK);
+    ddp_store_opts o = client_opts(ddp_store_server_port(srv), "", 300);
+    ddp_store *s = NULL;
+    assert_int_equal(ddp_store_connect(&o, &s, NULL), DDP_OK);
+    ddp_store_server_stop(srv);
+    assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_ERR_NETWORK); /* the connection drops */
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(ddp_store_get(s, "k", &v, &n), DDP_ERR_TIMEOUT); /* cannot reconnect */
+    assert_has(ddp_store_last_error(s), "cannot reach the store");
+    if (strstr(ddp_store_last_error(s), "no one set the key"))
+        fail_msg("\"%s\" blames the key", ddp_store_last_error(s));
+    ddp_store_close(s);
+}
+
 static void connect_to_nobody_times_out(void **state)
 {
     (void)state;
@@ -1536,6 +1559,23 @@ static void null_handles_are_no_ops(void **state)
     assert_int_equal(ddp_store_server_port(NULL), 0);
     assert_int_equal(ddp_store_server_refused(NULL), 0);
     assert_non_null(ddp_store_last_error(NULL));
+    /* Calls on a NULL handle are errors, not crashes (they were SIGSEGV). */
+    void *v = NULL;
+    size_t n = 0;
+    int64_t x = 0;
+    bool b = false;
+    const char *keys[1] = {"k"};
+    assert_int_equal(ddp_store_set(NULL, "k", "v", 1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_get(NULL, "k", &v, &n), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_add(NULL, "k", 1, &x), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_compare_set(NULL, "k", "", 0, "v", 1, NULL, NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_check(NULL, keys, 1, &b), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_check(NULL, NULL, 0, &b), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_wait(NULL, keys, 1), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_delete(NULL, "k", NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_num_keys(NULL, &x), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_barrier(NULL, "x", 1), DDP_ERR_INVALID);
+    assert_null(v);
 }
 
 static bool all_hex(const char *s, size_t n)
@@ -1594,6 +1634,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(wait_timeout_names_missing_keys, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(barrier_timeout_counts_arrivals, setup_plain, teardown),
         cmocka_unit_test(connect_to_nobody_times_out),
+        cmocka_unit_test(get_from_a_stopped_server),
         cmocka_unit_test_setup_teardown(eight_clients_add, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wrong_token_refused_fast, setup_token, teardown),

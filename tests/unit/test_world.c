@@ -609,6 +609,22 @@ static void slurm_errors(void **state)
     expect_invalid("SLURM_LOCALID=2 is not below SLURM_STEP_TASKS_PER_NODE=2");
 }
 
+/* WORLD_SIZE of several without RANK: refused (it was a silent world of one in every process);
+ * WORLD_SIZE=1 alone is a world of one. */
+static void world_size_without_rank(void **state)
+{
+    (void)state;
+    setenv("WORLD_SIZE", "2", 1);
+    expect_invalid("WORLD_SIZE=2 is set but RANK is not");
+    setenv("WORLD_SIZE", "two", 1);
+    expect_invalid("WORLD_SIZE='two'");
+    setenv("WORLD_SIZE", "1", 1);
+    assert_int_equal(ddp_world_from_env(NULL, NULL), DDP_ERR_INVALID); /* it crashed */
+    ddp_world w = world_ok();
+    assert_int_equal(w.launcher, DDP_LAUNCHER_NONE);
+    assert_int_equal(w.world_size, 1);
+}
+
 static void slurm_batch_script(void **state)
 {
     (void)state;
@@ -791,6 +807,7 @@ int main(void)
         cmocka_unit_test_setup(store_port_beside_master_port, clear_env),
         cmocka_unit_test_setup(torchrun_names, clear_env),
         cmocka_unit_test_setup(rank_without_world_size, clear_env),
+        cmocka_unit_test_setup(world_size_without_rank, clear_env),
         cmocka_unit_test_setup(rank_not_below_world, clear_env),
         cmocka_unit_test_setup(junk_values, clear_env),
         cmocka_unit_test_setup(settings, clear_env),

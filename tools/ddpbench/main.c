@@ -2,8 +2,11 @@
  * ddpbench — collectives benchmark, in the manner of nccl-tests, run under ddprun:
  *
  *   ddprun --nproc_per_node=2 ddpbench [--op allreduce|broadcast|allgather|reduce_scatter|all]
- *          [--min 4] [--max 256M] [--sizes 4K,1M,16M] [--dtype float32] [--backend auto|shm|tcp]
+ *          [--min 4] [--max 256M] [--sizes 4K,1M,16M] [--backend auto|shm|tcp|…]
  *          [--buffers arena|private] [--device cpu|cuda] [--iters N] [--csv]
+ *
+ * Every size is float32 elements, in bytes per rank; a flag with a bad value (an unknown --op,
+ * a size that is not a number of bytes, --min above --max) stops it before any work, exit 2.
  *
  * For each size (bytes per rank) it prints the median time per call, the algorithm bandwidth
  * (size / time), the bus bandwidth (nccl-tests' correction for how much data each rank moves),
@@ -13,9 +16,9 @@
  * once in this same run. Uses only the public API.
  *
  * --device cuda puts the buffers in GPU memory (ddp_group_alloc of a GPU group: nccl, or
- * cuda-ipc or cuda-staged where ranks share a GPU; --backend picks one) and measures the same way; the limit
- * is then the device's copy bandwidth (a device-to-device ddp_group_memcpy, read + write), and
- * the results are checked by copying them back to the host.
+ * cuda-ipc or cuda-staged where ranks share a GPU; --backend picks one) and measures the same way;
+ * the limit is then the device's copy bandwidth (a device-to-device ddp_group_memcpy, read +
+ * write), and the results are checked by copying them back to the host.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -41,20 +44,44 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static size_t parse_size(const char *s)
+/* The largest size accepted (bytes per rank): the group's count limit is 2^40 elements. */
+#define MAX_SIZE ((size_t)1 << 40)
+/* The most sizes one run measures (--min to --max by factors of 4 gives at most 21). */
+#define MAX_SIZES 64
+
+/* Parses a size in bytes: a number (fractions allowed) with an optional K, M or G suffix (×1024,
+ * ×1024², ×1024³) and nothing else. Writes *out and returns true when the value is a whole
+ * number of bytes from 1 to MAX_SIZE; false for anything else ("abc", "-1", "4X", "0"). */
+static bool parse_size(const char *s, size_t *out)
 {
     char *end;
+    if (!s || !*s || *s == '-' || *s == '+')
+        return false;
     double v = strtod(s, &end);
+    if (end == s)
+        return false;
     switch (*end) {
     case 'K':
-    case 'k': v *= 1024; break;
+    case 'k': v *= 1024, end++; break;
     case 'M':
-    case 'm': v *= 1024 * 1024; break;
+    case 'm': v *= 1024 * 1024, end++; break;
     case 'G':
-    case 'g': v *= 1024.0 * 1024 * 1024; break;
+    case 'g': v *= 1024.0 * 1024 * 1024, end++; break;
     default: break;
     }
-    return (size_t)v;
+    if (*end || !(v >= 1) || v > (double)MAX_SIZE || v != (double)(size_t)v)
+        return false;
+    *out = (size_t)v;
+    return true;
+}
+
+static int bad_size(const char *flag, const char *v)
+{
+    fprintf(stderr,
+            "ddpbench: %s '%s': give a whole number of bytes from 1 to 1T, with an optional K, M "
+            "or G suffix (4K, 1.5M, 256M)\n",
+            flag, v);
+    return 2;
 }
 
 static void die(ddp_group *g, const char *what)
@@ -211,21 +238,29 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ddprun [--nproc_per_node N] ddpbench [--op allreduce|broadcast|"
                    "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "
-                   "4K,1M,...] [--backend auto|shm|tcp|nccl|cuda-ipc|cuda-staged] [--buffers "
-                   "arena|private]\n       [--device cpu|cuda] [--iters N] [--csv]\nSizes are "
-                   "bytes of float32 per rank (K, M, G "
-                   "suffixes).\n");
+                   "4K,1M,...] [--backend auto|shm|tcp|shm+tcp|mpi|shm+mpi|nccl|cuda-ipc|"
+                   "cuda-staged]\n       [--buffers arena|private] [--device cpu|cuda] "
+                   "[--iters N] [--csv]\n"
+                   "Sizes are bytes of float32 per rank (K, M, G suffixes: ×1024), from --min "
+                   "(default 4)\nto --max (default 256M) by factors of 4, or the --sizes list "
+                   "(at most %d). A size is\nrounded down to whole elements (for allgather and "
+                   "reduce_scatter, to whole elements per\nrank, as nccl-tests); the bytes "
+                   "column says what was moved. --iters: timed calls per\nsize (default: about "
+                   "512 MiB of traffic, 5 to 2000 calls).\n",
+                   MAX_SIZES);
             return 0;
         }
         if (!v) {
             fprintf(stderr, "ddpbench: '%s' needs a value (see --help)\n", a);
             return 2;
         }
-        if (!strcmp(a, "--min"))
-            min = parse_size(v);
-        else if (!strcmp(a, "--max"))
-            max = parse_size(v);
-        else if (!strcmp(a, "--sizes"))
+        if (!strcmp(a, "--min")) {
+            if (!parse_size(v, &min))
+                return bad_size(a, v);
+        } else if (!strcmp(a, "--max")) {
+            if (!parse_size(v, &max))
+                return bad_size(a, v);
+        } else if (!strcmp(a, "--sizes"))
             sizes = v;
         else if (!strcmp(a, "--op"))
             op = v;
@@ -235,23 +270,62 @@ int main(int argc, char **argv)
             buffers = v;
         else if (!strcmp(a, "--device"))
             device = v;
-        else if (!strcmp(a, "--iters"))
-            iters_opt = atoi(v);
-        else {
+        else if (!strcmp(a, "--iters")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (end == v || *end || n < 1 || n > 1000000) {
+                fprintf(stderr,
+                        "ddpbench: --iters '%s': give a number of calls from 1 to 1000000\n", v);
+                return 2;
+            }
+            iters_opt = (int)n;
+        } else {
             fprintf(stderr, "ddpbench: unknown option '%s' (see --help)\n", a);
             return 2;
         }
         i++;
     }
-    size_t list[64];
+    bool known_op = !strcmp(op, "all");
+    for (int k = 0; k < K_COUNT; k++)
+        known_op = known_op || !strcmp(op, kind_names[k]);
+    if (!known_op) {
+        fprintf(stderr,
+                "ddpbench: --op '%s': use allreduce, broadcast, allgather, reduce_scatter or all\n",
+                op);
+        return 2;
+    }
+    if (strcmp(buffers, "arena") && strcmp(buffers, "private")) {
+        fprintf(stderr, "ddpbench: --buffers '%s': use arena or private\n", buffers);
+        return 2;
+    }
+    size_t list[MAX_SIZES];
     int nsizes = 0;
     if (sizes) {
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", sizes);
-        for (char *s = strtok(buf, ","); s && nsizes < 64; s = strtok(NULL, ","))
-            list[nsizes++] = parse_size(s);
+        const char *s = sizes;
+        for (;;) {
+            const char *comma = strchr(s, ',');
+            size_t len = comma ? (size_t)(comma - s) : strlen(s);
+            char one[64];
+            if (len >= sizeof one || nsizes == MAX_SIZES) {
+                fprintf(stderr, "ddpbench: --sizes '%s': at most %d sizes, each a size like 4K\n",
+                        sizes, MAX_SIZES);
+                return 2;
+            }
+            memcpy(one, s, len);
+            one[len] = '\0';
+            if (!parse_size(one, &list[nsizes]))
+                return bad_size("--sizes", one);
+            nsizes++;
+            if (!comma)
+                break;
+            s = comma + 1;
+        }
     } else {
-        for (size_t s = min; s <= max && nsizes < 64; s *= 4)
+        if (min > max) {
+            fprintf(stderr, "ddpbench: --min %zu is above --max %zu: no size to run\n", min, max);
+            return 2;
+        }
+        for (size_t s = min; s <= max && nsizes < MAX_SIZES; s *= 4)
             list[nsizes++] = s;
     }
     bool cuda = !strcmp(device, "cuda");
@@ -329,17 +403,28 @@ int main(int argc, char **argv)
         if (strcmp(op, "all") && strcmp(op, kind_names[k]))
             continue;
         for (int si = 0; si < nsizes; si++) {
-            size_t bytes = list[si];
-            size_t count = bytes / 4;
-            if (k == K_ALLGATHER || k == K_REDUCE_SCATTER)
-                count = count / (size_t)W; /* bytes = total buffer, as nccl-tests reports */
+            /* Sizes are rounded down to whole elements (per rank for allgather and
+             * reduce_scatter, whose bytes are the whole buffer, as nccl-tests reports); the row
+             * says what was moved, and a size that holds no element is not run. */
+            size_t count = list[si] / 4, bytes = count * 4;
+            if (k == K_ALLGATHER || k == K_REDUCE_SCATTER) {
+                count = count / (size_t)W;
+                bytes = count * 4 * (size_t)W;
+            }
+            if (count == 0) {
+                if (R == 0)
+                    fprintf(stderr, "ddpbench: %s of %zu bytes skipped: less than one float32 %s\n",
+                            kind_names[k], list[si],
+                            k == K_ALLREDUCE || k == K_BROADCAST ? "" : "per rank");
+                continue;
+            }
             long wrong = check(g, (kind)k, send, recv, dsend, drecv, count);
             void *bs = cuda ? dsend : send, *br = cuda ? drecv : recv;
-            int iters = iters_opt > 0 ? iters_opt : (int)((size_t)(512 << 20) / (bytes + 4096));
-            if (iters < 5)
-                iters = 5;
-            if (iters > 2000)
-                iters = 2000;
+            int iters = iters_opt;
+            if (iters <= 0) {
+                size_t auto_iters = ((size_t)512 << 20) / (bytes + 4096);
+                iters = auto_iters < 5 ? 5 : auto_iters > 2000 ? 2000 : (int)auto_iters;
+            }
             for (int w = 0; w < 3; w++)
                 if (run_op(g, (kind)k, bs, br, count))
                     die(g, kind_names[k]);

@@ -212,6 +212,15 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
         }
     next:;
     }
+    /* An abort is final even when every peer had arrived: a rank that timed out here arrived
+     * before it gave up and aborted, and a late rank found it there and returned DDP_OK. */
+    int ab = atomic_load_explicit(&b->hdr->abort_by, memory_order_acquire);
+    if (ab) {
+        char why[400];
+        ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
+                 b->hdr->abort_msg);
+        return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
+    }
     return DDP_OK;
 }
 
@@ -840,6 +849,9 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         if ((st = ddp__random_hex(tag, 4, err)))
             goto out_free;
         ddp__fmt(b->name, sizeof b->name, "/ddp-%.40s-%d-%s", m->run_id, (int)getpid(), tag);
+        for (char *c = b->name + 1; *c; c++) /* a run id with '/' (torchrun's is free text) */
+            if (*c == '/')
+                *c = '_';
         b->fd = shm_open(b->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         if (b->fd < 0) {
             st = ddp__err(err, DDP_ERR_SYSTEM, "cannot create shared memory '%s': %s", b->name,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# ddpbench's flags as a user meets them: a bad value (an unknown --op or --buffers, a size that
+# is not a number of bytes, a negative one, --min 0 or above --max, too many --sizes, a bad
+# --iters) stops it before any work with exit 2 and a line naming the flag; odd sizes are rounded
+# down to whole elements and the bytes column says what was moved; --iters is honoured as given.
+. "$(dirname "$0")/lib.sh"
+BENCH=$BIN/ddpbench
+export DDP_CACHE_DIR=off
+
+refused() { # refused 'WHAT IT SAYS' ARGS…: exit 2, nothing measured, the message on stderr
+    local want=$1 rc=0
+    shift
+    "$BENCH" "$@" >"$T/out" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || { cat "$T/out" "$T/err" >&2; fail "ddpbench $* exited $rc, not 2"; }
+    assert_contains "$T/err" "$want"
+    [ ! -s "$T/out" ] || { cat "$T/out" >&2; fail "ddpbench $* measured something"; }
+    ok "ddpbench $* refused: $(head -1 "$T/err")"
+}
+
+refused "--op 'bogus': use allreduce, broadcast" --op bogus --sizes 4K
+refused "--buffers 'foo': use arena or private" --buffers foo --sizes 4K
+refused "--sizes '-1': give a whole number of bytes" --sizes -1
+refused "--sizes 'abc': give a whole number of bytes" --sizes abc,4K
+refused "--sizes '1x': give a whole number of bytes" --sizes 4K,1x
+refused "--sizes '1e30': give a whole number of bytes" --sizes 1e30
+refused "--min '0': give a whole number of bytes" --min 0 --max 16
+refused "--min 8388608 is above --max 4096" --min 8M --max 4K
+refused "--iters 'abc': give a number of calls" --iters abc --sizes 4K
+refused "--sizes '$(seq -s, 1 65)': at most 64 sizes" --sizes "$(seq -s, 1 65)"
+
+# Odd sizes at 2 ranks: rounded down to whole float32 elements (per rank for allgather and
+# reduce_scatter), every result checked (wrong = 0), the bytes column what was moved; a size with
+# no element is skipped with a note.
+"$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$BENCH" --op all --sizes 6,13 \
+    --iters 3 --csv >"$T/csv" 2>"$T/err" || { cat "$T/csv" "$T/err" >&2; fail "odd sizes"; }
+got=$(awk -F, '$1 != "op" && !/^#/ {print $1 ":" $2 ":" $3 ":" $7}' "$T/csv" | tr '\n' ' ')
+want="allreduce:4:1:0 allreduce:12:3:0 broadcast:4:1:0 broadcast:12:3:0 allgather:8:1:0 "
+want+="reduce_scatter:8:1:0 "
+[ "$got" = "$want" ] || { cat "$T/csv" "$T/err" >&2; fail "odd sizes gave '$got', not '$want'"; }
+assert_contains "$T/err" "allgather of 6 bytes skipped: less than one float32 per rank"
+ok "odd sizes rounded down to whole elements and reported as moved; 6 B allgather skipped"
