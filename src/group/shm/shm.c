@@ -219,7 +219,7 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
         char why[400];
         ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
                  b->hdr->abort_msg);
-        return wait_failed(b, c, e, DDP_ERR_CLOSED, why);
+        return wait_failed(b, c, e, DDP_ERR_CLOSED, why, ab - 1 != b->me);
     }
     return DDP_OK;
 }
