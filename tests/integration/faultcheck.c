@@ -5,6 +5,8 @@
  *
  *   faultcheck loop      allreduce 4 MB in a loop, writing progress to $FAULT_DIR/progress.RANK;
  *                        the test kills or stops a rank from outside
+ *   faultcheck counts    rank 0 calls allreduce × 4, the others allreduce × 100000 (every
+ *                        backend must notice, without DDP_DEBUG)
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
  *                        makes the group report it)
  *   faultcheck absent    the last rank never calls the collective: it sleeps 60 s (exit 4),
@@ -105,6 +107,8 @@ int main(int argc, char **argv)
         st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
         if (st != DDP_OK)
             ddp_group_abort(g); /* as group.h advises after an error */
+    } else if (!strcmp(mode, "counts")) {
+        st = ddp_allreduce(g, buf, buf, R == 0 ? 4 : 100000, DDP_FLOAT32, DDP_SUM);
     } else if (!strcmp(mode, "mismatch")) {
         st = R == 0 ? ddp_allreduce(g, x, x, 1000, DDP_FLOAT32, DDP_SUM)
                     : ddp_broadcast(g, x, 1000, DDP_FLOAT32, 0);

@@ -76,6 +76,21 @@ for r in 0 1 2; do
 done
 ok "$DDP_BACKEND: DDP_DEBUG=1 reports mismatched collectives on every rank"
 
+# 3a. Without DDP_DEBUG too: counts that differ (rank 0: 4 floats, the others 100000) and
+# collectives that differ fail on every rank, naming both, instead of rank 0 reading past its
+# buffer (shm returned OK with garbage until 2026-11-24; tcp's headers always caught it).
+start_ranks counts
+for r in 0 1 2; do
+    check_survivor $r 8000 "collectives differ across ranks" "allreduce #1 (float32 × 4, sum)" \
+        "allreduce #1 (float32 × 100000, sum)"
+done
+start_ranks mismatch
+for r in 0 1 2; do
+    check_survivor $r 8000 "collectives differ across ranks" "allreduce #1 (float32 × 1000, sum)" \
+        "broadcast #1 (float32 × 1000, root"
+done
+ok "$DDP_BACKEND: collectives or counts that differ fail on every rank without DDP_DEBUG"
+
 # 3b. A rank aborts the group (ddp_group_abort): the others fail at once with its message, as
 # another rank's failure (ddp_group_peer_failed, which a program turns into exit code 86); the
 # aborting rank's own failure is its own.

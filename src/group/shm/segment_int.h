@@ -36,11 +36,18 @@ typedef struct shm_header {
 
 /* One member's control slot: four cache lines. */
 typedef struct shm_slot {
-    _Alignas(CACHELINE) atomic_uint arrive;   /* barrier epoch this member has reached */
+    _Alignas(CACHELINE) atomic_uint arrive; /* barrier epoch this member has reached */
+    /* What this member runs, posted before the opening barrier of each collective: (that
+     * barrier's epoch << 32) | a 32-bit hash of the collective, in arrive's line, which the
+     * peers read anyway, so that the check after that barrier costs no extra cache miss; the
+     * details for the message (desc_count, desc_misc) in the posted line below. */
+    _Atomic uint64_t desc_key;
     _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
     _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
     uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
     _Atomic uint64_t posted; /* (opening barrier epoch << 1) | my buffers are in the arena */
+    /* the collective of desc_key: its count, and kind | dtype << 8 | op << 16 | (root + 1) << 24 */
+    _Atomic uint64_t desc_count, desc_misc;
     _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
     uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
     uint32_t algo_ready; /* set before the attach barrier: I hold an arena buffer to probe with */
@@ -58,12 +65,13 @@ typedef struct shm_be {
     shm_header *hdr;
     shm_slot *slots;
     int *pidfds;
-    uint32_t epoch;  /* barriers passed, the same count on every member */
-    uint64_t chunks; /* staging chunks used so far, for alternating halves */
-    int spin;        /* spin iterations before sleeping */
-    bool *far;       /* per member: evict what I read from it (see Distance above) */
-    uint32_t probes; /* distance probes run, the same count on every member */
-    bool can_flush;  /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */
+    uint32_t epoch;      /* barriers passed, the same count on every member */
+    uint32_t desc_epoch; /* the opening barrier of the collective being run (post_desc) */
+    uint64_t chunks;     /* staging chunks used so far, for alternating halves */
+    int spin;            /* spin iterations before sleeping */
+    bool *far;           /* per member: evict what I read from it (see Distance above) */
+    uint32_t probes;     /* distance probes run, the same count on every member */
+    bool can_flush; /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */
     ddp__shm_choice choice; /* the allreduce's variant per size band, the same on every member */
     int forced;             /* ≥ 0: the variant every allreduce runs (the probe's trials) */
     bool failed;

@@ -282,7 +282,92 @@ static void probe_distance(shm_be *b)
     }
 }
 
-/* A barrier among all members. Stores before it are visible to every member after it. */
+/* ---- collectives that differ ------------------------------------------------------------- */
+
+static uint64_t desc_misc(const ddp__coll *c)
+{
+    return (uint64_t)c->kind | (uint64_t)c->dtype << 8 | (uint64_t)c->op << 16 |
+           (uint64_t)(uint32_t)(c->root + 1) << 24;
+}
+
+/* 32 bits of (count, misc): equal for equal collectives, unequal for almost all others. */
+static uint32_t desc_hash(uint64_t count, uint64_t misc)
+{
+    uint64_t x = count * 0x9e3779b97f4a7c15ull ^ misc;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    return (uint32_t)x;
+}
+
+/* Posts what c is, for the opening barrier (the next one): the details first, then the key. */
+static void post_desc(shm_be *b, const ddp__coll *c)
+{
+    shm_slot *s = &b->slots[b->me];
+    b->desc_epoch = b->epoch + 1;
+    uint64_t misc = desc_misc(c);
+    atomic_store_explicit(&s->desc_count, c->count, memory_order_relaxed);
+    atomic_store_explicit(&s->desc_misc, misc, memory_order_relaxed);
+    atomic_store_explicit(&s->desc_key, (uint64_t)b->desc_epoch << 32 | desc_hash(c->count, misc),
+                          memory_order_release);
+}
+
+/* "allgather #18 (float32 × 10)", "broadcast #3 (int64 × 1, root 1)", "barrier #4". */
+static void describe(char *buf, size_t cap, uint64_t seq, uint64_t count, uint64_t misc,
+                     const int *ranks)
+{
+    unsigned kind = misc & 0xff, dtype = (misc >> 8) & 0xff, op = (misc >> 16) & 0xff;
+    int root = (int)(uint32_t)(misc >> 24) - 1;
+    const char *k = ddp__kind_name((ddp__kind)kind);
+    const char *t = dtype < DDP_DTYPE_COUNT ? ddp_dtype_name((ddp_dtype)dtype) : "?";
+    if (kind == DDP__BARRIER)
+        ddp__fmt(buf, cap, "barrier #%llu", (unsigned long long)seq);
+    else if (kind == DDP__BROADCAST)
+        ddp__fmt(buf, cap, "broadcast #%llu (%s × %llu, root rank %d)", (unsigned long long)seq, t,
+                 (unsigned long long)count, root >= 0 ? ranks[root] : root);
+    else if (kind == DDP__ALLREDUCE || kind == DDP__REDUCE_SCATTER)
+        ddp__fmt(buf, cap, "%s #%llu (%s × %llu, %s)", k, (unsigned long long)seq, t,
+                 (unsigned long long)count, op < DDP_OP_COUNT ? ddp_op_name((ddp_op)op) : "?");
+    else
+        ddp__fmt(buf, cap, "%s #%llu (%s × %llu)", k, (unsigned long long)seq, t,
+                 (unsigned long long)count);
+}
+
+/* After the opening barrier at epoch e: every peer whose key is for it runs what I run. A peer
+ * whose key is later already passed this barrier after the same check against mine. */
+static ddp_status check_desc(shm_be *b, const ddp__coll *c, unsigned e)
+{
+    uint64_t my_count = c->count, my_misc = desc_misc(c);
+    uint64_t mine = (uint64_t)e << 32 | desc_hash(my_count, my_misc);
+    for (int j = 0; j < b->n; j++) {
+        if (j == b->me)
+            continue;
+        shm_slot *s = &b->slots[j];
+        uint64_t key = atomic_load_explicit(&s->desc_key, memory_order_acquire);
+        if (key == mine || key >> 32 != e)
+            continue;
+        /* They differ: the details for the message (posted before the key; still theirs if the
+         * key is unchanged, and it is: that peer fails here too rather than moving on). */
+        uint64_t count = atomic_load_explicit(&s->desc_count, memory_order_relaxed);
+        uint64_t misc = atomic_load_explicit(&s->desc_misc, memory_order_relaxed);
+        char theirs[160], my[160];
+        describe(theirs, sizeof theirs, c->seq, count, misc, b->ranks);
+        describe(my, sizeof my, c->seq, my_count, my_misc, b->ranks);
+        b->failed = true;
+        b->fail.status = DDP_ERR_INVALID;
+        b->fail.peer = false;
+        ddp__fmt(b->fail.msg, sizeof b->fail.msg,
+                 "collectives differ across ranks: rank %d runs %s while rank %d runs %s; every "
+                 "rank must call the same collectives in the same order with the same count, "
+                 "dtype, op and root (DDP_DEBUG=1 checks this before each call)",
+                 b->ranks[j], theirs, b->ranks[b->me], my);
+        return DDP_ERR_INVALID;
+    }
+    return DDP_OK;
+}
+
+/* A barrier among all members. Stores before it are visible to every member after it. The
+ * opening barrier of a collective (post_desc) also checks that every member runs the same. */
 ddp_status ddp__shm_barrier(shm_be *b, const ddp__coll *c)
 {
     unsigned e = ++b->epoch;
@@ -291,6 +376,8 @@ ddp_status ddp__shm_barrier(shm_be *b, const ddp__coll *c)
     if (atomic_load(&b->slots[b->me].sleepers))
         futex(mine, FUTEX_WAKE, INT_MAX, NULL);
     ddp_status st = wait_all(b, c, e);
+    if (st == DDP_OK && e == b->desc_epoch)
+        st = check_desc(b, c, e);
     if (st == DDP_OK && b->can_flush && e % PROBE_EVERY == 1) /* the same barriers everywhere */
         probe_distance(b);
     return st;
@@ -649,6 +736,7 @@ static ddp_status shm_run(void *be, const ddp__coll *c, ddp__fail *f)
             memmove(c->recv, c->send, c->count * esz);
         return DDP_OK;
     }
+    post_desc(b, c); /* every collective's first barrier checks that all run the same */
     switch (c->kind) {
     case DDP__ALLREDUCE: st = ddp__shm_run_allreduce(b, c); break;
     case DDP__BROADCAST: st = run_broadcast(b, c); break;
