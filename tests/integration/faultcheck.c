@@ -5,6 +5,8 @@
  *
  *   faultcheck loop      allreduce 4 MB in a loop, writing progress to $FAULT_DIR/progress.RANK;
  *                        the test kills or stops a rank from outside
+ *   faultcheck left      rank 1 destroys its group at once and lives on 10 s (exit 4); the
+ *                        others allreduce once
  *   faultcheck counts    rank 0 calls allreduce × 4, the others allreduce × 100000 (every
  *                        backend must notice, without DDP_DEBUG)
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
@@ -105,8 +107,18 @@ int main(int argc, char **argv)
         }
         t0 = now_ms();
         st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
-        if (st != DDP_OK)
+        if (st != DDP_OK && !getenv("FAULT_NO_ABORT"))
             ddp_group_abort(g); /* as group.h advises after an error */
+    } else if (!strcmp(mode, "left")) {
+        if (R == 1) { /* leaves at once, and lives on */
+            ddp_group_destroy(g);
+            struct timespec ts = {10, 0};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
+            free(buf);
+            return 4;
+        }
+        st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
     } else if (!strcmp(mode, "counts")) {
         st = ddp_allreduce(g, buf, buf, R == 0 ? 4 : 100000, DDP_FLOAT32, DDP_SUM);
     } else if (!strcmp(mode, "mismatch")) {

@@ -137,6 +137,22 @@ check_survivor 2 8000 "allreduce #1"
 [ "$DDP_BACKEND" != shm ] || assert_contains "$T/out.2" "aborted the group"
 ok "$DDP_BACKEND: a rank arriving after the others timed out and aborted fails too"
 
+# 5b. The same when the others do not abort: their timeout ends the group for it anyway (tcp's
+# notice, shm's abort at the timeout).
+FAULT_NO_ABORT=1 FAULT_COUNT=1000 start_ranks late
+for r in 0 1; do check_survivor $r 8000 "timed out" "allreduce #1" "rank 2"; done
+check_survivor 2 8000 "allreduce #1" "rank 2 peer failed: yes"
+ok "$DDP_BACKEND: a rank arriving after the others timed out fails, blaming them, without an abort"
+
+# 5c. A rank that destroyed its group while the others still call a collective (a program that
+# calls fewer collectives on one rank), its process alive: they fail at once, naming it.
+start_ranks left
+for r in 0 2; do check_survivor $r 3000 "allreduce #1" "rank 1" "rank $r peer failed: yes"; done
+[ "$DDP_BACKEND" != shm ] || assert_contains "$T/out.0" "rank 1 left the group"
+kill -KILL "${RANK_PIDS[1]}" 2>/dev/null || true
+wait "${RANK_PIDS[1]}" 2>/dev/null || true
+ok "$DDP_BACKEND: a rank that left the group: the others fail at once, naming it"
+
 # 6. Over tcp, the same deaths with small allreduces (1000 floats: the small-message algorithm).
 if [ "$DDP_BACKEND" = tcp ]; then
     rm -f "$T"/progress.*

@@ -49,6 +49,7 @@ typedef struct shm_slot {
     /* the collective of desc_key: its count, and kind | dtype << 8 | op << 16 | (root + 1) << 24 */
     _Atomic uint64_t desc_count, desc_misc;
     _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
+    atomic_uint left; /* 1 once this member destroyed its group: it arrives nowhere any more */
     uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
     uint32_t algo_ready; /* set before the attach barrier: I hold an arena buffer to probe with */
 } shm_slot;

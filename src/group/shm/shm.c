@@ -129,6 +129,8 @@ static int missing_ranks(shm_be *b, unsigned e, char *list, size_t cap)
     return missing;
 }
 
+static void shm_abort(void *be, const char *why);
+
 /* Fills b->fail for a failed wait of collective c at barrier epoch e. */
 static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_status st,
                               const char *why, bool peer)
@@ -148,6 +150,10 @@ static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_sta
                  what, missing == 1 ? "" : "s", list, missing > 8 ? ", …" : "", why);
     else
         ddp__fmt(b->fail.msg, sizeof b->fail.msg, "%s failed in shm: %s", what, why);
+    /* A timeout ends the group for the peers too (as tcp's notice does): a rank that arrives
+     * late must not find every peer there and take the data of ranks that gave up. */
+    if (st == DDP_ERR_TIMEOUT)
+        shm_abort(b, b->fail.msg);
     return st;
 }
 
@@ -195,6 +201,14 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                     ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
                              (int)b->hdr->pids[j]);
                     return wait_failed(b, c, e, DDP_ERR_NETWORK, why, true);
+                }
+                if (atomic_load(&b->slots[j].left)) {
+                    char why[160];
+                    ddp__fmt(why, sizeof why,
+                             "rank %d left the group (ddp_group_destroy) before arriving: it "
+                             "called fewer collectives than this rank",
+                             b->ranks[j]);
+                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why, true);
                 }
                 if (now >= c->deadline_ms)
                     return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "", false);
@@ -845,6 +859,10 @@ static void shm_destroy(void *be)
     shm_be *b = be;
     if (!b)
         return;
+    if (b->slots && b->n > 1) { /* peers still waiting for me fail now, not at their deadline */
+        atomic_store(&b->slots[b->me].left, 1);
+        futex(&b->slots[b->me].arrive, FUTEX_WAKE, INT_MAX, NULL);
+    }
     if (b->pidfds)
         for (int j = 0; j < b->n; j++)
             if (b->pidfds[j] >= 0)
