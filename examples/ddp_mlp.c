@@ -311,7 +311,9 @@ int main(int argc, char **argv)
         /* DDP: wait for the last buckets: gradients are now the mean over all ranks. */
         if (ddp_reducer_finish(red) != DDP_OK) {
             fprintf(stderr, "ddp_mlp: rank %d: %s\n", R, ddp_reducer_last_error(red));
-            rc = 1;
+            /* Another rank's failure (it died, aborted, timed out first): exit 86, so that
+             * ddprun reports that rank, not this one, which may have exited first. */
+            rc = ddp_group_peer_failed(g) ? DDP_EXIT_PEER_FAILED : 1;
             break;
         }
         ddp_reducer_stats st;
