@@ -27,7 +27,7 @@ train() { # train BUILD MODEL: median samples/s
     [ "$2" = cnn ] && cfg=configs/fashion-cnn.yaml steps=250
     "$1/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix "$1/bin/ddptrain" --config "$cfg" \
         --total_steps $steps --log_every 50 --eval_every 100000 --checkpoint.every 0 \
-        --data.threads 0 --out_dir "$OUT/run" 2>/dev/null |
+        --data.threads 0 --overwrite true --out_dir "$OUT/run" 2>/dev/null |
         sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
         awk -v last=$steps '$1 > 50 && $1 < last {print $2}' | tr '\n' ' ' | med
 }

@@ -34,5 +34,5 @@ echo "bin: $BIN  (best of $REPS; load $(cut -d' ' -f1-3 /proc/loadavg))"
 printf '%-28s %s  cuda libs: %s\n' "ddptrain --help" "$(measure "$BIN/ddptrain" --help)" \
     "$(cuda_libs "$BIN/ddptrain" --help)"
 printf '%-28s %s  cuda libs: %s\n' "ddptrain 4 CPU steps (gpt)" \
-    "$(measure "$BIN/ddptrain" "${TINY[@]}" --out_dir "$T/o")" \
-    "$(cuda_libs "$BIN/ddptrain" "${TINY[@]}" --out_dir "$T/o2")"
+    "$(measure "$BIN/ddptrain" "${TINY[@]}" --overwrite true --out_dir "$T/o")" \
+    "$(cuda_libs "$BIN/ddptrain" "${TINY[@]}" --overwrite true --out_dir "$T/o2")"

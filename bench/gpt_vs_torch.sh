@@ -46,7 +46,7 @@ ddp_rate() { # ddp_rate NPROC L NH C T B STEPS WINDOW PREC: "tokens/s maxrss_kb 
         --optimizer adamw --lr 3e-4 --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1.0 \
         --schedule constant --total_steps "$7" --log_every "$8" --eval_every 100000 \
         --checkpoint.every 0 --max_new_tokens 0 --data.threads 0 --precision "$9" \
-        --out_dir "$OUT/run" >"$OUT/d.out" 2>&1 || { cat "$OUT/d.out" >&2; exit 1; }
+        --overwrite true --out_dir "$OUT/run" >"$OUT/d.out" 2>&1 || { cat "$OUT/d.out" >&2; exit 1; }
     local rate rss mfu
     rate=$(sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) tokens\/s.*/\1 \2/p' "$OUT/d.out" |
         awk -v w="$8" -v last="$7" '$1 > w && $1 <= last {print $2}' | tr '\n' ' ' | med)
@@ -76,7 +76,7 @@ base_rss() { # base_rss PREC: the largest rank's peak RSS in KiB
         --data.train "$OUT/data/train.bin" --data.val "$OUT/data/val.bin" --eval_windows 1 \
         --optimizer adamw --total_steps 2 --log_every 1 --eval_every 100000 \
         --checkpoint.every 0 --max_new_tokens 0 --data.threads 0 --precision "$1" \
-        --out_dir "$OUT/base" >"$OUT/b.out" 2>&1 || { cat "$OUT/b.out" >&2; exit 1; }
+        --overwrite true --out_dir "$OUT/base" >"$OUT/b.out" 2>&1 || { cat "$OUT/b.out" >&2; exit 1; }
     sed -n 's/^maxrss //p' "$OUT/b.out" | sort -n | tail -1
 }
 declare -A BASE

@@ -21,7 +21,7 @@ cc -O2 -pthread -o "$OUT/core_distance" bench/core_distance.c
 rate() { # rate FLUSH: median samples/s over the 50-step windows after the first
     DDP_SHM_FLUSH=$1 "$BUILD/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix \
         "$BUILD/bin/ddptrain" --config configs/fashion-mlp.yaml --total_steps 1000 --log_every 50 \
-        --eval_every 100000 --checkpoint.every 0 --data.threads 0 --out_dir "$OUT/run" 2>/dev/null |
+        --eval_every 100000 --checkpoint.every 0 --data.threads 0 --overwrite true --out_dir "$OUT/run" 2>/dev/null |
         sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
         awk '$1 > 50 && $1 < 1000 {print $2}' | tr '\n' ' ' | med
 }

@@ -29,7 +29,7 @@ ddptrain_rate() { # ddptrain_rate MODEL NPROC [DATA_THREADS]
     s=$(steps_for "$1")
     "$BUILD/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$BUILD/bin/ddptrain" \
         --config "$(cfg_for "$1")" --total_steps "$s" --log_every 50 --eval_every 100000 \
-        --checkpoint.every 0 --data.threads "${3:-0}" --out_dir "$OUT/run" 2>/dev/null |
+        --checkpoint.every 0 --data.threads "${3:-0}" --overwrite true --out_dir "$OUT/run" 2>/dev/null |
         sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
         awk -v last="$s" '$1 > 50 && $1 < last {print $2}' | tr '\n' ' ' | med
 }
