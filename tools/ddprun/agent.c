@@ -75,6 +75,7 @@ typedef struct agent {
     /* heartbeats of other nodes, watched by node 0 */
     int64_t *hb_value;
     int64_t *hb_changed_ms;
+    bool *node_dead; /* node 0: nodes whose ddprun stopped beating; they will never ack the end */
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
     /* After a secondary failure: until when the workers are left to end on their own, so that the
@@ -555,6 +556,10 @@ out_store:
 
 #define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
 #define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
+/* The failure lines of a node whose ddprun stopped beating, and of a lost store: no summary
+ * comes from that node. */
+#define LINE_HEARTBEAT_LOST "stopped responding"
+#define LINE_STORE_LOST "lost contact with the store"
 #define CAUSE_WAIT_MAX_S 5.0 /* the longest ddprun waits for the cause after a secondary exit */
 
 static bool peer_failed_exit(int status)
@@ -664,7 +669,14 @@ static void print_summary(agent *a, bool restarting)
     ddprun_say("%s", bar);
     if (!f->local) {
         ddprun_say("job failed on another node: %s", f->line);
-        ddprun_say("  see the summary printed by that node's ddprun");
+        /* A dead ddprun (or an unreachable node 0) prints no summary to look for. */
+        if (strstr(f->line, LINE_HEARTBEAT_LOST))
+            ddprun_say("  that node's ddprun is gone: no summary comes from it (its workers die "
+                       "with it)");
+        else if (strncmp(f->line, LINE_STORE_LOST, strlen(LINE_STORE_LOST)) == 0)
+            ddprun_say("  node 0's ddprun, or the way to it, is gone: no summary may come from it");
+        else
+            ddprun_say("  see the summary printed by that node's ddprun");
     } else {
         char how[64];
         ddprun_describe_status(f->status, how, sizeof how);
@@ -790,9 +802,10 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
             a->hb_changed_ms[i] = now;
         } else if (now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
             snprintf(line, cap,
-                     "the ddprun of node %d stopped responding (no heartbeat for %.0f "
-                     "s); its machine or launcher died",
+                     "the ddprun of node %d " LINE_HEARTBEAT_LOST " (no heartbeat for %.0f s); its "
+                     "machine or launcher died",
                      i, o->agent_timeout);
+            a->node_dead[i] = true;
             key(k, sizeof k, a, "failed");
             (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
             *remote_failed = true;
@@ -1040,9 +1053,9 @@ static outcome run_attempt(agent *a)
                 store_lost = true;
                 if (!a->fail.set && !a->stop_signal) {
                     char msg[700];
-                    snprintf(
-                        msg, sizeof msg, "lost contact with the store on node 0 ('" HOSTF "'): %s",
-                        HOSTA(o->master_addr, a->wd.master_port), ddp_store_last_error(a->store));
+                    snprintf(msg, sizeof msg, LINE_STORE_LOST " on node 0 ('" HOSTF "'): %s",
+                             HOSTA(o->master_addr, a->wd.master_port),
+                             ddp_store_last_error(a->store));
                     record_remote_failure(a, msg);
                     stop_workers(a, SIGTERM, &kill_at);
                 }
@@ -1086,8 +1099,7 @@ static outcome run_attempt(agent *a)
     if (store_lost) {
         /* Node 0 is gone with the store: there is nothing to restart against. */
         if (!a->fail.set)
-            record_remote_failure(a, "lost contact with the store on node 0 before every node "
-                                     "finished");
+            record_remote_failure(a, LINE_STORE_LOST " on node 0 before every node finished");
         return STORE_LOST;
     }
     if (a->remote_stop)
@@ -1108,11 +1120,16 @@ static void final_handshake(agent *a)
         (void)ddp_store_add(a->store, "ddprun/final_acks", 1, NULL);
         return;
     }
+    /* A node declared dead will never ack: waiting for it only delays the exit by the whole
+     * bound below. */
+    int64_t expected = o->nnodes - 1;
+    for (int i = 1; i < o->nnodes; i++)
+        if (a->node_dead[i])
+            expected--;
     int64_t deadline = now_ms() + (int64_t)(o->grace_period * 1000) + 5000;
     while (now_ms() < deadline) {
         int64_t acks = 0;
-        if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK ||
-            acks >= o->nnodes - 1)
+        if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK || acks >= expected)
             return;
         nap_ms(20);
     }
@@ -1132,8 +1149,9 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
     a.w = calloc((size_t)o->nproc, sizeof *a.w);
     a.hb_value = calloc((size_t)o->nnodes, sizeof *a.hb_value);
     a.hb_changed_ms = calloc((size_t)o->nnodes, sizeof *a.hb_changed_ms);
+    a.node_dead = calloc((size_t)o->nnodes, sizeof *a.node_dead);
     int code = 1;
-    if (!a.w || !a.hb_value || !a.hb_changed_ms) {
+    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead) {
         ddprun_say("out of memory");
         goto out;
     }
@@ -1198,5 +1216,6 @@ out:
     free(a.w);
     free(a.hb_value);
     free(a.hb_changed_ms);
+    free(a.node_dead);
     return code;
 }

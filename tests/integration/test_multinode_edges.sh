@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Two nodes on one machine, the edges of a multi-node job that integration.multinode leaves out:
+# a node's ddprun killed outright (node 0 must end soon after --agent_timeout, not wait out the
+# end-of-job handshake for a node that will never answer, and must not send the user to that
+# node's summary), and nodes sharing one --log_dir (a network file system), which must not
+# write into each other's files.
+. "$(dirname "$0")/lib.sh"
+export DDP_STORE_TOKEN=test-secret-$$
+
+# 1. Node 1's ddprun dies by SIGKILL: node 0 declares it dead after --agent_timeout (2 s) and
+#    exits 1 at once; its own workers are stopped, node 1's die with their reaper.
+d=$T/lost; mkdir -p "$d"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1
+       --rdzv_timeout 20 --agent_timeout 2 --grace_period 10)
+"$DDPRUN" "${flags[@]}" --node_rank 0 "$WORKER" sleep "$d" >"$d/out0" 2>"$d/err0" &
+n0=$!; BG_PIDS+=($n0)
+"$DDPRUN" "${flags[@]}" --node_rank 1 "$WORKER" sleep "$d" >"$d/out1" 2>"$d/err1" &
+n1=$!; BG_PIDS+=($n1)
+wait_files "$d" "pid.*" 2 20
+kill -9 $n1
+t0=$(now_ms)
+rc=0; wait $n0 || rc=$?
+took=$(($(now_ms) - t0))
+[ $rc = 1 ] || { cat "$d/err0"; fail "node 0 exited $rc after node 1's ddprun died, expected 1"; }
+# 2 s of silence + the 10 s grace + 5 s is what the old end-of-job wait took; 8 s allows load.
+[ $took -lt 8000 ] || { cat "$d/err0"; fail "node 0 took $took ms to end after node 1 died"; }
+assert_contains "$d/err0" "the ddprun of node 1 stopped responding"
+assert_contains "$d/err0" "that node's ddprun is gone: no summary comes from it"
+assert_not_contains "$d/err0" "see the summary printed by that node's ddprun"
+wait $n1 2>/dev/null || true
+wait_gone "$d" 10
+ok "a node's ddprun killed: node 0 ends $took ms later (agent_timeout 2 s), no summary promised"
