@@ -31,3 +31,38 @@ assert_not_contains "$d/err0" "see the summary printed by that node's ddprun"
 wait $n1 2>/dev/null || true
 wait_gone "$d" 10
 ok "a node's ddprun killed: node 0 ends $took ms later (agent_timeout 2 s), no summary promised"
+
+# 2. Two nodes sharing one --log_dir, 2 workers each: every rank's output is in its own node's
+#    files (node_N/attempt_0/LOCAL_RANK), none in another's, and a failure names its node's file.
+d=$T/logs; mkdir -p "$d"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 2
+       --rdzv_timeout 20 --log_dir "$d/L" --run_id shared)
+"$DDPRUN" "${flags[@]}" --node_rank 1 "$WORKER" env "$d" >"$d/out1" 2>"$d/err1" &
+n1=$!; BG_PIDS+=($n1)
+"$DDPRUN" "${flags[@]}" --node_rank 0 "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" ||
+    { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for n in 0 1; do
+    for lr in 0 1; do
+        f=$d/L/shared/node_$n/attempt_0/$lr/stdout.log
+        r=$((2 * n + lr))
+        assert_contains "$f" "env written by rank $r"
+        [ "$(grep -c "env written by" "$f")" = 1 ] || { cat "$f"; fail "$f holds another rank's lines"; }
+    done
+done
+[ ! -e "$d/L/shared/attempt_0" ] || fail "a node wrote the one-node layout"
+mkdir -p "$T/logsf"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 2
+       --rdzv_timeout 20 --log_dir "$d/L" --run_id failing)
+"$DDPRUN" "${flags[@]}" --node_rank 1 "$WORKER" fail 3 3 "$T/logsf" >"$d/out1" 2>"$d/err1" &
+n1=$!; BG_PIDS+=($n1)
+rc=0; "$DDPRUN" "${flags[@]}" --node_rank 0 "$WORKER" fail 3 3 "$T/logsf" >"$d/out0" 2>"$d/err0" || rc=$?
+[ $rc = 1 ] || { cat "$d/err0"; fail "node 0 exited $rc, expected 1"; }
+rc=0; wait $n1 || rc=$?
+[ $rc = 1 ] || { cat "$d/err1"; fail "node 1 exited $rc, expected 1"; }
+assert_contains "$d/err1" "log     : $d/L/failing/node_1/attempt_0/1/stderr.log"
+assert_contains "$d/L/failing/node_1/attempt_0/1/stderr.log" "failing on purpose"
+wait_gone "$T/logsf" 10
+ok "two nodes sharing --log_dir: DIR/RUN_ID/node_N/attempt_K/LOCAL_RANK, nothing mixed"

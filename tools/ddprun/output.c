@@ -4,7 +4,8 @@
  * With several workers on one console every line gets its rank ("[rank3]: …") and is written
  * with one write(), so lines from different ranks never mix mid-line. With --log_dir (or
  * --redirects/--tee) each worker also gets DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log,
- * torchrun's layout, holding its raw output. The last few stderr lines of each worker are kept
+ * torchrun's layout, holding its raw output (DIR/RUN_ID/node_N/attempt_K/… on several nodes,
+ * which may share DIR). The last few stderr lines of each worker are kept
  * for the failure summary. A line longer than 64 KiB is forwarded in pieces.
  */
 #define _GNU_SOURCE
@@ -80,9 +81,14 @@ int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
     w->log_path[0] = '\0';
     if (!o->want_files)
         return 0;
+    /* Several nodes often share --log_dir (a network file system) and run the same local ranks:
+     * each node gets a folder of its own, or they would truncate and mix each other's files. */
+    char node[32] = "";
+    if (o->nnodes > 1)
+        snprintf(node, sizeof node, "/node_%d", o->node_rank);
     char dir[1400];
-    if (snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", o->log_dir, o->run_id, attempt, lr) >=
-        (int)sizeof dir - 16) {
+    if (snprintf(dir, sizeof dir, "%s/%s%s/attempt_%d/%d", o->log_dir, o->run_id, node, attempt,
+                 lr) >= (int)sizeof dir - 16) {
         ddprun_say("--log_dir '%s' is too long", o->log_dir);
         return -1;
     }
