@@ -66,3 +66,34 @@ assert_contains "$d/err1" "log     : $d/L/failing/node_1/attempt_0/1/stderr.log"
 assert_contains "$d/L/failing/node_1/attempt_0/1/stderr.log" "failing on purpose"
 wait_gone "$T/logsf" 10
 ok "two nodes sharing --log_dir: DIR/RUN_ID/node_N/attempt_K/LOCAL_RANK, nothing mixed"
+
+# 3. The run id is the job's: a node without --run_id takes node 0's (before, it waited out
+#    --rdzv_timeout for an id node 0 never published when node 0 had one), and nodes with
+#    different ones (--rdzv_id A on one, B on the other) are refused on both at once (before,
+#    they ran one job whose workers had two DDP_RUN_IDs).
+d=$T/runid; mkdir -p "$d"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 --rdzv_timeout 10)
+"$DDPRUN" "${flags[@]}" --node_rank 0 --run_id jobA "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" &
+n0=$!; BG_PIDS+=($n0)
+t0=$(now_ms)
+"$DDPRUN" "${flags[@]}" --node_rank 1 "$WORKER" env "$d" >"$d/out1" 2>"$d/err1" ||
+    { cat "$d/err1"; fail "node 1 without --run_id exited non-zero"; }
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+[ $(($(now_ms) - t0)) -lt 8000 ] || fail "node 1 without --run_id took $(($(now_ms) - t0)) ms"
+assert_contains "$d/env.0" "DDP_RUN_ID=jobA"
+assert_contains "$d/env.1" "DDP_RUN_ID=jobA"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 --rdzv_timeout 10)
+"$DDPRUN" "${flags[@]}" --node_rank 0 --rdzv_id jobA "$WORKER" sleep "$d" >"$d/out0" 2>"$d/err0" &
+n0=$!; BG_PIDS+=($n0)
+t0=$(now_ms)
+rc=0; "$DDPRUN" "${flags[@]}" --node_rank 1 --rdzv_id jobB "$WORKER" sleep "$d" >"$d/out1" 2>"$d/err1" || rc=$?
+[ $rc = 1 ] || { cat "$d/err1"; fail "node 1 with another --rdzv_id exited $rc, expected 1"; }
+rc=0; wait $n0 || rc=$?
+[ $rc = 1 ] || { cat "$d/err0"; fail "node 0 exited $rc with another node's --rdzv_id, expected 1"; }
+[ $(($(now_ms) - t0)) -lt 8000 ] || fail "refusing two run ids took $(($(now_ms) - t0)) ms"
+assert_contains "$d/err1" "node 0 runs with run id 'jobA' but this node with 'jobB'"
+assert_contains "$d/err0" "node 1 runs with run id 'jobB' but this node with 'jobA'"
+[ ! -e "$d/pid.0" ] && [ ! -e "$d/pid.1" ] || fail "workers started under two run ids"
+ok "one run id per job: node 0's is taken, two different ones are refused on every node"

@@ -313,9 +313,9 @@ static int setup_store(agent *a)
         ddprun_say("this is node %d of %d (numbered by the c10d rendezvous at '" HOSTF "')",
                    o->node_rank, o->nnodes, HOSTA(o->master_addr, a->wd.master_port));
     }
-    if (o->run_id_set)
-        return 0;
     if (o->nnodes == 1) {
+        if (o->run_id_set)
+            return 0;
         char id[13];
         if (ddp_random_token(id, 12, &err) != DDP_OK) {
             ddprun_say("%s", err.msg);
@@ -324,24 +324,34 @@ static int setup_store(agent *a)
         snprintf(o->run_id, sizeof o->run_id, "%s", id);
         return 0;
     }
-    /* Several nodes and no --run_id: node 0 makes one up and the others read it. */
-    void *v = NULL;
-    size_t n = 0;
+    /* Several nodes: node 0's id (its --run_id, else one it makes up) is the job's, published
+     * for the others; a node without --run_id takes it. One with its own keeps it until the
+     * rendezvous, which refuses nodes whose ids differ (torchrun's nodes with different
+     * --rdzv_id never meet; here they would run one job under two ids). */
     if (o->node_rank == 0) {
-        char id[13];
-        if (ddp_random_token(id, 12, &err) != DDP_OK ||
-            ddp_store_set(a->store, "ddprun/run_id", id, strlen(id)) != DDP_OK) {
-            ddprun_say("%s", err.msg[0] ? err.msg : ddp_store_last_error(a->store));
+        if (!o->run_id_set) {
+            char id[13];
+            if (ddp_random_token(id, 12, &err) != DDP_OK) {
+                ddprun_say("%s", err.msg);
+                return -1;
+            }
+            snprintf(o->run_id, sizeof o->run_id, "%s", id);
+        }
+        if (ddp_store_set(a->store, "ddprun/run_id", o->run_id, strlen(o->run_id)) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(a->store));
             return -1;
         }
-        snprintf(o->run_id, sizeof o->run_id, "%s", id);
         return 0;
     }
+    if (o->run_id_set)
+        return 0;
+    void *v = NULL;
+    size_t n = 0;
     if (ddp_store_get(a->store, "ddprun/run_id", &v, &n) != DDP_OK) {
         ddprun_say("%s", ddp_store_last_error(a->store));
         return -1;
     }
-    snprintf(o->run_id, sizeof o->run_id, "%s", (char *)v);
+    snprintf(o->run_id, sizeof o->run_id, "%.*s", (int)n, (char *)v);
     free(v);
     return 0;
 }
@@ -418,7 +428,7 @@ static int rendezvous(agent *a)
     }
     ddp_store *s = a->store;
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
-    char k[128], val[64];
+    char k[128], val[64 + sizeof o->run_id];
     snprintf(k, sizeof k, "ddprun/a%d/claim/%d", a->wd.attempt, o->node_rank);
     int64_t claims;
     if (ddp_store_add(s, k, 1, &claims) != DDP_OK)
@@ -430,7 +440,8 @@ static int rendezvous(agent *a)
         return -1;
     }
     snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
-    snprintf(val, sizeof val, "%d %d %d", o->nproc, o->max_restarts, o->nnodes);
+    snprintf(val, sizeof val, "%d %d %d %d %s", o->nproc, o->max_restarts, o->nnodes,
+             o->run_id_set ? 1 : 0, o->run_id);
     if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK)
         goto out_store;
 
@@ -495,10 +506,11 @@ static int rendezvous(agent *a)
             ddprun_say("%s", ddp_store_last_error(s));
             goto out_free;
         }
-        int np = 0, mr = 0, nn = 0;
-        int got = sscanf(v, "%d %d %d", &np, &mr, &nn);
+        int np = 0, mr = 0, nn = 0, id_set = 0;
+        char id[sizeof o->run_id];
+        int got = sscanf(v, "%d %d %d %d %127s", &np, &mr, &nn, &id_set, id);
         free(v);
-        if (got != 3 || np < 1) {
+        if (got != 5 || np < 1) {
             ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every "
                        "node",
                        i);
@@ -508,6 +520,16 @@ static int rendezvous(agent *a)
             ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
                        "and %d; give every node the same flags",
                        i, mr, nn, o->max_restarts, o->nnodes);
+            goto out_free;
+        }
+        if (strcmp(id, o->run_id) != 0) {
+            ddprun_say("node %d runs with run id '%s'%s but this node with '%s'%s; give every "
+                       "node the same --run_id (--rdzv_id), or leave it out on every node but "
+                       "node 0",
+                       i, id, id_set ? "" : " (made up: no --run_id)", o->run_id,
+                       o->run_id_set       ? ""
+                       : o->node_rank == 0 ? " (made up: no --run_id)"
+                                           : " (no --run_id: node 0's)");
             goto out_free;
         }
         if (i == o->node_rank)
