@@ -97,3 +97,25 @@ assert_contains "$d/err1" "node 0 runs with run id 'jobA' but this node with 'jo
 assert_contains "$d/err0" "node 1 runs with run id 'jobB' but this node with 'jobA'"
 [ ! -e "$d/pid.0" ] && [ ! -e "$d/pid.1" ] || fail "workers started under two run ids"
 ok "one run id per job: node 0's is taken, two different ones are refused on every node"
+
+# 4. A node's ddprun that cannot start its workers (here: its --log_dir is a file) tells the
+#    others at once: node 0 stops within seconds naming it, not after --agent_timeout (30 s) as
+#    a dead machine.
+d=$T/agenterr; mkdir -p "$d"
+touch "$d/notadir"
+port=$(free_port)
+flags=(--nnodes 2 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 --rdzv_timeout 10)
+"$DDPRUN" "${flags[@]}" --node_rank 0 "$WORKER" sleep "$d" >"$d/out0" 2>"$d/err0" &
+n0=$!; BG_PIDS+=($n0)
+t0=$(now_ms)
+rc=0; "$DDPRUN" "${flags[@]}" --node_rank 1 --log_dir "$d/notadir" "$WORKER" sleep "$d" \
+    >"$d/out1" 2>"$d/err1" || rc=$?
+[ $rc = 1 ] || { cat "$d/err1"; fail "node 1 exited $rc with an unusable --log_dir, expected 1"; }
+assert_contains "$d/err1" "cannot create log directory"
+rc=0; wait $n0 || rc=$?
+took=$(($(now_ms) - t0))
+[ $rc = 1 ] || { cat "$d/err0"; fail "node 0 exited $rc, expected 1"; }
+[ $took -lt 10000 ] || { cat "$d/err0"; fail "node 0 took $took ms to stop"; }
+assert_contains "$d/err0" "ddprun on node 1 ('$(hostname)') could not start or watch its workers"
+wait_gone "$d" 10
+ok "a node that cannot start its workers stops the others at once ($took ms)"

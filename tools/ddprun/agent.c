@@ -1215,6 +1215,18 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             goto out;
         }
         if (r == AGENT_ERROR) {
+            /* Tell the other nodes now (they would otherwise take this node for dead only after
+             * --agent_timeout, naming the wrong cause); the reason is in this node's output. */
+            if (o->nnodes > 1) {
+                char k[128], line[400];
+                key(k, sizeof k, &a, "failed");
+                snprintf(line, sizeof line,
+                         STOP_MARK "ddprun on node %d ('%s') could not start or watch its "
+                                   "workers; the reason is in that ddprun's output",
+                         o->node_rank, a.host);
+                ddp_store_set_timeout(a.store, 2000);
+                (void)ddp_store_compare_set(a.store, k, "", 0, line, strlen(line), NULL, NULL);
+            }
             final_handshake(&a);
             goto out;
         }
