@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Two nodes on one machine, the edges of a multi-node job that integration.multinode leaves out:
-# a node's ddprun killed outright (node 0 must end soon after --agent_timeout, not wait out the
-# end-of-job handshake for a node that will never answer, and must not send the user to that
-# node's summary), and nodes sharing one --log_dir (a network file system), which must not
-# write into each other's files.
+# Edges of ddprun that integration.multinode and integration.launchers leave out. Two nodes on
+# one machine: a node's ddprun killed outright (node 0 must end soon after --agent_timeout, not
+# wait out the end-of-job handshake for a node that will never answer, and must not send the user
+# to that node's summary); nodes sharing one --log_dir (a network file system), which must not
+# write into each other's files; one run id per job; a node that cannot start its workers.
+# Under mpirun: a ddprun bound to one core warns that its workers share it.
 . "$(dirname "$0")/lib.sh"
 export DDP_STORE_TOKEN=test-secret-$$
 
@@ -119,3 +120,20 @@ took=$(($(now_ms) - t0))
 assert_contains "$d/err0" "ddprun on node 1 ('$(hostname)') could not start or watch its workers"
 wait_gone "$d" 10
 ok "a node that cannot start its workers stops the others at once ($took ms)"
+
+# 5. mpirun binds each task to a core by default (np <= 2): a ddprun it starts, and all of that
+#    ddprun's workers, would share one core silently. ddprun says so.
+if command -v mpirun >/dev/null && [ "$(nproc --all)" -ge 2 ] && [ "$(nproc)" -ge 2 ]; then
+    d=$T/bound; mkdir -p "$d"
+    mpirun --allow-run-as-root --oversubscribe -np 1 --bind-to core "$DDPRUN" --standalone \
+        --nproc_per_node 2 "$WORKER" env "$d" >"$d/out" 2>"$d/err" ||
+        { cat "$d/out" "$d/err"; fail "mpirun -np 1 ddprun failed"; }
+    assert_contains "$d/err" "warning: this ddprun may use only 1 of the machine's"
+    assert_contains "$d/err" "(1 core / 2 workers)"
+    rc=0; "$DDPRUN" --standalone --nproc_per_node 2 "$WORKER" env "$d" >"$d/out" 2>"$d/err" || rc=$?
+    [ $rc = 0 ] || { cat "$d/err"; fail "ddprun exited $rc"; }
+    assert_not_contains "$d/err" "may use only"
+    ok "a ddprun bound to one core by mpirun warns that its 2 workers share it"
+else
+    echo "skip 5: no mpirun or fewer than 2 cores"
+fi
