@@ -137,3 +137,31 @@ if command -v mpirun >/dev/null && [ "$(nproc --all)" -ge 2 ] && [ "$(nproc)" -g
 else
     echo "skip 5: no mpirun or fewer than 2 cores"
 fi
+
+# 6. A full disk under --log_dir: with --redirects 3 the log files are the output's only copy.
+#    ddprun says once per stream that the log cannot be written and sends the rest to the
+#    console, so the end of the output (here each rank's last line) is not lost silently.
+d=$T/full; mkdir -p "$d/fs"
+if mount -t tmpfs -o size=64k tmpfs "$d/fs" 2>/dev/null; then
+    UNMOUNT+=("$d/fs")
+    cat >"$d/big.sh" <<'SH'
+#!/bin/sh
+i=0
+while [ $i -lt 3000 ]; do
+    echo "rank $RANK line $i ................................................"
+    i=$((i + 1))
+done
+echo "rank $RANK last line" >&2
+SH
+    chmod +x "$d/big.sh"
+    rc=0; "$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d/fs" --run_id full -r 3 \
+        "$d/big.sh" >"$d/out" 2>"$d/err" || rc=$?
+    [ $rc = 0 ] || { cat "$d/err"; fail "ddprun exited $rc with a full log disk"; }
+    assert_contains "$d/err" "cannot write rank 0's log '$d/fs/full/attempt_0/0/stdout.log': No space left on device; the rest of it goes to the console instead"
+    assert_contains "$d/out" "[rank1]: rank 1 line 2999 "
+    assert_contains "$d/err" "[rank0]: rank 0 last line"
+    assert_contains "$d/err" "[rank1]: rank 1 last line"
+    ok "a full disk under --log_dir: said once per stream, the rest of the output on the console"
+else
+    echo "skip 6: cannot mount a tmpfs (not root)"
+fi

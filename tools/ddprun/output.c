@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,24 @@ static void write_all(int fd, const char *p, size_t n)
         p += k;
         n -= (size_t)k;
     }
+}
+
+/* Writes all of p to a log file: 0, or -1 with errno (a full disk: ENOSPC). */
+static int write_file(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (k == 0)
+                errno = EIO;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
 }
 
 void ddprun_say(const char *fmt, ...)
@@ -165,8 +184,25 @@ bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s
         return true;
     if (k <= 0)
         return false;
-    if (s->file_fd >= 0)
-        write_all(s->file_fd, chunk, (size_t)k);
+    if (s->file_fd >= 0 && write_file(s->file_fd, chunk, (size_t)k) != 0) {
+        /* A full disk must not lose the output silently (under --redirects the log is its only
+         * copy): say so once and send the rest to the console, unless --local_ranks_filter hides
+         * this rank there. */
+        int e = errno;
+        const char *name = s->which == STD_OUT ? "stdout.log" : "stderr.log";
+        int dir_len = (int)(strrchr(w->log_path, '/') ? strrchr(w->log_path, '/') - w->log_path
+                                                      : (ptrdiff_t)strlen(w->log_path));
+        bool hidden = o->ranks_filter && !o->shown[w->local_rank];
+        ddprun_say("cannot write rank %d's log '%.*s/%s': %s; %s", w->rank, dir_len, w->log_path,
+                   name, strerror(e),
+                   hidden       ? "the rest of it is lost (--local_ranks_filter hides this rank)"
+                   : s->console ? "the rest of it goes to the console only"
+                                : "the rest of it goes to the console instead");
+        close(s->file_fd);
+        s->file_fd = -1;
+        if (!hidden)
+            s->console = true;
+    }
     const char *p = chunk;
     size_t left = (size_t)k;
     while (left > 0) {
