@@ -75,6 +75,7 @@ typedef struct agent {
     /* heartbeats of other nodes, watched by node 0 */
     int64_t *hb_value;
     int64_t *hb_changed_ms;
+    bool *node_dead; /* node 0: nodes whose ddprun stopped beating; they will never ack the end */
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
     /* After a secondary failure: until when the workers are left to end on their own, so that the
@@ -312,9 +313,9 @@ static int setup_store(agent *a)
         ddprun_say("this is node %d of %d (numbered by the c10d rendezvous at '" HOSTF "')",
                    o->node_rank, o->nnodes, HOSTA(o->master_addr, a->wd.master_port));
     }
-    if (o->run_id_set)
-        return 0;
     if (o->nnodes == 1) {
+        if (o->run_id_set)
+            return 0;
         char id[13];
         if (ddp_random_token(id, 12, &err) != DDP_OK) {
             ddprun_say("%s", err.msg);
@@ -323,24 +324,34 @@ static int setup_store(agent *a)
         snprintf(o->run_id, sizeof o->run_id, "%s", id);
         return 0;
     }
-    /* Several nodes and no --run_id: node 0 makes one up and the others read it. */
-    void *v = NULL;
-    size_t n = 0;
+    /* Several nodes: node 0's id (its --run_id, else one it makes up) is the job's, published
+     * for the others; a node without --run_id takes it. One with its own keeps it until the
+     * rendezvous, which refuses nodes whose ids differ (torchrun's nodes with different
+     * --rdzv_id never meet; here they would run one job under two ids). */
     if (o->node_rank == 0) {
-        char id[13];
-        if (ddp_random_token(id, 12, &err) != DDP_OK ||
-            ddp_store_set(a->store, "ddprun/run_id", id, strlen(id)) != DDP_OK) {
-            ddprun_say("%s", err.msg[0] ? err.msg : ddp_store_last_error(a->store));
+        if (!o->run_id_set) {
+            char id[13];
+            if (ddp_random_token(id, 12, &err) != DDP_OK) {
+                ddprun_say("%s", err.msg);
+                return -1;
+            }
+            snprintf(o->run_id, sizeof o->run_id, "%s", id);
+        }
+        if (ddp_store_set(a->store, "ddprun/run_id", o->run_id, strlen(o->run_id)) != DDP_OK) {
+            ddprun_say("%s", ddp_store_last_error(a->store));
             return -1;
         }
-        snprintf(o->run_id, sizeof o->run_id, "%s", id);
         return 0;
     }
+    if (o->run_id_set)
+        return 0;
+    void *v = NULL;
+    size_t n = 0;
     if (ddp_store_get(a->store, "ddprun/run_id", &v, &n) != DDP_OK) {
         ddprun_say("%s", ddp_store_last_error(a->store));
         return -1;
     }
-    snprintf(o->run_id, sizeof o->run_id, "%s", (char *)v);
+    snprintf(o->run_id, sizeof o->run_id, "%.*s", (int)n, (char *)v);
     free(v);
     return 0;
 }
@@ -417,7 +428,7 @@ static int rendezvous(agent *a)
     }
     ddp_store *s = a->store;
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
-    char k[128], val[64];
+    char k[128], val[64 + sizeof o->run_id];
     snprintf(k, sizeof k, "ddprun/a%d/claim/%d", a->wd.attempt, o->node_rank);
     int64_t claims;
     if (ddp_store_add(s, k, 1, &claims) != DDP_OK)
@@ -429,7 +440,8 @@ static int rendezvous(agent *a)
         return -1;
     }
     snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
-    snprintf(val, sizeof val, "%d %d %d", o->nproc, o->max_restarts, o->nnodes);
+    snprintf(val, sizeof val, "%d %d %d %d %s", o->nproc, o->max_restarts, o->nnodes,
+             o->run_id_set ? 1 : 0, o->run_id);
     if (ddp_store_set(s, k, val, strlen(val)) != DDP_OK)
         goto out_store;
 
@@ -494,10 +506,11 @@ static int rendezvous(agent *a)
             ddprun_say("%s", ddp_store_last_error(s));
             goto out_free;
         }
-        int np = 0, mr = 0, nn = 0;
-        int got = sscanf(v, "%d %d %d", &np, &mr, &nn);
+        int np = 0, mr = 0, nn = 0, id_set = 0;
+        char id[sizeof o->run_id];
+        int got = sscanf(v, "%d %d %d %d %127s", &np, &mr, &nn, &id_set, id);
         free(v);
-        if (got != 3 || np < 1) {
+        if (got != 5 || np < 1) {
             ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every "
                        "node",
                        i);
@@ -507,6 +520,16 @@ static int rendezvous(agent *a)
             ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
                        "and %d; give every node the same flags",
                        i, mr, nn, o->max_restarts, o->nnodes);
+            goto out_free;
+        }
+        if (strcmp(id, o->run_id) != 0) {
+            ddprun_say("node %d runs with run id '%s'%s but this node with '%s'%s; give every "
+                       "node the same --run_id (--rdzv_id), or leave it out on every node but "
+                       "node 0",
+                       i, id, id_set ? "" : " (made up: no --run_id)", o->run_id,
+                       o->run_id_set       ? ""
+                       : o->node_rank == 0 ? " (made up: no --run_id)"
+                                           : " (no --run_id: node 0's)");
             goto out_free;
         }
         if (i == o->node_rank)
@@ -555,6 +578,10 @@ out_store:
 
 #define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
 #define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
+/* The failure lines of a node whose ddprun stopped beating, and of a lost store: no summary
+ * comes from that node. */
+#define LINE_HEARTBEAT_LOST "stopped responding"
+#define LINE_STORE_LOST "lost contact with the store"
 #define CAUSE_WAIT_MAX_S 5.0 /* the longest ddprun waits for the cause after a secondary exit */
 
 static bool peer_failed_exit(int status)
@@ -664,7 +691,14 @@ static void print_summary(agent *a, bool restarting)
     ddprun_say("%s", bar);
     if (!f->local) {
         ddprun_say("job failed on another node: %s", f->line);
-        ddprun_say("  see the summary printed by that node's ddprun");
+        /* A dead ddprun (or an unreachable node 0) prints no summary to look for. */
+        if (strstr(f->line, LINE_HEARTBEAT_LOST))
+            ddprun_say("  that node's ddprun is gone: no summary comes from it (its workers die "
+                       "with it)");
+        else if (strncmp(f->line, LINE_STORE_LOST, strlen(LINE_STORE_LOST)) == 0)
+            ddprun_say("  node 0's ddprun, or the way to it, is gone: no summary may come from it");
+        else
+            ddprun_say("  see the summary printed by that node's ddprun");
     } else {
         char how[64];
         ddprun_describe_status(f->status, how, sizeof how);
@@ -790,9 +824,10 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
             a->hb_changed_ms[i] = now;
         } else if (now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
             snprintf(line, cap,
-                     "the ddprun of node %d stopped responding (no heartbeat for %.0f "
-                     "s); its machine or launcher died",
+                     "the ddprun of node %d " LINE_HEARTBEAT_LOST " (no heartbeat for %.0f s); its "
+                     "machine or launcher died",
                      i, o->agent_timeout);
+            a->node_dead[i] = true;
             key(k, sizeof k, a, "failed");
             (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
             *remote_failed = true;
@@ -1040,9 +1075,9 @@ static outcome run_attempt(agent *a)
                 store_lost = true;
                 if (!a->fail.set && !a->stop_signal) {
                     char msg[700];
-                    snprintf(
-                        msg, sizeof msg, "lost contact with the store on node 0 ('" HOSTF "'): %s",
-                        HOSTA(o->master_addr, a->wd.master_port), ddp_store_last_error(a->store));
+                    snprintf(msg, sizeof msg, LINE_STORE_LOST " on node 0 ('" HOSTF "'): %s",
+                             HOSTA(o->master_addr, a->wd.master_port),
+                             ddp_store_last_error(a->store));
                     record_remote_failure(a, msg);
                     stop_workers(a, SIGTERM, &kill_at);
                 }
@@ -1086,8 +1121,7 @@ static outcome run_attempt(agent *a)
     if (store_lost) {
         /* Node 0 is gone with the store: there is nothing to restart against. */
         if (!a->fail.set)
-            record_remote_failure(a, "lost contact with the store on node 0 before every node "
-                                     "finished");
+            record_remote_failure(a, LINE_STORE_LOST " on node 0 before every node finished");
         return STORE_LOST;
     }
     if (a->remote_stop)
@@ -1108,11 +1142,16 @@ static void final_handshake(agent *a)
         (void)ddp_store_add(a->store, "ddprun/final_acks", 1, NULL);
         return;
     }
+    /* A node declared dead will never ack: waiting for it only delays the exit by the whole
+     * bound below. */
+    int64_t expected = o->nnodes - 1;
+    for (int i = 1; i < o->nnodes; i++)
+        if (a->node_dead[i])
+            expected--;
     int64_t deadline = now_ms() + (int64_t)(o->grace_period * 1000) + 5000;
     while (now_ms() < deadline) {
         int64_t acks = 0;
-        if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK ||
-            acks >= o->nnodes - 1)
+        if (ddp_store_add(a->store, "ddprun/final_acks", 0, &acks) != DDP_OK || acks >= expected)
             return;
         nap_ms(20);
     }
@@ -1132,8 +1171,9 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
     a.w = calloc((size_t)o->nproc, sizeof *a.w);
     a.hb_value = calloc((size_t)o->nnodes, sizeof *a.hb_value);
     a.hb_changed_ms = calloc((size_t)o->nnodes, sizeof *a.hb_changed_ms);
+    a.node_dead = calloc((size_t)o->nnodes, sizeof *a.node_dead);
     int code = 1;
-    if (!a.w || !a.hb_value || !a.hb_changed_ms) {
+    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead) {
         ddprun_say("out of memory");
         goto out;
     }
@@ -1175,6 +1215,18 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             goto out;
         }
         if (r == AGENT_ERROR) {
+            /* Tell the other nodes now (they would otherwise take this node for dead only after
+             * --agent_timeout, naming the wrong cause); the reason is in this node's output. */
+            if (o->nnodes > 1) {
+                char k[128], line[400];
+                key(k, sizeof k, &a, "failed");
+                snprintf(line, sizeof line,
+                         STOP_MARK "ddprun on node %d ('%s') could not start or watch its "
+                                   "workers; the reason is in that ddprun's output",
+                         o->node_rank, a.host);
+                ddp_store_set_timeout(a.store, 2000);
+                (void)ddp_store_compare_set(a.store, k, "", 0, line, strlen(line), NULL, NULL);
+            }
             final_handshake(&a);
             goto out;
         }
@@ -1198,5 +1250,6 @@ out:
     free(a.w);
     free(a.hb_value);
     free(a.hb_changed_ms);
+    free(a.node_dead);
     return code;
 }

@@ -85,6 +85,7 @@ static const char usage[] =
     "Output\n"
     "  --log_dir DIR            also write each worker's output to\n"
     "                           DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log\n"
+    "                           (DIR/RUN_ID/node_N/attempt_K/... with --nnodes above 1)\n"
     "  -r, --redirects V        send streams to the log files only: 0 none, 1 stdout, 2 stderr,\n"
     "                           3 both; or per local rank, '0:1,1:2'\n"
     "  -t, --tee V              send streams to the log files and the console (same values)\n"

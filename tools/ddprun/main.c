@@ -41,8 +41,20 @@ static void default_threads(int nproc)
         snprintf(set + l, sizeof set - l, "%s%s", l ? " and " : "", names[i]);
     }
     if (set[0] && nproc > 1)
-        ddprun_say("%s unset: %d thread%s per worker (%d cores / %d workers)", set, per,
-                   per == 1 ? "" : "s", cores, nproc);
+        ddprun_say("%s unset: %d thread%s per worker (%d core%s / %d workers)", set, per,
+                   per == 1 ? "" : "s", cores, cores == 1 ? "" : "s", nproc);
+    /* Under mpirun (which binds each task to a core by default when it starts at most 2) or srun,
+     * ddprun inherits the binding, and so do all its workers: they would share a core while the
+     * rest of the machine idles, silently. (Only under those: a container's cpuset is meant.) */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    bool task = getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") || getenv("PMI_RANK") ||
+                getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID");
+    if (task && nproc > cores && online > cores)
+        ddprun_say("warning: this ddprun may use only %d of the machine's %ld cores (its CPU "
+                   "affinity, as mpirun's or srun's binding of tasks sets it), so its %d workers "
+                   "share %s; start it unbound (mpirun --bind-to none, srun --cpu-bind=none) or "
+                   "with more cores per task (srun --cpus-per-task)",
+                   cores, online, nproc, cores == 1 ? "it" : "them");
 }
 
 int main(int argc, char **argv)

@@ -4,13 +4,15 @@
  * With several workers on one console every line gets its rank ("[rank3]: …") and is written
  * with one write(), so lines from different ranks never mix mid-line. With --log_dir (or
  * --redirects/--tee) each worker also gets DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log,
- * torchrun's layout, holding its raw output. The last few stderr lines of each worker are kept
+ * torchrun's layout, holding its raw output (DIR/RUN_ID/node_N/attempt_K/… on several nodes,
+ * which may share DIR). The last few stderr lines of each worker are kept
  * for the failure summary. A line longer than 64 KiB is forwarded in pieces.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,24 @@ static void write_all(int fd, const char *p, size_t n)
         p += k;
         n -= (size_t)k;
     }
+}
+
+/* Writes all of p to a log file: 0, or -1 with errno (a full disk: ENOSPC). */
+static int write_file(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (k == 0)
+                errno = EIO;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
 }
 
 void ddprun_say(const char *fmt, ...)
@@ -80,9 +100,14 @@ int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
     w->log_path[0] = '\0';
     if (!o->want_files)
         return 0;
+    /* Several nodes often share --log_dir (a network file system) and run the same local ranks:
+     * each node gets a folder of its own, or they would truncate and mix each other's files. */
+    char node[32] = "";
+    if (o->nnodes > 1)
+        snprintf(node, sizeof node, "/node_%d", o->node_rank);
     char dir[1400];
-    if (snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", o->log_dir, o->run_id, attempt, lr) >=
-        (int)sizeof dir - 16) {
+    if (snprintf(dir, sizeof dir, "%s/%s%s/attempt_%d/%d", o->log_dir, o->run_id, node, attempt,
+                 lr) >= (int)sizeof dir - 16) {
         ddprun_say("--log_dir '%s' is too long", o->log_dir);
         return -1;
     }
@@ -159,8 +184,25 @@ bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s
         return true;
     if (k <= 0)
         return false;
-    if (s->file_fd >= 0)
-        write_all(s->file_fd, chunk, (size_t)k);
+    if (s->file_fd >= 0 && write_file(s->file_fd, chunk, (size_t)k) != 0) {
+        /* A full disk must not lose the output silently (under --redirects the log is its only
+         * copy): say so once and send the rest to the console, unless --local_ranks_filter hides
+         * this rank there. */
+        int e = errno;
+        const char *name = s->which == STD_OUT ? "stdout.log" : "stderr.log";
+        int dir_len = (int)(strrchr(w->log_path, '/') ? strrchr(w->log_path, '/') - w->log_path
+                                                      : (ptrdiff_t)strlen(w->log_path));
+        bool hidden = o->ranks_filter && !o->shown[w->local_rank];
+        ddprun_say("cannot write rank %d's log '%.*s/%s': %s; %s", w->rank, dir_len, w->log_path,
+                   name, strerror(e),
+                   hidden       ? "the rest of it is lost (--local_ranks_filter hides this rank)"
+                   : s->console ? "the rest of it goes to the console only"
+                                : "the rest of it goes to the console instead");
+        close(s->file_fd);
+        s->file_fd = -1;
+        if (!hidden)
+            s->console = true;
+    }
     const char *p = chunk;
     size_t left = (size_t)k;
     while (left > 0) {
