@@ -24,6 +24,9 @@ typedef struct shm_header {
     uint64_t staging_off, arena_off, arena_bytes, total;
     atomic_int abort_claim; /* the first aborting member wins the right to write abort_msg */
     atomic_int abort_by;    /* 0, or 1 + the member that aborted (set after abort_msg) */
+    /* the first barrier epoch the aborting member had not passed (set before abort_by): a
+     * barrier before it was complete everywhere, and a member still leaving it goes on */
+    atomic_uint abort_epoch;
     char abort_msg[320];
     /* The allreduce's choice (shm_int.h): written by member 0 before it publishes the segment's
      * name, or after the probe, which runs only if algo_probe is set. */
@@ -49,7 +52,7 @@ typedef struct shm_slot {
     /* the collective of desc_key: its count, and kind | dtype << 8 | op << 16 | (root + 1) << 24 */
     _Atomic uint64_t desc_count, desc_misc;
     _Alignas(CACHELINE) atomic_uint ping; /* distance probe: the last token I wrote */
-    atomic_uint left; /* 1 once this member destroyed its group: it arrives nowhere any more */
+    atomic_uint left;    /* 1 once this member destroyed its group: it arrives nowhere any more */
     uint32_t will_probe; /* set before the attach barrier: this member can take part in probes */
     uint32_t algo_ready; /* set before the attach barrier: I hold an arena buffer to probe with */
 } shm_slot;
@@ -67,6 +70,7 @@ typedef struct shm_be {
     shm_slot *slots;
     int *pidfds;
     uint32_t epoch;      /* barriers passed, the same count on every member */
+    atomic_uint passed;  /* the last barrier epoch this member has passed (abort reads it) */
     uint32_t desc_epoch; /* the opening barrier of the collective being run (post_desc) */
     uint64_t chunks;     /* staging chunks used so far, for alternating halves */
     int spin;            /* spin iterations before sleeping */

@@ -227,9 +227,11 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
     next:;
     }
     /* An abort is final even when every peer had arrived: a rank that timed out here arrived
-     * before it gave up and aborted, and a late rank found it there and returned DDP_OK. */
+     * before it gave up and aborted, and a late rank found it there and returned DDP_OK. But
+     * not for a barrier the aborting rank had passed (it aborted in a later collective): that
+     * one is complete everywhere, and this rank fails at the next, where the others did. */
     int ab = atomic_load_explicit(&b->hdr->abort_by, memory_order_acquire);
-    if (ab) {
+    if (ab && (int32_t)(e - atomic_load(&b->hdr->abort_epoch)) >= 0) {
         char why[400];
         ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
                  b->hdr->abort_msg);
@@ -390,6 +392,8 @@ ddp_status ddp__shm_barrier(shm_be *b, const ddp__coll *c)
     if (atomic_load(&b->slots[b->me].sleepers))
         futex(mine, FUTEX_WAKE, INT_MAX, NULL);
     ddp_status st = wait_all(b, c, e);
+    if (st == DDP_OK)
+        atomic_store_explicit(&b->passed, e, memory_order_relaxed);
     if (st == DDP_OK && e == b->desc_epoch)
         st = check_desc(b, c, e);
     if (st == DDP_OK && b->can_flush && e % PROBE_EVERY == 1) /* the same barriers everywhere */
@@ -848,6 +852,7 @@ static void shm_abort(void *be, const char *why)
     int expected = 0;
     if (atomic_compare_exchange_strong(&b->hdr->abort_claim, &expected, 1)) {
         ddp__fmt(b->hdr->abort_msg, sizeof b->hdr->abort_msg, "%s", why ? why : "");
+        atomic_store(&b->hdr->abort_epoch, atomic_load(&b->passed) + 1);
         atomic_store(&b->hdr->abort_by, b->me + 1);
     }
     for (int j = 0; j < b->n; j++)
