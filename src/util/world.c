@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ddp/world.h"
 #include "util/hostlist.h"
@@ -50,11 +51,52 @@ static ddp_status env_str(const char *name, const char *value, char *dst, size_t
     return DDP_OK;
 }
 
-/* A number setting in [lo, hi]: 0 (not set) when absent or malformed, as these were always read. */
-static int setting_int(const char *name, long long lo, long long hi)
+/* A number setting in [lo, hi] (what: its unit, for the message): 0 (not set) when absent or
+ * empty; a malformed one is an error naming it, not a silent default (DDP_TIMEOUT=30m was
+ * the 30-minute default). */
+static ddp_status setting_int(const char *name, long long lo, long long hi, const char *what,
+                              int *out, ddp_error *err)
 {
+    const char *v = getenv(name);
     long long x;
-    return ddp__parse_int(getenv(name), lo, hi, &x) ? (int)x : 0;
+    *out = 0;
+    if (!v || !*v)
+        return DDP_OK;
+    if (!ddp__parse_int(v, lo, hi, &x))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "environment variable %s='%s' is not a whole number from %lld to %lld "
+                        "(%s); correct it or unset it",
+                        name, v, lo, hi, what);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* A yes/no setting: 1, yes, true, on / 0, no, false, off, or empty (no). */
+static ddp_status setting_bool(const char *name, int *out, ddp_error *err)
+{
+    static const char *const yes[] = {"1", "yes", "true", "on"}, *const no[] = {"", "0", "no",
+                                                                                "false", "off"};
+    const char *v = getenv(name);
+    *out = 0;
+    if (!v)
+        return DDP_OK;
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
+        if (!strcasecmp(v, yes[i])) {
+            *out = 1;
+            return DDP_OK;
+        }
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        if (!strcasecmp(v, no[i]))
+            return DDP_OK;
+    long long x; /* any other whole number: nonzero is yes, as before */
+    if (ddp__parse_int(v, 0, INT_MAX, &x)) {
+        *out = x != 0;
+        return DDP_OK;
+    }
+    return ddp__err(err, DDP_ERR_INVALID,
+                    "environment variable %s='%s' is not 1/0, yes/no, true/false or on/off; "
+                    "correct it or unset it",
+                    name, v);
 }
 
 static ddp_status setting_str(const char *name, char *dst, size_t cap, ddp_error *err)
@@ -94,16 +136,21 @@ ddp_status ddp__settings_from_env(ddp_settings *s, ddp_error *err)
         (st = setting_str("DDP_MPI_MODE", s->mpi_mode, sizeof s->mpi_mode, err)) ||
         (st = setting_str("DDP_LOCAL_ADDR", s->local_addr, sizeof s->local_addr, err)))
         return st;
-    int secs = setting_int("DDP_TIMEOUT", 0, INT_MAX);
+    int secs, stall = 0;
+    if ((st = setting_int("DDP_TIMEOUT", 0, INT_MAX, "seconds", &secs, err)) ||
+        (st = setting_bool("DDP_DEBUG", &s->debug, err)) ||
+        (st = setting_int("DDP_HOST_CORES", 1, 1 << 20, "cores", &s->host_cores, err)) ||
+        (st = setting_int("DDP_TEST_FAKE_GPUS", 1, 64, "GPUs", &s->fake_gpus, err)))
+        return st;
     s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */
-    s->debug = setting_int("DDP_DEBUG", 0, INT_MAX) != 0;
-    s->host_cores = setting_int("DDP_HOST_CORES", 1, 1 << 20);
-    s->fake_gpus = setting_int("DDP_TEST_FAKE_GPUS", 1, 64);
     const char *sr = getenv("DDP_STALL_REPORT");
-    if (sr && (strcmp(sr, "0") == 0 || strcmp(sr, "off") == 0))
+    if (sr && (strcmp(sr, "0") == 0 || strcasecmp(sr, "off") == 0))
         s->stall_report_ms = -1;
+    else if ((st = setting_int("DDP_STALL_REPORT", 1, INT_MAX / 1000, "seconds, or 0 or off",
+                               &stall, err)))
+        return st;
     else
-        s->stall_report_ms = setting_int("DDP_STALL_REPORT", 1, INT_MAX / 1000) * 1000;
+        s->stall_report_ms = stall * 1000;
     return DDP_OK;
 }
 

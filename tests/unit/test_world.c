@@ -283,14 +283,39 @@ static void settings_numbers(void **state)
 {
     (void)state;
     ddp_world w;
-    /* Malformed numbers count as not set, as they always have. */
-    setenv("DDP_TIMEOUT", "soon", 1);
+    /* Empty counts as not set; yes/no words for DDP_DEBUG. */
+    setenv("DDP_TIMEOUT", "", 1);
     setenv("DDP_DEBUG", "yes", 1);
-    setenv("DDP_HOST_CORES", "0", 1);
+    setenv("DDP_HOST_CORES", "", 1);
     assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
     assert_int_equal(w.settings.timeout_ms, 0);
-    assert_int_equal(w.settings.debug, 0);
+    assert_int_equal(w.settings.debug, 1);
     assert_int_equal(w.settings.host_cores, 0);
+    setenv("DDP_DEBUG", "off", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.settings.debug, 0);
+    /* A malformed number is an error naming the variable, not a silent default. */
+    ddp_error err = {0};
+    setenv("DDP_TIMEOUT", "30m", 1);
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "environment variable DDP_TIMEOUT='30m' is not a whole "
+                                    "number from 0 to 2147483647 (seconds)"));
+    setenv("DDP_TIMEOUT", "3", 1);
+    setenv("DDP_HOST_CORES", "0", 1);
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "DDP_HOST_CORES='0'"));
+    unsetenv("DDP_HOST_CORES");
+    setenv("DDP_DEBUG", "maybe", 1);
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "DDP_DEBUG='maybe' is not 1/0, yes/no"));
+    setenv("DDP_DEBUG", "0", 1);
+    setenv("DDP_STALL_REPORT", "soon", 1);
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "DDP_STALL_REPORT='soon'"));
+    setenv("DDP_STALL_REPORT", "OFF", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.settings.stall_report_ms, -1);
+    unsetenv("DDP_STALL_REPORT");
     /* A huge timeout is capped rather than overflowing. */
     setenv("DDP_TIMEOUT", "99999999", 1);
     setenv("DDP_DEBUG", "7", 1);
