@@ -122,7 +122,8 @@ typedef struct ddp_loader_opts {
     size_t batch_size; /* per rank */
     int threads;       /* worker threads; 0: batches are filled inside next(), on the caller's
                         * thread (PyTorch's num_workers=0), best when no core is spare */
-    int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering) */
+    int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering); a negative
+                        * threads, a depth of 1 or below 0 are DDP_ERR_INVALID */
     bool drop_last;    /* drop a last partial batch of an epoch */
 } ddp_loader_opts;
 
@@ -140,7 +141,8 @@ typedef struct ddp_batch {
     uint64_t epoch, index; /* which batch of which epoch this is */
 } ddp_batch;
 
-/* Borrows ds and sampler for the loader's life. Starts at epoch 0 (calls set_epoch). */
+/* Borrows ds and sampler for the loader's life. Starts at epoch 0 (calls set_epoch). A sampler
+ * made for more samples than ds has is DDP_ERR_INVALID here, not at the first bad index. */
 ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
                              ddp_loader **out, ddp_error *err);
 void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */

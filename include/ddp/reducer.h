@@ -92,7 +92,8 @@ typedef struct ddp_reducer_opts {
     bool compress_bf16;          /* send float32 gradients as bfloat16 (reduced in float32) */
     bool broadcast_params;       /* broadcast values from rank 0 at creation (default true) */
     ddp_reducer_overlap overlap; /* default AUTO, which the group's world setting overlap
-                                    (DDP_OVERLAP=async|inline) turns into ASYNC or INLINE */
+                                    (DDP_OVERLAP=async|inline) turns into ASYNC or INLINE; a
+                                    value outside the enum is DDP_ERR_INVALID */
     bool shard_optimizer;        /* ZeRO-1: reduce-scatter, step your shard, gather (above) */
 } ddp_reducer_opts;
 

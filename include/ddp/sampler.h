@@ -33,7 +33,7 @@ typedef struct ddp_sampler_opts {
     int rank;
     bool shuffle;
     uint64_t seed;
-    bool drop_last;
+    bool drop_last; /* PAD mode only: with EXACT it is DDP_ERR_INVALID (nothing is dropped) */
     ddp_sampler_mode mode;
 } ddp_sampler_opts;
 

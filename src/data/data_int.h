@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 
+#include "ddp/sampler.h"
 #include "ddp/status.h"
 
 /* Writes the derived file's whole contents to f; returns a status (and a message in err). */
@@ -21,5 +22,8 @@ ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_er
  * A failed fn leaves no file behind. `what` names the job in messages ("decompress 'x.gz'"). */
 ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn, void *ctx,
                              ddp_error *err);
+
+/* The dataset size a sampler was made for: its indices are below it. */
+uint64_t ddp__sampler_dataset_size(const ddp_sampler *s);
 
 #endif /* DDP_DATA_INT_H */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ddp/data.h"
+#include "data_int.h"
 #include "util/util.h"
 
 enum { EMPTY, FILLING, READY };
@@ -138,15 +139,25 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_loader_create: a dataset, a sampler, out and batch_size ≥ 1 are "
                         "required");
+    if (opts->threads < 0 || opts->depth < 0 || opts->depth == 1)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_loader_create: threads %d and depth %d: threads is 0 or more, depth "
+                        "0 (double buffering) or 2 or more",
+                        opts->threads, opts->depth);
+    if (ddp__sampler_dataset_size(sampler) > ddp_dataset_len(ds))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_loader_create: the sampler was made for %llu samples but the dataset "
+                        "has %zu; create the sampler with dataset_size = ddp_dataset_len(ds) (or "
+                        "fewer)",
+                        (unsigned long long)ddp__sampler_dataset_size(sampler),
+                        ddp_dataset_len(ds));
     ddp_loader *l = calloc(1, sizeof *l);
     if (!l)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a loader");
     l->ds = ds;
     l->sampler = sampler;
     l->o = *opts;
-    if (l->o.threads < 0)
-        l->o.threads = 0;
-    if (l->o.depth < 2)
+    if (l->o.depth == 0)
         l->o.depth = 2;
     l->x_bytes = ddp_dataset_x_elems(ds) * 4; /* float32 or int32 */
     l->y_elems = ddp_dataset_y_elems(ds);

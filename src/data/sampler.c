@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data_int.h"
 #include "ddp/sampler.h"
 #include "util/util.h"
 
@@ -77,6 +78,14 @@ ddp_status ddp_sampler_create(const ddp_sampler_opts *opts, ddp_sampler **out, d
                         "sampler: rank %d is not in [0, num_replicas %d); pass the world's rank "
                         "and size",
                         opts->rank, opts->num_replicas);
+    if (opts->mode != DDP_SAMPLER_PAD && opts->mode != DDP_SAMPLER_EXACT)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "sampler: mode %d is not DDP_SAMPLER_PAD or DDP_SAMPLER_EXACT",
+                        (int)opts->mode);
+    if (opts->mode == DDP_SAMPLER_EXACT && opts->drop_last)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "sampler: drop_last with DDP_SAMPLER_EXACT: exact mode gives every sample "
+                        "once and drops none; set drop_last false (or use DDP_SAMPLER_PAD)");
     if (opts->dataset_size > ((uint64_t)1 << 40))
         return ddp__err(err, DDP_ERR_INVALID, "sampler: dataset of %llu samples is too large",
                         (unsigned long long)opts->dataset_size);
@@ -123,6 +132,11 @@ ddp_status ddp_sampler_set_epoch(ddp_sampler *s, uint64_t epoch)
         s->mine[k] = s->order[N ? p % N : 0];
     }
     return DDP_OK;
+}
+
+uint64_t ddp__sampler_dataset_size(const ddp_sampler *s)
+{
+    return s ? s->o.dataset_size : 0;
 }
 
 size_t ddp_sampler_len(const ddp_sampler *s)

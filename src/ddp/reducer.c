@@ -386,6 +386,11 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     for (size_t i = 0; i < nbuffers; i++)
         if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
             return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+    if (opts->overlap != DDP_OVERLAP_AUTO && opts->overlap != DDP_OVERLAP_ASYNC &&
+        opts->overlap != DDP_OVERLAP_INLINE)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_reducer_create: overlap %d is not DDP_OVERLAP_AUTO, _ASYNC or _INLINE",
+                        (int)opts->overlap);
     bool nomem;
     const char *dup = duplicate_name(params, nparams, buffers, nbuffers, &nomem);
     if (nomem)
@@ -403,8 +408,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
                             "%s '%s': its data is on device '%s', but the group's collectives "
                             "take %s memory (backend '%s'); %s",
                             i < nparams ? "parameter" : "buffer", p->name,
-                            ddp_device_name(p->device), dev ? "GPU" : "host",
-                            ddp_group_backend(g),
+                            ddp_device_name(p->device), dev ? "GPU" : "host", ddp_group_backend(g),
                             dev ? "put it on the group's GPU (ddp_group_cuda_device) or use a CPU "
                                   "group"
                                 : "create the group with device DDP_DEVICE_CUDA "
@@ -830,8 +834,8 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
     int32_t mine = mem != NULL, all = 0;
     ddp_status st = ctl(r, false, &mine, &all, 1, DDP_INT32, DDP_MIN);
     if (!st && !all)
-        st = ddp__errmsg(r->err, DDP_ERR_NOMEM, "out of %s memory on %s",
-                         r->dev ? "GPU" : "host", mine ? "another rank" : "this rank");
+        st = ddp__errmsg(r->err, DDP_ERR_NOMEM, "out of %s memory on %s", r->dev ? "GPU" : "host",
+                         mine ? "another rank" : "this rank");
     if (!st)
         st = dev_quiesce(r, "waiting for the arrays");
     for (size_t k = 0; k < r->nb && !st; k++) {
@@ -841,8 +845,8 @@ static ddp_status gather(ddp_reducer *r, void *const *arrays, const char *what)
             size_t p = r->order[q], lo, hi;
             ddp_reducer_shard(r, p, &lo, &hi);
             if (hi > lo)
-                st = copy_any(r, mem + (r->off[p] + lo) * esz,
-                              (const char *)arrays[p] + lo * esz, (hi - lo) * esz);
+                st = copy_any(r, mem + (r->off[p] + lo) * esz, (const char *)arrays[p] + lo * esz,
+                              (hi - lo) * esz);
         }
         if (!st && (st = ddp_allgather(r->g, mem + b->block * (size_t)r->me * esz, mem, b->block,
                                        b->dtype)))
@@ -949,8 +953,8 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
         for (size_t i = 0; i < r->nparams; i++) {
             size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
             ddp_reducer_shard(r, i, &lo, &hi);
-            ss += ddp__sum_squares((const char *)r->grad[i] + lo * esz, hi - lo,
-                                    r->params[i].dtype);
+            ss +=
+                ddp__sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
         }
     }
     if (r->shard) {

@@ -116,6 +116,16 @@ int main(int argc, char **argv)
         CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "the name 'b' is given to two"),
               "a parameter and a buffer named 'b' not refused: %d %s", (int)st, err.msg);
     }
+    { /* an overlap outside the enum: refused, not taken for INLINE */
+        float x[4] = {0};
+        ddp_param one = {"w", 4, DDP_FLOAT32, x, dv};
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.overlap = (ddp_reducer_overlap)7;
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, &one, 1, NULL, 0, &ro, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "overlap 7 is not"),
+              "overlap 7 not refused: %d %s", (int)st, err.msg);
+    }
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
     int ncaps = (int)(sizeof caps / sizeof caps[0]);

@@ -323,33 +323,49 @@ static void dataset_get_many(void **state)
     ddp_dataset_close(ds);
 }
 
-/* A sampler over more samples than the dataset has: a clear error from next(), whether the
- * batch is filled by a worker or on the caller's thread. */
-static void loader_reports_bad_index(void **state)
+/* A sampler over more samples than the dataset has is refused by create, before any batch; so
+ * are a negative threads, a depth of 1 or below 0, and a sampler with drop_last in exact mode. */
+static void loader_refuses_bad_options(void **state)
 {
     (void)state;
     char a[512], b[512];
     write_idx("badidx", 50, 3, 3, false, a, b);
     ddp_dataset *ds;
     assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
-    for (int threads = 0; threads < 2; threads++) {
-        ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
-        so.dataset_size = 80, so.shuffle = false;
-        ddp_sampler *s;
-        assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
-        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
-        lo.batch_size = 20, lo.threads = threads;
-        ddp_loader *l;
-        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
-        ddp_batch bt;
-        ddp_status st = DDP_OK;
-        for (int i = 0; i < 4 && st == DDP_OK; i++)
-            st = ddp_loader_next(l, &bt);
-        assert_int_equal(st, DDP_ERR_INVALID);
-        assert_non_null(strstr(ddp_loader_last_error(l), "sample index 50 is outside the dataset"));
-        ddp_loader_destroy(l);
-        ddp_sampler_destroy(s);
+    ddp_error err;
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 80, so.shuffle = false;
+    ddp_sampler *s;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    lo.batch_size = 20;
+    ddp_loader *l = NULL;
+    expect_error(ddp_loader_create(ds, s, &lo, &l, &err), &err, DDP_ERR_INVALID,
+                 "sampler was made for 80 samples but the dataset has 50", NULL);
+    assert_null(l);
+    ddp_sampler_destroy(s);
+    so.dataset_size = 50;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    int bad[][2] = {{-1, 2}, {0, 1}, {1, -3}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lo.threads = bad[i][0], lo.depth = bad[i][1];
+        expect_error(ddp_loader_create(ds, s, &lo, &l, &err), &err, DDP_ERR_INVALID,
+                     "threads is 0 or more, depth 0 (double buffering) or 2 or more", NULL);
     }
+    lo.threads = 1, lo.depth = 0; /* 0: double buffering */
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+    ddp_batch bt;
+    size_t seen = 0;
+    while (ddp_loader_next(l, &bt) == DDP_OK && bt.n)
+        seen += bt.n;
+    assert_int_equal(seen, 40); /* drop_last: two full batches of 20 */
+    ddp_loader_destroy(l);
+    ddp_sampler_destroy(s);
+    so.mode = DDP_SAMPLER_EXACT, so.drop_last = true;
+    expect_error(ddp_sampler_create(&so, &s, &err), &err, DDP_ERR_INVALID,
+                 "drop_last with DDP_SAMPLER_EXACT", NULL);
+    so.mode = (ddp_sampler_mode)5, so.drop_last = false;
+    expect_error(ddp_sampler_create(&so, &s, &err), &err, DDP_ERR_INVALID, "mode 5 is not", NULL);
     ddp_dataset_close(ds);
 }
 
@@ -517,7 +533,7 @@ int main(void)
         cmocka_unit_test(loader_matches_sampler_any_threads),
         cmocka_unit_test(loader_save_restore),
         cmocka_unit_test(dataset_get_many),
-        cmocka_unit_test(loader_reports_bad_index),
+        cmocka_unit_test(loader_refuses_bad_options),
         cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
