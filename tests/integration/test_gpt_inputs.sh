@@ -164,7 +164,14 @@ rc=0
 "$PREP" --out_dir plainfile/sub --doc_sep % --val_every 2 f.txt >d2.out 2>&1 || rc=$?
 [ $rc -eq 1 ] || fail "ddpprep into a file: exit $rc"
 assert_contains d2.out "'plainfile' is a file, not a folder"
-ok "ddpprep --out_dir: parents made, a file in the way named"
+# A failed preparation removes the folders it made (an existing one stays, with its files).
+mkdir -p keep && : >keep/mine
+rc=0
+"$PREP" --out_dir keep/new/sub --doc_sep % --val_every 2 missing.txt >d3.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat d3.out; fail "ddpprep of a missing input: exit $rc"; }
+[ ! -e keep/new ] || fail "a failed ddpprep left the folders it made: $(find keep)"
+[ -e keep/mine ] || fail "a failed ddpprep removed a file it did not make"
+ok "ddpprep --out_dir: parents made, a file in the way named, nothing left on failure"
 
 # metrics.jsonl that cannot be opened (a folder of that name): an error before any work, as
 # for train.log (the run went on silently without it, and the report had nothing to read).

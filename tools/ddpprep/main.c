@@ -54,6 +54,15 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name)
     return argv[++*i];
 }
 
+/* Removes the folders mkdir -p made (deepest first); rmdir leaves any that are not empty. */
+static void remove_made(char *dirs, const size_t *made, int nmade)
+{
+    for (int i = nmade - 1; i >= 0; i--) {
+        dirs[made[i]] = '\0';
+        rmdir(dirs);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *out_dir = NULL;
@@ -96,8 +105,12 @@ int main(int argc, char **argv)
         free(inputs);
         return 2;
     }
-    /* mkdir -p, as ddptrain's out_dir; a file in the way is said to be one */
+    /* mkdir -p, as ddptrain's out_dir; a file in the way is said to be one. The folders made
+     * here are remembered (made[]: their lengths in dirs) and removed again if the preparation
+     * fails, so a bad input leaves nothing behind. */
     char dirs[4096];
+    size_t made[256];
+    int nmade = 0;
     snprintf(dirs, sizeof dirs, "%s", out_dir);
     for (char *p = dirs + 1;; p++) {
         if (*p != '/' && *p != '\0')
@@ -105,8 +118,12 @@ int main(int argc, char **argv)
         char c = *p;
         *p = '\0';
         struct stat ds;
-        if (mkdir(dirs, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(dirs, 0755) == 0) {
+            if (nmade < (int)(sizeof made / sizeof made[0]))
+                made[nmade++] = (size_t)(p - dirs);
+        } else if (errno != EEXIST) {
             fprintf(stderr, "ddpprep: cannot create '%s': %s\n", dirs, strerror(errno));
+            remove_made(dirs, made, nmade);
             free(inputs);
             return 1;
         }
@@ -131,6 +148,7 @@ int main(int argc, char **argv)
     free(inputs);
     if (rc != DDP_OK) {
         fprintf(stderr, "ddpprep: %s\n", err.msg);
+        remove_made(dirs, made, nmade);
         return 1;
     }
     printf("ddpprep: %llu document%s: %llu training tokens in '%s'",
