@@ -57,6 +57,39 @@ assert_contains "$d/err" "worker failed: rank 2 (local rank 2, role 'default') e
 assert_contains "$d/err" "no rank failed first-hand within 1 s of: rank 2"
 ok "only a secondary exit: reported as stopped because of another rank, the rest stopped after 1 s"
 
+# Two ranks that fail at once (both dead before ddprun looks): one is the failure, the other is
+# named on the summary's "also" line, not hidden behind "every other worker was stopped". ddprun
+# is held with SIGSTOP while both exit, so that it finds both dead in one look.
+d=$T/two; mkdir -p "$d"
+cat >"$d/two.sh" <<'EOS'
+#!/usr/bin/env bash
+echo $$ >"$1/pid.$RANK"
+while [ ! -e "$1/go" ]; do sleep 0.02; done
+case $RANK in 0) exit 1 ;; 1) exit 3 ;; *) sleep 30 ;; esac
+EOS
+chmod +x "$d/two.sh"
+rc=0
+"$DDPRUN" --standalone --nproc_per_node=3 "$d/two.sh" "$d" >"$d/out" 2>"$d/err" &
+BG_PIDS+=($!); pid=$!
+wait_files "$d" "pid.*" 3 10
+kill -STOP $pid
+touch "$d/go"
+for r in 0 1; do # until both are zombies
+    for _ in $(seq 200); do
+        [ "$(awk '{print $3}' /proc/"$(cat "$d/pid.$r")"/stat 2>/dev/null)" = Z ] && break
+        sleep 0.02
+    done
+done
+kill -CONT $pid
+wait $pid || rc=$?
+[ $rc -eq 1 ] || { cat "$d/err"; fail "two failing ranks: ddprun exited $rc"; }
+grep -Eq "worker failed: rank ([01]) .*ended with exit code (1|3)$" "$d/err" ||
+    { cat "$d/err"; fail "no failure in the summary"; }
+grep -Eq "also    : rank [01] \(exit code [13]\) ended badly before ddprun stopped it" "$d/err" ||
+    { cat "$d/err"; fail "the second failing rank is not named"; }
+assert_contains "$d/err" "every other worker was stopped"
+ok "two ranks failing at once: the summary names both"
+
 # A worker that ignores SIGTERM gets SIGKILL after the grace period.
 d=$T/stubborn; mkdir -p "$d"
 rc=0

@@ -57,6 +57,7 @@ typedef struct failure {
      * because another rank failed. A first-hand failure seen before the teardown replaces it. */
     bool secondary;
     char replaced[700]; /* the secondary failure this one replaced, or "" */
+    char also[400];     /* other local ranks that ended badly before ddprun stopped them */
 } failure;
 
 typedef struct agent {
@@ -728,6 +729,9 @@ static void print_summary(agent *a, bool restarting)
         ddprun_say("  before  : %s", f->replaced);
     ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
                a->o->max_restarts + 1, a->o->max_restarts);
+    if (f->also[0])
+        ddprun_say("  also    : %s ended badly before ddprun stopped %s", f->also,
+                   strchr(f->also, ',') ? "them" : "it");
     ddprun_say("  %s",
                restarting ? "restarting the whole group" : "every other worker was stopped");
     ddprun_say("%s", bar);
@@ -955,7 +959,7 @@ static outcome run_attempt(agent *a)
                 if (sig == SIGCHLD || job_control(a, sig) || passed_on(a, sig))
                     continue; /* SIGCHLD: reaped below */
                 if (a->stop_signal) {
-                    ddprun_say("second %s: killing every worker now", sigabbrev_np(sig));
+                    ddprun_say("second SIG%s: killing every worker now", sigabbrev_np(sig));
                     stop_workers(a, SIGKILL, &kill_at);
                     continue;
                 }
@@ -983,6 +987,9 @@ static outcome run_attempt(agent *a)
         /* Reap whatever exited (the signalfd only says that something did). */
         int status;
         pid_t pid;
+        /* A failure stops the others after this loop, so that every worker already dead by then
+         * is reaped unsignalled and, if it failed too, named in the summary ("also"). */
+        bool stop_after = false;
         while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
             ddprun_worker *w = find_worker(a, pid);
             if (!w || !w->running)
@@ -1018,12 +1025,24 @@ static outcome run_attempt(agent *a)
                 if (a->fail.secondary)
                     wait_for_cause(a);
                 else
-                    stop_workers(a, SIGTERM, &kill_at);
+                    stop_after = true;
+            } else if (!ok && !a->stop_signal && first_hand && a->fail.set &&
+                       !(a->fail.local && a->fail.rank == w->rank)) {
+                /* Failed at about the same time, on its own: named in the summary, so that
+                 * "every other worker was stopped" does not hide it. */
+                char how[64];
+                ddprun_describe_status(status, how, sizeof how);
+                size_t len = strlen(a->fail.also);
+                snprintf(a->fail.also + len, sizeof a->fail.also - len, "%srank %d (%s)",
+                         len ? ", " : "", w->rank, how);
             }
             if (running == 0 && !drain_until)
                 drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
         }
-        if (pid < 0 && errno == ECHILD && running > 0) {
+        int wait_errno = errno;
+        if (stop_after)
+            stop_workers(a, SIGTERM, &kill_at);
+        if (pid < 0 && wait_errno == ECHILD && running > 0) {
             /* Someone reaped our children (SIGCHLD ignored by a wrapper despite main()'s reset):
              * we can no longer tell how they ended. */
             ddprun_say("lost track of %d worker%s (already reaped by someone else); stopping",
@@ -1044,8 +1063,8 @@ static outcome run_attempt(agent *a)
             stop_workers(a, SIGTERM, &kill_at);
         }
         if (kill_at && running && now >= kill_at) {
-            ddprun_say("workers still running %.0f s after SIGTERM: sending SIGKILL",
-                       o->grace_period);
+            ddprun_say("workers still running %.0f s after SIG%s: sending SIGKILL", o->grace_period,
+                       sigabbrev_np(a->stop_signal ? a->stop_signal : SIGTERM));
             stop_workers(a, SIGKILL, &kill_at);
             kill_at = now + 1000000000;
         }
