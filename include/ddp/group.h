@@ -156,8 +156,9 @@ const char *ddp_group_last_error(const ddp_group *g);
  * own failures (its own timeout, its own abort, a system call that failed here). A program that
  * stops on a group error exits DDP_EXIT_PEER_FAILED (ddp/world.h) when this is true, so that
  * ddprun reports the rank that failed first-hand (docs/ddprun.md, "Failures"). The shm and tcp
- * backends and those built on them (shm+tcp, cuda-ipc, cuda-staged) tell; mpi and nccl say false
- * (MPI ends the job itself; NCCL does not say which rank failed). */
+ * backends and those built on them (shm+tcp, cuda-ipc, cuda-staged) tell; nccl tells when NCCL
+ * reports ncclRemoteError (a peer exited or its connection broke); mpi says false (MPI ends the
+ * job itself). */
 bool ddp_group_peer_failed(const ddp_group *g);
 
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when

@@ -25,12 +25,14 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI 8 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,
-                                device-resident GPT; 5: the classifier (cls_*); 6: the GPT's
-                                bound parameters and state views (sharded step), its dropout
-                                (cfg.dropout/seed, forward's step and sample offset); 7: devops'
-                                IPC, reduce and d2d (cuda-ipc); 8: the classifier's
-                                device-resident training (cls_dev_info …) */
+#define DDP_GPU_MODULE_ABI                                                                         \
+    9 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,                                \
+         device-resident GPT; 5: the classifier (cls_*); 6: the GPT's                              \
+         bound parameters and state views (sharded step), its dropout                              \
+         (cfg.dropout/seed, forward's step and sample offset); 7: devops'                          \
+         IPC, reduce and d2d (cuda-ipc); 8: the classifier's                                       \
+         device-resident training (cls_dev_info …); 9: the watchdog's                            \
+         peer flag (async_error, watchdog_fail, watchdog_error) */
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -69,8 +71,8 @@ typedef struct ddp__gpu_host {
                                  int64_t now);
     void (*watchdog_untrack)(struct ddp__watchdog *wd, uint64_t seq);
     ddp_status (*watchdog_step)(struct ddp__watchdog *wd, int64_t now);
-    void (*watchdog_fail)(struct ddp__watchdog *wd, ddp_status st, const char *msg);
-    ddp_status (*watchdog_error)(struct ddp__watchdog *wd, char *msg, size_t cap);
+    void (*watchdog_fail)(struct ddp__watchdog *wd, ddp_status st, const char *msg, bool peer);
+    ddp_status (*watchdog_error)(struct ddp__watchdog *wd, char *msg, size_t cap, bool *peer);
 } ddp__gpu_host;
 
 /* The module's functions: the contracts of kernels.h's functions of the same names (the
@@ -88,8 +90,8 @@ typedef struct ddp__gpu_api {
     ddp_status (*gpt_set_params)(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
     ddp_status (*gpt_forward)(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                               int n, int T, bool train, bool last_logits, float grad_scale,
-                              uint64_t step, uint64_t sample_offset, double *loss_sum, int *count, int64_t *correct, float *logits_host,
-                              ddp_error *err);
+                              uint64_t step, uint64_t sample_offset, double *loss_sum, int *count,
+                              int64_t *correct, float *logits_host, ddp_error *err);
     ddp_status (*gpt_backward)(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
     /* staged_int.h's ddp__cuda_devops (group/nccl/cudaops.c). */
     ddp_status (*cuda_devops)(int device, struct ddp__devops *out, ddp_error *err);
@@ -97,15 +99,13 @@ typedef struct ddp__gpu_api {
     ddp_status (*nccl_create)(const struct ddp__setup *s, void **be,
                               const struct ddp__backend_ops **ops, ddp_error *err);
     /* Device-resident training (kernels.h's ddp__cuda_gpt_dev_info …); NULL: not in this module. */
-    ddp_status (*gpt_dev_info)(ddp__cuda_gpt *g, float **params_dev, void **stream,
-                               ddp_error *err);
+    ddp_status (*gpt_dev_info)(ddp__cuda_gpt *g, float **params_dev, void **stream, ddp_error *err);
     ddp_status (*gpt_get_params)(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
     ddp_status (*gpt_backward_dev)(ddp__cuda_gpt *g, float *const *grads_dev,
                                    ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                    ddp_error *err);
     ddp_status (*gpt_optim_init)(ddp__cuda_gpt *g, int nstates, ddp_error *err);
-    ddp_status (*gpt_optim_step)(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
-                                 ddp_error *err);
+    ddp_status (*gpt_optim_step)(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *err);
     ddp_status (*gpt_optim_state)(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                   ddp_error *err);
     ddp_status (*gpt_bind_params)(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
@@ -113,8 +113,7 @@ typedef struct ddp__gpu_api {
     /* The MLP and CNN (kernels.h's ddp__cuda_cls_*); NULL: not in this module (built without
      * cuDNN, or a test's fake). */
     ddp_status (*cls_create)(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
-                             const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
-                             ddp_error *err);
+                             const size_t *bcounts, size_t nb, ddp__cuda_cls **out, ddp_error *err);
     void (*cls_free)(ddp__cuda_cls *g);
     ddp_status (*cls_upload)(ddp__cuda_cls *g, const float *const *params_host,
                              const float *const *buffers_host, ddp_error *err);
@@ -131,8 +130,7 @@ typedef struct ddp__gpu_api {
                                    ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                    ddp_error *err);
     ddp_status (*cls_optim_init)(ddp__cuda_cls *g, int nstates, ddp_error *err);
-    ddp_status (*cls_optim_step)(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
-                                 ddp_error *err);
+    ddp_status (*cls_optim_step)(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *err);
     ddp_status (*cls_optim_state)(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
                                   ddp_error *err);
     ddp_status (*cls_bind_params)(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
@@ -152,8 +150,8 @@ void ddp__gpu_gpt_free(ddp__cuda_gpt *g);
 ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
 ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                 int n, int T, bool train, bool last_logits, float grad_scale,
-                                uint64_t step, uint64_t sample_offset, double *loss_sum, int *count, int64_t *correct, float *logits_host,
-                                ddp_error *err);
+                                uint64_t step, uint64_t sample_offset, double *loss_sum, int *count,
+                                int64_t *correct, float *logits_host, ddp_error *err);
 ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                  ddp_error *err);
 ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, ddp_error *err);
@@ -161,8 +159,7 @@ ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                      ddp_error *err);
 ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp_error *err);
-ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
-                                   ddp_error *err);
+ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *err);
 ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host, bool to_host,
                                     ddp_error *err);
 ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
@@ -176,8 +173,7 @@ ddp_status ddp__gpu_cls_upload(ddp__cuda_cls *g, const float *const *params_host
                                const float *const *buffers_host, ddp_error *err);
 ddp_status ddp__gpu_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *loss_sum,
                                 int64_t *correct, float *logits_host, ddp_error *err);
-ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host,
-                                    ddp_error *err);
+ddp_status ddp__gpu_cls_get_buffers(ddp__cuda_cls *g, float *const *buffers_host, ddp_error *err);
 ddp_status ddp__gpu_cls_backward(ddp__cuda_cls *g, float *const *grads_host, ddp_error *err);
 ddp_status ddp__gpu_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
                                  void **stream, ddp_error *err);
@@ -186,8 +182,7 @@ ddp_status ddp__gpu_cls_backward_dev(ddp__cuda_cls *g, float *const *grads_dev,
                                      ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                      ddp_error *err);
 ddp_status ddp__gpu_cls_optim_init(ddp__cuda_cls *g, int nstates, ddp_error *err);
-ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a,
-                                   ddp_error *err);
+ddp_status ddp__gpu_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *err);
 ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, bool to_host,
                                     ddp_error *err);
 ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);

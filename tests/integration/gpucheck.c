@@ -309,6 +309,8 @@ int main(int argc, char **argv)
         void *d = dev_from(g, &one, sizeof one);
         ddp_status st = ddp_allreduce(g, d, d, 1, DDP_FLOAT32, DDP_SUM);
         CHECK(st != DDP_OK, "allreduce with rank %d dead succeeded", kill_rank);
+        CHECK(ddp_group_peer_failed(g), "ddp_group_peer_failed is false after rank %d died: %s",
+              kill_rank, ddp_group_last_error(g));
         fprintf(stderr, "rank %d: as expected: %s\n", R, ddp_group_last_error(g));
         ddp_group_free(g, d);
         ddp_group_destroy(g);

@@ -145,13 +145,15 @@ typedef struct fake_ev {
     atomic_bool done;
 } fake_ev;
 
-static ddp_status fake_async_error(void *ctx, char *msg, size_t cap)
+/* DDP_ERR_NETWORK stands for ncclRemoteError: another rank's failure (peer). */
+static ddp_status fake_async_error(void *ctx, char *msg, size_t cap, bool *peer)
 {
     fake_comm *c = ctx;
     atomic_fetch_add(&c->queries, 1);
     ddp_status st = (ddp_status)atomic_load(&c->error);
     if (st != DDP_OK)
         ddp__fmt(msg, cap, "NCCL reports remote process exited or there was a network error");
+    *peer = st == DDP_ERR_NETWORK;
     return st;
 }
 
@@ -206,7 +208,7 @@ static void watchdog_healthy(void **state)
     assert_int_equal(ddp__watchdog_step(wd, 100000), DDP_OK);
     assert_int_equal(atomic_load(&fc.aborts), 0);
     char msg[DDP_ERRMSG_MAX] = "";
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_OK);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, NULL), DDP_OK);
     assert_string_equal(msg, "");
     /* Untracked by the owner: likewise. */
     atomic_store(&ev.done, false);
@@ -220,7 +222,8 @@ static void watchdog_healthy(void **state)
         assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 5000), DDP_OK);
     }
     assert_int_equal(ddp__watchdog_track(wd, &c, &ev, 5000), DDP_ERR_INVALID);
-    assert_int_equal(ddp__watchdog_error(wd, NULL, 0), DDP_OK); /* not a failure of the group */
+    assert_int_equal(ddp__watchdog_error(wd, NULL, 0, NULL),
+                     DDP_OK); /* not a failure of the group */
     ddp__watchdog_stop(wd);
     ddp__watchdog_stop(wd); /* twice is harmless */
     free(wd);
@@ -244,7 +247,9 @@ static void watchdog_stuck(void **state)
     assert_int_equal(ddp__watchdog_step(wd, 31000), DDP_ERR_TIMEOUT);
     assert_int_equal(atomic_load(&fc.aborts), 1);
     char msg[DDP_ERRMSG_MAX];
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    bool tpeer = true;
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, &tpeer), DDP_ERR_TIMEOUT);
+    assert_false(tpeer); /* this rank's own time-out */
     assert_string_equal(msg, "rank 3: nccl: allreduce #7 (float32 × 1024) timed out after 30 s "
                              "on the GPU: the communicator was aborted; HINT: a rank may be dead, "
                              "stopped or calling a different collective (set DDP_DEBUG=1 to "
@@ -256,8 +261,8 @@ static void watchdog_stuck(void **state)
     ddp__coll c = coll(DDP__BARRIER, 8, 0, 99999);
     assert_int_equal(ddp__watchdog_track(wd, &c, &done, 40000), DDP_ERR_TIMEOUT);
     /* An abort from outside after that changes nothing either. */
-    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 3: nccl: the group was aborted: bye");
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 3: nccl: the group was aborted: bye", false);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, NULL), DDP_ERR_TIMEOUT);
     assert_int_equal(atomic_load(&fc.aborts), 1);
     ddp__watchdog_stop(wd);
     free(wd);
@@ -280,7 +285,9 @@ static void watchdog_error(void **state)
     assert_int_equal(ddp__watchdog_step(wd, 10), DDP_ERR_NETWORK);
     assert_int_equal(atomic_load(&fc.aborts), 1);
     char msg[DDP_ERRMSG_MAX];
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_NETWORK);
+    bool peer = false;
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, &peer), DDP_ERR_NETWORK);
+    assert_true(peer); /* ncclRemoteError: another rank's failure (ddp_group_peer_failed) */
     assert_string_equal(msg, "rank 1: nccl: reduce_scatter #12 (bfloat16 × 256) failed: NCCL "
                              "reports remote process exited or there was a network error; the "
                              "communicator was aborted; HINT: the other ranks' logs say which "
@@ -297,7 +304,8 @@ static void watchdog_error(void **state)
     assert_int_equal(ddp__watchdog_step(wd, 1), DDP_OK);
     atomic_store(&fc2.error, DDP_ERR_SYSTEM);
     assert_int_equal(ddp__watchdog_step(wd, 2), DDP_ERR_SYSTEM);
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_SYSTEM);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, &peer), DDP_ERR_SYSTEM);
+    assert_false(peer);
     assert_non_null(strstr(msg, "rank 0: nccl: the communicator failed while idle (after "
                                 "collective #4): NCCL reports"));
     assert_int_equal(atomic_load(&fc2.aborts), 1);
@@ -307,8 +315,9 @@ static void watchdog_error(void **state)
     fake_comm fc3;
     wc = fake_wd(&fc3);
     assert_int_equal(ddp__watchdog_start(wd, &wc, "nccl", 0, 0, NULL), DDP_OK);
-    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 0: nccl: the group was aborted: user");
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_CLOSED);
+    ddp__watchdog_fail(wd, DDP_ERR_CLOSED, "rank 0: nccl: the group was aborted: user", false);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, &peer), DDP_ERR_CLOSED);
+    assert_false(peer); /* this rank's own abort */
     assert_string_equal(msg, "rank 0: nccl: the group was aborted: user");
     assert_int_equal(atomic_load(&fc3.aborts), 1);
     ddp__watchdog_stop(wd);
@@ -320,7 +329,7 @@ static int64_t wait_failure(ddp__watchdog *wd, int64_t limit_ms)
 {
     int64_t t0 = ddp__now_ms();
     while (ddp__now_ms() - t0 < limit_ms) {
-        if (ddp__watchdog_error(wd, NULL, 0) != DDP_OK)
+        if (ddp__watchdog_error(wd, NULL, 0, NULL) != DDP_OK)
             return ddp__now_ms() - t0;
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
@@ -353,7 +362,7 @@ static void watchdog_thread(void **state)
     assert_true(ddp__now_ms() >= now + 150);
     assert_int_equal(atomic_load(&fc.aborts), 1);
     char msg[DDP_ERRMSG_MAX];
-    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg), DDP_ERR_TIMEOUT);
+    assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, NULL), DDP_ERR_TIMEOUT);
     assert_non_null(strstr(msg, "rank 2: nccl: allreduce #1 (float32 × 64) timed out after"));
     int64_t t0 = ddp__now_ms();
     ddp__watchdog_stop(wd);

@@ -25,12 +25,12 @@
 typedef struct cudaops {
     int device;
     cudaStream_t stream;
-    cudaEvent_t ready; /* recorded on the caller's stream: ours waits for it */
-    cudaEvent_t done;  /* recorded on ours: the host polls it */
-    cudaEvent_t mark;  /* recorded on a caller's stream by wait(): the host polls it */
+    cudaEvent_t ready;  /* recorded on the caller's stream: ours waits for it */
+    cudaEvent_t done;   /* recorded on ours: the host polls it */
+    cudaEvent_t mark;   /* recorded on a caller's stream by wait(): the host polls it */
     cudaEvent_t copied; /* recorded on ours by copy(): the host polls it */
-    void *d_word;      /* 8 bytes of device memory for a reduction's result (word_begin) */
-    void *h_word;      /* its copy, pinned host memory */
+    void *d_word;       /* 8 bytes of device memory for a reduction's result (word_begin) */
+    void *h_word;       /* its copy, pinned host memory */
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -229,8 +229,8 @@ static ddp_status ops_copy(void *ctx, void *dst, const void *src, size_t bytes, 
     cudaops *o = ctx;
     ddp_status st;
     if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
-        (st = cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, o->stream),
-                 "cudaMemcpyAsync", msg)) ||
+        (st = cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, o->stream), "cudaMemcpyAsync",
+                 msg)) ||
         (st = wait_event(o->copied, o->stream, ddp__now_ms() + COPY_LIMIT_MS, "a copy", msg)))
         return st;
     return DDP_OK;

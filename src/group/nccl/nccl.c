@@ -60,7 +60,7 @@ typedef struct nccl_be {
 
 /* ---- what the watchdog sees ------------------------------------------------------------------ */
 
-static ddp_status wd_async_error(void *ctx, char *msg, size_t cap)
+static ddp_status wd_async_error(void *ctx, char *msg, size_t cap, bool *peer)
 {
     nccl_be *b = ctx;
     ncclResult_t r = ncclSuccess;
@@ -77,6 +77,7 @@ static ddp_status wd_async_error(void *ctx, char *msg, size_t cap)
     if (r == ncclSuccess || r == ncclInProgress)
         return DDP_OK;
     ddp__fmt(msg, cap, "NCCL reports %s%s%s", ncclGetErrorString(r), last[0] ? ": " : "", last);
+    *peer = r == ncclRemoteError; /* "remote process exited or there was a network error" */
     return r == ncclRemoteError || r == ncclSystemError ? DDP_ERR_NETWORK : DDP_ERR_SYSTEM;
 }
 
@@ -256,7 +257,7 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
 {
     nccl_be *b = be;
     char why[DDP_ERRMSG_MAX];
-    ddp_status st = ddp__watchdog_error(&b->wd, why, sizeof why);
+    ddp_status st = ddp__watchdog_error(&b->wd, why, sizeof why, &f->peer);
     if (st != DDP_OK) {
         f->status = st;
         ddp__fmt(f->msg, sizeof f->msg, "%s", why);
@@ -284,9 +285,10 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
         last_error(b, last, sizeof last);
         ddp__fmt(why, sizeof why, "%s%s%s", ncclGetErrorString(r), last[0] ? ": " : "", last);
         st = fail(b, c, f, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM, call, why);
+        f->peer = r == ncclRemoteError;
         /* Through the watchdog, so that it aborts the communicator once and never looks at it
          * again, and every later call reports this failure. */
-        ddp__watchdog_fail(&b->wd, st, f->msg);
+        ddp__watchdog_fail(&b->wd, st, f->msg, f->peer);
         return st;
     }
     /* No wait is put into the caller's stream: this call returns only once the host has seen
@@ -298,14 +300,14 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
                                      "cudaEventRecord"))))
         return st;
     if ((st = ddp__watchdog_track(&b->wd, c, b->done, ddp__now_ms())) != DDP_OK) {
-        (void)ddp__watchdog_error(&b->wd, why, sizeof why);
+        (void)ddp__watchdog_error(&b->wd, why, sizeof why, &f->peer);
         return fail(b, c, f, st, NULL,
                     st == DDP_ERR_INVALID ? "too many collectives in flight" : why);
     }
     /* Wait from the host; the watchdog turns a stuck GPU into an abort and a message. */
     long ns = 20000;
     for (;;) {
-        if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg)) != DDP_OK) {
+        if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg, &f->peer)) != DDP_OK) {
             f->status = st;
             return st;
         }
@@ -326,7 +328,7 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
     /* An abort between the check above and the query completes the event too (the aborted
      * kernel exits): the watchdog records its failure before it aborts, so a look now tells an
      * aborted collective, whose buffer holds no result, from a finished one. */
-    if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg)) != DDP_OK) {
+    if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg, &f->peer)) != DDP_OK) {
         f->status = st;
         return st;
     }
@@ -356,7 +358,7 @@ static void nccl_abort(void *be, const char *why)
     nccl_be *b = be;
     char msg[DDP_ERRMSG_MAX];
     ddp__fmt(msg, sizeof msg, "rank %d: nccl: the group was aborted: %s", b->rank, why);
-    ddp__watchdog_fail(&b->wd, DDP_ERR_CLOSED, msg);
+    ddp__watchdog_fail(&b->wd, DDP_ERR_CLOSED, msg, false);
 }
 
 static void nccl_destroy(void *be)

@@ -54,8 +54,10 @@ void ddp__gpu_fail_msg(char *buf, size_t cap, const char *be, int rank, const dd
  * ncclCommGetAsyncError, cudaEventQuery and ncclCommAbort are). */
 typedef struct ddp__wd_comm {
     void *ctx;
-    /* DDP_OK while healthy (idle or making progress); else the failure, its cause in msg. */
-    ddp_status (*async_error)(void *ctx, char *msg, size_t cap);
+    /* DDP_OK while healthy (idle or making progress); else the failure, its cause in msg, and
+     * *peer set when the cause is another rank's (NCCL's ncclRemoteError: a peer exited or its
+     * connection broke). */
+    ddp_status (*async_error)(void *ctx, char *msg, size_t cap, bool *peer);
     /* Whether the operation whose completion marker is ev (a cudaEvent_t) has finished. */
     bool (*done)(void *ctx, void *ev);
     /* Aborts the communicator: pending and later operations fail rather than wait. */
@@ -84,6 +86,7 @@ typedef struct ddp__watchdog {
     uint64_t last_seq; /* the last operation tracked, for a failure while idle */
     atomic_int error;  /* ddp_status; DDP_OK until the first failure */
     char msg[DDP_ERRMSG_MAX];
+    bool peer; /* the first failure was another rank's (ddp__fail.peer) */
     bool stop;
     bool thread_started;
     pthread_t thread;
@@ -111,11 +114,12 @@ void ddp__watchdog_untrack(ddp__watchdog *wd, uint64_t seq);
  * failure's status (DDP_OK while healthy). */
 ddp_status ddp__watchdog_step(ddp__watchdog *wd, int64_t now);
 
-/* Records a failure from outside (ddp_group_abort): aborts the communicator, unless a failure
- * was recorded before. */
-void ddp__watchdog_fail(ddp__watchdog *wd, ddp_status st, const char *msg);
+/* Records a failure from outside (ddp_group_abort, a failed call; peer: the cause is another
+ * rank's): aborts the communicator, unless a failure was recorded before. */
+void ddp__watchdog_fail(ddp__watchdog *wd, ddp_status st, const char *msg, bool peer);
 
-/* The first failure (DDP_OK: none) and, when there is one, its message into msg (cap bytes). */
-ddp_status ddp__watchdog_error(ddp__watchdog *wd, char *msg, size_t cap);
+/* The first failure (DDP_OK: none) and, when there is one, its message into msg (cap bytes) and
+ * whether it was another rank's into *peer (msg and peer may be NULL). */
+ddp_status ddp__watchdog_error(ddp__watchdog *wd, char *msg, size_t cap, bool *peer);
 
 #endif /* DDP_NCCL_INT_H */

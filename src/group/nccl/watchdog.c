@@ -87,11 +87,12 @@ void ddp__gpu_fail_msg(char *buf, size_t cap, const char *be, int rank, const dd
 /* ---- the watchdog -------------------------------------------------------------------------- */
 
 /* Records the first failure and aborts the communicator; later ones are dropped. Under wd->mu. */
-static void fail_locked(ddp__watchdog *wd, ddp_status st, const char *msg)
+static void fail_locked(ddp__watchdog *wd, ddp_status st, const char *msg, bool peer)
 {
     if (atomic_load(&wd->error) != DDP_OK)
         return;
     ddp__fmt(wd->msg, sizeof wd->msg, "%s", msg);
+    wd->peer = peer;
     atomic_store(&wd->error, st);
     wd->comm.abort(wd->comm.ctx);
 }
@@ -113,7 +114,8 @@ ddp_status ddp__watchdog_step(ddp__watchdog *wd, int64_t now)
     }
     char why[DDP_ERRMSG_MAX], msg[DDP_ERRMSG_MAX];
     why[0] = '\0';
-    ddp_status ae = wd->comm.async_error(wd->comm.ctx, why, sizeof why);
+    bool peer = false;
+    ddp_status ae = wd->comm.async_error(wd->comm.ctx, why, sizeof why, &peer);
     if (ae != DDP_OK) {
         char line[DDP_ERRMSG_MAX];
         ddp__fmt(line, sizeof line, "%s; the communicator was aborted",
@@ -126,7 +128,7 @@ ddp_status ddp__watchdog_step(ddp__watchdog *wd, int64_t now)
                      "%s; HINT: the other ranks' logs say which rank failed first",
                      wd->rank, wd->backend, (unsigned long long)wd->last_seq, line);
         }
-        fail_locked(wd, ae, msg);
+        fail_locked(wd, ae, msg, peer);
         st = ae;
         goto out_unlock;
     }
@@ -142,7 +144,7 @@ ddp_status ddp__watchdog_step(ddp__watchdog *wd, int64_t now)
                  "HINT: a rank may be dead, stopped or calling a different collective (set "
                  "DDP_DEBUG=1 to check); the others' logs say which",
                  wd->rank, wd->backend, what, took);
-        fail_locked(wd, DDP_ERR_TIMEOUT, msg);
+        fail_locked(wd, DDP_ERR_TIMEOUT, msg, false);
         st = DDP_ERR_TIMEOUT;
         break;
     }
@@ -241,20 +243,25 @@ void ddp__watchdog_untrack(ddp__watchdog *wd, uint64_t seq)
     pthread_mutex_unlock(&wd->mu);
 }
 
-ddp_status ddp__watchdog_error(ddp__watchdog *wd, char *msg, size_t cap)
+ddp_status ddp__watchdog_error(ddp__watchdog *wd, char *msg, size_t cap, bool *peer)
 {
     ddp_status st = (ddp_status)atomic_load(&wd->error);
-    if (st != DDP_OK && msg) {
+    if (peer)
+        *peer = false;
+    if (st != DDP_OK && (msg || peer)) {
         pthread_mutex_lock(&wd->mu);
-        ddp__fmt(msg, cap, "%s", wd->msg);
+        if (msg)
+            ddp__fmt(msg, cap, "%s", wd->msg);
+        if (peer)
+            *peer = wd->peer;
         pthread_mutex_unlock(&wd->mu);
     }
     return st;
 }
 
-void ddp__watchdog_fail(ddp__watchdog *wd, ddp_status st, const char *msg)
+void ddp__watchdog_fail(ddp__watchdog *wd, ddp_status st, const char *msg, bool peer)
 {
     pthread_mutex_lock(&wd->mu);
-    fail_locked(wd, st, msg);
+    fail_locked(wd, st, msg, peer);
     pthread_mutex_unlock(&wd->mu);
 }
