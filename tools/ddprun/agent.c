@@ -110,6 +110,42 @@ static void key(char *buf, size_t cap, const agent *a, const char *what)
  * SIGTSTP on to every running worker's group and then stops itself; SIGCONT (fg, bg, kill -CONT)
  * is passed on the same way. Returns whether sig was one of the two. While ddprun is stopped
  * the other nodes' agents hear nothing from it and stop the job after --agent_timeout. */
+/* Whether ddprun's job is the terminal's foreground job (or the terminal is not ours to
+ * control: reading it then stops nobody). */
+static bool foreground(void)
+{
+    pid_t fg = tcgetpgrp(STDIN_FILENO);
+    return fg < 0 ? errno == ENOTTY : fg == getpgrp();
+}
+
+/* Passes what was typed on to the interactive worker (o->interactive). End of input (Ctrl-D),
+ * a terminal that is gone, or a worker that stopped reading closes its stdin (an end of file
+ * it sees); EIO: no longer the foreground job, look again later. */
+static void relay_input(ddprun_worker *w)
+{
+    char buf[4096];
+    ssize_t k = read(STDIN_FILENO, buf, sizeof buf);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EIO))
+        return;
+    size_t off = 0;
+    while (k > 0 && off < (size_t)k) {
+        ssize_t m = write(w->in_fd, buf + off, (size_t)k - off);
+        if (m < 0 && errno == EINTR)
+            continue;
+        if (m < 0) {
+            if (errno == EAGAIN)
+                ddprun_say("rank %d is not reading its input: %zu typed bytes dropped", w->rank,
+                           (size_t)k - off);
+            break;
+        }
+        off += (size_t)m;
+    }
+    if (k <= 0 || (off < (size_t)k && errno != EAGAIN)) {
+        close(w->in_fd);
+        w->in_fd = -1;
+    }
+}
+
 static bool job_control(agent *a, int sig)
 {
     if (sig != SIGTSTP && sig != SIGCONT)
@@ -876,6 +912,7 @@ static outcome run_attempt(agent *a)
         w->rank = a->wd.rank_offset + i;
         w->out.fd = w->err.fd = -1;
         w->out.file_fd = w->err.file_fd = -1;
+        w->in_fd = -1;
         if (ddprun_output_open(o, a->wd.attempt, w) != 0)
             return AGENT_ERROR;
     }
@@ -897,7 +934,7 @@ static outcome run_attempt(agent *a)
     for (int i = 1; i < o->nnodes; i++)
         a->hb_changed_ms[i] = now_ms();
 
-    struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
+    struct pollfd *pfd = calloc((size_t)(2 * n + 2), sizeof *pfd); /* + signals, terminal */
     ddprun_stream **streams = calloc((size_t)(2 * n), sizeof *streams);
     ddprun_worker **owners = calloc((size_t)(2 * n), sizeof *owners);
     if (!pfd || !streams || !owners) {
@@ -925,6 +962,13 @@ static outcome run_attempt(agent *a)
                 pfd[np++] = (struct pollfd){.fd = ss[j]->fd, .events = POLLIN};
                 open_streams++;
             }
+        }
+        /* The terminal, while this job is its foreground job (a background read would stop
+         * ddprun with SIGTTIN; SIGCONT after fg or bg comes through sigfd, and we look again). */
+        int in_slot = -1;
+        if (a->w[0].in_fd >= 0 && a->w[0].running && !a->suspended && foreground()) {
+            in_slot = np;
+            pfd[np++] = (struct pollfd){.fd = STDIN_FILENO, .events = POLLIN};
         }
         bool multi_waiting = o->nnodes > 1 && !store_lost;
         bool wait_nodes = multi_waiting && done_reported && !a->fail.set && !a->stop_signal;
@@ -984,6 +1028,8 @@ static outcome run_attempt(agent *a)
             if (!ddprun_output_pump(o, owners[i], streams[i]))
                 ddprun_output_close(o, owners[i], streams[i]);
         }
+        if (rc > 0 && in_slot >= 0 && pfd[in_slot].revents)
+            relay_input(&a->w[0]);
         /* Reap whatever exited (the signalfd only says that something did). */
         int status;
         pid_t pid;
@@ -1011,6 +1057,10 @@ static outcome run_attempt(agent *a)
             w->running = false;
             w->status = status;
             w->exited_ms = now_ms();
+            if (w->in_fd >= 0) {
+                close(w->in_fd);
+                w->in_fd = -1;
+            }
             running--;
             bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
             /* The first failure; or a first-hand one while only a secondary failure is known,
@@ -1209,6 +1259,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             goto out;
         }
         o->prefix = !o->no_prefix && a.wd.world_size > 1;
+        o->interactive = o->nproc == 1 && isatty(STDIN_FILENO);
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
         if (a.wd.attempt == 0 && o->node_rank == 0) {
             cpu_set_t c;

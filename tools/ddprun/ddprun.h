@@ -58,7 +58,11 @@ typedef struct ddprun_opts {
     char run_id[128];
     bool run_id_set;
     char role[64];
-    bool prefix;       /* prefix console lines with the rank (default when world > 1) */
+    bool prefix; /* prefix console lines with the rank (default when world > 1) */
+    /* One worker and a terminal on stdin: ddprun passes what is typed to the worker through a
+     * pipe while it is the terminal's foreground job (input(), pdb, breakpoint() work as under
+     * torchrun), and forwards a partial line (a prompt) without waiting for its newline. */
+    bool interactive;
     bool no_prefix;    /* --no_prefix */
     bool ranks_filter; /* --local_ranks_filter given: the console shows only shown[] */
     bool shown[DDPRUN_MAX_NPROC];
@@ -84,11 +88,12 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o);
 
 /* Output capture of one stream of one worker. */
 typedef struct ddprun_stream {
-    int fd;       /* read end of the worker's pipe; -1 when closed or not piped */
-    int which;    /* STD_OUT or STD_ERR */
-    bool console; /* forward to our own stdout/stderr */
-    int file_fd;  /* the rank's log file, or -1 */
-    char *line;   /* the partial line not yet forwarded */
+    int fd;        /* read end of the worker's pipe; -1 when closed or not piped */
+    int which;     /* STD_OUT or STD_ERR */
+    bool console;  /* forward to our own stdout/stderr */
+    int file_fd;   /* the rank's log file, or -1 */
+    char *line;    /* the partial line not yet forwarded */
+    bool mid_line; /* interactive: part of the current line is on the console already */
     size_t line_len, line_cap;
     char tail[5][200]; /* the last lines seen (stderr), for the failure summary */
     int tail_n, tail_next;
@@ -103,6 +108,7 @@ typedef struct ddprun_worker {
     bool seen_stopped; /* reported as stopped by someone else; its resumption is reported too */
     bool signaled;     /* ddprun sent it a signal to stop it: its end is no failure's cause */
     ddprun_stream out, err;
+    int in_fd;           /* interactive: the write end of its stdin pipe; -1 when none or closed */
     char log_path[1500]; /* its stderr.log, or "" */
 } ddprun_worker;
 

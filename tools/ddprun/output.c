@@ -143,34 +143,34 @@ static void remember_line(ddprun_stream *s, const char *p, size_t n)
         s->tail_n++;
 }
 
-/* Forwards one line (without its newline) to the console, with the rank prefix. */
-static void emit_line(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s, const char *p,
-                      size_t n)
+/* Forwards one line (without its newline) to the console, with the rank prefix unless its
+ * beginning went out already (s->mid_line); newline false: a partial line (an interactive
+ * worker's prompt), whose rest follows without a prefix. */
+static void emit_piece(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s,
+                       const char *p, size_t n, bool newline)
 {
-    remember_line(s, p, n);
+    if (newline)
+        remember_line(s, p, n);
     if (!s->console)
         return;
     int fd = s->which == STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-    if (!o->prefix) {
-        char *buf = malloc(n + 1);
-        if (!buf)
-            return;
-        memcpy(buf, p, n);
-        buf[n] = '\n';
-        write_all(fd, buf, n + 1);
-        free(buf);
-        return;
-    }
-    char pre[32];
-    int pn = snprintf(pre, sizeof pre, "[rank%d]: ", w->rank);
+    char pre[32] = "";
+    int pn = o->prefix && !s->mid_line ? snprintf(pre, sizeof pre, "[rank%d]: ", w->rank) : 0;
+    s->mid_line = !newline;
     char *buf = malloc((size_t)pn + n + 1);
     if (!buf)
         return;
     memcpy(buf, pre, (size_t)pn);
     memcpy(buf + pn, p, n);
     buf[(size_t)pn + n] = '\n';
-    write_all(fd, buf, (size_t)pn + n + 1);
+    write_all(fd, buf, (size_t)pn + n + (newline ? 1 : 0));
     free(buf);
+}
+
+static void emit_line(const ddprun_opts *o, const ddprun_worker *w, ddprun_stream *s, const char *p,
+                      size_t n)
+{
+    emit_piece(o, w, s, p, n, true);
 }
 
 bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s)
@@ -226,6 +226,11 @@ bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s
         }
         p += take + (nl ? 1 : 0);
         left -= take + (nl ? 1 : 0);
+    }
+    /* A prompt ("(Pdb) ", input("name? ")) waits for its answer, not for a newline. */
+    if (o->interactive && s->line_len) {
+        emit_piece(o, w, s, s->line, s->line_len, false);
+        s->line_len = 0;
     }
     return true;
 }

@@ -218,18 +218,19 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         free(args);
         return -1;
     }
-    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, execp[2] = {-1, -1};
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, execp[2] = {-1, -1}, inp[2] = {-1, -1};
     int rc = -1;
-    if (pipe2(execp, O_CLOEXEC) != 0 ||
+    if (pipe2(execp, O_CLOEXEC) != 0 || (o->interactive && pipe2(inp, O_CLOEXEC) != 0) ||
         (pipe_out && (pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0))) {
         ddprun_say("cannot create pipes for rank %d: %s", w->rank, strerror(errno));
         goto out_close;
     }
-    /* Several workers: none of them owns our input. One worker keeps a file or pipe on stdin,
-     * but not a terminal: it runs in its own process group, which is not the terminal's
-     * foreground group, so reading the terminal would stop it (SIGTTIN) for good. */
+    /* Several workers: none of them owns our input. One worker keeps a file or pipe on stdin;
+     * a terminal it reads through ddprun (o->interactive: a pipe ddprun fills from the terminal
+     * while in the foreground), as it runs in its own process group, which is not the
+     * terminal's foreground group: reading the terminal itself would stop it (SIGTTIN). */
     int devnull = -1;
-    if (pipe_out || isatty(STDIN_FILENO))
+    if (!o->interactive && (pipe_out || isatty(STDIN_FILENO)))
         devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     cpu_set_t cpus;
     bool pin = ddprun_worker_cpus(o, w->local_rank, &cpus);
@@ -261,6 +262,8 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
             sched_setaffinity(0, sizeof cpus, &cpus);
         if (devnull >= 0)
             dup2(devnull, STDIN_FILENO);
+        if (inp[0] >= 0)
+            dup2(inp[0], STDIN_FILENO);
         if (pipe_out) {
             dup2(outp[1], STDOUT_FILENO);
             dup2(errp[1], STDERR_FILENO);
@@ -289,6 +292,11 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
         ddprun_say("cannot run '%s' (rank %d): %s", path, w->rank, strerror(child_errno));
         goto out_close; /* the caller reaps it like any failed worker */
     }
+    if (inp[1] >= 0) { /* non-blocking: a worker that reads nothing must not stall ddprun */
+        w->in_fd = inp[1];
+        inp[1] = -1;
+        fcntl(w->in_fd, F_SETFL, fcntl(w->in_fd, F_GETFL) | O_NONBLOCK);
+    }
     if (pipe_out) {
         w->out.fd = outp[0];
         w->err.fd = errp[0];
@@ -304,6 +312,8 @@ out_close:
             close(errp[i]);
         if (execp[i] >= 0)
             close(execp[i]);
+        if (inp[i] >= 0)
+            close(inp[i]);
     }
     free_env(env);
     free(args);
