@@ -189,26 +189,33 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                 break;
             int64_t now = ddp__now_ms();
             if (now >= next_check) {
+                /* A peer that arrived, then left, died or aborted in a later collective between
+                 * the load of v above and these checks did arrive: look at its word again
+                 * before failing (the arrival is stored before any of those). */
+                char why[400];
+                ddp_status fst = DDP_OK;
+                bool peer = true;
                 int ab = atomic_load(&b->hdr->abort_by);
                 if (ab) {
-                    char why[400];
                     ddp__fmt(why, sizeof why, "rank %d aborted the group: %s", b->ranks[ab - 1],
                              b->hdr->abort_msg);
-                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why, ab - 1 != b->me);
-                }
-                if (peer_dead(b, j)) {
-                    char why[128];
+                    fst = DDP_ERR_CLOSED;
+                    peer = ab - 1 != b->me;
+                } else if (peer_dead(b, j)) {
                     ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
                              (int)b->hdr->pids[j]);
-                    return wait_failed(b, c, e, DDP_ERR_NETWORK, why, true);
-                }
-                if (atomic_load(&b->slots[j].left)) {
-                    char why[160];
+                    fst = DDP_ERR_NETWORK;
+                } else if (atomic_load(&b->slots[j].left)) {
                     ddp__fmt(why, sizeof why,
                              "rank %d left the group (ddp_group_destroy) before arriving: it "
                              "called fewer collectives than this rank",
                              b->ranks[j]);
-                    return wait_failed(b, c, e, DDP_ERR_CLOSED, why, true);
+                    fst = DDP_ERR_CLOSED;
+                }
+                if (fst != DDP_OK) {
+                    if (reached(atomic_load_explicit(a, memory_order_acquire), e))
+                        break;
+                    return wait_failed(b, c, e, fst, why, peer);
                 }
                 if (now >= c->deadline_ms)
                     return wait_failed(b, c, e, DDP_ERR_TIMEOUT, "", false);
