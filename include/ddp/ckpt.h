@@ -160,7 +160,8 @@ typedef struct ddp_ckpt_train_state {
  * state, then the buffers; metadata "format" (DDP_CKPT_TRAIN_FORMAT), "step", "epoch",
  * "next_batch", "world_size", "loss", "config". Only rank 0 should call it (every rank holds the
  * same state under DDP; complete sharded optimizer state first, ddp_reducer_gather_state).
- * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range. */
+ * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range or an array of s
+ * that is NULL where its count is not 0 (params, buffers, optim_names[k], optim[k]). */
 ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err);
 
 /* Reads a file written by ddp_ckpt_save_train into the memory s points at: every parameter's and
@@ -169,8 +170,8 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
  * many elements (shapes are not compared, so a file from an older writer with flat shapes
  * loads); tensors in the file that s does not name are ignored. Errors (message in err, naming
  * the file and the tensor or key): DDP_ERR_INVALID (not a trainer-state file, a tensor missing
- * or of another size — saved with another model or optimizer —, bad metadata), and those of
- * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
+ * or of another size — saved with another model or optimizer —, bad metadata, an array of s
+ * NULL where its count is not 0), and those of ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
  * (pos may be NULL: the position is then not wanted). */
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err);

@@ -26,14 +26,48 @@ static char *state_name(const char *param, const char *state)
     return asprintf(&s, "optim.%s.%s", param, state) < 0 ? NULL : s;
 }
 
-ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+/* The views of s are usable: the state count in range, and every array present where its count
+ * is not 0 (a NULL one is the caller's mistake, reported rather than dereferenced). */
+static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
 {
-    if (!path || !s)
-        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_save_train: path and state are required");
     if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
         return ddp__err(err, DDP_ERR_INVALID,
                         "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
                         DDP_CKPT_MAX_OPTIM_STATES);
+    const char *missing = NULL;
+    int o = 0;
+    if (s->n_params > 0 && !s->params)
+        missing = "params";
+    else if (s->n_buffers > 0 && !s->buffers)
+        missing = "buffers";
+    for (; !missing && s->n_params > 0 && o < s->n_optim; o++) {
+        if (!s->optim_names[o])
+            missing = "optim_names";
+        else if (!s->optim[o])
+            missing = "optim";
+        if (missing)
+            break;
+    }
+    if (!missing)
+        return DDP_OK;
+    char what[32];
+    if (!strcmp(missing, "params") || !strcmp(missing, "buffers"))
+        snprintf(what, sizeof what, "%s", missing);
+    else
+        snprintf(what, sizeof what, "%s[%d]", missing, o);
+    return ddp__err(err, DDP_ERR_INVALID,
+                    "trainer state for '%s': '%s' is NULL but %zu parameters (%zu buffers) need "
+                    "it; give every array the counts describe",
+                    path, what, s->n_params, s->n_buffers);
+}
+
+ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+{
+    if (!path || !s)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_save_train: path and state are required");
+    ddp_status st0 = check_state(path, s, err);
+    if (st0 != DDP_OK)
+        return st0;
     size_t per = 1 + (size_t)s->n_optim, n = s->n_params * per + s->n_buffers;
     ddp_ckpt_tensor *ts = calloc(n ? n : 1, sizeof *ts);
     char **names = calloc(n ? n : 1, sizeof *names); /* the optimizer states' names */
@@ -123,12 +157,11 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
 {
     if (!path || !s)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_load_train: path and state are required");
-    if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "trainer state for '%s': %d optimizer states (0 … %d)", path, s->n_optim,
-                        DDP_CKPT_MAX_OPTIM_STATES);
+    ddp_status st = check_state(path, s, err);
+    if (st != DDP_OK)
+        return st;
     ddp_ckpt *c;
-    ddp_status st = ddp_ckpt_open(path, &c, err);
+    st = ddp_ckpt_open(path, &c, err);
     if (st != DDP_OK)
         return st;
     const char *fmt = ddp_ckpt_meta(c, "format");

@@ -710,6 +710,19 @@ static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, c
     assert_non_null(strstr(err.msg, path));
 }
 
+/* save_train and load_train refuse s, naming the missing array, and leave the file alone. */
+static void expect_array_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)
+{
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save_train(path, s, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, needle))
+        fail_msg("save: message '%s' lacks '%s'", err.msg, needle);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ddp_ckpt_load_train(path, s, NULL, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, needle))
+        fail_msg("load: message '%s' lacks '%s'", err.msg, needle);
+}
+
 static void test_train_state_mismatch(void **state)
 {
     (void)state;
@@ -755,6 +768,25 @@ static void test_train_state_mismatch(void **state)
     s.n_optim = DDP_CKPT_MAX_OPTIM_STATES + 1;
     assert_int_equal(ddp_ckpt_save_train(path, &s, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_load_train(path, &s, &pos, NULL), DDP_ERR_INVALID);
+    s.n_optim = 1;
+    /* An array missing where its count is not 0 is an error naming it, both ways (it crashed:
+     * a NULL params, buffers, optimizer state or state name was dereferenced). */
+    ddp_ckpt_train_state bad = s;
+    bad.params = NULL;
+    expect_array_error(path, &bad, "'params'");
+    bad = s;
+    bad.buffers = NULL;
+    expect_array_error(path, &bad, "'buffers'");
+    bad = s;
+    bad.optim[0] = NULL;
+    expect_array_error(path, &bad, "'optim[0]'");
+    bad = s;
+    bad.optim_names[0] = NULL;
+    expect_array_error(path, &bad, "'optim_names[0]'");
+    /* With nothing to describe, the arrays may be NULL. */
+    bad = (ddp_ckpt_train_state){.n_optim = 1};
+    assert_int_equal(ddp_ckpt_save_train(path, &bad, NULL), DDP_OK);
+    assert_int_equal(ddp_ckpt_load_train(path, &bad, &pos, NULL), DDP_OK);
 }
 
 /* A library model and optimizer save and resume through their lists: a model built with
