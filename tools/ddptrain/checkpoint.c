@@ -325,15 +325,16 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
     if (t->resident && (ddp_model_sync_host(t->m, NULL) != DDP_OK ||
                         ddp_model_sync_device(t->m, t->opt) != DDP_OK))
         return trainer_die(t, "resume", ddp_model_last_error(t->m));
-    uint64_t meta[7] = {pos->step,
+    uint64_t meta[8] = {pos->step,
                         pos->epoch,
                         pos->next_batch,
                         pos->world_size,
                         pos->optim_step,
                         0,
-                        (uint64_t)(int64_t)pos->loss_scale_growth};
+                        (uint64_t)(int64_t)pos->loss_scale_growth,
+                        t->resume_batch > 0 ? (uint64_t)t->resume_batch : 0};
     memcpy(&meta[5], &pos->loss_scale, sizeof pos->loss_scale);
-    if (ddp_broadcast(t->g, meta, 7, DDP_INT64, 0) != DDP_OK)
+    if (ddp_broadcast(t->g, meta, 8, DDP_INT64, 0) != DDP_OK)
         return trainer_die(t, "resume", ddp_group_last_error(t->g));
     t->step = meta[0];
     t->optim_step = meta[4];
@@ -344,7 +345,23 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
         t->scaler.growth_tracker = (int)(int64_t)meta[6];
     }
     t->pos.epoch = meta[1];
-    /* Another world size: continue after the same number of samples in the epoch. */
-    t->pos.next_batch = meta[2] * meta[3] / (uint64_t)t->W;
+    /* Another world size or per-rank batch (4 ranks × 64 resumed as 2 × 128): continue after
+     * the same number of samples of the epoch. The saving run's batch is in its stored
+     * configuration (none stored: taken as this run's). The sampler's order is one global list
+     * that rank r reads at r, r + W, …, so the first k·B·W samples of an epoch are the same
+     * ones for every B and W: only a count that is not a whole number of this run's global
+     * batches is rounded down, to the batch that holds it, whose earlier samples train again. */
+    uint64_t old_b = meta[7] ? meta[7] : (uint64_t)t->B;
+    uint64_t done = meta[2] * old_b * meta[3], global = (uint64_t)t->B * (uint64_t)t->W;
+    t->pos.next_batch = done / global;
+    if (done % global != 0)
+        trainer_say(
+            t,
+            "note: the checkpoint stopped after %llu samples of epoch %llu (%llu rank%s "
+            "× batch %llu); %d rank%s × batch %d resume at sample %llu, training %llu "
+            "samples of the epoch again",
+            (unsigned long long)done, (unsigned long long)meta[1], (unsigned long long)meta[3],
+            meta[3] == 1 ? "" : "s", (unsigned long long)old_b, t->W, t->W == 1 ? "" : "s", t->B,
+            (unsigned long long)(t->pos.next_batch * global), (unsigned long long)(done % global));
     return 0;
 }

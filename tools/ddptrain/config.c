@@ -589,6 +589,7 @@ int trainer_config_check_model(trainer *t, const char *path)
     ddp_ckpt_close(ck);
     if (!stored)
         return 0;
+    t->resume_batch = ddp_config_int(stored, "batch_size");
     int rc = 0;
     const char *type = ddp_config_str(stored, "model.type");
     for (size_t i = 0; i < NKEYS && !rc; i++) {

@@ -79,6 +79,9 @@ typedef struct trainer {
      * naming the one before it). */
     char resume[2048];
     bool resume_latest;
+    /* rank 0: the per-rank batch_size of the run that saved the loaded checkpoint (its stored
+     * configuration; 0 when it has none): the data position is in its batches */
+    int64_t resume_batch;
     bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
                      */
     /* What the progress line reports beside the loss (metrics.c). */

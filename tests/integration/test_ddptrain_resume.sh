@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# ddptrain resumed with another world size AND another per-rank batch, as a PyTorch user keeps
+# the global batch when the number of GPUs changes (3 ranks × 1000 saved, 1 rank × 3000 resumed):
+# the data position is a count of samples of the epoch, so the resumed run trains on the same
+# samples as the uninterrupted one and ends with the same weights (float32 sums in another order:
+# relative difference ≤ 1e-5). It used to convert the position by the world size alone: resumed
+# at step 7 it was refused ("batch 21 is past the epoch's 20 batches"), at step 3 it silently
+# skipped 18000 samples. A position that is not a whole number of the new global batches is
+# rounded down, with a note. Small MLP runs on Fashion-MNIST (a second or two each).
+. "$(dirname "$0")/lib.sh"
+TRAIN=$BIN/ddptrain
+DUMP=$BIN/ckpt_tool
+PY=/usr/bin/python3
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+cd "$T"
+
+close() { # close A B: the weights (not the optimizer state) within 1e-5 of each other
+    "$DUMP" dump "$1" | grep '^T ' >a.txt
+    "$DUMP" dump "$2" | grep '^T ' >b.txt
+    "$PY" - a.txt b.txt <<'EOP'
+import sys
+def load(p):
+    out = {}
+    for line in open(p):
+        f = line.split()
+        name = bytes.fromhex(f[1]).decode()
+        if not name.startswith("optim."):
+            nd = int(f[3])
+            out[name] = [float.fromhex(v) for v in f[4 + nd:]]
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+rel = max(max(abs(x - y) for x, y in zip(a[k], b[k])) / max(max(abs(y) for y in b[k]), 1e-30)
+          for k in a)
+print(f"relative difference {rel:.2e}")
+sys.exit(0 if rel <= 1e-5 else 1)
+EOP
+}
+
+# No dropout: its masks follow the position in each rank's batch stream (docs/nn.md), not the
+# sample. Augmentation follows the sample, so it stays on.
+A=(--model.hidden 16 --log_every 1 --tensorboard false --total_steps 25 --eval_every 0
+   --augment.hflip true --augment.shift 2 --warmup_steps 5 --checkpoint.every 1 --checkpoint.keep 30)
+"$DDPRUN" --standalone --nproc_per_node 3 "$TRAIN" "${A[@]}" --batch_size 1000 --out_dir whole \
+    >whole.out 2>&1 || { cat whole.out; fail "the uninterrupted 3-rank run"; }
+# Step 7 (mid-epoch: 20 steps of 3000 samples to an epoch) and 21 (the second epoch).
+for s in 3 7 21; do
+    "$TRAIN" "${A[@]}" --batch_size 3000 --out_dir one$s \
+        --resume_from whole/checkpoints/step$s.safetensors >one$s.out 2>&1 ||
+        { cat one$s.out; fail "resume of step $s with 1 rank × 3000"; }
+    assert_contains one$s.out "resumed from whole/checkpoints/step$s.safetensors at step $s (saved by 3 ranks)"
+    close whole/checkpoints/step25.safetensors one$s/checkpoints/step25.safetensors ||
+        fail "3 ranks × 1000 resumed at step $s as 1 rank × 3000 ended elsewhere"
+done
+ok "3 ranks × 1000 resumed with 1 rank × 3000 (steps 3, 7, 21): the same samples, the same weights"
+
+# And back: a 1-rank checkpoint resumed by 2 ranks × half the batch.
+"$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" "${A[@]}" --batch_size 1500 --out_dir two \
+    --resume_from one7/checkpoints/step10.safetensors >two.out 2>&1 ||
+    { cat two.out; fail "resume of 1 rank × 3000 with 2 ranks × 1500"; }
+close whole/checkpoints/step25.safetensors two/checkpoints/step25.safetensors ||
+    fail "1 rank × 3000 resumed as 2 ranks × 1500 ended elsewhere"
+ok "1 rank × 3000 resumed with 2 ranks × 1500: the same weights"
+
+# 3 ranks × 1000 stopped after 7000 · 3 = 21000 samples; 2 ranks × 2000 (4000 a step) resume at
+# 20000, training 1000 samples again, and say so.
+"$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" "${A[@]}" --batch_size 2000 --out_dir round \
+    --resume_from whole/checkpoints/step7.safetensors >round.out 2>&1 ||
+    { cat round.out; fail "resume of 3 × 1000 with 2 × 2000"; }
+assert_contains round.out "note: the checkpoint stopped after 21000 samples of epoch 0 (3 ranks × batch 1000); 2 ranks × batch 2000 resume at sample 20000, training 1000 samples of the epoch again"
+assert_contains round.out "step 25/25"
+ok "a position between two of the new global batches: rounded down, with a note"
