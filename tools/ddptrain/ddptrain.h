@@ -72,6 +72,8 @@ typedef struct trainer {
      * goes at the head of train.log */
     char *early_buf;
     size_t early_len;
+    /* rank 0: a write to train.log / metrics.jsonl failed (warned once: trainer_flush_logs) */
+    bool log_failed, jsonl_failed;
     bool say_to_stderr; /* trainer_say writes to stderr (stdout carries generated text) */
     char dir[1024];     /* out_dir */
     /* train, rank 0: the checkpoint resume_from resolved to before out_dir was written ("":
@@ -115,6 +117,10 @@ typedef struct progress {
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
 void trainer_say(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
 void trainer_log(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);
+/* Rank 0: flushes train.log and metrics.jsonl; the first write to either that fails (a full
+ * disk) gets one warning line on stderr, naming the file, the step and the error: training goes
+ * on, but without it the figures from there on would be lost unnoticed. */
+void trainer_flush_logs(trainer *t);
 /* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code — or, when the group
  * failed because of another rank (ddp_group_peer_failed), what trainer_die_peer returns. */
 int trainer_die(trainer *t, const char *what, const char *msg);

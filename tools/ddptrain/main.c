@@ -42,8 +42,34 @@ void trainer_say(trainer *t, const char *fmt, ...)
     fflush(out);
     if (t->log) {
         fprintf(t->log, "%s\n", line);
-        fflush(t->log);
+        trainer_flush_logs(t);
     }
+}
+
+/* f's buffered lines out; the first failure warned about (*failed). */
+static void flush_checked(trainer *t, FILE *f, const char *name, bool *failed)
+{
+    if (!f || *failed)
+        return;
+    errno = 0;
+    int rc = fflush(f), e = errno;
+    if (rc == 0 && !ferror(f))
+        return;
+    *failed = true;
+    fprintf(stderr,
+            "ddptrain: warning: writing '%s/%s' failed at step %llu: %s; training goes on, but "
+            "what it writes there from now on may be lost: free space where '%s' lives (a "
+            "checkpoint that cannot be written stops the run)\n",
+            t->dir, name, (unsigned long long)t->step,
+            rc != 0 && e ? strerror(e) : "an earlier write failed", t->dir);
+}
+
+void trainer_flush_logs(trainer *t)
+{
+    if (t->R != 0)
+        return;
+    flush_checked(t, t->log, "train.log", &t->log_failed);
+    flush_checked(t, t->jsonl, "metrics.jsonl", &t->jsonl_failed);
 }
 
 void trainer_log(trainer *t, const char *fmt, ...)
@@ -55,7 +81,7 @@ void trainer_log(trainer *t, const char *fmt, ...)
     vfprintf(t->log, fmt, ap);
     va_end(ap);
     fputc('\n', t->log);
-    fflush(t->log);
+    trainer_flush_logs(t);
 }
 
 int trainer_die(trainer *t, const char *what, const char *msg)

@@ -423,8 +423,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             goto out;
         } else if (ck_every > 0 && t->step % (uint64_t)ck_every == 0)
             trainer_tb_flush(t);
-        if (t->R == 0 && t->jsonl)
-            fflush(t->jsonl);
+        trainer_flush_logs(t);
     }
     trainer_say(t, "trained %llu steps in %.1f s", (unsigned long long)(t->step - prog.first_step),
                 ddp_now_seconds() - t0);
