@@ -70,3 +70,12 @@ ok "1 rank × 3000 resumed with 2 ranks × 1500: the same weights"
 assert_contains round.out "note: the checkpoint stopped after 21000 samples of epoch 0 (3 ranks × batch 1000); 2 ranks × batch 2000 resume at sample 20000, training 1000 samples of the epoch again"
 assert_contains round.out "step 25/25"
 ok "a position between two of the new global batches: rounded down, with a note"
+
+# A resume at or past the end of the run trains nothing, and says so (it said "trained 0 steps").
+"$TRAIN" "${A[@]}" --batch_size 3000 --total_steps 20 --out_dir one21 --resume_from latest \
+    >past.out 2>&1 || { cat past.out; fail "resume past the end"; }
+assert_contains past.out "note: resumed at step 25, past the run's 20 steps (total_steps): nothing to train; raise total_steps to train on"
+"$TRAIN" "${A[@]}" --batch_size 3000 --total_steps 0 --epochs 1 --out_dir one21 \
+    --resume_from latest >past.out 2>&1 || { cat past.out; fail "resume past the end (epochs)"; }
+assert_contains past.out "note: resumed at step 25, past the run's 20 steps (epochs): nothing to train; raise epochs to train on"
+ok "a resume at or past the run's end: a note saying what to raise"

@@ -350,6 +350,13 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     uint64_t total = (uint64_t)ddp_config_int(c, "total_steps");
     if (total == 0)
         total = per_epoch * (uint64_t)ddp_config_int(c, "epochs");
+    if (t->step > 0 && t->step >= total)
+        trainer_say(t,
+                    "note: resumed at step %" PRIu64 ", %s the run's %" PRIu64 " steps (%s): "
+                    "nothing to train; raise %s to train on",
+                    t->step, t->step == total ? "the last of" : "past", total,
+                    ddp_config_int(c, "total_steps") > 0 ? "total_steps" : "epochs",
+                    ddp_config_int(c, "total_steps") > 0 ? "total_steps" : "epochs");
     ddp_lr_schedule sched = schedule_of(t, total);
     if (sched.warmup_steps >= total && sched.warmup_steps > 0)
         trainer_say(t,
