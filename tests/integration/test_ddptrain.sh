@@ -26,7 +26,8 @@ assert_contains err "'transformer' is not one of mlp|cnn|gpt"
 assert_contains err "bad.yaml line 2"
 rc=0; "$TRAIN" --data.dir /no/such/dir >out 2>err || rc=$?
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
-assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte'"
+assert_contains err "cannot open data file '/no/such/dir/train-images-idx3-ubyte': No such file or directory; data.dir '/no/such/dir' must hold train- and t10k-images-idx3-ubyte and -labels-idx1-ubyte (or .gz): Fashion-MNIST is Debian's dataset-fashion-mnist"
+[ "$(wc -l <err)" -eq 1 ] || { cat err; fail "a missing data file: want one line"; }
 rc=0; "$TRAIN" --augment.shift 28 >out 2>err || rc=$?
 [ $rc -ne 0 ] || fail "augment.shift 28 on 28 × 28 images was accepted"
 assert_contains err "augment.shift 28 must be from 0 to 27"

@@ -35,7 +35,15 @@ static int open_images(trainer *t, bool train, ddp_dataset **tr, ddp_dataset **t
     const char *cache = t->world.settings.data_cache;
     if ((train && open_split(dir, "train", cache, tr, &err)) ||
         open_split(dir, "t10k", cache, te, &err)) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        /* A missing file: say what data.dir must hold, and where Fashion-MNIST comes from. */
+        if (err.status == DDP_ERR_NOT_FOUND)
+            fprintf(stderr,
+                    "ddptrain: %s; data.dir '%s' must hold train- and t10k-images-idx3-ubyte and "
+                    "-labels-idx1-ubyte (or .gz): Fashion-MNIST is Debian's dataset-fashion-mnist "
+                    "(/usr/share/datasets/fashion-mnist)\n",
+                    err.msg, dir);
+        else
+            fprintf(stderr, "ddptrain: %s\n", err.msg);
         return 2;
     }
     t->side = (int)lround(sqrt((double)ddp_dataset_x_elems(*te)));
