@@ -429,6 +429,17 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     const char *yaml = ddp_ckpt_meta(ck, "config");
     if (!yaml)
         yaml = "";
+    /* A classifier's classes: the size of its output layer's bias, the highest fcN.bias. */
+    int top = 0;
+    for (size_t i = 0; i < ddp_ckpt_count(ck); i++) {
+        const ddp_ckpt_tensor *x = ddp_ckpt_tensor_at(ck, i);
+        int k = 0, used = 0;
+        if (sscanf(x->name, "fc%d.bias%n", &k, &used) == 1 && x->name[used] == '\0' && k > top &&
+            x->ndim == 1 && x->shape[0] > 0 && x->shape[0] <= INT32_MAX) {
+            top = k;
+            t->ckpt_classes = (int)x->shape[0];
+        }
+    }
     size_t lp = strlen(path) + 1, ly = strlen(yaml) + 1;
     *blob = malloc(lp + ly);
     if (*blob) {
@@ -514,14 +525,18 @@ int trainer_config_from_checkpoint(trainer *t)
 {
     char *blob = NULL;
     size_t len = 0;
-    int64_t n = -1; /* bytes of "PATH\0YAML\0", or −1: rank 0 found no checkpoint */
+    /* bytes of "PATH\0YAML\0", or −1: rank 0 found no checkpoint; the classifier's classes */
+    int64_t info[2] = {-1, 0};
     snprintf(t->dir, sizeof t->dir, "%s", ddp_config_str(t->cfg, "out_dir"));
     if (t->R == 0 && read_stored(t, &blob, &len))
-        n = (int64_t)len;
-    if (ddp_broadcast(t->g, &n, 1, DDP_INT64, 0) != DDP_OK) {
+        info[0] = (int64_t)len;
+    info[1] = t->ckpt_classes;
+    if (ddp_broadcast(t->g, info, 2, DDP_INT64, 0) != DDP_OK) {
         free(blob);
         return trainer_die(t, "configuration", ddp_group_last_error(t->g));
     }
+    int64_t n = info[0];
+    t->ckpt_classes = (int)info[1];
     if (n < 0) /* rank 0 printed why */
         return t->R == 0 ? 2
                          : trainer_die_peer(t, "configuration",

@@ -47,7 +47,21 @@ static int open_images(trainer *t, bool train, ddp_dataset **tr, ddp_dataset **t
         return 2;
     }
     t->side = (int)lround(sqrt((double)ddp_dataset_x_elems(*te)));
-    t->classes = ddp_dataset_classes(*te) > 0 ? ddp_dataset_classes(*te) : 10;
+    /* The classes: a checkpoint's (test, predict: a few images of one's own, whatever their
+     * labels); training: what the labels of either split reach (a test set without the last
+     * class still trains on it). */
+    int seen = ddp_dataset_classes(*te);
+    if (train && ddp_dataset_classes(*tr) > seen)
+        seen = ddp_dataset_classes(*tr);
+    t->classes = t->ckpt_classes > 0 ? t->ckpt_classes : seen > 0 ? seen : 10;
+    if (seen > t->classes && !strcmp(ddp_config_str(t->cfg, "task"), "test")) {
+        fprintf(stderr,
+                "ddptrain: the labels in data.dir '%s' go up to %d, but the checkpoint's model has "
+                "%d classes (0 … %d): its accuracy on them means nothing; test it on images of "
+                "those classes (--task predict takes any labels)\n",
+                dir, seen - 1, t->classes, t->classes - 1);
+        return 2;
+    }
     int64_t shift = ddp_config_int(t->cfg, "augment.shift");
     if (shift < 0 || shift >= t->side) {
         fprintf(stderr,

@@ -84,6 +84,10 @@ typedef struct trainer {
     /* rank 0: the per-rank batch_size of the run that saved the loaded checkpoint (its stored
      * configuration; 0 when it has none): the data position is in its batches */
     int64_t resume_batch;
+    /* test, predict: the classes of the checkpoint's classifier (its last fcN.bias; 0: none,
+     * a GPT), known on every rank before the data open: the model is built with them, not
+     * with what the test set's labels happen to reach */
+    int ckpt_classes;
     bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
                      */
     /* What the progress line reports beside the loss (metrics.c). */
