@@ -25,6 +25,15 @@ check "key 'grad_clip' is -1; it must be ≥ 0" --grad_clip -1
 check "key 'model.dropout' is 1; it must be below 1" --model.dropout 1
 printf 'batch_size: -3\n' >neg.yaml
 check "key 'batch_size' is -3; it must be ≥ 1" --config neg.yaml
+# Layer sizes and AdamW's betas and eps: named by their key, exit 2 (they failed later, exit 1,
+# as "rank 0: model: model hidden[0] is 0" or an optimizer line listing every bound).
+check "key 'model.hidden' has 0 (entry 1, the command line); every size must be from 1 to 16777216" \
+    --model.hidden 0
+printf 'model:\n  type: cnn\n  channels: [8, 0]\n' >ch.yaml
+check "key 'model.channels' has 0 (entry 2, ch.yaml line 3)" --config ch.yaml
+check "key 'betas' is 0.9,1.5 (the command line); each of the two must be from 0 to below 1" \
+    --optimizer adamw --betas 0.9,1.5
+check "key 'eps' is -1; it must be ≥ 0" --optimizer adamw --eps -1
 ok "a value out of range names its key and value, before any work"
 
 # A key twice in one YAML file is refused (parsers differ on which wins); a YAML list is read

@@ -214,6 +214,33 @@ static int check_values(const ddp_config *c, bool model_known)
                 ddp_config_str(c, "betas"));
         return 2;
     }
+    if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) { /* torch.optim.AdamW's bounds */
+        fprintf(stderr,
+                "ddptrain: key 'betas' is %s (%s); each of the two must be from 0 to below 1, "
+                "like 0.9,0.999\n",
+                ddp_config_str(c, "betas"), ddp_config_origin(c, "betas"));
+        return 2;
+    }
+    if (ddp_config_float(c, "eps") < 0) {
+        fprintf(stderr, "ddptrain: key 'eps' is %g; it must be ≥ 0\n", ddp_config_float(c, "eps"));
+        return 2;
+    }
+    /* A classifier's layer sizes, each named with the key rather than by the model later. */
+    static const char *const sizes[] = {"model.hidden", "model.channels"};
+    for (size_t i = 0; model_known && strcmp(ddp_config_str(c, "model.type"), "gpt") != 0 &&
+                       i < sizeof sizes / sizeof sizes[0];
+         i++) {
+        size_t n;
+        const int64_t *v = ddp_config_ints(c, sizes[i], &n);
+        for (size_t k = 0; k < n; k++)
+            if (v[k] < 1 || v[k] > (1 << 24)) {
+                fprintf(stderr,
+                        "ddptrain: key '%s' has %" PRId64 " (entry %zu, %s); every size must be "
+                        "from 1 to 16777216\n",
+                        sizes[i], v[k], k + 1, ddp_config_origin(c, sizes[i]));
+                return 2;
+            }
+    }
     /* Generation's keys on a model that does not generate: say so rather than ignore them. */
     if (model_known && strcmp(ddp_config_str(c, "model.type"), "gpt") != 0) {
         static const char *const gen[] = {"prompt", "prompt_tokens"};
@@ -291,9 +318,9 @@ static int check_values(const ddp_config *c, bool model_known)
                     ddp_config_int(c, gpt_nonneg[i]));
             return 2;
         }
-    if (ddp_config_float(c, "temperature") < 0 || ddp_config_float(c, "eps") < 0) {
-        const char *k = ddp_config_float(c, "temperature") < 0 ? "temperature" : "eps";
-        fprintf(stderr, "ddptrain: key '%s' is %g; it must be ≥ 0\n", k, ddp_config_float(c, k));
+    if (ddp_config_float(c, "temperature") < 0) {
+        fprintf(stderr, "ddptrain: key 'temperature' is %g; it must be ≥ 0\n",
+                ddp_config_float(c, "temperature"));
         return 2;
     }
     return 0;
