@@ -79,3 +79,6 @@ assert_contains past.out "note: resumed at step 25, past the run's 20 steps (tot
     --resume_from latest >past.out 2>&1 || { cat past.out; fail "resume past the end (epochs)"; }
 assert_contains past.out "note: resumed at step 25, past the run's 20 steps (epochs): nothing to train; raise epochs to train on"
 ok "a resume at or past the run's end: a note saying what to raise"
+"$TRAIN" "${A[@]}" --total_steps 0 --epochs 0 --out_dir zero >zero.out 2>&1 || { cat zero.out; fail "epochs 0"; }
+assert_contains zero.out "note: epochs 0 and total_steps 0: nothing to train; set either to train"
+ok "epochs 0: a note, nothing trained"

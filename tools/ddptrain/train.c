@@ -357,6 +357,8 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
                     t->step, t->step == total ? "the last of" : "past", total,
                     ddp_config_int(c, "total_steps") > 0 ? "total_steps" : "epochs",
                     ddp_config_int(c, "total_steps") > 0 ? "total_steps" : "epochs");
+    else if (total == 0)
+        trainer_say(t, "note: epochs 0 and total_steps 0: nothing to train; set either to train");
     ddp_lr_schedule sched = schedule_of(t, total);
     if (sched.warmup_steps >= total && sched.warmup_steps > 0)
         trainer_say(t,
