@@ -33,6 +33,38 @@ assert_contains err "ddptrain: rank 0: checkpoint: writing checkpoint 'full/r/ch
 assert_contains err "No space left on device"
 cmp -s step2.copy full/r/checkpoints/step2.safetensors || fail "the checkpoint already saved changed"
 [ "$(ls full/r/checkpoints)" = step2.safetensors ] || fail "checkpoints: $(ls full/r/checkpoints)"
+ok "a disk that fills up: one warning per log file, the failed final checkpoint named, the saved one intact"
+
+# Predictions: a file that does not fit (10000 rows in ~10 KB) fails naming it, and the previous
+# predictions (3 images' worth) are as they were, with no partial or temporary file left (it was
+# opened with "w": the old file truncated, then a partial one left behind).
+rm -f full/filler
+idx() { # idx DIR LABEL…: a t10k split of noise images
+    local dir=$1
+    shift
+    mkdir -p "$dir"
+    /usr/bin/python3 - "$dir/t10k" "$@" <<'EOP'
+import os, struct, sys
+p, labels = sys.argv[1], [int(v) for v in sys.argv[2:]]
+n = len(labels)
+open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
+open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(labels))
+EOP
+}
+idx mine 0 0 0
+"$TRAIN" --task predict --out_dir full/r --checkpoint full/r/checkpoints/step2.safetensors \
+    --data.dir mine --predict_out full/p.csv >p1.out 2>&1 || { cat p1.out; fail "predict 3 images"; }
+cp full/p.csv p.copy
+avail=$(df -B1 --output=avail full | tail -1)
+fallocate -l $((avail - 10000)) full/filler 2>/dev/null || head -c $((avail - 10000)) /dev/zero >full/filler
+rc=0
+"$TRAIN" --task predict --out_dir full/r --checkpoint full/r/checkpoints/step2.safetensors \
+    --predict_out full/p.csv >out 2>err || rc=$?
+[ $rc -eq 1 ] || { cat out err; fail "predictions on a full disk: exit $rc, want 1"; }
+assert_contains err "ddptrain: rank 0: predict: writing 'full/p.csv' failed: No space left on device; 'full/p.csv' is as it was"
+[ "$(wc -l <err)" -eq 1 ] || { cat err; fail "want one line"; }
+cmp -s p.copy full/p.csv || fail "the previous predictions changed"
+[ -z "$(ls full | grep -v '^r$\|^p.csv$\|^filler$')" ] || fail "left behind: $(ls full)"
 umount "$T/full"
 UNMOUNT=()
-ok "a disk that fills up: one warning per log file, the failed final checkpoint named, the saved one intact"
+ok "predictions that do not fit: the file named, the previous predictions intact, nothing left behind"

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ddptrain.h"
 
@@ -172,17 +173,37 @@ int trainer_predict(trainer *t, ddp_dataset *te)
             snprintf(path, sizeof path, "%s", given);
         else
             snprintf(path, sizeof path, "%s/predictions.csv", ddp_config_str(t->cfg, "out_dir"));
-        FILE *f = fopen(path, "w");
+        /* Written beside path and renamed over it once complete: a failure (a full disk, a
+         * forward error) leaves no partial file and never a previous run's predictions lost. */
+        char tmp[4300], why[9000];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+        FILE *f = fopen(tmp, "w");
         if (!f) {
-            char why[4400];
             snprintf(why, sizeof why, "cannot write '%s': %s (set predict_out to a writable path)",
                      path, strerror(errno));
             return trainer_die(t, "predict", why);
         }
         fprintf(f, "index,label,prediction\n");
         int rc = write_predictions(t, te, f);
-        if (fclose(f) != 0 && !rc)
-            rc = trainer_die(t, "predict", strerror(errno));
+        errno = 0;
+        int bad = fflush(f) != 0 || ferror(f), e = errno;
+        if (fclose(f) != 0 && !bad) {
+            bad = 1;
+            e = errno;
+        }
+        if (!rc && !bad && rename(tmp, path) != 0) {
+            bad = 1;
+            e = errno;
+        }
+        if (rc || bad)
+            unlink(tmp);
+        if (!rc && bad) {
+            snprintf(why, sizeof why,
+                     "writing '%s' failed: %s; '%s' is as it was (free space there, or set "
+                     "predict_out to another path)",
+                     path, e ? strerror(e) : "a write failed", path);
+            rc = trainer_die(t, "predict", why);
+        }
         if (rc)
             return rc;
         trainer_say(t, "wrote %zu predictions to %s", ddp_dataset_len(te), path);
