@@ -151,12 +151,15 @@ typedef struct ddp_model_batch {
     float grad_scale;       /* backward accumulates d(loss · grad_scale)/d param: 1/k when k
                                micro-batches accumulate into one step; 0 is taken as 1 */
     uint64_t step;          /* training step: keys dropout (its stream) */
-    uint64_t sample_offset; /* key of sample 0 of this batch; sample i's dropout mask is keyed
-                               by sample_offset + i (ddptrain: ((step · accum + micro) · world +
-                               rank) · B, the same masks whatever the rank; they follow the
-                               sample across world sizes only where ranks take contiguous blocks
-                               of the global batch, not the DistributedSampler's strides:
-                               docs/nn.md) */
+    uint64_t sample_offset; /* key of sample 0 of this batch: sample i's dropout mask is keyed
+                               by sample_offset + i · sample_stride, so that masks follow the
+                               sample, not the rank or world size (docs/nn.md) */
+    uint64_t sample_stride; /* mlp, cnn: between two samples' keys; 0 is taken as 1 (contiguous:
+                               ranks holding blocks of the global batch). W for the
+                               DistributedSampler's ranks, which take every W-th sample: rank r
+                               of W with per-rank batch B, micro-batch k of the run, passes
+                               offset k·W·B + r and stride W, and each sample gets the key it
+                               has with 1 rank × W·B. gpt: 0 or 1 only */
     bool last_logits;       /* gpt, evaluation without targets: logits only for each sample's
                                last position, (n, V) instead of (n·seq_len, V) (generation) */
     bool loss_only;         /* evaluation with targets or labels: only the loss and accuracy are

@@ -315,6 +315,7 @@ typedef struct ddp__cuda_cls_batch {
     int n;
     bool train;
     uint64_t step, sample_offset; /* dropout keys, as ddp_model_batch */
+    uint64_t sample_stride;       /* as ddp_model_batch (0: 1) */
     float grad_scale;             /* the loss's gradient is scaled by grad_scale / n (fp16: the
                                      loss scale; 0 means 1) */
 } ddp__cuda_cls_batch;

@@ -430,6 +430,7 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
         .train = train,
         .step = b->step,
         .sample_offset = b->sample_offset,
+        .sample_stride = b->sample_stride,
         .grad_scale = b->grad_scale,
     };
     double loss_sum = 0;
@@ -450,6 +451,23 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     out->correct = correct;
     out->count = n;
     return DDP_OK;
+}
+
+/* Dropout over n samples of l->out_n values: sample s's elements keyed from (sample_offset +
+ * s · sample_stride) · out_n, one stream when the keys are contiguous. */
+static void dropout_rows(layer *l, const float *a, int n, uint64_t seed, const ddp_model_batch *b,
+                         bool train)
+{
+    const size_t per = l->out_n;
+    if (b->sample_stride <= 1) {
+        ddp_nn_dropout_forward(a, (size_t)n * per, l->p, seed, b->step, b->sample_offset * per,
+                               train, l->mask, l->y);
+        return;
+    }
+    for (int s = 0; s < n; s++)
+        ddp_nn_dropout_forward(a + (size_t)s * per, per, l->p, seed, b->step,
+                               (b->sample_offset + (uint64_t)s * b->sample_stride) * per, train,
+                               l->mask + (size_t)s * per, l->y + (size_t)s * per);
 }
 
 static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
@@ -473,10 +491,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         case L_LINEAR: ddp_nn_linear_forward(a, P0, P1, n, l->fan_in, l->out, l->y); break;
         case L_RELU: ddp_nn_relu_forward(a, (size_t)n * l->out_n, l->y); break;
         case L_GELU: ddp_nn_gelu_forward(a, (size_t)n * l->out_n, l->y); break;
-        case L_DROPOUT:
-            ddp_nn_dropout_forward(a, (size_t)n * l->out_n, l->p, c->seed + (uint64_t)i, b->step,
-                                   b->sample_offset * l->out_n, train, l->mask, l->y);
-            break;
+        case L_DROPOUT: dropout_rows(l, a, n, c->seed + (uint64_t)i, b, train); break;
         case L_CONV: ddp_nn_conv2d_forward(&l->conv, a, P0, P1, n, c->scratch, l->y); break;
         case L_BN:
             if (ddp_nn_batchnorm_forward(a, n, l->C, l->hw, P0, P1, BN_MOMENTUM, BN_EPS, train,

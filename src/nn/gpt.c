@@ -355,6 +355,11 @@ static ddp_status check_batch(ddp_model *m, const ddp_model_batch *b)
     gpt *g = m->impl;
     if (!b->tokens)
         return ddp__errmsg(m->err, DDP_ERR_INVALID, "gpt forward: the batch has no tokens");
+    if (b->sample_stride > 1)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "gpt forward: sample_stride %llu: a gpt keys its samples' dropout "
+                           "contiguously from sample_offset; give 0 or 1",
+                           (unsigned long long)b->sample_stride);
     if (b->seq_len < 1 || b->seq_len > g->Tmax)
         return ddp__errmsg(m->err, DDP_ERR_INVALID,
                            "gpt forward: seq_len %d is outside 1 … block_size %d; cut the "

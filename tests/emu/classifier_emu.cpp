@@ -57,7 +57,7 @@ static void t_elementwise(size_t n)
     ddp_nn_dropout_backward(dy.data(), rmask.data(), n, p, true, rdx.data());
     emu_launch(ddp__cuda_blocks(n, 256), 256, 0, [&] {
         dropout_fwd(x.data(), n, (uint64_t)((double)p * 4294967296.0), 1.0f / (1.0f - p), 5, 2,
-                    640, mask.data(), y.data());
+                    640, 16, 0, mask.data(), y.data());
     });
     emu_launch(ddp__cuda_blocks(n, 256), 256, 0, [&] {
         dropout_bwd(dy.data(), mask.data(), n, 1.0f / (1.0f - p), dx.data());
@@ -65,6 +65,17 @@ static void t_elementwise(size_t n)
     check_exact("dropout forward y", y.data(), ry.data(), n * 4);
     check_exact("dropout forward mask", mask.data(), rmask.data(), n);
     check_exact("dropout backward", dx.data(), rdx.data(), n * 4);
+    /* samples of 16 values keyed 3 samples apart (sample_stride 3): the host's rows */
+    const size_t per = 16, rows = n / per, m = rows * per;
+    for (size_t s = 0; s < rows; s++)
+        ddp_nn_dropout_forward(x.data() + s * per, per, p, 5, 2, (40 + s * 3) * per, true,
+                               rmask.data() + s * per, ry.data() + s * per);
+    emu_launch(ddp__cuda_blocks(m, 256), 256, 0, [&] {
+        dropout_fwd(x.data(), m, (uint64_t)((double)p * 4294967296.0), 1.0f / (1.0f - p), 5, 2,
+                    40 * per, per, 2 * per, mask.data(), y.data());
+    });
+    check_exact("dropout forward, strided samples: y", y.data(), ry.data(), m * 4);
+    check_exact("dropout forward, strided samples: mask", mask.data(), rmask.data(), m);
 }
 
 static void t_conv_bias(int B, int C, int H, int W)

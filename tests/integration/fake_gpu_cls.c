@@ -139,7 +139,8 @@ ddp_status fake_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, doub
                           .labels = b->labels,
                           .grad_scale = b->grad_scale,
                           .step = b->step,
-                          .sample_offset = b->sample_offset};
+                          .sample_offset = b->sample_offset,
+                          .sample_stride = b->sample_stride};
     ddp_model_out o = {0};
     if (ddp_model_forward(g->r.m, &mb, b->train, &o) != DDP_OK)
         return fail(err, DDP_ERR_INVALID, ddp_model_last_error(g->r.m));

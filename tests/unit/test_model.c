@@ -644,8 +644,8 @@ static void resident_refusals(void **state)
     ddp_model_free(m);
 }
 
-/* Dropout masks follow (seed, step, global sample): the same sample gives the same mask in any
- * batch position, and another step another mask. */
+/* Dropout masks follow (seed, step, sample key): the same sample gives the same mask in any
+ * batch position, and another step another mask; keys may be strided (sample_stride). */
 static void dropout_keys(void **state)
 {
     (void)state;
@@ -667,7 +667,35 @@ static void dropout_keys(void **state)
     assert_int_equal(ddp_model_forward(m, &second, true, NULL), DDP_OK);
     memcpy(c, ddp_model_logits(m, NULL, NULL), sizeof c);
     assert_memory_not_equal(a, c, sizeof a);
+    /* sample_stride: the DistributedSampler's rank holds every W-th sample of the global batch.
+     * Offset 10, stride 3: the second sample is keyed 13, as in a batch that starts there (with
+     * stride 1 it was keyed 11, so N ranks drew other masks for a sample than 1 rank × N·B). */
+    ddp_model_batch strided = {.n = 2, .x = x, .step = 5, .sample_offset = 10, .sample_stride = 3};
+    ddp_model_batch at13 = {.n = 1, .x = x + 16, .step = 5, .sample_offset = 13};
+    assert_int_equal(ddp_model_forward(m, &strided, true, NULL), DDP_OK);
+    memcpy(a, ddp_model_logits(m, NULL, NULL) + 3, sizeof a);
+    assert_int_equal(ddp_model_forward(m, &at13, true, NULL), DDP_OK);
+    memcpy(bb, ddp_model_logits(m, NULL, NULL), sizeof bb);
+    assert_floats_near(a, bb, 3, 1e-5);
+    /* its first sample keeps offset 10's mask */
+    assert_int_equal(ddp_model_forward(m, &strided, true, NULL), DDP_OK);
+    memcpy(a, ddp_model_logits(m, NULL, NULL), sizeof a);
+    assert_int_equal(ddp_model_forward(m, &both, true, NULL), DDP_OK);
+    memcpy(bb, ddp_model_logits(m, NULL, NULL), sizeof bb);
+    assert_floats_near(a, bb, 3, 1e-5);
     free(x);
+    ddp_model_free(m);
+    /* A gpt keys its samples contiguously: a stride is refused, naming it. */
+    ddp_model_spec g = DDP_MODEL_SPEC_INIT;
+    g.type = "gpt", g.n_layer = 1, g.n_head = 2, g.n_embd = 8, g.block_size = 4;
+    g.vocab_size = 16, g.max_batch = 2, g.dropout = 0.1f;
+    m = build(&g);
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ddp_model_batch gb = {.n = 2, .tokens = tok, .seq_len = 4, .sample_stride = 2};
+    assert_int_equal(ddp_model_forward(m, &gb, true, NULL), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "sample_stride 2"));
+    gb.sample_stride = 1;
+    assert_int_equal(ddp_model_forward(m, &gb, true, NULL), DDP_OK);
     ddp_model_free(m);
 }
 

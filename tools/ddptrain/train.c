@@ -245,6 +245,16 @@ static int micro_step(trainer *t, feed *f, int micro, double *loss)
     mb.grad_scale = (t->amp ? t->scaler.scale : 1.0f) / (float)A; /* fp16: the loss scaled */
     mb.step = t->step;
     mb.sample_offset = first;
+    if (f->l && !t->lm) {
+        /* The DistributedSampler's rank r holds every W-th sample of the global micro-batch:
+         * keyed by their places in it, the samples get the masks they get with 1 rank × W·B
+         * (and with any grad_accum of the same global batch). A gpt keeps contiguous keys: its
+         * random windows are drawn by them. */
+        mb.sample_offset =
+            ((t->step * (uint64_t)A + (uint64_t)micro) * (uint64_t)t->W) * (uint64_t)t->B +
+            (uint64_t)t->R;
+        mb.sample_stride = (uint64_t)t->W;
+    }
     ddp_model_out out;
     if (ddp_model_forward(t->m, &mb, true, &out) != DDP_OK)
         return trainer_die(t, "forward", ddp_model_last_error(t->m));

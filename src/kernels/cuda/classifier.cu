@@ -362,13 +362,17 @@ __global__ void gelu_erf_bwd(const float *dy, const float *x, size_t n, float *d
     }
 }
 
-/* ddp_nn_dropout_forward for 0 < p < 1 in training: the same draw per element. */
+/* ddp_nn_dropout_forward for 0 < p < 1 in training: the same draw per element. Element i of
+ * sample i / per is keyed offset + i + (i / per) · extra: extra = (sample_stride − 1) · per
+ * spaces the samples' keys as the classifier's host code does (0: one contiguous stream). */
 __global__ void dropout_fwd(const float *x, size_t n, uint64_t thresh, float scale, uint64_t seed,
-                            uint64_t step, uint64_t offset, uint8_t *mask, float *y)
+                            uint64_t step, uint64_t offset, size_t per, uint64_t extra,
+                            uint8_t *mask, float *y)
 {
     GRID_STRIDE(i, n)
     {
-        uint8_t keep = (ddp__rand_u64(seed, step, offset + i) >> 32) >= thresh;
+        uint64_t key = offset + i + (extra ? (uint64_t)(i / per) * extra : 0);
+        uint8_t keep = (ddp__rand_u64(seed, step, key) >> 32) >= thresh;
         mask[i] = keep;
         y[i] = keep ? x[i] * scale : 0.0f;
     }
@@ -1050,7 +1054,9 @@ static ddp_status layer_forward(ddp__cuda_cls *g, int i, const float *a,
         }
         dropout_fwd<<<blocks(cnt), 256, 0, s>>>(
             a, cnt, (uint64_t)((double)L->p * 4294967296.0), 1.0f / (1.0f - L->p),
-            g->cfg.seed + (uint64_t)i, b->step, b->sample_offset * L->out_n, l->mask, l->y);
+            g->cfg.seed + (uint64_t)i, b->step, b->sample_offset * L->out_n, (size_t)L->out_n,
+            b->sample_stride > 1 ? (b->sample_stride - 1) * (uint64_t)L->out_n : 0, l->mask,
+            l->y);
         return ddp__cuda_launched("dropout", err);
     case DDP__CLS_CONV: return conv_forward(g, l, a, n, err);
     case DDP__CLS_BN: return bn_forward(g, l, a, n, b->train, err);
