@@ -37,10 +37,10 @@ sys.exit(0 if rel <= 1e-5 else 1)
 EOP
 }
 
-# No dropout: its masks follow the position in each rank's batch stream (docs/nn.md), not the
-# sample. Augmentation follows the sample, so it stays on.
+# Dropout and augmentation on: both follow the sample, whatever the world size (docs/nn.md).
 A=(--model.hidden 16 --log_every 1 --tensorboard false --total_steps 25 --eval_every 0
-   --augment.hflip true --augment.shift 2 --warmup_steps 5 --checkpoint.every 1 --checkpoint.keep 30)
+   --model.dropout 0.2 --augment.hflip true --augment.shift 2 --warmup_steps 5
+   --checkpoint.every 1 --checkpoint.keep 30)
 "$DDPRUN" --standalone --nproc_per_node 3 "$TRAIN" "${A[@]}" --batch_size 1000 --out_dir whole \
     >whole.out 2>&1 || { cat whole.out; fail "the uninterrupted 3-rank run"; }
 # Step 7 (mid-epoch: 20 steps of 3000 samples to an epoch) and 21 (the second epoch).
