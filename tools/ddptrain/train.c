@@ -303,8 +303,15 @@ static int feed_open(trainer *t, ddp_dataset *tr, feed *f, uint64_t *per_epoch)
     *per_epoch = ddp_loader_batches_per_epoch(f->l) / A;
     /* A position converted from another world size may lie in the padding of the saving run's
      * epoch, which this one lacks: that epoch is over. */
-    if (t->pos.next_batch > ddp_loader_batches_per_epoch(f->l))
+    if (t->pos.next_batch > ddp_loader_batches_per_epoch(f->l)) {
+        trainer_say(t,
+                    "note: the checkpoint's position, batch %" PRIu64 " of epoch %" PRIu64
+                    ", is past this run's %zu batches an epoch (another world size, batch or "
+                    "dataset): epoch %" PRIu64 " ends here",
+                    t->pos.next_batch, t->pos.epoch, ddp_loader_batches_per_epoch(f->l),
+                    t->pos.epoch);
         t->pos.next_batch = ddp_loader_batches_per_epoch(f->l);
+    }
     if (ddp_loader_restore(f->l, &t->pos) != DDP_OK)
         return trainer_die(t, "resume", ddp_loader_last_error(f->l));
     t->epoch = t->pos.epoch;
