@@ -25,14 +25,13 @@
 extern "C" {
 #endif
 
-#define DDP_GPU_MODULE_ABI                                                                         \
-    9 /* 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic,                                \
-         device-resident GPT; 5: the classifier (cls_*); 6: the GPT's                              \
-         bound parameters and state views (sharded step), its dropout                              \
-         (cfg.dropout/seed, forward's step and sample offset); 7: devops'                          \
-         IPC, reduce and d2d (cuda-ipc); 8: the classifier's                                       \
-         device-resident training (cls_dev_info …); 9: the watchdog's                            \
-         peer flag (async_error, watchdog_fail, watchdog_error) */
+/* The ABI's versions: 3: ddp__backend_ops.detail; 4: .devops, devops arithmetic, device-resident
+ * GPT; 5: the classifier (cls_*); 6: the GPT's bound parameters and state views (sharded step),
+ * its dropout (cfg.dropout/seed, forward's step and sample offset); 7: devops' IPC, reduce and
+ * d2d (cuda-ipc); 8: the classifier's device-resident training (cls_dev_info …); 9: the
+ * watchdog's peer flag (async_error, watchdog_fail, watchdog_error), the classifier batch's
+ * sample_stride (ddp__cuda_cls_batch). */
+#define DDP_GPU_MODULE_ABI 9
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
