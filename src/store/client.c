@@ -20,7 +20,12 @@
 #include "util/net.h"
 #include "util/util.h"
 
-#define REPLY_HARD_MAX ((size_t)1 << 31) /* a reply longer than this is garbage */
+/* The handshake's reply: a code and an i64, or an error's one-line message. */
+#define HELLO_REPLY_MAX ((size_t)4096)
+/* A reply's buffer grows by doubling from this, as its bytes arrive. */
+#define REPLY_STEP ((size_t)64 << 10)
+/* The most a server may say it accepts in a value (ddp_store_server_start's own limit). */
+#define MAX_VALUE_MAX ((int64_t)1 << 30)
 
 struct ddp_store {
     int fd; /* -1 when disconnected */
@@ -61,7 +66,11 @@ static void sleep_ms(int ms)
     }
 }
 
-/* Receives one reply frame into s->reply. */
+/* Receives one reply frame into s->reply. Its length is checked against the largest reply that
+ * can come (before the handshake: a short one; after it: a value of the store's max_value and its
+ * frame), and the buffer grows with the bytes that actually arrive, so 4 bytes from something
+ * that is not the store (another service on the port, a scanner) cannot make this allocate
+ * gigabytes. */
 static ddp_status recv_reply(ddp_store *s, int64_t deadline, ddp_error *e)
 {
     unsigned char hdr[4];
@@ -69,17 +78,30 @@ static ddp_status recv_reply(ddp_store *s, int64_t deadline, ddp_error *e)
     if (st != DDP_OK)
         return st;
     size_t n = ddp__le32(hdr);
-    if (n == 0 || n > REPLY_HARD_MAX)
-        return ddp__err(e, DDP_ERR_PROTOCOL, "the store sent a reply of %zu bytes", n);
-    if (n > s->reply_cap) {
-        char *p = realloc(s->reply, n + 1);
-        if (!p)
-            return ddp__err(e, DDP_ERR_NOMEM, "no memory for a store reply of %zu bytes", n);
-        s->reply = p;
-        s->reply_cap = n;
+    size_t limit = s->max_value ? s->max_value + DDP__STORE_FRAME_SLACK : HELLO_REPLY_MAX;
+    if (n == 0 || n > limit)
+        return ddp__err(e, DDP_ERR_PROTOCOL,
+                        "the store sent a reply of %zu bytes (at most %zu expected): is it a "
+                        "ddpc store?",
+                        n, limit);
+    for (size_t got = 0; got < n;) {
+        if (got == s->reply_cap) {
+            size_t cap = s->reply_cap < REPLY_STEP ? REPLY_STEP : 2 * s->reply_cap;
+            if (cap > n)
+                cap = n;
+            char *p = realloc(s->reply, cap + 1);
+            if (!p)
+                return ddp__err(e, DDP_ERR_NOMEM, "no memory for a store reply of %zu bytes", n);
+            s->reply = p;
+            s->reply_cap = cap;
+        }
+        size_t k = (n < s->reply_cap ? n : s->reply_cap) - got;
+        if ((st = ddp__recv_all(s->fd, s->reply + got, k, deadline, e)) != DDP_OK)
+            return st;
+        got += k;
     }
     s->reply_len = n;
-    return ddp__recv_all(s->fd, s->reply, n, deadline, e);
+    return DDP_OK;
 }
 
 /* Sends s->req and receives the reply; on DDP_OK, *r is positioned after the reply code.
@@ -139,7 +161,7 @@ static ddp_status connect_once(ddp_store *s, int64_t deadline, ddp_error *e)
     if (st != DDP_OK)
         return st;
     int64_t maxv;
-    if (!ddp__rd_i64(&r, &maxv) || maxv <= 0) {
+    if (!ddp__rd_i64(&r, &maxv) || maxv <= 0 || maxv > MAX_VALUE_MAX || r.left) {
         disconnect(s);
         return ddp__err(e, DDP_ERR_PROTOCOL, "the store's handshake reply is malformed");
     }

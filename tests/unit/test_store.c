@@ -687,6 +687,104 @@ static void connect_to_nobody_times_out(void **state)
     assert_ptr_equal(s, (ddp_store *)0x1);
 }
 
+/* A fake "store" on a loopback port (another service on MASTER_PORT, or a broken store): it
+ * accepts one connection, writes its bytes whatever the client sends, and keeps the connection
+ * open until the client closes it, so a client that waited for more would wait its whole
+ * deadline. */
+typedef struct impostor {
+    int lfd, port;
+    const unsigned char *bytes;
+    size_t n;
+    pthread_t th;
+} impostor;
+
+static void *impostor_main(void *arg)
+{
+    impostor *im = arg;
+    int fd = accept(im->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    (void)send(fd, im->bytes, im->n, MSG_NOSIGNAL);
+    char buf[256];
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    while (poll(&pf, 1, 5000) > 0 && recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+    close(fd);
+    return NULL;
+}
+
+static void impostor_start(impostor *im, const void *bytes, size_t n)
+{
+    im->bytes = bytes;
+    im->n = n;
+    im->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    assert_true(im->lfd >= 0);
+    assert_int_equal(bind(im->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(im->lfd, 4), 0);
+    assert_int_equal(getsockname(im->lfd, (struct sockaddr *)&a, &al), 0);
+    im->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&im->th, NULL, impostor_main, im), 0);
+}
+
+static void impostor_stop(impostor *im)
+{
+    pthread_join(im->th, NULL);
+    close(im->lfd);
+}
+
+/* Replies whose length no store would send are refused at once, before anything is allocated
+ * for them: a 2 GiB length in answer to the handshake made the client allocate 2 GiB and then
+ * wait out its deadline (found by fuzz_store_client); so did a handshake claiming values of a
+ * terabyte, and a reply longer than the store's own max_value. */
+static void not_a_store_refused_at_once(void **state)
+{
+    (void)state;
+    /* The handshake's reply: u32 length 9, code 0, i64 max value. */
+    static const unsigned char huge[] = {0xff, 0xff, 0xff, 0x7f, 0};
+    static const unsigned char tera[] = {9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};
+    static const unsigned char long_get[] = {9, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, /* 1 KiB */
+                                             0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0};      /* 64 KiB GET */
+    static const struct {
+        const unsigned char *b;
+        size_t n;
+        bool get;
+        const char *needle;
+    } cases[] = {
+        {huge, sizeof huge, false,
+         "a reply of 2147483647 bytes (at most 4096 expected): is it a "
+         "ddpc store?"},
+        {tera, sizeof tera, false, "handshake reply is malformed"},
+        {long_get, sizeof long_get, true, "a reply of 65536 bytes (at most"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        impostor im;
+        impostor_start(&im, cases[i].b, cases[i].n);
+        ddp_store_opts o = client_opts(im.port, "tok", 2000);
+        ddp_store *s = NULL;
+        ddp_error err = {0};
+        int64_t t0 = now_ms();
+        ddp_status st = ddp_store_connect(&o, &s, &err);
+        const char *msg = err.msg;
+        if (cases[i].get) {
+            assert_int_equal(st, DDP_OK);
+            void *v = NULL;
+            st = ddp_store_get(s, "k", &v, NULL);
+            msg = ddp_store_last_error(s);
+            assert_null(v);
+        }
+        int64_t took = now_ms() - t0;
+        assert_int_equal(st, DDP_ERR_PROTOCOL);
+        assert_has(msg, cases[i].needle);
+        if (took > 1000)
+            fail_msg("case %zu: refused after %lld ms, not at once", i, (long long)took);
+        ddp_store_close(s);
+        impostor_stop(&im);
+    }
+}
+
 /* ---- 3. many clients at once -------------------------------------------------------------------
  */
 
@@ -1634,6 +1732,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(wait_timeout_names_missing_keys, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(barrier_timeout_counts_arrivals, setup_plain, teardown),
         cmocka_unit_test(connect_to_nobody_times_out),
+        cmocka_unit_test(not_a_store_refused_at_once),
         cmocka_unit_test(get_from_a_stopped_server),
         cmocka_unit_test_setup_teardown(eight_clients_add, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
