@@ -160,8 +160,9 @@ typedef struct ddp_ckpt_train_state {
  * state, then the buffers; metadata "format" (DDP_CKPT_TRAIN_FORMAT), "step", "epoch",
  * "next_batch", "world_size", "loss", "config". Only rank 0 should call it (every rank holds the
  * same state under DDP; complete sharded optimizer state first, ddp_reducer_gather_state).
- * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range or an array of s
- * that is NULL where its count is not 0 (params, buffers, optim_names[k], optim[k]). */
+ * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range, pos.world_size 0,
+ * or an array of s that is NULL where its count is not 0 (params, buffers, optim_names[k],
+ * optim[k]). */
 ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err);
 
 /* Reads a file written by ddp_ckpt_save_train into the memory s points at: every parameter's and
@@ -170,8 +171,15 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
  * many elements (shapes are not compared, so a file from an older writer with flat shapes
  * loads); tensors in the file that s does not name are ignored. Errors (message in err, naming
  * the file and the tensor or key): DDP_ERR_INVALID (not a trainer-state file, a tensor missing
+<<<<<<< HEAD
  * or of another size — saved with another model or optimizer —, bad metadata, an array of s
  * NULL where its count is not 0), and those of ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
+=======
+ * or of another size — saved with another model or optimizer —, bad metadata: a number that is
+ * not plain digits, a world_size of 0 or one whose product with next_batch passes 2^64, a loss
+ * scale that is not finite as a float), and those of
+ * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
+>>>>>>> 85e2865 (trainstate: checkpoint metadata numbers are digits only and in range ("-1" read as 2^64-1), world_size 0 and a next_batch x world_size past 2^64 are refused on load (and world_size 0 on save), a loss scale that is inf as a float is refused; test in unit.test_ckpt (test_train_state_bad_position), crash-* for fuzz_trainstate)
  * (pos may be NULL: the position is then not wanted). */
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err);

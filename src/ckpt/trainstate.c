@@ -12,6 +12,10 @@
  * same bytes.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <float.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +72,10 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     ddp_status st0 = check_state(path, s, err);
     if (st0 != DDP_OK)
         return st0;
+    if (s->pos.world_size == 0) /* ddp_ckpt_load_train refuses it */
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "trainer state for '%s': world_size 0; give the ranks of the saving run",
+                        path);
     size_t per = 1 + (size_t)s->n_optim, n = s->n_params * per + s->n_buffers;
     ddp_ckpt_tensor *ts = calloc(n ? n : 1, sizeof *ts);
     char **names = calloc(n ? n : 1, sizeof *names); /* the optimizer states' names */
@@ -152,6 +160,21 @@ static ddp_status load_tensor(const ddp_ckpt *c, const char *path, const char *n
                     path, name, count);
 }
 
+/* A metadata value that is an unsigned decimal number, digits only (strtoull alone would take
+ * "-1" as 2^64 − 1, and leading blanks or a '+'). */
+static bool decimal(const char *txt, uint64_t *out)
+{
+    if (!txt || *txt < '0' || *txt > '9')
+        return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(txt, &end, 10);
+    if (*end || errno == ERANGE)
+        return false;
+    *out = v;
+    return true;
+}
+
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err)
 {
@@ -188,31 +211,37 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
     uint64_t v[4] = {0};
     for (int k = 0; k < 4 && !st; k++) {
         const char *txt = ddp_ckpt_meta(c, keys[k]);
-        char *end = NULL;
-        v[k] = txt ? strtoull(txt, &end, 10) : 0;
-        if (!txt || !*txt || *end)
+        if (!decimal(txt, &v[k]))
             st = ddp__err(err, DDP_ERR_INVALID,
                           "checkpoint '%s': metadata '%s' is missing or not a number", path,
                           keys[k]);
     }
+    /* The trainer continues after next_batch × world_size samples of the epoch. */
+    if (!st && (v[3] == 0 || v[2] > UINT64_MAX / v[3]))
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "checkpoint '%s': metadata world_size '%llu' with next_batch '%llu' is not "
+                      "a position in an epoch (world_size ≥ 1, their product below 2^64)",
+                      path, (unsigned long long)v[3], (unsigned long long)v[2]);
     ddp_ckpt_train_pos p = {v[0], v[1], v[2], v[3], v[0], 0.0f, 0};
     const char *ost = ddp_ckpt_meta(c, "optim_step"), *sc = ddp_ckpt_meta(c, "loss_scale"),
                *gr = ddp_ckpt_meta(c, "loss_scale_growth");
     if (!st && ost && sc && gr) { /* fp16 loss scaling */
-        char *e1 = NULL, *e2 = NULL, *e3 = NULL;
-        unsigned long long o = strtoull(ost, &e1, 10);
+        char *e2 = NULL, *e3 = NULL;
+        uint64_t o = 0;
+        bool ok_o = decimal(ost, &o);
         double sv = strtod(sc, &e2);
         long g = strtol(gr, &e3, 10);
-        if (!*ost || *e1 || !*sc || *e2 || !*gr || *e3 || o > v[0] || !(sv > 0) || g < 0 ||
-            g > INT32_MAX)
+        /* the scale as the float it becomes: 1e39 would be inf */
+        if (!ok_o || !*sc || *e2 || !*gr || *e3 || o > v[0] || !(sv > 0) || !(sv <= FLT_MAX) ||
+            g < 0 || g > INT32_MAX)
             st = ddp__err(err, DDP_ERR_INVALID,
                           "checkpoint '%s': metadata optim_step '%s', loss_scale '%s', "
-                          "loss_scale_growth '%s' are not a step count ≤ step, a scale > 0 and a "
-                          "count ≥ 0",
+                          "loss_scale_growth '%s' are not a step count ≤ step, a finite scale > 0 "
+                          "and a count ≥ 0",
                           path, ost, sc, gr);
         p.optim_step = o;
-        p.loss_scale = (float)sv;
-        p.loss_scale_growth = (int32_t)g;
+        p.loss_scale = (float)(sv <= FLT_MAX ? sv : 0);
+        p.loss_scale_growth = (int32_t)(g >= 0 && g <= INT32_MAX ? g : 0);
     }
     if (st == DDP_OK && pos)
         *pos = p;

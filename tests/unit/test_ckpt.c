@@ -789,6 +789,56 @@ static void test_train_state_mismatch(void **state)
     assert_int_equal(ddp_ckpt_load_train(path, &bad, &pos, NULL), DDP_OK);
 }
 
+/* Positions no trainer can use are refused, not handed on (the trainer multiplies next_batch by
+ * world_size, and takes the loss scale as a float): found by fuzz_trainstate. */
+static void test_train_state_bad_position(void **state)
+{
+    (void)state;
+    char path[512];
+    path_of(path, "badpos.safetensors");
+    train_data d;
+    train_fill(&d, 1.0f);
+    ddp_ckpt_train_state s = train_state_of(&d, 1);
+    ddp_ckpt_tensor t[] = {{"fc.weight", DDP_FLOAT32, 2, {2, 3}, d.w},
+                           {"optim.fc.weight.exp_avg", DDP_FLOAT32, 1, {6}, d.m[0]},
+                           {"fc.bias", DDP_FLOAT32, 1, {3}, d.b},
+                           {"optim.fc.bias.exp_avg", DDP_FLOAT32, 1, {3}, d.v[0]},
+                           {"bn.running_var", DDP_FLOAT32, 1, {2}, d.buf}};
+    const char *k[] = {"format",     "step",       "epoch",      "next_batch",
+                       "world_size", "optim_step", "loss_scale", "loss_scale_growth"};
+    static const struct {
+        const char *step, *next_batch, *world_size, *scale, *needle;
+    } bad[] = {
+        {"12", "4", "-1", "8", "metadata 'world_size' is missing or not a number"},
+        {"12", "4", " 2", "8", "metadata 'world_size' is missing or not a number"},
+        {"-12", "4", "2", "8", "metadata 'step' is missing or not a number"},
+        {"99999999999999999999", "4", "2", "8", "metadata 'step' is missing or not a number"},
+        {"12", "4", "0", "8", "world_size '0' with next_batch '4' is not a position"},
+        {"12", "9223372036854775808", "2", "8", "is not a position in an epoch"},
+        {"12", "4", "2", "1e39", "a finite scale > 0"},
+        {"12", "4", "2", "inf", "a finite scale > 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *v[] = {"ddptrain-1",      bad[i].step, "3",          bad[i].next_batch,
+                           bad[i].world_size, "5",         bad[i].scale, "1"};
+        assert_int_equal(ddp_ckpt_save(path, t, 5, k, v, 8, NULL), DDP_OK);
+        expect_load_error(path, &s, bad[i].needle);
+    }
+    /* A world size of 0 is not saved either. */
+    s.pos.world_size = 0;
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save_train(path, &s, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "world_size 0"));
+    /* The largest position that is one loads. */
+    const char *v[] = {"ddptrain-1", "12", "3", "9223372036854775807", "2", "5", "3.4e38", "1"};
+    assert_int_equal(ddp_ckpt_save(path, t, 5, k, v, 8, NULL), DDP_OK);
+    ddp_ckpt_train_pos pos;
+    if (ddp_ckpt_load_train(path, &s, &pos, &err) != DDP_OK)
+        fail_msg("load: %s", err.msg);
+    assert_true(pos.next_batch == 9223372036854775807ull && pos.world_size == 2 &&
+                pos.optim_step == 5 && pos.loss_scale > 3e38f && pos.loss_scale_growth == 1);
+}
+
 /* A library model and optimizer save and resume through their lists: a model built with
  * another seed gets the saved weights, batchnorm statistics and optimizer state. */
 static void test_train_state_model(void **state)
@@ -824,6 +874,7 @@ static void test_train_state_model(void **state)
     for (size_t i = 0; i < s[0].n_params; i++) /* some state, and buffers off their start */
         s[0].optim[1][i][0] = (float)i + 0.5f;
     s[0].buffers[1].data[2] = 7.0f;
+    s[0].pos.world_size = 1;
     assert_int_equal(ddp_ckpt_save_train(path, &s[0], NULL), DDP_OK);
     ddp_ckpt_train_pos pos;
     assert_int_equal(ddp_ckpt_load_train(path, &s[1], &pos, NULL), DDP_OK);
@@ -931,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_train_state),
         cmocka_unit_test(test_train_state_mismatch),
+        cmocka_unit_test(test_train_state_bad_position),
         cmocka_unit_test(test_train_state_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
