@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes every input a user or a stranger can hand ddpc: the YAML config parser, IDX and token
-# data files, safetensors checkpoint headers, and the store's wire protocol (tests/fuzz/).
+# data files, text corpora, safetensors checkpoint headers and trainer checkpoints, Slurm host
+# lists, the store's wire protocol from both ends, and strangers on the tcp backend's port
+# (tests/fuzz/).
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, every target)
 #
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config idx tokens ckpt store)
+[ ${#targets[@]} -gt 0 ] || targets=(config idx tokens ckpt store store_client tcp trainstate text hostlist)
 build=${FUZZ_BUILD:-build-fuzz}
 jobs=${FUZZ_JOBS:-$(nproc)}
 par=${FUZZ_PARALLEL:-$(nproc)}
@@ -51,7 +53,7 @@ fuzz_one() {
     [ -f "tests/fuzz/$t.dict" ] && opts+=("-dict=tests/fuzz/$t.dict")
     case $t in # room for what each format needs to get interesting (libFuzzer's default: 4 KiB)
     config) opts+=(-max_len=16384) ;; # a few thousand nested maps once overflowed the stack
-    ckpt | store) opts+=(-max_len=8192) ;;
+    ckpt | store | store_client | tcp | trainstate) opts+=(-max_len=8192) ;;
     esac
 
     # The seeds first, crash regressions among them: each must run cleanly.
