@@ -1195,6 +1195,91 @@ static void strangers_are_refused(void **state)
     free(w);
 }
 
+/* Connections that stay silent on member 0's port (a scanner waiting for a banner, a stranger
+ * holding the port) do not hold up set-up: member 0 read one hello at a time, each given 2 s, so
+ * six silent connections made before member 1's held its hellos up for 12 s, past an 8 s set-up
+ * timeout. Now hellos are read from every connection at once. */
+static void silent_strangers_hold_up_no_one(void **state)
+{
+    world *w = world_new(state, 2, NULL);
+    w->setup_ms = 8000;
+    ddp_store_opts o = DDP_STORE_OPTS_INIT;
+    o.host = "127.0.0.1";
+    o.port = w->port;
+    o.token = TOKEN;
+    o.timeout_ms = 5000;
+    ddp_store *s;
+    ddp_error e;
+    assert_int_equal(ddp_store_connect(&o, &s, &e), DDP_OK);
+    int lfd, port;
+    assert_int_equal(ddp__tcp_listen("127.0.0.1", 0, 8, &lfd, &port, &e), DDP_OK);
+    char key[128], mine[64];
+    snprintf(mine, sizeof mine, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/addr/1", w->prefix);
+    assert_int_equal(ddp_store_set(s, key, mine, strlen(mine)), DDP_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, create_member0, w), 0);
+    snprintf(key, sizeof key, "%s/addr/0", w->prefix);
+    void *val;
+    size_t len;
+    assert_int_equal(ddp_store_get(s, key, &val, &len), DDP_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "%s", (char *)val);
+    free(val);
+
+    enum { SILENT = 6 };
+    int silent[SILENT];
+    for (int i = 0; i < SILENT; i++)
+        silent[i] = dial(addr);
+    /* one that sends half a hello and stops */
+    unsigned char buf[512];
+    size_t hl = hello(buf, 1, 2, 0, TOKEN, w->prefix);
+    int half = dial(addr);
+    assert_int_equal(ddp__send_all(half, buf, hl / 2, ddp__now_ms() + 2000, &e), DDP_OK);
+
+    int64_t t0 = ddp__now_ms();
+    int data = try_hello(addr, buf, hl) - 1000;
+    assert_true(data >= 0);
+    hl = hello(buf, 1, 2, 1, TOKEN, w->prefix);
+    int ctl = try_hello(addr, buf, hl) - 1000;
+    assert_true(ctl >= 0);
+    for (int i = 0; i < 2; i++) { /* member 0's connections to us */
+        int fd;
+        assert_int_equal(ddp__tcp_accept(lfd, ddp__now_ms() + 5000, &fd, &e), DDP_OK);
+        unsigned char h[28 + 256];
+        assert_int_equal(ddp__recv_all(fd, h, 28, ddp__now_ms() + 2000, &e), DDP_OK);
+        size_t rest = get32le(h + 20) + get32le(h + 24);
+        assert_true(rest <= 256);
+        assert_int_equal(ddp__recv_all(fd, h + 28, rest, ddp__now_ms() + 2000, &e), DDP_OK);
+        unsigned char r[8];
+        put32le(r, 0x52504444u);
+        put32le(r + 4, 0);
+        assert_int_equal(ddp__send_all(fd, r, 8, ddp__now_ms() + 2000, &e), DDP_OK);
+        close(fd);
+    }
+    pthread_join(th, NULL);
+    int64_t took = ddp__now_ms() - t0;
+    if (w->m[0].setup_st != DDP_OK)
+        fail_msg("member 0's set-up failed beside silent connections: %s", w->m[0].setup_msg);
+    if (took > 1500)
+        fail_msg("member 0's set-up took %lld ms beside silent connections", (long long)took);
+    /* The silent ones were let go when set-up ended: each sees its connection closed. */
+    for (int i = 0; i < SILENT; i++) {
+        unsigned char r[8];
+        ddp_status st = ddp__recv_all(silent[i], r, 8, ddp__now_ms() + 2000, &e);
+        if (st == DDP_OK) /* a refusal first, then the close */
+            st = ddp__recv_all(silent[i], r, 1, ddp__now_ms() + 2000, &e);
+        assert_int_equal(st, DDP_ERR_NETWORK);
+        close(silent[i]);
+    }
+    close(half);
+    close(data);
+    close(ctl);
+    close(lfd);
+    ddp_store_close(s);
+    free(w);
+}
+
 /* ---- throughput (DDP_TCP_BENCH=1) ----------------------------------------------------------- */
 
 typedef struct bench_ctx {
@@ -1323,6 +1408,7 @@ int main(void)
         cmocka_unit_test(keepalive_follows_timeout),
         cmocka_unit_test(setup_times_out_naming_member),
         cmocka_unit_test(strangers_are_refused),
+        cmocka_unit_test(silent_strangers_hold_up_no_one),
         cmocka_unit_test(throughput),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -17,6 +17,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -82,34 +83,66 @@ static const char *reply_reason(uint32_t code)
     }
 }
 
-/* Reads and checks the hello on an accepted connection; returns a REPLY_ code and, when
- * accepted, the channel. */
-static uint32_t read_hello(const tcp_be *be, const ddp__members *m, int fd, int64_t deadline,
-                           const int *have, int *channel)
-{
+/* An accepted connection whose hello is still arriving. */
+typedef struct pending {
+    int fd;
+    int64_t by; /* when it must have shown its whole hello */
     unsigned char fixed[HELLO_FIXED];
-    if (ddp__recv_all(fd, fixed, sizeof fixed, deadline, NULL) != DDP_OK)
-        return REPLY_MALFORMED;
-    uint32_t tlen = get32(fixed + 20), plen = get32(fixed + 24), ch = get32(fixed + 16);
-    if (get32(fixed) != HELLO_MAGIC || get32(fixed + 4) != HELLO_VERSION || tlen > MAX_TOKEN ||
-        plen > DDP_STORE_MAX_KEY)
-        return REPLY_MALFORMED;
-    char *body = malloc((size_t)tlen + plen + 1);
-    if (!body)
-        return REPLY_MALFORMED;
-    uint32_t code = REPLY_OK;
-    if (ddp__recv_all(fd, body, (size_t)tlen + plen, deadline, NULL) != DDP_OK)
-        code = REPLY_MALFORMED;
-    else if (!same_bytes(body, tlen, m->token, strlen(m->token)))
-        code = REPLY_TOKEN;
-    else if (get32(fixed + 12) != (uint32_t)be->n ||
-             !same_bytes(body + tlen, plen, m->prefix, strlen(m->prefix)))
-        code = REPLY_GROUP;
-    else if (get32(fixed + 8) != (uint32_t)prev_of(be) || ch > CH_CTL || have[ch] >= 0)
-        code = REPLY_MEMBER;
-    free(body);
+    char *body;       /* token and prefix, once the fixed part is in */
+    size_t got, need; /* bytes of fixed part + body received, and expected (0: not known yet) */
+} pending;
+
+/* The connections being read at once: a silent one holds up no one but itself. */
+#define MAX_PENDING 64
+
+/* Checks a whole hello; returns a REPLY_ code and, when accepted, the channel. */
+static uint32_t check_hello(const tcp_be *be, const ddp__members *m, const pending *q,
+                            const int *have, int *channel)
+{
+    uint32_t tlen = get32(q->fixed + 20), plen = get32(q->fixed + 24), ch = get32(q->fixed + 16);
+    const char *body = q->body;
+    if (!same_bytes(body, tlen, m->token, strlen(m->token)))
+        return REPLY_TOKEN;
+    if (get32(q->fixed + 12) != (uint32_t)be->n ||
+        !same_bytes(body + tlen, plen, m->prefix, strlen(m->prefix)))
+        return REPLY_GROUP;
+    if (get32(q->fixed + 8) != (uint32_t)prev_of(be) || ch > CH_CTL || have[ch] >= 0)
+        return REPLY_MEMBER;
     *channel = (int)ch;
-    return code;
+    return REPLY_OK;
+}
+
+/* Reads what has arrived on q (non-blocking); returns REPLY_OK with *done set once the whole
+ * hello is in, or the REPLY_ code that refuses it (the peer closed, or a malformed fixed part). */
+static uint32_t read_hello(pending *q, bool *done)
+{
+    *done = false;
+    for (;;) {
+        size_t want = q->got < HELLO_FIXED ? HELLO_FIXED - q->got : q->need - q->got;
+        if (want == 0) {
+            *done = true;
+            return REPLY_OK;
+        }
+        char *dst =
+            q->got < HELLO_FIXED ? (char *)q->fixed + q->got : q->body + (q->got - HELLO_FIXED);
+        ssize_t k = recv(q->fd, dst, want, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return REPLY_OK; /* more later */
+        if (k <= 0)
+            return REPLY_MALFORMED; /* closed or reset before its hello was whole */
+        q->got += (size_t)k;
+        if (q->got == HELLO_FIXED) {
+            uint32_t tlen = get32(q->fixed + 20), plen = get32(q->fixed + 24);
+            if (get32(q->fixed) != HELLO_MAGIC || get32(q->fixed + 4) != HELLO_VERSION ||
+                tlen > MAX_TOKEN || plen > DDP_STORE_MAX_KEY)
+                return REPLY_MALFORMED;
+            q->need = HELLO_FIXED + (size_t)tlen + plen;
+            if (!(q->body = malloc((size_t)tlen + plen + 1)))
+                return REPLY_MALFORMED;
+        }
+    }
 }
 
 static ddp_status send_reply(int fd, uint32_t code, int64_t deadline, ddp_error *e)
@@ -120,65 +153,126 @@ static ddp_status send_reply(int fd, uint32_t code, int64_t deadline, ddp_error 
     return ddp__send_all(fd, r, sizeof r, deadline, e);
 }
 
+/* Refuses a connection with code (best effort, never waits) and closes it; keeps who it was and
+ * why for the timeout message. */
+static void refuse(pending *q, uint32_t code, int *refused, char *last, size_t cap)
+{
+    char peer[96];
+    ddp__peer_name(q->fd, peer, sizeof peer);
+    (void)send_reply(q->fd, code, ddp__now_ms(), NULL);
+    close(q->fd);
+    free(q->body);
+    (*refused)++;
+    ddp__fmt(last, cap, "from '%s': %s", peer, reply_reason(code));
+}
+
 /* Accepts connections until prev has shown a valid hello on both channels; strangers are
- * refused and counted, and the last refusal is kept for the timeout message. */
+ * refused and counted, and the last refusal is kept for the timeout message. Hellos are read
+ * from up to MAX_PENDING connections at once, each given HELLO_MS, so connections that stay
+ * silent (a scanner waiting for a banner, a stranger holding the port) delay no one. */
 static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const char *me_addr,
                               int64_t deadline, int timeout_ms, ddp_error *err)
 {
-    int p = prev_of(be), refused = 0;
+    int p = prev_of(be), refused = 0, np = 0;
     int have[2] = {-1, -1};
+    pending q[MAX_PENDING];
     char last[160] = "";
     ddp_status st = DDP_OK;
     while (have[CH_DATA] < 0 || have[CH_CTL] < 0) {
-        int fd;
-        ddp_error e;
-        st = ddp__tcp_accept(lfd, deadline, &fd, &e);
-        if (st == DDP_ERR_TIMEOUT) {
+        int64_t now = ddp__now_ms(), wake = deadline;
+        for (int i = 0; i < np; i++) /* hellos overdue: refused */
+            if (q[i].by <= now) {
+                refuse(&q[i], REPLY_MALFORMED, &refused, last, sizeof last);
+                q[i--] = q[--np];
+            } else if (q[i].by < wake) {
+                wake = q[i].by;
+            }
+        if (now >= deadline) {
             char dur[32], extra[240] = "";
             ddp__fmt_duration(dur, sizeof dur, timeout_ms);
             if (refused)
                 ddp__fmt(extra, sizeof extra, " (refused %d other connection%s, the last %s)",
                          refused, refused == 1 ? "" : "s", last);
-            ddp__err(err, DDP_ERR_TIMEOUT,
-                     "tcp set-up timed out after %s: rank %d (member %d) did not connect to this "
-                     "rank at '%s'%s; check that it runs and can reach this host (firewall, the "
-                     "interface picked toward MASTER_ADDR)",
-                     dur, be->ranks[p], p, me_addr, extra);
+            st = ddp__err(err, DDP_ERR_TIMEOUT,
+                          "tcp set-up timed out after %s: rank %d (member %d) did not connect to "
+                          "this rank at '%s'%s; check that it runs and can reach this host "
+                          "(firewall, the interface picked toward MASTER_ADDR)",
+                          dur, be->ranks[p], p, me_addr, extra);
             goto out_close;
         }
-        if (st != DDP_OK) {
-            ddp__err(err, st, "tcp set-up: waiting for rank %d (member %d): %s", be->ranks[p], p,
-                     e.msg);
+        struct pollfd pf[MAX_PENDING + 1];
+        for (int i = 0; i < np; i++)
+            pf[i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
+        pf[np] = (struct pollfd){.fd = np < MAX_PENDING ? lfd : -1, .events = POLLIN};
+        int64_t left = wake - now;
+        int rc = poll(pf, (nfds_t)np + 1, left > INT32_MAX ? INT32_MAX : (int)left);
+        if (rc < 0 && errno != EINTR) {
+            st = ddp__err(err, DDP_ERR_SYSTEM,
+                          "tcp set-up: waiting for rank %d (member %d): poll "
+                          "failed: %s",
+                          be->ranks[p], p, strerror(errno));
             goto out_close;
         }
-        int64_t hello_by = ddp__now_ms() + HELLO_MS;
-        int ch = 0;
-        uint32_t code = read_hello(be, m, fd, hello_by < deadline ? hello_by : deadline, have, &ch);
-        if (code == REPLY_OK) {
-            st = send_reply(fd, REPLY_OK, deadline, &e);
-            if (st != DDP_OK) {
+        if (rc <= 0)
+            continue;
+        /* Hellos first, from the last so that removing one keeps the others' pollfds. */
+        int polled = np;
+        for (int i = polled - 1; i >= 0; i--) {
+            if (!pf[i].revents)
+                continue;
+            bool done;
+            uint32_t code = read_hello(&q[i], &done);
+            int ch = 0;
+            if (code == REPLY_OK && !done)
+                continue;
+            if (code == REPLY_OK)
+                code = check_hello(be, m, &q[i], have, &ch);
+            if (code != REPLY_OK) {
+                refuse(&q[i], code, &refused, last, sizeof last);
+                q[i] = q[--np];
+                continue;
+            }
+            ddp_error e;
+            free(q[i].body);
+            int fd = q[i].fd;
+            q[i] = q[--np];
+            if (send_reply(fd, REPLY_OK, deadline, &e) != DDP_OK) {
                 close(fd);
-                ddp__err(err, DDP_ERR_NETWORK,
-                         "tcp set-up: rank %d (member %d) connected, then its connection failed: "
-                         "%s",
-                         be->ranks[p], p, e.msg);
+                st = ddp__err(err, DDP_ERR_NETWORK,
+                              "tcp set-up: rank %d (member %d) connected, then its connection "
+                              "failed: %s",
+                              be->ranks[p], p, e.msg);
                 goto out_close;
             }
             have[ch] = fd;
-            continue;
         }
-        char peer[96];
-        ddp__peer_name(fd, peer, sizeof peer);
-        (void)send_reply(fd, code, ddp__now_ms(), NULL); /* best effort, never waits */
-        close(fd);
-        refused++;
-        ddp__fmt(last, sizeof last, "from '%s': %s", peer, reply_reason(code));
+        if (pf[polled].revents && np < MAX_PENDING) {
+            int fd;
+            ddp_error e;
+            st = ddp__tcp_accept(lfd, ddp__now_ms(), &fd, &e);
+            if (st == DDP_ERR_TIMEOUT) { /* nothing after all (a reset before we took it) */
+                st = DDP_OK;
+                continue;
+            }
+            if (st != DDP_OK) {
+                ddp__err(err, st, "tcp set-up: waiting for rank %d (member %d): %s", be->ranks[p],
+                         p, e.msg);
+                goto out_close;
+            }
+            q[np++] = (pending){.fd = fd, .by = ddp__now_ms() + HELLO_MS};
+        }
     }
+    for (int i = 0; i < np; i++) /* set-up is done: those still showing a hello are not needed */
+        refuse(&q[i], REPLY_MALFORMED, &refused, last, sizeof last);
     be->in_fd = have[CH_DATA];
     be->ctl_in_fd = have[CH_CTL];
     return DDP_OK;
 
 out_close:
+    for (int i = 0; i < np; i++) {
+        close(q[i].fd);
+        free(q[i].body);
+    }
     close_fd(&have[CH_DATA]);
     close_fd(&have[CH_CTL]);
     return st;
