@@ -784,7 +784,7 @@ static void test_train_state_mismatch(void **state)
     bad.optim_names[0] = NULL;
     expect_array_error(path, &bad, "'optim_names[0]'");
     /* With nothing to describe, the arrays may be NULL. */
-    bad = (ddp_ckpt_train_state){.n_optim = 1};
+    bad = (ddp_ckpt_train_state){.n_optim = 1, .pos.world_size = 1};
     assert_int_equal(ddp_ckpt_save_train(path, &bad, NULL), DDP_OK);
     assert_int_equal(ddp_ckpt_load_train(path, &bad, &pos, NULL), DDP_OK);
 }
