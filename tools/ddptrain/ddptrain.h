@@ -115,6 +115,9 @@ typedef struct progress {
     double win_sum;    /* this rank's losses since the last line */
     int win_n;
     double step_s, wait_s; /* this rank's step times and reducer waits since then, summed */
+    /* Seconds since then spent evaluating and saving checkpoints: left out of the rate and MFU
+     * of the next progress line, which count training alone (the ETA keeps them). */
+    double paused_s;
     uint64_t first_step, last_step;
 } progress;
 

@@ -256,7 +256,13 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     *mean = sum / n;
     double now = ddp_now_seconds(), steps = (double)(t->step - p->last_step);
     int A = (int)ddp_config_int(t->cfg, "grad_accum");
-    double sps = steps * t->B * A * t->W / (now - p->last_t); /* samples (windows) per s */
+    /* Samples (windows) per second of training: the interval's evaluations and checkpoints
+     * (p->paused_s) are left out, or an interval holding one showed a fraction of the rate
+     * (a GPT's tokens/s and MFU halved after each evaluation, until 2026-11-24). */
+    double train_s = now - p->last_t - p->paused_s;
+    if (!(train_s > 0))
+        train_s = now - p->last_t;
+    double sps = steps * t->B * A * t->W / train_s;
     double rate = t->lm ? sps * t->T : sps;
     double mfu = t->peak > 0 ? t->flops_per_sample * sps / (t->W * t->peak) : 0;
     double eta = (double)(total - t->step) * (now - p->t0) / (double)(t->step - p->first_step);
@@ -297,7 +303,7 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     free(all), free(busy);
     p->last_t = now;
     p->last_step = t->step;
-    p->win_sum = p->step_s = p->wait_s = 0;
+    p->win_sum = p->step_s = p->wait_s = p->paused_s = 0;
     p->win_n = 0;
     return 0;
 }

@@ -435,6 +435,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
          * eat into a batch system's warning */
         bool asked = t->save_now && !due;
         t->save_now = false;
+        double pause_t0 = ddp_now_seconds();
         if (asked && (st = trainer_save(t, mean, &err)) != DDP_OK) {
             rc = st == DDP_ERR_CLOSED ? trainer_die_peer(t, "checkpoint", err.msg)
                                       : trainer_die(t, "checkpoint", err.msg);
@@ -449,6 +450,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             goto out;
         } else if (ck_every > 0 && t->step % (uint64_t)ck_every == 0)
             trainer_tb_flush(t);
+        prog.paused_s += ddp_now_seconds() - pause_t0;
         trainer_flush_logs(t);
     }
     trainer_say(t, "trained %llu steps in %.1f s", (unsigned long long)(t->step - prog.first_step),
