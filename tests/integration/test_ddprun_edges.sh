@@ -99,6 +99,29 @@ assert_contains "$d/err0" "node 1 runs with run id 'jobB' but this node with 'jo
 [ ! -e "$d/pid.0" ] && [ ! -e "$d/pid.1" ] || fail "workers started under two run ids"
 ok "one run id per job: node 0's is taken, two different ones are refused on every node"
 
+# 3b. Nodes started with different --nnodes are refused on both at once, in either order
+#    (before 2026-11-24 a node 0 with --nnodes 3 beside a node with 2 waited out --rdzv_timeout
+#    and blamed a missing node_rank 2; a node with 3 beside a node 0 with 2 lost the store with
+#    no reason).
+for nn in "2 3" "3 2"; do
+    set -- $nn
+    port=$(free_port)
+    flags=(--master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 --rdzv_timeout 30)
+    "$DDPRUN" "${flags[@]}" --nnodes $1 --node_rank 0 "$WORKER" sleep "$d" >"$d/out0" 2>"$d/err0" &
+    n0=$!; BG_PIDS+=($n0)
+    t0=$(now_ms)
+    rc=0; "$DDPRUN" "${flags[@]}" --nnodes $2 --node_rank 1 "$WORKER" sleep "$d" >"$d/out1" \
+        2>"$d/err1" || rc=$?
+    [ $rc = 1 ] || { cat "$d/err1"; fail "node 1 with --nnodes $2 beside $1 exited $rc, expected 1"; }
+    rc=0; wait $n0 || rc=$?
+    [ $rc = 1 ] || { cat "$d/err0"; fail "node 0 with --nnodes $1 beside $2 exited $rc, expected 1"; }
+    [ $(($(now_ms) - t0)) -lt 8000 ] || fail "refusing --nnodes $1 and $2 took $(($(now_ms) - t0)) ms"
+    assert_contains "$d/err1" "node 0 runs with --max_restarts 0 --nnodes $1 but this node with 0 and $2"
+    assert_contains "$d/err0" "node 1 runs with --max_restarts 0 --nnodes $2 but this node with 0 and $1"
+    [ ! -e "$d/pid.0" ] && [ ! -e "$d/pid.1" ] || fail "workers started with two --nnodes"
+done
+ok "nodes with different --nnodes: refused on every node at once, naming the flag, in either order"
+
 # 4. A node's ddprun that cannot start its workers (here: its --log_dir is a file) tells the
 #    others at once: node 0 stops within seconds naming it, not after --agent_timeout (30 s) as
 #    a dead machine.

@@ -450,6 +450,73 @@ static void release_port(agent *a)
     a->port_hold = -1;
 }
 
+/* Node i's rendezvous record (v: "nproc max_restarts nnodes run_id_set run_id") against this
+ * node's flags: 0 and *nproc when they agree, else -1 after saying which flag differs. */
+static int check_node_record(agent *a, int i, const char *v, int *nproc)
+{
+    ddprun_opts *o = a->o;
+    int np = 0, mr = 0, nn = 0, id_set = 0;
+    char id[sizeof o->run_id];
+    if (sscanf(v, "%d %d %d %d %127s", &np, &mr, &nn, &id_set, id) != 5 || np < 1) {
+        ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every node",
+                   i);
+        return -1;
+    }
+    if (mr != o->max_restarts || nn != o->nnodes) {
+        ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
+                   "and %d; give every node the same flags",
+                   i, mr, nn, o->max_restarts, o->nnodes);
+        return -1;
+    }
+    if (strcmp(id, o->run_id) != 0) {
+        ddprun_say("node %d runs with run id '%s'%s but this node with '%s'%s; give every "
+                   "node the same --run_id (--rdzv_id), or leave it out on every node but "
+                   "node 0",
+                   i, id, id_set ? "" : " (made up: no --run_id)", o->run_id,
+                   o->run_id_set       ? ""
+                   : o->node_rank == 0 ? " (made up: no --run_id)"
+                                       : " (no --run_id: node 0's)");
+        return -1;
+    }
+    *nproc = np;
+    return 0;
+}
+
+/* While nodes gather: the records that have arrived are checked at once, not only when all
+ * --nnodes have joined, because a node started with another --nnodes waits for nodes that never
+ * come (or is not waited for): before 2026-11-24 node 0 with --nnodes 3 beside a node with 2
+ * waited out --rdzv_timeout and blamed a missing node_rank 2, and a node with --nnodes 3 beside a
+ * node 0 with 2 lost the store without a reason. Node 0 checks every node's record; the others
+ * check node 0's (one key, not every node's from every node). *checked marks the records done.
+ * 0: none disagrees so far; -1: one does, said. */
+static int check_arrived_records(agent *a, char **keys, bool *checked)
+{
+    ddprun_opts *o = a->o;
+    int n = o->node_rank == 0 ? o->nnodes : 1;
+    for (int i = 0; i < n; i++) {
+        bool have = false;
+        if (checked[i] || i == o->node_rank || !keys[i])
+            continue;
+        if (ddp_store_check(a->store, (const char *const *)&keys[i], 1, &have) != DDP_OK || !have)
+            continue; /* a lost store is reported by the caller's next check */
+        void *v = NULL;
+        size_t len = 0;
+        if (ddp_store_get(a->store, keys[i], &v, &len) != DDP_OK)
+            continue;
+        int np = 0, rc = check_node_record(a, i, v, &np);
+        free(v);
+        if (rc) {
+            if (o->node_rank == 0)
+                /* Keep the store up a moment, so that the other node reads this node's record
+                 * and says the same on its side rather than that the store went away. */
+                nap_ms(1000);
+            return -1;
+        }
+        checked[i] = true;
+    }
+    return 0;
+}
+
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -483,7 +550,9 @@ static int rendezvous(agent *a)
         goto out_store;
 
     char **keys = calloc((size_t)o->nnodes, sizeof *keys);
-    if (!keys) {
+    bool *checked = calloc((size_t)o->nnodes, sizeof *checked);
+    if (!keys || !checked) {
+        free(keys), free(checked);
         ddprun_say("out of memory in the rendezvous");
         return -1;
     }
@@ -506,6 +575,8 @@ static int rendezvous(agent *a)
         }
         if (all)
             break;
+        if (check_arrived_records(a, keys, checked))
+            goto out_free;
         if (interrupted(a))
             goto out_free;
         if (now_ms() >= give_up)
@@ -543,32 +614,10 @@ static int rendezvous(agent *a)
             ddprun_say("%s", ddp_store_last_error(s));
             goto out_free;
         }
-        int np = 0, mr = 0, nn = 0, id_set = 0;
-        char id[sizeof o->run_id];
-        int got = sscanf(v, "%d %d %d %d %127s", &np, &mr, &nn, &id_set, id);
+        int np = 0, bad = check_node_record(a, i, v, &np);
         free(v);
-        if (got != 5 || np < 1) {
-            ddprun_say("node %d sent a malformed rendezvous record; run the same ddprun on every "
-                       "node",
-                       i);
+        if (bad)
             goto out_free;
-        }
-        if (mr != o->max_restarts || nn != o->nnodes) {
-            ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
-                       "and %d; give every node the same flags",
-                       i, mr, nn, o->max_restarts, o->nnodes);
-            goto out_free;
-        }
-        if (strcmp(id, o->run_id) != 0) {
-            ddprun_say("node %d runs with run id '%s'%s but this node with '%s'%s; give every "
-                       "node the same --run_id (--rdzv_id), or leave it out on every node but "
-                       "node 0",
-                       i, id, id_set ? "" : " (made up: no --run_id)", o->run_id,
-                       o->run_id_set       ? ""
-                       : o->node_rank == 0 ? " (made up: no --run_id)"
-                                           : " (no --run_id: node 0's)");
-            goto out_free;
-        }
         if (i == o->node_rank)
             a->wd.rank_offset = a->wd.world_size;
         a->wd.world_size += np;
@@ -605,6 +654,7 @@ out_free:
     for (int i = 0; i < o->nnodes; i++)
         free(keys[i]);
     free(keys);
+    free(checked);
     return rc;
 out_store:
     ddprun_say("%s", ddp_store_last_error(s));
