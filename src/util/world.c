@@ -8,6 +8,7 @@
  * that uses one checks its value (and says what it accepts), as it does for the same value passed
  * in its options.
  */
+#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,42 @@ static ddp_status env_str(const char *name, const char *value, char *dst, size_t
         return ddp__err(err, DDP_ERR_INVALID, "environment variable %s is longer than %zu bytes",
                         name, cap - 1);
     memcpy(dst, value, strlen(value) + 1);
+    return DDP_OK;
+}
+
+/* MASTER_ADDR holds a host alone. A "host:port" (a torchrun --rdzv_endpoint pasted in) was
+ * looked up as a host name: rank 0 failed at once, the others retried it for their whole connect
+ * timeout and then named '127.0.0.1:29500:29500'. So one colon, or a bracketed address with a
+ * port, is an error naming the variable; "[::1]" is taken as ::1, as in torchrun's endpoints;
+ * blanks (a line pasted with its space) are an error rather than a host name that cannot be. */
+static ddp_status master_addr_env(const char *v, char *dst, size_t cap, ddp_error *err)
+{
+    const char *colon = strchr(v, ':'), *close = strchr(v, ']');
+    bool bracketed = v[0] == '[' && close && close > v + 1;
+    if ((bracketed && close[1] == ':') || (!bracketed && colon && !strchr(colon + 1, ':')))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "MASTER_ADDR='%s' holds a port: put the host alone in MASTER_ADDR and "
+                        "the port in MASTER_PORT (an IPv6 address bare or in brackets, e.g. ::1)",
+                        v);
+    if ((v[0] == '[' && (!bracketed || close[1])) || (v[0] != '[' && close))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "MASTER_ADDR='%s' is not a host name or address; write an IPv6 address "
+                        "bare or in brackets alone, e.g. ::1 or [::1]",
+                        v);
+    for (const char *c = v; *c; c++)
+        if (isspace((unsigned char)*c))
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "MASTER_ADDR='%s' holds a blank; give the host name or address "
+                            "alone",
+                            v);
+    if (!bracketed)
+        return env_str("MASTER_ADDR", v, dst, cap, err);
+    size_t n = (size_t)(close - v - 1);
+    if (n >= cap)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "environment variable MASTER_ADDR is longer than %zu bytes", cap - 1);
+    memcpy(dst, v + 1, n);
+    dst[n] = '\0';
     return DDP_OK;
 }
 
@@ -437,7 +474,7 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
     }
     const char *v;
     bool addr_set = (v = getenv("MASTER_ADDR")) && *v;
-    if (addr_set && (st = env_str("MASTER_ADDR", v, w.master_addr, sizeof w.master_addr, err)))
+    if (addr_set && (st = master_addr_env(v, w.master_addr, sizeof w.master_addr, err)))
         return st;
     bool port_set = getenv("MASTER_PORT") != NULL;
     w.master_known = w.launched && (addr_set || port_set);

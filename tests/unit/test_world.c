@@ -230,6 +230,39 @@ static void junk_values(void **state)
     expect_invalid("LOCAL_RANK=3");
 }
 
+/* MASTER_ADDR with a port (a torchrun endpoint pasted in) is refused at once, naming it; before,
+ * rank 0 failed to resolve it and the other ranks retried it for their whole connect timeout. */
+static void master_addr_forms(void **state)
+{
+    (void)state;
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    const char *with_port[] = {"127.0.0.1:29500", "node01:29500", "[::1]:29500", "localhost:"};
+    for (size_t i = 0; i < sizeof with_port / sizeof *with_port; i++) {
+        setenv("MASTER_ADDR", with_port[i], 1);
+        expect_invalid("holds a port: put the host alone in MASTER_ADDR and the port in "
+                       "MASTER_PORT");
+    }
+    const char *bad[] = {"[::1", "::1]", "[]", "[::1]x", "node01 ", "node 01"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("MASTER_ADDR", bad[i], 1);
+        expect_invalid("MASTER_ADDR='");
+    }
+    const char *good[][2] = {{"::1", "::1"},
+                             {"[::1]", "::1"},
+                             {"[fe80::1%lo]", "fe80::1%lo"},
+                             {"node01.cluster", "node01.cluster"},
+                             {"10.0.0.1", "10.0.0.1"}};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        setenv("MASTER_ADDR", good[i][0], 1);
+        ddp_world w;
+        ddp_error err = {0};
+        assert_int_equal(ddp_world_from_env(&w, &err), DDP_OK);
+        assert_string_equal(w.master_addr, good[i][1]);
+        assert_true(w.master_known);
+    }
+}
+
 static void settings(void **state)
 {
     (void)state;
@@ -835,6 +868,7 @@ int main(void)
         cmocka_unit_test_setup(world_size_without_rank, clear_env),
         cmocka_unit_test_setup(rank_not_below_world, clear_env),
         cmocka_unit_test_setup(junk_values, clear_env),
+        cmocka_unit_test_setup(master_addr_forms, clear_env),
         cmocka_unit_test_setup(settings, clear_env),
         cmocka_unit_test_setup(settings_numbers, clear_env),
         cmocka_unit_test_setup(settings_too_long, clear_env),
