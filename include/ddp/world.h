@@ -135,7 +135,10 @@ typedef struct ddp_world {
                               or PMI without them: only a backend that bootstraps itself (MPI)
                               can bring up such a world */
     bool agent_store;      /* true when a launcher (ddprun) hosts the store; else rank 0 hosts it */
-    ddp_settings settings; /* the DDP_* settings; all "not set" in a world filled by hand */
+    bool beside_torch_store; /* torchrun's agent serves PyTorch's own store on MASTER_PORT
+                                (TORCHELASTIC_USE_AGENT_STORE=True): master_port is MASTER_PORT + 1
+                              */
+    ddp_settings settings;   /* the DDP_* settings; all "not set" in a world filled by hand */
 } ddp_world;
 
 /* Reads the environment into *out: the world, and its settings. A world of one when no launcher

@@ -691,6 +691,15 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
             so.host = NULL;
             st = ddp_store_server_start(&so, &srv, err);
         }
+        if (st && w->beside_torch_store && err) {
+            char why[DDP_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return ddp__err(err, st,
+                            "%s (under torchrun's static rendezvous its own store holds "
+                            "MASTER_PORT %d, and rank 0 hosts ddpc's on the next port: give "
+                            "torchrun a --master_port whose next port is free too)",
+                            why, w->master_port - 1);
+        }
         if (st)
             return st;
         if (!w->store_token[0] && w->world_size > 1)

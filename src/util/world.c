@@ -502,6 +502,22 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
      * that host a store of their own (PyTorch's rank 0 binds MASTER_PORT). */
     if (w.agent_store && (st = env_int("DDP_STORE_PORT", 1, 65535, &w.master_port, err)))
         return st;
+    /* torchrun's static rendezvous (its default: no --rdzv_backend) serves PyTorch's TCPStore
+     * from the agent on MASTER_PORT itself and says so with TORCHELASTIC_USE_AGENT_STORE=True
+     * (PyTorch's workers connect to it rather than host one). ddpc does not speak that
+     * protocol, so rank 0 hosts ddpc's store on the next port; before 2026-11-24 it tried
+     * MASTER_PORT, found it taken and every ddpc program failed under plain `torchrun`. */
+    if (w.launcher == DDP_LAUNCHER_TORCHRUN && (v = getenv("TORCHELASTIC_USE_AGENT_STORE")) &&
+        (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0)) {
+        if (w.master_port >= 65535)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "MASTER_PORT=%d is torchrun's own store (TORCHELASTIC_USE_AGENT_STORE="
+                            "%s), and ddpc's store goes on the next port, which does not exist; "
+                            "give torchrun a lower --master_port",
+                            w.master_port, v);
+        w.master_port++;
+        w.beside_torch_store = true;
+    }
     if ((st = ddp__settings_from_env(&w.settings, err)))
         return st;
     *out = w;

@@ -34,6 +34,7 @@ static const char *const vars[] = {
     "TORCHELASTIC_RESTART_COUNT",
     "DDP_MAX_RESTARTS",
     "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
     "DDP_AGENT_STORE",
     "DDP_STORE_PORT",
     "DDP_BACKEND",
@@ -185,6 +186,40 @@ static void torchrun_names(void **state)
     /* Without LOCAL_*, a by-hand start is one node holding every rank; rank 0 hosts the store. */
     assert_int_equal(w.local_world_size, 2);
     assert_false(w.agent_store);
+}
+
+static void expect_invalid(const char *needle);
+
+/* torchrun's static rendezvous (TORCHELASTIC_USE_AGENT_STORE=True) holds MASTER_PORT with its
+ * own TCPStore: ddpc's store goes on the next port. Not under ddprun, nor with False. */
+static void torchrun_agent_store(void **state)
+{
+    (void)state;
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("TORCHELASTIC_RUN_ID", "tr", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    ddp_world w;
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.master_port, 29500);
+    assert_false(w.beside_torch_store);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.launcher, DDP_LAUNCHER_TORCHRUN);
+    assert_int_equal(w.master_port, 29501);
+    assert_true(w.beside_torch_store);
+    assert_false(w.agent_store);
+    setenv("MASTER_PORT", "65535", 1);
+    expect_invalid("give torchrun a lower --master_port");
+    /* ddprun sets False, but a True inherited beside ddprun's contract changes nothing. */
+    setenv("MASTER_PORT", "29500", 1);
+    setenv("DDP_RUN_ID", "job", 1);
+    setenv("DDP_AGENT_STORE", "1", 1);
+    setenv("DDP_STORE_PORT", "29600", 1);
+    assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+    assert_int_equal(w.master_port, 29600);
+    assert_false(w.beside_torch_store);
 }
 
 static void expect_invalid(const char *needle)
@@ -864,6 +899,7 @@ int main(void)
         cmocka_unit_test_setup(full_contract, clear_env),
         cmocka_unit_test_setup(store_port_beside_master_port, clear_env),
         cmocka_unit_test_setup(torchrun_names, clear_env),
+        cmocka_unit_test_setup(torchrun_agent_store, clear_env),
         cmocka_unit_test_setup(rank_without_world_size, clear_env),
         cmocka_unit_test_setup(world_size_without_rank, clear_env),
         cmocka_unit_test_setup(rank_not_below_world, clear_env),
