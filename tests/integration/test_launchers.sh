@@ -58,6 +58,22 @@ if command -v mpirun >/dev/null; then
     mpirun -np 1 "$HELLO" >hello1 2>&1 || { cat hello1; fail "mpirun -np 1 hello_world"; }
     assert_contains hello1 "hello from 1 ranks"
     ok "mpirun -np 1: a world of one"
+
+    # One ddprun per mpirun task with --nnodes 1 (the default): two separate jobs that never
+    # meet. Each ddprun says so (before 2026-11-24 nothing did, and both trained into one
+    # out_dir); with --nnodes 2 they are one job, and nothing is said.
+    d=$T/mpiddprun; mkdir -p "$d"
+    "${MPIRUN[@]}" --bind-to none "$DDPRUN" --standalone --nproc_per_node 1 "$WORKER" env "$d" \
+        >"$d/out" 2>"$d/err" || { cat "$d/out" "$d/err"; fail "mpirun -np 2 ddprun --standalone"; }
+    [ "$(grep -c "warning: this ddprun is one of 2 tasks started by mpirun (OMPI_COMM_WORLD_SIZE=2) but runs a job of one node (--nnodes 1)" "$d/err")" = 2 ] ||
+        { cat "$d/err"; fail "mpirun -np 2 ddprun --nnodes 1: not one warning per task"; }
+    port=$(free_port)
+    "${MPIRUN[@]}" --bind-to none "$DDPRUN" --nnodes 2 --rdzv_backend c10d \
+        --rdzv_endpoint 127.0.0.1:$port --nproc_per_node 1 "$WORKER" env "$d" >"$d/out" \
+        2>"$d/err" || { cat "$d/out" "$d/err"; fail "mpirun -np 2 ddprun --nnodes 2"; }
+    assert_not_contains "$d/err" "tasks started by"
+    [ "$(get "$d/env.1" WORLD_SIZE)" = 2 ] || fail "mpirun -np 2 ddprun --nnodes 2: not one job of 2"
+    ok "mpirun -np 2 ddprun: --nnodes 1 warned on each task (two jobs), --nnodes 2 one job"
 else
     echo "skip: mpirun is not installed (openmpi-bin)"
 fi
@@ -125,6 +141,15 @@ rc=0; MASTER_PORT=99999 "$DDPRUN" "$WORKER" env "$T" >/dev/null 2>err || rc=$?
 [ $rc -eq 2 ] || fail "MASTER_PORT=99999: exit $rc"
 assert_contains err "MASTER_PORT='99999' in the environment is not a port number"
 ok "ddprun: --master_* flags > MASTER_ADDR/MASTER_PORT in its environment > defaults; --standalone ignores them"
+
+# srun's step (faked): the same warning; outside a step (a batch script) none.
+rc=0; SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=2 SLURM_NTASKS=4 "$DDPRUN" --standalone "$WORKER" env \
+    "$T" >/dev/null 2>err || rc=$?
+[ $rc = 0 ] || { cat err; fail "ddprun in a faked srun step exited $rc"; }
+assert_contains err "one of 2 tasks started by srun (SLURM_STEP_NUM_TASKS=2)"
+SLURM_NTASKS=4 "$DDPRUN" --standalone "$WORKER" env "$T" >/dev/null 2>err || fail "ddprun in a batch script"
+assert_not_contains err "tasks started by"
+ok "ddprun as one of an srun step's tasks with --nnodes 1: warned; in a batch script: not"
 
 # ---- ddp_spawn ---------------------------------------------------------------------------------
 "$BIN/spawn_allreduce" 3 >spawn_ok 2>&1 || { cat spawn_ok; fail "spawn_allreduce 3"; }

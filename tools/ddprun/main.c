@@ -57,6 +57,33 @@ static void default_threads(int nproc)
                    cores, online, nproc, cores == 1 ? "it" : "them");
 }
 
+/* One ddprun per task of an outer launcher (mpirun -np 2, srun -N 2) with --nnodes 1: each task
+ * runs a job of its own, the jobs never meet, and they write the same out_dir when they share
+ * one. torchrun says nothing (`srun torchrun --standalone …` on two nodes is a known way to
+ * train twice); a warning rather than a refusal, since separate jobs can be meant. */
+static void warn_outer_tasks(const ddprun_opts *o)
+{
+    const char *who = NULL, *var = NULL;
+    if (getenv("OMPI_COMM_WORLD_SIZE"))
+        who = "mpirun", var = "OMPI_COMM_WORLD_SIZE";
+    else if (getenv("PMI_SIZE"))
+        who = "a PMI launcher", var = "PMI_SIZE";
+    else if (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"))
+        who = "srun",
+        var = getenv("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    const char *v = var ? getenv(var) : NULL;
+    char *end = NULL;
+    long tasks = v ? strtol(v, &end, 10) : 0;
+    if (o->nnodes != 1 || !v || end == v || *end || tasks < 2)
+        return;
+    ddprun_say("warning: this ddprun is one of %ld tasks started by %s (%s=%ld) but runs a job of "
+               "one node (--nnodes 1): each task runs a job of its own, %ld in all, that never "
+               "meet and write the same out_dir if they share one; for one job across them give "
+               "every ddprun --nnodes %ld --rdzv_backend c10d --rdzv_endpoint HOST:PORT (or "
+               "--node_rank), or start one ddprun",
+               tasks, who, var, tasks, tasks, tasks);
+}
+
 int main(int argc, char **argv)
 {
     ddprun_opts *o = calloc(1, sizeof *o);
@@ -110,6 +137,7 @@ int main(int argc, char **argv)
         return 2;
     }
     default_threads(o->nproc);
+    warn_outer_tasks(o);
     signal(SIGPIPE, SIG_IGN); /* a closed console or reaper must not kill the launcher */
     /* A parent may have left SIGCHLD ignored: then the kernel would reap our workers itself and
      * we would wait for them forever. */
