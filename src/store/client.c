@@ -655,10 +655,20 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
     bool private_store =
         !w->launched || (w->world_size == 1 && !w->agent_store && !w->master_known);
     if (!w->agent_store && !w->master_known && w->world_size > 1 &&
-        w->launcher != DDP_LAUNCHER_ENV && w->launcher != DDP_LAUNCHER_NONE)
+        w->launcher != DDP_LAUNCHER_ENV && w->launcher != DDP_LAUNCHER_NONE) {
         /* mpirun or a PMI launcher without a store address: each rank would otherwise guess
          * 127.0.0.1:29500, or worse, run alone. Only a self-bootstrapping backend (MPI) can
-         * bring this world up without one. */
+         * bring this world up without one. Under srun (its node list missing: a stripped
+         * environment) mpirun's -x is no advice. */
+        if (w->launcher == DDP_LAUNCHER_SLURM)
+            return ddp__err(
+                err, DDP_ERR_INVALID,
+                "this process is rank %d of %d started by srun, but no rendezvous "
+                "store address is known (MASTER_ADDR and MASTER_PORT are unset, and "
+                "no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST names "
+                "rank 0's host); export MASTER_ADDR=<rank 0's host> and MASTER_PORT="
+                "<free port> for every task, or use the MPI backend (docs/launchers.md)",
+                w->rank, w->world_size);
         return ddp__err(err, DDP_ERR_INVALID,
                         "this process is rank %d of %d started by %s, but no rendezvous store "
                         "address is known (MASTER_ADDR and MASTER_PORT are unset); use the MPI "
@@ -666,6 +676,7 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
                         "the store's address, e.g. 'mpirun -x MASTER_ADDR=<rank 0's host> -x "
                         "MASTER_PORT=<free port> …' (docs/launchers.md)",
                         w->rank, w->world_size, ddp_launcher_name(w->launcher));
+    }
     if (private_store) {
         /* A world of one: a private server on a free loopback port with a fresh token. */
         if ((st = ddp_random_token(token, 32, err)))

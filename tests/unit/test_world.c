@@ -552,6 +552,20 @@ static void ompi_world_of_one(void **state)
     assert_int_equal(ddp_store_open_world(&w, 5000, &s, &err), DDP_OK);
     assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_OK);
     ddp_store_close(s);
+    /* A step of 2 with no node list (a stripped environment): srun's advice, not mpirun's. */
+    clear_env(NULL);
+    set_slurm_step("1", "2", "0", "0");
+    setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
+    unsetenv("SLURM_STEP_NODELIST");
+    unsetenv("SLURM_JOB_NODELIST");
+    w = world_ok();
+    assert_false(w.master_known);
+    s = NULL;
+    assert_int_equal(ddp_store_open_world(&w, 5000, &s, &err), DDP_ERR_INVALID);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, "rank 1 of 2 started by srun"));
+    assert_non_null(strstr(err.msg, "no SLURM_STEP_NODELIST"));
+    assert_null(strstr(err.msg, "mpirun -x"));
 }
 
 static void conflicts(void **state)
