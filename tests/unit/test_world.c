@@ -552,20 +552,6 @@ static void ompi_world_of_one(void **state)
     assert_int_equal(ddp_store_open_world(&w, 5000, &s, &err), DDP_OK);
     assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_OK);
     ddp_store_close(s);
-    /* A step of 2 with no node list (a stripped environment): srun's advice, not mpirun's. */
-    clear_env(NULL);
-    set_slurm_step("1", "2", "0", "0");
-    setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
-    unsetenv("SLURM_STEP_NODELIST");
-    unsetenv("SLURM_JOB_NODELIST");
-    w = world_ok();
-    assert_false(w.master_known);
-    s = NULL;
-    assert_int_equal(ddp_store_open_world(&w, 5000, &s, &err), DDP_ERR_INVALID);
-    assert_null(s);
-    assert_non_null(strstr(err.msg, "rank 1 of 2 started by srun"));
-    assert_non_null(strstr(err.msg, "no SLURM_STEP_NODELIST"));
-    assert_null(strstr(err.msg, "mpirun -x"));
 }
 
 static void conflicts(void **state)
@@ -770,6 +756,25 @@ static void slurm_store(void **state)
     ddp_store_close(s);
 }
 
+/* A step of 2 with no node list (a stripped environment): srun's advice, not mpirun's -x. */
+static void slurm_store_without_list(void **state)
+{
+    (void)state;
+    set_slurm_step("1", "2", "0", "0");
+    setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
+    unsetenv("SLURM_STEP_NODELIST");
+    unsetenv("SLURM_JOB_NODELIST");
+    ddp_world w = world_ok();
+    assert_false(w.master_known);
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp_store_open_world(&w, 5000, &s, &err), DDP_ERR_INVALID);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, "rank 1 of 2 started by srun"));
+    assert_non_null(strstr(err.msg, "no SLURM_STEP_NODELIST"));
+    assert_null(strstr(err.msg, "mpirun -x"));
+}
+
 /* ---- Slurm's notations -------------------------------------------------------------------- */
 
 static void expect_hosts(const char *list, const char *want)
@@ -933,6 +938,7 @@ int main(void)
         cmocka_unit_test_setup(slurm_errors, clear_env),
         cmocka_unit_test_setup(slurm_batch_script, clear_env),
         cmocka_unit_test_setup(slurm_store, clear_env),
+        cmocka_unit_test_setup(slurm_store_without_list, clear_env),
         cmocka_unit_test(hostlist_expand),
         cmocka_unit_test(hostlist_matches_scontrol),
         cmocka_unit_test(tasks_per_node),
