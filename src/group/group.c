@@ -658,20 +658,48 @@ void ddp_group_destroy(ddp_group *g)
     free(g);
 }
 
-/* Publishes this rank's host id and reads every rank's into hosts (W strings, caller frees). */
+/* Publishes this rank's host id and reads every rank's into hosts (W strings, caller frees).
+ * Each record carries its rank's world size ("W host"), so that ranks started with different
+ * WORLD_SIZEs (by hand, a stale export on one node) are told at once, on every rank that reads
+ * a differing one: before 2026-11-24 the larger world waited for a rank that never comes and the
+ * smaller one for a barrier, each until the set-up timeout, neither naming the cause. */
 static ddp_status gather_hosts(ddp_group *g, const char *host, char **hosts, ddp_error *err)
 {
     char key[128];
+    char *mine = NULL;
+    int W = g->world.world_size;
+    if (asprintf(&mine, "%d %s", W, host) < 0)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a group");
     ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, g->world.rank);
-    if (ddp_store_set(g->store, key, host, strlen(host)) != DDP_OK)
+    ddp_status set = ddp_store_set(g->store, key, mine, strlen(mine));
+    free(mine);
+    if (set != DDP_OK)
         return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
-    for (int r = 0; r < g->world.world_size; r++) {
+    for (int r = 0; r < W; r++) {
         ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
         void *v;
         if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK)
             return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
                             ddp_store_last_error(g->store));
-        hosts[r] = v;
+        char *rec = v, *end = NULL;
+        long theirs = strtol(rec, &end, 10);
+        if (end == rec || *end != ' ') {
+            free(v);
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "group set-up: rank %d published a malformed record under '%s'; run "
+                            "the same ddpc on every rank",
+                            r, key);
+        }
+        if (theirs != W) {
+            free(v);
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "group set-up: rank %d was started with WORLD_SIZE=%ld, this rank (%d) "
+                            "with %d; give every rank the same WORLD_SIZE (or start them through "
+                            "ddprun)",
+                            r, theirs, g->world.rank, W);
+        }
+        memmove(rec, end + 1, strlen(end + 1) + 1);
+        hosts[r] = rec;
     }
     return DDP_OK;
 }

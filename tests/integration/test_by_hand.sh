@@ -32,3 +32,22 @@ wait $r0 || { cat "$T/t0"; fail "rank 0 failed"; }
 BG_PIDS=()
 assert_contains "$T/t0" "wrong store token"
 ok "DDP_STORE_TOKEN by hand: the wrong token is refused and logged, the right one joins"
+
+# Ranks started with different WORLD_SIZEs (a stale export on one node): both say so at once,
+# in ddptrain's group set-up (before 2026-11-24 each waited out the set-up timeout, the larger
+# world for a rank that never comes, the smaller for a barrier, neither naming WORLD_SIZE).
+port=$(free_port)
+t0=$(now_ms)
+DDP_TIMEOUT=30 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$BIN/ddptrain" \
+    --total_steps 1 --out_dir "$T/ws0" >"$T/w0" 2>&1 & BG_PIDS+=($!); r0=$!
+rc=0
+DDP_TIMEOUT=30 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$BIN/ddptrain" \
+    --total_steps 1 --out_dir "$T/ws1" >"$T/w1" 2>&1 || rc=$?
+[ $rc -ne 0 ] || fail "rank 1 with WORLD_SIZE=3 beside 2 succeeded"
+rc=0; wait $r0 || rc=$?
+BG_PIDS=()
+[ $rc -ne 0 ] || fail "rank 0 with WORLD_SIZE=2 beside 3 succeeded"
+[ $(($(now_ms) - t0)) -lt 10000 ] || fail "mismatched WORLD_SIZEs took $(($(now_ms) - t0)) ms"
+assert_contains "$T/w0" "rank 1 was started with WORLD_SIZE=3, this rank (0) with 2"
+assert_contains "$T/w1" "rank 0 was started with WORLD_SIZE=2, this rank (1) with 3"
+ok "ranks with different WORLD_SIZEs: both told at once, naming the sizes"
