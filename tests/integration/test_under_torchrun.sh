@@ -29,6 +29,14 @@ assert_contains train.out "DDP: 2 processes (shm: every rank on one host, starte
 [ -f run/checkpoints/step10.safetensors ] || fail "no checkpoint after ddptrain under torchrun"
 ok "torchrun --nproc_per_node 2 ddptrain: one world of 2, checkpoint written"
 
+# torch.distributed.launch (1.13: torchrun's agent, static rendezvous; --no_python needs --use_env).
+port=$(free_port)
+timeout 120 /usr/bin/python3 -m torch.distributed.launch --use_env --redirects 1 --tee 1 \
+    --nproc_per_node 2 --master_port "$port" --no_python "$WORKER" rendezvous >launch 2>&1 ||
+    { cat launch; fail "two ddpc ranks under torch.distributed.launch did not meet"; }
+[ "$(grep -c "rendezvous ok: rank . of 2" launch)" -eq 2 ] || { cat launch; fail "not both met"; }
+ok "python -m torch.distributed.launch --use_env: the ranks meet beside its store"
+
 port=$(free_port)
 timeout 120 "${TR[@]}" --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" "$WORKER" \
     rendezvous >c10d 2>&1 || { cat c10d; fail "two ddpc ranks under torchrun (c10d) did not meet"; }
