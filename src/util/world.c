@@ -471,6 +471,18 @@ ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err)
                             "as a world of one; set RANK too (or start the program through "
                             "ddprun), or unset WORLD_SIZE",
                             size);
+        /* The same for Slurm's rank without a step: a batch script has SLURM_PROCID=0, a task
+         * above 0 exists only in a step, so this is an environment passed on in part (a
+         * container given some variables); it ran alone, silently, before 2026-11-24. */
+        long long procid = 0;
+        const char *pv = getenv("SLURM_PROCID");
+        if (pv && ddp__parse_int(pv, 0, INT_MAX, &procid) && procid > 0)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "SLURM_PROCID=%lld is set but neither SLURM_STEP_ID nor SLURM_STEPID: "
+                            "a rank above 0 exists only in an srun step, and without one this "
+                            "process would run alone as a world of one; pass the step's "
+                            "variables on too (or start it with srun), or unset SLURM_PROCID",
+                            procid);
     }
     const char *v;
     bool addr_set = (v = getenv("MASTER_ADDR")) && *v;

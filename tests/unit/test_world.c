@@ -730,6 +730,12 @@ static void slurm_batch_script(void **state)
     ddp_world w = world_ok();
     assert_int_equal(w.launcher, DDP_LAUNCHER_NONE);
     assert_int_equal(w.world_size, 1);
+    /* A rank above 0 without a step is no batch script but a step's variables passed on in
+     * part: refused rather than a silent world of one. */
+    setenv("SLURM_PROCID", "1", 1);
+    expect_invalid("SLURM_PROCID=1 is set but neither SLURM_STEP_ID nor SLURM_STEPID");
+    setenv("SLURM_PROCID", "junk", 1); /* not Slurm's: left alone, as before */
+    assert_int_equal(world_ok().world_size, 1);
 }
 
 /* srun with a node list naming this host and a derived port: rank 0 hosts the store there. */
