@@ -169,7 +169,10 @@ rc=0; fake "$TRAIN" "${ARGS[@]}" --device cuda --precision fp16 --total_steps 10
 [ $rc -eq 0 ] || { cat f16.out; fail "fp16 on fake cuda: exit $rc"; }
 losses cpu/metrics.jsonl f16/metrics.jsonl 1 10 1e-5 || fail "fp16 with loss scaling differs"
 grep -q '"loss_scale": 65536, "skipped_steps": 0' f16/metrics.jsonl || fail "fp16: no loss_scale"
-ok "fp16 loss scaling on the fake GPU: scaled and unscaled exactly, scale 65536 in the metrics"
+# TensorBoard holds them too (tags are stored as plain bytes in the records).
+grep -qa 'train/loss_scale' f16/tb/events.out.tfevents.* || fail "fp16: no train/loss_scale in TensorBoard"
+grep -qa 'train/skipped_steps' f16/tb/events.out.tfevents.* || fail "fp16: no train/skipped_steps in TensorBoard"
+ok "fp16 loss scaling on the fake GPU: scaled and unscaled exactly, scale 65536 in the metrics and TensorBoard"
 
 # An inf on rank 1 alone at step 3: both ranks skip it, the scale halves, the run goes on; a
 # checkpoint after the skip resumes = the uninterrupted run (scale and AdamW's step saved).

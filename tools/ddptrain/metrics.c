@@ -296,6 +296,10 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         trainer_tb(t, "train/mfu", mfu);
         if (grad_norm >= 0 || isnan(grad_norm)) /* NaN: a diverged run, kept as TensorBoard does */
             trainer_tb(t, "train/grad_norm", grad_norm);
+        if (t->amp) { /* fp16's GradScaler, as in metrics.jsonl (absent before 2026-11-24) */
+            trainer_tb(t, "train/loss_scale", (double)t->scaler.scale);
+            trainer_tb(t, "train/skipped_steps", (double)t->skipped);
+        }
         for (int r = 0; r < t->W; r++) /* work per step: what the rank did not spend waiting */
             busy[r] = (all[NV * r + 2] - all[NV * r + 3]) / steps * 1e3;
         check_straggler(t, p, busy, now);
