@@ -711,6 +711,16 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
                             "torchrun a --master_port whose next port is free too)",
                             why, w->master_port - 1);
         }
+        if (st == DDP_ERR_ADDR_IN_USE && w->launcher == DDP_LAUNCHER_SLURM && err) {
+            /* The port derived from the job: ddprun's flags are no advice here. */
+            char why[DDP_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return ddp__err(err, st,
+                            "%s (under srun without MASTER_PORT the port comes from SLURM_JOB_ID "
+                            "and the step, and another job's step on this node may hold it: "
+                            "export MASTER_PORT=<a free port> for every task)",
+                            why);
+        }
         if (st)
             return st;
         if (!w->store_token[0] && w->world_size > 1)

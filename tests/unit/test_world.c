@@ -4,7 +4,10 @@
  * settings, and the list of variables ddprun sets.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
+#include <sys/socket.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -762,6 +765,35 @@ static void slurm_store(void **state)
     ddp_store_close(s);
 }
 
+/* The derived port taken (another job's step on the node): srun's advice, not ddprun's flags. */
+static void slurm_store_port_taken(void **state)
+{
+    (void)state;
+    set_slurm_step("0", "2", "0", "0");
+    setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
+    setenv("SLURM_STEP_NODELIST", "localhost", 1);
+    char job[32];
+    snprintf(job, sizeof job, "%d", 100 + (int)((getpid() + 350) % 700));
+    setenv("SLURM_JOB_ID", job, 1);
+    ddp_world w = world_ok();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)w.master_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_true(fd >= 0);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1) != 0) {
+        close(fd);
+        skip(); /* someone else holds it: the case itself, but not of this test's making */
+    }
+    ddp_store *s = NULL;
+    ddp_error err = {0};
+    ddp_status st = ddp_store_open_world(&w, 5000, &s, &err);
+    close(fd);
+    assert_int_equal(st, DDP_ERR_ADDR_IN_USE);
+    assert_null(s);
+    if (!strstr(err.msg, "export MASTER_PORT=<a free port> for every task"))
+        fail_msg("unhelpful message: %s", err.msg);
+}
+
 /* A step of 2 with no node list (a stripped environment): srun's advice, not mpirun's -x. */
 static void slurm_store_without_list(void **state)
 {
@@ -945,6 +977,7 @@ int main(void)
         cmocka_unit_test_setup(slurm_batch_script, clear_env),
         cmocka_unit_test_setup(slurm_store, clear_env),
         cmocka_unit_test_setup(slurm_store_without_list, clear_env),
+        cmocka_unit_test_setup(slurm_store_port_taken, clear_env),
         cmocka_unit_test(hostlist_expand),
         cmocka_unit_test(hostlist_matches_scontrol),
         cmocka_unit_test(tasks_per_node),
