@@ -721,6 +721,15 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
                             "export MASTER_PORT=<a free port> for every task)",
                             why);
         }
+        if (st == DDP_ERR_ADDR_IN_USE && err) {
+            /* By hand, mpirun, torchrun's c10d: the port is MASTER_PORT, not a ddprun flag. */
+            char why[DDP_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return ddp__err(err, st,
+                            "%s (rank 0 hosts the store on MASTER_PORT, here %d, as started by "
+                            "%s: give every rank another free MASTER_PORT)",
+                            why, w->master_port, ddp_launcher_name(w->launcher));
+        }
         if (st)
             return st;
         if (!w->store_token[0] && w->world_size > 1)

@@ -29,6 +29,7 @@ rc=0
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$HELLO" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -ne 0 ] || fail "rank 0 on a taken port should fail"
 assert_contains "$T/err" "address already in use"
-ok "by-hand rank 0 on a taken port: clear error"
+assert_contains "$T/err" "(rank 0 hosts the store on MASTER_PORT, here $port, as started by env: give every rank another free MASTER_PORT)"
+ok "by-hand rank 0 on a taken port: clear error, naming MASTER_PORT (not ddprun's flags alone)"
 kill $holder
 wait $holder 2>/dev/null || true # gone before the leftover check
