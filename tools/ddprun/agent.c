@@ -620,8 +620,11 @@ static int rendezvous(agent *a)
         }
         int np = 0, bad = check_node_record(a, i, v, &np);
         free(v);
-        if (bad)
+        if (bad) {
+            if (o->node_rank == 0)
+                nap_ms(1000); /* as in check_arrived_records: let the other node read ours */
             goto out_free;
+        }
         if (i == o->node_rank)
             a->wd.rank_offset = a->wd.world_size;
         a->wd.world_size += np;
