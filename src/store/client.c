@@ -638,6 +638,18 @@ ddp_status ddp_random_token(char *out, size_t len, ddp_error *err)
 
 /* ---- who hosts the store -------------------------------------------------------------------- */
 
+/* Rank 0's store could not listen on a taken port: net.c's message with its advice (ddprun's
+ * flags) replaced by the launcher's. */
+static ddp_status port_taken(ddp_error *err, ddp_status st, const char *advice)
+{
+    char why[DDP_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", err->msg);
+    char *cut = strstr(why, "; another job or program holds this port");
+    if (cut)
+        *cut = '\0';
+    return ddp__err(err, st, "%s; another job or program holds this port: %s", why, advice);
+}
+
 ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out, ddp_error *err)
 {
     if (!w || !out)
@@ -702,33 +714,26 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
             so.host = NULL;
             st = ddp_store_server_start(&so, &srv, err);
         }
-        if (st && w->beside_torch_store && err) {
-            char why[DDP_ERRMSG_MAX];
-            snprintf(why, sizeof why, "%s", err->msg);
-            return ddp__err(err, st,
-                            "%s (under torchrun's static rendezvous its own store holds "
-                            "MASTER_PORT %d, and rank 0 hosts ddpc's on the next port: give "
-                            "torchrun a --master_port whose next port is free too)",
-                            why, w->master_port - 1);
-        }
-        if (st == DDP_ERR_ADDR_IN_USE && w->launcher == DDP_LAUNCHER_SLURM && err) {
-            /* The port derived from the job: ddprun's flags are no advice here. */
-            char why[DDP_ERRMSG_MAX];
-            snprintf(why, sizeof why, "%s", err->msg);
-            return ddp__err(err, st,
-                            "%s (under srun without MASTER_PORT the port comes from SLURM_JOB_ID "
-                            "and the step, and another job's step on this node may hold it: "
-                            "export MASTER_PORT=<a free port> for every task)",
-                            why);
-        }
         if (st == DDP_ERR_ADDR_IN_USE && err) {
-            /* By hand, mpirun, torchrun's c10d: the port is MASTER_PORT, not a ddprun flag. */
-            char why[DDP_ERRMSG_MAX];
-            snprintf(why, sizeof why, "%s", err->msg);
-            return ddp__err(err, st,
-                            "%s (rank 0 hosts the store on MASTER_PORT, here %d, as started by "
-                            "%s: give every rank another free MASTER_PORT)",
-                            why, w->master_port, ddp_launcher_name(w->launcher));
+            /* net.c's advice names ddprun's flags; rank 0 here was started otherwise. */
+            char adv[300];
+            if (w->beside_torch_store)
+                snprintf(adv, sizeof adv,
+                         "under torchrun's static rendezvous its own store holds MASTER_PORT "
+                         "%d, and rank 0 hosts ddpc's on the next port: give torchrun a "
+                         "--master_port whose next port is free too",
+                         w->master_port - 1);
+            else if (w->launcher == DDP_LAUNCHER_SLURM)
+                snprintf(adv, sizeof adv,
+                         "under srun without MASTER_PORT the port comes from SLURM_JOB_ID and "
+                         "the step, and another job's step on this node may hold it: export "
+                         "MASTER_PORT=<a free port> for every task");
+            else
+                snprintf(adv, sizeof adv,
+                         "rank 0 hosts the store on MASTER_PORT (started by %s): give every rank "
+                         "another free MASTER_PORT",
+                         ddp_launcher_name(w->launcher));
+            return port_taken(err, st, adv);
         }
         if (st)
             return st;
