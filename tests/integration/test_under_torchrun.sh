@@ -14,15 +14,29 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 cd "$T"
 # --redirects 1 --tee 1: Debian's torchrun 1.13 on Python 3.11 fails at start without them.
 TR=(torchrun --redirects 1 --tee 1 --nproc_per_node 2 --no_python)
+# A free port whose next port is free too (torchrun's store on it, ddpc's on the next).
+free_pair() {
+    python3 -c '
+import socket
+for _ in range(50):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError:
+        pass
+    finally:
+        a.close(); b.close()'
+}
 
-port=$(free_port)
+port=$(free_pair)
 timeout 120 "${TR[@]}" --master_port "$port" "$WORKER" rendezvous >rdzv 2>&1 ||
     { cat rdzv; fail "two ddpc ranks under torchrun (static) did not meet"; }
 [ "$(grep -c "rendezvous ok: rank . of 2" rdzv)" -eq 2 ] || { cat rdzv; fail "not both ranks met"; }
 assert_contains rdzv "the store on '127.0.0.1:$((port + 1))'"
 ok "torchrun --master_port $port: ddpc's store on $((port + 1)) beside torchrun's own, the ranks meet"
 
-port=$(free_port)
+port=$(free_pair)
 timeout 180 "${TR[@]}" --master_port "$port" "$TRAIN" --total_steps 10 --log_every 5 \
     --eval_every 0 --out_dir run >train.out 2>&1 || { cat train.out; fail "ddptrain under torchrun"; }
 assert_contains train.out "DDP: 2 processes (shm: every rank on one host, started by torchrun)"
@@ -30,7 +44,7 @@ assert_contains train.out "DDP: 2 processes (shm: every rank on one host, starte
 ok "torchrun --nproc_per_node 2 ddptrain: one world of 2, checkpoint written"
 
 # torch.distributed.launch (1.13: torchrun's agent, static rendezvous; --no_python needs --use_env).
-port=$(free_port)
+port=$(free_pair)
 timeout 120 /usr/bin/python3 -m torch.distributed.launch --use_env --redirects 1 --tee 1 \
     --nproc_per_node 2 --master_port "$port" --no_python "$WORKER" rendezvous >launch 2>&1 ||
     { cat launch; fail "two ddpc ranks under torch.distributed.launch did not meet"; }
