@@ -136,3 +136,27 @@ tiny_gpt() {
               --optimizer adamw --lr 3e-3 --schedule constant --grad_clip 1.0 --eval_windows 8
               --max_new_tokens 0 --log_every 1 --seed 9)
 }
+
+weights_close() { # weights_close A B: two checkpoints' weights (not the optimizer state)
+    # within 1e-5 of each other (relative to the largest value of each tensor)
+    "$BIN/ckpt_tool" dump "$1" | grep '^T ' >a.txt
+    "$BIN/ckpt_tool" dump "$2" | grep '^T ' >b.txt
+    /usr/bin/python3 - a.txt b.txt <<'EOP'
+import sys
+def load(p):
+    out = {}
+    for line in open(p):
+        f = line.split()
+        name = bytes.fromhex(f[1]).decode()
+        if not name.startswith("optim."):
+            nd = int(f[3])
+            out[name] = [float.fromhex(v) for v in f[4 + nd:]]
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
+rel = max(max(abs(x - y) for x, y in zip(a[k], b[k])) / max(max(abs(y) for y in b[k]), 1e-30)
+          for k in a)
+print(f"relative difference {rel:.2e}")
+sys.exit(0 if rel <= 1e-5 else 1)
+EOP
+}
