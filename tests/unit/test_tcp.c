@@ -1107,12 +1107,11 @@ static void *create_member0(void *arg)
     return NULL;
 }
 
-/* The main thread plays member 1 by hand: strangers with a wrong token, garbage, another group or
- * a wrong member are refused and closed; then the real hellos are accepted and member 0's set-up
- * completes. */
-static void strangers_are_refused(void **state)
+/* The main thread as member 1 of a world of 2, by hand: publishes a listening socket of its own
+ * (*lfd) as member 1's address, starts member 0's set-up on *th (8 s), and writes member 0's
+ * address into addr. Returns the store connection. */
+static ddp_store *member1_by_hand(world *w, int *lfd, pthread_t *th, char *addr, size_t cap)
 {
-    world *w = world_new(state, 2, NULL);
     w->setup_ms = 8000;
     ddp_store_opts o = DDP_STORE_OPTS_INIT;
     o.host = "127.0.0.1";
@@ -1122,22 +1121,33 @@ static void strangers_are_refused(void **state)
     ddp_store *s;
     ddp_error e;
     assert_int_equal(ddp_store_connect(&o, &s, &e), DDP_OK);
-    int lfd, port;
-    assert_int_equal(ddp__tcp_listen("127.0.0.1", 0, 8, &lfd, &port, &e), DDP_OK);
+    int port;
+    assert_int_equal(ddp__tcp_listen("127.0.0.1", 0, 8, lfd, &port, &e), DDP_OK);
     char key[128], mine[64];
     snprintf(mine, sizeof mine, "127.0.0.1:%d", port);
     snprintf(key, sizeof key, "%s/addr/1", w->prefix);
     assert_int_equal(ddp_store_set(s, key, mine, strlen(mine)), DDP_OK);
-
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, create_member0, w), 0);
+    assert_int_equal(pthread_create(th, NULL, create_member0, w), 0);
     snprintf(key, sizeof key, "%s/addr/0", w->prefix);
     void *val;
     size_t len;
     assert_int_equal(ddp_store_get(s, key, &val, &len), DDP_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "%s", (char *)val);
+    snprintf(addr, cap, "%s", (char *)val);
     free(val);
+    return s;
+}
+
+/* The main thread plays member 1 by hand: strangers with a wrong token, garbage, another group or
+ * a wrong member are refused and closed; then the real hellos are accepted and member 0's set-up
+ * completes. */
+static void strangers_are_refused(void **state)
+{
+    world *w = world_new(state, 2, NULL);
+    ddp_error e;
+    int lfd;
+    pthread_t th;
+    char addr[64];
+    ddp_store *s = member1_by_hand(w, &lfd, &th, addr, sizeof addr);
     assert_has(addr, "127.0.0.1:");
 
     unsigned char buf[512];
@@ -1202,30 +1212,11 @@ static void strangers_are_refused(void **state)
 static void silent_strangers_hold_up_no_one(void **state)
 {
     world *w = world_new(state, 2, NULL);
-    w->setup_ms = 8000;
-    ddp_store_opts o = DDP_STORE_OPTS_INIT;
-    o.host = "127.0.0.1";
-    o.port = w->port;
-    o.token = TOKEN;
-    o.timeout_ms = 5000;
-    ddp_store *s;
     ddp_error e;
-    assert_int_equal(ddp_store_connect(&o, &s, &e), DDP_OK);
-    int lfd, port;
-    assert_int_equal(ddp__tcp_listen("127.0.0.1", 0, 8, &lfd, &port, &e), DDP_OK);
-    char key[128], mine[64];
-    snprintf(mine, sizeof mine, "127.0.0.1:%d", port);
-    snprintf(key, sizeof key, "%s/addr/1", w->prefix);
-    assert_int_equal(ddp_store_set(s, key, mine, strlen(mine)), DDP_OK);
+    int lfd;
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, create_member0, w), 0);
-    snprintf(key, sizeof key, "%s/addr/0", w->prefix);
-    void *val;
-    size_t len;
-    assert_int_equal(ddp_store_get(s, key, &val, &len), DDP_OK);
     char addr[64];
-    snprintf(addr, sizeof addr, "%s", (char *)val);
-    free(val);
+    ddp_store *s = member1_by_hand(w, &lfd, &th, addr, sizeof addr);
 
     enum { SILENT = 6 };
     int silent[SILENT];
