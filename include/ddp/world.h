@@ -148,12 +148,21 @@ typedef struct ddp_world {
  * variables disagree about this process (RANK=0 but OMPI_COMM_WORLD_RANK=1, WORLD_SIZE=2 but
  * SLURM_NTASKS=4: never two silent worlds), when Slurm's node list is malformed, or a setting is
  * longer than its field, naming the variables; a malformed number in DDP_TIMEOUT, DDP_DEBUG or
- * DDP_HOST_CORES counts as not set. *out written only on DDP_OK; err may be NULL. */
+ * DDP_HOST_CORES is an error naming it. *out written only on DDP_OK; err may be NULL. */
 ddp_status ddp_world_from_env(ddp_world *out, ddp_error *err);
 
 /* The cores this process may run on: its CPU affinity mask (a container's or scheduler's CPU
  * set, or a --bind_to block), else the number online. At least 1. */
 int ddp_own_cores(void);
+
+/* Each rank's share of the host's cores for its CPU threads, for launchers that set no thread
+ * count (mpirun, srun, ranks started by hand; ddprun and torchrun set OMP_NUM_THREADS): when
+ * OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are both unset and w has several ranks on this host
+ * (local_world_size > 1), sets OpenBLAS's threads, and OMP_NUM_THREADS for the OpenMP kernels
+ * loaded later (oneDNN's), to max(1, min(ddp_own_cores(), online cores / local ranks)) and
+ * returns that count; else changes nothing and returns 0. Without it every rank starts a thread
+ * per core: ranks × cores threads on the host's cores. Call it before any CPU work. */
+int ddp_world_default_threads(const ddp_world *w);
 
 #ifdef __cplusplus
 }

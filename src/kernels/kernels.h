@@ -26,6 +26,9 @@
  * likewise. beta = 0 overwrites C (its old contents, even NaN, are ignored). Borrows every
  * buffer for the call; C must not overlap A or B. Threads: OpenBLAS's own (OPENBLAS_NUM_THREADS).
  */
+/* OpenBLAS's thread count from now on (ddp_world_default_threads). */
+void ddp__blas_set_threads(int n);
+
 void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
@@ -119,8 +122,8 @@ typedef enum ddp__bf16_causal { DDP__BF16_ALL, DDP__BF16_LOWER, DDP__BF16_UPPER 
  * ars = ld/2, aps = 1; ddp__bf16_pair_rows' interleaved rows: ars = 1, aps = their stride/2);
  * Bp = ddp__bf16_pack_pairs(B) with np pairs. rowscale NULL: 1. */
 void ddp__bf16_pairs(int m, int cols, int np, ddp__bf16_causal mode, int off, const uint16_t *A,
-                     size_t ars, size_t aps, const uint16_t *Bp, float alpha,
-                     const float *rowscale, bool add, float *out, int ldo);
+                     size_t ars, size_t aps, const uint16_t *Bp, float alpha, const float *rowscale,
+                     bool add, float *out, int ldo);
 
 /* ---- elementwise reductions (cpu/reduce.c) --------------------------------------------------
  * In the dtype's arithmetic: bfloat16 and float16 widened to float32 and rounded once per element
@@ -183,9 +186,10 @@ ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err
  * sizes (ddp/model.h's list; each tensor padded to 256 bytes there), and are uploaded from the
  * model's host values before each forward (the host optimizer and reducer own them); gradients
  * are computed on the device and added (+=) into the host gradients at the end of backward.
- * Dropout with src/nn/gpt.c's masks; precision fp32, tf32, bf16 or fp16 (bf16/fp16 products and activations, fp32 residual
- * stream, statistics, loss and masters: docs/gpu.md's table; fp16 with the host's loss scale as
- * forward's grad_scale). UNVERIFIED: not yet run on a GPU (docs/gpu.md). */
+ * Dropout with src/nn/gpt.c's masks; precision fp32, tf32, bf16 or fp16 (bf16/fp16 products and
+ * activations, fp32 residual stream, statistics, loss and masters: docs/gpu.md's table; fp16 with
+ * the host's loss scale as forward's grad_scale). UNVERIFIED: not yet run on a GPU (docs/gpu.md).
+ */
 typedef struct ddp__cuda_gpt ddp__cuda_gpt;
 typedef struct ddp__cuda_gpt_cfg {
     int L, nh, C, Tmax, V, B; /* n_layer, n_head, n_embd, block_size, vocab_size, max_batch */

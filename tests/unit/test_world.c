@@ -22,6 +22,8 @@
 #include "ddp/ddp.h"
 #include "util/hostlist.h"
 
+int openblas_get_num_threads(void); /* OpenBLAS's, which libddp links */
+
 static const char *const vars[] = {
     "RANK",
     "WORLD_SIZE",
@@ -949,6 +951,42 @@ static void tasks_per_node(void **state)
     }
 }
 
+/* Launchers that set no thread count (mpirun, srun, by hand): each rank gets its share of the
+ * host's cores, in OpenBLAS and in OMP_NUM_THREADS; set variables and a lone rank are left alone
+ * (a rank per core under mpirun ran 2 OpenBLAS threads each on 2 cores). */
+static void default_threads(void **state)
+{
+    (void)state;
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("OPENBLAS_NUM_THREADS");
+    ddp_world w = {0};
+    w.world_size = 4;
+    w.local_world_size = 1;
+    assert_int_equal(ddp_world_default_threads(&w), 0); /* one rank here: all cores are its */
+    assert_null(getenv("OMP_NUM_THREADS"));
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int own = ddp_own_cores();
+    w.local_world_size = 2;
+    int want = (int)(online / 2) < own ? (int)(online / 2) : own;
+    if (want < 1)
+        want = 1;
+    assert_int_equal(ddp_world_default_threads(&w), want);
+    char v[16];
+    snprintf(v, sizeof v, "%d", want);
+    assert_string_equal(getenv("OMP_NUM_THREADS"), v);
+    assert_int_equal(openblas_get_num_threads(), want);
+    /* set (here by the call above, as by ddprun or the user): left alone */
+    w.local_world_size = 64;
+    assert_int_equal(ddp_world_default_threads(&w), 0);
+    unsetenv("OMP_NUM_THREADS");
+    setenv("OPENBLAS_NUM_THREADS", "3", 1);
+    assert_int_equal(ddp_world_default_threads(&w), 0);
+    unsetenv("OPENBLAS_NUM_THREADS");
+    assert_int_equal(ddp_world_default_threads(&w), 1); /* more ranks than cores: 1 each */
+    unsetenv("OMP_NUM_THREADS");
+    assert_int_equal(ddp_world_default_threads(NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -983,6 +1021,7 @@ int main(void)
         cmocka_unit_test(tasks_per_node),
         cmocka_unit_test(contract_names),
         cmocka_unit_test(status_strings),
+        cmocka_unit_test(default_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

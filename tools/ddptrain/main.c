@@ -391,6 +391,14 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
         return 1;
     }
     t->R = t->world.rank;
+    /* mpirun, srun, ranks by hand: nothing set the thread counts (ddprun and torchrun do) */
+    int threads = ddp_world_default_threads(&t->world);
+    if (threads && t->world.local_rank == 0)
+        fprintf(stderr,
+                "ddptrain: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS unset under %s: %d thread%s "
+                "per rank (%d ranks on this host's cores; set them to choose)\n",
+                ddp_launcher_name(t->world.launcher), threads, threads == 1 ? "" : "s",
+                t->world.local_world_size);
     if (t->local_rank_arg >= 0) {
         /* --local_rank: checked against the launcher's LOCAL_RANK, or taken where the launcher
          * gave none (torch.distributed.launch without --use_env sets RANK but not LOCAL_RANK). */

@@ -10,6 +10,11 @@
 
 #include "kernels/kernels.h"
 
+void ddp__blas_set_threads(int n)
+{
+    openblas_set_num_threads(n);
+}
+
 void ddp__sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
                 int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
