@@ -81,6 +81,21 @@ rc=0; wait $n0 || rc=$?
 [ $rc -eq 143 ] || fail "node 0 waiting in the rendezvous exited $rc after SIGTERM, want 143"
 ok "a node with the wrong token is refused, and node 0 logs it"
 
+d=$T/bignode; mkdir -p "$d"
+port=$(free_port)
+rc=0
+node 0 $port 1 "$d" --run_id big "$WORKER" env "$d" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!)
+n0=$!
+# A stranger with the token plays node 1 and asks for more workers than any ddprun may run:
+# node 0 refuses the record instead of summing it into the world size.
+"$WORKER" store-set 127.0.0.1 $port ddprun/a0/claim/1 1 >/dev/null 2>&1 || true
+"$WORKER" store-set 127.0.0.1 $port ddprun/a0/node/1 "2147483647 0 2 1 big" ||
+    fail "the fake node could not write its record"
+rc=0; wait $n0 || rc=$?
+[ $rc -eq 1 ] || fail "node 0 beside a fake node exited $rc"
+assert_contains "$d/err0" "node 1 asks for 2147483647 workers, more than ddprun's 1024 per node"
+ok "a node record asking for more workers than ddprun allows is refused"
+
 # SIGTERM to node 0 stops both nodes for good, even with restarts left: a user's stop is not a
 # failure to recover from.
 d=$T/stop; mkdir -p "$d"

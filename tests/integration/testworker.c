@@ -16,6 +16,8 @@
  *                          (launcher, rank, sizes, store address), or DIR/world.err.PID and exit 1
  *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
  *   free-port              print a port that was free a moment ago
+ *   store-set HOST PORT KEY VALUE  connect to the store at HOST:PORT (token DDP_STORE_TOKEN)
+ *                          and set KEY (a stranger holding the token, e.g. a fake node)
  *
  * A first argument --local_rank=N or --local-rank=N (ddprun --pass_local_rank, as
  * torch.distributed.launch gave it) is taken off before the mode and written by `env` as
@@ -321,6 +323,24 @@ int main(int argc, char **argv)
         close(fd);
         printf("%d\n", bound);
         return 0;
+    }
+    if (!strcmp(m, "store-set") && argc > 5) {
+        ddp_store_opts so = DDP_STORE_OPTS_INIT;
+        so.host = argv[2];
+        so.port = atoi(argv[3]);
+        so.token = getenv("DDP_STORE_TOKEN");
+        so.timeout_ms = 10000;
+        ddp_store *s;
+        ddp_error err = {0};
+        if (ddp_store_connect(&so, &s, &err) != DDP_OK) {
+            fprintf(stderr, "store-set: %s\n", err.msg);
+            return 1;
+        }
+        int rc = ddp_store_set(s, argv[4], argv[5], strlen(argv[5])) == DDP_OK ? 0 : 1;
+        if (rc)
+            fprintf(stderr, "store-set: %s\n", ddp_store_last_error(s));
+        ddp_store_close(s);
+        return rc;
     }
     fprintf(stderr, "testworker: unknown mode '%s'\n", m);
     return 2;

@@ -462,6 +462,14 @@ static int check_node_record(agent *a, int i, const char *v, int *nproc)
                    i);
         return -1;
     }
+    /* Each node's ddprun caps its own --nproc_per_node; a record from something else (a peer
+     * that holds the token but is not ddprun) must not make the world size overflow. */
+    if (np > DDPRUN_MAX_NPROC) {
+        ddprun_say("node %d asks for %d workers, more than ddprun's %d per node; run the same "
+                   "ddprun on every node",
+                   i, np, DDPRUN_MAX_NPROC);
+        return -1;
+    }
     if (mr != o->max_restarts || nn != o->nnodes) {
         ddprun_say("node %d runs with --max_restarts %d --nnodes %d but this node with %d "
                    "and %d; give every node the same flags",
