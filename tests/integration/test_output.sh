@@ -24,6 +24,17 @@ done
 assert_contains "$T/out" "[rank1]: env written by rank 1"
 ok "--log_dir: DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log, and the console too"
 
+echo "first run's line" >>"$d/myjob/attempt_0/0/stdout.log"
+"$DDPRUN" --standalone --nproc_per_node 1 --log_dir "$d" --run_id myjob "$WORKER" env "$T/x" \
+    >"$T/out" 2>"$T/err"
+assert_contains "$d/myjob/attempt_0/0/stdout.log" "first run's line"
+assert_contains "$d/myjob-2/attempt_0/0/stdout.log" "env written by rank 0"
+assert_contains "$T/err" "'$d/myjob' holds an earlier run's logs; this run's go to '$d/myjob-2'"
+assert_contains "$T/err" "logs in $d/myjob-2"
+"$DDPRUN" --standalone --nproc_per_node 1 --log_dir "$d" --run_id myjob true >"$T/out" 2>"$T/err"
+[ -d "$d/myjob-3/attempt_0/0" ] || fail "a third run with the same run id: no myjob-3"
+ok "a rerun with the same --run_id and --log_dir keeps the earlier run's logs (RUN_ID-2, -3)"
+
 "$DDPRUN" --standalone --nproc_per_node 2 --log_dir "$d" --run_id r2 --redirects 1 \
     "$WORKER" env "$T/x" >"$T/out" 2>"$T/err"
 assert_not_contains "$T/out" "env written"
@@ -79,7 +90,7 @@ TMPDIR=$T "$DDPRUN" --standalone --nproc_per_node 2 --redirects 3 "$WORKER" env 
 [ $rc -eq 0 ] || fail "--redirects without --log_dir exited $rc"
 logdir=$(sed -n 's/.*logs in \([^ ,]*\).*/\1/p' "$T/err")
 case "$logdir" in "$T"/ddprun_*) ;; *) cat "$T/err"; fail "no temporary log dir announced" ;; esac
-assert_contains "$(ls -d "$logdir"/*/attempt_0/1)/stdout.log" "env written by rank 1"
+assert_contains "$logdir/attempt_0/1/stdout.log" "env written by rank 1"
 ok "--redirects without --log_dir writes to a fresh temporary directory"
 
 rc=0; "$DDPRUN" --nnodes 2 --monitor_interval 2 --agent_timeout 2 x >"$T/out" 2>"$T/err" || rc=$?

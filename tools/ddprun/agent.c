@@ -1326,7 +1326,9 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         o->prefix = !o->no_prefix && a.wd.world_size > 1;
         o->interactive = o->nproc == 1 && isatty(STDIN_FILENO);
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
-        if (a.wd.attempt == 0 && o->node_rank == 0) {
+        /* A log folder that cannot be made fails like a worker that cannot start (below). */
+        bool dir_ok = a.wd.attempt > 0 || ddprun_output_run_dir(o) == 0;
+        if (dir_ok && a.wd.attempt == 0 && o->node_rank == 0) {
             cpu_set_t c;
             char pin[48] = "";
             if (o->nproc > 1 && ddprun_worker_cpus(o, 0, &c))
@@ -1336,9 +1338,9 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
                        a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
                        o->nnodes == 1 ? "" : "s", pin, HOSTA(o->master_addr, a.wd.master_port),
                        o->run_id, o->want_files ? ", logs in " : "",
-                       o->want_files ? o->log_dir : "");
+                       o->want_files ? o->log_run_dir : "");
         }
-        outcome r = run_attempt(&a);
+        outcome r = dir_ok ? run_attempt(&a) : AGENT_ERROR;
         if (r == OK_ALL) {
             code = 0;
             final_handshake(&a);

@@ -55,6 +55,7 @@ typedef struct ddprun_opts {
     int tee[DDPRUN_MAX_NPROC];       /* per local rank: streams sent to files and console */
     bool want_files;                 /* --log_dir, --redirects or --tee given */
     char log_dir[1024];              /* "" until known */
+    char log_run_dir[1200];          /* this node's run folder in log_dir (ddprun_output_run_dir) */
     char run_id[128];
     bool run_id_set;
     char role[64];
@@ -145,6 +146,10 @@ void ddprun_describe_status(int status, char *buf, size_t cap);
 /* ---- output -------------------------------------------------------------------------------- */
 
 /* Opens per-rank log files for the attempt when files are wanted. Returns 0 or -1 (printed). */
+/* Makes this node's run folder under --log_dir once, when the run id is known: DIR/RUN_ID (or
+ * DIR/RUN_ID/node_N), else the first of DIR/RUN_ID-2, -3, … that does not exist yet, so that a
+ * rerun never overwrites an earlier run's logs. 0, or -1 said. */
+int ddprun_output_run_dir(ddprun_opts *o);
 int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w);
 /* Reads what is available from s and forwards complete lines; returns false at EOF. */
 bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s);

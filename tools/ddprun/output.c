@@ -87,6 +87,51 @@ static int make_dirs(const char *path)
     return 0;
 }
 
+int ddprun_output_run_dir(ddprun_opts *o)
+{
+    if (!o->want_files)
+        return 0;
+    /* Several nodes often share --log_dir (a network file system) and run the same local ranks:
+     * each node gets a folder of its own, or they would truncate and mix each other's files. */
+    char base[1100];
+    int n = o->nnodes > 1
+                ? snprintf(base, sizeof base, "%s/%s/node_%d", o->log_dir, o->run_id, o->node_rank)
+                : snprintf(base, sizeof base, "%s/%s", o->log_dir, o->run_id);
+    if (n < 0 || n >= (int)sizeof base - 64) {
+        ddprun_say("--log_dir '%s' is too long", o->log_dir);
+        return -1;
+    }
+    char *slash = strrchr(base, '/');
+    *slash = '\0';
+    if (make_dirs(base) != 0) {
+        ddprun_say("cannot create log directory '%s': %s; check --log_dir", base, strerror(errno));
+        return -1;
+    }
+    *slash = '/';
+    /* mkdir of the last part is atomic: two ddprun started at once with the same --run_id and
+     * --log_dir get folders of their own too. */
+    for (int k = 1; k < 10000; k++) {
+        if (k == 1)
+            snprintf(o->log_run_dir, sizeof o->log_run_dir, "%s", base);
+        else
+            snprintf(o->log_run_dir, sizeof o->log_run_dir, "%s-%d", base, k);
+        if (mkdir(o->log_run_dir, 0755) == 0) {
+            if (k > 1)
+                ddprun_say("'%s' holds an earlier run's logs; this run's go to '%s'", base,
+                           o->log_run_dir);
+            return 0;
+        }
+        if (errno != EEXIST) {
+            ddprun_say("cannot create log directory '%s': %s; check --log_dir", o->log_run_dir,
+                       strerror(errno));
+            return -1;
+        }
+    }
+    ddprun_say("'%s' and 9998 folders beside it exist already; give --log_dir another folder",
+               base);
+    return -1;
+}
+
 int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
 {
     int lr = w->local_rank;
@@ -100,14 +145,9 @@ int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
     w->log_path[0] = '\0';
     if (!o->want_files)
         return 0;
-    /* Several nodes often share --log_dir (a network file system) and run the same local ranks:
-     * each node gets a folder of its own, or they would truncate and mix each other's files. */
-    char node[32] = "";
-    if (o->nnodes > 1)
-        snprintf(node, sizeof node, "/node_%d", o->node_rank);
     char dir[1400];
-    if (snprintf(dir, sizeof dir, "%s/%s%s/attempt_%d/%d", o->log_dir, o->run_id, node, attempt,
-                 lr) >= (int)sizeof dir - 16) {
+    if (snprintf(dir, sizeof dir, "%s/attempt_%d/%d", o->log_run_dir, attempt, lr) >=
+        (int)sizeof dir - 16) {
         ddprun_say("--log_dir '%s' is too long", o->log_dir);
         return -1;
     }
