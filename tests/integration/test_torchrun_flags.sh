@@ -33,6 +33,13 @@ if python3 -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1",
     done
     assert_contains "$T/err" "store at [::1]:"
     ok "--rdzv_endpoint [::1]:0, [::1] and ::1: the ranks meet over IPv6 loopback, MASTER_ADDR ::1"
+    d=$T/v6_addr; mkdir -p "$d"
+    "$DDPRUN" --master_addr "[::1]" --master_port "$(free_port)" --nproc_per_node 2 "$WORKER" \
+        env "$d" >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "--master_addr [::1] refused"; }
+    [ "$(get "$d/env.1" MASTER_ADDR)" = ::1 ] || fail "MASTER_ADDR for --master_addr [::1]"
+    MASTER_ADDR="[::1]" MASTER_PORT=$(free_port) "$DDPRUN" --nproc_per_node 2 "$WORKER" \
+        rendezvous >"$T/out" 2>"$T/err" || { cat "$T/err" >&2; fail "MASTER_ADDR=[::1] refused"; }
+    ok "--master_addr [::1] and MASTER_ADDR=[::1]: taken as ::1, as in --rdzv_endpoint"
 else
     echo "no IPv6 loopback here: the [::1] endpoints not run"
 fi
@@ -43,6 +50,17 @@ for ep in "[::1" "[]:5" "[::1]x"; do
     assert_contains "$T/err" "an IPv6 address goes in brackets"
 done
 ok "malformed bracketed endpoints: usage errors"
+for a in "localhost:29500" "[::1]:29500"; do
+    rc=0
+    "$DDPRUN" --master_addr "$a" "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--master_addr '$a' exited $rc, want 2"
+    assert_contains "$T/err" "--master_addr '$a' holds a port: give the host alone"
+    rc=0
+    MASTER_ADDR=$a "$DDPRUN" "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "MASTER_ADDR='$a' exited $rc, want 2"
+    assert_contains "$T/err" "MASTER_ADDR in the environment '$a' holds a port"
+done
+ok "--master_addr / MASTER_ADDR with a port: usage errors naming it"
 
 rc=0
 "$DDPRUN" --rdzv_endpoint 127.0.0.1:0 --nnodes 2 --node_rank 0 "$WORKER" env "$T" \

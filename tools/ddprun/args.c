@@ -406,6 +406,30 @@ static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
     return 0;
 }
 
+/* --master_addr or MASTER_ADDR (what names it in a message): a host alone. An IPv6 address may
+ * come in brackets, as in --rdzv_endpoint ([::1] is ::1: before 2026-11-25 '[::1]' was looked up
+ * as a host name and failed); a port belongs in --master_port, so "host:port" and "[::1]:port"
+ * are usage errors rather than a name that cannot resolve. */
+static int copy_addr(const char *what, const char *v, char *dst, size_t cap)
+{
+    const char *colon = strchr(v, ':'), *close = strchr(v, ']');
+    bool bracketed = v[0] == '[' && close && close > v + 1;
+    if ((bracketed && close[1] == ':') || (!bracketed && colon && !strchr(colon + 1, ':')))
+        return bad("%s '%s' holds a port: give the host alone and the port with --master_port "
+                   "(or both as --rdzv_endpoint HOST:PORT)",
+                   what, v);
+    if ((v[0] == '[' && (!bracketed || close[1])) || (v[0] != '[' && close) || !*v)
+        return bad("%s '%s' is not a host name or address; write an IPv6 address bare or in "
+                   "brackets, e.g. ::1 or [::1]",
+                   what, v);
+    size_t n = bracketed ? (size_t)(close - v - 1) : strlen(v);
+    if (n >= cap)
+        return bad("%s: value longer than %zu characters", what, cap - 1);
+    memcpy(dst, bracketed ? v + 1 : v, n);
+    dst[n] = '\0';
+    return 0;
+}
+
 /* Flags that take a value; index into the switch below. */
 static const char *const valued[] = {
     "nproc_per_node",
@@ -491,7 +515,7 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         return 0;
     }
     if (strcmp(name, "master_addr") == 0)
-        return copy_str(name, v, o->master_addr, sizeof o->master_addr);
+        return copy_addr("--master_addr", v, o->master_addr, sizeof o->master_addr);
     if (strcmp(name, "master_port") == 0) {
         if (!parse_long(v, 1, 65535, &x))
             return bad("--master_port '%s' is not a port number (1-65535)", v);
@@ -884,10 +908,9 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
      * (flag > environment > default); --standalone picks its own and ignores them. */
     const char *ev;
     if (!o->standalone && !addr_flag && (ev = getenv("MASTER_ADDR")) && *ev) {
-        if (strlen(ev) >= sizeof o->master_addr)
-            return bad("MASTER_ADDR in the environment is longer than %zu characters",
-                       sizeof o->master_addr - 1);
-        snprintf(o->master_addr, sizeof o->master_addr, "%s", ev);
+        if (copy_addr("MASTER_ADDR in the environment", ev, o->master_addr,
+                      sizeof o->master_addr) != 0)
+            return -1;
     }
     if (!o->standalone && !port_set && (ev = getenv("MASTER_PORT")) && *ev) {
         if (!parse_long(ev, 1, 65535, &port_env))
