@@ -384,6 +384,21 @@ static ddp_status slurm_master(ddp_world *w, bool addr_set, bool port_set, ddp_e
         ddp_status st = ddp__hostlist_expand(list, &hosts, &n, &e);
         if (st)
             return ddp__err(err, st, "%s: %s", lv, e.msg);
+        /* Rank 0 runs on the list's first host under srun's block and cyclic distributions;
+         * under -m arbitrary (or a hand-made SLURM_HOSTFILE) it may not, and then it hosted the
+         * store on its own node while every rank waited out its timeout at the first host. Rank
+         * 0 knows its node (SLURMD_NODENAME) and says so at once. */
+        const char *me = getenv("SLURMD_NODENAME");
+        if (w->rank == 0 && me && *me && strcmp(me, hosts[0]) != 0) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "rank 0 runs on '%s', not on '%s', the first host of %s, where the "
+                          "other ranks look for the store (srun -m arbitrary or a host file?); "
+                          "export MASTER_ADDR=%s (and MASTER_PORT) for every rank, or use "
+                          "srun's block or cyclic distribution",
+                          me, hosts[0], lv, me);
+            ddp__hostlist_free(hosts, n);
+            return st;
+        }
         st = env_str(lv, hosts[0], w->master_addr, sizeof w->master_addr, err);
         ddp__hostlist_free(hosts, n);
         if (st)

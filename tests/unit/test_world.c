@@ -73,6 +73,7 @@ static const char *const vars[] = {
     "SLURM_TASKS_PER_NODE",
     "SLURM_NTASKS_PER_NODE",
     "SLURM_STEP_NODELIST",
+    "SLURMD_NODENAME",
     "SLURM_JOB_NODELIST",
     "SLURM_NODELIST",
     "SLURM_JOB_ID",
@@ -705,6 +706,20 @@ static void slurm_errors(void **state)
     setenv("SLURM_NODEID", "0", 1);
     setenv("SLURM_LOCALID", "2", 1);
     expect_invalid("SLURM_LOCALID=2 is not below SLURM_STEP_TASKS_PER_NODE=2");
+    /* srun -m arbitrary put rank 0 on the list's second host: said at once by rank 0 (it
+     * waited out the store's timeout, with every other rank) */
+    set_slurm_step("0", "2", "0", "1");
+    setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)", 1);
+    setenv("SLURM_STEP_NODELIST", "node[01-02]", 1);
+    setenv("SLURMD_NODENAME", "node02", 1);
+    expect_invalid("rank 0 runs on 'node02', not on 'node01', the first host of "
+                   "SLURM_STEP_NODELIST");
+    setenv("SLURMD_NODENAME", "node01", 1);
+    assert_string_equal(world_ok().master_addr, "node01");
+    set_slurm_step("1", "2", "0", "0"); /* rank 1 on the first host: nothing to say */
+    setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)", 1);
+    setenv("SLURM_STEP_NODELIST", "node[01-02]", 1);
+    assert_string_equal(world_ok().master_addr, "node01");
 }
 
 /* WORLD_SIZE of several without RANK: refused (it was a silent world of one in every process);
