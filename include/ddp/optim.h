@@ -98,6 +98,7 @@ typedef enum ddp_lr_decay {
     DDP_LR_COSINE,   /* lr · ½ (1 + cos(π f)) */
     DDP_LR_LINEAR,   /* lr · (1 − f) */
     DDP_LR_CONSTANT, /* lr */
+    DDP_LR_STEP,     /* lr · gamma^⌊(step − warmup_steps) / step_size⌋ (torch's StepLR) */
 } ddp_lr_decay;
 
 typedef enum ddp_lr_scaling {
@@ -110,6 +111,9 @@ typedef enum ddp_lr_scaling {
  *   step < warmup_steps:  lr' · (step + 1) / warmup_steps         (linear warmup from 0)
  *   after:                decay(lr', f),  f = (step − warmup_steps) / (total_steps − warmup_steps)
  *                         (f = 0 when total_steps ≤ warmup_steps)
+ *                         DDP_LR_STEP: lr' · gamma^⌊(step − warmup_steps) / step_size⌋, as
+ *                         torch.optim.lr_scheduler.StepLR stepped once per step_size steps
+ *                         (step_size 0: lr', never decayed)
  * Steps count from 0, the number of optimizer steps already taken. Computed in double. */
 typedef struct ddp_lr_schedule {
     double lr; /* for one process */
@@ -118,11 +122,13 @@ typedef struct ddp_lr_schedule {
     uint64_t warmup_steps;
     ddp_lr_decay decay;
     uint64_t total_steps;
+    uint64_t step_size; /* DDP_LR_STEP: steps between two decays */
+    double gamma;       /* DDP_LR_STEP: the factor of each decay (torch's default 0.1) */
 } ddp_lr_schedule;
 
 #define DDP_LR_SCHEDULE_INIT                                                                       \
     {                                                                                              \
-        0.1, DDP_LR_SCALE_NONE, 1, 0, DDP_LR_COSINE, 0                                             \
+        0.1, DDP_LR_SCALE_NONE, 1, 0, DDP_LR_COSINE, 0, 0, 0.1                                     \
     }
 
 /* The learning rate for step `step` (0-based). Pure: no state, any thread. */

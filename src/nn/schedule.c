@@ -26,6 +26,10 @@ double ddp_lr_at(const ddp_lr_schedule *s, uint64_t step)
     case DDP_LR_COSINE: return lr * 0.5 * (1 + cos(PI * frac));
     case DDP_LR_LINEAR: return lr * (1 - frac);
     case DDP_LR_CONSTANT: break;
+    case DDP_LR_STEP:
+        if (s->step_size == 0)
+            break;
+        return lr * pow(s->gamma, (double)((step - warm) / s->step_size));
     }
     return lr;
 }

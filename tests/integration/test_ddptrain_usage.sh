@@ -34,7 +34,20 @@ check "key 'model.channels' has 0 (entry 2, ch.yaml line 3)" --config ch.yaml
 check "key 'betas' is 0.9,1.5 (the command line); each of the two must be from 0 to below 1" \
     --optimizer adamw --betas 0.9,1.5
 check "key 'eps' is -1; it must be ≥ 0" --optimizer adamw --eps -1
+check "schedule step needs lr_step_epochs ≥ 1" --schedule step
+check "key 'lr_gamma' is 0; it must be > 0" --schedule step --lr_step_epochs 1 --lr_gamma 0
 ok "a value out of range names its key and value, before any work"
+
+# schedule step: torch's StepLR stepped per epoch (lr × lr_gamma every lr_step_epochs epochs;
+# torch's names step_size and gamma point to the keys).
+"$TRAIN" --out_dir "$T/steplr" --epochs 3 --batch_size 2048 --log_every 29 --lr 0.2 \
+    --schedule step --lr_step_epochs 1 --lr_gamma 0.5 >out 2>err || { cat err; fail "schedule step"; }
+lrs=$(sed -n 's/.*"epoch": \([0-9]\),.*"lr": \([0-9.e-]*\).*/\1 \2/p' "$T/steplr/metrics.jsonl" |
+    awk '{ printf "%s:%.6g ", $1, $2 }')
+[ "$lrs" = "0:0.2 1:0.1 2:0.05 " ] || fail "StepLR per epoch: got '$lrs'"
+rc=0; "$TRAIN" --out_dir "$T/run" --step_size 3 >out 2>err || rc=$?
+assert_contains err "ddptrain's key for 'step_size' is 'lr_step_epochs'"
+ok "schedule step: lr × lr_gamma each lr_step_epochs (0.2, 0.1, 0.05 over 3 epochs), as StepLR"
 
 # A key twice in one YAML file is refused (parsers differ on which wins); a YAML list is read
 # as comma-separated text for a text key (betas: [0.9, 0.95], as PyTorch writes them).

@@ -919,6 +919,31 @@ static void schedule_formulas(void **state)
     s.total_steps = 4;
     expect_lr(&s, 4, 1.0);
     expect_lr(&s, 9, 1.0);
+    /* StepLR (torch.optim.lr_scheduler.StepLR(step_size=30, gamma=0.1) stepped each step):
+     * constant within a period, × gamma at each boundary, counted after warmup. */
+    s = (ddp_lr_schedule)DDP_LR_SCHEDULE_INIT;
+    assert_true(s.gamma == 0.1 && s.step_size == 0);
+    s.lr = 1.0;
+    s.decay = DDP_LR_STEP;
+    s.step_size = 30;
+    s.total_steps = 1000;
+    expect_lr(&s, 0, 1.0);
+    expect_lr(&s, 29, 1.0);
+    expect_lr(&s, 30, 0.1);
+    expect_lr(&s, 59, 0.1);
+    expect_lr(&s, 60, 0.01);
+    expect_lr(&s, 95, 0.001);
+    s.warmup_steps = 4;
+    s.gamma = 0.5;
+    s.scaling = DDP_LR_SCALE_LINEAR;
+    s.world_size = 2;
+    expect_lr(&s, 0, 0.5);
+    expect_lr(&s, 4, 2.0);
+    expect_lr(&s, 33, 2.0);
+    expect_lr(&s, 34, 1.0);
+    expect_lr(&s, 64, 0.5);
+    s.step_size = 0; /* no period: never decayed */
+    expect_lr(&s, 500, 2.0);
 }
 
 /* ddp_model_measure_peak: a plausible rate (OpenBLAS SGEMM on one core reaches tens of
@@ -932,8 +957,7 @@ static void measure_peak(void **state)
     assert_true(peak > 1e8 && peak < 1e15);
     assert_int_equal(ddp_model_measure_peak(0, DDP_PRECISION_FP32, &peak, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "seconds 0"));
-    assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP32, NULL, &err),
-                     DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP32, NULL, &err), DDP_ERR_INVALID);
     assert_int_equal(ddp_model_measure_peak(0.01, DDP_PRECISION_FP16, &peak, &err),
                      DDP_ERR_INVALID);
 }

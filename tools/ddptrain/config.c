@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -74,7 +75,11 @@ static const ddp_cfg_key schema[] = {
     {"optimizer", DDP_CFG_CHOICE, "sgd", "sgd|adamw", "the optimizer"},
     {"lr", DDP_CFG_FLOAT, "0.1", NULL, "learning rate for one process"},
     {"lr_scaling", DDP_CFG_CHOICE, "none", "none|linear|sqrt", "scale lr by the world size"},
-    {"schedule", DDP_CFG_CHOICE, "cosine", "cosine|linear|constant", "after warmup"},
+    {"schedule", DDP_CFG_CHOICE, "cosine", "cosine|linear|constant|step",
+     "after warmup (step: torch's StepLR, lr × lr_gamma every lr_step_epochs)"},
+    {"lr_step_epochs", DDP_CFG_INT, "0", NULL,
+     "schedule step: epochs between two decays (torch's StepLR step_size, stepped per epoch)"},
+    {"lr_gamma", DDP_CFG_FLOAT, "0.1", NULL, "schedule step: the factor of each decay"},
     {"warmup_steps", DDP_CFG_INT, "0", NULL, "linear warmup from 0"},
     {"momentum", DDP_CFG_FLOAT, "0.9", NULL, "sgd momentum"},
     {"weight_decay", DDP_CFG_FLOAT, "0", NULL,
@@ -181,7 +186,7 @@ static int check_values(const ddp_config *c, bool model_known)
     } int_min[] = {
         {"batch_size", 1},       {"grad_accum", 1},      {"epochs", 0},    {"total_steps", 0},
         {"data.threads", -1},    {"warmup_steps", 0},    {"log_every", 0}, {"eval_every", 0},
-        {"checkpoint.every", 0}, {"checkpoint.keep", 1}, {"bucket_kb", 0},
+        {"checkpoint.every", 0}, {"checkpoint.keep", 1}, {"bucket_kb", 0}, {"lr_step_epochs", 0},
     };
     for (size_t i = 0; i < sizeof int_min / sizeof int_min[0]; i++)
         if (ddp_config_int(c, int_min[i].key) < int_min[i].min) {
@@ -219,6 +224,16 @@ static int check_values(const ddp_config *c, bool model_known)
                 "ddptrain: key 'betas' is %s (%s); each of the two must be from 0 to below 1, "
                 "like 0.9,0.999\n",
                 ddp_config_str(c, "betas"), ddp_config_origin(c, "betas"));
+        return 2;
+    }
+    if (!strcmp(ddp_config_str(c, "schedule"), "step") && ddp_config_int(c, "lr_step_epochs") < 1) {
+        fprintf(stderr, "ddptrain: schedule step needs lr_step_epochs ≥ 1 (epochs between two "
+                        "decays by lr_gamma, torch's StepLR step_size)\n");
+        return 2;
+    }
+    if (!(ddp_config_float(c, "lr_gamma") > 0) || !isfinite(ddp_config_float(c, "lr_gamma"))) {
+        fprintf(stderr, "ddptrain: key 'lr_gamma' is %g; it must be > 0\n",
+                ddp_config_float(c, "lr_gamma"));
         return 2;
     }
     if (ddp_config_float(c, "eps") < 0) {
@@ -346,6 +361,8 @@ static const char *const foreign_names[][2] = {
     {"lr_scheduler_type", "schedule"},
     {"lr_scheduler", "schedule"},
     {"warmup", "warmup_steps"},
+    {"step_size", "lr_step_epochs"},
+    {"gamma", "lr_gamma"},
     {"logging_steps", "log_every"},
     {"eval_steps", "eval_every"},
     {"save_steps", "checkpoint.every"},

@@ -29,17 +29,19 @@ static int choice(const char *value, const char *const *names, int n)
     return 0;
 }
 
-static ddp_lr_schedule schedule_of(const trainer *t, uint64_t total)
+static ddp_lr_schedule schedule_of(const trainer *t, uint64_t total, uint64_t per_epoch)
 {
-    static const char *const decays[] = {"cosine", "linear", "constant"};
+    static const char *const decays[] = {"cosine", "linear", "constant", "step"};
     static const char *const scalings[] = {"none", "linear", "sqrt"};
     ddp_lr_schedule s = DDP_LR_SCHEDULE_INIT;
     s.lr = ddp_config_float(t->cfg, "lr");
     s.scaling = (ddp_lr_scaling)choice(ddp_config_str(t->cfg, "lr_scaling"), scalings, 3);
     s.world_size = t->W;
     s.warmup_steps = (uint64_t)ddp_config_int(t->cfg, "warmup_steps");
-    s.decay = (ddp_lr_decay)choice(ddp_config_str(t->cfg, "schedule"), decays, 3);
+    s.decay = (ddp_lr_decay)choice(ddp_config_str(t->cfg, "schedule"), decays, 4);
     s.total_steps = total;
+    s.step_size = per_epoch * (uint64_t)ddp_config_int(t->cfg, "lr_step_epochs");
+    s.gamma = ddp_config_float(t->cfg, "lr_gamma");
     return s;
 }
 
@@ -376,7 +378,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
                     ddp_config_int(c, "total_steps") > 0 ? "total_steps" : "epochs");
     else if (total == 0)
         trainer_say(t, "note: epochs 0 and total_steps 0: nothing to train; set either to train");
-    ddp_lr_schedule sched = schedule_of(t, total);
+    ddp_lr_schedule sched = schedule_of(t, total, per_epoch);
     if (sched.warmup_steps >= total && sched.warmup_steps > 0)
         trainer_say(t,
                     "note: warmup_steps %" PRIu64 " ≥ the run's %" PRIu64 " steps: the learning "
