@@ -49,6 +49,13 @@ rc=0; "$TRAIN" --out_dir "$T/run" --step_size 3 >out 2>err || rc=$?
 assert_contains err "ddptrain's key for 'step_size' is 'lr_step_epochs'"
 ok "schedule step: lr × lr_gamma each lr_step_epochs (0.2, 0.1, 0.05 over 3 epochs), as StepLR"
 
+# An effective batch beyond an epoch (29 batches of 2048 an epoch, grad_accum 40): a note, one step.
+"$TRAIN" --out_dir "$T/bigacc" --epochs 1 --batch_size 2048 --grad_accum 40 >out 2>err ||
+    { cat err; fail "grad_accum beyond an epoch"; }
+assert_contains out "note: an epoch gives each rank 29 batches of 2048, fewer than grad_accum 40"
+assert_contains out "trained 1 step in"
+ok "an effective batch larger than an epoch: a note saying steps span epochs; 'trained 1 step'"
+
 # A key twice in one YAML file is refused (parsers differ on which wins); a YAML list is read
 # as comma-separated text for a text key (betas: [0.9, 0.95], as PyTorch writes them).
 printf 'lr: 0.1\nbatch_size: 8\nlr: 0.2\n' >dup.yaml

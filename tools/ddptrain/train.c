@@ -362,8 +362,17 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     int rc = feed_open(t, tr, &f, &per_epoch);
     if (rc)
         goto out;
-    if (per_epoch == 0)
+    if (per_epoch == 0) {
+        /* Fewer batches an epoch than micro-steps a step: each step spans epochs. */
+        if (!(t->lm && t->random))
+            trainer_say(t,
+                        "note: an epoch gives each rank %zu batch%s of %d, fewer than grad_accum "
+                        "%d: each optimizer step spans epochs, and 'epochs' counts steps; lower "
+                        "grad_accum or batch_size for several steps an epoch",
+                        ddp_loader_batches_per_epoch(f.l),
+                        ddp_loader_batches_per_epoch(f.l) == 1 ? "" : "es", t->B, A);
         per_epoch = 1;
+    }
     if (t->lm && t->random)
         t->epoch = t->step / per_epoch;
     uint64_t total = (uint64_t)ddp_config_int(c, "total_steps");
@@ -455,7 +464,8 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         prog.paused_s += ddp_now_seconds() - pause_t0;
         trainer_flush_logs(t);
     }
-    trainer_say(t, "trained %llu steps in %.1f s", (unsigned long long)(t->step - prog.first_step),
+    unsigned long long trained = (unsigned long long)(t->step - prog.first_step);
+    trainer_say(t, "trained %llu step%s in %.1f s", trained, trained == 1 ? "" : "s",
                 ddp_now_seconds() - t0);
     if (t->lm && ddp_config_int(c, "max_new_tokens") > 0) {
         trainer_say(t, "sample (temperature %g, top_k %lld, seed %lld):",
