@@ -10,6 +10,7 @@
  * protobuf library does. Not here: histograms, images, text, or reading event files back.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -309,6 +310,29 @@ static bool valid_utf8(const unsigned char *s, size_t n)
     return true;
 }
 
+/* The largest <time> of the event files already in dir (events.out.tfevents.<time>.…), or -1. */
+static long long newest_event_second(const char *dir)
+{
+    long long newest = -1;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        static const char prefix[] = "events.out.tfevents.";
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0)
+            continue;
+        const char *p = e->d_name + sizeof prefix - 1;
+        char *end;
+        errno = 0;
+        long long t = strtoll(p, &end, 10);
+        if (end != p && *end == '.' && errno == 0 && t > newest && t < (1LL << 40))
+            newest = t;
+    }
+    closedir(d);
+    return newest;
+}
+
 ddp_status ddp_tb_open(const char *dir, const ddp_tb_opts *opts, ddp_tb **out, ddp_error *err)
 {
     ddp_tb_opts def = DDP_TB_OPTS_INIT;
@@ -348,11 +372,18 @@ ddp_status ddp_tb_open(const char *dir, const ddp_tb_opts *opts, ddp_tb **out, d
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory opening a TensorBoard writer");
         goto out_free;
     }
+    /* TensorBoard reads a run's event files in the order of their names. A file of the same
+     * second or later (a restart within the second: pids compare as text, "9999" after "12345";
+     * another host's clock ahead) would sort after ours, so our name takes the second after the
+     * newest one there: the newest writer's file always sorts last. */
+    long long second = (long long)wall, newest = newest_event_second(dir);
+    if (newest >= second)
+        second = newest + 1;
     /* <n> makes the name new: several writers of one process in one second get their own
      * files, without a process-wide counter. */
     for (unsigned n = 0; tb->fd < 0; n++) {
-        ddp__fmt(tb->path, cap, "%.*s/events.out.tfevents.%010lld.%s.%ld.%u%s", dl, dir,
-                 (long long)wall, host, (long)getpid(), n, suffix);
+        ddp__fmt(tb->path, cap, "%.*s/events.out.tfevents.%010lld.%s.%ld.%u%s", dl, dir, second,
+                 host, (long)getpid(), n, suffix);
         tb->fd = open(tb->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (tb->fd < 0 && (errno != EEXIST || n == 9999)) {
             st = ddp__err(err, DDP_ERR_SYSTEM, "cannot create the TensorBoard event file '%s': %s",

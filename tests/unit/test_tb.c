@@ -515,6 +515,18 @@ static void names_are_new(void **state)
     assert_string_equal(ev[1].tag, "w/b");
     free(ev);
     assert_int_equal(count_files(sub), 3);
+    /* A restart in the same second with a smaller pid as text, or another host's file from a
+     * clock ahead: the new file still sorts after every file there (TensorBoard's order). */
+    char later[1200];
+    snprintf(later, sizeof later, "%s/events.out.tfevents.%010lld.other.99999.0", sub,
+             (long long)time(NULL) + 5);
+    FILE *f = fopen(later, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(ddp_tb_open(sub, NULL, &a, NULL), DDP_OK);
+    assert_true(strcmp(ddp_tb_path(a), later) > 0);
+    assert_true(strcmp(ddp_tb_path(a), pb) > 0);
+    ddp_tb_close(a);
 }
 
 static void purge_step(void **state)
