@@ -92,8 +92,12 @@ typedef struct pending {
     size_t got, need; /* bytes of fixed part + body received, and expected (0: not known yet) */
 } pending;
 
-/* The connections being read at once: a silent one holds up no one but itself. */
+/* The connections being read at once: a silent one holds up no one but itself. When all are
+ * taken and another connection waits, the oldest gives way once it has had MIN_PENDING_MS to show
+ * its hello (a real member sends it at once): before 2026-11-25, 64 silent connections held the
+ * next ones, the member's among them, for HELLO_MS at a time. */
 #define MAX_PENDING 64
+#define MIN_PENDING_MS 100
 
 /* Checks a whole hello; returns a REPLY_ code and, when accepted, the channel. */
 static uint32_t check_hello(const tcp_be *be, const ddp__members *m, const pending *q,
@@ -200,10 +204,24 @@ static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const 
                           dur, be->ranks[p], p, me_addr, extra);
             goto out_close;
         }
+        /* All slots taken: the oldest may give way to a waiting connection once it has had
+         * MIN_PENDING_MS; until then the listener is not polled (it would wake us at once). */
+        int oldest = -1;
+        bool take = np < MAX_PENDING;
+        if (!take) {
+            oldest = 0;
+            for (int i = 1; i < np; i++)
+                if (q[i].by < q[oldest].by)
+                    oldest = i;
+            int64_t may_go = q[oldest].by - HELLO_MS + MIN_PENDING_MS;
+            take = may_go <= now;
+            if (!take && may_go < wake)
+                wake = may_go;
+        }
         struct pollfd pf[MAX_PENDING + 1];
         for (int i = 0; i < np; i++)
             pf[i] = (struct pollfd){.fd = q[i].fd, .events = POLLIN};
-        pf[np] = (struct pollfd){.fd = np < MAX_PENDING ? lfd : -1, .events = POLLIN};
+        pf[np] = (struct pollfd){.fd = take ? lfd : -1, .events = POLLIN};
         int64_t left = wake - now;
         int rc = poll(pf, (nfds_t)np + 1, left > INT32_MAX ? INT32_MAX : (int)left);
         if (rc < 0 && errno != EINTR) {
@@ -246,7 +264,15 @@ static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const 
             }
             have[ch] = fd;
         }
-        if (pf[polled].revents && np < MAX_PENDING) {
+        if (pf[polled].revents) {
+            if (np == MAX_PENDING) { /* still full after the hellos above: the oldest goes */
+                int o = 0;
+                for (int i = 1; i < np; i++)
+                    if (q[i].by < q[o].by)
+                        o = i;
+                refuse(&q[o], REPLY_MALFORMED, &refused, last, sizeof last);
+                q[o] = q[--np];
+            }
             int fd;
             ddp_error e;
             st = ddp__tcp_accept(lfd, ddp__now_ms(), &fd, &e);
