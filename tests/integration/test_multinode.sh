@@ -96,6 +96,51 @@ rc=0; wait $n0 || rc=$?
 assert_contains "$d/err0" "node 1 asks for 2147483647 workers, more than ddprun's 1024 per node"
 ok "a node record asking for more workers than ddprun allows is refused"
 
+# A node's ddprun killed (SIGKILL: its machine rebooted) and started again, as a scheduler does:
+# node 0 finds the old one gone after --agent_timeout, restarts the group, and the new one joins
+# that attempt (torchrun's agents rejoin the same way); before 2026-11-25 it was refused as a
+# second node 1 and the job waited for node 1 until --rdzv_timeout.
+d=$T/rejoin; mkdir -p "$d"
+port=$(free_port)
+fast=(--max_restarts 2 --agent_timeout 3 --monitor_interval 0.5)
+node 0 $port 1 "$d" "${fast[@]}" "$WORKER" env "$d" >"$d/out0" 2>&1 & BG_PIDS+=($!); n0=$!
+"$DDPRUN" --nnodes 2 --node_rank 1 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 \
+    --rdzv_timeout 20 "${fast[@]}" "$WORKER" sleep "$d" >"$d/out1" 2>&1 & BG_PIDS+=($!); n1=$!
+for _ in $(seq 100); do [ -f "$d/pid.1" ] && break; sleep 0.1; done
+[ -f "$d/pid.1" ] || fail "node 1's first worker never started"
+kill -9 $n1
+rm -f "$d/env.1"
+node 1 $port 1 "$d" "${fast[@]}" "$WORKER" env "$d" >"$d/out1b" 2>&1 || { cat "$d/out1b"; fail "the new node 1 exited $?"; }
+wait $n0 || { cat "$d/out0"; fail "node 0 exited $? after node 1 rejoined"; }
+assert_contains "$d/out1b" "node 1's place in attempt 0 is held by an earlier ddprun of this node"
+assert_contains "$d/out1b" "node 1 joined the job at attempt 2 of 3"
+assert_contains "$d/out0" "the ddprun of node 1 stopped responding"
+[ "$(get "$d/env.1" DDP_RESTART_COUNT)" = 1 ] && [ "$(get "$d/env.1" WORLD_SIZE)" = 2 ] ||
+    fail "the rejoined node's worker: $(cat "$d/env.1")"
+[ "$(get "$d/env.0" DDP_RESTART_COUNT)" = 1 ] || fail "node 0's worker did not restart"
+wait_gone "$d" 5
+ok "a node's ddprun killed and started again rejoins the job at the next attempt"
+
+# A second live node 1 beside a running job is still refused, within a few heartbeats.
+d=$T/dup; mkdir -p "$d"
+port=$(free_port)
+"$DDPRUN" --nnodes 2 --node_rank 0 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 \
+    --rdzv_timeout 20 --monitor_interval 0.5 "$WORKER" sleep "$d" >"$d/out0" 2>&1 & BG_PIDS+=($!)
+n0=$!
+"$DDPRUN" --nnodes 2 --node_rank 1 --master_addr 127.0.0.1 --master_port $port --nproc_per_node 1 \
+    --rdzv_timeout 20 --monitor_interval 0.5 "$WORKER" sleep "$d" >"$d/out1" 2>&1 & BG_PIDS+=($!)
+n1=$!
+for _ in $(seq 100); do [ -f "$d/pid.1" ] && break; sleep 0.1; done
+t0=$(now_ms)
+rc=0; node 1 $port 1 "$d/x" --monitor_interval 0.5 "$WORKER" sleep "$d/x" >"$d/out2" 2>&1 || rc=$?
+[ $rc = 1 ] || fail "a second live node 1 exited $rc, want 1"
+[ $(($(now_ms) - t0)) -lt 8000 ] || fail "refusing a live second node 1 took $(($(now_ms) - t0)) ms"
+assert_contains "$d/out2" "two nodes claim --node_rank 1"
+kill -TERM $n0 $n1
+wait $n0 $n1 || true
+wait_gone "$d" 5
+ok "a second live node with the same --node_rank is refused while the job runs"
+
 # SIGTERM to node 0 stops both nodes for good, even with restarts left: a user's stop is not a
 # failure to recover from.
 d=$T/stop; mkdir -p "$d"

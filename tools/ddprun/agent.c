@@ -6,6 +6,8 @@
  *   everyone and restart (k+1) while --max_restarts allows, else print the summary and exit 1.
  *
  * Nodes coordinate only through the store, under "ddprun/…" keys:
+ *   attempt                              the attempt node 0 is at (its rendezvous sets it): a
+ *                                        node's ddprun started anew joins the job there
  *   a<k>/claim/<node>, a<k>/node/<node>  the rendezvous of attempt k ("nproc max_restarts")
  *   a<k>/failed                          first failure of attempt k, one line (compare_set);
  *                                        a secondary one (DDP_EXIT_PEER_FAILED) is marked, and
@@ -72,6 +74,7 @@ typedef struct agent {
     bool pipe_out;
     int stop_signal;  /* the signal that asked us to stop, or 0 */
     bool remote_stop; /* another node's ddprun was stopped by a signal: no restart */
+    bool joined;      /* this ddprun has met the other nodes once */
     failure fail;
     /* heartbeats of other nodes, watched by node 0 */
     int64_t *hb_value;
@@ -525,6 +528,110 @@ static int check_arrived_records(agent *a, char **keys, bool *checked)
     return 0;
 }
 
+/* Reads an integer key without waiting: 0 and *v, or 1 when absent, -1 when the store failed. */
+static int peek_int(ddp_store *s, const char *k, int64_t *v)
+{
+    bool have = false;
+    const char *keys[1] = {k};
+    if (ddp_store_check(s, keys, 1, &have) != DDP_OK)
+        return -1;
+    if (!have)
+        return 1;
+    void *p = NULL;
+    size_t n = 0;
+    if (ddp_store_get(s, k, &p, &n) != DDP_OK)
+        return -1;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.*s", (int)(n < 31 ? n : 31), (char *)p);
+    free(p);
+    *v = strtoll(buf, NULL, 10);
+    return 0;
+}
+
+/* Claims this node's place in attempt k's rendezvous. A node's ddprun started anew while the job
+ * runs (its machine rebooted, a scheduler restarted it: torchrun's agents rejoin the same way)
+ * finds its place taken by its earlier self, whose workers are gone: it waits until node 0 has
+ * found that node dead and restarted the group, and joins the next attempt. A place taken by a
+ * live ddprun (its heartbeat moves: two nodes given one --node_rank) or in a rendezvous still
+ * gathering is refused at once, as before. 0, or -1 said. */
+static int claim_slot(agent *a)
+{
+    ddprun_opts *o = a->o;
+    ddp_store *s = a->store;
+    char k[128];
+    bool said = false;
+    int64_t hb0 = -1, give_up = now_ms() + (int64_t)(o->rdzv_timeout * 1000);
+    if (!a->joined && o->node_rank != 0) { /* a node started late joins where node 0 is */
+        int64_t cur = 0;
+        int st = peek_int(s, "ddprun/attempt", &cur);
+        if (st < 0)
+            goto lost;
+        if (st == 0 && cur > a->wd.attempt && cur <= o->max_restarts)
+            a->wd.attempt = (int)cur;
+    }
+    for (;;) {
+        snprintf(k, sizeof k, "ddprun/a%d/claim/%d", a->wd.attempt, o->node_rank);
+        int64_t claims;
+        if (ddp_store_add(s, k, 1, &claims) != DDP_OK)
+            break;
+        if (claims == 1)
+            return 0;
+        /* Taken. A rendezvous of attempt k that finished (node 0 published the workers' port)
+         * with this place in it, while this ddprun never joined: an earlier self's. */
+        int64_t port = 0, hb = 0;
+        snprintf(k, sizeof k, "ddprun/a%d/master_port", a->wd.attempt);
+        int done = peek_int(s, k, &port);
+        snprintf(k, sizeof k, "ddprun/hb/%d", o->node_rank);
+        int beat = done == 0 ? peek_int(s, k, &hb) : 1;
+        if (done < 0 || beat < 0)
+            break;
+        if (a->joined || done != 0 || (hb0 >= 0 && hb != hb0)) {
+            ddprun_say("two nodes claim --node_rank %d; give each node its own --node_rank from 0 "
+                       "to %d, or none of them one with --rdzv_backend c10d (ddprun numbers them)",
+                       o->node_rank, o->nnodes - 1);
+            return -1;
+        }
+        if (!said) {
+            ddprun_say("node %d's place in attempt %d is held by an earlier ddprun of this node; "
+                       "waiting for node 0 to find it gone (--agent_timeout %g s) and restart "
+                       "the group, to join the next attempt",
+                       o->node_rank, a->wd.attempt, o->agent_timeout);
+            said = true;
+        }
+        if (hb0 < 0)
+            hb0 = hb;
+        /* Wait for node 0's next attempt, watching the holder's heartbeat meanwhile. */
+        for (;;) {
+            int64_t cur = 0;
+            int st = peek_int(s, "ddprun/attempt", &cur);
+            if (st < 0)
+                goto lost;
+            if (st == 0 && cur > a->wd.attempt) {
+                a->wd.attempt = (int)cur;
+                break;
+            }
+            if (peek_int(s, k, &hb) < 0)
+                goto lost;
+            if (hb != hb0)
+                break; /* said above, on the next round */
+            if (interrupted(a))
+                return -1;
+            if (now_ms() >= give_up) {
+                ddprun_say("node 0 did not restart the group within --rdzv_timeout %g s; the "
+                           "earlier ddprun of node %d may still run: stop it, or raise "
+                           "--rdzv_timeout",
+                           o->rdzv_timeout, o->node_rank);
+                return -1;
+            }
+            nap_ms(200);
+        }
+    }
+lost:
+    ddprun_say("%s%s", ddp_store_last_error(s),
+               " (the job may have ended: node 0's store is gone)");
+    return -1;
+}
+
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -541,16 +648,13 @@ static int rendezvous(agent *a)
     ddp_store *s = a->store;
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
     char k[128], val[64 + sizeof o->run_id];
-    snprintf(k, sizeof k, "ddprun/a%d/claim/%d", a->wd.attempt, o->node_rank);
-    int64_t claims;
-    if (ddp_store_add(s, k, 1, &claims) != DDP_OK)
-        goto out_store;
-    if (claims > 1) {
-        ddprun_say("two nodes claim --node_rank %d; give each node its own --node_rank from 0 "
-                   "to %d, or none of them one with --rdzv_backend c10d (ddprun numbers them)",
-                   o->node_rank, o->nnodes - 1);
-        return -1;
+    if (o->node_rank == 0) {
+        snprintf(val, sizeof val, "%d", a->wd.attempt);
+        if (ddp_store_set(s, "ddprun/attempt", val, strlen(val)) != DDP_OK)
+            goto out_store;
     }
+    if (claim_slot(a) != 0)
+        return -1;
     snprintf(k, sizeof k, "ddprun/a%d/node/%d", a->wd.attempt, o->node_rank);
     snprintf(val, sizeof val, "%d %d %d %d %s", o->nproc, o->max_restarts, o->nnodes,
              o->run_id_set ? 1 : 0, o->run_id);
@@ -664,6 +768,12 @@ static int rendezvous(agent *a)
         }
         a->wd.free_port = (int)fp;
     }
+    if (!a->joined && a->wd.attempt > 0)
+        ddprun_say("node %d joined the job at attempt %d of %d", o->node_rank, a->wd.attempt + 1,
+                   o->max_restarts + 1);
+    a->joined = true;
+    for (int i = 0; i < o->nnodes; i++) /* a node found dead before is back (it rejoined) */
+        a->node_dead[i] = false;
     rc = 0;
 out_free:
     for (int i = 0; i < o->nnodes; i++)
@@ -1327,7 +1437,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         o->interactive = o->nproc == 1 && isatty(STDIN_FILENO);
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
         /* A log folder that cannot be made fails like a worker that cannot start (below). */
-        bool dir_ok = a.wd.attempt > 0 || ddprun_output_run_dir(o) == 0;
+        bool dir_ok = o->log_run_dir[0] || ddprun_output_run_dir(o) == 0;
         if (dir_ok && a.wd.attempt == 0 && o->node_rank == 0) {
             cpu_set_t c;
             char pin[48] = "";

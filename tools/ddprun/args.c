@@ -104,6 +104,7 @@ static const char usage[] =
     "\n"
     "torch.distributed.launch\n"
     "  --use_env                accepted and changes nothing: LOCAL_RANK is always set\n"
+    "                           (with --pass_local_rank: a usage error)\n"
     "  --pass_local_rank STYLE  also give each worker its local rank as the first argument after\n"
     "                           the program (the script):\n"
     "                           underscore: --local_rank=N (torch.distributed.launch before\n"
