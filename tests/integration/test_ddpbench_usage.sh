@@ -27,6 +27,21 @@ refused "--min '0': give a whole number of bytes" --min 0 --max 16
 refused "--min 8388608 is above --max 4096" --min 8M --max 4K
 refused "--iters 'abc': give a number of calls" --iters abc --sizes 4K
 refused "--sizes '$(seq -s, 1 65)': at most 64 sizes" --sizes "$(seq -s, 1 65)"
+# An unknown flag is named as unknown, also as the last argument (until 2026-11-25 it was told
+# that it "needs a value"); the error message's own bound, 1T, is a size it takes.
+refused "unknown option '--bogus'" --bogus
+refused "unknown option '--bogus'" --bogus 3
+refused "unknown option '--csv=1'" --csv=1
+refused "'--iters' needs a value" --sizes 4K --iters
+refused "--min 1099511627776 is above --max 4" --min 1T --max 4
+refused "--sizes '2T': give a whole number of bytes from 1 to 1T" --sizes 2T
+
+# '--flag=value', as ddprun and ddptrain take flags (until 2026-11-25 an unknown option here).
+"$BENCH" --op=broadcast --sizes=4K,8K --iters=3 --csv >"$T/out" 2>"$T/err" ||
+    { cat "$T/out" "$T/err" >&2; fail "ddpbench --op=broadcast --sizes=4K,8K --iters=3 failed"; }
+got=$(awk -F, '$1 != "op" && !/^#/ {print $1 ":" $2 ":" $7}' "$T/out" | tr '\n' ' ')
+[ "$got" = "broadcast:4096:0 broadcast:8192:0 " ] || { cat "$T/out" >&2; fail "--flag=value gave '$got'"; }
+ok "--op=broadcast --sizes=4K,8K --iters=3 taken as '--flag value'"
 
 # Odd sizes at 2 ranks: rounded down to whole float32 elements (per rank for allgather and
 # reduce_scatter), every result checked (wrong = 0), the bytes column what was moved; a size with
@@ -39,3 +54,13 @@ want+="reduce_scatter:8:1:0 "
 [ "$got" = "$want" ] || { cat "$T/csv" "$T/err" >&2; fail "odd sizes gave '$got', not '$want'"; }
 assert_contains "$T/err" "allgather of 6 bytes skipped: less than one float32 per rank"
 ok "odd sizes rounded down to whole elements and reported as moved; 6 B allgather skipped"
+
+# --backend tcp (docs/group.md) has no shared-memory arena: one note saying so, not that "the
+# arena could not hold" the sizes (what every rank said until 2026-11-25), and it measures.
+"$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$BENCH" --backend tcp --sizes 4K \
+    --iters 3 --csv >"$T/csv" 2>"$T/err" || { cat "$T/csv" "$T/err" >&2; fail "--backend tcp"; }
+assert_contains "$T/csv" "allreduce,4096,1024,"
+assert_contains "$T/err" "backend 'tcp' has no shared-memory arena: private buffers instead"
+assert_not_contains "$T/err" "could not hold"
+[ "$(grep -c 'no shared-memory arena' "$T/err")" = 1 ] || { cat "$T/err" >&2; fail "the note not once"; }
+ok "--backend tcp: private buffers, said once"

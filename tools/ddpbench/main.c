@@ -49,9 +49,9 @@ static int cmp_double(const void *a, const void *b)
 /* The most sizes one run measures (--min to --max by factors of 4 gives at most 21). */
 #define MAX_SIZES 64
 
-/* Parses a size in bytes: a number (fractions allowed) with an optional K, M or G suffix (×1024,
- * ×1024², ×1024³) and nothing else. Writes *out and returns true when the value is a whole
- * number of bytes from 1 to MAX_SIZE; false for anything else ("abc", "-1", "4X", "0"). */
+/* Parses a size in bytes: a number (fractions allowed) with an optional K, M, G or T suffix
+ * (×1024, ×1024², ×1024³, ×1024⁴) and nothing else. Writes *out and returns true when the value is
+ * a whole number of bytes from 1 to MAX_SIZE; false for anything else ("abc", "-1", "4X", "0"). */
 static bool parse_size(const char *s, size_t *out)
 {
     char *end;
@@ -67,6 +67,8 @@ static bool parse_size(const char *s, size_t *out)
     case 'm': v *= 1024 * 1024, end++; break;
     case 'G':
     case 'g': v *= 1024.0 * 1024 * 1024, end++; break;
+    case 'T':
+    case 't': v *= 1024.0 * 1024 * 1024 * 1024, end++; break;
     default: break;
     }
     if (*end || !(v >= 1) || v > (double)MAX_SIZE || v != (double)(size_t)v)
@@ -78,8 +80,8 @@ static bool parse_size(const char *s, size_t *out)
 static int bad_size(const char *flag, const char *v)
 {
     fprintf(stderr,
-            "ddpbench: %s '%s': give a whole number of bytes from 1 to 1T, with an optional K, M "
-            "or G suffix (4K, 1.5M, 256M)\n",
+            "ddpbench: %s '%s': give a whole number of bytes from 1 to 1T, with an optional K, M, "
+            "G or T suffix (4K, 1.5M, 256M)\n",
             flag, v);
     return 2;
 }
@@ -228,10 +230,20 @@ int main(int argc, char **argv)
     const char *device = "cpu";
     int iters_opt = 0;
     bool csv = false;
+    static const char *const valued[] = {"--min",     "--max",     "--sizes",  "--op",
+                                         "--backend", "--buffers", "--device", "--iters"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--csv")) {
+        /* '--flag value' or '--flag=value', as ddprun and ddptrain take them. */
+        char name[32];
+        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
+        bool inline_value = eq && !strncmp(a, "--", 2) && (size_t)(eq - a) < sizeof name;
+        if (inline_value) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = '\0';
+            a = name;
+            v = eq + 1;
+        }
+        if (!strcmp(a, "--csv") && !inline_value) {
             csv = true;
             continue;
         }
@@ -241,15 +253,26 @@ int main(int argc, char **argv)
                    "4K,1M,...] [--backend auto|shm|tcp|shm+tcp|mpi|shm+mpi|nccl|cuda-ipc|"
                    "cuda-staged]\n       [--buffers arena|private] [--device cpu|cuda] "
                    "[--iters N] [--csv]\n"
-                   "Sizes are bytes of float32 per rank (K, M, G suffixes: ×1024), from --min "
+                   "Sizes are bytes of float32 per rank (K, M, G, T suffixes: ×1024), from --min "
                    "(default 4)\nto --max (default 256M) by factors of 4, or the --sizes list "
                    "(at most %d). A size is\nrounded down to whole elements (for allgather and "
                    "reduce_scatter, to whole elements per\nrank, as nccl-tests); the bytes "
                    "column says what was moved. --iters: timed calls per\nsize (default: about "
-                   "512 MiB of traffic, 5 to 2000 calls).\n",
+                   "512 MiB of traffic, 5 to 2000 calls). Defaults: --op allreduce,\n--buffers "
+                   "arena, --device cpu, --backend as DDP_BACKEND (else auto). Flags take\n"
+                   "'--flag value' or '--flag=value'.\n",
                    MAX_SIZES);
             return 0;
         }
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
+            known = known || !strcmp(a, valued[k]);
+        if (!known) {
+            fprintf(stderr, "ddpbench: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+        if (!inline_value)
+            v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "ddpbench: '%s' needs a value (see --help)\n", a);
             return 2;
@@ -279,11 +302,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             iters_opt = (int)n;
-        } else {
-            fprintf(stderr, "ddpbench: unknown option '%s' (see --help)\n", a);
-            return 2;
         }
-        i++;
     }
     bool known_op = !strcmp(op, "all");
     for (int k = 0; k < K_COUNT; k++)
@@ -361,8 +380,19 @@ int main(int argc, char **argv)
     float *send = arena ? ddp_group_alloc(g, big) : NULL;
     float *recv = arena ? ddp_group_alloc(g, big) : NULL;
     if (arena && (!send || !recv)) {
-        fprintf(stderr, "ddpbench: the arena could not hold %zu bytes; using private buffers\n",
-                big);
+        /* Either the arena is too small for these sizes, or the backend has none at all (tcp,
+         * mpi): a small allocation tells which, so that the note says the right reason. */
+        ddp_group_free(g, send);
+        ddp_group_free(g, recv);
+        void *probe = ddp_group_alloc(g, 64);
+        if (probe)
+            fprintf(stderr, "ddpbench: the arena could not hold %zu bytes; using private buffers\n",
+                    big);
+        else if (R == 0)
+            fprintf(stderr,
+                    "ddpbench: backend '%s' has no shared-memory arena: private buffers instead\n",
+                    ddp_group_backend(g));
+        ddp_group_free(g, probe);
         arena = false;
     }
     if (!arena) {
