@@ -23,6 +23,18 @@ for f in one two; do
 done
 ok "ddptrain evaluates the example's checkpoints"
 
+# Without the model's keys: the example's checkpoint stores no configuration, so ddptrain says
+# so (until 2026-11-25 it claimed to use "the one stored in" it, and the load's message sent the
+# user to 'config' metadata that is empty) and names what to give.
+rc=0
+"$BIN/ddptrain" --task test --checkpoint one.safetensors --out_dir run >none.test 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat none.test; fail "ddptrain loaded the example's checkpoint into its default MLP"; }
+assert_contains none.test "configuration: one.safetensors stores none (not saved by ddptrain)"
+assert_not_contains none.test "the one stored in"
+assert_contains none.test "HINT: 'one.safetensors' stores no configuration"
+assert_contains none.test "--model.hidden 128 --optimizer adamw for examples/train_mlp"
+ok "a checkpoint with no stored configuration is said to have none, with the keys to give"
+
 # The examples' --help (usage on stdout, exit 0) and a flag they do not take (exit 2, not a
 # data directory named '--foo').
 for ex in train_mlp spawn_allreduce ddp_mlp; do

@@ -294,6 +294,13 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             if (train && t->resume_latest)
                 trainer_hint_damaged(t, path, true);
+            else if (!train && t->ckpt_no_config) /* the message's 'config' metadata is empty */
+                fprintf(stderr,
+                        "ddptrain: HINT: '%s' stores no configuration (a program other than "
+                        "ddptrain saved it): give the keys of the model and optimizer it was "
+                        "built with, e.g. --model.hidden 128 --optimizer adamw for "
+                        "examples/train_mlp\n",
+                        path);
             got = -1;
         } else {
             got = 1;

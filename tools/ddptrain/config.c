@@ -592,6 +592,7 @@ int trainer_config_from_checkpoint(trainer *t)
         return trainer_die(t, "configuration", ddp_group_last_error(t->g));
     }
     const char *path = blob, *yaml = blob + strlen(blob) + 1;
+    t->ckpt_no_config = !*yaml;
     int rc = rebuild(t, path, yaml);
     free(blob);
     snprintf(t->dir, sizeof t->dir, "%s", t->cfg ? ddp_config_str(t->cfg, "out_dir") : "");

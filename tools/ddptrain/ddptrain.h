@@ -88,6 +88,10 @@ typedef struct trainer {
      * a GPT), known on every rank before the data open: the model is built with them, not
      * with what the test set's labels happen to reach */
     int ckpt_classes;
+    /* test, predict: the checkpoint holds no stored configuration (a program built on the
+     * library saved it, examples/train_mlp): the model comes from the defaults and the command
+     * line alone, which must give the keys it was built with */
+    bool ckpt_no_config;
     bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
                      */
     /* What the progress line reports beside the loss (metrics.c). */

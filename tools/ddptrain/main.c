@@ -614,7 +614,12 @@ int main(int argc, char **argv)
     }
     /* Generated text alone on stdout, so that it can be piped or redirected. */
     t.say_to_stderr = t.lm && !strcmp(task, "predict");
-    if (!train)
+    if (!train && t.ckpt_no_config)
+        trainer_say(&t,
+                    "configuration: %s stores none (not saved by ddptrain): the defaults and the "
+                    "command line's keys, which must give the model it holds",
+                    ddp_config_str(t.cfg, "checkpoint"));
+    else if (!train)
         trainer_say(&t, "configuration: the one stored in %s, with the command line's keys",
                     ddp_config_str(t.cfg, "checkpoint"));
     if (t.lm && train)
