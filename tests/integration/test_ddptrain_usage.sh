@@ -177,3 +177,13 @@ rc=0
 [ $rc -eq 1 ] || { cat out err >&2; fail "batch_size 40000 × 2 ranks exited $rc, want 1"; }
 assert_contains err "batch_size 40000 is more than the 30000 samples each of the 2 ranks gets per epoch (60000 in the training set); lower batch_size"
 ok "batch_size above a rank's share of the data: the numbers and what to do"
+
+# log_every 0: what --help says (until 2026-11-25 it said nothing of 0), one progress line at
+# the last step.
+"$TRAIN" --help >help.out || fail "ddptrain --help exited $?"
+assert_contains help.out "progress line every N steps (0: at the last step only)"
+"$TRAIN" --out_dir "$T/run6" --total_steps 3 --log_every 0 --tensorboard false >out 2>err ||
+    { cat out err >&2; fail "log_every 0 failed"; }
+[ "$(grep -c '^step ' out)" = 1 ] && assert_contains out "step 3/3 |" ||
+    { cat out >&2; fail "log_every 0 did not give one progress line, at step 3"; }
+ok "log_every 0: one progress line, at the last step, as --help says"
