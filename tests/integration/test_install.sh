@@ -3,6 +3,7 @@
 # against that prefix alone, with pkg-config (ddp.pc) and with CMake (find_package(ddp), target
 # ddp::ddp), and run. libddp is static, so this fails when either file forgets a library that
 # libddp needs (MPI, OpenBLAS, libyaml, jansson, zlib, libdl).
+# Also: each installed header compiles alone in strict C11, and every example README names builds.
 # Usage: test_install.sh BINDIR SRCDIR
 . "$(dirname "$0")/lib.sh"
 SRC=${2:?usage: $0 BINDIR SRCDIR}
@@ -20,13 +21,25 @@ cfg=$(find "$P" -name ddpConfig.cmake | head -1)
 [ -n "$cfg" ] || fail "no ddpConfig.cmake installed"
 ok "installed: headers, libddp.a, ddprun, ddp.pc, ddpConfig.cmake"
 
+# Each installed header on its own, twice (include guards), in strict C11.
+n=0
+for h in "$P"/include/ddp/*.h; do
+    printf '#include "ddp/%s"\n#include "ddp/%s"\nint main(void) { return 0; }\n' \
+        "${h##*/}" "${h##*/}" >"$T/hdr.c"
+    cc -std=c11 -Wall -Wextra -pedantic -Werror -I"$P/include" -c "$T/hdr.c" -o "$T/hdr.o" \
+        2>"$T/cc.err" || { cat "$T/cc.err" >&2; fail "installed ${h##*/} does not compile alone"; }
+    n=$((n + 1))
+done
+[ "$n" -gt 10 ] || fail "only $n headers installed"
+ok "each of the $n installed headers compiles alone (-std=c11 -Wall -Wextra -pedantic -Werror)"
+
 # pkg-config, relocated: the prefix is found from the .pc file's own place.
 mv "$P" "$T/moved"
 P=$T/moved
 export PKG_CONFIG_PATH=$P/${pc#"$T/prefix/"}
 PKG_CONFIG_PATH=$(dirname "$PKG_CONFIG_PATH")
 flags=$(pkg-config --cflags --libs ddp) || fail "pkg-config --cflags --libs ddp failed"
-for ex in hello_world spawn_allreduce train_mlp; do
+for ex in hello_world spawn_allreduce train_mlp ddp_mlp; do # every example README names
     # shellcheck disable=SC2086
     cc -std=c11 -O1 "$SRC/examples/$ex.c" $flags -o "$T/pc_$ex" 2>"$T/cc.err" ||
         { cat "$T/cc.err" >&2; fail "$ex does not build with pkg-config's flags: $flags"; }
@@ -47,6 +60,8 @@ add_executable(spawn_allreduce "$SRC/examples/spawn_allreduce.c")
 target_link_libraries(spawn_allreduce PRIVATE ddp::ddp)
 add_executable(train_mlp "$SRC/examples/train_mlp.c")
 target_link_libraries(train_mlp PRIVATE ddp::ddp)
+add_executable(ddp_mlp "$SRC/examples/ddp_mlp.c") # <cblas.h> through ddp::ddp
+target_link_libraries(ddp_mlp PRIVATE ddp::ddp)
 CM
 cmake -S "$T/cm" -B "$T/cm/b" -DCMAKE_PREFIX_PATH="$P" >"$T/cm.log" 2>&1 ||
     { cat "$T/cm.log" >&2; fail "find_package(ddp) failed"; }
