@@ -42,6 +42,9 @@ refused "--sizes '2T': give a whole number of bytes from 1 to 1T" --sizes 2T
 got=$(awk -F, '$1 != "op" && !/^#/ {print $1 ":" $2 ":" $7}' "$T/out" | tr '\n' ' ')
 [ "$got" = "broadcast:4096:0 broadcast:8192:0 " ] || { cat "$T/out" >&2; fail "--flag=value gave '$got'"; }
 ok "--op=broadcast --sizes=4K,8K --iters=3 taken as '--flag value'"
+# Its header for a world of one (until 2026-11-25: "1 ranks", "all 1 ranks copying at once").
+assert_contains "$T/out" "# ddpbench: 1 rank, backend"
+assert_contains "$T/out" "(one rank copying)"
 
 # Odd sizes at 2 ranks: rounded down to whole float32 elements (per rank for allgather and
 # reduce_scatter), every result checked (wrong = 0), the bytes column what was moved; a size with

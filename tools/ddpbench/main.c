@@ -413,14 +413,15 @@ int main(int argc, char **argv)
     }
     double copy_bw = cuda ? measure_device_bw(g) : measure_copy_bw(g);
     if (R == 0 && cuda) {
-        printf("# ddpbench: %d ranks, backend %s (%s), GPU %d, device buffers, float32, in "
+        printf("# ddpbench: %d rank%s, backend %s (%s), GPU %d, device buffers, float32, in "
                "place; device copy bandwidth %.2f GB/s (one GPU)\n",
-               W, ddp_group_backend(g), ddp_group_backend_reason(g), ddp_group_cuda_device(g),
-               copy_bw / 1e9);
+               W, W == 1 ? "" : "s", ddp_group_backend(g), ddp_group_backend_reason(g),
+               ddp_group_cuda_device(g), copy_bw / 1e9);
     } else if (R == 0) {
-        printf("# ddpbench: %d ranks, backend %s, %s buffers, float32, in place; copy bandwidth "
-               "%.2f GB/s (all %d ranks copying at once)\n",
-               W, ddp_group_backend(g), arena ? "arena (zero-copy)" : "private", copy_bw / 1e9, W);
+        printf("# ddpbench: %d rank%s, backend %s, %s buffers, float32, in place; copy "
+               "bandwidth %.2f GB/s (%s)\n",
+               W, W == 1 ? "" : "s", ddp_group_backend(g), arena ? "arena (zero-copy)" : "private",
+               copy_bw / 1e9, W == 1 ? "one rank copying" : "all ranks copying at once");
     }
     if (R == 0) {
         if (csv)
