@@ -35,6 +35,11 @@ refused "unknown option '--csv=1'" --csv=1
 refused "'--iters' needs a value" --sizes 4K --iters
 refused "--min 1099511627776 is above --max 4" --min 1T --max 4
 refused "--sizes '2T': give a whole number of bytes from 1 to 1T" --sizes 2T
+# A backend for the other --device's memory, named in ddpbench's own flags (until 2026-11-25 the
+# group's message, "this group's are in host memory", exit 1, after the set-up).
+refused "--backend 'nccl' moves GPU buffers: add --device cuda" --backend nccl --sizes 4K
+refused "--backend 'cuda-staged' moves GPU buffers: add --device cuda" --backend cuda-staged --sizes 4K
+refused "--backend 'shm' moves host buffers, not --device cuda's" --device cuda --backend shm --sizes 4K
 
 # '--flag=value', as ddprun and ddptrain take flags (until 2026-11-25 an unknown option here).
 "$BENCH" --op=broadcast --sizes=4K,8K --iters=3 --csv >"$T/out" 2>"$T/err" ||

@@ -352,6 +352,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddpbench: --device '%s': use cpu or cuda\n", device);
         return 2;
     }
+    /* A backend for the other kind of memory: said in ddpbench's flags (the group's own message
+     * speaks of "this group's" buffers, which the user chose with --device, not --backend). */
+    static const char *const gpu_backends[] = {"nccl", "cuda-ipc", "cuda-staged"};
+    bool gpu_backend = false;
+    for (size_t k = 0; backend && k < sizeof gpu_backends / sizeof *gpu_backends; k++)
+        gpu_backend = gpu_backend || !strcmp(backend, gpu_backends[k]);
+    if (gpu_backend && !cuda) {
+        fprintf(stderr,
+                "ddpbench: --backend '%s' moves GPU buffers: add --device cuda (host buffers: "
+                "--backend auto, shm, tcp, shm+tcp, mpi or shm+mpi)\n",
+                backend);
+        return 2;
+    }
+    if (cuda && backend && *backend && strcmp(backend, "auto") && !gpu_backend) {
+        fprintf(stderr,
+                "ddpbench: --backend '%s' moves host buffers, not --device cuda's: use --backend "
+                "auto, nccl, cuda-ipc or cuda-staged, or --device cpu\n",
+                backend);
+        return 2;
+    }
     bool arena = !strcmp(buffers, "arena") && !cuda;
     size_t maxbytes = 0;
     for (int i = 0; i < nsizes; i++)
