@@ -145,10 +145,11 @@ void trainer_print_help(FILE *out)
 {
     fprintf(out, "usage: [ddprun …] ddptrain [--config FILE.yaml] [--key value …]\n"
                  "Every key below can be set in the YAML file (nested maps for dotted keys)\n"
-                 "and overridden on the command line. test and predict start from the\n"
-                 "configuration stored in the checkpoint. --local_rank N (or --local-rank=N),\n"
-                 "as torch.distributed.launch passes it, is accepted and checked against the\n"
-                 "launcher's LOCAL_RANK (docs/launchers.md).\n");
+                 "and overridden on the command line: --key value or --key=value, dashes or\n"
+                 "underscores (--out-dir), a bool alone (--overwrite) meaning true. test and\n"
+                 "predict start from the configuration stored in the checkpoint. --local_rank\n"
+                 "N (or --local-rank=N), as torch.distributed.launch passes it, is accepted\n"
+                 "and checked against the launcher's LOCAL_RANK (docs/launchers.md).\n");
     ddp_config_print_help(schema, NKEYS, out);
 }
 

@@ -582,6 +582,15 @@ int main(int argc, char **argv)
             t.local_rank_arg = (int)v;
             continue;
         }
+        /* --config or --local_rank as the last argument: their value is missing (the config
+         * would call either an unknown key) */
+        if ((!strcmp(argv[i], "--config") || !strcmp(argv[i], "--local_rank") ||
+             !strcmp(argv[i], "--local-rank")) &&
+            i + 1 == argc) {
+            fprintf(stderr, "ddptrain: option '%s' needs a value\n", argv[i]);
+            free(rest);
+            return 2;
+        }
         if (!strcmp(argv[i], "--config") && i + 1 < argc)
             cfg_path = argv[++i];
         else if (!strncmp(argv[i], "--config=", 9))
