@@ -201,5 +201,5 @@ done
 assert_contains help.out "--key value or --key=value, dashes or"
 "$TRAIN" --out-dir "$T/run7" --total-steps=1 --tensorboard=false --overwrite >out 2>err ||
     { cat out err >&2; fail "--out-dir --total-steps=1 --overwrite failed"; }
-assert_contains out "trained 1 steps"
+assert_contains out "trained 1 step in"
 ok "--config/--local_rank without a value said so; --key=value, dashes and a bare bool taken"
