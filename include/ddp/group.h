@@ -162,7 +162,8 @@ const char *ddp_group_last_error(const ddp_group *g);
 bool ddp_group_peer_failed(const ddp_group *g);
 
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
- * the arena is full: ordinary memory works too, with one copy in and out, as long as the other
+ * the arena is full or the backend has none (tcp, mpi: nothing to gain from it there; see
+ * ddp_group_backend()): ordinary memory works too, with one copy in and out, as long as the other
  * ranks of the host pass ordinary memory to that collective too. A GPU group: device memory on
  * its GPU (cudaMalloc); NULL when that fails. */
 void *ddp_group_alloc(ddp_group *g, size_t bytes);

@@ -26,7 +26,7 @@
 
 /* Auto's order of preference. */
 static const ddp__backend *const registry[] = {
-    &ddp__nccl_backend, &ddp__ipc_backend, &ddp__staged_backend, &ddp__shm_backend,
+    &ddp__nccl_backend,     &ddp__ipc_backend, &ddp__staged_backend, &ddp__shm_backend,
 #ifdef DDP_HAVE_MPI
     &ddp__hier_mpi_backend,
 #endif
@@ -122,8 +122,11 @@ ddp_status ddp__backend_choose(const ddp__backend *named, const ddp__setup *s,
             *out = registry[i];
             return DDP_OK;
         }
+    /* The backends' reasons begin "cannot run this group: " for their named form above. */
+    static const char same[] = "cannot run this group: ";
+    const char *r = strncmp(why, same, sizeof same - 1) == 0 ? why + sizeof same - 1 : why;
     return ddp__err(err, DDP_ERR_INVALID, "backend 'auto': no backend can run this group%s%s",
-                    why[0] ? ": " : "", why);
+                    r[0] ? ": " : "", r);
 }
 
 void ddp__backend_reason(const ddp__backend *chosen, bool named, const ddp__setup *s, char *why,
@@ -185,8 +188,8 @@ ddp__gpu_pick ddp__gpu_choice(const ddp__gpu_layout *l, char *why, size_t cap)
     /* cuda-ipc when every rank uses the one GPU of the one host (peers' memory on the same
      * device: no peer-to-peer access needed); else staged through host memory. */
     bool ipc = l->nhosts == 1 && (l->gpus_per_host[0] == 1 || l->ranks_per_host[0] == 1);
-    const char *how = ipc ? "peers' device memory mapped through CUDA IPC"
-                          : "staged through host memory";
+    const char *how =
+        ipc ? "peers' device memory mapped through CUDA IPC" : "staged through host memory";
     if (shared >= 0)
         ddp__fmt(why, cap,
                  "ranks share a GPU (%d ranks on %d GPU%s of host '%s'; NCCL refuses two ranks "

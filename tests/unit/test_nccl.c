@@ -785,12 +785,10 @@ static void group_without_gpu(void **state)
     assert_int_equal(st, DDP_ERR_INVALID);
     assert_null(g);
     assert_string_equal(err.msg, ddp__cuda_built
-                                     ? "backend 'auto': no backend can run this group: cannot "
-                                       "run this group: host 'hostA' has no visible GPU for its 1 "
-                                       "rank"
-                                     : "backend 'auto': no backend can run this group: cannot "
-                                       "run this group: GPU buffers need a libddp built with "
-                                       "CUDA (DDP_CUDA=ON)");
+                                     ? "backend 'auto': no backend can run this group: host "
+                                       "'hostA' has no visible GPU for its 1 rank"
+                                     : "backend 'auto': no backend can run this group: GPU "
+                                       "buffers need a libddp built with CUDA (DDP_CUDA=ON)");
     /* Named: the same reason. A CPU group still works, and has no GPU. */
     o.backend = "nccl";
     assert_int_equal(ddp_group_init(&o, &g, &err), DDP_ERR_INVALID);
