@@ -171,15 +171,10 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
  * many elements (shapes are not compared, so a file from an older writer with flat shapes
  * loads); tensors in the file that s does not name are ignored. Errors (message in err, naming
  * the file and the tensor or key): DDP_ERR_INVALID (not a trainer-state file, a tensor missing
-<<<<<<< HEAD
- * or of another size — saved with another model or optimizer —, bad metadata, an array of s
- * NULL where its count is not 0), and those of ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
-=======
  * or of another size — saved with another model or optimizer —, bad metadata: a number that is
  * not plain digits, a world_size of 0 or one whose product with next_batch passes 2^64, a loss
- * scale that is not finite as a float), and those of
+ * scale that is not finite as a float; an array of s NULL where its count is not 0), and those of
  * ddp_ckpt_open. On error the arrays may be partly overwritten; *pos is written only on DDP_OK
->>>>>>> 85e2865 (trainstate: checkpoint metadata numbers are digits only and in range ("-1" read as 2^64-1), world_size 0 and a next_batch x world_size past 2^64 are refused on load (and world_size 0 on save), a loss scale that is inf as a float is refused; test in unit.test_ckpt (test_train_state_bad_position), crash-* for fuzz_trainstate)
  * (pos may be NULL: the position is then not wanted). */
 ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                                ddp_ckpt_train_pos *pos, ddp_error *err);

@@ -16,7 +16,7 @@ assert_contains two.out "[rank0]: saved two.safetensors"
 ok "train_mlp trains with 1 and 2 ranks and saves its state"
 
 for f in one two; do
-    "$BIN/ddptrain" --task test --model.hidden 128 --optimizer adamw --checkpoint $f.safetensors \
+    "$BIN/ddptrain" --task test --model.hidden 128 --checkpoint $f.safetensors \
         --out_dir run >$f.test 2>&1 || { cat $f.test; fail "ddptrain could not load $f"; }
     assert_contains $f.test "at step 50"
     assert_contains $f.test "test accuracy"
@@ -32,7 +32,7 @@ rc=0
 assert_contains none.test "configuration: one.safetensors stores none (not saved by ddptrain)"
 assert_not_contains none.test "the one stored in"
 assert_contains none.test "HINT: 'one.safetensors' stores no configuration"
-assert_contains none.test "--model.hidden 128 --optimizer adamw for examples/train_mlp"
+assert_contains none.test "--model.hidden 128 for examples/train_mlp"
 ok "a checkpoint with no stored configuration is said to have none, with the keys to give"
 
 # The examples' --help (usage on stdout, exit 0) and a flag they do not take (exit 2, not a

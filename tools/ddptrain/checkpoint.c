@@ -271,6 +271,8 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
         ddp_error err = {0};
         char path[2048];
         ddp_ckpt_train_state s = state_of(t);
+        if (!train) /* test and predict need the weights only: any optimizer's file loads */
+            s.n_optim = 0;
         ddp_status st = DDP_OK;
         if (train)
             snprintf(path, sizeof path, "%s", t->resume);
@@ -297,9 +299,8 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
             else if (!train && t->ckpt_no_config) /* the message's 'config' metadata is empty */
                 fprintf(stderr,
                         "ddptrain: HINT: '%s' stores no configuration (a program other than "
-                        "ddptrain saved it): give the keys of the model and optimizer it was "
-                        "built with, e.g. --model.hidden 128 --optimizer adamw for "
-                        "examples/train_mlp\n",
+                        "ddptrain saved it): give the keys of the model it was built with, "
+                        "e.g. --model.hidden 128 for examples/train_mlp\n",
                         path);
             got = -1;
         } else {
