@@ -84,6 +84,29 @@ d=$T/short; mkdir -p "$d"
 [ -d "$d/logs/t3/attempt_0/0" ] || fail "-t3 wrote no log folder"
 ok "-r 3 and -t3 are --redirects 3 and --tee 3"
 
+# torchrun's --log-line-prefix-template: ${role_name}, ${rank}, ${local_rank} (Python's
+# string.Template: $$ is a dollar sign); also with one worker; other names are usage errors.
+d=$T/prefix; mkdir -p "$d"
+"$DDPRUN" --standalone --nproc_per_node 2 --role trainer \
+    --log-line-prefix-template '[${role_name}${local_rank}|${rank}]:' "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || fail "--log-line-prefix-template refused"
+assert_contains "$T/out" "[trainer1|1]:env written by rank 1"
+assert_contains "$T/out" "[trainer0|0]:env written by rank 0"
+"$DDPRUN" --log_line_prefix_template '$$ ' "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+    fail "one worker with a prefix template"
+assert_contains "$T/out" "$ env written by rank 0"
+"$DDPRUN" --log_line_prefix_template '$rank/$local_rank ' "$WORKER" env "$d" >"$T/out" 2>"$T/err" ||
+    fail "a template without braces"
+assert_contains "$T/out" "0/0 env written by rank 0"
+for bad in '${node}' '$ranks' '${rank'; do
+    rc=0; "$DDPRUN" --log_line_prefix_template "$bad" true >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc = 2 ] || fail "--log_line_prefix_template '$bad' exited $rc, want 2"
+    assert_contains "$T/err" "is not one of \${role_name}, \${rank}, \${local_rank}"
+done
+rc=0; "$DDPRUN" --no_prefix --log_line_prefix_template x true >"$T/out" 2>"$T/err" || rc=$?
+[ $rc = 2 ] || fail "--no_prefix with a template exited $rc"
+ok "--log-line-prefix-template: torchrun's three names, \$\$, one worker too; bad names refused"
+
 # Python programs, as torchrun runs them: a PROGRAM ending in .py through 'python3 -u', -m NAME
 # as 'python3 -u -m NAME', --run_path's script likewise, --no-python runs PROGRAM itself; the
 # --local_rank argument of --pass_local_rank right after the script.

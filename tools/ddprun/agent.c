@@ -1433,7 +1433,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
                 code = 128 + a.stop_signal;
             goto out;
         }
-        o->prefix = !o->no_prefix && a.wd.world_size > 1;
+        o->prefix = o->prefix_template[0] || (!o->no_prefix && a.wd.world_size > 1);
         o->interactive = o->nproc == 1 && isatty(STDIN_FILENO);
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
         /* A log folder that cannot be made fails like a worker that cannot start (below). */

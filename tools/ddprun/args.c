@@ -91,6 +91,9 @@ static const char usage[] =
     "                           3 both; or per local rank, '0:1,1:2'\n"
     "  -t, --tee V              send streams to the log files and the console (same values)\n"
     "  --no_prefix              do not prefix console lines with '[rankN]: '\n"
+    "  --log_line_prefix_template T  torchrun's: prefix every console line with T, where\n"
+    "                           ${role_name}, ${rank} and ${local_rank} are the worker's (also\n"
+    "                           with one worker), e.g. '[${role_name}${local_rank}]:'\n"
     "  --local_ranks_filter L   show only these local ranks on the console, e.g. '0' or '0,2'\n"
     "                           (the log files keep every rank; a failed rank's last lines are\n"
     "                           in the failure summary either way)\n"
@@ -458,6 +461,7 @@ static const char *const valued[] = {
     "local_addr",
     "rdzv_conf",
     "signals_to_handle",
+    "log_line_prefix_template",
     NULL,
 };
 static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
@@ -650,6 +654,21 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     }
     if (strcmp(name, "local_ranks_filter") == 0)
         return parse_filter(v, o);
+    if (strcmp(name, "log_line_prefix_template") == 0) {
+        /* Python's string.Template, as torchrun expands it: only its three names. */
+        for (const char *p = strchr(v, '$'); p; p = strchr(p + 1, '$')) {
+            if (p[1] == '$') { /* "$$" is a dollar sign */
+                p++;
+                continue;
+            }
+            size_t n = 0;
+            if (!ddprun_template_name(p, &n))
+                return bad("--log_line_prefix_template '%s': '%.20s' is not one of ${role_name}, "
+                           "${rank}, ${local_rank} (write $$ for a dollar sign)",
+                           v, p);
+        }
+        return copy_str(name, v, o->prefix_template, sizeof o->prefix_template);
+    }
     if (strcmp(name, "local_addr") == 0) {
         if (!*v)
             return bad("--local_addr is empty");
@@ -920,6 +939,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        ev);
         o->master_port = (int)port_env;
     }
+    if (o->no_prefix && o->prefix_template[0])
+        return bad("--no_prefix and --log_line_prefix_template: choose one");
     if (o->isolate_gpus) {
         o->ngpus = gpus_visible(o->gpu_ids, DDPRUN_MAX_GPUS);
         if (o->ngpus == 0)

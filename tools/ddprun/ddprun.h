@@ -64,7 +64,9 @@ typedef struct ddprun_opts {
      * pipe while it is the terminal's foreground job (input(), pdb, breakpoint() work as under
      * torchrun), and forwards a partial line (a prompt) without waiting for its newline. */
     bool interactive;
-    bool no_prefix;    /* --no_prefix */
+    bool no_prefix; /* --no_prefix */
+    /* --log_line_prefix_template (torchrun's): ${role_name}, ${rank}, ${local_rank}; "" none */
+    char prefix_template[160];
     bool ranks_filter; /* --local_ranks_filter given: the console shows only shown[] */
     bool shown[DDPRUN_MAX_NPROC];
     char local_addr[256]; /* --local_addr: the workers' DDP_LOCAL_ADDR; "" when not given */
@@ -111,6 +113,7 @@ typedef struct ddprun_worker {
     ddprun_stream out, err;
     int in_fd;           /* interactive: the write end of its stdin pipe; -1 when none or closed */
     char log_path[1500]; /* its stderr.log, or "" */
+    char prefix[256];    /* its console lines' prefix (ddprun_output_open) */
 } ddprun_worker;
 
 /* What one attempt knows about the world. */
@@ -151,6 +154,11 @@ void ddprun_describe_status(int status, char *buf, size_t cap);
  * rerun never overwrites an earlier run's logs. 0, or -1 said. */
 int ddprun_output_run_dir(ddprun_opts *o);
 int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w);
+
+/* p at a '$' of a --log_line_prefix_template: which of its names follows, as Python's
+ * string.Template reads "${name}" or "$name": 1 role_name, 2 rank, 3 local_rank, with *len the
+ * characters from the '$' through the name; 0 for anything else. */
+int ddprun_template_name(const char *p, size_t *len);
 /* Reads what is available from s and forwards complete lines; returns false at EOF. */
 bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s);
 /* Flushes a partial line and closes the stream and its file. */

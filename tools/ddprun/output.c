@@ -132,9 +132,62 @@ int ddprun_output_run_dir(ddprun_opts *o)
     return -1;
 }
 
+int ddprun_template_name(const char *p, size_t *len)
+{
+    static const char *const names[] = {"role_name", "rank", "local_rank"};
+    bool braced = p[1] == '{';
+    const char *id = p + 1 + braced, *e = id;
+    while (*e == '_' || (*e >= 'a' && *e <= 'z') || (*e >= 'A' && *e <= 'Z') ||
+           (e > id && *e >= '0' && *e <= '9'))
+        e++;
+    if (e == id || (braced && *e != '}'))
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if ((size_t)(e - id) == strlen(names[i]) && !strncmp(id, names[i], strlen(names[i]))) {
+            *len = (size_t)(e - p) + braced;
+            return i + 1;
+        }
+    return 0;
+}
+
+/* The console prefix of w: "[rankN]: ", or --log_line_prefix_template expanded. */
+static void make_prefix(const ddprun_opts *o, ddprun_worker *w)
+{
+    if (!o->prefix_template[0]) {
+        snprintf(w->prefix, sizeof w->prefix, "[rank%d]: ", w->rank);
+        return;
+    }
+    size_t n = 0, cap = sizeof w->prefix;
+    for (const char *p = o->prefix_template; *p && n + 1 < cap;) {
+        char num[16];
+        const char *put = NULL;
+        size_t skip = 1;
+        int which = 0;
+        if (p[0] == '$' && p[1] == '$') {
+            put = "$";
+            skip = 2;
+        } else if (p[0] == '$' && (which = ddprun_template_name(p, &skip)) != 0) {
+            snprintf(num, sizeof num, "%d", which == 2 ? w->rank : w->local_rank);
+            put = which == 1 ? o->role : num;
+        }
+        if (put) {
+            size_t k = strlen(put);
+            if (k > cap - 1 - n)
+                k = cap - 1 - n;
+            memcpy(w->prefix + n, put, k);
+            n += k;
+        } else {
+            w->prefix[n++] = *p;
+        }
+        p += skip;
+    }
+    w->prefix[n] = '\0';
+}
+
 int ddprun_output_open(const ddprun_opts *o, int attempt, ddprun_worker *w)
 {
     int lr = w->local_rank;
+    make_prefix(o, w);
     w->out.which = STD_OUT;
     w->err.which = STD_ERR;
     w->out.file_fd = w->err.file_fd = -1;
@@ -194,13 +247,12 @@ static void emit_piece(const ddprun_opts *o, const ddprun_worker *w, ddprun_stre
     if (!s->console)
         return;
     int fd = s->which == STD_OUT ? STDOUT_FILENO : STDERR_FILENO;
-    char pre[32] = "";
-    int pn = o->prefix && !s->mid_line ? snprintf(pre, sizeof pre, "[rank%d]: ", w->rank) : 0;
+    int pn = o->prefix && !s->mid_line ? (int)strlen(w->prefix) : 0;
     s->mid_line = !newline;
     char *buf = malloc((size_t)pn + n + 1);
     if (!buf)
         return;
-    memcpy(buf, pre, (size_t)pn);
+    memcpy(buf, w->prefix, (size_t)pn);
     memcpy(buf + pn, p, n);
     buf[(size_t)pn + n] = '\n';
     write_all(fd, buf, (size_t)pn + n + (newline ? 1 : 0));
