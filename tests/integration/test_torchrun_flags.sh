@@ -105,6 +105,13 @@ for bad in '${node}' '$ranks' '${rank'; do
 done
 rc=0; "$DDPRUN" --no_prefix --log_line_prefix_template x true >"$T/out" 2>"$T/err" || rc=$?
 [ $rc = 2 ] || fail "--no_prefix with a template exited $rc"
+"$DDPRUN" --event-log-handler console true >"$T/out" 2>&1 || fail "--event-log-handler refused"
+for f in "--logs-specs x" "--numa-binding node" "--virtual-local-rank"; do
+    rc=0; "$DDPRUN" $f true >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc = 2 ] || fail "$f exited $rc, want 2"
+    assert_not_contains "$T/err" "unknown flag"
+done
+assert_contains "$T/err" "--isolate_gpus gives each worker only its own GPU"
 ok "--log-line-prefix-template: torchrun's three names, \$\$, one worker too; bad names refused"
 
 # Python programs, as torchrun runs them: a PROGRAM ending in .py through 'python3 -u', -m NAME

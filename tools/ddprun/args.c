@@ -81,6 +81,9 @@ static const char usage[] =
     "  --signals_to_handle L    torchrun's; accepted: ddprun always stops the job on SIGINT,\n"
     "                           SIGTERM, SIGHUP, SIGQUIT and passes SIGUSR1/SIGUSR2 on to the\n"
     "                           workers, the job going on\n"
+    "  --event_log_handler H    torchrun's; accepted without effect (ddprun's events are its\n"
+    "                           own lines); --logs_specs, --numa_binding and\n"
+    "                           --virtual_local_rank are refused, naming what to use instead\n"
     "\n"
     "Output\n"
     "  --log_dir DIR            also write each worker's output to\n"
@@ -462,11 +465,15 @@ static const char *const valued[] = {
     "rdzv_conf",
     "signals_to_handle",
     "log_line_prefix_template",
+    "event_log_handler",
+    "logs_specs",
+    "numa_binding",
     NULL,
 };
-static const char *const switches[] = {"standalone", "no_prefix", "help",    "version",
-                                       "no_python",  "module",    "use_env", "isolate_gpus",
-                                       "run_path",   NULL};
+static const char *const switches[] = {
+    "standalone", "no_prefix", "help",         "version",  "no_python",
+    "module",     "use_env",   "isolate_gpus", "run_path", "virtual_local_rank",
+    NULL};
 
 /* An unknown flag: the usage error, with the closest known flag when one is near. Returns -1. */
 static int unknown_flag(const char *given, const char *name, const char *const *valued_flags,
@@ -654,6 +661,18 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     }
     if (strcmp(name, "local_ranks_filter") == 0)
         return parse_filter(v, o);
+    /* torchrun's newer flags: its event log handler (null or console) only logs its own
+     * events, so any is accepted without effect; the others have no ddprun counterpart. */
+    if (strcmp(name, "event_log_handler") == 0)
+        return 0;
+    if (strcmp(name, "logs_specs") == 0)
+        return bad("--logs_specs '%s': ddprun has no log-layout plugins (torchrun's are Python "
+                   "entry points); its layout is --log_dir DIR/RUN_ID/attempt_K/LOCAL_RANK/",
+                   v);
+    if (strcmp(name, "numa_binding") == 0)
+        return bad("--numa_binding '%s' is not supported; --bind_to core pins each worker to "
+                   "its own block of cores (the cores available divided by the workers)",
+                   v);
     if (strcmp(name, "log_line_prefix_template") == 0) {
         /* Python's string.Template, as torchrun expands it: only its three names. */
         for (const char *p = strchr(v, '$'); p; p = strchr(p + 1, '$')) {
@@ -707,6 +726,8 @@ static void set_switch(ddprun_opts *o, const char *name, python_flags *py)
         o->isolate_gpus = true;
     else if (strcmp(name, "no_prefix") == 0)
         o->no_prefix = true;
+    else if (strcmp(name, "virtual_local_rank") == 0)
+        o->virtual_local_rank = true; /* refused once every flag is read */
 }
 
 /* PET_<NAME> for a flag name */
@@ -939,6 +960,10 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        ev);
         o->master_port = (int)port_env;
     }
+    if (o->virtual_local_rank)
+        return bad("--virtual_local_rank is not supported: libddp finds a worker's peers on its "
+                   "host by LOCAL_RANK, which it would set to 0 in every worker; --isolate_gpus "
+                   "gives each worker only its own GPU (CUDA_VISIBLE_DEVICES), LOCAL_RANK kept");
     if (o->no_prefix && o->prefix_template[0])
         return bad("--no_prefix and --log_line_prefix_template: choose one");
     if (o->isolate_gpus) {

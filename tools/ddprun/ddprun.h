@@ -74,7 +74,8 @@ typedef struct ddprun_opts {
     int pass_local_rank;  /* PASS_LOCAL_RANK_*: give each worker its local rank as an argument */
     bool use_env;         /* --use_env: accepted, changes nothing (the environment is always set) */
     bool isolate_gpus;    /* --isolate_gpus: CUDA_VISIBLE_DEVICES = the worker's GPU only */
-    int ngpus;            /* with it: the GPUs visible to ddprun, by CUDA's name */
+    bool virtual_local_rank; /* torchrun's --virtual_local_rank: refused */
+    int ngpus;               /* with it: the GPUs visible to ddprun, by CUDA's name */
     char gpu_ids[DDPRUN_MAX_GPUS][DDPRUN_GPU_ID];
     char **argv; /* the program and its arguments, untouched */
     /* What runs argv, as torchrun runs Python scripts: {"python3", "-u"} for a PROGRAM ending in
