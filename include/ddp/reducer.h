@@ -71,7 +71,8 @@ typedef struct ddp_param {
                           checked against every rank's */
     size_t count;      /* elements */
     ddp_dtype dtype;   /* float32, float64, bfloat16 or float16 (buffers: any dtype) */
-    void *data;        /* values, (count,): broadcast from rank 0 at creation */
+    void *data;        /* values, (count,): broadcast from rank 0 at creation; may be NULL
+                          when count is 0 (an empty parameter or buffer) */
     ddp_device device; /* where data lives: DDP_DEVICE_CPU (0) for a CPU group; DDP_DEVICE_CUDA
                           for a GPU group (then the buckets are device memory too, and the
                           host never touches them: docs/ddp.md) */

@@ -203,6 +203,8 @@ out:
 static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
+        if (ps[i].count == 0) /* the same on every rank (check_same): nothing to send */
+            continue;
         ddp_status st = ddp_broadcast(r->g, ps[i].data, ps[i].count, ps[i].dtype, 0);
         if (st)
             return ddp__errmsg(r->err, st, "broadcasting '%s' from rank 0: %s", ps[i].name,
@@ -379,13 +381,21 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_reducer_create: g, out and the lists are "
                         "required");
+    /* data may be NULL for an empty parameter or buffer (count 0: what malloc(0) may give) */
     for (size_t i = 0; i < nparams; i++)
-        if (!params[i].name || !params[i].data || !float_dtype(params[i].dtype))
+        if (!params[i].name || (!params[i].data && params[i].count) ||
+            !float_dtype(params[i].dtype))
             return ddp__err(err, DDP_ERR_INVALID,
-                            "parameter %zu: needs a name, data, and a floating-point dtype", i);
+                            "parameter %zu ('%s'): needs a name, data (unless its count is 0), and "
+                            "a floating-point dtype (float32, float64, bfloat16 or float16)",
+                            i, params[i].name ? params[i].name : "(no name)");
     for (size_t i = 0; i < nbuffers; i++)
-        if (!buffers[i].name || !buffers[i].data || ddp_dtype_size(buffers[i].dtype) == 0)
-            return ddp__err(err, DDP_ERR_INVALID, "buffer %zu: needs a name, data and a dtype", i);
+        if (!buffers[i].name || (!buffers[i].data && buffers[i].count) ||
+            ddp_dtype_size(buffers[i].dtype) == 0)
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "buffer %zu ('%s'): needs a name, data (unless its count is 0) and a "
+                            "dtype",
+                            i, buffers[i].name ? buffers[i].name : "(no name)");
     if (opts->overlap != DDP_OVERLAP_AUTO && opts->overlap != DDP_OVERLAP_ASYNC &&
         opts->overlap != DDP_OVERLAP_INLINE)
         return ddp__err(err, DDP_ERR_INVALID,
@@ -521,7 +531,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     }
     for (size_t i = 0; i < nparams; i++) {
         size_t bytes = params[i].count * ddp_dtype_size(params[i].dtype);
-        if (r->pdata[i] == params[i].data)
+        if (r->pdata[i] == params[i].data || bytes == 0)
             continue;
         if (!r->dev)
             memcpy(r->pdata[i], params[i].data, bytes);

@@ -126,6 +126,41 @@ int main(int argc, char **argv)
         CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "overlap 7 is not"),
               "overlap 7 not refused: %d %s", (int)st, err.msg);
     }
+    { /* an empty parameter and buffer (count 0) may have no data, like malloc(0)'s NULL: taken,
+         and the others are reduced as usual (it was refused: "needs ... data") */
+        float *x = dalloc(sizeof(float) * 6);
+        float xs[6] = {0};
+        xfer(x, xs, sizeof xs);
+        ddp_param ps[3] = {{"a", 3, DDP_FLOAT32, x, dv},
+                           {"empty", 0, DDP_FLOAT32, NULL, dv},
+                           {"b", 3, DDP_FLOAT32, x + 3, dv}};
+        ddp_param eb = {"empty_buf", 0, DDP_INT64, NULL, dv};
+        for (int sh = 0; sh < 2; sh++) {
+            ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+            ro.shard_optimizer = sh;
+            ddp_reducer *red = NULL;
+            ddp_status st = ddp_reducer_create(g, ps, 3, &eb, 1, &ro, &red, &err);
+            CHECK(st == DDP_OK, "an empty parameter with no data refused: %s", err.msg);
+            if (st)
+                continue;
+            for (int i = 0; i < 3; i++)
+                CHECK(ddp_reducer_mark_ready(red, (size_t)(2 - i)) == DDP_OK, "empty: mark: %s",
+                      ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_finish(red) == DDP_OK, "empty: finish: %s",
+                  ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_gather_params(red) == DDP_OK, "empty: gather: %s",
+                  ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_sync_buffers(red) == DDP_OK, "empty: sync_buffers: %s",
+                  ddp_reducer_last_error(red));
+            ddp_reducer_destroy(red);
+        }
+        ps[1].count = 1; /* a non-empty one without data is still refused, naming it */
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, ps, 3, NULL, 0, NULL, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "parameter 1 ('empty')"),
+              "a parameter of 1 element with no data: %d %s", (int)st, err.msg);
+        dfree(x);
+    }
     size_t counts[NP] = {5, 1000, 3, 70000, 17, 1, 4096};
     size_t caps[] = {64, 4096, 65536, 1 << 20, 64 << 20};
     int ncaps = (int)(sizeof caps / sizeof caps[0]);
