@@ -119,7 +119,8 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
 typedef struct ddp_loader ddp_loader;
 
 typedef struct ddp_loader_opts {
-    size_t batch_size; /* per rank */
+    size_t batch_size; /* per rank; one whose batch would not fit in size_t bytes is
+                          DDP_ERR_INVALID */
     int threads;       /* worker threads; 0: batches are filled inside next(), on the caller's
                         * thread (PyTorch's num_workers=0), best when no core is spare */
     int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering); a negative
@@ -159,6 +160,7 @@ typedef struct ddp_loader_state {
     uint64_t next_batch;
 } ddp_loader_state;
 void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out);
+/* A next_batch past the epoch's batches is DDP_ERR_INVALID and leaves the position unchanged. */
 ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st);
 const char *ddp_loader_last_error(const ddp_loader *l);
 

@@ -54,7 +54,7 @@ struct ddp_loader {
 static size_t batches_per_epoch(const ddp_loader *l)
 {
     size_t n = ddp_sampler_len(l->sampler), B = l->o.batch_size;
-    return l->o.drop_last ? n / B : (n + B - 1) / B;
+    return n / B + (!l->o.drop_last && n % B != 0); /* not (n + B − 1) / B: B may be huge */
 }
 
 /* Fills slot s with batch b from the sampler's indices (idx, len: read under mu) and marks it
@@ -144,6 +144,13 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
                         "ddp_loader_create: threads %d and depth %d: threads is 0 or more, depth "
                         "0 (double buffering) or 2 or more",
                         opts->threads, opts->depth);
+    /* A batch's bytes must fit in size_t: 2^62 samples of 36 bytes wrapped to malloc(0). */
+    size_t x_row = ddp_dataset_x_elems(ds) * 4, y_row = ddp_dataset_y_elems(ds) * 4;
+    if (opts->batch_size > SIZE_MAX / (x_row > y_row ? x_row : y_row ? y_row : 1))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_loader_create: batch_size %zu is too large (a batch of %zu-byte "
+                        "samples would not fit in memory); pass the number of samples per batch",
+                        opts->batch_size, x_row + y_row);
     if (ddp__sampler_dataset_size(sampler) > ddp_dataset_len(ds))
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_loader_create: the sampler was made for %llu samples but the dataset "
@@ -280,14 +287,18 @@ ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st)
 {
     if (!l || !st)
         return DDP_ERR_INVALID;
-    pthread_mutex_lock(&l->mu);
-    restart_locked(l, st->epoch, 0);
-    if (st->next_batch > l->per_epoch) {
-        pthread_mutex_unlock(&l->mu);
+    /* Checked first, so that a refused position leaves the loader where it was; every epoch
+     * has the same number of batches (the sampler's length does not depend on it). */
+    size_t per_epoch = batches_per_epoch(l);
+    if (st->next_batch > per_epoch) {
+        pthread_mutex_lock(&l->mu);
         ddp__fmt(l->err, sizeof l->err, "restore: batch %llu is past the epoch's %zu batches",
-                 (unsigned long long)st->next_batch, l->per_epoch);
+                 (unsigned long long)st->next_batch, per_epoch);
+        pthread_mutex_unlock(&l->mu);
         return DDP_ERR_INVALID;
     }
+    pthread_mutex_lock(&l->mu);
+    restart_locked(l, st->epoch, 0);
     l->next_consume = l->released = l->next_produce = st->next_batch;
     pthread_cond_broadcast(&l->cv_work);
     pthread_mutex_unlock(&l->mu);

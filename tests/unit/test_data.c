@@ -369,6 +369,60 @@ static void loader_refuses_bad_options(void **state)
     ddp_dataset_close(ds);
 }
 
+/* A batch_size whose batch does not fit in size_t bytes is refused: 2^62 samples of 36 bytes
+ * wrapped to malloc(0), and the first batch then wrote the whole epoch past it. A failed restore
+ * leaves the position where it was (it had moved to the epoch's start). */
+static void loader_huge_batch_and_bad_restore(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("hugebatch", 50, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 50, so.shuffle = false;
+    ddp_sampler *s;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    ddp_error err;
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    lo.drop_last = false, lo.threads = 0;
+    size_t huge[] = {(size_t)1 << 62, SIZE_MAX, SIZE_MAX / 36 + 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        lo.batch_size = huge[i];
+        ddp_loader *l = NULL;
+        expect_error(ddp_loader_create(ds, s, &lo, &l, &err), &err, DDP_ERR_INVALID, "batch_size",
+                     "too large");
+        assert_null(l);
+    }
+    lo.batch_size = 1000; /* larger than the epoch but fine: one partial batch */
+    ddp_loader *l;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+    assert_int_equal(ddp_loader_batches_per_epoch(l), 1);
+    ddp_batch bt;
+    assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+    assert_int_equal(bt.n, 50);
+    ddp_loader_destroy(l);
+
+    lo.batch_size = 5, lo.threads = 1;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+    assert_int_equal(ddp_loader_set_epoch(l, 2), DDP_OK);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+    ddp_loader_state bad = {7, 11}, at;
+    assert_int_equal(ddp_loader_restore(l, &bad), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_loader_last_error(l), "batch 11 is past the epoch's 10"));
+    ddp_loader_save(l, &at);
+    assert_int_equal(at.epoch, 2);
+    assert_int_equal(at.next_batch, 4);
+    assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+    assert_int_equal(bt.epoch, 2);
+    assert_int_equal(bt.index, 4);
+    assert_int_equal(bt.y[0], 20 % 10); /* unshuffled: batch 4 starts at sample 20 */
+    ddp_loader_destroy(l);
+    ddp_sampler_destroy(s);
+    ddp_dataset_close(ds);
+}
+
 static void save_restore(int threads)
 {
     char a[512], b[512];
@@ -534,6 +588,7 @@ int main(void)
         cmocka_unit_test(loader_save_restore),
         cmocka_unit_test(dataset_get_many),
         cmocka_unit_test(loader_refuses_bad_options),
+        cmocka_unit_test(loader_huge_batch_and_bad_restore),
         cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
