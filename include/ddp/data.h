@@ -118,6 +118,20 @@ ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const dd
 
 typedef struct ddp_loader ddp_loader;
 
+typedef struct ddp_batch ddp_batch;
+
+/* A per-batch transform (augmentation, normalisation, …) run where the batch is filled: on a
+ * worker thread, so that it overlaps the training step as torch's DataLoader transforms do in
+ * its workers, or inside ddp_loader_next with threads = 0. batch's n, x, y, epoch and index are
+ * set, and indices holds the batch's n dataset indices (keys for ddp_augment_images); it may
+ * rewrite the contents of x and y in place, nothing else. With threads > 1 it runs on several
+ * batches at once: it must be thread-safe (ctx is shared). It returns DDP_OK, or a status and a
+ * one-line reason in msg (DDP_ERRMSG_MAX bytes): that batch then fails — next() returns the
+ * status when it reaches it, with the reason in ddp_loader_last_error, and again on every call
+ * until set_epoch or restore; the batches before it are handed out as usual. */
+typedef ddp_status (*ddp_batch_transform)(void *ctx, const ddp_batch *batch,
+                                          const uint64_t *indices, char *msg);
+
 typedef struct ddp_loader_opts {
     size_t batch_size; /* per rank; one whose batch would not fit in size_t bytes is
                           DDP_ERR_INVALID */
@@ -126,21 +140,23 @@ typedef struct ddp_loader_opts {
     int depth;         /* batches prefetched ahead, ≥ 2 (0: 2: double buffering); a negative
                         * threads, a depth of 1 or below 0 are DDP_ERR_INVALID */
     bool drop_last;    /* drop a last partial batch of an epoch */
+    ddp_batch_transform transform; /* NULL: none (above) */
+    void *transform_ctx;           /* its first argument, borrowed for the loader's life */
 } ddp_loader_opts;
 
 #define DDP_LOADER_OPTS_INIT                                                                       \
     {                                                                                              \
-        32, 1, 2, true                                                                             \
+        32, 1, 2, true, NULL, NULL                                                                 \
     }
 
 /* One batch: (n, x_elems) x and (n, y_elems) y, owned by the loader, valid until the next call
  * to ddp_loader_next (or set_epoch, restore, destroy). */
-typedef struct ddp_batch {
+struct ddp_batch {
     size_t n; /* samples in this batch; 0 at the end of the epoch */
     void *x;  /* float32 or int32, see ddp_dataset_x_is_float */
     int32_t *y;
     uint64_t epoch, index; /* which batch of which epoch this is */
-} ddp_batch;
+};
 
 /* Borrows ds and sampler for the loader's life. Starts at epoch 0 (calls set_epoch). A sampler
  * made for more samples than ds has is DDP_ERR_INVALID here, not at the first bad index. */

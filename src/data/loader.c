@@ -8,6 +8,9 @@
  * Changing epoch or position first waits for batches being filled (they read the sampler's
  * index array, which set_epoch rewrites), then restarts the ring. With no workers (threads = 0)
  * next() fills the slot itself: no hand-off between threads, for hosts with no core to spare.
+ * The caller's transform runs where the batch is filled, so it overlaps training with workers.
+ * A failed batch keeps its status and message in its slot; next() reports it when it gets
+ * there, so the batches before it are not lost to a worker that ran ahead.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -27,6 +30,7 @@ typedef struct slot {
     size_t n;
     uint64_t batch;
     int state;
+    ddp_status st;            /* of filling it */
     char err[DDP_ERRMSG_MAX]; /* why filling it failed */
 } slot;
 
@@ -47,7 +51,6 @@ struct ddp_loader {
     uint64_t next_produce; /* the batch a worker takes next */
     int filling;
     bool stop;
-    ddp_status error;
     char err[DDP_ERRMSG_MAX];
 };
 
@@ -57,32 +60,44 @@ static size_t batches_per_epoch(const ddp_loader *l)
     return n / B + (!l->o.drop_last && n % B != 0); /* not (n + B − 1) / B: B may be huge */
 }
 
-/* Fills slot s with batch b from the sampler's indices (idx, len: read under mu) and marks it
- * ready; records the first error. Called without mu by workers, with it in synchronous mode. */
-static ddp_status fill(ddp_loader *l, slot *s, uint64_t b, const uint64_t *idx, size_t len)
+/* Fills slot s with batch b of epoch ep from the sampler's indices (idx, len: read under mu),
+ * then runs the transform on it; a failure's message goes to s->err. Called without mu by
+ * workers, with it in synchronous mode. */
+static ddp_status fill(ddp_loader *l, slot *s, uint64_t ep, uint64_t b, const uint64_t *idx,
+                       size_t len)
 {
     size_t first = (size_t)b * l->o.batch_size;
     size_t n = len - first < l->o.batch_size ? len - first : l->o.batch_size;
     size_t bad = 0;
     ddp_status st = ddp_dataset_get_many(l->ds, idx + first, n, s->x, s->y, &bad);
     s->n = n;
-    if (st != DDP_OK)
+    if (st != DDP_OK) {
         ddp__fmt(s->err, sizeof s->err,
                  "loading batch %llu: sample index %llu is outside the dataset (%zu samples)",
                  (unsigned long long)b, (unsigned long long)idx[first + bad],
                  ddp_dataset_len(l->ds));
+        return st;
+    }
+    if (!l->o.transform)
+        return DDP_OK;
+    ddp_batch bt = {.n = n, .x = s->x, .y = s->y, .epoch = ep, .index = b};
+    char msg[DDP_ERRMSG_MAX] = "";
+    st = l->o.transform(l->o.transform_ctx, &bt, idx + first, msg);
+    if (st != DDP_OK) {
+        msg[sizeof msg - 1] = '\0';
+        ddp__fmt(s->err, sizeof s->err, "transforming batch %llu of epoch %llu: %s",
+                 (unsigned long long)b, (unsigned long long)ep,
+                 msg[0] ? msg : "the transform failed and gave no reason");
+    }
     return st;
 }
 
-/* Publishes a filled slot. Called with mu held. */
-static void publish_locked(ddp_loader *l, slot *s, uint64_t b, ddp_status st)
+/* Publishes a filled slot with its status. Called with mu held. */
+static void publish_locked(slot *s, uint64_t b, ddp_status st)
 {
     s->batch = b;
+    s->st = st;
     s->state = READY;
-    if (st != DDP_OK && l->error == DDP_OK) {
-        l->error = st;
-        memcpy(l->err, s->err, sizeof l->err);
-    }
 }
 
 static void *worker_main(void *arg)
@@ -101,10 +116,11 @@ static void *worker_main(void *arg)
         l->filling++;
         const uint64_t *idx = ddp_sampler_indices(l->sampler);
         size_t len = ddp_sampler_len(l->sampler);
+        uint64_t ep = l->epoch;
         pthread_mutex_unlock(&l->mu);
-        ddp_status st = fill(l, s, b, idx, len);
+        ddp_status st = fill(l, s, ep, b, idx, len);
         pthread_mutex_lock(&l->mu);
-        publish_locked(l, s, b, st);
+        publish_locked(s, b, st);
         l->filling--;
         pthread_cond_broadcast(&l->cv_ready);
     }
@@ -250,14 +266,15 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
         *out = (ddp_batch){.n = 0, .epoch = l->epoch, .index = l->next_consume};
     } else {
         slot *s = &l->slots[l->next_consume % (uint64_t)l->o.depth];
-        if (l->nthreads == 0) /* synchronous: fill it here */
-            publish_locked(l, s, l->next_consume,
-                           fill(l, s, l->next_consume, ddp_sampler_indices(l->sampler),
+        if (l->nthreads == 0 && !(s->state == READY && s->batch == l->next_consume))
+            publish_locked(s, l->next_consume, /* synchronous: fill it here */
+                           fill(l, s, l->epoch, l->next_consume, ddp_sampler_indices(l->sampler),
                                 ddp_sampler_len(l->sampler)));
-        while (!(s->state == READY && s->batch == l->next_consume) && l->error == DDP_OK)
+        while (!(s->state == READY && s->batch == l->next_consume))
             pthread_cond_wait(&l->cv_ready, &l->mu);
-        if (l->error != DDP_OK) {
-            st = l->error;
+        if (s->st != DDP_OK) { /* this batch failed: say so until set_epoch or restore */
+            st = s->st;
+            memcpy(l->err, s->err, sizeof l->err);
         } else {
             *out = (ddp_batch){
                 .n = s->n, .x = s->x, .y = s->y, .epoch = l->epoch, .index = l->next_consume};

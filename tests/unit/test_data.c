@@ -423,6 +423,85 @@ static void loader_huge_batch_and_bad_restore(void **state)
     ddp_dataset_close(ds);
 }
 
+/* The transform test's context: which (epoch, batch) to fail, and a count of calls. */
+typedef struct xform_ctx {
+    uint64_t fail_epoch, fail_batch;
+    int calls; /* atomically */
+} xform_ctx;
+
+/* Marks each sample: y += 1000 + its dataset index, and the first pixel = the batch number. */
+static ddp_status mark_batch(void *ctx, const ddp_batch *b, const uint64_t *idx, char *msg)
+{
+    xform_ctx *c = ctx;
+    __atomic_add_fetch(&c->calls, 1, __ATOMIC_RELAXED);
+    if (b->epoch == c->fail_epoch && b->index == c->fail_batch) {
+        snprintf(msg, DDP_ERRMSG_MAX, "sample %llu is unreadable", (unsigned long long)idx[0]);
+        return DDP_ERR_SYSTEM;
+    }
+    for (size_t k = 0; k < b->n; k++) {
+        b->y[k] += 1000 + (int32_t)idx[k];
+        ((float *)b->x)[k * 9] = (float)b->index;
+    }
+    return DDP_OK;
+}
+
+/* The transform runs on every batch, with its dataset indices, whatever the thread count; a
+ * batch it fails is reported when next() reaches it — the batches before come out first (a
+ * worker that ran ahead failed the whole loader at once before) — and again until set_epoch. */
+static void loader_transform(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("xform", 200, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 200, so.num_replicas = 2, so.rank = 1, so.seed = 5;
+    ddp_sampler *s;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    int threads[] = {0, 1, 3};
+    for (int t = 0; t < 3; t++) {
+        xform_ctx c = {.fail_epoch = 1, .fail_batch = 4};
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = 8, lo.threads = threads[t], lo.depth = 6, lo.drop_last = false;
+        lo.transform = mark_batch, lo.transform_ctx = &c;
+        ddp_loader *l;
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+        const uint64_t *idx = ddp_sampler_indices(s);
+        ddp_batch bt;
+        size_t got = 0;
+        while (ddp_loader_next(l, &bt) == DDP_OK && bt.n) {
+            for (size_t k = 0; k < bt.n; k++, got++) {
+                assert_int_equal(bt.y[k], (int)(idx[got] % 10) + 1000 + (int)idx[got]);
+                assert_true(((float *)bt.x)[k * 9] == (float)bt.index);
+            }
+        }
+        assert_int_equal(got, 100);
+        assert_int_equal(c.calls, 13);
+        assert_int_equal(ddp_loader_set_epoch(l, 1), DDP_OK);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+            assert_int_equal(bt.index, i);
+            assert_int_equal(bt.y[0], (int)(ddp_sampler_indices(s)[i * 8] % 10) + 1000 +
+                                          (int)ddp_sampler_indices(s)[i * 8]);
+        }
+        char want[128];
+        snprintf(want, sizeof want, "transforming batch 4 of epoch 1: sample %llu is unreadable",
+                 (unsigned long long)ddp_sampler_indices(s)[32]);
+        for (int again = 0; again < 2; again++) {
+            assert_int_equal(ddp_loader_next(l, &bt), DDP_ERR_SYSTEM);
+            if (!strstr(ddp_loader_last_error(l), want))
+                fail_msg("'%s' lacks '%s'", ddp_loader_last_error(l), want);
+        }
+        assert_int_equal(ddp_loader_set_epoch(l, 2), DDP_OK); /* afresh */
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+        assert_int_equal(bt.n, 8);
+        ddp_loader_destroy(l); /* mid-epoch, workers still transforming */
+    }
+    ddp_sampler_destroy(s);
+    ddp_dataset_close(ds);
+}
+
 static void save_restore(int threads)
 {
     char a[512], b[512];
@@ -589,6 +668,7 @@ int main(void)
         cmocka_unit_test(dataset_get_many),
         cmocka_unit_test(loader_refuses_bad_options),
         cmocka_unit_test(loader_huge_batch_and_bad_restore),
+        cmocka_unit_test(loader_transform),
         cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
