@@ -90,8 +90,8 @@ int main(int argc, char **argv)
     ddp_batch b;
     double t0 = now();
     for (int i = 0; i < batches; i++) {
-        if (ddp_loader_next(l, &b) || (b.n == 0 && (ddp_loader_set_epoch(l, b.epoch + 1) ||
-                                                    ddp_loader_next(l, &b)))) {
+        if (ddp_loader_next(l, &b) ||
+            (b.n == 0 && (ddp_loader_set_epoch(l, b.epoch + 1) || ddp_loader_next(l, &b)))) {
             fprintf(stderr, "loader_transform: %s\n", ddp_loader_last_error(l));
             return 1;
         }

@@ -1,6 +1,7 @@
 /*
  * train.c — ddptrain's training loop, read top to bottom as one step:
- *   zero the gradients; for each of grad_accum micro-batches: next batch (augmented), forward
+ *   zero the gradients; for each of grad_accum micro-batches: next batch (augmented by the
+ *   loader's transform, on its workers when it has them), forward
  *   with the loss, backward marking gradients ready for the reducer (no_sync but for the last);
  *   finish (gradients are now the mean over ranks); clip; the optimizer steps this rank's shard
  *   of every parameter; gather the parameters; log, evaluate, checkpoint.
@@ -174,6 +175,7 @@ typedef struct feed {
     ddp_loader *l;  /* NULL for random windows */
     ddp_sampler *s; /* the loader's */
     ddp_augment aug;
+    int side; /* images: (side, side), one channel */
     uint64_t seed;
     uint64_t *starts; /* random windows: (B,) start tokens */
     int32_t *x, *y;   /* random windows: (B, T) tokens and next tokens */
@@ -182,7 +184,6 @@ typedef struct feed {
 /* The loader's next batch: a new epoch when this one is used up. */
 static int next_loaded(trainer *t, feed *f, ddp_batch *b)
 {
-    ddp_error err = {0};
     if (ddp_loader_next(f->l, b) != DDP_OK)
         return trainer_die(t, "data", ddp_loader_last_error(f->l));
     if (b->n == 0) { /* next epoch */
@@ -198,12 +199,21 @@ static int next_loaded(trainer *t, feed *f, ddp_batch *b)
             return trainer_die(t, "data", msg);
         }
     }
-    if ((f->aug.hflip || f->aug.shift) &&
-        ddp_augment_images(&f->aug, b->x, b->n, 1, t->side, t->side,
-                           ddp_sampler_indices(f->s) + b->index * (uint64_t)t->B, b->epoch,
-                           &err) != DDP_OK)
-        return trainer_die(t, "augment", err.msg);
     return 0;
+}
+
+/* The loader's transform: the batch's augmentation, on the loader's workers (overlapping the
+ * step) or, with data.threads 0, inside ddp_loader_next. Draws keyed by (seed, epoch, dataset
+ * index), so the thread that runs it changes nothing. */
+static ddp_status augment_batch(void *ctx, const ddp_batch *b, const uint64_t *idx, char *msg)
+{
+    const feed *f = ctx;
+    ddp_error err = {0};
+    if (ddp_augment_images(&f->aug, b->x, b->n, 1, f->side, f->side, idx, b->epoch, &err)) {
+        snprintf(msg, DDP_ERRMSG_MAX, "%s", err.msg); /* "augment: …" */
+        return err.status;
+    }
+    return DDP_OK;
 }
 
 /* The micro-batch whose first sample has global index `first`, as the model reads it. */
@@ -299,6 +309,16 @@ static int feed_open(trainer *t, ddp_dataset *tr, feed *f, uint64_t *per_epoch)
     lo.threads = (int)ddp_config_int(c, "data.threads");
     if (lo.threads < 0) /* a prefetch thread only pays when it has a core of its own */
         lo.threads = ddp_group_core_to_spare(t->g) ? 1 : 0;
+    /* Augmentation draws are keyed by each sample's dataset index, not by seed + rank: every
+     * rank still draws differently (its samples differ), and the draws do not depend on the
+     * world size or on a resume. */
+    if (!t->lm)
+        f->aug = (ddp_augment){.hflip = ddp_config_bool(c, "augment.hflip"),
+                               .shift = (int)ddp_config_int(c, "augment.shift"),
+                               .seed = f->seed ^ 0x61756731u};
+    f->side = t->side;
+    if (f->aug.hflip || f->aug.shift)
+        lo.transform = augment_batch, lo.transform_ctx = f;
     if (ddp_sampler_create(&so, &f->s, &err) != DDP_OK ||
         ddp_loader_create(tr, f->s, &lo, &f->l, &err) != DDP_OK)
         return trainer_die(t, "data", err.msg);
@@ -317,13 +337,6 @@ static int feed_open(trainer *t, ddp_dataset *tr, feed *f, uint64_t *per_epoch)
     if (ddp_loader_restore(f->l, &t->pos) != DDP_OK)
         return trainer_die(t, "resume", ddp_loader_last_error(f->l));
     t->epoch = t->pos.epoch;
-    /* Augmentation draws are keyed by each sample's dataset index, not by seed + rank: every
-     * rank still draws differently (its samples differ), and the draws do not depend on the
-     * world size or on a resume. */
-    if (!t->lm)
-        f->aug = (ddp_augment){.hflip = ddp_config_bool(c, "augment.hflip"),
-                               .shift = (int)ddp_config_int(c, "augment.shift"),
-                               .seed = f->seed ^ 0x61756731u};
     return 0;
 }
 
