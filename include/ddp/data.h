@@ -164,7 +164,10 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
                              ddp_loader **out, ddp_error *err);
 void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */
 
-/* Starts epoch e from its first batch (sets the sampler's epoch). */
+/* Starts epoch e from its first batch (sets the sampler's epoch). Setting the sampler's epoch
+ * instead, as a PyTorch loop does (ddp_sampler_set_epoch; train_sampler.set_epoch(epoch)), works
+ * too: the next call to next() starts that epoch from its first batch (the workers read their
+ * own copy of the indices, so the sampler may change at any time). */
 ddp_status ddp_loader_set_epoch(ddp_loader *l, uint64_t epoch);
 /* The next batch of the epoch (n == 0 once the epoch is over). Waits for the workers. */
 ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out);

@@ -48,7 +48,8 @@ typedef struct ddp_sampler ddp_sampler;
 ddp_status ddp_sampler_create(const ddp_sampler_opts *opts, ddp_sampler **out, ddp_error *err);
 void ddp_sampler_destroy(ddp_sampler *s); /* NULL is a no-op */
 
-/* Recomputes the order for epoch e (torch's set_epoch). Forgetting it repeats epoch 0's order. */
+/* Recomputes the order for epoch e (torch's set_epoch). Forgetting it repeats epoch 0's order.
+ * A loader over s follows it: its next ddp_loader_next starts epoch e (data.h). */
 ddp_status ddp_sampler_set_epoch(ddp_sampler *s, uint64_t epoch);
 
 /* Number of indices this rank gets per epoch (torch: len(sampler)). */

@@ -25,5 +25,7 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
 
 /* The dataset size a sampler was made for: its indices are below it. */
 uint64_t ddp__sampler_dataset_size(const ddp_sampler *s);
+/* The epoch of the sampler's current indices (its last set_epoch). */
+uint64_t ddp__sampler_epoch(const ddp_sampler *s);
 
 #endif /* DDP_DATA_INT_H */

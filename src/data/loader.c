@@ -11,6 +11,10 @@
  * The caller's transform runs where the batch is filled, so it overlaps training with workers.
  * A failed batch keeps its status and message in its slot; next() reports it when it gets
  * there, so the batches before it are not lost to a worker that ran ahead.
+ * A PyTorch loop sets the sampler's epoch itself (train_sampler.set_epoch(epoch)) rather than
+ * the loader's: next() notices the sampler's new epoch and restarts there. So that the caller
+ * may rewrite the sampler's indices whenever it likes, the workers read a copy of them, taken
+ * on the caller's thread when the ring (re)starts.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -41,6 +45,8 @@ struct ddp_loader {
     size_t x_bytes, y_elems; /* per sample */
     size_t per_epoch;        /* batches */
     slot *slots;
+    uint64_t *idx; /* (len,) the epoch's indices: the sampler's, copied at each (re)start */
+    size_t len;
     pthread_t *threads;
     int nthreads;
     pthread_mutex_t mu;
@@ -114,11 +120,9 @@ static void *worker_main(void *arg)
         slot *s = &l->slots[b % (uint64_t)l->o.depth];
         s->state = FILLING;
         l->filling++;
-        const uint64_t *idx = ddp_sampler_indices(l->sampler);
-        size_t len = ddp_sampler_len(l->sampler);
         uint64_t ep = l->epoch;
         pthread_mutex_unlock(&l->mu);
-        ddp_status st = fill(l, s, ep, b, idx, len);
+        ddp_status st = fill(l, s, ep, b, l->idx, l->len);
         pthread_mutex_lock(&l->mu);
         publish_locked(s, b, st);
         l->filling--;
@@ -137,6 +141,7 @@ static void restart_locked(ddp_loader *l, uint64_t epoch, uint64_t batch)
         pthread_cond_wait(&l->cv_ready, &l->mu);
     (void)saved;
     ddp_sampler_set_epoch(l->sampler, epoch); /* recompute: the sampler may have moved */
+    memcpy(l->idx, ddp_sampler_indices(l->sampler), l->len * sizeof *l->idx);
     l->per_epoch = batches_per_epoch(l);
     l->epoch = epoch;
     for (int i = 0; i < l->o.depth; i++)
@@ -189,8 +194,10 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     pthread_cond_init(&l->cv_ready, NULL);
     l->slots = calloc((size_t)l->o.depth, sizeof *l->slots);
     l->threads = calloc((size_t)l->o.threads + 1, sizeof *l->threads); /* + 1: never calloc(0) */
+    l->len = ddp_sampler_len(sampler);
+    l->idx = malloc((l->len ? l->len : 1) * sizeof *l->idx);
     ddp_status st = DDP_ERR_NOMEM;
-    if (!l->slots || !l->threads)
+    if (!l->slots || !l->threads || !l->idx)
         goto out_fail;
     for (int i = 0; i < l->o.depth; i++) {
         l->slots[i].x = malloc(l->x_bytes * l->o.batch_size);
@@ -199,6 +206,7 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
             goto out_fail;
     }
     ddp_sampler_set_epoch(sampler, 0);
+    memcpy(l->idx, ddp_sampler_indices(sampler), l->len * sizeof *l->idx);
     l->per_epoch = batches_per_epoch(l);
     sigset_t all, old;
     sigfillset(&all);
@@ -237,6 +245,7 @@ void ddp_loader_destroy(ddp_loader *l)
         free(l->slots[i].y);
     }
     free(l->slots);
+    free(l->idx);
     free(l->threads);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv_work);
@@ -259,6 +268,9 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
     if (!l || !out)
         return DDP_ERR_INVALID;
     pthread_mutex_lock(&l->mu);
+    uint64_t se = ddp__sampler_epoch(l->sampler);
+    if (se != l->epoch) /* the caller moved the sampler to another epoch: follow it */
+        restart_locked(l, se, 0);
     l->released = l->next_consume; /* the batch handed out last time is no longer in use */
     pthread_cond_broadcast(&l->cv_work);
     ddp_status st = DDP_OK;
@@ -268,8 +280,7 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
         slot *s = &l->slots[l->next_consume % (uint64_t)l->o.depth];
         if (l->nthreads == 0 && !(s->state == READY && s->batch == l->next_consume))
             publish_locked(s, l->next_consume, /* synchronous: fill it here */
-                           fill(l, s, l->epoch, l->next_consume, ddp_sampler_indices(l->sampler),
-                                ddp_sampler_len(l->sampler)));
+                           fill(l, s, l->epoch, l->next_consume, l->idx, l->len));
         while (!(s->state == READY && s->batch == l->next_consume))
             pthread_cond_wait(&l->cv_ready, &l->mu);
         if (s->st != DDP_OK) { /* this batch failed: say so until set_epoch or restore */
@@ -295,8 +306,9 @@ void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out)
     if (!l || !out)
         return;
     pthread_mutex_lock((pthread_mutex_t *)&l->mu);
-    out->epoch = l->epoch;
-    out->next_batch = l->next_consume;
+    uint64_t se = ddp__sampler_epoch(l->sampler);
+    out->epoch = se; /* where next() goes: the start of the sampler's epoch if it moved */
+    out->next_batch = se == l->epoch ? l->next_consume : 0;
     pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
 }
 

@@ -56,6 +56,7 @@ struct ddp_sampler {
     uint64_t *order; /* scratch: the whole epoch's order, (n,) */
     uint64_t *mine;  /* this rank's indices, (len,) */
     size_t len;
+    uint64_t epoch; /* of mine */
 };
 
 /* torch: num_samples = ceil(N / W), or with drop_last and N % W ≠ 0, ceil((N − W) / W). */
@@ -121,6 +122,7 @@ ddp_status ddp_sampler_set_epoch(ddp_sampler *s, uint64_t epoch)
         return DDP_ERR_INVALID;
     uint64_t N = s->o.dataset_size;
     uint64_t W = (uint64_t)s->o.num_replicas, r = (uint64_t)s->o.rank;
+    s->epoch = epoch;
     if (s->o.shuffle)
         ddp_randperm(N, s->o.seed + epoch, s->order);
     else
@@ -137,6 +139,11 @@ ddp_status ddp_sampler_set_epoch(ddp_sampler *s, uint64_t epoch)
 uint64_t ddp__sampler_dataset_size(const ddp_sampler *s)
 {
     return s ? s->o.dataset_size : 0;
+}
+
+uint64_t ddp__sampler_epoch(const ddp_sampler *s)
+{
+    return s ? s->epoch : 0;
 }
 
 size_t ddp_sampler_len(const ddp_sampler *s)

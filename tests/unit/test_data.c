@@ -502,6 +502,54 @@ static void loader_transform(void **state)
     ddp_dataset_close(ds);
 }
 
+/* A PyTorch loop sets the sampler's epoch (train_sampler.set_epoch(epoch)) and iterates the
+ * loader: the loader follows the sampler to that epoch. It kept reporting the end of epoch 0, so
+ * every later epoch had no batch at all and training silently stopped after the first. */
+static void loader_follows_sampler_epoch(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("follow", 120, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    int threads[] = {0, 2};
+    for (int t = 0; t < 2; t++) {
+        ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+        so.dataset_size = 120, so.num_replicas = 2, so.rank = 0, so.seed = 3;
+        ddp_sampler *s;
+        assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = 10, lo.threads = threads[t];
+        ddp_loader *l;
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+        for (uint64_t e = 0; e < 3; e++) {
+            assert_int_equal(ddp_sampler_set_epoch(s, e), DDP_OK);
+            int32_t lab[60];
+            float px[60];
+            assert_int_equal(read_epoch(l, lab, px), 60);
+            const uint64_t *idx = ddp_sampler_indices(s);
+            for (size_t i = 0; i < 60; i++)
+                assert_int_equal(lab[i], (int)(idx[i] % 10));
+            ddp_loader_state st;
+            ddp_loader_save(l, &st);
+            assert_int_equal(st.epoch, e);
+            assert_int_equal(st.next_batch, 6);
+        }
+        /* Setting the loader's epoch keeps working, and so does the sampler's at the same epoch
+         * (no restart: the loader is already there). */
+        assert_int_equal(ddp_loader_set_epoch(l, 7), DDP_OK);
+        ddp_batch bt;
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+        assert_int_equal(ddp_sampler_set_epoch(s, 7), DDP_OK);
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+        assert_int_equal(bt.epoch, 7);
+        assert_int_equal(bt.index, 1);
+        ddp_loader_destroy(l);
+        ddp_sampler_destroy(s);
+    }
+    ddp_dataset_close(ds);
+}
+
 static void save_restore(int threads)
 {
     char a[512], b[512];
@@ -669,6 +717,7 @@ int main(void)
         cmocka_unit_test(loader_refuses_bad_options),
         cmocka_unit_test(loader_huge_batch_and_bad_restore),
         cmocka_unit_test(loader_transform),
+        cmocka_unit_test(loader_follows_sampler_epoch),
         cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
