@@ -88,8 +88,9 @@ typedef enum ddp_reducer_overlap {
 } ddp_reducer_overlap;
 
 typedef struct ddp_reducer_opts {
-    size_t bucket_cap;           /* bytes, default 25 MiB */
-    size_t first_bucket;         /* bytes of the first bucket, default 1 MiB */
+    size_t bucket_cap;           /* bytes, default 25 MiB (0: 25 MiB); a parameter larger
+                                    than the cap gets a bucket of its own */
+    size_t first_bucket;         /* bytes of the first bucket, default 1 MiB (0: bucket_cap) */
     bool compress_bf16;          /* send float32 gradients as bfloat16 (reduced in float32) */
     bool broadcast_params;       /* broadcast values from rank 0 at creation (default true) */
     ddp_reducer_overlap overlap; /* default AUTO, which the group's world setting overlap
