@@ -200,6 +200,39 @@ out:
     return st;
 }
 
+/* Checks that all ranks chose the options that shape the buckets and their collectives (the
+ * defaults resolved); names the first difference. Without it, a rank-dependent bucket_cap or
+ * compress_bf16 surfaced later as "collectives differ" with counts that did not say why. */
+static ddp_status check_opts(ddp_reducer *r, ddp_error *err)
+{
+    enum { N_OPTS = 5 };
+    static const char *const names[N_OPTS] = {"bucket_cap", "first_bucket", "compress_bf16",
+                                              "shard_optimizer", "broadcast_params"};
+    uint64_t mine[N_OPTS] = {r->o.bucket_cap, r->o.first_bucket, r->o.compress_bf16,
+                             r->o.shard_optimizer, r->o.broadcast_params};
+    int W = ddp_group_size(r->g);
+    uint64_t *all = malloc(sizeof(uint64_t) * N_OPTS * (size_t)W);
+    if (!all)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory checking the reducer's options");
+    ddp_status st = ctl(r, true, mine, all, N_OPTS, DDP_INT64, DDP_SUM);
+    if (st) {
+        ddp__err(err, st, "checking the reducer's options across ranks: %s", r->err);
+        goto out;
+    }
+    for (int k = 0; k < W && !st; k++)
+        for (int i = 0; i < N_OPTS && !st; i++)
+            if (all[(size_t)k * N_OPTS + (size_t)i] != mine[i])
+                st = ddp__err(err, DDP_ERR_INVALID,
+                              "the reducer's option %s is %llu on rank %d but %llu on rank %d: "
+                              "every rank must pass the same ddp_reducer_opts (bucket_cap, "
+                              "first_bucket, compress_bf16, shard_optimizer, broadcast_params)",
+                              names[i], (unsigned long long)mine[i], ddp_group_rank(r->g),
+                              (unsigned long long)all[(size_t)k * N_OPTS + (size_t)i], k);
+out:
+    free(all);
+    return st;
+}
+
 static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -475,7 +508,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
         goto out_fail;
     }
     if ((st = check_same(r, params, nparams, "parameters", err)) ||
-        (st = check_same(r, buffers, nbuffers, "buffers", err)))
+        (st = check_same(r, buffers, nbuffers, "buffers", err)) || (st = check_opts(r, err)))
         goto out_fail;
 
     for (size_t i = 0; i < nparams; i++)

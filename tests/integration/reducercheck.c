@@ -126,6 +126,36 @@ int main(int argc, char **argv)
         CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "overlap 7 is not"),
               "overlap 7 not refused: %d %s", (int)st, err.msg);
     }
+    if (W > 1) { /* options that differ across ranks: refused at creation on every rank, naming
+                    the option (they surfaced later as "collectives differ", with counts) */
+        float x[300] = {0};
+        ddp_param ps[3] = {{"a", 100, DDP_FLOAT32, NULL, dv},
+                           {"b", 100, DDP_FLOAT32, NULL, dv},
+                           {"c", 100, DDP_FLOAT32, NULL, dv}};
+        float *xd = dalloc(sizeof x);
+        xfer(xd, x, sizeof x);
+        for (int i = 0; i < 3; i++)
+            ps[i].data = xd + 100 * i;
+        for (int which = 0; which < 3; which++) {
+            ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+            const char *want = which == 0   ? "option bucket_cap is"
+                               : which == 1 ? "option compress_bf16 is"
+                                            : "option shard_optimizer is";
+            if (R == W - 1 && which == 0)
+                ro.bucket_cap = 400, ro.first_bucket = 400;
+            if (R == W - 1 && which == 1)
+                ro.compress_bf16 = true;
+            if (R == W - 1 && which == 2)
+                ro.shard_optimizer = true;
+            ddp_reducer *red = NULL;
+            ddp_status st = ddp_reducer_create(g, ps, 3, NULL, 0, &ro, &red, &err);
+            CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, want),
+                  "options differing across ranks (%s) not refused at creation: %d %s", want,
+                  (int)st, err.msg);
+            ddp_reducer_destroy(red);
+        }
+        dfree(xd);
+    }
     { /* an empty parameter and buffer (count 0) may have no data, like malloc(0)'s NULL: taken,
          and the others are reduced as usual (it was refused: "needs ... data") */
         float *x = dalloc(sizeof(float) * 6);
