@@ -118,8 +118,8 @@ typedef struct ddp_reducer_stats {
 /* Creates the reducer over params (and buffers, e.g. normalization statistics, which are only
  * broadcast). Checks that every rank registered the same names, counts and dtypes in the same
  * order, and passed the same options (all but overlap), and fails naming the first difference;
- * then broadcasts values from rank 0. Gradients
- * start at zero. *out written only on DDP_OK. Every rank must call it. */
+ * then broadcasts values from rank 0. Gradients start at zero. *out written only on DDP_OK.
+ * Every rank must call it. */
 ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
                               const ddp_param *buffers, size_t nbuffers,
                               const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err);
