@@ -71,6 +71,31 @@ wait $LAST 2>/dev/null || true
 wait_gone "$d" 5
 ok "SIGKILL to ddprun: no worker or grandchild survives"
 
+# SIGKILL to ddprun while a worker's shared memory still has a name in /dev/shm (a shm group is
+# named only while it is being set up; here each worker makes one as rank 0 would and waits): the
+# reaper kills the workers, so it removes their segments too. Before 2026-11-25 they stayed
+# (found by bench/chaos.py: ddprun SIGKILLed during the workers' set-up).
+d=$T/KILLshm; mkdir -p "$d"
+rid=sigkill-shm-$$
+CLEANUP_GLOBS+=("/dev/shm/ddp-$rid-*")
+# shellcheck disable=SC2016
+"$DDPRUN" --standalone --nproc_per_node=2 --run_id "$rid" sh -c \
+    ': >"/dev/shm/ddp-$DDP_RUN_ID-$$-setup"; echo $$ >"$0/pid.$RANK"; exec sleep 60' "$d" \
+    >"$d/out" 2>"$d/err" &
+BG_PIDS+=($!); LAST=$!
+wait_files "$d" "pid.*" 2 10
+[ "$(find /dev/shm -maxdepth 1 -name "ddp-$rid-*" | wc -l)" -eq 2 ] || fail "the workers made no segments"
+kill -KILL $LAST
+wait $LAST 2>/dev/null || true
+wait_gone "$d" 5
+for _ in $(seq 100); do
+    [ -z "$(find /dev/shm -maxdepth 1 -name "ddp-$rid-*")" ] && break
+    sleep 0.05
+done
+left=$(find /dev/shm -maxdepth 1 -name "ddp-$rid-*")
+[ -z "$left" ] || fail "SIGKILL to ddprun left shared memory behind: $left"
+ok "SIGKILL to ddprun during the workers' set-up: no /dev/shm segment of theirs is left"
+
 # Ctrl-Z (SIGTSTP to ddprun) stops every worker and ddprun; fg (SIGCONT) resumes them all. A
 # worker stopped by someone else is reported with its rank and pid, and again when it continues.
 state() { sed -n 's/^[0-9]* ([^)]*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null; }

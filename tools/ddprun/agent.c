@@ -975,7 +975,7 @@ static void remove_leftover_segments(const agent *a)
         bool ours = false;
         for (int i = 0; i < a->o->nproc && !ours; i++) {
             char prefix[160];
-            snprintf(prefix, sizeof prefix, "ddp-%.40s-%d-", a->o->run_id, (int)a->w[i].pid);
+            ddprun_segment_prefix(a->o->run_id, a->w[i].pid, prefix, sizeof prefix);
             ours = a->w[i].pid > 0 && strncmp(e->d_name, prefix, strlen(prefix)) == 0;
         }
         if (!ours)

@@ -171,8 +171,12 @@ void ddprun_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Forks the watchdog; returns the fd to report process groups to, or -1 (printed). */
 int ddprun_reaper_start(void);
-void ddprun_reaper_track(int fd, pid_t pgid);
+/* Reports a worker's process group, and the run id its shared-memory segments are named by. */
+void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id);
 void ddprun_reaper_untrack(int fd, pid_t pgid);
+/* The name prefix of the /dev/shm segments a worker (pid) of run run_id makes: "ddp-<run_id cut
+ * to 40, '/' as '_'>-<pid>-". */
+void ddprun_segment_prefix(const char *run_id, pid_t pid, char *buf, size_t cap);
 /* Tells the watchdog that ddprun ends normally, then closes fd. */
 void ddprun_reaper_finish(int fd);
 

@@ -6,6 +6,10 @@
  * end of a pipe. ddprun reports each worker's process group ("+pgid") and its end ("-pgid"). If
  * the pipe closes without the final "x" (ddprun died), the watchdog SIGKILLs every group still
  * listed, then exits. It is forked before any thread or socket exists, so it holds nothing else.
+ * It also removes the shared-memory segments those workers left (/dev/shm/ddp-<run_id>-<pid>-…):
+ * a shm group's segment has a name only while the group is being set up, but a ddprun SIGKILLed
+ * then killed the workers before they could unlink it, and nobody else would (ddprun itself does
+ * this after a worker's crash, in agent.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,18 +18,63 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ddprun.h"
 
 #define MAX_GROUPS 4096
 
+void ddprun_segment_prefix(const char *run_id, pid_t pid, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "ddp-%.40s-%d-", run_id, (int)pid);
+    for (char *c = buf; *c; c++) /* as the shm backend names it: a '/' in the run id is '_' */
+        if (*c == '/')
+            *c = '_';
+}
+
+/* Removes /dev/shm/ddp-<run_id>-<pgid>-… of the groups that were killed (a worker's pid is its
+ * process group id). Waits up to 1 s for the groups to be gone first, so that a worker inside
+ * shm_open when it was killed has finished creating what it creates. */
+static void remove_segments(const char *run_id, const pid_t *groups, int n)
+{
+    if (!run_id[0] || n == 0)
+        return;
+    for (int tries = 0; tries < 100; tries++) {
+        bool alive = false;
+        for (int j = 0; j < n && !alive; j++)
+            alive = kill(-groups[j], 0) == 0;
+        if (!alive)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int j = 0; j < n; j++) {
+            char prefix[160];
+            ddprun_segment_prefix(run_id, groups[j], prefix, sizeof prefix);
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+            (void)unlink(path);
+            break;
+        }
+    }
+    closedir(d);
+}
+
 static void watch(int fd)
 {
     pid_t groups[MAX_GROUPS];
     int n = 0;
-    char buf[4096], line[32];
+    char buf[4096], line[256], run_id[160] = "";
     size_t ll = 0;
     for (;;) {
         ssize_t k = read(fd, buf, sizeof buf);
@@ -42,7 +91,11 @@ static void watch(int fd)
             line[ll] = '\0';
             ll = 0;
             if (line[0] == 'x')
-                _exit(0); /* normal end: ddprun has stopped its workers itself */
+                _exit(0);         /* normal end: ddprun has stopped its workers itself */
+            if (line[0] == 'r') { /* the run id, for the segments' names */
+                snprintf(run_id, sizeof run_id, "%.150s", line + 1);
+                continue;
+            }
             pid_t pg = (pid_t)atol(line + 1);
             if (pg <= 0)
                 continue;
@@ -59,6 +112,7 @@ static void watch(int fd)
     }
     for (int j = 0; j < n; j++)
         kill(-groups[j], SIGKILL);
+    remove_segments(run_id, groups, n);
     _exit(0);
 }
 
@@ -113,8 +167,14 @@ static void send_line(int fd, char c, pid_t pg)
     while (k < 0 && errno == EINTR);
 }
 
-void ddprun_reaper_track(int fd, pid_t pgid)
+void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id)
 {
+    char line[200];
+    int n = snprintf(line, sizeof line, "r%.150s\n", run_id);
+    ssize_t k;
+    do
+        k = write(fd, line, (size_t)n);
+    while (k < 0 && errno == EINTR);
     send_line(fd, '+', pgid);
 }
 

@@ -276,7 +276,7 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
     }
     setpgid(pid, pid); /* also here, so the group exists before we might signal it */
     if (reaper_fd >= 0)
-        ddprun_reaper_track(reaper_fd, pid);
+        ddprun_reaper_track(reaper_fd, pid, o->run_id);
     if (devnull >= 0)
         close(devnull);
     close(execp[1]);
