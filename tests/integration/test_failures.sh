@@ -134,3 +134,24 @@ assert_contains "$d/err" "removed shared memory '/dev/shm/ddp-shmleak$$-"
 [ "$(ls /dev/shm | grep -c -- "ddp-shmleak$$-x-.*-other$")" -eq 2 ] || fail "another run's segments were removed"
 rm -f /dev/shm/ddp-shmleak$$-x-*-other
 ok "ddprun removes a crashed run's /dev/shm segments"
+
+# A rank stopped (SIGSTOP, a debugger) holds the others up until they time out and fail; the
+# summary names the one that timed out first, and now also the stopped rank, which never failed
+# itself. Before 2026-11-25 the summary blamed only the timed-out rank (found by bench/chaos.py:
+# a rank SIGSTOPped mid-collective over tcp, where the survivors' own messages can name a healthy
+# neighbour). Here rank 1 stops itself; rank 0 "times out" once ddprun has reported the stop.
+d=$T/stopped; mkdir -p "$d"
+rc=0
+# shellcheck disable=SC2016
+"$DDPRUN" --standalone --nproc_per_node=2 --grace_period 1 sh -c '
+    echo $$ >"$0/pid.$RANK"
+    if [ "$RANK" = 1 ]; then kill -STOP $$; sleep 60; fi
+    until grep -q "rank 1 (pid [0-9]*) was stopped by SIGSTOP" "$0/err"; do sleep 0.05; done
+    echo "allreduce #7 timed out: rank 1 did not arrive" >&2; exit 1' "$d" >"$d/out" 2>"$d/err" ||
+    rc=$?
+[ $rc -eq 1 ] || { cat "$d/err"; fail "ddprun exited $rc, want 1"; }
+assert_contains "$d/err" "worker failed: rank 0 (local rank 0, role 'default') ended with exit code 1"
+assert_contains "$d/err" "stopped : rank 1 (pid $(cat "$d/pid.1"), by SIGSTOP, for "
+assert_contains "$d/err" "was stopped when this failure came and had not continued: a time-out of the other ranks is most likely its doing"
+wait_gone "$d" 5
+ok "a stopped rank holding the others up is named in the summary beside the rank that timed out"

@@ -60,6 +60,11 @@ typedef struct failure {
     bool secondary;
     char replaced[700]; /* the secondary failure this one replaced, or "" */
     char also[400];     /* other local ranks that ended badly before ddprun stopped them */
+    /* Local workers stopped (SIGSTOP, a debugger) when this failure came: the usual cause of the
+     * others' time-outs, though they did not fail themselves ("rank 1 (pid 42, by SIGSTOP, for
+     * 5.1 s)"). */
+    char stopped[400];
+    int n_stopped;
 } failure;
 
 typedef struct agent {
@@ -819,6 +824,16 @@ static void record_local_failure(agent *a, ddprun_worker *w)
     f->status = w->status;
     wall_time(f->when, sizeof f->when);
     snprintf(f->log, sizeof f->log, "%s", w->log_path);
+    for (int i = 0; i < a->o->nproc; i++) {
+        const ddprun_worker *x = &a->w[i];
+        if (x == w || !x->running || !x->seen_stopped)
+            continue;
+        size_t len = strlen(f->stopped);
+        snprintf(f->stopped + len, sizeof f->stopped - len,
+                 "%srank %d (pid %d, by SIG%s, for %.1f s)", len ? ", " : "", x->rank, (int)x->pid,
+                 sigabbrev_np(x->stop_sig), (double)(now_ms() - x->stopped_ms) / 1000.0);
+        f->n_stopped++;
+    }
     char how[64];
     ddprun_describe_status(w->status, how, sizeof how);
     snprintf(f->line, sizeof f->line, "rank %d (local rank %d) on node %d ('%s') failed with %s%s",
@@ -936,6 +951,11 @@ static void print_summary(agent *a, bool restarting)
                 ddprun_say("    | %s", f->tail[i]);
         }
     }
+    if (f->stopped[0])
+        ddprun_say("  stopped : %s %s stopped when this failure came and had not continued: a "
+                   "time-out of the other ranks is most likely %s doing",
+                   f->stopped, f->n_stopped > 1 ? "were" : "was",
+                   f->n_stopped > 1 ? "their" : "its");
     if (f->replaced[0])
         ddprun_say("  before  : %s", f->replaced);
     ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
@@ -1220,7 +1240,10 @@ static outcome run_attempt(agent *a)
                     ddprun_say("rank %d (pid %d) was stopped by SIG%s; the job will not "
                                "progress until it gets SIGCONT (kill -CONT %d)",
                                w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)), (int)pid);
+                if (!a->suspended && !w->seen_stopped)
+                    w->stopped_ms = now_ms();
                 w->seen_stopped = !a->suspended;
+                w->stop_sig = WSTOPSIG(status);
                 continue;
             }
             if (WIFCONTINUED(status)) {

@@ -109,8 +109,10 @@ typedef struct ddprun_worker {
     bool running; /* spawned and not yet reaped */
     int status;   /* waitpid() status once reaped */
     int64_t exited_ms;
-    bool seen_stopped; /* reported as stopped by someone else; its resumption is reported too */
-    bool signaled;     /* ddprun sent it a signal to stop it: its end is no failure's cause */
+    bool seen_stopped;  /* reported as stopped by someone else; its resumption is reported too */
+    int stop_sig;       /* while seen_stopped: the signal that stopped it */
+    int64_t stopped_ms; /* while seen_stopped: when ddprun saw it stop */
+    bool signaled;      /* ddprun sent it a signal to stop it: its end is no failure's cause */
     ddprun_stream out, err;
     int in_fd;           /* interactive: the write end of its stdin pipe; -1 when none or closed */
     char log_path[1500]; /* its stderr.log, or "" */
