@@ -1375,6 +1375,40 @@ static int group_teardown(void **state)
     return 0;
 }
 
+/* The wait description when this step's data starts at a member beyond prev: the relay (prev)
+ * is named as a suspect too, not only the origin. Member 0 of 3 waits on step 1 of a
+ * reduce_scatter, whose data starts at member 1 and reaches it through member 2; member 2 may
+ * have been stopped mid-collective (a chaos run SIGSTOPped it and the message blamed member 1
+ * alone). */
+static void relayed_wait_names_the_relay(void **state)
+{
+    (void)state;
+    int ranks[3] = {10, 11, 12};
+    seg recvs[2] = {{.kind = SEG_REDUCE, .origin = 2}, {.kind = SEG_REDUCE, .origin = 1}};
+    tcp_be be;
+    memset(&be, 0, sizeof be);
+    be.me = 0;
+    be.n = 3;
+    be.ranks = ranks;
+    be.recvs = recvs;
+    ddp__coll c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDP__REDUCE_SCATTER;
+    c.seq = 242;
+    c.dtype = DDP_FLOAT32;
+    c.count = 4;
+    xfer x;
+    memset(&x, 0, sizeof x);
+    x.be = &be;
+    x.c = &c;
+    x.nr = 2;
+    x.ri = 1;
+    char buf[400];
+    ddp__tcp_describe_wait(&x, buf, sizeof buf);
+    assert_non_null(strstr(buf, "no data from rank 11 (member 1), relayed by rank 12 (member 2)"));
+    assert_non_null(strstr(buf, "or it or a rank relaying its data is stuck"));
+}
+
 int main(void)
 {
     /* DDP_TEST_FILTER=matrix_* runs some of the tests (cmocka's glob) */
@@ -1397,6 +1431,7 @@ int main(void)
         cmocka_unit_test(dead_peer_fails_fast),
         cmocka_unit_test(differing_collectives_are_reported),
         cmocka_unit_test(differing_algorithms_are_reported),
+        cmocka_unit_test(relayed_wait_names_the_relay),
         cmocka_unit_test(keepalive_follows_timeout),
         cmocka_unit_test(setup_times_out_naming_member),
         cmocka_unit_test(strangers_are_refused),

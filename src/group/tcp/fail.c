@@ -384,11 +384,16 @@ void ddp__tcp_describe_wait(const xfer *x, char *buf, size_t cap)
                  be->ranks[r->origin], r->origin, be->ranks[p], what);
     } else if (r->origin != p && x->roff == 0 && x->fill == 0) {
         /* This step's data starts at `origin` and is relayed by the members in between; the
-         * earlier steps' data proves that those members started. */
+         * earlier steps' data proves that those members started, not that they are not stuck
+         * since: a relay stopped mid-collective (SIGSTOP, a debugger) looks the same from here
+         * as an origin that never started. Both are named (before 2026-11-25 only the origin
+         * was, and a chaos run SIGSTOPping the relay blamed its healthy neighbour). */
         ddp__fmt(buf, cap,
-                 "no data from rank %d (member %d), which has not started %s or is stuck (its "
-                 "data reaches this rank through rank %d, which has started it)",
-                 be->ranks[r->origin], r->origin, what, be->ranks[p]);
+                 "no data from rank %d (member %d), relayed by rank %d (member %d): rank %d has "
+                 "not started %s, or it or a rank relaying its data is stuck (rank %d has "
+                 "started it and may have stopped since)",
+                 be->ranks[r->origin], r->origin, be->ranks[p], p, be->ranks[r->origin], what,
+                 be->ranks[p]);
     } else {
         ddp__fmt(buf, cap, "no data from rank %d (member %d)", be->ranks[p], p);
     }
