@@ -35,9 +35,28 @@ void ddprun_segment_prefix(const char *run_id, pid_t pid, char *buf, size_t cap)
             *c = '_';
 }
 
+/* Whether process pid still runs: neither gone nor a zombie. (A killed worker stays a zombie
+ * until its new parent reaps it, which an init that reaps nothing never does, so kill(pid, 0)
+ * cannot tell.) */
+static bool still_runs(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t k = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (k <= 0)
+        return false;
+    buf[k] = '\0';
+    const char *paren = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
+}
+
 /* Removes /dev/shm/ddp-<run_id>-<pgid>-… of the groups that were killed (a worker's pid is its
- * process group id). Waits up to 1 s for the groups to be gone first, so that a worker inside
- * shm_open when it was killed has finished creating what it creates. */
+ * process group id, and the worker names the segments). Waits up to 1 s for the workers to be
+ * gone first, so that one inside shm_open when it was killed has finished creating its segment. */
 static void remove_segments(const char *run_id, const pid_t *groups, int n)
 {
     if (!run_id[0] || n == 0)
@@ -45,7 +64,7 @@ static void remove_segments(const char *run_id, const pid_t *groups, int n)
     for (int tries = 0; tries < 100; tries++) {
         bool alive = false;
         for (int j = 0; j < n && !alive; j++)
-            alive = kill(-groups[j], 0) == 0;
+            alive = still_runs(groups[j]);
         if (!alive)
             break;
         struct timespec ts = {0, 10 * 1000 * 1000};
