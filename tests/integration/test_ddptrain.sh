@@ -235,3 +235,29 @@ for be in shm tcp; do
     assert_contains killed_$be.0 "(this rank stops with it: exit code 86)"
 done
 ok "a rank killed mid-training: the survivor exits 86 (another rank's failure), naming rank 1, over shm and tcp"
+
+# shm+tcp on two "hosts" (DDP_HOST_ID A A B B), ranks by hand: rank 3 killed. Its host's leader,
+# rank 2, sees it die in shm and aborts the group before it exits (as group.h advises), so the
+# other host learns the cause over tcp: rank 0 names rank 3. Before 2026-11-25 ddptrain exited
+# without the abort and rank 0 said only "rank 2 closed its connection …: it probably died",
+# blaming a healthy rank (found by bench/chaos.py).
+port=$(free_port)
+hosts=(A A B B)
+for r in 0 1 2 3; do
+    DDP_BACKEND=shm+tcp DDP_HOST_ID=${hosts[$r]} RANK=$r LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 \
+        WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TRAIN" --total_steps 1000000 \
+        --log_every 5 --checkpoint.every 0 --eval_every 0 --out_dir killed_hier >killed_hier.$r 2>&1 &
+    BG_PIDS+=($!)
+    pids[$r]=$!
+done
+for _ in $(seq 600); do grep -q "step 10/" killed_hier.0 && break; sleep 0.05; done
+assert_contains killed_hier.0 "step 10/"
+kill -KILL "${pids[3]}"
+for r in 0 1 2; do
+    rc=0; wait "${pids[$r]}" || rc=$?
+    [ $rc -eq 86 ] || { cat killed_hier.$r; fail "shm+tcp: rank $r exited $rc, want 86"; }
+    assert_contains killed_hier.$r "rank 3"
+done
+wait "${pids[3]}" 2>/dev/null || true
+assert_contains killed_hier.0 "rank 2 aborted the group"
+ok "shm+tcp: a rank killed on one host: the other host's ranks name it, not its host's leader"

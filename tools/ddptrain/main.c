@@ -84,6 +84,19 @@ void trainer_log(trainer *t, const char *fmt, ...)
     trainer_flush_logs(t);
 }
 
+/* After a group error, before this rank exits: abort the groups, so that the other ranks learn
+ * the first error at once ("rank 2 aborted the group: … rank 3 (pid 42) died …") as group.h
+ * advises, rather than only that this rank's connections closed ("rank 2 closed its connection:
+ * it probably died"), which on shm+tcp blamed a host's leader for another rank of its host
+ * (found by bench/chaos.py). A group without an error is left alone. */
+static void abort_failed_groups(trainer *t)
+{
+    if (t->g && ddp_group_error(t->g) != DDP_OK)
+        ddp_group_abort(t->g);
+    if (t->gg && ddp_group_error(t->gg) != DDP_OK)
+        ddp_group_abort(t->gg);
+}
+
 int trainer_die(trainer *t, const char *what, const char *msg)
 {
     /* A failure that came from another rank (it died, aborted the group, or failed first: the
@@ -91,12 +104,14 @@ int trainer_die(trainer *t, const char *what, const char *msg)
      * the rank that failed first-hand. */
     if (t->g && ddp_group_peer_failed(t->g))
         return trainer_die_peer(t, what, msg);
+    abort_failed_groups(t);
     fprintf(stderr, "ddptrain: rank %d: %s: %s\n", t->R, what, msg);
     return 1;
 }
 
 int trainer_die_peer(trainer *t, const char *what, const char *msg)
 {
+    abort_failed_groups(t);
     fprintf(stderr, "ddptrain: rank %d: %s: %s (this rank stops with it: exit code %d)\n", t->R,
             what, msg, DDP_EXIT_PEER_FAILED);
     return DDP_EXIT_PEER_FAILED;
