@@ -66,6 +66,15 @@ ok "SIGUSR1 to ddprun's process group, then SIGKILL: the reaper survived it and 
 
 d=$T/KILL
 start_sleepers "$d"
+# The reaper must not answer to ddprun's name, in its name or its command line: `pkill -9
+# ddprun` (or -f) would kill it with ddprun, and what the workers started would outlive them
+# (until 2026-11-25 it was 'ddprun-reaper' with ddprun's command line; found by bench/chaos.py).
+for c in $(pgrep -P $LAST); do
+    grep -qx "$c" "$d"/pid.* && continue
+    name=$(cat "/proc/$c/comm" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' <"/proc/$c/cmdline")
+    case "$name $cmd" in *ddprun*) fail "ddprun's helper $c is named '$name' ('$cmd'): pkill ddprun would kill it" ;; esac
+done
 kill -KILL $LAST
 wait $LAST 2>/dev/null || true
 wait_gone "$d" 5

@@ -171,8 +171,9 @@ void ddprun_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- reaper -------------------------------------------------------------------------------- */
 
-/* Forks the watchdog; returns the fd to report process groups to, or -1 (printed). */
-int ddprun_reaper_start(void);
+/* Forks the watchdog; returns the fd to report process groups to, or -1 (printed). argv is
+ * main's: the watchdog writes its own name over its copy of the strings (its command line). */
+int ddprun_reaper_start(int argc, char **argv);
 /* Reports a worker's process group, and the run id its shared-memory segments are named by. */
 void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id);
 void ddprun_reaper_untrack(int fd, pid_t pgid);

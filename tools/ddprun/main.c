@@ -164,7 +164,7 @@ int main(int argc, char **argv)
     }
 
     /* The reaper first: before any thread, socket or worker exists. */
-    int reaper_fd = ddprun_reaper_start();
+    int reaper_fd = ddprun_reaper_start(argc, argv);
     if (reaper_fd < 0) {
         free(o);
         return 1;

@@ -135,7 +135,7 @@ static void watch(int fd)
     _exit(0);
 }
 
-int ddprun_reaper_start(void)
+int ddprun_reaper_start(int argc, char **argv)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) {
@@ -159,7 +159,27 @@ int ddprun_reaper_start(void)
          * batch system signalling every process), they must not end the reaper either */
         signal(SIGUSR1, SIG_IGN);
         signal(SIGUSR2, SIG_IGN);
-        prctl(PR_SET_NAME, "ddprun-reaper");
+        /* A name without "ddprun", in its command line too (a fork keeps ddprun's): `pkill -9
+         * ddprun` or `pkill -9 -f ddprun`, the usual way to end a stuck launcher, must not kill
+         * the watchdog with it, or what the workers started would outlive them (until
+         * 2026-11-25 it was "ddprun-reaper", which both matched). */
+        prctl(PR_SET_NAME, "ddp-reaper");
+        /* The strings lie end to end where the kernel put them; overwrite them only if they
+         * still do (the span is the sum of their lengths), i.e. none was replaced. */
+        char *lo = NULL, *hi = NULL;
+        size_t sum = 0;
+        for (int i = 0; i < argc && argv[i]; i++) {
+            size_t len = strlen(argv[i]) + 1;
+            if (!lo || argv[i] < lo)
+                lo = argv[i];
+            if (!hi || argv[i] + len > hi)
+                hi = argv[i] + len;
+            sum += len;
+        }
+        if (lo && (size_t)(hi - lo) == sum && sum > sizeof "ddp-reaper") {
+            memset(lo, 0, sum);
+            memcpy(lo, "ddp-reaper", sizeof "ddp-reaper");
+        }
         /* Keep no terminal streams: a reaper holding the console pipe would keep a test's or a
          * user's `ddprun … | tee` waiting for EOF. */
         int devnull = open("/dev/null", O_RDWR);
