@@ -133,29 +133,7 @@ class Trial:
         self.elapsed = time.monotonic() - self.t0
         self.fo.close()
         self.fe.close()
-        left = []
-        end = time.monotonic() + 3
-        while time.monotonic() < end:
-            left = procs_with_tag(self.tag)
-            if not left:
-                break
-            time.sleep(0.05)
-        if left:
-            self.bad.append(f"LEFTOVER processes 3 s after ddprun ended: {left}")
-            for pid, _, _ in left:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        segs = shm_left(self.tag)
-        if segs:
-            self.bad.append(f"LEFTOVER /dev/shm segments: {segs}")
-            for s in segs:
-                try:
-                    os.unlink("/dev/shm/" + s)
-                except OSError:
-                    pass
+        check_leftovers(self.tag, self.bad, "ddprun")
         self.rc = rc
         return rc
 
@@ -191,6 +169,34 @@ class Trial:
         if not cond:
             self.bad.append(what)
 
+
+
+def check_leftovers(tag, bad, who):
+    """Processes and /dev/shm segments of the job still there 3 s after `who` ended: each is a
+    defect, recorded in bad, then killed or removed."""
+    left = []
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        left = procs_with_tag(tag)
+        if not left:
+            break
+        time.sleep(0.05)
+    if left:
+        bad.append(f"LEFTOVER processes 3 s after {who} ended: {left}")
+        for pid, _, _ in left:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    segs = shm_left(tag)
+    if segs:
+        bad.append(f"LEFTOVER /dev/shm segments: {segs}")
+        for s in segs:
+            try:
+                os.unlink("/dev/shm/" + s)
+            except OSError:
+                pass
 
 def summary_rank(err):
     """The rank and line of the last 'worker failed' summary (with restarts: the last attempt's)."""
@@ -269,25 +275,7 @@ def run_two_nodes(a, t, fault):
         f.close()
     t.p = ps[0]
     t.rc = rcs
-    left = []
-    end = time.monotonic() + 3
-    while time.monotonic() < end:
-        left = procs_with_tag(t.tag)
-        if not left:
-            break
-        time.sleep(0.05)
-    if left:
-        t.bad.append(f"LEFTOVER processes 3 s after both ddpruns ended: {left}")
-        for pid, _, _ in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    segs = shm_left(t.tag)
-    if segs:
-        t.bad.append(f"LEFTOVER /dev/shm segments: {segs}")
-        for sname in segs:
-            os.unlink("/dev/shm/" + sname)
+    check_leftovers(t.tag, t.bad, "both ddpruns")
     errs = [open(os.path.join(t.dir, f"err{r}.log"), errors="replace").read() for r in (0, 1)]
     t.notes.append(f"delay {delay:.3f} node {node} rank {rank} alive {alive} rcs {rcs}")
     if alive and rcs != [0, 0]:
