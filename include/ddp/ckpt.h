@@ -89,6 +89,14 @@ const char *ddp_ckpt_meta(const ddp_ckpt *c, const char *key);
 size_t ddp_ckpt_meta_count(const ddp_ckpt *c);
 bool ddp_ckpt_meta_at(const ddp_ckpt *c, size_t i, const char **key, const char **val);
 
+/* Checks the data against the CRC-32 ddp_ckpt_save stores in the metadata ("ddp.data_crc32",
+ * 8 hex digits; a key of ddpc's own, refused in a caller's metadata and not listed by
+ * ddp_ckpt_meta/ddp_ckpt_meta_at): DDP_ERR_INVALID naming the
+ * file when a byte changed after the save. A file without it (saved before 2026-11-25, or by
+ * another program) passes. Reads the whole data section (zlib's crc32, several GB/s);
+ * ddp_ckpt_load_train calls it. */
+ddp_status ddp_ckpt_verify(const ddp_ckpt *c, ddp_error *err);
+
 /* ---- checkpoint directories -------------------------------------------------------------------
  */
 

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "util/util.h"
 
@@ -29,6 +30,22 @@
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* a larger header is taken for corruption */
 #define META_KEY "__metadata__"
+/* The data section's CRC-32 (zlib's), 8 hex digits, in the metadata: a byte changed after the
+ * save (a flipped bit on disk, a partial copy) is found by ddp_ckpt_verify instead of loading as
+ * wrong weights. Files without it (older ones, other writers) are not checked. */
+#define CRC_KEY "ddp.data_crc32"
+
+/* zlib's CRC-32 over n bytes, in pieces its uInt length can take. */
+static uint32_t data_crc(uint32_t crc, const unsigned char *p, uint64_t n)
+{
+    while (n > 0) {
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = (uint32_t)crc32(crc, p, k);
+        p += k;
+        n -= k;
+    }
+    return crc;
+}
 
 /* The format's names for our dtypes (safetensors spells them its own way); sizes are
  * ddp_dtype_size()'s. Every ddp_dtype has an entry. */
@@ -151,13 +168,20 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
     if (!root)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
 
-    if (nmeta > 0) {
-        json_t *meta = json_object();
-        if (!meta || json_object_set_new(root, META_KEY, meta) != 0) {
-            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
-            goto out_free;
-        }
+    json_t *meta = json_object();
+    if (!meta || json_object_set_new(root, META_KEY, meta) != 0) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
+        goto out_free;
+    }
+    {
         for (size_t i = 0; i < nmeta; i++) {
+            if (mk[i] && !strcmp(mk[i], CRC_KEY)) {
+                st = ddp__err(err, DDP_ERR_INVALID,
+                              "saving checkpoint '%s': metadata key '" CRC_KEY "' is ddpc's own "
+                              "(the data's checksum); choose another name",
+                              path);
+                goto out_free;
+            }
             if (!mk[i] || !mv[i]) {
                 st = ddp__err(err, DDP_ERR_INVALID,
                               "saving checkpoint '%s': metadata entry %zu has a NULL key or value",
@@ -253,6 +277,15 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
             goto out_free;
         }
         pos += bytes[i];
+    }
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    for (size_t k = 0; k < n; k++)
+        crc = data_crc(crc, t[order[k].idx].data, bytes[order[k].idx]);
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)crc);
+    if (json_object_set_new(meta, CRC_KEY, json_string(hex)) != 0) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
+        goto out_free;
     }
     *root_out = root;
     return DDP_OK;
@@ -370,8 +403,10 @@ struct ddp_ckpt {
     char *path;
     unsigned char *map; /* the whole file, read-only */
     size_t map_len;
-    json_t *root;       /* the header; tensor names and metadata strings point into it */
-    ddp_ckpt_tensor *t; /* (n,) in header order */
+    size_t data_off;     /* where the data section begins in map */
+    const char *crc_hex; /* metadata CRC_KEY (not listed with the caller's metadata), or NULL */
+    json_t *root;        /* the header; tensor names and metadata strings point into it */
+    ddp_ckpt_tensor *t;  /* (n,) in header order */
     size_t n;
     const char **mkey; /* (nmeta,) */
     const char **mval; /* (nmeta,) */
@@ -567,6 +602,10 @@ static ddp_status parse(ddp_ckpt *c, ddp_error *err)
                              k);
                 goto out_free;
             }
+            if (!strcmp(k, CRC_KEY)) { /* ddpc's own: for ddp_ckpt_verify, not listed */
+                c->crc_hex = json_string_value(v);
+                continue;
+            }
             c->mkey[c->nmeta] = k;
             c->mval[c->nmeta++] = json_string_value(v);
         }
@@ -585,6 +624,7 @@ static ddp_status parse(ddp_ckpt *c, ddp_error *err)
         c->n++;
     }
     uint64_t data_off = 8 + hlen;
+    c->data_off = (size_t)data_off;
     st = check_layout(path, r, c->n, (uint64_t)c->map_len - data_off, err);
     if (st != DDP_OK)
         goto out_free;
@@ -706,4 +746,26 @@ bool ddp_ckpt_meta_at(const ddp_ckpt *c, size_t i, const char **key, const char 
     if (val)
         *val = c->mval[i];
     return true;
+}
+
+ddp_status ddp_ckpt_verify(const ddp_ckpt *c, ddp_error *err)
+{
+    if (!c)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_verify: the checkpoint is NULL");
+    const char *want = c->crc_hex;
+    if (!want)
+        return DDP_OK; /* written before 2026-11-25, or by another program */
+    char *end = NULL;
+    unsigned long w = strtoul(want, &end, 16);
+    if (strlen(want) != 8 || *end)
+        return corrupt(err, c->path, "metadata '" CRC_KEY "' is '%.20s', not 8 hex digits", want);
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    crc = data_crc(crc, c->map + c->data_off, (uint64_t)(c->map_len - c->data_off));
+    if (crc != (uint32_t)w)
+        return corrupt(err, c->path,
+                       "its data does not match the checksum saved with it (CRC-32 %08x, saved "
+                       "%s): the file changed after it was written (a flipped bit on disk, a "
+                       "partial copy); use an earlier checkpoint",
+                       (unsigned)crc, want);
+    return DDP_OK;
 }

@@ -121,10 +121,10 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     snprintf(ost, sizeof ost, "%llu", (unsigned long long)s->pos.optim_step);
     snprintf(scale, sizeof scale, "%.9g", (double)s->pos.loss_scale);
     snprintf(growth, sizeof growth, "%d", (int)s->pos.loss_scale_growth);
-    const char *keys[] = {"format", "step",   "epoch",      "next_batch",       "world_size",
+    const char *keys[] = {"format", "step",   "epoch",      "next_batch", "world_size",
                           "loss",   "config", "optim_step", "loss_scale", "loss_scale_growth"};
-    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT, step, epoch, nb, ws, loss,
-                          s->config ? s->config : "", ost, scale, growth};
+    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT,      step, epoch, nb,    ws, loss,
+                          s->config ? s->config : "", ost,  scale, growth};
     size_t nk = s->pos.loss_scale > 0 ? 10 : 7; /* the scaler's keys only with fp16 */
     st = ddp_ckpt_save(path, ts, k, keys, vals, nk, err);
 out_free:
@@ -194,6 +194,8 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
                       DDP_CKPT_TRAIN_FORMAT);
         goto out_close;
     }
+    if ((st = ddp_ckpt_verify(c, err)) != DDP_OK)
+        goto out_close;
     for (size_t i = 0; i < s->n_params && !st; i++) {
         const ddp_model_param *p = &s->params[i];
         st = load_tensor(c, path, p->name, p->count, p->data, false, err);

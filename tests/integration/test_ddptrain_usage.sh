@@ -136,6 +136,18 @@ mv "$c/step20.safetensors" "$c/step20.safetensors.damaged"
 assert_contains out "resumed from $c/step10.safetensors at step 10"
 ok "a truncated latest checkpoint: clear error naming the previous one, nothing lost"
 
+# One byte changed in the latest checkpoint's data (a flipped bit on disk): it loaded as other
+# weights before 2026-11-25; now the data's checksum refuses it, with the same hint.
+[ -e "$c/step30.safetensors" ] || fail "no step30"
+size=$(stat -c %s "$c/step30.safetensors")
+printf '\x5a' | dd of="$c/step30.safetensors" bs=1 seek=$((size - 3)) conv=notrunc status=none
+rc=0
+"$TRAIN" --out_dir "$T/run3" --total_steps 40 --resume_from latest >out 2>err || rc=$?
+[ $rc -ne 0 ] || fail "a checkpoint with a changed byte was resumed from"
+assert_contains err "step30.safetensors' is malformed: its data does not match the checksum saved with it"
+assert_contains err "HINT: the checkpoint before it is '$c/step"
+ok "a byte changed in the latest checkpoint: refused by its checksum, the one before it named"
+
 # --task test with an out_dir that holds no run: say what to give instead.
 rc=0
 "$TRAIN" --task test --out_dir "$T/norun" >out 2>err || rc=$?

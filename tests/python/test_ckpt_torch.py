@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import torch
 
@@ -153,8 +154,15 @@ with tempfile.TemporaryDirectory(prefix="ddp-ckpt-torch-") as d:
         t = got.get(name)
         check(t is not None and t.dtype == want.dtype and t.shape == want.shape
               and torch.equal(t, want), f"C→torch tensor '{name}': got {t}, want {want}")
+    # ddpc's own entry: the data section's CRC-32, checked here with Python's zlib.
+    crc = meta.pop("ddp.data_crc32", None)
+    with open(p, "rb") as f:
+        raw = f.read()
+    want_crc = f"{zlib.crc32(raw[8 + n:]):08x}"
+    check(crc == want_crc, f"ddp.data_crc32 {crc} != zlib.crc32 of the data {want_crc}")
     check(meta == ref_meta, f"C→torch metadata {meta} != {ref_meta}")
-    print(f"C → torch: {len(got)} tensors and {len(meta)} metadata entries identical")
+    print(f"C → torch: {len(got)} tensors and {len(meta)} metadata entries identical, "
+          f"data CRC-32 {crc} as zlib's")
 
     # 2. torch writes, C reads.
     g = torch.Generator().manual_seed(0)

@@ -697,6 +697,28 @@ static void test_train_state(void **state)
     assert_int_equal(ddp_ckpt_load_train(NULL, &t, &pos, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_save_train(path, NULL, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_save_train(NULL, &s, NULL), DDP_ERR_INVALID);
+    /* One bit flipped in the data after the save (a disk's, a partial copy's): refused by the
+     * data's checksum, not loaded as other weights (it loaded silently before 2026-11-25). */
+    c = NULL;
+    assert_int_equal(ddp_ckpt_open(path, &c, NULL), DDP_OK);
+    assert_int_equal(ddp_ckpt_verify(c, NULL), DDP_OK);
+    assert_null(ddp_ckpt_meta(c, "ddp.data_crc32")); /* ddpc's own: not listed */
+    ddp_ckpt_close(c);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    int byte = fgetc(f);
+    assert_int_equal(fseek(f, -3, SEEK_END), 0);
+    fputc(byte ^ 0x10, f);
+    fclose(f);
+    ddp_error e2 = {0};
+    assert_int_equal(ddp_ckpt_load_train(path, &t, &pos, &e2), DDP_ERR_INVALID);
+    if (!strstr(e2.msg, "does not match the checksum saved with it") || !strstr(e2.msg, path))
+        fail_msg("a flipped bit: '%s'", e2.msg);
+    /* The checksum's key is ddpc's own. */
+    const char *ck[] = {"ddp.data_crc32"}, *cv[] = {"00000000"};
+    assert_int_equal(ddp_ckpt_save(path, NULL, 0, ck, cv, 1, &e2), DDP_ERR_INVALID);
+    assert_non_null(strstr(e2.msg, "is ddpc's own"));
 }
 
 static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)

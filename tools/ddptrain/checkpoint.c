@@ -143,9 +143,11 @@ void trainer_hint_damaged(const trainer *t, const char *path, bool train)
     char before[1300];
     ddp_ckpt *ck = NULL;
     ddp_status st = ddp_ckpt_open(path, &ck, NULL);
+    if (st == DDP_OK && ddp_ckpt_verify(ck, NULL) != DDP_OK)
+        st = DDP_ERR_INVALID; /* opens, but its data changed after the save: damaged too */
     ddp_ckpt_close(ck);
-    /* It opens: what failed is the model or optimizer it is loaded into, and the checkpoint
-     * before it was saved by the same run, with the same mismatch. */
+    /* It opens and is whole: what failed is the model or optimizer it is loaded into, and the
+     * checkpoint before it was saved by the same run, with the same mismatch. */
     if (st == DDP_OK || st == DDP_ERR_NOT_FOUND ||
         !checkpoint_before(t, path, before, sizeof before))
         return;
