@@ -173,35 +173,32 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
         goto out_free;
     }
-    {
-        for (size_t i = 0; i < nmeta; i++) {
-            if (mk[i] && !strcmp(mk[i], CRC_KEY)) {
-                st = ddp__err(err, DDP_ERR_INVALID,
-                              "saving checkpoint '%s': metadata key '" CRC_KEY "' is ddpc's own "
-                              "(the data's checksum); choose another name",
-                              path);
-                goto out_free;
-            }
-            if (!mk[i] || !mv[i]) {
-                st = ddp__err(err, DDP_ERR_INVALID,
-                              "saving checkpoint '%s': metadata entry %zu has a NULL key or value",
-                              path, i);
-                goto out_free;
-            }
-            if (json_object_get(meta, mk[i])) {
-                st = ddp__err(err, DDP_ERR_INVALID,
-                              "saving checkpoint '%s': metadata key '%s' is given twice", path,
-                              mk[i]);
-                goto out_free;
-            }
-            json_t *v = json_string(mv[i]);
-            if (!v || json_object_set_new(meta, mk[i], v) != 0) {
-                st = ddp__err(err, DDP_ERR_INVALID,
-                              "saving checkpoint '%s': metadata '%s' is not valid UTF-8 (key and "
-                              "value must be UTF-8 text)",
-                              path, mk[i]);
-                goto out_free;
-            }
+    for (size_t i = 0; i < nmeta; i++) {
+        if (mk[i] && !strcmp(mk[i], CRC_KEY)) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "saving checkpoint '%s': metadata key '" CRC_KEY "' is ddpc's own "
+                          "(the data's checksum); choose another name",
+                          path);
+            goto out_free;
+        }
+        if (!mk[i] || !mv[i]) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "saving checkpoint '%s': metadata entry %zu has a NULL key or value",
+                          path, i);
+            goto out_free;
+        }
+        if (json_object_get(meta, mk[i])) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "saving checkpoint '%s': metadata key '%s' is given twice", path, mk[i]);
+            goto out_free;
+        }
+        json_t *v = json_string(mv[i]);
+        if (!v || json_object_set_new(meta, mk[i], v) != 0) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "saving checkpoint '%s': metadata '%s' is not valid UTF-8 (key and "
+                          "value must be UTF-8 text)",
+                          path, mk[i]);
+            goto out_free;
         }
     }
 
