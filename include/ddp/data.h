@@ -142,11 +142,15 @@ typedef struct ddp_loader_opts {
     bool drop_last;    /* drop a last partial batch of an epoch */
     ddp_batch_transform transform; /* NULL: none (above) */
     void *transform_ctx;           /* its first argument, borrowed for the loader's life */
+    double timeout_s; /* torch DataLoader's timeout: with threads ≥ 1, the longest next() waits
+                       * for a batch (a worker stuck reading or in the transform) before it
+                       * returns DDP_ERR_TIMEOUT naming the batch; 0: no limit (torch's default).
+                       * Negative, NaN, or positive with threads 0 is DDP_ERR_INVALID. */
 } ddp_loader_opts;
 
 #define DDP_LOADER_OPTS_INIT                                                                       \
     {                                                                                              \
-        32, 1, 2, true, NULL, NULL                                                                 \
+        32, 1, 2, true, NULL, NULL, 0                                                              \
     }
 
 /* One batch: (n, x_elems) x and (n, y_elems) y, owned by the loader, valid until the next call
@@ -169,7 +173,11 @@ void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */
  * too: the next call to next() starts that epoch from its first batch (the workers read their
  * own copy of the indices, so the sampler may change at any time). */
 ddp_status ddp_loader_set_epoch(ddp_loader *l, uint64_t epoch);
-/* The next batch of the epoch (n == 0 once the epoch is over). Waits for the workers. */
+/* The next batch of the epoch (n == 0 once the epoch is over). Waits for the workers, at most
+ * opts.timeout_s when set: then DDP_ERR_TIMEOUT, with ddp_loader_last_error naming the batch; the
+ * loader stays usable (a later call waits again for the same batch), but a worker stuck in the
+ * caller's transform cannot be interrupted: set_epoch, restore and destroy wait for it to
+ * return. So a trainer that gets the timeout should report it and end (abort its group). */
 ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out);
 size_t ddp_loader_batches_per_epoch(const ddp_loader *l);
 

@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ddp/data.h"
 #include "data_int.h"
@@ -150,6 +151,34 @@ static void restart_locked(ddp_loader *l, uint64_t epoch, uint64_t batch)
     pthread_cond_broadcast(&l->cv_work);
 }
 
+/* Waits until slot s holds the batch next() hands out, for at most timeout_s when set; false
+ * (with l->err set) when it ran out. Called with mu held. */
+static bool wait_ready_locked(ddp_loader *l, slot *s)
+{
+    int64_t deadline = 0; /* ns on ddp__now_ns()'s clock; 0: none */
+    if (l->o.timeout_s > 0)
+        deadline = ddp__now_ns() + (int64_t)(l->o.timeout_s < 1e9 ? l->o.timeout_s * 1e9 : 1e18);
+    while (!(s->state == READY && s->batch == l->next_consume)) {
+        if (!deadline) {
+            pthread_cond_wait(&l->cv_ready, &l->mu);
+            continue;
+        }
+        if (ddp__now_ns() >= deadline) {
+            ddp__fmt(l->err, sizeof l->err,
+                     "batch %llu of epoch %llu was not ready after the loader's timeout of %g s "
+                     "(%s); raise timeout_s if that is expected, else see why it is stuck",
+                     (unsigned long long)l->next_consume, (unsigned long long)l->epoch,
+                     l->o.timeout_s,
+                     l->o.transform ? "a worker is still reading it or in the transform"
+                                    : "a worker is still reading it");
+            return false;
+        }
+        struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+        pthread_cond_timedwait(&l->cv_ready, &l->mu, &ts);
+    }
+    return true;
+}
+
 ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
                              ddp_loader **out, ddp_error *err)
 {
@@ -160,6 +189,12 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_loader_create: a dataset, a sampler, out and batch_size ≥ 1 are "
                         "required");
+    if (!(opts->timeout_s >= 0) || (opts->timeout_s > 0 && opts->threads == 0))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_loader_create: timeout_s %g with threads %d: the timeout is 0 (no "
+                        "limit) or a positive number of seconds with threads ≥ 1 (with threads 0 "
+                        "batches are filled on the caller's own thread)",
+                        opts->timeout_s, opts->threads);
     if (opts->threads < 0 || opts->depth < 0 || opts->depth == 1)
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_loader_create: threads %d and depth %d: threads is 0 or more, depth "
@@ -191,7 +226,11 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     l->y_elems = ddp_dataset_y_elems(ds);
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv_work, NULL);
-    pthread_cond_init(&l->cv_ready, NULL);
+    pthread_condattr_t ca; /* next()'s timeout is on ddp__now_ns()'s clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv_ready, &ca);
+    pthread_condattr_destroy(&ca);
     l->slots = calloc((size_t)l->o.depth, sizeof *l->slots);
     l->threads = calloc((size_t)l->o.threads + 1, sizeof *l->threads); /* + 1: never calloc(0) */
     l->len = ddp_sampler_len(sampler);
@@ -281,9 +320,9 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
         if (l->nthreads == 0 && !(s->state == READY && s->batch == l->next_consume))
             publish_locked(s, l->next_consume, /* synchronous: fill it here */
                            fill(l, s, l->epoch, l->next_consume, l->idx, l->len));
-        while (!(s->state == READY && s->batch == l->next_consume))
-            pthread_cond_wait(&l->cv_ready, &l->mu);
-        if (s->st != DDP_OK) { /* this batch failed: say so until set_epoch or restore */
+        if (!wait_ready_locked(l, s))
+            st = DDP_ERR_TIMEOUT;
+        else if (s->st != DDP_OK) { /* this batch failed: say so until set_epoch or restore */
             st = s->st;
             memcpy(l->err, s->err, sizeof l->err);
         } else {

@@ -9,6 +9,7 @@
  * j is j % 50000 — so a wrong index shows as a wrong value.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -502,6 +504,72 @@ static void loader_transform(void **state)
     ddp_dataset_close(ds);
 }
 
+/* A transform that holds batch 2 until released (atomically). */
+static ddp_status hold_batch2(void *ctx, const ddp_batch *b, const uint64_t *idx, char *msg)
+{
+    (void)idx, (void)msg;
+    int *release = ctx;
+    while (b->index == 2 && !__atomic_load_n(release, __ATOMIC_ACQUIRE))
+        nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    return DDP_OK;
+}
+
+/* torch DataLoader's timeout: next() gives up on a batch a worker is stuck on after timeout_s,
+ * naming it, and the loader still hands it out once it comes. Before, next() had no deadline:
+ * a transform that never returned hung the trainer. Bad timeouts are refused at creation. */
+static void loader_timeout(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("tmo", 40, 3, 3, false, a, b);
+    ddp_dataset *ds;
+    assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 40, so.shuffle = false;
+    ddp_sampler *s;
+    assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+    ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+    ddp_loader *l = NULL;
+    ddp_error err;
+    double bad[] = {-1, NAN};
+    for (int i = 0; i < 2; i++) {
+        lo.timeout_s = bad[i];
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, &err), DDP_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "timeout_s"));
+    }
+    lo.timeout_s = 1, lo.threads = 0;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "threads ≥ 1"));
+
+    int release = 0;
+    lo.batch_size = 4, lo.threads = 2, lo.depth = 4, lo.timeout_s = 0.2;
+    lo.transform = hold_batch2, lo.transform_ctx = &release;
+    assert_int_equal(ddp_loader_create(ds, s, &lo, &l, &err), DDP_OK);
+    ddp_batch bt;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+        assert_int_equal(bt.index, i);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(ddp_loader_next(l, &bt), DDP_ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long waited = (t1.tv_sec - t0.tv_sec) * 1000L + (t1.tv_nsec - t0.tv_nsec) / 1000000L;
+    if (!(waited >= 200 && waited < 5000))
+        fail_msg("next() gave up after %ld ms, not 0.2 s", waited);
+    const char *want = "batch 2 of epoch 0 was not ready after the loader's timeout of 0.2 s (a "
+                       "worker is still reading it or in the transform)";
+    if (!strstr(ddp_loader_last_error(l), want))
+        fail_msg("'%s' lacks '%s'", ddp_loader_last_error(l), want);
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+    assert_int_equal(ddp_loader_next(l, &bt), DDP_OK); /* it came after all */
+    assert_int_equal(bt.index, 2);
+    assert_int_equal(bt.y[0], 8 % 10);
+    ddp_loader_destroy(l);
+    ddp_sampler_destroy(s);
+    ddp_dataset_close(ds);
+}
+
 /* A PyTorch loop sets the sampler's epoch (train_sampler.set_epoch(epoch)) and iterates the
  * loader: the loader follows the sampler to that epoch. It kept reporting the end of epoch 0, so
  * every later epoch had no batch at all and training silently stopped after the first. */
@@ -717,6 +785,7 @@ int main(void)
         cmocka_unit_test(loader_refuses_bad_options),
         cmocka_unit_test(loader_huge_batch_and_bad_restore),
         cmocka_unit_test(loader_transform),
+        cmocka_unit_test(loader_timeout),
         cmocka_unit_test(loader_follows_sampler_epoch),
         cmocka_unit_test(augment_images),
     };
