@@ -97,11 +97,14 @@ typedef struct ddp_reducer_opts {
                                     (DDP_OVERLAP=async|inline) turns into ASYNC or INLINE; a
                                     value outside the enum is DDP_ERR_INVALID */
     bool shard_optimizer;        /* ZeRO-1: reduce-scatter, step your shard, gather (above) */
+    bool rebuild_buckets;        /* default true: cut the buckets again, once, along the first
+                                    synced step's ready order (rank 0's); above. Ignored with
+                                    shard_optimizer and on a GPU group */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \
     {                                                                                              \
-        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false                    \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true              \
     }
 
 typedef struct ddp_reducer ddp_reducer;
@@ -175,6 +178,12 @@ ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);
 void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out);
 /* Buckets and their parameters, for logs: "bucket 0: 1048576 B, 3 params (fc3.bias …)". */
 size_t ddp_reducer_num_buckets(const ddp_reducer *r);
+/* The bucket of parameter i (SIZE_MAX if there is none). Buckets start in index order, so this
+ * is also its place in the launch order. Changes once, when the buckets are rebuilt. */
+size_t ddp_reducer_bucket_of(const ddp_reducer *r, size_t i);
+/* Whether the buckets were rebuilt along the first synced step's ready order (opts.rebuild_buckets;
+ * true from the first mark_ready or finish of the second synced step on). */
+bool ddp_reducer_rebuilt(const ddp_reducer *r);
 const char *ddp_reducer_last_error(const ddp_reducer *r);
 
 #ifdef __cplusplus
