@@ -821,7 +821,9 @@ static void free_new(ddp_reducer *r, bucket *nb, size_t n)
 /* torch's _rebuild_buckets with sync_bucket_indices: the buckets are cut again along the order in
  * which the first synced step marked the gradients ready — rank 0's, broadcast, so that every
  * rank issues the same collectives whatever its own order was. Runs at the start of the second
- * synced step, when no bucket is in flight. The gradients do not move (every pointer from
+ * synced step, when no bucket is in flight, and only where every rank reduces its buckets on the
+ * progress thread (async): reduced inline, the order changes nothing but the copies' cost
+ * (measured: bench/RESULTS.md). The gradients do not move (every pointer from
  * ddp_reducer_grad stays valid): a new bucket whose parameters already lie side by side in one
  * old bucket, in any order, reduces them there in place; any other gets a staging copy, filled
  * at launch and copied back after the reduction (torch's gradient_as_bucket_view=False). Where a
@@ -831,7 +833,7 @@ static ddp_status rebuild(ddp_reducer *r)
     r->rebuild = REBUILD_DONE; /* once, whatever happens */
     size_t n = r->nparams, W = (size_t)r->W;
     ddp_status st = DDP_ERR_NOMEM;
-    int64_t *mine = calloc(n, sizeof(int64_t)), *all = malloc(sizeof(int64_t) * n * W);
+    int64_t *mine = calloc(n + 1, sizeof(int64_t)), *all = malloc(sizeof(int64_t) * (n + 1) * W);
     size_t *no = malloc(sizeof(size_t) * n), *nbo = malloc(sizeof(size_t) * n);
     size_t *noff = malloc(sizeof(size_t) * n);
     bool *hit = calloc(n, sizeof(bool));
@@ -845,14 +847,19 @@ static ddp_status rebuild(ddp_reducer *r)
     }
     for (size_t k = 0; k < n; k++)
         mine[k] = k < r->nseen ? (int64_t)r->seen[k] : -1;
+    mine[n] = r->async; /* overlap may differ across ranks: rebuild only if async on every one */
     /* An allgather rather than a broadcast: ctl stages it on any group. Rank 0's row wins. */
-    if ((st = ctl(r, true, mine, all, n, DDP_INT64, DDP_SUM))) {
+    if ((st = ctl(r, true, mine, all, n + 1, DDP_INT64, DDP_SUM))) {
         char m[DDP_ERRMSG_MAX];
         ddp__fmt(m, sizeof m, "%s", r->err);
         ddp__errmsg(r->err, st, "rebuilding the gradient buckets (rank 0's ready order): %s", m);
         goto out;
     }
     st = DDP_OK;
+    for (size_t k = 0; k < W; k++)
+        if (!all[k * (n + 1) + n])
+            goto out; /* inline somewhere: a bucket is reduced on the caller's thread whatever
+                         the order, so a new layout gains nothing there, and its copies cost */
     for (size_t k = 0; k < n; k++) {
         int64_t p = all[k];
         if (p < 0 || (size_t)p >= n || hit[p])

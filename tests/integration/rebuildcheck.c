@@ -65,7 +65,8 @@ typedef struct twin {
     ddp_reducer *red;
 } twin;
 
-static int make(ddp_group *g, twin *t, bool rebuild, bool bf16, bool shard)
+static int make_ov(ddp_group *g, twin *t, bool rebuild, bool bf16, bool shard,
+                   ddp_reducer_overlap ov)
 {
     ddp_error err = {0};
     for (int i = 0; i < NP; i++) {
@@ -78,11 +79,18 @@ static int make(ddp_group *g, twin *t, bool rebuild, bool bf16, bool shard)
     o.compress_bf16 = bf16;
     o.shard_optimizer = shard;
     o.rebuild_buckets = rebuild;
+    o.overlap = ov;
     if (ddp_reducer_create(g, t->ps, NP, NULL, 0, &o, &t->red, &err) != DDP_OK) {
         fprintf(stderr, "rebuildcheck: %s\n", err.msg);
         return 1;
     }
     return 0;
+}
+
+/* The buckets on the progress thread: where the rebuild applies (inline it is skipped). */
+static int make(ddp_group *g, twin *t, bool rebuild, bool bf16, bool shard)
+{
+    return make_ov(g, t, rebuild, bf16, shard, DDP_OVERLAP_ASYNC);
 }
 
 static void drop(twin *t)
@@ -240,6 +248,37 @@ static int sharded(ddp_group *g)
     return 0;
 }
 
+/* Inline on some rank (overlap may differ across ranks): no rank rebuilds, the means are right.
+ */
+static int inline_kept(ddp_group *g)
+{
+    for (int who = 0; who < (W > 1 ? 2 : 1); who++) { /* every rank inline; the last one only */
+        twin t;
+        bool inl = who == 0 || R == W - 1;
+        if (make_ov(g, &t, true, false, false, inl ? DDP_OVERLAP_INLINE : DDP_OVERLAP_ASYNC))
+            return 1;
+        for (int s = 0; s < 3; s++) {
+            if (step(&t, s, 1, false))
+                return 1;
+            CHECK(!ddp_reducer_rebuilt(t.red), "inline on %s: rebuilt",
+                  who ? "the last rank" : "every rank");
+            for (int i = 0; i < NP; i++) {
+                const float *x = ddp_reducer_grad(t.red, (size_t)i);
+                double want = 0, mag = 0;
+                for (int r = 0; r < W; r++) {
+                    want += gval(r, s, 0, i, 3);
+                    mag += fabs(gval(r, s, 0, i, 3));
+                }
+                want /= W;
+                CHECK(fabs(x[3] - want) <= mag * 1e-6, "inline step %d: p%d[3] = %.9g, want %.9g",
+                      s, i, x[3], want);
+            }
+        }
+        drop(&t);
+    }
+    return 0;
+}
+
 int main(void)
 {
     ddp_error err = {0};
@@ -264,7 +303,7 @@ int main(void)
               "rebuild_buckets differing across ranks not refused: %d %s", (int)st, err.msg);
         ddp_reducer_destroy(red);
     }
-    int rc = compare(g, false) || compare(g, true) || sharded(g);
+    int rc = compare(g, false) || compare(g, true) || sharded(g) || inline_kept(g);
     if (R == 0 && !fails && !rc)
         printf("rebuildcheck: all checks passed on %d ranks\n", W);
     ddp_group_destroy(g);
