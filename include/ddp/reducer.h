@@ -23,6 +23,19 @@
  * (ranks ≥ cores) buckets are instead reduced on the caller's thread as they complete
  * (opts.overlap), which measured faster there.
  *
+ * Rebuilt buckets (opts.rebuild_buckets, default on; torch's _rebuild_buckets): reverse
+ * registration is a guess. The first synced step records the order of mark_ready (parameters
+ * never marked follow, in bucket order); at the start of the second synced step (its first
+ * mark_ready, or finish when nothing is marked: no bucket is in flight) the buckets are cut again
+ * along rank 0's order, gathered to every rank so that ranks that marked in other orders agree.
+ * Once. Gradients do NOT move: every pointer from ddp_reducer_grad stays valid. A new bucket
+ * whose parameters lie side by side in one old bucket is reduced there in place; any other has a
+ * staging buffer, filled at launch and copied back after the reduction (2 × its bytes a step,
+ * like torch's gradient_as_bucket_view=False). Skipped (the layout stays) where buckets are
+ * reduced inline on any rank (nothing to gain there), with shard_optimizer (shards and optimizer
+ * state are keyed by the layout) and on a GPU group. ddp_reducer_bucket_of says where a
+ * parameter went.
+ *
  * Sharded optimizer step (ZeRO stage 1; torch's ZeroRedundancyOptimizer, fused with DDP):
  * with opts.shard_optimizer each bucket is reduce-scattered instead of all-reduced, so after
  * finish() a rank holds the mean gradient only for its shard, 1/world of every bucket;

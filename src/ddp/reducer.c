@@ -7,6 +7,9 @@
  * ordinary memory when the arena is full. A parameter's gradient is a view at its offset.
  * Launch order: bucket k starts only after buckets 0..k−1 have started, whatever order the
  * model marks gradients in, so every rank issues the same sequence of collectives.
+ * Rebuild (rebuild()): once, at the start of the second synced step, the buckets are cut again
+ * along the first synced step's ready order (rank 0's); the old buckets' memory stays the
+ * gradients' home (r->home) and new buckets either view a range of it or stage a copy.
  * Compression: a float32 bucket can travel as bfloat16 (one rounding, sums in float32 inside
  * the backend); the conversion is done on the caller's thread at launch and after the wait.
  * Sharding (ZeRO-1): a bucket is padded to W equal blocks of whole cache lines and reduced with
