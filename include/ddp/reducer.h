@@ -23,6 +23,19 @@
  * (ranks ≥ cores) buckets are instead reduced on the caller's thread as they complete
  * (opts.overlap), which measured faster there.
  *
+ * Rebuilt buckets (opts.rebuild_buckets, default on; torch's _rebuild_buckets): reverse
+ * registration is a guess. The first synced step records the order of mark_ready (parameters
+ * never marked follow, in bucket order); at the start of the second synced step (its first
+ * mark_ready, or finish when nothing is marked: no bucket is in flight) the buckets are cut again
+ * along rank 0's order, gathered to every rank so that ranks that marked in other orders agree.
+ * Once. Gradients do NOT move: every pointer from ddp_reducer_grad stays valid. A new bucket
+ * whose parameters lie side by side in one old bucket is reduced there in place; any other has a
+ * staging buffer, filled at launch and copied back after the reduction (2 × its bytes a step,
+ * like torch's gradient_as_bucket_view=False). Skipped (the layout stays) where buckets are
+ * reduced inline on any rank (nothing to gain there), with shard_optimizer (shards and optimizer
+ * state are keyed by the layout) and on a GPU group. ddp_reducer_bucket_of says where a
+ * parameter went.
+ *
  * Sharded optimizer step (ZeRO stage 1; torch's ZeroRedundancyOptimizer, fused with DDP):
  * with opts.shard_optimizer each bucket is reduce-scattered instead of all-reduced, so after
  * finish() a rank holds the mean gradient only for its shard, 1/world of every bucket;
@@ -97,11 +110,14 @@ typedef struct ddp_reducer_opts {
                                     (DDP_OVERLAP=async|inline) turns into ASYNC or INLINE; a
                                     value outside the enum is DDP_ERR_INVALID */
     bool shard_optimizer;        /* ZeRO-1: reduce-scatter, step your shard, gather (above) */
+    bool rebuild_buckets;        /* default true: cut the buckets again, once, along the first
+                                    synced step's ready order (rank 0's); above. Ignored with
+                                    shard_optimizer and on a GPU group */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \
     {                                                                                              \
-        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false                    \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true              \
     }
 
 typedef struct ddp_reducer ddp_reducer;
@@ -175,6 +191,12 @@ ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);
 void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out);
 /* Buckets and their parameters, for logs: "bucket 0: 1048576 B, 3 params (fc3.bias …)". */
 size_t ddp_reducer_num_buckets(const ddp_reducer *r);
+/* The bucket of parameter i (SIZE_MAX if there is none). Buckets start in index order, so this
+ * is also its place in the launch order. Changes once, when the buckets are rebuilt. */
+size_t ddp_reducer_bucket_of(const ddp_reducer *r, size_t i);
+/* Whether the buckets were rebuilt along the first synced step's ready order (opts.rebuild_buckets;
+ * true from the first mark_ready or finish of the second synced step on). */
+bool ddp_reducer_rebuilt(const ddp_reducer *r);
 const char *ddp_reducer_last_error(const ddp_reducer *r);
 
 #ifdef __cplusplus

@@ -7,6 +7,9 @@
  * ordinary memory when the arena is full. A parameter's gradient is a view at its offset.
  * Launch order: bucket k starts only after buckets 0..k−1 have started, whatever order the
  * model marks gradients in, so every rank issues the same sequence of collectives.
+ * Rebuild (rebuild()): once, at the start of the second synced step, the buckets are cut again
+ * along the first synced step's ready order (rank 0's); the old buckets' memory stays the
+ * gradients' home (r->home) and new buckets either view a range of it or stage a copy.
  * Compression: a float32 bucket can travel as bfloat16 (one rounding, sums in float32 inside
  * the backend); the conversion is done on the caller's thread at launch and after the wait.
  * Sharding (ZeRO-1): a bucket is padded to W equal blocks of whole cache lines and reduced with
@@ -26,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,12 +51,27 @@ typedef struct bucket {
     bool pmem_arena;
     uint16_t *wire; /* (padded,) bf16 copy when compressing, else NULL */
     bool wire_arena;
+    bool owns_mem;      /* mem is this bucket's allocation (else a view into a home region) */
+    bool staged;        /* rebuilt: mem is a staging copy; gradients are gathered into it at
+                           launch and scattered back to their home after the reduction */
     size_t first, last; /* params covered, as indices into order[] */
     int pending;        /* params not yet marked ready this step */
     bool launched;
     bool inline_done; /* reduced on the caller's thread this step */
     ddp_work *work;
 } bucket;
+
+/* Where gradients live after a rebuild: the creation-time buckets' memory, kept so that every
+ * pointer ddp_reducer_grad() returned stays valid (the reducer's contract). */
+typedef struct home_mem {
+    void *mem;
+    bool arena;
+    size_t bytes;
+} home_mem;
+
+/* Bucket rebuilding (torch's _rebuild_buckets): record the first synced step's ready order,
+ * rebuild at the start of the next synced step, then never again. */
+enum { REBUILD_RECORD, REBUILD_PENDING, REBUILD_DONE };
 
 struct ddp_reducer {
     ddp_group *g;
@@ -61,7 +80,8 @@ struct ddp_reducer {
     const ddp_param *buffers;
     size_t nbuffers;
     ddp_reducer_opts o;
-    size_t *order;     /* params in bucket order (reverse registration) */
+    size_t *order;     /* params in bucket order (reverse registration; after a rebuild the
+                          ready order of the first synced step, rank 0's) */
     size_t *bucket_of; /* param i → bucket */
     size_t *off;       /* param i → its first element in its bucket */
     void **grad;       /* param i → its gradient view */
@@ -69,6 +89,11 @@ struct ddp_reducer {
     bool *ready;       /* param i marked this step */
     bucket *b;
     size_t nb;
+    int rebuild;  /* REBUILD_*: where this reducer is in its one rebuild */
+    size_t *seen; /* (nparams,) the first synced step's mark_ready order */
+    size_t nseen;
+    home_mem *home; /* after a rebuild: the gradients' memory (the old buckets'), else NULL */
+    size_t nhome;
     size_t next_launch; /* first bucket not launched */
     bool async;         /* buckets go to the progress thread (else inline, blocking) */
     bool step_open;     /* some gradient was marked ready since the last finish */
@@ -205,11 +230,12 @@ out:
  * compress_bf16 surfaced later as "collectives differ" with counts that did not say why. */
 static ddp_status check_opts(ddp_reducer *r, ddp_error *err)
 {
-    enum { N_OPTS = 5 };
-    static const char *const names[N_OPTS] = {"bucket_cap", "first_bucket", "compress_bf16",
-                                              "shard_optimizer", "broadcast_params"};
-    uint64_t mine[N_OPTS] = {r->o.bucket_cap, r->o.first_bucket, r->o.compress_bf16,
-                             r->o.shard_optimizer, r->o.broadcast_params};
+    enum { N_OPTS = 6 };
+    static const char *const names[N_OPTS] = {"bucket_cap",       "first_bucket",
+                                              "compress_bf16",    "shard_optimizer",
+                                              "broadcast_params", "rebuild_buckets"};
+    uint64_t mine[N_OPTS] = {r->o.bucket_cap,      r->o.first_bucket,     r->o.compress_bf16,
+                             r->o.shard_optimizer, r->o.broadcast_params, r->o.rebuild_buckets};
     int W = ddp_group_size(r->g);
     uint64_t *all = malloc(sizeof(uint64_t) * N_OPTS * (size_t)W);
     if (!all)
@@ -225,7 +251,8 @@ static ddp_status check_opts(ddp_reducer *r, ddp_error *err)
                 st = ddp__err(err, DDP_ERR_INVALID,
                               "the reducer's option %s is %llu on rank %d but %llu on rank %d: "
                               "every rank must pass the same ddp_reducer_opts (bucket_cap, "
-                              "first_bucket, compress_bf16, shard_optimizer, broadcast_params)",
+                              "first_bucket, compress_bf16, shard_optimizer, broadcast_params, "
+                              "rebuild_buckets)",
                               names[i], (unsigned long long)mine[i], ddp_group_rank(r->g),
                               (unsigned long long)all[(size_t)k * N_OPTS + (size_t)i], k);
 out:
@@ -371,6 +398,38 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
     return DDP_OK;
 }
 
+/* Cuts order[] (parameter indices) into buckets b[] (zeroed, nparams of them): a new bucket when
+ * the cap is reached (first_bucket for the first) or the dtype changes; bucket_of[] filled.
+ * Returns the number of buckets. */
+static size_t partition(const ddp_reducer *r, const size_t *order, bucket *b, size_t *bucket_of)
+{
+    const ddp_param *params = r->params;
+    size_t nb = 0, cap = r->o.first_bucket;
+    for (size_t k = 0; k < r->nparams;) {
+        bucket *c = &b[nb];
+        c->dtype = params[order[k]].dtype;
+        c->first = k;
+        size_t esz = ddp_dtype_size(c->dtype), bytes = 0;
+        while (k < r->nparams && params[order[k]].dtype == c->dtype &&
+               (bytes == 0 || bytes + params[order[k]].count * esz <= cap)) {
+            bytes += params[order[k]].count * esz;
+            bucket_of[order[k]] = nb;
+            k++;
+        }
+        c->last = k;
+        c->count = bytes / esz;
+        c->padded = c->count;
+        if (r->shard) { /* W blocks of whole cache lines */
+            size_t line = 64 / esz, per = (c->count + (size_t)r->W - 1) / (size_t)r->W;
+            c->block = (per + line - 1) / line * line;
+            c->padded = c->block * (size_t)r->W;
+        }
+        nb++;
+        cap = r->o.bucket_cap;
+    }
+    return nb;
+}
+
 static int cmp_param_name(const void *a, const void *b)
 {
     const ddp_param *x = *(const ddp_param *const *)a, *y = *(const ddp_param *const *)b;
@@ -494,6 +553,11 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     r->W = ddp_group_size(g);
     r->me = ddp_group_rank(g);
     r->shard = r->o.shard_optimizer && r->W > 1;
+    /* Not rebuilt: sharded (the shard a rank steps, and the optimizer state it keeps, are keyed
+     * by the layout) and on a GPU group (the staging copies would have to be ordered on the
+     * group's stream; not done yet). */
+    r->rebuild =
+        r->o.rebuild_buckets && !r->shard && !dev && nparams > 1 ? REBUILD_RECORD : REBUILD_DONE;
     ddp_status st = DDP_ERR_NOMEM;
     size_t n1 = nparams ? nparams : 1;
     r->order = malloc(sizeof(size_t) * n1);
@@ -503,7 +567,9 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     r->pdata = calloc(n1, sizeof(void *));
     r->ready = calloc(n1, sizeof(bool));
     r->b = calloc(n1, sizeof(bucket));
-    if (!r->order || !r->bucket_of || !r->off || !r->grad || !r->pdata || !r->ready || !r->b) {
+    r->seen = malloc(sizeof(size_t) * n1);
+    if (!r->order || !r->bucket_of || !r->off || !r->grad || !r->pdata || !r->ready || !r->b ||
+        !r->seen) {
         ddp__err(err, st, "out of memory creating the reducer");
         goto out_fail;
     }
@@ -516,29 +582,9 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     /* Buckets in reverse registration order. */
     for (size_t k = 0; k < nparams; k++)
         r->order[k] = nparams - 1 - k;
-    size_t cap = r->o.first_bucket;
-    for (size_t k = 0; k < nparams;) {
-        bucket *b = &r->b[r->nb];
-        b->dtype = params[r->order[k]].dtype;
-        b->first = k;
-        size_t esz = ddp_dtype_size(b->dtype), bytes = 0;
-        while (k < nparams && params[r->order[k]].dtype == b->dtype &&
-               (bytes == 0 || bytes + params[r->order[k]].count * esz <= cap)) {
-            bytes += params[r->order[k]].count * esz;
-            r->bucket_of[r->order[k]] = r->nb;
-            k++;
-        }
-        b->last = k;
-        b->count = bytes / esz;
-        b->padded = b->count;
-        if (r->shard) { /* W blocks of whole cache lines */
-            size_t line = 64 / esz, per = (b->count + (size_t)r->W - 1) / (size_t)r->W;
-            b->block = (per + line - 1) / line * line;
-            b->padded = b->block * (size_t)r->W;
-        }
-        r->nb++;
-        cap = r->o.bucket_cap;
-    }
+    r->nb = partition(r, r->order, r->b, r->bucket_of);
+    for (size_t i = 0; i < r->nb; i++)
+        r->b[i].owns_mem = true;
     if ((st = alloc_buckets(r, err)))
         goto out_fail;
     for (size_t i = 0; i < r->nb; i++) {
@@ -594,9 +640,9 @@ void ddp_reducer_destroy(ddp_reducer *r)
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
         ddp_work_free(b->work);
-        if (b->arena)
+        if (b->owns_mem && b->arena)
             ddp_group_free(r->g, b->mem);
-        else
+        else if (b->owns_mem)
             free(b->mem);
         if (b->wire_arena)
             ddp_group_free(r->g, b->wire);
@@ -607,6 +653,14 @@ void ddp_reducer_destroy(ddp_reducer *r)
         else
             free(b->pmem);
     }
+    for (size_t i = 0; i < r->nhome; i++) {
+        if (r->home[i].arena)
+            ddp_group_free(r->g, r->home[i].mem);
+        else
+            free(r->home[i].mem);
+    }
+    free(r->home);
+    free(r->seen);
     free(r->order);
     free(r->bucket_of);
     free(r->off);
@@ -640,6 +694,9 @@ void ddp_reducer_zero_grad(ddp_reducer *r)
             if (st)
                 r->dev_st = dev_fail(r, st, "zeroing the gradients", msg);
         }
+    } else if (r->home) { /* rebuilt: the gradients live in the old buckets' memory */
+        for (size_t i = 0; i < r->nhome; i++)
+            memset(r->home[i].mem, 0, r->home[i].bytes);
     } else {
         for (size_t i = 0; i < r->nb; i++)
             memset(r->b[i].mem, 0, r->b[i].padded * ddp_dtype_size(r->b[i].dtype));
@@ -666,11 +723,26 @@ static void reset_step(ddp_reducer *r)
     r->next_launch = 0;
 }
 
+/* A staged bucket's gradients from their homes into its staging copy (to_stage), or the
+ * reduced mean back (CPU only: staging is not used on a GPU group). */
+static void stage(ddp_reducer *r, bucket *b, bool to_stage)
+{
+    size_t esz = ddp_dtype_size(b->dtype);
+    for (size_t k = b->first; k < b->last; k++) {
+        size_t p = r->order[k], bytes = r->params[p].count * esz;
+        char *s = (char *)b->mem + r->off[p] * esz;
+        if (bytes)
+            memcpy(to_stage ? s : r->grad[p], to_stage ? r->grad[p] : s, bytes);
+    }
+}
+
 static ddp_status launch(ddp_reducer *r, bucket *b)
 {
     ddp_status st;
     void *buf = b->mem;
     ddp_dtype t = b->dtype;
+    if (b->staged)
+        stage(r, b, true);
     if (b->wire) {
         if (!r->dev) {
             ddp__from_f32(b->wire, b->mem, b->padded, DDP_BFLOAT16);
@@ -718,6 +790,196 @@ static ddp_status launch_ready(ddp_reducer *r, bool force)
     return DDP_OK;
 }
 
+/* The end of the recorded step: the parameters never marked (reduced by finish) follow the
+ * marked ones, in bucket order, so the record is a whole permutation. */
+static void record_end(ddp_reducer *r, bool ok)
+{
+    if (r->rebuild != REBUILD_RECORD)
+        return;
+    if (!ok) { /* a failed step: the group is gone, or its ranks disagree; keep the layout */
+        r->rebuild = REBUILD_DONE;
+        return;
+    }
+    for (size_t k = 0; k < r->nparams; k++)
+        if (!r->ready[r->order[k]])
+            r->seen[r->nseen++] = r->order[k];
+    r->rebuild = REBUILD_PENDING;
+}
+
+/* Frees what a rebuild allocated for buckets nb[0..n) (staging copies and wire buffers). */
+static void free_new(ddp_reducer *r, bucket *nb, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (nb[i].owns_mem && nb[i].arena)
+            ddp_group_free(r->g, nb[i].mem);
+        else if (nb[i].owns_mem)
+            free(nb[i].mem);
+        if (nb[i].wire_arena)
+            ddp_group_free(r->g, nb[i].wire);
+        else
+            free(nb[i].wire);
+    }
+}
+
+/* torch's _rebuild_buckets with sync_bucket_indices: the buckets are cut again along the order in
+ * which the first synced step marked the gradients ready — rank 0's, broadcast, so that every
+ * rank issues the same collectives whatever its own order was. Runs at the start of the second
+ * synced step, when no bucket is in flight, and only where every rank reduces its buckets on the
+ * progress thread (async): reduced inline, the order changes nothing but the copies' cost
+ * (measured: bench/RESULTS.md). The gradients do not move (every pointer from
+ * ddp_reducer_grad stays valid): a new bucket whose parameters already lie side by side in one
+ * old bucket, in any order, reduces them there in place; any other gets a staging copy, filled
+ * at launch and copied back after the reduction (torch's gradient_as_bucket_view=False). Where a
+ * rank cannot get memory for a staging copy, every rank keeps the old layout (not an error). */
+static ddp_status rebuild(ddp_reducer *r)
+{
+    r->rebuild = REBUILD_DONE; /* once, whatever happens */
+    size_t n = r->nparams, W = (size_t)r->W;
+    ddp_status st = DDP_ERR_NOMEM;
+    int64_t *mine = calloc(n + 1, sizeof(int64_t)), *all = malloc(sizeof(int64_t) * (n + 1) * W);
+    size_t *no = malloc(sizeof(size_t) * n), *nbo = malloc(sizeof(size_t) * n);
+    size_t *noff = malloc(sizeof(size_t) * n);
+    bool *hit = calloc(n, sizeof(bool));
+    bucket *nb = calloc(n, sizeof(bucket));
+    home_mem *home = calloc(r->nb, sizeof(home_mem));
+    int32_t *flags = malloc(sizeof(int32_t) * (2 * n + 1));
+    size_t nn = 0;
+    if (!mine || !all || !no || !nbo || !noff || !hit || !nb || !home || !flags) {
+        ddp__errmsg(r->err, st, "rebuilding the gradient buckets: out of memory");
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++)
+        mine[k] = k < r->nseen ? (int64_t)r->seen[k] : -1;
+    mine[n] = r->async; /* overlap may differ across ranks: rebuild only if async on every one */
+    /* An allgather rather than a broadcast: ctl stages it on any group. Rank 0's row wins. */
+    if ((st = ctl(r, true, mine, all, n + 1, DDP_INT64, DDP_SUM))) {
+        char m[DDP_ERRMSG_MAX];
+        ddp__fmt(m, sizeof m, "%s", r->err);
+        ddp__errmsg(r->err, st, "rebuilding the gradient buckets (rank 0's ready order): %s", m);
+        goto out;
+    }
+    st = DDP_OK;
+    for (size_t k = 0; k < W; k++)
+        if (!all[k * (n + 1) + n])
+            goto out; /* inline somewhere: a bucket is reduced on the caller's thread whatever
+                         the order, so a new layout gains nothing there, and its copies cost */
+    for (size_t k = 0; k < n; k++) {
+        int64_t p = all[k];
+        if (p < 0 || (size_t)p >= n || hit[p])
+            goto out; /* not a permutation (cannot happen): keep the layout */
+        hit[p] = true;
+        no[k] = (size_t)p;
+    }
+    nn = partition(r, no, nb, nbo);
+    /* In place where the new bucket's parameters fill one range of one old bucket. */
+    for (size_t j = 0; j < nn; j++) {
+        bucket *c = &nb[j];
+        size_t h = r->bucket_of[no[c->first]], lo = SIZE_MAX, hi = 0, sum = 0;
+        bool one = true;
+        for (size_t k = c->first; k < c->last; k++) {
+            size_t p = no[k];
+            one = one && r->bucket_of[p] == h;
+            lo = r->off[p] < lo ? r->off[p] : lo;
+            hi = r->off[p] + r->params[p].count > hi ? r->off[p] + r->params[p].count : hi;
+            sum += r->params[p].count;
+        }
+        size_t esz = ddp_dtype_size(c->dtype), off = 0;
+        c->staged = !(one && hi - lo == sum);
+        for (size_t k = c->first; k < c->last; k++) {
+            size_t p = no[k];
+            noff[p] = c->staged ? off : r->off[p] - lo;
+            off += r->params[p].count;
+        }
+        if (!c->staged) {
+            c->mem = (char *)r->b[h].mem + lo * esz;
+            c->arena = r->b[h].arena;
+        } else {
+            c->mem = buffer(r, c->padded * esz, &c->arena);
+            c->owns_mem = true;
+        }
+        if (r->o.compress_bf16 && c->dtype == DDP_FLOAT32)
+            c->wire = buffer(r, c->padded * 2, &c->wire_arena);
+        flags[2 * j] = c->arena;
+        flags[2 * j + 1] = c->wire_arena;
+    }
+    /* As alloc_buckets: arena memory only where every rank has it; all ranks or none rebuild. */
+    if ((st = ctl(r, false, flags, flags, 2 * nn, DDP_INT32, DDP_MIN)))
+        goto out_msg;
+    bool ok = true;
+    for (size_t j = 0; j < nn; j++) {
+        bucket *c = &nb[j];
+        size_t esz = ddp_dtype_size(c->dtype);
+        if (c->owns_mem && c->arena && !flags[2 * j]) {
+            ddp_group_free(r->g, c->mem);
+            c->mem = NULL;
+            c->arena = false;
+        }
+        if (c->owns_mem && !c->mem)
+            c->mem = private_buffer(c->padded * esz);
+        if (c->wire_arena && !flags[2 * j + 1]) {
+            ddp_group_free(r->g, c->wire);
+            c->wire = NULL;
+            c->wire_arena = false;
+        }
+        if (!c->wire && r->o.compress_bf16 && c->dtype == DDP_FLOAT32)
+            c->wire = private_buffer(c->padded * 2);
+        ok = ok && c->mem && (c->wire || !(r->o.compress_bf16 && c->dtype == DDP_FLOAT32));
+    }
+    int32_t okm = ok, oka = 0;
+    if ((st = ctl(r, false, &okm, &oka, 1, DDP_INT32, DDP_MIN)))
+        goto out_msg;
+    if (!oka)
+        goto out; /* no memory for it somewhere: every rank keeps the old layout */
+    /* Commit: the old buckets' memory becomes the gradients' home. */
+    for (size_t i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        home[i] = (home_mem){b->mem, b->arena, b->padded * ddp_dtype_size(b->dtype)};
+        if (b->wire_arena)
+            ddp_group_free(r->g, b->wire);
+        else
+            free(b->wire);
+        ddp_work_free(b->work);
+    }
+    r->home = home;
+    r->nhome = r->nb;
+    home = NULL;
+    free(r->b);
+    r->b = nb;
+    r->nb = nn;
+    nb = NULL;
+    memcpy(r->order, no, sizeof(size_t) * n);
+    memcpy(r->bucket_of, nbo, sizeof(size_t) * n);
+    memcpy(r->off, noff, sizeof(size_t) * n);
+    goto out;
+out_msg : {
+    char m[DDP_ERRMSG_MAX];
+    ddp__fmt(m, sizeof m, "%s", r->err);
+    ddp__errmsg(r->err, st, "rebuilding the gradient buckets: %s", m);
+}
+out:
+    if (nb)
+        free_new(r, nb, nn);
+    free(nb);
+    free(home);
+    free(mine);
+    free(all);
+    free(no);
+    free(nbo);
+    free(noff);
+    free(hit);
+    free(flags);
+    return st;
+}
+
+/* A synced step opens (its first mark_ready, or a finish with nothing marked): the pending
+ * rebuild runs first, then the per-step state is reset. */
+static ddp_status open_step(ddp_reducer *r)
+{
+    ddp_status st = r->rebuild == REBUILD_PENDING ? rebuild(r) : DDP_OK;
+    reset_step(r);
+    return st;
+}
+
 ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
 {
     if (!r || i >= r->nparams)
@@ -737,7 +999,9 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if (!r->sync)
         return DDP_OK;
     if (!r->step_open) {
-        reset_step(r);
+        ddp_status st = open_step(r);
+        if (st)
+            return st;
         r->step_open = true;
     }
     if (r->ready[i])
@@ -746,6 +1010,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
             "mark_ready: '%s' was already marked this step (call finish between steps)",
             r->params[i].name);
     r->ready[i] = true;
+    if (r->rebuild == REBUILD_RECORD)
+        r->seen[r->nseen++] = i;
     r->b[r->bucket_of[i]].pending--;
     return launch_ready(r, false);
 }
@@ -781,10 +1047,11 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
         return r->dev_st;
     if (!r->sync)
         return DDP_OK;
-    if (!r->step_open)
-        reset_step(r); /* nothing was marked: reduce everything now */
+    ddp_status st = DDP_OK;
+    if (!r->step_open && (st = open_step(r))) /* nothing was marked: reduce everything now */
+        return st;
     r->step_open = false;
-    ddp_status st = launch_ready(r, true);
+    st = launch_ready(r, true);
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
@@ -792,6 +1059,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
             ddp_status s1 = unwire(r, b);
             st = st ? st : s1;
         }
+        if (b->inline_done && b->staged)
+            stage(r, b, false);
         b->inline_done = false;
         if (!b->work)
             continue;
@@ -807,7 +1076,10 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
             ddp_status s1 = unwire(r, b);
             st = st ? st : s1;
         }
+        if (!s2 && b->staged)
+            stage(r, b, false);
     }
+    record_end(r, st == DDP_OK);
     r->stats.wait_seconds = ddp_now_seconds() - t0;
     r->awaiting = r->consumed = r->shard && st == DDP_OK;
     if (!r->async) /* inline: every moment of communication was spent by the caller */
@@ -1022,6 +1294,24 @@ ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf)
     if (r->dev_st)
         return r->dev_st;
     bool found = false;
+    if (r->home) { /* rebuilt (CPU, unsharded): the gradients are in their homes, not in the
+                      staging copies */
+        for (size_t i = 0; i < r->nparams; i++)
+            if (r->params[i].dtype != DDP_FLOAT32)
+                return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                                   "unscale: '%s' holds %s gradients; loss scaling takes float32 "
+                                   "parameters",
+                                   r->params[i].name, ddp_dtype_name(r->params[i].dtype));
+        for (size_t i = 0; i < r->nparams; i++) {
+            float *g = r->grad[i];
+            for (size_t k = 0; k < r->params[i].count; k++) {
+                found |= !isfinite(g[k]);
+                g[k] *= inv_scale;
+            }
+        }
+        *found_inf = found;
+        return DDP_OK;
+    }
     for (size_t k = 0; k < r->nb; k++) {
         const bucket *b = &r->b[k];
         if (b->dtype != DDP_FLOAT32)
@@ -1070,6 +1360,16 @@ void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out)
 size_t ddp_reducer_num_buckets(const ddp_reducer *r)
 {
     return r ? r->nb : 0;
+}
+
+size_t ddp_reducer_bucket_of(const ddp_reducer *r, size_t i)
+{
+    return r && i < r->nparams ? r->bucket_of[i] : SIZE_MAX;
+}
+
+bool ddp_reducer_rebuilt(const ddp_reducer *r)
+{
+    return r && r->home;
 }
 
 const char *ddp_reducer_last_error(const ddp_reducer *r)

@@ -202,6 +202,18 @@ done
 cmp -s shard_true.txt shard_false.txt || fail "sharded and unsharded steps give different weights or state"
 ok "sharded optimizer step = unsharded, bit for bit (weights and AdamW state, 3 ranks, clipping)"
 
+# Buckets rebuilt along backward's order (on the progress thread, unsharded, small buckets)
+# change no bit either: the same weights and AdamW state as with rebuild_buckets false.
+for rb in true false; do
+    "$DDPRUN" --standalone --nproc_per_node=3 "$TRAIN" "${args[@]}" --shard_optimizer false \
+        --overlap async --bucket_kb 4 --rebuild_buckets $rb --out_dir rebuild_$rb \
+        >rebuild_$rb.out 2>&1 || { cat rebuild_$rb.out; fail "rebuild_buckets $rb"; }
+    "$DUMP" dump rebuild_$rb/checkpoints/step12.safetensors | grep -v '^M ' >rebuild_$rb.txt
+done
+[ "$(grep -c '^T ' rebuild_true.txt)" -eq 18 ] || fail "want 6 weights and 12 AdamW state tensors"
+cmp -s rebuild_true.txt rebuild_false.txt || fail "rebuilt buckets give different weights or state"
+ok "rebuilt buckets = the first layout, bit for bit (weights and AdamW state, 3 ranks, async)"
+
 # A corrupt or mismatched checkpoint is a clear error; the saved one is untouched.
 cp four/checkpoints/step20.safetensors good.bin
 head -c 5000 good.bin >four/checkpoints/step20.safetensors

@@ -135,6 +135,9 @@ static const ddp_cfg_key schema[] = {
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
     {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
+    {"rebuild_buckets", DDP_CFG_BOOL, "true", NULL,
+     "re-cut the gradient buckets after the first step along backward's order (async overlap, "
+     "unsharded, CPU; docs/ddp.md)"},
     {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
      "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
      "except over shm+tcp and shm+mpi, whose reduce_scatter is a whole allreduce)"},

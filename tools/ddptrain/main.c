@@ -297,6 +297,7 @@ static int wrap_model(trainer *t)
                  : !strcmp(ov, "inline") ? DDP_OVERLAP_INLINE
                                          : DDP_OVERLAP_AUTO;
     ro.compress_bf16 = ddp_config_bool(c, "compress_bf16");
+    ro.rebuild_buckets = ddp_config_bool(c, "rebuild_buckets");
     const char *shard = ddp_config_str(c, "shard_optimizer");
     ro.shard_optimizer =
         !strcmp(shard, "true") ||
