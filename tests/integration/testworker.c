@@ -12,6 +12,10 @@
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
  *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
  *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
+ *   elastic DIR W          append "restart= rank= world= group= groups=" (DDP_RESTART_COUNT,
+ *                          RANK, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE) to DIR/elastic.log and
+ *                          its pids to DIR/{pid,child}.e<pid>; exit 0 after 0.3 s when
+ *                          WORLD_SIZE is W, else sleep 30 s (an elastic re-form stops it)
  *   world DIR              write DIR/world.RANK: the world as ddp_world_from_env() reads it
  *                          (launcher, rank, sizes, store address), or DIR/world.err.PID and exit 1
  *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
@@ -188,6 +192,39 @@ static int mode_restart(int argc, char **argv)
     return 0;
 }
 
+static int mode_elastic(const char *dir, int want)
+{
+    char path[4096];
+    pid_t c = fork();
+    if (c == 0) {
+        sleep_s(60);
+        _exit(0);
+    }
+    const char *names[2] = {"pid", "child"};
+    long pids[2] = {(long)getpid(), (long)c};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.e%d", dir, names[i], (int)getpid());
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%ld\n", pids[i]);
+            fclose(f);
+        }
+    }
+    const char *ws = getenv("WORLD_SIZE");
+    snprintf(path, sizeof path, "%s/elastic.log", dir);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "restart=%s rank=%d world=%s group=%s groups=%s\n", getenv("DDP_RESTART_COUNT"),
+                rank(), ws, getenv("GROUP_RANK"), getenv("GROUP_WORLD_SIZE"));
+        fclose(f);
+    }
+    printf("rank %d of world %s\n", rank(), ws);
+    fflush(stdout);
+    sleep_s(ws && atoi(ws) == want ? 0.3 : 30);
+    kill(c, SIGKILL);
+    return 0;
+}
+
 static int mode_world(const char *dir)
 {
     ddp_error err = {0};
@@ -300,6 +337,8 @@ int main(int argc, char **argv)
         return mode_restart(argc, argv);
     if (!strcmp(m, "rendezvous"))
         return mode_rendezvous();
+    if (!strcmp(m, "elastic") && argc > 3)
+        return mode_elastic(argv[2], atoi(argv[3]));
     if (!strcmp(m, "world") && argc > 2)
         return mode_world(argv[2]);
     if (!strcmp(m, "hold-port") && argc > 3) {
