@@ -60,6 +60,7 @@ t=$(($(now_ms) - t0))
     [ "$(count "$d/elastic.log" "world=4 group=1 groups=2")" = 2 ] &&
     [ "$(wc -l <"$d/elastic.log")" = 4 ] || { cat "$d/elastic.log"; fail "worlds in elastic.log"; }
 for r in 0 1 2 3; do assert_contains "$d/elastic.log" "rank=$r world=4"; done
+assert_contains "$d/elastic.log" "sum=4"
 assert_contains "$d/err0" "4 workers on 2 nodes (of 2:3; round 0, restart 0)"
 wait_gone "$d" 5
 ok "2:3 with 2 nodes: world 4 after last_call_timeout ($t ms), GROUP_WORLD_SIZE 2"
@@ -77,7 +78,7 @@ wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
 t=$(($(now_ms) - t0))
 [ $t -lt 10000 ] || fail "3 of at most 3 nodes waited $t ms"
 [ "$(count "$d/elastic.log" "world=3")" = 3 ] || { cat "$d/elastic.log"; fail "world 3"; }
-for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r groups=3"; done
+for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r groups=3 sum=3"; done
 wait_gone "$d" 5
 ok "2:3 with 3 nodes: starts at once ($t ms), world 3"
 
@@ -91,7 +92,7 @@ wait_lines "$d/elastic.log" "world=2" 2 15
 args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" || { cat "$d/err2"; fail "node 2 exited"; }
 wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
 wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
-for r in 0 1 2; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=3 group=$r groups=3"; done
+for r in 0 1 2; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=3 group=$r groups=3 sum=3"; done
 assert_contains "$d/err0" "re-forming the group: node 2 ('"
 assert_contains "$d/err0" "not counted against --max_restarts"
 assert_contains "$d/err1" "re-forming the group: node 2 ('"
@@ -113,7 +114,7 @@ kill -9 $n2
 rc=0; wait $n2 || rc=$?
 wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
 wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
-for r in 0 1; do assert_contains "$d/elastic.log" "restart=1 rank=$r world=2 group=$r groups=2"; done
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=1 rank=$r world=2 group=$r groups=2 sum=2"; done
 assert_contains "$d/err0" "stopped responding"
 assert_contains "$d/err0" "attempt : 1 of 2 (--max_restarts 1)"
 assert_contains "$d/err0" "2 workers on 2 nodes (of 2:3; round 1, restart 1)"

@@ -12,8 +12,9 @@
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
  *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
  *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
- *   elastic DIR W          append "restart= rank= world= group= groups=" (DDP_RESTART_COUNT,
- *                          RANK, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE) to DIR/elastic.log and
+ *   elastic DIR W          make a group, allreduce a 1 from every rank, append "restart= rank=
+ *                          world= group= groups= sum=" (DDP_RESTART_COUNT, RANK, WORLD_SIZE,
+ *                          GROUP_RANK, GROUP_WORLD_SIZE, the allreduce) to DIR/elastic.log and
  *                          its pids to DIR/{pid,child}.e<pid>; exit 0 after 0.3 s when
  *                          WORLD_SIZE is W, else sleep 30 s (an elastic re-form stops it)
  *   world DIR              write DIR/world.RANK: the world as ddp_world_from_env() reads it
@@ -211,16 +212,32 @@ static int mode_elastic(const char *dir, int want)
         }
     }
     const char *ws = getenv("WORLD_SIZE");
+    ddp_error err = {0};
+    ddp_group *g = NULL;
+    float one = 1;
+    if (ddp_group_init(NULL, &g, &err) != DDP_OK) {
+        fprintf(stderr, "elastic: %s\n", err.msg);
+        kill(c, SIGKILL);
+        return 1;
+    }
+    if (ddp_allreduce(g, &one, &one, 1, DDP_FLOAT32, DDP_SUM) != DDP_OK) {
+        fprintf(stderr, "elastic: %s\n", ddp_group_last_error(g));
+        ddp_group_destroy(g);
+        kill(c, SIGKILL);
+        return 1;
+    }
     snprintf(path, sizeof path, "%s/elastic.log", dir);
     FILE *f = fopen(path, "a");
     if (f) {
-        fprintf(f, "restart=%s rank=%d world=%s group=%s groups=%s\n", getenv("DDP_RESTART_COUNT"),
-                rank(), ws, getenv("GROUP_RANK"), getenv("GROUP_WORLD_SIZE"));
+        fprintf(f, "restart=%s rank=%d world=%s group=%s groups=%s sum=%g\n",
+                getenv("DDP_RESTART_COUNT"), rank(), ws, getenv("GROUP_RANK"),
+                getenv("GROUP_WORLD_SIZE"), (double)one);
         fclose(f);
     }
     printf("rank %d of world %s\n", rank(), ws);
     fflush(stdout);
     sleep_s(ws && atoi(ws) == want ? 0.3 : 30);
+    ddp_group_destroy(g);
     kill(c, SIGKILL);
     return 0;
 }

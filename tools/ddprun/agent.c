@@ -81,6 +81,11 @@ typedef struct agent {
     bool suspended; /* stopped by Ctrl-Z (SIGTSTP) until SIGCONT */
     char host[256];
     ddp_store_server *server;
+    /* Elastic, node 0: this round's store for the workers. libddp numbers a rank's groups in
+     * its store ("the k-th group each rank makes"), so a rank new to the job beside ranks that
+     * made a group in an earlier round would meet that group's keys: each round's workers get
+     * an empty store instead (torch's rendezvous rounds keep their keys apart likewise). */
+    ddp_store_server *round_server;
     ddp_store *store;
     ddprun_world wd;
     ddprun_worker *w;
@@ -890,6 +895,32 @@ out:
     return rc;
 }
 
+/* Node 0: the workers' store of this round, on the store's host (else every interface, as
+ * start_server), on a free port; the last round's goes (its workers are gone). 0, or -1 said. */
+static int start_round_store(agent *a)
+{
+    ddprun_opts *o = a->o;
+    ddp_error err = {0};
+    char first[NI_MAXHOST];
+    ddp_store_server_stop(a->round_server);
+    a->round_server = NULL;
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = first_address(o->master_addr, first, sizeof first) ? first : o->master_addr;
+    so.port = 0;
+    so.token = a->wd.token;
+    ddp_status st = ddp_store_server_start(&so, &a->round_server, &err);
+    if (st == DDP_ERR_SYSTEM) {
+        so.host = NULL;
+        st = ddp_store_server_start(&so, &a->round_server, &err);
+    }
+    if (st != DDP_OK) {
+        ddprun_say("%s", err.msg);
+        return -1;
+    }
+    a->wd.store_port = ddp_store_server_port(a->round_server);
+    return 0;
+}
+
 /* One node's side of an elastic round: join, wait for node 0's close, take the place it gives
  * (or wait for the next round). Sets the world; 0, or -1 said. */
 static int rendezvous_elastic(agent *a)
@@ -1031,9 +1062,9 @@ static int rendezvous_elastic(agent *a)
     snprintf(k, sizeof k, "ddprun/a%d/master_port", a->wd.attempt);
     ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
     if (o->node_rank == 0) {
-        if ((a->wd.free_port = pick_free_port(a, o->master_addr)) < 0)
+        if ((a->wd.free_port = pick_free_port(a, o->master_addr)) < 0 || start_round_store(a) != 0)
             goto out;
-        snprintf(v, sizeof v, "%d", a->wd.free_port);
+        snprintf(v, sizeof v, "%d %d", a->wd.free_port, a->wd.store_port);
         if (ddp_store_set(s, k, v, strlen(v)) != DDP_OK)
             goto out_store;
     } else {
@@ -1041,13 +1072,15 @@ static int rendezvous_elastic(agent *a)
         size_t n = 0;
         if (ddp_store_get(s, k, &p, &n) != DDP_OK)
             goto out_store;
-        long fp = strtol(p, NULL, 10);
+        snprintf(v, sizeof v, "%.*s", (int)(n < sizeof v ? n : sizeof v - 1), (char *)p);
         free(p);
-        if (fp < 1 || fp > 65535) {
+        int fp = 0, sp = 0;
+        if (sscanf(v, "%d %d", &fp, &sp) != 2 || fp < 1 || fp > 65535 || sp < 1 || sp > 65535) {
             ddprun_say("node 0 sent a malformed MASTER_PORT; run the same ddprun on every node");
             goto out;
         }
-        a->wd.free_port = (int)fp;
+        a->wd.free_port = fp;
+        a->wd.store_port = sp;
     }
     a->joined = true;
     for (int i = 0; i < a->wd.nnodes; i++)
@@ -1073,6 +1106,7 @@ static int rendezvous(agent *a)
     release_port(a);
     if (o->elastic)
         return rendezvous_elastic(a);
+    a->wd.store_port = a->wd.master_port;
     a->wd.restarts = a->wd.attempt;
     a->wd.group_rank = o->node_rank;
     a->wd.nnodes = o->nnodes;
@@ -2023,6 +2057,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
 out:
     release_port(&a);
     ddp_store_close(a.store);
+    ddp_store_server_stop(a.round_server);
     ddp_store_server_stop(a.server);
     free(a.w);
     free(a.hb_value);

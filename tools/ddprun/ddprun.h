@@ -136,7 +136,9 @@ typedef struct ddprun_world {
     int group_rank;  /* this node's rank among the nodes of this round (GROUP_RANK) */
     int nnodes;      /* nodes in this round (GROUP_WORLD_SIZE) */
     char token[128];
-    int master_port; /* the store's port actually used (--standalone picks one): DDP_STORE_PORT */
+    int master_port; /* the store's port actually used (--standalone picks one) */
+    int store_port;  /* the workers' store, DDP_STORE_PORT: master_port's, except that each round
+                        of an elastic job gives its workers a store of their own on node 0 */
     int free_port;   /* a port on node 0 nobody holds, picked each attempt: the workers'
                         MASTER_PORT, for programs that host a store of their own (PyTorch's
                         init_process_group on rank 0) */

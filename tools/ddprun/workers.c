@@ -82,7 +82,7 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     /* MASTER_PORT is left free for a store of the program's own (PyTorch's rank 0 binds it, as
      * under torchrun's c10d rendezvous); ddpc's ranks find ddprun's store on DDP_STORE_PORT. */
     ADD("MASTER_PORT", "%d", wd->free_port);
-    ADD("DDP_STORE_PORT", "%d", wd->master_port);
+    ADD("DDP_STORE_PORT", "%d", wd->store_port);
     ADD("DDP_RUN_ID", "%s", o->run_id);
     ADD("DDP_STORE_TOKEN", "%s", wd->token);
     ADD("DDP_RESTART_COUNT", "%d", wd->restarts);
