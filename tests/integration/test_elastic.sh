@@ -82,6 +82,23 @@ for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r gr
 wait_gone "$d" 5
 ok "2:3 with 3 nodes: starts at once ($t ms), world 3"
 
+# a node started with other flags is turned away alone; the others run without it
+d=$T/refuse; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1 10 0 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 10 1 "$d" 2
+rc=0; "$DDPRUN" "${E[@]}" >"$d/outx" 2>"$d/errx" || rc=$?
+[ $rc -eq 1 ] || { cat "$d/errx"; fail "a node with --max_restarts 1 beside 0 exited $rc, want 1"; }
+args $port 1 1 10 0 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" || fail "node 1 exited $?"
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+assert_contains "$d/errx" "node 0 refused this node: node 1 ('"
+assert_contains "$d/errx" "runs with --max_restarts 1 --nnodes 2:3 but node 0 with 0 and 2:3"
+assert_contains "$d/err0" "refused a node: node 1 ('"
+for r in 0 1; do assert_contains "$d/elastic.log" "rank=$r world=2 group=$r groups=2 sum=2"; done
+wait_gone "$d" 5
+ok "a node with other flags is refused alone; the job runs with the two that agree"
+
 # a third node joins a running 2:3 job: the group re-forms with 3, no restart counted
 d=$T/join; mkdir -p "$d"
 port=$(free_port)

@@ -775,7 +775,7 @@ static int close_round(agent *a, int64_t own)
     int64_t last_call = (int64_t)(o->last_call_timeout * 1000), last_arrival = start;
     int cap = 0, n_ok = 0, rc = -1;
     erec *recs = NULL;
-    bool *have = NULL;
+    signed char *have = NULL; /* per slot: 0 not read yet, 1 a member-to-be, -1 refused */
     for (;;) {
         int64_t count = 0;
         key(k, sizeof k, a, "count");
@@ -786,7 +786,7 @@ static int close_round(agent *a, int64_t own)
             erec *nr = realloc(recs, sizeof *nr * (size_t)ncap);
             if (nr)
                 recs = nr;
-            bool *nh = realloc(have, sizeof *nh * (size_t)ncap);
+            signed char *nh = realloc(have, sizeof *nh * (size_t)ncap);
             if (nh)
                 have = nh;
             if (!nr || !nh) {
@@ -806,10 +806,16 @@ static int close_round(agent *a, int64_t own)
             if (st > 0)
                 continue; /* counted, not written yet */
             if (check_erec(a, v, &recs[j], msg, sizeof msg) != 0) {
-                fail_round(a, msg);
-                goto out;
+                /* That node alone is turned away (told under refused/<slot>): a node started
+                 * with other flags must not end a job that runs without it. */
+                ddprun_say("refused a node: %s", msg);
+                snprintf(k, sizeof k, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)j);
+                if (ddp_store_set(s, k, msg, strlen(msg)) != DDP_OK)
+                    goto out_store;
+                have[j] = -1;
+                continue;
             }
-            have[j] = true;
+            have[j] = 1;
             n_ok++;
             last_arrival = now_ms();
         }
@@ -830,14 +836,14 @@ static int close_round(agent *a, int64_t own)
             char joined[300] = "", missing[300] = "";
             for (int64_t j = 0; j < count; j++) {
                 size_t l = strlen(joined);
-                if (have[j] && l < sizeof joined - 80)
+                if (have[j] == 1 && l < sizeof joined - 80)
                     snprintf(joined + l, sizeof joined - l, "%snode %d ('%s')", l ? ", " : "",
                              recs[j].id, recs[j].host);
             }
             for (int i = 0; i < a->wd.nnodes; i++) { /* the last round's nodes not back */
                 bool back = false;
                 for (int64_t j = 0; j < count && !back; j++)
-                    back = have[j] && recs[j].id == a->member_id[i];
+                    back = have[j] == 1 && recs[j].id == a->member_id[i];
                 size_t l = strlen(missing);
                 if (!back && l < sizeof missing - 80)
                     snprintf(missing + l, sizeof missing - l, "%snode %d ('%s')", l ? ", " : "",
@@ -870,7 +876,7 @@ static int close_round(agent *a, int64_t own)
     int n = 0;
     pick[n++] = own;
     for (int64_t j = 0; j < cap && n < o->nnodes; j++)
-        if (have[j] && j != own)
+        if (have[j] == 1 && j != own)
             pick[n++] = j;
     for (int i = 1; i < n; i++) /* insertion sort by id; node 0 stays first (id 0) */
         for (int j = i; j > 1 && recs[pick[j]].id < recs[pick[j - 1]].id; j--) {
@@ -969,7 +975,13 @@ static int rendezvous_elastic(agent *a)
         int64_t give_up = now_ms() + wait_ms;
         key(k, sizeof k, a, "members");
         int st;
+        char rk[128];
+        snprintf(rk, sizeof rk, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)slot);
         while ((st = peek_str(s, k, mv, mcap)) == 1) {
+            if (peek_str(s, rk, v, sizeof v) == 0) {
+                ddprun_say("node 0 refused this node: %s", v);
+                goto out;
+            }
             if (interrupted(a))
                 goto out;
             if (now_ms() >= give_up) {
@@ -1045,6 +1057,10 @@ static int rendezvous_elastic(agent *a)
             if (pst == 0 && cur > a->wd.attempt) {
                 a->wd.attempt = (int)cur;
                 break;
+            }
+            if (peek_str(s, rk, v, sizeof v) == 0) {
+                ddprun_say("node 0 refused this node: %s", v);
+                goto out;
             }
             if (interrupted(a))
                 goto out;
@@ -1586,8 +1602,19 @@ static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found)
         if (st < 0)
             return false;
         erec r;
-        if (st > 0 || parse_erec(v, &r) != 0)
-            continue; /* not written yet (next tick), or refused when its round comes */
+        char why[700];
+        if (st > 0)
+            continue; /* not written yet: next tick */
+        if (check_erec(a, v, &r, why, sizeof why) != 0) {
+            /* other flags: no reason to re-form; that node is told at once */
+            snprintf(k, sizeof k, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)j);
+            st = peek_str(s, k, v, sizeof v);
+            if (st < 0 || (st > 0 && ddp_store_set(s, k, why, strlen(why)) != DDP_OK))
+                return false;
+            if (st > 0)
+                ddprun_say("refused a node: %s", why);
+            continue;
+        }
         snprintf(line, cap,
                  RESHAPE_MARK "node %d ('%s') joined the running job (%d of at most %d nodes "
                               "running)",
