@@ -1030,13 +1030,14 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     if (o->local_addr[0] && check_local_addr(o->local_addr) != 0)
         return -1;
     if (o->elastic) {
-        /* As torchrun: its static rendezvous takes a fixed node count only, and its c10d one
-         * numbers the nodes itself, whatever --node_rank says. */
+        /* torchrun's static rendezvous has no range (it waits for MAX nodes, world_size =
+         * max_nodes); its c10d one numbers the nodes itself, whatever --node_rank says. */
         if (!o->rdzv_c10d)
             return bad("--nnodes %d:%d: an elastic range needs --rdzv_backend c10d (and "
-                       "--rdzv_endpoint HOST:PORT, the node that hosts the store), as "
-                       "torchrun's static rendezvous takes one node count only",
-                       o->min_nodes, o->nnodes);
+                       "--rdzv_endpoint HOST:PORT, the node that hosts the store); torchrun's "
+                       "static rendezvous has none and waits for all %d nodes: for that, give "
+                       "--nnodes %d",
+                       o->min_nodes, o->nnodes, o->nnodes, o->nnodes);
         if (o->node_rank_given)
             fprintf(stderr,
                     "ddprun: --node_rank %d is ignored with an elastic --nnodes %d:%d: "
