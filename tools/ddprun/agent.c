@@ -16,6 +16,8 @@
  *   hb/<node>                            heartbeat counters; node 0 watches them
  *   final_acks                           nodes that finished; node 0 waits for them before the
  *                                        store goes away
+ * An elastic job (--nnodes MIN:MAX) meets in rounds instead of claims: see "elastic rendezvous"
+ * below; a failed-key line "re-form: …" restarts its group for a newcomer, counting no restart.
  * A single-node job uses the same code with no store traffic while it runs.
  */
 #define _GNU_SOURCE
