@@ -853,15 +853,22 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
         }
         ddp_store_set_timeout(g->store, setup_ms);
 
-        /* A fresh key prefix per group: the k-th group made by each rank is the same group. */
-        char key[128];
-        ddp__fmt(key, sizeof key, "ddp/groups/%d", g->world.rank);
+        /* A fresh key prefix per group: the k-th group made by each rank is the same group.
+         * Counted per restart of the launcher's group (DDP_RESTART_COUNT), whose store outlives
+         * the workers: before 2026-11-25 a rank that failed before making its group left the
+         * others' counts one ahead of its successor's, and the restarted ranks set up in two
+         * different groups' keys, hanging until the set-up timeout. The first attempt's names
+         * are as before. */
+        char key[128], at[32] = "";
+        if (g->world.restart_count > 0)
+            ddp__fmt(at, sizeof at, "a%d/", g->world.restart_count);
+        ddp__fmt(key, sizeof key, "ddp/%sgroups/%d", at, g->world.rank);
         int64_t k;
         if (ddp_store_add(g->store, key, 1, &k) != DDP_OK) {
             st = ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(g->store));
             goto out_fail;
         }
-        ddp__fmt(g->prefix, sizeof g->prefix, "ddp/g%lld", (long long)k);
+        ddp__fmt(g->prefix, sizeof g->prefix, "ddp/%sg%lld", at, (long long)k);
     }
 
     /* Where the ranks run: every rank's host id. */

@@ -66,7 +66,7 @@ rc=0; "$DDPRUN" --nnodes 2 --node_rank 2 x >"$T/out" 2>"$T/err" || rc=$?
 assert_contains "$T/err" "--node_rank 2 is not below --nnodes 2"
 rc=0; "$DDPRUN" --nnodes 1:4 x >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
-assert_contains "$T/err" "elastic node ranges are not supported"
+assert_contains "$T/err" "--nnodes 1:4: an elastic range needs --rdzv_backend c10d"
 rc=0; "$DDPRUN" --standalone >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
 assert_contains "$T/err" "no program to run"

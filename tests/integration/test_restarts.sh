@@ -24,3 +24,23 @@ rc=0
 assert_contains "$d/err" "attempt : 2 of 2 (--max_restarts 1)"
 assert_contains "$d/err" "every other worker was stopped"
 ok "restarts exhausted: ddprun gives up with exit 1"
+
+# A rank that fails before it makes its group while another has made one: the restarted ranks
+# must meet in one group. Before 2026-11-25 libddp numbered each rank's groups across attempts in
+# ddprun's store, so rank 0 of attempt 1 set up group 2 and rank 1 group 1, and both hung until
+# the set-up timeout (minutes).
+d=$T/early; mkdir -p "$d"
+cat >"$d/w.sh" <<EOF
+#!/bin/sh
+if [ "\$DDP_RESTART_COUNT" = 0 ] && [ "\$RANK" = 1 ]; then sleep 1; exit 3; fi
+exec "$WORKER" elastic "$d" 2
+EOF
+chmod +x "$d/w.sh"
+rc=0
+timeout 60 "$DDPRUN" --standalone --nproc_per_node=2 --max_restarts 1 "$d/w.sh" >"$d/out" \
+    2>"$d/err" || rc=$?
+[ $rc -eq 0 ] || { cat "$d/err"; fail "ddprun exited $rc, want 0 (the restart's group set up)"; }
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=1 rank=$r world=2"; done
+assert_contains "$d/elastic.log" "sum=2"
+wait_gone "$d" 5
+ok "a rank failed before making its group: the restarted ranks meet in one group"

@@ -12,6 +12,11 @@
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
  *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
  *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
+ *   elastic DIR W          make a group, allreduce a 1 from every rank, append "restart= rank=
+ *                          world= group= groups= sum=" (DDP_RESTART_COUNT, RANK, WORLD_SIZE,
+ *                          GROUP_RANK, GROUP_WORLD_SIZE, the allreduce) to DIR/elastic.log and
+ *                          its pids to DIR/{pid,child}.e<pid>; exit 0 after 0.3 s when
+ *                          WORLD_SIZE is W, else sleep 30 s (an elastic re-form stops it)
  *   world DIR              write DIR/world.RANK: the world as ddp_world_from_env() reads it
  *                          (launcher, rank, sizes, store address), or DIR/world.err.PID and exit 1
  *   hold-port PORT SECS    listen on 127.0.0.1:PORT for SECS seconds (a port in use)
@@ -188,6 +193,55 @@ static int mode_restart(int argc, char **argv)
     return 0;
 }
 
+static int mode_elastic(const char *dir, int want)
+{
+    char path[4096];
+    pid_t c = fork();
+    if (c == 0) {
+        sleep_s(60);
+        _exit(0);
+    }
+    const char *names[2] = {"pid", "child"};
+    long pids[2] = {(long)getpid(), (long)c};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.e%d", dir, names[i], (int)getpid());
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%ld\n", pids[i]);
+            fclose(f);
+        }
+    }
+    const char *ws = getenv("WORLD_SIZE");
+    ddp_error err = {0};
+    ddp_group *g = NULL;
+    float one = 1;
+    if (ddp_group_init(NULL, &g, &err) != DDP_OK) {
+        fprintf(stderr, "elastic: %s\n", err.msg);
+        kill(c, SIGKILL);
+        return 1;
+    }
+    if (ddp_allreduce(g, &one, &one, 1, DDP_FLOAT32, DDP_SUM) != DDP_OK) {
+        fprintf(stderr, "elastic: %s\n", ddp_group_last_error(g));
+        ddp_group_destroy(g);
+        kill(c, SIGKILL);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/elastic.log", dir);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "restart=%s rank=%d world=%s group=%s groups=%s sum=%g\n",
+                getenv("DDP_RESTART_COUNT"), rank(), ws, getenv("GROUP_RANK"),
+                getenv("GROUP_WORLD_SIZE"), (double)one);
+        fclose(f);
+    }
+    printf("rank %d of world %s\n", rank(), ws);
+    fflush(stdout);
+    sleep_s(ws && atoi(ws) == want ? 0.3 : 30);
+    ddp_group_destroy(g);
+    kill(c, SIGKILL);
+    return 0;
+}
+
 static int mode_world(const char *dir)
 {
     ddp_error err = {0};
@@ -300,6 +354,8 @@ int main(int argc, char **argv)
         return mode_restart(argc, argv);
     if (!strcmp(m, "rendezvous"))
         return mode_rendezvous();
+    if (!strcmp(m, "elastic") && argc > 3)
+        return mode_elastic(argv[2], atoi(argv[3]));
     if (!strcmp(m, "world") && argc > 2)
         return mode_world(argv[2]);
     if (!strcmp(m, "hold-port") && argc > 3) {

@@ -16,6 +16,8 @@
  *   hb/<node>                            heartbeat counters; node 0 watches them
  *   final_acks                           nodes that finished; node 0 waits for them before the
  *                                        store goes away
+ * An elastic job (--nnodes MIN:MAX) meets in rounds instead of claims: see "elastic rendezvous"
+ * below; a failed-key line "re-form: …" restarts its group for a newcomer, counting no restart.
  * A single-node job uses the same code with no store traffic while it runs.
  */
 #define _GNU_SOURCE
@@ -42,7 +44,15 @@
 #define HOSTA(h, p) strchr(h, ':') ? "[" : "", h, strchr(h, ':') ? "]" : "", p
 
 /* FAILED may restart; the others end the job. */
-typedef enum outcome { OK_ALL, FAILED, SIGNALED, REMOTE_STOP, STORE_LOST, AGENT_ERROR } outcome;
+typedef enum outcome {
+    OK_ALL,
+    FAILED,
+    RESHAPED, /* elastic: a node joined; the group restarts larger, no restart counted */
+    SIGNALED,
+    REMOTE_STOP,
+    STORE_LOST,
+    AGENT_ERROR
+} outcome;
 
 typedef struct failure {
     bool set;
@@ -73,6 +83,11 @@ typedef struct agent {
     bool suspended; /* stopped by Ctrl-Z (SIGTSTP) until SIGCONT */
     char host[256];
     ddp_store_server *server;
+    /* Elastic, node 0: this round's store for the workers. libddp numbers a rank's groups in
+     * its store ("the k-th group each rank makes"), so a rank new to the job beside ranks that
+     * made a group in an earlier round would meet that group's keys: each round's workers get
+     * an empty store instead (torch's rendezvous rounds keep their keys apart likewise). */
+    ddp_store_server *round_server;
     ddp_store *store;
     ddprun_world wd;
     ddprun_worker *w;
@@ -85,6 +100,14 @@ typedef struct agent {
     int64_t *hb_value;
     int64_t *hb_changed_ms;
     bool *node_dead; /* node 0: nodes whose ddprun stopped beating; they will never ack the end */
+    /* The nodes of this round, by group rank (--nnodes's MAX of them at most): their ids (the
+     * node_rank of a fixed job), hosts, and, elastic, their slots in the round's rendezvous. */
+    int *member_id;
+    int *member_slot;
+    char (*member_host)[64];
+    /* An elastic re-form: a node joined the running job (torch's num_nodes_waiting > 0). The
+     * group restarts with it and no restart is counted. */
+    bool reshape;
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
     /* After a secondary failure: until when the workers are left to end on their own, so that the
@@ -348,15 +371,21 @@ static int setup_store(agent *a)
             ddprun_say("%s", ddp_store_last_error(a->store));
             return -1;
         }
-        if (n >= o->nnodes) {
+        if (n >= o->nnodes && !o->elastic) { /* elastic: a node's place comes per round */
             ddprun_say("more nodes joined the rendezvous at '" HOSTF "' than --nnodes %d; start "
                        "ddprun on exactly that many nodes (or give each its --node_rank)",
                        HOSTA(o->master_addr, a->wd.master_port), o->nnodes);
             return -1;
         }
         o->node_rank = (int)n;
-        ddprun_say("this is node %d of %d (numbered by the c10d rendezvous at '" HOSTF "')",
-                   o->node_rank, o->nnodes, HOSTA(o->master_addr, a->wd.master_port));
+        if (o->elastic)
+            ddprun_say("this is node %d (numbered by the c10d rendezvous at '" HOSTF "'; elastic "
+                       "--nnodes %d:%d)",
+                       o->node_rank, HOSTA(o->master_addr, a->wd.master_port), o->min_nodes,
+                       o->nnodes);
+        else
+            ddprun_say("this is node %d of %d (numbered by the c10d rendezvous at '" HOSTF "')",
+                       o->node_rank, o->nnodes, HOSTA(o->master_addr, a->wd.master_port));
     }
     if (o->nnodes == 1) {
         if (o->run_id_set)
@@ -637,6 +666,454 @@ lost:
     return -1;
 }
 
+/* ---- elastic rendezvous (--nnodes MIN:MAX) -------------------------------------------------
+ *
+ * torchrun's c10d rendezvous, on ddprun's store. Node 0 (the store's host) runs each round:
+ *   ddprun/attempt                  the round node 0 is at; a node that comes joins there
+ *   a<k>/count, a<k>/slot/<j>       a node adds 1 to count and writes its record in slot j:
+ *                                   "id nproc max_restarts min max run_id_set run_id host"
+ *   a<k>/members                    node 0's close: "ok RESTARTS N SLOT…" (the members, by id:
+ *                                   group ranks 0…N-1), or "fail MESSAGE" (below MIN)
+ * Node 0 closes the round at once when MAX nodes are in, or when at least MIN are and none came
+ * for last_call_timeout (each arrival starts that wait again, as in torch); below MIN at
+ * --rdzv_timeout (join_timeout) it fails the round naming who came and who is missing. A node
+ * whose slot is not among the members (it came after the close, or beyond MAX) waits for the
+ * next round; node 0 sees its slot while the job runs and, below MAX, re-forms the group. */
+
+typedef struct erec {
+    int id, nproc, mr, lo, hi, id_set;
+    char run_id[128];
+    char host[64];
+} erec;
+
+static int parse_erec(const char *v, erec *r)
+{
+    return sscanf(v, "%d %d %d %d %d %d %127s %63s", &r->id, &r->nproc, &r->mr, &r->lo, &r->hi,
+                  &r->id_set, r->run_id, r->host) == 8 &&
+                   r->nproc >= 1
+               ? 0
+               : -1;
+}
+
+/* Reads a key without waiting: 0 and buf, 1 when absent, -1 when the store failed. */
+static int peek_str(ddp_store *s, const char *k, char *buf, size_t cap)
+{
+    bool have = false;
+    const char *keys[1] = {k};
+    if (ddp_store_check(s, keys, 1, &have) != DDP_OK)
+        return -1;
+    if (!have)
+        return 1;
+    void *p = NULL;
+    size_t n = 0;
+    if (ddp_store_get(s, k, &p, &n) != DDP_OK)
+        return -1;
+    snprintf(buf, cap, "%.*s", (int)(n < cap ? n : cap - 1), (char *)p);
+    free(p);
+    return 0;
+}
+
+/* Another node's record against this node's flags: 0, or *msg says which flag differs. */
+static int check_erec(const agent *a, const char *v, erec *r, char *msg, size_t cap)
+{
+    const ddprun_opts *o = a->o;
+    if (parse_erec(v, r) != 0) {
+        snprintf(msg, cap,
+                 "a node sent a malformed rendezvous record; run the same ddprun on "
+                 "every node");
+        return -1;
+    }
+    if (r->nproc > DDPRUN_MAX_NPROC) {
+        snprintf(msg, cap,
+                 "node %d ('%s') asks for %d workers, more than ddprun's %d per node; run the "
+                 "same ddprun on every node",
+                 r->id, r->host, r->nproc, DDPRUN_MAX_NPROC);
+        return -1;
+    }
+    if (r->mr != o->max_restarts || r->lo != o->min_nodes || r->hi != o->nnodes) {
+        snprintf(msg, cap,
+                 "node %d ('%s') runs with --max_restarts %d --nnodes %d:%d but node %d with %d "
+                 "and %d:%d; give every node the same flags",
+                 r->id, r->host, r->mr, r->lo, r->hi, o->node_rank, o->max_restarts, o->min_nodes,
+                 o->nnodes);
+        return -1;
+    }
+    if (strcmp(r->run_id, o->run_id) != 0) {
+        snprintf(msg, cap,
+                 "node %d ('%s') runs with run id '%s' but node %d with '%s'; give every node "
+                 "the same --run_id (--rdzv_id), or leave it out on every node but node 0",
+                 r->id, r->host, r->run_id, o->node_rank, o->run_id);
+        return -1;
+    }
+    return 0;
+}
+
+/* Bytes of a members line: "ok R N" and up to MAX slot numbers. */
+static size_t members_cap(const ddprun_opts *o)
+{
+    return 64 + 24 * (size_t)o->nnodes;
+}
+
+/* Node 0 ends round k's rendezvous with line (said here, and by every node that reads it). */
+static void fail_round(agent *a, const char *line)
+{
+    char k[128], v[800];
+    ddprun_say("%s", line);
+    key(k, sizeof k, a, "members");
+    snprintf(v, sizeof v, "fail %s", line);
+    ddp_store_set_timeout(a->store, 2000);
+    (void)ddp_store_set(a->store, k, v, strlen(v));
+    nap_ms(1000); /* keep the store up while the other nodes read it */
+}
+
+/* Node 0: gathers round k's nodes and closes it (see above). own: node 0's slot. 0, or -1
+ * said (and told to the others). */
+static int close_round(agent *a, int64_t own)
+{
+    ddprun_opts *o = a->o;
+    ddp_store *s = a->store;
+    char k[128], v[800], msg[700];
+    int64_t start = now_ms(), give_up = start + (int64_t)(o->rdzv_timeout * 1000);
+    int64_t last_call = (int64_t)(o->last_call_timeout * 1000), last_arrival = start;
+    int cap = 0, n_ok = 0, rc = -1;
+    erec *recs = NULL;
+    signed char *have = NULL; /* per slot: 0 not read yet, 1 a member-to-be, -1 refused */
+    for (;;) {
+        int64_t count = 0;
+        key(k, sizeof k, a, "count");
+        if (ddp_store_add(s, k, 0, &count) != DDP_OK)
+            goto out_store;
+        if (count > cap) {
+            int ncap = (int)count + 16;
+            erec *nr = realloc(recs, sizeof *nr * (size_t)ncap);
+            if (nr)
+                recs = nr;
+            signed char *nh = realloc(have, sizeof *nh * (size_t)ncap);
+            if (nh)
+                have = nh;
+            if (!nr || !nh) {
+                ddprun_say("out of memory in the rendezvous");
+                goto out;
+            }
+            memset(have + cap, 0, sizeof *have * (size_t)(ncap - cap));
+            cap = ncap;
+        }
+        for (int64_t j = 0; j < count; j++) {
+            if (have[j])
+                continue;
+            snprintf(k, sizeof k, "ddprun/a%d/slot/%lld", a->wd.attempt, (long long)j);
+            int st = peek_str(s, k, v, sizeof v);
+            if (st < 0)
+                goto out_store;
+            if (st > 0)
+                continue; /* counted, not written yet */
+            if (check_erec(a, v, &recs[j], msg, sizeof msg) != 0) {
+                /* That node alone is turned away (told under refused/<slot>): a node started
+                 * with other flags must not end a job that runs without it. */
+                ddprun_say("refused a node: %s", msg);
+                snprintf(k, sizeof k, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)j);
+                if (ddp_store_set(s, k, msg, strlen(msg)) != DDP_OK)
+                    goto out_store;
+                have[j] = -1;
+                continue;
+            }
+            have[j] = 1;
+            n_ok++;
+            last_arrival = now_ms();
+        }
+        int64_t now = now_ms();
+        if (n_ok >= o->nnodes || (n_ok >= o->min_nodes && now - last_arrival >= last_call))
+            break;
+        if (interrupted(a)) {
+            snprintf(msg, sizeof msg,
+                     "ddprun on node 0 ('%s') received SIG%s while the nodes "
+                     "gathered: the job stops",
+                     a->host, sigabbrev_np(a->stop_signal));
+            key(k, sizeof k, a, "members");
+            snprintf(v, sizeof v, "fail %s", msg);
+            (void)ddp_store_set(s, k, v, strlen(v));
+            goto out;
+        }
+        if (now >= give_up) {
+            char joined[300] = "", missing[300] = "";
+            for (int64_t j = 0; j < count; j++) {
+                size_t l = strlen(joined);
+                if (have[j] == 1 && l < sizeof joined - 80)
+                    snprintf(joined + l, sizeof joined - l, "%snode %d ('%s')", l ? ", " : "",
+                             recs[j].id, recs[j].host);
+            }
+            for (int i = 0; i < a->wd.nnodes; i++) { /* the last round's nodes not back */
+                bool back = false;
+                for (int64_t j = 0; j < count && !back; j++)
+                    back = have[j] == 1 && recs[j].id == a->member_id[i];
+                size_t l = strlen(missing);
+                if (!back && l < sizeof missing - 80)
+                    snprintf(missing + l, sizeof missing - l, "%snode %d ('%s')", l ? ", " : "",
+                             a->member_id[i], a->member_host[i]);
+            }
+            snprintf(msg, sizeof msg,
+                     "elastic rendezvous at '" HOSTF "' timed out after %g s: %d node%s joined "
+                     "(%s), at least %d needed (--nnodes %d:%d)%s%s%s; start ddprun on more "
+                     "nodes with the same --nnodes and --rdzv_endpoint, or raise --rdzv_timeout "
+                     "(join_timeout)",
+                     HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, n_ok,
+                     n_ok == 1 ? "" : "s", joined, o->min_nodes, o->min_nodes, o->nnodes,
+                     missing[0] ? "; missing from the last round: " : "", missing,
+                     missing[0] ? "" : "");
+            fail_round(a, msg);
+            goto out;
+        }
+        nap_ms(20);
+    }
+    /* Node 0 first, then the others in the order they came, MAX in all; group ranks by id. */
+    size_t mcap = members_cap(o);
+    int64_t *pick = malloc(sizeof *pick * (size_t)o->nnodes);
+    char *mv = malloc(mcap);
+    if (!pick || !mv) {
+        free(pick);
+        free(mv);
+        ddprun_say("out of memory in the rendezvous");
+        goto out;
+    }
+    int n = 0;
+    pick[n++] = own;
+    for (int64_t j = 0; j < cap && n < o->nnodes; j++)
+        if (have[j] == 1 && j != own)
+            pick[n++] = j;
+    for (int i = 1; i < n; i++) /* insertion sort by id; node 0 stays first (id 0) */
+        for (int j = i; j > 1 && recs[pick[j]].id < recs[pick[j - 1]].id; j--) {
+            int64_t t = pick[j];
+            pick[j] = pick[j - 1];
+            pick[j - 1] = t;
+        }
+    size_t l = (size_t)snprintf(mv, mcap, "ok %d %d", a->wd.restarts, n);
+    for (int i = 0; i < n && l < mcap - 24; i++)
+        l += (size_t)snprintf(mv + l, mcap - l, " %lld", (long long)pick[i]);
+    key(k, sizeof k, a, "members");
+    rc = ddp_store_set(s, k, mv, strlen(mv)) == DDP_OK ? 0 : -1;
+    free(pick);
+    free(mv);
+    if (rc == 0)
+        goto out;
+out_store:
+    ddprun_say("%s", ddp_store_last_error(s));
+out:
+    free(recs);
+    free(have);
+    return rc;
+}
+
+/* Node 0: the workers' store of this round, on the store's host (else every interface, as
+ * start_server), on a free port; the last round's goes (its workers are gone). 0, or -1 said. */
+static int start_round_store(agent *a)
+{
+    ddprun_opts *o = a->o;
+    ddp_error err = {0};
+    char first[NI_MAXHOST];
+    ddp_store_server_stop(a->round_server);
+    a->round_server = NULL;
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = first_address(o->master_addr, first, sizeof first) ? first : o->master_addr;
+    so.port = 0;
+    so.token = a->wd.token;
+    ddp_status st = ddp_store_server_start(&so, &a->round_server, &err);
+    if (st == DDP_ERR_SYSTEM) {
+        so.host = NULL;
+        st = ddp_store_server_start(&so, &a->round_server, &err);
+    }
+    if (st != DDP_OK) {
+        ddprun_say("%s", err.msg);
+        return -1;
+    }
+    a->wd.store_port = ddp_store_server_port(a->round_server);
+    return 0;
+}
+
+/* One node's side of an elastic round: join, wait for node 0's close, take the place it gives
+ * (or wait for the next round). Sets the world; 0, or -1 said. */
+static int rendezvous_elastic(agent *a)
+{
+    ddprun_opts *o = a->o;
+    ddp_store *s = a->store;
+    char k[128], v[800];
+    size_t mcap = members_cap(o);
+    char *mv = malloc(mcap);
+    int64_t *slots = malloc(sizeof *slots * (size_t)o->nnodes);
+    int rc = -1;
+    if (!mv || !slots) {
+        ddprun_say("out of memory in the rendezvous");
+        goto out;
+    }
+    ddp_store_set_timeout(s, 2000);
+    if (o->node_rank == 0) {
+        snprintf(v, sizeof v, "%d", a->wd.attempt);
+        if (ddp_store_set(s, "ddprun/attempt", v, strlen(v)) != DDP_OK)
+            goto out_store;
+    } else {
+        int64_t cur = 0;
+        int st = peek_int(s, "ddprun/attempt", &cur);
+        if (st < 0)
+            goto out_store;
+        if (st == 0 && cur > a->wd.attempt)
+            a->wd.attempt = (int)cur;
+    }
+    /* A node waits for node 0's close as long as node 0 may gather (it may start its round a
+     * --grace_period later, stopping its workers), plus a margin. */
+    int64_t wait_ms = (int64_t)((o->rdzv_timeout + o->grace_period) * 1000) + 5000;
+    bool said = false;
+    for (;;) {
+        int64_t slot = 0;
+        key(k, sizeof k, a, "count");
+        if (ddp_store_add(s, k, 1, &slot) != DDP_OK)
+            goto out_store;
+        slot--;
+        snprintf(k, sizeof k, "ddprun/a%d/slot/%lld", a->wd.attempt, (long long)slot);
+        snprintf(v, sizeof v, "%d %d %d %d %d %d %s %s", o->node_rank, o->nproc, o->max_restarts,
+                 o->min_nodes, o->nnodes, o->run_id_set ? 1 : 0, o->run_id, a->host);
+        if (ddp_store_set(s, k, v, strlen(v)) != DDP_OK)
+            goto out_store;
+        if (o->node_rank == 0 && close_round(a, slot) != 0)
+            goto out;
+        int64_t give_up = now_ms() + wait_ms;
+        key(k, sizeof k, a, "members");
+        int st;
+        char rk[128];
+        snprintf(rk, sizeof rk, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)slot);
+        while ((st = peek_str(s, k, mv, mcap)) == 1) {
+            if (peek_str(s, rk, v, sizeof v) == 0) {
+                ddprun_say("node 0 refused this node: %s", v);
+                goto out;
+            }
+            if (interrupted(a))
+                goto out;
+            if (now_ms() >= give_up) {
+                ddprun_say("node 0 did not close round %d of the elastic rendezvous at '" HOSTF
+                           "' within %.0f s; look at node 0's ddprun",
+                           a->wd.attempt, HOSTA(o->master_addr, a->wd.master_port),
+                           (double)wait_ms / 1000);
+                goto out;
+            }
+            nap_ms(20);
+        }
+        if (st < 0)
+            goto out_store;
+        if (strncmp(mv, "fail ", 5) == 0) {
+            if (o->node_rank != 0)
+                ddprun_say("%s", mv + 5);
+            goto out;
+        }
+        int restarts = 0, n = 0, used = 0, mine = -1;
+        const char *p = mv;
+        bool bad = sscanf(p, "ok %d %d%n", &restarts, &n, &used) != 2 || n < 1 || n > o->nnodes;
+        p += bad ? 0 : used;
+        for (int i = 0; !bad && i < n; i++) {
+            long long j = 0;
+            bad = sscanf(p, " %lld%n", &j, &used) != 1;
+            p += bad ? 0 : used;
+            slots[i] = j;
+            if (j == slot)
+                mine = i;
+        }
+        if (bad) {
+            ddprun_say("node 0 sent a malformed rendezvous close; run the same ddprun on every "
+                       "node");
+            goto out;
+        }
+        if (mine >= 0) { /* a member: the world from the members' records */
+            a->wd.world_size = 0;
+            for (int i = 0; i < n; i++) {
+                erec r;
+                char msg[700];
+                snprintf(k, sizeof k, "ddprun/a%d/slot/%lld", a->wd.attempt, (long long)slots[i]);
+                if (peek_str(s, k, v, sizeof v) != 0)
+                    goto out_store;
+                if (check_erec(a, v, &r, msg, sizeof msg) != 0) {
+                    ddprun_say("%s", msg);
+                    goto out;
+                }
+                if (i == mine)
+                    a->wd.rank_offset = a->wd.world_size;
+                a->wd.world_size += r.nproc;
+                a->member_id[i] = r.id;
+                a->member_slot[i] = (int)slots[i];
+                snprintf(a->member_host[i], sizeof a->member_host[i], "%s", r.host);
+            }
+            a->wd.nnodes = n;
+            a->wd.group_rank = mine;
+            a->wd.restarts = restarts;
+            break;
+        }
+        /* Came after the close, or beyond MAX: node 0 sees this slot and re-forms the group
+         * while it runs below MAX; at MAX this node waits for a place (a failure's restart). */
+        if (!said)
+            ddprun_say("node %d waits for the next round: the job runs with %d of at most %d "
+                       "nodes (round %d closed before this node came, or it is full)",
+                       o->node_rank, n, o->nnodes, a->wd.attempt);
+        said = true;
+        int64_t until = now_ms() + (int64_t)(o->rdzv_timeout * 1000);
+        for (;;) {
+            int64_t cur = 0;
+            int pst = peek_int(s, "ddprun/attempt", &cur);
+            if (pst < 0)
+                goto out_store;
+            if (pst == 0 && cur > a->wd.attempt) {
+                a->wd.attempt = (int)cur;
+                break;
+            }
+            if (peek_str(s, rk, v, sizeof v) == 0) {
+                ddprun_say("node 0 refused this node: %s", v);
+                goto out;
+            }
+            if (interrupted(a))
+                goto out;
+            if (now_ms() >= until) {
+                ddprun_say("no place opened for node %d within --rdzv_timeout %g s: the job runs "
+                           "with its %d nodes (--nnodes %d:%d); raise --rdzv_timeout "
+                           "(join_timeout) to wait longer",
+                           o->node_rank, o->rdzv_timeout, n, o->min_nodes, o->nnodes);
+                goto out;
+            }
+            nap_ms(100);
+        }
+    }
+    /* node 0 picks the workers' MASTER_PORT now and the others read it, as in a fixed job */
+    snprintf(k, sizeof k, "ddprun/a%d/master_port", a->wd.attempt);
+    ddp_store_set_timeout(s, (int)(o->rdzv_timeout * 1000));
+    if (o->node_rank == 0) {
+        if ((a->wd.free_port = pick_free_port(a, o->master_addr)) < 0 || start_round_store(a) != 0)
+            goto out;
+        snprintf(v, sizeof v, "%d %d", a->wd.free_port, a->wd.store_port);
+        if (ddp_store_set(s, k, v, strlen(v)) != DDP_OK)
+            goto out_store;
+    } else {
+        void *p = NULL;
+        size_t n = 0;
+        if (ddp_store_get(s, k, &p, &n) != DDP_OK)
+            goto out_store;
+        snprintf(v, sizeof v, "%.*s", (int)(n < sizeof v ? n : sizeof v - 1), (char *)p);
+        free(p);
+        int fp = 0, sp = 0;
+        if (sscanf(v, "%d %d", &fp, &sp) != 2 || fp < 1 || fp > 65535 || sp < 1 || sp > 65535) {
+            ddprun_say("node 0 sent a malformed MASTER_PORT; run the same ddprun on every node");
+            goto out;
+        }
+        a->wd.free_port = fp;
+        a->wd.store_port = sp;
+    }
+    a->joined = true;
+    for (int i = 0; i < a->wd.nnodes; i++)
+        a->node_dead[i] = false;
+    rc = 0;
+    goto out;
+out_store:
+    ddprun_say("%s%s", ddp_store_last_error(s),
+               o->node_rank ? " (the job may have ended: node 0's store is gone)" : "");
+out:
+    free(mv);
+    free(slots);
+    return rc;
+}
+
 static int rendezvous(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -645,6 +1122,14 @@ static int rendezvous(agent *a)
      * hands it to the other nodes through the store. */
     a->wd.free_port = 0;
     release_port(a);
+    if (o->elastic)
+        return rendezvous_elastic(a);
+    a->wd.store_port = a->wd.master_port;
+    a->wd.restarts = a->wd.attempt;
+    a->wd.group_rank = o->node_rank;
+    a->wd.nnodes = o->nnodes;
+    for (int i = 0; i < o->nnodes; i++)
+        a->member_id[i] = i;
     if (o->nnodes == 1) {
         a->wd.world_size = o->nproc;
         a->wd.rank_offset = 0;
@@ -779,6 +1264,7 @@ static int rendezvous(agent *a)
     a->joined = true;
     for (int i = 0; i < o->nnodes; i++) /* a node found dead before is back (it rejoined) */
         a->node_dead[i] = false;
+    a->wd.restarts = a->wd.attempt; /* claim_slot may have moved it */
     rc = 0;
 out_free:
     for (int i = 0; i < o->nnodes; i++)
@@ -795,6 +1281,7 @@ out_store:
 
 #define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
 #define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
+#define RESHAPE_MARK "re-form: " /* a failed-key line for an elastic job's newcomer: no failure */
 /* The failure lines of a node whose ddprun stopped beating, and of a lost store: no summary
  * comes from that node. */
 #define LINE_HEARTBEAT_LOST "stopped responding"
@@ -866,6 +1353,11 @@ static void record_remote_failure(agent *a, const char *line)
         a->remote_stop = true;
         line += strlen(STOP_MARK);
     }
+    bool reshape = strncmp(line, RESHAPE_MARK, strlen(RESHAPE_MARK)) == 0;
+    if (reshape) {
+        a->reshape = true;
+        line += strlen(RESHAPE_MARK);
+    }
     if (secondary)
         line += strlen(SECONDARY_MARK);
     char replaced[sizeof a->fail.replaced];
@@ -877,7 +1369,11 @@ static void record_remote_failure(agent *a, const char *line)
     a->fail.local = false;
     wall_time(a->fail.when, sizeof a->fail.when);
     snprintf(a->fail.line, sizeof a->fail.line, "%s", line);
-    if (!secondary)
+    if (reshape)
+        ddprun_say("re-forming the group: %s; the workers restart with the larger world (not "
+                   "counted against --max_restarts)",
+                   line);
+    else if (!secondary)
         ddprun_say("stopping: %s", line);
 }
 
@@ -958,7 +1454,7 @@ static void print_summary(agent *a, bool restarting)
                    f->n_stopped > 1 ? "their" : "its");
     if (f->replaced[0])
         ddprun_say("  before  : %s", f->replaced);
-    ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.attempt + 1,
+    ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.restarts + 1,
                a->o->max_restarts + 1, a->o->max_restarts);
     if (f->also[0])
         ddprun_say("  also    : %s ended badly before ddprun stopped %s", f->also,
@@ -1020,7 +1516,9 @@ static ddprun_worker *find_worker(agent *a, pid_t pid)
 
 /* Multi-node health: another node's failure, our own heartbeat, node 0 watching the others.
  * Returns false when the store itself is lost. */
-static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
+static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found);
+
+static bool check_nodes(agent *a, bool may_reshape, bool *remote_failed, char *line, size_t cap)
 {
     ddprun_opts *o = a->o;
     ddp_store *s = a->store;
@@ -1049,9 +1547,9 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
     if (o->node_rank != 0)
         return true;
     int64_t now = now_ms();
-    for (int i = 1; i < o->nnodes; i++) {
+    for (int i = 1; i < a->wd.nnodes; i++) {
         int64_t v;
-        snprintf(k, sizeof k, "ddprun/hb/%d", i);
+        snprintf(k, sizeof k, "ddprun/hb/%d", a->member_id[i]);
         if (ddp_store_add(s, k, 0, &v) != DDP_OK)
             return false;
         if (v != a->hb_value[i]) {
@@ -1061,13 +1559,69 @@ static bool check_nodes(agent *a, bool *remote_failed, char *line, size_t cap)
             snprintf(line, cap,
                      "the ddprun of node %d " LINE_HEARTBEAT_LOST " (no heartbeat for %.0f s); its "
                      "machine or launcher died",
-                     i, o->agent_timeout);
+                     a->member_id[i], o->agent_timeout);
             a->node_dead[i] = true;
             key(k, sizeof k, a, "failed");
             (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
             *remote_failed = true;
             return true;
         }
+    }
+    /* Elastic, below MAX, every worker of this node still running: a node that has come since
+     * the round closed re-forms the group (torch's agent: num_nodes_waiting > 0 → restart). */
+    bool found = false;
+    if (o->elastic && may_reshape && a->wd.nnodes < o->nnodes) {
+        if (!waiting_nodes(a, line, cap, &found))
+            return false;
+        key(k, sizeof k, a, "failed");
+        if (found && ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL) == DDP_OK)
+            *remote_failed = true; /* the line read back next tick if another node's came first */
+    }
+    return true;
+}
+
+/* Node 0 of an elastic job: whether a node has joined this round's rendezvous since it closed
+ * (its slot is not among the members; torch's num_nodes_waiting). *found, and line says which.
+ * false when the store failed. */
+static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found)
+{
+    ddp_store *s = a->store;
+    char k[128];
+    int64_t count = 0;
+    *found = false;
+    key(k, sizeof k, a, "count");
+    if (ddp_store_add(s, k, 0, &count) != DDP_OK)
+        return false;
+    for (int64_t j = 0; j < count && !*found; j++) {
+        bool member = false;
+        for (int i = 0; i < a->wd.nnodes && !member; i++)
+            member = a->member_slot[i] == j;
+        if (member)
+            continue;
+        char v[700];
+        snprintf(k, sizeof k, "ddprun/a%d/slot/%lld", a->wd.attempt, (long long)j);
+        int st = peek_str(s, k, v, sizeof v);
+        if (st < 0)
+            return false;
+        erec r;
+        char why[700];
+        if (st > 0)
+            continue; /* not written yet: next tick */
+        if (check_erec(a, v, &r, why, sizeof why) != 0) {
+            /* other flags: no reason to re-form; that node is told at once */
+            snprintf(k, sizeof k, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)j);
+            st = peek_str(s, k, v, sizeof v);
+            if (st < 0 || (st > 0 && ddp_store_set(s, k, why, strlen(why)) != DDP_OK))
+                return false;
+            if (st > 0)
+                ddprun_say("refused a node: %s", why);
+            continue;
+        }
+        snprintf(line, cap,
+                 RESHAPE_MARK "node %d ('%s') joined the running job (%d of at most %d nodes "
+                              "running)",
+                 r.id, r.host, a->wd.nnodes, a->o->nnodes);
+        *found = true;
     }
     return true;
 }
@@ -1077,7 +1631,7 @@ static bool all_done(agent *a, bool *ok)
 {
     char k[128];
     *ok = true;
-    for (int i = 0; i < a->o->nnodes; i++) {
+    for (int i = 0; i < a->wd.nnodes; i++) {
         bool have;
         snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, i);
         const char *keys[1] = {k};
@@ -1126,8 +1680,9 @@ static outcome run_attempt(agent *a)
     int64_t tick = (int64_t)(o->monitor_interval * 1000);
     if (tick < 1)
         tick = 1;
-    for (int i = 1; i < o->nnodes; i++)
+    for (int i = 1; i < a->wd.nnodes; i++)
         a->hb_changed_ms[i] = now_ms();
+    a->reshape = false;
 
     struct pollfd *pfd = calloc((size_t)(2 * n + 2), sizeof *pfd); /* + signals, terminal */
     ddprun_stream **streams = calloc((size_t)(2 * n), sizeof *streams);
@@ -1323,7 +1878,7 @@ static outcome run_attempt(agent *a)
         if (running == 0 && !a->fail.set && !a->stop_signal && o->nnodes > 1 && !done_reported &&
             !store_lost) {
             char k[128];
-            snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, o->node_rank);
+            snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, a->wd.group_rank);
             ddp_store_set_timeout(a->store, 5000);
             if (ddp_store_set(a->store, k, "1", 1) != DDP_OK)
                 store_lost = true;
@@ -1333,7 +1888,9 @@ static outcome run_attempt(agent *a)
             next_check = now + tick;
             bool remote = false;
             char line[700];
-            bool reachable = check_nodes(a, &remote, line, sizeof line);
+            bool reachable =
+                check_nodes(a, !done_reported && running == n && !a->fail.set && !a->stop_signal,
+                            &remote, line, sizeof line);
             if (reachable)
                 unreachable_since = 0;
             else if (!unreachable_since)
@@ -1393,6 +1950,8 @@ static outcome run_attempt(agent *a)
     }
     if (a->remote_stop)
         return REMOTE_STOP;
+    if (a->reshape)
+        return RESHAPED;
     if (a->fail.set)
         return FAILED;
     return OK_ALL;
@@ -1411,8 +1970,8 @@ static void final_handshake(agent *a)
     }
     /* A node declared dead will never ack: waiting for it only delays the exit by the whole
      * bound below. */
-    int64_t expected = o->nnodes - 1;
-    for (int i = 1; i < o->nnodes; i++)
+    int64_t expected = a->wd.nnodes - 1;
+    for (int i = 1; i < a->wd.nnodes; i++)
         if (a->node_dead[i])
             expected--;
     int64_t deadline = now_ms() + (int64_t)(o->grace_period * 1000) + 5000;
@@ -1439,8 +1998,12 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
     a.hb_value = calloc((size_t)o->nnodes, sizeof *a.hb_value);
     a.hb_changed_ms = calloc((size_t)o->nnodes, sizeof *a.hb_changed_ms);
     a.node_dead = calloc((size_t)o->nnodes, sizeof *a.node_dead);
+    a.member_id = calloc((size_t)o->nnodes, sizeof *a.member_id);
+    a.member_slot = calloc((size_t)o->nnodes, sizeof *a.member_slot);
+    a.member_host = calloc((size_t)o->nnodes, sizeof *a.member_host);
     int code = 1;
-    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead) {
+    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead || !a.member_id || !a.member_slot ||
+        !a.member_host) {
         ddprun_say("out of memory");
         goto out;
     }
@@ -1461,17 +2024,21 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         a.pipe_out = o->prefix || o->want_files || o->nproc > 1 || o->ranks_filter;
         /* A log folder that cannot be made fails like a worker that cannot start (below). */
         bool dir_ok = o->log_run_dir[0] || ddprun_output_run_dir(o) == 0;
-        if (dir_ok && a.wd.attempt == 0 && o->node_rank == 0) {
+        if (dir_ok && (a.wd.attempt == 0 || o->elastic) && o->node_rank == 0) {
             cpu_set_t c;
             char pin[48] = "";
             if (o->nproc > 1 && ddprun_worker_cpus(o, 0, &c))
                 snprintf(pin, sizeof pin, " (pinned, %d core%s each)", CPU_COUNT(&c),
                          CPU_COUNT(&c) == 1 ? "" : "s");
-            ddprun_say("%d worker%s on %d node%s%s, store at " HOSTF ", run id %s%s%s",
-                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", o->nnodes,
-                       o->nnodes == 1 ? "" : "s", pin, HOSTA(o->master_addr, a.wd.master_port),
-                       o->run_id, o->want_files ? ", logs in " : "",
-                       o->want_files ? o->log_run_dir : "");
+            char range[64] = "";
+            if (o->elastic)
+                snprintf(range, sizeof range, " (of %d:%d; round %d, restart %d)", o->min_nodes,
+                         o->nnodes, a.wd.attempt, a.wd.restarts);
+            ddprun_say("%d worker%s on %d node%s%s%s, store at " HOSTF ", run id %s%s%s",
+                       a.wd.world_size, a.wd.world_size == 1 ? "" : "s", a.wd.nnodes,
+                       a.wd.nnodes == 1 ? "" : "s", range, pin,
+                       HOSTA(o->master_addr, a.wd.master_port), o->run_id,
+                       o->want_files ? ", logs in " : "", o->want_files ? o->log_run_dir : "");
         }
         outcome r = dir_ok ? run_attempt(&a) : AGENT_ERROR;
         if (r == OK_ALL) {
@@ -1506,20 +2073,27 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
                 final_handshake(&a);
             goto out;
         }
-        bool restart = a.wd.attempt < o->max_restarts;
+        if (r == RESHAPED)
+            continue; /* a node joined: said; no restart counted (torch's agent neither) */
+        bool restart = a.wd.restarts < o->max_restarts;
         print_summary(&a, restart);
         if (!restart) {
             final_handshake(&a);
             goto out;
         }
+        a.wd.restarts++; /* elastic: node 0's count is the job's (it closes each round) */
     }
 out:
     release_port(&a);
     ddp_store_close(a.store);
+    ddp_store_server_stop(a.round_server);
     ddp_store_server_stop(a.server);
     free(a.w);
     free(a.hb_value);
     free(a.hb_changed_ms);
     free(a.node_dead);
+    free(a.member_id);
+    free(a.member_slot);
+    free(a.member_host);
     return code;
 }

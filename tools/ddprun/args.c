@@ -50,8 +50,10 @@ static const char usage[] =
     "                           libddp's GPU groups take GPU LOCAL_RANK (modulo the GPUs visible)\n"
     "\n"
     "Nodes and rendezvous\n"
-    "  --nnodes N               number of nodes (default 1; 'N:N' accepted, elastic ranges are "
-    "not)\n"
+    "  --nnodes N|MIN:MAX       number of nodes (default 1); MIN:MAX (with --rdzv_backend c10d)\n"
+    "                           is torchrun's elastic range: the job starts with MAX nodes, or\n"
+    "                           with MIN or more once none has come for last_call_timeout; a\n"
+    "                           node that comes later, or one that dies, re-forms the group\n"
     "  --node_rank K            this node's index, 0..nnodes-1 (default 0); ranks are contiguous\n"
     "                           per node, nodes in node_rank order\n"
     "  --master_addr HOST       address of node 0, where the store runs (default 127.0.0.1)\n"
@@ -63,8 +65,9 @@ static const char usage[] =
     "  --rdzv_backend static|c10d  c10d without --node_rank: ddprun numbers the nodes (the one\n"
     "                           that can listen on the endpoint is node 0, hosting the store)\n"
     "  --rdzv_conf K=V,...      torchrun's: join_timeout=S is --rdzv_timeout; is_host=1|0 says\n"
-    "                           whether this node hosts under c10d numbering; its other keys are\n"
-    "                           accepted without effect\n"
+    "                           whether this node hosts under c10d numbering;\n"
+    "                           last_call_timeout=S (default 30) serves an elastic range; its\n"
+    "                           other keys are accepted without effect\n"
     "  --local_addr ADDR        this node's address for the workers' data connections (tcp),\n"
     "                           e.g. a faster network's; default: the interface that routes\n"
     "                           toward the store\n"
@@ -360,7 +363,8 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
                                          "store_type",
                                          "use_libuv",
                                          NULL};
-    char buf[4096], ignored[600] = "";
+    char buf[4096];
+    char *ignored = o->rdzv_ignored;
     if (strlen(v) >= sizeof buf)
         return bad("--rdzv_conf: longer than %zu characters", sizeof buf - 1);
     snprintf(buf, sizeof buf, "%s", v);
@@ -375,6 +379,10 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
                        "'join_timeout=900'",
                        v);
         double d;
+        if (!strcmp(item, "last_call_timeout")) {
+            /* used by an elastic range (--nnodes MIN:MAX); said to be without effect otherwise */
+            o->last_call_timeout = parse_seconds(eq, &d) ? d : -1; /* -1: refused if used */
+        }
         if (!strcmp(item, "join_timeout") || !strcmp(item, "timeout")) {
             if (!parse_seconds(eq, &d))
                 return bad("--rdzv_conf %s='%s' is not a number of seconds", item, eq);
@@ -390,19 +398,34 @@ static int parse_rdzv_conf(const char *v, ddprun_opts *o)
                 return bad("--rdzv_conf is_host='%s': use 1 or 0 (true or false)", eq);
         } else if (lookup(unused, item) >= 0) {
             size_t n = strlen(ignored);
-            snprintf(ignored + n, sizeof ignored - n, "%s%s", n ? ", " : "", item);
+            snprintf(ignored + n, sizeof o->rdzv_ignored - n, "%s%s", n ? ", " : "", item);
         } else {
             return bad("--rdzv_conf key '%s' is unknown; ddprun takes join_timeout (its "
                        "--rdzv_timeout) and accepts torchrun's other keys without effect",
                        item);
         }
     }
-    if (*ignored)
+    return 0;
+}
+
+/* The note on --rdzv_conf's keys without effect, once every flag is read: an elastic range uses
+ * last_call_timeout. */
+static void say_rdzv_ignored(const ddprun_opts *o)
+{
+    char list[sizeof o->rdzv_ignored] = "", copy[sizeof o->rdzv_ignored];
+    snprintf(copy, sizeof copy, "%s", o->rdzv_ignored);
+    char *save = NULL;
+    for (char *k = strtok_r(copy, ", ", &save); k; k = strtok_r(NULL, ", ", &save)) {
+        if (o->elastic && !strcmp(k, "last_call_timeout"))
+            continue;
+        size_t n = strlen(list);
+        snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", k);
+    }
+    if (*list)
         fprintf(stderr,
                 "ddprun: --rdzv_conf %s: torchrun's elastic rendezvous settings, without effect "
-                "on ddprun's fixed rendezvous (see --agent_timeout, --monitor_interval)\n",
-                ignored);
-    return 0;
+                "on ddprun's %s rendezvous (see --agent_timeout, --monitor_interval)\n",
+                list, o->elastic ? "elastic" : "fixed");
 }
 
 static int copy_str(const char *flag, const char *v, char *dst, size_t cap)
@@ -506,17 +529,23 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
         return parse_nproc(v, &o->nproc);
     if (strcmp(name, "nnodes") == 0) {
         const char *colon = strchr(v, ':');
-        if (colon) {
-            char lo[32];
-            snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
-            if (strcmp(lo, colon + 1) != 0)
-                return bad("--nnodes '%s': elastic node ranges are not supported; give one number",
-                           v);
-            v = colon + 1;
+        long lo = 0;
+        if (colon) { /* torchrun's MIN:MAX; N:N is N */
+            char buf[32];
+            snprintf(buf, sizeof buf, "%.*s", (int)(colon - v), v);
+            if (!parse_long(buf, 1, 65536, &lo) || !parse_long(colon + 1, 1, 65536, &x))
+                return bad("--nnodes '%s': expected N or MIN:MAX, numbers from 1 to 65536", v);
+            if (lo > x)
+                return bad("--nnodes '%s': MIN is above MAX", v);
+            o->nnodes = (int)x;
+            o->min_nodes = (int)lo;
+            o->elastic = lo < x;
+            return 0;
         }
         if (!parse_long(v, 1, 65536, &x))
             return bad("--nnodes '%s' is not a number from 1 to 65536", v);
-        o->nnodes = (int)x;
+        o->nnodes = o->min_nodes = (int)x;
+        o->elastic = false;
         return 0;
     }
     if (strcmp(name, "node_rank") == 0) {
@@ -835,7 +864,8 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     bool seen_switch[sizeof switches / sizeof switches[0]] = {false};
     memset(o, 0, sizeof *o);
     o->nproc = 1;
-    o->nnodes = 1;
+    o->nnodes = o->min_nodes = 1;
+    o->last_call_timeout = 30; /* torch's c10d rendezvous default */
     snprintf(o->master_addr, sizeof o->master_addr, "%s", DDP_DEFAULT_MASTER_ADDR);
     o->master_port = DDP_DEFAULT_MASTER_PORT;
     o->monitor_interval = 0.1;
@@ -999,6 +1029,26 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
                        r, o->nproc, o->nproc == 1 ? "" : "s", o->nproc - 1);
     if (o->local_addr[0] && check_local_addr(o->local_addr) != 0)
         return -1;
+    if (o->elastic) {
+        /* torchrun's static rendezvous has no range (it waits for MAX nodes, world_size =
+         * max_nodes); its c10d one numbers the nodes itself, whatever --node_rank says. */
+        if (!o->rdzv_c10d)
+            return bad("--nnodes %d:%d: an elastic range needs --rdzv_backend c10d (and "
+                       "--rdzv_endpoint HOST:PORT, the node that hosts the store); torchrun's "
+                       "static rendezvous has none and waits for all %d nodes: for that, give "
+                       "--nnodes %d",
+                       o->min_nodes, o->nnodes, o->nnodes, o->nnodes);
+        if (o->node_rank_given)
+            fprintf(stderr,
+                    "ddprun: --node_rank %d is ignored with an elastic --nnodes %d:%d: "
+                    "the c10d rendezvous numbers the nodes, as torchrun's does\n",
+                    o->node_rank, o->min_nodes, o->nnodes);
+        o->node_rank = 0;
+        o->node_rank_given = false;
+        if (o->last_call_timeout < 0)
+            return bad("--rdzv_conf last_call_timeout is not a number of seconds");
+    }
+    say_rdzv_ignored(o);
     /* torchrun's c10d rendezvous numbers the nodes that come without --node_rank */
     o->number_nodes = o->rdzv_c10d && !o->node_rank_given && o->nnodes > 1;
     if (o->node_rank >= o->nnodes)

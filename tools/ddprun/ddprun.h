@@ -33,9 +33,16 @@ enum { BIND_AUTO, BIND_CORE, BIND_NONE };
 enum { STD_OUT = 1, STD_ERR = 2 };
 
 typedef struct ddprun_opts {
-    int nproc; /* workers on this node */
-    int nnodes;
+    int nproc;  /* workers on this node */
+    int nnodes; /* with an elastic range (--nnodes MIN:MAX): MAX */
     int node_rank;
+    /* --nnodes MIN:MAX with MIN < MAX: torchrun's elastic rendezvous (agent.c, "elastic"). The
+     * nodes that come are numbered as under c10d numbering (node_rank: that order, kept for the
+     * node's life; the dense rank of a round is ddprun_world.group_rank). */
+    bool elastic;
+    int min_nodes;            /* MIN (nnodes when fixed) */
+    double last_call_timeout; /* s: --rdzv_conf last_call_timeout, torch's default 30 */
+    char rdzv_ignored[600];   /* --rdzv_conf keys accepted without effect, said after parsing */
     /* --rdzv_backend c10d without --node_rank on several nodes: as torchrun's c10d rendezvous,
      * ddprun numbers the nodes. The node that can listen on the endpoint (or is_host=1 in
      * --rdzv_conf) hosts the store and is node 0; the others take 1, 2, … as they join. */
@@ -123,9 +130,15 @@ typedef struct ddprun_worker {
 typedef struct ddprun_world {
     int world_size;
     int rank_offset; /* global rank of local rank 0 */
-    int attempt;
+    int attempt;     /* the rendezvous round: attempt_K of the logs, the store's keys */
+    int restarts;    /* restarts after failures (TORCHELASTIC_RESTART_COUNT): attempt, except
+                        that an elastic re-form for a node that joined counts no restart */
+    int group_rank;  /* this node's rank among the nodes of this round (GROUP_RANK) */
+    int nnodes;      /* nodes in this round (GROUP_WORLD_SIZE) */
     char token[128];
-    int master_port; /* the store's port actually used (--standalone picks one): DDP_STORE_PORT */
+    int master_port; /* the store's port actually used (--standalone picks one) */
+    int store_port;  /* the workers' store, DDP_STORE_PORT: master_port's, except that each round
+                        of an elastic job gives its workers a store of their own on node 0 */
     int free_port;   /* a port on node 0 nobody holds, picked each attempt: the workers'
                         MASTER_PORT, for programs that host a store of their own (PyTorch's
                         init_process_group on rank 0) */

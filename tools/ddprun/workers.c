@@ -73,8 +73,8 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("LOCAL_RANK", "%d", w->local_rank);
     ADD("WORLD_SIZE", "%d", wd->world_size);
     ADD("LOCAL_WORLD_SIZE", "%d", o->nproc);
-    ADD("GROUP_RANK", "%d", o->node_rank);
-    ADD("GROUP_WORLD_SIZE", "%d", o->nnodes);
+    ADD("GROUP_RANK", "%d", wd->group_rank);
+    ADD("GROUP_WORLD_SIZE", "%d", wd->nnodes);
     ADD("ROLE_RANK", "%d", w->rank);
     ADD("ROLE_WORLD_SIZE", "%d", wd->world_size);
     ADD("ROLE_NAME", "%s", o->role);
@@ -82,15 +82,15 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     /* MASTER_PORT is left free for a store of the program's own (PyTorch's rank 0 binds it, as
      * under torchrun's c10d rendezvous); ddpc's ranks find ddprun's store on DDP_STORE_PORT. */
     ADD("MASTER_PORT", "%d", wd->free_port);
-    ADD("DDP_STORE_PORT", "%d", wd->master_port);
+    ADD("DDP_STORE_PORT", "%d", wd->store_port);
     ADD("DDP_RUN_ID", "%s", o->run_id);
     ADD("DDP_STORE_TOKEN", "%s", wd->token);
-    ADD("DDP_RESTART_COUNT", "%d", wd->attempt);
+    ADD("DDP_RESTART_COUNT", "%d", wd->restarts);
     ADD("DDP_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("DDP_AGENT_STORE", "1");
     ADD("DDP_HOST_CORES", "%d", ddp_own_cores()); /* ddprun's own: before any pinning */
     ADD("TORCHELASTIC_RUN_ID", "%s", o->run_id);
-    ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->attempt);
+    ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->restarts);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("TORCHELASTIC_USE_AGENT_STORE", "False"); /* rank 0 hosts torch's store on MASTER_PORT */
     /* As torchrun: PyTorch's NCCL groups abort a failed or timed-out collective rather than

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Elastic node ranges (--nnodes MIN:MAX, torchrun's c10d rendezvous): several ddprun processes on
+# 127.0.0.1, the first to listen hosting the store. A round closes with MIN or more after
+# last_call_timeout, at once with MAX; a node that comes later re-forms the group larger (no
+# restart counted); a node that dies re-forms it smaller (a restart counted); below MIN the
+# rendezvous times out naming who came and who is missing, leaving nothing behind.
+. "$(dirname "$0")/lib.sh"
+export DDP_STORE_TOKEN=test-secret-$$
+
+# args PORT NPROC LAST_CALL RDZV_TIMEOUT MAX_RESTARTS DIR WANT: one node's ddprun arguments in
+# E ("$DDPRUN" "${E[@]}" & makes $! ddprun itself, for kill -9)
+args() {
+    E=(--nnodes 2:3 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:$1 --nproc_per_node $2
+        --rdzv_conf "last_call_timeout=$3" --rdzv_timeout $4 --max_restarts $5 --agent_timeout 1
+        --monitor_interval 0.1 --grace_period 2 "$WORKER" elastic $6 $7)
+}
+count() { # count FILE TEXT: lines holding TEXT
+    local c
+    c=$(grep -c -- "$2" "$1" 2>/dev/null) || true
+    echo "${c:-0}"
+}
+wait_lines() { # wait_lines FILE TEXT N SECONDS
+    local i
+    for ((i = 0; i < $4 * 20; i++)); do
+        [ "$(count "$1" "$2")" -ge "$3" ] && return 0
+        sleep 0.05
+    done
+    cat "$1" >&2 || true
+    fail "expected $3 lines '$2' in $1 within $4 s"
+}
+no_segments() { # no_segments RUN_ID: no /dev/shm segment of the run is left
+    # shellcheck disable=SC2012
+    [ -z "$(ls /dev/shm 2>/dev/null | grep -F "ddp-$1-" || true)" ] || fail "segments of $1 left"
+}
+
+# usage: an elastic range needs c10d (torchrun's static rendezvous takes one count); MIN ≤ MAX
+rc=0; "$DDPRUN" --nnodes 1:4 x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--nnodes 1:4 without c10d exited $rc, want 2"
+assert_contains "$T/err" "--nnodes 1:4: an elastic range needs --rdzv_backend c10d"
+rc=0; "$DDPRUN" --nnodes 3:2 --rdzv_backend c10d x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--nnodes 3:2 exited $rc, want 2"
+assert_contains "$T/err" "--nnodes '3:2': MIN is above MAX"
+rc=0; "$DDPRUN" --nnodes 1:2 --rdzv_backend c10d --rdzv_conf last_call_timeout=x x >"$T/out" \
+    2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "last_call_timeout=x exited $rc, want 2"
+assert_contains "$T/err" "--rdzv_conf last_call_timeout is not a number of seconds"
+ok "usage: a range without c10d, MIN above MAX, a bad last_call_timeout"
+
+# 2:3 with 2 nodes of 2 workers: the round closes after last_call_timeout (1 s) with world 4
+d=$T/two; mkdir -p "$d"
+port=$(free_port)
+t0=$(now_ms)
+args $port 2 1 10 0 "$d" 4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 2 1 10 0 "$d" 4; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" || { cat "$d/err1"; fail "node 1 exited $?"; }
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+t=$(($(now_ms) - t0))
+[ $t -ge 1000 ] || fail "the round closed after $t ms, before last_call_timeout"
+[ "$(count "$d/elastic.log" "world=4 group=0 groups=2")" = 2 ] &&
+    [ "$(count "$d/elastic.log" "world=4 group=1 groups=2")" = 2 ] &&
+    [ "$(wc -l <"$d/elastic.log")" = 4 ] || { cat "$d/elastic.log"; fail "worlds in elastic.log"; }
+for r in 0 1 2 3; do assert_contains "$d/elastic.log" "rank=$r world=4"; done
+assert_contains "$d/elastic.log" "sum=4"
+assert_contains "$d/err0" "4 workers on 2 nodes (of 2:3; round 0, restart 0)"
+wait_gone "$d" 5
+ok "2:3 with 2 nodes: world 4 after last_call_timeout ($t ms), GROUP_WORLD_SIZE 2"
+
+# 2:3 with 3 nodes: MAX closes the round at once (last_call_timeout 20 s never waited)
+d=$T/max; mkdir -p "$d"
+port=$(free_port)
+t0=$(now_ms)
+args $port 1 20 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 20 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+args $port 1 20 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" || { cat "$d/err2"; fail "node 2 exited"; }
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+t=$(($(now_ms) - t0))
+[ $t -lt 10000 ] || fail "3 of at most 3 nodes waited $t ms"
+[ "$(count "$d/elastic.log" "world=3")" = 3 ] || { cat "$d/elastic.log"; fail "world 3"; }
+for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r groups=3 sum=3"; done
+wait_gone "$d" 5
+ok "2:3 with 3 nodes: starts at once ($t ms), world 3"
+
+# a node started with other flags is turned away alone; the others run without it
+d=$T/refuse; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1 10 0 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 10 1 "$d" 2
+rc=0; "$DDPRUN" "${E[@]}" >"$d/outx" 2>"$d/errx" || rc=$?
+[ $rc -eq 1 ] || { cat "$d/errx"; fail "a node with --max_restarts 1 beside 0 exited $rc, want 1"; }
+args $port 1 1 10 0 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" || fail "node 1 exited $?"
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+assert_contains "$d/errx" "node 0 refused this node: node 1 ('"
+assert_contains "$d/errx" "runs with --max_restarts 1 --nnodes 2:3 but node 0 with 0 and 2:3"
+assert_contains "$d/err0" "refused a node: node 1 ('"
+for r in 0 1; do assert_contains "$d/elastic.log" "rank=$r world=2 group=$r groups=2 sum=2"; done
+wait_gone "$d" 5
+ok "a node with other flags is refused alone; the job runs with the two that agree"
+
+# a third node joins a running 2:3 job: the group re-forms with 3, no restart counted
+d=$T/join; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/elastic.log" "world=2" 2 15
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" || { cat "$d/err2"; fail "node 2 exited"; }
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for r in 0 1 2; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=3 group=$r groups=3 sum=3"; done
+assert_contains "$d/err0" "re-forming the group: node 2 ('"
+assert_contains "$d/err0" "not counted against --max_restarts"
+assert_contains "$d/err1" "re-forming the group: node 2 ('"
+assert_contains "$d/err2" "node 2 waits for the next round"
+assert_contains "$d/err0" "3 workers on 3 nodes (of 2:3; round 1, restart 0)"
+assert_not_contains "$d/err0" "worker failed"
+wait_gone "$d" 5
+ok "a node joining a running 2:3 job re-forms it with world 3 (DDP_RESTART_COUNT stays 0)"
+
+# a node of three dies (its ddprun killed): the other two restart the group at world 2
+d=$T/kill; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+args $port 1 1 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/elastic.log" "world=3" 3 15
+kill -9 $n2
+rc=0; wait $n2 || rc=$?
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=1 rank=$r world=2 group=$r groups=2 sum=2"; done
+assert_contains "$d/err0" "stopped responding"
+assert_contains "$d/err0" "attempt : 1 of 2 (--max_restarts 1)"
+assert_contains "$d/err0" "2 workers on 2 nodes (of 2:3; round 1, restart 1)"
+wait_gone "$d" 5
+ok "a node of three dies: the two others go on at world 2 (one restart counted)"
+
+# below MIN: one of two dies; node 0's next round times out naming the missing node
+d=$T/below; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1 2 1 "$d" 9; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 2 1 "$d" 9; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/elastic.log" "world=2" 2 15
+kill -9 $n1
+rc=0; wait $n1 || rc=$?
+rc=0; wait $n0 || rc=$?
+[ $rc -eq 1 ] || { cat "$d/err0"; fail "node 0 below MIN exited $rc, want 1"; }
+assert_contains "$d/err0" "elastic rendezvous at '127.0.0.1:$port' timed out after 2 s: 1 node joined (node 0 ('"
+assert_contains "$d/err0" "at least 2 needed (--nnodes 2:3); missing from the last round: node 1 ('"
+wait_gone "$d" 5
+no_segments "$(sed -n 's/.*run id \([^,]*\).*/\1/p' "$d/err0" | head -1)"
+ok "below MIN after a death: the rendezvous times out naming the missing node; nothing left"
+
+# below MIN from the start: a lone node
+d=$T/alone; mkdir -p "$d"
+port=$(free_port)
+rc=0; args $port 1 1 1 0 "$d" 9; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" || rc=$?
+[ $rc -eq 1 ] || fail "a lone node exited $rc, want 1"
+assert_contains "$d/err0" "timed out after 1 s: 1 node joined (node 0 ('"
+assert_contains "$d/err0" "at least 2 needed (--nnodes 2:3); start ddprun on more nodes"
+[ ! -e "$d/elastic.log" ] || fail "a worker started below MIN"
+ok "a lone node of 2:3: the rendezvous times out, no worker started"
