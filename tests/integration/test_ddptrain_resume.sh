@@ -47,6 +47,18 @@ assert_contains round.out "note: the checkpoint stopped after 21000 samples of e
 assert_contains round.out "step 25/25"
 ok "a position between two of the new global batches: rounded down, with a note"
 
+# A run bounded by epochs, resumed by more ranks (an elastic job that grew): 3 × 1000 saved at
+# step 7 (21000 samples of epoch 0), 2 ranks × 3000 (10 steps an epoch) resume at sample 18000
+# and train the rest of epoch 0 and all of epoch 1: 7 + 17 = 24 steps. The total was 2 × the
+# new steps an epoch, 20, with the saving run's 7 steps counted in it: 13 steps, and epoch 1
+# ended after 3 of its 10 batches.
+"$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" "${A[@]}" --batch_size 3000 --total_steps 0 \
+    --epochs 2 --out_dir grown --resume_from whole/checkpoints/step7.safetensors >grown.out 2>&1 ||
+    { cat grown.out; fail "resume of 3 × 1000 with 2 × 3000 for 2 epochs"; }
+assert_contains grown.out "step 24/24"
+assert_contains grown.out "trained 17 steps"
+ok "epochs after a resume by more ranks: the rest of the epoch and the epochs after it"
+
 # A resume at or past the end of the run trains nothing, and says so (it said "trained 0 steps").
 "$TRAIN" "${A[@]}" --batch_size 3000 --total_steps 20 --out_dir one21 --resume_from latest \
     >past.out 2>&1 || { cat past.out; fail "resume past the end"; }

@@ -349,6 +349,23 @@ static void feed_close(feed *f)
     free(f->y);
 }
 
+/* The run's length in optimizer steps when `epochs` bounds it: epochs × steps an epoch. A
+ * resumed run counts from where its data stand instead — the steps already taken, the rest of
+ * this epoch, the epochs after it — which is the same number when the world, batch and
+ * grad_accum are the checkpoint's, and the right one when they are not: a run resumed by more
+ * ranks (an elastic job that grew) ended early, one resumed by fewer trained longer, since its
+ * steps were counted in the saving run's size. Random windows count passes by steps alone. */
+static uint64_t epochs_total(const trainer *t, const feed *f, uint64_t per_epoch, int A)
+{
+    uint64_t epochs = (uint64_t)ddp_config_int(t->cfg, "epochs");
+    size_t batches = f->l ? ddp_loader_batches_per_epoch(f->l) : 0;
+    if (t->step == 0 || !f->l || batches < (size_t)A || t->pos.epoch >= epochs)
+        return per_epoch * epochs;
+    uint64_t next = t->pos.next_batch < batches ? t->pos.next_batch : batches;
+    uint64_t rest = (batches - next) / (uint64_t)A + (epochs - t->pos.epoch - 1) * per_epoch;
+    return t->step + rest;
+}
+
 /* After a step: where the data stand (saved with checkpoints); true at an epoch's end. */
 static bool feed_advance(trainer *t, feed *f, uint64_t per_epoch)
 {
@@ -390,7 +407,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         t->epoch = t->step / per_epoch;
     uint64_t total = (uint64_t)ddp_config_int(c, "total_steps");
     if (total == 0)
-        total = per_epoch * (uint64_t)ddp_config_int(c, "epochs");
+        total = epochs_total(t, &f, per_epoch, A);
     if (t->step > 0 && t->step >= total)
         trainer_say(t,
                     "note: resumed at step %" PRIu64 ", %s the run's %" PRIu64 " steps (%s): "
