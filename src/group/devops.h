@@ -2,9 +2,9 @@
  * group/devops.h — what libddp needs from a GPU, as one table of operations: the copies, ordering
  * and host-side waits of the shared-GPU backend (staged/), device memory for ddp_group_alloc and
  * ddp_group_memcpy, and the little arithmetic the reducer does on gradient buckets in device
- * memory (src/ddp/reducer.c), and cuda-ipc's mapping of peers' device memory and reduction
- * (ipc/ipc.c). nccl/cudaops.c implements it with the CUDA runtime (in the GPU module);
- * staged/fakedev.c with host memory, for tests on machines without a GPU.
+ * memory (src/ddp: reducer.c, device.c, grads.c), and cuda-ipc's mapping of peers' device memory
+ * and reduction (ipc/ipc.c). nccl/cudaops.c implements it with the CUDA runtime (in the GPU
+ * module); staged/fakedev.c with host memory, for tests on machines without a GPU.
  */
 #ifndef DDP_GROUP_DEVOPS_H
 #define DDP_GROUP_DEVOPS_H
