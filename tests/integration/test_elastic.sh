@@ -164,3 +164,41 @@ assert_contains "$d/err0" "timed out after 1 s: 1 node joined (node 0 ('"
 assert_contains "$d/err0" "at least 2 needed (--nnodes 2:3); start ddprun on more nodes"
 [ ! -e "$d/elastic.log" ] || fail "a worker started below MIN"
 ok "a lone node of 2:3: the rendezvous times out, no worker started"
+
+# MIN reached but last_call_timeout longer than --rdzv_timeout: the round closes with the nodes
+# that came at --rdzv_timeout (before 2026-11-25 it timed out: '1 node joined …, at least 1
+# needed')
+d=$T/lastcall; mkdir -p "$d"
+port=$(free_port)
+rc=0; args $port 1 30 1 0 "$d" 1; E[1]=1:3; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" || rc=$?
+[ $rc -eq 0 ] || { cat "$d/err0"; fail "1:3 with 1 node, last_call 30 s, rdzv_timeout 1 s exited $rc"; }
+assert_contains "$d/elastic.log" "rank=0 world=1 group=0 groups=1 sum=1"
+assert_contains "$d/err0" "closing the round at --rdzv_timeout 1 s with 1 node"
+assert_not_contains "$d/err0" "timed out"
+wait_gone "$d" 5
+ok "MIN met, last_call_timeout above --rdzv_timeout: the round closes at --rdzv_timeout"
+
+# Ctrl-C on a node while the nodes gather: the job stops on every node, naming the signal, with
+# no worker started (before 2026-11-25 node 0 closed the round with the gone node in it, started
+# its workers and, after --agent_timeout, blamed a dead machine and counted a failure)
+d=$T/gatherint; mkdir -p "$d"
+port=$(free_port)
+args $port 1 3 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 3 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/err1" "this is node 1" 1 5
+sleep 0.3
+t0=$(now_ms)
+kill -INT $n1
+rc=0; wait $n1 || rc=$?
+[ $rc -eq 130 ] || { cat "$d/err1"; fail "node 1 after SIGINT exited $rc, want 130"; }
+rc=0; wait $n0 || rc=$?
+t=$(($(now_ms) - t0))
+[ $rc -eq 1 ] || { cat "$d/err0"; fail "node 0 exited $rc, want 1"; }
+[ $t -lt 2500 ] || fail "node 0 took $t ms to stop after node 1's SIGINT"
+assert_contains "$d/err0" "ddprun on node 1 ('"
+assert_contains "$d/err0" "received SIGINT while the nodes gathered: the job stops"
+assert_not_contains "$d/err0" "stopped responding"
+[ ! -e "$d/elastic.log" ] || fail "a worker started after SIGINT in the rendezvous"
+wait_gone "$d" 5
+ok "SIGINT on node 1 while the nodes gather stops the job everywhere ($t ms), no worker started"

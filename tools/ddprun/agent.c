@@ -54,6 +54,10 @@ typedef enum outcome {
     AGENT_ERROR
 } outcome;
 
+#define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
+#define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
+#define RESHAPE_MARK "re-form: " /* a failed-key line for an elastic job's newcomer: no failure */
+
 typedef struct failure {
     bool set;
     bool local; /* a worker of this node, with the details below */
@@ -821,9 +825,29 @@ static int close_round(agent *a, int64_t own)
             n_ok++;
             last_arrival = now_ms();
         }
+        /* A node of the round that received a signal while it waited for the close (its ddprun
+         * gone): the job stops, as for a signal while the workers run. */
+        key(k, sizeof k, a, "failed");
+        int fst = peek_str(s, k, v, sizeof v);
+        if (fst < 0)
+            goto out_store;
+        if (fst == 0 && strncmp(v, STOP_MARK, strlen(STOP_MARK)) == 0) {
+            snprintf(msg, sizeof msg, "%.400s: the job stops", v + strlen(STOP_MARK));
+            fail_round(a, msg);
+            goto out;
+        }
         int64_t now = now_ms();
         if (n_ok >= o->nnodes || (n_ok >= o->min_nodes && now - last_arrival >= last_call))
             break;
+        if (n_ok >= o->min_nodes && now >= give_up) {
+            /* MIN came but the last call outlasts --rdzv_timeout: the round closes with them
+             * (before 2026-11-25 it timed out, '1 node joined …, at least 1 needed') */
+            ddprun_say("closing the round at --rdzv_timeout %g s with %d node%s (--nnodes %d:%d): "
+                       "last_call_timeout %g s is longer; lower it, or raise --rdzv_timeout",
+                       o->rdzv_timeout, n_ok, n_ok == 1 ? "" : "s", o->min_nodes, o->nnodes,
+                       o->last_call_timeout);
+            break;
+        }
         if (interrupted(a)) {
             snprintf(msg, sizeof msg,
                      "ddprun on node 0 ('%s') received SIG%s while the nodes "
@@ -984,8 +1008,19 @@ static int rendezvous_elastic(agent *a)
                 ddprun_say("node 0 refused this node: %s", v);
                 goto out;
             }
-            if (interrupted(a))
+            if (interrupted(a)) {
+                /* Tell node 0, which would otherwise close the round with this node in it and
+                 * later take it for dead (a restart counted, the wrong cause named). */
+                char line[400];
+                snprintf(line, sizeof line,
+                         STOP_MARK "ddprun on node %d ('%s') received SIG%s while the nodes "
+                                   "gathered",
+                         o->node_rank, a->host, sigabbrev_np(a->stop_signal));
+                key(k, sizeof k, a, "failed");
+                (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
+                (void)ddp_store_add(s, "ddprun/final_acks", 1, NULL); /* node 0 need not wait */
                 goto out;
+            }
             if (now_ms() >= give_up) {
                 ddprun_say("node 0 did not close round %d of the elastic rendezvous at '" HOSTF
                            "' within %.0f s; look at node 0's ddprun",
@@ -1279,9 +1314,6 @@ out_store:
 
 /* ---- failures and stopping ------------------------------------------------------------------ */
 
-#define STOP_MARK "stopped: " /* a failed-key line for a signal: the group must not restart */
-#define SECONDARY_MARK "secondary: " /* a failed-key line for a DDP_EXIT_PEER_FAILED exit */
-#define RESHAPE_MARK "re-form: " /* a failed-key line for an elastic job's newcomer: no failure */
 /* The failure lines of a node whose ddprun stopped beating, and of a lost store: no summary
  * comes from that node. */
 #define LINE_HEARTBEAT_LOST "stopped responding"
