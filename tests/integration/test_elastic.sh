@@ -202,3 +202,49 @@ assert_not_contains "$d/err0" "stopped responding"
 [ ! -e "$d/elastic.log" ] || fail "a worker started after SIGINT in the rendezvous"
 wait_gone "$d" 5
 ok "SIGINT on node 1 while the nodes gather stops the job everywhere ($t ms), no worker started"
+
+# a node that dies while the nodes gather leaves the round (its heartbeat stops, as torch's
+# keep-alive): the others start without it, no failure counted (before 2026-11-25 the round
+# closed with the dead node in it and, with --max_restarts 0, the job failed 'stopped responding')
+d=$T/gatherkill; mkdir -p "$d"
+port=$(free_port)
+args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/err1" "this is node 1" 1 5
+args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/err2" "this is node 2" 1 5
+sleep 0.2
+kill -9 $n2
+rc=0; wait $n2 || rc=$?
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=2 group=$r groups=2 sum=2"; done
+assert_contains "$d/err0" "node 2 ('"
+assert_contains "$d/err0" "left the rendezvous: no heartbeat for 1 s"
+assert_not_contains "$d/err0" "stopped responding"
+wait_gone "$d" 5
+ok "a node killed while the nodes gather is left out of the round; the job runs at world 2"
+
+# a node stopped (SIGSTOP) while the nodes gather is left out; continued, it comes back as a
+# newcomer and the group re-forms with it
+d=$T/gatherstop; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/err1" "this is node 1" 1 5
+args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/err2" "this is node 2" 1 5
+sleep 0.2
+kill -STOP $n2
+wait_lines "$d/elastic.log" "world=2" 2 10
+kill -CONT $n2
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+wait $n2 || { cat "$d/err2"; fail "node 2 exited non-zero"; }
+for r in 0 1 2; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=3 group=$r groups=3 sum=3"; done
+assert_contains "$d/err0" "left the rendezvous: no heartbeat for 1 s"
+assert_contains "$d/err0" "re-forming the group: node 2 ('"
+wait_gone "$d" 5
+ok "a node stopped while the nodes gather is left out, and re-forms the group when continued"

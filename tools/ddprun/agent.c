@@ -112,6 +112,13 @@ typedef struct agent {
     /* An elastic re-form: a node joined the running job (torch's num_nodes_waiting > 0). The
      * group restarts with it and no restart is counted. */
     bool reshape;
+    /* Elastic, node 0: per slot of round wait_hb_round, the heartbeat last seen of a node that
+     * is not a member (a newcomer, or one left out of the round for its silence); INT64_MIN
+     * unseen. The group re-forms for such a node only once its heartbeat moves: a node that
+     * waits beats, one that died or left does not. */
+    int64_t *wait_hb;
+    int64_t wait_hb_cap;
+    int wait_hb_round;
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
     /* After a secondary failure: until when the workers are left to end on their own, so that the
@@ -770,6 +777,41 @@ static void fail_round(agent *a, const char *line)
     nap_ms(1000); /* keep the store up while the other nodes read it */
 }
 
+/* Elastic, node 0: the wait_hb entry of slot j of the current round, or NULL (out of memory). */
+static int64_t *wait_hb_slot(agent *a, int64_t j)
+{
+    if (a->wait_hb_round != a->wd.attempt) {
+        for (int64_t i = 0; i < a->wait_hb_cap; i++)
+            a->wait_hb[i] = INT64_MIN;
+        a->wait_hb_round = a->wd.attempt;
+    }
+    if (j >= a->wait_hb_cap) {
+        int64_t ncap = j + 16;
+        int64_t *n = realloc(a->wait_hb, sizeof *n * (size_t)ncap);
+        if (!n)
+            return NULL;
+        for (int64_t i = a->wait_hb_cap; i < ncap; i++)
+            n[i] = INT64_MIN;
+        a->wait_hb = n;
+        a->wait_hb_cap = ncap;
+    }
+    return &a->wait_hb[j];
+}
+
+/* Elastic, a node waiting in the rendezvous (for the close, or for a place): its heartbeat
+ * every 100 ms, by which node 0 tells a waiting node from one that died or was stopped (torch's
+ * keep-alive). A failed call shows in the caller's next store call. */
+static void beat(agent *a, int64_t *last)
+{
+    int64_t now = now_ms();
+    if (now - *last < 100)
+        return;
+    *last = now;
+    char k[64];
+    snprintf(k, sizeof k, "ddprun/hb/%d", a->o->node_rank);
+    (void)ddp_store_add(a->store, k, 1, NULL);
+}
+
 /* Node 0: gathers round k's nodes and closes it (see above). own: node 0's slot. 0, or -1
  * said (and told to the others). */
 static int close_round(agent *a, int64_t own)
@@ -781,7 +823,11 @@ static int close_round(agent *a, int64_t own)
     int64_t last_call = (int64_t)(o->last_call_timeout * 1000), last_arrival = start;
     int cap = 0, n_ok = 0, rc = -1;
     erec *recs = NULL;
-    signed char *have = NULL; /* per slot: 0 not read yet, 1 a member-to-be, -1 refused */
+    /* per slot: 0 not read yet, 1 a member-to-be, -1 refused, -2 left out: its heartbeat
+     * stopped for --agent_timeout (killed, stopped, its machine gone), as torch's keep-alive
+     * drops a silent participant; it is back in if the heartbeat moves before the close */
+    signed char *have = NULL;
+    int64_t *hb_val = NULL, *hb_at = NULL, last_scan = 0;
     for (;;) {
         int64_t count = 0;
         key(k, sizeof k, a, "count");
@@ -795,7 +841,13 @@ static int close_round(agent *a, int64_t own)
             signed char *nh = realloc(have, sizeof *nh * (size_t)ncap);
             if (nh)
                 have = nh;
-            if (!nr || !nh) {
+            int64_t *nv = realloc(hb_val, sizeof *nv * (size_t)ncap);
+            if (nv)
+                hb_val = nv;
+            int64_t *nt = realloc(hb_at, sizeof *nt * (size_t)ncap);
+            if (nt)
+                hb_at = nt;
+            if (!nr || !nh || !nv || !nt) {
                 ddprun_say("out of memory in the rendezvous");
                 goto out;
             }
@@ -823,8 +875,39 @@ static int close_round(agent *a, int64_t own)
             }
             have[j] = 1;
             n_ok++;
-            last_arrival = now_ms();
+            last_arrival = hb_at[j] = now_ms();
+            hb_val[j] = INT64_MIN;
         }
+        /* The gathering nodes' heartbeats, every 200 ms. */
+        for (int64_t j = 0; j < count && now_ms() - last_scan >= 200; j++) {
+            if ((have[j] != 1 && have[j] != -2) || j == own)
+                continue;
+            int64_t hb = 0, t = now_ms();
+            snprintf(k, sizeof k, "ddprun/hb/%d", recs[j].id);
+            if (ddp_store_add(s, k, 0, &hb) != DDP_OK)
+                goto out_store;
+            if (hb != hb_val[j]) {
+                if (have[j] == -2) {
+                    ddprun_say("node %d ('%s') is back in the rendezvous", recs[j].id,
+                               recs[j].host);
+                    have[j] = 1;
+                    n_ok++;
+                }
+                hb_val[j] = hb;
+                hb_at[j] = t;
+            } else if (have[j] == 1 && t - hb_at[j] > (int64_t)(o->agent_timeout * 1000)) {
+                int64_t *w = wait_hb_slot(a, j);
+                if (w)
+                    *w = hb; /* a re-form for it once it beats again */
+                ddprun_say("node %d ('%s') left the rendezvous: no heartbeat for %g s "
+                           "(--agent_timeout); the round goes on without it",
+                           recs[j].id, recs[j].host, o->agent_timeout);
+                have[j] = -2;
+                n_ok--;
+            }
+        }
+        if (now_ms() - last_scan >= 200)
+            last_scan = now_ms();
         /* A node of the round that received a signal while it waited for the close (its ddprun
          * gone): the job stops, as for a signal while the workers run. */
         key(k, sizeof k, a, "failed");
@@ -924,6 +1007,8 @@ out_store:
 out:
     free(recs);
     free(have);
+    free(hb_val);
+    free(hb_at);
     return rc;
 }
 
@@ -998,12 +1083,13 @@ static int rendezvous_elastic(agent *a)
             goto out_store;
         if (o->node_rank == 0 && close_round(a, slot) != 0)
             goto out;
-        int64_t give_up = now_ms() + wait_ms;
+        int64_t give_up = now_ms() + wait_ms, beat_at = 0;
         key(k, sizeof k, a, "members");
         int st;
         char rk[128];
         snprintf(rk, sizeof rk, "ddprun/a%d/refused/%lld", a->wd.attempt, (long long)slot);
         while ((st = peek_str(s, k, mv, mcap)) == 1) {
+            beat(a, &beat_at);
             if (peek_str(s, rk, v, sizeof v) == 0) {
                 ddprun_say("node 0 refused this node: %s", v);
                 goto out;
@@ -1088,6 +1174,7 @@ static int rendezvous_elastic(agent *a)
         int64_t until = now_ms() + (int64_t)(o->rdzv_timeout * 1000);
         for (;;) {
             int64_t cur = 0;
+            beat(a, &beat_at);
             int pst = peek_int(s, "ddprun/attempt", &cur);
             if (pst < 0)
                 goto out_store;
@@ -1649,6 +1736,17 @@ static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found)
                 ddprun_say("refused a node: %s", why);
             continue;
         }
+        /* Only for a node whose heartbeat moves: one that came and died (or was left out of the
+         * round for its silence and is still gone) is no reason to restart the workers. */
+        int64_t hb = 0, *seen = wait_hb_slot(a, j);
+        snprintf(k, sizeof k, "ddprun/hb/%d", r.id);
+        if (ddp_store_add(s, k, 0, &hb) != DDP_OK)
+            return false;
+        if (!seen || *seen == INT64_MIN || *seen == hb) {
+            if (seen && *seen == INT64_MIN)
+                *seen = hb;
+            continue;
+        }
         snprintf(line, cap,
                  RESHAPE_MARK "node %d ('%s') joined the running job (%d of at most %d nodes "
                               "running)",
@@ -2127,5 +2225,6 @@ out:
     free(a.member_id);
     free(a.member_slot);
     free(a.member_host);
+    free(a.wait_hb);
     return code;
 }
