@@ -248,3 +248,30 @@ assert_contains "$d/err0" "left the rendezvous: no heartbeat for 1 s"
 assert_contains "$d/err0" "re-forming the group: node 2 ('"
 wait_gone "$d" 5
 ok "a node stopped while the nodes gather is left out, and re-forms the group when continued"
+
+# two newcomers at once into a 2:3 job of two nodes, one of whose workers stops slowly (it
+# ignores SIGTERM: SIGKILL after --grace_period): the re-formed round keeps that running node's
+# place and takes one newcomer; the other waits (before 2026-11-25 the two newcomers filled the
+# round at once and the running node was left out)
+d=$T/keep; mkdir -p "$d"
+printf '#!/bin/sh\ntrap "" TERM\nexec "%s" elastic "%s" 3\n' "$WORKER" "$d" >"$d/slow.sh"
+chmod +x "$d/slow.sh"
+port=$(free_port)
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+args $port 1 1 10 0 "$d" 3; E=("${E[@]:0:${#E[@]}-4}" "$d/slow.sh")
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/elastic.log" "world=2" 2 15
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+args $port 1 1 10 0 "$d" 3; "$DDPRUN" "${E[@]}" >"$d/out3" 2>"$d/err3" & BG_PIDS+=($!); n3=$!
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 (slow to stop) exited non-zero"; }
+rc2=0; wait $n2 || rc2=$?
+rc3=0; wait $n3 || rc3=$?
+[ $((rc2 + rc3)) -eq 1 ] || fail "newcomers exited $rc2 and $rc3, want one 0 and one 1"
+assert_contains "$d/err1" "workers still running 2 s after SIGTERM"
+assert_not_contains "$d/err1" "waits for the next round"
+for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r groups=3 sum=3"; done
+assert_contains "$d/elastic.log" "rank=1 world=3 group=1"
+wait_gone "$d" 5
+ok "a running node slow to stop keeps its place when two newcomers fill a 2:3 job"

@@ -828,6 +828,14 @@ static int close_round(agent *a, int64_t own)
      * drops a silent participant; it is back in if the heartbeat moves before the close */
     signed char *have = NULL;
     int64_t *hb_val = NULL, *hb_at = NULL, last_scan = 0;
+    /* The last round's members (node 0 aside) still beating but not back yet (stopping slow
+     * workers): the round waits for them, and they come before newcomers, as torch reopens a
+     * round only once its every participant has left it; before 2026-11-25 two newcomers could
+     * fill a 2:3 job's re-formed round while a running node stopped its workers, leaving it out.
+     * One silent for --agent_timeout no longer counts. */
+    int pending = 0;
+    for (int i = 1; i < a->wd.nnodes; i++)
+        a->hb_changed_ms[i] = start;
     for (;;) {
         int64_t count = 0;
         key(k, sizeof k, a, "count");
@@ -906,6 +914,27 @@ static int close_round(agent *a, int64_t own)
                 n_ok--;
             }
         }
+        for (int i = 1, scan = now_ms() - last_scan >= 200; scan && i < a->wd.nnodes; i++) {
+            if (i == 1)
+                pending = 0;
+            bool back = false;
+            for (int64_t j = 0; j < count && !back; j++)
+                back = have[j] == 1 && recs[j].id == a->member_id[i];
+            if (back || a->node_dead[i])
+                continue;
+            int64_t hb = 0, t = now_ms();
+            snprintf(k, sizeof k, "ddprun/hb/%d", a->member_id[i]);
+            if (ddp_store_add(s, k, 0, &hb) != DDP_OK)
+                goto out_store;
+            if (hb != a->hb_value[i]) {
+                a->hb_value[i] = hb;
+                a->hb_changed_ms[i] = t;
+            } else if (t - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
+                a->node_dead[i] = true;
+                continue;
+            }
+            pending++;
+        }
         if (now_ms() - last_scan >= 200)
             last_scan = now_ms();
         /* A node of the round that received a signal while it waited for the close (its ddprun
@@ -920,15 +949,25 @@ static int close_round(agent *a, int64_t own)
             goto out;
         }
         int64_t now = now_ms();
-        if (n_ok >= o->nnodes || (n_ok >= o->min_nodes && now - last_arrival >= last_call))
+        if (!pending &&
+            (n_ok >= o->nnodes || (n_ok >= o->min_nodes && now - last_arrival >= last_call)))
             break;
         if (n_ok >= o->min_nodes && now >= give_up) {
-            /* MIN came but the last call outlasts --rdzv_timeout: the round closes with them
-             * (before 2026-11-25 it timed out, '1 node joined …, at least 1 needed') */
-            ddprun_say("closing the round at --rdzv_timeout %g s with %d node%s (--nnodes %d:%d): "
-                       "last_call_timeout %g s is longer; lower it, or raise --rdzv_timeout",
-                       o->rdzv_timeout, n_ok, n_ok == 1 ? "" : "s", o->min_nodes, o->nnodes,
-                       o->last_call_timeout);
+            /* MIN came but the last call (or a last-round node) outlasts --rdzv_timeout: the
+             * round closes with them (before 2026-11-25 it timed out, '1 node joined …, at least
+             * 1 needed') */
+            if (pending)
+                ddprun_say("closing the round at --rdzv_timeout %g s with %d node%s (--nnodes "
+                           "%d:%d): %d node%s of the last round, still running, did not come "
+                           "back; raise --rdzv_timeout above --grace_period",
+                           o->rdzv_timeout, n_ok, n_ok == 1 ? "" : "s", o->min_nodes, o->nnodes,
+                           pending, pending == 1 ? "" : "s");
+            else
+                ddprun_say("closing the round at --rdzv_timeout %g s with %d node%s (--nnodes "
+                           "%d:%d): last_call_timeout %g s is longer; lower it, or raise "
+                           "--rdzv_timeout",
+                           o->rdzv_timeout, n_ok, n_ok == 1 ? "" : "s", o->min_nodes, o->nnodes,
+                           o->last_call_timeout);
             break;
         }
         if (interrupted(a)) {
@@ -984,9 +1023,16 @@ static int close_round(agent *a, int64_t own)
     }
     int n = 0;
     pick[n++] = own;
-    for (int64_t j = 0; j < cap && n < o->nnodes; j++)
-        if (have[j] == 1 && j != own)
-            pick[n++] = j;
+    for (int pass = 0; pass < 2; pass++) /* the last round's members first, then newcomers */
+        for (int64_t j = 0; j < cap && n < o->nnodes; j++) {
+            if (have[j] != 1 || j == own)
+                continue;
+            bool was = false;
+            for (int i = 1; i < a->wd.nnodes && !was; i++)
+                was = recs[j].id == a->member_id[i];
+            if (was == (pass == 0))
+                pick[n++] = j;
+        }
     for (int i = 1; i < n; i++) /* insertion sort by id; node 0 stays first (id 0) */
         for (int j = i; j > 1 && recs[pick[j]].id < recs[pick[j - 1]].id; j--) {
             int64_t t = pick[j];
@@ -1645,6 +1691,11 @@ static bool check_nodes(agent *a, bool may_reshape, bool *remote_failed, char *l
     /* Short calls: while one blocks, output, exits and signals wait. The caller tolerates
      * failures for up to --agent_timeout before it calls the store lost. */
     ddp_store_set_timeout(s, 2000);
+    /* The heartbeat first: a node still stopping its workers after a failure or a re-form beats
+     * too, so that an elastic node 0 gathering the next round keeps its place (close_round). */
+    snprintf(k, sizeof k, "ddprun/hb/%d", o->node_rank);
+    if (ddp_store_add(s, k, 1, NULL) != DDP_OK)
+        return false;
     key(k, sizeof k, a, "failed");
     const char *keys[1] = {k};
     bool failed = false;
@@ -1660,9 +1711,6 @@ static bool check_nodes(agent *a, bool may_reshape, bool *remote_failed, char *l
         *remote_failed = true;
         return true;
     }
-    snprintf(k, sizeof k, "ddprun/hb/%d", o->node_rank);
-    if (ddp_store_add(s, k, 1, NULL) != DDP_OK)
-        return false;
     if (o->node_rank != 0)
         return true;
     int64_t now = now_ms();
