@@ -275,3 +275,14 @@ for r in 0 1 2; do assert_contains "$d/elastic.log" "rank=$r world=3 group=$r gr
 assert_contains "$d/elastic.log" "rank=1 world=3 group=1"
 wait_gone "$d" 5
 ok "a running node slow to stop keeps its place when two newcomers fill a 2:3 job"
+
+# the endpoint's port held by a program other than ddprun: the nodes say so and what to do
+d=$T/taken; mkdir -p "$d"
+port=$(free_port)
+"$WORKER" hold-port "$port" 10 >"$d/hold" & BG_PIDS+=($!); h=$!
+wait_lines "$d/hold" "holding" 1 5
+rc=0; args $port 1 1 1 0 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" || rc=$?
+kill $h; wait $h || true
+[ $rc -eq 1 ] || { cat "$d/err0"; fail "a node with its endpoint's port held exited $rc, want 1"; }
+assert_contains "$d/err0" "a program other than ddprun holds that port, so stop it or give every node another --rdzv_endpoint port"
+ok "the endpoint's port held by another program: said, with what to do"

@@ -318,6 +318,7 @@ static int setup_store(agent *a)
     }
 
     a->wd.master_port = o->master_port;
+    bool in_use = false; /* c10d numbering: this host found the endpoint's port taken */
     if (o->number_nodes) {
         /* torchrun's c10d rendezvous without --node_rank: the node that can listen on the
          * endpoint (the host it names) hosts the store and is node 0 (is_host=1 insists, with the
@@ -336,6 +337,7 @@ static int setup_store(agent *a)
             return -1;
         }
         o->node_rank = st == DDP_OK ? 0 : -1;
+        in_use = st == DDP_ERR_ADDR_IN_USE;
     } else if (o->node_rank == 0) {
         if (start_server(a, o->master_addr, o->nnodes > 1, &err) != DDP_OK) {
             ddprun_say("%s", err.msg);
@@ -365,14 +367,23 @@ static int setup_store(agent *a)
             if (st == DDP_ERR_TIMEOUT)
                 ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %g s (last "
                            "error: %s); start ddprun on node 0, and check --master_addr and "
-                           "--master_port (or raise --rdzv_timeout)%s",
+                           "--master_port (or raise --rdzv_timeout)%s%s",
                            HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg,
                            o->number_nodes ? "; under c10d numbering the node that can listen on "
                                              "the endpoint hosts it: if none can (a NAT'd name), "
                                              "give that node --rdzv_conf is_host=1"
-                                           : "");
+                                           : "",
+                           in_use ? "; this host could not listen there either (address already "
+                                    "in use): a program other than ddprun holds that port, so "
+                                    "stop it or give every node another --rdzv_endpoint port"
+                                  : "");
             else
-                ddprun_say("%s", err.msg);
+                ddprun_say("%s%s", err.msg,
+                           in_use ? " (this host could not listen on the endpoint: address "
+                                    "already in use; if no ddprun of this job runs there, a "
+                                    "program other than ddprun holds that port: stop it or give "
+                                    "every node another --rdzv_endpoint port)"
+                                  : "");
             return -1;
         }
     }
