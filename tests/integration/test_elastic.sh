@@ -286,3 +286,24 @@ kill $h; wait $h || true
 [ $rc -eq 1 ] || { cat "$d/err0"; fail "a node with its endpoint's port held exited $rc, want 1"; }
 assert_contains "$d/err0" "a program other than ddprun holds that port, so stop it or give every node another --rdzv_endpoint port"
 ok "the endpoint's port held by another program: said, with what to do"
+
+# a newcomer while a node's workers have already finished: no re-form (the job is ending; the
+# finished workers would run again), the newcomer waits and leaves when the job ends
+d=$T/ending; mkdir -p "$d"
+printf '#!/bin/sh\n[ "$GROUP_RANK" = 1 ] && exit 0\necho "rank $RANK world $WORLD_SIZE" >>"%s/ran"\nsleep 2.5\n' "$d" >"$d/prog.sh"
+chmod +x "$d/prog.sh"
+port=$(free_port)
+args $port 1 1 10 0 "$d" 3; E=("${E[@]:0:${#E[@]}-4}" "$d/prog.sh")
+"$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/ran" "world 2" 1 10
+sleep 0.3
+rc=0; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" || rc=$?
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+[ $rc -eq 1 ] || { cat "$d/err2"; fail "the newcomer exited $rc, want 1"; }
+assert_not_contains "$d/err0" "re-forming"
+[ "$(wc -l <"$d/ran")" = 1 ] || { cat "$d/ran"; fail "the workers ran again"; }
+assert_contains "$d/err2" "node 2 waits for the next round"
+ok "a newcomer while a node's workers have finished: no re-form, it leaves when the job ends"

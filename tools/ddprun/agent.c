@@ -1770,6 +1770,20 @@ static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found)
     key(k, sizeof k, a, "count");
     if (ddp_store_add(s, k, 0, &count) != DDP_OK)
         return false;
+    if (count <= a->wd.nnodes)
+        return true; /* every slot a member's (the common case: nothing more to read) */
+    /* A node whose workers all finished (done): the job is ending, and a re-form would run the
+     * finished workers again (torch's agent leaves once its workers succeeded); the newcomer
+     * waits, and leaves when the job ends. */
+    for (int i = 1; i < a->wd.nnodes; i++) {
+        bool done = false;
+        snprintf(k, sizeof k, "ddprun/a%d/done/%d", a->wd.attempt, i);
+        const char *keys[1] = {k};
+        if (ddp_store_check(s, keys, 1, &done) != DDP_OK)
+            return false;
+        if (done)
+            return true;
+    }
     for (int64_t j = 0; j < count && !*found; j++) {
         bool member = false;
         for (int i = 0; i < a->wd.nnodes && !member; i++)
