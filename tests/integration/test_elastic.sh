@@ -44,7 +44,15 @@ rc=0; "$DDPRUN" --nnodes 1:2 --rdzv_backend c10d --rdzv_conf last_call_timeout=x
     2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "last_call_timeout=x exited $rc, want 2"
 assert_contains "$T/err" "--rdzv_conf last_call_timeout is not a number of seconds"
-ok "usage: a range without c10d, MIN above MAX, a bad last_call_timeout"
+rc=0; "$DDPRUN" --standalone --nnodes 1:2 --rdzv_backend c10d x >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--standalone --nnodes 1:2 exited $rc, want 2"
+assert_contains "$T/err" "cannot be combined with --nnodes 1:2 (an elastic range needs"
+for n in 0:2 a:b 2: :2 1:2:3; do
+    rc=0; "$DDPRUN" --nnodes "$n" --rdzv_backend c10d x >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "--nnodes $n exited $rc, want 2"
+    assert_contains "$T/err" "--nnodes '$n': expected N or MIN:MAX, numbers from 1 to 65536"
+done
+ok "usage: a range without c10d, MIN above MAX, a bad last_call_timeout, with --standalone, malformed"
 
 # 2:3 with 2 nodes of 2 workers: the round closes after last_call_timeout (1 s) with world 4
 d=$T/two; mkdir -p "$d"

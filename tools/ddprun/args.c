@@ -1004,9 +1004,15 @@ int ddprun_parse_args(int argc, char **argv, ddprun_opts *o)
     }
 
     if (o->standalone) {
-        if (o->nnodes != 1)
+        if (o->nnodes != 1) {
+            if (o->min_nodes != o->nnodes) /* an elastic range: say it as given */
+                return bad("--standalone runs one node; it cannot be combined with --nnodes "
+                           "%d:%d (an elastic range needs --rdzv_backend c10d and "
+                           "--rdzv_endpoint instead)",
+                           o->min_nodes, o->nnodes);
             return bad("--standalone runs one node; it cannot be combined with --nnodes %d",
                        o->nnodes);
+        }
         if (port_set && o->master_port != 0) /* localhost:0 asks for what --standalone does */
             return bad("--standalone picks a free port itself; drop --master_port / "
                        "--rdzv_endpoint");
