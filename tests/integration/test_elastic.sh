@@ -186,16 +186,41 @@ assert_not_contains "$d/err0" "timed out"
 wait_gone "$d" 5
 ok "MIN met, last_call_timeout above --rdzv_timeout: the round closes at --rdzv_timeout"
 
-# Ctrl-C on a node while the nodes gather: the job stops on every node, naming the signal, with
-# no worker started (before 2026-11-25 node 0 closed the round with the gone node in it, started
-# its workers and, after --agent_timeout, blamed a dead machine and counted a failure)
+# Ctrl-C on a node while the nodes gather. A node new to the job leaves the round alone, as
+# torch's agent stopped by a signal leaves the rendezvous open; a node that ran in the job stops
+# it on every node, as a signal while the workers run does, with no worker started. Before
+# 2026-11-25 node 0 closed the round with the gone node in it, started its workers and, after
+# --agent_timeout, blamed a dead machine and counted a failure.
 d=$T/gatherint; mkdir -p "$d"
 port=$(free_port)
-args $port 1 3 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
 sleep 0.3
-args $port 1 3 10 1 "$d" 2; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
 wait_lines "$d/err1" "this is node 1" 1 5
+"$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/err2" "this is node 2" 1 5
 sleep 0.3
+kill -INT $n2
+rc=0; wait $n2 || rc=$?
+[ $rc -eq 130 ] || { cat "$d/err2"; fail "node 2 after SIGINT exited $rc, want 130"; }
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+assert_contains "$d/err0" "left the rendezvous: ddprun on node 2 ('"
+assert_contains "$d/err0" "received SIGINT while the nodes gathered; the round goes on without it"
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=2 group=$r groups=2 sum=2"; done
+assert_not_contains "$d/err0" "stopped responding"
+wait_gone "$d" 5
+ok "SIGINT on a node new to the job while the nodes gather: it leaves, the others run at world 2"
+
+d=$T/gatherint2; mkdir -p "$d"
+port=$(free_port)
+args $port 1 1.5 10 1 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/elastic.log" "world=2" 2 10
+"$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/err1" "re-forming the group" 1 10
+sleep 0.5
 t0=$(now_ms)
 kill -INT $n1
 rc=0; wait $n1 || rc=$?
@@ -203,13 +228,16 @@ rc=0; wait $n1 || rc=$?
 rc=0; wait $n0 || rc=$?
 t=$(($(now_ms) - t0))
 [ $rc -eq 1 ] || { cat "$d/err0"; fail "node 0 exited $rc, want 1"; }
+rc=0; wait $n2 || rc=$?
+[ $rc -eq 1 ] || { cat "$d/err2"; fail "node 2 exited $rc, want 1"; }
 [ $t -lt 2500 ] || fail "node 0 took $t ms to stop after node 1's SIGINT"
 assert_contains "$d/err0" "ddprun on node 1 ('"
 assert_contains "$d/err0" "received SIGINT while the nodes gathered: the job stops"
+assert_contains "$d/err2" "received SIGINT while the nodes gathered: the job stops"
 assert_not_contains "$d/err0" "stopped responding"
-[ ! -e "$d/elastic.log" ] || fail "a worker started after SIGINT in the rendezvous"
+assert_not_contains "$d/elastic.log" "world=3"
 wait_gone "$d" 5
-ok "SIGINT on node 1 while the nodes gather stops the job everywhere ($t ms), no worker started"
+ok "SIGINT on a node of the job while the nodes gather stops the job everywhere ($t ms)"
 
 # a node that dies while the nodes gather leaves the round (its heartbeat stops, as torch's
 # keep-alive): the others start without it, no failure counted (before 2026-11-25 the round

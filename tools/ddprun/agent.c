@@ -836,7 +836,8 @@ static int close_round(agent *a, int64_t own)
     erec *recs = NULL;
     /* per slot: 0 not read yet, 1 a member-to-be, -1 refused, -2 left out: its heartbeat
      * stopped for --agent_timeout (killed, stopped, its machine gone), as torch's keep-alive
-     * drops a silent participant; it is back in if the heartbeat moves before the close */
+     * drops a silent participant; it is back in if the heartbeat moves before the close; -3
+     * left: its ddprun, new to the job, received a signal (under left/<slot>) */
     signed char *have = NULL;
     int64_t *hb_val = NULL, *hb_at = NULL, last_scan = 0;
     /* The last round's members (node 0 aside) still beating but not back yet (stopping slow
@@ -897,10 +898,22 @@ static int close_round(agent *a, int64_t own)
             last_arrival = hb_at[j] = now_ms();
             hb_val[j] = INT64_MIN;
         }
-        /* The gathering nodes' heartbeats, every 200 ms. */
+        /* The gathering nodes' heartbeats, and whether they left (a signal), every 200 ms. */
         for (int64_t j = 0; j < count && now_ms() - last_scan >= 200; j++) {
             if ((have[j] != 1 && have[j] != -2) || j == own)
                 continue;
+            snprintf(k, sizeof k, "ddprun/a%d/left/%lld", a->wd.attempt, (long long)j);
+            int lst = peek_str(s, k, v, sizeof v);
+            if (lst < 0)
+                goto out_store;
+            if (lst == 0) {
+                ddprun_say("node %d ('%s') left the rendezvous: %.400s; the round goes on "
+                           "without it",
+                           recs[j].id, recs[j].host, v);
+                n_ok -= have[j] == 1;
+                have[j] = -3;
+                continue;
+            }
             int64_t hb = 0, t = now_ms();
             snprintf(k, sizeof k, "ddprun/hb/%d", recs[j].id);
             if (ddp_store_add(s, k, 0, &hb) != DDP_OK)
@@ -1153,15 +1166,23 @@ static int rendezvous_elastic(agent *a)
             }
             if (interrupted(a)) {
                 /* Tell node 0, which would otherwise close the round with this node in it and
-                 * later take it for dead (a restart counted, the wrong cause named). */
+                 * later take it for dead (a restart counted, the wrong cause named). A node of
+                 * the job (it ran in an earlier round) stops the job, as a signal while the
+                 * workers run does; one that never ran in it leaves the round alone (torch's
+                 * agent stopped by a signal leaves the rendezvous open). */
                 char line[400];
                 snprintf(line, sizeof line,
-                         STOP_MARK "ddprun on node %d ('%s') received SIG%s while the nodes "
-                                   "gathered",
-                         o->node_rank, a->host, sigabbrev_np(a->stop_signal));
-                key(k, sizeof k, a, "failed");
-                (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
-                (void)ddp_store_add(s, "ddprun/final_acks", 1, NULL); /* node 0 need not wait */
+                         "%sddprun on node %d ('%s') received SIG%s while the nodes gathered",
+                         a->joined ? STOP_MARK : "", o->node_rank, a->host,
+                         sigabbrev_np(a->stop_signal));
+                if (a->joined) {
+                    key(k, sizeof k, a, "failed");
+                    (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
+                    (void)ddp_store_add(s, "ddprun/final_acks", 1, NULL); /* no wait for it */
+                } else {
+                    snprintf(k, sizeof k, "ddprun/a%d/left/%lld", a->wd.attempt, (long long)slot);
+                    (void)ddp_store_set(s, k, line, strlen(line));
+                }
                 goto out;
             }
             if (now_ms() >= give_up) {
