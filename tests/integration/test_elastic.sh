@@ -239,51 +239,38 @@ assert_not_contains "$d/elastic.log" "world=3"
 wait_gone "$d" 5
 ok "SIGINT on a node of the job while the nodes gather stops the job everywhere ($t ms)"
 
-# a node that dies while the nodes gather leaves the round (its heartbeat stops, as torch's
-# keep-alive): the others start without it, no failure counted (before 2026-11-25 the round
-# closed with the dead node in it and, with --max_restarts 0, the job failed 'stopped responding')
-d=$T/gatherkill; mkdir -p "$d"
+# nodes killed or stopped while the nodes gather are left out of the round (their heartbeats
+# stop, as torch's keep-alive); the others start without them, no failure counted; the stopped
+# one, continued, comes back as a newcomer and the group re-forms with it. Before 2026-11-25 the
+# round closed with them in it and, with --max_restarts 0, the job failed 'stopped responding'.
+d=$T/gathergone; mkdir -p "$d"
 port=$(free_port)
-args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+args $port 1 1.5 10 0 "$d" 3; E[1]=2:5; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
 sleep 0.3
-args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
 wait_lines "$d/err1" "this is node 1" 1 5
-args $port 1 2 10 0 "$d" 2; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+"$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
 wait_lines "$d/err2" "this is node 2" 1 5
-sleep 0.2
-kill -9 $n2
-rc=0; wait $n2 || rc=$?
-wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
-wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
-for r in 0 1; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=2 group=$r groups=2 sum=2"; done
-assert_contains "$d/err0" "node 2 ('"
-assert_contains "$d/err0" "left the rendezvous: no heartbeat for 1 s"
-assert_not_contains "$d/err0" "stopped responding"
-wait_gone "$d" 5
-ok "a node killed while the nodes gather is left out of the round; the job runs at world 2"
-
-# a node stopped (SIGSTOP) while the nodes gather is left out; continued, it comes back as a
-# newcomer and the group re-forms with it
-d=$T/gatherstop; mkdir -p "$d"
-port=$(free_port)
-args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
-sleep 0.3
-args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
-wait_lines "$d/err1" "this is node 1" 1 5
-args $port 1 1.5 10 0 "$d" 3; E[1]=2:4; "$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
-wait_lines "$d/err2" "this is node 2" 1 5
+"$DDPRUN" "${E[@]}" >"$d/out3" 2>"$d/err3" & BG_PIDS+=($!); n3=$!
+wait_lines "$d/err3" "this is node 3" 1 5
 sleep 0.2
 kill -STOP $n2
+kill -9 $n3
+rc=0; wait $n3 || rc=$?
 wait_lines "$d/elastic.log" "world=2" 2 10
 kill -CONT $n2
 wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
 wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
 wait $n2 || { cat "$d/err2"; fail "node 2 exited non-zero"; }
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=2 group=$r groups=2 sum=2"; done
 for r in 0 1 2; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=3 group=$r groups=3 sum=3"; done
+assert_contains "$d/err0" "node 3 ('"
 assert_contains "$d/err0" "left the rendezvous: no heartbeat for 1 s"
 assert_contains "$d/err0" "re-forming the group: node 2 ('"
+assert_not_contains "$d/err0" "stopped responding"
+assert_not_contains "$d/err0" "node 3 ('vm') joined"
 wait_gone "$d" 5
-ok "a node stopped while the nodes gather is left out, and re-forms the group when continued"
+ok "nodes killed and stopped while the nodes gather are left out; the stopped one re-forms it"
 
 # two newcomers at once into a 2:3 job of two nodes, one of whose workers stops slowly (it
 # ignores SIGTERM: SIGKILL after --grace_period): the re-formed round keeps that running node's
@@ -326,7 +313,7 @@ ok "the endpoint's port held by another program: said, with what to do"
 # a newcomer while a node's workers have already finished: no re-form (the job is ending; the
 # finished workers would run again), the newcomer waits and leaves when the job ends
 d=$T/ending; mkdir -p "$d"
-printf '#!/bin/sh\n[ "$GROUP_RANK" = 1 ] && exit 0\necho "rank $RANK world $WORLD_SIZE" >>"%s/ran"\nsleep 2.5\n' "$d" >"$d/prog.sh"
+printf '#!/bin/sh\n[ "$GROUP_RANK" = 1 ] && exit 0\necho "rank $RANK world $WORLD_SIZE" >>"%s/ran"\nsleep 1.8\n' "$d" >"$d/prog.sh"
 chmod +x "$d/prog.sh"
 port=$(free_port)
 args $port 1 1 10 0 "$d" 3; E=("${E[@]:0:${#E[@]}-4}" "$d/prog.sh")
@@ -342,4 +329,5 @@ wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
 assert_not_contains "$d/err0" "re-forming"
 [ "$(wc -l <"$d/ran")" = 1 ] || { cat "$d/ran"; fail "the workers ran again"; }
 assert_contains "$d/err2" "node 2 waits for the next round"
+assert_contains "$d/err2" "the job ended (node 0's ddprun exits with status 0) before a place opened for node 2; nothing ran on this node"
 ok "a newcomer while a node's workers have finished: no re-form, it leaves when the job ends"

@@ -1264,6 +1264,12 @@ static int rendezvous_elastic(agent *a)
                 ddprun_say("node 0 refused this node: %s", v);
                 goto out;
             }
+            if (peek_str(s, "ddprun/ended", v, sizeof v) == 0) {
+                ddprun_say("the job ended (node 0's ddprun exits with status %s) before a place "
+                           "opened for node %d; nothing ran on this node",
+                           v, o->node_rank);
+                goto out;
+            }
             if (interrupted(a))
                 goto out;
             if (now_ms() >= until) {
@@ -2181,6 +2187,23 @@ static outcome run_attempt(agent *a)
     return OK_ALL;
 }
 
+/* Elastic, node 0 at the end: nodes still waiting for a place (beyond MAX, or come as the job
+ * ended) are told, rather than left to find the store gone (ddprun/ended: the exit status). */
+static void tell_waiters(agent *a, int code)
+{
+    char k[128], v[16];
+    int64_t count = 0;
+    if (!a->o->elastic || a->o->node_rank != 0 || !a->store)
+        return;
+    ddp_store_set_timeout(a->store, 2000);
+    key(k, sizeof k, a, "count");
+    if (ddp_store_add(a->store, k, 0, &count) != DDP_OK || count <= a->wd.nnodes)
+        return;
+    snprintf(v, sizeof v, "%d", code);
+    if (ddp_store_set(a->store, "ddprun/ended", v, strlen(v)) == DDP_OK)
+        nap_ms(300); /* they look every 100 ms */
+}
+
 /* Node 0 keeps the store up until every other node has finished with it. */
 static void final_handshake(agent *a)
 {
@@ -2308,6 +2331,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         a.wd.restarts++; /* elastic: node 0's count is the job's (it closes each round) */
     }
 out:
+    tell_waiters(&a, code);
     release_port(&a);
     ddp_store_close(a.store);
     ddp_store_server_stop(a.round_server);
