@@ -331,3 +331,31 @@ assert_not_contains "$d/err0" "re-forming"
 assert_contains "$d/err2" "node 2 waits for the next round"
 assert_contains "$d/err2" "the job ended (node 0's ddprun exits with status 0) before a place opened for node 2; nothing ran on this node"
 ok "a newcomer while a node's workers have finished: no re-form, it leaves when the job ends"
+
+# a node dies and a worker of another fails before its heartbeat is missed (--agent_timeout 5
+# s): the restarted round closes after last_call_timeout with the two left, not after the dead
+# node's silence (a full round alone waits for the last round's nodes)
+d=$T/diefail; mkdir -p "$d"
+printf '#!/bin/sh\nif [ "$DDP_RESTART_COUNT" = 0 ] && [ "$GROUP_RANK" = 1 ]; then\n  touch "%s/fail1"; while [ ! -e "%s/go" ]; do sleep 0.05; done; exit 1\nfi\nexec "%s" elastic "%s" 2\n' "$d" "$d" "$WORKER" "$d" >"$d/prog.sh"
+chmod +x "$d/prog.sh"
+port=$(free_port)
+args $port 1 1 10 1 "$d" 2; E=("${E[@]:0:${#E[@]}-4}" "$d/prog.sh")
+for i in "${!E[@]}"; do [ "${E[$i]}" = --agent_timeout ] && E[$((i + 1))]=5; done
+"$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/err1" "this is node 1" 1 5
+"$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_files "$d" fail1 1 10
+sleep 0.3
+t0=$(now_ms)
+kill -9 $n2
+rc=0; wait $n2 || rc=$?
+touch "$d/go"
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+t=$(($(now_ms) - t0))
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=1 rank=$r world=2 group=$r groups=2 sum=2"; done
+[ $t -lt 4500 ] || fail "the restart after a death and a failure took $t ms (--agent_timeout 5 s)"
+wait_gone "$d" 5
+ok "a node dead but not yet missed does not hold up the restarted round ($t ms)"

@@ -841,7 +841,7 @@ static int close_round(agent *a, int64_t own)
     signed char *have = NULL;
     int64_t *hb_val = NULL, *hb_at = NULL, last_scan = 0;
     /* The last round's members (node 0 aside) still beating but not back yet (stopping slow
-     * workers): the round waits for them, and they come before newcomers, as torch reopens a
+     * workers): a full round waits for them, and they come before newcomers, as torch reopens a
      * round only once its every participant has left it; before 2026-11-25 two newcomers could
      * fill a 2:3 job's re-formed round while a running node stopped its workers, leaving it out.
      * One silent for --agent_timeout no longer counts. */
@@ -973,14 +973,17 @@ static int close_round(agent *a, int64_t own)
             goto out;
         }
         int64_t now = now_ms();
-        if (!pending &&
-            (n_ok >= o->nnodes || (n_ok >= o->min_nodes && now - last_arrival >= last_call)))
+        /* Full, it waits for the last round's nodes still beating (which would otherwise be left
+         * out); below MAX they would come in after the close as newcomers, so the last call does
+         * not wait for them (nor for a dead one's silence: a node that died, its survivors'
+         * workers failing first, is not yet known dead). */
+        if (n_ok >= o->nnodes ? !pending : n_ok >= o->min_nodes && now - last_arrival >= last_call)
             break;
         if (n_ok >= o->min_nodes && now >= give_up) {
             /* MIN came but the last call (or a last-round node) outlasts --rdzv_timeout: the
              * round closes with them (before 2026-11-25 it timed out, '1 node joined …, at least
              * 1 needed') */
-            if (pending)
+            if (pending && n_ok >= o->nnodes)
                 ddprun_say("closing the round at --rdzv_timeout %g s with %d node%s (--nnodes "
                            "%d:%d): %d node%s of the last round, still running, did not come "
                            "back; raise --rdzv_timeout above --grace_period",
