@@ -3,7 +3,10 @@
 # 127.0.0.1, the first to listen hosting the store. A round closes with MIN or more after
 # last_call_timeout, at once with MAX; a node that comes later re-forms the group larger (no
 # restart counted); a node that dies re-forms it smaller (a restart counted); below MIN the
-# rendezvous times out naming who came and who is missing, leaving nothing behind.
+# rendezvous times out naming who came and who is missing, leaving nothing behind. Then a hostile
+# user's cases: MIN met at --rdzv_timeout, Ctrl-C and kill -9 / SIGSTOP while the nodes gather,
+# two newcomers beside a node slow to stop, the endpoint's port taken, a newcomer as the job
+# ends, a death hidden behind a worker's failure.
 . "$(dirname "$0")/lib.sh"
 export DDP_STORE_TOKEN=test-secret-$$
 
