@@ -17,7 +17,9 @@ DDPRUN=$BUILD/bin/ddprun
 [ -x "$DDPRUN" ] || { echo "build first: make build" >&2; exit 1; }
 $PY -c "import torch" 2>/dev/null || { echo "python3-torch missing: scripts/install-deps.sh" >&2; exit 1; }
 W=$(mktemp -d /tmp/ddp-bench-elastic.XXXXXX)
-trap 'kill -9 -- -${A:-0} -${B:-0} 2>/dev/null; rm -rf "$W"' EXIT
+A='' B=''
+# Only the launchers' own process groups: `kill -- -0` would be this script's.
+trap 'for p in $A $B; do kill -9 -- -"$p" 2>/dev/null; done; rm -rf "$W"' EXIT
 
 # until_lines FILE PATTERN COUNT: waits (60 s at most) until FILE has COUNT lines matching.
 until_lines() {
