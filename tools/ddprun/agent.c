@@ -829,7 +829,7 @@ static int close_round(agent *a, int64_t own)
 {
     ddprun_opts *o = a->o;
     ddp_store *s = a->store;
-    char k[128], v[800], msg[700];
+    char k[128], v[800], msg[1024];
     int64_t start = now_ms(), give_up = start + (int64_t)(o->rdzv_timeout * 1000);
     int64_t last_call = (int64_t)(o->last_call_timeout * 1000), last_arrival = start;
     int cap = 0, n_ok = 0, rc = -1;
@@ -1003,7 +1003,7 @@ static int close_round(agent *a, int64_t own)
                      "gathered: the job stops",
                      a->host, sigabbrev_np(a->stop_signal));
             key(k, sizeof k, a, "members");
-            snprintf(v, sizeof v, "fail %s", msg);
+            snprintf(v, sizeof v, "fail %.790s", msg);
             (void)ddp_store_set(s, k, v, strlen(v));
             goto out;
         }
@@ -1024,15 +1024,15 @@ static int close_round(agent *a, int64_t own)
                     snprintf(missing + l, sizeof missing - l, "%snode %d ('%s')", l ? ", " : "",
                              a->member_id[i], a->member_host[i]);
             }
-            snprintf(msg, sizeof msg,
-                     "elastic rendezvous at '" HOSTF "' timed out after %g s: %d node%s joined "
-                     "(%s), at least %d needed (--nnodes %d:%d)%s%s%s; start ddprun on more "
-                     "nodes with the same --nnodes and --rdzv_endpoint, or raise --rdzv_timeout "
-                     "(join_timeout)",
-                     HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, n_ok,
-                     n_ok == 1 ? "" : "s", joined, o->min_nodes, o->min_nodes, o->nnodes,
-                     missing[0] ? "; missing from the last round: " : "", missing,
-                     missing[0] ? "" : "");
+            snprintf(
+                msg, sizeof msg,
+                "elastic rendezvous at '" HOSTF "' timed out after %g s: %d node%s joined "
+                "(%.150s), at least %d needed (--nnodes %d:%d)%s%.150s%s; start ddprun on more "
+                "nodes with the same --nnodes and --rdzv_endpoint, or raise --rdzv_timeout "
+                "(join_timeout)",
+                HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, n_ok,
+                n_ok == 1 ? "" : "s", joined, o->min_nodes, o->min_nodes, o->nnodes,
+                missing[0] ? "; missing from the last round: " : "", missing, missing[0] ? "" : "");
             fail_round(a, msg);
             goto out;
         }
