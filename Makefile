@@ -37,10 +37,13 @@ demo-gpt: build
 test: build
 	cd $(BUILD) && $(CTEST) -j 2
 
+# The sanitizer builds use the plain build's venv for python.tensorboard (made once).
 build-asan/CMakeCache.txt:
-	cmake -S . -B build-asan -DDDP_SANITIZE=address -DDDP_WERROR=$(WERROR)
+	cmake -S . -B build-asan -DDDP_SANITIZE=address -DDDP_WERROR=$(WERROR) \
+	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv
 build-tsan/CMakeCache.txt:
-	cmake -S . -B build-tsan -DDDP_SANITIZE=thread -DDDP_WERROR=$(WERROR)
+	cmake -S . -B build-tsan -DDDP_SANITIZE=thread -DDDP_WERROR=$(WERROR) \
+	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv
 
 asan: deps build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)

@@ -13,9 +13,11 @@
  * Wall-clock timing around ddp__cuda_sync, best of several rounds after a warm-up.
  * Built only with DDP_CUDA; run by scripts/gpu-check.sh on a GPU machine. Prints `skipped` and
  * exits 77 without a GPU. NOT YET RUN: no figure from it exists yet.
- * usage: gpu_bench [--quick | --peaks | --gpt-bf16 [--quick]]   (--peaks: the table's fp32, tf32,
- * bf16 TFLOP/s; --gpt-bf16: the bf16 GPT step alone, for an A/B of an environment switch such as
- * DDP_CUDA_GELU_EPILOGUE=0)
+ * usage: gpu_bench [--quick | --peaks | --gpt-bf16 [--quick]] [--once]   (--peaks: the table's
+ * fp32, tf32, bf16 TFLOP/s; --gpt-bf16: the bf16 GPT step alone, for an A/B of an environment
+ * switch such as DDP_CUDA_GELU_EPILOGUE=0; --once: everything once after its warm-up, one GPT
+ * step after the first, figures not worth reading: that everything runs, as the emulated GPU's
+ * dry run checks it, gpu_emu.gpu_bench_dry)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -37,6 +39,7 @@ static double now(void)
 
 static ddp__cuda_ctx *ctx;
 static ddp_error err;
+static bool once; /* --once */
 
 static void check(ddp_status st)
 {
@@ -73,14 +76,17 @@ static void fill_random(float *d, size_t n)
     free(h);
 }
 
-/* Seconds per call of what(arg): the best of 5 rounds of reps calls, after one warm-up call. */
+/* Seconds per call of what(arg): the best of 5 rounds of reps calls, after one warm-up call
+ * (--once: one round of one call). */
 typedef void (*op_fn)(void *arg);
 static double time_op(op_fn what, void *arg, int reps)
 {
     what(arg);
     check(ddp__cuda_sync(ctx, &err));
     double best = 1e30;
-    for (int r = 0; r < 5; r++) {
+    if (once)
+        reps = 1;
+    for (int r = 0; r < (once ? 1 : 5); r++) {
         double t0 = now();
         for (int i = 0; i < reps; i++)
             what(arg);
@@ -215,6 +221,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         quick = quick || !strcmp(argv[i], "--quick");
         gpt_only = gpt_only || !strcmp(argv[i], "--gpt-bf16");
+        once = once || !strcmp(argv[i], "--once");
     }
     ddp_device_choice dc;
     if (ddp_device_select("cuda", 0, &dc, &err) != DDP_OK) {
@@ -350,7 +357,7 @@ static void gpt_steps(const ddp_device_choice *dcp, bool quick, bool bf16_only)
         ddp_model_batch b = {
             .n = s.max_batch, .tokens = tok, .targets = tgt, .seq_len = s.block_size};
         double fwdbwd = 1e30, whole = 1e30;
-        for (int it = 0; it < 4; it++) {
+        for (int it = 0; it < (once ? 2 : 4); it++) { /* the first is not timed */
             ddp_model_out out;
             double t0 = now();
             ddp_model_zero_grad(m);

@@ -74,9 +74,30 @@ check_pair() { # check_pair LIMIT_MS: rank 0 reports rank 1 gone silent within L
         grep -q "^rank 0 failed after" "$T/fault.0" 2>/dev/null && break
         sleep 0.05
     done
-    # The link back, so both can leave: rank 1's store connection (no keepalive there) is still
-    # open, and the store on rank 0 waits for its clients to hang up before it stops.
+    # Rank 1 fails alike (its own keepalive) and exits; its kernel dropped its store connection
+    # while the link was down, so no FIN ever reaches rank 0, whose store waits for its clients
+    # to hang up before it stops (up to DDP_TIMEOUT; the store's keepalive ends the wait some
+    # 20 s after the link is back). Host B "rebooted" instead: once rank 1 is gone and the link
+    # is back, a SYN from each dead connection's address and port draws rank 0's challenge ACK,
+    # which B's stack answers with the RST that ends that connection at once.
+    for ((i = 0; i < 400; i++)); do
+        kill -0 "${RANK_PIDS[1]}" 2>/dev/null || break
+        sleep 0.05
+    done
     ip -n "$NS_B" link set "$DEV_B" up
+    local la pa
+    while read -r _ _ la pa _; do
+        [ "${pa%:*}" = "$ADDR_B" ] || continue
+        in_b python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.settimeout(0.5)
+try:
+    s.connect((sys.argv[3], int(sys.argv[4])))
+except OSError:
+    pass' "$ADDR_B" "${pa##*:}" "${la%:*}" "${la##*:}" 2>/dev/null || true
+    done < <(ip netns exec "$NS_A" ss -tnH state established 2>/dev/null || true)
     wait "${RANK_PIDS[0]}" || rc=$?
     [ $rc -eq 3 ] || { cat "$T/fault.0"; fail "rank 0 exited $rc, want 3 (a reported error)"; }
     assert_contains "$T/fault.0" "rank 1 stopped answering on the network (no reply to TCP keepalive"

@@ -13,7 +13,9 @@ command -v torchrun >/dev/null || { echo "skip: no torchrun"; exit 77; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 cd "$T"
 # --redirects 1 --tee 1: Debian's torchrun 1.13 on Python 3.11 fails at start without them.
-TR=(torchrun --redirects 1 --tee 1 --nproc_per_node 2 --no_python)
+# --monitor_interval 0.5: how often torchrun's agent looks at its workers (1.13's default, 5 s,
+# kept each run waiting up to 5 s after its workers had exited).
+TR=(torchrun --redirects 1 --tee 1 --monitor_interval 0.5 --nproc_per_node 2 --no_python)
 # A free port whose next port is free too (torchrun's store on it, ddpc's on the next).
 free_pair() {
     python3 -c '
@@ -46,7 +48,7 @@ ok "torchrun --nproc_per_node 2 ddptrain: one world of 2, checkpoint written"
 # torch.distributed.launch (1.13: torchrun's agent, static rendezvous; --no_python needs --use_env).
 port=$(free_pair)
 timeout 120 /usr/bin/python3 -m torch.distributed.launch --use_env --redirects 1 --tee 1 \
-    --nproc_per_node 2 --master_port "$port" --no_python "$WORKER" rendezvous >launch 2>&1 ||
+    --monitor_interval 0.5 --nproc_per_node 2 --master_port "$port" --no_python "$WORKER" rendezvous >launch 2>&1 ||
     { cat launch; fail "two ddpc ranks under torch.distributed.launch did not meet"; }
 [ "$(grep -c "rendezvous ok: rank . of 2" launch)" -eq 2 ] || { cat launch; fail "not both met"; }
 ok "python -m torch.distributed.launch --use_env: the ranks meet beside its store"

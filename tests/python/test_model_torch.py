@@ -8,6 +8,7 @@ Usage: test_model_torch.py BINDIR"""
 import gzip
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -94,6 +95,20 @@ def run(args, out):
 
 xt, yt = idx("t10k")
 xtr, ytr = idx("train")
+# The training runs evaluate at their last step, which nothing here reads: they get the training
+# set and only the first 100 test images (a data.dir of links and a slice), so that the 10000
+# test images are evaluated once per model, by --task test given the whole data.dir (else it takes
+# the checkpoint's); under TSan each evaluation took ~15 s.
+TRAIN_DIR = tempfile.mkdtemp(prefix="ddp-parity-data-")
+for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
+    os.symlink(f"{DATA}/{f}", f"{TRAIN_DIR}/{f}")
+with gzip.open(f"{DATA}/t10k-images-idx3-ubyte.gz") as f:
+    raw = f.read()
+open(f"{TRAIN_DIR}/t10k-images-idx3-ubyte", "wb").write(
+    struct.pack(">IIII", 0x803, 100, 28, 28) + raw[16:16 + 100 * 784])
+with gzip.open(f"{DATA}/t10k-labels-idx1-ubyte.gz") as f:
+    raw = f.read()
+open(f"{TRAIN_DIR}/t10k-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, 100) + raw[8:108])
 for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32], [8, 16], "relu"),
                                     ("mlp", [48], [], "gelu"), ("cnn", [16], [4, 8], "gelu")]:
     out = tempfile.mkdtemp(prefix=f"ddp-parity-{kind}-")
@@ -105,7 +120,7 @@ for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32],
               "--eval_every", "100000", "--checkpoint.keep", "10"]
     if channels:
         common += ["--model.channels", ",".join(map(str, channels))]
-    assert run(common + ["--total_steps", "25"], out).returncode == 0
+    assert run(common + ["--total_steps", "25", "--data.dir", TRAIN_DIR], out).returncode == 0
     ck, meta = load_st(f"{out}/checkpoints/step25.safetensors")
     net = Net(kind_, hidden, channels, act)
     sd = {k: v for k, v in ck.items() if not k.startswith("optim.")}
@@ -113,7 +128,7 @@ for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32],
     check(not missing.missing_keys or all("num_batches" in k for k in missing.missing_keys),
           f"{kind}: every checkpoint weight loads into the torch model by name")
     # (1) evaluation
-    r = run(common + ["--task", "test", "--total_steps", "25"], out)
+    r = run(common + ["--task", "test", "--total_steps", "25", "--data.dir", DATA], out)
     line = [l for l in r.stdout.splitlines() if "test accuracy" in l][-1]
     c_loss = float(line.split("test loss ")[1].split(",")[0])
     c_acc = float(line.split("test accuracy ")[1].split(" ")[0])
@@ -125,7 +140,8 @@ for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32],
     check(abs(c_loss - t_loss) <= 1e-4 * max(1, abs(t_loss)) and abs(c_acc - t_acc) <= 2e-4,
           f"{kind}: test loss {c_loss:.4f} / accuracy {c_acc:.4f} vs torch {t_loss:.4f} / {t_acc:.4f}")
     # (2) one more step from the checkpoint, the same batch in torch
-    assert run(common + ["--total_steps", "26", "--resume_from", "latest"], out).returncode == 0
+    assert run(common + ["--total_steps", "26", "--resume_from", "latest", "--data.dir", TRAIN_DIR],
+               out).returncode == 0
     ck26, _ = load_st(f"{out}/checkpoints/step26.safetensors")
     epoch, nb = int(meta["epoch"]), int(meta["next_batch"])
     s = DistributedSampler(range(len(xtr)), num_replicas=1, rank=0, seed=42)
@@ -141,5 +157,6 @@ for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32],
     worst = max(((p.detach() - ck26[n]).abs().max() / ck26[n].abs().max().clamp(min=1e-6)).item()
                 for n, p in net.named_parameters())
     check(worst <= 1e-4, f"{kind}: one training step matches torch (max relative difference {worst:.2e})")
+shutil.rmtree(TRAIN_DIR)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
