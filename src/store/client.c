@@ -338,12 +338,24 @@ void ddp_store_close(ddp_store *s)
     disconnect(s);
     if (s->server) {
         /* Other ranks may still be between their last calls (the reply to a final barrier
-         * reaches them before they hang up): let them leave first, for a bounded time. */
+         * reaches them before they hang up): let them leave first, for a bounded time. A client
+         * silent for DDP__STORE_CLOSE_QUIET_MS is not waited for: its host may be gone without
+         * a FIN (power loss), and before 2026-11-25 the process lingered up to DDP_TIMEOUT
+         * (30 s at most) after the job had already reported its error. */
+        int64_t t0 = ddp__now_ms();
         int64_t linger =
             s->timeout_ms < DDP__STORE_CLOSE_LINGER_MS ? s->timeout_ms : DDP__STORE_CLOSE_LINGER_MS;
-        int64_t until = ddp__now_ms() + linger;
-        while (ddp__store_server_clients(s->server) > 0 && ddp__now_ms() < until)
+        int64_t until = t0 + linger;
+        for (;;) {
+            int64_t now = ddp__now_ms();
+            int64_t active = ddp__store_server_active_ms(s->server);
+            if (active < t0)
+                active = t0;
+            if (ddp__store_server_clients(s->server) == 0 || now >= until ||
+                now - active >= DDP__STORE_CLOSE_QUIET_MS)
+                break;
             sleep_ms(5);
+        }
     }
     ddp_store_server_stop(s->server);
     ddp__buf_free(&s->req);

@@ -200,7 +200,8 @@ struct ddp_store_server {
     void *log_ctx;
     atomic_bool stop;
     atomic_uint_fast64_t refused;
-    atomic_int clients; /* authenticated connections open now */
+    atomic_int clients;        /* authenticated connections open now */
+    _Atomic int64_t active_ms; /* when a client last connected, sent bytes or hung up */
     pthread_t thread;
     table tab;
     conn **conns;
@@ -239,6 +240,7 @@ static void conn_free(ddp_store_server *s, conn *c)
         return;
     if (c->authed)
         atomic_fetch_sub(&s->clients, 1);
+    atomic_store(&s->active_ms, ddp__now_ms());
     if (c->fd >= 0)
         close(c->fd);
     free(c->in);
@@ -628,6 +630,7 @@ static void accept_conns(ddp_store_server *s)
         (void)ddp__tcp_keepalive(fd, DDP_STORE_DEFAULT_TIMEOUT_MS);
         c->fd = fd;
         c->accepted_ms = ddp__now_ms();
+        atomic_store(&s->active_ms, c->accepted_ms);
         memcpy(c->peer, peer, sizeof peer);
         s->conns[s->nconns++] = c;
     }
@@ -690,6 +693,8 @@ static void *server_main(void *arg)
             conn *c = s->conns[i];
             short re = pfds[i + 2].revents;
             bool keep = true;
+            if (re & (POLLIN | POLLHUP | POLLRDHUP | POLLERR))
+                atomic_store(&s->active_ms, now);
             if (re & (POLLERR | POLLNVAL))
                 keep = false;
             if (keep && (re & POLLOUT))
@@ -809,6 +814,11 @@ int ddp_store_server_port(const ddp_store_server *srv)
 int ddp__store_server_clients(const ddp_store_server *srv)
 {
     return srv ? atomic_load(&((ddp_store_server *)srv)->clients) : 0;
+}
+
+int64_t ddp__store_server_active_ms(const ddp_store_server *srv)
+{
+    return srv ? atomic_load(&((ddp_store_server *)srv)->active_ms) : 0;
 }
 
 uint64_t ddp_store_server_refused(const ddp_store_server *srv)

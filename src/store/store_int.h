@@ -88,7 +88,13 @@ uint32_t ddp__le32(const void *p);
 struct ddp_store_server;
 int ddp__store_server_clients(const struct ddp_store_server *srv);
 
-/* How long a hosting handle's close waits for the other clients to leave. */
+/* When (ddp__now_ms) a client of the server last connected, sent bytes or hung up. */
+int64_t ddp__store_server_active_ms(const struct ddp_store_server *srv);
+
+/* How long a hosting handle's close waits for the other clients to leave: while any is open, at
+ * most LINGER (and the handle's timeout), and no longer once they have all been silent for QUIET
+ * (a host that vanished never hangs up; live ranks reading final keys are not silent). */
 #define DDP__STORE_CLOSE_LINGER_MS 30000
+#define DDP__STORE_CLOSE_QUIET_MS 2000
 
 #endif /* DDP_STORE_INT_H */

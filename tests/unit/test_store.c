@@ -1648,6 +1648,109 @@ static void world_of_one_private_store(void **state)
     assert_int_equal(ddp_store_open_world(&w, 5000, NULL, &err), DDP_ERR_INVALID);
 }
 
+/* ---- 10. a hosting handle's close: it waits for clients that talk, not for silent ones
+ * --------------------------------------- */
+
+/* Opens rank 0's hosting handle of a world of two on a free port, timeout 20 s; *port gets it. */
+static ddp_store *open_host(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    close(fd);
+    char pv[16];
+    snprintf(pv, sizeof pv, "%d", ntohs(a.sin_port));
+    unsetenv("DDP_AGENT_STORE");
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", pv, 1);
+    setenv("DDP_STORE_TOKEN", "tok", 1);
+    ddp_world w;
+    ddp_error err = {0};
+    if (ddp_world_from_env(&w, &err) != DDP_OK)
+        fail_msg("world: %s", err.msg);
+    ddp_store *s = NULL;
+    if (ddp_store_open_world(&w, 20000, &s, &err) != DDP_OK)
+        fail_msg("open_world: %s", err.msg);
+    static const char *const vars[] = {"RANK",        "WORLD_SIZE",      "MASTER_ADDR",
+                                       "MASTER_PORT", "DDP_STORE_TOKEN", NULL};
+    for (int i = 0; vars[i]; i++)
+        unsetenv(vars[i]);
+    *port = w.master_port;
+    return s;
+}
+
+static ddp_store *connect_rank(int port)
+{
+    ddp_store_opts o = {.host = "127.0.0.1", .port = port, .token = "tok", .timeout_ms = 20000};
+    ddp_store *c = NULL;
+    ddp_error err = {0};
+    if (ddp_store_connect(&o, &c, &err) != DDP_OK)
+        fail_msg("connect: %s", err.msg);
+    return c;
+}
+
+/* A rank whose host vanished (power loss: no FIN, no RST) never hangs up; the host's close
+ * waited for it up to the timeout (20 s here, 30 s at most) after the job had failed. */
+static void host_close_skips_a_silent_client(void **state)
+{
+    (void)state;
+    int port = 0;
+    ddp_store *host = open_host(&port);
+    ddp_store *gone = connect_rank(port);
+    assert_int_equal(ddp_store_set(gone, "last", "words", 5), DDP_OK);
+    int64_t t0 = now_ms();
+    ddp_store_close(host);
+    int64_t took = now_ms() - t0;
+    if (took > DDP__STORE_CLOSE_QUIET_MS + 1500)
+        fail_msg("closing the host took %lld ms with a silent client open (want about %d ms, "
+                 "not the 20 s timeout)",
+                 (long long)took, DDP__STORE_CLOSE_QUIET_MS);
+    ddp_store_close(gone);
+}
+
+typedef struct reader {
+    ddp_store *s;
+    int ok;
+} reader;
+
+static void *late_reader_main(void *arg)
+{
+    reader *r = arg;
+    for (int i = 0; i < 4; i++) {
+        sleep_ms(DDP__STORE_CLOSE_QUIET_MS * 3 / 5);
+        void *v = NULL;
+        if (ddp_store_get(r->s, "final", &v, NULL) == DDP_OK)
+            r->ok++;
+        free(v);
+    }
+    ddp_store_close(r->s);
+    return NULL;
+}
+
+/* A rank still reading final keys keeps the host's store up past the quiet time, until it hangs
+ * up (ranks end at slightly different times). */
+static void host_close_waits_for_a_reading_client(void **state)
+{
+    (void)state;
+    int port = 0;
+    ddp_store *host = open_host(&port);
+    reader r = {.s = connect_rank(port)};
+    assert_int_equal(ddp_store_set(host, "final", "v", 1), DDP_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, late_reader_main, &r), 0);
+    int64_t t0 = now_ms();
+    ddp_store_close(host);
+    int64_t took = now_ms() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(r.ok, 4);
+    if (took > DDP__STORE_CLOSE_QUIET_MS * 12 / 5 + 1500)
+        fail_msg("closing the host took %lld ms after its last client hung up", (long long)took);
+}
+
 static void null_handles_are_no_ops(void **state)
 {
     (void)state;
@@ -1755,6 +1858,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(server_stop_wakes_blocked_get, setup_plain, teardown),
         cmocka_unit_test(world_of_one_private_store),
         cmocka_unit_test(null_handles_are_no_ops),
+        cmocka_unit_test(host_close_skips_a_silent_client),
+        cmocka_unit_test(host_close_waits_for_a_reading_client),
         cmocka_unit_test(random_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
