@@ -109,9 +109,11 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
 ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **out,
                                 ddp_error *err);
 
-/* Closes the connection. A handle that hosts the store (rank 0 started by hand) first waits,
- * for at most its timeout or 30 s, until every other client has disconnected, then stops the
- * server: so rank 0 finishing first does not cut the others off mid-call. NULL is a no-op. */
+/* Closes the connection. A handle that hosts the store (rank 0 started by hand) first waits
+ * until every other client has disconnected, then stops the server: so rank 0 finishing first
+ * does not cut the others off mid-call. The wait ends early once every client left has been
+ * silent (no request, no connect, no hang-up) for 2 s, since a rank whose host vanished never
+ * hangs up, and lasts at most the handle's timeout or 30 s. NULL is a no-op. */
 void ddp_store_close(ddp_store *s);
 
 /* Sets the deadline used by every later call on s; ≤ 0 restores the default. */
