@@ -152,6 +152,13 @@ ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted);
 /* Sets *out to the number of keys in the store. */
 ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out);
 
+/* Asks the server to set key = value once this connection closes without the server stopping:
+ * the client died, its process was killed (the kernel closes its socket), or it called
+ * ddp_store_close(). A presence mark: another client learns at once that this one is gone. The
+ * registration belongs to the connection: one made anew after an error (the next call
+ * reconnects) has none, and the broken one's key is set. An empty or NULL key cancels. */
+ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, size_t len);
+
 /* A barrier through the store for nranks participants. name must be new for each use (add a
  * counter: "step/17"). A timeout says how many of nranks arrived: "barrier 'x' timed out after
  * 30 s (3 of 4 ranks arrived)". */

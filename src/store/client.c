@@ -572,6 +572,24 @@ ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)
     return DDP_OK;
 }
 
+ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, size_t len)
+{
+    ddp_status st;
+    const char *k = key ? key : "";
+    if (!s)
+        return DDP_ERR_INVALID;
+    if ((*k && (st = check_key(s, "on_close", k))) || (st = check_value(s, "on_close", k, len)))
+        return st;
+    if (!value && len)
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store on_close: value is NULL");
+    begin(s, DDP__OP_ON_CLOSE);
+    ddp__buf_blob(&s->req, k, strlen(k));
+    ddp__buf_blob(&s->req, value, len);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    return call(s, "on_close", k, &r);
+}
+
 ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)
 {
     if (!s)

@@ -184,6 +184,9 @@ typedef struct conn {
     size_t in_len, in_cap;
     ddp__buf out; /* the reply being sent */
     size_t out_off;
+    /* ON_CLOSE: set when this connection closes (its client gone), unless the server stops */
+    char *oc_key, *oc_val;
+    size_t oc_kn, oc_vn;
 } conn;
 
 struct ddp_store_server {
@@ -244,6 +247,8 @@ static void conn_free(ddp_store_server *s, conn *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->in);
+    free(c->oc_key);
+    free(c->oc_val);
     ddp__buf_free(&c->out);
     free(c);
 }
@@ -469,6 +474,29 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         bool existed = table_delete(&s->tab, k, kn);
         reply_begin(c, DDP__R_OK);
         ddp__buf_u8(&c->out, existed);
+        break;
+    }
+    case DDP__OP_ON_CLOSE: {
+        if (!ddp__rd_blob(&r, &k, &kn) || (kn && !key_ok(k, kn)) || !ddp__rd_blob(&r, &v, &vn) ||
+            r.left != 0)
+            return BAD;
+        if (value_too_large(s, c, vn))
+            return SERVED;
+        char *nk = kn ? malloc(kn) : NULL, *nv = vn ? malloc(vn) : NULL;
+        if ((kn && !nk) || (vn && !nv)) {
+            free(nk);
+            free(nv);
+            reply_error(c, DDP__R_TOO_LARGE, "the store's host is out of memory");
+            return SERVED;
+        }
+        if (kn)
+            memcpy(nk, k, kn);
+        if (vn)
+            memcpy(nv, v, vn);
+        free(c->oc_key);
+        free(c->oc_val);
+        c->oc_key = nk, c->oc_kn = kn, c->oc_val = nv, c->oc_vn = vn;
+        reply_begin(c, DDP__R_OK);
         break;
     }
     case DDP__OP_NUM_KEYS:
@@ -727,16 +755,32 @@ static void *server_main(void *arg)
                 }
             }
         }
-        /* Drop closed connections, keeping the order of the rest. */
+        /* Drop closed connections, keeping the order of the rest; a dropped one's ON_CLOSE
+         * key is set now (its client is gone), which may release parked requests. */
         size_t w = 0;
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
-            if (c->closing && c->out_off >= c->out.len)
+            if (c->closing && c->out_off >= c->out.len) {
+                if (c->oc_key && table_set(&s->tab, s->max_total, c->oc_key, c->oc_kn, c->oc_val,
+                                           c->oc_vn) == DDP_OK)
+                    changed = true;
                 conn_free(s, c);
-            else
+            } else {
                 s->conns[w++] = c;
+            }
         }
         s->nconns = w;
+        while (changed) {
+            changed = false;
+            for (size_t i = 0; i < s->nconns; i++) {
+                conn *c = s->conns[i];
+                if (c->parked && !c->closing) {
+                    serve_conn(s, c, &changed);
+                    if (!c->parked && !flush_out(c))
+                        c->closing = true, c->out.len = 0, c->out_off = 0;
+                }
+            }
+        }
     }
     free(pfds);
     return NULL;

@@ -13,6 +13,8 @@
  *   WAIT     u32 n, n × blob key                       -> ok           (parks until all exist)
  *   DELETE   blob key                                  -> u8 existed
  *   NUM_KEYS                                           -> i64 count
+ *   ON_CLOSE blob key, blob value                      -> ok  (when this connection closes
+ *            before the server stops, the server sets key = value; an empty key cancels)
  * The first request on a connection must be HELLO. One request is served at a time per
  * connection; the client waits for each reply, so a parked GET holds only its own connection.
  */
@@ -42,6 +44,7 @@ enum ddp__store_op {
     DDP__OP_WAIT,
     DDP__OP_DELETE,
     DDP__OP_NUM_KEYS,
+    DDP__OP_ON_CLOSE,
 };
 
 enum ddp__store_code {

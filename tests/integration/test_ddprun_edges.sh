@@ -26,7 +26,7 @@ took=$(($(now_ms) - t0))
 [ $rc = 1 ] || { cat "$d/err0"; fail "node 0 exited $rc after node 1's ddprun died, expected 1"; }
 # 2 s of silence + the 10 s grace + 5 s is what the old end-of-job wait took; 8 s allows load.
 [ $took -lt 8000 ] || { cat "$d/err0"; fail "node 0 took $took ms to end after node 1 died"; }
-assert_contains "$d/err0" "the ddprun of node 1 stopped responding"
+assert_contains "$d/err0" "lost: its ddprun's connection to the store closed"
 assert_contains "$d/err0" "that node's ddprun is gone: no summary comes from it"
 assert_not_contains "$d/err0" "see the summary printed by that node's ddprun"
 wait $n1 2>/dev/null || true

@@ -97,7 +97,7 @@ assert_contains "$d/err0" "node 1 asks for 2147483647 workers, more than ddprun'
 ok "a node record asking for more workers than ddprun allows is refused"
 
 # A node's ddprun killed (SIGKILL: its machine rebooted) and started again, as a scheduler does:
-# node 0 finds the old one gone after --agent_timeout, restarts the group, and the new one joins
+# node 0 finds the old one gone (its presence connection closed), restarts the group, and the new one joins
 # that attempt (torchrun's agents rejoin the same way); before 2026-11-25 it was refused as a
 # second node 1 and the job waited for node 1 until --rdzv_timeout.
 d=$T/rejoin; mkdir -p "$d"
@@ -114,7 +114,7 @@ node 1 $port 1 "$d" "${fast[@]}" "$WORKER" env "$d" >"$d/out1b" 2>&1 || { cat "$
 wait $n0 || { cat "$d/out0"; fail "node 0 exited $? after node 1 rejoined"; }
 assert_contains "$d/out1b" "node 1's place in attempt 0 is held by an earlier ddprun of this node"
 assert_contains "$d/out1b" "node 1 joined the job at attempt 2 of 3"
-assert_contains "$d/out0" "the ddprun of node 1 stopped responding"
+assert_contains "$d/out0" "node 1 ('$(hostname)') lost: its ddprun's connection to the store closed"
 [ "$(get "$d/env.1" DDP_RESTART_COUNT)" = 1 ] && [ "$(get "$d/env.1" WORLD_SIZE)" = 2 ] ||
     fail "the rejoined node's worker: $(cat "$d/env.1")"
 [ "$(get "$d/env.0" DDP_RESTART_COUNT)" = 1 ] || fail "node 0's worker did not restart"

@@ -442,6 +442,39 @@ static void check_delete_num_keys(void **state)
     }
 }
 
+/* ON_CLOSE: the server sets the key when the registering connection closes (a presence mark);
+ * a later registration replaces an earlier one, an empty key cancels, a get parked for the key
+ * is released by the close. */
+static void on_close_sets_key(void **state)
+{
+    fx *f = *state;
+    ddp_store *a = fx_client(f, "", 5000);
+    ddp_store_opts o = client_opts(f->port, "", 5000);
+    ddp_error err = {0};
+    ddp_store *b = NULL, *c = NULL, *d = NULL;
+    assert_int_equal(ddp_store_connect(&o, &b, &err), DDP_OK);
+    assert_int_equal(ddp_store_connect(&o, &c, &err), DDP_OK);
+    assert_int_equal(ddp_store_connect(&o, &d, &err), DDP_OK);
+    assert_int_equal(ddp_store_on_close(b, "gone/b", "host-b", 6), DDP_OK);
+    assert_int_equal(ddp_store_on_close(c, "gone/c", "x", 1), DDP_OK);
+    assert_int_equal(ddp_store_on_close(c, "", NULL, 0), DDP_OK); /* cancelled */
+    assert_int_equal(ddp_store_on_close(d, "gone/d1", "1", 1), DDP_OK);
+    assert_int_equal(ddp_store_on_close(d, "gone/d2", "2", 1), DDP_OK); /* replaces d1 */
+    assert_int_equal(ddp_store_on_close(NULL, "k", "v", 1), DDP_ERR_INVALID);
+    assert_false(exists(a, "gone/b"));
+    int64_t t0 = now_ms();
+    ddp_store_close(b);
+    ddp_store_close(c);
+    ddp_store_close(d);
+    expect_stored(a, "gone/b", "host-b", 6); /* parks until the close is seen */
+    assert_true(now_ms() - t0 < 2000);
+    expect_stored(a, "gone/d2", "2", 1);
+    sleep_ms(100);
+    assert_false(exists(a, "gone/c"));
+    assert_false(exists(a, "gone/d1"));
+    assert_int_equal(num_keys(a), 2);
+}
+
 /* A second client that sets keys after delays, from its own thread. */
 typedef struct setter {
     int port;
@@ -1830,6 +1863,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(add_counters, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(compare_set_semantics, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(check_delete_num_keys, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(on_close_sets_key, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wait_and_get_block_until_set, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(get_timeout_names_key_and_time, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wait_timeout_names_missing_keys, setup_plain, teardown),

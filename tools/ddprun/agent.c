@@ -14,6 +14,9 @@
  *                                        a first-hand failure replaces it (compare_set again)
  *   a<k>/done/<node>                     that node's workers all exited 0
  *   hb/<node>                            heartbeat counters; node 0 watches them
+ *   gone/<node>                          set by the store itself when that node's presence
+ *                                        connection closes (ddp_store_on_close): its ddprun
+ *                                        was killed or its machine went down with the network up
  *   final_acks                           nodes that finished; node 0 waits for them before the
  *                                        store goes away
  * An elastic job (--nnodes MIN:MAX) meets in rounds instead of claims: see "elastic rendezvous"
@@ -104,6 +107,12 @@ typedef struct agent {
     int64_t *hb_value;
     int64_t *hb_changed_ms;
     bool *node_dead; /* node 0: nodes whose ddprun stopped beating; they will never ack the end */
+    /* node 0, per member: when its gone/<node> key was first seen (0: not seen), and its
+     * heartbeat then; a node that beats on after it is only one whose connection broke */
+    int64_t *gone_seen_ms;
+    int64_t *gone_hb;
+    /* nodes other than 0: a second store connection whose close sets gone/<node_rank> */
+    ddp_store *presence;
     /* The nodes of this round, by group rank (--nnodes's MAX of them at most): their ids (the
      * node_rank of a fixed job), hosts, and, elastic, their slots in the round's rendezvous. */
     int *member_id;
@@ -1311,7 +1320,7 @@ static int rendezvous_elastic(agent *a)
     }
     a->joined = true;
     for (int i = 0; i < a->wd.nnodes; i++)
-        a->node_dead[i] = false;
+        a->node_dead[i] = false, a->gone_seen_ms[i] = 0;
     rc = 0;
     goto out;
 out_store:
@@ -1472,7 +1481,7 @@ static int rendezvous(agent *a)
                    o->max_restarts + 1);
     a->joined = true;
     for (int i = 0; i < o->nnodes; i++) /* a node found dead before is back (it rejoined) */
-        a->node_dead[i] = false;
+        a->node_dead[i] = false, a->gone_seen_ms[i] = 0;
     a->wd.restarts = a->wd.attempt; /* claim_slot may have moved it */
     rc = 0;
 out_free:
@@ -1492,6 +1501,7 @@ out_store:
  * comes from that node. */
 #define LINE_HEARTBEAT_LOST "stopped responding"
 #define LINE_STORE_LOST "lost contact with the store"
+#define LINE_NODE_GONE "lost: its ddprun's connection to the store closed"
 #define CAUSE_WAIT_MAX_S 5.0 /* the longest ddprun waits for the cause after a secondary exit */
 
 static bool peer_failed_exit(int status)
@@ -1619,9 +1629,9 @@ static void print_summary(agent *a, bool restarting)
     const char *bar = "======================================================================";
     ddprun_say("%s", bar);
     if (!f->local) {
-        ddprun_say("job failed on another node: %s", f->line);
+        ddprun_say("job %s on another node: %s", a->remote_stop ? "stopped" : "failed", f->line);
         /* A dead ddprun (or an unreachable node 0) prints no summary to look for. */
-        if (strstr(f->line, LINE_HEARTBEAT_LOST))
+        if (strstr(f->line, LINE_HEARTBEAT_LOST) || strstr(f->line, LINE_NODE_GONE))
             ddprun_say("  that node's ddprun is gone: no summary comes from it (its workers die "
                        "with it)");
         else if (strncmp(f->line, LINE_STORE_LOST, strlen(LINE_STORE_LOST)) == 0)
@@ -1667,6 +1677,24 @@ static void print_summary(agent *a, bool restarting)
                    strchr(f->also, ',') ? "them" : "it");
     ddprun_say("  %s",
                restarting ? "restarting the whole group" : "every other worker was stopped");
+    ddprun_say("%s", bar);
+}
+
+/* A multi-node job stopped by a signal to this node's ddprun: the other nodes point here
+ * ("see the summary printed by that node's ddprun"), so a short one says what happened. A
+ * single-node job prints none, as torchrun's agent does on SIGINT. */
+static void print_signal_summary(agent *a)
+{
+    const char *bar = "======================================================================";
+    ddprun_say("%s", bar);
+    ddprun_say("job stopped: ddprun on node %d ('%s') received SIG%s", a->o->node_rank, a->host,
+               sigabbrev_np(a->stop_signal));
+    if (a->fail.set)
+        ddprun_say("  before  : %s", a->fail.line);
+    ddprun_say("  attempt : %d of %d (--max_restarts %d); a signal stop does not restart",
+               a->wd.restarts + 1, a->o->max_restarts + 1, a->o->max_restarts);
+    ddprun_say("  every worker on every node was told to stop; this ddprun exits %d",
+               128 + a->stop_signal);
     ddprun_say("%s", bar);
 }
 
@@ -1724,6 +1752,93 @@ static ddprun_worker *find_worker(agent *a, pid_t pid)
  * Returns false when the store itself is lost. */
 static bool waiting_nodes(agent *a, char *line, size_t cap, bool *found);
 
+/* Writes a first-hand failure line to the failed key: it is the first, or replaces a secondary
+ * one (as record_local_failure does). */
+static void publish_first_hand(agent *a, const char *line)
+{
+    char k[128];
+    key(k, sizeof k, a, "failed");
+    void *cur = NULL;
+    size_t cur_len = 0;
+    if (ddp_store_compare_set(a->store, k, "", 0, line, strlen(line), &cur, &cur_len) == DDP_OK &&
+        cur && strncmp(cur, SECONDARY_MARK, strlen(SECONDARY_MARK)) == 0)
+        (void)ddp_store_compare_set(a->store, k, cur, cur_len, line, strlen(line), NULL, NULL);
+    free(cur);
+}
+
+/* Node 0: the other members' heartbeats and presence. lost gets a line for a node found dead
+ * (else ""): its presence connection closed (gone/<node>: the store saw it at once) and its
+ * heartbeat has not moved since, for GONE_CONFIRM_MS or 5 ticks, whichever is longer (a live
+ * node whose connection merely broke beats on, and counts as alive); or no heartbeat for
+ * --agent_timeout (a machine that vanished, no FIN). false when the store failed. */
+#define GONE_CONFIRM_MS 1000
+static bool watch_members(agent *a, char *lost, size_t cap)
+{
+    ddprun_opts *o = a->o;
+    ddp_store *s = a->store;
+    char k[128];
+    int64_t now = now_ms();
+    int64_t confirm = (int64_t)(o->monitor_interval * 5000);
+    if (confirm < GONE_CONFIRM_MS)
+        confirm = GONE_CONFIRM_MS;
+    if (confirm > (int64_t)(o->agent_timeout * 1000))
+        confirm = (int64_t)(o->agent_timeout * 1000);
+    lost[0] = '\0';
+    for (int i = 1; i < a->wd.nnodes; i++) {
+        int64_t v;
+        snprintf(k, sizeof k, "ddprun/hb/%d", a->member_id[i]);
+        if (ddp_store_add(s, k, 0, &v) != DDP_OK)
+            return false;
+        bool moved = v != a->hb_value[i];
+        if (moved) {
+            a->hb_value[i] = v;
+            a->hb_changed_ms[i] = now;
+        }
+        snprintf(k, sizeof k, "ddprun/gone/%d", a->member_id[i]);
+        const char *keys[1] = {k};
+        bool gone = false;
+        if (ddp_store_check(s, keys, 1, &gone) != DDP_OK)
+            return false;
+        if (gone && !a->gone_seen_ms[i]) {
+            a->gone_seen_ms[i] = now;
+            a->gone_hb[i] = v;
+        } else if (gone && v != a->gone_hb[i]) {
+            /* It beats on: alive, its presence connection broke (the heartbeat path stays). */
+            ddprun_say("node %d's presence connection to the store closed, but its ddprun still "
+                       "beats: taken for alive",
+                       a->member_id[i]);
+            (void)ddp_store_delete(s, k, NULL);
+            a->gone_seen_ms[i] = 0;
+        } else if (gone && now - a->gone_seen_ms[i] >= confirm) {
+            void *host = NULL;
+            size_t n = 0;
+            if (ddp_store_get(s, k, &host, &n) != DDP_OK)
+                return false;
+            char when[64];
+            time_t at = time(NULL) - (time_t)((now - a->gone_seen_ms[i]) / 1000);
+            struct tm tm;
+            localtime_r(&at, &tm);
+            strftime(when, sizeof when, "%H:%M:%S", &tm);
+            snprintf(lost, cap,
+                     "node %d ('%.*s') " LINE_NODE_GONE " at %s and it has not beaten since (its "
+                     "machine or ddprun died)",
+                     a->member_id[i], (int)(n < 64 ? n : 64), host ? (char *)host : "?", when);
+            free(host);
+            a->node_dead[i] = true;
+            return true;
+        }
+        if (!moved && now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
+            snprintf(lost, cap,
+                     "the ddprun of node %d " LINE_HEARTBEAT_LOST " (no heartbeat for %.0f s); its "
+                     "machine or launcher died",
+                     a->member_id[i], o->agent_timeout);
+            a->node_dead[i] = true;
+            return true;
+        }
+    }
+    return true;
+}
+
 static bool check_nodes(agent *a, bool may_reshape, bool *remote_failed, char *line, size_t cap)
 {
     ddprun_opts *o = a->o;
@@ -1750,31 +1865,24 @@ static bool check_nodes(agent *a, bool may_reshape, bool *remote_failed, char *l
         snprintf(line, cap, "%s", (char *)v);
         free(v);
         *remote_failed = true;
-        return true;
+        /* Node 0 still watches the others after a secondary failure: a node that died is its
+         * cause (its workers' peers stop first, then it is found gone). */
+        if (o->node_rank != 0 || strncmp(line, SECONDARY_MARK, strlen(SECONDARY_MARK)) != 0)
+            return true;
     }
     if (o->node_rank != 0)
         return true;
-    int64_t now = now_ms();
-    for (int i = 1; i < a->wd.nnodes; i++) {
-        int64_t v;
-        snprintf(k, sizeof k, "ddprun/hb/%d", a->member_id[i]);
-        if (ddp_store_add(s, k, 0, &v) != DDP_OK)
-            return false;
-        if (v != a->hb_value[i]) {
-            a->hb_value[i] = v;
-            a->hb_changed_ms[i] = now;
-        } else if (now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)) {
-            snprintf(line, cap,
-                     "the ddprun of node %d " LINE_HEARTBEAT_LOST " (no heartbeat for %.0f s); its "
-                     "machine or launcher died",
-                     a->member_id[i], o->agent_timeout);
-            a->node_dead[i] = true;
-            key(k, sizeof k, a, "failed");
-            (void)ddp_store_compare_set(s, k, "", 0, line, strlen(line), NULL, NULL);
-            *remote_failed = true;
-            return true;
-        }
+    char lost[700];
+    if (!watch_members(a, lost, sizeof lost))
+        return false;
+    if (lost[0]) {
+        publish_first_hand(a, lost);
+        snprintf(line, cap, "%s", lost);
+        *remote_failed = true;
+        return true;
     }
+    if (failed)
+        return true;
     /* Elastic, below MAX, every worker of this node still running: a node that has come since
      * the round closed re-forms the group (torch's agent: num_nodes_waiting > 0 → restart). */
     bool found = false;
@@ -1885,6 +1993,17 @@ static outcome run_attempt(agent *a)
     memset(a->w, 0, sizeof *a->w * (size_t)n);
     memset(&a->fail, 0, sizeof a->fail);
     a->cause_until = 0;
+    if (o->nnodes > 1 && o->node_rank == 0) {
+        /* The members' presence marks left by earlier lives (a node's ddprun killed and
+         * started anew): each member of this attempt has a connection of its own now. */
+        ddp_store_set_timeout(a->store, 2000);
+        for (int i = 1; i < a->wd.nnodes; i++) {
+            char k[64];
+            snprintf(k, sizeof k, "ddprun/gone/%d", a->member_id[i]);
+            (void)ddp_store_delete(a->store, k, NULL);
+            a->gone_seen_ms[i] = 0;
+        }
+    }
     int64_t kill_at = 0, drain_until = 0;
     int running = 0;
     bool spawn_failed = false;
@@ -2207,6 +2326,39 @@ static void tell_waiters(agent *a, int code)
         nap_ms(300); /* they look every 100 ms */
 }
 
+/* A node other than 0: a second connection to the store, idle, whose close makes the store set
+ * ddprun/gone/<node> = host (ddp_store_on_close). A ddprun killed (-9, its machine rebooting
+ * with the network up) closes it at once, so node 0 names the node lost within a second or so,
+ * not after --agent_timeout. Without it the heartbeat path still finds the node. */
+static void open_presence(agent *a)
+{
+    ddprun_opts *o = a->o;
+    if (o->nnodes == 1 || o->node_rank <= 0)
+        return;
+    char k[128];
+    snprintf(k, sizeof k, "ddprun/gone/%d", o->node_rank);
+    ddp_store_set_timeout(a->store, 2000);
+    ddp_store_opts co = DDP_STORE_OPTS_INIT;
+    co.host = o->master_addr;
+    co.port = a->wd.master_port;
+    co.token = a->wd.token;
+    co.timeout_ms = 2000;
+    co.connect_timeout_ms = 2000;
+    ddp_error err = {0};
+    /* A mark left by this node's earlier life (a ddprun started anew) stays until node 0 has
+     * seen it: node 0 clears the members' marks as each attempt starts. */
+    if (ddp_store_connect(&co, &a->presence, &err) != DDP_OK ||
+        ddp_store_on_close(a->presence, k, a->host, strlen(a->host)) != DDP_OK) {
+        ddprun_say("note: no presence connection to the store (%s); should this ddprun die, "
+                   "node 0 finds it only after --agent_timeout",
+                   a->presence  ? ddp_store_last_error(a->presence)
+                   : err.msg[0] ? err.msg
+                                : ddp_store_last_error(a->store));
+        ddp_store_close(a->presence);
+        a->presence = NULL;
+    }
+}
+
 /* Node 0 keeps the store up until every other node has finished with it. */
 static void final_handshake(agent *a)
 {
@@ -2248,12 +2400,14 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
     a.hb_value = calloc((size_t)o->nnodes, sizeof *a.hb_value);
     a.hb_changed_ms = calloc((size_t)o->nnodes, sizeof *a.hb_changed_ms);
     a.node_dead = calloc((size_t)o->nnodes, sizeof *a.node_dead);
+    a.gone_seen_ms = calloc((size_t)o->nnodes, sizeof *a.gone_seen_ms);
+    a.gone_hb = calloc((size_t)o->nnodes, sizeof *a.gone_hb);
     a.member_id = calloc((size_t)o->nnodes, sizeof *a.member_id);
     a.member_slot = calloc((size_t)o->nnodes, sizeof *a.member_slot);
     a.member_host = calloc((size_t)o->nnodes, sizeof *a.member_host);
     int code = 1;
-    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead || !a.member_id || !a.member_slot ||
-        !a.member_host) {
+    if (!a.w || !a.hb_value || !a.hb_changed_ms || !a.node_dead || !a.gone_seen_ms || !a.gone_hb ||
+        !a.member_id || !a.member_slot || !a.member_host) {
         ddprun_say("out of memory");
         goto out;
     }
@@ -2262,6 +2416,7 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
             code = 128 + a.stop_signal;
         goto out;
     }
+    open_presence(&a);
 
     for (a.wd.attempt = 0;; a.wd.attempt++) {
         if (rendezvous(&a) != 0) {
@@ -2298,6 +2453,8 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         }
         if (r == SIGNALED) {
             code = 128 + a.stop_signal;
+            if (o->nnodes > 1)
+                print_signal_summary(&a);
             final_handshake(&a);
             goto out;
         }
@@ -2336,6 +2493,11 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
 out:
     tell_waiters(&a, code);
     release_port(&a);
+    if (a.presence) { /* an orderly end: this node is not lost */
+        ddp_store_set_timeout(a.presence, 1000);
+        (void)ddp_store_on_close(a.presence, "", NULL, 0);
+    }
+    ddp_store_close(a.presence);
     ddp_store_close(a.store);
     ddp_store_server_stop(a.round_server);
     ddp_store_server_stop(a.server);
@@ -2343,6 +2505,8 @@ out:
     free(a.hb_value);
     free(a.hb_changed_ms);
     free(a.node_dead);
+    free(a.gone_seen_ms);
+    free(a.gone_hb);
     free(a.member_id);
     free(a.member_slot);
     free(a.member_host);
