@@ -187,6 +187,7 @@ typedef struct conn {
     /* ON_CLOSE: set when this connection closes (its client gone), unless the server stops */
     char *oc_key, *oc_val;
     size_t oc_kn, oc_vn;
+    bool timed_out; /* keepalive gave up on the peer: not a close the peer made */
 } conn;
 
 struct ddp_store_server {
@@ -610,6 +611,8 @@ static bool read_conn(ddp_store_server *s, conn *c, bool *changed)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return true;
+        if (k < 0 && (errno == ETIMEDOUT || errno == EHOSTUNREACH))
+            c->timed_out = true;
         /* Closed by the peer, or an error. Between frames that is a normal goodbye; in the
          * middle of one it is a truncated message, counted and logged like a malformed one. */
         if (c->in_len > 0)
@@ -761,8 +764,17 @@ static void *server_main(void *arg)
         for (size_t i = 0; i < s->nconns; i++) {
             conn *c = s->conns[i];
             if (c->closing && c->out_off >= c->out.len) {
-                if (c->oc_key && table_set(&s->tab, s->max_total, c->oc_key, c->oc_kn, c->oc_val,
-                                           c->oc_vn) == DDP_OK)
+                /* Only a close the peer made (FIN, RST: its process ended or was killed): a
+                 * peer that keepalive gave up on may live behind a broken network, which its
+                 * other connections' time-outs judge. */
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 &&
+                    (soerr == ETIMEDOUT || soerr == EHOSTUNREACH))
+                    c->timed_out = true;
+                if (c->oc_key && !c->timed_out &&
+                    table_set(&s->tab, s->max_total, c->oc_key, c->oc_kn, c->oc_val, c->oc_vn) ==
+                        DDP_OK)
                     changed = true;
                 conn_free(s, c);
             } else {

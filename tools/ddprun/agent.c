@@ -2342,7 +2342,10 @@ static void open_presence(agent *a)
     co.host = o->master_addr;
     co.port = a->wd.master_port;
     co.token = a->wd.token;
-    co.timeout_ms = 2000;
+    /* Idle: its keepalive (a quarter of this, 4 to 60 s) must not end it before the heartbeat
+     * would call a silent node dead; the store's own sets the mark only for a close the node
+     * made (FIN, RST), never for a network that went quiet. */
+    co.timeout_ms = o->agent_timeout < 900 ? (int)(o->agent_timeout * 4000) : 3600000;
     co.connect_timeout_ms = 2000;
     ddp_error err = {0};
     /* A mark left by this node's earlier life (a ddprun started anew) stays until node 0 has
