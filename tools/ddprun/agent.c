@@ -1809,7 +1809,11 @@ static bool watch_members(agent *a, char *lost, size_t cap)
                        a->member_id[i]);
             (void)ddp_store_delete(s, k, NULL);
             a->gone_seen_ms[i] = 0;
-        } else if (gone && now - a->gone_seen_ms[i] >= confirm) {
+        } else if (gone &&
+                   (now - a->gone_seen_ms[i] >= confirm ||
+                    (!moved && now - a->hb_changed_ms[i] > (int64_t)(o->agent_timeout * 1000)))) {
+            /* (also when the heartbeat's time ran out first: the closed connection is the
+             * better account of what happened) */
             void *host = NULL;
             size_t n = 0;
             if (ddp_store_get(s, k, &host, &n) != DDP_OK)
