@@ -667,6 +667,23 @@ static void accept_conns(ddp_store_server *s)
     }
 }
 
+/* After the table changed: serves the parked requests it may release, again while serving
+ * them changes it. */
+static void serve_parked(ddp_store_server *s, bool changed)
+{
+    while (changed) {
+        changed = false;
+        for (size_t i = 0; i < s->nconns; i++) {
+            conn *c = s->conns[i];
+            if (c->parked && !c->closing) {
+                serve_conn(s, c, &changed);
+                if (!c->parked && !flush_out(c))
+                    c->closing = true, c->out.len = 0, c->out_off = 0;
+            }
+        }
+    }
+}
+
 static void *server_main(void *arg)
 {
     ddp_store_server *s = arg;
@@ -747,17 +764,8 @@ static void *server_main(void *arg)
                 c->closing = true, c->out.len = 0, c->out_off = 0;
         }
         /* A change may release parked requests; serving them may change the table again. */
-        while (changed) {
-            changed = false;
-            for (size_t i = 0; i < s->nconns; i++) {
-                conn *c = s->conns[i];
-                if (c->parked && !c->closing) {
-                    serve_conn(s, c, &changed);
-                    if (!c->parked && !flush_out(c))
-                        c->closing = true, c->out.len = 0, c->out_off = 0;
-                }
-            }
-        }
+        serve_parked(s, changed);
+        changed = false;
         /* Drop closed connections, keeping the order of the rest; a dropped one's ON_CLOSE
          * key is set now (its client is gone), which may release parked requests. */
         size_t w = 0;
@@ -782,17 +790,7 @@ static void *server_main(void *arg)
             }
         }
         s->nconns = w;
-        while (changed) {
-            changed = false;
-            for (size_t i = 0; i < s->nconns; i++) {
-                conn *c = s->conns[i];
-                if (c->parked && !c->closing) {
-                    serve_conn(s, c, &changed);
-                    if (!c->parked && !flush_out(c))
-                        c->closing = true, c->out.len = 0, c->out_off = 0;
-                }
-            }
-        }
+        serve_parked(s, changed);
     }
     free(pfds);
     return NULL;
