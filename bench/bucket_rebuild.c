@@ -11,7 +11,9 @@
  * and the reducer rebuilds (rebuild_buckets, the default) or not. Prints, on rank 0, the median
  * ms per step over STEPS steps after WARMUP (the rebuild happens in the warm-up), and the
  * reducer's hidden fraction of the last step.
- *   bucket_rebuild ORDER on|off [LAYERS] [COUNT] [WORK] [STEPS] [CAP_BYTES]
+ * With JOIN = join (bench/join_overhead.sh), uneven-input support is on (ddp_reducer_set_join:
+ * one more small allreduce per step) and every rank joins once after its last step.
+ *   bucket_rebuild ORDER on|off [LAYERS] [COUNT] [WORK] [STEPS] [CAP_BYTES] [join]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -32,7 +34,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: bucket_rebuild forward|backward|shuffled on|off [LAYERS] [COUNT] "
-                        "[WORK] [STEPS] [CAP_BYTES]\n");
+                        "[WORK] [STEPS] [CAP_BYTES] [join]\n");
         return 2;
     }
     const char *order = argv[1];
@@ -42,6 +44,7 @@ int main(int argc, char **argv)
     int work = argc > 5 ? atoi(argv[5]) : 16;
     int steps = argc > 6 ? atoi(argv[6]) : 40;
     size_t cap = argc > 7 ? (size_t)atol(argv[7]) : (size_t)1 << 20;
+    bool join = argc > 8 && !strcmp(argv[8], "join");
     if (L < 2 || L > 4096 || count == 0 || work < 1 || steps < 1 ||
         (strcmp(order, "forward") && strcmp(order, "backward") && strcmp(order, "shuffled"))) {
         fprintf(stderr, "bucket_rebuild: bad arguments\n");
@@ -86,6 +89,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bucket_rebuild: %s\n", err.msg);
         return 1;
     }
+    if (join && ddp_reducer_set_join(red, NULL, true) != DDP_OK) {
+        fprintf(stderr, "bucket_rebuild: %s\n", ddp_reducer_last_error(red));
+        return 1;
+    }
     double *ms = malloc(sizeof(double) * (size_t)steps);
     ddp_reducer_stats st = {0};
     for (int s = 0; s < WARMUP + steps; s++) {
@@ -112,6 +119,11 @@ int main(int argc, char **argv)
         if (s >= WARMUP)
             ms[s - WARMUP] = (ddp_now_seconds() - t0) * 1e3;
         ddp_reducer_stats_get(red, &st);
+    }
+    bool others = false;
+    if (join && (ddp_reducer_join(red, &others) != DDP_OK || others)) {
+        fprintf(stderr, "bucket_rebuild: join: %s\n", ddp_reducer_last_error(red));
+        return 1;
     }
     /* every rank's median, so that rank 0 reports the slower one */
     qsort(ms, (size_t)steps, sizeof *ms, cmp_d);

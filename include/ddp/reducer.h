@@ -61,6 +61,19 @@
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
  * communicate; the next synced step reduces the accumulated sum.
  *
+ * Uneven inputs (torch's model.join(), the Join context manager): ranks may run out of data at
+ * different steps. With ddp_reducer_set_join() on every rank, each synced step starts with one
+ * small allreduce counting the ranks still training; a rank out of data calls
+ * ddp_reducer_join() in a loop, which takes part in each of the others' synced steps with zero
+ * gradients and leaves their mean in its own, so it can step its optimizer with them and stay
+ * identical to the others, until every rank has joined:
+ *
+ *   ddp_reducer_set_join(red, NULL, true);           // every rank, before the loop
+ *   while (next_batch(…)) { zero_grad; forward; backward + mark_ready; finish; step; }
+ *   bool others;
+ *   while (ddp_reducer_join(red, &others) == DDP_OK && others)
+ *       step;                                         // the others' mean: the same update
+ *
  * Threads: one thread at a time, like its group.
  */
 #ifndef DDP_REDUCER_H
@@ -129,6 +142,7 @@ typedef struct ddp_reducer_stats {
     double wait_seconds;    /* time finish() waited: communication not hidden behind backward */
     double hidden_fraction; /* 1 − wait / comm, clamped to [0, 1]; 1 = fully overlapped */
     double first_launch;    /* when the first bucket started, seconds after the step's zero_grad */
+    int joined;             /* ranks that had run out of inputs (ddp_reducer_join) at this step */
 } ddp_reducer_stats;
 
 /* Creates the reducer over params (and buffers, e.g. normalization statistics, which are only
@@ -184,6 +198,35 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm);
  * ddp_grad_scaler_sync before acting on it. float32 parameters only (DDP_ERR_INVALID
  * otherwise). */
 ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf);
+
+/* Uneven inputs (torch's DistributedDataParallel.join; above). */
+typedef struct ddp_join_opts {
+    bool divide_by_initial_world_size; /* default true: the mean divides by the world size, the
+                                          joined ranks adding zeros (torch's default); false:
+                                          by the ranks still training (CPU groups only) */
+    bool throw_on_early_termination;   /* fail every rank, naming who ran out, at the first
+                                          synced step after one rank ran out of inputs, rather
+                                          than go on without it */
+} ddp_join_opts;
+#define DDP_JOIN_OPTS_INIT                                                                         \
+    {                                                                                              \
+        true, false                                                                                \
+    }
+
+/* Turns uneven-input support on (opts; NULL: the defaults) or off (disable). Every rank must
+ * call it at the same point, between steps: the options are compared across ranks and a
+ * difference fails on every rank naming it. While on, each synced step's first mark_ready (or
+ * its finish) costs one allreduce of one integer. A no_sync micro-step costs nothing. */
+ddp_status ddp_reducer_set_join(ddp_reducer *r, const ddp_join_opts *opts, bool enable);
+/* This rank is out of inputs: takes part in one synced step of the ranks still training, with
+ * zero gradients, and leaves the mean of theirs in its own (divided as opts say; sharded: in
+ * its shard, so step it and call ddp_reducer_gather_params as they do). *others: whether any
+ * rank was still training; false means every rank has joined, nothing was reduced (the
+ * gradients are zero), and the reducer is ready for the next epoch, every rank training again.
+ * Between steps only; with throw_on_early_termination, fails as the others do. Collectives of
+ * your own in the loop (a loss allreduce, evaluation) are not matched on the joined rank: the
+ * ranks' collectives would differ (DDP_DEBUG=1 names it); keep them after the loop. */
+ddp_status ddp_reducer_join(ddp_reducer *r, bool *others);
 
 /* Broadcasts the registered buffers from rank 0 again (e.g. before evaluation). */
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r);

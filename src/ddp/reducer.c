@@ -241,16 +241,18 @@ static ddp_status launch(ddp_reducer *r, ddp__bucket *b)
         buf = b->wire;
         t = DDP_BFLOAT16;
     }
-    /* Sharding: block me of the bucket receives the mean of everyone's block me. */
+    /* Sharding: block me of the bucket receives the mean of everyone's block me. A step of
+     * uneven inputs dividing by the ranks that trained sums, and divides after (join.c). */
     void *mine = (char *)buf + b->block * (size_t)r->me * ddp_dtype_size(t);
+    ddp_op op = r->join_div ? DDP_SUM : DDP_AVG;
     if (r->async && r->shard) {
-        st = ddp_reduce_scatter_async(r->g, buf, mine, b->block, t, DDP_AVG, &b->work);
+        st = ddp_reduce_scatter_async(r->g, buf, mine, b->block, t, op, &b->work);
     } else if (r->async) {
-        st = ddp_allreduce_async(r->g, buf, buf, b->count, t, DDP_AVG, &b->work);
+        st = ddp_allreduce_async(r->g, buf, buf, b->count, t, op, &b->work);
     } else {
         double t0 = ddp_now_seconds();
-        st = r->shard ? ddp_reduce_scatter(r->g, buf, mine, b->block, t, DDP_AVG)
-                      : ddp_allreduce(r->g, buf, buf, b->count, t, DDP_AVG);
+        st = r->shard ? ddp_reduce_scatter(r->g, buf, mine, b->block, t, op)
+                      : ddp_allreduce(r->g, buf, buf, b->count, t, op);
         r->stats.comm_seconds += ddp_now_seconds() - t0;
         b->inline_done = st == DDP_OK;
     }
@@ -277,12 +279,13 @@ static ddp_status launch_ready(ddp_reducer *r, bool force)
 }
 
 /* A synced step opens (its first mark_ready, or a finish with nothing marked): the pending
- * rebuild runs first, then the per-step state is reset. */
+ * rebuild runs first, then the per-step state is reset, then with uneven inputs on the ranks
+ * still training are counted (join.c). */
 static ddp_status open_step(ddp_reducer *r)
 {
     ddp_status st = r->rebuild == DDP__REBUILD_PENDING ? ddp__reducer_rebuild(r) : DDP_OK;
     reset_step(r);
-    return st;
+    return st ? st : ddp__reducer_join_count(r);
 }
 
 /* Whether a step may go on (what: "mark_ready" or "finish"): not while a sharded step waits to
@@ -308,6 +311,10 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if (!r || i >= r->nparams)
         return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i)
                  : DDP_ERR_INVALID;
+    if (r->joined)
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "mark_ready: this rank has joined (ddp_reducer_join: it ran out of "
+                           "inputs) and trains again only after every rank has joined");
     ddp_status st = step_refused(r, "mark_ready");
     if (st || !r->sync)
         return st;
@@ -363,6 +370,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
     if (!r->step_open && (st = open_step(r))) /* nothing was marked: reduce everything now */
         return st;
     r->step_open = false;
+    if (r->join_all) /* every rank has joined (join.c): nothing to reduce */
+        return DDP_OK;
     st = launch_ready(r, true);
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
@@ -387,6 +396,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
             st = st ? st : s1;
         }
     }
+    if (st == DDP_OK)
+        ddp__reducer_join_divide(r);
     ddp__reducer_record_end(r, st == DDP_OK);
     r->stats.wait_seconds = ddp_now_seconds() - t0;
     r->awaiting = r->consumed = r->shard && st == DDP_OK;

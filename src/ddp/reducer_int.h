@@ -36,6 +36,8 @@
  *   rebuild.c  the one rebuild along the first synced step's ready order, and its staging copies
  *   shard.c    the sharded optimizer step: which elements a rank holds, gathering them back
  *   grads.c    reading and scaling the reduced gradients: grad_norm and unscale
+ *   join.c     uneven inputs (torch's join): the count of ranks still training at each synced
+ *              step, and the joined rank's shadow steps
  */
 #ifndef DDP_REDUCER_INT_H
 #define DDP_REDUCER_INT_H
@@ -117,6 +119,13 @@ struct ddp_reducer {
     ddp_status dev_st;      /* a device operation failed where nothing could return it
                                (zero_grad): later calls return it */
     ddp_reducer_stats stats;
+    /* Uneven inputs (join.c). */
+    bool join_on; /* ddp_reducer_set_join: each synced step counts the ranks training */
+    ddp_join_opts jo;
+    bool joined;        /* this rank is out of inputs (ddp_reducer_join) */
+    bool join_all;      /* this step's count was 0: every rank has joined, nothing to reduce */
+    int join_div;       /* > 0: this step sums, then divides by the ranks training (not W) */
+    int64_t join_steps; /* synced steps counted since set_join */
     char err[DDP_ERRMSG_MAX];
 };
 
@@ -203,6 +212,16 @@ void ddp__reducer_record_end(ddp_reducer *r, bool ok);
  * rebuilding (memory short somewhere, inline somewhere) is DDP_OK; a failure leaves its message
  * in r->err. */
 ddp_status ddp__reducer_rebuild(ddp_reducer *r);
+
+/* --- join.c --- */
+
+/* A synced step opens with uneven inputs on: counts the ranks still training (one allreduce) and
+ * sets r->join_all, r->join_div and the step's stats.joined; with throw_on_early_termination and
+ * a rank out of inputs, fails naming it (every rank fails the same way). A no-op when off. */
+ddp_status ddp__reducer_join_count(ddp_reducer *r);
+/* After a step that summed (r->join_div > 0): this rank's mean divided by the ranks that
+ * trained. */
+void ddp__reducer_join_divide(ddp_reducer *r);
 
 /* --- shard.c --- */
 

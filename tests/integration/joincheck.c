@@ -1,0 +1,407 @@
+/*
+ * joincheck — uneven inputs (ddp_reducer_set_join / ddp_reducer_join; torch's model.join()),
+ * under ddprun at any world size. Rank q has a different number of batches in each epoch; the
+ * ranks that run out keep matching the others' synced steps until every rank has joined:
+ *  - no rank waits, every rank ends each epoch, and ddp_reducer_join says "others" exactly as
+ *    many times as the longest rank had steps more;
+ *  - the joined ranks step their optimizer with the mean they receive, so the parameters are
+ *    identical on every rank (bit for bit) and equal a serial reference: the mean over the
+ *    ranks still training, divided by the world size (torch's default) or by the ranks still
+ *    training (divide_by_initial_world_size = false);
+ *  - with no_sync micro-steps, bf16 compression, the sharded optimizer step, and two epochs on
+ *    one reducer (the second with another rank shortest; on the progress thread the buckets are
+ *    rebuilt while rank 0 has joined);
+ *  - stats.joined counts the ranks out of inputs at each step;
+ *  - throw_on_early_termination fails every rank at the same step naming who ran out;
+ *  - set_join's options differing across ranks are refused on every rank, naming them; join
+ *    without set_join, and mark_ready on a joined rank, are refused.
+ * With --device cuda the same runs on a GPU group (the test-only fake GPU under
+ * DDP_TEST_FAKE_GPUS, whose memory the host cannot touch: everything goes through
+ * ddp_group_memcpy); dividing by the ranks training is refused there, by name.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp/ddp.h"
+
+#define NP 4
+#define COUNT 600
+#define LR 1e-3f
+
+static int fails, R, W;
+static ddp_group *G;
+static bool on_gpu;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "joincheck rank %d: ", R);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            fails++;                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* Memory the reducer is given (host, or device memory on a GPU group), and copies to and from
+ * it through the group. */
+static void *dalloc(size_t bytes)
+{
+    void *p = on_gpu ? ddp_group_alloc(G, bytes) : calloc(1, bytes);
+    if (!p) {
+        fprintf(stderr, "joincheck: out of %s memory\n", on_gpu ? "GPU" : "host");
+        exit(1);
+    }
+    return p;
+}
+
+static void xfer(void *dst, const void *src, size_t bytes)
+{
+    if (!on_gpu) {
+        memcpy(dst, src, bytes);
+    } else if (ddp_group_memcpy(G, dst, src, bytes) != DDP_OK) {
+        fprintf(stderr, "joincheck: ddp_group_memcpy: %s\n", ddp_group_last_error(G));
+        exit(1);
+    }
+}
+
+/* The order backward marks the parameters in (not the registration's: the rebuild applies). */
+static const int ORDER[NP] = {2, 0, 3, 1};
+
+/* A gradient value with a full mantissa. */
+static float gval(int q, int e, int s, int m, int i, size_t k)
+{
+    uint32_t h = (uint32_t)(q * 7919 + e * 3571 + s * 104729 + m * 1299709 + i * 15485863) ^
+                 (uint32_t)k * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return (float)(h % 2000001) / 1000.0f - 1000.0f + 1.0f / 3.0f;
+}
+
+/* Batches of rank q in epoch e: rank 0 shortest first (it joins before the rebuild), then the
+ * last rank. */
+static int batches(int e, int q)
+{
+    return e == 0 ? 1 + 2 * q : 2 + (W - 1 - q);
+}
+
+static int most(int e)
+{
+    int n = 0;
+    for (int q = 0; q < W; q++)
+        n = batches(e, q) > n ? batches(e, q) : n;
+    return n;
+}
+
+typedef struct run {
+    float *vals[NP];
+    float *ref[NP]; /* the serial reference */
+    ddp_param ps[NP];
+    char names[NP][8];
+    ddp_reducer *red;
+    bool bf16, shard;
+} run;
+
+static int make(ddp_group *g, run *t, bool bf16, bool shard)
+{
+    ddp_error err = {0};
+    t->bf16 = bf16;
+    t->shard = shard;
+    for (int i = 0; i < NP; i++) {
+        t->vals[i] = dalloc(COUNT * sizeof(float));
+        t->ref[i] = malloc(COUNT * sizeof(float));
+        for (size_t k = 0; k < COUNT; k++)
+            t->ref[i][k] = (float)((i * 31 + (int)k) % 17) * 0.125f - 1.0f;
+        xfer(t->vals[i], t->ref[i], COUNT * sizeof(float));
+        snprintf(t->names[i], sizeof t->names[i], "p%d", i);
+        t->ps[i] = (ddp_param){t->names[i], COUNT, DDP_FLOAT32, t->vals[i],
+                               on_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU};
+    }
+    ddp_reducer_opts o = DDP_REDUCER_OPTS_INIT;
+    o.bucket_cap = o.first_bucket = COUNT * sizeof(float); /* a bucket per parameter */
+    o.compress_bf16 = bf16;
+    o.shard_optimizer = shard;
+    if (ddp_reducer_create(g, t->ps, NP, NULL, 0, &o, &t->red, &err) != DDP_OK) {
+        fprintf(stderr, "joincheck: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+static void drop(run *t)
+{
+    ddp_reducer_destroy(t->red);
+    for (int i = 0; i < NP; i++) {
+        if (on_gpu)
+            ddp_group_free(G, t->vals[i]);
+        else
+            free(t->vals[i]);
+        free(t->ref[i]);
+    }
+}
+
+/* SGD on this rank's shard of the mean gradient, then the gather (a no-op unsharded). */
+static int sgd(run *t)
+{
+    float p[COUNT], gr[COUNT];
+    for (int i = 0; i < NP; i++) {
+        size_t lo, hi;
+        ddp_reducer_shard(t->red, (size_t)i, &lo, &hi);
+        xfer(p, ddp_reducer_param(t->red, (size_t)i), sizeof p);
+        xfer(gr, ddp_reducer_grad(t->red, (size_t)i), sizeof gr);
+        for (size_t k = lo; k < hi; k++)
+            p[k] -= LR * gr[k];
+        xfer(ddp_reducer_param(t->red, (size_t)i), p, sizeof p);
+    }
+    if (ddp_reducer_gather_params(t->red) != DDP_OK) {
+        fprintf(stderr, "joincheck: gather_params: %s\n", ddp_reducer_last_error(t->red));
+        return 1;
+    }
+    return 0;
+}
+
+/* The serial reference of epoch e: each step's mean over the ranks still training. */
+static void reference(run *t, int e, int micro, bool by_world)
+{
+    float *acc = malloc(COUNT * sizeof(float));
+    for (int s = 0; s < most(e); s++) {
+        int n = 0;
+        for (int q = 0; q < W; q++)
+            n += batches(e, q) > s;
+        for (int i = 0; i < NP; i++) {
+            for (size_t k = 0; k < COUNT; k++) {
+                double sum = 0;
+                for (int q = 0; q < W; q++) {
+                    float a = 0; /* a rank's own micro-steps, summed in float as it does */
+                    for (int m = 0; m < micro && batches(e, q) > s; m++)
+                        a += gval(q, e, s, m, i, k);
+                    sum += a;
+                }
+                acc[k] = (float)(sum / (by_world ? W : n));
+            }
+            for (size_t k = 0; k < COUNT; k++)
+                t->ref[i][k] -= LR * acc[k];
+        }
+    }
+    free(acc);
+}
+
+/* The parameters: the same bits on every rank, and the reference's values within tol. */
+static void compare(ddp_group *g, run *t, const char *what, double tol)
+{
+    uint64_t h = 1469598103934665603ull, *all = malloc(sizeof(uint64_t) * (size_t)W);
+    double worst = 0;
+    float p[COUNT];
+    for (int i = 0; i < NP; i++) {
+        xfer(p, ddp_reducer_param(t->red, (size_t)i), sizeof p);
+        for (size_t k = 0; k < COUNT; k++) {
+            uint32_t b;
+            memcpy(&b, &p[k], 4);
+            h = (h ^ b) * 1099511628211ull;
+            double d = fabs((double)p[k] - t->ref[i][k]) / (1.0 + fabs(t->ref[i][k]));
+            worst = d > worst ? d : worst;
+        }
+    }
+    CHECK(worst <= tol, "%s: the parameters are %.3g (relative) from the serial reference", what,
+          worst);
+    uint64_t *dh = dalloc(sizeof h), *dall = dalloc(sizeof(uint64_t) * (size_t)W);
+    xfer(dh, &h, sizeof h);
+    ddp_status st = ddp_allgather(g, dh, dall, 1, DDP_INT64);
+    if (st == DDP_OK)
+        xfer(all, dall, sizeof(uint64_t) * (size_t)W);
+    if (on_gpu) {
+        ddp_group_free(g, dh);
+        ddp_group_free(g, dall);
+    } else {
+        free(dh);
+        free(dall);
+    }
+    if (st != DDP_OK)
+        CHECK(0, "%s: allgather: %s", what, ddp_group_last_error(g));
+    else
+        for (int q = 0; q < W; q++)
+            CHECK(all[q] == h, "%s: rank %d's parameters differ from rank %d's", what, q, R);
+    free(all);
+}
+
+/* One epoch: this rank's batches, then join until every rank has joined. */
+static int epoch(run *t, int e, int micro)
+{
+    ddp_reducer *red = t->red;
+    int mine = batches(e, R), shadows = 0;
+    for (int s = 0; s < mine; s++) {
+        ddp_reducer_zero_grad(red);
+        for (int m = 0; m < micro; m++) {
+            ddp_reducer_set_sync(red, m == micro - 1);
+            for (int j = 0; j < NP; j++) {
+                int i = ORDER[j];
+                float gr[COUNT];
+                xfer(gr, ddp_reducer_grad(red, (size_t)i), sizeof gr);
+                for (size_t k = 0; k < COUNT; k++)
+                    gr[k] += gval(R, e, s, m, i, k);
+                xfer(ddp_reducer_grad(red, (size_t)i), gr, sizeof gr);
+                if (ddp_reducer_mark_ready(red, (size_t)i) != DDP_OK) {
+                    fprintf(stderr, "joincheck: mark_ready: %s\n", ddp_reducer_last_error(red));
+                    return 1;
+                }
+            }
+            if (ddp_reducer_finish(red) != DDP_OK) {
+                fprintf(stderr, "joincheck: finish: %s\n", ddp_reducer_last_error(red));
+                return 1;
+            }
+        }
+        int out = 0;
+        for (int q = 0; q < W; q++)
+            out += batches(e, q) <= s;
+        ddp_reducer_stats st;
+        ddp_reducer_stats_get(red, &st);
+        CHECK(st.joined == out, "epoch %d step %d: stats.joined %d, want %d", e, s, st.joined, out);
+        if (sgd(t))
+            return 1;
+    }
+    ddp_reducer_set_sync(red, true);
+    for (;;) {
+        bool others = false;
+        ddp_status st = ddp_reducer_join(red, &others);
+        if (st != DDP_OK) {
+            fprintf(stderr, "joincheck: join: %s\n", ddp_reducer_last_error(red));
+            return 1;
+        }
+        if (!others)
+            break;
+        shadows++;
+        ddp_reducer_stats stt;
+        ddp_reducer_stats_get(red, &stt);
+        int s = mine + shadows - 1, out = 0;
+        for (int q = 0; q < W; q++)
+            out += batches(e, q) <= s;
+        CHECK(stt.joined == out, "epoch %d shadow step %d: stats.joined %d, want %d", e, s,
+              stt.joined, out);
+        if (shadows == 1) { /* a joined rank does not train */
+            CHECK(ddp_reducer_mark_ready(red, 0) == DDP_ERR_INVALID &&
+                      strstr(ddp_reducer_last_error(red), "has joined"),
+                  "mark_ready on a joined rank: not refused (%s)", ddp_reducer_last_error(red));
+        }
+        if (sgd(t))
+            return 1;
+    }
+    CHECK(shadows == most(e) - mine, "epoch %d: join matched %d steps of the others, want %d", e,
+          shadows, most(e) - mine);
+    return 0;
+}
+
+static int case_run(ddp_group *g, const char *what, bool bf16, bool shard, int micro, bool by_world,
+                    int epochs)
+{
+    run t;
+    if (make(g, &t, bf16, shard))
+        return 1;
+    ddp_join_opts jo = DDP_JOIN_OPTS_INIT;
+    jo.divide_by_initial_world_size = by_world;
+    if (on_gpu && !by_world) { /* not on a GPU group yet: refused by name */
+        CHECK(ddp_reducer_set_join(t.red, &jo, true) == DDP_ERR_INVALID &&
+                  strstr(ddp_reducer_last_error(t.red), "GPU group"),
+              "%s on a GPU group: not refused (%s)", what, ddp_reducer_last_error(t.red));
+        drop(&t);
+        return 0;
+    }
+    if (ddp_reducer_set_join(t.red, &jo, true) != DDP_OK) {
+        fprintf(stderr, "joincheck: set_join: %s\n", ddp_reducer_last_error(t.red));
+        return 1;
+    }
+    for (int e = 0; e < epochs; e++) {
+        if (epoch(&t, e, micro))
+            return 1;
+        reference(&t, e, micro, by_world);
+        char name[80];
+        snprintf(name, sizeof name, "%s, epoch %d", what, e);
+        compare(g, &t, name, bf16 ? 0.1 : 1e-5);
+    }
+    drop(&t);
+    return 0;
+}
+
+/* throw_on_early_termination: the last rank has one batch, the others three. */
+static int case_throw(ddp_group *g)
+{
+    run t;
+    if (make(g, &t, false, false))
+        return 1;
+    ddp_join_opts jo = DDP_JOIN_OPTS_INIT;
+    jo.throw_on_early_termination = true;
+    if (ddp_reducer_set_join(t.red, &jo, true) != DDP_OK)
+        return 1;
+    int mine = R == W - 1 ? 1 : 3;
+    ddp_status st = DDP_OK;
+    for (int s = 0; s < mine && st == DDP_OK; s++) {
+        ddp_reducer_zero_grad(t.red);
+        for (int i = NP - 1; i >= 0 && st == DDP_OK; i--)
+            st = ddp_reducer_mark_ready(t.red, (size_t)i);
+        if (st == DDP_OK)
+            st = ddp_reducer_finish(t.red);
+    }
+    if (st == DDP_OK) {
+        bool others;
+        st = ddp_reducer_join(t.red, &others);
+    }
+    char want[48];
+    snprintf(want, sizeof want, "rank %d ran out of inputs", W - 1);
+    CHECK(st == DDP_ERR_CLOSED && strstr(ddp_reducer_last_error(t.red), want),
+          "throw_on_early_termination: status %d, '%s' (want '%s')", (int)st,
+          ddp_reducer_last_error(t.red), want);
+    drop(&t);
+    return 0;
+}
+
+/* Misuse: join without set_join; set_join's options differing across ranks. */
+static int case_misuse(ddp_group *g)
+{
+    run t;
+    if (make(g, &t, false, false))
+        return 1;
+    bool others;
+    CHECK(ddp_reducer_join(t.red, &others) == DDP_ERR_INVALID &&
+              strstr(ddp_reducer_last_error(t.red), "ddp_reducer_set_join"),
+          "join without set_join: %s", ddp_reducer_last_error(t.red));
+    ddp_join_opts jo = DDP_JOIN_OPTS_INIT;
+    jo.throw_on_early_termination = R == W - 1;
+    ddp_status st = ddp_reducer_set_join(t.red, &jo, true);
+    CHECK(W == 1 ? st == DDP_OK
+                 : st == DDP_ERR_INVALID &&
+                       strstr(ddp_reducer_last_error(t.red), "throw_on_early_termination is"),
+          "set_join differing across ranks: status %d, '%s'", (int)st,
+          ddp_reducer_last_error(t.red));
+    drop(&t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ddp_error err = {0};
+    ddp_group *g;
+    ddp_group_opts go = DDP_GROUP_OPTS_INIT;
+    on_gpu = argc > 2 && !strcmp(argv[1], "--device") && !strcmp(argv[2], "cuda");
+    go.device = on_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+    if (ddp_group_init(&go, &g, &err) != DDP_OK) {
+        fprintf(stderr, "joincheck: %s\n", err.msg);
+        return 1;
+    }
+    G = g;
+    W = ddp_group_size(g);
+    R = ddp_group_rank(g);
+    int rc =
+        case_run(g, "fp32", false, false, 1, true, 2) ||
+        case_run(g, "fp32, no_sync, divided by the ranks training", false, false, 2, false, 2) ||
+        case_run(g, "bf16", true, false, 1, true, 1) ||
+        case_run(g, "sharded", false, true, 1, true, 2) ||
+        case_run(g, "sharded, divided by the ranks training", false, true, 2, false, 1) ||
+        (W > 1 && case_throw(g)) || case_misuse(g);
+    if (R == 0 && !fails && !rc)
+        printf("joincheck: all checks passed on %d ranks\n", W);
+    ddp_group_destroy(g);
+    return fails || rc ? 1 : 0;
+}
