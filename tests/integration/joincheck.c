@@ -18,6 +18,10 @@
  * With --device cuda the same runs on a GPU group (the test-only fake GPU under
  * DDP_TEST_FAKE_GPUS, whose memory the host cannot touch: everything goes through
  * ddp_group_memcpy); dividing by the ranks training is refused there, by name.
+ * With --dump FILE [--by-ranks] it runs the plain fp32 case alone (two epochs, dividing by the
+ * world size or by the ranks training) and rank 0 writes the final parameters to FILE (NP ×
+ * COUNT float32) for tests/python/test_join_torch.py, which trains the same under torch's
+ * model.join().
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -33,6 +37,7 @@
 #define LR 1e-3f
 
 static int fails, R, W;
+static const char *dump_path; /* --dump: rank 0 writes the final parameters here */
 static ddp_group *G;
 static bool on_gpu;
 
@@ -321,6 +326,15 @@ static int case_run(ddp_group *g, const char *what, bool bf16, bool shard, int m
         snprintf(name, sizeof name, "%s, epoch %d", what, e);
         compare(g, &t, name, bf16 ? 0.1 : 1e-5);
     }
+    if (dump_path && R == 0) {
+        FILE *f = fopen(dump_path, "wb");
+        float p[COUNT];
+        for (int i = 0; f && i < NP; i++) {
+            xfer(p, ddp_reducer_param(t.red, (size_t)i), sizeof p);
+            fwrite(p, sizeof p, 1, f);
+        }
+        CHECK(f && fclose(f) == 0, "cannot write %s", dump_path);
+    }
     drop(&t);
     return 0;
 }
@@ -393,6 +407,13 @@ int main(int argc, char **argv)
     G = g;
     W = ddp_group_size(g);
     R = ddp_group_rank(g);
+    if (argc > 2 && !strcmp(argv[1], "--dump")) {
+        dump_path = argv[2];
+        bool by_ranks = argc > 3 && !strcmp(argv[3], "--by-ranks");
+        int rc = case_run(g, "fp32 (dump)", false, false, 1, !by_ranks, 2);
+        ddp_group_destroy(g);
+        return fails || rc ? 1 : 0;
+    }
     int rc =
         case_run(g, "fp32", false, false, 1, true, 2) ||
         case_run(g, "fp32, no_sync, divided by the ranks training", false, false, 2, false, 2) ||
