@@ -5,6 +5,7 @@ SGD with momentum, constant lr) gives the weights torch computes from the same c
 batch — forward, backward and optimizer checked at once. The checkpoints are parsed here as the
 safetensors format says (Debian has no Python safetensors package).
 Usage: test_model_torch.py BINDIR"""
+import atexit
 import gzip
 import json
 import os
@@ -99,7 +100,9 @@ xtr, ytr = idx("train")
 # set and only the first 100 test images (a data.dir of links and a slice), so that the 10000
 # test images are evaluated once per model, by --task test given the whole data.dir (else it takes
 # the checkpoint's); under TSan each evaluation took ~15 s.
-TRAIN_DIR = tempfile.mkdtemp(prefix="ddp-parity-data-")
+ROOT = tempfile.mkdtemp(prefix="ddp-parity-")  # everything this test writes; removed at exit
+atexit.register(shutil.rmtree, ROOT, True)
+TRAIN_DIR = tempfile.mkdtemp(prefix="data-", dir=ROOT)
 for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
     os.symlink(f"{DATA}/{f}", f"{TRAIN_DIR}/{f}")
 with gzip.open(f"{DATA}/t10k-images-idx3-ubyte.gz") as f:
@@ -111,7 +114,7 @@ with gzip.open(f"{DATA}/t10k-labels-idx1-ubyte.gz") as f:
 open(f"{TRAIN_DIR}/t10k-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, 100) + raw[8:108])
 for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32], [8, 16], "relu"),
                                     ("mlp", [48], [], "gelu"), ("cnn", [16], [4, 8], "gelu")]:
-    out = tempfile.mkdtemp(prefix=f"ddp-parity-{kind}-")
+    out = tempfile.mkdtemp(prefix=f"{kind}-", dir=ROOT)
     kind_ = kind
     kind = f"{kind_} ({act})"
     common = ["--model.type", kind_, "--model.activation", act,
@@ -157,6 +160,5 @@ for kind, hidden, channels, act in [("mlp", [64, 32], [], "relu"), ("cnn", [32],
     worst = max(((p.detach() - ck26[n]).abs().max() / ck26[n].abs().max().clamp(min=1e-6)).item()
                 for n, p in net.named_parameters())
     check(worst <= 1e-4, f"{kind}: one training step matches torch (max relative difference {worst:.2e})")
-shutil.rmtree(TRAIN_DIR)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
