@@ -25,8 +25,10 @@ DDP_CARRY_LD_LIBRARY_PATH, when set, is gpt_dump's LD_LIBRARY_PATH (the carried 
 that torch itself runs with the machine's own. Exit 77 (a failure under gpu-check, which counts
 any non-zero exit) without torch or without a CUDA device for torch. NOT YET RUN: no GPU in the
 session that wrote it."""
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -101,6 +103,7 @@ def case(L, NH, C, T, V, bias, B):
     global failed
     name = f"L{L} NH{NH} C{C} T{T} V{V} bias={bias} B{B}"
     d = tempfile.mkdtemp(prefix=f"ddp-gpt-{PREC}-")
+    atexit.register(shutil.rmtree, d, True)  # removed at exit, whatever happens
     torch.manual_seed(2000 + L * 7 + V)
     cfg = Config(L, NH, C, T, V, 0.0, bias)
     params = {n: p.detach().clone() for n, p in GPT(cfg).named_parameters()}

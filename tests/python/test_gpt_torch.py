@@ -31,9 +31,11 @@ twice torch float32's own (the position embedding on an AVX2-only CPU: 1.0e-4 ag
 Usage: test_gpt_torch.py BINDIR  (exit 77, skipped, without torch)
 With DDP_GPT_DUMP_DEVICE=cuda the C model runs on the GPU and the tolerances are issue 12's
 (printed at the start); scripts/gpu-check.sh runs it so."""
+import atexit
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -153,6 +155,7 @@ def note(kind, err):
 def case(L, NH, C, T, V, bias, B):
     name = f"L{L} NH{NH} C{C} T{T} V{V} bias={bias} B{B}"
     d = tempfile.mkdtemp(prefix="ddp-gpt-parity-")
+    atexit.register(shutil.rmtree, d, True)  # removed at exit, whatever happens
     torch.manual_seed(1000 + L * 7 + V)
     net = GPT(Config(L, NH, C, T, V, 0.0, bias))
     # the tied head appears once, as transformer.wte; copies, as training changes the parameters
