@@ -51,27 +51,8 @@ static bool on_gpu;
         }                                                                                          \
     } while (0)
 
-/* Memory the reducer is given (host, or device memory on a GPU group), and copies to and from
- * it through the group. */
-static void *dalloc(size_t bytes)
-{
-    void *p = on_gpu ? ddp_group_alloc(G, bytes) : calloc(1, bytes);
-    if (!p) {
-        fprintf(stderr, "joincheck: out of %s memory\n", on_gpu ? "GPU" : "host");
-        exit(1);
-    }
-    return p;
-}
-
-static void xfer(void *dst, const void *src, size_t bytes)
-{
-    if (!on_gpu) {
-        memcpy(dst, src, bytes);
-    } else if (ddp_group_memcpy(G, dst, src, bytes) != DDP_OK) {
-        fprintf(stderr, "joincheck: ddp_group_memcpy: %s\n", ddp_group_last_error(G));
-        exit(1);
-    }
-}
+#define CHECK_PROG "joincheck"
+#include "check_mem.h"
 
 /* The order backward marks the parameters in (not the registration's: the rebuild applies). */
 static const int ORDER[NP] = {2, 0, 3, 1};
@@ -141,10 +122,7 @@ static void drop(run *t)
 {
     ddp_reducer_destroy(t->red);
     for (int i = 0; i < NP; i++) {
-        if (on_gpu)
-            ddp_group_free(G, t->vals[i]);
-        else
-            free(t->vals[i]);
+        dfree(t->vals[i]);
         free(t->ref[i]);
     }
 }
@@ -218,13 +196,8 @@ static void compare(ddp_group *g, run *t, const char *what, double tol)
     ddp_status st = ddp_allgather(g, dh, dall, 1, DDP_INT64);
     if (st == DDP_OK)
         xfer(all, dall, sizeof(uint64_t) * (size_t)W);
-    if (on_gpu) {
-        ddp_group_free(g, dh);
-        ddp_group_free(g, dall);
-    } else {
-        free(dh);
-        free(dall);
-    }
+    dfree(dh);
+    dfree(dall);
     if (st != DDP_OK)
         CHECK(0, "%s: allgather: %s", what, ddp_group_last_error(g));
     else

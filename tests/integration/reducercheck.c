@@ -31,33 +31,9 @@ static int fails;
 static ddp_group *G;
 static bool on_gpu;
 
-/* Memory the reducer is given: host memory, or device memory on a GPU group. */
-static void *dalloc(size_t bytes)
-{
-    void *p = on_gpu ? ddp_group_alloc(G, bytes) : calloc(1, bytes);
-    if (!p) {
-        fprintf(stderr, "reducercheck: out of %s memory\n", on_gpu ? "GPU" : "host");
-        exit(1);
-    }
-    return p;
-}
+#define CHECK_PROG "reducercheck"
+#include "check_mem.h"
 
-static void dfree(void *p)
-{
-    if (on_gpu)
-        ddp_group_free(G, p);
-    else
-        free(p);
-}
-
-/* Copies between host memory and the reducer's memory (either direction). */
-static void xfer(void *dst, const void *src, size_t bytes)
-{
-    if (ddp_group_memcpy(G, dst, src, bytes) != DDP_OK) {
-        fprintf(stderr, "reducercheck: ddp_group_memcpy: %s\n", ddp_group_last_error(G));
-        exit(1);
-    }
-}
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
