@@ -3,8 +3,9 @@
  * libddp's public API (include/ddp/).
  *
  *   args.c    command line → ddprun_opts (torchrun's flags, both spellings)
- *   agent.c   one node's agent: hosts the store on node 0, node rendezvous, attempts and
- *             restarts, monitoring, the failure summary
+ *   agent.c   one node's agent: attempts and restarts, monitoring, the failure summary; with
+ *             rendezvous.c (the store on node 0, node rendezvous), elastic.c (--nnodes MIN:MAX
+ *             rounds) and presence.c (the other nodes' liveness) behind agent_int.h
  *   workers.c fork/exec of workers with the environment contract, signals, reaping
  *   output.c  rank-prefixed console lines and per-rank log files
  *   reaper.c  a watchdog process that kills the workers' process groups if ddprun dies
@@ -36,7 +37,7 @@ typedef struct ddprun_opts {
     int nproc;  /* workers on this node */
     int nnodes; /* with an elastic range (--nnodes MIN:MAX): MAX */
     int node_rank;
-    /* --nnodes MIN:MAX with MIN < MAX: torchrun's elastic rendezvous (agent.c, "elastic"). The
+    /* --nnodes MIN:MAX with MIN < MAX: torchrun's elastic rendezvous (elastic.c). The
      * nodes that come are numbered as under c10d numbering (node_rank: that order, kept for the
      * node's life; the dense rank of a round is ddprun_world.group_rank). */
     bool elastic;
