@@ -275,6 +275,37 @@ assert_not_contains "$d/err0" "node 3 ('vm') joined"
 wait_gone "$d" 5
 ok "nodes killed and stopped while the nodes gather are left out; the stopped one re-forms it"
 
+# a node's ddprun killed (-9) while the nodes gather, with --agent_timeout 10 s: its presence
+# mark (its connection to the store closed) drops it within about a second, as while workers
+# run, and the round closes at last_call_timeout with the two left. Before 2026-11-25 only its
+# heartbeat could (after 10 s): the round closed with the dead node in it and the job failed.
+d=$T/gatherkill; mkdir -p "$d"
+port=$(free_port)
+args $port 1 3 20 0 "$d" 2; E[1]=2:4
+for i in "${!E[@]}"; do [ "${E[$i]}" = --agent_timeout ] && E[$((i + 1))]=10; done
+"$DDPRUN" "${E[@]}" >"$d/out0" 2>"$d/err0" & BG_PIDS+=($!); n0=$!
+sleep 0.3
+"$DDPRUN" "${E[@]}" >"$d/out1" 2>"$d/err1" & BG_PIDS+=($!); n1=$!
+wait_lines "$d/err1" "this is node 1" 1 5
+"$DDPRUN" "${E[@]}" >"$d/out2" 2>"$d/err2" & BG_PIDS+=($!); n2=$!
+wait_lines "$d/err2" "this is node 2" 1 5
+sleep 0.3
+t0=$(now_ms)
+kill -9 $n2
+rc=0; wait $n2 2>/dev/null || rc=$?
+wait_lines "$d/err0" "2 workers on 2 nodes (of 2:4; round 0, restart 0)" 1 8
+t=$(($(now_ms) - t0))
+wait $n0 || { cat "$d/err0"; fail "node 0 exited non-zero"; }
+wait $n1 || { cat "$d/err1"; fail "node 1 exited non-zero"; }
+for r in 0 1; do assert_contains "$d/elastic.log" "restart=0 rank=$r world=2 group=$r groups=2 sum=2"; done
+assert_contains "$d/err0" "node 2 ('"
+assert_contains "$d/err0" "left the rendezvous: its ddprun's connection to the store closed and it has not beaten since"
+assert_not_contains "$d/err0" "stopped responding"
+[ $t -lt 6000 ] || fail "the round closed $t ms after the kill (last_call_timeout 3 s)"
+wait_gone "$d" 5
+echo "  (kill -9 of a gathering node → the round closes without it: $t ms; --agent_timeout 10 s)"
+ok "a gathering node's ddprun killed: dropped by its presence mark, the round closes at once"
+
 # two newcomers at once into a 2:3 job of two nodes, one of whose workers stops slowly (it
 # ignores SIGTERM: SIGKILL after --grace_period): the re-formed round keeps that running node's
 # place and takes one newcomer; the other waits (before 2026-11-25 the two newcomers filled the

@@ -142,11 +142,13 @@ static int close_round(agent *a, int64_t own)
     int cap = 0, n_ok = 0, rc = -1;
     erec *recs = NULL;
     /* per slot: 0 not read yet, 1 a member-to-be, -1 refused, -2 left out: its heartbeat
-     * stopped for --agent_timeout (killed, stopped, its machine gone), as torch's keep-alive
-     * drops a silent participant; it is back in if the heartbeat moves before the close; -3
-     * left: its ddprun, new to the job, received a signal (under left/<slot>) */
+     * stopped for --agent_timeout (stopped, its machine gone), or its presence connection closed
+     * and it has not beaten since (killed: agent_presence_lost, as while the workers run), as
+     * torch's keep-alive drops a silent participant; it is back in if the heartbeat moves before
+     * the close; -3 left: its ddprun, new to the job, received a signal (under left/<slot>) */
     signed char *have = NULL;
     int64_t *hb_val = NULL, *hb_at = NULL, last_scan = 0;
+    presence_watch *gone = NULL; /* per slot: its presence mark (gone/<id>) */
     /* The last round's members (node 0 aside) still beating but not back yet (stopping slow
      * workers): a full round waits for them, and they come before newcomers, as torch reopens a
      * round only once its every participant has left it; before 2026-11-25 two newcomers could
@@ -174,11 +176,15 @@ static int close_round(agent *a, int64_t own)
             int64_t *nt = realloc(hb_at, sizeof *nt * (size_t)ncap);
             if (nt)
                 hb_at = nt;
-            if (!nr || !nh || !nv || !nt) {
+            presence_watch *ng = realloc(gone, sizeof *ng * (size_t)ncap);
+            if (ng)
+                gone = ng;
+            if (!nr || !nh || !nv || !nt || !ng) {
                 ddprun_say("out of memory in the rendezvous");
                 goto out;
             }
             memset(have + cap, 0, sizeof *have * (size_t)(ncap - cap));
+            memset(gone + cap, 0, sizeof *gone * (size_t)(ncap - cap));
             cap = ncap;
         }
         for (int64_t j = 0; j < count; j++) {
@@ -225,6 +231,7 @@ static int close_round(agent *a, int64_t own)
             snprintf(k, sizeof k, "ddprun/hb/%d", recs[j].id);
             if (ddp_store_add(s, k, 0, &hb) != DDP_OK)
                 goto out_store;
+            bool expired = false;
             if (hb != hb_val[j]) {
                 if (have[j] == -2) {
                     ddprun_say("node %d ('%s') is back in the rendezvous", recs[j].id,
@@ -234,13 +241,33 @@ static int close_round(agent *a, int64_t own)
                 }
                 hb_val[j] = hb;
                 hb_at[j] = t;
-            } else if (have[j] == 1 && t - hb_at[j] > (int64_t)(o->agent_timeout * 1000)) {
+            } else {
+                expired = t - hb_at[j] > (int64_t)(o->agent_timeout * 1000);
+            }
+            if (have[j] != 1)
+                continue;
+            /* Killed while it waits: its presence mark says so within a second or so, not after
+             * --agent_timeout (before 2026-11-25 only the heartbeat did, and a round that closed
+             * meanwhile had a dead node in it). A mark left by an earlier life of that node goes
+             * quietly once the node beats. */
+            char host[65];
+            int gst = agent_presence_lost(a, recs[j].id, hb, expired, t, &gone[j], false, host,
+                                          sizeof host);
+            if (gst < 0)
+                goto out_store;
+            if (gst > 0 || expired) {
                 int64_t *w = wait_hb_slot(a, j);
                 if (w)
                     *w = hb; /* a re-form for it once it beats again */
-                ddprun_say("node %d ('%s') left the rendezvous: no heartbeat for %g s "
-                           "(--agent_timeout); the round goes on without it",
-                           recs[j].id, recs[j].host, o->agent_timeout);
+                if (gst > 0)
+                    ddprun_say("node %d ('%s') left the rendezvous: its ddprun's connection to the "
+                               "store closed and it has not beaten since (killed, or its machine "
+                               "went down); the round goes on without it",
+                               recs[j].id, recs[j].host);
+                else
+                    ddprun_say("node %d ('%s') left the rendezvous: no heartbeat for %g s "
+                               "(--agent_timeout); the round goes on without it",
+                               recs[j].id, recs[j].host, o->agent_timeout);
                 have[j] = -2;
                 n_ok--;
             }
@@ -389,6 +416,7 @@ out:
     free(have);
     free(hb_val);
     free(hb_at);
+    free(gone);
     return rc;
 }
 
