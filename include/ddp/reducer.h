@@ -206,7 +206,9 @@ typedef struct ddp_join_opts {
                                           by the ranks still training (CPU groups only) */
     bool throw_on_early_termination;   /* fail every rank, naming who ran out, at the first
                                           synced step after one rank ran out of inputs, rather
-                                          than go on without it */
+                                          than go on without it (that step's later mark_ready
+                                          and finish return the same; then every rank trains
+                                          again, as after every rank joined) */
 } ddp_join_opts;
 #define DDP_JOIN_OPTS_INIT                                                                         \
     {                                                                                              \

@@ -64,6 +64,7 @@ ddp_status ddp_reducer_set_join(ddp_reducer *r, const ddp_join_opts *opts, bool 
     r->joined = r->join_all = false;
     r->join_div = 0;
     r->join_steps = 0;
+    r->join_err = DDP_OK;
     return DDP_OK;
 }
 
@@ -107,6 +108,10 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r)
     if (n < r->W && r->jo.throw_on_early_termination) {
         char who[200];
         name_joined(r, who, sizeof who);
+        /* The epoch ends on every rank: whoever had joined trains again from the next step (as
+         * after every rank joined), and the rest of this step's marks do not count again. */
+        r->joined = false;
+        r->join_err = DDP_ERR_CLOSED;
         return ddp__errmsg(r->err, DDP_ERR_CLOSED,
                            "%s ran out of inputs before synced step %lld of the others "
                            "(join's throw_on_early_termination): the step is not taken on any "

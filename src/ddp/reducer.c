@@ -201,6 +201,7 @@ void ddp_reducer_zero_grad(ddp_reducer *r)
             memset(r->b[i].mem, 0, r->b[i].padded * ddp_dtype_size(r->b[i].dtype));
     }
     r->consumed = false;
+    r->join_err = DDP_OK; /* a step the count failed ends here */
     r->step_start = ddp_now_seconds();
     memset(&r->stats, 0, sizeof r->stats);
     r->stats.first_launch = -1;
@@ -315,6 +316,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "mark_ready: this rank has joined (ddp_reducer_join: it ran out of "
                            "inputs) and trains again only after every rank has joined");
+    if (r->join_err) /* the count failed this step: the rest of its marks must not count again */
+        return r->join_err;
     ddp_status st = step_refused(r, "mark_ready");
     if (st || !r->sync)
         return st;
@@ -364,11 +367,18 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
 {
     if (!r)
         return DDP_ERR_INVALID;
-    ddp_status st = step_refused(r, "finish");
+    ddp_status st = r->join_err;
+    if (st) { /* the count failed the step at its first mark_ready: it ends here, as it did */
+        r->join_err = DDP_OK;
+        return st;
+    }
+    st = step_refused(r, "finish");
     if (st || !r->sync)
         return st;
-    if (!r->step_open && (st = open_step(r))) /* nothing was marked: reduce everything now */
+    if (!r->step_open && (st = open_step(r))) { /* nothing was marked: reduce everything now */
+        r->join_err = DDP_OK;
         return st;
+    }
     r->step_open = false;
     if (r->join_all) /* every rank has joined (join.c): nothing to reduce */
         return DDP_OK;

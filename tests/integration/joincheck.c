@@ -12,7 +12,9 @@
  *    one reducer (the second with another rank shortest; on the progress thread the buckets are
  *    rebuilt while rank 0 has joined);
  *  - stats.joined counts the ranks out of inputs at each step;
- *  - throw_on_early_termination fails every rank at the same step naming who ran out;
+ *  - throw_on_early_termination fails every rank at the same step naming who ran out (the
+ *    others' later marks in that step return the same failure without communicating), and
+ *    every rank trains again in the next epoch;
  *  - set_join's options differing across ranks are refused on every rank, naming them; join
  *    without set_join, and mark_ready on a joined rank, are refused.
  * With --device cuda the same runs on a GPU group (the test-only fake GPU under
@@ -312,7 +314,27 @@ static int case_run(ddp_group *g, const char *what, bool bf16, bool shard, int m
     return 0;
 }
 
-/* throw_on_early_termination: the last rank has one batch, the others three. */
+/* One step of every rank marking every parameter (gradient R + 1) as docs/ddp.md's loop does,
+ * reading the status from finish, whatever mark_ready said (its first failure must be finish's
+ * too); *mark: mark_ready's first failure. */
+static ddp_status step_all(run *t, ddp_status *mark)
+{
+    float gr[COUNT];
+    for (size_t k = 0; k < COUNT; k++)
+        gr[k] = (float)(R + 1);
+    ddp_reducer_zero_grad(t->red);
+    *mark = DDP_OK;
+    for (int i = NP - 1; i >= 0; i--) {
+        xfer(ddp_reducer_grad(t->red, (size_t)i), gr, sizeof gr);
+        ddp_status st = ddp_reducer_mark_ready(t->red, (size_t)i);
+        *mark = *mark ? *mark : st;
+    }
+    return ddp_reducer_finish(t->red);
+}
+
+/* throw_on_early_termination: the last rank has one batch, the others three; every rank fails at
+ * the others' second step, the others' later marks in it do not count again (the collectives
+ * would differ), and the epoch is over on every rank: the next one trains all of them again. */
 static int case_throw(ddp_group *g)
 {
     run t;
@@ -323,13 +345,11 @@ static int case_throw(ddp_group *g)
     if (ddp_reducer_set_join(t.red, &jo, true) != DDP_OK)
         return 1;
     int mine = R == W - 1 ? 1 : 3;
-    ddp_status st = DDP_OK;
+    ddp_status st = DDP_OK, mark = DDP_OK;
     for (int s = 0; s < mine && st == DDP_OK; s++) {
-        ddp_reducer_zero_grad(t.red);
-        for (int i = NP - 1; i >= 0 && st == DDP_OK; i--)
-            st = ddp_reducer_mark_ready(t.red, (size_t)i);
-        if (st == DDP_OK)
-            st = ddp_reducer_finish(t.red);
+        st = step_all(&t, &mark);
+        CHECK(mark == DDP_OK || st == mark, "throw: mark_ready failed (%d) but finish said %d",
+              (int)mark, (int)st);
     }
     if (st == DDP_OK) {
         bool others;
@@ -340,6 +360,20 @@ static int case_throw(ddp_group *g)
     CHECK(st == DDP_ERR_CLOSED && strstr(ddp_reducer_last_error(t.red), want),
           "throw_on_early_termination: status %d, '%s' (want '%s')", (int)st,
           ddp_reducer_last_error(t.red), want);
+    for (int s = 0; s < 2; s++) { /* the next epoch, every rank with two batches */
+        st = step_all(&t, &mark);
+        CHECK(st == DDP_OK && mark == DDP_OK, "throw, the next epoch's step %d: %d, '%s'", s,
+              (int)(st ? st : mark), ddp_reducer_last_error(t.red));
+        if (st || mark)
+            break;
+        float gr[COUNT];
+        xfer(gr, ddp_reducer_grad(t.red, 0), sizeof gr);
+        ddp_reducer_stats sts;
+        ddp_reducer_stats_get(t.red, &sts);
+        CHECK(gr[0] == (float)(W + 1) / 2 && sts.joined == 0,
+              "throw, the next epoch's step %d: mean %g (want %g), stats.joined %d", s,
+              (double)gr[0], (double)(W + 1) / 2, sts.joined);
+    }
     drop(&t);
     return 0;
 }
