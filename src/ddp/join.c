@@ -98,7 +98,9 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r)
     int32_t v = !r->joined, n = 0;
     ddp_status st = ddp__reducer_ctl(r, false, &v, &n, 1, DDP_INT32, DDP_SUM);
     if (st)
-        return ddp__reducer_errctx(r, st, "counting the ranks still training (join)");
+        return ddp__reducer_errctx(r, st,
+                                   "counting the ranks still training (join: a rank out of "
+                                   "inputs must call ddp_reducer_join until every rank has)");
     r->join_steps++;
     r->stats.joined = r->W - n;
     if (n == 0) {

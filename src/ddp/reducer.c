@@ -279,14 +279,17 @@ static ddp_status launch_ready(ddp_reducer *r, bool force)
     return DDP_OK;
 }
 
-/* A synced step opens (its first mark_ready, or a finish with nothing marked): the pending
- * rebuild runs first, then the per-step state is reset, then with uneven inputs on the ranks
- * still training are counted (join.c). */
+/* A synced step opens (its first mark_ready, or a finish with nothing marked): with uneven
+ * inputs on, the ranks still training are counted first (join.c: a rank out of inputs that did
+ * not join fails there, by name, and a step that fails every rank or that nobody trains does
+ * nothing else), then the pending rebuild runs, then the per-step state is reset. */
 static ddp_status open_step(ddp_reducer *r)
 {
-    ddp_status st = r->rebuild == DDP__REBUILD_PENDING ? ddp__reducer_rebuild(r) : DDP_OK;
+    ddp_status st = ddp__reducer_join_count(r);
+    if (!st && !r->join_all && r->rebuild == DDP__REBUILD_PENDING)
+        st = ddp__reducer_rebuild(r);
     reset_step(r);
-    return st ? st : ddp__reducer_join_count(r);
+    return st;
 }
 
 /* Whether a step may go on (what: "mark_ready" or "finish"): not while a sharded step waits to

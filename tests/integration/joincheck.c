@@ -16,7 +16,9 @@
  *    others' later marks in that step return the same failure without communicating), and
  *    every rank trains again in the next epoch;
  *  - set_join's options differing across ranks are refused on every rank, naming them; join
- *    without set_join, and mark_ready on a joined rank, are refused.
+ *    without set_join, and mark_ready on a joined rank, are refused;
+ *  - a rank out of inputs that does not join: the others' failure names ddp_reducer_join (last:
+ *    the group is failed after it).
  * With --device cuda the same runs on a GPU group (the test-only fake GPU under
  * DDP_TEST_FAKE_GPUS, whose memory the host cannot touch: everything goes through
  * ddp_group_memcpy); dividing by the ranks training is refused there, by name.
@@ -378,6 +380,34 @@ static int case_throw(ddp_group *g)
     return 0;
 }
 
+/* A rank out of inputs that does not join (here it calls a collective of its own; idle, it would
+ * leave the others waiting until the group's deadline) at the others' second step, where the
+ * buckets are rebuilt: the count opens the step, so the others' failure says what to do
+ * (ddp_reducer_join), not that the rebuild failed. Last: it leaves the group failed. */
+static int case_forgot(ddp_group *g)
+{
+    run t;
+    if (make(g, &t, false, false))
+        return 1;
+    if (ddp_reducer_set_join(t.red, NULL, true) != DDP_OK)
+        return 1;
+    ddp_status st = DDP_OK, mark = DDP_OK;
+    for (int s = 0; s < (R == W - 1 ? 1 : 2) && st == DDP_OK; s++)
+        st = step_all(&t, &mark);
+    if (R == W - 1) {
+        CHECK(st == DDP_OK, "forgot join: the step failed: %s", ddp_reducer_last_error(t.red));
+        CHECK(ddp_barrier(g) != DDP_OK, "forgot join: a barrier against the others' step passed");
+    } else {
+        CHECK(st != DDP_OK && strstr(ddp_reducer_last_error(t.red), "ddp_reducer_join") &&
+                  !strstr(ddp_reducer_last_error(t.red), "rebuild"),
+              "a rank that did not join: status %d, '%s' (want the count's failure naming "
+              "ddp_reducer_join)",
+              (int)st, ddp_reducer_last_error(t.red));
+    }
+    drop(&t);
+    return 0;
+}
+
 /* Misuse: join without set_join; set_join's options differing across ranks. */
 static int case_misuse(ddp_group *g)
 {
@@ -427,7 +457,7 @@ int main(int argc, char **argv)
         case_run(g, "bf16", true, false, 1, true, 1) ||
         case_run(g, "sharded", false, true, 1, true, 2) ||
         case_run(g, "sharded, divided by the ranks training", false, true, 2, false, 1) ||
-        (W > 1 && case_throw(g)) || case_misuse(g);
+        (W > 1 && case_throw(g)) || case_misuse(g) || (W > 1 && case_forgot(g));
     if (R == 0 && !fails && !rc)
         printf("joincheck: all checks passed on %d ranks\n", W);
     ddp_group_destroy(g);
