@@ -165,7 +165,7 @@ ddp_status ddp_reducer_join(ddp_reducer *r, bool *others)
     r->joined = true;
     r->sync = true; /* the others' synced steps are the ones to match */
     ddp_reducer_zero_grad(r);
-    ddp_status st = ddp_reducer_finish(r);
+    ddp_status st = ddp__reducer_finish_step(r);
     r->sync = sync;
     if (st)
         return st;

@@ -370,6 +370,16 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
 {
     if (!r)
         return DDP_ERR_INVALID;
+    if (r->joined) /* its synced steps are join's: one more here would be one the others lack */
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "finish: this rank has joined (ddp_reducer_join: it ran out of "
+                           "inputs); call ddp_reducer_join, which takes part in the others' "
+                           "steps, until it says no other rank trains");
+    return ddp__reducer_finish_step(r);
+}
+
+ddp_status ddp__reducer_finish_step(ddp_reducer *r)
+{
     ddp_status st = r->join_err;
     if (st) { /* the count failed the step at its first mark_ready: it ends here, as it did */
         r->join_err = DDP_OK;

@@ -216,6 +216,9 @@ void ddp__reducer_record_end(ddp_reducer *r, bool ok);
  * in r->err. */
 ddp_status ddp__reducer_rebuild(ddp_reducer *r);
 
+/* ddp_reducer_finish without its refusal on a joined rank: join's shadow step (reducer.c). */
+ddp_status ddp__reducer_finish_step(ddp_reducer *r);
+
 /* --- join.c --- */
 
 /* A synced step opens with uneven inputs on: counts the ranks still training (one allreduce) and

@@ -16,7 +16,7 @@
  *    others' later marks in that step return the same failure without communicating), and
  *    every rank trains again in the next epoch;
  *  - set_join's options differing across ranks are refused on every rank, naming them; join
- *    without set_join, and mark_ready on a joined rank, are refused;
+ *    without set_join, and mark_ready or finish on a joined rank, are refused;
  *  - a rank out of inputs that does not join: the others' failure names ddp_reducer_join (last:
  *    the group is failed after it).
  * With --device cuda the same runs on a GPU group (the test-only fake GPU under
@@ -267,6 +267,9 @@ static int epoch(run *t, int e, int micro)
             CHECK(ddp_reducer_mark_ready(red, 0) == DDP_ERR_INVALID &&
                       strstr(ddp_reducer_last_error(red), "has joined"),
                   "mark_ready on a joined rank: not refused (%s)", ddp_reducer_last_error(red));
+            CHECK(ddp_reducer_finish(red) == DDP_ERR_INVALID &&
+                      strstr(ddp_reducer_last_error(red), "has joined"),
+                  "finish on a joined rank: not refused (%s)", ddp_reducer_last_error(red));
         }
         if (sgd(t))
             return 1;
