@@ -34,6 +34,7 @@ void ddp__reducer_record_end(ddp_reducer *r, bool ok)
         r->rebuild = DDP__REBUILD_DONE;
         return;
     }
+    r->record_marked = r->nseen > 0; /* a rank that had joined (join.c) marked nothing */
     for (size_t k = 0; k < r->nparams; k++)
         if (!r->ready[r->order[k]])
             r->seen[r->nseen++] = r->order[k];
@@ -55,7 +56,8 @@ ddp_status ddp__reducer_rebuild(ddp_reducer *r)
     r->rebuild = DDP__REBUILD_DONE; /* once, whatever happens */
     size_t n = r->nparams, W = (size_t)r->W;
     ddp_status st = DDP_ERR_NOMEM;
-    int64_t *mine = calloc(n + 1, sizeof(int64_t)), *all = malloc(sizeof(int64_t) * (n + 1) * W);
+    size_t row = n + 2; /* the order, async, whether it marked anything */
+    int64_t *mine = calloc(row, sizeof(int64_t)), *all = malloc(sizeof(int64_t) * row * W);
     size_t *no = malloc(sizeof(size_t) * n), *nbo = malloc(sizeof(size_t) * n);
     size_t *noff = malloc(sizeof(size_t) * n);
     bool *hit = calloc(n, sizeof(bool));
@@ -70,18 +72,25 @@ ddp_status ddp__reducer_rebuild(ddp_reducer *r)
     for (size_t k = 0; k < n; k++)
         mine[k] = k < r->nseen ? (int64_t)r->seen[k] : -1;
     mine[n] = r->async; /* overlap may differ across ranks: rebuild only if async on every one */
-    /* An allgather rather than a broadcast: ctl stages it on any group. Rank 0's row wins. */
-    if ((st = ddp__reducer_ctl(r, true, mine, all, n + 1, DDP_INT64, DDP_SUM))) {
+    mine[n + 1] = r->record_marked;
+    /* An allgather rather than a broadcast: ctl stages it on any group. Rank 0's row wins, or,
+     * where rank 0 had already joined (uneven inputs) and marked nothing, the first row of a
+     * rank that trained: a joined rank's record is only the buckets' order. */
+    if ((st = ddp__reducer_ctl(r, true, mine, all, row, DDP_INT64, DDP_SUM))) {
         ddp__reducer_errctx(r, st, "rebuilding the gradient buckets (rank 0's ready order)");
         goto out;
     }
     st = DDP_OK;
-    for (size_t k = 0; k < W; k++)
-        if (!all[k * (n + 1) + n])
+    size_t src = 0;
+    for (size_t k = W; k-- > 0;) {
+        if (!all[k * row + n])
             goto out; /* inline somewhere: a bucket is reduced on the caller's thread whatever
                          the order, so a new layout gains nothing there, and its copies cost */
+        if (all[k * row + n + 1])
+            src = k;
+    }
     for (size_t k = 0; k < n; k++) {
-        int64_t p = all[k];
+        int64_t p = all[src * row + k];
         if (p < 0 || (size_t)p >= n || hit[p])
             goto out; /* not a permutation (cannot happen): keep the layout */
         hit[p] = true;

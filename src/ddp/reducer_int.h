@@ -102,6 +102,7 @@ struct ddp_reducer {
     int rebuild;  /* DDP__REBUILD_*: where this reducer is in its one rebuild */
     size_t *seen; /* (nparams,) the first synced step's mark_ready order */
     size_t nseen;
+    bool record_marked;  /* that step marked something here (not a rank that had joined) */
     ddp__home_mem *home; /* after a rebuild: the gradients' memory (the old buckets'), else NULL */
     size_t nhome;
     size_t next_launch; /* first bucket not launched */

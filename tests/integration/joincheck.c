@@ -10,7 +10,8 @@
  *    training (divide_by_initial_world_size = false);
  *  - with no_sync micro-steps, bf16 compression, the sharded optimizer step, and two epochs on
  *    one reducer (the second with another rank shortest; on the progress thread the buckets are
- *    rebuilt while rank 0 has joined);
+ *    rebuilt while rank 0 has joined; and along the order of the ranks that trained when rank
+ *    0 joined before the first step);
  *  - stats.joined counts the ranks out of inputs at each step;
  *  - throw_on_early_termination fails every rank at the same step naming who ran out (the
  *    others' later marks in that step return the same failure without communicating), and
@@ -383,6 +384,38 @@ static int case_throw(ddp_group *g)
     return 0;
 }
 
+/* Rank 0 out of inputs from the start, the others marking in ORDER for two steps: the buckets
+ * are rebuilt (on the progress thread) along a rank that trained, not along rank 0's record,
+ * which is only the buckets' order. */
+static int case_rebuild_joined0(ddp_group *g)
+{
+    run t;
+    if (make(g, &t, false, false))
+        return 1;
+    if (ddp_reducer_set_join(t.red, NULL, true) != DDP_OK)
+        return 1;
+    ddp_status st = DDP_OK;
+    bool others = true;
+    for (int s = 0; s < 2 && R > 0 && st == DDP_OK; s++) {
+        ddp_reducer_zero_grad(t.red);
+        for (int j = 0; j < NP && st == DDP_OK; j++)
+            st = ddp_reducer_mark_ready(t.red, (size_t)ORDER[j]);
+        st = st ? st : ddp_reducer_finish(t.red);
+    }
+    while (st == DDP_OK && others)
+        st = ddp_reducer_join(t.red, &others);
+    CHECK(st == DDP_OK, "rank 0 joined from the start: %s", ddp_reducer_last_error(t.red));
+    if (ddp_reducer_rebuilt(t.red))
+        for (int j = 0; j < NP; j++)
+            CHECK(ddp_reducer_bucket_of(t.red, (size_t)ORDER[j]) == (size_t)j,
+                  "rank 0 joined from the start: '%s' (marked at position %d) is in bucket %zu "
+                  "after the "
+                  "rebuild, want %d (the order of the ranks that trained)",
+                  t.names[ORDER[j]], j + 1, ddp_reducer_bucket_of(t.red, (size_t)ORDER[j]), j);
+    drop(&t);
+    return 0;
+}
+
 /* A rank out of inputs that does not join (here it calls a collective of its own; idle, it would
  * leave the others waiting until the group's deadline) at the others' second step, where the
  * buckets are rebuilt: the count opens the step, so the others' failure says what to do
@@ -462,7 +495,8 @@ int main(int argc, char **argv)
         case_run(g, "sharded", false, true, 1, true, 2) ||
         case_run(g, "sharded, divided by the ranks training", false, true, 2, false, 1) ||
         case_run(g, "sharded, bf16, divided by the ranks training", true, true, 2, false, 2) ||
-        (W > 1 && case_throw(g)) || case_misuse(g) || (W > 1 && case_forgot(g));
+        (W > 1 && case_throw(g)) || (W > 1 && case_rebuild_joined0(g)) || case_misuse(g) ||
+        (W > 1 && case_forgot(g));
     if (R == 0 && !fails && !rc)
         printf("joincheck: all checks passed on %d ranks\n", W);
     ddp_group_destroy(g);
