@@ -13,6 +13,7 @@
  *    rebuilt while rank 0 has joined; and along the order of the ranks that trained when rank
  *    0 joined before the first step);
  *  - stats.joined counts the ranks out of inputs at each step;
+ *  - epochs on one reducer: one rank joins early, then all at once, then join is turned off;
  *  - throw_on_early_termination fails every rank at the same step naming who ran out (the
  *    others' later marks in that step return the same failure without communicating), and
  *    every rank trains again in the next epoch;
@@ -384,6 +385,54 @@ static int case_throw(ddp_group *g)
     return 0;
 }
 
+/* The mean every rank holds after a step where the first n ranks trained (gradient q + 1). */
+static float mean_of(int n)
+{
+    return (float)(n * (n + 1) / 2) / (float)W;
+}
+
+/* Epochs on one reducer: the last rank joins early, then every rank joins at once, then join is
+ * turned off (set_join(…, false)): the steps are plain ones again and join is refused. */
+static int case_epochs_off(ddp_group *g)
+{
+    run t;
+    if (make(g, &t, false, false))
+        return 1;
+    if (ddp_reducer_set_join(t.red, NULL, true) != DDP_OK)
+        return 1;
+    for (int e = 0; e < 3; e++) {
+        if (e == 2 && ddp_reducer_set_join(t.red, NULL, false) != DDP_OK) {
+            fprintf(stderr, "joincheck: set_join off: %s\n", ddp_reducer_last_error(t.red));
+            return 1;
+        }
+        int mine = e == 0 ? (R == W - 1 ? 1 : 2) : e == 1 ? 1 : 2, s = 0;
+        ddp_status st = DDP_OK, mark = DDP_OK;
+        float gr[COUNT];
+        for (; s < mine && st == DDP_OK; s++) {
+            st = step_all(&t, &mark);
+            xfer(gr, ddp_reducer_grad(t.red, 0), sizeof gr);
+            int n = e == 0 && s == 1 ? W - 1 : W;
+            CHECK(st == DDP_OK && gr[0] == mean_of(n), "epochs, %d/%d: %d '%s', mean %g want %g", e,
+                  s, (int)st, ddp_reducer_last_error(t.red), (double)gr[0], (double)mean_of(n));
+        }
+        bool others = true;
+        for (int k = 0; e < 2 && others && st == DDP_OK; k++) {
+            st = ddp_reducer_join(t.red, &others);
+            xfer(gr, ddp_reducer_grad(t.red, 0), sizeof gr);
+            CHECK(st == DDP_OK && (!others || gr[0] == mean_of(W - 1)),
+                  "epochs, %d/join %d: %d '%s', mean %g want %g", e, k, (int)st,
+                  ddp_reducer_last_error(t.red), (double)gr[0], (double)mean_of(W - 1));
+        }
+        if (e == 2)
+            CHECK(ddp_reducer_join(t.red, &others) == DDP_ERR_INVALID,
+                  "join after set_join(false): not refused");
+        if (st)
+            return 1;
+    }
+    drop(&t);
+    return 0;
+}
+
 /* Rank 0 out of inputs from the start, the others marking in ORDER for two steps: the buckets
  * are rebuilt (on the progress thread) along a rank that trained, not along rank 0's record,
  * which is only the buckets' order. */
@@ -495,8 +544,8 @@ int main(int argc, char **argv)
         case_run(g, "sharded", false, true, 1, true, 2) ||
         case_run(g, "sharded, divided by the ranks training", false, true, 2, false, 1) ||
         case_run(g, "sharded, bf16, divided by the ranks training", true, true, 2, false, 2) ||
-        (W > 1 && case_throw(g)) || (W > 1 && case_rebuild_joined0(g)) || case_misuse(g) ||
-        (W > 1 && case_forgot(g));
+        (W > 1 && case_throw(g)) || case_epochs_off(g) || (W > 1 && case_rebuild_joined0(g)) ||
+        case_misuse(g) || (W > 1 && case_forgot(g));
     if (R == 0 && !fails && !rc)
         printf("joincheck: all checks passed on %d ranks\n", W);
     ddp_group_destroy(g);
