@@ -318,7 +318,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if (r->joined)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "mark_ready: this rank has joined (ddp_reducer_join: it ran out of "
-                           "inputs) and trains again only after every rank has joined");
+                           "inputs) and trains again only after every rank has; call "
+                           "ddp_reducer_join until it says no other rank trains");
     if (r->join_err) /* the count failed this step: the rest of its marks must not count again */
         return r->join_err;
     ddp_status st = step_refused(r, "mark_ready");
