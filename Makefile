@@ -10,6 +10,8 @@ BUILD    ?= build
 JOBS     ?= $(shell nproc)
 WERROR   ?= ON
 CTEST    := ctest --output-on-failure --no-tests=error
+# Two tests on the cores at once, and beside them up to two that mostly wait (tests/CMakeLists.txt)
+CTEST_J  := -j 4 --resource-spec-file $(CURDIR)/tests/ctest-resources.json
 
 .PHONY: all deps build demo demo-gpt test sanitize asan tsan fuzz bench clean
 
@@ -35,7 +37,7 @@ demo-gpt: build
 	    --config configs/gpt-fortunes.yaml --overwrite true
 
 test: build
-	cd $(BUILD) && $(CTEST) -j 2
+	cd $(BUILD) && $(CTEST) $(CTEST_J)
 
 # The sanitizer builds use the plain build's venv for python.tensorboard (made once).
 build-asan/CMakeCache.txt:
@@ -48,11 +50,11 @@ build-tsan/CMakeCache.txt:
 asan: deps build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(CTEST) -j 2
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 $(CTEST) $(CTEST_J)
 
 tsan: deps build-tsan/CMakeCache.txt
 	cmake --build build-tsan -j $(JOBS)
-	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST) -j 2
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST) $(CTEST_J)
 
 sanitize: asan tsan
 
