@@ -36,13 +36,15 @@ flags=()
 [ -z "$lib" ] && flags=(-DEMU_NO_LIBDDP) link=""
 # ASan+UBSan at -O0: the compile (4 s) is most of such a test — at -O2 it takes 18 s for a
 # program that then runs in under a second (flash's 35 s run excepted: 40 s either way)
-opt=-O2
+# Debug information only where a report uses it (the sanitizers' file:line): without it the plain
+# build's compile is a quarter shorter (flash: 12 → 9 s, for a 1.3 s run).
+opt=-O2 dbg=
 case $san in
-address) flags+=(-fsanitize=address,undefined -fno-omit-frame-pointer) opt=-O0 ;;
-thread) flags+=(-fsanitize=thread) ;;
+address) flags+=(-fsanitize=address,undefined -fno-omit-frame-pointer) opt=-O0 dbg=-g ;;
+thread) flags+=(-fsanitize=thread) dbg=-g ;;
 esac
 # shellcheck disable=SC2086
-"$cxx" -std=c++20 $opt -g -pthread "${flags[@]}" -Wall -Wno-unused-function -Wno-unknown-pragmas \
+"$cxx" -std=c++20 $opt $dbg -pthread "${flags[@]}" -Wall -Wno-unused-function -Wno-unknown-pragmas \
     -I"$src/include" -I"$src/src" -I"$src/tests/emu" -I"$work" -o "$work/${name}_emu" \
     "$src/tests/emu/${name}_emu.cpp" ${lib:+"$lib"} $link -lm -ldl
 "$work/${name}_emu" "$@"
