@@ -27,6 +27,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <string.h>
@@ -140,7 +141,19 @@ static void stranger(int port, const unsigned char *pre, size_t pn, const uint8_
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+    if (fd < 0)
+        fail("a stranger cannot make a socket", strerror(errno));
+    /* A signal (libFuzzer's timer) may interrupt the connect: it goes on in the background, so
+     * wait for it rather than give up (CI saw "Interrupted system call" here once). */
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    while (rc != 0 && (errno == EINTR || errno == EALREADY || errno == EINPROGRESS)) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        poll(&pf, 1, 100);
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+        if (rc != 0 && errno == EISCONN)
+            rc = 0;
+    }
+    if (rc != 0)
         fail("a stranger cannot connect to member 0", strerror(errno));
     struct linger lg = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
