@@ -99,7 +99,10 @@ static int worker(const ddp_world *w, void *arg)
         x[i] = (float)((w->rank + 1) * (int)(i % 7));
     if (!rc && ddp_allreduce(g, x, x, j->count, DDP_FLOAT32, DDP_SUM) != DDP_OK) {
         fprintf(stderr, "rank %d: %s\n", w->rank, ddp_group_last_error(g));
-        rc = 22;
+        /* As group.h asks of a program that stops on a group error: a peer's failure is
+         * reported as such, so the rank that failed first-hand is the one ddp_spawn names
+         * (otherwise this exit races the failing rank's own). */
+        rc = ddp_group_peer_failed(g) ? DDP_EXIT_PEER_FAILED : 22;
     }
     float tri = (float)(w->world_size * (w->world_size + 1) / 2);
     for (size_t i = 0; !rc && i < j->count; i++)
