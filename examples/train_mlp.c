@@ -25,6 +25,22 @@ static ddp_status mark_ready(void *red, size_t i)
     return ddp_reducer_mark_ready(red, i);
 }
 
+/* A checkpoint's optimizer state arriving in pieces on rank 0 (ddp_reducer_gather_state_sink):
+ * elements [first, first + count) of parameter i's state k, written where they belong. */
+typedef struct sink_ctx {
+    ddp_ckpt_writer *w;
+    const ddp_ckpt_train_state *st;
+    int k;
+    ddp_error *err;
+} sink_ctx;
+
+static ddp_status put_piece(void *ctx, size_t i, size_t first, const void *data, size_t count)
+{
+    sink_ctx *c = ctx;
+    return ddp_ckpt_writer_put(c->w, ddp_ckpt_train_tensor(c->st, i, c->k), first * sizeof(float),
+                               data, count * sizeof(float), c->err);
+}
+
 /* The next batch, starting the next epoch when this one is used up. */
 static ddp_status next_batch(ddp_loader *l, uint64_t *epoch, ddp_batch *b)
 {
@@ -68,6 +84,7 @@ int main(int argc, char **argv)
     ddp_model *m = NULL;
     ddp_optim *opt = NULL;
     ddp_reducer *red = NULL;
+    size_t *keep_lo = NULL, *keep_hi = NULL;
     ddp_param *rp = NULL;
     int rc = 1;
     char im[1024], lb[1024];
@@ -109,16 +126,27 @@ int main(int argc, char **argv)
     }
     /* DDP: the reducer checks every rank has this model and broadcasts rank 0's weights; the
      * model's gradients (and, with a sharded step, its weights) then live in its buckets. */
-    if (!(rp = calloc(np, sizeof *rp)))
+    if (!(rp = calloc(np, sizeof *rp)) || !(keep_lo = calloc(np, sizeof(size_t))) ||
+        !(keep_hi = calloc(np, sizeof(size_t))))
         goto out;
     for (size_t i = 0; i < np; i++)
         rp[i] = (ddp_param){p[i].name, p[i].count, DDP_FLOAT32, p[i].data, DDP_DEVICE_CPU};
-    if (ddp_reducer_create(g, rp, np, NULL, 0, NULL, &red, &err)) {
+    /* ZeRO-1: each rank steps its shard of every parameter and keeps the optimizer state of
+     * that shard only (1/world of it); with one rank the shard is everything. */
+    ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+    ro.shard_optimizer = true;
+    if (ddp_reducer_create(g, rp, np, NULL, 0, &ro, &red, &err)) {
         rc = fail("reducer", err.msg);
         goto out;
     }
-    for (size_t i = 0; i < np; i++)
+    for (size_t i = 0; i < np; i++) {
         ddp_model_bind(m, i, ddp_reducer_param(red, i), ddp_reducer_grad(red, i));
+        ddp_reducer_shard(red, i, &keep_lo[i], &keep_hi[i]);
+    }
+    if (ddp_optim_keep(opt, keep_lo, keep_hi)) {
+        rc = fail("optimizer", ddp_optim_last_error(opt));
+        goto out;
+    }
     ddp_lr_schedule ls = DDP_LR_SCHEDULE_INIT;
     ls.lr = 1e-3;
     ls.warmup_steps = 20;
@@ -155,28 +183,41 @@ int main(int argc, char **argv)
             printf("step %llu: loss %.4f (rank 0's batch), lr %.3g\n", (unsigned long long)step + 1,
                    out.loss, lr);
     }
-    /* Rank 0 saves; every rank holds the same weights and optimizer state. */
-    for (int k = 0; ckpt && k < ddp_optim_num_states(opt); k++)
-        if (ddp_reducer_gather_state(red, (void *const *)ddp_optim_state(opt, k))) {
+    /* Rank 0 saves: every rank holds the same weights; the optimizer's state, one shard per
+     * rank, goes from every rank into rank 0's file piece by piece (put_piece), so no rank
+     * ever holds all of it. Every rank must take part in the gathers. */
+    bool root = ddp_group_rank(g) == 0;
+    ddp_ckpt_train_state st = {.params = p, .n_params = np};
+    st.n_optim = ckpt ? ddp_optim_num_states(opt) : 0;
+    for (int k = 0; k < st.n_optim; k++)
+        st.optim_names[k] = ddp_optim_state_name(opt, k); /* optim[k] NULL: put later */
+    st.pos = (ddp_ckpt_train_pos){steps, 0, 0, (uint64_t)ddp_group_size(g), steps, 0.0f, 0};
+    sink_ctx sc = {NULL, &st, 0, &err};
+    int32_t opened = ckpt && (!root || ddp_ckpt_open_train(ckpt, &st, &sc.w, &err) == DDP_OK);
+    if (ckpt && ddp_broadcast(g, &opened, 1, DDP_INT32, 0) == DDP_OK && !opened)
+        rc = fail("checkpoint", root ? err.msg : "rank 0 could not open the file");
+    for (int k = 0; ckpt && opened && k < st.n_optim; k++) {
+        sc.k = k;
+        if (ddp_reducer_gather_state_sink(red, 0, (const void *const *)ddp_optim_state(opt, k),
+                                          root ? put_piece : NULL, &sc)) {
             rc = fail("checkpoint", ddp_reducer_last_error(red));
+            ddp_ckpt_writer_abort(sc.w);
             goto out;
         }
-    if (ckpt && ddp_group_rank(g) == 0) {
-        ddp_ckpt_train_state st = {.params = p, .n_params = np};
-        st.n_optim = ddp_optim_num_states(opt);
-        for (int k = 0; k < st.n_optim; k++) {
-            st.optim_names[k] = ddp_optim_state_name(opt, k);
-            st.optim[k] = ddp_optim_state(opt, k);
-        }
-        st.pos = (ddp_ckpt_train_pos){steps, 0, 0, (uint64_t)ddp_group_size(g), steps, 0.0f, 0};
-        if (ddp_ckpt_save_train(ckpt, &st, &err)) {
+    }
+    if (ckpt && opened && root) {
+        if (ddp_ckpt_writer_commit(sc.w, &err)) {
             rc = fail("checkpoint", err.msg);
             goto out;
         }
         printf("saved %s\n", ckpt);
     }
+    if (ckpt && !opened)
+        goto out;
     rc = ddp_barrier(g) ? fail("barrier", ddp_group_last_error(g)) : 0;
 out:
+    free(keep_lo);
+    free(keep_hi);
     ddp_reducer_destroy(red);
     free(rp);
     ddp_optim_destroy(opt);

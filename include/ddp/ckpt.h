@@ -59,6 +59,25 @@ ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
                          const char *const *meta_keys, const char *const *meta_vals, size_t nmeta,
                          ddp_error *err);
 
+/* The same save in steps, for data that is not all in memory at once (a sharded optimizer's
+ * state gathered piece by piece: ddptrain's checkpoints with shard_optimizer). open checks
+ * everything and writes the header and every tensor whose data is given; a tensor whose data is
+ * NULL (and whose size is not 0) is written later with put, in any order and in pieces — each
+ * byte once. commit checks that nothing is missing, computes the data's CRC, and ends as
+ * ddp_ckpt_save does (fsync, rename over path, fsync of the directory); it frees w whatever
+ * happens. abort (or a failed commit) removes the temporary file and leaves path as it was.
+ * The file is byte for byte the one ddp_ckpt_save writes from the same tensors. Errors as
+ * ddp_ckpt_save's; put: DDP_ERR_INVALID for bytes outside the tensor, of a tensor whose data
+ * was given, or put before, DDP_ERR_SYSTEM for the write (w stays usable: abort it). */
+typedef struct ddp_ckpt_writer ddp_ckpt_writer;
+ddp_status ddp_ckpt_writer_open(const char *path, const ddp_ckpt_tensor *t, size_t n,
+                                const char *const *meta_keys, const char *const *meta_vals,
+                                size_t nmeta, ddp_ckpt_writer **out, ddp_error *err);
+ddp_status ddp_ckpt_writer_put(ddp_ckpt_writer *w, size_t i, uint64_t offset, const void *data,
+                               size_t bytes, ddp_error *err);
+ddp_status ddp_ckpt_writer_commit(ddp_ckpt_writer *w, ddp_error *err);
+void ddp_ckpt_writer_abort(ddp_ckpt_writer *w); /* NULL is a no-op */
+
 /* ---- reading ----------------------------------------------------------------------------------
  */
 
@@ -172,6 +191,14 @@ typedef struct ddp_ckpt_train_state {
  * or an array of s that is NULL where its count is not 0 (params, buffers, optim_names[k],
  * optim[k]). */
 ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err);
+/* The same in steps (ddp_ckpt_writer above), for optimizer state that is not whole in memory
+ * (ZeRO-1's memory split: ddp_reducer_gather_state_sink): an optim[k] that is NULL is left for
+ * ddp_ckpt_writer_put — tensor ddp_ckpt_train_tensor(s, i, k) holds parameter i's state k,
+ * params[i].count floats — and ddp_ckpt_writer_commit ends the save. The file is the one
+ * ddp_ckpt_save_train writes from the same values. */
+ddp_status ddp_ckpt_open_train(const char *path, const ddp_ckpt_train_state *s,
+                               ddp_ckpt_writer **out, ddp_error *err);
+size_t ddp_ckpt_train_tensor(const ddp_ckpt_train_state *s, size_t i, int k);
 
 /* Reads a file written by ddp_ckpt_save_train into the memory s points at: every parameter's and
  * buffer's data, and every optimizer state array named in s (pos, loss and config in s are

@@ -24,6 +24,13 @@
  * ddp_reducer_gather_state (ddp_optim_state). The step number is the caller's (1-based, the
  * count of steps taken, this one included), so a resumed run passes on from its checkpoint.
  *
+ * ZeRO-1's memory split (torch's ZeroRedundancyOptimizer): with the reducer's sharded step, a
+ * rank steps only its shard, so it needs the state of that shard only. After the state is
+ * complete (created, or loaded from a checkpoint and shared), narrow it to the shard:
+ *       ddp_reducer_shard(red, i, &lo[i], &hi[i]) for each i;  ddp_optim_keep(opt, lo, hi);
+ * and each rank holds 1/world of the state. Before a checkpoint, rank `root` collects the whole
+ * state with ddp_reducer_gather_state_to (ddp/reducer.h) into arrays of its own.
+ *
  * Threads: one thread at a time, except that ddp_optim_step_range() calls on different
  * parameters, or on disjoint ranges of one, may run on several threads at once.
  */
@@ -74,10 +81,24 @@ void ddp_optim_destroy(ddp_optim *o); /* NULL is a no-op */
 
 /* How many state arrays each parameter has (sgd 1, adamw 2), their names ("momentum_buffer";
  * "exp_avg", "exp_avg_sq"; NULL for s out of range) and the arrays: state[i] is parameter i's,
- * (params[i].count,) fp32, owned by o (NULL for s out of range). */
+ * (params[i].count,) fp32 — or the kept elements only after ddp_optim_keep — owned by o (NULL
+ * for s out of range). */
 int ddp_optim_num_states(const ddp_optim *o);
 const char *ddp_optim_state_name(const ddp_optim *o, int s);
 float *const *ddp_optim_state(const ddp_optim *o, int s);
+
+/* Keeps the state of elements [lo[i], hi[i]) of each parameter i only (n ranges, each within
+ * what o keeps: a range can only narrow), with the values it had, and frees the rest. From then
+ * on ddp_optim_state(o, s)[i] holds hi[i] − lo[i] floats, element lo[i]'s first;
+ * ddp_optim_step_range refuses elements outside the range and ddp_optim_step steps the kept
+ * elements only. A failure (DDP_ERR_INVALID: a range outside the kept one, message on o;
+ * DDP_ERR_NOMEM) changes nothing. */
+ddp_status ddp_optim_keep(ddp_optim *o, const size_t *lo, const size_t *hi);
+/* The elements of parameter i whose state o keeps: [0, count) until ddp_optim_keep; [0, 0) for
+ * i out of range. */
+void ddp_optim_kept(const ddp_optim *o, size_t i, size_t *lo, size_t *hi);
+/* Whether ddp_optim_keep narrowed any parameter's state. */
+bool ddp_optim_narrowed(const ddp_optim *o);
 
 /* One update of elements [lo, hi) of parameter i, step `step` (1-based) at learning rate lr.
  * When grad_scale is not 1 the gradient elements are first multiplied by it in place (the

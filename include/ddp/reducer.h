@@ -187,6 +187,26 @@ ddp_status ddp_reducer_gather_params(ddp_reducer *r);
  * dtype), e.g. optimizer state before a checkpoint; through a scratch buffer, so the gradients
  * are untouched. Not during a step (between the first mark_ready and finish). */
 ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays);
+/* ZeRO-1's memory split (ddp_optim_keep, ddp/optim.h: each rank keeps the state of its shard
+ * only): every rank's shard to rank root, which gets whole arrays — torch's
+ * ZeroRedundancyOptimizer.consolidate_state_dict(to=root), e.g. before root saves a checkpoint.
+ * shards[i] holds this rank's shard of array i (the elements ddp_reducer_shard gives, the first
+ * at shards[i][0]; all of it when not sharded); whole[i] (root only: the others may pass NULL)
+ * receives params[i].count elements. Every rank must call it with the same root; not during a
+ * step. Through one bucket-sized scratch buffer per rank; the gradients are untouched. */
+ddp_status ddp_reducer_gather_state_to(ddp_reducer *r, int root, const void *const *shards,
+                                       void *const *whole);
+/* The same without whole arrays on the root: each piece goes to sink(ctx, i, first, data,
+ * count) there — elements [first, first + count) of array i, in host memory valid for the call,
+ * in no particular order, each element once — e.g. straight into a checkpoint file
+ * (ddp_ckpt_open_train, ddp_ckpt_writer_put), so that no rank ever holds the whole state. A
+ * sink's failure is returned (after the collectives ran to the end with the other ranks, which
+ * do not learn of it) and no later piece is given. Only root's sink is called (the others may
+ * pass NULL). A GPU group needs a sharded reducer for it. */
+typedef ddp_status (*ddp_state_sink)(void *ctx, size_t i, size_t first, const void *data,
+                                     size_t count);
+ddp_status ddp_reducer_gather_state_sink(ddp_reducer *r, int root, const void *const *shards,
+                                         ddp_state_sink sink, void *ctx);
 /* The L2 norm of the whole mean gradient, after finish() (sharded: over every rank's shard, one
  * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. */
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm);

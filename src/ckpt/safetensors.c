@@ -161,8 +161,10 @@ static int cmp_slot(const void *a, const void *b)
  * order[k] names the tensor stored k-th in the data and bytes[i] is tensor i's size. */
 static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_t n,
                                const char *const *mk, const char *const *mv, size_t nmeta,
-                               slot *order, uint64_t *bytes, json_t **root_out, ddp_error *err)
+                               bool deferred_ok, slot *order, uint64_t *bytes, json_t **root_out,
+                               bool *deferred, ddp_error *err)
 {
+    *deferred = false;
     ddp_status st = DDP_OK;
     json_t *root = json_object();
     if (!root)
@@ -226,11 +228,13 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
                           path, x->name, x->ndim, DDP_CKPT_MAX_DIMS);
             goto out_free;
         }
-        if (bytes[i] > 0 && !x->data) {
+        if (bytes[i] > 0 && !x->data && !deferred_ok) {
             st = ddp__err(err, DDP_ERR_INVALID, "saving checkpoint '%s': tensor '%s' has no data",
                           path, x->name);
             goto out_free;
         }
+        if (bytes[i] > 0 && !x->data)
+            *deferred = true;
         order[i] = (slot){i, ddp_dtype_size(x->dtype)};
     }
     qsort(order, n, sizeof *order, cmp_slot);
@@ -275,11 +279,13 @@ static ddp_status build_header(const char *path, const ddp_ckpt_tensor *t, size_
         }
         pos += bytes[i];
     }
+    /* With data still to come (ddp_ckpt_writer_put) the CRC is a placeholder of the same
+     * length, computed and written over it at the commit. */
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
-    for (size_t k = 0; k < n; k++)
+    for (size_t k = 0; k < n && !*deferred; k++)
         crc = data_crc(crc, t[order[k].idx].data, bytes[order[k].idx]);
     char hex[16];
-    snprintf(hex, sizeof hex, "%08x", (unsigned)crc);
+    snprintf(hex, sizeof hex, "%08x", *deferred ? 0u : (unsigned)crc);
     if (json_object_set_new(meta, CRC_KEY, json_string(hex)) != 0) {
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
         goto out_free;
@@ -292,36 +298,117 @@ out_free:
     return st;
 }
 
-ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
-                         const char *const *meta_keys, const char *const *meta_vals, size_t nmeta,
-                         ddp_error *err)
+/* Writes all of buf at file offset off, retrying on EINTR and short writes. 0 or an errno. */
+static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
 {
-    if (!path || !path[0] || (n > 0 && !t) || (nmeta > 0 && (!meta_keys || !meta_vals)))
+    const unsigned char *p = buf;
+    while (len > 0) {
+        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : (size_t)len;
+        ssize_t w = pwrite(fd, p, chunk, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (w == 0)
+            return EIO;
+        p += w;
+        len -= (uint64_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+struct ddp_ckpt_writer {
+    char *path, *tmp;
+    int fd;
+    size_t n;
+    uint64_t data_off; /* where the data section starts in the file */
+    uint64_t total;    /* its length */
+    uint64_t *off;     /* (n,): tensor i's offset in the data section */
+    uint64_t *bytes;   /* (n,): its length */
+    uint64_t *todo;    /* (n,): bytes still to put (0 for tensors written at the open) */
+    char **names;      /* (n,): for messages */
+    bool deferred;     /* some data comes through ddp_ckpt_writer_put */
+    uint64_t crc_at;   /* deferred: the file offset of the CRC's 8 hex digits */
+};
+
+static void writer_free(ddp_ckpt_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; w->names && i < w->n; i++)
+        free(w->names[i]);
+    free(w->names);
+    free(w->off);
+    free(w->bytes);
+    free(w->todo);
+    free(w->tmp);
+    free(w->path);
+    free(w);
+}
+
+void ddp_ckpt_writer_abort(ddp_ckpt_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0) {
+        close(w->fd);
+        unlink(w->tmp); /* best effort: the error that brought us here is the one to report */
+    }
+    writer_free(w);
+}
+
+static ddp_status writer_open(const char *path, const ddp_ckpt_tensor *t, size_t n,
+                              const char *const *meta_keys, const char *const *meta_vals,
+                              size_t nmeta, bool deferred_ok, ddp_ckpt_writer **out, ddp_error *err)
+{
+    if (!path || !path[0] || (n > 0 && !t) || (nmeta > 0 && (!meta_keys || !meta_vals)) || !out)
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_ckpt_save: path, and the tensor and metadata arrays when their counts "
                         "are non-zero, are required");
 
     ddp_status st = DDP_OK;
     slot *order = calloc(n ? n : 1, sizeof *order);
-    uint64_t *bytes = calloc(n ? n : 1, sizeof *bytes);
+    ddp_ckpt_writer *w = calloc(1, sizeof *w);
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0 || strchr(host, '/'))
         snprintf(host, sizeof host, "unknown");
     size_t tmp_cap = strlen(path) + strlen(host) + 40;
-    char *tmp = malloc(tmp_cap);
     json_t *root = NULL;
     char *hdr = NULL;
-    if (!order || !bytes || !tmp) {
+    if (w) {
+        w->fd = -1;
+        w->n = n;
+        w->path = strdup(path);
+        w->tmp = malloc(tmp_cap);
+        w->off = calloc(n ? n : 1, sizeof *w->off);
+        w->bytes = calloc(n ? n : 1, sizeof *w->bytes);
+        w->todo = calloc(n ? n : 1, sizeof *w->todo);
+        w->names = calloc(n ? n : 1, sizeof *w->names);
+    }
+    if (!order || !w || !w->path || !w->tmp || !w->off || !w->bytes || !w->todo || !w->names) {
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
         goto out_free;
     }
-    st = build_header(path, t, n, meta_keys, meta_vals, nmeta, order, bytes, &root, err);
+    st = build_header(path, t, n, meta_keys, meta_vals, nmeta, deferred_ok, order, w->bytes, &root,
+                      &w->deferred, err);
     if (st != DDP_OK)
         goto out_free;
     hdr = json_dumps(root, JSON_COMPACT);
     if (!hdr) {
         st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
         goto out_free;
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t i = order[k].idx;
+        w->off[i] = w->total;
+        w->total += w->bytes[i];
+        w->todo[i] = t[i].data ? 0 : w->bytes[i];
+        if (!(w->names[i] = strdup(t[i].name))) {
+            st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
+            goto out_free;
+        }
     }
 
     /* The header is padded with spaces (valid JSON whitespace) so the data starts 8-aligned. */
@@ -330,67 +417,176 @@ ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
     for (int i = 0; i < 8; i++)
         lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     static const char spaces[8] = "        ";
+    w->data_off = 8 + padded;
+    if (w->deferred) { /* the placeholder build_header wrote: its own key, once in the header */
+        const char *at = strstr(hdr, "\"" CRC_KEY "\":\"00000000\"");
+        if (!at) {
+            st =
+                ddp__err(err, DDP_ERR_SYSTEM, "saving checkpoint '%s': no CRC in the header", path);
+            goto out_free;
+        }
+        w->crc_at = 8 + (uint64_t)(at - hdr) + strlen("\"" CRC_KEY "\":\"");
+    }
 
     /* host and pid name the writer, so a later run can tell its own dead saves (ckpt.c) */
-    ddp__fmt(tmp, tmp_cap, "%s.tmp.%s.%ld", path, host, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
+    ddp__fmt(w->tmp, tmp_cap, "%s.tmp.%s.%ld", path, host, (long)getpid());
+    w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); /* read back for the CRC */
+    if (w->fd < 0) {
         st = ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
                       "cannot create checkpoint file '%s': %s; check that the directory exists "
                       "and is writable",
-                      tmp, strerror(errno));
+                      w->tmp, strerror(errno));
         goto out_free;
     }
-    int e = write_all(fd, lenbuf, 8);
+    int e = write_all(w->fd, lenbuf, 8);
     if (!e)
-        e = write_all(fd, hdr, hlen);
+        e = write_all(w->fd, hdr, hlen);
     if (!e)
-        e = write_all(fd, spaces, padded - hlen);
-    for (size_t k = 0; !e && k < n; k++)
-        e = write_all(fd, t[order[k].idx].data, bytes[order[k].idx]);
+        e = write_all(w->fd, spaces, padded - hlen);
+    for (size_t k = 0; !e && k < n; k++) {
+        size_t i = order[k].idx;
+        if (t[i].data)
+            e = pwrite_all(w->fd, t[i].data, w->bytes[i], w->data_off + w->off[i]);
+    }
+    /* deferred data: the file has its whole length now; ddp_ckpt_writer_put fills the holes */
+    if (!e && w->deferred && ftruncate(w->fd, (off_t)(w->data_off + w->total)) != 0)
+        e = errno;
     if (e) {
         st = ddp__err(err, DDP_ERR_SYSTEM,
                       "writing checkpoint '%s' failed: %s; check free disk space and file-size "
                       "limits (the previous checkpoint, if any, is unchanged)",
-                      tmp, strerror(e));
-        goto out_close;
+                      w->tmp, strerror(e));
+        goto out_free;
     }
-    if (fsync(fd) != 0) {
+    *out = w;
+    w = NULL;
+out_free:
+    ddp_ckpt_writer_abort(w);
+    free(hdr);
+    json_decref(root);
+    free(order);
+    return st;
+}
+
+ddp_status ddp_ckpt_writer_open(const char *path, const ddp_ckpt_tensor *t, size_t n,
+                                const char *const *meta_keys, const char *const *meta_vals,
+                                size_t nmeta, ddp_ckpt_writer **out, ddp_error *err)
+{
+    return writer_open(path, t, n, meta_keys, meta_vals, nmeta, true, out, err);
+}
+
+ddp_status ddp_ckpt_writer_put(ddp_ckpt_writer *w, size_t i, uint64_t offset, const void *data,
+                               size_t bytes, ddp_error *err)
+{
+    if (!w || i >= w->n || (bytes && !data) || offset > w->bytes[i] ||
+        bytes > w->bytes[i] - offset || bytes > w->todo[i])
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "checkpoint '%s': bytes [%llu, %llu) of tensor %zu ('%s') are not %s",
+                        w ? w->path : "?", (unsigned long long)offset,
+                        (unsigned long long)(offset + bytes), i, w && i < w->n ? w->names[i] : "?",
+                        w && i < w->n && !w->todo[i] ? "still to come (its data was given, or "
+                                                       "put whole already)"
+                                                     : "in it");
+    int e = pwrite_all(w->fd, data, bytes, w->data_off + w->off[i] + offset);
+    if (e)
+        return ddp__err(err, DDP_ERR_SYSTEM,
+                        "writing checkpoint '%s' failed: %s; check free disk space and file-size "
+                        "limits (the previous checkpoint, if any, is unchanged)",
+                        w->tmp, strerror(e));
+    w->todo[i] -= bytes;
+    return DDP_OK;
+}
+
+/* The deferred file's CRC: its data section read back (from the page cache, as it was just
+ * written), then written over the header's placeholder. */
+static int write_crc(ddp_ckpt_writer *w)
+{
+    size_t cap = (size_t)1 << 20;
+    unsigned char *buf = malloc(cap);
+    if (!buf)
+        return ENOMEM;
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    for (uint64_t at = 0; at < w->total;) {
+        size_t want = w->total - at < cap ? (size_t)(w->total - at) : cap;
+        ssize_t r = pread(w->fd, buf, want, (off_t)(w->data_off + at));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(buf);
+            return e;
+        }
+        crc = data_crc(crc, buf, (uint64_t)r);
+        at += (uint64_t)r;
+    }
+    free(buf);
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)crc);
+    return pwrite_all(w->fd, hex, 8, w->crc_at);
+}
+
+ddp_status ddp_ckpt_writer_commit(ddp_ckpt_writer *w, ddp_error *err)
+{
+    if (!w)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_writer_commit: no writer");
+    ddp_status st = DDP_OK;
+    for (size_t i = 0; i < w->n; i++)
+        if (w->todo[i]) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "checkpoint '%s': tensor '%s' still lacks %llu of its %llu bytes: put "
+                          "all of it before the commit (nothing was saved)",
+                          w->path, w->names[i], (unsigned long long)w->todo[i],
+                          (unsigned long long)w->bytes[i]);
+            goto out_abort;
+        }
+    int e = w->deferred ? write_crc(w) : 0;
+    if (e) {
+        st = ddp__err(err, DDP_ERR_SYSTEM,
+                      "writing checkpoint '%s' failed: %s; check free disk space and file-size "
+                      "limits (the previous checkpoint, if any, is unchanged)",
+                      w->tmp, strerror(e));
+        goto out_abort;
+    }
+    if (fsync(w->fd) != 0) {
         st = ddp__err(err, DDP_ERR_SYSTEM,
                       "fsync of checkpoint '%s' failed: %s (the previous checkpoint, if any, is "
                       "unchanged)",
-                      tmp, strerror(errno));
-        goto out_close;
+                      w->tmp, strerror(errno));
+        goto out_abort;
     }
     /* close() can report a deferred write error (NFS); EINTR leaves the fd closed on Linux. */
-    int rc = close(fd);
-    fd = -1;
+    int rc = close(w->fd);
+    w->fd = -1;
     if (rc != 0 && errno != EINTR) {
-        st = ddp__err(err, DDP_ERR_SYSTEM, "closing checkpoint '%s' failed: %s", tmp,
+        st = ddp__err(err, DDP_ERR_SYSTEM, "closing checkpoint '%s' failed: %s", w->tmp,
                       strerror(errno));
-        goto out_unlink;
+        unlink(w->tmp);
+        goto out_free;
     }
-    if (rename(tmp, path) != 0) {
+    if (rename(w->tmp, w->path) != 0) {
         st = ddp__err(err, DDP_ERR_SYSTEM,
                       "cannot rename '%s' to '%s': %s (the previous checkpoint, if any, is "
                       "unchanged)",
-                      tmp, path, strerror(errno));
-        goto out_unlink;
+                      w->tmp, w->path, strerror(errno));
+        unlink(w->tmp);
+        goto out_free;
     }
-    st = fsync_parent(path, err);
-    goto out_free;
-
-out_close:
-    close(fd);
-out_unlink:
-    unlink(tmp); /* best effort: the error that brought us here is the one to report */
+    st = fsync_parent(w->path, err);
 out_free:
-    free(hdr);
-    json_decref(root);
-    free(tmp);
-    free(bytes);
-    free(order);
+    writer_free(w);
     return st;
+out_abort:
+    ddp_ckpt_writer_abort(w);
+    return st;
+}
+
+ddp_status ddp_ckpt_save(const char *path, const ddp_ckpt_tensor *t, size_t n,
+                         const char *const *meta_keys, const char *const *meta_vals, size_t nmeta,
+                         ddp_error *err)
+{
+    ddp_ckpt_writer *w = NULL;
+    ddp_status st = writer_open(path, t, n, meta_keys, meta_vals, nmeta, false, &w, err);
+    return st ? st : ddp_ckpt_writer_commit(w, err);
 }
 
 /* ---- reading ----------------------------------------------------------------------------------

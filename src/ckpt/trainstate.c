@@ -32,7 +32,8 @@ static char *state_name(const char *param, const char *state)
 
 /* The views of s are usable: the state count in range, and every array present where its count
  * is not 0 (a NULL one is the caller's mistake, reported rather than dereferenced). */
-static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, bool whole,
+                              ddp_error *err)
 {
     if (s->n_optim < 0 || s->n_optim > DDP_CKPT_MAX_OPTIM_STATES)
         return ddp__err(err, DDP_ERR_INVALID,
@@ -47,7 +48,7 @@ static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, d
     for (; !missing && s->n_params > 0 && o < s->n_optim; o++) {
         if (!s->optim_names[o])
             missing = "optim_names";
-        else if (!s->optim[o])
+        else if (!s->optim[o] && whole)
             missing = "optim";
         if (missing)
             break;
@@ -65,11 +66,14 @@ static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, d
                     path, what, s->n_params, s->n_buffers);
 }
 
-ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+/* save_train's body: the tensors of s into a writer (w NULL: saved at once; else opened, the
+ * optimizer states whose arrays are NULL left for ddp_ckpt_writer_put). */
+static ddp_status save_train(const char *path, const ddp_ckpt_train_state *s, ddp_ckpt_writer **w,
+                             ddp_error *err)
 {
     if (!path || !s)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_save_train: path and state are required");
-    ddp_status st0 = check_state(path, s, err);
+    ddp_status st0 = check_state(path, s, !w, err);
     if (st0 != DDP_OK)
         return st0;
     if (s->pos.world_size == 0) /* ddp_ckpt_load_train refuses it */
@@ -101,7 +105,7 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
                                       .dtype = DDP_FLOAT32,
                                       .ndim = 1,
                                       .shape = {(int64_t)p->count},
-                                      .data = s->optim[o][i]};
+                                      .data = s->optim[o] ? s->optim[o][i] : NULL};
             k++;
         }
     }
@@ -126,13 +130,32 @@ ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, 
     const char *vals[] = {DDP_CKPT_TRAIN_FORMAT,      step, epoch, nb,    ws, loss,
                           s->config ? s->config : "", ost,  scale, growth};
     size_t nk = s->pos.loss_scale > 0 ? 10 : 7; /* the scaler's keys only with fp16 */
-    st = ddp_ckpt_save(path, ts, k, keys, vals, nk, err);
+    st = w ? ddp_ckpt_writer_open(path, ts, k, keys, vals, nk, w, err)
+           : ddp_ckpt_save(path, ts, k, keys, vals, nk, err);
 out_free:
     for (size_t i = 0; names && i < n; i++)
         free(names[i]);
     free(names);
     free(ts);
     return st;
+}
+
+ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+{
+    return save_train(path, s, NULL, err);
+}
+
+ddp_status ddp_ckpt_open_train(const char *path, const ddp_ckpt_train_state *s,
+                               ddp_ckpt_writer **out, ddp_error *err)
+{
+    if (!out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_open_train: no writer to return");
+    return save_train(path, s, out, err);
+}
+
+size_t ddp_ckpt_train_tensor(const ddp_ckpt_train_state *s, size_t i, int o)
+{
+    return i * (1 + (size_t)s->n_optim) + 1 + (size_t)o;
 }
 
 /* Copies the F32 tensor `name` of count elements from c into dst; DDP_ERR_INVALID if the file has
@@ -180,7 +203,7 @@ ddp_status ddp_ckpt_load_train(const char *path, const ddp_ckpt_train_state *s,
 {
     if (!path || !s)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_load_train: path and state are required");
-    ddp_status st = check_state(path, s, err);
+    ddp_status st = check_state(path, s, true, err);
     if (st != DDP_OK)
         return st;
     ddp_ckpt *c;

@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ddp/nn.h"
 #include "ddp/optim.h"
@@ -105,7 +106,8 @@ struct ddp_optim {
     const ddp_model_param *params; /* (n,), borrowed */
     size_t n;
     int nstate;
-    float **state[DDP_OPTIM_MAX_STATES]; /* state[s][i]: (params[i].count,) */
+    float **state[DDP_OPTIM_MAX_STATES]; /* state[s][i]: (hi[i] − lo[i],), element lo[i] first */
+    size_t *lo, *hi;                     /* (n,): the elements kept, [0, count) until narrowed */
     char err[DDP_ERRMSG_MAX];
 };
 
@@ -139,6 +141,11 @@ ddp_status ddp_optim_create(const ddp_optim_opts *opts, const ddp_model_param *p
     opt->params = params;
     opt->n = n;
     opt->nstate = o.kind == DDP_OPTIM_ADAMW ? 2 : 1;
+    if (!(opt->lo = calloc(n ? n : 1, sizeof *opt->lo)) ||
+        !(opt->hi = calloc(n ? n : 1, sizeof *opt->hi)))
+        goto out_free;
+    for (size_t i = 0; i < n; i++)
+        opt->hi[i] = params[i].count;
     for (int s = 0; s < opt->nstate; s++) {
         if (!(opt->state[s] = calloc(n ? n : 1, sizeof *opt->state[s])))
             goto out_free;
@@ -163,7 +170,68 @@ void ddp_optim_destroy(ddp_optim *o)
             free(o->state[s][i]);
         free(o->state[s]);
     }
+    free(o->lo);
+    free(o->hi);
     free(o);
+}
+
+ddp_status ddp_optim_keep(ddp_optim *o, const size_t *lo, const size_t *hi)
+{
+    if (o->n && (!lo || !hi))
+        return ddp__errmsg(o->err, DDP_ERR_INVALID, "optimizer keep: no ranges");
+    for (size_t i = 0; i < o->n; i++)
+        if (lo[i] > hi[i] || lo[i] < o->lo[i] || hi[i] > o->hi[i])
+            return ddp__errmsg(o->err, DDP_ERR_INVALID,
+                               "optimizer keep: elements [%zu, %zu) of parameter %zu ('%s'), but "
+                               "it keeps the state of [%zu, %zu) only: a range can only narrow",
+                               lo[i], hi[i], i, o->params[i].name ? o->params[i].name : "",
+                               o->lo[i], o->hi[i]);
+    /* All new arrays first, so that a failure changes nothing. */
+    float **fresh[DDP_OPTIM_MAX_STATES] = {NULL};
+    bool ok = true;
+    for (int s = 0; s < o->nstate && ok; s++) {
+        ok = (fresh[s] = calloc(o->n ? o->n : 1, sizeof *fresh[s])) != NULL;
+        for (size_t i = 0; i < o->n && ok; i++)
+            ok =
+                (fresh[s][i] = malloc(sizeof(float) * (hi[i] > lo[i] ? hi[i] - lo[i] : 1))) != NULL;
+    }
+    if (!ok) {
+        for (int s = 0; s < o->nstate; s++) {
+            for (size_t i = 0; fresh[s] && i < o->n; i++)
+                free(fresh[s][i]);
+            free(fresh[s]);
+        }
+        return ddp__errmsg(o->err, DDP_ERR_NOMEM, "out of memory narrowing the optimizer's state");
+    }
+    for (int s = 0; s < o->nstate; s++) {
+        for (size_t i = 0; i < o->n; i++) {
+            if (hi[i] > lo[i])
+                memcpy(fresh[s][i], o->state[s][i] + (lo[i] - o->lo[i]),
+                       sizeof(float) * (hi[i] - lo[i]));
+            free(o->state[s][i]);
+        }
+        free(o->state[s]);
+        o->state[s] = fresh[s];
+    }
+    for (size_t i = 0; i < o->n; i++) {
+        o->lo[i] = lo[i];
+        o->hi[i] = hi[i];
+    }
+    return DDP_OK;
+}
+
+void ddp_optim_kept(const ddp_optim *o, size_t i, size_t *lo, size_t *hi)
+{
+    *lo = i < o->n ? o->lo[i] : 0;
+    *hi = i < o->n ? o->hi[i] : 0;
+}
+
+bool ddp_optim_narrowed(const ddp_optim *o)
+{
+    for (size_t i = 0; i < o->n; i++)
+        if (o->lo[i] != 0 || o->hi[i] != o->params[i].count)
+            return true;
+    return false;
 }
 
 int ddp_optim_num_states(const ddp_optim *o)
@@ -190,6 +258,14 @@ ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, ui
                            "%zu elements)",
                            lo, hi, i, o->n, i < o->n ? o->params[i].count : 0);
     }
+    if (lo < hi && (lo < o->lo[i] || hi > o->hi[i]))
+        return ddp__errmsg(o->err, DDP_ERR_INVALID,
+                           "optimizer step: elements [%zu, %zu) of parameter %zu, but the "
+                           "optimizer keeps the state of [%zu, %zu) only (ddp_optim_keep): step "
+                           "the reducer's shard (ddp_reducer_shard)",
+                           lo, hi, i, o->lo[i], o->hi[i]);
+    if (lo == hi)
+        return DDP_OK;
     const ddp_model_param *p = &o->params[i];
     float *w = p->data + lo, *g = p->grad + lo;
     size_t n = hi - lo;
@@ -198,17 +274,17 @@ ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, ui
             g[k] *= grad_scale;
     float wd = p->decay ? o->opts.weight_decay : 0.0f;
     if (o->opts.kind == DDP_OPTIM_ADAMW)
-        ddp_nn_adamw_step(w, g, o->state[0][i] + lo, o->state[1][i] + lo, n, lr, o->opts.beta1,
-                          o->opts.beta2, o->opts.eps, wd, step);
+        ddp_nn_adamw_step(w, g, o->state[0][i] + (lo - o->lo[i]), o->state[1][i] + (lo - o->lo[i]),
+                          n, lr, o->opts.beta1, o->opts.beta2, o->opts.eps, wd, step);
     else
-        ddp_nn_sgd_step(w, g, o->state[0][i] + lo, n, lr, o->opts.momentum, wd, step);
+        ddp_nn_sgd_step(w, g, o->state[0][i] + (lo - o->lo[i]), n, lr, o->opts.momentum, wd, step);
     return DDP_OK;
 }
 
 void ddp_optim_step(ddp_optim *o, uint64_t step, float lr, float grad_scale)
 {
     for (size_t i = 0; i < o->n; i++)
-        ddp_optim_step_range(o, i, 0, o->params[i].count, step, lr, grad_scale);
+        ddp_optim_step_range(o, i, o->lo[i], o->hi[i], step, lr, grad_scale);
 }
 
 const char *ddp_optim_last_error(const ddp_optim *o)

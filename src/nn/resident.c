@@ -251,6 +251,10 @@ static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_hos
                            "sync: the optimizer has %d state arrays, the device's %d: another "
                            "kind of optimizer",
                            ns, want);
+    if (opt && ddp_optim_narrowed(opt))
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "sync: the optimizer keeps part of its state only (ddp_optim_keep), "
+                           "the device's is whole: sync with an optimizer that was not narrowed");
     ddp_status st =
         to_host ? get_params(r, r->pgrad, &e)
                 : upload(r, (const float *const *)r->pgrad, (const float *const *)r->bout, &e);

@@ -7,6 +7,7 @@
  * to one bucket for all. All of it three times: plain, with the sharded optimizer step (ZeRO-1:
  * the shards partition every parameter, each holds the exact mean, a step there and
  * gather_params give every rank the whole update, gather_state completes state arrays,
+ * gather_state_to collects shards kept alone (ZeRO-1's memory split) on one rank,
  * grad_norm is the whole norm, and a spent or ungathered step is refused), and sharded with
  * bfloat16 gradients.
  *
@@ -43,6 +44,28 @@ static bool on_gpu;
             fails++;                                                                               \
         }                                                                                          \
     } while (0)
+
+/* gather_state_sink's pieces on the root: each element of each array once, into got[]. */
+typedef struct sink_ctx {
+    float *got[NP];
+    unsigned char *seen[NP];
+    const size_t *counts;
+    int calls, fail_at; /* fail_at > 0: refuse that call */
+    bool twice;
+} sink_ctx;
+
+static ddp_status sink_piece(void *ctx, size_t i, size_t first, const void *data, size_t count)
+{
+    sink_ctx *c = ctx;
+    if (++c->calls == c->fail_at)
+        return DDP_ERR_SYSTEM;
+    if (i >= NP || first + count > c->counts[i])
+        return DDP_ERR_INVALID;
+    memcpy(c->got[i] + first, data, sizeof(float) * count);
+    for (size_t k = first; k < first + count; k++)
+        c->twice |= c->seen[i][k]++ != 0;
+    return DDP_OK;
+}
 
 int main(int argc, char **argv)
 {
@@ -248,6 +271,82 @@ int main(int argc, char **argv)
             }
             CHECK(ddp_reducer_gather_state(red, (void *const *)state) == DDP_OK,
                   "%s: gather_state: %s", mode, ddp_reducer_last_error(red));
+            /* ZeRO-1's memory split: each rank holds its shard alone (ddp_optim_keep), and
+             * gather_state_to gives rank `root` (another one each step) the whole arrays. */
+            {
+                int root = step % W;
+                float *part[NP], *whole[NP];
+                for (int i = 0; i < NP; i++) {
+                    size_t lo, hi;
+                    ddp_reducer_shard(red, (size_t)i, &lo, &hi);
+                    part[i] = dalloc(sizeof(float) * (hi > lo ? hi - lo : 1));
+                    for (size_t k = lo; k < hi; k++)
+                        h[i][k - lo] = 3.0f * (float)k - (float)i;
+                    xfer(part[i], h[i], sizeof(float) * (hi - lo));
+                    whole[i] = R == root ? dalloc(sizeof(float) * counts[i]) : NULL;
+                }
+                CHECK(ddp_reducer_gather_state_to(red, root, (const void *const *)part,
+                                                  R == root ? (void *const *)whole : NULL) ==
+                          DDP_OK,
+                      "%s: gather_state_to %d: %s", mode, root, ddp_reducer_last_error(red));
+                /* root without arrays: refused on every rank that communicates (unsharded,
+                 * the others have nothing to send), no rank left waiting */
+                ddp_status sw =
+                    ddp_reducer_gather_state_to(red, root, (const void *const *)part, NULL);
+                bool refused = R == root || ddp_reducer_sharded(red);
+                CHECK(refused ? sw == DDP_ERR_INVALID &&
+                                    strstr(ddp_reducer_last_error(red), "no arrays")
+                              : sw == DDP_OK,
+                      "%s: gather_state_to without arrays on the root: %d %s", mode, (int)sw,
+                      ddp_reducer_last_error(red));
+                /* The same pieces into a sink on the root (a checkpoint file, in ddptrain):
+                 * every element once; a sink that refuses its second piece fails the root's
+                 * call alone, and nobody is left waiting. A GPU group needs a sharded reducer. */
+                sink_ctx sc = {.counts = counts};
+                for (int i = 0; i < NP && R == root; i++) {
+                    sc.got[i] = calloc(counts[i], sizeof(float));
+                    sc.seen[i] = calloc(counts[i], 1);
+                }
+                bool sinkable = !on_gpu || ddp_reducer_sharded(red);
+                ddp_status ss = ddp_reducer_gather_state_sink(red, root, (const void *const *)part,
+                                                              R == root ? sink_piece : NULL, &sc);
+                CHECK(sinkable || R != root ? ss == DDP_OK : ss == DDP_ERR_INVALID,
+                      "%s: gather_state_sink %d: %s", mode, root, ddp_reducer_last_error(red));
+                for (int i = 0; i < NP && R == root && sinkable; i++)
+                    for (size_t k = 0; k < counts[i]; k++)
+                        if (sc.seen[i][k] != 1 || sc.got[i][k] != 3.0f * (float)k - (float)i) {
+                            CHECK(0, "%s cap %zu: gather_state_sink %d: %d[%zu] = %g seen %d", mode,
+                                  caps[ci], root, i, k, sc.got[i][k], sc.seen[i][k]);
+                            break;
+                        }
+                CHECK(!sc.twice, "%s: gather_state_sink gave an element twice", mode);
+                sc.calls = 0;
+                sc.fail_at = 2;
+                ss = ddp_reducer_gather_state_sink(red, root, (const void *const *)part,
+                                                   R == root ? sink_piece : NULL, &sc);
+                CHECK(R != root ? ss == DDP_OK
+                                : ss == (sinkable ? DDP_ERR_SYSTEM : DDP_ERR_INVALID) &&
+                                      (!sinkable ||
+                                       (strstr(ddp_reducer_last_error(red), "the sink refused") &&
+                                        sc.calls == 2)),
+                      "%s: a refusing sink on %d: %d %s (%d calls)", mode, root, (int)ss,
+                      ddp_reducer_last_error(red), sc.calls);
+                for (int i = 0; i < NP && R == root; i++) {
+                    free(sc.got[i]);
+                    free(sc.seen[i]);
+                }
+                for (int i = 0; i < NP; i++) {
+                    if (R == root) {
+                        xfer(h[i], whole[i], sizeof(float) * counts[i]);
+                        for (size_t k = 0; k < counts[i]; k++)
+                            CHECK(h[i][k] == 3.0f * (float)k - (float)i,
+                                  "%s cap %zu: gather_state_to %d: %d[%zu] = %g, want %g", mode,
+                                  caps[ci], root, i, k, h[i][k], 3.0f * (float)k - (float)i);
+                        dfree(whole[i]);
+                    }
+                    dfree(part[i]);
+                }
+            }
             /* mean over ranks of accum × ((r+1)(i+1) + k%3), on this rank's shard */
             double ss = 0;
             for (int i = 0; i < NP; i++) {

@@ -202,6 +202,21 @@ done
 cmp -s shard_true.txt shard_false.txt || fail "sharded and unsharded steps give different weights or state"
 ok "sharded optimizer step = unsharded, bit for bit (weights and AdamW state, 3 ranks, clipping)"
 
+# ZeRO-1's memory split: each rank keeps a third of the AdamW state, rank 0 gathers it for the
+# checkpoint (the file above), and a run resumed from a sharded checkpoint taken at step 6
+# (every rank loads the whole state, then keeps its third) ends where the unsharded run did.
+assert_contains shard_true.out "optimizer step sharded (ZeRO-1), each rank keeping 1/3 of its state"
+for leg in 1 2; do
+    "$DDPRUN" --standalone --nproc_per_node=3 "$TRAIN" "${args[@]}" --checkpoint.every 6 \
+        --checkpoint.keep 3 --shard_optimizer true --out_dir halves --resume_from auto \
+        >halves$leg.out 2>&1 || { cat halves$leg.out; fail "sharded halves, leg $leg"; }
+    [ $leg = 2 ] || rm halves/checkpoints/step12.safetensors
+done
+assert_contains halves2.out "resumed from halves/checkpoints/step6.safetensors at step 6"
+"$DUMP" dump halves/checkpoints/step12.safetensors | grep -v '^M ' >halves.txt
+cmp -s halves.txt shard_false.txt || fail "a sharded run resumed at step 6 differs from the unsharded run"
+ok "ZeRO-1's memory split: 1/3 of the state per rank, gathered to save, resumed bit for bit"
+
 # Buckets rebuilt along backward's order (on the progress thread, unsharded, small buckets)
 # change no bit either: the same weights and AdamW state as with rebuild_buckets false.
 for rb in true false; do

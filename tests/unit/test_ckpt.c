@@ -721,6 +721,98 @@ static void test_train_state(void **state)
     assert_non_null(strstr(e2.msg, "is ddpc's own"));
 }
 
+/* The save in steps (ddp_ckpt_writer): tensors left out at the open and put later in pieces,
+ * out of order, give the very bytes ddp_ckpt_save writes (the CRC computed at the commit);
+ * the same for a trainer state's optimizer arrays (ddp_ckpt_open_train); pieces outside a
+ * tensor, twice, or of a tensor whose data was given are refused; a commit with bytes missing
+ * saves nothing and leaves the file at the path as it was; abort leaves no temporary file. */
+static void test_writer(void **state)
+{
+    (void)state;
+    char whole[512], steps[512];
+    path_of(whole, "whole.safetensors");
+    path_of(steps, "steps.safetensors");
+    sample_data d;
+    fill(&d);
+    ddp_ckpt_tensor t[8];
+    size_t n = sample_tensors(&d, t);
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save(whole, t, n, mkeys, mvals, 3, &err), DDP_OK);
+    t[1].data = NULL; /* fc.weight: 12 floats, put in three pieces, last first */
+    t[5].data = NULL; /* counts: 7 int32, in one */
+    ddp_ckpt_writer *w = NULL;
+    if (ddp_ckpt_writer_open(steps, t, n, mkeys, mvals, 3, &w, &err) != DDP_OK)
+        fail_msg("open: %s", err.msg);
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 32, d.f32 + 8, 16, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 0, d.f32, 20, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_writer_put(w, 5, 0, d.i32, sizeof d.i32, &err), DDP_OK);
+    /* refused: past the end, more than is left, a tensor given at the open */
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 40, d.f32, 16, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "bytes [40, 56) of tensor 1 ('fc.weight')"));
+    assert_int_equal(ddp_ckpt_writer_put(w, 5, 0, d.i32, 4, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_ckpt_writer_put(w, 0, 0, d.u8, 1, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "still to come"));
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 20, d.f32 + 5, 12, &err), DDP_OK);
+    if (ddp_ckpt_writer_commit(w, &err) != DDP_OK)
+        fail_msg("commit: %s", err.msg);
+    size_t na, nb;
+    unsigned char *a = read_bytes(whole, &na), *b = read_bytes(steps, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(b);
+    /* a commit with 4 bytes missing: refused, nothing saved, the old file untouched */
+    assert_int_equal(ddp_ckpt_writer_open(steps, t, n, mkeys, mvals, 3, &w, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 0, d.f32, 44, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_writer_put(w, 5, 0, d.i32, sizeof d.i32, &err), DDP_OK);
+    assert_int_equal(ddp_ckpt_writer_commit(w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "'fc.weight' still lacks 4 of its 48 bytes"));
+    b = read_bytes(steps, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(b);
+    free(a);
+    /* abort: no temporary file left beside it */
+    assert_int_equal(ddp_ckpt_writer_open(steps, t, n, mkeys, mvals, 3, &w, &err), DDP_OK);
+    ddp_ckpt_writer_abort(w);
+    ddp_ckpt_writer_abort(NULL);
+    DIR *dd = opendir(dir);
+    assert_non_null(dd);
+    struct dirent *de;
+    while ((de = readdir(dd)))
+        if (strstr(de->d_name, ".tmp."))
+            fail_msg("%s left behind", de->d_name);
+    closedir(dd);
+    /* a tensor without data is refused by ddp_ckpt_save, as before */
+    assert_int_equal(ddp_ckpt_save(steps, t, n, mkeys, mvals, 3, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "tensor 'fc.weight' has no data"));
+
+    /* A trainer state with its optimizer arrays put piece by piece = ddp_ckpt_save_train's. */
+    train_data td;
+    train_fill(&td, 1.0f);
+    ddp_ckpt_train_state s = train_state_of(&td, 2);
+    assert_int_equal(ddp_ckpt_save_train(whole, &s, &err), DDP_OK);
+    ddp_ckpt_train_state sd = s;
+    sd.optim[0] = sd.optim[1] = NULL;
+    if (ddp_ckpt_open_train(steps, &sd, &w, &err) != DDP_OK)
+        fail_msg("open_train: %s", err.msg);
+    for (int k = 1; k >= 0; k--)
+        for (size_t i = 0; i < 2; i++) {
+            size_t cnt = td.params[i].count;
+            const float *src = s.optim[k][i];
+            size_t ti = ddp_ckpt_train_tensor(&sd, i, k);
+            assert_int_equal(ddp_ckpt_writer_put(w, ti, 4, src + 1, 4 * (cnt - 1), &err), DDP_OK);
+            assert_int_equal(ddp_ckpt_writer_put(w, ti, 0, src, 4, &err), DDP_OK);
+        }
+    assert_int_equal(ddp_ckpt_writer_commit(w, &err), DDP_OK);
+    a = read_bytes(whole, &na);
+    b = read_bytes(steps, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    assert_int_equal(ddp_ckpt_open_train(steps, &sd, NULL, &err), DDP_ERR_INVALID);
+}
+
 static void expect_load_error(const char *path, const ddp_ckpt_train_state *s, const char *needle)
 {
     ddp_ckpt_train_pos pos = {7, 7, 7, 7, 7, 0.0f, 0};
@@ -1003,6 +1095,7 @@ int main(void)
         cmocka_unit_test(test_clean_stale),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_train_state),
+        cmocka_unit_test(test_writer),
         cmocka_unit_test(test_train_state_mismatch),
         cmocka_unit_test(test_train_state_bad_position),
         cmocka_unit_test(test_train_state_model),

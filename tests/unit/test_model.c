@@ -807,6 +807,80 @@ static void optimizer_shards(void **state)
     }
 }
 
+/* ZeRO-1's memory split: three optimizers over the same parameters, each narrowed to one third
+ * of every parameter's state (ddp_optim_keep) after a step of its own, stepping their thirds,
+ * give the parameters and state of one whole optimizer, bit for bit; ddp_optim_step steps the
+ * kept elements only; a step outside them, or a keep that widens, is refused and changes
+ * nothing. */
+static void optimizer_keep(void **state)
+{
+    (void)state;
+    for (int kind = 0; kind < 2; kind++) {
+        float s1[40], s2[40];
+        ddp_model_param p[NP], q[NP];
+        make_params(p, s1);
+        make_params(q, s2);
+        ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+        oo.kind = kind ? DDP_OPTIM_ADAMW : DDP_OPTIM_SGD;
+        oo.weight_decay = 0.01f;
+        ddp_optim *whole, *part[3];
+        assert_int_equal(ddp_optim_create(&oo, p, NP, &whole, NULL), DDP_OK);
+        for (int r = 0; r < 3; r++)
+            assert_int_equal(ddp_optim_create(&oo, q, NP, &part[r], NULL), DDP_OK);
+        assert_false(ddp_optim_narrowed(part[0]));
+        size_t lo[3][NP], hi[3][NP];
+        for (int r = 0; r < 3; r++)
+            for (int i = 0; i < NP; i++) {
+                lo[r][i] = counts[i] * (size_t)r / 3;
+                hi[r][i] = counts[i] * (size_t)(r + 1) / 3;
+            }
+        /* step 1 whole on part[r]'s own third (the state it will keep is current), then keep */
+        ddp_optim_step(whole, 1, 0.1f, 1.0f);
+        for (int r = 0; r < 3; r++) {
+            for (int i = 0; i < NP; i++)
+                assert_int_equal(
+                    ddp_optim_step_range(part[r], (size_t)i, lo[r][i], hi[r][i], 1, 0.1f, 1.0f),
+                    DDP_OK);
+            assert_int_equal(ddp_optim_keep(part[r], lo[r], hi[r]), DDP_OK);
+            assert_true(ddp_optim_narrowed(part[r]));
+            for (int i = 0; i < NP; i++) {
+                size_t a, b;
+                ddp_optim_kept(part[r], (size_t)i, &a, &b);
+                assert_true(a == lo[r][i] && b == hi[r][i]);
+            }
+        }
+        for (uint64_t step = 2; step <= 4; step++) {
+            ddp_optim_step(whole, step, 0.1f, 0.75f);
+            for (int r = 0; r < 3; r++)
+                ddp_optim_step(part[r], step, 0.1f, 0.75f); /* its third */
+        }
+        for (int i = 0; i < NP; i++) {
+            assert_memory_equal(p[i].data, q[i].data, sizeof(float) * counts[i]);
+            for (int st = 0; st < ddp_optim_num_states(whole); st++)
+                for (int r = 0; r < 3; r++)
+                    assert_memory_equal(ddp_optim_state(whole, st)[i] + lo[r][i],
+                                        ddp_optim_state(part[r], st)[i],
+                                        sizeof(float) * (hi[r][i] - lo[r][i]));
+        }
+        /* refusals: outside the kept third, or widening it; nothing changes */
+        float before[12];
+        memcpy(before, q[2].data, sizeof before);
+        assert_int_equal(ddp_optim_step_range(part[1], 2, 0, 12, 5, 0.1f, 1.0f), DDP_ERR_INVALID);
+        assert_non_null(strstr(ddp_optim_last_error(part[1]), "keeps the state of [4, 8) only"));
+        assert_int_equal(ddp_optim_keep(part[1], lo[0], hi[0]), DDP_ERR_INVALID);
+        assert_non_null(strstr(ddp_optim_last_error(part[1]), "can only narrow"));
+        assert_memory_equal(before, q[2].data, sizeof before);
+        size_t a, b;
+        ddp_optim_kept(part[1], 2, &a, &b);
+        assert_true(a == 4 && b == 8);
+        ddp_optim_kept(part[1], NP, &a, &b);
+        assert_true(a == 0 && b == 0);
+        ddp_optim_destroy(whole);
+        for (int r = 0; r < 3; r++)
+            ddp_optim_destroy(part[r]);
+    }
+}
+
 static void optimizer_refusals(void **state)
 {
     (void)state;
@@ -979,6 +1053,7 @@ int main(void)
         cmocka_unit_test(dropout_keys),
         cmocka_unit_test(optimizer_matches_kernels),
         cmocka_unit_test(optimizer_shards),
+        cmocka_unit_test(optimizer_keep),
         cmocka_unit_test(optimizer_refusals),
         cmocka_unit_test(optimizer_over_model),
         cmocka_unit_test(schedule_formulas),

@@ -16,8 +16,9 @@
 
 #include "ddptrain.h"
 
-/* The state views over t's model and optimizer. */
-static ddp_ckpt_train_state state_of(const trainer *t)
+/* The state views over t's model and optimizer (deferred: the optimizer's state left out, for
+ * ddp_ckpt_open_train: its shards come later). */
+static ddp_ckpt_train_state state_of(const trainer *t, bool deferred)
 {
     ddp_ckpt_train_state s = {0};
     s.params = ddp_model_params(t->m, &s.n_params);
@@ -25,22 +26,71 @@ static ddp_ckpt_train_state state_of(const trainer *t)
     s.n_optim = ddp_optim_num_states(t->opt);
     for (int k = 0; k < s.n_optim && k < DDP_CKPT_MAX_OPTIM_STATES; k++) {
         s.optim_names[k] = ddp_optim_state_name(t->opt, k);
-        s.optim[k] = ddp_optim_state(t->opt, k);
+        s.optim[k] = deferred ? NULL : ddp_optim_state(t->opt, k);
     }
     return s;
+}
+
+/* ZeRO-1's memory split (the optimizer keeps this rank's shard only): rank 0 writes the file
+ * with the optimizer's state left open, and every rank's shard goes into it piece by piece
+ * (ddp_reducer_gather_state_sink), so no rank ever holds the whole state — torch's
+ * consolidate_state_dict(to=0) puts all of it on rank 0. */
+typedef struct shard_sink {
+    ddp_ckpt_writer *w;
+    const ddp_ckpt_train_state *s;
+    int k;
+    ddp_error *err;
+} shard_sink;
+
+static ddp_status put_piece(void *ctx, size_t i, size_t first, const void *data, size_t count)
+{
+    shard_sink *ss = ctx;
+    return ddp_ckpt_writer_put(ss->w, ddp_ckpt_train_tensor(ss->s, i, ss->k),
+                               (uint64_t)first * sizeof(float), data, count * sizeof(float),
+                               ss->err);
+}
+
+/* Every rank, after rank 0 tried to open the file (st: how that went; w: its writer): every
+ * rank learns whether it opened, then the shards go in, then rank 0 commits or removes it. */
+static ddp_status save_shards(trainer *t, ddp_ckpt_writer *w, const ddp_ckpt_train_state *s,
+                              ddp_status st, ddp_error *err)
+{
+    int32_t opened = t->R != 0 || st == DDP_OK;
+    if (ddp_broadcast(t->g, &opened, 1, DDP_INT32, 0) != DDP_OK) {
+        ddp_ckpt_writer_abort(w);
+        return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
+    }
+    if (!opened) /* rank 0 says why; the others learn it from the verdict after */
+        return st;
+    for (int k = 0; k < ddp_optim_num_states(t->opt) && !st; k++) {
+        shard_sink ss = {w, s, k, err};
+        err->msg[0] = '\0';
+        st = ddp_reducer_gather_state_sink(t->red, 0,
+                                           (const void *const *)ddp_optim_state(t->opt, k),
+                                           t->R == 0 ? put_piece : NULL, &ss);
+        if (st && !err->msg[0]) /* a sink's failure left its own, more precise message */
+            ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+    }
+    if (t->R == 0 && st)
+        ddp_ckpt_writer_abort(w);
+    else if (t->R == 0)
+        st = ddp_ckpt_writer_commit(w, err);
+    return st;
 }
 
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
 {
     ddp_status st = DDP_OK;
     /* Sharded, each rank's optimizer state is current only in its shard: complete it first (on
-     * the GPU where the state lives there). */
+     * the GPU where the state lives there) — unless each rank keeps its shard only
+     * (opt_shard), whose pieces go straight into the file (save_shards). */
     size_t np;
     ddp_model_params(t->m, &np);
+    bool shards = t->opt_shard; /* the same on every rank */
     float **dev = t->resident ? malloc(sizeof(float *) * (np ? np : 1)) : NULL;
     if (t->resident && !dev)
         return ddp_error_set(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
-    for (int k = 0; k < ddp_optim_num_states(t->opt) && !st; k++) {
+    for (int k = 0; k < ddp_optim_num_states(t->opt) && !st && !shards; k++) {
         if (t->resident && (st = ddp_model_device_state(t->m, k, dev)))
             ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
         else if ((st = ddp_reducer_gather_state(
@@ -54,8 +104,13 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
     /* Device-resident: the host's arrays are brought up to date first (rank 0 writes them). */
     if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, t->opt)))
         return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
+    char dir[1100], path[1300];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    snprintf(path, sizeof path, "%s/step%llu.safetensors", dir, (unsigned long long)t->step);
+    ddp_ckpt_train_state s = state_of(t, shards);
+    ddp_ckpt_writer *w = NULL;
+    char *yaml = NULL;
     if (t->R == 0) {
-        ddp_ckpt_train_state s = state_of(t);
         s.pos = (ddp_ckpt_train_pos){t->step,
                                      t->pos.epoch,
                                      t->pos.next_batch,
@@ -64,25 +119,23 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
                                      t->amp ? t->scaler.scale : 0.0f,
                                      t->amp ? t->scaler.growth_tracker : 0};
         s.loss = loss;
-        char *yaml = ddp_config_to_yaml(t->cfg);
-        s.config = yaml;
-        char dir[1100], path[1300];
-        snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+        s.config = yaml = ddp_config_to_yaml(t->cfg);
         mkdir(dir, 0755);
-        snprintf(path, sizeof path, "%s/step%llu.safetensors", dir, (unsigned long long)t->step);
-        st = ddp_ckpt_save_train(path, &s, err);
-        if (st == DDP_OK) {
-            trainer_say(t, "checkpoint %s", path);
-            /* Only checkpoints up to this step count and go: the one just written always
-             * stays, even beside a newer one of another run (which trainer_resolve_resume
-             * refuses at the start, but which another process may still put there). */
-            ddp_ckpt_prune_upto(dir, "step", (size_t)ddp_config_int(t->cfg, "checkpoint.keep"),
-                                t->step, NULL);
-        }
-        free(yaml);
+        st = shards ? ddp_ckpt_open_train(path, &s, &w, err) : ddp_ckpt_save_train(path, &s, err);
     }
+    if (shards)
+        st = save_shards(t, w, &s, st, err);
+    if (t->R == 0 && st == DDP_OK) {
+        trainer_say(t, "checkpoint %s", path);
+        /* Only checkpoints up to this step count and go: the one just written always stays,
+         * even beside a newer one of another run (which trainer_resolve_resume refuses at the
+         * start, but which another process may still put there). */
+        ddp_ckpt_prune_upto(dir, "step", (size_t)ddp_config_int(t->cfg, "checkpoint.keep"), t->step,
+                            NULL);
+    }
+    free(yaml);
     /* The others wait for rank 0 (and learn whether the save worked). */
-    int64_t ok = st == DDP_OK;
+    int64_t ok = t->R != 0 || st == DDP_OK;
     if (ddp_broadcast(t->g, &ok, 1, DDP_INT64, 0) != DDP_OK)
         return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
     if (!ok && t->R != 0) /* rank 0 printed why */
@@ -272,7 +325,7 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
     if (t->R == 0) {
         ddp_error err = {0};
         char path[2048];
-        ddp_ckpt_train_state s = state_of(t);
+        ddp_ckpt_train_state s = state_of(t, false);
         if (!train) /* test and predict need the weights only: any optimizer's file loads */
             s.n_optim = 0;
         ddp_status st = DDP_OK;

@@ -48,6 +48,8 @@ typedef struct trainer {
     ddp_param *rparams, *rbuffers; /* the reducer's view of the model's parameters and buffers */
     ddp_reducer *red;
     ddp_optim *opt;
+    bool opt_shard;    /* opt keeps this rank's shard of the state only (ZeRO-1's memory split;
+                          the same on every rank): checkpoints gather it on rank 0 */
     ddp_optim_opts oo; /* the optimizer's settings (the device's optimizer takes them too) */
     /* device cuda: training is device-resident (ddp_model_resident; docs/gpu.md): the
      * parameters, their gradients and the optimizer's state stay on the GPU, and the gradients

@@ -285,6 +285,32 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
     return 0;
 }
 
+/* ZeRO-1's memory split: with the sharded step on the host, the optimizer keeps the state of
+ * this rank's shard only (ddp_optim_keep), once the whole state is there (fresh, or loaded and
+ * shared); checkpoints gather it on rank 0 (trainer_save). On the GPU the state stays whole
+ * (the device optimizer's arrays: not split yet). */
+static int keep_shard(trainer *t)
+{
+    if (t->resident || !ddp_reducer_sharded(t->red))
+        return 0;
+    size_t np;
+    ddp_model_params(t->m, &np);
+    size_t *lo = calloc(np ? np : 1, sizeof *lo), *hi = calloc(np ? np : 1, sizeof *hi);
+    ddp_status st = lo && hi ? DDP_OK : DDP_ERR_NOMEM;
+    for (size_t i = 0; !st && i < np; i++)
+        ddp_reducer_shard(t->red, i, &lo[i], &hi[i]);
+    if (!st)
+        st = ddp_optim_keep(t->opt, lo, hi);
+    free(lo);
+    free(hi);
+    if (st)
+        return trainer_die(t, "optimizer",
+                           st == DDP_ERR_NOMEM ? "out of memory narrowing the state"
+                                               : ddp_optim_last_error(t->opt));
+    t->opt_shard = true;
+    return 0;
+}
+
 /* Wraps the model in the reducer (which broadcasts rank 0's values), then moves the model's
  * gradients into the reducer's buckets, and its parameters too when the optimizer is sharded. */
 static int wrap_model(trainer *t)
@@ -664,7 +690,8 @@ int main(int argc, char **argv)
         goto out;
     if (train && t.R == 0)
         clean_checkpoints(&t);
-    if ((rc = wrap_model(&t)) || (loaded && (rc = trainer_share_loaded(&t, &pos))))
+    if ((rc = wrap_model(&t)) || (loaded && (rc = trainer_share_loaded(&t, &pos))) ||
+        (train && (rc = keep_shard(&t))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");
     /* The backend, why it was chosen, and who started the job when it was not ddprun: "shm:
@@ -686,8 +713,12 @@ int main(int argc, char **argv)
         snprintf(dev_desc, sizeof dev_desc, "cpu (precision %s)", ddp_precision_name(t.prec));
     else
         snprintf(dev_desc, sizeof dev_desc, "cpu");
-    const char *zero =
-        train && ddp_reducer_sharded(t.red) ? "; optimizer step sharded (ZeRO-1)" : "";
+    char zero[120] = "";
+    if (train && t.opt_shard)
+        snprintf(zero, sizeof zero,
+                 "; optimizer step sharded (ZeRO-1), each rank keeping 1/%d of its state", t.W);
+    else if (train && ddp_reducer_sharded(t.red))
+        snprintf(zero, sizeof zero, "; optimizer step sharded (ZeRO-1)");
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "
