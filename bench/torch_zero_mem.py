@@ -1,9 +1,11 @@
 """The PyTorch side of bench/zero_memory.sh: DistributedDataParallel (gloo, CPU) training the GPT
 twin (tests/python/gpt_twin.py) with AdamW, either plain (every rank keeps the whole optimizer
 state) or through torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1: each rank keeps the
-state of its partition of the parameters), for a few steps; each rank prints its peak RSS.
+state of its partition of the parameters), for a few steps, then rank 0 saves one checkpoint
+(model and optimizer state_dict: with ZeRO after consolidate_state_dict(to=0), as torch's docs
+ask); each rank prints its peak RSS.
 Started with RANK/WORLD_SIZE/MASTER_* set.
-usage: torch_zero_mem.py TOKENS.bin n_layer n_head n_embd block_size batch steps zero(0|1)"""
+usage: torch_zero_mem.py TOKENS.bin n_layer n_head n_embd block_size batch steps zero(0|1) CKPT"""
 import os
 import resource
 import sys
@@ -18,6 +20,7 @@ from gpt_twin import GPT, Config  # noqa: E402
 
 path = sys.argv[1]
 L, H, C, T, B, steps, zero = (int(a) for a in sys.argv[2:9])
+ckpt = sys.argv[9]
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 data = torch.from_numpy(np.fromfile(path, dtype=np.uint16).astype(np.int64))
@@ -40,6 +43,12 @@ for step in range(steps):
     _, loss = ddp(x, y)
     loss.backward()
     opt.step()
+# one checkpoint, as a torch user writes it: with ZeRO the state is first consolidated on rank 0
+if zero:
+    opt.consolidate_state_dict(to=0)
+if dist.get_rank() == 0:
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, ckpt)
+    os.unlink(ckpt)
 print(f"rank {dist.get_rank()} maxrss_kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} "
       f"params {model.num_params()}", flush=True)
 dist.barrier()

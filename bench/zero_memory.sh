@@ -5,10 +5,11 @@
 # torch 1.13) with plain AdamW and with ZeroRedundancyOptimizer(AdamW), the same GPT twin
 # (tests/python/gpt_twin.py), at W ranks. The model is wide and the batch small (B=1, T=16), so
 # that the parameters, gradients and AdamW's two moments (16 bytes a parameter) dominate, not the
-# activations. Reported: the largest rank's peak RSS of each run (no checkpoint saved), the saving
-# against the unsharded run beside the expected one (AdamW's 8 bytes a parameter × (W−1)/W), and
-# for ddptrain the peak of rank 0 and of the others in a sharded run that saves a checkpoint at
-# the end (rank 0 gathers the whole state to write it: torch's consolidate_state_dict(to=0)).
+# activations. Each run trains and saves one checkpoint (ddptrain: rank 0 writes it, the state's
+# shards streamed into the file; torch: consolidate_state_dict(to=0), then rank 0's torch.save).
+# Reported: peak RSS of rank 0 and of the other ranks (ddptrain), of the largest rank (torch),
+# and the saving against the unsharded run beside the expected one (AdamW's 8 bytes a parameter
+# × (W−1)/W).
 # Usage: bench/zero_memory.sh [BUILD_DIR] [REPS] [L/NH/C] [WORLDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,21 +26,20 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 "$BUILD/bin/ddpprep" --out_dir "$OUT/data" --doc_sep % /usr/share/games/fortunes >/dev/null
 
-ddp_rss() { # ddp_rss W SHARD CKPT: "rank0_kb others_max_kb"
-    local every=0
-    [ "$3" = 1 ] && every=$STEPS
+ddp_rss() { # ddp_rss W SHARD: "rank0_kb others_max_kb" (a checkpoint is saved at the end)
     rm -rf "$OUT/run"
     "$BUILD/bin/ddprun" --standalone --nproc_per_node="$1" /usr/bin/time -f "maxrss %M" \
         "$BUILD/bin/ddptrain" --model.type gpt --model.n_layer "$L" --model.n_head "$NH" \
         --model.n_embd "$C" --model.block_size $T --model.vocab_size 256 --batch_size $B \
         --data.train "$OUT/data/train.bin" --data.val "$OUT/data/val.bin" --eval_windows 1 \
         --optimizer adamw --lr 3e-4 --betas 0.9,0.95 --weight_decay 0.1 --total_steps $STEPS \
-        --log_every $STEPS --eval_every 100000 --checkpoint.every $every --max_new_tokens 0 \
+        --log_every $STEPS --eval_every 100000 --checkpoint.every $STEPS --max_new_tokens 0 \
         --data.threads 0 --shard_optimizer "$2" --overwrite true --out_dir "$OUT/run" \
         >"$OUT/d.out" 2>&1 || { cat "$OUT/d.out" >&2; exit 1; }
     if [ "$2" = true ]; then
         grep -q "each rank keeping 1/$1 of its state" "$OUT/d.out" || { cat "$OUT/d.out" >&2; exit 1; }
     fi
+    [ -f "$OUT/run/checkpoints/step$STEPS.safetensors" ] || { cat "$OUT/d.out" >&2; exit 1; }
     local r0 rest
     r0=$(sed -n 's/^\[rank0\]: maxrss //p' "$OUT/d.out")
     rest=$(sed -n 's/^\[rank[1-9][0-9]*\]: maxrss //p' "$OUT/d.out" | sort -n | tail -1)
@@ -48,9 +48,11 @@ ddp_rss() { # ddp_rss W SHARD CKPT: "rank0_kb others_max_kb"
 torch_rss() { # torch_rss W ZERO: the largest rank's peak RSS in KiB
     local port pids=()
     port=$(free_port)
+    rm -f "$OUT"/t.* "$OUT"/te.* # a larger world's files would be read too
     for ((r = 0; r < $1; r++)); do
         MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$1 \
             "$PY" bench/torch_zero_mem.py "$OUT/data/train.bin" "$L" "$NH" "$C" $T $B $STEPS "$2" \
+            "$OUT/torch.pt" \
             >"$OUT/t.$r" 2>"$OUT/te.$r" &
         pids+=($!)
     done
@@ -60,24 +62,23 @@ torch_rss() { # torch_rss W ZERO: the largest rank's peak RSS in KiB
 declare -A R
 for ((i = 0; i < REPS; i++)); do
     for w in "${WORLDS[@]}"; do
-        read -r a b <<<"$(ddp_rss "$w" false 0)"; R[df$w]+=" $(printf '%s\n%s\n' "$a" "$b" | sort -n | tail -1)"
-        read -r a b <<<"$(ddp_rss "$w" true 0)"; R[dt$w]+=" $(printf '%s\n%s\n' "$a" "$b" | sort -n | tail -1)"
-        read -r a b <<<"$(ddp_rss "$w" true 1)"; R[c0$w]+=" $a"; R[co$w]+=" $b"
+        read -r a b <<<"$(ddp_rss "$w" false)"; R[f0$w]+=" $a"; R[fo$w]+=" $b"
+        read -r a b <<<"$(ddp_rss "$w" true)"; R[t0$w]+=" $a"; R[to$w]+=" $b"
         R[tf$w]+=" $(torch_rss "$w" 0)"
         R[tt$w]+=" $(torch_rss "$w" 1)"
     done
 done
 N=$(awk -v L="$L" -v C="$C" 'BEGIN {print L * (12 * C * C + 13 * C) + 256 * C + 2 * C + 16 * C}')
-echo "ZeRO-1's memory split: peak RSS per rank (MiB), GPT $L/$NH/$C (N = $N parameters, AdamW state $(awk -v n="$N" 'BEGIN {printf "%.0f", 8 * n / 1048576}') MiB), B=$B T=$T, $STEPS steps; medians of $REPS runs"
+echo "ZeRO-1's memory split: peak RSS per rank (MiB) of training $STEPS steps and saving one checkpoint; GPT $L/$NH/$C (N = $N parameters, AdamW state $(awk -v n="$N" 'BEGIN {printf "%.0f", 8 * n / 1048576}') MiB), B=$B T=$T; medians of $REPS runs"
 echo "machine: $(nproc --all) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%d)"
-printf '%-3s %10s %10s %9s %9s   %10s %10s %9s   %16s\n' W "ddp whole" "ddp ZeRO" saved expected \
-    "torch" "torch ZeRO" saved "ddp save r0/rest"
+printf '%-3s %17s %17s %12s %9s   %10s %10s %12s\n' W "ddp whole r0/rest" "ddp ZeRO r0/rest" "saved r0/rest" \
+    "expected" "torch" "torch ZeRO" "saved (max)"
 for w in "${WORLDS[@]}"; do
-    awk -v w="$w" -v n="$N" -v df="$(med <<<"${R[df$w]}")" -v dt="$(med <<<"${R[dt$w]}")" \
-        -v tf="$(med <<<"${R[tf$w]}")" -v tt="$(med <<<"${R[tt$w]}")" \
-        -v c0="$(med <<<"${R[c0$w]}")" -v co="$(med <<<"${R[co$w]}")" 'BEGIN {
-        printf "%-3s %10.0f %10.0f %9.0f %9.0f   %10.0f %10.0f %9.0f   %8.0f/%.0f\n", w,
-            df / 1024, dt / 1024, (df - dt) / 1024, 8 * n * (w - 1) / w / 1048576,
-            tf / 1024, tt / 1024, (tf - tt) / 1024, c0 / 1024, co / 1024 }'
+    awk -v w="$w" -v n="$N" -v f0="$(med <<<"${R[f0$w]}")" -v fo="$(med <<<"${R[fo$w]}")" \
+        -v t0="$(med <<<"${R[t0$w]}")" -v to="$(med <<<"${R[to$w]}")" \
+        -v tf="$(med <<<"${R[tf$w]}")" -v tt="$(med <<<"${R[tt$w]}")" 'BEGIN {
+        printf "%-3s %8.0f/%-8.0f %8.0f/%-8.0f %6.0f/%-5.0f %9.0f   %10.0f %10.0f %12.0f\n", w,
+            f0 / 1024, fo / 1024, t0 / 1024, to / 1024, (f0 - t0) / 1024, (fo - to) / 1024,
+            8 * n * (w - 1) / w / 1048576, tf / 1024, tt / 1024, (tf - tt) / 1024 }'
 done
 echo "(runs: $(for k in "${!R[@]}"; do printf '%s:%s ' "$k" "${R[$k]}"; done))"

@@ -139,8 +139,9 @@ static const ddp_cfg_key schema[] = {
      "re-cut the gradient buckets after the first step along backward's order (async overlap, "
      "unsharded, CPU; docs/ddp.md)"},
     {"shard_optimizer", DDP_CFG_CHOICE, "auto", "auto|true|false",
-     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered (auto: on, "
-     "except over shm+tcp and shm+mpi, whose reduce_scatter is a whole allreduce)"},
+     "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered, and keeps "
+     "1/world of the optimizer state on the CPU (auto: on, except over shm+tcp and shm+mpi, "
+     "whose reduce_scatter is a whole allreduce)"},
 };
 #define NKEYS (sizeof schema / sizeof schema[0])
 
