@@ -41,6 +41,17 @@ static long find_key(const ddp_cfg_key *s, size_t n, const char *name)
     return -1;
 }
 
+/* Whether some key of s lies under name ("checkpoint" for "checkpoint.every"): a YAML map given
+ * for name is then that section, even where name is a key of its own. */
+static bool has_section(const ddp_cfg_key *s, size_t n, const char *name)
+{
+    size_t l = strlen(name);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(s[i].name, name, l) == 0 && s[i].name[l] == '.')
+            return true;
+    return false;
+}
+
 size_t ddp_config_edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
@@ -277,7 +288,10 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         char origin[300];
         ddp__fmt(origin, sizeof origin, "%s line %zu", path, k->start_mark.line + 1);
         long idx = find_key(c->schema, c->n, name);
-        if (v->type == YAML_MAPPING_NODE && idx < 0) {
+        /* A map is a section of dotted keys: "checkpoint: {every: 5}" sets checkpoint.every,
+         * though "checkpoint" is a key too (before 2026-11-25 that map was refused as "expected a
+         * single value"). */
+        if (v->type == YAML_MAPPING_NODE && (idx < 0 || has_section(c->schema, c->n, name))) {
             ddp_status st = walk(c, doc, v, name, path, depth + 1, pairs, err);
             if (st)
                 return st;
@@ -301,7 +315,7 @@ static ddp_status walk(ddp_config *c, yaml_document_t *doc, yaml_node_t *node, c
         if (v->type == YAML_SCALAR_NODE) {
             sb_put(&text, (const char *)v->data.scalar.value, v->data.scalar.length);
         } else if (v->type == YAML_SEQUENCE_NODE && (c->schema[idx].type == DDP_CFG_INT_LIST ||
-                                                      c->schema[idx].type == DDP_CFG_STRING)) {
+                                                     c->schema[idx].type == DDP_CFG_STRING)) {
             for (yaml_node_item_t *it = v->data.sequence.items.start;
                  it < v->data.sequence.items.top && text.len <= MAX_VALUE; it++) {
                 yaml_node_t *e = yaml_document_get_node(doc, *it);

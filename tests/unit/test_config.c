@@ -129,6 +129,47 @@ static void errors(void **state)
     assert_non_null(strstr(err.msg, "cannot open config file '/no/such.yaml'"));
 }
 
+/* A key that is also the section of other keys (ddptrain's "checkpoint", a path, beside
+ * "checkpoint.every" and "checkpoint.keep"): a YAML map under that name sets the section's keys,
+ * as every other nested map does, and a plain value still sets the key itself. Before
+ * 2026-11-25 "checkpoint:\n  every: 5" was refused with "expected a single value". */
+static void key_and_section_share_a_name(void **state)
+{
+    (void)state;
+    static const ddp_cfg_key sch[] = {
+        {"checkpoint", DDP_CFG_STRING, "latest", NULL, "path"},
+        {"checkpoint.every", DDP_CFG_INT, "0", NULL, "every"},
+        {"checkpoint.keep", DDP_CFG_INT, "3", NULL, "keep"},
+        {"lr", DDP_CFG_FLOAT, "0.1", NULL, "learning rate"},
+    };
+    const size_t n = sizeof sch / sizeof sch[0];
+    ddp_config *c;
+    ddp_error err = {0};
+    write_yaml("checkpoint:\n  every: 5\n  keep: 2\n");
+    assert_int_equal(ddp_config_load(sch, n, path, 0, NULL, &c, &err), DDP_OK);
+    assert_int_equal(ddp_config_int(c, "checkpoint.every"), 5);
+    assert_int_equal(ddp_config_int(c, "checkpoint.keep"), 2);
+    assert_string_equal(ddp_config_str(c, "checkpoint"), "latest");
+    ddp_config_free(c);
+    write_yaml("checkpoint: runs/x/step5.safetensors\ncheckpoint.every: 7\n");
+    assert_int_equal(ddp_config_load(sch, n, path, 0, NULL, &c, &err), DDP_OK);
+    assert_string_equal(ddp_config_str(c, "checkpoint"), "runs/x/step5.safetensors");
+    assert_int_equal(ddp_config_int(c, "checkpoint.every"), 7);
+    ddp_config_free(c);
+    /* Under the section, a key it lacks is unknown; a map for a key with no section is not a
+     * value. */
+    write_yaml("checkpoint:\n  evry: 5\n");
+    c = (ddp_config *)0x1;
+    assert_int_not_equal(ddp_config_load(sch, n, path, 0, NULL, &c, &err), DDP_OK);
+    if (!strstr(err.msg, "unknown key 'checkpoint.evry'") ||
+        !strstr(err.msg, "did you mean 'checkpoint.every'?"))
+        fail_msg("message '%s'", err.msg);
+    write_yaml("lr:\n  value: 5\n");
+    assert_int_not_equal(ddp_config_load(sch, n, path, 0, NULL, &c, &err), DDP_OK);
+    if (!strstr(err.msg, "key 'lr': expected a single value"))
+        fail_msg("message '%s'", err.msg);
+}
+
 /* What ddp_config_to_yaml writes (into train.log and checkpoints) loads back as the same
  * values: strings with quotes, backslashes, line breaks (YAML folds raw ones), tabs, control
  * and non-ASCII characters; numbers and booleans in any spelling. Found by tests/fuzz/fuzz_config
@@ -332,10 +373,15 @@ static void edit_distance(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(defaults_yaml_cli),    cmocka_unit_test(errors),
-        cmocka_unit_test(to_yaml_reads_back),   cmocka_unit_test(deep_nesting_refused),
-        cmocka_unit_test(alias_bomb_refused),   cmocka_unit_test(long_values_whole),
-        cmocka_unit_test(help_lists_every_key), cmocka_unit_test(edit_distance),
+        cmocka_unit_test(defaults_yaml_cli),
+        cmocka_unit_test(errors),
+        cmocka_unit_test(to_yaml_reads_back),
+        cmocka_unit_test(deep_nesting_refused),
+        cmocka_unit_test(alias_bomb_refused),
+        cmocka_unit_test(long_values_whole),
+        cmocka_unit_test(help_lists_every_key),
+        cmocka_unit_test(edit_distance),
+        cmocka_unit_test(key_and_section_share_a_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
