@@ -101,6 +101,15 @@ printf 'num_epochs: 3\n' >foreign.yaml
 check "HINT: ddptrain's key for 'num_epochs' is 'epochs'" --config foreign.yaml
 check "unknown key 'foo' (on the command line); --help lists every key" --foo 1
 ok "learning_rate, max_steps, gradient_accumulation_steps, num_epochs: ddptrain's names given"
+# A launcher flag after the program's name ('ddprun ddptrain --nproc_per_node=2') reaches
+# ddptrain: say it is ddprun's and where it goes, not only that the key is unknown.
+check "HINT: --nproc_per_node is a flag of the launcher (ddprun's, as torchrun's): put it before the program's name, 'ddprun --nproc_per_node … ddptrain …'" \
+    --nproc-per-node=2
+check "HINT: --standalone is a flag of the launcher" --standalone
+assert_not_contains err "did you mean"
+check "HINT: --tee is a flag of the launcher" --tee 3
+assert_not_contains err "did you mean"
+ok "a launcher flag given after the program: said to be ddprun's, to go before the program"
 
 # out_dir below a regular file: not writable. Two ranks: both stop at once, no training.
 touch afile

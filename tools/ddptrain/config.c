@@ -390,6 +390,56 @@ static const char *const foreign_names[][2] = {
     {"dtype", "precision"},
 };
 
+/* ddprun's (and torchrun's) own flags: given after the program's name, they reach ddptrain,
+ * as everything after it does ("ddprun ddptrain --nproc_per_node=2"). */
+static const char *const launcher_flags[] = {
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "standalone",
+    "max_restarts",
+    "rdzv_endpoint",
+    "rdzv_backend",
+    "rdzv_id",
+    "rdzv_conf",
+    "rdzv_timeout",
+    "monitor_interval",
+    "grace_period",
+    "agent_timeout",
+    "redirects",
+    "tee",
+    "log_dir",
+    "run_id",
+    "role",
+    "no_prefix",
+    "bind_to",
+    "isolate_gpus",
+    "local_addr",
+    "start_method",
+    "no_python",
+    "run_path",
+    "use_env",
+    "pass_local_rank",
+    "local_ranks_filter",
+    "log_line_prefix_template",
+};
+
+/* The unknown key named by message m ("unknown key 'k'"), matched against the names of list. */
+static bool unknown_key_in(const char *m, const char *const *list, size_t n)
+{
+    const char *k = strstr(m, "unknown key '");
+    if (!k)
+        return false;
+    k += strlen("unknown key '");
+    size_t l = strcspn(k, "'");
+    for (size_t i = 0; i < n; i++)
+        if (strlen(list[i]) == l && !strncmp(k, list[i], l))
+            return true;
+    return false;
+}
+
 int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv)
 {
     ddp_error err = {0};
@@ -406,7 +456,9 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
                     break;
                 }
         }
-        const char *dym = to ? strstr(err.msg, "; did you mean") : NULL;
+        bool launcher = !to && unknown_key_in(err.msg, launcher_flags,
+                                              sizeof launcher_flags / sizeof launcher_flags[0]);
+        const char *dym = to || launcher ? strstr(err.msg, "; did you mean") : NULL;
         if (dym)
             fprintf(stderr, "ddptrain: %.*s; --help lists every key\n", (int)(dym - err.msg),
                     err.msg);
@@ -415,6 +467,12 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
         if (to)
             fprintf(stderr, "ddptrain: HINT: ddptrain's key for '%.*s' is '%s' (--%s)\n",
                     (int)strcspn(k, "'"), k, to, to);
+        else if (launcher)
+            fprintf(stderr,
+                    "ddptrain: HINT: --%.*s is a flag of the launcher (ddprun's, as torchrun's): "
+                    "put it before the program's name, 'ddprun --%.*s … ddptrain …'; what "
+                    "follows the name goes to the program\n",
+                    (int)strcspn(k, "'"), k, (int)strcspn(k, "'"), k);
         return 2;
     }
     return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"));
