@@ -20,6 +20,24 @@ mkdir -p empty && echo '{"step": 0, "start": true}' >empty/metrics.jsonl
 assert_contains empty.out "holds no training progress line"
 ok "a run directory without metrics is a clear error"
 
+# A run trained on 2 ranks and resumed on 1 (a documented resume): both ranks' curves, and the
+# header says the world changed (before 2026-11-25: "1 rank", rank 0 "slowest in 100%").
+mkdir -p worlds
+{
+    echo '{"step": 0, "start": true, "world_size": 2, "peak_flops_per_rank": 1e10, "model": "mlp"}'
+    echo '{"step": 10, "loss": 2.0, "lr": 0.1, "samples_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [1, 5]}'
+    echo '{"step": 20, "loss": 1.5, "lr": 0.1, "samples_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [5, 1]}'
+    echo '{"step": 20, "start": true, "world_size": 1, "peak_flops_per_rank": 1e10, "model": "mlp"}'
+    echo '{"step": 30, "loss": 1.2, "lr": 0.1, "samples_per_s": 500, "mfu": 0.1, "rank_step_ms": [8], "rank_wait_ms": [0]}'
+    echo '{"step": 40, "loss": 1.0, "lr": 0.1, "samples_per_s": 500, "mfu": 0.1, "rank_step_ms": [8], "rank_wait_ms": [0]}'
+} >worlds/metrics.jsonl
+"$TRAIN" --task report --out_dir worlds >worlds.out 2>&1 || { cat worlds.out; fail "report failed"; }
+assert_contains worlds.out "4 progress lines, 0 evaluations, 1–2 ranks"
+assert_contains worlds/report.html "1–2 ranks"
+assert_contains worlds/report.html "rank 0: slowest in 75% of intervals"
+assert_contains worlds/report.html "rank 1: slowest in 25% of intervals"
+ok "a run resumed with fewer ranks: every rank that trained is charted"
+
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 120 --log_every 5 --eval_every 30 \
     --out_dir run >train.out 2>&1 || { cat train.out; fail "training failed"; }
 "$TRAIN" --task report --out_dir run >report.out 2>&1 || { cat report.out; fail "report failed"; }

@@ -76,7 +76,11 @@ static bool add_ranks(run_data *d, double step, json_t *st, json_t *wt)
         slow = busy[r] > busy[slow] ? r : slow;
     }
     bool ok = push(&d->s[S_WALL], step, wall);
-    d->W = (int)W;
+    /* Every rank that trained is charted: a run resumed with fewer ranks (4 → 2, or elastic)
+     * keeps the curves of the ranks it lost (before 2026-11-25 the last interval's world was
+     * taken, and a 2-rank run resumed on 1 showed rank 0 alone, "slowest in 100%"). */
+    d->W = (int)W > d->W ? (int)W : d->W;
+    d->Wmin = d->Wmin == 0 || (int)W < d->Wmin ? (int)W : d->Wmin;
     if (W <= MAXR) {
         for (size_t r = 0; r < W; r++)
             ok = ok && push(&d->rank[r], step, busy[r]);
@@ -228,9 +232,11 @@ int trainer_report(trainer *t)
         rc = 1;
         goto out;
     }
-    printf("wrote %s: %zu progress lines, %zu evaluations, %d rank%s, %zu straggler warning%s%s\n",
-           out, d.s[S_LOSS].n, d.s[S_VLOSS].n, d.W, d.W == 1 ? "" : "s", d.warn_rank.n,
-           d.warn_rank.n == 1 ? "" : "s", d.bad ? " (lines that are not JSON skipped)" : "");
+    char ranks[32];
+    report_ranks(&d, ranks, sizeof ranks);
+    printf("wrote %s: %zu progress lines, %zu evaluations, %s, %zu straggler warning%s%s\n", out,
+           d.s[S_LOSS].n, d.s[S_VLOSS].n, ranks, d.warn_rank.n, d.warn_rank.n == 1 ? "" : "s",
+           d.bad ? " (lines that are not JSON skipped)" : "");
 out:
     free_data(&d);
     return rc;

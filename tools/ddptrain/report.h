@@ -20,7 +20,8 @@ enum { S_LOSS, S_LR, S_RATE, S_MFU, S_GNORM, S_VLOSS, S_VACC, S_WALL, S_N };
 typedef struct run_data {
     pts s[S_N];
     pts rank[MAXR];    /* rank r's work per step (ms), or slowest/median/fastest */
-    int W;             /* ranks in the last interval */
+    int W;             /* the most ranks of any interval (a resume may change the world) */
+    int Wmin;          /* the fewest (0: no interval had per-rank times) */
     int slowest[MAXR]; /* intervals in which rank r was the slowest */
     bool lm;
     char model[32];
@@ -32,6 +33,9 @@ typedef struct run_data {
     double last_step;         /* the last progress line's step */
     bool last_nan, vlast_nan; /* the last training / evaluation loss was null */
 } run_data;
+
+/* "2 ranks", "1 rank", or "1–2 ranks" when the world changed between intervals. */
+void report_ranks(const run_data *d, char *buf, size_t size);
 
 /* Writes the whole HTML page for the run in dir to f. */
 void report_page(FILE *f, const char *dir, const run_data *d);

@@ -75,8 +75,9 @@ static void summary(FILE *f, const char *dir, const run_data *d)
     char fin[40] = "NaN";
     if (!d->last_nan)
         snprintf(fin, sizeof fin, "%.4g", last(&d->s[S_LOSS]));
-    fprintf(f, "</b> · %d rank%s · %.0f steps · final train loss <b>%s</b>", d->W,
-            d->W == 1 ? "" : "s", d->last_step, fin);
+    char ranks[32];
+    report_ranks(d, ranks, sizeof ranks);
+    fprintf(f, "</b> · %s · %.0f steps · final train loss <b>%s</b>", ranks, d->last_step, fin);
     if (d->nan_from >= 0)
         fprintf(f, " · <span class=\"warn\">loss NaN/inf from step %.0f (diverged)</span>",
                 d->nan_from);
@@ -98,6 +99,14 @@ static void summary(FILE *f, const char *dir, const run_data *d)
     else
         fputs("no straggler warning", f);
     fputs("</p></div>\n", f);
+}
+
+void report_ranks(const run_data *d, char *buf, size_t size)
+{
+    if (d->Wmin && d->Wmin != d->W)
+        snprintf(buf, size, "%d–%d ranks", d->Wmin, d->W);
+    else
+        snprintf(buf, size, "%d rank%s", d->W, d->W == 1 ? "" : "s");
 }
 
 /* The per-rank chart's series: each rank's work per step, or the slowest/median/fastest of
