@@ -76,7 +76,13 @@ check "betas '0.9,0.95,0.99' is not two numbers like 0.9,0.95" --config b3.yaml
 printf 'optimizer: adamw\nlr: 0.001\nbetas: [0.8, 0.95]\n' >b2.yaml
 "$TRAIN" --config b2.yaml --out_dir "$T/runb" --total_steps 2 --warmup_steps 3 \
     --tensorboard false >out 2>err || { cat err >&2; fail "betas as a YAML list refused"; }
-assert_contains out "note: warmup_steps 3 ≥ the run's 2 steps: the learning rate stays in its warmup"
+assert_contains out "note: warmup_steps 3 > the run's 2 steps: the learning rate stays in its warmup"
+# A warmup as long as the run reaches lr at its last step (lr·(s+1)/warmup_steps): no note.
+"$TRAIN" --out_dir "$T/runw" --total_steps 2 --warmup_steps 2 --log_every 1 --tensorboard false \
+    >outw 2>errw || { cat errw >&2; fail "a warmup as long as the run failed"; }
+assert_not_contains outw "note: warmup_steps"
+assert_contains outw "step 2/2 | epoch 0 | loss"
+assert_contains outw "| lr 0.1 |"
 grep -q 'betas: ."0.8,0.95' "$T/runb/checkpoints/step2.safetensors" ||
     fail "betas [0.8, 0.95] not stored as 0.8,0.95"
 # Generation's keys on a model that does not generate are refused, not ignored.

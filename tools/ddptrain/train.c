@@ -418,9 +418,11 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     else if (total == 0)
         trainer_say(t, "note: epochs 0 and total_steps 0: nothing to train; set either to train");
     ddp_lr_schedule sched = schedule_of(t, total, per_epoch);
-    if (sched.warmup_steps >= total && sched.warmup_steps > 0)
+    /* Warmup's step s runs at lr·(s+1)/warmup_steps: with warmup_steps = the run's steps the
+     * last one reaches lr, so only a longer warmup never does. */
+    if (sched.warmup_steps > total && total > 0)
         trainer_say(t,
-                    "note: warmup_steps %" PRIu64 " ≥ the run's %" PRIu64 " steps: the learning "
+                    "note: warmup_steps %" PRIu64 " > the run's %" PRIu64 " steps: the learning "
                     "rate stays in its warmup and never reaches lr; lower warmup_steps",
                     sched.warmup_steps, total);
     int64_t eval_every = ddp_config_int(c, "eval_every");
