@@ -206,6 +206,17 @@ rc=0; "$DDPRUN" --signals_to_handle SIGTERM,SIGWINCH "$WORKER" env "$T" >"$T/out
 assert_contains "$T/err" "'SIGWINCH' is not one ddprun handles"
 ok "--signals_to_handle: ddprun's own signals accepted, another refused naming it"
 
+# --start_method (torchrun's spawn|fork|forkserver): listed in --help, accepted without effect;
+# another value refused as torchrun refuses it (before 2026-11-25: unlisted, any value taken).
+"$DDPRUN" --help >"$T/out" 2>&1
+assert_contains "$T/out" "--start_method M"
+"$DDPRUN" --standalone --start-method=forkserver "$WORKER" env "$T" >"$T/out" 2>"$T/err" ||
+    { cat "$T/err"; fail "--start-method=forkserver refused"; }
+rc=0; "$DDPRUN" --start_method thread "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--start_method thread exited $rc, want 2"
+assert_contains "$T/err" "--start_method 'thread': torchrun's values are spawn, fork and forkserver"
+ok "--start_method: listed, torchrun's values accepted, another refused"
+
 # A mistyped flag: the closest one is suggested (as ddptrain does for keys); a far one is not.
 for pair in "--nprocs_per_node:--nproc_per_node" "--nproc:--nproc_per_node" \
     "--master-adress:--master_addr" "--max_restart:--max_restarts" "--standalon:--standalone"; do

@@ -84,6 +84,8 @@ static const char usage[] =
     "  --signals_to_handle L    torchrun's; accepted: ddprun always stops the job on SIGINT,\n"
     "                           SIGTERM, SIGHUP, SIGQUIT and passes SIGUSR1/SIGUSR2 on to the\n"
     "                           workers, the job going on\n"
+    "  --start_method M         torchrun's (spawn, fork or forkserver); accepted without\n"
+    "                           effect: workers are always fork+exec'd programs\n"
     "  --event_log_handler H    torchrun's; accepted without effect (ddprun's events are its\n"
     "                           own lines); --logs_specs, --numa_binding and\n"
     "                           --virtual_local_rank are refused, naming what to use instead\n"
@@ -722,8 +724,16 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
             return bad("--local_addr is empty");
         return copy_str(name, v, o->local_addr, sizeof o->local_addr);
     }
-    if (strcmp(name, "start_method") == 0)
-        return 0; /* workers are always fork+exec: there is no interpreter to spawn */
+    if (strcmp(name, "start_method") == 0) {
+        /* Workers are always fork+exec: there is no interpreter to spawn. A value torchrun
+         * would refuse is refused too, rather than taken silently. */
+        if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+            return bad("--start_method '%s': torchrun's values are spawn, fork and forkserver "
+                       "(ddprun accepts them without effect: its workers are fork+exec'd "
+                       "programs)",
+                       v);
+        return 0;
+    }
     double *dst = strcmp(name, "monitor_interval") == 0 ? &o->monitor_interval
                   : strcmp(name, "rdzv_timeout") == 0   ? &o->rdzv_timeout
                   : strcmp(name, "grace_period") == 0   ? &o->grace_period
