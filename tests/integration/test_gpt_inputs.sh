@@ -173,6 +173,20 @@ rc=0
 [ -e keep/mine ] || fail "a failed ddpprep removed a file it did not make"
 ok "ddpprep --out_dir: parents made, a file in the way named, nothing left on failure"
 
+# ddpprep without --out_dir, or without an input: one line naming what is missing (it printed
+# the whole usage, which said neither).
+rc=0
+"$PREP" --doc_sep % f.txt >m1.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat m1.out; fail "ddpprep without --out_dir: exit $rc"; }
+assert_contains m1.out "ddpprep: --out_dir is missing: the folder that gets train.bin and val.bin"
+[ "$(wc -l <m1.out)" -eq 1 ] || { cat m1.out; fail "ddpprep without --out_dir: not one line"; }
+rc=0
+"$PREP" --out_dir m2 --doc_sep % >m2.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat m2.out; fail "ddpprep without an input: exit $rc"; }
+assert_contains m2.out "ddpprep: no text to prepare: give files or folders after the flags"
+[ ! -e m2 ] || fail "ddpprep without an input made its --out_dir"
+ok "ddpprep without --out_dir or an input: one line naming what is missing"
+
 # metrics.jsonl that cannot be opened (a folder of that name): an error before any work, as
 # for train.log (the run went on silently without it, and the report had nothing to read).
 mkdir -p nometrics/metrics.jsonl

@@ -100,8 +100,19 @@ int main(int argc, char **argv)
             inputs[n++] = argv[i];
         }
     }
-    if (!out_dir || n == 0) {
+    /* With no arguments, the usage; with some, one line saying what is missing (the whole
+     * usage said nothing of which). */
+    if (argc == 1)
         usage(stderr);
+    else if (!out_dir)
+        fprintf(stderr, "ddpprep: --out_dir is missing: the folder that gets train.bin and val.bin "
+                        "(ddpprep --out_dir DIR [--doc_sep LINE] INPUT...; --help says more)\n");
+    else if (n == 0)
+        fprintf(stderr,
+                "ddpprep: no text to prepare: give files or folders after the flags, e.g. "
+                "ddpprep --out_dir %s --doc_sep %% /usr/share/games/fortunes\n",
+                out_dir);
+    if (!out_dir || n == 0) {
         free(inputs);
         return 2;
     }
