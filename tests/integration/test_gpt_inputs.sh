@@ -96,6 +96,18 @@ rc=0
 [ $rc -ne 0 ] && grep -q "model.n_embd is 32 here" sh3.out || { cat sh3.out; fail "n_embd"; }
 "$TRAIN" "${TINY[@]}" "${S[@]}" --out_dir shape --total_steps 30 --resume_from latest \
     --model.dropout 0.1 >sh4.out 2>&1 || { cat sh4.out; fail "a resume with dropout on"; }
+# Every differing model key in one line (one at a time, a resume with none of the model's
+# flags took a try per key), for a resume and for a test.
+rc=0
+"$TRAIN" --out_dir shape --total_steps 30 --resume_from latest >sh5.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat sh5.out; fail "a resume with the default model was accepted"; }
+assert_contains sh5.out "model.type is mlp here (default) but gpt in the checkpoint"
+assert_contains sh5.out "give --model.type gpt --model.n_layer 1 --model.n_head 2 --model.n_embd 16 --model.block_size 16 to resume it"
+[ "$(wc -l <sh5.out)" -eq 1 ] || { cat sh5.out; fail "the model's keys: not one line"; }
+rc=0
+"$TRAIN" --task test --out_dir shape --model.n_head 4 --model.n_layer 3 >sh6.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat sh6.out; fail "a test with another n_head and n_layer was accepted"; }
+assert_contains sh6.out "leave out --model.n_layer, --model.n_head (the checkpoint's stored"
 ok "a resume or test with another model (n_head, n_embd) names the key; dropout may change"
 
 # Generation: max_new_tokens far beyond block_size slides the context (it was one buffer of
