@@ -73,7 +73,16 @@ int main(int argc, char **argv)
         return help ? 0 : 2;
     }
     const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
-    uint64_t steps = argc > 2 ? strtoull(argv[2], NULL, 10) : 300;
+    uint64_t steps = 300;
+    if (argc > 2) { /* "-5" would wrap to 2^64 − 5 steps, "abc" be 0: refuse both */
+        char *end;
+        steps = strtoull(argv[2], &end, 10);
+        if (argv[2][0] < '0' || argv[2][0] > '9' || *end || steps < 1 || steps > 1000000000) {
+            fprintf(stderr, "train_mlp: STEPS '%s' is not a number of steps from 1 to 10^9\n",
+                    argv[2]);
+            return 2;
+        }
+    }
     const char *ckpt = argc > 3 ? argv[3] : NULL;
     enum { B = 64 };
     ddp_error err = {0};

@@ -44,3 +44,12 @@ for ex in train_mlp spawn_allreduce ddp_mlp; do
     [ $rc -eq 2 ] || fail "$ex --foo exited $rc, want 2"
 done
 ok "the examples answer --help with their usage and refuse a flag they do not take"
+
+# train_mlp's STEPS: a negative count wrapped to 2^64 − 5 steps (a run that never ends) and a
+# word meant 0 steps and exit 0; both are refused with a line naming the value.
+for steps in -5 abc 10x 0; do
+    rc=0; timeout 20 "$BIN/train_mlp" /usr/share/datasets/fashion-mnist "$steps" >st.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || { cat st.out; fail "train_mlp STEPS '$steps' exited $rc, want 2"; }
+    assert_contains st.out "train_mlp: STEPS '$steps' is not a number of steps from 1 to 10^9"
+done
+ok "train_mlp refuses a STEPS that is not a positive number"
