@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,21 @@ static void init(model *m, int H, uint64_t seed)
         m->w3[i] = s2 * hashf(seed + 2, i);
 }
 
+/* The value of option a as a whole number in [lo, hi] into *out; false (and a line) if it is
+ * not one: atoi took "abc" as 0 and "-1" as -1, and a huge --hidden overflowed H × H. */
+static bool int_opt(const char *a, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < lo || n > hi) {
+        fprintf(stderr, "ddp_mlp: %s '%s' is not a whole number from %ld to %ld\n", a, v, lo, hi);
+        return false;
+    }
+    *out = (int)n;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     int steps = 50, B = 32, A = 1, H = 256, bucket_kb = 0;
@@ -111,21 +127,32 @@ int main(int argc, char **argv)
             quiet = true;
             continue;
         }
+        bool ok = true;
+        char *end;
         if (!strcmp(a, "--steps"))
-            steps = atoi(v);
+            ok = int_opt(a, v, 1, 1000000000, &steps);
         else if (!strcmp(a, "--batch"))
-            B = atoi(v);
+            ok = int_opt(a, v, 1, 1 << 16, &B);
         else if (!strcmp(a, "--accum"))
-            A = atoi(v);
+            ok = int_opt(a, v, 1, 1024, &A);
         else if (!strcmp(a, "--hidden"))
-            H = atoi(v);
-        else if (!strcmp(a, "--lr"))
-            lr = strtof(v, NULL);
-        else if (!strcmp(a, "--seed"))
-            seed = strtoull(v, NULL, 10);
+            ok = int_opt(a, v, 1, 4096, &H);
         else if (!strcmp(a, "--bucket_kb"))
-            bucket_kb = atoi(v);
-        else if (!strcmp(a, "--dump"))
+            ok = int_opt(a, v, 0, 1 << 20, &bucket_kb);
+        else if (!strcmp(a, "--lr")) {
+            lr = strtof(v, &end);
+            if (end == v || *end || !(lr > 0) || isinf(lr)) {
+                fprintf(stderr, "ddp_mlp: --lr '%s' is not a positive number\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--seed")) {
+            errno = 0;
+            seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || *v == '-') {
+                fprintf(stderr, "ddp_mlp: --seed '%s' is not a whole number ≥ 0\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--dump"))
             dump = v;
         else if (!strcmp(a, "--data"))
             data = v;
@@ -133,11 +160,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "ddp_mlp: unknown option '%s' (ddp_mlp --help lists them)\n", a);
             return 2;
         }
+        if (!ok)
+            return 2;
         i++;
-    }
-    if (steps < 1 || B < 1 || A < 1 || H < 1) {
-        fprintf(stderr, "ddp_mlp: --steps, --batch, --accum and --hidden must be positive\n");
-        return 2;
     }
 
     /* DDP: join the group (a world of one without ddprun). */
@@ -206,6 +231,17 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t per_epoch = ddp_sampler_len(sampler) / (size_t)(A * B);
+    if (per_epoch == 0) { /* a step larger than this rank's share of the data */
+        fprintf(stderr,
+                "ddp_mlp: --batch %d × --accum %d is more than this rank's %zu samples; lower "
+                "them\n",
+                B, A, ddp_sampler_len(sampler));
+        ddp_dataset_close(ds);
+        ddp_sampler_destroy(sampler);
+        ddp_reducer_destroy(red);
+        ddp_group_destroy(g);
+        return 2;
+    }
     /* Real data come through the loader: background threads prefetch the next batches. */
     ddp_loader *loader = NULL;
     if (ds) {

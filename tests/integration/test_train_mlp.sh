@@ -53,3 +53,19 @@ for steps in -5 abc 10x 0; do
     assert_contains st.out "train_mlp: STEPS '$steps' is not a number of steps from 1 to 10^9"
 done
 ok "train_mlp refuses a STEPS that is not a positive number"
+
+# ddp_mlp's options: atoi took '--lr abc' as 0 and '--bucket_kb -1' silently, a huge --hidden
+# crashed it (SIGSEGV) and a --batch above its share of the data divided by zero (SIGFPE).
+for bad in "--lr abc:--lr 'abc' is not a positive number" \
+    "--bucket_kb -1:--bucket_kb '-1' is not a whole number from 0 to" \
+    "--seed x1:--seed 'x1' is not a whole number" \
+    "--hidden 100000000:--hidden '100000000' is not a whole number from 1 to 4096" \
+    "--steps -5:--steps '-5' is not a whole number from 1 to" \
+    "--batch 20000:--batch 20000 × --accum 1 is more than this rank's 16384 samples"; do
+    args=${bad%%:*} want=${bad#*:} rc=0
+    # shellcheck disable=SC2086
+    timeout 20 "$BIN/ddp_mlp" $args --quiet >mo.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || { cat mo.out; fail "ddp_mlp $args exited $rc, want 2"; }
+    assert_contains mo.out "ddp_mlp: $want"
+done
+ok "ddp_mlp refuses options that are not numbers in range, and a batch above its data"
