@@ -117,6 +117,24 @@ check "HINT: --tee is a flag of the launcher" --tee 3
 assert_not_contains err "did you mean"
 ok "a launcher flag given after the program: said to be ddprun's, to go before the program"
 
+# One training run per out_dir at a time: while another holds out_dir's lock (a run, here
+# the test's shell), a second run is refused before reading or deleting anything there, --overwrite
+# included (two runs started together both trained into it, overwriting each other's stepN).
+mkdir -p busy/checkpoints && echo keep >busy/checkpoints/step99.safetensors
+exec 9<busy
+flock -n 9 || fail "cannot lock busy"
+for extra in "" "--overwrite true" "--resume_from auto"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$TRAIN" --out_dir busy --total_steps 2 $extra >out 2>err || rc=$?
+    [ $rc -eq 2 ] || { cat err >&2; fail "a second run into a busy out_dir ($extra) exited $rc"; }
+    assert_contains err "ddptrain: out_dir 'busy' is in use by another training run (it holds the folder's lock)"
+done
+[ "$(cat busy/checkpoints/step99.safetensors)" = keep ] || fail "the refused run touched a checkpoint"
+[ "$(ls busy)" = checkpoints ] || fail "the refused run wrote into out_dir: $(ls busy)"
+exec 9<&-
+ok "a second training run into an out_dir in use is refused, nothing read or deleted"
+
 # out_dir below a regular file: not writable. Two ranks: both stop at once, no training.
 touch afile
 rc=0

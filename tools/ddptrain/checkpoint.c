@@ -7,11 +7,14 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ddptrain.h"
@@ -238,8 +241,49 @@ static bool stored_step(const char *path, uint64_t *step)
     return ok;
 }
 
+int trainer_lock_out_dir(trainer *t)
+{
+    if (t->dir_locked)
+        return 0;
+    int fd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return 0; /* not there yet (open_logs makes it, then locks it), or not a folder */
+    /* A run killed just before this one started (SIGKILL to ddprun, a restart) may hold the
+     * lock for a moment while it dies: wait up to 2 s for it before refusing. */
+    int e = 0;
+    for (double end = ddp_now_seconds() + 2.0;;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            e = 0;
+            break;
+        }
+        e = errno;
+        if (e != EWOULDBLOCK || ddp_now_seconds() > end)
+            break;
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    if (e) {
+        close(fd);
+        if (e != EWOULDBLOCK)
+            return 0; /* a file system without locks (some NFS): as before, unguarded */
+        fprintf(stderr,
+                "ddptrain: out_dir '%s' is in use by another training run (it holds the folder's "
+                "lock): two runs there would overwrite each other's checkpoints and mix their "
+                "metrics; wait for it to end, or choose another --out_dir\n",
+                t->dir);
+        return 2;
+    }
+    t->dir_lock_fd = fd; /* held until the process ends: a killed run leaves no stale lock */
+    t->dir_locked = true;
+    return 0;
+}
+
 int trainer_resolve_resume(trainer *t)
 {
+    /* One training run per out_dir at a time, checked before anything is read or deleted
+     * there (--overwrite would delete the running one's checkpoints). Before 2026-11-25 two
+     * runs started together both trained into it, each overwriting the other's stepN files. */
+    if (trainer_lock_out_dir(t))
+        return 2;
     const char *spec = ddp_config_str(t->cfg, "resume_from");
     char dir[1100];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);

@@ -94,8 +94,10 @@ typedef struct trainer {
      * library saved it, examples/train_mlp): the model comes from the defaults and the command
      * line alone, which must give the keys it was built with */
     bool ckpt_no_config;
-    bool overwrote; /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
-                     */
+    bool overwrote;  /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
+                      */
+    bool dir_locked; /* rank 0, training: out_dir's lock is held (dir_lock_fd) */
+    int dir_lock_fd;
     /* What the progress line reports beside the loss (metrics.c). */
     ddp_tb *tb;              /* rank 0: out_dir/tb/ (NULL: tensorboard false, or it failed) */
     bool tb_failed;          /* a TensorBoard write failed: warned once */
@@ -235,6 +237,10 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos);
  * (another run's: this run's pruning would delete its own checkpoints in their favour).
  * Returns 0, or 2 after printing what is wrong and what to do; nothing is created or deleted. */
 int trainer_resolve_resume(trainer *t);
+/* Training, rank 0: an exclusive lock on out_dir (flock of the folder, held for the process's
+ * life), so that a second run into it is refused; 0 when taken or when out_dir is not there
+ * yet, else 2 after printing why. */
+int trainer_lock_out_dir(trainer *t);
 /* The checkpoint `spec` names: a path as it is, or "latest": the newest in out_dir. */
 ddp_status trainer_find_checkpoint(trainer *t, const char *spec, char *path, size_t cap,
                                    ddp_error *err);

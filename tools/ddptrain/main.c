@@ -140,6 +140,10 @@ static int open_logs(trainer *t, bool train)
             if (!c)
                 break;
         }
+    /* out_dir made just now: its lock before the first file (a run started at the same
+     * moment, which also found no out_dir, is refused here). */
+    if (train && !mk && trainer_lock_out_dir(t))
+        return 2;
     char path[1300];
     snprintf(path, sizeof path, "%s/train.log", t->dir);
     FILE *early = t->log; /* the lines said so far (main), copied to the head of the file */
