@@ -240,6 +240,7 @@ int main(int argc, char **argv)
         ddp_sampler_destroy(sampler);
         ddp_reducer_destroy(red);
         ddp_group_destroy(g);
+        free(m.w1), free(m.b1), free(m.w2), free(m.b2), free(m.w3), free(m.b3);
         return 2;
     }
     /* Real data come through the loader: background threads prefetch the next batches. */
