@@ -88,22 +88,23 @@ static bool tensor_bytes(ddp_dtype dt, int ndim, const int64_t *shape, uint64_t 
 /* ---- writing ----------------------------------------------------------------------------------
  */
 
-/* Writes all of buf, retrying on EINTR and short writes. Returns 0 or an errno value. */
-static int write_all(int fd, const void *buf, uint64_t len)
+/* Writes all of buf at file offset off, retrying on EINTR and short writes. 0 or an errno. */
+static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
 {
     const unsigned char *p = buf;
     while (len > 0) {
         size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : (size_t)len;
-        ssize_t w = write(fd, p, chunk);
+        ssize_t w = pwrite(fd, p, chunk, (off_t)off);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
             return errno;
         }
         if (w == 0)
-            return EIO; /* no progress and no reason: do not spin */
+            return EIO;
         p += w;
         len -= (uint64_t)w;
+        off += (uint64_t)w;
     }
     return 0;
 }
@@ -298,27 +299,6 @@ out_free:
     return st;
 }
 
-/* Writes all of buf at file offset off, retrying on EINTR and short writes. 0 or an errno. */
-static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
-{
-    const unsigned char *p = buf;
-    while (len > 0) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : (size_t)len;
-        ssize_t w = pwrite(fd, p, chunk, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        if (w == 0)
-            return EIO;
-        p += w;
-        len -= (uint64_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
-}
-
 struct ddp_ckpt_writer {
     char *path, *tmp;
     int fd;
@@ -438,11 +418,11 @@ static ddp_status writer_open(const char *path, const ddp_ckpt_tensor *t, size_t
                       w->tmp, strerror(errno));
         goto out_free;
     }
-    int e = write_all(w->fd, lenbuf, 8);
+    int e = pwrite_all(w->fd, lenbuf, 8, 0);
     if (!e)
-        e = write_all(w->fd, hdr, hlen);
+        e = pwrite_all(w->fd, hdr, hlen, 8);
     if (!e)
-        e = write_all(w->fd, spaces, padded - hlen);
+        e = pwrite_all(w->fd, spaces, padded - hlen, 8 + hlen);
     for (size_t k = 0; !e && k < n; k++) {
         size_t i = order[k].idx;
         if (t[i].data)
