@@ -259,3 +259,10 @@ assert_contains help.out "--key value or --key=value, dashes or"
     { cat out err >&2; fail "--out-dir --total-steps=1 --overwrite failed"; }
 assert_contains out "trained 1 step in"
 ok "--config/--local_rank without a value said so; --key=value, dashes and a bare bool taken"
+
+# --version, as ddprun's: every tool names itself and ddpc's version, exit 0, nothing written.
+for tool in ddprun ddptrain ddpbench ddpprep; do
+    "$BIN/$tool" --version >ver.out 2>&1 || { cat ver.out; fail "$tool --version failed"; }
+    [ "$(cat ver.out)" = "$tool (ddpc) 0.1.0" ] || fail "$tool --version: $(cat ver.out)"
+done
+ok "ddprun, ddptrain, ddpbench and ddpprep answer --version"

@@ -247,6 +247,10 @@ int main(int argc, char **argv)
             csv = true;
             continue;
         }
+        if (!strcmp(a, "--version")) { /* as ddprun's */
+            printf("ddpbench (ddpc) %s\n", DDP_VERSION_STRING);
+            return 0;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ddprun [--nproc_per_node N] ddpbench [--op allreduce|broadcast|"
                    "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "

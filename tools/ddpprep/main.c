@@ -73,6 +73,11 @@ int main(int argc, char **argv)
         return 1;
     for (int i = 1; i < argc; i++) {
         const char *v;
+        if (strcmp(argv[i], "--version") == 0) { /* as ddprun's */
+            printf("ddpprep (ddpc) %s\n", DDP_VERSION_STRING);
+            free(inputs);
+            return 0;
+        }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             free(inputs);

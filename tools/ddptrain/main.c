@@ -611,6 +611,11 @@ int main(int argc, char **argv)
             free(rest);
             return 0;
         }
+        if (!strcmp(argv[i], "--version")) { /* as ddprun's */
+            printf("ddptrain (ddpc) %s\n", DDP_VERSION_STRING);
+            free(rest);
+            return 0;
+        }
         /* torch.distributed.launch's --local_rank=N (before PyTorch 2.0) / --local-rank=N. */
         const char *lr = NULL;
         if ((!strcmp(argv[i], "--local_rank") || !strcmp(argv[i], "--local-rank")) && i + 1 < argc)
