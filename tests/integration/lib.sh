@@ -81,6 +81,14 @@ assert_not_contains() {
     fi
 }
 
+# late_start DIR RANK SECONDS: writes DIR/late.sh, which runs its arguments, RANK's SECONDS late
+# (a worker slow to start, as under TSan with four tests on two cores): a test's workers must
+# order themselves by what has happened, not by sleeps that are long enough on an idle machine.
+late_start() {
+    printf '#!/bin/sh\n[ "$RANK" = %s ] && sleep %s\nexec "$@"\n' "$2" "$3" >"$1/late.sh"
+    chmod +x "$1/late.sh"
+}
+
 # free_port: a loopback port that was free a moment ago
 free_port() {
     "$WORKER" free-port
