@@ -89,6 +89,19 @@ late_start() {
     chmod +x "$1/late.sh"
 }
 
+# tagged_pids TAG: processes whose environment holds DDP_TEST_TAG=TAG (start a job with
+# DDP_TEST_TAG=TAG in its environment, not exported to the test's shell): what this test started
+# and left running. Not `pgrep -f PROGRAM`, which also finds the same program run by a test
+# beside this one under ctest -j.
+tagged_pids() {
+    local e p
+    for e in /proc/[0-9]*/environ; do
+        p=${e#/proc/}; p=${p%/environ}
+        tr '\0' '\n' <"$e" 2>/dev/null | grep -qx "DDP_TEST_TAG=$1" && alive "$p" && echo "$p"
+    done
+    return 0
+}
+
 # free_port: a loopback port that was free a moment ago
 free_port() {
     "$WORKER" free-port
