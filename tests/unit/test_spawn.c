@@ -36,6 +36,7 @@ typedef struct job {
     int peer_rank;     /* >0: this rank returns DDP_EXIT_PEER_FAILED at once, as one told of a
                           peer's failure does (0 is never it: the field's default); the ranks
                           that neither fail nor stop so sleep 60 s, outside any collective */
+    int peer_delay_ms; /* before peer_rank stops (a rank slow to get there) */
     int *peer_pid;     /* shared (MAP_SHARED): peer_rank writes its pid here as it returns, and
                           fail_rank fails only once that process is gone (ddp_spawn reaped it),
                           so that the secondary exit is seen first however late peer_rank runs */
@@ -80,6 +81,7 @@ static int worker(const ddp_world *w, void *arg)
     if (ddp_group_rank(g) != w->rank || ddp_group_size(g) != w->world_size)
         rc = 12;
     if (!rc && j->peer_rank > 0 && w->rank == j->peer_rank) {
+        sleep_ms(j->peer_delay_ms);
         ddp_group_destroy(g);
         if (j->peer_pid)
             __atomic_store_n(j->peer_pid, (int)getpid(), __ATOMIC_RELEASE);
@@ -213,7 +215,13 @@ static void the_cause_wins_over_a_secondary_exit(void **state)
         mmap(NULL, sizeof *peer_pid, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(peer_pid != MAP_FAILED);
     *peer_pid = 0;
-    job j = {.fail_rank = 0, .fail_code = 5, .peer_rank = 1, .peer_pid = peer_pid, .count = 1024};
+    /* rank 1 half a second late: the order holds all the same */
+    job j = {.fail_rank = 0,
+             .fail_code = 5,
+             .peer_rank = 1,
+             .peer_delay_ms = 500,
+             .peer_pid = peer_pid,
+             .count = 1024};
     char id[96];
     run_id_for(id, sizeof id, "cause");
     ddp_spawn_opts o = DDP_SPAWN_OPTS_INIT;
