@@ -71,8 +71,8 @@ count() {
 # wait_lines FILE TEXT N SECONDS: until N lines of FILE hold TEXT; else fails, showing FILE.
 # SECONDS is what an idle machine needs with room to spare; the wait goes on for at least 30 s,
 # as under TSan with four tests on two cores a round with its workers' start can take several
-# times that (integration.elastic once failed "expected 2 lines 'world=2' ... within 10 s" so).
-# The deadline only catches a hang: the tests that promise a time measure it themselves.
+# times that. The deadline only catches a hang: the tests that promise a time measure it
+# themselves.
 wait_lines() {
     local i limit=$4
     [ "${limit%.*}" -ge 30 ] || limit=30
