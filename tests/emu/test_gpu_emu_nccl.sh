@@ -83,13 +83,14 @@ w2 | w3 | w4)
     ;;
 kill)
     start=$(date +%s)
-    rc=0; DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --kill 1 \
+    rc=0; DDP_TEST_TAG=kill$$ DDP_EMU_GPUS=2 "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --kill 1 \
         >"$T/out" 2>&1 || rc=$?
     took=$(($(date +%s) - start))
     [ $rc -ne 0 ] || { cat "$T/out"; fail "a killed rank: ddprun exited 0"; }
     grep -q "worker failed: rank 1 .*SIGKILL" "$T/out" || { cat "$T/out"; fail "the summary does not name rank 1"; }
     [ $took -lt 10 ] || fail "a killed rank took ${took} s to end the job (limit 10 s)"
-    if pgrep -f "$CHECK --kill" >/dev/null; then fail "a gpucheck process outlived the job"; fi
+    left=$(tagged_pids kill$$)
+    [ -z "$left" ] || fail "gpucheck processes outlived the job:" $left
     ok "a killed rank ends the job in ${took} s with ddprun's summary"
     start=$(date +%s)
     DDP_EMU_GPUS=2 by_hand 2 --kill 1

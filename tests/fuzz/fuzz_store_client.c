@@ -71,7 +71,12 @@ static void put(int fd, const void *p, size_t n)
     while (n > 0) {
         struct pollfd pf = {.fd = fd, .events = POLLOUT};
         int64_t left = deadline - now_ms();
-        if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
+        if (left <= 0)
+            return;
+        int rc = poll(&pf, 1, (int)left);
+        if (rc < 0 && errno == EINTR) /* libFuzzer's timer signal: not the client's doing */
+            continue;
+        if (rc <= 0)
             return;
         ssize_t k = send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))

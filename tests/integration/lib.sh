@@ -81,6 +81,27 @@ assert_not_contains() {
     fi
 }
 
+# late_start DIR RANK SECONDS: writes DIR/late.sh, which runs its arguments, RANK's SECONDS late
+# (a worker slow to start, as under TSan with four tests on two cores): a test's workers must
+# order themselves by what has happened, not by sleeps that are long enough on an idle machine.
+late_start() {
+    printf '#!/bin/sh\n[ "$RANK" = %s ] && sleep %s\nexec "$@"\n' "$2" "$3" >"$1/late.sh"
+    chmod +x "$1/late.sh"
+}
+
+# tagged_pids TAG: processes whose environment holds DDP_TEST_TAG=TAG (start a job with
+# DDP_TEST_TAG=TAG in its environment, not exported to the test's shell): what this test started
+# and left running. Not `pgrep -f PROGRAM`, which also finds the same program run by a test
+# beside this one under ctest -j.
+tagged_pids() {
+    local e p
+    for e in /proc/[0-9]*/environ; do
+        p=${e#/proc/}; p=${p%/environ}
+        tr '\0' '\n' <"$e" 2>/dev/null | grep -qx "DDP_TEST_TAG=$1" && alive "$p" && echo "$p"
+    done
+    return 0
+}
+
 # free_port: a loopback port that was free a moment ago
 free_port() {
     "$WORKER" free-port

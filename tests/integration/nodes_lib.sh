@@ -68,10 +68,15 @@ count() {
     echo "${c:-0}"
 }
 
-# wait_lines FILE TEXT N SECONDS: until N lines of FILE hold TEXT; else fails, showing FILE
+# wait_lines FILE TEXT N SECONDS: until N lines of FILE hold TEXT; else fails, showing FILE.
+# SECONDS is what an idle machine needs with room to spare; the wait goes on for at least 30 s,
+# as under TSan with four tests on two cores a round with its workers' start can take several
+# times that. The deadline only catches a hang: the tests that promise a time measure it
+# themselves.
 wait_lines() {
-    local i
-    for ((i = 0; i < $4 * 20; i++)); do
+    local i limit=$4
+    [ "${limit%.*}" -ge 30 ] || limit=30
+    for ((i = 0; i < limit * 20; i++)); do
         [ "$(count "$1" "$2")" -ge "$3" ] && return 0
         sleep 0.05
     done

@@ -171,7 +171,7 @@ ok "MIN met, last_call_timeout above --rdzv_timeout: the round closes at --rdzv_
 # --agent_timeout, blamed a dead machine and counted a failure.
 d=$T/gatherint; mkdir -p "$d"
 port=$(free_port)
-args $port 1 1.2 10 0 "$d" 2; E[1]=2:4; start_host "$d" $port "${E[@]}"
+args $port 1 2.5 10 0 "$d" 2; E[1]=2:4; start_host "$d" $port "${E[@]}"
 start_node "$d" 1 "${E[@]}"
 wait_lines "$d/err1" "this is node 1" 1 5
 start_node "$d" 2 "${E[@]}"
@@ -190,7 +190,7 @@ ok "SIGINT on a node new to the job while the nodes gather: it leaves, the other
 
 d=$T/gatherint2; mkdir -p "$d"
 port=$(free_port)
-args $port 1 1.5 10 1 "$d" 3; E[1]=2:4; start_host "$d" $port "${E[@]}"
+args $port 1 3 10 1 "$d" 3; E[1]=2:4; start_host "$d" $port "${E[@]}"
 start_node "$d" 1 "${E[@]}"
 wait_lines "$d/elastic.log" "world=2" 2 10
 start_node "$d" 2 "${E[@]}"
@@ -215,9 +215,13 @@ ok "SIGINT on a node of the job while the nodes gather stops the job everywhere 
 # stop, as torch's keep-alive); the others start without them, no failure counted; the stopped
 # one, continued, comes back as a newcomer and the group re-forms with it. Before 2026-11-25 the
 # round closed with them in it and, with --max_restarts 0, the job failed 'stopped responding'.
+# The stop must be seen (--agent_timeout 1 s of silence) before the last call ends: with 1.5 s
+# from node 3's arrival that left 0.3 s for the test's own steps, which under load they overran
+# (the round closed with the stopped node; reproduced by 0.4 s more between arrival and stop).
+# The last calls in these gathering cases are 2.5-3 s, so the test's signal surely comes first.
 d=$T/gathergone; mkdir -p "$d"
 port=$(free_port)
-args $port 1 1.5 10 0 "$d" 3; E[1]=2:5; start_host "$d" $port "${E[@]}"
+args $port 1 3 10 0 "$d" 3; E[1]=2:5; start_host "$d" $port "${E[@]}"
 start_node "$d" 1 "${E[@]}"
 wait_lines "$d/err1" "this is node 1" 1 5
 start_node "$d" 2 "${E[@]}"

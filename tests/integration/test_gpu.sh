@@ -59,7 +59,8 @@ fi
 for be in cuda-ipc cuda-staged; do
     start=$(date +%s)
     set +e
-    "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --backend $be --kill 1 >"$T/kill" 2>&1
+    DDP_TEST_TAG=kill$$ "$DDPRUN" --standalone --nproc_per_node 2 "$CHECK" --backend $be --kill 1 \
+        >"$T/kill" 2>&1
     rc=$?
     set -e
     took=$(($(date +%s) - start))
@@ -70,7 +71,8 @@ for be in cuda-ipc cuda-staged; do
     limit=10
     [ -n "${DDP_TEST_FAKE_GPUS:-}" ] && limit=30
     [ $took -lt $limit ] || fail "$be: a killed rank took ${took} s to end the job (limit $limit s)"
-    if pgrep -f "$CHECK" >/dev/null; then fail "$be: a gpucheck process outlived the job"; fi
+    left=$(tagged_pids kill$$)
+    [ -z "$left" ] || fail "$be: gpucheck processes outlived the job:" $left
     grep -E "rank 0: (as expected|.*failed)" "$T/kill" || true
     ok "$be: a killed rank ends the job in ${took} s with ddprun's summary"
 done

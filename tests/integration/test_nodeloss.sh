@@ -46,13 +46,18 @@ echo "  (kill -9 of node 1 → node 0's summary: $ms ms; --agent_timeout 10 s)"
 ok "node 1's ddprun killed: node 0 names it lost within seconds, not after --agent_timeout"
 
 # 2. Node 0's worker stops first "because another rank failed" (ddptrain's exit 86, as over
-# gloo/tcp when the peer's socket closes): node 1's loss replaces that secondary failure.
+# gloo/tcp when the peer's socket closes): node 1's loss, found while node 0 waits for the cause,
+# replaces that secondary failure.
 d=$T/secondary; mkdir -p "$d"
 start_pair "$d" "$(free_port)" --grace_period 10 \
     bash -c "echo \$\$ >'$d/pid.0'; while [ ! -f '$d/killed' ]; do sleep 0.05; done; exit 86"
+# The worker's exit 86 first, seen by node 0's ddprun (it then waits for the cause), then the
+# kill: killed first, node 0 could name the lost node (after ~1.3 s) before a worker slow under
+# load had exited, and the summary had no "before" line.
+touch "$d/killed"
+wait_lines "$d/err0" "waiting up to 5 s for the rank that failed first-hand" 1 30
 t0=$(now_ms)
 kill_node1 "$d"
-touch "$d/killed"
 ms=$(wait_ms "$d/err0" "job failed on another node: node 1 (" "$t0")
 node_exit "$d" 0 1
 assert_not_contains "$d/err0" "no rank reported a failure of its own"

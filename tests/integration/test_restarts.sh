@@ -3,8 +3,9 @@
 # ddprun gives up with the summary.
 . "$(dirname "$0")/lib.sh"
 
-d=$T/ok; mkdir -p "$d"
-"$DDPRUN" --standalone --nproc_per_node=2 --max_restarts 2 "$WORKER" restart 2 "$d" \
+# Rank 1 starts 1 s late: rank 0 still fails only once rank 1 has recorded its attempt.
+d=$T/ok; mkdir -p "$d"; late_start "$d" 1 1
+"$DDPRUN" --standalone --nproc_per_node=2 --max_restarts 2 "$d/late.sh" "$WORKER" restart 2 "$d" \
     >"$d/out" 2>"$d/err" || { cat "$d/err"; fail "ddprun should succeed on the third attempt"; }
 for a in 0 1 2; do
     assert_contains "$d/attempts" "attempt=$a rank=0 world=2"

@@ -2,15 +2,21 @@
  * testworker — the program the integration tests launch under ddprun. One mode per behaviour:
  *
  *   env DIR [ARGS...]      write DIR/env.RANK: the contract variables, one per line, and argv
- *   fail RANK CODE [DIR]   rank RANK exits CODE after 0.5 s (writes to stderr first); the rest
- *                          sleep; everyone records pids (its own and a grandchild's) in DIR
- *   selfkill RANK [DIR]    rank RANK sends itself SIGKILL after 0.5 s; the rest sleep
- *   peer-fail CAUSE SEC [DIR]  rank SEC exits DDP_EXIT_PEER_FAILED after 0.3 s (as a rank told
- *                          of a peer's failure does), rank CAUSE fails 0.8 s later with exit
- *                          code 5 and its own message (CAUSE -1: nobody does); the rest sleep
+ *   fail RANK CODE [DIR]   rank RANK exits CODE 0.5 s after every rank has recorded its pids
+ *                          (writes to stderr first, and the wall-clock time in ms to
+ *                          DIR/failed.RANK); the rest sleep; everyone records pids (its own and
+ *                          a grandchild's) in DIR
+ *   selfkill RANK [DIR]    rank RANK sends itself SIGKILL likewise; the rest sleep
+ *   peer-fail CAUSE SEC [DIR]  once every rank has recorded its pids, rank SEC exits
+ *                          DDP_EXIT_PEER_FAILED (as a rank told of a peer's failure does;
+ *                          DIR/failed.SEC: the time, as for fail); rank
+ *                          CAUSE fails once SEC's exit has been reaped (by ddprun), with exit
+ *                          code 5 and its own message (CAUSE -1: nobody does); the rest sleep.
+ *                          Without DIR, sleeps instead (0.3 s and 1.1 s)
  *   sleep DIR              record pids, start a grandchild, sleep 60 s
  *   stubborn DIR           like sleep, but ignores SIGTERM (tests the SIGKILL after the grace)
- *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N; appends to DIR/attempts
+ *   restart N DIR          rank 0 fails while DDP_RESTART_COUNT < N, once every rank has
+ *                          appended its line to DIR/attempts
  *   rendezvous             join the store (ddp_store_open_world), barrier, check every rank's key
  *   elastic DIR W          make a group, allreduce a 1 from every rank, append "restart= rank=
  *                          world= group= groups= sum=" (DDP_RESTART_COUNT, RANK, WORLD_SIZE,
@@ -34,6 +40,8 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sched.h>
@@ -72,6 +80,68 @@ static void write_file(const char *dir, const char *name, long value)
     fprintf(f, "%ld\n", value);
     fclose(f);
     rename(tmp, path); /* the test sees the whole file or none */
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int world_size(void)
+{
+    const char *w = getenv("WORLD_SIZE");
+    return w ? atoi(w) : 1;
+}
+
+/* Waits (at most 60 s: the test's own timeout is the real bound) until ready(arg) holds.
+ * Ordering in these tests comes from waiting for what must have happened, never from a sleep
+ * that is long enough on an idle machine: under TSan with four tests on two cores a worker can
+ * take seconds to start. */
+static bool wait_until(bool (*ready)(const void *), const void *arg)
+{
+    int64_t end = wall_ms() + 60000;
+    while (!ready(arg)) {
+        if (wall_ms() > end)
+            return false;
+        sleep_s(0.01);
+    }
+    return true;
+}
+
+/* Every rank's DIR/pid.RANK exists (a rank writes child.RANK before pid.RANK). */
+static bool all_pids_recorded(const void *arg)
+{
+    const char *dir = arg;
+    char path[4200];
+    for (int r = 0; r < world_size(); r++) {
+        snprintf(path, sizeof path, "%s/pid.%d", dir, r);
+        if (access(path, F_OK) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* The process in DIR/pid.SEC no longer exists: it ended and its parent (ddprun) reaped it, which
+ * is when ddprun learns how it ended. */
+typedef struct {
+    const char *dir;
+    int rank;
+} rank_ref;
+
+static bool rank_reaped(const void *arg)
+{
+    const rank_ref *r = arg;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/pid.%d", r->dir, r->rank);
+    FILE *f = fopen(path, "r");
+    long pid = 0;
+    if (!f)
+        return false;
+    int n = fscanf(f, "%ld", &pid);
+    fclose(f);
+    return n == 1 && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
 /* Records our pid and a grandchild's (which sleeps in our process group). */
@@ -126,8 +196,11 @@ static int mode_fail(int argc, char **argv, bool selfkill)
     const char *dir = selfkill ? (argc > 3 ? argv[3] : NULL) : (argc > 4 ? argv[4] : NULL);
     record_pids(dir);
     if (rank() == target) {
+        if (dir && !wait_until(all_pids_recorded, dir))
+            fprintf(stderr, "testworker rank %d: not every rank recorded its pid\n", rank());
         sleep_s(0.5);
         fprintf(stderr, "testworker rank %d: failing on purpose\n", rank());
+        write_file(dir, "failed", (long)wall_ms());
         if (selfkill)
             raise(SIGKILL);
         return code;
@@ -143,14 +216,23 @@ static int mode_peer_fail(int argc, char **argv)
     if (argc < 4)
         return 2;
     int cause = atoi(argv[2]), sec = atoi(argv[3]);
-    record_pids(argc > 4 ? argv[4] : NULL);
+    const char *dir = argc > 4 ? argv[4] : NULL;
+    record_pids(dir);
     if (rank() == sec) {
-        sleep_s(0.3); /* every rank has recorded its pids */
+        if (!dir)
+            sleep_s(0.3);
+        else if (!wait_until(all_pids_recorded, dir))
+            fprintf(stderr, "testworker rank %d: not every rank recorded its pid\n", rank());
         fprintf(stderr, "testworker rank %d: rank %d failed, stopping with it\n", rank(), cause);
+        write_file(dir, "failed", (long)wall_ms());
         return DDP_EXIT_PEER_FAILED;
     }
     if (rank() == cause) {
-        sleep_s(1.1);
+        rank_ref r = {dir, sec};
+        if (!dir)
+            sleep_s(1.1);
+        else if (!wait_until(rank_reaped, &r))
+            fprintf(stderr, "testworker rank %d: rank %d did not end\n", rank(), sec);
         fprintf(stderr, "testworker rank %d: No space left on device (the real failure)\n", rank());
         return 5;
     }
@@ -169,6 +251,27 @@ static int mode_sleep(const char *dir, bool stubborn)
     return 0;
 }
 
+typedef struct {
+    const char *path;
+    int attempt;
+} attempt_ref;
+
+/* DIR/attempts holds a line for this attempt from every rank. */
+static bool attempt_recorded(const void *arg)
+{
+    const attempt_ref *a = arg;
+    FILE *f = fopen(a->path, "r");
+    if (!f)
+        return false;
+    char line[256], want[32];
+    snprintf(want, sizeof want, "attempt=%d ", a->attempt);
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strncmp(line, want, strlen(want)) == 0;
+    fclose(f);
+    return n >= world_size();
+}
+
 static int mode_restart(int argc, char **argv)
 {
     if (argc < 4)
@@ -184,7 +287,10 @@ static int mode_restart(int argc, char **argv)
         fclose(f);
     }
     if (rank() == 0 && attempt < n) {
-        sleep_s(0.3); /* let every rank record its attempt before the group is stopped */
+        /* every rank has recorded this attempt before the group is stopped */
+        attempt_ref ar = {path, attempt};
+        if (!wait_until(attempt_recorded, &ar))
+            fprintf(stderr, "testworker: not every rank recorded attempt %d\n", attempt);
         fprintf(stderr, "testworker: failing attempt %d\n", attempt);
         return 1;
     }

