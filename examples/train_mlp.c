@@ -32,13 +32,19 @@ typedef struct sink_ctx {
     const ddp_ckpt_train_state *st;
     int k;
     ddp_error *err;
+    ddp_status failed; /* the first write that failed (a full disk): rank 0 alone knows it */
 } sink_ctx;
 
+/* A failed write is kept and the later pieces dropped, but the sink never refuses one: the other
+ * ranks would not learn of it, and they go on with the next state's gather, which rank 0 must
+ * make with them. Rank 0 tells them after the last one. */
 static ddp_status put_piece(void *ctx, size_t i, size_t first, const void *data, size_t count)
 {
     sink_ctx *c = ctx;
-    return ddp_ckpt_writer_put(c->w, ddp_ckpt_train_tensor(c->st, i, c->k), first * sizeof(float),
-                               data, count * sizeof(float), c->err);
+    if (!c->failed)
+        c->failed = ddp_ckpt_writer_put(c->w, ddp_ckpt_train_tensor(c->st, i, c->k),
+                                        first * sizeof(float), data, count * sizeof(float), c->err);
+    return DDP_OK;
 }
 
 /* The next batch, starting the next epoch when this one is used up. */
@@ -201,7 +207,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < st.n_optim; k++)
         st.optim_names[k] = ddp_optim_state_name(opt, k); /* optim[k] NULL: put later */
     st.pos = (ddp_ckpt_train_pos){steps, 0, 0, (uint64_t)ddp_group_size(g), steps, 0.0f, 0};
-    sink_ctx sc = {NULL, &st, 0, &err};
+    sink_ctx sc = {NULL, &st, 0, &err, DDP_OK};
     int32_t opened = ckpt && (!root || ddp_ckpt_open_train(ckpt, &st, &sc.w, &err) == DDP_OK);
     if (ckpt && ddp_broadcast(g, &opened, 1, DDP_INT32, 0) == DDP_OK && !opened)
         rc = fail("checkpoint", root ? err.msg : "rank 0 could not open the file");
@@ -214,12 +220,23 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (ckpt && opened && root) {
-        if (ddp_ckpt_writer_commit(sc.w, &err)) {
-            rc = fail("checkpoint", err.msg);
+    if (ckpt && opened) { /* rank 0 commits (or removes the file) and tells the others */
+        int32_t saved = 1;
+        if (root && sc.failed) {
+            ddp_ckpt_writer_abort(sc.w);
+            saved = 0;
+        } else if (root)
+            saved = ddp_ckpt_writer_commit(sc.w, &err) == DDP_OK;
+        if (root && saved)
+            printf("saved %s\n", ckpt);
+        if (ddp_broadcast(g, &saved, 1, DDP_INT32, 0)) {
+            rc = fail("checkpoint", ddp_group_last_error(g));
             goto out;
         }
-        printf("saved %s\n", ckpt);
+        if (!saved) {
+            rc = fail("checkpoint", root ? err.msg : "rank 0 could not save the file");
+            goto out;
+        }
     }
     if (ckpt && !opened)
         goto out;

@@ -57,6 +57,22 @@ if mount -t tmpfs -o size=3000k tmpfs full 2>/dev/null; then
     umount "$T/full"
     UNMOUNT=()
     ok "rank 0 cannot save (disk full): the summary names rank 0 and its ENOSPC line, not rank 1"
+    # The same mid-file with ZeRO-1's memory split: the header and the weights fit, AdamW's
+    # state does not (the disk fills while the shards stream in). Rank 0 must keep taking part
+    # in every gather (one per state array) and then say ENOSPC; it used to stop after the
+    # first, so rank 1's next gather met rank 0's verdict ("collectives differ across ranks").
+    mount -t tmpfs -o size=250k tmpfs full && UNMOUNT+=("$T/full") || fail "cannot remount"
+    rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 2 --checkpoint.every 1 \
+        --optimizer adamw --model.hidden 48,24 --shard_optimizer true --out_dir full/zero \
+        >zfull.out 2>zfull.err || rc=$?
+    [ $rc -eq 1 ] || { cat zfull.err; fail "disk full, sharded save: ddprun exited $rc, want 1"; }
+    ! grep -q "collectives differ" zfull.err || { cat zfull.err; fail "disk full, sharded save: collectives differ"; }
+    grep -q "^ddprun:     | ddptrain: rank 0: checkpoint: writing .*No space left on device" zfull.err ||
+        { cat zfull.err; fail "disk full, sharded save: the summary lacks rank 0's ENOSPC line"; }
+    ! ls full/zero/checkpoints/*.tmp.* 2>/dev/null || fail "disk full, sharded save: temporary file left"
+    umount "$T/full"
+    UNMOUNT=()
+    ok "rank 0 cannot finish a sharded save (disk full mid-file): every rank stops, rank 0 says ENOSPC"
 else
     echo "skip: cannot mount a tmpfs here (not root?): the disk-full checkpoint case is not run"
 fi

@@ -23,6 +23,29 @@ for f in one two; do
 done
 ok "ddptrain evaluates the example's checkpoints"
 
+# Rank 0's disk fills while the optimizer's shards stream into its file (a 600 KB tmpfs: the
+# header and the weights fit, AdamW's state does not): rank 0 says ENOSPC and removes the file,
+# rank 1 learns that rank 0 could not save. It used to stop after the first state's gather with
+# "the sink refused parameter 0's", leaving rank 1 in the next one. Needs mount (root).
+mkdir -p full
+if mount -t tmpfs -o size=600k tmpfs full 2>/dev/null; then
+    UNMOUNT+=("$T/full")
+    rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$EX" "$DATA" 5 full/x.safetensors \
+        >full.out 2>&1 || rc=$?
+    [ $rc -eq 1 ] || { cat full.out; fail "disk full: ddprun exited $rc, want 1"; }
+    grep -q "^\[rank0\]: train_mlp: checkpoint: writing .*No space left on device" full.out ||
+        { cat full.out; fail "disk full: rank 0 does not say ENOSPC"; }
+    if grep -q "^\[rank1\]: train_mlp" full.out; then
+        assert_contains full.out "[rank1]: train_mlp: checkpoint: rank 0 could not save the file"
+    fi
+    [ -z "$(ls full)" ] || { ls -la full; fail "disk full: a file was left behind"; }
+    umount "$T/full"
+    UNMOUNT=()
+    ok "train_mlp: a disk that fills during the sharded save: rank 0 says ENOSPC, rank 1 learns it"
+else
+    echo "skip: cannot mount a tmpfs here (not root?): the disk-full save is not run"
+fi
+
 # Without the model's keys: the example's checkpoint stores no configuration, so ddptrain says
 # so (until 2026-11-25 it claimed to use "the one stored in" it, and the load's message sent the
 # user to 'config' metadata that is empty) and names what to give.

@@ -43,14 +43,20 @@ typedef struct shard_sink {
     const ddp_ckpt_train_state *s;
     int k;
     ddp_error *err;
+    ddp_status failed; /* the first write that failed (rank 0 alone knows it) */
 } shard_sink;
 
+/* A write that fails (a full disk) is kept in ss->failed and the pieces after it are dropped,
+ * but the sink itself never refuses one: the other ranks do not learn of a refusal, so rank 0
+ * must go on with every gather they make (each state's), and it says why after the last. */
 static ddp_status put_piece(void *ctx, size_t i, size_t first, const void *data, size_t count)
 {
     shard_sink *ss = ctx;
-    return ddp_ckpt_writer_put(ss->w, ddp_ckpt_train_tensor(ss->s, i, ss->k),
-                               (uint64_t)first * sizeof(float), data, count * sizeof(float),
-                               ss->err);
+    if (!ss->failed)
+        ss->failed = ddp_ckpt_writer_put(ss->w, ddp_ckpt_train_tensor(ss->s, i, ss->k),
+                                         (uint64_t)first * sizeof(float), data,
+                                         count * sizeof(float), ss->err);
+    return DDP_OK;
 }
 
 /* Every rank, after rank 0 tried to open the file (st: how that went; w: its writer): every
@@ -65,15 +71,18 @@ static ddp_status save_shards(trainer *t, ddp_ckpt_writer *w, const ddp_ckpt_tra
     }
     if (!opened) /* rank 0 says why; the others learn it from the verdict after */
         return st;
+    /* Every rank makes the same gathers whatever rank 0's writes do: a gather's own failure
+     * (out of memory on some rank, the network) every rank learns, and all stop together. */
+    shard_sink ss = {w, s, 0, err, DDP_OK};
     for (int k = 0; k < ddp_optim_num_states(t->opt) && !st; k++) {
-        shard_sink ss = {w, s, k, err};
-        err->msg[0] = '\0';
-        st = ddp_reducer_gather_state_sink(t->red, 0,
-                                           (const void *const *)ddp_optim_state(t->opt, k),
-                                           t->R == 0 ? put_piece : NULL, &ss);
-        if (st && !err->msg[0]) /* a sink's failure left its own, more precise message */
+        ss.k = k;
+        if ((st = ddp_reducer_gather_state_sink(t->red, 0,
+                                                (const void *const *)ddp_optim_state(t->opt, k),
+                                                t->R == 0 ? put_piece : NULL, &ss)))
             ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
     }
+    if (!st && ss.failed) /* its message is in err already */
+        st = ss.failed;
     if (t->R == 0 && st)
         ddp_ckpt_writer_abort(w);
     else if (t->R == 0)
