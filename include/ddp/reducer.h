@@ -201,8 +201,11 @@ ddp_status ddp_reducer_gather_state_to(ddp_reducer *r, int root, const void *con
  * in no particular order, each element once — e.g. straight into a checkpoint file
  * (ddp_ckpt_open_train, ddp_ckpt_writer_put), so that no rank ever holds the whole state. A
  * sink's failure is returned (after the collectives ran to the end with the other ranks, which
- * do not learn of it) and no later piece is given. Only root's sink is called (the others may
- * pass NULL). A GPU group needs a sharded reducer for it. */
+ * do not learn of it) and no later piece is given: a caller that gathers several arrays (one
+ * call each) must still make every later call on the root, or the others wait in it — keep the
+ * failure in ctx, return DDP_OK, and tell the others after the last (ddptrain's save_shards,
+ * examples/train_mlp.c). Only root's sink is called (the others may pass NULL; NULL on the root
+ * is refused on every rank). A GPU group needs a sharded reducer for it. */
 typedef ddp_status (*ddp_state_sink)(void *ctx, size_t i, size_t first, const void *data,
                                      size_t count);
 ddp_status ddp_reducer_gather_state_sink(ddp_reducer *r, int root, const void *const *shards,

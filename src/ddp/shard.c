@@ -125,14 +125,16 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
     if (!r)
         return DDP_ERR_INVALID;
     int32_t bad = 0; /* 1 out of memory, 2 wrong arguments: every rank learns the worst */
-    if (!src || (root == r->me && !dst && !to) || root >= r->W)
+    bool no_sink = to && !to->fn; /* gather_state_sink on the root without one */
+    if (!src || (root == r->me && !dst && (!to || no_sink)) || root >= r->W)
         bad = 2;
     if (r->step_open)
         return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: a step is under way; call finish first",
                            what);
     if (!r->shard) { /* every rank holds everything already */
         if (bad)
-            return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: no arrays", what);
+            return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: %s", what,
+                               no_sink ? "no sink on the root" : "no arrays");
         ddp_status st = DDP_OK;
         for (size_t p = 0; root == r->me && p < r->nparams && !st; p++) {
             size_t bytes = r->params[p].count * ddp_dtype_size(r->params[p].dtype);
@@ -159,6 +161,8 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
     if (chunk_bytes > most)
         chunk_bytes = most;
     chunk_bytes = (chunk_bytes + 63) / 64 * 64;
+    if (!chunk_bytes && most) /* a limit under W bytes: 0 elements a chunk never got anywhere */
+        chunk_bytes = 64;
     size_t scratch = chunk_bytes * (size_t)r->W;
     char *mem = bad      ? NULL
                 : r->dev ? ddp_group_alloc(r->g, scratch ? scratch : 64)
@@ -171,8 +175,10 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
     int32_t worst = 0;
     ddp_status st = ddp__reducer_ctl(r, false, &bad, &worst, 1, DDP_INT32, DDP_MAX);
     if (!st && worst == 2)
-        st = ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: no arrays%s", what,
-                         bad ? "" : " on another rank");
+        st = ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: %s", what,
+                         !bad      ? "no arrays (or no sink) on another rank"
+                         : no_sink ? "no sink on the root"
+                                   : "no arrays");
     else if (!st && worst)
         st = ddp__errmsg(r->err, DDP_ERR_NOMEM, "out of %s memory on %s", r->dev ? "GPU" : "host",
                          bad ? "this rank" : "another rank");
@@ -251,9 +257,10 @@ ddp_status ddp_reducer_gather_state_to(ddp_reducer *r, int root, const void *con
 ddp_status ddp_reducer_gather_state_sink(ddp_reducer *r, int root, const void *const *shards,
                                          ddp_state_sink sink, void *ctx)
 {
-    if (r && (root < 0 || (root == r->me && !sink)))
-        return ddp__errmsg(r->err, DDP_ERR_INVALID, "gathering optimizer state: root %d%s", root,
-                           root >= 0 ? " without a sink" : "");
+    if (r && root < 0)
+        return ddp__errmsg(r->err, DDP_ERR_INVALID, "gathering optimizer state: root %d", root);
+    /* no sink on the root: refused by gather on every rank that communicates, so that none is
+     * left waiting for the root */
     sink_to to = {sink, ctx, NULL, DDP_OK, 0};
     return gather(r, shards, true, NULL, r && root == r->me ? &to : NULL, root,
                   "gathering optimizer state");

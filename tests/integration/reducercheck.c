@@ -320,6 +320,17 @@ int main(int argc, char **argv)
                             break;
                         }
                 CHECK(!sc.twice, "%s: gather_state_sink gave an element twice", mode);
+                /* the root without a sink: refused on every rank that communicates, as
+                 * gather_state_to without arrays (it used to return on the root alone, and
+                 * the others waited for it in the gather) */
+                ss =
+                    ddp_reducer_gather_state_sink(red, root, (const void *const *)part, NULL, NULL);
+                CHECK(refused ? ss == DDP_ERR_INVALID &&
+                                    strstr(ddp_reducer_last_error(red),
+                                           R == root ? "no sink on the root" : "another rank")
+                              : ss == DDP_OK,
+                      "%s: gather_state_sink without a sink on the root: %d %s", mode, (int)ss,
+                      ddp_reducer_last_error(red));
                 sc.calls = 0;
                 sc.fail_at = 2;
                 ss = ddp_reducer_gather_state_sink(red, root, (const void *const *)part,
