@@ -77,6 +77,21 @@ else
     echo "skip: cannot mount a tmpfs here (not root?): the disk-full checkpoint case is not run"
 fi
 
+# A file-size limit (ulimit -f 300: 300 KiB; tcp, as shm's segments obey it too) that the
+# checkpoint passes, sharded and not: rank 0 says EFBIG with the file and removes it, rank 1
+# stops with it. SIGXFSZ used to end rank 0 with no word and leave the temporary file behind.
+for so in true false; do
+    rc=0; (ulimit -f 300; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --backend tcp \
+        --total_steps 2 --checkpoint.every 1 --optimizer adamw --model.hidden 48,24 \
+        --shard_optimizer $so --out_dir fsize$so >fsize.out 2>fsize.err) || rc=$?
+    [ $rc -eq 1 ] || { cat fsize.err; fail "ulimit -f, shard_optimizer $so: ddprun exited $rc, want 1"; }
+    assert_not_contains fsize.err "SIGXFSZ"
+    grep -q "^ddprun:     | ddptrain: rank 0: checkpoint: writing .*File too large" fsize.err ||
+        { cat fsize.err; fail "ulimit -f, shard_optimizer $so: the summary lacks rank 0's EFBIG line"; }
+    [ -z "$(ls fsize$so/checkpoints)" ] || { ls fsize$so/checkpoints; fail "ulimit -f, shard_optimizer $so: a file was left"; }
+done
+ok "a file-size limit under the checkpoint: rank 0 says File too large and leaves no file"
+
 # Train with 2 ranks, then test and predict from the checkpoint.
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \
     --out_dir run2 >out 2>err || { cat err; fail "training failed"; }

@@ -599,6 +599,10 @@ void trainer_catch_save_signals(void)
 
 int main(int argc, char **argv)
 {
+    /* A file-size limit (ulimit -f) makes a write fail with EFBIG, which the checkpoint's message
+     * names with its file and the temporary file is removed, instead of SIGXFSZ ending the rank
+     * with no word and leaving the temporary file behind. */
+    signal(SIGXFSZ, SIG_IGN);
     trainer t;
     memset(&t, 0, sizeof t);
     t.local_rank_arg = -1;
