@@ -91,6 +91,14 @@ for so in true false; do
     [ -z "$(ls fsize$so/checkpoints)" ] || { ls fsize$so/checkpoints; fail "ulimit -f, shard_optimizer $so: a file was left"; }
 done
 ok "a file-size limit under the checkpoint: rank 0 says File too large and leaves no file"
+# The same limit over shm: it binds /dev/shm's segment too, and the message said /dev/shm may
+# be too small (grow it) where the file-size limit is the cause.
+rc=0; (ulimit -f 300; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 2 \
+    --out_dir fsizeshm >fsize.out 2>fsize.err) || rc=$?
+[ $rc -eq 1 ] || { cat fsize.err; fail "ulimit -f over shm: ddprun exited $rc, want 1"; }
+assert_contains fsize.err "File too large; the file-size limit (ulimit -f) is below it: raise it, or use the tcp backend"
+assert_not_contains fsize.err "/dev/shm may be too small"
+ok "a file-size limit under shm's segment is named as the cause"
 
 # Train with 2 ranks, then test and predict from the checkpoint.
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \

@@ -977,10 +977,13 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
             goto out_free;
         }
         if (ftruncate(b->fd, (off_t)b->size) != 0) {
-            st = ddp__err(err, DDP_ERR_SYSTEM,
-                          "cannot size shared memory '%s' to %zu MiB: %s; /dev/shm may be too "
-                          "small: lower arena_bytes or grow /dev/shm",
-                          b->name, b->size >> 20, strerror(errno));
+            int e = errno; /* EFBIG: a file-size limit (ulimit -f) binds /dev/shm's files too */
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot size shared memory '%s' to %zu MiB: %s; %s",
+                          b->name, b->size >> 20, strerror(e),
+                          e == EFBIG ? "the file-size limit (ulimit -f) is below it: raise it, or "
+                                       "use the tcp backend"
+                                     : "/dev/shm may be too small: lower arena_bytes or grow "
+                                       "/dev/shm");
             goto out_unlink;
         }
         /* Control and staging pages now, so running out of /dev/shm is an error, not SIGBUS. */
