@@ -188,7 +188,10 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < np; i++) { /* this rank's shard: all of it unless sharded */
             size_t lo_i, hi_i;
             ddp_reducer_shard(red, i, &lo_i, &hi_i);
-            ddp_optim_step_range(opt, i, lo_i, hi_i, step + 1, lr, 1.0f);
+            if (ddp_optim_step_range(opt, i, lo_i, hi_i, step + 1, lr, 1.0f)) {
+                rc = fail("optimizer", ddp_optim_last_error(opt));
+                goto out;
+            }
         }
         if (ddp_reducer_gather_params(red)) {
             rc = fail("gather", ddp_reducer_last_error(red));
