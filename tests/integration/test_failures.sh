@@ -160,3 +160,23 @@ assert_contains "$d/err" "stopped : rank 1 (pid $(cat "$d/pid.1"), by SIGSTOP, f
 assert_contains "$d/err" "was stopped when this failure came and had not continued: a time-out of the other ranks is most likely its doing"
 wait_gone "$d" 5
 ok "a stopped rank holding the others up is named in the summary beside the rank that timed out"
+
+# A worker that fails leaving a child in its process group that holds its output: the child is
+# stopped with the others (SIGTERM, which it records), not left to hold the pipe through ddprun's
+# 2 s output drain and then SIGKILLed (before 2026-11-25: every such failed job took 2 s more).
+d=$T/leaver; mkdir -p "$d"
+cat >"$d/leaver.sh" <<'SH'
+#!/usr/bin/env bash
+if [ "$RANK" = 0 ]; then
+    bash -c 'trap "echo TERM > '"$1"'/left.term; exit 0" TERM; sleep 30 & wait' &
+    sleep 0.3
+    exit 3
+fi
+sleep 30
+SH
+chmod +x "$d/leaver.sh"
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$d/leaver.sh" "$d" >"$d/out" 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat "$d/out"; fail "ddprun exited $rc, want 1"; }
+[ -f "$d/left.term" ] || fail "the failed worker's child was not sent SIGTERM with the others"
+assert_contains "$d/out" "rank 0 (local rank 0, role 'default') ended with exit code 3"
+ok "what a failed worker left in its process group is stopped with the others"

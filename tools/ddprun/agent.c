@@ -255,6 +255,10 @@ static void stop_workers(agent *a, int sig, int64_t *kill_at)
         if (a->w[i].running) {
             ddprun_signal_worker(&a->w[i], sig);
             a->w[i].signaled = true;
+        } else if (a->w[i].pid > 0) {
+            /* What an ended worker left in its process group (a child holding its output) is
+             * stopped with the rest now, not SIGKILLed after the 2 s output drain. */
+            ddprun_signal_worker(&a->w[i], sig);
         }
     if (*kill_at == 0)
         *kill_at = now_ms() + (int64_t)(a->o->grace_period * 1000);
