@@ -251,17 +251,19 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
  * and the syncs copy them with the parameters. UNVERIFIED: written without a GPU.
  *
  *   ddp_model_resident(m, &optim_opts, &err);            // after loading a checkpoint, if any
- *   ddp_group_opts go = DDP_GROUP_OPTS_INIT; go.device = DDP_DEVICE_CUDA; … ddp_group_init(&go, &gg, …);
- *   ddp_group_set_stream(gg, ddp_model_cuda_stream(m));
- *   ddp_param ps[i] = {name, count, DDP_FLOAT32, ddp_model_device_param(m, i), DDP_DEVICE_CUDA};
- *   ddp_reducer_create(gg, ps, n, …, &red, …);  then ddp_model_bind_device_grad(m, i, ddp_reducer_grad(red, i))
- *   each step: zero_grad, forward, backward (marks ready), finish, grad_norm, then for each i:
- *       ddp_model_device_step(m, i, step, lr, clip_coef);
- * With a sharded reducer (shard_optimizer): ddp_model_bind_device_params(m, ps') with
- * ps'[i] = ddp_reducer_param(red, i) after creating it; each step, for each i,
+ *   ddp_group_opts go = DDP_GROUP_OPTS_INIT; go.device = DDP_DEVICE_CUDA; … ddp_group_init(&go,
+ * &gg, …); ddp_group_set_stream(gg, ddp_model_cuda_stream(m)); ddp_param ps[i] = {name, count,
+ * DDP_FLOAT32, ddp_model_device_param(m, i), DDP_DEVICE_CUDA}; ddp_reducer_create(gg, ps, n, …,
+ * &red, …);  then ddp_model_bind_device_grad(m, i, ddp_reducer_grad(red, i)) each step: zero_grad,
+ * forward, backward (marks ready), finish, grad_norm, then for each i: ddp_model_device_step(m, i,
+ * step, lr, clip_coef); With a sharded reducer (shard_optimizer): ddp_model_bind_device_params(m,
+ * ps') with ps'[i] = ddp_reducer_param(red, i) after creating it; each step, for each i,
  * ddp_reducer_shard(red, i, &lo, &hi) and ddp_model_device_step_range(m, i, lo, hi, …), then
  * ddp_reducer_gather_params(red); before a checkpoint, ddp_reducer_gather_state on each
- * ddp_model_device_state array, then ddp_model_sync_host.
+ * ddp_model_device_state array, then ddp_model_sync_host. ZeRO-1's memory split: then
+ * ddp_model_device_keep (and ddp_optim_keep on the host's optimizer) with the shard's ranges,
+ * and checkpoints through ddp_reducer_gather_state_sink from the ddp_model_device_state
+ * arrays, which hold the shard only (tools/ddptrain does it).
  */
 struct ddp_optim_opts;
 struct ddp_optim;
@@ -282,8 +284,7 @@ ddp_status ddp_model_bind_device_grad(ddp_model *m, size_t i, float *grad_dev);
 /* The optimizer's update of parameter i from its bound device gradient, every element, step
  * `step` (1-based) at learning rate lr, the gradient multiplied by grad_scale first (clipping):
  * ddp_optim_step_range's arithmetic, on the GPU. Queued on the model's stream. */
-ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr,
-                                 float grad_scale);
+ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale);
 /* The same for elements [lo, hi) of parameter i only (the reducer's shard of it with a sharded
  * optimizer step: ddp_reducer_shard). */
 ddp_status ddp_model_device_step_range(ddp_model *m, size_t i, size_t lo, size_t hi, uint64_t step,
@@ -300,6 +301,19 @@ ddp_status ddp_model_bind_device_params(ddp_model *m, float *const *params_dev);
  * parameter; s < 2 for AdamW, 1 for SGD), every i: what ddp_reducer_gather_state completes after
  * sharded steps, before ddp_model_sync_host saves it. */
 ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev);
+/* ZeRO-1's memory split on the GPU, ddp_optim_keep's twin: the device optimizer's state keeps
+ * the elements [lo[i], hi[i]) of each parameter i only (the reducer's shard:
+ * ddp_reducer_shard), with the values it had; the rest of its device memory is freed. Call it
+ * once the state is complete (fresh, or synced up from a loaded checkpoint), with ddp_optim_keep
+ * on the host's optimizer given the same ranges (the syncs copy the kept elements and refuse
+ * optimizers narrowed otherwise). From then on ddp_model_device_step_range refuses elements
+ * outside the range, and ddp_model_device_state gives each parameter's kept elements (the
+ * first is element lo[i]): the shards ddp_reducer_gather_state_sink takes. A range can only
+ * narrow; a failure (DDP_ERR_INVALID, or out of device memory) changes nothing. */
+ddp_status ddp_model_device_keep(ddp_model *m, const size_t *lo, const size_t *hi);
+/* The elements of parameter i whose device optimizer state m keeps: [0, count) until
+ * ddp_model_device_keep; [0, 0) for an i out of range. */
+void ddp_model_device_kept(const ddp_model *m, size_t i, size_t *lo, size_t *hi);
 /* Device → host: the parameters into the list's data arrays (the buffers into theirs) and, with
  * opt (NULL: none), the device optimizer's state into opt's state arrays (ddp_optim_state; opt
  * of the same kind: another kind is DDP_ERR_INVALID, and nothing is copied).

@@ -339,6 +339,12 @@ ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_err
     DDP__GPU_CALL(gpt_state_dev, g, s, dev, err);
 }
 
+ddp_status ddp__cuda_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
+                                    ddp_error *err)
+{
+    DDP__GPU_CALL(gpt_optim_keep, g, lo, hi, err);
+}
+
 #define DDP__GPU_CLS_CALL(member, ...)                                                             \
     DDP__GPU_CALL_OR("no MLP/CNN (" #member                                                        \
                      "): it was built without cuDNN; HINT: install cuDNN 9 "                       \
@@ -429,4 +435,10 @@ ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev,
 ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err)
 {
     DDP__GPU_CLS_RES_CALL(cls_state_dev, g, s, dev, err);
+}
+
+ddp_status ddp__cuda_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                                    ddp_error *err)
+{
+    DDP__GPU_CLS_RES_CALL(cls_optim_keep, g, lo, hi, err);
 }

@@ -30,8 +30,9 @@ extern "C" {
  * its dropout (cfg.dropout/seed, forward's step and sample offset); 7: devops' IPC, reduce and
  * d2d (cuda-ipc); 8: the classifier's device-resident training (cls_dev_info …); 9: the
  * watchdog's peer flag (async_error, watchdog_fail, watchdog_error), the classifier batch's
- * sample_stride (ddp__cuda_cls_batch). */
-#define DDP_GPU_MODULE_ABI 9
+ * sample_stride (ddp__cuda_cls_batch); 10: the device optimizer's narrowing (gpt_optim_keep,
+ * cls_optim_keep: ZeRO-1's memory split on the GPU). */
+#define DDP_GPU_MODULE_ABI 10
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -134,6 +135,12 @@ typedef struct ddp__gpu_api {
                                   ddp_error *err);
     ddp_status (*cls_bind_params)(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
     ddp_status (*cls_state_dev)(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
+    /* The device optimizer's state narrowed to each parameter's shard (kernels.h's
+     * ddp__cuda_gpt_optim_keep); NULL: not in this module. */
+    ddp_status (*gpt_optim_keep)(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
+                                 ddp_error *err);
+    ddp_status (*cls_optim_keep)(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                                 ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -163,6 +170,8 @@ ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host,
                                     ddp_error *err);
 ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
 ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err);
+ddp_status ddp__gpu_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
+                                   ddp_error *err);
 ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 ddp_status ddp__gpu_cls_create(const ddp__cuda_cls_cfg *cfg, const size_t *counts, size_t np,
                                const size_t *bcounts, size_t nb, ddp__cuda_cls **out,
@@ -186,6 +195,8 @@ ddp_status ddp__gpu_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host,
                                     ddp_error *err);
 ddp_status ddp__gpu_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
 ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
+ddp_status ddp__gpu_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                                   ddp_error *err);
 ddp_status ddp__gpu_cuda_devops(int device, struct ddp__devops *out, ddp_error *err);
 ddp_status ddp__gpu_nccl_create(const struct ddp__setup *s, void **be,
                                 const struct ddp__backend_ops **ops, ddp_error *err);

@@ -264,6 +264,13 @@ ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host
  * device's buffer (laid out like the parameters), for the reducer's gather of a sharded state. */
 ddp_status ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev, ddp_error *err);
 ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_error *err);
+/* ZeRO-1's memory split on the device (ddp_optim_keep's contract): after optim_init, the state
+ * of parameter i keeps its elements [lo[i], hi[i]) only (a range can only narrow; the values
+ * kept, the rest freed): optim_step refuses other elements, optim_state copies the kept elements
+ * (host[i] holds hi[i] - lo[i] floats) and state_dev gives where they start (element lo[i]).
+ * A failure (a wider range, out of device memory) changes nothing. */
+ddp_status ddp__cuda_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
+                                    ddp_error *err);
 
 /* ---- the MLP and the CNN on a CUDA device (cuda/classifier.cu, through kernels/gpu.c) ---------
  * src/nn/classifier.c's models (types "mlp" and "cnn") on the device, for its "cuda" device: the
@@ -353,9 +360,9 @@ ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *grads_host, dd
  * bound arrays when bound. backward_dev: as backward, but every gradient kernel adds straight
  * into grads_dev[i] (device memory, not zeroed), and ready(ctx, i) (may be NULL) is called as
  * soon as parameter i's kernels are queued: layers from the last, each layer's weight before
- * its bias (the CPU's order). optim_init, optim_step, optim_state, bind_params and state_dev:
- * the GPT's contracts, with the same ddp__cuda_optim_args, on the device's AdamW/SGD kernels
- * (optim.cu, devmath.cu). After optim_init, every forward in bf16/fp16 rounds the weights'
+ * its bias (the CPU's order). optim_init, optim_step, optim_state, bind_params, state_dev and
+ * optim_keep: the GPT's contracts, with the same ddp__cuda_optim_args, on the device's AdamW/SGD
+ * kernels (optim.cu, devmath.cu). After optim_init, every forward in bf16/fp16 rounds the weights'
  * 16-bit twin from the masters first (the optimizer and the reducer's gather change them). */
 ddp_status ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **params_dev, float **buffers_dev,
                                   void **stream, ddp_error *err);
@@ -370,6 +377,8 @@ ddp_status ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host
                                      ddp_error *err);
 ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
 ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
+ddp_status ddp__cuda_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                                    ddp_error *err);
 
 /* ---- device choice (device.c) ---------------------------------------------------------------
  * ddp_device_select's decision (ddp/device.h) given what the runtime said: `visible` GPUs (0:

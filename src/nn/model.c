@@ -326,8 +326,7 @@ ddp_status ddp_model_bind_device_grad(ddp_model *m, size_t i, float *grad_dev)
     return DDP_OK;
 }
 
-ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr,
-                                 float grad_scale)
+ddp_status ddp_model_device_step(ddp_model *m, size_t i, uint64_t step, float lr, float grad_scale)
 {
     ddp_status st = resident_check(m, i, "device_step");
     return st ? st : m->ops->resident->step(m, i, 0, m->params[i].count, step, lr, grad_scale);
@@ -363,6 +362,22 @@ ddp_status ddp_model_device_state(ddp_model *m, int s, float **dev)
     if (!st && !dev)
         st = ddp__errmsg(m->err, DDP_ERR_INVALID, "device_state: no array to fill");
     return st ? st : m->ops->resident->state(m, s, dev);
+}
+
+ddp_status ddp_model_device_keep(ddp_model *m, const size_t *lo, const size_t *hi)
+{
+    ddp_status st = resident_check(m, 0, "device_keep");
+    if (!st && m->n_params && (!lo || !hi))
+        st = ddp__errmsg(m->err, DDP_ERR_INVALID, "device_keep: no ranges");
+    return st ? st : m->ops->resident->keep(m, lo, hi);
+}
+
+void ddp_model_device_kept(const ddp_model *m, size_t i, size_t *lo, size_t *hi)
+{
+    bool known = m && i < m->n_params;
+    const ddp__resident *r = known ? m->res : NULL;
+    *lo = r && r->klo ? r->klo[i] : 0;
+    *hi = r && r->khi ? r->khi[i] : known ? m->params[i].count : 0;
 }
 
 ddp_status ddp_model_sync_host(ddp_model *m, struct ddp_optim *opt)

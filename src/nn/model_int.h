@@ -44,6 +44,7 @@ typedef struct ddp_model_resident_ops {
                        float grad_scale);
     ddp_status (*bind_params)(ddp_model *m, float *const *params_dev); /* NULL: unbind */
     ddp_status (*state)(ddp_model *m, int s, float **dev);
+    ddp_status (*keep)(ddp_model *m, const size_t *lo, const size_t *hi);
     /* to_host: device → host; opt may be NULL (parameters only). */
     ddp_status (*sync)(ddp_model *m, struct ddp_optim *opt, bool to_host);
 } ddp_model_resident_ops;
@@ -92,6 +93,7 @@ typedef struct ddp__resident {
     float **dparam, **dbuf, **dgrad;
     void *stream; /* the device model's cudaStream_t */
     ddp_optim_opts oo;
+    size_t *klo, *khi; /* (n_params,) the device optimizer's kept elements (keep), or NULL: all */
 } ddp__resident;
 
 /* After the device model is made: m->res's device arrays (allocated) and the stream, as the

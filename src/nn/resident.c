@@ -7,6 +7,7 @@
  * model m->res holds. Argument checks are model.c's; the layers are the types'.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ddp/optim.h"
 #include "kernels/kernels.h"
@@ -83,6 +84,8 @@ void ddp__resident_free(ddp__resident *r)
     free(r->dparam);
     free(r->dbuf);
     free(r->dgrad);
+    free(r->klo);
+    free(r->khi);
 }
 
 /* ---- backward ---------------------------------------------------------------------------------
@@ -251,10 +254,16 @@ static ddp_status resident_sync(ddp_model *m, struct ddp_optim *opt, bool to_hos
                            "sync: the optimizer has %d state arrays, the device's %d: another "
                            "kind of optimizer",
                            ns, want);
-    if (opt && ddp_optim_narrowed(opt))
-        return ddp__errmsg(m->err, DDP_ERR_INVALID,
-                           "sync: the optimizer keeps part of its state only (ddp_optim_keep), "
-                           "the device's is whole: sync with an optimizer that was not narrowed");
+    for (size_t i = 0; opt && i < m->n_params; i++) {
+        size_t lo, hi, dlo = r->klo ? r->klo[i] : 0, dhi = r->khi ? r->khi[i] : m->params[i].count;
+        ddp_optim_kept(opt, i, &lo, &hi);
+        if (lo != dlo || hi != dhi)
+            return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                               "sync: the optimizer keeps the state of elements [%zu, %zu) of "
+                               "'%s', the device's of [%zu, %zu): narrow both alike "
+                               "(ddp_optim_keep, ddp_model_device_keep)",
+                               lo, hi, m->params[i].name, dlo, dhi);
+    }
     ddp_status st =
         to_host ? get_params(r, r->pgrad, &e)
                 : upload(r, (const float *const *)r->pgrad, (const float *const *)r->bout, &e);
@@ -291,6 +300,35 @@ static ddp_status resident_state(ddp_model *m, int s, float **dev)
     return DDP_OK;
 }
 
+/* ZeRO-1's memory split on the device: the module narrows its state buffers, and the ranges are
+ * kept here too for sync's check and ddp_model_device_kept. */
+static ddp_status resident_keep(ddp_model *m, const size_t *lo, const size_t *hi)
+{
+    ddp__resident *r = m->res;
+    size_t np = m->n_params ? m->n_params : 1;
+    if (!r->klo) { /* the first narrowing: every element kept until the module's says */
+        if (!(r->klo = malloc(sizeof *r->klo * np)) || !(r->khi = malloc(sizeof *r->khi * np))) {
+            free(r->klo);
+            r->klo = NULL;
+            return ddp__errmsg(m->err, DDP_ERR_NOMEM,
+                               "narrowing the optimizer's state: out of memory");
+        }
+        for (size_t i = 0; i < m->n_params; i++) {
+            r->klo[i] = 0;
+            r->khi[i] = m->params[i].count;
+        }
+    }
+    ddp_error e = {0};
+    ddp_status st = r->cls ? ddp__cuda_cls_optim_keep(r->cls, lo, hi, &e)
+                           : ddp__cuda_gpt_optim_keep(r->gpt, lo, hi, &e);
+    if (st != DDP_OK)
+        return ddp__errmsg(m->err, e.status ? e.status : st,
+                           "narrowing the optimizer's state on the GPU: %s", e.msg);
+    memcpy(r->klo, lo, sizeof *lo * m->n_params);
+    memcpy(r->khi, hi, sizeof *hi * m->n_params);
+    return DDP_OK;
+}
+
 const ddp_model_resident_ops ddp__resident_ops = {
     .start = resident_start,
     .param = resident_param,
@@ -300,5 +338,6 @@ const ddp_model_resident_ops ddp__resident_ops = {
     .step = resident_step,
     .bind_params = resident_bind_params,
     .state = resident_state,
+    .keep = resident_keep,
     .sync = resident_sync,
 };

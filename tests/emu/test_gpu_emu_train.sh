@@ -65,7 +65,14 @@ if [ $NCCL_BUILT = 1 ]; then
 fi
 emu2 gpu2s --shard_optimizer true
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
-ok "2 ranks, the optimizer sharded on the emulated GPUs: 6 steps = the cpu's"
+grep -q "each rank keeping 1/2 of its state" gpu2s.out || { cat gpu2s.out; fail "the state is not split"; }
+# ZeRO-1's memory split on the device (resident.cu's optim_keep): a checkpoint at step 3 streams
+# each rank's half of the AdamW state from its device into rank 0's file (small chunks), and the
+# run resumed from it (every rank loads the whole state, then keeps its half) = the run above.
+DDP_TEST_GATHER_SCRATCH=256 emu2 gpu2sc --shard_optimizer true --total_steps 3 --checkpoint.every 3
+emu2 gpu2sc --shard_optimizer true --resume_from latest
+losses gpu2s/metrics.jsonl gpu2sc/metrics.jsonl 6 || fail "2 ranks sharded, resumed at step 3 ≠ uninterrupted"
+ok "2 ranks, the optimizer sharded on the emulated GPUs, each keeping half its state: 6 steps = the cpu's; saved at step 3 and resumed = uninterrupted"
 emu2 gpu2h --precision bf16
 emu2 gpu2hs --precision bf16 --shard_optimizer true
 losses gpu2h/metrics.jsonl gpu2hs/metrics.jsonl 6 || fail "bf16: sharded ≠ unsharded"

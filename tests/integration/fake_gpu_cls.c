@@ -246,3 +246,8 @@ ddp_status fake_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *e
 {
     return fake_res_state_dev(&g->r, s, dev, err);
 }
+
+ddp_status fake_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi, ddp_error *err)
+{
+    return fake_res_optim_keep(&g->r, lo, hi, err);
+}

@@ -25,5 +25,7 @@ ddp_status fake_cls_optim_state(ddp__cuda_cls *g, int s, float *const *host, boo
                                 ddp_error *err);
 ddp_status fake_cls_bind_params(ddp__cuda_cls *g, float *const *params_dev, ddp_error *err);
 ddp_status fake_cls_state_dev(ddp__cuda_cls *g, int s, float **dev, ddp_error *err);
+ddp_status fake_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                               ddp_error *err);
 
 #endif /* DDP_TEST_FAKE_GPU_CLS_H */

@@ -68,11 +68,31 @@ void fake_res_free(fake_res *r)
     free(r->state[1]);
     free(r->tmp);
     free(r->bound);
+    free(r->klo);
+    free(r->khi);
+    free(r->koff);
+}
+
+/* Parameter i's kept elements [*lo, *hi) and where they start in the state buffers. */
+static size_t kept(const fake_res *r, size_t i, size_t *lo, size_t *hi)
+{
+    *lo = r->klo ? r->klo[i] : 0;
+    *hi = r->khi ? r->khi[i] : r->counts[i];
+    return r->koff ? r->koff[i] : r->offsets[i];
 }
 
 float *fake_res_param(const fake_res *r, size_t i)
 {
     return r->bound ? r->bound[i] : r->params + r->offsets[i];
+}
+
+/* Floats in each state buffer: every parameter's, or after keep the kept elements'. */
+static size_t state_floats(const fake_res *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->np; i++)
+        n += r->klo ? r->khi[i] - r->klo[i] : r->counts[i];
+    return n;
 }
 
 ddp_status fake_res_optim_init(fake_res *r, int nstates, ddp_error *err)
@@ -81,7 +101,7 @@ ddp_status fake_res_optim_init(fake_res *r, int nstates, ddp_error *err)
         return fail(r, err, DDP_ERR_INVALID, "optimizer states: 1 or 2");
     for (int s = 0; s < nstates; s++) {
         free(r->state[s]);
-        if (!(r->state[s] = calloc(r->total + 1, sizeof(float))))
+        if (!(r->state[s] = calloc(state_floats(r) + 1, sizeof(float))))
             return fail(r, err, DDP_ERR_NOMEM, "out of memory");
     }
     r->nstates = nstates;
@@ -94,7 +114,10 @@ ddp_status fake_res_optim_step(fake_res *r, const ddp__cuda_optim_args *a, ddp_e
     if (a->i >= r->np || a->lo > a->hi || a->hi > r->counts[a->i] ||
         r->nstates < (a->adamw ? 2 : 1))
         return fail(r, err, DDP_ERR_INVALID, "bad optimizer step");
-    size_t off = r->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    size_t klo, khi, off = kept(r, a->i, &klo, &khi), n = a->hi - a->lo;
+    off += a->lo - klo;
+    if (n && (a->lo < klo || a->hi > khi))
+        return fail(r, err, DDP_ERR_INVALID, "optimizer step outside the kept state");
     const float *gr = a->grad_dev + a->lo;
     if (a->grad_scale != 1.0f) {
         for (size_t k = 0; k < n; k++)
@@ -116,9 +139,11 @@ ddp_status fake_res_optim_state(fake_res *r, int s, float *const *host, bool to_
     if (s < 0 || s >= r->nstates)
         return fail(r, err, DDP_ERR_INVALID, "no such optimizer state");
     for (size_t i = 0; i < r->np; i++) {
-        float *dev = r->state[s] + r->offsets[i];
-        size_t bytes = r->counts[i] * sizeof(float);
-        memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
+        size_t lo, hi;
+        float *dev = r->state[s] + kept(r, i, &lo, &hi);
+        size_t bytes = (hi - lo) * sizeof(float);
+        if (bytes)
+            memcpy(to_host ? host[i] : dev, to_host ? dev : host[i], bytes);
     }
     return DDP_OK;
 }
@@ -144,8 +169,48 @@ ddp_status fake_res_state_dev(const fake_res *r, int s, float **dev, ddp_error *
 {
     if (s < 0 || s >= r->nstates)
         return fail(r, err, DDP_ERR_INVALID, "no such optimizer state");
-    for (size_t i = 0; i < r->np; i++)
-        dev[i] = r->state[s] + r->offsets[i];
+    for (size_t i = 0; i < r->np; i++) {
+        size_t lo, hi;
+        dev[i] = r->state[s] + kept(r, i, &lo, &hi);
+    }
+    return DDP_OK;
+}
+
+ddp_status fake_res_optim_keep(fake_res *r, const size_t *lo, const size_t *hi, ddp_error *err)
+{
+    if (!r->nstates)
+        return fail(r, err, DDP_ERR_INVALID, "optim_keep before optim_init");
+    size_t n = 0, cnt = r->np ? r->np : 1;
+    for (size_t i = 0; i < r->np; i++) {
+        size_t a, z;
+        kept(r, i, &a, &z);
+        if (lo[i] > hi[i] || lo[i] < a || hi[i] > z)
+            return fail(r, err, DDP_ERR_INVALID, "optim_keep: a range can only narrow");
+        n += hi[i] - lo[i];
+    }
+    size_t *nlo = malloc(cnt * sizeof *nlo), *nhi = malloc(cnt * sizeof *nhi),
+           *noff = malloc(cnt * sizeof *noff);
+    float *fresh[2] = {NULL, NULL};
+    bool ok = nlo && nhi && noff;
+    for (int s = 0; s < r->nstates && ok; s++)
+        ok = (fresh[s] = calloc(n + 1, sizeof(float))) != NULL;
+    if (!ok) {
+        free(nlo), free(nhi), free(noff), free(fresh[0]), free(fresh[1]);
+        return fail(r, err, DDP_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0, off = 0; i < r->np; off += hi[i] - lo[i], i++) {
+        size_t a, z, from = kept(r, i, &a, &z);
+        from += lo[i] - a;
+        for (int s = 0; s < r->nstates; s++)
+            memcpy(fresh[s] + off, r->state[s] + from, (hi[i] - lo[i]) * sizeof(float));
+        nlo[i] = lo[i], nhi[i] = hi[i], noff[i] = off;
+    }
+    for (int s = 0; s < r->nstates; s++) {
+        free(r->state[s]);
+        r->state[s] = fresh[s];
+    }
+    free(r->klo), free(r->khi), free(r->koff);
+    r->klo = nlo, r->khi = nhi, r->koff = noff;
     return DDP_OK;
 }
 

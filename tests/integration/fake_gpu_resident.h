@@ -18,10 +18,12 @@ typedef struct fake_res {
     size_t np, total;         /* tensors; floats in the flat buffers */
     size_t *counts, *offsets; /* (np,) */
     float *params, *grads;    /* (total + 1,) the "device" flat buffers */
-    float *state[2];          /* (total + 1,) the optimizer's, laid out like params */
+    float *state[2];          /* (total + 1,) the optimizer's, laid out like params; after keep
+                               * each parameter's kept elements one after the other */
     int nstates;
-    float *tmp;    /* (largest count,) a scaled gradient */
-    float **bound; /* bind_params's arrays, or NULL: the flat buffer's */
+    size_t *klo, *khi, *koff; /* keep's ranges and where they start in state, or NULL: all */
+    float *tmp;               /* (largest count,) a scaled gradient */
+    float **bound;            /* bind_params's arrays, or NULL: the flat buffer's */
 } fake_res;
 
 /* Records "NAME: msg" and st in err (may be NULL); returns st. */
@@ -45,6 +47,7 @@ ddp_status fake_res_optim_state(fake_res *r, int s, float *const *host, bool to_
 /* The CPU model's values move to the given arrays (or, pd NULL, back into the flat buffer). */
 ddp_status fake_res_bind_params(fake_res *r, float *const *pd, ddp_error *err);
 ddp_status fake_res_state_dev(const fake_res *r, int s, float **dev, ddp_error *err);
+ddp_status fake_res_optim_keep(fake_res *r, const size_t *lo, const size_t *hi, ddp_error *err);
 
 /* Whether this backward, the *calls-th of the process (incremented here), is the one to add an
  * inf: DDP_TEST_FAKE_GPU_INF_AT=k on the rank DDP_TEST_FAKE_GPU_INF_RANK (default 0). */

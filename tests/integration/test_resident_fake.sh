@@ -81,15 +81,17 @@ ok "dropout 0.1 on the fake GPU, 2 ranks: the cpu's masks and losses bit for bit
 # The sharded optimizer step on the GPU (ZeRO-1): the buckets reduce-scattered on the GPU group,
 # each rank's AdamW on its shard on the device, the parameters (bound to the reducer's, as on the
 # cpu) allgathered. The cpu's 2 ranks shard too (shard_optimizer auto on shm): the same sums in
-# the same order, so the losses are equal bit for bit. A checkpoint from it holds the whole AdamW
-# state (gathered on the device first): resumed on the cpu, it continues the cpu run exactly.
+# the same order, so the losses are equal bit for bit. Each rank's device optimizer keeps its
+# shard's state only (ZeRO-1's memory split: ddp_model_device_keep); a checkpoint from it holds
+# the whole AdamW state (the shards streamed from the devices into rank 0's file): resumed on the
+# cpu, it continues the cpu run exactly, and its tensors are the unsharded cpu run's.
 grep -q "optimizer step sharded (ZeRO-1)" cpu2.out || fail "the cpu's 2 ranks are not sharded"
 rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
     --shard_optimizer true --total_steps 6 --overlap async --bucket_kb 8 --out_dir sh2 \
     >sh2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat sh2.out; fail "sharded, 2 ranks on fake cuda: exit $rc"; }
 assert_contains sh2.out "gradients on the GPU over cuda-ipc"
-assert_contains sh2.out "optimizer step sharded (ZeRO-1)"
+assert_contains sh2.out "optimizer step sharded (ZeRO-1), each rank keeping 1/2 of its state"
 grep -q "optimizer step sharded" gpu2.out && fail "shard_optimizer auto sharded on the GPU"
 losses cpu2/metrics.jsonl sh2/metrics.jsonl 1 6 0 || fail "sharded on fake cuda differs from the cpu"
 rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
@@ -100,6 +102,13 @@ rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_st
 [ $rc -eq 0 ] || { cat sh3b.out; fail "resuming the sharded GPU checkpoint on the cpu: exit $rc"; }
 losses cpu2/metrics.jsonl sh3/metrics.jsonl 4 6 0 ||
     fail "the sharded GPU checkpoint resumed on the cpu differs: AdamW state not gathered"
+rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 3 \
+    --shard_optimizer false --checkpoint.every 3 --out_dir un3 >un3.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat un3.out; fail "unsharded cpu run, 3 steps: exit $rc"; }
+"$BIN/ckpt_tool" dump un3/checkpoints/step3.safetensors | grep '^T ' >un3.txt
+"$BIN/ckpt_tool" dump sh3/checkpoints/step3.safetensors | grep '^T ' >sh3.txt
+grep -q '^T .* ' sh3.txt && [ "$(grep -c . sh3.txt)" -gt 20 ] || fail "no tensors dumped from sh3"
+cmp -s un3.txt sh3.txt || fail "the sharded GPU checkpoint's tensors differ from the unsharded cpu run's"
 rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --device cuda \
     --shard_optimizer true --total_steps 3 --checkpoint.every 3 --out_dir sh4 >sh4.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat sh4.out; fail "sharded, 3 steps on fake cuda (2): exit $rc"; }
@@ -107,7 +116,7 @@ rc=0; fake "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --dev
     --shard_optimizer true --total_steps 6 --resume_from latest --out_dir sh4 >sh4b.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat sh4b.out; fail "resuming sharded on fake cuda: exit $rc"; }
 losses cpu2/metrics.jsonl sh4/metrics.jsonl 4 6 0 || fail "sharded resume on fake cuda differs"
-ok "sharded optimizer step on the fake GPU: = 2 sharded cpu ranks bit for bit; its checkpoint resumes on the cpu and, sharded, on the fake GPU exactly; auto leaves it off on the GPU"
+ok "sharded optimizer step on the fake GPU, each rank keeping half the state: = 2 sharded cpu ranks bit for bit; its checkpoint = the unsharded cpu run's, resumes on the cpu and, sharded, on the fake GPU exactly; auto leaves it off on the GPU"
 
 # A checkpoint taken on the GPU: resumed there = the uninterrupted run; the file holds the
 # device's weights and optimizer state (the cpu resumes it and continues the same way).

@@ -17,7 +17,8 @@
  *     fp16: logits and 10 steps' losses (flash_vs_batched), and with dropout 0.2 (the same
  *     masks on both paths: flash_vs_batched_dropout);
  *   - device-resident: a sync with an optimizer of another kind is refused and copies nothing
- *     (resident_sync_other_kind).
+ *     (resident_sync_other_kind); the optimizer's state narrowed to a slice of each parameter
+ *     (ZeRO-1's memory split, resident_keep) steps as the whole state does, bit for bit.
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -594,6 +595,112 @@ static void resident_sync_other_kind(void **state)
     ddp_model_free(m);
 }
 
+/* A resident AdamW model whose device state is set from a host optimizer filled with a
+ * pattern (parameter i, element k: state s = s + i + k / 1024), and that optimizer. */
+static ddp_model *patterned(ddp_optim **opt, const ddp_model_param **p, size_t *np)
+{
+    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    oo.weight_decay = 0.1f;
+    ddp_error err = {0};
+    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    *p = ddp_model_params(m, np);
+    if (ddp_optim_create(&oo, *p, *np, opt, &err) != DDP_OK)
+        fail_msg("%s", err.msg);
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < *np; i++)
+            for (size_t k = 0; k < (*p)[i].count; k++)
+                ddp_optim_state(*opt, s)[i][k] = (float)s + (float)i + (float)k / 1024.0f;
+    assert_int_equal(ddp_model_sync_device(m, *opt), DDP_OK);
+    /* the gradient of parameter i: its own values (device memory of the right size) */
+    for (size_t i = 0; i < *np; i++)
+        assert_int_equal(ddp_model_bind_device_grad(m, i, ddp_model_device_param(m, i)), DDP_OK);
+    return m;
+}
+
+/* ZeRO-1's memory split on the device (ddp_model_device_keep): two models with the same state,
+ * one narrowed to a slice of each parameter (a third of it, some parameters none); the slices'
+ * steps on both give the same parameters and kept state bit for bit; the narrowed model's syncs
+ * move the kept elements only, and refuse a host optimizer narrowed otherwise; a step outside
+ * the slice and a wider range are refused and change nothing. */
+static void resident_keep(void **state)
+{
+    (void)state;
+    ddp_optim *o1, *o2;
+    const ddp_model_param *p1, *p2;
+    size_t np;
+    ddp_model *whole = patterned(&o1, &p1, &np), *m = patterned(&o2, &p2, &np);
+    size_t *lo = calloc(np, sizeof *lo), *hi = calloc(np, sizeof *hi);
+    assert_non_null(lo);
+    assert_non_null(hi);
+    for (size_t i = 0; i < np; i++) {
+        lo[i] = i % 5 == 4 ? 0 : p2[i].count / 3;
+        hi[i] = i % 5 == 4 ? 0 : lo[i] + p2[i].count / 3 + 1;
+    }
+    assert_int_equal(ddp_model_device_keep(m, lo, hi), DDP_OK);
+    size_t a, z;
+    ddp_model_device_kept(m, 1, &a, &z);
+    assert_true(a == lo[1] && z == hi[1]);
+    ddp_model_device_kept(whole, 1, &a, &z);
+    assert_true(a == 0 && z == p1[1].count);
+    /* a wider range: refused, nothing changed */
+    hi[0]++;
+    assert_int_equal(ddp_model_device_keep(m, lo, hi), DDP_ERR_INVALID);
+    printf("  wider: %s\n", ddp_model_last_error(m));
+    assert_non_null(strstr(ddp_model_last_error(m), "can only narrow"));
+    hi[0]--;
+    /* the syncs: the host optimizer must keep the same elements */
+    assert_int_equal(ddp_model_sync_host(m, o2), DDP_ERR_INVALID);
+    printf("  whole host optimizer: %s\n", ddp_model_last_error(m));
+    assert_non_null(strstr(ddp_model_last_error(m), "narrow both alike"));
+    assert_int_equal(ddp_optim_keep(o2, lo, hi), DDP_OK);
+    /* a step outside the slice: refused */
+    assert_int_equal(ddp_model_device_step_range(m, 0, 0, p2[0].count, 1, 1e-3f, 1.0f),
+                     DDP_ERR_INVALID);
+    printf("  outside: %s\n", ddp_model_last_error(m));
+    for (uint64_t step = 1; step <= 2; step++)
+        for (size_t i = 0; i < np; i++) {
+            assert_int_equal(ddp_model_device_step_range(whole, i, lo[i], hi[i], step, 1e-3f, 0.5f),
+                             DDP_OK);
+            assert_int_equal(ddp_model_device_step_range(m, i, lo[i], hi[i], step, 1e-3f, 0.5f),
+                             DDP_OK);
+        }
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < np; i++)
+            memset(ddp_optim_state(o2, s)[i], 0, sizeof(float) * (hi[i] - lo[i]));
+    assert_int_equal(ddp_model_sync_host(whole, o1), DDP_OK);
+    assert_int_equal(ddp_model_sync_host(m, o2), DDP_OK);
+    for (size_t i = 0; i < np; i++) {
+        assert_memory_equal(p1[i].data, p2[i].data, sizeof(float) * p1[i].count);
+        for (int s = 0; s < 2; s++)
+            if (hi[i] > lo[i])
+                assert_memory_equal(ddp_optim_state(o1, s)[i] + lo[i], ddp_optim_state(o2, s)[i],
+                                    sizeof(float) * (hi[i] - lo[i]));
+    }
+    /* the device state views: each parameter's kept elements, one after the other */
+    float **dev = calloc(np, sizeof *dev);
+    assert_non_null(dev);
+    assert_int_equal(ddp_model_device_state(m, 1, dev), DDP_OK);
+    for (size_t i = 0; i + 1 < np; i++)
+        assert_true((size_t)(dev[i + 1] - dev[i]) == hi[i] - lo[i]);
+    /* and back up: the kept elements only */
+    ddp_optim_state(o2, 0)[1][0] = 42.0f;
+    assert_int_equal(ddp_model_sync_device(m, o2), DDP_OK);
+    ddp_optim_state(o2, 0)[1][0] = 0.0f;
+    assert_int_equal(ddp_model_sync_host(m, o2), DDP_OK);
+    assert_true(ddp_optim_state(o2, 0)[1][0] == 42.0f);
+    printf("  %zu parameters narrowed to a third; 2 steps = the whole state's, bit for bit\n", np);
+    free(dev);
+    free(lo);
+    free(hi);
+    ddp_optim_destroy(o1);
+    ddp_optim_destroy(o2);
+    ddp_model_free(whole);
+    ddp_model_free(m);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
@@ -611,6 +718,7 @@ int main(void)
         cmocka_unit_test(flash_vs_batched),
         cmocka_unit_test(flash_vs_batched_dropout),
         cmocka_unit_test(resident_sync_other_kind),
+        cmocka_unit_test(resident_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,13 +74,26 @@ static ddp_status save_shards(trainer *t, ddp_ckpt_writer *w, const ddp_ckpt_tra
     /* Every rank makes the same gathers whatever rank 0's writes do: a gather's own failure
      * (out of memory on some rank, the network) every rank learns, and all stop together. */
     shard_sink ss = {w, s, 0, err, DDP_OK};
+    /* On the GPU the shards are the device optimizer's (the sink gets them in host memory). A
+     * rank that cannot name its arrays gives the gather none, which every rank then refuses
+     * together, and says why. */
+    size_t np;
+    ddp_model_params(t->m, &np);
+    float **dev = t->resident ? malloc(sizeof(float *) * (np ? np : 1)) : NULL;
     for (int k = 0; k < ddp_optim_num_states(t->opt) && !st; k++) {
         ss.k = k;
-        if ((st = ddp_reducer_gather_state_sink(t->red, 0,
-                                                (const void *const *)ddp_optim_state(t->opt, k),
-                                                t->R == 0 ? put_piece : NULL, &ss)))
-            ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
+        const void *const *src = (const void *const *)ddp_optim_state(t->opt, k);
+        const char *why = NULL;
+        if (t->resident && !dev)
+            src = NULL, why = "out of memory saving a checkpoint";
+        else if (t->resident && ddp_model_device_state(t->m, k, dev) != DDP_OK)
+            src = NULL, why = ddp_model_last_error(t->m);
+        else if (t->resident)
+            src = (const void *const *)dev;
+        if ((st = ddp_reducer_gather_state_sink(t->red, 0, src, t->R == 0 ? put_piece : NULL, &ss)))
+            ddp_error_set(err, st, "%s", why ? why : ddp_reducer_last_error(t->red));
     }
+    free(dev);
     if (!st && ss.failed) /* its message is in err already */
         st = ss.failed;
     if (t->R == 0 && st)
@@ -113,8 +126,9 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
     free(dev);
     if (st)
         return st;
-    /* Device-resident: the host's arrays are brought up to date first (rank 0 writes them). */
-    if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, t->opt)))
+    /* Device-resident: the host's arrays are brought up to date first (rank 0 writes them; the
+     * optimizer's state too unless its shards go straight into the file). */
+    if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, shards ? NULL : t->opt)))
         return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
     char dir[1100], path[1300];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);

@@ -289,13 +289,13 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
     return 0;
 }
 
-/* ZeRO-1's memory split: with the sharded step on the host, the optimizer keeps the state of
- * this rank's shard only (ddp_optim_keep), once the whole state is there (fresh, or loaded and
- * shared); checkpoints gather it on rank 0 (trainer_save). On the GPU the state stays whole
- * (the device optimizer's arrays: not split yet). */
+/* ZeRO-1's memory split: with the sharded step, the optimizer keeps the state of this rank's
+ * shard only (ddp_optim_keep; on the GPU the device optimizer's too, ddp_model_device_keep),
+ * once the whole state is there (fresh, or loaded and shared); checkpoints gather it on rank 0
+ * (trainer_save). */
 static int keep_shard(trainer *t)
 {
-    if (t->resident || !ddp_reducer_sharded(t->red))
+    if (!ddp_reducer_sharded(t->red))
         return 0;
     size_t np;
     ddp_model_params(t->m, &np);
@@ -305,12 +305,15 @@ static int keep_shard(trainer *t)
         ddp_reducer_shard(t->red, i, &lo[i], &hi[i]);
     if (!st)
         st = ddp_optim_keep(t->opt, lo, hi);
+    ddp_status dst = st || !t->resident ? DDP_OK : ddp_model_device_keep(t->m, lo, hi);
     free(lo);
     free(hi);
     if (st)
         return trainer_die(t, "optimizer",
                            st == DDP_ERR_NOMEM ? "out of memory narrowing the state"
                                                : ddp_optim_last_error(t->opt));
+    if (dst)
+        return trainer_die(t, "optimizer on the GPU", ddp_model_last_error(t->m));
     t->opt_shard = true;
     return 0;
 }

@@ -1406,3 +1406,9 @@ extern "C" ddp_status ddp__gpu_cls_state_dev(ddp__cuda_cls *g, int s, float **de
 {
     return ddp__cuda_resident_state_dev(&g->res, s, dev, err);
 }
+
+extern "C" ddp_status ddp__gpu_cls_optim_keep(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
+                                              ddp_error *err)
+{
+    return ddp__cuda_resident_optim_keep(&g->res, lo, hi, err);
+}

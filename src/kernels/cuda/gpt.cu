@@ -904,3 +904,9 @@ extern "C" ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **de
 {
     return ddp__cuda_resident_state_dev(&g->res, s, dev, err);
 }
+
+extern "C" ddp_status ddp__gpu_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
+                                               ddp_error *err)
+{
+    return ddp__cuda_resident_optim_keep(&g->res, lo, hi, err);
+}

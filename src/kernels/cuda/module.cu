@@ -70,6 +70,12 @@ static const ddp__gpu_api table = {
     nullptr,
     nullptr,
 #endif
+    ddp__gpu_gpt_optim_keep,
+#ifdef DDP_HAVE_CUDNN
+    ddp__gpu_cls_optim_keep,
+#else
+    nullptr,
+#endif
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)

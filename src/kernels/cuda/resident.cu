@@ -33,9 +33,20 @@ void ddp__cuda_resident_free(ddp__cuda_resident *r)
     ddp__cuda_free(r->ost[0]);
     ddp__cuda_free(r->ost[1]);
     free(r->bound);
+    free(r->klo);
+    free(r->khi);
+    free(r->koff);
     r->ost[0] = r->ost[1] = NULL;
     r->bound = NULL;
+    r->klo = r->khi = r->koff = NULL;
+    r->kept_total = 0;
     r->nstates = 0;
+}
+
+/* Floats in each state buffer: every parameter's, or after keep the kept elements'. */
+static size_t state_floats(const ddp__cuda_resident *r)
+{
+    return r->klo ? r->kept_total : r->total;
 }
 
 /* The runtime's current device is per thread: make the model's current (see gpt.cu). */
@@ -50,12 +61,13 @@ ddp_status ddp__cuda_resident_optim_init(ddp__cuda_resident *r, int nstates, ddp
         return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: %d optimizer states (1 or 2)", r->name,
                               nstates);
     ddp_status st = use_device(r, err);
+    size_t n = state_floats(r);
     for (int s = 0; s < nstates && !st; s++) {
         void *d = r->ost[s];
-        if (!d && (st = ddp__cuda_malloc(&d, sizeof(float) * r->total, err)))
+        if (!d && (st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
             break;
         r->ost[s] = (float *)d;
-        st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * r->total, err);
+        st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * n, err);
     }
     if (!st)
         r->nstates = nstates;
@@ -71,10 +83,19 @@ ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_
                               "%s: optimizer step of elements [%zu, %zu) of parameter %zu "
                               "(%zu states made)",
                               r->name, a->lo, a->hi, a->i, (size_t)r->nstates);
+    size_t klo, khi, koff = ddp__cuda_resident_kept(r, a->i, &klo, &khi);
+    if (a->lo < a->hi && (a->lo < klo || a->hi > khi))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "%s: optimizer step of elements [%zu, %zu) of parameter %zu, but the "
+                              "state of [%zu, %zu) only is kept (optim_keep): step the reducer's "
+                              "shard",
+                              r->name, a->lo, a->hi, a->i, klo, khi);
+    if (a->lo == a->hi)
+        return DDP_OK;
     ddp_status st = use_device(r, err);
     if (st)
         return st;
-    size_t off = r->offsets[a->i] + a->lo, n = a->hi - a->lo;
+    size_t off = koff + (a->lo - klo), n = a->hi - a->lo;
     float *p = ddp__cuda_resident_param(r, a->i) + a->lo;
     const float *grad = a->grad_dev + a->lo;
     if (a->adamw)
@@ -96,10 +117,12 @@ ddp_status ddp__cuda_resident_optim_state(ddp__cuda_resident *r, int s, float *c
                               s, r->nstates);
     ddp_status st = use_device(r, err);
     for (size_t i = 0; i < r->np && !st; i++) {
-        float *dev = r->ost[s] + r->offsets[i];
-        size_t bytes = sizeof(float) * r->counts[i];
-        st = to_host ? ddp__cuda_to_host(r->ctx, host[i], dev, bytes, err)
-                     : ddp__cuda_to_device(r->ctx, dev, host[i], bytes, err);
+        size_t lo, hi;
+        float *dev = r->ost[s] + ddp__cuda_resident_kept(r, i, &lo, &hi);
+        size_t bytes = sizeof(float) * (hi - lo);
+        if (bytes)
+            st = to_host ? ddp__cuda_to_host(r->ctx, host[i], dev, bytes, err)
+                         : ddp__cuda_to_device(r->ctx, dev, host[i], bytes, err);
     }
     return st;
 }
@@ -138,7 +161,82 @@ ddp_status ddp__cuda_resident_state_dev(const ddp__cuda_resident *r, int s, floa
     if (s < 0 || s >= r->nstates)
         return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: no optimizer state %d (%d made)", r->name,
                               s, r->nstates);
-    for (size_t i = 0; i < r->np; i++)
-        dev[i] = r->ost[s] + r->offsets[i];
+    for (size_t i = 0; i < r->np; i++) {
+        size_t lo, hi;
+        dev[i] = r->ost[s] + ddp__cuda_resident_kept(r, i, &lo, &hi);
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo, const size_t *hi,
+                                         ddp_error *err)
+{
+    if (!r->nstates)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "%s: optim_keep before optim_init (no state to narrow)", r->name);
+    if (r->np && (!lo || !hi))
+        return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: optim_keep: no ranges", r->name);
+    size_t n = 0;
+    for (size_t i = 0; i < r->np; i++) {
+        size_t a, z;
+        ddp__cuda_resident_kept(r, i, &a, &z);
+        if (lo[i] > hi[i] || lo[i] < a || hi[i] > z)
+            return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                                  "%s: optim_keep: elements [%zu, %zu) of parameter %zu, but it "
+                                  "keeps the state of [%zu, %zu) only: a range can only narrow",
+                                  r->name, lo[i], hi[i], i, a, z);
+        n += hi[i] - lo[i];
+    }
+    /* Everything new first (the lists, then the state buffers, the kept slices copied in), so
+     * that a failure changes nothing; the old buffers go last. */
+    size_t cnt = r->np ? r->np : 1;
+    size_t *nlo = (size_t *)malloc(sizeof(size_t) * cnt),
+           *nhi = (size_t *)malloc(sizeof(size_t) * cnt),
+           *noff = (size_t *)malloc(sizeof(size_t) * cnt);
+    float *fresh[2] = {NULL, NULL};
+    ddp_status st = nlo && nhi && noff
+                        ? use_device(r, err)
+                        : ddp__cuda_fail(err, DDP_ERR_NOMEM, "%s: out of host memory", r->name);
+    for (int s = 0; s < r->nstates && !st; s++) {
+        void *d = NULL;
+        if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
+            break;
+        fresh[s] = (float *)d;
+        for (size_t i = 0, off = 0; i < r->np && !st; off += hi[i] - lo[i], i++) {
+            size_t a, z, from = ddp__cuda_resident_kept(r, i, &a, &z);
+            from += lo[i] - a;
+            if (hi[i] > lo[i])
+                st = ddp__cuda_check(cudaMemcpyAsync(fresh[s] + off, r->ost[s] + from,
+                                                     sizeof(float) * (hi[i] - lo[i]),
+                                                     cudaMemcpyDeviceToDevice, r->ctx->stream),
+                                     "cudaMemcpyAsync", err);
+        }
+    }
+    if (!st)
+        st = ddp__cuda_sync(r->ctx, err);
+    if (st) {
+        ddp__cuda_free(fresh[0]);
+        ddp__cuda_free(fresh[1]);
+        free(nlo);
+        free(nhi);
+        free(noff);
+        return st;
+    }
+    for (size_t i = 0, off = 0; i < r->np; off += hi[i] - lo[i], i++) {
+        nlo[i] = lo[i];
+        nhi[i] = hi[i];
+        noff[i] = off;
+    }
+    for (int s = 0; s < r->nstates; s++) {
+        ddp__cuda_free(r->ost[s]);
+        r->ost[s] = fresh[s];
+    }
+    free(r->klo);
+    free(r->khi);
+    free(r->koff);
+    r->klo = nlo;
+    r->khi = nhi;
+    r->koff = noff;
+    r->kept_total = n;
     return DDP_OK;
 }

@@ -21,8 +21,13 @@ struct ddp__cuda_resident {
     size_t np, total;               /* tensors; floats in the flat buffers */
     const size_t *counts, *offsets; /* (np,) each parameter's length and flat-buffer offset */
     float *params;                  /* (total,) the model's flat parameter buffer */
-    float *ost[2];                  /* (total,) the optimizer's state, laid out like params */
-    int nstates;                    /* how many of ost optim_init made (0: none yet) */
+    float *ost[2]; /* the optimizer's state: (total,) laid out like params, or after keep the
+                    * kept elements of each parameter one after the other, (kept_total,) */
+    int nstates;   /* how many of ost optim_init made (0: none yet) */
+    /* keep's narrowing (ZeRO-1's memory split), NULL until keep: parameter i's state holds its
+     * elements [klo[i], khi[i]) only, at ost[s] + koff[i]. */
+    size_t *klo, *khi, *koff;
+    size_t kept_total;
     float **bound; /* (np,) bind_params's arrays for the parameters' values, or NULL */
 };
 
@@ -40,9 +45,18 @@ static inline float *ddp__cuda_resident_param(const ddp__cuda_resident *r, size_
     return r->bound ? r->bound[i] : r->params + r->offsets[i];
 }
 
-/* The contracts of kernels.h's ddp__cuda_gpt_optim_init, _optim_step, _optim_state, _bind_params
- * and _state_dev, on r; errors name r->name. All but state_dev (no CUDA call) make the model's
- * device current first. */
+/* Parameter i's kept elements [*lo, *hi) and where they start in the state buffers. */
+static inline size_t ddp__cuda_resident_kept(const ddp__cuda_resident *r, size_t i, size_t *lo,
+                                             size_t *hi)
+{
+    *lo = r->klo ? r->klo[i] : 0;
+    *hi = r->khi ? r->khi[i] : r->counts[i];
+    return r->koff ? r->koff[i] : r->offsets[i];
+}
+
+/* The contracts of kernels.h's ddp__cuda_gpt_optim_init, _optim_step, _optim_state, _bind_params,
+ * _state_dev and _optim_keep, on r; errors name r->name. All but state_dev (no CUDA call) make the
+ * model's device current first. */
 ddp_status ddp__cuda_resident_optim_init(ddp__cuda_resident *r, int nstates, ddp_error *err);
 ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_optim_args *a,
                                          ddp_error *err);
@@ -52,5 +66,7 @@ ddp_status ddp__cuda_resident_bind_params(ddp__cuda_resident *r, float *const *p
                                           ddp_error *err);
 ddp_status ddp__cuda_resident_state_dev(const ddp__cuda_resident *r, int s, float **dev,
                                         ddp_error *err);
+ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo, const size_t *hi,
+                                         ddp_error *err);
 
 #endif /* DDP_KERNELS_CUDA_RESIDENT_CUH */
