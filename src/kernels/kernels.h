@@ -237,11 +237,13 @@ ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host, d
 ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
                                       ddp_status (*ready)(void *ctx, size_t i), void *ctx,
                                       ddp_error *err);
-/* The optimizer on the device: optim_init makes nstates state buffers laid out like the
- * parameters, zeroed; optim_step updates elements [lo, hi) of parameter i from its gradient
- * grad_dev (element 0 of the parameter) as ddp_optim_step_range does (ddp_nn_adamw_step or
- * ddp_nn_sgd_step; the gradient multiplied by grad_scale first, but not in place); optim_state
- * copies state s of every parameter to (to_host) or from the host arrays host[i]. */
+/* The optimizer on the device: optim_init asks for nstates state buffers laid out like the
+ * parameters, zeroed (made at their first use, as torch's AdamW makes its moments at the first
+ * step, so that optim_keep can narrow them before any exists); optim_step updates elements [lo, hi)
+ * of parameter i from its gradient grad_dev (element 0 of the parameter) as ddp_optim_step_range
+ * does (ddp_nn_adamw_step or ddp_nn_sgd_step; the gradient multiplied by grad_scale first, but not
+ * in place); optim_state copies state s of every parameter to (to_host) or from the host arrays
+ * host[i]. */
 typedef struct ddp__cuda_optim_args {
     bool adamw;            /* else sgd */
     size_t i, lo, hi;      /* parameter i, elements [lo, hi) */

@@ -451,9 +451,11 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
                 return trainer_die(t, "resume", ddp_group_last_error(t->g));
     }
     /* Device-resident: the parameters on the GPU came from rank 0 (the reducer's broadcast);
-     * the optimizer's state goes up from the host's arrays just shared. */
+     * the optimizer's state goes up from the host's arrays just shared — at once, or with a
+     * sharded step once each rank keeps its shard (keep_shard: the GPU never holds all of it). */
+    t->state_pending = t->resident && ddp_reducer_sharded(t->red);
     if (t->resident && (ddp_model_sync_host(t->m, NULL) != DDP_OK ||
-                        ddp_model_sync_device(t->m, t->opt) != DDP_OK))
+                        ddp_model_sync_device(t->m, t->state_pending ? NULL : t->opt) != DDP_OK))
         return trainer_die(t, "resume", ddp_model_last_error(t->m));
     uint64_t meta[8] = {pos->step,
                         pos->epoch,

@@ -57,6 +57,8 @@ typedef struct trainer {
      * the host group for everything else (metrics, checkpoints, evaluation). opt's arrays then
      * hold the state only for checkpoints. */
     bool resident;
+    bool state_pending; /* resident: a loaded optimizer state still to go up to the GPU, after
+                           keep_shard narrowed it (so the GPU never holds all of it) */
     ddp_group *gg;
     /* precision fp16: dynamic loss scaling (ddp/amp.h, torch's GradScaler); optim_step counts the
      * optimizer steps taken (a step skipped for an inf is not), which AdamW's bias correction

@@ -312,8 +312,9 @@ static int keep_shard(trainer *t)
         return trainer_die(t, "optimizer",
                            st == DDP_ERR_NOMEM ? "out of memory narrowing the state"
                                                : ddp_optim_last_error(t->opt));
-    if (dst)
+    if (dst || (t->state_pending && ddp_model_sync_device(t->m, t->opt) != DDP_OK))
         return trainer_die(t, "optimizer on the GPU", ddp_model_last_error(t->m));
+    t->state_pending = false;
     t->opt_shard = true;
     return 0;
 }

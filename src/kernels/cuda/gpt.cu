@@ -3,12 +3,14 @@
  * ddp__cuda_gpt_*), composed from this folder's kernels in the same order and with the same
  * buffers' meanings as src/nn/gpt.c, which is the reference (test_cuda_gpt compares the two).
  *
- * Memory, all cudaMalloc'd at create for max_batch × block_size tokens: the parameters and
- * their gradients as two flat fp32 buffers in the CPU model's order (each tensor padded to 256
- * bytes on the device); per block what the backward reads (ln_1/ln_2 outputs and statistics,
- * qkv, the attention probabilities (B, nh, T, T), the heads' output, the residual stream after
- * attention, the MLP's pre/post-GELU activations, the block's output); shared gradient buffers;
- * the logits (N, V), which a training forward turns into their own gradient.
+ * Memory, all cudaMalloc'd at create for max_batch × block_size tokens: the parameters as a flat
+ * fp32 buffer in the CPU model's order (each tensor padded to 256 bytes on the device; freed
+ * while bind_params has them elsewhere, made again at unbind), and their gradients as a second
+ * one made at the first host backward only (device-resident training adds them into the
+ * caller's buffers, so it never has one); per block what the backward reads (ln_1/ln_2 outputs and
+ * statistics, qkv, the attention probabilities (B, nh, T, T), the heads' output, the residual
+ * stream after attention, the MLP's pre/post-GELU activations, the block's output); shared gradient
+ * buffers; the logits (N, V), which a training forward turns into their own gradient.
  *
  * Precision bf16 or fp16 (PyTorch autocast's choices for bfloat16 / float16, one code path with
  * the 16-bit format as a parameter; docs/gpu.md has the table of every rounding): the fp32
@@ -42,7 +44,8 @@ extern "C" {
 
 #define LN_EPS 1e-5f
 
-namespace {
+namespace
+{
 
 struct blk {
     /* parameter offsets into the flat buffers, −1 when absent (bias false) */
@@ -63,8 +66,9 @@ struct ddp__cuda_gpt {
     ddp__cuda_ctx *ctx;
     size_t n_params, total;   /* tensors; floats in the flat buffers */
     size_t *counts, *offsets; /* (n_params,) */
-    float *params, *grads;    /* (total,) on the device */
-    float *grads_host;        /* (total,) staging for the download */
+    float *params, *grads;    /* (total,) on the device; grads from the first host backward on,
+                                 params NULL while bound (bind_params) */
+    float *grads_host;        /* (total,) staging for the download, with grads */
     long long wte, wpe, lnf_w, lnf_b;
     blk *b; /* (L,) */
     int32_t *tokens, *targets, *correct;
@@ -85,8 +89,8 @@ struct ddp__cuda_gpt {
     /* the last forward */
     int n, T;
     bool can_backward;
-    bool drop_on;           /* it trained with cfg.dropout > 0: the backward draws its masks */
-    uint64_t step, soff;    /* its batch's step and first sample (the masks' keys) */
+    bool drop_on;        /* it trained with cfg.dropout > 0: the backward draws its masks */
+    uint64_t step, soff; /* its batch's step and first sample (the masks' keys) */
     /* device-resident training (ddp__gpu_gpt_backward_dev, _optim_*) */
     float *const *grads_dev; /* during backward_dev: where the gradients go (added) */
     ddp_status (*ready)(void *ctx, size_t i); /* during backward_dev: parameter i is final */
@@ -201,10 +205,9 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
     ddp__cuda_resident_free(&g->res);
     for (int l = 0; g->b && l < g->cfg.L; l++) {
         blk *a = &g->b[l];
-        void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,  a->att,  a->atty, a->xmid,
-                        a->ln2,  a->ln2_mean, a->ln2_rstd, a->fch,  a->fchg, a->xout, a->ln1h,
-                        a->qkvh, a->atth,     a->attyh,    a->ln2h, a->fchh, a->fchgh,
-                        a->lse};
+        void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,  a->att,  a->atty,  a->xmid,
+                        a->ln2,  a->ln2_mean, a->ln2_rstd, a->fch,  a->fchg, a->xout,  a->ln1h,
+                        a->qkvh, a->atth,     a->attyh,    a->ln2h, a->fchh, a->fchgh, a->lse};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             ddp__cuda_free(bufs[k]);
     }
@@ -337,7 +340,7 @@ static ddp_status dalloc_h(void *p, size_t n, ddp_error *err)
 }
 
 extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts,
-                                           size_t n, ddp__cuda_gpt **out, ddp_error *err)
+                                          size_t n, ddp__cuda_gpt **out, ddp_error *err)
 {
     if ((unsigned)cfg->precision >= DDP_PRECISION_COUNT)
         return ddp__cuda_fail(err, DDP_ERR_INVALID,
@@ -369,20 +372,19 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
         /* flash keeps no probabilities (att/atth of 1 byte), lse instead, and a smaller scratch */
         const size_t TT = g->flash ? 0 : (size_t)cfg->B * cfg->nh * cfg->Tmax * cfg->Tmax;
         const size_t fscr = ddp__cuda_flash_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh);
-        g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1));
         g->correct_host = (int32_t *)malloc(sizeof(int32_t) * N);
         g->row_loss_host = (float *)malloc(sizeof(float) * N);
-        if (!g->grads_host || !g->correct_host || !g->row_loss_host) {
+        if (!g->correct_host || !g->row_loss_host) {
             st = ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
             goto out_free;
         }
         /* what both precisions have */
-        if ((st = dalloc(&g->params, g->total, err)) || (st = dalloc(&g->grads, g->total, err)) ||
-            (st = dalloc(&g->tokens, N, err)) || (st = dalloc(&g->targets, N, err)) ||
-            (st = dalloc(&g->correct, N, err)) || (st = dalloc(&g->x0, N * C, err)) ||
-            (st = dalloc(&g->lnf_mean, N, err)) || (st = dalloc(&g->lnf_rstd, N, err)) ||
-            (st = dalloc(&g->logits, N * V, err)) || (st = dalloc(&g->row_loss, N, err)) ||
-            (st = dalloc(&g->dres, N * C, err)) || (st = dalloc(&g->dln, N * C, err)))
+        if ((st = dalloc(&g->params, g->total, err)) || (st = dalloc(&g->tokens, N, err)) ||
+            (st = dalloc(&g->targets, N, err)) || (st = dalloc(&g->correct, N, err)) ||
+            (st = dalloc(&g->x0, N * C, err)) || (st = dalloc(&g->lnf_mean, N, err)) ||
+            (st = dalloc(&g->lnf_rstd, N, err)) || (st = dalloc(&g->logits, N * V, err)) ||
+            (st = dalloc(&g->row_loss, N, err)) || (st = dalloc(&g->dres, N * C, err)) ||
+            (st = dalloc(&g->dln, N * C, err)))
             goto out_free;
         /* the padding between tensors is never written by an upload: zeros, so that the 16-bit
          * rounding of the whole flat buffer reads defined values */
@@ -401,11 +403,11 @@ extern "C" ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const si
                 goto out_free;
         } else if ((st = dalloc(&g->lnf, N * C, err)) || (st = dalloc(&g->tmp, N * C, err)) ||
                    (st = dalloc(&g->dbig, N * 4 * C, err)) ||
-                   (st = dalloc(&g->scratch,
-                                g->flash ? fscr / sizeof(float)
-                                         : ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C,
-                                                                       cfg->nh),
-                                err))) {
+                   (st = dalloc(
+                        &g->scratch,
+                        g->flash ? fscr / sizeof(float)
+                                 : ddp__cuda_attention_scratch(cfg->B, cfg->Tmax, cfg->C, cfg->nh),
+                        err))) {
             goto out_free;
         }
         for (int l = 0; l < cfg->L; l++) {
@@ -449,7 +451,7 @@ static ddp_status use_device(ddp__cuda_gpt *g, ddp_error *err)
 }
 
 extern "C" ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host,
-                                               ddp_error *err)
+                                              ddp_error *err)
 {
     ddp_status st0 = use_device(g, err);
     if (st0)
@@ -489,23 +491,23 @@ static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_err
         const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
                                               a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C,
-                                           3 * C, a->qkv, pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C, 3 * C,
+                                           a->qkv, pr, err)) ||
             (st = g->flash ? ddp__cuda_flash_forward(c, DDP_FLOAT32, a->qkv, n, T, C, nh, a->atty,
                                                      a->lse, &da, err)
-                           : ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att,
-                                                         g->scratch, a->atty, pr, &da, err)) ||
+                           : ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch,
+                                                         a->atty, pr, &da, err)) ||
             (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
                                            g->tmp, pr, err)) ||
             (st = drop_branch(g, 3 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
             (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
             (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
                                               LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
-            (st = ddp__cuda_linear_gelu_forward(c, DDP_FLOAT32, a->ln2, P(g, a->fc_w),
-                                                P(g, a->fc_b), N, C, 4 * C, a->fch, a->fchg, pr,
-                                                err)) ||
-            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N,
-                                           4 * C, C, g->tmp, pr, err)) ||
+            (st =
+                 ddp__cuda_linear_gelu_forward(c, DDP_FLOAT32, a->ln2, P(g, a->fc_w), P(g, a->fc_b),
+                                               N, C, 4 * C, a->fch, a->fchg, pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N, 4 * C,
+                                           C, g->tmp, pr, err)) ||
             (st = drop_branch(g, 4 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
             (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
             return st;
@@ -563,21 +565,21 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
                                                 LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
             (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), PH(g, a->attn_b), N,
                                              C, 3 * C, a->qkvh, err)) ||
-            (st = g->flash ? ddp__cuda_flash_forward(c, ht, a->qkvh, n, T, C, nh, a->attyh,
-                                                     a->lse, &da, err)
+            (st = g->flash ? ddp__cuda_flash_forward(c, ht, a->qkvh, n, T, C, nh, a->attyh, a->lse,
+                                                     &da, err)
                            : ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
                                                            g->scratch_h, a->attyh, &da, err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b),
-                                             N, C, C, g->tmph, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b), N,
+                                             C, C, g->tmph, err)) ||
             (st = drop_branch(g, 3 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid, err)) ||
-            (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N,
-                                                C, LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd,
-                                                err)) ||
+            (st =
+                 ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
+                                               LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd, err)) ||
             (st = ddp__cuda_linear_gelu_forward(c, ht, a->ln2h, PH(g, a->fc_w), PH(g, a->fc_b), N,
                                                 C, 4 * C, a->fchh, a->fchgh, hprec(g), err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w),
-                                             PH(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w), PH(g, a->mproj_b),
+                                             N, 4 * C, C, g->tmph, err)) ||
             (st = drop_branch(g, 4 + 3 * l, ht, g->tmph, NC, err)) ||
             (st = ddp__cuda_add_h(c, ht, a->xmid, g->tmph, NC, a->xout, err)))
             return st;
@@ -597,10 +599,10 @@ static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error 
 }
 
 extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens,
-                                            const int32_t *targets, int n, int T, bool train,
-                                            bool last_logits, float grad_scale, uint64_t step,
-                                            uint64_t sample_offset, double *loss_sum, int *count,
-                                            int64_t *correct, float *logits_host, ddp_error *err)
+                                           const int32_t *targets, int n, int T, bool train,
+                                           bool last_logits, float grad_scale, uint64_t step,
+                                           uint64_t sample_offset, double *loss_sum, int *count,
+                                           int64_t *correct, float *logits_host, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
     const int C = g->cfg.C, V = g->cfg.V, N = n * T;
@@ -624,8 +626,8 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
         return st;
     if (!targets) {
         if (logits_host)
-            return ddp__cuda_to_host(c, logits_host, g->logits,
-                                     sizeof(float) * (size_t)rows * V, err);
+            return ddp__cuda_to_host(c, logits_host, g->logits, sizeof(float) * (size_t)rows * V,
+                                     err);
         return ddp__cuda_sync(c, err);
     }
     int cnt = 0;
@@ -638,10 +640,9 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
                                                cnt, g->row_loss, g->correct, train, err)
                   : ddp__cuda_vocab_xent(c, g->logits, g->targets, N, V, grad_scale, cnt,
                                          g->row_loss, g->correct, train ? g->logits : NULL, err)) ||
-        (st = ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N,
-                                err)) ||
-        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N,
-                                err)))
+        (st =
+             ddp__cuda_to_host(c, g->row_loss_host, g->row_loss, sizeof(float) * (size_t)N, err)) ||
+        (st = ddp__cuda_to_host(c, g->correct_host, g->correct, sizeof(int32_t) * (size_t)N, err)))
         return st;
     double s = 0;
     int64_t k = 0;
@@ -673,8 +674,8 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
         (st = ddp__cuda_gemm(c, true, false, V, C, N, 1.0f, g->logits, V, g->lnf, C, 1.0f,
                              G(g, g->wte), C, DDP_FLOAT32, DDP_FLOAT32, NULL, pr, err)) ||
         (st = ddp__cuda_layernorm_backward(c, g->dln, g->b[g->cfg.L - 1].xout, P(g, g->lnf_w),
-                                           g->lnf_mean, g->lnf_rstd, N, C, g->dres,
-                                           G(g, g->lnf_w), G(g, g->lnf_b), err)) ||
+                                           g->lnf_mean, g->lnf_rstd, N, C, g->dres, G(g, g->lnf_w),
+                                           G(g, g->lnf_b), err)) ||
         (st = mark_ready(g, {g->lnf_b, g->lnf_w}, err)))
         return st;
     for (int l = g->cfg.L - 1; l >= 0; l--) {
@@ -684,29 +685,29 @@ static ddp_status backward_fp32(ddp__cuda_gpt *g, ddp_error *err)
                              da = drop_of(g, 2 + 3 * l, true);
         /* each residual branch's gradient: dres, or with dropout dres masked into tmp */
         const float *dy = g->drop_on ? g->tmp : g->dres;
-        if ((g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp,
-                                                   NC, &dm, err))) ||
+        if ((g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp, NC,
+                                                   &dm, err))) ||
             (st = ddp__cuda_linear_backward(c, dy, a->fchg, P(g, a->mproj_w), N, 4 * C, C, NULL,
                                             G(g, a->mproj_w), G(g, a->mproj_b), pr, err)) ||
             (st = ddp__cuda_linear_dgelu_backward(c, DDP_FLOAT32, dy, P(g, a->mproj_w), a->fch, N,
                                                   4 * C, C, g->dbig, pr, err)) ||
-            (st = ddp__cuda_linear_backward(c, g->dbig, a->ln2, P(g, a->fc_w), N, C, 4 * C,
-                                            g->dln, G(g, a->fc_w), G(g, a->fc_b), pr, err)) ||
+            (st = ddp__cuda_linear_backward(c, g->dbig, a->ln2, P(g, a->fc_w), N, C, 4 * C, g->dln,
+                                            G(g, a->fc_w), G(g, a->fc_b), pr, err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
                                                a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
                                                G(g, a->ln2_b), err)) ||
             (st = mark_ready(g, {a->mproj_b, a->mproj_w, a->fc_b, a->fc_w, a->ln2_b, a->ln2_w},
                              err)) ||
             (st = ddp__cuda_add(c, g->dres, g->dln, NC, g->dres, err)) ||
-            (g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp,
-                                                   NC, &dp, err))) ||
+            (g->drop_on && (st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, DDP_FLOAT32, g->tmp, NC,
+                                                   &dp, err))) ||
             (st = ddp__cuda_linear_backward(c, dy, a->atty, P(g, a->proj_w), N, C, C, g->dln,
                                             G(g, a->proj_w), G(g, a->proj_b), pr, err)) ||
-            (st = g->flash ? ddp__cuda_flash_backward(c, DDP_FLOAT32, g->dln, a->qkv, a->atty,
-                                                      a->lse, n, T, C, nh, g->scratch, g->dbig,
-                                                      &da, err)
-                           : ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh,
-                                                          g->scratch, g->dbig, pr, &da, err)) ||
+            (st = g->flash
+                      ? ddp__cuda_flash_backward(c, DDP_FLOAT32, g->dln, a->qkv, a->atty, a->lse, n,
+                                                 T, C, nh, g->scratch, g->dbig, &da, err)
+                      : ddp__cuda_attention_backward(c, g->dln, a->qkv, a->att, n, T, C, nh,
+                                                     g->scratch, g->dbig, pr, &da, err)) ||
             (st = ddp__cuda_linear_backward(c, g->dbig, a->ln1, P(g, a->attn_w), N, C, 3 * C,
                                             g->dln, G(g, a->attn_w), G(g, a->attn_b), pr, err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, x, P(g, a->ln1_w), a->ln1_mean,
@@ -757,9 +758,9 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
                                               G(g, a->mproj_b), err)) ||
             (st = ddp__cuda_linear_dgelu_backward(c, ht, g->dresh, PH(g, a->mproj_w), a->fchh, N,
                                                   4 * C, C, g->dbigh, hprec(g), err)) ||
-            (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C,
-                                              4 * C, g->dln, DDP_FLOAT32, G(g, a->fc_w),
-                                              G(g, a->fc_b), err)) ||
+            (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln2h, PH(g, a->fc_w), N, C, 4 * C,
+                                              g->dln, DDP_FLOAT32, G(g, a->fc_w), G(g, a->fc_b),
+                                              err)) ||
             (st = ddp__cuda_layernorm_backward(c, g->dln, a->xmid, P(g, a->ln2_w), a->ln2_mean,
                                                a->ln2_rstd, N, C, g->dln, G(g, a->ln2_w),
                                                G(g, a->ln2_b), err)) ||
@@ -770,15 +771,14 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
         /* attention: datty (16-bit, tmph) = dres·Wproj; dqkv (16-bit, dbigh); dln1 (fp32) =
          * dqkv·Wattn; ln_1's backward in fp32; dres += dln1 */
         if ((st = ddp__cuda_dropout(c, DDP_FLOAT32, g->dres, ht, g->dresh, NC, &dp, err)) ||
-            (st = ddp__cuda_linear_backward_h(c, ht, g->dresh, a->attyh, PH(g, a->proj_w), N, C,
-                                              C, g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b),
-                                              err)) ||
-            (st = g->flash ? ddp__cuda_flash_backward(c, ht, g->tmph, a->qkvh, a->attyh, a->lse,
-                                                      n, T, C, nh, g->scratch_h, g->dbigh, &da,
-                                                      err)
-                           : ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n,
-                                                            T, C, nh, g->scratch_h, g->dbigh, &da,
-                                                            err)) ||
+            (st =
+                 ddp__cuda_linear_backward_h(c, ht, g->dresh, a->attyh, PH(g, a->proj_w), N, C, C,
+                                             g->tmph, ht, G(g, a->proj_w), G(g, a->proj_b), err)) ||
+            (st = g->flash
+                      ? ddp__cuda_flash_backward(c, ht, g->tmph, a->qkvh, a->attyh, a->lse, n, T, C,
+                                                 nh, g->scratch_h, g->dbigh, &da, err)
+                      : ddp__cuda_attention_backward_h(c, ht, g->tmph, a->qkvh, a->atth, n, T, C,
+                                                       nh, g->scratch_h, g->dbigh, &da, err)) ||
             (st = ddp__cuda_linear_backward_h(c, ht, g->dbigh, a->ln1h, PH(g, a->attn_w), N, C,
                                               3 * C, g->dln, DDP_FLOAT32, G(g, a->attn_w),
                                               G(g, a->attn_b), err)) ||
@@ -794,19 +794,26 @@ static ddp_status backward_h(ddp__cuda_gpt *g, ddp_error *err)
 }
 
 extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host,
-                                             ddp_error *err)
+                                            ddp_error *err)
 {
     if (!g->can_backward)
-        return ddp__cuda_fail(err, DDP_ERR_INVALID, "cuda gpt: backward without a training "
-                                                    "forward");
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: backward without a training "
+                              "forward");
     g->can_backward = false;
     ddp__cuda_ctx *c = g->ctx;
     const int n = g->n, T = g->T, C = g->cfg.C;
     ddp_status st;
+    /* the host's backward: the flat gradient buffer and its staging, made at the first */
+    if (!g->grads_dev && !g->grads &&
+        ((st = use_device(g, err)) || (st = dalloc(&g->grads, g->total, err))))
+        return st;
+    if (!g->grads_dev && !g->grads_host &&
+        !(g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1))))
+        return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");
     /* backward_dev: straight into the caller's gradients, which accumulate (no zeroing) */
     if ((st = use_device(g, err)) ||
-        (!g->grads_dev &&
-         (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))) ||
+        (!g->grads_dev && (st = ddp__cuda_memset0(c, g->grads, sizeof(float) * g->total, err))) ||
         (st = g->half ? backward_h(g, err) : backward_fp32(g, err)))
         return st;
     /* the embedding's dropout: its mask on dres, which nothing reads after this */
@@ -837,7 +844,7 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
  * Everything on the model's one stream. */
 
 extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
-                                             ddp_error *err)
+                                            ddp_error *err)
 {
     (void)err;
     for (size_t i = 0; i < g->n_params; i++)
@@ -847,18 +854,18 @@ extern "C" ddp_status ddp__gpu_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev
 }
 
 extern "C" ddp_status ddp__gpu_gpt_get_params(ddp__cuda_gpt *g, float *const *data_host,
-                                               ddp_error *err)
+                                              ddp_error *err)
 {
     ddp_status st = use_device(g, err);
     for (size_t i = 0; i < g->n_params && !st; i++)
-        st = ddp__cuda_to_host(g->ctx, data_host[i], param_of(g, i),
-                               sizeof(float) * g->counts[i], err);
+        st = ddp__cuda_to_host(g->ctx, data_host[i], param_of(g, i), sizeof(float) * g->counts[i],
+                               err);
     return st;
 }
 
 extern "C" ddp_status ddp__gpu_gpt_backward_dev(ddp__cuda_gpt *g, float *const *grads_dev,
-                                                 ddp_status (*ready)(void *ctx, size_t i),
-                                                 void *ctx, ddp_error *err)
+                                                ddp_status (*ready)(void *ctx, size_t i), void *ctx,
+                                                ddp_error *err)
 {
     g->grads_dev = grads_dev;
     g->ready = ready;
@@ -876,21 +883,36 @@ extern "C" ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp
 }
 
 extern "C" ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
-                                               ddp_error *err)
+                                              ddp_error *err)
 {
     return ddp__cuda_resident_optim_step(&g->res, a, err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *host,
-                                                bool to_host, ddp_error *err)
+                                               bool to_host, ddp_error *err)
 {
     return ddp__cuda_resident_optim_state(&g->res, s, host, to_host, err);
 }
 
 extern "C" ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *params_dev,
-                                                ddp_error *err)
+                                               ddp_error *err)
 {
-    ddp_status st = ddp__cuda_resident_bind_params(&g->res, params_dev, err);
+    ddp_status st = DDP_OK;
+    /* unbound again: the flat buffer back first (zeroed padding, as at create), for the values */
+    if (!params_dev && g->res.bound && !g->params &&
+        ((st = use_device(g, err)) || (st = dalloc(&g->params, g->total, err)) ||
+         (st = ddp__cuda_memset0(g->ctx, g->params, sizeof(float) * g->total, err))))
+        return st;
+    g->res.params = g->params;
+    if ((st = ddp__cuda_resident_bind_params(&g->res, params_dev, err)))
+        return st;
+    /* bound, the flat buffer holds nothing anyone reads (the caller binds copies of the values):
+     * freed, the model's parameters cost no memory beside the caller's (the reducer's buckets,
+     * with the sharded step: a full copy of the weights saved per rank) */
+    if (params_dev && g->params && !(st = ddp__cuda_sync(g->ctx, err))) {
+        ddp__cuda_free(g->params);
+        g->params = g->res.params = NULL;
+    }
     /* bound, the 16-bit copy is rounded tensor by tensor: its padding zeroed; rounded again now
      * from the arrays bound, so that a backward after a forward of the old ones reads the values
      * the forward used (the caller binds copies of them) */
@@ -906,7 +928,7 @@ extern "C" ddp_status ddp__gpu_gpt_state_dev(ddp__cuda_gpt *g, int s, float **de
 }
 
 extern "C" ddp_status ddp__gpu_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
-                                               ddp_error *err)
+                                              ddp_error *err)
 {
     return ddp__cuda_resident_optim_keep(&g->res, lo, hi, err);
 }

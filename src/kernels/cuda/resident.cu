@@ -60,18 +60,36 @@ ddp_status ddp__cuda_resident_optim_init(ddp__cuda_resident *r, int nstates, ddp
     if (nstates < 1 || nstates > 2)
         return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: %d optimizer states (1 or 2)", r->name,
                               nstates);
+    /* Made zeroed at their first use (a step, a copy, a view; keep first narrows them for
+     * nothing), as torch's AdamW makes its moments at the first step: a sharded job then never
+     * holds the whole state on a GPU, not even at start. Made already: zeroed again now. */
     ddp_status st = use_device(r, err);
+    for (int s = 0; s < 2 && !st; s++)
+        if (r->ost[s] && s >= nstates) {
+            ddp__cuda_free(r->ost[s]);
+            r->ost[s] = NULL;
+        } else if (r->ost[s])
+            st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * state_floats(r), err);
+    if (!st)
+        r->nstates = nstates;
+    return st ? st : ddp__cuda_sync(r->ctx, err);
+}
+
+/* The state buffers, made (zeroed) at their first use. */
+static ddp_status made(ddp__cuda_resident *r, ddp_error *err)
+{
     size_t n = state_floats(r);
-    for (int s = 0; s < nstates && !st; s++) {
-        void *d = r->ost[s];
-        if (!d && (st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
+    ddp_status st = DDP_OK;
+    for (int s = 0; s < r->nstates && !st; s++) {
+        if (r->ost[s])
+            continue;
+        void *d = NULL;
+        if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
             break;
         r->ost[s] = (float *)d;
         st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * n, err);
     }
-    if (!st)
-        r->nstates = nstates;
-    return st ? st : ddp__cuda_sync(r->ctx, err);
+    return st;
 }
 
 ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_optim_args *a,
@@ -93,7 +111,7 @@ ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_
     if (a->lo == a->hi)
         return DDP_OK;
     ddp_status st = use_device(r, err);
-    if (st)
+    if (st || (st = made(r, err)))
         return st;
     size_t off = koff + (a->lo - klo), n = a->hi - a->lo;
     float *p = ddp__cuda_resident_param(r, a->i) + a->lo;
@@ -116,6 +134,8 @@ ddp_status ddp__cuda_resident_optim_state(ddp__cuda_resident *r, int s, float *c
         return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: no optimizer state %d (%d made)", r->name,
                               s, r->nstates);
     ddp_status st = use_device(r, err);
+    if (!st)
+        st = made(r, err);
     for (size_t i = 0; i < r->np && !st; i++) {
         size_t lo, hi;
         float *dev = r->ost[s] + ddp__cuda_resident_kept(r, i, &lo, &hi);
@@ -155,12 +175,14 @@ ddp_status ddp__cuda_resident_bind_params(ddp__cuda_resident *r, float *const *p
     return DDP_OK;
 }
 
-ddp_status ddp__cuda_resident_state_dev(const ddp__cuda_resident *r, int s, float **dev,
-                                        ddp_error *err)
+ddp_status ddp__cuda_resident_state_dev(ddp__cuda_resident *r, int s, float **dev, ddp_error *err)
 {
     if (s < 0 || s >= r->nstates)
         return ddp__cuda_fail(err, DDP_ERR_INVALID, "%s: no optimizer state %d (%d made)", r->name,
                               s, r->nstates);
+    ddp_status st = use_device(r, err);
+    if (st || (st = made(r, err)) || (st = ddp__cuda_sync(r->ctx, err)))
+        return st;
     for (size_t i = 0; i < r->np; i++) {
         size_t lo, hi;
         dev[i] = r->ost[s] + ddp__cuda_resident_kept(r, i, &lo, &hi);
@@ -188,7 +210,8 @@ ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo
         n += hi[i] - lo[i];
     }
     /* Everything new first (the lists, then the state buffers, the kept slices copied in), so
-     * that a failure changes nothing; the old buffers go last. */
+     * that a failure changes nothing; the old buffers go last. State not made yet (all zeros)
+     * is only narrowed: made at its first use, at the kept size. */
     size_t cnt = r->np ? r->np : 1;
     size_t *nlo = (size_t *)malloc(sizeof(size_t) * cnt),
            *nhi = (size_t *)malloc(sizeof(size_t) * cnt),
@@ -197,7 +220,7 @@ ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo
     ddp_status st = nlo && nhi && noff
                         ? use_device(r, err)
                         : ddp__cuda_fail(err, DDP_ERR_NOMEM, "%s: out of host memory", r->name);
-    for (int s = 0; s < r->nstates && !st; s++) {
+    for (int s = 0; s < r->nstates && !st && r->ost[s]; s++) {
         void *d = NULL;
         if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
             break;
@@ -212,7 +235,7 @@ ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo
                                      "cudaMemcpyAsync", err);
         }
     }
-    if (!st)
+    if (!st && fresh[0])
         st = ddp__cuda_sync(r->ctx, err);
     if (st) {
         ddp__cuda_free(fresh[0]);
@@ -227,7 +250,7 @@ ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo
         nhi[i] = hi[i];
         noff[i] = off;
     }
-    for (int s = 0; s < r->nstates; s++) {
+    for (int s = 0; s < r->nstates; s++) { /* NULL where not made yet */
         ddp__cuda_free(r->ost[s]);
         r->ost[s] = fresh[s];
     }

@@ -23,7 +23,8 @@ struct ddp__cuda_resident {
     float *params;                  /* (total,) the model's flat parameter buffer */
     float *ost[2]; /* the optimizer's state: (total,) laid out like params, or after keep the
                     * kept elements of each parameter one after the other, (kept_total,) */
-    int nstates;   /* how many of ost optim_init made (0: none yet) */
+    int nstates;   /* how many states optim_init asked for (0: none yet); each of ost is made,
+                    * zeroed, at its first use (NULL until then) */
     /* keep's narrowing (ZeRO-1's memory split), NULL until keep: parameter i's state holds its
      * elements [klo[i], khi[i]) only, at ost[s] + koff[i]. */
     size_t *klo, *khi, *koff;
@@ -55,8 +56,8 @@ static inline size_t ddp__cuda_resident_kept(const ddp__cuda_resident *r, size_t
 }
 
 /* The contracts of kernels.h's ddp__cuda_gpt_optim_init, _optim_step, _optim_state, _bind_params,
- * _state_dev and _optim_keep, on r; errors name r->name. All but state_dev (no CUDA call) make the
- * model's device current first. */
+ * _state_dev and _optim_keep, on r; errors name r->name. Each makes the model's device current
+ * first; step, state and state_dev make the state buffers at their first use. */
 ddp_status ddp__cuda_resident_optim_init(ddp__cuda_resident *r, int nstates, ddp_error *err);
 ddp_status ddp__cuda_resident_optim_step(ddp__cuda_resident *r, const ddp__cuda_optim_args *a,
                                          ddp_error *err);
@@ -64,8 +65,7 @@ ddp_status ddp__cuda_resident_optim_state(ddp__cuda_resident *r, int s, float *c
                                           bool to_host, ddp_error *err);
 ddp_status ddp__cuda_resident_bind_params(ddp__cuda_resident *r, float *const *params_dev,
                                           ddp_error *err);
-ddp_status ddp__cuda_resident_state_dev(const ddp__cuda_resident *r, int s, float **dev,
-                                        ddp_error *err);
+ddp_status ddp__cuda_resident_state_dev(ddp__cuda_resident *r, int s, float **dev, ddp_error *err);
 ddp_status ddp__cuda_resident_optim_keep(ddp__cuda_resident *r, const size_t *lo, const size_t *hi,
                                          ddp_error *err);
 
