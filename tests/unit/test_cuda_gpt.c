@@ -18,10 +18,13 @@
  *     masks on both paths: flash_vs_batched_dropout);
  *   - device-resident: a sync with an optimizer of another kind is refused and copies nothing
  *     (resident_sync_other_kind); the optimizer's state narrowed to a slice of each parameter
- *     (ZeRO-1's memory split, resident_keep) steps as the whole state does, bit for bit.
+ *     (ZeRO-1's memory split, resident_keep) steps as the whole state does, bit for bit; bound
+ *     to other arrays, the model's own parameter buffer is freed, and made again at unbind
+ *     (resident_bind_frees_params).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _GNU_SOURCE /* setenv, RTLD_NOLOAD */
+#include <dlfcn.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -701,6 +704,66 @@ static void resident_keep(void **state)
     ddp_model_free(m);
 }
 
+/* The emulated GPU's count of cudaMalloc'd bytes (tests/emu: the module DDP_GPU_MODULE names,
+ * loaded by libddp already), or 0 on a GPU. */
+static size_t device_bytes(void)
+{
+    const char *mod = getenv("DDP_GPU_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    size_t (*f)(void) = h ? (size_t(*)(void))dlsym(h, "emu_rt_device_bytes") : NULL;
+    size_t n = f ? f() : 0;
+    if (h)
+        dlclose(h);
+    return n;
+}
+
+/* Bound to another's device arrays (the sharded step's reducer views), the GPT frees its own
+ * flat parameter buffer (on the emulated GPU: its bytes are seen to go), reads the bound arrays,
+ * and unbound makes the buffer again with their values. */
+static void resident_bind_frees_params(void **state)
+{
+    (void)state;
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    ddp_error err = {0};
+    size_t at0 = device_bytes();
+    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    size_t built = device_bytes();
+    ddp_model *src = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    if (ddp_model_resident(m, &oo, &err) != DDP_OK || ddp_model_resident(src, &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(m, &np), *q = ddp_model_params(src, &np);
+    size_t floats = 0;
+    for (size_t i = 0; i < np; i++)
+        floats += p[i].count;
+    float **pd = calloc(np, sizeof *pd);
+    assert_non_null(pd);
+    for (size_t i = 0; i < np; i++)
+        pd[i] = ddp_model_device_param(src, i);
+    size_t before = device_bytes();
+    assert_int_equal(ddp_model_bind_device_params(m, pd), DDP_OK);
+    size_t bound = device_bytes();
+    assert_true(ddp_model_device_param(m, 3) == pd[3]);
+    /* the bound arrays change: the model reads them */
+    const float want = q[0].data[5] += 1.0f;
+    assert_int_equal(ddp_model_sync_device(src, NULL), DDP_OK);
+    assert_int_equal(ddp_model_bind_device_params(m, NULL), DDP_OK);
+    size_t unbound = device_bytes();
+    assert_true(ddp_model_device_param(m, 3) != pd[3]);
+    ddp_model_free(src); /* m holds its own values again */
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_OK);
+    assert_true(p[0].data[5] == want);
+    if (at0 || built) { /* the emulated GPU counts */
+        printf(
+            "  model %zu bytes on the device (%zu parameter bytes); bound: -%zu, unbound: +%zu\n",
+            built - at0, floats * sizeof(float), before - bound, unbound - bound);
+        assert_true(before - bound >= floats * sizeof(float));
+        assert_true(unbound - bound == before - bound);
+    }
+    free(pd);
+    ddp_model_free(m);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
@@ -719,6 +782,7 @@ int main(void)
         cmocka_unit_test(flash_vs_batched_dropout),
         cmocka_unit_test(resident_sync_other_kind),
         cmocka_unit_test(resident_keep),
+        cmocka_unit_test(resident_bind_frees_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
