@@ -84,7 +84,7 @@ static const ddp_cfg_key schema[] = {
     {"momentum", DDP_CFG_FLOAT, "0.9", NULL, "sgd momentum"},
     {"weight_decay", DDP_CFG_FLOAT, "0", NULL,
      "sgd: L2 in the gradient; adamw: decoupled (gpt: 2-D weights only)"},
-    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2"},
+    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2 (or [beta1, beta2])"},
     {"eps", DDP_CFG_FLOAT, "1e-8", NULL, "adamw epsilon"},
     {"grad_clip", DDP_CFG_FLOAT, "0", NULL, "clip the global gradient norm (0: off)"},
     {"eval_every", DDP_CFG_INT, "0", NULL, "evaluate every N steps (0: at each epoch end)"},
@@ -166,6 +166,41 @@ static const char *default_of(const char *key)
     return "";
 }
 
+bool trainer_parse_betas(const char *text, float *b1, float *b2)
+{
+    const char *p = text;
+    char *end;
+    float v[2];
+    while (*p == ' ')
+        p++;
+    const bool bracket = *p == '[';
+    p += bracket;
+    for (int i = 0; i < 2; i++) {
+        if (i == 1) {
+            while (*p == ' ')
+                p++;
+            if (*p++ != ',')
+                return false;
+        }
+        errno = 0;
+        v[i] = strtof(p, &end); /* skips the blanks before the number */
+        if (end == p || errno)
+            return false;
+        p = end;
+    }
+    while (*p == ' ')
+        p++;
+    if (bracket && *p++ != ']')
+        return false;
+    while (*p == ' ')
+        p++;
+    if (*p)
+        return false;
+    *b1 = v[0];
+    *b2 = v[1];
+    return true;
+}
+
 /* The checks a configuration needs before any data: exit code 2 with the message. model_known:
  * model.type is the run's (test and predict take it from the checkpoint, later). */
 static int check_values(const ddp_config *c, bool model_known)
@@ -217,12 +252,10 @@ static int check_values(const ddp_config *c, bool model_known)
         return 2;
     }
     float b1, b2;
-    char extra;
-    if (sscanf(ddp_config_str(c, "betas"), "%f,%f%c", &b1, &b2, &extra) != 2) {
+    if (!trainer_parse_betas(ddp_config_str(c, "betas"), &b1, &b2)) {
         fprintf(stderr,
-                "ddptrain: betas '%s' is not two numbers like 0.9,0.95 (in YAML also "
-                "[0.9, 0.95])\n",
-                ddp_config_str(c, "betas"));
+                "ddptrain: betas '%s' is not two numbers like 0.9,0.95 or [0.9, 0.95] (%s)\n",
+                ddp_config_str(c, "betas"), ddp_config_origin(c, "betas"));
         return 2;
     }
     if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) { /* torch.optim.AdamW's bounds */

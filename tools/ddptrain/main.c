@@ -192,6 +192,15 @@ static int open_logs(trainer *t, bool train)
                     t->dir, path, strerror(errno));
             return 2;
         }
+        struct stat sb; /* a file of that name: access() below said "Permission denied" */
+        if (stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr,
+                    "ddptrain: out_dir '%s': '%s' is a file, not a directory (ddptrain keeps its "
+                    "checkpoints in that directory); move the file away or choose another "
+                    "--out_dir\n",
+                    t->dir, path);
+            return 2;
+        }
         if (access(path, W_OK | X_OK) != 0) {
             fprintf(stderr,
                     "ddptrain: out_dir '%s': checkpoints cannot be written to '%s': %s; choose "
@@ -234,7 +243,7 @@ static int build_model(trainer *t)
     oo.kind = !strcmp(ddp_config_str(c, "optimizer"), "adamw") ? DDP_OPTIM_ADAMW : DDP_OPTIM_SGD;
     oo.momentum = (float)ddp_config_float(c, "momentum");
     oo.weight_decay = (float)ddp_config_float(c, "weight_decay");
-    sscanf(ddp_config_str(c, "betas"), "%f,%f", &oo.beta1, &oo.beta2); /* checked in config.c */
+    trainer_parse_betas(ddp_config_str(c, "betas"), &oo.beta1, &oo.beta2); /* checked already */
     oo.eps = (float)ddp_config_float(c, "eps");
     size_t np;
     const ddp_model_param *p = ddp_model_params(t->m, &np);
