@@ -90,6 +90,15 @@ for b in 0.8,0.95 "[0.8, 0.95]" 0.5,0.95; do
 done
 cmp -s loss0 loss1 || fail "--betas '[0.8, 0.95]' trained otherwise than 0.8,0.95"
 ! cmp -s loss0 loss2 || fail "--betas 0.5,0.95 trained as 0.8,0.95 (betas ignored?)"
+# shard_optimizer true with one process: nothing to split, and the DDP line says so (it was
+# silently unsharded); auto says nothing.
+"$TRAIN" --out_dir "$T/runs1" --total_steps 1 --shard_optimizer true --tensorboard false \
+    >out 2>err || { cat err >&2; fail "shard_optimizer true, 1 rank"; }
+assert_contains out "effective batch 64; optimizer step not sharded (shard_optimizer true needs 2 or more processes)"
+"$TRAIN" --out_dir "$T/runs2" --total_steps 1 --tensorboard false >out 2>err ||
+    { cat err >&2; fail "shard_optimizer auto, 1 rank"; }
+assert_not_contains out "sharded"
+rm -rf "$T/runs1" "$T/runs2"
 printf 'optimizer: adamw\nlr: 0.001\nbetas: [0.8, 0.95]\n' >b2.yaml
 "$TRAIN" --config b2.yaml --out_dir "$T/runb" --total_steps 2 --warmup_steps 3 \
     --tensorboard false >out 2>err || { cat err >&2; fail "betas as a YAML list refused"; }

@@ -744,6 +744,11 @@ int main(int argc, char **argv)
                  "; optimizer step sharded (ZeRO-1), each rank keeping 1/%d of its state", t.W);
     else if (train && ddp_reducer_sharded(t.red))
         snprintf(zero, sizeof zero, "; optimizer step sharded (ZeRO-1)");
+    else if (train && !strcmp(ddp_config_str(t.cfg, "shard_optimizer"), "true"))
+        /* asked for and not done: said, as the line says what it does (the reducer shards only
+         * among 2 or more ranks: one has nothing to split) */
+        snprintf(zero, sizeof zero,
+                 "; optimizer step not sharded (shard_optimizer true needs 2 or more processes)");
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "
