@@ -454,9 +454,9 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
     if (threads && t->world.local_rank == 0)
         fprintf(stderr,
                 "ddptrain: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS unset under %s: %d thread%s "
-                "per rank (%d ranks on this host's cores; set them to choose)\n",
+                "per rank (%d rank%s on this host's cores; set them to choose)\n",
                 ddp_launcher_name(t->world.launcher), threads, threads == 1 ? "" : "s",
-                t->world.local_world_size);
+                t->world.local_world_size, t->world.local_world_size == 1 ? "" : "s");
     if (t->local_rank_arg >= 0) {
         /* --local_rank: checked against the launcher's LOCAL_RANK, or taken where the launcher
          * gave none (torch.distributed.launch without --use_env sets RANK but not LOCAL_RANK). */
