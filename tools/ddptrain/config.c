@@ -118,7 +118,7 @@ static const ddp_cfg_key schema[] = {
     {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
      "gpt predict: token ids to continue (any vocabulary), e.g. 1,2,3"},
     {"max_new_tokens", DDP_CFG_INT, "200", NULL,
-     "gpt: tokens to generate (predict, and a sample after training; 0: none)"},
+     "gpt: tokens to generate (predict: ≥ 1; a sample after training: 0 for none)"},
     {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
     {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
     {"backend", DDP_CFG_STRING, "", NULL,
@@ -372,6 +372,20 @@ static int check_values(const ddp_config *c, bool model_known)
                     ddp_config_int(c, gpt_nonneg[i]));
             return 2;
         }
+    /* predict with 0 new tokens wrote the prompt alone, a file that looks like a generation
+     * (transformers' generate refuses max_new_tokens 0 too). After training 0 means no sample,
+     * and a checkpoint's stored configuration carries that 0 into predict: say where it is from. */
+    if (!strcmp(ddp_config_str(c, "task"), "predict") && ddp_config_int(c, "max_new_tokens") == 0) {
+        const char *o = ddp_config_origin(c, "max_new_tokens");
+        fprintf(stderr,
+                "ddptrain: key 'max_new_tokens' is 0 (%s): --task predict would write the prompt "
+                "alone; give --max_new_tokens N, the tokens to generate (default 200)\n",
+                !strcmp(o, "the command line") || !strcmp(o, "default")
+                    ? o
+                    : "the configuration stored in the checkpoint, where 0 skipped the sample "
+                      "after training");
+        return 2;
+    }
     if (ddp_config_float(c, "temperature") < 0) {
         fprintf(stderr, "ddptrain: key 'temperature' is %g; it must be ≥ 0\n",
                 ddp_config_float(c, "temperature"));
