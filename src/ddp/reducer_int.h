@@ -131,6 +131,10 @@ struct ddp_reducer {
     ddp_status join_err; /* the count failed the step (throw_on_early_termination): mark_ready and
                             finish return it without communicating until the step ends (finish
                             or zero_grad); its message stays in err */
+    ddp_status step_err; /* a reduction started at mark_ready failed: the step's later
+                            mark_ready return it without communicating, and its finish
+                            ends the step with it (then clears it) */
+    char step_msg[DDP_ERRMSG_MAX]; /* step_err's message, given again with it */
     char err[DDP_ERRMSG_MAX];
 };
 
