@@ -372,10 +372,11 @@ int main(int argc, char **argv)
     }
     if (!rc && R == 0) {
         double secs = ddp_now_seconds() - t_start;
-        printf("ddp_mlp: %d ranks, batch %d × %d ranks × %d accum, %d steps: %.2f steps/s, "
+        printf("ddp_mlp: %d rank%s, batch %d × %d rank%s × %d accum, %d step%s: %.2f steps/s, "
                "communication %.1f ms/step, %.0f%% hidden behind backward\n",
-               W, B, W, A, steps, steps > 1 ? (steps - 1) / secs : 0.0,
-               steps > 1 ? comm / (steps - 1) * 1e3 : 0.0, comm > 0 ? 100.0 * hidden / comm : 0.0);
+               W, W == 1 ? "" : "s", B, W, W == 1 ? "" : "s", A, steps, steps == 1 ? "" : "s",
+               steps > 1 ? (steps - 1) / secs : 0.0, steps > 1 ? comm / (steps - 1) * 1e3 : 0.0,
+               comm > 0 ? 100.0 * hidden / comm : 0.0);
         if (dump) {
             FILE *f = fopen(dump, "wb");
             for (size_t k = 0; f && k < NP; k++)

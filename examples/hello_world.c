@@ -44,8 +44,8 @@ int main(void)
         int64_t sum;
         if (ddp_store_add(store, "hello/rank_sum", 0, &sum) != DDP_OK)
             goto out;
-        printf("hello from %d ranks (run %s, attempt %d)\n", w.world_size, w.run_id,
-               w.restart_count);
+        printf("hello from %d rank%s (run %s, attempt %d)\n", w.world_size,
+               w.world_size == 1 ? "" : "s", w.run_id, w.restart_count);
         for (int r = 0; r < w.world_size; r++) {
             void *v;
             snprintf(key, sizeof key, "hello/%d", r);

@@ -48,8 +48,8 @@ static int work(const ddp_world *w, void *arg)
         if (x[i] != want)
             rc = 1;
     if (w->rank == 0 && !rc)
-        printf("%d ranks (%s): every element is %g, as expected\n", w->world_size,
-               ddp_group_backend(g), (double)want);
+        printf("%d rank%s (%s): every element is %g, as expected\n", w->world_size,
+               w->world_size == 1 ? "" : "s", ddp_group_backend(g), (double)want);
     free(x);
     ddp_group_destroy(g);
     return rc;

@@ -11,6 +11,7 @@
  * checkpoint code and by PyTorch). Where examples/ddp_mlp.c writes its model by hand, this one
  * takes ddp/model.h's: see docs/nn.md.
  */
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,10 @@ static int fail(const char *what, const char *msg)
 
 int main(int argc, char **argv)
 {
+    /* A file-size limit (ulimit -f) then fails the checkpoint's write with EFBIG, which the
+     * library's message names with the file, removing its temporary file, as in ddptrain; by
+     * default SIGXFSZ ended the program with no word and left that file behind. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc > 1 && argv[1][0] == '-') { /* --help, or a flag this program does not take */
         bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
         fprintf(help ? stdout : stderr,

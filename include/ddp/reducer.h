@@ -168,7 +168,10 @@ void ddp_reducer_zero_grad(ddp_reducer *r);
 /* Communicate on this step (true, the default) or accumulate locally (false: no_sync). */
 void ddp_reducer_set_sync(ddp_reducer *r, bool sync);
 
-/* Parameter i's gradient is complete for this step. Marking one twice in a step is an error. */
+/* Parameter i's gradient is complete for this step. Marking one twice in a step is an error.
+ * When the bucket it completes fails to reduce (a dead group, a timeout), the step is spent: every
+ * later mark_ready returns that same failure and message, without communicating, until finish,
+ * which ends the step with it. */
 ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i);
 
 /* Launches whatever was not marked ready, waits for every bucket, and leaves the mean over ranks

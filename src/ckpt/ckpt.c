@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/util.h"
@@ -62,6 +63,21 @@ static void free_entries(entry *e, size_t n)
     free(e);
 }
 
+/* The message for an opendir(dir) that failed with errno e. A file where the directory should
+ * be gets its own words: strerror's "Not a directory" read as if a parent were missing. */
+static ddp_status opendir_err(ddp_error *err, const char *dir, int e)
+{
+    struct stat sb;
+    if (e == ENOTDIR && stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return ddp__err(err, DDP_ERR_SYSTEM,
+                        "checkpoint directory '%s' is a file, not a directory; move the file "
+                        "away (checkpoints go in a directory of that name) or use another "
+                        "directory",
+                        dir);
+    return ddp__err(err, e == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
+                    "cannot open checkpoint directory '%s': %s", dir, strerror(e));
+}
+
 /* Lists the matching files of dir, newest first. */
 static ddp_status list(const char *dir, const char *prefix, entry **out, size_t *nout,
                        ddp_error *err)
@@ -72,8 +88,7 @@ static ddp_status list(const char *dir, const char *prefix, entry **out, size_t 
                         "contain '/'");
     DIR *d = opendir(dir);
     if (!d)
-        return ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
-                        "cannot open checkpoint directory '%s': %s", dir, strerror(errno));
+        return opendir_err(err, dir, errno);
     ddp_status st = DDP_OK;
     entry *e = NULL;
     size_t n = 0, cap = 0;
@@ -222,10 +237,7 @@ ddp_status ddp_ckpt_clean_stale(const char *dir, const char *prefix, size_t *rem
     if (!d) {
         if (removed)
             *removed = 0;
-        return errno == ENOENT
-                   ? DDP_OK
-                   : ddp__err(err, DDP_ERR_SYSTEM, "cannot open checkpoint directory '%s': %s", dir,
-                              strerror(errno));
+        return errno == ENOENT ? DDP_OK : opendir_err(err, dir, errno);
     }
     ddp_status st = DDP_OK;
     struct dirent *de;

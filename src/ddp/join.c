@@ -105,6 +105,7 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r)
     r->stats.joined = r->W - n;
     if (n == 0) {
         r->join_all = true;
+        r->join_steps = 0; /* the epoch is over: the next step is the next epoch's first */
         return DDP_OK;
     }
     if (n < r->W && r->jo.throw_on_early_termination) {
@@ -114,12 +115,16 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r)
          * after every rank joined), and the rest of this step's marks do not count again. */
         r->joined = false;
         r->join_err = DDP_ERR_CLOSED;
+        /* The step within the epoch, as a training loop counts it: join_steps went on across
+         * epochs before 2026-11-25 (a second epoch's throw at its step 2 said "step 7"). */
+        long long step = (long long)r->join_steps;
+        r->join_steps = 0;
         return ddp__errmsg(r->err, DDP_ERR_CLOSED,
-                           "%s ran out of inputs before synced step %lld of the others "
-                           "(join's throw_on_early_termination): the step is not taken on any "
-                           "rank; give every rank the same number of batches "
+                           "%s ran out of inputs before the others' synced step %lld of this "
+                           "epoch (join's throw_on_early_termination): the step is not taken on "
+                           "any rank; give every rank the same number of batches "
                            "(ddp_sampler pads them) or turn throw_on_early_termination off",
-                           who, (long long)r->join_steps);
+                           who, step);
     }
     if (n < r->W && !r->jo.divide_by_initial_world_size)
         r->join_div = n;

@@ -322,6 +322,8 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
                            "ddp_reducer_join until it says no other rank trains");
     if (r->join_err) /* the count failed this step: the rest of its marks must not count again */
         return r->join_err;
+    if (r->step_err) /* this step's reduction failed: the step ends at finish, with it */
+        return ddp__errmsg(r->err, r->step_err, "%s", r->step_msg);
     ddp_status st = step_refused(r, "mark_ready");
     if (st || !r->sync)
         return st;
@@ -339,7 +341,13 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if (r->rebuild == DDP__REBUILD_RECORD)
         r->seen[r->nseen++] = i;
     r->b[r->bucket_of[i]].pending--;
-    return launch_ready(r, false);
+    /* A failed reduction (a dead group) poisons the step: the caller's next mark_ready said
+     * "already marked", or reduced later buckets, instead of this failure. */
+    if ((st = launch_ready(r, false))) {
+        r->step_err = st;
+        ddp__fmt(r->step_msg, sizeof r->step_msg, "%s", r->err);
+    }
+    return st;
 }
 
 /* The reduced bfloat16 gradients back into the float32 bucket: all, or my block (sharded). */
@@ -396,7 +404,8 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
     r->step_open = false;
     if (r->join_all) /* every rank has joined (join.c): nothing to reduce */
         return DDP_OK;
-    st = launch_ready(r, true);
+    /* Poisoned at mark_ready: nothing more is started; what is in flight is waited for below. */
+    st = r->step_err ? r->step_err : launch_ready(r, true);
     double t0 = ddp_now_seconds();
     for (size_t i = 0; i < r->nb; i++) {
         ddp__bucket *b = &r->b[i];
@@ -419,6 +428,10 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
             ddp_status s1 = land(r, b);
             st = st ? st : s1;
         }
+    }
+    if (r->step_err) { /* the step ends with the failure that poisoned it */
+        ddp__errmsg(r->err, r->step_err, "%s", r->step_msg);
+        r->step_err = DDP_OK;
     }
     if (st == DDP_OK)
         ddp__reducer_join_divide(r);

@@ -126,10 +126,15 @@ struct ddp_reducer {
     bool joined;         /* this rank is out of inputs (ddp_reducer_join) */
     bool join_all;       /* this step's count was 0: every rank has joined, nothing to reduce */
     int join_div;        /* > 0: this step sums, then divides by the ranks training (not W) */
-    int64_t join_steps;  /* synced steps counted since set_join */
+    int64_t join_steps;  /* synced steps of this epoch: since set_join, the last step every
+                            rank joined, or the last throw_on_early_termination */
     ddp_status join_err; /* the count failed the step (throw_on_early_termination): mark_ready and
                             finish return it without communicating until the step ends (finish
                             or zero_grad); its message stays in err */
+    ddp_status step_err; /* a reduction started at mark_ready failed: the step's later
+                            mark_ready return it without communicating, and its finish
+                            ends the step with it (then clears it) */
+    char step_msg[DDP_ERRMSG_MAX]; /* step_err's message, given again with it */
     char err[DDP_ERRMSG_MAX];
 };
 

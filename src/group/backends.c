@@ -139,8 +139,8 @@ void ddp__backend_reason(const ddp__backend *chosen, bool named, const ddp__setu
     } else if (s->nhosts <= 1) {
         ddp__fmt(why, cap, "every rank on one host");
     } else if (s->per_host > 0 && !strncmp(chosen->name, "shm+", 4)) {
-        ddp__fmt(why, cap, "%d hosts × %d ranks: shm within each, %s among them", s->nhosts,
-                 s->per_host, chosen->name + 4);
+        ddp__fmt(why, cap, "%d hosts × %d rank%s: shm within each, %s among them", s->nhosts,
+                 s->per_host, s->per_host == 1 ? "" : "s", chosen->name + 4);
     } else {
         ddp__fmt(why, cap, "%d hosts holding different numbers of ranks, or not contiguously",
                  s->nhosts);

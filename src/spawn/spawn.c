@@ -437,9 +437,10 @@ ddp_status ddp_spawn(int nprocs, ddp_spawn_fn fn, void *arg, const ddp_spawn_opt
             char waited[32];
             ddp__fmt_duration(waited, sizeof waited, timeout_ms);
             st = ddp__err(err, DDP_ERR_TIMEOUT,
-                          "ddp_spawn: %d of %d ranks still running after %s (ranks %s); they "
+                          "ddp_spawn: %d of %d rank%s still running after %s (rank%s %s); they "
                           "were stopped",
-                          running, nprocs, waited, still);
+                          running, nprocs, nprocs == 1 ? "" : "s", waited, running == 1 ? "" : "s",
+                          still);
             signal_all(pids, done, started, SIGTERM);
             kill_at = now + grace_ms;
         }

@@ -625,9 +625,9 @@ ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
     if (n > nranks)
         return ddp__errmsg(
             s->err, DDP_ERR_INVALID,
-            "barrier '%s' was entered by more than %d ranks: use a new name for each "
+            "barrier '%s' was entered by more than %d rank%s: use a new name for each "
             "barrier (add a counter)",
-            name, nranks);
+            name, nranks, nranks == 1 ? "" : "s");
     if (n == nranks && (st = ddp_store_set(s, done_key, "1", 1)))
         return st;
     const char *keys[1] = {done_key};
@@ -646,9 +646,9 @@ ddp_status ddp_store_barrier(ddp_store *s, const char *name, int nranks)
     if (arrived >= 0)
         return ddp__errmsg(
             s->err, DDP_ERR_TIMEOUT,
-            "barrier '%s' timed out after %s (%lld of %d ranks arrived); the missing "
+            "barrier '%s' timed out after %s (%lld of %d rank%s arrived); the missing "
             "ranks may have failed, hung, or not been started",
-            name, waited, (long long)arrived, nranks);
+            name, waited, (long long)arrived, nranks, nranks == 1 ? "" : "s");
     return ddp__errmsg(s->err, DDP_ERR_TIMEOUT, "barrier '%s' timed out after %s (%s)", name,
                        waited, msg);
 }

@@ -362,8 +362,9 @@ static int case_throw(ddp_group *g)
         bool others;
         st = ddp_reducer_join(t.red, &others);
     }
-    char want[48];
-    snprintf(want, sizeof want, "rank %d ran out of inputs", W - 1);
+    char want[100];
+    snprintf(want, sizeof want,
+             "rank %d ran out of inputs before the others' synced step 2 of this epoch", W - 1);
     CHECK(st == DDP_ERR_CLOSED && strstr(ddp_reducer_last_error(t.red), want),
           "throw_on_early_termination: status %d, '%s' (want '%s')", (int)st,
           ddp_reducer_last_error(t.red), want);
@@ -381,6 +382,19 @@ static int case_throw(ddp_group *g)
               "throw, the next epoch's step %d: mean %g (want %g), stats.joined %d", s,
               (double)gr[0], (double)(W + 1) / 2, sts.joined);
     }
+    /* Its end as the documented loop has it (every rank joins at once), then a third epoch as
+     * the first: the step named is again the epoch's 2nd (it said 7, counting all epochs). */
+    bool others = true;
+    st = ddp_reducer_join(t.red, &others);
+    CHECK(st == DDP_OK && !others, "throw, the second epoch's end: %d, others %d '%s'", (int)st,
+          others, ddp_reducer_last_error(t.red));
+    for (int s = 0; s < mine && st == DDP_OK; s++)
+        st = step_all(&t, &mark);
+    if (st == DDP_OK)
+        st = ddp_reducer_join(t.red, &others);
+    CHECK(st == DDP_ERR_CLOSED && strstr(ddp_reducer_last_error(t.red), want),
+          "throw, the third epoch: status %d, '%s' (want '%s')", (int)st,
+          ddp_reducer_last_error(t.red), want);
     drop(&t);
     return 0;
 }

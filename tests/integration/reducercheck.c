@@ -444,9 +444,48 @@ int main(int argc, char **argv)
         }
         dfree(dstats);
     }
+    /* A dead group under an inline step (a world of one: its abort reaches no other rank, which
+     * would fail wherever it stood): the mark_ready that reduces fails with the group's error;
+     * the step is then poisoned, so the caller's next mark_ready (a retry, or the next step's
+     * backward without finish) gives that failure again, not "already marked", as does finish,
+     * which ends the step; the step after it fails on the group afresh. Last: the group is
+     * gone. */
+    if (W == 1 && !on_gpu) {
+        float a[4] = {1, 2, 3, 4};
+        ddp_param one = {"a", 4, DDP_FLOAT32, a, DDP_DEVICE_CPU};
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.overlap = DDP_OVERLAP_INLINE;
+        ddp_reducer *red = NULL;
+        CHECK(ddp_reducer_create(g, &one, 1, NULL, 0, &ro, &red, &err) == DDP_OK,
+              "dead group: create: %s", err.msg);
+        if (red) {
+            ddp_group_abort(g);
+            ddp_status s1 = ddp_reducer_mark_ready(red, 0);
+            char first[DDP_ERRMSG_MAX];
+            snprintf(first, sizeof first, "%s", ddp_reducer_last_error(red));
+            CHECK(s1 != DDP_OK && strstr(first, "bucket 0"),
+                  "dead group: mark_ready returned %d '%s'", (int)s1, first);
+            ddp_status s2 = ddp_reducer_mark_ready(red, 0);
+            CHECK(s2 == s1 && !strcmp(ddp_reducer_last_error(red), first),
+                  "dead group: the next mark_ready returned %d '%s', want %d '%s'", (int)s2,
+                  ddp_reducer_last_error(red), (int)s1, first);
+            ddp_status s3 = ddp_reducer_finish(red);
+            CHECK(s3 == s1 && !strcmp(ddp_reducer_last_error(red), first),
+                  "dead group: finish returned %d '%s', want %d '%s'", (int)s3,
+                  ddp_reducer_last_error(red), (int)s1, first);
+            ddp_reducer_zero_grad(red);
+            ddp_status s4 = ddp_reducer_mark_ready(red, 0);
+            CHECK(s4 != DDP_OK && strstr(ddp_reducer_last_error(red), "bucket 0") &&
+                      !strstr(ddp_reducer_last_error(red), "already marked"),
+                  "dead group: the step after finish: %d '%s'", (int)s4,
+                  ddp_reducer_last_error(red));
+            ddp_reducer_finish(red);
+            ddp_reducer_destroy(red);
+        }
+    }
     if (R == 0 && !fails)
-        printf("reducercheck: all checks passed on %d ranks (%s, backend %s)\n", W,
-               on_gpu ? "GPU memory" : "host memory", ddp_group_backend(g));
+        printf("reducercheck: all checks passed on %d rank%s (%s, backend %s)\n", W,
+               W == 1 ? "" : "s", on_gpu ? "GPU memory" : "host memory", ddp_group_backend(g));
     ddp_group_destroy(g);
     return fails ? 1 : 0;
 }

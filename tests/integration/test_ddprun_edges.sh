@@ -188,3 +188,16 @@ SH
 else
     echo "skip 6: cannot mount a tmpfs (not root)"
 fi
+
+# 7. Node 1 cannot reach node 0's store: one line that says where and what to do once, the
+#    connection's own error inside it (the store client's whole message, with its own hint about
+#    MASTER_ADDR and "after 150 ms", was embedded before 2026-11-25).
+d=$T/noreach; mkdir -p "$d"
+port=$(free_port)
+rc=0; "$DDPRUN" --nnodes 2 --node_rank 1 --master_addr 127.0.0.1 --master_port $port \
+    --rdzv_timeout 1 "$WORKER" sleep "$d" >"$d/out" 2>"$d/err" || rc=$?
+[ $rc -eq 1 ] || { cat "$d/err"; fail "node 1 without node 0: exit $rc, want 1"; }
+assert_contains "$d/err" "cannot reach the store of node 0 at '127.0.0.1:$port' after 1 s (last error: cannot connect to '127.0.0.1:$port': Connection refused); start ddprun on node 0"
+[ "$(grep -c 'cannot reach the store' "$d/err")" -eq 1 ] || { cat "$d/err"; fail "the store named twice"; }
+assert_not_contains "$d/err" "MASTER_ADDR"
+ok "a store that cannot be reached: one line, one hint"

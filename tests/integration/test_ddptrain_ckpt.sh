@@ -90,6 +90,8 @@ ok "--resume_from latest with no checkpoint: what to do instead, nothing created
 rc=0; "$TRAIN" "${S[@]}" --model.hidden 100 --total_steps 20 --out_dir r3 --resume_from latest \
     >out 2>err || rc=$?
 [ $rc -ne 0 ] || fail "a checkpoint of another model was resumed"
+# The command line names another model: a usage error (exit 2, as a bad key), not a failure (1).
+[ $rc -eq 2 ] || fail "a resume of another model's checkpoint exited $rc, want 2"
 assert_contains err "saved with another model"
 assert_not_contains err "HINT"
 ok "a model mismatch: the message, without a HINT about the checkpoint before it"
@@ -153,6 +155,7 @@ for args in "--model.hidden 24" "--optimizer adamw"; do
     rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm_new \
         --resume_from mm/checkpoints/step4.safetensors >out 2>err || rc=$?
     [ $rc -ne 0 ] || fail "$args: a resume from another model's checkpoint worked"
+    [ "$args" != "--model.hidden 24" ] || [ $rc -eq 2 ] || fail "$args: exit code $rc, want 2"
     assert_contains err "step4.safetensors"
     [ ! -e mm_new ] || { ls -R mm_new; fail "$args: a refused resume made its out_dir"; }
     rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm --resume_from latest >out 2>err ||

@@ -73,6 +73,32 @@ printf 'lr: 0.1\nbatch_size: 8\nlr: 0.2\n' >dup.yaml
 check "key 'lr' is set twice in 'dup.yaml' (line 1 and line 3); keep one of them" --config dup.yaml
 printf 'optimizer: adamw\nbetas: [0.9, 0.95, 0.99]\n' >b3.yaml
 check "betas '0.9,0.95,0.99' is not two numbers like 0.9,0.95" --config b3.yaml
+# On the command line too, as the YAML list's text or in its brackets (before 2026-11-25
+# --betas "[0.9, 0.95]" was refused): the same values, so the same losses.
+check "betas '[0.9, 0.95' is not two numbers like 0.9,0.95 or [0.9, 0.95] (the command line)" \
+    --optimizer adamw --betas "[0.9, 0.95"
+check "betas '0.9 0.95' is not two numbers" --optimizer adamw --betas "0.9 0.95"
+check "schedule step needs lr_step_epochs" --optimizer adamw --betas " [ 0.9 ,0.95 ] " --schedule step
+i=0
+for b in 0.8,0.95 "[0.8, 0.95]" 0.5,0.95; do
+    "$TRAIN" --optimizer adamw --lr 0.01 --betas "$b" --out_dir "$T/runc$i" --total_steps 3 \
+        --log_every 1 --tensorboard false >out 2>err || { cat err >&2; fail "--betas '$b' refused"; }
+    grep -o 'step 3/3 | epoch 0 | loss [0-9.]*' out >loss$i
+    [ -s loss$i ] || { cat out; fail "--betas '$b': no step 3 line"; }
+    rm -rf "$T/runc$i"
+    i=$((i + 1))
+done
+cmp -s loss0 loss1 || fail "--betas '[0.8, 0.95]' trained otherwise than 0.8,0.95"
+! cmp -s loss0 loss2 || fail "--betas 0.5,0.95 trained as 0.8,0.95 (betas ignored?)"
+# shard_optimizer true with one process: nothing to split, and the DDP line says so (it was
+# silently unsharded); auto says nothing.
+"$TRAIN" --out_dir "$T/runs1" --total_steps 1 --shard_optimizer true --tensorboard false \
+    >out 2>err || { cat err >&2; fail "shard_optimizer true, 1 rank"; }
+assert_contains out "effective batch 64; optimizer step not sharded (shard_optimizer true needs 2 or more processes)"
+"$TRAIN" --out_dir "$T/runs2" --total_steps 1 --tensorboard false >out 2>err ||
+    { cat err >&2; fail "shard_optimizer auto, 1 rank"; }
+assert_not_contains out "sharded"
+rm -rf "$T/runs1" "$T/runs2"
 printf 'optimizer: adamw\nlr: 0.001\nbetas: [0.8, 0.95]\n' >b2.yaml
 "$TRAIN" --config b2.yaml --out_dir "$T/runb" --total_steps 2 --warmup_steps 3 \
     --tensorboard false >out 2>err || { cat err >&2; fail "betas as a YAML list refused"; }
@@ -154,10 +180,16 @@ mkdir -p run2 && touch run2/checkpoints
 rc=0
 "$TRAIN" --out_dir "$T/run2" --total_steps 20000 >out 2>err || rc=$?
 [ $rc -eq 2 ] || { cat err >&2; fail "exit $rc for a checkpoints file, want 2"; }
-assert_contains err "checkpoints"
-assert_contains err "choose another --out_dir"
+assert_contains err "out_dir '$T/run2': '$T/run2/checkpoints' is a file, not a directory"
+assert_contains err "move the file away or choose another --out_dir"
+assert_not_contains err "Permission denied" # before 2026-11-25: access()'s word for a file
 assert_not_contains out "step 50/"
-ok "out_dir/checkpoints that cannot be a folder: an error before the first step"
+# A resume looks there first: the same words from the checkpoint library, still exit 2.
+rc=0
+"$TRAIN" --out_dir "$T/run2" --total_steps 20 --resume_from latest >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat err >&2; fail "resume: exit $rc for a checkpoints file, want 2"; }
+assert_contains err "checkpoint directory '$T/run2/checkpoints' is a file, not a directory; move"
+ok "out_dir/checkpoints that is a file: said so (not 'Permission denied'), before the first step"
 
 # A truncated latest checkpoint: a clear error naming the one before it, and nothing deleted;
 # moving the damaged one aside, as the HINT says, resumes from the one named.

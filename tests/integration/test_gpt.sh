@@ -187,7 +187,8 @@ ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks), di
 "$TRAIN" "${TINY[@]}" --data.train big.bin --data.val big.bin --model.vocab_size 320 \
     --model.block_size 16 --total_steps 3 --out_dir v320 >v320.out 2>&1 ||
     { cat v320.out; fail "vocab 320 training"; }
-rc=0; "$TRAIN" --task predict --out_dir v320 --prompt "abc" >p.out 2>p.err || rc=$?
+rc=0; "$TRAIN" --task predict --out_dir v320 --prompt "abc" --max_new_tokens 5 >p.out 2>p.err ||
+    rc=$?
 [ $rc -ne 0 ] || fail "a text prompt for a 320-token vocabulary was accepted"
 assert_contains p.err "--prompt_tokens 1,2,3"
 "$TRAIN" --task predict --out_dir v320 --prompt_tokens 300,7 --max_new_tokens 5 >p.out 2>p.err ||

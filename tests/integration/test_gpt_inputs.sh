@@ -168,6 +168,21 @@ assert_contains gen.out "wrote the generated text to gen.txt"
 assert_not_contains gen.out "hey"
 ok "a gpt's generated text goes to predict_out when given"
 
+# max_new_tokens 0 in predict (the training's "no sample after training", stored in the
+# checkpoint, or given): refused, naming where the 0 is from; it wrote the prompt alone.
+for given in "" "--max_new_tokens 0"; do
+    rc=0
+    "$TRAIN" --task predict --out_dir shape --prompt hey --predict_out zero.txt $given \
+        >zero.out 2>zero.err || rc=$?
+    [ $rc -eq 2 ] || { cat zero.err; fail "predict, max_new_tokens 0 ($given): exit $rc, want 2"; }
+    [ ! -e zero.txt ] || fail "predict, max_new_tokens 0 ($given): wrote '$(cat zero.txt)'"
+done
+assert_contains zero.err "key 'max_new_tokens' is 0 (the command line): --task predict would write the prompt alone; give --max_new_tokens N"
+"$TRAIN" --task predict --out_dir shape --prompt hey --predict_out zero.txt >zero.out 2>zero.err ||
+    true
+assert_contains zero.err "is 0 (the configuration stored in the checkpoint, where 0 skipped the sample after training)"
+ok "predict with max_new_tokens 0: refused, saying where the 0 comes from"
+
 # ddpprep's --out_dir: parents made (as ddptrain's out_dir), a file in the way named.
 "$PREP" --out_dir deep/er/dir --doc_sep % --val_every 2 f.txt >d1.out 2>&1 || { cat d1.out; fail "deep"; }
 [ -s deep/er/dir/train.bin ] || fail "ddpprep --out_dir deep/er/dir: no train.bin"
@@ -224,7 +239,7 @@ DDP_TIMEOUT=$gen_timeout "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" 
 [ "$(stat -c %s long.txt)" -ge 60001 ] || fail "long.txt: $(stat -c %s long.txt) bytes"
 rc=0
 DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task predict \
-    --out_dir shape --prompt_tokens 999 >badp.out 2>&1 || rc=$?
+    --out_dir shape --prompt_tokens 999 --max_new_tokens 5 >badp.out 2>&1 || rc=$?
 [ $rc -eq 1 ] || { cat badp.out; fail "a refused prompt on 2 ranks: exit $rc"; }
 assert_contains badp.out "rank 1: generate: rank 0 could not generate"
 ok "2 ranks: a generation past DDP_TIMEOUT completes; rank 0's failure stops rank 1 at once"

@@ -56,7 +56,7 @@ if command -v mpirun >/dev/null; then
 
     # mpirun -np 1: a world of one with a private store (no port 29500 needed).
     mpirun -np 1 "$HELLO" >hello1 2>&1 || { cat hello1; fail "mpirun -np 1 hello_world"; }
-    assert_contains hello1 "hello from 1 ranks"
+    assert_contains hello1 "hello from 1 rank (run"
     ok "mpirun -np 1: a world of one"
 
     # One ddprun per mpirun task with --nnodes 1 (the default): two separate jobs that never

@@ -38,6 +38,17 @@ assert_contains worlds/report.html "rank 0: slowest in 75% of intervals"
 assert_contains worlds/report.html "rank 1: slowest in 25% of intervals"
 ok "a run resumed with fewer ranks: every rank that trained is charted"
 
+# One of each: singular words (before 2026-11-25 "1 progress lines, 1 evaluations").
+mkdir -p one
+{
+    echo '{"step": 0, "start": true, "world_size": 1, "model": "mlp"}'
+    echo '{"step": 10, "loss": 2.0, "lr": 0.1, "samples_per_s": 1000, "rank_step_ms": [9], "rank_wait_ms": [0]}'
+    echo '{"step": 10, "test_loss": 1.9, "test_accuracy": 0.5}'
+} >one/metrics.jsonl
+"$TRAIN" --task report --out_dir one >one.out 2>&1 || { cat one.out; fail "report of one line failed"; }
+assert_contains one.out "wrote one/report.html: 1 progress line, 1 evaluation, 1 rank, 0 straggler warnings"
+ok "a report of one progress line and one evaluation: singular words"
+
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 120 --log_every 5 --eval_every 30 \
     --out_dir run >train.out 2>&1 || { cat train.out; fail "training failed"; }
 "$TRAIN" --task report --out_dir run >report.out 2>&1 || { cat report.out; fail "report failed"; }

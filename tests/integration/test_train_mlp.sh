@@ -23,6 +23,18 @@ for f in one two; do
 done
 ok "ddptrain evaluates the example's checkpoints"
 
+# A file-size limit under the checkpoint (ulimit -f 300: 300 KiB; tcp, as shm's segments obey it
+# too): the write fails with EFBIG, said with the file, and no temporary file is left, as in
+# ddptrain. SIGXFSZ ended it before 2026-11-25 (exit 153, no word, the .tmp file left).
+mkdir -p fsize
+rc=0; (cd fsize && ulimit -f 300 && DDP_BACKEND=tcp "$EX" "$DATA" 5 x.safetensors) \
+    >fsize.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat fsize.out; fail "ulimit -f: exit $rc, want 1"; }
+assert_contains fsize.out "train_mlp: checkpoint: writing checkpoint 'x.safetensors.tmp."
+assert_contains fsize.out "File too large"
+[ -z "$(ls -A fsize)" ] || { ls -A fsize; fail "ulimit -f: a file was left"; }
+ok "a file-size limit under train_mlp's checkpoint: EFBIG said, no file left"
+
 # Rank 0's disk fills while the optimizer's shards stream into its file (a 600 KB tmpfs: the
 # header and the weights fit, AdamW's state does not): rank 0 says ENOSPC and removes the file,
 # rank 1 learns that rank 0 could not save. It used to stop after the first state's gather with

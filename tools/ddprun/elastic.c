@@ -604,9 +604,10 @@ int agent_rendezvous_elastic(agent *a)
                 goto out;
             if (now_ms() >= until) {
                 ddprun_say("no place opened for node %d within --rdzv_timeout %g s: the job runs "
-                           "with its %d nodes (--nnodes %d:%d); raise --rdzv_timeout "
+                           "with its %d node%s (--nnodes %d:%d); raise --rdzv_timeout "
                            "(join_timeout) to wait longer",
-                           o->node_rank, o->rdzv_timeout, n, o->min_nodes, o->nnodes);
+                           o->node_rank, o->rdzv_timeout, n, n == 1 ? "" : "s", o->min_nodes,
+                           o->nnodes);
                 goto out;
             }
             nap_ms(100);

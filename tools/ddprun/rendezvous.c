@@ -57,6 +57,22 @@ bool agent_first_address(const char *host, char *buf, size_t cap)
     return ok;
 }
 
+/* The cause inside the store client's "cannot reach the store at 'H:P' after T (CAUSE); check
+ * that its host …" (the connection's own error), into buf; msg whole when it is not of that
+ * form. ddprun's message names the store and says what to do in ddprun's flags: with the
+ * client's message inside it, the line said where and what to do twice. */
+static const char *store_cause(const char *msg, char *buf, size_t cap)
+{
+    static const char head[] = "cannot reach the store at '", tail[] = "); check that its host";
+    const char *open = strncmp(msg, head, sizeof head - 1) ? NULL : strstr(msg, "' after ");
+    open = open ? strchr(open, '(') : NULL;
+    const char *close = open ? strstr(open, tail) : NULL;
+    if (!close)
+        return msg;
+    snprintf(buf, cap, "%.*s", (int)(close - open - 1), open + 1);
+    return buf;
+}
+
 int agent_setup_store(agent *a)
 {
     ddprun_opts *o = a->o;
@@ -123,11 +139,13 @@ int agent_setup_store(agent *a)
         if (agent_interrupted(a))
             return -1;
         if (st != DDP_ERR_TIMEOUT || now_ms() >= give_up) {
+            char cause[sizeof err.msg];
             if (st == DDP_ERR_TIMEOUT)
                 ddprun_say("cannot reach the store of node 0 at '" HOSTF "' after %g s (last "
                            "error: %s); start ddprun on node 0, and check --master_addr and "
                            "--master_port (or raise --rdzv_timeout)%s%s",
-                           HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, err.msg,
+                           HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout,
+                           store_cause(err.msg, cause, sizeof cause),
                            o->number_nodes ? "; under c10d numbering the node that can listen on "
                                              "the endpoint hosts it: if none can (a NAT'd name), "
                                              "give that node --rdzv_conf is_host=1"

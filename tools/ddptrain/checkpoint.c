@@ -388,7 +388,7 @@ int trainer_resolve_resume(trainer *t)
 
 int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
 {
-    int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed */
+    int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed, −2 another model (exit 2) */
     if (t->R == 0) {
         ddp_error err = {0};
         char path[2048];
@@ -413,7 +413,7 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
         } else if (trainer_config_check_model(t, path) != 0) {
-            got = -1;
+            got = -2; /* the command line names another model: a usage error, as in config.c */
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             if (train && t->resume_latest)
@@ -437,7 +437,7 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
     *loaded = got > 0;
     if (got < 0 && t->R != 0) /* rank 0 printed why */
         return trainer_die_peer(t, "resume", "rank 0 could not load the checkpoint");
-    return got < 0 ? 1 : 0;
+    return got == -2 ? 2 : got < 0 ? 1 : 0;
 }
 
 int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)

@@ -84,7 +84,7 @@ static const ddp_cfg_key schema[] = {
     {"momentum", DDP_CFG_FLOAT, "0.9", NULL, "sgd momentum"},
     {"weight_decay", DDP_CFG_FLOAT, "0", NULL,
      "sgd: L2 in the gradient; adamw: decoupled (gpt: 2-D weights only)"},
-    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2"},
+    {"betas", DDP_CFG_STRING, "0.9,0.999", NULL, "adamw beta1,beta2 (or [beta1, beta2])"},
     {"eps", DDP_CFG_FLOAT, "1e-8", NULL, "adamw epsilon"},
     {"grad_clip", DDP_CFG_FLOAT, "0", NULL, "clip the global gradient norm (0: off)"},
     {"eval_every", DDP_CFG_INT, "0", NULL, "evaluate every N steps (0: at each epoch end)"},
@@ -118,7 +118,7 @@ static const ddp_cfg_key schema[] = {
     {"prompt_tokens", DDP_CFG_INT_LIST, "", NULL,
      "gpt predict: token ids to continue (any vocabulary), e.g. 1,2,3"},
     {"max_new_tokens", DDP_CFG_INT, "200", NULL,
-     "gpt: tokens to generate (predict, and a sample after training; 0: none)"},
+     "gpt: tokens to generate (predict: ≥ 1; a sample after training: 0 for none)"},
     {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
     {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
     {"backend", DDP_CFG_STRING, "", NULL,
@@ -164,6 +164,41 @@ static const char *default_of(const char *key)
         if (!strcmp(schema[i].name, key))
             return schema[i].def;
     return "";
+}
+
+bool trainer_parse_betas(const char *text, float *b1, float *b2)
+{
+    const char *p = text;
+    char *end;
+    float v[2];
+    while (*p == ' ')
+        p++;
+    const bool bracket = *p == '[';
+    p += bracket;
+    for (int i = 0; i < 2; i++) {
+        if (i == 1) {
+            while (*p == ' ')
+                p++;
+            if (*p++ != ',')
+                return false;
+        }
+        errno = 0;
+        v[i] = strtof(p, &end); /* skips the blanks before the number */
+        if (end == p || errno)
+            return false;
+        p = end;
+    }
+    while (*p == ' ')
+        p++;
+    if (bracket && *p++ != ']')
+        return false;
+    while (*p == ' ')
+        p++;
+    if (*p)
+        return false;
+    *b1 = v[0];
+    *b2 = v[1];
+    return true;
 }
 
 /* The checks a configuration needs before any data: exit code 2 with the message. model_known:
@@ -217,12 +252,10 @@ static int check_values(const ddp_config *c, bool model_known)
         return 2;
     }
     float b1, b2;
-    char extra;
-    if (sscanf(ddp_config_str(c, "betas"), "%f,%f%c", &b1, &b2, &extra) != 2) {
+    if (!trainer_parse_betas(ddp_config_str(c, "betas"), &b1, &b2)) {
         fprintf(stderr,
-                "ddptrain: betas '%s' is not two numbers like 0.9,0.95 (in YAML also "
-                "[0.9, 0.95])\n",
-                ddp_config_str(c, "betas"));
+                "ddptrain: betas '%s' is not two numbers like 0.9,0.95 or [0.9, 0.95] (%s)\n",
+                ddp_config_str(c, "betas"), ddp_config_origin(c, "betas"));
         return 2;
     }
     if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) { /* torch.optim.AdamW's bounds */
@@ -339,6 +372,20 @@ static int check_values(const ddp_config *c, bool model_known)
                     ddp_config_int(c, gpt_nonneg[i]));
             return 2;
         }
+    /* predict with 0 new tokens wrote the prompt alone, a file that looks like a generation
+     * (transformers' generate refuses max_new_tokens 0 too). After training 0 means no sample,
+     * and a checkpoint's stored configuration carries that 0 into predict: say where it is from. */
+    if (!strcmp(ddp_config_str(c, "task"), "predict") && ddp_config_int(c, "max_new_tokens") == 0) {
+        const char *o = ddp_config_origin(c, "max_new_tokens");
+        fprintf(stderr,
+                "ddptrain: key 'max_new_tokens' is 0 (%s): --task predict would write the prompt "
+                "alone; give --max_new_tokens N, the tokens to generate (default 200)\n",
+                !strcmp(o, "the command line") || !strcmp(o, "default")
+                    ? o
+                    : "the configuration stored in the checkpoint, where 0 skipped the sample "
+                      "after training");
+        return 2;
+    }
     if (ddp_config_float(c, "temperature") < 0) {
         fprintf(stderr, "ddptrain: key 'temperature' is %g; it must be ≥ 0\n",
                 ddp_config_float(c, "temperature"));

@@ -189,6 +189,10 @@ int trainer_config_from_checkpoint(trainer *t);
  * A checkpoint without a stored configuration (or one that does not load) passes. */
 int trainer_config_check_model(trainer *t, const char *path);
 void trainer_print_help(FILE *out);
+/* AdamW's betas from the text of key 'betas': two numbers as 0.9,0.95 (YAML's list [0.9, 0.95]
+ * arrives so), or in brackets as on the command line (--betas "[0.9, 0.95]"), blanks allowed
+ * around each. false for anything else, with *b1 and *b2 untouched. */
+bool trainer_parse_betas(const char *text, float *b1, float *b2);
 
 /* ---- data.c ---- */
 

@@ -192,6 +192,15 @@ static int open_logs(trainer *t, bool train)
                     t->dir, path, strerror(errno));
             return 2;
         }
+        struct stat sb; /* a file of that name: access() below said "Permission denied" */
+        if (stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr,
+                    "ddptrain: out_dir '%s': '%s' is a file, not a directory (ddptrain keeps its "
+                    "checkpoints in that directory); move the file away or choose another "
+                    "--out_dir\n",
+                    t->dir, path);
+            return 2;
+        }
         if (access(path, W_OK | X_OK) != 0) {
             fprintf(stderr,
                     "ddptrain: out_dir '%s': checkpoints cannot be written to '%s': %s; choose "
@@ -234,7 +243,7 @@ static int build_model(trainer *t)
     oo.kind = !strcmp(ddp_config_str(c, "optimizer"), "adamw") ? DDP_OPTIM_ADAMW : DDP_OPTIM_SGD;
     oo.momentum = (float)ddp_config_float(c, "momentum");
     oo.weight_decay = (float)ddp_config_float(c, "weight_decay");
-    sscanf(ddp_config_str(c, "betas"), "%f,%f", &oo.beta1, &oo.beta2); /* checked in config.c */
+    trainer_parse_betas(ddp_config_str(c, "betas"), &oo.beta1, &oo.beta2); /* checked already */
     oo.eps = (float)ddp_config_float(c, "eps");
     size_t np;
     const ddp_model_param *p = ddp_model_params(t->m, &np);
@@ -446,9 +455,9 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
     if (threads && t->world.local_rank == 0)
         fprintf(stderr,
                 "ddptrain: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS unset under %s: %d thread%s "
-                "per rank (%d ranks on this host's cores; set them to choose)\n",
+                "per rank (%d rank%s on this host's cores; set them to choose)\n",
                 ddp_launcher_name(t->world.launcher), threads, threads == 1 ? "" : "s",
-                t->world.local_world_size);
+                t->world.local_world_size, t->world.local_world_size == 1 ? "" : "s");
     if (t->local_rank_arg >= 0) {
         /* --local_rank: checked against the launcher's LOCAL_RANK, or taken where the launcher
          * gave none (torch.distributed.launch without --use_env sets RANK but not LOCAL_RANK). */
@@ -736,6 +745,11 @@ int main(int argc, char **argv)
                  "; optimizer step sharded (ZeRO-1), each rank keeping 1/%d of its state", t.W);
     else if (train && ddp_reducer_sharded(t.red))
         snprintf(zero, sizeof zero, "; optimizer step sharded (ZeRO-1)");
+    else if (train && !strcmp(ddp_config_str(t.cfg, "shard_optimizer"), "true"))
+        /* asked for and not done: said, as the line says what it does (the reducer shards only
+         * among 2 or more ranks: one has nothing to split) */
+        snprintf(zero, sizeof zero,
+                 "; optimizer step not sharded (shard_optimizer true needs 2 or more processes)");
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "

@@ -234,8 +234,9 @@ int trainer_report(trainer *t)
     }
     char ranks[32];
     report_ranks(&d, ranks, sizeof ranks);
-    printf("wrote %s: %zu progress lines, %zu evaluations, %s, %zu straggler warning%s%s\n", out,
-           d.s[S_LOSS].n, d.s[S_VLOSS].n, ranks, d.warn_rank.n, d.warn_rank.n == 1 ? "" : "s",
+    printf("wrote %s: %zu progress line%s, %zu evaluation%s, %s, %zu straggler warning%s%s\n", out,
+           d.s[S_LOSS].n, d.s[S_LOSS].n == 1 ? "" : "s", d.s[S_VLOSS].n,
+           d.s[S_VLOSS].n == 1 ? "" : "s", ranks, d.warn_rank.n, d.warn_rank.n == 1 ? "" : "s",
            d.bad ? " (lines that are not JSON skipped)" : "");
 out:
     free_data(&d);

@@ -481,9 +481,10 @@ ddp_status ddp__gpu_nccl_create(const ddp__setup *s, void **be, const ddp__backe
         ddp__fmt_duration(dl, sizeof dl, s->timeout_ms);
         st = ddp__err(
             err, r == ncclInProgress ? DDP_ERR_TIMEOUT : DDP_ERR_SYSTEM,
-            "nccl: rank %d (GPU %d): creating the communicator of %d ranks %s%s%s%s; HINT: %s; "
+            "nccl: rank %d (GPU %d): creating the communicator of %d rank%s %s%s%s%s; HINT: %s; "
             "NCCL_DEBUG=INFO says more",
-            b->rank, b->device, b->n, r == ncclInProgress ? "did not finish within " : "failed: ",
+            b->rank, b->device, b->n, b->n == 1 ? "" : "s",
+            r == ncclInProgress ? "did not finish within " : "failed: ",
             r == ncclInProgress ? dl : ncclGetErrorString(r), r == ncclInProgress ? "" : ": ",
             r == ncclInProgress ? "" : ncclGetLastError(b->comm),
             /* invalid usage at init: NCCL's "Duplicate GPU detected", two ranks on one GPU */
