@@ -92,6 +92,13 @@ ddp_status ddp_device_select(const char *want, int local_rank, ddp_device_choice
  * datasheet numbers at boost clocks (docs/gpu.md lists them). Pure. */
 double ddp_device_peak_flops(const char *name, ddp_precision p);
 
+/* GPU cuda_index's memory (an index as ddp_device_choice's): *used = bytes in use by every
+ * process on it (total − free: what nvidia-smi shows, the CUDA contexts, libraries' workspaces
+ * and NCCL's buffers included; with several ranks on one GPU, all of theirs), *total = its size.
+ * DDP_ERR_NOT_FOUND without a GPU (or in a build without CUDA), DDP_ERR_INVALID for a bad index
+ * or NULL outputs, DDP_ERR_SYSTEM for another CUDA error; message in err. Any thread. */
+ddp_status ddp_device_memory(int cuda_index, size_t *used, size_t *total, ddp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

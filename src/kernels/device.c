@@ -148,6 +148,11 @@ static bool contains_nocase(const char *s, const char *pattern)
     return false;
 }
 
+ddp_status ddp_device_memory(int cuda_index, size_t *used, size_t *total, ddp_error *err)
+{
+    return ddp__cuda_mem_info(cuda_index, used, total, err);
+}
+
 double ddp_device_peak_flops(const char *name, ddp_precision p)
 {
     if (!name || (unsigned)p >= DDP_PRECISION_COUNT)

@@ -295,6 +295,15 @@ ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, dd
                      "built with this libddp",                                                     \
                      member, __VA_ARGS__)
 
+ddp_status ddp__cuda_mem_info(int idx, size_t *used, size_t *total, ddp_error *err)
+{
+    if (!used || !total)
+        return ddp__err(err, DDP_ERR_INVALID, "cuda memory: no output");
+    DDP__GPU_CALL_OR("no memory query (mem_info); HINT: use the libddp_gpu.so built with this "
+                     "libddp",
+                     mem_info, idx, used, total, err);
+}
+
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **params_dev, void **stream,
                                   ddp_error *err)
 {

@@ -31,7 +31,7 @@ extern "C" {
  * d2d (cuda-ipc); 8: the classifier's device-resident training (cls_dev_info …); 9: the
  * watchdog's peer flag (async_error, watchdog_fail, watchdog_error), the classifier batch's
  * sample_stride (ddp__cuda_cls_batch); 10: the device optimizer's narrowing (gpt_optim_keep,
- * cls_optim_keep: ZeRO-1's memory split on the GPU). */
+ * cls_optim_keep: ZeRO-1's memory split on the GPU), the device's memory in use (mem_info). */
 #define DDP_GPU_MODULE_ABI 10
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
@@ -141,6 +141,8 @@ typedef struct ddp__gpu_api {
                                  ddp_error *err);
     ddp_status (*cls_optim_keep)(ddp__cuda_cls *g, const size_t *lo, const size_t *hi,
                                  ddp_error *err);
+    /* kernels.h's ddp__cuda_mem_info; NULL: not in this module. */
+    ddp_status (*mem_info)(int idx, size_t *used, size_t *total, ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -150,6 +152,7 @@ const ddp__gpu_api *ddp_gpu_module_entry(void);
 /* Inside the module (kernels/cuda): the implementations the table points at. */
 ddp_status ddp__gpu_device_count(int *n, ddp_error *err);
 ddp_status ddp__gpu_device_name(int idx, char *name, size_t cap, ddp_error *err);
+ddp_status ddp__gpu_mem_info(int idx, size_t *used, size_t *total, ddp_error *err);
 ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *counts, size_t n,
                                ddp__cuda_gpt **out, ddp_error *err);
 void ddp__gpu_gpt_free(ddp__cuda_gpt *g);

@@ -180,6 +180,11 @@ ddp_status ddp__cuda_device_count(int *n, ddp_error *err);
  * DDP_ERR_INVALID for a bad idx or buffer. Thread-safe. */
 ddp_status ddp__cuda_device_name(int idx, char *name, size_t cap, ddp_error *err);
 
+/* Device idx's memory: *used = bytes in use by every process on it (total − free, as
+ * cudaMemGetInfo and nvidia-smi count them: the CUDA contexts, the libraries' workspaces and
+ * NCCL's buffers included), *total its size. Errors as device_name's. */
+ddp_status ddp__cuda_mem_info(int idx, size_t *used, size_t *total, ddp_error *err);
+
 /* ---- the GPT on a CUDA device (cuda/gpt.cu in the GPU module, through kernels/gpu.c) ---------
  * The forward and backward of src/nn/gpt.c's model on the device, for gpt.c's "cuda" device.
  * Parameters live on the device in one flat fp32 buffer, in the CPU model's parameter order and

@@ -50,8 +50,8 @@
  *    a wrapped 32-bit index lands) and accessible only while queued device work runs, so a host
  *    access to it faults, as on a GPU. Every launch, copy, memset and cuBLAS call is checked as
  *    above; copies and memsets over 1 MiB and products are not done (a host destination of a
- *    copy gets zeros), smaller ones and the emulated NCCL's collectives are, and of each kernel only
- *    the first and the last block of its grid run: launch limits, operands' bounds and kernels'
+ *    copy gets zeros), smaller ones and the emulated NCCL's collectives are, and of each kernel
+ * only the first and the last block of its grid run: launch limits, operands' bounds and kernels'
  *    largest indices at sizes no test could compute, in a few pages. No IPC in a dry run.
  */
 #include <cublasLt.h>
@@ -126,8 +126,7 @@ static const err_name errs[] = {
      "CUDA driver version is insufficient for CUDA runtime version"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
-     "invalid resource handle"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
@@ -292,8 +291,8 @@ static void need_device(const void *p, size_t bytes, const char *what)
                     what, bytes, p, (void *)it->first, it->second,
                     (ssize_t)((uintptr_t)p - it->first));
         }
-        emu_die("%s: %p (%zu bytes) is not device memory (no cudaMalloc'd block holds it)", what,
-                p, bytes);
+        emu_die("%s: %p (%zu bytes) is not device memory (no cudaMalloc'd block holds it)", what, p,
+                bytes);
     }
 }
 /* IPC (the header): blocks of IPC_MIN bytes or more are memfd mappings, fd kept for export;
@@ -378,6 +377,17 @@ EMU_API size_t emu_rt_device_bytes(void)
 {
     std::lock_guard<std::mutex> l(mem_m);
     return dev_bytes;
+}
+/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem), less what this process
+ * cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those too). */
+EMU_API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes)
+        return set_err(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> l(mem_m);
+    *total_bytes = 80ull << 30;
+    *free_bytes = *total_bytes - dev_bytes;
+    return cudaSuccess;
 }
 EMU_API cudaError_t cudaFree(void *p)
 {
@@ -788,8 +798,7 @@ EMU_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMe
     return copy_on(dst, src, n, k, s, "cudaMemcpyAsync");
 }
 EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
-                                      size_t width, size_t height, cudaMemcpyKind k,
-                                      cudaStream_t s)
+                                      size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s)
 {
     need_stream(s, "cudaMemcpy2DAsync");
     if (width > dpitch || width > spitch)
@@ -914,8 +923,9 @@ cudaError_t emu_rt_launch_check(const char *name, dim3 g, dim3 b, size_t smem, c
     else if (smem > (size_t)smem_optin.load())
         e = cudaErrorInvalidValue;
     if (e && getenv("DDP_EMU_VERBOSE"))
-        fprintf(stderr, "gpu emulation: launch of %s refused: grid %u×%u×%u, block %u×%u×%u, %zu "
-                        "bytes of shared memory: %s\n",
+        fprintf(stderr,
+                "gpu emulation: launch of %s refused: grid %u×%u×%u, block %u×%u×%u, %zu "
+                "bytes of shared memory: %s\n",
                 name, g.x, g.y, g.z, b.x, b.y, b.z, smem, cudaGetErrorName(e));
     return set_err(e);
 }
@@ -949,33 +959,20 @@ static double ld_el(cudaDataType_t t, const void *p, size_t i, bool round_tf32)
         float v = ((const float *)p)[i];
         return round_tf32 ? tf32(v) : v;
     }
-    case CUDA_R_64F:
-        return ((const double *)p)[i];
-    case CUDA_R_16F:
-        return ddp__f16_to_f32(((const uint16_t *)p)[i]);
-    case CUDA_R_16BF:
-        return ddp__bf16_to_f32(((const uint16_t *)p)[i]);
-    default:
-        emu_die("cuBLAS: loading an element of %s", type_name(t));
+    case CUDA_R_64F: return ((const double *)p)[i];
+    case CUDA_R_16F: return ddp__f16_to_f32(((const uint16_t *)p)[i]);
+    case CUDA_R_16BF: return ddp__bf16_to_f32(((const uint16_t *)p)[i]);
+    default: emu_die("cuBLAS: loading an element of %s", type_name(t));
     }
 }
 static void st_el(cudaDataType_t t, void *p, size_t i, double v)
 {
     switch (t) {
-    case CUDA_R_32F:
-        ((float *)p)[i] = (float)v;
-        break;
-    case CUDA_R_64F:
-        ((double *)p)[i] = v;
-        break;
-    case CUDA_R_16F:
-        ((uint16_t *)p)[i] = ddp__f32_to_f16((float)v);
-        break;
-    case CUDA_R_16BF:
-        ((uint16_t *)p)[i] = ddp__f32_to_bf16((float)v);
-        break;
-    default:
-        emu_die("cuBLAS: storing an element of %s", type_name(t));
+    case CUDA_R_32F: ((float *)p)[i] = (float)v; break;
+    case CUDA_R_64F: ((double *)p)[i] = v; break;
+    case CUDA_R_16F: ((uint16_t *)p)[i] = ddp__f32_to_f16((float)v); break;
+    case CUDA_R_16BF: ((uint16_t *)p)[i] = ddp__f32_to_bf16((float)v); break;
+    default: emu_die("cuBLAS: storing an element of %s", type_name(t));
     }
 }
 static double gelu(double x)
@@ -1004,8 +1001,8 @@ static void need_operand(const char *call, const char *what, const void *p, cons
     if (m.ld < (int64_t)std::max<uint64_t>(1, m.rows))
         emu_die("%s: %s is %llu × %llu (column-major) with leading dimension %lld < its %llu rows "
                 "(cuBLAS refuses it: CUBLAS_STATUS_INVALID_VALUE)",
-                call, what, (unsigned long long)m.rows, (unsigned long long)m.cols,
-                (long long)m.ld, (unsigned long long)m.rows);
+                call, what, (unsigned long long)m.rows, (unsigned long long)m.cols, (long long)m.ld,
+                (unsigned long long)m.rows);
     if (m.rows == 0 || m.cols == 0)
         return;
     if (!p)
@@ -1016,8 +1013,8 @@ static void need_operand(const char *call, const char *what, const void *p, cons
     size_t last = (size_t)((m.cols - 1) * m.ld + m.rows) + (size_t)(m.batch - 1) * m.stride;
     char buf[160];
     snprintf(buf, sizeof buf, "%s: %s (%llu × %llu, ld %lld, %d batches of stride %lld, %s)", call,
-             what, (unsigned long long)m.rows, (unsigned long long)m.cols, (long long)m.ld,
-             m.batch, (long long)m.stride, type_name(m.t));
+             what, (unsigned long long)m.rows, (unsigned long long)m.cols, (long long)m.ld, m.batch,
+             (long long)m.stride, type_name(m.t));
     need_device(p, last * es, buf);
 }
 
@@ -1043,8 +1040,8 @@ static void gemm_core(const char *call, cublasOperation_t ta, cublasOperation_t 
     auto want = [&](const char *what, const mat &x, uint64_t r, uint64_t c) {
         if (x.rows != r || x.cols != c)
             emu_die("%s: %s is stored %llu × %llu but the product needs %llu × %llu", call, what,
-                    (unsigned long long)x.rows, (unsigned long long)x.cols,
-                    (unsigned long long)r, (unsigned long long)c);
+                    (unsigned long long)x.rows, (unsigned long long)x.cols, (unsigned long long)r,
+                    (unsigned long long)c);
     };
     want("A", ma, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m);
     want("B", mb, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k);
@@ -1092,14 +1089,12 @@ static void gemm_core(const char *call, cublasOperation_t ta, cublasOperation_t 
         /* op(A) row by row and op(B) column by column, widened once */
         for (int i = 0; i < m; i++)
             for (int l = 0; l < k; l++)
-                opa[(size_t)i * k + l] = ld_el(ma.t, a, ta == CUBLAS_OP_N ? i + (size_t)l * ma.ld
-                                                                        : l + (size_t)i * ma.ld,
-                                               tf);
+                opa[(size_t)i * k + l] = ld_el(
+                    ma.t, a, ta == CUBLAS_OP_N ? i + (size_t)l * ma.ld : l + (size_t)i * ma.ld, tf);
         for (int j = 0; j < n; j++)
             for (int l = 0; l < k; l++)
-                opb[(size_t)j * k + l] = ld_el(mb.t, b, tb == CUBLAS_OP_N ? l + (size_t)j * mb.ld
-                                                                        : j + (size_t)l * mb.ld,
-                                               tf);
+                opb[(size_t)j * k + l] = ld_el(
+                    mb.t, b, tb == CUBLAS_OP_N ? l + (size_t)j * mb.ld : j + (size_t)l * mb.ld, tf);
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 const double *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
@@ -1188,20 +1183,13 @@ EMU_API cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t byt
 EMU_API const char *cublasGetStatusString(cublasStatus_t s)
 {
     switch (s) {
-    case CUBLAS_STATUS_SUCCESS:
-        return "the operation completed successfully";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-        return "the library was not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED:
-        return "the resource allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE:
-        return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-        return "the functionality requested is not supported";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-        return "the GPU program failed to execute";
-    default:
-        return "an internal operation failed";
+    case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    default: return "an internal operation failed";
     }
 }
 static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperation_t ta,
@@ -1221,10 +1209,18 @@ static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperatio
         return CUBLAS_STATUS_SUCCESS;
     if (!alpha || !beta)
         emu_die("%s: alpha or beta NULL", call);
-    mat ma{at, (uint64_t)(ta == CUBLAS_OP_N ? m : k), (uint64_t)(ta == CUBLAS_OP_N ? k : m), lda,
-           batch, sa};
-    mat mb{bt, (uint64_t)(tb == CUBLAS_OP_N ? k : n), (uint64_t)(tb == CUBLAS_OP_N ? n : k), ldb,
-           batch, sb};
+    mat ma{at,
+           (uint64_t)(ta == CUBLAS_OP_N ? m : k),
+           (uint64_t)(ta == CUBLAS_OP_N ? k : m),
+           lda,
+           batch,
+           sa};
+    mat mb{bt,
+           (uint64_t)(tb == CUBLAS_OP_N ? k : n),
+           (uint64_t)(tb == CUBLAS_OP_N ? n : k),
+           ldb,
+           batch,
+           sb};
     mat mc{ct, (uint64_t)m, (uint64_t)n, ldc, batch, sc};
     /* cuBLAS checks the leading dimensions even of an empty operand (k = 0) */
     if (ma.ld < (int64_t)std::max<uint64_t>(1, ma.rows) ||
@@ -1248,14 +1244,14 @@ EMU_API cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubl
                                     int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
                                     cublasComputeType_t compute, cublasGemmAlgo_t)
 {
-    return gemm_ex("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta,
-                   C, ct, ldc, 0, 1, compute);
+    return gemm_ex("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C,
+                   ct, ldc, 0, 1, compute);
 }
 EMU_API cublasStatus_t cublasGemmStridedBatchedEx(
     cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
     const void *alpha, const void *A, cudaDataType_t at, int lda, long long sa, const void *B,
-    cudaDataType_t bt, int ldb, long long sb, const void *beta, void *C, cudaDataType_t ct,
-    int ldc, long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t)
+    cudaDataType_t bt, int ldb, long long sb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+    long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t)
 {
     return gemm_ex("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt,
                    ldb, sb, beta, C, ct, ldc, sc, batch, compute);
@@ -1453,8 +1449,7 @@ EMU_API cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefer
     case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
     case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
         return attr_size(w, a, size, 4) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
-    default:
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 }
 /* The descriptor's effective epilogue types; NOT_SUPPORTED / INVALID_VALUE as the header says. */
@@ -1473,8 +1468,7 @@ static cublasStatus_t lt_check(cublasLtMatmulDesc_t d, const mat &a, const mat &
     switch (ep.epi) {
     case CUBLASLT_EPILOGUE_DEFAULT:
     case CUBLASLT_EPILOGUE_RELU:
-    case CUBLASLT_EPILOGUE_GELU:
-        break;
+    case CUBLASLT_EPILOGUE_GELU: break;
     case CUBLASLT_EPILOGUE_BIAS:
     case CUBLASLT_EPILOGUE_RELU_BIAS:
     case CUBLASLT_EPILOGUE_GELU_BIAS:
@@ -1492,19 +1486,14 @@ static cublasStatus_t lt_check(cublasLtMatmulDesc_t d, const mat &a, const mat &
         if (ep.aux_t != dl.t)
             return CUBLAS_STATUS_NOT_SUPPORTED;
         break;
-    default:
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     return CUBLAS_STATUS_SUCCESS;
 }
-EMU_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
-                                                      cublasLtMatrixLayout_t a,
-                                                      cublasLtMatrixLayout_t b,
-                                                      cublasLtMatrixLayout_t c,
-                                                      cublasLtMatrixLayout_t dl,
-                                                      cublasLtMatmulPreference_t p, int requested,
-                                                      cublasLtMatmulHeuristicResult_t *results,
-                                                      int *found)
+EMU_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+    cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p,
+    int requested, cublasLtMatmulHeuristicResult_t *results, int *found)
 {
     if (!h || !d || !a || !b || !c || !dl || !p || requested < 1 || !results || !found)
         return CUBLAS_STATUS_INVALID_VALUE;
@@ -1512,7 +1501,8 @@ EMU_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublas
     epi_args ep;
     cublasStatus_t s = lt_check(d, a->m, b->m, c->m, dl->m, ep);
     if (s && getenv("DDP_EMU_VERBOSE"))
-        fprintf(stderr, "gpu emulation: the heuristic refuses epilogue %d (%s × %s → %s, bias %s): %s\n",
+        fprintf(stderr,
+                "gpu emulation: the heuristic refuses epilogue %d (%s × %s → %s, bias %s): %s\n",
                 (int)ep.epi, type_name(a->m.t), type_name(b->m.t), type_name(dl->m.t),
                 type_name(ep.bias_t), cublasGetStatusString(s));
     if (s)
@@ -1539,12 +1529,12 @@ static uint32_t align_of(const void *p)
         r /= 2;
     return r;
 }
-EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
-                                      const void *alpha, const void *A, cublasLtMatrixLayout_t la,
-                                      const void *B, cublasLtMatrixLayout_t lb, const void *beta,
-                                      const void *C, cublasLtMatrixLayout_t lc, void *D,
-                                      cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo,
-                                      void *ws, size_t ws_bytes, cudaStream_t s)
+EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                                      const void *A, cublasLtMatrixLayout_t la, const void *B,
+                                      cublasLtMatrixLayout_t lb, const void *beta, const void *C,
+                                      cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                                      const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                                      cudaStream_t s)
 {
     const char *call = "cublasLtMatmul";
     if (!h || !d || !la || !lb || !lc || !ld || !alpha || !beta)

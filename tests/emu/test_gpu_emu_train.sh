@@ -66,6 +66,18 @@ fi
 emu2 gpu2s --shard_optimizer true
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
 grep -q "each rank keeping 1/2 of its state" gpu2s.out || { cat gpu2s.out; fail "the state is not split"; }
+# the memory in use on each rank's (emulated) GPU, in metrics.jsonl and the progress line:
+# sharded, each rank holds half the AdamW moments and the model's own parameter copy is freed
+# (the reducer's holds them), so it needs less than unsharded on each rank
+grep -q "| gpu mem [0-9.]* GiB$" gpu2s.out || { cat gpu2s.out; fail "no gpu mem in the progress line"; }
+python3 - gpu2/metrics.jsonl gpu2s/metrics.jsonl <<'EOP' || fail "sharded does not use less GPU memory"
+import json, sys
+def last(p):
+    return [json.loads(l) for l in open(p) if '"loss"' in l][-1]["rank_gpu_mem_mib"]
+u, s = last(sys.argv[1]), last(sys.argv[2])
+print(f"GPU memory per rank, MiB: unsharded {u}, sharded {s}")
+sys.exit(0 if len(u) == len(s) == 2 and all(b < a for a, b in zip(u, s)) else 1)
+EOP
 # ZeRO-1's memory split on the device (resident.cu's optim_keep): a checkpoint at step 3 streams
 # each rank's half of the AdamW state from its device into rank 0's file (small chunks), and the
 # run resumed from it (every rank loads the whole state, then keeps its half) = the run above.

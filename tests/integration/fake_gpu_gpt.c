@@ -261,6 +261,7 @@ EXPORT const ddp__gpu_api *ddp_gpu_module_entry(void)
         return DDP_ERR_NOT_FOUND;                                                                  \
     }
 ddp_status ddp__cuda_device_count(int *n, ddp_error *err) NOT_HERE() ddp_status
+    ddp__cuda_mem_info(int idx, size_t *u, size_t *t, ddp_error *err) NOT_HERE() ddp_status
     ddp__cuda_device_name(int idx, char *n, size_t cap, ddp_error *err) NOT_HERE() ddp_status
     ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *c, const size_t *k, size_t n, ddp__cuda_gpt **o,
                          ddp_error *e) NOT_HERE() void ddp__cuda_gpt_free(ddp__cuda_gpt *g)

@@ -109,6 +109,17 @@ acc=$(sed -n 's/^\[rank0\]: test accuracy \([0-9.]*\)$/\1/p' out)
 [ -f run2/checkpoints/step60.safetensors ] || fail "no checkpoint at the end"
 grep -q '"test_accuracy"' run2/metrics.jsonl || fail "metrics.jsonl lacks evaluations"
 assert_contains run2/train.log "test accuracy $acc"
+# each rank's peak RSS in every progress line (MiB, the process's high-water mark: above the
+# Fashion-MNIST images it holds, 47 MB), the largest in the last line; no GPU figure on the cpu
+/usr/bin/python3 - run2/metrics.jsonl <<'EOP' || fail "metrics.jsonl: rank_peak_rss_mib missing or wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert rows and all(len(r["rank_peak_rss_mib"]) == 2 for r in rows), rows[-1]
+assert all(45 < v < 4096 for r in rows for v in r["rank_peak_rss_mib"]), rows[-1]
+assert not any("rank_gpu_mem_mib" in r for r in rows)
+EOP
+grep -Eq '^\[rank0\]: trained 60 steps in [0-9.]+ s \(largest rank: peak RSS [0-9]+ MiB\)$' out ||
+    { cat out; fail "the end line lacks the largest rank's peak RSS"; }
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --task test --out_dir run2 >tout 2>&1 ||
     fail "test task failed"
 assert_contains tout "test accuracy $acc (10000 images)"

@@ -183,6 +183,7 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-py-") as d:
 TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "samples_per_s": "train/samples_per_s",
            "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "grad_norm": "train/grad_norm",
            "test_loss": "val/loss", "val_loss": "val/loss", "test_accuracy": "val/accuracy"}
+MEM_TAGS = {"rank_peak_rss_mib": "memory/peak_rss_mib", "rank_gpu_mem_mib": "memory/gpu_mem_mib"}
 
 
 def logged(run):
@@ -199,6 +200,9 @@ def logged(run):
         for key, tag in TB_TAGS.items():
             if key in rec:
                 out.setdefault(tag, {})[rec["step"]] = f32_bits(rec[key])
+        for key, tag in MEM_TAGS.items():  # per rank in metrics.jsonl, the largest in TensorBoard
+            if key in rec:
+                out.setdefault(tag, {})[rec["step"]] = f32_bits(max(rec[key]))
     return out
 
 
@@ -237,7 +241,7 @@ def finished(p, log, what):
 
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 CLASSIFIER = ["train/loss", "train/lr", "train/samples_per_s", "train/mfu", "train/grad_norm",
-              "val/loss", "val/accuracy"]
+              "memory/peak_rss_mib", "val/loss", "val/accuracy"]
 with tempfile.TemporaryDirectory(prefix="ddp-test-tb-train-") as d:
     ENV["DDP_DATA_CACHE"] = os.path.join(d, "cache")
     mlp = ["--model.hidden", "64", "--batch_size", "32", "--log_every", "3"]
@@ -263,7 +267,7 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-train-") as d:
     p = ddptrain(gpt, run, run + ".log")
     if finished(p, run + ".log", "gpt"):
         want, _ = same(run, ["train/loss", "train/lr", "train/tokens_per_s", "train/mfu",
-                             "train/grad_norm", "val/loss"], "gpt, 2 ranks")
+                             "train/grad_norm", "memory/peak_rss_mib", "val/loss"], "gpt, 2 ranks")
         check(sorted(want["val/loss"]) == [0, 3, 6], f"gpt: eval steps {sorted(want['val/loss'])}")
 
     # tensorboard false: no tb directory.
@@ -313,7 +317,8 @@ with tempfile.TemporaryDirectory(prefix="ddp-test-tb-train-") as d:
               and evs[1].session_log.status == event_pb2.SessionLog.START,
               f"resumed file: a SessionLog START at step {at + 1}: {evs[1] if len(evs) > 1 else None}")
         want, got = same(run, ["train/loss", "train/lr", "train/samples_per_s", "train/mfu",
-                               "train/grad_norm", "val/loss", "val/accuracy"], "killed + resumed")
+                               "train/grad_norm", "memory/peak_rss_mib", "val/loss",
+                               "val/accuracy"], "killed + resumed")
         steps = [s for s, _ in got.get("train/loss", [])]
         check(steps == list(range(1, at + 11)), f"resumed: each step once, 1..{at + 10}: {steps}")
         check(all(dict(got["train/loss"])[s] == dead["train/loss"][s] for s in range(1, at + 1)),

@@ -299,9 +299,9 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
 }
 
 /* ZeRO-1's memory split: with the sharded step, the optimizer keeps the state of this rank's
- * shard only (ddp_optim_keep; on the GPU the device optimizer's too, ddp_model_device_keep),
- * once the whole state is there (fresh, or loaded and shared); checkpoints gather it on rank 0
- * (trainer_save). */
+ * shard only (ddp_optim_keep; on the GPU the device optimizer, ddp_model_device_keep, and the
+ * host's none), once the whole state is there (fresh, or loaded and shared); checkpoints gather
+ * it on rank 0 (trainer_save). */
 static int keep_shard(trainer *t)
 {
     if (!ddp_reducer_sharded(t->red))
@@ -312,16 +312,23 @@ static int keep_shard(trainer *t)
     ddp_status st = lo && hi ? DDP_OK : DDP_ERR_NOMEM;
     for (size_t i = 0; !st && i < np; i++)
         ddp_reducer_shard(t->red, i, &lo[i], &hi[i]);
-    if (!st)
+    /* On the GPU the device's state is the one (checkpoints stream from it): the host's
+     * optimizer keeps nothing, after a loaded state's shard went up from it. */
+    bool host_keeps = !t->resident || t->state_pending;
+    if (!st && host_keeps)
         st = ddp_optim_keep(t->opt, lo, hi);
     ddp_status dst = st || !t->resident ? DDP_OK : ddp_model_device_keep(t->m, lo, hi);
+    if (!st && !dst && t->state_pending)
+        dst = ddp_model_sync_device(t->m, t->opt);
+    if (!st && !dst && t->resident)
+        st = ddp_optim_keep(t->opt, lo, lo);
     free(lo);
     free(hi);
     if (st)
         return trainer_die(t, "optimizer",
                            st == DDP_ERR_NOMEM ? "out of memory narrowing the state"
                                                : ddp_optim_last_error(t->opt));
-    if (dst || (t->state_pending && ddp_model_sync_device(t->m, t->opt) != DDP_OK))
+    if (dst)
         return trainer_die(t, "optimizer on the GPU", ddp_model_last_error(t->m));
     t->state_pending = false;
     t->opt_shard = true;

@@ -1,12 +1,12 @@
 /*
  * metrics.c — what ddptrain reports while it trains, at each progress line (every log_every
  * steps): the loss over the interval and the ranks, lr, throughput, MFU, the gradient norm;
- * every rank's step time and reducer wait, gathered to rank 0 in the same collective as the
- * loss (one allgather of 4 doubles per rank replaces the allreduce of 2 the loss needed, so
- * they cost nothing extra); the straggler warning (straggler.c decides); metrics.jsonl and
- * TensorBoard (out_dir/tb/, ddp/tb.h) get the same numbers, TensorBoard as float32.
- * Not every step: a collective per step would be one more point where every rank waits for the
- * slowest.
+ * every rank's step time and reducer wait, and its memory (the process's peak RSS; on a GPU the
+ * memory in use on it), gathered to rank 0 in the same collective as the loss (one allgather of
+ * 7 doubles per rank replaces the allreduce of 2 the loss needed, so they cost nothing extra); the
+ * straggler warning (straggler.c decides); metrics.jsonl and TensorBoard (out_dir/tb/, ddp/tb.h)
+ * get the same numbers, TensorBoard as float32. Not every step: a collective per step would be one
+ * more point where every rank waits for the slowest.
  *
  * MFU = FLOPs per sample (ddp_model_flops_per_sample, from the model's shapes) × samples/s ÷
  * (world size × the per-rank peak), the peak being a 50 ms float32 matmul probe on every rank at
@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ddptrain.h"
@@ -174,8 +175,59 @@ static void check_straggler(trainer *t, const progress *p, const double *busy_ms
 }
 
 /* Rank 0: the interval's line in metrics.jsonl. */
-/* Values each rank contributes to a progress line (trainer_log_progress). */
-#define NV 5
+/* Values each rank contributes to a progress line (trainer_log_progress): loss sum, steps
+ * counted, step seconds, reducer wait seconds, a checkpoint signal, peak RSS MiB, GPU MiB. */
+#define NV 7
+
+/* This process's peak resident memory (getrusage: the high-water mark since it started), MiB. */
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
+}
+
+/* The memory in use on this rank's GPU (every process's: the driver's count), MiB; −1 on the
+ * CPU, or when it cannot be asked (said once). */
+static double gpu_mib(trainer *t)
+{
+    static bool said;
+    if (t->dev.device != DDP_DEVICE_CUDA)
+        return -1;
+    size_t used = 0, total = 0;
+    ddp_error err = {0};
+    if (ddp_device_memory(t->dev.cuda_index, &used, &total, &err) != DDP_OK) {
+        if (!said && t->R == 0)
+            trainer_say(t, "note: the GPU's memory in use is not reported: %s", err.msg);
+        said = true;
+        return -1;
+    }
+    return (double)used / (1024.0 * 1024.0);
+}
+
+/* Memory figures as metrics.jsonl has them (to 0.1 MiB, or 1 KiB for the GPU's): TensorBoard's
+ * are the same numbers. */
+#define RSS_DIGITS 1
+#define GPU_DIGITS 3
+static double as_printed(double v, int digits)
+{
+    char b[64];
+    snprintf(b, sizeof b, "%.*f", digits, v);
+    return strtod(b, NULL);
+}
+
+/* "[a, b, …]" of value k of every rank, or nothing when every rank's is negative (unknown). */
+static void json_ranks(FILE *f, const char *key, const double *all, int W, int k, int digits)
+{
+    bool any = false;
+    for (int r = 0; r < W; r++)
+        any |= all[NV * r + k] >= 0;
+    if (!any)
+        return;
+    fprintf(f, ", \"%s\": [", key);
+    for (int r = 0; r < W; r++)
+        fprintf(f, "%s%.*f", r ? ", " : "", digits, all[NV * r + k]);
+    fputc(']', f);
+}
 
 static void write_jsonl(trainer *t, double mean, double lr, double rate, double mfu,
                         double grad_norm, const double *all, double steps)
@@ -203,6 +255,8 @@ static void write_jsonl(trainer *t, double mean, double lr, double rate, double 
             fprintf(f, "%s%.4f", r ? ", " : "", all[NV * r + 2 + k] / steps * 1e3);
         fputc(']', f);
     }
+    json_ranks(f, "rank_peak_rss_mib", all, t->W, 5, RSS_DIGITS);
+    json_ranks(f, "rank_gpu_mem_mib", all, t->W, 6, GPU_DIGITS);
     fputs("}\n", f);
 }
 
@@ -235,7 +289,8 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     /* Per rank: loss sum, steps counted, step seconds, reducer wait seconds, and whether it got
      * SIGUSR1/SIGUSR2 (a checkpoint asked for: every rank learns it here, at the same step). */
     int got = atomic_exchange(&trainer_save_signal, 0);
-    double local[NV] = {p->win_sum, (double)p->win_n, p->step_s, p->wait_s, (double)got};
+    double local[NV] = {p->win_sum,  (double)p->win_n, p->step_s, p->wait_s,
+                        (double)got, peak_rss_mib(),   gpu_mib(t)};
     double *all = malloc(sizeof *all * NV * (size_t)t->W);
     double *busy = malloc(sizeof *busy * (size_t)t->W);
     if (!all || !busy) {
@@ -247,9 +302,12 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         return trainer_die(t, "allgather", ddp_group_last_error(t->g));
     }
     double sum = 0, n = 0;
+    p->rss_mib = p->gpu_mib = -1;
     for (int r = 0; r < t->W; r++) {
         sum += all[NV * r];
         n += all[NV * r + 1];
+        p->rss_mib = fmax(p->rss_mib, all[NV * r + 5]);
+        p->gpu_mib = fmax(p->gpu_mib, all[NV * r + 6]);
         if (all[NV * r + 4] > 0)
             save_asked(t, (int)all[NV * r + 4], r, total);
     }
@@ -284,16 +342,22 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     }
     if (t->R == 0) {
         write_jsonl(t, *mean, lr, rate, mfu, grad_norm, all, steps);
+        char gpu[48] = ""; /* the fullest GPU's memory in use, on a GPU */
+        if (p->gpu_mib >= 0)
+            snprintf(gpu, sizeof gpu, " | gpu mem %.2f GiB", p->gpu_mib / 1024);
         trainer_say(t,
                     "step %llu/%llu | epoch %llu | loss %.4f | lr %.4g | %.0f %s/s | mfu %.*f%% | "
-                    "ETA %.1fs",
+                    "ETA %.1fs%s",
                     (unsigned long long)t->step, (unsigned long long)total,
                     (unsigned long long)t->epoch, *mean, lr, rate, t->lm ? "tokens" : "samples",
-                    mfu < 0.1 ? 1 : 0, mfu * 100, eta);
+                    mfu < 0.1 ? 1 : 0, mfu * 100, eta, gpu);
         trainer_tb(t, "train/loss", *mean);
         trainer_tb(t, "train/lr", lr);
         trainer_tb(t, t->lm ? "train/tokens_per_s" : "train/samples_per_s", rate);
         trainer_tb(t, "train/mfu", mfu);
+        trainer_tb(t, "memory/peak_rss_mib", as_printed(p->rss_mib, RSS_DIGITS)); /* the largest */
+        if (p->gpu_mib >= 0)
+            trainer_tb(t, "memory/gpu_mem_mib", as_printed(p->gpu_mib, GPU_DIGITS));
         if (grad_norm >= 0 || isnan(grad_norm)) /* NaN: a diverged run, kept as TensorBoard does */
             trainer_tb(t, "train/grad_norm", grad_norm);
         if (t->amp) { /* fp16's GradScaler, as in metrics.jsonl (absent before 2026-11-24) */

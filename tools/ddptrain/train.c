@@ -435,7 +435,12 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     if (t->lm && t->step == 0 && total > 0 && (rc = evaluate_and_log(t, te, total)))
         goto out;
     double t0 = ddp_now_seconds();
-    progress prog = {.t0 = t0, .last_t = t0, .first_step = t->step, .last_step = t->step};
+    progress prog = {.t0 = t0,
+                     .last_t = t0,
+                     .first_step = t->step,
+                     .last_step = t->step,
+                     .rss_mib = -1,
+                     .gpu_mib = -1};
     while (t->step < total && !rc) {
         double step_t0 = ddp_now_seconds();
         ddp_reducer_zero_grad(t->red);
@@ -497,8 +502,14 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         trainer_flush_logs(t);
     }
     unsigned long long trained = (unsigned long long)(t->step - prog.first_step);
-    trainer_say(t, "trained %llu step%s in %.1f s", trained, trained == 1 ? "" : "s",
-                ddp_now_seconds() - t0);
+    char mem[120] = ""; /* the largest rank's, at the last progress line */
+    if (prog.rss_mib >= 0 && prog.gpu_mib >= 0)
+        snprintf(mem, sizeof mem, " (largest rank: peak RSS %.0f MiB, %.2f GiB in use on its GPU)",
+                 prog.rss_mib, prog.gpu_mib / 1024);
+    else if (prog.rss_mib >= 0)
+        snprintf(mem, sizeof mem, " (largest rank: peak RSS %.0f MiB)", prog.rss_mib);
+    trainer_say(t, "trained %llu step%s in %.1f s%s", trained, trained == 1 ? "" : "s",
+                ddp_now_seconds() - t0, mem);
     if (t->lm && ddp_config_int(c, "max_new_tokens") > 0) {
         trainer_say(t, "sample (temperature %g, top_k %lld, seed %lld):",
                     ddp_config_float(c, "temperature"), (long long)ddp_config_int(c, "top_k"),

@@ -55,6 +55,33 @@ extern "C" ddp_status ddp__gpu_device_count(int *n, ddp_error *err)
                 cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
 }
 
+extern "C" ddp_status ddp__gpu_mem_info(int idx, size_t *used, size_t *total, ddp_error *err)
+{
+    int n = 0, was = -1;
+    ddp_status st = ddp__gpu_device_count(&n, err);
+    if (st != DDP_OK)
+        return st;
+    if (idx < 0 || idx >= n)
+        return fail(err, DDP_ERR_INVALID, "cuda device %d: out of range (%d visible)", idx, n);
+    /* cudaMemGetInfo answers for the calling thread's device: idx's for the call, then back */
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaGetDevice(&was);
+    if (e == cudaSuccess && was != idx)
+        e = cudaSetDevice(idx);
+    if (e == cudaSuccess)
+        e = cudaMemGetInfo(&fr, &tot);
+    if (was >= 0 && was != idx)
+        (void)cudaSetDevice(was);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(err, DDP_ERR_SYSTEM, "cuda device %d: cudaMemGetInfo: %s", idx,
+                    cudaGetErrorString(e));
+    }
+    *used = tot - fr;
+    *total = tot;
+    return DDP_OK;
+}
+
 extern "C" ddp_status ddp__gpu_device_name(int idx, char *name, size_t cap, ddp_error *err)
 {
     if (!name || cap == 0)

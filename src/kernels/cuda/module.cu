@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/module.cu — the GPU module's one entry symbol (kernels/gpu_module.h): the table
- * of the functions libddp calls through (the GPT's, the MLP/CNN's (with cuDNN), the device count, the GPU backends' device
- * side), with the ABI version it was built for. libddp's loader
+ * of the functions libddp calls through (the GPT's, the MLP/CNN's (with cuDNN), the device count,
+ * the GPU backends' device side), with the ABI version it was built for. libddp's loader
  * (kernels/gpu.c) looks up ddp_gpu_module_entry with dlsym and checks abi and size before using
  * anything else.
  */
@@ -76,6 +76,7 @@ static const ddp__gpu_api table = {
 #else
     nullptr,
 #endif
+    ddp__gpu_mem_info,
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)
