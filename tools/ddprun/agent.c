@@ -430,7 +430,8 @@ static void pick_root_cause(agent *a)
     if (best != cur) {
         char how[64];
         ddprun_describe_status(cur->status, how, sizeof how);
-        snprintf(f->first_exit, sizeof f->first_exit, "rank %d (%s) ended first", cur->rank, how);
+        snprintf(f->first_exit, sizeof f->first_exit, "rank %d (%s) was seen to end first",
+                 cur->rank, how);
         f->rank = best->rank;
         f->local_rank = best->local_rank;
         f->pid = best->pid;
