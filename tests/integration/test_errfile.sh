@@ -157,11 +157,14 @@ ok "the earliest error file names the root cause, whichever rank ddprun reaped f
 
 # An inherited TORCHELASTIC_ERROR_FILE (ddprun under a scheduler that reads it) is not handed to
 # the workers; at the job's failure it gets the root cause's file with errorCode, as torchrun's.
+echo "an earlier job's" >parent.json
 rc=0; KIND=torch TORCHELASTIC_ERROR_FILE=$T/parent.json "$DDPRUN" --standalone --nproc_per_node 2 \
     ./w.sh >p.out 2>p.err || rc=$?
 [ $rc -eq 1 ] || { cat p.err; fail "parent: ddprun exited $rc, want 1"; }
 [ "$(cat path.0)" != "$T/parent.json" ] || fail "parent: a worker got ddprun's own error file"
 assert_contains parent.json '"message":"ValueError: bad input on rank 1"'
 assert_contains parent.json '"errorCode":1'
+assert_not_contains parent.json "an earlier job's"
+assert_contains p.err "TORCHELASTIC_ERROR_FILE '$T/parent.json' exists already: replacing it with rank 1's error, as torchrun does"
 assert_contains parent.json 'Traceback (most recent call last):'
 ok "an inherited TORCHELASTIC_ERROR_FILE gets the root cause's error with errorCode, not the workers"

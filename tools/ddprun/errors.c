@@ -193,6 +193,12 @@ void agent_pass_error_file(const agent *a)
     e->error_code = WIFEXITED(f->status)     ? WEXITSTATUS(f->status)
                     : WIFSIGNALED(f->status) ? -WTERMSIG(f->status)
                                              : 0;
+    /* torchrun replaces a file already there, saying so: so does ddprun. */
+    if (access(mine, F_OK) == 0)
+        ddprun_say(
+            "TORCHELASTIC_ERROR_FILE '%s' exists already: replacing it with rank %d's error, "
+            "as torchrun does",
+            mine, f->rank);
     ddp_error err = {0};
     if (ddp_errfile_write(mine, e, &err) != DDP_OK)
         ddprun_say("could not pass rank %d's error on to TORCHELASTIC_ERROR_FILE: %s", f->rank,
@@ -212,7 +218,8 @@ void agent_remove_error_dir(agent *a)
             continue;
         /* Only files are made there (a worker's error file and its writer's temporary one). */
         snprintf(path, sizeof path, "%s/%s", a->err_dir, ent->d_name);
-        (void)unlink(path);
+        if (unlink(path) != 0 && errno == EISDIR)
+            (void)rmdir(path); /* a worker made a folder there: an empty one goes too */
     }
     if (d)
         closedir(d);
