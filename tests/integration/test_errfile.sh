@@ -98,6 +98,11 @@ rc=0; TORCHELASTIC_ERROR_FILE=$T/one.json "$TRAIN" --data.dir /no/such/dir >/dev
 assert_contains one.json '{"message":{"message":"ddptrain: cannot open data file '"'"'/no/such/dir/train-images-idx3-ubyte'"'"': No such file or directory'
 assert_contains one.json '"extraInfo":{"timestamp":"'
 [ -z "$(ls "$T" | grep 'one.json.tmp')" ] || fail "(b) ddptrain left its temporary file"
+# An error with a HINT line: the message is the error, the "traceback" the error and its HINT.
+rc=0; TORCHELASTIC_ERROR_FILE=$T/hint.json "$TRAIN" --nproc_per_node 2 >/dev/null 2>&1 || rc=$?
+[ $rc -eq 2 ] || fail "(b) ddptrain --nproc_per_node exited $rc, want 2"
+assert_contains hint.json '{"message":{"message":"ddptrain: unknown key '"'"'nproc_per_node'"'"' (on the command line); --help lists every key"'
+assert_contains hint.json '--help lists every key\nddptrain: HINT: --nproc_per_node is a flag of the launcher'
 rc=0; TORCHELASTIC_ERROR_FILE=$T/ok.json "$TRAIN" --help >/dev/null 2>&1 || rc=$?
 [ $rc -eq 0 ] && [ ! -e ok.json ] || fail "(b) ddptrain wrote an error file for a success"
 ok "(b) ddptrain with a bad data file on rank 1: the summary names its message"
