@@ -95,6 +95,16 @@ static void clean_line(char *dst, size_t cap, const char *src, size_t n)
     for (size_t i = 0; i < n && k + 4 < cap; i++) {
         unsigned char c = (unsigned char)src[i];
         if (k >= SHOW_LINE_CHARS) {
+            /* not in the middle of a UTF-8 character: a lead byte whose character is cut goes */
+            size_t j = k;
+            while (j > 0 && ((unsigned char)dst[j - 1] & 0xC0) == 0x80)
+                j--;
+            if (j > 0 && (unsigned char)dst[j - 1] >= 0xC0) {
+                unsigned char lead = (unsigned char)dst[j - 1];
+                size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+                if (k - (j - 1) < want)
+                    k = j - 1;
+            }
             memcpy(dst + k, "…", 3);
             k += 3;
             break;
