@@ -173,3 +173,22 @@ assert_not_contains parent.json "an earlier job's"
 assert_contains p.err "TORCHELASTIC_ERROR_FILE '$T/parent.json' exists already: replacing it with rank 1's error, as torchrun does"
 assert_contains parent.json 'Traceback (most recent call last):'
 ok "an inherited TORCHELASTIC_ERROR_FILE gets the root cause's error with errorCode, not the workers"
+# ddprun SIGKILLed: its reaper removes the private folder with the workers, as ever.
+cat >k.sh <<'EOF'
+#!/bin/bash
+echo $$ >"pid.$RANK"
+exec sleep 30
+EOF
+chmod +x k.sh
+mkdir -p k
+(cd k && exec "$DDPRUN" --standalone --nproc_per_node 2 ../k.sh >../k.out 2>../k.err) &
+dp=$!
+BG_PIDS+=("$dp")
+wait_files k 'pid.*' 2 20
+[ -n "$(ls "$TMPDIR")" ] || fail "SIGKILL: no private folder while the job runs"
+kill -KILL "$dp"
+wait "$dp" 2>/dev/null || true
+wait_gone k 5
+for ((i = 0; i < 100; i++)); do [ -z "$(ls "$TMPDIR")" ] && break; sleep 0.05; done
+[ -z "$(ls "$TMPDIR")" ] || fail "SIGKILL: ddprun's reaper left $(ls "$TMPDIR") in TMPDIR"
+ok "ddprun SIGKILLed: the reaper removes the error files' private folder"

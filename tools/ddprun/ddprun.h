@@ -197,6 +197,9 @@ int ddprun_reaper_start(int argc, char **argv);
 /* Reports a worker's process group, and the run id its shared-memory segments are named by. */
 void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id);
 void ddprun_reaper_untrack(int fd, pid_t pgid);
+/* Reports ddprun's private folder of error files, removed with what is in it if ddprun dies;
+ * "" when ddprun removed it itself. */
+void ddprun_reaper_dir(int fd, const char *dir);
 /* The name prefix of the /dev/shm segments a worker (pid) of run run_id makes: "ddp-<run_id cut
  * to 40, '/' as '_'>-<pid>-". */
 void ddprun_segment_prefix(const char *run_id, pid_t pid, char *buf, size_t cap);

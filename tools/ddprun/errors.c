@@ -9,8 +9,9 @@
  * root cause's message and the first lines of its traceback. The files are read with
  * ddp_errfile_read, which refuses what is not a small regular JSON file without blocking, so a
  * garbage or huge file, or a FIFO at the path, is one line in the summary and the job's end goes
- * on. Choosing the root cause (the earliest error) is agent.c's; here are the paths, reading,
- * printing, the copy for ddprun's own parent, and the clean-up.
+ * on. The reaper removes the private folder when ddprun is SIGKILLed. Choosing the root cause (the
+ * earliest error) is agent.c's; here are the paths, reading, printing, the copy for ddprun's own
+ * parent, and the clean-up.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -47,6 +48,8 @@ void agent_error_file_path(agent *a, ddprun_worker *w)
                            tmp, strerror(errno));
                 a->err_dir[0] = '\0';
                 a->err_dir_failed = true;
+            } else {
+                ddprun_reaper_dir(a->reaper_fd, a->err_dir); /* gone with a SIGKILLed ddprun */
             }
         }
         if (!a->err_dir[0])
@@ -237,4 +240,5 @@ void agent_remove_error_dir(agent *a)
         ddprun_say("could not remove the error files' folder '%s': %s", a->err_dir,
                    strerror(errno));
     a->err_dir[0] = '\0';
+    ddprun_reaper_dir(a->reaper_fd, "");
 }
