@@ -13,6 +13,7 @@
 #include "ddp/config.h"
 #include "ddp/data.h"
 #include "ddp/device.h"
+#include "ddp/errfile.h"
 #include "ddp/group.h"
 #include "ddp/model.h"
 #include "ddp/nn.h"

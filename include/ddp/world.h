@@ -43,7 +43,7 @@ extern "C" {
         "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "DDP_RUN_ID",   \
         "DDP_STORE_TOKEN", "DDP_RESTART_COUNT", "DDP_MAX_RESTARTS", "DDP_AGENT_STORE",             \
         "DDP_STORE_PORT", "DDP_HOST_CORES", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",   \
-        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"
 
 /* The exit code of a worker that ends only because another rank reported a failure: ddptrain's
  * ranks when rank 0 says it could not save or load a checkpoint or write out_dir, or a program's

@@ -146,6 +146,17 @@ static bool peer_failed_exit(int status)
     return WIFEXITED(status) && WEXITSTATUS(status) == DDP_EXIT_PEER_FAILED;
 }
 
+/* The failure's one-line description, shared with the other nodes. */
+static void failure_line(agent *a, const ddprun_worker *w, bool secondary)
+{
+    char how[64];
+    ddprun_describe_status(w->status, how, sizeof how);
+    snprintf(a->fail.line, sizeof a->fail.line,
+             "rank %d (local rank %d) on node %d ('%s') failed with %s%s", w->rank, w->local_rank,
+             a->o->node_rank, a->host, how,
+             secondary ? " (it stopped because another rank failed)" : "");
+}
+
 /* Worker w ended badly: it becomes the job's failure, or replaces a secondary one. */
 static void record_local_failure(agent *a, ddprun_worker *w)
 {
@@ -158,6 +169,8 @@ static void record_local_failure(agent *a, ddprun_worker *w)
     f->set = true;
     f->secondary = secondary;
     f->local = true;
+    f->ef_status = 1; /* read once the workers are gone (pick_root_cause) */
+    w->failed_own = !secondary;
     f->rank = w->rank;
     f->local_rank = w->local_rank;
     f->pid = w->pid;
@@ -174,11 +187,7 @@ static void record_local_failure(agent *a, ddprun_worker *w)
                  sigabbrev_np(x->stop_sig), (double)(now_ms() - x->stopped_ms) / 1000.0);
         f->n_stopped++;
     }
-    char how[64];
-    ddprun_describe_status(w->status, how, sizeof how);
-    snprintf(f->line, sizeof f->line, "rank %d (local rank %d) on node %d ('%s') failed with %s%s",
-             w->rank, w->local_rank, a->o->node_rank, a->host, how,
-             secondary ? " (it stopped because another rank failed)" : "");
+    failure_line(a, w, secondary);
     if (a->o->nnodes > 1) {
         char k[128], val[sizeof SECONDARY_MARK + sizeof f->line];
         key(k, sizeof k, a, "failed");
@@ -298,6 +307,7 @@ static void print_summary(agent *a, bool restarting)
             ddprun_say("  log     : %s", f->log);
         else
             ddprun_say("  log     : console only (--log_dir DIR keeps a log per rank)");
+        agent_print_error_file(a);
         if (f->tail_n) {
             ddprun_say("  its last lines on stderr:");
             for (int i = 0; i < f->tail_n; i++)
@@ -311,6 +321,10 @@ static void print_summary(agent *a, bool restarting)
                    f->n_stopped > 1 ? "their" : "its");
     if (f->replaced[0])
         ddprun_say("  before  : %s", f->replaced);
+    if (f->first_exit[0])
+        ddprun_say("  first   : %s, but this rank's error is older: the earliest error is the "
+                   "root cause, as under torchrun",
+                   f->first_exit);
     ddprun_say("  attempt : %d of %d (--max_restarts %d)", a->wd.restarts + 1,
                a->o->max_restarts + 1, a->o->max_restarts);
     if (f->also[0])
@@ -379,6 +393,69 @@ static void remove_leftover_segments(const agent *a)
     closedir(d);
 }
 
+/* ---- the root cause ------------------------------------------------------------------------ */
+
+/* Once the workers are gone: the failure is the earliest error among the local ranks that failed
+ * on their own before ddprun stopped them (the first to exit, and the "also" ranks), as torchrun
+ * takes the smallest timestamp: an error file's, else when ddprun saw the rank end; a tie keeps
+ * the first to exit. A rank that wrote its error and took a while to exit (Python unwinding, a
+ * checkpoint flushed on the way out) is the cause, not the one that exited first. Then the
+ * failure's error file is read for the summary. */
+static void pick_root_cause(agent *a)
+{
+    failure *f = &a->fail;
+    if (!f->set || !f->local)
+        return;
+    ddprun_worker *cur = NULL;
+    for (int i = 0; i < a->o->nproc; i++)
+        if (a->w[i].pid > 0 && a->w[i].rank == f->rank)
+            cur = &a->w[i];
+    if (!cur)
+        return;
+    ddprun_worker *best = cur;
+    if (!f->secondary) {
+        bool from_file;
+        int64_t best_t = agent_error_time(cur, &from_file);
+        for (int i = 0; i < a->o->nproc; i++) {
+            ddprun_worker *w = &a->w[i];
+            if (w == cur || !w->failed_own)
+                continue;
+            int64_t t = agent_error_time(w, &from_file);
+            if (from_file && t < best_t) {
+                best = w;
+                best_t = t;
+            }
+        }
+    }
+    if (best != cur) {
+        char how[64];
+        ddprun_describe_status(cur->status, how, sizeof how);
+        snprintf(f->first_exit, sizeof f->first_exit, "rank %d (%s) was seen to end first",
+                 cur->rank, how);
+        f->rank = best->rank;
+        f->local_rank = best->local_rank;
+        f->pid = best->pid;
+        f->status = best->status;
+        time_t t = (time_t)best->exited_wall;
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(f->when, sizeof f->when, "%Y-%m-%d %H:%M:%S %Z", &tm);
+        snprintf(f->log, sizeof f->log, "%s", best->log_path);
+        f->also[0] = '\0';
+        for (int i = 0; i < a->o->nproc; i++) {
+            const ddprun_worker *w = &a->w[i];
+            if (w == best || !w->failed_own)
+                continue;
+            ddprun_describe_status(w->status, how, sizeof how);
+            size_t len = strlen(f->also);
+            snprintf(f->also + len, sizeof f->also - len, "%srank %d (%s)", len ? ", " : "",
+                     w->rank, how);
+        }
+        failure_line(a, best, false);
+    }
+    agent_read_error_file(a, best);
+}
+
 /* ---- the monitor loop ---------------------------------------------------------------------- */
 
 static ddprun_worker *find_worker(agent *a, pid_t pid)
@@ -419,6 +496,7 @@ static outcome run_attempt(agent *a)
         w->in_fd = -1;
         if (ddprun_output_open(o, a->wd.attempt, w) != 0)
             return AGENT_ERROR;
+        agent_error_file_path(a, w);
     }
     for (int i = 0; i < n && !spawn_failed; i++) {
         ddprun_worker *w = &a->w[i];
@@ -565,6 +643,7 @@ static outcome run_attempt(agent *a)
             w->running = false;
             w->status = status;
             w->exited_ms = now_ms();
+            w->exited_wall = (int64_t)time(NULL);
             if (w->in_fd >= 0) {
                 close(w->in_fd);
                 w->in_fd = -1;
@@ -593,6 +672,7 @@ static outcome run_attempt(agent *a)
                 size_t len = strlen(a->fail.also);
                 snprintf(a->fail.also + len, sizeof a->fail.also - len, "%srank %d (%s)",
                          len ? ", " : "", w->rank, how);
+                w->failed_own = true;
             }
             if (running == 0 && !drain_until)
                 drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
@@ -681,6 +761,7 @@ static outcome run_attempt(agent *a)
     free(pfd);
     free(streams);
     free(owners);
+    pick_root_cause(a);
     for (int i = 0; i < n; i++) {
         ddprun_worker *w = &a->w[i];
         if (w->pid > 0) {
@@ -811,12 +892,14 @@ int ddprun_agent_run(ddprun_opts *o, int sigfd, int reaper_fd)
         bool restart = a.wd.restarts < o->max_restarts;
         print_summary(&a, restart);
         if (!restart) {
+            agent_pass_error_file(&a);
             agent_final_handshake(&a);
             goto out;
         }
         a.wd.restarts++; /* elastic: node 0's count is the job's (it closes each round) */
     }
 out:
+    agent_remove_error_dir(&a);
     agent_tell_waiters(&a, code);
     agent_release_port(&a);
     agent_close_presence(&a);

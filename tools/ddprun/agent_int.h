@@ -85,6 +85,14 @@ typedef struct failure {
      * 5.1 s)"). */
     char stopped[400];
     int n_stopped;
+    /* The failed worker's error file (local failures; agent_read_error_file): ef_status DDP_OK
+     * with ef, DDP_ERR_NOT_FOUND when it wrote none, another status with ef_why when it is
+     * unreadable; 1 while not read. */
+    int ef_status;
+    ddp_errfile ef;
+    char ef_why[DDP_ERRMSG_MAX];
+    char ef_path[1500];
+    char first_exit[200]; /* the rank that ended first, when an earlier error file won */
 } failure;
 
 /* Node 0's watch on one node's presence mark (gone/<node>), for agent_presence_lost. */
@@ -136,6 +144,10 @@ typedef struct agent {
     int64_t *wait_hb;
     int64_t wait_hb_cap;
     int wait_hb_round;
+    /* Without --log_dir: the private folder of the workers' error files (TMPDIR/ddprun_err_…),
+     * removed at the end; "" when files are wanted (they go beside the logs) or not made yet. */
+    char err_dir[1100];
+    bool err_dir_failed; /* it could not be made: said once, not tried again */
     int port_hold; /* the workers' MASTER_PORT, bound (SO_REUSEADDR, not listening) for the attempt;
                       -1 when none */
     /* After a secondary failure: until when the workers are left to end on their own, so that the
@@ -168,6 +180,23 @@ static inline void key(char *buf, size_t cap, const agent *a, const char *what)
 /* Whether SIGINT/SIGTERM/SIGHUP arrived while no worker runs (connecting, rendezvous). Records
  * the signal; SIGCHLD is left for the monitor loop, which reaps with waitpid() anyway. */
 bool agent_interrupted(agent *a);
+
+/* ---- errors.c: the workers' error files (TORCHELASTIC_ERROR_FILE) ------------------------- */
+
+/* Sets w->error_file for this attempt (making the private folder the first time) and removes a
+ * stale file there. A folder that cannot be made is said once; the workers then get none. */
+void agent_error_file_path(agent *a, ddprun_worker *w);
+/* Reads w's error file into the failure record (ef_*). Never blocks or fails. */
+void agent_read_error_file(agent *a, const ddprun_worker *w);
+/* When an error file is the root-cause's time: its timestamp, else when w was reaped. */
+int64_t agent_error_time(const ddprun_worker *w, bool *from_file);
+/* The summary's lines for the failure's error file (nothing when it wrote none). */
+void agent_print_error_file(const agent *a);
+/* At the job's failure, as torchrun: ddprun's own TORCHELASTIC_ERROR_FILE (from its parent,
+ * a scheduler) gets the root cause's error file, with errorCode set. Said when it fails. */
+void agent_pass_error_file(const agent *a);
+/* Removes the private folder (err_dir) and what is in it. */
+void agent_remove_error_dir(agent *a);
 
 /* ---- rendezvous.c -------------------------------------------------------------------------- */
 

@@ -124,7 +124,13 @@ typedef struct ddprun_worker {
     ddprun_stream out, err;
     int in_fd;           /* interactive: the write end of its stdin pipe; -1 when none or closed */
     char log_path[1500]; /* its stderr.log, or "" */
-    char prefix[256];    /* its console lines' prefix (ddprun_output_open) */
+    /* Its TORCHELASTIC_ERROR_FILE, where it may write why it failed (torchelastic's JSON, as
+     * PyTorch's @record and ddptrain do): LOG_DIR/…/attempt_K/LOCAL_RANK/error.json under
+     * --log_dir, as torchrun's, else in ddprun's private folder (removed at the end); "" none */
+    char error_file[1500];
+    int64_t exited_wall; /* time(NULL) when reaped: the failure's time without an error file */
+    bool failed_own;  /* ended badly on its own before ddprun stopped it: a root cause candidate */
+    char prefix[256]; /* its console lines' prefix (ddprun_output_open) */
 } ddprun_worker;
 
 /* What one attempt knows about the world. */
@@ -191,6 +197,9 @@ int ddprun_reaper_start(int argc, char **argv);
 /* Reports a worker's process group, and the run id its shared-memory segments are named by. */
 void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id);
 void ddprun_reaper_untrack(int fd, pid_t pgid);
+/* Reports ddprun's private folder of error files, removed with what is in it if ddprun dies;
+ * "" when ddprun removed it itself. */
+void ddprun_reaper_dir(int fd, const char *dir);
 /* The name prefix of the /dev/shm segments a worker (pid) of run run_id makes: "ddp-<run_id cut
  * to 40, '/' as '_'>-<pid>-". */
 void ddprun_segment_prefix(const char *run_id, pid_t pid, char *buf, size_t cap);

@@ -9,7 +9,8 @@
  * It also removes the shared-memory segments those workers left (/dev/shm/ddp-<run_id>-<pid>-…):
  * a shm group's segment has a name only while the group is being set up, but a ddprun SIGKILLed
  * then killed the workers before they could unlink it, and nobody else would (ddprun itself does
- * this after a worker's crash, in agent.c).
+ * this after a worker's crash, in agent.c), and ddprun's private folder of the workers' error
+ * files (errors.c), which ddprun removes itself when it ends.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -89,11 +90,30 @@ static void remove_segments(const char *run_id, const pid_t *groups, int n)
     closedir(d);
 }
 
+/* Removes ddprun's private folder of error files and the files in it (ddprun made it with
+ * mkdtemp and puts only files there). */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[1400];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (unlink(path) != 0 && errno == EISDIR)
+                (void)rmdir(path);
+        }
+    closedir(d);
+    (void)rmdir(dir);
+}
+
 static void watch(int fd)
 {
     pid_t groups[MAX_GROUPS];
     int n = 0;
-    char buf[4096], line[256], run_id[160] = "";
+    char buf[4096], line[1300], run_id[160] = "", dir[1200] = "";
     size_t ll = 0;
     for (;;) {
         ssize_t k = read(fd, buf, sizeof buf);
@@ -115,6 +135,10 @@ static void watch(int fd)
                 snprintf(run_id, sizeof run_id, "%.150s", line + 1);
                 continue;
             }
+            if (line[0] == 'd') { /* the error files' folder, "" once ddprun removed it */
+                snprintf(dir, sizeof dir, "%.1190s", line + 1);
+                continue;
+            }
             pid_t pg = (pid_t)atol(line + 1);
             if (pg <= 0)
                 continue;
@@ -131,7 +155,9 @@ static void watch(int fd)
     }
     for (int j = 0; j < n; j++)
         kill(-groups[j], SIGKILL);
-    remove_segments(run_id, groups, n);
+    remove_segments(run_id, groups, n); /* waits for the workers to be gone */
+    if (dir[0])
+        remove_dir(dir);
     _exit(0);
 }
 
@@ -215,6 +241,18 @@ void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id)
         k = write(fd, line, (size_t)n);
     while (k < 0 && errno == EINTR);
     send_line(fd, '+', pgid);
+}
+
+void ddprun_reaper_dir(int fd, const char *dir)
+{
+    if (fd < 0)
+        return;
+    char line[1300];
+    int n = snprintf(line, sizeof line, "d%.1200s\n", dir);
+    ssize_t k;
+    do
+        k = write(fd, line, (size_t)n);
+    while (k < 0 && errno == EINTR);
 }
 
 void ddprun_reaper_untrack(int fd, pid_t pgid)

@@ -60,7 +60,7 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
             env[k++] = strdup(environ[i]);
     struct {
         const char *name;
-        char value[300];
+        char value[1600]; /* TORCHELASTIC_ERROR_FILE: a path under --log_dir */
     } add[32];
     int na = 0;
 #define ADD(NAME, ...)                                                                             \
@@ -93,6 +93,10 @@ static char **build_env(const ddprun_opts *o, const ddprun_world *wd, const ddpr
     ADD("TORCHELASTIC_RESTART_COUNT", "%d", wd->restarts);
     ADD("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     ADD("TORCHELASTIC_USE_AGENT_STORE", "False"); /* rank 0 hosts torch's store on MASTER_PORT */
+    /* Its own, as torchrun gives each worker (an inherited one is dropped: the parent's file is
+     * ddprun's to write, agent_pass_error_file). None when ddprun could not make a folder. */
+    if (w->error_file[0])
+        ADD("TORCHELASTIC_ERROR_FILE", "%s", w->error_file);
     /* As torchrun: PyTorch's NCCL groups abort a failed or timed-out collective rather than
      * hang in it, unless the user said otherwise (an inherited value passes through). */
     if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))

@@ -144,6 +144,10 @@ void trainer_flush_logs(trainer *t);
 /* Prints "ddptrain: rank R: what: msg" to stderr; returns 1, the exit code — or, when the group
  * failed because of another rank (ddp_group_peer_failed), what trainer_die_peer returns. */
 int trainer_die(trainer *t, const char *what, const char *msg);
+/* errfile.c: stderr keeps the last error it printed (from the start of main); on a non-zero
+ * exit that error goes to TORCHELASTIC_ERROR_FILE when the launcher set it. */
+void trainer_errfile_start(void);
+void trainer_errfile_finish(int rc);
 /* The same for a rank that stops only because another rank reported a failure (rank 0 could
  * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that
  * other rank as the cause, not this one, which usually exits first. */

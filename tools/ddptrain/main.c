@@ -617,7 +617,7 @@ void trainer_catch_save_signals(void)
     }
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     /* A file-size limit (ulimit -f) makes a write fail with EFBIG, which the checkpoint's message
      * names with its file and the temporary file is removed, instead of SIGXFSZ ending the rank
@@ -790,5 +790,13 @@ out:
     free(t.early_buf); /* a refusal before out_dir was opened: nothing written there */
     if (t.jsonl)
         fclose(t.jsonl);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    trainer_errfile_start();
+    int rc = run(argc, argv);
+    trainer_errfile_finish(rc);
     return rc;
 }
