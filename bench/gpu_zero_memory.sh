@@ -46,6 +46,8 @@ esac
 awk 'BEGIN { srand(3); split("the a cat dog sat ran on under mat log", w, " ");
              for (d = 0; d < 3000; d++) { s = ""; for (i = 0; i < 60; i++) s = s w[1 + int(rand() * 10)] " ";
              print s "\n%" } }' >"$OUT/text.txt"
+TIMER=() # GNU time for the job's peak RSS, where the machine has it
+[ -x /usr/bin/time ] && TIMER=(/usr/bin/time -f "maxrss %M" -o "$OUT/time")
 P=124475904 # GPT-2 124M's parameters at vocabulary 50304 (gpt.c's list, bias true)
 echo "GPT-2 124M shape, bf16, batch 4 × 1024 tokens, AdamW, device-resident ($MODE)"
 printf '%-3s %-9s %14s %14s %16s\n' W step "GPU MiB/rank" "host RSS MiB" "job peak RSS MiB"
@@ -53,8 +55,8 @@ for W in "${WORLDS[@]}"; do
     declare -A gpu=()
     for sh in false true; do
         rm -rf "$OUT/run"
-        env "${ENVS[@]}" DDP_EMU_GPUS="$W" /usr/bin/time -f "maxrss %M" -o "$OUT/time" \
-            "$BUILD/bin/ddprun" --standalone --nproc_per_node="$W" "$BUILD/bin/ddptrain" \
+        rm -f "$OUT/time"
+        env "${ENVS[@]}" DDP_EMU_GPUS="$W" "${TIMER[@]}" "$BUILD/bin/ddprun" --standalone --nproc_per_node="$W" "$BUILD/bin/ddptrain" \
             --model.type gpt --data.text "$OUT/text.txt" --data.doc_sep % --model.n_layer 12 \
             --model.n_head 12 --model.n_embd 768 --model.block_size 1024 \
             --model.vocab_size 50304 --batch_size 4 --optimizer adamw --precision bf16 \
@@ -72,7 +74,8 @@ print(max(row["rank_gpu_mem_mib"]), max(row["rank_peak_rss_mib"]))
 EOP
 )
         gpu[$sh]=$g
-        job=$(awk '/maxrss/ {printf "%.0f", $2 / 1024}' "$OUT/time")
+        job=-
+        [ -e "$OUT/time" ] && job=$(awk '/maxrss/ {printf "%.0f", $2 / 1024}' "$OUT/time")
         name=unsharded
         [ "$sh" = true ] && name=sharded
         printf '%-3s %-9s %14.1f %14.1f %16s\n' "$W" "$name" "$g" "$r" "$job"

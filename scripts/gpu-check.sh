@@ -514,6 +514,10 @@ EOP
         timeout -k 10 300 env LD_LIBRARY_PATH="$SYS_LD_LIBRARY_PATH" python3 bench/gpu_gpt_torch.py \
             $quick --peak-fp32 "${1:-0}" --peak-tf32 "${2:-0}" \
             --peak-bf16 "${3:-0}" 2>&1 | tee "$W/torch.txt" >>"$LOG"
+        # ZeRO-1's memory split on the device: 2 ranks sharing the GPU, unsharded and sharded
+        echo "=== bench/gpu_zero_memory.sh gpu" >>"$LOG"
+        timeout -k 10 300 bash bench/gpu_zero_memory.sh gpu "$CARRY" 2 2>&1 |
+            tee -a "$W/bench.txt" >>"$LOG"
     }
     case $part in
     checks) checks_part ;;
