@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -115,13 +116,24 @@ static void select_here(void **state)
     assert_int_equal(c.device, DDP_DEVICE_CPU);
     int n = 0;
     ddp_error e2 = {0};
+    size_t used = 0, total = 0;
+    assert_int_equal(ddp_device_memory(0, NULL, &total, &err), DDP_ERR_INVALID);
     if (ddp__cuda_device_count(&n, &e2) == DDP_OK) { /* a GPU machine */
         assert_int_equal(ddp_device_select("cuda", 0, &c, &err), DDP_OK);
         assert_int_equal(c.device, DDP_DEVICE_CUDA);
         assert_int_equal(c.visible, n);
         assert_string_not_equal(c.name, "cpu");
+        /* the memory in use (the contexts on a GPU; nothing yet on the emulated one), at most
+         * the device's size */
+        assert_int_equal(ddp_device_memory(0, &used, &total, &err), DDP_OK);
+        printf("  cuda:0 memory: %zu of %zu MiB in use\n", used >> 20, total >> 20);
+        assert_true(total > 0 && used <= total);
+        assert_int_equal(ddp_device_memory(n, &used, &total, &err), DDP_ERR_INVALID);
         return;
     }
+    /* no GPU: the memory query says why, as the device count does */
+    assert_int_equal(ddp_device_memory(0, &used, &total, &err), DDP_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, e2.msg));
     assert_int_equal(ddp_device_select("cuda", 0, &c, &err), DDP_ERR_NOT_FOUND);
     assert_non_null(strstr(err.msg, "device 'cuda' asked for: "));
     assert_non_null(strstr(err.msg, e2.msg)); /* the runtime's (or the stub's) reason */
