@@ -59,11 +59,26 @@ for bad in '<script' '<link' '<img' '<iframe' 'url(' '@import' 'src='; do
 done
 [ "$(grep -o 'https\?://[^"]*' $page | sort -u)" = "http://www.w3.org/2000/svg" ] ||
     fail "the page names an address other than the SVG namespace: $(grep -o 'https\?://[^"]*' $page | sort -u)"
-[ "$(grep -c '<svg' $page)" -eq 7 ] || fail "$(grep -c '<svg' $page) charts, want 7"
-for title in Loss "Test accuracy" "Learning rate" Throughput MFU "Gradient norm" "Work per step by rank"; do
+[ "$(grep -c '<svg' $page)" -eq 8 ] || fail "$(grep -c '<svg' $page) charts, want 8"
+for title in Loss "Test accuracy" "Learning rate" Throughput MFU "Gradient norm" \
+    "Memory (the largest rank)" "Work per step by rank"; do
     assert_contains $page ">$title"
 done
-ok "the report is one self-contained file with its 7 charts"
+assert_not_contains $page "in use on its GPU" # a CPU run: the host's memory only
+ok "the report is one self-contained file with its 8 charts"
+# A GPU run's lines: its memory chart has both curves; a run from before the memory figures
+# (worlds, above) has no memory chart.
+mkdir -p gpumem
+{
+    echo '{"step": 0, "start": true, "world_size": 2, "peak_flops_per_rank": 1e15, "model": "gpt"}'
+    echo '{"step": 10, "loss": 2.0, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [1, 5], "rank_peak_rss_mib": [500.5, 560.1], "rank_gpu_mem_mib": [5336.78, 5336.78]}'
+    echo '{"step": 20, "loss": 1.5, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [5, 1], "rank_peak_rss_mib": [501.5, 561.1], "rank_gpu_mem_mib": [5336.78, 5400.0]}'
+} >gpumem/metrics.jsonl
+"$TRAIN" --task report --out_dir gpumem >gpumem.out 2>&1 || { cat gpumem.out; fail "report failed"; }
+assert_contains gpumem/report.html ">Memory (the largest rank)"
+assert_contains gpumem/report.html "in use on its GPU"
+assert_not_contains worlds/report.html "Memory (the largest rank)"
+ok "memory: the largest rank's peak RSS and GPU memory charted; none for a run without them"
 
 if ! command -v chromium >/dev/null; then
     echo "SKIP: no chromium (scripts/install-deps.sh installs Debian's)"
@@ -71,7 +86,7 @@ if ! command -v chromium >/dev/null; then
 fi
 # --no-sandbox: Chromium refuses to run as root (CI, containers) with its sandbox on.
 timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars \
-    --user-data-dir="$T/chromium" --screenshot="$T/shot.png" --window-size=1220,1700 \
+    --user-data-dir="$T/chromium" --screenshot="$T/shot.png" --window-size=1220,2100 \
     "file://$T/$page" >chromium.out 2>&1 || { cat chromium.out; fail "chromium failed"; }
 [ -s shot.png ] || { cat chromium.out; fail "no screenshot"; }
 python3 "$SRC/tests/integration/check_report_png.py" shot.png $page ||
@@ -96,5 +111,5 @@ DDP_DATA_CACHE=$T/cache "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --mod
 assert_contains gpt_report.out "6 progress lines, 3 evaluations"
 assert_contains gpt/report.html "tokens/s"
 assert_not_contains gpt/report.html ">Test accuracy"
-[ "$(grep -c '<svg' gpt/report.html)" -eq 6 ] || fail "gpt: $(grep -c '<svg' gpt/report.html) charts, want 6"
+[ "$(grep -c '<svg' gpt/report.html)" -eq 7 ] || fail "gpt: $(grep -c '<svg' gpt/report.html) charts, want 7"
 ok "a language model's report: tokens/s, validation loss, no accuracy chart"

@@ -14,7 +14,8 @@ typedef struct pts {
     size_t n, cap;
 } pts;
 
-enum { S_LOSS, S_LR, S_RATE, S_MFU, S_GNORM, S_VLOSS, S_VACC, S_WALL, S_N };
+/* the charts' series; S_RSS, S_GPU: the largest rank's peak RSS and GPU memory in use, MiB */
+enum { S_LOSS, S_LR, S_RATE, S_MFU, S_GNORM, S_VLOSS, S_VACC, S_WALL, S_RSS, S_GPU, S_N };
 #define MAXR 8 /* ranks drawn one by one; more: the slowest, median and fastest */
 
 typedef struct run_data {
