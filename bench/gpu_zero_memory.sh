@@ -14,7 +14,8 @@
 #       workspace or NCCL buffers, which a real GPU adds (some hundreds of MiB a process)
 #   bench/gpu_zero_memory.sh gpu [BUILD] [WORLDS]   a real GPU (the module beside BUILD's
 #       programs): with one GPU every rank shares it (cuda-ipc), and each rank's figure is the
-#       whole device's, every rank's memory and contexts together
+#       whole device's, every rank's memory and contexts together; then PyTorch's twin on the
+#       same GPU, one process (W 1 is ddpc's one-process figure beside it)
 # Prints one line per run and the saving against the unsharded run beside the expected one
 # (AdamW's 8 bytes a parameter × (W−1)/W; the reducer's copy of the parameters, which the
 # sharded step needs, takes the place of the model's own, which is freed).
@@ -53,7 +54,9 @@ echo "GPT-2 124M shape, bf16, batch 4 × 1024 tokens, AdamW, device-resident ($M
 printf '%-3s %-9s %14s %14s %16s\n' W step "GPU MiB/rank" "host RSS MiB" "job peak RSS MiB"
 for W in "${WORLDS[@]}"; do
     declare -A gpu=()
-    for sh in false true; do
+    shards=(false true)
+    [ "$W" -gt 1 ] || shards=(false) # one rank: nothing to shard
+    for sh in "${shards[@]}"; do
         rm -rf "$OUT/run"
         rm -f "$OUT/time"
         env "${ENVS[@]}" DDP_EMU_GPUS="$W" "${TIMER[@]}" "$BUILD/bin/ddprun" --standalone --nproc_per_node="$W" "$BUILD/bin/ddptrain" \
@@ -80,6 +83,7 @@ EOP
         [ "$sh" = true ] && name=sharded
         printf '%-3s %-9s %14.1f %14.1f %16s\n' "$W" "$name" "$g" "$r" "$job"
     done
+    [ "$W" -gt 1 ] || continue
     python3 - "${gpu[false]}" "${gpu[true]}" "$W" "$P" <<'EOP'
 import sys
 u, s, W, P = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -88,3 +92,32 @@ print(f"    W={W}: sharded saves {u - s:.1f} MiB a rank ({100 * (u - s) / u:.1f}
       f"{want:.1f} (AdamW's moments × (W-1)/W)")
 EOP
 done
+# PyTorch on the same GPU (gpu mode, where torch has CUDA): the torch twin of the GPT
+# (tests/python/gpt_twin.py), one process, the same shape, batch and precision (autocast bf16),
+# fused AdamW, 2 steps: the memory in use on the device (torch.cuda.mem_get_info, the figure
+# ddptrain reports) and the caching allocator's peak (max_memory_allocated).
+# (torch with the machine's own library path: scripts/gpu-check.sh's SYS_LD_LIBRARY_PATH, where
+# it put gpu-carry's libraries first for ddpc's programs)
+torchpy() { LD_LIBRARY_PATH="${SYS_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}" python3 "$@"; }
+if [ "$MODE" = gpu ] && torchpy -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    torchpy - <<'EOP'
+import os, sys
+import torch
+sys.path.insert(0, os.path.join("tests", "python"))
+from gpt_twin import GPT, Config
+torch.manual_seed(0)
+model = GPT(Config(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+x = torch.randint(0, 50257, (4, 1024), device="cuda")
+for _ in range(2):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = model(x, x)
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+print(f"1   torch     {(total - free) / 2**20:14.1f}   (torch {torch.__version__}, eager; "
+      f"max_memory_allocated {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB)")
+EOP
+fi

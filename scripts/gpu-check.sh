@@ -516,7 +516,7 @@ EOP
             --peak-bf16 "${3:-0}" 2>&1 | tee "$W/torch.txt" >>"$LOG"
         # ZeRO-1's memory split on the device: 2 ranks sharing the GPU, unsharded and sharded
         echo "=== bench/gpu_zero_memory.sh gpu" >>"$LOG"
-        timeout -k 10 300 bash bench/gpu_zero_memory.sh gpu "$CARRY" 2 2>&1 |
+        timeout -k 10 400 bash bench/gpu_zero_memory.sh gpu "$CARRY" "1 2" 2>&1 |
             tee -a "$W/bench.txt" >>"$LOG"
     }
     case $part in
