@@ -164,17 +164,26 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
         nv.list = malloc(sizeof(int64_t) * cap);
         if (!nv.list)
             return ddp__err(err, DDP_ERR_NOMEM, "out of memory reading key '%s'", k->name);
+        /* 256,128 or [256, 128]: a bracket closes what one opened, commas between numbers,
+         * blanks anywhere between; nothing after the list */
         const char *p = text;
-        while (*p == '[' || *p == ' ')
+        while (*p == ' ')
             p++;
-        while (*p && *p != ']') {
+        bool open = *p == '[', closed = false, bad = false;
+        p += open;
+        while (*p == ' ')
+            p++;
+        while (*p && !bad && !closed) {
+            if (open && *p == ']' && nv.nlist == 0) { /* [] */
+                closed = true;
+                p++;
+                break;
+            }
             errno = 0;
             long long x = strtoll(p, &end, 10);
             if (end == p || errno) {
-                free(nv.list);
-                return ddp__err(err, DDP_ERR_INVALID,
-                                "key '%s': '%s' is not a list of integers like 256,128 (%s)",
-                                k->name, text, origin);
+                bad = true;
+                break;
             }
             if (nv.nlist == cap) {
                 int64_t *q = realloc(nv.list, sizeof(int64_t) * (cap *= 2));
@@ -185,9 +194,26 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
                 nv.list = q;
             }
             nv.list[nv.nlist++] = x;
-            p = end;
-            while (*p == ',' || *p == ' ')
+            for (p = end; *p == ' '; p++)
+                ;
+            if (*p == ',') {
+                for (p++; *p == ' '; p++)
+                    ;
+                bad = !*p || *p == ']' || *p == ','; /* a number must follow a comma */
+            } else if (open && *p == ']') {
+                closed = true;
                 p++;
+            } else
+                bad = *p != '\0';
+        }
+        while (*p == ' ')
+            p++;
+        if (bad || *p || open != closed) {
+            free(nv.list);
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "key '%s': '%s' is not a list of integers like 256,128 or [256, 128] "
+                            "(%s)",
+                            k->name, text, origin);
         }
         break;
     }

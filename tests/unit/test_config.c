@@ -122,6 +122,27 @@ static void errors(void **state)
                 "(a value that starts with '%' must be quoted: \"%…\"); fix the YAML");
     expect_fail("run_name: @home\n", 0, NULL, "must be quoted: \"@…\"", NULL);
     expect_fail("model:\n  hidden: [1, x]\n", 0, NULL, "is not a list of integers", NULL);
+    /* a list on the command line: a bracket opened is closed, a number after every comma,
+     * nothing after the list (before 2026-11-25 '[512,256' and '512]x' were taken) */
+    const char *bad_lists[] = {"[512,256", "512,256]", "[512,256]x", "512,,256", "512,",
+                               ",512",     "[,]",      "[[512]]",    "512 256",  "[512]]"};
+    for (size_t i = 0; i < sizeof bad_lists / sizeof bad_lists[0]; i++) {
+        char *al[] = {"--model.hidden", (char *)bad_lists[i]};
+        expect_fail(NULL, 2, al, "is not a list of integers like 256,128 or [256, 128]", NULL);
+    }
+    const char *good_lists[] = {"512,256", " [ 512 , 256 ] ", "[512,256]", "512, 256 "};
+    for (size_t i = 0; i < sizeof good_lists / sizeof good_lists[0]; i++) {
+        char *al[] = {"--model.hidden", (char *)good_lists[i]};
+        ddp_config *g = NULL;
+        ddp_error e = {0};
+        if (ddp_config_load(schema, N, NULL, 2, al, &g, &e) != DDP_OK)
+            fail_msg("'%s' refused: %s", good_lists[i], e.msg);
+        size_t n;
+        const int64_t *h = ddp_config_ints(g, "model.hidden", &n);
+        assert_int_equal(n, 2);
+        assert_true(h[0] == 512 && h[1] == 256);
+        ddp_config_free(g);
+    }
     ddp_config *c;
     ddp_error err = {0};
     assert_int_equal(ddp_config_load(schema, N, "/no/such.yaml", 0, NULL, &c, &err),
