@@ -149,11 +149,15 @@ typedef struct ddp_reducer_stats {
  * broadcast). Checks that every rank registered the same names, counts and dtypes in the same
  * order, and passed the same options (all but overlap), and fails naming the first difference;
  * then broadcasts values from rank 0. Gradients start at zero. *out written only on DDP_OK.
- * Every rank must call it. */
+ * Every rank must call it. Borrows g, params and buffers for the reducer's life: destroy the
+ * reducer before its group. (A group destroyed first takes the reducer's buckets, its gradients,
+ * with it: every later call on the reducer fails with DDP_ERR_CLOSED saying so, grad and param
+ * return NULL, and ddp_reducer_destroy is still needed, and safe.) */
 ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
                               const ddp_param *buffers, size_t nbuffers,
                               const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err);
-void ddp_reducer_destroy(ddp_reducer *r); /* waits for unfinished buckets; NULL is a no-op */
+/* Waits for unfinished buckets and frees r. Local (not a collective). NULL is a no-op. */
+void ddp_reducer_destroy(ddp_reducer *r);
 
 /* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r. */
 void *ddp_reducer_grad(ddp_reducer *r, size_t i);

@@ -53,6 +53,8 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
     if (!r || !norm)
         return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "grad_norm: norm is required")
                  : DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     double ss = 0.0;
     if (r->dev) {
         ddp_status st = dev_sum_squares(r, &ss);
@@ -93,6 +95,8 @@ ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf)
     if (!r || !found_inf)
         return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "unscale: found_inf is required")
                  : DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     if (r->dev_st)
         return r->dev_st;
     bool found = false;

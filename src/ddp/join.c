@@ -21,6 +21,8 @@ ddp_status ddp_reducer_set_join(ddp_reducer *r, const ddp_join_opts *opts, bool 
 {
     if (!r)
         return DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     ddp_join_opts def = DDP_JOIN_OPTS_INIT;
     if (!opts)
         opts = &def;
@@ -154,6 +156,8 @@ ddp_status ddp_reducer_join(ddp_reducer *r, bool *others)
     if (!r || !others)
         return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "join: others is required")
                  : DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     if (!r->join_on)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "join: uneven inputs are not on; call ddp_reducer_set_join(r, NULL, "

@@ -34,6 +34,36 @@ ddp_status ddp__reducer_errctx(ddp_reducer *r, ddp_status st, const char *fmt, .
     return ddp__errmsg(r->err, st, "%s: %s", ctx, m);
 }
 
+ddp_status ddp__reducer_gone(const ddp_reducer *r)
+{
+    return r->g ? DDP_OK : DDP_ERR_CLOSED;
+}
+
+/* What r holds of its group (bucket memory, staging, unfinished work), given back. */
+static void free_group_memory(ddp_reducer *r)
+{
+    for (size_t i = 0; i < r->nb; i++)
+        ddp__reducer_free_bucket(r, &r->b[i]);
+    for (size_t i = 0; i < r->nhome; i++)
+        ddp__reducer_release(r, r->home[i].mem, r->home[i].arena);
+    free(r->home);
+    r->home = NULL;
+    r->nhome = 0;
+    r->nb = 0;
+}
+
+/* The group is being destroyed before r (ddp__group_dep): r gives its memory back, and from now
+ * on its calls fail with this message. */
+static void group_gone(void *ctx)
+{
+    ddp_reducer *r = ctx;
+    free_group_memory(r);
+    r->g = NULL;
+    ddp__errmsg(r->err, DDP_ERR_CLOSED,
+                "the reducer's group was destroyed (ddp_group_destroy) before the reducer, and "
+                "its gradients with it: destroy the reducer first, then its group");
+}
+
 static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -66,6 +96,8 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     if (!r)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
     r->g = g;
+    r->dep = (ddp__group_dep){group_gone, r, NULL};
+    ddp__group_add_dep(g, &r->dep);
     r->dev = dev;
     r->params = params;
     r->nparams = nparams;
@@ -154,11 +186,10 @@ void ddp_reducer_destroy(ddp_reducer *r)
 {
     if (!r)
         return;
-    for (size_t i = 0; i < r->nb; i++)
-        ddp__reducer_free_bucket(r, &r->b[i]);
-    for (size_t i = 0; i < r->nhome; i++)
-        ddp__reducer_release(r, r->home[i].mem, r->home[i].arena);
-    free(r->home);
+    if (r->g) { /* else the group's destroy gave it all back already */
+        free_group_memory(r);
+        ddp__group_remove_dep(r->g, &r->dep);
+    }
     free(r->seen);
     free(r->order);
     free(r->bucket_of);
@@ -172,17 +203,17 @@ void ddp_reducer_destroy(ddp_reducer *r)
 
 void *ddp_reducer_grad(ddp_reducer *r, size_t i)
 {
-    return r && i < r->nparams ? r->grad[i] : NULL;
+    return r && r->g && i < r->nparams ? r->grad[i] : NULL;
 }
 
 void *ddp_reducer_param(ddp_reducer *r, size_t i)
 {
-    return r && i < r->nparams ? r->pdata[i] : NULL;
+    return r && r->g && i < r->nparams ? r->pdata[i] : NULL;
 }
 
 void ddp_reducer_zero_grad(ddp_reducer *r)
 {
-    if (!r)
+    if (!r || !r->g)
         return;
     if (r->dev) {
         char msg[DDP_ERRMSG_MAX];
@@ -312,9 +343,12 @@ static ddp_status step_refused(ddp_reducer *r, const char *what)
 
 ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
 {
-    if (!r || i >= r->nparams)
-        return r ? ddp__errmsg(r->err, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i)
-                 : DDP_ERR_INVALID;
+    if (!r)
+        return DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
+    if (i >= r->nparams)
+        return ddp__errmsg(r->err, DDP_ERR_INVALID, "mark_ready: no parameter %zu", i);
     if (r->joined)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "mark_ready: this rank has joined (ddp_reducer_join: it ran out of "
@@ -379,6 +413,8 @@ ddp_status ddp_reducer_finish(ddp_reducer *r)
 {
     if (!r)
         return DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     if (r->joined) /* its synced steps are join's: one more here would be one the others lack */
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "finish: this rank has joined (ddp_reducer_join: it ran out of "
@@ -451,7 +487,9 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
 
 ddp_status ddp_reducer_sync_buffers(ddp_reducer *r)
 {
-    return r ? broadcast_list(r, r->buffers, r->nbuffers) : DDP_ERR_INVALID;
+    if (!r)
+        return DDP_ERR_INVALID;
+    return r->g ? broadcast_list(r, r->buffers, r->nbuffers) : ddp__reducer_gone(r);
 }
 
 void ddp_reducer_stats_get(const ddp_reducer *r, ddp_reducer_stats *out)

@@ -84,7 +84,8 @@ typedef struct ddp__home_mem {
 enum { DDP__REBUILD_RECORD, DDP__REBUILD_PENDING, DDP__REBUILD_DONE };
 
 struct ddp_reducer {
-    ddp_group *g;
+    ddp_group *g;       /* NULL once the group was destroyed first (ddp__reducer_gone) */
+    ddp__group_dep dep; /* registered with g: its destroy releases what r holds of it */
     const ddp_param *params;
     size_t nparams;
     const ddp_param *buffers;
@@ -151,6 +152,9 @@ static inline bool ddp__reducer_wants_wire(const ddp_reducer *r, ddp_dtype t)
  * leaves its message in r->err. */
 ddp_status ddp__reducer_ctl(ddp_reducer *r, bool gather, const void *send, void *recv, size_t count,
                             ddp_dtype t, ddp_op op);
+/* DDP_ERR_CLOSED, with the message the group's destroy left in r->err, when the group was
+ * destroyed before the reducer; else DDP_OK. Every call that would reach the group checks it. */
+ddp_status ddp__reducer_gone(const ddp_reducer *r);
 /* Puts a context (formatted from fmt) before the message in r->err, as "context: message", and
  * returns st. */
 ddp_status ddp__reducer_errctx(ddp_reducer *r, ddp_status st, const char *fmt, ...)

@@ -124,6 +124,8 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
 {
     if (!r)
         return DDP_ERR_INVALID;
+    if (!r->g)
+        return ddp__reducer_gone(r);
     int32_t bad = 0; /* 1 out of memory, 2 wrong arguments: every rank learns the worst */
     bool no_sink = to && !to->fn; /* gather_state_sink on the root without one */
     if (!src || (root == r->me && !dst && (!to || no_sink)) || root >= r->W)
@@ -224,8 +226,10 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
 
 ddp_status ddp_reducer_gather_params(ddp_reducer *r)
 {
-    if (!r || !r->shard)
-        return r ? DDP_OK : DDP_ERR_INVALID;
+    if (!r || !r->g)
+        return r ? ddp__reducer_gone(r) : DDP_ERR_INVALID;
+    if (!r->shard)
+        return DDP_OK;
     r->awaiting = false; /* after a failure the group's error is what later calls report */
     for (size_t k = 0; k < r->nb; k++) { /* in place: block me is already where it belongs */
         ddp__bucket *b = &r->b[k];

@@ -100,4 +100,18 @@ const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *tim
 ddp_status ddp__group_host_collective(ddp_group *g, bool gather, const void *send, void *recv,
                                       size_t count, ddp_dtype t, ddp_op op);
 
+/* Something of libddp's built on a group that holds the group's memory or work (a reducer's
+ * buckets). ddp_group_destroy calls release(ctx) for each one still registered, first of all,
+ * while the group still works, then forgets it: so a program that destroys the group before the
+ * reducer gets a reducer whose calls fail (DDP_ERR_CLOSED) and whose destroy is safe, rather than
+ * one that frees its buckets through a freed group. The node belongs to the dependent (no
+ * allocation); remove it in the dependent's own destroy. Not thread-safe (the group's rule). */
+typedef struct ddp__group_dep {
+    void (*release)(void *ctx);
+    void *ctx;
+    struct ddp__group_dep *next;
+} ddp__group_dep;
+void ddp__group_add_dep(ddp_group *g, ddp__group_dep *d);
+void ddp__group_remove_dep(ddp_group *g, ddp__group_dep *d);
+
 #endif /* DDP_GROUP_DEVOPS_H */

@@ -61,6 +61,7 @@ struct ddp_group {
     void *report_ctx;
     int host_cores; /* the cores this host's ranks share */
     uint64_t seq;
+    ddp__group_dep *deps; /* reducers built on g: released first in destroy */
     /* poison */
     atomic_int error; /* ddp_status */
     char errmsg[DDP_ERRMSG_MAX];
@@ -627,10 +628,34 @@ void ddp_group_abort(ddp_group *g)
         g->ops->abort(g->be, g->errmsg);
 }
 
+void ddp__group_add_dep(ddp_group *g, ddp__group_dep *d)
+{
+    d->next = g->deps;
+    g->deps = d;
+}
+
+void ddp__group_remove_dep(ddp_group *g, ddp__group_dep *d)
+{
+    for (ddp__group_dep **p = &g->deps; *p; p = &(*p)->next)
+        if (*p == d) {
+            *p = d->next;
+            d->next = NULL;
+            return;
+        }
+}
+
 void ddp_group_destroy(ddp_group *g)
 {
     if (!g)
         return;
+    /* Reducers still alive (destroyed after their group: the order of creation) give back the
+     * group's memory and work now, while the group still works (devops.h). */
+    while (g->deps) {
+        ddp__group_dep *d = g->deps;
+        g->deps = d->next;
+        d->next = NULL;
+        d->release(d->ctx);
+    }
     if (g->thread_started) {
         pthread_mutex_lock(&g->mu);
         g->stop = true;

@@ -1,0 +1,123 @@
+/*
+ * test_reducer.c — the reducer's handle as a newcomer misuses it, in a world of one (no launcher):
+ * the order of destruction. The numbers are checked by the multi-rank programs under
+ * tests/integration (reducercheck, rebuildcheck, joincheck); here, only that a mistake gives a
+ * status and a message instead of a crash.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ddp/ddp.h"
+
+static ddp_group *world_of_one(const char *backend)
+{
+    static ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    snprintf(w.run_id, sizeof w.run_id, "test-reducer-%d", (int)getpid());
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.backend = backend;
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    if (ddp_group_init(&o, &g, &err) != DDP_OK)
+        fail_msg("a world of one over %s: %s", backend, err.msg);
+    return g;
+}
+
+/* The group destroyed before its reducer (cleanup in the order of creation): before 2026-11-25
+ * the reducer's destroy freed its buckets through the freed group (SIGSEGV). Now the group
+ * releases what the reducer holds of it; the reducer's calls then fail with DDP_ERR_CLOSED,
+ * saying what to do, and its destroy is safe. Over shm (arena buckets) and tcp (malloc'ed),
+ * plain and sharded, after a step and with a step open. */
+static void group_destroyed_first(void **state)
+{
+    (void)state;
+    const char *backends[] = {"shm", "tcp"};
+    for (int k = 0; k < 4; k++) {
+        ddp_group *g = world_of_one(backends[k % 2]);
+        float w[300], b[3];
+        for (int i = 0; i < 300; i++)
+            w[i] = (float)i;
+        ddp_param ps[] = {{.name = "w", .count = 300, .dtype = DDP_FLOAT32, .data = w},
+                          {.name = "b", .count = 3, .dtype = DDP_FLOAT32, .data = b}};
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.bucket_cap = ro.first_bucket = 256; /* one bucket per parameter */
+        ro.shard_optimizer = k >= 2;
+        ddp_reducer *r = NULL;
+        ddp_error err = {0};
+        if (ddp_reducer_create(g, ps, 2, NULL, 0, &ro, &r, &err) != DDP_OK)
+            fail_msg("create: %s", err.msg);
+        ddp_reducer_zero_grad(r);
+        assert_int_equal(ddp_reducer_mark_ready(r, 1), DDP_OK);
+        assert_int_equal(ddp_reducer_mark_ready(r, 0), DDP_OK);
+        assert_int_equal(ddp_reducer_finish(r), DDP_OK);
+        ddp_reducer_zero_grad(r);
+        assert_int_equal(ddp_reducer_mark_ready(r, 1), DDP_OK); /* a step left open */
+        ddp_group_destroy(g);
+
+        assert_int_equal(ddp_reducer_mark_ready(r, 0), DDP_ERR_CLOSED);
+        const char *msg = ddp_reducer_last_error(r);
+        if (!strstr(msg, "ddp_group_destroy") || !strstr(msg, "destroy the reducer first"))
+            fail_msg("message '%s'", msg);
+        assert_int_equal(ddp_reducer_finish(r), DDP_ERR_CLOSED);
+        double norm;
+        assert_int_equal(ddp_reducer_grad_norm(r, &norm), DDP_ERR_CLOSED);
+        bool inf;
+        assert_int_equal(ddp_reducer_unscale(r, 1.0f, &inf), DDP_ERR_CLOSED);
+        assert_int_equal(ddp_reducer_sync_buffers(r), DDP_ERR_CLOSED);
+        assert_int_equal(ddp_reducer_gather_params(r), DDP_ERR_CLOSED);
+        void *arrays[2] = {w, b};
+        assert_int_equal(ddp_reducer_gather_state(r, arrays), DDP_ERR_CLOSED);
+        assert_int_equal(ddp_reducer_set_join(r, NULL, true), DDP_ERR_CLOSED);
+        bool others;
+        assert_int_equal(ddp_reducer_join(r, &others), DDP_ERR_CLOSED);
+        assert_null(ddp_reducer_grad(r, 0)); /* its memory went with the group */
+        assert_null(ddp_reducer_param(r, 0));
+        ddp_reducer_zero_grad(r); /* no-ops, not crashes */
+        ddp_reducer_set_sync(r, false);
+        size_t lo, hi;
+        ddp_reducer_shard(r, 0, &lo, &hi);
+        ddp_reducer_stats st;
+        ddp_reducer_stats_get(r, &st);
+        ddp_reducer_destroy(r);
+    }
+}
+
+/* The right order still works, and a reducer destroyed first is no longer the group's concern
+ * (the group's destroy must not touch it). */
+static void reducer_destroyed_first(void **state)
+{
+    (void)state;
+    ddp_group *g = world_of_one("shm");
+    float w[4] = {1, 2, 3, 4};
+    ddp_param ps[] = {{.name = "w", .count = 4, .dtype = DDP_FLOAT32, .data = w}};
+    ddp_reducer *r1 = NULL, *r2 = NULL;
+    ddp_error err = {0};
+    if (ddp_reducer_create(g, ps, 1, NULL, 0, NULL, &r1, &err) ||
+        ddp_reducer_create(g, ps, 1, NULL, 0, NULL, &r2, &err))
+        fail_msg("create: %s", err.msg);
+    ddp_reducer_destroy(r1); /* the first of two: unlinked from the group's list */
+    ddp_reducer_zero_grad(r2);
+    assert_int_equal(ddp_reducer_finish(r2), DDP_OK);
+    ddp_group_destroy(g); /* releases r2 only */
+    assert_int_equal(ddp_reducer_finish(r2), DDP_ERR_CLOSED);
+    ddp_reducer_destroy(r2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(group_destroyed_first),
+        cmocka_unit_test(reducer_destroyed_first),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
