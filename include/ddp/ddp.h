@@ -1,9 +1,10 @@
 /*
  * ddp/ddp.h — the whole public API of libddp. Include this one header.
  *
- * Conventions (see docs/api.md): calls return ddp_status (DDP_OK = 0, errors negative); output
- * arguments come last and are written only on success; handles are opaque and their destroy/close
- * accepts NULL; a handle is used from one thread at a time unless its header says otherwise.
+ * Conventions (README.md, "The library"; the status codes in ddp/status.h): calls return
+ * ddp_status (DDP_OK = 0, errors negative); output arguments come last and are written only on
+ * success; handles are opaque and their destroy/close accepts NULL; a handle is used from one
+ * thread at a time unless its header says otherwise.
  */
 #ifndef DDP_DDP_H
 #define DDP_DDP_H

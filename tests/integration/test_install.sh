@@ -50,6 +50,61 @@ assert_contains "$T/out" "as expected"
     { cat "$T/out" >&2; fail "hello_world (pkg-config) under the installed ddprun failed"; }
 ok "examples build with \$(pkg-config --cflags --libs ddp) from a moved prefix, and run"
 
+# The README's snippets in "The library", as a reader copies them: each C block marked
+# "<!-- a program's body: integration.install -->" ("{ … }" standing for error handling) compiles
+# against the prefix and runs under ddprun over shm and tcp. The collectives' snippet wrote into
+# ddp_group_alloc()'s memory, which is NULL over tcp: it crashed there.
+awk '/^## / {on = /^## The library/} /^<!-- a program.s body: integration.install -->$/ {want = 1}
+     on && want && /^```c$/ {n++; f = sprintf("%s/readme_%d.c", dir, n); want = 0; next}
+     /^```$/ {f = ""; next}
+     f != "" {print > f}' dir="$T" "$SRC/README.md"
+n=0
+for f in "$T"/readme_*.c; do
+    {
+        # the calls whose status a snippet leaves unread must succeed all the same
+        cat <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include "ddp/ddp.h"
+static ddp_status ok_(ddp_status st, const char *call)
+{
+    if (st != DDP_OK) {
+        fprintf(stderr, "%s: %s\n", call, ddp_status_str(st));
+        exit(1);
+    }
+    return st;
+}
+#define ddp_allreduce(...) ok_(ddp_allreduce(__VA_ARGS__), "ddp_allreduce")
+#define ddp_allreduce_async(...) ok_(ddp_allreduce_async(__VA_ARGS__), "ddp_allreduce_async")
+#define ddp_work_wait(...) ok_(ddp_work_wait(__VA_ARGS__), "ddp_work_wait")
+#define ddp_store_barrier(...) ok_(ddp_store_barrier(__VA_ARGS__), "ddp_store_barrier")
+C
+        printf 'int main(void)\n{\n    size_t n = 100000;\n'
+        grep -q 'ddp_error err' "$f" || printf '    ddp_error err = {0};\n' # from an earlier one
+        grep -v '^#include' "$f" | sed 's/{ … }/{ fprintf(stderr, "%s\\n", err.msg); return 1; }/'
+        printf '    return 0;\n}\n'
+    } >"$f.main.c"
+    exe=${f%.c}
+    # shellcheck disable=SC2086
+    cc -std=c11 -Wall -Wno-unused-variable "$f.main.c" $flags -o "$exe" 2>"$T/cc.err" ||
+        { cat "$f.main.c" "$T/cc.err" >&2; fail "README snippet ${f##*/} does not compile"; }
+    for be in shm tcp; do
+        DDP_BACKEND=$be "$P/bin/ddprun" --standalone --nproc_per_node 2 "$exe" >"$T/out" 2>&1 ||
+            { cat "$f.main.c" "$T/out" >&2; fail "README snippet ${f##*/} failed over $be"; }
+    done
+    n=$((n + 1))
+done
+[ "$n" -ge 2 ] || fail "only $n README snippets were whole programs"
+ok "the README's $n library snippets compile as written and run at 2 ranks over shm and tcp"
+
+# Every docs/ page a header points to exists (ddp.h named a docs/api.md that never did).
+for h in "$SRC"/include/ddp/*.h; do
+    for d in $(grep -o 'docs/[A-Za-z0-9_.-]*\.md' "$h" | sort -u); do
+        [ -e "$SRC/$d" ] || fail "${h##*/} points to $d, which does not exist"
+    done
+done
+ok "every docs/ page the headers name exists"
+
 # CMake: find_package(ddp) from the prefix.
 mkdir -p "$T/cm"
 cat >"$T/cm/CMakeLists.txt" <<CM
