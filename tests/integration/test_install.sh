@@ -99,9 +99,9 @@ ok "the README's $n library snippets compile as written and run at 2 ranks over 
 
 # Every docs/ page a header points to exists (ddp.h named a docs/api.md that never did).
 for h in "$SRC"/include/ddp/*.h; do
-    for d in $(grep -o 'docs/[A-Za-z0-9_.-]*\.md' "$h" | sort -u); do
+    while read -r d; do
         [ -e "$SRC/$d" ] || fail "${h##*/} points to $d, which does not exist"
-    done
+    done < <(grep -o 'docs/[A-Za-z0-9_.-]*\.md' "$h" | sort -u)
 done
 ok "every docs/ page the headers name exists"
 
