@@ -7,6 +7,8 @@
  *                        the test kills or stops a rank from outside
  *   faultcheck left      rank 1 destroys its group at once and lives on 10 s (exit 4); the
  *                        others allreduce once
+ *   faultcheck gone      rank 1 destroys its group and exits at once (exit 4); the others wait
+ *                        1 s, then allreduce once
  *   faultcheck counts    rank 0 calls allreduce × 4, the others allreduce × 100000 (every
  *                        backend must notice, without DDP_DEBUG)
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
@@ -118,6 +120,17 @@ int main(int argc, char **argv)
             free(buf);
             return 4;
         }
+        st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+    } else if (!strcmp(mode, "gone")) {
+        if (R == 1) { /* leaves, as a program that returns early does */
+            ddp_group_destroy(g);
+            free(buf);
+            return 4;
+        }
+        struct timespec ts = {1, 0};
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+        t0 = now_ms();
         st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
     } else if (!strcmp(mode, "counts")) {
         st = ddp_allreduce(g, buf, buf, R == 0 ? 4 : 100000, DDP_FLOAT32, DDP_SUM);

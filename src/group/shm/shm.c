@@ -201,16 +201,18 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                              b->hdr->abort_msg);
                     fst = DDP_ERR_CLOSED;
                     peer = ab - 1 != b->me;
-                } else if (peer_dead(b, j)) {
-                    ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
-                             (int)b->hdr->pids[j]);
-                    fst = DDP_ERR_NETWORK;
                 } else if (atomic_load(&b->slots[j].left)) {
+                    /* before peer_dead: a rank that left, then exited (a program that returned
+                     * early, cleaning up) did not die */
                     ddp__fmt(why, sizeof why,
                              "rank %d left the group (ddp_group_destroy) before arriving: it "
                              "called fewer collectives than this rank",
                              b->ranks[j]);
                     fst = DDP_ERR_CLOSED;
+                } else if (peer_dead(b, j)) {
+                    ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
+                             (int)b->hdr->pids[j]);
+                    fst = DDP_ERR_NETWORK;
                 }
                 if (fst != DDP_OK) {
                     if (reached(atomic_load_explicit(a, memory_order_acquire), e))
