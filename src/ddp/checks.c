@@ -112,6 +112,18 @@ static uint64_t param_hash(const ddp_param *p)
     return (h ^ (uint64_t)p->dtype) * 1099511628211ull;
 }
 
+/* The parameter count of a rank that refused its own arguments (ddp__reducer_refuse_on_peers). */
+#define REFUSED UINT64_MAX
+
+void ddp__reducer_refuse_on_peers(ddp_group *g)
+{
+    int W = ddp_group_size(g);
+    uint64_t mark[1] = {REFUSED}, *all = malloc(sizeof(uint64_t) * (size_t)(W > 0 ? W : 1));
+    if (all && W > 1) /* its failure is the peers' to report; this rank has its own message */
+        (void)ddp__group_host_collective(g, true, mark, all, 1, DDP_INT64, DDP_SUM);
+    free(all);
+}
+
 /* Checks that all ranks registered the same list; names the first difference. */
 static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, const char *what,
                              ddp_error *err)
@@ -132,6 +144,13 @@ static ddp_status check_same(ddp_reducer *r, const ddp_param *ps, size_t n, cons
         goto out;
     }
     for (int k = 0; k < W; k++) {
+        if (cnts[k] == REFUSED) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "rank %d refused its own arguments to ddp_reducer_create (its message "
+                          "says which); fix them there: every rank must create the reducer",
+                          k);
+            goto out;
+        }
         if (cnts[k] != n) {
             st = ddp__err(err, DDP_ERR_INVALID,
                           "rank %d registered %llu %s but rank %d registered %zu: every rank must "

@@ -84,14 +84,21 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     ddp_reducer_opts def = DDP_REDUCER_OPTS_INIT;
     if (!opts)
         opts = &def;
-    if (!g || !out || (nparams && !params) || (nbuffers && !buffers))
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "ddp_reducer_create: g, out and the lists are "
-                        "required");
+    if (!g)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_reducer_create: g is required");
     const ddp__devops *dev = ddp__group_devops(g, NULL, NULL);
-    ddp_status st = ddp__reducer_check_args(g, dev, params, nparams, buffers, nbuffers, opts, err);
-    if (st)
+    ddp_status st;
+    if (!out || (nparams && !params) || (nbuffers && !buffers))
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "ddp_reducer_create: out, and the lists when their counts are not 0, are "
+                      "required");
+    else
+        st = ddp__reducer_check_args(g, dev, params, nparams, buffers, nbuffers, opts, err);
+    if (st) { /* the other ranks wait in the first check: tell them, rather than leave them
+                 to find "collectives differ" in their next one */
+        ddp__reducer_refuse_on_peers(g);
         return st;
+    }
     ddp_reducer *r = calloc(1, sizeof *r);
     if (!r)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");

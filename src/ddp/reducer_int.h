@@ -172,6 +172,10 @@ ddp_status ddp__reducer_check_args(ddp_group *g, const ddp__devops *dev, const d
 /* That every rank registered the same parameters and buffers and chose the same options (r->o,
  * the defaults resolved); names the first difference. Every rank must call it. */
 ddp_status ddp__reducer_check_ranks(ddp_reducer *r, ddp_error *err);
+/* This rank refused its own arguments to ddp_reducer_create: takes part in the first check of
+ * check_ranks (the parameter counts) with a mark that makes every other rank fail there, naming
+ * this rank, so that the group's collectives stay matched. */
+void ddp__reducer_refuse_on_peers(ddp_group *g);
 
 /* --- buckets.c --- */
 

@@ -155,6 +155,24 @@ int main(int argc, char **argv)
         }
         dfree(xd);
     }
+    if (W > 1) { /* a mistake on one rank only (a parameter without data on the last): that rank
+                    names it, and the others name that rank, rather than "collectives differ"
+                    (it returned before the checks they waited in); the group stays usable */
+        float *x = dalloc(sizeof(float) * 4);
+        ddp_param one = {"a", 4, DDP_FLOAT32, R == W - 1 ? NULL : x, dv};
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, &one, 1, NULL, 0, NULL, &red, &err);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d refused its own arguments", W - 1);
+        CHECK(st == DDP_ERR_INVALID && !red &&
+                  strstr(err.msg, R == W - 1 ? "parameter 0 ('a')" : want),
+              "a parameter without data on rank %d only: %d %s", W - 1, (int)st, err.msg);
+        one.data = x;
+        st = ddp_reducer_create(g, &one, 1, NULL, 0, NULL, &red, &err);
+        CHECK(st == DDP_OK, "the same reducer made right after: %s", err.msg);
+        ddp_reducer_destroy(red);
+        dfree(x);
+    }
     { /* an empty parameter and buffer (count 0) may have no data, like malloc(0)'s NULL: taken,
          and the others are reduced as usual (it was refused: "needs ... data") */
         float *x = dalloc(sizeof(float) * 6);
