@@ -478,7 +478,9 @@ static ddp_status keys_request(ddp_store *s, const char *op, uint8_t code, const
 {
     if (!s)
         return DDP_ERR_INVALID;
-    if (n > DDP__STORE_MAX_KEYS || (n && !keys))
+    if (n && !keys)
+        return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: keys is NULL (%zu keys)", op, n);
+    if (n > DDP__STORE_MAX_KEYS)
         return ddp__errmsg(s->err, DDP_ERR_INVALID, "store %s: between 0 and %d keys, not %zu", op,
                            DDP__STORE_MAX_KEYS, n);
     for (size_t i = 0; i < n; i++) {

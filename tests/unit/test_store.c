@@ -1543,6 +1543,11 @@ static void bad_keys(void **state)
     assert_int_equal(ddp_store_check(s, keys, 2, &b), DDP_ERR_INVALID);
     assert_int_equal(ddp_store_wait(s, keys, 2), DDP_ERR_INVALID);
     assert_null(v);
+    /* no key list for n keys: said so (it read "between 0 and 65536 keys, not 1") */
+    assert_int_equal(ddp_store_check(s, NULL, 1, &b), DDP_ERR_INVALID);
+    assert_has(ddp_store_last_error(s), "store check: keys is NULL (1 keys)");
+    assert_int_equal(ddp_store_wait(s, NULL, 2), DDP_ERR_INVALID);
+    assert_has(ddp_store_last_error(s), "store wait: keys is NULL (2 keys)");
 
     /* Exactly DDP_STORE_MAX_KEY bytes is fine. */
     longkey[DDP_STORE_MAX_KEY] = '\0';
