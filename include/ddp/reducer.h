@@ -74,6 +74,17 @@
  *   while (ddp_reducer_join(red, &others) == DDP_OK && others)
  *       step;                                         // the others' mean: the same update
  *
+ * Collective calls (every rank makes them, in the same order, or the others fail in them, naming
+ * this rank, at once if it left the group, else at the group's deadline): create, finish and mark_ready (through the
+ * buckets they launch; not in a no_sync micro-step), gather_params, gather_state*, grad_norm
+ * (when sharded), sync_buffers, set_join, join. Local: destroy, zero_grad, set_sync, grad, param,
+ * shard, stats, the queries and last_error.
+ *
+ * Errors: every call that can fail returns a ddp_status and leaves a one-line message in
+ * ddp_reducer_last_error (creation: in its ddp_error). A failure of the group (a dead or late
+ * rank, a timeout, an abort) poisons it: every later collective returns that error again; destroy
+ * the reducer, then the group.
+ *
  * Threads: one thread at a time, like its group.
  */
 #ifndef DDP_REDUCER_H
