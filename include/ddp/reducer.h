@@ -75,10 +75,10 @@
  *       step;                                         // the others' mean: the same update
  *
  * Collective calls (every rank makes them, in the same order, or the others fail in them, naming
- * this rank, at once if it left the group, else at the group's deadline): create, finish and mark_ready (through the
- * buckets they launch; not in a no_sync micro-step), gather_params, gather_state*, grad_norm
- * (when sharded), sync_buffers, set_join, join. Local: destroy, zero_grad, set_sync, grad, param,
- * shard, stats, the queries and last_error.
+ * this rank, at once if it left the group, else at the group's deadline): create, finish and
+ * mark_ready (through the buckets they launch; not in a no_sync micro-step), gather_params,
+ * gather_state*, grad_norm (when sharded), sync_buffers, set_join, join. Local: destroy,
+ * zero_grad, set_sync, grad, param, shard, stats, the queries and last_error.
  *
  * Errors: every call that can fail returns a ddp_status and leaves a one-line message in
  * ddp_reducer_last_error (creation: in its ddp_error). A failure of the group (a dead or late
