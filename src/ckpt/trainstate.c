@@ -30,6 +30,44 @@ static char *state_name(const char *param, const char *state)
     return asprintf(&s, "optim.%s.%s", param, state) < 0 ? NULL : s;
 }
 
+/* Every parameter's count is the product of its shape, which the file records (a mismatch in a
+ * ddp_model_param filled by hand read past data, or left part of it out). Buffers are saved 1-D
+ * by count, their shapes unused. */
+static ddp_status check_counts(const char *path, const ddp_ckpt_train_state *s, ddp_error *err)
+{
+    for (size_t i = 0; i < s->n_params; i++) {
+        const ddp_model_param *p = &s->params[i];
+        uint64_t prod = 1;
+        bool over = false, bad_shape = p->ndim < 1 || p->ndim > DDP_MODEL_MAX_DIMS;
+        char dims[96] = "";
+        size_t at = 0;
+        for (int d = 0; d < p->ndim && !bad_shape; d++) {
+            int64_t x = p->shape[d];
+            bad_shape = x < 0;
+            if (x > 0 && prod > UINT64_MAX / (uint64_t)x)
+                over = true;
+            else if (x >= 0)
+                prod *= (uint64_t)x;
+            int k = snprintf(dims + at, sizeof dims - at, "%s%lld", d ? ", " : "", (long long)x);
+            at = k > 0 && (size_t)k < sizeof dims - at ? at + (size_t)k : at;
+        }
+        if (bad_shape) /* the save refuses the shape itself, naming it */
+            continue;
+        if (over || prod != p->count) {
+            char elems[32];
+            if (over)
+                snprintf(elems, sizeof elems, "more than 2^64");
+            else
+                snprintf(elems, sizeof elems, "%llu", (unsigned long long)prod);
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "trainer state for '%s': parameter '%s' has count %zu but shape [%s] "
+                            "(%s elements); count must be the product of the shape",
+                            path, p->name ? p->name : "?", p->count, dims, elems);
+        }
+    }
+    return DDP_OK;
+}
+
 /* The views of s are usable: the state count in range, and every array present where its count
  * is not 0 (a NULL one is the caller's mistake, reported rather than dereferenced). */
 static ddp_status check_state(const char *path, const ddp_ckpt_train_state *s, bool whole,
@@ -74,6 +112,8 @@ static ddp_status save_train(const char *path, const ddp_ckpt_train_state *s, dd
     if (!path || !s)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_save_train: path and state are required");
     ddp_status st0 = check_state(path, s, !w, err);
+    if (st0 == DDP_OK)
+        st0 = check_counts(path, s, err);
     if (st0 != DDP_OK)
         return st0;
     if (s->pos.world_size == 0) /* ddp_ckpt_load_train refuses it */

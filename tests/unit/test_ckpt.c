@@ -897,6 +897,14 @@ static void test_train_state_mismatch(void **state)
     bad = s;
     bad.optim_names[0] = NULL;
     expect_array_error(path, &bad, "'optim_names[0]'");
+    /* A parameter whose count is not its shape's product (a ddp_model_param filled by hand) is
+     * refused on save, naming it: the file took the shape's 6 values, reading past a count of 5. */
+    d.params[0].count = 5;
+    ddp_error err = {0};
+    assert_int_equal(ddp_ckpt_save_train(path, &s, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, "parameter 'fc.weight' has count 5 but shape [2, 3] (6 elements)"))
+        fail_msg("message '%s'", err.msg);
+    d.params[0].count = 6;
     /* With nothing to describe, the arrays may be NULL. */
     bad = (ddp_ckpt_train_state){.n_optim = 1, .pos.world_size = 1};
     assert_int_equal(ddp_ckpt_save_train(path, &bad, NULL), DDP_OK);
