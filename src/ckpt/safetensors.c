@@ -458,15 +458,20 @@ ddp_status ddp_ckpt_writer_open(const char *path, const ddp_ckpt_tensor *t, size
 ddp_status ddp_ckpt_writer_put(ddp_ckpt_writer *w, size_t i, uint64_t offset, const void *data,
                                size_t bytes, ddp_error *err)
 {
-    if (!w || i >= w->n || (bytes && !data) || offset > w->bytes[i] ||
-        bytes > w->bytes[i] - offset || bytes > w->todo[i])
-        return ddp__err(err, DDP_ERR_INVALID,
-                        "checkpoint '%s': bytes [%llu, %llu) of tensor %zu ('%s') are not %s",
-                        w ? w->path : "?", (unsigned long long)offset,
-                        (unsigned long long)(offset + bytes), i, w && i < w->n ? w->names[i] : "?",
-                        w && i < w->n && !w->todo[i] ? "still to come (its data was given, or "
-                                                       "put whole already)"
-                                                     : "in it");
+    if (!w)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_ckpt_writer_put: no writer");
+    if (i >= w->n)
+        return ddp__err(err, DDP_ERR_INVALID, "checkpoint '%s': no tensor %zu (it has %zu)",
+                        w->path, i, w->n);
+    if (bytes && !data)
+        return ddp__err(err, DDP_ERR_INVALID, "checkpoint '%s': %zu bytes for '%s' without data",
+                        w->path, bytes, w->names[i]);
+    if (offset > w->bytes[i] || bytes > w->bytes[i] - offset || bytes > w->todo[i])
+        return ddp__err(
+            err, DDP_ERR_INVALID,
+            "checkpoint '%s': bytes [%llu, %llu) of tensor %zu ('%s') are not %s", w->path,
+            (unsigned long long)offset, (unsigned long long)(offset + bytes), i, w->names[i],
+            !w->todo[i] ? "still to come (its data was given, or put whole already)" : "in it");
     int e = pwrite_all(w->fd, data, bytes, w->data_off + w->off[i] + offset);
     if (e)
         return ddp__err(err, DDP_ERR_SYSTEM,

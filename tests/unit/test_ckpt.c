@@ -752,6 +752,17 @@ static void test_writer(void **state)
     assert_int_equal(ddp_ckpt_writer_put(w, 5, 0, d.i32, 4, &err), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_writer_put(w, 0, 0, d.u8, 1, &err), DDP_ERR_INVALID);
     assert_non_null(strstr(err.msg, "still to come"));
+    /* a tensor that is not there, no data, no writer: said so (each read "bytes [0, 16) of tensor
+     * … are not in it") */
+    assert_int_equal(ddp_ckpt_writer_put(w, 9, 0, d.f32, 16, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, "no tensor 9 (it has 8)"))
+        fail_msg("message '%s'", err.msg);
+    assert_int_equal(ddp_ckpt_writer_put(w, 1, 20, NULL, 12, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, "12 bytes for 'fc.weight' without data"))
+        fail_msg("message '%s'", err.msg);
+    assert_int_equal(ddp_ckpt_writer_put(NULL, 1, 20, d.f32, 12, &err), DDP_ERR_INVALID);
+    if (!strstr(err.msg, "ddp_ckpt_writer_put: no writer"))
+        fail_msg("message '%s'", err.msg);
     assert_int_equal(ddp_ckpt_writer_put(w, 1, 20, d.f32 + 5, 12, &err), DDP_OK);
     if (ddp_ckpt_writer_commit(w, &err) != DDP_OK)
         fail_msg("commit: %s", err.msg);
