@@ -166,10 +166,11 @@ wait "${RANK_PIDS[1]}" 2>/dev/null || true
 ok "$DDP_BACKEND: a rank that left the group: the others fail at once, naming it"
 
 # 5d. The same when that rank has exited since (a program whose rank 1 returned early, cleaning
-# up): over shm the others said "rank 1 (pid …) died before arriving", as if it had crashed.
+# up): over shm the others said "rank 1 (pid …) died before arriving", as if it had crashed, and
+# over tcp "it probably died" (tcp cannot tell a closed connection from a death: it names both).
 start_ranks gone
 for r in 0 2; do check_survivor $r 3000 "allreduce #1" "rank 1" "rank $r peer failed: yes"; done
-[ "$DDP_BACKEND" != shm ] || assert_contains "$T/out.0" "rank 1 left the group"
+assert_contains "$T/out.0" "left the group"
 [ "$DDP_BACKEND" != shm ] || assert_not_contains "$T/out.0" "died"
 wait "${RANK_PIDS[1]}" 2>/dev/null || true
 ok "$DDP_BACKEND: a rank that left the group and exited: the others say it left, not that it died"
