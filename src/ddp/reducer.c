@@ -335,6 +335,17 @@ static ddp_status open_step(ddp_reducer *r)
  * in r->err). DDP_OK when it may. */
 static ddp_status step_refused(ddp_reducer *r, const char *what)
 {
+    ddp_status gst = ddp_group_error(r->g);
+    if (gst) { /* poisoned (a peer died, a timeout, an abort): no step can be reduced any more */
+        /* The message of the call that met the failure (with its context: the bucket, or what
+         * join's count means) stays, if r->err holds it; else the group's, with ours. */
+        char head[65];
+        ddp__fmt(head, sizeof head, "%s", ddp_group_last_error(r->g));
+        if (strstr(r->err, head))
+            return gst;
+        return ddp__errmsg(r->err, gst, "%s: the group failed before: %s", what,
+                           ddp_group_last_error(r->g));
+    }
     if (r->awaiting)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "%s: the last sharded step was not gathered; call "

@@ -113,11 +113,40 @@ static void reducer_destroyed_first(void **state)
     ddp_reducer_destroy(r2);
 }
 
+/* Calls after the group failed (here: aborted) return its error, no_sync micro-steps included:
+ * mark_ready on a bucket not yet complete returned DDP_OK, so a loop that checks mark_ready
+ * went on computing a step that could never be reduced. */
+static void calls_after_a_failure(void **state)
+{
+    (void)state;
+    ddp_group *g = world_of_one("shm");
+    float w[4] = {1, 2, 3, 4}, b[1] = {0};
+    ddp_param ps[] = {{.name = "w", .count = 4, .dtype = DDP_FLOAT32, .data = w},
+                      {.name = "b", .count = 1, .dtype = DDP_FLOAT32, .data = b}};
+    ddp_reducer *r = NULL;
+    ddp_error err = {0};
+    if (ddp_reducer_create(g, ps, 2, NULL, 0, NULL, &r, &err) != DDP_OK) /* one bucket */
+        fail_msg("create: %s", err.msg);
+    ddp_group_abort(g);
+    for (int sync = 0; sync < 2; sync++) {
+        ddp_reducer_zero_grad(r);
+        ddp_reducer_set_sync(r, sync);
+        assert_int_equal(ddp_reducer_mark_ready(r, 1), DDP_ERR_CLOSED);
+        const char *msg = ddp_reducer_last_error(r);
+        if (!strstr(msg, "mark_ready: the group failed before") || !strstr(msg, "ddp_group_abort"))
+            fail_msg("message '%s'", msg);
+        assert_int_equal(ddp_reducer_finish(r), DDP_ERR_CLOSED);
+    }
+    ddp_reducer_destroy(r);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(group_destroyed_first),
         cmocka_unit_test(reducer_destroyed_first),
+        cmocka_unit_test(calls_after_a_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
