@@ -51,7 +51,8 @@ typedef struct ddp_work ddp_work;
 /* Where a field is not set, the group takes the world's setting (world->settings: DDP_BACKEND,
  * DDP_TIMEOUT, DDP_DEBUG, DDP_HOST_ID for a world read from the environment), else the default.
  * The world's settings also give DDP_HOST_CORES and DDP_SHM_FLUSH, and the reducer's
- * DDP_OVERLAP; to run with none of them, pass a world filled by hand (ddp/world.h). */
+ * DDP_OVERLAP; to run with none of them, pass a world filled by hand (ddp/world.h). Start from
+ * DDP_GROUP_OPTS_INIT (or pass NULL): zeroed by hand, debug is 0 (off) rather than the setting. */
 typedef struct ddp_group_opts {
     const char *backend;    /* "auto", "shm", "shm+tcp", "tcp", "mpi" or "shm+mpi"; NULL: the
                                setting, else auto */

@@ -124,6 +124,9 @@ typedef enum ddp_reducer_overlap {
                            thread only competes with backward (measured: bench/RESULTS.md) */
 } ddp_reducer_overlap;
 
+/* Start from DDP_REDUCER_OPTS_INIT (or pass NULL for the defaults): a struct zeroed by hand
+ * ({0}, memset) has broadcast_params and rebuild_buckets false, so ranks whose parameters start
+ * different stay different, silently. */
 typedef struct ddp_reducer_opts {
     size_t bucket_cap;           /* bytes, default 25 MiB (0: 25 MiB); a parameter larger
                                     than the cap gets a bucket of its own */

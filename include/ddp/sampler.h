@@ -27,6 +27,7 @@ typedef enum ddp_sampler_mode {
     DDP_SAMPLER_EXACT, /* every sample once across ranks, no padding (for evaluation) */
 } ddp_sampler_mode;
 
+/* Start from DDP_SAMPLER_OPTS_INIT: a struct zeroed by hand has shuffle false. */
 typedef struct ddp_sampler_opts {
     uint64_t dataset_size;
     int num_replicas; /* world size */
