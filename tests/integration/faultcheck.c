@@ -9,6 +9,7 @@
  *                        others allreduce once
  *   faultcheck gone      rank 1 destroys its group and exits at once (exit 4); the others wait
  *                        1 s, then allreduce once
+ *   faultcheck quit      the same, but rank 1 exits without destroying its group
  *   faultcheck counts    rank 0 calls allreduce × 4, the others allreduce × 100000 (every
  *                        backend must notice, without DDP_DEBUG)
  *   faultcheck mismatch  rank 0 calls allreduce × 1000, the others broadcast × 1000 (DDP_DEBUG=1
@@ -121,9 +122,10 @@ int main(int argc, char **argv)
             return 4;
         }
         st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
-    } else if (!strcmp(mode, "gone")) {
+    } else if (!strcmp(mode, "gone") || !strcmp(mode, "quit")) {
         if (R == 1) { /* leaves, as a program that returns early does */
-            ddp_group_destroy(g);
+            if (!strcmp(mode, "gone"))
+                ddp_group_destroy(g);
             free(buf);
             return 4;
         }

@@ -175,6 +175,14 @@ assert_contains "$T/out.0" "left the group"
 wait "${RANK_PIDS[1]}" 2>/dev/null || true
 ok "$DDP_BACKEND: a rank that left the group and exited: the others say it left, not that it died"
 
+# 5e. A rank that returns early without destroying its group: over shm the others said it "died"
+# (it exited 4, cleanly), and a reader looked for a crash.
+start_ranks quit
+for r in 0 2; do check_survivor $r 3000 "allreduce #1" "rank 1" "rank $r peer failed: yes"; done
+[ "$DDP_BACKEND" != shm ] || assert_contains "$T/out.0" "exited or died before arriving"
+wait "${RANK_PIDS[1]}" 2>/dev/null || true
+ok "$DDP_BACKEND: a rank that exited without leaving the group: the others say it exited or died"
+
 # 6. Over tcp, the same deaths with small allreduces (1000 floats: the small-message algorithm).
 if [ "$DDP_BACKEND" = tcp ]; then
     rm -f "$T"/progress.*

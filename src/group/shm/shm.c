@@ -210,8 +210,8 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
                              b->ranks[j]);
                     fst = DDP_ERR_CLOSED;
                 } else if (peer_dead(b, j)) {
-                    ddp__fmt(why, sizeof why, "rank %d (pid %d) died before arriving", b->ranks[j],
-                             (int)b->hdr->pids[j]);
+                    ddp__fmt(why, sizeof why, "rank %d (pid %d) exited or died before arriving",
+                             b->ranks[j], (int)b->hdr->pids[j]);
                     fst = DDP_ERR_NETWORK;
                 }
                 if (fst != DDP_OK) {
