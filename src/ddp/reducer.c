@@ -341,7 +341,7 @@ static ddp_status step_refused(ddp_reducer *r, const char *what)
          * join's count means) stays, if r->err holds it; else the group's, with ours. */
         char head[65];
         ddp__fmt(head, sizeof head, "%s", ddp_group_last_error(r->g));
-        if (strstr(r->err, head))
+        if (head[0] && strstr(r->err, head))
             return gst;
         return ddp__errmsg(r->err, gst, "%s: the group failed before: %s", what,
                            ddp_group_last_error(r->g));
