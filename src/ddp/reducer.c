@@ -335,17 +335,6 @@ static ddp_status open_step(ddp_reducer *r)
  * in r->err). DDP_OK when it may. */
 static ddp_status step_refused(ddp_reducer *r, const char *what)
 {
-    ddp_status gst = ddp_group_error(r->g);
-    if (gst) { /* poisoned (a peer died, a timeout, an abort): no step can be reduced any more */
-        /* The message of the call that met the failure (with its context: the bucket, or what
-         * join's count means) stays, if r->err holds it; else the group's, with ours. */
-        char head[65];
-        ddp__fmt(head, sizeof head, "%s", ddp_group_last_error(r->g));
-        if (head[0] && strstr(r->err, head))
-            return gst;
-        return ddp__errmsg(r->err, gst, "%s: the group failed before: %s", what,
-                           ddp_group_last_error(r->g));
-    }
     if (r->awaiting)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "%s: the last sharded step was not gathered; call "
@@ -357,6 +346,25 @@ static ddp_status step_refused(ddp_reducer *r, const char *what)
                            "rank's shard; call ddp_reducer_zero_grad before the next backward",
                            what);
     return r->dev_st;
+}
+
+/* For a call that would return DDP_OK without communicating (a mark_ready that completes no
+ * bucket, a no_sync micro-step): the group's error if it failed before (a peer died, a timeout,
+ * an abort), since no step can be reduced any more; before 2026-11-25 such calls said DDP_OK and
+ * a loop went on computing steps that could never be reduced. The message of the call that met
+ * the failure (with its context: the bucket, what join's count means) stays if r->err holds it;
+ * else the group's, with `what`. */
+static ddp_status group_failed(ddp_reducer *r, const char *what)
+{
+    ddp_status gst = ddp_group_error(r->g);
+    if (gst == DDP_OK)
+        return DDP_OK;
+    char head[65];
+    ddp__fmt(head, sizeof head, "%s", ddp_group_last_error(r->g));
+    if (head[0] && strstr(r->err, head))
+        return gst;
+    return ddp__errmsg(r->err, gst, "%s: the group failed before: %s", what,
+                       ddp_group_last_error(r->g));
 }
 
 ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
@@ -377,8 +385,10 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if (r->step_err) /* this step's reduction failed: the step ends at finish, with it */
         return ddp__errmsg(r->err, r->step_err, "%s", r->step_msg);
     ddp_status st = step_refused(r, "mark_ready");
-    if (st || !r->sync)
+    if (st)
         return st;
+    if (!r->sync)
+        return group_failed(r, "mark_ready");
     if (!r->step_open) {
         if ((st = open_step(r)))
             return st;
@@ -398,8 +408,9 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     if ((st = launch_ready(r, false))) {
         r->step_err = st;
         ddp__fmt(r->step_msg, sizeof r->step_msg, "%s", r->err);
+        return st;
     }
-    return st;
+    return group_failed(r, "mark_ready"); /* nothing was started: say so if it never can be */
 }
 
 /* The reduced bfloat16 gradients back into the float32 bucket: all, or my block (sharded). */
@@ -449,8 +460,10 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
         return st;
     }
     st = step_refused(r, "finish");
-    if (st || !r->sync)
+    if (st)
         return st;
+    if (!r->sync)
+        return group_failed(r, "finish");
     if (!r->step_open && (st = open_step(r))) { /* nothing was marked: reduce everything now */
         r->join_err = DDP_OK;
         return st;
