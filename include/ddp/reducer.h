@@ -100,9 +100,12 @@
 extern "C" {
 #endif
 
-/* A parameter or buffer: plain data, borrowed by the reducer for its whole life. device is last
- * and DDP_DEVICE_CPU is 0, so an initialiser that leaves it out means host memory (GCC's -Wextra
- * warns about a positional one that does: name it, as below). */
+/* A parameter or buffer: plain data. ddp_reducer_create copies the descriptors (names too), so
+ * the array may be a local one that goes out of scope; data, the values, stays the caller's and
+ * is borrowed for the reducer's whole life (with shard_optimizer the parameters move into the
+ * reducer: ddp_reducer_param). device is last and DDP_DEVICE_CPU is 0, so an initialiser that
+ * leaves it out means host memory (GCC's -Wextra warns about a positional one that does: name
+ * it, as below). */
 typedef struct ddp_param {
     const char *name;  /* unique among parameters and buffers (a repeat is DDP_ERR_INVALID);
                           checked against every rank's */
@@ -163,10 +166,11 @@ typedef struct ddp_reducer_stats {
  * broadcast). Checks that every rank registered the same names, counts and dtypes in the same
  * order, and passed the same options (all but overlap), and fails naming the first difference;
  * then broadcasts values from rank 0. Gradients start at zero. *out written only on DDP_OK.
- * Every rank must call it. Borrows g, params and buffers for the reducer's life: destroy the
- * reducer before its group. (A group destroyed first takes the reducer's buckets, its gradients,
- * with it: every later call on the reducer fails with DDP_ERR_CLOSED saying so, grad and param
- * return NULL, and ddp_reducer_destroy is still needed, and safe.) */
+ * Every rank must call it. Borrows g, and the memory the params' and buffers' data point to,
+ * for the reducer's life (the lists themselves are copied): destroy the reducer before its
+ * group. (A group destroyed first takes the reducer's buckets, its gradients, with it: every
+ * later call on the reducer fails with DDP_ERR_CLOSED saying so, grad and param return NULL,
+ * and ddp_reducer_destroy is still needed, and safe.) */
 ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t nparams,
                               const ddp_param *buffers, size_t nbuffers,
                               const ddp_reducer_opts *opts, ddp_reducer **out, ddp_error *err);

@@ -64,6 +64,39 @@ static void group_gone(void *ctx)
                 "its gradients with it: destroy the reducer first, then its group");
 }
 
+/* A copy of the list ps (n entries) and of its names, so that the caller's array may go once
+ * create returns (a local array in a helper); data still points at the caller's values. NULL
+ * when n is 0 or out of memory (*nomem says which). */
+static ddp_param *copy_list(const ddp_param *ps, size_t n, bool *nomem)
+{
+    *nomem = false;
+    if (n == 0)
+        return NULL;
+    ddp_param *c = calloc(n, sizeof *c);
+    if (!c) {
+        *nomem = true;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        c[i] = ps[i];
+        if (!(c[i].name = strdup(ps[i].name))) {
+            while (i-- > 0)
+                free((void *)c[i].name);
+            free(c);
+            *nomem = true;
+            return NULL;
+        }
+    }
+    return c;
+}
+
+static void free_list(const ddp_param *ps, size_t n)
+{
+    for (size_t i = 0; ps && i < n; i++)
+        free((void *)ps[i].name);
+    free((void *)ps);
+}
+
 static ddp_status broadcast_list(ddp_reducer *r, const ddp_param *ps, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -106,10 +139,16 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     r->dep = (ddp__group_dep){group_gone, r, NULL};
     ddp__group_add_dep(g, &r->dep);
     r->dev = dev;
-    r->params = params;
-    r->nparams = nparams;
-    r->buffers = buffers;
-    r->nbuffers = nbuffers;
+    bool nomem_p, nomem_b;
+    r->params = copy_list(params, nparams, &nomem_p);
+    r->nparams = r->params ? nparams : 0;
+    r->buffers = copy_list(buffers, nbuffers, &nomem_b);
+    r->nbuffers = r->buffers ? nbuffers : 0;
+    if (nomem_p || nomem_b) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
+        ddp__reducer_refuse_on_peers(g); /* they wait in the first check */
+        goto out_fail;
+    }
     r->o = *opts;
     if (r->o.bucket_cap == 0)
         r->o.bucket_cap = (size_t)25 << 20;
@@ -151,6 +190,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     if (!r->order || !r->bucket_of || !r->off || !r->grad || !r->pdata || !r->ready || !r->b ||
         !r->seen) {
         ddp__err(err, st, "out of memory creating the reducer");
+        ddp__reducer_refuse_on_peers(g);
         goto out_fail;
     }
     if ((st = ddp__reducer_check_ranks(r, err)) || (st = ddp__reducer_lay_out(r, err)))
@@ -197,6 +237,8 @@ void ddp_reducer_destroy(ddp_reducer *r)
         free_group_memory(r);
         ddp__group_remove_dep(r->g, &r->dep);
     }
+    free_list(r->params, r->nparams);
+    free_list(r->buffers, r->nbuffers);
     free(r->seen);
     free(r->order);
     free(r->bucket_of);

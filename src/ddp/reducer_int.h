@@ -84,11 +84,11 @@ typedef struct ddp__home_mem {
 enum { DDP__REBUILD_RECORD, DDP__REBUILD_PENDING, DDP__REBUILD_DONE };
 
 struct ddp_reducer {
-    ddp_group *g;       /* NULL once the group was destroyed first (ddp__reducer_gone) */
-    ddp__group_dep dep; /* registered with g: its destroy releases what r holds of it */
-    const ddp_param *params;
+    ddp_group *g;            /* NULL once the group was destroyed first (ddp__reducer_gone) */
+    ddp__group_dep dep;      /* registered with g: its destroy releases what r holds of it */
+    const ddp_param *params; /* r's copy of the caller's list (names too; data is the caller's) */
     size_t nparams;
-    const ddp_param *buffers;
+    const ddp_param *buffers; /* the same */
     size_t nbuffers;
     ddp_reducer_opts o;
     size_t *order;     /* params in bucket order (reverse registration; after a rebuild the

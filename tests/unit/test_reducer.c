@@ -141,12 +141,69 @@ static void calls_after_a_failure(void **state)
     ddp_group_destroy(g);
 }
 
+/* The list of ddp_param given to create, built in a helper or a block whose scope ends (a local
+ * array): the reducer keeps its own copy of the descriptors and names, so the caller's array may
+ * go. It read the caller's array for its whole life (names in messages, counts in finish, the
+ * buffers' descriptors in sync_buffers): here the array is scribbled over after create. The
+ * values (data) stay the caller's, as documented. */
+static ddp_reducer *make_from_a_local_list(ddp_group *g, float *w, float *b, float *stat)
+{
+    char n1[8] = "w", n2[8] = "b", n3[8] = "stat";
+    ddp_param ps[] = {{.name = n1, .count = 4, .dtype = DDP_FLOAT32, .data = w},
+                      {.name = n2, .count = 1, .dtype = DDP_FLOAT32, .data = b}};
+    ddp_param bs[] = {{.name = n3, .count = 2, .dtype = DDP_FLOAT32, .data = stat}};
+    ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+    ro.bucket_cap = ro.first_bucket = 16; /* one bucket per parameter */
+    ddp_reducer *r = NULL;
+    ddp_error err = {0};
+    if (ddp_reducer_create(g, ps, 2, bs, 1, &ro, &r, &err) != DDP_OK)
+        fail_msg("create: %s", err.msg);
+    memset(ps, 0xff, sizeof ps); /* what a later call's stack frame may leave there */
+    memset(bs, 0xff, sizeof bs);
+    memset(n1, 'x', sizeof n1);
+    return r;
+}
+
+static void param_list_copied(void **state)
+{
+    (void)state;
+    ddp_group *g = world_of_one("shm");
+    float w[4] = {1, 2, 3, 4}, b[1] = {5}, stat[2] = {6, 7};
+    ddp_reducer *r = make_from_a_local_list(g, w, b, stat);
+    for (int step = 0; step < 3; step++) { /* the second step rebuilds the buckets */
+        ddp_reducer_zero_grad(r);
+        float *gw = ddp_reducer_grad(r, 0), *gb = ddp_reducer_grad(r, 1);
+        assert_non_null(gw);
+        assert_non_null(gb);
+        for (int i = 0; i < 4; i++)
+            gw[i] = (float)(i + step);
+        gb[0] = 9;
+        assert_int_equal(ddp_reducer_mark_ready(r, 0), DDP_OK);
+        assert_int_equal(ddp_reducer_mark_ready(r, 0), DDP_ERR_INVALID);
+        if (!strstr(ddp_reducer_last_error(r), "mark_ready: 'w' was already marked"))
+            fail_msg("message '%s'", ddp_reducer_last_error(r));
+        assert_int_equal(ddp_reducer_mark_ready(r, 1), DDP_OK);
+        assert_int_equal(ddp_reducer_finish(r), DDP_OK);
+        assert_true(gw[3] == (float)(3 + step) && gb[0] == 9); /* a world of one: the mean */
+        size_t lo, hi;
+        ddp_reducer_shard(r, 0, &lo, &hi);
+        assert_true(lo == 0 && hi == 4);
+    }
+    assert_int_equal(ddp_reducer_sync_buffers(r), DDP_OK);
+    assert_true(stat[0] == 6 && stat[1] == 7);
+    double norm;
+    assert_int_equal(ddp_reducer_grad_norm(r, &norm), DDP_OK);
+    ddp_reducer_destroy(r);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(group_destroyed_first),
         cmocka_unit_test(reducer_destroyed_first),
         cmocka_unit_test(calls_after_a_failure),
+        cmocka_unit_test(param_list_copied),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
