@@ -244,7 +244,8 @@ ddp_status ddp__tcp_fail_conn(xfer *x, ddp__fail *f, int peer, int e)
     if (e == 0 || e == ECONNRESET || e == EPIPE)
         return fail_peer(be, f, DDP_ERR_NETWORK,
                          "rank %d closed its connection during %s: it died, or left the group "
-                         "before calling it (it called fewer collectives than this rank)",
+                         "without it (it called fewer collectives than this rank, or other ones: "
+                         "DDP_DEBUG=1 checks)",
                          be->ranks[peer], what);
     /* A host that vanished shows as ETIMEDOUT, or, when the kernel's neighbour resolution gave
      * up first while it retransmitted, as the "unreachable" it recorded: the same failure. */
