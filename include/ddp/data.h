@@ -162,8 +162,11 @@ struct ddp_batch {
     uint64_t epoch, index; /* which batch of which epoch this is */
 };
 
-/* Borrows ds and sampler for the loader's life. Starts at epoch 0 (calls set_epoch). A sampler
- * made for more samples than ds has is DDP_ERR_INVALID here, not at the first bad index. */
+/* Borrows ds and sampler for the loader's life: destroy the loader first. (Closing ds or
+ * destroying sampler first stops the loader's workers before they read freed memory; its calls
+ * then fail with DDP_ERR_CLOSED saying so, and ddp_loader_destroy is still needed, and safe.)
+ * Starts at epoch 0 (calls set_epoch). A sampler made for more samples than ds has is
+ * DDP_ERR_INVALID here, not at the first bad index. */
 ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
                              ddp_loader **out, ddp_error *err);
 void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */

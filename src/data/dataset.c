@@ -39,7 +39,18 @@ struct ddp_dataset {
     const uint16_t *tokens;      /* tokens: (ntok,) */
     size_t ntok, T;
     int classes;
+    ddp__data_dep *deps; /* loaders over d: released first in close */
 };
+
+void ddp__dataset_add_dep(ddp_dataset *d, ddp__data_dep *n)
+{
+    ddp__data_dep_add(&d->deps, n);
+}
+
+void ddp__dataset_remove_dep(ddp_dataset *d, ddp__data_dep *n)
+{
+    ddp__data_dep_remove(&d->deps, n);
+}
 
 static uint32_t be32(const unsigned char *p)
 {
@@ -315,6 +326,7 @@ void ddp_dataset_close(ddp_dataset *d)
 {
     if (!d)
         return;
+    ddp__data_dep_release_all(&d->deps, "dataset"); /* loaders still over d stop first */
     unmap(&d->a);
     unmap(&d->b);
     free(d);

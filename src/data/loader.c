@@ -58,6 +58,8 @@ struct ddp_loader {
     uint64_t next_produce; /* the batch a worker takes next */
     int filling;
     bool stop;
+    ddp__data_dep ds_dep, s_dep; /* registered with ds and sampler (data_int.h) */
+    const char *gone;            /* "dataset" or "sampler": closed before the loader */
     char err[DDP_ERRMSG_MAX];
 };
 
@@ -179,6 +181,43 @@ static bool wait_ready_locked(ddp_loader *l, slot *s)
     return true;
 }
 
+/* Stops the workers and waits for them (a transform under way finishes first). */
+static void stop_workers(ddp_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
+    l->nthreads = 0;
+}
+
+/* The dataset or the sampler is going before the loader (data_int.h): no worker may read it
+ * any more, and the loader's calls fail from now on. */
+static void inputs_gone(void *ctx, const char *what)
+{
+    ddp_loader *l = ctx;
+    stop_workers(l);
+    bool ds = !strcmp(what, "dataset");
+    if (ds)
+        l->ds = NULL;
+    else
+        l->sampler = NULL;
+    if (!l->gone)
+        l->gone = ds ? "its dataset was closed (ddp_dataset_close) before it"
+                     : "its sampler was destroyed (ddp_sampler_destroy) before it";
+}
+
+/* DDP_ERR_CLOSED, with a message in l->err, once an input went before the loader. */
+static ddp_status refuse_gone(ddp_loader *l)
+{
+    ddp__fmt(l->err, sizeof l->err,
+             "the loader cannot go on: %s; destroy the loader first, then its dataset and sampler",
+             l->gone);
+    return DDP_ERR_CLOSED;
+}
+
 ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
                              ddp_loader **out, ddp_error *err)
 {
@@ -219,6 +258,10 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a loader");
     l->ds = ds;
     l->sampler = sampler;
+    l->ds_dep = (ddp__data_dep){inputs_gone, l, NULL};
+    l->s_dep = (ddp__data_dep){inputs_gone, l, NULL};
+    ddp__dataset_add_dep(ds, &l->ds_dep);
+    ddp__sampler_add_dep(sampler, &l->s_dep);
     l->o = *opts;
     if (l->o.depth == 0)
         l->o.depth = 2;
@@ -273,12 +316,11 @@ void ddp_loader_destroy(ddp_loader *l)
 {
     if (!l)
         return;
-    pthread_mutex_lock(&l->mu);
-    l->stop = true;
-    pthread_cond_broadcast(&l->cv_work);
-    pthread_mutex_unlock(&l->mu);
-    for (int i = 0; i < l->nthreads; i++)
-        pthread_join(l->threads[i], NULL);
+    stop_workers(l);
+    if (l->ds)
+        ddp__dataset_remove_dep(l->ds, &l->ds_dep);
+    if (l->sampler)
+        ddp__sampler_remove_dep(l->sampler, &l->s_dep);
     for (int i = 0; l->slots && i < l->o.depth; i++) {
         free(l->slots[i].x);
         free(l->slots[i].y);
@@ -296,6 +338,8 @@ ddp_status ddp_loader_set_epoch(ddp_loader *l, uint64_t epoch)
 {
     if (!l)
         return DDP_ERR_INVALID;
+    if (l->gone)
+        return refuse_gone(l);
     pthread_mutex_lock(&l->mu);
     restart_locked(l, epoch, 0);
     pthread_mutex_unlock(&l->mu);
@@ -306,6 +350,8 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
 {
     if (!l || !out)
         return DDP_ERR_INVALID;
+    if (l->gone)
+        return refuse_gone(l);
     pthread_mutex_lock(&l->mu);
     uint64_t se = ddp__sampler_epoch(l->sampler);
     if (se != l->epoch) /* the caller moved the sampler to another epoch: follow it */
@@ -337,12 +383,12 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
 
 size_t ddp_loader_batches_per_epoch(const ddp_loader *l)
 {
-    return l ? batches_per_epoch(l) : 0;
+    return l && l->sampler ? batches_per_epoch(l) : 0;
 }
 
 void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out)
 {
-    if (!l || !out)
+    if (!l || !out || l->gone)
         return;
     pthread_mutex_lock((pthread_mutex_t *)&l->mu);
     uint64_t se = ddp__sampler_epoch(l->sampler);
@@ -355,6 +401,8 @@ ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st)
 {
     if (!l || !st)
         return DDP_ERR_INVALID;
+    if (l->gone)
+        return refuse_gone(l);
     /* Checked first, so that a refused position leaves the loader where it was; every epoch
      * has the same number of batches (the sampler's length does not depend on it). */
     size_t per_epoch = batches_per_epoch(l);

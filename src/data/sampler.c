@@ -56,8 +56,45 @@ struct ddp_sampler {
     uint64_t *order; /* scratch: the whole epoch's order, (n,) */
     uint64_t *mine;  /* this rank's indices, (len,) */
     size_t len;
-    uint64_t epoch; /* of mine */
+    uint64_t epoch;      /* of mine */
+    ddp__data_dep *deps; /* loaders over s: released first in destroy */
 };
+
+void ddp__data_dep_add(ddp__data_dep **head, ddp__data_dep *n)
+{
+    n->next = *head;
+    *head = n;
+}
+
+void ddp__data_dep_remove(ddp__data_dep **head, ddp__data_dep *n)
+{
+    for (ddp__data_dep **p = head; *p; p = &(*p)->next)
+        if (*p == n) {
+            *p = n->next;
+            n->next = NULL;
+            return;
+        }
+}
+
+void ddp__data_dep_release_all(ddp__data_dep **head, const char *what)
+{
+    while (*head) {
+        ddp__data_dep *n = *head;
+        *head = n->next;
+        n->next = NULL;
+        n->release(n->ctx, what);
+    }
+}
+
+void ddp__sampler_add_dep(ddp_sampler *s, ddp__data_dep *n)
+{
+    ddp__data_dep_add(&s->deps, n);
+}
+
+void ddp__sampler_remove_dep(ddp_sampler *s, ddp__data_dep *n)
+{
+    ddp__data_dep_remove(&s->deps, n);
+}
 
 /* torch: num_samples = ceil(N / W), or with drop_last and N % W ≠ 0, ceil((N − W) / W). */
 static size_t per_rank(const ddp_sampler_opts *o)
@@ -111,6 +148,7 @@ void ddp_sampler_destroy(ddp_sampler *s)
 {
     if (!s)
         return;
+    ddp__data_dep_release_all(&s->deps, "sampler"); /* loaders still over s stop first */
     free(s->order);
     free(s->mine);
     free(s);

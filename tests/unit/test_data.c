@@ -758,6 +758,57 @@ static void augment_images(void **state)
     assert_int_equal(ddp_augment_images(&a, NULL, 1, C, H, W, keys, 0, &err), DDP_ERR_INVALID);
 }
 
+/* The dataset closed, or the sampler destroyed, before the loader over them (cleanup in the
+ * order of creation): the loader's workers went on reading the unmapped dataset or the freed
+ * sampler (SIGSEGV). Now the loader stops its workers first; its calls then fail with
+ * DDP_ERR_CLOSED saying what to do, and its destroy is safe. Both orders, with worker threads
+ * and without. */
+static void loader_outlives_its_inputs(void **state)
+{
+    (void)state;
+    char a[512], b[512];
+    write_idx("outlive", 600, 8, 8, false, a, b);
+    for (int k = 0; k < 4; k++) {
+        bool ds_first = k % 2 == 0;
+        ddp_dataset *ds;
+        assert_int_equal(ddp_dataset_open_idx(a, b, NULL, &ds, NULL), DDP_OK);
+        ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+        so.dataset_size = 600;
+        ddp_sampler *s;
+        assert_int_equal(ddp_sampler_create(&so, &s, NULL), DDP_OK);
+        ddp_loader_opts lo = DDP_LOADER_OPTS_INIT;
+        lo.batch_size = 4, lo.threads = k < 2 ? 2 : 0, lo.depth = 8;
+        ddp_loader *l, *l2;
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l, NULL), DDP_OK);
+        assert_int_equal(ddp_loader_create(ds, s, &lo, &l2, NULL), DDP_OK); /* two over one */
+        ddp_batch bt;
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_OK);
+        if (ds_first)
+            ddp_dataset_close(ds);
+        else
+            ddp_sampler_destroy(s);
+        assert_int_equal(ddp_loader_next(l, &bt), DDP_ERR_CLOSED);
+        const char *want = ds_first ? "its dataset was closed (ddp_dataset_close) before it"
+                                    : "its sampler was destroyed (ddp_sampler_destroy) before it";
+        if (!strstr(ddp_loader_last_error(l), want) ||
+            !strstr(ddp_loader_last_error(l), "destroy the loader first"))
+            fail_msg("message '%s'", ddp_loader_last_error(l));
+        assert_int_equal(ddp_loader_next(l2, &bt), DDP_ERR_CLOSED);
+        assert_int_equal(ddp_loader_set_epoch(l, 1), DDP_ERR_CLOSED);
+        ddp_loader_state st = {0, 0};
+        assert_int_equal(ddp_loader_restore(l, &st), DDP_ERR_CLOSED);
+        ddp_loader_save(l, &st);
+        if (!ds_first) /* it counted with the freed sampler */
+            assert_int_equal(ddp_loader_batches_per_epoch(l), 0);
+        ddp_loader_destroy(l);
+        if (ds_first)
+            ddp_sampler_destroy(s);
+        else
+            ddp_dataset_close(ds);
+        ddp_loader_destroy(l2); /* after both */
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -787,6 +838,7 @@ int main(void)
         cmocka_unit_test(loader_transform),
         cmocka_unit_test(loader_timeout),
         cmocka_unit_test(loader_follows_sampler_epoch),
+        cmocka_unit_test(loader_outlives_its_inputs),
         cmocka_unit_test(augment_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
