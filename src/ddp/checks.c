@@ -53,20 +53,28 @@ ddp_status ddp__reducer_check_args(ddp_group *g, const ddp__devops *dev, const d
                                    const ddp_reducer_opts *opts, ddp_error *err)
 {
     /* data may be NULL for an empty parameter or buffer (count 0: what malloc(0) may give) */
-    for (size_t i = 0; i < nparams; i++)
-        if (!params[i].name || (!params[i].data && params[i].count) ||
-            !float_dtype(params[i].dtype))
+    for (size_t i = 0; i < nparams + nbuffers; i++) {
+        bool buf = i >= nparams;
+        const ddp_param *p = buf ? &buffers[i - nparams] : &params[i];
+        const char *kind = buf ? "buffer" : "parameter";
+        size_t k = buf ? i - nparams : i;
+        if (!p->name)
+            return ddp__err(err, DDP_ERR_INVALID, "%s %zu has no name: give each a unique one",
+                            kind, k);
+        if (!p->data && p->count)
             return ddp__err(err, DDP_ERR_INVALID,
-                            "parameter %zu ('%s'): needs a name, data (unless its count is 0), and "
-                            "a floating-point dtype (float32, float64, bfloat16 or float16)",
-                            i, params[i].name ? params[i].name : "(no name)");
-    for (size_t i = 0; i < nbuffers; i++)
-        if (!buffers[i].name || (!buffers[i].data && buffers[i].count) ||
-            ddp_dtype_size(buffers[i].dtype) == 0)
+                            "%s %zu ('%s'): data is NULL for %zu elements (only an empty one, "
+                            "count 0, may have none)",
+                            kind, k, p->name, p->count);
+        if (ddp_dtype_size(p->dtype) == 0)
+            return ddp__err(err, DDP_ERR_INVALID, "%s %zu ('%s'): dtype %d is not a dtype", kind, k,
+                            p->name, (int)p->dtype);
+        if (!buf && !float_dtype(p->dtype))
             return ddp__err(err, DDP_ERR_INVALID,
-                            "buffer %zu ('%s'): needs a name, data (unless its count is 0) and a "
-                            "dtype",
-                            i, buffers[i].name ? buffers[i].name : "(no name)");
+                            "parameter %zu ('%s'): dtype %s is not a floating-point type "
+                            "(float32, float64, bfloat16 or float16)",
+                            k, p->name, ddp_dtype_name(p->dtype));
+    }
     if (opts->overlap != DDP_OVERLAP_AUTO && opts->overlap != DDP_OVERLAP_ASYNC &&
         opts->overlap != DDP_OVERLAP_INLINE)
         return ddp__err(err, DDP_ERR_INVALID,

@@ -197,13 +197,55 @@ static void param_list_copied(void **state)
     ddp_group_destroy(g);
 }
 
+/* A parameter or buffer refused on this rank says which of its fields is wrong (it read "needs a
+ * name, data (unless its count is 0), and a floating-point dtype" for each of them). */
+static void bad_param_named_precisely(void **state)
+{
+    (void)state;
+    ddp_group *g = world_of_one("shm");
+    float w[4] = {0};
+    struct {
+        ddp_param p;
+        bool buffer;
+        const char *want;
+    } cases[] = {
+        {{.name = "w", .count = 4, .dtype = DDP_INT32, .data = w},
+         false,
+         "parameter 0 ('w'): dtype int32 is not a floating-point type (float32, float64, "
+         "bfloat16 or float16)"},
+        {{.name = "w", .count = 4, .dtype = DDP_FLOAT32, .data = NULL},
+         false,
+         "parameter 0 ('w'): data is NULL for 4 elements"},
+        {{.name = NULL, .count = 4, .dtype = DDP_FLOAT32, .data = w},
+         false,
+         "parameter 0 has no name"},
+        {{.name = "s", .count = 4, .dtype = (ddp_dtype)42, .data = w},
+         true,
+         "buffer 0 ('s'): dtype 42 is not a dtype"},
+        {{.name = "s", .count = 2, .dtype = DDP_INT64, .data = NULL},
+         true,
+         "buffer 0 ('s'): data is NULL for 2 elements"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ddp_reducer *r = NULL;
+        ddp_error err = {0};
+        ddp_status st = cases[k].buffer
+                            ? ddp_reducer_create(g, NULL, 0, &cases[k].p, 1, NULL, &r, &err)
+                            : ddp_reducer_create(g, &cases[k].p, 1, NULL, 0, NULL, &r, &err);
+        assert_int_equal(st, DDP_ERR_INVALID);
+        assert_null(r);
+        if (!strstr(err.msg, cases[k].want))
+            fail_msg("case %zu: '%s' lacks '%s'", k, err.msg, cases[k].want);
+    }
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(group_destroyed_first),
-        cmocka_unit_test(reducer_destroyed_first),
-        cmocka_unit_test(calls_after_a_failure),
-        cmocka_unit_test(param_list_copied),
+        cmocka_unit_test(group_destroyed_first),     cmocka_unit_test(reducer_destroyed_first),
+        cmocka_unit_test(calls_after_a_failure),     cmocka_unit_test(param_list_copied),
+        cmocka_unit_test(bad_param_named_precisely),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
