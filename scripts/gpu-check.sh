@@ -425,6 +425,21 @@ sys.exit(0 if finite and d <= tol and (a != b or not differ) else 1)
             --resume_from latest --out_dir "$W/half"
         rel_close "resumed on cuda = uninterrupted (1e-4)" "$W/whole/metrics.jsonl" \
             "$W/half/metrics.jsonl" 6 10
+        # ZeRO-1's memory split on the device (resident.cu's optim_keep, the state made at its
+        # first use, the GPT's own parameter buffer freed while bound): 2 ranks sharded, each
+        # keeping half the AdamW state on the GPU; a checkpoint from the shards at step 5, resumed
+        # (each rank uploads its half) = the uninterrupted sharded run
+        local sh2=("$CARRY/bin/ddprun" --standalone --nproc_per_node=2 "$CARRY/bin/ddptrain"
+            "${args[@]}" "${cst[@]}" --shard_optimizer true)
+        check "ddprun 2 ranks on cuda, sharded, 10 steps" "${sh2[@]}" --out_dir "$W/shwhole"
+        check "ddptrain cuda sharded: each rank keeps half the state" grep -q \
+            "each rank keeping 1/2 of its state" "$W/shwhole/train.log"
+        check "ddprun 2 ranks on cuda, sharded, 5 steps, checkpoint" "${sh2[@]}" --total_steps 5 \
+            --checkpoint.every 5 --out_dir "$W/shhalf"
+        check "ddprun 2 ranks on cuda, sharded, resumed to 10" "${sh2[@]}" --resume_from latest \
+            --out_dir "$W/shhalf"
+        rel_close "sharded, resumed on cuda = uninterrupted (1e-4)" "$W/shwhole/metrics.jsonl" \
+            "$W/shhalf/metrics.jsonl" 6 10
         # precision bf16: the same run on cuda against the CPU's bf16 (the closest reference: the
         # same products' operands rounded) where this CPU has bf16 units and oneDNN, else against the
         # CPU's fp32 with a wider bound (docs/gpu.md); and not fp32's losses bit for bit
