@@ -1,7 +1,8 @@
 /*
  * test_backends.c — the backend registry (src/group/backends.c): where the ranks run as the core
  * sees it, what auto picks for each placement, and the errors for a name that is unknown or
- * cannot run the group. Nothing here creates a backend: usable() looks only at the placement.
+ * cannot run the group. Nothing here creates a backend (usable() looks only at the placement)
+ * except one-rank shm groups (a run id with '/', what a world of one costs).
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -10,7 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <cmocka.h>
 
@@ -423,6 +427,86 @@ static void run_id_with_slash(void **state)
     ddp_group_destroy(g);
 }
 
+/* Bytes of this process's address space mapped from files in /dev/shm named ddp-*: the shm
+ * backend's segment (unlinked once mapped, so only /proc/self/maps still shows it). */
+static size_t shm_mapped(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    size_t total = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (strstr(line, "/dev/shm/ddp-") && sscanf(line, "%lx-%lx", &lo, &hi) == 2)
+            total += hi - lo;
+    }
+    fclose(f);
+    return total;
+}
+
+static ddp_group *one_rank_group(ddp_error *err)
+{
+    static ddp_world w;
+    memset(&w, 0, sizeof w);
+    w.world_size = 1;
+    w.local_world_size = 1;
+    snprintf(w.run_id, sizeof w.run_id, "%s", "one");
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = &w;
+    o.backend = "shm";
+    ddp_group *g = NULL;
+    return ddp_group_init(&o, &g, err) == DDP_OK ? g : NULL;
+}
+
+/* A world of one (a program run without ddprun) never communicates, yet its shm group made a
+ * /dev/shm segment of 66 MiB (2 MiB of staging + the 64 MiB arena), which failed set-up under a
+ * small file-size limit (ulimit -f: SIGXFSZ, or EFBIG) or a tiny /dev/shm. Now it maps nothing
+ * from /dev/shm, and ddp_group_alloc still gives arena memory the reducer can lay buckets in. */
+static void one_rank_cheap(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    size_t before = shm_mapped();
+    ddp_group *g = one_rank_group(&err);
+    if (!g)
+        fail_msg("one-rank shm group: %s", err.msg);
+    size_t seg = shm_mapped() - before;
+    print_message("one-rank shm group maps %zu bytes of /dev/shm\n", seg);
+    if (seg != 0)
+        fail_msg("a one-rank shm group maps %zu bytes (%zu MiB) of /dev/shm; expected none", seg,
+                 seg >> 20);
+    size_t n = (size_t)1 << 18; /* 1 MiB of floats, in the arena */
+    float *a = ddp_group_alloc(g, n * sizeof *a), *b = ddp_group_alloc(g, 4096);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t i = 0; i < n; i++)
+        a[i] = (float)i;
+    assert_int_equal(ddp_allreduce(g, a, a, n, DDP_FLOAT32, DDP_AVG), DDP_OK);
+    assert_true(a[12345] == 12345.0f);
+    assert_int_equal(ddp_barrier(g), DDP_OK);
+    assert_null(ddp_group_alloc(g, (size_t)65 << 20)); /* beyond the 64 MiB arena: NULL */
+    ddp_group_free(g, a);
+    ddp_group_free(g, b);
+    float *c = ddp_group_alloc(g, (size_t)63 << 20); /* freed blocks merge back */
+    assert_non_null(c);
+    ddp_group_free(g, c);
+    ddp_group_destroy(g);
+
+    /* Under a file-size limit of 64 KiB (SIGXFSZ ignored, so that a refusal is an error
+     * rather than the end of this test). */
+    struct rlimit old, small = {.rlim_cur = 64 << 10, .rlim_max = 0};
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    small.rlim_max = old.rlim_max;
+    void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    g = one_rank_group(&err);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, oldsig);
+    if (!g)
+        fail_msg("one-rank shm group under ulimit -f 64: %s", err.msg);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -431,6 +515,7 @@ int main(void)
         cmocka_unit_test(auto_choice),       cmocka_unit_test(named_choice),
         cmocka_unit_test(mpi_choice),        cmocka_unit_test(gpu_layouts),
         cmocka_unit_test(gpu_auto),          cmocka_unit_test(gpu_binding),
+        cmocka_unit_test(one_rank_cheap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
  *   arena    per member, arena_bytes: ddp_group_alloc() memory, reduced in place (zero copy)
  * Local member 0 creates it; once every member has mapped it, member 0 unlinks the name, so a
  * crash at any later point cannot leave it in /dev/shm (the kernel frees it with the last map).
+ * A group of one member shares nothing: the same layout without staging, in private memory
+ * (no file in /dev/shm; pages only as its arena is written), so that a world of one costs nothing.
  *
  * Algorithms (per chunk of at most CHUNK bytes; S = chunk size, W = members):
  *   small allreduce (S ≤ SMALL): stage, one barrier, every member reduces all W inputs itself;
@@ -805,8 +807,9 @@ static void *shm_alloc(void *be, size_t bytes)
         if (k->used || k->len < want)
             continue;
         size_t arena_start = b->hdr->arena_off + (size_t)b->me * b->hdr->arena_bytes;
-        /* Reserve the pages now, so a full /dev/shm is a NULL here rather than a SIGBUS later. */
-        if (posix_fallocate(b->fd, (off_t)(arena_start + k->off), (off_t)want) != 0)
+        /* Reserve the pages now, so a full /dev/shm is a NULL here rather than a SIGBUS later
+         * (a group of one has no file: its arena is private memory). */
+        if (b->fd >= 0 && posix_fallocate(b->fd, (off_t)(arena_start + k->off), (off_t)want) != 0)
             return NULL;
         if (k->len > want) {
             if (b->nblks == b->cap_blks) {
@@ -959,12 +962,25 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     ddp__shm_machine_read(b->n, &mach);
     size_t hdr = ALIGN_UP(sizeof(shm_header), 4096);
     size_t slots = ALIGN_UP(sizeof(shm_slot) * (size_t)m->n, 4096);
-    size_t stage = 2 * CHUNK * (size_t)m->n;
+    /* One member never stages (its collectives are copies): no staging halves. */
+    size_t stage = b->n > 1 ? 2 * CHUNK * (size_t)m->n : 0;
     b->size = hdr + slots + stage + arena_bytes * (size_t)m->n;
     b->blks[0] = (struct blk){0, arena_bytes, false};
     b->nblks = arena_bytes ? 1 : 0;
 
-    if (b->me == 0) {
+    if (b->n == 1) {
+        /* A group of one shares nothing: its "segment" is private memory of this process, not a
+         * file in /dev/shm, so neither /dev/shm's size nor the file-size limit (ulimit -f)
+         * binds it, and pages are taken only as the arena's buffers are written. */
+        b->base = mmap(NULL, b->size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b->base == MAP_FAILED) {
+            b->base = NULL;
+            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot map %zu MiB for the shm backend: %s",
+                          b->size >> 20, strerror(errno));
+            goto out_free;
+        }
+    } else if (b->me == 0) {
         char tag[9];
         if ((st = ddp__random_hex(tag, 4, err)))
             goto out_free;
@@ -998,11 +1014,13 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         }
     }
     if (b->me == 0) {
-        b->base = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
-        if (b->base == MAP_FAILED) {
-            b->base = NULL;
-            st = ddp__err(err, DDP_ERR_SYSTEM, "cannot map shared memory: %s", strerror(errno));
-            goto out_unlink;
+        if (b->n > 1) {
+            b->base = mmap(NULL, b->size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+            if (b->base == MAP_FAILED) {
+                b->base = NULL;
+                st = ddp__err(err, DDP_ERR_SYSTEM, "cannot map shared memory: %s", strerror(errno));
+                goto out_unlink;
+            }
         }
         b->hdr = (shm_header *)b->base;
         b->hdr->magic = SHM_MAGIC;
@@ -1012,7 +1030,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
         b->hdr->arena_bytes = arena_bytes;
         b->hdr->total = b->size;
         ddp__shm_algo_prepare(b, s, &mach);
-        if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
+        if (b->n > 1 && (st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
             goto out_unlink;
     } else {
         if ((st = ddp__setup_bcast(s, "shm_name", b->name, sizeof b->name, err)))
@@ -1059,7 +1077,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     /* Everyone has mapped it (and written its pid) once this barrier passes. */
     if ((st = ddp__setup_barrier(s, "shm_attached", err)))
         goto out_unlink;
-    if (b->me == 0)
+    if (b->me == 0 && b->name[0])
         shm_unlink(b->name); /* from now on a crash leaves nothing in /dev/shm */
     /* Probes run only if every member takes part (each decided from its own environment and
      * cores), so that all of them probe at the same barriers. */
