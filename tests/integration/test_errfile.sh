@@ -192,3 +192,38 @@ wait_gone k 5
 for ((i = 0; i < 100; i++)); do [ -z "$(ls "$TMPDIR")" ] && break; sleep 0.05; done
 [ -z "$(ls "$TMPDIR")" ] || fail "SIGKILL: ddprun's reaper left $(ls "$TMPDIR") in TMPDIR"
 ok "ddprun SIGKILLed: the reaper removes the error files' private folder"
+
+# (d) Two nodes on loopback: rank 1 fails on node 1 with an error file. Node 1's summary shows
+# its message (above); node 0's shows its first line too, shared through the store under a key
+# of its own (before, node 0 said only "see the summary printed by that node's ddprun"). The
+# message holds "stopped responding" (the dead-node wording's trigger in the shared failure
+# line), an escape sequence and a second line: node 0 keeps the wording for a live node, prints
+# '?' for the control character and marks the cut.
+. "$(dirname "$0")/nodes_lib.sh"
+export DDP_STORE_TOKEN=test-secret-$$
+cat >m.sh <<'EOF2'
+#!/bin/bash
+[ "$RANK" != 1 ] && exec sleep 30
+printf '{"message": {"message": "OSError: disk on node 1 stopped responding \\u001b[31m\\nsecond line", "extraInfo": {"timestamp": "%s"}}}' \
+    "$(date +%s)" >"$TORCHELASTIC_ERROR_FILE"
+exit 3
+EOF2
+chmod +x m.sh
+d=$T/nodes
+mkdir -p "$d"
+port=$(free_port)
+mn=(--nnodes 2 --master_addr 127.0.0.1 --master_port "$port" --nproc_per_node 1
+    --rdzv_timeout 20 --agent_timeout 10)
+start_host "$d" "$port" "${mn[@]}" --node_rank 0 ./m.sh
+start_node "$d" 1 "${mn[@]}" --node_rank 1 ./m.sh
+node_exit "$d" 1 1
+node_exit "$d" 0 1
+assert_contains "$d/err1" "worker failed: rank 1 (local rank 0, role 'default') ended with exit code 3"
+assert_contains "$d/err1" "  error   : OSError: disk on node 1 stopped responding ?[31m"
+assert_contains "$d/err0" "job failed on another node: rank 1 (local rank 0) on node 1 ("
+assert_contains "$d/err0" "  error   : OSError: disk on node 1 stopped responding ?[31m …"
+assert_contains "$d/err0" "  see the summary printed by that node's ddprun"
+assert_not_contains "$d/err0" "that node's ddprun is gone"
+assert_not_contains "$d/err0" "second line"
+[ -z "$(ls "$TMPDIR")" ] || fail "(d) ddprun left $(ls "$TMPDIR") in TMPDIR"
+ok "(d) a worker's error on node 1: node 0's summary shows its message's first line, cleaned"

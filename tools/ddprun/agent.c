@@ -280,6 +280,8 @@ static void print_summary(agent *a, bool restarting)
     ddprun_say("%s", bar);
     if (!f->local) {
         ddprun_say("job %s on another node: %s", a->remote_stop ? "stopped" : "failed", f->line);
+        if (f->remote_error[0]) /* that node's root cause's message (agent_share_error) */
+            ddprun_say("  error   : %s", f->remote_error);
         /* A dead ddprun (or an unreachable node 0) prints no summary to look for. */
         if (strstr(f->line, LINE_HEARTBEAT_LOST) || strstr(f->line, LINE_NODE_GONE))
             ddprun_say("  that node's ddprun is gone: no summary comes from it (its workers die "
@@ -774,6 +776,7 @@ static outcome run_attempt(agent *a)
         ddprun_output_close(o, w, &w->err);
     }
     remove_leftover_segments(a);
+    agent_share_error(a, store_lost);
     if (result == AGENT_ERROR || spawn_failed)
         return AGENT_ERROR;
     if (a->stop_signal)

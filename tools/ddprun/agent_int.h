@@ -93,6 +93,9 @@ typedef struct failure {
     char ef_why[DDP_ERRMSG_MAX];
     char ef_path[1500];
     char first_exit[200]; /* the rank that ended first, when an earlier error file won */
+    /* A failure on another node: the first line of its root cause's error message, shared
+     * through the store (agent_share_error), cleaned; "" when there is none. */
+    char remote_error[256];
 } failure;
 
 /* Node 0's watch on one node's presence mark (gone/<node>), for agent_presence_lost. */
@@ -197,6 +200,11 @@ void agent_print_error_file(const agent *a);
 void agent_pass_error_file(const agent *a);
 /* Removes the private folder (err_dir) and what is in it. */
 void agent_remove_error_dir(agent *a);
+/* Multi-node, once the workers are gone: shares this node's failure's error message (its first
+ * line, cleaned; "" when there is none) with the other nodes under a key of its own, and for a
+ * failure on another node fetches that node's (remote_error), waiting at most about as long as
+ * that node's teardown takes. Never fails the job. */
+void agent_share_error(agent *a, bool store_lost);
 
 /* ---- rendezvous.c -------------------------------------------------------------------------- */
 

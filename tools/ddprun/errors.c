@@ -11,7 +11,7 @@
  * garbage or huge file, or a FIFO at the path, is one line in the summary and the job's end goes
  * on. The reaper removes the private folder when ddprun is SIGKILLed. Choosing the root cause (the
  * earliest error) is agent.c's; here are the paths, reading, printing, the copy for ddprun's own
- * parent, and the clean-up.
+ * parent, the first line shared with the other nodes, and the clean-up.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -241,4 +241,49 @@ void agent_remove_error_dir(agent *a)
                    strerror(errno));
     a->err_dir[0] = '\0';
     ddprun_reaper_dir(a->reaper_fd, "");
+}
+
+/* "ddprun/a<K>/error/<node>": the first line of node <node>'s failure's error message. A key of
+ * its own, not part of the "failed" line: that line's text decides the summary's wording (a node
+ * that "stopped responding"), and a worker's message must not. */
+void agent_share_error(agent *a, bool store_lost)
+{
+    failure *f = &a->fail;
+    f->remote_error[0] = '\0';
+    if (a->o->nnodes == 1 || !f->set || store_lost)
+        return;
+    char k[128], what[32];
+    if (f->local) {
+        char msg[SHOW_LINE_CHARS + 8] = "";
+        if (f->ef_status == DDP_OK && f->ef.message[0]) {
+            const char *m = f->ef.message;
+            size_t n = strcspn(m, "\n");
+            clean_line(msg, sizeof msg, m, n);
+            if (m[n] == '\n' && m[n + 1] && strlen(msg) + 4 < sizeof msg)
+                strcat(msg, " …");
+        }
+        snprintf(what, sizeof what, "error/%d", a->o->node_rank);
+        key(k, sizeof k, a, what);
+        ddp_store_set_timeout(a->store, 2000);
+        (void)ddp_store_set(a->store, k, msg, strlen(msg));
+        return;
+    }
+    /* Only a worker's failure on another node ("rank R (local rank L) on node N ('host') failed
+     * …") has a message to fetch; that node writes its key once its own workers are gone: at
+     * most its grace period and the 2 s output drain after it saw the failure. */
+    int rank, lrank, node;
+    if (sscanf(f->line, "rank %d (local rank %d) on node %d (", &rank, &lrank, &node) != 3 ||
+        node == a->o->node_rank || node < 0)
+        return;
+    snprintf(what, sizeof what, "error/%d", node);
+    key(k, sizeof k, a, what);
+    double wait_s = a->o->grace_period + 5.0;
+    ddp_store_set_timeout(a->store, (int)(wait_s < 35.0 ? wait_s * 1000 : 35000));
+    void *v = NULL;
+    size_t len = 0;
+    if (ddp_store_get(a->store, k, &v, &len) == DDP_OK && v) {
+        const char *m = v;
+        clean_line(f->remote_error, sizeof f->remote_error, m, strnlen(m, len));
+    }
+    free(v);
 }
