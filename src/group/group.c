@@ -84,6 +84,15 @@ const char *ddp__kind_name(ddp__kind k)
     return (unsigned)k < DDP__KIND_COUNT ? names[k] : "collective";
 }
 
+void ddp__coll_what(const ddp__coll *c, char *buf, size_t cap)
+{
+    if (c->kind == DDP__BARRIER) /* carries no data: "(uint8 × 0)" says nothing */
+        ddp__fmt(buf, cap, "barrier #%llu", (unsigned long long)c->seq);
+    else
+        ddp__fmt(buf, cap, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
+                 (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+}
+
 void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
                        const char *waiting_for)
 {
@@ -91,11 +100,7 @@ void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
     if (!s)
         return;
     char what[160], waited[32], left[32], line[DDP_ERRMSG_MAX + 256];
-    if (c->kind == DDP__BARRIER)
-        ddp__fmt(what, sizeof what, "barrier #%llu", (unsigned long long)c->seq);
-    else
-        ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
-                 (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    ddp__coll_what(c, what, sizeof what);
     /* whole seconds: the wake-ups come a few ms late, "30 s" reads better than "30.02 s" */
     int64_t w = now - s->start_ms, l = c->deadline_ms > now ? c->deadline_ms - now : 0;
     ddp__fmt_duration(waited, sizeof waited, w >= 1000 ? (w + 500) / 1000 * 1000 : w);

@@ -78,6 +78,9 @@ typedef struct ddp__coll {
     ddp__stall *stall; /* NULL: no reports (the debug check's own allgather, tests) */
 } ddp__coll;
 
+/* What a message calls collective c: "barrier #7", "allreduce #7 (float32 × 1024)". */
+void ddp__coll_what(const ddp__coll *c, char *buf, size_t cap);
+
 /* Whether a stall report for c is due at now (ddp__now_ms()). Cheap: call it on every wake-up. */
 static inline bool ddp__stall_due(const ddp__coll *c, int64_t now)
 {

@@ -19,7 +19,8 @@
  *                        mpirun the job must end)
  *   faultcheck late      the last rank sleeps $FAULT_LATE seconds (default 5), then calls the
  *                        allreduce the others timed out in and aborted the group over (each
- *                        aborts after its error): it must fail too, not return DDP_OK
+ *                        aborts after its error): it must fail too, not return DDP_OK;
+ *                        with $FAULT_BARRIER set, a barrier instead of the allreduce
  *   faultcheck idle      one allreduce, then $FAULT_IDLE seconds with no collective (progress
  *                        −1 marks the start), then the loop (a peer that vanished meanwhile)
  *   faultcheck abort     the loop, in which rank 1 calls ddp_group_abort() at its 5th step
@@ -109,7 +110,8 @@ int main(int argc, char **argv)
                 ;
         }
         t0 = now_ms();
-        st = ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
+        st = getenv("FAULT_BARRIER") ? ddp_barrier(g)
+                                     : ddp_allreduce(g, buf, buf, n, DDP_FLOAT32, DDP_SUM);
         if (st != DDP_OK && !getenv("FAULT_NO_ABORT"))
             ddp_group_abort(g); /* as group.h advises after an error */
     } else if (!strcmp(mode, "left")) {

@@ -156,6 +156,14 @@ for r in 0 1; do check_survivor $r 8000 "timed out" "allreduce #1" "rank 2"; don
 check_survivor 2 8000 "allreduce #1" "rank 2 peer failed: yes"
 ok "$DDP_BACKEND: a rank arriving after the others timed out fails, blaming them, without an abort"
 
+# 5b'. The same in a barrier: the message names a barrier, not "barrier #1 (uint8 × 0)" as shm's
+# did before 2026-11-25.
+FAULT_BARRIER=1 start_ranks late
+for r in 0 1; do check_survivor $r 8000 "barrier #1 timed out" "rank 2"; done
+check_survivor 2 8000 "barrier #1"
+for r in 0 1 2; do assert_not_contains "$T/out.$r" "× 0)"; done
+ok "$DDP_BACKEND: a barrier that times out is named as a barrier"
+
 # 5c. A rank that destroyed its group while the others still call a collective (a program that
 # calls fewer collectives on one rank), its process alive: they fail at once, naming it.
 start_ranks left

@@ -45,9 +45,9 @@ enum { HALF_IN = 1, HALF_OUT = 2 };
 typedef struct ipc {
     ddp__gpu_share sh; /* first: the device and the CPU backend among the same members (barriers,
                           the handles); the shared forwarders take the backend as it */
-    char *region; /* mine: IN at 0, OUT at half (device memory) */
-    char **peer;  /* (n,) every member's region as mapped here; peer[me] = region */
-    size_t half;  /* bytes in each half */
+    char *region;      /* mine: IN at 0, OUT at half (device memory) */
+    char **peer;       /* (n,) every member's region as mapped here; peer[me] = region */
+    size_t half;       /* bytes in each half */
     int me, n;
     int reading; /* HALF_* bits: halves the peers may still be reading */
     char detail[96];
@@ -59,9 +59,9 @@ typedef struct ipc {
 static ddp_status dev_fail(ipc *g, const ddp__coll *c, ddp_status s, const char *msg, ddp__fail *f)
 {
     f->status = s;
-    ddp__fmt(f->msg, sizeof f->msg, "cuda-ipc: %s #%llu (%s × %zu) failed on member %d: %s",
-             ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
-             c->count, g->me, msg);
+    char what[160];
+    ddp__coll_what(c, what, sizeof what);
+    ddp__fmt(f->msg, sizeof f->msg, "cuda-ipc: %s failed on member %d: %s", what, g->me, msg);
     if (g->n > 1)
         g->sh.inner->abort(g->sh.inner_be, f->msg);
     return s;
@@ -86,11 +86,11 @@ static ddp_status inner_run(ipc *g, const ddp__coll *c, ddp__kind kind, const vo
     if (s && c->kind != kind) { /* say which collective of this backend it was part of */
         char inner_msg[DDP_ERRMSG_MAX];
         ddp__fmt(inner_msg, sizeof inner_msg, "%s", f->msg);
+        char what[160];
+        ddp__coll_what(c, what, sizeof what);
         ddp__fmt(f->msg, sizeof f->msg,
-                 "cuda-ipc: %s #%llu (%s × %zu) failed on member %d waiting for its peers "
-                 "(host %s): %s",
-                 ddp__kind_name(c->kind), (unsigned long long)c->seq, ddp_dtype_name(c->dtype),
-                 c->count, g->me, ddp__kind_name(kind), inner_msg);
+                 "cuda-ipc: %s failed on member %d waiting for its peers (host %s): %s", what,
+                 g->me, ddp__kind_name(kind), inner_msg);
     }
     return s;
 }
@@ -139,7 +139,7 @@ static ddp_status allreduce_chunk(ipc *g, const ddp__coll *c, size_t off, size_t
         for (size_t q = 0; q < W; q++) /* the fixed order: member 0 first */
             srcs[q] = g->peer[q] + lo * e;
         if ((s = g->sh.dev.reduce(g->sh.dev.ctx, g->region + g->half + lo * e, srcs, g->n, hi - lo,
-                               c->dtype, c->op, c->avg_div, msg)))
+                                  c->dtype, c->op, c->avg_div, msg)))
             return dev_fail(g, c, s, msg, f);
     }
     g->reading |= HALF_IN;
@@ -175,7 +175,7 @@ static ddp_status reduce_scatter_chunk(ipc *g, const ddp__coll *c, size_t off, s
         for (size_t q = 0; q < W; q++)
             srcs[q] = g->peer[q] + (size_t)g->me * b;
         if ((s = g->sh.dev.reduce(g->sh.dev.ctx, (char *)c->recv + off * e, srcs, g->n, m, c->dtype,
-                               c->op, c->avg_div, msg)))
+                                  c->op, c->avg_div, msg)))
             return dev_fail(g, c, s, msg, f);
     }
     g->reading |= HALF_IN;
@@ -230,7 +230,8 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
         ddp__coll k = *c;
         k.avg_div = g->sh.inner->fuses_avg ? c->avg_div : 0;
         if ((s = g->sh.inner->run(g->sh.inner_be, &k, f)) == DDP_OK && c->avg_div > 1 &&
-            !g->sh.inner->fuses_avg && (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
+            !g->sh.inner->fuses_avg &&
+            (c->kind == DDP__ALLREDUCE || c->kind == DDP__REDUCE_SCATTER))
             ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
         return s;
     }
@@ -377,7 +378,8 @@ static ddp_status ipc_create(const ddp__setup *s, void **be, const ddp__backend_
     g->region = g->sh.dev.alloc(g->sh.dev.ctx, 2 * g->half);
     if (!g->region)
         ddp__fmt(msg, sizeof msg, "cannot allocate %zu bytes of device memory", 2 * g->half);
-    else if (g->n == 1 || g->sh.dev.ipc_export(g->sh.dev.ctx, g->region, mine.handle, msg) == DDP_OK)
+    else if (g->n == 1 ||
+             g->sh.dev.ipc_export(g->sh.dev.ctx, g->region, mine.handle, msg) == DDP_OK)
         mine.ok = 1;
     if ((st = exchange(g, s, &mine, all, "the regions' IPC handles", err)))
         goto out_free;

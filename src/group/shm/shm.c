@@ -140,8 +140,7 @@ static ddp_status wait_failed(shm_be *b, const ddp__coll *c, unsigned e, ddp_sta
     char list[200];
     int missing = missing_ranks(b, e, list, sizeof list);
     char what[160];
-    ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
-             (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    ddp__coll_what(c, what, sizeof what);
     b->failed = true;
     b->fail.status = st;
     b->fail.peer = peer;

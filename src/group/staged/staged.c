@@ -55,8 +55,7 @@ static ddp_status dev_fail(const ddp__stage *st, const ddp__coll *c, ddp_status 
                            ddp__fail *f)
 {
     char what[128];
-    ddp__fmt(what, sizeof what, "%s #%llu (%s × %zu)", ddp__kind_name(c->kind),
-             (unsigned long long)c->seq, ddp_dtype_name(c->dtype), c->count);
+    ddp__coll_what(c, what, sizeof what);
     f->status = s;
     ddp__fmt(f->msg, sizeof f->msg, "cuda-staged: %s failed on member %d: %s", what, st->me, msg);
     if (st->n > 1 && st->inner->abort)
