@@ -111,7 +111,12 @@ ddp_status ddp_sampler_create(const ddp_sampler_opts *opts, ddp_sampler **out, d
 {
     if (!opts || !out)
         return ddp__err(err, DDP_ERR_INVALID, "ddp_sampler_create: opts and out are required");
-    if (opts->num_replicas < 1 || opts->rank < 0 || opts->rank >= opts->num_replicas)
+    if (opts->num_replicas < 1)
+        return ddp__err(
+            err, DDP_ERR_INVALID,
+            "sampler: num_replicas is %d; it must be at least 1 (pass the world's size)",
+            opts->num_replicas);
+    if (opts->rank < 0 || opts->rank >= opts->num_replicas)
         return ddp__err(err, DDP_ERR_INVALID,
                         "sampler: rank %d is not in [0, num_replicas %d); pass the world's rank "
                         "and size",

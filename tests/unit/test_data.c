@@ -824,6 +824,26 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* A sampler of no replicas said "rank 0 is not in [0, num_replicas 0)", blaming the rank. */
+static void sampler_refuses_bad_world(void **state)
+{
+    (void)state;
+    ddp_sampler *s = NULL;
+    ddp_error err = {0};
+    ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
+    so.dataset_size = 10, so.num_replicas = 0, so.rank = 0;
+    expect_error(ddp_sampler_create(&so, &s, &err), &err, DDP_ERR_INVALID,
+                 "num_replicas is 0; it must be at least 1", NULL);
+    assert_null(strstr(err.msg, "is not in [0,"));
+    so.num_replicas = -2;
+    expect_error(ddp_sampler_create(&so, &s, &err), &err, DDP_ERR_INVALID,
+                 "num_replicas is -2; it must be at least 1", NULL);
+    so.num_replicas = 2, so.rank = 2;
+    expect_error(ddp_sampler_create(&so, &s, &err), &err, DDP_ERR_INVALID,
+                 "rank 2 is not in [0, num_replicas 2)", NULL);
+    assert_null(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -840,6 +860,7 @@ int main(void)
         cmocka_unit_test(loader_follows_sampler_epoch),
         cmocka_unit_test(loader_outlives_its_inputs),
         cmocka_unit_test(augment_images),
+        cmocka_unit_test(sampler_refuses_bad_world),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
