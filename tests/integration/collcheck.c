@@ -316,8 +316,9 @@ int main(int argc, char **argv)
                     }
             }
         if (!rc && R == 0)
-            printf("collcheck: %ld checks passed on %d ranks (backend %s, %s at 1 MiB)\n", checks,
-                   W, ddp_group_backend(g), ddp_group_algorithm(g, (size_t)1 << 20));
+            printf("collcheck: %ld checks passed on %d rank%s (backend %s, %s at 1 MiB)\n", checks,
+                   W, W == 1 ? "" : "s", ddp_group_backend(g),
+                   ddp_group_algorithm(g, (size_t)1 << 20));
         ddp_group_destroy(g);
         return rc;
     }
@@ -372,8 +373,8 @@ int main(int argc, char **argv)
         checks++;
     }
     if (!rc && R == 0)
-        printf("collcheck: %ld checks passed on %d ranks (backend %s)\n", checks, W,
-               ddp_group_backend(g));
+        printf("collcheck: %ld checks passed on %d rank%s (backend %s)\n", checks, W,
+               W == 1 ? "" : "s", ddp_group_backend(g));
     ddp_group_destroy(g);
     return rc;
 }

@@ -561,7 +561,7 @@ int main(int argc, char **argv)
         (W > 1 && case_throw(g)) || case_epochs_off(g) || (W > 1 && case_rebuild_joined0(g)) ||
         case_misuse(g) || (W > 1 && case_forgot(g));
     if (R == 0 && !fails && !rc)
-        printf("joincheck: all checks passed on %d ranks\n", W);
+        printf("joincheck: all checks passed on %d rank%s\n", W, W == 1 ? "" : "s");
     ddp_group_destroy(g);
     return fails || rc ? 1 : 0;
 }

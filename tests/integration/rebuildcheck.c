@@ -305,7 +305,7 @@ int main(void)
     }
     int rc = compare(g, false) || compare(g, true) || sharded(g) || inline_kept(g);
     if (R == 0 && !fails && !rc)
-        printf("rebuildcheck: all checks passed on %d ranks\n", W);
+        printf("rebuildcheck: all checks passed on %d rank%s\n", W, W == 1 ? "" : "s");
     ddp_group_destroy(g);
     return fails || rc ? 1 : 0;
 }

@@ -42,7 +42,9 @@ collectives)
     [ -n "${DDP_MPI_MODE:-}" ] && xs+=(-x DDP_MPI_MODE)
     DDP_BACKEND=$backend mpi_run "$np" "${xs[@]}" "$BIN/collcheck" "$@" >out 2>&1 ||
         { cat out; fail "collcheck on $np ranks ($backend) failed"; }
-    assert_contains out "checks passed on $np ranks (backend $want)"
+    ranks=ranks
+    [ "$np" = 1 ] && ranks=rank
+    assert_contains out "checks passed on $np $ranks (backend $want)"
     ok "$(grep 'checks passed' out)${DDP_MPI_MODE:+ (DDP_MPI_MODE=$DDP_MPI_MODE)}"
     ;;
 train)
