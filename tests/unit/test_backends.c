@@ -15,6 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <cmocka.h>
 
@@ -406,25 +411,64 @@ static void inconsistent_world(void **state)
 }
 
 /* A run id with '/' (torchrun's --rdzv_id is free text) names no shared memory as it is: the
- * group failed with "cannot create shared memory '/ddp-a/b-…': Invalid argument". */
-static void run_id_with_slash(void **state)
+ * group failed with "cannot create shared memory '/ddp-a/b-…': Invalid argument". Two ranks in
+ * forked processes, as a group of one makes no segment (one_rank_cheap). */
+static int slash_rank(int rank, int port)
 {
-    (void)state;
+    char p[16], r[16];
+    snprintf(p, sizeof p, "%d", port);
+    snprintf(r, sizeof r, "%d", rank);
+    setenv("RANK", r, 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", p, 1);
+    setenv("TORCHELASTIC_RUN_ID", "job/a/../b", 1);
+    setenv("DDP_STORE_TOKEN", "test-backends-slash", 1);
     ddp_world w;
-    memset(&w, 0, sizeof w);
-    w.world_size = 1;
-    w.local_world_size = 1;
-    snprintf(w.run_id, sizeof w.run_id, "%s", "job/a/../b");
+    ddp_error err = {0};
+    if (ddp_world_from_env(&w, &err) != DDP_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+        return 2;
+    }
     ddp_group_opts o = DDP_GROUP_OPTS_INIT;
     o.world = &w;
     o.backend = "shm";
+    o.timeout_ms = 20000;
     ddp_group *g = NULL;
-    ddp_error err = {0};
-    if (ddp_group_init(&o, &g, &err) != DDP_OK)
-        fail_msg("run id 'job/a/../b': %s", err.msg);
-    float x = 2;
-    assert_int_equal(ddp_allreduce(g, &x, &x, 1, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    if (ddp_group_init(&o, &g, &err) != DDP_OK) {
+        fprintf(stderr, "rank %d, run id 'job/a/../b': %s\n", rank, err.msg);
+        return 3;
+    }
+    float x = (float)rank + 1;
+    int rc = ddp_allreduce(g, &x, &x, 1, DDP_FLOAT32, DDP_SUM) == DDP_OK && x == 3.0f ? 0 : 4;
     ddp_group_destroy(g);
+    return rc;
+}
+
+static void run_id_with_slash(void **state)
+{
+    (void)state;
+    int s = socket(AF_INET, SOCK_STREAM, 0); /* a loopback port free a moment ago */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+                getsockname(s, (struct sockaddr *)&a, &len) == 0);
+    int port = ntohs(a.sin_port);
+    close(s);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        assert_true(pids[r] >= 0);
+        if (pids[r] == 0)
+            _exit(slash_rank(r, port));
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail_msg("rank %d of a group with run id 'job/a/../b' ended with status %d", r, st);
+    }
 }
 
 /* Bytes of this process's address space mapped from files in /dev/shm named ddp-*: the shm
