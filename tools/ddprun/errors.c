@@ -277,8 +277,23 @@ void agent_share_error(agent *a, bool store_lost)
         return;
     snprintf(what, sizeof what, "error/%d", node);
     key(k, sizeof k, a, what);
-    double wait_s = a->o->grace_period + 5.0;
-    ddp_store_set_timeout(a->store, (int)(wait_s < 35.0 ? wait_s * 1000 : 35000));
+    /* Polled, so that a node whose ddprun died meanwhile (its presence mark, gone/<node>, set by
+     * the store when its connection closed) costs no more than the next look. */
+    char gone[64];
+    snprintf(gone, sizeof gone, "ddprun/gone/%d", node);
+    const char *keys[1] = {k}, *gone_keys[1] = {gone};
+    int64_t until = now_ms() + (int64_t)(a->o->grace_period * 1000) + 5000;
+    ddp_store_set_timeout(a->store, 2000);
+    for (;;) {
+        bool have = false, dead = false;
+        if (ddp_store_check(a->store, keys, 1, &have) != DDP_OK)
+            return;
+        if (have)
+            break;
+        if (ddp_store_check(a->store, gone_keys, 1, &dead) != DDP_OK || dead || now_ms() >= until)
+            return;
+        nap_ms(20);
+    }
     void *v = NULL;
     size_t len = 0;
     if (ddp_store_get(a->store, k, &v, &len) == DDP_OK && v) {
