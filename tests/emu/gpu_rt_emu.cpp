@@ -256,6 +256,9 @@ bool emu_rt_dry(void)
 }
 
 static std::mutex mem_m;
+/* The device's memory for cudaMalloc and cudaMemGetInfo: 80 GiB, or less after
+ * emu_rt_set_mem_limit (a test's out-of-memory: cudaMalloc then fails as on a full GPU). */
+static size_t mem_limit = 80ull << 30;
 static std::map<uintptr_t, size_t> dev_blocks;  /* cudaMalloc'd: base → bytes */
 static std::map<uintptr_t, size_t> host_blocks; /* cudaMallocHost'd and registered */
 static size_t dev_bytes;
@@ -313,7 +316,7 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     if (!p)
         return set_err(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> l(mem_m);
-    if (dev_bytes + bytes > (80ull << 30))
+    if (dev_bytes + bytes > mem_limit)
         return set_err(cudaErrorMemoryAllocation);
     void *q = nullptr;
     if (emu_rt_dry()) { /* reserved between two DRY_GUARD gaps of no access; never filled */
@@ -378,15 +381,24 @@ EMU_API size_t emu_rt_device_bytes(void)
     std::lock_guard<std::mutex> l(mem_m);
     return dev_bytes;
 }
-/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem), less what this process
+
+/* A test's smaller device: cudaMalloc fails (cudaErrorMemoryAllocation) once more than bytes
+ * would be in use, as on a full GPU; 0: the 80 GiB again. Returns the bytes in use now. */
+EMU_API size_t emu_rt_set_mem_limit(size_t bytes)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    mem_limit = bytes ? bytes : 80ull << 30;
+    return dev_bytes;
+}
+/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem; a test's limit), less what this process
  * cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those too). */
 EMU_API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)
         return set_err(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> l(mem_m);
-    *total_bytes = 80ull << 30;
-    *free_bytes = *total_bytes - dev_bytes;
+    *total_bytes = mem_limit; /* less than in use after a test's emu_rt_set_mem_limit: none free */
+    *free_bytes = dev_bytes < mem_limit ? mem_limit - dev_bytes : 0;
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaFree(void *p)
