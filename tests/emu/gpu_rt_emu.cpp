@@ -390,8 +390,9 @@ EMU_API size_t emu_rt_set_mem_limit(size_t bytes)
     mem_limit = bytes ? bytes : 80ull << 30;
     return dev_bytes;
 }
-/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem; a test's limit), less what this process
- * cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those too). */
+/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem; a test's limit), less what this
+ * process cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those
+ * too). */
 EMU_API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)
