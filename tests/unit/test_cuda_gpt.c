@@ -20,7 +20,8 @@
  *     (resident_sync_other_kind); the optimizer's state narrowed to a slice of each parameter
  *     (ZeRO-1's memory split, resident_keep) steps as the whole state does, bit for bit; bound
  *     to other arrays, the model's own parameter buffer is freed, and made again at unbind
- *     (resident_bind_frees_params); out of device memory (the emulated GPU's limit), keep, the
+ *     (resident_bind_frees_params); a rank with an empty shard keeps nothing and still steps
+ *     and syncs (resident_keep_nothing); out of device memory (the emulated GPU's limit), keep, the
  *     state made at the first step, unbind and the first host backward each fail saying so,
  *     change nothing, and work once memory is there (resident_out_of_memory).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
@@ -766,6 +767,41 @@ static void resident_bind_frees_params(void **state)
     ddp_model_free(m);
 }
 
+/* A rank whose shard is empty (more ranks than elements): every parameter's state narrowed to
+ * nothing; its steps of nothing, its state views and its syncs (a host optimizer narrowed alike)
+ * work, and a step of any element is refused. */
+static void resident_keep_nothing(void **state)
+{
+    (void)state;
+    ddp_optim *o;
+    const ddp_model_param *p;
+    size_t np;
+    ddp_model *m = patterned(&o, &p, &np);
+    size_t *none = calloc(np, sizeof *none);
+    float **dev = calloc(np, sizeof *dev);
+    assert_non_null(none);
+    assert_non_null(dev);
+    for (size_t i = 0; i < np; i++)
+        none[i] = p[i].count; /* [count, count): the last rank's empty shard */
+    assert_int_equal(ddp_model_device_keep(m, none, none), DDP_OK);
+    assert_int_equal(ddp_optim_keep(o, none, none), DDP_OK);
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_device_step_range(m, i, none[i], none[i], 1, 1e-3f, 1.0f),
+                         DDP_OK);
+    assert_int_equal(ddp_model_device_step_range(m, 0, 0, 1, 1, 1e-3f, 1.0f), DDP_ERR_INVALID);
+    for (int s = 0; s < 2; s++)
+        assert_int_equal(ddp_model_device_state(m, s, dev), DDP_OK);
+    assert_int_equal(ddp_model_sync_host(m, o), DDP_OK);
+    assert_int_equal(ddp_model_sync_device(m, o), DDP_OK);
+    size_t a, z;
+    ddp_model_device_kept(m, 2, &a, &z);
+    assert_true(a == p[2].count && z == p[2].count);
+    free(dev);
+    free(none);
+    ddp_optim_destroy(o);
+    ddp_model_free(m);
+}
+
 /* The emulated GPU's memory limit (tests/emu: emu_rt_set_mem_limit; 0: its 80 GiB again), or
  * NULL on a GPU, where the out-of-memory paths cannot be made to happen. */
 static size_t (*mem_limit_fn(void))(size_t)
@@ -903,6 +939,7 @@ int main(void)
         cmocka_unit_test(resident_sync_other_kind),
         cmocka_unit_test(resident_keep),
         cmocka_unit_test(resident_bind_frees_params),
+        cmocka_unit_test(resident_keep_nothing),
         cmocka_unit_test(resident_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
