@@ -63,7 +63,7 @@ if [ $NCCL_BUILT = 1 ]; then
     losses cpu2/metrics.jsonl gpu2n/metrics.jsonl 6 || fail "2 ranks over nccl: cuda (emulated) ≠ cpu"
     ok "2 ranks over nccl (the emulated NCCL), overlap async: 6 steps on the emulated GPUs = the cpu's"
 fi
-emu2 gpu2s --shard_optimizer true
+DDP_EMU_PEAK_FILE=$T/peak-gpu2s emu2 gpu2s --shard_optimizer true
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
 grep -q "each rank keeping 1/2 of its state" gpu2s.out || { cat gpu2s.out; fail "the state is not split"; }
 # the memory in use on each rank's (emulated) GPU, in metrics.jsonl and the progress line:
@@ -82,7 +82,15 @@ EOP
 # each rank's half of the AdamW state from its device into rank 0's file (small chunks), and the
 # run resumed from it (every rank loads the whole state, then keeps its half) = the run above.
 DDP_TEST_GATHER_SCRATCH=256 emu2 gpu2sc --shard_optimizer true --total_steps 3 --checkpoint.every 3
-emu2 gpu2sc --shard_optimizer true --resume_from latest
+DDP_EMU_PEAK_FILE=$T/peak-gpu2sc emu2 gpu2sc --shard_optimizer true --resume_from latest
+# resumed, no rank's device ever held more than the uninterrupted run's did (the loaded AdamW
+# state goes up after keep narrowed it: state_pending; not the whole of it first)
+python3 - "$T/peak-gpu2s" "$T/peak-gpu2sc" <<'EOP' || fail "the resumed sharded run held more device memory"
+import sys
+fresh, resumed = ([int(l) for l in open(p) if int(l) > 0] for p in sys.argv[1:])
+print(f"device memory peak per rank, bytes: uninterrupted {fresh}, resumed {resumed}")
+sys.exit(0 if len(fresh) == len(resumed) == 2 and max(resumed) <= max(fresh) else 1)
+EOP
 losses gpu2s/metrics.jsonl gpu2sc/metrics.jsonl 6 || fail "2 ranks sharded, resumed at step 3 ≠ uninterrupted"
 ok "2 ranks, the optimizer sharded on the emulated GPUs, each keeping half its state: 6 steps = the cpu's; saved at step 3 and resumed = uninterrupted"
 emu2 gpu2h --precision bf16
