@@ -49,8 +49,11 @@ run2 r2stagedsh --gpu_backend cuda-staged --shard_optimizer true --compress_bf16
 # device into it): the loaded state goes up to each device after keep narrowed it (state_pending)
 run2 r2stagedshres --gpu_backend cuda-staged --shard_optimizer true --compress_bf16 true \
     --resume_from r2stagedsh/checkpoints/step3.safetensors --total_steps 5
-grep -q "each rank keeping 1/2 of its state" r2stagedshres.out && grep -q "resumed from" r2stagedshres.out ||
-    { cat r2stagedshres.out; fail "r2stagedshres: not resumed, or the optimizer's state not split"; }
+if ! grep -q "each rank keeping 1/2 of its state" r2stagedshres.out ||
+    ! grep -q "resumed from" r2stagedshres.out; then
+    cat r2stagedshres.out
+    fail "r2stagedshres: not resumed, or the optimizer's state not split"
+fi
 if [ "$NCCL" = ON ]; then
     run2 r2nccl --gpu_backend nccl --overlap async
     run2 r2ncclsh --gpu_backend nccl --overlap async --shard_optimizer true --precision fp16
