@@ -284,6 +284,11 @@ static ddp_status resident_bind_params(ddp_model *m, float *const *params_dev)
     ddp_error e = {0};
     ddp_status st = r->cls ? ddp__cuda_cls_bind_params(r->cls, params_dev, &e)
                            : ddp__cuda_gpt_bind_params(r->gpt, params_dev, &e);
+    if (st != DDP_OK && !params_dev) /* still bound: the values are in the bound arrays */
+        return ddp__errmsg(m->err, e.status,
+                           "unbinding the parameters on the GPU (still bound to the given arrays, "
+                           "which hold the values: keep them until it succeeds): %s",
+                           e.msg);
     if (st != DDP_OK || dev_info(r, &e))
         return ddp__errmsg(m->err, e.status, "binding the parameters on the GPU: %s", e.msg);
     return DDP_OK;

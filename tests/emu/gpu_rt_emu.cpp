@@ -256,9 +256,13 @@ bool emu_rt_dry(void)
 }
 
 static std::mutex mem_m;
+/* The device's memory for cudaMalloc and cudaMemGetInfo: 80 GiB, or less after
+ * emu_rt_set_mem_limit (a test's out-of-memory: cudaMalloc then fails as on a full GPU). */
+static size_t mem_limit = 80ull << 30;
 static std::map<uintptr_t, size_t> dev_blocks;  /* cudaMalloc'd: base → bytes */
 static std::map<uintptr_t, size_t> host_blocks; /* cudaMallocHost'd and registered */
 static size_t dev_bytes;
+static size_t dev_peak; /* the most dev_bytes has been (DDP_EMU_PEAK_FILE) */
 
 /* The block of m holding [p, p + n), or end. */
 static std::map<uintptr_t, size_t>::iterator find_block(std::map<uintptr_t, size_t> &m,
@@ -313,7 +317,7 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     if (!p)
         return set_err(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> l(mem_m);
-    if (dev_bytes + bytes > (80ull << 30))
+    if (dev_bytes + bytes > mem_limit)
         return set_err(cudaErrorMemoryAllocation);
     void *q = nullptr;
     if (emu_rt_dry()) { /* reserved between two DRY_GUARD gaps of no access; never filled */
@@ -327,6 +331,7 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
         dry_maps[(uintptr_t)q] = len;
         dev_blocks[(uintptr_t)q] = bytes;
         dev_bytes += bytes;
+        dev_peak = dev_bytes > dev_peak ? dev_bytes : dev_peak;
         *p = q;
         return cudaSuccess;
     }
@@ -344,6 +349,7 @@ EMU_API cudaError_t cudaMalloc(void **p, size_t bytes)
     memset(q, 0xff, bytes);
     dev_blocks[(uintptr_t)q] = bytes;
     dev_bytes += bytes;
+    dev_peak = dev_bytes > dev_peak ? dev_bytes : dev_peak;
     *p = q;
     return cudaSuccess;
 }
@@ -378,15 +384,48 @@ EMU_API size_t emu_rt_device_bytes(void)
     std::lock_guard<std::mutex> l(mem_m);
     return dev_bytes;
 }
-/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem), less what this process
- * cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those too). */
+
+/* DDP_EMU_PEAK_FILE=PATH: at exit, the most device memory the process ever had in use, bytes, a
+ * line appended to PATH (one per rank: a test's check that a job never held more, e.g. the whole
+ * optimizer state while resuming a sharded run). */
+namespace
+{
+struct peak_at_exit {
+    ~peak_at_exit()
+    {
+        const char *path = getenv("DDP_EMU_PEAK_FILE");
+        if (!path || !*path)
+            return;
+        char line[32];
+        int n = snprintf(line, sizeof line, "%zu\n", dev_peak);
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            if (write(fd, line, (size_t)n) != n) { /* a test's file: its check then fails */
+            }
+            close(fd);
+        }
+    }
+} peak_reporter;
+} // namespace
+
+/* A test's smaller device: cudaMalloc fails (cudaErrorMemoryAllocation) once more than bytes
+ * would be in use, as on a full GPU; 0: the 80 GiB again. Returns the bytes in use now. */
+EMU_API size_t emu_rt_set_mem_limit(size_t bytes)
+{
+    std::lock_guard<std::mutex> l(mem_m);
+    mem_limit = bytes ? bytes : 80ull << 30;
+    return dev_bytes;
+}
+/* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem; a test's limit), less what this
+ * process cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those
+ * too). */
 EMU_API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)
         return set_err(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> l(mem_m);
-    *total_bytes = 80ull << 30;
-    *free_bytes = *total_bytes - dev_bytes;
+    *total_bytes = mem_limit; /* less than in use after a test's emu_rt_set_mem_limit: none free */
+    *free_bytes = dev_bytes < mem_limit ? mem_limit - dev_bytes : 0;
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaFree(void *p)

@@ -6,8 +6,9 @@
 # which a host read of a device pointer passes every other test. A tiny GPT through the paths
 # the first GPU runs take: 1 rank (auto: nccl), 2 ranks over cuda-staged and nccl (async overlap,
 # sharded optimizer, bf16 compression), bf16 and fp16 (the loss scaler's device unscale), the
-# host-driven mode, evaluation, a checkpoint and a resume from it; ddpbench --device cuda; the
-# MLP and the CNN (the emulated cuDNN's work inside the same window) on a Fashion-MNIST slice
+# host-driven mode, evaluation, a checkpoint and a resume from it (sharded too); ddpbench --device
+# cuda; the MLP and the CNN (the emulated cuDNN's work inside the same window; the CNN also on 2
+# ranks sharded, saved and resumed) on a Fashion-MNIST slice
 # where the machine has the data. Numbers are meaningless (no products are computed): only that
 # every run ends without a fault or an error counts.
 # usage: test_gpu_emu_dry.sh BINDIR EMU_MODULE NCCL(ON|OFF) [CUDNN_EMU]
@@ -44,6 +45,15 @@ run1 r1fp16 --precision fp16
 run1 r1host --resident false
 run2 r2staged --gpu_backend cuda-staged
 run2 r2stagedsh --gpu_backend cuda-staged --shard_optimizer true --compress_bf16 true
+# sharded, resumed from its checkpoint (each rank's half of the AdamW state streamed from its
+# device into it): the loaded state goes up to each device after keep narrowed it (state_pending)
+run2 r2stagedshres --gpu_backend cuda-staged --shard_optimizer true --compress_bf16 true \
+    --resume_from r2stagedsh/checkpoints/step3.safetensors --total_steps 5
+if ! grep -q "each rank keeping 1/2 of its state" r2stagedshres.out ||
+    ! grep -q "resumed from" r2stagedshres.out; then
+    cat r2stagedshres.out
+    fail "r2stagedshres: not resumed, or the optimizer's state not split"
+fi
 if [ "$NCCL" = ON ]; then
     run2 r2nccl --gpu_backend nccl --overlap async
     run2 r2ncclsh --gpu_backend nccl --overlap async --shard_optimizer true --precision fp16
@@ -91,6 +101,22 @@ EOP
     cls cnnfp16 --model.type cnn --precision fp16
     cls cnnhost --model.type cnn --resident false
     cls mlp --model.type mlp
+    # two ranks, the optimizer sharded (ZeRO-1's memory split on the device), a checkpoint and
+    # a resume from it (the classifier through resident.cu's keep, save_shards, state_pending)
+    cls2() { # NAME ARGS…
+        local name=$1
+        shift
+        rc=0; DDP_EMU_GPUS=2 DDP_CUDNN_LIB=$CUDNN DDP_EMU_CUDNN_STRICT=1 dry "$DDPRUN" --standalone \
+            --nproc_per_node=2 "$TRAIN" "${CLS[@]}" --out_dir "$name" "$@" >"$name.out" 2>&1 || rc=$?
+        [ $rc -eq 0 ] || { cat "$name.out"; fail "dry run $name: exit $rc"; }
+        grep -q "each rank keeping 1/2 of its state" "$name.out" ||
+            { cat "$name.out"; fail "$name: the optimizer's state is not split"; }
+        ok "2 ranks, $name: no host access to device memory"
+    }
+    cls2 cnnsh --model.type cnn --gpu_backend cuda-staged --shard_optimizer true
+    cls2 cnnshres --model.type cnn --gpu_backend cuda-staged --shard_optimizer true \
+        --resume_from cnnsh/checkpoints/step3.safetensors --total_steps 5
+    grep -q "resumed from" cnnshres.out || { cat cnnshres.out; fail "cnnshres: not resumed"; }
 else
     echo "the MLP and CNN left out: no emulated cuDNN named or no Fashion-MNIST at $SRC"
 fi

@@ -35,12 +35,28 @@ EOP
 }
 rc=0; "$TRAIN" "${ARGS[@]}" --total_steps 10 --out_dir cpu >cpu.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu.out; fail "cpu run: exit $rc"; }
-rc=0; emu "$TRAIN" "${ARGS[@]}" --device cuda --gpu_backend cuda-staged --total_steps 10 \
-    --out_dir gpu >gpu.out 2>&1 || rc=$?
+rc=0; DDP_EMU_PEAK_FILE=$T/peak-gpu emu "$TRAIN" "${ARGS[@]}" --device cuda --gpu_backend cuda-staged \
+    --total_steps 10 --out_dir gpu >gpu.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gpu.out; fail "emulated cuda run: exit $rc"; }
 grep -q 'emulated on the CPU' gpu.out || { cat gpu.out; fail "the run did not name the emulated GPU"; }
 losses cpu/metrics.jsonl gpu/metrics.jsonl 10 || fail "1 rank: cuda (emulated) ≠ cpu"
 ok "1 rank: 10 steps on the emulated GPU = the cpu's"
+# evaluating its checkpoint on the GPU (--task test) makes no optimizer state there: its device
+# peak is at least AdamW's 8 bytes a parameter below training's (the loaded state stays on the host)
+rc=0; DDP_EMU_PEAK_FILE=$T/peak-test emu "$TRAIN" --task test --device cuda \
+    --checkpoint gpu/checkpoints/step10.safetensors --out_dir gput >gput.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gput.out; fail "emulated cuda --task test: exit $rc"; }
+python3 - "$T/peak-gpu" "$T/peak-test" gpu/checkpoints/step10.safetensors <<'EOP' ||
+import json, math, struct, sys
+train, test = (max(int(l) for l in open(p)) for p in sys.argv[1:3])
+f = open(sys.argv[3], "rb")
+head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+n = sum(math.prod(v["shape"]) for k, v in head.items() if k != "__metadata__" and not k.startswith("optim."))
+print(f"device peak, bytes: training {train}, --task test {test}; AdamW's state {8 * n}")
+sys.exit(0 if test <= train - 8 * n else 1)
+EOP
+    fail "--task test on the GPU made the optimizer's state there"
+ok "1 rank: --task test from its checkpoint makes no optimizer state on the emulated GPU"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }
@@ -63,7 +79,7 @@ if [ $NCCL_BUILT = 1 ]; then
     losses cpu2/metrics.jsonl gpu2n/metrics.jsonl 6 || fail "2 ranks over nccl: cuda (emulated) ≠ cpu"
     ok "2 ranks over nccl (the emulated NCCL), overlap async: 6 steps on the emulated GPUs = the cpu's"
 fi
-emu2 gpu2s --shard_optimizer true
+DDP_EMU_PEAK_FILE=$T/peak-gpu2s emu2 gpu2s --shard_optimizer true
 losses cpu2/metrics.jsonl gpu2s/metrics.jsonl 6 || fail "2 ranks sharded: cuda (emulated) ≠ cpu"
 grep -q "each rank keeping 1/2 of its state" gpu2s.out || { cat gpu2s.out; fail "the state is not split"; }
 # the memory in use on each rank's (emulated) GPU, in metrics.jsonl and the progress line:
@@ -82,7 +98,15 @@ EOP
 # each rank's half of the AdamW state from its device into rank 0's file (small chunks), and the
 # run resumed from it (every rank loads the whole state, then keeps its half) = the run above.
 DDP_TEST_GATHER_SCRATCH=256 emu2 gpu2sc --shard_optimizer true --total_steps 3 --checkpoint.every 3
-emu2 gpu2sc --shard_optimizer true --resume_from latest
+DDP_EMU_PEAK_FILE=$T/peak-gpu2sc emu2 gpu2sc --shard_optimizer true --resume_from latest
+# resumed, no rank's device ever held more than the uninterrupted run's did (the loaded AdamW
+# state goes up after keep narrowed it: state_pending; not the whole of it first)
+python3 - "$T/peak-gpu2s" "$T/peak-gpu2sc" <<'EOP' || fail "the resumed sharded run held more device memory"
+import sys
+fresh, resumed = ([int(l) for l in open(p) if int(l) > 0] for p in sys.argv[1:])
+print(f"device memory peak per rank, bytes: uninterrupted {fresh}, resumed {resumed}")
+sys.exit(0 if len(fresh) == len(resumed) == 2 and max(resumed) <= max(fresh) else 1)
+EOP
 losses gpu2s/metrics.jsonl gpu2sc/metrics.jsonl 6 || fail "2 ranks sharded, resumed at step 3 ≠ uninterrupted"
 ok "2 ranks, the optimizer sharded on the emulated GPUs, each keeping half its state: 6 steps = the cpu's; saved at step 3 and resumed = uninterrupted"
 emu2 gpu2h --precision bf16

@@ -260,55 +260,38 @@ EXPORT const ddp__gpu_api *ddp_gpu_module_entry(void)
     {                                                                                              \
         return DDP_ERR_NOT_FOUND;                                                                  \
     }
-ddp_status ddp__cuda_device_count(int *n, ddp_error *err) NOT_HERE() ddp_status
-    ddp__cuda_mem_info(int idx, size_t *u, size_t *t, ddp_error *err) NOT_HERE() ddp_status
-    ddp__cuda_device_name(int idx, char *n, size_t cap, ddp_error *err) NOT_HERE() ddp_status
-    ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *c, const size_t *k, size_t n, ddp__cuda_gpt **o,
-                         ddp_error *e) NOT_HERE() void ddp__cuda_gpt_free(ddp__cuda_gpt *g)
-{
-}
-ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error *e)
-    NOT_HERE() ddp_status
-    ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *t, const int32_t *y, int n, int T,
-                          bool tr, bool l, float s, uint64_t st, uint64_t so, double *ls, int *c,
-                          int64_t *k, float *lg, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **p, void **s, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *d, ddp_status (*r)(void *, size_t),
-                               void *c, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int n, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *h, bool t, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *p, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_create(const ddp__cuda_cls_cfg *c, const size_t *k, size_t n, const size_t *bk,
-                         size_t nb, ddp__cuda_cls **o, ddp_error *e)
-        NOT_HERE() void ddp__cuda_cls_free(ddp__cuda_cls *g)
-{
-}
-ddp_status ddp__cuda_cls_upload(ddp__cuda_cls *g, const float *const *p, const float *const *b,
-                                ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *l, int64_t *c,
-                          float *lg, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *b, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **p, float **b, void **s, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_cls_get_params(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_backward_dev(ddp__cuda_cls *g, float *const *d, ddp_status (*r)(void *, size_t),
-                               void *c, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int n, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *h, bool t, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *p, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **d, ddp_error *e) NOT_HERE() ddp_status
-    ddp__cuda_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *l, const size_t *h, ddp_error *e)
-        NOT_HERE() ddp_status
-    ddp__cuda_cls_optim_keep(ddp__cuda_cls *g, const size_t *l, const size_t *h, ddp_error *e)
-        NOT_HERE()
+/* One stub a line: clang-format takes NOT_HERE() for part of the next declaration. */
+// clang-format off
+ddp_status ddp__cuda_device_count(int *n, ddp_error *err) NOT_HERE()
+ddp_status ddp__cuda_mem_info(int idx, size_t *u, size_t *t, ddp_error *err) NOT_HERE()
+ddp_status ddp__cuda_device_name(int idx, char *n, size_t cap, ddp_error *err) NOT_HERE()
+ddp_status ddp__cuda_gpt_create(const ddp__cuda_gpt_cfg *c, const size_t *k, size_t n, ddp__cuda_gpt **o, ddp_error *e) NOT_HERE()
+void ddp__cuda_gpt_free(ddp__cuda_gpt *g) {}
+ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *t, const int32_t *y, int n, int T, bool tr, bool l, float s, uint64_t st, uint64_t so, double *ls, int *c, int64_t *k, float *lg, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **p, void **s, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *d, ddp_status (*r)(void *, size_t), void *c, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_optim_init(ddp__cuda_gpt *g, int n, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_optim_state(ddp__cuda_gpt *g, int s, float *const *h, bool t, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_bind_params(ddp__cuda_gpt *g, float *const *p, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_create(const ddp__cuda_cls_cfg *c, const size_t *k, size_t n, const size_t *bk, size_t nb, ddp__cuda_cls **o, ddp_error *e) NOT_HERE()
+void ddp__cuda_cls_free(ddp__cuda_cls *g) {}
+ddp_status ddp__cuda_cls_upload(ddp__cuda_cls *g, const float *const *p, const float *const *b, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_forward(ddp__cuda_cls *g, const ddp__cuda_cls_batch *b, double *l, int64_t *c, float *lg, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_get_buffers(ddp__cuda_cls *g, float *const *b, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_backward(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_dev_info(ddp__cuda_cls *g, float **p, float **b, void **s, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_get_params(ddp__cuda_cls *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_backward_dev(ddp__cuda_cls *g, float *const *d, ddp_status (*r)(void *, size_t), void *c, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_init(ddp__cuda_cls *g, int n, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_step(ddp__cuda_cls *g, const ddp__cuda_optim_args *a, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_state(ddp__cuda_cls *g, int s, float *const *h, bool t, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_bind_params(ddp__cuda_cls *g, float *const *p, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_state_dev(ddp__cuda_cls *g, int s, float **d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *l, const size_t *h, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_cls_optim_keep(ddp__cuda_cls *g, const size_t *l, const size_t *h, ddp_error *e) NOT_HERE()
+    // clang-format on

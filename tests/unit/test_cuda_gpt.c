@@ -20,7 +20,10 @@
  *     (resident_sync_other_kind); the optimizer's state narrowed to a slice of each parameter
  *     (ZeRO-1's memory split, resident_keep) steps as the whole state does, bit for bit; bound
  *     to other arrays, the model's own parameter buffer is freed, and made again at unbind
- *     (resident_bind_frees_params).
+ *     (resident_bind_frees_params); a rank with an empty shard keeps nothing and still steps
+ *     and syncs (resident_keep_nothing); out of device memory (the emulated GPU's limit), keep, the
+ *     state made at the first step, unbind and the first host backward each fail saying so,
+ *     change nothing, and work once memory is there (resident_out_of_memory).
  * Skips (77) without a GPU; fails under DDP_REQUIRE_GPU=1. UNVERIFIED until run on a GPU.
  */
 #define _GNU_SOURCE /* setenv, RTLD_NOLOAD */
@@ -764,6 +767,159 @@ static void resident_bind_frees_params(void **state)
     ddp_model_free(m);
 }
 
+/* A rank whose shard is empty (more ranks than elements): every parameter's state narrowed to
+ * nothing; its steps of nothing, its state views and its syncs (a host optimizer narrowed alike)
+ * work, and a step of any element is refused. */
+static void resident_keep_nothing(void **state)
+{
+    (void)state;
+    ddp_optim *o;
+    const ddp_model_param *p;
+    size_t np;
+    ddp_model *m = patterned(&o, &p, &np);
+    size_t *none = calloc(np, sizeof *none);
+    float **dev = calloc(np, sizeof *dev);
+    assert_non_null(none);
+    assert_non_null(dev);
+    for (size_t i = 0; i < np; i++)
+        none[i] = p[i].count; /* [count, count): the last rank's empty shard */
+    assert_int_equal(ddp_model_device_keep(m, none, none), DDP_OK);
+    assert_int_equal(ddp_optim_keep(o, none, none), DDP_OK);
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_device_step_range(m, i, none[i], none[i], 1, 1e-3f, 1.0f),
+                         DDP_OK);
+    assert_int_equal(ddp_model_device_step_range(m, 0, 0, 1, 1, 1e-3f, 1.0f), DDP_ERR_INVALID);
+    for (int s = 0; s < 2; s++)
+        assert_int_equal(ddp_model_device_state(m, s, dev), DDP_OK);
+    assert_int_equal(ddp_model_sync_host(m, o), DDP_OK);
+    assert_int_equal(ddp_model_sync_device(m, o), DDP_OK);
+    size_t a, z;
+    ddp_model_device_kept(m, 2, &a, &z);
+    assert_true(a == p[2].count && z == p[2].count);
+    free(dev);
+    free(none);
+    ddp_optim_destroy(o);
+    ddp_model_free(m);
+}
+
+/* The emulated GPU's memory limit (tests/emu: emu_rt_set_mem_limit; 0: its 80 GiB again), or
+ * NULL on a GPU, where the out-of-memory paths cannot be made to happen. */
+static size_t (*mem_limit_fn(void))(size_t)
+{
+    const char *mod = getenv("DDP_GPU_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    size_t (*f)(size_t) = h ? (size_t(*)(size_t))dlsym(h, "emu_rt_set_mem_limit") : NULL;
+    if (h)
+        dlclose(h); /* libddp holds it open */
+    return f;
+}
+
+/* Out of device memory where this session's lazy allocations and frees can meet it: each call
+ * fails with DDP_ERR_NOMEM and a message that says what and what to do, changes nothing, and
+ * works once memory is there again — optim_keep (the narrowed copy), the optimizer's state made
+ * at its first step, the flat parameter buffer made again at unbind, the flat gradient buffer
+ * made at the first host backward. Emulated GPU only (skipped on a GPU). */
+static void resident_out_of_memory(void **state)
+{
+    (void)state;
+    size_t (*limit)(size_t) = mem_limit_fn();
+    if (!limit) {
+        printf("  no emulated GPU: skipped\n");
+        skip();
+    }
+    ddp_error err = {0};
+    ddp_optim *o;
+    const ddp_model_param *p;
+    size_t np;
+    /* 1. keep: its new buffers do not fit; the state and its ranges stay whole */
+    ddp_model *m = patterned(&o, &p, &np);
+    size_t *lo = calloc(np, sizeof *lo), *hi = calloc(np, sizeof *hi);
+    assert_non_null(lo);
+    assert_non_null(hi);
+    for (size_t i = 0; i < np; i++) {
+        lo[i] = p[i].count / 2;
+        hi[i] = p[i].count;
+    }
+    limit(limit(0)); /* nothing more fits */
+    assert_int_equal(ddp_model_device_keep(m, lo, hi), DDP_ERR_NOMEM);
+    printf("  keep: %s\n", ddp_model_last_error(m));
+    limit(0);
+    size_t a, z;
+    ddp_model_device_kept(m, 1, &a, &z);
+    assert_true(a == 0 && z == p[1].count);
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < np; i++)
+            memset(ddp_optim_state(o, s)[i], 0, sizeof(float) * p[i].count);
+    assert_int_equal(ddp_model_sync_host(m, o), DDP_OK); /* the whole state, as it was */
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < np; i++)
+            for (size_t k = 0; k < p[i].count; k += 7)
+                assert_true(ddp_optim_state(o, s)[i][k] ==
+                            (float)s + (float)i + (float)k / 1024.0f);
+    assert_int_equal(ddp_model_device_step_range(m, 0, 0, p[0].count, 1, 1e-3f, 1.0f), DDP_OK);
+    assert_int_equal(ddp_model_device_keep(m, lo, hi), DDP_OK); /* memory there: it narrows */
+    ddp_model_device_kept(m, 1, &a, &z);
+    assert_true(a == lo[1] && z == hi[1]);
+    ddp_optim_destroy(o);
+
+    /* 2. the optimizer's state, made at the first step: the step fails and says so; then works */
+    ddp_model *f = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    if (ddp_model_resident(f, &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_bind_device_grad(f, i, ddp_model_device_param(m, i)), DDP_OK);
+    limit(limit(0));
+    assert_int_equal(ddp_model_device_step(f, 0, 1, 1e-3f, 1.0f), DDP_ERR_NOMEM);
+    printf("  first step: %s\n", ddp_model_last_error(f));
+    assert_non_null(strstr(ddp_model_last_error(f), "optimizer's state"));
+    assert_non_null(strstr(ddp_model_last_error(f), "HINT"));
+    limit(0);
+    assert_int_equal(ddp_model_device_step(f, 0, 1, 1e-3f, 1.0f), DDP_OK);
+
+    /* 3. unbind: the model's own parameter buffer does not fit again; it stays bound (its
+     * values where they were), and unbinds once memory is there */
+    float **pd = calloc(np, sizeof *pd);
+    assert_non_null(pd);
+    for (size_t i = 0; i < np; i++)
+        pd[i] = ddp_model_device_param(m, i);
+    assert_int_equal(ddp_model_bind_device_params(f, pd), DDP_OK);
+    limit(limit(0));
+    assert_true(ddp_model_bind_device_params(f, NULL) != DDP_OK);
+    printf("  unbind: %s\n", ddp_model_last_error(f));
+    assert_non_null(strstr(ddp_model_last_error(f), "still bound"));
+    limit(0);
+    assert_true(ddp_model_device_param(f, 3) == pd[3]);
+    const ddp_model_param *q = ddp_model_params(f, &np);
+    assert_int_equal(ddp_model_sync_host(f, NULL), DDP_OK);
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_OK);
+    assert_memory_equal(q[3].data, p[3].data, sizeof(float) * p[3].count);
+    assert_int_equal(ddp_model_bind_device_params(f, NULL), DDP_OK);
+    assert_true(ddp_model_device_param(f, 3) != pd[3]);
+    ddp_model_free(m); /* f holds its own values again */
+    assert_int_equal(ddp_model_sync_host(f, NULL), DDP_OK);
+    ddp_model_free(f);
+
+    /* 4. host-driven: the flat gradient buffer, made at the first backward */
+    ddp_model *h = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(0, TMAX, tok, tgt);
+    ddp_model_batch b = {.n = B, .tokens = tok, .targets = tgt, .seq_len = TMAX};
+    ddp_model_out out;
+    assert_int_equal(ddp_model_forward(h, &b, true, &out), DDP_OK);
+    limit(limit(0));
+    assert_true(ddp_model_backward(h, NULL, NULL) != DDP_OK);
+    printf("  first host backward: %s\n", ddp_model_last_error(h));
+    limit(0);
+    assert_int_equal(ddp_model_forward(h, &b, true, &out), DDP_OK);
+    assert_int_equal(ddp_model_backward(h, NULL, NULL), DDP_OK);
+    ddp_model_free(h);
+    free(pd);
+    free(lo);
+    free(hi);
+}
+
 int main(void)
 {
     ddp_test_gpus_or_skip("test_cuda_gpt");
@@ -783,6 +939,8 @@ int main(void)
         cmocka_unit_test(resident_sync_other_kind),
         cmocka_unit_test(resident_keep),
         cmocka_unit_test(resident_bind_frees_params),
+        cmocka_unit_test(resident_keep_nothing),
+        cmocka_unit_test(resident_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

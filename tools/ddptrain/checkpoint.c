@@ -440,7 +440,7 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
     return got == -2 ? 2 : got < 0 ? 1 : 0;
 }
 
-int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
+int trainer_share_loaded(trainer *t, bool train, ddp_ckpt_train_pos *pos)
 {
     size_t np;
     const ddp_model_param *p = ddp_model_params(t->m, &np);
@@ -452,10 +452,13 @@ int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos)
     }
     /* Device-resident: the parameters on the GPU came from rank 0 (the reducer's broadcast);
      * the optimizer's state goes up from the host's arrays just shared — at once, or with a
-     * sharded step once each rank keeps its shard (keep_shard: the GPU never holds all of it). */
-    t->state_pending = t->resident && ddp_reducer_sharded(t->red);
+     * sharded step once each rank keeps its shard (keep_shard: the GPU never holds all of it),
+     * or never when not training (test, predict: the device's state would be made for nothing,
+     * 8 bytes a parameter with AdamW). */
+    t->state_pending = t->resident && train && ddp_reducer_sharded(t->red);
+    bool state_now = train && !t->state_pending;
     if (t->resident && (ddp_model_sync_host(t->m, NULL) != DDP_OK ||
-                        ddp_model_sync_device(t->m, t->state_pending ? NULL : t->opt) != DDP_OK))
+                        ddp_model_sync_device(t->m, state_now ? t->opt : NULL) != DDP_OK))
         return trainer_die(t, "resume", ddp_model_last_error(t->m));
     uint64_t meta[8] = {pos->step,
                         pos->epoch,

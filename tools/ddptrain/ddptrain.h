@@ -237,13 +237,14 @@ int trainer_generate(trainer *t, FILE *out, bool to_log);
  * reducer exists): rank 0 reads the checkpoint — training: t->resume, as trainer_resolve_resume
  * found it; test and predict: `checkpoint` — into the model and optimizer, and every rank learns
  * *loaded; the reducer's creation then broadcasts the weights. trainer_share_loaded (after it):
- * the optimizer state and position from rank 0 to all. Return 0 or an exit code
+ * the optimizer state and position from rank 0 to all (on the GPU the state goes up to the
+ * device when training only). Return 0 or an exit code
  * (DDP_EXIT_PEER_FAILED on the ranks that learn that rank 0 failed). trainer_save returns
  * DDP_ERR_CLOSED on the ranks other than 0 when rank 0 reported that it could not save: the
  * failure is rank 0's, this rank only stops with it (trainer_die_peer). */
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err);
 int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos);
-int trainer_share_loaded(trainer *t, ddp_ckpt_train_pos *pos);
+int trainer_share_loaded(trainer *t, bool train, ddp_ckpt_train_pos *pos);
 /* Training, rank 0, before anything in out_dir is created or written: resolves resume_from
  * into t->resume (none with 'latest', a damaged or foreign file: refused now) and refuses an
  * out_dir/checkpoints that holds a checkpoint newer than the step this run starts from

@@ -723,7 +723,7 @@ static int run(int argc, char **argv)
         goto out;
     if (train && t.R == 0)
         clean_checkpoints(&t);
-    if ((rc = wrap_model(&t)) || (loaded && (rc = trainer_share_loaded(&t, &pos))) ||
+    if ((rc = wrap_model(&t)) || (loaded && (rc = trainer_share_loaded(&t, train, &pos))) ||
         (train && (rc = keep_shard(&t))))
         goto out;
     int A = (int)ddp_config_int(t.cfg, "grad_accum");

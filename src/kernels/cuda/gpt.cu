@@ -805,9 +805,19 @@ extern "C" ddp_status ddp__gpu_gpt_backward(ddp__cuda_gpt *g, float *const *grad
     const int n = g->n, T = g->T, C = g->cfg.C;
     ddp_status st;
     /* the host's backward: the flat gradient buffer and its staging, made at the first */
-    if (!g->grads_dev && !g->grads &&
-        ((st = use_device(g, err)) || (st = dalloc(&g->grads, g->total, err))))
+    if (!g->grads_dev && !g->grads && (st = use_device(g, err)))
         return st;
+    if (!g->grads_dev && !g->grads && (st = dalloc(&g->grads, g->total, err))) {
+        char why[sizeof err->msg] = ""; /* made now, not at create: say what and what to do */
+        if (err)
+            snprintf(why, sizeof why, "%s", err->msg);
+        return ddp__cuda_fail(err, st,
+                              "cuda gpt: the gradients' buffer (%.1f MiB of device memory, made at "
+                              "the first backward of host-driven training) does not fit: %s; HINT: "
+                              "device-resident training (resident true) needs none; or use a "
+                              "smaller model, batch_size or block_size",
+                              (double)(sizeof(float) * g->total) / (1024.0 * 1024.0), why);
+    }
     if (!g->grads_dev && !g->grads_host &&
         !(g->grads_host = (float *)malloc(sizeof(float) * (g->total ? g->total : 1))))
         return ddp__cuda_fail(err, DDP_ERR_NOMEM, "cuda gpt: out of host memory");

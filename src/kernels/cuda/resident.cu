@@ -84,8 +84,18 @@ static ddp_status made(ddp__cuda_resident *r, ddp_error *err)
         if (r->ost[s])
             continue;
         void *d = NULL;
-        if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err)))
-            break;
+        if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err))) {
+            /* made at the first step, not at start: say what it is and what makes it fit */
+            char why[sizeof err->msg] = "";
+            if (err)
+                snprintf(why, sizeof why, "%s", err->msg);
+            return ddp__cuda_fail(
+                err, st,
+                "%s: the optimizer's state %d of %d (%.1f MiB of device memory, made at its first "
+                "use) does not fit: %s; HINT: shard_optimizer true (2 or more ranks) keeps 1/world "
+                "of it per rank, or use a smaller model, batch_size or block_size",
+                r->name, s + 1, r->nstates, (double)(sizeof(float) * n) / (1024.0 * 1024.0), why);
+        }
         r->ost[s] = (float *)d;
         st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * n, err);
     }
