@@ -138,17 +138,29 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
             return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: %s", what,
                                no_sink ? "no sink on the root" : "no arrays");
         ddp_status st = DDP_OK;
+        /* on a GPU group the root's sink gets host memory: each array through a bounce buffer
+         * of at most GATHER_SCRATCH_BYTES, in pieces */
+        char *bounce = NULL;
+        if (to && r->dev && root == r->me && !(bounce = malloc(GATHER_SCRATCH_BYTES)))
+            return ddp__errmsg(r->err, DDP_ERR_NOMEM, "%s: out of host memory", what);
         for (size_t p = 0; root == r->me && p < r->nparams && !st; p++) {
-            size_t bytes = r->params[p].count * ddp_dtype_size(r->params[p].dtype);
+            size_t esz = ddp_dtype_size(r->params[p].dtype), count = r->params[p].count,
+                   per = GATHER_SCRATCH_BYTES / esz;
             if (!to && dst[p] != src[p])
-                st = copy_any(r, dst[p], src[p], bytes);
-            else if (to && !r->dev && bytes &&
-                     (to->st = to->fn(to->ctx, p, 0, src[p], r->params[p].count)))
-                return ddp__errmsg(r->err, to->st, "%s: the sink refused parameter %zu's", what, p);
-            else if (to && r->dev && bytes)
-                return ddp__errmsg(r->err, DDP_ERR_INVALID,
-                                   "%s: a sink on a GPU group needs a sharded reducer", what);
+                st = copy_any(r, dst[p], src[p], count * esz);
+            for (size_t k = 0; to && k < count && !st; k += per) {
+                size_t n = count - k < per ? count - k : per;
+                const void *piece = (const char *)src[p] + k * esz;
+                if (bounce && !(st = copy_any(r, bounce, piece, n * esz)))
+                    piece = bounce;
+                if (!st && (to->st = to->fn(to->ctx, p, k, piece, n))) {
+                    free(bounce);
+                    return ddp__errmsg(r->err, to->st, "%s: the sink refused parameter %zu's", what,
+                                       p);
+                }
+            }
         }
+        free(bounce);
         return st ? ddp__reducer_errctx(r, st, "%s", what) : DDP_OK;
     }
     size_t most = 0; /* the largest block, in bytes */

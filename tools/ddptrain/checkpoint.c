@@ -106,12 +106,13 @@ static ddp_status save_shards(trainer *t, ddp_ckpt_writer *w, const ddp_ckpt_tra
 ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
 {
     ddp_status st = DDP_OK;
-    /* Sharded, each rank's optimizer state is current only in its shard: complete it first (on
-     * the GPU where the state lives there) — unless each rank keeps its shard only
-     * (opt_shard), whose pieces go straight into the file (save_shards). */
+    /* Sharded, each rank's optimizer state is current only in its shard: complete it first —
+     * unless each rank keeps its shard only (opt_shard), whose pieces go straight into the file
+     * (save_shards); on the GPU the state always goes that way, from the device in pieces (all
+     * of it from rank 0's device when unsharded), never whole into rank 0's host memory. */
     size_t np;
     ddp_model_params(t->m, &np);
-    bool shards = t->opt_shard; /* the same on every rank */
+    bool shards = t->opt_shard || t->resident; /* the same on every rank */
     float **dev = t->resident ? malloc(sizeof(float *) * (np ? np : 1)) : NULL;
     if (t->resident && !dev)
         return ddp_error_set(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
