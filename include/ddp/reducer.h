@@ -230,7 +230,8 @@ ddp_status ddp_reducer_gather_state_to(ddp_reducer *r, int root, const void *con
  * call each) must still make every later call on the root, or the others wait in it — keep the
  * failure in ctx, return DDP_OK, and tell the others after the last (ddptrain's save_shards,
  * examples/train_mlp.c). Only root's sink is called (the others may pass NULL; NULL on the root
- * is refused on every rank). A GPU group needs a sharded reducer for it. */
+ * is refused on every rank). On a GPU group the sink gets host memory too (a bounce buffer of
+ * one chunk; unsharded, the root's own device arrays in pieces of at most 4 MiB). */
 typedef ddp_status (*ddp_state_sink)(void *ctx, size_t i, size_t first, const void *data,
                                      size_t count);
 ddp_status ddp_reducer_gather_state_sink(ddp_reducer *r, int root, const void *const *shards,
