@@ -41,7 +41,9 @@ static int work(const ddp_world *w, void *arg)
         x[i] = (float)(w->rank + 1);
     if (!rc && ddp_allreduce(g, x, x, j->count, DDP_FLOAT32, DDP_SUM) != DDP_OK) {
         fprintf(stderr, "rank %d: %s\n", w->rank, ddp_group_last_error(g));
-        rc = 1;
+        /* Another rank's failure is not this one's: DDP_EXIT_PEER_FAILED lets ddp_spawn name
+         * the rank that failed first-hand, whichever of them ends first. */
+        rc = ddp_group_peer_failed(g) ? DDP_EXIT_PEER_FAILED : 1;
     }
     float want = (float)(w->world_size * (w->world_size + 1) / 2);
     for (size_t i = 0; !rc && i < j->count; i++)

@@ -259,6 +259,10 @@ out:
     ddp_loader_destroy(l);
     ddp_sampler_destroy(s);
     ddp_dataset_close(ds);
+    /* Stopped by another rank's failure: say so with the exit code, so that ddprun names the
+     * rank that failed first-hand (docs/ddprun.md, "Failures"). */
+    if (rc && g && ddp_group_peer_failed(g))
+        rc = DDP_EXIT_PEER_FAILED;
     ddp_group_destroy(g);
     return rc;
 }

@@ -60,10 +60,16 @@ ok "bf16 gradient compression stays within 2e-2 of float32"
 
 # Overlap: with small buckets, part of the communication finishes before finish() is called.
 # (Asynchronous mode forced: on a host with no spare core the default reduces inline.)
-out=$(DDP_OVERLAP=async runN 2 --batch 32 --hidden 384 --bucket_kb 32 --steps 60 2>&1 |
-    grep "hidden behind backward")
-pct=$(sed -n 's/.*, \([0-9]*\)% hidden behind backward.*/\1/p' <<<"$out")
-[ -n "$pct" ] && [ "$pct" -gt 0 ] || fail "no overlap measured: $out"
+# A busy host (CI's two cores shared with other tests) can starve the communication thread of
+# one whole run and round its share to 0%: three tries before that is a failure.
+for try in 1 2 3; do
+    out=$(DDP_OVERLAP=async runN 2 --batch 32 --hidden 384 --bucket_kb 32 --steps 60 2>&1 |
+        grep "hidden behind backward")
+    pct=$(sed -n 's/.*, \([0-9]*\)% hidden behind backward.*/\1/p' <<<"$out")
+    [ -n "$pct" ] || fail "no overlap figure: $out"
+    [ "$pct" -gt 0 ] && break
+done
+[ "$pct" -gt 0 ] || fail "no overlap measured in 3 runs: $out"
 ok "bucket allreduces overlap backward ($pct% of communication hidden)"
 
 # A rank with a different model: both ranks fail at creation, naming the first difference.
