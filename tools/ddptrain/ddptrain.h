@@ -88,6 +88,8 @@ typedef struct trainer {
     /* rank 0: the per-rank batch_size of the run that saved the loaded checkpoint (its stored
      * configuration; 0 when it has none): the data position is in its batches */
     int64_t resume_batch;
+    /* rank 0: the optimizer key of that stored configuration ("" when it has none) */
+    char resume_optimizer[16];
     /* test, predict: the classes of the checkpoint's classifier (its last fcN.bias; 0: none,
      * a GPT), known on every rank before the data open: the model is built with them, not
      * with what the test set's labels happen to reach */
@@ -195,6 +197,11 @@ int trainer_config_from_checkpoint(trainer *t);
  * array's shape but the computation). 0, or 2 after one line naming the first that differs.
  * A checkpoint without a stored configuration (or one that does not load) passes. */
 int trainer_config_check_model(trainer *t, const char *path);
+/* Rank 0, training, before loading the checkpoint at path: whether it holds the optimizer state
+ * of t's optimizer (its first parameter's). 0 when it does (or holds no optimizer state at all:
+ * the load says what is missing), else 2 after one line naming the checkpoint's optimizer (from
+ * its stored configuration, else the state it holds) and the run's, and what to do. */
+int trainer_check_optimizer(trainer *t, const char *path);
 void trainer_print_help(FILE *out);
 /* AdamW's betas from the text of key 'betas': two numbers as 0.9,0.95 (YAML's list [0.9, 0.95]
  * arrives so), or in brackets as on the command line (--betas "[0.9, 0.95]"), blanks allowed
