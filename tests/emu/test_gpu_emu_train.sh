@@ -71,6 +71,22 @@ emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged (or the 
 emu2 gpu2
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 6 || fail "2 ranks: cuda (emulated) ≠ cpu"
 ok "2 ranks over cuda-staged: 6 steps on the emulated GPUs = the cpu's"
+# A rank whose device does not answer the memory query (rank 1's, made to fail): null in
+# metrics.jsonl (-1.000 until 2026-11-25), rank 0's figure in the progress line, the report and
+# the last line, which names the rank of each of its two figures
+DDP_EMU_MEMINFO_FAIL=1 emu2 gpu2m
+python3 - gpu2m/metrics.jsonl <<'EOP' || fail "rank 1's unknown GPU memory is not null"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+print("rank_gpu_mem_mib:", [r["rank_gpu_mem_mib"] for r in rows])
+sys.exit(0 if rows and all(r["rank_gpu_mem_mib"][1] is None and r["rank_gpu_mem_mib"][0] > 0
+                           for r in rows) else 1)
+EOP
+grep -Eq '^\[rank0\]: trained 6 steps in [0-9.]+ s \(largest: peak RSS [0-9]+ MiB on rank [01], [0-9.]+ GiB in use on rank 0.s GPU\)$' gpu2m.out ||
+    { cat gpu2m.out; fail "the last line does not name rank 0's GPU"; }
+"$TRAIN" --task report --out_dir gpu2m >gpu2m.rep 2>&1 || { cat gpu2m.rep; fail "report of gpu2m"; }
+grep -q "in use on its GPU" gpu2m/report.html || fail "the report has no GPU memory curve"
+ok "2 ranks, rank 1's GPU memory unknown: null in metrics.jsonl, rank 0's in the last line and the report"
 NCCL_BUILT=0 # libddp has the nccl backend (DDP_NCCL): the runs over it
 grep -q '^DDP_NCCL:BOOL=ON' "$BIN/../CMakeCache.txt" 2>/dev/null && NCCL_BUILT=1
 if [ $NCCL_BUILT = 1 ]; then

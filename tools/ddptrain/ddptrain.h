@@ -131,9 +131,11 @@ typedef struct progress {
      * of the next progress line, which count training alone (the ETA keeps them). */
     double paused_s;
     uint64_t first_step, last_step;
-    /* The largest rank's memory at the last progress line (rank 0; −1: none yet or no GPU):
-     * host peak RSS, and the bytes in use on its GPU (every process's, nvidia-smi's figure). */
+    /* The largest rank's memory at the last progress line (rank 0; −1: none yet, no GPU, or
+     * no rank's device answered): host peak RSS, and the bytes in use on its GPU (every
+     * process's, nvidia-smi's figure); and which rank each is (they may differ). */
     double rss_mib, gpu_mib;
+    int rss_rank, gpu_rank;
 } progress;
 
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
