@@ -46,6 +46,8 @@ typedef struct trainer {
                           (metrics.c measures a CPU's) */
     ddp_model *m;
     ddp_param *rparams, *rbuffers; /* the reducer's view of the model's parameters and buffers */
+    /* train only: test and predict make no reducer (its gradient buckets, 4 bytes a parameter
+     * on the GPU, would go unused): NULL there, the views broadcast by trainer_share_views */
     ddp_reducer *red;
     ddp_optim *opt;
     bool opt_shard;    /* opt keeps this rank's shard of the state only (ZeRO-1's memory split;
@@ -222,6 +224,10 @@ int trainer_open_data(trainer *t, ddp_dataset **tr, ddp_dataset **te);
 int trainer_train(trainer *t, ddp_dataset *train_set, ddp_dataset *test_set);
 int trainer_predict(trainer *t, ddp_dataset *test_set);
 
+/* Without a reducer (test, predict): rank 0's values of the views, the parameters too when
+ * params, broadcast over the group that holds them (the GPU group when resident). Every rank
+ * must call it. */
+ddp_status trainer_share_views(trainer *t, bool params, ddp_error *err);
 /* Exact: every sample of ds once across the ranks (no padding), sums all-reduced: the same loss
  * and accuracy for any world size. Every rank must call it. */
 ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *acc, ddp_error *err);
