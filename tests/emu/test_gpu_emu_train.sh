@@ -74,6 +74,15 @@ emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged (or the 
 emu2 gpu2
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 6 || fail "2 ranks: cuda (emulated) ≠ cpu"
 ok "2 ranks over cuda-staged: 6 steps on the emulated GPUs = the cpu's"
+# --task test on 2 emulated GPUs (no reducer: rank 0's loaded weights reach rank 1 by broadcast
+# over the GPU group) = on 1
+rc=0; DDP_EMU_GPUS=2 emu "$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$TRAIN" --task test \
+    --device cuda --gpu_backend cuda-staged --checkpoint gpu/checkpoints/step10.safetensors \
+    --out_dir gput2 >gput2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gput2.out; fail "emulated cuda --task test, 2 ranks: exit $rc"; }
+[ "$(grep '^val loss' gput2.out | cut -d' ' -f1-5)" = "$(grep '^val loss' gput.out | cut -d' ' -f1-5)" ] &&
+    grep -q '^val loss' gput.out || { cat gput.out gput2.out; fail "--task test: 2 emulated GPUs ≠ 1"; }
+ok "--task test on 2 emulated GPUs (the weights broadcast without a reducer) = on 1"
 # A rank whose device does not answer the memory query (rank 1's, made to fail): null in
 # metrics.jsonl (-1.000 until 2026-11-25), rank 0's figure in the progress line, the report and
 # the last line, which names the rank of each of its two figures
