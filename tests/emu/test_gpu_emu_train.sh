@@ -96,6 +96,8 @@ sys.exit(0 if rows and all(r["rank_gpu_mem_mib"][1] is None and r["rank_gpu_mem_
 EOP
 grep -Eq '^\[rank0\]: trained 6 steps in [0-9.]+ s \(largest: peak RSS [0-9]+ MiB on rank [01], [0-9.]+ GiB in use on rank 0.s GPU\)$' gpu2m.out ||
     { cat gpu2m.out; fail "the last line does not name rank 0's GPU"; }
+[ "$(grep -c "note: rank 1's GPU memory in use is not reported" gpu2m.out)" -eq 1 ] ||
+    { cat gpu2m.out; fail "rank 0 does not say once that rank 1's GPU memory is unknown"; }
 "$TRAIN" --task report --out_dir gpu2m >gpu2m.rep 2>&1 || { cat gpu2m.rep; fail "report of gpu2m"; }
 grep -q "in use on its GPU" gpu2m/report.html || fail "the report has no GPU memory curve"
 ok "2 ranks, rank 1's GPU memory unknown: null in metrics.jsonl, rank 0's in the last line and the report"

@@ -138,6 +138,7 @@ typedef struct progress {
      * process's, nvidia-smi's figure); and which rank each is (they may differ). */
     double rss_mib, gpu_mib;
     int rss_rank, gpu_rank;
+    bool gpu_unknown_said; /* rank 0 said that another rank's GPU memory is not known */
 } progress;
 
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */

@@ -317,6 +317,15 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
             p->rss_mib = all[NV * r + 5], p->rss_rank = r;
         if (all[NV * r + 6] > p->gpu_mib)
             p->gpu_mib = all[NV * r + 6], p->gpu_rank = r;
+        /* another rank's failed query (its own note is rank 0's alone): said once */
+        if (t->R == 0 && r != 0 && t->dev.device == DDP_DEVICE_CUDA && all[NV * r + 6] < 0 &&
+            !p->gpu_unknown_said) {
+            p->gpu_unknown_said = true;
+            trainer_say(t,
+                        "note: rank %d's GPU memory in use is not reported (its device did not "
+                        "answer the query): null in metrics.jsonl, left out of the largest",
+                        r);
+        }
         if (all[NV * r + 4] > 0)
             save_asked(t, (int)all[NV * r + 4], r, total);
     }
