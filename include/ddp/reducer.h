@@ -206,11 +206,16 @@ void ddp_reducer_shard(const ddp_reducer *r, size_t i, size_t *lo, size_t *hi);
 /* Whether finish() reduce-scatters (shard_optimizer with more than one rank). */
 bool ddp_reducer_sharded(const ddp_reducer *r);
 /* Sharded: every rank's shard of the parameters to every rank (call after the optimizer step;
- * every rank must call it). Not sharded: returns DDP_OK at once. */
+ * every rank must call it). Not sharded: returns DDP_OK at once. Not during a step (between the
+ * first mark_ready and finish): sharded, a rank that calls it (or a gather_state*) mid-step
+ * gets DDP_ERR_INVALID and aborts the group (ddp_group_abort), so that the others, in the
+ * gather's collectives, fail at once naming it ("rank R aborted the group: … a step is under way
+ * on rank R …") rather than wait for their deadline; the group is then spent: destroy it. */
 ddp_status ddp_reducer_gather_params(ddp_reducer *r);
 /* The same for arrays shaped like the parameters (arrays[i]: params[i].count elements of its
  * dtype), e.g. optimizer state before a checkpoint; through a scratch buffer, so the gradients
- * are untouched. Not during a step (between the first mark_ready and finish). */
+ * are untouched. Not during a step (between the first mark_ready and finish; as above: not
+ * sharded, the call fails on this rank alone, where no rank communicates). */
 ddp_status ddp_reducer_gather_state(ddp_reducer *r, void *const *arrays);
 /* ZeRO-1's memory split (ddp_optim_keep, ddp/optim.h: each rank keeps the state of its shard
  * only): every rank's shard to rank root, which gets whole arrays — torch's

@@ -112,6 +112,25 @@ static ddp_status window_sink(ddp_reducer *r, const ddp__bucket *b, size_t a, si
     return DDP_OK;
 }
 
+/* A gather called while this rank's step is under way (mark_ready called, finish not yet).
+ * Sharded, the others are entering the gather's collectives, which this rank will not: the group
+ * is aborted with the message, so that they fail now naming this rank, not at their deadline
+ * (until 2026-11-25 they waited for it; gather_params even ran its allgather mid-step). Not
+ * sharded, a gather communicates on no rank: this rank's error alone. */
+static ddp_status mid_step(ddp_reducer *r, const char *what)
+{
+    ddp__errmsg(r->err, DDP_ERR_INVALID,
+                "%s: a step is under way on rank %d (mark_ready called, finish not yet); gather "
+                "on every rank between finish and the next step's mark_ready%s",
+                what, r->me,
+                r->shard ? ": the group was aborted, so that the other ranks, in the gather, "
+                           "fail now rather than at their deadline"
+                         : "");
+    if (r->shard)
+        ddp__group_abort_why(r->g, r->err);
+    return DDP_ERR_INVALID;
+}
+
 /* Every rank's shard of state arrays to every rank (root < 0) or to rank root alone, through a
  * small private scratch buffer (GATHER_SCRATCH_BYTES: malloc on every rank, or device memory on a
  * GPU group; rare, e.g. for a checkpoint; the gradients are left alone): each bucket's blocks
@@ -131,8 +150,7 @@ static ddp_status gather(ddp_reducer *r, const void *const *src, bool src_shard,
     if (!src || (root == r->me && !dst && (!to || no_sink)) || root >= r->W)
         bad = 2;
     if (r->step_open)
-        return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: a step is under way; call finish first",
-                           what);
+        return mid_step(r, what);
     if (!r->shard) { /* every rank holds everything already */
         if (bad)
             return ddp__errmsg(r->err, DDP_ERR_INVALID, "%s: %s", what,
@@ -242,6 +260,8 @@ ddp_status ddp_reducer_gather_params(ddp_reducer *r)
         return r ? ddp__reducer_gone(r) : DDP_ERR_INVALID;
     if (!r->shard)
         return DDP_OK;
+    if (r->step_open)
+        return mid_step(r, "gathering the parameters");
     r->awaiting = false; /* after a failure the group's error is what later calls report */
     for (size_t k = 0; k < r->nb; k++) { /* in place: block me is already where it belongs */
         ddp__bucket *b = &r->b[k];

@@ -100,6 +100,12 @@ const ddp__devops *ddp__group_devops(const ddp_group *g, void **stream, int *tim
 ddp_status ddp__group_host_collective(ddp_group *g, bool gather, const void *send, void *recv,
                                       size_t count, ddp_dtype t, ddp_op op);
 
+/* ddp_group_abort with the reason the peers are told ("rank R aborted the group: why") and
+ * later calls here return, unless g failed before (then that first error, as ddp_group_abort).
+ * For libddp's own use: a misuse found on one rank while the others are entering a collective
+ * (the reducer's gather mid-step). Thread-safe, as ddp_group_abort. */
+void ddp__group_abort_why(ddp_group *g, const char *why);
+
 /* Something of libddp's built on a group that holds the group's memory or work (a reducer's
  * buckets). ddp_group_destroy calls release(ctx) for each one still registered, first of all,
  * while the group still works, then forgets it: so a program that destroys the group before the

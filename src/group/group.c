@@ -624,11 +624,16 @@ void ddp_group_free(ddp_group *g, void *p)
 
 void ddp_group_abort(ddp_group *g)
 {
+    ddp__group_abort_why(g, "the group was aborted on this rank (ddp_group_abort)");
+}
+
+void ddp__group_abort_why(ddp_group *g, const char *why)
+{
     if (!g)
         return;
-    poison(g, DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)", false);
-    /* Peers learn why: the first error if there was one, else that the program aborted. The
-     * message was fixed by poison() above and is not written again. */
+    poison(g, DDP_ERR_CLOSED, why, false);
+    /* Peers learn why: the first error if there was one, else why. The message was fixed by
+     * poison() above and is not written again. */
     if (g->ops && g->ops->abort)
         g->ops->abort(g->be, g->errmsg);
 }

@@ -419,10 +419,15 @@ EMU_API size_t emu_rt_set_mem_limit(size_t bytes)
 /* The device's 80 GiB (cudaGetDeviceProperties' totalGlobalMem; a test's limit), less what this
  * process cudaMalloc'd: no context, library or other process takes any (a GPU's figure has those
  * too). */
+/* DDP_EMU_MEMINFO_FAIL=R: the query fails in the process whose RANK is R (a device that does
+ * not answer it, for a test of what ddptrain reports then). */
 EMU_API cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
     if (!free_bytes || !total_bytes)
         return set_err(cudaErrorInvalidValue);
+    const char *fail_rank = getenv("DDP_EMU_MEMINFO_FAIL"), *rank = getenv("RANK");
+    if (fail_rank && !strcmp(fail_rank, rank ? rank : "0"))
+        return set_err(cudaErrorNotSupported);
     std::lock_guard<std::mutex> l(mem_m);
     *total_bytes = mem_limit; /* less than in use after a test's emu_rt_set_mem_limit: none free */
     *free_bytes = dev_bytes < mem_limit ? mem_limit - dev_bytes : 0;

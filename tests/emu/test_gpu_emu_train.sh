@@ -41,8 +41,10 @@ rc=0; DDP_EMU_PEAK_FILE=$T/peak-gpu emu "$TRAIN" "${ARGS[@]}" --device cuda --gp
 grep -q 'emulated on the CPU' gpu.out || { cat gpu.out; fail "the run did not name the emulated GPU"; }
 losses cpu/metrics.jsonl gpu/metrics.jsonl 10 || fail "1 rank: cuda (emulated) ≠ cpu"
 ok "1 rank: 10 steps on the emulated GPU = the cpu's"
-# evaluating its checkpoint on the GPU (--task test) makes no optimizer state there: its device
-# peak is at least AdamW's 8 bytes a parameter below training's (the loaded state stays on the host)
+# evaluating its checkpoint on the GPU (--task test) makes no optimizer state there, nor the
+# reducer's gradient buckets: its device peak is at least AdamW's 8 bytes and the gradients' 4 a
+# parameter below training's (the loaded state stays on the host; until 2026-11-25 the buckets
+# were made, and the peak was 8 bytes a parameter below only)
 rc=0; DDP_EMU_PEAK_FILE=$T/peak-test emu "$TRAIN" --task test --device cuda \
     --checkpoint gpu/checkpoints/step10.safetensors --out_dir gput >gput.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat gput.out; fail "emulated cuda --task test: exit $rc"; }
@@ -52,11 +54,12 @@ train, test = (max(int(l) for l in open(p)) for p in sys.argv[1:3])
 f = open(sys.argv[3], "rb")
 head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
 n = sum(math.prod(v["shape"]) for k, v in head.items() if k != "__metadata__" and not k.startswith("optim."))
-print(f"device peak, bytes: training {train}, --task test {test}; AdamW's state {8 * n}")
-sys.exit(0 if test <= train - 8 * n else 1)
+print(f"device peak, bytes: training {train}, --task test {test}; AdamW's state {8 * n}, "
+      f"the gradients {4 * n}")
+sys.exit(0 if test <= train - 12 * n else 1)
 EOP
-    fail "--task test on the GPU made the optimizer's state there"
-ok "1 rank: --task test from its checkpoint makes no optimizer state on the emulated GPU"
+    fail "--task test on the GPU made the optimizer's state or the gradient buckets there"
+ok "1 rank: --task test from its checkpoint makes no optimizer state or gradient buckets on the emulated GPU"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }
@@ -71,6 +74,33 @@ emu2() { # OUT_DIR ARGS…: 6 steps on 2 emulated GPUs over cuda-staged (or the 
 emu2 gpu2
 losses cpu2/metrics.jsonl gpu2/metrics.jsonl 6 || fail "2 ranks: cuda (emulated) ≠ cpu"
 ok "2 ranks over cuda-staged: 6 steps on the emulated GPUs = the cpu's"
+# --task test on 2 emulated GPUs (no reducer: rank 0's loaded weights reach rank 1 by broadcast
+# over the GPU group) = on 1
+rc=0; DDP_EMU_GPUS=2 emu "$DDPRUN" --standalone --nproc_per_node=2 --no_prefix "$TRAIN" --task test \
+    --device cuda --gpu_backend cuda-staged --checkpoint gpu/checkpoints/step10.safetensors \
+    --out_dir gput2 >gput2.out 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat gput2.out; fail "emulated cuda --task test, 2 ranks: exit $rc"; }
+[ "$(grep '^val loss' gput2.out | cut -d' ' -f1-5)" = "$(grep '^val loss' gput.out | cut -d' ' -f1-5)" ] &&
+    grep -q '^val loss' gput.out || { cat gput.out gput2.out; fail "--task test: 2 emulated GPUs ≠ 1"; }
+ok "--task test on 2 emulated GPUs (the weights broadcast without a reducer) = on 1"
+# A rank whose device does not answer the memory query (rank 1's, made to fail): null in
+# metrics.jsonl (-1.000 until 2026-11-25), rank 0's figure in the progress line, the report and
+# the last line, which names the rank of each of its two figures
+DDP_EMU_MEMINFO_FAIL=1 emu2 gpu2m
+python3 - gpu2m/metrics.jsonl <<'EOP' || fail "rank 1's unknown GPU memory is not null"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+print("rank_gpu_mem_mib:", [r["rank_gpu_mem_mib"] for r in rows])
+sys.exit(0 if rows and all(r["rank_gpu_mem_mib"][1] is None and r["rank_gpu_mem_mib"][0] > 0
+                           for r in rows) else 1)
+EOP
+grep -Eq '^\[rank0\]: trained 6 steps in [0-9.]+ s \(largest: peak RSS [0-9]+ MiB on rank [01], [0-9.]+ GiB in use on rank 0.s GPU\)$' gpu2m.out ||
+    { cat gpu2m.out; fail "the last line does not name rank 0's GPU"; }
+[ "$(grep -c "note: rank 1's GPU memory in use is not reported" gpu2m.out)" -eq 1 ] ||
+    { cat gpu2m.out; fail "rank 0 does not say once that rank 1's GPU memory is unknown"; }
+"$TRAIN" --task report --out_dir gpu2m >gpu2m.rep 2>&1 || { cat gpu2m.rep; fail "report of gpu2m"; }
+grep -q "in use on its GPU" gpu2m/report.html || fail "the report has no GPU memory curve"
+ok "2 ranks, rank 1's GPU memory unknown: null in metrics.jsonl, rank 0's in the last line and the report"
 NCCL_BUILT=0 # libddp has the nccl backend (DDP_NCCL): the runs over it
 grep -q '^DDP_NCCL:BOOL=ON' "$BIN/../CMakeCache.txt" 2>/dev/null && NCCL_BUILT=1
 if [ $NCCL_BUILT = 1 ]; then

@@ -118,7 +118,7 @@ assert rows and all(len(r["rank_peak_rss_mib"]) == 2 for r in rows), rows[-1]
 assert all(45 < v < 4096 for r in rows for v in r["rank_peak_rss_mib"]), rows[-1]
 assert not any("rank_gpu_mem_mib" in r for r in rows)
 EOP
-grep -Eq '^\[rank0\]: trained 60 steps in [0-9.]+ s \(largest rank: peak RSS [0-9]+ MiB\)$' out ||
+grep -Eq '^\[rank0\]: trained 60 steps in [0-9.]+ s \(largest: peak RSS [0-9]+ MiB on rank [01]\)$' out ||
     { cat out; fail "the end line lacks the largest rank's peak RSS"; }
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --task test --out_dir run2 >tout 2>&1 ||
     fail "test task failed"

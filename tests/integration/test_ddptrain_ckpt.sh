@@ -155,7 +155,9 @@ for args in "--model.hidden 24" "--optimizer adamw"; do
     rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm_new \
         --resume_from mm/checkpoints/step4.safetensors >out 2>err || rc=$?
     [ $rc -ne 0 ] || fail "$args: a resume from another model's checkpoint worked"
-    [ "$args" != "--model.hidden 24" ] || [ $rc -eq 2 ] || fail "$args: exit code $rc, want 2"
+    # Another optimizer is a usage error too (exit 2, one line), not a damaged file (exit 1).
+    [ $rc -eq 2 ] || { cat err >&2; fail "$args: exit code $rc, want 2"; }
+    [ "$(wc -l <err)" -eq 1 ] || { cat err >&2; fail "$args: want one line on stderr"; }
     assert_contains err "step4.safetensors"
     [ ! -e mm_new ] || { ls -R mm_new; fail "$args: a refused resume made its out_dir"; }
     rc=0; "$TRAIN" "${S[@]}" $args --total_steps 6 --out_dir mm --resume_from latest >out 2>err ||
@@ -169,3 +171,36 @@ rc=0; "$BIN/ddprun" --standalone --nproc_per_node=2 "$TRAIN" "${S[@]}" --model.h
 assert_contains out "saved with another model"
 snap mm | cmp -s - mm.before || fail "2 ranks: the refused resume changed out_dir"
 ok "a resume from another model's or optimizer's checkpoint: refused, out_dir untouched (1 and 2 ranks)"
+
+# Another optimizer, both ways: the message names the checkpoint's optimizer and the run's,
+# and what to do. Before, it read as a damaged file ("lacks 'optim.fc1.weight.exp_avg'", exit 1).
+refused "optimizer is adamw here (the command line) but sgd in the checkpoint 'mm/checkpoints/step4.safetensors': it holds the optimizer state momentum_buffer, adamw needs exp_avg, exp_avg_sq; resume it with --optimizer sgd, or train with adamw from step 0 into another --out_dir (without --resume_from)" \
+    "${S[@]}" --optimizer adamw --total_steps 6 --out_dir mm --resume_from latest
+"$TRAIN" "${S[@]}" --optimizer adamw --total_steps 2 --checkpoint.every 2 --out_dir ma >out 2>err ||
+    { cat out err; fail "training ma (adamw)"; }
+refused "optimizer is sgd here (default) but adamw in the checkpoint 'ma/checkpoints/step2.safetensors': it holds the optimizer state exp_avg, exp_avg_sq, sgd needs momentum_buffer; resume it with --optimizer adamw" \
+    "${S[@]}" --total_steps 4 --out_dir ma --resume_from latest
+# Two ranks: rank 0 refuses, exit code 2 through ddprun.
+rc=0; "$DDPRUN" --standalone --nproc_per_node 2 "$TRAIN" "${S[@]}" --total_steps 4 --out_dir ma \
+    --resume_from latest >out 2>err || rc=$?
+[ $rc -ne 0 ] || fail "2 ranks: a resume with another optimizer worked"
+assert_contains err "[rank0]: ddptrain: optimizer is sgd here (default) but adamw in the checkpoint"
+assert_contains err "ended with exit code 2"
+# A checkpoint without a stored configuration (saved by a program on the library) is told by
+# its state's names.
+"$TRAIN" "${S[@]}" --optimizer adamw --total_steps 2 --checkpoint.every 2 --out_dir nc >out 2>err ||
+    { cat out err; fail "training nc (adamw)"; }
+python3 - nc/checkpoints/step2.safetensors <<'PY' || fail "stripping the config metadata"
+import json, struct, sys
+p = sys.argv[1]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+h["__metadata__"].pop("config")
+h["__metadata__"].pop("ddp.data_crc32", None)
+j = json.dumps(h).encode()
+open(p, "wb").write(struct.pack("<Q", len(j)) + j + b[8 + n:])
+PY
+refused "the checkpoint 'nc/checkpoints/step2.safetensors' was saved with another optimizer: it holds the optimizer state exp_avg, exp_avg_sq, sgd needs momentum_buffer; resume it with the optimizer that saved it" \
+    "${S[@]}" --total_steps 4 --out_dir nc --resume_from latest
+ok "a resume with another optimizer (sgd <-> adamw; stored configuration or not): exit 2 naming both"

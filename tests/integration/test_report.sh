@@ -78,6 +78,25 @@ mkdir -p gpumem
 assert_contains gpumem/report.html ">Memory (the largest rank)"
 assert_contains gpumem/report.html "in use on its GPU"
 assert_not_contains worlds/report.html "Memory (the largest rank)"
+# A rank whose device did not answer: null in metrics.jsonl (-1.000 in older files); no point
+# for it, the others' largest charted; a line where no rank's is known gives no point at all.
+mkdir -p gpunull
+{
+    echo '{"step": 0, "start": true, "world_size": 2, "peak_flops_per_rank": 1e15, "model": "gpt"}'
+    echo '{"step": 10, "loss": 2.0, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [1, 5], "rank_peak_rss_mib": [500.5, 560.1], "rank_gpu_mem_mib": [5336.78, null]}'
+    echo '{"step": 20, "loss": 1.5, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [5, 1], "rank_peak_rss_mib": [501.5, 561.1], "rank_gpu_mem_mib": [-1.000, -1.000]}'
+} >gpunull/metrics.jsonl
+"$TRAIN" --task report --out_dir gpunull >gpunull.out 2>&1 || { cat gpunull.out; fail "report failed"; }
+assert_contains gpunull/report.html "in use on its GPU"
+python3 - gpunull/report.html <<'EOP' || fail "the memory chart plots an unknown GPU figure"
+import re, sys
+page = open(sys.argv[1]).read()
+svg = page[page.index(">Memory (the largest rank)"):]
+svg = svg[:svg.index("</svg>")]
+ticks = re.findall(r'text-anchor="end">([^<]*)<', svg)  # the y axis's labels
+print("memory chart, y axis:", ticks)
+sys.exit(0 if ticks and not any(t.startswith(("-", "\u2212")) for t in ticks) else 1)
+EOP
 ok "memory: the largest rank's peak RSS and GPU memory charted; none for a run without them"
 
 if ! command -v chromium >/dev/null; then

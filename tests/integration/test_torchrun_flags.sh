@@ -191,6 +191,24 @@ assert_contains "$T/err" "that value came from PET_NPROC_PER_NODE in the environ
 rc=0; PET_STANDALONE=yes "$DDPRUN" "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] || fail "PET_STANDALONE=yes exited $rc, want 2"
 assert_contains "$T/err" "PET_STANDALONE='yes' in the environment: use 1 or 0"
+# A run id with '/' (torchrun takes any text; ddprun's names its log folder and /dev/shm
+# segments): refused in one line that names where it came from — the flag as given, or the
+# PET_ variable (until 2026-11-25 "--run_id" for all three, the variable on a second line after
+# "see 'ddprun --help'"). TORCHELASTIC_RUN_ID is the workers' (ddprun sets it), not read, as
+# with torchrun.
+rc=0; "$DDPRUN" --standalone --rdzv_id a/b "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--rdzv_id a/b exited $rc, want 2"
+assert_contains "$T/err" "ddprun: --rdzv_id 'a/b': use letters, digits, '_', '.' and '-'"
+for var in PET_RUN_ID PET_RDZV_ID; do
+    flag=$(echo "${var#PET_}" | tr A-Z a-z)
+    rc=0; env $var=a/b "$DDPRUN" --nproc_per_node 1 "$WORKER" env "$d" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 2 ] || fail "$var=a/b exited $rc, want 2"
+    assert_contains "$T/err" "ddprun: --$flag 'a/b': use letters, digits, '_', '.' and '-' (it names ddprun's log folder and shared-memory segments); that value came from $var in the environment, which torchrun reads for --$flag: correct or unset $var"
+    [ "$(wc -l <"$T/err")" -eq 1 ] || { cat "$T/err"; fail "$var=a/b: want one line"; }
+done
+rc=0; TORCHELASTIC_RUN_ID=a/b "$DDPRUN" --standalone --nproc_per_node 1 --run_id ok1 "$WORKER" env "$d" \
+    >"$T/out" 2>"$T/err" || { cat "$T/err"; fail "TORCHELASTIC_RUN_ID=a/b: exit $?"; }
+[ "$(get "$d/env.0" TORCHELASTIC_RUN_ID)" = ok1 ] || fail "the workers' TORCHELASTIC_RUN_ID is not ddprun's"
 printf '#!/bin/sh\necho "fakepy $*"\n' >"$T/fakepy" && chmod +x "$T/fakepy"
 touch "$T/nothing.py"
 PYTHON_EXEC=$T/fakepy "$DDPRUN" --standalone "$T/nothing.py" a >"$T/out" 2>"$T/err" ||

@@ -201,8 +201,9 @@ def logged(run):
             if key in rec:
                 out.setdefault(tag, {})[rec["step"]] = f32_bits(rec[key])
         for key, tag in MEM_TAGS.items():  # per rank in metrics.jsonl, the largest in TensorBoard
-            if key in rec:
-                out.setdefault(tag, {})[rec["step"]] = f32_bits(max(rec[key]))
+            known = [v for v in rec.get(key, []) if v is not None]  # null: a rank's unknown
+            if known:
+                out.setdefault(tag, {})[rec["step"]] = f32_bits(max(known))
     return out
 
 

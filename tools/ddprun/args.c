@@ -133,6 +133,15 @@ static const char usage[] =
     "for\n"
     "a usage error.\n";
 
+/* While env_flags applies a PET_<FLAG> value: the variable and the flag, so that bad() names
+ * where a refused value came from in the refusal's own line (a second line after "see
+ * 'ddprun --help'" said it until 2026-11-25, and a PET_RDZV_ID was refused as "--run_id").
+ * File-scope state, against the house rule, because the parser runs once, on one thread, before
+ * anything else, and threading it through every apply_value message would hide the messages. */
+static struct {
+    const char *var, *flag;
+} value_from;
+
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int bad(const char *fmt, ...)
 {
@@ -141,7 +150,13 @@ static int bad(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ddprun: %s\nddprun: see 'ddprun --help'\n", msg);
+    if (value_from.var) /* the command line's help does not help: the environment holds it */
+        fprintf(stderr,
+                "ddprun: %s; that value came from %s in the environment, which torchrun reads "
+                "for --%s: correct or unset %s\n",
+                msg, value_from.var, value_from.flag, value_from.var);
+    else
+        fprintf(stderr, "ddprun: %s\nddprun: see 'ddprun --help'\n", msg);
     return -1;
 }
 
@@ -621,11 +636,13 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
     if (strcmp(name, "run_id") == 0 || strcmp(name, "rdzv_id") == 0) {
         if (!*v || strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
                        strlen(v))
-            return bad("--run_id '%s': use letters, digits, '_', '.' and '-' (it names files)", v);
+            return bad("--%s '%s': use letters, digits, '_', '.' and '-' (it names ddprun's log "
+                       "folder and shared-memory segments)",
+                       name, v);
         if (strcmp(v, ".") == 0 || strcmp(v, "..") == 0) /* would name log_dir or its parent */
-            return bad("--run_id '%s' names a folder outside --log_dir's run folders; give a "
+            return bad("--%s '%s' names a folder outside --log_dir's run folders; give a "
                        "name such as 'job1'",
-                       v);
+                       name, v);
         o->run_id_set = true;
         return copy_str(name, v, o->run_id, sizeof o->run_id);
     }
@@ -847,13 +864,12 @@ static int env_flags(ddprun_opts *o, const bool *seen_valued, const bool *seen_s
                 if (on)
                     set_switch(o, name, py);
             } else {
-                if (apply_value(o, name, v, port_set) != 0) {
-                    fprintf(stderr,
-                            "ddprun: (that value came from %s in the environment, which "
-                            "torchrun reads for --%s)\n",
-                            var, name);
+                value_from.var = var;
+                value_from.flag = name;
+                int rc = apply_value(o, name, v, port_set);
+                value_from.var = value_from.flag = NULL;
+                if (rc != 0)
                     return -1;
-                }
                 *addr_flag =
                     *addr_flag || !strcmp(name, "master_addr") || !strcmp(name, "rdzv_endpoint");
             }

@@ -387,6 +387,52 @@ int trainer_resolve_resume(trainer *t)
     return 2;
 }
 
+int trainer_check_optimizer(trainer *t, const char *path)
+{
+    size_t np;
+    const ddp_model_param *p = ddp_model_params(t->m, &np);
+    int ns = ddp_optim_num_states(t->opt);
+    ddp_ckpt *ck = NULL;
+    if (np == 0 || ns == 0 || ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
+        return 0; /* nothing to check, or the load says why the file does not open */
+    /* "optim.<param>.<state>" (src/ckpt/trainstate.c): the run's states of the first
+     * parameter, and the states of it the file holds instead, comma-separated */
+    char name[512], want[256] = "", held[256] = "", prefix[400];
+    bool fits = true;
+    for (int k = 0; k < ns; k++) {
+        const char *s = ddp_optim_state_name(t->opt, k);
+        snprintf(name, sizeof name, "optim.%s.%s", p[0].name, s);
+        fits = fits && ddp_ckpt_find(ck, name);
+        size_t len = strlen(want);
+        snprintf(want + len, sizeof want - len, "%s%s", k ? ", " : "", s);
+    }
+    int n = snprintf(prefix, sizeof prefix, "optim.%s.", p[0].name);
+    for (size_t i = 0; !fits && i < ddp_ckpt_count(ck); i++) {
+        const char *tn = ddp_ckpt_tensor_at(ck, i)->name;
+        if (n > 0 && strncmp(tn, prefix, (size_t)n) == 0) {
+            size_t len = strlen(held);
+            snprintf(held + len, sizeof held - len, "%s%s", len ? ", " : "", tn + n);
+        }
+    }
+    ddp_ckpt_close(ck);
+    if (fits || !*held)
+        return 0;
+    const char *mine = ddp_config_str(t->cfg, "optimizer"), *theirs = t->resume_optimizer;
+    char fix[64] = "the optimizer that saved it";
+    if (*theirs && strcmp(theirs, mine) != 0)
+        snprintf(fix, sizeof fix, "--optimizer %s", theirs);
+    if (*theirs && strcmp(theirs, mine) != 0)
+        fprintf(stderr, "ddptrain: optimizer is %s here (%s) but %s in the checkpoint '%s'", mine,
+                ddp_config_origin(t->cfg, "optimizer"), theirs, path);
+    else
+        fprintf(stderr, "ddptrain: the checkpoint '%s' was saved with another optimizer", path);
+    fprintf(stderr,
+            ": it holds the optimizer state %s, %s needs %s; resume it with %s, or train with %s "
+            "from step 0 into another --out_dir (without --resume_from)\n",
+            held, mine, want, fix, mine);
+    return 2;
+}
+
 int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
 {
     int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed, −2 another model (exit 2) */
@@ -413,8 +459,9 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
         } else if (st != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             got = -1;
-        } else if (trainer_config_check_model(t, path) != 0) {
-            got = -2; /* the command line names another model: a usage error, as in config.c */
+        } else if (trainer_config_check_model(t, path) != 0 ||
+                   (train && trainer_check_optimizer(t, path) != 0)) {
+            got = -2; /* the command line names another model or optimizer: a usage error */
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
             if (train && t->resume_latest)

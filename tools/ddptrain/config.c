@@ -732,6 +732,7 @@ static bool shapes_model(const char *type, const char *key)
 int trainer_config_check_model(trainer *t, const char *path)
 {
     ddp_ckpt *ck = NULL;
+    t->resume_optimizer[0] = '\0';
     if (ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
         return 0; /* the load says why */
     const char *yaml = ddp_ckpt_meta(ck, "config");
@@ -761,6 +762,8 @@ int trainer_config_check_model(trainer *t, const char *path)
     if (!stored)
         return 0;
     t->resume_batch = ddp_config_int(stored, "batch_size");
+    snprintf(t->resume_optimizer, sizeof t->resume_optimizer, "%s",
+             ddp_config_str(stored, "optimizer"));
     /* Every model key that differs, named in one line: one at a time, a CNN resumed with none
      * of its keys took three tries (model.type, then model.hidden, then model.channels). */
     int rc = 0;

@@ -46,6 +46,8 @@ typedef struct trainer {
                           (metrics.c measures a CPU's) */
     ddp_model *m;
     ddp_param *rparams, *rbuffers; /* the reducer's view of the model's parameters and buffers */
+    /* train only: test and predict make no reducer (its gradient buckets, 4 bytes a parameter
+     * on the GPU, would go unused): NULL there, the views broadcast by trainer_share_views */
     ddp_reducer *red;
     ddp_optim *opt;
     bool opt_shard;    /* opt keeps this rank's shard of the state only (ZeRO-1's memory split;
@@ -88,6 +90,8 @@ typedef struct trainer {
     /* rank 0: the per-rank batch_size of the run that saved the loaded checkpoint (its stored
      * configuration; 0 when it has none): the data position is in its batches */
     int64_t resume_batch;
+    /* rank 0: the optimizer key of that stored configuration ("" when it has none) */
+    char resume_optimizer[16];
     /* test, predict: the classes of the checkpoint's classifier (its last fcN.bias; 0: none,
      * a GPT), known on every rank before the data open: the model is built with them, not
      * with what the test set's labels happen to reach */
@@ -129,9 +133,12 @@ typedef struct progress {
      * of the next progress line, which count training alone (the ETA keeps them). */
     double paused_s;
     uint64_t first_step, last_step;
-    /* The largest rank's memory at the last progress line (rank 0; −1: none yet or no GPU):
-     * host peak RSS, and the bytes in use on its GPU (every process's, nvidia-smi's figure). */
+    /* The largest rank's memory at the last progress line (rank 0; −1: none yet, no GPU, or
+     * no rank's device answered): host peak RSS, and the bytes in use on its GPU (every
+     * process's, nvidia-smi's figure); and which rank each is (they may differ). */
     double rss_mib, gpu_mib;
+    int rss_rank, gpu_rank;
+    bool gpu_unknown_said; /* rank 0 said that another rank's GPU memory is not known */
 } progress;
 
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
@@ -195,6 +202,11 @@ int trainer_config_from_checkpoint(trainer *t);
  * array's shape but the computation). 0, or 2 after one line naming the first that differs.
  * A checkpoint without a stored configuration (or one that does not load) passes. */
 int trainer_config_check_model(trainer *t, const char *path);
+/* Rank 0, training, before loading the checkpoint at path: whether it holds the optimizer state
+ * of t's optimizer (its first parameter's). 0 when it does (or holds no optimizer state at all:
+ * the load says what is missing), else 2 after one line naming the checkpoint's optimizer (from
+ * its stored configuration, else the state it holds) and the run's, and what to do. */
+int trainer_check_optimizer(trainer *t, const char *path);
 void trainer_print_help(FILE *out);
 /* AdamW's betas from the text of key 'betas': two numbers as 0.9,0.95 (YAML's list [0.9, 0.95]
  * arrives so), or in brackets as on the command line (--betas "[0.9, 0.95]"), blanks allowed
@@ -213,6 +225,10 @@ int trainer_open_data(trainer *t, ddp_dataset **tr, ddp_dataset **te);
 int trainer_train(trainer *t, ddp_dataset *train_set, ddp_dataset *test_set);
 int trainer_predict(trainer *t, ddp_dataset *test_set);
 
+/* Without a reducer (test, predict): rank 0's values of the views, the parameters too when
+ * params, broadcast over the group that holds them (the GPU group when resident). Every rank
+ * must call it. */
+ddp_status trainer_share_views(trainer *t, bool params, ddp_error *err);
 /* Exact: every sample of ds once across the ranks (no padding), sums all-reduced: the same loss
  * and accuracy for any world size. Every rank must call it. */
 ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *acc, ddp_error *err);

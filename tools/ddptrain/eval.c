@@ -14,11 +14,30 @@
 
 #include "ddptrain.h"
 
+ddp_status trainer_share_views(trainer *t, bool params, ddp_error *err)
+{
+    ddp_group *g = t->resident ? t->gg : t->g;
+    size_t np, nb;
+    ddp_model_params(t->m, &np);
+    ddp_model_buffers(t->m, &nb);
+    for (size_t k = 0; k < (params ? np : 0) + nb; k++) {
+        const ddp_param *v =
+            k < (params ? np : 0) ? &t->rparams[k] : &t->rbuffers[k - (params ? np : 0)];
+        ddp_status st = ddp_broadcast(g, v->data, v->count, v->dtype, 0);
+        if (st)
+            return ddp_error_set(err, st, "broadcasting '%s' from rank 0: %s", v->name,
+                                 ddp_group_last_error(g));
+    }
+    return DDP_OK;
+}
+
 ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *acc, ddp_error *err)
 {
     ddp_status st;
     /* Batchnorm's running statistics drift apart between ranks: rank 0's are the model's. */
-    if ((st = ddp_reducer_sync_buffers(t->red)))
+    if (!t->red && (st = trainer_share_views(t, false, err)))
+        return st;
+    if (t->red && (st = ddp_reducer_sync_buffers(t->red)))
         return ddp_error_set(err, st, "%s", ddp_reducer_last_error(t->red));
     ddp_sampler_opts so = DDP_SAMPLER_OPTS_INIT;
     so.dataset_size = ddp_dataset_len(ds);

@@ -368,6 +368,14 @@ static int wrap_model(trainer *t)
     if (t->dev.device == DDP_DEVICE_CUDA && strcmp(ddp_config_str(c, "resident"), "false") != 0 &&
         (rc = go_resident(t, &ro)))
         return rc;
+    /* test, predict: no gradients, so no reducer — its buckets were 4 bytes a parameter of
+     * device memory that evaluation never touched (until 2026-11-25). Rank 0's values (the
+     * loaded checkpoint's) go to the others as the reducer's creation sent them. */
+    if (strcmp(ddp_config_str(c, "task"), "train") != 0) {
+        if (trainer_share_views(t, true, &err) != DDP_OK)
+            return trainer_die(t, "sharing the model", err.msg);
+        return 0;
+    }
     if (ddp_reducer_create(t->resident ? t->gg : t->g, t->rparams, np, t->rbuffers, nb, &ro,
                            &t->red, &err) != DDP_OK)
         return trainer_die(t, "reducer", err.msg);

@@ -215,7 +215,8 @@ static double as_printed(double v, int digits)
     return strtod(b, NULL);
 }
 
-/* "[a, b, …]" of value k of every rank, or nothing when every rank's is negative (unknown). */
+/* "[a, b, …]" of value k of every rank, null for a rank whose is negative (unknown: its
+ * device did not answer; −1.000 until 2026-11-25), or nothing when every rank's is. */
 static void json_ranks(FILE *f, const char *key, const double *all, int W, int k, int digits)
 {
     bool any = false;
@@ -224,8 +225,13 @@ static void json_ranks(FILE *f, const char *key, const double *all, int W, int k
     if (!any)
         return;
     fprintf(f, ", \"%s\": [", key);
-    for (int r = 0; r < W; r++)
-        fprintf(f, "%s%.*f", r ? ", " : "", digits, all[NV * r + k]);
+    for (int r = 0; r < W; r++) {
+        fputs(r ? ", " : "", f);
+        if (all[NV * r + k] >= 0)
+            fprintf(f, "%.*f", digits, all[NV * r + k]);
+        else
+            fputs("null", f);
+    }
     fputc(']', f);
 }
 
@@ -303,11 +309,23 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
     }
     double sum = 0, n = 0;
     p->rss_mib = p->gpu_mib = -1;
+    p->rss_rank = p->gpu_rank = -1;
     for (int r = 0; r < t->W; r++) {
         sum += all[NV * r];
         n += all[NV * r + 1];
-        p->rss_mib = fmax(p->rss_mib, all[NV * r + 5]);
-        p->gpu_mib = fmax(p->gpu_mib, all[NV * r + 6]);
+        if (all[NV * r + 5] > p->rss_mib) /* an unknown figure (−1) is never the largest */
+            p->rss_mib = all[NV * r + 5], p->rss_rank = r;
+        if (all[NV * r + 6] > p->gpu_mib)
+            p->gpu_mib = all[NV * r + 6], p->gpu_rank = r;
+        /* another rank's failed query (its own note is rank 0's alone): said once */
+        if (t->R == 0 && r != 0 && t->dev.device == DDP_DEVICE_CUDA && all[NV * r + 6] < 0 &&
+            !p->gpu_unknown_said) {
+            p->gpu_unknown_said = true;
+            trainer_say(t,
+                        "note: rank %d's GPU memory in use is not reported (its device did not "
+                        "answer the query): null in metrics.jsonl, left out of the largest",
+                        r);
+        }
         if (all[NV * r + 4] > 0)
             save_asked(t, (int)all[NV * r + 4], r, total);
     }
@@ -355,7 +373,8 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
         trainer_tb(t, "train/lr", lr);
         trainer_tb(t, t->lm ? "train/tokens_per_s" : "train/samples_per_s", rate);
         trainer_tb(t, "train/mfu", mfu);
-        trainer_tb(t, "memory/peak_rss_mib", as_printed(p->rss_mib, RSS_DIGITS)); /* the largest */
+        if (p->rss_mib >= 0) /* the largest rank's; none when no rank's is known */
+            trainer_tb(t, "memory/peak_rss_mib", as_printed(p->rss_mib, RSS_DIGITS));
         if (p->gpu_mib >= 0)
             trainer_tb(t, "memory/gpu_mem_mib", as_printed(p->gpu_mib, GPU_DIGITS));
         if (grad_norm >= 0 || isnan(grad_norm)) /* NaN: a diverged run, kept as TensorBoard does */

@@ -143,14 +143,15 @@ static bool add_line(run_data *d, json_t *o)
         ok = ok && push(&d->warn_rank, step, num(o, "straggler_rank")) &&
              push(&d->warn_ratio, step, num(o, "straggler_ms") / num(o, "median_ms")) &&
              push(&d->warn_for, step, num(o, "straggler_for_s"));
-    /* memory: the largest rank's (each rank's is in the line) */
+    /* memory: the largest rank's (each rank's is in the line; null, or −1 in files from before
+     * 2026-11-25, for a rank whose device did not answer: left out) */
     static const char *const mem_keys[2] = {"rank_peak_rss_mib", "rank_gpu_mem_mib"};
     for (int k = 0; k < 2; k++) {
         json_t *a = json_object_get(o, mem_keys[k]);
         double most = NAN;
         for (size_t i = 0; i < json_array_size(a); i++) {
             json_t *v = json_array_get(a, i);
-            if (json_is_number(v) && !(json_number_value(v) <= most))
+            if (json_is_number(v) && json_number_value(v) >= 0 && !(json_number_value(v) <= most))
                 most = json_number_value(v);
         }
         if (!isnan(most))

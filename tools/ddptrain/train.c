@@ -502,12 +502,16 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
         trainer_flush_logs(t);
     }
     unsigned long long trained = (unsigned long long)(t->step - prog.first_step);
-    char mem[120] = ""; /* the largest rank's, at the last progress line */
-    if (prog.rss_mib >= 0 && prog.gpu_mib >= 0)
-        snprintf(mem, sizeof mem, " (largest rank: peak RSS %.0f MiB, %.2f GiB in use on its GPU)",
-                 prog.rss_mib, prog.gpu_mib / 1024);
-    else if (prog.rss_mib >= 0)
-        snprintf(mem, sizeof mem, " (largest rank: peak RSS %.0f MiB)", prog.rss_mib);
+    /* The largest figures at the last progress line, each with its rank: the largest peak RSS
+     * and the fullest GPU may be two ranks' (one line read "largest rank" over both until
+     * 2026-11-25). */
+    char mem[160] = "", gpu[80] = "";
+    if (prog.gpu_mib >= 0)
+        snprintf(gpu, sizeof gpu, ", %.2f GiB in use on rank %d's GPU", prog.gpu_mib / 1024,
+                 prog.gpu_rank);
+    if (prog.rss_mib >= 0)
+        snprintf(mem, sizeof mem, " (largest: peak RSS %.0f MiB on rank %d%s)", prog.rss_mib,
+                 prog.rss_rank, gpu);
     trainer_say(t, "trained %llu step%s in %.1f s%s", trained, trained == 1 ? "" : "s",
                 ddp_now_seconds() - t0, mem);
     if (t->lm && ddp_config_int(c, "max_new_tokens") > 0) {

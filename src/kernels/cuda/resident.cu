@@ -85,16 +85,29 @@ static ddp_status made(ddp__cuda_resident *r, ddp_error *err)
             continue;
         void *d = NULL;
         if ((st = ddp__cuda_malloc(&d, sizeof(float) * (n ? n : 1), err))) {
-            /* made at the first step, not at start: say what it is and what makes it fit */
+            /* made at the first step, not at start: say what it is and what makes it fit —
+             * narrowed by keep, the state is a shard already (shard_optimizer is on), and
+             * what is left is fewer ranks on this GPU, more GPUs, or a smaller job */
             char why[sizeof err->msg] = "";
             if (err)
                 snprintf(why, sizeof why, "%s", err->msg);
+            const double mib = 1024.0 * 1024.0;
+            if (r->klo)
+                return ddp__cuda_fail(
+                    err, st,
+                    "%s: the optimizer's state %d of %d (%.1f MiB of device memory, this rank's "
+                    "shard of %.1f MiB, made at its first use) does not fit: %s; HINT: the "
+                    "optimizer is sharded already: put fewer ranks on each GPU, spread the job "
+                    "over more GPUs (each rank keeps 1/world), or use a smaller model, "
+                    "batch_size or block_size",
+                    r->name, s + 1, r->nstates, (double)(sizeof(float) * n) / mib,
+                    (double)(sizeof(float) * r->total) / mib, why);
             return ddp__cuda_fail(
                 err, st,
                 "%s: the optimizer's state %d of %d (%.1f MiB of device memory, made at its first "
                 "use) does not fit: %s; HINT: shard_optimizer true (2 or more ranks) keeps 1/world "
                 "of it per rank, or use a smaller model, batch_size or block_size",
-                r->name, s + 1, r->nstates, (double)(sizeof(float) * n) / (1024.0 * 1024.0), why);
+                r->name, s + 1, r->nstates, (double)(sizeof(float) * n) / mib, why);
         }
         r->ost[s] = (float *)d;
         st = ddp__cuda_memset0(r->ctx, r->ost[s], sizeof(float) * n, err);
