@@ -143,11 +143,16 @@ typedef struct ddp_reducer_opts {
     bool rebuild_buckets;        /* default true: cut the buckets again, once, along the first
                                     synced step's ready order (rank 0's); above. Ignored with
                                     shard_optimizer and on a GPU group */
+    bool shard_gradients;        /* ZeRO-2 (above): needs shard_optimizer; CPU groups only, not
+                                    with compress_bf16 nor join */
+    size_t grad_pool;            /* shard_gradients: bytes of the gradient pool backward writes
+                                    into (0: the largest bucket + 2 × the second largest); at
+                                    least the largest bucket (else DDP_ERR_INVALID) */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \
     {                                                                                              \
-        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true              \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true, false, 0    \
     }
 
 typedef struct ddp_reducer ddp_reducer;
@@ -177,8 +182,30 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
 /* Waits for unfinished buckets and frees r. Local (not a collective). NULL is a no-op. */
 void ddp_reducer_destroy(ddp_reducer *r);
 
-/* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r. */
+/* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r.
+ * With shard_gradients (and more than one rank): where it is while its bucket holds a pool
+ * buffer in this step, else NULL; backward takes it from ddp_reducer_grad_acquire. */
 void *ddp_reducer_grad(ddp_reducer *r, size_t i);
+
+/* Backward is about to write parameter i's gradient (+=): *grad receives where, (count,) in its
+ * dtype. Without shard_gradients it is ddp_reducer_grad(r, i), kept across steps (accumulation).
+ * With it: space in a pool buffer for i's bucket, zeroed when the bucket took the buffer (the
+ * same place again for a second acquire of i in the step), valid until i is marked ready; when
+ * the pool is full it first waits for the oldest bucket in flight (the group's deadline) and adds
+ * its reduced shard into the persistent one. DDP_ERR_INVALID when the pool cannot hold the
+ * bucket beside the buckets still being filled (raise grad_pool), or i already marked this step;
+ * the group's error when it failed. Collective where it waits (as mark_ready). */
+ddp_status ddp_reducer_grad_acquire(ddp_reducer *r, size_t i, void **grad);
+
+/* Element lo (ddp_reducer_shard's) of parameter i's mean gradient after finish(): what the
+ * optimizer steps, hi − lo elements. Unsharded or ZeRO-1: inside ddp_reducer_grad(r, i); with
+ * shard_gradients: in this rank's persistent gradient shard. Owned by r; NULL for a bad i. */
+void *ddp_reducer_shard_grad(ddp_reducer *r, size_t i);
+/* Whether gradients are sharded (shard_gradients with more than one rank). */
+bool ddp_reducer_grads_sharded(const ddp_reducer *r);
+/* Bytes of the gradient pool (0 unless gradients are sharded) and of this rank's gradient shard,
+ * for logs. */
+size_t ddp_reducer_grad_pool_bytes(const ddp_reducer *r);
 
 /* Where parameter i's values live: params[i].data, or with shard_optimizer (and more than one
  * rank) the reducer's copy, which the caller must use from creation on; owned by r. */
