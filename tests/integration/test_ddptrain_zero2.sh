@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ddptrain's sharded gradients (ZeRO-2: shard_gradients true, beside shard_optimizer's ZeRO-1):
 # configuration errors before any work (exit 2); an MLP (3 ranks, AdamW with clipping, 4 KiB
-# buckets on the progress thread: the pool waits) and a GPT (2 and 3 ranks, its tied token
+# buckets on the progress thread: the pool waits), a CNN (2 ranks) and a GPT (2 and 3 ranks, its tied token
 # embedding) end with ZeRO-1's weights and AdamW state bit for bit; a ZeRO-2 run saved at step 6
 # and resumed ends there too; 2 micro-steps (each reduced into the shard) end near ZeRO-1's.
 . "$(dirname "$0")/lib.sh"
@@ -41,6 +41,19 @@ grep -q "ZeRO-2" mlp_false.out && fail "shard_gradients false said ZeRO-2"
 [ "$(grep -c '^T ' mlp_true.txt)" -eq 18 ] || fail "want 6 weights and 12 AdamW state tensors"
 cmp -s mlp_true.txt mlp_false.txt || fail "mlp: ZeRO-2 and ZeRO-1 give different weights or state"
 ok "mlp: ZeRO-2 = ZeRO-1 bit for bit (weights and AdamW state, 3 ranks, clipping, async)"
+
+# The CNN (convolutions, batchnorm and its buffers; 1 KiB buckets): the same, 2 ranks.
+cargs=(--model.type cnn --model.channels 4,8 --model.hidden 16 --total_steps 4
+       --checkpoint.every 4 --optimizer adamw --lr 0.001 --batch_size 16 --shard_optimizer true
+       --bucket_kb 1 --overlap async)
+for sg in true false; do
+    "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${cargs[@]}" --shard_gradients $sg \
+        --out_dir cnn_$sg >cnn_$sg.out 2>&1 || { cat cnn_$sg.out; fail "cnn, shard_gradients $sg"; }
+    "$DUMP" dump cnn_$sg/checkpoints/step4.safetensors | grep -v '^M ' >cnn_$sg.txt
+done
+assert_contains cnn_true.out "(ZeRO-2)"
+cmp -s cnn_true.txt cnn_false.txt || fail "cnn: ZeRO-2 and ZeRO-1 give different weights or state"
+ok "cnn: ZeRO-2 = ZeRO-1 bit for bit (weights, buffers and AdamW state, 2 ranks)"
 
 # Saved at step 6 with ZeRO-2, resumed with ZeRO-2: where the uninterrupted run ended.
 for leg in 1 2; do
