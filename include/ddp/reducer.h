@@ -57,6 +57,24 @@
  * rank's own gradient): call ddp_reducer_zero_grad() before the next backward. mark_ready and
  * finish refuse otherwise, as they do when a sharded step was not gathered.
  *
+ * Sharded gradients (ZeRO stage 2; DeepSpeed's stage 2, torch FSDP's SHARD_GRAD_OP): with
+ * opts.shard_gradients (and shard_optimizer; CPU groups only, for now) no rank keeps the whole
+ * gradient. Each rank keeps its shard of each bucket, where the reduced mean accumulates, and
+ * backward writes whole gradients into a bounded pool of bucket buffers (opts.grad_pool bytes;
+ * default the largest bucket + 2 × the second largest): ddp_reducer_grad_acquire(r, i, &g) just
+ * before parameter i's gradient is first written gives room in a pool buffer for its bucket
+ * (zeroed); after the bucket's reduce_scatter its block is added into the shard and the buffer
+ * goes back. A full pool waits for the oldest bucket in flight (the group's deadline); a pool
+ * that cannot hold what is being filled at once fails acquire saying so. finish() leaves the mean
+ * in the shard: ddp_reducer_shard_grad(r, i) is element lo of it (the optimizer steps it,
+ * ddp_optim_step_range_grad); grad_norm and unscale read it; zero_grad clears it. ddp_model.h's
+ * ddp_model_backward_pooled calls acquire for the model. Accumulation: with set_sync(false)
+ * each micro-step still reduce-scatters and adds its mean into the shard (A reductions for A
+ * micro-steps: the memory's price; the sum of means equals the mean of sums up to rounding); a
+ * no_sync micro-step that marked everything ends by itself, one that did not needs finish. At
+ * accumulation 1 on shm the results are ZeRO-1's bit for bit. Not with compress_bf16 or join. A
+ * rank saves 4 bytes × N(W−1)/W of gradient, minus the pool (bench/zero_memory.sh).
+ *
  * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
  * communicate; the next synced step reduces the accumulated sum.

@@ -19,6 +19,9 @@
  * stepped block r, one in-place allgather completes them with no copy in or out. Optimizer state
  * stays in the caller's arrays: gather_state copies block r of them into the gradient bucket,
  * allgathers it and copies the rest out, which spends the gradients until zero_grad.
+ * Sharded gradients (ZeRO-2, pool.c): the buckets have no memory of their own; a bucket takes a
+ * buffer from one pool (first fit) at its first acquire or its launch and gives it back once its
+ * block has landed in its persistent shard (sgrad); r->grad[] is unused (NULL).
  * Device memory (a GPU group: nccl or cuda-staged): the parameters are device memory, and so are
  * the buckets (ddp_group_alloc on every rank, no host fallback). The host never touches them: the
  * zeroing, the bf16 conversions and the sums of squares go through the group's device operations
@@ -38,6 +41,7 @@
  *   grads.c    reading and scaling the reduced gradients: grad_norm and unscale
  *   join.c     uneven inputs (torch's join): the count of ranks still training at each synced
  *              step, and the joined rank's shadow steps
+ *   pool.c     sharded gradients (ZeRO-2): the pool of bucket buffers, acquire, the shards
  */
 #ifndef DDP_REDUCER_INT_H
 #define DDP_REDUCER_INT_H
