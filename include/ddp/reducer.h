@@ -164,8 +164,10 @@ typedef struct ddp_reducer_opts {
     bool shard_gradients;        /* ZeRO-2 (above): needs shard_optimizer; CPU groups only, not
                                     with compress_bf16 nor join */
     size_t grad_pool;            /* shard_gradients: bytes of the gradient pool backward writes
-                                    into (0: the largest bucket + 2 × the second largest); at
-                                    least the largest bucket (else DDP_ERR_INVALID) */
+                                    into (0: the largest bucket + 2 × the second largest): a
+                                    slot of the largest bucket's size, then as many of the
+                                    second largest's as fit (rounded down); at least the
+                                    largest bucket (else DDP_ERR_INVALID) */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \

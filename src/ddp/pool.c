@@ -2,12 +2,13 @@
  * pool.c — sharded gradients (ZeRO-2, opts.shard_gradients; include/ddp/reducer.h): no rank holds
  * the whole gradient. Each bucket keeps this rank's block of the mean in a persistent shard
  * (sgrad, private memory, 1/W of the bucket); backward writes whole gradients into pool buffers,
- * one per bucket while it is being filled or reduced, cut first-fit from one pool (arena memory
- * under shm, so the reduce_scatter runs in place). A buffer is taken, zeroed, at the bucket's
- * first ddp_reducer_grad_acquire (or at its launch if nothing acquired it) and given back once its
- * reduce_scatter is done and its block was added into the shard. When the pool is full, taking
- * waits for the oldest bucket in flight (the group's deadline); when nothing is in flight the
- * pool is too small for what is being filled at once, and taking fails saying so.
+ * one per bucket while it is being filled or reduced, each a fixed slot of one pool (arena memory
+ * under shm, so the reduce_scatter runs in place; ddp__reducer_pool_size lays the slots out). A
+ * bucket takes a slot, zeroed, at its first ddp_reducer_grad_acquire (or at its launch if nothing
+ * acquired it) and gives it back once its reduce_scatter is done and its block was added into
+ * the shard. When no slot is free, taking waits for the oldest bucket in flight (the group's
+ * deadline); when nothing is in flight the pool is too small for what is being filled at once,
+ * and taking fails saying so.
  * Not here: the launch and finish (reducer.c), the layout of the buckets (buckets.c).
  */
 #include <stdint.h>
@@ -36,9 +37,14 @@ ddp_status ddp__reducer_pool_size(ddp_reducer *r, ddp_error *err)
             l2 = n;
         }
     }
+    if (!l2)
+        l2 = l1;
     /* The largest bucket may stay held across the whole backward (the GPT's tied embedding gets
-     * its gradient at the head first and at the embedding last) while one bucket fills and one is
-     * in flight. */
+     * its gradient at the head first and at the embedding last) while two fill at once (a
+     * layer's weight and bias on either side of a bucket boundary): by default slot 0 of the
+     * largest bucket's size and two of the second largest's. Fixed slots, not first fit: a
+     * small bucket's buffer (the 1 MiB first one) left between two large ones cannot keep a
+     * third from fitting. */
     size_t want = r->o.grad_pool ? (r->o.grad_pool + 63) / 64 * 64 : l1 + 2 * l2;
     if (want < l1)
         return ddp__err(err, DDP_ERR_INVALID,
@@ -46,27 +52,33 @@ ddp_status ddp__reducer_pool_size(ddp_reducer *r, ddp_error *err)
                         "least that, or 0 for the default (the largest bucket + 2 x the second "
                         "largest, %zu bytes)",
                         r->o.grad_pool, big, l1, l1 + 2 * l2);
-    r->pool_bytes = want ? want : 64;
+    size_t n1 = r->nb ? r->nb : 1;
+    r->slot_off = malloc(sizeof(size_t) * n1);
+    r->slot_size = malloc(sizeof(size_t) * n1);
+    r->slot_busy = calloc(n1, sizeof(bool));
+    if (!r->slot_off || !r->slot_size || !r->slot_busy)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
+    r->nslots = 1 + (want - l1) / l2; /* no more than the buckets could use */
+    if (r->nslots > n1)
+        r->nslots = n1;
+    for (size_t s = 0; s < r->nslots; s++) {
+        r->slot_size[s] = s ? l2 : l1;
+        r->slot_off[s] = s ? l1 + (s - 1) * l2 : 0;
+    }
+    r->pool_bytes = l1 + (r->nslots - 1) * l2;
     return DDP_OK;
 }
 
-/* The first gap of need bytes in the pool between the buffers held, or SIZE_MAX. */
-static size_t find_gap(const ddp_reducer *r, size_t need)
+/* The free slot that fits need bytes best (the small ones first: slot 0, the largest bucket's,
+ * stays free for it), or SIZE_MAX. */
+static size_t find_slot(const ddp_reducer *r, size_t need)
 {
-    size_t at = 0;
-    while (at + need <= r->pool_bytes) {
-        size_t past = 0; /* the end of a held buffer overlapping [at, at + need), or 0 */
-        for (size_t k = 0; k < r->nb && !past; k++) {
-            const ddp__bucket *b = &r->b[k];
-            size_t s = b->pool_off, e = s + ddp__reducer_pool_need(b);
-            if (b->has_buf && s < at + need && e > at)
-                past = e;
-        }
-        if (!past)
-            return at;
-        at = past;
-    }
-    return SIZE_MAX;
+    size_t best = SIZE_MAX;
+    for (size_t s = r->nslots; s-- > 0;)
+        if (!r->slot_busy[s] && r->slot_size[s] >= need &&
+            (best == SIZE_MAX || r->slot_size[s] < r->slot_size[best]))
+            best = s;
+    return best;
 }
 
 void ddp__reducer_pool_land(ddp_reducer *r, ddp__bucket *b, bool ok)
@@ -82,6 +94,8 @@ void ddp__reducer_pool_land(ddp_reducer *r, ddp__bucket *b, bool ok)
     }
     if (ok)
         b->sfresh = false;
+    if (b->has_buf)
+        r->slot_busy[b->slot] = false;
     b->has_buf = false;
     b->mem = NULL;
 }
@@ -109,10 +123,11 @@ ddp_status ddp__reducer_pool_take(ddp_reducer *r, ddp__bucket *b)
         return DDP_OK;
     size_t need = ddp__reducer_pool_need(b);
     for (;;) {
-        size_t at = find_gap(r, need);
+        size_t at = find_slot(r, need);
         if (at != SIZE_MAX) {
-            b->pool_off = at;
-            b->mem = r->pool + at;
+            b->slot = at;
+            r->slot_busy[at] = true;
+            b->mem = r->pool + r->slot_off[at];
             b->has_buf = true;
             memset(b->mem, 0, need);
             return DDP_OK;
@@ -129,11 +144,11 @@ ddp_status ddp__reducer_pool_take(ddp_reducer *r, ddp__bucket *b)
                     n++;
                 }
             return ddp__errmsg(r->err, DDP_ERR_INVALID,
-                               "the gradient pool (%zu bytes) cannot hold bucket %zu (%zu bytes) "
-                               "beside the %zu bucket(s) still being filled (%zu bytes) and none "
-                               "is in flight to wait for: raise grad_pool (0: the largest bucket "
-                               "+ 2 x the second largest)",
-                               r->pool_bytes, (size_t)(b - r->b), need, n, held);
+                               "the gradient pool (%zu bytes in %zu slots) cannot hold bucket %zu "
+                               "(%zu bytes) beside the %zu bucket(s) still being filled (%zu "
+                               "bytes) and none is in flight to wait for: raise grad_pool (0: the "
+                               "largest bucket + 2 x the second largest)",
+                               r->pool_bytes, r->nslots, (size_t)(b - r->b), need, n, held);
         }
         if ((st = ddp__reducer_pool_settle(r, old)))
             return st;
@@ -149,6 +164,8 @@ void ddp__reducer_pool_zero(ddp_reducer *r)
             ddp_work_free(b->work);
             b->work = NULL;
         }
+        if (b->has_buf)
+            r->slot_busy[b->slot] = false;
         b->has_buf = false;
         b->mem = NULL;
         if (b->sgrad)

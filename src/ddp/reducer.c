@@ -251,6 +251,9 @@ void ddp_reducer_destroy(ddp_reducer *r)
     free(r->pdata);
     free(r->ready);
     free(r->b);
+    free(r->slot_off);
+    free(r->slot_size);
+    free(r->slot_busy);
     free(r);
 }
 

@@ -20,8 +20,8 @@
  * stays in the caller's arrays: gather_state copies block r of them into the gradient bucket,
  * allgathers it and copies the rest out, which spends the gradients until zero_grad.
  * Sharded gradients (ZeRO-2, pool.c): the buckets have no memory of their own; a bucket takes a
- * buffer from one pool (first fit) at its first acquire or its launch and gives it back once its
- * block has landed in its persistent shard (sgrad); r->grad[] is unused (NULL).
+ * slot of one pool at its first acquire or its launch and gives it back once its block has landed
+ * in its persistent shard (sgrad); r->grad[] is unused (NULL).
  * Device memory (a GPU group: nccl or cuda-staged): the parameters are device memory, and so are
  * the buckets (ddp_group_alloc on every rank, no host fallback). The host never touches them: the
  * zeroing, the bf16 conversions and the sums of squares go through the group's device operations
@@ -77,7 +77,7 @@ typedef struct ddp__bucket {
      * filled, or in flight when work is set), else NULL; sgrad holds this rank's block of the
      * mean, accumulated over the step's reductions (sfresh: nothing landed since zero_grad). */
     bool has_buf;
-    size_t pool_off;
+    size_t slot;  /* while has_buf: the pool slot it holds */
     uint64_t seq; /* launch counter when it went in flight: the oldest is waited for first */
     void *sgrad;  /* (block,) private memory */
     bool sfresh;
@@ -127,6 +127,11 @@ struct ddp_reducer {
     char *pool;  /* sgrads: the pool the buckets' buffers are cut from (pool_bytes) */
     bool pool_arena;
     size_t pool_bytes;
+    size_t nslots;     /* the pool's slots: slot 0 of the largest bucket's size, the others of
+                          the second largest's, one after the other */
+    size_t *slot_off;  /* (nb,) where each slot starts in the pool */
+    size_t *slot_size; /* (nb,) its bytes */
+    bool *slot_busy;   /* (nb,) held by a bucket */
     uint64_t launches; /* sgrads: buckets launched so far (ddp__bucket.seq) */
     bool micro_closed; /* sgrads: a no_sync micro-step closed itself when its last bucket
                           launched; finish waits for what is in flight without a new step */
