@@ -13,6 +13,7 @@
  *  - a pool smaller than what backward writes (the largest bucket + the next: every other
  *    bucket waits for the one before it) completes with the same bits; a pool that cannot hold
  *    the held bucket beside the next fails at acquire with DDP_ERR_INVALID saying so;
+ *  - unscale (loss scaling) scales the shard and finds an inf planted there, as ZeRO-1's;
  *  - refusals: without shard_optimizer, with compress_bf16, a grad_pool under the largest
  *    bucket, grad_pool differing across ranks, set_join, acquire after mark_ready, a bad index;
  *  - last: the last rank leaves the group mid-step; the others' acquire returns the group's
@@ -206,6 +207,18 @@ static int compare(ddp_group *g, size_t pool, int accum, const char *what)
           "%s: pool of %zu bytes", what, ddp_reducer_grad_pool_bytes(b.red));
     if (train(&a, STEPS, accum, what) || train(&b, STEPS, accum, what))
         return 1;
+    /* loss scaling's unscale reads and scales the shard (an inf planted in one element) */
+    size_t lo0, hi0;
+    ddp_reducer_shard(a.red, 5, &lo0, &hi0);
+    if (hi0 > lo0) {
+        ((float *)ddp_reducer_shard_grad(a.red, 5))[0] = INFINITY;
+        ((float *)ddp_reducer_shard_grad(b.red, 5))[0] = INFINITY;
+    }
+    bool ia = false, ib = false;
+    CHECK(!ddp_reducer_unscale(a.red, 0.5f, &ia) && !ddp_reducer_unscale(b.red, 0.5f, &ib) &&
+              ia == (hi0 > lo0) && ib == ia,
+          "%s: unscale: found_inf %d, ZeRO-1's %d (shard of p5 [%zu, %zu))", what, (int)ib, (int)ia,
+          lo0, hi0);
     for (int s = 0; s < STEPS; s++)
         CHECK(accum == 1 ? a.norms[s] == b.norms[s]
                          : fabs(a.norms[s] - b.norms[s]) <= 1e-5 * fabs(a.norms[s]),
