@@ -235,6 +235,22 @@ const float *ddp_model_logits(const ddp_model *m, size_t *rows, size_t *cols);
  * model's own gradients), or what ready returned; the message is on m. */
 ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx);
 
+/* Parameter `index`'s gradient is about to be written: *grad receives where (count floats, which
+ * backward adds into). A sharded-gradient reducer's ddp_reducer_grad_acquire fits behind a
+ * one-line adapter. Returning an error stops the backward, which returns that status. */
+typedef ddp_status (*ddp_grad_acquire_fn)(void *ctx, size_t index, float **grad);
+
+/* ddp_model_backward with the gradients' memory handed out as backward reaches each parameter
+ * (ZeRO-2: a reducer with shard_gradients keeps only a bounded pool of whole gradients):
+ * acquire(ctx, i, &g) before parameter i's gradient is first written (the gpt's tied token
+ * embedding: at the head, and kept until its ready at the very end), ready(ctx, i) when it is
+ * final, after which backward writes no more into it. The list's grad pointers are NULL after
+ * it (the gradients went where acquire said), and the model's own gradients are not allocated.
+ * The CPU only (a model on the GPU: DDP_ERR_INVALID); otherwise as ddp_model_backward, plus
+ * what acquire returned. */
+ddp_status ddp_model_backward_pooled(ddp_model *m, ddp_grad_acquire_fn acquire,
+                                     ddp_grad_ready_fn ready, void *ctx);
+
 /* ---- device-resident training (a model built with device cuda; docs/gpu.md) ------------------
  * By default a GPU model is host-driven: each forward uploads the parameters from the host's
  * arrays (the list's data) and each backward adds its gradients into the host's (grad), so the

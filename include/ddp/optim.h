@@ -107,6 +107,12 @@ bool ddp_optim_narrowed(const ddp_optim *o);
 ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, uint64_t step,
                                 float lr, float grad_scale);
 
+/* The same with the gradient of those elements at grad (grad[0] is element lo's, hi − lo of
+ * them) instead of the parameter's grad pointer: a sharded-gradient reducer's
+ * ddp_reducer_shard_grad (ZeRO-2), where no whole gradient exists. */
+ddp_status ddp_optim_step_range_grad(ddp_optim *o, size_t i, size_t lo, size_t hi, float *grad,
+                                     uint64_t step, float lr, float grad_scale);
+
 /* The same for every parameter, all of its elements. */
 void ddp_optim_step(ddp_optim *o, uint64_t step, float lr, float grad_scale);
 

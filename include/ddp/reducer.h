@@ -57,6 +57,24 @@
  * rank's own gradient): call ddp_reducer_zero_grad() before the next backward. mark_ready and
  * finish refuse otherwise, as they do when a sharded step was not gathered.
  *
+ * Sharded gradients (ZeRO stage 2; DeepSpeed's stage 2, torch FSDP's SHARD_GRAD_OP): with
+ * opts.shard_gradients (and shard_optimizer; CPU groups only, for now) no rank keeps the whole
+ * gradient. Each rank keeps its shard of each bucket, where the reduced mean accumulates, and
+ * backward writes whole gradients into a bounded pool of bucket buffers (opts.grad_pool bytes;
+ * default the largest bucket + 2 × the second largest): ddp_reducer_grad_acquire(r, i, &g) just
+ * before parameter i's gradient is first written gives room in a pool buffer for its bucket
+ * (zeroed); after the bucket's reduce_scatter its block is added into the shard and the buffer
+ * goes back. A full pool waits for the oldest bucket in flight (the group's deadline); a pool
+ * that cannot hold what is being filled at once fails acquire saying so. finish() leaves the mean
+ * in the shard: ddp_reducer_shard_grad(r, i) is element lo of it (the optimizer steps it,
+ * ddp_optim_step_range_grad); grad_norm and unscale read it; zero_grad clears it. ddp_model.h's
+ * ddp_model_backward_pooled calls acquire for the model. Accumulation: with set_sync(false)
+ * each micro-step still reduce-scatters and adds its mean into the shard (A reductions for A
+ * micro-steps: the memory's price; the sum of means equals the mean of sums up to rounding); a
+ * no_sync micro-step that marked everything ends by itself, one that did not needs finish. At
+ * accumulation 1 on shm the results are ZeRO-1's bit for bit. Not with compress_bf16 or join. A
+ * rank saves 4 bytes × N(W−1)/W of gradient, minus the pool (bench/zero_memory.sh).
+ *
  * Accumulation: gradients accumulate (+=) like torch's; ddp_reducer_zero_grad() clears them.
  * With ddp_reducer_set_sync(red, false) (torch's no_sync) mark_ready and finish do not
  * communicate; the next synced step reduces the accumulated sum.
@@ -143,11 +161,18 @@ typedef struct ddp_reducer_opts {
     bool rebuild_buckets;        /* default true: cut the buckets again, once, along the first
                                     synced step's ready order (rank 0's); above. Ignored with
                                     shard_optimizer and on a GPU group */
+    bool shard_gradients;        /* ZeRO-2 (above): needs shard_optimizer; CPU groups only, not
+                                    with compress_bf16 nor join */
+    size_t grad_pool;            /* shard_gradients: bytes of the gradient pool backward writes
+                                    into (0: the largest bucket + 2 × the second largest): a
+                                    slot of the largest bucket's size, then as many of the
+                                    second largest's as fit (rounded down); at least the
+                                    largest bucket (else DDP_ERR_INVALID) */
 } ddp_reducer_opts;
 
 #define DDP_REDUCER_OPTS_INIT                                                                      \
     {                                                                                              \
-        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true              \
+        (size_t)25 << 20, (size_t)1 << 20, false, true, DDP_OVERLAP_AUTO, false, true, false, 0    \
     }
 
 typedef struct ddp_reducer ddp_reducer;
@@ -177,8 +202,30 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
 /* Waits for unfinished buckets and frees r. Local (not a collective). NULL is a no-op. */
 void ddp_reducer_destroy(ddp_reducer *r);
 
-/* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r. */
+/* The gradient of parameter i, (count,) in its dtype: a view into bucket memory, owned by r.
+ * With shard_gradients (and more than one rank): where it is while its bucket holds a pool
+ * buffer in this step, else NULL; backward takes it from ddp_reducer_grad_acquire. */
 void *ddp_reducer_grad(ddp_reducer *r, size_t i);
+
+/* Backward is about to write parameter i's gradient (+=): *grad receives where, (count,) in its
+ * dtype. Without shard_gradients it is ddp_reducer_grad(r, i), kept across steps (accumulation).
+ * With it: space in a pool buffer for i's bucket, zeroed when the bucket took the buffer (the
+ * same place again for a second acquire of i in the step), valid until i is marked ready; when
+ * the pool is full it first waits for the oldest bucket in flight (the group's deadline) and adds
+ * its reduced shard into the persistent one. DDP_ERR_INVALID when the pool cannot hold the
+ * bucket beside the buckets still being filled (raise grad_pool), or i already marked this step;
+ * the group's error when it failed. Collective where it waits (as mark_ready). */
+ddp_status ddp_reducer_grad_acquire(ddp_reducer *r, size_t i, void **grad);
+
+/* Element lo (ddp_reducer_shard's) of parameter i's mean gradient after finish(): what the
+ * optimizer steps, hi − lo elements. Unsharded or ZeRO-1: inside ddp_reducer_grad(r, i); with
+ * shard_gradients: in this rank's persistent gradient shard. Owned by r; NULL for a bad i. */
+void *ddp_reducer_shard_grad(ddp_reducer *r, size_t i);
+/* Whether gradients are sharded (shard_gradients with more than one rank). */
+bool ddp_reducer_grads_sharded(const ddp_reducer *r);
+/* Bytes of the gradient pool (0 unless gradients are sharded) and of this rank's gradient shard,
+ * for logs. */
+size_t ddp_reducer_grad_pool_bytes(const ddp_reducer *r);
 
 /* Where parameter i's values live: params[i].data, or with shard_optimizer (and more than one
  * rank) the reducer's copy, which the caller must use from creation on; owned by r. */

@@ -84,6 +84,8 @@ void ddp__reducer_free_bucket(ddp_reducer *r, ddp__bucket *b)
         ddp__reducer_release(r, b->mem, b->arena);
     ddp__reducer_release(r, b->wire, b->wire_arena);
     ddp__reducer_release(r, b->pmem, b->pmem_arena);
+    free(b->sgrad);
+    b->sgrad = NULL;
 }
 
 /* Allocates every bucket's gradients (and bf16 wire copy, and sharded parameter copy), then
@@ -91,14 +93,22 @@ void ddp__reducer_free_bucket(ddp_reducer *r, ddp__bucket *b)
  * creation fails on every rank if it failed on one. */
 static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
 {
-    size_t nflags = 3 * r->nb + 1;
+    size_t nflags = 3 * r->nb + 2;
     int32_t *flags = malloc(sizeof(int32_t) * nflags);
     if (!flags)
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the reducer");
+    /* Sharded gradients: one pool instead of a buffer per bucket (pool.c), and each bucket's
+     * shard of the mean in private memory. */
+    if (r->sgrads)
+        r->pool = ddp__reducer_buffer(r, r->pool_bytes, &r->pool_arena);
+    flags[3 * r->nb] = r->pool_arena;
     for (size_t i = 0; i < r->nb; i++) {
         ddp__bucket *b = &r->b[i];
         size_t bytes = b->padded * ddp_dtype_size(b->dtype);
-        b->mem = ddp__reducer_buffer(r, bytes, &b->arena);
+        if (!r->sgrads)
+            b->mem = ddp__reducer_buffer(r, bytes, &b->arena);
+        else
+            b->arena = true; /* no buffer of its own: nothing to agree on */
         if (ddp__reducer_wants_wire(r, b->dtype))
             b->wire = ddp__reducer_buffer(r, b->padded * 2, &b->wire_arena);
         if (r->shard)
@@ -107,7 +117,7 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
         flags[3 * i + 1] = b->wire_arena;
         flags[3 * i + 2] = b->pmem_arena;
     }
-    flags[3 * r->nb] = 1;
+    flags[3 * r->nb + 1] = 1;
     ddp_status st = ddp__reducer_ctl(r, false, flags, flags, nflags - 1, DDP_INT32, DDP_MIN);
     if (st) {
         free(flags);
@@ -116,9 +126,17 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
     if (r->dev) /* device memory: no host fallback, and zeroed on the device */
         return ddp__reducer_dev_buckets(r, flags, err);
     bool ok = true;
+    if (r->sgrads)
+        ok = ddp__reducer_settle(r, (void **)&r->pool, &r->pool_arena, flags[3 * r->nb],
+                                 r->pool_bytes);
     for (size_t i = 0; i < r->nb; i++) {
         ddp__bucket *b = &r->b[i];
         size_t bytes = b->padded * ddp_dtype_size(b->dtype);
+        if (r->sgrads) {
+            b->arena = false;
+            b->sgrad = ddp__reducer_private_buffer(b->block * ddp_dtype_size(b->dtype) + 64);
+            ok = ok && b->sgrad;
+        }
         struct {
             void **p;
             bool *arena;
@@ -128,6 +146,7 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
                      {(void **)&b->wire, &b->wire_arena, b->padded * 2,
                       ddp__reducer_wants_wire(r, b->dtype)},
                      {&b->pmem, &b->pmem_arena, bytes, r->shard}};
+        bufs[0].want = !r->sgrads;
         for (int k = 0; k < 3; k++) {
             if (!bufs[k].want)
                 continue;
@@ -135,7 +154,7 @@ static ddp_status alloc_buckets(ddp_reducer *r, ddp_error *err)
                 ddp__reducer_settle(r, bufs[k].p, bufs[k].arena, flags[3 * i + k], bufs[k].bytes);
             ok = ok && have;
         }
-        if (b->arena)
+        if (b->arena && b->mem)
             memset(b->mem, 0, bytes);
         if (b->pmem_arena)
             memset(b->pmem, 0, bytes);
@@ -165,8 +184,11 @@ ddp_status ddp__reducer_lay_out(ddp_reducer *r, ddp_error *err)
         r->order[k] = nparams - 1 - k;
     r->nb = ddp__reducer_partition(r, r->order, r->b, r->bucket_of);
     for (size_t i = 0; i < r->nb; i++)
-        r->b[i].owns_mem = true;
-    ddp_status st = alloc_buckets(r, err);
+        r->b[i].owns_mem = !r->sgrads; /* sharded gradients: pool buffers (pool.c) */
+    ddp_status st = r->sgrads ? ddp__reducer_pool_size(r, err) : DDP_OK;
+    if (st)
+        return st;
+    st = alloc_buckets(r, err);
     if (st)
         return st;
     for (size_t i = 0; i < r->nb; i++) {
@@ -174,7 +196,7 @@ ddp_status ddp__reducer_lay_out(ddp_reducer *r, ddp_error *err)
         size_t off = 0, esz = ddp_dtype_size(b->dtype);
         for (size_t k = b->first; k < b->last; k++) {
             size_t p = r->order[k];
-            r->grad[p] = (char *)b->mem + off * esz;
+            r->grad[p] = b->mem ? (char *)b->mem + off * esz : NULL;
             r->off[p] = off;
             if (b->pmem) /* sharded: the parameters live in the reducer, laid out like this */
                 r->pdata[p] = (char *)b->pmem + off * esz;

@@ -80,6 +80,19 @@ ddp_status ddp__reducer_check_args(ddp_group *g, const ddp__devops *dev, const d
         return ddp__err(err, DDP_ERR_INVALID,
                         "ddp_reducer_create: overlap %d is not DDP_OVERLAP_AUTO, _ASYNC or _INLINE",
                         (int)opts->overlap);
+    if (opts->shard_gradients && !opts->shard_optimizer)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_reducer_create: shard_gradients (ZeRO-2) needs shard_optimizer "
+                        "(ZeRO-1): each rank steps the shard of the gradient it keeps");
+    if (opts->shard_gradients && dev)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_reducer_create: shard_gradients (ZeRO-2) is CPU-only for now; on a "
+                        "GPU group (backend '%s') use shard_optimizer alone",
+                        ddp_group_backend(g));
+    if (opts->shard_gradients && opts->compress_bf16)
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "ddp_reducer_create: shard_gradients (ZeRO-2) does not take "
+                        "compress_bf16 yet (its wire copies would be whole buckets again)");
     bool nomem;
     const char *dup = duplicate_name(params, nparams, buffers, nbuffers, &nomem);
     if (nomem)
@@ -201,12 +214,13 @@ out:
  * compress_bf16 surfaced later as "collectives differ" with counts that did not say why. */
 static ddp_status check_opts(ddp_reducer *r, ddp_error *err)
 {
-    enum { N_OPTS = 6 };
-    static const char *const names[N_OPTS] = {"bucket_cap",       "first_bucket",
-                                              "compress_bf16",    "shard_optimizer",
-                                              "broadcast_params", "rebuild_buckets"};
+    enum { N_OPTS = 8 };
+    static const char *const names[N_OPTS] = {
+        "bucket_cap",       "first_bucket",    "compress_bf16",   "shard_optimizer",
+        "broadcast_params", "rebuild_buckets", "shard_gradients", "grad_pool"};
     uint64_t mine[N_OPTS] = {r->o.bucket_cap,      r->o.first_bucket,     r->o.compress_bf16,
-                             r->o.shard_optimizer, r->o.broadcast_params, r->o.rebuild_buckets};
+                             r->o.shard_optimizer, r->o.broadcast_params, r->o.rebuild_buckets,
+                             r->o.shard_gradients, r->o.grad_pool};
     int W = ddp_group_size(r->g);
     uint64_t *all = malloc(sizeof(uint64_t) * N_OPTS * (size_t)W);
     if (!all)
@@ -223,7 +237,7 @@ static ddp_status check_opts(ddp_reducer *r, ddp_error *err)
                               "the reducer's option %s is %llu on rank %d but %llu on rank %d: "
                               "every rank must pass the same ddp_reducer_opts (bucket_cap, "
                               "first_bucket, compress_bf16, shard_optimizer, broadcast_params, "
-                              "rebuild_buckets)",
+                              "rebuild_buckets, shard_gradients, grad_pool)",
                               names[i], (unsigned long long)mine[i], ddp_group_rank(r->g),
                               (unsigned long long)all[(size_t)k * N_OPTS + (size_t)i], k);
 out:

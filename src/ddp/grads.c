@@ -62,10 +62,9 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
             return st;
     } else {
         for (size_t i = 0; i < r->nparams; i++) {
-            size_t lo, hi, esz = ddp_dtype_size(r->params[i].dtype);
-            ddp_reducer_shard(r, i, &lo, &hi);
-            ss +=
-                ddp__sum_squares((const char *)r->grad[i] + lo * esz, hi - lo, r->params[i].dtype);
+            size_t lo, hi;
+            ddp_reducer_shard(r, i, &lo, &hi); /* element lo: in the bucket, or the shard */
+            ss += ddp__sum_squares(ddp_reducer_shard_grad(r, i), hi - lo, r->params[i].dtype);
         }
     }
     if (r->shard) {
@@ -123,7 +122,8 @@ ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf)
         size_t lo, hi;
         if (!ddp__reducer_my_range(r, b, &lo, &hi))
             continue;
-        float *g = (float *)b->mem + lo;
+        /* sharded gradients: element lo of the bucket is the shard's first */
+        float *g = r->sgrads ? (float *)b->sgrad : (float *)b->mem + lo;
         if (!r->dev) {
             found |= unscale_host(g, hi - lo, inv_scale);
             continue;

@@ -26,6 +26,11 @@ ddp_status ddp_reducer_set_join(ddp_reducer *r, const ddp_join_opts *opts, bool 
     ddp_join_opts def = DDP_JOIN_OPTS_INIT;
     if (!opts)
         opts = &def;
+    if (enable && r->o.shard_gradients) /* the same on every rank (compared at creation) */
+        return ddp__errmsg(r->err, DDP_ERR_INVALID,
+                           "set_join: not available with shard_gradients (ZeRO-2) yet: its no_sync "
+                           "micro-steps communicate, which a joined rank cannot match; use "
+                           "shard_optimizer alone");
     if (r->step_open)
         return ddp__errmsg(r->err, DDP_ERR_INVALID,
                            "set_join: a step is open (mark_ready was called since the last "

@@ -50,6 +50,9 @@ static void free_group_memory(ddp_reducer *r)
     r->home = NULL;
     r->nhome = 0;
     r->nb = 0;
+    if (r->pool)
+        ddp__reducer_release(r, r->pool, r->pool_arena);
+    r->pool = NULL;
 }
 
 /* The group is being destroyed before r (ddp__group_dep): r gives its memory back, and from now
@@ -172,6 +175,7 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     r->W = ddp_group_size(g);
     r->me = ddp_group_rank(g);
     r->shard = r->o.shard_optimizer && r->W > 1;
+    r->sgrads = r->shard && r->o.shard_gradients;
     /* Not rebuilt: sharded (the shard a rank steps, and the optimizer state it keeps, are keyed
      * by the layout) and on a GPU group (the staging copies would have to be ordered on the
      * group's stream; not done yet). */
@@ -247,12 +251,21 @@ void ddp_reducer_destroy(ddp_reducer *r)
     free(r->pdata);
     free(r->ready);
     free(r->b);
+    free(r->slot_off);
+    free(r->slot_size);
+    free(r->slot_busy);
     free(r);
 }
 
 void *ddp_reducer_grad(ddp_reducer *r, size_t i)
 {
-    return r && r->g && i < r->nparams ? r->grad[i] : NULL;
+    if (!r || !r->g || i >= r->nparams)
+        return NULL;
+    if (r->sgrads) { /* where it is while its bucket holds a pool buffer (pool.c) */
+        const ddp__bucket *b = &r->b[r->bucket_of[i]];
+        return b->has_buf ? (char *)b->mem + r->off[i] * ddp_dtype_size(b->dtype) : NULL;
+    }
+    return r->grad[i];
 }
 
 void *ddp_reducer_param(ddp_reducer *r, size_t i)
@@ -273,6 +286,8 @@ void ddp_reducer_zero_grad(ddp_reducer *r)
             if (st)
                 r->dev_st = ddp__reducer_dev_fail(r, st, "zeroing the gradients", msg);
         }
+    } else if (r->sgrads) { /* the shards; pool buffers are zeroed when taken */
+        ddp__reducer_pool_zero(r);
     } else if (r->home) { /* rebuilt: the gradients live in the old buckets' memory */
         for (size_t i = 0; i < r->nhome; i++)
             memset(r->home[i].mem, 0, r->home[i].bytes);
@@ -306,6 +321,9 @@ static void reset_step(ddp_reducer *r)
 static ddp_status launch(ddp_reducer *r, ddp__bucket *b)
 {
     ddp_status st;
+    /* sharded gradients: a bucket nothing acquired reduces zeros from a fresh buffer */
+    if (r->sgrads && !b->has_buf && (st = ddp__reducer_pool_take(r, b)))
+        return ddp__reducer_errctx(r, st, "bucket %zu", (size_t)(b - r->b));
     void *buf = b->mem;
     ddp_dtype t = b->dtype;
     if (b->staged)
@@ -335,8 +353,12 @@ static ddp_status launch(ddp_reducer *r, ddp__bucket *b)
         st = r->shard ? ddp_reduce_scatter(r->g, buf, mine, b->block, t, op)
                       : ddp_allreduce(r->g, buf, buf, b->count, t, op);
         r->stats.comm_seconds += ddp_now_seconds() - t0;
-        b->inline_done = st == DDP_OK;
+        b->inline_done = st == DDP_OK && !r->sgrads;
+        if (r->sgrads) /* into the shard now: the buffer goes back to the pool */
+            ddp__reducer_pool_land(r, b, st == DDP_OK);
     }
+    if (b->work)
+        b->seq = r->launches++;
     if (st)
         return ddp__errmsg(r->err, st, "bucket %zu: %s", (size_t)(b - r->b),
                            ddp_group_last_error(r->g));
@@ -429,12 +451,14 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
     ddp_status st = step_refused(r, "mark_ready");
     if (st)
         return st;
-    if (!r->sync)
+    /* Sharded gradients reduce every micro-step (no full gradient to accumulate into). */
+    if (!r->sync && !r->sgrads)
         return group_failed(r, "mark_ready");
     if (!r->step_open) {
         if ((st = open_step(r)))
             return st;
         r->step_open = true;
+        r->micro_closed = false;
     }
     if (r->ready[i])
         return ddp__errmsg(
@@ -451,6 +475,12 @@ ddp_status ddp_reducer_mark_ready(ddp_reducer *r, size_t i)
         r->step_err = st;
         ddp__fmt(r->step_msg, sizeof r->step_msg, "%s", r->err);
         return st;
+    }
+    if (r->sgrads && !r->sync && r->next_launch == r->nb) {
+        /* a no_sync micro-step whose every bucket is on its way: it ends here, its buckets land
+         * as the pool needs their buffers or at finish; the next mark_ready opens the next */
+        r->step_open = false;
+        r->micro_closed = true;
     }
     return group_failed(r, "mark_ready"); /* nothing was started: say so if it never can be */
 }
@@ -504,12 +534,15 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
     st = step_refused(r, "finish");
     if (st)
         return st;
-    if (!r->sync)
+    if (!r->sync && !r->sgrads)
         return group_failed(r, "finish");
-    if (!r->step_open && (st = open_step(r))) { /* nothing was marked: reduce everything now */
+    if (r->micro_closed && !r->step_open) { /* sharded gradients: only what is in flight */
+        r->next_launch = r->nb;
+    } else if (!r->step_open && (st = open_step(r))) { /* nothing was marked: reduce all now */
         r->join_err = DDP_OK;
         return st;
     }
+    r->micro_closed = false;
     r->step_open = false;
     if (r->join_all) /* every rank has joined (join.c): nothing to reduce */
         return DDP_OK;
@@ -525,6 +558,12 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
         b->inline_done = false;
         if (!b->work)
             continue;
+        if (r->sgrads) { /* waited for, and into the shard */
+            ddp_status s3 = ddp__reducer_pool_settle(r, b);
+            if (s3 && !st)
+                st = s3;
+            continue;
+        }
         ddp_status s2 = ddp_work_wait(b->work);
         double s, e;
         ddp_work_timing(b->work, &s, &e);
@@ -546,7 +585,9 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
         ddp__reducer_join_divide(r);
     ddp__reducer_record_end(r, st == DDP_OK);
     r->stats.wait_seconds = ddp_now_seconds() - t0;
-    r->awaiting = r->consumed = r->shard && st == DDP_OK;
+    /* sharded gradients: the shards accumulate; a no_sync micro-step awaits no optimizer step */
+    r->awaiting = r->shard && st == DDP_OK && r->sync;
+    r->consumed = r->awaiting && !r->sgrads;
     if (!r->async) /* inline: every moment of communication was spent by the caller */
         r->stats.wait_seconds += r->stats.comm_seconds;
     double c = r->stats.comm_seconds;

@@ -19,6 +19,9 @@
  * stepped block r, one in-place allgather completes them with no copy in or out. Optimizer state
  * stays in the caller's arrays: gather_state copies block r of them into the gradient bucket,
  * allgathers it and copies the rest out, which spends the gradients until zero_grad.
+ * Sharded gradients (ZeRO-2, pool.c): the buckets have no memory of their own; a bucket takes a
+ * slot of one pool at its first acquire or its launch and gives it back once its block has landed
+ * in its persistent shard (sgrad); r->grad[] is unused (NULL).
  * Device memory (a GPU group: nccl or cuda-staged): the parameters are device memory, and so are
  * the buckets (ddp_group_alloc on every rank, no host fallback). The host never touches them: the
  * zeroing, the bf16 conversions and the sums of squares go through the group's device operations
@@ -38,6 +41,7 @@
  *   grads.c    reading and scaling the reduced gradients: grad_norm and unscale
  *   join.c     uneven inputs (torch's join): the count of ranks still training at each synced
  *              step, and the joined rank's shadow steps
+ *   pool.c     sharded gradients (ZeRO-2): the pool of bucket buffers, acquire, the shards
  */
 #ifndef DDP_REDUCER_INT_H
 #define DDP_REDUCER_INT_H
@@ -69,6 +73,14 @@ typedef struct ddp__bucket {
     bool launched;
     bool inline_done; /* reduced on the caller's thread this step */
     ddp_work *work;
+    /* Sharded gradients (ZeRO-2, pool.c): mem is a pool buffer while has_buf (the bucket is being
+     * filled, or in flight when work is set), else NULL; sgrad holds this rank's block of the
+     * mean, accumulated over the step's reductions (sfresh: nothing landed since zero_grad). */
+    bool has_buf;
+    size_t slot;  /* while has_buf: the pool slot it holds */
+    uint64_t seq; /* launch counter when it went in flight: the oldest is waited for first */
+    void *sgrad;  /* (block,) private memory */
+    bool sfresh;
 } ddp__bucket;
 
 /* Where gradients live after a rebuild: the creation-time buckets' memory, kept so that every
@@ -110,10 +122,22 @@ struct ddp_reducer {
     bool async;         /* buckets go to the progress thread (else inline, blocking) */
     bool step_open;     /* some gradient was marked ready since the last finish */
     bool sync;
-    bool shard;    /* sharded optimizer step, and more than one rank */
-    bool consumed; /* sharded: finish() left the mean in my shard only; zero_grad before the
-                      next backward */
-    bool awaiting; /* sharded: finish() reduced, gather_params() has not run yet */
+    bool shard;  /* sharded optimizer step, and more than one rank */
+    bool sgrads; /* sharded gradients (ZeRO-2: shard_gradients, and more than one rank) */
+    char *pool;  /* sgrads: the pool the buckets' buffers are cut from (pool_bytes) */
+    bool pool_arena;
+    size_t pool_bytes;
+    size_t nslots;     /* the pool's slots: slot 0 of the largest bucket's size, the others of
+                          the second largest's, one after the other */
+    size_t *slot_off;  /* (nb,) where each slot starts in the pool */
+    size_t *slot_size; /* (nb,) its bytes */
+    bool *slot_busy;   /* (nb,) held by a bucket */
+    uint64_t launches; /* sgrads: buckets launched so far (ddp__bucket.seq) */
+    bool micro_closed; /* sgrads: a no_sync micro-step closed itself when its last bucket
+                          launched; finish waits for what is in flight without a new step */
+    bool consumed;     /* sharded: finish() left the mean in my shard only; zero_grad before the
+                          next backward */
+    bool awaiting;     /* sharded: finish() reduced, gather_params() has not run yet */
     int W, me;
     double step_start;
     const ddp__devops *dev; /* a GPU group's device operations (buckets in device memory); else
@@ -242,6 +266,25 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r);
 /* After a step that summed (r->join_div > 0): this rank's mean divided by the ranks that
  * trained. */
 void ddp__reducer_join_divide(ddp_reducer *r);
+
+/* --- pool.c (sharded gradients, ZeRO-2) --- */
+
+/* Bytes of bucket b's pool buffer (whole cache lines). */
+size_t ddp__reducer_pool_need(const ddp__bucket *b);
+/* The pool's size after the layout (opts.grad_pool or the default); DDP_ERR_INVALID in err when
+ * a bucket cannot fit. */
+ddp_status ddp__reducer_pool_size(ddp_reducer *r, ddp_error *err);
+/* Bucket b gets a zeroed pool buffer (waiting, if need be, for the oldest bucket in flight to
+ * land); its earlier instance still in flight lands first. A failure leaves its message in
+ * r->err. */
+ddp_status ddp__reducer_pool_take(ddp_reducer *r, ddp__bucket *b);
+/* Bucket b's reduction is done (ok) or failed: its block lands in its shard (ok), and its
+ * buffer goes back to the pool. */
+void ddp__reducer_pool_land(ddp_reducer *r, ddp__bucket *b, bool ok);
+/* Waits for bucket b in flight (its work), then lands it. */
+ddp_status ddp__reducer_pool_settle(ddp_reducer *r, ddp__bucket *b);
+/* zero_grad: in-flight buckets waited for and dropped, buffers back, shards zeroed. */
+void ddp__reducer_pool_zero(ddp_reducer *r);
 
 /* --- shard.c --- */
 

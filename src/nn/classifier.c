@@ -227,10 +227,10 @@ static ddp_status alloc_buffers(classifier *c, ddp_error *err)
 /* Device cuda: the layer list handed to the device's model (kernels.h's ddp__cuda_cls_layer). */
 static void cuda_layer(const layer *l, ddp__cuda_cls_layer *d)
 {
-    static const int kinds[] = {[L_LINEAR] = DDP__CLS_LINEAR, [L_RELU] = DDP__CLS_RELU,
-                                [L_GELU] = DDP__CLS_GELU,     [L_DROPOUT] = DDP__CLS_DROPOUT,
-                                [L_CONV] = DDP__CLS_CONV,     [L_BN] = DDP__CLS_BN,
-                                [L_POOL] = DDP__CLS_POOL};
+    static const int kinds[] = {
+        [L_LINEAR] = DDP__CLS_LINEAR,   [L_RELU] = DDP__CLS_RELU, [L_GELU] = DDP__CLS_GELU,
+        [L_DROPOUT] = DDP__CLS_DROPOUT, [L_CONV] = DDP__CLS_CONV, [L_BN] = DDP__CLS_BN,
+        [L_POOL] = DDP__CLS_POOL};
     memset(d, 0, sizeof *d);
     d->kind = kinds[l->kind];
     d->in_n = l->in_n;
@@ -553,6 +553,11 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
         layer *l = &c->L[i];
         const float *in = i > 0 ? c->L[i - 1].y : c->x;
         float *dx = i > 0 ? (dy == c->g0 ? c->g1 : c->g0) : NULL; /* the input needs none */
+        if (l->p0 >= 0) { /* a pooled backward: the gradients' memory first */
+            ddp_status st = ddp__model_acquire(m, l->np, (const int[]){l->p0, l->p0 + 1});
+            if (st != DDP_OK)
+                return st;
+        }
         float *P0 = l->p0 >= 0 ? m->params[l->p0].data : NULL;
         float *G0 = l->p0 >= 0 ? m->params[l->p0].grad : NULL;
         float *G1 = l->p0 >= 0 ? m->params[l->p0 + 1].grad : NULL;

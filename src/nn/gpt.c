@@ -277,10 +277,9 @@ static ddp_status build_cuda(ddp_model *m, const ddp_model_spec *spec, ddp_error
     }
     for (size_t i = 0; i < n; i++)
         counts[i] = m->params[i].count;
-    ddp__cuda_gpt_cfg cfg = {g->L,    g->nh,   g->C,
-                             g->Tmax, g->V,    g->B,
-                             g->bias, spec->device_index, spec->precision,
-                             g->p,    g->seed};
+    ddp__cuda_gpt_cfg cfg = {
+        g->L, g->nh,  g->C, g->Tmax, g->V, g->B, g->bias, spec->device_index, spec->precision,
+        g->p, g->seed};
     ddp_status st = ddp__cuda_gpt_create(&cfg, counts, n, &g->res.gpt, err);
     free(counts);
     if (st)
@@ -663,7 +662,17 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
     const uint64_t off_att = g->sample_offset * (uint64_t)nh * (uint64_t)T;
     ddp_status st;
 
+    /* A pooled backward (ddp_model_backward_pooled) hands out each gradient's memory before it
+     * is written: acquire(…) ahead of each write below. The tied token embedding's is taken at
+     * the head and kept until its ready at the end. */
+#define ACQUIRE(...)                                                                               \
+    do {                                                                                           \
+        const int ids_[] = {__VA_ARGS__};                                                          \
+        if ((st = ddp__model_acquire(m, (int)(sizeof ids_ / sizeof ids_[0]), ids_)))               \
+            return st;                                                                             \
+    } while (0)
     /* Head: logits now hold d loss / d logits (forward). */
+    ACQUIRE(g->p_wte, g->p_lnf_w, g->p_lnf_b);
     ddp_nn_lm_head_backward(g->logits, g->lnf, P(m, g->p_wte), N, C, g->V, g->dln, G(m, g->p_wte));
     const float *xL = g->ba[g->L - 1].xout;
     ddp_nn_layernorm_backward(g->dln, xL, P(m, g->p_lnf_w), g->lnf_mean, g->lnf_rstd, N, C, g->dres,
@@ -681,10 +690,12 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             ddp_nn_dropout_backward(g->dres, a->mask_m, NC, g->p, true, g->tmp);
             dy = g->tmp;
         }
+        ACQUIRE(bp->mproj_w, bp->mproj_b);
         linear_backward(g, dy, a->fchg, a->fchgh, P(m, bp->mproj_w), N, 4 * C, C, g->dbig,
                         G(m, bp->mproj_w), G(m, bp->mproj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->mproj_b, bp->mproj_w})))
             return st;
+        ACQUIRE(bp->fc_w, bp->fc_b);
         if (g->bf16h) { /* the GELU's gradient straight into c_fc's rounded dy and bias */
             ddp__nn_gelu_tanh_backward_h(g->dbig, a->fch, N, 4 * C, g->dyh, G(m, bp->fc_b));
             ddp__nn_linear_backward_h(NULL, a->ln2h, P(m, bp->fc_w), N, C, 4 * C, g->dyh, g->wh,
@@ -696,6 +707,7 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
         }
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->fc_b, bp->fc_w})))
             return st;
+        ACQUIRE(bp->ln2_w, bp->ln2_b);
         ddp_nn_layernorm_backward(g->dln, a->xmid, P(m, bp->ln2_w), a->ln2_mean, a->ln2_rstd, N, C,
                                   g->dln, G(m, bp->ln2_w), G(m, bp->ln2_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->ln2_b, bp->ln2_w})))
@@ -708,6 +720,7 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             ddp_nn_dropout_backward(g->dres, a->mask_a, NC, g->p, true, g->tmp);
             dy = g->tmp;
         }
+        ACQUIRE(bp->proj_w, bp->proj_b);
         linear_backward(g, dy, a->atty, a->attyh, P(m, bp->proj_w), N, C, C, g->dln,
                         G(m, bp->proj_w), G(m, bp->proj_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->proj_b, bp->proj_w})))
@@ -720,10 +733,12 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
             ddp_nn_attention_backward(&g->att, g->dln, a->qkv, a->lse, n, T,
                                       drop_seed(g, 2 + 3 * l), g->step, off_att, g->train,
                                       g->attn_scratch, g->dbig);
+        ACQUIRE(bp->attn_w, bp->attn_b);
         linear_backward(g, g->dbig, a->ln1, a->ln1h, P(m, bp->attn_w), N, C, 3 * C, g->dln,
                         G(m, bp->attn_w), G(m, bp->attn_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->attn_b, bp->attn_w})))
             return st;
+        ACQUIRE(bp->ln1_w, bp->ln1_b);
         ddp_nn_layernorm_backward(g->dln, x, P(m, bp->ln1_w), a->ln1_mean, a->ln1_rstd, N, C,
                                   g->dln, G(m, bp->ln1_w), G(m, bp->ln1_b));
         if ((st = mark(m, ready, ctx, 2, (const int[]){bp->ln1_b, bp->ln1_w})))
@@ -736,6 +751,8 @@ static ddp_status backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
         ddp_nn_dropout_backward(g->dres, g->mask_e, NC, g->p, true, g->tmp);
         dx0 = g->tmp;
     }
+    ACQUIRE(g->p_wpe);
+#undef ACQUIRE
     ddp_nn_embedding_backward(dx0, g->tokens, n, T, C, G(m, g->p_wte), G(m, g->p_wpe));
     return mark(m, ready, ctx, 2, (const int[]){g->p_wpe, g->p_wte});
 }

@@ -255,6 +255,56 @@ ddp_status ddp_model_backward(ddp_model *m, ddp_grad_ready_fn ready, void *ctx)
     return st;
 }
 
+ddp_status ddp__model_acquire(ddp_model *m, int n, const int *idx)
+{
+    for (int k = 0; m->acquire && k < n; k++) {
+        if (idx[k] < 0)
+            continue;
+        float *g = NULL;
+        ddp_status st = m->acquire(m->acquire_ctx, (size_t)idx[k], &g);
+        if (st == DDP_OK && !g && m->params[idx[k]].count)
+            st = DDP_ERR_INVALID;
+        if (st != DDP_OK)
+            return ddp__errmsg(m->err, st,
+                               "backward: the gradient-acquire callback failed for '%s' (%s)",
+                               m->params[idx[k]].name, ddp_status_str(st));
+        m->params[idx[k]].grad = g;
+    }
+    return DDP_OK;
+}
+
+ddp_status ddp_model_backward_pooled(ddp_model *m, ddp_grad_acquire_fn acquire,
+                                     ddp_grad_ready_fn ready, void *ctx)
+{
+    m->err[0] = '\0';
+    if (!acquire)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "ddp_model_backward_pooled: acquire is "
+                           "required (else ddp_model_backward)");
+    if (m->resident || (m->res && (m->res->gpt || m->res->cls)))
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "ddp_model_backward_pooled: the model computes on the GPU; pooled "
+                           "gradients (shard_gradients) are CPU-only for now");
+    if (!m->can_backward)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "backward needs a forward in training mode with labels first (one "
+                           "backward per forward)");
+    m->can_backward = false;
+    m->acquire = acquire;
+    m->acquire_ctx = ctx;
+    ddp__gemm_kind was = ddp__gemm_set_kind(m->gemm);
+    ddp_status st = m->ops->backward(m, ready, ctx);
+    ddp__gemm_set_kind(was);
+    m->acquire = NULL;
+    m->acquire_ctx = NULL;
+    for (size_t i = 0; i < m->n_params; i++) { /* the memory was the acquirer's, lent */
+        m->params[i].grad = NULL;
+        free(m->own_grad[i]);
+        m->own_grad[i] = NULL;
+    }
+    return st;
+}
+
 double ddp_model_flops_per_sample(const ddp_model *m, int seq_len)
 {
     return m->ops->flops(m, seq_len);

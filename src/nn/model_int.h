@@ -60,11 +60,14 @@ struct ddp_model {
     float **own_grad; /* (n_params,) the same for gradients */
     ddp_model_param *buffers;
     size_t n_buffers, cap_buffers;
-    bool can_backward; /* a training forward with labels, not yet backward */
-    bool resident;     /* ddp_model_resident: training state on the device */
-    bool loss_kept;    /* set by a type's forward when it kept the loss's gradient although no
-                          item counted (gpt: every target −1), so that backward may run (and add
-                          zeros); cleared before each forward */
+    bool can_backward;           /* a training forward with labels, not yet backward */
+    bool resident;               /* ddp_model_resident: training state on the device */
+    ddp_grad_acquire_fn acquire; /* during ddp_model_backward_pooled: where gradients go (the
+                                    type calls ddp__model_acquire), else NULL */
+    void *acquire_ctx;
+    bool loss_kept; /* set by a type's forward when it kept the loss's gradient although no
+                       item counted (gpt: every target −1), so that backward may run (and add
+                       zeros); cleared before each forward */
     char err[DDP_ERRMSG_MAX];
 
     struct ddp__resident *res; /* the type's device-model state (resident.c), or NULL */
@@ -74,6 +77,10 @@ struct ddp_model {
  * model owns; its index is the n_params before the call. */
 ddp_status ddp__model_add_param(ddp_model *m, const char *name, int ndim, const int64_t *shape,
                                 bool decay, ddp_error *err);
+/* Backward is about to write the gradients of the n parameters idx[] (−1 skipped): in a pooled
+ * backward, each one's grad pointer is set from m->acquire (a failure recorded on m); else a
+ * no-op. */
+ddp_status ddp__model_acquire(ddp_model *m, int n, const int *idx);
 /* Appends a 1-D buffer of count values, all fill. */
 ddp_status ddp__model_add_buffer(ddp_model *m, const char *name, size_t count, float fill,
                                  ddp_error *err);

@@ -252,6 +252,15 @@ float *const *ddp_optim_state(const ddp_optim *o, int s)
 ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, uint64_t step,
                                 float lr, float grad_scale)
 {
+    float *g = i < o->n && lo <= hi && hi <= o->params[i].count && o->params[i].grad
+                   ? o->params[i].grad + lo
+                   : NULL;
+    return ddp_optim_step_range_grad(o, i, lo, hi, g, step, lr, grad_scale);
+}
+
+ddp_status ddp_optim_step_range_grad(ddp_optim *o, size_t i, size_t lo, size_t hi, float *grad,
+                                     uint64_t step, float lr, float grad_scale)
+{
     if (i >= o->n || lo > hi || hi > o->params[i].count) {
         return ddp__errmsg(o->err, DDP_ERR_INVALID,
                            "optimizer step: elements [%zu, %zu) of parameter %zu (of %zu, with "
@@ -266,8 +275,12 @@ ddp_status ddp_optim_step_range(ddp_optim *o, size_t i, size_t lo, size_t hi, ui
                            lo, hi, i, o->lo[i], o->hi[i]);
     if (lo == hi)
         return DDP_OK;
+    if (!grad)
+        return ddp__errmsg(o->err, DDP_ERR_INVALID,
+                           "optimizer step: parameter %zu ('%s') has no gradient", i,
+                           o->params[i].name);
     const ddp_model_param *p = &o->params[i];
-    float *w = p->data + lo, *g = p->grad + lo;
+    float *w = p->data + lo, *g = grad;
     size_t n = hi - lo;
     if (grad_scale != 1.0f)
         for (size_t k = 0; k < n; k++)

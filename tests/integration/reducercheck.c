@@ -102,6 +102,17 @@ int main(int argc, char **argv)
                   strstr(err.msg, on_gpu ? "take GPU memory" : "take host memory"),
               "a parameter on the wrong device: %d %s", (int)st, err.msg);
     }
+    if (on_gpu) { /* sharded gradients (ZeRO-2) are CPU-only for now: refused, saying so */
+        float *x = dalloc(4 * sizeof(float));
+        ddp_param one = {"w", 4, DDP_FLOAT32, x, dv};
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.shard_optimizer = ro.shard_gradients = true;
+        ddp_reducer *red = NULL;
+        ddp_status st = ddp_reducer_create(g, &one, 1, NULL, 0, &ro, &red, &err);
+        CHECK(st == DDP_ERR_INVALID && !red && strstr(err.msg, "CPU-only for now"),
+              "shard_gradients on a GPU group: %d %s", (int)st, err.msg);
+        dfree(x);
+    }
     { /* two parameters (or a parameter and a buffer) of one name: refused, naming it */
         float x[4] = {0}, y[2] = {0};
         ddp_param twice[2] = {{"w", 4, DDP_FLOAT32, x, dv}, {"w", 2, DDP_FLOAT32, y, dv}};

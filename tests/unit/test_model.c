@@ -532,6 +532,102 @@ static void bind_to_caller_memory(void **state)
     ddp_model_free(twin);
 }
 
+/* ddp_model_backward_pooled (ZeRO-2's backward): each gradient's memory comes from acquire, before
+ * its first write and before its ready; the gradients are ddp_model_backward's bit for bit. */
+typedef struct pool_log {
+    const ddp_model_param *p;
+    float *mem[64];
+    int acquired[64], readied[64]; /* the event number of the first acquire, of ready (from 1) */
+    int events, fail_at;           /* fail_at: refuse that parameter's acquire (−1: none) */
+} pool_log;
+
+static ddp_status log_acquire(void *ctx, size_t i, float **grad)
+{
+    pool_log *l = ctx;
+    if ((int)i == l->fail_at)
+        return DDP_ERR_NOMEM;
+    if (!l->mem[i])
+        l->mem[i] = calloc(l->p[i].count ? l->p[i].count : 1, sizeof(float));
+    if (!l->acquired[i])
+        l->acquired[i] = ++l->events;
+    assert_int_equal(l->readied[i], 0); /* never after its ready */
+    *grad = l->mem[i];
+    return DDP_OK;
+}
+
+static ddp_status log_ready(void *ctx, size_t i)
+{
+    pool_log *l = ctx;
+    assert_int_equal(l->readied[i], 0);
+    l->readied[i] = ++l->events;
+    return DDP_OK;
+}
+
+static void pooled_one(const ddp_model_spec *s)
+{
+    ddp_model *m = build(s), *q = build(s);
+    size_t n;
+    const ddp_model_param *p = ddp_model_params(m, &n), *pq = ddp_model_params(q, &n);
+    assert_true(n <= 64);
+    bool gpt = !strcmp(s->type, "gpt");
+    int B = s->max_batch, T = 8;
+    float *x = inputs(B, (size_t)(s->in_ch * s->in_h * s->in_w));
+    int32_t y[4] = {2, 0, 1, 1}, tok[4 * 8], tgt[4 * 8];
+    for (int k = 0; k < B * T; k++) {
+        tok[k] = (k * 7 + 3) % s->vocab_size;
+        tgt[k] = (k * 5 + 1) % s->vocab_size;
+    }
+    ddp_model_batch b = gpt ? (ddp_model_batch){.n = B, .tokens = tok, .targets = tgt, .seq_len = T}
+                            : (ddp_model_batch){.n = B, .x = x, .labels = y};
+    pool_log l = {.p = p, .fail_at = -1};
+    assert_int_equal(ddp_model_backward_pooled(m, log_acquire, log_ready, &l), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_model_last_error(m), "forward in training mode"));
+    assert_int_equal(ddp_model_forward(m, &b, true, NULL), DDP_OK);
+    assert_int_equal(ddp_model_forward(q, &b, true, NULL), DDP_OK);
+    assert_int_equal(ddp_model_backward_pooled(m, NULL, log_ready, &l), DDP_ERR_INVALID);
+    assert_int_equal(ddp_model_backward_pooled(m, log_acquire, log_ready, &l), DDP_OK);
+    assert_int_equal(ddp_model_backward(q, NULL, NULL), DDP_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(l.acquired[i] > 0 && l.readied[i] > l.acquired[i]);
+        assert_memory_equal(l.mem[i], pq[i].grad, p[i].count * sizeof(float));
+        assert_null(p[i].grad); /* lent for the backward only */
+    }
+    if (gpt) { /* the tied token embedding: acquired first (the head), ready last */
+        assert_int_equal(l.acquired[0], 1);
+        assert_int_equal(l.readied[0], l.events);
+    }
+    /* an acquire that fails stops the backward with its status, naming the parameter */
+    pool_log f = {.p = p, .fail_at = (int)n - 1};
+    assert_int_equal(ddp_model_forward(m, &b, true, NULL), DDP_OK);
+    assert_int_equal(ddp_model_backward_pooled(m, log_acquire, log_ready, &f), DDP_ERR_NOMEM);
+    assert_non_null(strstr(ddp_model_last_error(m), p[n - 1].name));
+    for (size_t i = 0; i < n; i++) {
+        free(l.mem[i]);
+        free(f.mem[i]);
+    }
+    free(x);
+    ddp_model_free(m);
+    ddp_model_free(q);
+}
+
+static void pooled_backward(void **state)
+{
+    (void)state;
+    ddp_model_spec s = DDP_MODEL_SPEC_INIT;
+    s.in_ch = 1, s.in_h = s.in_w = 6, s.classes = 3, s.max_batch = 4, s.seed = 5;
+    s.hidden = (const int64_t[]){5, 4};
+    s.n_hidden = 2;
+    pooled_one(&s); /* mlp */
+    s.type = "cnn";
+    s.channels = (const int64_t[]){2};
+    s.n_channels = 1;
+    pooled_one(&s);
+    s = (ddp_model_spec)DDP_MODEL_SPEC_INIT;
+    s.type = "gpt", s.n_layer = 2, s.n_head = 2, s.n_embd = 16, s.block_size = 8;
+    s.vocab_size = 32, s.max_batch = 4, s.seed = 9;
+    pooled_one(&s);
+}
+
 /* An MLP of 2 × 2 inputs, 4 hidden units and 3 classes, batches of at most 2. */
 static ddp_model *tiny_mlp(void)
 {
@@ -1048,6 +1144,7 @@ int main(void)
         cmocka_unit_test(mlp_matches_layers),
         cmocka_unit_test(cnn_finite_differences),
         cmocka_unit_test(bind_to_caller_memory),
+        cmocka_unit_test(pooled_backward),
         cmocka_unit_test(refused_calls),
         cmocka_unit_test(resident_refusals),
         cmocka_unit_test(dropout_keys),

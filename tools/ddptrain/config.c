@@ -142,6 +142,10 @@ static const ddp_cfg_key schema[] = {
      "ZeRO-1: each rank steps 1/world of the parameters, then they are gathered, and keeps "
      "1/world of the optimizer state on the CPU (auto: on, except over shm+tcp and shm+mpi, "
      "whose reduce_scatter is a whole allreduce)"},
+    {"shard_gradients", DDP_CFG_CHOICE, "false", "auto|true|false",
+     "ZeRO-2: each rank keeps 1/world of the gradient too (a bounded pool of bucket buffers "
+     "instead of whole gradients); true needs shard_optimizer on and device cpu (auto: off for "
+     "now)"},
 };
 #define NKEYS (sizeof schema / sizeof schema[0])
 
@@ -307,6 +311,22 @@ static int check_values(const ddp_config *c, bool model_known)
                         gen[i], ddp_config_origin(c, gen[i]), ddp_config_str(c, "model.type"));
                 return 2;
             }
+    }
+    if (!strcmp(ddp_config_str(c, "shard_gradients"), "true")) {
+        const char *why = !strcmp(ddp_config_str(c, "shard_optimizer"), "false")
+                              ? "needs shard_optimizer on (ZeRO-2 shards ZeRO-1's step): set "
+                                "shard_optimizer true"
+                          : !strcmp(ddp_config_str(c, "device"), "cuda")
+                              ? "is CPU-only for now: set device cpu, or leave shard_gradients "
+                                "off on the GPU"
+                          : ddp_config_bool(c, "compress_bf16")
+                              ? "does not take compress_bf16 yet: set compress_bf16 false"
+                              : NULL;
+        if (why) {
+            fprintf(stderr, "ddptrain: key 'shard_gradients' is true (%s); it %s\n",
+                    ddp_config_origin(c, "shard_gradients"), why);
+            return 2;
+        }
     }
     /* fp32 and bf16 are the CPU's precisions: say so before any work when the device is cpu,
      * and bf16 on a CPU without bf16 units too (with auto it depends on the machine, and is

@@ -355,6 +355,18 @@ static int wrap_model(trainer *t)
          strcmp(ddp_group_backend(t->g), "shm+mpi") != 0);
     if (ddp_config_int(c, "bucket_kb") > 0)
         ro.bucket_cap = ro.first_bucket = (size_t)ddp_config_int(c, "bucket_kb") << 10;
+    /* ZeRO-2 (auto: off until it has been measured to pay): the config checked shard_optimizer
+     * false, device cuda and compress_bf16 already; what auto resolved to is checked here */
+    ro.shard_gradients = !strcmp(ddp_config_str(c, "shard_gradients"), "true");
+    if (ro.shard_gradients && (!ro.shard_optimizer || t->dev.device == DDP_DEVICE_CUDA)) {
+        fprintf(stderr,
+                "ddptrain: rank %d: key 'shard_gradients' is true, but %s; it needs both on "
+                "(set shard_optimizer true, device cpu)\n",
+                t->R,
+                !ro.shard_optimizer ? "shard_optimizer auto is off over this backend"
+                                    : "device auto chose cuda");
+        return 2;
+    }
     size_t np, nb;
     const ddp_model_param *p = ddp_model_params(t->m, &np);
     const ddp_model_param *b = ddp_model_buffers(t->m, &nb);
@@ -754,8 +766,13 @@ static int run(int argc, char **argv)
         snprintf(dev_desc, sizeof dev_desc, "cpu (precision %s)", ddp_precision_name(t.prec));
     else
         snprintf(dev_desc, sizeof dev_desc, "cpu");
-    char zero[120] = "";
-    if (train && t.opt_shard)
+    char zero[160] = "";
+    if (train && ddp_reducer_grads_sharded(t.red))
+        snprintf(zero, sizeof zero,
+                 "; gradients and optimizer step sharded (ZeRO-2), each rank keeping 1/%d of "
+                 "the gradient and of the optimizer state (gradient pool %.1f MiB)",
+                 t.W, (double)ddp_reducer_grad_pool_bytes(t.red) / 1048576.0);
+    else if (train && t.opt_shard)
         snprintf(zero, sizeof zero,
                  "; optimizer step sharded (ZeRO-1), each rank keeping 1/%d of its state", t.W);
     else if (train && ddp_reducer_sharded(t.red))

@@ -60,6 +60,17 @@ static ddp_status mark_ready(void *ctx, size_t i)
     return st;
 }
 
+/* Sharded gradients (ZeRO-2): backward asks the reducer where each gradient goes. */
+static ddp_status acquire_grad(void *ctx, size_t i, float **grad)
+{
+    ready_ctx *rc = ctx;
+    void *g = NULL;
+    ddp_status st = ddp_reducer_grad_acquire(rc->red, i, &g);
+    rc->failed = st != DDP_OK;
+    *grad = g;
+    return st;
+}
+
 /* A language model's validation loss and perplexity. */
 static int evaluate_lm_and_log(trainer *t, ddp_dataset *val, uint64_t total)
 {
@@ -132,8 +143,8 @@ static int optimizer_step(trainer *t, double clip, double lr, bool want_norm, do
             if (ddp_model_device_step_range(t->m, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
                 DDP_OK)
                 return trainer_die(t, "optimizer", ddp_model_last_error(t->m));
-        } else if (ddp_optim_step_range(t->opt, i, lo, hi, t->optim_step + 1, (float)lr, coef) !=
-                   DDP_OK)
+        } else if (ddp_optim_step_range_grad(t->opt, i, lo, hi, ddp_reducer_shard_grad(t->red, i),
+                                             t->optim_step + 1, (float)lr, coef) != DDP_OK)
             return trainer_die(t, "optimizer", ddp_optim_last_error(t->opt));
     }
     t->optim_step++;
@@ -272,7 +283,10 @@ static int micro_step(trainer *t, feed *f, int micro, double *loss)
         return trainer_die(t, "forward", ddp_model_last_error(t->m));
     *loss += out.loss / A;
     ready_ctx ready = {t->red, false};
-    if (ddp_model_backward(t->m, mark_ready, &ready) != DDP_OK)
+    ddp_status st = ddp_reducer_grads_sharded(t->red)
+                        ? ddp_model_backward_pooled(t->m, acquire_grad, mark_ready, &ready)
+                        : ddp_model_backward(t->m, mark_ready, &ready);
+    if (st != DDP_OK)
         return trainer_die(t, "backward",
                            ready.failed ? ddp_reducer_last_error(t->red)
                                         : ddp_model_last_error(t->m));
