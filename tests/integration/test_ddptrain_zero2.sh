@@ -42,6 +42,15 @@ grep -q "ZeRO-2" mlp_false.out && fail "shard_gradients false said ZeRO-2"
 cmp -s mlp_true.txt mlp_false.txt || fail "mlp: ZeRO-2 and ZeRO-1 give different weights or state"
 ok "mlp: ZeRO-2 = ZeRO-1 bit for bit (weights and AdamW state, 3 ranks, clipping, async)"
 
+# Default buckets (4 MiB under ZeRO-2) on a model this small: the pool holds the whole gradient,
+# more than sharding saves — said on rank 0's log, and the run goes on.
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 2 --model.hidden 48,24 \
+    --shard_optimizer true --shard_gradients true --out_dir small >small.out 2>&1 ||
+    { cat small.out; fail "mlp with default buckets under ZeRO-2"; }
+assert_contains small.out "warning: shard_gradients: the gradient pool"
+assert_contains small.out "lower bucket_kb, or leave shard_gradients off"
+ok "shard_gradients with a pool larger than its saving: a warning, and the run goes on"
+
 # The CNN (convolutions, batchnorm and its buffers; 1 KiB buckets): the same, 2 ranks.
 cargs=(--model.type cnn --model.channels 4,8 --model.hidden 16 --total_steps 4
        --checkpoint.every 4 --optimizer adamw --lr 0.001 --batch_size 16 --shard_optimizer true
@@ -87,6 +96,7 @@ for w in 2 3; do
     cmp -s gpt${w}_true.txt gpt${w}_false.txt || fail "gpt, $w ranks: ZeRO-2 and ZeRO-1 differ"
 done
 ok "gpt: ZeRO-2 = ZeRO-1 bit for bit (weights and AdamW state, 2 and 3 ranks, tied embedding)"
+assert_not_contains gpt3_true.out "warning: shard_gradients" # its pool is the smaller
 
 # 2 micro-steps: each reduced into the shard (ZeRO-2) instead of once (ZeRO-1): the same
 # training up to rounding, so the validation loss agrees to 3 decimals.

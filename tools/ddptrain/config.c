@@ -134,7 +134,7 @@ static const ddp_cfg_key schema[] = {
      "the reducer and optimizer on the host; docs/gpu.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
-    {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB)"},
+    {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB; 4 MiB with shard_gradients)"},
     {"rebuild_buckets", DDP_CFG_BOOL, "true", NULL,
      "re-cut the gradient buckets after the first step along backward's order (async overlap, "
      "unsharded, CPU; docs/ddp.md)"},

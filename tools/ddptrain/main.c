@@ -358,6 +358,13 @@ static int wrap_model(trainer *t)
     /* ZeRO-2 (auto: off until it has been measured to pay): the config checked shard_optimizer
      * false, device cuda and compress_bf16 already; what auto resolved to is checked here */
     ro.shard_gradients = !strcmp(ddp_config_str(c, "shard_gradients"), "true");
+    /* ZeRO-2's pool holds the largest bucket and two of the next: with 25 MiB buckets that is
+     * 75 MiB, more than sharding saves on a model under ~40 M parameters at 2 ranks (measured,
+     * bench/RESULTS.md). Smaller buckets by default there; bucket_kb still decides. */
+    if (ro.shard_gradients && ddp_config_int(c, "bucket_kb") <= 0) {
+        ro.bucket_cap = (size_t)4 << 20;
+        ro.first_bucket = (size_t)1 << 20;
+    }
     if (ro.shard_gradients && (!ro.shard_optimizer || t->dev.device == DDP_DEVICE_CUDA)) {
         fprintf(stderr,
                 "ddptrain: rank %d: key 'shard_gradients' is true, but %s; it needs both on "
@@ -793,6 +800,22 @@ static int run(int argc, char **argv)
                     "DDP: %d process%s (%s), device %s, per-rank batch %d, grad accumulation "
                     "%d, effective batch %d%s",
                     t.W, t.W == 1 ? "" : "es", bk, dev_desc, t.B, A, t.B * t.W * A, zero);
+    if (train && ddp_reducer_grads_sharded(t.red)) {
+        /* ZeRO-2 is a saving only when its pool is smaller than the 1 − 1/W of the gradient
+         * each rank stops holding: say so when it is not (a small model, big buckets) */
+        size_t np, bytes = 0;
+        const ddp_model_param *p = ddp_model_params(t.m, &np);
+        for (size_t i = 0; i < np; i++)
+            bytes += p[i].count * sizeof(float);
+        double saved = (double)bytes * (t.W - 1) / t.W,
+               pool = (double)ddp_reducer_grad_pool_bytes(t.red);
+        if (pool >= saved)
+            trainer_say(&t,
+                        "warning: shard_gradients: the gradient pool (%.1f MiB) is not smaller "
+                        "than what sharding the gradient saves each rank (%.1f MiB): lower "
+                        "bucket_kb, or leave shard_gradients off (ZeRO-1 alone)",
+                        pool / 1048576.0, saved / 1048576.0);
+    }
     uint64_t bf16_products0, bf16_fallbacks0;
     ddp_bf16_cpu_counts(&bf16_products0, &bf16_fallbacks0);
     rc = run_task(&t, tr, te);
