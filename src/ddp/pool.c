@@ -102,12 +102,7 @@ void ddp__reducer_pool_land(ddp_reducer *r, ddp__bucket *b, bool ok)
 
 ddp_status ddp__reducer_pool_settle(ddp_reducer *r, ddp__bucket *b)
 {
-    ddp_status st = ddp_work_wait(b->work);
-    double s, e;
-    ddp_work_timing(b->work, &s, &e);
-    r->stats.comm_seconds += e - s;
-    ddp_work_free(b->work);
-    b->work = NULL;
+    ddp_status st = ddp__reducer_wait_bucket(r, b);
     if (st)
         ddp__errmsg(r->err, st, "bucket %zu: %s", (size_t)(b - r->b), ddp_group_last_error(r->g));
     ddp__reducer_pool_land(r, b, st == DDP_OK);

@@ -510,6 +510,18 @@ static ddp_status land(ddp_reducer *r, ddp__bucket *b)
     return st;
 }
 
+/* Waits for bucket b's reduction, counts its time and frees its work. */
+ddp_status ddp__reducer_wait_bucket(ddp_reducer *r, ddp__bucket *b)
+{
+    ddp_status st = ddp_work_wait(b->work);
+    double s, e;
+    ddp_work_timing(b->work, &s, &e);
+    r->stats.comm_seconds += e - s;
+    ddp_work_free(b->work);
+    b->work = NULL;
+    return st;
+}
+
 ddp_status ddp_reducer_finish(ddp_reducer *r)
 {
     if (!r)
@@ -564,12 +576,7 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
                 st = s3;
             continue;
         }
-        ddp_status s2 = ddp_work_wait(b->work);
-        double s, e;
-        ddp_work_timing(b->work, &s, &e);
-        r->stats.comm_seconds += e - s;
-        ddp_work_free(b->work);
-        b->work = NULL;
+        ddp_status s2 = ddp__reducer_wait_bucket(r, b);
         if (s2 && !st)
             st = ddp__errmsg(r->err, s2, "%s", ddp_group_last_error(r->g));
         if (!s2) {

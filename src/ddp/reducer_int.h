@@ -282,6 +282,7 @@ ddp_status ddp__reducer_pool_take(ddp_reducer *r, ddp__bucket *b);
  * buffer goes back to the pool. */
 void ddp__reducer_pool_land(ddp_reducer *r, ddp__bucket *b, bool ok);
 /* Waits for bucket b in flight (its work), then lands it. */
+ddp_status ddp__reducer_wait_bucket(ddp_reducer *r, ddp__bucket *b);
 ddp_status ddp__reducer_pool_settle(ddp_reducer *r, ddp__bucket *b);
 /* zero_grad: in-flight buckets waited for and dropped, buffers back, shards zeroed. */
 void ddp__reducer_pool_zero(ddp_reducer *r);

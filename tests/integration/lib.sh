@@ -145,6 +145,16 @@ have_cpu_bf16() {
     grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && [ -n "$(ldconfig -p | grep 'libdnnl\.so\.2 ')" ]
 }
 
+# story_text: ~150 KB of text on stdout, 1500 '%'-separated documents of 8–27 words from a
+# 16-word vocabulary with sentence ends: varied enough to learn, the same every time.
+story_text() {
+    awk 'BEGIN { srand(7);
+                 split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
+                 for (d = 0; d < 1500; d++) { n = 8 + int(rand() * 20); s = "";
+                     for (i = 0; i < n; i++) s = s w[1 + int(rand() * 16)] (i % 7 == 6 ? ".\n" : " ");
+                     print s "\n%" } }'
+}
+
 # tiny_gpt: writes text.txt in the current directory (300 documents of 12 words from a 10-word
 # vocabulary, '%' between them) and sets TINY_GPT: ddptrain's arguments for a 2-layer GPT on it
 # (batch 4 × 16 tokens, AdamW, every step logged), what the device-resident GPU tests train.

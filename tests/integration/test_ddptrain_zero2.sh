@@ -77,11 +77,7 @@ cmp -s halves.txt mlp_false.txt || fail "a ZeRO-2 run resumed at step 6 differs 
 ok "mlp: a ZeRO-2 run saved at step 6 and resumed ends bit for bit where ZeRO-1 does"
 
 # A tiny GPT on a synthetic text: the tied token embedding is held across backward.
-awk 'BEGIN { srand(7);
-             split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
-             for (d = 0; d < 1500; d++) { n = 8 + int(rand() * 20); s = "";
-                 for (i = 0; i < n; i++) s = s w[1 + int(rand() * 16)] (i % 7 == 6 ? ".\n" : " ");
-                 print s "\n%" } }' >text.txt
+story_text >text.txt
 TINY=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_layer 2
       --model.n_head 2 --model.n_embd 32 --model.block_size 32 --optimizer adamw --lr 3e-3
       --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1 --eval_windows 40 --max_new_tokens 0

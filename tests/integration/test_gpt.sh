@@ -14,12 +14,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DDP_DATA_CACHE=$T/cache
 cd "$T"
 
-# ~150 KB of text in '%'-separated documents: varied enough to learn, the same every time.
-awk 'BEGIN { srand(7);
-             split("the a cat dog sat ran on under mat log and then it was red blue", w, " ");
-             for (d = 0; d < 1500; d++) { n = 8 + int(rand() * 20); s = "";
-                 for (i = 0; i < n; i++) s = s w[1 + int(rand() * 16)] (i % 7 == 6 ? ".\n" : " ");
-                 print s "\n%" } }' >text.txt
+story_text >text.txt
 TINY=(--model.type gpt --data.text "$T/text.txt" --data.doc_sep % --model.n_layer 2
       --model.n_head 2 --model.n_embd 32 --model.block_size 32 --optimizer adamw --lr 3e-3
       --betas 0.9,0.95 --weight_decay 0.1 --grad_clip 1 --eval_windows 40 --max_new_tokens 0)
