@@ -133,17 +133,15 @@ right=$(awk -F, 'NR > 1 && $2 == $3' pred.csv | wc -l)
 ok "train (2 ranks) → test (2 ranks and 1: same exact accuracy $acc) → predict (CSV agrees)"
 
 # Killed after a checkpoint and resumed = never stopped (bit for bit), with dropout and
-# augmentation on. A small CNN is slow enough here for the kill to land between the checkpoint at
-# step 10 and the end at step 20.
+# augmentation on: a small CNN, its ranks killed right after the checkpoint at step 10 (of 20).
 args=(--model.type cnn --model.channels 8 --model.hidden 32 --total_steps 20 --checkpoint.every 10
       --checkpoint.keep 5 --model.dropout 0.1 --augment.hflip true --augment.shift 2 --log_every 5)
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
     fail "uninterrupted run failed"
-"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut >cut.out 2>&1 &
-BG_PIDS+=($!); victim=$!
-for _ in $(seq 600); do [ -f cut/checkpoints/step10.safetensors ] && break; sleep 0.01; done
-kill -KILL $victim
-wait $victim 2>/dev/null || true
+rc=0 # killed right after step 10's checkpoint (a kill from here raced the run to its end)
+DDP_TEST_KILL_AFTER_CHECKPOINT=10 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" \
+    --out_dir cut >cut.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat cut.out; fail "the run was not killed after its checkpoint at step 10"; }
 [ -f cut/checkpoints/step10.safetensors ] || fail "no checkpoint at step 10"
 [ ! -f cut/checkpoints/step20.safetensors ] || fail "the run finished before it could be killed"
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut --resume_from latest \

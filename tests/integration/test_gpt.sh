@@ -118,20 +118,19 @@ assert_contains two_random.out "tokens/s"
 
 # Killed after a checkpoint and resumed = never stopped, bit for bit, with dropout; the resume
 # removes the temporary file a save killed on this host left behind. Sanitizer builds, 3–15×
-# slower, run 30 steps instead of 300 (200 in bf16): the kill lands right after step 10, 20
-# steps (seconds there) before the end.
+# slower, run 30 steps instead of 300 (200 in bf16); every rank is killed right after step 10's
+# checkpoint (DDP_TEST_KILL_AFTER_CHECKPOINT).
 N=300 NB=200
 [ -n "$SANITIZE" ] && N=30 NB=30
 args=("${TINY[@]}" --model.n_embd 64 --model.dropout 0.1 --batch_size 8 --total_steps $N
       --checkpoint.every 10 --checkpoint.keep 40 --log_every 5 --eval_every 100)
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
     { cat whole.out; fail "uninterrupted run failed"; }
-"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir cut >cut.out 2>&1 &
-BG_PIDS+=($!)
-victim=$!
-for _ in $(seq 3000); do [ -f cut/checkpoints/step10.safetensors ] && break; sleep 0.01; done
-kill -KILL $victim
-{ wait $victim; } 2>/dev/null || true
+# Killed right after step 10's checkpoint (a kill from here raced a fast run to its end).
+rc=0
+DDP_TEST_KILL_AFTER_CHECKPOINT=10 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" \
+    --out_dir cut >cut.out 2>&1 || rc=$?
+[ $rc -ne 0 ] || { cat cut.out; fail "the run was not killed after its checkpoint at step 10"; }
 [ -f cut/checkpoints/step10.safetensors ] || fail "no checkpoint at step 10"
 [ ! -f cut/checkpoints/step$N.safetensors ] || fail "the run finished before it could be killed"
 dead=$(python3 -c "import os
@@ -201,12 +200,10 @@ if have_cpu_bf16; then
     "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir bwhole \
         >bwhole.out 2>&1 || { cat bwhole.out; fail "bf16: uninterrupted run failed"; }
     assert_contains bwhole.out "device cpu (precision bf16)"
-    "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir bcut >bcut.out 2>&1 &
-    BG_PIDS+=($!)
-    victim=$!
-    for _ in $(seq 3000); do [ -f bcut/checkpoints/step10.safetensors ] && break; sleep 0.01; done
-    kill -KILL $victim
-    { wait $victim; } 2>/dev/null || true
+    rc=0
+    DDP_TEST_KILL_AFTER_CHECKPOINT=10 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" \
+        "${args[@]}" --out_dir bcut >bcut.out 2>&1 || rc=$?
+    [ $rc -ne 0 ] || { cat bcut.out; fail "bf16: not killed after its checkpoint at step 10"; }
     [ -f bcut/checkpoints/step10.safetensors ] || fail "bf16: no checkpoint at step 10"
     [ ! -f bcut/checkpoints/step$NB.safetensors ] || fail "bf16: finished before it was killed"
     "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir bcut \

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,6 +168,14 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
         return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
     if (!ok && t->R != 0) /* rank 0 printed why */
         return ddp_error_set(err, DDP_ERR_CLOSED, "rank 0 could not save the checkpoint");
+    /* Tests only (docs/environment.md): DDP_TEST_KILL_AFTER_CHECKPOINT=N kills every rank
+     * right after the checkpoint of step N is in place — a crash at a known point, where a
+     * test's kill from outside races a fast run to its end. */
+    const char *kill_at = getenv("DDP_TEST_KILL_AFTER_CHECKPOINT");
+    if (st == DDP_OK && kill_at && *kill_at && strtoull(kill_at, NULL, 10) == t->step) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
     return st;
 }
 
