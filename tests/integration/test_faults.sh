@@ -7,7 +7,10 @@
 # Usage: test_faults.sh BINDIR [BACKEND]
 . "$(dirname "$0")/lib.sh"
 FAULT=$BIN/faultcheck
-export DDP_BACKEND=${2:-shm} DDP_TIMEOUT=3
+# The collectives' deadline is 3 s (FAULT_TIMEOUT: faultcheck sets it once the group is up); set-up
+# waits DDP_TIMEOUT, 60 s, not 3: a rank started 3 s after the others (a loaded host, a sanitizer
+# build's start-up) would fail set-up with DDP_TIMEOUT=3.
+export DDP_BACKEND=${2:-shm} DDP_TIMEOUT=60 FAULT_TIMEOUT=3
 export FAULT_DIR=$T
 
 start_ranks() { # start_ranks MODE: 3 ranks in the background, pids in RANK_PIDS
@@ -56,7 +59,7 @@ kill -KILL "${RANK_PIDS[1]}"
 for r in 0 2; do check_survivor $r 8000 "allreduce #" "rank 1" "rank $r peer failed: yes"; done
 ok "$DDP_BACKEND: a rank killed mid-collective: the others report it (rank 1) quickly, as another rank's failure"
 
-# 2. A stopped rank (SIGSTOP): the others time out after DDP_TIMEOUT=3 s, naming it.
+# 2. A stopped rank (SIGSTOP): the others time out after FAULT_TIMEOUT=3 s, naming it.
 rm -f "$T"/progress.*
 start_ranks loop
 wait_progress
@@ -105,7 +108,7 @@ ok "$DDP_BACKEND: a rank that aborts the group: the others fail at once, blaming
 # Only the lines after the stop count: under load (TSan, four tests on two cores) a rank can be
 # slow enough for a 1 s report before it.
 rm -f "$T"/progress.*
-DDP_TIMEOUT=60 DDP_STALL_REPORT=1 start_ranks loop
+FAULT_TIMEOUT=60 DDP_STALL_REPORT=1 start_ranks loop
 wait_progress
 declare -A seen
 for r in 0 2; do seen[$r]=$(wc -l <"$T/out.$r"); done
