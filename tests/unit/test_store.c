@@ -1751,7 +1751,7 @@ static void host_close_skips_a_silent_client(void **state)
     int64_t t0 = now_ms();
     ddp_store_close(host);
     int64_t took = now_ms() - t0;
-    if (took > DDP__STORE_CLOSE_QUIET_MS + 1500)
+    if (took > DDP__STORE_CLOSE_QUIET_MS + 3000)
         fail_msg("closing the host took %lld ms with a silent client open (want about %d ms, "
                  "not the 20 s timeout)",
                  (long long)took, DDP__STORE_CLOSE_QUIET_MS);
@@ -1767,7 +1767,9 @@ static void *late_reader_main(void *arg)
 {
     reader *r = arg;
     for (int i = 0; i < 4; i++) {
-        sleep_ms(DDP__STORE_CLOSE_QUIET_MS * 3 / 5);
+        /* 2/5 of the quiet time (3/5 until 2026-11-25: a reader thread descheduled for 0.8 s
+         * on a busy host let the host's close see it quiet); 4 reads still outlast it */
+        sleep_ms(DDP__STORE_CLOSE_QUIET_MS * 2 / 5);
         void *v = NULL;
         if (ddp_store_get(r->s, "final", &v, NULL) == DDP_OK)
             r->ok++;
@@ -1793,7 +1795,7 @@ static void host_close_waits_for_a_reading_client(void **state)
     int64_t took = now_ms() - t0;
     pthread_join(th, NULL);
     assert_int_equal(r.ok, 4);
-    if (took > DDP__STORE_CLOSE_QUIET_MS * 12 / 5 + 1500)
+    if (took > DDP__STORE_CLOSE_QUIET_MS * 8 / 5 + 3000)
         fail_msg("closing the host took %lld ms after its last client hung up", (long long)took);
 }
 
