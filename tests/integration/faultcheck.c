@@ -26,7 +26,10 @@
  *   faultcheck abort     the loop, in which rank 1 calls ddp_group_abort() at its 5th step
  * With $FAULT_DIR set, every rank writes its pid to $FAULT_DIR/pid.RANK once the group is up.
  * $FAULT_COUNT sets the loop's float32 count (default 1 Mi elements: 4 MB, the ring over tcp;
- * 1000 takes tcp's small-message allreduce).
+ * 1000 takes tcp's small-message allreduce). $FAULT_TIMEOUT (seconds) sets the collectives'
+ * deadline once the group is up (ddp_group_set_timeout): a short one there, with DDP_TIMEOUT
+ * left long, keeps set-up (which waits DDP_TIMEOUT) from failing when a rank starts seconds
+ * after the others on a loaded host.
  *
  * On failure each surviving rank prints, on one line each: the error, the milliseconds between
  * the failing call's start and its return, and what a later call returns (the group is
@@ -74,6 +77,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "faultcheck: %s\n", err.msg);
         return 1;
     }
+    const char *ft = getenv("FAULT_TIMEOUT");
+    if (ft && atoi(ft) > 0)
+        ddp_group_set_timeout(g, atoi(ft) * 1000);
     int R = ddp_group_rank(g);
     const char *dir = getenv("FAULT_DIR");
     if (dir) { /* every rank's pid, for the test to stop one and to check that all are gone */

@@ -126,12 +126,15 @@ cat >"$d/leak.sh" <<'EOS'
 #!/usr/bin/env bash
 touch "/dev/shm/ddp-$DDP_RUN_ID-$$-leak"
 touch "/dev/shm/ddp-$DDP_RUN_ID-x-$$-other"
-sleep 0.3 # both ranks get here before either fails
+# Both ranks get here before either fails (a fixed 0.3 s sleep stood here: a rank started late
+# on a loaded host was stopped before it made its segments, and the count below was 1).
+touch "$1/made.$RANK"
+for _ in $(seq 600); do [ -e "$1/made.0" ] && [ -e "$1/made.1" ] && break; sleep 0.05; done
 exit 1
 EOS
 chmod +x "$d/leak.sh"
 rc=0
-"$DDPRUN" --standalone --nproc_per_node=2 --run_id shmleak$$ "$d/leak.sh" >"$d/out" 2>"$d/err" || rc=$?
+"$DDPRUN" --standalone --nproc_per_node=2 --run_id shmleak$$ "$d/leak.sh" "$d" >"$d/out" 2>"$d/err" || rc=$?
 [ $rc -eq 1 ] || fail "leak.sh run exited $rc"
 ls /dev/shm | grep -v -- "-other$" | grep -q "ddp-shmleak$$-" && fail "ddprun left /dev/shm/ddp-shmleak$$-*"
 assert_contains "$d/err" "removed shared memory '/dev/shm/ddp-shmleak$$-"
@@ -168,8 +171,10 @@ d=$T/leaver; mkdir -p "$d"
 cat >"$d/leaver.sh" <<'SH'
 #!/usr/bin/env bash
 if [ "$RANK" = 0 ]; then
-    bash -c 'trap "echo TERM > '"$1"'/left.term; exit 0" TERM; sleep 30 & wait' &
-    sleep 0.3
+    bash -c 'trap "echo TERM > '"$1"'/left.term; exit 0" TERM; touch '"$1"'/left.ready; sleep 30 & wait' &
+    # until the child's trap is set (a fixed 0.3 s sleep stood here: a child slow to start on a
+    # loaded host died of the SIGTERM before it could record it)
+    for _ in $(seq 600); do [ -e "$1/left.ready" ] && break; sleep 0.05; done
     exit 3
 fi
 sleep 30

@@ -72,7 +72,9 @@ train)
     ok "mpirun -np 2 ddptrain (shm set up through MPI, and --backend mpi) = ddprun, bit for bit: $(final ref.out)"
     ;;
 timeout)
-    # The last rank never calls allreduce; the others' deadline is 2 s.
+    # The last rank never calls allreduce; the others' deadline is 2 s (FAULT_TIMEOUT, set once
+    # the group is up: set-up waits DDP_TIMEOUT, 60 s, so that a rank slow to start under a
+    # sanitizer on a loaded host does not fail it).
     for run in mpi mpi.nonblocking auto; do
         backend=${run%%.*} mode=blocking
         [ "$run" = mpi.nonblocking ] && mode=nonblocking
@@ -80,8 +82,9 @@ timeout)
         mkdir -p "$d"
         t0=$(now_ms)
         rc=0
-        FAULT_DIR=$d DDP_TIMEOUT=2 DDP_BACKEND=$backend DDP_MPI_MODE=$mode timeout 60 \
-            mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x DDP_BACKEND -x DDP_MPI_MODE \
+        FAULT_DIR=$d DDP_TIMEOUT=60 FAULT_TIMEOUT=2 DDP_BACKEND=$backend DDP_MPI_MODE=$mode \
+            timeout 60 mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x FAULT_TIMEOUT \
+            -x DDP_BACKEND -x DDP_MPI_MODE \
             -np 3 "$BIN/faultcheck" absent >"$d/out" 2>&1 || rc=$?
         took=$(($(now_ms) - t0))
         [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$d/out"; fail "$run: mpirun exited $rc"; }
@@ -126,9 +129,10 @@ stall)
     for mode in blocking nonblocking; do
         d=$T/stall.$mode
         mkdir -p "$d"
-        FAULT_DIR=$d DDP_TIMEOUT=2 DDP_STALL_REPORT=1 DDP_BACKEND=mpi DDP_MPI_MODE=$mode \
-            timeout 90 mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT -x DDP_STALL_REPORT \
-            -x DDP_BACKEND -x DDP_MPI_MODE -np 3 "$BIN/faultcheck" loop >"$d/out" 2>&1 &
+        FAULT_DIR=$d DDP_TIMEOUT=60 FAULT_TIMEOUT=2 DDP_STALL_REPORT=1 DDP_BACKEND=mpi \
+            DDP_MPI_MODE=$mode timeout 90 mpirun "${MPI_LOCAL[@]}" -x FAULT_DIR -x DDP_TIMEOUT \
+            -x FAULT_TIMEOUT -x DDP_STALL_REPORT -x DDP_BACKEND -x DDP_MPI_MODE -np 3 \
+            "$BIN/faultcheck" loop >"$d/out" 2>&1 &
         job=$!
         BG_PIDS+=($job)
         end=$(($(now_ms) + 60000))

@@ -12,7 +12,8 @@ cd "$T"
     --eval_every 10 --checkpoint.every 10 --tensorboard false --out_dir run >train.out 2>&1 ||
     { cat train.out; fail "training failed"; }
 # Progress lines at 15, 25, …, 95 follow an evaluation and a checkpoint (at 10, 20, …); those at
-# 10, 20, …, 100 do not. The medians must be within a factor 2 (they were 7 apart).
+# 10, 20, …, 100 do not. The medians must be within a factor 3 (they were 7 apart; a factor 2
+# was the bound until 2026-11-25, within reach of a busy host's noise on 5-step intervals).
 python3 - run/metrics.jsonl <<'PY' || fail "the rate after an evaluation differs from the others"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -23,6 +24,6 @@ ratio = statistics.median(r["samples_per_s"] for r in after) / statistics.median
 mfu = statistics.median(r["mfu"] for r in after) / statistics.median(r["mfu"] for r in plain)
 print(f"samples/s after an evaluation / otherwise: {ratio:.2f} (MFU {mfu:.2f}); "
       f"{len(after)} and {len(plain)} lines")
-sys.exit(0 if 0.5 < ratio < 2 and 0.5 < mfu < 2 else 1)
+sys.exit(0 if 1 / 3 < ratio < 3 and 1 / 3 < mfu < 3 else 1)
 PY
 ok "samples/s and MFU after an evaluation and a checkpoint: the training rate, as elsewhere"

@@ -34,6 +34,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -100,6 +101,7 @@ typedef struct member {
     char msg[DDP_ERRMSG_MAX], msg2[DDP_ERRMSG_MAX];
     bool peer; /* the first failure's ddp__fail.peer */
     int64_t t_start, t_end, t2_ms;
+    atomic_int tid; /* the member's thread id once it calls its first collective (fail_body) */
 } member;
 
 struct world {
@@ -793,6 +795,7 @@ static void fail_body(member *m)
     ddp__fail f;
     if (fc->runs & (1 << m->me)) {
         m->t_start = ddp__now_ms();
+        atomic_store(&m->tid, (int)syscall(SYS_gettid));
         m->st =
             coll(m, DDP__ALLREDUCE, buf, buf, 1000, DDP_FLOAT32, DDP_SUM, 0, fc->timeout_ms, &f);
         m->t_end = ddp__now_ms();
@@ -868,6 +871,33 @@ static void missing_member_times_out(void **state)
     missing_member_times_out_alg(state, 0);
 }
 
+/* Whether m's thread is blocked in poll()/ppoll() (its collective waiting for a peer), within
+ * ms: /proc/self/task/TID/syscall starts with the number of the system call it is blocked in. */
+static bool wait_in_poll(member *m, int ms)
+{
+    for (int64_t end = ddp__now_ms() + ms; ddp__now_ms() < end; sleep_ms(5)) {
+        int tid = atomic_load(&m->tid);
+        if (!tid)
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+        FILE *f = fopen(path, "r");
+        long nr = -1;
+        if (f) {
+            if (fscanf(f, "%ld", &nr) != 1)
+                nr = -1;
+            fclose(f);
+        }
+#ifdef SYS_poll
+        if (nr == SYS_poll)
+            return true;
+#endif
+        if (nr == SYS_ppoll)
+            return true;
+    }
+    return false;
+}
+
 /* abort() from another thread while two members wait in run for a third: the aborted member
  * returns at once, its neighbour learns why, and the idle member fails at its next call. */
 static void abort_unblocks_run(void **state)
@@ -882,7 +912,12 @@ static void abort_unblocks_run(void **state)
     for (int i = 0; i < 1000 && !(be0 = atomic_load(&w->published[0])); i++)
         sleep_ms(10);
     assert_non_null(be0);
-    sleep_ms(300); /* both are inside run() by now */
+    /* Until both wait inside run(): blocked in its poll() (a fixed 300 ms sleep stood here; a
+     * member descheduled for longer on a loaded host had not got there yet, and the abort then
+     * tested a run called after it, not one it unblocks). */
+    for (int i = 0; i < 2; i++)
+        if (!wait_in_poll(&w->m[i], 30000))
+            fail_msg("member %d was not waiting in run() after 30 s", i);
     const ddp__backend_ops *ops = w->m[0].ops;
     int64_t t_abort = ddp__now_ms();
     ops->abort(be0, "the watchdog gave up");
@@ -893,6 +928,8 @@ static void abort_unblocks_run(void **state)
     assert_int_equal(m0->st, DDP_ERR_CLOSED);
     assert_has(m0->msg, "allreduce #1 was aborted on rank 7: the watchdog gave up");
     assert_false(m0->peer); /* its own abort */
+    if (m0->t_start > t_abort || m1->t_start > t_abort)
+        fail_msg("a member called run() after the abort");
     if (m0->t_end - t_abort > SOON_MS)
         fail_msg("the aborted run returned %lld ms after abort()",
                  (long long)(m0->t_end - t_abort));
