@@ -45,6 +45,9 @@ typedef struct shm_slot {
      * peers read anyway, so that the check after that barrier costs no extra cache miss; the
      * details for the message (desc_count, desc_misc) in the posted line below. */
     _Atomic uint64_t desc_key;
+    /* The CPU this member ran on when it last arrived (sched_getcpu), in arrive's line too: a
+     * waiter whose late peer keeps sharing its CPU moves off it (shm.c, Waiting). */
+    atomic_int cpu;
     _Alignas(CACHELINE) atomic_uint sleepers; /* peers sleeping on `arrive` */
     _Alignas(CACHELINE) uint64_t src_off;     /* posted: where my input for this step is */
     uint64_t dst_off;                         /* posted: where my result will be (or UINT64_MAX) */
@@ -74,6 +77,7 @@ typedef struct shm_be {
     uint32_t desc_epoch; /* the opening barrier of the collective being run (post_desc) */
     uint64_t chunks;     /* staging chunks used so far, for alternating halves */
     int spin;            /* spin iterations before sleeping */
+    int shared_waits;    /* long spins in a row that found the peer on this CPU (shm.c) */
     bool *far;           /* per member: evict what I read from it (see Distance above) */
     uint32_t probes;     /* distance probes run, the same count on every member */
     bool can_flush; /* every member has CLFLUSHOPT, a core to spin on, and DDP_SHM_FLUSH auto */

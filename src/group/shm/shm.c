@@ -45,6 +45,19 @@
  * Waiting: spin briefly, then sleep on a futex (shared, so it works across processes) in slices
  * of at most 50 ms, checking the deadline, the abort flag and whether a peer died (pidfd). With
  * more ranks than cores, spinning only steals the peer's core, so the spin is short then.
+ * Then, with more ranks than cores, the waiter yields its CPU a few times before it sleeps: the
+ * peer it waits for is often queued there, and runs at once, without a futex wake-up (3 ranks on
+ * 2 cores: a 4 KiB allreduce 8× faster, training unchanged on an idle host, 10% slower beside a
+ * CPU hog; RESULTS.md).
+ * With a core each, the scheduler may still put two ranks on one CPU (a wake-up pulls the woken
+ * rank to the waker's CPU; on a host busy with other work nothing pulls them apart again): each
+ * long spin then holds the CPU the awaited peer is queued for, and a job runs many times slower
+ * (seen: 10–50× beside CPU hogs, in some runs). So each member posts the CPU it arrives on, a
+ * long spin looks where the awaited peer last arrived, and after SHARED_WAITS such waits in a
+ * row the waiter moves itself to another CPU it may run on (its affinity mask without this CPU,
+ * then the mask as it was: a one-off migration, not a pinning). Yielding there instead keeps the
+ * two together, on an idle host too, where spinning makes the scheduler part them (measured: a
+ * 256 KiB allreduce 4× slower; RESULTS.md, "How the shm backend waits").
  * AVG's division is done in the reducing pass (fuses_avg), on each member's slice.
  * Not here: ordering, poisoning and async (the core, group.c).
  */
@@ -105,6 +118,17 @@ static bool peer_dead(shm_be *b, int j)
     struct pollfd p = {.fd = b->pidfds[j], .events = POLLIN};
     return poll(&p, 1, 0) > 0;
 }
+
+/* Spin rounds (a pause each) before a wait sleeps: when every member has a core to itself
+ * (20000 pauses: a quarter to a few milliseconds, by CPU), and otherwise. */
+#define SPIN_LONG 20000
+#define SPIN_BRIEF 64
+/* With more ranks than cores: the sched_yield() polls after the brief spin, before sleeping. */
+#define BRIEF_YIELDS 8
+/* Every so many rounds a long spin looks where the peer it waits for last arrived (~3 µs). */
+#define SPIN_LOOK_EVERY 256
+/* Long spins in a row that found the awaited peer on the waiter's CPU before it moves. */
+#define SHARED_WAITS 4
 
 static void cpu_relax(void)
 {
@@ -168,6 +192,62 @@ static void report_stall(shm_be *b, const ddp__coll *c, unsigned e, int64_t now)
     ddp__stall_report(c, now, "shm", who);
 }
 
+/* Moves the calling thread off CPU cpu, if its affinity allows another: sets the mask without
+ * cpu (the kernel migrates the thread now), then puts the mask back. */
+static void move_off(int cpu)
+{
+    cpu_set_t was, off;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof was, &was) != 0 ||
+        !CPU_ISSET(cpu, &was) || CPU_COUNT(&was) < 2)
+        return;
+    off = was;
+    CPU_CLR(cpu, &off);
+    if (sched_setaffinity(0, sizeof off, &off) == 0)
+        (void)sched_setaffinity(0, sizeof was, &was);
+}
+
+/* Spins until member j reaches epoch e: true if it did. The progress thread (background) spins
+ * only briefly and never yields: nobody waits on it, and its caller's thread may need the core.
+ * A brief spin then yields a few times; a long one watches for a peer queued on this CPU
+ * (Waiting, above). */
+static bool spin_for(shm_be *b, int j, unsigned e, bool background)
+{
+    atomic_uint *a = &b->slots[j].arrive;
+    if (background || b->spin < SPIN_LOOK_EVERY) {
+        for (int i = 0; i < SPIN_BRIEF; i++) {
+            cpu_relax();
+            if (reached(atomic_load_explicit(a, memory_order_acquire), e))
+                return true;
+        }
+        for (int i = 0; !background && i < BRIEF_YIELDS; i++) {
+            sched_yield();
+            if (reached(atomic_load_explicit(a, memory_order_acquire), e))
+                return true;
+        }
+        return false;
+    }
+    bool shared = false, moved = false, got = false;
+    for (int i = 1; i <= b->spin; i++) {
+        cpu_relax();
+        if (reached(atomic_load_explicit(a, memory_order_acquire), e)) {
+            got = true;
+            break;
+        }
+        if (i % SPIN_LOOK_EVERY || shared)
+            continue;
+        int cpu = sched_getcpu();
+        if (atomic_load_explicit(&b->slots[j].cpu, memory_order_relaxed) != cpu)
+            continue;
+        shared = true;
+        if (b->shared_waits + 1 >= SHARED_WAITS) {
+            moved = true;
+            move_off(cpu);
+        }
+    }
+    b->shared_waits = shared && !moved ? b->shared_waits + 1 : 0;
+    return got;
+}
+
 /* Waits until every member has reached barrier epoch e. */
 static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
 {
@@ -177,12 +257,8 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
         atomic_uint *a = &b->slots[j].arrive;
         if (reached(atomic_load_explicit(a, memory_order_acquire), e))
             continue;
-        int spin = c->background ? 64 : b->spin;
-        for (int i = 0; i < spin; i++) {
-            cpu_relax();
-            if (reached(atomic_load_explicit(a, memory_order_acquire), e))
-                goto next;
-        }
+        if (spin_for(b, j, e, c->background))
+            continue;
         int64_t next_check = 0;
         for (;;) {
             unsigned v = atomic_load(a);
@@ -234,7 +310,6 @@ static ddp_status wait_all(shm_be *b, const ddp__coll *c, unsigned e)
             }
             atomic_fetch_sub(&b->slots[j].sleepers, 1);
         }
-    next:;
     }
     /* An abort is final even when every peer had arrived: a rank that timed out here arrived
      * before it gave up and aborted, and a late rank found it there and returned DDP_OK. But
@@ -398,6 +473,7 @@ ddp_status ddp__shm_barrier(shm_be *b, const ddp__coll *c)
 {
     unsigned e = ++b->epoch;
     atomic_uint *mine = &b->slots[b->me].arrive;
+    atomic_store_explicit(&b->slots[b->me].cpu, sched_getcpu(), memory_order_relaxed);
     atomic_store(mine, e); /* seq_cst: pairs with the sleepers' increment-then-check */
     if (atomic_load(&b->slots[b->me].sleepers))
         futex(mine, FUTEX_WAKE, INT_MAX, NULL);
@@ -920,7 +996,7 @@ static ddp_status shm_create(const ddp__setup *s, void **out, const ddp__backend
     b->me = m->me;
     b->n = m->n;
     b->ncores = s->host_cores > 0 ? s->host_cores : 1;
-    b->spin = b->n <= b->ncores ? 20000 : 64;
+    b->spin = b->n <= b->ncores ? SPIN_LONG : SPIN_BRIEF;
     b->far = calloc((size_t)m->n, sizeof *b->far);
     b->forced = -1;
     if (!ddp__shm_algo_mode_valid(s->shm_algo)) {
