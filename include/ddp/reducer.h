@@ -289,7 +289,9 @@ typedef ddp_status (*ddp_state_sink)(void *ctx, size_t i, size_t first, const vo
 ddp_status ddp_reducer_gather_state_sink(ddp_reducer *r, int root, const void *const *shards,
                                          ddp_state_sink sink, void *ctx);
 /* The L2 norm of the whole mean gradient, after finish() (sharded: over every rank's shard, one
- * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. */
+ * small allreduce; every rank must call it). For clipping: torch's clip_grad_norm_. On a group
+ * that has failed (ddp_group_error), its error, with the group's message: the gradients left
+ * are not the mean. The same for unscale below. */
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm);
 
 /* fp16 loss scaling (ddp/amp.h; torch's GradScaler.unscale_), after finish(): multiplies this

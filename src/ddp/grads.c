@@ -48,6 +48,20 @@ static ddp_status dev_sum_squares(ddp_reducer *r, double *ss)
     return st;
 }
 
+/* Both calls below read this rank's gradients without communicating (unsharded), so a group
+ * that failed before (a finish that returned an error, a peer that died) would go unnoticed:
+ * the gradients it left are not the mean of every rank's. */
+static ddp_status group_failed(ddp_reducer *r, const char *what)
+{
+    ddp_status st = ddp_group_error(r->g);
+    if (st)
+        return ddp__errmsg(r->err, st,
+                           "%s: the process group failed earlier, so the gradients are not the "
+                           "mean of every rank's: %s",
+                           what, ddp_group_last_error(r->g));
+    return DDP_OK;
+}
+
 ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
 {
     if (!r || !norm)
@@ -55,10 +69,12 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
                  : DDP_ERR_INVALID;
     if (!r->g)
         return ddp__reducer_gone(r);
+    ddp_status st = group_failed(r, "grad_norm");
+    if (st)
+        return st;
     double ss = 0.0;
     if (r->dev) {
-        ddp_status st = dev_sum_squares(r, &ss);
-        if (st)
+        if ((st = dev_sum_squares(r, &ss)))
             return st;
     } else {
         for (size_t i = 0; i < r->nparams; i++) {
@@ -69,8 +85,7 @@ ddp_status ddp_reducer_grad_norm(ddp_reducer *r, double *norm)
     }
     if (r->shard) {
         double all;
-        ddp_status st = ddp__reducer_ctl(r, false, &ss, &all, 1, DDP_FLOAT64, DDP_SUM);
-        if (st)
+        if ((st = ddp__reducer_ctl(r, false, &ss, &all, 1, DDP_FLOAT64, DDP_SUM)))
             return ddp__reducer_errctx(r, st, "grad_norm");
         ss = all;
     }
@@ -98,6 +113,9 @@ ddp_status ddp_reducer_unscale(ddp_reducer *r, float inv_scale, bool *found_inf)
         return ddp__reducer_gone(r);
     if (r->dev_st)
         return r->dev_st;
+    ddp_status gst = group_failed(r, "unscale");
+    if (gst)
+        return gst;
     bool found = false;
     if (r->home) { /* rebuilt (CPU, unsharded): the gradients are in their homes, not in the
                       staging copies */

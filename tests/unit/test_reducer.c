@@ -4,6 +4,7 @@
  * tests/integration (reducercheck, rebuildcheck, joincheck); here, only that a mistake gives a
  * status and a message instead of a crash.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,6 +90,49 @@ static void group_destroyed_first(void **state)
         ddp_reducer_stats st;
         ddp_reducer_stats_get(r, &st);
         ddp_reducer_destroy(r);
+    }
+}
+
+/* grad_norm and unscale on a failed group: unsharded they communicate nothing, and before
+ * 2026-11-25 they returned DDP_OK for gradients that were not every rank's mean. */
+static void grad_norm_failed_group(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        ddp_group *g = world_of_one("shm");
+        float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        ddp_param ps[] = {{.name = "w", .count = 8, .dtype = DDP_FLOAT32, .data = w}};
+        ddp_reducer_opts ro = DDP_REDUCER_OPTS_INIT;
+        ro.shard_optimizer = k == 1;
+        ddp_reducer *r = NULL;
+        ddp_error err = {0};
+        if (ddp_reducer_create(g, ps, 1, NULL, 0, &ro, &r, &err) != DDP_OK)
+            fail_msg("create: %s", err.msg);
+        ddp_reducer_zero_grad(r);
+        float *gw = ddp_reducer_grad(r, 0);
+        assert_non_null(gw);
+        for (int i = 0; i < 8; i++)
+            gw[i] = 1.0f;
+        assert_int_equal(ddp_reducer_mark_ready(r, 0), DDP_OK);
+        assert_int_equal(ddp_reducer_finish(r), DDP_OK);
+        double norm = 0;
+        assert_int_equal(ddp_reducer_grad_norm(r, &norm), DDP_OK);
+        assert_true(fabs(norm - sqrt(8.0)) < 1e-9);
+        ddp_group_abort(g);
+        norm = -1;
+        ddp_status st = ddp_reducer_grad_norm(r, &norm);
+        assert_int_not_equal(st, DDP_OK);
+        assert_true(norm == -1); /* not written */
+        const char *msg = ddp_reducer_last_error(r);
+        if (!strstr(msg, "grad_norm: the process group failed earlier"))
+            fail_msg("message '%s'", msg);
+        bool inf = true;
+        assert_int_not_equal(ddp_reducer_unscale(r, 0.5f, &inf), DDP_OK);
+        if (!strstr(ddp_reducer_last_error(r), "unscale: the process group failed earlier"))
+            fail_msg("message '%s'", ddp_reducer_last_error(r));
+        assert_true(gw[0] == 1.0f || k == 1); /* unsharded: left as they were */
+        ddp_reducer_destroy(r);
+        ddp_group_destroy(g);
     }
 }
 
@@ -243,9 +287,9 @@ static void bad_param_named_precisely(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(group_destroyed_first),     cmocka_unit_test(reducer_destroyed_first),
-        cmocka_unit_test(calls_after_a_failure),     cmocka_unit_test(param_list_copied),
-        cmocka_unit_test(bad_param_named_precisely),
+        cmocka_unit_test(group_destroyed_first),   cmocka_unit_test(grad_norm_failed_group),
+        cmocka_unit_test(reducer_destroyed_first), cmocka_unit_test(calls_after_a_failure),
+        cmocka_unit_test(param_list_copied),       cmocka_unit_test(bad_param_named_precisely),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
