@@ -23,19 +23,12 @@ allreduce() { # allreduce BUILD: "bytes,us" lines
         awk -F, '$1=="allreduce" {print $2 "," $4}'
 }
 train() { # train BUILD MODEL: median samples/s
-    local cfg=configs/fashion-mlp.yaml steps=600
-    [ "$2" = cnn ] && cfg=configs/fashion-cnn.yaml steps=250
-    "$1/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix "$1/bin/ddptrain" --config "$cfg" \
-        --total_steps $steps --log_every 50 --eval_every 100000 --checkpoint.every 0 \
-        --data.threads 0 --overwrite true --out_dir "$OUT/run" 2>/dev/null |
-        sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
-        awk -v last=$steps '$1 > 50 && $1 < last {print $2}' | tr '\n' ' ' | med
+    if [ "$2" = cnn ]; then ddptrain_rate "$1" 2 configs/fashion-cnn.yaml 250 "$OUT/run"
+    else ddptrain_rate "$1" 2 configs/fashion-mlp.yaml 600 "$OUT/run"; fi
 }
 declare -A R
 for ((i = 0; i < REPS; i++)); do
-    order="A B"
-    [ $((i % 2)) = 1 ] && order="B A"
-    for w in $order; do
+    for w in $(turn_order $i); do
         b=$A
         [ $w = B ] && b=$B
         while IFS=, read -r bytes us; do R[$w.ar.$bytes]+=" $us"; done < <(allreduce "$b")

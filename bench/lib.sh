@@ -7,3 +7,18 @@ med() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(N
 
 # free_port: a TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice).
 free_port() { "${PY:-/usr/bin/python3}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# ddptrain_rate BUILD NPROC CONFIG STEPS OUT_DIR: ddptrain's median samples/s over the 50-step
+# progress windows after the first and before the last (NPROC ranks on this host, no data
+# threads, no evaluation or checkpoint on the way).
+ddptrain_rate() {
+    "$1/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$1/bin/ddptrain" \
+        --config "$3" --total_steps "$4" --log_every 50 --eval_every 100000 --checkpoint.every 0 \
+        --data.threads 0 --overwrite true --out_dir "$5" 2>/dev/null |
+        sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
+        awk -v last="$4" '$1 > 50 && $1 < last {print $2}' | tr '\n' ' ' | med
+}
+
+# turn_order I: the order two builds A and B take in repetition I — "A B", then "B A", so that a
+# drift in the host favours neither.
+turn_order() { if (($1 % 2)); then echo "B A"; else echo "A B"; fi; }

@@ -43,13 +43,7 @@ wall() { # wall BUILD: seconds for ITERS 4 KiB allreduces, 2 ranks (CAP if it ra
     t1=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f\n", b - a}'
 }
-train() { # train BUILD NPROC: median samples/s, MLP
-    "$1/bin/ddprun" --standalone --nproc_per_node="$2" --no_prefix "$1/bin/ddptrain" \
-        --config configs/fashion-mlp.yaml --total_steps 400 --log_every 50 --eval_every 100000 \
-        --checkpoint.every 0 --data.threads 0 --overwrite true --out_dir "$OUT/run" 2>/dev/null |
-        sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
-        awk '$1 > 50 && $1 < 400 {print $2}' | tr '\n' ' ' | med
-}
+train() { ddptrain_rate "$1" "$2" configs/fashion-mlp.yaml 400 "$OUT/run"; } # BUILD NPROC
 hog_on() {
     yes >/dev/null &
     HOG=$!
@@ -62,9 +56,7 @@ hog_off() {
 
 declare -A R
 for ((i = 0; i < REPS; i++)); do
-    order="A B"
-    [ $((i % 2)) = 1 ] && order="B A"
-    for w in $order; do
+    for w in $(turn_order $i); do
         b=$A
         [ $w = B ] && b=$B
         while read -r bytes us; do R[$w.w3.$bytes]+=" $us"; done < <(bench "$b" "$OVER" 4K,256K,4M)
