@@ -61,10 +61,10 @@ done
     fail "the page names an address other than the SVG namespace: $(grep -o 'https\?://[^"]*' $page | sort -u)"
 [ "$(grep -c '<svg' $page)" -eq 8 ] || fail "$(grep -c '<svg' $page) charts, want 8"
 for title in Loss "Test accuracy" "Learning rate" Throughput MFU "Gradient norm" \
-    "Memory (the largest rank)" "Work per step by rank"; do
+    "Memory (the most on any rank)" "Work per step by rank"; do
     assert_contains $page ">$title"
 done
-assert_not_contains $page "in use on its GPU" # a CPU run: the host's memory only
+assert_not_contains $page "in use on the fullest GPU" # a CPU run: the host's memory only
 ok "the report is one self-contained file with its 8 charts"
 # A GPU run's lines: its memory chart has both curves; a run from before the memory figures
 # (worlds, above) has no memory chart.
@@ -75,9 +75,9 @@ mkdir -p gpumem
     echo '{"step": 20, "loss": 1.5, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [5, 1], "rank_peak_rss_mib": [501.5, 561.1], "rank_gpu_mem_mib": [5336.78, 5400.0]}'
 } >gpumem/metrics.jsonl
 "$TRAIN" --task report --out_dir gpumem >gpumem.out 2>&1 || { cat gpumem.out; fail "report failed"; }
-assert_contains gpumem/report.html ">Memory (the largest rank)"
-assert_contains gpumem/report.html "in use on its GPU"
-assert_not_contains worlds/report.html "Memory (the largest rank)"
+assert_contains gpumem/report.html ">Memory (the most on any rank)"
+assert_contains gpumem/report.html "in use on the fullest GPU"
+assert_not_contains worlds/report.html "Memory (the most on any rank)"
 # A rank whose device did not answer: null in metrics.jsonl (-1.000 in older files); no point
 # for it, the others' largest charted; a line where no rank's is known gives no point at all.
 mkdir -p gpunull
@@ -87,11 +87,11 @@ mkdir -p gpunull
     echo '{"step": 20, "loss": 1.5, "lr": 0.1, "tokens_per_s": 1000, "mfu": 0.1, "rank_step_ms": [9, 9], "rank_wait_ms": [5, 1], "rank_peak_rss_mib": [501.5, 561.1], "rank_gpu_mem_mib": [-1.000, -1.000]}'
 } >gpunull/metrics.jsonl
 "$TRAIN" --task report --out_dir gpunull >gpunull.out 2>&1 || { cat gpunull.out; fail "report failed"; }
-assert_contains gpunull/report.html "in use on its GPU"
+assert_contains gpunull/report.html "in use on the fullest GPU"
 python3 - gpunull/report.html <<'EOP' || fail "the memory chart plots an unknown GPU figure"
 import re, sys
 page = open(sys.argv[1]).read()
-svg = page[page.index(">Memory (the largest rank)"):]
+svg = page[page.index(">Memory (the most on any rank)"):]
 svg = svg[:svg.index("</svg>")]
 ticks = re.findall(r'text-anchor="end">([^<]*)<', svg)  # the y axis's labels
 print("memory chart, y axis:", ticks)

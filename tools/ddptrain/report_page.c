@@ -203,9 +203,10 @@ void report_page(FILE *f, const char *dir, const run_data *d)
                     plot_wants_log(&gn, 1, 1), false,  false};
     PLACE(og, gn);
     if (d->s[S_RSS].n || d->s[S_GPU].n) { /* runs from before 2026-11-25 have none */
-        plot_opts ox = {"Memory (the largest rank)", "step", "MiB", CW, CH, false, false, false};
-        plot_series host = ser("peak RSS (host)", "#e377c2", &d->s[S_RSS]),
-                    gpu = ser("in use on its GPU", "#bcbd22", &d->s[S_GPU]);
+        plot_opts ox = {
+            "Memory (the most on any rank)", "step", "MiB", CW, CH, false, false, false};
+        plot_series host = ser("peak RSS, the largest rank's", "#e377c2", &d->s[S_RSS]),
+                    gpu = ser("in use on the fullest GPU", "#bcbd22", &d->s[S_GPU]);
         if (d->s[S_GPU].n && d->s[S_RSS].n)
             PLACE(ox, host, gpu);
         else if (d->s[S_GPU].n)
