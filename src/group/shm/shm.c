@@ -213,7 +213,7 @@ static void move_off(int cpu)
 static bool spin_for(shm_be *b, int j, unsigned e, bool background)
 {
     atomic_uint *a = &b->slots[j].arrive;
-    if (background || b->spin < SPIN_LOOK_EVERY) {
+    if (background || b->spin == SPIN_BRIEF) {
         for (int i = 0; i < SPIN_BRIEF; i++) {
             cpu_relax();
             if (reached(atomic_load_explicit(a, memory_order_acquire), e))
