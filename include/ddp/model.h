@@ -162,6 +162,16 @@ typedef struct ddp_model_batch {
                                has with 1 rank × W·B. gpt: 0 or 1 only */
     bool last_logits;       /* gpt, evaluation without targets: logits only for each sample's
                                last position, (n, V) instead of (n·seq_len, V) (generation) */
+    bool kv_cache;          /* gpt generation (n 1, evaluation, no targets, last_logits), CPU:
+                               keep each block's keys and values, and reuse them for the longest
+                               prefix this batch's tokens share with the previous kv_cache
+                               forward's: appending a token to the context costs one position's
+                               work, not the whole context's (the logits are the same up to
+                               rounding). The parameters must not change between two kv_cache
+                               forwards except through the model itself: any other forward
+                               (training, evaluation, kv_cache false) empties the cache. Memory:
+                               n_layer·block_size·3·n_embd floats, at the first such forward.
+                               Ignored on the GPU (each forward computes every position). */
     bool loss_only;         /* evaluation with targets or labels: only the loss and accuracy are
                                wanted. A model on the GPU then leaves the logits there
                                (ddp_model_logits returns NULL after it) instead of copying them

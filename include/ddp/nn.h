@@ -325,6 +325,15 @@ void ddp_nn_attention_forward(const ddp_nn_attention *a, const float *qkv, int B
                               uint64_t seed, uint64_t step, uint64_t offset, bool train,
                               float *scratch, float *out, float *lse);
 
+/* Generation with a key/value cache: the output rows of query positions t0 … T − 1 of ONE
+ * sequence, out (T − t0, C), from qkv (T, 3C), c_attn's output for positions 0 … T − 1 (the rows
+ * before t0 kept from earlier calls: their keys and values). The same causal softmax as
+ * ddp_nn_attention_forward, without dropout or lse, row by row: O(T·C) per new position instead
+ * of the O(T²·C) of recomputing every row. 0 ≤ t0 < T ≤ a->max_T (else nothing is written).
+ * scratch: a->scratch_floats floats, as for the forward. */
+void ddp_nn_attention_forward_cached(const ddp_nn_attention *a, const float *qkv, int t0, int T,
+                                     float *scratch, float *out);
+
 /* Given dout (B, T, C), the forward's qkv and lse and the same (seed, step, offset, train):
  * dqkv (B, T, 3C) overwritten with the gradients of q, k and v. The scores and probabilities are
  * recomputed block by block from qkv and lse (flash-attention style): the backward costs about

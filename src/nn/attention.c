@@ -286,8 +286,8 @@ static void head_qkv(const ddp_nn_attention *a, const float *qkv, const uint16_t
         qkv3[w] = qkv_head(qkv, qkvh, qo + (size_t)w * C, T, hs, C3, true, heads);
 }
 
-static void fused_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh,
-                          int B, int T, uint64_t seed, uint64_t step, uint64_t offset, bool train,
+static void fused_forward(const ddp_nn_attention *a, const float *qkv, const uint16_t *qkvh, int B,
+                          int T, uint64_t seed, uint64_t step, uint64_t offset, bool train,
                           float *scratch, float *out, float *lse)
 {
     const int C = a->C, nh = a->n_head, hs = a->head_size;
@@ -367,8 +367,7 @@ static void fused_backward(const ddp_nn_attention *a, const float *dout, const f
                         dropout_row(f.mrow, nv, ddp_nn_rand_u64(seed, step, offset + bh * T + t),
                                     a->dropout);
                     ddp__bf16_softmax_backward_row(prow, drow, nv, kend, lse[bh * T + t],
-                                                   drop ? f.mrow : NULL,
-                                                   f.rows + (size_t)i * ldS);
+                                                   drop ? f.mrow : NULL, f.rows + (size_t)i * ldS);
                 }
                 for (int i = 0; i < nr; i += 2) {
                     const float *p1 = f.S + (size_t)i * ldS, *d1 = f.dP + (size_t)i * ldS;
@@ -383,8 +382,8 @@ static void fused_backward(const ddp_nn_attention *a, const float *dout, const f
                 ddp__bf16_pairs(kend, hs, npq, DDP__BF16_UPPER, -r0, f.dST, 1, (size_t)ldS,
                                 f.Qp + (size_t)r0 * hs, scale, NULL, add, dK, C3);
                 ddp__bf16_pairs(nr, hs, (kend + 1) / 2, DDP__BF16_LOWER, r0, f.rows,
-                                (size_t)ldS / 2, 1, f.Kp, scale, NULL, false,
-                                dQ + (size_t)r0 * C3, C3);
+                                (size_t)ldS / 2, 1, f.Kp, scale, NULL, false, dQ + (size_t)r0 * C3,
+                                C3);
             }
         }
 }
@@ -455,6 +454,70 @@ void ddp__nn_attention_forward_h(const ddp_nn_attention *a, const uint16_t *qkvh
                                  float *scratch, float *out, float *lse)
 {
     attention_forward(a, NULL, qkvh, B, T, seed, step, offset, train, scratch, out, lse);
+}
+
+/* Generation's step (ddp_nn_attention_forward_cached): query rows t0 … T − 1 of one sequence
+ * against its keys and values 0 … t, row by row. Per head a score row (a dot of hs per key), its
+ * softmax numerators (exp_row, as the forward's), then the output as Σ p_j · v_j (an axpy per key,
+ * contiguous in hs), scaled by 1 / Σ p_j as the forward scales its rows. bf: the numerators are
+ * rounded to bfloat16 first, as the forward's P operand is under bf16 products (q, k and v are
+ * the caller's, already rounded then). */
+static void attention_cached(const ddp_nn_attention *a, const float *qkv, int t0, int T, bool bf,
+                             float *scratch, float *out)
+{
+    const int C = a->C, nh = a->n_head, hs = a->head_size, C3 = 3 * a->C;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    float *S = scratch;
+    uint16_t *Sh = (uint16_t *)(scratch + T);
+    for (int t = t0; t < T; t++) {
+        const int nv = t + 1;
+        for (int h = 0; h < nh; h++) {
+            const float *q = qkv + (size_t)t * C3 + (size_t)h * hs;
+            for (int j = 0; j < nv; j++) {
+                const float *k = qkv + (size_t)j * C3 + C + (size_t)h * hs;
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int e = 0;
+                for (; e + 8 <= hs; e += 8)
+                    for (int l = 0; l < 8; l++)
+                        acc[l] += q[e + l] * k[e + l];
+                for (; e < hs; e++)
+                    acc[e & 7] += q[e] * k[e];
+                S[j] = scale * (((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                                ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+            }
+            double sum = exp_row(S, nv, nv, ddp__max_f32(S, nv), NULL);
+            if (bf) {
+                ddp__bf16_round(Sh, S, nv);
+                ddp__to_f32(S, Sh, (size_t)nv, DDP_BFLOAT16);
+            }
+            float *o = out + (size_t)(t - t0) * C + (size_t)h * hs;
+            for (int e = 0; e < hs; e++)
+                o[e] = 0.0f;
+            for (int j = 0; j < nv; j++) {
+                const float *v = qkv + (size_t)j * C3 + 2 * (size_t)C + (size_t)h * hs;
+                const float p = S[j];
+                for (int e = 0; e < hs; e++)
+                    o[e] += p * v[e];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int e = 0; e < hs; e++)
+                o[e] *= inv;
+        }
+    }
+}
+
+void ddp_nn_attention_forward_cached(const ddp_nn_attention *a, const float *qkv, int t0, int T,
+                                     float *scratch, float *out)
+{
+    if (t0 >= 0 && t0 < T && T <= a->max_T)
+        attention_cached(a, qkv, t0, T, ddp__gemm_bf16_active(), scratch, out);
+}
+
+void ddp__nn_attention_forward_cached_h(const ddp_nn_attention *a, const float *qkv, int t0, int T,
+                                        float *scratch, float *out)
+{
+    if (t0 >= 0 && t0 < T && T <= a->max_T)
+        attention_cached(a, qkv, t0, T, true, scratch, out);
 }
 
 static void attention_backward(const ddp_nn_attention *a, const float *dout, const float *qkv,

@@ -47,8 +47,8 @@ void ddp__nn_gelu_tanh_forward_h(const float *x, size_t n, uint16_t *yh);
  * stored but rounded into gh, and the layer's bias gradient db (cols,) += Σ_rows g (rows in order,
  * as ddp_nn_linear_backward sums them) — what ddp_nn_gelu_tanh_backward then
  * ddp__nn_linear_backward_h would compute, without the float32 g. */
-void ddp__nn_gelu_tanh_backward_h(const float *dy, const float *x, int rows, int cols,
-                                  uint16_t *gh, float *db);
+void ddp__nn_gelu_tanh_backward_h(const float *dy, const float *x, int rows, int cols, uint16_t *gh,
+                                  float *db);
 
 /* ddp_nn_layernorm_forward with the output rounded to bfloat16 into yh (N, C) instead of y;
  * row is C floats of scratch. */
@@ -66,5 +66,11 @@ void ddp__nn_attention_backward_h(const ddp_nn_attention *a, const float *dout,
                                   const uint16_t *qkvh, const float *lse, int B, int T,
                                   uint64_t seed, uint64_t step, uint64_t offset, bool train,
                                   float *scratch, float *dqkv);
+
+/* ddp_nn_attention_forward_cached for a model whose qkv holds bfloat16 values (widened): the
+ * probabilities are rounded to bfloat16 before they meet v, as ddp__nn_attention_forward_h's
+ * product does. */
+void ddp__nn_attention_forward_cached_h(const ddp_nn_attention *a, const float *qkv, int t0, int T,
+                                        float *scratch, float *out);
 
 #endif /* DDP_NN_BF16H_H */

@@ -96,6 +96,12 @@ typedef struct gpt {
     bool train;
     uint64_t step, sample_offset;
     size_t logit_rows; /* rows of logits valid; 0: none (none yet, or they hold the gradient) */
+    /* generation's key/value cache (batch.kv_cache, CPU): each block's c_attn output (Tmax, 3C)
+     * for the positions of kv_tokens[0 … kv_len), allocated by the first kv_cache forward; any
+     * other forward empties it (kv_len 0) */
+    float *kv;          /* (L, Tmax, 3C) */
+    int32_t *kv_tokens; /* (Tmax,) */
+    int kv_len;
     size_t logits_cap; /* device cuda: floats in logits, allocated when a forward first hands
                           logits to the host (prediction, generation): (B·T, V) is 13 GB at
                           GPT-2's size and B 64, and training never needs it */
@@ -336,9 +342,10 @@ static void free_gpt(ddp_model *m)
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             free(bufs[k]);
     }
-    void *bufs[] = {g->bp,       g->ba,     g->x0,           g->mask_e, g->lnf,  g->lnf_mean,
-                    g->lnf_rstd, g->logits, g->attn_scratch, g->tmp,    g->dres, g->dln,
-                    g->dbig,     g->ftmp,   g->hrow,         g->wh,     g->dyh};
+    void *bufs[] = {g->bp,       g->ba,       g->x0,     g->mask_e,       g->lnf,
+                    g->lnf_mean, g->lnf_rstd, g->logits, g->attn_scratch, g->tmp,
+                    g->dres,     g->dln,      g->dbig,   g->ftmp,         g->hrow,
+                    g->wh,       g->dyh,      g->kv,     g->kv_tokens};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
     ddp__cuda_gpt_free(g->res.gpt);
@@ -490,6 +497,37 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
     return DDP_OK;
 }
 
+/* batch.kv_cache: checks the batch is a generation step, makes the cache at the first one, and
+ * returns in *past how many leading positions of the batch's tokens the cache already holds (the
+ * common prefix with the previous kv_cache forward's tokens, at most seq_len − 1: the last
+ * position is computed for its logits). The cache is emptied until the forward has filled it. */
+static ddp_status kv_prepare(ddp_model *m, const ddp_model_batch *b, bool train, int *past)
+{
+    gpt *g = m->impl;
+    int k = 0;
+    while (k < g->kv_len && k < b->seq_len - 1 && g->kv_tokens[k] == b->tokens[k])
+        k++;
+    g->kv_len = 0;
+    if (b->n != 1 || train || b->targets || !b->last_logits)
+        return ddp__errmsg(m->err, DDP_ERR_INVALID,
+                           "gpt forward: kv_cache is for generation: one sample (n 1, not %d), "
+                           "evaluation without targets, last_logits on; clear kv_cache for "
+                           "other forwards",
+                           b->n);
+    const size_t cache = (size_t)g->L * g->Tmax * 3 * (size_t)g->C;
+    if (!g->kv && !(alloc(&g->kv, cache, sizeof(float)) &&
+                    alloc(&g->kv_tokens, (size_t)g->Tmax, sizeof(int32_t)))) {
+        free(g->kv);
+        g->kv = NULL;
+        return ddp__errmsg(m->err, DDP_ERR_NOMEM,
+                           "gpt forward: out of memory for the key/value cache (%zu MiB: n_layer "
+                           "%d × block_size %d × 3·n_embd %d floats); generate with kv_cache off",
+                           cache * sizeof(float) >> 20, g->L, g->Tmax, 3 * g->C);
+    }
+    *past = k;
+    return DDP_OK;
+}
+
 static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
 {
     gpt *g = m->impl;
@@ -497,7 +535,14 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     if (st != DDP_OK)
         return st;
     const int n = b->n, T = b->seq_len, C = g->C, nh = g->nh;
-    const int N = n * T;
+    int past = 0; /* kv_cache: positions whose c_attn output is in the cache */
+    const bool kv = b->kv_cache && !g->res.gpt;
+    if (!kv)
+        g->kv_len = 0; /* any forward but a kv_cache one empties the cache */
+    else if ((st = kv_prepare(m, b, train, &past)) != DDP_OK)
+        return st;
+    const int Tn = T - past; /* positions computed per sample */
+    const int N = n * Tn;
     const size_t NC = (size_t)N * C;
     const bool drop = train && g->p > 0.0f;
     /* This batch's first sample in the dropout streams: elements of (N, C) activations, and
@@ -515,7 +560,8 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     if (g->res.gpt)
         return forward_cuda(m, b, train, out);
 
-    if (ddp_nn_embedding_forward(b->tokens, P(m, g->p_wte), P(m, g->p_wpe), n, T, C, g->V, g->Tmax,
+    if (ddp_nn_embedding_forward(b->tokens + past, P(m, g->p_wte),
+                                 P(m, g->p_wpe) + (size_t)past * C, n, Tn, C, g->V, g->Tmax - past,
                                  g->x0, &e) != DDP_OK)
         return ddp__errmsg(m->err, e.status, "gpt forward: %s", e.msg);
     if (drop)
@@ -525,6 +571,8 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     for (int l = 0; l < g->L; l++) {
         const block_params *bp = &g->bp[l];
         block_acts *a = &g->ba[l];
+        /* kv_cache: c_attn's output of every position 0 … T − 1, the new ones appended */
+        float *kvl = kv ? g->kv + (size_t)l * g->Tmax * 3 * C : NULL;
         if (g->bf16h) { /* the same layers, their inputs kept in bf16 (nn/bf16h.h) */
             ddp__nn_layernorm_forward_h(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, g->hrow,
                                         a->ln1h, a->ln1_mean, a->ln1_rstd);
@@ -532,8 +580,14 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
             ddp__nn_linear_forward_h(a->ln1h, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C,
                                      false, g->wh, g->dbig);
             ddp__nn_round_h(g->dbig, NC * 3, a->qkvh);
-            ddp__nn_attention_forward_h(&g->att, a->qkvh, n, T, drop_seed(g, 2 + 3 * l), b->step,
-                                        off_att, train, g->attn_scratch, g->ftmp, a->lse);
+            if (kv)
+                ddp__to_f32(kvl + (size_t)past * 3 * C, a->qkvh, NC * 3, DDP_BFLOAT16);
+            if (past > 0)
+                ddp__nn_attention_forward_cached_h(&g->att, kvl, past, T, g->attn_scratch, g->ftmp);
+            else
+                ddp__nn_attention_forward_h(&g->att, a->qkvh, n, T, drop_seed(g, 2 + 3 * l),
+                                            b->step, off_att, train, g->attn_scratch, g->ftmp,
+                                            a->lse);
             ddp__nn_round_h(g->ftmp, NC, a->attyh);
             residual_proj(g, x, NULL, a->attyh, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
                           drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
@@ -549,9 +603,13 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         }
         ddp_nn_layernorm_forward(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, a->ln1,
                                  a->ln1_mean, a->ln1_rstd);
-        ddp_nn_linear_forward(a->ln1, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C, a->qkv);
-        ddp_nn_attention_forward(&g->att, a->qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
-                                 train, g->attn_scratch, a->atty, a->lse);
+        float *qkv = kv ? kvl + (size_t)past * 3 * C : a->qkv;
+        ddp_nn_linear_forward(a->ln1, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C, qkv);
+        if (past > 0)
+            ddp_nn_attention_forward_cached(&g->att, kvl, past, T, g->attn_scratch, a->atty);
+        else
+            ddp_nn_attention_forward(&g->att, qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
+                                     train, g->attn_scratch, a->atty, a->lse);
         residual_proj(g, x, a->atty, NULL, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
                       drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
         ddp_nn_layernorm_forward(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS, a->ln2,
@@ -562,12 +620,16 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
                       drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
         x = a->xout;
     }
+    if (kv) {
+        memcpy(g->kv_tokens, b->tokens, sizeof(int32_t) * (size_t)T);
+        g->kv_len = T;
+    }
 
     /* ln_f and the tied head: every position, or (generation) each sample's last one. */
     int rows = N;
     if (!train && !b->targets && b->last_logits) {
         for (int s = 0; s < n; s++)
-            memcpy(g->tmp + (size_t)s * C, x + ((size_t)s * T + (size_t)(T - 1)) * C,
+            memcpy(g->tmp + (size_t)s * C, x + ((size_t)s * Tn + (size_t)(Tn - 1)) * C,
                    sizeof(float) * (size_t)C);
         x = g->tmp;
         rows = n;

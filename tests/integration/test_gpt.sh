@@ -6,7 +6,8 @@
 # epochs of fixed windows); a run killed after a checkpoint and resumed ends bit for bit where an
 # uninterrupted one does (dropout on), and the resume removes a dead save's temporary file;
 # test and predict need no --config and give the same validation loss for 1 and 2 ranks;
-# generation is deterministic for a seed; other vocabularies take --prompt_tokens.
+# generation is deterministic for a seed, with the key/value cache or without; other vocabularies
+# take --prompt_tokens.
 . "$(dirname "$0")/lib.sh"
 TRAIN=$BIN/ddptrain
 DUMP=$BIN/ckpt_tool
@@ -175,7 +176,11 @@ assert_contains g1.err "loaded whole/checkpoints/step$N.safetensors at step $N"
     --out_dir whole --max_new_tokens 60 --temperature 1 --seed 5 --prompt "the cat" >g4 2>/dev/null ||
     fail "predict with 2 ranks failed"
 cmp -s g1 g4 || fail "2 ranks generated other text than 1: $(cat g4)"
-ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks), differs across seeds"
+# the key/value cache (default) against every token recomputing its whole context: the same
+# text, through the cached first block_size tokens and the sliding window after them
+gen --seed 5 --prompt "the cat" --kv_cache false >g5 2>/dev/null || fail "predict, kv_cache false"
+cmp -s g1 g5 || fail "kv_cache false generated other text: $(cat g5) / $(cat g1)"
+ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks, kv_cache or not), differs across seeds"
 
 # Another vocabulary: ids in and out.
 "$TRAIN" "${TINY[@]}" --data.train big.bin --data.val big.bin --model.vocab_size 320 \
@@ -222,6 +227,8 @@ if have_cpu_bf16; then
         --out_dir bwhole --max_new_tokens 40 --seed 3 --prompt "the" >bg2 2>/dev/null ||
         fail "bf16: predict with 2 ranks failed"
     [ "$(wc -c <bg1)" -ge 43 ] && cmp -s bg1 bg2 || fail "bf16: generation differs: $(cat bg1) / $(cat bg2)"
+    bgen --kv_cache false >bg3 2>/dev/null || fail "bf16: predict, kv_cache false"
+    cmp -s bg1 bg3 || fail "bf16: kv_cache false generated other text: $(cat bg3) / $(cat bg1)"
     ok "bf16: resumed = uninterrupted bit for bit; test and predict keep bf16; generation fixed by the seed"
 else
     ok "bf16 on the CPU skipped: no bf16 units or no oneDNN here"

@@ -17,6 +17,9 @@
  * - Dropout masks follow the global sample: one batch of 4 = two of 2 with sample offsets 0 and
  *   2 (the per-sample logits bit for bit, the gradients summed within float rounding).
  * - last_logits: the logits of each sample's last position, equal to the full forward's rows.
+ * - kv_cache (generation's key/value cache): the same logits as the full forward, a token at a
+ *   time, after a changed, repeated, shortened or slid context, in float32 and bf16; emptied by
+ *   any other forward; refused outside generation.
  * - Refusals, before any work: sizes, n_embd not divisible by n_head, seq_len > block_size, a
  *   token id out of range (the message names id, position and vocab_size), a bad target.
  * - The FLOPs count for gpt, mlp and cnn against counts by hand.
@@ -43,7 +46,6 @@
 #define FD_H 1e-3f
 #define FD_ABS 3e-4
 #define FD_REL 2e-2
-
 
 /* a and b (n floats) equal within rtol·max(1, |b|): the same computation through products of
  * other shapes (OpenBLAS picks its kernel by shape and CPU: a batch of 1 and a row of a batch of
@@ -581,6 +583,116 @@ static void last_logits(void **state)
     ddp_model_free(m);
 }
 
+/* ---- generation's key/value cache --------------------------------------------------------------
+ */
+
+/* One generation forward of tokens[0 … T) on m, kv_cache on or off: the last position's logits
+ * into out (V floats). */
+static void gen_logits(ddp_model *m, const int32_t *tokens, int T, bool kv, float *out)
+{
+    ddp_model_batch b = {
+        .n = 1, .tokens = tokens, .seq_len = T, .last_logits = true, .kv_cache = kv};
+    ddp_status st = ddp_model_forward(m, &b, false, NULL);
+    if (st != DDP_OK)
+        fail_msg("forward of %d tokens (kv_cache %d): %s", T, kv, ddp_model_last_error(m));
+    size_t rows, cols;
+    const float *l = ddp_model_logits(m, &rows, &cols);
+    assert_true(rows == 1 && l);
+    memcpy(out, l, sizeof(float) * cols);
+}
+
+/* kv_cache against the full forward of a twin model (same spec, same weights): the context grown
+ * a token at a time (each forward computes one position), a token changed in the middle (the
+ * cache is reused up to it), the same context twice, a context cut to a shorter one, and a
+ * context slid by one (no common prefix: everything recomputed). Then the cache's lifetime: a
+ * forward without kv_cache empties it (parameters changed in between are seen), and misuse is
+ * refused. rtol: 1e-5 in float32; 1e-3 in bf16, where the cached path's probabilities meet v
+ * in another kernel (measured: within 1e-6 here). */
+static void kv_cache_case(ddp_precision prec, double rtol)
+{
+    ddp_model_spec s = tiny_spec();
+    s.n_embd = 32;
+    s.block_size = 16;
+    s.vocab_size = 50;
+    s.precision = prec;
+    ddp_model *m = build(&s), *ref = build(&s);
+    widen(m);
+    widen(ref);
+    enum { T = 16, V = 50 };
+    int32_t tokens[T + 1];
+    make_batch(5, 1, T + 1, V, tokens, NULL);
+    float got[V], want[V];
+    for (int t = 1; t <= T; t++) {
+        gen_logits(m, tokens, t, true, got);
+        gen_logits(ref, tokens, t, false, want);
+        assert_floats_near(got, want, V, rtol);
+    }
+    /* a changed token at 5, the same context again, a shorter one, one slid by a position */
+    tokens[5] = (tokens[5] + 1) % V;
+    const struct {
+        int first, len;
+    } ctx[] = {{0, T}, {0, T}, {0, 9}, {1, T}, {0, T}};
+    for (size_t k = 0; k < sizeof ctx / sizeof ctx[0]; k++) {
+        gen_logits(m, tokens + ctx[k].first, ctx[k].len, true, got);
+        gen_logits(ref, tokens + ctx[k].first, ctx[k].len, false, want);
+        assert_floats_near(got, want, V, rtol);
+    }
+    /* a forward without kv_cache empties the cache: c_attn's bias of block 0 changed after it
+     * is seen by the next kv_cache forward of the same context */
+    size_t np;
+    const ddp_model_param *pm = ddp_model_params(m, &np), *pr = ddp_model_params(ref, &np);
+    gen_logits(m, tokens, T, false, got);
+    for (size_t i = 0; i < np; i++)
+        if (!strcmp(pm[i].name, "transformer.h.0.attn.c_attn.bias"))
+            for (size_t k = 0; k < pm[i].count; k++) {
+                pm[i].data[k] += 0.25f;
+                pr[i].data[k] += 0.25f;
+            }
+    gen_logits(m, tokens, T, true, got);
+    gen_logits(ref, tokens, T, false, want);
+    assert_floats_near(got, want, V, rtol);
+    /* refused: two samples, targets, all logits — each naming kv_cache */
+    int32_t two[2 * T];
+    make_batch(1, 2, T, V, two, NULL);
+    ddp_model_batch bad[] = {
+        {.n = 2, .tokens = two, .seq_len = T, .last_logits = true, .kv_cache = true},
+        {.n = 1,
+         .tokens = two,
+         .targets = two + T,
+         .seq_len = T,
+         .last_logits = true,
+         .kv_cache = true},
+        {.n = 1, .tokens = two, .seq_len = T, .kv_cache = true},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        assert_int_equal(ddp_model_forward(m, &bad[k], false, NULL), DDP_ERR_INVALID);
+        if (!strstr(ddp_model_last_error(m), "kv_cache"))
+            fail_msg("case %zu: '%s' does not name kv_cache", k, ddp_model_last_error(m));
+    }
+    gen_logits(m, tokens, T, true, got); /* still right after the refusals */
+    gen_logits(ref, tokens, T, false, want);
+    assert_floats_near(got, want, V, rtol);
+    ddp_model_free(m);
+    ddp_model_free(ref);
+}
+
+static void kv_cache(void **state)
+{
+    (void)state;
+    kv_cache_case(DDP_PRECISION_FP32, 1e-5);
+}
+
+static void kv_cache_bf16(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    if (ddp_precision_check(DDP_DEVICE_CPU, DDP_PRECISION_BF16, &err) != DDP_OK) {
+        print_message("skipping bf16: %s\n", err.msg);
+        skip();
+    }
+    kv_cache_case(DDP_PRECISION_BF16, 1e-3);
+}
+
 /* ---- memory ---------------------------------------------------------------------------------- */
 
 /* A "VmRSS:" or "VmHWM:" figure of this process in bytes, or −1. */
@@ -920,6 +1032,7 @@ int main(void)
         cmocka_unit_test(last_logits),        cmocka_unit_test(build_errors),
         cmocka_unit_test(forward_errors),     cmocka_unit_test(flops_counts),
         cmocka_unit_test(bf16_products),      cmocka_unit_test(bf16_eval_and_generation),
+        cmocka_unit_test(kv_cache),           cmocka_unit_test(kv_cache_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

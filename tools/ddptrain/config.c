@@ -121,6 +121,10 @@ static const ddp_cfg_key schema[] = {
      "gpt: tokens to generate (predict: ≥ 1; a sample after training: 0 for none)"},
     {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
     {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
+    {"kv_cache", DDP_CFG_BOOL, "true", NULL,
+     "gpt generation on the CPU: keep each block's keys and values, so that a new token costs one "
+     "position's work until the context fills block_size (false: every token recomputes the "
+     "whole context, as nanoGPT's sample.py)"},
     {"backend", DDP_CFG_STRING, "", NULL,
      "the group's backend: auto, shm, tcp, shm+tcp, mpi, shm+mpi (empty: DDP_BACKEND, else "
      "auto; docs/group.md)"},
@@ -134,7 +138,8 @@ static const ddp_cfg_key schema[] = {
      "the reducer and optimizer on the host; docs/gpu.md)"},
     {"overlap", DDP_CFG_CHOICE, "auto", "auto|async|inline", "how gradient buckets are reduced"},
     {"compress_bf16", DDP_CFG_BOOL, "false", NULL, "send gradients as bfloat16"},
-    {"bucket_kb", DDP_CFG_INT, "0", NULL, "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB; 4 MiB with shard_gradients)"},
+    {"bucket_kb", DDP_CFG_INT, "0", NULL,
+     "gradient bucket cap in KiB (0: 25 MiB, first 1 MiB; 4 MiB with shard_gradients)"},
     {"rebuild_buckets", DDP_CFG_BOOL, "true", NULL,
      "re-cut the gradient buckets after the first step along backward's order (async overlap, "
      "unsharded, CPU; docs/ddp.md)"},

@@ -117,6 +117,7 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
+    bool kv = ddp_config_bool(t->cfg, "kv_cache");
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
     size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
     int32_t *prompt = NULL, last = 0;
@@ -143,7 +144,7 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     for (size_t k = 0; k < max_new; k++) {
         size_t n = wl < T ? wl : T; /* the context, cropped to block_size */
         ddp_model_batch mb = {
-            .n = 1, .tokens = win + wl - n, .seq_len = (int)n, .last_logits = true};
+            .n = 1, .tokens = win + wl - n, .seq_len = (int)n, .last_logits = true, .kv_cache = kv};
         if (ddp_model_forward(t->m, &mb, false, NULL) != DDP_OK) {
             rc = trainer_die(t, "generate", ddp_model_last_error(t->m));
             goto out_free;
