@@ -117,7 +117,8 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
-    bool kv = ddp_config_bool(t->cfg, "kv_cache");
+    /* the key/value cache: the CPU's model only (on the GPU every token recomputes) */
+    bool kv = ddp_config_bool(t->cfg, "kv_cache") && t->dev.device != DDP_DEVICE_CUDA;
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
     size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
     int32_t *prompt = NULL, last = 0;
@@ -141,6 +142,7 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     size_t wl = len < T ? len : T; /* tokens in win: the prompt's last T */
     memcpy(win, prompt + len - wl, wl * sizeof *win);
     last = prompt[len - 1];
+    double t0 = ddp_now_seconds();
     for (size_t k = 0; k < max_new; k++) {
         size_t n = wl < T ? wl : T; /* the context, cropped to block_size */
         ddp_model_batch mb = {
@@ -169,6 +171,12 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     fflush(out);
     if (log)
         fflush(log);
+    double dt = ddp_now_seconds() - t0;
+    trainer_say(t, "generated %zu tokens in %.2f s (%.0f tokens/s; key/value cache %s)", max_new,
+                dt, dt > 0 ? (double)max_new / dt : 0.0,
+                kv                                 ? "on"
+                : t->dev.device == DDP_DEVICE_CUDA ? "off: not on the GPU yet"
+                                                   : "off");
     rc = 0;
 out_free:
     free(prompt);

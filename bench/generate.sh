@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Generation speed, side by side in one run: ddptrain --task predict with its key/value cache (the
+# default, kv_cache true) and without it (every token a forward of its whole context, as nanoGPT's
+# sample.py), beside PyTorch (Debian's python3-torch 1.13) generating from the same checkpoint
+# the nanoGPT way and with a key/value cache (bench/generate_torch.py; what transformers' generate
+# does). Greedy (temperature 0), so the four texts can be compared: the table says whether they
+# are the same ids. One process each, threads = the cores (OpenBLAS's and torch's).
+# A shape is L/NH/C/T (byte-level vocabulary, 256): the checkpoint is one training step of it on
+# Debian's fortunes; NEW tokens follow a short prompt, prompt + NEW ≤ T (the cache's range).
+# Reports tokens/s (the median of REPS runs, taken in turns) and the ratios.
+# usage: bench/generate.sh [BUILD] [REPS] [NEW] ["L/NH/C/T" ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+BUILD=${1:-build}
+REPS=${2:-3}
+NEW=${3:-120}
+shift 3 || true
+SHAPES=("$@")
+[ ${#SHAPES[@]} -gt 0 ] || SHAPES=("4/4/128/128" "12/12/768/1024")
+PY=/usr/bin/python3
+PROMPT="Q: Why"
+THREADS=$(nproc)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+echo "generation, $NEW tokens after \"$PROMPT\", greedy; median tokens/s of $REPS; $THREADS threads"
+echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%F)"
+printf '%-16s %10s %10s %10s %10s %9s %9s %9s  %s\n' shape ddpc-kv ddpc-full torch-kv torch-full \
+    "kv/t-kv" "kv/t-full" "kv/full" "same text"
+for shape in "${SHAPES[@]}"; do
+    IFS=/ read -r L NH C T <<<"$shape"
+    run="$OUT/run-$L-$C"
+    "$BUILD/bin/ddptrain" --config configs/gpt-fortunes.yaml --model.n_layer "$L" \
+        --model.n_head "$NH" --model.n_embd "$C" --model.block_size "$T" --batch_size 1 \
+        --total_steps 1 --eval_every 0 --max_new_tokens 0 --tensorboard false \
+        --overwrite true --out_dir "$run" >"$OUT/train.log" 2>&1 ||
+        { cat "$OUT/train.log"; exit 1; }
+    declare -A rate=() ids=()
+    for ((i = 0; i < REPS; i++)); do
+        for kv in true false; do
+            "$BUILD/bin/ddptrain" --task predict --out_dir "$run" --max_new_tokens "$NEW" \
+                --temperature 0 --kv_cache "$kv" --prompt "$PROMPT" >"$OUT/text" 2>"$OUT/err"
+            rate[$kv]+=" $(sed -n 's/^generated .* (\([0-9.]*\) tokens\/s.*/\1/p' "$OUT/err")"
+            ids[$kv]=$(tail -c +$((${#PROMPT} + 1)) "$OUT/text" | head -c "$NEW" | sha1sum | cut -c1-12)
+        done
+    done
+    "$PY" bench/generate_torch.py "$run" "$PROMPT" "$NEW" --threads "$THREADS" --reps "$REPS" \
+        >"$OUT/torch"
+    tkv=$(awk '$1 == "cached" {print $2}' "$OUT/torch")
+    tfull=$(awk '$1 == "recompute" {print $2}' "$OUT/torch")
+    kv=$(echo "${rate[true]}" | med)
+    full=$(echo "${rate[false]}" | med)
+    same=$(echo "${ids[true]} ${ids[false]} $(awk '{print $3}' "$OUT/torch" | tr '\n' ' ')" |
+        tr ' ' '\n' | grep . | sort -u | wc -l)
+    printf '%-16s %10.0f %10.0f %10.0f %10.0f %8.2fx %8.2fx %8.2fx  %s\n' "$shape" "$kv" "$full" \
+        "$tkv" "$tfull" "$(echo "$kv / $tkv" | bc -l)" "$(echo "$kv / $tfull" | bc -l)" \
+        "$(echo "$kv / $full" | bc -l)" "$([ "$same" = 1 ] && echo "all four" || echo "differ")"
+    unset rate ids
+done
