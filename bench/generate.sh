@@ -5,10 +5,13 @@
 # the nanoGPT way and with a key/value cache (bench/generate_torch.py; what transformers' generate
 # does). Greedy (temperature 0), so the four texts can be compared: the table says whether they
 # are the same ids. One process each, threads = the cores (OpenBLAS's and torch's).
-# A shape is L/NH/C/T (byte-level vocabulary, 256): the checkpoint is one training step of it on
-# Debian's fortunes; NEW tokens follow a short prompt, prompt + NEW ≤ T (the cache's range).
-# Reports tokens/s (the median of REPS runs, taken in turns) and the ratios.
-# usage: bench/generate.sh [BUILD] [REPS] [NEW] ["L/NH/C/T" ...]
+# A shape is L/NH/C/T[/P] (byte-level vocabulary, 256): the checkpoint is one training step of it
+# on Debian's fortunes; NEW tokens follow a prompt of P bytes (default 6, "Q: Why"; more: the
+# start of a fortunes file), prompt + NEW ≤ T (the cache's range). Reports tokens/s (the median
+# of REPS runs, taken in turns), the ratios, and the limit of a batch of one: every token reads
+# every weight, so tokens/s ≤ the bandwidth of a matrix-vector product over the weights' bytes
+# (measured by torch.mv in the same run).
+# usage: bench/generate.sh [BUILD] [REPS] [NEW] ["L/NH/C/T[/P]" ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -19,17 +22,19 @@ shift 3 || true
 SHAPES=("$@")
 [ ${#SHAPES[@]} -gt 0 ] || SHAPES=("4/4/128/128" "12/12/768/1024")
 PY=/usr/bin/python3
-PROMPT="Q: Why"
+export LC_ALL=C # ${#PROMPT} counts bytes
 THREADS=$(nproc)
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-echo "generation, $NEW tokens after \"$PROMPT\", greedy; median tokens/s of $REPS; $THREADS threads"
+echo "generation, $NEW tokens after a prompt, greedy; median tokens/s of $REPS; $THREADS threads"
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%F)"
-printf '%-16s %10s %10s %10s %10s %9s %9s %9s  %s\n' shape ddpc-kv ddpc-full torch-kv torch-full \
-    "kv/t-kv" "kv/t-full" "kv/full" "same text"
+printf '%-18s %8s %9s %8s %10s %8s %8s %9s %8s  %s\n' shape ddpc-kv ddpc-full torch-kv \
+    torch-full "kv/t-kv" "kv/t-full" "kv/full" "limit" "same text"
 for shape in "${SHAPES[@]}"; do
-    IFS=/ read -r L NH C T <<<"$shape"
+    IFS=/ read -r L NH C T P <<<"$shape"
+    PROMPT="Q: Why"
+    [ -z "${P:-}" ] || PROMPT=$(head -c "$P" /usr/share/games/fortunes/computers | tr -d "\\0")
     run="$OUT/run-$L-$C"
     "$BUILD/bin/ddptrain" --config configs/gpt-fortunes.yaml --model.n_layer "$L" \
         --model.n_head "$NH" --model.n_embd "$C" --model.block_size "$T" --batch_size 1 \
@@ -51,10 +56,12 @@ for shape in "${SHAPES[@]}"; do
     tfull=$(awk '$1 == "recompute" {print $2}' "$OUT/torch")
     kv=$(echo "${rate[true]}" | med)
     full=$(echo "${rate[false]}" | med)
-    same=$(echo "${ids[true]} ${ids[false]} $(awk '{print $3}' "$OUT/torch" | tr '\n' ' ')" |
+    same=$(echo "${ids[true]} ${ids[false]} $(awk '$1 != "limit" {print $3}' "$OUT/torch" | tr '\n' ' ')" |
         tr ' ' '\n' | grep . | sort -u | wc -l)
-    printf '%-16s %10.0f %10.0f %10.0f %10.0f %8.2fx %8.2fx %8.2fx  %s\n' "$shape" "$kv" "$full" \
-        "$tkv" "$tfull" "$(echo "$kv / $tkv" | bc -l)" "$(echo "$kv / $tfull" | bc -l)" \
-        "$(echo "$kv / $full" | bc -l)" "$([ "$same" = 1 ] && echo "all four" || echo "differ")"
+    limit=$(awk '$1 == "limit" {print $2}' "$OUT/torch")
+    printf '%-18s %8.0f %9.0f %8.0f %10.0f %7.2fx %8.2fx %8.2fx %8.0f  %s\n' "$shape" "$kv" \
+        "$full" "$tkv" "$tfull" "$(echo "$kv / $tkv" | bc -l)" "$(echo "$kv / $tfull" | bc -l)" \
+        "$(echo "$kv / $full" | bc -l)" "$limit" \
+        "$([ "$same" = 1 ] && echo "all four" || echo "differ")"
     unset rate ids
 done

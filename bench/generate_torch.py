@@ -59,6 +59,12 @@ def cached(m, idx, new):
     return out
 
 
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
@@ -78,6 +84,16 @@ def main():
                                    strict=False)
     assert all(k in ("lm_head.weight",) for k in missing), missing
     m.eval()
+    # The physical limit of a batch of one: every new token reads every weight once (the position
+    # embedding's one row aside), so tokens/s ≤ bandwidth / weight bytes. Bandwidth: torch.mv over
+    # a matrix of the weights' size (threads as given), the best of 5.
+    nbytes = 4 * sum(v.numel() for k, v in sd.items()
+                     if not k.startswith("optim.") and k != "transformer.wpe.weight")
+    W = torch.empty(nbytes // 4 // 1024, 1024).uniform_()
+    xv = torch.ones(1024)
+    best = min(timed(lambda: torch.mv(W, xv)) for _ in range(5))
+    print("limit", f"{nbytes / best / nbytes:.1f}", f"{nbytes / best / 1e9:.1f}GB/s", flush=True)
+    del W
     idx = torch.tensor([list(a.prompt.encode())], dtype=torch.long)
     for name, fn in (("recompute", recompute), ("cached", cached)):
         rates, ids = [], None

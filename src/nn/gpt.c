@@ -26,9 +26,13 @@
  * backward rather than stored); this file keeps the parameter list, the checks and the host's
  * logits. Not yet run on a GPU (docs/gpu.md).
  *
- * What it does not do: a KV cache for generation (each forward recomputes every position; the
- * batch's last_logits flag saves the LM head for all but the last), fp16 on the CPU, its own
- * threads (OpenBLAS's run inside each product).
+ * Generation (batch.kv_cache, CPU): each block's c_attn output is kept for the context's
+ * positions, and a forward whose tokens extend the previous one's computes only the new rows —
+ * their attention over the cached keys and values (ddp_nn_attention_forward_cached) — and the
+ * last row's logits (last_logits).
+ *
+ * What it does not do: the cache on the GPU (each forward there recomputes every position), fp16
+ * on the CPU, its own threads (OpenBLAS's run inside each product).
  */
 #include <limits.h>
 #include <math.h>
