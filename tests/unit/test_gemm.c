@@ -3,9 +3,10 @@
  * double precision: float32 (OpenBLAS) against the float32 inputs, and bf16 (oneDNN,
  * src/kernels/cpu/onednn.c) against the same inputs rounded to bfloat16 (nearest even, the
  * scalar rounding of util/half.h) — every transpose, alpha and beta, leading dimensions wider
- * than the rows, sizes that are not multiples of any vector width, a C full of NaN that beta 0
- * must ignore. The bf16 result must also differ from the float32 one by more than float32
- * rounding: a silent float32 fallback would pass the first check alone.
+ * than the rows, sizes that are not multiples of any vector width, one-row products (float32's
+ * sgemv path), a C full of NaN that beta 0 must ignore. The bf16 result must also differ from the
+ * float32 one by more than float32 rounding: a silent float32 fallback would pass the first check
+ * alone.
  *
  * bf16 cases are skipped where this CPU has no bf16 units or oneDNN is not installed (the check
  * says which); the refusal itself is checked in a child process with DDP_ONEDNN_LIB pointing at
@@ -96,8 +97,11 @@ static double check_case(bool bf16, bool ta, bool tb, int M, int N, int K, float
     return far;
 }
 
-static const int sizes[][3] = {{1, 1, 1},    {7, 33, 45},    {64, 64, 64},
-                               {31, 17, 96}, {96, 200, 130}, {256, 64, 64}};
+/* M 1: one row, which float32 takes through sgemv (generation's products), with A's row strided
+ * (lda) when transposed, padding 0, 5 and 10 */
+static const int sizes[][3] = {{1, 1, 1},     {7, 33, 45},    {64, 64, 64},
+                               {31, 17, 96},  {96, 200, 130}, {256, 64, 64},
+                               {1, 200, 130}, {1, 33, 45},    {1, 64, 96}};
 
 static void run_all(bool bf16)
 {
