@@ -170,7 +170,9 @@ typedef struct ddp_model_batch {
                                rounding). The parameters must not change between two kv_cache
                                forwards except through the model itself: any other forward
                                (training, evaluation, kv_cache false) empties the cache. Memory:
-                               n_layer·block_size·3·n_embd floats, at the first such forward.
+                               n_layer·block_size·3·n_embd floats, at the first such forward;
+                               under precision bf16 also the products' weights rounded once
+                               (12·n_embd² halves a block, and wte's).
                                Ignored on the GPU (each forward computes every position). */
     bool loss_only;         /* evaluation with targets or labels: only the loss and accuracy are
                                wanted. A model on the GPU then leaves the logits there

@@ -31,6 +31,11 @@ void ddp__nn_round_h(const float *x, size_t n, uint16_t *yh);
 void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b, int B, int in,
                               int out, bool add, uint16_t *wh, float *y);
 
+/* The same with W already rounded: wh (out, in) bfloat16 (a caller that keeps the rounded weights
+ * across calls: generation). */
+void ddp__nn_linear_forward_hh(const uint16_t *xh, const uint16_t *wh, const float *b, int B,
+                               int in, int out, bool add, float *y);
+
 /* ddp_nn_linear_backward with the forward's input as xh (B, in) bfloat16: dx (B, in) = dy · W
  * (NULL skips), dW += dyᵀ · xh, db += Σ_batch dy (NULL skips; summed in the same order as
  * ddp_nn_linear_backward, while dy is rounded into dyh). dy NULL: dyh already holds dy rounded,

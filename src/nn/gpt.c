@@ -106,6 +106,11 @@ typedef struct gpt {
     float *kv;          /* (L, Tmax, 3C) */
     int32_t *kv_tokens; /* (Tmax,) */
     int kv_len;
+    /* precision bf16: the weights of the products rounded once for the kv_cache forwards (per
+     * block c_attn, c_proj, c_fc, mlp.c_proj; then wte), not at every token; valid while kvw_ok,
+     * which any other forward clears */
+    uint16_t *kvw;
+    bool kvw_ok;
     size_t logits_cap; /* device cuda: floats in logits, allocated when a forward first hands
                           logits to the host (prediction, generation): (B·T, V) is 13 GB at
                           GPT-2's size and B 64, and training never needs it */
@@ -349,7 +354,7 @@ static void free_gpt(ddp_model *m)
     void *bufs[] = {g->bp,       g->ba,       g->x0,     g->mask_e,       g->lnf,
                     g->lnf_mean, g->lnf_rstd, g->logits, g->attn_scratch, g->tmp,
                     g->dres,     g->dln,      g->dbig,   g->ftmp,         g->hrow,
-                    g->wh,       g->dyh,      g->kv,     g->kv_tokens};
+                    g->wh,       g->dyh,      g->kv,     g->kv_tokens,    g->kvw};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         free(bufs[k]);
     ddp__cuda_gpt_free(g->res.gpt);
@@ -419,16 +424,27 @@ static int64_t count_correct(const float *logits, const int32_t *targets, size_t
 /* A residual branch's projection added to the stream: out (N, C) = x + drop(in (N, K) · Wᵀ + b).
  * Without dropout the add is fused into the product (out starts as x + b, the sgemm accumulates
  * into it): one pass over (N, C) instead of three. With dropout the branch goes through tmp. */
+/* A bf16 linear layer (xh rounded already): with W's rounded copy Wr when the caller keeps one
+ * (kvw), else W rounded into g->wh now. */
+static void lin_h(const gpt *g, const uint16_t *xh, const float *W, const uint16_t *Wr,
+                  const float *b, int N, int in, int out, bool add, float *y)
+{
+    if (Wr)
+        ddp__nn_linear_forward_hh(xh, Wr, b, N, in, out, add, y);
+    else
+        ddp__nn_linear_forward_h(xh, W, b, N, in, out, add, g->wh, y);
+}
+
 static void residual_proj(const gpt *g, const float *x, const float *in, const uint16_t *inh,
-                          const float *W, const float *b, int N, int K, bool drop, uint64_t seed,
-                          const ddp_model_batch *bt, uint64_t off, uint8_t *mask, float *tmp,
-                          float *out)
+                          const float *W, const uint16_t *Wr, const float *b, int N, int K,
+                          bool drop, uint64_t seed, const ddp_model_batch *bt, uint64_t off,
+                          uint8_t *mask, float *tmp, float *out)
 {
     const int C = g->C;
     const size_t NC = (size_t)N * C;
     if (drop) {
         if (inh)
-            ddp__nn_linear_forward_h(inh, W, b, N, K, C, false, g->wh, tmp);
+            lin_h(g, inh, W, Wr, b, N, K, C, false, tmp);
         else
             ddp_nn_linear_forward(in, W, b, N, K, C, tmp);
         ddp_nn_dropout_forward(tmp, NC, g->p, seed, bt->step, off, true, mask, tmp);
@@ -445,7 +461,7 @@ static void residual_proj(const gpt *g, const float *x, const float *in, const u
     else
         memcpy(out, x, sizeof(float) * NC);
     if (inh)
-        ddp__nn_linear_forward_h(inh, W, NULL, N, K, C, true, g->wh, out);
+        lin_h(g, inh, W, Wr, NULL, N, K, C, true, out);
     else
         ddp__sgemm(false, true, N, C, K, 1.0f, in, K, W, K, 1.0f, out, C);
 }
@@ -532,6 +548,29 @@ static ddp_status kv_prepare(ddp_model *m, const ddp_model_batch *b, bool train,
     return DDP_OK;
 }
 
+/* kv_cache under bf16: the products' weights rounded once (kvw), or NULL where that memory
+ * (12·n_embd² halves a block, and wte) is not to be had — then each product rounds its weight as
+ * in training. */
+static const uint16_t *kv_weights(ddp_model *m)
+{
+    gpt *g = m->impl;
+    const size_t C = (size_t)g->C, per = 12 * C * C;
+    if (!g->kvw && !alloc(&g->kvw, per * (size_t)g->L + (size_t)g->V * C, sizeof(uint16_t)))
+        return NULL;
+    if (!g->kvw_ok) {
+        for (int l = 0; l < g->L; l++) {
+            uint16_t *w = g->kvw + per * (size_t)l;
+            ddp__nn_round_h(P(m, g->bp[l].attn_w), 3 * C * C, w);
+            ddp__nn_round_h(P(m, g->bp[l].proj_w), C * C, w + 3 * C * C);
+            ddp__nn_round_h(P(m, g->bp[l].fc_w), 4 * C * C, w + 4 * C * C);
+            ddp__nn_round_h(P(m, g->bp[l].mproj_w), 4 * C * C, w + 8 * C * C);
+        }
+        ddp__nn_round_h(P(m, g->p_wte), (size_t)g->V * C, g->kvw + per * (size_t)g->L);
+        g->kvw_ok = true;
+    }
+    return g->kvw;
+}
+
 static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, ddp_model_out *out)
 {
     gpt *g = m->impl;
@@ -541,11 +580,15 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     const int n = b->n, T = b->seq_len, C = g->C, nh = g->nh;
     int past = 0; /* kv_cache: positions whose c_attn output is in the cache */
     const bool kv = b->kv_cache && !g->res.gpt;
-    if (!kv)
-        g->kv_len = 0; /* any forward but a kv_cache one empties the cache */
-    else if ((st = kv_prepare(m, b, train, &past)) != DDP_OK)
+    if (!kv) { /* any forward but a kv_cache one empties the cache */
+        g->kv_len = 0;
+        g->kvw_ok = false;
+    } else if ((st = kv_prepare(m, b, train, &past)) != DDP_OK) {
+        g->kvw_ok = false;
         return st;
-    const int Tn = T - past; /* positions computed per sample */
+    }
+    const uint16_t *kw = kv && g->bf16h ? kv_weights(m) : NULL; /* rounded weights, or NULL */
+    const int Tn = T - past;                                    /* positions computed per sample */
     const int N = n * Tn;
     const size_t NC = (size_t)N * C;
     const bool drop = train && g->p > 0.0f;
@@ -577,12 +620,12 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         block_acts *a = &g->ba[l];
         /* kv_cache: c_attn's output of every position 0 … T − 1, the new ones appended */
         float *kvl = kv ? g->kv + (size_t)l * g->Tmax * 3 * C : NULL;
+        const uint16_t *w = kw ? kw + (size_t)l * 12 * C * C : NULL; /* c_attn, c_proj, c_fc, … */
         if (g->bf16h) { /* the same layers, their inputs kept in bf16 (nn/bf16h.h) */
             ddp__nn_layernorm_forward_h(x, P(m, bp->ln1_w), P(m, bp->ln1_b), N, C, LN_EPS, g->hrow,
                                         a->ln1h, a->ln1_mean, a->ln1_rstd);
             /* c_attn's float32 output goes through dbig (free until the backward) */
-            ddp__nn_linear_forward_h(a->ln1h, P(m, bp->attn_w), P(m, bp->attn_b), N, C, 3 * C,
-                                     false, g->wh, g->dbig);
+            lin_h(g, a->ln1h, P(m, bp->attn_w), w, P(m, bp->attn_b), N, C, 3 * C, false, g->dbig);
             ddp__nn_round_h(g->dbig, NC * 3, a->qkvh);
             if (kv)
                 ddp__to_f32(kvl + (size_t)past * 3 * C, a->qkvh, NC * 3, DDP_BFLOAT16);
@@ -593,15 +636,17 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
                                             b->step, off_att, train, g->attn_scratch, g->ftmp,
                                             a->lse);
             ddp__nn_round_h(g->ftmp, NC, a->attyh);
-            residual_proj(g, x, NULL, a->attyh, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
-                          drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
+            residual_proj(g, x, NULL, a->attyh, P(m, bp->proj_w), w ? w + 3 * C * C : NULL,
+                          P(m, bp->proj_b), N, C, drop, drop_seed(g, 3 + 3 * l), b, off, a->mask_a,
+                          g->tmp, a->xmid);
             ddp__nn_layernorm_forward_h(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS,
                                         g->hrow, a->ln2h, a->ln2_mean, a->ln2_rstd);
-            ddp__nn_linear_forward_h(a->ln2h, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, false,
-                                     g->wh, a->fch);
+            lin_h(g, a->ln2h, P(m, bp->fc_w), w ? w + 4 * C * C : NULL, P(m, bp->fc_b), N, C, 4 * C,
+                  false, a->fch);
             ddp__nn_gelu_tanh_forward_h(a->fch, (size_t)N * 4 * C, a->fchgh);
-            residual_proj(g, a->xmid, NULL, a->fchgh, P(m, bp->mproj_w), P(m, bp->mproj_b), N,
-                          4 * C, drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
+            residual_proj(g, a->xmid, NULL, a->fchgh, P(m, bp->mproj_w), w ? w + 8 * C * C : NULL,
+                          P(m, bp->mproj_b), N, 4 * C, drop, drop_seed(g, 4 + 3 * l), b, off,
+                          a->mask_m, g->tmp, a->xout);
             x = a->xout;
             continue;
         }
@@ -614,14 +659,14 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         else
             ddp_nn_attention_forward(&g->att, qkv, n, T, drop_seed(g, 2 + 3 * l), b->step, off_att,
                                      train, g->attn_scratch, a->atty, a->lse);
-        residual_proj(g, x, a->atty, NULL, P(m, bp->proj_w), P(m, bp->proj_b), N, C, drop,
+        residual_proj(g, x, a->atty, NULL, P(m, bp->proj_w), NULL, P(m, bp->proj_b), N, C, drop,
                       drop_seed(g, 3 + 3 * l), b, off, a->mask_a, g->tmp, a->xmid);
         ddp_nn_layernorm_forward(a->xmid, P(m, bp->ln2_w), P(m, bp->ln2_b), N, C, LN_EPS, a->ln2,
                                  a->ln2_mean, a->ln2_rstd);
         ddp_nn_linear_forward(a->ln2, P(m, bp->fc_w), P(m, bp->fc_b), N, C, 4 * C, a->fch);
         ddp_nn_gelu_tanh_forward(a->fch, (size_t)N * 4 * C, a->fchg);
-        residual_proj(g, a->xmid, a->fchg, NULL, P(m, bp->mproj_w), P(m, bp->mproj_b), N, 4 * C,
-                      drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
+        residual_proj(g, a->xmid, a->fchg, NULL, P(m, bp->mproj_w), NULL, P(m, bp->mproj_b), N,
+                      4 * C, drop, drop_seed(g, 4 + 3 * l), b, off, a->mask_m, g->tmp, a->xout);
         x = a->xout;
     }
     if (kv) {
@@ -640,7 +685,12 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     }
     ddp_nn_layernorm_forward(x, P(m, g->p_lnf_w), P(m, g->p_lnf_b), rows, C, LN_EPS, g->lnf,
                              g->lnf_mean, g->lnf_rstd);
-    ddp_nn_lm_head_forward(g->lnf, P(m, g->p_wte), rows, C, g->V, g->logits);
+    if (kw) { /* the head's product on the rounded wte: what ddp__sgemm would give under bf16 */
+        ddp__nn_round_h(g->lnf, (size_t)rows * C, g->dyh);
+        ddp__gemm_bf16_pre(false, true, rows, g->V, C, 1.0f, g->dyh, C,
+                           kw + (size_t)g->L * 12 * C * C, C, 0.0f, g->logits, g->V);
+    } else
+        ddp_nn_lm_head_forward(g->lnf, P(m, g->p_wte), rows, C, g->V, g->logits);
     g->logit_rows = (size_t)rows;
     if (!b->targets)
         return DDP_OK;

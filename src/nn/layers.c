@@ -117,6 +117,14 @@ void ddp__nn_round_h(const float *x, size_t n, uint16_t *yh)
 void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b, int B, int in,
                               int out, bool add, uint16_t *wh, float *y)
 {
+    if (B > 0 && out > 0 && in > 0)
+        ddp__nn_round_h(W, (size_t)out * (size_t)in, wh);
+    ddp__nn_linear_forward_hh(xh, wh, b, B, in, out, add, y);
+}
+
+void ddp__nn_linear_forward_hh(const uint16_t *xh, const uint16_t *wh, const float *b, int B,
+                               int in, int out, bool add, float *y)
+{
     if (B <= 0 || out <= 0)
         return;
     for (int r = 0; r < B; r++) {
@@ -131,7 +139,6 @@ void ddp__nn_linear_forward_h(const uint16_t *xh, const float *W, const float *b
     }
     if (in <= 0)
         return;
-    ddp__nn_round_h(W, (size_t)out * (size_t)in, wh);
     ddp__gemm_bf16_pre(false, true, B, out, in, 1.0f, xh, in, wh, in, 1.0f, y, out);
 }
 
