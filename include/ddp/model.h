@@ -209,9 +209,9 @@ void ddp_model_free(ddp_model *m); /* NULL is a no-op; does not touch bound memo
 /* The type's name ("mlp"), owned by the library. */
 const char *ddp_model_type(const ddp_model *m);
 
-/* The parameter list ((*n,) entries, in registration order) and the buffers (e.g. batchnorm
- * running statistics: saved and broadcast, not trained; grad NULL, decay false). Owned by m;
- * the arrays do not move, so a reducer or optimizer may borrow them for m's life. */
+/* The parameter list ((*n,) entries, in registration order; n may be NULL) and the buffers
+ * (e.g. batchnorm running statistics: saved and broadcast, not trained; grad NULL, decay false).
+ * Owned by m; the arrays do not move, so a reducer or optimizer may borrow them for m's life. */
 const ddp_model_param *ddp_model_params(const ddp_model *m, size_t *n);
 const ddp_model_param *ddp_model_buffers(const ddp_model *m, size_t *n);
 

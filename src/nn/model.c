@@ -163,13 +163,15 @@ const char *ddp_model_type(const ddp_model *m)
 
 const ddp_model_param *ddp_model_params(const ddp_model *m, size_t *n)
 {
-    *n = m->n_params;
+    if (n)
+        *n = m->n_params;
     return m->params;
 }
 
 const ddp_model_param *ddp_model_buffers(const ddp_model *m, size_t *n)
 {
-    *n = m->n_buffers;
+    if (n)
+        *n = m->n_buffers;
     return m->buffers;
 }
 
