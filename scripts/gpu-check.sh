@@ -559,7 +559,8 @@ EOP
 
 # issue 13's speed: allreduce on GPU buffers, ddpc's nccl, cuda-ipc and cuda-staged beside torch's
 # (bench/gpu_allreduce.sh over gpu-carry's ddprun and ddpbench); then ddptrain end to end on a
-# GPT-2 124M shape (train_bench). A second call, after run.
+# GPT-2 124M shape (train_bench), and generation from its checkpoint with and without the
+# key/value cache. A second call, after run.
 allreduce() {
     setup_env
     local w
@@ -618,6 +619,26 @@ EOP
         else
             echo "| $label | failed: $(tail -1 "$out") | |"
         fi
+    done
+    # generation on the GPU from the 1-rank bf16 run's last checkpoint: 200 tokens after a
+    # 16-token prompt, greedy, with the key/value cache (the device's c_attn buffers) and without
+    # (every token its whole context, as nanoGPT's sample.py); the same ids either way
+    echo "=== ddptrain --task predict on the GPU: 200 tokens after 16, greedy, batch of one"
+    echo "| precision | tokens/s, key/value cache | tokens/s, without | speed-up | same ids |"
+    echo "|---|---:|---:|---:|---|"
+    local prec kv
+    for prec in bf16 fp32; do
+        declare -A gr=() gi=()
+        for kv in true false; do
+            "$CARRY/bin/ddptrain" --task predict --device cuda --precision "$prec" \
+                --out_dir "$w/r1bf16auto" --prompt_tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 \
+                --max_new_tokens 200 --temperature 0 --kv_cache "$kv" >"$w/gen.txt" 2>"$w/gen.err" ||
+                { echo "| $prec | failed: $(tail -1 "$w/gen.err") | | | |"; continue 2; }
+            gr[$kv]=$(sed -n 's/^generated .* (\([0-9.]*\) tokens\/s.*/\1/p' "$w/gen.err")
+            gi[$kv]=$(sha1sum <"$w/gen.txt" | cut -c1-12)
+        done
+        echo "| $prec | ${gr[true]} | ${gr[false]} | $(awk -v a="${gr[true]:-0}" -v b="${gr[false]:-0}" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')x | $([ "${gi[true]}" = "${gi[false]}" ] && echo yes || echo NO) |"
+        unset gr gi
     done
     rm -rf "$w"
 }

@@ -162,7 +162,7 @@ typedef struct ddp_model_batch {
                                has with 1 rank × W·B. gpt: 0 or 1 only */
     bool last_logits;       /* gpt, evaluation without targets: logits only for each sample's
                                last position, (n, V) instead of (n·seq_len, V) (generation) */
-    bool kv_cache;          /* gpt generation (n 1, evaluation, no targets, last_logits), CPU:
+    bool kv_cache;          /* gpt generation (n 1, evaluation, no targets, last_logits):
                                keep each block's keys and values, and reuse them for the longest
                                prefix this batch's tokens share with the previous kv_cache
                                forward's: appending a token to the context costs one position's
@@ -172,8 +172,10 @@ typedef struct ddp_model_batch {
                                (training, evaluation, kv_cache false) empties the cache. Memory:
                                n_layer·block_size·3·n_embd floats, at the first such forward;
                                under precision bf16 also the products' weights rounded once
-                               (12·n_embd² halves a block, and wte's).
-                               Ignored on the GPU (each forward computes every position). */
+                               (12·n_embd² halves a block, and wte's). On the GPU the cache
+                               is the model's own device buffers (nothing more but the
+                               attention's scores for up to 64 new positions), and the
+                               parameters are not uploaded again for such a forward. */
     bool loss_only;         /* evaluation with targets or labels: only the loss and accuracy are
                                wanted. A model on the GPU then leaves the logits there
                                (ddp_model_logits returns NULL after it) instead of copying them

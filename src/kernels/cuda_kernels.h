@@ -158,8 +158,8 @@ typedef struct ddp__cuda_drop {
  * backward is the same map on the gradient). x of dtype xt, y of yt: float32 → float32,
  * float32 → 16 bits (rounded once after the scaling), or 16 → the same 16 bits; y may equal x
  * (same dtype). */
-ddp_status ddp__cuda_dropout(ddp__cuda_ctx *ctx, ddp_dtype xt, const void *x, ddp_dtype yt,
-                             void *y, size_t n, const ddp__cuda_drop *d, ddp_error *err);
+ddp_status ddp__cuda_dropout(ddp__cuda_ctx *ctx, ddp_dtype xt, const void *x, ddp_dtype yt, void *y,
+                             size_t n, const ddp__cuda_drop *d, ddp_error *err);
 
 /* Causal self-attention through cuBLAS strided-batched GEMMs and a causal softmax: out (B, T, C)
  * from qkv (B, T, 3C) as ddp_nn_attention_forward, with its dropout on the probabilities when
@@ -235,8 +235,7 @@ ddp_status ddp__cuda_add_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const float *a, con
 size_t ddp__cuda_attention_scratch_h(int B, int T, int C, int nh);
 ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, const uint16_t *qkv,
                                          int B, int T, int C, int nh, uint16_t *att, void *scratch,
-                                         uint16_t *out, const ddp__cuda_drop *drop,
-                                         ddp_error *err);
+                                         uint16_t *out, const ddp__cuda_drop *drop, ddp_error *err);
 /* dqkv (B, T, 3C) ht overwritten, from dout (B, T, C) ht and the forward's qkv and att:
  * dP = dY·Vᵀ in fp32, the softmax backward in fp32 from the 16-bit P, dS rounded to ht for
  * dQ = dS·K and dK = dSᵀ·Q; dV = Pᵀ·dY. */
@@ -244,6 +243,16 @@ ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *ctx, ddp_dtype ht, cons
                                           const uint16_t *qkv, const uint16_t *att, int B, int T,
                                           int C, int nh, void *scratch, uint16_t *dqkv,
                                           const ddp__cuda_drop *drop, ddp_error *err);
+/* Generation's key/value cache (one sequence): the heads' output for positions past … T − 1 only,
+ * over keys and values 0 … T − 1, all in qkv (T, 3C) of type t (DDP_FLOAT32, or the 16-bit
+ * format of precision bf16/fp16), whose rows 0 … past − 1 a previous forward left; out (T, C) of
+ * type t gets rows past … T − 1. scratch: ddp__cuda_attention_cached_scratch(m, T, C, nh) bytes
+ * for m ≥ T − past new positions, 256-byte aligned. The same products, softmax and roundings as
+ * the batched path (ddp__cuda_attention_forward / _h), without dropout. 1 ≤ past < T. */
+size_t ddp__cuda_attention_cached_scratch(int m, int T, int C, int nh);
+ddp_status ddp__cuda_attention_forward_cached(ddp__cuda_ctx *ctx, ddp_dtype t, const void *qkv,
+                                              int past, int T, int C, int nh, void *scratch,
+                                              void *out, ddp_precision precision, ddp_error *err);
 /* ddp__cuda_vocab_xent on fp32 logits (N, V) whose gradient (scaled by scale / count: with
  * precision fp16, scale carries the loss scale), with grad, is written in ht over the logits
  * themselves: row r's V 16-bit values at the start of row r's own storage, i.e. a 16-bit matrix

@@ -348,6 +348,14 @@ ddp_status ddp__cuda_gpt_state_dev(ddp__cuda_gpt *g, int s, float **dev, ddp_err
     DDP__GPU_CALL(gpt_state_dev, g, s, dev, err);
 }
 
+ddp_status ddp__cuda_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *tokens, int T, int past,
+                                        float *logits_host, ddp_error *err)
+{
+    DDP__GPU_CALL_OR("no key/value cache (gpt_forward_cached); HINT: use the libddp_gpu.so built "
+                     "with this libddp",
+                     gpt_forward_cached, g, tokens, T, past, logits_host, err);
+}
+
 ddp_status ddp__cuda_gpt_optim_keep(ddp__cuda_gpt *g, const size_t *lo, const size_t *hi,
                                     ddp_error *err)
 {

@@ -31,8 +31,9 @@ extern "C" {
  * d2d (cuda-ipc); 8: the classifier's device-resident training (cls_dev_info …); 9: the
  * watchdog's peer flag (async_error, watchdog_fail, watchdog_error), the classifier batch's
  * sample_stride (ddp__cuda_cls_batch); 10: the device optimizer's narrowing (gpt_optim_keep,
- * cls_optim_keep: ZeRO-1's memory split on the GPU), the device's memory in use (mem_info). */
-#define DDP_GPU_MODULE_ABI 10
+ * cls_optim_keep: ZeRO-1's memory split on the GPU), the device's memory in use (mem_info); 11:
+ * generation's key/value cache (gpt_forward_cached). */
+#define DDP_GPU_MODULE_ABI 11
 #define DDP_GPU_MODULE_FILE "libddp_gpu.so"
 #define DDP_GPU_MODULE_ENTRY "ddp_gpu_module_entry" /* the one symbol the loader looks up */
 
@@ -143,6 +144,9 @@ typedef struct ddp__gpu_api {
                                  ddp_error *err);
     /* kernels.h's ddp__cuda_mem_info; NULL: not in this module. */
     ddp_status (*mem_info)(int idx, size_t *used, size_t *total, ddp_error *err);
+    /* kernels.h's ddp__cuda_gpt_forward_cached; NULL: not in this module. */
+    ddp_status (*gpt_forward_cached)(ddp__cuda_gpt *g, const int32_t *tokens, int T, int past,
+                                     float *logits_host, ddp_error *err);
 } ddp__gpu_api;
 
 /* The module's entry symbol (DDP_GPU_MODULE_ENTRY): its table, static, never NULL. */
@@ -157,6 +161,8 @@ ddp_status ddp__gpu_gpt_create(const ddp__cuda_gpt_cfg *cfg, const size_t *count
                                ddp__cuda_gpt **out, ddp_error *err);
 void ddp__gpu_gpt_free(ddp__cuda_gpt *g);
 ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *const *data_host, ddp_error *err);
+ddp_status ddp__gpu_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *tokens, int T, int past,
+                                       float *logits_host, ddp_error *err);
 ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const int32_t *targets,
                                 int n, int T, bool train, bool last_logits, float grad_scale,
                                 uint64_t step, uint64_t sample_offset, double *loss_sum, int *count,

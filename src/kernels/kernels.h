@@ -223,6 +223,17 @@ ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const 
                                  int n, int T, bool train, bool last_logits, float grad_scale,
                                  uint64_t step, uint64_t sample_offset, double *loss_sum,
                                  int *count, int64_t *correct, float *logits_host, ddp_error *err);
+/* Generation's key/value cache: the logits (V,) of position T − 1 of the one sequence tokens[0 …
+ * T) into logits_host (when not NULL), as ddp__cuda_gpt_forward with n 1 and last_logits, where
+ * the first past positions are those of the previous forward (its tokens, the caller's to know):
+ * their keys and values (each block's c_attn output) are reused, only positions past … T − 1
+ * computed. The parameters must not have changed since that forward (no upload is made; the
+ * 16-bit weights are not rounded again); where the device cannot reuse them (the last forward
+ * was a batch, trained, or the device's parameters changed since: an optimizer step, a bind)
+ * or more than 64 positions are new, the whole sequence is computed. 0 ≤ past < T ≤ block_size.
+ * DDP_ERR_NOT_FOUND: a module without it. */
+ddp_status ddp__cuda_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *tokens, int T, int past,
+                                        float *logits_host, ddp_error *err);
 /* Backward of the last training forward: grads_host[i] += the gradient of parameter i. */
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *grads_host, ddp_error *err);
 

@@ -26,13 +26,13 @@
  * backward rather than stored); this file keeps the parameter list, the checks and the host's
  * logits. Not yet run on a GPU (docs/gpu.md).
  *
- * Generation (batch.kv_cache, CPU): each block's c_attn output is kept for the context's
+ * Generation (batch.kv_cache): each block's c_attn output is kept for the context's
  * positions, and a forward whose tokens extend the previous one's computes only the new rows —
  * their attention over the cached keys and values (ddp_nn_attention_forward_cached) — and the
- * last row's logits (last_logits).
+ * last row's logits (last_logits). On the GPU the cache is the device's own per-block c_attn
+ * buffers (ddp__cuda_gpt_forward_cached); this file finds the common prefix either way.
  *
- * What it does not do: the cache on the GPU (each forward there recomputes every position), fp16
- * on the CPU, its own threads (OpenBLAS's run inside each product).
+ * What it does not do: fp16 on the CPU, its own threads (OpenBLAS's run inside each product).
  */
 #include <limits.h>
 #include <math.h>
@@ -473,9 +473,11 @@ static uint64_t drop_seed(const gpt *g, int layer_id)
 }
 
 /* The forward on the device (the batch is checked): the parameters go up first, since the
- * optimizer and reducer change them on the host. */
-static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool train,
-                               ddp_model_out *out)
+ * optimizer and reducer change them on the host — but for a kv_cache forward that reuses the
+ * previous one's first past positions (kv_prepare), whose parameters are unchanged (ddp/model.h's
+ * contract): the device computes only the new positions (ddp__cuda_gpt_forward_cached). */
+static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool train, bool kv,
+                               int past, ddp_model_out *out)
 {
     gpt *g = m->impl;
     ddp_error e = {0};
@@ -500,11 +502,22 @@ static ddp_status forward_cuda(ddp_model *m, const ddp_model_batch *b, bool trai
                                rows, g->V);
         g->logits_cap = rows * g->V;
     }
-    if ((!m->resident && ddp__cuda_gpt_set_params(g->res.gpt, g->res.pdata, &e) != DDP_OK) ||
-        ddp__cuda_gpt_forward(g->res.gpt, b->tokens, b->targets, b->n, b->seq_len, train, last,
-                              scale, b->step, b->sample_offset, &loss_sum, &count, &correct,
-                              keep ? g->logits : NULL, &e) != DDP_OK)
-        return ddp__errmsg(m->err, e.status, "gpt forward on cuda: %s", e.msg);
+    ddp_status st = DDP_ERR_NOT_FOUND;
+    if (past > 0)
+        st = ddp__cuda_gpt_forward_cached(g->res.gpt, b->tokens, b->seq_len, past, g->logits, &e);
+    if (st == DDP_ERR_NOT_FOUND) { /* the whole batch (also: a module without the cache) */
+        st = m->resident ? DDP_OK : ddp__cuda_gpt_set_params(g->res.gpt, g->res.pdata, &e);
+        if (st == DDP_OK)
+            st = ddp__cuda_gpt_forward(g->res.gpt, b->tokens, b->targets, b->n, b->seq_len, train,
+                                       last, scale, b->step, b->sample_offset, &loss_sum, &count,
+                                       &correct, keep ? g->logits : NULL, &e);
+    }
+    if (st != DDP_OK)
+        return ddp__errmsg(m->err, st, "gpt forward on cuda: %s", e.msg);
+    if (kv) {
+        memcpy(g->kv_tokens, b->tokens, sizeof(int32_t) * (size_t)b->seq_len);
+        g->kv_len = b->seq_len;
+    }
     if (keep)
         g->logit_rows = rows;
     if (!b->targets)
@@ -534,11 +547,14 @@ static ddp_status kv_prepare(ddp_model *m, const ddp_model_batch *b, bool train,
                            "evaluation without targets, last_logits on; clear kv_cache for "
                            "other forwards",
                            b->n);
+    /* on the GPU the cache is the device's own c_attn outputs (kernels/cuda/gpt.cu) */
     const size_t cache = (size_t)g->L * g->Tmax * 3 * (size_t)g->C;
-    if (!g->kv && !(alloc(&g->kv, cache, sizeof(float)) &&
-                    alloc(&g->kv_tokens, (size_t)g->Tmax, sizeof(int32_t)))) {
-        free(g->kv);
-        g->kv = NULL;
+    if (!g->kv_tokens && !alloc(&g->kv_tokens, (size_t)g->Tmax, sizeof(int32_t)))
+        return ddp__errmsg(m->err, DDP_ERR_NOMEM,
+                           "gpt forward: out of memory for the key/value cache's %d tokens; "
+                           "generate with kv_cache off",
+                           g->Tmax);
+    if (!g->kv && !g->res.gpt && !alloc(&g->kv, cache, sizeof(float))) {
         return ddp__errmsg(m->err, DDP_ERR_NOMEM,
                            "gpt forward: out of memory for the key/value cache (%zu MiB: n_layer "
                            "%d × block_size %d × 3·n_embd %d floats); generate with kv_cache off",
@@ -579,7 +595,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         return st;
     const int n = b->n, T = b->seq_len, C = g->C, nh = g->nh;
     int past = 0; /* kv_cache: positions whose c_attn output is in the cache */
-    const bool kv = b->kv_cache && !g->res.gpt;
+    const bool kv = b->kv_cache;
     if (!kv) { /* any forward but a kv_cache one empties the cache */
         g->kv_len = 0;
         g->kvw_ok = false;
@@ -587,8 +603,7 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
         g->kvw_ok = false;
         return st;
     }
-    const uint16_t *kw = kv && g->bf16h ? kv_weights(m) : NULL; /* rounded weights, or NULL */
-    const int Tn = T - past;                                    /* positions computed per sample */
+    const int Tn = T - past; /* positions computed per sample */
     const int N = n * Tn;
     const size_t NC = (size_t)N * C;
     const bool drop = train && g->p > 0.0f;
@@ -603,9 +618,10 @@ static ddp_status forward(ddp_model *m, const ddp_model_batch *b, bool train, dd
     g->step = b->step;
     g->sample_offset = b->sample_offset;
     g->logit_rows = 0;
-    ddp_error e = {0};
     if (g->res.gpt)
-        return forward_cuda(m, b, train, out);
+        return forward_cuda(m, b, train, kv, past, out);
+    const uint16_t *kw = kv && g->bf16h ? kv_weights(m) : NULL; /* rounded weights, or NULL */
+    ddp_error e = {0};
 
     if (ddp_nn_embedding_forward(b->tokens + past, P(m, g->p_wte),
                                  P(m, g->p_wpe) + (size_t)past * C, n, Tn, C, g->V, g->Tmax - past,

@@ -10,9 +10,10 @@
  * reserved, not committed: a few pages are touched.
  *
  * Each case: create (the whole device footprint), a training forward, the device-resident
- * backward (every parameter reported ready exactly once), AdamW on every parameter, and an
- * evaluation forward of the last positions. Precisions bf16, fp16, fp32 and tf32; the batched
- * and the flash attention; with and without dropout.
+ * backward (every parameter reported ready exactly once), AdamW on every parameter, an
+ * evaluation forward of the last positions, and generation's forwards with the key/value cache.
+ * Precisions bf16, fp16, fp32 and tf32; the batched and the flash attention; with and without
+ * dropout.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <setjmp.h>
@@ -148,6 +149,14 @@ static void run_case(ddp_precision prec, const char *attention, int B, int n, in
     ok(ddp__cuda_gpt_forward(g, tok, NULL, n, t, false, true, 1.0f, 0, 0, &loss, &count, &correct,
                              last, &err),
        &err, "evaluation forward (last positions)");
+    /* generation: one sequence of t tokens, then its key/value cache's largest steps (the last
+     * position alone, then the last 64: the cached attention's whole score buffer) */
+    ok(ddp__cuda_gpt_forward(g, tok, NULL, 1, t, false, true, 1.0f, 0, 0, &loss, &count, &correct,
+                             last, &err),
+       &err, "generation forward");
+    ok(ddp__cuda_gpt_forward_cached(g, tok, t, t - 1, last, &err), &err, "cached forward (1 new)");
+    ok(ddp__cuda_gpt_forward_cached(g, tok, t, t - 64, last, &err), &err,
+       "cached forward (64 new)");
     ddp__cuda_gpt_free(g);
     free(rl.seen);
     free(last);

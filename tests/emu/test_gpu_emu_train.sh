@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_emu.ddptrain: ddptrain --device cuda end to end on the emulated GPU module (the real
 # module's host and device code on the CPU: tests/emu/CMakeLists.txt), a tiny GPT, against the
-# same run on the cpu: 10 steps on 1 rank, then 6 steps on 2 ranks (DDP_EMU_GPUS=2, one
+# same run on the cpu: 10 steps on 1 rank (then --task test and predict, with and without the
+# key/value cache, from its checkpoint), then 6 steps on 2 ranks (DDP_EMU_GPUS=2, one
 # emulated device per rank, the gradients over cuda-staged, then over nccl: nccl.c on the
 # emulated NCCL, tests/emu/nccl_emu.cpp, with --overlap async, unsharded and sharded, where
 # libddp has the backend). The losses agree to 1e-6 relative (the GPU's products are cuBLAS's,
@@ -60,6 +61,19 @@ sys.exit(0 if test <= train - 12 * n else 1)
 EOP
     fail "--task test on the GPU made the optimizer's state or the gradient buckets there"
 ok "1 rank: --task test from its checkpoint makes no optimizer state or gradient buckets on the emulated GPU"
+# generation on the emulated GPU from the same checkpoint: the key/value cache (the device's own
+# c_attn buffers, a token at a time, ddp__cuda_gpt_forward_cached) gives the text every token
+# recomputing its context gives, and the cpu's, through the cached first block_size tokens and
+# the sliding window after them (sampled with a seed: logits 1e-6 apart pick the same tokens)
+pgen() { "$TRAIN" --task predict --checkpoint gpu/checkpoints/step10.safetensors --out_dir gpup \
+    --prompt "the cat" --max_new_tokens 40 --temperature 1 --seed 4 "$@"; }
+emu pgen --device cuda >p1 2>p1.err || { cat p1.err; fail "emulated cuda predict: failed"; }
+grep -q "key/value cache on" p1.err || { cat p1.err; fail "the GPU's predict does not use the cache"; }
+emu pgen --device cuda --kv_cache false >p2 2>/dev/null || fail "emulated cuda predict, kv_cache false"
+pgen --device cpu >p3 2>p3.err || { cat p3.err; fail "cpu predict"; }
+[ "$(wc -c <p1)" -ge 47 ] && cmp -s p1 p2 && cmp -s p1 p3 ||
+    fail "generation differs: cached $(cat p1) / uncached $(cat p2) / cpu $(cat p3)"
+ok "1 rank: generation on the emulated GPU with its key/value cache = without = the cpu's"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }

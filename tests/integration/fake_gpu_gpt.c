@@ -270,6 +270,7 @@ void ddp__cuda_gpt_free(ddp__cuda_gpt *g) {}
 ddp_status ddp__cuda_gpt_set_params(ddp__cuda_gpt *g, const float *const *d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *t, const int32_t *y, int n, int T, bool tr, bool l, float s, uint64_t st, uint64_t so, double *ls, int *c, int64_t *k, float *lg, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_backward(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
+ddp_status ddp__cuda_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *t, int T, int p, float *lg, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_dev_info(ddp__cuda_gpt *g, float **p, void **s, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_get_params(ddp__cuda_gpt *g, float *const *d, ddp_error *e) NOT_HERE()
 ddp_status ddp__cuda_gpt_backward_dev(ddp__cuda_gpt *g, float *const *d, ddp_status (*r)(void *, size_t), void *c, ddp_error *e) NOT_HERE()

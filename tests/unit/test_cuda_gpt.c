@@ -13,6 +13,11 @@
  *   - precision fp16 on the GPU (fp16_*), as torch.autocast(float16) + GradScaler: the same
  *     against the CPU in fp32, the GPU's loss scaled by 65536 (GradScaler's initial scale) and
  *     its gradients unscaled on the host (ddp/amp.h), tighter bounds (11 significant bits);
+ *   - generation's key/value cache (kv_cache_*): a kv_cache forward (only the new positions
+ *     computed, over the device's cached keys and values) against a twin's whole forward, fp32
+ *     (batched and flash attention), bf16 and fp16: a token at a time, several new positions at
+ *     once, a changed token, the same, a shorter and a slid context, weights changed on the host
+ *     after a forward without the cache, and after a device-resident optimizer step;
  *   - the fused (flash) attention against the batched one (DDP_CUDA_ATTENTION), fp32, bf16 and
  *     fp16: logits and 10 steps' losses (flash_vs_batched), and with dropout 0.2 (the same
  *     masks on both paths: flash_vs_batched_dropout);
@@ -570,6 +575,129 @@ static void flash_vs_batched_dropout(void **state)
     flash_vs_batched_on(DDP_PRECISION_FP16, 0.2f, 1.25e-2, 5e-3);
 }
 
+/* ---- generation's key/value cache -------------------------------------------------------- */
+
+/* The last position's logits (V) of one generation forward of tokens[0 … T) on m. */
+static void gen_logits(ddp_model *m, const int32_t *tokens, int T, bool kv, float *out)
+{
+    ddp_model_batch b = {
+        .n = 1, .tokens = tokens, .seq_len = T, .last_logits = true, .kv_cache = kv};
+    if (ddp_model_forward(m, &b, false, NULL) != DDP_OK)
+        fail_msg("forward of %d tokens (kv_cache %d): %s", T, kv, ddp_model_last_error(m));
+    size_t rows, cols;
+    const float *l = ddp_model_logits(m, &rows, &cols);
+    assert_true(l && rows == 1 && cols == V);
+    memcpy(out, l, sizeof(float) * V);
+}
+
+/* m with kv_cache against ref (a twin: same spec, same weights) without, the largest relative
+ * difference so far in *worst; what names the case. */
+static void gen_check(ddp_model *m, ddp_model *ref, const int32_t *tokens, int T, double tol,
+                      double *worst, const char *what)
+{
+    float got[V], want[V];
+    gen_logits(m, tokens, T, true, got);
+    gen_logits(ref, tokens, T, false, want);
+    double d = rel(got, want, V);
+    if (d > *worst)
+        *worst = d;
+    if (!(d <= tol))
+        fail_msg("%s (%d positions): logits rel %.2e > %.0e", what, T, d, tol);
+}
+
+/* One precision (and attention): the context grown a token at a time (each forward computes one
+ * position on the device), then cases that reuse part of the cache (several new positions, a
+ * changed token, the same context, a shorter one) and one that reuses none (slid by one); weights
+ * changed on the host after a forward without kv_cache are seen (uploaded: the cache emptied);
+ * and on a device-resident model, an optimizer step on the device between two kv_cache forwards
+ * of the same context makes the device compute the whole context again (its own guard). */
+static void kv_cache_on(ddp_precision prec, const char *attention, double tol)
+{
+    printf("  %s, %s attention\n", ddp_precision_name(prec), attention);
+    ddp_model *m = build_att(prec, attention, 0.0f), *ref = build_att(prec, attention, 0.0f);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(7, TMAX, tok, tgt);
+    double worst = 0;
+    for (int t = 1; t <= TMAX; t++)
+        gen_check(m, ref, tok, t, tol, &worst, "a token at a time");
+    tok[9] = (tok[9] + 1) % V;
+    const struct {
+        int first, len;
+        const char *what;
+    } ctx[] = {{0, 4, "a short context"},           {0, TMAX, "28 new positions"},
+               {0, TMAX, "the same context"},       {0, 20, "a shorter context"},
+               {1, TMAX - 1, "slid by a position"}, {1, TMAX - 1, "the same again"}};
+    for (size_t k = 0; k < sizeof ctx / sizeof ctx[0]; k++)
+        gen_check(m, ref, tok + ctx[k].first, ctx[k].len, tol, &worst, ctx[k].what);
+    /* weights changed on the host after a forward without kv_cache: uploaded, nothing reused */
+    size_t np;
+    const ddp_model_param *pm = ddp_model_params(m, &np), *pr = ddp_model_params(ref, NULL);
+    float probe[V];
+    gen_logits(m, tok, TMAX - 1, false, probe);
+    for (size_t i = 0; i < np; i++)
+        if (!strncmp(pm[i].name, "transformer.h.0.attn.c_attn.", 28))
+            for (size_t k = 0; k < pm[i].count; k++) {
+                pm[i].data[k] += 0.25f;
+                pr[i].data[k] += 0.25f;
+            }
+    gen_check(m, ref, tok, TMAX, tol, &worst, "weights changed on the host");
+    printf("    logits: rel %.2e at most (tolerance %.0e)\n", worst, tol);
+    ddp_model_free(m);
+    ddp_model_free(ref);
+}
+
+static void kv_cache_fp32(void **state)
+{
+    (void)state;
+    kv_cache_on(DDP_PRECISION_FP32, "batched", 1e-5);
+    kv_cache_on(DDP_PRECISION_FP32, "flash", 1e-5);
+}
+
+/* 16 bits: the cached path's products have other shapes than the whole forward's (a real GPU's
+ * cuBLAS may round their fp32 sums to 16 bits after another order), so a bound of a few roundings
+ */
+static void kv_cache_h(void **state)
+{
+    (void)state;
+    kv_cache_on(DDP_PRECISION_BF16, "batched", 2e-2);
+    kv_cache_on(DDP_PRECISION_FP16, "flash", 5e-3);
+}
+
+/* Device-resident: an optimizer step on the device between two kv_cache forwards of the same
+ * context (the host's tokens match and nothing is uploaded) — the device knows its parameters
+ * changed and computes the whole context: the logits are the stepped parameters', as the twin
+ * (host-driven, given the stepped values) computes them without the cache. */
+static void kv_cache_resident_step(void **state)
+{
+    (void)state;
+    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_model *ref = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
+    oo.kind = DDP_OPTIM_ADAMW;
+    ddp_error err = {0};
+    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    size_t np;
+    const ddp_model_param *pm = ddp_model_params(m, &np), *pr = ddp_model_params(ref, NULL);
+    /* the gradient of parameter i: its own values (device memory of the right size) */
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_bind_device_grad(m, i, ddp_model_device_param(m, i)), DDP_OK);
+    int32_t tok[B * TMAX], tgt[B * TMAX];
+    make_batch(8, TMAX, tok, tgt);
+    double worst = 0;
+    gen_check(m, ref, tok, TMAX - 1, 1e-5, &worst, "resident, before the step");
+    gen_check(m, ref, tok, TMAX, 1e-5, &worst, "resident, one more token");
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(ddp_model_device_step(m, i, 1, 1e-2f, 1.0f), DDP_OK);
+    assert_int_equal(ddp_model_sync_host(m, NULL), DDP_OK);
+    for (size_t i = 0; i < np; i++)
+        memcpy(pr[i].data, pm[i].data, sizeof(float) * pm[i].count);
+    gen_check(m, ref, tok, TMAX, 1e-5, &worst, "resident, after a step on the device");
+    printf("  logits: rel %.2e at most\n", worst);
+    ddp_model_free(m);
+    ddp_model_free(ref);
+}
+
 /* Device-resident with AdamW: sync_host and sync_device with an optimizer of another kind (SGD,
  * one state array) are refused and copy nothing (the host's changed value stays, the device's
  * too); then sync_host without an optimizer brings the device's values back. */
@@ -953,6 +1081,9 @@ int main(void)
         cmocka_unit_test(fp16_ten_steps),
         cmocka_unit_test(flash_vs_batched),
         cmocka_unit_test(flash_vs_batched_dropout),
+        cmocka_unit_test(kv_cache_fp32),
+        cmocka_unit_test(kv_cache_h),
+        cmocka_unit_test(kv_cache_resident_step),
         cmocka_unit_test(resident_sync_other_kind),
         cmocka_unit_test(resident_keep),
         cmocka_unit_test(resident_bind_frees_params),

@@ -122,7 +122,7 @@ static const ddp_cfg_key schema[] = {
     {"temperature", DDP_CFG_FLOAT, "0.8", NULL, "gpt generation: logits / temperature (0: argmax)"},
     {"top_k", DDP_CFG_INT, "200", NULL, "gpt generation: sample among the k likeliest (0: all)"},
     {"kv_cache", DDP_CFG_BOOL, "true", NULL,
-     "gpt generation on the CPU: keep each block's keys and values, so that a new token costs one "
+     "gpt generation: keep each block's keys and values, so that a new token costs one "
      "position's work until the context fills block_size (false: every token recomputes the "
      "whole context, as nanoGPT's sample.py)"},
     {"backend", DDP_CFG_STRING, "", NULL,

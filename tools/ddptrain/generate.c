@@ -117,8 +117,8 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     size_t max_new = (size_t)ddp_config_int(t->cfg, "max_new_tokens");
     size_t top_k = (size_t)ddp_config_int(t->cfg, "top_k");
     double temperature = ddp_config_float(t->cfg, "temperature");
-    /* the key/value cache: the CPU's model only (on the GPU every token recomputes) */
-    bool kv = ddp_config_bool(t->cfg, "kv_cache") && t->dev.device != DDP_DEVICE_CUDA;
+    /* the key/value cache (the model's, on the CPU or the GPU) */
+    bool kv = ddp_config_bool(t->cfg, "kv_cache");
     uint64_t seed = (uint64_t)ddp_config_int(t->cfg, "seed");
     size_t T = (size_t)t->T, V = (size_t)t->vocab, len = 0;
     int32_t *prompt = NULL, last = 0;
@@ -173,10 +173,7 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
         fflush(log);
     double dt = ddp_now_seconds() - t0;
     trainer_say(t, "generated %zu tokens in %.2f s (%.0f tokens/s; key/value cache %s)", max_new,
-                dt, dt > 0 ? (double)max_new / dt : 0.0,
-                kv                                 ? "on"
-                : t->dev.device == DDP_DEVICE_CUDA ? "off: not on the GPU yet"
-                                                   : "off");
+                dt, dt > 0 ? (double)max_new / dt : 0.0, kv ? "on" : "off");
     rc = 0;
 out_free:
     free(prompt);

@@ -212,8 +212,8 @@ extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float 
     if ((st = ddp__cuda_launched("causal softmax", err)))
         return st;
     if (dr.on) {
-        causal_dropout<float><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, pd, rows, T,
-                                                                                dr);
+        causal_dropout<float>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, pd, rows, T, dr);
         if ((st = ddp__cuda_launched("attention dropout", err)))
             return st;
     }
@@ -225,9 +225,9 @@ extern "C" ddp_status ddp__cuda_attention_forward(ddp__cuda_ctx *c, const float 
 }
 
 extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float *dout,
-                                                   const float *qkv, const float *att, int B,
-                                                   int T, int C, int nh, float *scratch,
-                                                   float *dqkv, ddp_precision precision,
+                                                   const float *qkv, const float *att, int B, int T,
+                                                   int C, int nh, float *scratch, float *dqkv,
+                                                   ddp_precision precision,
                                                    const ddp__cuda_drop *drop, ddp_error *err)
 {
     const ddp__drop_dev dr = ddp__drop_args(drop);
@@ -246,8 +246,8 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
     if ((st = ddp__cuda_launched("attention backward permute", err)))
         return st;
     if (dr.on) { /* the dropped probabilities again, in dP's place until dV is made */
-        causal_dropout<float><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T,
-                                                                                dr);
+        causal_dropout<float>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(att, dp, rows, T, dr);
         if ((st = ddp__cuda_launched("attention dropout (backward)", err)))
             return st;
     }
@@ -337,8 +337,8 @@ static ddp_status dropout_h(ddp__cuda_ctx *c, ddp_dtype ht, const uint16_t *att,
 {
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
-        causal_dropout<E>
-            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>((const E *)att, (E *)pd, rows, T, dr);
+        causal_dropout<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>((const E *)att, (E *)pd,
+                                                                            rows, T, dr);
     });
     return ddp__cuda_launched(what, err);
 }
@@ -422,8 +422,8 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
     if ((st = ddp__cuda_launched("attention backward permute (16-bit)", err)))
         return st;
     /* the dropped probabilities again, in dS's place until dV is made */
-    if (dr.on && (st = dropout_h(c, ht, att, r.ds, rows, T, dr,
-                                 "attention dropout (16-bit backward)", err)))
+    if (dr.on &&
+        (st = dropout_h(c, ht, att, r.ds, rows, T, dr, "attention dropout (16-bit backward)", err)))
         return st;
     /* dV = P'ᵀ · dY, then dP = dY · Vᵀ (fp32 out, for the softmax backward) */
     if ((st = bgemm_h(c, ht, true, false, T, hs, T, 1.0f, dr.on ? (const void *)r.ds : att, T, sTT,
@@ -449,4 +449,104 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
             (E *)dqkv, (E *)r.dq, (E *)r.dk, (E *)r.dv, B, T, C, nh, -1);
     });
     return ddp__cuda_launched("attention backward unpermute (16-bit)", err);
+}
+
+/* ---- generation's key/value cache ------------------------------------------------------------ */
+
+/* The causal softmax of the cached forward's scores s (nh, m, T) fp32 into p of type H (p may be
+ * s when H is float): row r is query position past + r % m, over keys j ≤ that position, 0
+ * beyond. One warp per row, as causal_softmax. */
+template <typename H>
+__global__ void cached_softmax(const float *s, H *p, size_t rows, int m, int past, int T)
+{
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += warps) {
+        int t = past + (int)(row % m);
+        const float *a = s + row * T;
+        H *o = p + row * T;
+        float mx = -INFINITY;
+        for (int j = lane; j <= t; j += 32)
+            mx = fmaxf(mx, a[j]);
+        mx = ddp__warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j <= t; j += 32)
+            sum += expf(a[j] - mx);
+        sum = ddp__warp_sum(sum);
+        for (int j = lane; j < T; j += 32)
+            ddp__st(o + j, j <= t ? expf(a[j] - mx) / sum : 0.0f);
+    }
+}
+
+/* The cached attention's scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd)
+ * base: the scores (nh·m·T fp32), the 16-bit probabilities (as many), the heads' output y
+ * (nh, m, hs) before it goes into out's rows (m·C floats, or 16-bit values). */
+extern "C" size_t ddp__cuda_attention_cached_scratch(int m, int T, int C, int nh)
+{
+    const size_t cells = (size_t)nh * m * T;
+    return up256(cells * sizeof(float)) + up256(cells * sizeof(uint16_t)) +
+           up256((size_t)m * C * sizeof(float));
+}
+
+/* q, k and v read in place in qkv's rows (leading dimension 3C, a head per batch entry at stride
+ * hs: no permutes in); the heads' output made contiguous per head (cuBLAS's C batches must not
+ * interleave), then scattered into out's rows. The products are the batched path's. */
+extern "C" ddp_status ddp__cuda_attention_forward_cached(ddp__cuda_ctx *c, ddp_dtype t,
+                                                         const void *qkv, int past, int T, int C,
+                                                         int nh, void *scratch, void *out,
+                                                         ddp_precision precision, ddp_error *err)
+{
+    const int hs = C / nh, m = T - past, ld = 3 * C;
+    const size_t rows = (size_t)nh * m, es = t == DDP_FLOAT32 ? sizeof(float) : sizeof(uint16_t);
+    const long long sS = (long long)m * T, sY = (long long)m * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const char *q = (const char *)qkv + (size_t)past * ld * es, *k = (const char *)qkv + C * es,
+               *v = (const char *)qkv + 2 * (size_t)C * es;
+    char *y0 = (char *)out + (size_t)past * C * es;
+    float *scores = (float *)scratch;
+    char *probs = (char *)scratch + up256(rows * T * sizeof(float));
+    void *y = probs + up256(rows * T * sizeof(uint16_t));
+    ddp_status st;
+    if (past < 1 || m < 1)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda cached attention: %d cached of %d positions (at least 1 of "
+                              "each)",
+                              past, T);
+    if (t == DDP_FLOAT32) {
+        /* S = scale · Q_new · Kᵀ (m × T per head), the softmax in place, Y = P · V */
+        if ((st = bgemm(c, false, true, m, T, hs, scale, (const float *)q, ld, hs, (const float *)k,
+                        ld, hs, 0.0f, scores, T, sS, nh, precision, err)))
+            return st;
+        cached_softmax<float>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, scores, rows, m, past, T);
+        if ((st = ddp__cuda_launched("cached causal softmax", err)) ||
+            (st = bgemm(c, false, false, m, hs, T, 1.0f, scores, T, sS, (const float *)v, ld, hs,
+                        0.0f, (float *)y, hs, sY, nh, precision, err)))
+            return st;
+        permute_heads<float><<<ddp__cuda_blocks((size_t)m * C, 256), 256, 0, c->stream>>>(
+            (float *)y, (float *)y0, 1, m, C, nh, 1);
+        return ddp__cuda_launched("cached attention unpermute", err);
+    }
+    if ((st = ddp__cuda_half_check(t, "cached attention", err)) ||
+        /* fp32 scores, the softmax in fp32 into 16-bit probabilities, 16-bit Y: as the batched
+         * 16-bit path */
+        (st = bgemm_h(c, t, false, true, m, T, hs, scale, q, ld, hs, k, ld, hs, scores, T, sS, nh,
+                      false, err)))
+        return st;
+    ddp__half_dispatch(t, [&](auto e) {
+        using E = decltype(e);
+        cached_softmax<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, (E *)probs,
+                                                                            rows, m, past, T);
+    });
+    if ((st = ddp__cuda_launched("cached causal softmax (16-bit)", err)) ||
+        (st = bgemm_h(c, t, false, false, m, hs, T, 1.0f, probs, T, sS, v, ld, hs, y, hs, sY, nh,
+                      true, err)))
+        return st;
+    ddp__half_dispatch(t, [&](auto e) {
+        using E = decltype(e);
+        permute_heads<E><<<ddp__cuda_blocks((size_t)m * C, 256), 256, 0, c->stream>>>(
+            (E *)y, (E *)y0, 1, m, C, nh, 1);
+    });
+    return ddp__cuda_launched("cached attention unpermute (16-bit)", err);
 }

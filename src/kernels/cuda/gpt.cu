@@ -86,6 +86,12 @@ struct ddp__cuda_gpt {
     void *scratch_h;
     int32_t *correct_host;
     float *row_loss_host;
+    /* generation's key/value cache (ddp__gpu_gpt_forward_cached): the per-block qkv/qkvh rows of
+     * positions 0 … kv_valid − 1 are the last forward's (one sequence, no dropout) with the
+     * parameters as they are (0 after anything that changes them here); kv_scratch the cached
+     * attention's (for KV_ROWS new positions), made at its first use */
+    int kv_valid;
+    void *kv_scratch;
     /* the last forward */
     int n, T;
     bool can_backward;
@@ -211,10 +217,10 @@ extern "C" void ddp__gpu_gpt_free(ddp__cuda_gpt *g)
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             ddp__cuda_free(bufs[k]);
     }
-    void *bufs[] = {g->params, g->grads,    g->tokens,   g->targets,  g->correct,  g->x0,
-                    g->lnf,    g->lnf_mean, g->lnf_rstd, g->logits,   g->row_loss, g->tmp,
-                    g->dres,   g->dln,      g->dbig,     g->scratch,  g->params_h, g->lnfh,
-                    g->tmph,   g->dresh,    g->dbigh,    g->scratch_h};
+    void *bufs[] = {g->params, g->grads,    g->tokens,   g->targets,   g->correct,   g->x0,
+                    g->lnf,    g->lnf_mean, g->lnf_rstd, g->logits,    g->row_loss,  g->tmp,
+                    g->dres,   g->dln,      g->dbig,     g->scratch,   g->params_h,  g->lnfh,
+                    g->tmph,   g->dresh,    g->dbigh,    g->scratch_h, g->kv_scratch};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
         ddp__cuda_free(bufs[k]);
     ddp__cuda_ctx_destroy(g->ctx);
@@ -456,6 +462,7 @@ extern "C" ddp_status ddp__gpu_gpt_set_params(ddp__cuda_gpt *g, const float *con
     ddp_status st0 = use_device(g, err);
     if (st0)
         return st0;
+    g->kv_valid = 0; /* new parameters: no cached keys and values */
     for (size_t i = 0; i < g->n_params; i++) {
         ddp_status st = ddp__cuda_to_device(g->ctx, param_of(g, i), data_host[i],
                                             sizeof(float) * g->counts[i], err);
@@ -476,45 +483,66 @@ static ddp_status gather_last(ddp__cuda_gpt *g, const float *src, int n, int T, 
                            "gather of the last positions", err);
 }
 
-/* Precision fp32 or tf32, from the embedding's x0 to the logits (rows, V) in g->logits (rows as
- * forward_h). */
-static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
+/* The attention of block a for the rows being computed: the whole sequences (past 0, the
+ * batched or fused kernel, with block id's dropout), or a generation step's positions past … T − 1
+ * over the cached keys and values (one sequence). qkv and out are the block's buffers of type t. */
+static ddp_status attend(ddp__cuda_gpt *g, ddp_dtype t, int id, const void *qkv, int n, int T,
+                         int past, void *att, void *out, float *lse, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
-    const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
-    const size_t NC = (size_t)N * C;
+    const int C = g->cfg.C, nh = g->cfg.nh;
+    if (past > 0)
+        return ddp__cuda_attention_forward_cached(c, t, qkv, past, T, C, nh, g->kv_scratch, out,
+                                                  g->cfg.precision, err);
+    const ddp__cuda_drop da = drop_of(g, id, true);
+    if (g->flash)
+        return ddp__cuda_flash_forward(c, t, qkv, n, T, C, nh, out, lse, &da, err);
+    if (t == DDP_FLOAT32)
+        return ddp__cuda_attention_forward(c, (const float *)qkv, n, T, C, nh, (float *)att,
+                                           g->scratch, (float *)out, g->cfg.precision, &da, err);
+    return ddp__cuda_attention_forward_h(c, t, (const uint16_t *)qkv, n, T, C, nh, (uint16_t *)att,
+                                         g->scratch_h, (uint16_t *)out, &da, err);
+}
+
+/* Precision fp32 or tf32, from the embedding's x0 to the logits (rows, V) in g->logits (rows as
+ * forward_h). past > 0 (generation, n 1): only positions past … T − 1 are computed, into the
+ * same rows of each buffer as a whole forward's, their attention over the cached qkv rows. */
+static ddp_status forward_fp32(ddp__cuda_gpt *g, int n, int T, int past, int rows, ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int C = g->cfg.C, V = g->cfg.V, Tn = T - past, N = n * Tn;
+    const size_t NC = (size_t)N * C, o = (size_t)past * C; /* o: the first row's offset */
     const ddp_precision pr = g->cfg.precision;
     ddp_status st;
-    const float *x = g->x0;
+    const float *x = g->x0 + o;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
-        const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward(c, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C, LN_EPS,
-                                              a->ln1, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->ln1, P(g, a->attn_w), P(g, a->attn_b), N, C, 3 * C,
-                                           a->qkv, pr, err)) ||
-            (st = g->flash ? ddp__cuda_flash_forward(c, DDP_FLOAT32, a->qkv, n, T, C, nh, a->atty,
-                                                     a->lse, &da, err)
-                           : ddp__cuda_attention_forward(c, a->qkv, n, T, C, nh, a->att, g->scratch,
-                                                         a->atty, pr, &da, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->atty, P(g, a->proj_w), P(g, a->proj_b), N, C, C,
-                                           g->tmp, pr, err)) ||
-            (st = drop_branch(g, 3 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
-            (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid, err)) ||
-            (st = ddp__cuda_layernorm_forward(c, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
-                                              LN_EPS, a->ln2, a->ln2_mean, a->ln2_rstd, err)) ||
-            (st =
-                 ddp__cuda_linear_gelu_forward(c, DDP_FLOAT32, a->ln2, P(g, a->fc_w), P(g, a->fc_b),
-                                               N, C, 4 * C, a->fch, a->fchg, pr, err)) ||
-            (st = ddp__cuda_linear_forward(c, a->fchg, P(g, a->mproj_w), P(g, a->mproj_b), N, 4 * C,
+                                              a->ln1 + o, a->ln1_mean + past, a->ln1_rstd + past,
+                                              err)) ||
+            (st = ddp__cuda_linear_forward(c, a->ln1 + o, P(g, a->attn_w), P(g, a->attn_b), N, C,
+                                           3 * C, a->qkv + 3 * o, pr, err)) ||
+            (st = attend(g, DDP_FLOAT32, 2 + 3 * l, a->qkv, n, T, past, a->att, a->atty, a->lse,
+                         err)) ||
+            (st = ddp__cuda_linear_forward(c, a->atty + o, P(g, a->proj_w), P(g, a->proj_b), N, C,
                                            C, g->tmp, pr, err)) ||
+            (st = drop_branch(g, 3 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
+            (st = ddp__cuda_add(c, x, g->tmp, NC, a->xmid + o, err)) ||
+            (st = ddp__cuda_layernorm_forward(c, a->xmid + o, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
+                                              LN_EPS, a->ln2 + o, a->ln2_mean + past,
+                                              a->ln2_rstd + past, err)) ||
+            (st = ddp__cuda_linear_gelu_forward(c, DDP_FLOAT32, a->ln2 + o, P(g, a->fc_w),
+                                                P(g, a->fc_b), N, C, 4 * C, a->fch + 4 * o,
+                                                a->fchg + 4 * o, pr, err)) ||
+            (st = ddp__cuda_linear_forward(c, a->fchg + 4 * o, P(g, a->mproj_w), P(g, a->mproj_b),
+                                           N, 4 * C, C, g->tmp, pr, err)) ||
             (st = drop_branch(g, 4 + 3 * l, DDP_FLOAT32, g->tmp, NC, err)) ||
-            (st = ddp__cuda_add(c, a->xmid, g->tmp, NC, a->xout, err)))
+            (st = ddp__cuda_add(c, a->xmid + o, g->tmp, NC, a->xout + o, err)))
             return st;
-        x = a->xout;
+        x = a->xout + o;
     }
     if (rows != N) {
-        if ((st = gather_last(g, x, n, T, g->tmp, err)))
+        if ((st = gather_last(g, x, n, Tn, g->tmp, err)))
             return st;
         x = g->tmp;
     }
@@ -547,46 +575,45 @@ static ddp_status round_h(ddp__cuda_gpt *g, ddp_error *err)
 
 /* Precision bf16 or fp16 (g->ht), from the embedding's x0 to the logits (rows, V) fp32 in
  * g->logits: the blocks and the head with every rounding of docs/gpu.md's table. rows: N, or n
- * for the last positions. */
-static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int rows, ddp_error *err)
+ * for the last positions. past: as forward_fp32 (the weights' 16-bit copy is then the previous
+ * forward's: the parameters have not changed since, ddp__gpu_gpt_forward_cached's contract). */
+static ddp_status forward_h(ddp__cuda_gpt *g, int n, int T, int past, int rows, ddp_error *err)
 {
     ddp__cuda_ctx *c = g->ctx;
-    const int C = g->cfg.C, nh = g->cfg.nh, V = g->cfg.V, N = n * T;
-    const size_t NC = (size_t)N * C;
+    const int C = g->cfg.C, V = g->cfg.V, Tn = T - past, N = n * Tn;
+    const size_t NC = (size_t)N * C, o = (size_t)past * C;
     const ddp_dtype ht = g->ht;
     ddp_status st;
-    if ((st = round_h(g, err)))
+    if (past == 0 && (st = round_h(g, err)))
         return st;
-    const float *x = g->x0;
+    const float *x = g->x0 + o;
     for (int l = 0; l < g->cfg.L; l++) {
         blk *a = &g->b[l];
-        const ddp__cuda_drop da = drop_of(g, 2 + 3 * l, true);
         if ((st = ddp__cuda_layernorm_forward_h(c, ht, x, P(g, a->ln1_w), P(g, a->ln1_b), N, C,
-                                                LN_EPS, a->ln1h, a->ln1_mean, a->ln1_rstd, err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h, PH(g, a->attn_w), PH(g, a->attn_b), N,
-                                             C, 3 * C, a->qkvh, err)) ||
-            (st = g->flash ? ddp__cuda_flash_forward(c, ht, a->qkvh, n, T, C, nh, a->attyh, a->lse,
-                                                     &da, err)
-                           : ddp__cuda_attention_forward_h(c, ht, a->qkvh, n, T, C, nh, a->atth,
-                                                           g->scratch_h, a->attyh, &da, err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh, PH(g, a->proj_w), PH(g, a->proj_b), N,
-                                             C, C, g->tmph, err)) ||
+                                                LN_EPS, a->ln1h + o, a->ln1_mean + past,
+                                                a->ln1_rstd + past, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->ln1h + o, PH(g, a->attn_w), PH(g, a->attn_b),
+                                             N, C, 3 * C, a->qkvh + 3 * o, err)) ||
+            (st = attend(g, ht, 2 + 3 * l, a->qkvh, n, T, past, a->atth, a->attyh, a->lse, err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->attyh + o, PH(g, a->proj_w),
+                                             PH(g, a->proj_b), N, C, C, g->tmph, err)) ||
             (st = drop_branch(g, 3 + 3 * l, ht, g->tmph, NC, err)) ||
-            (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid, err)) ||
-            (st =
-                 ddp__cuda_layernorm_forward_h(c, ht, a->xmid, P(g, a->ln2_w), P(g, a->ln2_b), N, C,
-                                               LN_EPS, a->ln2h, a->ln2_mean, a->ln2_rstd, err)) ||
-            (st = ddp__cuda_linear_gelu_forward(c, ht, a->ln2h, PH(g, a->fc_w), PH(g, a->fc_b), N,
-                                                C, 4 * C, a->fchh, a->fchgh, hprec(g), err)) ||
-            (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh, PH(g, a->mproj_w), PH(g, a->mproj_b),
-                                             N, 4 * C, C, g->tmph, err)) ||
+            (st = ddp__cuda_add_h(c, ht, x, g->tmph, NC, a->xmid + o, err)) ||
+            (st = ddp__cuda_layernorm_forward_h(c, ht, a->xmid + o, P(g, a->ln2_w), P(g, a->ln2_b),
+                                                N, C, LN_EPS, a->ln2h + o, a->ln2_mean + past,
+                                                a->ln2_rstd + past, err)) ||
+            (st = ddp__cuda_linear_gelu_forward(c, ht, a->ln2h + o, PH(g, a->fc_w), PH(g, a->fc_b),
+                                                N, C, 4 * C, a->fchh + 4 * o, a->fchgh + 4 * o,
+                                                hprec(g), err)) ||
+            (st = ddp__cuda_linear_forward_h(c, ht, a->fchgh + 4 * o, PH(g, a->mproj_w),
+                                             PH(g, a->mproj_b), N, 4 * C, C, g->tmph, err)) ||
             (st = drop_branch(g, 4 + 3 * l, ht, g->tmph, NC, err)) ||
-            (st = ddp__cuda_add_h(c, ht, a->xmid, g->tmph, NC, a->xout, err)))
+            (st = ddp__cuda_add_h(c, ht, a->xmid + o, g->tmph, NC, a->xout + o, err)))
             return st;
-        x = a->xout;
+        x = a->xout + o;
     }
     if (rows != N) { /* the last positions only: gathered into dln (fp32, free in forward) */
-        if ((st = gather_last(g, x, n, T, g->dln, err)))
+        if ((st = gather_last(g, x, n, Tn, g->dln, err)))
             return st;
         x = g->dln;
     }
@@ -622,8 +649,11 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
         (st = drop_branch(g, 1, DDP_FLOAT32, g->x0, (size_t)N * C, err)))
         return st;
     int rows = !train && !targets && last_logits ? n : N;
-    if ((st = g->half ? forward_h(g, n, T, rows, err) : forward_fp32(g, n, T, rows, err)))
+    g->kv_valid = 0;
+    if ((st = g->half ? forward_h(g, n, T, 0, rows, err) : forward_fp32(g, n, T, 0, rows, err)))
         return st;
+    if (n == 1 && !g->drop_on) /* one sequence without dropout: what a generation step reuses */
+        g->kv_valid = T;
     if (!targets) {
         if (logits_host)
             return ddp__cuda_to_host(c, logits_host, g->logits, sizeof(float) * (size_t)rows * V,
@@ -657,6 +687,49 @@ extern "C" ddp_status ddp__gpu_gpt_forward(ddp__cuda_gpt *g, const int32_t *toke
     if (!train && logits_host) /* evaluation keeps the logits, as the CPU model does */
         return ddp__cuda_to_host(c, logits_host, g->logits, sizeof(float) * (size_t)N * V, err);
     return DDP_OK;
+}
+
+/* At most this many positions a cached forward (past > 0): more, and the whole forward is run
+ * (as fast on a GPU; it bounds the cached attention's scratch: scores nh × KV_ROWS × block_size).
+ */
+#define KV_ROWS 64
+
+extern "C" ddp_status ddp__gpu_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *tokens, int T,
+                                                  int past, float *logits_host, ddp_error *err)
+{
+    ddp__cuda_ctx *c = g->ctx;
+    const int C = g->cfg.C, nh = g->cfg.nh, m = T - past;
+    if (T < 1 || T > g->cfg.Tmax || past < 0 || past >= T)
+        return ddp__cuda_fail(err, DDP_ERR_INVALID,
+                              "cuda gpt: cached forward of %d positions, %d of them cached "
+                              "(block_size %d; at least one new position)",
+                              T, past, g->cfg.Tmax);
+    /* nothing here to reuse (a training forward, a batch, or parameters changed on the device
+     * since), or too many new positions: the whole sequence */
+    if (past == 0 || past > g->kv_valid || m > KV_ROWS)
+        return ddp__gpu_gpt_forward(g, tokens, NULL, 1, T, false, true, 1.0f, 0, 0, NULL, NULL,
+                                    NULL, logits_host, err);
+    ddp_status st;
+    if ((st = use_device(g, err)) ||
+        (!g->kv_scratch &&
+         (st = dalloc_es(&g->kv_scratch, 1,
+                         ddp__cuda_attention_cached_scratch(KV_ROWS, g->cfg.Tmax, C, nh), err))))
+        return st;
+    g->can_backward = false;
+    g->kv_valid = 0;
+    g->n = 1;
+    g->T = T;
+    g->drop_on = false;
+    if ((st = ddp__cuda_to_device(c, g->tokens, tokens + past, sizeof(int32_t) * (size_t)m, err)) ||
+        (st = ddp__cuda_embedding_forward(c, g->tokens, P(g, g->wte),
+                                          P(g, g->wpe) + (size_t)past * C, 1, m, C,
+                                          g->x0 + (size_t)past * C, err)) ||
+        (st = g->half ? forward_h(g, 1, T, past, 1, err) : forward_fp32(g, 1, T, past, 1, err)))
+        return st;
+    g->kv_valid = T;
+    if (logits_host)
+        return ddp__cuda_to_host(c, logits_host, g->logits, sizeof(float) * (size_t)g->cfg.V, err);
+    return ddp__cuda_sync(c, err);
 }
 
 /* Precision fp32 or tf32: from the loss's gradient in g->logits to the residual stream's
@@ -895,6 +968,7 @@ extern "C" ddp_status ddp__gpu_gpt_optim_init(ddp__cuda_gpt *g, int nstates, ddp
 extern "C" ddp_status ddp__gpu_gpt_optim_step(ddp__cuda_gpt *g, const ddp__cuda_optim_args *a,
                                               ddp_error *err)
 {
+    g->kv_valid = 0;
     return ddp__cuda_resident_optim_step(&g->res, a, err);
 }
 
@@ -908,6 +982,7 @@ extern "C" ddp_status ddp__gpu_gpt_bind_params(ddp__cuda_gpt *g, float *const *p
                                                ddp_error *err)
 {
     ddp_status st = DDP_OK;
+    g->kv_valid = 0;
     /* unbound again: the flat buffer back first (zeroed padding, as at create), for the values */
     if (!params_dev && g->res.bound && !g->params &&
         ((st = use_device(g, err)) || (st = dalloc(&g->params, g->total, err)) ||

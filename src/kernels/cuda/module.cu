@@ -77,6 +77,7 @@ static const ddp__gpu_api table = {
     nullptr,
 #endif
     ddp__gpu_mem_info,
+    ddp__gpu_gpt_forward_cached,
 };
 
 extern "C" __attribute__((visibility("default"))) const ddp__gpu_api *ddp_gpu_module_entry(void)
