@@ -228,10 +228,12 @@ ddp_status ddp__cuda_gpt_forward(ddp__cuda_gpt *g, const int32_t *tokens, const 
  * the first past positions are those of the previous forward (its tokens, the caller's to know):
  * their keys and values (each block's c_attn output) are reused, only positions past … T − 1
  * computed. The parameters must not have changed since that forward (no upload is made; the
- * 16-bit weights are not rounded again); where the device cannot reuse them (the last forward
- * was a batch, trained, or the device's parameters changed since: an optimizer step, a bind)
- * or more than 64 positions are new, the whole sequence is computed. 0 ≤ past < T ≤ block_size.
- * DDP_ERR_NOT_FOUND: a module without it. */
+ * 16-bit weights are not rounded again). DDP_ERR_NOT_FOUND, nothing done, where the device
+ * cannot reuse them — the last forward was a batch or had dropout, this module changed the
+ * parameters since (an upload, an optimizer step, a bind; writes into its device parameters by
+ * others, e.g. a broadcast into ddp_model_device_param, are not seen), more than 64 positions
+ * are new — or the module lacks the cache: the caller then runs the whole forward (with its
+ * upload). 0 ≤ past < T ≤ block_size. */
 ddp_status ddp__cuda_gpt_forward_cached(ddp__cuda_gpt *g, const int32_t *tokens, int T, int past,
                                         float *logits_host, ddp_error *err);
 /* Backward of the last training forward: grads_host[i] += the gradient of parameter i. */

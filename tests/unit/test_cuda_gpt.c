@@ -590,6 +590,19 @@ static void gen_logits(ddp_model *m, const int32_t *tokens, int T, bool kv, floa
     memcpy(out, l, sizeof(float) * V);
 }
 
+/* The emulated GPU's floating-point operations in products so far (tests/emu: the module
+ * DDP_GPU_MODULE names), or 0 on a GPU. */
+static uint64_t gemm_flops(void)
+{
+    const char *mod = getenv("DDP_GPU_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    uint64_t (*f)(void) = h ? (uint64_t(*)(void))dlsym(h, "emu_rt_gemm_flops") : NULL;
+    uint64_t n = f ? f() : 0;
+    if (h)
+        dlclose(h);
+    return n;
+}
+
 /* m with kv_cache against ref (a twin: same spec, same weights) without, the largest relative
  * difference so far in *worst; what names the case. */
 static void gen_check(ddp_model *m, ddp_model *ref, const int32_t *tokens, int T, double tol,
@@ -618,8 +631,22 @@ static void kv_cache_on(ddp_precision prec, const char *attention, double tol)
     int32_t tok[B * TMAX], tgt[B * TMAX];
     make_batch(7, TMAX, tok, tgt);
     double worst = 0;
-    for (int t = 1; t <= TMAX; t++)
+    for (int t = 1; t < TMAX; t++)
         gen_check(m, ref, tok, t, tol, &worst, "a token at a time");
+    /* the last token: its products did a fraction of the whole forward's work (the emulated
+     * GPU counts it; 1 of 32 positions in the blocks, the head's one row either way) */
+    float got[V], want[V];
+    uint64_t f0 = gemm_flops();
+    gen_logits(m, tok, TMAX, true, got);
+    uint64_t f1 = gemm_flops();
+    gen_logits(ref, tok, TMAX, false, want);
+    uint64_t f2 = gemm_flops();
+    assert_true(rel(got, want, V) <= tol);
+    if (f2 > f1) {
+        printf("    one new position: %.3g of the whole forward's product flops\n",
+               (double)(f1 - f0) / (double)(f2 - f1));
+        assert_true((f1 - f0) * 8 < f2 - f1);
+    }
     tok[9] = (tok[9] + 1) % V;
     const struct {
         int first, len;
@@ -686,13 +713,24 @@ static void kv_cache_resident_step(void **state)
     make_batch(8, TMAX, tok, tgt);
     double worst = 0;
     gen_check(m, ref, tok, TMAX - 1, 1e-5, &worst, "resident, before the step");
+    uint64_t f0 = gemm_flops();
     gen_check(m, ref, tok, TMAX, 1e-5, &worst, "resident, one more token");
+    uint64_t f1 = gemm_flops();
     for (size_t i = 0; i < np; i++)
         assert_int_equal(ddp_model_device_step(m, i, 1, 1e-2f, 1.0f), DDP_OK);
     assert_int_equal(ddp_model_sync_host(m, NULL), DDP_OK);
     for (size_t i = 0; i < np; i++)
         memcpy(pr[i].data, pm[i].data, sizeof(float) * pm[i].count);
+    uint64_t f2 = gemm_flops();
     gen_check(m, ref, tok, TMAX, 1e-5, &worst, "resident, after a step on the device");
+    /* each pair: m's kv_cache forward and the twin's whole one (W); the first reused the cache
+     * (W/32 + W), the one after the step did not (W + W) */
+    uint64_t f3 = gemm_flops();
+    if (f3 > f2) {
+        printf("  product flops: %.3g with the cache's reuse, %.3g after the step\n",
+               (double)(f1 - f0), (double)(f3 - f2));
+        assert_true((f1 - f0) * 3 < (f3 - f2) * 2);
+    }
     printf("  logits: rel %.2e at most\n", worst);
     ddp_model_free(m);
     ddp_model_free(ref);

@@ -704,11 +704,13 @@ extern "C" ddp_status ddp__gpu_gpt_forward_cached(ddp__cuda_gpt *g, const int32_
                               "cuda gpt: cached forward of %d positions, %d of them cached "
                               "(block_size %d; at least one new position)",
                               T, past, g->cfg.Tmax);
-    /* nothing here to reuse (a training forward, a batch, or parameters changed on the device
-     * since), or too many new positions: the whole sequence */
+    /* nothing here to reuse (the last forward was a batch or had dropout, or this module changed
+     * the parameters since), or too many new positions: the caller's whole forward */
     if (past == 0 || past > g->kv_valid || m > KV_ROWS)
-        return ddp__gpu_gpt_forward(g, tokens, NULL, 1, T, false, true, 1.0f, 0, 0, NULL, NULL,
-                                    NULL, logits_host, err);
+        return ddp__cuda_fail(err, DDP_ERR_NOT_FOUND,
+                              "cuda gpt: %d cached positions to reuse, %d valid here, %d new (at "
+                              "most %d): run the whole forward",
+                              past, g->kv_valid, m, KV_ROWS);
     ddp_status st;
     if ((st = use_device(g, err)) ||
         (!g->kv_scratch &&
