@@ -263,7 +263,7 @@ static std::map<uintptr_t, size_t> dev_blocks;  /* cudaMalloc'd: base → bytes 
 static std::map<uintptr_t, size_t> host_blocks; /* cudaMallocHost'd and registered */
 static size_t dev_bytes;
 /* Multiply-adds × 2 of every cuBLAS / cuBLASLt product so far (emu_rt_gemm_flops) */
-static std::atomic<uint64_t> gemm_flops{0};
+static std::atomic<size_t> gemm_flops{0};
 static size_t dev_peak; /* the most dev_bytes has been (DDP_EMU_PEAK_FILE) */
 
 /* The block of m holding [p, p + n), or end. */
@@ -382,7 +382,7 @@ EMU_API void emu_rt_device_work(int begin)
 
 /* The floating-point operations of the products so far (2·m·n·k a batch entry): what a test
  * reads to see how much work a forward did (test_cuda_gpt: the key/value cache's). */
-EMU_API uint64_t emu_rt_gemm_flops(void)
+EMU_API size_t emu_rt_gemm_flops(void)
 {
     return gemm_flops.load();
 }
@@ -1104,7 +1104,7 @@ static void gemm_core(const char *call, cublasOperation_t ta, cublasOperation_t 
     if (ma.batch != batch || mb.batch != batch || mc.batch != batch)
         emu_die("%s: batch counts differ (A %d, B %d, C %d, D %d)", call, ma.batch, mb.batch,
                 mc.batch, batch);
-    gemm_flops += 2ull * (uint64_t)m * (uint64_t)n * (uint64_t)k * (uint64_t)batch;
+    gemm_flops += 2 * (size_t)m * (size_t)n * (size_t)k * (size_t)batch;
     need_operand(call, "A", A, ma);
     need_operand(call, "B", B, mb);
     if (beta != 0.0)

@@ -577,6 +577,16 @@ static void flash_vs_batched_dropout(void **state)
 
 /* ---- generation's key/value cache -------------------------------------------------------- */
 
+/* A float32 GPT on the GPU switched to device-resident training with optimizer opts oo. */
+static ddp_model *build_resident(const ddp_optim_opts *oo)
+{
+    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
+    ddp_error err = {0};
+    if (ddp_model_resident(m, oo, &err) != DDP_OK)
+        fail_msg("resident: %s", err.msg);
+    return m;
+}
+
 /* The last position's logits (V) of one generation forward of tokens[0 … T) on m. */
 static void gen_logits(ddp_model *m, const int32_t *tokens, int T, bool kv, float *out)
 {
@@ -590,17 +600,12 @@ static void gen_logits(ddp_model *m, const int32_t *tokens, int T, bool kv, floa
     memcpy(out, l, sizeof(float) * V);
 }
 
-/* The emulated GPU's floating-point operations in products so far (tests/emu: the module
- * DDP_GPU_MODULE names), or 0 on a GPU. */
+static size_t emu_count(const char *sym);
+
+/* The emulated GPU's floating-point operations in products so far, or 0 on a GPU. */
 static uint64_t gemm_flops(void)
 {
-    const char *mod = getenv("DDP_GPU_MODULE");
-    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
-    uint64_t (*f)(void) = h ? (uint64_t(*)(void))dlsym(h, "emu_rt_gemm_flops") : NULL;
-    uint64_t n = f ? f() : 0;
-    if (h)
-        dlclose(h);
-    return n;
+    return emu_count("emu_rt_gemm_flops");
 }
 
 /* m with kv_cache against ref (a twin: same spec, same weights) without, the largest relative
@@ -697,13 +702,9 @@ static void kv_cache_h(void **state)
 static void kv_cache_resident_step(void **state)
 {
     (void)state;
-    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
-    ddp_model *ref = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     oo.kind = DDP_OPTIM_ADAMW;
-    ddp_error err = {0};
-    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
-        fail_msg("resident: %s", err.msg);
+    ddp_model *m = build_resident(&oo), *ref = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
     size_t np;
     const ddp_model_param *pm = ddp_model_params(m, &np), *pr = ddp_model_params(ref, NULL);
     /* the gradient of parameter i: its own values (device memory of the right size) */
@@ -742,12 +743,10 @@ static void kv_cache_resident_step(void **state)
 static void resident_sync_other_kind(void **state)
 {
     (void)state;
-    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     oo.kind = DDP_OPTIM_ADAMW;
+    ddp_model *m = build_resident(&oo);
     ddp_error err = {0};
-    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
-        fail_msg("resident: %s", err.msg);
     size_t np;
     const ddp_model_param *p = ddp_model_params(m, &np);
     ddp_optim_opts so = DDP_OPTIM_OPTS_INIT; /* SGD */
@@ -771,13 +770,11 @@ static void resident_sync_other_kind(void **state)
  * pattern (parameter i, element k: state s = s + i + k / 1024), and that optimizer. */
 static ddp_model *patterned(ddp_optim **opt, const ddp_model_param **p, size_t *np)
 {
-    ddp_model *m = build(DDP_DEVICE_CUDA, DDP_PRECISION_FP32, true);
     ddp_optim_opts oo = DDP_OPTIM_OPTS_INIT;
     oo.kind = DDP_OPTIM_ADAMW;
     oo.weight_decay = 0.1f;
+    ddp_model *m = build_resident(&oo);
     ddp_error err = {0};
-    if (ddp_model_resident(m, &oo, &err) != DDP_OK)
-        fail_msg("resident: %s", err.msg);
     *p = ddp_model_params(m, np);
     if (ddp_optim_create(&oo, *p, *np, opt, &err) != DDP_OK)
         fail_msg("%s", err.msg);
@@ -873,17 +870,23 @@ static void resident_keep(void **state)
     ddp_model_free(m);
 }
 
-/* The emulated GPU's count of cudaMalloc'd bytes (tests/emu: the module DDP_GPU_MODULE names,
- * loaded by libddp already), or 0 on a GPU. */
-static size_t device_bytes(void)
+/* A count the emulated GPU keeps (tests/emu: the module DDP_GPU_MODULE names, loaded by libddp
+ * already; sym: emu_rt_device_bytes, emu_rt_gemm_flops), or 0 on a GPU. */
+static size_t emu_count(const char *sym)
 {
     const char *mod = getenv("DDP_GPU_MODULE");
     void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
-    size_t (*f)(void) = h ? (size_t(*)(void))dlsym(h, "emu_rt_device_bytes") : NULL;
+    size_t (*f)(void) = h ? (size_t(*)(void))dlsym(h, sym) : NULL;
     size_t n = f ? f() : 0;
     if (h)
         dlclose(h);
     return n;
+}
+
+/* The emulated GPU's count of cudaMalloc'd bytes, or 0 on a GPU. */
+static size_t device_bytes(void)
+{
+    return emu_count("emu_rt_device_bytes");
 }
 
 /* Bound to another's device arrays (the sharded step's reducer views), the GPT frees its own

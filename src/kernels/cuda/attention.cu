@@ -274,15 +274,18 @@ extern "C" ddp_status ddp__cuda_attention_backward(ddp__cuda_ctx *c, const float
 
 /* ---- 16 bits (bf16 or fp16) ---------------------------------------------------------------- */
 
-/* The causal softmax of fp32 scores s into 16-bit probabilities p (0 above the diagonal): fp32
- * max, exponentials and sum, one rounding per probability. Rows as causal_softmax. */
-template <typename H> __global__ void causal_softmax_h(const float *s, H *p, size_t rows, int T)
+/* The causal softmax of fp32 scores s into probabilities p of type H (16 bits; or float, where p
+ * may be s) (0 past the row's position): fp32 max, exponentials and sum, one rounding per
+ * probability. Rows of T scores as causal_softmax, row r the query at position past + r % m: m T
+ * and past 0 for whole sequences, the new positions' rows (nh, m, T) for the key/value cache. */
+template <typename H>
+__global__ void causal_softmax_h(const float *s, H *p, size_t rows, int T, int m, int past)
 {
     const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
          row += warps) {
-        int t = (int)(row % T);
+        int t = past + (int)(row % m);
         const float *a = s + row * T;
         H *o = p + row * T;
         float mx = -INFINITY;
@@ -378,7 +381,7 @@ extern "C" ddp_status ddp__cuda_attention_forward_h(ddp__cuda_ctx *c, ddp_dtype 
     ddp__half_dispatch(ht, [&](auto e) {
         using E = decltype(e);
         causal_softmax_h<E>
-            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, (E *)att, rows, T);
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(r.f32, (E *)att, rows, T, T, 0);
     });
     if ((st = ddp__cuda_launched("causal softmax (16-bit)", err)))
         return st;
@@ -453,32 +456,6 @@ extern "C" ddp_status ddp__cuda_attention_backward_h(ddp__cuda_ctx *c, ddp_dtype
 
 /* ---- generation's key/value cache ------------------------------------------------------------ */
 
-/* The causal softmax of the cached forward's scores s (nh, m, T) fp32 into p of type H (p may be
- * s when H is float): row r is query position past + r % m, over keys j ≤ that position, 0
- * beyond. One warp per row, as causal_softmax. */
-template <typename H>
-__global__ void cached_softmax(const float *s, H *p, size_t rows, int m, int past, int T)
-{
-    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
-    const int lane = threadIdx.x % 32;
-    for (size_t row = blockIdx.x * (size_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows;
-         row += warps) {
-        int t = past + (int)(row % m);
-        const float *a = s + row * T;
-        H *o = p + row * T;
-        float mx = -INFINITY;
-        for (int j = lane; j <= t; j += 32)
-            mx = fmaxf(mx, a[j]);
-        mx = ddp__warp_max(mx);
-        float sum = 0.0f;
-        for (int j = lane; j <= t; j += 32)
-            sum += expf(a[j] - mx);
-        sum = ddp__warp_sum(sum);
-        for (int j = lane; j < T; j += 32)
-            ddp__st(o + j, j <= t ? expf(a[j] - mx) / sum : 0.0f);
-    }
-}
-
 /* The cached attention's scratch, in bytes, each region 256-byte aligned from the (cudaMalloc'd)
  * base: the scores (nh·m·T fp32), the 16-bit probabilities (as many), the heads' output y
  * (nh, m, hs) before it goes into out's rows (m·C floats, or 16-bit values). */
@@ -518,8 +495,8 @@ extern "C" ddp_status ddp__cuda_attention_forward_cached(ddp__cuda_ctx *c, ddp_d
         if ((st = bgemm(c, false, true, m, T, hs, scale, (const float *)q, ld, hs, (const float *)k,
                         ld, hs, 0.0f, scores, T, sS, nh, precision, err)))
             return st;
-        cached_softmax<float>
-            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, scores, rows, m, past, T);
+        causal_softmax_h<float>
+            <<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, scores, rows, T, m, past);
         if ((st = ddp__cuda_launched("cached causal softmax", err)) ||
             (st = bgemm(c, false, false, m, hs, T, 1.0f, scores, T, sS, (const float *)v, ld, hs,
                         0.0f, (float *)y, hs, sY, nh, precision, err)))
@@ -536,8 +513,8 @@ extern "C" ddp_status ddp__cuda_attention_forward_cached(ddp__cuda_ctx *c, ddp_d
         return st;
     ddp__half_dispatch(t, [&](auto e) {
         using E = decltype(e);
-        cached_softmax<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, (E *)probs,
-                                                                            rows, m, past, T);
+        causal_softmax_h<E><<<ddp__cuda_blocks(rows, 8), 256, 0, c->stream>>>(scores, (E *)probs,
+                                                                              rows, T, m, past);
     });
     if ((st = ddp__cuda_launched("cached causal softmax (16-bit)", err)) ||
         (st = bgemm_h(c, t, false, false, m, hs, T, 1.0f, probs, T, sS, v, ld, hs, y, hs, sY, nh,
