@@ -637,7 +637,7 @@ EOP
             gr[$kv]=$(sed -n 's/^generated .* (\([0-9.]*\) tokens\/s.*/\1/p' "$w/gen.err")
             gi[$kv]=$(sha1sum <"$w/gen.txt" | cut -c1-12)
         done
-        echo "| $prec | ${gr[true]} | ${gr[false]} | $(awk -v a="${gr[true]:-0}" -v b="${gr[false]:-0}" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')x | $([ "${gi[true]}" = "${gi[false]}" ] && echo yes || echo NO) |"
+        echo "| $prec | ${gr[true]} | ${gr[false]} | $(awk -v a="${gr[true]:-0}" -v b="${gr[false]:-0}" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')x | $([ "${gi[true]}" = "${gi[false]}" ] && echo yes || echo NO) |"
         unset gr gi
     done
     rm -rf "$w"
