@@ -50,6 +50,12 @@ awk 'BEGIN { srand(3); split("the a cat dog sat ran on under mat log", w, " ");
 TIMER=() # GNU time for the job's peak RSS, where the machine has it
 [ -x /usr/bin/time ] && TIMER=(/usr/bin/time -f "maxrss %M" -o "$OUT/time")
 P=124475904 # GPT-2 124M's parameters at vocabulary 50304 (gpt.c's list, bias true)
+# The GPUs the ranks spread over: each emulated rank has its own device; on a real machine
+# nvidia-smi's count (1 if it has none to ask). A rank's figure is its whole device's, so with
+# fewer GPUs than ranks it holds the savings of every rank on that device.
+NGPU=1
+[ "$MODE" = gpu ] && NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "${NGPU:-0}" -ge 1 ] || NGPU=1
 echo "GPT-2 124M shape, bf16, batch 4 × 1024 tokens, AdamW, device-resident ($MODE)"
 printf '%-3s %-9s %14s %14s %16s\n' W step "GPU MiB/rank" "host RSS MiB" "job peak RSS MiB"
 for W in "${WORLDS[@]}"; do
@@ -84,12 +90,16 @@ EOP
         printf '%-3s %-9s %14.1f %14.1f %16s\n' "$W" "$name" "$g" "$r" "$job"
     done
     [ "$W" -gt 1 ] || continue
-    python3 - "${gpu[false]}" "${gpu[true]}" "$W" "$P" <<'EOP'
+    per=1 # ranks whose memory one figure holds: those sharing the fullest device
+    [ "$MODE" = gpu ] && per=$(((W + NGPU - 1) / NGPU))
+    python3 - "${gpu[false]}" "${gpu[true]}" "$W" "$P" "$per" <<'EOP'
 import sys
-u, s, W, P = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-want = 8 * P * (W - 1) / W / 2**20
-print(f"    W={W}: sharded saves {u - s:.1f} MiB a rank ({100 * (u - s) / u:.1f}%); expected "
-      f"{want:.1f} (AdamW's moments × (W-1)/W)")
+u, s, W, P, per = (float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                   int(sys.argv[5]))
+want = per * 8 * P * (W - 1) / W / 2**20
+where = "a rank" if per == 1 else f"on a device ({per} ranks share it)"
+print(f"    W={W}: sharded saves {u - s:.1f} MiB {where} ({100 * (u - s) / u:.1f}%); expected "
+      f"{want:.1f} (AdamW's moments × (W-1)/W{f' × {per} ranks' if per > 1 else ''})")
 EOP
 done
 # PyTorch on the same GPU (gpu mode, where torch has CUDA): the torch twin of the GPT

@@ -162,6 +162,14 @@ const char *ddp_group_last_error(const ddp_group *g);
  * job itself). */
 bool ddp_group_peer_failed(const ddp_group *g);
 
+/* The store g met its peers through (its own or borrowed), for another group of the same job to
+ * borrow (ddp_group_opts.store) while g lives: in a job started without a launcher's store (by
+ * hand, srun or mpirun with MASTER_ADDR and MASTER_PORT), rank 0 hosts the store in its first
+ * group, and a second group opening the job's store again would find MASTER_PORT taken. NULL
+ * for NULL, and for a group set up through MPI (it has no store). The store is used during set-up
+ * only; lend it to one group's set-up at a time. */
+ddp_store *ddp_group_store(const ddp_group *g);
+
 /* Memory the backend reduces in place (the shared segment for shm; 64-byte aligned). NULL when
  * the arena is full or the backend has none (tcp, mpi: nothing to gain from it there; see
  * ddp_group_backend()): ordinary memory works too, with one copy in and out, as long as the other

@@ -139,6 +139,11 @@ bool ddp_group_peer_failed(const ddp_group *g)
     return peer;
 }
 
+ddp_store *ddp_group_store(const ddp_group *g)
+{
+    return g ? g->store : NULL;
+}
+
 ddp_status ddp_group_error(const ddp_group *g)
 {
     return g ? (ddp_status)atomic_load(&((ddp_group *)g)->error) : DDP_ERR_INVALID;

@@ -11,6 +11,11 @@
 #               the survivor): rank 0's next allreduce fails by itself within 8 s, its message
 #               naming the allreduce and the dead rank (the emulation's ncclRemoteError, the
 #               watchdog's abort)
+#   train_kill  ddptrain on 2 ranks over nccl, started by hand (its GPU group borrowing the host
+#               group's store, which rank 0 hosts), rank 1 killed right after the step-2
+#               checkpoint: rank 0's next gradient allreduce (the GPU group's) fails with
+#               NCCL's ncclRemoteError, and rank 0 stops as its consequence, exit code 86
+#               (DDP_EXIT_PEER_FAILED: the peer is the root cause), not 1
 #   stuck       rank 1's second collective never runs (DDP_EMU_NCCL_STALL=1:2, a hung kernel),
 #               DDP_TIMEOUT=2: both ranks fail within 8 s, rank 1 with the watchdog's time-out
 #               naming allreduce #2
@@ -102,6 +107,19 @@ kill)
     [ $took -lt 8 ] || fail "rank 0 took ${took} s to fail (limit 8 s)"
     grep "as expected" "$T/h.0"
     ok "rank 1 killed, no ddprun: rank 0's allreduce fails by itself in ${took} s, naming it"
+    ;;
+train_kill)
+    cd "$T"
+    tiny_gpt
+    unset DDP_BACKEND # the host group's: ddptrain's own choice (--gpu_backend is the GPU's)
+    CHECK=$BIN/ddptrain R1_ENV=(DDP_TEST_KILL_AFTER_CHECKPOINT=2)
+    DDP_EMU_GPUS=2 by_hand 2 "${TINY_GPT[@]}" --device cuda --gpu_backend nccl --total_steps 6 \
+        --checkpoint.every 2 --out_dir run
+    want_rc 1 137 "SIGKILL after its checkpoint"
+    want_rc 0 86 "a peer's failure (DDP_EXIT_PEER_FAILED)"
+    want_line 0 "this rank stops with it: exit code 86" "saying it stops with the dead peer"
+    grep "ddptrain: rank 0" "$T/h.0"
+    ok "ddptrain over nccl, rank 1 killed: rank 0 exits 86, the peer's failure, not its own"
     ;;
 stuck)
     start=$(date +%s)

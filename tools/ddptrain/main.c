@@ -100,9 +100,9 @@ static void abort_failed_groups(trainer *t)
 int trainer_die(trainer *t, const char *what, const char *msg)
 {
     /* A failure that came from another rank (it died, aborted the group, or failed first: the
-     * group says so) is that rank's: this one stops as its consequence, so that ddprun reports
-     * the rank that failed first-hand. */
-    if (t->g && ddp_group_peer_failed(t->g))
+     * host group or the GPU group says so — NCCL's ncclRemoteError) is that rank's: this one stops
+     * as its consequence, so that ddprun reports the rank that failed first-hand. */
+    if ((t->g && ddp_group_peer_failed(t->g)) || (t->gg && ddp_group_peer_failed(t->gg)))
         return trainer_die_peer(t, what, msg);
     abort_failed_groups(t);
     fprintf(stderr, "ddptrain: rank %d: %s: %s\n", t->R, what, msg);
@@ -279,6 +279,9 @@ static int go_resident(trainer *t, ddp_reducer_opts *ro)
     go.world = &t->world;
     go.device = DDP_DEVICE_CUDA;
     go.backend = ddp_config_str(t->cfg, "gpu_backend"); /* not DDP_BACKEND: the host group's */
+    /* the host group's store (rank 0 may host it: started without ddprun, a second store on
+     * MASTER_PORT would find the port taken); t->g outlives t->gg */
+    go.store = ddp_group_store(t->g);
     if (ddp_group_init(&go, &t->gg, &err) != DDP_OK)
         return trainer_die(t, "GPU group", err.msg);
     ddp_group_set_stream(t->gg, ddp_model_cuda_stream(t->m));
