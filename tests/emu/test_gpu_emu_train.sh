@@ -67,13 +67,25 @@ ok "1 rank: --task test from its checkpoint makes no optimizer state or gradient
 # the sliding window after them (sampled with a seed: logits 1e-6 apart pick the same tokens)
 pgen() { "$TRAIN" --task predict --checkpoint gpu/checkpoints/step10.safetensors --out_dir gpup \
     --prompt "the cat" --max_new_tokens 40 --temperature 1 --seed 4 "$@"; }
-emu pgen --device cuda >p1 2>p1.err || { cat p1.err; fail "emulated cuda predict: failed"; }
+DDP_EMU_PEAK_FILE=$T/peak-pred emu pgen --device cuda >p1 2>p1.err ||
+    { cat p1.err; fail "emulated cuda predict: failed"; }
 grep -q "key/value cache on" p1.err || { cat p1.err; fail "the GPU's predict does not use the cache"; }
 emu pgen --device cuda --kv_cache false >p2 2>/dev/null || fail "emulated cuda predict, kv_cache false"
 pgen --device cpu >p3 2>p3.err || { cat p3.err; fail "cpu predict"; }
 [ "$(wc -c <p1)" -ge 47 ] && cmp -s p1 p2 && cmp -s p1 p3 ||
     fail "generation differs: cached $(cat p1) / uncached $(cat p2) / cpu $(cat p3)"
 ok "1 rank: generation on the emulated GPU with its key/value cache = without = the cpu's"
+# predict makes its model for one sequence, not batch_size (4 here): its device peak is below
+# --task test's by at least three sequences' logits (3 × block_size × vocab floats; until
+# 2026-11-26 it held batch_size × block_size positions of every activation for nothing)
+python3 - "$T/peak-test" "$T/peak-pred" <<'EOP' ||
+import sys
+test, pred = (max(int(l) for l in open(p)) for p in sys.argv[1:3])
+print(f"device peak, bytes: --task test {test}, predict {pred}")
+sys.exit(0 if pred <= test - 3 * 16 * 256 * 4 else 1)
+EOP
+    fail "predict on the GPU holds a batch_size model"
+ok "1 rank: predict's model on the emulated GPU is made for one sequence"
 rc=0; "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${ARGS[@]}" --total_steps 6 \
     --out_dir cpu2 >cpu2.out 2>&1 || rc=$?
 [ $rc -eq 0 ] || { cat cpu2.out; fail "cpu run, 2 ranks: exit $rc"; }

@@ -219,7 +219,10 @@ static int build_model(trainer *t)
     ddp_error err = {0};
     ddp_model_spec ms = DDP_MODEL_SPEC_INIT;
     ms.type = ddp_config_str(c, "model.type");
-    ms.max_batch = t->B;
+    /* An LM's predict generates one sequence at a time: a model made for batch_size would hold
+     * batch_size × block_size positions of activations for nothing (on a GPU committed device
+     * memory: GPT-2 124M at batch 64, tens of GiB, enough to fail a smaller GPU) */
+    ms.max_batch = t->lm && !strcmp(ddp_config_str(c, "task"), "predict") ? 1 : t->B;
     ms.seed = (uint64_t)ddp_config_int(c, "seed");
     ms.in_ch = 1;
     ms.in_h = ms.in_w = t->side;

@@ -70,8 +70,10 @@ extern "C" ddp_status ddp__gpu_mem_info(int idx, size_t *used, size_t *total, dd
         e = cudaSetDevice(idx);
     if (e == cudaSuccess)
         e = cudaMemGetInfo(&fr, &tot);
-    if (was >= 0 && was != idx)
-        (void)cudaSetDevice(was);
+    /* back to the thread's device; a failure there must not stay pending for the next launch's
+     * check (cudaGetLastError) to report as its own */
+    if (was >= 0 && was != idx && cudaSetDevice(was) != cudaSuccess)
+        (void)cudaGetLastError();
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return fail(err, DDP_ERR_SYSTEM, "cuda device %d: cudaMemGetInfo: %s", idx,
