@@ -68,7 +68,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/gpu-carry
 BINS=(test_cuda test_cuda_kernels test_cuda_gpt test_cuda_classifier test_device test_amp test_model gpu_bench
-      ddptrain ddprun gpt_dump gpucheck ddpbench reducercheck)
+      ddptrain ddprun gpt_dump gpucheck ddpbench reducercheck joincheck)
 
 build() {
     set -e
@@ -317,6 +317,10 @@ EOP
         check "ddp.reducer on the GPU, 2 ranks over cuda-staged" env DDP_BACKEND=cuda-staged \
             DDP_EXPECT_BACKEND=cuda-staged "$CARRY/bin/ddprun" --standalone --nproc_per_node=2 \
             "$CARRY/bin/reducercheck" --device cuda
+        # uneven inputs (join) with the buckets on the GPU: 3 ranks, so that dividing by the
+        # ranks still training (devops' reduce on the device) divides by 2
+        check "ddp.reducer join on the GPU, 3 ranks" "$CARRY/bin/ddprun" --standalone \
+            --nproc_per_node=3 "$CARRY/bin/joincheck" --device cuda
         check "fp16 found-inf flag over a GPU group, 2 ranks" "$CARRY/bin/ddprun" --standalone \
             --nproc_per_node=2 "$CARRY/bin/test_amp" --sync-gpu
         # the GPT on the GPU against PyTorch's twin (on the CPU, in float32 and float64)

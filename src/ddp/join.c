@@ -62,10 +62,6 @@ ddp_status ddp_reducer_set_join(ddp_reducer *r, const ddp_join_opts *opts, bool 
     free(all);
     if (st)
         return st;
-    if (enable && !opts->divide_by_initial_world_size && r->dev)
-        return ddp__errmsg(r->err, DDP_ERR_INVALID,
-                           "set_join: divide_by_initial_world_size = false is not available on a "
-                           "GPU group yet; keep the default (divide by the world size)");
     r->join_on = enable;
     r->jo = *opts;
     r->joined = r->join_all = false;
@@ -138,14 +134,42 @@ ddp_status ddp__reducer_join_count(ddp_reducer *r)
     return DDP_OK;
 }
 
-void ddp__reducer_join_divide(ddp_reducer *r)
+/* Device buckets: the division is devops' reduce of one source (ddp__scale_avg's arithmetic, so
+ * the bits are the host path's), on the backend's stream after the group's, waited for from the
+ * host — the optimizer's kernels that follow on the group's stream need no event. A step with a
+ * rank joined is rare enough for that wait. */
+static ddp_status join_divide_dev(ddp_reducer *r)
+{
+    char msg[DDP_ERRMSG_MAX];
+    int64_t deadline;
+    void *stream = ddp__reducer_dev_stream(r, &deadline);
+    const ddp__devops *d = r->dev;
+    ddp_status st = d->after(d->ctx, stream, msg);
+    for (size_t k = 0; k < r->nb && !st; k++) {
+        const ddp__bucket *b = &r->b[k];
+        size_t lo, hi;
+        if (!ddp__reducer_my_range(r, b, &lo, &hi))
+            continue;
+        void *p = (char *)b->mem + lo * ddp_dtype_size(b->dtype);
+        const void *src[1] = {p};
+        st = d->reduce(d->ctx, p, src, 1, hi - lo, b->dtype, DDP_SUM, r->join_div, msg);
+    }
+    if (!st)
+        st = d->sync(d->ctx, deadline, msg);
+    return st ? ddp__reducer_dev_fail(r, st, "dividing by the ranks that trained (join)", msg)
+              : DDP_OK;
+}
+
+ddp_status ddp__reducer_join_divide(ddp_reducer *r)
 {
     if (r->join_div <= 1)
-        return;
+        return DDP_OK;
+    if (r->dev)
+        return join_divide_dev(r);
     if (r->home) { /* rebuilt: the gradients are in their homes */
         for (size_t i = 0; i < r->nparams; i++)
             ddp__scale_avg(r->grad[i], r->params[i].count, r->params[i].dtype, r->join_div);
-        return;
+        return DDP_OK;
     }
     for (size_t k = 0; k < r->nb; k++) {
         const ddp__bucket *b = &r->b[k];
@@ -154,6 +178,7 @@ void ddp__reducer_join_divide(ddp_reducer *r)
             ddp__scale_avg((char *)b->mem + lo * ddp_dtype_size(b->dtype), hi - lo, b->dtype,
                            r->join_div);
     }
+    return DDP_OK;
 }
 
 ddp_status ddp_reducer_join(ddp_reducer *r, bool *others)

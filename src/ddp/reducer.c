@@ -589,7 +589,7 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r)
         r->step_err = DDP_OK;
     }
     if (st == DDP_OK)
-        ddp__reducer_join_divide(r);
+        st = ddp__reducer_join_divide(r);
     ddp__reducer_record_end(r, st == DDP_OK);
     r->stats.wait_seconds = ddp_now_seconds() - t0;
     /* sharded gradients: the shards accumulate; a no_sync micro-step awaits no optimizer step */

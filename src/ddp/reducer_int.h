@@ -264,8 +264,8 @@ ddp_status ddp__reducer_finish_step(ddp_reducer *r);
  * a rank out of inputs, fails naming it (every rank fails the same way). A no-op when off. */
 ddp_status ddp__reducer_join_count(ddp_reducer *r);
 /* After a step that summed (r->join_div > 0): this rank's mean divided by the ranks that
- * trained. */
-void ddp__reducer_join_divide(ddp_reducer *r);
+ * trained (device buckets: on the GPU, with the host's rounding, waited for). */
+ddp_status ddp__reducer_join_divide(ddp_reducer *r);
 
 /* --- pool.c (sharded gradients, ZeRO-2) --- */
 

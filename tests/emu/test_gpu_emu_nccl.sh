@@ -6,6 +6,8 @@
 #               times fl(1/3), within a few ulps of the sum / 3), W ranks × B ≡ 1 × W·B; at 3
 #               ranks each collective and the finalize answer ncclInProgress first
 #               (DDP_EMU_NCCL_INPROGRESS=1: nccl.c's settle() polls them)
+#   join        joincheck --device cuda at 3 ranks (uneven inputs; dividing by the ranks still
+#               training runs on the device)
 #   kill        a rank killed after a round of collectives: ddprun's summary names it within
 #               10 s, no gpucheck left; then with the ranks started by hand (no ddprun to stop
 #               the survivor): rank 0's next allreduce fails by itself within 8 s, its message
@@ -85,6 +87,15 @@ w2 | w3 | w4)
     [ $rc -eq 0 ] || { cat "$T/out"; fail "world $w over nccl: exit $rc"; }
     grep gpucheck "$T/out"
     ok "world $w over the emulated NCCL, a device each: every collective exact"
+    ;;
+join)
+    # uneven inputs with the buckets on the emulated devices: the step's sum over NCCL, then the
+    # division by the ranks still training as cudaops' reduce kernel (ipcreduce.cu) runs it
+    rc=0; DDP_EMU_GPUS=3 "$DDPRUN" --standalone --nproc_per_node 3 "$BIN/joincheck" --device cuda \
+        >"$T/out" 2>&1 || rc=$?
+    [ $rc -eq 0 ] || { cat "$T/out"; fail "joincheck at 3 ranks over nccl: exit $rc"; }
+    grep "all checks passed" "$T/out"
+    ok "uneven inputs over the emulated NCCL at 3 ranks: every rank's parameters as the serial reference's"
     ;;
 kill)
     start=$(date +%s)
