@@ -97,9 +97,15 @@ void ddp_group_destroy(ddp_group *g);
 
 /* Makes every pending and future call on g fail with DDP_ERR_CLOSED, here and (through the
  * shared state) on the other ranks, which report "rank R aborted the group: <its first error>".
- * Thread-safe; returns at once. Use it from a watchdog, a signal-driven shutdown, or after an
- * error before destroy, so that peers fail at once instead of at their deadline. */
+ * Thread-safe; returns at once (an nccl group first tells its peers through the store: a store
+ * call or two, normally well under a millisecond). Use it from a watchdog, a signal-driven
+ * shutdown, or after an error before destroy, so that peers fail at once instead of at their
+ * deadline. */
 void ddp_group_abort(ddp_group *g);
+/* ddp_group_abort with why (one line: what made this rank give up, e.g. "forward: out of GPU
+ * memory") as the first error here and what the peers report: "rank R aborted the group: why".
+ * When g had failed before, that first error stays, as with ddp_group_abort. Thread-safe. */
+void ddp_group_abort_reason(ddp_group *g, const char *why);
 
 int ddp_group_rank(const ddp_group *g);
 int ddp_group_size(const ddp_group *g);
@@ -158,8 +164,9 @@ const char *ddp_group_last_error(const ddp_group *g);
  * stops on a group error exits DDP_EXIT_PEER_FAILED (ddp/world.h) when this is true, so that
  * ddprun reports the rank that failed first-hand (docs/ddprun.md, "Failures"). The shm and tcp
  * backends and those built on them (shm+tcp, cuda-ipc, cuda-staged) tell; nccl tells when NCCL
- * reports ncclRemoteError (a peer exited or its connection broke); mpi says false (MPI ends the
- * job itself). */
+ * reports ncclRemoteError (a peer exited or its connection broke) and through the store's
+ * failure notices (a peer that failed on its own, aborted, or left without destroying the group:
+ * set up through the store, not MPI; docs/group.md); mpi says false (MPI ends the job itself). */
 bool ddp_group_peer_failed(const ddp_group *g);
 
 /* The store g met its peers through (its own or borrowed), for another group of the same job to

@@ -95,6 +95,11 @@ typedef struct ddp_store_opts {
  * server may not be up yet). A wrong token fails with DDP_ERR_AUTH. *out written only on DDP_OK. */
 ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_error *err);
 
+/* A new connection to the store s talks to (its address, token and timeouts; never a server of
+ * its own, even when s hosts one): torch's Store.clone(), for another thread, since a handle is
+ * used from one thread at a time. *out written only on DDP_OK. */
+ddp_status ddp_store_clone(const ddp_store *s, ddp_store **out, ddp_error *err);
+
 /* Connects to the job's store as the environment in w describes it. When a launcher hosts the
  * store (ddprun), this connects to it. When the program was started by hand or by another
  * launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, no agent store), rank 0 starts a server
@@ -158,6 +163,9 @@ ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out);
  * registration belongs to the connection: one made anew after an error (the next call
  * reconnects) has none, and the broken one's key is set. An empty or NULL key cancels. */
 ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, size_t len);
+/* As ddp_store_on_close, but at the close the key is set only if it is absent then: a mark that
+ * must not replace a cause set before it (the first failure of a group, docs/group.md). */
+ddp_status ddp_store_on_close_first(ddp_store *s, const char *key, const void *value, size_t len);
 
 /* A barrier through the store for nranks participants. name must be new for each use (add a
  * counter: "step/17"). A timeout says how many of nranks arrived: "barrier 'x' timed out after

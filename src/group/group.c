@@ -62,6 +62,7 @@ struct ddp_group {
     int host_cores; /* the cores this host's ranks share */
     uint64_t seq;
     ddp__group_dep *deps; /* reducers built on g: released first in destroy */
+    ddp__notice *notice;  /* failure notices through the store (a backend with .notice) */
     /* poison */
     atomic_int error; /* ddp_status */
     char errmsg[DDP_ERRMSG_MAX];
@@ -121,12 +122,15 @@ void ddp__stall_report(const ddp__coll *c, int64_t now, const char *backend,
 static void poison(ddp_group *g, ddp_status st, const char *msg, bool peer)
 {
     pthread_mutex_lock(&g->mu);
-    if (atomic_load(&g->error) == DDP_OK) {
+    bool first = atomic_load(&g->error) == DDP_OK;
+    if (first) {
         ddp__fmt(g->errmsg, sizeof g->errmsg, "%s", msg);
         g->peer_failed = peer;
         atomic_store(&g->error, st);
     }
     pthread_mutex_unlock(&g->mu);
+    if (first && !peer) /* the peers are told now, not at the next poll (notice.c) */
+        ddp__notice_tell(g->notice);
 }
 
 bool ddp_group_peer_failed(const ddp_group *g)
@@ -632,6 +636,12 @@ void ddp_group_abort(ddp_group *g)
     ddp__group_abort_why(g, "the group was aborted on this rank (ddp_group_abort)");
 }
 
+void ddp_group_abort_reason(ddp_group *g, const char *why)
+{
+    ddp__group_abort_why(g, why && *why ? why
+                                        : "the group was aborted on this rank (ddp_group_abort)");
+}
+
 void ddp__group_abort_why(ddp_group *g, const char *why)
 {
     if (!g)
@@ -641,6 +651,36 @@ void ddp__group_abort_why(ddp_group *g, const char *why)
      * poison() above and is not written again. */
     if (g->ops && g->ops->abort)
         g->ops->abort(g->be, g->errmsg);
+}
+
+/* ---- failure notices through the store (notice.c) ------------------------------------------ */
+
+static ddp_status notice_error(void *ctx, char *msg, size_t cap, bool *peer)
+{
+    ddp_group *g = ctx;
+    ddp_status st = (ddp_status)atomic_load(&g->error);
+    if (st == DDP_OK)
+        return DDP_OK;
+    pthread_mutex_lock(&g->mu);
+    ddp__fmt(msg, cap, "%s", g->errmsg);
+    *peer = g->peer_failed;
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+static void notice_fail(void *ctx, ddp_status st, const char *msg)
+{
+    ddp_group *g = ctx;
+    poison(g, st, msg, true);
+    if (g->ops && g->ops->abort)
+        g->ops->abort(g->be, g->errmsg);
+}
+
+/* Every rank looks a few times a second; a large group less often, so that the store serves
+ * about 500 looks a second at most. */
+static int notice_poll_ms(int n)
+{
+    return 250 + 2 * n;
 }
 
 void ddp__group_add_dep(ddp_group *g, ddp__group_dep *d)
@@ -678,6 +718,10 @@ void ddp_group_destroy(ddp_group *g)
         pthread_mutex_unlock(&g->mu);
         pthread_join(g->thread, NULL);
     }
+    /* Before the backend: its destroy may wait (bounded) on peers; and a failure of this rank's
+     * own is published now if it was not yet (an abort right before destroy). */
+    ddp__notice_stop(g->notice);
+    g->notice = NULL;
     if (g->scratch)
         ddp_group_free(g, g->scratch);
     if (g->ops)
@@ -1009,6 +1053,18 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     if (st)
         goto out_fail;
     g->backend = chosen->name;
+    if (chosen->notice && g->store && !getenv("DDP_TEST_NO_NOTICE")) {
+        /* An early warning, never a new way to fail: without it a peer's failure is seen at the
+         * watchdog's deadline, as before. */
+        ddp__notice_hooks h = {.ctx = g, .error = notice_error, .fail = notice_fail};
+        ddp_error nerr = {0};
+        if (ddp__notice_start(g->store, g->prefix, g->world.rank, notice_poll_ms(W), &h, &g->notice,
+                              &nerr) != DDP_OK)
+            fprintf(stderr,
+                    "ddp: rank %d: no failure notices for this %s group (%s): a peer's failure "
+                    "will be seen at the group's timeout\n",
+                    g->world.rank, chosen->name, nerr.msg);
+    }
     if (one_rank_fallback) {
         ddp__fmt(g->reason, sizeof g->reason,
                  "one rank, and NCCL could not make its communicator (%s): no communication "

@@ -210,6 +210,9 @@ typedef struct ddp__backend {
                          ddp_error *err);
     ddp__boot_kind boot; /* what set-up it needs: the core boots through MPI only when it may */
     bool gpu; /* moves GPU buffers (nccl, cuda-ipc, cuda-staged); the others host memory only */
+    /* Its transport cannot tell the peers that a rank failed or died (nccl): the core adds the
+     * store's failure notices (notice.c) when the group was set up through the store. */
+    bool notice;
     int pick; /* GPU entries: the ddp__gpu_pick for which auto takes this entry first */
 } ddp__backend;
 
@@ -223,6 +226,35 @@ extern const ddp__backend ddp__ipc_backend;    /* ipc/ipc.c: ranks sharing a GPU
 extern const ddp__backend ddp__mpi_backend;      /* mpi/mpi.c: any placement, under mpirun */
 extern const ddp__backend ddp__hier_mpi_backend; /* hier/hier.c: shm within hosts, mpi among them */
 #endif
+
+/* ---- failure notices through the store (notice.c) ------------------------------------------ */
+
+typedef struct ddp__notice ddp__notice;
+typedef struct ddp__notice_hooks {
+    void *ctx;
+    /* This rank's first failure (DDP_OK while healthy), its message into msg (cap bytes), and
+     * whether it came from another rank (*peer). Called from the notice thread: thread-safe. */
+    ddp_status (*error)(void *ctx, char *msg, size_t cap, bool *peer);
+    /* A peer's notice: fail this rank's group with status st and msg as the peer's fault, so
+     * that what waits returns at once. Called from the notice thread: thread-safe. */
+    void (*fail)(void *ctx, ddp_status st, const char *msg);
+} ddp__notice_hooks;
+
+/* Starts this rank's notices for the group whose store-key prefix is prefix: a connection of its
+ * own to store's server (ddp_store_clone) that marks this rank dead if it closes before stop or
+ * exit(0) (ddp_store_on_close_first), and a thread that every poll_ms publishes this rank's own
+ * first failure (hooks.error, not a peer's) or, when a peer published one, hands it to
+ * hooks.fail — whichever comes first, once. *out written only on DDP_OK. */
+ddp_status ddp__notice_start(const ddp_store *store, const char *prefix, int rank, int poll_ms,
+                             const ddp__notice_hooks *h, ddp__notice **out, ddp_error *err);
+/* Publishes this rank's own failure now (hooks.error; not a peer's), if not yet: called where
+ * the group is first poisoned, so that the peers read the cause even when the program exits at
+ * once, without destroying the group (which would leave only the death mark). Waits for a
+ * store call or two. Thread-safe; NULL is a no-op. */
+void ddp__notice_tell(ddp__notice *n);
+/* Stops the thread; publishes this rank's own failure if the thread had not yet, cancels the
+ * death mark and closes the connection. NULL is a no-op. */
+void ddp__notice_stop(ddp__notice *n);
 
 /* ---- MPI set-up (mpi/boot.c; without DDP_HAVE_MPI, stubs that say it is not built) ----------- */
 

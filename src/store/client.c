@@ -331,6 +331,18 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
     return DDP_OK;
 }
 
+ddp_status ddp_store_clone(const ddp_store *s, ddp_store **out, ddp_error *err)
+{
+    if (!s || !out)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_store_clone: s and out are required");
+    ddp_store_opts o = {.host = s->host,
+                        .port = s->port,
+                        .token = s->token,
+                        .timeout_ms = s->timeout_ms,
+                        .connect_timeout_ms = s->connect_timeout_ms};
+    return ddp_store_connect(&o, out, err);
+}
+
 void ddp_store_close(ddp_store *s)
 {
     if (!s)
@@ -574,7 +586,8 @@ ddp_status ddp_store_delete(ddp_store *s, const char *key, bool *deleted)
     return DDP_OK;
 }
 
-ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, size_t len)
+static ddp_status on_close(ddp_store *s, const char *key, const void *value, size_t len,
+                           bool if_absent)
 {
     ddp_status st;
     const char *k = key ? key : "";
@@ -587,9 +600,21 @@ ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, 
     begin(s, DDP__OP_ON_CLOSE);
     ddp__buf_blob(&s->req, k, strlen(k));
     ddp__buf_blob(&s->req, value, len);
+    if (if_absent) /* absent: the request as before 2026-11-26, set whatever the key holds */
+        ddp__buf_u8(&s->req, 1);
     ddp__buf_frame_end(&s->req);
     ddp__rd r;
     return call(s, "on_close", k, &r);
+}
+
+ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, size_t len)
+{
+    return on_close(s, key, value, len, false);
+}
+
+ddp_status ddp_store_on_close_first(ddp_store *s, const char *key, const void *value, size_t len)
+{
+    return on_close(s, key, value, len, true);
 }
 
 ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)

@@ -187,7 +187,8 @@ typedef struct conn {
     /* ON_CLOSE: set when this connection closes (its client gone), unless the server stops */
     char *oc_key, *oc_val;
     size_t oc_kn, oc_vn;
-    bool timed_out; /* keepalive gave up on the peer: not a close the peer made */
+    bool oc_if_absent; /* … only if the key is absent then */
+    bool timed_out;    /* keepalive gave up on the peer: not a close the peer made */
 } conn;
 
 struct ddp_store_server {
@@ -478,8 +479,9 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         break;
     }
     case DDP__OP_ON_CLOSE: {
+        uint8_t if_absent = 0;
         if (!ddp__rd_blob(&r, &k, &kn) || (kn && !key_ok(k, kn)) || !ddp__rd_blob(&r, &v, &vn) ||
-            r.left != 0)
+            (r.left == 1 && (!ddp__rd_u8(&r, &if_absent) || if_absent > 1)) || r.left != 0)
             return BAD;
         if (value_too_large(s, c, vn))
             return SERVED;
@@ -497,6 +499,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         free(c->oc_key);
         free(c->oc_val);
         c->oc_key = nk, c->oc_kn = kn, c->oc_val = nv, c->oc_vn = vn;
+        c->oc_if_absent = if_absent;
         reply_begin(c, DDP__R_OK);
         break;
     }
@@ -781,6 +784,7 @@ static void *server_main(void *arg)
                     (soerr == ETIMEDOUT || soerr == EHOSTUNREACH))
                     c->timed_out = true;
                 if (c->oc_key && !c->timed_out &&
+                    !(c->oc_if_absent && table_get(&s->tab, c->oc_key, c->oc_kn)) &&
                     table_set(&s->tab, s->max_total, c->oc_key, c->oc_kn, c->oc_val, c->oc_vn) ==
                         DDP_OK)
                     changed = true;

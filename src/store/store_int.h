@@ -13,8 +13,9 @@
  *   WAIT     u32 n, n × blob key                       -> ok           (parks until all exist)
  *   DELETE   blob key                                  -> u8 existed
  *   NUM_KEYS                                           -> i64 count
- *   ON_CLOSE blob key, blob value                      -> ok  (when this connection closes
- *            before the server stops, the server sets key = value; an empty key cancels)
+ *   ON_CLOSE blob key, blob value [, u8 if_absent]     -> ok  (when this connection closes
+ *            before the server stops, the server sets key = value — only if key is absent
+ *            then, with if_absent 1; an empty key cancels)
  * The first request on a connection must be HELLO. One request is served at a time per
  * connection; the client waits for each reply, so a parked GET holds only its own connection.
  */

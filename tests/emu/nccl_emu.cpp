@@ -26,6 +26,9 @@
  *  - DDP_EMU_NCCL_INPROGRESS=1: on a non-blocking communicator a collective returns
  *    ncclInProgress and ncclCommGetAsyncError says so twice more (NCCL may, in a group); so
  *    does ncclCommFinalize (once) always.
+ *  - DDP_EMU_NCCL_QUIET=1: a peer's death, abort or destroy is never reported (no
+ *    ncclRemoteError: the collective waits until this rank's abort), as NCCL's transports
+ *    within a node (NVLink, P2P, shared memory) behave.
  *  - the tests' faults: DDP_EMU_NCCL_STALL=R:N: rank R's Nth collective never runs, as a hung
  *    kernel, until the communicator is aborted; DDP_EMU_NCCL_FAIL=init: init fails
  *    (ncclSystemError). DDP_EMU_NCCL_TAG: a word in the segment's name, /ddpc-nccl-emu-TAG-…,
@@ -120,6 +123,7 @@ struct State {
     std::atomic<int> pending{0}; /* collectives queued, not finished */
     bool blocking = true;
     bool issue_in_progress = false; /* DDP_EMU_NCCL_INPROGRESS=1 */
+    bool quiet = false;             /* DDP_EMU_NCCL_QUIET=1: a dead peer is never reported */
     std::atomic<int> polls_left{0}; /* ncclInProgress answers still due (issue, finalize) */
     std::mutex mu;
     ncclResult_t err = ncclSuccess; /* the asynchronous error, under mu */
@@ -177,6 +181,8 @@ struct State {
     /* Whether every peer that arrived is still there; else why not, into why. */
     bool peers_alive(char *why, size_t cap)
     {
+        if (quiet) /* NVLink, P2P and shared memory: the collective spins, nothing is reported */
+            return true;
         for (int q = 0; q < n; q++) {
             if (q == me)
                 continue;
@@ -615,6 +621,8 @@ EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUn
     s->blocking = blocking;
     const char *ip = getenv("DDP_EMU_NCCL_INPROGRESS");
     s->issue_in_progress = ip && !strcmp(ip, "1");
+    const char *q = getenv("DDP_EMU_NCCL_QUIET");
+    s->quiet = q && !strcmp(q, "1");
     const char *h = getenv("DDP_EMU_NCCL_HANG_S");
     if (h && atoi(h) > 0)
         s->hang_ms = (int64_t)atoi(h) * 1000;

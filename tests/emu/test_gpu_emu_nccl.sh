@@ -13,14 +13,21 @@
 #               the survivor): rank 0's next allreduce fails by itself within 8 s, its message
 #               naming the allreduce and the dead rank (the emulation's ncclRemoteError, the
 #               watchdog's abort)
+#   quiet_kill, quiet_abort  as kill by hand, and rank 1 calling ddp_group_abort then destroying
+#               its group, with an NCCL that never reports a dead peer (DDP_EMU_NCCL_QUIET=1, as
+#               NVLink/P2P/SHM): rank 0 fails within 8 s through the store's failure notice,
+#               as the peer's fault, naming rank 1
 #   train_kill  ddptrain on 2 ranks over nccl, started by hand (its GPU group borrowing the host
 #               group's store, which rank 0 hosts), rank 1 killed right after the step-2
 #               checkpoint: rank 0's next gradient allreduce (the GPU group's) fails with
 #               NCCL's ncclRemoteError, and rank 0 stops as its consequence, exit code 86
 #               (DDP_EXIT_PEER_FAILED: the peer is the root cause), not 1
+#   train_fail  ddptrain on 2 ranks by hand over an NCCL that reports nothing (QUIET), rank 1's
+#               forward failing at step 3 (DDP_TEST_FAIL_FORWARD_AT_STEP): it aborts its GPU group
+#               with the reason, and rank 0 exits 86 at once, naming rank 1 and why
 #   stuck       rank 1's second collective never runs (DDP_EMU_NCCL_STALL=1:2, a hung kernel),
-#               DDP_TIMEOUT=2: both ranks fail within 8 s, rank 1 with the watchdog's time-out
-#               naming allreduce #2
+#               DDP_TIMEOUT=2: both ranks fail within 8 s with the watchdog's time-out naming
+#               allreduce #2 (their own, or the other's through the store's notice)
 #   late        rank 1's init fails (DDP_EMU_NCCL_FAIL=init), DDP_TIMEOUT=2: rank 0's non-blocking
 #               init gives up at the deadline, "did not finish within 2 s", and aborts
 #   dup         two ranks on one emulated device (rank 1's devices reordered, as a
@@ -109,7 +116,8 @@ kill)
     [ -z "$left" ] || fail "gpucheck processes outlived the job:" $left
     ok "a killed rank ends the job in ${took} s with ddprun's summary"
     start=$(date +%s)
-    DDP_EMU_GPUS=2 by_hand 2 --kill 1
+    # (NCCL's own report: the store's notice, which would race it, is off here; quiet_kill)
+    DDP_TEST_NO_NOTICE=1 DDP_EMU_GPUS=2 by_hand 2 --kill 1
     took=$(($(date +%s) - start))
     want_rc 1 137 SIGKILL
     want_rc 0 3 "its allreduce failed"
@@ -118,6 +126,29 @@ kill)
     [ $took -lt 8 ] || fail "rank 0 took ${took} s to fail (limit 8 s)"
     grep "as expected" "$T/h.0"
     ok "rank 1 killed, no ddprun: rank 0's allreduce fails by itself in ${took} s, naming it"
+    ;;
+quiet_kill | quiet_abort)
+    # NCCL within a node (NVLink, P2P, shared memory) never reports a dead or aborted peer
+    # (DDP_EMU_NCCL_QUIET=1): the store's failure notice (src/group/notice.c) must end rank 0's
+    # allreduce within 8 s, as the peer's fault, naming rank 1
+    export DDP_EMU_NCCL_QUIET=1
+    start=$(date +%s)
+    if [ $MODE = quiet_kill ]; then
+        DDP_EMU_GPUS=2 by_hand 2 --kill 1
+        want_rc 1 137 SIGKILL
+        want_line 0 "rank 0: as expected: rank 1 (process [0-9]* on .*) left without destroying its group" \
+            "naming the dead rank (its store connection's death mark)"
+    else
+        DDP_EMU_GPUS=2 by_hand 2 --abort 1
+        want_rc 1 4 "it aborted and destroyed its group"
+        want_line 0 "rank 0: as expected: rank 1 aborted the group: " "naming the rank that aborted"
+    fi
+    took=$(($(date +%s) - start))
+    want_rc 0 3 "its allreduce failed"
+    [ $took -lt 8 ] || fail "rank 0 took ${took} s to fail (limit 8 s)"
+    grep "as expected" "$T/h.0"
+    no_segments "$MODE"
+    ok "$MODE: rank 0's allreduce fails through the store's notice in ${took} s, naming rank 1"
     ;;
 train_kill)
     cd "$T"
@@ -132,17 +163,42 @@ train_kill)
     grep "ddptrain: rank 0" "$T/h.0"
     ok "ddptrain over nccl, rank 1 killed: rank 0 exits 86, the peer's failure, not its own"
     ;;
+train_fail)
+    # rank 1 fails on its own in step 3's forward (as out of GPU memory would) while rank 0
+    # waits in the gradient allreduce of an NCCL that reports nothing (DDP_EMU_NCCL_QUIET=1):
+    # ddptrain aborts its GPU group with the reason, and rank 0 learns it through the store's
+    # notice at once, exiting 86 (the peer's failure) — not at DDP_TIMEOUT (120 s here)
+    cd "$T"
+    tiny_gpt
+    unset DDP_BACKEND
+    export DDP_EMU_NCCL_QUIET=1 DDP_TIMEOUT=120
+    CHECK=$BIN/ddptrain R1_ENV=(DDP_TEST_FAIL_FORWARD_AT_STEP=3)
+    start=$(date +%s)
+    DDP_EMU_GPUS=2 by_hand 2 "${TINY_GPT[@]}" --device cuda --gpu_backend nccl --total_steps 6 \
+        --out_dir run
+    took=$(($(date +%s) - start))
+    want_rc 1 1 "its own failure"
+    want_line 1 "ddptrain: rank 1: forward: the test's failure" "saying what failed"
+    want_rc 0 86 "a peer's failure (DDP_EXIT_PEER_FAILED)"
+    want_line 0 "rank 1 aborted the group: forward: the test's failure" "naming rank 1 and why"
+    [ $took -lt 60 ] || fail "the job took ${took} s to end (rank 0 waited for its 120 s deadline?)"
+    grep "ddptrain: rank 0" "$T/h.0"
+    ok "ddptrain over a silent nccl, rank 1 failing on its own: rank 0 exits 86 in ${took} s, told why"
+    ;;
 stuck)
     start=$(date +%s)
     DDP_EMU_GPUS=2 DDP_TIMEOUT=2 DDP_EMU_NCCL_STALL=1:2 by_hand 2 --quick
     took=$(($(date +%s) - start))
+    # each rank's own failure of allreduce #2 or the other's through the store's notice,
+    # whichever came first (rank 0 may also see rank 1's abort as the emulation's
+    # ncclRemoteError); the first of all is a watchdog's time-out
     for r in 0 1; do
         want_rc $r 1 "a failed check"
-        want_line $r "rank $r: FAILED: allreduce: rank $r: nccl: allreduce #2 (float32 × 1) " \
+        want_line $r "rank $r: FAILED: allreduce: .*rank [01]: nccl: allreduce #2 (float32 × 1) " \
             "naming allreduce #2"
     done
-    want_line 1 "allreduce #2 (float32 × 1) timed out after 2 s on the GPU: the communicator was aborted" \
-        "of the watchdog's time-out"
+    grep -q "allreduce #2 (float32 × 1) timed out after 2 s on the GPU: the communicator was aborted" \
+        "$T/h.0" "$T/h.1" || { cat "$T/h.0" "$T/h.1"; fail "no rank names the watchdog's time-out"; }
     [ $took -lt 8 ] || fail "the stuck collective took ${took} s to fail (limit 8 s)"
     grep -h FAILED "$T/h.0" "$T/h.1"
     ok "a stuck collective: the watchdog aborts it and names it, in ${took} s"

@@ -4,7 +4,8 @@
  *
  *   gpucheck --probe                      exit 0 if a GPU is usable, else 77 (skip)
  *   ddprun --nproc_per_node=W gpucheck [--backend NAME] [--expect NAME] [--kill RANK]
- *                                      [--arena BYTES] [--fail-within SECONDS] [--quick]
+ *                                      [--abort RANK] [--arena BYTES] [--fail-within SECONDS]
+ *                                      [--quick]
  *
  * Without a GPU it exits 77 (CTest: skipped), or 1 when DDP_REQUIRE_GPU=1 (a GPU machine's check
  * script sets it, so a broken driver cannot pass as a skip). With DDP_TEST_FAKE_GPUS=N it runs
@@ -17,7 +18,9 @@
  * W·B (a linear model, squared loss; per-rank gradients on the host, averaged on the GPU through
  * the backend), within 1e-5 relative in float32 and 1e-2 in bfloat16. --kill R: after one round
  * of collectives rank R kills itself (SIGKILL) and the others' next allreduce must fail with a
- * message, not hang (the script checks ddprun's summary and the time). --arena: the group's
+ * message, not hang (the script checks ddprun's summary and the time). --abort R: the same, but
+ * rank R calls ddp_group_abort and destroys its group at once (exit 4): the others' allreduce
+ * must fail as the peer's fault, naming "rank R aborted the group". --arena: the group's
  * arena_bytes (cuda-staged's and cuda-ipc's staging is half of it: small values make every
  * collective run in many chunks). --fail-within S: rank 1 dies inside a collective (the fake GPU
  * kills it in cuda-ipc's reduction or cuda-staged's copy into host memory:
@@ -217,6 +220,7 @@ int main(int argc, char **argv)
 {
     const char *backend = NULL, *expect = NULL;
     int kill_rank = -1, fail_within = -1;
+    bool abort_it = false;
     size_t arena = 0;
     bool probe = false, quick = false;
     for (int i = 1; i < argc; i++) {
@@ -228,6 +232,8 @@ int main(int argc, char **argv)
             expect = argv[++i];
         else if (!strcmp(argv[i], "--kill") && i + 1 < argc)
             kill_rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--abort") && i + 1 < argc)
+            kill_rank = atoi(argv[++i]), abort_it = true;
         else if (!strcmp(argv[i], "--arena") && i + 1 < argc)
             arena = (size_t)strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--fail-within") && i + 1 < argc)
@@ -236,7 +242,8 @@ int main(int argc, char **argv)
             quick = true;
         else {
             fprintf(stderr, "usage: gpucheck [--probe] [--backend NAME] [--expect NAME] "
-                            "[--kill RANK] [--arena BYTES] [--fail-within SECONDS] [--quick]\n");
+                            "[--kill RANK] [--abort RANK] [--arena BYTES] [--fail-within SECONDS] "
+                            "[--quick]\n");
             return 2;
         }
     }
@@ -303,14 +310,19 @@ int main(int argc, char **argv)
         n_by_b(g, DDP_BFLOAT16);
     } else {
         collectives(g, DDP_FLOAT32, 1000); /* a working group first, then the death */
+        if (R == kill_rank && abort_it) {
+            ddp_group_abort(g);
+            ddp_group_destroy(g);
+            return 4;
+        }
         if (R == kill_rank)
             raise(SIGKILL);
         float one = 1;
         void *d = dev_from(g, &one, sizeof one);
         ddp_status st = ddp_allreduce(g, d, d, 1, DDP_FLOAT32, DDP_SUM);
         CHECK(st != DDP_OK, "allreduce with rank %d dead succeeded", kill_rank);
-        CHECK(ddp_group_peer_failed(g), "ddp_group_peer_failed is false after rank %d died: %s",
-              kill_rank, ddp_group_last_error(g));
+        CHECK(ddp_group_peer_failed(g), "ddp_group_peer_failed is false after rank %d %s: %s",
+              kill_rank, abort_it ? "aborted" : "died", ddp_group_last_error(g));
         fprintf(stderr, "rank %d: as expected: %s\n", R, ddp_group_last_error(g));
         ddp_group_free(g, d);
         ddp_group_destroy(g);

@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "group/group_int.h"
 #include "group/nccl/nccl_int.h"
 #include "group/staged/staged_int.h"
 #include "kernels/kernels.h"
@@ -1066,10 +1067,294 @@ static void ipc_group_chunks(void **state)
     ddp_group_destroy(g);
 }
 
+/* ---- failure notices through the store (src/group/notice.c) --------------------------------- */
+
+/* A rank as the notice sees it: its group's first failure, and what a peer's notice did. */
+typedef struct fake_rank {
+    pthread_mutex_t mu;
+    ddp_status error;
+    char msg[DDP_ERRMSG_MAX];
+    bool peer;
+    int fails; /* hooks.fail calls */
+    ddp_status fail_st;
+    char fail_msg[DDP_ERRMSG_MAX];
+} fake_rank;
+
+static ddp_status fr_error(void *ctx, char *msg, size_t cap, bool *peer)
+{
+    fake_rank *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    ddp_status st = r->error;
+    if (st) {
+        snprintf(msg, cap, "%s", r->msg);
+        *peer = r->peer;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return st;
+}
+
+static void fr_fail(void *ctx, ddp_status st, const char *msg)
+{
+    fake_rank *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->fails++;
+    r->fail_st = st;
+    snprintf(r->fail_msg, sizeof r->fail_msg, "%s", msg);
+    if (!r->error) { /* as the group's poison: the peer's failure becomes this rank's */
+        r->error = st;
+        r->peer = true;
+        snprintf(r->msg, sizeof r->msg, "%s", msg);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void fr_set(fake_rank *r, ddp_status st, const char *msg, bool peer)
+{
+    pthread_mutex_lock(&r->mu);
+    r->error = st;
+    r->peer = peer;
+    snprintf(r->msg, sizeof r->msg, "%s", msg);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int fr_fails(fake_rank *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = r->fails;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* Waits up to ms for r's first hooks.fail; returns how many it had. */
+static int fr_wait(fake_rank *r, int ms)
+{
+    int64_t end = ddp__now_ms() + ms;
+    while (fr_fails(r) == 0 && ddp__now_ms() < end) {
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    return fr_fails(r);
+}
+
+typedef struct notice_fx {
+    uid_fixture u; /* the server, and a client to read the key with (u.a) */
+    fake_rank r[2];
+    ddp__notice *n[2];
+} notice_fx;
+
+static void nfx_start(notice_fx *f, int poll0, int poll1)
+{
+    memset(f, 0, sizeof *f);
+    uid_setup(&f->u);
+    for (int i = 0; i < 2; i++) {
+        pthread_mutex_init(&f->r[i].mu, NULL);
+        ddp__notice_hooks h = {.ctx = &f->r[i], .error = fr_error, .fail = fr_fail};
+        ddp_error err = {0};
+        assert_int_equal(
+            ddp__notice_start(f->u.a, "ddp/g7", i, i ? poll1 : poll0, &h, &f->n[i], &err), DDP_OK);
+    }
+}
+
+static void nfx_stop(notice_fx *f)
+{
+    for (int i = 0; i < 2; i++) {
+        ddp__notice_stop(f->n[i]);
+        pthread_mutex_destroy(&f->r[i].mu);
+    }
+    uid_teardown(&f->u);
+}
+
+/* What the store holds under the group's key ("" when absent). */
+static void down_key(notice_fx *f, char *out, size_t cap)
+{
+    const char *k[1] = {"ddp/g7/down"};
+    bool have = false;
+    out[0] = '\0';
+    assert_int_equal(ddp_store_check(f->u.a, k, 1, &have), DDP_OK);
+    if (!have)
+        return;
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(ddp_store_get(f->u.a, k[0], &v, &len), DDP_OK);
+    snprintf(out, cap, "%s", (char *)v);
+    free(v);
+}
+
+/* Waits up to ms for the key to hold something; returns it in out ("" if it never did). */
+static void down_wait(notice_fx *f, char *out, size_t cap, int ms)
+{
+    int64_t end = ddp__now_ms() + ms;
+    for (;;) {
+        down_key(f, out, cap);
+        if (out[0] || ddp__now_ms() >= end)
+            return;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Sleeps ms, for the checks that something does NOT happen (many polls of 20 ms). */
+static void idle_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Rank 1 fails on its own (its watchdog's time-out), told at once (ddp__notice_tell, where the
+ * group is poisoned): in the store before the call returns, though its thread would not look
+ * for a minute; rank 0 learns it within a few polls, with rank 1's status and message, as the
+ * peer's fault, and publishes nothing of its own over it. */
+static void notice_publish(void **state)
+{
+    (void)state;
+    notice_fx f;
+    nfx_start(&f, 20, 60000);
+    fr_set(&f.r[1], DDP_ERR_TIMEOUT, "rank 1: nccl: allreduce #4 timed out", false);
+    ddp__notice_tell(f.n[1]);
+    char v[DDP_ERRMSG_MAX + 64];
+    down_key(&f, v, sizeof v);
+    char want[DDP_ERRMSG_MAX + 64];
+    snprintf(want, sizeof want, "%d rank 1 failed: rank 1: nccl: allreduce #4 timed out",
+             (int)DDP_ERR_TIMEOUT);
+    assert_string_equal(v, want);
+    assert_int_equal(fr_wait(&f.r[0], 5000), 1);
+    assert_int_equal(f.r[0].fail_st, DDP_ERR_TIMEOUT);
+    assert_string_equal(f.r[0].fail_msg, "rank 1 failed: rank 1: nccl: allreduce #4 timed out");
+    idle_ms(300);
+    assert_int_equal(fr_fails(&f.r[0]), 1); /* told once */
+    down_key(&f, v, sizeof v);
+    assert_string_equal(v, want); /* rank 0, failed by the peer, wrote nothing */
+    nfx_stop(&f);
+}
+
+/* A failure that came from a peer (NCCL's ncclRemoteError) is not published again; a clean stop
+ * publishes nothing and leaves no death mark: the other rank is never failed. */
+static void notice_quiet(void **state)
+{
+    (void)state;
+    notice_fx f;
+    nfx_start(&f, 20, 20);
+    fr_set(&f.r[1], DDP_ERR_NETWORK, "NCCL reports remote process exited", true);
+    idle_ms(500);
+    char v[DDP_ERRMSG_MAX + 64];
+    down_key(&f, v, sizeof v);
+    assert_string_equal(v, "");
+    ddp__notice_stop(f.n[1]); /* leaving on purpose: not dying */
+    f.n[1] = NULL;
+    idle_ms(500);
+    down_key(&f, v, sizeof v);
+    assert_string_equal(v, "");
+    assert_int_equal(fr_fails(&f.r[0]), 0);
+    nfx_stop(&f);
+}
+
+/* ddp_group_abort right before destroy, never told (the thread had no time to look: poll 60 s):
+ * stop publishes it; rank 0 reads "rank 1 aborted the group" with DDP_ERR_CLOSED. Two ranks
+ * failing on their own at once, found by their threads: the first to publish wins, the other's
+ * message is not written over, and neither is told the other's. */
+static void notice_abort_at_stop(void **state)
+{
+    (void)state;
+    notice_fx f;
+    nfx_start(&f, 20, 60000);
+    fr_set(&f.r[1], DDP_ERR_CLOSED, "the group was aborted on this rank (ddp_group_abort)", false);
+    int64_t t0 = ddp__now_ms();
+    ddp__notice_stop(f.n[1]);
+    f.n[1] = NULL;
+    assert_true(ddp__now_ms() - t0 < 2000); /* the stop does not wait for a poll */
+    assert_int_equal(fr_wait(&f.r[0], 5000), 1);
+    assert_int_equal(f.r[0].fail_st, DDP_ERR_CLOSED);
+    assert_string_equal(f.r[0].fail_msg, "rank 1 aborted the group: the group was aborted on "
+                                         "this rank (ddp_group_abort)");
+    nfx_stop(&f);
+
+    nfx_start(&f, 20, 20);
+    fr_set(&f.r[0], DDP_ERR_TIMEOUT, "mine", false);
+    fr_set(&f.r[1], DDP_ERR_TIMEOUT, "theirs", false);
+    char v[DDP_ERRMSG_MAX + 64];
+    down_wait(&f, v, sizeof v, 5000);
+    assert_true(strstr(v, "rank 0 failed: mine") || strstr(v, "rank 1 failed: theirs"));
+    idle_ms(300);
+    char again[DDP_ERRMSG_MAX + 64];
+    down_key(&f, again, sizeof again);
+    assert_string_equal(again, v);
+    assert_int_equal(fr_fails(&f.r[0]) + fr_fails(&f.r[1]), 0);
+    nfx_stop(&f);
+}
+
+/* A process that ends with its notices live, without stopping them: exit(0) (a program that
+ * returns from main without destroying its group succeeded) cancels the death mark; exit(3)
+ * leaves it, and the store sets it: rank 5 "left without destroying its group". */
+static void notice_process_exit(void **state)
+{
+    (void)state;
+    for (int code = 0; code <= 3; code += 3) {
+        notice_fx f;
+        nfx_start(&f, 20, 20);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            fake_rank r;
+            memset(&r, 0, sizeof r);
+            pthread_mutex_init(&r.mu, NULL);
+            ddp__notice_hooks h = {.ctx = &r, .error = fr_error, .fail = fr_fail};
+            ddp__notice *n = NULL;
+            ddp_error err = {0};
+            if (ddp__notice_start(f.u.b, "ddp/g7", 5, 20, &h, &n, &err) != DDP_OK)
+                _exit(9);
+            exit(code); /* n is never stopped */
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), code);
+        char v[DDP_ERRMSG_MAX + 64];
+        if (code == 0) {
+            idle_ms(300);
+            down_key(&f, v, sizeof v);
+            assert_string_equal(v, "");
+            assert_int_equal(fr_fails(&f.r[0]), 0);
+        } else {
+            assert_int_equal(fr_wait(&f.r[0], 5000), 1);
+            assert_int_equal(f.r[0].fail_st, DDP_ERR_NETWORK);
+            assert_non_null(strstr(f.r[0].fail_msg, "rank 5 (process "));
+            assert_non_null(strstr(f.r[0].fail_msg, ") left without destroying its group: it "
+                                                    "died, or exited after an error"));
+        }
+        nfx_stop(&f);
+    }
+}
+
+/* The store goes away: the notices stop looking, quietly (no failure made up), and stop returns
+ * promptly. */
+static void notice_store_gone(void **state)
+{
+    (void)state;
+    notice_fx f;
+    nfx_start(&f, 20, 20);
+    ddp_store_close(f.u.a);
+    ddp_store_close(f.u.b);
+    ddp_store_server_stop(f.u.srv);
+    idle_ms(200);
+    int64_t t0 = ddp__now_ms();
+    for (int i = 0; i < 2; i++) {
+        ddp__notice_stop(f.n[i]);
+        assert_int_equal(fr_fails(&f.r[i]), 0);
+        pthread_mutex_destroy(&f.r[i].mu);
+    }
+    assert_true(ddp__now_ms() - t0 < 6000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(uid_exchange),
+        cmocka_unit_test(notice_publish),
+        cmocka_unit_test(notice_quiet),
+        cmocka_unit_test(notice_abort_at_stop),
+        cmocka_unit_test(notice_process_exit),
+        cmocka_unit_test(notice_store_gone),
         cmocka_unit_test(watchdog_healthy),
         cmocka_unit_test(watchdog_stuck),
         cmocka_unit_test(watchdog_error),

@@ -950,6 +950,58 @@ static void eight_clients_barrier(void **state)
 /* ---- 4. the token ------------------------------------------------------------------------------
  */
 
+/* A clone is a connection of its own to the same store, with the token: what one sets the other
+ * reads; closing the clone leaves the original working; its on_close mark is its own. */
+static void clone_connects(void **state)
+{
+    fx *f = *state;
+    ddp_store *a = fx_client(f, "right-token", 5000);
+    ddp_store *c = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp_store_clone(a, &c, &err), DDP_OK);
+    assert_non_null(c);
+    assert_int_equal(ddp_store_set(c, "cloned", "yes", 3), DDP_OK);
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(ddp_store_get(a, "cloned", &v, &len), DDP_OK);
+    assert_int_equal(len, 3);
+    assert_memory_equal(v, "yes", 3);
+    free(v);
+    assert_int_equal(ddp_store_on_close(c, "clone/gone", "1", 1), DDP_OK);
+    ddp_store_close(c);
+    const char *k[1] = {"clone/gone"};
+    assert_int_equal(ddp_store_wait(a, k, 1), DDP_OK); /* the clone's own connection closed */
+    assert_int_equal(ddp_store_set(a, "still", "ok", 2), DDP_OK);
+    assert_int_equal(ddp_store_clone(NULL, &c, &err), DDP_ERR_INVALID);
+
+    /* on_close_first: the mark is set at the close only if the key is absent then (a cause set
+     * before it stays); an absent key gets it */
+    ddp_store *d = NULL;
+    assert_int_equal(ddp_store_clone(a, &d, &err), DDP_OK);
+    assert_int_equal(ddp_store_on_close_first(d, "first/kept", "mark", 4), DDP_OK);
+    assert_int_equal(ddp_store_on_close_first(d, "first/new", "mark", 4), DDP_OK); /* replaces */
+    assert_int_equal(ddp_store_set(a, "first/kept", "cause", 5), DDP_OK);
+    ddp_store_close(d);
+    assert_int_equal(ddp_store_clone(a, &d, &err), DDP_OK);
+    assert_int_equal(ddp_store_on_close_first(d, "first/kept", "mark", 4), DDP_OK);
+    ddp_store_close(d);
+    const char *k2[1] = {"first/new"};
+    assert_int_equal(ddp_store_wait(a, k2, 1), DDP_OK);
+    assert_int_equal(ddp_store_get(a, "first/new", &v, &len), DDP_OK);
+    assert_int_equal(len, 4);
+    assert_memory_equal(v, "mark", 4);
+    free(v);
+    /* (once the server has dropped that connection: only a and the fixture's are left) */
+    int64_t deadline = now_ms() + 5000;
+    while (ddp__store_server_clients(f->srv) > 1 && now_ms() < deadline)
+        sleep_ms(5);
+    assert_int_equal(ddp__store_server_clients(f->srv), 1);
+    assert_int_equal(ddp_store_get(a, "first/kept", &v, &len), DDP_OK);
+    assert_int_equal(len, 5);
+    assert_memory_equal(v, "cause", 5);
+    free(v);
+}
+
 static void wrong_token_refused_fast(void **state)
 {
     fx *f = *state;
@@ -1889,6 +1941,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(eight_clients_add, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wrong_token_refused_fast, setup_token, teardown),
+        cmocka_unit_test_setup_teardown(clone_connects, setup_token, teardown),
         cmocka_unit_test_setup_teardown(empty_server_token_accepts_anyone, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(keepalive_on_both_ends, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(garbage_bytes, setup_plain, teardown),

@@ -105,6 +105,16 @@ int trainer_die(trainer *t, const char *what, const char *msg)
     if ((t->g && ddp_group_peer_failed(t->g)) || (t->gg && ddp_group_peer_failed(t->gg)))
         return trainer_die_peer(t, what, msg);
     abort_failed_groups(t);
+    /* A failure of this rank's own (out of GPU memory in forward, a data file it alone reads)
+     * with the GPU group healthy: its peers may be waiting in an NCCL collective, which learns
+     * nothing from this rank's exit (destroy leaves cleanly); the abort tells them why
+     * (through the store's failure notices), instead of their deadline. The host group's
+     * peers see its connections close. */
+    if (t->gg && ddp_group_error(t->gg) == DDP_OK) {
+        char why[DDP_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s: %s", what, msg);
+        ddp_group_abort_reason(t->gg, why);
+    }
     fprintf(stderr, "ddptrain: rank %d: %s: %s\n", t->R, what, msg);
     return 1;
 }

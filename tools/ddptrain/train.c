@@ -278,6 +278,11 @@ static int micro_step(trainer *t, feed *f, int micro, double *loss)
             (uint64_t)t->R;
         mb.sample_stride = (uint64_t)t->W;
     }
+    /* Tests only (docs/environment.md): DDP_TEST_FAIL_FORWARD_AT_STEP=N makes this rank's
+     * forward of step N fail, as running out of GPU memory there would: a local failure. */
+    const char *fail_at = getenv("DDP_TEST_FAIL_FORWARD_AT_STEP");
+    if (fail_at && *fail_at && strtoull(fail_at, NULL, 10) == t->step)
+        return trainer_die(t, "forward", "the test's failure (DDP_TEST_FAIL_FORWARD_AT_STEP)");
     ddp_model_out out;
     if (ddp_model_forward(t->m, &mb, true, &out) != DDP_OK)
         return trainer_die(t, "forward", ddp_model_last_error(t->m));

@@ -75,5 +75,6 @@ const ddp__backend ddp__nccl_backend = {
     .usable = nccl_usable,
     .create = nccl_create,
     .gpu = true,
+    .notice = true,
     .pick = DDP__PICK_NCCL,
 };
