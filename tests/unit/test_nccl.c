@@ -1282,6 +1282,30 @@ static void notice_abort_at_stop(void **state)
     nfx_stop(&f);
 }
 
+/* The child of notice_process_exit, a fresh process (this program run again: a fork of this
+ * multi-threaded one could not start threads under TSan): rank 5's notices on the store at
+ * 127.0.0.1:port, never stopped, then exit(code). */
+static int notice_child(int port, int code)
+{
+    ddp_store_opts o = DDP_STORE_OPTS_INIT;
+    o.port = port;
+    o.token = "tok";
+    o.timeout_ms = 5000;
+    ddp_store *s = NULL;
+    static fake_rank r; /* (static: reachable at exit, as the notices are) */
+    pthread_mutex_init(&r.mu, NULL);
+    ddp__notice_hooks h = {.ctx = &r, .error = fr_error, .fail = fr_fail};
+    static ddp__notice *n;
+    ddp_error err = {0};
+    if (ddp_store_connect(&o, &s, &err) != DDP_OK ||
+        ddp__notice_start(s, "ddp/g7", 5, 20, &h, &n, &err) != DDP_OK) {
+        fprintf(stderr, "notice child: %s\n", err.msg);
+        return 9;
+    }
+    ddp_store_close(s); /* the notices' own connection stays */
+    exit(code);         /* n is never stopped */
+}
+
 /* A process that ends with its notices live, without stopping them: exit(0) (a program that
  * returns from main without destroying its group succeeded) cancels the death mark; exit(3)
  * leaves it, and the store sets it: rank 5 "left without destroying its group". */
@@ -1291,19 +1315,15 @@ static void notice_process_exit(void **state)
     for (int code = 0; code <= 3; code += 3) {
         notice_fx f;
         nfx_start(&f, 20, 20);
+        char port[16], cs[16];
+        snprintf(port, sizeof port, "%d", ddp_store_server_port(f.u.srv));
+        snprintf(cs, sizeof cs, "%d", code);
         fflush(NULL);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
-            fake_rank r;
-            memset(&r, 0, sizeof r);
-            pthread_mutex_init(&r.mu, NULL);
-            ddp__notice_hooks h = {.ctx = &r, .error = fr_error, .fail = fr_fail};
-            ddp__notice *n = NULL;
-            ddp_error err = {0};
-            if (ddp__notice_start(f.u.b, "ddp/g7", 5, 20, &h, &n, &err) != DDP_OK)
-                _exit(9);
-            exit(code); /* n is never stopped */
+            execl("/proc/self/exe", "test_nccl", "--notice-child", port, cs, (char *)NULL);
+            _exit(127);
         }
         int status = 0;
         assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -1346,8 +1366,10 @@ static void notice_store_gone(void **state)
     assert_true(ddp__now_ms() - t0 < 6000);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--notice-child"))
+        return notice_child(atoi(argv[2]), atoi(argv[3]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(uid_exchange),
         cmocka_unit_test(notice_publish),
