@@ -310,6 +310,14 @@ int main(int argc, char **argv)
         n_by_b(g, DDP_BFLOAT16);
     } else {
         collectives(g, DDP_FLOAT32, 1000); /* a working group first, then the death */
+        /* (the wall clock of the death and of the others' failure, for
+         * bench/notice_latency.sh: one host, one clock) */
+        struct timespec tw;
+        if (R == kill_rank) {
+            clock_gettime(CLOCK_REALTIME, &tw);
+            fprintf(stderr, "rank %d: %s at %.6f\n", R, abort_it ? "aborting" : "dying",
+                    (double)tw.tv_sec + 1e-9 * (double)tw.tv_nsec);
+        }
         if (R == kill_rank && abort_it) {
             ddp_group_abort(g);
             ddp_group_destroy(g);
@@ -320,6 +328,9 @@ int main(int argc, char **argv)
         float one = 1;
         void *d = dev_from(g, &one, sizeof one);
         ddp_status st = ddp_allreduce(g, d, d, 1, DDP_FLOAT32, DDP_SUM);
+        clock_gettime(CLOCK_REALTIME, &tw);
+        fprintf(stderr, "rank %d: failed at %.6f\n", R,
+                (double)tw.tv_sec + 1e-9 * (double)tw.tv_nsec);
         CHECK(st != DDP_OK, "allreduce with rank %d dead succeeded", kill_rank);
         CHECK(ddp_group_peer_failed(g), "ddp_group_peer_failed is false after rank %d %s: %s",
               kill_rank, abort_it ? "aborted" : "died", ddp_group_last_error(g));
