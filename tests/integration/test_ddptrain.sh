@@ -311,6 +311,29 @@ for be in shm tcp; do
 done
 ok "a rank killed mid-training: the survivor exits 86 (another rank's failure), naming rank 1, over shm and tcp"
 
+# A rank failing on its own mid-training (its forward at step 3, as out of memory would:
+# DDP_TEST_FAIL_FORWARD_AT_STEP), ranks by hand: it aborts its group with the reason, so the other
+# exits 86 naming rank 1 and what failed there — not only that rank 1 left or closed its
+# connection.
+for be in shm tcp; do
+    port=$(free_port)
+    for r in 0 1; do
+        extra=()
+        [ $r = 1 ] && extra=(DDP_TEST_FAIL_FORWARD_AT_STEP=3)
+        env "${extra[@]}" DDP_BACKEND=$be RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TRAIN" --total_steps 20 --log_every 5 \
+            --checkpoint.every 0 --eval_every 0 --out_dir failed_$be >failed_$be.$r 2>&1 &
+        BG_PIDS+=($!)
+        pids[$r]=$!
+    done
+    rc0=0; wait "${pids[0]}" || rc0=$?
+    rc1=0; wait "${pids[1]}" || rc1=$?
+    [ $rc1 -eq 1 ] || { cat failed_$be.1; fail "$be: the failing rank exited $rc1, want 1"; }
+    [ $rc0 -eq 86 ] || { cat failed_$be.0; fail "$be: the other rank exited $rc0, want 86"; }
+    assert_contains failed_$be.0 "rank 1 aborted the group: forward: the test's failure"
+done
+ok "a rank failing on its own: the other exits 86, told what failed on rank 1, over shm and tcp"
+
 # shm+tcp on two "hosts" (DDP_HOST_ID A A B B), ranks by hand: rank 3 killed. Its host's leader,
 # rank 2, sees it die in shm and aborts the group before it exits (as group.h advises), so the
 # other host learns the cause over tcp: rank 0 names rank 3. Before 2026-11-25 ddptrain exited

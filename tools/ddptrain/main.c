@@ -106,15 +106,16 @@ int trainer_die(trainer *t, const char *what, const char *msg)
         return trainer_die_peer(t, what, msg);
     abort_failed_groups(t);
     /* A failure of this rank's own (out of GPU memory in forward, a data file it alone reads)
-     * with the GPU group healthy: its peers may be waiting in an NCCL collective, which learns
-     * nothing from this rank's exit (destroy leaves cleanly); the abort tells them why
-     * (through the store's failure notices), instead of their deadline. The host group's
-     * peers see its connections close. */
-    if (t->gg && ddp_group_error(t->gg) == DDP_OK) {
-        char why[DDP_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s: %s", what, msg);
+     * with the groups healthy: the peers may be waiting in a collective. The abort tells them
+     * why — "rank 1 aborted the group: forward: …" — rather than only that this rank left
+     * (shm, tcp) or, on a GPU group, nothing at all until their deadline (an NCCL collective
+     * learns nothing from a clean exit; the abort goes through the store's failure notices). */
+    char why[DDP_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s: %s", what, msg);
+    if (t->gg && ddp_group_error(t->gg) == DDP_OK)
         ddp_group_abort_reason(t->gg, why);
-    }
+    if (t->g && ddp_group_error(t->g) == DDP_OK)
+        ddp_group_abort_reason(t->g, why);
     fprintf(stderr, "ddptrain: rank %d: %s: %s\n", t->R, what, msg);
     return 1;
 }
