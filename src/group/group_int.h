@@ -252,6 +252,8 @@ ddp_status ddp__notice_start(const ddp_store *store, const char *prefix, int ran
  * once, without destroying the group (which would leave only the death mark). Waits for a
  * store call or two. Thread-safe; NULL is a no-op. */
 void ddp__notice_tell(ddp__notice *n);
+/* The group's store-key prefix (its notices' key is "<prefix>/down"), for tests. */
+const char *ddp__group_prefix(const ddp_group *g);
 /* Stops the thread; publishes this rank's own failure if the thread had not yet, cancels the
  * death mark and closes the connection. NULL is a no-op. */
 void ddp__notice_stop(ddp__notice *n);

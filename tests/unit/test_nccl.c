@@ -1346,6 +1346,87 @@ static void notice_process_exit(void **state)
     }
 }
 
+/* The notices inside a group (group.c's hooks: poison, abort, the failing call's tell), on a
+ * one-rank CPU group with DDP_TEST_NOTICE=1 — the sanitizer builds have no nccl: an abort with a
+ * reason is in the store when ddp_group_abort_reason returns; a peer's notice set by hand poisons
+ * the group as the peer's fault, and its next collective fails with the peer's message; a clean
+ * destroy leaves no key. */
+static ddp_group *notice_group(ddp_world *w)
+{
+    memset(w, 0, sizeof *w);
+    w->world_size = 1;
+    w->local_world_size = 1;
+    ddp_group_opts o = DDP_GROUP_OPTS_INIT;
+    o.world = w;
+    o.host_id = "hostA";
+    o.timeout_ms = 10000;
+    ddp_group *g = NULL;
+    ddp_error err = {0};
+    setenv("DDP_TEST_NOTICE", "1", 1);
+    ddp_status st = ddp_group_init(&o, &g, &err);
+    unsetenv("DDP_TEST_NOTICE");
+    if (st != DDP_OK)
+        fail_msg("group: %s", err.msg);
+    return g;
+}
+
+static void notice_in_group(void **state)
+{
+    (void)state;
+    ddp_world w;
+    ddp_group *g = notice_group(&w);
+    ddp_store *c = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp_store_clone(ddp_group_store(g), &c, &err), DDP_OK);
+    char key[128];
+    snprintf(key, sizeof key, "%s/down", ddp__group_prefix(g));
+    ddp_group_abort_reason(g, "forward: out of memory");
+    const char *k[1] = {key};
+    bool have = false;
+    assert_int_equal(ddp_store_check(c, k, 1, &have), DDP_OK);
+    assert_true(have); /* told before the call returned */
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(ddp_store_get(c, key, &v, &len), DDP_OK);
+    assert_non_null(strstr(v, "rank 0 aborted the group: forward: out of memory"));
+    free(v);
+    assert_false(ddp_group_peer_failed(g));
+    ddp_group_destroy(g);
+
+    /* a peer's notice, as a rank 3 would publish it */
+    g = notice_group(&w);
+    snprintf(key, sizeof key, "%s/down", ddp__group_prefix(g));
+    ddp_store_close(c);
+    assert_int_equal(ddp_store_clone(ddp_group_store(g), &c, &err), DDP_OK);
+    char val[64];
+    snprintf(val, sizeof val, "%d rank 3 failed: boom", (int)DDP_ERR_TIMEOUT);
+    assert_int_equal(ddp_store_set(c, key, val, strlen(val)), DDP_OK);
+    int64_t end = ddp__now_ms() + 5000;
+    while (ddp_group_error(g) == DDP_OK && ddp__now_ms() < end)
+        idle_ms(5);
+    assert_int_equal(ddp_group_error(g), DDP_ERR_TIMEOUT);
+    assert_true(ddp_group_peer_failed(g));
+    assert_string_equal(ddp_group_last_error(g), "rank 3 failed: boom");
+    float x = 1;
+    assert_int_not_equal(ddp_allreduce(g, &x, &x, 1, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    assert_string_equal(ddp_group_last_error(g), "rank 3 failed: boom");
+    ddp_group_destroy(g);
+
+    /* a healthy group destroyed: nothing in the store */
+    g = notice_group(&w);
+    snprintf(key, sizeof key, "%s/down", ddp__group_prefix(g));
+    ddp_store_close(c);
+    assert_int_equal(ddp_store_clone(ddp_group_store(g), &c, &err), DDP_OK);
+    float y = 2;
+    assert_int_equal(ddp_allreduce(g, &y, &y, 1, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    ddp_store *keep = c; /* (the group's own store goes with it: ask through this one first) */
+    idle_ms(100);
+    assert_int_equal(ddp_store_check(keep, k, 1, &have), DDP_OK);
+    assert_false(have);
+    ddp_store_close(keep);
+    ddp_group_destroy(g);
+}
+
 /* The store goes away: the notices stop looking, quietly (no failure made up), and stop returns
  * promptly. */
 static void notice_store_gone(void **state)
@@ -1376,6 +1457,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(notice_quiet),
         cmocka_unit_test(notice_abort_at_stop),
         cmocka_unit_test(notice_process_exit),
+        cmocka_unit_test(notice_in_group),
         cmocka_unit_test(notice_store_gone),
         cmocka_unit_test(watchdog_healthy),
         cmocka_unit_test(watchdog_stuck),
