@@ -133,9 +133,23 @@ else
     echo "skip: cannot mount a tmpfs here (not root?): the read-only out_dir case"
 fi
 
+# --overwrite true with a run that cannot start (no GPU for device cuda; a batch whose
+# activations cannot be allocated): it deletes nothing. Before 2026-11-26 the newer checkpoints
+# went first and the run failed after, leaving none.
+cp -r r3 r3ow
+snap r3ow >r3ow.before
+for bad in "--device cuda" "--batch_size 2000000000 --model.hidden 100000"; do
+    rc=0
+    # shellcheck disable=SC2086 # the words of $bad are separate arguments
+    "$TRAIN" "${S[@]}" --total_steps 3 --out_dir r3ow --overwrite true $bad >out 2>err || rc=$?
+    [ $rc -ne 0 ] || { cat out err; fail "--overwrite true $bad: started"; }
+    ! grep -q 'overwrite: deleted' out err || { cat out err; fail "--overwrite true $bad: deleted"; }
+    snap r3ow | cmp -s - r3ow.before || { cat out err; fail "--overwrite true $bad: out_dir changed"; }
+done
+ok "--overwrite true with a run that cannot start: nothing deleted, out_dir unchanged"
+
 # --overwrite true (Hugging Face's overwrite_output_dir): the newer checkpoints are deleted, the
 # run trains afresh and metrics.jsonl starts anew; how `make demo` runs again into runs/default.
-cp -r r3 r3ow
 "$TRAIN" "${S[@]}" --total_steps 3 --checkpoint.every 1 --out_dir r3ow --overwrite true \
     >ow.out 2>ow.err || { cat ow.out ow.err; fail "--overwrite true"; }
 assert_contains ow.out "overwrite: deleted 3 checkpoints newer than step 0 from 'r3ow/checkpoints'"

@@ -366,21 +366,9 @@ int trainer_resolve_resume(trainer *t)
     int64_t n = step_of(newest);
     if (n < 0 || (uint64_t)n <= start)
         return 0;
-    if (ddp_config_bool(t->cfg, "overwrite")) { /* asked for: the newer ones go, newest first */
-        int removed = 0;
-        do {
-            if (unlink(newest) != 0) {
-                fprintf(stderr,
-                        "ddptrain: overwrite: cannot delete '%s': %s; move '%s' away instead\n",
-                        newest, strerror(errno), dir);
-                return 2;
-            }
-            removed++;
-        } while (ddp_ckpt_latest(dir, "step", newest, sizeof newest, NULL) == DDP_OK &&
-                 (n = step_of(newest)) >= 0 && (uint64_t)n > start);
-        trainer_say(t, "overwrite: deleted %d checkpoint%s newer than step %llu from '%s'", removed,
-                    removed == 1 ? "" : "s", (unsigned long long)start, dir);
-        t->overwrote = true;
+    if (ddp_config_bool(t->cfg, "overwrite")) { /* asked for: deleted once the run can start */
+        t->overwrite_pending = true;
+        t->overwrite_from = start;
         return 0;
     }
     char from[2200] = "";
@@ -394,6 +382,31 @@ int trainer_resolve_resume(trainer *t)
             t->dir, (long long)n, newest, (unsigned long long)start, *spec ? "" : "new ", from,
             dir);
     return 2;
+}
+
+int trainer_overwrite(trainer *t)
+{
+    if (!t->overwrite_pending)
+        return 0;
+    t->overwrite_pending = false;
+    char dir[1100], newest[2048];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
+    int removed = 0;
+    int64_t n;
+    /* newest first: a deletion that fails part way leaves the oldest, which no resume skips */
+    while (ddp_ckpt_latest(dir, "step", newest, sizeof newest, NULL) == DDP_OK &&
+           (n = step_of(newest)) >= 0 && (uint64_t)n > t->overwrite_from) {
+        if (unlink(newest) != 0) {
+            fprintf(stderr, "ddptrain: overwrite: cannot delete '%s': %s; move '%s' away instead\n",
+                    newest, strerror(errno), dir);
+            return 2;
+        }
+        removed++;
+    }
+    trainer_say(t, "overwrite: deleted %d checkpoint%s newer than step %llu from '%s'", removed,
+                removed == 1 ? "" : "s", (unsigned long long)t->overwrite_from, dir);
+    t->overwrote = true;
+    return 0;
 }
 
 int trainer_check_optimizer(trainer *t, const char *path)

@@ -102,6 +102,10 @@ typedef struct trainer {
     bool ckpt_no_config;
     bool overwrote;  /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew
                       */
+    /* overwrite: trainer_resolve_resume found checkpoints newer than overwrite_from, which
+     * trainer_overwrite deletes once the run is known to start */
+    bool overwrite_pending;
+    uint64_t overwrite_from;
     bool dir_locked; /* rank 0, training: out_dir's lock is held (dir_lock_fd) */
     int dir_lock_fd;
     /* What the progress line reports beside the loss (metrics.c). */
@@ -264,9 +268,14 @@ int trainer_share_loaded(trainer *t, bool train, ddp_ckpt_train_pos *pos);
 /* Training, rank 0, before anything in out_dir is created or written: resolves resume_from
  * into t->resume (none with 'latest', a damaged or foreign file: refused now) and refuses an
  * out_dir/checkpoints that holds a checkpoint newer than the step this run starts from
- * (another run's: this run's pruning would delete its own checkpoints in their favour).
+ * (another run's: this run's pruning would delete its own checkpoints in their favour), unless
+ * overwrite is true: then they are marked for trainer_overwrite.
  * Returns 0, or 2 after printing what is wrong and what to do; nothing is created or deleted. */
 int trainer_resolve_resume(trainer *t);
+/* Training, rank 0, once the model is built and its checkpoint read (the run will start): with
+ * overwrite, deletes the checkpoints newer than the start that trainer_resolve_resume found,
+ * newest first, and sets t->overwrote. 0, or 2 after printing what could not be deleted. */
+int trainer_overwrite(trainer *t);
 /* Training, rank 0: an exclusive lock on out_dir (flock of the folder, held for the process's
  * life), so that a second run into it is refused; 0 when taken or when out_dir is not there
  * yet, else 2 after printing why. */

@@ -732,8 +732,9 @@ static int run(int argc, char **argv)
         trainer_catch_save_signals();
     /* What resume_from names is settled first, and the model built and its checkpoint loaded,
      * before out_dir is touched: a refusal (no checkpoint to resume from, a damaged one, another
-     * run's newer checkpoints in out_dir, one saved with another model or optimizer) creates
-     * and deletes nothing. Until then rank 0's train.log lines wait in memory. */
+     * run's newer checkpoints in out_dir, one saved with another model or optimizer, a device
+     * or a batch that does not fit) creates and deletes nothing — overwrite's deletions wait
+     * for trainer_overwrite. Until then rank 0's train.log lines wait in memory. */
     if ((rc = agree(&t, "resume_from", t.R != 0 || !train || trainer_resolve_resume(&t) == 0)))
         goto out;
     if (t.R == 0 && !(t.log = open_memstream(&t.early_buf, &t.early_len))) {
@@ -763,7 +764,8 @@ static int run(int argc, char **argv)
         goto out;
     /* Every rank learns whether rank 0 could write out_dir, and stops with it if not: before
      * any training, not when the first checkpoint fails hours later. */
-    if ((rc = agree(&t, "out_dir", t.R != 0 || open_logs(&t, train) == 0)))
+    if ((rc = agree(&t, "out_dir",
+                    t.R != 0 || (trainer_overwrite(&t) == 0 && open_logs(&t, train) == 0))))
         goto out;
     if (train && t.R == 0)
         clean_checkpoints(&t);
