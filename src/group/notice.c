@@ -277,6 +277,22 @@ void ddp__notice_stop(ddp__notice *n)
 {
     if (!n)
         return;
+    pthread_mutex_lock(&n->mu);
+    n->stop = true;
+    pthread_cond_signal(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    pthread_join(n->thread, NULL);
+    /* A failure of this rank's own not published yet (normally tell() did, when it happened) is
+     * published now; then the death mark is cancelled: leaving on purpose is not dying. n stays
+     * on the live list until then, so that an exit(0) from another thread meanwhile still
+     * cancels the mark (at_exit); after it, lost keeps at_exit from the closed connection. */
+    pthread_mutex_lock(&n->conn_mu);
+    tell(n);
+    quiet(n);
+    ddp_store_close(n->s);
+    n->s = NULL;
+    n->lost = true;
+    pthread_mutex_unlock(&n->conn_mu);
     pthread_mutex_lock(&live_mu);
     for (ddp__notice **p = &live; *p; p = &(*p)->next)
         if (*p == n) {
@@ -284,18 +300,6 @@ void ddp__notice_stop(ddp__notice *n)
             break;
         }
     pthread_mutex_unlock(&live_mu);
-    pthread_mutex_lock(&n->mu);
-    n->stop = true;
-    pthread_cond_signal(&n->cv);
-    pthread_mutex_unlock(&n->mu);
-    pthread_join(n->thread, NULL);
-    /* A failure of this rank's own not published yet (normally tell() did, when it happened) is
-     * published now; then the death mark is cancelled: leaving on purpose is not dying. */
-    pthread_mutex_lock(&n->conn_mu);
-    tell(n);
-    quiet(n);
-    ddp_store_close(n->s);
-    pthread_mutex_unlock(&n->conn_mu);
     pthread_mutex_destroy(&n->conn_mu);
     pthread_mutex_destroy(&n->mu);
     pthread_cond_destroy(&n->cv);

@@ -31,6 +31,9 @@
 #include "util/net.h"
 #include "util/util.h"
 
+/* How long the listening socket rests after accept ran out of descriptors or memory. */
+#define ACCEPT_PAUSE_MS 100
+
 /* ---- the key-value table: chained hashing, FNV-1a ---------------------------------------- */
 
 typedef struct kv {
@@ -211,6 +214,10 @@ struct ddp_store_server {
     table tab;
     conn **conns;
     size_t nconns, cap_conns;
+    /* accept failed for want of descriptors or memory: the listening socket is left out of
+     * poll until then (it stays readable: polling it would spin), said once (server thread) */
+    int64_t accept_paused_until;
+    bool accept_warned;
 };
 
 static void default_log(void *ctx, const char *line)
@@ -632,7 +639,24 @@ static void accept_conns(ddp_store_server *s)
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            /* EAGAIN: drained. EMFILE and friends: try again on the next wake-up. */
+            /* EAGAIN: drained. Out of descriptors or memory: the connection waits in the
+             * backlog; tried again in ACCEPT_PAUSE_MS, not at once (the socket stays readable,
+             * and the loop would spin a core until a descriptor frees up). */
+            int e = errno;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                s->accept_paused_until = ddp__now_ms() + ACCEPT_PAUSE_MS;
+                if (!s->accept_warned) {
+                    char line[300];
+                    ddp__fmt(line, sizeof line,
+                             "cannot accept connections: %s%s; they wait and are accepted as "
+                             "descriptors free up",
+                             strerror(e),
+                             e == EMFILE ? " (this process's open-file limit: raise ulimit -n)"
+                                         : "");
+                    s->log(s->log_ctx, line);
+                    s->accept_warned = true;
+                }
+            }
             return;
         }
         char peer[64];
@@ -705,9 +729,12 @@ static void *server_main(void *arg)
         }
         size_t n = 0;
         pfds[n++] = (struct pollfd){.fd = s->wakefd, .events = POLLIN};
-        pfds[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
         int64_t now = ddp__now_ms();
         int timeout = 1000;
+        bool paused = now < s->accept_paused_until;
+        pfds[n++] = (struct pollfd){.fd = s->lfd, .events = paused ? 0 : POLLIN};
+        if (paused)
+            timeout = (int)(s->accept_paused_until - now);
         for (size_t i = 0; i < s->nconns && n < pcap; i++) {
             conn *c = s->conns[i];
             short ev = POLLRDHUP;
