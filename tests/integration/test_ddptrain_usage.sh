@@ -36,6 +36,17 @@ check "key 'betas' is 0.9,1.5 (the command line); each of the two must be from 0
 check "key 'eps' is -1; it must be ≥ 0" --optimizer adamw --eps -1
 check "schedule step needs lr_step_epochs ≥ 1" --schedule step
 check "key 'lr_gamma' is 0; it must be > 0" --schedule step --lr_step_epochs 1 --lr_gamma 0
+# Past 32 bits: refused (until 2026-11-26 cut: batch_size 4294967360 trained with 64, and
+# 2147483648 failed later as a negative max_batch, exit 1).
+check "key 'batch_size' is 4294967360; it must be ≥ 1 and ≤ 2147483647" --batch_size 4294967360
+check "key 'batch_size' is 2147483648; it must be ≥ 1 and ≤ 2147483647" --batch_size 2147483648
+check "key 'grad_accum' is 4294967298; it must be ≥ 1 and ≤ 2147483647" --grad_accum 4294967298
+# A GPT's size keys, each by name (one message listed them all, with the lower bounds alone)
+check "key 'model.block_size' is 100000000; it must be from 1 to 1048576" \
+    --model.type gpt --model.block_size 100000000
+check "key 'model.n_head' is 0; it must be from 1 to 1048576" --model.type gpt --model.n_head 0
+check "key 'model.vocab_size' is 70000; it must be from 1 to 65536 (token files hold uint16 ids)" \
+    --model.type gpt --model.vocab_size 70000
 ok "a value out of range names its key and value, before any work"
 
 # A small IDX data set (600 training images, 100 test; labels 0-9 in turn) for the checks that

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,21 +230,31 @@ static int check_values(const ddp_config *c, bool model_known)
             return 2;
         }
     }
-    /* Each bound names its own key and the value given, so the user sees which one is wrong. */
+    /* Each bound names its own key and the value given, so the user sees which one is wrong.
+     * Those the trainer holds in an int end at INT_MAX (a larger value was cut to 32 bits until
+     * 2026-11-26: batch_size 4294967360 trained with 64). */
     static const struct {
         const char *key;
-        int64_t min;
-    } int_min[] = {
-        {"batch_size", 1},       {"grad_accum", 1},      {"epochs", 0},    {"total_steps", 0},
-        {"data.threads", -1},    {"warmup_steps", 0},    {"log_every", 0}, {"eval_every", 0},
-        {"checkpoint.every", 0}, {"checkpoint.keep", 1}, {"bucket_kb", 0}, {"lr_step_epochs", 0},
+        int64_t min, max;
+    } int_range[] = {
+        {"batch_size", 1, INT_MAX},         {"grad_accum", 1, INT_MAX},
+        {"epochs", 0, INT64_MAX},           {"total_steps", 0, INT64_MAX},
+        {"data.threads", -1, INT_MAX},      {"warmup_steps", 0, INT64_MAX},
+        {"log_every", 0, INT64_MAX},        {"eval_every", 0, INT64_MAX},
+        {"checkpoint.every", 0, INT64_MAX}, {"checkpoint.keep", 1, INT_MAX},
+        {"bucket_kb", 0, INT_MAX},          {"lr_step_epochs", 0, INT64_MAX},
     };
-    for (size_t i = 0; i < sizeof int_min / sizeof int_min[0]; i++)
-        if (ddp_config_int(c, int_min[i].key) < int_min[i].min) {
-            fprintf(stderr, "ddptrain: key '%s' is %" PRId64 "; it must be ≥ %" PRId64 "\n",
-                    int_min[i].key, ddp_config_int(c, int_min[i].key), int_min[i].min);
+    for (size_t i = 0; i < sizeof int_range / sizeof int_range[0]; i++) {
+        int64_t v = ddp_config_int(c, int_range[i].key);
+        if (v < int_range[i].min || v > int_range[i].max) {
+            char hi[40] = "";
+            if (int_range[i].max != INT64_MAX)
+                snprintf(hi, sizeof hi, " and ≤ %" PRId64, int_range[i].max);
+            fprintf(stderr, "ddptrain: key '%s' is %" PRId64 "; it must be ≥ %" PRId64 "%s\n",
+                    int_range[i].key, v, int_range[i].min, hi);
             return 2;
         }
+    }
     static const char *const nonneg[] = {"momentum", "weight_decay", "grad_clip", "model.dropout"};
     if (ddp_config_float(c, "lr") <= 0) {
         fprintf(stderr, "ddptrain: key 'lr' is %g; it must be > 0\n", ddp_config_float(c, "lr"));
@@ -361,18 +372,26 @@ static int check_values(const ddp_config *c, bool model_known)
     }
     if (strcmp(ddp_config_str(c, "model.type"), "gpt") != 0)
         return 0;
-    int64_t L = ddp_config_int(c, "model.n_layer"), H = ddp_config_int(c, "model.n_head");
-    int64_t C = ddp_config_int(c, "model.n_embd"), T = ddp_config_int(c, "model.block_size");
-    int64_t V = ddp_config_int(c, "model.vocab_size");
-    if (L < 1 || H < 1 || C < 1 || T < 1 || V < 1 || V > 65536 || C > (1 << 20) || T > (1 << 20) ||
-        L > 4096) {
-        fprintf(stderr,
-                "ddptrain: model.n_layer %" PRId64 ", n_head %" PRId64 ", n_embd %" PRId64
-                ", block_size %" PRId64 " must be ≥ 1 and vocab_size %" PRId64
-                " from 1 to 65536 (token files hold uint16 ids)\n",
-                L, H, C, T, V);
-        return 2;
+    static const struct {
+        const char *key, *why;
+        int64_t max;
+    } gpt_range[] = {
+        {"model.n_layer", "", 4096},
+        {"model.n_head", "", 1 << 20},
+        {"model.n_embd", "", 1 << 20},
+        {"model.block_size", "", 1 << 20},
+        {"model.vocab_size", " (token files hold uint16 ids)", 65536},
+    };
+    for (size_t i = 0; i < sizeof gpt_range / sizeof gpt_range[0]; i++) {
+        int64_t v = ddp_config_int(c, gpt_range[i].key);
+        if (v < 1 || v > gpt_range[i].max) {
+            fprintf(stderr,
+                    "ddptrain: key '%s' is %" PRId64 "; it must be from 1 to %" PRId64 "%s\n",
+                    gpt_range[i].key, v, gpt_range[i].max, gpt_range[i].why);
+            return 2;
+        }
     }
+    int64_t H = ddp_config_int(c, "model.n_head"), C = ddp_config_int(c, "model.n_embd");
     if (C % H != 0) {
         fprintf(stderr,
                 "ddptrain: model.n_embd %" PRId64 " is not divisible by model.n_head %" PRId64
