@@ -72,7 +72,14 @@ rc=0
 [ $rc -eq 2 ] || fail "a bad endpoint port exited $rc, want 2"
 assert_contains "$T/err" "--rdzv_endpoint '127.0.0.1:x9': 'x9' is not a port number"
 [ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
-ok "port 0 across nodes and a malformed endpoint port: usage errors naming --rdzv_endpoint"
+# No host before the port (the store listened on every interface and the workers got an empty
+# MASTER_ADDR until 2026-11-26; torchrun refuses it); '' is torchrun's default, no endpoint.
+rc=0
+"$DDPRUN" --rdzv_endpoint :29481 "$WORKER" env "$T" >"$T/out" 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] || fail "--rdzv_endpoint :29481 exited $rc, want 2"
+assert_contains "$T/err" "--rdzv_endpoint ':29481': no host before the port; give HOST:PORT"
+[ ! -e "$T/env.0" ] || fail "a worker started after a usage error"
+ok "port 0 across nodes, a malformed endpoint port, no host: usage errors naming --rdzv_endpoint"
 
 # -r / -t (torchrun's short --redirects / --tee), as '-r 3' and '-t3'
 d=$T/short; mkdir -p "$d"

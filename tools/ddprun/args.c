@@ -586,6 +586,15 @@ static int apply_value(ddprun_opts *o, const char *name, const char *v, bool *po
          * form), or a bare IPv6 address (two colons or more: no port) */
         char host[256];
         const char *colon;
+        /* '' is torchrun's default (no endpoint given); an empty host before a port made the
+         * store listen on every interface and gave the workers an empty MASTER_ADDR (torchrun
+         * refuses it) */
+        if (!*v)
+            return 0;
+        if (v[0] == ':' && !strchr(v + 1, ':')) /* (::1 is a bare IPv6 address) */
+            return bad("--rdzv_endpoint '%s': no host before the port; give HOST:PORT, e.g. "
+                       "localhost:29500 (or the node 0 host's name or address)",
+                       v);
         if (v[0] == '[') {
             const char *close = strchr(v, ']');
             if (!close || close == v + 1 || (close[1] && close[1] != ':'))
