@@ -943,7 +943,7 @@ ddp_status ddp_ckpt_verify(const ddp_ckpt *c, ddp_error *err)
         return corrupt(err, c->path,
                        "its data does not match the checksum saved with it (CRC-32 %08x, saved "
                        "%s): the file changed after it was written (a flipped bit on disk, a "
-                       "partial copy); use an earlier checkpoint",
+                       "partial copy)",
                        (unsigned)crc, want);
     return DDP_OK;
 }

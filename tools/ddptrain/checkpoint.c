@@ -227,18 +227,23 @@ static bool checkpoint_before(const trainer *t, const char *failed, char *out, s
     return snprintf(out, cap, "%s/step%" PRId64 ".safetensors", dir, best) < (int)cap;
 }
 
-void trainer_hint_damaged(const trainer *t, const char *path, bool train)
+/* Whether the file at path is there but does not open, or opens and fails its checksum. */
+static bool damaged(const char *path)
 {
-    char before[1300];
     ddp_ckpt *ck = NULL;
     ddp_status st = ddp_ckpt_open(path, &ck, NULL);
     if (st == DDP_OK && ddp_ckpt_verify(ck, NULL) != DDP_OK)
         st = DDP_ERR_INVALID; /* opens, but its data changed after the save: damaged too */
     ddp_ckpt_close(ck);
+    return st != DDP_OK && st != DDP_ERR_NOT_FOUND;
+}
+
+void trainer_hint_damaged(const trainer *t, const char *path, bool train)
+{
+    char before[1300];
     /* It opens and is whole: what failed is the model or optimizer it is loaded into, and the
      * checkpoint before it was saved by the same run, with the same mismatch. */
-    if (st == DDP_OK || st == DDP_ERR_NOT_FOUND ||
-        !checkpoint_before(t, path, before, sizeof before))
+    if (!damaged(path) || !checkpoint_before(t, path, before, sizeof before))
         return;
     if (train)
         fprintf(stderr,
@@ -486,15 +491,19 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
             got = -2; /* the command line names another model or optimizer: a usage error */
         } else if (ddp_ckpt_load_train(path, &s, pos, &err) != DDP_OK) {
             fprintf(stderr, "ddptrain: %s\n", err.msg);
-            if (train && t->resume_latest)
-                trainer_hint_damaged(t, path, true);
-            else if (!train && t->ckpt_no_config) /* the message's 'config' metadata is empty */
+            /* a damaged file (its checksum, found here) as one that does not open (found
+             * before): exit 2 and, for the newest, the one before it named */
+            bool bad = damaged(path);
+            bool newest = train ? t->resume_latest : t->ckpt_latest;
+            if (bad && newest)
+                trainer_hint_damaged(t, path, train);
+            else if (!bad && !train && t->ckpt_no_config) /* its 'config' metadata is empty */
                 fprintf(stderr,
                         "ddptrain: HINT: '%s' stores no configuration (a program other than "
                         "ddptrain saved it): give the keys of the model it was built with, "
                         "e.g. --model.hidden 128 for examples/train_mlp\n",
                         path);
-            got = -1;
+            got = bad ? -2 : -1;
         } else {
             got = 1;
             trainer_say(t, "%s %s at step %llu (saved by %llu rank%s)",

@@ -610,6 +610,7 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     ddp_error err = {0};
     char path[2048];
     ddp_ckpt *ck = NULL;
+    t->ckpt_latest = !strcmp(ddp_config_str(t->cfg, "checkpoint"), "latest");
     if (trainer_find_checkpoint(t, ddp_config_str(t->cfg, "checkpoint"), path, sizeof path, &err) !=
         DDP_OK) {
         /* No checkpoint in out_dir: most often the wrong --out_dir, or no training yet. */
@@ -621,7 +622,7 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     }
     if (ddp_ckpt_open(path, &ck, &err) != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
-        if (!strcmp(ddp_config_str(t->cfg, "checkpoint"), "latest"))
+        if (t->ckpt_latest)
             trainer_hint_damaged(t, path, false);
         return false;
     }

@@ -100,6 +100,7 @@ typedef struct trainer {
      * library saved it, examples/train_mlp): the model comes from the defaults and the command
      * line alone, which must give the keys it was built with */
     bool ckpt_no_config;
+    bool ckpt_latest; /* test, predict: the checkpoint is out_dir's newest ('latest') */
     /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew */
     bool overwrote;
     /* overwrite: trainer_resolve_resume found checkpoints newer than overwrite_from, which
