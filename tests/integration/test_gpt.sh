@@ -188,12 +188,20 @@ ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks, kv_
     { cat v320.out; fail "vocab 320 training"; }
 rc=0; "$TRAIN" --task predict --out_dir v320 --prompt "abc" --max_new_tokens 5 >p.out 2>p.err ||
     rc=$?
-[ $rc -ne 0 ] || fail "a text prompt for a 320-token vocabulary was accepted"
+[ $rc -eq 2 ] || fail "a text prompt for a 320-token vocabulary: exit $rc, want 2"
 assert_contains p.err "--prompt_tokens 1,2,3"
+# An id past the vocabulary: a usage error before predict_out is opened (until 2026-11-26 exit 1,
+# after an earlier predict_out had been emptied)
+echo keep >kept.txt
+rc=0; "$TRAIN" --task predict --out_dir v320 --prompt_tokens 1,2,320 --predict_out kept.txt \
+    >p.out 2>p.err || rc=$?
+[ $rc -eq 2 ] || { cat p.err; fail "prompt_tokens past the vocabulary: exit $rc, want 2"; }
+assert_contains p.err "prompt_tokens (the command line) has 320 (entry 3), not a token id of this model (0 … 319)"
+[ "$(cat kept.txt)" = keep ] || fail "a refused prompt changed the earlier predict_out"
 "$TRAIN" --task predict --out_dir v320 --prompt_tokens 300,7 --max_new_tokens 5 >p.out 2>p.err ||
     { cat p.err; fail "predict with prompt_tokens"; }
 grep -Eq '^300 7( [0-9]+){5}$' p.out || { cat p.out; fail "want the ids '300 7' and 5 more"; }
-ok "vocabulary 320: --prompt refused with a hint, --prompt_tokens in, ids out"
+ok "vocabulary 320: --prompt refused with a hint, ids past it refused (exit 2), --prompt_tokens in, ids out"
 
 # precision bf16 on the CPU (where it has bf16 units and oneDNN): killed after a checkpoint and
 # resumed = never stopped, bit for bit (which kernel computes a product never depends on what ran

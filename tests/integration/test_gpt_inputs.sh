@@ -239,10 +239,19 @@ DDP_TIMEOUT=$gen_timeout "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" 
 [ "$(stat -c %s long.txt)" -ge 60001 ] || fail "long.txt: $(stat -c %s long.txt) bytes"
 rc=0
 DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task predict \
+    --out_dir shape --max_new_tokens 5 --predict_out "$T/no/such/dir/x.txt" >badp.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat badp.out; fail "rank 0 cannot write predict_out on 2 ranks: exit $rc"; }
+assert_contains badp.out "rank 1: generate: broadcast"
+assert_contains badp.out "rank 0 aborted the group: predict: cannot write '$T/no/such/dir/x.txt'"
+! grep -q "rank 0: generate: predict" badp.out || { cat badp.out; fail "rank 0 said it twice"; }
+# A prompt past the vocabulary: refused by every rank before any work, a usage error
+rc=0
+DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task predict \
     --out_dir shape --prompt_tokens 999 --max_new_tokens 5 >badp.out 2>&1 || rc=$?
-[ $rc -eq 1 ] || { cat badp.out; fail "a refused prompt on 2 ranks: exit $rc"; }
-assert_contains badp.out "rank 1: generate: rank 0 could not generate"
-ok "2 ranks: a generation past DDP_TIMEOUT completes; rank 0's failure stops rank 1 at once"
+[ $rc -eq 1 ] || { cat badp.out; fail "a refused prompt on 2 ranks: ddprun exited $rc"; }
+assert_contains badp.out "ended with exit code 2"
+assert_contains badp.out "prompt_tokens (the command line) has 999 (entry 1), not a token id of this model (0 … 255)"
+ok "2 ranks: a generation past DDP_TIMEOUT completes; rank 0's failure stops rank 1 at once; a bad prompt is a usage error"
 
 # nanoGPT's names: the ddptrain key, not a "did you mean" by spelling (eval_iters was told
 # eval_every, which is nanoGPT's eval_interval).

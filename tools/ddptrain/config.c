@@ -401,12 +401,30 @@ static int check_values(const ddp_config *c, bool model_known)
         return 2;
     }
     size_t npt;
-    ddp_config_ints(c, "prompt_tokens", &npt);
+    const int64_t *pt = ddp_config_ints(c, "prompt_tokens", &npt);
     if (npt && *ddp_config_str(c, "prompt")) {
         fprintf(stderr,
                 "ddptrain: prompt (%s) and prompt_tokens (%s) are both given; the prompt is one "
                 "or the other: text (vocab 256) or token ids\n",
                 ddp_config_origin(c, "prompt"), ddp_config_origin(c, "prompt_tokens"));
+        return 2;
+    }
+    /* The prompt against the model's vocabulary, before any work (for predict, before
+     * predict_out is opened: a bad prompt emptied an earlier file, and exited 1) */
+    int64_t V = ddp_config_int(c, "model.vocab_size");
+    for (size_t i = 0; i < npt; i++)
+        if (pt[i] < 0 || pt[i] >= V) {
+            fprintf(stderr,
+                    "ddptrain: prompt_tokens (%s) has %" PRId64 " (entry %zu), not a token id of "
+                    "this model (0 … %" PRId64 ")\n",
+                    ddp_config_origin(c, "prompt_tokens"), pt[i], i + 1, V - 1);
+            return 2;
+        }
+    if (!npt && *ddp_config_str(c, "prompt") && V != 256) {
+        fprintf(stderr,
+                "ddptrain: prompt (%s) is text, and this model's vocabulary (%" PRId64 ") is not "
+                "bytes; give the prompt's token ids: --prompt_tokens 1,2,3\n",
+                ddp_config_origin(c, "prompt"), V);
         return 2;
     }
     static const char *const gpt_nonneg[] = {"eval_windows", "max_new_tokens", "top_k"};

@@ -466,7 +466,8 @@ static int choose_device(trainer *t)
     return 0;
 }
 
-/* Joins the group: exit code 1 on failure. */
+/* Joins the group: exit code 1 on failure, 2 when the backend key names one that cannot be
+ * (unknown, or nccl for host memory: a usage error, as every other key's). */
 static int join(trainer *t)
 {
     ddp_error err = {0};
@@ -475,9 +476,10 @@ static int join(trainer *t)
     const char *backend = ddp_config_str(t->cfg, "backend");
     if (*backend)
         go.backend = backend;
-    if (ddp_group_init(&go, &t->g, &err) != DDP_OK) {
+    ddp_status st = ddp_group_init(&go, &t->g, &err);
+    if (st != DDP_OK) {
         fprintf(stderr, "ddptrain: %s\n", err.msg);
-        return 1;
+        return *backend && st == DDP_ERR_INVALID ? 2 : 1;
     }
     t->W = ddp_group_size(t->g);
     t->R = ddp_group_rank(t->g);
@@ -590,8 +592,10 @@ static int run_task(trainer *t, ddp_dataset *tr, ddp_dataset *te)
                      to, strerror(errno));
             rc = trainer_die(t, "predict", why);
         }
-        int gen = trainer_generate(t, out, false); /* out NULL: the others learn rank 0 failed */
-        rc = rc ? rc : gen;
+        /* rank 0 failed: trainer_die aborted the group with the reason, which the others'
+         * generation learns (rank 0 generating with out NULL said it a second time) */
+        if (!rc)
+            rc = trainer_generate(t, out, false);
         if (out && out != stdout && fclose(out) != 0 && !rc)
             rc = trainer_die(t, "predict", strerror(errno));
         else if (out && out != stdout && !rc)
