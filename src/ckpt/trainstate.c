@@ -212,15 +212,23 @@ static ddp_status load_tensor(const ddp_ckpt *c, const char *path, const char *n
             memcpy(dst, x->data, count * sizeof(float));
         return DDP_OK;
     }
+    /* the advice points at the 'config' metadata only where the file has one (a program on the
+     * library may save none: then the model it was built with is the caller's to know) */
+    bool cfg = ddp_ckpt_meta(c, "config") != NULL;
     if (optim)
         return ddp__err(err, DDP_ERR_INVALID,
                         "checkpoint '%s' lacks '%s' (float32, %zu values): saved with another "
-                        "optimizer? Set optimizer as in its 'config' metadata",
-                        path, name, count);
+                        "optimizer? %s",
+                        path, name, count,
+                        cfg ? "Set optimizer as in its 'config' metadata"
+                            : "Use the optimizer it was saved with");
     return ddp__err(err, DDP_ERR_INVALID,
                     "checkpoint '%s' has no float32 '%s' of %zu values: it was saved with another "
-                    "model; check the model's settings against its 'config' metadata",
-                    path, name, count);
+                    "model; %s",
+                    path, name, count,
+                    cfg ? "check the model's settings against its 'config' metadata"
+                        : "build the model it was saved with (the file stores no 'config' "
+                          "metadata saying which)");
 }
 
 /* A metadata value that is an unsigned decimal number, digits only (strtoull alone would take

@@ -68,7 +68,15 @@ assert_contains none.test "configuration: one.safetensors stores none (not saved
 assert_not_contains none.test "the one stored in"
 assert_contains none.test "HINT: 'one.safetensors' stores no configuration"
 assert_contains none.test "--model.hidden 128 for examples/train_mlp"
-ok "a checkpoint with no stored configuration is said to have none, with the keys to give"
+# And without --out_dir its results go beside it, not into the default runs/default (another
+# run's folder, where its train.log and metrics.jsonl grew until 2026-11-26).
+mkdir -p sub && cp one.safetensors sub/
+"$BIN/ddptrain" --task test --model.hidden 128 --checkpoint sub/one.safetensors >sub.test 2>&1 ||
+    { cat sub.test; fail "ddptrain --task test of sub/one.safetensors"; }
+[ ! -e runs ] || { ls -R runs; fail "a test of a checkpoint with no configuration wrote runs/"; }
+grep -q '"test_accuracy"\|accuracy' sub/metrics.jsonl sub/train.log ||
+    { ls sub; fail "no results beside the checkpoint"; }
+ok "a checkpoint with no stored configuration is said to have none, with the keys to give; its results go beside it"
 
 # The examples' --help (usage on stdout, exit 0) and a flag they do not take (exit 2, not a
 # data directory named '--foo').

@@ -698,6 +698,17 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
         args[--n] = NULL;
         goto out_free;
     }
+    /* A checkpoint that stores no configuration names no out_dir of its own: its results
+     * (train.log, metrics.jsonl, predictions.csv) go to its own folder, not into the default
+     * runs/default of another run, unless --out_dir says where. */
+    if (!*yaml && !strcmp(ddp_config_origin(t->cfg, "out_dir"), "default")) {
+        const char *slash = strrchr(path, '/');
+        int dl = slash ? (slash == path ? 1 : (int)(slash - path)) : 1;
+        if (asprintf(&args[n++], "--out_dir=%.*s", dl, slash ? path : ".") < 0) {
+            args[--n] = NULL;
+            goto out_free;
+        }
+    }
     if (*yaml) {
         if ((fd = mkstemp(tmp)) < 0) {
             fprintf(stderr, "ddptrain: cannot create '%s' for the stored configuration: %s\n", tmp,
