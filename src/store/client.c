@@ -747,7 +747,8 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
                         "backend (--backend mpi, in a ddpc built with MPI) or give every rank "
                         "the store's address, e.g. 'mpirun -x MASTER_ADDR=<rank 0's host> -x "
                         "MASTER_PORT=<free port> …' (docs/launchers.md)",
-                        w->rank, w->world_size, ddp_launcher_name(w->launcher));
+                        w->rank, w->world_size,
+                        w->launcher == DDP_LAUNCHER_ENV ? "hand" : ddp_launcher_name(w->launcher));
     }
     if (private_store) {
         /* A world of one: a private server on a free loopback port with a fresh token. */
@@ -792,7 +793,7 @@ ddp_status ddp_store_open_world(const ddp_world *w, int timeout_ms, ddp_store **
                 snprintf(adv, sizeof adv,
                          "rank 0 hosts the store on MASTER_PORT (started by %s): give every rank "
                          "another free MASTER_PORT",
-                         ddp_launcher_name(w->launcher));
+                         w->launcher == DDP_LAUNCHER_ENV ? "hand" : ddp_launcher_name(w->launcher));
             return port_taken(err, st, adv);
         }
         if (st)

@@ -133,7 +133,12 @@ assert_contains err "key 'prompt' (the command line) is for a gpt model's genera
 "$TRAIN" --task predict --out_dir "$T/runb" >out 2>err || { cat err >&2; fail "predict failed"; }
 assert_contains out "wrote 10000 predictions to $T/runb/predictions.csv"
 [ -s "$T/runb/predictions.csv" ] && [ ! -e predictions.csv ] || fail "predictions not in out_dir"
-ok "a key twice in a file, a YAML list for betas, --prompt on an mlp: clear errors; predictions in out_dir"
+# predict_out a folder: said before the predictions (it was blamed on the free space after them)
+rc=0
+"$TRAIN" --task predict --out_dir "$T/runb" --predict_out "$T/runb" >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat err >&2; fail "predict_out a folder: exit $rc, want 2"; }
+assert_contains err "predict_out '$T/runb' (the command line) is a folder; give the file to write, e.g. '$T/runb/predictions.csv'"
+ok "a key twice in a file, a YAML list for betas, --prompt on an mlp: clear errors; predictions in out_dir, predict_out not a folder"
 
 # PyTorch / Hugging Face names for ddptrain's keys: a HINT with ddptrain's own name.
 check "HINT: ddptrain's key for 'learning_rate' is 'lr' (--lr)" --learning_rate 3e-4

@@ -29,7 +29,7 @@ rc=0
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$HELLO" >"$T/out" 2>"$T/err" || rc=$?
 [ $rc -ne 0 ] || fail "rank 0 on a taken port should fail"
 assert_contains "$T/err" "address already in use"
-assert_contains "$T/err" "address already in use (errno 98); another job or program holds this port: rank 0 hosts the store on MASTER_PORT (started by env): give every rank another free MASTER_PORT"
+assert_contains "$T/err" "address already in use (errno 98); another job or program holds this port: rank 0 hosts the store on MASTER_PORT (started by hand): give every rank another free MASTER_PORT"
 assert_not_contains "$T/err" "ddprun --master_port"
 ok "by-hand rank 0 on a taken port: clear error, naming MASTER_PORT (not ddprun's flags alone)"
 kill $holder

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ddptrain.h"
@@ -229,6 +230,19 @@ static int check_values(const ddp_config *c, bool model_known)
                     paths[i], ddp_config_origin(c, paths[i]), default_of(paths[i]));
             return 2;
         }
+    }
+    /* predict_out names the file to write: a folder there was found after the predictions, and
+     * blamed on the free space */
+    struct stat ps;
+    const char *po = ddp_config_str(c, "predict_out");
+    if (model_known && !strcmp(ddp_config_str(c, "task"), "predict") && *po && stat(po, &ps) == 0 &&
+        S_ISDIR(ps.st_mode)) {
+        fprintf(stderr,
+                "ddptrain: predict_out '%s' (%s) is a folder; give the file to write, e.g. "
+                "'%s/predictions.%s'\n",
+                po, ddp_config_origin(c, "predict_out"), po,
+                !strcmp(ddp_config_str(c, "model.type"), "gpt") ? "txt" : "csv");
+        return 2;
     }
     /* Each bound names its own key and the value given, so the user sees which one is wrong.
      * Those the trainer holds in an int end at INT_MAX (a larger value was cut to 32 bits until

@@ -466,6 +466,13 @@ static int choose_device(trainer *t)
     return 0;
 }
 
+/* Who started this process, for a message: "ddprun", "mpirun", …, or "hand" ("env" is the
+ * library's name for RANK and WORLD_SIZE alone). */
+static const char *started_by(ddp_launcher l)
+{
+    return l == DDP_LAUNCHER_ENV ? "hand" : ddp_launcher_name(l);
+}
+
 /* Joins the group: exit code 1 on failure, 2 when the backend key names one that cannot be
  * (unknown, or nccl for host memory: a usage error, as every other key's). */
 static int join(trainer *t)
@@ -507,9 +514,9 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
     int threads = ddp_world_default_threads(&t->world);
     if (threads && t->world.local_rank == 0)
         fprintf(stderr,
-                "ddptrain: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS unset under %s: %d thread%s "
-                "per rank (%d rank%s on this host's cores; set them to choose)\n",
-                ddp_launcher_name(t->world.launcher), threads, threads == 1 ? "" : "s",
+                "ddptrain: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS unset (started by %s): %d "
+                "thread%s per rank (%d rank%s on this host's cores; set them to choose)\n",
+                started_by(t->world.launcher), threads, threads == 1 ? "" : "s",
                 t->world.local_world_size, t->world.local_world_size == 1 ? "" : "s");
     if (t->local_rank_arg >= 0) {
         /* --local_rank: checked against the launcher's LOCAL_RANK, or taken where the launcher
@@ -784,7 +791,7 @@ static int run(int argc, char **argv)
     bool other = la != DDP_LAUNCHER_NONE && la != DDP_LAUNCHER_DDPRUN;
     int bl =
         snprintf(bk, sizeof bk, "%s: %s%s%s", ddp_group_backend(t.g), ddp_group_backend_reason(t.g),
-                 other ? ", started by " : "", other ? ddp_launcher_name(la) : "");
+                 other ? ", started by " : "", other ? started_by(la) : "");
     if (t.resident && bl > 0 && (size_t)bl < sizeof bk) /* the gradients' own group */
         snprintf(bk + bl, sizeof bk - (size_t)bl, "; gradients on the GPU over %s: %s",
                  ddp_group_backend(t.gg), ddp_group_backend_reason(t.gg));
