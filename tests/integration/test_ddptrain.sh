@@ -100,6 +100,12 @@ assert_contains fsize.err "File too large; the file-size limit (ulimit -f) is be
 assert_not_contains fsize.err "/dev/shm may be too small"
 ok "a file-size limit under shm's segment is named as the cause"
 
+# compress_bf16 (torch's bf16_compress_hook) changes the weights: the DDP line says it is on.
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 1 --compress_bf16 true \
+    --out_dir runbf >out 2>err || { cat err; fail "compress_bf16 training failed"; }
+assert_contains out "; gradients sent in bf16 (compress_bf16)"
+ok "the DDP line says compress_bf16"
+
 # Train with 2 ranks, then test and predict from the checkpoint.
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 60 --eval_every 30 \
     --out_dir run2 >out 2>err || { cat err; fail "training failed"; }

@@ -803,7 +803,7 @@ static int run(int argc, char **argv)
         snprintf(dev_desc, sizeof dev_desc, "cpu (precision %s)", ddp_precision_name(t.prec));
     else
         snprintf(dev_desc, sizeof dev_desc, "cpu");
-    char zero[160] = "";
+    char zero[220] = "";
     if (train && ddp_reducer_grads_sharded(t.red))
         snprintf(zero, sizeof zero,
                  "; gradients and optimizer step sharded (ZeRO-2), each rank keeping 1/%d of "
@@ -819,6 +819,11 @@ static int run(int argc, char **argv)
          * among 2 or more ranks: one has nothing to split) */
         snprintf(zero, sizeof zero,
                  "; optimizer step not sharded (shard_optimizer true needs 2 or more processes)");
+    /* torch's bf16_compress_hook: the gradients travel in bf16 (changes the weights: said) */
+    if (train && t.W > 1 && ddp_config_bool(t.cfg, "compress_bf16")) {
+        size_t zl = strlen(zero);
+        snprintf(zero + zl, sizeof zero - zl, "; gradients sent in bf16 (compress_bf16)");
+    }
     if (t.lm)
         trainer_say(&t,
                     "DDP: %d process%s (%s), device %s, per-rank batch %d × %d tokens, grad "
