@@ -1090,6 +1090,35 @@ static void differing_collectives_are_reported(void **state)
     free(w);
 }
 
+/* Each member names itself the broadcast's root: a root only sends, so the broadcast returns
+ * on both; the next collective finds the unread broadcast and says the roots most likely
+ * differed. */
+static void broadcast_roots_body(member *m)
+{
+    float buf[16] = {0};
+    ddp__fail f;
+    m->t_start = ddp__now_ms();
+    m->st = coll(m, DDP__BROADCAST, buf, buf, 16, DDP_FLOAT32, DDP_SUM, m->me, 20000, &f);
+    if (m->st == DDP_OK)
+        m->st = coll(m, DDP__ALLREDUCE, buf, buf, 1, DDP_FLOAT32, DDP_SUM, 0, 20000, &f);
+    m->t_end = ddp__now_ms();
+    snprintf(m->msg, sizeof m->msg, "%s", f.msg);
+}
+
+static void differing_broadcast_roots_are_reported(void **state)
+{
+    world *w = world_new(state, 2, NULL);
+    w->body = broadcast_roots_body;
+    world_run(w);
+    world_check(w);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w->m[i].st, DDP_ERR_INVALID);
+        assert_has(w->m[i].msg, "collectives differ across ranks");
+        assert_has(w->m[i].msg, "the ranks most likely passed different roots to it");
+    }
+    free(w);
+}
+
 /* Member 1 never starts: member 0's set-up times out naming it. */
 static void setup_times_out_naming_member(void **state)
 {
@@ -1505,6 +1534,7 @@ int main(void)
         cmocka_unit_test(abort_unblocks_run),
         cmocka_unit_test(dead_peer_fails_fast),
         cmocka_unit_test(differing_collectives_are_reported),
+        cmocka_unit_test(differing_broadcast_roots_are_reported),
         cmocka_unit_test(differing_algorithms_are_reported),
         cmocka_unit_test(relayed_wait_names_the_relay),
         cmocka_unit_test(keepalive_follows_timeout),

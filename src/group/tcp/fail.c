@@ -349,15 +349,21 @@ ddp_status ddp__tcp_check_header(xfer *x, ddp__fail *f)
                              "of ddpc on every host",
                              be->ranks[p], what, be->hdr_in[7] ? "small-message" : "ring",
                              be->ranks[be->me], be->hdr_out[7] ? "small-message" : "ring");
-    char theirs[160], mine[160];
+    char theirs[160], mine[160], why[200] = "";
     describe_header(be->hdr_in, theirs, sizeof theirs);
     describe_header(be->hdr_out, mine, sizeof mine);
+    /* A broadcast whose ranks named different roots: a root only sends, so none of them saw it
+     * then; its data is found here, at the next collective (DDP_DEBUG=1 finds it at the call) */
+    if (be->hdr_in[4] == DDP__BROADCAST && get64(be->hdr_in + 12) < get64(be->hdr_out + 12))
+        ddp__fmt(why, sizeof why,
+                 " (that broadcast's data was never received here: the ranks most likely "
+                 "passed different roots to it)");
     return ddp__tcp_fail(
         be, f, DDP_ERR_INVALID,
-        "collectives differ across ranks: rank %d runs %s while rank %d runs %s; every "
+        "collectives differ across ranks: rank %d runs %s while rank %d runs %s%s; every "
         "rank must call the same collectives in the same order with the same count, "
         "dtype, op and root (DDP_DEBUG=1 checks this before each call)",
-        be->ranks[p], theirs, be->ranks[be->me], mine);
+        be->ranks[p], theirs, be->ranks[be->me], mine, why);
 }
 
 /* ---- timeouts -------------------------------------------------------------------------------- */
