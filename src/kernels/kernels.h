@@ -135,7 +135,9 @@ void ddp__bf16_pairs(int m, int cols, int np, ddp__bf16_causal mode, int off, co
 /* dst[i] = op over j < k of srcs[j][i], for i < n (k ≥ 1; k = 1 copies). One pass over memory. */
 void ddp__reduce_many(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t, ddp_op op);
 /* ddp__reduce_many, then each result divided by divisor when divisor > 1 (AVG, run as SUM): in
- * the same pass for two float32/float64 inputs, with the same roundings as the two passes. */
+ * the same pass for two float32/float64 inputs, with the same roundings as the two passes;
+ * bfloat16/float16 summed and divided in float32 and rounded once (not the sum, then the
+ * quotient). */
 void ddp__reduce_many_avg(void *dst, const void *const *srcs, int k, size_t n, ddp_dtype t,
                           ddp_op op, int divisor);
 /* dst[i] = a[i] op b[i]. */

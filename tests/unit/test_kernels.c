@@ -146,6 +146,32 @@ static void reduce_two_and_avg(void **state)
     srcs[0] = a2;
     ddp__reduce_many_avg(a2, srcs, 2, N, DDP_FLOAT32, DDP_SUM, 3);
     assert_memory_equal(a2, want, sizeof a2);
+    /* bfloat16/float16 AVG over 3 inputs: the float32 sum divided, then rounded once (until
+     * 2026-11-26 the sum was rounded, then the quotient: 1 unit off in a third of the elements),
+     * also in place */
+    for (int bf = 0; bf < 2; bf++) {
+        uint16_t h[3][N], out[N], in0[N];
+        for (int j = 0; j < 3; j++)
+            for (int i = 0; i < N; i++) {
+                float x = 1.0f + (float)((i * 37 + j * 101) % 997) / 997.0f;
+                h[j][i] = bf ? ddp__f32_to_bf16(x) : ddp__f32_to_f16(x);
+            }
+        const void *hs[3] = {h[0], h[1], h[2]};
+        ddp_dtype t = bf ? DDP_BFLOAT16 : DDP_FLOAT16;
+        memcpy(in0, h[0], sizeof in0);
+        ddp__reduce_many_avg(out, hs, 3, N, t, DDP_SUM, 3);
+        ddp__reduce_many_avg(h[0], hs, 3, N, t, DDP_SUM, 3); /* in place */
+        for (int i = 0; i < N; i++) {
+            float sum = 0;
+            for (int j = 0; j < 3; j++)
+                sum += bf ? ddp__bf16_to_f32(j ? h[j][i] : in0[i])
+                          : ddp__f16_to_f32(j ? h[j][i] : in0[i]);
+            uint16_t w = bf ? ddp__f32_to_bf16(sum / 3.0f) : ddp__f32_to_f16(sum / 3.0f);
+            if (out[i] != w || h[0][i] != w)
+                fail_msg("%s avg of 3, element %d: %04x / %04x in place, want %04x",
+                         bf ? "bf16" : "fp16", i, out[i], h[0][i], w);
+        }
+    }
     /* reduce_into: dst op= src */
     memcpy(d, a, sizeof a);
     ddp__reduce_into(d, b, N, DDP_FLOAT32, DDP_MAX);

@@ -1119,6 +1119,79 @@ static void differing_broadcast_roots_are_reported(void **state)
     free(w);
 }
 
+/* AVG fused into the tcp backend (the core passes avg_div): bfloat16 and float16 divided in
+ * float32 before their one rounding, over the small path, the ring and reduce_scatter, at 3
+ * members (2 divides exactly). Inputs whose float32 sums are exact in any order, so the one
+ * right answer is round(sum / 3). */
+enum { AVG_N = 3000 };
+static float avg_input(int me, size_t i)
+{
+    return 1.0f + (float)((i * 37 + (size_t)me * 101) % 97) / 64.0f;
+}
+
+static void avg_body(member *m)
+{
+    m->st = DDP_OK;
+    for (int half = 0; half < 2 && m->st == DDP_OK; half++) {
+        ddp_dtype t = half ? DDP_FLOAT16 : DDP_BFLOAT16;
+        for (int kind = 0; kind < 2 && m->st == DDP_OK; kind++) {
+            bool rs = kind == 1;
+            size_t count = rs ? AVG_N / 3 : AVG_N, in_n = AVG_N;
+            uint16_t *in = malloc(in_n * 2), *out = malloc(count * 2);
+            for (size_t i = 0; i < in_n; i++)
+                in[i] = half ? ddp__f32_to_f16(avg_input(m->me, i))
+                             : ddp__f32_to_bf16(avg_input(m->me, i));
+            ddp__fail f;
+            memset(&f, 0, sizeof f);
+            ddp__coll c = {.kind = rs ? DDP__REDUCE_SCATTER : DDP__ALLREDUCE,
+                           .send = in,
+                           .recv = out,
+                           .count = count,
+                           .dtype = t,
+                           .op = DDP_SUM,
+                           .seq = ++m->seq,
+                           .deadline_ms = ddp__now_ms() + 20000,
+                           .avg_div = 3};
+            m->st = m->ops->run(m->be, &c, &f);
+            for (size_t i = 0; i < count && m->st == DDP_OK; i++) {
+                size_t e = rs ? (size_t)m->me * count + i : i;
+                float sum = 0;
+                for (int j = 0; j < 3; j++) {
+                    float x = avg_input(j, e);
+                    sum += half ? ddp__f16_to_f32(ddp__f32_to_f16(x))
+                                : ddp__bf16_to_f32(ddp__f32_to_bf16(x));
+                }
+                uint16_t w = half ? ddp__f32_to_f16(sum / 3.0f) : ddp__f32_to_bf16(sum / 3.0f);
+                if (out[i] != w) {
+                    m->st = DDP_ERR_INVALID;
+                    snprintf(m->msg, sizeof m->msg, "%s %s element %zu: %04x, want %04x",
+                             half ? "fp16" : "bf16", rs ? "reduce_scatter" : "allreduce", e, out[i],
+                             w);
+                }
+            }
+            if (m->st != DDP_OK && !m->msg[0])
+                snprintf(m->msg, sizeof m->msg, "%s", f.msg);
+            free(in);
+            free(out);
+        }
+    }
+}
+
+static void avg_of_halves_rounds_once(void **state)
+{
+    for (int small = 0; small < 2; small++) {
+        world *w = world_new(state, 3, NULL);
+        w->small_max = small ? 1 << 20 : 0; /* the small path, or the ring */
+        w->body = avg_body;
+        world_run(w);
+        world_check(w);
+        for (int i = 0; i < 3; i++)
+            if (w->m[i].st != DDP_OK)
+                fail_msg("%s, member %d: %s", small ? "small" : "ring", i, w->m[i].msg);
+        free(w);
+    }
+}
+
 /* Member 1 never starts: member 0's set-up times out naming it. */
 static void setup_times_out_naming_member(void **state)
 {
@@ -1535,6 +1608,7 @@ int main(void)
         cmocka_unit_test(dead_peer_fails_fast),
         cmocka_unit_test(differing_collectives_are_reported),
         cmocka_unit_test(differing_broadcast_roots_are_reported),
+        cmocka_unit_test(avg_of_halves_rounds_once),
         cmocka_unit_test(differing_algorithms_are_reported),
         cmocka_unit_test(relayed_wait_names_the_relay),
         cmocka_unit_test(keepalive_follows_timeout),

@@ -58,15 +58,21 @@ static ddp_status hier_run(void *bep, const ddp__coll *c, ddp__fail *f)
     ddp__coll x = *c;
     ddp_status st = DDP_OK;
     switch (c->kind) {
-    case DDP__ALLREDUCE:
-        if ((st = sub(b->shm, b->shm_ops, x, f)))
+    case DDP__ALLREDUCE: {
+        /* AVG (fused): the host's sum, then the leaders' sum divided by the world (tcp and mpi
+         * divide before rounding a bfloat16/float16 sum: two roundings in all, not three) */
+        ddp__coll in = x;
+        in.avg_div = 0;
+        if ((st = sub(b->shm, b->shm_ops, in, f)))
             return st;
         x.send = x.recv;
         if (leader && (st = cross(b, x, f)))
             return st;
         x.kind = DDP__BROADCAST;
         x.root = 0;
+        x.avg_div = 0;
         return sub(b->shm, b->shm_ops, x, f);
+    }
     case DDP__BROADCAST: {
         int rnode = c->root / b->L, rl = c->root % b->L;
         if (b->node == rnode) {
@@ -178,6 +184,7 @@ static void hier_destroy(void *be)
 static const ddp__backend_ops hier_ops = {
     .name = "shm+tcp",
     .run = hier_run,
+    .fuses_avg = true,
     .alloc = hier_alloc,
     .free = hier_free,
     .abort = hier_abort,
@@ -188,6 +195,7 @@ static const ddp__backend_ops hier_ops = {
 static const ddp__backend_ops hier_mpi_ops = {
     .name = "shm+mpi",
     .run = hier_run,
+    .fuses_avg = true,
     .alloc = hier_alloc,
     .free = hier_free,
     .abort = hier_abort,

@@ -328,8 +328,7 @@ static ddp_status fake_reduce(void *ctx, void *dst, const void *const *srcs, int
     for (int j = 0; j < k; j++)
         rw[j] = shadow(srcs[j]);
     void *d = shadow(dst);
-    ddp__reduce_many(d, rw, k, n, t, op);
-    ddp__scale_avg(d, n, t, avg_div);
+    ddp__reduce_many_avg(d, rw, k, n, t, op, avg_div);
     return DDP_OK;
 }
 

@@ -436,9 +436,12 @@ static ddp_status check_coll(tcp_be *be, const ddp__coll *c, ddp__fail *f)
 /* A world of one member: copy send to recv where they differ. */
 static void run_alone(const ddp__coll *c)
 {
-    if (c->kind == DDP__BARRIER || c->count == 0 || !c->send || c->send == c->recv)
+    if (c->kind == DDP__BARRIER || c->count == 0 || !c->send)
         return;
-    memmove(c->recv, c->send, c->count * ddp_dtype_size(c->dtype));
+    if (c->send != c->recv)
+        memmove(c->recv, c->send, c->count * ddp_dtype_size(c->dtype));
+    if (is_reduction(c->kind)) /* AVG (fused) of one member: its input over the divisor */
+        ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div);
 }
 
 /* Lays out the collective's schedule; converts bf16/fp16 input to float32 first. */
@@ -565,10 +568,15 @@ ddp_status ddp__tcp_run(void *bev, const ddp__coll *c, ddp__fail *f)
             memcpy(be->gather + me * c->count * esz, c->send, c->count * esz);
             be->srcs[me] = be->gather + me * c->count * esz;
         }
-        ddp__reduce_many(c->recv, be->srcs, be->n, c->count, c->dtype, c->op);
-    } else if (half && c->kind == DDP__ALLREDUCE)
-        ddp__from_f32(c->recv, be->f32, c->count, c->dtype);
-    else if (half)
-        ddp__from_f32(c->recv, (const float *)be->f32 + me * c->count, c->count, c->dtype);
+        ddp__reduce_many_avg(c->recv, be->srcs, be->n, c->count, c->dtype, c->op, c->avg_div);
+    } else if (half) {
+        /* AVG (fused): the float32 sum divided before its one rounding */
+        float *sum = (float *)be->f32 + (c->kind == DDP__ALLREDUCE ? 0 : me * c->count);
+        if (c->avg_div > 1)
+            ddp__scale_avg(sum, c->count, DDP_FLOAT32, c->avg_div);
+        ddp__from_f32(c->recv, sum, c->count, c->dtype);
+    } else if (is_reduction(c->kind)) {
+        ddp__scale_avg(c->recv, c->count, c->dtype, c->avg_div); /* (≤ 1: nothing) */
+    }
     return DDP_OK;
 }

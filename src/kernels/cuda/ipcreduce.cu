@@ -3,7 +3,8 @@
  * element folded over k sources in the fixed order 0, 1, …, k-1, in the arithmetic of the CPU's
  * cpu/reduce.c (16-bit floats widened to float32 and rounded once, integers wrapping through
  * unsigned arithmetic, min/max as b < a / b > a, no fused multiply-add), then divided once for
- * AVG as ddp__scale_avg does (correctly rounded division, never a reciprocal). So the ranks of a
+ * AVG as ddp__scale_avg does (correctly rounded division, never a reciprocal; 16-bit floats in
+ * float32 before their one rounding, as ddp__reduce_many_avg). So the ranks of a
  * cuda-ipc group, each reducing its slice, produce exactly the bits a host backend would.
  * UNVERIFIED: written without a GPU; the same contract runs on the fake GPU (staged/fakedev.c:
  * ddp__reduce_many + ddp__scale_avg) in the tests, and on a GPU through scripts/gpu-check.sh.
@@ -121,6 +122,18 @@ template <> __device__ inline double mul<double>(double a, double b)
     return __dmul_rn(a, b);
 }
 
+/* The 16-bit floats: AVG's division comes before their one rounding (cpu/reduce.c's
+ * ddp__reduce_many_avg), not after. */
+template <typename S> struct half_t {
+    static constexpr bool v = false;
+};
+template <> struct half_t<ddp__bf16> {
+    static constexpr bool v = true;
+};
+template <> struct half_t<ddp__fp16> {
+    static constexpr bool v = true;
+};
+
 /* The value stored, divided by d (> 1), as ddp__scale_avg divides it. */
 __device__ inline void avg(float *p, int d)
 {
@@ -129,14 +142,6 @@ __device__ inline void avg(float *p, int d)
 __device__ inline void avg(double *p, int d)
 {
     *p = __ddiv_rn(*p, (double)d);
-}
-__device__ inline void avg(ddp__bf16 *p, int d)
-{
-    ddp__st(p, __fdiv_rn(ddp__ld(p), (float)d));
-}
-__device__ inline void avg(ddp__fp16 *p, int d)
-{
-    ddp__st(p, __fdiv_rn(ddp__ld(p), (float)d));
 }
 __device__ inline void avg(int32_t *p, int d)
 {
@@ -167,9 +172,13 @@ __global__ void reduce_kernel(S *dst, srcs_t srcs, int k, size_t n, ddp_op op, i
             }
         }
         S out;
-        st(&out, acc);
-        if (avg_div > 1)
-            avg(&out, avg_div);
+        if constexpr (half_t<S>::v) {
+            st(&out, avg_div > 1 ? __fdiv_rn(acc, (float)avg_div) : acc);
+        } else {
+            st(&out, acc);
+            if (avg_div > 1)
+                avg(&out, avg_div);
+        }
         dst[i] = out;
     }
 }
