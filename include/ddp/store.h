@@ -124,6 +124,12 @@ void ddp_store_close(ddp_store *s);
 /* Sets the deadline used by every later call on s; ≤ 0 restores the default. */
 void ddp_store_set_timeout(ddp_store *s, int timeout_ms);
 
+/* Whether the last call on s failed because its connection was gone and the store's host refused
+ * a new one for connect_timeout_ms (nothing listens there: the store's process ended), rather than
+ * timing out (a slow or unreachable host, which may come back). A call reconnects for at most
+ * connect_timeout_ms. false for NULL and after a call that succeeded or failed otherwise. */
+bool ddp_store_refused(const ddp_store *s);
+
 /* Stores len bytes of value under key, replacing any old value, and wakes waiters on key.
  * Borrows key and value for the call. */
 ddp_status ddp_store_set(ddp_store *s, const char *key, const void *value, size_t len);

@@ -40,6 +40,8 @@ struct ddp_store {
     char *reply; /* the last reply frame's body */
     size_t reply_len, reply_cap;
     char err[DDP_ERRMSG_MAX];
+    bool refused; /* the last call could not reconnect: the store's host refused (ddp_store_refused)
+                   */
 };
 
 /* A key as it appears in messages: quoted, cut to keep the message one readable line. */
@@ -181,6 +183,7 @@ static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
         ddp_status st = connect_once(s, deadline, &e);
         if (st == DDP_OK)
             return DDP_OK;
+        s->refused = st == DDP_ERR_NETWORK && errno == ECONNREFUSED;
         /* retried until the deadline, the last try at it (giving up one backoff early made a
          * 200 ms timeout end after 120–150 ms when the sleeps woke late) */
         int64_t left = deadline - ddp__now_ms();
@@ -212,10 +215,15 @@ static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r
 {
     int64_t start = ddp__now_ms();
     int64_t deadline = start + s->timeout_ms;
+    /* A refused reconnection is retried for connect_timeout_ms at most, as the first connection
+     * (a store that restarts comes back within it; one that is gone is said to be at once, not
+     * at the call's whole timeout: ddprun's nodes found node 0 gone minutes late) */
+    int64_t reconnect = start + s->connect_timeout_ms;
+    s->refused = false;
     /* ensure_connected() may have to rebuild s->req for the handshake: keep the request aside. */
     ddp__buf saved = s->req;
     s->req = (ddp__buf){0};
-    ddp_status st = ensure_connected(s, deadline);
+    ddp_status st = ensure_connected(s, reconnect < deadline ? reconnect : deadline);
     ddp__buf_free(&s->req);
     s->req = saved;
     if (st != DDP_OK)
@@ -386,6 +394,11 @@ void ddp_store_set_timeout(ddp_store *s, int timeout_ms)
     s->timeout_ms = timeout_ms > 0 ? timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
     if (s->fd >= 0) /* the keepalive follows the timeout, as a new connection's would */
         (void)ddp__tcp_keepalive(s->fd, s->timeout_ms);
+}
+
+bool ddp_store_refused(const ddp_store *s)
+{
+    return s && s->refused;
 }
 
 const char *ddp_store_last_error(const ddp_store *s)

@@ -169,8 +169,10 @@ ddp_status ddp__tcp_connect(const char *host, int port, int64_t deadline_ms, int
     if (fd < 0) {
         if (timed_out)
             return ddp__err(err, DDP_ERR_TIMEOUT, "connecting to '%s:%d' timed out", host, port);
-        return ddp__err(err, DDP_ERR_NETWORK, "cannot connect to '%s:%d': %s", host, port,
-                        strerror(saved));
+        ddp_status nst = ddp__err(err, DDP_ERR_NETWORK, "cannot connect to '%s:%d': %s", host, port,
+                                  strerror(saved));
+        errno = saved; /* for a caller that tells a refusal (nothing listens) from the rest */
+        return nst;
     }
     *fd_out = fd;
     return DDP_OK;

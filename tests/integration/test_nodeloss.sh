@@ -83,6 +83,39 @@ assert_not_contains "$d/err0" "lost: its ddprun's connection"
 wait_gone "$d" 5
 ok "SIGINT on node 0: node 0 prints the summary that node 1 points to"
 
+# 5. Node 0's ddprun (the store's host) killed, node 1 with --max_restarts: node 1 finds the store
+# refusing connections (its process is gone) and ends at once naming it, both while its worker
+# keeps running and when its worker stopped first "because another rank failed" (exit 86). Until
+# 2026-11-26 it waited --agent_timeout, blamed its own worker's exit 86, then "restarted"
+# against the dead store for --rdzv_timeout, deaf to SIGTERM.
+for variant in running secondary; do
+    d=$T/node0-$variant; mkdir -p "$d"
+    port=$(free_port)
+    node 0 "$port"; start_node "$d" 0 "${F[@]}" --max_restarts 2 "$WORKER" sleep "$d"
+    node 1 "$port"
+    if [ $variant = running ]; then
+        start_node "$d" 1 "${F[@]}" --max_restarts 2 "$WORKER" sleep "$d"
+        wait_files "$d" child.1 1 10
+    else
+        start_node "$d" 1 "${F[@]}" --max_restarts 2 bash -c \
+            "echo \$\$ >'$d/pid.1'; while [ ! -f '$d/killed' ]; do sleep 0.05; done; exit 86"
+        wait_files "$d" pid.1 1 10
+    fi
+    wait_files "$d" pid.0 1 10
+    t0=$(now_ms)
+    kill_node 0
+    kill -9 -- "-$(cat "$d/pid.0")" 2>/dev/null || true
+    touch "$d/killed"
+    ms=$(wait_ms "$d/err1" "lost contact with the store on node 0" "$t0")
+    node_exit "$d" 1 1
+    assert_contains "$d/err1" "(its ddprun is gone: the connection was refused)"
+    assert_not_contains "$d/err1" "restarting"
+    [ "$ms" -lt 5000 ] || fail "$variant: node 1 named the store lost $ms ms after the kill"
+    wait_gone "$d" 5
+    echo "  (kill -9 of node 0, node 1's worker $variant → node 1 names the store lost: $ms ms)"
+done
+ok "node 0's ddprun killed: node 1 names the store lost within seconds and does not restart"
+
 # 4. An orderly end is no loss: node 1 finishes first, node 0 then; both exit 0.
 d=$T/orderly; mkdir -p "$d"
 port=$(free_port)

@@ -706,6 +706,37 @@ static void get_from_a_stopped_server(void **state)
     ddp_store_close(s);
 }
 
+/* A store whose process ended refuses the reconnection: the call says so within
+ * connect_timeout_ms, not the call's whole timeout, and ddp_store_refused tells it from a
+ * time-out (ddprun's nodes find node 0 gone this way). */
+static void a_store_gone_is_refused(void **state)
+{
+    (void)state;
+    ddp_store_server_opts so = DDP_STORE_SERVER_OPTS_INIT;
+    so.host = "127.0.0.1";
+    ddp_store_server *srv = NULL;
+    assert_int_equal(ddp_store_server_start(&so, &srv, NULL), DDP_OK);
+    ddp_store_opts o = client_opts(ddp_store_server_port(srv), "", 5000);
+    o.connect_timeout_ms = 200;
+    ddp_store *s = NULL;
+    assert_int_equal(ddp_store_connect(&o, &s, NULL), DDP_OK);
+    assert_int_equal(ddp_store_set(s, "k", "v", 1), DDP_OK);
+    assert_false(ddp_store_refused(s));
+    ddp_store_server_stop(srv);
+    (void)ddp_store_set(s, "k", "v", 1); /* the connection drops */
+    int64_t t0 = now_ms();
+    bool have = true;
+    assert_int_equal(ddp_store_check(s, (const char *[]){"k"}, 1, &have), DDP_ERR_TIMEOUT);
+    int64_t took = now_ms() - t0;
+    assert_true(ddp_store_refused(s));
+    assert_has(ddp_store_last_error(s), "Connection refused");
+    if (took > 200 + SLACK_MS)
+        fail_msg("a call to a store that is gone took %lld ms (connect_timeout_ms 200)",
+                 (long long)took);
+    assert_false(ddp_store_refused(NULL));
+    ddp_store_close(s);
+}
+
 static void connect_to_nobody_times_out(void **state)
 {
     (void)state;
@@ -2021,6 +2052,7 @@ int main(void)
         cmocka_unit_test(connect_to_nobody_times_out),
         cmocka_unit_test(not_a_store_refused_at_once),
         cmocka_unit_test(get_from_a_stopped_server),
+        cmocka_unit_test(a_store_gone_is_refused),
         cmocka_unit_test_setup_teardown(eight_clients_add, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(eight_clients_barrier, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wrong_token_refused_fast, setup_token, teardown),

@@ -264,6 +264,10 @@ static void stop_workers(agent *a, int sig, int64_t *kill_at)
         if (a->w[i].running) {
             ddprun_signal_worker(&a->w[i], sig);
             a->w[i].signaled = true;
+            /* a stopped worker (SIGSTOP, a debugger, Ctrl-Z) acts on the signal only once it
+             * runs: without SIGCONT it cost the whole --grace_period, then SIGKILL */
+            if (sig != SIGKILL && (a->w[i].seen_stopped || a->suspended))
+                ddprun_signal_worker(&a->w[i], SIGCONT);
         } else if (a->w[i].pid > 0) {
             /* What an ended worker left in its process group (a child holding its output) is
              * stopped with the rest now, not SIGKILLed after the 2 s output drain. */
@@ -732,14 +736,24 @@ static outcome run_attempt(agent *a)
                 unreachable_since = 0;
             else if (!unreachable_since)
                 unreachable_since = now;
-            if (!reachable && now_ms() - unreachable_since > (int64_t)(o->agent_timeout * 1000)) {
+            /* Refused: nothing listens where node 0's store was (its ddprun ended: the kernel
+             * answers for a dead process), known at once; a time-out may be a passing network
+             * fault, tolerated for --agent_timeout. Either is the cause of a secondary failure
+             * (this node's ranks stopped because node 0's did), not only of a first one. */
+            bool refused = !reachable && ddp_store_refused(a->store);
+            if (!reachable &&
+                (refused || now_ms() - unreachable_since > (int64_t)(o->agent_timeout * 1000))) {
                 store_lost = true;
-                if (!a->fail.set && !a->stop_signal) {
+                if ((!a->fail.set || a->fail.secondary) && !a->stop_signal) {
                     char msg[700];
-                    snprintf(msg, sizeof msg, LINE_STORE_LOST " on node 0 ('" HOSTF "'): %s",
+                    snprintf(msg, sizeof msg, LINE_STORE_LOST " on node 0 ('" HOSTF "')%s: %s",
                              HOSTA(o->master_addr, a->wd.master_port),
+                             refused ? " (its ddprun is gone: the connection was refused)" : "",
                              ddp_store_last_error(a->store));
+                    bool secondary = a->fail.set;
                     record_remote_failure(a, msg);
+                    if (secondary)
+                        ddprun_say("the cause: %s", a->fail.line);
                     stop_workers(a, SIGTERM, &kill_at);
                 }
             } else if (!reachable) {
