@@ -170,6 +170,23 @@ assert_not_contains "$d/err" "sending SIGKILL"
 wait_gone "$d" 5
 ok "a stopped rank holding the others up is named in the summary beside the rank that timed out; it ends at once"
 
+# A throttler stopping and continuing a rank 20 times a second (cpulimit): one line per 5 s,
+# with a count of the rest (each stop and continue was a line: ~500 in 10 s).
+d=$T/throttled; mkdir -p "$d"
+# shellcheck disable=SC2016
+"$DDPRUN" --standalone --nproc_per_node=1 sh -c 'echo $$ >"$0/pid.0"; until [ -e "$0/done" ]; do
+    sleep 0.05; done' "$d" >"$d/out" 2>"$d/err" &
+dp=$!
+wait_files "$d" pid.0 1 10
+wpid=$(cat "$d/pid.0")
+for _ in $(seq 40); do kill -STOP "$wpid"; sleep 0.02; kill -CONT "$wpid"; sleep 0.02; done
+touch "$d/done"
+wait $dp || fail "the throttled job failed"
+n=$(grep -c "was stopped by SIGSTOP" "$d/err" || true)
+[ "$n" -le 2 ] || { cat "$d/err"; fail "$n stop lines for 40 stops in ~2 s"; }
+[ "$(grep -c "continues" "$d/err" || true)" -le 2 ] || fail "too many 'continues' lines"
+ok "a rank stopped and continued 40 times in 2 s: at most a line per 5 s"
+
 # A worker that fails leaving a child in its process group that holds its output: the child is
 # stopped with the others (SIGTERM, which it records), not left to hold the pipe through ddprun's
 # 2 s output drain and then SIGKILLed (before 2026-11-25: every such failed job took 2 s more).

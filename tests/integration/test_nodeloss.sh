@@ -116,6 +116,24 @@ for variant in running secondary; do
 done
 ok "node 0's ddprun killed: node 1 names the store lost within seconds and does not restart"
 
+# 6. A rank stopped (SIGSTOP) on node 1 holds rank 0 up on node 0 until it times out: both
+# summaries name the stopped rank (until 2026-11-26 neither did: only a single-node job's).
+d=$T/stopped; mkdir -p "$d"
+port=$(free_port)
+node 0 "$port"
+# shellcheck disable=SC2016
+start_node "$d" 0 "${F[@]}" bash -c 'until grep -q "was stopped by SIGSTOP" "$0/err1"; do
+    sleep 0.05; done; sleep 0.5; echo "allreduce #7 timed out: rank 1 did not arrive" >&2; exit 1' "$d"
+node 1 "$port"
+# shellcheck disable=SC2016
+start_node "$d" 1 "${F[@]}" bash -c 'echo $$ >"$0/pid.1"; kill -STOP $$; sleep 60' "$d"
+node_exit "$d" 0 1
+node_exit "$d" 1 1
+assert_contains "$d/err0" "stopped : rank 1 (pid $(cat "$d/pid.1") on node 1, by SIGSTOP at "
+assert_contains "$d/err1" "stopped : rank 1 (pid $(cat "$d/pid.1"), by SIGSTOP, for "
+wait_gone "$d" 5
+ok "a rank stopped on node 1: node 0's summary and node 1's name it beside rank 0's time-out"
+
 # 4. An orderly end is no loss: node 1 finishes first, node 0 then; both exit 0.
 d=$T/orderly; mkdir -p "$d"
 port=$(free_port)

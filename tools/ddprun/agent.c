@@ -157,6 +157,66 @@ static void failure_line(agent *a, const ddprun_worker *w, bool secondary)
              secondary ? " (it stopped because another rank failed)" : "");
 }
 
+/* This node's workers stopped (SIGSTOP, a debugger) when the failure came, but `except`: into
+ * the failure, for the summary's "stopped" line (a time-out elsewhere is most likely theirs). */
+static void note_stopped(agent *a, const ddprun_worker *except, bool store_ok)
+{
+    failure *f = &a->fail;
+    for (int i = 0; i < a->o->nproc; i++) {
+        const ddprun_worker *x = &a->w[i];
+        if (x == except || !x->running || !x->seen_stopped)
+            continue;
+        size_t len = strlen(f->stopped);
+        snprintf(f->stopped + len, sizeof f->stopped - len,
+                 "%srank %d (pid %d, by SIG%s, for %.1f s)", len ? ", " : "", x->rank, (int)x->pid,
+                 sigabbrev_np(x->stop_sig), (double)(now_ms() - x->stopped_ms) / 1000.0);
+        f->n_stopped++;
+    }
+    /* and the other nodes' (share_stopped): a time-out here may be a rank stopped there */
+    if (a->o->nnodes < 2 || !a->store || !store_ok)
+        return;
+    ddp_store_set_timeout(a->store, 2000);
+    for (int n = 0; n < a->wd.nnodes; n++) {
+        if (n == a->wd.group_rank)
+            continue;
+        char k[128], v[sizeof f->stopped];
+        snprintf(k, sizeof k, "ddprun/a%d/stopped/%d", a->wd.attempt, n);
+        int st = agent_peek_str(a->store, k, v, sizeof v);
+        if (st < 0)
+            break; /* the store is gone: nothing more to learn */
+        if (st > 0 || !v[0])
+            continue;
+        size_t len = strlen(f->stopped);
+        snprintf(f->stopped + len, sizeof f->stopped - len, "%s%s", len ? ", " : "", v);
+        for (const char *p = v; (p = strstr(p, "rank ")) != NULL; p++)
+            f->n_stopped++;
+    }
+}
+
+/* This node's stopped workers, for the other nodes' summaries (note_stopped): the key
+ * ddprun/a<attempt>/stopped/<node> lists them, and goes when none is stopped. */
+static void share_stopped(agent *a)
+{
+    if (a->o->nnodes < 2 || !a->store)
+        return;
+    char k[128], v[sizeof a->fail.stopped] = "";
+    snprintf(k, sizeof k, "ddprun/a%d/stopped/%d", a->wd.attempt, a->wd.group_rank);
+    for (int i = 0; i < a->o->nproc; i++) {
+        const ddprun_worker *x = &a->w[i];
+        if (!x->running || !x->seen_stopped)
+            continue;
+        size_t len = strlen(v);
+        snprintf(v + len, sizeof v - len, "%srank %d (pid %d on node %d, by SIG%s at %s)",
+                 len ? ", " : "", x->rank, (int)x->pid, a->o->node_rank, sigabbrev_np(x->stop_sig),
+                 x->stopped_at);
+    }
+    ddp_store_set_timeout(a->store, 2000);
+    if (v[0])
+        (void)ddp_store_set(a->store, k, v, strlen(v));
+    else
+        (void)ddp_store_delete(a->store, k, NULL);
+}
+
 /* Worker w ended badly: it becomes the job's failure, or replaces a secondary one. */
 static void record_local_failure(agent *a, ddprun_worker *w)
 {
@@ -177,16 +237,7 @@ static void record_local_failure(agent *a, ddprun_worker *w)
     f->status = w->status;
     wall_time(f->when, sizeof f->when);
     snprintf(f->log, sizeof f->log, "%s", w->log_path);
-    for (int i = 0; i < a->o->nproc; i++) {
-        const ddprun_worker *x = &a->w[i];
-        if (x == w || !x->running || !x->seen_stopped)
-            continue;
-        size_t len = strlen(f->stopped);
-        snprintf(f->stopped + len, sizeof f->stopped - len,
-                 "%srank %d (pid %d, by SIG%s, for %.1f s)", len ? ", " : "", x->rank, (int)x->pid,
-                 sigabbrev_np(x->stop_sig), (double)(now_ms() - x->stopped_ms) / 1000.0);
-        f->n_stopped++;
-    }
+    note_stopped(a, w, true);
     failure_line(a, w, secondary);
     if (a->o->nnodes > 1) {
         char k[128], val[sizeof SECONDARY_MARK + sizeof f->line];
@@ -229,6 +280,9 @@ static void record_remote_failure(agent *a, const char *line)
     a->fail.set = true;
     a->fail.secondary = secondary;
     a->fail.local = false;
+    /* another node's time-out because of a rank stopped here: named here too (it was named
+     * nowhere when the failure came from another node) */
+    note_stopped(a, NULL, strncmp(line, LINE_STORE_LOST, strlen(LINE_STORE_LOST)) != 0);
     wall_time(a->fail.when, sizeof a->fail.when);
     snprintf(a->fail.line, sizeof a->fail.line, "%s", line);
     if (reshape)
@@ -630,20 +684,45 @@ static outcome run_attempt(agent *a)
             if (!w || !w->running)
                 continue; /* the reaper, or a stranger */
             if (WIFSTOPPED(status)) {
-                if (!a->suspended) /* not our Ctrl-Z: a debugger, or someone's SIGSTOP */
+                /* not our Ctrl-Z: a debugger, or someone's SIGSTOP; said once per 5 s */
+                w->stop_said = false;
+                if (!a->suspended && now_ms() - w->stop_said_ms >= 5000) {
+                    char more[96] = "";
+                    if (w->stops_unsaid)
+                        snprintf(more, sizeof more,
+                                 " (stopped and continued %d more time%s since "
+                                 "the last such line)",
+                                 w->stops_unsaid, w->stops_unsaid == 1 ? "" : "s");
                     ddprun_say("rank %d (pid %d) was stopped by SIG%s; the job will not "
-                               "progress until it gets SIGCONT (kill -CONT %d)",
-                               w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)), (int)pid);
-                if (!a->suspended && !w->seen_stopped)
+                               "progress until it gets SIGCONT (kill -CONT %d)%s",
+                               w->rank, (int)pid, sigabbrev_np(WSTOPSIG(status)), (int)pid, more);
+                    w->stop_said_ms = now_ms();
+                    w->stop_said = true;
+                    w->stops_unsaid = 0;
+                } else if (!a->suspended) {
+                    w->stops_unsaid++;
+                }
+                bool fresh = !a->suspended && !w->seen_stopped;
+                if (fresh) {
                     w->stopped_ms = now_ms();
+                    time_t t = time(NULL);
+                    struct tm tmv;
+                    strftime(w->stopped_at, sizeof w->stopped_at, "%H:%M:%S",
+                             localtime_r(&t, &tmv));
+                }
                 w->seen_stopped = !a->suspended;
                 w->stop_sig = WSTOPSIG(status);
+                if (fresh && !store_lost)
+                    share_stopped(a);
                 continue;
             }
             if (WIFCONTINUED(status)) {
-                if (w->seen_stopped)
+                bool was = w->seen_stopped;
+                if (was && w->stop_said)
                     ddprun_say("rank %d (pid %d) continues", w->rank, (int)pid);
                 w->seen_stopped = false;
+                if (was && !store_lost)
+                    share_stopped(a);
                 continue;
             }
             w->running = false;

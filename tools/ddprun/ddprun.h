@@ -117,10 +117,16 @@ typedef struct ddprun_worker {
     bool running; /* spawned and not yet reaped */
     int status;   /* waitpid() status once reaped */
     int64_t exited_ms;
-    bool seen_stopped;  /* reported as stopped by someone else; its resumption is reported too */
-    int stop_sig;       /* while seen_stopped: the signal that stopped it */
-    int64_t stopped_ms; /* while seen_stopped: when ddprun saw it stop */
-    bool signaled;      /* ddprun sent it a signal to stop it: its end is no failure's cause */
+    bool seen_stopped;   /* reported as stopped by someone else; its resumption is reported too */
+    int stop_sig;        /* while seen_stopped: the signal that stopped it */
+    int64_t stopped_ms;  /* while seen_stopped: when ddprun saw it stop */
+    char stopped_at[16]; /* the same, as the wall clock's HH:MM:SS, for other nodes' summaries */
+    /* its stops and continues said (one line each at most every 5 s: a throttler's SIGSTOP and
+     * SIGCONT 25 times a second made 500 lines in 10 s), and those not said since */
+    int64_t stop_said_ms;
+    bool stop_said;
+    int stops_unsaid;
+    bool signaled; /* ddprun sent it a signal to stop it: its end is no failure's cause */
     ddprun_stream out, err;
     int in_fd;           /* interactive: the write end of its stdin pipe; -1 when none or closed */
     char log_path[1500]; /* its stderr.log, or "" */
