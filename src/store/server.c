@@ -370,10 +370,13 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         }
         /* An empty server token accepts anyone, also a client that shows a token (store.h). */
         if (s->token_len > 0 && !tokens_equal(tok, tn, s->token, s->token_len)) {
-            refuse_log(s, "refused connection from %s: wrong store token", c->peer);
+            refuse_log(s,
+                       "refused connection from %s: wrong store token (a node or rank started "
+                       "with another DDP_STORE_TOKEN, or a stranger)",
+                       c->peer);
             reply_error(c, DDP__R_AUTH,
-                        "wrong store token: every worker must carry this job's "
-                        "DDP_STORE_TOKEN");
+                        "wrong store token: every node's launcher and every worker of the job "
+                        "must carry the same DDP_STORE_TOKEN");
             c->closing = true;
             return SERVED;
         }

@@ -75,7 +75,8 @@ DDP_STORE_TOKEN=not-the-secret node 1 $port 1 "$d" "$WORKER" env "$d" >"$d/out1"
     rc=$?
 [ $rc -eq 1 ] || fail "node 1 with a wrong token exited $rc"
 assert_contains "$d/err1" "refused our token"
-assert_contains "$d/err0" "wrong store token"
+assert_contains "$d/err1" "(this node's DDP_STORE_TOKEN is not node 0's: export the same secret on every node)"
+assert_contains "$d/err0" "wrong store token (a node or rank started with another DDP_STORE_TOKEN, or a stranger)"
 kill -TERM $n0
 rc=0; wait $n0 || rc=$?
 [ $rc -eq 143 ] || fail "node 0 waiting in the rendezvous exited $rc after SIGTERM, want 143"

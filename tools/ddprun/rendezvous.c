@@ -156,11 +156,16 @@ int agent_setup_store(agent *a)
                                   : "");
             else
                 ddprun_say("%s%s", err.msg,
-                           in_use ? " (this host could not listen on the endpoint: address "
-                                    "already in use; if no ddprun of this job runs there, a "
-                                    "program other than ddprun holds that port: stop it or give "
-                                    "every node another --rdzv_endpoint port)"
-                                  : "");
+                           st == DDP_ERR_AUTH
+                               ? (a->wd.token[0] ? " (this node's DDP_STORE_TOKEN is not node 0's: "
+                                                   "export the same secret on every node)"
+                                                 : " (DDP_STORE_TOKEN is not set on this node: "
+                                                   "export node 0's secret here too)")
+                           : in_use ? " (this host could not listen on the endpoint: address "
+                                      "already in use; if no ddprun of this job runs there, a "
+                                      "program other than ddprun holds that port: stop it or give "
+                                      "every node another --rdzv_endpoint port)"
+                                    : "");
             return -1;
         }
     }
@@ -567,11 +572,20 @@ int agent_rendezvous(agent *a)
             }
         }
         if (joined < o->nnodes) {
+            /* the store refused connections meanwhile: most likely the missing nodes' token */
+            uint64_t refused = a->server ? ddp_store_server_refused(a->server) : 0;
+            char why[200] = "";
+            if (refused)
+                snprintf(why, sizeof why,
+                         "; the store refused %llu connection%s meanwhile (above): a node started "
+                         "with another DDP_STORE_TOKEN is refused, so export the same one on "
+                         "every node",
+                         (unsigned long long)refused, refused == 1 ? "" : "s");
             ddprun_say("rendezvous at '" HOSTF "' timed out after %g s (%d of %d nodes joined; "
                        "missing node_rank %s); start ddprun on every node with the same --nnodes, "
-                       "--master_addr and --master_port, or raise --rdzv_timeout",
+                       "--master_addr and --master_port, or raise --rdzv_timeout%s",
                        HOSTA(o->master_addr, a->wd.master_port), o->rdzv_timeout, joined, o->nnodes,
-                       missing);
+                       missing, why);
             goto out_free;
         }
     }
