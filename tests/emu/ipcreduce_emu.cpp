@@ -67,8 +67,8 @@ template <typename S> static void one(ddp_dtype t, const char *name, int k, size
                 float a = src[0][i];
                 for (int j = 1; j < k; j++) {
                     float v = src[j][i];
-                    a = op == DDP_MIN ? (v < a ? v : a)
-                        : op == DDP_MAX ? (a < v ? v : a)
+                    a = op == DDP_MIN ? (v < a || v != v ? v : a) /* a NaN wins */
+                        : op == DDP_MAX ? (a < v || v != v ? v : a)
                         : op == DDP_PROD ? a * v
                                          : a + v;
                 }

@@ -125,6 +125,37 @@ static void reduce_many_all(void **state)
                         reduce_case((ddp_dtype)t, (ddp_op)op, ks[ki], counts[ci], alias);
 }
 
+/* MIN and MAX keep a NaN wherever it is among k inputs (float32, float64, bfloat16, float16),
+ * in place and not: it was kept on input 0 and dropped on the last one. */
+static void reduce_min_max_nan(void **state)
+{
+    (void)state;
+    static const ddp_dtype ts[] = {DDP_FLOAT32, DDP_FLOAT64, DDP_BFLOAT16, DDP_FLOAT16};
+    enum { K = 4, N = 9 };
+    for (size_t ti = 0; ti < 4; ti++)
+        for (int op = DDP_MIN; op <= DDP_MAX; op++)
+            for (int k = 1; k <= K; k++)
+                for (int at = 0; at < k; at++)
+                    for (int alias = -1; alias <= 0; alias++) {
+                        ddp_dtype t = ts[ti];
+                        double in[K][N], out[N]; /* storage for any of the four types */
+                        const void *srcs[K];
+                        for (int j = 0; j < k; j++) {
+                            for (size_t i = 0; i < N; i++)
+                                put(in[j], i, t, j == at && i % 2 == 0 ? NAN : input(j, i));
+                            srcs[j] = in[j];
+                        }
+                        void *dst = alias < 0 ? (void *)out : (void *)in[0];
+                        ddp__reduce_many(dst, srcs, k, N, t, (ddp_op)op);
+                        for (size_t i = 0; i < N; i++) {
+                            double v = get(dst, i, t);
+                            if ((i % 2 == 0) != (bool)isnan(v))
+                                fail_msg("%s %s k=%d, NaN in input %d: element %zu is %g",
+                                         ddp_dtype_name(t), ddp_op_name((ddp_op)op), k, at, i, v);
+                        }
+                    }
+}
+
 static void reduce_two_and_avg(void **state)
 {
     (void)state;
@@ -329,10 +360,10 @@ static void copies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(reduce_many_all),  cmocka_unit_test(reduce_two_and_avg),
-        cmocka_unit_test(half_conversions), cmocka_unit_test(array_conversions),
-        cmocka_unit_test(counter_rng),      cmocka_unit_test(tensor_vocabulary),
-        cmocka_unit_test(copies),
+        cmocka_unit_test(reduce_many_all),    cmocka_unit_test(reduce_min_max_nan),
+        cmocka_unit_test(reduce_two_and_avg), cmocka_unit_test(half_conversions),
+        cmocka_unit_test(array_conversions),  cmocka_unit_test(counter_rng),
+        cmocka_unit_test(tensor_vocabulary),  cmocka_unit_test(copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,8 @@
  * really is disjoint, so the compiler vectorises them (this file is built with -O3). bfloat16
  * and float16 are widened to float32, reduced, and rounded once per element (round to nearest
  * even, util/half.h), so a sum over ranks rounds once, not per rank. Integer sums wrap like the
- * hardware's (unsigned arithmetic, no undefined behaviour). No threads: callers split the work.
+ * hardware's (unsigned arithmetic, no undefined behaviour); min and max return a NaN operand
+ * whatever its position. No threads: callers split the work.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -22,8 +23,11 @@
 /* Operations on a working type W. Integer sums and products go through unsigned types so
  * overflow wraps instead of being undefined. */
 #define OP_SUM(a, b) ((a) + (b))
-#define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
-#define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
+/* A NaN wins min and max wherever it is (b != b: b is NaN; a NaN a stays, as b < a is false),
+ * as torch.max does: "is any rank's value NaN?" asked with MAX is answered on every rank alike
+ * (a NaN on the last rank was dropped, on rank 0 kept). For integers b != b is never true. */
+#define OP_MIN(a, b) ((b) < (a) || (b) != (b) ? (b) : (a))
+#define OP_MAX(a, b) ((b) > (a) || (b) != (b) ? (b) : (a))
 #define OP_PROD(a, b) ((a) * (b))
 #define WRAP32_SUM(a, b) ((int32_t)((uint32_t)(a) + (uint32_t)(b)))
 #define WRAP32_PROD(a, b) ((int32_t)((uint32_t)(a) * (uint32_t)(b)))

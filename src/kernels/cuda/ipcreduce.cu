@@ -97,6 +97,20 @@ template <> __device__ inline bool less<uint64_t>(uint64_t a, uint64_t b)
     return (int64_t)a < (int64_t)b;
 }
 
+/* A NaN wins min and max wherever it is, as cpu/reduce.c's OP_MIN / OP_MAX. */
+template <typename A> __device__ inline bool nan_(A)
+{
+    return false;
+}
+template <> __device__ inline bool nan_<float>(float a)
+{
+    return a != a;
+}
+template <> __device__ inline bool nan_<double>(double a)
+{
+    return a != a;
+}
+
 template <typename A> __device__ inline A add(A a, A b)
 {
     return a + b;
@@ -165,8 +179,8 @@ __global__ void reduce_kernel(S *dst, srcs_t srcs, int k, size_t n, ddp_op op, i
         for (int j = 1; j < k; j++) {
             auto v = ld((const S *)srcs.p[j], i);
             switch (op) {
-            case DDP_MIN: acc = less(v, acc) ? v : acc; break;
-            case DDP_MAX: acc = less(acc, v) ? v : acc; break;
+            case DDP_MIN: acc = less(v, acc) || nan_(v) ? v : acc; break;
+            case DDP_MAX: acc = less(acc, v) || nan_(v) ? v : acc; break;
             case DDP_PROD: acc = mul(acc, v); break;
             default: acc = add(acc, v); break; /* SUM, and AVG as SUM */
             }
