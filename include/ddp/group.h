@@ -20,7 +20,8 @@
  * With DDP_DEBUG=1 (or opts.debug) the group checks that before each one and reports a mismatch
  * instead of hanging or returning garbage.
  *
- * Buffers: any host memory works (DDP_DEVICE_CPU). Memory from ddp_group_alloc() lives inside the
+ * Buffers: any host memory aligned to the dtype's size works (DDP_DEVICE_CPU; malloc's is; a
+ * misaligned one is DDP_ERR_INVALID). Memory from ddp_group_alloc() lives inside the
  * shared segment, so the shm backend reduces it in place with no copy in or out; for one
  * collective, pass such memory on every rank of a host or on none (shm fails the call on all of
  * them otherwise). A GPU group (opts.device = DDP_DEVICE_CUDA) takes device memory on its GPU
@@ -98,9 +99,10 @@ void ddp_group_destroy(ddp_group *g);
 /* Makes every pending and future call on g fail with DDP_ERR_CLOSED, here and (through the
  * shared state) on the other ranks, which report "rank R aborted the group: <its first error>".
  * Thread-safe; returns at once (an nccl group first tells its peers through the store: a store
- * call or two, normally well under a millisecond). Use it from a watchdog, a signal-driven
- * shutdown, or after an error before destroy, so that peers fail at once instead of at their
- * deadline. */
+ * call or two, normally well under a millisecond). Use it from a watchdog, a thread that
+ * handles the shutdown signals (sigwait, signalfd: it takes locks and may talk to the store, so
+ * it is not async-signal-safe — not from inside a signal handler), or after an error before
+ * destroy, so that peers fail at once instead of at their deadline. */
 void ddp_group_abort(ddp_group *g);
 /* ddp_group_abort with why (one line: what made this rank give up, e.g. "forward: out of GPU
  * memory") as the first error here and what the peers report: "rank R aborted the group: why".

@@ -211,6 +211,9 @@ static ddp_status debug_check(ddp_group *g, const ddp__coll *c)
                          (long long)x[4]);
             else if (x[0] == DDP__BARRIER)
                 ddp__fmt(list + l, sizeof list - l, "%srank %d: barrier", l ? "; " : "", r);
+            else if (x[0] == DDP__ALLGATHER) /* (no op: "sum" was printed) */
+                ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld", l ? "; " : "", r,
+                         kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1]);
             else
                 ddp__fmt(list + l, sizeof list - l, "%srank %d: %s %s × %lld %s", l ? "; " : "", r,
                          kind, ddp_dtype_name((ddp_dtype)x[2]), (long long)x[1],
@@ -310,6 +313,14 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, 
         if (c.count > ((size_t)1 << 40))
             return ddp__errmsg(g->callmsg, DDP_ERR_INVALID, "%s: count %zu is too large", what,
                                c.count);
+        /* The kernels read and write the elements as their type: a misaligned buffer is
+         * undefined behaviour in C (UBSan: "store to misaligned address"), not a slow path. */
+        size_t esz = ddp_dtype_size(c.dtype);
+        if (c.count && ((uintptr_t)c.recv % esz || (c.send && (uintptr_t)c.send % esz)))
+            return ddp__errmsg(g->callmsg, DDP_ERR_INVALID,
+                               "%s: a buffer is not aligned to its %s elements (%zu bytes; "
+                               "malloc's and ddp_group_alloc's are): send %p, recv %p",
+                               what, ddp_dtype_name(c.dtype), esz, c.send, c.recv);
     }
     if ((c.kind == DDP__ALLREDUCE || c.kind == DDP__REDUCE_SCATTER) &&
         (unsigned)user_op >= DDP_OP_COUNT)

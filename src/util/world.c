@@ -174,12 +174,13 @@ ddp_status ddp__settings_from_env(ddp_settings *s, ddp_error *err)
         (st = setting_str("DDP_LOCAL_ADDR", s->local_addr, sizeof s->local_addr, err)))
         return st;
     int secs, stall = 0;
-    if ((st = setting_int("DDP_TIMEOUT", 0, INT_MAX, "seconds", &secs, err)) ||
+    /* at most INT_MAX ms (24.8 days), said in the range (a larger one was cut to it silently) */
+    if ((st = setting_int("DDP_TIMEOUT", 0, INT_MAX / 1000, "seconds", &secs, err)) ||
         (st = setting_bool("DDP_DEBUG", &s->debug, err)) ||
         (st = setting_int("DDP_HOST_CORES", 1, 1 << 20, "cores", &s->host_cores, err)) ||
         (st = setting_int("DDP_TEST_FAKE_GPUS", 1, 64, "GPUs", &s->fake_gpus, err)))
         return st;
-    s->timeout_ms = (secs < INT_MAX / 1000 ? secs : INT_MAX / 1000) * 1000; /* 24 days at most */
+    s->timeout_ms = secs * 1000;
     const char *sr = getenv("DDP_STALL_REPORT");
     if (sr && (strcmp(sr, "0") == 0 || strcasecmp(sr, "off") == 0))
         s->stall_report_ms = -1;

@@ -551,15 +551,37 @@ static void one_rank_cheap(void **state)
     ddp_group_destroy(g);
 }
 
+/* A buffer not aligned to its elements is refused with the reason, and the group stays usable
+ * (the kernels stored floats at malloc()+1: undefined behaviour, UBSan's "misaligned address"). */
+static void misaligned_buffers(void **state)
+{
+    (void)state;
+    ddp_error err = {0};
+    ddp_group *g = one_rank_group(&err);
+    if (!g)
+        fail_msg("one-rank shm group: %s", err.msg);
+    double store[9] = {0};
+    char *raw = (char *)store;
+    float *odd = (float *)(void *)(raw + 1), *ok = (float *)(void *)(raw + 4);
+    assert_int_equal(ddp_allreduce(g, odd, odd, 4, DDP_FLOAT32, DDP_SUM), DDP_ERR_INVALID);
+    assert_non_null(strstr(ddp_group_last_error(g),
+                           "allreduce: a buffer is not aligned to its float32 elements (4 bytes"));
+    assert_int_equal(ddp_broadcast(g, raw + 2, 3, DDP_FLOAT64, 0), DDP_ERR_INVALID);
+    assert_int_equal(ddp_allreduce(g, ok, ok, 4, DDP_FLOAT32, DDP_SUM), DDP_OK);
+    assert_int_equal(ddp_allreduce(g, raw + 1, raw + 1, 4, DDP_UINT8, DDP_SUM), DDP_OK);
+    assert_int_equal(ddp_group_error(g), DDP_OK);
+    ddp_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(null_group),        cmocka_unit_test(inconsistent_world),
-        cmocka_unit_test(run_id_with_slash), cmocka_unit_test(placement),
-        cmocka_unit_test(auto_choice),       cmocka_unit_test(named_choice),
-        cmocka_unit_test(mpi_choice),        cmocka_unit_test(gpu_layouts),
-        cmocka_unit_test(gpu_auto),          cmocka_unit_test(gpu_binding),
-        cmocka_unit_test(one_rank_cheap),
+        cmocka_unit_test(null_group),         cmocka_unit_test(inconsistent_world),
+        cmocka_unit_test(misaligned_buffers), cmocka_unit_test(run_id_with_slash),
+        cmocka_unit_test(placement),          cmocka_unit_test(auto_choice),
+        cmocka_unit_test(named_choice),       cmocka_unit_test(mpi_choice),
+        cmocka_unit_test(gpu_layouts),        cmocka_unit_test(gpu_auto),
+        cmocka_unit_test(gpu_binding),        cmocka_unit_test(one_rank_cheap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
