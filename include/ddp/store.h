@@ -83,7 +83,9 @@ typedef struct ddp_store_opts {
     int port;
     const char *token;      /* the job's token; NULL or "" for a server without one */
     int timeout_ms;         /* deadline of each call; ≤ 0 means DDP_STORE_DEFAULT_TIMEOUT_MS */
-    int connect_timeout_ms; /* how long to keep retrying a refused connection; ≤ 0: timeout_ms */
+    int connect_timeout_ms; /* how long to keep retrying a refused connection, at the first
+                               connect and at a call's reconnection; ≤ 0: the call timeout
+                               (timeout_ms, then ddp_store_set_timeout's) */
 } ddp_store_opts;
 
 #define DDP_STORE_OPTS_INIT                                                                        \

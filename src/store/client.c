@@ -171,22 +171,41 @@ static ddp_status connect_once(ddp_store *s, int64_t deadline, ddp_error *e)
     return DDP_OK;
 }
 
-/* Connects, retrying refused connections until deadline (the server may not be up yet). */
-static ddp_status ensure_connected(ddp_store *s, int64_t deadline)
+/* The bound on retrying refused connections: connect_timeout_ms, or the call timeout when it was
+ * not given (it then follows ddp_store_set_timeout). */
+static int connect_ms(const ddp_store *s)
+{
+    return s->connect_timeout_ms > 0 ? s->connect_timeout_ms : s->timeout_ms;
+}
+
+/* Connects, each try with the call's deadline (a slow or lossy network gets all of it, SYN
+ * retransmits included), retrying refused connections until refuse_deadline (≤ deadline: the
+ * server may not be up yet), the last try at it (giving up one backoff early made a 200 ms
+ * timeout end after 120–150 ms when the sleeps woke late). */
+static ddp_status ensure_connected(ddp_store *s, int64_t deadline, int64_t refuse_deadline)
 {
     if (s->fd >= 0)
         return DDP_OK;
     int64_t start = ddp__now_ms();
     int backoff = 10;
+    ddp_error refusal = {0}; /* the last refused try's message */
     for (;;) {
         ddp_error e = {0};
+        int64_t t0 = ddp__now_ms();
         ddp_status st = connect_once(s, deadline, &e);
         if (st == DDP_OK)
             return DDP_OK;
         s->refused = st == DDP_ERR_NETWORK && errno == ECONNREFUSED;
-        /* retried until the deadline, the last try at it (giving up one backoff early made a
-         * 200 ms timeout end after 120–150 ms when the sleeps woke late) */
-        int64_t left = deadline - ddp__now_ms();
+        if (s->refused)
+            refusal = e;
+        else if (st == DDP_ERR_TIMEOUT && refusal.msg[0] && deadline - t0 < 100) {
+            /* a last try with (almost) no time left cannot hear a remote host's refusal: the
+             * earlier tries did, and that is what happened */
+            s->refused = true;
+            st = DDP_ERR_NETWORK;
+            e = refusal;
+        }
+        int64_t left = refuse_deadline - ddp__now_ms();
         bool retry = st == DDP_ERR_NETWORK && left > 0;
         if (!retry) {
             char waited[32];
@@ -217,13 +236,14 @@ static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r
     int64_t deadline = start + s->timeout_ms;
     /* A refused reconnection is retried for connect_timeout_ms at most, as the first connection
      * (a store that restarts comes back within it; one that is gone is said to be at once, not
-     * at the call's whole timeout: ddprun's nodes found node 0 gone minutes late) */
-    int64_t reconnect = start + s->connect_timeout_ms;
+     * at the call's whole timeout: ddprun's nodes found node 0 gone minutes late); a try that
+     * only waits for an answer has the call's whole deadline, as before. */
+    int64_t reconnect = start + connect_ms(s);
     s->refused = false;
     /* ensure_connected() may have to rebuild s->req for the handshake: keep the request aside. */
     ddp__buf saved = s->req;
     s->req = (ddp__buf){0};
-    ddp_status st = ensure_connected(s, reconnect < deadline ? reconnect : deadline);
+    ddp_status st = ensure_connected(s, deadline, reconnect < deadline ? reconnect : deadline);
     ddp__buf_free(&s->req);
     s->req = saved;
     if (st != DDP_OK)
@@ -327,12 +347,13 @@ ddp_status ddp_store_connect(const ddp_store_opts *opts, ddp_store **out, ddp_er
     s->port = opts->port;
     s->token = strdup(opts->token ? opts->token : "");
     s->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DDP_STORE_DEFAULT_TIMEOUT_MS;
-    s->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : s->timeout_ms;
+    s->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 0;
     if (!s->token) {
         free(s);
         return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating a store client");
     }
-    ddp_status st = ensure_connected(s, ddp__now_ms() + s->connect_timeout_ms);
+    int64_t dl = ddp__now_ms() + connect_ms(s);
+    ddp_status st = ensure_connected(s, dl, dl);
     if (st != DDP_OK) {
         ddp__err(err, st, "%s", s->err);
         ddp_store_close(s);

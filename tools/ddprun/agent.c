@@ -632,6 +632,10 @@ static outcome run_attempt(agent *a)
             wake = drain_until;
         if (multi_waiting && next_check < wake)
             wake = next_check;
+        for (int i = 0; i < n; i++) /* a stop not said (rate limit): said when its 5 s are up */
+            if (a->w[i].running && a->w[i].seen_stopped && !a->w[i].stop_said &&
+                a->w[i].stop_said_ms + 5000 < wake)
+                wake = a->w[i].stop_said_ms + 5000;
         int timeout = wake == INT64_MAX ? -1 : (int)(wake > now ? wake - now : 0);
         int rc = poll(pfd, (nfds_t)np, timeout);
         if (rc < 0 && errno != EINTR) {
@@ -712,7 +716,7 @@ static outcome run_attempt(agent *a)
                 }
                 w->seen_stopped = !a->suspended;
                 w->stop_sig = WSTOPSIG(status);
-                if (fresh && !store_lost)
+                if (fresh && !store_lost && !unreachable_since) /* (no store waits then) */
                     share_stopped(a);
                 continue;
             }
@@ -721,7 +725,7 @@ static outcome run_attempt(agent *a)
                 if (was && w->stop_said)
                     ddprun_say("rank %d (pid %d) continues", w->rank, (int)pid);
                 w->seen_stopped = false;
-                if (was && !store_lost)
+                if (was && !store_lost && !unreachable_since)
                     share_stopped(a);
                 continue;
             }
@@ -763,6 +767,22 @@ static outcome run_attempt(agent *a)
                 drain_until = now_ms() + 2000; /* output still in pipes, or held by stragglers */
         }
         int wait_errno = errno;
+        for (int i = 0; i < n; i++) {
+            /* stopped again within 5 s of its last line and still stopped: the log's last word
+             * on it must not stay "continues" */
+            ddprun_worker *w = &a->w[i];
+            if (w->running && w->seen_stopped && !w->stop_said &&
+                now_ms() - w->stop_said_ms >= 5000) {
+                ddprun_say("rank %d (pid %d) is stopped (by SIG%s; stopped and continued %d "
+                           "time%s since the last such line); the job will not progress until "
+                           "it gets SIGCONT (kill -CONT %d)",
+                           w->rank, (int)w->pid, sigabbrev_np(w->stop_sig), w->stops_unsaid,
+                           w->stops_unsaid == 1 ? "" : "s", (int)w->pid);
+                w->stop_said = true;
+                w->stop_said_ms = now_ms();
+                w->stops_unsaid = 0;
+            }
+        }
         if (stop_after)
             stop_workers(a, SIGTERM, &kill_at);
         if (pid < 0 && wait_errno == ECHILD && running > 0) {

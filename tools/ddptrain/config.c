@@ -214,7 +214,9 @@ bool trainer_parse_betas(const char *text, float *b1, float *b2)
 
 /* The checks a configuration needs before any data: exit code 2 with the message. model_known:
  * model.type is the run's (test and predict take it from the checkpoint, later). */
-static int check_values(const ddp_config *c, bool model_known)
+/* model_known: the model keys are final (training, or test/predict's rebuilt configuration);
+ * rank0: this process writes predict_out. */
+static int check_values(const ddp_config *c, bool model_known, bool rank0)
 {
     /* Paths that cannot be empty: out_dir "" would write into / (out_dir/checkpoints is
      * "/checkpoints"), data.dir "" would read /train-images-…, checkpoint "" names no file. */
@@ -235,8 +237,8 @@ static int check_values(const ddp_config *c, bool model_known)
      * blamed on the free space */
     struct stat ps;
     const char *po = ddp_config_str(c, "predict_out");
-    if (model_known && !strcmp(ddp_config_str(c, "task"), "predict") && *po && stat(po, &ps) == 0 &&
-        S_ISDIR(ps.st_mode)) {
+    if (model_known && rank0 && !strcmp(ddp_config_str(c, "task"), "predict") && *po &&
+        stat(po, &ps) == 0 && S_ISDIR(ps.st_mode)) {
         fprintf(stderr,
                 "ddptrain: predict_out '%s' (%s) is a folder; give the file to write, e.g. "
                 "'%s/predictions.%s'\n",
@@ -424,9 +426,14 @@ static int check_values(const ddp_config *c, bool model_known)
         return 2;
     }
     /* The prompt against the model's vocabulary, before any work (for predict, before
-     * predict_out is opened: a bad prompt emptied an earlier file, and exited 1) */
+     * predict_out is opened: a bad prompt emptied an earlier file, and exited 1), where it is
+     * used: predict, and training that ends with a sample */
     int64_t V = ddp_config_int(c, "model.vocab_size");
-    for (size_t i = 0; i < npt; i++)
+    const char *task = ddp_config_str(c, "task");
+    bool prompted =
+        model_known && (!strcmp(task, "predict") ||
+                        (!strcmp(task, "train") && ddp_config_int(c, "max_new_tokens") > 0));
+    for (size_t i = 0; prompted && i < npt; i++)
         if (pt[i] < 0 || pt[i] >= V) {
             fprintf(stderr,
                     "ddptrain: prompt_tokens (%s) has %" PRId64 " (entry %zu), not a token id of "
@@ -434,7 +441,7 @@ static int check_values(const ddp_config *c, bool model_known)
                     ddp_config_origin(c, "prompt_tokens"), pt[i], i + 1, V - 1);
             return 2;
         }
-    if (!npt && *ddp_config_str(c, "prompt") && V != 256) {
+    if (prompted && !npt && *ddp_config_str(c, "prompt") && V != 256) {
         fprintf(stderr,
                 "ddptrain: prompt (%s) is text, and this model's vocabulary (%" PRId64 ") is not "
                 "bytes; give the prompt's token ids: --prompt_tokens 1,2,3\n",
@@ -598,7 +605,7 @@ int trainer_config_load(trainer *t, const char *yaml_path, int argc, char **argv
                     (int)strcspn(k, "'"), k, (int)strcspn(k, "'"), k);
         return 2;
     }
-    return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"));
+    return check_values(t->cfg, !strcmp(ddp_config_str(t->cfg, "task"), "train"), true);
 }
 
 /* ---- the configuration stored in a checkpoint ------------------------------------------------
@@ -715,7 +722,8 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
     /* A checkpoint that stores no configuration names no out_dir of its own: its results
      * (train.log, metrics.jsonl, predictions.csv) go to its own folder, not into the default
      * runs/default of another run, unless --out_dir says where. */
-    if (!*yaml && !strcmp(ddp_config_origin(t->cfg, "out_dir"), "default")) {
+    if (!*yaml && !strcmp(ddp_config_origin(t->cfg, "out_dir"), "default") &&
+        strcmp(ddp_config_str(t->cfg, "checkpoint"), "latest") != 0) { /* (latest: out_dir's) */
         const char *slash = strrchr(path, '/');
         int dl = slash ? (slash == path ? 1 : (int)(slash - path)) : 1;
         if (asprintf(&args[n++], "--out_dir=%.*s", dl, slash ? path : ".") < 0) {
@@ -752,7 +760,7 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
     }
     ddp_config_free(t->cfg);
     t->cfg = c;
-    rc = check_values(c, true);
+    rc = check_values(c, true, t->R == 0);
 out_free:
     if (fd >= 0) {
         close(fd);
