@@ -110,7 +110,8 @@ static ddp_status table_set(table *t, size_t max_total, const char *k, size_t kn
     char *nv = malloc(vn + 1);
     if (!nv)
         return DDP_ERR_NOMEM;
-    memcpy(nv, v, vn);
+    if (vn) /* (an empty value may come as NULL: an on_close mark's, found by fuzzing) */
+        memcpy(nv, v, vn);
     nv[vn] = '\0';
     if (e) {
         free(e->val);
@@ -131,7 +132,8 @@ static ddp_status table_set(table *t, size_t max_total, const char *k, size_t kn
         free(nv);
         return DDP_ERR_NOMEM;
     }
-    memcpy(nk, k, kn);
+    if (kn)
+        memcpy(nk, k, kn);
     nk[kn] = '\0';
     e->key = nk;
     e->klen = kn;

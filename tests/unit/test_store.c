@@ -455,10 +455,13 @@ static void on_close_sets_key(void **state)
     ddp_store *a = fx_client(f, "", 5000);
     ddp_store_opts o = client_opts(f->port, "", 5000);
     ddp_error err = {0};
-    ddp_store *b = NULL, *c = NULL, *d = NULL;
+    ddp_store *b = NULL, *c = NULL, *d = NULL, *e = NULL;
     assert_int_equal(ddp_store_connect(&o, &b, &err), DDP_OK);
     assert_int_equal(ddp_store_connect(&o, &c, &err), DDP_OK);
     assert_int_equal(ddp_store_connect(&o, &d, &err), DDP_OK);
+    assert_int_equal(ddp_store_connect(&o, &e, &err), DDP_OK);
+    /* an empty mark (its value NULL on the server: a memcpy from NULL, found by fuzzing) */
+    assert_int_equal(ddp_store_on_close(e, "gone/e", NULL, 0), DDP_OK);
     assert_int_equal(ddp_store_on_close(b, "gone/b", "host-b", 6), DDP_OK);
     assert_int_equal(ddp_store_on_close(c, "gone/c", "x", 1), DDP_OK);
     assert_int_equal(ddp_store_on_close(c, "", NULL, 0), DDP_OK); /* cancelled */
@@ -470,13 +473,15 @@ static void on_close_sets_key(void **state)
     ddp_store_close(b);
     ddp_store_close(c);
     ddp_store_close(d);
+    ddp_store_close(e);
     expect_stored(a, "gone/b", "host-b", 6); /* parks until the close is seen */
     assert_true(now_ms() - t0 < 2000);
     expect_stored(a, "gone/d2", "2", 1);
+    expect_stored(a, "gone/e", "", 0);
     sleep_ms(100);
     assert_false(exists(a, "gone/c"));
     assert_false(exists(a, "gone/d1"));
-    assert_int_equal(num_keys(a), 2);
+    assert_int_equal(num_keys(a), 3);
 }
 
 /* A second client that sets keys after delays, from its own thread. */
