@@ -19,6 +19,11 @@ cat >w.sh <<'EOF'
 #!/bin/bash
 echo "$TORCHELASTIC_ERROR_FILE" >"path.$RANK"
 [ "$RANK" != "${FAIL:-1}" ] && exec sleep 30
+# every rank's path recorded before this one fails (ddprun stops the others at once: one
+# stopped before its echo left its path.N empty, a flake seen in CI)
+for r in $(seq 0 $((WORLD_SIZE - 1))); do
+    for _ in $(seq 500); do [ -s "path.$r" ] && break; sleep 0.01; done
+done
 case "$KIND" in
 torch) # PyTorch's ErrorHandler.record_exception, a traceback of 14 lines
     tb='Traceback (most recent call last):\n'
