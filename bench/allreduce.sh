@@ -25,7 +25,13 @@
 # MPI_Allreduce; µs per call and each mode's time / Open MPI's. The before/after of the
 # blocking mode on one host.
 #
-# Usage: bench/allreduce.sh [BUILD_DIR] [REPS] [SIZES] [MODE]   MODE: compare (default) | variants | mpi
+# MODE dtypes: the shm backend (arena buffers) in the element types the reducer sends —
+# float32 sum, bfloat16 sum and avg (compress_bf16, bf16 gradients), float16 sum and avg — in turns
+# with gloo's float16 sum (torch 1.13's gloo has no bfloat16 and no avg), the same bytes per call.
+# avg against sum says what the division costs: bfloat16/float16 avg divides the float32 sum before
+# its one rounding (docs/group.md).
+#
+# Usage: bench/allreduce.sh [BUILD_DIR] [REPS] [SIZES] [MODE]   MODE: compare (default) | variants | mpi | dtypes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -48,9 +54,10 @@ rm -rf "$DDP_CACHE_DIR"
 ddpc() { # ddpc NAME BACKEND BUFFERS [ENV…]: rows NAME,bytes,µs,algo and limit,bytes,µs
     local name=$1 backend=$2 buffers=$3
     shift 3
+    # shellcheck disable=SC2086 # $DDPBENCH_ARGS: extra flags (--dtype, --reduce), split on purpose
     env OMP_NUM_THREADS=1 "$@" "$BUILD/bin/ddprun" --standalone --nproc_per_node=2 --no_prefix \
         "$BUILD/bin/ddpbench" --op allreduce --sizes "$SIZES" --backend "$backend" \
-        --buffers "$buffers" --csv 2>/dev/null |
+        --buffers "$buffers" --csv ${DDPBENCH_ARGS:-} 2>/dev/null |
         awk -F, -v n="$name" '$1=="allreduce" {print n "," $2 "," $4 "," $9; print "limit," $2 "," $8}'
 }
 gloo() {
@@ -92,6 +99,14 @@ for ((rep = 0; rep < REPS; rep++)); do
         ddpc_mpi ddpc_mpi blocking >>"$raw"
         ddpc_mpi ddpc_mpi_nb nonblocking >>"$raw"
         mpi >>"$raw"
+    elif [ "$MODE" = dtypes ]; then
+        ddpc f32_sum shm arena >>"$raw"
+        for t in bfloat16 float16; do
+            for r in sum avg; do
+                DDPBENCH_ARGS="--dtype $t --reduce $r" ddpc "${t}_$r" shm arena >>"$raw"
+            done
+        done
+        GLOO_DTYPE=float16 gloo | sed 's/^gloo,/gloo_f16,/' >>"$raw"
     elif [ "$MODE" = variants ]; then
         for v in libc cached stream pipelined; do
             ddpc "$v" shm arena DDP_SHM_ALGO=$v >>"$raw"
@@ -111,7 +126,11 @@ for ((rep = 0; rep < REPS; rep++)); do
 done
 d1=$("$OUT/core_distance")
 
-echo "allreduce, 2 ranks, float32 sum, in place: median time per call (µs), median of $REPS runs"
+if [ "$MODE" = dtypes ]; then
+    echo "allreduce, 2 ranks, shm arena, in place, by element type and op: median time per call (µs), median of $REPS runs"
+else
+    echo "allreduce, 2 ranks, float32 sum, in place: median time per call (µs), median of $REPS runs"
+fi
 machine
 echo "cache-line round trip between CPUs 0 and 1: $d0 ns before, $d1 ns after (> 200: the shm backend evicts what it reads)"
 awk -F, -v mode="$MODE" '
@@ -132,6 +151,15 @@ END {
         for (i = 1; i <= ns; i++) {
             s = order[i]; b = med("ddpc_mpi," s); n = med("ddpc_mpi_nb," s); m = med("mpi," s)
             printf "%10d %14.1f %14.1f %11.1f | %11.2fx %11.2fx\n", s, b, n, m, b / m, n / m
+        }
+        exit
+    }
+    if (mode == "dtypes") {
+        printf "%10s %10s %10s %10s %10s %10s %10s %10s | %9s %9s %9s\n", "bytes", "f32 sum", "bf16 sum", "bf16 avg", "f16 sum", "f16 avg", "gloo f16", "mem-limit", "bavg/bsum", "havg/hsum", "gloo/f16"
+        for (i = 1; i <= ns; i++) {
+            s = order[i]; f = med("f32_sum," s); bs = med("bfloat16_sum," s); ba = med("bfloat16_avg," s)
+            hs = med("float16_sum," s); ha = med("float16_avg," s); g = med("gloo_f16," s); l = med("limit," s)
+            printf "%10d %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f | %8.2fx %8.2fx %8.1fx\n", s, f, bs, ba, hs, ha, g, l, ba / bs, ha / hs, g / hs
         }
         exit
     }

@@ -1,6 +1,7 @@
 """The PyTorch side of bench/allreduce.sh: median time per in-place torch.distributed.all_reduce
-(gloo, CPU, float32, sum) for each size in bytes given on the command line. Started by the
-script with two processes; rendezvous through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE."""
+(gloo, CPU, float32 — or GLOO_DTYPE=float16 — sum) for each size in bytes given on the command
+line. Started by the script with two processes; rendezvous through
+MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE."""
 import os
 import statistics
 import sys
@@ -12,9 +13,11 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+dtype = {"float32": torch.float32, "float16": torch.float16}[os.environ.get("GLOO_DTYPE", "float32")]
 for arg in sys.argv[1:]:
     nbytes = int(arg)
-    buf = torch.arange(nbytes // 4, dtype=torch.float32).remainder_(13).add_(rank)
+    n = nbytes // torch.empty((), dtype=dtype).element_size()
+    buf = torch.arange(n, dtype=torch.float32).remainder_(13).add_(rank).to(dtype)
     iters = min(2000, max(5, (512 << 20) // (nbytes + 4096)))
     iters = min(iters, 300)  # gloo is slow; keep the run short
     for _ in range(3):

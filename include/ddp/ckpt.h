@@ -181,15 +181,22 @@ typedef struct ddp_ckpt_train_state {
     ddp_ckpt_train_pos pos;                             /* saved as metadata */
     double loss;        /* saved as metadata "loss" (for people; not read back) */
     const char *config; /* saved as metadata "config" (the run's YAML; NULL: "") */
+    /* More metadata, the program's own, saved as given beside the keys above (ddptrain keeps
+     * its progress line's loss window there); read back with ddp_ckpt_open + ddp_ckpt_meta.
+     * n_extra 0: none (extra_keys/extra_vals may be NULL). A key the format uses is refused. */
+    const char *const *extra_keys;
+    const char *const *extra_vals;
+    size_t n_extra;
 } ddp_ckpt_train_state;
 
 /* Writes s to path with ddp_ckpt_save (atomically): per parameter its values then its optimizer
  * state, then the buffers; metadata "format" (DDP_CKPT_TRAIN_FORMAT), "step", "epoch",
- * "next_batch", "world_size", "loss", "config". Only rank 0 should call it (every rank holds the
- * same state under DDP; complete sharded optimizer state first, ddp_reducer_gather_state).
- * Errors: those of ddp_ckpt_save; DDP_ERR_INVALID for n_optim out of range, pos.world_size 0,
- * or an array of s that is NULL where its count is not 0 (params, buffers, optim_names[k],
- * optim[k]). */
+ * "next_batch", "world_size", "loss", "config" (and the fp16 scaler's), then s's extra keys.
+ * Only rank 0 should call it (every rank holds the same state under DDP; complete sharded
+ * optimizer state first, ddp_reducer_gather_state). Errors: those of ddp_ckpt_save;
+ * DDP_ERR_INVALID for n_optim out of range, pos.world_size 0, an extra key that is NULL, empty
+ * or one of the format's, or an array of s that is NULL where its count is not 0 (params,
+ * buffers, optim_names[k], optim[k], extra_keys, extra_vals). */
 ddp_status ddp_ckpt_save_train(const char *path, const ddp_ckpt_train_state *s, ddp_error *err);
 /* The same in steps (ddp_ckpt_writer above), for optimizer state that is not whole in memory
  * (ZeRO-1's memory split: ddp_reducer_gather_state_sink): an optim[k] that is NULL is left for

@@ -170,6 +170,10 @@ struct ddp_batch {
 ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_loader_opts *opts,
                              ddp_loader **out, ddp_error *err);
 void ddp_loader_destroy(ddp_loader *l); /* joins the threads; NULL is a no-op */
+/* The worker threads running: opts.threads, or fewer when the system refused some (RLIMIT_NPROC,
+ * a container's pids limit) — the loader then works with those, or fills batches inside next()
+ * as with threads 0 when none started; not an error. 0 for NULL. */
+int ddp_loader_threads(const ddp_loader *l);
 
 /* Starts epoch e from its first batch (sets the sampler's epoch). Setting the sampler's epoch
  * instead, as a PyTorch loop does (ddp_sampler_set_epoch; train_sampler.set_epoch(epoch)), works

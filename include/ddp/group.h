@@ -142,8 +142,10 @@ int ddp_group_cuda_device(const ddp_group *g);
 void ddp_group_set_stream(ddp_group *g, void *cuda_stream);
 
 /* Copies bytes between any two of host and (for a GPU group) device memory, synchronously: how a
- * program without CUDA headers fills and reads ddp_group_alloc()'s device buffers. A CPU group
- * does a memcpy. Errors: the CUDA call's, in ddp_group_last_error(). */
+ * program without CUDA headers fills and reads ddp_group_alloc()'s device buffers. On a GPU group
+ * the copy starts after the work queued so far on the group's stream (ddp_group_set_stream; the
+ * default stream when none was set). A CPU group does a memcpy. Errors: the CUDA call's, in
+ * ddp_group_last_error(). */
 ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t bytes);
 /* The algorithm an allreduce of bytes per rank runs with on this rank's host, as a static
  * string: on shm the variant the group chose for that size at creation ("libc", "cached",

@@ -175,6 +175,18 @@ ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, 
  * must not replace a cause set before it (the first failure of a group, docs/group.md). */
 ddp_status ddp_store_on_close_first(ddp_store *s, const char *key, const void *value, size_t len);
 
+/* From now on a get, wait or barrier on this handle that waits for a key ends as soon as key
+ * exists, with DDP_ERR_CLOSED and key's value as its message (ddp_store_last_error): a failure
+ * another client announces by setting key ("rank 3 failed while the group formed: …"), so that
+ * the others stop at once rather than at their timeout. One key per handle; it holds across
+ * reconnections; NULL or "" clears it. DDP_ERR_INVALID for a bad key. Not thread-safe with other
+ * calls on the handle. */
+ddp_status ddp_store_abort_on(ddp_store *s, const char *key);
+/* Whether the abort key exists now, without waiting: DDP_ERR_CLOSED with its value as the message
+ * if it does, DDP_OK if not (or none is set), a store error otherwise. For a wait that is not on
+ * the store (a socket's accept) to look between its polls. */
+ddp_status ddp_store_check_abort(ddp_store *s);
+
 /* A barrier through the store for nranks participants. name must be new for each use (add a
  * counter: "step/17"). A timeout says how many of nranks arrived: "barrier 'x' timed out after
  * 30 s (3 of 4 ranks arrived)". */

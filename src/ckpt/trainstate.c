@@ -165,13 +165,47 @@ static ddp_status save_train(const char *path, const ddp_ckpt_train_state *s, dd
     snprintf(ost, sizeof ost, "%llu", (unsigned long long)s->pos.optim_step);
     snprintf(scale, sizeof scale, "%.9g", (double)s->pos.loss_scale);
     snprintf(growth, sizeof growth, "%d", (int)s->pos.loss_scale_growth);
-    const char *keys[] = {"format", "step",   "epoch",      "next_batch", "world_size",
-                          "loss",   "config", "optim_step", "loss_scale", "loss_scale_growth"};
-    const char *vals[] = {DDP_CKPT_TRAIN_FORMAT,      step, epoch, nb,    ws, loss,
-                          s->config ? s->config : "", ost,  scale, growth};
+    const char *own_keys[] = {"format", "step",   "epoch",      "next_batch", "world_size",
+                              "loss",   "config", "optim_step", "loss_scale", "loss_scale_growth"};
+    const char *own_vals[] = {DDP_CKPT_TRAIN_FORMAT,      step, epoch, nb,    ws, loss,
+                              s->config ? s->config : "", ost,  scale, growth};
     size_t nk = s->pos.loss_scale > 0 ? 10 : 7; /* the scaler's keys only with fp16 */
-    st = w ? ddp_ckpt_writer_open(path, ts, k, keys, vals, nk, w, err)
-           : ddp_ckpt_save(path, ts, k, keys, vals, nk, err);
+    const char **keys = calloc(nk + s->n_extra, sizeof *keys);
+    const char **vals = calloc(nk + s->n_extra, sizeof *vals);
+    if (!keys || !vals) {
+        st = ddp__err(err, DDP_ERR_NOMEM, "out of memory saving '%s'", path);
+        goto out_meta;
+    }
+    memcpy(keys, own_keys, nk * sizeof *keys);
+    memcpy(vals, own_vals, nk * sizeof *vals);
+    if (s->n_extra && (!s->extra_keys || !s->extra_vals)) {
+        st = ddp__err(err, DDP_ERR_INVALID,
+                      "trainer state for '%s': n_extra %zu but extra_keys or extra_vals is NULL; "
+                      "give both arrays",
+                      path, s->n_extra);
+        goto out_meta;
+    }
+    for (size_t e = 0; e < s->n_extra; e++) {
+        const char *key = s->extra_keys[e];
+        bool taken = false;
+        for (size_t j = 0; key && j < sizeof own_keys / sizeof *own_keys; j++)
+            taken = taken || !strcmp(key, own_keys[j]);
+        if (!key || !*key || taken || !s->extra_vals[e]) {
+            st = ddp__err(err, DDP_ERR_INVALID,
+                          "trainer state for '%s': extra metadata %zu ('%s') %s; give another "
+                          "key",
+                          path, e, key ? key : "(null)",
+                          taken ? "is one of the format's own keys" : "has no key or no value");
+            goto out_meta;
+        }
+        keys[nk + e] = key;
+        vals[nk + e] = s->extra_vals[e];
+    }
+    st = w ? ddp_ckpt_writer_open(path, ts, k, keys, vals, nk + s->n_extra, w, err)
+           : ddp_ckpt_save(path, ts, k, keys, vals, nk + s->n_extra, err);
+out_meta:
+    free(keys);
+    free(vals);
 out_free:
     for (size_t i = 0; names && i < n; i++)
         free(names[i]);

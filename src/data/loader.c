@@ -293,13 +293,13 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
+    /* A thread the system refuses (RLIMIT_NPROC, a container's pids limit: EAGAIN) is not an
+     * error: the loader runs with those that started, or fills batches inside next() when none
+     * did (ddp_loader_threads says which). It was one until 2026-11-26, and ddptrain's first
+     * evaluation after training then ended the run before its last checkpoint. */
     for (int i = 0; i < l->o.threads; i++) {
-        if (pthread_create(&l->threads[i], NULL, worker_main, l) != 0) {
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
-            st = DDP_ERR_SYSTEM;
-            l->nthreads = i;
-            goto out_fail;
-        }
+        if (pthread_create(&l->threads[i], NULL, worker_main, l) != 0)
+            break;
         l->nthreads = i + 1;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -379,6 +379,11 @@ ddp_status ddp_loader_next(ddp_loader *l, ddp_batch *out)
     }
     pthread_mutex_unlock(&l->mu);
     return st;
+}
+
+int ddp_loader_threads(const ddp_loader *l)
+{
+    return l ? l->nthreads : 0;
 }
 
 size_t ddp_loader_batches_per_epoch(const ddp_loader *l)

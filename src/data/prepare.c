@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <time.h>
@@ -27,9 +29,11 @@ ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_er
                         strerror(errno));
     ddp_status st = fn(ctx, f, tmp, err);
     if ((fflush(f) != 0 || fsync(fileno(f)) != 0) && st == DDP_OK)
-        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp, strerror(errno));
+        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s%s", tmp, strerror(errno),
+                      errno == ENOSPC || errno == EDQUOT ? "; free space in its folder" : "");
     if (fclose(f) != 0 && st == DDP_OK)
-        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp, strerror(errno));
+        st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s%s", tmp, strerror(errno),
+                      errno == ENOSPC || errno == EDQUOT ? "; free space in its folder" : "");
     if (st == DDP_OK && rename(tmp, out) != 0)
         st = ddp__err(err, DDP_ERR_SYSTEM, "cannot rename '%s': %s", tmp, strerror(errno));
     if (st != DDP_OK)
@@ -47,11 +51,22 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot create '%s': %s", lock, strerror(errno));
-    int64_t deadline = ddp__now_ms() + PREP_DEADLINE_MS;
+    int64_t start = ddp__now_ms(), deadline = start + PREP_DEADLINE_MS;
+    bool said = false;
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno != EWOULDBLOCK && errno != EINTR) {
+        int e = errno; /* before the note's fprintf, which may set it (stderr on /dev/full) */
+        /* Said once after 5 s (it was silent for up to 10 min, until 2026-11-26): a holder
+         * that is stopped or stuck (another job's rank in a debugger) is then found. */
+        if (!said && ddp__now_ms() - start > 5000) {
+            said = true;
+            fprintf(stderr,
+                    "ddp: waiting for another process to %s (lock '%s'; up to 10 min): a "
+                    "process holding it that is stopped or stuck holds this one up\n",
+                    what, lock);
+        }
+        if (e != EWOULDBLOCK && e != EINTR) {
             close(fd);
-            return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(errno));
+            return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(e));
         }
         if (ddp__now_ms() > deadline) {
             close(fd);
@@ -64,8 +79,13 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
         nanosleep(&ts, NULL);
     }
     ddp_status st = DDP_OK;
-    if (access(out, R_OK) != 0) /* the first one in prepares; the others find it done */
-        st = ddp__write_atomic(out, fn, ctx, err);
+    if (access(out, R_OK) != 0 && /* the first one in prepares; the others find it done */
+        (st = ddp__write_atomic(out, fn, ctx, err)) != DDP_OK && err &&
+        (st == DDP_ERR_SYSTEM || st == DDP_ERR_NOMEM)) {
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        ddp__err(err, st, "%s (ddpc's data cache: DDP_DATA_CACHE names another folder)", msg);
+    }
     flock(fd, LOCK_UN);
     close(fd);
     return st;

@@ -255,8 +255,11 @@ ddp_status ddp__setup_bcast(const ddp__setup *s, const char *name, void *buf, si
     void *v = NULL;
     size_t got = 0;
     ddp_store_set_timeout(s->store, s->timeout_ms);
-    if (ddp_store_get(s->store, key, &v, &got) != DDP_OK)
-        return ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(s->store));
+    ddp_status gs = ddp_store_get(s->store, key, &v, &got);
+    if (gs != DDP_OK)
+        return gs == DDP_ERR_CLOSED || gs == DDP_ERR_TIMEOUT
+                   ? ddp__setup_store_failed(s->store, gs, err)
+                   : ddp__err(err, DDP_ERR_NETWORK, "%s", ddp_store_last_error(s->store));
     ddp_status st = DDP_OK;
     if (got != len)
         st = ddp__err(err, DDP_ERR_PROTOCOL, "set-up key '%s' holds %zu bytes, expected %zu", key,
@@ -274,7 +277,17 @@ ddp_status ddp__setup_barrier(const ddp__setup *s, const char *name, ddp_error *
     char key[256];
     ddp__fmt(key, sizeof key, "%s/%s", s->m.prefix, name);
     ddp_store_set_timeout(s->store, s->timeout_ms);
-    if (ddp_store_barrier(s->store, key, s->m.n) != DDP_OK)
-        return ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(s->store));
+    ddp_status bs = ddp_store_barrier(s->store, key, s->m.n);
+    if (bs != DDP_OK)
+        return bs == DDP_ERR_CLOSED
+                   ? ddp__setup_store_failed(s->store, bs, err)
+                   : ddp__err(err, DDP_ERR_TIMEOUT, "%s", ddp_store_last_error(s->store));
     return DDP_OK;
+}
+
+ddp_status ddp__setup_store_failed(ddp_store *store, ddp_status st, ddp_error *err)
+{
+    if (st == DDP_ERR_CLOSED) /* another rank's failure, in its own words (group.c) */
+        return ddp__err(err, st, "%s", ddp_store_last_error(store));
+    return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s", ddp_store_last_error(store));
 }

@@ -628,7 +628,14 @@ ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t byt
         return DDP_OK;
     }
     char msg[DDP_ERRMSG_MAX];
-    ddp_status st = g->ops->copy(g->be, dst, src, bytes, msg);
+    /* After the work queued on the group's stream (the default stream when none was set): the
+     * backend copies on a non-blocking stream of its own, which would not wait for, say, the
+     * reducer's zeroing of the gradients there (found by reading: the emulated runtime runs
+     * default-stream work at once, so no test here could see it). */
+    const ddp__devops *d = ddp__group_devops(g, NULL, NULL);
+    ddp_status st = d && d->after ? d->after(d->ctx, g->stream, msg) : DDP_OK;
+    if (st == DDP_OK)
+        st = g->ops->copy(g->be, dst, src, bytes, msg);
     if (st != DDP_OK)
         return ddp__errmsg(g->callmsg, st, "ddp_group_memcpy of %zu bytes: %s", bytes, msg);
     return DDP_OK;
@@ -778,9 +785,9 @@ static ddp_status gather_hosts(ddp_group *g, const char *host, char **hosts, ddp
     for (int r = 0; r < W; r++) {
         ddp__fmt(key, sizeof key, "%s/host/%d", g->prefix, r);
         void *v;
-        if (ddp_store_get(g->store, key, &v, NULL) != DDP_OK)
-            return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
-                            ddp_store_last_error(g->store));
+        ddp_status gs = ddp_store_get(g->store, key, &v, NULL);
+        if (gs != DDP_OK)
+            return ddp__setup_store_failed(g->store, gs, err);
         char *rec = v, *end = NULL;
         long theirs = strtol(rec, &end, 10);
         if (end == rec || *end != ' ') {
@@ -847,9 +854,9 @@ static ddp_status gather_gpus(ddp_group *g, int mine, int *gpus, ddp_error *err)
         ddp__fmt(key, sizeof key, "%s/gpus/%d", g->prefix, r);
         void *v;
         size_t len;
-        if (ddp_store_get(g->store, key, &v, &len) != DDP_OK)
-            return ddp__err(err, DDP_ERR_TIMEOUT, "group set-up: %s",
-                            ddp_store_last_error(g->store));
+        ddp_status gs = ddp_store_get(g->store, key, &v, &len);
+        if (gs != DDP_OK)
+            return ddp__setup_store_failed(g->store, gs, err);
         char buf[16];
         ddp__fmt(buf, sizeof buf, "%.*s", (int)(len < 15 ? len : 15), (const char *)v);
         free(v);
@@ -969,6 +976,13 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
             goto out_fail;
         }
         ddp__fmt(g->prefix, sizeof g->prefix, "ddp/%sg%lld", at, (long long)k);
+        /* A rank whose own set-up fails says so under this key (out_fail), and every other
+         * rank's set-up wait ends at once with its words: they waited the whole set-up timeout
+         * (5 min) with "the missing ranks may have failed" until 2026-11-26, where no launcher
+         * ended them (by hand, srun). Best effort: a store without it only waits as before. */
+        char failkey[sizeof g->prefix + 16];
+        ddp__fmt(failkey, sizeof failkey, "%s/setup_failed", g->prefix);
+        (void)ddp_store_abort_on(g->store, failkey);
     }
 
     /* Where the ranks run: every rank's host id. */
@@ -1109,6 +1123,8 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     for (int r = 0; r < W; r++)
         free(hosts[r]);
     free(hosts);
+    if (g->store) /* set up: the store's waits are the group's users' again */
+        (void)ddp_store_abort_on(g->store, NULL);
     *out = g;
     return DDP_OK;
 
@@ -1119,6 +1135,26 @@ out_fail:
             free(hosts[r]);
     free(hosts);
     g->ops = NULL;
+    if (g->store && g->prefix[0]) {
+        /* A failure that followed from another rank's (its segment gone, its listener closed:
+         * that rank said so first) is reported in that rank's words; else this rank's own is
+         * told to the others (the first one's words stay). */
+        char failkey[sizeof g->prefix + 16], why[DDP_ERRMSG_MAX];
+        ddp__fmt(failkey, sizeof failkey, "%s/setup_failed", g->prefix);
+        ddp_store_set_timeout(g->store, 2000);
+        if (st != DDP_ERR_CLOSED && st != DDP_ERR_INVALID && /* (a setting: this rank's own) */
+            ddp_store_check_abort(g->store) == DDP_ERR_CLOSED) {
+            char mine[DDP_ERRMSG_MAX];
+            ddp__fmt(mine, sizeof mine, "%s", err ? err->msg : ddp_status_str(st));
+            st = ddp__err(err, DDP_ERR_CLOSED, "%s (after: %s)", ddp_store_last_error(g->store),
+                          mine);
+        } else {
+            ddp__fmt(why, sizeof why, "rank %d failed while the group formed: %s", g->world.rank,
+                     err && err->msg[0] ? err->msg : ddp_status_str(st));
+            (void)ddp_store_compare_set(g->store, failkey, "", 0, why, strlen(why), NULL, NULL);
+        }
+        (void)ddp_store_abort_on(g->store, NULL);
+    }
     /* Under MPI, a set-up step that timed out or broke leaves MPI requests that cannot be
      * cancelled: destroying the group then ends the job, after saying why (boot.c). Errors every
      * rank reaches alike (a backend that cannot run here) let MPI finalise normally. */

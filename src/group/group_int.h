@@ -188,6 +188,10 @@ ddp_status ddp__setup_bcast(const ddp__setup *s, const char *name, void *buf, si
                             ddp_error *err);
 /* During create(): returns once every member has called it with the same name. */
 ddp_status ddp__setup_barrier(const ddp__setup *s, const char *name, ddp_error *err);
+/* A set-up wait on the store that failed with st: DDP_ERR_CLOSED with the message of the rank
+ * whose failure ended it (the group's set-up failure key, ddp_store_abort_on), else
+ * DDP_ERR_TIMEOUT with the store's message. */
+ddp_status ddp__setup_store_failed(ddp_store *store, ddp_status st, ddp_error *err);
 
 /* How a backend's members meet during create(). */
 typedef enum ddp__boot_kind {

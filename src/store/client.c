@@ -42,6 +42,8 @@ struct ddp_store {
     char err[DDP_ERRMSG_MAX];
     bool refused; /* the last call could not reconnect: the store's host refused (ddp_store_refused)
                    */
+    char *abort_key; /* ddp_store_abort_on's key (NULL: none) */
+    bool abort_sent; /* … registered on this connection */
 };
 
 /* A key as it appears in messages: quoted, cut to keep the message one readable line. */
@@ -59,7 +61,10 @@ static void disconnect(ddp_store *s)
         close(s->fd);
         s->fd = -1;
     }
+    s->abort_sent = false; /* a registration belongs to its connection */
 }
+
+static void begin(ddp_store *s, uint8_t op);
 
 static void sleep_ms(int ms)
 {
@@ -135,6 +140,7 @@ static ddp_status roundtrip(ddp_store *s, int64_t deadline, ddp__rd *r, ddp_erro
     case DDP__R_AUTH: st = DDP_ERR_AUTH; break;
     case DDP__R_INVALID: st = DDP_ERR_INVALID; break;
     case DDP__R_TOO_LARGE: st = DDP_ERR_TOO_LARGE; break;
+    case DDP__R_ABORTED: st = DDP_ERR_CLOSED; break; /* the abort key's value: a failure */
     default: st = DDP_ERR_PROTOCOL; break;
     }
     if (code == DDP__R_AUTH || code == DDP__R_PROTOCOL)
@@ -229,6 +235,37 @@ static ddp_status ensure_connected(ddp_store *s, int64_t deadline, int64_t refus
     }
 }
 
+/* Registers s->abort_key on this connection (a new one has none), keeping the caller's request
+ * aside. A server that does not know the operation (an older ddpc) closes the connection: the
+ * key is then dropped (waits are not ended early, as before) and the connection made anew. */
+static ddp_status send_abort_on(ddp_store *s, int64_t deadline, ddp_error *e)
+{
+    ddp__buf saved = s->req;
+    s->req = (ddp__buf){0};
+    begin(s, DDP__OP_ABORT_ON);
+    ddp__buf_blob(&s->req, s->abort_key, strlen(s->abort_key));
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    ddp_status st = roundtrip(s, deadline, &r, e);
+    ddp__buf_free(&s->req);
+    s->req = saved;
+    if (st == DDP_OK) {
+        s->abort_sent = true;
+        return DDP_OK;
+    }
+    if (st != DDP_ERR_PROTOCOL)
+        return st;
+    free(s->abort_key);
+    s->abort_key = NULL;
+    disconnect(s);
+    saved = s->req; /* the handshake is built in s->req too */
+    s->req = (ddp__buf){0};
+    st = ensure_connected(s, deadline, deadline);
+    ddp__buf_free(&s->req);
+    s->req = saved;
+    return st;
+}
+
 /* Runs the request in s->req for operation `op` on `key` (for messages) with the call timeout. */
 static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r)
 {
@@ -249,9 +286,14 @@ static ddp_status call(ddp_store *s, const char *op, const char *key, ddp__rd *r
     if (st != DDP_OK)
         return st;
     ddp_error e = {0};
+    if (s->abort_key && !s->abort_sent && (st = send_abort_on(s, deadline, &e)) != DDP_OK)
+        return ddp__errmsg(s->err, st, "store: registering the abort key failed: %s", e.msg);
     st = roundtrip(s, deadline, r, &e);
     if (st == DDP_OK)
         return DDP_OK;
+    if (st == DDP_ERR_CLOSED) /* the abort key's value says it all (if it says anything) */
+        return ddp__errmsg(s->err, st, "%s",
+                           e.msg[0] ? e.msg : "store: a wait ended by the abort key, set empty");
     char k[100] = "";
     if (key)
         show_key(k, sizeof k, key);
@@ -405,6 +447,7 @@ void ddp_store_close(ddp_store *s)
     ddp__buf_free(&s->req);
     free(s->reply);
     free(s->token);
+    free(s->abort_key);
     free(s);
 }
 
@@ -652,6 +695,58 @@ ddp_status ddp_store_on_close(ddp_store *s, const char *key, const void *value, 
 ddp_status ddp_store_on_close_first(ddp_store *s, const char *key, const void *value, size_t len)
 {
     return on_close(s, key, value, len, true);
+}
+
+ddp_status ddp_store_abort_on(ddp_store *s, const char *key)
+{
+    if (!s)
+        return DDP_ERR_INVALID;
+    if (key && *key) {
+        ddp_status st = check_key(s, "abort_on", key);
+        if (st)
+            return st;
+        char *k = strdup(key);
+        if (!k)
+            return ddp__errmsg(s->err, DDP_ERR_NOMEM, "out of memory for the store's abort key");
+        free(s->abort_key);
+        s->abort_key = k;
+        s->abort_sent = false; /* registered with the next call */
+        return DDP_OK;
+    }
+    bool was = s->abort_key && s->abort_sent && s->fd >= 0;
+    free(s->abort_key);
+    s->abort_key = NULL;
+    s->abort_sent = false;
+    if (!was)
+        return DDP_OK;
+    begin(s, DDP__OP_ABORT_ON); /* cleared on the connection too */
+    ddp__buf_blob(&s->req, "", 0);
+    ddp__buf_frame_end(&s->req);
+    ddp__rd r;
+    return call(s, "abort_on", NULL, &r);
+}
+
+ddp_status ddp_store_check_abort(ddp_store *s)
+{
+    if (!s)
+        return DDP_ERR_INVALID;
+    if (!s->abort_key)
+        return DDP_OK;
+    const char *keys[1] = {s->abort_key};
+    bool set = false;
+    ddp_status st = ddp_store_check(s, keys, 1, &set);
+    if (st != DDP_OK || !set)
+        return st;
+    void *v = NULL;
+    size_t len = 0;
+    if ((st = ddp_store_get(s, keys[0], &v, &len)) != DDP_OK)
+        return st;
+    if (len)
+        ddp__errmsg(s->err, DDP_ERR_CLOSED, "%.*s", (int)(len > 400 ? 400 : len), (const char *)v);
+    else /* set empty: still a message, as call() gives */
+        ddp__errmsg(s->err, DDP_ERR_CLOSED, "store: the abort key '%s' is set, empty", keys[0]);
+    free(v);
+    return DDP_ERR_CLOSED;
 }
 
 ddp_status ddp_store_num_keys(ddp_store *s, int64_t *out)

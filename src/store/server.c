@@ -193,7 +193,9 @@ typedef struct conn {
     char *oc_key, *oc_val;
     size_t oc_kn, oc_vn;
     bool oc_if_absent; /* … only if the key is absent then */
-    bool timed_out;    /* keepalive gave up on the peer: not a close the peer made */
+    char *ab_key;      /* ABORT_ON: a GET/WAIT that waits ends when this key exists */
+    size_t ab_kn;
+    bool timed_out; /* keepalive gave up on the peer: not a close the peer made */
 } conn;
 
 struct ddp_store_server {
@@ -260,6 +262,7 @@ static void conn_free(ddp_store_server *s, conn *c)
     free(c->in);
     free(c->oc_key);
     free(c->oc_val);
+    free(c->ab_key);
     ddp__buf_free(&c->out);
     free(c);
 }
@@ -336,6 +339,19 @@ static bool tokens_equal(const char *a, size_t an, const char *b, size_t bn)
     for (size_t i = 0; i < n; i++)
         d |= (unsigned char)(a[i] ^ b[i]);
     return d == 0;
+}
+
+/* A GET or WAIT that would wait, on a connection whose ABORT_ON key exists: answered with that
+ * key's value (ABORTED) instead of parked. */
+static bool aborted(ddp_store_server *s, conn *c)
+{
+    kv *ab = c->ab_key ? table_get(&s->tab, c->ab_key, c->ab_kn) : NULL;
+    if (!ab)
+        return false;
+    reply_begin(c, DDP__R_ABORTED);
+    ddp__buf_blob(&c->out, ab->val, ab->vlen);
+    ddp__buf_frame_end(&c->out);
+    return true;
 }
 
 /* Serves the frame in c->in. Sets *changed when the table changed (parked waiters may proceed).
@@ -417,7 +433,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
             return BAD;
         kv *ent = table_get(&s->tab, k, kn);
         if (!ent)
-            return PARKED;
+            return aborted(s, c) ? SERVED : PARKED;
         reply_begin(c, DDP__R_OK);
         ddp__buf_blob(&c->out, ent->val, ent->vlen);
         break;
@@ -476,7 +492,7 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         if (all_keys_exist(s, &r, &all) == BAD)
             return BAD;
         if (op == DDP__OP_WAIT && !all)
-            return PARKED;
+            return aborted(s, c) ? SERVED : PARKED;
         reply_begin(c, DDP__R_OK);
         if (op == DDP__OP_CHECK)
             ddp__buf_u8(&c->out, all);
@@ -512,6 +528,21 @@ static enum serve serve_frame(ddp_store_server *s, conn *c, bool *changed)
         free(c->oc_val);
         c->oc_key = nk, c->oc_kn = kn, c->oc_val = nv, c->oc_vn = vn;
         c->oc_if_absent = if_absent;
+        reply_begin(c, DDP__R_OK);
+        break;
+    }
+    case DDP__OP_ABORT_ON: {
+        if (!ddp__rd_blob(&r, &k, &kn) || (kn && !key_ok(k, kn)) || r.left != 0)
+            return BAD;
+        char *nk = kn ? malloc(kn) : NULL;
+        if (kn && !nk) {
+            reply_error(c, DDP__R_TOO_LARGE, "the store's host is out of memory");
+            return SERVED;
+        }
+        if (kn)
+            memcpy(nk, k, kn);
+        free(c->ab_key);
+        c->ab_key = nk, c->ab_kn = kn;
         reply_begin(c, DDP__R_OK);
         break;
     }

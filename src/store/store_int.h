@@ -16,6 +16,9 @@
  *   ON_CLOSE blob key, blob value [, u8 if_absent]     -> ok  (when this connection closes
  *            before the server stops, the server sets key = value — only if key is absent
  *            then, with if_absent 1; an empty key cancels)
+ *   ABORT_ON blob key                                  -> ok  (from now on a GET or WAIT on
+ *            this connection that would wait, or waits, ends with an ABORTED reply carrying
+ *            key's value once key exists: a failure another client announced; empty clears)
  * The first request on a connection must be HELLO. One request is served at a time per
  * connection; the client waits for each reply, so a parked GET holds only its own connection.
  */
@@ -46,6 +49,7 @@ enum ddp__store_op {
     DDP__OP_DELETE,
     DDP__OP_NUM_KEYS,
     DDP__OP_ON_CLOSE,
+    DDP__OP_ABORT_ON,
 };
 
 enum ddp__store_code {
@@ -54,6 +58,7 @@ enum ddp__store_code {
     DDP__R_INVALID = 2,   /* a bad key or a non-integer counter */
     DDP__R_TOO_LARGE = 3, /* over a size limit */
     DDP__R_PROTOCOL = 4,  /* malformed: the server closes the connection */
+    DDP__R_ABORTED = 5,   /* a GET/WAIT ended by the connection's ABORT_ON key: its value */
 };
 
 /* A growable byte buffer for building frames. */

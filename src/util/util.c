@@ -4,8 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "util/util.h"
-#include "ddp/world.h"       /* ddp_own_cores */
-#include "kernels/kernels.h" /* ddp__blas_set_threads */
+#include "ddp/world.h" /* ddp_own_cores */
 
 #include <errno.h>
 #include <sched.h>
@@ -161,22 +160,4 @@ int ddp_own_cores(void)
         return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-int ddp_world_default_threads(const ddp_world *w)
-{
-    const char *omp = getenv("OMP_NUM_THREADS"), *blas = getenv("OPENBLAS_NUM_THREADS");
-    if (!w || w->local_world_size < 2 || (omp && *omp) || (blas && *blas))
-        return 0;
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    int own = ddp_own_cores();
-    int share = online > 0 ? (int)(online / w->local_world_size) : 1;
-    int n = own < share ? own : share;
-    if (n < 1)
-        n = 1;
-    char v[16];
-    snprintf(v, sizeof v, "%d", n);
-    setenv("OMP_NUM_THREADS", v, 1);
-    ddp__blas_set_threads(n);
-    return n;
 }

@@ -173,6 +173,14 @@ ddp_status ddp__settings_from_env(ddp_settings *s, ddp_error *err)
         (st = setting_str("DDP_MPI_MODE", s->mpi_mode, sizeof s->mpi_mode, err)) ||
         (st = setting_str("DDP_LOCAL_ADDR", s->local_addr, sizeof s->local_addr, err)))
         return st;
+    /* Checked here, where every rank reads it before any group forms (a typo meant auto,
+     * silently, until 2026-11-26; DDP_SHM_FLUSH and DDP_SHM_ALGO are refused by the backend). */
+    if (*s->overlap && strcmp(s->overlap, "auto") && strcmp(s->overlap, "async") &&
+        strcmp(s->overlap, "inline"))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "DDP_OVERLAP must be auto, async or inline, not '%.40s'; unset it to let "
+                        "the reducer choose",
+                        s->overlap);
     int secs, stall = 0;
     /* at most INT_MAX ms (24.8 days), said in the range (a larger one was cut to it silently) */
     if ((st = setting_int("DDP_TIMEOUT", 0, INT_MAX / 1000, "seconds", &secs, err)) ||

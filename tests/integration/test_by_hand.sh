@@ -51,3 +51,36 @@ BG_PIDS=()
 assert_contains "$T/w0" "rank 1 was started with WORLD_SIZE=3, this rank (0) with 2"
 assert_contains "$T/w1" "rank 0 was started with WORLD_SIZE=2, this rank (1) with 3"
 ok "ranks with different WORLD_SIZEs: both told at once, naming the sizes"
+
+# A rank whose own set-up fails (a bad setting of its own here) says so in the store, and every
+# other rank's set-up ends at once with its words, exit 86 (it stops because of another rank):
+# over shm (waiting in the attach barrier) and tcp (waiting for rank 1's connection, and to
+# connect to rank 0, which stopped listening). Until 2026-11-26 they waited out the whole set-up
+# timeout (5 min by default), then said only that "the missing ranks may have failed".
+for be in shm tcp; do
+    port=$(free_port)
+    bad=(DDP_SHM_ALGO=bogus)
+    [ $be = tcp ] && bad=(DDP_LOCAL_ADDR=203.0.113.7) # TEST-NET: not an address of this host
+    t0=$(now_ms)
+    pids=()
+    for r in 0 1 2; do
+        extra=()
+        [ $r = 1 ] && extra=("${bad[@]}")
+        env DDP_TIMEOUT=60 DDP_BACKEND=$be RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$port "${extra[@]}" "$BIN/ddptrain" --total_steps 1 \
+            --out_dir "$T/sf_$be" >"$T/sf_$be.$r" 2>&1 &
+        BG_PIDS+=($!)
+        pids[$r]=$!
+    done
+    for r in 0 2; do
+        rc=0; wait "${pids[$r]}" || rc=$?
+        [ $rc -eq 86 ] || { cat "$T/sf_$be.$r"; fail "$be: rank $r exited $rc, not 86"; }
+        assert_contains "$T/sf_$be.$r" "rank 1 failed while the group formed: "
+    done
+    rc=0; wait "${pids[1]}" || rc=$?
+    [ $rc -eq 1 ] || { cat "$T/sf_$be.1"; fail "$be: rank 1 exited $rc, not 1"; }
+    BG_PIDS=()
+    took=$(($(now_ms) - t0))
+    [ $took -lt 20000 ] || fail "$be: a failed set-up took $took ms to end the others"
+    ok "$be: a rank failing its own set-up ends the others' at once ($took ms), in its words"
+done

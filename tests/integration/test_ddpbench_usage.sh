@@ -26,6 +26,8 @@ refused "--sizes '1e30': give a whole number of bytes" --sizes 1e30
 refused "--min '0': give a whole number of bytes" --min 0 --max 16
 refused "--min 8388608 is above --max 4096" --min 8M --max 4K
 refused "--iters 'abc': give a number of calls" --iters abc --sizes 4K
+refused "--dtype 'half': use float32, bfloat16 or float16" --dtype half --sizes 4K
+refused "--reduce 'prod': use sum, avg, min or max" --reduce prod --sizes 4K
 refused "--sizes '$(seq -s, 1 65)': at most 64 sizes" --sizes "$(seq -s, 1 65)"
 # An unknown flag is named as unknown, also as the last argument (until 2026-11-25 it was told
 # that it "needs a value"); the error message's own bound, 1T, is a size it takes.
@@ -62,6 +64,37 @@ want+="reduce_scatter:8:1:0 "
 [ "$got" = "$want" ] || { cat "$T/csv" "$T/err" >&2; fail "odd sizes gave '$got', not '$want'"; }
 assert_contains "$T/err" "allgather of 6 bytes skipped: less than one float32 per rank"
 ok "odd sizes rounded down to whole elements and reported as moved; 6 B allgather skipped"
+
+# --dtype and --reduce (2026-11-26): every collective in bfloat16 and float16 at 3 ranks, every
+# reduction checked (an average within the type's rounding), over shm and tcp; the header says
+# which. 3 ranks: an average of 3 does not divide exactly, 4 KiB + 2 bytes leaves a tail.
+for be in shm tcp; do
+    for dt in bfloat16 float16; do
+        for red in avg max; do
+            "$DDPRUN" --standalone --nproc_per_node=3 --no_prefix "$BENCH" --backend $be --op all \
+                --sizes 4098,64K --dtype $dt --reduce $red --iters 2 --csv >"$T/csv" 2>"$T/err" ||
+                { cat "$T/csv" "$T/err" >&2; fail "--dtype $dt --reduce $red over $be"; }
+            got=$(awk -F, '$1 != "op" && !/^#/ {print $1 ":" $2 ":" $7}' "$T/csv" | tr '\n' ' ')
+            want="allreduce:4098:0 allreduce:65536:0 broadcast:4098:0 broadcast:65536:0 "
+            want+="allgather:4098:0 allgather:65532:0 reduce_scatter:4098:0 reduce_scatter:65532:0 "
+            [ "$got" = "$want" ] || { cat "$T/csv" >&2; fail "$dt $red over $be gave '$got'"; }
+            assert_contains "$T/csv" "buffers, $dt $red, in place"
+        done
+    done
+done
+ok "--dtype bfloat16/float16 --reduce avg/max at 3 ranks over shm and tcp: every result right"
+
+# Buffers that do not fit in memory: one line saying how big and what to lower (it said
+# "ddpbench: out of memory: " until 2026-11-26). Under a 4 GiB address-space limit, so that the
+# allocation fails on any host (with vm.overcommit_memory=1 it would succeed, and the buffers'
+# memset call the OOM killer). Not under the sanitizers, whose allocators stop the program at a
+# 1 TiB request instead of returning NULL.
+if [ -z "$SANITIZE" ]; then
+    rc=0; (ulimit -v 4000000 && exec "$BENCH" --sizes 1T --buffers private) >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc -eq 1 ] || { cat "$T/err"; fail "--sizes 1T exited $rc, not 1"; }
+    assert_contains "$T/err" "ddpbench: out of memory for two buffers of 1099511627840 bytes (the largest size × 1 rank); lower --max or --sizes"
+    ok "--sizes 1T: out of memory, said with the size"
+fi
 
 # --backend tcp (docs/group.md) has no shared-memory arena: one note saying so, not that "the
 # arena could not hold" the sizes (what every rank said until 2026-11-25), and it measures.

@@ -201,3 +201,35 @@ assert_contains "$d/err" "cannot reach the store of node 0 at '127.0.0.1:$port' 
 [ "$(grep -c 'cannot reach the store' "$d/err")" -eq 1 ] || { cat "$d/err"; fail "the store named twice"; }
 assert_not_contains "$d/err" "MASTER_ADDR"
 ok "a store that cannot be reached: one line, one hint"
+
+# Under an address-space limit (ulimit -v; some clusters set one) ddprun runs: it no longer
+# links OpenBLAS, which it never calls, whose loader thread retried a failed 128 MiB mmap
+# forever, and whose fork handler made ddprun's fork of its reaper wait for it (every run,
+# even --version, hung until 2026-11-26). Not under the sanitizers (their shadow memory needs
+# terabytes of address space).
+if [ -z "$SANITIZE" ]; then
+    rc=0
+    (ulimit -v 200000 && timeout 20 "$DDPRUN" --standalone --nproc_per_node 2 --no_prefix \
+        sh -c 'echo "rank $RANK ran"') >"$T/vlim.out" 2>"$T/vlim.err" || rc=$?
+    [ $rc -eq 0 ] || { cat "$T/vlim.out" "$T/vlim.err"; fail "ddprun under ulimit -v 200000 exited $rc"; }
+    assert_contains "$T/vlim.out" "rank 1 ran"
+    ! readelf -d "$DDPRUN" 2>/dev/null | grep -q libopenblas || fail "ddprun links OpenBLAS again"
+    ok "ddprun under an address-space limit (ulimit -v 200000): runs its workers"
+fi
+
+# The reaper killed by hand (pkill ddp-reaper, an OOM killer): said, and the job goes on (it went
+# unnoticed until 2026-11-26, leaving the job without its protection against a SIGKILL to
+# ddprun, silently).
+"$DDPRUN" --standalone --nproc_per_node 2 --no_prefix sh -c 'sleep 2; echo "rank $RANK done"' \
+    >"$T/reap.out" 2>"$T/reap.err" &
+job=$!
+BG_PIDS+=($job)
+reaper=""
+for _ in $(seq 200); do reaper=$(pgrep -P $job -x ddp-reaper || true); [ -n "$reaper" ] && break; sleep 0.01; done
+[ -n "$reaper" ] || fail "no ddp-reaper child of ddprun"
+kill -KILL "$reaper"
+rc=0; wait $job || rc=$?
+[ $rc -eq 0 ] || { cat "$T/reap.err"; fail "the job exited $rc after its reaper was killed"; }
+assert_contains "$T/reap.err" "warning: the reaper (pid $reaper, 'ddp-reaper') ended by SIGKILL: the job goes on"
+assert_contains "$T/reap.out" "rank 1 done"
+ok "the reaper killed: a warning, and the job goes on"

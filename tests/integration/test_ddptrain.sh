@@ -140,8 +140,10 @@ ok "train (2 ranks) → test (2 ranks and 1: same exact accuracy $acc) → predi
 
 # Killed after a checkpoint and resumed = never stopped (bit for bit), with dropout and
 # augmentation on: a small CNN, its ranks killed right after the checkpoint at step 10 (of 20).
+# Progress lines every 4 steps: the line at step 12 averages steps 9-12, two of them before the
+# checkpoint (until 2026-11-26 the resumed run's line averaged 11-12 alone).
 args=(--model.type cnn --model.channels 8 --model.hidden 32 --total_steps 20 --checkpoint.every 10
-      --checkpoint.keep 5 --model.dropout 0.1 --augment.hflip true --augment.shift 2 --log_every 5)
+      --checkpoint.keep 5 --model.dropout 0.1 --augment.hflip true --augment.shift 2 --log_every 4)
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir whole >whole.out 2>&1 ||
     fail "uninterrupted run failed"
 rc=0 # killed right after step 10's checkpoint (a kill from here raced the run to its end)
@@ -156,10 +158,35 @@ assert_contains resume.out "resumed from cut/checkpoints/step10.safetensors at s
 "$DUMP" dump whole/checkpoints/step20.safetensors | grep -v '^M ' >a.txt
 "$DUMP" dump cut/checkpoints/step20.safetensors | grep -v '^M ' >b.txt
 [ -s a.txt ] && cmp -s a.txt b.txt || fail "resumed weights differ from the uninterrupted run's"
-losses() { sed -n 's/.*\(step 1[5-9]\/20\|step 20\/20\) | epoch [0-9]* | \(loss [0-9.]*\).*/\1 \2/p' "$1"; }
+losses() { sed -n 's/.*\(step 1[1-9]\/20\|step 20\/20\) | epoch [0-9]* | \(loss [0-9.]*\).*/\1 \2/p' "$1"; }
 [ -n "$(losses resume.out)" ] && [ "$(losses resume.out)" = "$(losses whole.out)" ] ||
     fail "resumed losses differ: $(losses resume.out) vs $(losses whole.out)"
-ok "killed after a checkpoint and resumed: the same losses and the same weights, bit for bit"
+[ "$(losses resume.out | head -1 | cut -d' ' -f2)" = 12/20 ] || fail "no line at step 12: $(losses resume.out)"
+ok "killed after a checkpoint and resumed: the same losses (step 12's line across the resume) and the same weights, bit for bit"
+
+# The same with epochs and a grad_accum that does not divide an epoch's batches (469 a rank, 93
+# steps of 5 and 4 left over, so steps cross epoch ends), resumed in the second epoch: until
+# 2026-11-26 the resumed run counted 187 steps, not 186 (its learning rates and weights then
+# differed), and resuming the finished run trained one step more.
+args=(--epochs 2 --grad_accum 5 --log_every 31 --eval_every 0)
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir acc_whole >acc_whole.out 2>&1 ||
+    fail "uninterrupted run with grad_accum 5 failed"
+rc=0
+DDP_TEST_KILL_AFTER_CHECKPOINT=100 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" \
+    --checkpoint.every 100 --out_dir acc_cut >acc_cut.out 2>&1 || rc=$?
+[ $rc -ne 0 ] && [ -f acc_cut/checkpoints/step100.safetensors ] || fail "not killed after step 100's checkpoint"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --checkpoint.every 100 \
+    --out_dir acc_cut --resume_from latest >acc_resume.out 2>&1 || { cat acc_resume.out; fail "resume failed"; }
+assert_contains acc_whole.out "step 186/186"
+assert_contains acc_resume.out "step 186/186"
+assert_not_contains acc_resume.out "187"
+"$DUMP" dump acc_whole/checkpoints/step186.safetensors | grep -v '^M ' >a.txt
+"$DUMP" dump acc_cut/checkpoints/step186.safetensors | grep -v '^M ' >b.txt
+[ -s a.txt ] && cmp -s a.txt b.txt || fail "grad_accum 5: resumed weights differ from the uninterrupted run's"
+"$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" "${args[@]}" --out_dir acc_whole \
+    --resume_from latest >acc_again.out 2>&1 || { cat acc_again.out; fail "resuming the finished run failed"; }
+assert_contains acc_again.out "the last of the run's 186 steps (epochs): nothing to train"
+ok "epochs 2 with grad_accum 5 (steps across epoch ends): resumed at step 100 = never stopped (186 steps, the same weights); the finished run resumed trains nothing"
 
 # SIGUSR1 (Slurm's --signal=USR1@T before a time limit; ddprun passes it on): the rank that gets
 # it tells the others at the next progress line, every rank saves a checkpoint at that step, and
@@ -198,6 +225,33 @@ done
     --eval_every 0 --out_dir usr1_0 --resume_from latest >usr1r.out 2>&1 || { cat usr1r.out; fail "resume failed"; }
 assert_contains usr1r.out "resumed from usr1_0/checkpoints/step$n.safetensors at step $n"
 ok "SIGUSR1 to rank 1 alone: every rank saves one checkpoint (at the next progress line; with log_every 0 the next step) and trains on; it resumes"
+
+# SIGUSR1 while the ranks still set up (data, group): remembered, the checkpoint comes at the
+# first progress line, and the job goes on (until 2026-11-26 the handler came after the set-up:
+# the signal ended the rank, while ddprun said "the job goes on"). Sent once both ranks catch it
+# (SigCgt), while the data are still being prepared into an empty cache (~0.3 s here): the last
+# file the preparation makes must not be there yet, or the test did not test the set-up.
+mkdir -p usr1_cache
+DDP_DATA_CACHE=$PWD/usr1_cache "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 20 \
+    --log_every 10 --checkpoint.every 0 --eval_every 0 --out_dir usr1_early >usr1_early.out 2>&1 &
+BG_PIDS+=($!); job=$!
+caught() { # caught PID: SIGUSR1 (bit 10) in the process's caught signals
+    local m; m=$(sed -n 's/^SigCgt:\s*//p' "/proc/$1/status" 2>/dev/null)
+    [ -n "$m" ] && [ $((0x$m & 0x200)) -ne 0 ]
+}
+for _ in $(seq 1000); do
+    p0=$(rank_pid $job 0 || true); p1=$(rank_pid $job 1 || true) # none yet: not an error
+    [ -n "$p0" ] && [ -n "$p1" ] && caught "$p0" && caught "$p1" && break
+    sleep 0.005
+done
+prepared=$(ls usr1_cache | grep -c '^t10k-labels-idx1-ubyte\.[0-9]*\.[0-9]*$' || true)
+kill -USR1 $job
+[ "$prepared" = 0 ] || fail "the data were prepared before SIGUSR1 was sent: the set-up was not tested"
+rc=0; wait $job || rc=$?
+[ $rc -eq 0 ] || { cat usr1_early.out; fail "SIGUSR1 during the set-up: ddprun exited $rc"; }
+[ -f usr1_early/checkpoints/step10.safetensors ] ||
+    { ls usr1_early/checkpoints; cat usr1_early.out; fail "no checkpoint at step 10 after an early SIGUSR1"; }
+ok "SIGUSR1 during the ranks' set-up: remembered, a checkpoint at the first progress line, the job goes on"
 
 # test and predict rebuild the model from the configuration stored in the checkpoint: no
 # --model.type, --model.channels, … needed; a key given on the command line still wins.
@@ -365,3 +419,25 @@ done
 wait "${pids[3]}" 2>/dev/null || true
 assert_contains killed_hier.0 "rank 2 aborted the group"
 ok "shm+tcp: a rank killed on one host: the other host's ranks name it, not its host's leader"
+
+# Standard output that cannot take the results (a full disk: /dev/full) is an error, exit 1 with
+# a line saying so (exit 0 until 2026-11-26, the test results lost); a closed standard output
+# is /dev/null, not a descriptor the store's socket then takes (the DDP line went into the
+# store's stream, and the rank died of SIGPIPE with no word).
+rc=0
+"$TRAIN" --task test --out_dir whole >/dev/full 2>full.err || rc=$?
+[ $rc -eq 1 ] || { cat full.err; fail "--task test >/dev/full exited $rc, not 1"; }
+assert_contains full.err "ddptrain: writing to standard output failed"
+"$TRAIN" --task test --out_dir whole >&- 2>closed.err || { cat closed.err; fail "--task test >&- failed"; }
+ok "--task test with a full standard output: exit 1, said; with a closed one: fine"
+
+# A metrics.jsonl whose last line was cut short (a full disk, a kill in a write) is ended before
+# the next run appends, so its first line is a line of its own (until 2026-11-26 it was glued to
+# the cut one, and --task report read the dead run's lines as this one's).
+"$TRAIN" --total_steps 3 --out_dir cutline >/dev/null 2>&1 || fail "cutline: a 3-step run failed"
+printf '{"step": 3, "loss": 0.5' >>cutline/metrics.jsonl
+"$TRAIN" --total_steps 3 --out_dir cutline --resume_from latest >/dev/null 2>&1 ||
+    fail "cutline: the resume failed"
+tail -1 cutline/metrics.jsonl | grep -q '^{"step": 3, "start": true' ||
+    { tail -3 cutline/metrics.jsonl; fail "the resume's first line was not a line of its own"; }
+ok "a metrics.jsonl line cut short: the next run's first line starts a line of its own"

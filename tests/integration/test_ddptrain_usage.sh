@@ -323,3 +323,22 @@ for tool in ddprun ddptrain ddpbench ddpprep; do
     [ "$(cat ver.out)" = "$tool (ddpc) 0.1.0" ] || fail "$tool --version: $(cat ver.out)"
 done
 ok "ddprun, ddptrain, ddpbench and ddpprep answer --version"
+
+# Another process holding the data cache's preparation lock (stopped, stuck): after 5 s the rank
+# says it waits and for what (it was silent for up to 10 min until 2026-11-26), and trains once
+# the lock is free.
+lockcache=$T/lockcache
+mkdir -p "$lockcache"
+ref=$(ls "$T/cache"/train-images-idx3-ubyte.*[0-9] 2>/dev/null | head -1)
+[ -n "$ref" ] || fail "no prepared training images in $T/cache to name the lock after"
+lock="$lockcache/$(basename "$ref").lock"
+flock "$lock" sleep 7 &
+BG_PIDS+=($!)
+holder=$!
+sleep 0.3
+DDP_DATA_CACHE=$lockcache "$TRAIN" --total_steps 2 --eval_every 0 --out_dir lockwait \
+    >lockwait.out 2>&1 || { cat lockwait.out; fail "training behind a held lock failed"; }
+wait $holder
+assert_contains lockwait.out "ddp: waiting for another process to"
+assert_contains lockwait.out "$lock"
+ok "a held data-preparation lock: said after 5 s, then trained"

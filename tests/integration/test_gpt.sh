@@ -181,6 +181,13 @@ cmp -s g1 g4 || fail "2 ranks generated other text than 1: $(cat g4)"
 gen --seed 5 --prompt "the cat" --kv_cache false >g5 2>/dev/null || fail "predict, kv_cache false"
 cmp -s g1 g5 || fail "kv_cache false generated other text: $(cat g5) / $(cat g1)"
 ok "generation: streams after the prompt, the same for a seed (1 or 2 ranks, kv_cache or not), differs across seeds"
+# Text that standard output cannot take (a full disk): generation stops there, exit 1, one line
+# (until 2026-11-26 every token was lost with exit 0 and "generated 60 tokens").
+rc=0; gen --seed 5 --prompt "the cat" >/dev/full 2>gfull.err || rc=$?
+[ $rc -eq 1 ] || { cat gfull.err; fail "predict >/dev/full exited $rc, not 1"; }
+assert_contains gfull.err "ddptrain: writing the generated text failed: No space left on device"
+assert_not_contains gfull.err "generated 60 tokens"
+ok "generation into a full standard output: stopped, exit 1, said"
 
 # Another vocabulary: ids in and out.
 "$TRAIN" "${TINY[@]}" --data.train big.bin --data.val big.bin --model.vocab_size 320 \

@@ -89,7 +89,9 @@ check_pair() { # check_pair LIMIT_MS: rank 0 reports rank 1 gone silent within L
     t_exit=$(date +%s%N)
     ms=$(((t_exit - t_err) / 1000000))
     echo "rank 0: exited $ms ms after reporting its error"
-    [ "$ms" -le 3500 ] || fail "rank 0 exited $ms ms after its error, limit 3500 (the store waited for a vanished client)"
+    # 2 s of quiet, then the process's exit: an ASan build under CI's four tests at once took
+    # 3570 ms once (2026-11-26); the failure this guards against lingered for DDP_TIMEOUT (24 s)
+    [ "$ms" -le 4500 ] || fail "rank 0 exited $ms ms after its error, limit 4500 (the store waited for a vanished client)"
     wait "${RANK_PIDS[0]}" || rc=$?
     [ $rc -eq 3 ] || { cat "$T/fault.0"; fail "rank 0 exited $rc, want 3 (a reported error)"; }
     assert_contains "$T/fault.0" "rank 1 stopped answering on the network (no reply to TCP keepalive"

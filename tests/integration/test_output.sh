@@ -97,3 +97,55 @@ rc=0; "$DDPRUN" --nnodes 2 --monitor_interval 2 --agent_timeout 2 x >"$T/out" 2>
 [ $rc -eq 2 ] || fail "exit code $rc, expected: $rc -eq 2"
 assert_contains "$T/err" "--agent_timeout 2 s must be at least 3 × --monitor_interval"
 ok "--agent_timeout below 3 × --monitor_interval is refused"
+
+# A console that stops reading (a pager left scrolled, a stuck tee: here a pipe into sleep)
+# never holds ddprun up: rank 1's failure is handled, every worker stopped, and ddprun ends
+# within its 5 s of waiting for the console at the end, saying on stderr (a file here) how much
+# was lost. Until 2026-11-26 ddprun blocked in write() for as long as the reader did not read,
+# handling no signal and no worker's death. Rank 0 writes 6 MB: past the 4 MiB queue, after
+# which its pipe waits (backpressure) until it is stopped.
+rm -f "$T/stuck.rc"
+(
+    rc=0
+    "$DDPRUN" --standalone --nproc_per_node 2 bash -c 'if [ "$RANK" = 1 ]; then sleep 1; exit 3; fi
+        head -c 6000000 /dev/zero | tr "\0" y | fold -w 60; sleep 100' 2>"$T/stuck.err" || rc=$?
+    echo $rc >"$T/stuck.rc"
+) | sleep 40 &
+reader=$!
+BG_PIDS+=($reader)
+for _ in $(seq 300); do [ -s "$T/stuck.rc" ] && break; sleep 0.1; done
+[ -s "$T/stuck.rc" ] || { cat "$T/stuck.err"; fail "ddprun did not end within 30 s of a console that stopped reading"; }
+[ "$(cat "$T/stuck.rc")" = 1 ] || { cat "$T/stuck.err"; fail "ddprun exited $(cat "$T/stuck.rc"), not 1"; }
+assert_contains "$T/stuck.err" "worker failed: rank 1"
+assert_contains "$T/stuck.err" "ddprun: the console (stdout) did not read for a while:"
+pkill -P $reader sleep 2>/dev/null || true
+kill $reader 2>/dev/null || true
+wait $reader 2>/dev/null || true
+ok "a console that stops reading: the job's failure handled, ddprun ends, the lost output said"
+
+# A console that reads late (here: not for 1.5 s, then at full speed) loses nothing: past 4 MiB
+# waiting, the workers' pipes wait instead (until 2026-11-26's first version of the queue,
+# lines past it were dropped). stdout and stderr on one pipe (2>&1) share one queue, so a line
+# ddprun says meanwhile (SIGUSR1 passed on) lands between lines, never inside one.
+rm -f "$T/late.rc"
+(
+    rc=0
+    "$DDPRUN" --standalone --nproc_per_node 2 sh -c 'trap "" USR1
+        if [ "$RANK" = 0 ]; then seq 1 400000; fi' 2>&1 &
+    echo $! >"$T/late.pid"
+    wait $! || rc=$?
+    echo $rc >"$T/late.rc"
+) | { sleep 1.5; cat; } >"$T/late.out" &
+BG_PIDS+=($!)
+late=$!
+sleep 0.8
+kill -USR1 "$(cat "$T/late.pid")"
+wait $late
+[ "$(cat "$T/late.rc")" = 0 ] || { tail "$T/late.out"; fail "the job behind a late reader exited $(cat "$T/late.rc")"; }
+n=$(grep -c '^\[rank0\]: [0-9]*$' "$T/late.out" || true)
+[ "$n" = 400000 ] || fail "a late reader got $n of rank 0's 400000 lines"
+bad=$(grep -v -E '^(\[rank0\]: [0-9]+|ddprun: .*)$' "$T/late.out" | head -3 || true)
+[ -z "$bad" ] || fail "lines spliced on a shared stdout/stderr: $bad"
+sort -c -n -t' ' -k2 <(grep '^\[rank0\]' "$T/late.out") || fail "rank 0's lines out of order"
+assert_contains "$T/late.out" "ddprun: received SIGUSR1"
+ok "a console that reads late: all 400000 lines, in order, ddprun's own lines whole between them"

@@ -697,6 +697,36 @@ static void test_train_state(void **state)
     assert_int_equal(ddp_ckpt_load_train(NULL, &t, &pos, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_save_train(path, NULL, NULL), DDP_ERR_INVALID);
     assert_int_equal(ddp_ckpt_save_train(NULL, &s, NULL), DDP_ERR_INVALID);
+    /* A program's own metadata (ddptrain's progress window), saved beside the format's and read
+     * with ddp_ckpt_meta; a key of the format's, an empty one or missing arrays are refused
+     * before anything is written (the file above stays). */
+    char extra_path[512];
+    path_of(extra_path, "train_extra.safetensors");
+    const char *xk[] = {"prog.window", "prog.note"}, *xv[] = {"1.5 3 0.25 1", ""};
+    ddp_ckpt_train_state x = train_state_of(&d, 2);
+    x.extra_keys = xk, x.extra_vals = xv, x.n_extra = 2;
+    if (ddp_ckpt_save_train(extra_path, &x, &err) != DDP_OK)
+        fail_msg("save with extra metadata: %s", err.msg);
+    assert_int_equal(ddp_ckpt_open(extra_path, &c, NULL), DDP_OK);
+    assert_int_equal(ddp_ckpt_meta_count(c), 9);
+    assert_string_equal(ddp_ckpt_meta(c, "prog.window"), "1.5 3 0.25 1");
+    assert_string_equal(ddp_ckpt_meta(c, "prog.note"), "");
+    assert_string_equal(ddp_ckpt_meta(c, "step"), "12");
+    ddp_ckpt_close(c);
+    assert_int_equal(ddp_ckpt_load_train(extra_path, &t, &pos, &err), DDP_OK);
+    remove(extra_path);
+    const char *bad_keys[] = {"step", "", NULL};
+    for (int b = 0; b < 3; b++) {
+        const char *bk[] = {bad_keys[b]};
+        x.extra_keys = bk, x.n_extra = 1;
+        ddp_error e3 = {0};
+        assert_int_equal(ddp_ckpt_save_train(extra_path, &x, &e3), DDP_ERR_INVALID);
+        if (!strstr(e3.msg, "extra metadata 0"))
+            fail_msg("extra key %d: '%s'", b, e3.msg);
+        assert_int_equal(access(extra_path, F_OK), -1); /* nothing written */
+    }
+    x.extra_keys = NULL, x.n_extra = 1;
+    assert_int_equal(ddp_ckpt_save_train(extra_path, &x, NULL), DDP_ERR_INVALID);
     /* One bit flipped in the data after the save (a disk's, a partial copy's): refused by the
      * data's checksum, not loaded as other weights (it loaded silently before 2026-11-25). */
     c = NULL;

@@ -274,6 +274,80 @@ static void array_conversions(void **state)
     assert_memory_equal(back, x, sizeof x);
 }
 
+/* The array conversions of float16 (the CPU's F16C instructions where it has them, eight at a
+ * time, the tails element by element) give util/half.h's values for every half (at every start
+ * offset modulo 8) and for a million floats spread over every exponent (at offsets 0, 3 and 6:
+ * tails of 0, 5 and 2 elements); a NaN stays a NaN
+ * (its payload bits may differ). Checked over all 2^32 floats once, 2026-11-26: identical. */
+static void f16_arrays_match_scalar(void **state)
+{
+    (void)state;
+    enum { NH = 65536, NF = 1 << 20 };
+    uint16_t *h = malloc(NH * sizeof *h + 16), *h2 = malloc((NF + 8) * sizeof *h2);
+    float *f = malloc((NF + 8) * sizeof *f);
+    assert_non_null(h), assert_non_null(h2), assert_non_null(f);
+    for (uint32_t i = 0; i < NH; i++)
+        h[i] = (uint16_t)i;
+    for (int off = 0; off < 8; off++) {
+        size_t n = NH - (size_t)off;
+        ddp__to_f32(f, h + off, n, DDP_FLOAT16);
+        for (size_t i = 0; i < n; i++) {
+            float want = ddp__f16_to_f32(h[off + i]);
+            if (isnan(want) ? !isnan(f[i]) : memcmp(&want, &f[i], 4) != 0)
+                fail_msg("half %04x widened to %a, want %a", h[off + i], f[i], want);
+        }
+    }
+    for (uint32_t i = 0; i < NF + 8; i++) { /* bit patterns 4096 apart, every sign and exponent */
+        uint32_t u = i * 4096u + (i & 4095u);
+        memcpy(&f[i], &u, 4);
+    }
+    for (int off = 0; off < 8; off += 3) {
+        ddp__from_f32(h2, f + off, NF, DDP_FLOAT16);
+        for (size_t i = 0; i < NF; i++) {
+            float x = f[off + i];
+            uint16_t want = ddp__f32_to_f16(x);
+            if (isnan(x) ? !isnan(ddp__f16_to_f32(h2[i])) : h2[i] != want)
+                fail_msg("float %a narrowed to %04x, want %04x", x, h2[i], want);
+        }
+    }
+    free(h), free(h2), free(f);
+}
+
+/* The same for bfloat16's array conversions (AVX2, sixteen at a time: widening by a shift,
+ * narrowing with util/half.h's rounding and NaN rule, bit for bit; checked over all 2^32 once,
+ * 2026-11-26), tails at every length modulo 16. */
+static void bf16_arrays_match_scalar(void **state)
+{
+    (void)state;
+    enum { NH = 65536, NF = 1 << 20 };
+    uint16_t *h = malloc(NH * sizeof *h), *h2 = malloc((NF + 16) * sizeof *h2);
+    float *f = malloc((NF + 16) * sizeof *f);
+    assert_non_null(h), assert_non_null(h2), assert_non_null(f);
+    for (uint32_t i = 0; i < NH; i++)
+        h[i] = (uint16_t)i;
+    for (int off = 0; off < 16; off += 5) {
+        size_t n = NH - (size_t)off;
+        ddp__to_f32(f, h + off, n, DDP_BFLOAT16);
+        for (size_t i = 0; i < n; i++) {
+            float want = ddp__bf16_to_f32(h[off + i]);
+            if (memcmp(&want, &f[i], 4) != 0)
+                fail_msg("bfloat16 %04x widened to %a, want %a", h[off + i], f[i], want);
+        }
+    }
+    for (uint32_t i = 0; i < NF + 16; i++) { /* every sign and exponent, NaNs included */
+        uint32_t u = i * 4096u + (i & 4095u);
+        memcpy(&f[i], &u, 4);
+    }
+    for (int off = 0; off < 16; off += 7) {
+        ddp__from_f32(h2, f + off, NF - (size_t)off, DDP_BFLOAT16);
+        for (size_t i = 0; i < NF - (size_t)off; i++)
+            if (h2[i] != ddp__f32_to_bf16(f[off + i]))
+                fail_msg("float %a narrowed to %04x, want %04x", f[off + i], h2[i],
+                         ddp__f32_to_bf16(f[off + i]));
+    }
+    free(h), free(h2), free(f);
+}
+
 /* ---- the generator --------------------------------------------------------------------------- */
 
 static void counter_rng(void **state)
@@ -360,10 +434,11 @@ static void copies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(reduce_many_all),    cmocka_unit_test(reduce_min_max_nan),
-        cmocka_unit_test(reduce_two_and_avg), cmocka_unit_test(half_conversions),
-        cmocka_unit_test(array_conversions),  cmocka_unit_test(counter_rng),
-        cmocka_unit_test(tensor_vocabulary),  cmocka_unit_test(copies),
+        cmocka_unit_test(reduce_many_all),         cmocka_unit_test(reduce_min_max_nan),
+        cmocka_unit_test(reduce_two_and_avg),      cmocka_unit_test(half_conversions),
+        cmocka_unit_test(array_conversions),       cmocka_unit_test(counter_rng),
+        cmocka_unit_test(tensor_vocabulary),       cmocka_unit_test(copies),
+        cmocka_unit_test(f16_arrays_match_scalar), cmocka_unit_test(bf16_arrays_match_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -563,6 +563,56 @@ static void wait_and_get_block_until_set(void **state)
     assert_true(now_ms() - t0 < 2000);
 }
 
+/* An abort key (ddp_store_abort_on): a get, wait or barrier that waits ends with DDP_ERR_CLOSED
+ * and the key's value once another client sets it — parked already, or asked after; keys that
+ * exist still answer; cleared, waits wait again; set again, it is registered on the new
+ * connection after a reconnection. A group's set-up uses it so that one rank's failure ends the
+ * others' waits at once (they waited out the set-up timeout until 2026-11-26). */
+static void abort_key_ends_waits(void **state)
+{
+    fx *f = *state;
+    ddp_store *s = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_abort_on(s, "ab/failed"), DDP_OK);
+    assert_int_equal(ddp_store_check_abort(s), DDP_OK); /* not set yet */
+    setter w = {.port = f->port, .keys = {"ab/failed"}, .delays_ms = {100}};
+    pthread_t th;
+    int64_t t0 = now_ms();
+    assert_int_equal(pthread_create(&th, NULL, setter_main, &w), 0);
+    void *v = NULL;
+    ddp_status st = ddp_store_get(s, "ab/never", &v, NULL);
+    int64_t waited = now_ms() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(w.st, DDP_OK);
+    if (st != DDP_ERR_CLOSED)
+        fail_msg("a parked get ended with %d (%s), not DDP_ERR_CLOSED", st,
+                 ddp_store_last_error(s));
+    assert_string_equal(ddp_store_last_error(s), "ab/failed"); /* the key's value, as is */
+    assert_true(waited < 4000);
+    const char *never[] = {"ab/never"};
+    assert_int_equal(ddp_store_wait(s, never, 1), DDP_ERR_CLOSED);
+    assert_int_equal(ddp_store_barrier(s, "ab/bar", 2), DDP_ERR_CLOSED);
+    assert_int_equal(ddp_store_check_abort(s), DDP_ERR_CLOSED);
+    assert_string_equal(ddp_store_last_error(s), "ab/failed");
+    assert_int_equal(ddp_store_get(s, "ab/failed", &v, NULL), DDP_OK); /* exists: answered */
+    free(v);
+    /* cleared: a get waits again, to its deadline */
+    assert_int_equal(ddp_store_abort_on(s, NULL), DDP_OK);
+    assert_int_equal(ddp_store_check_abort(s), DDP_OK);
+    ddp_store_set_timeout(s, 200);
+    assert_int_equal(ddp_store_get(s, "ab/never", &v, NULL), DDP_ERR_TIMEOUT);
+    /* another key, registered, then the connection lost (a time-out closes it): the next call
+     * registers it again on the new connection */
+    assert_int_equal(ddp_store_abort_on(s, "ab/other"), DDP_OK);
+    assert_int_equal(ddp_store_get(s, "ab/never", &v, NULL), DDP_ERR_TIMEOUT);
+    ddp_store *b = fx_client(f, "", 5000);
+    assert_int_equal(ddp_store_set(b, "ab/other", "rank 3 failed", 13), DDP_OK);
+    ddp_store_set_timeout(s, 5000);
+    assert_int_equal(ddp_store_get(s, "ab/never", &v, NULL), DDP_ERR_CLOSED);
+    assert_string_equal(ddp_store_last_error(s), "rank 3 failed");
+    assert_int_equal(ddp_store_abort_on(NULL, "x"), DDP_ERR_INVALID);
+    assert_int_equal(ddp_store_check_abort(NULL), DDP_ERR_INVALID);
+}
+
 /* ---- 2. deadlines ------------------------------------------------------------------------------
  */
 
@@ -2051,6 +2101,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(check_delete_num_keys, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(on_close_sets_key, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wait_and_get_block_until_set, setup_plain, teardown),
+        cmocka_unit_test_setup_teardown(abort_key_ends_waits, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(get_timeout_names_key_and_time, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(wait_timeout_names_missing_keys, setup_plain, teardown),
         cmocka_unit_test_setup_teardown(barrier_timeout_counts_arrivals, setup_plain, teardown),

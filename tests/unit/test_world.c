@@ -351,6 +351,20 @@ static void settings(void **state)
     setenv("DDP_SHM_FLUSH", "sometimes", 1);
     assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
     assert_string_equal(w.settings.shm_flush, "sometimes");
+    unsetenv("DDP_SHM_FLUSH");
+    /* Except DDP_OVERLAP, whose user (the reducer) took a typo for auto, silently: refused
+     * when the world is read (2026-11-26); auto, async and inline are taken. */
+    ddp_error err = {0};
+    setenv("DDP_OVERLAP", "asynch", 1);
+    assert_int_equal(ddp_world_from_env(&w, &err), DDP_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "DDP_OVERLAP must be auto, async or inline, not 'asynch'"));
+    static const char *const ok[] = {"auto", "async", "inline", ""};
+    for (int i = 0; i < 4; i++) {
+        setenv("DDP_OVERLAP", ok[i], 1);
+        assert_int_equal(ddp_world_from_env(&w, NULL), DDP_OK);
+        assert_string_equal(w.settings.overlap, ok[i]);
+    }
+    unsetenv("DDP_OVERLAP");
 }
 
 static void settings_numbers(void **state)

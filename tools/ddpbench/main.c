@@ -4,9 +4,11 @@
  *   ddprun --nproc_per_node=2 ddpbench [--op allreduce|broadcast|allgather|reduce_scatter|all]
  *          [--min 4] [--max 256M] [--sizes 4K,1M,16M] [--backend auto|shm|tcp|…]
  *          [--buffers arena|private] [--device cpu|cuda] [--iters N] [--csv]
+ *          [--dtype float32|bfloat16|float16] [--reduce sum|avg|min|max]
  *
- * Every size is float32 elements, in bytes per rank; a flag with a bad value (an unknown --op,
- * a size that is not a number of bytes, --min above --max) stops it before any work, exit 2.
+ * Every size is bytes per rank of --dtype's elements (float32 by default); --reduce is the
+ * operation of allreduce and reduce_scatter (sum by default). A flag with a bad value (an unknown
+ * --op, a size that is not a number of bytes, --min above --max) stops it before any work, exit 2.
  *
  * For each size (bytes per rank) it prints the median time per call, the algorithm bandwidth
  * (size / time), the bus bandwidth (nccl-tests' correction for how much data each rank moves),
@@ -19,6 +21,8 @@
  * cuda-ipc or cuda-staged where ranks share a GPU; --backend picks one) and measures the same way;
  * the limit is then the device's copy bandwidth (a device-to-device ddp_group_memcpy, read +
  * write), and the results are checked by copying them back to the host.
+ *
+ * Uses only the public API, and util/half.h's element conversions for the bfloat16/float16 checks.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -27,6 +31,7 @@
 #include <time.h>
 
 #include "ddp/ddp.h"
+#include "util/half.h"
 
 typedef enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_COUNT } kind;
 static const char *const kind_names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter"};
@@ -88,7 +93,10 @@ static int bad_size(const char *flag, const char *v)
 
 static void die(ddp_group *g, const char *what)
 {
-    fprintf(stderr, "ddpbench: %s: %s\n", what, g ? ddp_group_last_error(g) : "");
+    if (g)
+        fprintf(stderr, "ddpbench: %s: %s\n", what, ddp_group_last_error(g));
+    else
+        fprintf(stderr, "ddpbench: %s\n", what);
     exit(1);
 }
 
@@ -160,61 +168,95 @@ static double measure_device_bw(ddp_group *g)
     return 2.0 * (double)bytes / best;
 }
 
+/* The element type and the reduction of this run (--dtype, --reduce). */
+static ddp_dtype dtype = DDP_FLOAT32;
+static ddp_op redop = DDP_SUM;
+
 static ddp_status run_op(ddp_group *g, kind k, void *send, void *recv, size_t count)
 {
     switch (k) {
-    case K_ALLREDUCE: return ddp_allreduce(g, send, send, count, DDP_FLOAT32, DDP_SUM);
-    case K_BROADCAST: return ddp_broadcast(g, send, count, DDP_FLOAT32, 0);
-    case K_ALLGATHER: return ddp_allgather(g, send, recv, count, DDP_FLOAT32);
-    default: return ddp_reduce_scatter(g, send, recv, count, DDP_FLOAT32, DDP_SUM);
+    case K_ALLREDUCE: return ddp_allreduce(g, send, send, count, dtype, redop);
+    case K_BROADCAST: return ddp_broadcast(g, send, count, dtype, 0);
+    case K_ALLGATHER: return ddp_allgather(g, send, recv, count, dtype);
+    default: return ddp_reduce_scatter(g, send, recv, count, dtype, redop);
     }
 }
 
-/* Fills inputs, runs once, counts wrong elements (exact: small integers). With device buffers
- * (dsend, drecv non-NULL) the inputs are copied there from send and the results back. */
-static long check(ddp_group *g, kind k, float *send, float *recv, void *dsend, void *drecv,
+/* Element i of buffer p as a float, and v stored there (v is a small integer or an average of
+ * them; bfloat16 and float16 round to nearest even, as the collectives do). */
+static float get_elem(const void *p, size_t i)
+{
+    switch (dtype) {
+    case DDP_BFLOAT16: return ddp__bf16_to_f32(((const uint16_t *)p)[i]);
+    case DDP_FLOAT16: return ddp__f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void set_elem(void *p, size_t i, float v)
+{
+    switch (dtype) {
+    case DDP_BFLOAT16: ((uint16_t *)p)[i] = ddp__f32_to_bf16(v); break;
+    case DDP_FLOAT16: ((uint16_t *)p)[i] = ddp__f32_to_f16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+/* The reduction over the ranks of rank r's input (r + idx) % 13, as exact as a double holds. */
+static double reduced(int W, size_t idx)
+{
+    double acc = redop == DDP_MIN ? 1e30 : redop == DDP_MAX ? -1e30 : 0;
+    for (int r = 0; r < W; r++) {
+        double v = (double)(((size_t)r + idx) % 13);
+        acc = redop == DDP_MIN   ? (v < acc ? v : acc)
+              : redop == DDP_MAX ? (v > acc ? v : acc)
+                                 : acc + v;
+    }
+    return redop == DDP_AVG ? acc / W : acc;
+}
+
+/* Whether got is a right result for want: exact in float32 for sum, min and max (small
+ * integers), within the element type's rounding otherwise (a sum past bfloat16's 256, an
+ * average; a backend in two levels rounds once per level: docs/group.md). */
+static bool right(float got, double want)
+{
+    double eps = dtype == DDP_BFLOAT16 ? 0x1p-7 : dtype == DDP_FLOAT16 ? 0x1p-10 : 0x1p-22;
+    if (dtype == DDP_FLOAT32 && redop != DDP_AVG)
+        return (double)got == want;
+    double d = (double)got - want;
+    return (d < 0 ? -d : d) <= eps * (want < 0 ? -want : want);
+}
+
+/* Fills inputs, runs once, counts wrong elements. With device buffers (dsend, drecv non-NULL)
+ * the inputs are copied there from send and the results back. */
+static long check(ddp_group *g, kind k, void *send, void *recv, void *dsend, void *drecv,
                   size_t count)
 {
     int W = ddp_group_size(g), R = ddp_group_rank(g);
+    size_t es = ddp_dtype_size(dtype);
     size_t in_n = k == K_REDUCE_SCATTER ? count * (size_t)W : count;
     size_t out_n = k == K_ALLGATHER ? count * (size_t)W : count;
     for (size_t i = 0; i < in_n; i++)
-        send[i] = (float)((R + i) % 13);
-    if (dsend && ddp_group_memcpy(g, dsend, send, in_n * sizeof(float)))
+        set_elem(send, i, (float)(((size_t)R + i) % 13));
+    if (dsend && ddp_group_memcpy(g, dsend, send, in_n * es))
         die(g, "copy to the device");
     if (run_op(g, k, dsend ? dsend : send, drecv ? drecv : recv, count))
         die(g, kind_names[k]);
-    if (dsend && (ddp_group_memcpy(g, send, dsend, in_n * sizeof(float)) ||
-                  ddp_group_memcpy(g, recv, drecv, out_n * sizeof(float))))
+    if (dsend && (ddp_group_memcpy(g, send, dsend, in_n * es) ||
+                  ddp_group_memcpy(g, recv, drecv, out_n * es)))
         die(g, "copy from the device");
     long wrong = 0;
-    float wsum = (float)W * (float)(W - 1) / 2.0f;
     for (size_t i = 0; i < count; i++) {
-        float want;
         switch (k) {
-        case K_ALLREDUCE: {
-            want = 0;
-            for (int r = 0; r < W; r++)
-                want += (float)((r + i) % 13);
-            wrong += send[i] != want;
-            break;
-        }
-        case K_BROADCAST: wrong += send[i] != (float)(i % 13); break;
+        case K_ALLREDUCE: wrong += !right(get_elem(send, i), reduced(W, i)); break;
+        case K_BROADCAST: wrong += get_elem(send, i) != (float)(i % 13); break;
         case K_ALLGATHER:
             for (int r = 0; r < W; r++)
-                wrong += recv[(size_t)r * count + i] != (float)((r + i) % 13);
+                wrong += get_elem(recv, (size_t)r * count + i) != (float)(((size_t)r + i) % 13);
             break;
-        default: {
-            want = 0;
-            size_t idx = (size_t)R * count + i;
-            for (int r = 0; r < W; r++)
-                want += (float)((r + idx) % 13);
-            wrong += recv[i] != want;
-            break;
-        }
+        default: wrong += !right(get_elem(recv, i), reduced(W, (size_t)R * count + i)); break;
         }
     }
-    (void)wsum;
     long total;
     int64_t w64 = wrong, t64;
     if (allreduce_value(g, &w64, &t64, DDP_INT64, DDP_SUM))
@@ -230,8 +272,9 @@ int main(int argc, char **argv)
     const char *device = "cpu";
     int iters_opt = 0;
     bool csv = false;
-    static const char *const valued[] = {"--min",     "--max",     "--sizes",  "--op",
-                                         "--backend", "--buffers", "--device", "--iters"};
+    const char *dtype_name = "float32", *reduce_name = "sum";
+    static const char *const valued[] = {"--min",     "--max",    "--sizes", "--op",    "--backend",
+                                         "--buffers", "--device", "--iters", "--dtype", "--reduce"};
     for (int i = 1; i < argc; i++) {
         /* '--flag value' or '--flag=value', as ddprun and ddptrain take them. */
         char name[32];
@@ -256,15 +299,17 @@ int main(int argc, char **argv)
                    "allgather|reduce_scatter|all]\n       [--min BYTES] [--max BYTES] [--sizes "
                    "4K,1M,...] [--backend auto|shm|tcp|shm+tcp|mpi|shm+mpi|nccl|cuda-ipc|"
                    "cuda-staged]\n       [--buffers arena|private] [--device cpu|cuda] "
-                   "[--iters N] [--csv]\n"
-                   "Sizes are bytes of float32 per rank (K, M, G, T suffixes: ×1024), from --min "
+                   "[--iters N] [--csv]\n       [--dtype float32|bfloat16|float16] [--reduce "
+                   "sum|avg|min|max]\n"
+                   "Sizes are bytes per rank (K, M, G, T suffixes: ×1024), from --min "
                    "(default 4)\nto --max (default 256M) by factors of 4, or the --sizes list "
                    "(at most %d). A size is\nrounded down to whole elements (for allgather and "
                    "reduce_scatter, to whole elements per\nrank, as nccl-tests); the bytes "
                    "column says what was moved. --iters: timed calls per\nsize (default: about "
                    "512 MiB of traffic, 5 to 2000 calls). Defaults: --op allreduce,\n--buffers "
-                   "arena, --device cpu, --backend as DDP_BACKEND (else auto). Flags take\n"
-                   "'--flag value' or '--flag=value'.\n",
+                   "arena, --device cpu, --backend as DDP_BACKEND (else auto), --dtype float32,\n"
+                   "--reduce sum (allreduce and reduce_scatter; bfloat16 and float16 reduce in "
+                   "float32 and\nround once). Flags take '--flag value' or '--flag=value'.\n",
                    MAX_SIZES);
             return 0;
         }
@@ -297,6 +342,10 @@ int main(int argc, char **argv)
             buffers = v;
         else if (!strcmp(a, "--device"))
             device = v;
+        else if (!strcmp(a, "--dtype"))
+            dtype_name = v;
+        else if (!strcmp(a, "--reduce"))
+            reduce_name = v;
         else if (!strcmp(a, "--iters")) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -317,6 +366,24 @@ int main(int argc, char **argv)
                 op);
         return 2;
     }
+    if (!strcmp(dtype_name, "bfloat16"))
+        dtype = DDP_BFLOAT16;
+    else if (!strcmp(dtype_name, "float16"))
+        dtype = DDP_FLOAT16;
+    else if (strcmp(dtype_name, "float32")) {
+        fprintf(stderr, "ddpbench: --dtype '%s': use float32, bfloat16 or float16\n", dtype_name);
+        return 2;
+    }
+    static const char *const reduce_names[] = {"sum", "avg", "min", "max"};
+    static const ddp_op reduce_ops[] = {DDP_SUM, DDP_AVG, DDP_MIN, DDP_MAX};
+    size_t ri = 0;
+    while (ri < 4 && strcmp(reduce_name, reduce_names[ri]))
+        ri++;
+    if (ri == 4) {
+        fprintf(stderr, "ddpbench: --reduce '%s': use sum, avg, min or max\n", reduce_name);
+        return 2;
+    }
+    redop = reduce_ops[ri];
     if (strcmp(buffers, "arena") && strcmp(buffers, "private")) {
         fprintf(stderr, "ddpbench: --buffers '%s': use arena or private\n", buffers);
         return 2;
@@ -401,8 +468,8 @@ int main(int argc, char **argv)
     }
     int W = ddp_group_size(g), R = ddp_group_rank(g);
     size_t big = maxbytes * (size_t)W + 64;
-    float *send = arena ? ddp_group_alloc(g, big) : NULL;
-    float *recv = arena ? ddp_group_alloc(g, big) : NULL;
+    void *send = arena ? ddp_group_alloc(g, big) : NULL;
+    void *recv = arena ? ddp_group_alloc(g, big) : NULL;
     if (arena && (!send || !recv)) {
         /* Either the arena is too small for these sizes, or the backend has none at all (tcp,
          * mpi): a small allocation tells which, so that the note says the right reason. */
@@ -422,8 +489,13 @@ int main(int argc, char **argv)
     if (!arena) {
         send = aligned_alloc(64, (big + 63) / 64 * 64);
         recv = aligned_alloc(64, (big + 63) / 64 * 64);
-        if (!send || !recv)
-            die(NULL, "out of memory");
+        if (!send || !recv) {
+            fprintf(stderr,
+                    "ddpbench: out of memory for two buffers of %zu bytes (the largest size × %d "
+                    "rank%s); lower --max or --sizes\n",
+                    big, W, W == 1 ? "" : "s");
+            exit(1);
+        }
     }
     memset(send, 0, big);
     memset(recv, 0, big);
@@ -437,15 +509,16 @@ int main(int argc, char **argv)
     }
     double copy_bw = cuda ? measure_device_bw(g) : measure_copy_bw(g);
     if (R == 0 && cuda) {
-        printf("# ddpbench: %d rank%s, backend %s (%s), GPU %d, device buffers, float32, in "
+        printf("# ddpbench: %d rank%s, backend %s (%s), GPU %d, device buffers, %s %s, in "
                "place; device copy bandwidth %.2f GB/s (one GPU)\n",
                W, W == 1 ? "" : "s", ddp_group_backend(g), ddp_group_backend_reason(g),
-               ddp_group_cuda_device(g), copy_bw / 1e9);
+               ddp_group_cuda_device(g), dtype_name, reduce_name, copy_bw / 1e9);
     } else if (R == 0) {
-        printf("# ddpbench: %d rank%s, backend %s, %s buffers, float32, in place; copy "
+        printf("# ddpbench: %d rank%s, backend %s, %s buffers, %s %s, in place; copy "
                "bandwidth %.2f GB/s (%s)\n",
                W, W == 1 ? "" : "s", ddp_group_backend(g), arena ? "arena (zero-copy)" : "private",
-               copy_bw / 1e9, W == 1 ? "one rank copying" : "all ranks copying at once");
+               dtype_name, reduce_name, copy_bw / 1e9,
+               W == 1 ? "one rank copying" : "all ranks copying at once");
     }
     if (R == 0) {
         if (csv)
@@ -461,15 +534,15 @@ int main(int argc, char **argv)
             /* Sizes are rounded down to whole elements (per rank for allgather and
              * reduce_scatter, whose bytes are the whole buffer, as nccl-tests reports); the row
              * says what was moved, and a size that holds no element is not run. */
-            size_t count = list[si] / 4, bytes = count * 4;
+            size_t es = ddp_dtype_size(dtype), count = list[si] / es, bytes = count * es;
             if (k == K_ALLGATHER || k == K_REDUCE_SCATTER) {
                 count = count / (size_t)W;
-                bytes = count * 4 * (size_t)W;
+                bytes = count * es * (size_t)W;
             }
             if (count == 0) {
                 if (R == 0)
-                    fprintf(stderr, "ddpbench: %s of %zu bytes skipped: less than one float32 %s\n",
-                            kind_names[k], list[si],
+                    fprintf(stderr, "ddpbench: %s of %zu bytes skipped: less than one %s %s\n",
+                            kind_names[k], list[si], dtype_name,
                             k == K_ALLREDUCE || k == K_BROADCAST ? "" : "per rank");
                 continue;
             }

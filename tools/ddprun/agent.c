@@ -577,7 +577,8 @@ static outcome run_attempt(agent *a)
         a->hb_changed_ms[i] = now_ms();
     a->reshape = false;
 
-    struct pollfd *pfd = calloc((size_t)(2 * n + 2), sizeof *pfd); /* + signals, terminal */
+    /* + signals, terminal, the two consoles' queues */
+    struct pollfd *pfd = calloc((size_t)(2 * n + 4), sizeof *pfd);
     ddprun_stream **streams = calloc((size_t)(2 * n), sizeof *streams);
     ddprun_worker **owners = calloc((size_t)(2 * n), sizeof *owners);
     if (!pfd || !streams || !owners) {
@@ -595,6 +596,9 @@ static outcome run_attempt(agent *a)
         int open_streams = 0;
         int np = 0;
         pfd[np++] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
+        /* The console far behind: workers' output waits in their pipes (and they in write())
+         * until it reads; once they are gone, what is left in the pipes is read. */
+        short out_events = ddprun_output_backlogged() && running > 0 ? 0 : POLLIN;
         for (int i = 0; i < n; i++) {
             ddprun_stream *ss[2] = {&a->w[i].out, &a->w[i].err};
             for (int j = 0; j < 2; j++) {
@@ -602,7 +606,7 @@ static outcome run_attempt(agent *a)
                     continue;
                 streams[open_streams] = ss[j];
                 owners[open_streams] = &a->w[i];
-                pfd[np++] = (struct pollfd){.fd = ss[j]->fd, .events = POLLIN};
+                pfd[np++] = (struct pollfd){.fd = ss[j]->fd, .events = out_events};
                 open_streams++;
             }
         }
@@ -637,7 +641,9 @@ static outcome run_attempt(agent *a)
                 a->w[i].stop_said_ms + 5000 < wake)
                 wake = a->w[i].stop_said_ms + 5000;
         int timeout = wake == INT64_MAX ? -1 : (int)(wake > now ? wake - now : 0);
+        np += ddprun_output_pollfds(pfd + np); /* after every slot the loop below reads */
         int rc = poll(pfd, (nfds_t)np, timeout);
+        ddprun_output_flush();
         if (rc < 0 && errno != EINTR) {
             ddprun_say("poll failed: %s", strerror(errno));
             stop_workers(a, SIGKILL, &kill_at);
@@ -685,8 +691,21 @@ static outcome run_attempt(agent *a)
         bool stop_after = false;
         while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
             ddprun_worker *w = find_worker(a, pid);
+            if (!w && pid == ddprun_reaper_pid() && (WIFEXITED(status) || WIFSIGNALED(status))) {
+                /* killed by hand (pkill ddp-reaper, an OOM killer): said, the job goes on */
+                char how[64];
+                if (WIFSIGNALED(status))
+                    snprintf(how, sizeof how, "by SIG%s", sigabbrev_np(WTERMSIG(status)));
+                else
+                    snprintf(how, sizeof how, "with exit code %d", WEXITSTATUS(status));
+                ddprun_say("warning: the reaper (pid %d, 'ddp-reaper') ended %s: the job goes on, "
+                           "but if ddprun is now killed with SIGKILL what its workers started "
+                           "and their /dev/shm segments are left behind",
+                           (int)pid, how);
+                continue;
+            }
             if (!w || !w->running)
-                continue; /* the reaper, or a stranger */
+                continue; /* a stranger, or a stop or continue of the reaper */
             if (WIFSTOPPED(status)) {
                 /* not our Ctrl-Z: a debugger, or someone's SIGSTOP; said once per 5 s */
                 w->stop_said = false;

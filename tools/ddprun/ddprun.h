@@ -194,12 +194,25 @@ bool ddprun_output_pump(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s
 void ddprun_output_close(const ddprun_opts *o, ddprun_worker *w, ddprun_stream *s);
 /* Prints a launcher message ("ddprun: …") to stderr as one write. */
 void ddprun_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The console's queue (output.c): POLLOUT entries for the consoles with output waiting (at most
+ * 2, into p); what they take now; whether so much waits that workers' pipes should wait too;
+ * at the end what they take until quiet_ms pass with no room or total_ms in all (a terminating
+ * signal ends it); and, in a forked child that keeps running (the reaper), ddprun's own console
+ * descriptions closed. */
+struct pollfd;
+int ddprun_output_pollfds(struct pollfd *p);
+void ddprun_output_flush(void);
+bool ddprun_output_backlogged(void);
+void ddprun_output_drain(int quiet_ms, int total_ms);
+void ddprun_output_forget(void);
 
 /* ---- reaper -------------------------------------------------------------------------------- */
 
 /* Forks the watchdog; returns the fd to report process groups to, or -1 (printed). argv is
  * main's: the watchdog writes its own name over its copy of the strings (its command line). */
 int ddprun_reaper_start(int argc, char **argv);
+/* The watchdog's pid (0 before ddprun_reaper_start): the agent says if it ends early. */
+pid_t ddprun_reaper_pid(void);
 /* Reports a worker's process group, and the run id its shared-memory segments are named by. */
 void ddprun_reaper_track(int fd, pid_t pgid, const char *run_id);
 void ddprun_reaper_untrack(int fd, pid_t pgid);

@@ -206,5 +206,5 @@ int main(int argc, char **argv)
     ddprun_reaper_finish(reaper_fd);
     close(sigfd);
     free(o);
-    return code;
+    return code; /* what the console could not take yet is written at exit (output.c) */
 }

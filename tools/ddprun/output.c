@@ -7,6 +7,14 @@
  * torchrun's layout, holding its raw output (DIR/RUN_ID/node_N/attempt_K/… on several nodes,
  * which may share DIR). The last few stderr lines of each worker are kept
  * for the failure summary. A line longer than 64 KiB is forwarded in pieces.
+ *
+ * The console never holds ddprun up. A pipe or terminal on stdout/stderr is written through a
+ * description of ddprun's own, opened non-blocking (/proc/self/fd/N: the shell's stays as it
+ * was; a socket is written with send(MSG_DONTWAIT)); what it cannot take now waits in a queue
+ * (one for both when they are one pipe or terminal, so lines keep their order) that the agent
+ * flushes as the console reads; past 4 MiB of it the workers' pipes wait (backpressure, nothing
+ * dropped). Until 2026-11-26 a reader that stopped reading (a pager left scrolled, a stuck tee)
+ * blocked ddprun in write(): no signal, no worker's death was handled while it did not read.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -16,7 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ddprun.h"
@@ -33,6 +45,245 @@ static void write_all(int fd, const char *p, size_t n)
             return; /* a closed console must not stop the job */
         p += k;
         n -= (size_t)k;
+    }
+}
+
+/* ---- the console ---------------------------------------------------------------------------- */
+
+/* Past this much output waiting, workers' pipes are not read until the console takes some (they
+ * then wait in their write(), as they would writing to the console themselves): backpressure,
+ * nothing dropped, and ddprun itself stays free to handle signals and deaths. */
+#define CONSOLE_BACKLOG ((size_t)4 << 20)
+
+typedef struct console {
+    bool ready;
+    bool nb;   /* fd is ddprun's own non-blocking description (a pipe or terminal) */
+    bool sock; /* a socket: written with send(MSG_DONTWAIT), the description untouched */
+    int fd;    /* where to write */
+    char *q;   /* output waiting for room: q[off, len) */
+    size_t off, len, cap;
+} console;
+
+static console consoles[3]; /* [STDOUT_FILENO], [STDERR_FILENO] */
+static console *stderr_is;  /* &consoles[STDOUT_FILENO] when both are one pipe or terminal */
+
+static void drain_at_exit(void)
+{
+    ddprun_output_drain(5000, 60000);
+}
+
+static bool same_object(int a, int b)
+{
+    struct stat x, y;
+    if (fstat(a, &x) != 0 || fstat(b, &y) != 0 || (x.st_mode & S_IFMT) != (y.st_mode & S_IFMT))
+        return false;
+    if (S_ISCHR(x.st_mode))
+        return x.st_rdev == y.st_rdev;
+    return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static console *console_of(int fd)
+{
+    if (fd == STDERR_FILENO && stderr_is)
+        return stderr_is;
+    console *c = &consoles[fd];
+    if (c->ready)
+        return c;
+    /* stderr on the same pipe or terminal as stdout (2>&1): one queue, so that lines keep their
+     * order (with two, one's partial write let the other's line in between) */
+    if (fd == STDERR_FILENO && same_object(STDOUT_FILENO, STDERR_FILENO)) {
+        console *o = console_of(STDOUT_FILENO);
+        if (o->nb || o->sock) {
+            stderr_is = o;
+            return o;
+        }
+    }
+    c->ready = true;
+    c->fd = fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return c;
+    if (S_ISSOCK(st.st_mode)) {
+        c->sock = true;
+    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        int nfd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (nfd < 0)
+            return c; /* written as before */
+        c->fd = nfd, c->nb = true;
+    } else {
+        return c; /* a file: written as before; it does not stall for long */
+    }
+    static bool registered; /* every way out of ddprun writes what waits (children _exit) */
+    if (!registered)
+        registered = atexit(drain_at_exit) == 0;
+    return c;
+}
+
+/* One write that never blocks: > 0 bytes taken, 0 no room now, −1 the console is gone. */
+static ssize_t try_write(console *c, const char *p, size_t n)
+{
+    for (;;) {
+        ssize_t k = c->sock ? send(c->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) : write(c->fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return k > 0 ? k : -1;
+    }
+}
+
+static void console_flush(console *c)
+{
+    while (c->off < c->len) {
+        ssize_t k = try_write(c, c->q + c->off, c->len - c->off);
+        if (k == 0)
+            return;
+        if (k < 0)
+            break; /* gone (EPIPE, EIO): what waits is dropped, as writes to it are */
+        c->off += (size_t)k;
+    }
+    c->off = c->len = 0;
+}
+
+/* Writes p to the console fd (STDOUT_FILENO or STDERR_FILENO) now, or queues what it cannot
+ * take, after what already waits (in order). */
+static void console_write(int fd, const char *p, size_t n)
+{
+    console *c = console_of(fd);
+    if (!c->nb && !c->sock) {
+        write_all(c->fd, p, n);
+        return;
+    }
+    if (c->off < c->len)
+        console_flush(c);
+    if (c->off == c->len) {
+        c->off = c->len = 0;
+        while (n > 0) {
+            ssize_t k = try_write(c, p, n);
+            if (k == 0)
+                break;
+            if (k < 0)
+                return; /* a closed console must not stop the job */
+            p += k;
+            n -= (size_t)k;
+        }
+        if (n == 0)
+            return;
+    }
+    if (c->off > 0 && c->len + n > c->cap) { /* room at the front first */
+        memmove(c->q, c->q + c->off, c->len - c->off);
+        c->len -= c->off;
+        c->off = 0;
+    }
+    if (c->len + n > c->cap) {
+        size_t cap = c->cap ? c->cap : 65536;
+        while (cap < c->len + n)
+            cap *= 2;
+        char *q = realloc(c->q, cap);
+        if (!q)
+            return; /* out of memory: this piece is lost, the job goes on */
+        c->q = q, c->cap = cap;
+    }
+    memcpy(c->q + c->len, p, n);
+    c->len += n;
+}
+
+int ddprun_output_pollfds(struct pollfd *p)
+{
+    int n = 0;
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+        console *c = &consoles[fd];
+        if (c->ready && (c->nb || c->sock) && c->off < c->len)
+            p[n++] = (struct pollfd){.fd = c->fd, .events = POLLOUT};
+    }
+    return n;
+}
+
+void ddprun_output_flush(void)
+{
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++)
+        if (consoles[fd].ready && (consoles[fd].nb || consoles[fd].sock))
+            console_flush(&consoles[fd]);
+}
+
+bool ddprun_output_backlogged(void)
+{
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++)
+        if (consoles[fd].len - consoles[fd].off > CONSOLE_BACKLOG)
+            return true;
+    return false;
+}
+
+void ddprun_output_forget(void)
+{
+    for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+        console *c = &consoles[fd];
+        if (c->ready && c->nb)
+            close(c->fd);
+        free(c->q);
+        *c = (console){0};
+    }
+    stderr_is = NULL;
+}
+
+void ddprun_output_drain(int quiet_ms, int total_ms)
+{
+    /* The job is over: a signal that ends ddprun ends this wait too (they were blocked for the
+     * agent's signalfd). */
+    sigset_t end;
+    sigemptyset(&end);
+    sigaddset(&end, SIGINT);
+    sigaddset(&end, SIGTERM);
+    sigaddset(&end, SIGHUP);
+    sigaddset(&end, SIGQUIT);
+    bool unblocked = false;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        ddprun_output_flush();
+        struct pollfd p[2];
+        int n = ddprun_output_pollfds(p);
+        if (n == 0)
+            return;
+        if (!unblocked) {
+            sigprocmask(SIG_UNBLOCK, &end, NULL);
+            unblocked = true;
+        }
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long spent = (long)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+        int ms = quiet_ms;
+        if (total_ms - spent < ms)
+            ms = total_ms - spent > 0 ? (int)(total_ms - spent) : 0;
+        int rc;
+        do
+            rc = poll(p, (nfds_t)n, ms);
+        while (rc < 0 && errno == EINTR);
+        if (rc > 0 && ms > 0)
+            continue;
+        /* no room for quiet_ms, or total_ms spent: the rest is lost, and said (on stderr, when
+         * that is not the console that stopped) */
+        size_t lost[3] = {0, 0, 0};
+        for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+            lost[fd] = consoles[fd].len - consoles[fd].off;
+            consoles[fd].off = consoles[fd].len = 0;
+        }
+        for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+            if (!lost[fd])
+                continue;
+            char line[256];
+            int m = snprintf(
+                line, sizeof line, "ddprun: the console (%s) %s: %zu bytes of output were lost\n",
+                fd == STDOUT_FILENO ? (stderr_is ? "stdout and stderr" : "stdout") : "stderr",
+                ms > 0 ? "did not read for a while" : "was too slow to drain in time", lost[fd]);
+            if (m > 0)
+                console_write(STDERR_FILENO, line, (size_t)m);
+        }
+        for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) /* once, no waiting */
+            consoles[fd].off = consoles[fd].len = 0;
+        return;
     }
 }
 
@@ -66,7 +317,7 @@ void ddprun_say(const char *fmt, ...)
     if (len > sizeof buf - 2)
         len = sizeof buf - 2;
     buf[len++] = '\n';
-    write_all(STDERR_FILENO, buf, len);
+    console_write(STDERR_FILENO, buf, len);
 }
 
 /* mkdir -p */
@@ -255,7 +506,7 @@ static void emit_piece(const ddprun_opts *o, const ddprun_worker *w, ddprun_stre
     memcpy(buf, w->prefix, (size_t)pn);
     memcpy(buf + pn, p, n);
     buf[(size_t)pn + n] = '\n';
-    write_all(fd, buf, (size_t)pn + n + (newline ? 1 : 0));
+    console_write(fd, buf, (size_t)pn + n + (newline ? 1 : 0));
     free(buf);
 }
 

@@ -161,6 +161,13 @@ static void watch(int fd)
     _exit(0);
 }
 
+static pid_t reaper_pid;
+
+pid_t ddprun_reaper_pid(void)
+{
+    return reaper_pid;
+}
+
 int ddprun_reaper_start(int argc, char **argv)
 {
     int p[2];
@@ -207,7 +214,9 @@ int ddprun_reaper_start(int argc, char **argv)
             memcpy(lo, "ddp-reaper", sizeof "ddp-reaper");
         }
         /* Keep no terminal streams: a reaper holding the console pipe would keep a test's or a
-         * user's `ddprun … | tee` waiting for EOF. */
+         * user's `ddprun … | tee` waiting for EOF — ddprun's own descriptions of it included
+         * (output.c opens them for its first line, which may come before this fork). */
+        ddprun_output_forget();
         int devnull = open("/dev/null", O_RDWR);
         if (devnull >= 0) {
             dup2(devnull, STDIN_FILENO);
@@ -218,6 +227,7 @@ int ddprun_reaper_start(int argc, char **argv)
         }
         watch(p[0]);
     }
+    reaper_pid = pid;
     close(p[0]);
     return p[1];
 }

@@ -226,7 +226,11 @@ int ddprun_spawn(const ddprun_opts *o, const ddprun_world *wd, ddprun_worker *w,
     int rc = -1;
     if (pipe2(execp, O_CLOEXEC) != 0 || (o->interactive && pipe2(inp, O_CLOEXEC) != 0) ||
         (pipe_out && (pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0))) {
-        ddprun_say("cannot create pipes for rank %d: %s", w->rank, strerror(errno));
+        int e = errno;
+        ddprun_say("cannot create pipes for rank %d: %s%s", w->rank, strerror(e),
+                   e == EMFILE || e == ENFILE
+                       ? "; raise the open-files limit (ulimit -n: about 8 a worker)"
+                       : "");
         goto out_close;
     }
     /* Several workers: none of them owns our input. One worker keeps a file or pipe on stdin;

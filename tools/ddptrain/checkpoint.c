@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,10 +134,35 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
      * optimizer's state too unless its shards go straight into the file). */
     if (t->resident && t->R == 0 && (st = ddp_model_sync_host(t->m, shards ? NULL : t->opt)))
         return ddp_error_set(err, st, "%s", ddp_model_last_error(t->m));
+    /* The progress line's loss window, every rank's (its losses since its last line): saved, so
+     * that a run resumed here reports at its next line what an unbroken run would (until
+     * 2026-11-26 the window restarted at the resume: a checkpoint between two lines, and with
+     * log_every 0 any, changed the next line's loss, metrics.jsonl's and TensorBoard's). */
+    double win[2] = {t->prog ? t->prog->win_sum : 0, t->prog ? (double)t->prog->win_n : 0};
+    double *wins = malloc(sizeof *wins * 2 * (size_t)t->W);
+    if (!wins)
+        return ddp_error_set(err, DDP_ERR_NOMEM, "out of memory saving a checkpoint");
+    if (ddp_allgather(t->g, win, wins, 2, DDP_FLOAT64) != DDP_OK) {
+        free(wins);
+        return ddp_error_set(err, DDP_ERR_NETWORK, "%s", ddp_group_last_error(t->g));
+    }
+    char *wtext = t->R == 0 ? malloc(48 * (size_t)t->W + 1) : NULL;
+    if (t->R == 0 && wtext) {
+        size_t at = 0;
+        wtext[0] = '\0';
+        for (int r = 0; r < t->W; r++)
+            at += (size_t)snprintf(wtext + at, 48, "%s%.17g %d", r ? " " : "", wins[2 * r],
+                                   (int)wins[2 * r + 1]);
+    }
+    free(wins);
+    static const char *const wkey[] = {"ddptrain.loss_window"};
+    const char *wval[] = {wtext};
     char dir[1100], path[1300];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
     snprintf(path, sizeof path, "%s/step%llu.safetensors", dir, (unsigned long long)t->step);
     ddp_ckpt_train_state s = state_of(t, shards);
+    if (wtext) /* out of memory: saved without it (a resumed run's first line then averages less) */
+        s.extra_keys = wkey, s.extra_vals = wval, s.n_extra = 1;
     ddp_ckpt_writer *w = NULL;
     char *yaml = NULL;
     if (t->R == 0) {
@@ -162,6 +189,7 @@ ddp_status trainer_save(trainer *t, double loss, ddp_error *err)
                             NULL);
     }
     free(yaml);
+    free(wtext);
     /* The others wait for rank 0 (and learn whether the save worked). */
     int64_t ok = t->R != 0 || st == DDP_OK;
     if (ddp_broadcast(t->g, &ok, 1, DDP_INT64, 0) != DDP_OK)
@@ -460,6 +488,46 @@ int trainer_check_optimizer(trainer *t, const char *path)
     return 2;
 }
 
+/* Rank 0: the checkpoint's progress windows (metadata ddptrain.loss_window, "SUM N" per saving
+ * rank) into t->resume_windows; none (an older checkpoint, another program's, text that does not
+ * parse) leaves it NULL: the first progress line after the resume then averages its own steps. */
+static void read_windows(trainer *t, const char *path)
+{
+    ddp_ckpt *ck;
+    if (ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
+        return;
+    const char *txt = ddp_ckpt_meta(ck, "ddptrain.loss_window");
+    size_t cap = 0, n = 0;
+    double *w = NULL;
+    for (const char *p = txt; p && *p;) {
+        char *end;
+        double sum = strtod(p, &end);
+        if (end == p)
+            break;
+        p = end;
+        long steps = strtol(p, &end, 10);
+        if (end == p || steps < 0 || steps > INT_MAX || !isfinite(sum))
+            break;
+        p = end;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            double *g = realloc(w, sizeof *w * 2 * nc);
+            if (!g)
+                break;
+            w = g, cap = nc;
+        }
+        w[2 * n] = sum, w[2 * n + 1] = (double)steps, n++;
+        while (*p == ' ')
+            p++;
+        if (!*p) { /* all of it read */
+            t->resume_windows = w, t->resume_windows_n = n;
+            w = NULL;
+        }
+    }
+    free(w);
+    ddp_ckpt_close(ck);
+}
+
 int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
 {
     int64_t got = 0; /* 1 loaded, 0 nothing to load, −1 failed, −2 another model (exit 2) */
@@ -506,6 +574,8 @@ int trainer_load(trainer *t, bool train, bool *loaded, ddp_ckpt_train_pos *pos)
             got = bad ? -2 : -1;
         } else {
             got = 1;
+            if (train)
+                read_windows(t, path);
             trainer_say(t, "%s %s at step %llu (saved by %llu rank%s)",
                         train ? "resumed from" : "loaded", path, (unsigned long long)pos->step,
                         (unsigned long long)pos->world_size, pos->world_size == 1 ? "" : "s");
@@ -559,6 +629,25 @@ int trainer_share_loaded(trainer *t, bool train, ddp_ckpt_train_pos *pos)
         t->scaler.growth_tracker = (int)(int64_t)meta[6];
     }
     t->pos.epoch = meta[1];
+    /* Each rank's progress window as it stood (the same world only: another's windows do not
+     * map onto this one's ranks), so that the next progress line averages what an unbroken
+     * run's would. */
+    if (train && meta[3] == (uint64_t)t->W) {
+        double *wins = calloc(2 * (size_t)t->W, sizeof *wins);
+        if (!wins)
+            return trainer_die(t, "resume", "out of memory for the progress windows");
+        if (t->R == 0 && t->resume_windows_n == (size_t)t->W)
+            memcpy(wins, t->resume_windows, sizeof *wins * 2 * (size_t)t->W);
+        if (ddp_broadcast(t->g, wins, 2 * (size_t)t->W, DDP_FLOAT64, 0) != DDP_OK) {
+            free(wins);
+            return trainer_die(t, "resume", ddp_group_last_error(t->g));
+        }
+        t->resume_win_sum = wins[2 * t->R];
+        t->resume_win_n = (int)wins[2 * t->R + 1];
+        free(wins);
+    }
+    free(t->resume_windows);
+    t->resume_windows = NULL;
     /* Another world size or per-rank batch (4 ranks × 64 resumed as 2 × 128): continue after
      * the same number of samples of the epoch. The saving run's batch is in its stored
      * configuration (none stored: taken as this run's). The sampler's order is one global list

@@ -733,8 +733,10 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
     }
     if (*yaml) {
         if ((fd = mkstemp(tmp)) < 0) {
-            fprintf(stderr, "ddptrain: cannot create '%s' for the stored configuration: %s\n", tmp,
-                    strerror(errno));
+            fprintf(stderr,
+                    "ddptrain: cannot create '%s' for the stored configuration: %s; set TMPDIR "
+                    "to a folder that can be written\n",
+                    tmp, strerror(errno));
             goto out_free;
         }
         size_t len = strlen(yaml), off = 0;
@@ -743,7 +745,10 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
             if (w < 0 && errno == EINTR)
                 continue;
             if (w <= 0) {
-                fprintf(stderr, "ddptrain: writing '%s': %s\n", tmp, strerror(errno));
+                fprintf(stderr,
+                        "ddptrain: writing '%s': %s; set TMPDIR to a folder with space (a "
+                        "temporary copy of the checkpoint's configuration)\n",
+                        tmp, w < 0 ? strerror(errno) : "nothing written");
                 goto out_free;
             }
             off += (size_t)w;

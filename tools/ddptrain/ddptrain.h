@@ -92,6 +92,14 @@ typedef struct trainer {
     int64_t resume_batch;
     /* rank 0: the optimizer key of that stored configuration ("" when it has none) */
     char resume_optimizer[16];
+    /* rank 0, train: the loaded checkpoint's progress windows (metadata ddptrain.loss_window:
+     * each saving rank's loss sum and steps since its last progress line; NULL: none), and
+     * every rank: its own, where the world is the saving one's (else 0, 0) */
+    double *resume_windows;
+    size_t resume_windows_n; /* pairs in resume_windows */
+    double resume_win_sum;
+    int resume_win_n;
+    const struct progress *prog; /* the training loop's, while it runs (saved with checkpoints) */
     /* test, predict: the classes of the checkpoint's classifier (its last fcN.bias; 0: none,
      * a GPT), known on every rank before the data open: the model is built with them, not
      * with what the test set's labels happen to reach */
@@ -145,6 +153,10 @@ typedef struct progress {
     int rss_rank, gpu_rank;
     bool gpu_unknown_said; /* rank 0 said that another rank's GPU memory is not known */
 } progress;
+
+/* Once a process, on this rank's stderr: a loader that got fewer threads than asked
+ * (ddp_loader_threads), and what it does instead. */
+void trainer_note_loader(const trainer *t, const ddp_loader *l, int asked);
 
 /* Rank 0: a line to the console and train.log; trainer_log: to train.log only. */
 void trainer_say(trainer *t, const char *fmt, ...) DDP_PRINTF(2, 3);

@@ -56,6 +56,7 @@ ddp_status trainer_evaluate(trainer *t, ddp_dataset *ds, double *loss, double *a
         ddp_sampler_destroy(s);
         return st;
     }
+    trainer_note_loader(t, l, lo.threads);
     double sums[3] = {0, 0, 0}; /* loss sum, correct, count */
     ddp_batch b;
     for (;;) {

@@ -8,6 +8,7 @@
  * cache): simple, and quick enough for the small models ddptrain trains on a CPU.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +62,9 @@ static int32_t pick(const float *logits, size_t V, double temperature, size_t to
 }
 
 /* Writes token v to out, at once, and to log (may be NULL): its byte for a byte vocabulary,
- * else its id after a space. */
-static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
+ * else its id after a space. 0, or errno when out could not take it (a full disk, a closed
+ * pipe): the text would be lost, so generation stops there. */
+static int emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
 {
     for (FILE *f = out; f; f = f == out ? log : NULL) {
         if (vocab == 256)
@@ -70,7 +72,20 @@ static void emit(FILE *out, FILE *log, int vocab, int32_t v, bool first)
         else
             fprintf(f, first ? "%d" : " %d", v);
     }
-    fflush(out);
+    errno = 0;
+    if (fflush(out) != 0 || ferror(out))
+        return errno ? errno : EIO;
+    return 0;
+}
+
+/* Says that the text could not be written (errno e), rank 0's line. */
+static int lost(int e)
+{
+    fprintf(stderr,
+            "ddptrain: writing the generated text failed: %s (a full disk or a closed pipe); "
+            "generation stopped\n",
+            strerror(e));
+    return 1;
 }
 
 /* The prompt's tokens: prompt_tokens, else the prompt's bytes (a byte vocabulary only), else a
@@ -137,8 +152,13 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     FILE *log = to_log ? t->log : NULL;
     ddp_mt19937 g;
     ddp_mt19937_seed(&g, (uint32_t)(seed ^ (seed >> 32)));
-    for (size_t i = 0; i < len; i++)
-        emit(out, log, t->vocab, prompt[i], i == 0);
+    int e = 0;
+    for (size_t i = 0; i < len && !e; i++)
+        e = emit(out, log, t->vocab, prompt[i], i == 0);
+    if (e) {
+        rc = lost(e);
+        goto out_free;
+    }
     size_t wl = len < T ? len : T; /* tokens in win: the prompt's last T */
     memcpy(win, prompt + len - wl, wl * sizeof *win);
     last = prompt[len - 1];
@@ -154,7 +174,10 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
         size_t rows, cols;
         const float *lg = ddp_model_logits(t->m, &rows, &cols);
         last = pick(lg + (rows - 1) * cols, cols, temperature, top_k, scratch, &g);
-        emit(out, log, t->vocab, last, false);
+        if ((e = emit(out, log, t->vocab, last, false)) != 0) {
+            rc = lost(e);
+            goto out_free;
+        }
         if (beat(t, false, 0) != 0) {
             rc = 1;
             goto out_free;
@@ -168,7 +191,11 @@ static int generate_rank0(trainer *t, FILE *out, bool to_log)
     if (t->vocab != 256 || last != '\n')
         for (FILE *f = out; f; f = f == out ? log : NULL)
             fputc('\n', f);
-    fflush(out);
+    errno = 0;
+    if (fflush(out) != 0 || ferror(out)) {
+        rc = lost(errno ? errno : EIO);
+        goto out_free;
+    }
     if (log)
         fflush(log);
     double dt = ddp_now_seconds() - t0;

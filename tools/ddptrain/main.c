@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -178,6 +179,13 @@ static int open_logs(trainer *t, bool train)
                 t->dir, failed, strerror(mk));
         return 2;
     }
+    if (train && !t->log && (why == EMFILE || why == ENFILE)) { /* not the folder's fault */
+        fprintf(stderr,
+                "ddptrain: cannot open '%s': %s: this process is out of file descriptors; "
+                "raise the limit (ulimit -n) and start again\n",
+                path, strerror(why));
+        return 2;
+    }
     if (train && !t->log) {
         fprintf(stderr,
                 "ddptrain: out_dir '%s' is not writable: cannot open '%s': %s; choose another "
@@ -186,7 +194,7 @@ static int open_logs(trainer *t, bool train)
         return 2;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
-    t->jsonl = fopen(path, t->overwrote ? "w" : "a");
+    t->jsonl = fopen(path, t->overwrote ? "w" : "a+");
     if (train && !t->jsonl) { /* the report's and the user's only record of the figures */
         fprintf(stderr,
                 "ddptrain: out_dir '%s': cannot open '%s': %s; move it away or choose another "
@@ -194,6 +202,13 @@ static int open_logs(trainer *t, bool train)
                 t->dir, path, strerror(errno));
         return 2;
     }
+    /* A last line cut short (a full disk, a kill in the middle of a write) is ended first, so
+     * this run's first line is not glued to it (the report then read a dead run's lines as
+     * this one's, until 2026-11-26). */
+    off_t end = t->jsonl ? lseek(fileno(t->jsonl), 0, SEEK_END) : 0;
+    char last = '\n';
+    if (end > 0 && pread(fileno(t->jsonl), &last, 1, end - 1) == 1 && last != '\n')
+        fputc('\n', t->jsonl);
     if (train) {
         snprintf(path, sizeof path, "%s/checkpoints", t->dir);
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
@@ -484,8 +499,19 @@ static int join(trainer *t)
     if (*backend)
         go.backend = backend;
     ddp_status st = ddp_group_init(&go, &t->g, &err);
+    if (st == DDP_ERR_NETWORK || st == DDP_ERR_CLOSED) {
+        /* A peer died or aborted while the group formed (the set-up's own collectives): that
+         * rank's failure, this one stops with it — exit 1 made ddprun blame this rank (node 0's
+         * summary named its own healthy rank 0 when node 1's rank was killed, until
+         * 2026-11-26). */
+        fprintf(stderr,
+                "ddptrain: rank %d: joining the group: %s (this rank stops with it: exit "
+                "code %d)\n",
+                t->world.rank, err.msg, DDP_EXIT_PEER_FAILED);
+        return DDP_EXIT_PEER_FAILED;
+    }
     if (st != DDP_OK) {
-        fprintf(stderr, "ddptrain: %s\n", err.msg);
+        fprintf(stderr, "ddptrain: rank %d: %s\n", t->world.rank, err.msg);
         return *backend && st == DDP_ERR_INVALID ? 2 : 1;
     }
     t->W = ddp_group_size(t->g);
@@ -654,22 +680,41 @@ static void on_save_signal(int sig)
 }
 
 /* SIGUSR1/SIGUSR2 (ddprun passes them on; Slurm's --signal=USR1@T before a time limit, or 'kill
- * -USR1' by hand): a checkpoint soon, agreed by every rank, and training goes on. Installed only
- * to train (test and predict keep the default: the signal ends them). SA_RESTART: the library's
- * waits go on as well. Left ignored when started ignored. */
+ * -USR1' by hand): a checkpoint soon, agreed by every rank, and training goes on. Caught from the
+ * start (one that came while the data loaded or the group formed ended the job, with ddprun
+ * saying "the job goes on", until 2026-11-26: it is now remembered, and the checkpoint comes
+ * at the first progress line); test and predict then get the default back (the signal ends
+ * them: trainer_release_save_signals). SA_RESTART: the library's waits go on as well. Left
+ * ignored when started ignored. */
+static const int save_sigs[] = {SIGUSR1, SIGUSR2};
+static struct sigaction save_sigs_old[2];
+static bool save_sigs_caught[2];
+
 void trainer_catch_save_signals(void)
 {
-    const int sigs[] = {SIGUSR1, SIGUSR2};
     for (int i = 0; i < 2; i++) {
         struct sigaction sa, old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        if (sigaction(save_sigs[i], NULL, &old) != 0 || old.sa_handler == SIG_IGN)
             continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_save_signal;
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;
-        sigaction(sigs[i], &sa, NULL);
+        if (sigaction(save_sigs[i], &sa, NULL) == 0)
+            save_sigs_old[i] = old, save_sigs_caught[i] = true;
     }
+}
+
+/* Not training: the dispositions as they were, and a signal that came meanwhile delivered
+ * again under them (it ends test and predict, as it would have). */
+static void trainer_release_save_signals(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (save_sigs_caught[i])
+            sigaction(save_sigs[i], &save_sigs_old[i], NULL), save_sigs_caught[i] = false;
+    int got = atomic_exchange(&trainer_save_signal, 0);
+    if (got)
+        raise(got);
 }
 
 static int run(int argc, char **argv)
@@ -678,6 +723,7 @@ static int run(int argc, char **argv)
      * names with its file and the temporary file is removed, instead of SIGXFSZ ending the rank
      * with no word and leaving the temporary file behind. */
     signal(SIGXFSZ, SIG_IGN);
+    trainer_catch_save_signals(); /* released below unless training */
     trainer t;
     memset(&t, 0, sizeof t);
     t.local_rank_arg = -1;
@@ -733,14 +779,14 @@ static int run(int argc, char **argv)
     if (rc)
         goto out;
     snprintf(t.dir, sizeof t.dir, "%s", ddp_config_str(t.cfg, "out_dir"));
+    if (strcmp(ddp_config_str(t.cfg, "task"), "train") != 0)
+        trainer_release_save_signals();
     if (!strcmp(ddp_config_str(t.cfg, "task"), "report")) {
         rc = trainer_report(&t);
         goto out;
     }
     const char *task = ddp_config_str(t.cfg, "task");
     bool train = !strcmp(task, "train");
-    if (train)
-        trainer_catch_save_signals();
     /* What resume_from names is settled first, and the model built and its checkpoint loaded,
      * before out_dir is touched: a refusal (no checkpoint to resume from, a damaged one, another
      * run's newer checkpoints in out_dir, one saved with another model or optimizer, a device
@@ -876,10 +922,43 @@ out:
     return rc;
 }
 
+/* A standard descriptor that is closed (`ddptrain >&-`) is opened on /dev/null first: else the
+ * store's socket took descriptor 1, and the DDP line went into the store's stream (the rank then
+ * died of SIGPIPE with no word, found 2026-11-26). */
+static void std_fds_open(void)
+{
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            continue;
+        int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (n >= 0 && n != fd) {
+            dup2(n, fd);
+            close(n);
+        }
+    }
+}
+
+/* What went to standard output reached it: a full disk or a closed pipe there lost the test
+ * results or the generated text with exit 0 until 2026-11-26. */
+static bool stdout_failed(void)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return false;
+    fprintf(stderr,
+            "ddptrain: writing to standard output failed: %s; what it printed is incomplete "
+            "(out_dir's train.log keeps the progress and result lines)\n",
+            errno ? strerror(errno) : "an earlier write failed");
+    return true;
+}
+
 int main(int argc, char **argv)
 {
+    std_fds_open();
     trainer_errfile_start();
     int rc = run(argc, argv);
+    if (rc == 0 && stdout_failed())
+        rc = 1;
     trainer_errfile_finish(rc);
     return rc;
 }

@@ -192,6 +192,20 @@ typedef struct feed {
     int32_t *x, *y;   /* random windows: (B, T) tokens and next tokens */
 } feed;
 
+void trainer_note_loader(const trainer *t, const ddp_loader *l, int asked)
+{
+    static bool said; /* once a process: evaluation makes a loader each time */
+    int got = ddp_loader_threads(l);
+    if (got >= asked || said)
+        return;
+    said = true;
+    fprintf(stderr,
+            "ddptrain: rank %d: note: the data loader got %d of its %d thread%s (the system "
+            "refused more: ulimit -u or a container's pids limit); %s\n",
+            t->R, got, asked, asked == 1 ? "" : "s",
+            got ? "it works with those" : "batches are filled on the training thread");
+}
+
 /* The loader's next batch: a new epoch when this one is used up. */
 static int next_loaded(trainer *t, feed *f, ddp_batch *b)
 {
@@ -341,6 +355,7 @@ static int feed_open(trainer *t, ddp_dataset *tr, feed *f, uint64_t *per_epoch)
     if (ddp_sampler_create(&so, &f->s, &err) != DDP_OK ||
         ddp_loader_create(tr, f->s, &lo, &f->l, &err) != DDP_OK)
         return trainer_die(t, "data", err.msg);
+    trainer_note_loader(t, f->l, lo.threads);
     *per_epoch = ddp_loader_batches_per_epoch(f->l) / A;
     /* A position converted from another world size may lie in the padding of the saving run's
      * epoch, which this one lacks: that epoch is over. */
@@ -368,21 +383,27 @@ static void feed_close(feed *f)
     free(f->y);
 }
 
-/* The run's length in optimizer steps when `epochs` bounds it: epochs × steps an epoch. A
- * resumed run counts from where its data stand instead — the steps already taken, the rest of
- * this epoch, the epochs after it — which is the same number when the world, batch and
- * grad_accum are the checkpoint's, and the right one when they are not: a run resumed by more
- * ranks (an elastic job that grew) ended early, one resumed by fewer trained longer, since its
- * steps were counted in the saving run's size. Random windows count passes by steps alone. */
+/* The run's length in optimizer steps when `epochs` bounds it: epochs × steps an epoch, that is
+ * epochs × per_epoch × A of this world's batches (a step whose A batches cross an epoch's end
+ * takes the next epoch's first ones: with A not dividing the epoch's batches the data run ahead
+ * of the epoch count). A resumed run counts the batches still to take from where its data
+ * stand — which gives the same number when the world, batch and grad_accum are the
+ * checkpoint's (until 2026-11-26 it counted each epoch's whole batches after the resume, so a
+ * resumed run trained longer than an unbroken one, and a finished one trained a step more), and
+ * the right one when they are not: a run resumed by more ranks (an elastic job that grew) ended
+ * early, one resumed by fewer trained longer, since its steps were counted in the saving run's
+ * size. Random windows count passes by steps alone. */
 static uint64_t epochs_total(const trainer *t, const feed *f, uint64_t per_epoch, int A)
 {
     uint64_t epochs = (uint64_t)ddp_config_int(t->cfg, "epochs");
     size_t batches = f->l ? ddp_loader_batches_per_epoch(f->l) : 0;
-    if (t->step == 0 || !f->l || batches < (size_t)A || t->pos.epoch >= epochs)
+    if (t->step == 0 || !f->l || batches < (size_t)A)
         return per_epoch * epochs;
     uint64_t next = t->pos.next_batch < batches ? t->pos.next_batch : batches;
-    uint64_t rest = (batches - next) / (uint64_t)A + (epochs - t->pos.epoch - 1) * per_epoch;
-    return t->step + rest;
+    uint64_t budget = epochs * per_epoch * (uint64_t)A, used = t->pos.epoch * batches + next;
+    if (used >= budget) /* over: this world's count, where the saving one's ran past it */
+        return per_epoch * epochs < t->step ? per_epoch * epochs : t->step;
+    return t->step + (budget - used) / (uint64_t)A;
 }
 
 /* After a step: where the data stand (saved with checkpoints); true at an epoch's end. */
@@ -456,10 +477,13 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
     double t0 = ddp_now_seconds();
     progress prog = {.t0 = t0,
                      .last_t = t0,
+                     .win_sum = t->resume_win_sum, /* resumed: the window as it stood */
+                     .win_n = t->resume_win_n,
                      .first_step = t->step,
                      .last_step = t->step,
                      .rss_mib = -1,
                      .gpu_mib = -1};
+    t->prog = &prog;
     while (t->step < total && !rc) {
         double step_t0 = ddp_now_seconds();
         ddp_reducer_zero_grad(t->red);
@@ -543,6 +567,7 @@ int trainer_train(trainer *t, ddp_dataset *tr, ddp_dataset *te)
             rc = trainer_die(t, "sample", ddp_group_last_error(t->g));
     }
 out:
+    t->prog = NULL;
     trainer_metrics_close(t);
     feed_close(&f);
     return rc;

@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,6 +32,9 @@ typedef struct cudaops {
     cudaEvent_t copied; /* recorded on ours by copy(): the host polls it */
     void *d_word;       /* 8 bytes of device memory for a reduction's result (word_begin) */
     void *h_word;       /* its copy, pinned host memory */
+    /* after()'s record and wait as one: the progress thread's collectives and a caller's
+     * ddp_group_memcpy (group.c orders it after the group's stream) share `ready` */
+    pthread_mutex_t after_mu;
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -51,11 +55,13 @@ static ddp_status ops_after(void *ctx, void *stream, char *msg)
 {
     cudaops *o = ctx;
     ddp_status st;
-    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) ||
-        (st = cu(cudaEventRecord(o->ready, (cudaStream_t)stream), "cudaEventRecord", msg)) ||
-        (st = cu(cudaStreamWaitEvent(o->stream, o->ready, 0), "cudaStreamWaitEvent", msg)))
-        return st;
-    return DDP_OK;
+    pthread_mutex_lock(&o->after_mu);
+    if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) == DDP_OK &&
+        (st = cu(cudaEventRecord(o->ready, (cudaStream_t)stream), "cudaEventRecord", msg)) ==
+            DDP_OK)
+        st = cu(cudaStreamWaitEvent(o->stream, o->ready, 0), "cudaStreamWaitEvent", msg);
+    pthread_mutex_unlock(&o->after_mu);
+    return st;
 }
 
 static ddp_status ops_d2h(void *ctx, void *host, const void *dev, size_t bytes, char *msg)
@@ -215,8 +221,8 @@ static void *ops_alloc(void *ctx, size_t bytes)
 static void ops_free(void *ctx, void *p)
 {
     (void)ctx;
-    if (p)
-        (void)cudaFree(p);
+    if (p && cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError(); /* not to be reported as a later call's failure */
 }
 
 /* On this backend's stream and waited for until the bytes have landed (cudaMemcpy alone does
@@ -313,6 +319,7 @@ static void ops_destroy(void *ctx)
     if (o->stream)
         (void)cudaStreamDestroy(o->stream);
     (void)cudaGetLastError();
+    pthread_mutex_destroy(&o->after_mu);
     free(o);
 }
 
@@ -323,6 +330,7 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
     if (!o)
         return ddp__err(err, DDP_ERR_NOMEM, "cuda: out of memory");
     o->device = device;
+    pthread_mutex_init(&o->after_mu, NULL);
     cudaError_t e;
     const char *call = "cudaSetDevice";
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -170,13 +170,17 @@ static void refuse(pending *q, uint32_t code, int *refused, char *last, size_t c
     ddp__fmt(last, cap, "from '%s': %s", peer, reply_reason(code));
 }
 
+/* How often a set-up wait on sockets looks for another rank's failure in the store. */
+#define ABORT_LOOK_MS 250
+
 /* Accepts connections until prev has shown a valid hello on both channels; strangers are
  * refused and counted, and the last refusal is kept for the timeout message. Hellos are read
  * from up to MAX_PENDING connections at once, each given HELLO_MS, so connections that stay
  * silent (a scanner waiting for a banner, a stranger holding the port) delay no one. */
-static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const char *me_addr,
-                              int64_t deadline, int timeout_ms, ddp_error *err)
+static ddp_status accept_prev(tcp_be *be, const ddp__members *m, ddp_store *store, int lfd,
+                              const char *me_addr, int64_t deadline, int timeout_ms, ddp_error *err)
 {
+    int64_t next_look = ddp__now_ms() + ABORT_LOOK_MS;
     int p = prev_of(be), refused = 0, np = 0;
     int have[2] = {-1, -1};
     pending q[MAX_PENDING];
@@ -191,6 +195,18 @@ static ddp_status accept_prev(tcp_be *be, const ddp__members *m, int lfd, const 
             } else if (q[i].by < wake) {
                 wake = q[i].by;
             }
+        /* another rank's set-up failure, said in the store (group.c): at once, not at the
+         * deadline (rank 2 waited out its whole time for rank 1, which had failed) */
+        if (store && now >= next_look) {
+            next_look = now + ABORT_LOOK_MS;
+            ddp_store_set_timeout(store, ABORT_LOOK_MS);
+            if (ddp_store_check_abort(store) == DDP_ERR_CLOSED) {
+                st = ddp__err(err, DDP_ERR_CLOSED, "%s", ddp_store_last_error(store));
+                goto out_close;
+            }
+        }
+        if (store && next_look < wake)
+            wake = next_look;
         if (now >= deadline) {
             char dur[32], extra[240] = "";
             ddp__fmt_duration(dur, sizeof dur, timeout_ms);
@@ -305,17 +321,26 @@ out_close:
 }
 
 /* One connection to next on a channel, with the hello sent; the reply is read later. */
-static ddp_status open_channel(tcp_be *be, const ddp__members *m, const char *host, int port,
-                               int ch, int64_t deadline, int *fd_out, ddp_error *e)
+static ddp_status open_channel(tcp_be *be, const ddp__members *m, ddp_store *store,
+                               const char *host, int port, int ch, int64_t deadline, int *fd_out,
+                               ddp_error *e)
 {
-    /* The listener is up before its address is published, so refusals are rare (a full backlog);
-     * retry them until the deadline. */
+    /* The listener is up before its address is published, so refusals are rare (a full backlog,
+     * or a peer whose set-up failed and closed it: it says so in the store, looked at between
+     * tries); retry them until the deadline. */
     int fd = -1;
     ddp_status st;
+    int64_t next_look = ddp__now_ms() + ABORT_LOOK_MS;
     for (;;) {
         st = ddp__tcp_connect(host, port, deadline, &fd, e);
         if (st != DDP_ERR_NETWORK || ddp__ms_left(deadline) == 0)
             break;
+        if (store && ddp__now_ms() >= next_look) {
+            next_look = ddp__now_ms() + ABORT_LOOK_MS;
+            ddp_store_set_timeout(store, ABORT_LOOK_MS);
+            if (ddp_store_check_abort(store) == DDP_ERR_CLOSED)
+                return ddp__err(e, DDP_ERR_CLOSED, "%s", ddp_store_last_error(store));
+        }
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -359,6 +384,8 @@ static ddp_status connect_next(tcp_be *be, const ddp__members *m, ddp_store *sto
     void *val = NULL;
     size_t len = 0;
     ddp_status st = ddp_store_get(store, key, &val, &len);
+    if (st == DDP_ERR_CLOSED) /* another rank failed and said so (group.c's set-up key) */
+        return ddp__err(err, st, "%s", ddp_store_last_error(store));
     if (st != DDP_OK) {
         char dur[32];
         ddp__fmt_duration(dur, sizeof dur, timeout_ms);
@@ -379,9 +406,11 @@ static ddp_status connect_next(tcp_be *be, const ddp__members *m, ddp_store *sto
                         "'%s'; is another job using the same store and run id?",
                         be->ranks[nx], nx, addr, key);
     ddp_error e;
-    st = open_channel(be, m, host, port, CH_DATA, deadline, &be->out_fd, &e);
+    st = open_channel(be, m, store, host, port, CH_DATA, deadline, &be->out_fd, &e);
     if (st == DDP_OK)
-        st = open_channel(be, m, host, port, CH_CTL, deadline, &be->ctl_out_fd, &e);
+        st = open_channel(be, m, store, host, port, CH_CTL, deadline, &be->ctl_out_fd, &e);
+    if (st == DDP_ERR_CLOSED) /* another rank's set-up failure, in its words */
+        return ddp__err(err, st, "%s", e.msg);
     if (st != DDP_OK)
         return ddp__err(err, st,
                         "tcp set-up: cannot connect to rank %d (member %d) at '%s': %s; check that "
@@ -483,7 +512,7 @@ static ddp_status connect_ring(tcp_be *be, const ddp__members *m, ddp_store *sto
     }
     st = connect_next(be, m, store, deadline, timeout_ms, next_addr, sizeof next_addr, err);
     if (st == DDP_OK)
-        st = accept_prev(be, m, lfd, me_addr, deadline, timeout_ms, err);
+        st = accept_prev(be, m, store, lfd, me_addr, deadline, timeout_ms, err);
     if (st == DDP_OK)
         st = read_reply(be, be->out_fd, next_addr, deadline, err);
     if (st == DDP_OK)

@@ -118,8 +118,10 @@ extern "C" ddp_status ddp__cuda_malloc(void **out, size_t bytes, ddp_error *err)
 
 extern "C" void ddp__cuda_free(void *p)
 {
-    if (p)
-        cudaFree(p);
+    /* A failure here (a context already broken) must not be reported later as the next
+     * kernel launch's: cleared, as every other ignored call's. */
+    if (p && cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError();
 }
 
 extern "C" ddp_status ddp__cuda_to_device(ddp__cuda_ctx *c, void *dst, const void *src_host,
