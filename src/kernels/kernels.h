@@ -61,7 +61,7 @@ unsigned long ddp__gemm_bf16_products(void);
 bool ddp__gemm_bf16_active(void);
 /* dst[i] = src[i] rounded to bfloat16 (nearest even; inputs below 2^-126 in magnitude become
  * zero of their sign, as the bf16 units' conversion does), for i < n: the operands
- * ddp__gemm_bf16 would make. */
+ * ddp__gemm_bf16 would make; on any CPU (without the units, the same bits by a loop). */
 void ddp__bf16_round(uint16_t *dst, const float *src, int n);
 /* The rows × cols matrix src (leading dimension ld) rounded as ddp__bf16_round does, packed
  * (leading dimension cols) into the calling thread's buffer number slot (< DDP__BF16_SLOTS),

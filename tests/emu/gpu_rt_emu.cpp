@@ -13,9 +13,13 @@
  *    it, cudaStreamSynchronize, a stream that cudaStreamWaitEvent'ed on such an event running,
  *    cudaDeviceSynchronize, cudaFree (which synchronizes the device), or a copy from pageable
  *    memory on the same stream (the runtime syncs the stream for those). The legacy stream
- *    (NULL: cudaMemcpy, cudaMemset) waits for blocking streams only, never for one created
- *    cudaStreamNonBlocking — as on a GPU. So work on one stream that reads what another stream
- *    wrote without an event between them reads what was there before (0xff bytes: NaN, if never
+ *    (NULL: launches on stream 0, cudaMemset, cudaMemcpy between device buffers) is a queue
+ *    too: its work runs late, after the earlier work of every blocking stream, and a blocking
+ *    stream's work runs after the legacy stream's earlier work; a stream created
+ *    cudaStreamNonBlocking is ordered against it only by events — as on a GPU. cudaMemcpy with
+ *    a host side returns when its copy is done (so the legacy stream's earlier work has run).
+ *    So work on one stream that reads what another stream (the legacy one included) wrote
+ *    without an event between them reads what was there before (0xff bytes: NaN, if never
  *    written) and the tests' comparisons fail. Copies between pinned host memory
  *    (cudaMallocHost, cudaHostRegister) and the device stay queued too, so a host buffer reused
  *    before its copy ran shows. DDP_EMU_STREAMS=immediate runs everything at once instead.
@@ -535,6 +539,9 @@ struct CUevent_st {
 };
 static std::mutex obj_m;
 static std::set<const void *> streams, events;
+/* The legacy stream (NULL) as a queue: not in `streams` (no handle names it) but run with them. */
+static CUstream_st legacy_st;
+static const cudaStream_t legacy = &legacy_st;
 /* Held while queuing, running and waiting: a queued operation runs on the thread that needs it
  * done, one at a time (a kernel's fibers run on that thread). Recursive: an operation that waits
  * for an event on another stream (cudaStreamWaitEvent's) runs that stream's work first. */
@@ -585,7 +592,7 @@ static void run_all(bool blocking_only)
 {
     for (long ns = 20000;; wait_backoff(&ns)) {
         std::lock_guard<std::recursive_mutex> r(run_m);
-        std::vector<cudaStream_t> all;
+        std::vector<cudaStream_t> all{legacy};
         {
             std::lock_guard<std::mutex> l(obj_m);
             for (const void *p : streams)
@@ -623,14 +630,51 @@ EMU_API void emu_rt_stream_flush(cudaStream_t s)
     else
         run_all(true);
 }
-/* Queues f on s, or runs it now: on the legacy stream (after the blocking streams' work), or
- * with DDP_EMU_STREAMS=immediate. */
-void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
+/* Where work queued now on s must wait first (deferred streams, run_m held): on the legacy
+ * stream, for what every blocking stream has queued so far; on a blocking stream, for what the
+ * legacy stream has; a non-blocking stream waits for nothing it did not ask for (an event). */
+static std::function<bool()> order_before(cudaStream_t s)
+{
+    std::vector<std::pair<cudaStream_t, uint64_t>> marks;
+    if (s == legacy) {
+        std::lock_guard<std::mutex> l(obj_m);
+        for (const void *p : streams) {
+            cudaStream_t o = (cudaStream_t)p;
+            if (!(o->flags & cudaStreamNonBlocking) && o->issued > o->done)
+                marks.emplace_back(o, o->issued);
+        }
+    } else if (!(s->flags & cudaStreamNonBlocking) && legacy->issued > legacy->done)
+        marks.emplace_back(legacy, legacy->issued);
+    if (marks.empty())
+        return nullptr;
+    /* no cycle: each mark is what was queued before this work, on another stream */
+    return [marks = std::move(marks)] {
+        for (const auto &m : marks)
+            if (!run_until(m.first, m.second))
+                return false;
+        return true;
+    };
+}
+/* Queues f (false: not ready, tried again at the next wait) on s (NULL: the legacy stream)
+ * behind what it must wait for; run_m held. */
+static void queue_on(cudaStream_t s, std::function<bool()> f)
 {
     if (!s)
-        run_all(true);
-    std::lock_guard<std::recursive_mutex> r(run_m);
-    if (!s || !deferred()) {
+        s = legacy;
+    std::function<bool()> first = order_before(s);
+    if (first)
+        f = [first = std::move(first), f = std::move(f)] { return first() && f(); };
+    s->q.push_back(std::move(f));
+    s->issued++;
+}
+/* Queues f on s, or runs it now with DDP_EMU_STREAMS=immediate (on the legacy stream after the
+ * blocking streams' work, which runs first). */
+void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
+{
+    if (!deferred()) {
+        if (!s)
+            run_all(true);
+        std::lock_guard<std::recursive_mutex> r(run_m);
         const bool dry = emu_rt_dry();
         if (dry)
             dry_window(true);
@@ -639,18 +683,36 @@ void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
             dry_window(false);
         return;
     }
-    s->q.push_back([f = std::move(f)] {
+    std::lock_guard<std::recursive_mutex> r(run_m);
+    queue_on(s, [f = std::move(f)] {
         f();
         return true;
     });
-    s->issued++;
 }
-/* Queues f, work that may not be ready (f returns false: tried again at the next wait), on s;
- * on the legacy stream, runs it now, trying until it is ready. Queued even with
- * DDP_EMU_STREAMS=immediate: the caller need not wait for it (an NCCL collective's issue). */
+/* Queues f and returns once it has run (a copy to or from pageable host memory, cudaMemcpy with
+ * a host side): s's earlier work, and what that waits for, first. */
+static void enqueue_wait(cudaStream_t s, std::function<void()> f)
+{
+    if (!deferred()) { /* what is queued even so (an NCCL collective) first, then f at once */
+        emu_rt_stream_flush(s);
+        emu_rt_enqueue(s, std::move(f));
+        return;
+    }
+    emu_rt_enqueue(s, std::move(f));
+    uint64_t upto;
+    {
+        std::lock_guard<std::recursive_mutex> r(run_m);
+        upto = (s ? s : legacy)->issued;
+    }
+    run_wait(s ? s : legacy, upto);
+}
+/* Queues f, work that may not be ready (f returns false: tried again at the next wait), on s.
+ * Queued even with DDP_EMU_STREAMS=immediate (the caller need not wait for it: an NCCL
+ * collective's issue), except on the legacy stream there, where it runs now, trying until it is
+ * ready. */
 void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f)
 {
-    if (!s) {
+    if (!s && !deferred()) {
         run_all(true);
         for (long ns = 20000;; wait_backoff(&ns)) {
             std::lock_guard<std::recursive_mutex> r(run_m);
@@ -665,8 +727,7 @@ void emu_rt_enqueue_poll(cudaStream_t s, std::function<bool()> f)
         }
     }
     std::lock_guard<std::recursive_mutex> r(run_m);
-    s->q.push_back(std::move(f));
-    s->issued++;
+    queue_on(s, std::move(f));
 }
 static void need_stream(cudaStream_t s, const char *what)
 {
@@ -723,7 +784,7 @@ EMU_API cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
     std::lock_guard<std::recursive_mutex> r(run_m);
     cudaStream_t es = e->s;
     uint64_t at = e->at;
-    if (!es || es == s)
+    if (!es || es == (s ? s : legacy))
         return cudaSuccess;
     emu_rt_enqueue_poll(s, [es, at] { return run_until(es, at); });
     return cudaSuccess;
@@ -755,11 +816,17 @@ EMU_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     need_event(e, "cudaEventRecord");
     need_stream(s, "cudaEventRecord");
-    if (!s) /* the legacy stream: after the blocking streams' work, which runs now */
+    if (!s && !deferred()) { /* the legacy stream, at once: after the blocking streams' work */
         run_all(true);
+        std::lock_guard<std::recursive_mutex> r(run_m);
+        e->s = nullptr;
+        return cudaSuccess;
+    }
+    if (!s) /* on the legacy stream, after the blocking streams' earlier work: a mark queued */
+        emu_rt_enqueue(nullptr, [] {});
     std::lock_guard<std::recursive_mutex> r(run_m);
-    e->s = s;
-    e->at = s ? s->issued : 0;
+    e->s = s ? s : legacy;
+    e->at = e->s->issued;
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventQuery(cudaEvent_t e)
@@ -806,9 +873,10 @@ static cudaError_t copy_check(void *dst, const void *src, size_t n, cudaMemcpyKi
         emu_die("%s: the %zu-byte source %p and destination %p overlap", what, n, src, dst);
     return cudaSuccess;
 }
-/* A copy on stream s (NULL: the legacy stream, at once). From pageable host memory, or into
- * it, CUDA syncs the stream and copies before returning (the host buffer may be reused at
- * once); between pinned host memory and the device, or device to device, it stays queued. */
+/* A copy on stream s (NULL: the legacy stream). From pageable host memory, or into it, CUDA
+ * copies in the stream's turn and returns when done (the host buffer may be reused at once), as
+ * cudaMemcpy does with any host side; between pinned host memory and the device, or device to
+ * device, cudaMemcpyAsync's stays queued, as cudaMemcpy's between device buffers. */
 static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s,
                            const char *what)
 {
@@ -824,20 +892,14 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
             memmove(dst, src, n);
         return cudaSuccess;
     }
-    const bool now =
-        s && ((k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
-              (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) || k == cudaMemcpyHostToHost);
-    if (now) {
-        emu_rt_stream_flush(s);
-        const bool dry = emu_rt_dry(); /* the copy is device work: inside the window */
-        if (dry)
-            dry_window(true);
-        memcpy(dst, src, n);
-        if (dry)
-            dry_window(false);
-        return cudaSuccess;
-    }
-    emu_rt_enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
+    const bool now = s ? (k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
+                             (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) ||
+                             k == cudaMemcpyHostToHost
+                       : k != cudaMemcpyDeviceToDevice;
+    if (now) /* the copy is device work: run_until opens a dry run's window for it */
+        enqueue_wait(s, [dst, src, n] { memcpy(dst, src, n); });
+    else
+        emu_rt_enqueue(s, [dst, src, n] { memcpy(dst, src, n); });
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)

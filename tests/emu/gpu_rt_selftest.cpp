@@ -4,7 +4,8 @@
  * memory as cudaGetLastError errors; copies past a buffer, a cuBLAS leading dimension below the
  * rows, an operand past its buffer, a broken alignment promise as aborts (each in a child);
  * a product with the GELU_AUX_BIAS epilogue against a loop; streams' late work (what is not
- * ordered after a stream's work by an event does not see it); and IPC handles as CUDA's.
+ * ordered after a stream's work by an event does not see it; the legacy stream ordered with
+ * blocking streams only); and IPC handles as CUDA's.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -75,7 +76,47 @@ static void streams(int *d)
     CHECK(cudaStreamSynchronize(a) == cudaSuccess);
     CHECK(cudaMemcpy(h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(h[0] == 3);
-    printf("  streams: late work unseen without an event, seen with one; pinned copies late\n");
+    /* the legacy stream's own work runs late too: a non-blocking stream does not wait for it */
+    cudaStream_t c;
+    CHECK(cudaStreamCreate(&c) == cudaSuccess); /* a blocking stream */
+    emu_rt_launch(
+        "set7", [=] { set7(d, 7); }, dim3(1), dim3(32), 0, a);
+    CHECK(cudaStreamSynchronize(a) == cudaSuccess);
+    CHECK(cudaMemset(d, 0, 32 * sizeof(int)) == cudaSuccess); /* queued on the legacy stream */
+    CHECK(cudaMemcpyAsync(d + 32, d, sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, 2 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 7); /* b read d before the memset ran; the cudaMemcpy ran it (h[1]: d[33]) */
+    CHECK(cudaMemcpy(h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 0);
+    /* a blocking stream's work runs after the legacy stream's earlier work */
+    emu_rt_launch(
+        "set7", [=] { set7(d, 7); }, dim3(1), dim3(32), 0, a);
+    CHECK(cudaStreamSynchronize(a) == cudaSuccess);
+    CHECK(cudaMemset(d, 0, 32 * sizeof(int)) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(d + 32, d, sizeof(int), cudaMemcpyDeviceToDevice, c) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(c) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 0);
+    /* and the legacy stream's after a blocking stream's */
+    emu_rt_launch(
+        "set7", [=] { set7(d, 5); }, dim3(1), dim3(32), 0, c);
+    CHECK(cudaMemcpy(d + 32, d, sizeof(int), cudaMemcpyDeviceToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 5);
+    /* a kernel on stream 0 runs late; an event recorded after it orders a non-blocking stream */
+    emu_rt_launch(
+        "set7", [=] { set7(d, 9); }, dim3(1), dim3(32), 0, nullptr);
+    CHECK(cudaMemcpyAsync(d + 32, d, sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 5);
+    emu_rt_launch(
+        "set7", [=] { set7(d, 11); }, dim3(1), dim3(32), 0, nullptr);
+    CHECK(cudaEventRecord(e, nullptr) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(d + 32, d, sizeof(int), cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(cudaMemcpy(h, d + 32, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 11);
+    printf("  streams: late work unseen without an event, seen with one; pinned copies late; the "
+           "legacy stream late, ordered with blocking streams only\n");
+    cudaStreamDestroy(c);
     cudaFreeHost(pin);
     cudaEventDestroy(e);
     cudaStreamDestroy(b);
@@ -168,6 +209,7 @@ int main()
         cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_32F, 8, B + 4,
                      CUDA_R_32F, 8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT);
+        cudaDeviceSynchronize(); /* checked when it runs, late (the legacy stream's turn) */
     }));
     CHECK(cublasGemmEx(b, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, A, CUDA_R_16BF, 8, B,
                        CUDA_R_16BF, 8, &zero, C, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F_FAST_TF32,

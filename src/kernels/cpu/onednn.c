@@ -268,7 +268,7 @@ ddp_status ddp__gemm_bf16_check(ddp_error *err)
  * NaN stays NaN, quieted as the scalar does. A denormal term is below 1.2e-38 · |b| in a product
  * with b: nothing next to any normal term, but a product made only of denormals is 0. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-cvt_row_bf16(uint16_t *dst, const float *src, int n)
+cvt_row_bf16_unit(uint16_t *dst, const float *src, int n)
 {
     int i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -282,6 +282,27 @@ cvt_row_bf16(uint16_t *dst, const float *src, int n)
         __m512 a = _mm512_maskz_loadu_ps(lo, src + i), b = _mm512_maskz_loadu_ps(hi, src + i + 16);
         __m512bh v = _mm512_cvtne2ps_pbh(b, a);
         _mm512_mask_storeu_epi16(dst + i, (__mmask32)(((uint64_t)hi << 16) | lo), (__m512i)v);
+    }
+}
+
+/* The same rounding on a CPU without the instruction, bit for bit (denormal inputs to zero of
+ * the same sign first): ddp__bf16_round is the library's, called by layers and tests that do
+ * not all check for bf16 products first, and must not be a SIGILL there. */
+static void cvt_row_bf16(uint16_t *dst, const float *src, int n)
+{
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16")) {
+        cvt_row_bf16_unit(dst, src, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, sizeof u);
+        if (!(u & 0x7f800000u)) /* zero or denormal */
+            u &= 0x80000000u;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        dst[i] = ddp__f32_to_bf16(f);
     }
 }
 

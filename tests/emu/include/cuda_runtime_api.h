@@ -153,8 +153,8 @@ void emu_rt_device_work(int begin);
  * counts). */
 cudaError_t emu_rt_launch_check(const char *name, dim3 grid, dim3 block, size_t smem,
                                 cudaStream_t s);
-/* Queues f on stream s (gpu_rt_emu.cpp: it runs when something waits for it), or runs it now
- * (the legacy stream NULL; DDP_EMU_STREAMS=immediate). */
+/* Queues f on stream s (NULL: the legacy stream; gpu_rt_emu.cpp: it runs when something waits
+ * for it, after what s must wait for), or runs it now (DDP_EMU_STREAMS=immediate). */
 void emu_rt_enqueue(cudaStream_t s, std::function<void()> f);
 /* Queues f, work that may not be ready yet (false: it stays first in the queue and runs again at
  * the next wait, as a kernel that spins; cudaEventQuery says cudaErrorNotReady meanwhile), on s:
