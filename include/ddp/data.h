@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ddp/sampler.h"
 #include "ddp/status.h"
@@ -113,6 +114,22 @@ ddp_status ddp_tokens_from_text(const char *const *inputs, size_t n, const ddp_t
 ddp_status ddp_tokens_prepare_text(const char *const *inputs, size_t n, const ddp_text_opts *opts,
                                    const char *cache_dir, char *train_path, char *val_path,
                                    size_t cap, ddp_error *err);
+
+/* ---- writing a file atomically -------------------------------------------------------------- */
+
+/* Writes a file's whole contents to f (borrowed for the call; tmp_path names it, for messages)
+ * and returns DDP_OK, or a status with a one-line message in err (which may be NULL). */
+typedef ddp_status (*ddp_file_fill_fn)(void *ctx, FILE *f, const char *tmp_path, ddp_error *err);
+
+/* Writes path atomically, the way the derived data files above are written: fill writes the
+ * contents into a temporary file beside path ("<path>.tmp.<pid>"), which is flushed, fsynced and
+ * renamed over path. On any failure (fill's status, a write, the fsync, the rename) the
+ * temporary file is removed and path is left as it was: a reader, or a crash, sees the old file
+ * or the new one, never part of either. The directory is not fsynced (after a crash the rename
+ * may be undone: the old file again). Not for two writers of one path in one process (the
+ * temporary name is per process). */
+ddp_status ddp_file_write_atomic(const char *path, ddp_file_fill_fn fill, void *ctx,
+                                 ddp_error *err);
 
 /* ---- the loader ----------------------------------------------------------------------------- */
 

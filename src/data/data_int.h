@@ -10,12 +10,9 @@
 #include "ddp/sampler.h"
 #include "ddp/status.h"
 
-/* Writes the derived file's whole contents to f; returns a status (and a message in err). */
-typedef ddp_status (*ddp__prep_fn)(void *ctx, FILE *f, const char *tmp_path, ddp_error *err);
-
-/* Writes out atomically: fn fills a temporary file beside it, which is fsynced and renamed into
- * place; on failure no file is left (and an existing out is untouched). */
-ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_error *err);
+/* Writes the derived file's whole contents to f; returns a status (and a message in err). The
+ * public ddp_file_fill_fn: a derived file is written with ddp_file_write_atomic. */
+typedef ddp_file_fill_fn ddp__prep_fn;
 
 /* Makes sure `out` exists, preparing it at most once per host: under an exclusive flock on
  * "<out>.lock" the first process calls fn on a temporary file beside out, fsyncs it and renames

@@ -19,9 +19,15 @@
 
 #define PREP_DEADLINE_MS (10 * 60 * 1000)
 
-ddp_status ddp__write_atomic(const char *out, ddp__prep_fn fn, void *ctx, ddp_error *err)
+ddp_status ddp_file_write_atomic(const char *out, ddp_file_fill_fn fn, void *ctx, ddp_error *err)
 {
     char tmp[4200];
+    if (!out || !*out || !fn)
+        return ddp__err(err, DDP_ERR_INVALID, "ddp_file_write_atomic: %s",
+                        fn ? "no path given" : "no fill function given");
+    /* a path that leaves no room for the suffix would give a truncated temporary name */
+    if (strlen(out) > sizeof tmp - 32)
+        return ddp__err(err, DDP_ERR_INVALID, "cannot write '%.200s…': the path is too long", out);
     ddp__fmt(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f)
@@ -80,7 +86,7 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
     }
     ddp_status st = DDP_OK;
     if (access(out, R_OK) != 0 && /* the first one in prepares; the others find it done */
-        (st = ddp__write_atomic(out, fn, ctx, err)) != DDP_OK && err &&
+        (st = ddp_file_write_atomic(out, fn, ctx, err)) != DDP_OK && err &&
         (st == DDP_ERR_SYSTEM || st == DDP_ERR_NOMEM)) {
         char msg[sizeof err->msg];
         memcpy(msg, err->msg, sizeof msg);

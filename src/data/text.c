@@ -276,11 +276,11 @@ static ddp_status write_both(text_job *j, const char *train_out, const char *val
         return st;
     if (val_out && j->o.val_every > 0) {
         j->want_val = true;
-        if ((st = ddp__write_atomic(val_out, write_split, j, err)))
+        if ((st = ddp_file_write_atomic(val_out, write_split, j, err)))
             return st;
     }
     j->want_val = false;
-    return ddp__write_atomic(train_out, write_split, j, err);
+    return ddp_file_write_atomic(train_out, write_split, j, err);
 }
 
 ddp_status ddp_tokens_from_text(const char *const *inputs, size_t n, const ddp_text_opts *opts,
@@ -324,7 +324,7 @@ static ddp_status write_cached(void *ctx, FILE *f, const char *tmp, ddp_error *e
         return st;
     if (c->j->o.val_every > 0) {
         c->j->want_val = true;
-        if ((st = ddp__write_atomic(c->val_out, write_split, c->j, err)))
+        if ((st = ddp_file_write_atomic(c->val_out, write_split, c->j, err)))
             return st;
     }
     c->j->want_val = false;

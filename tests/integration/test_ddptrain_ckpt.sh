@@ -6,7 +6,9 @@
 # usage error, not a run written into /. --resume_from latest with nothing to resume says what
 # to do and creates nothing. The HINT naming the checkpoint before a damaged latest one comes
 # for damage only (not for a model mismatch, which the earlier one shares), for --task test and
-# predict too. Tiny MLP runs (a second or two each).
+# predict too. --overwrite from an older checkpoint of out_dir's own keeps metrics.jsonl and
+# TensorBoard up to its step (purge_step), and a cut that fails leaves metrics.jsonl as it was.
+# Tiny MLP runs (a second or two each).
 . "$(dirname "$0")/lib.sh"
 TRAIN=$BIN/ddptrain
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -157,6 +159,66 @@ assert_contains ow.out "overwrite: deleted 3 checkpoints newer than step 0 from 
     { ls r3ow/checkpoints; fail "--overwrite true: want step1-3 alone"; }
 [ "$(grep -c '"start": true' r3ow/metrics.jsonl)" -eq 1 ] || fail "--overwrite true: metrics.jsonl not started anew"
 ok "--overwrite true: another run's newer checkpoints deleted, this run's kept, metrics.jsonl anew"
+
+# --overwrite true with --resume_from an older checkpoint of out_dir's own (going back to step 4
+# of 8): what was logged up to it is kept and only what came after goes, as torch's purge_step
+# does — metrics.jsonl holds steps 1–4 of the first run and 5–8 of this one, each once, and the
+# TensorBoard files stay, the new one purging from step 5. Until 2026-11-27 metrics.jsonl
+# started anew and the event files were deleted: steps 1–4 were lost.
+K=("${S[@]}" --log_every 1 --tensorboard true --checkpoint.every 2 --checkpoint.keep 4 --out_dir rk)
+steps() { grep '"epoch"' rk/metrics.jsonl | sed 's/^{"step": \([0-9]*\),.*/\1/' | tr '\n' ' '; }
+"$TRAIN" "${K[@]}" --total_steps 8 >k1.out 2>&1 || { cat k1.out; fail "rk: the first run"; }
+[ "$(steps)" = "1 2 3 4 5 6 7 8 " ] || fail "rk: the first run logged steps $(steps)"
+ls rk/tb >tb.before
+[ "$(wc -l <tb.before)" -eq 1 ] || fail "rk: the first run wrote $(cat tb.before)"
+"$TRAIN" "${K[@]}" --total_steps 8 --resume_from rk/checkpoints/step4.safetensors \
+    --overwrite true >k2.out 2>&1 || { cat k2.out; fail "rk: --overwrite from step 4"; }
+assert_contains k2.out "resumed from rk/checkpoints/step4.safetensors at step 4"
+assert_contains k2.out "overwrite: deleted 2 checkpoints newer than step 4 from 'rk/checkpoints'"
+assert_contains k2.out "overwrite: kept 5 lines of 'rk/metrics.jsonl' up to step 4, dropped 5 (later steps, or cut short)"
+! grep -q 'TensorBoard event file' k2.out || { cat k2.out; fail "rk: event files deleted"; }
+[ "$(steps)" = "1 2 3 4 5 6 7 8 " ] || fail "rk: after --overwrite from step 4, steps $(steps)"
+[ "$(grep '"start": true' rk/metrics.jsonl | sed 's/^{"step": \([0-9]*\),.*/\1/' | tr '\n' ' ')" = "0 4 " ] ||
+    { cat rk/metrics.jsonl; fail "rk: want the start lines of step 0 and 4"; }
+[ "$(cd rk/checkpoints && ls | sort -V | tr '\n' ' ')" = "step2.safetensors step4.safetensors step6.safetensors step8.safetensors " ] ||
+    fail "rk: checkpoints $(ls rk/checkpoints | tr '\n' ' ')"
+ls rk/tb | head -1 | cmp -s - tb.before || fail "rk: the first run's event file is gone: $(ls rk/tb)"
+[ "$(ls rk/tb | wc -l)" -eq 2 ] || fail "rk: event files $(ls rk/tb | tr '\n' ' ')"
+if command -v python3 >/dev/null; then
+    python3 - rk/tb <<'PY' || fail "rk: the new TensorBoard file does not purge from step 5"
+import os, struct, sys
+d = sys.argv[1]
+f = sorted(os.listdir(d))
+b = open(os.path.join(d, f[1]), "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+second = b[12 + n + 4:]
+m = struct.unpack("<Q", second[:8])[0]
+ev = second[12:12 + m]
+assert ev[0] == 0x09 and ev[9:] == b"\x10\x05\x3a\x02\x08\x01", ev  # step 5, SessionLog START
+PY
+fi
+ok "--overwrite true from an older checkpoint of out_dir's: steps up to it kept, the later ones replaced, TensorBoard purged from the next step"
+
+# The same with no newer checkpoint to delete (a run killed after its last one, in the middle
+# of a line): the lines past it and the cut one go all the same. A cut that fails (a file-size
+# limit: EFBIG) stops the run and leaves metrics.jsonl as it was, no temporary file beside it.
+printf '{"step": 9, "epoch": 0, "loss": 0.1}\n{"step": 2, "epoch": 0, "lo' >>rk/metrics.jsonl
+cp rk/metrics.jsonl k.before
+rc=0
+(ulimit -f 1 && exec "$TRAIN" "${K[@]}" --total_steps 10 --overwrite true \
+    --resume_from rk/checkpoints/step8.safetensors) >out 2>err || rc=$?
+[ $rc -eq 2 ] || { cat out err; fail "rk: a cut past the file-size limit exited $rc, want 2"; }
+assert_contains err "ddptrain: overwrite: cutting 'rk/metrics.jsonl' after step 8 failed: writing 'rk/metrics.jsonl.tmp."
+assert_contains err "File too large"
+assert_contains err "it is as it was (free space in 'rk', or move the file away)"
+cmp -s rk/metrics.jsonl k.before || fail "rk: the failed cut changed metrics.jsonl"
+[ -z "$(find rk -name '*.tmp.*')" ] || fail "rk: left $(find rk -name '*.tmp.*')"
+"$TRAIN" "${K[@]}" --total_steps 10 --overwrite true --resume_from rk/checkpoints/step8.safetensors \
+    >k3.out 2>&1 || { cat k3.out; fail "rk: --overwrite from step 8"; }
+assert_contains k3.out "overwrite: kept 11 lines of 'rk/metrics.jsonl' up to step 8, dropped 2 (later steps, or cut short)"
+! grep -q 'overwrite: deleted' k3.out || { cat k3.out; fail "rk: deleted something"; }
+[ "$(steps)" = "1 2 3 4 5 6 7 8 9 10 " ] || fail "rk: after --overwrite from step 8, steps $(steps)"
+ok "--overwrite true from out_dir's newest checkpoint: a dead run's tail and cut line dropped; a failed cut changes nothing"
 
 # A resume from a checkpoint of another model (or optimizer) is refused before out_dir is
 # touched: a new out_dir is not made, and an existing one (train.log, metrics.jsonl,

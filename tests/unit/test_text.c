@@ -1,7 +1,8 @@
 /*
  * test_text.c — language-model data: text to byte tokens (documents dealt to train/val by
  * position, separator lines kept, folders expanded without links or .dat files, the cached
- * preparation made once by concurrent processes and found again), windows at arbitrary offsets,
+ * preparation made once by concurrent processes and found again; the atomic write it uses, which
+ * ddp_file_write_atomic makes public), windows at arbitrary offsets,
  * and nanoGPT-style random window starts (in range, a function of (seed, step, sample) alone, so
  * 2 ranks × B equal 1 rank × 2B).
  */
@@ -226,6 +227,53 @@ static void test_prepare_cached_once(void **state)
     assert_int_equal(tmps, 0);
 }
 
+/* A fill function for ddp_file_write_atomic: writes ctx's text, then fails when it starts with
+ * '!' (after writing, so that a half file exists when the failure comes). */
+static ddp_status fill_text(void *ctx, FILE *f, const char *tmp_path, ddp_error *err)
+{
+    const char *text = ctx;
+    if (fputs(text, f) == EOF)
+        return ddp_error_set(err, DDP_ERR_SYSTEM, "writing '%s' failed", tmp_path);
+    return text[0] == '!' ? ddp_error_set(err, DDP_ERR_INVALID, "fill failed on purpose") : DDP_OK;
+}
+
+/* ddp_file_write_atomic, the public form of the write the derived files use: the new contents
+ * replace the old at once; a fill that fails, or a folder that is not there, leaves the old file
+ * and no temporary one. */
+static void test_write_atomic(void **state)
+{
+    (void)state;
+    char path[300], missing[300], cmd[700];
+    snprintf(path, sizeof path, "%s/atomic.txt", dir);
+    snprintf(missing, sizeof missing, "%s/no-such-folder/x.txt", dir);
+    ddp_error err = {0};
+    put_file(path, "old contents\n");
+    assert_int_equal(ddp_file_write_atomic(path, fill_text, "!half", &err), DDP_ERR_INVALID);
+    assert_string_equal(err.msg, "fill failed on purpose");
+    char buf[64] = "";
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(buf, sizeof buf, f));
+    fclose(f);
+    assert_string_equal(buf, "old contents\n");
+    assert_int_equal(ddp_file_write_atomic(missing, fill_text, "x", &err), DDP_ERR_SYSTEM);
+    assert_non_null(strstr(err.msg, "no-such-folder"));
+    assert_int_equal(ddp_file_write_atomic(path, NULL, NULL, &err), DDP_ERR_INVALID);
+    assert_int_equal(ddp_file_write_atomic(path, fill_text, "new\n", &err), DDP_OK);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(buf, sizeof buf, f));
+    assert_null(fgets(buf + 4, sizeof buf - 4, f)); /* nothing after it: replaced, not appended */
+    fclose(f);
+    assert_string_equal(buf, "new\n");
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c 'atomic.txt.tmp'", dir);
+    FILE *p = popen(cmd, "r");
+    int tmps = -1;
+    assert_int_equal(fscanf(p, "%d", &tmps), 1);
+    pclose(p);
+    assert_int_equal(tmps, 0);
+}
+
 static void test_windows(void **state)
 {
     (void)state;
@@ -294,6 +342,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fortune_split),
         cmocka_unit_test(test_prepare_cached_once),
+        cmocka_unit_test(test_write_atomic),
         cmocka_unit_test(test_windows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -343,6 +343,24 @@ int trainer_lock_out_dir(trainer *t)
     return 0;
 }
 
+/* Whether the file at path lies in the folder dir (the same folder, by device and inode, not by
+ * how the two are spelled). False when either cannot be looked at. */
+static bool in_folder(const char *path, const char *dir)
+{
+    char parent[2048];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else if (slash == parent)
+        slash[1] = '\0'; /* "/x": the root */
+    else
+        *slash = '\0';
+    struct stat a, b;
+    return stat(parent, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 int trainer_resolve_resume(trainer *t)
 {
     /* One training run per out_dir at a time, checked before anything is read or deleted
@@ -390,6 +408,13 @@ int trainer_resolve_resume(trainer *t)
         if (!stored_step(spec, &start))
             return 2;
     }
+    /* --overwrite with a resume from one of out_dir's own checkpoints (an older one, usually:
+     * going back to it): what was logged up to it is this run's past, kept; only what came
+     * after goes, as TensorBoard's purge_step drops it. Whether or not newer checkpoints are
+     * there: a run that died after its last checkpoint left lines past it too. A checkpoint
+     * from elsewhere (another run's, to fine-tune) has no past here: overwrite starts anew. */
+    t->overwrite_from = start;
+    t->overwrite_keep = start > 0 && ddp_config_bool(t->cfg, "overwrite") && in_folder(spec, dir);
     /* A checkpoint newer than the start belongs to another run (or to this one's future): the
      * pruning keeps the highest steps, so this run's own checkpoints would be the ones deleted,
      * and 'latest' would name the other run's. */
@@ -401,7 +426,6 @@ int trainer_resolve_resume(trainer *t)
         return 0;
     if (ddp_config_bool(t->cfg, "overwrite")) { /* asked for: deleted once the run can start */
         t->overwrite_pending = true;
-        t->overwrite_from = start;
         return 0;
     }
     char from[2200] = "";
@@ -420,7 +444,7 @@ int trainer_resolve_resume(trainer *t)
 int trainer_overwrite(trainer *t)
 {
     if (!t->overwrite_pending)
-        return 0;
+        return t->overwrite_keep ? trainer_metrics_cut(t, t->overwrite_from) : 0;
     t->overwrite_pending = false;
     char dir[1100], newest[2048];
     snprintf(dir, sizeof dir, "%s/checkpoints", t->dir);
@@ -438,6 +462,12 @@ int trainer_overwrite(trainer *t)
     }
     trainer_say(t, "overwrite: deleted %d checkpoint%s newer than step %llu from '%s'", removed,
                 removed == 1 ? "" : "s", (unsigned long long)t->overwrite_from, dir);
+    /* The metrics are cut after the deletions: a cut that fails (a full disk) then leaves
+     * metrics.jsonl whole, its lines past the checkpoint those of checkpoints now deleted,
+     * which a later run's start line purges for the report. The other order lost the lines of
+     * checkpoints that a failed deletion left. */
+    if (t->overwrite_keep)
+        return trainer_metrics_cut(t, t->overwrite_from);
     t->overwrote = true;
     return 0;
 }

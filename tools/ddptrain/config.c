@@ -110,7 +110,8 @@ static const ddp_cfg_key schema[] = {
      "at step 0 (for ddprun --max_restarts)"},
     {"overwrite", DDP_CFG_BOOL, "false", NULL,
      "train: delete out_dir's checkpoints newer than where this run starts (another run's) and "
-     "start metrics.jsonl anew, instead of refusing"},
+     "start metrics.jsonl and TensorBoard anew, instead of refusing; with --resume_from one of "
+     "out_dir's checkpoints, keep what was logged up to its step and drop what came after"},
     {"checkpoint", DDP_CFG_STRING, "latest", NULL, "test/predict: checkpoint path or 'latest'"},
     {"predict_out", DDP_CFG_STRING, "", NULL,
      "predict: the file to write: mlp/cnn a CSV (empty: predictions.csv in out_dir), gpt the "

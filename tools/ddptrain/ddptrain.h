@@ -109,11 +109,16 @@ typedef struct trainer {
      * line alone, which must give the keys it was built with */
     bool ckpt_no_config;
     bool ckpt_latest; /* test, predict: the checkpoint is out_dir's newest ('latest') */
-    /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew */
+    /* overwrite: another run's checkpoints were deleted; metrics.jsonl starts anew (and its
+     * TensorBoard files go). Not with overwrite_keep. */
     bool overwrote;
     /* overwrite: trainer_resolve_resume found checkpoints newer than overwrite_from, which
      * trainer_overwrite deletes once the run is known to start */
     bool overwrite_pending;
+    /* overwrite with a resume from a checkpoint of out_dir's own (at overwrite_from > 0): what
+     * was logged up to it is this run's history, kept; trainer_overwrite cuts metrics.jsonl
+     * after it, and TensorBoard purges the later steps as on a plain resume */
+    bool overwrite_keep;
     uint64_t overwrite_from;
     bool dir_locked; /* rank 0, training: out_dir's lock is held (dir_lock_fd) */
     int dir_lock_fd;
@@ -181,7 +186,7 @@ int trainer_die_peer(trainer *t, const char *what, const char *msg);
 
 /* At the start of training, every rank: measures the matmul peak (all ranks at once, 50 ms),
  * computes the model's FLOPs per sample, sets up the straggler rule, and on rank 0 opens the
- * TensorBoard writer (purge_step = t->step when resumed). Returns 0 or an exit code. */
+ * TensorBoard writer (purge_step = t->step + 1 when resumed). Returns 0 or an exit code. */
 int trainer_metrics_open(trainer *t);
 void trainer_metrics_close(trainer *t);
 /* The progress line at a log step: gathers every rank's interval (a collective: every rank
@@ -194,6 +199,11 @@ int trainer_log_progress(trainer *t, progress *p, uint64_t total, double lr, dou
  * writes what is buffered (at evaluations and checkpoints). A failure is a warning, once. */
 void trainer_tb(trainer *t, const char *tag, double value);
 void trainer_tb_flush(trainer *t);
+/* Rank 0, before metrics.jsonl is opened: rewrites it (atomically: ddp_file_write_atomic) with
+ * the lines whose step is ≤ step, dropping those after it and any line that is not a JSON object
+ * with a step (a line cut short by a kill or a full disk). No file: nothing to do. 0, or 2
+ * after printing why it failed (the file is then as it was). */
+int trainer_metrics_cut(trainer *t, uint64_t step);
 /* v as a JSON number for metrics.jsonl, with `digits` significant digits, into buf (40 bytes
  * suffice); null when v is NaN or ±inf, which JSON cannot write ("-nan" would make the line
  * unreadable to json.loads, jq, pandas and --task report). Returns buf. */
@@ -287,7 +297,10 @@ int trainer_share_loaded(trainer *t, bool train, ddp_ckpt_train_pos *pos);
 int trainer_resolve_resume(trainer *t);
 /* Training, rank 0, once the model is built and its checkpoint read (the run will start): with
  * overwrite, deletes the checkpoints newer than the start that trainer_resolve_resume found,
- * newest first, and sets t->overwrote. 0, or 2 after printing what could not be deleted. */
+ * newest first, and sets t->overwrote — or, resuming from out_dir's own checkpoint
+ * (overwrite_keep), keeps the history: then metrics.jsonl is cut after the checkpoint's step
+ * (trainer_metrics_cut; after the deletions, so that a failed cut leaves the file whole).
+ * 0, or 2 after printing what could not be deleted or cut. */
 int trainer_overwrite(trainer *t);
 /* Training, rank 0: an exclusive lock on out_dir (flock of the folder, held for the process's
  * life), so that a second run into it is refused; 0 when taken or when out_dir is not there

@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,79 @@ static int old_tb_files(trainer *t, const char *dir, bool remove)
     }
     closedir(d);
     return n;
+}
+
+typedef struct cut_job {
+    FILE *in;         /* metrics.jsonl, read from its start */
+    const char *path; /* its name, for messages */
+    uint64_t step;    /* the last step kept */
+    size_t kept, dropped;
+} cut_job;
+
+/* ddp_file_fill_fn: job->in's lines up to job->step into f. A line is kept when it is a JSON
+ * object whose step is ≤ job->step; one that does not end in '\n' was cut short (a kill, a full
+ * disk: open_logs ends it otherwise) and goes, whatever it holds. The lines kept stay in their
+ * order, those of an earlier run's dead tail (up to step) included: the start line after them
+ * still purges them for the report, as before. */
+static ddp_status cut_fill(void *ctx, FILE *f, const char *tmp_path, ddp_error *err)
+{
+    cut_job *job = ctx;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    ddp_status st = DDP_OK;
+    while ((n = getline(&line, &cap, job->in)) > 0) {
+        json_t *o = line[n - 1] == '\n' ? json_loadb(line, (size_t)n, 0, NULL) : NULL;
+        json_t *s = json_object_get(o, "step"); /* NULL when o is not an object */
+        bool keep = json_is_number(s) && json_number_value(s) <= (double)job->step;
+        json_decref(o);
+        if (!keep) {
+            job->dropped++;
+            continue;
+        }
+        if (fwrite(line, 1, (size_t)n, f) != (size_t)n) {
+            st = ddp_error_set(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", tmp_path,
+                               strerror(errno));
+            break;
+        }
+        job->kept++;
+    }
+    if (st == DDP_OK && !feof(job->in)) /* a read error, or getline out of memory */
+        st = ddp_error_set(err, DDP_ERR_SYSTEM, "reading '%s' failed: %s", job->path,
+                           strerror(errno));
+    free(line);
+    return st;
+}
+
+int trainer_metrics_cut(trainer *t, uint64_t step)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
+    cut_job job = {.path = path, .step = step};
+    if (!(job.in = fopen(path, "r"))) {
+        if (errno == ENOENT)
+            return 0; /* nothing logged yet */
+        fprintf(stderr,
+                "ddptrain: overwrite: cannot read '%s' to keep its lines up to step %llu: %s; "
+                "move it away, or leave out --overwrite\n",
+                path, (unsigned long long)step, strerror(errno));
+        return 2;
+    }
+    ddp_error err = {0};
+    ddp_status st = ddp_file_write_atomic(path, cut_fill, &job, &err);
+    fclose(job.in); /* read only: nothing to lose */
+    if (st != DDP_OK) {
+        fprintf(stderr,
+                "ddptrain: overwrite: cutting '%s' after step %llu failed: %s; it is as it was "
+                "(free space in '%s', or move the file away)\n",
+                path, (unsigned long long)step, err.msg, t->dir);
+        return 2;
+    }
+    trainer_say(t,
+                "overwrite: kept %zu line%s of '%s' up to step %llu, dropped %zu (later steps, "
+                "or cut short)",
+                job.kept, job.kept == 1 ? "" : "s", path, (unsigned long long)step, job.dropped);
+    return 0;
 }
 
 int trainer_metrics_open(trainer *t)
@@ -107,12 +181,15 @@ int trainer_metrics_open(trainer *t)
     snprintf(dir, sizeof dir, "%s/tb", t->dir);
     ddp_tb_opts to = DDP_TB_OPTS_INIT;
     /* Resumed from a checkpoint at step s: this run logs s+1 on; TensorBoard drops what the
-     * earlier files hold from there (the dead run's tail), and keeps their step s. */
+     * earlier files hold from there (the dead run's tail, or with --overwrite the steps past an
+     * older checkpoint of out_dir's: overwrite_keep, metrics.jsonl cut likewise), and keeps
+     * their steps up to s. */
     to.purge_step = t->step > 0 ? (int64_t)t->step + 1 : -1;
-    /* --overwrite: the other run's events go with its checkpoints and metrics.jsonl (TensorBoard
-     * would draw its curves beside this run's). A start at step 0 beside earlier files (a run
-     * that died before its first checkpoint, restarted): they are purged from step 0 on, as
-     * the report drops what came before this run's start line. */
+    /* --overwrite (not from out_dir's own checkpoint): the other run's events go with its
+     * checkpoints and metrics.jsonl (TensorBoard would draw its curves beside this run's). A
+     * start at step 0 beside earlier files (a run that died before its first checkpoint,
+     * restarted): they are purged from step 0 on, as the report drops what came before this
+     * run's start line. */
     int old = old_tb_files(t, dir, t->overwrote);
     if (t->overwrote && old > 0)
         trainer_say(t, "overwrite: deleted %d TensorBoard event file%s from '%s'", old,
