@@ -342,3 +342,23 @@ wait $holder
 assert_contains lockwait.out "ddp: waiting for another process to"
 assert_contains lockwait.out "$lock"
 ok "a held data-preparation lock: said after 5 s, then trained"
+
+# Under an address-space limit (ulimit -v) too small for OpenBLAS's 128 MiB buffers, a thread
+# retried the failed mmap forever and ddptrain hung in its first product, or at exit even after
+# a usage error (until 2026-11-26): now a run is refused with a line, and every exit is prompt.
+# With OpenBLAS's own threads (its count unset). Not under the sanitizers (their shadow memory
+# needs terabytes of address space).
+if [ -z "$SANITIZE" ]; then
+    rc=0
+    (unset OPENBLAS_NUM_THREADS OMP_NUM_THREADS && ulimit -v 200000 &&
+        timeout 30 "$TRAIN" --total_steps 2 --eval_every 0 --out_dir vlim) >vlim.out 2>&1 || rc=$?
+    [ $rc -eq 1 ] || { cat vlim.out; fail "ddptrain under ulimit -v 200000: exit $rc, want 1"; }
+    assert_contains vlim.out "the address-space limit (ulimit -v: 195 MiB) leaves less than"
+    assert_contains vlim.out "MiB free beside what is mapped already, the least a run needs (the BLAS maps 128 MiB"
+    rc=0
+    (unset OPENBLAS_NUM_THREADS OMP_NUM_THREADS && ulimit -v 150000 &&
+        timeout 30 "$TRAIN" --max_steps 2) >vlim2.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || { cat vlim2.out; fail "a usage error under ulimit -v 150000: exit $rc, want 2"; }
+    assert_contains vlim2.out "is 'total_steps'"
+    ok "an address-space limit too small for the BLAS: a run refused in a line, a usage error prompt"
+fi

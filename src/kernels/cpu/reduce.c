@@ -232,50 +232,41 @@ static bool have_f16c(void)
 }
 #endif
 
+/* The vector conversion where the CPU has it (then return), else on to the scalar loop after. */
+#ifdef HAVE_F16C_PATH
+#define VECTOR_IF(has, call)                                                                       \
+    if (has) {                                                                                     \
+        call;                                                                                      \
+        return;                                                                                    \
+    }
+#else
+#define VECTOR_IF(has, call)
+#endif
+
 static void f16_widen(float *restrict d, const uint16_t *restrict s, size_t n)
 {
-#ifdef HAVE_F16C_PATH
-    if (have_f16c()) {
-        widen_f16c(d, s, n);
-        return;
-    }
-#endif
+    VECTOR_IF(have_f16c(), widen_f16c(d, s, n))
     for (size_t i = 0; i < n; i++)
         d[i] = ddp__f16_to_f32(s[i]);
 }
 
 static void f16_narrow(uint16_t *restrict d, const float *restrict s, size_t n)
 {
-#ifdef HAVE_F16C_PATH
-    if (have_f16c()) {
-        narrow_f16c(d, s, n);
-        return;
-    }
-#endif
+    VECTOR_IF(have_f16c(), narrow_f16c(d, s, n))
     for (size_t i = 0; i < n; i++)
         d[i] = ddp__f32_to_f16(s[i]);
 }
 
 static void bf16_widen(float *restrict d, const uint16_t *restrict s, size_t n)
 {
-#ifdef HAVE_F16C_PATH
-    if (__builtin_cpu_supports("avx2")) {
-        widen_bf16_avx2(d, s, n);
-        return;
-    }
-#endif
+    VECTOR_IF(__builtin_cpu_supports("avx2"), widen_bf16_avx2(d, s, n))
     for (size_t i = 0; i < n; i++)
         d[i] = ddp__bf16_to_f32(s[i]);
 }
 
 static void bf16_narrow(uint16_t *restrict d, const float *restrict s, size_t n)
 {
-#ifdef HAVE_F16C_PATH
-    if (__builtin_cpu_supports("avx2")) {
-        narrow_bf16_avx2(d, s, n);
-        return;
-    }
-#endif
+    VECTOR_IF(__builtin_cpu_supports("avx2"), narrow_bf16_avx2(d, s, n))
     for (size_t i = 0; i < n; i++)
         d[i] = ddp__f32_to_bf16(s[i]);
 }
