@@ -52,6 +52,8 @@ awk -F, '
 /^#/ { next }
 { v[$1 "," $2] = $3; if (!($2 in seen)) { seen[$2] = 1; order[++ns] = $2 } }
 function g(k) { return (k in v) ? v[k] : -1 }
+function t(x) { return x > 0 ? sprintf("%.1f", x) : "-" }                 # a time, "-" if not measured
+function r(n, d) { return n > 0 && d > 0 ? sprintf("%.2fx", n / d) : "-" } # a ratio of two measured
 END {
     printf "%10s %10s %11s %9s %10s %10s %12s %9s | %10s %10s %10s %11s %11s\n", "bytes", "ddpc-nccl", "torch-nccl", "limit-w1", "ddpc-stg2", "ddpc-ipc2", "torch-gloo2", "limit-w2", "torch/ddpc", "nccl/limit", "gloo/stg2", "stg2/limit", "ipc2/limit"
     for (i = 1; i <= ns; i++) {
@@ -59,6 +61,6 @@ END {
         p = g("ipc_w2," s)
         l1 = g("nccl_w1_limit," s); l2 = g("staged_w2_limit," s)
         if (l2 <= 0) l2 = g("ipc_w2_limit," s)
-        printf "%10d %10.1f %11.1f %9.1f %10.1f %10.1f %12.1f %9.1f | %9.2fx %9.2fx %9.2fx %10.2fx %10.2fx\n", s, a, b, l1, c, p, d, l2, (a > 0 ? b / a : -1), (l1 > 0 ? a / l1 : -1), (c > 0 ? d / c : -1), (l2 > 0 ? c / l2 : -1), (l2 > 0 && p > 0 ? p / l2 : -1)
+        printf "%10d %10s %11s %9s %10s %10s %12s %9s | %10s %10s %10s %11s %11s\n", s, t(a), t(b), t(l1), t(c), t(p), t(d), t(l2), r(b, a), r(a, l1), r(d, c), r(c, l2), r(p, l2)
     }
 }' "$raw"

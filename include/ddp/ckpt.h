@@ -88,7 +88,8 @@ typedef struct ddp_ckpt ddp_ckpt; /* an open, validated checkpoint (memory-mappe
  * Errors: DDP_ERR_NOT_FOUND (no such file), DDP_ERR_SYSTEM, DDP_ERR_NOMEM, DDP_ERR_INVALID (a
  * malformed or truncated file; the message names the file and the problem). Never crashes on
  * any file content. The file must not be truncated in place while open (checkpoints written by
- * ddp_ckpt_save are replaced by rename, which is safe). */
+ * ddp_ckpt_save are replaced by rename, which is safe): a read past its new end raises SIGBUS,
+ * and ddp_data_mapping_at (ddp/data.h) then names the file, as DDP_MAPPING_CHECKPOINT. */
 ddp_status ddp_ckpt_open(const char *path, ddp_ckpt **out, ddp_error *err);
 
 void ddp_ckpt_close(ddp_ckpt *c); /* NULL is a no-op */

@@ -5,11 +5,16 @@
  *   IDX  MNIST / Fashion-MNIST images + labels (gzip or plain). A gzip file is decompressed
  *        once per host into a cache directory: the first process takes a lock and writes it
  *        (temporary file, then rename), the others wait for it — "prepare data on the main
- *        process only", without the caller having to arrange it.
+ *        process only", without the caller having to arrange it. The wait lasts at most the
+ *        job's deadline (DDP_TIMEOUT), 10 min without one: then DDP_ERR_TIMEOUT naming the lock.
  *   tokens  nanoGPT's headerless uint16 train.bin / val.bin, or llm.c's shards (256 × int32
  *        header: magic 20240520, version 1, token count; then uint16 tokens). Sample i is the
  *        window tokens[i·T … i·T+T] → x = first T, y = the T after (shifted by one).
  * A malformed, truncated or mismatched file is a clear error naming the file and the problem.
+ * A file that shrinks after it was opened (truncated, or rewritten in place, while a job reads
+ * it) cannot be checked that way: a read past its new end raises SIGBUS, and
+ * ddp_data_mapping_at (below) tells a signal handler which file that was. Write a new file under
+ * another name and rename it over the old one instead (the mapping keeps the old contents).
  *
  * The loader turns a rank's sampler indices into batches with background worker threads and a
  * ring of prefetched batches (or, with no workers, on the caller's thread); a batch's contents
@@ -214,6 +219,39 @@ void ddp_loader_save(const ddp_loader *l, ddp_loader_state *out);
 /* A next_batch past the epoch's batches is DDP_ERR_INVALID and leaves the position unchanged. */
 ddp_status ddp_loader_restore(ddp_loader *l, const ddp_loader_state *st);
 const char *ddp_loader_last_error(const ddp_loader *l);
+
+/* ---- the library's file mappings, for a fault handler --------------------------------------- */
+
+/* What a read-only file mapping of the library holds. */
+typedef enum ddp_mapping_kind {
+    DDP_MAPPING_DATA = 1,   /* a dataset's file (ddp_dataset_open_idx / _tokens; for a gzip
+                               file, its decompressed copy in the data cache) */
+    DDP_MAPPING_CHECKPOINT, /* a checkpoint (ddp_ckpt_open) */
+} ddp_mapping_kind;
+
+/* The mapping an address lies in (ddp_data_mapping_at). */
+typedef struct ddp_mapping_info {
+    const char *path;      /* the file as it was opened (a relative path stays relative); owned
+                              by the library, valid until the mapping is unmapped (the dataset or
+                              checkpoint closed) */
+    size_t offset;         /* the address's byte offset in the mapping, which is its offset in
+                              the file */
+    size_t length;         /* the mapping's length: the file's size when it was opened */
+    ddp_mapping_kind kind; /* what the file is */
+} ddp_mapping_info;
+
+/* Mappings recorded at once; one made while this many are live is not recorded (it reads as
+ * usual; ddp_data_mapping_at does not find it). */
+#define DDP_DATA_MAPPINGS_MAX 64
+
+/* Whether addr lies in one of the library's read-only file mappings (datasets, checkpoints); if
+ * so, writes which into *out and returns true. Meant for a SIGBUS handler given siginfo's si_addr:
+ * a mapped file that shrinks while it is read (truncated, or rewritten in place by another
+ * process) raises SIGBUS at the first read past its new end, and this names the file, e.g. in a
+ * message before the program dies of the signal.
+ * Async-signal-safe: it reads a fixed table published with lock-free atomics, takes no lock and
+ * allocates nothing. Thread-safe, and safe while other threads open and close datasets. */
+bool ddp_data_mapping_at(const void *addr, ddp_mapping_info *out);
 
 /* ---- augmentation --------------------------------------------------------------------------- */
 

@@ -4,8 +4,11 @@
  *
  * The JSON header is built and parsed with jansson. The reader trusts nothing in the file: every
  * length, offset and shape is checked against the file size before a pointer into the mapping
- * is handed out, so a truncated or corrupt file is an error message, never a crash. It does not
- * convert dtypes or byte order: callers get views of the stored bytes.
+ * is handed out, so a truncated or corrupt file is an error message, never a crash — unless it
+ * shrinks after it was opened (truncated or rewritten in place while read): a read past the new
+ * end then raises SIGBUS, and the mapping is recorded (src/data/mappings.c) so that a handler
+ * can name the file. It does not convert dtypes or byte order: callers get views of the stored
+ * bytes.
  */
 #define _GNU_SOURCE
 #include "ddp/ckpt.h"
@@ -22,6 +25,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "data/data.h"
 #include "util/util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -850,6 +854,8 @@ ddp_status ddp_ckpt_open(const char *path, ddp_ckpt **out, ddp_error *err)
             goto out_close;
         }
         c->map = m;
+        /* named if it faults: a checkpoint shrunk while it is read (ddp_data_mapping_at) */
+        ddp__mapping_add(m, c->map_len, path, DDP_MAPPING_CHECKPOINT);
     }
     close(fd); /* the mapping stays valid */
     fd = -1;
@@ -870,8 +876,10 @@ void ddp_ckpt_close(ddp_ckpt *c)
 {
     if (!c)
         return;
-    if (c->map)
+    if (c->map) {
+        ddp__mapping_remove(c->map);
         munmap(c->map, c->map_len);
+    }
     json_decref(c->root);
     free(c->t);
     free(c->mkey);

@@ -16,8 +16,10 @@ typedef ddp_file_fill_fn ddp__prep_fn;
 
 /* Makes sure `out` exists, preparing it at most once per host: under an exclusive flock on
  * "<out>.lock" the first process calls fn on a temporary file beside out, fsyncs it and renames
- * it into place; the others wait on the lock (10 min deadline) and then find the finished file.
- * A failed fn leaves no file behind. `what` names the job in messages ("decompress 'x.gz'"). */
+ * it into place; the others wait on the lock and then find the finished file — at most the job's
+ * deadline (DDP_TIMEOUT, read when a wait begins; a malformed one is its error), 10 min without
+ * one, then DDP_ERR_TIMEOUT naming the lock. A failed fn leaves no file behind. `what` names the
+ * job in messages ("decompress 'x.gz'"). */
 ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn, void *ctx,
                              ddp_error *err);
 

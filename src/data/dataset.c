@@ -5,7 +5,8 @@
  * truncated or mismatched file is an error at open, never a crash later. gzip files are
  * decompressed (zlib) once per host into a cache (prepare.c: one process writes, the others
  * wait). The cache name includes the source's size and modification time, so a changed source
- * is decompressed again.
+ * is decompressed again. A file that shrinks after the checks is past them: each mapping is
+ * recorded (mappings.c) so that the SIGBUS a read past the new end raises can name the file.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "data/data.h"
 #include "data/data_int.h"
 #include "ddp/data.h"
 #include "util/util.h"
@@ -92,6 +94,8 @@ static ddp_status map_file(const char *path, mapped *m, ddp_error *err)
             return ddp__err(err, DDP_ERR_SYSTEM, "cannot map '%s': %s", path, strerror(e));
         }
         m->p = p;
+        /* named if it faults: a file shrunk under the job (ddp_data_mapping_at) */
+        ddp__mapping_add(p, m->len, path, DDP_MAPPING_DATA);
     }
     close(fd);
     return DDP_OK;
@@ -99,8 +103,10 @@ static ddp_status map_file(const char *path, mapped *m, ddp_error *err)
 
 static void unmap(mapped *m)
 {
-    if (m->p)
+    if (m->p) {
+        ddp__mapping_remove(m->p);
         munmap((void *)m->p, m->len);
+    }
     m->p = NULL;
 }
 

@@ -4,14 +4,18 @@
  * to the sampler's samples, the same for 0 (on the caller's thread), 1 and 4 threads, a bad
  * index reported in either mode, get_many against get, save/restore mid-epoch, and augmentation
  * (each image its original flipped or shifted within the limits, the draw a function of
- * (seed, epoch, key)).
+ * (seed, epoch, key)), and the table of mapped files a SIGBUS handler reads (every file found
+ * by its addresses while open, a full table, threads churning, a truncated file's fault).
  * Synthetic data encode their origin: pixel k of image i is (i + k) % 251, label i % 10, token
  * j is j % 50000 — so a wrong index shows as a wrong value.
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "data/data.h" /* ddp__mapping_add / _remove: the table's own edges */
 #include "ddp/ddp.h"
 
 static char dir[256];
@@ -868,6 +873,257 @@ static void loader_outlives_its_inputs(void **state)
     }
 }
 
+/* ---- the file mappings' table (ddp_data_mapping_at) ------------------------------------------ */
+
+/* The first address /proc/self/maps shows path mapped at, or NULL. */
+static const unsigned char *mapped_at(const char *path)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[1024];
+    const unsigned char *at = NULL;
+    while (f && !at && fgets(line, sizeof line, f)) {
+        unsigned long long lo;
+        int name = 0;
+        line[strcspn(line, "\n")] = '\0';
+        if (sscanf(line, "%llx-%*x %*s %*s %*s %*s %n", &lo, &name) == 1 && name > 0 &&
+            strcmp(line + name, path) == 0)
+            at = (const unsigned char *)(uintptr_t)lo;
+    }
+    if (f)
+        fclose(f);
+    return at;
+}
+
+/* Writes nt raw uint16 tokens (token j is j % 50000) to path. */
+static void write_tokens(const char *path, size_t nt)
+{
+    uint16_t *tok = malloc(2 * nt);
+    for (size_t j = 0; j < nt; j++)
+        tok[j] = (uint16_t)(j % 50000);
+    write_bytes(path, tok, 2 * nt);
+    free(tok);
+}
+
+/* Every file the library maps is found by any address in it, with its path, offset, length and
+ * kind; nothing outside it, and nothing once closed. */
+static void mappings_name_open_files(void **state)
+{
+    (void)state;
+    char tok[512], im[512], lb[512], ck[512];
+    sprintf(tok, "%s/map-tokens.bin", dir);
+    write_tokens(tok, 5000);
+    write_idx("map", 20, 4, 4, false, im, lb);
+    ddp_dataset *t, *idx;
+    ddp_error err = {0};
+    assert_int_equal(ddp_dataset_open_tokens(tok, 8, &t, &err), DDP_OK);
+    assert_int_equal(ddp_dataset_open_idx(im, lb, NULL, &idx, &err), DDP_OK);
+    const unsigned char *bt = mapped_at(tok), *bi = mapped_at(im), *bl = mapped_at(lb);
+    assert_non_null(bt);
+    assert_non_null(bi);
+    assert_non_null(bl);
+    ddp_mapping_info m;
+    assert_true(ddp_data_mapping_at(bt + 100, &m));
+    assert_string_equal(m.path, tok);
+    assert_int_equal(m.offset, 100);
+    assert_int_equal(m.length, 10000);
+    assert_int_equal(m.kind, DDP_MAPPING_DATA);
+    assert_true(ddp_data_mapping_at(bt, &m));
+    assert_int_equal(m.offset, 0);
+    assert_true(ddp_data_mapping_at(bt + 9999, &m));
+    assert_int_equal(m.offset, 9999);
+    assert_false(ddp_data_mapping_at(bt + 10000, &m)); /* the page's rest, past the file */
+    assert_false(ddp_data_mapping_at(NULL, &m));
+    assert_false(ddp_data_mapping_at(bt, NULL));
+    assert_true(ddp_data_mapping_at(bi + 16 + 5 * 16, &m)); /* image 5 */
+    assert_string_equal(m.path, im);
+    assert_int_equal(m.offset, 96);
+    assert_int_equal(m.length, 16 + 20 * 16);
+    assert_true(ddp_data_mapping_at(bl + 8, &m));
+    assert_string_equal(m.path, lb);
+    assert_int_equal(m.length, 8 + 20);
+    /* a checkpoint: the same, as a checkpoint */
+    sprintf(ck, "%s/map.safetensors", dir);
+    float w[256];
+    for (int i = 0; i < 256; i++)
+        w[i] = (float)i;
+    ddp_ckpt_tensor ten = {"w", DDP_FLOAT32, 1, {256}, w};
+    assert_int_equal(ddp_ckpt_save(ck, &ten, 1, NULL, NULL, 0, &err), DDP_OK);
+    ddp_ckpt *c;
+    assert_int_equal(ddp_ckpt_open(ck, &c, &err), DDP_OK);
+    const unsigned char *data = ddp_ckpt_find(c, "w")->data;
+    assert_true(ddp_data_mapping_at(data + 4, &m));
+    assert_string_equal(m.path, ck);
+    assert_int_equal(m.kind, DDP_MAPPING_CHECKPOINT);
+    assert_int_equal(m.offset, (size_t)(data + 4 - mapped_at(ck)));
+    ddp_ckpt_close(c);
+    assert_false(ddp_data_mapping_at(data + 4, &m));
+    ddp_dataset_close(t);
+    ddp_dataset_close(idx);
+    assert_false(ddp_data_mapping_at(bt + 100, &m));
+    assert_false(ddp_data_mapping_at(bi + 16, &m));
+    assert_false(ddp_data_mapping_at(bl + 8, &m));
+}
+
+typedef struct churn {
+    int id;
+    atomic_bool stop;
+    atomic_size_t rounds;
+} churn;
+
+/* Adds and removes a range of its own over and over (another thread opening and closing
+ * datasets) while the test's thread looks up a mapping that stays. */
+static void *churn_run(void *arg)
+{
+    churn *c = arg;
+    static char ranges[2][4096];
+    char path[64];
+    snprintf(path, sizeof path, "/churn/%d", c->id);
+    while (!atomic_load(&c->stop)) {
+        if (ddp__mapping_add(ranges[c->id], sizeof ranges[c->id], path, DDP_MAPPING_DATA))
+            ddp__mapping_remove(ranges[c->id]);
+        atomic_fetch_add(&c->rounds, 1);
+    }
+    return NULL;
+}
+
+/* The table itself: a full table refuses (and the mappings in it are still found), a long path
+ * keeps its end, removal frees a slot, and lookups are right while other threads churn. */
+static void mappings_table(void **state)
+{
+    (void)state;
+    static char area[DDP_DATA_MAPPINGS_MAX + 1][64];
+    ddp_mapping_info m;
+    size_t added = 0;
+    while (added < DDP_DATA_MAPPINGS_MAX + 1 &&
+           ddp__mapping_add(area[added], sizeof area[added], "/area", DDP_MAPPING_DATA))
+        added++;
+    /* full (DDP_DATA_MAPPINGS_MAX, less what other tests left open: none, unless they leak) */
+    assert_true(added > 8 && added <= DDP_DATA_MAPPINGS_MAX);
+    assert_false(ddp_data_mapping_at(area[added], &m)); /* refused: not found */
+    assert_true(ddp_data_mapping_at(area[7] + 63, &m));
+    assert_int_equal(m.offset, 63);
+    assert_string_equal(m.path, "/area");
+    ddp__mapping_remove(area[7]);
+    assert_false(ddp_data_mapping_at(area[7], &m));
+    assert_true(ddp_data_mapping_at(area[8], &m));
+    assert_true(ddp__mapping_add(area[DDP_DATA_MAPPINGS_MAX], 64, "/last", DDP_MAPPING_CHECKPOINT));
+    assert_true(ddp_data_mapping_at(area[DDP_DATA_MAPPINGS_MAX] + 1, &m));
+    assert_string_equal(m.path, "/last");
+    assert_int_equal(m.kind, DDP_MAPPING_CHECKPOINT);
+    ddp__mapping_remove(area[DDP_DATA_MAPPINGS_MAX]);
+    for (size_t i = 0; i < DDP_DATA_MAPPINGS_MAX; i++)
+        ddp__mapping_remove(area[i]); /* area[7] again: a no-op */
+    for (size_t i = 0; i <= DDP_DATA_MAPPINGS_MAX; i++)
+        assert_false(ddp_data_mapping_at(area[i], &m));
+    assert_false(ddp__mapping_add(NULL, 64, "/x", DDP_MAPPING_DATA));
+    assert_false(ddp__mapping_add(area[0], 0, "/x", DDP_MAPPING_DATA));
+
+    /* a path longer than the table keeps: its end, the file's name */
+    size_t long_len = DDP__MAPPING_PATH_MAX + 100;
+    char *longp = malloc(long_len + 1);
+    for (size_t i = 0; i < long_len; i++)
+        longp[i] = (char)('a' + i % 26);
+    memcpy(longp + long_len - 9, "/file.bin", 9);
+    longp[long_len] = '\0';
+    assert_true(ddp__mapping_add(area[0], 64, longp, DDP_MAPPING_DATA));
+    assert_true(ddp_data_mapping_at(area[0], &m));
+    assert_int_equal(strlen(m.path), DDP__MAPPING_PATH_MAX - 1);
+    assert_string_equal(m.path, longp + long_len - (DDP__MAPPING_PATH_MAX - 1));
+    ddp__mapping_remove(area[0]);
+    free(longp);
+
+    /* two threads churning while this one looks up a mapping that stays */
+    assert_true(ddp__mapping_add(area[1], 64, "/stays", DDP_MAPPING_DATA));
+    churn c[2] = {{.id = 0}, {.id = 1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        atomic_init(&c[i].stop, false);
+        atomic_init(&c[i].rounds, 0);
+        assert_int_equal(pthread_create(&th[i], NULL, churn_run, &c[i]), 0);
+    }
+    for (int k = 0;
+         k < 200000 && (k < 2000 || atomic_load(&c[0].rounds) + atomic_load(&c[1].rounds) < 2000);
+         k++) {
+        assert_true(ddp_data_mapping_at(area[1] + k % 64, &m));
+        assert_string_equal(m.path, "/stays");
+        assert_int_equal(m.offset, (size_t)(k % 64));
+        assert_false(ddp_data_mapping_at(area[2], &m));
+    }
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&c[i].stop, true);
+        pthread_join(th[i], NULL);
+    }
+    ddp__mapping_remove(area[1]);
+}
+
+static int sig_pipe = -1;
+
+static void report_fault(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    ddp_mapping_info m;
+    if (ddp_data_mapping_at(si->si_addr, &m)) {
+        int kind = (int)m.kind;
+        if (write(sig_pipe, &m.offset, sizeof m.offset) < 0 ||
+            write(sig_pipe, &kind, sizeof kind) < 0 || write(sig_pipe, m.path, strlen(m.path)) < 0)
+            _exit(5);
+    }
+    raise(sig); /* the default again (SA_RESETHAND): dies when this returns */
+}
+
+/* A token file truncated under an open dataset: reading a sample past its new end raises SIGBUS,
+ * and the handler finds the file and the byte from the fault's address (ddptrain's use). */
+static void mappings_sigbus_in_shrunk_file(void **state)
+{
+    (void)state;
+    char tok[512];
+    sprintf(tok, "%s/shrinks.bin", dir);
+    write_tokens(tok, 32769); /* 512 windows of 64 */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        sig_pipe = fds[1];
+        ddp_dataset *ds;
+        if (ddp_dataset_open_tokens(tok, 64, &ds, NULL) != DDP_OK)
+            _exit(2);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = report_fault;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+        if (sigaction(SIGBUS, &sa, NULL) != 0 || truncate(tok, 4096) != 0)
+            _exit(3);
+        int32_t x[64], y[64];
+        ddp_dataset_get(ds, 300, x, y); /* bytes 38400 … 38529: past the new end */
+        _exit(4);
+    }
+    close(fds[1]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    char buf[600] = "";
+    size_t off = 0, got = 0;
+    int kind = 0;
+    ssize_t r;
+    while ((r = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)r;
+    close(fds[0]);
+    if (!WIFSIGNALED(status))
+        fail_msg("the reader exited %d instead of dying of SIGBUS", WEXITSTATUS(status));
+    assert_int_equal(WTERMSIG(status), SIGBUS);
+    assert_true(got > sizeof off + sizeof kind);
+    memcpy(&off, buf, sizeof off);
+    memcpy(&kind, buf + sizeof off, sizeof kind);
+    buf[got] = '\0';
+    assert_string_equal(buf + sizeof off + sizeof kind, tok);
+    assert_int_equal(kind, DDP_MAPPING_DATA);
+    assert_in_range(off, 300 * 64 * 2, 300 * 64 * 2 + 65 * 2 - 1); /* in sample 300's window */
+    unlink(tok);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -921,6 +1177,9 @@ int main(void)
         cmocka_unit_test(loader_outlives_its_inputs),
         cmocka_unit_test(augment_images),
         cmocka_unit_test(sampler_refuses_bad_world),
+        cmocka_unit_test(mappings_name_open_files),
+        cmocka_unit_test(mappings_table),
+        cmocka_unit_test(mappings_sigbus_in_shrunk_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,7 @@
  *   metrics.c     the progress line and what goes with it: per-rank step times gathered to rank
  *                 0, MFU, metrics.jsonl, TensorBoard, the straggler warning (straggler.c's rule)
  *   report.c      --task report: metrics.jsonl into one HTML page (plot.c draws the SVG charts)
+ *   busfault.c    a data file or checkpoint that shrank under the job: its SIGBUS named
  */
 #ifndef DDPTRAIN_H
 #define DDPTRAIN_H
@@ -177,6 +178,12 @@ int trainer_die(trainer *t, const char *what, const char *msg);
  * exit that error goes to TORCHELASTIC_ERROR_FILE when the launcher set it. */
 void trainer_errfile_start(void);
 void trainer_errfile_finish(int rc);
+/* busfault.c: a SIGBUS in one of the library's file mappings (a data file or a checkpoint that
+ * shrank while read) writes one line naming the file, then the rank dies of SIGBUS as before.
+ * catch: from the start of run (SIGBUS left alone when started ignored); rank: for the line,
+ * once the world is read (until then the line names no rank). */
+void trainer_catch_bus_errors(void);
+void trainer_bus_errors_rank(int rank);
 /* The same for a rank that stops only because another rank reported a failure (rank 0 could
  * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that
  * other rank as the cause, not this one, which usually exits first. */

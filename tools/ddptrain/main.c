@@ -587,6 +587,7 @@ static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, d
         return 1;
     }
     t->R = t->world.rank;
+    trainer_bus_errors_rank(t->R);
     /* mpirun, srun, ranks by hand: nothing set the thread counts (ddprun and torchrun do) */
     int threads = ddp_world_default_threads(&t->world);
     if (threads && t->world.local_rank == 0)
@@ -774,6 +775,8 @@ static int run(int argc, char **argv)
      * names with its file and the temporary file is removed, instead of SIGXFSZ ending the rank
      * with no word and leaving the temporary file behind. */
     signal(SIGXFSZ, SIG_IGN);
+    /* A data file or checkpoint that shrinks under the job: its SIGBUS named (busfault.c). */
+    trainer_catch_bus_errors();
     trainer_catch_save_signals(); /* released below unless training */
     trainer t;
     memset(&t, 0, sizeof t);
