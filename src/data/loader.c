@@ -290,8 +290,17 @@ ddp_status ddp_loader_create(ddp_dataset *ds, ddp_sampler *sampler, const ddp_lo
     ddp_sampler_set_epoch(sampler, 0);
     memcpy(l->idx, ddp_sampler_indices(sampler), l->len * sizeof *l->idx);
     l->per_epoch = batches_per_epoch(l);
+    /* The workers take none of the program's signals (they go to its own threads), except the
+     * faults a worker's own read raises: a blocked SIGBUS or SIGSEGV from a fault kills the
+     * process without running any handler, and a data file shrunk under the job must reach the
+     * program's SIGBUS handler to be named (ddp_data_mapping_at; it died with no word until
+     * 2026-11-26). */
     sigset_t all, old;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_BLOCK, &all, &old);
     /* A thread the system refuses (RLIMIT_NPROC, a container's pids limit: EAGAIN) is not an
      * error: the loader runs with those that started, or fills batches inside next() when none

@@ -59,7 +59,7 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
     if (fd < 0)
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot create '%s': %s", lock, strerror(errno));
     int64_t start = ddp__now_ms(), limit_ms = -1; /* -1: not read yet (no wait so far) */
-    bool said = false;
+    bool said = false, from_env = false;
     char limit[32] = "";
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno; /* before the note's fprintf, which may set it (stderr on /dev/full) */
@@ -68,10 +68,9 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
             return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(e));
         }
         if (limit_ms < 0) {
-            /* The job's deadline bounds the wait (DDP_TIMEOUT: its other ranks would stop
-             * waiting for this one by then anyway), 10 min without one (until 2026-11-26 10 min
-             * whatever it was). Read when a wait begins: a run that takes the lock at once
-             * reads no setting. */
+            /* The job's deadline (DDP_TIMEOUT) bounds the wait, 10 min without one (10 min
+             * whatever it was until 2026-11-26). Read when a wait begins: a run that takes the
+             * lock at once reads no setting. */
             ddp_settings set;
             memset(&set, 0, sizeof set);
             ddp_status sst = ddp__settings_from_env(&set, err);
@@ -79,32 +78,29 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
                 close(fd);
                 return sst;
             }
-            limit_ms = set.timeout_ms > 0 ? set.timeout_ms : PREP_DEADLINE_MS;
+            from_env = set.timeout_ms > 0;
+            limit_ms = from_env ? set.timeout_ms : PREP_DEADLINE_MS;
             ddp__fmt_duration(limit, sizeof limit, limit_ms);
-            if (set.timeout_ms > 0) {
-                size_t n = strlen(limit);
-                ddp__fmt(limit + n, sizeof limit - n, " (DDP_TIMEOUT)");
-            }
         }
         /* Said once after 5 s (it was silent for up to 10 min, until 2026-11-26): a holder
          * that is stopped or stuck (another job's rank in a debugger) is then found. */
         if (!said && ddp__now_ms() - start > 5000) {
             said = true;
             fprintf(stderr,
-                    "ddp: waiting for another process to %s (lock '%s'; up to %s): a "
+                    "ddp: waiting for another process to %s (lock '%s'; up to %s%s): a "
                     "process holding it that is stopped or stuck holds this one up\n",
-                    what, lock, limit);
+                    what, lock, limit, from_env ? ", DDP_TIMEOUT" : "");
         }
         if (ddp__now_ms() - start > limit_ms) {
             close(fd);
             /* An flock: a holder that died released it, so removing the file would not help
              * (and would let two writers in); the holder is alive, and lslocks names it. */
             return ddp__err(err, DDP_ERR_TIMEOUT,
-                            "waited %s for another process to %s: it holds the lock '%s' and "
+                            "waited %s%s for another process to %s: it holds the lock '%s' and "
                             "has not finished; find it with lslocks and end it if it is stopped "
                             "or stuck, or give this job a data cache of its own (DDP_DATA_CACHE); "
                             "DDP_TIMEOUT (seconds) sets how long to wait",
-                            limit, what, lock);
+                            limit, from_env ? " (DDP_TIMEOUT)" : "", what, lock);
         }
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);

@@ -178,16 +178,16 @@ int trainer_die(trainer *t, const char *what, const char *msg);
  * exit that error goes to TORCHELASTIC_ERROR_FILE when the launcher set it. */
 void trainer_errfile_start(void);
 void trainer_errfile_finish(int rc);
+/* The same for a rank that stops only because another rank reported a failure (rank 0 could
+ * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that
+ * other rank as the cause, not this one, which usually exits first. */
+int trainer_die_peer(trainer *t, const char *what, const char *msg);
 /* busfault.c: a SIGBUS in one of the library's file mappings (a data file or a checkpoint that
  * shrank while read) writes one line naming the file, then the rank dies of SIGBUS as before.
  * catch: from the start of run (SIGBUS left alone when started ignored); rank: for the line,
  * once the world is read (until then the line names no rank). */
 void trainer_catch_bus_errors(void);
 void trainer_bus_errors_rank(int rank);
-/* The same for a rank that stops only because another rank reported a failure (rank 0 could
- * not save, load, write out_dir): returns DDP_EXIT_PEER_FAILED, so that ddprun reports that
- * other rank as the cause, not this one, which usually exits first. */
-int trainer_die_peer(trainer *t, const char *what, const char *msg);
 
 /* ---- metrics.c ---- */
 

@@ -1,0 +1,108 @@
+/*
+ * busfault.c — a data file or checkpoint that shrinks while the rank reads it: one line naming
+ * the file, then the rank dies of SIGBUS as before.
+ *
+ * The library reads training data and checkpoints through mmap. A user who re-runs a
+ * preparation script into the same path truncates the file under the running job, and the first
+ * read past its new end raises SIGBUS: the rank died with no word, and ddprun's summary said
+ * only "signal 7 (SIGBUS)". The handler here asks the library which of its mappings the faulting
+ * address lies in (ddp_data_mapping_at, async-signal-safe) and writes one line saying which file
+ * shrank and what to do; then it re-raises the signal under the default action, so that the
+ * rank still dies of SIGBUS (exit status 135 in a shell, ddprun's summary and exit code as
+ * before). A fault elsewhere (not in a mapped file) is left as it was: no line, the same death.
+ *
+ * Only async-signal-safe calls in the handler: write(2) and raise(3); the line is put together
+ * by hand in a buffer on the stack (no printf). The line goes to descriptor 2 directly, so the
+ * error file (errfile.c) does not see it: a rank that dies of a signal writes none, as before.
+ * SA_RESETHAND: the handler runs once; a second thread faulting at the same moment (two loader
+ * workers reading the same shrunk file) meets the default action and may end the rank before
+ * the line is out — the death is the same, only the line is lost.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ddptrain.h"
+
+static atomic_int bus_rank = -1; /* the rank, once the world is read; -1: not yet */
+
+/* Appends s (up to its NUL) to buf at *n, never past cap - 1. */
+static void put_str(char *buf, size_t cap, size_t *n, const char *s)
+{
+    while (*s && *n + 1 < cap)
+        buf[(*n)++] = *s++;
+}
+
+/* Appends v in decimal. */
+static void put_num(char *buf, size_t cap, size_t *n, unsigned long long v)
+{
+    char d[24];
+    int k = 0;
+    do {
+        d[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (k > 0 && *n + 1 < cap)
+        buf[(*n)++] = d[--k];
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    int saved = errno;
+    ddp_mapping_info m;
+    if (si && ddp_data_mapping_at(si->si_addr, &m)) {
+        bool ck = m.kind == DDP_MAPPING_CHECKPOINT;
+        char line[4096 + 512]; /* the path (the library keeps at most 4095 bytes), the words */
+        size_t n = 0, cap = sizeof line - 1; /* room kept for the line's end */
+        int rank = atomic_load(&bus_rank);
+        put_str(line, cap, &n, "ddptrain: ");
+        if (rank >= 0) {
+            put_str(line, cap, &n, "rank ");
+            put_num(line, cap, &n, (unsigned long long)rank);
+            put_str(line, cap, &n, ": ");
+        }
+        put_str(line, cap, &n, ck ? "the checkpoint file '" : "the data file '");
+        put_str(line, cap, &n, m.path);
+        put_str(line, cap, &n, "' shrank while this job read it (a bus error at byte ");
+        put_num(line, cap, &n, (unsigned long long)m.offset);
+        put_str(line, cap, &n, " of its mapping); HINT: write a new ");
+        put_str(line, cap, &n, ck ? "checkpoint" : "data file");
+        put_str(line, cap, &n, " under another name and rename it over the old one (");
+        put_str(line, cap, &n, ck ? "ddptrain's saves do" : "ddpprep does");
+        put_str(line, cap, &n, "), or stop the job before rewriting it");
+        line[n++] = '\n';
+        for (size_t off = 0; off < n;) { /* a short write or EINTR: the rest */
+            ssize_t w = write(STDERR_FILENO, line + off, n - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+    }
+    /* The action is the default again (SA_RESETHAND): the signal, pending while this handler
+     * runs, ends the rank as soon as it returns — before the faulting read runs again. */
+    raise(sig);
+    errno = saved;
+}
+
+void trainer_catch_bus_errors(void)
+{
+    struct sigaction sa, old;
+    if (sigaction(SIGBUS, NULL, &old) != 0 || old.sa_handler == SIG_IGN)
+        return; /* left as started (an ignored SIGBUS from a fault is fatal anyway) */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    (void)sigaction(SIGBUS, &sa, NULL); /* failing, the rank dies as before: no line */
+}
+
+void trainer_bus_errors_rank(int rank)
+{
+    atomic_store(&bus_rank, rank);
+}
