@@ -42,7 +42,8 @@ ddp_status ddp_file_write_atomic(const char *out, ddp_file_fill_fn fn, void *ctx
         st = ddp__err(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s%s", tmp, strerror(errno),
                       errno == ENOSPC || errno == EDQUOT ? "; free space in its folder" : "");
     if (st == DDP_OK && rename(tmp, out) != 0)
-        st = ddp__err(err, DDP_ERR_SYSTEM, "cannot rename '%s': %s", tmp, strerror(errno));
+        st = ddp__err(err, DDP_ERR_SYSTEM, "cannot rename '%s' to '%s': %s; check the folder", tmp,
+                      out, strerror(errno));
     if (st != DDP_OK)
         unlink(tmp);
     return st;
@@ -58,29 +59,26 @@ ddp_status ddp__prepare_once(const char *out, const char *what, ddp__prep_fn fn,
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return ddp__err(err, DDP_ERR_SYSTEM, "cannot create '%s': %s", lock, strerror(errno));
-    int64_t start = ddp__now_ms(), limit_ms = -1; /* -1: not read yet (no wait so far) */
-    bool said = false, from_env = false;
-    char limit[32] = "";
+    /* The job's deadline (DDP_TIMEOUT) bounds a wait, 10 min without one (10 min whatever it
+     * was until 2026-11-26). Read before the first try, so that a bad DDP_* value fails every
+     * time, not only when another process holds the lock. */
+    ddp_settings set;
+    memset(&set, 0, sizeof set);
+    ddp_status sst = ddp__settings_from_env(&set, err);
+    if (sst != DDP_OK) {
+        close(fd);
+        return sst;
+    }
+    const bool from_env = set.timeout_ms > 0;
+    const int64_t start = ddp__now_ms(), limit_ms = from_env ? set.timeout_ms : PREP_DEADLINE_MS;
+    char limit[32];
+    ddp__fmt_duration(limit, sizeof limit, limit_ms);
+    bool said = false;
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno; /* before the note's fprintf, which may set it (stderr on /dev/full) */
         if (e != EWOULDBLOCK && e != EINTR) {
             close(fd);
             return ddp__err(err, DDP_ERR_SYSTEM, "cannot lock '%s': %s", lock, strerror(e));
-        }
-        if (limit_ms < 0) {
-            /* The job's deadline (DDP_TIMEOUT) bounds the wait, 10 min without one (10 min
-             * whatever it was until 2026-11-26). Read when a wait begins: a run that takes the
-             * lock at once reads no setting. */
-            ddp_settings set;
-            memset(&set, 0, sizeof set);
-            ddp_status sst = ddp__settings_from_env(&set, err);
-            if (sst != DDP_OK) {
-                close(fd);
-                return sst;
-            }
-            from_env = set.timeout_ms > 0;
-            limit_ms = from_env ? set.timeout_ms : PREP_DEADLINE_MS;
-            ddp__fmt_duration(limit, sizeof limit, limit_ms);
         }
         /* Said once after 5 s (it was silent for up to 10 min, until 2026-11-26): a holder
          * that is stopped or stuck (another job's rank in a debugger) is then found. */

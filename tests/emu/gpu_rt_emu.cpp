@@ -540,8 +540,7 @@ struct CUevent_st {
 static std::mutex obj_m;
 static std::set<const void *> streams, events;
 /* The legacy stream (NULL) as a queue: not in `streams` (no handle names it) but run with them. */
-static CUstream_st legacy_st;
-static const cudaStream_t legacy = &legacy_st;
+static const cudaStream_t legacy = new CUstream_st(); /* never freed: a thread may run it at exit */
 /* Held while queuing, running and waiting: a queued operation runs on the thread that needs it
  * done, one at a time (a kernel's fibers run on that thread). Recursive: an operation that waits
  * for an event on another stream (cudaStreamWaitEvent's) runs that stream's work first. */
@@ -668,8 +667,9 @@ static void queue_on(cudaStream_t s, std::function<bool()> f)
     s->issued++;
 }
 /* Queues f on s, or runs it now with DDP_EMU_STREAMS=immediate (on the legacy stream after the
- * blocking streams' work, which runs first). */
-void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
+ * blocking streams' work, which runs first). Returns the operation's number on its stream (0 when
+ * run now): it has run once s->done reaches it. */
+static uint64_t enqueue_at(cudaStream_t s, std::function<void()> f)
 {
     if (!deferred()) {
         if (!s)
@@ -681,13 +681,18 @@ void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
         f();
         if (dry)
             dry_window(false);
-        return;
+        return 0;
     }
     std::lock_guard<std::recursive_mutex> r(run_m);
     queue_on(s, [f = std::move(f)] {
         f();
         return true;
     });
+    return (s ? s : legacy)->issued; /* read under run_m: not a later operation's number */
+}
+void emu_rt_enqueue(cudaStream_t s, std::function<void()> f)
+{
+    enqueue_at(s, std::move(f));
 }
 /* Queues f and returns once it has run (a copy to or from pageable host memory, cudaMemcpy with
  * a host side): s's earlier work, and what that waits for, first. */
@@ -698,13 +703,7 @@ static void enqueue_wait(cudaStream_t s, std::function<void()> f)
         emu_rt_enqueue(s, std::move(f));
         return;
     }
-    emu_rt_enqueue(s, std::move(f));
-    uint64_t upto;
-    {
-        std::lock_guard<std::recursive_mutex> r(run_m);
-        upto = (s ? s : legacy)->issued;
-    }
-    run_wait(s ? s : legacy, upto);
+    run_wait(s ? s : legacy, enqueue_at(s, std::move(f)));
 }
 /* Queues f, work that may not be ready (f returns false: tried again at the next wait), on s.
  * Queued even with DDP_EMU_STREAMS=immediate (the caller need not wait for it: an NCCL
@@ -767,6 +766,9 @@ EMU_API cudaError_t cudaStreamDestroy(cudaStream_t s)
     run_all(false);
     std::lock_guard<std::recursive_mutex> r(run_m);
     std::lock_guard<std::mutex> l(obj_m);
+    for (const void *p : events) /* their work is done: complete, not a pointer to freed memory */
+        if (((cudaEvent_t)p)->s == s)
+            ((cudaEvent_t)p)->s = nullptr;
     streams.erase(s);
     delete s;
     return cudaSuccess;
@@ -822,11 +824,14 @@ EMU_API cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         e->s = nullptr;
         return cudaSuccess;
     }
-    if (!s) /* on the legacy stream, after the blocking streams' earlier work: a mark queued */
-        emu_rt_enqueue(nullptr, [] {});
-    std::lock_guard<std::recursive_mutex> r(run_m);
-    e->s = s ? s : legacy;
-    e->at = e->s->issued;
+    std::lock_guard<std::recursive_mutex> r(run_m); /* held: no other operation in between */
+    if (!s) { /* on the legacy stream, after the blocking streams' earlier work: a mark queued */
+        e->s = legacy;
+        e->at = enqueue_at(nullptr, [] {});
+    } else {
+        e->s = s;
+        e->at = s->issued;
+    }
     return cudaSuccess;
 }
 EMU_API cudaError_t cudaEventQuery(cudaEvent_t e)
@@ -873,12 +878,13 @@ static cudaError_t copy_check(void *dst, const void *src, size_t n, cudaMemcpyKi
         emu_die("%s: the %zu-byte source %p and destination %p overlap", what, n, src, dst);
     return cudaSuccess;
 }
-/* A copy on stream s (NULL: the legacy stream). From pageable host memory, or into it, CUDA
- * copies in the stream's turn and returns when done (the host buffer may be reused at once), as
- * cudaMemcpy does with any host side; between pinned host memory and the device, or device to
- * device, cudaMemcpyAsync's stays queued, as cudaMemcpy's between device buffers. */
+/* A copy on stream s (NULL: the legacy stream); async: cudaMemcpyAsync's, else cudaMemcpy's.
+ * From pageable host memory, or into it, CUDA copies in the stream's turn and returns when done
+ * (the host buffer may be reused at once), as cudaMemcpy does with any host side; between pinned
+ * host memory and the device, or device to device, cudaMemcpyAsync's stays queued, as
+ * cudaMemcpy's between device buffers. */
 static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s,
-                           const char *what)
+                           bool async, const char *what)
 {
     if (n == 0)
         return cudaSuccess;
@@ -892,10 +898,10 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
             memmove(dst, src, n);
         return cudaSuccess;
     }
-    const bool now = s ? (k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
-                             (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) ||
-                             k == cudaMemcpyHostToHost
-                       : k != cudaMemcpyDeviceToDevice;
+    const bool now = async ? (k == cudaMemcpyHostToDevice && !pinned(src, n)) ||
+                                 (k == cudaMemcpyDeviceToHost && !pinned(dst, n)) ||
+                                 k == cudaMemcpyHostToHost
+                           : k != cudaMemcpyDeviceToDevice;
     if (now) /* the copy is device work: run_until opens a dry run's window for it */
         enqueue_wait(s, [dst, src, n] { memcpy(dst, src, n); });
     else
@@ -904,13 +910,13 @@ static cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind 
 }
 EMU_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
 {
-    return copy_on(dst, src, n, k, nullptr, "cudaMemcpy");
+    return copy_on(dst, src, n, k, nullptr, false, "cudaMemcpy");
 }
 EMU_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k,
                                     cudaStream_t s)
 {
     need_stream(s, "cudaMemcpyAsync");
-    return copy_on(dst, src, n, k, s, "cudaMemcpyAsync");
+    return copy_on(dst, src, n, k, s, true, "cudaMemcpyAsync");
 }
 EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                                       size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s)
@@ -920,7 +926,7 @@ EMU_API cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
         return set_err(cudaErrorInvalidValue); /* as CUDA: pitches below the width */
     for (size_t r = 0; r < height; r++) {
         cudaError_t e = copy_on((char *)dst + r * dpitch, (const char *)src + r * spitch, width, k,
-                                s, "cudaMemcpy2DAsync");
+                                s, true, "cudaMemcpy2DAsync");
         if (e)
             return e;
     }

@@ -360,5 +360,7 @@ if [ -z "$SANITIZE" ]; then
         timeout 30 "$TRAIN" --max_steps 2) >vlim2.out 2>&1 || rc=$?
     [ $rc -eq 2 ] || { cat vlim2.out; fail "a usage error under ulimit -v 150000: exit $rc, want 2"; }
     assert_contains vlim2.out "is 'total_steps'"
-    ok "an address-space limit too small for the BLAS: a run refused in a line, a usage error prompt"
+    (ulimit -v 2097152 && timeout 60 "$TRAIN" --total_steps 2 --eval_every 0 --out_dir vlim3) \
+        >vlim3.out 2>&1 || { cat vlim3.out; fail "a run under ulimit -v 2 GiB (1 BLAS thread) refused"; }
+    ok "an address-space limit too small for the BLAS: a run refused in a line, a usage error prompt; 2 GiB trains"
 fi

@@ -11,9 +11,9 @@
  * rank still dies of SIGBUS (exit status 135 in a shell, ddprun's summary and exit code as
  * before). A fault elsewhere (not in a mapped file) is left as it was: no line, the same death.
  *
- * Only async-signal-safe calls in the handler: write(2) and raise(3); the line is put together
- * by hand in a buffer on the stack (no printf). The line goes to descriptor 2 directly, so the
- * error file (errfile.c) does not see it: a rank that dies of a signal writes none, as before.
+ * Only async-signal-safe calls in the handler: stat(2), write(2) and raise(3); the line is put
+ * together by hand in a buffer on the stack (no printf). The line goes to descriptor 2 directly, so
+ * the error file (errfile.c) does not see it: a rank that dies of a signal writes none, as before.
  * SA_RESETHAND: the handler runs once; a second thread faulting at the same moment (two loader
  * workers reading the same shrunk file) meets the default action and may end the rank before
  * the line is out — the death is the same, only the line is lost.
@@ -22,7 +22,9 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ddptrain.h"
@@ -54,7 +56,14 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx)
     (void)uctx;
     int saved = errno;
     ddp_mapping_info m;
-    if (si && ddp_data_mapping_at(si->si_addr, &m)) {
+    /* si_code > 0: raised by the kernel for a fault (si_addr is the address); a kill -BUS has
+     * none (si_addr overlaps the sender's pid there) */
+    if (si && si->si_code > 0 && ddp_data_mapping_at(si->si_addr, &m)) {
+        /* A read past a shrunk file's end, or a page the kernel could not read (a failing disk,
+         * a network file system gone away): the file's size now tells which (stat(2) is
+         * async-signal-safe). */
+        struct stat st;
+        bool shrank = stat(m.path, &st) != 0 || (uint64_t)st.st_size <= (uint64_t)m.offset;
         bool ck = m.kind == DDP_MAPPING_CHECKPOINT;
         char line[4096 + 512]; /* the path (the library keeps at most 4095 bytes), the words */
         size_t n = 0, cap = sizeof line - 1; /* room kept for the line's end */
@@ -67,13 +76,22 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx)
         }
         put_str(line, cap, &n, ck ? "the checkpoint file '" : "the data file '");
         put_str(line, cap, &n, m.path);
-        put_str(line, cap, &n, "' shrank while this job read it (a bus error at byte ");
-        put_num(line, cap, &n, (unsigned long long)m.offset);
-        put_str(line, cap, &n, " of its mapping); HINT: write a new ");
-        put_str(line, cap, &n, ck ? "checkpoint" : "data file");
-        put_str(line, cap, &n, " under another name and rename it over the old one (");
-        put_str(line, cap, &n, ck ? "ddptrain's saves do" : "ddpprep does");
-        put_str(line, cap, &n, "), or stop the job before rewriting it");
+        if (shrank) {
+            put_str(line, cap, &n, "' shrank while this job read it (a bus error at byte ");
+            put_num(line, cap, &n, (unsigned long long)m.offset);
+            put_str(line, cap, &n, " of its mapping); HINT: write a new ");
+            put_str(line, cap, &n, ck ? "checkpoint" : "data file");
+            put_str(line, cap, &n, " under another name and rename it over the old one (");
+            put_str(line, cap, &n, ck ? "ddptrain's saves do" : "ddpprep does");
+            put_str(line, cap, &n, "), or stop the job before rewriting it");
+        } else {
+            put_str(line, cap, &n, "' could not be read at byte ");
+            put_num(line, cap, &n, (unsigned long long)m.offset);
+            put_str(line, cap, &n,
+                    " (a bus error, the file as long as before: an I/O error, a "
+                    "failing disk or a network file system gone away?); HINT: "
+                    "check the kernel's log (dmesg) and the file system");
+        }
         line[n++] = '\n';
         for (size_t off = 0; off < n;) { /* a short write or EINTR: the rest */
             ssize_t w = write(STDERR_FILENO, line + off, n - off);

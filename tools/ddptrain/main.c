@@ -521,56 +521,49 @@ static int join(trainer *t)
     return 0;
 }
 
-/* Everything about the configuration and the data is checked before any work starts: exit code
- * 2 (1 when the environment is wrong). Training checks before joining the group; test and
- * predict join first, because rank 0 hands everyone the configuration stored in the checkpoint. */
 /* Under an address-space limit (ulimit -v; some clusters set one) OpenBLAS maps a 128 MiB
  * buffer for each of its threads — its helper threads as the library loads, before main, the
  * calling thread at its first product — and a thread whose mmap fails retries it forever: the
  * product waits for it, and so does exit (the library's destructor joins its threads). ddptrain
- * hung, even on a usage error (found 2026-11-26). Asked once, first: whether those buffers and
- * the shm segment (64 MiB) still fit beside what is mapped (the helper threads' may be already:
- * counted again, a margin). If not, a run is refused with a line, and main ends with _exit. */
+ * hung, even on a usage error (found 2026-11-26). Asked once, first: whether the calling
+ * thread's buffer, the shm segment (64 MiB) and a margin for the data and the model (128 MiB)
+ * still fit. The helper threads' buffers are mapped by then (or one is stuck: less than 128 MiB
+ * was free), so they are not counted: their number (OpenBLAS follows the affinity mask and its
+ * own cap, not the CPUs online) does not matter. If not, a run is refused with a line, and main
+ * ends with _exit. */
+#define CRAMPED_NEED_MIB 320
 static bool cramped;
-static size_t cramped_need_mib;
+static unsigned long long cramped_limit_mib;
 static void probe_address_space(void)
 {
     struct rlimit r;
     if (getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY)
-        return;
-    long threads = 0; /* OpenBLAS's count: these variables, else every CPU online */
-    const char *vars[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars && threads <= 0; i++) {
-        const char *v = getenv(vars[i]);
-        threads = v ? strtol(v, NULL, 10) : 0;
-    }
-    if (threads <= 0)
-        threads = sysconf(_SC_NPROCESSORS_ONLN);
-    if (threads <= 0 || threads > 512)
-        threads = threads <= 0 ? 1 : 512;
-    cramped_need_mib = (size_t)threads * 129 + 128;
-    size_t n = cramped_need_mib << 20;
+        return; /* no limit (or none that can be read: nothing to go by) */
+    size_t n = (size_t)CRAMPED_NEED_MIB << 20;
     void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
+    if (p == MAP_FAILED) {
         cramped = true;
-    else
+        cramped_limit_mib = (unsigned long long)(r.rlim_cur >> 20);
+    } else {
         munmap(p, n);
+    }
 }
 
 /* The run refused (cramped): exit status 1. */
 static int refuse_cramped(void)
 {
-    struct rlimit r;
-    getrlimit(RLIMIT_AS, &r);
     fprintf(stderr,
-            "ddptrain: the address-space limit (ulimit -v: %llu MiB) leaves less than %zu MiB "
+            "ddptrain: the address-space limit (ulimit -v: %llu MiB) leaves less than %d MiB "
             "free beside what is mapped already, the least a run needs (the BLAS maps 128 MiB "
             "for each of its threads and waits forever where it cannot); HINT: raise the limit "
-            "(ulimit -v unlimited, or a few GiB)\n",
-            (unsigned long long)(r.rlim_cur >> 20), cramped_need_mib);
+            "by a few hundred MiB or more, or lift it (ulimit -v unlimited)\n",
+            cramped_limit_mib, CRAMPED_NEED_MIB);
     return 1;
 }
 
+/* Everything about the configuration and the data is checked before any work starts: exit code
+ * 2 (1 when the environment is wrong). Training checks before joining the group; test and
+ * predict join first, because rank 0 hands everyone the configuration stored in the checkpoint. */
 static int configure(trainer *t, const char *cfg_path, int nrest, char **rest, ddp_dataset **tr,
                      ddp_dataset **te)
 {
