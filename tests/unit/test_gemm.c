@@ -6,7 +6,8 @@
  * than the rows, sizes that are not multiples of any vector width, one-row products (float32's
  * sgemv path), a C full of NaN that beta 0 must ignore. The bf16 result must also differ from the
  * float32 one by more than float32 rounding: a silent float32 fallback would pass the first check
- * alone.
+ * alone. Under an address-space limit that leaves OpenBLAS no room for its buffers, float32
+ * products still come out right, and at once (OpenBLAS alone waited forever).
  *
  * bf16 cases are skipped where this CPU has no bf16 units or oneDNN is not installed (the check
  * says which); the refusal itself is checked in a child process with DDP_ONEDNN_LIB pointing at
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -330,6 +332,87 @@ static void expect_child(pid_t pid)
     assert_int_equal(WEXITSTATUS(ws), 0);
 }
 
+/* This process's mapped address space (VmSize), in bytes; 0 if unknown. */
+static size_t vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib << 10;
+}
+
+/* In a child: products of every transpose, M rows, against the double loop, once the
+ * address-space limit leaves 64 MiB free (the matrices fit, OpenBLAS's 128 MiB buffer does not).
+ * Exit 0 when all are right, 1 when one is wrong, 77 when the limit cannot be set. */
+static void products_under_a_limit(int M)
+{
+    alarm(60);
+    ddp__blas_set_threads(1);
+    size_t vm = vm_size();
+    struct rlimit r = {vm + ((size_t)64 << 20), vm + ((size_t)64 << 20)};
+    if (!vm || setrlimit(RLIMIT_AS, &r) != 0)
+        _exit(77);
+    const int N = 300, K = 200, ld = 300; /* ld: every operand fits in ld × ld */
+    float *A = malloc(sizeof(float) * ld * ld), *B = malloc(sizeof(float) * ld * ld);
+    float *C = malloc(sizeof(float) * ld * ld);
+    if (!A || !B || !C)
+        _exit(1);
+    uint32_t seed = 7;
+    for (int i = 0; i < ld * ld; i++)
+        A[i] = frand(&seed), B[i] = frand(&seed);
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t >> 1;
+        for (int i = 0; i < ld * ld; i++)
+            C[i] = 1.0f;
+        ddp__sgemm(ta, tb, M, N, K, 0.5f, A, ld, B, ld, 0.25f, C, ld);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 0, mag = 0;
+                for (int k = 0; k < K; k++) {
+                    double p = (double)(ta ? A[k * ld + i] : A[i * ld + k]) *
+                               (tb ? B[j * ld + k] : B[k * ld + j]);
+                    s += p, mag += fabs(p);
+                }
+                double want = 0.5 * s + 0.25, got = C[i * ld + j];
+                if (!(fabs(got - want) <= 1e-5 * (mag + 1))) {
+                    fprintf(stderr, "child: %c%c M%d: C[%d][%d] = %.9g, the loop says %.9g\n",
+                            ta ? 'T' : 'N', tb ? 'T' : 'N', M, i, j, got, want);
+                    _exit(1);
+                }
+            }
+    }
+    _exit(0);
+}
+
+/* Under an address-space limit (ulimit -v) that leaves no room for OpenBLAS's 128 MiB buffer, a
+ * product comes out right instead of waiting forever: OpenBLAS 0.3.21 retries a buffer it cannot
+ * map without end (ddptrain hung in its first product under ulimit -v 340000 with the shm
+ * backend: the data and the segment had taken the room its start-up check saw, 2026-11-26).
+ * In children forked before any product of this process (OpenBLAS fills its pool of buffers
+ * once): a product through sgemm, and a one-row one through sgemv, whose buffer comes from the
+ * same pool. Each child has 60 s (SIGALRM). Not under the sanitizers, whose shadow memory needs
+ * terabytes of address space. */
+static void fp32_without_room_for_the_blas(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    skip();
+#endif
+    for (int M = 1; M <= 40; M += 39) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+            products_under_a_limit(M);
+        expect_child(pid);
+    }
+}
+
 /* A child forked after this process's products ran on OpenMP's threads (the test runs with
  * OMP_NUM_THREADS=2): its own bf16 products come out right, in bf16, instead of waiting forever
  * for a thread pool fork did not copy. The child has 60 s (SIGALRM) to finish. */
@@ -444,6 +527,7 @@ static void bf16_without_a_thread_key(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fp32_without_room_for_the_blas), /* first: no product has run yet */
         cmocka_unit_test(fp32_products),
         cmocka_unit_test(bf16_without_onednn), /* first: a fork after the load would inherit it */
         cmocka_unit_test(bf16_refused_when_onednn_is_limited), /* likewise */

@@ -522,15 +522,14 @@ static int join(trainer *t)
 }
 
 /* Under an address-space limit (ulimit -v; some clusters set one) OpenBLAS maps a 128 MiB
- * buffer for each of its threads — its helper threads as the library loads, before main, the
- * calling thread at its first product — and a thread whose mmap fails retries it forever: the
- * product waits for it, and so does exit (the library's destructor joins its threads). ddptrain
- * hung, even on a usage error (found 2026-11-26). Asked once, first: whether the calling
- * thread's buffer, the shm segment (64 MiB) and a margin for the data and the model (128 MiB)
- * still fit. The helper threads' buffers are mapped by then (or one is stuck: less than 128 MiB
- * was free), so they are not counted: their number (OpenBLAS follows the affinity mask and its
- * own cap, not the CPUs online) does not matter. If not, a run is refused with a line, and main
- * ends with _exit. */
+ * buffer for each of its threads, and a thread whose mapping fails retries it forever; its
+ * helper thread, started as the library loads, was seen doing so before main, and exit then
+ * waits for it (the library's destructor joins its threads): ddptrain hung even on a usage error
+ * (found 2026-11-26). Asked once, first: whether the buffers, the shm segment (64 MiB) and a
+ * margin for the data and the model still fit (320 MiB). If not, a run is refused with a line,
+ * and main ends with _exit. What the data, the model and the segment take later is the
+ * library's check (kernels/cpu/gemm.c: products in a plain loop where OpenBLAS's buffers would
+ * not fit). */
 #define CRAMPED_NEED_MIB 320
 static bool cramped;
 static unsigned long long cramped_limit_mib;
