@@ -217,6 +217,16 @@ if [ -z "$SANITIZE" ]; then
     ok "ddprun under an address-space limit (ulimit -v 200000): runs its workers"
 fi
 
+# An open-files limit too low for the job (ulimit -n 8): said at once. The store could not accept
+# ddprun's own connection, and the rendezvous waited its whole timeout (300 s) and then blamed
+# node 0 (until 2026-11-26).
+rc=0
+(ulimit -n 8 && timeout 20 "$DDPRUN" --standalone --nproc_per_node 2 --no_prefix true) \
+    >"$T/nofile.out" 2>"$T/nofile.err" || rc=$?
+[ $rc -eq 1 ] || { cat "$T/nofile.err"; fail "ddprun under ulimit -n 8 exited $rc, want 1 at once"; }
+assert_contains "$T/nofile.err" "the open-files limit (ulimit -n: 8) is too low for 2 workers: ddprun needs about 20"
+ok "an open-files limit too low for the workers (ulimit -n 8): one line, at once"
+
 # The reaper killed by hand (pkill ddp-reaper, an OOM killer): said, and the job goes on (it went
 # unnoticed until 2026-11-26, leaving the job without its protection against a SIGKILL to
 # ddprun, silently).

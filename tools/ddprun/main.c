@@ -151,6 +151,18 @@ int main(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
+    /* Too few for the store, the agent and the workers' pipes: said now. Under `ulimit -n 8` the
+     * store could not accept ddprun's own connection and the rendezvous waited its whole timeout
+     * (300 s), then blamed node 0 (found 2026-11-26); 20 is the least 2 workers ran with. */
+    const unsigned long long need_fds = 4 + 8ull * (unsigned long long)o->nproc;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (unsigned long long)rl.rlim_cur < need_fds) {
+        ddprun_say("the open-files limit (ulimit -n: %llu) is too low for %d worker%s: ddprun "
+                   "needs about %llu (8 a worker and 4); raise it (ulimit -n 1024)",
+                   (unsigned long long)rl.rlim_cur, o->nproc, o->nproc == 1 ? "" : "s", need_fds);
+        free(o);
+        return 1;
+    }
     if (o->want_files && !o->log_dir[0]) {
         /* --redirects/--tee without --log_dir: a fresh directory, as torchrun does. */
         const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
