@@ -105,3 +105,30 @@ assert_contains "$T/err" "backend 'tcp' has no shared-memory arena: private buff
 assert_not_contains "$T/err" "could not hold"
 [ "$(grep -c 'no shared-memory arena' "$T/err")" = 1 ] || { cat "$T/err" >&2; fail "the note not once"; }
 ok "--backend tcp: private buffers, said once"
+
+# DDP_TIMEOUT bounds the set-up against a store that accepts and never answers (a stranger on
+# the port): ddpbench's own 10 min took precedence over it until 2026-11-26.
+if command -v python3 >/dev/null; then
+    port=$(free_port)
+    python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8); keep = []
+end = time.time() + 60
+while time.time() < end:
+    s.settimeout(1)
+    try: keep.append(s.accept()[0])
+    except OSError: pass' "$port" &
+    mute=$!
+    BG_PIDS+=($mute)
+    sleep 0.5
+    rc=0
+    start=$(date +%s)
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 \
+        DDP_TIMEOUT=2 timeout 60 "$BENCH" --sizes 1024 --iters 1 >"$T/mute.out" 2>"$T/mute.err" || rc=$?
+    took=$(($(date +%s) - start))
+    [ $rc -eq 1 ] && [ $took -lt 20 ] || { cat "$T/mute.err"; fail "a mute store: exit $rc after $took s, want 1 within DDP_TIMEOUT"; }
+    assert_contains "$T/mute.err" "after 2 s"
+    kill $mute 2>/dev/null
+    wait $mute 2>/dev/null || true
+    ok "a store that never answers: ddpbench gives up after DDP_TIMEOUT (2 s)"
+fi

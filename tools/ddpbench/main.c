@@ -458,7 +458,9 @@ int main(int argc, char **argv)
     ddp_group_opts o = DDP_GROUP_OPTS_INIT;
     o.world = &world;
     o.backend = backend;
-    o.timeout_ms = 600000;
+    /* DDP_TIMEOUT when set (the setting: 0), else 10 min (it was 10 min whatever DDP_TIMEOUT
+     * said, until 2026-11-26) */
+    o.timeout_ms = getenv("DDP_TIMEOUT") && *getenv("DDP_TIMEOUT") ? 0 : 600000;
     o.arena_bytes = arena ? 2 * maxbytes * (size_t)world.world_size + ((size_t)4 << 20) : 0;
     o.device = cuda ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
     ddp_group *g;
