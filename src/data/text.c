@@ -66,6 +66,20 @@ static ddp_status expand(const char *input, file_list *l, ddp_error *err)
     if (stat(input, &st) != 0)
         return ddp__err(err, errno == ENOENT ? DDP_ERR_NOT_FOUND : DDP_ERR_SYSTEM,
                         "cannot read text input '%s': %s", input, strerror(errno));
+    /* A pipe or a device cannot be prepared: the text is read once to check the splits, then
+     * once per file written, and the cache key is its size and modification time (a FIFO
+     * blocked the open until the job's timeout; /dev/zero would have been read until memory
+     * ran out). */
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return ddp__err(err, DDP_ERR_INVALID,
+                        "text input '%s' is %s, not a file or a folder: the text is read more "
+                        "than once; save it to a file first",
+                        input,
+                        S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
+                        : S_ISCHR(st.st_mode)  ? "a character device"
+                        : S_ISBLK(st.st_mode)  ? "a block device"
+                        : S_ISSOCK(st.st_mode) ? "a socket"
+                                               : "a special file");
     if (!S_ISDIR(st.st_mode))
         return list_add(l, input, err);
     DIR *d = opendir(input);
@@ -263,6 +277,16 @@ static ddp_status job_init(text_job *j, const char *const *inputs, size_t n,
         ddp_status st = expand(inputs[i], &j->files, err);
         if (st)
             return st;
+    }
+    /* Each file opens, before the data cache is touched: an unreadable input failed inside
+     * the cache's writer, whose message then blamed the cache ("DDP_DATA_CACHE names another
+     * folder"). expand let through regular files only, so no open blocks. */
+    for (size_t i = 0; i < j->files.n; i++) {
+        FILE *f = fopen(j->files.paths[i], "rb");
+        if (!f)
+            return ddp__err(err, DDP_ERR_INVALID, "cannot read text input '%s': %s",
+                            j->files.paths[i], strerror(errno));
+        fclose(f);
     }
     return DDP_OK;
 }

@@ -71,6 +71,42 @@ bad block "model.block_size 32 is larger than data.val 'short.bin' allows: it ha
 bad heads "model.n_embd 32 is not divisible by model.n_head 3" --model.n_head 3
 ok "odd-sized file, id ≥ vocab_size, block_size > file, n_embd % n_head: one-line errors"
 
+# data.text too short for a window names data.text and what to do, not the cache's file as a
+# data.val the user never gave; a FIFO or a device is refused (a FIFO blocked the open until
+# the job's timeout, /dev/zero was read until memory ran out), by ddptrain and ddpprep.
+for i in $(seq 20); do printf 'ab\n%%\n'; done >short.txt
+bad shorttext "model.block_size 32 is larger than the validation tokens data.text gives allow: 10 (in '$T/cache/text-" \
+    --data.text "$T/short.txt"
+assert_contains shorttext.err "lower model.block_size or give more text (or a smaller data.val_every)"
+mkfifo fifo
+rc=0
+timeout 20 "$TRAIN" "${TINY[@]}" --data.text "$T/fifo" --out_dir bad_fifo >fifo.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat fifo.out; fail "data.text a FIFO: exit $rc, want 2 (124: waiting for a writer)"; }
+assert_contains fifo.out "data.text: text input '$T/fifo' is a FIFO (named pipe), not a file or a folder"
+[ ! -d bad_fifo ] || fail "data.text a FIFO: work started"
+rc=0
+timeout 20 "$TRAIN" "${TINY[@]}" --data.text /dev/zero --out_dir bad_fifo >zero.out 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat zero.out; fail "data.text /dev/zero: exit $rc, want 2"; }
+assert_contains zero.out "text input '/dev/zero' is a character device, not a file or a folder"
+rc=0
+timeout 20 "$BIN/ddpprep" --out_dir bad_fifo fifo >fifo2.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat fifo2.out; fail "ddpprep of a FIFO: exit $rc, want 1"; }
+assert_contains fifo2.out "text input 'fifo' is a FIFO (named pipe)"
+# An unreadable input is named as the input, without the data cache's hint ("DDP_DATA_CACHE
+# names another folder", which the cache's writer added to the failed read). As root: as nobody.
+if [ "$(id -u)" != 0 ] || command -v setpriv >/dev/null; then
+    as_user=()
+    [ "$(id -u)" != 0 ] || as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    cp short.txt unreadable.txt && chmod 000 unreadable.txt && chmod 755 "$T" && mkdir -m 777 ucache
+    rc=0
+    DDP_DATA_CACHE=$T/ucache "${as_user[@]}" "$TRAIN" "${TINY[@]}" --data.text "$T/unreadable.txt" \
+        --out_dir "$T/ucache/run" >unr.out 2>&1 || rc=$?
+    [ $rc -eq 2 ] || { cat unr.out; fail "an unreadable data.text: exit $rc, want 2"; }
+    assert_contains unr.out "data.text: cannot read text input '$T/unreadable.txt': Permission denied"
+    assert_not_contains unr.out "DDP_DATA_CACHE"
+fi
+ok "data.text: too short for a window names data.text; a FIFO, a device, an unreadable file"
+
 # N ranks × B ≡ 1 rank × N·B: the same windows, the same losses, the same weights within float
 # rounding (not bit for bit: the gradient sums run over 4 and 4 windows instead of 8).
 weights_close() { # weights_close A B TOL: every parameter of A within TOL (abs) of B's

@@ -111,19 +111,31 @@ out_free:
     return rc;
 }
 
-/* Opens the token file at path (the value of key) in windows of T tokens and checks it against
- * the model: at least one window, every id below the vocabulary. */
-static int open_tokens(trainer *t, const char *key, const char *path, ddp_dataset **out)
+/* Opens the token file at path (the value of key, or made from data.text: from_text) in windows
+ * of T tokens and checks it against the model: at least one window, every id below the
+ * vocabulary. */
+static int open_tokens(trainer *t, const char *key, const char *path, bool from_text,
+                       ddp_dataset **out)
 {
     ddp_error err = {0};
     if (ddp_dataset_open_tokens(path, (size_t)t->T, out, &err) != DDP_OK) {
         /* Too short for a window of T (+ 1) tokens, or unreadable? One token a window tells. */
         ddp_dataset *one;
         if (ddp_dataset_open_tokens(path, 1, &one, NULL) == DDP_OK) {
-            fprintf(stderr,
-                    "ddptrain: model.block_size %d is larger than %s '%s' allows: it has %zu "
-                    "tokens and a window needs block_size + 1; lower model.block_size\n",
-                    t->T, key, path, ddp_dataset_num_tokens(one));
+            /* made from data.text: the file is the cache's, not one the user named */
+            if (from_text)
+                fprintf(stderr,
+                        "ddptrain: model.block_size %d is larger than the %s tokens data.text "
+                        "gives allow: %zu (in '%s'), and a window needs block_size + 1; lower "
+                        "model.block_size or give more text%s\n",
+                        t->T, strcmp(key, "data.val") ? "training" : "validation",
+                        ddp_dataset_num_tokens(one), path,
+                        strcmp(key, "data.val") ? "" : " (or a smaller data.val_every)");
+            else
+                fprintf(stderr,
+                        "ddptrain: model.block_size %d is larger than %s '%s' allows: it has %zu "
+                        "tokens and a window needs block_size + 1; lower model.block_size\n",
+                        t->T, key, path, ddp_dataset_num_tokens(one));
             ddp_dataset_close(one);
         } else {
             fprintf(stderr, "ddptrain: %s: %s\n", key, err.msg);
@@ -145,6 +157,7 @@ static int open_tokens(trainer *t, const char *key, const char *path, ddp_datase
 static int open_lm(trainer *t, bool train, bool test, ddp_dataset **tr, ddp_dataset **te)
 {
     char tpath[4096], vpath[4096];
+    bool text_train = false, text_val = false; /* made from data.text */
     snprintf(tpath, sizeof tpath, "%s", ddp_config_str(t->cfg, "data.train"));
     snprintf(vpath, sizeof vpath, "%s", ddp_config_str(t->cfg, "data.val"));
     if (!train && !test)
@@ -159,8 +172,11 @@ static int open_lm(trainer *t, bool train, bool test, ddp_dataset **tr, ddp_data
         int rc = prepare_text(t, tpath, val, sizeof tpath);
         if (rc)
             return rc;
-        if (!*vpath)
+        text_train = true;
+        if (!*vpath) {
             snprintf(vpath, sizeof vpath, "%s", val);
+            text_val = true;
+        }
     }
     if (!*vpath) {
         fprintf(stderr, "ddptrain: data.val is empty: a language model is evaluated on a "
@@ -168,8 +184,8 @@ static int open_lm(trainer *t, bool train, bool test, ddp_dataset **tr, ddp_data
         return 2;
     }
     int rc;
-    if ((train && (rc = open_tokens(t, "data.train", tpath, tr))) ||
-        (rc = open_tokens(t, "data.val", vpath, te)))
+    if ((train && (rc = open_tokens(t, "data.train", tpath, text_train, tr))) ||
+        (rc = open_tokens(t, "data.val", vpath, text_val, te)))
         return rc;
     snprintf(t->train_path, sizeof t->train_path, "%s", train ? tpath : "");
     snprintf(t->val_path, sizeof t->val_path, "%s", vpath);

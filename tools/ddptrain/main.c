@@ -960,6 +960,7 @@ out:
     ddp_dataset_close(te);
     ddp_config_free(t.cfg);
     free(rest);
+    free(t.resume_windows); /* a run that ended before restoring them (a refused overwrite) */
     if (t.log)
         fclose(t.log);
     free(t.early_buf); /* a refusal before out_dir was opened: nothing written there */
