@@ -102,6 +102,25 @@ tagged_pids() {
     return 0
 }
 
+# idx_files PREFIX LABEL…: PREFIX-images-idx3-ubyte (random 28×28 images, one a label) and
+# PREFIX-labels-idx1-ubyte (the labels), Fashion-MNIST's formats
+idx_files() {
+    /usr/bin/python3 - "$@" <<'EOP'
+import os, struct, sys
+p, labels = sys.argv[1], [int(v) for v in sys.argv[2:]]
+n = len(labels)
+open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
+open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(labels))
+EOP
+}
+
+# small_idx DIR NTRAIN NTEST: a small data set in DIR (train-… and t10k-…), labels 0-9 in turn
+small_idx() {
+    mkdir -p "$1"
+    idx_files "$1/train" $(seq 0 $(($2 - 1)) | awk '{ print $1 % 10 }')
+    idx_files "$1/t10k" $(seq 0 $(($3 - 1)) | awk '{ print $1 % 10 }')
+}
+
 # free_port: a loopback port that was free a moment ago
 free_port() {
     "$WORKER" free-port

@@ -12,16 +12,7 @@ ulimit -c 0 # a rank killed by SIGBUS would dump its core into $T
 cd "$T"
 
 # small IDX files (600 training images, 100 test), plain: mapped straight from data.dir.
-make_data() {
-    /usr/bin/python3 - "$1" <<'EOP'
-import os, struct, sys
-os.makedirs(sys.argv[1], exist_ok=True)
-for split, n in (("train", 600), ("t10k", 100)):
-    p = os.path.join(sys.argv[1], split)
-    open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
-    open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
-EOP
-}
+make_data() { small_idx "$1" 600 100; }
 
 # wait_step FILE PID: until FILE has a progress line (training reads the data), while PID lives
 wait_step() {

@@ -14,13 +14,7 @@ idx() { # idx DIR SPLIT LABEL…: 28 × 28 images of noise, one per label
     local dir=$1 split=$2
     shift 2
     mkdir -p "$dir"
-    /usr/bin/python3 - "$dir/$split" "$@" <<'EOP'
-import os, struct, sys
-p, labels = sys.argv[1], [int(v) for v in sys.argv[2:]]
-n = len(labels)
-open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
-open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(labels))
-EOP
+    idx_files "$dir/$split" "$@"
 }
 S=(--model.hidden 8 --batch_size 2 --total_steps 4 --log_every 0 --tensorboard false)
 

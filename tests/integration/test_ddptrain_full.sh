@@ -43,13 +43,7 @@ idx() { # idx DIR LABEL…: a t10k split of noise images
     local dir=$1
     shift
     mkdir -p "$dir"
-    /usr/bin/python3 - "$dir/t10k" "$@" <<'EOP'
-import os, struct, sys
-p, labels = sys.argv[1], [int(v) for v in sys.argv[2:]]
-n = len(labels)
-open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
-open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(labels))
-EOP
+    idx_files "$dir/t10k" "$@"
 }
 idx mine 0 0 0
 "$TRAIN" --task predict --out_dir full/r --checkpoint full/r/checkpoints/step2.safetensors \

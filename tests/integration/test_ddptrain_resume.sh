@@ -73,14 +73,7 @@ ok "epochs 0: a note, nothing trained"
 
 # A position past this run's epoch (another dataset: 21000 samples into one of 10) ends that
 # epoch, and says so (it failed: "restore: batch 21000 is past the epoch's 10 batches").
-mkdir -p small
-/usr/bin/python3 - small <<'EOP'
-import os, struct, sys
-for split, n in (("train", 10), ("t10k", 10)):
-    p = os.path.join(sys.argv[1], split)
-    open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
-    open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(range(n)))
-EOP
+small_idx small 10 10
 "$TRAIN" "${A[@]}" --batch_size 1 --total_steps 12 --data.dir small --out_dir small_run \
     --resume_from whole/checkpoints/step7.safetensors >small.out 2>&1 || { cat small.out; fail "resume on 10 samples"; }
 assert_contains small.out "note: the checkpoint's position, batch 21000 of epoch 0, is past this run's 10 batches an epoch (another world size, batch or dataset): epoch 0 ends here"

@@ -51,14 +51,7 @@ ok "a value out of range names its key and value, before any work"
 
 # A small IDX data set (600 training images, 100 test; labels 0-9 in turn) for the checks that
 # run whole epochs: Fashion-MNIST's 60000 took most of this test's time, under TSan a minute.
-/usr/bin/python3 - small <<'EOP'
-import os, struct, sys
-os.makedirs(sys.argv[1], exist_ok=True)
-for split, n in (("train", 600), ("t10k", 100)):
-    p = os.path.join(sys.argv[1], split)
-    open(p + "-images-idx3-ubyte", "wb").write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
-    open(p + "-labels-idx1-ubyte", "wb").write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
-EOP
+small_idx small 600 100
 
 # schedule step: torch's StepLR stepped per epoch (lr × lr_gamma every lr_step_epochs epochs;
 # torch's names step_size and gamma point to the keys). 9 batches of 64 an epoch.
