@@ -117,6 +117,7 @@ EOP
 # small_idx DIR NTRAIN NTEST: a small data set in DIR (train-… and t10k-…), labels 0-9 in turn
 small_idx() {
     mkdir -p "$1"
+    # shellcheck disable=SC2046 # one label an argument
     idx_files "$1/train" $(seq 0 $(($2 - 1)) | awk '{ print $1 % 10 }')
     idx_files "$1/t10k" $(seq 0 $(($3 - 1)) | awk '{ print $1 % 10 }')
 }
