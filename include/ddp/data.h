@@ -128,11 +128,17 @@ typedef ddp_status (*ddp_file_fill_fn)(void *ctx, FILE *f, const char *tmp_path,
 
 /* Writes path atomically, the way the derived data files above are written: fill writes the
  * contents into a temporary file beside path ("<path>.tmp.<pid>"), which is flushed, fsynced and
- * renamed over path. On any failure (fill's status, a write, the fsync, the rename) the
- * temporary file is removed and path is left as it was: a reader, or a crash, sees the old file
- * or the new one, never part of either. The directory is not fsynced (after a crash the rename
- * may be undone: the old file again). Not for two writers of one path in one process (the
- * temporary name is per process). */
+ * renamed over path, and then path's folder is fsynced, so that the rename survives a crash. On
+ * any failure before the rename (fill's status, a write, the fsync, the rename) the temporary
+ * file is removed and path is left as it was: a reader, or a crash, sees the old file or the new
+ * one, never part of either. A failed fsync of the folder is reported (DDP_ERR_SYSTEM, "… was
+ * renamed into place but …") with the new file in place. When path exists, the new file keeps
+ * its permission bits (a chmod survives a rewrite; not its owner). Temporary files of path that
+ * a killed writer left ("<path>.tmp.<pid>" with nothing but the pid's digits after, whose process
+ * is gone: kill(pid, 0) says ESRCH) are removed first; a pid is only known on this host and in
+ * this pid namespace, so a folder shared with another host's or container's writers of the same
+ * path may lose their temporary file (their rename then fails: their path is left as it was).
+ * Not for two writers of one path in one process (the temporary name is per process). */
 ddp_status ddp_file_write_atomic(const char *path, ddp_file_fill_fn fill, void *ctx,
                                  ddp_error *err);
 

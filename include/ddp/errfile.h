@@ -44,6 +44,19 @@ typedef struct ddp_errfile {
  */
 ddp_status ddp_errfile_write(const char *path, const ddp_errfile *e, ddp_error *err);
 
+/* The same from a fatal-signal handler, on the process's way out (ddptrain's SIGBUS: the file
+ * that shrank under it): async-signal-safe — no allocation, no stdio, no locks; only open(2),
+ * write(2), close(2), rename(2), unlink(2), getpid(2) and clock_gettime(2) — into a temporary
+ * file path.tmp.PID renamed over path, as ddp_errfile_write. message and traceback
+ * (NULL or "": none) are borrowed for the call; the timestamp is now; a byte that does not start
+ * a valid UTF-8 character becomes '?' (jansson, the reader, takes UTF-8 only). Reads no
+ * environment (getenv is not async-signal-safe): the caller keeps TORCHELASTIC_ERROR_FILE's value
+ * from before. Returns DDP_OK; DDP_ERR_INVALID (no path or message, or a path over 4000 bytes);
+ * DDP_ERR_SYSTEM with errno saying why (the temporary file removed). It writes no message: a
+ * handler has nowhere to put one. */
+ddp_status ddp_errfile_write_from_signal(const char *path, const char *message,
+                                         const char *traceback);
+
 /* Reads the error file at path into *out (written only on DDP_OK). Never blocks: anything but a
  * regular file (a FIFO, a directory) is refused without being opened for reading. Fails with
  * DDP_ERR_NOT_FOUND when there is no file (the process wrote none), DDP_ERR_TOO_LARGE above

@@ -113,40 +113,6 @@ static int pwrite_all(int fd, const void *buf, uint64_t len, uint64_t off)
     return 0;
 }
 
-/* fsyncs the directory holding path, so that a rename in it survives a crash. Filesystems that
- * cannot fsync a directory (EINVAL) are accepted: there is nothing more we can do there. */
-static ddp_status fsync_parent(const char *path, ddp_error *err)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash)
-        dir = strdup(".");
-    else if (slash == path)
-        dir = strdup("/");
-    else
-        dir = strndup(path, (size_t)(slash - path));
-    if (!dir)
-        return ddp__err(err, DDP_ERR_NOMEM, "out of memory saving checkpoint '%s'", path);
-    ddp_status st = DDP_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        st = ddp__err(err, DDP_ERR_SYSTEM,
-                      "checkpoint '%s' was renamed into place but its directory '%s' cannot be "
-                      "opened to fsync it: %s; it may not survive a crash",
-                      path, dir, strerror(errno));
-        goto out_free;
-    }
-    if (fsync(fd) != 0 && errno != EINVAL)
-        st = ddp__err(err, DDP_ERR_SYSTEM,
-                      "checkpoint '%s' was renamed into place but fsync of directory '%s' "
-                      "failed: %s; it may not survive a crash",
-                      path, dir, strerror(errno));
-    close(fd);
-out_free:
-    free(dir);
-    return st;
-}
-
 /* Sort key of the data layout: larger elements first, so every tensor is naturally aligned;
  * ties keep the caller's order. */
 typedef struct {
@@ -560,7 +526,7 @@ ddp_status ddp_ckpt_writer_commit(ddp_ckpt_writer *w, ddp_error *err)
         unlink(w->tmp);
         goto out_free;
     }
-    st = fsync_parent(w->path, err);
+    st = ddp__fsync_parent(w->path, "checkpoint", err);
 out_free:
     writer_free(w);
     return st;

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -133,9 +134,17 @@ static ddp_status set_value(const ddp_cfg_key *k, value *v, const char *text, co
     case DDP_CFG_FLOAT: {
         errno = 0;
         double x = strtod(text, &end);
-        if (!*text || *end || errno || !isfinite(x))
+        if (!*text || *end || isnan(x))
             return ddp__err(err, DDP_ERR_INVALID, "key '%s': '%s' is not a number (%s)", k->name,
                             text, origin);
+        /* ERANGE with a result of 0 or a subnormal is underflow: a number too small to hold
+         * exactly, still a number (1e-320 is one); only an overflow (±HUGE_VAL), or "inf"
+         * written out, is refused. */
+        if (!isfinite(x) || (errno == ERANGE && fabs(x) >= DBL_MIN))
+            return ddp__err(err, DDP_ERR_INVALID,
+                            "key '%s': '%s' is out of range (%s); write a finite number of at "
+                            "most %.1e in size",
+                            k->name, text, origin, DBL_MAX);
         nv.f = x;
         break;
     }

@@ -1,9 +1,10 @@
 /*
  * errfile.c — error files in torchelastic's JSON format (ddp/errfile.h), built and parsed with
- * jansson. The writer is used on a process's way out, so it never exits and leaves no temporary
- * file behind; the reader is used by a launcher on files its workers wrote, so it trusts nothing:
- * not the file's type (a FIFO would block an open for reading), size, encoding or shape. Neither
- * reads the environment: the caller passes TORCHELASTIC_ERROR_FILE's value.
+ * jansson, and a writer for a signal handler by hand (no jansson, which allocates). The writers
+ * are used on a process's way out, so they never exit and leave no temporary file behind; the
+ * reader is used by a launcher on files its workers wrote, so it trusts nothing: not the file's
+ * type (a FIFO would block an open for reading), size, encoding or shape. None reads the
+ * environment: the caller passes TORCHELASTIC_ERROR_FILE's value.
  */
 #define _GNU_SOURCE
 #include "ddp/errfile.h"
@@ -114,6 +115,147 @@ out_unlink:
 out_free:
     free(doc);
     return st;
+}
+
+/* ---- the writer for a signal handler: a buffer on the stack, write(2), nothing else ---- */
+
+typedef struct sig_out {
+    int fd;
+    int err; /* the first write's errno; 0 while all is well (then nothing more is written) */
+    size_t n;
+    char buf[512];
+} sig_out;
+
+static void sig_flush(sig_out *o)
+{
+    if (!o->err && o->n && write_all(o->fd, o->buf, o->n) != 0)
+        o->err = errno ? errno : EIO;
+    o->n = 0;
+}
+
+static void sig_put(sig_out *o, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (o->n == sizeof o->buf)
+            sig_flush(o);
+        o->buf[o->n++] = s[i];
+    }
+}
+
+static void sig_puts(sig_out *o, const char *s)
+{
+    sig_put(o, s, strlen(s));
+}
+
+/* The length of the valid UTF-8 character at p (1 to 4 bytes), 0 when none starts there (a stray
+ * continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short by the end). */
+static size_t utf8_len(const unsigned char *p)
+{
+    unsigned char c = p[0], lo = 0x80, hi = 0xBF;
+    size_t n;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+        n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+        n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+        return 0;
+    if (p[1] < lo || p[1] > hi) /* the NUL at the end fails here too: nothing read past it */
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+/* s as a JSON string: quoted, escaped, what is not UTF-8 as '?'. */
+static void sig_put_json(sig_out *o, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    sig_put(o, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t len = utf8_len(p);
+        unsigned char c = *p;
+        if (len == 0) {
+            sig_put(o, "?", 1);
+            len = 1;
+        } else if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            sig_put(o, e, 2);
+        } else if (c == '\n') {
+            sig_put(o, "\\n", 2);
+        } else if (c == '\t') {
+            sig_put(o, "\\t", 2);
+        } else if (c < 0x20 || c == 0x7f) {
+            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            sig_put(o, e, 6);
+        } else {
+            sig_put(o, (const char *)p, len);
+        }
+        p += len;
+    }
+    sig_put(o, "\"", 1);
+}
+
+/* v in decimal, into buf (24 bytes at least); returns buf. */
+static char *sig_num(char *buf, unsigned long long v)
+{
+    char d[24];
+    int k = 0, n = 0;
+    do {
+        d[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (k > 0)
+        buf[n++] = d[--k];
+    buf[n] = '\0';
+    return buf;
+}
+
+ddp_status ddp_errfile_write_from_signal(const char *path, const char *message,
+                                         const char *traceback)
+{
+    char tmp[4100], num[24];
+    size_t pl = path ? strlen(path) : 0;
+    if (pl == 0 || pl > 4000 || !message)
+        return DDP_ERR_INVALID;
+    memcpy(tmp, path, pl);
+    memcpy(tmp + pl, ".tmp.", 5);
+    sig_num(num, (unsigned long long)getpid());
+    memcpy(tmp + pl + 5, num, strlen(num) + 1);
+    struct timespec now = {0, 0};
+    (void)clock_gettime(CLOCK_REALTIME, &now); /* failing: timestamp 0, "unknown" to a reader */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return DDP_ERR_SYSTEM;
+    sig_out o = {.fd = fd};
+    /* the form ddp_errfile_write writes (keys in another order: JSON does not mind) */
+    sig_puts(&o, "{\"message\":{\"message\":");
+    sig_put_json(&o, message);
+    sig_puts(&o, ",\"extraInfo\":{");
+    if (traceback && *traceback) {
+        sig_puts(&o, "\"py_callstack\":");
+        sig_put_json(&o, traceback);
+        sig_puts(&o, ",");
+    }
+    sig_puts(&o, "\"timestamp\":\"");
+    sig_puts(&o, sig_num(num, now.tv_sec > 0 ? (unsigned long long)now.tv_sec : 0));
+    sig_puts(&o, "\"}}}\n");
+    sig_flush(&o);
+    int e = o.err;
+    if (close(fd) != 0 && !e && errno != EINTR)
+        e = errno;
+    if (!e && rename(tmp, path) != 0)
+        e = errno;
+    if (e) {
+        unlink(tmp);
+        errno = e;
+        return DDP_ERR_SYSTEM;
+    }
+    return DDP_OK;
 }
 
 /* torch writes the timestamp as a string of seconds; an integer is taken too. 0 when neither. */

@@ -1,12 +1,14 @@
 /*
- * util.c — status names, message formatting, time, integer parsing, random tokens and the cores
- * this process may use. Nothing here keeps state between calls or reads the environment.
+ * util.c — status names, message formatting, time, integer parsing, random tokens, the cores
+ * this process may use, and the fsync of a renamed file's folder. Nothing here keeps state
+ * between calls or reads the environment.
  */
 #define _GNU_SOURCE
 #include "util/util.h"
 #include "ddp/world.h" /* ddp_own_cores */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -151,6 +153,38 @@ void ddp__fmt_duration(char *buf, size_t cap, int64_t ms)
         ddp__fmt(buf, cap, "%lld min", (long long)(ms / 60000));
     else
         ddp__fmt(buf, cap, "%lld min %lld s", (long long)(ms / 60000), (long long)(ms / 1000 % 60));
+}
+
+ddp_status ddp__fsync_parent(const char *path, const char *what, ddp_error *err)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash)
+        dir = strdup(".");
+    else if (slash == path)
+        dir = strdup("/");
+    else
+        dir = strndup(path, (size_t)(slash - path));
+    if (!dir)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory saving %s '%s'", what, path);
+    ddp_status st = DDP_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        st = ddp__err(err, DDP_ERR_SYSTEM,
+                      "%s '%s' was renamed into place but its directory '%s' cannot be opened to "
+                      "fsync it: %s; it may not survive a crash",
+                      what, path, dir, strerror(errno));
+        goto out_free;
+    }
+    if (fsync(fd) != 0 && errno != EINVAL)
+        st = ddp__err(err, DDP_ERR_SYSTEM,
+                      "%s '%s' was renamed into place but fsync of directory '%s' failed: %s; it "
+                      "may not survive a crash",
+                      what, path, dir, strerror(errno));
+    close(fd);
+out_free:
+    free(dir);
+    return st;
 }
 
 int ddp_own_cores(void)

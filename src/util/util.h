@@ -49,6 +49,12 @@ ddp_status ddp__random_bytes(void *buf, size_t n, ddp_error *err);
 /* Writes 2*n lowercase hex digits of n random bytes and a NUL into out (2*n+1 bytes). */
 ddp_status ddp__random_hex(char *out, size_t n, ddp_error *err);
 
+/* fsyncs the directory holding path, so that a rename into it survives a crash (the checkpoint
+ * writer's and ddp_file_write_atomic's last step). A file system that cannot fsync a directory
+ * (EINVAL) is accepted: there is nothing more to do there. what names the file in the message
+ * ("checkpoint", "file"): "<what> '<path>' was renamed into place but …". */
+ddp_status ddp__fsync_parent(const char *path, const char *what, ddp_error *err);
+
 /* Human-readable duration: "250 ms", "30 s", "5 min". */
 void ddp__fmt_duration(char *buf, size_t cap, int64_t ms);
 

@@ -2,7 +2,8 @@
 # Data files changed under a running job. A training file truncated while ddptrain reads it (a
 # preparation script re-run into the same path): the rank touching a page past the new end dies
 # of SIGBUS as before (exit status 135 alone, "signal 7 (SIGBUS)" in ddprun's summary), but first
-# says in one line which file shrank and what to do (it died with no word until 2026-11-26).
+# says in one line which file shrank and what to do (it died with no word until 2026-11-26), and
+# writes it into its TORCHELASTIC_ERROR_FILE, whose message ddprun's summary shows.
 # And another process holding the data cache's preparation lock past the job's deadline
 # (DDP_TIMEOUT): the wait ends then, naming the lock, instead of after 10 minutes.
 . "$(dirname "$0")/lib.sh"
@@ -68,7 +69,14 @@ grep -qF "$hint" two.out two.err || { cat two.out two.err; fail "no HINT"; }
 # the summary's last stderr lines of the rank that failed: the line, not a bare signal
 grep -q "^ddprun:     | ddptrain: rank [01]: the data file '" two.err ||
     { cat two.err; fail "ddprun's summary does not show the rank's line"; }
-ok "a data file truncated under two ranks (loader threads): the line, ddprun's SIGBUS summary"
+# and its error file (TORCHELASTIC_ERROR_FILE, written by the SIGBUS handler): the summary's
+# "error" names the file, the HINT in its traceback (until 2026-11-27 no error file: the signal
+# alone)
+grep -q "^ddprun:   error   : ddptrain: rank [01]: the data file '$T/two/train-images-idx3-ubyte$msg_end[0-9]* of its mapping)$" two.err ||
+    { cat two.err; fail "ddprun's summary has no error naming the shrunk file (the error file)"; }
+grep -q "^ddprun:     | ddptrain: HINT: write a new data file under another name" two.err ||
+    { cat two.err; fail "ddprun's summary has no traceback with the HINT"; }
+ok "a data file truncated under two ranks (loader threads): the line, ddprun's SIGBUS summary naming the file"
 
 # 3. The preparation lock held (here by the test's shell) longer than DDP_TIMEOUT: the wait
 #    ends after 1 s, the message names the lock, the deadline and what to do.

@@ -227,6 +227,19 @@ rc=0
 assert_contains "$T/nofile.err" "the open-files limit (ulimit -n: 8) is too low for 2 workers: ddprun needs about 20"
 ok "an open-files limit too low for the workers (ulimit -n 8): one line, at once"
 
+# A stack size limit too low (ulimit -s 32): one line, at once (ddprun ended by SIGSEGV while it
+# built a worker's environment, until 2026-11-26). The sanitized builds, whose frames are larger,
+# are refused at 128 KiB instead.
+lim=32
+[ -z "$SANITIZE" ] || lim=128
+rc=0
+(ulimit -s $lim && timeout 20 "$DDPRUN" --standalone --nproc_per_node 2 --no_prefix true) \
+    >"$T/stack.out" 2>"$T/stack.err" || rc=$?
+[ $rc -eq 1 ] || { cat "$T/stack.err"; fail "ddprun under ulimit -s $lim exited $rc, want 1 at once"; }
+assert_contains "$T/stack.err" "the stack size limit (ulimit -s: $lim KiB) is too low: ddprun and its workers need at least 256 KiB; raise it (ulimit -s 8192"
+[ "$(wc -l <"$T/stack.err")" -eq 1 ] || { cat "$T/stack.err"; fail "ulimit -s $lim: not one line"; }
+ok "a stack size limit too low (ulimit -s $lim): one line, at once"
+
 # The reaper killed by hand (pkill ddp-reaper, an OOM killer): said, and the job goes on (it went
 # unnoticed until 2026-11-26, leaving the job without its protection against a SIGKILL to
 # ddprun, silently).

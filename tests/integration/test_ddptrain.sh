@@ -131,8 +131,15 @@ grep -Eq '^\[rank0\]: trained 60 steps in [0-9.]+ s \(largest: peak RSS [0-9]+ M
 assert_contains tout "test accuracy $acc (10000 images)"
 "$TRAIN" --task test --out_dir run2 >tout1 2>&1 || fail "test task with 1 rank failed"
 assert_contains tout1 "test accuracy $acc (10000 images)"
+# a pred.csv there already, made private (chmod 640), keeps its mode when rewritten (0644 until
+# 2026-11-27); the temporary file of a predict killed before (a pid now gone) is removed
+echo old >pred.csv && chmod 640 pred.csv
+dead=$(sh -c 'echo $$')
+touch "pred.csv.tmp.$dead"
 "$TRAIN" --task predict --out_dir run2 --predict_out pred.csv >pout 2>&1 || fail "predict failed"
 [ "$(wc -l <pred.csv)" -eq 10001 ] || fail "predictions: want a header and 10000 rows"
+[ "$(stat -c %a pred.csv)" = 640 ] || fail "pred.csv rewritten with mode $(stat -c %a pred.csv), want 640"
+[ ! -e "pred.csv.tmp.$dead" ] || fail "a killed predict's temporary file pred.csv.tmp.$dead is left"
 right=$(awk -F, 'NR > 1 && $2 == $3' pred.csv | wc -l)
 [ "$right" -eq "$(awk -v a="$acc" 'BEGIN {printf "%d", a * 10000 + 0.5}')" ] ||
     fail "predictions give $right right, evaluation said $acc"

@@ -110,6 +110,64 @@ rc=0
 assert_contains sh6.out "leave out --model.n_layer, --model.n_head (the checkpoint's stored"
 ok "a resume or test with another model (n_head, n_embd) names the key; dropout may change"
 
+# test and predict of a checkpoint that holds another model.type: said first, before the data of
+# the model asked for is looked for (a classifier's checkpoint with --model.type gpt was told
+# "needs token files", a gpt's with --model.type cnn a missing data.dir, until 2026-11-26); on 2
+# ranks rank 0 says it and the other stops with it.
+small_idx cls 40 20
+"$TRAIN" --data.dir cls --model.hidden 8 --batch_size 8 --total_steps 2 --tensorboard false \
+    --out_dir clsrun >cls.out 2>&1 || { cat cls.out; fail "a classifier's training"; }
+for task in test predict; do
+    rc=0
+    "$TRAIN" --task $task --checkpoint clsrun/checkpoints/step2.safetensors --model.type gpt \
+        >mm.out 2>mm.err || rc=$?
+    [ $rc -eq 2 ] || { cat mm.err; fail "$task, an mlp checkpoint as a gpt: exit $rc, want 2"; }
+    assert_contains mm.err "model.type is gpt here (the command line) but mlp in the checkpoint 'clsrun/checkpoints/step2.safetensors': it was saved with another model; leave out --model.type"
+    assert_contains mm.err "or give --checkpoint one saved with model.type gpt"
+    [ "$(wc -l <mm.err)" -eq 1 ] || { cat mm.err; fail "$task, an mlp checkpoint as a gpt: not one line"; }
+    rc=0
+    "$TRAIN" --task $task --out_dir shape --model.type cnn --data.dir "$T/nodata" >mm.out 2>mm.err ||
+        rc=$?
+    [ $rc -eq 2 ] || { cat mm.err; fail "$task, a gpt checkpoint as a cnn: exit $rc, want 2"; }
+    assert_contains mm.err "model.type is cnn here (the command line) but gpt in the checkpoint"
+    [ "$(wc -l <mm.err)" -eq 1 ] || { cat mm.err; fail "$task, a gpt checkpoint as a cnn: not one line"; }
+done
+rc=0
+DDP_TIMEOUT=60 timeout 30 "$BIN/ddprun" --standalone --nproc_per_node 2 "$TRAIN" --task test \
+    --checkpoint clsrun/checkpoints/step2.safetensors --model.type gpt >mm2.out 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat mm2.out; fail "2 ranks, an mlp checkpoint as a gpt: ddprun exited $rc"; }
+assert_contains mm2.out "worker failed: rank 0 (local rank 0, role 'default') ended with exit code 2"
+assert_contains mm2.out "model.type is gpt here (the command line) but mlp in the checkpoint"
+assert_not_contains mm2.out "token files"
+ok "test and predict of another model.type's checkpoint: the mismatch first, on 1 rank and 2"
+
+# data.text whose bytes reach past model.vocab_size: the message names data.text and the cache
+# file as the cache's (it named the cache file as data.train, a key the user never set).
+for i in $(seq 40); do printf 'the quick brown fox %d\n%%\n' "$i"; done >docs.txt
+rc=0
+"$TRAIN" --model.type gpt --model.n_layer 1 --model.n_head 2 --model.n_embd 16 \
+    --model.block_size 8 --data.text "$T/docs.txt" --data.doc_sep % --model.vocab_size 100 \
+    --out_dir v100 >v100.out 2>v100.err || rc=$?
+[ $rc -eq 2 ] || { cat v100.err; fail "data.text past vocab_size 100: exit $rc, want 2"; }
+assert_contains v100.err "data.text '$T/docs.txt' holds byte 120 in its training text (tokens cached in '$T/cache/"
+assert_contains v100.err "not below model.vocab_size 100; text is read as bytes: set model.vocab_size to 256"
+assert_not_contains v100.err "data.train"
+[ "$(wc -l <v100.err)" -eq 1 ] || { cat v100.err; fail "data.text past vocab_size: not one line"; }
+ok "data.text past model.vocab_size: names data.text, and the token file as the cache's"
+
+# A temperature so small strtod calls it an underflow (1e-320, subnormal) is a number: argmax,
+# as temperature 0 (it was "not a number"); 1e999 is out of range.
+"$TRAIN" --task predict --out_dir shape --prompt hey --max_new_tokens 20 --temperature 0 \
+    >t0.out 2>/dev/null || fail "predict at temperature 0"
+"$TRAIN" --task predict --out_dir shape --prompt hey --max_new_tokens 20 --temperature 1e-320 \
+    >ts.out 2>ts.err || { cat ts.err; fail "predict at temperature 1e-320"; }
+cmp -s t0.out ts.out || fail "temperature 1e-320 gave '$(cat ts.out)', temperature 0 '$(cat t0.out)'"
+rc=0
+"$TRAIN" --task predict --out_dir shape --temperature 1e999 >tb.out 2>tb.err || rc=$?
+[ $rc -eq 2 ] || { cat tb.err; fail "temperature 1e999: exit $rc, want 2"; }
+assert_contains tb.err "key 'temperature': '1e999' is out of range (the command line)"
+ok "temperature 1e-320 is argmax (an underflow is a number); 1e999 is out of range"
+
 # Generation: max_new_tokens far beyond block_size slides the context (it was one buffer of
 # prompt + max_new_tokens tokens, whose size overflowed: a heap overrun and an abort); the
 # prompt is text or ids, not both (the stored one of the other kind gives way).

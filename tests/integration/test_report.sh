@@ -49,6 +49,16 @@ mkdir -p one
 assert_contains one.out "wrote one/report.html: 1 progress line, 1 evaluation, 1 rank, 0 straggler warnings"
 ok "a report of one progress line and one evaluation: singular words"
 
+# Made again: the page keeps the mode given to it (0644 until 2026-11-27), and the temporary file
+# of a report killed before (a pid now gone) is removed.
+chmod 600 one/report.html
+dead=$(sh -c 'echo $$')
+touch "one/report.html.tmp.$dead"
+"$TRAIN" --task report --out_dir one >one2.out 2>&1 || { cat one2.out; fail "report made again failed"; }
+[ "$(stat -c %a one/report.html)" = 600 ] || fail "report.html rewritten with mode $(stat -c %a one/report.html), want 600"
+[ ! -e "one/report.html.tmp.$dead" ] || fail "a killed report's temporary file is left"
+ok "a report made again: its mode kept, a killed report's temporary file removed"
+
 "$DDPRUN" --standalone --nproc_per_node=2 "$TRAIN" --total_steps 120 --log_every 5 --eval_every 30 \
     --out_dir run >train.out 2>&1 || { cat train.out; fail "training failed"; }
 "$TRAIN" --task report --out_dir run >report.out 2>&1 || { cat report.out; fail "report failed"; }

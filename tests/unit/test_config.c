@@ -150,6 +150,38 @@ static void errors(void **state)
     assert_non_null(strstr(err.msg, "cannot open config file '/no/such.yaml'"));
 }
 
+/* A float too small to hold exactly (strtod's ERANGE with a subnormal or 0) is a number, as
+ * Python's float('1e-320') is; only an overflow is refused, and named as out of range. Before
+ * 2026-11-26 '1e-320' was "not a number". */
+static void float_underflow_taken_overflow_refused(void **state)
+{
+    (void)state;
+    const char *small[] = {"1e-320", "4.9e-324", "1e-400", "-1e-320"};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        char *a[] = {"--lr", (char *)small[i]};
+        ddp_config *c = NULL;
+        ddp_error e = {0};
+        if (ddp_config_load(schema, N, NULL, 2, a, &c, &e) != DDP_OK)
+            fail_msg("'%s' refused: %s", small[i], e.msg);
+        assert_true(ddp_config_float(c, "lr") == strtod(small[i], NULL));
+        ddp_config_free(c);
+    }
+    write_yaml("lr: 1e-320\n");
+    ddp_config *c = NULL;
+    ddp_error err = {0};
+    assert_int_equal(ddp_config_load(schema, N, path, 0, NULL, &c, &err), DDP_OK);
+    assert_true(ddp_config_float(c, "lr") == 1e-320);
+    ddp_config_free(c);
+    char *a1[] = {"--lr", "1e999"};
+    expect_fail(NULL, 2, a1, "key 'lr': '1e999' is out of range (the command line)",
+                "write a finite number");
+    char *a2[] = {"--lr", "-1e999"};
+    expect_fail(NULL, 2, a2, "'-1e999' is out of range", NULL);
+    expect_fail("lr: 1e400\n", 0, NULL, "'1e400' is out of range", "line 1");
+    char *a3[] = {"--lr", "nan"};
+    expect_fail(NULL, 2, a3, "'nan' is not a number", NULL);
+}
+
 /* A key that is also the section of other keys (ddptrain's "checkpoint", a path, beside
  * "checkpoint.every" and "checkpoint.keep"): a YAML map under that name sets the section's keys,
  * as every other nested map does, and a plain value still sets the key itself. Before
@@ -396,6 +428,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_yaml_cli),
         cmocka_unit_test(errors),
+        cmocka_unit_test(float_underflow_taken_overflow_refused),
         cmocka_unit_test(to_yaml_reads_back),
         cmocka_unit_test(deep_nesting_refused),
         cmocka_unit_test(alias_bomb_refused),

@@ -3,11 +3,14 @@
  * what PyTorch's ErrorHandler writes (checked field by field with jansson) and reads back;
  * PyTorch's own files, both forms, read; and files a launcher must survive (garbage, JSON of
  * another shape, empty, huge, a FIFO, a directory, missing) give a message rather than a crash
- * or a hang. No temporary file is left beside the written one.
+ * or a hang. No temporary file is left beside the written one. The signal-safe writer in a real
+ * fatal-signal handler, read back the same way.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +224,80 @@ static void write_fails(void **state)
     assert_int_equal(ddp_errfile_write("", &e, &err), DDP_ERR_INVALID);
 }
 
+/* ddp_errfile_write_from_signal, called where it is meant to be: in a child's fatal-signal
+ * handler, which then dies of the signal. What it wrote reads back as ddp_errfile_write's files
+ * do: the same JSON shape, every escape, UTF-8 kept and what is not UTF-8 as '?'. */
+static char sig_path[600];
+static const char sig_msg[] = "ddptrain: rank 0: the data file '/d/\"q\"\\b\tt\x01 é€😀' shrank";
+static const char sig_tb[] =
+    "line one\nddptrain: HINT: bad \xff \x80 \xc0\xaf \xed\xa0\x80 end \xe2\x82";
+
+static void on_signal(int sig)
+{
+    ddp_errfile_write_from_signal(sig_path, sig_msg, sig_tb);
+    raise(sig); /* SA_RESETHAND: the default action, death by sig */
+}
+
+static void from_signal(void **state)
+{
+    (void)state;
+    path_of(sig_path, sizeof sig_path, "sig.json");
+    long long before = (long long)time(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, NULL);
+        raise(SIGBUS);
+        _exit(3); /* not reached */
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS);
+    assert_int_equal(entries(), 1); /* renamed: no temporary file */
+
+    json_error_t je;
+    json_t *root = json_load_file(sig_path, 0, &je);
+    assert_non_null(root);
+    json_t *m = json_object_get(root, "message");
+    assert_true(json_is_object(m));
+    assert_string_equal(json_string_value(json_object_get(m, "message")), sig_msg);
+    json_t *x = json_object_get(m, "extraInfo");
+    assert_true(json_is_string(json_object_get(x, "timestamp")));
+    json_decref(root);
+
+    ddp_errfile r;
+    ddp_error err = {0};
+    assert_int_equal(ddp_errfile_read(sig_path, &r, &err), DDP_OK);
+    assert_string_equal(r.message, sig_msg);
+    assert_string_equal(r.traceback, "line one\nddptrain: HINT: bad ? ? ?? ??? end ??");
+    assert_true(r.timestamp >= before && r.timestamp <= (long long)time(NULL));
+
+    /* no traceback: none written; failures: a status and errno, no temporary file left */
+    assert_int_equal(ddp_errfile_write_from_signal(sig_path, "only", NULL), DDP_OK);
+    assert_int_equal(ddp_errfile_read(sig_path, &r, &err), DDP_OK);
+    assert_string_equal(r.message, "only");
+    assert_string_equal(r.traceback, "");
+    char p[600];
+    path_of(p, sizeof p, "no/such/dir/error.json");
+    errno = 0;
+    assert_int_equal(ddp_errfile_write_from_signal(p, "m", NULL), DDP_ERR_SYSTEM);
+    assert_int_equal(errno, ENOENT);
+    path_of(p, sizeof p, "taken");
+    assert_int_equal(mkdir(p, 0700), 0);
+    put("taken/x", "x");
+    assert_int_equal(ddp_errfile_write_from_signal(p, "m", NULL), DDP_ERR_SYSTEM);
+    assert_int_equal(entries(), 2); /* sig.json, taken/ */
+    assert_int_equal(ddp_errfile_write_from_signal("", "m", NULL), DDP_ERR_INVALID);
+    assert_int_equal(ddp_errfile_write_from_signal(sig_path, NULL, NULL), DDP_ERR_INVALID);
+    path_of(p, sizeof p, "taken/x");
+    unlink(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +305,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(torch_files, setup, teardown),
         cmocka_unit_test_setup_teardown(bad_files, setup, teardown),
         cmocka_unit_test_setup_teardown(write_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(from_signal, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -276,6 +276,71 @@ static void test_write_atomic(void **state)
     assert_int_equal(names_with(dir, "atomic.txt.tmp"), 0);
 }
 
+/* A rewrite keeps the file's permission bits: a user's chmod (0640, 0604, read-only 0444) was
+ * lost before, the new file made 0666 less the umask. */
+static void test_write_atomic_keeps_mode(void **state)
+{
+    (void)state;
+    char path[300];
+    snprintf(path, sizeof path, "%s/mode.txt", dir);
+    ddp_error err = {0};
+    assert_int_equal(ddp_file_write_atomic(path, fill_text, "first\n", &err), DDP_OK);
+    const mode_t modes[] = {0640, 0604, 0444, 0600};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+        assert_int_equal(chmod(path, modes[i]), 0);
+        assert_int_equal(ddp_file_write_atomic(path, fill_text, "again\n", &err), DDP_OK);
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 07777, modes[i]);
+    }
+    assert_int_equal(names_with(dir, "mode.txt.tmp"), 0);
+}
+
+/* A pid that has ended (a child reaped): what a killed writer's temporary name carries. */
+static pid_t dead_pid(void)
+{
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0)
+        _exit(0);
+    assert_int_equal(waitpid(p, NULL, 0), p);
+    return p;
+}
+
+/* A writer killed mid-rewrite leaves "<path>.tmp.<pid>": the next write of path removes it when
+ * the pid is gone, and nothing else: a live process's, another file's, a name with more after
+ * the digits or a leading zero, a folder of that name. */
+static void test_write_atomic_removes_stale(void **state)
+{
+    (void)state;
+    char path[300], p[400];
+    snprintf(path, sizeof path, "%s/stale.txt", dir);
+    pid_t dead = dead_pid();
+    snprintf(p, sizeof p, "%s.tmp.%d", path, (int)dead);
+    put_file(p, "half a file");
+    char kept[6][400];
+    snprintf(kept[0], sizeof kept[0], "%s.tmp.%d", path, (int)getppid()); /* alive */
+    snprintf(kept[1], sizeof kept[1], "%s/other.txt.tmp.%d", dir, (int)dead);
+    snprintf(kept[2], sizeof kept[2], "%s.tmp.%d.bak", path, (int)dead);
+    snprintf(kept[3], sizeof kept[3], "%s.tmp.0%d", path, (int)dead);
+    snprintf(kept[4], sizeof kept[4], "%s.tmp.", path);
+    snprintf(kept[5], sizeof kept[5], "%sx.tmp.%d", path, (int)dead);
+    for (int i = 0; i < 6; i++)
+        put_file(kept[i], "not ours");
+    char sub[400];
+    snprintf(sub, sizeof sub, "%s.tmp.%d", path, (int)dead_pid());
+    assert_int_equal(mkdir(sub, 0755), 0);
+    ddp_error err = {0};
+    assert_int_equal(ddp_file_write_atomic(path, fill_text, "whole\n", &err), DDP_OK);
+    assert_int_equal(access(p, F_OK), -1);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(access(kept[i], F_OK), 0);
+        assert_int_equal(unlink(kept[i]), 0);
+    }
+    assert_int_equal(rmdir(sub), 0);
+    assert_int_equal(names_with(dir, "stale.txt"), 1);
+}
+
 static void test_windows(void **state)
 {
     (void)state;
@@ -345,6 +410,8 @@ int main(void)
         cmocka_unit_test(test_fortune_split),
         cmocka_unit_test(test_prepare_cached_once),
         cmocka_unit_test(test_write_atomic),
+        cmocka_unit_test(test_write_atomic_keeps_mode),
+        cmocka_unit_test(test_write_atomic_removes_stale),
         cmocka_unit_test(test_windows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

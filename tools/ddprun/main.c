@@ -136,6 +136,20 @@ int main(int argc, char **argv)
         free(o);
         return 2;
     }
+    /* A stack limit this low (ulimit -s 32) ended ddprun by SIGSEGV while it built a worker's
+     * environment (until 2026-11-26), and the workers inherit it: ddptrain needs about 80 KiB,
+     * ddprun's threads get the limit as their stack size. Said now, with the value to raise it
+     * to, rather than a crash; 256 KiB leaves both a margin of 2 to 3. */
+    const unsigned long long min_stack_kib = 256;
+    struct rlimit sl;
+    if (getrlimit(RLIMIT_STACK, &sl) == 0 && sl.rlim_cur != RLIM_INFINITY &&
+        (unsigned long long)sl.rlim_cur < min_stack_kib * 1024) {
+        ddprun_say("the stack size limit (ulimit -s: %llu KiB) is too low: ddprun and its workers "
+                   "need at least %llu KiB; raise it (ulimit -s 8192, the usual default)",
+                   (unsigned long long)sl.rlim_cur / 1024, min_stack_kib);
+        free(o);
+        return 1;
+    }
     default_threads(o->nproc);
     warn_outer_tasks(o);
     signal(SIGPIPE, SIG_IGN); /* a closed console or reaper must not kill the launcher */

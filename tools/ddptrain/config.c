@@ -693,6 +693,9 @@ static bool read_stored(trainer *t, char **blob, size_t *len)
     return *blob != NULL;
 }
 
+static int check_model_yaml(trainer *t, const ddp_config *here_cfg, const char *path,
+                            const char *yaml, bool say);
+
 /* The new configuration: defaults < yaml (the stored one, through a temporary file, so that
  * libyaml reads what ddp_config_to_yaml wrote) < every key the user set, and the checkpoint
  * path. */
@@ -766,7 +769,16 @@ static int rebuild(trainer *t, const char *path, const char *yaml)
     }
     ddp_config_free(t->cfg);
     t->cfg = c;
-    rc = check_values(c, true, t->R == 0);
+    /* The model asked for against the one the checkpoint holds first: the checks of the values
+     * and the data would otherwise speak of the wrong model (a classifier's checkpoint with
+     * --model.type gpt: "needs token files"). Every rank decides alike, from the configuration
+     * rank 0 broadcast and the same command line; rank 0 says why. */
+    rc = check_model_yaml(t, c, path, yaml, t->R == 0);
+    if (!rc)
+        rc = check_values(c, true, t->R == 0);
+    if (rc && t->R != 0) /* rank 0's line is the cause, the one ddprun's summary should name */
+        rc = trainer_die_peer(t, "configuration",
+                              "rank 0 refused the configuration stored in the checkpoint");
 out_free:
     if (fd >= 0) {
         close(fd);
@@ -837,7 +849,17 @@ int trainer_config_check_model(trainer *t, const char *path)
     t->resume_optimizer[0] = '\0';
     if (ddp_ckpt_open(path, &ck, NULL) != DDP_OK)
         return 0; /* the load says why */
-    const char *yaml = ddp_ckpt_meta(ck, "config");
+    int rc = check_model_yaml(t, t->cfg, path, ddp_ckpt_meta(ck, "config"), true);
+    ddp_ckpt_close(ck);
+    return rc;
+}
+
+/* The model keys of here_cfg against those of the configuration stored in checkpoint path
+ * (yaml, which may be NULL or empty: nothing to check): 0 when they agree, 2 when here_cfg names
+ * another model, said on stderr when say. Also sets t->resume_batch and t->resume_optimizer. */
+static int check_model_yaml(trainer *t, const ddp_config *here_cfg, const char *path,
+                            const char *yaml, bool say)
+{
     char tmp[4200];
     const char *tmpdir = getenv("TMPDIR");
     snprintf(tmp, sizeof tmp, "%s/ddptrain-config.XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
@@ -860,7 +882,6 @@ int trainer_config_check_model(trainer *t, const char *path)
         close(fd);
         unlink(tmp);
     }
-    ddp_ckpt_close(ck);
     if (!stored)
         return 0;
     t->resume_batch = ddp_config_int(stored, "batch_size");
@@ -870,18 +891,20 @@ int trainer_config_check_model(trainer *t, const char *path)
      * of its keys took three tries (model.type, then model.hidden, then model.channels). */
     int rc = 0;
     const char *type = ddp_config_str(stored, "model.type");
-    const bool train = !strcmp(ddp_config_str(t->cfg, "task"), "train");
-    char first[600] = "", fix[1200] = "";
+    const bool train = !strcmp(ddp_config_str(here_cfg, "task"), "train");
+    char first[600] = "", fix[1200] = "", want[300] = "";
     size_t flen = 0;
     for (size_t i = 0; i < NKEYS; i++) {
         if (!shapes_model(type, schema[i].name))
             continue;
-        char *here = key_arg(t->cfg, &schema[i]), *there = key_arg(stored, &schema[i]);
+        char *here = key_arg(here_cfg, &schema[i]), *there = key_arg(stored, &schema[i]);
         if (here && there && strcmp(here, there) != 0) {
             const char *h = strchr(here, '=') + 1, *st = strchr(there, '=') + 1;
-            if (!rc)
+            if (!rc) {
                 snprintf(first, sizeof first, "%s is %s here (%s) but %s in the checkpoint '%s'",
-                         schema[i].name, h, ddp_config_origin(t->cfg, schema[i].name), st, path);
+                         schema[i].name, h, ddp_config_origin(here_cfg, schema[i].name), st, path);
+                snprintf(want, sizeof want, "%s %s", schema[i].name, h);
+            }
             int n = train ? snprintf(fix + flen, sizeof fix - flen, "%s--%s %s", rc ? " " : "",
                                      schema[i].name, st)
                           : snprintf(fix + flen, sizeof fix - flen, "%s--%s", rc ? ", " : "",
@@ -893,17 +916,17 @@ int trainer_config_check_model(trainer *t, const char *path)
         free(here);
         free(there);
     }
-    if (rc && train)
+    if (rc && train && say)
         fprintf(stderr,
                 "ddptrain: %s: it was saved with another model; give %s to resume it (and the "
                 "rest of the command line that trained it: a resume takes its other keys from "
                 "this one, not from the checkpoint), or another --out_dir for a new model\n",
                 first, fix);
-    else if (rc)
+    else if (rc && say)
         fprintf(stderr,
                 "ddptrain: %s: it was saved with another model; leave out %s (the checkpoint's "
-                "stored configuration has the model's)\n",
-                first, fix);
+                "stored configuration has the model's), or give --checkpoint one saved with %s\n",
+                first, fix, want);
     ddp_config_free(stored);
     return rc;
 }

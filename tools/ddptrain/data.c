@@ -138,8 +138,20 @@ static int open_tokens(trainer *t, const char *key, const char *path, bool from_
                         t->T, key, path, ddp_dataset_num_tokens(one));
             ddp_dataset_close(one);
         } else {
-            fprintf(stderr, "ddptrain: %s: %s\n", key, err.msg);
+            fprintf(stderr, "ddptrain: %s: %s\n", from_text ? "data.text" : key, err.msg);
         }
+        return 2;
+    }
+    if (ddp_dataset_classes(*out) > t->vocab && from_text) {
+        /* the user gave text, not this file: name the text, and the file as the cache's */
+        fprintf(stderr,
+                "ddptrain: data.text '%s' holds byte %d in its %s text (tokens cached in '%s'), "
+                "not below model.vocab_size %d; text is read as bytes: set model.vocab_size to "
+                "256 (its default)\n",
+                ddp_config_str(t->cfg, "data.text"), ddp_dataset_classes(*out) - 1,
+                strcmp(key, "data.val") ? "training" : "validation", path, t->vocab);
+        ddp_dataset_close(*out);
+        *out = NULL;
         return 2;
     }
     if (ddp_dataset_classes(*out) > t->vocab) {

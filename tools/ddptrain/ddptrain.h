@@ -183,9 +183,10 @@ void trainer_errfile_finish(int rc);
  * other rank as the cause, not this one, which usually exits first. */
 int trainer_die_peer(trainer *t, const char *what, const char *msg);
 /* busfault.c: a SIGBUS in one of the library's file mappings (a data file or a checkpoint that
- * shrank while read) writes one line naming the file, then the rank dies of SIGBUS as before.
- * catch: from the start of run (SIGBUS left alone when started ignored); rank: for the line,
- * once the world is read (until then the line names no rank). */
+ * shrank while read) writes one line naming the file, and the same into TORCHELASTIC_ERROR_FILE
+ * (read here, at catch), then the rank dies of SIGBUS as before. catch: from the start of run
+ * (SIGBUS left alone when started ignored); rank: for the line, once the world is read (until
+ * then the line names no rank). */
 void trainer_catch_bus_errors(void);
 void trainer_bus_errors_rank(int rank);
 

@@ -12,7 +12,8 @@
  * line is the message, the whole block (with its HINT and indented lines) the "traceback".
  * main() writes it when it returns non-zero. Warnings ("ddptrain: warning: …") start no block. What
  * is written to fd 2 directly (not through stdio's stderr) is not seen, and a rank that dies of a
- * signal writes nothing, as a Python worker killed by one does not.
+ * signal writes nothing here, as a Python worker killed by one does not — except a SIGBUS in a
+ * mapped data file or checkpoint, whose handler (busfault.c) writes the error file itself.
  */
 #define _GNU_SOURCE
 #include <errno.h>

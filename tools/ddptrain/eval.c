@@ -184,6 +184,34 @@ out_free:
     return rc;
 }
 
+/* ddp_file_write_atomic's fill for predictions.csv: the header and a line per test sample. */
+typedef struct predict_job {
+    trainer *t;
+    ddp_dataset *te;
+    const char *path;
+    int rc;        /* write_predictions' exit code (its error already said) */
+    bool said_why; /* err holds the whole message, path's fate and the hint included */
+} predict_job;
+
+static ddp_status fill_predictions(void *ctx, FILE *f, const char *tmp_path, ddp_error *err)
+{
+    (void)tmp_path;
+    predict_job *j = ctx;
+    fprintf(f, "index,label,prediction\n");
+    j->rc = write_predictions(j->t, j->te, f);
+    if (j->rc)
+        return ddp_error_set(err, DDP_ERR_INVALID, "predictions stopped (said above)");
+    errno = 0;
+    if (fflush(f) != 0 || ferror(f)) {
+        j->said_why = true;
+        return ddp_error_set(err, DDP_ERR_SYSTEM,
+                             "writing '%s' failed: %s; '%s' is as it was (free space there, or "
+                             "set predict_out to another path)",
+                             j->path, errno ? strerror(errno) : "a write failed", j->path);
+    }
+    return DDP_OK;
+}
+
 int trainer_predict(trainer *t, ddp_dataset *te)
 {
     if (t->R == 0) {
@@ -193,39 +221,23 @@ int trainer_predict(trainer *t, ddp_dataset *te)
             snprintf(path, sizeof path, "%s", given);
         else
             snprintf(path, sizeof path, "%s/predictions.csv", ddp_config_str(t->cfg, "out_dir"));
-        /* Written beside path and renamed over it once complete: a failure (a full disk, a
-         * forward error) leaves no partial file and never a previous run's predictions lost. */
-        char tmp[4300], why[9000];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-        FILE *f = fopen(tmp, "w");
-        if (!f) {
-            snprintf(why, sizeof why, "cannot write '%s': %s (set predict_out to a writable path)",
-                     path, strerror(errno));
+        /* Written beside path, fsynced and renamed over it once complete, the folder fsynced
+         * (ddp_file_write_atomic): a failure (a full disk, a forward error) leaves no partial
+         * file and never a previous run's predictions lost, nor does a crash after it. */
+        predict_job j = {.t = t, .te = te, .path = path};
+        ddp_error err = {0};
+        if (ddp_file_write_atomic(path, fill_predictions, &j, &err) != DDP_OK) {
+            if (j.rc)
+                return j.rc;
+            if (j.said_why)
+                return trainer_die(t, "predict", err.msg);
+            char why[sizeof err.msg + 4400];
+            snprintf(why, sizeof why, "%s; '%s' %s (or set predict_out to another path)", err.msg,
+                     path,
+                     strstr(err.msg, "renamed into place") ? "holds the new predictions"
+                                                           : "is as it was");
             return trainer_die(t, "predict", why);
         }
-        fprintf(f, "index,label,prediction\n");
-        int rc = write_predictions(t, te, f);
-        errno = 0;
-        int bad = fflush(f) != 0 || ferror(f), e = errno;
-        if (fclose(f) != 0 && !bad) {
-            bad = 1;
-            e = errno;
-        }
-        if (!rc && !bad && rename(tmp, path) != 0) {
-            bad = 1;
-            e = errno;
-        }
-        if (rc || bad)
-            unlink(tmp);
-        if (!rc && bad) {
-            snprintf(why, sizeof why,
-                     "writing '%s' failed: %s; '%s' is as it was (free space there, or set "
-                     "predict_out to another path)",
-                     path, e ? strerror(e) : "a write failed", path);
-            rc = trainer_die(t, "predict", why);
-        }
-        if (rc)
-            return rc;
         trainer_say(t, "wrote %zu predictions to %s", ddp_dataset_len(te), path);
     }
     return ddp_barrier(t->g) == DDP_OK ? 0 : trainer_die(t, "predict", ddp_group_last_error(t->g));

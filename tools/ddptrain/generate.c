@@ -47,6 +47,8 @@ static int32_t pick(const float *logits, size_t V, double temperature, size_t to
         cut = scratch[top_k - 1];
     }
     double top = logits[best] / temperature, sum = 0;
+    if (!isfinite(top)) /* a temperature so small (1e-320) that this overflows: argmax, its limit */
+        return (int32_t)best;
     for (size_t j = 0; j < V; j++) {
         double p = logits[j] >= cut ? exp(logits[j] / temperature - top) : 0;
         scratch[j] = (float)p;

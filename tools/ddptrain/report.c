@@ -218,31 +218,41 @@ static void free_data(run_data *d)
         free(all[i]->x), free(all[i]->y);
 }
 
+/* ddp_file_write_atomic's fill for report.html. */
+typedef struct page_job {
+    const char *dir, *out;
+    const run_data *d;
+} page_job;
+
+static ddp_status fill_page(void *ctx, FILE *f, const char *tmp_path, ddp_error *err)
+{
+    (void)tmp_path;
+    const page_job *j = ctx;
+    report_page(f, j->dir, j->d);
+    errno = 0;
+    if (fflush(f) != 0 || ferror(f))
+        return ddp_error_set(err, DDP_ERR_SYSTEM, "writing '%s' failed: %s", j->out,
+                             errno ? strerror(errno) : "a write failed");
+    return DDP_OK;
+}
+
 int trainer_report(trainer *t)
 {
-    char path[1100], out[1100], tmp[1200];
+    char path[1100], out[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->dir);
     snprintf(out, sizeof out, "%s/report.html", t->dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
     run_data d;
     memset(&d, 0, sizeof d);
     d.nan_from = -1;
     int rc = read_metrics(t, path, &d);
     if (rc)
         goto out;
-    /* Written beside and renamed over: a reader (a browser reloading) never sees half a page. */
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        fprintf(stderr, "ddptrain: report: cannot create '%s': %s\n", tmp, strerror(errno));
-        rc = 1;
-        goto out;
-    }
-    report_page(f, t->dir, &d);
-    bool failed = ferror(f) != 0;
-    failed |= fclose(f) != 0; /* closed whatever ferror said */
-    if (failed || rename(tmp, out) != 0) {
-        fprintf(stderr, "ddptrain: report: writing '%s' failed: %s\n", out, strerror(errno));
-        remove(tmp);
+    /* Written beside, fsynced and renamed over, the folder fsynced (ddp_file_write_atomic): a
+     * reader (a browser reloading) never sees half a page, nor does a crash undo a new one. */
+    page_job j = {.dir = t->dir, .out = out, .d = &d};
+    ddp_error err = {0};
+    if (ddp_file_write_atomic(out, fill_page, &j, &err) != DDP_OK) {
+        fprintf(stderr, "ddptrain: report: %s\n", err.msg);
         rc = 1;
         goto out;
     }
