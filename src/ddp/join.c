@@ -144,7 +144,7 @@ static ddp_status join_divide_dev(ddp_reducer *r)
     int64_t deadline;
     void *stream = ddp__reducer_dev_stream(r, &deadline);
     const ddp__devops *d = r->dev;
-    ddp_status st = d->after(d->ctx, stream, msg);
+    ddp_status st = d->after(d->ctx, stream, NULL, msg);
     for (size_t k = 0; k < r->nb && !st; k++) {
         const ddp__bucket *b = &r->b[k];
         size_t lo, hi;

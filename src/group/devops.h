@@ -24,8 +24,17 @@
 typedef struct ddp__devops {
     void *ctx;
     /* The backend's stream waits for the work queued so far on the caller's stream (a
-     * cudaStream_t; NULL: the default stream). */
-    ddp_status (*after)(void *ctx, void *stream, char *msg);
+     * cudaStream_t; NULL: the default stream), or, when ready is not NULL, for the work queued on
+     * it before mark() recorded ready (then stream is not looked at). */
+    ddp_status (*after)(void *ctx, void *stream, void *ready, char *msg);
+    /* A mark of the work queued so far on stream, taken on the caller's thread when it submits
+     * a collective that the progress thread runs later (group.c): an event (cudaEvent_t) from a
+     * pool, recorded on stream, which after() then waits for — so the collective waits for the
+     * kernels queued before its submission only, not for those the caller queued since (the
+     * rest of backward). unmark gives it back once after() has queued its wait. Thread-safe.
+     * Both NULL where marks mean nothing (the fake GPU: no streams). */
+    ddp_status (*mark)(void *ctx, void *stream, void **ready, char *msg);
+    void (*unmark)(void *ctx, void *ready);
     ddp_status (*d2h)(void *ctx, void *host, const void *dev, size_t bytes, char *msg);
     ddp_status (*h2d)(void *ctx, void *dev, const void *host, size_t bytes, char *msg);
     /* Waits, polling from the host (no GPU spin: ranks time-slice one GPU), until every copy

@@ -280,6 +280,11 @@ static void *progress_main(void *arg)
         double t0 = ddp_now_seconds();
         ddp_status st = execute(g, w);
         double t1 = ddp_now_seconds();
+        if (w->c.ready) { /* the backend's wait on it is queued (or it failed before) */
+            const ddp__devops *d = ddp__group_devops(g, NULL, NULL);
+            d->unmark(d->ctx, w->c.ready);
+            w->c.ready = NULL;
+        }
         pthread_mutex_lock(&g->mu);
         w->t_start = t0;
         w->t_end = t1;
@@ -357,6 +362,16 @@ static ddp_status submit(ddp_group *g, ddp__coll c, ddp_op user_op, bool async, 
                                    "cannot start the progress thread: %s", strerror(rc));
             }
             g->thread_started = true;
+        }
+        /* A GPU group: mark the caller's stream now, on the caller's thread, so the collective
+         * waits for the kernels that made its buffers, not for those queued until the progress
+         * thread reaches it (backward's later layers: no overlap). Without a mark (it failed:
+         * the run's own ordering reports a persistent error), ordered as the stream is then. */
+        const ddp__devops *d = ddp__group_devops(g, NULL, NULL);
+        if (d && d->mark && w->c.device == DDP_DEVICE_CUDA) {
+            char msg[DDP_ERRMSG_MAX];
+            if (d->mark(d->ctx, w->c.stream, &w->c.ready, msg) != DDP_OK)
+                w->c.ready = NULL;
         }
         if (g->tail)
             g->tail->next = w;
@@ -633,7 +648,7 @@ ddp_status ddp_group_memcpy(ddp_group *g, void *dst, const void *src, size_t byt
      * reducer's zeroing of the gradients there (found by reading: the emulated runtime runs
      * default-stream work at once, so no test here could see it). */
     const ddp__devops *d = ddp__group_devops(g, NULL, NULL);
-    ddp_status st = d && d->after ? d->after(d->ctx, g->stream, msg) : DDP_OK;
+    ddp_status st = d && d->after ? d->after(d->ctx, g->stream, NULL, msg) : DDP_OK;
     if (st == DDP_OK)
         st = g->ops->copy(g->be, dst, src, bytes, msg);
     if (st != DDP_OK)

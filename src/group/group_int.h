@@ -75,6 +75,10 @@ typedef struct ddp__coll {
      * buffers without a change in the core's ordering or in the reducer. */
     void *stream;
     void *event;
+    /* An event recorded on stream when the caller submitted the collective (devops' mark), for a
+     * collective the progress thread runs: the backend orders its stream after it rather than
+     * after all the caller's stream holds by then. NULL: ordered after stream as it is at run(). */
+    void *ready;
     ddp__stall *stall; /* NULL: no reports (the debug check's own allgather, tests) */
 } ddp__coll;
 

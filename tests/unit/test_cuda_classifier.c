@@ -572,7 +572,7 @@ static void bind_between_forward_and_backward(void **state)
             fail_msg("backward: %s", ddp_model_last_error(m[k]));
     assert_true(out[0].loss == out[1].loss);
     for (int k = 0; k < 2; k++) /* the gradients are written on the model's stream */
-        if (dv.after(dv.ctx, ddp_model_cuda_stream(m[k]), msg) != DDP_OK ||
+        if (dv.after(dv.ctx, ddp_model_cuda_stream(m[k]), NULL, msg) != DDP_OK ||
             dv.sync(dv.ctx, INT64_MAX, msg) != DDP_OK)
             fail_msg("waiting for backward: %s", msg);
     size_t differ = 0;

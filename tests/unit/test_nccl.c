@@ -423,9 +423,10 @@ typedef struct fake_dev {
     void *last_stream;
 } fake_dev;
 
-static ddp_status fd_after(void *ctx, void *stream, char *msg)
+static ddp_status fd_after(void *ctx, void *stream, void *ready, char *msg)
 {
     (void)msg;
+    (void)ready;
     fake_dev *d = ctx;
     d->afters++;
     d->last_stream = stream;

@@ -243,7 +243,7 @@ static ddp_status ipc_run(void *be, const ddp__coll *c, ddp__fail *f)
         return dev_fail(g, c, DDP_ERR_INVALID, "the staging region holds no element", f);
     if (c->count == 0)
         return DDP_OK;
-    if ((s = g->sh.dev.after(g->sh.dev.ctx, c->stream, msg)))
+    if ((s = g->sh.dev.after(g->sh.dev.ctx, c->stream, c->ready, msg)))
         return dev_fail(g, c, s, msg, f);
     for (size_t off = 0; off < c->count; off += k) {
         size_t m = c->count - off < k ? c->count - off : k;

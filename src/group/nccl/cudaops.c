@@ -35,6 +35,10 @@ typedef struct cudaops {
     /* after()'s record and wait as one: the progress thread's collectives and a caller's
      * ddp_group_memcpy (group.c orders it after the group's stream) share `ready` */
     pthread_mutex_t after_mu;
+    /* mark()'s events, given back by unmark(): as many as collectives were ever queued at once */
+    pthread_mutex_t pool_mu;
+    cudaEvent_t *pool;
+    size_t npool, cap;
 } cudaops;
 
 static ddp_status cuda_fail(char *msg, const char *call, cudaError_t e)
@@ -51,10 +55,15 @@ static ddp_status cu(cudaError_t e, const char *call, char *msg)
     return e == cudaSuccess ? DDP_OK : cuda_fail(msg, call, e);
 }
 
-static ddp_status ops_after(void *ctx, void *stream, char *msg)
+static ddp_status ops_after(void *ctx, void *stream, void *ready, char *msg)
 {
     cudaops *o = ctx;
     ddp_status st;
+    if (ready) /* mark()'s: recorded when the collective was submitted */
+        return (st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg))
+                   ? st
+                   : cu(cudaStreamWaitEvent(o->stream, (cudaEvent_t)ready, 0),
+                        "cudaStreamWaitEvent", msg);
     pthread_mutex_lock(&o->after_mu);
     if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)) == DDP_OK &&
         (st = cu(cudaEventRecord(o->ready, (cudaStream_t)stream), "cudaEventRecord", msg)) ==
@@ -62,6 +71,58 @@ static ddp_status ops_after(void *ctx, void *stream, char *msg)
         st = cu(cudaStreamWaitEvent(o->stream, o->ready, 0), "cudaStreamWaitEvent", msg);
     pthread_mutex_unlock(&o->after_mu);
     return st;
+}
+
+static void ops_unmark(void *ctx, void *ready)
+{
+    cudaops *o = ctx;
+    cudaEvent_t e = (cudaEvent_t)ready;
+    if (!e)
+        return;
+    pthread_mutex_lock(&o->pool_mu);
+    if (o->npool == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 8;
+        cudaEvent_t *p = realloc(o->pool, cap * sizeof *p);
+        if (p) {
+            o->pool = p;
+            o->cap = cap;
+        }
+    }
+    bool kept = o->npool < o->cap;
+    if (kept)
+        o->pool[o->npool++] = e;
+    pthread_mutex_unlock(&o->pool_mu);
+    if (!kept) /* no room to keep it (out of memory): a wait already queued is unaffected */
+        (void)cudaEventDestroy(e);
+}
+
+/* On the caller's thread: its current device is left as it was (an event belongs to the device
+ * current at its creation and is recorded on that device's streams only). */
+static ddp_status ops_mark(void *ctx, void *stream, void **ready, char *msg)
+{
+    cudaops *o = ctx;
+    cudaEvent_t e = NULL;
+    pthread_mutex_lock(&o->pool_mu);
+    if (o->npool)
+        e = o->pool[--o->npool];
+    pthread_mutex_unlock(&o->pool_mu);
+    int prev = o->device;
+    ddp_status st = cu(cudaGetDevice(&prev), "cudaGetDevice", msg);
+    if (!st && prev != o->device)
+        st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg);
+    if (!st && !e)
+        st = cu(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                msg);
+    if (!st)
+        st = cu(cudaEventRecord(e, (cudaStream_t)stream), "cudaEventRecord", msg);
+    if (prev != o->device)
+        (void)cudaSetDevice(prev);
+    if (st) {
+        ops_unmark(o, e);
+        return st;
+    }
+    *ready = e;
+    return DDP_OK;
 }
 
 static ddp_status ops_d2h(void *ctx, void *host, const void *dev, size_t bytes, char *msg)
@@ -316,10 +377,14 @@ static void ops_destroy(void *ctx)
         (void)cudaEventDestroy(o->done);
     if (o->ready)
         (void)cudaEventDestroy(o->ready);
+    for (size_t i = 0; i < o->npool; i++)
+        (void)cudaEventDestroy(o->pool[i]);
+    free(o->pool);
     if (o->stream)
         (void)cudaStreamDestroy(o->stream);
     (void)cudaGetLastError();
     pthread_mutex_destroy(&o->after_mu);
+    pthread_mutex_destroy(&o->pool_mu);
     free(o);
 }
 
@@ -331,6 +396,7 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
         return ddp__err(err, DDP_ERR_NOMEM, "cuda: out of memory");
     o->device = device;
     pthread_mutex_init(&o->after_mu, NULL);
+    pthread_mutex_init(&o->pool_mu, NULL);
     cudaError_t e;
     const char *call = "cudaSetDevice";
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
@@ -350,6 +416,8 @@ ddp_status ddp__cuda_devops(int device, ddp__devops *out, ddp_error *err)
     }
     *out = (ddp__devops){.ctx = o,
                          .after = ops_after,
+                         .mark = ops_mark,
+                         .unmark = ops_unmark,
                          .d2h = ops_d2h,
                          .h2d = ops_h2d,
                          .sync = ops_sync,

@@ -268,11 +268,13 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
     ncclDataType_t dt = ncclFloat32;
     if (c->kind != DDP__BARRIER && !nccl_type(c->dtype, &dt))
         return fail(b, c, f, DDP_ERR_INVALID, NULL, "NCCL has no such dtype");
+    /* Ordered after the caller's kernels queued before the collective was submitted (c->ready,
+     * group.c's mark: a bucket waits for its gradients only), else before now. */
+    cudaEvent_t ready = c->ready ? (cudaEvent_t)c->ready : b->ready;
     if ((st = cuda_call(b, c, f, cudaSetDevice(b->device), "cudaSetDevice")) ||
-        (st = cuda_call(b, c, f, cudaEventRecord(b->ready, (cudaStream_t)c->stream),
-                        "cudaEventRecord")) ||
-        (st = cuda_call(b, c, f, cudaStreamWaitEvent(b->stream, b->ready, 0),
-                        "cudaStreamWaitEvent")))
+        (!c->ready && (st = cuda_call(b, c, f, cudaEventRecord(b->ready, (cudaStream_t)c->stream),
+                                      "cudaEventRecord"))) ||
+        (st = cuda_call(b, c, f, cudaStreamWaitEvent(b->stream, ready, 0), "cudaStreamWaitEvent")))
         return st;
     const char *call = "";
     /* Issued under abort_mu: a watchdog abort (another thread) frees the communicator. */

@@ -60,10 +60,11 @@ static void *shadow(const void *p)
     return out;
 }
 
-static ddp_status fake_after(void *ctx, void *stream, char *msg)
+static ddp_status fake_after(void *ctx, void *stream, void *ready, char *msg)
 {
     (void)ctx;
     (void)stream;
+    (void)ready;
     (void)msg;
     return DDP_OK;
 }

@@ -78,7 +78,7 @@ ddp_status ddp__staged_run(const ddp__stage *st, const ddp__coll *c, ddp__fail *
     size_t k = st->bytes / (e * per);
     if (k == 0)
         return dev_fail(st, c, DDP_ERR_INVALID, "the staging buffer holds no element", f);
-    if ((s = d->after(d->ctx, c->stream, msg)))
+    if ((s = d->after(d->ctx, c->stream, c->ready, msg)))
         return dev_fail(st, c, s, msg, f);
     char *buf = st->buf;
     const char *send = c->send;
