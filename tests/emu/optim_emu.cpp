@@ -119,10 +119,12 @@ template <typename T> static void t_sumsq(size_t n, const char *name, unsigned g
         double norm = ddp_nn_clip_grad_norm(&gp, &n, 1, 1e30);
         want = norm * norm;
     }
+    std::vector<double> partial(grid ? grid : reduce_blocks(n), NAN);
     double acc = 0;
     if (!grid)
         grid = reduce_blocks(n);
-    emu_launch(grid, 256, 0, [&] { sumsq_kernel<T>(x.data(), n, &acc); });
+    emu_launch(grid, 256, 0, [&] { sumsq_kernel<T>(x.data(), n, partial.data()); });
+    emu_launch(1, 1024, 0, [&] { sumsq_finish(partial.data(), grid, &acc); });
     char s[96];
     snprintf(s, sizeof s, "sum of squares %s n %zu (%u blocks)", name, n, grid);
     check(s, fabs(acc - want) / want, 1e-12);

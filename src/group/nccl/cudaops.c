@@ -30,7 +30,7 @@ typedef struct cudaops {
     cudaEvent_t done;   /* recorded on ours: the host polls it */
     cudaEvent_t mark;   /* recorded on a caller's stream by wait(): the host polls it */
     cudaEvent_t copied; /* recorded on ours by copy(): the host polls it */
-    void *d_word;       /* 8 bytes of device memory for a reduction's result (word_begin) */
+    void *d_word;       /* a reduction's result, 8 bytes (word_begin), then sumsq's scratch */
     void *h_word;       /* its copy, pinned host memory */
     /* after()'s record and wait as one: the progress thread's collectives and a caller's
      * ddp_group_memcpy (group.c orders it after the group's stream) share `ready` */
@@ -211,7 +211,8 @@ static ddp_status word_begin(cudaops *o, cudaStream_t s, char *msg)
     ddp_status st;
     if ((st = cu(cudaSetDevice(o->device), "cudaSetDevice", msg)))
         return st;
-    if (!o->d_word && (st = cu(cudaMalloc(&o->d_word, 8), "cudaMalloc", msg)))
+    if (!o->d_word &&
+        (st = cu(cudaMalloc(&o->d_word, sizeof(double) * DDP__SUMSQ_DOUBLES), "cudaMalloc", msg)))
         return st;
     if (!o->h_word && (st = cu(cudaMallocHost(&o->h_word, 8), "cudaMallocHost", msg)))
         return st;

@@ -26,8 +26,8 @@ struct ddp__cuda_ctx {
     cublasLtHandle_t lt;
     void *workspace; /* cuBLASLt's, workspace_bytes */
     size_t workspace_bytes;
-    double *d_sum; /* (1,) ddp__cuda_sumsq's accumulator */
-    int *d_flag;   /* (1,) ddp__cuda_unscale's found-inf flag */
+    double *d_sum;    /* (DDP__SUMSQ_DOUBLES,) ddp__cuda_sumsq's accumulator, then its scratch */
+    int *d_flag;      /* (1,) ddp__cuda_unscale's found-inf flag */
     cudaEvent_t done; /* ddp__cuda_sync records it and polls it, with a deadline */
 };
 

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common.cuh"
+#include "kernels/cuda/devmath.h"
 
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt's: 32 MiB, what Hopper's kernels like */
 #define FP32_REDUCTIONS                                                                            \
@@ -38,8 +39,8 @@ extern "C" ddp_status ddp__cuda_ctx_create(int device, ddp__cuda_ctx **out, ddp_
         (st = ddp__cublas_check(cublasLtCreate(&c->lt), "cublasLtCreate", err)) ||
         (st = ddp__cuda_check(cudaMalloc(&c->workspace, c->workspace_bytes),
                               "cudaMalloc of the GEMM workspace", err)) ||
-        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_sum, sizeof(double)), "cudaMalloc",
-                              err)) ||
+        (st = ddp__cuda_check(cudaMalloc((void **)&c->d_sum, sizeof(double) * DDP__SUMSQ_DOUBLES),
+                              "cudaMalloc", err)) ||
         (st = ddp__cuda_check(cudaMalloc((void **)&c->d_flag, sizeof(int)), "cudaMalloc", err)) ||
         (st = ddp__cuda_check(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming),
                               "cudaEventCreate", err)) ||

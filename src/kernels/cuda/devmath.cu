@@ -13,7 +13,8 @@ extern "C" {
 }
 /* The module calls nothing in libddp by symbol (gpu_module.h): messages through snprintf. */
 
-namespace {
+namespace
+{
 
 /* dst = src, element by element, through fp32 (ddp__ld/ddp__st: nearest even when narrowing,
  * fp16 overflowing to ±inf; widening exact). */
@@ -47,7 +48,9 @@ template <> __device__ inline double as_double<half_bits<false>>(half_bits<false
     return (double)ddp__f16_to_f32(h.v);
 }
 
-template <typename T> __global__ void sumsq_kernel(const T *x, size_t n, double *acc)
+/* partial[b] = block b's sum of squares (each thread's strided terms in order, then the block's
+ * fixed tree). */
+template <typename T> __global__ void sumsq_kernel(const T *x, size_t n, double *partial)
 {
     __shared__ double sh[32];
     double s = 0.0;
@@ -58,11 +61,20 @@ template <typename T> __global__ void sumsq_kernel(const T *x, size_t n, double 
     }
     s = ddp__block_sum(s, sh);
     if (threadIdx.x == 0)
-        atomicAdd(acc, s);
+        partial[blockIdx.x] = s;
 }
 
-__global__ void sgd_kernel(float *p, const float *g, float *buf, size_t n, float lr,
-                           float momentum, float wd, bool first, float gs)
+/* *acc += partial[0 … nb) (nb ≤ 1024, one block of 1024 threads): the same order every time. */
+__global__ void sumsq_finish(const double *partial, unsigned nb, double *acc)
+{
+    __shared__ double sh[32];
+    double s = ddp__block_sum(threadIdx.x < nb ? partial[threadIdx.x] : 0.0, sh);
+    if (threadIdx.x == 0)
+        *acc += s;
+}
+
+__global__ void sgd_kernel(float *p, const float *g, float *buf, size_t n, float lr, float momentum,
+                           float wd, bool first, float gs)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -97,7 +109,7 @@ ddp_status launched(const char *what, char *msg)
     return DDP_ERR_SYSTEM;
 }
 
-/* At most 1024 blocks for a reduction: one atomic add per block. */
+/* At most 1024 blocks for a reduction: sumsq_finish adds their partial sums in one block. */
 unsigned reduce_blocks(size_t n)
 {
     unsigned b = ddp__cuda_blocks(n, 256);
@@ -137,29 +149,32 @@ extern "C" ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, 
     cudaStream_t s = (cudaStream_t)stream;
     if (n == 0)
         return DDP_OK;
+    const unsigned nb = reduce_blocks(n);
+    double *partial = acc_dev + 1;
     switch (t) {
-    case DDP_FLOAT32:
-        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const float *)x, n, acc_dev);
-        break;
-    case DDP_FLOAT64:
-        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const double *)x, n, acc_dev);
-        break;
+    case DDP_FLOAT32: sumsq_kernel<<<nb, 256, 0, s>>>((const float *)x, n, partial); break;
+    case DDP_FLOAT64: sumsq_kernel<<<nb, 256, 0, s>>>((const double *)x, n, partial); break;
     case DDP_BFLOAT16:
-        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const half_bits<true> *)x, n, acc_dev);
+        sumsq_kernel<<<nb, 256, 0, s>>>((const half_bits<true> *)x, n, partial);
         break;
     case DDP_FLOAT16:
-        sumsq_kernel<<<reduce_blocks(n), 256, 0, s>>>((const half_bits<false> *)x, n, acc_dev);
+        sumsq_kernel<<<nb, 256, 0, s>>>((const half_bits<false> *)x, n, partial);
         break;
     default:
         snprintf(msg, DDP_ERRMSG_MAX, "sum of squares of dtype %d is not implemented", (int)t);
         return DDP_ERR_INVALID;
     }
-    return launched("sum of squares", msg);
+    ddp_status st = launched("sum of squares", msg);
+    if (st)
+        return st;
+    static_assert(DDP__SUMSQ_DOUBLES - 1 >= 1024, "room for every block's partial sum");
+    sumsq_finish<<<1, 1024, 0, s>>>(partial, nb, acc_dev);
+    return launched("sum of squares (the blocks' sums)", msg);
 }
 
-extern "C" ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf,
-                                       size_t n, float lr, float momentum, float weight_decay,
-                                       uint64_t step, float grad_scale, char *msg)
+extern "C" ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf, size_t n,
+                                       float lr, float momentum, float weight_decay, uint64_t step,
+                                       float grad_scale, char *msg)
 {
     if (n == 0)
         return DDP_OK;
@@ -173,7 +188,6 @@ extern "C" ddp_status ddp__devmath_unscale(void *stream, float *g, size_t n, flo
 {
     if (n == 0)
         return DDP_OK;
-    unscale_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(g, n, inv,
-                                                                              flag_dev);
+    unscale_kernel<<<ddp__cuda_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(g, n, inv, flag_dev);
     return launched("unscale", msg);
 }

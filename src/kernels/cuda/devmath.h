@@ -22,10 +22,14 @@ extern "C" {
  * overflows to ±inf) or back (exact). */
 ddp_status ddp__devmath_convert(void *stream, void *dst, ddp_dtype dt, const void *src,
                                 ddp_dtype st, size_t n, char *msg);
-/* *acc_dev (one double in device memory) += the sum of squares of x (n, dtype t: float32,
- * float64, bfloat16 or float16), each term in double. */
-ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t,
-                              double *acc_dev, char *msg);
+/* *acc_dev += the sum of squares of x (n, dtype t: float32, float64, bfloat16 or float16), each
+ * term in double. acc_dev: DDP__SUMSQ_DOUBLES doubles of device memory, the accumulator first,
+ * then the blocks' partial sums, which one block adds up in a fixed order: the same bits on every
+ * run and every rank (atomic adds across blocks would land in the order the blocks finish, and
+ * ranks whose gradient norms differ in the last bit clip by different factors and drift apart). */
+#define DDP__SUMSQ_DOUBLES 1025
+ddp_status ddp__devmath_sumsq(void *stream, const void *x, size_t n, ddp_dtype t, double *acc_dev,
+                              char *msg);
 
 /* g (n,) *= inv; *flag_dev (an int in device memory) = 1 where a value was inf or NaN before
  * (never cleared here). */
@@ -34,9 +38,9 @@ ddp_status ddp__devmath_unscale(void *stream, float *g, size_t n, float inv, int
 /* ddp_nn_sgd_step on the device (torch.optim.SGD, dampening 0): g multiplied by grad_scale first
  * (not in place), weight decay as L2, the momentum buffer taking d itself at step 1. Rounded as
  * the CPU's loop is (no fused multiply-adds). */
-ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf, size_t n,
-                            float lr, float momentum, float weight_decay, uint64_t step,
-                            float grad_scale, char *msg);
+ddp_status ddp__devmath_sgd(void *stream, float *p, const float *g, float *buf, size_t n, float lr,
+                            float momentum, float weight_decay, uint64_t step, float grad_scale,
+                            char *msg);
 
 /* cuda-ipc's reduction (ipcreduce.cu; group/devops.h's reduce): dst (n,) = srcs[0] op srcs[1]
  * op … op srcs[k-1], folded in that order (1 ≤ k ≤ 64) in cpu/reduce.c's arithmetic (16-bit
