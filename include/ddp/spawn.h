@@ -24,6 +24,11 @@
  *
  * Not thread-safe: call it from one thread; fork copies only the calling thread, so the caller
  * should not hold locks other threads need (as with any fork without exec). Linux only.
+ *
+ * GPUs: do everything CUDA inside fn — the device choice (ddp_device_select), GPU models and GPU
+ * groups. A CUDA context does not survive fork: once the caller has made any CUDA call, a
+ * worker's first one fails (cudaErrorInitializationError), as with torch.multiprocessing's fork
+ * start method; ddprun, which execs each worker, has no such limit.
  */
 #ifndef DDP_SPAWN_H
 #define DDP_SPAWN_H

@@ -5,7 +5,7 @@
  * (kernels/gpu_module.h; libddp's nccl/proxy.c loads it on first use); with the NCCL backend, the
  * one place outside src/kernels/cuda that includes a CUDA header.
  *
- * The host waits by polling cudaEventQuery, sleeping between polls (50 µs growing to 1 ms), with a
+ * The host waits by polling cudaEventQuery, sleeping between polls (kernels/cuda/gpunap.h), with a
  * deadline: never cudaStreamSynchronize, which can neither time out nor be interrupted, and never
  * a GPU-side spin (several processes time-slice one GPU; FACTS.md).
  */
@@ -18,6 +18,7 @@
 
 #include "group/staged/staged_int.h"
 #include "kernels/cuda/devmath.h"
+#include "kernels/cuda/gpunap.h"
 #include "util/util.h"
 #ifdef DDP_IN_GPU_MODULE
 #include "group/nccl/module_host.h" /* libddp's functions through the table it lends */
@@ -145,7 +146,7 @@ static ddp_status wait_event(cudaEvent_t ev, cudaStream_t stream, int64_t deadli
                              const char *what, char *msg)
 {
     ddp_status st = cu(cudaEventRecord(ev, stream), "cudaEventRecord", msg);
-    long sleep_ns = 50000;
+    long sleep_ns = DDP__GPU_NAP_FIRST_NS;
     while (st == DDP_OK) {
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess)
@@ -159,10 +160,7 @@ static ddp_status wait_event(cudaEvent_t ev, cudaStream_t stream, int64_t deadli
                      what);
             return DDP_ERR_TIMEOUT;
         }
-        struct timespec ts = {0, sleep_ns};
-        nanosleep(&ts, NULL);
-        if (sleep_ns < 1000000)
-            sleep_ns *= 2;
+        ddp__gpu_nap(&sleep_ns);
     }
     return st;
 }

@@ -35,6 +35,7 @@
 
 #include "group/nccl/nccl_int.h"
 #include "group/staged/staged_int.h"
+#include "kernels/cuda/gpunap.h"
 #include "util/util.h"
 #ifdef DDP_IN_GPU_MODULE
 #include "group/nccl/module_host.h" /* libddp's functions through the table it lends */
@@ -133,24 +134,15 @@ static ncclRedOp_t nccl_op(const ddp__coll *c)
     }
 }
 
-/* Sleeps a little longer each time, from 20 µs to 1 ms: the host-side wait's back-off. */
-static void backoff(long *ns)
-{
-    struct timespec ts = {0, *ns};
-    nanosleep(&ts, NULL);
-    if (*ns < 1000000)
-        *ns *= 2;
-}
-
 /* With a non-blocking communicator a call may return ncclInProgress: waits until the
  * communicator settles (ncclSuccess), fails, or deadline_ms passes. */
 static ncclResult_t settle(nccl_be *b, ncclResult_t r, int64_t deadline_ms)
 {
-    long ns = 20000;
+    long ns = DDP__GPU_NAP_FIRST_NS;
     while (r == ncclInProgress) {
         if (ddp__now_ms() >= deadline_ms)
             return ncclInProgress;
-        backoff(&ns);
+        ddp__gpu_nap(&ns);
         /* The watchdog's thread may abort (and so free) the communicator meanwhile. */
         pthread_mutex_lock(&b->abort_mu);
         ncclResult_t q = b->comm_gone ? ncclInvalidUsage : ncclCommGetAsyncError(b->comm, &r);
@@ -307,7 +299,7 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
                     st == DDP_ERR_INVALID ? "too many collectives in flight" : why);
     }
     /* Wait from the host; the watchdog turns a stuck GPU into an abort and a message. */
-    long ns = 20000;
+    long ns = DDP__GPU_NAP_FIRST_NS;
     for (;;) {
         if ((st = ddp__watchdog_error(&b->wd, f->msg, sizeof f->msg, &f->peer)) != DDP_OK) {
             f->status = st;
@@ -324,7 +316,7 @@ static ddp_status nccl_run(void *be, const ddp__coll *c, ddp__fail *f)
          * here too, so the wait ends even if that thread were starved. */
         if (ddp__now_ms() > c->deadline_ms + 2 * WATCHDOG_POLL_MS)
             (void)ddp__watchdog_step(&b->wd, ddp__now_ms());
-        backoff(&ns);
+        ddp__gpu_nap(&ns);
     }
     ddp__watchdog_untrack(&b->wd, c->seq);
     /* An abort between the check above and the query completes the event too (the aborted

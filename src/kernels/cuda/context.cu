@@ -7,6 +7,7 @@
 
 #include "common.cuh"
 #include "kernels/cuda/devmath.h"
+#include "kernels/cuda/gpunap.h"
 
 #define WORKSPACE_BYTES (32u << 20) /* cuBLASLt's: 32 MiB, what Hopper's kernels like */
 #define FP32_REDUCTIONS                                                                            \
@@ -76,13 +77,14 @@ extern "C" void ddp__cuda_ctx_destroy(ddp__cuda_ctx *c)
     free(c);
 }
 
-/* Polls an event recorded after the queued work (sleeping 20 µs growing to 1 ms), never
+/* Polls an event recorded after the queued work (napping between polls: gpunap.h), never
  * cudaStreamSynchronize, which can neither time out nor be interrupted: a stuck GPU becomes an
  * error after DDP__CUDA_SYNC_LIMIT_MS, not a hang. */
 extern "C" ddp_status ddp__cuda_sync(ddp__cuda_ctx *c, ddp_error *err)
 {
     ddp_status st = ddp__cuda_check(cudaEventRecord(c->done, c->stream), "cudaEventRecord", err);
-    struct timespec t0, now, nap = {0, 20000};
+    struct timespec t0, now;
+    long nap = DDP__GPU_NAP_FIRST_NS;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (st == DDP_OK) {
         cudaError_t e = cudaEventQuery(c->done);
@@ -97,9 +99,7 @@ extern "C" ddp_status ddp__cuda_sync(ddp__cuda_ctx *c, ddp_error *err)
                                   "cuda: the GPU's queued work did not finish in %d min; HINT: a "
                                   "kernel may hang or another process hold the GPU (nvidia-smi)",
                                   DDP__CUDA_SYNC_LIMIT_MS / 60000);
-        nanosleep(&nap, NULL);
-        if (nap.tv_nsec < 1000000)
-            nap.tv_nsec *= 2;
+        ddp__gpu_nap(&nap);
     }
     return st;
 }
