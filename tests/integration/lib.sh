@@ -97,7 +97,7 @@ tagged_pids() {
     local e p
     for e in /proc/[0-9]*/environ; do
         p=${e#/proc/}; p=${p%/environ}
-        tr '\0' '\n' <"$e" 2>/dev/null | grep -qx "DDP_TEST_TAG=$1" && alive "$p" && echo "$p"
+        tr '\0' '\n' 2>/dev/null <"$e" | grep -qx "DDP_TEST_TAG=$1" && alive "$p" && echo "$p"
     done
     return 0
 }
