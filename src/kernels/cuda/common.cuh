@@ -55,8 +55,14 @@ static inline ddp_status ddp__cuda_check(cudaError_t e, const char *what, ddp_er
 {
     if (e == cudaSuccess)
         return DDP_OK;
-    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-                          cudaGetErrorName(e));
+    /* a GPU in an exclusive compute mode takes one process: a second rank on it is refused */
+    const char *hint = e == cudaErrorDevicesUnavailable
+                           ? "; HINT: the GPU is busy or in an exclusive compute mode (nvidia-smi "
+                             "-q -d COMPUTE): ranks that share it need the Default mode "
+                             "(nvidia-smi -c DEFAULT), or one rank per GPU"
+                           : "";
+    return ddp__cuda_fail(err, DDP_ERR_SYSTEM, "cuda: %s: %s (%s)%s", what, cudaGetErrorString(e),
+                          cudaGetErrorName(e), hint);
 }
 
 /* The launch that was just queued: DDP_OK, or its error. */

@@ -24,6 +24,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorInsufficientDriver = 35,
+    cudaErrorDevicesUnavailable = 46,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorDeviceUninitialized = 201,
