@@ -167,9 +167,12 @@ ddp_status ddp_reducer_create(ddp_group *g, const ddp_param *params, size_t npar
     if (ov == DDP_OVERLAP_AUTO) {
         /* One rank has nothing to overlap: handing its no-op allreduce to the progress thread
          * (another core, which then pulls the gradients into its cache) cost about 80 µs per
-         * MB-step. */
-        ov = ddp_group_size(g) > 1 && ddp_group_core_to_spare(g) ? DDP_OVERLAP_ASYNC
-                                                                 : DDP_OVERLAP_INLINE;
+         * MB-step. A GPU group always overlaps: its progress thread only issues and waits
+         * (napping), while inline would make the thread that queues backward's kernels wait for
+         * the GPU at every bucket, leaving the GPU idle until it queues the next ones. */
+        ov = ddp_group_size(g) > 1 && (r->dev || ddp_group_core_to_spare(g))
+                 ? DDP_OVERLAP_ASYNC
+                 : DDP_OVERLAP_INLINE;
     }
     r->async = ov == DDP_OVERLAP_ASYNC;
     r->W = ddp_group_size(g);
