@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ddp/world.h" /* ddp_own_cores */
 #include "group/mpi/mpi_int.h"
 #include "util/util.h"
 
@@ -111,6 +112,27 @@ static ddp_status late(ddp_error *err, const ddp__mpi_boot *b, const char *what)
                     what, d, b->rank);
 }
 
+/* Before the library initialises MPI: tells Open MPI to yield the CPU while its blocking calls
+ * wait (MCA mpi_yield_when_idle, read once, at MPI_Init) when this host's ranks may share CPUs.
+ * Open MPI does that by itself only where mpirun sees more ranks than slots; a job confined to
+ * fewer CPUs than ranks some other way (taskset or a cpuset cgroup around mpirun --bind-to none)
+ * spins ranks that share a CPU against each other, milliseconds a call (bench/RESULTS.md, "How
+ * the mpi backend waits"). Crowded: not bound by mpirun at launch (it binds a rank to CPUs of
+ * its own only where it has them), and fewer CPUs in this process's mask than ranks on the host
+ * (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE). A setting of the user's, in the environment or by
+ * mpirun --mca (which reaches the ranks the same way), is left as it is. The environment is
+ * the only way in before MPI_Init; this runs under boot_mu, once, before MPI starts. */
+static void yield_if_crowded(void)
+{
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char *bound = getenv("OMPI_MCA_orte_bound_at_launch");
+    if (!local || getenv("OMPI_MCA_mpi_yield_when_idle") || (bound && strcmp(bound, "0") != 0))
+        return;
+    long n = strtol(local, NULL, 10);
+    if (n > ddp_own_cores())
+        (void)setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+}
+
 ddp_status ddp__mpi_boot_open(int rank, int world_size, int timeout_ms, ddp__mpi_boot **out,
                               ddp_error *err)
 {
@@ -133,6 +155,7 @@ ddp_status ddp__mpi_boot_open(int rank, int world_size, int timeout_ms, ddp__mpi
          * mpi backend's watchdog, whose MPI_Abort ends a job while a blocking call that will
          * never return is still inside MPI (mpi.c says why that is safe in Open MPI). */
         int provided = 0;
+        yield_if_crowded();
         if ((rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided)) != MPI_SUCCESS) {
             st = mpi_fail(err, rc, "MPI_Init_thread");
             goto out_unlock;

@@ -24,9 +24,10 @@
  *   AVG                                     the sum, divided here (fused: before the rounding)
  *
  * Nonblocking waiting: MPI makes progress only inside its calls, so the loop tests the request
- * without a pause while the caller waits and this host's ranks have a core each; in the
- * background (the progress thread, beside backward) or with more ranks than cores it yields the
- * core between tests after a short spin.
+ * without a pause for a bounded time (longer while the caller waits and this host's ranks have
+ * a CPU each, counted from their affinity masks), then yields the CPU between tests, then naps
+ * (wait_req). Blocking mode waits inside Open MPI, which yields only when told to (boot.c tells
+ * it when the host's ranks may share CPUs).
  * A timed-out collective cannot be cancelled (MPI has no such call) and MPI cannot finalise
  * without every rank: the group is poisoned, and destroying it ends the job (boot.c).
  * Not here: joining MPI and set-up (boot.c), the hierarchical shm+mpi (hier/hier.c).
@@ -34,6 +35,7 @@
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -136,12 +138,27 @@ static ddp_status mpi_error(mpi_be *b, ddp__fail *f, const ddp__coll *c, const c
     return fail(f, DDP_ERR_NETWORK, c, "failed in mpi: %s: %s", call, s);
 }
 
+/* Nonblocking mode's wait, in three phases by the age of the wait (MPI makes progress only
+ * inside its calls, so every phase keeps testing): first a spin, MPI_Test without a pause —
+ * SPIN_NS where this host's members have a CPU each and the caller waits, BRIEF_NS otherwise;
+ * then sched_yield() between tests until YIELD_NS (at once where the CPU has nothing else to
+ * run; where a peer is queued on it, the peer runs: two ranks sharing a CPU no longer spin
+ * against each other for a whole time slice); then naps between tests, NAP_MIN_NS doubling up
+ * to NAP_MAX_NS, so that a long wait (a late peer) leaves the CPU to others. The progress
+ * thread (background) spins BRIEF_NS, then naps NAP_MIN_NS each time, never yielding: the
+ * caller's thread, beside it, may need its CPU. */
+#define SPIN_NS 200000L
+#define BRIEF_NS 20000L
+#define YIELD_NS 5000000L
+#define NAP_MIN_NS 50000L
+#define NAP_MAX_NS 500000L
+
 /* Tests *req until it completes, c's deadline passes, or the group is aborted. */
 static ddp_status wait_req(mpi_be *b, MPI_Request *req, const ddp__coll *c, ddp__fail *f)
 {
-    bool spin = b->may_spin && !c->background;
-    int64_t t0 = ddp__now_ns();
-    struct timespec nap = {0, 50000};
+    int64_t spin_ns = b->may_spin && !c->background ? SPIN_NS : BRIEF_NS;
+    int64_t t0 = ddp__now_ns(), age = 0;
+    long nap = NAP_MIN_NS;
     for (unsigned i = 1;; i++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -151,8 +168,9 @@ static ddp_status wait_req(mpi_be *b, MPI_Request *req, const ddp__coll *c, ddp_
         }
         if (done)
             return DDP_OK;
-        if ((i & 63) != 0 && spin)
-            continue;
+        if ((i & 63) != 0 && age < spin_ns)
+            continue; /* spinning: the clock and the checks every 64 tests */
+        age = ddp__now_ns() - t0;
         if (atomic_load(&b->aborted)) {
             b->stuck = true;
             return fail(f, DDP_ERR_CLOSED, c, "was abandoned: %s", b->abort_why);
@@ -171,8 +189,15 @@ static ddp_status wait_req(mpi_be *b, MPI_Request *req, const ddp__coll *c, ddp_
         }
         if (ddp__stall_due(c, now))
             ddp__stall_report(c, now, "mpi", "not every rank has arrived (MPI does not say which)");
-        if (!spin && ddp__now_ns() - t0 > 20000)
-            nanosleep(&nap, NULL);
+        if (age < spin_ns)
+            continue;
+        if (!c->background && age < YIELD_NS) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, c->background ? NAP_MIN_NS : nap};
+        nanosleep(&ts, NULL);
+        nap = nap * 2 < NAP_MAX_NS ? nap * 2 : NAP_MAX_NS;
     }
 }
 
@@ -531,6 +556,64 @@ static bool mpi_usable(const ddp__setup *s, char *why, size_t cap)
     return false;
 }
 
+/* Sets b->may_spin: whether this host's members have a CPU each, counted from the CPUs they
+ * may actually run on — the union of their affinity masks, gathered over b->comm — and at most
+ * s->host_cores. The host's core count is not enough: mpirun binds each rank to a core of its
+ * own (a mask of one CPU each, the union as many CPUs as ranks), but a job confined to one CPU
+ * (taskset around mpirun --bind-to none, a cpuset cgroup) gives every rank that same CPU, and
+ * spinning ranks that share a CPU starve each other (bench/RESULTS.md, "How the mpi backend
+ * waits"). Bounded by the set-up deadline, like the rest of set-up. */
+static ddp_status decide_spin(mpi_be *b, const ddp__setup *s, ddp_error *err)
+{
+    const ddp__members *m = &s->m;
+    int cores = s->host_cores > 0 ? s->host_cores : 1;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0)
+        CPU_ZERO(&mine); /* unknown: counts nothing of its own below */
+    cpu_set_t *all = calloc((size_t)m->n, sizeof *all);
+    if (!all)
+        return ddp__err(err, DDP_ERR_NOMEM, "out of memory creating the mpi backend");
+    MPI_Request req;
+    int rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+                            b->comm, &req);
+    ddp_status st =
+        rc == MPI_SUCCESS ? ddp__mpi_poll(&req, ddp__now_ms() + s->timeout_ms) : DDP_ERR_NETWORK;
+    if (st == DDP_OK) {
+        cpu_set_t host;
+        CPU_ZERO(&host);
+        int local = 0; /* members on my host (hier gives one per host: then just me) */
+        for (int i = 0; i < m->n; i++)
+            if (s->hosts ? strcmp(s->hosts[i], s->hosts[m->me]) == 0 : i == m->me) {
+                CPU_OR(&host, &host, &all[i]);
+                local++;
+            }
+        int n = CPU_COUNT(&host);
+        if (n > 0 && n < cores)
+            cores = n;
+        b->may_spin = local <= cores;
+    }
+    if (st == DDP_ERR_TIMEOUT) {
+        /* The request is still active (MPI cannot cancel it): its buffer and the communicator
+         * stay, for the job's end (boot.c). */
+        b->stuck = true;
+        char d[32];
+        ddp__fmt_duration(d, sizeof d, s->timeout_ms);
+        return ddp__err(err, st,
+                        "mpi set-up: gathering the members' CPUs timed out after %s: a member "
+                        "has not reached it (or failed before it)",
+                        d);
+    }
+    free(all);
+    if (st) {
+        char e[256] = "";
+        if (rc != MPI_SUCCESS)
+            ddp__mpi_errstr(rc, e, sizeof e);
+        return ddp__err(err, DDP_ERR_NETWORK, "mpi set-up: gathering the members' CPUs failed%s%s",
+                        *e ? ": " : "", e);
+    }
+    return DDP_OK;
+}
+
 static ddp_status mpi_create(const ddp__setup *s, void **out, const ddp__backend_ops **ops,
                              ddp_error *err)
 {
@@ -560,16 +643,13 @@ static ddp_status mpi_create(const ddp__setup *s, void **out, const ddp__backend
     b->n = m->n;
     b->rank = m->ranks[m->me];
     memcpy(b->ranks, m->ranks, sizeof(int) * (size_t)m->n);
-    /* Members on my host (hier gives one per host: then just me). */
-    int local = 0;
-    for (int i = 0; i < m->n; i++)
-        local += s->hosts && strcmp(s->hosts[i], s->hosts[m->me]) == 0;
-    if (!s->hosts)
-        local = 1;
-    b->may_spin = local <= (s->host_cores > 0 ? s->host_cores : 1);
     ddp_status st = ddp__mpi_boot_comm_of(s->mpi, m->ranks, m->n, m->me, &b->comm, err);
     if (st) {
         b->comm = MPI_COMM_NULL;
+        mpi_destroy(b);
+        return st;
+    }
+    if ((st = decide_spin(b, s, err))) {
         mpi_destroy(b);
         return st;
     }
