@@ -942,9 +942,15 @@ ddp_status ddp_group_init(const ddp_group_opts *opts, ddp_group **out, ddp_error
     g->report = opts->report;
     g->report_ctx = opts->report_ctx;
     g->host_cores = set->host_cores > 0 ? set->host_cores : ddp_own_cores();
-    if (set->host_cores <= 0 && started_by_mpi(&g->world) && g->host_cores == 1) {
+    const char *ompi_bound = getenv("OMPI_MCA_orte_bound_at_launch");
+    const bool unbound_ompi =
+        getenv("OMPI_COMM_WORLD_LOCAL_SIZE") && (!ompi_bound || strcmp(ompi_bound, "0") == 0);
+    if (set->host_cores <= 0 && started_by_mpi(&g->world) && g->host_cores == 1 && !unbound_ompi) {
         /* mpirun binds each rank to a core of its own (by default up to one rank per core; it
-         * does not bind an oversubscribed job): the host's cores are not just this one. */
+         * does not bind an oversubscribed job): the host's cores are not just this one. Open MPI
+         * says whether it bound the ranks; where it did not, one core in the mask is what the
+         * job was confined to (taskset or a cpuset around mpirun --bind-to none), and the ranks
+         * share it: counted as the host's cores, shm spun against its peers, 2 ms an allreduce. */
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         if (online > 1)
             g->host_cores = online < (1 << 20) ? (int)online : 1 << 20;

@@ -17,7 +17,8 @@
 #   ddprun    --backend mpi under ddprun is a clear error saying to use mpirun
 #   crowded   2 ranks confined to one CPU (taskset around mpirun --bind-to none, as a cgroup with
 #             fewer CPUs than ranks): 5000 small allreduces over mpi end within a bound, in both
-#             DDP_MPI_MODEs (ranks that spun against each other took a time slice a call)
+#             DDP_MPI_MODEs (ranks that spun against each other took a time slice a call), and
+#             20000 over shm
 # DDP_MPI_MODE, when set, reaches every rank (collectives: the nonblocking mode's test).
 # Usage: test_mpi.sh BINDIR MODE
 . "$(dirname "$0")/lib.sh"
@@ -210,20 +211,25 @@ crowded)
     # to each other while they wait. Measured on 2 vCPUs: 8–24 ms a call before the mpi backend
     # counted the CPUs its ranks may run on and yielded (both modes; blocking: Open MPI told to
     # yield), so 5000 calls took 40 s or more; 12–18 µs a call after, well under a second.
+    # The shm backend (mpirun's default on one host) likewise: it took one core in the mask for
+    # mpirun's binding and counted the host's CPUs, so it spun: 2.1 ms a call (20000 calls: 42 s),
+    # 17 µs once an unbound Open MPI job's mask counts.
     cpu=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*\([0-9]*\).*/\1/p' /proc/self/status)
-    for mode in blocking nonblocking; do
+    for mode in blocking nonblocking shm; do
+        backend=mpi iters=5000
+        [ $mode = shm ] && backend=shm iters=20000
         t0=$(now_ms)
         rc=0
-        DDP_MPI_MODE=$mode timeout 30 taskset -c "$cpu" mpirun "${MPI_LOCAL[@]}" --bind-to none \
-            -x DDP_MPI_MODE -np 2 "$BIN/ddpbench" --backend mpi --sizes 4K --iters 5000 --csv \
-            >$mode.out 2>&1 || rc=$?
+        DDP_MPI_MODE=${mode/shm/blocking} timeout 30 taskset -c "$cpu" mpirun "${MPI_LOCAL[@]}" \
+            --bind-to none -x DDP_MPI_MODE -np 2 "$BIN/ddpbench" --backend $backend --sizes 4K \
+            --iters $iters --csv >$mode.out 2>&1 || rc=$?
         took=$(($(now_ms) - t0))
         [ $rc -ne 124 ] ||
-            fail "$mode: 2 ranks on CPU $cpu did not finish 5000 allreduces of 4 KiB in 30 s: they spin against each other"
+            fail "$mode: 2 ranks on CPU $cpu did not finish $iters allreduces of 4 KiB in 30 s: they spin against each other"
         [ $rc -eq 0 ] || { cat $mode.out; fail "$mode: ddpbench under mpirun exited $rc"; }
         us=$(awk -F, '$1 == "allreduce" {print $4}' $mode.out)
         [ -n "$us" ] || { cat $mode.out; fail "$mode: no allreduce line from ddpbench"; }
-        ok "$mode: 2 ranks on one CPU ($cpu): 5000 allreduces of 4 KiB in $took ms with start-up, median $us µs a call"
+        ok "$mode: 2 ranks on one CPU ($cpu): $iters allreduces of 4 KiB in $took ms with start-up, median $us µs a call"
     done
     ;;
 *) fail "unknown mode '$MODE'" ;;
