@@ -22,3 +22,14 @@ ddptrain_rate() {
 # turn_order I: the order two builds A and B take in repetition I — "A B", then "B A", so that a
 # drift in the host favours neither.
 turn_order() { if (($1 % 2)); then echo "B A"; else echo "A B"; fi; }
+
+# hog_on / hog_off: a CPU hog (yes) beside the measured runs, the "busy host" case; HOG its pid
+hog_on() {
+    yes >/dev/null &
+    HOG=$!
+}
+hog_off() {
+    kill "$HOG" 2>/dev/null
+    wait "$HOG" 2>/dev/null || true
+    HOG=
+}

@@ -64,15 +64,6 @@ train() { # train BUILD CASE MODE: ddptrain MLP samples/s, 400 steps
         sed -n 's/^step \([0-9]*\)\/.* | \([0-9]*\) samples\/s.*/\1 \2/p' |
         awk '$1 > 50 && $1 < 400 {print $2}' | tr '\n' ' ' | med
 }
-hog_on() {
-    yes >/dev/null &
-    HOG=$!
-}
-hog_off() {
-    kill "$HOG" 2>/dev/null
-    wait "$HOG" 2>/dev/null || true
-    HOG=
-}
 
 declare -A R
 builds=(A)

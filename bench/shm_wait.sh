@@ -44,15 +44,6 @@ wall() { # wall BUILD: seconds for ITERS 4 KiB allreduces, 2 ranks (CAP if it ra
     awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f\n", b - a}'
 }
 train() { ddptrain_rate "$1" "$2" configs/fashion-mlp.yaml 400 "$OUT/run"; } # BUILD NPROC
-hog_on() {
-    yes >/dev/null &
-    HOG=$!
-}
-hog_off() {
-    kill "$HOG" 2>/dev/null
-    wait "$HOG" 2>/dev/null || true
-    HOG=
-}
 
 declare -A R
 for ((i = 0; i < REPS; i++)); do

@@ -18,14 +18,7 @@ extern "C" {
 #include "util/half.h"
 }
 
-static int failures = 0;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAILED: %s (line %d)\n", #c, __LINE__);                              \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "selftest_check.h"
 
 
 static void *dev(size_t bytes, const void *host)

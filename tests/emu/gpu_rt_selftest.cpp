@@ -13,14 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures = 0;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAILED: %s (line %d)\n", #c, __LINE__);                              \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "selftest_check.h"
 
 static void kern(int *p)
 {

@@ -18,14 +18,7 @@
 
 #include "ddp/group.h"
 
-static int failures = 0;
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAILED: %s (line %d)\n", #c, __LINE__);                               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "selftest_check.h"
 
 static std::atomic<int> later_ran{0};
 
