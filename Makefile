@@ -39,13 +39,17 @@ demo-gpt: build
 test: build
 	cd $(BUILD) && $(CTEST) $(CTEST_J)
 
-# The sanitizer builds use the plain build's venv for python.tensorboard (made once).
+# The sanitizer builds use the plain build's venv for python.tensorboard (made once), and line
+# tables for debug information (-g1: file:line and inlined frames in every report, no variables):
+# an eighth less compiling than -g (CPU: ASan build 375 → 326 s, TSan 77 → 67 s), on every CI run.
+SAN_DEBUG := -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+             -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 build-asan/CMakeCache.txt:
 	cmake -S . -B build-asan -DDDP_SANITIZE=address -DDDP_WERROR=$(WERROR) \
-	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv
+	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv $(SAN_DEBUG)
 build-tsan/CMakeCache.txt:
 	cmake -S . -B build-tsan -DDDP_SANITIZE=thread -DDDP_WERROR=$(WERROR) \
-	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv
+	    -DDDP_TB_VENV=$(abspath $(BUILD))/tb-venv $(SAN_DEBUG)
 
 asan: deps build-asan/CMakeCache.txt
 	cmake --build build-asan -j $(JOBS)
